@@ -1,0 +1,318 @@
+// Package fsm is tether's deterministic core: the affinity-log events, their
+// binary codec, the immutable state every edge applies them to, snapshots and
+// the state hash. It does no I/O, reads no clock and uses no randomness: time
+// comes from the log entry, choices arrive inside the events. That is what
+// makes replay and audit exact.
+package fsm
+
+import "fmt"
+
+// Fleet names a worker fleet of a disaggregated deployment.
+type Fleet uint8
+
+const (
+	FleetContext    Fleet = 1
+	FleetGeneration Fleet = 2
+)
+
+func (f Fleet) String() string {
+	switch f {
+	case FleetContext:
+		return "context"
+	case FleetGeneration:
+		return "generation"
+	}
+	return fmt.Sprintf("fleet(%d)", uint8(f))
+}
+
+// Valid reports whether f is a known fleet.
+func (f Fleet) Valid() bool { return f == FleetContext || f == FleetGeneration }
+
+// ParseFleet parses "context" or "generation".
+func ParseFleet(s string) (Fleet, error) {
+	switch s {
+	case "context", "ctx":
+		return FleetContext, nil
+	case "generation", "gen":
+		return FleetGeneration, nil
+	}
+	return 0, fmt.Errorf("unknown fleet %q (want context or generation)", s)
+}
+
+// EventType is the first byte of every encoded event. The high bit is the
+// Consul-style "ignore if unknown" flag: a node that does not know an event
+// type with the bit set skips it (and counts it); a node that does not know a
+// type without the bit halts rather than let its state drift.
+type EventType uint8
+
+// FlagIgnoreUnknown marks an event type as optional (see EventType).
+const FlagIgnoreUnknown EventType = 0x80
+
+// Known event types. Numbers are part of the log format: never reuse one.
+const (
+	TypeBind            EventType = 1
+	TypeTouch           EventType = 2
+	TypeEvict           EventType = 3
+	TypeOverflow        EventType = 4
+	TypeInstanceState   EventType = 5
+	TypeClusterFeatures EventType = 6
+	TypeLink            EventType = 7
+	TypeNodeInfo        EventType = 8
+	TypeSettings        EventType = 9
+	// TypeAnnotation is informational (audit only, no effect on state).
+	TypeAnnotation EventType = FlagIgnoreUnknown | 10
+)
+
+// Optional reports whether the ignore-if-unknown bit is set.
+func (t EventType) Optional() bool { return t&FlagIgnoreUnknown != 0 }
+
+func (t EventType) String() string {
+	switch t {
+	case TypeBind:
+		return "Bind"
+	case TypeTouch:
+		return "Touch"
+	case TypeEvict:
+		return "Evict"
+	case TypeOverflow:
+		return "Overflow"
+	case TypeInstanceState:
+		return "InstanceState"
+	case TypeClusterFeatures:
+		return "ClusterFeatures"
+	case TypeLink:
+		return "Link"
+	case TypeNodeInfo:
+		return "NodeInfo"
+	case TypeSettings:
+		return "Settings"
+	case TypeAnnotation:
+		return "Annotation"
+	}
+	return fmt.Sprintf("EventType(0x%02x)", uint8(t))
+}
+
+// Feature levels. A node advertises the highest level it understands
+// (NodeInfo); the cluster's committed level (ClusterFeatures) only rises when
+// every voter supports it, and events or fields introduced at a level are
+// emitted only once that level is committed.
+const (
+	// FeatureLevelBase: Bind, Touch, Evict, Overflow, InstanceState,
+	// ClusterFeatures, Link, NodeInfo, Settings, Annotation.
+	FeatureLevelBase uint32 = 1
+	// FeatureLevelMax is the highest level this build understands.
+	FeatureLevelMax = FeatureLevelBase
+)
+
+// Event is one affinity-log event.
+type Event interface {
+	Type() EventType
+}
+
+// Candidate is one scored option of a placement decision, kept in the log so
+// audit can explain why a key landed where it did.
+type Candidate struct {
+	Instance     string
+	Score        float64 // higher is better; policy-specific units
+	CachedTokens uint32  // prompt tokens the instance was believed to hold
+	LoadTokens   uint32  // queued/active prompt tokens the instance reported
+}
+
+// Decision is the context of a placement: who decided, by which policy, for
+// which request, and the top candidates (best first, at most MaxCandidates).
+type Decision struct {
+	Edge       string
+	Policy     string
+	RequestID  string
+	Candidates []Candidate
+}
+
+// MaxCandidates bounds Decision.Candidates in the log.
+const MaxCandidates = 4
+
+// Bind binds (Fleet, Key) to Instance. On an already-bound key it is a no-op
+// that returns the existing binding: the first committed binding wins. A bind
+// to an instance the state knows as down or removed is rejected.
+type Bind struct {
+	Fleet          Fleet
+	Key            string // routing key (a conversation id, or a parent's root key)
+	ConversationID string // the requesting conversation's own id
+	Instance       string
+	Decision       Decision
+}
+
+// FleetKey names one binding.
+type FleetKey struct {
+	Fleet Fleet
+	Key   string
+}
+
+// Touch records last use of many keys at the entry's log time. Unknown keys
+// are ignored. Links lists child conversation ids whose parent links were used.
+type Touch struct {
+	Keys  []FleetKey
+	Links []string
+}
+
+// EvictReason says why a binding left the state.
+type EvictReason uint8
+
+const (
+	EvictTTL             EvictReason = 1
+	EvictCapacity        EvictReason = 2
+	EvictKVEvicted       EvictReason = 3
+	EvictInstanceRemoved EvictReason = 4
+	EvictAdmin           EvictReason = 5
+)
+
+func (r EvictReason) String() string {
+	switch r {
+	case EvictTTL:
+		return "ttl"
+	case EvictCapacity:
+		return "capacity"
+	case EvictKVEvicted:
+		return "kv_evicted"
+	case EvictInstanceRemoved:
+		return "instance_removed"
+	case EvictAdmin:
+		return "admin"
+	}
+	return fmt.Sprintf("evict_reason(%d)", uint8(r))
+}
+
+// Evict removes a binding. It is conditional so that a stale proposal cannot
+// remove a binding that changed meanwhile: when Epoch != 0 the binding's epoch
+// must equal it; when IdleBefore != 0 the binding's LastUsed must be < it
+// (unix nanoseconds, log time). A condition that does not hold makes the event
+// a no-op. Evicting a context-fleet key also drops the parent links rooted at it.
+type Evict struct {
+	Fleet      Fleet
+	Key        string
+	Reason     EvictReason
+	Epoch      uint64
+	IdleBefore int64
+	Detail     string
+}
+
+// OverflowReason says why a request left its bound instance.
+type OverflowReason uint8
+
+const (
+	OverflowSaturated   OverflowReason = 1
+	OverflowUnhealthy   OverflowReason = 2
+	OverflowCircuitOpen OverflowReason = 3
+)
+
+func (r OverflowReason) String() string {
+	switch r {
+	case OverflowSaturated:
+		return "saturated"
+	case OverflowUnhealthy:
+		return "unhealthy"
+	case OverflowCircuitOpen:
+		return "circuit_open"
+	}
+	return fmt.Sprintf("overflow_reason(%d)", uint8(r))
+}
+
+// Overflow records that a request for (Fleet, Key) bound to From was served
+// by To. With Rebind the binding moves to To (new epoch) so every edge
+// follows; it applies only while the binding is still on From.
+type Overflow struct {
+	Fleet    Fleet
+	Key      string
+	From     string
+	To       string
+	Reason   OverflowReason
+	Rebind   bool
+	Decision Decision
+}
+
+// InstanceStatus is a worker instance's lifecycle state in the log.
+type InstanceStatus uint8
+
+const (
+	InstanceUp       InstanceStatus = 1
+	InstanceDraining InstanceStatus = 2 // serves bound keys, takes no new ones
+	InstanceDown     InstanceStatus = 3 // bindings evicted (instance_removed)
+	InstanceRemoved  InstanceStatus = 4 // bindings evicted, record deleted
+)
+
+func (s InstanceStatus) String() string {
+	switch s {
+	case InstanceUp:
+		return "up"
+	case InstanceDraining:
+		return "draining"
+	case InstanceDown:
+		return "down"
+	case InstanceRemoved:
+		return "removed"
+	}
+	return fmt.Sprintf("instance_status(%d)", uint8(s))
+}
+
+// InstanceState sets a worker instance's status. Down and Removed evict
+// every binding on the instance as an effect of apply.
+type InstanceState struct {
+	Instance     string
+	Fleet        Fleet
+	URL          string
+	Status       InstanceStatus
+	Version      string
+	FeatureLevel uint32
+	Ranks        uint32
+}
+
+// ClusterFeatures commits the cluster-wide feature level. It never lowers it.
+type ClusterFeatures struct {
+	Level uint32
+}
+
+// Link records that sub-agent conversation Child named Parent in its parent
+// header; Root is the routing key it resolves to (Parent itself, or Parent's
+// own root when Parent is a sub-agent) and Depth its nesting depth (1 for a
+// direct child of a root). The first link for a child wins.
+type Link struct {
+	Child  string
+	Parent string
+	Root   string
+	Depth  uint8
+}
+
+// NodeInfo is an edge advertising its version and the highest feature level
+// it understands; the leader raises ClusterFeatures from these.
+type NodeInfo struct {
+	NodeID          string
+	Version         string
+	MaxFeatureLevel uint32
+}
+
+// Settings carries replicated configuration that apply depends on, so every
+// node applies with the same values. Zero fields keep the current value.
+type Settings struct {
+	MaxBindings uint64
+}
+
+// DefaultMaxBindings applies until a Settings event says otherwise.
+const DefaultMaxBindings = 1_000_000
+
+// Annotation is an optional, informational event (for example an operator
+// note or a degraded-mode summary). It changes no state; it exists in the
+// archive for audit.
+type Annotation struct {
+	Source string
+	Text   string
+}
+
+func (Bind) Type() EventType            { return TypeBind }
+func (Touch) Type() EventType           { return TypeTouch }
+func (Evict) Type() EventType           { return TypeEvict }
+func (Overflow) Type() EventType        { return TypeOverflow }
+func (InstanceState) Type() EventType   { return TypeInstanceState }
+func (ClusterFeatures) Type() EventType { return TypeClusterFeatures }
+func (Link) Type() EventType            { return TypeLink }
+func (NodeInfo) Type() EventType        { return TypeNodeInfo }
+func (Settings) Type() EventType        { return TypeSettings }
+func (Annotation) Type() EventType      { return TypeAnnotation }
