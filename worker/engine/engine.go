@@ -1,0 +1,114 @@
+// Package engine defines what a worker runs requests on: the simulated
+// engine (paged prefix cache per ADP rank, computed prefill/decode timing) or
+// a proxy to a real OpenAI-compatible server. The worker's HTTP layer,
+// scheduler and telemetry only see this interface.
+package engine
+
+import (
+	"context"
+	"time"
+)
+
+// Phase is the disaggregated phase a request runs.
+type Phase uint8
+
+const (
+	// PhaseAggregated runs prefill and decode on this worker.
+	PhaseAggregated Phase = iota
+	// PhaseContextOnly runs prefill only and returns the first token plus
+	// the state the generation side needs.
+	PhaseContextOnly
+	// PhaseGenerationOnly continues from a context-phase result.
+	PhaseGenerationOnly
+)
+
+func (p Phase) String() string {
+	switch p {
+	case PhaseAggregated:
+		return "aggregated"
+	case PhaseContextOnly:
+		return "context_only"
+	case PhaseGenerationOnly:
+		return "generation_only"
+	}
+	return "phase(?)"
+}
+
+// Request is one inference request after the worker has parsed, verified
+// and scheduled it. Engines never see routing hints.
+type Request struct {
+	ID        string // worker-unique request id
+	Rank      int    // ADP rank chosen by the scheduler
+	Model     string
+	Prompt    []uint32 // prompt token ids (routing/prefix tokenizer)
+	MaxTokens int      // completion tokens to produce (>= 1)
+	Phase     Phase
+	// ContextState is the opaque state returned by a context-only run,
+	// given back to the generation side (PhaseGenerationOnly).
+	ContextState []byte
+	// Raw is the original request body, for engines that forward it
+	// (the proxy). The simulated engine ignores it.
+	Raw []byte
+	// Path is the API path the request arrived on (/v1/chat/completions
+	// or /v1/completions), for proxies.
+	Path string
+}
+
+// Chunk is one streamed piece of output.
+type Chunk struct {
+	Text string
+}
+
+// Completion is the outcome of a run.
+type Completion struct {
+	PromptTokens     int
+	CachedTokens     int // prompt tokens served from the rank's prefix cache
+	CompletionTokens int
+	Text             string // the whole generated text
+	FinishReason     string // "stop" or "length"
+	// ContextState is set by context-only runs: what the generation side
+	// needs to continue (for the simulator: the prompt and first token).
+	ContextState []byte
+	// Timings of the run (simulated or measured).
+	Queue, Prefill, Transfer, Decode time.Duration
+	// TransferTokens are prompt tokens a generation-only run had to
+	// receive from the context side because its rank did not hold them.
+	TransferTokens int
+}
+
+// RankStats is one ADP rank's load and cache figures, as telemetry reports them.
+type RankStats struct {
+	Rank               int
+	ActivePromptTokens int // prompt tokens of requests admitted and not finished
+	ActiveRequests     int
+	QueuedRequests     int
+	KVBlocksUsed       int
+	KVBlocksTotal      int
+	// Cache effectiveness over a rolling window: prompt tokens looked up
+	// and prompt tokens hit.
+	WindowLookupTokens int64
+	WindowHitTokens    int64
+	Evictions          int64 // blocks evicted since start
+}
+
+// KVEvent reports blocks stored in or removed from a rank's cache.
+type KVEvent struct {
+	Rank    int
+	Stored  []uint64 // chained block hashes (routing/prefix)
+	Removed []uint64
+}
+
+// Engine runs requests.
+type Engine interface {
+	// Run executes req, calling emit for each output chunk as it is
+	// produced (streaming callers forward them; others ignore them). It
+	// returns when the request completes, fails, or ctx is done.
+	Run(ctx context.Context, req Request, emit func(Chunk) error) (Completion, error)
+	// Stats returns per-rank figures, indexed by rank.
+	Stats() []RankStats
+	// SetKVEventSink registers a function called (synchronously, keep it
+	// cheap) with every change to the ranks' caches. Proxies may never call it.
+	SetKVEventSink(func(KVEvent))
+	// Close releases the engine's resources.
+	Close() error
+}
