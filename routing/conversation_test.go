@@ -1,0 +1,48 @@
+package routing
+
+import (
+	"net/http"
+	"testing"
+)
+
+func TestConversationIDPrecedence(t *testing.T) {
+	h := func(kv ...string) http.Header {
+		out := http.Header{}
+		for i := 0; i < len(kv); i += 2 {
+			out.Add(kv[i], kv[i+1])
+		}
+		return out
+	}
+	cases := []struct {
+		name string
+		body string
+		hdr  http.Header
+		want string
+	}{
+		{"body beats headers", "body-id", h("X-Session-Id", "hdr-id"), "body-id"},
+		{"blank body falls through", "   ", h("X-Session-Id", "hdr-id"), "hdr-id"},
+		{"x-session-id first", "", h("X-Correlation-Id", "corr", "X-Session-Id", "sess"), "sess"},
+		{"blank header skipped", "", h("X-Session-Id", " \t", "X-Correlation-Id", "corr"), "corr"},
+		{"session-affinity", "", h("X-Session-Affinity", "aff"), "aff"},
+		{"multi-turn", "", h("X-Multi-Turn-Session-Id", "mt"), "mt"},
+		{"case-insensitive names", "", http.Header{"x-session-id": nil}, ""},
+		{"trimmed", "", h("X-Session-Id", "  padded  "), "padded"},
+		{"none", "", h("X-Other", "x"), ""},
+	}
+	for _, c := range cases {
+		if got := ConversationID(c.body, c.hdr); got != c.want {
+			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+func TestHeaderValueCaseInsensitive(t *testing.T) {
+	h := http.Header{}
+	h.Set("x-dynamo-parent-session-id", "parent-1")
+	if got := HeaderValue(h, "X-Dynamo-Parent-Session-ID"); got != "parent-1" {
+		t.Fatalf("got %q", got)
+	}
+	if got := HeaderValue(h, ""); got != "" {
+		t.Fatalf("unset header name must give no value, got %q", got)
+	}
+}
