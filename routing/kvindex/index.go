@@ -1,0 +1,670 @@
+// Package kvindex is the edge's index of which KV blocks each worker instance
+// (and attention-DP rank) holds, keyed by routing/prefix chained block hashes.
+// It answers one question fast: for a prompt's block hashes, how many leading
+// blocks does each instance already hold?
+//
+// It is fed by the workers' sequence-numbered KV event batches (stored and
+// removed blocks per rank), by full dumps that replace an instance's contents
+// after a gap, and by predictions: right after the edge places a request, the
+// request's prefix counts as present on the chosen instance for a short TTL,
+// so a burst of requests sharing that prefix lands together before the
+// worker's stored event arrives.
+//
+// The index does no I/O and reads no clock: time is a parameter. It is safe
+// for concurrent use (one writer at a time, many concurrent matches).
+package kvindex
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync"
+	"time"
+)
+
+// MaxRanks bounds a rank number (same bound as the telemetry codec).
+const MaxRanks = 1024
+
+// DefaultPredictTTL is how long a placed request's prefix counts as present
+// on its instance without a stored event. It should cover the worker's
+// telemetry interval plus a typical prefill.
+const DefaultPredictTTL = 5 * time.Second
+
+// Errors returned by the index. Each is wrapped with the instance and field.
+var (
+	// ErrInvalid: a batch or dump that cannot be applied (bad rank, zero
+	// hash, empty instance id). A known instance becomes stale.
+	ErrInvalid = errors.New("invalid kv index input")
+	// ErrTooManyHolders: more than 65,536 (instance, rank) holders.
+	ErrTooManyHolders = errors.New("kv index holder slots exhausted")
+)
+
+// Config configures an Index.
+type Config struct {
+	// PredictTTL: lifetime of a prediction. 0 means DefaultPredictTTL;
+	// negative disables predictions.
+	PredictTTL time.Duration
+}
+
+// RankEvent is one change to one rank's cache: Removed is applied before
+// Stored.
+type RankEvent struct {
+	Rank    int
+	Removed []uint64
+	Stored  []uint64
+}
+
+// Batch is one sequence-numbered batch of KV events from one worker boot.
+// Seq increases by exactly one per batch within a boot; a new Boot means the
+// worker restarted with empty caches.
+type Batch struct {
+	Instance string
+	Boot     uint64
+	Seq      uint64
+	Events   []RankEvent
+}
+
+// Outcome says what Apply did with a batch.
+type Outcome uint8
+
+const (
+	// Applied: the batch was the next in sequence (or Seq 1 of a new
+	// boot) and is now reflected in the index.
+	Applied Outcome = iota + 1
+	// Duplicate: the batch's sequence was already applied; ignored.
+	Duplicate
+	// Gap: a batch is missing; the instance's stored blocks were dropped
+	// and it is stale until ReplaceInstance installs a full dump.
+	Gap
+	// NeedsDump: the instance is stale (a gap, or first seen mid-stream);
+	// the batch was ignored. Request a dump.
+	NeedsDump
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Applied:
+		return "applied"
+	case Duplicate:
+		return "duplicate"
+	case Gap:
+		return "gap"
+	case NeedsDump:
+		return "needs_dump"
+	}
+	return fmt.Sprintf("outcome(%d)", uint8(o))
+}
+
+// Match is how much of a prompt one instance holds.
+type Match struct {
+	Instance string
+	// Blocks is the number of leading prompt blocks held contiguously by
+	// one rank (or predicted on the instance).
+	Blocks int
+	// Rank holds them; -1 when the match comes from a prediction only.
+	Rank int
+}
+
+// Stats describes the index's size.
+type Stats struct {
+	Blocks       int   // distinct block hashes known
+	HolderBlocks int64 // stored (block, rank) pairs
+	Instances    int
+	Stale        int // instances without a trusted baseline
+	Predictions  int // pending prediction records
+}
+
+type owner struct {
+	inst *instance // nil: free slot
+	rank int       // -1: the instance's predicted pseudo-rank
+}
+
+type instance struct {
+	id      string
+	idx     int     // position in Index.insts
+	ranks   []int32 // rank → slot+1 (0: none yet)
+	pred    int32   // predicted slot+1 (0: none yet)
+	synced  bool    // a baseline (Seq 1 of a boot, or a dump) and no gap since
+	boot    uint64
+	seq     uint64
+	holders int64 // stored (block, rank) pairs
+}
+
+type predRecord struct {
+	slot    slot
+	expires int64
+	blocks  []uint64
+}
+
+// Index is the KV block index. The zero value is not usable; call New.
+type Index struct {
+	ttl time.Duration
+
+	mu           sync.RWMutex
+	entries      map[uint64]entry
+	byID         map[string]*instance
+	insts        []*instance
+	owners       []owner
+	free         []slot
+	words        int // bitset words covering every allocated slot
+	holderBlocks int64
+	preds        []predRecord // FIFO by insertion; expiries are non-decreasing when time is
+	predHead     int
+
+	scratch sync.Pool
+}
+
+// New returns an empty index.
+func New(cfg Config) *Index {
+	ttl := cfg.PredictTTL
+	if ttl == 0 {
+		ttl = DefaultPredictTTL
+	}
+	return &Index{
+		ttl:     ttl,
+		entries: make(map[uint64]entry),
+		byID:    make(map[string]*instance),
+	}
+}
+
+// Apply applies one KV event batch. It never panics; an invalid batch
+// returns an error wrapping ErrInvalid and leaves a known instance stale.
+func (ix *Index) Apply(b Batch) (Outcome, error) {
+	if b.Instance == "" {
+		return 0, fmt.Errorf("kvindex: apply batch seq %d: empty instance id: %w", b.Seq, ErrInvalid)
+	}
+	verr := validateBatch(b)
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	in := ix.instanceLocked(b.Instance)
+	if verr != nil {
+		ix.goStaleLocked(in)
+		return 0, fmt.Errorf("kvindex: apply batch %s seq %d: %w", b.Instance, b.Seq, verr)
+	}
+	switch {
+	case in.synced && b.Boot == in.boot:
+		if b.Seq <= in.seq {
+			return Duplicate, nil
+		}
+		if b.Seq != in.seq+1 {
+			ix.goStaleLocked(in)
+			return Gap, nil
+		}
+	case b.Seq == 1:
+		// Seq 1 of a boot: the worker's caches started empty, so this is
+		// a complete baseline (a restart drops what the old boot held).
+		ix.clearStoredLocked(in)
+		in.synced, in.boot, in.seq = true, b.Boot, 0
+	default:
+		if in.boot != b.Boot {
+			// A restart we joined mid-stream: the old contents are gone
+			// and the new ones unknown.
+			ix.clearStoredLocked(in)
+			in.boot = b.Boot
+			in.synced = false
+		}
+		return NeedsDump, nil
+	}
+	for _, ev := range b.Events {
+		s, err := ix.rankSlotLocked(in, ev.Rank)
+		if err != nil {
+			ix.goStaleLocked(in)
+			return 0, fmt.Errorf("kvindex: apply batch %s seq %d: %w", b.Instance, b.Seq, err)
+		}
+		for _, h := range ev.Removed {
+			ix.removeHolderLocked(in, h, s)
+		}
+		for _, h := range ev.Stored {
+			ix.addHolderLocked(in, h, s)
+		}
+	}
+	in.seq = b.Seq
+	return Applied, nil
+}
+
+// ReplaceInstance installs a full dump of an instance's cache: ranks[r] lists
+// the blocks rank r holds. It reflects every batch of boot up to seq, so the
+// instance is synced again and batches continue from seq+1. A dump no newer
+// than what a synced instance already reflects is ignored.
+func (ix *Index) ReplaceInstance(instanceID string, boot, seq uint64, ranks [][]uint64) error {
+	if instanceID == "" {
+		return fmt.Errorf("kvindex: replace instance: empty instance id: %w", ErrInvalid)
+	}
+	if len(ranks) > MaxRanks {
+		return fmt.Errorf("kvindex: replace instance %s: %d ranks (max %d): %w", instanceID, len(ranks), MaxRanks, ErrInvalid)
+	}
+	for r, blocks := range ranks {
+		for i, h := range blocks {
+			if h == 0 {
+				return fmt.Errorf("kvindex: replace instance %s: ranks[%d][%d]: zero hash: %w", instanceID, r, i, ErrInvalid)
+			}
+		}
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	in := ix.instanceLocked(instanceID)
+	if in.synced && in.boot == boot && seq <= in.seq {
+		return nil
+	}
+	ix.clearStoredLocked(in)
+	for r, blocks := range ranks {
+		if len(blocks) == 0 {
+			continue
+		}
+		s, err := ix.rankSlotLocked(in, r)
+		if err != nil {
+			ix.goStaleLocked(in)
+			return fmt.Errorf("kvindex: replace instance %s: %w", instanceID, err)
+		}
+		for _, h := range blocks {
+			ix.addHolderLocked(in, h, s)
+		}
+	}
+	in.synced, in.boot, in.seq = true, boot, seq
+	return nil
+}
+
+// RemoveInstance forgets an instance: its stored blocks, its predictions and
+// its holder slots.
+func (ix *Index) RemoveInstance(instanceID string) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	in, ok := ix.byID[instanceID]
+	if !ok {
+		return
+	}
+	set := make([]uint64, ix.words)
+	var slots []slot
+	for _, p := range in.ranks {
+		if p != 0 {
+			slots = append(slots, slot(p-1))
+		}
+	}
+	if in.pred != 0 {
+		slots = append(slots, slot(in.pred-1))
+	}
+	for _, s := range slots {
+		set[s/64] |= 1 << (s % 64)
+	}
+	ix.purgeLocked(set)
+	for _, s := range slots {
+		ix.owners[s] = owner{}
+		ix.free = append(ix.free, s)
+	}
+	ix.holderBlocks -= in.holders
+	delete(ix.byID, instanceID)
+	last := ix.insts[len(ix.insts)-1]
+	ix.insts[in.idx], last.idx = last, in.idx
+	ix.insts[len(ix.insts)-1] = nil
+	ix.insts = ix.insts[:len(ix.insts)-1]
+}
+
+// Predict marks blocks as present on instanceID until now+PredictTTL. It
+// also drops predictions that expired by now.
+func (ix *Index) Predict(instanceID string, blocks []uint64, now time.Time) {
+	if ix.ttl < 0 || instanceID == "" || len(blocks) == 0 {
+		return
+	}
+	nowN := now.UnixNano()
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ix.expireLocked(nowN)
+	in := ix.instanceLocked(instanceID)
+	if in.pred == 0 {
+		s, err := ix.allocSlotLocked(in, -1)
+		if err != nil {
+			return // no room for a prediction: placement works without it
+		}
+		in.pred = int32(s) + 1
+	}
+	s := slot(in.pred - 1)
+	expires := nowN + int64(ix.ttl)
+	kept := make([]uint64, 0, len(blocks))
+	for _, h := range blocks {
+		if h == 0 {
+			continue
+		}
+		e := ix.entries[h]
+		e.predict(s, expires)
+		ix.entries[h] = e
+		kept = append(kept, h)
+	}
+	ix.preds = append(ix.preds, predRecord{slot: s, expires: expires, blocks: kept})
+}
+
+// Expire drops predictions that expired at or before now and returns how
+// many prediction records it dropped. Matching ignores expired predictions
+// either way; Expire only frees their memory.
+func (ix *Index) Expire(now time.Time) int {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	return ix.expireLocked(now.UnixNano())
+}
+
+// Stale reports whether the index has no trusted baseline for instanceID
+// (unknown, joined mid-stream, or a gap since): its stored blocks are not
+// used until a dump arrives. Predictions still apply.
+func (ix *Index) Stale(instanceID string) bool {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	in, ok := ix.byID[instanceID]
+	return !ok || !in.synced
+}
+
+// Stats returns the index's size.
+func (ix *Index) Stats() Stats {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	st := Stats{
+		Blocks:       len(ix.entries),
+		HolderBlocks: ix.holderBlocks,
+		Instances:    len(ix.byID),
+		Predictions:  len(ix.preds) - ix.predHead,
+	}
+	for _, in := range ix.byID {
+		if !in.synced {
+			st.Stale++
+		}
+	}
+	return st
+}
+
+// scratchSpace is per-Match working memory, pooled so a match allocates
+// nothing in steady state.
+type scratchSpace struct {
+	alive, next, first []uint64
+	matched            []int32 // per slot: leading blocks held
+	pos                []int32 // per instance: its index in dst plus one (0: none yet)
+}
+
+func (ix *Index) getScratch(words, instances int) *scratchSpace {
+	sc, _ := ix.scratch.Get().(*scratchSpace)
+	if sc == nil {
+		sc = &scratchSpace{}
+	}
+	if cap(sc.alive) < words {
+		sc.alive = make([]uint64, words)
+		sc.next = make([]uint64, words)
+		sc.first = make([]uint64, words)
+	}
+	sc.alive, sc.next, sc.first = sc.alive[:words], sc.next[:words], sc.first[:words]
+	if cap(sc.matched) < words*64 {
+		sc.matched = make([]int32, words*64)
+	}
+	sc.matched = sc.matched[:words*64]
+	if cap(sc.pos) < instances {
+		sc.pos = make([]int32, instances)
+	}
+	sc.pos = sc.pos[:instances]
+	return sc
+}
+
+// Match appends to dst[:0], for every instance holding at least the first
+// block of blocks, how many leading blocks it holds (best rank, or its live
+// prediction at now). It walks the prompt once, narrowing the set of holders
+// still matching and stopping when none remain; when nobody holds the first
+// block it returns at once (the all-cold fast path). The order of the
+// result is unspecified.
+func (ix *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
+	dst = dst[:0]
+	if len(blocks) == 0 {
+		return dst
+	}
+	nowN := now.UnixNano()
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	e, ok := ix.entries[blocks[0]]
+	if !ok {
+		return dst
+	}
+	sc := ix.getScratch(ix.words, len(ix.insts))
+	defer ix.scratch.Put(sc)
+	alive, next, first := sc.alive, sc.next, sc.first
+	for w := range alive {
+		alive[w] = ^uint64(0)
+		next[w] = 0
+	}
+	e.holdersInto(next, alive, nowN)
+	alive, next = next, alive
+	copy(first, alive)
+	if allZero(alive) {
+		return dst
+	}
+	matched := sc.matched
+	depth := 1
+	for ; depth < len(blocks); depth++ {
+		e, ok := ix.entries[blocks[depth]]
+		if !ok {
+			break
+		}
+		clear(next)
+		e.holdersInto(next, alive, nowN)
+		any := false
+		for w, a := range alive {
+			dropped := a &^ next[w]
+			for dropped != 0 {
+				b := bits.TrailingZeros64(dropped)
+				matched[w*64+b] = int32(depth)
+				dropped &= dropped - 1
+			}
+			if next[w] != 0 {
+				any = true
+			}
+		}
+		alive, next = next, alive
+		if !any {
+			break
+		}
+	}
+	for w, a := range alive {
+		for a != 0 {
+			b := bits.TrailingZeros64(a)
+			matched[w*64+b] = int32(depth)
+			a &= a - 1
+		}
+	}
+	// Fold slots into instances: an instance's best holder wins (a real
+	// rank over a prediction on ties, then the lower rank).
+	pos := sc.pos
+	for w, f := range first {
+		for f != 0 {
+			b := bits.TrailingZeros64(f)
+			f &= f - 1
+			s := w*64 + b
+			o := ix.owners[s]
+			if o.inst == nil {
+				continue
+			}
+			n := int(matched[s])
+			p := pos[o.inst.idx]
+			if p == 0 {
+				dst = append(dst, Match{Instance: o.inst.id, Blocks: n, Rank: o.rank})
+				pos[o.inst.idx] = int32(len(dst))
+				continue
+			}
+			cur := &dst[p-1]
+			if n > cur.Blocks || (n == cur.Blocks && betterRank(o.rank, cur.Rank)) {
+				cur.Blocks, cur.Rank = n, o.rank
+			}
+		}
+	}
+	for w, f := range first { // leave the scratch zeroed
+		for f != 0 {
+			b := bits.TrailingZeros64(f)
+			f &= f - 1
+			if o := ix.owners[w*64+b]; o.inst != nil {
+				pos[o.inst.idx] = 0
+			}
+		}
+	}
+	return dst
+}
+
+func betterRank(a, b int) bool {
+	if (a < 0) != (b < 0) {
+		return a >= 0
+	}
+	return a < b
+}
+
+func allZero(ws []uint64) bool {
+	for _, w := range ws {
+		if w != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func validateBatch(b Batch) error {
+	for i, ev := range b.Events {
+		if ev.Rank < 0 || ev.Rank >= MaxRanks {
+			return fmt.Errorf("events[%d].rank %d (want 0..%d): %w", i, ev.Rank, MaxRanks-1, ErrInvalid)
+		}
+		for _, h := range ev.Removed {
+			if h == 0 {
+				return fmt.Errorf("events[%d].removed: zero hash: %w", i, ErrInvalid)
+			}
+		}
+		for _, h := range ev.Stored {
+			if h == 0 {
+				return fmt.Errorf("events[%d].stored: zero hash: %w", i, ErrInvalid)
+			}
+		}
+	}
+	return nil
+}
+
+func (ix *Index) instanceLocked(id string) *instance {
+	in, ok := ix.byID[id]
+	if !ok {
+		in = &instance{id: id, idx: len(ix.insts)}
+		ix.byID[id] = in
+		ix.insts = append(ix.insts, in)
+	}
+	return in
+}
+
+func (ix *Index) allocSlotLocked(in *instance, rank int) (slot, error) {
+	var s slot
+	if n := len(ix.free); n > 0 {
+		s = ix.free[n-1]
+		ix.free = ix.free[:n-1]
+	} else {
+		if len(ix.owners) >= maxSlots {
+			return 0, fmt.Errorf("instance %s rank %d: %w", in.id, rank, ErrTooManyHolders)
+		}
+		s = slot(len(ix.owners))
+		ix.owners = append(ix.owners, owner{})
+		ix.words = (len(ix.owners) + 63) / 64
+	}
+	ix.owners[s] = owner{inst: in, rank: rank}
+	return s, nil
+}
+
+func (ix *Index) rankSlotLocked(in *instance, rank int) (slot, error) {
+	if rank < 0 || rank >= MaxRanks {
+		return 0, fmt.Errorf("instance %s: rank %d (want 0..%d): %w", in.id, rank, MaxRanks-1, ErrInvalid)
+	}
+	if rank < len(in.ranks) && in.ranks[rank] != 0 {
+		return slot(in.ranks[rank] - 1), nil
+	}
+	s, err := ix.allocSlotLocked(in, rank)
+	if err != nil {
+		return 0, err
+	}
+	for len(in.ranks) <= rank {
+		in.ranks = append(in.ranks, 0)
+	}
+	in.ranks[rank] = int32(s) + 1
+	return s, nil
+}
+
+func (ix *Index) addHolderLocked(in *instance, h uint64, s slot) {
+	e := ix.entries[h]
+	if e.add(s) {
+		in.holders++
+		ix.holderBlocks++
+	}
+	ix.entries[h] = e
+}
+
+func (ix *Index) removeHolderLocked(in *instance, h uint64, s slot) {
+	e, ok := ix.entries[h]
+	if !ok || !e.remove(s) {
+		return
+	}
+	in.holders--
+	ix.holderBlocks--
+	if e.empty() {
+		delete(ix.entries, h)
+	} else {
+		ix.entries[h] = e
+	}
+}
+
+// goStaleLocked drops an instance's stored blocks and marks it stale.
+func (ix *Index) goStaleLocked(in *instance) {
+	ix.clearStoredLocked(in)
+	in.synced = false
+}
+
+// clearStoredLocked drops every stored block of the instance's ranks (its
+// predictions stay). It scans the whole index, which is acceptable because
+// it happens only on a restart, a gap or a dump.
+func (ix *Index) clearStoredLocked(in *instance) {
+	if in.holders == 0 {
+		return
+	}
+	set := make([]uint64, ix.words)
+	for _, p := range in.ranks {
+		if p != 0 {
+			s := slot(p - 1)
+			set[s/64] |= 1 << (s % 64)
+		}
+	}
+	ix.purgeLocked(set)
+	ix.holderBlocks -= in.holders
+	in.holders = 0
+}
+
+func (ix *Index) purgeLocked(set []uint64) {
+	for h, e := range ix.entries {
+		e.removeSet(set)
+		if e.empty() {
+			delete(ix.entries, h)
+		} else {
+			ix.entries[h] = e
+		}
+	}
+}
+
+func (ix *Index) expireLocked(now int64) int {
+	n := 0
+	for ix.predHead < len(ix.preds) && ix.preds[ix.predHead].expires <= now {
+		p := &ix.preds[ix.predHead]
+		for _, h := range p.blocks {
+			e, ok := ix.entries[h]
+			if !ok {
+				continue
+			}
+			e.unpredict(p.slot, now)
+			if e.empty() {
+				delete(ix.entries, h)
+			} else {
+				ix.entries[h] = e
+			}
+		}
+		*p = predRecord{}
+		ix.predHead++
+		n++
+	}
+	// Compact the queue once its dead head dominates.
+	if ix.predHead > 64 && ix.predHead*2 > len(ix.preds) {
+		live := copy(ix.preds, ix.preds[ix.predHead:])
+		clear(ix.preds[live:])
+		ix.preds = ix.preds[:live]
+		ix.predHead = 0
+	}
+	return n
+}
