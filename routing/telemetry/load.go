@@ -45,7 +45,6 @@ type RankLoad struct {
 	WindowHitTokens    int64 `json:"window_hit_tokens"`
 	Overflows          int64 `json:"overflows"` // requests placed here because their affine rank was saturated (since boot)
 	Evictions          int64 `json:"evictions"` // KV blocks evicted (since boot)
-	Sessions           int64 `json:"sessions"`  // conversation affinity bindings held
 }
 
 // HitRate is WindowHitTokens/WindowLookupTokens (0 with no lookups).
@@ -148,7 +147,6 @@ func (r *LoadReport) validate(subject string) error {
 			{"window_hit_tokens", rk.WindowHitTokens, MaxCounter},
 			{"overflows", rk.Overflows, MaxCounter},
 			{"evictions", rk.Evictions, MaxCounter},
-			{"sessions", rk.Sessions, MaxCounter},
 		} {
 			if c.v < 0 || c.v > c.max {
 				return decodeErr(ErrOutOfRange, subject, field(c.name), "%d (want 0..%d)", c.v, c.max)

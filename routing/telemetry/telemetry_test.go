@@ -14,7 +14,7 @@ func sampleLoad() LoadReport {
 		Model: "llama-3.1-70b", Version: "dev", FeatureLevel: FeatureLevel, VerifiesHints: true,
 		BootID: 0xfeedface, Seq: 7, KVSeq: 3, SentUnixMilli: 1700000000000, IntervalMilli: 100, BlockSize: 64,
 		Ranks: []RankLoad{
-			{Rank: 0, ActivePromptTokens: 4096, ActiveRequests: 2, QueuedRequests: 1, KVBlocksUsed: 10, KVBlocksTotal: 100, WindowLookupTokens: 1000, WindowHitTokens: 900, Overflows: 1, Evictions: 2, Sessions: 3},
+			{Rank: 0, ActivePromptTokens: 4096, ActiveRequests: 2, QueuedRequests: 1, KVBlocksUsed: 10, KVBlocksTotal: 100, WindowLookupTokens: 1000, WindowHitTokens: 900, Overflows: 1, Evictions: 2},
 			{Rank: 1, KVBlocksTotal: 100},
 		},
 	}
