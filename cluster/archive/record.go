@@ -1,0 +1,248 @@
+package archive
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/tether-project/tether/fsm"
+)
+
+// Record is one committed Raft log entry as the archive keeps it: the raw
+// entry (a batch of proposals in fsm's envelope) plus what applying it did,
+// so an audit sees evictions without replaying the log.
+type Record struct {
+	Index uint64 // Raft log index
+	Time  int64  // the leader's AppendedAt, unix nanoseconds (the fsm's entry time)
+	Data  []byte // the entry exactly as committed (fsm.EncodeEntry)
+	// Outcomes holds one element per proposal of the entry, in order. It may
+	// be shorter than the entry when the machine halted part-way (it never is
+	// for a node that applied the entry).
+	Outcomes []Outcome
+}
+
+// Outcome is the effect of applying one proposal.
+type Outcome struct {
+	Status  fsm.Status
+	Reason  string        // why a proposal was rejected
+	Evicted []fsm.Evicted // bindings this proposal removed, in order
+}
+
+// OutcomesFromResults converts the machine's results for one entry.
+func OutcomesFromResults(rs []fsm.Result) []Outcome {
+	out := make([]Outcome, len(rs))
+	for i, r := range rs {
+		out[i] = Outcome{Status: r.Status, Reason: r.Reason, Evicted: r.Evicted}
+	}
+	return out
+}
+
+// Proposals decodes the entry's proposals.
+func (r Record) Proposals() ([]fsm.RawProposal, error) {
+	ps, err := fsm.DecodeEntry(r.Data)
+	if err != nil {
+		return nil, fmt.Errorf("archive: record %d: %w", r.Index, err)
+	}
+	return ps, nil
+}
+
+// Keys lists the bindings the record names: the keys of its events (as
+// fsm.EventKeys reports them) and of the bindings its apply evicted,
+// deduplicated, in first-seen order. An entry that does not decode
+// contributes only its evictions.
+func (r Record) Keys() []fsm.FleetKey {
+	var keys []fsm.FleetKey
+	seen := make(map[fsm.FleetKey]struct{})
+	add := func(k fsm.FleetKey) {
+		if _, dup := seen[k]; dup {
+			return
+		}
+		seen[k] = struct{}{}
+		keys = append(keys, k)
+	}
+	if ps, err := fsm.DecodeEntry(r.Data); err == nil {
+		for _, p := range ps {
+			if p.Event == nil {
+				continue
+			}
+			for _, k := range fsm.EventKeys(p.Event) {
+				add(k)
+			}
+		}
+	}
+	for _, o := range r.Outcomes {
+		for _, e := range o.Evicted {
+			add(fsm.FleetKey{Fleet: e.Fleet, Key: e.Key})
+		}
+	}
+	return keys
+}
+
+// recordVersion is the first byte of every stored record value.
+const recordVersion = 1
+
+// encodeRecord lays a record out as
+//
+//	version u8 | time i64 BE | proposals uvarint | outcomes uvarint | outcome... | data (rest)
+//
+// outcome = status u8 | reason str | evicted uvarint | (fleet u8 | key str |
+// instance str | epoch uvarint | reason u8)...; str = uvarint length | bytes.
+// The proposal count is kept so count-based retention needs no entry decode.
+func encodeRecord(r Record, proposals int) []byte {
+	b := make([]byte, 0, 32+len(r.Data)+16*len(r.Outcomes))
+	b = append(b, recordVersion)
+	b = binary.BigEndian.AppendUint64(b, uint64(r.Time))
+	b = binary.AppendUvarint(b, uint64(proposals))
+	b = binary.AppendUvarint(b, uint64(len(r.Outcomes)))
+	for _, o := range r.Outcomes {
+		b = append(b, byte(o.Status))
+		b = appendString(b, o.Reason)
+		b = binary.AppendUvarint(b, uint64(len(o.Evicted)))
+		for _, e := range o.Evicted {
+			b = append(b, byte(e.Fleet))
+			b = appendString(b, e.Key)
+			b = appendString(b, e.Instance)
+			b = binary.AppendUvarint(b, e.Epoch)
+			b = append(b, byte(e.Reason))
+		}
+	}
+	return append(b, r.Data...)
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// recordDecoder reads the layout written by encodeRecord; it never panics
+// and reports the first problem with its offset.
+type recordDecoder struct {
+	b   []byte
+	off int
+	err error
+}
+
+func (d *recordDecoder) fail(msg string) {
+	if d.err == nil {
+		d.err = fmt.Errorf("offset %d: %s", d.off, msg)
+	}
+}
+
+func (d *recordDecoder) byte1() byte {
+	if d.err != nil {
+		return 0
+	}
+	if d.off >= len(d.b) {
+		d.fail("truncated")
+		return 0
+	}
+	v := d.b[d.off]
+	d.off++
+	return v
+}
+
+func (d *recordDecoder) u64() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b)-d.off < 8 {
+		d.fail("truncated")
+		return 0
+	}
+	v := binary.BigEndian.Uint64(d.b[d.off:])
+	d.off += 8
+	return v
+}
+
+func (d *recordDecoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b[d.off:])
+	if n <= 0 {
+		d.fail("bad varint")
+		return 0
+	}
+	d.off += n
+	return v
+}
+
+// count reads a length that must fit in what is left of the buffer given
+// each element takes at least minSize bytes (guards allocations).
+func (d *recordDecoder) count(minSize int) int {
+	v := d.uvarint()
+	if d.err != nil {
+		return 0
+	}
+	if v > uint64(len(d.b)-d.off)/uint64(minSize) {
+		d.fail("count exceeds data")
+		return 0
+	}
+	return int(v)
+}
+
+func (d *recordDecoder) str() string {
+	n := d.count(1)
+	if d.err != nil {
+		return ""
+	}
+	s := string(d.b[d.off : d.off+n])
+	d.off += n
+	return s
+}
+
+var errBadRecordVersion = errors.New("unsupported record version")
+
+// decodeRecord is the inverse of encodeRecord. Data aliases b (bbolt memory
+// is only valid inside its transaction: callers copy).
+func decodeRecord(index uint64, b []byte) (Record, int, error) {
+	d := &recordDecoder{b: b}
+	if v := d.byte1(); d.err == nil && v != recordVersion {
+		return Record{}, 0, fmt.Errorf("archive: record %d: %w %d", index, errBadRecordVersion, v)
+	}
+	r := Record{Index: index}
+	r.Time = int64(d.u64())
+	proposals := int(d.uvarint())
+	n := d.count(3)
+	if n > 0 {
+		r.Outcomes = make([]Outcome, n)
+	}
+	for i := 0; i < n && d.err == nil; i++ {
+		o := &r.Outcomes[i]
+		o.Status = fsm.Status(d.byte1())
+		o.Reason = d.str()
+		m := d.count(5)
+		if m > 0 {
+			o.Evicted = make([]fsm.Evicted, m)
+		}
+		for j := 0; j < m && d.err == nil; j++ {
+			e := &o.Evicted[j]
+			e.Fleet = fsm.Fleet(d.byte1())
+			e.Key = d.str()
+			e.Instance = d.str()
+			e.Epoch = d.uvarint()
+			e.Reason = fsm.EvictReason(d.byte1())
+		}
+	}
+	if d.err != nil {
+		return Record{}, 0, fmt.Errorf("archive: record %d: %w", index, d.err)
+	}
+	r.Data = b[d.off:]
+	return r, proposals, nil
+}
+
+// decodeRecordHeader reads only the time and proposal count.
+func decodeRecordHeader(b []byte) (t int64, proposals int, err error) {
+	d := &recordDecoder{b: b}
+	if v := d.byte1(); d.err == nil && v != recordVersion {
+		return 0, 0, fmt.Errorf("%w %d", errBadRecordVersion, v)
+	}
+	t = int64(d.u64())
+	proposals = int(d.uvarint())
+	return t, proposals, d.err
+}
+
+func cloneRecord(r Record) Record {
+	r.Data = append([]byte(nil), r.Data...)
+	return r
+}
