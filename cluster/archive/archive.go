@@ -57,7 +57,7 @@ type Options struct {
 	// NoSync skips fsync on commit: only for bulk loading and benchmarks,
 	// where a crash may lose or corrupt the file.
 	NoSync bool
-	Logger  *slog.Logger
+	Logger *slog.Logger
 }
 
 // Archive is an open archive file.
