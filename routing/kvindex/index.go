@@ -112,6 +112,7 @@ type Stats struct {
 	Instances    int
 	Stale        int // instances without a trusted baseline
 	Predictions  int // pending prediction records
+	Sets         int // distinct interned holder sets
 }
 
 type owner struct {
@@ -141,7 +142,8 @@ type Index struct {
 	ttl time.Duration
 
 	mu           sync.RWMutex
-	entries      map[uint64]entry
+	blocks       map[uint64]setID // block hash → its holders
+	sets         sets
 	byID         map[string]*instance
 	insts        []*instance
 	owners       []owner
@@ -161,9 +163,10 @@ func New(cfg Config) *Index {
 		ttl = DefaultPredictTTL
 	}
 	return &Index{
-		ttl:     ttl,
-		entries: make(map[uint64]entry),
-		byID:    make(map[string]*instance),
+		ttl:    ttl,
+		blocks: make(map[uint64]setID),
+		sets:   newSets(),
+		byID:   make(map[string]*instance),
 	}
 }
 
@@ -176,6 +179,7 @@ func (ix *Index) Apply(b Batch) (Outcome, error) {
 	verr := validateBatch(b)
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	defer ix.sets.end()
 	in := ix.instanceLocked(b.Instance)
 	if verr != nil {
 		ix.goStaleLocked(in)
@@ -211,12 +215,8 @@ func (ix *Index) Apply(b Batch) (Outcome, error) {
 			ix.goStaleLocked(in)
 			return 0, fmt.Errorf("kvindex: apply batch %s seq %d: %w", b.Instance, b.Seq, err)
 		}
-		for _, h := range ev.Removed {
-			ix.removeHolderLocked(in, h, s)
-		}
-		for _, h := range ev.Stored {
-			ix.addHolderLocked(in, h, s)
-		}
+		ix.updateLocked(in, ev.Removed, setOp{kind: opRemove, slot: s})
+		ix.updateLocked(in, ev.Stored, setOp{kind: opAdd, slot: s})
 	}
 	in.seq = b.Seq
 	return Applied, nil
@@ -242,6 +242,7 @@ func (ix *Index) ReplaceInstance(instanceID string, boot, seq uint64, ranks [][]
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	defer ix.sets.end()
 	in := ix.instanceLocked(instanceID)
 	if in.synced && in.boot == boot && seq <= in.seq {
 		return nil
@@ -256,9 +257,7 @@ func (ix *Index) ReplaceInstance(instanceID string, boot, seq uint64, ranks [][]
 			ix.goStaleLocked(in)
 			return fmt.Errorf("kvindex: replace instance %s: %w", instanceID, err)
 		}
-		for _, h := range blocks {
-			ix.addHolderLocked(in, h, s)
-		}
+		ix.updateLocked(in, blocks, setOp{kind: opAdd, slot: s})
 	}
 	in.synced, in.boot, in.seq = true, boot, seq
 	return nil
@@ -269,6 +268,7 @@ func (ix *Index) ReplaceInstance(instanceID string, boot, seq uint64, ranks [][]
 func (ix *Index) RemoveInstance(instanceID string) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	defer ix.sets.end()
 	in, ok := ix.byID[instanceID]
 	if !ok {
 		return
@@ -308,6 +308,7 @@ func (ix *Index) Predict(instanceID string, blocks []uint64, now time.Time) {
 	nowN := now.UnixNano()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	defer ix.sets.end()
 	ix.expireLocked(nowN)
 	in := ix.instanceLocked(instanceID)
 	if in.pred == 0 {
@@ -321,14 +322,11 @@ func (ix *Index) Predict(instanceID string, blocks []uint64, now time.Time) {
 	expires := nowN + int64(ix.ttl)
 	kept := make([]uint64, 0, len(blocks))
 	for _, h := range blocks {
-		if h == 0 {
-			continue
+		if h != 0 {
+			kept = append(kept, h)
 		}
-		e := ix.entries[h]
-		e.predict(s, expires)
-		ix.entries[h] = e
-		kept = append(kept, h)
 	}
+	ix.updateLocked(nil, kept, setOp{kind: opPredict, slot: s, time: expires})
 	ix.preds = append(ix.preds, predRecord{slot: s, expires: expires, blocks: kept})
 }
 
@@ -338,6 +336,7 @@ func (ix *Index) Predict(instanceID string, blocks []uint64, now time.Time) {
 func (ix *Index) Expire(now time.Time) int {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	defer ix.sets.end()
 	return ix.expireLocked(now.UnixNano())
 }
 
@@ -356,10 +355,11 @@ func (ix *Index) Stats() Stats {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	st := Stats{
-		Blocks:       len(ix.entries),
+		Blocks:       len(ix.blocks),
 		HolderBlocks: ix.holderBlocks,
 		Instances:    len(ix.byID),
 		Predictions:  len(ix.preds) - ix.predHead,
+		Sets:         len(ix.sets.all) - 1 - len(ix.sets.free),
 	}
 	for _, in := range ix.byID {
 		if !in.synced {
@@ -402,9 +402,10 @@ func (ix *Index) getScratch(words, instances int) *scratchSpace {
 // Match appends to dst[:0], for every instance holding at least the first
 // block of blocks, how many leading blocks it holds (best rank, or its live
 // prediction at now). It walks the prompt once, narrowing the set of holders
-// still matching and stopping when none remain; when nobody holds the first
-// block it returns at once (the all-cold fast path). The order of the
-// result is unspecified.
+// still matching and stopping when none remain; consecutive blocks mapped to
+// the same holder set cost one map lookup each. When nobody holds the first
+// block it returns at once (the all-cold fast path). The order of the result
+// is unspecified.
 func (ix *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 	dst = dst[:0]
 	if len(blocks) == 0 {
@@ -413,7 +414,7 @@ func (ix *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 	nowN := now.UnixNano()
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	e, ok := ix.entries[blocks[0]]
+	id, ok := ix.blocks[blocks[0]]
 	if !ok {
 		return dst
 	}
@@ -424,7 +425,7 @@ func (ix *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 		alive[w] = ^uint64(0)
 		next[w] = 0
 	}
-	e.holdersInto(next, alive, nowN)
+	ix.sets.get(id).liveInto(next, alive, nowN)
 	alive, next = next, alive
 	copy(first, alive)
 	if allZero(alive) {
@@ -432,13 +433,20 @@ func (ix *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 	}
 	matched := sc.matched
 	depth := 1
+	prev := id
 	for ; depth < len(blocks); depth++ {
-		e, ok := ix.entries[blocks[depth]]
+		id, ok := ix.blocks[blocks[depth]]
 		if !ok {
 			break
 		}
+		if id == prev {
+			// alive ⊆ the previous block's holders, so intersecting
+			// with the same set again changes nothing.
+			continue
+		}
+		prev = id
 		clear(next)
-		e.holdersInto(next, alive, nowN)
+		ix.sets.get(id).liveInto(next, alive, nowN)
 		any := false
 		for w, a := range alive {
 			dropped := a &^ next[w]
@@ -580,26 +588,37 @@ func (ix *Index) rankSlotLocked(in *instance, rank int) (slot, error) {
 	return s, nil
 }
 
-func (ix *Index) addHolderLocked(in *instance, h uint64, s slot) {
-	e := ix.entries[h]
-	if e.add(s) {
-		in.holders++
-		ix.holderBlocks++
-	}
-	ix.entries[h] = e
-}
-
-func (ix *Index) removeHolderLocked(in *instance, h uint64, s slot) {
-	e, ok := ix.entries[h]
-	if !ok || !e.remove(s) {
-		return
-	}
-	in.holders--
-	ix.holderBlocks--
-	if e.empty() {
-		delete(ix.entries, h)
-	} else {
-		ix.entries[h] = e
+// updateLocked applies one set operation to each block. For stored-holder
+// operations it keeps the instance's and the index's holder counts.
+func (ix *Index) updateLocked(in *instance, blocks []uint64, op setOp) {
+	ix.sets.newOp()
+	for _, h := range blocks {
+		from := ix.blocks[h]
+		if op.kind == opUnpredict && from == 0 {
+			continue
+		}
+		had := op.kind == opAdd || op.kind == opRemove
+		if had {
+			had = ix.sets.get(from).has(op.slot)
+		}
+		to := ix.sets.apply(from, &op)
+		if to == from {
+			continue
+		}
+		switch {
+		case op.kind == opAdd && !had:
+			in.holders++
+			ix.holderBlocks++
+		case op.kind == opRemove && had:
+			in.holders--
+			ix.holderBlocks--
+		}
+		ix.sets.retarget(from, to)
+		if to == 0 {
+			delete(ix.blocks, h)
+		} else {
+			ix.blocks[h] = to
+		}
 	}
 }
 
@@ -610,8 +629,8 @@ func (ix *Index) goStaleLocked(in *instance) {
 }
 
 // clearStoredLocked drops every stored block of the instance's ranks (its
-// predictions stay). It scans the whole index, which is acceptable because
-// it happens only on a restart, a gap or a dump.
+// predictions stay). It scans the whole block map, which is acceptable
+// because it happens only on a restart, a gap or a dump.
 func (ix *Index) clearStoredLocked(in *instance) {
 	if in.holders == 0 {
 		return
@@ -629,12 +648,18 @@ func (ix *Index) clearStoredLocked(in *instance) {
 }
 
 func (ix *Index) purgeLocked(set []uint64) {
-	for h, e := range ix.entries {
-		e.removeSet(set)
-		if e.empty() {
-			delete(ix.entries, h)
+	ix.sets.newOp()
+	op := setOp{kind: opPurge, removed: set}
+	for h, from := range ix.blocks {
+		to := ix.sets.apply(from, &op)
+		if to == from {
+			continue
+		}
+		ix.sets.retarget(from, to)
+		if to == 0 {
+			delete(ix.blocks, h)
 		} else {
-			ix.entries[h] = e
+			ix.blocks[h] = to
 		}
 	}
 }
@@ -643,18 +668,7 @@ func (ix *Index) expireLocked(now int64) int {
 	n := 0
 	for ix.predHead < len(ix.preds) && ix.preds[ix.predHead].expires <= now {
 		p := &ix.preds[ix.predHead]
-		for _, h := range p.blocks {
-			e, ok := ix.entries[h]
-			if !ok {
-				continue
-			}
-			e.unpredict(p.slot, now)
-			if e.empty() {
-				delete(ix.entries, h)
-			} else {
-				ix.entries[h] = e
-			}
-		}
+		ix.updateLocked(nil, p.blocks, setOp{kind: opUnpredict, slot: p.slot, time: now})
 		*p = predRecord{}
 		ix.predHead++
 		n++
