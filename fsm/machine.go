@@ -1,0 +1,683 @@
+package fsm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+)
+
+// Entry is one committed log entry as the machine applies it.
+type Entry struct {
+	Index uint64
+	Time  int64 // unix nanoseconds: the leader's AppendedAt
+	Data  []byte
+}
+
+// Machine applies log entries to the replicated state. Apply, ApplyBatch and
+// Restore are for a single writer (Raft's apply goroutine; a mutex makes
+// accidental concurrent writers safe, not fast). State, Skipped and Halted
+// are for any number of concurrent readers and never block.
+type Machine struct {
+	mu      sync.Mutex // serialises writers
+	state   atomic.Pointer[State]
+	skipped atomic.Uint64
+	halted  atomic.Pointer[haltReason]
+
+	// Writer-only scratch, never seen by readers.
+	intern  map[string]string
+	scratch []byte
+}
+
+type haltReason struct{ err error }
+
+// internLimit bounds the writer's string intern table (instance, edge and
+// policy names); past it the table starts over, which only costs memory
+// sharing, never correctness.
+const internLimit = 1 << 16
+
+// NewMachine returns a machine at the empty state (index 0).
+func NewMachine() *Machine {
+	m := &Machine{intern: make(map[string]string)}
+	m.state.Store(emptyState())
+	return m
+}
+
+// State returns the current state; it is never nil.
+func (m *Machine) State() *State { return m.state.Load() }
+
+// Skipped counts unknown optional events this node skipped. It is
+// node-local (an upgraded node applies them) and not part of the hash.
+func (m *Machine) Skipped() uint64 { return m.skipped.Load() }
+
+// Halted returns the error that stopped the machine (an unknown required
+// event or a corrupt entry), or nil while it is running.
+func (m *Machine) Halted() error {
+	if h := m.halted.Load(); h != nil {
+		return h.err
+	}
+	return nil
+}
+
+// Restore replaces the state with a snapshot read from r. A machine that
+// halted is running again afterwards: the snapshot replaces everything the
+// failed entry would have changed (if the log still holds the entry past the
+// snapshot, applying it halts again).
+func (m *Machine) Restore(r io.Reader) error {
+	s, err := ReadSnapshot(r)
+	if err != nil {
+		return fmt.Errorf("fsm: restore: %w", err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.state.Store(s)
+	m.halted.Store(nil)
+	return nil
+}
+
+// Apply applies one log entry and returns one result per proposal in it.
+func (m *Machine) Apply(e Entry) ([]Result, error) {
+	rs, err := m.ApplyBatch([]Entry{e})
+	if err != nil {
+		return nil, err
+	}
+	return rs[0], nil
+}
+
+// ApplyBatch applies entries in order and publishes the new state once, at
+// the end. If an entry fails, the entries before it stay applied (and are
+// published, their results returned) and the error says why; an unknown
+// required event or a corrupt entry also halts the machine, so every later
+// call returns the same error without touching the state.
+func (m *Machine) ApplyBatch(es []Entry) ([][]Result, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.Halted(); err != nil {
+		return nil, err
+	}
+	tx := m.begin()
+	out := make([][]Result, 0, len(es))
+	var err error
+	for _, e := range es {
+		var rs []Result
+		rs, err = tx.applyEntry(e)
+		if err != nil {
+			break
+		}
+		out = append(out, rs)
+	}
+	if len(out) > 0 {
+		m.commit(tx)
+	}
+	if err != nil {
+		var unknown *UnknownEventError
+		var corrupt *DecodeError
+		if errors.As(err, &unknown) || errors.As(err, &corrupt) {
+			m.halted.Store(&haltReason{err: err})
+		}
+		return out, err
+	}
+	return out, nil
+}
+
+// txn is one write transaction: a private copy of the State header whose
+// tries are updated path-copying, in place where a node is already owned.
+type txn struct {
+	m       *Machine
+	s       *State
+	owner   uint64
+	skipped uint64
+	// ownInstances/ownNodes: s.instances/s.nodes are private to this txn.
+	ownInstances, ownNodes bool
+}
+
+func (m *Machine) begin() *txn {
+	cur := *m.state.Load()
+	return &txn{m: m, s: &cur, owner: newOwner()}
+}
+
+func (m *Machine) commit(tx *txn) {
+	m.state.Store(tx.s)
+	m.skipped.Add(tx.skipped)
+}
+
+func (tx *txn) applyEntry(e Entry) ([]Result, error) {
+	s := tx.s
+	if e.Index <= s.index {
+		return nil, fmt.Errorf("fsm: entry index %d is not after the applied index %d", e.Index, s.index)
+	}
+	props, err := DecodeEntry(e.Data)
+	if err != nil {
+		var de *DecodeError
+		if errors.As(err, &de) {
+			de.Index = e.Index
+			return nil, de
+		}
+		return nil, fmt.Errorf("fsm: decode log entry %d: %w", e.Index, err)
+	}
+	// Refuse the whole entry before changing anything if it holds a
+	// required event this build cannot apply.
+	for i := range props {
+		if props[i].Event == nil && !props[i].Type.Optional() {
+			return nil, &UnknownEventError{Type: props[i].Type, Index: e.Index}
+		}
+	}
+	s.index = e.Index
+	if e.Time > s.time {
+		s.time = e.Time
+	}
+	results := make([]Result, len(props))
+	for i := range props {
+		results[i] = tx.applyProposal(&props[i])
+	}
+	return results, nil
+}
+
+func (tx *txn) applyProposal(p *RawProposal) Result {
+	s := tx.s
+	id := dedupID("")
+	if p.ID != (ProposalID{}) {
+		id = dedupID(p.ID[:])
+		if tx.seen(id) {
+			s.counters.scalars[cDuplicates]++
+			res := Result{Status: StatusDuplicate}
+			if b, ok := p.Event.(Bind); ok {
+				res.Binding, res.Found = s.Lookup(b.Fleet, b.Key)
+			}
+			return res
+		}
+	}
+	var res Result
+	if p.Event == nil {
+		tx.skipped++
+		res = Result{Status: StatusSkipped}
+	} else {
+		res = tx.applyEvent(p.Event)
+	}
+	switch res.Status {
+	case StatusRejected:
+		s.counters.scalars[cRejected]++
+	case StatusConditionFailed:
+		s.counters.scalars[cConditionFailed]++
+	}
+	if id != "" {
+		tx.remember(id)
+	}
+	for uint64(s.bindings.len()) > s.maxBindings {
+		rec, ok := s.lru.oldest()
+		if !ok {
+			break
+		}
+		res.Evicted = append(res.Evicted, tx.removeBinding(rec, EvictCapacity))
+	}
+	return res
+}
+
+func (tx *txn) seen(id dedupID) bool {
+	if _, ok := tx.s.dedupCur.get(0, string(id)); ok {
+		return true
+	}
+	_, ok := tx.s.dedupPrev.get(0, string(id))
+	return ok
+}
+
+func (tx *txn) remember(id dedupID) {
+	s := tx.s
+	if s.dedupCur.len() >= dedupGeneration {
+		s.dedupPrev, s.dedupPrevSum = s.dedupCur, s.dedupCurSum
+		s.dedupCur, s.dedupCurSum = pmap[dedupID]{}, lanes{}
+	}
+	s.dedupCur.set(tx.owner, id)
+	d := dedupDigest(id)
+	s.dedupCurSum.add(&d)
+}
+
+func (tx *txn) applyEvent(ev Event) Result {
+	switch e := ev.(type) {
+	case Bind:
+		return tx.bind(&e)
+	case Touch:
+		return tx.touch(&e)
+	case Evict:
+		return tx.evict(&e)
+	case Overflow:
+		return tx.overflow(&e)
+	case InstanceState:
+		return tx.instanceState(&e)
+	case ClusterFeatures:
+		if e.Level > tx.s.featureLevel {
+			tx.s.featureLevel = e.Level
+		}
+		return Result{Status: StatusApplied}
+	case Link:
+		return tx.link(&e)
+	case NodeInfo:
+		return tx.nodeInfo(&e)
+	case Settings:
+		if e.MaxBindings != 0 {
+			tx.s.maxBindings = e.MaxBindings
+		}
+		return Result{Status: StatusApplied}
+	case Annotation:
+		return Result{Status: StatusApplied}
+	}
+	// DecodeEntry only produces the types above.
+	return rejected("event type %v has no apply rule", ev.Type())
+}
+
+func rejected(format string, args ...any) Result {
+	return Result{Status: StatusRejected, Reason: fmt.Sprintf(format, args...)}
+}
+
+func conditionFailed(format string, args ...any) Result {
+	return Result{Status: StatusConditionFailed, Reason: fmt.Sprintf(format, args...)}
+}
+
+// internString returns a shared copy of a string that repeats across many
+// records (instance ids, edge ids, policy names).
+func (tx *txn) internString(v string) string {
+	if v == "" {
+		return ""
+	}
+	in := tx.m.intern
+	if s, ok := in[v]; ok {
+		return s
+	}
+	if len(in) >= internLimit {
+		clear(in)
+	}
+	in[v] = v
+	return v
+}
+
+func (tx *txn) internDecision(d Decision) Decision {
+	d.Edge = tx.internString(d.Edge)
+	d.Policy = tx.internString(d.Policy)
+	for i := range d.Candidates {
+		d.Candidates[i].Instance = tx.internString(d.Candidates[i].Instance)
+	}
+	return d
+}
+
+// putBinding stores rec (new or replacing old) in the map, recency order,
+// per-instance counts and digest. rec.seq is assigned here.
+func (tx *txn) putBinding(rec, old *bindingRec) {
+	s := tx.s
+	rec.seq = s.nextSeq
+	s.nextSeq++
+	s.bindings.set(tx.owner, rec)
+	if old != nil {
+		s.lru.delete(tx.owner, old.seq)
+		tx.unaccount(old)
+	}
+	s.lru.insert(tx.owner, rec.seq, rec)
+	tx.account(rec)
+}
+
+func (tx *txn) account(rec *bindingRec) {
+	var d [32]byte
+	d, tx.m.scratch = bindingDigest(tx.m.scratch, &rec.Binding)
+	tx.s.digest.add(&d)
+	tx.addCount(rec.Fleet, rec.Instance, 1)
+}
+
+func (tx *txn) unaccount(rec *bindingRec) {
+	var d [32]byte
+	d, tx.m.scratch = bindingDigest(tx.m.scratch, &rec.Binding)
+	tx.s.digest.sub(&d)
+	tx.addCount(rec.Fleet, rec.Instance, -1)
+}
+
+func (tx *txn) addCount(f Fleet, instance string, delta int) {
+	s := tx.s
+	c, ok := s.counts.get(uint8(f), instance)
+	n := delta
+	if ok {
+		n += c.n
+	}
+	if n <= 0 {
+		if ok {
+			s.counts.delete(tx.owner, uint8(f), instance)
+		}
+		return
+	}
+	s.counts.set(tx.owner, &countRec{fleet: f, instance: instance, n: n})
+}
+
+// removeBinding deletes rec and, for a context-fleet key, the parent links
+// rooted at it (a link to a root that is gone would pin nothing).
+func (tx *txn) removeBinding(rec *bindingRec, reason EvictReason) Evicted {
+	s := tx.s
+	s.bindings.delete(tx.owner, uint8(rec.Fleet), rec.Key)
+	s.lru.delete(tx.owner, rec.seq)
+	tx.unaccount(rec)
+	s.counters.evictions[reason]++
+	if rec.Fleet == FleetContext {
+		tx.dropLinksRootedAt(rec.Key)
+	}
+	return Evicted{Fleet: rec.Fleet, Key: rec.Key, Instance: rec.Instance, Epoch: rec.Epoch, Reason: reason}
+}
+
+func (tx *txn) bind(e *Bind) Result {
+	s := tx.s
+	switch {
+	case !e.Fleet.Valid():
+		return rejected("bind: unknown fleet %d", uint8(e.Fleet))
+	case e.Key == "":
+		return rejected("bind: empty routing key")
+	case e.Instance == "":
+		return rejected("bind: empty instance")
+	}
+	if rec, ok := s.bindings.get(uint8(e.Fleet), e.Key); ok {
+		// First committed binding wins; LastUsed is not advanced (a Bind
+		// that lost is a no-op; use is recorded by Touch).
+		s.counters.scalars[cBindsExisting]++
+		return Result{Status: StatusApplied, Binding: rec.Binding, Found: true}
+	}
+	if i, ok := findInstance(s.instances, e.Instance); ok && s.instances[i].Status == InstanceDown {
+		return rejected("bind: instance %q is down", e.Instance)
+	}
+	rec := &bindingRec{Binding: Binding{
+		Fleet:          e.Fleet,
+		Key:            e.Key,
+		ConversationID: e.ConversationID,
+		Instance:       tx.internString(e.Instance),
+		Epoch:          s.index,
+		BoundAt:        s.time,
+		LastUsed:       s.time,
+		Decision:       tx.internDecision(e.Decision),
+	}}
+	if rec.ConversationID == rec.Key {
+		rec.ConversationID = rec.Key // share the bytes
+	}
+	tx.putBinding(rec, nil)
+	s.counters.scalars[cBindsCreated]++
+	return Result{Status: StatusApplied, Binding: rec.Binding, Found: true, Created: true}
+}
+
+func (tx *txn) touch(e *Touch) Result {
+	s := tx.s
+	for _, k := range e.Keys {
+		old, ok := s.bindings.get(uint8(k.Fleet), k.Key)
+		if !ok || old.LastUsed == s.time {
+			continue
+		}
+		rec := &bindingRec{Binding: old.Binding}
+		rec.LastUsed = s.time
+		tx.putBinding(rec, old)
+		s.counters.scalars[cTouched]++
+	}
+	for _, child := range e.Links {
+		old, ok := s.links.get(0, child)
+		if !ok || old.LastUsed == s.time {
+			continue
+		}
+		rec := &linkRec{ParentLink: old.ParentLink}
+		rec.LastUsed = s.time
+		tx.replaceLink(rec, old)
+	}
+	return Result{Status: StatusApplied}
+}
+
+func (tx *txn) evict(e *Evict) Result {
+	s := tx.s
+	switch {
+	case !e.Fleet.Valid():
+		return rejected("evict: unknown fleet %d", uint8(e.Fleet))
+	case e.Key == "":
+		return rejected("evict: empty routing key")
+	case e.Reason == 0:
+		return rejected("evict: reason 0 is not a reason")
+	}
+	rec, ok := s.bindings.get(uint8(e.Fleet), e.Key)
+	if !ok {
+		return conditionFailed("evict: %v key %q is not bound", e.Fleet, e.Key)
+	}
+	if e.Epoch != 0 && rec.Epoch != e.Epoch {
+		res := conditionFailed("evict: %v key %q has epoch %d, not %d", e.Fleet, e.Key, rec.Epoch, e.Epoch)
+		res.Binding, res.Found = rec.Binding, true
+		return res
+	}
+	if e.IdleBefore != 0 && rec.LastUsed >= e.IdleBefore {
+		res := conditionFailed("evict: %v key %q was used at %d, not before %d", e.Fleet, e.Key, rec.LastUsed, e.IdleBefore)
+		res.Binding, res.Found = rec.Binding, true
+		return res
+	}
+	return Result{Status: StatusApplied, Evicted: []Evicted{tx.removeBinding(rec, e.Reason)}}
+}
+
+func (tx *txn) overflow(e *Overflow) Result {
+	s := tx.s
+	switch {
+	case !e.Fleet.Valid():
+		return rejected("overflow: unknown fleet %d", uint8(e.Fleet))
+	case e.Key == "":
+		return rejected("overflow: empty routing key")
+	case e.Reason == 0:
+		return rejected("overflow: reason 0 is not a reason")
+	case e.Rebind && (e.From == "" || e.To == ""):
+		return rejected("overflow: a rebind needs both From and To")
+	case e.Rebind && e.From == e.To:
+		return rejected("overflow: rebind from %q to itself", e.From)
+	}
+	// Counted whether or not the binding moves: the request did leave its
+	// bound instance.
+	s.counters.overflows[e.Reason]++
+	old, found := s.bindings.get(uint8(e.Fleet), e.Key)
+	if !e.Rebind {
+		if !found {
+			return Result{Status: StatusApplied}
+		}
+		if old.LastUsed == s.time {
+			return Result{Status: StatusApplied, Binding: old.Binding, Found: true}
+		}
+		rec := &bindingRec{Binding: old.Binding}
+		rec.LastUsed = s.time
+		tx.putBinding(rec, old)
+		return Result{Status: StatusApplied, Binding: rec.Binding, Found: true}
+	}
+	if i, ok := findInstance(s.instances, e.To); ok && s.instances[i].Status == InstanceDown {
+		res := rejected("overflow: rebind target instance %q is down", e.To)
+		if found {
+			res.Binding, res.Found = old.Binding, true
+		}
+		return res
+	}
+	if !found {
+		return conditionFailed("overflow: %v key %q is not bound", e.Fleet, e.Key)
+	}
+	if old.Instance != e.From {
+		res := conditionFailed("overflow: %v key %q is bound to %q, not %q", e.Fleet, e.Key, old.Instance, e.From)
+		res.Binding, res.Found = old.Binding, true
+		return res
+	}
+	rec := &bindingRec{Binding: old.Binding}
+	rec.Instance = tx.internString(e.To)
+	rec.Epoch = s.index
+	rec.BoundAt = s.time
+	rec.LastUsed = s.time
+	rec.Decision = tx.internDecision(e.Decision)
+	tx.putBinding(rec, old)
+	s.counters.scalars[cRebinds]++
+	return Result{Status: StatusApplied, Binding: rec.Binding, Found: true}
+}
+
+func (tx *txn) instanceState(e *InstanceState) Result {
+	s := tx.s
+	switch {
+	case e.Instance == "":
+		return rejected("instance state: empty instance id")
+	case e.Status < InstanceUp || e.Status > InstanceRemoved:
+		return rejected("instance state: unknown status %d", uint8(e.Status))
+	case e.Status != InstanceRemoved && !e.Fleet.Valid():
+		return rejected("instance state: unknown fleet %d for %q", uint8(e.Fleet), e.Instance)
+	}
+	tx.ownInstanceList()
+	i, exists := findInstance(s.instances, e.Instance)
+	if exists {
+		d, scratch := instanceDigest(tx.m.scratch, &s.instances[i])
+		tx.m.scratch = scratch
+		s.digest.sub(&d)
+	}
+	if e.Status == InstanceRemoved {
+		if exists {
+			s.instances = append(s.instances[:i], s.instances[i+1:]...)
+		}
+	} else {
+		rec := Instance{
+			ID: tx.internString(e.Instance), Fleet: e.Fleet, URL: e.URL, Status: e.Status,
+			Version: e.Version, FeatureLevel: e.FeatureLevel, Ranks: e.Ranks, Since: s.time,
+		}
+		if exists {
+			if s.instances[i].Status == e.Status {
+				rec.Since = s.instances[i].Since
+			}
+			s.instances[i] = rec
+		} else {
+			s.instances = append(s.instances, Instance{})
+			copy(s.instances[i+1:], s.instances[i:])
+			s.instances[i] = rec
+		}
+		d, scratch := instanceDigest(tx.m.scratch, &rec)
+		tx.m.scratch = scratch
+		s.digest.add(&d)
+	}
+	res := Result{Status: StatusApplied}
+	if e.Status == InstanceDown || e.Status == InstanceRemoved {
+		res.Evicted = tx.evictInstance(e.Instance)
+	}
+	return res
+}
+
+// evictInstance removes every binding on the instance, least recently used
+// first. It scans the recency order (the instance's binding counts say when
+// to stop): an instance going down is rare, and a full scan of a million
+// bindings takes tens of milliseconds, which a per-instance key index
+// maintained on every bind would cost far more than over time.
+func (tx *txn) evictInstance(instance string) []Evicted {
+	s := tx.s
+	want := tx.s.BindingCount(FleetContext, instance) + tx.s.BindingCount(FleetGeneration, instance)
+	if want == 0 {
+		return nil
+	}
+	victims := make([]*bindingRec, 0, want)
+	s.lru.each(func(r *bindingRec) bool {
+		if r.Instance == instance {
+			victims = append(victims, r)
+		}
+		return len(victims) < want
+	})
+	out := make([]Evicted, 0, len(victims))
+	for _, r := range victims {
+		out = append(out, tx.removeBinding(r, EvictInstanceRemoved))
+	}
+	return out
+}
+
+func (tx *txn) ownInstanceList() {
+	if !tx.ownInstances {
+		tx.s.instances = append(make([]Instance, 0, len(tx.s.instances)+1), tx.s.instances...)
+		tx.ownInstances = true
+	}
+}
+
+func (tx *txn) nodeInfo(e *NodeInfo) Result {
+	s := tx.s
+	if e.NodeID == "" {
+		return rejected("node info: empty node id")
+	}
+	if !tx.ownNodes {
+		s.nodes = append(make([]Node, 0, len(s.nodes)+1), s.nodes...)
+		tx.ownNodes = true
+	}
+	rec := Node{ID: e.NodeID, Version: e.Version, MaxFeatureLevel: e.MaxFeatureLevel, Since: s.time}
+	i, exists := findNode(s.nodes, e.NodeID)
+	if exists {
+		old := s.nodes[i]
+		if old.Version == rec.Version && old.MaxFeatureLevel == rec.MaxFeatureLevel {
+			return Result{Status: StatusApplied}
+		}
+		d, scratch := nodeDigest(tx.m.scratch, &old)
+		tx.m.scratch = scratch
+		s.digest.sub(&d)
+		s.nodes[i] = rec
+	} else {
+		s.nodes = append(s.nodes, Node{})
+		copy(s.nodes[i+1:], s.nodes[i:])
+		s.nodes[i] = rec
+	}
+	d, scratch := nodeDigest(tx.m.scratch, &rec)
+	tx.m.scratch = scratch
+	s.digest.add(&d)
+	return Result{Status: StatusApplied}
+}
+
+func (tx *txn) link(e *Link) Result {
+	s := tx.s
+	switch {
+	case e.Child == "":
+		return rejected("link: empty child")
+	case e.Parent == "":
+		return rejected("link: empty parent")
+	case e.Root == "":
+		return rejected("link: empty root")
+	case e.Child == e.Root || e.Child == e.Parent:
+		return rejected("link: %q cannot be its own parent or root (cycle)", e.Child)
+	}
+	if _, ok := s.links.get(0, e.Child); ok {
+		return Result{Status: StatusApplied} // the first link for a child wins
+	}
+	// Keep the link graph one level deep from every root, which rules out
+	// cycles: a root is never itself a child, and a child never a root.
+	if l, ok := s.links.get(0, e.Root); ok {
+		return rejected("link: root %q is itself a sub-agent of %q", e.Root, l.Root)
+	}
+	if _, ok := s.roots.get(0, e.Child); ok {
+		return rejected("link: child %q is already the root of other sub-agents", e.Child)
+	}
+	rec := &linkRec{ParentLink{Child: e.Child, Parent: e.Parent, Root: e.Root, Depth: e.Depth, CreatedAt: s.time, LastUsed: s.time}}
+	tx.replaceLink(rec, nil)
+	root, _ := s.roots.get(0, e.Root)
+	nr := &rootRec{root: e.Root}
+	if root != nil {
+		nr.root = root.root
+		nr.children = make([]string, 0, len(root.children)+1)
+		nr.children = append(nr.children, root.children...)
+	}
+	at, _ := slicesSearchString(nr.children, e.Child)
+	nr.children = append(nr.children, "")
+	copy(nr.children[at+1:], nr.children[at:])
+	nr.children[at] = e.Child
+	s.roots.set(tx.owner, nr)
+	s.counters.scalars[cLinksCreated]++
+	return Result{Status: StatusApplied}
+}
+
+func (tx *txn) replaceLink(rec, old *linkRec) {
+	s := tx.s
+	if old != nil {
+		d, scratch := linkDigest(tx.m.scratch, &old.ParentLink)
+		tx.m.scratch = scratch
+		s.digest.sub(&d)
+	}
+	s.links.set(tx.owner, rec)
+	d, scratch := linkDigest(tx.m.scratch, &rec.ParentLink)
+	tx.m.scratch = scratch
+	s.digest.add(&d)
+}
+
+func (tx *txn) dropLinksRootedAt(root string) {
+	s := tx.s
+	r, ok := s.roots.delete(tx.owner, 0, root)
+	if !ok {
+		return
+	}
+	for _, child := range r.children {
+		if old, ok := s.links.delete(tx.owner, 0, child); ok {
+			d, scratch := linkDigest(tx.m.scratch, &old.ParentLink)
+			tx.m.scratch = scratch
+			s.digest.sub(&d)
+		}
+	}
+}

@@ -1,0 +1,692 @@
+package fsm
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"slices"
+)
+
+// Snapshot stream layout (details in DESIGN.md):
+//
+//	"TTHRSNAP" magic, one format-version byte
+//	chunks:  uvarint body length (0 ends the stream), body, CRC-32C(body) LE
+//
+// The bodies, concatenated, hold a sequence of records; a record never spans
+// two chunks, so each chunk is verified before any of it is decoded and the
+// decoder works on an in-memory slice.
+const (
+	snapshotMagic   = "TTHRSNAP"
+	snapshotVersion = 1
+	// snapshotChunkTarget: the writer closes a chunk once it holds this much.
+	snapshotChunkTarget = 256 << 10
+	// snapshotChunkMax bounds a chunk the reader accepts (a record is at most
+	// a few hundred KiB even with every field at MaxFieldBytes).
+	snapshotChunkMax = 8 << 20
+	// snapshotInternMax bounds the interned-string table on both sides.
+	snapshotInternMax = 1 << 16
+)
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// snapWriter buffers records into chunks and interns repeated strings.
+type snapWriter struct {
+	w      io.Writer
+	buf    []byte
+	err    error
+	intern map[string]uint64
+}
+
+func (sw *snapWriter) endRecord() {
+	if len(sw.buf) >= snapshotChunkTarget {
+		sw.flush()
+	}
+}
+
+func (sw *snapWriter) flush() {
+	if sw.err != nil || len(sw.buf) == 0 {
+		return
+	}
+	var head [binary.MaxVarintLen64]byte
+	n := binary.PutUvarint(head[:], uint64(len(sw.buf)))
+	sum := crc32.Checksum(sw.buf, crcTable)
+	sw.buf = binary.LittleEndian.AppendUint32(sw.buf, sum)
+	if _, err := sw.w.Write(head[:n]); err != nil {
+		sw.err = err
+		return
+	}
+	if _, err := sw.w.Write(sw.buf); err != nil {
+		sw.err = err
+		return
+	}
+	sw.buf = sw.buf[:0]
+}
+
+// ref writes a string through the intern table: uvarint 0 and the literal
+// the first time (the string then gets the next id, while the table has
+// room), its uvarint id after that.
+func (sw *snapWriter) ref(s string) {
+	if id, ok := sw.intern[s]; ok {
+		sw.buf = appendUvarint(sw.buf, id)
+		return
+	}
+	sw.buf = appendUvarint(sw.buf, 0)
+	sw.buf = appendString(sw.buf, s)
+	if len(sw.intern) < snapshotInternMax {
+		sw.intern[s] = uint64(len(sw.intern) + 1)
+	}
+}
+
+func (sw *snapWriter) decision(d *Decision) {
+	sw.ref(d.Edge)
+	sw.ref(d.Policy)
+	sw.buf = appendString(sw.buf, d.RequestID)
+	sw.buf = appendUvarint(sw.buf, uint64(len(d.Candidates)))
+	for i := range d.Candidates {
+		c := &d.Candidates[i]
+		sw.ref(c.Instance)
+		sw.buf = appendFloat64(sw.buf, c.Score)
+		sw.buf = appendUvarint(sw.buf, uint64(c.CachedTokens))
+		sw.buf = appendUvarint(sw.buf, uint64(c.LoadTokens))
+	}
+}
+
+const (
+	snapConvIsKey = 1 // the binding's ConversationID equals its Key
+)
+
+// WriteSnapshot streams the state to w. The state is immutable, so a
+// snapshot can be written from any goroutine while the machine applies
+// later entries.
+func (s *State) WriteSnapshot(w io.Writer) error {
+	sw := &snapWriter{w: w, buf: make([]byte, 0, snapshotChunkTarget+64<<10), intern: make(map[string]uint64)}
+	if _, err := io.WriteString(w, snapshotMagic); err != nil {
+		return fmt.Errorf("fsm: write snapshot: %w", err)
+	}
+	if _, err := w.Write([]byte{snapshotVersion}); err != nil {
+		return fmt.Errorf("fsm: write snapshot: %w", err)
+	}
+	// Header.
+	b := sw.buf
+	b = appendUvarint(b, s.index)
+	b = appendVarint(b, s.time)
+	b = appendUvarint(b, uint64(s.featureLevel))
+	b = appendUvarint(b, s.maxBindings)
+	h := s.Hash()
+	b = append(b, h[:]...)
+	for _, v := range s.counters.scalars {
+		b = appendUvarint(b, v)
+	}
+	b = appendReasonCounts(b, &s.counters.evictions)
+	b = appendReasonCounts(b, &s.counters.overflows)
+	b = appendUvarint(b, uint64(len(s.instances)))
+	sw.buf = b
+	sw.endRecord()
+	for i := range s.instances {
+		sw.buf = appendInstance(sw.buf, &s.instances[i])
+		sw.endRecord()
+	}
+	sw.buf = appendUvarint(sw.buf, uint64(len(s.nodes)))
+	for i := range s.nodes {
+		sw.buf = appendNode(sw.buf, &s.nodes[i])
+		sw.endRecord()
+	}
+	// Bindings, least recently used first: LastUsed is then non-decreasing
+	// and stored as a delta, and the reader rebuilds the recency order by
+	// appending.
+	sw.buf = appendUvarint(sw.buf, uint64(s.bindings.len()))
+	sw.endRecord()
+	prevUsed := int64(0)
+	s.lru.each(func(r *bindingRec) bool {
+		b := append(sw.buf, uint8(r.Fleet))
+		var flags uint8
+		if r.ConversationID == r.Key {
+			flags |= snapConvIsKey
+		}
+		b = append(b, flags)
+		b = appendString(b, r.Key)
+		if flags&snapConvIsKey == 0 {
+			b = appendString(b, r.ConversationID)
+		}
+		sw.buf = b
+		sw.ref(r.Instance)
+		b = appendUvarint(sw.buf, r.Epoch)
+		b = appendVarint(b, r.LastUsed-prevUsed)
+		b = appendVarint(b, r.LastUsed-r.BoundAt)
+		sw.buf = b
+		prevUsed = r.LastUsed
+		sw.decision(&r.Decision)
+		sw.endRecord()
+		return sw.err == nil
+	})
+	sw.buf = appendUvarint(sw.buf, uint64(s.links.len()))
+	sw.endRecord()
+	s.links.each(func(l *linkRec) bool {
+		sw.buf = appendString(sw.buf, l.Child)
+		sw.ref(l.Parent)
+		sw.ref(l.Root)
+		b := append(sw.buf, l.Depth)
+		b = appendVarint(b, l.CreatedAt)
+		sw.buf = appendVarint(b, l.LastUsed)
+		sw.endRecord()
+		return sw.err == nil
+	})
+	for _, gen := range []*pmap[dedupID]{&s.dedupCur, &s.dedupPrev} {
+		sw.buf = appendUvarint(sw.buf, uint64(gen.len()))
+		sw.endRecord()
+		gen.each(func(id dedupID) bool {
+			sw.buf = append(sw.buf, id...)
+			sw.endRecord()
+			return sw.err == nil
+		})
+	}
+	sw.flush()
+	if sw.err == nil {
+		_, sw.err = w.Write([]byte{0}) // end of chunks
+	}
+	if sw.err != nil {
+		return fmt.Errorf("fsm: write snapshot: %w", sw.err)
+	}
+	return nil
+}
+
+func appendReasonCounts(b []byte, counts *[256]uint64) []byte {
+	n := 0
+	for _, v := range counts {
+		if v != 0 {
+			n++
+		}
+	}
+	b = appendUvarint(b, uint64(n))
+	for r, v := range counts {
+		if v != 0 {
+			b = append(b, byte(r))
+			b = appendUvarint(b, v)
+		}
+	}
+	return b
+}
+
+// snapReader walks the records of a snapshot stream chunk by chunk.
+type snapReader struct {
+	br       *bufio.Reader
+	r        reader // the current chunk body
+	chunk    int    // number of chunks read
+	streamAt int64  // stream offset of the current chunk body
+	read     int64  // bytes consumed from the stream
+	ended    bool
+	ioErr    error // a read error of the underlying stream (not EOF)
+	intern   []string
+}
+
+// SnapshotError reports a snapshot that cannot be read: truncated, corrupt
+// or from a newer format.
+type SnapshotError struct {
+	Offset int64 // byte offset in the stream, where known
+	Msg    string
+}
+
+func (e *SnapshotError) Error() string {
+	return fmt.Sprintf("fsm: snapshot unreadable at byte %d: %s", e.Offset, e.Msg)
+}
+
+func (sr *snapReader) errorf(format string, args ...any) error {
+	return &SnapshotError{Offset: sr.streamAt + int64(sr.r.off), Msg: fmt.Sprintf(format, args...)}
+}
+
+// decodeErr converts a failure of the chunk decoder to a SnapshotError.
+func (sr *snapReader) decodeErr() error {
+	return &SnapshotError{Offset: sr.streamAt + int64(sr.r.err.Offset), Msg: sr.r.err.Msg}
+}
+
+func (sr *snapReader) readFull(b []byte, what string) error {
+	n, err := io.ReadFull(sr.br, b)
+	sr.read += int64(n)
+	if err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return &SnapshotError{Offset: sr.read, Msg: "truncated: stream ends inside " + what}
+		}
+		return fmt.Errorf("fsm: read snapshot: %w", err)
+	}
+	return nil
+}
+
+// record prepares the next record: it loads the next chunk when the current
+// one is used up. what names the record for the truncation message.
+func (sr *snapReader) record(what string) error {
+	if sr.r.err != nil {
+		return sr.decodeErr()
+	}
+	if sr.r.remaining() > 0 {
+		return nil
+	}
+	if sr.ended {
+		return &SnapshotError{Offset: sr.read, Msg: "truncated: the chunk stream ended before " + what}
+	}
+	n, err := binary.ReadUvarint(byteCounter{sr})
+	if err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return &SnapshotError{Offset: sr.read, Msg: fmt.Sprintf("truncated: stream ends before chunk %d (expecting %s)", sr.chunk+1, what)}
+		}
+		if sr.ioErr != nil {
+			return fmt.Errorf("fsm: read snapshot: %w", err)
+		}
+		return &SnapshotError{Offset: sr.read, Msg: fmt.Sprintf("chunk %d length: %v", sr.chunk+1, err)}
+	}
+	if n == 0 {
+		sr.ended = true
+		return &SnapshotError{Offset: sr.read, Msg: "truncated: the chunk stream ended before " + what}
+	}
+	if n > snapshotChunkMax {
+		return &SnapshotError{Offset: sr.read, Msg: fmt.Sprintf("chunk %d claims %d bytes, more than the %d-byte limit", sr.chunk+1, n, snapshotChunkMax)}
+	}
+	buf := sr.r.buf
+	if uint64(cap(buf)) < n+4 {
+		buf = make([]byte, n+4)
+	}
+	buf = buf[:n+4]
+	sr.streamAt = sr.read
+	if err := sr.readFull(buf, fmt.Sprintf("chunk %d", sr.chunk+1)); err != nil {
+		return err
+	}
+	sr.chunk++
+	body := buf[:n]
+	if got, want := crc32.Checksum(body, crcTable), binary.LittleEndian.Uint32(buf[n:]); got != want {
+		return &SnapshotError{Offset: sr.streamAt, Msg: fmt.Sprintf("chunk %d checksum mismatch (CRC-32C %08x, recorded %08x): the snapshot is corrupt", sr.chunk, got, want)}
+	}
+	sr.r = reader{buf: body}
+	return nil
+}
+
+// byteCounter lets binary.ReadUvarint read from the bufio.Reader while
+// counting the stream offset.
+type byteCounter struct{ sr *snapReader }
+
+func (bc byteCounter) ReadByte() (byte, error) {
+	b, err := bc.sr.br.ReadByte()
+	if err == nil {
+		bc.sr.read++
+	} else if !errors.Is(err, io.EOF) {
+		bc.sr.ioErr = err
+	}
+	return b, err
+}
+
+func (sr *snapReader) ref(what string) string {
+	r := &sr.r
+	at := r.off
+	id := r.uvarint(what)
+	if r.err != nil {
+		return ""
+	}
+	if id == 0 {
+		s := r.str(what)
+		if r.err == nil && len(sr.intern) < snapshotInternMax {
+			sr.intern = append(sr.intern, s)
+		}
+		return s
+	}
+	if id > uint64(len(sr.intern)) {
+		r.off = at
+		r.fail("%s: string reference %d, only %d strings interned", what, id, len(sr.intern))
+		return ""
+	}
+	return sr.intern[id-1]
+}
+
+func (sr *snapReader) decision(what string) Decision {
+	r := &sr.r
+	var d Decision
+	d.Edge = sr.ref(what + ".Edge")
+	d.Policy = sr.ref(what + ".Policy")
+	d.RequestID = r.str(what + ".RequestID")
+	at := r.off
+	n := r.uvarint(what + ".Candidates count")
+	if r.err != nil {
+		return d
+	}
+	if n > MaxCandidates {
+		r.off = at
+		r.fail("%s has %d candidates, the limit is %d", what, n, MaxCandidates)
+		return d
+	}
+	if n > 0 {
+		d.Candidates = make([]Candidate, n)
+		for i := range d.Candidates {
+			c := &d.Candidates[i]
+			c.Instance = sr.ref(what + ".Candidates.Instance")
+			c.Score = r.float64v(what + ".Candidates.Score")
+			c.CachedTokens = r.uint32v(what + ".Candidates.CachedTokens")
+			c.LoadTokens = r.uint32v(what + ".Candidates.LoadTokens")
+		}
+	}
+	return d
+}
+
+// count reads a section's record count (a record of its own).
+func (sr *snapReader) count(what string) (uint64, error) {
+	if err := sr.record(what + " count"); err != nil {
+		return 0, err
+	}
+	n := sr.r.uvarint(what + " count")
+	if sr.r.err != nil {
+		return 0, sr.decodeErr()
+	}
+	return n, nil
+}
+
+// ReadSnapshot reads a snapshot written by WriteSnapshot. It streams (memory
+// is the state being built plus one chunk), verifies every chunk's checksum
+// before decoding it and the rebuilt state's hash against the recorded one,
+// and returns *SnapshotError for truncated, corrupt or newer-format input. It
+// never panics.
+func ReadSnapshot(r io.Reader) (*State, error) {
+	sr := &snapReader{br: bufio.NewReaderSize(r, 1<<20)}
+	var head [len(snapshotMagic) + 1]byte
+	if err := sr.readFull(head[:], "the header"); err != nil {
+		return nil, err
+	}
+	if string(head[:len(snapshotMagic)]) != snapshotMagic {
+		return nil, &SnapshotError{Offset: 0, Msg: fmt.Sprintf("not a tether fsm snapshot (magic %q)", head[:len(snapshotMagic)])}
+	}
+	if v := head[len(snapshotMagic)]; v != snapshotVersion {
+		return nil, &SnapshotError{Offset: int64(len(snapshotMagic)), Msg: fmt.Sprintf(
+			"snapshot format version %d; this build reads version %d: upgrade this node to the tether release that wrote it", v, snapshotVersion)}
+	}
+	b := newStateBuilder()
+	s := b.s
+	sr.intern = make([]string, 0, 256)
+	if err := sr.record("the header"); err != nil {
+		return nil, err
+	}
+	rd := &sr.r
+	s.index = rd.uvarint("index")
+	s.time = rd.varint("time")
+	s.featureLevel = rd.uint32v("feature level")
+	s.maxBindings = rd.uvarint("max bindings")
+	wantHash := rd.bytes(32, "state hash")
+	var recorded [32]byte
+	copy(recorded[:], wantHash)
+	for i := range s.counters.scalars {
+		s.counters.scalars[i] = rd.uvarint("counter")
+	}
+	readReasonCounts(rd, &s.counters.evictions, "eviction counters")
+	readReasonCounts(rd, &s.counters.overflows, "overflow counters")
+	nInstances := rd.uvarint("instance count")
+	if rd.err != nil {
+		return nil, sr.decodeErr()
+	}
+	if s.maxBindings == 0 {
+		return nil, sr.errorf("max bindings is 0")
+	}
+	for i := uint64(0); i < nInstances; i++ {
+		if err := sr.record("an instance"); err != nil {
+			return nil, err
+		}
+		in := readInstance(rd)
+		if rd.err != nil {
+			return nil, sr.decodeErr()
+		}
+		if err := b.addInstance(in); err != nil {
+			return nil, sr.errorf("%v", err)
+		}
+	}
+	nNodes, err := sr.count("node")
+	if err != nil {
+		return nil, err
+	}
+	for i := uint64(0); i < nNodes; i++ {
+		if err := sr.record("a node"); err != nil {
+			return nil, err
+		}
+		n := readNode(rd)
+		if rd.err != nil {
+			return nil, sr.decodeErr()
+		}
+		if err := b.addNode(n); err != nil {
+			return nil, sr.errorf("%v", err)
+		}
+	}
+	nBindings, err := sr.count("binding")
+	if err != nil {
+		return nil, err
+	}
+	prevUsed := int64(0)
+	for i := uint64(0); i < nBindings; i++ {
+		if err := sr.record(fmt.Sprintf("binding %d of %d", i+1, nBindings)); err != nil {
+			return nil, err
+		}
+		var x Binding
+		x.Fleet = Fleet(rd.u8("binding fleet"))
+		flags := rd.u8("binding flags")
+		x.Key = rd.str("binding key")
+		if flags&snapConvIsKey != 0 {
+			x.ConversationID = x.Key
+		} else {
+			x.ConversationID = rd.str("binding conversation id")
+		}
+		x.Instance = sr.ref("binding instance")
+		x.Epoch = rd.uvarint("binding epoch")
+		x.LastUsed = prevUsed + rd.varint("binding last use")
+		x.BoundAt = x.LastUsed - rd.varint("binding bound-at")
+		x.Decision = sr.decision("binding decision")
+		if rd.err != nil {
+			return nil, sr.decodeErr()
+		}
+		if flags&^snapConvIsKey != 0 {
+			return nil, sr.errorf("binding %d: unknown flag bits 0x%02x", i+1, flags)
+		}
+		if x.LastUsed < prevUsed {
+			return nil, sr.errorf("binding %d: bindings out of recency order", i+1)
+		}
+		prevUsed = x.LastUsed
+		if err := b.addBinding(x); err != nil {
+			return nil, sr.errorf("binding %d: %v", i+1, err)
+		}
+	}
+	nLinks, err := sr.count("link")
+	if err != nil {
+		return nil, err
+	}
+	for i := uint64(0); i < nLinks; i++ {
+		if err := sr.record("a link"); err != nil {
+			return nil, err
+		}
+		var l ParentLink
+		l.Child = rd.str("link child")
+		l.Parent = sr.ref("link parent")
+		l.Root = sr.ref("link root")
+		l.Depth = rd.u8("link depth")
+		l.CreatedAt = rd.varint("link created-at")
+		l.LastUsed = rd.varint("link last use")
+		if rd.err != nil {
+			return nil, sr.decodeErr()
+		}
+		if err := b.addLink(l); err != nil {
+			return nil, sr.errorf("link %d: %v", i+1, err)
+		}
+	}
+	for gen := 0; gen < 2; gen++ {
+		n, err := sr.count("proposal id")
+		if err != nil {
+			return nil, err
+		}
+		if n > dedupGeneration {
+			return nil, sr.errorf("idempotency generation of %d ids, the limit is %d", n, dedupGeneration)
+		}
+		for i := uint64(0); i < n; i++ {
+			if err := sr.record("a proposal id"); err != nil {
+				return nil, err
+			}
+			id := dedupID(rd.bytes(proposalIDBytes, "proposal id"))
+			if rd.err != nil {
+				return nil, sr.decodeErr()
+			}
+			if err := b.addDedup(gen, id); err != nil {
+				return nil, sr.errorf("%v", err)
+			}
+		}
+	}
+	if sr.r.remaining() != 0 {
+		return nil, sr.errorf("%d unexpected bytes after the last record", sr.r.remaining())
+	}
+	var end [1]byte
+	if err := sr.readFull(end[:], "the end marker"); err != nil {
+		return nil, err
+	}
+	if end[0] != 0 {
+		return nil, &SnapshotError{Offset: sr.read - 1, Msg: "records continue past the last section"}
+	}
+	st := b.finish()
+	if got := st.Hash(); got != recorded {
+		return nil, &SnapshotError{Offset: sr.read, Msg: fmt.Sprintf(
+			"rebuilt state hash %x does not match the recorded %x", got[:8], recorded[:8])}
+	}
+	return st, nil
+}
+
+func readReasonCounts(r *reader, counts *[256]uint64, what string) {
+	n := r.count(what, 2)
+	for i := 0; i < n && r.err == nil; i++ {
+		reason := r.u8(what)
+		counts[reason] = r.uvarint(what)
+	}
+}
+
+func readInstance(r *reader) Instance {
+	var in Instance
+	in.ID = r.str("instance id")
+	in.Fleet = Fleet(r.u8("instance fleet"))
+	in.URL = r.str("instance url")
+	in.Status = InstanceStatus(r.u8("instance status"))
+	in.Version = r.str("instance version")
+	in.FeatureLevel = r.uint32v("instance feature level")
+	in.Ranks = r.uint32v("instance ranks")
+	in.Since = r.varint("instance since")
+	return in
+}
+
+func readNode(r *reader) Node {
+	var n Node
+	n.ID = r.str("node id")
+	n.Version = r.str("node version")
+	n.MaxFeatureLevel = r.uint32v("node max feature level")
+	n.Since = r.varint("node since")
+	return n
+}
+
+// stateBuilder assembles a State from snapshot records, owning every node
+// it creates (so inserts mutate in place) and recomputing every record
+// digest, which is what lets ReadSnapshot check the recorded hash.
+type stateBuilder struct {
+	s       *State
+	owner   uint64
+	scratch []byte
+	roots   map[string][]string
+}
+
+func newStateBuilder() *stateBuilder {
+	s := emptyState()
+	return &stateBuilder{s: s, owner: newOwner(), roots: make(map[string][]string)}
+}
+
+func (b *stateBuilder) addInstance(in Instance) error {
+	s := b.s
+	if in.ID == "" {
+		return errors.New("instance with an empty id")
+	}
+	if n := len(s.instances); n > 0 && s.instances[n-1].ID >= in.ID {
+		return fmt.Errorf("instance %q out of order or repeated", in.ID)
+	}
+	s.instances = append(s.instances, in)
+	var d [32]byte
+	d, b.scratch = instanceDigest(b.scratch, &in)
+	s.digest.add(&d)
+	return nil
+}
+
+func (b *stateBuilder) addNode(n Node) error {
+	s := b.s
+	if n.ID == "" {
+		return errors.New("node with an empty id")
+	}
+	if k := len(s.nodes); k > 0 && s.nodes[k-1].ID >= n.ID {
+		return fmt.Errorf("node %q out of order or repeated", n.ID)
+	}
+	s.nodes = append(s.nodes, n)
+	var d [32]byte
+	d, b.scratch = nodeDigest(b.scratch, &n)
+	s.digest.add(&d)
+	return nil
+}
+
+func (b *stateBuilder) addBinding(x Binding) error {
+	s := b.s
+	if !x.Fleet.Valid() || x.Key == "" || x.Instance == "" {
+		return fmt.Errorf("invalid binding (fleet %d, key %q, instance %q)", uint8(x.Fleet), x.Key, x.Instance)
+	}
+	rec := &bindingRec{Binding: x, seq: s.nextSeq}
+	if _, replaced := s.bindings.set(b.owner, rec); replaced {
+		return fmt.Errorf("%v key %q appears twice", x.Fleet, x.Key)
+	}
+	s.nextSeq++
+	s.lru.insert(b.owner, rec.seq, rec)
+	var d [32]byte
+	d, b.scratch = bindingDigest(b.scratch, &rec.Binding)
+	s.digest.add(&d)
+	// Every count record of a builder is its own and unpublished, so it is
+	// incremented in place.
+	if c, ok := s.counts.get(uint8(x.Fleet), x.Instance); ok {
+		c.n++
+	} else {
+		s.counts.set(b.owner, &countRec{fleet: x.Fleet, instance: x.Instance, n: 1})
+	}
+	return nil
+}
+
+func (b *stateBuilder) addLink(l ParentLink) error {
+	s := b.s
+	if l.Child == "" || l.Parent == "" || l.Root == "" || l.Child == l.Root {
+		return fmt.Errorf("invalid link (child %q, parent %q, root %q)", l.Child, l.Parent, l.Root)
+	}
+	if _, replaced := s.links.set(b.owner, &linkRec{l}); replaced {
+		return fmt.Errorf("child %q linked twice", l.Child)
+	}
+	b.roots[l.Root] = append(b.roots[l.Root], l.Child)
+	var d [32]byte
+	d, b.scratch = linkDigest(b.scratch, &l)
+	s.digest.add(&d)
+	return nil
+}
+
+func (b *stateBuilder) addDedup(gen int, id dedupID) error {
+	s := b.s
+	m, sum := &s.dedupCur, &s.dedupCurSum
+	if gen == 1 {
+		m, sum = &s.dedupPrev, &s.dedupPrevSum
+	}
+	if _, replaced := m.set(b.owner, id); replaced {
+		return fmt.Errorf("proposal id %x repeated", string(id))
+	}
+	d := dedupDigest(id)
+	sum.add(&d)
+	return nil
+}
+
+func (b *stateBuilder) finish() *State {
+	s := b.s
+	roots := make([]string, 0, len(b.roots))
+	for r := range b.roots {
+		roots = append(roots, r)
+	}
+	slices.Sort(roots) // map order is random; insert deterministically
+	for _, r := range roots {
+		children := b.roots[r]
+		slices.Sort(children)
+		s.roots.set(b.owner, &rootRec{root: r, children: children})
+	}
+	return s
+}
