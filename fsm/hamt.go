@@ -44,10 +44,16 @@ const (
 	hamtCollisions = 65 // a node at this shift or deeper is a collision node
 )
 
+// keyHashMask narrows the trie hash; tests set it low to force deep paths
+// and full-hash collisions. It is all ones in every build.
+var keyHashMask = ^uint64(0)
+
+func trieHash(tag uint8, key string) uint64 { return hashKey(tag, key) & keyHashMask }
+
 func (m *pmap[V]) len() int { return m.n }
 
 func (m *pmap[V]) get(tag uint8, key string) (V, bool) {
-	return m.getHashed(hashKey(tag, key), tag, key)
+	return m.getHashed(trieHash(tag, key), tag, key)
 }
 
 func (m *pmap[V]) getHashed(h uint64, tag uint8, key string) (V, bool) {
@@ -84,7 +90,7 @@ func (m *pmap[V]) getHashed(h uint64, tag uint8, key string) (V, bool) {
 // set inserts or replaces v under its own key, returning the value replaced.
 func (m *pmap[V]) set(owner uint64, v V) (old V, replaced bool) {
 	tag, key := v.mapKey()
-	h := hashKey(tag, key)
+	h := trieHash(tag, key)
 	if m.root == nil {
 		m.root = &hnode[V]{owner: owner}
 	}
@@ -185,7 +191,7 @@ func (m *pmap[V]) delete(owner uint64, tag uint8, key string) (V, bool) {
 	if m.root == nil {
 		return zero, false
 	}
-	root, old, found := m.root.delete(owner, 0, hashKey(tag, key), tag, key)
+	root, old, found := m.root.delete(owner, 0, trieHash(tag, key), tag, key)
 	if !found {
 		return zero, false
 	}

@@ -199,7 +199,7 @@ func (s *State) Time() int64 { return s.time }
 // request: no allocation, no lock. The returned Binding shares its strings
 // and Decision.Candidates with the state; callers must not modify the slice.
 func (s *State) Lookup(f Fleet, key string) (Binding, bool) {
-	rec, ok := s.bindings.getHashed(hashKey(uint8(f), key), uint8(f), key)
+	rec, ok := s.bindings.getHashed(trieHash(uint8(f), key), uint8(f), key)
 	if !ok {
 		return Binding{}, false
 	}
