@@ -191,7 +191,7 @@ func (s *Scheduler) Assign(rank, promptTokens int) (Ticket, error) {
 // Start marks the ticket's request as running (queued → active). Starting
 // a ticket twice, or one already finished, does nothing.
 func (s *Scheduler) Start(t *Ticket) {
-	if t == nil || t.state != ticketQueued {
+	if t == nil || t.state != ticketQueued || t.rank >= len(s.loads) {
 		return
 	}
 	s.mu.Lock()
@@ -205,7 +205,7 @@ func (s *Scheduler) Start(t *Ticket) {
 // Finish removes the ticket's request from the load, whether it started or
 // not. Finishing a ticket twice does nothing.
 func (s *Scheduler) Finish(t *Ticket) {
-	if t == nil || (t.state != ticketQueued && t.state != ticketActive) {
+	if t == nil || (t.state != ticketQueued && t.state != ticketActive) || t.rank >= len(s.loads) {
 		return
 	}
 	s.mu.Lock()
@@ -390,7 +390,8 @@ const (
 )
 
 // Ticket is one placed request's share of a rank's load. The zero Ticket
-// is inert. A Ticket is used by one goroutine (the request's).
+// is inert. A Ticket is used by one goroutine (the request's) and must not
+// be copied once started: Start and Finish record its state in place.
 type Ticket struct {
 	rank   int
 	tokens int
