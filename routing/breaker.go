@@ -1,0 +1,294 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// BreakerConfig configures the per-instance cache circuit breaker. An
+// instance whose prefix-cache hit rate falls below OpenBelow over Window
+// (with at least MinLookups lookups and MinLookupTokens tokens looked up) is
+// cache-degraded: placement stops crediting its cache and bound keys
+// overflow away from it. It recovers when the rate rises above CloseAbove,
+// or, after Cooldown, goes half-open: affinity flows again and a fresh
+// window decides.
+type BreakerConfig struct {
+	Window          time.Duration `yaml:"window"`
+	Buckets         int           `yaml:"buckets"` // window resolution
+	OpenBelow       float64       `yaml:"open_below"`
+	CloseAbove      float64       `yaml:"close_above"`
+	MinLookups      int           `yaml:"min_lookups"`
+	MinLookupTokens int64         `yaml:"min_lookup_tokens"`
+	Cooldown        time.Duration `yaml:"cooldown"`
+}
+
+// DefaultBreakerConfig: open below 40% over 60 s, close above 60%, at least
+// 20 lookups and 50,000 tokens looked up (a handful of agentic prompts), a
+// 60 s cooldown before a half-open retry.
+func DefaultBreakerConfig() BreakerConfig {
+	return BreakerConfig{
+		Window:          60 * time.Second,
+		Buckets:         12,
+		OpenBelow:       0.40,
+		CloseAbove:      0.60,
+		MinLookups:      20,
+		MinLookupTokens: 50_000,
+		Cooldown:        60 * time.Second,
+	}
+}
+
+// Validate checks the fields, naming the key (under circuit_breaker.).
+func (c BreakerConfig) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("circuit_breaker.%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if c.Window <= 0 {
+		bad("window", "must be > 0, got %s", c.Window)
+	}
+	if c.Buckets < 1 || c.Buckets > 3600 {
+		bad("buckets", "must be 1..3600, got %d", c.Buckets)
+	} else if c.Window > 0 && c.Window/time.Duration(c.Buckets) <= 0 {
+		bad("buckets", "window %s is too short for %d buckets", c.Window, c.Buckets)
+	}
+	rate := func(key string, v float64) {
+		if math.IsNaN(v) || v < 0 || v > 1 {
+			bad(key, "must be a fraction in [0, 1], got %g", v)
+		}
+	}
+	rate("open_below", c.OpenBelow)
+	rate("close_above", c.CloseAbove)
+	if c.CloseAbove < c.OpenBelow {
+		bad("close_above", "%g must be >= open_below (%g)", c.CloseAbove, c.OpenBelow)
+	}
+	if c.MinLookups < 1 {
+		bad("min_lookups", "must be >= 1, got %d", c.MinLookups)
+	}
+	if c.MinLookupTokens < 0 {
+		bad("min_lookup_tokens", "must be >= 0, got %d", c.MinLookupTokens)
+	}
+	if c.Cooldown <= 0 {
+		bad("cooldown", "must be > 0, got %s", c.Cooldown)
+	}
+	return errors.Join(errs...)
+}
+
+// BreakerState is a cache circuit breaker's state.
+type BreakerState uint8
+
+const (
+	BreakerClosed BreakerState = iota
+	// BreakerOpen: cache-degraded; no affinity to this instance.
+	BreakerOpen
+	// BreakerHalfOpen: cooldown over; affinity flows while a fresh
+	// window measures the hit rate.
+	BreakerHalfOpen
+)
+
+func (s BreakerState) String() string {
+	switch s {
+	case BreakerClosed:
+		return "closed"
+	case BreakerOpen:
+		return "open"
+	case BreakerHalfOpen:
+		return "half_open"
+	}
+	return fmt.Sprintf("breaker_state(%d)", uint8(s))
+}
+
+// ErrBadSample is wrapped by Record's error for impossible figures.
+var ErrBadSample = errors.New("invalid cache sample")
+
+type bucket struct {
+	id            int64 // window-resolution time slot
+	valid         bool
+	lookups, hits int64
+	records       int
+}
+
+// CircuitBreaker is one instance's cache circuit breaker: a deterministic
+// state machine fed with (lookup tokens, hit tokens, now). It has no clock;
+// it is not safe for concurrent use (CacheBreakers is).
+type CircuitBreaker struct {
+	cfg      BreakerConfig
+	width    int64 // bucket width, ns
+	ring     []bucket
+	newest   int64
+	hasData  bool
+	state    BreakerState
+	openedAt int64
+}
+
+// NewCircuitBreaker returns a closed breaker.
+func NewCircuitBreaker(cfg BreakerConfig) (*CircuitBreaker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &CircuitBreaker{
+		cfg:   cfg,
+		width: int64(cfg.Window / time.Duration(cfg.Buckets)),
+		ring:  make([]bucket, cfg.Buckets),
+	}, nil
+}
+
+// Record adds one sample: lookupTokens prompt tokens were looked up in the
+// instance's prefix cache and hitTokens of them were found (the edge takes
+// both from the response's usage: prompt tokens and cached tokens). A
+// sample older than the newest one counts in the newest slot. It returns
+// the state after the sample; impossible figures (negative, or more hits
+// than lookups) are refused with an error wrapping ErrBadSample.
+func (b *CircuitBreaker) Record(lookupTokens, hitTokens int64, now time.Time) (BreakerState, error) {
+	if lookupTokens < 0 || hitTokens < 0 || hitTokens > lookupTokens {
+		return b.State(now), fmt.Errorf("circuit breaker: %d hit tokens of %d looked up: %w", hitTokens, lookupTokens, ErrBadSample)
+	}
+	n := now.UnixNano()
+	if b.state == BreakerOpen && n >= b.openedAt+int64(b.cfg.Cooldown) {
+		// Half-open: measure afresh, without the degraded period's data.
+		b.state = BreakerHalfOpen
+		clear(b.ring)
+		b.hasData = false
+	}
+	idx := floorDiv(n, b.width)
+	if b.hasData && idx < b.newest {
+		idx = b.newest
+	}
+	bk := &b.ring[mod(idx, int64(len(b.ring)))]
+	if !bk.valid || bk.id != idx {
+		*bk = bucket{id: idx, valid: true}
+	}
+	bk.lookups += lookupTokens
+	bk.hits += hitTokens
+	if lookupTokens > 0 {
+		bk.records++
+	}
+	b.newest, b.hasData = idx, true
+	b.evaluate(idx, n)
+	return b.state, nil
+}
+
+func (b *CircuitBreaker) evaluate(idx, now int64) {
+	lookups, hits, records := b.sum(idx)
+	if records < b.cfg.MinLookups || lookups < b.cfg.MinLookupTokens || lookups == 0 {
+		return
+	}
+	rate := float64(hits) / float64(lookups)
+	switch {
+	case rate < b.cfg.OpenBelow && b.state != BreakerOpen:
+		b.state, b.openedAt = BreakerOpen, now
+	case rate > b.cfg.CloseAbove && b.state != BreakerClosed:
+		b.state = BreakerClosed
+	}
+}
+
+func (b *CircuitBreaker) sum(idx int64) (lookups, hits int64, records int) {
+	oldest := idx - int64(len(b.ring)) + 1
+	for _, bk := range b.ring {
+		if bk.valid && bk.id >= oldest && bk.id <= idx {
+			lookups += bk.lookups
+			hits += bk.hits
+			records += bk.records
+		}
+	}
+	return lookups, hits, records
+}
+
+// State returns the state at now: an open breaker reads as half-open once
+// its cooldown has passed (the next Record makes it so).
+func (b *CircuitBreaker) State(now time.Time) BreakerState {
+	if b.state == BreakerOpen && now.UnixNano() >= b.openedAt+int64(b.cfg.Cooldown) {
+		return BreakerHalfOpen
+	}
+	return b.state
+}
+
+// Open reports whether the instance is cache-degraded at now.
+func (b *CircuitBreaker) Open(now time.Time) bool { return b.State(now) == BreakerOpen }
+
+// Window returns the tokens looked up and hit, and the number of lookups,
+// in the window ending at now.
+func (b *CircuitBreaker) Window(now time.Time) (lookupTokens, hitTokens int64, lookups int) {
+	idx := floorDiv(now.UnixNano(), b.width)
+	if b.hasData && idx < b.newest {
+		idx = b.newest
+	}
+	return b.sum(idx)
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if (a%b != 0) && ((a < 0) != (b < 0)) {
+		q--
+	}
+	return q
+}
+
+func mod(a, b int64) int64 {
+	m := a % b
+	if m < 0 {
+		m += b
+	}
+	return m
+}
+
+// CacheBreakers holds one CircuitBreaker per instance; safe for concurrent
+// use. The edge records samples as responses complete and sets
+// InstanceView.CacheDegraded from Open.
+type CacheBreakers struct {
+	cfg BreakerConfig
+	mu  sync.Mutex
+	m   map[string]*CircuitBreaker
+}
+
+// NewCacheBreakers validates cfg and returns an empty set.
+func NewCacheBreakers(cfg BreakerConfig) (*CacheBreakers, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &CacheBreakers{cfg: cfg, m: make(map[string]*CircuitBreaker)}, nil
+}
+
+// Record feeds instance's breaker (see CircuitBreaker.Record).
+func (c *CacheBreakers) Record(instance string, lookupTokens, hitTokens int64, now time.Time) (BreakerState, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.m[instance]
+	if !ok {
+		b = &CircuitBreaker{
+			cfg:   c.cfg,
+			width: int64(c.cfg.Window / time.Duration(c.cfg.Buckets)),
+			ring:  make([]bucket, c.cfg.Buckets),
+		}
+		c.m[instance] = b
+	}
+	st, err := b.Record(lookupTokens, hitTokens, now)
+	if err != nil {
+		return st, fmt.Errorf("instance %s: %w", instance, err)
+	}
+	return st, nil
+}
+
+// State returns instance's breaker state at now (closed when unknown).
+func (c *CacheBreakers) State(instance string, now time.Time) BreakerState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if b, ok := c.m[instance]; ok {
+		return b.State(now)
+	}
+	return BreakerClosed
+}
+
+// Open reports whether instance is cache-degraded at now.
+func (c *CacheBreakers) Open(instance string, now time.Time) bool {
+	return c.State(instance, now) == BreakerOpen
+}
+
+// Forget drops instance's breaker (the instance left the fleet).
+func (c *CacheBreakers) Forget(instance string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, instance)
+}

@@ -1,0 +1,338 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/tether-project/tether/routing/kvindex"
+	"github.com/tether-project/tether/routing/prefix"
+)
+
+// RouterType is a fleet's router (config key router.type). The zero value
+// is RouterConversation.
+type RouterType uint8
+
+const (
+	// RouterConversation binds routing keys to instances through the
+	// affinity log (sticky), places new keys by KV-aware score and load,
+	// and places unkeyed requests the same way without binding.
+	RouterConversation RouterType = iota
+	// RouterRoundRobin cycles through the healthy instances (the edge
+	// owns the counter). No bindings.
+	RouterRoundRobin
+	// RouterLoadBalancing sends every request to the least-loaded
+	// instance. No bindings, no cache credit.
+	RouterLoadBalancing
+	// RouterKVCacheAware places every request by KV-aware score and load.
+	// No bindings: the KV index alone remembers where prefixes live.
+	RouterKVCacheAware
+)
+
+var routerTypeNames = [...]string{"conversation", "round_robin", "load_balancing", "kv_cache_aware"}
+
+func (t RouterType) String() string {
+	if int(t) < len(routerTypeNames) {
+		return routerTypeNames[t]
+	}
+	return fmt.Sprintf("router_type(%d)", uint8(t))
+}
+
+// ParseRouterType parses the router.type config value ("" means
+// conversation). Matching is exact after trimming white space and lowering
+// case.
+func ParseRouterType(s string) (RouterType, error) {
+	v := strings.ToLower(strings.TrimSpace(s))
+	if v == "" {
+		return RouterConversation, nil
+	}
+	for i, name := range routerTypeNames {
+		if v == name {
+			return RouterType(i), nil
+		}
+	}
+	return 0, fmt.Errorf("router.type: unknown value %q (allowed: %s)", s, strings.Join(routerTypeNames[:], ", "))
+}
+
+// UnmarshalText lets YAML/JSON configs carry the type by name.
+func (t *RouterType) UnmarshalText(b []byte) error {
+	v, err := ParseRouterType(string(b))
+	if err != nil {
+		return err
+	}
+	*t = v
+	return nil
+}
+
+// MarshalText writes the type's name.
+func (t RouterType) MarshalText() ([]byte, error) { return []byte(t.String()), nil }
+
+// Binds reports whether the router records key bindings in the affinity
+// log (sticky routing and overflow apply only then).
+func (t RouterType) Binds() bool { return t == RouterConversation }
+
+// usesCache reports whether placement credits cached prefixes.
+func (t RouterType) usesCache() bool { return t == RouterConversation || t == RouterKVCacheAware }
+
+// Scope is subagent_affinity_scope: which fleets route a sub-agent by its
+// parent's root key. The zero value is ScopeContext (the default).
+type Scope uint8
+
+const (
+	// ScopeContext: the context fleet routes by the root key; the
+	// generation fleet by the child's own conversation id.
+	ScopeContext Scope = iota
+	// ScopeBoth: both fleets route by the root key.
+	ScopeBoth
+)
+
+func (s Scope) String() string {
+	switch s {
+	case ScopeContext:
+		return "context"
+	case ScopeBoth:
+		return "both"
+	}
+	return fmt.Sprintf("scope(%d)", uint8(s))
+}
+
+// ParseScope parses subagent_affinity_scope ("" means context).
+func ParseScope(s string) (Scope, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "context":
+		return ScopeContext, nil
+	case "both":
+		return ScopeBoth, nil
+	}
+	return 0, fmt.Errorf("subagent_affinity_scope: unknown value %q (allowed: context, both)", s)
+}
+
+// UnmarshalText lets YAML/JSON configs carry the scope by name.
+func (s *Scope) UnmarshalText(b []byte) error {
+	v, err := ParseScope(string(b))
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
+// MarshalText writes the scope's name.
+func (s Scope) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// Priority is a request's urgency, from the PriorityHeader. The zero value
+// is PriorityNormal.
+type Priority uint8
+
+const (
+	PriorityNormal Priority = iota
+	// PriorityInteractive: someone is waiting; queueing delay weighs
+	// more (Weights.InteractiveQueueFactor).
+	PriorityInteractive
+	// PriorityBackground: nobody is waiting; cache affinity weighs more
+	// (Weights.BackgroundCacheFactor).
+	PriorityBackground
+)
+
+// PriorityHeader is the request header carrying a Priority.
+const PriorityHeader = "X-Tether-Priority"
+
+func (p Priority) String() string {
+	switch p {
+	case PriorityNormal:
+		return "normal"
+	case PriorityInteractive:
+		return "interactive"
+	case PriorityBackground:
+		return "background"
+	}
+	return fmt.Sprintf("priority(%d)", uint8(p))
+}
+
+// ErrUnknownPriority is wrapped by ParsePriority's error.
+var ErrUnknownPriority = errors.New("unknown priority")
+
+// ParsePriority parses a priority value: "" (absent) is PriorityNormal;
+// "interactive" and "background" (any case, trimmed) are accepted; anything
+// else is an error wrapping ErrUnknownPriority, which the edge answers with
+// 400. Rejecting rather than defaulting is deliberate: the header is opt-in,
+// so only a client that meant to set it sends it, and a typo that silently
+// became "normal" would hide a mis-tuned client.
+func ParsePriority(s string) (Priority, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "":
+		return PriorityNormal, nil
+	case "interactive":
+		return PriorityInteractive, nil
+	case "background":
+		return PriorityBackground, nil
+	}
+	return PriorityNormal, fmt.Errorf("%w %q (allowed: interactive, background)", ErrUnknownPriority, s)
+}
+
+// PriorityFromHeader parses the PriorityHeader of h (first non-blank value).
+func PriorityFromHeader(h http.Header) (Priority, error) {
+	p, err := ParsePriority(HeaderValue(h, PriorityHeader))
+	if err != nil {
+		return p, fmt.Errorf("header %s: %w", PriorityHeader, err)
+	}
+	return p, nil
+}
+
+// Weights turn cache credit and load into one score, in token-equivalents of
+// prefill work (higher is better):
+//
+//	score = Cache·cf·cachedTokens − qf·(Queue·queuedPrefillTokens + QueuedRequest·queuedRequests) − Decode·activePromptTokens
+//
+// where cf = BackgroundCacheFactor for background requests (else 1) and qf =
+// InteractiveQueueFactor for interactive requests (else 1).
+type Weights struct {
+	Cache                  float64 `yaml:"cache"`
+	Queue                  float64 `yaml:"queue"`
+	Decode                 float64 `yaml:"decode"`
+	QueuedRequest          float64 `yaml:"queued_request"`
+	InteractiveQueueFactor float64 `yaml:"interactive_queue_factor"`
+	BackgroundCacheFactor  float64 `yaml:"background_cache_factor"`
+}
+
+// OverflowConfig says when a bound key leaves its instance. Zero thresholds
+// are disabled.
+type OverflowConfig struct {
+	// QueuedRequests: the bound instance is saturated at or above this
+	// many queued requests.
+	QueuedRequests int `yaml:"queued_requests"`
+	// ActivePromptTokens: ... or at or above this many active prompt
+	// tokens.
+	ActivePromptTokens int64 `yaml:"active_prompt_tokens"`
+	// RebindAfter: an overflow becomes a rebind once the bound instance
+	// has been continuously unable to take its keys this long (0: never
+	// rebind; the key returns when the instance recovers).
+	RebindAfter time.Duration `yaml:"rebind_after"`
+}
+
+// ShedConfig says when a request is refused (429). Zero limits are
+// disabled. A candidate at or above a limit is "over its hard limit"; when
+// every candidate is, the request is shed.
+type ShedConfig struct {
+	MaxQueuedRequests      int   `yaml:"max_queued_requests"`
+	MaxQueuedPrefillTokens int64 `yaml:"max_queued_prefill_tokens"`
+	// PrefillTokensPerSecond converts queued work into the Retry-After
+	// estimate.
+	PrefillTokensPerSecond float64       `yaml:"prefill_tokens_per_second"`
+	RetryAfterMin          time.Duration `yaml:"retry_after_min"`
+	RetryAfterMax          time.Duration `yaml:"retry_after_max"`
+}
+
+// Config is one fleet's routing configuration (the router: section of
+// context_servers or generation_servers). Start from DefaultConfig.
+type Config struct {
+	Type      RouterType `yaml:"type"`
+	BlockSize int        `yaml:"block_size"` // tokens per KV block
+	// PredictTTL is how long a placed prompt counts as cached on its
+	// instance before the worker's stored event (kvindex.Config).
+	PredictTTL time.Duration  `yaml:"predict_ttl"`
+	Weights    Weights        `yaml:"weights"`
+	Overflow   OverflowConfig `yaml:"overflow"`
+	Shed       ShedConfig     `yaml:"shed"`
+	Breaker    BreakerConfig  `yaml:"circuit_breaker"`
+}
+
+// DefaultConfig returns the defaults. The weights make one cached token worth
+// one queued prefill token (both are prefill work saved or waited for); a
+// decoding prompt token slows prefill a tenth as much; a queued request costs
+// 256 tokens on top of its tokens (scheduling and the signal when a worker
+// does not report token figures). Interactive requests count queueing twice,
+// background requests count cache twice. 5,500 prefill tokens/s is a
+// 70B-class model on one GPU.
+func DefaultConfig() Config {
+	return Config{
+		Type:       RouterConversation,
+		BlockSize:  prefix.DefaultBlockSize,
+		PredictTTL: kvindex.DefaultPredictTTL,
+		Weights: Weights{
+			Cache:                  1,
+			Queue:                  1,
+			Decode:                 0.1,
+			QueuedRequest:          256,
+			InteractiveQueueFactor: 2,
+			BackgroundCacheFactor:  2,
+		},
+		Overflow: OverflowConfig{
+			QueuedRequests:     8,
+			ActivePromptTokens: 2_000_000,
+			RebindAfter:        30 * time.Second,
+		},
+		Shed: ShedConfig{
+			MaxQueuedRequests:      64,
+			PrefillTokensPerSecond: 5500,
+			RetryAfterMin:          time.Second,
+			RetryAfterMax:          30 * time.Second,
+		},
+		Breaker: DefaultBreakerConfig(),
+	}
+}
+
+// Validate checks every field and names the offending key (relative to the
+// fleet's router: section) in its error.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("router.%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if int(c.Type) >= len(routerTypeNames) {
+		bad("type", "unknown router type %d (allowed: %s)", uint8(c.Type), strings.Join(routerTypeNames[:], ", "))
+	}
+	if c.BlockSize < 1 || c.BlockSize > 1<<20 {
+		bad("block_size", "must be 1..1048576 tokens, got %d", c.BlockSize)
+	}
+	if c.PredictTTL < 0 {
+		bad("predict_ttl", "must be >= 0, got %s", c.PredictTTL)
+	}
+	weight := func(key string, v, min float64) {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < min {
+			bad("weights."+key, "must be a finite number >= %g, got %g", min, v)
+		}
+	}
+	weight("cache", c.Weights.Cache, 0)
+	weight("queue", c.Weights.Queue, 0)
+	weight("decode", c.Weights.Decode, 0)
+	weight("queued_request", c.Weights.QueuedRequest, 0)
+	weight("interactive_queue_factor", c.Weights.InteractiveQueueFactor, 1)
+	weight("background_cache_factor", c.Weights.BackgroundCacheFactor, 1)
+	if c.Overflow.QueuedRequests < 0 {
+		bad("overflow.queued_requests", "must be >= 0 (0 disables), got %d", c.Overflow.QueuedRequests)
+	}
+	if c.Overflow.ActivePromptTokens < 0 {
+		bad("overflow.active_prompt_tokens", "must be >= 0 (0 disables), got %d", c.Overflow.ActivePromptTokens)
+	}
+	if c.Overflow.RebindAfter < 0 {
+		bad("overflow.rebind_after", "must be >= 0 (0 disables), got %s", c.Overflow.RebindAfter)
+	}
+	if c.Shed.MaxQueuedRequests < 0 {
+		bad("shed.max_queued_requests", "must be >= 0 (0 disables), got %d", c.Shed.MaxQueuedRequests)
+	}
+	if c.Shed.MaxQueuedPrefillTokens < 0 {
+		bad("shed.max_queued_prefill_tokens", "must be >= 0 (0 disables), got %d", c.Shed.MaxQueuedPrefillTokens)
+	}
+	if c.Overflow.QueuedRequests > 0 && c.Shed.MaxQueuedRequests > 0 && c.Overflow.QueuedRequests >= c.Shed.MaxQueuedRequests {
+		bad("overflow.queued_requests", "%d must be below shed.max_queued_requests (%d), or overflow never happens before shedding",
+			c.Overflow.QueuedRequests, c.Shed.MaxQueuedRequests)
+	}
+	if tps := c.Shed.PrefillTokensPerSecond; math.IsNaN(tps) || math.IsInf(tps, 0) || tps <= 0 {
+		bad("shed.prefill_tokens_per_second", "must be a finite number > 0, got %g", tps)
+	}
+	// Retry-After carries whole seconds.
+	if d := c.Shed.RetryAfterMin; d < time.Second || d%time.Second != 0 {
+		bad("shed.retry_after_min", "must be a whole number of seconds >= 1s, got %s", d)
+	}
+	if d := c.Shed.RetryAfterMax; d < c.Shed.RetryAfterMin || d%time.Second != 0 {
+		bad("shed.retry_after_max", "must be a whole number of seconds >= shed.retry_after_min (%s), got %s", c.Shed.RetryAfterMin, d)
+	}
+	if err := c.Breaker.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("router.%w", err))
+	}
+	return errors.Join(errs...)
+}

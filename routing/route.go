@@ -1,0 +1,568 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing/kvindex"
+)
+
+// Action says what the edge does with a request.
+type Action uint8
+
+const (
+	// ActionSticky: serve on the key's bound instance; nothing to record
+	// (the edge batches a Touch).
+	ActionSticky Action = iota + 1
+	// ActionBind: a new key was placed; serve on Instance and propose
+	// Route.BindEvent. With Degraded, the log could not commit: serve
+	// anyway and propose the Bind once it can.
+	ActionBind
+	// ActionServe: serve on Instance and record nothing (an unkeyed
+	// request, or a router that does not bind).
+	ActionServe
+	// ActionOverflow: the bound instance cannot take the request; serve
+	// on Instance and propose Route.OverflowEvent.
+	ActionOverflow
+	// ActionShed: every candidate is over its hard limit; answer 429 with
+	// Retry-After.
+	ActionShed
+)
+
+func (a Action) String() string {
+	switch a {
+	case ActionSticky:
+		return "sticky"
+	case ActionBind:
+		return "bind"
+	case ActionServe:
+		return "serve"
+	case ActionOverflow:
+		return "overflow"
+	case ActionShed:
+		return "shed"
+	}
+	return fmt.Sprintf("action(%d)", uint8(a))
+}
+
+// Decision policy names (fsm.Decision.Policy).
+const (
+	PolicyLeastLoaded = "least_loaded"        // load only (no prefix cached anywhere, or no index)
+	PolicyKVAware     = "kv_aware"            // cache credit against load
+	PolicyRoundRobin  = "round_robin"         // the edge's counter
+	PolicyDegraded    = "degraded_rendezvous" // log cannot commit: rendezvous over the last agreed instances
+	PolicyShed        = "shed"                // nothing placed
+)
+
+// ErrNoInstances: no healthy, non-draining instance in the fleet (the edge
+// answers 503).
+var ErrNoInstances = errors.New("no healthy instance")
+
+// BindingCounter reads live binding counts per instance from the replicated
+// state (the fewest-bindings tie-break).
+type BindingCounter interface {
+	BindingCount(f fsm.Fleet, instance string) int
+}
+
+// PrefixMatcher reports how many leading blocks of a prompt each instance
+// holds; *kvindex.Index implements it.
+type PrefixMatcher interface {
+	Match(blocks []uint64, now time.Time, dst []kvindex.Match) []kvindex.Match
+}
+
+// Inputs are the state a decision reads. Views is required; the rest may be
+// nil (no bindings known, no KV index, no overload history).
+type Inputs struct {
+	Views    *Views
+	Bindings BindingCounter
+	Prefix   PrefixMatcher
+	Overload OverloadHistory
+}
+
+// Request is one request as routing sees it.
+type Request struct {
+	Fleet          fsm.Fleet
+	Key            string // routing key on Fleet ("" = unkeyed); Identity.Key(Fleet)
+	ConversationID string
+	RequestID      string
+	Edge           string // deciding edge's node id, for the log
+	Priority       Priority
+	PromptTokens   int      // prompt length; caps cache credit (0: unknown)
+	Blocks         []uint64 // the prompt's chained block hashes (routing/prefix)
+	Spread         uint64   // unkeyed tie-break (SpreadFor(RequestID))
+	RoundRobin     uint64   // the edge's counter, for RouterRoundRobin
+	Now            time.Time
+}
+
+// Route is a routing decision.
+type Route struct {
+	Action   Action
+	Instance string // where to send the request (empty for ActionShed)
+	URL      string
+	// Rank is the ADP rank believed to hold the cached prefix (-1:
+	// unknown or predicted only). Informational: the worker places ranks.
+	Rank int
+	// CachedTokens: prompt tokens the chosen instance is believed to hold.
+	CachedTokens int
+	// From is the bound instance, for ActionOverflow.
+	From string
+	// Reason: for ActionOverflow, why the request left its instance; for
+	// ActionSticky, non-zero when the bound instance is strained but no
+	// better instance exists (the request stays).
+	Reason fsm.OverflowReason
+	// Rebind: the overflow moves the binding (the strain outlasted
+	// rebind_after), so every edge follows.
+	Rebind bool
+	// Degraded: decided without the log (PlaceDegraded).
+	Degraded   bool
+	RetryAfter time.Duration // for ActionShed, a whole number of seconds
+	// Decision explains a placement for the log (empty for sticky).
+	Decision fsm.Decision
+}
+
+// BindEvent is the event recording an ActionBind route.
+func (rt Route) BindEvent(req Request) fsm.Bind {
+	return fsm.Bind{Fleet: req.Fleet, Key: req.Key, ConversationID: req.ConversationID, Instance: rt.Instance, Decision: rt.Decision}
+}
+
+// OverflowEvent is the event recording an ActionOverflow route.
+func (rt Route) OverflowEvent(req Request) fsm.Overflow {
+	return fsm.Overflow{Fleet: req.Fleet, Key: req.Key, From: rt.From, To: rt.Instance, Reason: rt.Reason, Rebind: rt.Rebind, Decision: rt.Decision}
+}
+
+// Router makes routing decisions for one fleet configuration. It holds no
+// state besides its configuration; safe for concurrent use.
+type Router struct {
+	cfg Config
+}
+
+// NewRouter validates cfg and returns a Router.
+func NewRouter(cfg Config) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Router{cfg: cfg}, nil
+}
+
+// Config returns the router's configuration.
+func (r *Router) Config() Config { return r.cfg }
+
+type tier uint8
+
+const (
+	tierOK        tier = iota // below the overflow thresholds
+	tierSaturated             // at or above an overflow threshold
+	tierOver                  // at or above a hard (shed) limit
+)
+
+func (r *Router) saturated(v *InstanceView) bool {
+	o := r.cfg.Overflow
+	return (o.QueuedRequests > 0 && v.QueuedRequests >= o.QueuedRequests) ||
+		(o.ActivePromptTokens > 0 && v.ActivePromptTokens >= o.ActivePromptTokens)
+}
+
+func (r *Router) overHard(v *InstanceView) bool {
+	s := r.cfg.Shed
+	return (s.MaxQueuedRequests > 0 && v.QueuedRequests >= s.MaxQueuedRequests) ||
+		(s.MaxQueuedPrefillTokens > 0 && v.QueuedPrefillTokens >= s.MaxQueuedPrefillTokens)
+}
+
+func (r *Router) tierOf(v *InstanceView) tier {
+	switch {
+	case r.overHard(v):
+		return tierOver
+	case r.saturated(v):
+		return tierSaturated
+	}
+	return tierOK
+}
+
+// Condition is why a bound key cannot stay on the instance of view v (nil:
+// the edge has no view of it): unhealthy, saturated, or circuit open; 0 when
+// it can. The edge feeds OverloadTracker.Observe(id, Condition(v) != 0, now)
+// on every view refresh.
+func (r *Router) Condition(v *InstanceView) fsm.OverflowReason {
+	switch {
+	case v == nil || !v.Healthy:
+		return fsm.OverflowUnhealthy
+	case r.saturated(v) || r.overHard(v):
+		return fsm.OverflowSaturated
+	case v.CacheDegraded:
+		return fsm.OverflowCircuitOpen
+	}
+	return 0
+}
+
+// RouteBound routes a request whose key is bound to b.Instance: sticky while
+// that instance is healthy, below the overflow thresholds and not
+// cache-degraded. Otherwise the request overflows to the best other
+// instance (placed as by Place, excluding the bound one); for saturation or
+// an open circuit only an instance below the thresholds qualifies, else the
+// request stays. The overflow rebinds once in.Overload says the strain has
+// lasted rebind_after. When neither the bound instance nor any other can
+// take the request (all over their hard limits), it is shed.
+//
+// The sticky path allocates nothing.
+func (r *Router) RouteBound(req Request, b fsm.Binding, in Inputs) (Route, error) {
+	v, ok := in.Views.Lookup(b.Instance)
+	if !ok {
+		v = nil
+	}
+	reason := r.Condition(v)
+	if reason == 0 {
+		return Route{Action: ActionSticky, Instance: b.Instance, URL: v.URL, Rank: -1}, nil
+	}
+	return r.leave(&req, b.Instance, v, reason, &in)
+}
+
+func (r *Router) leave(req *Request, bound string, v *InstanceView, reason fsm.OverflowReason, in *Inputs) (Route, error) {
+	if !req.Fleet.Valid() {
+		return Route{}, fmt.Errorf("routing: route key %q: invalid fleet %v", req.Key, req.Fleet)
+	}
+	buf := getCandidates()
+	defer putCandidates(buf)
+	cands, minTier := r.eligible(req, in, bound, (*buf)[:0])
+	*buf = cands
+	stay := Route{Action: ActionSticky, Instance: bound, Rank: -1, Reason: reason}
+	if v != nil {
+		stay.URL = v.URL
+	}
+	if reason == fsm.OverflowUnhealthy {
+		switch {
+		case len(cands) == 0:
+			return Route{}, fmt.Errorf("routing: %s key %q bound to unhealthy %s: %w", req.Fleet, req.Key, bound, ErrNoInstances)
+		case minTier == tierOver:
+			return r.shed(req, cands, nil), nil
+		}
+	} else if len(cands) == 0 || minTier != tierOK {
+		if v != nil && r.overHard(v) && (len(cands) == 0 || minTier == tierOver) {
+			return r.shed(req, cands, v), nil
+		}
+		return stay, nil
+	}
+	rt := r.choose(req, in, filterTier(cands, minTier))
+	rt.Action = ActionOverflow
+	rt.From = bound
+	rt.Reason = reason
+	if in.Overload != nil && r.cfg.Overflow.RebindAfter > 0 {
+		if since, ok := in.Overload.OverloadedSince(bound); ok && !req.Now.Before(since.Add(r.cfg.Overflow.RebindAfter)) {
+			rt.Rebind = true
+		}
+	}
+	return rt, nil
+}
+
+// Place places a new key, or an unkeyed request, on req.Fleet. Candidates
+// are the fleet's healthy, non-draining instances; those below the overflow
+// thresholds are preferred, then those below the hard limits; when every
+// candidate is over its hard limit the request is shed. Among the preferred,
+// RouterRoundRobin takes the counter's turn; the other routers take the best
+// score (see Weights; RouterLoadBalancing gives no cache credit, nor does an
+// instance whose circuit is open), then the fewest live bindings (binding
+// routers, keyed requests), then the highest rendezvous weight of the key
+// (or of req.Spread), then the smaller id. The result depends only on the
+// inputs, never on the order of the views.
+func (r *Router) Place(req Request, in Inputs) (Route, error) {
+	if !req.Fleet.Valid() {
+		return Route{}, fmt.Errorf("routing: place key %q: invalid fleet %v", req.Key, req.Fleet)
+	}
+	buf := getCandidates()
+	defer putCandidates(buf)
+	cands, minTier := r.eligible(&req, &in, "", (*buf)[:0])
+	*buf = cands
+	if len(cands) == 0 {
+		return Route{}, fmt.Errorf("routing: place %s key %q: %w", req.Fleet, req.Key, ErrNoInstances)
+	}
+	if minTier == tierOver {
+		return r.shed(&req, cands, nil), nil
+	}
+	rt := r.choose(&req, &in, filterTier(cands, minTier))
+	rt.Action = ActionServe
+	if req.Key != "" && r.cfg.Type.Binds() {
+		rt.Action = ActionBind
+	}
+	return rt, nil
+}
+
+// PlaceDegraded places a new key while the affinity log cannot commit: by
+// rendezvous hashing of the key over the fleet's instances the log last
+// agreed on (records with status up), so every edge picks the same instance
+// without talking to the others. Instances this edge's views report
+// unhealthy are skipped in rendezvous order (edges that agree on health still
+// agree on the choice). The route is ActionBind with Degraded set: the edge
+// serves it, counts it, and proposes the Bind once the log commits again
+// (the first committed Bind wins). Unkeyed requests need no log and are
+// placed as by Place.
+func (r *Router) PlaceDegraded(req Request, instances []fsm.Instance, in Inputs) (Route, error) {
+	if req.Key == "" || !r.cfg.Type.Binds() {
+		return r.Place(req, in)
+	}
+	kh := KeyHash(req.Key)
+	type option struct {
+		inst *fsm.Instance
+		w    uint64
+	}
+	opts := make([]option, 0, len(instances))
+	for i := range instances {
+		it := &instances[i]
+		if it.Fleet == req.Fleet && it.Status == fsm.InstanceUp && it.ID != "" {
+			opts = append(opts, option{it, rendezvousWeight(kh, it.ID)})
+		}
+	}
+	sort.Slice(opts, func(i, j int) bool {
+		if opts[i].w != opts[j].w {
+			return opts[i].w > opts[j].w
+		}
+		return opts[i].inst.ID < opts[j].inst.ID
+	})
+	dec := fsm.Decision{Edge: req.Edge, Policy: PolicyDegraded, RequestID: req.RequestID}
+	chosen := -1
+	for i, o := range opts {
+		if v, ok := in.Views.Lookup(o.inst.ID); ok && !v.Healthy {
+			continue
+		}
+		chosen = i
+		break
+	}
+	if chosen < 0 {
+		return Route{}, fmt.Errorf("routing: degraded placement of %s key %q over %d up instances: %w", req.Fleet, req.Key, len(opts), ErrNoInstances)
+	}
+	// Candidates: the chosen one first, then the rest in rendezvous order.
+	// Score is the rendezvous weight as a fraction of 2^64.
+	add := func(o option) {
+		if len(dec.Candidates) < fsm.MaxCandidates {
+			dec.Candidates = append(dec.Candidates, fsm.Candidate{Instance: o.inst.ID, Score: float64(o.w>>11) / (1 << 53)})
+		}
+	}
+	add(opts[chosen])
+	for i, o := range opts {
+		if i != chosen {
+			add(o)
+		}
+	}
+	url := opts[chosen].inst.URL
+	if v, ok := in.Views.Lookup(opts[chosen].inst.ID); ok && v.URL != "" {
+		url = v.URL
+	}
+	return Route{Action: ActionBind, Instance: opts[chosen].inst.ID, URL: url, Rank: -1, Degraded: true, Decision: dec}, nil
+}
+
+// candidate is one instance being scored.
+type candidate struct {
+	v        *InstanceView
+	tier     tier
+	blocks   int   // leading prompt blocks held
+	rank     int   // rank holding them (-1: unknown/predicted)
+	cached   int64 // prompt tokens believed cached
+	score    float64
+	bindings int
+	hrw      uint64
+}
+
+var candidatePool = sync.Pool{New: func() any { s := make([]candidate, 0, 64); return &s }}
+var matchPool = sync.Pool{New: func() any { s := make([]kvindex.Match, 0, 64); return &s }}
+
+func getCandidates() *[]candidate { return candidatePool.Get().(*[]candidate) }
+func putCandidates(p *[]candidate) {
+	clear(*p) // drop view pointers
+	*p = (*p)[:0]
+	candidatePool.Put(p)
+}
+
+// eligible appends the fleet's healthy, non-draining instances other than
+// exclude, with their tiers, in id order.
+func (r *Router) eligible(req *Request, in *Inputs, exclude string, dst []candidate) ([]candidate, tier) {
+	minTier := tierOver
+	views := in.Views.Fleet(req.Fleet)
+	for i := range views {
+		v := &views[i]
+		if !v.Healthy || v.Draining || v.ID == exclude {
+			continue
+		}
+		t := r.tierOf(v)
+		minTier = min(minTier, t)
+		dst = append(dst, candidate{v: v, tier: t, rank: -1})
+	}
+	return dst, minTier
+}
+
+// filterTier keeps the candidates of tier t, in place.
+func filterTier(cands []candidate, t tier) []candidate {
+	out := cands[:0]
+	for _, c := range cands {
+		if c.tier == t {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (r *Router) loadCost(v *InstanceView, p Priority) float64 {
+	w := &r.cfg.Weights
+	qf := 1.0
+	if p == PriorityInteractive {
+		qf = w.InteractiveQueueFactor
+	}
+	return qf*(w.Queue*float64(v.QueuedPrefillTokens)+w.QueuedRequest*float64(v.QueuedRequests)) +
+		w.Decode*float64(v.ActivePromptTokens)
+}
+
+// better is the total order of candidates (true when a ranks before b).
+func better(a, b *candidate, useBindings bool) bool {
+	if a.score != b.score {
+		return a.score > b.score
+	}
+	if useBindings && a.bindings != b.bindings {
+		return a.bindings < b.bindings
+	}
+	if a.hrw != b.hrw {
+		return a.hrw > b.hrw
+	}
+	return a.v.ID < b.v.ID
+}
+
+// choose picks among cands (non-empty, in id order) and fills the route and
+// its decision.
+func (r *Router) choose(req *Request, in *Inputs, cands []candidate) Route {
+	dec := fsm.Decision{Edge: req.Edge, RequestID: req.RequestID}
+	if r.cfg.Type == RouterRoundRobin {
+		c := &cands[req.RoundRobin%uint64(len(cands))]
+		dec.Policy = PolicyRoundRobin
+		dec.Candidates = []fsm.Candidate{{Instance: c.v.ID, LoadTokens: loadTokens(c.v)}}
+		return Route{Instance: c.v.ID, URL: c.v.URL, Rank: -1, Decision: dec}
+	}
+	dec.Policy = PolicyLeastLoaded
+	if r.cfg.Type.usesCache() && in.Prefix != nil && len(req.Blocks) > 0 {
+		mp := matchPool.Get().(*[]kvindex.Match)
+		matches := in.Prefix.Match(req.Blocks, req.Now, (*mp)[:0])
+		for _, m := range matches {
+			// cands are in id order: binary search.
+			i := sort.Search(len(cands), func(i int) bool { return cands[i].v.ID >= m.Instance })
+			if i < len(cands) && cands[i].v.ID == m.Instance && m.Blocks > 0 {
+				cands[i].blocks, cands[i].rank = m.Blocks, m.Rank
+			}
+		}
+		*mp = matches[:0]
+		matchPool.Put(mp)
+	}
+	w := &r.cfg.Weights
+	cacheWeight := w.Cache
+	if req.Priority == PriorityBackground {
+		cacheWeight *= w.BackgroundCacheFactor
+	}
+	kh := mix64(req.Spread)
+	if req.Key != "" {
+		kh = KeyHash(req.Key)
+	}
+	useBindings := req.Key != "" && r.cfg.Type.Binds() && in.Bindings != nil
+	for i := range cands {
+		c := &cands[i]
+		if c.blocks > 0 {
+			c.cached = int64(c.blocks) * int64(r.cfg.BlockSize)
+			if req.PromptTokens > 0 {
+				c.cached = min(c.cached, int64(req.PromptTokens))
+			}
+		}
+		credit := 0.0
+		if c.cached > 0 && !c.v.CacheDegraded {
+			credit = cacheWeight * float64(c.cached)
+			dec.Policy = PolicyKVAware
+		}
+		c.score = credit - r.loadCost(c.v, req.Priority)
+		c.hrw = rendezvousWeight(kh, c.v.ID)
+		if useBindings {
+			c.bindings = in.Bindings.BindingCount(req.Fleet, c.v.ID)
+		}
+	}
+	// The best MaxCandidates, best first, by insertion.
+	var top [fsm.MaxCandidates]*candidate
+	n := 0
+	for i := range cands {
+		c := &cands[i]
+		j := n
+		if j == len(top) {
+			if !better(c, top[j-1], useBindings) {
+				continue
+			}
+			j--
+		} else {
+			n++
+		}
+		for j > 0 && better(c, top[j-1], useBindings) {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = c
+	}
+	dec.Candidates = make([]fsm.Candidate, n)
+	for i := 0; i < n; i++ {
+		c := top[i]
+		dec.Candidates[i] = fsm.Candidate{Instance: c.v.ID, Score: c.score, CachedTokens: clampU32(c.cached), LoadTokens: loadTokens(c.v)}
+	}
+	best := top[0]
+	rank := -1
+	if best.cached > 0 {
+		rank = best.rank
+	}
+	return Route{Instance: best.v.ID, URL: best.v.URL, Rank: rank, CachedTokens: int(best.cached), Decision: dec}
+}
+
+// shed builds the 429 route. Retry-After is the time the least-loaded
+// candidate (bound included, when given) needs to drain below its hard
+// limits at the configured prefill rate, rounded up to whole seconds and
+// bounded by shed.retry_after_min/max.
+func (r *Router) shed(req *Request, cands []candidate, bound *InstanceView) Route {
+	wait := math.Inf(1)
+	for i := range cands {
+		wait = math.Min(wait, r.drainSeconds(cands[i].v))
+	}
+	if bound != nil {
+		wait = math.Min(wait, r.drainSeconds(bound))
+	}
+	s := r.cfg.Shed
+	d := s.RetryAfterMin
+	if !math.IsInf(wait, 1) && !math.IsNaN(wait) {
+		if secs := math.Ceil(wait); secs >= s.RetryAfterMax.Seconds() {
+			d = s.RetryAfterMax
+		} else {
+			d = max(d, time.Duration(secs)*time.Second)
+		}
+	}
+	return Route{Action: ActionShed, Rank: -1, RetryAfter: d, Decision: fsm.Decision{Edge: req.Edge, Policy: PolicyShed, RequestID: req.RequestID}}
+}
+
+// drainSeconds estimates how long v needs to get below its hard limits.
+func (r *Router) drainSeconds(v *InstanceView) float64 {
+	s := r.cfg.Shed
+	need := 0.0 // prefill tokens to drain
+	if s.MaxQueuedRequests > 0 && v.QueuedRequests >= s.MaxQueuedRequests {
+		perRequest := r.cfg.Weights.QueuedRequest
+		if v.QueuedRequests > 0 && v.QueuedPrefillTokens > 0 {
+			perRequest = float64(v.QueuedPrefillTokens) / float64(v.QueuedRequests)
+		}
+		need = math.Max(need, float64(v.QueuedRequests-s.MaxQueuedRequests+1)*perRequest)
+	}
+	if s.MaxQueuedPrefillTokens > 0 && v.QueuedPrefillTokens >= s.MaxQueuedPrefillTokens {
+		need = math.Max(need, float64(v.QueuedPrefillTokens-s.MaxQueuedPrefillTokens+1))
+	}
+	return need / s.PrefillTokensPerSecond
+}
+
+func loadTokens(v *InstanceView) uint32 {
+	return clampU32(max(v.QueuedPrefillTokens, 0) + max(v.ActivePromptTokens, 0))
+}
+
+func clampU32(x int64) uint32 {
+	switch {
+	case x <= 0:
+		return 0
+	case x > math.MaxUint32:
+		return math.MaxUint32
+	}
+	return uint32(x)
+}
