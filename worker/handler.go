@@ -1,0 +1,464 @@
+package worker
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/worker/adp"
+	"github.com/tether-project/tether/worker/engine"
+	"github.com/tether-project/tether/worker/engine/sim"
+	"github.com/tether-project/tether/worker/proxy"
+)
+
+// statusClientClosed is recorded (never sent) when the client went away.
+const statusClientClosed = 499
+
+type route struct {
+	methods []string
+	handle  http.HandlerFunc
+}
+
+// Handler is the worker's HTTP API. Unknown paths answer 404 and wrong
+// methods 405, both as OpenAI error JSON.
+func (s *Server) Handler() http.Handler {
+	metricsHandler := promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{ErrorLog: nil})
+	routes := map[string]route{
+		"/v1/chat/completions": {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, true) }},
+		"/v1/completions":      {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, false) }},
+		"/v1/models":           {[]string{http.MethodGet, http.MethodHead}, s.handleModels},
+		"/healthz":             {[]string{http.MethodGet, http.MethodHead}, s.handleHealth},
+		"/readyz":              {[]string{http.MethodGet, http.MethodHead}, s.handleReady},
+		"/metrics":             {[]string{http.MethodGet, http.MethodHead}, metricsHandler.ServeHTTP},
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			// A bug must not take the worker down with it; net/http would
+			// recover too, but would drop the connection without an answer.
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.Error("handler panic", "path", r.URL.Path, "panic", v)
+				writeAPIError(w, newAPIError(http.StatusInternalServerError, "server_error", "internal_error", "", "internal error"))
+			}
+		}()
+		rt, ok := routes[r.URL.Path]
+		if !ok {
+			s.metrics.requests.WithLabelValues("other", "404").Inc()
+			writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+				"unknown path %s %s (this worker serves POST /v1/chat/completions, POST /v1/completions, GET /v1/models, /healthz, /readyz, /metrics)", r.Method, truncate(r.URL.Path, 200)))
+			return
+		}
+		for _, m := range rt.methods {
+			if r.Method == m {
+				rt.handle(w, r)
+				return
+			}
+		}
+		s.metrics.requests.WithLabelValues("other", "405").Inc()
+		w.Header().Set("Allow", strings.Join(rt.methods, ", "))
+		writeAPIError(w, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
+			"method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(rt.methods, ", ")))
+	})
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{"list", []model{{ID: s.cfg.Model, Object: "model", Created: s.bootTime.Unix(), OwnedBy: "tether"}}})
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
+	if !s.Ready() {
+		reason := "shutting down"
+		if s.pub != nil && !s.pub.connected() && !s.closing.Load() {
+			reason = "not connected to NATS"
+		}
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": reason})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// handleInference serves both completion endpoints.
+func (s *Server) handleInference(w http.ResponseWriter, r *http.Request, chat bool) {
+	endpoint := "completions"
+	if chat {
+		endpoint = "chat"
+	}
+	if !s.enter() {
+		s.metrics.requests.WithLabelValues(endpoint, "503").Inc()
+		writeAPIError(w, newAPIError(http.StatusServiceUnavailable, "server_error", "shutting_down", "", "worker is shutting down"))
+		return
+	}
+	defer s.handlers.Done()
+	start := time.Now()
+	ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx, span := s.tracer.Start(ctx, "tether.worker "+r.URL.Path,
+		trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(
+			attribute.String("http.request.method", r.Method),
+			attribute.String("http.route", r.URL.Path),
+			attribute.String("tether.instance", s.cfg.InstanceID),
+		))
+	defer span.End()
+	x := &exchange{s: s, w: w, r: r, ctx: ctx, span: span, chat: chat}
+	status, phase := x.serve()
+	span.SetAttributes(attribute.Int("http.response.status_code", status))
+	if status >= 400 {
+		span.SetStatus(codes.Error, http.StatusText(status))
+	}
+	s.metrics.requests.WithLabelValues(endpoint, strconv.Itoa(status)).Inc()
+	if phase != "" {
+		s.metrics.duration.WithLabelValues(endpoint, phase).Observe(time.Since(start).Seconds())
+	}
+}
+
+// exchange is one inference request/response.
+type exchange struct {
+	s    *Server
+	w    http.ResponseWriter
+	r    *http.Request
+	ctx  context.Context
+	span trace.Span
+	chat bool
+
+	p       *parsedRequest
+	id      string
+	created int64
+	// streaming state
+	headerSent bool
+	writeErr   error
+}
+
+func (x *exchange) fail(e *apiError) int {
+	x.span.SetAttributes(attribute.String("tether.error", e.Message))
+	writeAPIError(x.w, e)
+	return e.Status
+}
+
+// serve runs the request and returns the HTTP status it answered (or 499
+// when the client went away) and the phase it ran ("" if it never ran).
+func (x *exchange) serve() (int, string) {
+	s := x.s
+	body, aerr := readBody(x.r, s.cfg.MaxBodyBytes)
+	if aerr != nil {
+		return x.fail(aerr), ""
+	}
+	p, aerr := parseRequest(body, x.chat, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
+	if aerr != nil {
+		return x.fail(aerr), ""
+	}
+	x.p = p
+	if p.model != s.cfg.Model {
+		return x.fail(newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+			"the model %q does not exist on this worker (it serves %q)", truncate(p.model, 200), s.cfg.Model)), ""
+	}
+	p.conversationID = routing.ConversationID(p.bodyConvID, x.r.Header)
+	affinity, aerr := s.verifyHint(x.r.Header, p)
+	if aerr != nil {
+		return x.fail(aerr), ""
+	}
+
+	d := s.sched.Place(adp.Request{ConversationID: p.conversationID, AffinityID: affinity, PromptTokens: len(p.prompt)})
+	defer func() {
+		s.sched.Finish(&d.Ticket)
+		s.nudgeTelemetry()
+	}()
+	if d.Overflow {
+		s.overflows[d.Rank].Add(1)
+	}
+	s.nudgeTelemetry()
+	phase := p.phase.String()
+	x.span.SetAttributes(
+		attribute.Int("tether.rank", d.Rank),
+		attribute.String("tether.phase", phase),
+		attribute.String("tether.placement", d.Reason.String()),
+		attribute.Bool("tether.subagent", d.Subagent),
+		attribute.Bool("tether.overflow", d.Overflow),
+		attribute.Int("tether.prompt_tokens", len(p.prompt)),
+	)
+	seq := s.reqSeq.Add(1)
+	kind := "cmpl"
+	if x.chat {
+		kind = "chatcmpl"
+	}
+	x.id = fmt.Sprintf("%s-%s-%d", kind, s.cfg.InstanceID, seq)
+	x.created = time.Now().Unix()
+	h := x.w.Header()
+	h.Set(HeaderADPRank, strconv.Itoa(d.Rank))
+	h.Set(HeaderInstance, s.cfg.InstanceID)
+
+	req := engine.Request{
+		ID:           x.id,
+		Rank:         d.Rank,
+		Model:        p.model,
+		Prompt:       p.prompt,
+		MaxTokens:    p.maxTokens,
+		Phase:        p.phase,
+		ContextState: p.contextState,
+		Raw:          p.sanitizedBody,
+		Path:         x.r.URL.Path,
+	}
+	s.sched.Start(&d.Ticket)
+	emit := func(engine.Chunk) error { return nil }
+	if p.stream {
+		emit = x.emitChunk
+	}
+	comp, err := s.eng.Run(x.ctx, req, emit)
+	if err != nil {
+		return x.engineFailed(err), phase
+	}
+	s.metrics.promptTokens.WithLabelValues(strconv.Itoa(d.Rank)).Add(float64(comp.PromptTokens))
+	s.metrics.cachedTokens.WithLabelValues(strconv.Itoa(d.Rank)).Add(float64(comp.CachedTokens))
+	x.span.SetAttributes(
+		attribute.Int("tether.cached_tokens", comp.CachedTokens),
+		attribute.Int("tether.completion_tokens", comp.CompletionTokens),
+		attribute.Int("tether.transfer_tokens", comp.TransferTokens),
+	)
+	if p.stream {
+		return x.finishStream(comp), phase
+	}
+	return x.respond(comp, seq), phase
+}
+
+func (x *exchange) usage(c engine.Completion) *usage {
+	prompt := c.PromptTokens
+	if prompt == 0 {
+		prompt = len(x.p.prompt)
+	}
+	return &usage{
+		PromptTokens:        prompt,
+		CompletionTokens:    c.CompletionTokens,
+		TotalTokens:         prompt + c.CompletionTokens,
+		PromptTokensDetails: promptTokensDetails{CachedTokens: c.CachedTokens},
+	}
+}
+
+func (x *exchange) object(chunk bool) string {
+	switch {
+	case x.chat && chunk:
+		return "chat.completion.chunk"
+	case x.chat:
+		return "chat.completion"
+	}
+	return "text_completion"
+}
+
+func (x *exchange) choice(text *string, finish *string, delta bool) chatChoice {
+	c := chatChoice{FinishReason: finish}
+	switch {
+	case !x.chat:
+		if text == nil {
+			empty := ""
+			text = &empty
+		}
+		c.Text = text
+	case delta:
+		c.Delta = &chatOutput{Content: text}
+	default:
+		c.Message = &chatOutput{Role: "assistant", Content: text}
+	}
+	return c
+}
+
+// respond writes a non-streaming response.
+func (x *exchange) respond(c engine.Completion, seq uint64) int {
+	finish := c.FinishReason
+	text := c.Text
+	resp := completionResponse{
+		ID:      x.id,
+		Object:  x.object(false),
+		Created: x.created,
+		Model:   x.p.model,
+		Choices: []chatChoice{x.choice(&text, &finish, false)},
+		Usage:   x.usage(c),
+	}
+	if x.p.phase == engine.PhaseContextOnly {
+		ctxID := x.p.disagg.CtxRequestID
+		if !ctxID.set() {
+			ctxID = flexID{raw: strconv.AppendUint(nil, seq, 10), text: strconv.FormatUint(seq, 10)}
+		}
+		first := prefix.Tokenize(c.Text)
+		firstIDs := make([]int64, len(first))
+		for i, t := range first {
+			firstIDs[i] = int64(t)
+		}
+		resp.DisaggregatedParams = &disaggResponse{
+			RequestType:     "context_only",
+			CtxRequestID:    ctxID,
+			DisaggRequestID: x.p.disagg.DisaggRequestID,
+			OpaqueState:     base64.StdEncoding.EncodeToString(c.ContextState),
+			FirstGenTokens:  firstIDs,
+		}
+	}
+	x.extendDeadline()
+	writeJSON(x.w, http.StatusOK, resp)
+	return http.StatusOK
+}
+
+func (x *exchange) extendDeadline() {
+	_ = http.NewResponseController(x.w).SetWriteDeadline(time.Now().Add(x.s.cfg.WriteTimeout))
+}
+
+// sendEvent writes one SSE event and flushes it.
+func (x *exchange) sendEvent(v any) error {
+	if x.writeErr != nil {
+		return x.writeErr
+	}
+	var data []byte
+	if raw, ok := v.([]byte); ok {
+		data = raw
+	} else {
+		var err error
+		if data, err = json.Marshal(v); err != nil {
+			x.writeErr = err
+			return err
+		}
+	}
+	x.extendDeadline()
+	buf := make([]byte, 0, len(data)+8)
+	buf = append(buf, "data: "...)
+	buf = append(buf, data...)
+	buf = append(buf, "\n\n"...)
+	if _, err := x.w.Write(buf); err != nil {
+		x.writeErr = err
+		return err
+	}
+	if err := http.NewResponseController(x.w).Flush(); err != nil {
+		x.writeErr = err
+		return err
+	}
+	return nil
+}
+
+// startStream sends the SSE headers and, for chat, the role chunk.
+func (x *exchange) startStream() error {
+	if x.headerSent {
+		return x.writeErr
+	}
+	x.headerSent = true
+	h := x.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	x.w.WriteHeader(http.StatusOK)
+	if x.chat {
+		empty := ""
+		return x.sendEvent(completionResponse{
+			ID: x.id, Object: x.object(true), Created: x.created, Model: x.p.model,
+			Choices: []chatChoice{{Delta: &chatOutput{Role: "assistant", Content: &empty}}},
+		})
+	}
+	return x.writeErr
+}
+
+func (x *exchange) emitChunk(c engine.Chunk) error {
+	if err := x.startStream(); err != nil {
+		return err
+	}
+	if c.Text == "" {
+		return nil
+	}
+	text := c.Text
+	return x.sendEvent(completionResponse{
+		ID: x.id, Object: x.object(true), Created: x.created, Model: x.p.model,
+		Choices: []chatChoice{x.choice(&text, nil, true)},
+	})
+}
+
+func (x *exchange) finishStream(c engine.Completion) int {
+	if err := x.startStream(); err != nil {
+		return statusClientClosed
+	}
+	finish := c.FinishReason
+	var events []any
+	events = append(events, completionResponse{
+		ID: x.id, Object: x.object(true), Created: x.created, Model: x.p.model,
+		Choices: []chatChoice{x.choice(nil, &finish, true)},
+	})
+	if x.p.includeUsage {
+		events = append(events, completionResponse{
+			ID: x.id, Object: x.object(true), Created: x.created, Model: x.p.model,
+			Choices: []chatChoice{}, Usage: x.usage(c),
+		})
+	}
+	events = append(events, []byte("[DONE]"))
+	for _, ev := range events {
+		if err := x.sendEvent(ev); err != nil {
+			return statusClientClosed
+		}
+	}
+	return http.StatusOK
+}
+
+// engineFailed answers an engine error: as an HTTP error if nothing was
+// streamed yet, else as an SSE error event.
+func (x *exchange) engineFailed(err error) int {
+	s := x.s
+	var e *apiError
+	var ue *proxy.UpstreamError
+	switch {
+	case x.r.Context().Err() != nil && s.baseCtx.Err() == nil, x.writeErr != nil:
+		// The client went away; nobody is listening.
+		x.span.SetAttributes(attribute.String("tether.error", "client closed request"))
+		return statusClientClosed
+	case errors.Is(err, sim.ErrClosed), s.baseCtx.Err() != nil:
+		e = newAPIError(http.StatusServiceUnavailable, "server_error", "shutting_down", "", "worker is shutting down")
+	case errors.Is(err, sim.ErrPromptTooLarge):
+		e = newAPIError(http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", "messages", "%v", err)
+	case errors.Is(err, sim.ErrInvalidRequest):
+		e = badRequest("", "%v", err)
+	case errors.As(err, &ue):
+		status := http.StatusBadGateway
+		if ue.Status >= 400 && ue.Status < 500 {
+			status = ue.Status
+		}
+		e = newAPIError(status, "upstream_error", "upstream_error", "", "%v", err)
+	default:
+		s.log.Error("engine run failed", "id", x.id, "err", err)
+		e = newAPIError(http.StatusInternalServerError, "server_error", "engine_error", "", "engine error: %v", err)
+	}
+	if !x.headerSent {
+		return x.fail(e)
+	}
+	x.span.SetAttributes(attribute.String("tether.error", e.Message))
+	if x.sendEvent(struct {
+		Error *apiError `json:"error"`
+	}{e}) != nil {
+		return statusClientClosed
+	}
+	return e.Status
+}

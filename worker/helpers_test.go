@@ -1,0 +1,139 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const testKey = "test-internal-key-0123456789"
+
+// testConfig is a two-rank simulated worker that never waits (TimeScale 0).
+func testConfig(id string) Config {
+	cfg := DefaultConfig()
+	cfg.InstanceID = id
+	cfg.Model = "test-model"
+	cfg.InternalRequestAuthKey = testKey
+	cfg.ADP.EnableAttentionDP = true
+	cfg.ADP.AttentionDP.ConversationAffinity = true
+	cfg.Ranks = 2
+	cfg.Engine.TimeScale = 0
+	cfg.Engine.BlockSize = 4
+	cfg.Engine.CapacityBlocks = 4096
+	return cfg
+}
+
+// startServer starts a worker on 127.0.0.1:0 and closes it at cleanup.
+func startServer(t testing.TB, cfg Config) *Server {
+	t.Helper()
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Start(ctx); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Close(ctx); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s
+}
+
+// testClient is an HTTP client whose idle connections are closed at cleanup
+// (goleak would otherwise see their goroutines).
+func testClient(t testing.TB) *http.Client {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r response) json(t testing.TB) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(r.body, &m); err != nil {
+		t.Fatalf("response is not JSON (%v): %s", err, r.body)
+	}
+	return m
+}
+
+func do(t testing.TB, c *http.Client, method, url, body string, headers map[string]string) response {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+func post(t testing.TB, c *http.Client, url, body string, headers map[string]string) response {
+	t.Helper()
+	return do(t, c, http.MethodPost, url, body, headers)
+}
+
+// mustJSON encodes v.
+func mustJSON(t testing.TB, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// sseEvents splits an SSE body into its data payloads.
+func sseEvents(t testing.TB, body []byte) []string {
+	t.Helper()
+	var out []string
+	for _, block := range bytes.Split(body, []byte("\n\n")) {
+		block = bytes.TrimSpace(block)
+		if len(block) == 0 {
+			continue
+		}
+		data, ok := bytes.CutPrefix(block, []byte("data: "))
+		if !ok {
+			t.Fatalf("SSE block without data: %q", block)
+		}
+		out = append(out, string(data))
+	}
+	return out
+}

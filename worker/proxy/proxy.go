@@ -1,0 +1,437 @@
+// Package proxy is the engine that forwards each ADP rank's requests to an
+// upstream OpenAI-compatible server (vLLM, trtllm-serve, SGLang, or another
+// tether worker), so a tether worker can front real inference servers with
+// its scheduling, hint verification and telemetry.
+//
+// Each request's (already sanitized) body is POSTed to the rank's upstream
+// at the same API path, always as a stream with usage included, so chunks
+// flow back as they are produced and the upstream's
+// usage.prompt_tokens_details.cached_tokens, when reported, becomes the
+// completion's CachedTokens. Stats come from the proxy's own accounting
+// (requests in flight, prompt tokens, rolling cache lookups/hits) plus,
+// when a metrics URL is configured for the rank, the upstream's Prometheus
+// gauges (KV usage, waiting requests), scraped in the background.
+//
+// Disaggregation through a proxy is emulated: a context-only run asks the
+// upstream for one token and returns that token as the opaque context
+// state; a generation-only run is an ordinary upstream request (the
+// upstream recomputes or reuses the prefill from its own cache).
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/tether-project/tether/worker/engine"
+)
+
+// Config configures the proxy engine.
+type Config struct {
+	// Upstreams is one base URL per rank (scheme://host:port[/prefix]);
+	// the request path (/v1/chat/completions, /v1/completions) is appended.
+	Upstreams []string
+	// MetricsURLs optionally gives one Prometheus endpoint per rank.
+	MetricsURLs []string
+	// Timeout bounds one upstream request (default 10 minutes).
+	Timeout time.Duration
+	// BlockSize converts the upstream's KV token usage to blocks (default 64).
+	BlockSize int
+	// StatsWindow is the rolling window of cache lookups/hits (default 60 s).
+	StatsWindow time.Duration
+	// ScrapeInterval is how often upstream metrics are read (default 2 s).
+	ScrapeInterval time.Duration
+	// Client is the HTTP client (default: a pooled client with dial and
+	// header timeouts).
+	Client *http.Client
+}
+
+// UpstreamError is an upstream's non-2xx answer (or an error event in its
+// stream).
+type UpstreamError struct {
+	Rank    int
+	URL     string
+	Status  int    // HTTP status; 0 for an error event inside a stream
+	Message string // the upstream's error message, if it sent OpenAI error JSON
+}
+
+func (e *UpstreamError) Error() string {
+	if e.Status == 0 {
+		return fmt.Sprintf("proxy: rank %d upstream %s: error in stream: %s", e.Rank, e.URL, e.Message)
+	}
+	return fmt.Sprintf("proxy: rank %d upstream %s: HTTP %d: %s", e.Rank, e.URL, e.Status, e.Message)
+}
+
+// ErrClosed is returned by Run after Close.
+var ErrClosed = errors.New("proxy: engine closed")
+
+// Engine is the proxy engine.
+type Engine struct {
+	cfg    Config
+	client *http.Client
+	ranks  []*rankState
+	closed chan struct{}
+	life   context.Context // cancelled by Close
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+type rankState struct {
+	upstream  string
+	metrics   string
+	active    atomic.Int64
+	tokens    atomic.Int64
+	window    *hitWindow
+	upstreamM atomic.Pointer[upstreamMetrics]
+}
+
+var _ engine.Engine = (*Engine)(nil)
+
+// New validates cfg and starts the metrics scrapers (if any).
+func New(cfg Config) (*Engine, error) {
+	if len(cfg.Upstreams) == 0 {
+		return nil, errors.New("proxy: no upstreams")
+	}
+	if len(cfg.MetricsURLs) != 0 && len(cfg.MetricsURLs) != len(cfg.Upstreams) {
+		return nil, fmt.Errorf("proxy: %d metrics URLs for %d upstreams (want one per rank, or none)", len(cfg.MetricsURLs), len(cfg.Upstreams))
+	}
+	for i, u := range append(append([]string(nil), cfg.Upstreams...), cfg.MetricsURLs...) {
+		p, err := url.Parse(u)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			return nil, fmt.Errorf("proxy: URL %d %q is not an absolute http(s) URL", i, u)
+		}
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Minute
+	}
+	if cfg.BlockSize <= 0 {
+		cfg.BlockSize = 64
+	}
+	if cfg.StatsWindow <= 0 {
+		cfg.StatsWindow = 60 * time.Second
+	}
+	if cfg.ScrapeInterval <= 0 {
+		cfg.ScrapeInterval = 2 * time.Second
+	}
+	e := &Engine{cfg: cfg, client: cfg.Client, closed: make(chan struct{})}
+	if e.client == nil {
+		e.client = &http.Client{Transport: &http.Transport{
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost:   64,
+			IdleConnTimeout:       90 * time.Second,
+			ResponseHeaderTimeout: cfg.Timeout,
+			ForceAttemptHTTP2:     true,
+		}}
+	}
+	for i, u := range cfg.Upstreams {
+		rs := &rankState{upstream: strings.TrimRight(u, "/"), window: newHitWindow(cfg.StatsWindow, 60)}
+		if len(cfg.MetricsURLs) > 0 {
+			rs.metrics = cfg.MetricsURLs[i]
+		}
+		e.ranks = append(e.ranks, rs)
+	}
+	e.life, e.stop = context.WithCancel(context.Background())
+	for _, rs := range e.ranks {
+		if rs.metrics != "" {
+			e.wg.Add(1)
+			go e.scrapeLoop(e.life, rs)
+		}
+	}
+	return e, nil
+}
+
+// SetKVEventSink does nothing: the proxy cannot see the upstream's cache
+// contents, so it publishes no KV events.
+func (e *Engine) SetKVEventSink(func(engine.KVEvent)) {}
+
+// Close stops the scrapers; running requests are cancelled and later Runs
+// fail with ErrClosed.
+func (e *Engine) Close() error {
+	e.once.Do(func() {
+		close(e.closed)
+		e.stop()
+		e.wg.Wait()
+		if t, ok := e.client.Transport.(*http.Transport); ok && e.cfg.Client == nil {
+			t.CloseIdleConnections()
+		}
+	})
+	return nil
+}
+
+// Stats reports the proxy's own accounting plus scraped upstream gauges.
+func (e *Engine) Stats() []engine.RankStats {
+	now := time.Now()
+	out := make([]engine.RankStats, len(e.ranks))
+	for i, rs := range e.ranks {
+		lookup, hit := rs.window.sum(now)
+		st := engine.RankStats{
+			Rank:               i,
+			ActivePromptTokens: int(rs.tokens.Load()),
+			ActiveRequests:     int(rs.active.Load()),
+			WindowLookupTokens: lookup,
+			WindowHitTokens:    hit,
+		}
+		if m := rs.upstreamM.Load(); m != nil {
+			st.QueuedRequests = m.waiting
+			st.KVBlocksTotal = m.blocksTotal
+			st.KVBlocksUsed = m.blocksUsed
+		}
+		out[i] = st
+	}
+	return out
+}
+
+// Run forwards req to its rank's upstream.
+func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.Chunk) error) (engine.Completion, error) {
+	select {
+	case <-e.closed:
+		return engine.Completion{}, ErrClosed
+	default:
+	}
+	if req.Rank < 0 || req.Rank >= len(e.ranks) {
+		return engine.Completion{}, fmt.Errorf("proxy: request %s: rank %d, the proxy has ranks 0..%d", req.ID, req.Rank, len(e.ranks)-1)
+	}
+	if req.Path != "/v1/chat/completions" && req.Path != "/v1/completions" {
+		return engine.Completion{}, fmt.Errorf("proxy: request %s: unsupported path %q", req.ID, req.Path)
+	}
+	rs := e.ranks[req.Rank]
+	body, err := upstreamBody(req)
+	if err != nil {
+		return engine.Completion{}, fmt.Errorf("proxy: request %s: %w", req.ID, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	defer cancel()
+	// Close cancels running requests.
+	defer context.AfterFunc(e.life, cancel)()
+
+	rs.active.Add(1)
+	rs.tokens.Add(int64(len(req.Prompt)))
+	defer func() {
+		rs.active.Add(-1)
+		rs.tokens.Add(-int64(len(req.Prompt)))
+	}()
+
+	target := rs.upstream + req.Path
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
+	if err != nil {
+		return engine.Completion{}, fmt.Errorf("proxy: request %s: %w", req.ID, err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", "text/event-stream")
+	hreq.Header.Set("X-Request-Id", req.ID)
+	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(hreq.Header))
+	start := time.Now()
+	resp, err := e.client.Do(hreq)
+	if err != nil {
+		if e.isClosed() {
+			return engine.Completion{}, ErrClosed
+		}
+		return engine.Completion{}, fmt.Errorf("proxy: request %s: rank %d upstream %s: %w", req.ID, req.Rank, target, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return engine.Completion{}, &UpstreamError{Rank: req.Rank, URL: target, Status: resp.StatusCode, Message: errorMessage(resp.Body)}
+	}
+	comp, err := readStream(resp.Body, req, emit, target)
+	if err != nil {
+		if e.isClosed() {
+			return engine.Completion{}, ErrClosed
+		}
+		if ctx.Err() != nil && !errors.As(err, new(*UpstreamError)) {
+			return engine.Completion{}, fmt.Errorf("proxy: request %s: %w", req.ID, context.Cause(ctx))
+		}
+		return engine.Completion{}, err
+	}
+	comp.Decode = time.Since(start)
+	if comp.PromptTokens == 0 {
+		comp.PromptTokens = len(req.Prompt)
+	}
+	rs.window.add(time.Now(), int64(comp.PromptTokens), int64(comp.CachedTokens))
+	if req.Phase == engine.PhaseContextOnly {
+		comp.ContextState, _ = json.Marshal(contextState{V: 1, PromptTokens: comp.PromptTokens, First: comp.Text})
+	}
+	return comp, nil
+}
+
+func (e *Engine) isClosed() bool {
+	select {
+	case <-e.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// contextState is the proxy's opaque context-phase result.
+type contextState struct {
+	V            int    `json:"v"`
+	PromptTokens int    `json:"prompt_tokens"`
+	First        string `json:"first"`
+}
+
+// upstreamBody rewrites the request body for the upstream: always streamed
+// with usage (to learn cached tokens), max_tokens set to what the worker
+// decided (1 for a context-only run).
+func upstreamBody(req engine.Request) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if len(req.Raw) == 0 {
+		return nil, errors.New("empty request body")
+	}
+	if err := json.Unmarshal(req.Raw, &m); err != nil {
+		return nil, fmt.Errorf("request body: %w", err)
+	}
+	if m == nil {
+		return nil, errors.New("request body is not a JSON object")
+	}
+	maxTokens := req.MaxTokens
+	if req.Phase == engine.PhaseContextOnly {
+		maxTokens = 1
+	}
+	delete(m, "max_completion_tokens")
+	m["max_tokens"] = json.RawMessage(fmt.Sprint(maxTokens))
+	m["stream"] = json.RawMessage("true")
+	m["stream_options"] = json.RawMessage(`{"include_usage":true}`)
+	return json.Marshal(m)
+}
+
+// errorMessage extracts an OpenAI error message from an error body.
+func errorMessage(r io.Reader) string {
+	body, _ := io.ReadAll(io.LimitReader(r, 64<<10))
+	var e struct {
+		Error json.RawMessage `json:"error"`
+		// Some servers (FastAPI) answer {"detail": ...} or {"message": ...}.
+		Detail  json.RawMessage `json:"detail"`
+		Message string          `json:"message"`
+	}
+	if json.Unmarshal(body, &e) == nil {
+		var obj struct {
+			Message string `json:"message"`
+		}
+		var s string
+		switch {
+		case json.Unmarshal(e.Error, &obj) == nil && obj.Message != "":
+			return obj.Message
+		case json.Unmarshal(e.Error, &s) == nil && s != "":
+			return s
+		case e.Message != "":
+			return e.Message
+		case len(e.Detail) > 0:
+			return string(e.Detail)
+		}
+	}
+	s := strings.TrimSpace(string(body))
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	if s == "" {
+		s = "(empty body)"
+	}
+	return s
+}
+
+// streamChunk is the union of chat and completion chunk fields we read.
+type streamChunk struct {
+	Choices []struct {
+		Delta *struct {
+			Content *string `json:"content"`
+		} `json:"delta"`
+		Text         *string `json:"text"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+	Error json.RawMessage `json:"error"`
+}
+
+// readStream consumes the upstream's SSE stream.
+func readStream(r io.Reader, req engine.Request, emit func(engine.Chunk) error, target string) (engine.Completion, error) {
+	var comp engine.Completion
+	var text strings.Builder
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 8<<20)
+	done := false
+	for sc.Scan() {
+		line := sc.Bytes()
+		data, ok := bytes.CutPrefix(line, []byte("data:"))
+		if !ok {
+			continue // comments, event:, id:, blank separators
+		}
+		data = bytes.TrimSpace(data)
+		if string(data) == "[DONE]" {
+			done = true
+			break
+		}
+		var ch streamChunk
+		if err := json.Unmarshal(data, &ch); err != nil {
+			return comp, fmt.Errorf("proxy: rank %d upstream %s: bad stream chunk %q: %w", req.Rank, target, truncate(string(data), 120), err)
+		}
+		if len(ch.Error) > 0 && string(ch.Error) != "null" {
+			return comp, &UpstreamError{Rank: req.Rank, URL: target, Message: errorMessage(bytes.NewReader(data))}
+		}
+		for _, c := range ch.Choices {
+			var piece string
+			if c.Delta != nil && c.Delta.Content != nil {
+				piece = *c.Delta.Content
+			} else if c.Text != nil {
+				piece = *c.Text
+			}
+			if piece != "" {
+				text.WriteString(piece)
+				comp.CompletionTokens++ // refined by usage when reported
+				if emit != nil {
+					if err := emit(engine.Chunk{Text: piece}); err != nil {
+						return comp, fmt.Errorf("proxy: emit: %w", err)
+					}
+				}
+			}
+			if c.FinishReason != nil && *c.FinishReason != "" {
+				comp.FinishReason = *c.FinishReason
+			}
+		}
+		if u := ch.Usage; u != nil {
+			comp.PromptTokens = u.PromptTokens
+			comp.CompletionTokens = u.CompletionTokens
+			if u.PromptTokensDetails != nil {
+				comp.CachedTokens = u.PromptTokensDetails.CachedTokens
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return comp, fmt.Errorf("proxy: rank %d upstream %s: reading stream: %w", req.Rank, target, err)
+	}
+	if !done {
+		return comp, fmt.Errorf("proxy: rank %d upstream %s: stream ended without [DONE]", req.Rank, target)
+	}
+	comp.Text = text.String()
+	if comp.FinishReason == "" {
+		comp.FinishReason = "stop"
+	}
+	comp.CachedTokens = min(max(comp.CachedTokens, 0), max(comp.PromptTokens, len(req.Prompt)))
+	return comp, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

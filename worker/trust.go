@@ -1,0 +1,114 @@
+package worker
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/worker/engine"
+)
+
+// Hint verification outcomes, used as metric labels.
+const (
+	hintIgnored   = "ignored"   // headers present but not applicable (legacy mode, plain aggregated request)
+	hintVerified  = "verified"  // signature valid: the affinity id is used
+	hintMissing   = "missing"   // affinity id without a signature
+	hintMalformed = "malformed" // signature not a v1 value
+	hintInvalid   = "invalid"   // wrong key, or signed for other fields
+	hintBadFields = "bad_fields"
+	hintNoKey     = "no_key" // this worker has no key to verify with
+)
+
+// verifyHint applies the spec's trust rule to the sub-agent headers and
+// returns the affinity id to schedule by ("" for none).
+//
+//   - legacy_mode: the headers are ignored entirely (a worker predating
+//     sub-agent hints).
+//   - No server_role configured and an ordinary aggregated request: the
+//     headers are ignored; the request routes by its own conversation.
+//   - Otherwise the role is server_role, or inferred from the request type
+//     (context_only → context, generation_only → generation). The inferred
+//     role only selects which signature to check: a request carrying either
+//     header must have a valid signature for that role, or it is rejected
+//     (401 missing, 403 malformed/invalid).
+func (s *Server) verifyHint(h http.Header, p *parsedRequest) (string, *apiError) {
+	affinity := routing.HeaderValue(h, hintauth.HeaderAffinityID)
+	sig := routing.HeaderValue(h, hintauth.HeaderAffinityAuth)
+	if affinity == "" && sig == "" {
+		return "", nil
+	}
+	if s.cfg.LegacyMode {
+		s.metrics.hints.WithLabelValues(hintIgnored).Inc()
+		return "", nil
+	}
+	role := s.cfg.ServerRole
+	reqType := hintauth.RequestAggregated
+	switch p.phase {
+	case engine.PhaseContextOnly:
+		reqType = hintauth.RequestContextOnly
+	case engine.PhaseGenerationOnly:
+		reqType = hintauth.RequestGenerationOnly
+	}
+	if role == "" {
+		switch reqType {
+		case hintauth.RequestContextOnly:
+			role = hintauth.RoleContext
+		case hintauth.RequestGenerationOnly:
+			role = hintauth.RoleGeneration
+		default:
+			s.metrics.hints.WithLabelValues(hintIgnored).Inc()
+			return "", nil
+		}
+	}
+	var disaggID string
+	if p.disagg != nil {
+		disaggID = p.disagg.DisaggRequestID.text
+	}
+	f := hintauth.Fields{
+		Role:            role,
+		Model:           p.model,
+		ConversationID:  p.conversationID,
+		AffinityID:      affinity,
+		RequestType:     reqType,
+		DisaggRequestID: disaggID,
+	}
+	err := hintauth.Verify(s.keys, f, sig)
+	if err == nil {
+		s.metrics.hints.WithLabelValues(hintVerified).Inc()
+		return affinity, nil
+	}
+	const code = "invalid_subagent_affinity_signature"
+	var outcome string
+	var e *apiError
+	switch {
+	case errors.Is(err, hintauth.ErrMissing):
+		outcome = hintMissing
+		e = newAPIError(http.StatusUnauthorized, "authentication_error", "missing_subagent_affinity_signature", hintauth.HeaderAffinityAuth,
+			"%s is set but %s is missing: sub-agent affinity must be signed by the edge", hintauth.HeaderAffinityID, hintauth.HeaderAffinityAuth)
+	case errors.Is(err, hintauth.ErrMalformed):
+		outcome = hintMalformed
+		e = newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityAuth,
+			"malformed sub-agent affinity signature: %v", err)
+	case errors.Is(err, hintauth.ErrBadFields):
+		outcome = hintBadFields
+		msg := "sub-agent affinity signature cannot be verified: %v"
+		if affinity == "" {
+			msg = "%s is set without " + hintauth.HeaderAffinityID + " (%v)"
+			e = newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityID, msg, hintauth.HeaderAffinityAuth, err)
+		} else {
+			e = newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityAuth, msg, err)
+		}
+	case errors.Is(err, hintauth.ErrNoKey):
+		outcome = hintNoKey
+		e = newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityAuth,
+			"this worker has no internal_request_auth_key, so it cannot accept sub-agent affinity hints")
+	default:
+		outcome = hintInvalid
+		e = newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityAuth,
+			"invalid sub-agent affinity signature for role %s, request type %s", role, reqType)
+	}
+	s.metrics.hints.WithLabelValues(outcome).Inc()
+	s.metrics.hintFailures.WithLabelValues(outcome).Inc()
+	return "", e
+}
