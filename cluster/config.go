@@ -1,0 +1,236 @@
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-project/tether/fsm"
+)
+
+// Config configures a Node. Zero values take the documented defaults.
+type Config struct {
+	// NodeID is stable and unique across the cluster's lifetime (a removed
+	// node re-joins under a new id).
+	NodeID string
+	// DataDir holds raft.db (raft-boltdb/v2: log and stable store),
+	// snapshots/, archive.db and, after a removal, the REMOVED tombstone.
+	DataDir string
+	// BindAddr is the TCP listen address for Raft and forwarding (one
+	// multiplexed port), e.g. "127.0.0.1:0". Ignored when Listener is set.
+	BindAddr string
+	// AdvertiseAddr is the address peers dial; defaults to the bound address
+	// (required when binding an unspecified IP such as 0.0.0.0).
+	AdvertiseAddr string
+	// Bootstrap starts a new cluster with Peers as the initial voters, only
+	// if DataDir holds no Raft state (otherwise it is ignored).
+	Bootstrap bool
+	// Peers are the initial voters for Bootstrap, including this node.
+	Peers []Peer
+	// Join lists addresses of existing members to ask to add this node as a
+	// voter (used when DataDir holds no Raft state). Open returns once the
+	// addition committed.
+	Join []string
+	// AuthKey authenticates forwarding, join and admin RPCs between nodes
+	// (required, at least 16 bytes, the same on every node).
+	AuthKey []byte
+	// TLS, when set, wraps all inter-node traffic: it is used as the server
+	// config for accepted connections and (cloned, ServerName defaulting to
+	// the dialed host) as the client config. For mutual TLS set
+	// Certificates, RootCAs, ClientCAs and ClientAuth =
+	// tls.RequireAndVerifyClientCert.
+	TLS *tls.Config
+	// ProposeTimeout bounds a proposal (default 50ms): without a leader or
+	// quorum Propose fails with ErrUnavailable within it. The hot routing
+	// path depends on this bound.
+	ProposeTimeout time.Duration
+	// MaxBatch is the most proposals per log entry (default 512).
+	MaxBatch int
+	// Raft timing; zero fields take LAN defaults.
+	Raft RaftTiming
+	// Snapshot policy (hashicorp/raft semantics); zero takes raft's
+	// defaults (8192 entries, 120s, 10240 trailing logs).
+	SnapshotThreshold uint64
+	SnapshotInterval  time.Duration
+	TrailingLogs      uint64
+	// Archive retention.
+	Archive ArchiveOptions
+	// FeatureLevel is the highest fsm feature level this node supports
+	// (default and maximum fsm.FeatureLevelMax).
+	FeatureLevel uint32
+	// Version is this node's release, reported in Status.
+	Version string
+	// Listener, when set, is used instead of listening on BindAddr (tests
+	// wrap it for fault injection). Open takes ownership.
+	Listener net.Listener
+	// Dial, when set, opens inter-node connections (tests wrap it).
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
+	// Registerer receives tether_cluster_* metrics when set.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Peer is a voter of the initial configuration.
+type Peer struct{ ID, Addr string }
+
+// RaftTiming are hashicorp/raft's timing knobs.
+type RaftTiming struct {
+	// HeartbeatTimeout: follower time without leader contact before it
+	// starts an election (default 500ms).
+	HeartbeatTimeout time.Duration
+	// ElectionTimeout: candidate time without a result before a new
+	// election (default 500ms).
+	ElectionTimeout time.Duration
+	// LeaderLeaseTimeout: leader time without quorum contact before it
+	// steps down (default 250ms; at most HeartbeatTimeout).
+	LeaderLeaseTimeout time.Duration
+	// CommitTimeout: idle time after which the leader sends an
+	// AppendEntries anyway, which is how followers learn the commit index
+	// when no new entries flow (default 5ms). It bounds how long a follower
+	// waits to apply an entry it forwarded (read-your-writes), so it is kept
+	// far below raft's 50ms default.
+	CommitTimeout time.Duration
+	// MaxAppendEntries bounds entries per AppendEntries RPC (default 64).
+	MaxAppendEntries int
+}
+
+// ArchiveOptions is the archive's retention.
+type ArchiveOptions struct {
+	MaxAge    time.Duration // drop records older than the newest minus MaxAge (log time); 0 = keep
+	MaxEvents uint64        // keep at most this many events; 0 = keep all
+}
+
+const (
+	defaultProposeTimeout = 50 * time.Millisecond
+	defaultMaxBatch       = 512
+	minAuthKeyLen         = 16
+)
+
+func (t RaftTiming) withDefaults() RaftTiming {
+	if t.HeartbeatTimeout <= 0 {
+		t.HeartbeatTimeout = 500 * time.Millisecond
+	}
+	if t.ElectionTimeout <= 0 {
+		t.ElectionTimeout = t.HeartbeatTimeout
+	}
+	if t.LeaderLeaseTimeout <= 0 {
+		t.LeaderLeaseTimeout = t.HeartbeatTimeout / 2
+	}
+	if t.CommitTimeout <= 0 {
+		t.CommitTimeout = 5 * time.Millisecond
+	}
+	if t.MaxAppendEntries <= 0 {
+		t.MaxAppendEntries = 64
+	}
+	return t
+}
+
+// withDefaults fills defaults and validates; errors name the offending key.
+func (c Config) withDefaults() (Config, error) {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("cluster: config %s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if c.NodeID == "" {
+		bad("NodeID", "required (a stable, unique node id)")
+	} else if len(c.NodeID) > maxNodeIDLen {
+		bad("NodeID", "longer than %d bytes", maxNodeIDLen)
+	}
+	if c.DataDir == "" {
+		bad("DataDir", "required")
+	}
+	if c.Listener == nil && c.BindAddr == "" {
+		bad("BindAddr", "required unless Listener is set (e.g. \"127.0.0.1:7400\")")
+	}
+	if c.BindAddr != "" && c.Listener == nil {
+		if _, _, err := net.SplitHostPort(c.BindAddr); err != nil {
+			bad("BindAddr", "%q is not host:port: %v", c.BindAddr, err)
+		}
+	}
+	if c.AdvertiseAddr != "" {
+		host, port, err := net.SplitHostPort(c.AdvertiseAddr)
+		switch {
+		case err != nil:
+			bad("AdvertiseAddr", "%q is not host:port: %v", c.AdvertiseAddr, err)
+		case port == "0":
+			bad("AdvertiseAddr", "%q has port 0; advertise the real port", c.AdvertiseAddr)
+		case host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified():
+			bad("AdvertiseAddr", "%q is not a dialable address", c.AdvertiseAddr)
+		}
+	}
+	if len(c.AuthKey) == 0 {
+		bad("AuthKey", "required: the internal key that authenticates inter-node RPCs")
+	} else if len(c.AuthKey) < minAuthKeyLen {
+		bad("AuthKey", "%d bytes is too short (want at least %d)", len(c.AuthKey), minAuthKeyLen)
+	}
+	if c.Bootstrap {
+		if len(c.Peers) == 0 {
+			bad("Peers", "Bootstrap needs the initial voters (including this node)")
+		}
+		seen := map[string]bool{}
+		self := false
+		for i, p := range c.Peers {
+			if p.ID == "" || p.Addr == "" {
+				bad("Peers", "entry %d needs both ID and Addr", i)
+				continue
+			}
+			if seen[p.ID] {
+				bad("Peers", "duplicate ID %q", p.ID)
+			}
+			seen[p.ID] = true
+			if p.ID == c.NodeID {
+				self = true
+			}
+		}
+		if len(c.Peers) > 0 && !self {
+			bad("Peers", "Bootstrap peers must include this node (%q)", c.NodeID)
+		}
+	}
+	if c.Bootstrap && len(c.Join) > 0 {
+		bad("Join", "set either Bootstrap or Join, not both")
+	}
+	if c.ProposeTimeout < 0 {
+		bad("ProposeTimeout", "negative")
+	} else if c.ProposeTimeout == 0 {
+		c.ProposeTimeout = defaultProposeTimeout
+	}
+	if c.MaxBatch < 0 {
+		bad("MaxBatch", "negative")
+	} else if c.MaxBatch == 0 {
+		c.MaxBatch = defaultMaxBatch
+	}
+	c.Raft = c.Raft.withDefaults()
+	if c.Raft.LeaderLeaseTimeout > c.Raft.HeartbeatTimeout {
+		bad("Raft.LeaderLeaseTimeout", "%s exceeds Raft.HeartbeatTimeout %s", c.Raft.LeaderLeaseTimeout, c.Raft.HeartbeatTimeout)
+	}
+	if c.Raft.ElectionTimeout < c.Raft.HeartbeatTimeout {
+		bad("Raft.ElectionTimeout", "%s is below Raft.HeartbeatTimeout %s", c.Raft.ElectionTimeout, c.Raft.HeartbeatTimeout)
+	}
+	if c.Raft.HeartbeatTimeout < 5*time.Millisecond {
+		bad("Raft.HeartbeatTimeout", "%s is below raft's 5ms minimum", c.Raft.HeartbeatTimeout)
+	}
+	if c.Raft.CommitTimeout < time.Millisecond {
+		bad("Raft.CommitTimeout", "%s is below raft's 1ms minimum", c.Raft.CommitTimeout)
+	}
+	if c.Raft.MaxAppendEntries > 1024 {
+		bad("Raft.MaxAppendEntries", "%d exceeds raft's maximum 1024", c.Raft.MaxAppendEntries)
+	}
+	if c.SnapshotInterval != 0 && c.SnapshotInterval < 5*time.Millisecond {
+		bad("SnapshotInterval", "%s is below raft's 5ms minimum", c.SnapshotInterval)
+	}
+	if c.FeatureLevel == 0 {
+		c.FeatureLevel = fsm.FeatureLevelMax
+	} else if c.FeatureLevel > fsm.FeatureLevelMax {
+		bad("FeatureLevel", "%d exceeds what this build supports (%d)", c.FeatureLevel, fsm.FeatureLevelMax)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c, errors.Join(errs...)
+}

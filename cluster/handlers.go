@@ -1,0 +1,126 @@
+package cluster
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/tether-project/tether/fsm"
+)
+
+// handleForward serves one authenticated forwarding request.
+func (n *Node) handleForward(ctx context.Context, peerID string, op byte, payload []byte) ([]byte, error) {
+	switch op {
+	case opPropose:
+		return n.handlePropose(ctx, payload)
+	case opAddVoter, opRemove, opTransfer:
+		r := &wireReader{b: payload}
+		id, addr, forwarded := r.str(), r.str(), r.byte1() != 0
+		if err := r.err(); err != nil {
+			return nil, badRequest("%s: %v", opName(op), err)
+		}
+		return nil, n.membershipChange(ctx, op, id, addr, forwarded)
+	case opStatus:
+		return json.Marshal(n.Status())
+	case opRemoved:
+		r := &wireReader{b: payload}
+		id, index := r.str(), r.u64()
+		if err := r.err(); err != nil {
+			return nil, badRequest("removed notice: %v", err)
+		}
+		if id != n.id {
+			return nil, badRequest("removed notice for %q reached node %q", id, n.id)
+		}
+		n.log.Warn("cluster: the leader reports this node was removed", "from", peerID, "index", index)
+		n.onRemoved(index)
+		return nil, nil
+	}
+	return nil, badRequest("unknown operation %d", op)
+}
+
+// handlePropose is the leader side of a forwarded batch: decode, queue to
+// the batcher, answer with the entry index and the results. Events this
+// leader cannot decode (say, from a newer follower) are answered as
+// rejected without being proposed; the rest of the frame goes ahead.
+func (n *Node) handlePropose(ctx context.Context, payload []byte) ([]byte, error) {
+	if err := n.usable(); err != nil {
+		return nil, err
+	}
+	r := &wireReader{b: payload}
+	count := r.uvarint()
+	if r.err() == nil && count > uint64(len(payload))/(16+1) {
+		return nil, badRequest("propose: count %d exceeds the frame", count)
+	}
+	props := make([]fsm.Proposal, 0, count)
+	rejected := map[int]string{}
+	for i := 0; i < int(count) && r.err() == nil; i++ {
+		var id fsm.ProposalID
+		copy(id[:], r.bytesN(len(id)))
+		raw := r.blob()
+		if r.err() != nil {
+			break
+		}
+		ev, err := fsm.DecodeEvent(raw)
+		if err != nil {
+			rejected[i] = fmt.Sprintf("not proposed: the leader cannot decode the event: %v", err)
+			continue
+		}
+		props = append(props, fsm.Proposal{ID: id, Event: ev})
+	}
+	if err := r.err(); err != nil {
+		return nil, badRequest("propose: %v", err)
+	}
+	if n.raft.State() != raft.Leader {
+		la, lid := n.raft.LeaderWithID()
+		return nil, &NotLeaderError{LeaderID: string(lid), LeaderAddr: string(la)}
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(n.cfg.ProposeTimeout)
+	}
+
+	var (
+		results []fsm.Result
+		index   uint64
+	)
+	for len(props) > 0 {
+		chunk := props[:min(len(props), n.cfg.MaxBatch)]
+		props = props[len(chunk):]
+		p := &pending{props: chunk, deadline: deadline, done: make(chan outcome, 1)}
+		select {
+		case n.batcher.in <- p:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: queue to the batcher: %w", ErrUnavailable, ctx.Err())
+		}
+		var o outcome
+		select {
+		case o = <-p.done:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
+		}
+		if o.err != nil {
+			return nil, o.err
+		}
+		results = append(results, o.results...)
+		index = max(index, o.index)
+	}
+	if len(rejected) > 0 {
+		all := make([]fsm.Result, 0, int(count))
+		next := 0
+		for i := 0; i < int(count); i++ {
+			if reason, bad := rejected[i]; bad {
+				all = append(all, fsm.Result{Status: fsm.StatusRejected, Reason: reason})
+				continue
+			}
+			all = append(all, results[next])
+			next++
+		}
+		results = all
+	}
+	out := binary.BigEndian.AppendUint64(make([]byte, 0, 8+64*len(results)), index)
+	return append(out, fsm.EncodeResults(results)...), nil
+}

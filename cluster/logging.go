@@ -1,0 +1,61 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// newRaftLogger routes hashicorp/raft's hclog output into the node's slog
+// logger. Raft narrates every election and replication hiccup at INFO, so
+// its INFO lines are only passed on when the slog logger shows DEBUG.
+func newRaftLogger(logger *slog.Logger, nodeID string) hclog.Logger {
+	level := hclog.Warn
+	if logger.Enabled(context.Background(), slog.LevelDebug) {
+		level = hclog.Info
+	}
+	if !logger.Enabled(context.Background(), slog.LevelWarn) {
+		return hclog.NewNullLogger()
+	}
+	return hclog.New(&hclog.LoggerOptions{
+		Name:            "raft",
+		Level:           level,
+		Output:          &slogLineWriter{log: logger.With("component", "raft", "node", nodeID)},
+		DisableTime:     true,
+		IncludeLocation: false,
+	})
+}
+
+// slogLineWriter turns hclog's text lines ("[WARN]  raft: msg: k=v") into
+// slog records at the matching level.
+type slogLineWriter struct{ log *slog.Logger }
+
+var _ io.Writer = (*slogLineWriter)(nil)
+
+func (w *slogLineWriter) Write(p []byte) (int, error) {
+	for _, line := range bytes.Split(bytes.TrimRight(p, "\n"), []byte("\n")) {
+		s := strings.TrimSpace(string(line))
+		if s == "" {
+			continue
+		}
+		lvl := slog.LevelInfo
+		switch {
+		case strings.HasPrefix(s, "[ERROR]"):
+			lvl, s = slog.LevelError, strings.TrimPrefix(s, "[ERROR]")
+		case strings.HasPrefix(s, "[WARN]"):
+			lvl, s = slog.LevelWarn, strings.TrimPrefix(s, "[WARN]")
+		case strings.HasPrefix(s, "[INFO]"):
+			s = strings.TrimPrefix(s, "[INFO]")
+		case strings.HasPrefix(s, "[DEBUG]"):
+			lvl, s = slog.LevelDebug, strings.TrimPrefix(s, "[DEBUG]")
+		case strings.HasPrefix(s, "[TRACE]"):
+			lvl, s = slog.LevelDebug, strings.TrimPrefix(s, "[TRACE]")
+		}
+		w.log.Log(context.Background(), lvl, strings.TrimSpace(s))
+	}
+	return len(p), nil
+}

@@ -1,0 +1,272 @@
+package cluster
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// tombstoneFile marks a data directory whose node was removed.
+const tombstoneFile = "REMOVED"
+
+type tombstone struct {
+	NodeID    string    `json:"node_id"`
+	Index     uint64    `json:"index"`
+	RemovedAt time.Time `json:"removed_at"`
+}
+
+// checkTombstone refuses to start a removed node.
+func checkTombstone(dataDir, nodeID string) error {
+	b, err := os.ReadFile(filepath.Join(dataDir, tombstoneFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cluster: read tombstone in %s: %w", dataDir, err)
+	}
+	var t tombstone
+	if err := json.Unmarshal(b, &t); err != nil || t.NodeID == "" {
+		return fmt.Errorf("%w: %s holds an unreadable removal tombstone; wipe DataDir or re-join as a new node", ErrRemoved, dataDir)
+	}
+	return fmt.Errorf("%w: node %s was removed from the cluster at index %d; wipe DataDir (%s) or re-join as a new node",
+		ErrRemoved, t.NodeID, t.Index, dataDir)
+}
+
+func writeTombstone(dataDir, nodeID string, index uint64) error {
+	b, _ := json.Marshal(tombstone{NodeID: nodeID, Index: index, RemovedAt: time.Now().UTC()})
+	path := filepath.Join(dataDir, tombstoneFile)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// onRemoved runs when this node learns it was removed: from a committed
+// configuration without it (FSM goroutine), or from the leader's notice.
+func (n *Node) onRemoved(index uint64) {
+	if err := writeTombstone(n.cfg.DataDir, n.id, index); err != nil {
+		n.log.Error("cluster: write removal tombstone", "err", err)
+	}
+	n.fatal(fmt.Errorf("%w: node %s was removed at index %d", ErrRemoved, n.id, index))
+	n.shutdownRaftAsync()
+}
+
+// AddVoter adds (or re-addresses) a voter and waits for the configuration
+// change to commit. On a follower the request goes to the leader.
+func (n *Node) AddVoter(ctx context.Context, id, addr string) error {
+	if id == "" || addr == "" {
+		return fmt.Errorf("cluster: add voter: id and address are required (got %q, %q)", id, addr)
+	}
+	return n.membershipChange(ctx, opAddVoter, id, addr, false)
+}
+
+// RemoveServer removes a member and waits for the change to commit; the
+// removed node is told (best effort) so it records its tombstone and stops.
+func (n *Node) RemoveServer(ctx context.Context, id string) error {
+	if id == "" {
+		return errors.New("cluster: remove server: id is required")
+	}
+	return n.membershipChange(ctx, opRemove, id, "", false)
+}
+
+// TransferLeadership hands leadership to toID ("" = any voter raft picks)
+// and waits for the transfer.
+func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
+	return n.membershipChange(ctx, opTransfer, toID, "", false)
+}
+
+// membershipChange runs op on the leader: locally when this node leads,
+// else forwarded (once: forwarded=true stops a second hop).
+func (n *Node) membershipChange(ctx context.Context, op byte, id, addr string, forwarded bool) error {
+	if err := n.usable(); err != nil {
+		return err
+	}
+	if n.raft.State() == raft.Leader {
+		return n.leaderMembershipChange(ctx, op, id, addr)
+	}
+	if forwarded {
+		la, lid := n.raft.LeaderWithID()
+		return &NotLeaderError{LeaderID: string(lid), LeaderAddr: string(la)}
+	}
+	// Wait briefly for a leader to be known, then forward to it.
+	for {
+		la, _ := n.raft.LeaderWithID()
+		if la != "" {
+			_, err := n.client.call(ctx, string(la), op, membershipPayload(id, addr, true))
+			if err == nil || !isRetryable(err) {
+				return err
+			}
+		}
+		wake := n.leaderWake()
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-wake:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("cluster: %s: no reachable leader: %w", opName(op), ctx.Err())
+		}
+		t.Stop()
+		if n.raft.State() == raft.Leader {
+			return n.leaderMembershipChange(ctx, op, id, addr)
+		}
+	}
+}
+
+func opName(op byte) string {
+	switch op {
+	case opAddVoter:
+		return "add voter"
+	case opRemove:
+		return "remove server"
+	case opTransfer:
+		return "transfer leadership"
+	}
+	return fmt.Sprintf("op %d", op)
+}
+
+func membershipPayload(id, addr string, forwarded bool) []byte {
+	b := appendStr(nil, id)
+	b = appendStr(b, addr)
+	return append(b, boolByte(forwarded))
+}
+
+func (n *Node) leaderMembershipChange(ctx context.Context, op byte, id, addr string) error {
+	switch op {
+	case opAddVoter:
+		f := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 0)
+		if err := waitFuture(ctx, f); err != nil {
+			return fmt.Errorf("cluster: add voter %s at %s: %w", id, addr, mapMembershipError(err))
+		}
+		n.log.Info("cluster: voter added", "id", id, "addr", addr, "index", f.Index())
+		return nil
+	case opRemove:
+		target := n.serverAddr(id)
+		f := n.raft.RemoveServer(raft.ServerID(id), 0, 0)
+		if err := waitFuture(ctx, f); err != nil {
+			return fmt.Errorf("cluster: remove server %s: %w", id, mapMembershipError(err))
+		}
+		index := f.Index()
+		n.log.Info("cluster: server removed", "id", id, "index", index)
+		if id == n.id {
+			n.onRemoved(index)
+			return nil
+		}
+		if target != "" {
+			// A removed follower may never see the removal commit (the
+			// leader stops replicating to it): tell it.
+			n.wg.Add(1)
+			go func() {
+				defer n.wg.Done()
+				nctx, cancel := context.WithTimeout(n.ctx, 2*time.Second)
+				defer cancel()
+				p := binary.BigEndian.AppendUint64(appendStr(nil, id), index)
+				if _, err := n.client.call(nctx, target, opRemoved, p); err != nil {
+					n.log.Info("cluster: could not notify removed node", "id", id, "addr", target, "err", err)
+				}
+			}()
+		}
+		return nil
+	case opTransfer:
+		var f raft.Future
+		if id == "" {
+			f = n.raft.LeadershipTransfer()
+		} else {
+			if id == n.id {
+				return nil
+			}
+			target := n.serverAddr(id)
+			if target == "" {
+				return fmt.Errorf("cluster: transfer leadership: %q is not a member", id)
+			}
+			f = n.raft.LeadershipTransferToServer(raft.ServerID(id), raft.ServerAddress(target))
+		}
+		if err := waitFuture(ctx, f); err != nil {
+			return fmt.Errorf("cluster: transfer leadership to %q: %w", id, mapMembershipError(err))
+		}
+		return nil
+	}
+	return badRequest("unknown membership op %d", op)
+}
+
+func mapMembershipError(err error) error {
+	if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+		return retryable(fmt.Errorf("%w: %w", ErrNotLeader, err))
+	}
+	if errors.Is(err, raft.ErrRaftShutdown) {
+		return fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	return err
+}
+
+// serverAddr is id's address in the latest configuration ("" if absent).
+func (n *Node) serverAddr(id string) string {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return ""
+	}
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == id {
+			return string(s.Address)
+		}
+	}
+	return ""
+}
+
+// join asks the members in Config.Join, in turn, to add this node as a
+// voter, until one succeeds or ctx ends. A refused handshake (wrong key)
+// fails at once.
+func (n *Node) join(ctx context.Context) error {
+	backoff := 50 * time.Millisecond
+	var lastErr error
+	for {
+		for _, addr := range n.cfg.Join {
+			if addr == n.addr {
+				continue
+			}
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err := n.client.call(cctx, addr, opAddVoter, membershipPayload(n.id, n.addr, false))
+			cancel()
+			if err == nil {
+				n.log.Info("cluster: joined", "via", addr)
+				return nil
+			}
+			if errors.Is(err, errAuth) {
+				return fmt.Errorf("cluster: join via %s: %w", addr, err)
+			}
+			lastErr = err
+			n.log.Info("cluster: join attempt failed", "via", addr, "err", err)
+		}
+		if lastErr == nil {
+			return fmt.Errorf("cluster: config Join: no address other than this node's own (%s)", n.addr)
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("cluster: join via %v: %w (last error: %w)", n.cfg.Join, ctx.Err(), lastErr)
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}

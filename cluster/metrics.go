@@ -1,0 +1,135 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-project/tether/fsm"
+)
+
+// metrics are the node's tether_cluster_* series. A nil *metrics (no
+// Registerer configured) records nothing.
+type metrics struct {
+	commit       prometheus.Histogram
+	proposals    *prometheus.CounterVec
+	batchSize    prometheus.Histogram
+	forwarded    prometheus.Counter
+	isLeader     prometheus.Gauge
+	appliedIndex prometheus.Gauge
+	authFailures prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, nodeID string) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	labels := prometheus.Labels{"node": nodeID}
+	m := &metrics{
+		commit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:        "tether_cluster_commit_seconds",
+			Help:        "Time from Propose to the proposal applied on this node (successful proposals).",
+			ConstLabels: labels,
+			Buckets:     []float64{.0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1},
+		}),
+		proposals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name:        "tether_cluster_proposals_total",
+			Help:        "Proposals by outcome (fsm status, or unavailable/closed/halted/error).",
+			ConstLabels: labels,
+		}, []string{"outcome"}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:        "tether_cluster_batch_size",
+			Help:        "Proposals per Raft log entry (leader group commit).",
+			ConstLabels: labels,
+			Buckets:     prometheus.ExponentialBuckets(1, 2, 11),
+		}),
+		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        "tether_cluster_forwarded_total",
+			Help:        "Proposals this node forwarded to the leader.",
+			ConstLabels: labels,
+		}),
+		isLeader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        "tether_cluster_is_leader",
+			Help:        "1 while this node is the ready leader (barrier done).",
+			ConstLabels: labels,
+		}),
+		appliedIndex: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        "tether_cluster_applied_index",
+			Help:        "Last Raft log index applied by this node's state machine.",
+			ConstLabels: labels,
+		}),
+		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        "tether_cluster_auth_failures_total",
+			Help:        "Inter-node forwarding connections refused for a wrong internal key.",
+			ConstLabels: labels,
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.commit, m.proposals, m.batchSize, m.forwarded, m.isLeader, m.appliedIndex, m.authFailures} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("cluster: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) observeResults(rs []fsm.Result, seconds float64) {
+	if m == nil {
+		return
+	}
+	m.commit.Observe(seconds)
+	for _, r := range rs {
+		m.proposals.WithLabelValues(r.Status.String()).Inc()
+	}
+}
+
+func (m *metrics) observeFailure(n int, err error) {
+	if m == nil {
+		return
+	}
+	outcome := "error"
+	switch {
+	case errors.Is(err, ErrUnavailable):
+		outcome = "unavailable"
+	case errors.Is(err, ErrHalted):
+		outcome = "halted"
+	case errors.Is(err, ErrClosed):
+		outcome = "closed"
+	}
+	m.proposals.WithLabelValues(outcome).Add(float64(n))
+}
+
+func (m *metrics) observeBatch(n int) {
+	if m != nil {
+		m.batchSize.Observe(float64(n))
+	}
+}
+
+func (m *metrics) observeForwarded(n int) {
+	if m != nil {
+		m.forwarded.Add(float64(n))
+	}
+}
+
+func (m *metrics) setLeader(v bool) {
+	if m == nil {
+		return
+	}
+	if v {
+		m.isLeader.Set(1)
+	} else {
+		m.isLeader.Set(0)
+	}
+}
+
+func (m *metrics) setApplied(index uint64) {
+	if m != nil {
+		m.appliedIndex.Set(float64(index))
+	}
+}
+
+func (m *metrics) authFailure() {
+	if m != nil {
+		m.authFailures.Inc()
+	}
+}

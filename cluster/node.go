@@ -1,0 +1,557 @@
+// Package cluster runs the Raft group that replicates tether's affinity log:
+// hashicorp/raft with raft-boltdb/v2 and file snapshots, over one
+// multiplexed TCP port per node that also carries the authenticated
+// forwarding RPC (followers forward proposals to the leader), group commit,
+// idempotent proposals and the bbolt event archive (cluster/archive). See
+// DESIGN.md.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/tether-project/tether/cluster/archive"
+	"github.com/tether-project/tether/fsm"
+)
+
+const (
+	raftDBFile      = "raft.db"
+	snapshotsDir    = "snapshots"
+	archiveFile     = "archive.db"
+	snapshotsRetain = 2
+	// transportTimeout is hashicorp/raft's per-RPC I/O deadline (scaled up
+	// for snapshot installs).
+	transportTimeout = 10 * time.Second
+	logCacheSize     = 1024
+)
+
+// Node is one member of the Raft group.
+type Node struct {
+	cfg  Config
+	log  *slog.Logger
+	hlog hclog.Logger
+	id   string
+	addr string
+
+	raft      *raft.Raft
+	transport *raft.NetworkTransport
+	store     *raftboltdb.BoltStore
+	snaps     *raft.FileSnapshotStore
+	machine   *fsm.Machine
+	fsm       *raftFSM
+	archive   *archive.Archive
+	mux       *mux
+	client    *forwardClient
+	metrics   *metrics
+	batcher   *batcher
+	forwarder *forwarder
+
+	// ctx lives as long as the node: Close/Kill cancel it, which stops the
+	// batcher, the forwarder, the leadership loop and forwarding handlers.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	started  atomic.Bool // NewRaft returned (restores after this come from peers or the operator)
+	ready    atomic.Bool // leader and its barrier completed
+	leaderCh chan bool
+
+	wakeMu sync.Mutex
+	wakeCh chan struct{} // closed at every observed leader/state change
+
+	fatalCh   chan error
+	fatalErr  atomic.Pointer[error]
+	fatalOnce sync.Once
+	raftDown  sync.Once
+
+	observer *raft.Observer
+
+	closeMu  sync.Mutex
+	closed   bool
+	closeErr error
+}
+
+// Open starts a node: it opens (or creates) the stores in DataDir, listens,
+// starts Raft (bootstrapping a new cluster or joining an existing one when
+// DataDir is empty) and returns once the node runs. A join waits until the
+// leader committed this node as a voter (bounded by ctx).
+func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
+	cfg, err = cfg.withDefaults()
+	if err != nil {
+		if cfg.Listener != nil {
+			cfg.Listener.Close()
+		}
+		return nil, err
+	}
+	var cleanup []func()
+	defer func() {
+		if err != nil {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}
+	}()
+	if cfg.Listener != nil {
+		ln := cfg.Listener
+		cleanup = append(cleanup, func() { ln.Close() })
+	}
+	if err := checkTombstone(cfg.DataDir, cfg.NodeID); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, snapshotsDir), 0o700); err != nil {
+		return nil, fmt.Errorf("cluster: create data dir %s: %w", cfg.DataDir, err)
+	}
+
+	n := &Node{
+		cfg:      cfg,
+		log:      cfg.Logger.With("node", cfg.NodeID),
+		id:       cfg.NodeID,
+		leaderCh: make(chan bool, 1),
+		wakeCh:   make(chan struct{}),
+		fatalCh:  make(chan error, 1),
+	}
+	n.hlog = newRaftLogger(cfg.Logger, cfg.NodeID)
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	cleanup = append(cleanup, n.cancel)
+
+	raftPath := filepath.Join(cfg.DataDir, raftDBFile)
+	n.store, err = raftboltdb.New(raftboltdb.Options{Path: raftPath, BoltOptions: &bolt.Options{Timeout: time.Second}})
+	if err != nil {
+		if errors.Is(err, berrors.ErrTimeout) {
+			return nil, fmt.Errorf("cluster: open %s: locked: another running node uses data dir %s", raftPath, cfg.DataDir)
+		}
+		return nil, fmt.Errorf("cluster: open %s: %w", raftPath, err)
+	}
+	cleanup = append(cleanup, func() { n.store.Close() })
+
+	n.snaps, err = raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, snapshotsDir), snapshotsRetain, n.hlog.Named("snapshots"))
+	if err != nil {
+		return nil, fmt.Errorf("cluster: open snapshot store: %w", err)
+	}
+	n.archive, err = archive.Open(filepath.Join(cfg.DataDir, archiveFile), archive.Options{
+		MaxAge: cfg.Archive.MaxAge, MaxEvents: cfg.Archive.MaxEvents, Logger: n.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	cleanup = append(cleanup, func() { n.archive.Close() })
+
+	n.metrics, err = newMetrics(cfg.Registerer, cfg.NodeID)
+	if err != nil {
+		return nil, err
+	}
+
+	ln := cfg.Listener
+	if ln == nil {
+		ln, err = net.Listen("tcp", cfg.BindAddr)
+		if err != nil {
+			return nil, fmt.Errorf("cluster: listen on %s (BindAddr): %w", cfg.BindAddr, err)
+		}
+		cleanup = append(cleanup, func() { ln.Close() })
+	}
+	n.addr = cfg.AdvertiseAddr
+	if n.addr == "" {
+		n.addr = ln.Addr().String()
+		if host, _, _ := net.SplitHostPort(n.addr); net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified() {
+			return nil, fmt.Errorf("cluster: config AdvertiseAddr: required when binding %s (peers cannot dial an unspecified address)", n.addr)
+		}
+	}
+
+	n.machine = fsm.NewMachine()
+	n.fsm = newRaftFSM(n.machine, n.archive, n.id, n.log, n.metrics)
+	n.fsm.onHalt = n.onHalt
+	n.fsm.onRemoved = n.onRemoved
+	n.fsm.onRestored = n.onRestored
+	n.fsm.snapshotConfig = n.latestSnapshotConfig
+	if cfg, idx, ok := n.latestSnapshotConfig(); ok {
+		n.fsm.noteConfiguration(cfg, idx)
+	}
+
+	n.mux = newMux(ln, n.addr, cfg.TLS, cfg.Dial, n.log)
+	cleanup = append(cleanup, n.mux.close)
+	n.client = newForwardClient(n.id, cfg.AuthKey, func(ctx context.Context, addr string) (net.Conn, error) {
+		return n.mux.dialStream(ctx, addr, streamForward)
+	})
+	cleanup = append(cleanup, n.client.close)
+	server := &forwardServer{
+		key:    cfg.AuthKey,
+		handle: n.handleForward,
+		ctx:    n.ctx,
+		log:    n.log,
+		onAuthFailure: func(net.Addr, error) {
+			n.metrics.authFailure()
+		},
+	}
+	n.mux.start(server.serve)
+
+	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  raftStream{m: n.mux},
+		MaxPool: 3,
+		Timeout: transportTimeout,
+		Logger:  n.hlog.Named("net"),
+	})
+	cleanup = append(cleanup, func() { n.transport.Close() })
+
+	notify := make(chan bool, 16)
+	rc := n.raftConfig(notify)
+	existing, err := raft.HasExistingState(n.store, n.store, n.snaps)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: inspect raft state in %s: %w", cfg.DataDir, err)
+	}
+	if cfg.Bootstrap && !existing {
+		servers := make([]raft.Server, len(cfg.Peers))
+		for i, p := range cfg.Peers {
+			servers[i] = raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)}
+			if p.ID == n.id && p.Addr != n.addr {
+				n.log.Warn("cluster: bootstrap peer address differs from this node's advertised address", "peer_addr", p.Addr, "advertised", n.addr)
+			}
+		}
+		if err := raft.BootstrapCluster(rc, n.store, n.store, n.snaps, n.transport, raft.Configuration{Servers: servers}); err != nil {
+			return nil, fmt.Errorf("cluster: bootstrap: %w", err)
+		}
+	} else if cfg.Bootstrap {
+		n.log.Info("cluster: data dir holds raft state; Bootstrap ignored")
+	}
+
+	logs, err := raft.NewLogCache(logCacheSize, n.store)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: log cache: %w", err)
+	}
+	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, n.snaps, n.transport)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: start raft: %w", err)
+	}
+	n.started.Store(true)
+	cleanup = append(cleanup, func() { n.raft.Shutdown().Error() })
+
+	obs := make(chan raft.Observation, 16)
+	n.observer = raft.NewObserver(obs, false, func(o *raft.Observation) bool {
+		switch o.Data.(type) {
+		case raft.LeaderObservation, raft.RaftState:
+			return true
+		}
+		return false
+	})
+	n.raft.RegisterObserver(n.observer)
+	n.batcher = newBatcher(n)
+	n.forwarder = newForwarder(n)
+	n.wg.Add(5)
+	go func() { defer n.wg.Done(); n.watchLeadership(notify) }()
+	go func() { defer n.wg.Done(); n.watchObservations(obs) }()
+	go func() { defer n.wg.Done(); n.batcher.run(n.ctx) }()
+	go func() { defer n.wg.Done(); n.batcher.complete() }()
+	go func() { defer n.wg.Done(); n.forwarder.run(n.ctx) }()
+	cleanup = append(cleanup, func() {
+		n.raft.DeregisterObserver(n.observer)
+		n.cancel()
+		n.raft.Shutdown().Error()
+		n.wg.Wait()
+	})
+
+	if !existing && len(cfg.Join) > 0 {
+		if err := n.join(ctx); err != nil {
+			return nil, err
+		}
+	} else if !existing && !cfg.Bootstrap {
+		n.log.Warn("cluster: empty data dir and neither Bootstrap nor Join: waiting to be added by an operator")
+	}
+	n.log.Info("cluster: node started", "addr", n.addr, "existing_state", existing)
+	return n, nil
+}
+
+func (n *Node) raftConfig(notify chan bool) *raft.Config {
+	c := raft.DefaultConfig()
+	c.LocalID = raft.ServerID(n.id)
+	c.HeartbeatTimeout = n.cfg.Raft.HeartbeatTimeout
+	c.ElectionTimeout = n.cfg.Raft.ElectionTimeout
+	c.LeaderLeaseTimeout = n.cfg.Raft.LeaderLeaseTimeout
+	c.CommitTimeout = n.cfg.Raft.CommitTimeout
+	c.MaxAppendEntries = n.cfg.Raft.MaxAppendEntries
+	// Our batcher already bounds waiting; a buffered apply channel lets the
+	// leader loop group concurrent entries into one disk write.
+	c.BatchApplyCh = true
+	c.ShutdownOnRemove = true
+	c.PreVoteDisabled = false
+	c.NotifyCh = notify
+	c.Logger = n.hlog
+	c.NoLegacyTelemetry = true
+	if n.cfg.SnapshotThreshold > 0 {
+		c.SnapshotThreshold = n.cfg.SnapshotThreshold
+	}
+	if n.cfg.SnapshotInterval > 0 {
+		c.SnapshotInterval = n.cfg.SnapshotInterval
+	}
+	if n.cfg.TrailingLogs > 0 {
+		c.TrailingLogs = n.cfg.TrailingLogs
+	}
+	return c
+}
+
+// latestSnapshotConfig is the membership stored with the newest snapshot.
+func (n *Node) latestSnapshotConfig() (raft.Configuration, uint64, bool) {
+	metas, err := n.snaps.List()
+	if err != nil || len(metas) == 0 {
+		return raft.Configuration{}, 0, false
+	}
+	return metas[0].Configuration, metas[0].Index, true
+}
+
+// watchLeadership turns raft's leadership notifications into the ready
+// flag: a new leader first runs a barrier, so everything committed before
+// its term is applied locally before it reports ready.
+func (n *Node) watchLeadership(notify <-chan bool) {
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case leader := <-notify:
+			if !leader {
+				n.setReady(false)
+				continue
+			}
+			for n.raft.State() == raft.Leader && n.ctx.Err() == nil {
+				err := n.raft.Barrier(0).Error()
+				if err == nil {
+					if n.raft.State() == raft.Leader {
+						n.setReady(true)
+					}
+					break
+				}
+				if errors.Is(err, raft.ErrRaftShutdown) {
+					return
+				}
+				n.log.Warn("cluster: leader barrier failed", "err", err)
+			}
+		}
+	}
+}
+
+func (n *Node) setReady(v bool) {
+	if n.ready.Swap(v) == v {
+		return
+	}
+	n.metrics.setLeader(v)
+	// Latest value wins: replace an unread value.
+	select {
+	case <-n.leaderCh:
+	default:
+	}
+	select {
+	case n.leaderCh <- v:
+	default:
+	}
+	n.log.Info("cluster: leadership", "ready_leader", v)
+}
+
+func (n *Node) watchObservations(obs <-chan raft.Observation) {
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-obs:
+			n.wakeMu.Lock()
+			close(n.wakeCh)
+			n.wakeCh = make(chan struct{})
+			n.wakeMu.Unlock()
+		}
+	}
+}
+
+// leaderWake returns a channel closed at the next leadership or raft state
+// change (proposals waiting for a leader wake on it).
+func (n *Node) leaderWake() <-chan struct{} {
+	n.wakeMu.Lock()
+	defer n.wakeMu.Unlock()
+	return n.wakeCh
+}
+
+// fatal records the error that stops this node and reports it on Fatal().
+func (n *Node) fatal(err error) {
+	n.fatalOnce.Do(func() {
+		n.fatalErr.Store(&err)
+		n.fatalCh <- err
+		n.log.Error("cluster: node halted", "err", err)
+	})
+}
+
+func (n *Node) fatalError() error {
+	if p := n.fatalErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// shutdownRaftAsync stops Raft from a goroutine: the callers run on raft's
+// own goroutines, which Shutdown waits for.
+func (n *Node) shutdownRaftAsync() {
+	n.raftDown.Do(func() {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.raft.Shutdown().Error(); err != nil {
+				n.log.Error("cluster: raft shutdown", "err", err)
+			}
+			n.setReady(false)
+		}()
+	})
+}
+
+func (n *Node) onHalt(err error) {
+	n.fatal(errHaltedBy(err))
+	n.shutdownRaftAsync()
+}
+
+func (n *Node) onRestored(stateIndex uint64) {
+	if !n.started.Load() {
+		return // startup restore of our own snapshot: the archive has those entries
+	}
+	if err := n.archive.NoteRestore(stateIndex, time.Now()); err != nil {
+		n.log.Error("cluster: note snapshot restore in archive", "err", err)
+	}
+}
+
+// ID is the node's id.
+func (n *Node) ID() string { return n.id }
+
+// Addr is the node's advertised address (Raft and forwarding).
+func (n *Node) Addr() string { return n.addr }
+
+// State is the current replicated state: a lock-free read.
+func (n *Node) State() *fsm.State { return n.machine.State() }
+
+// Machine is the node's state machine (read-only use: State, Skipped, Halted).
+func (n *Node) Machine() *fsm.Machine { return n.machine }
+
+// Archive is the node's event archive.
+func (n *Node) Archive() *archive.Archive { return n.archive }
+
+// IsLeader reports whether this node is the leader and its barrier
+// completed (its state reflects everything committed before its term).
+func (n *Node) IsLeader() bool { return n.ready.Load() && n.raft.State() == raft.Leader }
+
+// LeaderChanges delivers true when this node becomes a ready leader and
+// false when it stops being leader. Buffered; the latest value wins.
+func (n *Node) LeaderChanges() <-chan bool { return n.leaderCh }
+
+// Leader is the current leader as this node knows it ("" when none).
+func (n *Node) Leader() (id, addr string) {
+	a, i := n.raft.LeaderWithID()
+	return string(i), string(a)
+}
+
+// Fatal delivers the error that halted the node (an unknown required event
+// or corrupt entry, an archive failure, or removal from the cluster). It
+// delivers at most one value; FatalError returns it any time after.
+func (n *Node) Fatal() <-chan error { return n.fatalCh }
+
+// FatalError is the error that halted the node, or nil.
+func (n *Node) FatalError() error { return n.fatalError() }
+
+// WaitApplied waits until this node's state machine processed index.
+func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
+	if n.fsm.waitApplied(index, ctx.Done(), nil) {
+		return nil
+	}
+	return fmt.Errorf("cluster: wait for index %d (applied %d): %w", index, n.fsm.appliedIndex(), ctx.Err())
+}
+
+// Close stops the node gracefully: a leader first hands leadership to
+// another voter, then Raft shuts down and the stores close. Idempotent.
+func (n *Node) Close(ctx context.Context) error {
+	n.closeMu.Lock()
+	defer n.closeMu.Unlock()
+	if n.closed {
+		return n.closeErr
+	}
+	n.closed = true
+	if n.raft.State() == raft.Leader && n.hasOtherVoters() {
+		if err := waitFuture(ctx, n.raft.LeadershipTransfer()); err != nil {
+			n.log.Warn("cluster: leadership transfer on close failed", "err", err)
+		}
+	}
+	n.closeErr = n.shutdown(false)
+	return n.closeErr
+}
+
+// Kill stops the node abruptly, as if the process died: connections drop
+// first, no leadership transfer. For tests.
+func (n *Node) Kill() error {
+	n.closeMu.Lock()
+	defer n.closeMu.Unlock()
+	if n.closed {
+		return n.closeErr
+	}
+	n.closed = true
+	n.closeErr = n.shutdown(true)
+	return n.closeErr
+}
+
+func (n *Node) shutdown(abrupt bool) error {
+	n.raft.DeregisterObserver(n.observer)
+	n.cancel()
+	if abrupt {
+		n.mux.close()
+	}
+	var errs []error
+	n.raftDown.Do(func() {
+		if err := n.raft.Shutdown().Error(); err != nil {
+			errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
+		}
+	})
+	n.wg.Wait()
+	n.setReady(false)
+	n.client.close()
+	n.mux.close()
+	if err := n.transport.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("transport: %w", err))
+	}
+	if err := n.archive.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := n.store.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close %s: %w", raftDBFile, err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("cluster: close node %s: %w", n.id, err)
+	}
+	return nil
+}
+
+func (n *Node) hasOtherVoters() bool {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter && string(s.ID) != n.id {
+			return true
+		}
+	}
+	return false
+}
+
+// waitFuture waits for a raft future or ctx.
+func waitFuture(ctx context.Context, f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

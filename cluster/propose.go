@@ -1,0 +1,573 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/tether-project/tether/fsm"
+)
+
+// maxInflightEntries bounds the log entries the leader's batcher has in
+// Raft at once, and maxInflightFrames the forwarding frames a follower has
+// outstanding. While the slots are taken, new proposals queue and go out
+// together in the next entry/frame: batching without an added delay.
+const (
+	maxInflightEntries = 4
+	maxInflightFrames  = 4
+	queueDepth         = 8192
+)
+
+// pending is one caller's chunk of proposals travelling through the batcher
+// (leader) or the forwarder (follower).
+type pending struct {
+	props    []fsm.Proposal
+	deadline time.Time
+	done     chan outcome // buffered 1: the sender never blocks
+}
+
+type outcome struct {
+	results []fsm.Result
+	index   uint64 // log index of the (last) entry that carried the chunk
+	err     error
+}
+
+func (p *pending) reply(o outcome) { p.done <- o }
+
+// errRetry marks failures a proposal survives by trying again with the same
+// proposal ids (leadership moved, connection failed, no leader yet).
+type retryableError struct{ err error }
+
+func (e *retryableError) Error() string { return e.err.Error() }
+func (e *retryableError) Unwrap() error { return e.err }
+
+func retryable(err error) error { return &retryableError{err: err} }
+
+func isRetryable(err error) bool {
+	var r *retryableError
+	if errors.As(err, &r) {
+		return true
+	}
+	return errors.Is(err, ErrNotLeader) || errors.Is(err, errConnBroken) || errors.Is(err, ErrUnavailable)
+}
+
+// newProposalIDs draws random proposal ids: each proposal keeps its id for
+// every internal retry, so the fsm's dedup window makes retries safe.
+func newProposalIDs(n int) []fsm.ProposalID {
+	ids := make([]fsm.ProposalID, n)
+	buf := make([]byte, 16*n)
+	_, _ = rand.Read(buf) // crypto/rand.Read never fails on supported platforms
+	for i := range ids {
+		copy(ids[i][:], buf[16*i:])
+	}
+	return ids
+}
+
+// Propose proposes one event and returns its committed result. It works on
+// any node (a follower forwards to the leader) and returns after this node
+// applied the entry, so State() shows the effect (read-your-writes). Without
+// a leader or quorum it fails with an error wrapping ErrUnavailable within
+// min(ctx deadline, ProposeTimeout). An internal retry after a commit that
+// was not acknowledged reports fsm.StatusDuplicate (for a Bind, with the
+// binding in force).
+func (n *Node) Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) {
+	rs, err := n.ProposeBatch(ctx, []fsm.Event{ev})
+	if err != nil {
+		return fsm.Result{}, err
+	}
+	return rs[0], nil
+}
+
+// ProposeBatch proposes events in order and returns one result per event.
+// Up to MaxBatch events travel in one log entry; larger batches are split.
+// If the error says the entries committed but this node had not applied
+// them in time, the results are still valid.
+func (n *Node) ProposeBatch(ctx context.Context, evs []fsm.Event) ([]fsm.Result, error) {
+	if len(evs) == 0 {
+		return nil, nil
+	}
+	for i, ev := range evs {
+		if ev == nil {
+			return nil, fmt.Errorf("cluster: propose: event %d is nil", i)
+		}
+	}
+	start := time.Now()
+	deadline := start.Add(n.cfg.ProposeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	ids := newProposalIDs(len(evs))
+	props := make([]fsm.Proposal, len(evs))
+	for i, ev := range evs {
+		props[i] = fsm.Proposal{ID: ids[i], Event: ev}
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+
+	results := make([]fsm.Result, 0, len(evs))
+	var lastIndex uint64
+	for len(props) > 0 {
+		chunk := props[:min(len(props), n.cfg.MaxBatch)]
+		props = props[len(chunk):]
+		o, err := n.proposeChunk(ctx, chunk, deadline, timer.C)
+		if err != nil {
+			n.metrics.observeFailure(len(evs)-len(results), err)
+			return nil, err
+		}
+		results = append(results, o.results...)
+		lastIndex = max(lastIndex, o.index)
+	}
+	// Read-your-writes: the leader answered after its own apply; a
+	// follower waits for its FSM to reach the entry.
+	if !n.fsm.waitApplied(lastIndex, ctx.Done(), timer.C) {
+		err := fmt.Errorf("cluster: propose: %w: committed at index %d but this node had applied only %d by the deadline",
+			ErrUnavailable, lastIndex, n.fsm.appliedIndex())
+		n.metrics.observeFailure(len(evs), err)
+		return results, err
+	}
+	n.metrics.observeResults(results, time.Since(start).Seconds())
+	return results, nil
+}
+
+// proposeChunk gets one chunk committed, retrying (same ids) through
+// leadership changes and transient failures until the deadline.
+func (n *Node) proposeChunk(ctx context.Context, props []fsm.Proposal, deadline time.Time, expired <-chan time.Time) (outcome, error) {
+	var lastErr error
+	backoff := time.Millisecond
+	unavailable := func(cause error) (outcome, error) {
+		if cause == nil {
+			cause = ctx.Err()
+		}
+		if cause == nil {
+			cause = errors.New("deadline passed")
+		}
+		return outcome{}, fmt.Errorf("cluster: propose %d events: %w (within %s): %w", len(props), ErrUnavailable, n.cfg.ProposeTimeout, cause)
+	}
+	for {
+		if err := n.usable(); err != nil {
+			return outcome{}, err
+		}
+		if err := ctx.Err(); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				return unavailable(lastErr)
+			}
+			return outcome{}, fmt.Errorf("cluster: propose: %w", err)
+		}
+		if !time.Now().Before(deadline) {
+			return unavailable(lastErr)
+		}
+		wake := n.leaderWake()
+		var queue chan *pending
+		if n.raft.State() == raft.Leader {
+			queue = n.batcher.in
+		} else if addr, _ := n.raft.LeaderWithID(); addr != "" {
+			queue = n.forwarder.in
+		} else {
+			lastErr = errors.New("no leader known")
+		}
+		if queue != nil {
+			p := &pending{props: props, deadline: deadline, done: make(chan outcome, 1)}
+			select {
+			case queue <- p:
+			case <-expired:
+				return unavailable(lastErr)
+			case <-ctx.Done():
+				continue // reported at the top of the loop
+			case <-n.ctx.Done():
+				return outcome{}, ErrClosed
+			}
+			var o outcome
+			select {
+			case o = <-p.done:
+			case <-expired:
+				return unavailable(lastErr)
+			case <-ctx.Done():
+				continue
+			}
+			if o.err == nil {
+				return o, nil
+			}
+			if !isRetryable(o.err) {
+				return outcome{}, o.err
+			}
+			lastErr = o.err
+		}
+		// Wait for a leadership change, or a short backoff when the leader
+		// is known but failed us (e.g. a connection that just broke).
+		t := time.NewTimer(backoff)
+		select {
+		case <-wake:
+		case <-t.C:
+		case <-expired:
+			t.Stop()
+			return unavailable(lastErr)
+		case <-ctx.Done():
+		case <-n.ctx.Done():
+		}
+		t.Stop()
+		backoff = min(2*backoff, 20*time.Millisecond)
+	}
+}
+
+// usable reports why the node cannot take proposals, if it cannot.
+func (n *Node) usable() error {
+	if err := n.fatalError(); err != nil {
+		return err
+	}
+	if n.ctx.Err() != nil {
+		return ErrClosed
+	}
+	return nil
+}
+
+// batcher is the leader's group commit: it turns queued proposals (local
+// and forwarded) into log entries of up to maxBatch proposals, with at most
+// maxInflightEntries entries in Raft at a time.
+type batcher struct {
+	n        *Node
+	in       chan *pending
+	maxBatch int
+	slots    chan struct{}
+	inflight chan inflightEntry
+}
+
+type inflightEntry struct {
+	future raft.ApplyFuture
+	batch  []*pending
+}
+
+func newBatcher(n *Node) *batcher {
+	return &batcher{
+		n:        n,
+		in:       make(chan *pending, queueDepth),
+		maxBatch: n.cfg.MaxBatch,
+		slots:    make(chan struct{}, maxInflightEntries),
+		inflight: make(chan inflightEntry, maxInflightEntries),
+	}
+}
+
+func (b *batcher) run(ctx context.Context) {
+	defer close(b.inflight)
+	var carry *pending
+	for {
+		select {
+		case b.slots <- struct{}{}:
+		case <-ctx.Done():
+			b.failQueued(carry, ErrClosed)
+			return
+		}
+		first := carry
+		carry = nil
+		if first == nil {
+			select {
+			case first = <-b.in:
+			case <-ctx.Done():
+				b.failQueued(nil, ErrClosed)
+				return
+			}
+		}
+		batch := []*pending{first}
+		count := len(first.props)
+	drain:
+		for count < b.maxBatch {
+			select {
+			case p := <-b.in:
+				if count+len(p.props) > b.maxBatch {
+					carry = p
+					break drain
+				}
+				batch = append(batch, p)
+				count += len(p.props)
+			default:
+				break drain
+			}
+		}
+		if !b.submit(batch) {
+			<-b.slots
+		}
+	}
+}
+
+// submit encodes the live proposals of batch as one entry and hands it to
+// Raft; false when nothing was submitted (the caller frees the slot).
+func (b *batcher) submit(batch []*pending) bool {
+	now := time.Now()
+	live := batch[:0]
+	for _, p := range batch {
+		if !now.Before(p.deadline) {
+			p.reply(outcome{err: fmt.Errorf("%w: deadline passed while queued", ErrUnavailable)})
+			continue
+		}
+		live = append(live, p)
+	}
+	if len(live) == 0 {
+		return false
+	}
+	data, props, live := b.encode(live)
+	if len(live) == 0 {
+		return false
+	}
+	b.n.metrics.observeBatch(props)
+	f := b.n.raft.Apply(data, 0)
+	b.inflight <- inflightEntry{future: f, batch: live}
+	return true
+}
+
+// encode builds the entry; if one caller's event does not encode, that
+// caller gets the error and the others go ahead.
+func (b *batcher) encode(batch []*pending) ([]byte, int, []*pending) {
+	var props []fsm.Proposal
+	if len(batch) == 1 {
+		props = batch[0].props
+	} else {
+		for _, p := range batch {
+			props = append(props, p.props...)
+		}
+	}
+	data, err := fsm.EncodeEntry(props)
+	if err == nil {
+		return data, len(props), batch
+	}
+	ok := batch[:0]
+	for _, p := range batch {
+		if _, err := fsm.EncodeEntry(p.props); err != nil {
+			p.reply(outcome{err: fmt.Errorf("cluster: propose: %w", err)})
+			continue
+		}
+		ok = append(ok, p)
+	}
+	if len(ok) == 0 {
+		return nil, 0, nil
+	}
+	return b.encode(ok)
+}
+
+// complete waits for each entry in submission order and fans the results
+// back out to the proposals it carried.
+func (b *batcher) complete() {
+	for e := range b.inflight {
+		err := e.future.Error()
+		<-b.slots
+		if err != nil {
+			err = mapRaftError(err, b.n)
+			for _, p := range e.batch {
+				p.reply(outcome{err: err})
+			}
+			continue
+		}
+		resp, _ := e.future.Response().(*applyResponse)
+		if resp == nil {
+			err := fmt.Errorf("cluster: entry %d: no apply response", e.future.Index())
+			for _, p := range e.batch {
+				p.reply(outcome{err: err})
+			}
+			continue
+		}
+		if resp.err != nil {
+			err := errHaltedBy(resp.err)
+			for _, p := range e.batch {
+				p.reply(outcome{err: err})
+			}
+			continue
+		}
+		off := 0
+		for _, p := range e.batch {
+			k := len(p.props)
+			if off+k > len(resp.results) {
+				p.reply(outcome{err: fmt.Errorf("cluster: entry %d: %d results for %d proposals", resp.index, len(resp.results), off+k)})
+				continue
+			}
+			p.reply(outcome{results: resp.results[off : off+k : off+k], index: resp.index})
+			off += k
+		}
+	}
+}
+
+func (b *batcher) failQueued(carry *pending, err error) {
+	if carry != nil {
+		carry.reply(outcome{err: err})
+	}
+	for {
+		select {
+		case p := <-b.in:
+			p.reply(outcome{err: err})
+		default:
+			return
+		}
+	}
+}
+
+// mapRaftError classifies hashicorp/raft's errors for the proposal loop.
+func mapRaftError(err error, n *Node) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
+		errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrAbortedByRestore):
+		addr, id := n.raft.LeaderWithID()
+		return retryable(fmt.Errorf("%w: %w", &NotLeaderError{LeaderID: string(id), LeaderAddr: string(addr)}, err))
+	case errors.Is(err, raft.ErrRaftShutdown):
+		if ferr := n.fatalError(); ferr != nil {
+			return ferr
+		}
+		return fmt.Errorf("%w: %w", ErrClosed, err)
+	case errors.Is(err, raft.ErrEnqueueTimeout):
+		return retryable(fmt.Errorf("%w: %w", ErrUnavailable, err))
+	}
+	return fmt.Errorf("cluster: raft apply: %w", err)
+}
+
+// forwarder is a follower's side of group commit: queued proposals go to
+// the leader in one frame per flush, with at most maxInflightFrames frames
+// outstanding.
+type forwarder struct {
+	n        *Node
+	in       chan *pending
+	maxBatch int
+	slots    chan struct{}
+}
+
+func newForwarder(n *Node) *forwarder {
+	return &forwarder{n: n, in: make(chan *pending, queueDepth), maxBatch: n.cfg.MaxBatch, slots: make(chan struct{}, maxInflightFrames)}
+}
+
+func (f *forwarder) run(ctx context.Context) {
+	var carry *pending
+	for {
+		select {
+		case f.slots <- struct{}{}:
+		case <-ctx.Done():
+			f.fail(carry)
+			return
+		}
+		first := carry
+		carry = nil
+		if first == nil {
+			select {
+			case first = <-f.in:
+			case <-ctx.Done():
+				f.fail(nil)
+				return
+			}
+		}
+		batch := []*pending{first}
+		count := len(first.props)
+	drain:
+		for count < f.maxBatch {
+			select {
+			case p := <-f.in:
+				if count+len(p.props) > f.maxBatch {
+					carry = p
+					break drain
+				}
+				batch = append(batch, p)
+				count += len(p.props)
+			default:
+				break drain
+			}
+		}
+		f.n.wg.Add(1)
+		go func() {
+			defer f.n.wg.Done()
+			defer func() { <-f.slots }()
+			f.send(ctx, batch, count)
+		}()
+	}
+}
+
+func (f *forwarder) fail(carry *pending) {
+	if carry != nil {
+		carry.reply(outcome{err: ErrClosed})
+	}
+	for {
+		select {
+		case p := <-f.in:
+			p.reply(outcome{err: ErrClosed})
+		default:
+			return
+		}
+	}
+}
+
+// send forwards one frame to the current leader and fans out its answer.
+func (f *forwarder) send(ctx context.Context, batch []*pending, count int) {
+	replyAll := func(o outcome) {
+		for _, p := range batch {
+			p.reply(o)
+		}
+	}
+	addr, id := f.n.raft.LeaderWithID()
+	if addr == "" || string(id) == f.n.id {
+		replyAll(outcome{err: retryable(&NotLeaderError{LeaderID: string(id), LeaderAddr: string(addr)})})
+		return
+	}
+	var deadline time.Time
+	for _, p := range batch {
+		if p.deadline.After(deadline) {
+			deadline = p.deadline
+		}
+	}
+	cctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	// Encode per caller so one caller's bad event fails only that caller.
+	encoded := make([][][]byte, 0, len(batch))
+	good := batch[:0]
+	for _, p := range batch {
+		evs := make([][]byte, len(p.props))
+		var err error
+		for i, pr := range p.props {
+			if evs[i], err = fsm.EncodeEvent(pr.Event); err != nil {
+				break
+			}
+		}
+		if err != nil {
+			p.reply(outcome{err: fmt.Errorf("cluster: propose: %w", err)})
+			count -= len(p.props)
+			continue
+		}
+		good = append(good, p)
+		encoded = append(encoded, evs)
+	}
+	batch = good
+	if len(batch) == 0 {
+		return
+	}
+	payload := binary.AppendUvarint(make([]byte, 0, 64*count), uint64(count))
+	for i, p := range batch {
+		for j, pr := range p.props {
+			payload = append(payload, pr.ID[:]...)
+			payload = appendBlob(payload, encoded[i][j])
+		}
+	}
+	f.n.metrics.observeForwarded(count)
+	resp, err := f.n.client.call(cctx, string(addr), opPropose, payload)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w: forward to leader %s at %s: %w", ErrUnavailable, id, addr, err)
+		}
+		replyAll(outcome{err: err})
+		return
+	}
+	r := &wireReader{b: resp}
+	index := r.u64()
+	results, derr := fsm.DecodeResults(r.rest())
+	if derr == nil && r.err() != nil {
+		derr = r.err()
+	}
+	if derr == nil && len(results) != count {
+		derr = fmt.Errorf("%d results for %d proposals", len(results), count)
+	}
+	if derr != nil {
+		replyAll(outcome{err: fmt.Errorf("cluster: leader %s answered a forwarded batch badly: %w", id, derr)})
+		return
+	}
+	off := 0
+	for _, p := range batch {
+		k := len(p.props)
+		p.reply(outcome{results: results[off : off+k : off+k], index: index})
+		off += k
+	}
+}

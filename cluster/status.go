@@ -1,0 +1,234 @@
+package cluster
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/tether-project/tether/fsm"
+)
+
+// Status is a node's view of itself and the cluster.
+type Status struct {
+	ID         string `json:"id"`
+	Addr       string `json:"addr"`
+	RaftState  string `json:"raft_state"` // Follower, Candidate, Leader, Shutdown
+	IsLeader   bool   `json:"is_leader"`  // ready leader (barrier done)
+	Leader     string `json:"leader"`
+	LeaderAddr string `json:"leader_addr"`
+	Term       uint64 `json:"term"`
+	// AppliedIndex is the last Raft index this node's state machine
+	// processed (commands and configuration changes); CommitIndex the
+	// highest index it knows committed; LastLogIndex its log's end.
+	AppliedIndex uint64 `json:"applied_index"`
+	CommitIndex  uint64 `json:"commit_index"`
+	LastLogIndex uint64 `json:"last_log_index"`
+	// StateIndex and StateHash describe the same fsm.State (the hash is
+	// comparable across nodes at equal StateIndex).
+	StateIndex          uint64       `json:"state_index"`
+	StateHash           string       `json:"state_hash"`
+	Bindings            int          `json:"bindings"`
+	FeatureLevel        uint32       `json:"feature_level"`         // highest level this node supports
+	ClusterFeatureLevel uint32       `json:"cluster_feature_level"` // committed cluster level
+	Version             string       `json:"version"`
+	Skipped             uint64       `json:"skipped"` // unknown optional events skipped
+	Halted              string       `json:"halted,omitempty"`
+	Peers               []PeerStatus `json:"peers"`
+	LastContact         time.Time    `json:"last_contact"` // last leader contact (followers)
+}
+
+// PeerStatus is one member of the latest configuration.
+type PeerStatus struct {
+	ID    string `json:"id"`
+	Addr  string `json:"addr"`
+	Voter bool   `json:"voter"`
+}
+
+// Status reports the node's state. It does not block on the network.
+func (n *Node) Status() Status {
+	st := n.machine.State()
+	h := st.Hash()
+	la, lid := n.raft.LeaderWithID()
+	s := Status{
+		ID:                  n.id,
+		Addr:                n.addr,
+		RaftState:           n.raft.State().String(),
+		IsLeader:            n.IsLeader(),
+		Leader:              string(lid),
+		LeaderAddr:          string(la),
+		Term:                n.raft.CurrentTerm(),
+		AppliedIndex:        n.fsm.appliedIndex(),
+		CommitIndex:         n.raft.CommitIndex(),
+		LastLogIndex:        n.raft.LastIndex(),
+		StateIndex:          st.Index(),
+		StateHash:           hex.EncodeToString(h[:]),
+		Bindings:            st.Len(),
+		FeatureLevel:        n.cfg.FeatureLevel,
+		ClusterFeatureLevel: st.FeatureLevel(),
+		Version:             n.cfg.Version,
+		Skipped:             n.machine.Skipped(),
+		LastContact:         n.raft.LastContact(),
+	}
+	if err := n.fatalError(); err != nil {
+		s.Halted = err.Error()
+	}
+	if n.raft.State() != raft.Shutdown {
+		if f := n.raft.GetConfiguration(); f.Error() == nil {
+			for _, srv := range f.Configuration().Servers {
+				s.Peers = append(s.Peers, PeerStatus{ID: string(srv.ID), Addr: string(srv.Address), Voter: srv.Suffrage == raft.Voter})
+			}
+		}
+	}
+	return s
+}
+
+// PeerStatus asks the node at addr for its Status over the forwarding
+// protocol (authenticated with this node's key).
+func (n *Node) PeerStatus(ctx context.Context, addr string) (Status, error) {
+	b, err := n.client.call(ctx, addr, opStatus, nil)
+	if err != nil {
+		return Status{}, fmt.Errorf("cluster: status of %s: %w", addr, err)
+	}
+	var s Status
+	if err := json.Unmarshal(b, &s); err != nil {
+		return Status{}, fmt.Errorf("cluster: status of %s: decode: %w", addr, err)
+	}
+	return s, nil
+}
+
+// SnapshotMeta describes a snapshot written by WriteSnapshot.
+type SnapshotMeta struct {
+	Index    uint64 // state index (last applied command entry)
+	Term     uint64 // its term
+	Hash     string // hex fsm state hash
+	Bindings int
+	Size     int64 // bytes written
+}
+
+// Snapshot asks Raft for a snapshot now (and log compaction behind it).
+func (n *Node) Snapshot(ctx context.Context) error {
+	if err := n.usable(); err != nil {
+		return err
+	}
+	if err := waitFuture(ctx, n.raft.Snapshot()); err != nil {
+		return fmt.Errorf("cluster: snapshot: %w", err)
+	}
+	return nil
+}
+
+// WriteSnapshot writes the current state in fsm's snapshot format (for
+// `tether operator snapshot save`). The state is immutable, so this does
+// not block apply.
+func (n *Node) WriteSnapshot(ctx context.Context, w io.Writer) (SnapshotMeta, error) {
+	v := n.fsm.current()
+	st := v.state
+	cw := &countingWriter{w: w, ctx: ctx}
+	bw := bufio.NewWriterSize(cw, 256<<10)
+	if err := st.WriteSnapshot(bw); err != nil {
+		return SnapshotMeta{}, fmt.Errorf("cluster: write snapshot: %w", err)
+	}
+	if err := bw.Flush(); err != nil {
+		return SnapshotMeta{}, fmt.Errorf("cluster: write snapshot: %w", err)
+	}
+	h := st.Hash()
+	return SnapshotMeta{Index: st.Index(), Term: v.commandTerm, Hash: hex.EncodeToString(h[:]), Bindings: st.Len(), Size: cw.n}, nil
+}
+
+type countingWriter struct {
+	w   io.Writer
+	ctx context.Context
+	n   int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	k, err := c.w.Write(p)
+	c.n += int64(k)
+	return k, err
+}
+
+// Restore replaces the cluster's state with a snapshot in fsm's format
+// (raft user restore; leader only). The stream is spooled to DataDir and
+// validated first: hashicorp/raft panics if a user restore fails half-way.
+func (n *Node) Restore(ctx context.Context, r io.Reader) error {
+	if err := n.usable(); err != nil {
+		return err
+	}
+	if n.raft.State() != raft.Leader {
+		la, lid := n.raft.LeaderWithID()
+		return fmt.Errorf("cluster: restore: %w", &NotLeaderError{LeaderID: string(lid), LeaderAddr: string(la)})
+	}
+	f, err := os.CreateTemp(n.cfg.DataDir, "restore-*.snap")
+	if err != nil {
+		return fmt.Errorf("cluster: restore: spool: %w", err)
+	}
+	defer func() {
+		f.Close()
+		os.Remove(f.Name())
+	}()
+	size, err := io.Copy(f, &ctxReader{r: r, ctx: ctx})
+	if err != nil {
+		return fmt.Errorf("cluster: restore: read snapshot: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("cluster: restore: %w", err)
+	}
+	st, err := fsm.ReadSnapshot(bufio.NewReaderSize(f, 256<<10))
+	if err != nil {
+		return fmt.Errorf("cluster: restore: invalid snapshot: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("cluster: restore: %w", err)
+	}
+	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Index: st.Index(), Size: size}
+	var timeout time.Duration
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+		if timeout <= 0 {
+			return fmt.Errorf("cluster: restore: %w", context.DeadlineExceeded)
+		}
+	}
+	if err := n.raft.Restore(meta, f, timeout); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+			return fmt.Errorf("cluster: restore: %w: %w", ErrNotLeader, err)
+		}
+		return fmt.Errorf("cluster: restore: %w", err)
+	}
+	return nil
+}
+
+type ctxReader struct {
+	r   io.Reader
+	ctx context.Context
+}
+
+func (c *ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
+
+// proposeRaw appends data as a command entry as is (leader only). Tests use
+// it to put entries in the log that this build's encoder would not write
+// (unknown event types, corrupt envelopes).
+func (n *Node) proposeRaw(ctx context.Context, data []byte) (uint64, error) {
+	if n.raft.State() != raft.Leader {
+		return 0, ErrNotLeader
+	}
+	f := n.raft.Apply(data, 0)
+	if err := waitFuture(ctx, f); err != nil {
+		return 0, fmt.Errorf("cluster: propose raw entry: %w", err)
+	}
+	return f.Index(), nil
+}

@@ -1,0 +1,308 @@
+package cluster
+
+import (
+	"bufio"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// The forwarding protocol (see DESIGN.md). After the stream byte 'F':
+//
+//	server → client  "TFW1" | server nonce [32]
+//	client → server  u16 id length | client node id | client nonce [32] |
+//	                 HMAC-SHA256(key, server nonce || client node id || "tether-forward-v1") [32]
+//	server → client  u8 0 | HMAC-SHA256(key, client nonce || server nonce || "tether-forward-v1-server") [32]
+//	             or  u8 1 | u16 length | reason, then close
+//
+// then length-prefixed frames in both directions:
+//
+//	request   u32 length | u8 op   | u64 request id | payload
+//	response  u32 length | u8 code | u64 request id | payload
+//
+// where length counts everything after itself. Requests on one connection
+// are answered in any order (matched by id), so one connection carries many
+// concurrent calls.
+const (
+	handshakeMagic   = "TFW1"
+	nonceSize        = 32
+	macSize          = sha256.Size
+	forwardLabel     = "tether-forward-v1"
+	forwardLabelSrv  = "tether-forward-v1-server"
+	maxNodeIDLen     = 1024
+	frameHeaderSize  = 4 + 1 + 8
+	maxFrameSize     = 64 << 20
+	handshakeOK      = 0
+	handshakeRefused = 1
+)
+
+// Request operations.
+const (
+	opPropose  byte = 1 // uvarint n | n × (proposal id [16] | uvarint len | encoded event) → u64 index | fsm.EncodeResults
+	opAddVoter byte = 2 // str id | str addr | u8 hop → ok
+	opRemove   byte = 3 // str id | u8 hop → ok
+	opTransfer byte = 4 // str id | u8 hop → ok
+	opStatus   byte = 5 // → JSON Status
+	opRemoved  byte = 6 // str id | u64 index: the leader tells a node it was removed → ok
+)
+
+// Response codes.
+const (
+	codeOK          byte = 0
+	codeNotLeader   byte = 1 // str message | str leader id | str leader addr
+	codeUnavailable byte = 2 // str message
+	codeClosed      byte = 3
+	codeHalted      byte = 4
+	codeBadRequest  byte = 5
+	codeFailed      byte = 6
+)
+
+func clientMAC(key, serverNonce []byte, clientID string) []byte {
+	h := hmac.New(sha256.New, key)
+	h.Write(serverNonce)
+	h.Write([]byte(clientID))
+	h.Write([]byte(forwardLabel))
+	return h.Sum(nil)
+}
+
+func serverMAC(key, clientNonce, serverNonce []byte) []byte {
+	h := hmac.New(sha256.New, key)
+	h.Write(clientNonce)
+	h.Write(serverNonce)
+	h.Write([]byte(forwardLabelSrv))
+	return h.Sum(nil)
+}
+
+// errAuth marks a failed handshake.
+var errAuth = errors.New("forwarding handshake refused")
+
+// serverHandshake authenticates a client; it returns the client's node id.
+func serverHandshake(rw *bufio.ReadWriter, key []byte) (string, error) {
+	var serverNonce [nonceSize]byte
+	if _, err := rand.Read(serverNonce[:]); err != nil {
+		return "", fmt.Errorf("nonce: %w", err)
+	}
+	rw.WriteString(handshakeMagic)
+	rw.Write(serverNonce[:])
+	if err := rw.Flush(); err != nil {
+		return "", fmt.Errorf("send nonce: %w", err)
+	}
+	var idLen [2]byte
+	if _, err := io.ReadFull(rw, idLen[:]); err != nil {
+		return "", fmt.Errorf("read client hello: %w", err)
+	}
+	n := int(binary.BigEndian.Uint16(idLen[:]))
+	if n == 0 || n > maxNodeIDLen {
+		refuse(rw, "bad node id length")
+		return "", fmt.Errorf("%w: node id length %d", errAuth, n)
+	}
+	buf := make([]byte, n+nonceSize+macSize)
+	if _, err := io.ReadFull(rw, buf); err != nil {
+		return "", fmt.Errorf("read client hello: %w", err)
+	}
+	clientID := string(buf[:n])
+	clientNonce := buf[n : n+nonceSize]
+	mac := buf[n+nonceSize:]
+	if !hmac.Equal(mac, clientMAC(key, serverNonce[:], clientID)) {
+		refuse(rw, "authentication failed: wrong internal key")
+		return "", fmt.Errorf("%w: client %q presented a wrong MAC", errAuth, clientID)
+	}
+	rw.WriteByte(handshakeOK)
+	rw.Write(serverMAC(key, clientNonce, serverNonce[:]))
+	if err := rw.Flush(); err != nil {
+		return "", fmt.Errorf("send handshake reply: %w", err)
+	}
+	return clientID, nil
+}
+
+func refuse(rw *bufio.ReadWriter, reason string) {
+	rw.WriteByte(handshakeRefused)
+	var l [2]byte
+	binary.BigEndian.PutUint16(l[:], uint16(len(reason)))
+	rw.Write(l[:])
+	rw.WriteString(reason)
+	_ = rw.Flush()
+}
+
+// clientHandshake authenticates to a server and checks the server's proof.
+func clientHandshake(rw *bufio.ReadWriter, key []byte, selfID string) error {
+	if len(selfID) == 0 || len(selfID) > maxNodeIDLen {
+		return fmt.Errorf("node id length %d out of range", len(selfID))
+	}
+	hello := make([]byte, len(handshakeMagic)+nonceSize)
+	if _, err := io.ReadFull(rw, hello); err != nil {
+		return fmt.Errorf("read server hello: %w", err)
+	}
+	if string(hello[:len(handshakeMagic)]) != handshakeMagic {
+		return fmt.Errorf("server hello: bad magic %q", hello[:len(handshakeMagic)])
+	}
+	serverNonce := hello[len(handshakeMagic):]
+	var clientNonce [nonceSize]byte
+	if _, err := rand.Read(clientNonce[:]); err != nil {
+		return fmt.Errorf("nonce: %w", err)
+	}
+	var l [2]byte
+	binary.BigEndian.PutUint16(l[:], uint16(len(selfID)))
+	rw.Write(l[:])
+	rw.WriteString(selfID)
+	rw.Write(clientNonce[:])
+	rw.Write(clientMAC(key, serverNonce, selfID))
+	if err := rw.Flush(); err != nil {
+		return fmt.Errorf("send client hello: %w", err)
+	}
+	status, err := rw.ReadByte()
+	if err != nil {
+		return fmt.Errorf("read handshake reply: %w", err)
+	}
+	switch status {
+	case handshakeOK:
+		proof := make([]byte, macSize)
+		if _, err := io.ReadFull(rw, proof); err != nil {
+			return fmt.Errorf("read server proof: %w", err)
+		}
+		if !hmac.Equal(proof, serverMAC(key, clientNonce[:], serverNonce)) {
+			return fmt.Errorf("%w: the server does not hold our internal key", errAuth)
+		}
+		return nil
+	case handshakeRefused:
+		if _, err := io.ReadFull(rw, l[:]); err != nil {
+			return fmt.Errorf("%w (no reason given)", errAuth)
+		}
+		reason := make([]byte, min(int(binary.BigEndian.Uint16(l[:])), 1024))
+		_, _ = io.ReadFull(rw, reason)
+		return fmt.Errorf("%w: %s", errAuth, reason)
+	default:
+		return fmt.Errorf("handshake reply: unknown status %d", status)
+	}
+}
+
+func writeFrame(w *bufio.Writer, kind byte, id uint64, payload []byte) error {
+	var h [frameHeaderSize]byte
+	binary.BigEndian.PutUint32(h[0:4], uint32(1+8+len(payload)))
+	h[4] = kind
+	binary.BigEndian.PutUint64(h[5:13], id)
+	if _, err := w.Write(h[:]); err != nil {
+		return err
+	}
+	_, err := w.Write(payload)
+	return err
+}
+
+func readFrame(r *bufio.Reader) (kind byte, id uint64, payload []byte, err error) {
+	var h [frameHeaderSize]byte
+	if _, err = io.ReadFull(r, h[:]); err != nil {
+		return 0, 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(h[0:4])
+	if n < 9 || n > maxFrameSize {
+		return 0, 0, nil, fmt.Errorf("frame length %d out of range [9, %d]", n, maxFrameSize)
+	}
+	payload = make([]byte, n-9)
+	if _, err = io.ReadFull(r, payload); err != nil {
+		return 0, 0, nil, fmt.Errorf("read frame payload: %w", err)
+	}
+	return h[4], binary.BigEndian.Uint64(h[5:13]), payload, nil
+}
+
+// wireReader decodes payload fields; the first error sticks and is
+// reported once by err(). It never panics on short or hostile input.
+type wireReader struct {
+	b   []byte
+	off int
+	e   error
+}
+
+func (r *wireReader) fail(what string) {
+	if r.e == nil {
+		r.e = fmt.Errorf("payload offset %d: %s", r.off, what)
+	}
+}
+
+func (r *wireReader) err() error { return r.e }
+
+func (r *wireReader) byte1() byte {
+	if r.e != nil || r.off >= len(r.b) {
+		r.fail("truncated")
+		return 0
+	}
+	v := r.b[r.off]
+	r.off++
+	return v
+}
+
+func (r *wireReader) u64() uint64 {
+	if r.e != nil || len(r.b)-r.off < 8 {
+		r.fail("truncated")
+		return 0
+	}
+	v := binary.BigEndian.Uint64(r.b[r.off:])
+	r.off += 8
+	return v
+}
+
+func (r *wireReader) uvarint() uint64 {
+	if r.e != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b[r.off:])
+	if n <= 0 {
+		r.fail("bad varint")
+		return 0
+	}
+	r.off += n
+	return v
+}
+
+func (r *wireReader) bytesN(n int) []byte {
+	if r.e != nil || n < 0 || len(r.b)-r.off < n {
+		r.fail("truncated")
+		return nil
+	}
+	v := r.b[r.off : r.off+n]
+	r.off += n
+	return v
+}
+
+func (r *wireReader) blob() []byte {
+	n := r.uvarint()
+	if r.e != nil {
+		return nil
+	}
+	if n > uint64(len(r.b)-r.off) {
+		r.fail("length exceeds payload")
+		return nil
+	}
+	return r.bytesN(int(n))
+}
+
+func (r *wireReader) str() string { return string(r.blob()) }
+
+func (r *wireReader) rest() []byte {
+	if r.e != nil {
+		return nil
+	}
+	v := r.b[r.off:]
+	r.off = len(r.b)
+	return v
+}
+
+func appendBlob(b, v []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(v)))
+	return append(b, v...)
+}
+
+func appendStr(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func boolByte(v bool) byte {
+	if v {
+		return 1
+	}
+	return 0
+}
