@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -29,6 +31,7 @@ func testConfig(id string) Config {
 	cfg.Engine.TimeScale = 0
 	cfg.Engine.BlockSize = 4
 	cfg.Engine.CapacityBlocks = 4096
+	cfg.Logger = slog.New(slog.DiscardHandler)
 	return cfg
 }
 
@@ -137,3 +140,5 @@ func sseEvents(t testing.TB, body []byte) []string {
 	}
 	return out
 }
+
+func errorsAs(err error, target any) bool { return errors.As(err, target) }

@@ -1,0 +1,217 @@
+package worker
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/worker/adp"
+)
+
+const fullConfig = `
+instance_id: ctx-0
+fleet: context
+server_role: context
+hostname: 0.0.0.0
+port: 8001
+advertise_url: http://ctx-0.internal:8001
+model: llama-3.1-70b
+internal_request_auth_key: current-key-0123456789
+previous_internal_request_auth_keys: [previous-key-0123456789]
+enable_attention_dp: true
+attention_dp_config:
+  kv_cache_routing_conversation_affinity: true
+  kv_cache_routing_new_conv_placement: least_tokens
+  max_sessions: 1000
+  max_requests_per_rank: 32
+ranks: 4
+engine:
+  type: sim
+  block_size: 32
+  capacity_blocks: 2048
+  prefill_tokens_per_second: 8000
+  prefill_overhead: 5ms
+  decode_token_time: 10ms
+  decode_slowdown: 0.25
+  transfer_tokens_per_second: 200000
+  stats_window: 30s
+  time_scale: 0.5
+nats:
+  urls: [nats://127.0.0.1:4222, nats://127.0.0.1:4223]
+  user: worker
+  password: secret
+telemetry_interval: 50ms
+legacy_mode: false
+max_body_bytes: 1048576
+default_max_tokens: 32
+max_tokens_limit: 1024
+write_timeout: 5m
+`
+
+func TestParseFullConfig(t *testing.T) {
+	cfg, err := ParseConfig([]byte(fullConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"instance", cfg.InstanceID, "ctx-0"},
+		{"fleet", cfg.Fleet, telemetry.FleetContext},
+		{"role", cfg.ServerRole, hintauth.RoleContext},
+		{"hostname", cfg.Hostname, "0.0.0.0"},
+		{"port", cfg.Port, 8001},
+		{"advertise", cfg.AdvertiseURL, "http://ctx-0.internal:8001"},
+		{"model", cfg.Model, "llama-3.1-70b"},
+		{"keys", len(cfg.AuthKeys()), 2},
+		{"ranks", cfg.RankCount(), 4},
+		{"affinity", cfg.ADP.AttentionDP.ConversationAffinity, true},
+		{"placement", cfg.ADP.AttentionDP.NewConvPlacement, "least_tokens"},
+		{"max sessions", cfg.ADP.AttentionDP.MaxSessions, 1000},
+		{"max per rank", cfg.ADP.AttentionDP.MaxRequestsPerRank, 32},
+		{"engine", cfg.Engine.Type, "sim"},
+		{"block", cfg.Engine.BlockSize, 32},
+		{"capacity", cfg.Engine.CapacityBlocks, 2048},
+		{"prefill", cfg.Engine.PrefillTokensPerSecond, 8000.0},
+		{"overhead", cfg.Engine.PrefillOverhead, 5 * time.Millisecond},
+		{"decode", cfg.Engine.DecodeTokenTime, 10 * time.Millisecond},
+		{"slowdown", cfg.Engine.DecodeSlowdown, 0.25},
+		{"transfer", cfg.Engine.TransferTokensPerSecond, 200000.0},
+		{"window", cfg.Engine.StatsWindow, 30 * time.Second},
+		{"scale", cfg.Engine.TimeScale, 0.5},
+		{"nats urls", strings.Join(cfg.NATS.URLs, ","), "nats://127.0.0.1:4222,nats://127.0.0.1:4223"},
+		{"nats user", cfg.NATS.User, "worker"},
+		{"interval", cfg.TelemetryInterval, 50 * time.Millisecond},
+		{"body", cfg.MaxBodyBytes, int64(1 << 20)},
+		{"default max", cfg.DefaultMaxTokens, 32},
+		{"limit", cfg.MaxTokensLimit, 1024},
+		{"write", cfg.WriteTimeout, 5 * time.Minute},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	o, err := cfg.schedulerOptions()
+	if err != nil || o.Placement != adp.LeastTokens || o.Ranks != 4 || !o.ConversationAffinity {
+		t.Errorf("scheduler options = %+v, %v", o, err)
+	}
+}
+
+func TestMinimalConfigDefaults(t *testing.T) {
+	cfg, err := ParseConfig([]byte("instance_id: w1\nmodel: m\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Fleet != telemetry.FleetContext || cfg.ServerRole != "" || cfg.RankCount() != 1 ||
+		cfg.TelemetryInterval != 100*time.Millisecond || cfg.MaxBodyBytes != 32<<20 || cfg.DefaultMaxTokens != 16 ||
+		cfg.Engine.Type != "sim" || cfg.NATS.Enabled() || cfg.Hostname != "127.0.0.1" {
+		t.Fatalf("defaults: %+v", cfg)
+	}
+}
+
+func TestConfigErrorsNameTheKey(t *testing.T) {
+	base := "instance_id: w1\nmodel: m\n"
+	cases := []struct {
+		name, yaml, want string
+	}{
+		{"empty", "", "empty configuration"},
+		{"not yaml", "instance_id: [", "invalid YAML"},
+		{"not a mapping", "- a\n- b\n", "configuration: want a mapping"},
+		{"unknown key", base + "colour: blue\n", "colour: unknown key (line 3)"},
+		{"unknown nested key", base + "attention_dp_config:\n  fastest: true\n", "attention_dp_config.fastest: unknown key"},
+		{"unknown engine key", base + "engine:\n  turbo: 1\n", "engine.turbo: unknown key"},
+		{"unknown nats tls key", base + "nats:\n  url: nats://h:4222\n  tls:\n    pin: x\n", "nats.tls.pin: unknown key"},
+		{"duplicate key", base + "model: n\n", "model: duplicate key"},
+		{"missing instance", "model: m\n", "instance_id: instance id is empty"},
+		{"bad instance", "instance_id: a.b\nmodel: m\n", "instance_id: instance id \"a.b\""},
+		{"missing model", "instance_id: w1\n", "model: required"},
+		{"placement", base + "enable_attention_dp: true\nattention_dp_config:\n  kv_cache_routing_new_conv_placement: fastest\n",
+			`attention_dp_config.kv_cache_routing_new_conv_placement: unknown value "fastest" (allowed: round_robin, least_tokens, least_queued)`},
+		{"fleet", base + "fleet: prefill\n", `fleet: unknown value "prefill" (want context or generation)`},
+		{"role", base + "server_role: decode\n", `server_role: unknown value "decode"`},
+		{"port type", base + "port: eighty\n", `port: want an integer, got "eighty"`},
+		{"port range", base + "port: 70000\n", "port: 70000 out of range"},
+		{"bool type", base + "legacy_mode: maybe\n", `legacy_mode: want true or false, got "maybe"`},
+		{"section type", base + "engine: sim\n", `engine: want a mapping of keys, got a scalar "sim"`},
+		{"list type", base + "previous_internal_request_auth_keys: onekey-0123456789abc\n", "previous_internal_request_auth_keys: want a list of strings"},
+		{"duration type", base + "telemetry_interval: 100\n", `telemetry_interval: want a duration such as "100ms" or "2s", got "100"`},
+		{"duration value", base + "telemetry_interval: 0s\n", "telemetry_interval: 0s out of range"},
+		{"short key", base + "internal_request_auth_key: short\n", "internal_request_auth_key: 5 bytes is too short"},
+		{"short previous key", base + "internal_request_auth_key: current-key-0123456789\nprevious_internal_request_auth_keys: [old]\n", "previous_internal_request_auth_keys[0]: 3 bytes is too short"},
+		{"previous without current", base + "previous_internal_request_auth_keys: [previous-key-0123456789]\n", "previous_internal_request_auth_keys: set internal_request_auth_key too"},
+		{"ranks without adp", base + "ranks: 4\n", "ranks: 4 ranks need enable_attention_dp: true"},
+		{"ranks disagree", base + "enable_attention_dp: true\nranks: 4\nattention_dp_config:\n  ranks: 2\n", "ranks: 4 disagrees with attention_dp_config.ranks 2"},
+		{"negative sessions", base + "enable_attention_dp: true\nattention_dp_config:\n  max_sessions: -1\n", "attention_dp_config.max_sessions: must not be negative"},
+		{"engine type", base + "engine:\n  type: gpu\n", `engine.type: unknown value "gpu" (want sim or proxy)`},
+		{"block size", base + "engine:\n  block_size: 0\n", "engine.block_size: 0 out of range"},
+		{"capacity", base + "engine:\n  capacity_blocks: -5\n", "engine.capacity_blocks: -5 out of range"},
+		{"prefill rate", base + "engine:\n  prefill_tokens_per_second: 0\n", "engine.prefill_tokens_per_second: must be positive"},
+		{"time scale", base + "engine:\n  time_scale: -1\n", "engine.time_scale: -1 out of range"},
+		{"float type", base + "engine:\n  time_scale: fast\n", `engine.time_scale: want a number, got "fast"`},
+		{"upstreams on sim", base + "engine:\n  upstreams: [http://h:1]\n", "engine.upstreams: only for engine.type proxy"},
+		{"proxy upstream count", base + "engine:\n  type: proxy\n", "engine.upstreams: 0 URLs for 1 ranks"},
+		{"proxy upstream url", base + "engine:\n  type: proxy\n  upstreams: [ftp://h]\n", `engine.upstreams[0]: "ftp://h" is not an absolute http(s) URL`},
+		{"nats url", base + "nats:\n  url: http://h:4222\n", `nats.urls[0]: "http://h:4222" is not a nats://`},
+		{"nats url and urls", base + "nats:\n  url: nats://a:1\n  urls: [nats://b:1]\n", "nats.url: set url or urls, not both"},
+		{"nats half auth", base + "nats:\n  url: nats://a:1\n  user: u\n", "nats.user: user and password go together"},
+		{"nats two auths", base + "nats:\n  url: nats://a:1\n  user: u\n  password: p\n  creds_file: /x\n", "nats: choose one of"},
+		{"nats auth without url", base + "nats:\n  user: u\n  password: p\n", "nats.url: credentials or TLS given without a server URL"},
+		{"advertise url", base + "advertise_url: ctx-0:8001\n", `advertise_url: "ctx-0:8001" is not an absolute http(s) URL`},
+		{"body limit", base + "max_body_bytes: 10\n", "max_body_bytes: 10 is too small"},
+		{"default above limit", base + "default_max_tokens: 50\nmax_tokens_limit: 10\n", "default_max_tokens: 50 out of range"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(c.yaml))
+			if err == nil {
+				t.Fatalf("accepted:\n%s", c.yaml)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %q\ndoes not contain %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestLoadConfigAndEnv(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "worker.yaml")
+	if err := os.WriteFile(path, []byte("instance_id: w1\nmodel: m\ninternal_request_auth_key: file-key-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvInternalRequestAuthKey, "env-key-0123456789abcdef")
+	cfg, err := LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.InternalRequestAuthKey != "env-key-0123456789abcdef" {
+		t.Fatalf("env did not override the file: %q", cfg.InternalRequestAuthKey)
+	}
+	t.Setenv(EnvInternalRequestAuthKey, "short")
+	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), "internal_request_auth_key: 5 bytes is too short") {
+		t.Fatalf("short env key: %v", err)
+	}
+	if _, err := LoadConfig(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
+		t.Fatalf("missing file: %v", err)
+	}
+	if err := os.WriteFile(path, []byte("instance_id: w1\nmodel: m\nbogus: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "bogus: unknown key") {
+		t.Fatalf("unknown key via file: %v", err)
+	}
+}
+
+func TestNewRejectsInvalidConfig(t *testing.T) {
+	cfg := testConfig("w1")
+	cfg.Engine.Type = "gpu"
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "engine.type") {
+		t.Fatalf("New = %v, want an engine.type error", err)
+	}
+}
