@@ -307,49 +307,55 @@ func (r *Router) PlaceDegraded(req Request, instances []fsm.Instance, in Inputs)
 		inst *fsm.Instance
 		w    uint64
 	}
-	opts := make([]option, 0, len(instances))
+	higher := func(a, b option) bool { return a.w > b.w || (a.w == b.w && a.inst.ID < b.inst.ID) }
+	var top [fsm.MaxCandidates]option // highest weights among up instances, best first
+	n, up := 0, 0
+	var chosen option // highest weight among those not reported unhealthy
 	for i := range instances {
 		it := &instances[i]
-		if it.Fleet == req.Fleet && it.Status == fsm.InstanceUp && it.ID != "" {
-			opts = append(opts, option{it, rendezvousWeight(kh, it.ID)})
-		}
-	}
-	sort.Slice(opts, func(i, j int) bool {
-		if opts[i].w != opts[j].w {
-			return opts[i].w > opts[j].w
-		}
-		return opts[i].inst.ID < opts[j].inst.ID
-	})
-	dec := fsm.Decision{Edge: req.Edge, Policy: PolicyDegraded, RequestID: req.RequestID}
-	chosen := -1
-	for i, o := range opts {
-		if v, ok := in.Views.Lookup(o.inst.ID); ok && !v.Healthy {
+		if it.Fleet != req.Fleet || it.Status != fsm.InstanceUp || it.ID == "" {
 			continue
 		}
-		chosen = i
-		break
+		up++
+		o := option{it, rendezvousWeight(kh, it.ID)}
+		if v, ok := in.Views.Lookup(it.ID); !ok || v.Healthy {
+			if chosen.inst == nil || higher(o, chosen) {
+				chosen = o
+			}
+		}
+		j := n
+		if j == len(top) {
+			if !higher(o, top[j-1]) {
+				continue
+			}
+			j--
+		} else {
+			n++
+		}
+		for j > 0 && higher(o, top[j-1]) {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = o
 	}
-	if chosen < 0 {
-		return Route{}, fmt.Errorf("routing: degraded placement of %s key %q over %d up instances: %w", req.Fleet, req.Key, len(opts), ErrNoInstances)
+	if chosen.inst == nil {
+		return Route{}, fmt.Errorf("routing: degraded placement of %s key %q over %d up instances: %w", req.Fleet, req.Key, up, ErrNoInstances)
 	}
-	// Candidates: the chosen one first, then the rest in rendezvous order.
-	// Score is the rendezvous weight as a fraction of 2^64.
-	add := func(o option) {
-		if len(dec.Candidates) < fsm.MaxCandidates {
-			dec.Candidates = append(dec.Candidates, fsm.Candidate{Instance: o.inst.ID, Score: float64(o.w>>11) / (1 << 53)})
+	// Candidates: the chosen one first, then the others in rendezvous
+	// order. Score is the rendezvous weight as a fraction of 2^64.
+	dec := fsm.Decision{Edge: req.Edge, Policy: PolicyDegraded, RequestID: req.RequestID, Candidates: make([]fsm.Candidate, 0, n)}
+	score := func(o option) float64 { return float64(o.w>>11) / (1 << 53) }
+	dec.Candidates = append(dec.Candidates, fsm.Candidate{Instance: chosen.inst.ID, Score: score(chosen)})
+	for _, o := range top[:n] {
+		if o.inst != chosen.inst && len(dec.Candidates) < fsm.MaxCandidates {
+			dec.Candidates = append(dec.Candidates, fsm.Candidate{Instance: o.inst.ID, Score: score(o)})
 		}
 	}
-	add(opts[chosen])
-	for i, o := range opts {
-		if i != chosen {
-			add(o)
-		}
-	}
-	url := opts[chosen].inst.URL
-	if v, ok := in.Views.Lookup(opts[chosen].inst.ID); ok && v.URL != "" {
+	url := chosen.inst.URL
+	if v, ok := in.Views.Lookup(chosen.inst.ID); ok && v.URL != "" {
 		url = v.URL
 	}
-	return Route{Action: ActionBind, Instance: opts[chosen].inst.ID, URL: url, Rank: -1, Degraded: true, Decision: dec}, nil
+	return Route{Action: ActionBind, Instance: chosen.inst.ID, URL: url, Rank: -1, Degraded: true, Decision: dec}, nil
 }
 
 // candidate is one instance being scored.
@@ -360,6 +366,7 @@ type candidate struct {
 	rank     int   // rank holding them (-1: unknown/predicted)
 	cached   int64 // prompt tokens believed cached
 	score    float64
+	tieKeys  bool // bindings and hrw computed
 	bindings int
 	hrw      uint64
 }
@@ -412,12 +419,36 @@ func (r *Router) loadCost(v *InstanceView, p Priority) float64 {
 		w.Decode*float64(v.ActivePromptTokens)
 }
 
-// better is the total order of candidates (true when a ranks before b).
-func better(a, b *candidate, useBindings bool) bool {
+// ranker orders candidates: score, then (binding routers, keyed requests)
+// fewest live bindings, then highest rendezvous weight, then smaller id. The
+// tie-break keys cost a map lookup and a hash each, so they are computed only
+// when two scores tie.
+type ranker struct {
+	in          *Inputs
+	fleet       fsm.Fleet
+	keyHash     uint64
+	useBindings bool
+}
+
+func (rk *ranker) tieKeys(c *candidate) {
+	if c.tieKeys {
+		return
+	}
+	c.tieKeys = true
+	c.hrw = rendezvousWeight(rk.keyHash, c.v.ID)
+	if rk.useBindings {
+		c.bindings = rk.in.Bindings.BindingCount(rk.fleet, c.v.ID)
+	}
+}
+
+// better reports whether a ranks before b.
+func (rk *ranker) better(a, b *candidate) bool {
 	if a.score != b.score {
 		return a.score > b.score
 	}
-	if useBindings && a.bindings != b.bindings {
+	rk.tieKeys(a)
+	rk.tieKeys(b)
+	if rk.useBindings && a.bindings != b.bindings {
 		return a.bindings < b.bindings
 	}
 	if a.hrw != b.hrw {
@@ -455,11 +486,11 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) Route {
 	if req.Priority == PriorityBackground {
 		cacheWeight *= w.BackgroundCacheFactor
 	}
-	kh := mix64(req.Spread)
+	rk := ranker{in: in, fleet: req.Fleet, keyHash: mix64(req.Spread)}
 	if req.Key != "" {
-		kh = KeyHash(req.Key)
+		rk.keyHash = KeyHash(req.Key)
+		rk.useBindings = r.cfg.Type.Binds() && in.Bindings != nil
 	}
-	useBindings := req.Key != "" && r.cfg.Type.Binds() && in.Bindings != nil
 	for i := range cands {
 		c := &cands[i]
 		if c.blocks > 0 {
@@ -474,10 +505,6 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) Route {
 			dec.Policy = PolicyKVAware
 		}
 		c.score = credit - r.loadCost(c.v, req.Priority)
-		c.hrw = rendezvousWeight(kh, c.v.ID)
-		if useBindings {
-			c.bindings = in.Bindings.BindingCount(req.Fleet, c.v.ID)
-		}
 	}
 	// The best MaxCandidates, best first, by insertion.
 	var top [fsm.MaxCandidates]*candidate
@@ -486,14 +513,14 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) Route {
 		c := &cands[i]
 		j := n
 		if j == len(top) {
-			if !better(c, top[j-1], useBindings) {
+			if !rk.better(c, top[j-1]) {
 				continue
 			}
 			j--
 		} else {
 			n++
 		}
-		for j > 0 && better(c, top[j-1], useBindings) {
+		for j > 0 && rk.better(c, top[j-1]) {
 			top[j] = top[j-1]
 			j--
 		}

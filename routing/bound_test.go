@@ -1,0 +1,309 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing/kvindex"
+)
+
+func binding(key, inst string) fsm.Binding {
+	return fsm.Binding{Fleet: fsm.FleetContext, Key: key, ConversationID: key, Instance: inst, Epoch: 7}
+}
+
+func routeBound(t testing.TB, r *Router, req Request, b fsm.Binding, in Inputs) Route {
+	t.Helper()
+	if req.Fleet == 0 {
+		req.Fleet = fsm.FleetContext
+	}
+	if req.Now.IsZero() {
+		req.Now = t0
+	}
+	if req.Key == "" {
+		req.Key = b.Key
+	}
+	rt, err := r.RouteBound(req, b, in)
+	if err != nil {
+		t.Fatalf("route bound %q: %v", b.Key, err)
+	}
+	return rt
+}
+
+func TestRouteBoundConditions(t *testing.T) {
+	r := mustRouter(t, nil) // overflow at 8 queued or 2M active prompt tokens
+	cases := []struct {
+		name       string
+		bound      func(v *InstanceView)
+		missing    bool
+		wantAction Action
+		wantReason fsm.OverflowReason
+	}{
+		{"healthy and below thresholds", func(v *InstanceView) { v.QueuedRequests = 7 }, false, ActionSticky, 0},
+		{"draining still serves its keys", func(v *InstanceView) { v.Draining = true }, false, ActionSticky, 0},
+		{"queue at threshold", func(v *InstanceView) { v.QueuedRequests = 8 }, false, ActionOverflow, fsm.OverflowSaturated},
+		{"active prompt tokens at threshold", func(v *InstanceView) { v.ActivePromptTokens = 2_000_000 }, false, ActionOverflow, fsm.OverflowSaturated},
+		{"unhealthy", func(v *InstanceView) { v.Healthy = false }, false, ActionOverflow, fsm.OverflowUnhealthy},
+		{"unknown to this edge", nil, true, ActionOverflow, fsm.OverflowUnhealthy},
+		{"circuit open", func(v *InstanceView) { v.CacheDegraded = true }, false, ActionOverflow, fsm.OverflowCircuitOpen},
+	}
+	for _, c := range cases {
+		vs := idle("ctx-a", "ctx-b", "ctx-c")
+		vs[2].QueuedRequests = 1 // b is the better alternative
+		if c.bound != nil {
+			c.bound(&vs[0])
+		}
+		if c.missing {
+			vs = vs[1:]
+		}
+		rt := routeBound(t, r, Request{RequestID: "req-9", Edge: "edge-2"}, binding("conv-1", "ctx-a"), Inputs{Views: mustViews(t, vs)})
+		if rt.Action != c.wantAction || rt.Reason != c.wantReason {
+			t.Errorf("%s: %v/%v, want %v/%v", c.name, rt.Action, rt.Reason, c.wantAction, c.wantReason)
+			continue
+		}
+		switch rt.Action {
+		case ActionSticky:
+			if rt.Instance != "ctx-a" || rt.URL != "http://ctx-a" || len(rt.Decision.Candidates) != 0 {
+				t.Errorf("%s: sticky route %+v", c.name, rt)
+			}
+		case ActionOverflow:
+			ev := rt.OverflowEvent(Request{Fleet: fsm.FleetContext, Key: "conv-1"})
+			want := fsm.Overflow{Fleet: fsm.FleetContext, Key: "conv-1", From: "ctx-a", To: "ctx-b", Reason: c.wantReason, Decision: rt.Decision}
+			if rt.Instance != "ctx-b" || ev.From != want.From || ev.To != want.To || ev.Reason != want.Reason || ev.Rebind ||
+				rt.Decision.Edge != "edge-2" || rt.Decision.RequestID != "req-9" {
+				t.Errorf("%s: overflow %+v", c.name, ev)
+			}
+			for _, cand := range rt.Decision.Candidates {
+				if cand.Instance == "ctx-a" {
+					t.Errorf("%s: the bound instance is a candidate of its own overflow", c.name)
+				}
+			}
+		}
+	}
+}
+
+func TestRouteBoundOverflowUsesKVScore(t *testing.T) {
+	r := mustRouter(t, nil)
+	ix := kvindex.New(kvindex.Config{})
+	prompt := blocks(3, 40)
+	stored(t, ix, "ctx-c", 1, 1, prompt)
+	vs := idle("ctx-a", "ctx-b", "ctx-c")
+	vs[0].QueuedRequests = 9
+	rt := routeBound(t, r, Request{Blocks: prompt}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs), Prefix: ix})
+	if rt.Action != ActionOverflow || rt.Instance != "ctx-c" || rt.CachedTokens != 40*64 {
+		t.Fatalf("overflow should go where the prefix is: %+v", rt)
+	}
+}
+
+func TestRouteBoundStaysWhenNoBetterInstance(t *testing.T) {
+	r := mustRouter(t, nil)
+	vs := idle("ctx-a", "ctx-b")
+	vs[0].QueuedRequests = 10 // bound: saturated, below the hard limit
+	vs[1].QueuedRequests = 9  // the only alternative is saturated too
+	rt := routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)})
+	if rt.Action != ActionSticky || rt.Instance != "ctx-a" || rt.Reason != fsm.OverflowSaturated {
+		t.Fatalf("saturated everywhere: %+v, want sticky with reason saturated", rt)
+	}
+	vs[0].QueuedRequests, vs[0].CacheDegraded = 0, true
+	rt = routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)})
+	if rt.Action != ActionSticky || rt.Reason != fsm.OverflowCircuitOpen {
+		t.Fatalf("circuit open, alternative saturated: %+v, want sticky", rt)
+	}
+	// Alone in the fleet: stays.
+	rt = routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs[:1])})
+	if rt.Action != ActionSticky {
+		t.Fatalf("only instance: %+v", rt)
+	}
+}
+
+func TestRouteBoundShedsWhenEverythingIsOverHardLimit(t *testing.T) {
+	r := mustRouter(t, nil)
+	vs := idle("ctx-a", "ctx-b")
+	vs[0].QueuedRequests, vs[0].QueuedPrefillTokens = 66, 66*11000 // 3 over → 6s
+	vs[1].QueuedRequests, vs[1].QueuedPrefillTokens = 64, 64*55000 // 1 over → 10s
+	rt := routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)})
+	if rt.Action != ActionShed || rt.RetryAfter != 6*time.Second {
+		t.Fatalf("all over the hard limit: %+v, want shed with Retry-After 6s", rt)
+	}
+	// One alternative below the thresholds: overflow instead.
+	vs[1].QueuedRequests, vs[1].QueuedPrefillTokens = 0, 0
+	if rt := routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)}); rt.Action != ActionOverflow || rt.Instance != "ctx-b" {
+		t.Fatalf("alternative available: %+v", rt)
+	}
+	// Unhealthy bound and every other instance over the limit: shed.
+	vs[0].Healthy = false
+	vs[1].QueuedRequests = 100
+	if rt := routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)}); rt.Action != ActionShed {
+		t.Fatalf("unhealthy bound, rest over limit: %+v", rt)
+	}
+	// Unhealthy bound and nobody else: no instance.
+	_, err := r.RouteBound(Request{Fleet: fsm.FleetContext, Key: "k", Now: t0}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs[:1])})
+	if !errors.Is(err, ErrNoInstances) {
+		t.Fatalf("nowhere to go: %v", err)
+	}
+}
+
+func TestRouteBoundRebindsAfterPersistentOverload(t *testing.T) {
+	r := mustRouter(t, func(c *Config) { c.Overflow.RebindAfter = 30 * time.Second })
+	tracker := NewOverloadTracker()
+	vs := idle("ctx-a", "ctx-b")
+	vs[0].QueuedRequests = 12
+	views := mustViews(t, vs)
+	in := Inputs{Views: views, Overload: tracker}
+	observe := func(at time.Time) {
+		for _, v := range views.Fleet(fsm.FleetContext) {
+			tracker.Observe(v.ID, r.Condition(&v) != 0, at)
+		}
+	}
+	observe(t0)
+	cases := []struct {
+		after  time.Duration
+		rebind bool
+	}{{0, false}, {29 * time.Second, false}, {30 * time.Second, true}, {time.Hour, true}}
+	for _, c := range cases {
+		observe(t0.Add(c.after))
+		rt := routeBound(t, r, Request{Now: t0.Add(c.after)}, binding("k", "ctx-a"), in)
+		if rt.Action != ActionOverflow || rt.Rebind != c.rebind {
+			t.Errorf("after %v: %v rebind=%v, want overflow rebind=%v", c.after, rt.Action, rt.Rebind, c.rebind)
+		}
+		if ev := rt.OverflowEvent(Request{Fleet: fsm.FleetContext, Key: "k"}); ev.Rebind != c.rebind {
+			t.Errorf("after %v: event rebind %v", c.after, ev.Rebind)
+		}
+	}
+	// A healthy observation resets the clock.
+	healthy := idle("ctx-a", "ctx-b")
+	for _, v := range healthy {
+		tracker.Observe(v.ID, r.Condition(&v) != 0, t0.Add(2*time.Hour))
+	}
+	observe(t0.Add(2*time.Hour + time.Second))
+	if rt := routeBound(t, r, Request{Now: t0.Add(2*time.Hour + 10*time.Second)}, binding("k", "ctx-a"), in); rt.Rebind {
+		t.Fatal("rebind right after a recovery")
+	}
+	// rebind_after 0 never rebinds.
+	never := mustRouter(t, func(c *Config) { c.Overflow.RebindAfter = 0 })
+	if rt := routeBound(t, never, Request{Now: t0.Add(100 * time.Hour)}, binding("k", "ctx-a"), in); rt.Rebind {
+		t.Fatal("rebind with rebind_after 0")
+	}
+}
+
+func TestOverloadTracker(t *testing.T) {
+	tr := NewOverloadTracker()
+	if _, ok := tr.OverloadedSince("a"); ok {
+		t.Fatal("unknown instance overloaded")
+	}
+	tr.Observe("a", true, t0)
+	tr.Observe("a", true, t0.Add(time.Minute))
+	if s, ok := tr.OverloadedSince("a"); !ok || !s.Equal(t0) {
+		t.Fatalf("since %v %v, want %v (first overloaded observation)", s, ok, t0)
+	}
+	tr.Observe("a", false, t0.Add(2*time.Minute))
+	if _, ok := tr.OverloadedSince("a"); ok {
+		t.Fatal("healthy observation did not reset")
+	}
+	tr.Observe("b", true, t0)
+	tr.Forget("b")
+	if _, ok := tr.OverloadedSince("b"); ok {
+		t.Fatal("forgotten instance still tracked")
+	}
+}
+
+func TestPlaceDegradedRendezvous(t *testing.T) {
+	r := mustRouter(t, nil)
+	records := func(ids ...string) []fsm.Instance {
+		out := make([]fsm.Instance, len(ids))
+		for i, id := range ids {
+			out[i] = fsm.Instance{ID: id, Fleet: fsm.FleetContext, URL: "http://" + id, Status: fsm.InstanceUp}
+		}
+		return out
+	}
+	edge1 := records("ctx-a", "ctx-b", "ctx-c", "ctx-d")
+	edge2 := records("ctx-d", "ctx-b", "ctx-a", "ctx-c") // another edge, another order
+	// Records the log does not have up, or of the other fleet, never count.
+	extra := append(records("ctx-e", "ctx-f", "gen-a"), fsm.Instance{})
+	extra[0].Status, extra[1].Status, extra[2].Fleet = fsm.InstanceDraining, fsm.InstanceDown, fsm.FleetGeneration
+	edge2 = append(edge2, extra...)
+
+	before := map[string]string{}
+	share := map[string]int{}
+	for i := 0; i < 1000; i++ {
+		key := fmt.Sprintf("conv-%d", i)
+		req := Request{Fleet: fsm.FleetContext, Key: key, Now: t0, Edge: "edge-1"}
+		a, err := r.PlaceDegraded(req, edge1, Inputs{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := r.PlaceDegraded(req, edge2, Inputs{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Instance != b.Instance {
+			t.Fatalf("%s: edges disagree: %s vs %s", key, a.Instance, b.Instance)
+		}
+		if !a.Degraded || a.Action != ActionBind || a.Decision.Policy != PolicyDegraded || a.Decision.Candidates[0].Instance != a.Instance {
+			t.Fatalf("%s: degraded route %+v", key, a)
+		}
+		before[key] = a.Instance
+		share[a.Instance]++
+	}
+	for id, n := range share {
+		if n < 200 || n > 300 {
+			t.Errorf("degraded spread: %s got %d of 1000: %v", id, n, share)
+		}
+	}
+	// Adding an instance moves only the keys it now wins (~1/5), all to it.
+	grown := records("ctx-a", "ctx-b", "ctx-c", "ctx-d", "ctx-new")
+	moved := 0
+	for key, old := range before {
+		rt, err := r.PlaceDegraded(Request{Fleet: fsm.FleetContext, Key: key}, grown, Inputs{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rt.Instance != old {
+			moved++
+			if rt.Instance != "ctx-new" {
+				t.Fatalf("%s moved %s → %s, not to the new instance", key, old, rt.Instance)
+			}
+		}
+	}
+	if moved < 150 || moved > 250 {
+		t.Fatalf("%d of 1000 keys moved on adding a 5th instance, want about 200", moved)
+	}
+	// An instance this edge sees as unhealthy is skipped in rendezvous order.
+	var key, winner string
+	for k, inst := range before {
+		key, winner = k, inst
+		break
+	}
+	vs := idle("ctx-a", "ctx-b", "ctx-c", "ctx-d")
+	for i := range vs {
+		if vs[i].ID == winner {
+			vs[i].Healthy = false
+		}
+	}
+	rt, err := r.PlaceDegraded(Request{Fleet: fsm.FleetContext, Key: key}, edge1, Inputs{Views: mustViews(t, vs)})
+	if err != nil || rt.Instance == winner || rt.Decision.Candidates[0].Instance != rt.Instance {
+		t.Fatalf("unhealthy winner %s: %+v %v", winner, rt, err)
+	}
+	if _, err := r.PlaceDegraded(Request{Fleet: fsm.FleetContext, Key: key}, extra, Inputs{}); !errors.Is(err, ErrNoInstances) {
+		t.Fatalf("no up instance: %v", err)
+	}
+}
+
+func TestRendezvousHelper(t *testing.T) {
+	if Rendezvous("k", nil) != "" {
+		t.Fatal("empty set")
+	}
+	ids := []string{"a", "b", "c"}
+	got := Rendezvous("k", ids)
+	if got != Rendezvous("k", []string{"c", "a", "b"}) {
+		t.Fatal("order-dependent")
+	}
+	r := mustRouter(t, nil)
+	recs := []fsm.Instance{{ID: "a", Fleet: fsm.FleetContext, Status: fsm.InstanceUp}, {ID: "b", Fleet: fsm.FleetContext, Status: fsm.InstanceUp}, {ID: "c", Fleet: fsm.FleetContext, Status: fsm.InstanceUp}}
+	rt, _ := r.PlaceDegraded(Request{Fleet: fsm.FleetContext, Key: "k"}, recs, Inputs{})
+	if rt.Instance != got {
+		t.Fatalf("Rendezvous %s and PlaceDegraded %s disagree", got, rt.Instance)
+	}
+}
