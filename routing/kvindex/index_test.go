@@ -101,7 +101,7 @@ func TestRemovedBlocksStopMatching(t *testing.T) {
 		t.Fatalf("remove-then-store: %d blocks, want 8", m.Blocks)
 	}
 	mustApply(t, ix, Batch{Instance: "a", Boot: 1, Seq: 4, Events: []RankEvent{{Rank: 0, Removed: prompt}}}, Applied)
-	if st := ix.Stats(); st.Blocks != 0 || st.HolderBlocks != 0 {
+	if st := ix.Stats(); st.Blocks != 0 || st.HolderBlocks != 0 || st.Sets != 0 {
 		t.Fatalf("everything removed: stats %+v", st)
 	}
 }
@@ -222,7 +222,7 @@ func TestPredictionsCountUntilTTL(t *testing.T) {
 		t.Fatalf("refreshed prediction: %+v", m)
 	}
 	ix.Expire(t0.Add(time.Hour))
-	if st := ix.Stats(); st.Blocks != 0 || st.Predictions != 0 {
+	if st := ix.Stats(); st.Blocks != 0 || st.Predictions != 0 || st.Sets != 0 {
 		t.Fatalf("expired predictions not freed: %+v", st)
 	}
 	// Disabled predictions record nothing.
@@ -378,6 +378,18 @@ func TestMatchAgreesWithReference(t *testing.T) {
 				t.Fatalf("step %d: %s got %+v, want %+v", step, id, got[id], w)
 			}
 		}
+	}
+	// Everything the index allocated is released again.
+	ix.Expire(now.Add(time.Hour))
+	st := ix.Stats()
+	if st.Sets > st.Blocks || st.Sets == 0 {
+		t.Fatalf("interned sets %d for %d blocks", st.Sets, st.Blocks)
+	}
+	for _, inst := range insts {
+		ix.RemoveInstance(inst)
+	}
+	if st := ix.Stats(); st.Blocks != 0 || st.Sets != 0 || st.HolderBlocks != 0 || st.Instances != 0 {
+		t.Fatalf("after removing every instance: %+v", st)
 	}
 }
 
