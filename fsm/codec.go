@@ -210,7 +210,7 @@ func decodeEventAt(b []byte, base int) (Event, error) {
 	if !knownType(t) {
 		return nil, &UnknownEventError{Type: t}
 	}
-	version := r.u8(t.String() + " payload version")
+	version := r.u8("payload version")
 	if r.err != nil {
 		return nil, r.err
 	}
@@ -227,7 +227,7 @@ func decodeEventAt(b []byte, base int) (Event, error) {
 		e.Key = r.str("Bind.Key")
 		e.ConversationID = r.str("Bind.ConversationID")
 		e.Instance = r.str("Bind.Instance")
-		e.Decision = readDecision(&r, "Bind")
+		e.Decision = readDecision(&r)
 		ev = e
 	case TypeTouch:
 		var e Touch
@@ -262,7 +262,7 @@ func decodeEventAt(b []byte, base int) (Event, error) {
 		e.To = r.str("Overflow.To")
 		e.Reason = OverflowReason(r.u8("Overflow.Reason"))
 		e.Rebind = r.boolean("Overflow.Rebind")
-		e.Decision = readDecision(&r, "Overflow")
+		e.Decision = readDecision(&r)
 		ev = e
 	case TypeInstanceState:
 		var e InstanceState
@@ -309,29 +309,31 @@ func decodeEventAt(b []byte, base int) (Event, error) {
 	return ev, nil
 }
 
-func readDecision(r *reader, ev string) Decision {
+// readDecision decodes a Decision. Field labels are constants: building
+// them per call would cost an allocation per field on the apply path.
+func readDecision(r *reader) Decision {
 	var d Decision
-	d.Edge = r.str(ev + ".Decision.Edge")
-	d.Policy = r.str(ev + ".Decision.Policy")
-	d.RequestID = r.str(ev + ".Decision.RequestID")
+	d.Edge = r.str("Decision.Edge")
+	d.Policy = r.str("Decision.Policy")
+	d.RequestID = r.str("Decision.RequestID")
 	at := r.off
-	n := r.uvarint(ev + ".Decision.Candidates count")
+	n := r.uvarint("Decision.Candidates count")
 	if r.err != nil {
 		return d
 	}
 	if n > MaxCandidates {
 		r.off = at
-		r.fail("%s.Decision has %d candidates, the limit is %d", ev, n, MaxCandidates)
+		r.fail("Decision has %d candidates, the limit is %d", n, MaxCandidates)
 		return d
 	}
 	if n > 0 {
 		d.Candidates = make([]Candidate, n)
 		for i := range d.Candidates {
 			c := &d.Candidates[i]
-			c.Instance = r.str(ev + ".Decision.Candidates.Instance")
-			c.Score = r.float64v(ev + ".Decision.Candidates.Score")
-			c.CachedTokens = r.uint32v(ev + ".Decision.Candidates.CachedTokens")
-			c.LoadTokens = r.uint32v(ev + ".Decision.Candidates.LoadTokens")
+			c.Instance = r.str("Decision.Candidates.Instance")
+			c.Score = r.float64v("Decision.Candidates.Score")
+			c.CachedTokens = r.uint32v("Decision.Candidates.CachedTokens")
+			c.LoadTokens = r.uint32v("Decision.Candidates.LoadTokens")
 		}
 	}
 	return d

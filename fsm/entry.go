@@ -26,7 +26,7 @@ type RawProposal struct {
 // the envelope version byte, a varint count, then per proposal its 16-byte
 // id, the varint length of the encoded event and the event.
 func EncodeEntry(props []Proposal) ([]byte, error) {
-	b := make([]byte, 0, 16+len(props)*96)
+	b := make([]byte, 0, 16+len(props)*256)
 	b = append(b, entryVersion)
 	b = appendUvarint(b, uint64(len(props)))
 	var scratch []byte
@@ -213,6 +213,6 @@ func readBinding(r *reader) Binding {
 	x.Epoch = r.uvarint("Binding.Epoch")
 	x.BoundAt = r.varint("Binding.BoundAt")
 	x.LastUsed = r.varint("Binding.LastUsed")
-	x.Decision = readDecision(r, "Binding")
+	x.Decision = readDecision(r)
 	return x
 }

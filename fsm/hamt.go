@@ -13,29 +13,30 @@ type mapValue interface {
 
 // pmap is a persistent hash array mapped trie keyed by (tag, key) with the
 // fixed hashKey. Published maps are never modified; an update copies the
-// path from the root to the changed slot (at most 13 nodes, typically 4-5 at
-// a million entries). Nodes created by the transaction identified by owner
-// are modified in place, so a batch of updates copies each path once.
+// path from the root to the changed slot (typically 4-5 nodes at a million
+// entries). Nodes created by the transaction identified by owner are
+// modified in place, so a batch of updates copies each shared node once.
 //
 // Each level consumes 5 bits of the hash (32-way nodes, bitmap-compressed);
 // after 13 levels the 64 bits are spent and full-hash collisions share a
 // collision node whose slots are sorted by key, so iteration stays
 // deterministic.
+//
+// Layout, chosen for the lookup hot path: a node is a single slice whose
+// element 0 is a header (its hash field holds the owning transaction) and
+// whose elements 1..n are the slots; a branch slot holds the child's bitmap
+// in its hash field next to the child slice. So one level costs one memory
+// access (the slot), not two (a node header, then its slot array).
 type pmap[V mapValue] struct {
-	root *hnode[V]
-	n    int
-}
-
-type hnode[V mapValue] struct {
-	owner  uint64
-	bitmap uint32 // unused in collision nodes
-	slots  []hslot[V]
+	root     []hslot[V] // nil when empty
+	rootBits uint32
+	n        int
 }
 
 type hslot[V mapValue] struct {
-	hash  uint64
-	child *hnode[V] // non-nil: a subtree; nil: a leaf holding val
-	val   V
+	hash uint64     // leaf: the key's hash; branch: the child's bitmap; header: the owner
+	kids []hslot[V] // branch: the child node (header + slots); nil for a leaf
+	val  V
 }
 
 const (
@@ -57,23 +58,23 @@ func (m *pmap[V]) get(tag uint8, key string) (V, bool) {
 }
 
 func (m *pmap[V]) getHashed(h uint64, tag uint8, key string) (V, bool) {
-	n := m.root
-	for shift := uint(0); n != nil; shift += hamtBits {
+	node, bitmap := m.root, m.rootBits
+	for shift := uint(0); node != nil; shift += hamtBits {
 		if shift >= hamtCollisions {
-			for i := range n.slots {
-				if t, k := n.slots[i].val.mapKey(); t == tag && k == key {
-					return n.slots[i].val, true
+			for i := 1; i < len(node); i++ {
+				if t, k := node[i].val.mapKey(); t == tag && k == key {
+					return node[i].val, true
 				}
 			}
 			break
 		}
 		bit := uint32(1) << ((h >> shift) & hamtMask)
-		if n.bitmap&bit == 0 {
+		if bitmap&bit == 0 {
 			break
 		}
-		s := &n.slots[bits.OnesCount32(n.bitmap&(bit-1))]
-		if s.child != nil {
-			n = s.child
+		s := &node[1+bits.OnesCount32(bitmap&(bit-1))]
+		if s.kids != nil {
+			node, bitmap = s.kids, uint32(s.hash)
 			continue
 		}
 		if s.hash == h {
@@ -87,72 +88,79 @@ func (m *pmap[V]) getHashed(h uint64, tag uint8, key string) (V, bool) {
 	return zero, false
 }
 
+// editable returns node itself when owner created it, else a private copy
+// with room for one more slot.
+func editable[V mapValue](node []hslot[V], owner uint64) []hslot[V] {
+	if node[0].hash == owner {
+		return node
+	}
+	c := make([]hslot[V], len(node), len(node)+1)
+	copy(c, node)
+	c[0].hash = owner
+	return c
+}
+
+func newNode[V mapValue](owner uint64, slots ...hslot[V]) []hslot[V] {
+	n := make([]hslot[V], 1, 1+len(slots))
+	n[0].hash = owner
+	return append(n, slots...)
+}
+
 // set inserts or replaces v under its own key, returning the value replaced.
 func (m *pmap[V]) set(owner uint64, v V) (old V, replaced bool) {
 	tag, key := v.mapKey()
 	h := trieHash(tag, key)
 	if m.root == nil {
-		m.root = &hnode[V]{owner: owner}
+		m.root = newNode[V](owner)
 	}
-	m.root, old, replaced = m.root.set(owner, 0, h, tag, key, v)
+	m.root, m.rootBits, old, replaced = setIn(m.root, m.rootBits, owner, 0, h, tag, key, v)
 	if !replaced {
 		m.n++
 	}
 	return old, replaced
 }
 
-func (n *hnode[V]) editable(owner uint64) *hnode[V] {
-	if n.owner == owner {
-		return n
-	}
-	return &hnode[V]{owner: owner, bitmap: n.bitmap, slots: slices.Clone(n.slots)}
-}
-
-func (n *hnode[V]) set(owner uint64, shift uint, h uint64, tag uint8, key string, v V) (*hnode[V], V, bool) {
+func setIn[V mapValue](node []hslot[V], bitmap uint32, owner uint64, shift uint, h uint64, tag uint8, key string, v V) ([]hslot[V], uint32, V, bool) {
 	var zero V
 	if shift >= hamtCollisions {
-		for i := range n.slots {
-			t, k := n.slots[i].val.mapKey()
-			if t == tag && k == key {
-				e := n.editable(owner)
-				old := e.slots[i].val
-				e.slots[i].val = v
-				return e, old, true
+		for i := 1; i < len(node); i++ {
+			if t, k := node[i].val.mapKey(); t == tag && k == key {
+				e := editable(node, owner)
+				old := e[i].val
+				e[i].val = v
+				return e, bitmap, old, true
 			}
 		}
-		e := n.editable(owner)
-		at, _ := slices.BinarySearchFunc(e.slots, v, compareSlotKey[V])
-		e.slots = slices.Insert(e.slots, at, hslot[V]{hash: h, val: v})
-		return e, zero, false
+		e := editable(node, owner)
+		at, _ := slices.BinarySearchFunc(e[1:], v, compareSlotKey[V])
+		e = slices.Insert(e, 1+at, hslot[V]{hash: h, val: v})
+		return e, bitmap, zero, false
 	}
 	bit := uint32(1) << ((h >> shift) & hamtMask)
-	pos := bits.OnesCount32(n.bitmap & (bit - 1))
-	if n.bitmap&bit == 0 {
-		e := n.editable(owner)
-		e.bitmap |= bit
-		e.slots = slices.Insert(e.slots, pos, hslot[V]{hash: h, val: v})
-		return e, zero, false
+	pos := 1 + bits.OnesCount32(bitmap&(bit-1))
+	if bitmap&bit == 0 {
+		e := editable(node, owner)
+		e = slices.Insert(e, pos, hslot[V]{hash: h, val: v})
+		return e, bitmap | bit, zero, false
 	}
-	s := n.slots[pos]
-	if s.child != nil {
-		child, old, replaced := s.child.set(owner, shift+hamtBits, h, tag, key, v)
-		if child == s.child {
-			return n, old, replaced
-		}
-		e := n.editable(owner)
-		e.slots[pos].child = child
-		return e, old, replaced
+	s := node[pos]
+	if s.kids != nil {
+		kids, kidBits, old, replaced := setIn(s.kids, uint32(s.hash), owner, shift+hamtBits, h, tag, key, v)
+		e := editable(node, owner)
+		e[pos] = hslot[V]{hash: uint64(kidBits), kids: kids}
+		return e, bitmap, old, replaced
 	}
 	if s.hash == h {
 		if t, k := s.val.mapKey(); t == tag && k == key {
-			e := n.editable(owner)
-			e.slots[pos].val = v
-			return e, s.val, true
+			e := editable(node, owner)
+			e[pos].val = v
+			return e, bitmap, s.val, true
 		}
 	}
-	e := n.editable(owner)
-	e.slots[pos] = hslot[V]{child: mergeSlots(owner, shift+hamtBits, s, hslot[V]{hash: h, val: v})}
-	return e, zero, false
+	kids, kidBits := mergeLeaves(owner, shift+hamtBits, s, hslot[V]{hash: h, val: v})
+	e := editable(node, owner)
+	e[pos] = hslot[V]{hash: uint64(kidBits), kids: kids}
+	return e, bitmap, zero, false
 }
 
 func compareSlotKey[V mapValue](s hslot[V], v V) int {
@@ -164,25 +172,24 @@ func compareSlotKey[V mapValue](s hslot[V], v V) int {
 	return strings.Compare(sk, vk)
 }
 
-// mergeSlots builds the subtree holding two leaves whose hashes agree on the
-// bits consumed above shift.
-func mergeSlots[V mapValue](owner uint64, shift uint, a, b hslot[V]) *hnode[V] {
+// mergeLeaves builds the subtree holding two leaves whose hashes agree on
+// the bits consumed above shift.
+func mergeLeaves[V mapValue](owner uint64, shift uint, a, b hslot[V]) ([]hslot[V], uint32) {
 	if shift >= hamtCollisions {
-		n := &hnode[V]{owner: owner, slots: []hslot[V]{a, b}}
 		if compareSlotKey(a, b.val) > 0 {
-			n.slots[0], n.slots[1] = b, a
+			a, b = b, a
 		}
-		return n
+		return newNode(owner, a, b), 0
 	}
 	ia, ib := (a.hash>>shift)&hamtMask, (b.hash>>shift)&hamtMask
 	if ia == ib {
-		return &hnode[V]{owner: owner, bitmap: 1 << ia, slots: []hslot[V]{{child: mergeSlots(owner, shift+hamtBits, a, b)}}}
+		kids, kidBits := mergeLeaves(owner, shift+hamtBits, a, b)
+		return newNode(owner, hslot[V]{hash: uint64(kidBits), kids: kids}), 1 << ia
 	}
-	n := &hnode[V]{owner: owner, bitmap: 1<<ia | 1<<ib, slots: []hslot[V]{a, b}}
 	if ia > ib {
-		n.slots[0], n.slots[1] = b, a
+		a, b = b, a
 	}
-	return n
+	return newNode(owner, a, b), 1<<ia | 1<<ib
 }
 
 // delete removes the value under (tag, key), returning it.
@@ -191,93 +198,89 @@ func (m *pmap[V]) delete(owner uint64, tag uint8, key string) (V, bool) {
 	if m.root == nil {
 		return zero, false
 	}
-	root, old, found := m.root.delete(owner, 0, trieHash(tag, key), tag, key)
+	root, rootBits, old, found := deleteIn(m.root, m.rootBits, owner, 0, trieHash(tag, key), tag, key)
 	if !found {
 		return zero, false
 	}
 	m.n--
-	if root == nil || len(root.slots) == 0 {
-		m.root = nil
-	} else {
-		m.root = root
+	if m.n == 0 {
+		root, rootBits = nil, 0
 	}
+	m.root, m.rootBits = root, rootBits
 	return old, true
 }
 
-// delete returns the node without the key (nil when it became empty).
+// deleteIn returns the node without the key (nil when it became empty).
 // A subtree left with a single leaf is collapsed into its parent's slot, so
 // the trie keeps one shape for one content.
-func (n *hnode[V]) delete(owner uint64, shift uint, h uint64, tag uint8, key string) (*hnode[V], V, bool) {
+func deleteIn[V mapValue](node []hslot[V], bitmap uint32, owner uint64, shift uint, h uint64, tag uint8, key string) ([]hslot[V], uint32, V, bool) {
 	var zero V
 	if shift >= hamtCollisions {
-		for i := range n.slots {
-			if t, k := n.slots[i].val.mapKey(); t == tag && k == key {
-				old := n.slots[i].val
-				if len(n.slots) == 1 {
-					return nil, old, true
+		for i := 1; i < len(node); i++ {
+			if t, k := node[i].val.mapKey(); t == tag && k == key {
+				old := node[i].val
+				if len(node) == 2 {
+					return nil, 0, old, true
 				}
-				e := n.editable(owner)
-				e.slots = slices.Delete(e.slots, i, i+1)
-				return e, old, true
+				e := editable(node, owner)
+				e = slices.Delete(e, i, i+1)
+				return e, bitmap, old, true
 			}
 		}
-		return n, zero, false
+		return node, bitmap, zero, false
 	}
 	bit := uint32(1) << ((h >> shift) & hamtMask)
-	if n.bitmap&bit == 0 {
-		return n, zero, false
+	if bitmap&bit == 0 {
+		return node, bitmap, zero, false
 	}
-	pos := bits.OnesCount32(n.bitmap & (bit - 1))
-	s := n.slots[pos]
-	if s.child != nil {
-		child, old, found := s.child.delete(owner, shift+hamtBits, h, tag, key)
+	pos := 1 + bits.OnesCount32(bitmap&(bit-1))
+	s := node[pos]
+	if s.kids != nil {
+		kids, kidBits, old, found := deleteIn(s.kids, uint32(s.hash), owner, shift+hamtBits, h, tag, key)
 		if !found {
-			return n, zero, false
+			return node, bitmap, zero, false
 		}
-		e := n.editable(owner)
 		switch {
-		case child == nil:
-			e.bitmap &^= bit
-			e.slots = slices.Delete(e.slots, pos, pos+1)
-		case len(child.slots) == 1 && child.slots[0].child == nil:
-			e.slots[pos] = child.slots[0]
+		case kids == nil:
+			if len(node) == 2 {
+				return nil, 0, old, true
+			}
+			e := editable(node, owner)
+			return slices.Delete(e, pos, pos+1), bitmap &^ bit, old, true
+		case len(kids) == 2 && kids[1].kids == nil:
+			e := editable(node, owner)
+			e[pos] = kids[1] // pull the lone leaf up
+			return e, bitmap, old, true
 		default:
-			e.slots[pos].child = child
+			e := editable(node, owner)
+			e[pos] = hslot[V]{hash: uint64(kidBits), kids: kids}
+			return e, bitmap, old, true
 		}
-		if len(e.slots) == 0 {
-			return nil, old, true
-		}
-		return e, old, true
 	}
 	if s.hash != h {
-		return n, zero, false
+		return node, bitmap, zero, false
 	}
 	if t, k := s.val.mapKey(); t != tag || k != key {
-		return n, zero, false
+		return node, bitmap, zero, false
 	}
-	if len(n.slots) == 1 {
-		return nil, s.val, true
+	if len(node) == 2 {
+		return nil, 0, s.val, true
 	}
-	e := n.editable(owner)
-	e.bitmap &^= bit
-	e.slots = slices.Delete(e.slots, pos, pos+1)
-	return e, s.val, true
+	e := editable(node, owner)
+	return slices.Delete(e, pos, pos+1), bitmap &^ bit, s.val, true
 }
 
 // each visits every value in trie order (by hash, then key) until fn
 // returns false. The order is the same on every machine and build.
 func (m *pmap[V]) each(fn func(V) bool) bool {
-	if m.root == nil {
-		return true
-	}
-	return m.root.each(fn)
+	return eachIn(m.root, fn)
 }
 
-func (n *hnode[V]) each(fn func(V) bool) bool {
-	for i := range n.slots {
-		s := &n.slots[i]
-		if s.child != nil {
-			if !s.child.each(fn) {
+func eachIn[V mapValue](node []hslot[V], fn func(V) bool) bool {
+	for i := 1; i < len(node); i++ {
+		s := &node[i]
+		if s.kids != nil {
+			if !eachIn(s.kids, fn) {
 				return false
 			}
 		} else if !fn(s.val) {

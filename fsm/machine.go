@@ -378,7 +378,7 @@ func (tx *txn) bind(e *Bind) Result {
 	if i, ok := findInstance(s.instances, e.Instance); ok && s.instances[i].Status == InstanceDown {
 		return rejected("bind: instance %q is down", e.Instance)
 	}
-	rec := &bindingRec{Binding: Binding{
+	rec := newBindingRec(&Binding{
 		Fleet:          e.Fleet,
 		Key:            e.Key,
 		ConversationID: e.ConversationID,
@@ -387,10 +387,7 @@ func (tx *txn) bind(e *Bind) Result {
 		BoundAt:        s.time,
 		LastUsed:       s.time,
 		Decision:       tx.internDecision(e.Decision),
-	}}
-	if rec.ConversationID == rec.Key {
-		rec.ConversationID = rec.Key // share the bytes
-	}
+	})
 	tx.putBinding(rec, nil)
 	s.counters.scalars[cBindsCreated]++
 	return Result{Status: StatusApplied, Binding: rec.Binding, Found: true, Created: true}
@@ -403,9 +400,9 @@ func (tx *txn) touch(e *Touch) Result {
 		if !ok || old.LastUsed == s.time {
 			continue
 		}
-		rec := &bindingRec{Binding: old.Binding}
-		rec.LastUsed = s.time
-		tx.putBinding(rec, old)
+		b := old.Binding
+		b.LastUsed = s.time
+		tx.putBinding(newBindingRec(&b), old)
 		s.counters.scalars[cTouched]++
 	}
 	for _, child := range e.Links {
@@ -472,8 +469,9 @@ func (tx *txn) overflow(e *Overflow) Result {
 		if old.LastUsed == s.time {
 			return Result{Status: StatusApplied, Binding: old.Binding, Found: true}
 		}
-		rec := &bindingRec{Binding: old.Binding}
-		rec.LastUsed = s.time
+		b := old.Binding
+		b.LastUsed = s.time
+		rec := newBindingRec(&b)
 		tx.putBinding(rec, old)
 		return Result{Status: StatusApplied, Binding: rec.Binding, Found: true}
 	}
@@ -492,12 +490,13 @@ func (tx *txn) overflow(e *Overflow) Result {
 		res.Binding, res.Found = old.Binding, true
 		return res
 	}
-	rec := &bindingRec{Binding: old.Binding}
-	rec.Instance = tx.internString(e.To)
-	rec.Epoch = s.index
-	rec.BoundAt = s.time
-	rec.LastUsed = s.time
-	rec.Decision = tx.internDecision(e.Decision)
+	b := old.Binding
+	b.Instance = tx.internString(e.To)
+	b.Epoch = s.index
+	b.BoundAt = s.time
+	b.LastUsed = s.time
+	b.Decision = tx.internDecision(e.Decision)
+	rec := newBindingRec(&b)
 	tx.putBinding(rec, old)
 	s.counters.scalars[cRebinds]++
 	return Result{Status: StatusApplied, Binding: rec.Binding, Found: true}

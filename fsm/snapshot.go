@@ -337,30 +337,30 @@ func (sr *snapReader) ref(what string) string {
 	return sr.intern[id-1]
 }
 
-func (sr *snapReader) decision(what string) Decision {
+func (sr *snapReader) decision() Decision {
 	r := &sr.r
 	var d Decision
-	d.Edge = sr.ref(what + ".Edge")
-	d.Policy = sr.ref(what + ".Policy")
-	d.RequestID = r.str(what + ".RequestID")
+	d.Edge = sr.ref("decision edge")
+	d.Policy = sr.ref("decision policy")
+	d.RequestID = r.str("decision request id")
 	at := r.off
-	n := r.uvarint(what + ".Candidates count")
+	n := r.uvarint("decision candidates count")
 	if r.err != nil {
 		return d
 	}
 	if n > MaxCandidates {
 		r.off = at
-		r.fail("%s has %d candidates, the limit is %d", what, n, MaxCandidates)
+		r.fail("decision has %d candidates, the limit is %d", n, MaxCandidates)
 		return d
 	}
 	if n > 0 {
 		d.Candidates = make([]Candidate, n)
 		for i := range d.Candidates {
 			c := &d.Candidates[i]
-			c.Instance = sr.ref(what + ".Candidates.Instance")
-			c.Score = r.float64v(what + ".Candidates.Score")
-			c.CachedTokens = r.uint32v(what + ".Candidates.CachedTokens")
-			c.LoadTokens = r.uint32v(what + ".Candidates.LoadTokens")
+			c.Instance = sr.ref("candidate instance")
+			c.Score = r.float64v("candidate score")
+			c.CachedTokens = r.uint32v("candidate cached tokens")
+			c.LoadTokens = r.uint32v("candidate load tokens")
 		}
 	}
 	return d
@@ -384,7 +384,7 @@ func (sr *snapReader) count(what string) (uint64, error) {
 // and returns *SnapshotError for truncated, corrupt or newer-format input. It
 // never panics.
 func ReadSnapshot(r io.Reader) (*State, error) {
-	sr := &snapReader{br: bufio.NewReaderSize(r, 1<<20)}
+	sr := &snapReader{br: bufio.NewReaderSize(r, 64<<10)}
 	var head [len(snapshotMagic) + 1]byte
 	if err := sr.readFull(head[:], "the header"); err != nil {
 		return nil, err
@@ -456,7 +456,11 @@ func ReadSnapshot(r io.Reader) (*State, error) {
 	}
 	prevUsed := int64(0)
 	for i := uint64(0); i < nBindings; i++ {
-		if err := sr.record(fmt.Sprintf("binding %d of %d", i+1, nBindings)); err != nil {
+		if err := sr.record("a binding"); err != nil {
+			var se *SnapshotError
+			if errors.As(err, &se) {
+				se.Msg = fmt.Sprintf("binding %d of %d: %s", i+1, nBindings, se.Msg)
+			}
 			return nil, err
 		}
 		var x Binding
@@ -472,7 +476,7 @@ func ReadSnapshot(r io.Reader) (*State, error) {
 		x.Epoch = rd.uvarint("binding epoch")
 		x.LastUsed = prevUsed + rd.varint("binding last use")
 		x.BoundAt = x.LastUsed - rd.varint("binding bound-at")
-		x.Decision = sr.decision("binding decision")
+		x.Decision = sr.decision()
 		if rd.err != nil {
 			return nil, sr.decodeErr()
 		}
@@ -628,7 +632,8 @@ func (b *stateBuilder) addBinding(x Binding) error {
 	if !x.Fleet.Valid() || x.Key == "" || x.Instance == "" {
 		return fmt.Errorf("invalid binding (fleet %d, key %q, instance %q)", uint8(x.Fleet), x.Key, x.Instance)
 	}
-	rec := &bindingRec{Binding: x, seq: s.nextSeq}
+	rec := newBindingRec(&x)
+	rec.seq = s.nextSeq
 	if _, replaced := s.bindings.set(b.owner, rec); replaced {
 		return fmt.Errorf("%v key %q appears twice", x.Fleet, x.Key)
 	}

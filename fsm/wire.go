@@ -143,7 +143,7 @@ func (r *reader) count(what string, minElemBytes int) int {
 
 func (r *reader) str(what string) string {
 	at := r.off
-	n := r.uvarint(what + " length")
+	n := r.uvarint(what)
 	if r.err != nil {
 		return ""
 	}
