@@ -1,0 +1,301 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/tether-project/tether/cluster"
+	"github.com/tether-project/tether/fsm"
+)
+
+// recorder proposes the events a request does not wait for (overflows,
+// parent links) and the Binds of degraded-mode placements, batching what
+// queued up into one entry and retrying while the log cannot commit.
+type recorder struct {
+	e    *Edge
+	kick chan struct{}
+
+	mu       sync.Mutex
+	queue    []recorded
+	degraded map[fsm.FleetKey]fsm.Bind // placed without the log, not recorded yet
+	links    map[string]bool           // queued links, by child
+}
+
+type recorded struct {
+	ev       fsm.Event
+	attempts int
+}
+
+// maxRecorderQueue bounds the events waiting for the log; beyond it the
+// oldest are dropped (an overflow is informational, a link is re-proposed
+// by the child's next request, a degraded Bind by the key's next request).
+const maxRecorderQueue = 65536
+
+// maxRecordAttempts bounds retries of events other than degraded Binds.
+const maxRecordAttempts = 50
+
+func newRecorder(e *Edge) *recorder {
+	return &recorder{e: e, kick: make(chan struct{}, 1), degraded: map[fsm.FleetKey]fsm.Bind{}, links: map[string]bool{}}
+}
+
+func (r *recorder) poke() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// add queues an event; done, if set, is called with its result once it
+// committed.
+func (r *recorder) add(ev fsm.Event, _ func(fsm.Result)) {
+	r.mu.Lock()
+	if l, ok := ev.(fsm.Link); ok {
+		if r.links[l.Child] {
+			r.mu.Unlock()
+			return
+		}
+		r.links[l.Child] = true
+	}
+	r.pushLocked(recorded{ev: ev})
+	r.mu.Unlock()
+	r.poke()
+}
+
+func (r *recorder) pushLocked(x recorded) {
+	if len(r.queue) >= maxRecorderQueue {
+		r.dropLocked(r.queue[0])
+		r.queue = r.queue[1:]
+	}
+	r.queue = append(r.queue, x)
+}
+
+func (r *recorder) dropLocked(x recorded) {
+	switch ev := x.ev.(type) {
+	case fsm.Link:
+		delete(r.links, ev.Child)
+	case fsm.Bind:
+		delete(r.degraded, fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key})
+		r.e.metrics.degradedRecord.WithLabelValues("dropped").Inc()
+	}
+}
+
+// addDegraded remembers a degraded placement and queues its Bind.
+func (r *recorder) addDegraded(b fsm.Bind) {
+	k := fsm.FleetKey{Fleet: b.Fleet, Key: b.Key}
+	r.mu.Lock()
+	if _, dup := r.degraded[k]; dup {
+		r.mu.Unlock()
+		return
+	}
+	r.degraded[k] = b
+	r.pushLocked(recorded{ev: b})
+	r.mu.Unlock()
+	r.poke()
+}
+
+// degradedBinding returns the unrecorded degraded placement of a key.
+func (r *recorder) degradedBinding(f fsm.Fleet, key string) (fsm.Binding, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, ok := r.degraded[fsm.FleetKey{Fleet: f, Key: key}]
+	if !ok {
+		return fsm.Binding{}, false
+	}
+	return fsm.Binding{Fleet: b.Fleet, Key: b.Key, ConversationID: b.ConversationID, Instance: b.Instance, Decision: b.Decision}, true
+}
+
+func (r *recorder) pendingDegraded() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.degraded)
+}
+
+// run proposes queued events as they arrive; after a failure it backs off.
+func (r *recorder) run() {
+	defer r.e.wg.Done()
+	backoff := time.Duration(0)
+	for {
+		var wait <-chan time.Time
+		if backoff > 0 {
+			wait = time.After(backoff)
+		}
+		select {
+		case <-r.e.ctx.Done():
+			return
+		case <-r.kick:
+			if backoff > 0 {
+				continue // wait out the backoff; the queue keeps
+			}
+		case <-wait:
+		}
+		ctx, cancel := context.WithTimeout(r.e.ctx, max(r.e.cfg.Cluster.ProposeTimeout*4, 200*time.Millisecond))
+		ok := r.flush(ctx)
+		cancel()
+		if ok {
+			backoff = 0
+		} else {
+			backoff = min(max(2*backoff, 100*time.Millisecond), time.Second)
+		}
+	}
+}
+
+// flush proposes everything queued in one batch. It reports false when the
+// log could not commit (events stay queued).
+func (r *recorder) flush(ctx context.Context) bool {
+	r.mu.Lock()
+	batch := r.queue
+	r.queue = nil
+	r.mu.Unlock()
+	if len(batch) == 0 {
+		return true
+	}
+	evs := make([]fsm.Event, len(batch))
+	for i, x := range batch {
+		evs[i] = x.ev
+	}
+	start := time.Now()
+	results, err := r.e.node.ProposeBatch(ctx, evs)
+	took := time.Since(start)
+	if err != nil && len(results) != len(evs) {
+		for _, ev := range evs {
+			r.e.observeProposal(ev.Type(), fsm.Result{}, err, took)
+		}
+		r.mu.Lock()
+		var keep []recorded
+		for _, x := range batch {
+			x.attempts++
+			_, isBind := x.ev.(fsm.Bind)
+			if (isBind || x.attempts < maxRecordAttempts) && !errors.Is(err, cluster.ErrClosed) {
+				keep = append(keep, x)
+			} else {
+				r.dropLocked(x)
+			}
+		}
+		r.queue = append(keep, r.queue...)
+		r.mu.Unlock()
+		return false
+	}
+	r.mu.Lock()
+	for i, x := range batch {
+		r.e.observeProposal(x.ev.Type(), results[i], nil, took)
+		switch ev := x.ev.(type) {
+		case fsm.Link:
+			delete(r.links, ev.Child)
+			if results[i].Status == fsm.StatusRejected {
+				r.e.log.Info("parent link rejected", "child", ev.Child, "parent", ev.Parent, "reason", results[i].Reason)
+			}
+		case fsm.Bind:
+			delete(r.degraded, fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key})
+			res := "recorded"
+			if !results[i].Created {
+				res = "superseded" // another edge's Bind won
+			}
+			r.e.metrics.degradedRecord.WithLabelValues(res).Inc()
+		}
+	}
+	r.mu.Unlock()
+	return true
+}
+
+// touchBatcher collects the bound keys (and parent links) requests used
+// since the last flush; every touch_interval they become one Touch event.
+type touchBatcher struct {
+	mu    sync.Mutex
+	keys  map[fsm.FleetKey]struct{}
+	links map[string]struct{}
+}
+
+func newTouchBatcher() *touchBatcher {
+	return &touchBatcher{keys: map[fsm.FleetKey]struct{}{}, links: map[string]struct{}{}}
+}
+
+func (t *touchBatcher) add(k fsm.FleetKey) {
+	t.mu.Lock()
+	t.keys[k] = struct{}{}
+	t.mu.Unlock()
+}
+
+func (t *touchBatcher) addLink(child string) {
+	t.mu.Lock()
+	t.links[child] = struct{}{}
+	t.mu.Unlock()
+}
+
+// take empties the batch.
+func (t *touchBatcher) take() fsm.Touch {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var ev fsm.Touch
+	if len(t.keys) == 0 && len(t.links) == 0 {
+		return ev
+	}
+	ev.Keys = make([]fsm.FleetKey, 0, len(t.keys))
+	for k := range t.keys {
+		ev.Keys = append(ev.Keys, k)
+	}
+	ev.Links = make([]string, 0, len(t.links))
+	for l := range t.links {
+		ev.Links = append(ev.Links, l)
+	}
+	clear(t.keys)
+	clear(t.links)
+	return ev
+}
+
+// putBack merges an unflushed batch back.
+func (t *touchBatcher) putBack(ev fsm.Touch) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, k := range ev.Keys {
+		t.keys[k] = struct{}{}
+	}
+	for _, l := range ev.Links {
+		t.links[l] = struct{}{}
+	}
+}
+
+// maxTouchKeys bounds one Touch event; larger batches are split.
+const maxTouchKeys = 8192
+
+func (e *Edge) touchLoop() {
+	defer e.wg.Done()
+	t := time.NewTicker(e.cfg.TouchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(e.ctx, max(e.cfg.TouchInterval, time.Second))
+		e.flushTouches(ctx)
+		cancel()
+	}
+}
+
+// flushTouches proposes the used keys as one Touch (split when huge).
+func (e *Edge) flushTouches(ctx context.Context) {
+	ev := e.touches.take()
+	if len(ev.Keys) == 0 && len(ev.Links) == 0 {
+		return
+	}
+	var evs []fsm.Event
+	for len(ev.Keys) > maxTouchKeys || len(ev.Links) > maxTouchKeys {
+		part := fsm.Touch{Keys: ev.Keys[:min(len(ev.Keys), maxTouchKeys)], Links: ev.Links[:min(len(ev.Links), maxTouchKeys)]}
+		ev.Keys, ev.Links = ev.Keys[len(part.Keys):], ev.Links[len(part.Links):]
+		evs = append(evs, part)
+	}
+	evs = append(evs, ev)
+	start := time.Now()
+	_, err := e.node.ProposeBatch(ctx, evs)
+	e.observeProposal(fsm.TypeTouch, fsm.Result{Status: fsm.StatusApplied}, err, time.Since(start))
+	if err != nil {
+		for _, x := range evs {
+			e.touches.putBack(x.(fsm.Touch))
+		}
+		return
+	}
+	e.metrics.touches.Add(float64(len(evs)))
+}

@@ -1,0 +1,701 @@
+package edge
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing"
+)
+
+// Environment variables that override secrets from the configuration file,
+// so they need not be written to disk.
+const (
+	EnvInternalRequestAuthKey = "TETHER_INTERNAL_REQUEST_AUTH_KEY"
+	EnvAdminToken             = "TETHER_ADMIN_TOKEN"
+	EnvClusterAuthKey         = "TETHER_CLUSTER_AUTH_KEY"
+)
+
+// MinSecretLen is the shortest internal key, cluster key or admin token
+// accepted: a short shared secret is guessable.
+const MinSecretLen = 16
+
+// Defaults of tether's own keys.
+const (
+	DefaultPort             = 8000
+	DefaultSessionTTL       = 10 * time.Minute
+	DefaultMaxBindings      = fsm.DefaultMaxBindings
+	DefaultTouchInterval    = time.Second
+	DefaultMaxBodyBytes     = 32 << 20
+	DefaultMaxRetries       = 1
+	DefaultProposeTimeout   = 50 * time.Millisecond
+	DefaultLeaderInterval   = time.Second
+	DefaultSweepBatch       = 512
+	DefaultStaleIntervals   = 5
+	DefaultMinStaleAfter    = time.Second
+	DefaultDownAfter        = 10 * time.Second
+	DefaultProbeInterval    = time.Second
+	DefaultDumpTimeout      = 2 * time.Second
+	DefaultEmbeddedNATSAddr = "127.0.0.1:4222"
+	DefaultUpstreamTimeout  = 10 * time.Minute
+)
+
+// Config is an edge's configuration. The YAML keys shared with a
+// TensorRT-LLM disaggregated launch keep their names and meaning; the rest
+// are tether's. Load it with LoadConfig/ParseConfig (which apply defaults and
+// validate) or fill it in code and call Validate.
+type Config struct {
+	Hostname          string        `yaml:"hostname"`
+	Port              int           `yaml:"port"`
+	Model             string        `yaml:"model"`
+	ContextServers    ServersConfig `yaml:"context_servers"`
+	GenerationServers ServersConfig `yaml:"generation_servers"`
+
+	// ParentHeader is conversation_affinity_header_for_subagents ("" = off).
+	ParentHeader string `yaml:"conversation_affinity_header_for_subagents"`
+	// Scope is subagent_affinity_scope: context (default) or both.
+	Scope routing.Scope `yaml:"subagent_affinity_scope"`
+	// InternalRequestAuthKey signs sub-agent hints (env
+	// TETHER_INTERNAL_REQUEST_AUTH_KEY overrides it).
+	InternalRequestAuthKey string                  `yaml:"internal_request_auth_key"`
+	ConditionalDisagg      ConditionalDisaggConfig `yaml:"conditional_disagg_config"`
+	// MaxRetries is how many times a failed hop is retried on another
+	// instance (connection errors and 5xx only).
+	MaxRetries int `yaml:"max_retries"`
+
+	SessionTTL       time.Duration        `yaml:"session_ttl"`
+	MaxBindings      uint64               `yaml:"max_bindings"`
+	TouchInterval    time.Duration        `yaml:"touch_interval"`
+	MaxSubagentDepth int                  `yaml:"max_subagent_depth"`
+	TrustedGateway   TrustedGatewayConfig `yaml:"trusted_gateway"`
+	DebugRouteHeader bool                 `yaml:"debug_route_header"`
+	// AdminToken guards /admin/v1 (env TETHER_ADMIN_TOKEN overrides it).
+	// Empty disables the admin API.
+	AdminToken   string `yaml:"admin_token"`
+	MaxBodyBytes int64  `yaml:"max_body_bytes"`
+	// UpstreamTimeout bounds one worker hop, streaming included.
+	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
+
+	Placement PlacementConfig `yaml:"placement"`
+	Telemetry TelemetryConfig `yaml:"telemetry"`
+	Leader    LeaderConfig    `yaml:"leader"`
+	Cluster   ClusterConfig   `yaml:"cluster"`
+	NATS      NATSConfig      `yaml:"nats"`
+	Tracing   TracingConfig   `yaml:"tracing"`
+}
+
+// ServersConfig is context_servers or generation_servers.
+type ServersConfig struct {
+	// NumInstances is informational when URLs are given (it must then
+	// match their number); with telemetry-discovered workers it is the
+	// number /readyz waits for (0: at least one).
+	NumInstances int              `yaml:"num_instances"`
+	URLs         []StaticInstance `yaml:"urls"`
+	Router       RouterConfig     `yaml:"router"`
+}
+
+// StaticInstance is one configured worker: a URL, or {name, url}. Its
+// instance id is the name when given, else the URL.
+type StaticInstance struct {
+	Name string `yaml:"name"`
+	URL  string `yaml:"url"`
+}
+
+// UnmarshalYAML accepts a plain URL string or a {name, url} mapping.
+func (s *StaticInstance) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		s.Name, s.URL = "", n.Value
+		return nil
+	}
+	type plain StaticInstance
+	var p plain
+	dec := n.Decode
+	if err := dec(&p); err != nil {
+		return err
+	}
+	// Decode does not apply KnownFields to nested custom unmarshalers:
+	// check the keys here.
+	if n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if k := n.Content[i].Value; k != "name" && k != "url" {
+				return fmt.Errorf("line %d: unknown key %q in a urls entry (allowed: name, url)", n.Content[i].Line, k)
+			}
+		}
+	}
+	*s = StaticInstance(p)
+	return nil
+}
+
+// ID is the instance id the edge uses for the entry.
+func (s StaticInstance) ID() string {
+	if s.Name != "" {
+		return s.Name
+	}
+	return s.URL
+}
+
+// RouterConfig is a fleet's router section.
+type RouterConfig struct {
+	Type routing.RouterType `yaml:"type"`
+}
+
+// ConditionalDisaggConfig is conditional_disagg_config.
+type ConditionalDisaggConfig struct {
+	// MaxLocalPrefillLength: when the generation instance would have to
+	// prefill fewer uncached prompt tokens than this, the context hop is
+	// skipped and the generation worker runs the request aggregated.
+	// 0 disables conditional disaggregation.
+	MaxLocalPrefillLength int `yaml:"max_local_prefill_length"`
+}
+
+// TrustedGatewayConfig says which requests may carry the parent-session
+// header. When Enabled, the header is stripped from requests that come
+// neither from one of CIDRs nor with the gateway token in TokenHeader.
+type TrustedGatewayConfig struct {
+	Enabled     bool     `yaml:"enabled"`
+	CIDRs       []string `yaml:"cidrs"`
+	TokenHeader string   `yaml:"token_header"`
+	Token       string   `yaml:"token"`
+
+	prefixes []netip.Prefix
+}
+
+// PlacementConfig is the routing configuration shared by both fleets (the
+// fleets differ by router type): KV weights, overflow thresholds,
+// rebind_after, the cache circuit breaker and the hard limits for shedding.
+type PlacementConfig struct {
+	BlockSize  int                    `yaml:"block_size"`
+	PredictTTL time.Duration          `yaml:"predict_ttl"`
+	Weights    routing.Weights        `yaml:"weights"`
+	Overflow   routing.OverflowConfig `yaml:"overflow"`
+	Shed       routing.ShedConfig     `yaml:"shed"`
+	Breaker    routing.BreakerConfig  `yaml:"circuit_breaker"`
+}
+
+// TelemetryConfig tunes how the edge judges workers from their telemetry.
+type TelemetryConfig struct {
+	// StaleIntervals: a worker is unhealthy after this many of its
+	// telemetry intervals without a load report (and at least
+	// MinStaleAfter).
+	StaleIntervals int           `yaml:"stale_intervals"`
+	MinStaleAfter  time.Duration `yaml:"min_stale_after"`
+	// DownAfter: the leader records an instance down after this long
+	// without telemetry (or failed probes), evicting its bindings.
+	DownAfter time.Duration `yaml:"down_after"`
+	// ProbeInterval: static instances without telemetry are probed on
+	// GET /readyz this often.
+	ProbeInterval time.Duration `yaml:"probe_interval"`
+	// DumpTimeout bounds one KV dump request.
+	DumpTimeout time.Duration `yaml:"dump_timeout"`
+}
+
+// LeaderConfig tunes the leader's duties.
+type LeaderConfig struct {
+	// Interval between rounds of duties (TTL sweep, instance states,
+	// feature level, settings).
+	Interval time.Duration `yaml:"interval"`
+	// SweepBatch bounds the evictions proposed per round.
+	SweepBatch int `yaml:"sweep_batch"`
+}
+
+// ClusterConfig is the edge's Raft membership.
+type ClusterConfig struct {
+	NodeID         string        `yaml:"node_id"`
+	BindAddr       string        `yaml:"bind_addr"`
+	AdvertiseAddr  string        `yaml:"advertise_addr"`
+	DataDir        string        `yaml:"data_dir"`
+	Bootstrap      bool          `yaml:"bootstrap"`
+	Peers          []PeerConfig  `yaml:"peers"`
+	Join           []string      `yaml:"join"`
+	ProposeTimeout time.Duration `yaml:"propose_timeout"`
+	// AuthKey authenticates inter-edge RPCs (env TETHER_CLUSTER_AUTH_KEY);
+	// defaults to internal_request_auth_key.
+	AuthKey string     `yaml:"auth_key"`
+	Raft    RaftConfig `yaml:"raft"`
+	// Archive retention (log time).
+	ArchiveMaxAge    time.Duration `yaml:"archive_max_age"`
+	ArchiveMaxEvents uint64        `yaml:"archive_max_events"`
+}
+
+// PeerConfig is one initial voter.
+type PeerConfig struct {
+	ID   string `yaml:"id"`
+	Addr string `yaml:"addr"`
+}
+
+// RaftConfig are hashicorp/raft's timing knobs (zero: cluster defaults).
+type RaftConfig struct {
+	HeartbeatTimeout   time.Duration `yaml:"heartbeat_timeout"`
+	ElectionTimeout    time.Duration `yaml:"election_timeout"`
+	LeaderLeaseTimeout time.Duration `yaml:"leader_lease_timeout"`
+	CommitTimeout      time.Duration `yaml:"commit_timeout"`
+}
+
+// NATSConfig is where worker telemetry comes from.
+type NATSConfig struct {
+	// Embedded runs a NATS server inside the edge on Listen and connects
+	// to it (a single-edge or development deployment).
+	Embedded bool     `yaml:"embedded"`
+	Listen   string   `yaml:"listen"`
+	URLs     []string `yaml:"urls"`
+	User     string   `yaml:"user"`
+	Password string   `yaml:"password"`
+	Creds    string   `yaml:"creds"`
+}
+
+// Enabled reports whether the edge subscribes to telemetry.
+func (n NATSConfig) Enabled() bool { return n.Embedded || len(n.URLs) > 0 }
+
+// TracingConfig selects the span exporter. otlp is not compiled into this
+// build (otlptracehttp is not a dependency); stdout writes one JSON object
+// per finished span to standard output.
+type TracingConfig struct {
+	Exporter string `yaml:"exporter"` // none | stdout
+	Endpoint string `yaml:"endpoint"`
+}
+
+// DefaultConfig returns the defaults; callers fill model, servers and the
+// cluster section.
+func DefaultConfig() Config {
+	rc := routing.DefaultConfig()
+	return Config{
+		Hostname:        "127.0.0.1",
+		Port:            DefaultPort,
+		MaxRetries:      DefaultMaxRetries,
+		SessionTTL:      DefaultSessionTTL,
+		MaxBindings:     DefaultMaxBindings,
+		TouchInterval:   DefaultTouchInterval,
+		MaxBodyBytes:    DefaultMaxBodyBytes,
+		UpstreamTimeout: DefaultUpstreamTimeout,
+		Placement: PlacementConfig{
+			BlockSize:  rc.BlockSize,
+			PredictTTL: rc.PredictTTL,
+			Weights:    rc.Weights,
+			Overflow:   rc.Overflow,
+			Shed:       rc.Shed,
+			Breaker:    rc.Breaker,
+		},
+		Telemetry: TelemetryConfig{
+			StaleIntervals: DefaultStaleIntervals,
+			MinStaleAfter:  DefaultMinStaleAfter,
+			DownAfter:      DefaultDownAfter,
+			ProbeInterval:  DefaultProbeInterval,
+			DumpTimeout:    DefaultDumpTimeout,
+		},
+		Leader:  LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
+		Cluster: ClusterConfig{ProposeTimeout: DefaultProposeTimeout},
+		Tracing: TracingConfig{Exporter: "none"},
+	}
+}
+
+// LoadConfig reads, parses, applies the environment to and validates the
+// file at path.
+func LoadConfig(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig parses YAML over the defaults (unknown keys are errors),
+// applies the environment overrides and validates.
+func ParseConfig(data []byte) (Config, error) {
+	cfg := DefaultConfig()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, yamlError(err)
+	}
+	cfg.ApplyEnv(os.Getenv)
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+var (
+	unknownFieldRE = regexp.MustCompile(`line (\d+): field (\S+) not found in type \S+`)
+	typeNameRE     = regexp.MustCompile(` into [\w.\[\]*]+`)
+)
+
+// yamlError rewrites yaml.v3's messages in the config's own words: an
+// unknown field names the key and its line.
+func yamlError(err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return fmt.Errorf("invalid YAML: %w", err)
+	}
+	msgs := make([]string, 0, len(te.Errors))
+	for _, m := range te.Errors {
+		m = unknownFieldRE.ReplaceAllString(m, `line $1: unknown key "$2"`)
+		m = typeNameRE.ReplaceAllString(m, "")
+		msgs = append(msgs, m)
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// ApplyEnv lets environment variables override the secrets.
+func (c *Config) ApplyEnv(getenv func(string) string) {
+	if v := getenv(EnvInternalRequestAuthKey); v != "" {
+		c.InternalRequestAuthKey = v
+	}
+	if v := getenv(EnvAdminToken); v != "" {
+		c.AdminToken = v
+	}
+	if v := getenv(EnvClusterAuthKey); v != "" {
+		c.Cluster.AuthKey = v
+	}
+}
+
+// RoutingConfig is fleet f's routing configuration.
+func (c *Config) RoutingConfig(f fsm.Fleet) routing.Config {
+	p := c.Placement
+	rc := routing.Config{
+		BlockSize: p.BlockSize, PredictTTL: p.PredictTTL, Weights: p.Weights,
+		Overflow: p.Overflow, Shed: p.Shed, Breaker: p.Breaker,
+	}
+	rc.Type = c.servers(f).Router.Type
+	return rc
+}
+
+func (c *Config) servers(f fsm.Fleet) *ServersConfig {
+	if f == fsm.FleetGeneration {
+		return &c.GenerationServers
+	}
+	return &c.ContextServers
+}
+
+// IdentityConfig is the sub-agent identity configuration routing uses.
+func (c *Config) IdentityConfig() routing.IdentityConfig {
+	return routing.IdentityConfig{ParentHeader: c.ParentHeader, Scope: c.Scope, MaxDepth: c.MaxSubagentDepth}
+}
+
+// clusterAuthKey is the key inter-edge RPCs use.
+func (c *Config) clusterAuthKey() string {
+	if c.Cluster.AuthKey != "" {
+		return c.Cluster.AuthKey
+	}
+	return c.InternalRequestAuthKey
+}
+
+// Validate checks the configuration; every error names its key. It also
+// prepares derived values (gateway CIDRs), so call it before New.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if c.Port < 0 || c.Port > 65535 {
+		bad("port", "must be 0..65535, got %d", c.Port)
+	}
+	if strings.TrimSpace(c.Model) == "" {
+		bad("model", "required: the model name the edge serves")
+	}
+
+	// Sub-agent affinity (the spec's startup checks).
+	if err := c.IdentityConfig().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.InternalRequestAuthKey != "" && len(c.InternalRequestAuthKey) < MinSecretLen {
+		bad("internal_request_auth_key", "%d bytes is too short (want at least %d)", len(c.InternalRequestAuthKey), MinSecretLen)
+	}
+	if c.ParentHeader != "" && c.InternalRequestAuthKey == "" {
+		bad("internal_request_auth_key", "required when conversation_affinity_header_for_subagents is set (%s): sub-agent hints must be signed; set it or %s",
+			c.ParentHeader, EnvInternalRequestAuthKey)
+	}
+	if c.Scope == routing.ScopeBoth && c.GenerationServers.Router.Type != routing.RouterConversation {
+		bad("subagent_affinity_scope", "both requires generation_servers.router.type: conversation (got %s)", c.GenerationServers.Router.Type)
+	}
+	if c.ConditionalDisagg.MaxLocalPrefillLength < 0 {
+		bad("conditional_disagg_config.max_local_prefill_length", "must be >= 0 (0 disables), got %d", c.ConditionalDisagg.MaxLocalPrefillLength)
+	}
+	if c.ConditionalDisagg.MaxLocalPrefillLength > 0 {
+		if c.Scope == routing.ScopeBoth {
+			bad("conditional_disagg_config", "cannot be used with subagent_affinity_scope: both (use context scope with conditional disaggregation)")
+		}
+		if c.GenerationServers.Router.Type != routing.RouterKVCacheAware {
+			bad("conditional_disagg_config", "requires generation_servers.router.type: kv_cache_aware (got %s)", c.GenerationServers.Router.Type)
+		}
+	}
+	if c.MaxRetries < 0 || c.MaxRetries > 16 {
+		bad("max_retries", "must be 0..16, got %d", c.MaxRetries)
+	}
+
+	// Fleets.
+	seen := map[string]string{}
+	seenIDs := map[string]string{}
+	for _, fl := range []struct {
+		key string
+		s   *ServersConfig
+	}{{"context_servers", &c.ContextServers}, {"generation_servers", &c.GenerationServers}} {
+		if fl.s.NumInstances < 0 {
+			bad(fl.key+".num_instances", "must be >= 0, got %d", fl.s.NumInstances)
+		}
+		if len(fl.s.URLs) > 0 && fl.s.NumInstances != 0 && fl.s.NumInstances != len(fl.s.URLs) {
+			bad(fl.key+".num_instances", "is %d but %s.urls lists %d instances", fl.s.NumInstances, fl.key, len(fl.s.URLs))
+		}
+		if len(fl.s.URLs) == 0 && !c.NATS.Enabled() {
+			bad(fl.key+".urls", "no instances: list the workers' URLs or configure nats so workers register themselves")
+		}
+		for i, si := range fl.s.URLs {
+			key := fmt.Sprintf("%s.urls[%d]", fl.key, i)
+			if err := checkWorkerURL(si.URL); err != nil {
+				bad(key, "%v", err)
+				continue
+			}
+			norm := strings.TrimRight(si.URL, "/")
+			if prev, dup := seen[norm]; dup {
+				bad(key, "duplicate URL %s (also %s)", si.URL, prev)
+			}
+			seen[norm] = key
+			if prev, dup := seenIDs[si.ID()]; dup {
+				bad(key, "duplicate instance id %q (also %s)", si.ID(), prev)
+			}
+			seenIDs[si.ID()] = key
+			if si.Name != "" && !validInstanceName(si.Name) {
+				bad(key+".name", "%q must be 1..128 characters of [A-Za-z0-9_-] (the workers' instance_id)", si.Name)
+			}
+		}
+	}
+	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+		if err := c.RoutingConfig(f).Validate(); err != nil {
+			key := "context_servers"
+			if f == fsm.FleetGeneration {
+				key = "generation_servers"
+			}
+			// Placement keys are shared; name them under placement.
+			msg := strings.ReplaceAll(err.Error(), "router.type", key+".router.type")
+			msg = strings.ReplaceAll(msg, "router.", "placement.")
+			errs = append(errs, errors.New(msg))
+			break
+		}
+	}
+
+	// tether's own keys.
+	if c.SessionTTL <= 0 {
+		bad("session_ttl", "must be > 0, got %s", c.SessionTTL)
+	}
+	if c.MaxBindings == 0 {
+		bad("max_bindings", "must be > 0")
+	}
+	if c.TouchInterval <= 0 {
+		bad("touch_interval", "must be > 0, got %s", c.TouchInterval)
+	}
+	if c.MaxBodyBytes <= 0 {
+		bad("max_body_bytes", "must be > 0, got %d", c.MaxBodyBytes)
+	}
+	if c.UpstreamTimeout <= 0 {
+		bad("upstream_timeout", "must be > 0, got %s", c.UpstreamTimeout)
+	}
+	if c.AdminToken != "" && len(c.AdminToken) < MinSecretLen {
+		bad("admin_token", "%d bytes is too short (want at least %d)", len(c.AdminToken), MinSecretLen)
+	}
+	g := &c.TrustedGateway
+	g.prefixes = nil
+	for i, s := range g.CIDRs {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			bad(fmt.Sprintf("trusted_gateway.cidrs[%d]", i), "%q is not a CIDR (e.g. 10.0.0.0/8): %v", s, err)
+			continue
+		}
+		g.prefixes = append(g.prefixes, p.Masked())
+	}
+	if g.Token != "" && g.TokenHeader == "" {
+		bad("trusted_gateway.token_header", "required when trusted_gateway.token is set")
+	}
+	if g.Token != "" && len(g.Token) < MinSecretLen {
+		bad("trusted_gateway.token", "%d bytes is too short (want at least %d)", len(g.Token), MinSecretLen)
+	}
+	if g.TokenHeader != "" && g.Token == "" {
+		bad("trusted_gateway.token", "required when trusted_gateway.token_header is set")
+	}
+	if g.Enabled && len(g.CIDRs) == 0 && g.Token == "" {
+		bad("trusted_gateway", "enabled without cidrs or a token: no request could carry the parent-session header")
+	}
+	if g.Enabled && c.ParentHeader == "" {
+		bad("trusted_gateway", "enabled but conversation_affinity_header_for_subagents is not set: there is no header to guard")
+	}
+
+	t := c.Telemetry
+	if t.StaleIntervals < 1 {
+		bad("telemetry.stale_intervals", "must be >= 1, got %d", t.StaleIntervals)
+	}
+	if t.MinStaleAfter < 0 {
+		bad("telemetry.min_stale_after", "must be >= 0, got %s", t.MinStaleAfter)
+	}
+	if t.DownAfter <= 0 {
+		bad("telemetry.down_after", "must be > 0, got %s", t.DownAfter)
+	}
+	if t.ProbeInterval <= 0 {
+		bad("telemetry.probe_interval", "must be > 0, got %s", t.ProbeInterval)
+	}
+	if t.DumpTimeout <= 0 {
+		bad("telemetry.dump_timeout", "must be > 0, got %s", t.DumpTimeout)
+	}
+	if c.Leader.Interval <= 0 {
+		bad("leader.interval", "must be > 0, got %s", c.Leader.Interval)
+	}
+	if c.Leader.SweepBatch < 1 || c.Leader.SweepBatch > 65536 {
+		bad("leader.sweep_batch", "must be 1..65536, got %d", c.Leader.SweepBatch)
+	}
+
+	// Cluster.
+	cl := &c.Cluster
+	if cl.NodeID == "" {
+		bad("cluster.node_id", "required: a stable, unique id for this edge")
+	}
+	if cl.DataDir == "" {
+		bad("cluster.data_dir", "required: where the Raft log, snapshots and the event archive live")
+	}
+	if cl.BindAddr != "" {
+		if _, _, err := net.SplitHostPort(cl.BindAddr); err != nil {
+			bad("cluster.bind_addr", "%q is not host:port: %v", cl.BindAddr, err)
+		}
+	}
+	if cl.AdvertiseAddr != "" {
+		if _, _, err := net.SplitHostPort(cl.AdvertiseAddr); err != nil {
+			bad("cluster.advertise_addr", "%q is not host:port: %v", cl.AdvertiseAddr, err)
+		}
+	}
+	if cl.Bootstrap && len(cl.Join) > 0 {
+		bad("cluster.join", "set either cluster.bootstrap or cluster.join, not both")
+	}
+	if cl.Bootstrap {
+		self := false
+		ids := map[string]bool{}
+		for i, p := range cl.Peers {
+			if p.ID == "" || p.Addr == "" {
+				bad(fmt.Sprintf("cluster.peers[%d]", i), "needs both id and addr")
+				continue
+			}
+			if ids[p.ID] {
+				bad(fmt.Sprintf("cluster.peers[%d].id", i), "duplicate id %q", p.ID)
+			}
+			ids[p.ID] = true
+			self = self || p.ID == cl.NodeID
+		}
+		if len(cl.Peers) == 0 {
+			bad("cluster.peers", "required with cluster.bootstrap: the initial voters, including this edge")
+		} else if !self && cl.NodeID != "" {
+			bad("cluster.peers", "must include this edge (cluster.node_id %q)", cl.NodeID)
+		}
+	}
+	if cl.ProposeTimeout < 0 {
+		bad("cluster.propose_timeout", "must be >= 0, got %s", cl.ProposeTimeout)
+	} else if cl.ProposeTimeout == 0 {
+		cl.ProposeTimeout = DefaultProposeTimeout
+	}
+	if k := c.clusterAuthKey(); k == "" {
+		bad("cluster.auth_key", "required (or internal_request_auth_key, or %s): it authenticates the edges to each other", EnvClusterAuthKey)
+	} else if len(k) < MinSecretLen {
+		bad("cluster.auth_key", "%d bytes is too short (want at least %d)", len(k), MinSecretLen)
+	}
+
+	// NATS.
+	n := &c.NATS
+	if n.Embedded && len(n.URLs) > 0 {
+		bad("nats", "set either nats.embedded or nats.urls, not both")
+	}
+	for i, u := range n.URLs {
+		if pu, err := url.Parse(u); err != nil || pu.Host == "" {
+			bad(fmt.Sprintf("nats.urls[%d]", i), "%q is not a NATS URL (e.g. nats://127.0.0.1:4222)", u)
+		}
+	}
+	if n.Embedded && n.Listen == "" {
+		n.Listen = DefaultEmbeddedNATSAddr
+	}
+	if n.Listen != "" {
+		if _, _, err := net.SplitHostPort(n.Listen); err != nil {
+			bad("nats.listen", "%q is not host:port: %v", n.Listen, err)
+		}
+	}
+	if n.Password != "" && n.User == "" {
+		bad("nats.user", "required when nats.password is set")
+	}
+	if n.Creds != "" {
+		if _, err := os.Stat(n.Creds); err != nil {
+			bad("nats.creds", "%v", err)
+		}
+	}
+
+	switch c.Tracing.Exporter {
+	case "", "none", "stdout":
+	case "otlp":
+		bad("tracing.exporter", "otlp is not available in this build (the otlptracehttp exporter is not among its dependencies); use none or stdout")
+	default:
+		bad("tracing.exporter", "unknown exporter %q (allowed: none, stdout)", c.Tracing.Exporter)
+	}
+	return errors.Join(errs...)
+}
+
+func checkWorkerURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a URL: %v", s, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%q is not an absolute http(s) URL", s)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("%q: a worker URL takes no query or fragment", s)
+	}
+	return nil
+}
+
+func validInstanceName(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// trusted reports whether a request from remote (host:port) carrying h may
+// set the parent-session header.
+func (g *TrustedGatewayConfig) trusted(remote string, tokenValue string) bool {
+	if !g.Enabled {
+		return true
+	}
+	if g.Token != "" && tokenValue != "" && constantTimeEqual(tokenValue, g.Token) {
+		return true
+	}
+	if len(g.prefixes) == 0 {
+		return false
+	}
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		host = remote
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return false
+	}
+	ip = ip.Unmap()
+	for _, p := range g.prefixes {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,684 @@
+// Package edge is `tether edge`: the OpenAI-compatible front door over the
+// replicated affinity log. It turns each request into routing keys
+// (routing), reads where a key lives from the replicated state (a local read
+// of the cluster's fsm.State), places new keys and proposes the placement
+// through the log (the committed winner is used), sends the prefill to a
+// context worker and the decode to a generation worker, and signs the
+// sub-agent hint for each hop (routing/hintauth). Because every edge reads
+// the same log, a parent on one edge and its sub-agents on others share one
+// context instance. See DESIGN.md.
+//
+// Embedding:
+//
+//	e, err := edge.New(cfg, edge.Deps{})
+//	err = e.Start(ctx)
+//	url := "http://" + e.Addr()
+//	defer e.Close(ctx)
+package edge
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tether-project/tether/cluster"
+	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/telemetry"
+)
+
+// Deps are the edge's in-process collaborators; every field is optional.
+type Deps struct {
+	Logger *slog.Logger
+	// Registry receives the edge's metrics and serves /metrics (default: a
+	// new registry per edge).
+	Registry *prometheus.Registry
+	// TracerProvider creates the edge's spans (default: tracing.exporter).
+	TracerProvider trace.TracerProvider
+	// HTTPListener, when set, is served instead of listening on
+	// hostname:port. The edge takes ownership.
+	HTTPListener net.Listener
+	// ClusterListener, when set, carries Raft instead of
+	// cluster.bind_addr (tests pre-bind ports so peers know them).
+	ClusterListener net.Listener
+	// Transport sends the worker hops (default: a keep-alive transport
+	// sized for many concurrent requests).
+	Transport http.RoundTripper
+	// Version is reported in NodeInfo and the cluster status.
+	Version string
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Edge is one edge node. Start it, serve, then Close (or Kill in tests).
+type Edge struct {
+	cfg         Config
+	deps        Deps
+	log         *slog.Logger
+	now         func() time.Time
+	identityCfg routing.IdentityConfig
+	routers     [3]*routing.Router // by fsm.Fleet
+	overload    *routing.OverloadTracker
+	authKey     []byte
+	nodeID      string
+	version     string
+
+	registry *prometheus.Registry
+	metrics  *metrics
+	tracer   trace.Tracer
+	tpClose  func(context.Context) error
+
+	node     *cluster.Node
+	fleet    *fleetview.Fleet
+	natsSrv  *natsserver.Server
+	nc       *nats.Conn
+	client   *http.Client
+	httpSrv  *http.Server
+	ln       net.Listener
+	recorder *recorder
+	touches  *touchBatcher
+
+	rr          [3]atomic.Uint64 // round-robin counters by fleet
+	disaggBase  uint64
+	disaggSeq   atomic.Uint64
+	reqSeq      atomic.Uint64
+	viewsCache  atomic.Pointer[viewsEntry]
+	unavailable atomic.Int64 // unix nanos of the last ErrUnavailable
+
+	evictCh chan kvEviction
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	started  bool
+	stopped  bool
+	serveErr chan error
+}
+
+type kvEviction struct {
+	instance string
+	fleet    fsm.Fleet
+	conv     string
+}
+
+// New validates cfg and prepares an edge; Start opens the cluster node,
+// connects to NATS and listens.
+func New(cfg Config, deps Deps) (*Edge, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("edge: config: %w", err)
+	}
+	e := &Edge{cfg: cfg, deps: deps, identityCfg: cfg.IdentityConfig(), overload: routing.NewOverloadTracker()}
+	e.log = deps.Logger
+	if e.log == nil {
+		e.log = slog.Default()
+	}
+	e.log = e.log.With("component", "edge", "node", cfg.Cluster.NodeID)
+	e.now = deps.Now
+	if e.now == nil {
+		e.now = time.Now
+	}
+	e.nodeID = cfg.Cluster.NodeID
+	e.version = deps.Version
+	if e.version == "" {
+		e.version = "dev"
+	}
+	if cfg.InternalRequestAuthKey != "" {
+		e.authKey = []byte(cfg.InternalRequestAuthKey)
+	}
+	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+		r, err := routing.NewRouter(cfg.RoutingConfig(f))
+		if err != nil {
+			return nil, fmt.Errorf("edge: %s router: %w", f, err)
+		}
+		e.routers[f] = r
+	}
+	e.registry = deps.Registry
+	if e.registry == nil {
+		e.registry = prometheus.NewRegistry()
+	}
+	e.recorder = newRecorder(e)
+	e.touches = newTouchBatcher()
+	var err error
+	if e.metrics, err = newMetrics(e.registry, e); err != nil {
+		return nil, err
+	}
+	tp := deps.TracerProvider
+	if tp == nil {
+		tp, e.tpClose = tracerProvider(cfg.Tracing, os.Stdout)
+	}
+	e.tracer = tp.Tracer("github.com/tether-project/tether/edge")
+	transport := deps.Transport
+	if transport == nil {
+		transport = &http.Transport{
+			Proxy:               nil,
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        1024,
+			MaxIdleConnsPerHost: 256,
+			IdleConnTimeout:     90 * time.Second,
+			ForceAttemptHTTP2:   false,
+		}
+	}
+	e.client = &http.Client{Transport: transport}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	// Disaggregated request ids: a random 31-bit prefix per edge process
+	// and a counter, so ids are unique across edges and restarts in
+	// practice and stay exact in float64-based JSON parsers (< 2^53).
+	e.disaggBase = uint64(binary.BigEndian.Uint32(b[:])&0x7fffffff) << 21
+	e.evictCh = make(chan kvEviction, 4096)
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	return e, nil
+}
+
+// Start opens the cluster node, starts NATS (embedded or client), the
+// fleet view, the background duties and the HTTP server. On error
+// everything started is stopped.
+func (e *Edge) Start(ctx context.Context) (err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.started || e.stopped {
+		return errors.New("edge: Start called twice or after Close")
+	}
+	e.started = true
+	defer func() {
+		if err != nil {
+			e.stopLocked(false)
+		}
+	}()
+	ln := e.deps.HTTPListener
+	if ln == nil {
+		addr := net.JoinHostPort(e.cfg.Hostname, strconv.Itoa(e.cfg.Port))
+		var lc net.ListenConfig
+		if ln, err = lc.Listen(ctx, "tcp", addr); err != nil {
+			return fmt.Errorf("edge: listen %s: %w", addr, err)
+		}
+	}
+	e.ln = ln
+
+	if err := e.startNATS(); err != nil {
+		return err
+	}
+	cl := e.cfg.Cluster
+	ccfg := cluster.Config{
+		NodeID: cl.NodeID, DataDir: cl.DataDir, BindAddr: cl.BindAddr, AdvertiseAddr: cl.AdvertiseAddr,
+		Bootstrap: cl.Bootstrap, Join: cl.Join, AuthKey: []byte(e.cfg.clusterAuthKey()),
+		ProposeTimeout: cl.ProposeTimeout, Version: e.version, Listener: e.deps.ClusterListener,
+		Registerer: e.registry, Logger: e.log,
+		Raft: cluster.RaftTiming{
+			HeartbeatTimeout: cl.Raft.HeartbeatTimeout, ElectionTimeout: cl.Raft.ElectionTimeout,
+			LeaderLeaseTimeout: cl.Raft.LeaderLeaseTimeout, CommitTimeout: cl.Raft.CommitTimeout,
+		},
+		Archive: cluster.ArchiveOptions{MaxAge: cl.ArchiveMaxAge, MaxEvents: cl.ArchiveMaxEvents},
+	}
+	e.deps.ClusterListener = nil // owned by the node from here on
+	for _, p := range cl.Peers {
+		ccfg.Peers = append(ccfg.Peers, cluster.Peer{ID: p.ID, Addr: p.Addr})
+	}
+	if ccfg.BindAddr == "" && ccfg.Listener == nil {
+		ccfg.BindAddr = "127.0.0.1:0"
+	}
+	if e.node, err = cluster.Open(ctx, ccfg); err != nil {
+		return fmt.Errorf("edge: %w", err)
+	}
+
+	var static []fleetview.Static
+	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+		for _, si := range e.cfg.servers(f).URLs {
+			static = append(static, fleetview.Static{ID: si.ID(), URL: trimSlash(si.URL), Fleet: f})
+		}
+	}
+	t := e.cfg.Telemetry
+	if e.fleet, err = fleetview.New(fleetview.Config{
+		Static: static, Conn: e.nc, PredictTTL: e.cfg.Placement.PredictTTL, Breaker: e.cfg.Placement.Breaker,
+		StaleIntervals: t.StaleIntervals, MinStaleAfter: t.MinStaleAfter, ProbeInterval: t.ProbeInterval,
+		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
+		OnEvictions: e.onWorkerEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
+	}); err != nil {
+		return fmt.Errorf("edge: %w", err)
+	}
+	if err := e.fleet.Start(ctx); err != nil {
+		return fmt.Errorf("edge: %w", err)
+	}
+
+	e.httpSrv = &http.Server{
+		Handler:           e.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelWarn),
+	}
+	e.serveErr = make(chan error, 1)
+	srv := e.httpSrv
+	go func() {
+		err := srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		e.serveErr <- err
+	}()
+	e.wg.Add(4)
+	go e.recorder.run()
+	go e.touchLoop()
+	go e.leaderWatch()
+	go e.advertise()
+	e.log.Info("edge serving", "addr", ln.Addr().String(), "raft", e.node.Addr(), "nats", e.natsURL())
+	return nil
+}
+
+func trimSlash(s string) string {
+	for len(s) > 0 && s[len(s)-1] == '/' {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// startNATS starts the embedded server when configured and connects.
+func (e *Edge) startNATS() error {
+	n := e.cfg.NATS
+	if !n.Enabled() {
+		return nil
+	}
+	urls := n.URLs
+	if n.Embedded {
+		host, portStr, _ := net.SplitHostPort(n.Listen)
+		port, err := strconv.Atoi(portStr)
+		if err != nil {
+			return fmt.Errorf("edge: nats.listen %q: %w", n.Listen, err)
+		}
+		if port == 0 {
+			port = natsserver.RANDOM_PORT
+		}
+		opts := &natsserver.Options{Host: host, Port: port, NoLog: true, NoSigs: true, Username: n.User, Password: n.Password}
+		srv, err := natsserver.NewServer(opts)
+		if err != nil {
+			return fmt.Errorf("edge: embedded nats: %w", err)
+		}
+		go srv.Start()
+		if !srv.ReadyForConnections(10 * time.Second) {
+			srv.Shutdown()
+			return fmt.Errorf("edge: embedded nats on %s did not become ready", n.Listen)
+		}
+		e.natsSrv = srv
+		urls = []string{srv.ClientURL()}
+	}
+	opts := []nats.Option{
+		nats.Name("tether-edge-" + e.cfg.Cluster.NodeID),
+		nats.MaxReconnects(-1),
+		nats.RetryOnFailedConnect(true),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.NoCallbacksAfterClientClose(),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				e.log.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) { e.log.Info("nats reconnected", "server", c.ConnectedUrlRedacted()) }),
+	}
+	switch {
+	case n.User != "":
+		opts = append(opts, nats.UserInfo(n.User, n.Password))
+	case n.Creds != "":
+		opts = append(opts, nats.UserCredentials(n.Creds))
+	}
+	joined := ""
+	for i, u := range urls {
+		if i > 0 {
+			joined += ","
+		}
+		joined += u
+	}
+	nc, err := nats.Connect(joined, opts...)
+	if err != nil {
+		return fmt.Errorf("edge: nats connect %s: %w", joined, err)
+	}
+	e.nc = nc
+	return nil
+}
+
+func (e *Edge) natsURL() string {
+	if e.natsSrv != nil {
+		return e.natsSrv.ClientURL()
+	}
+	if e.nc != nil {
+		return e.nc.ConnectedUrlRedacted()
+	}
+	return ""
+}
+
+// NATSURL is the embedded NATS server's client URL ("" when not embedded).
+func (e *Edge) NATSURL() string {
+	if e.natsSrv != nil {
+		return e.natsSrv.ClientURL()
+	}
+	return ""
+}
+
+// Addr is the HTTP listen address (host:port).
+func (e *Edge) Addr() string {
+	if e.ln == nil {
+		return ""
+	}
+	return e.ln.Addr().String()
+}
+
+// Node is the edge's cluster node (read-only use).
+func (e *Edge) Node() *cluster.Node { return e.node }
+
+// Fleet is the edge's view of the workers.
+func (e *Edge) Fleet() *fleetview.Fleet { return e.fleet }
+
+// Registry is the edge's metrics registry.
+func (e *Edge) Registry() *prometheus.Registry { return e.registry }
+
+// Close shuts the edge down gracefully: stop accepting requests and let
+// in-flight ones finish (until ctx is done), flush the pending touches and
+// degraded placements, hand leadership over and close the node, NATS and
+// the fleet view. Idempotent.
+func (e *Edge) Close(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stopped {
+		return nil
+	}
+	var errs []error
+	if e.httpSrv != nil {
+		if err := e.httpSrv.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("edge: http shutdown: %w", err))
+			e.httpSrv.Close()
+		}
+	}
+	if e.node != nil {
+		fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		e.flushTouches(fctx)
+		e.recorder.flush(fctx)
+		cancel()
+	}
+	if err := e.stopLocked(false); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Kill stops the edge abruptly, as a crash would: connections drop, the
+// Raft node dies without a leadership transfer, nothing is flushed. Tests
+// use it to kill a leader.
+func (e *Edge) Kill() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stopped {
+		return
+	}
+	if e.httpSrv != nil {
+		e.httpSrv.Close()
+	}
+	_ = e.stopLocked(true)
+}
+
+// stopLocked stops everything started (under e.mu).
+func (e *Edge) stopLocked(abrupt bool) error {
+	e.stopped = true
+	var errs []error
+	if e.httpSrv == nil && e.ln != nil {
+		e.ln.Close() // Start failed before serving
+	}
+	e.cancel()
+	e.wg.Wait()
+	if e.fleet != nil {
+		e.fleet.Close()
+	}
+	if e.node != nil {
+		var err error
+		if abrupt {
+			err = e.node.Kill()
+		} else {
+			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err = e.node.Close(cctx)
+			cancel()
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	} else if e.deps.ClusterListener != nil {
+		e.deps.ClusterListener.Close()
+	}
+	if e.nc != nil {
+		e.nc.Close()
+	}
+	if e.natsSrv != nil {
+		e.natsSrv.Shutdown()
+		e.natsSrv.WaitForShutdown()
+	}
+	if e.serveErr != nil {
+		if err := <-e.serveErr; err != nil {
+			errs = append(errs, fmt.Errorf("edge: http serve: %w", err))
+		}
+	}
+	if t, ok := e.client.Transport.(*http.Transport); ok {
+		t.CloseIdleConnections()
+	}
+	if e.tpClose != nil {
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = e.tpClose(cctx)
+		cancel()
+	}
+	return errors.Join(errs...)
+}
+
+// Handler is the edge's HTTP API: the OpenAI endpoints, health, metrics
+// and the admin API.
+func (e *Edge) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, true) })
+	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, false) })
+	mux.HandleFunc("/v1/models", e.handleModels)
+	mux.HandleFunc("/healthz", e.handleHealth)
+	mux.HandleFunc("/readyz", e.handleReady)
+	mux.Handle("/metrics", promhttp.HandlerFor(e.registry, promhttp.HandlerOpts{}))
+	mux.Handle("/admin/v1/", e.adminHandler())
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				e.log.Error("handler panic", "path", r.URL.Path, "panic", v)
+				writeAPIError(w, newAPIError(http.StatusInternalServerError, "server_error", "internal_error", "", "internal error"))
+			}
+		}()
+		if _, pattern := mux.Handler(r); pattern == "" {
+			e.metrics.requests.WithLabelValues("other", "404").Inc()
+			writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+				"unknown path %s %s (the edge serves POST /v1/chat/completions, POST /v1/completions, GET /v1/models, /healthz, /readyz, /metrics, /admin/v1/...)",
+				r.Method, truncate(r.URL.Path, 200)))
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+func methodNotAllowed(w http.ResponseWriter, r *http.Request, allowed ...string) {
+	w.Header().Set("Allow", joinComma(allowed))
+	writeAPIError(w, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
+		"method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, joinComma(allowed)))
+}
+
+func joinComma(s []string) string {
+	out := ""
+	for i, v := range s {
+		if i > 0 {
+			out += ", "
+		}
+		out += v
+	}
+	return out
+}
+
+func (e *Edge) handleModels(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		methodNotAllowed(w, r, http.MethodGet)
+		return
+	}
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{"list", []model{{ID: e.cfg.Model, Object: "model", Created: 0, OwnedBy: "tether"}}})
+	e.metrics.requests.WithLabelValues("models", "200").Inc()
+}
+
+func (e *Edge) handleHealth(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// handleReady: ready when the node is in a cluster with a known leader and
+// each fleet has a healthy instance (num_instances of them when set).
+func (e *Edge) handleReady(w http.ResponseWriter, r *http.Request) {
+	reasons := []string{}
+	if leader, _ := e.node.Leader(); leader == "" {
+		reasons = append(reasons, "no cluster leader known")
+	}
+	if err := e.node.FatalError(); err != nil {
+		reasons = append(reasons, err.Error())
+	}
+	now := e.now()
+	healthy := map[fsm.Fleet]int{}
+	for _, in := range e.fleet.Instances(now) {
+		if in.Healthy {
+			healthy[in.Fleet]++
+		}
+	}
+	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+		want := max(e.cfg.servers(f).NumInstances, 1)
+		if healthy[f] < want {
+			reasons = append(reasons, fmt.Sprintf("%d of %d %s instances healthy", healthy[f], want, f))
+		}
+	}
+	if len(reasons) > 0 {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "reasons": reasons})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// advertise proposes this edge's NodeInfo until it commits (the leader
+// raises the cluster feature level from these).
+func (e *Edge) advertise() {
+	defer e.wg.Done()
+	ev := fsm.NodeInfo{NodeID: e.nodeID, Version: e.version, MaxFeatureLevel: fsm.FeatureLevelMax}
+	backoff := 50 * time.Millisecond
+	for {
+		if n, ok := findNode(e.node.State(), e.nodeID); ok && n.Version == ev.Version && n.MaxFeatureLevel == ev.MaxFeatureLevel {
+			return
+		}
+		ctx, cancel := context.WithTimeout(e.ctx, time.Second)
+		_, err := e.propose(ctx, ev)
+		cancel()
+		if err == nil {
+			return
+		}
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+func findNode(st *fsm.State, id string) (fsm.Node, bool) {
+	for _, n := range st.Nodes() {
+		if n.ID == id {
+			return n, true
+		}
+	}
+	return fsm.Node{}, false
+}
+
+// onWorkerEvictions queues conversations a worker's scheduler evicted for
+// the leader (only the leader acts on them; others drop them).
+func (e *Edge) onWorkerEvictions(instance string, fleet fsm.Fleet, evs []telemetry.Eviction) {
+	if e.node == nil || !e.node.IsLeader() {
+		return
+	}
+	for _, ev := range evs {
+		select {
+		case e.evictCh <- kvEviction{instance: instance, fleet: fleet, conv: ev.ConversationID}:
+		default:
+			return // the leader is behind; the bindings age out by TTL instead
+		}
+	}
+}
+
+// propose commits one event through the log and records its latency and
+// result.
+func (e *Edge) propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) {
+	start := time.Now()
+	res, err := e.node.Propose(ctx, ev)
+	e.observeProposal(ev.Type(), res, err, time.Since(start))
+	return res, err
+}
+
+func (e *Edge) observeProposal(t fsm.EventType, res fsm.Result, err error, took time.Duration) {
+	result := res.Status.String()
+	switch {
+	case errors.Is(err, cluster.ErrUnavailable):
+		result = "unavailable"
+		e.unavailable.Store(e.now().UnixNano())
+	case err != nil:
+		result = "error"
+	default:
+		e.commitObserve(took)
+	}
+	e.metrics.proposals.WithLabelValues(t.String(), result).Inc()
+}
+
+func (e *Edge) commitObserve(d time.Duration) { e.metrics.commitSeconds.Observe(d.Seconds()) }
+
+// logDown reports whether the log is known to be unable to commit right
+// now: a recent proposal failed for lack of quorum and no leader is known.
+// Requests then go straight to degraded placement instead of waiting out
+// propose_timeout each.
+func (e *Edge) logDown() bool {
+	last := e.unavailable.Load()
+	if last == 0 || e.now().UnixNano()-last > int64(5*time.Second) {
+		return false
+	}
+	leader, _ := e.node.Leader()
+	return leader == ""
+}
+
+func constantTimeEqual(a, b string) bool {
+	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
+}

@@ -1,0 +1,910 @@
+// Package fleetview is what an edge knows about the workers: their load
+// reports (registration and heartbeat), the KV blocks they hold (a
+// routing/kvindex.Index fed by their KV events and dumps), the conversations
+// their schedulers evicted, and, for statically configured workers without
+// telemetry, HTTP readiness probes. It is the I/O side of routing: it turns
+// NATS messages and probes into the []routing.InstanceView the router reads.
+//
+// Malformed messages, and messages whose payload names another instance than
+// their subject, are dropped and counted; nothing a worker sends can crash
+// the edge. See the edge's DESIGN.md.
+package fleetview
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/kvindex"
+	"github.com/tether-project/tether/routing/telemetry"
+)
+
+// Static is a worker configured by URL (context_servers.urls or
+// generation_servers.urls).
+type Static struct {
+	ID    string // the configured name, else the URL
+	URL   string
+	Fleet fsm.Fleet
+}
+
+// Config configures a Fleet. Zero durations take the defaults noted.
+type Config struct {
+	Static []Static
+	// Conn is the NATS connection telemetry arrives on (nil: static
+	// instances only, judged by probes).
+	Conn *nats.Conn
+	// PredictTTL is the KV index's prediction lifetime (kvindex.Config).
+	PredictTTL time.Duration
+	Breaker    routing.BreakerConfig
+	// StaleIntervals: an instance is unhealthy after this many of its
+	// telemetry intervals without a load report (default 5), and at
+	// least MinStaleAfter (default 1s).
+	StaleIntervals int
+	MinStaleAfter  time.Duration
+	// ProbeInterval: static instances without fresh telemetry are probed
+	// (GET /readyz) this often (default 1s).
+	ProbeInterval time.Duration
+	// DumpTimeout bounds one KV dump request (default 2s).
+	DumpTimeout time.Duration
+	// ForgetAfter: a telemetry-discovered instance silent this long is
+	// forgotten (default 10m).
+	ForgetAfter time.Duration
+	// ProbeClient sends probes (default: a client with the probe
+	// interval as timeout).
+	ProbeClient *http.Client
+	// OnEvictions receives conversations a worker's scheduler evicted
+	// (called on a NATS goroutine: keep it cheap).
+	OnEvictions func(instance string, fleet fsm.Fleet, evictions []telemetry.Eviction)
+	Registerer  prometheus.Registerer
+	Logger      *slog.Logger
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Instance is one worker as the edge sees it.
+type Instance struct {
+	ID     string
+	Fleet  fsm.Fleet
+	URL    string
+	Static bool
+	// From telemetry (zero without).
+	Telemetry     bool
+	Role          string // the worker's server_role ("" when omitted)
+	Model         string
+	Version       string
+	FeatureLevel  int
+	VerifiesHints bool
+	BootID        uint64
+	Ranks         int
+	BlockSize     int
+	Draining      bool
+	// LastSeen is the last load report or successful probe.
+	LastSeen time.Time
+	// Healthy: a fresh report (or, for a static instance without
+	// telemetry, a recent successful probe).
+	Healthy bool
+
+	QueuedRequests     int
+	ActiveRequests     int
+	ActivePromptTokens int64
+	KVUsedBlocks       int64
+	KVTotalBlocks      int64
+	WindowLookupTokens int64
+	WindowHitTokens    int64
+	// Dispatched since its last report by this edge.
+	PendingRequests int64
+	PendingTokens   int64
+	Breaker         routing.BreakerState
+}
+
+// HitRate is the worker's rolling-window prefix-cache hit rate.
+func (in Instance) HitRate() float64 {
+	if in.WindowLookupTokens <= 0 {
+		return 0
+	}
+	return float64(in.WindowHitTokens) / float64(in.WindowLookupTokens)
+}
+
+type instance struct {
+	id       string // the edge's id (a static name or URL, or the worker's id)
+	workerID string // the id in the worker's subjects ("" until telemetry)
+	fleet    fsm.Fleet
+	url      string
+	static   bool
+
+	hasReport  bool
+	report     telemetry.LoadReport // ranks dropped after aggregation
+	lastReport time.Time
+	interval   time.Duration
+	queued     int
+	active     int
+	activeTok  int64
+	kvUsed     int64
+	kvTotal    int64
+	lookup     int64
+	hit        int64
+
+	pendingReq atomic.Int64
+	pendingTok atomic.Int64
+
+	lastProbeOK time.Time
+
+	// KV sequence tracking (under Fleet.mu).
+	kvBoot       uint64
+	kvApplied    uint64
+	behindSince  time.Time
+	dumping      bool
+	dumpAgain    bool
+	lastDumpFail time.Time
+	buffered     []kvindex.Batch
+}
+
+// maxBufferedBatches bounds the batches kept while a dump is in flight;
+// beyond it the buffer is dropped and another dump follows.
+const maxBufferedBatches = 4096
+
+// Fleet tracks the workers of both fleets. Safe for concurrent use.
+type Fleet struct {
+	cfg      Config
+	log      *slog.Logger
+	index    *kvindex.Index
+	breakers *routing.CacheBreakers
+	nc       *nats.Conn
+	client   *http.Client
+
+	mu      sync.RWMutex
+	byID    map[string]*instance
+	alias   map[string]string // worker id -> edge id, for static instances reporting under another id
+	version atomic.Uint64
+
+	subs   []*nats.Subscription
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	metrics *metrics
+	closeMu sync.Mutex
+	started bool
+	closed  bool
+}
+
+// New builds a Fleet; Start subscribes and starts the probes.
+func New(cfg Config) (*Fleet, error) {
+	if cfg.StaleIntervals <= 0 {
+		cfg.StaleIntervals = 5
+	}
+	if cfg.MinStaleAfter <= 0 {
+		cfg.MinStaleAfter = time.Second
+	}
+	if cfg.ProbeInterval <= 0 {
+		cfg.ProbeInterval = time.Second
+	}
+	if cfg.DumpTimeout <= 0 {
+		cfg.DumpTimeout = 2 * time.Second
+	}
+	if cfg.ForgetAfter <= 0 {
+		cfg.ForgetAfter = 10 * time.Minute
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Breaker == (routing.BreakerConfig{}) {
+		cfg.Breaker = routing.DefaultBreakerConfig()
+	}
+	breakers, err := routing.NewCacheBreakers(cfg.Breaker)
+	if err != nil {
+		return nil, fmt.Errorf("fleetview: %w", err)
+	}
+	f := &Fleet{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "fleetview"),
+		index:    kvindex.New(kvindex.Config{PredictTTL: cfg.PredictTTL}),
+		breakers: breakers,
+		nc:       cfg.Conn,
+		client:   cfg.ProbeClient,
+		byID:     make(map[string]*instance),
+		alias:    make(map[string]string),
+	}
+	if f.client == nil {
+		f.client = &http.Client{Timeout: cfg.ProbeInterval}
+	}
+	for _, s := range cfg.Static {
+		if s.ID == "" || s.URL == "" || !s.Fleet.Valid() {
+			return nil, fmt.Errorf("fleetview: static instance %q (%s, %v): id, url and fleet are required", s.ID, s.URL, s.Fleet)
+		}
+		if _, dup := f.byID[s.ID]; dup {
+			return nil, fmt.Errorf("fleetview: static instance %q configured twice", s.ID)
+		}
+		f.byID[s.ID] = &instance{id: s.ID, fleet: s.Fleet, url: s.URL, static: true}
+	}
+	if f.metrics, err = newMetrics(cfg.Registerer, f); err != nil {
+		return nil, err
+	}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
+	return f, nil
+}
+
+// Start subscribes to the telemetry subjects (when a connection is
+// configured) and starts probing static instances.
+func (f *Fleet) Start(ctx context.Context) error {
+	f.closeMu.Lock()
+	defer f.closeMu.Unlock()
+	if f.closed {
+		return errors.New("fleetview: closed")
+	}
+	if f.started {
+		return errors.New("fleetview: already started")
+	}
+	f.started = true
+	if f.nc != nil {
+		for _, s := range []struct {
+			subject string
+			h       nats.MsgHandler
+		}{
+			{telemetry.LoadSubjectAll, f.onLoad},
+			{telemetry.KVSubjectAll, f.onKV},
+			{telemetry.EvictSubjectAll, f.onEvict},
+		} {
+			sub, err := f.nc.Subscribe(s.subject, s.h)
+			if err != nil {
+				f.unsubscribe()
+				return fmt.Errorf("fleetview: subscribe %s: %w", s.subject, err)
+			}
+			f.subs = append(f.subs, sub)
+		}
+		if err := f.nc.FlushWithContext(ctx); err != nil {
+			f.unsubscribe()
+			return fmt.Errorf("fleetview: subscribe: flush: %w", err)
+		}
+	}
+	f.mu.RLock()
+	for _, in := range f.byID {
+		if in.static {
+			f.wg.Add(1)
+			go f.probeLoop(in.id)
+		}
+	}
+	f.mu.RUnlock()
+	f.wg.Add(1)
+	go f.housekeeping()
+	return nil
+}
+
+func (f *Fleet) unsubscribe() {
+	for _, s := range f.subs {
+		_ = s.Unsubscribe()
+	}
+	f.subs = nil
+}
+
+// Close unsubscribes and stops the probes and dumps. It does not close the
+// NATS connection (its owner does). Idempotent.
+func (f *Fleet) Close() {
+	f.closeMu.Lock()
+	if f.closed {
+		f.closeMu.Unlock()
+		return
+	}
+	f.closed = true
+	f.unsubscribe()
+	f.closeMu.Unlock()
+	f.cancel()
+	f.wg.Wait()
+}
+
+// Index is the KV block index (read it with Match; the edge adds
+// predictions with Predict).
+func (f *Fleet) Index() *kvindex.Index { return f.index }
+
+// Breakers are the per-instance cache circuit breakers; the edge records
+// response usage into them with RecordUsage.
+func (f *Fleet) Breakers() *routing.CacheBreakers { return f.breakers }
+
+// Version changes whenever what Views returns may have changed for a
+// reason other than time passing.
+func (f *Fleet) Version() uint64 { return f.version.Load() }
+
+func (f *Fleet) bump() { f.version.Add(1) }
+
+// staleAfter is how long a report stays fresh for an instance reporting
+// every interval.
+func (f *Fleet) staleAfter(interval time.Duration) time.Duration {
+	return max(time.Duration(f.cfg.StaleIntervals)*interval, f.cfg.MinStaleAfter)
+}
+
+// healthy reports whether in is usable at now (under f.mu).
+func (f *Fleet) healthyLocked(in *instance, now time.Time) bool {
+	if in.hasReport && now.Sub(in.lastReport) <= f.staleAfter(in.interval) {
+		return true
+	}
+	return in.static && !in.lastProbeOK.IsZero() && now.Sub(in.lastProbeOK) <= f.staleAfter(f.cfg.ProbeInterval)
+}
+
+func (f *Fleet) lastSeenLocked(in *instance) time.Time {
+	if in.lastProbeOK.After(in.lastReport) {
+		return in.lastProbeOK
+	}
+	return in.lastReport
+}
+
+func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
+	out := Instance{
+		ID: in.id, Fleet: in.fleet, URL: in.url, Static: in.static,
+		Telemetry: in.hasReport, VerifiesHints: true,
+		LastSeen: f.lastSeenLocked(in), Healthy: f.healthyLocked(in, now),
+		PendingRequests: in.pendingReq.Load(), PendingTokens: in.pendingTok.Load(),
+		Breaker: f.breakers.State(in.id, now),
+	}
+	if in.hasReport {
+		r := &in.report
+		out.Role, out.Model, out.Version = r.Role, r.Model, r.Version
+		out.FeatureLevel, out.VerifiesHints, out.BootID = r.FeatureLevel, r.VerifiesHints, r.BootID
+		out.Ranks, out.BlockSize, out.Draining = len(r.Ranks), r.BlockSize, r.Draining
+		out.QueuedRequests, out.ActiveRequests, out.ActivePromptTokens = in.queued, in.active, in.activeTok
+		out.KVUsedBlocks, out.KVTotalBlocks = in.kvUsed, in.kvTotal
+		out.WindowLookupTokens, out.WindowHitTokens = in.lookup, in.hit
+	}
+	return out
+}
+
+// Instances lists every known instance, sorted by id.
+func (f *Fleet) Instances(now time.Time) []Instance {
+	f.mu.RLock()
+	out := make([]Instance, 0, len(f.byID))
+	for _, in := range f.byID {
+		out = append(out, f.snapshotLocked(in, now))
+	}
+	f.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Instance returns one instance.
+func (f *Fleet) Instance(id string, now time.Time) (Instance, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	in, ok := f.byID[id]
+	if !ok {
+		return Instance{}, false
+	}
+	return f.snapshotLocked(in, now), true
+}
+
+// Views returns the routing views of every known instance at now: health
+// from heartbeat age (or probes), draining and load from the last report
+// plus what this edge dispatched since, hit rate, and CacheDegraded from the
+// instance's circuit breaker. The caller merges the log's instance records
+// (routing.NewViews).
+func (f *Fleet) Views(now time.Time, dst []routing.InstanceView) []routing.InstanceView {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	for _, in := range f.byID {
+		v := routing.InstanceView{
+			ID: in.id, Fleet: in.fleet, URL: in.url,
+			Healthy:             f.healthyLocked(in, now),
+			QueuedRequests:      in.queued + int(in.pendingReq.Load()),
+			ActiveRequests:      in.active,
+			QueuedPrefillTokens: in.pendingTok.Load(),
+			ActivePromptTokens:  in.activeTok,
+			KVUsedBlocks:        in.kvUsed,
+			KVTotalBlocks:       in.kvTotal,
+			CacheDegraded:       f.breakers.Open(in.id, now),
+			VerifiesHints:       true,
+		}
+		if in.hasReport {
+			v.Draining = in.report.Draining
+			v.Ranks = len(in.report.Ranks)
+			v.VerifiesHints = in.report.VerifiesHints
+			v.Version = in.report.Version
+			if in.lookup > 0 {
+				v.HitRate = float64(in.hit) / float64(in.lookup)
+			}
+		}
+		dst = append(dst, v)
+	}
+	return dst
+}
+
+// NoteDispatch counts a request this edge sent to instance id; it counts as
+// queued until the instance's next load report (which then includes it).
+func (f *Fleet) NoteDispatch(id string, promptTokens int) {
+	f.mu.RLock()
+	in, ok := f.byID[id]
+	f.mu.RUnlock()
+	if ok {
+		in.pendingReq.Add(1)
+		in.pendingTok.Add(int64(promptTokens))
+	}
+}
+
+// RecordUsage feeds instance id's cache circuit breaker with a response's
+// prompt and cached tokens.
+func (f *Fleet) RecordUsage(id string, promptTokens, cachedTokens int64, now time.Time) {
+	if promptTokens <= 0 {
+		return
+	}
+	before := f.breakers.State(id, now)
+	st, err := f.breakers.Record(id, promptTokens, min(cachedTokens, promptTokens), now)
+	if err != nil {
+		return
+	}
+	if st != before {
+		f.log.Info("cache circuit breaker changed", "instance", id, "from", before, "to", st)
+		f.bump()
+	}
+}
+
+// edgeID resolves a worker id from a subject to the edge's id (under f.mu).
+func (f *Fleet) edgeIDLocked(workerID string) string {
+	if id, ok := f.alias[workerID]; ok {
+		return id
+	}
+	return workerID
+}
+
+func (f *Fleet) drop(kind string, err error) {
+	reason := "malformed"
+	var de *telemetry.DecodeError
+	if errors.As(err, &de) {
+		reason = de.Reason()
+	}
+	f.metrics.dropped.WithLabelValues(kind, reason).Inc()
+	f.log.Debug("telemetry message dropped", "kind", kind, "reason", reason, "err", err)
+}
+
+func toFleet(tf telemetry.Fleet) fsm.Fleet {
+	if tf == telemetry.FleetGeneration {
+		return fsm.FleetGeneration
+	}
+	return fsm.FleetContext
+}
+
+// onLoad handles a load report: registration, heartbeat and load.
+func (f *Fleet) onLoad(m *nats.Msg) {
+	r, err := telemetry.DecodeLoad(m.Subject, m.Data)
+	if err != nil {
+		f.drop("load", err)
+		return
+	}
+	f.metrics.received.WithLabelValues("load").Inc()
+	now := f.cfg.Now()
+	f.mu.Lock()
+	in := f.resolveLocked(r)
+	newBoot := in.hasReport && in.report.BootID != r.BootID
+	first := !in.hasReport
+	in.hasReport = true
+	in.lastReport = now
+	in.interval = time.Duration(r.IntervalMilli) * time.Millisecond
+	in.queued, in.active, in.activeTok, in.kvUsed, in.kvTotal, in.lookup, in.hit = 0, 0, 0, 0, 0, 0, 0
+	for _, rl := range r.Ranks {
+		in.queued += int(rl.QueuedRequests)
+		in.active += int(rl.ActiveRequests)
+		in.activeTok += rl.ActivePromptTokens
+		in.kvUsed += rl.KVBlocksUsed
+		in.kvTotal += rl.KVBlocksTotal
+		in.lookup += rl.WindowLookupTokens
+		in.hit += rl.WindowHitTokens
+	}
+	ranks := r.Ranks
+	r.Ranks = make([]telemetry.RankLoad, len(ranks)) // keep the count, not the figures
+	in.report = r
+	if !in.static {
+		in.url = r.URL
+		in.fleet = toFleet(r.Fleet)
+	}
+	in.pendingReq.Store(0)
+	in.pendingTok.Store(0)
+	// KV sync: a worker we have not synced with (first sight, a restart)
+	// or that published batches we have not seen needs a dump. Before its
+	// first batch (KVSeq 0) the next batch is a complete baseline.
+	needDump := false
+	switch {
+	case first || newBoot:
+		if newBoot {
+			f.log.Info("worker restarted", "instance", in.id, "boot_id", r.BootID)
+		}
+		in.kvBoot, in.kvApplied, in.behindSince = r.BootID, 0, time.Time{}
+		needDump = r.KVSeq > 0
+	case r.KVSeq > in.kvApplied && in.kvBoot == r.BootID && !in.dumping:
+		if in.behindSince.IsZero() {
+			in.behindSince = now
+		} else if now.Sub(in.behindSince) > max(in.interval, 50*time.Millisecond) {
+			needDump = true
+		}
+	default:
+		in.behindSince = time.Time{}
+	}
+	f.mu.Unlock()
+	if newBoot {
+		f.breakers.Forget(in.id)
+	}
+	f.bump()
+	if needDump {
+		f.requestDump(in.id)
+	}
+}
+
+// resolveLocked finds or creates the instance a report speaks for: a static
+// instance configured under the worker's id or URL, else a discovered one.
+func (f *Fleet) resolveLocked(r telemetry.LoadReport) *instance {
+	if id, ok := f.alias[r.Instance]; ok {
+		if in, ok := f.byID[id]; ok {
+			return in
+		}
+	}
+	if in, ok := f.byID[r.Instance]; ok {
+		in.workerID = r.Instance
+		return in
+	}
+	for _, in := range f.byID {
+		if in.static && in.workerID == "" && sameURL(in.url, r.URL) {
+			in.workerID = r.Instance
+			f.alias[r.Instance] = in.id
+			return in
+		}
+	}
+	in := &instance{id: r.Instance, workerID: r.Instance, fleet: toFleet(r.Fleet), url: r.URL}
+	f.byID[in.id] = in
+	f.log.Info("worker registered", "instance", in.id, "fleet", in.fleet, "url", r.URL)
+	return in
+}
+
+func sameURL(a, b string) bool {
+	trim := func(s string) string {
+		for len(s) > 0 && s[len(s)-1] == '/' {
+			s = s[:len(s)-1]
+		}
+		return s
+	}
+	return trim(a) == trim(b)
+}
+
+// onKV applies a KV event batch to the index (or buffers it during a dump).
+func (f *Fleet) onKV(m *nats.Msg) {
+	b, err := telemetry.DecodeKVEvents(m.Subject, m.Data)
+	if err != nil {
+		f.drop("kv", err)
+		return
+	}
+	f.metrics.received.WithLabelValues("kv").Inc()
+	f.mu.Lock()
+	id := f.edgeIDLocked(b.Instance)
+	in, known := f.byID[id]
+	batch := kvindex.Batch{Instance: id, Boot: b.BootID, Seq: b.Seq, Events: make([]kvindex.RankEvent, len(b.Events))}
+	for i, ev := range b.Events {
+		batch.Events[i] = kvindex.RankEvent{Rank: ev.Rank, Removed: ev.Removed, Stored: ev.Stored}
+	}
+	if known && in.dumping {
+		if len(in.buffered) < maxBufferedBatches {
+			in.buffered = append(in.buffered, batch)
+		} else {
+			in.buffered, in.dumpAgain = nil, true
+		}
+		f.mu.Unlock()
+		return
+	}
+	f.mu.Unlock()
+	out, err := f.index.Apply(batch)
+	if err != nil {
+		f.drop("kv", err)
+		f.requestDump(id)
+		return
+	}
+	f.metrics.kvBatches.WithLabelValues(out.String()).Inc()
+	switch out {
+	case kvindex.Applied:
+		f.mu.Lock()
+		if in, ok := f.byID[id]; ok {
+			in.kvBoot, in.kvApplied, in.behindSince = b.BootID, b.Seq, time.Time{}
+		}
+		f.mu.Unlock()
+		f.bump()
+	case kvindex.Gap, kvindex.NeedsDump:
+		if known {
+			f.requestDump(id)
+		}
+	}
+}
+
+// onEvict forwards a worker's conversation evictions.
+func (f *Fleet) onEvict(m *nats.Msg) {
+	e, err := telemetry.DecodeEvictions(m.Subject, m.Data)
+	if err != nil {
+		f.drop("evict", err)
+		return
+	}
+	f.metrics.received.WithLabelValues("evict").Inc()
+	f.mu.RLock()
+	id := f.edgeIDLocked(e.Instance)
+	in, ok := f.byID[id]
+	var fleet fsm.Fleet
+	if ok {
+		fleet = in.fleet
+	}
+	f.mu.RUnlock()
+	if !ok || f.cfg.OnEvictions == nil {
+		return
+	}
+	f.cfg.OnEvictions(id, fleet, e.Evictions)
+}
+
+// RequestDump asks instance id for a full KV dump unless one is in flight.
+func (f *Fleet) RequestDump(id string) { f.requestDump(id) }
+
+func (f *Fleet) requestDump(id string) {
+	if f.nc == nil {
+		return
+	}
+	f.mu.Lock()
+	in, ok := f.byID[id]
+	if !ok || in.workerID == "" {
+		f.mu.Unlock()
+		return
+	}
+	if in.dumping {
+		in.dumpAgain = true
+		f.mu.Unlock()
+		return
+	}
+	if !in.lastDumpFail.IsZero() && f.cfg.Now().Sub(in.lastDumpFail) < f.cfg.DumpTimeout {
+		f.mu.Unlock()
+		return // the housekeeping loop retries (the instance stays stale)
+	}
+	in.dumping, in.dumpAgain, in.buffered = true, false, nil
+	workerID := in.workerID
+	f.mu.Unlock()
+	if f.ctx.Err() != nil {
+		f.finishDump(id, false)
+		return
+	}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		f.runDump(id, workerID)
+	}()
+}
+
+// runDump requests a dump, collects its parts and installs it, then applies
+// the batches that arrived meanwhile.
+func (f *Fleet) runDump(id, workerID string) {
+	ctx, cancel := context.WithTimeout(f.ctx, f.cfg.DumpTimeout)
+	defer cancel()
+	subject := telemetry.KVDumpSubject(workerID)
+	d, err := f.fetchDump(ctx, subject)
+	if err != nil {
+		f.metrics.dumps.WithLabelValues("failed").Inc()
+		if f.ctx.Err() == nil {
+			f.log.Warn("KV dump failed", "instance", id, "err", err)
+		}
+		f.finishDump(id, false)
+		return
+	}
+	if err := f.index.ReplaceInstance(id, d.boot, d.seq, d.ranks); err != nil {
+		f.metrics.dumps.WithLabelValues("invalid").Inc()
+		f.log.Warn("KV dump rejected by the index", "instance", id, "err", err)
+		f.finishDump(id, false)
+		return
+	}
+	f.metrics.dumps.WithLabelValues("installed").Inc()
+	f.mu.Lock()
+	in, ok := f.byID[id]
+	var buffered []kvindex.Batch
+	if ok {
+		buffered = in.buffered
+		in.buffered = nil
+		in.kvBoot, in.kvApplied, in.behindSince = d.boot, d.seq, time.Time{}
+	}
+	f.mu.Unlock()
+	slices.SortStableFunc(buffered, func(a, b kvindex.Batch) int {
+		switch {
+		case a.Seq < b.Seq:
+			return -1
+		case a.Seq > b.Seq:
+			return 1
+		}
+		return 0
+	})
+	gap := false
+	last := d.seq
+	for _, b := range buffered {
+		if b.Boot != d.boot || b.Seq <= d.seq {
+			continue
+		}
+		out, err := f.index.Apply(b)
+		if err != nil || out == kvindex.Gap || out == kvindex.NeedsDump {
+			gap = true
+			break
+		}
+		if out == kvindex.Applied {
+			last = b.Seq
+		}
+	}
+	f.mu.Lock()
+	if in, ok := f.byID[id]; ok && in.kvBoot == d.boot {
+		in.kvApplied = max(in.kvApplied, last)
+	}
+	f.mu.Unlock()
+	f.bump()
+	f.finishDump(id, !gap)
+}
+
+func (f *Fleet) finishDump(id string, ok bool) {
+	f.mu.Lock()
+	in, found := f.byID[id]
+	again := false
+	if found {
+		again = in.dumpAgain && ok
+		in.dumping, in.dumpAgain, in.buffered = false, false, nil
+		if ok {
+			in.lastDumpFail = time.Time{}
+		} else {
+			in.lastDumpFail = f.cfg.Now()
+		}
+	}
+	f.mu.Unlock()
+	if again {
+		f.requestDump(id)
+	}
+}
+
+type dump struct {
+	boot, seq uint64
+	ranks     [][]uint64
+}
+
+// fetchDump publishes a dump request with a fresh reply inbox and collects
+// every part of one consistent (boot, seq) reply.
+func (f *Fleet) fetchDump(ctx context.Context, subject string) (dump, error) {
+	inbox := f.nc.NewRespInbox()
+	sub, err := f.nc.SubscribeSync(inbox)
+	if err != nil {
+		return dump{}, fmt.Errorf("subscribe %s: %w", inbox, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := f.nc.PublishRequest(subject, inbox, nil); err != nil {
+		return dump{}, fmt.Errorf("request %s: %w", subject, err)
+	}
+	var (
+		got   = map[int]bool{}
+		parts = -1
+		d     dump
+		ranks = map[int][]uint64{}
+	)
+	for parts < 0 || len(got) < parts {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return dump{}, fmt.Errorf("%s: %d of %d parts received: %w", subject, len(got), parts, err)
+		}
+		part, err := telemetry.DecodeKVDump(subject, m.Data)
+		if err != nil {
+			f.drop("kvdump", err)
+			return dump{}, fmt.Errorf("%s: %w", subject, err)
+		}
+		if parts < 0 {
+			parts, d.boot, d.seq = part.Parts, part.BootID, part.Seq
+		} else if part.Parts != parts || part.BootID != d.boot || part.Seq != d.seq {
+			return dump{}, fmt.Errorf("%s: inconsistent parts (boot %d seq %d of %d parts, then boot %d seq %d of %d)",
+				subject, d.boot, d.seq, parts, part.BootID, part.Seq, part.Parts)
+		}
+		if got[part.Part] {
+			continue
+		}
+		got[part.Part] = true
+		for _, rb := range part.Ranks {
+			ranks[rb.Rank] = append(ranks[rb.Rank], rb.Blocks...)
+		}
+	}
+	maxRank := -1
+	for r := range ranks {
+		maxRank = max(maxRank, r)
+	}
+	d.ranks = make([][]uint64, maxRank+1)
+	for r, bs := range ranks {
+		d.ranks[r] = bs
+	}
+	return d, nil
+}
+
+// probeLoop probes a static instance's /readyz while it has no fresh
+// telemetry.
+func (f *Fleet) probeLoop(id string) {
+	defer f.wg.Done()
+	t := time.NewTicker(f.cfg.ProbeInterval)
+	defer t.Stop()
+	for {
+		f.mu.RLock()
+		in := f.byID[id]
+		fresh := in.hasReport && f.cfg.Now().Sub(in.lastReport) <= f.staleAfter(in.interval)
+		url := in.url
+		f.mu.RUnlock()
+		if !fresh {
+			ok := f.probe(url)
+			f.metrics.probes.WithLabelValues(map[bool]string{true: "ok", false: "failed"}[ok]).Inc()
+			if ok {
+				f.mu.Lock()
+				in.lastProbeOK = f.cfg.Now()
+				f.mu.Unlock()
+				f.bump()
+			}
+		}
+		select {
+		case <-f.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (f *Fleet) probe(base string) bool {
+	ctx, cancel := context.WithTimeout(f.ctx, f.cfg.ProbeInterval)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// housekeeping expires predictions, retries failed dumps and forgets
+// instances silent for ForgetAfter.
+func (f *Fleet) housekeeping() {
+	defer f.wg.Done()
+	t := time.NewTicker(f.cfg.DumpTimeout / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := f.cfg.Now()
+		f.index.Expire(now)
+		var retry, forget []string
+		f.mu.Lock()
+		for id, in := range f.byID {
+			switch {
+			case !in.static && in.hasReport && now.Sub(in.lastReport) > f.cfg.ForgetAfter && !in.dumping:
+				forget = append(forget, id)
+				delete(f.byID, id)
+				if in.workerID != "" {
+					delete(f.alias, in.workerID)
+				}
+			case !in.lastDumpFail.IsZero() && !in.dumping && now.Sub(in.lastDumpFail) >= f.cfg.DumpTimeout:
+				in.lastDumpFail = time.Time{}
+				retry = append(retry, id)
+			}
+		}
+		f.mu.Unlock()
+		for _, id := range forget {
+			f.log.Info("worker forgotten after silence", "instance", id)
+			f.index.RemoveInstance(id)
+			f.breakers.Forget(id)
+			f.bump()
+		}
+		for _, id := range retry {
+			if f.index.Stale(id) {
+				f.requestDump(id)
+			}
+		}
+	}
+}

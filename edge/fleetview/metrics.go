@@ -1,0 +1,97 @@
+package fleetview
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-project/tether/routing"
+)
+
+// metrics are fleetview's tether_edge_* series. Without a Registerer they
+// are created but not exported.
+type metrics struct {
+	received  *prometheus.CounterVec
+	dropped   *prometheus.CounterVec
+	kvBatches *prometheus.CounterVec
+	dumps     *prometheus.CounterVec
+	probes    *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer, f *Fleet) (*metrics, error) {
+	m := &metrics{
+		received: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_telemetry_messages_total",
+			Help: "Worker telemetry messages accepted, by kind (load, kv, evict).",
+		}, []string{"kind"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_telemetry_dropped_total",
+			Help: "Worker telemetry messages dropped, by kind and reason (version, malformed, range, subject_mismatch, bad_subject).",
+		}, []string{"kind", "reason"}),
+		kvBatches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_kv_batches_total",
+			Help: "KV event batches by index outcome (applied, duplicate, gap, needs_dump).",
+		}, []string{"outcome"}),
+		dumps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_kv_dumps_total",
+			Help: "KV dumps requested from workers, by result (installed, failed, invalid).",
+		}, []string{"result"}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_probes_total",
+			Help: "Readiness probes of static instances without telemetry, by result.",
+		}, []string{"result"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.received, m.dropped, m.kvBatches, m.dumps, m.probes, &instanceCollector{f: f}} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("fleetview: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+var (
+	descAge = prometheus.NewDesc("tether_edge_telemetry_age_seconds",
+		"Seconds since the instance's last load report (or successful probe); -1 before any.", []string{"fleet", "instance"}, nil)
+	descHealthy = prometheus.NewDesc("tether_edge_instance_healthy",
+		"1 when the edge considers the instance healthy (fresh telemetry or probe).", []string{"fleet", "instance"}, nil)
+	descHitRate = prometheus.NewDesc("tether_edge_instance_cache_hit_rate",
+		"The instance's rolling-window prefix-cache hit rate (0..1) from its last report.", []string{"fleet", "instance"}, nil)
+	descQueue = prometheus.NewDesc("tether_edge_instance_queued_requests",
+		"Queued requests on the instance as seen by the edge (last report plus dispatched since).", []string{"fleet", "instance"}, nil)
+	descBreaker = prometheus.NewDesc("tether_edge_instance_breaker_open",
+		"1 while the instance's cache circuit breaker is open.", []string{"fleet", "instance"}, nil)
+)
+
+// instanceCollector reports per-instance figures computed at scrape time.
+type instanceCollector struct{ f *Fleet }
+
+func (c *instanceCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descAge, descHealthy, descHitRate, descQueue, descBreaker} {
+		ch <- d
+	}
+}
+
+func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.f.cfg.Now()
+	for _, in := range c.f.Instances(now) {
+		age := -1.0
+		if !in.LastSeen.IsZero() {
+			age = now.Sub(in.LastSeen).Seconds()
+		}
+		fleet := in.Fleet.String()
+		b2f := func(b bool) float64 {
+			if b {
+				return 1
+			}
+			return 0
+		}
+		ch <- prometheus.MustNewConstMetric(descAge, prometheus.GaugeValue, age, fleet, in.ID)
+		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, b2f(in.Healthy), fleet, in.ID)
+		ch <- prometheus.MustNewConstMetric(descHitRate, prometheus.GaugeValue, in.HitRate(), fleet, in.ID)
+		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(in.QueuedRequests)+float64(in.PendingRequests), fleet, in.ID)
+		ch <- prometheus.MustNewConstMetric(descBreaker, prometheus.GaugeValue, b2f(in.Breaker == routing.BreakerOpen), fleet, in.ID)
+	}
+}

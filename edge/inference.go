@@ -1,0 +1,713 @@
+package edge
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/routing/prefix"
+)
+
+// Response headers.
+const (
+	// HeaderRoute names the instances and ranks of both hops
+	// ("context=<instance>/<rank>; generation=<instance>/<rank>", "-" for
+	// a hop that did not happen) when debug_route_header is on.
+	HeaderRoute = "x-tether-route"
+	// HeaderADPRank relays the final worker's attention-DP rank.
+	HeaderADPRank = "x-tether-adp-rank"
+)
+
+// statusClientClosed is recorded (never sent) when the client went away.
+const statusClientClosed = 499
+
+// maxUpstreamBody bounds a non-streaming worker response the edge reads.
+const maxUpstreamBody = 64 << 20
+
+var traceProp = propagation.TraceContext{}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// handleInference serves POST /v1/chat/completions and /v1/completions.
+func (e *Edge) handleInference(w http.ResponseWriter, r *http.Request, chat bool) {
+	endpoint := "completions"
+	if chat {
+		endpoint = "chat"
+	}
+	if r.Method != http.MethodPost {
+		e.metrics.requests.WithLabelValues(endpoint, "405").Inc()
+		methodNotAllowed(w, r, http.MethodPost)
+		return
+	}
+	start := time.Now()
+	ctx := traceProp.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx, span := e.tracer.Start(ctx, "tether.edge "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("http.route", r.URL.Path),
+			attribute.String("tether.edge", e.nodeID)))
+	defer span.End()
+	status := e.serveInference(ctx, w, r, chat, span)
+	span.SetAttributes(attribute.Int("http.response.status_code", status))
+	if status >= 400 {
+		span.SetStatus(codes.Error, http.StatusText(status))
+	}
+	e.metrics.requests.WithLabelValues(endpoint, strconv.Itoa(status)).Inc()
+	e.metrics.requestSeconds.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+}
+
+func fail(w http.ResponseWriter, span trace.Span, aerr *apiError) int {
+	span.SetAttributes(attribute.String("tether.error", aerr.Message))
+	writeAPIError(w, aerr)
+	return aerr.Status
+}
+
+func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *http.Request, chat bool, span trace.Span) int {
+	e.stripHeaders(r)
+	body, aerr := readBody(r, e.cfg.MaxBodyBytes)
+	if aerr != nil {
+		return fail(w, span, aerr)
+	}
+	rq, bodyConv, tokens, aerr := parseBody(body, chat)
+	if aerr != nil {
+		return fail(w, span, aerr)
+	}
+	if rq.model != e.cfg.Model {
+		return fail(w, span, newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+			"the model %q does not exist (this edge serves %q)", truncate(rq.model, 200), e.cfg.Model))
+	}
+	rq.path = r.URL.Path
+	rq.hint = routing.HintForEndpoint(rq.path)
+	rq.includeUsage = includeUsage(rq.top)
+	rq.requestID = e.nodeID + "-" + strconv.FormatUint(e.reqSeq.Add(1), 10)
+	rq.now = e.now()
+	if aerr := e.identity(rq, bodyConv, r.Header); aerr != nil {
+		return fail(w, span, aerr)
+	}
+	rq.promptTokens = len(tokens)
+	rq.blocks = prefix.BlockHashes(tokens, e.cfg.Placement.BlockSize)
+	if conv := rq.id.ConversationID; conv != "" {
+		// The workers read the same conversation id the hint signs.
+		rq.setConversation(conv)
+	}
+	switch {
+	case rq.id.NewLink:
+		e.recorder.add(rq.id.Link, nil)
+	case rq.id.SubAgent() && rq.id.ConversationID != "":
+		e.touches.addLink(rq.id.ConversationID)
+	}
+	span.SetAttributes(attribute.String("tether.conversation_id", rq.id.ConversationID), attribute.Bool("tether.subagent", rq.id.SubAgent()),
+		attribute.Int("tether.prompt_tokens", rq.promptTokens))
+	return e.dispatch(ctx, w, rq, span)
+}
+
+func includeUsage(top map[string]json.RawMessage) bool {
+	var so struct {
+		IncludeUsage bool `json:"include_usage"`
+	}
+	if raw, ok := top["stream_options"]; ok {
+		_ = json.Unmarshal(raw, &so)
+	}
+	return so.IncludeUsage
+}
+
+// setConversation writes the conversation id into the body's
+// conversation_params (keeping other fields).
+func (rq *request) setConversation(conv string) {
+	cp := map[string]json.RawMessage{}
+	if raw, ok := rq.top["conversation_params"]; ok && !isNull(raw) {
+		_ = json.Unmarshal(raw, &cp)
+	}
+	v, _ := json.Marshal(conv)
+	cp["conversation_id"] = v
+	rq.top["conversation_params"] = mustMarshal(cp)
+}
+
+func mustMarshal(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		// Only maps of raw JSON and plain values are marshalled here.
+		return json.RawMessage("null")
+	}
+	return b
+}
+
+// hopBody is the request body for one hop: the client's body with fields
+// set or removed.
+func (rq *request) hopBody(set map[string]json.RawMessage, del ...string) []byte {
+	m := make(map[string]json.RawMessage, len(rq.top)+len(set))
+	for k, v := range rq.top {
+		m[k] = v
+	}
+	for _, k := range del {
+		delete(m, k)
+	}
+	for k, v := range set {
+		m[k] = v
+	}
+	return mustMarshal(m)
+}
+
+// upstreamAnswer is a worker's non-success answer passed to the client.
+type upstreamAnswer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (u *upstreamAnswer) write(w http.ResponseWriter) int {
+	ct := u.header.Get("Content-Type")
+	if ct == "" {
+		ct = "application/json"
+	}
+	w.Header().Set("Content-Type", ct)
+	w.WriteHeader(u.status)
+	_, _ = w.Write(u.body)
+	return u.status
+}
+
+// hopFailure is why a hop ended without a usable response: either an
+// error the edge reports, or the worker's own answer passed through.
+type hopFailure struct {
+	err  *apiError
+	pass *upstreamAnswer
+}
+
+func (f *hopFailure) write(w http.ResponseWriter, span trace.Span) int {
+	if f.pass != nil {
+		span.SetAttributes(attribute.Int("tether.upstream_status", f.pass.status))
+		return f.pass.write(w)
+	}
+	return fail(w, span, f.err)
+}
+
+// contextResult is a verified context-phase response.
+type contextResult struct {
+	raw          map[string]json.RawMessage
+	disaggID     uint64
+	ctxRequestID json.RawMessage
+	opaqueState  string
+	firstTokens  json.RawMessage
+	text         string
+	finish       string
+	promptTokens int
+	cachedTokens int
+	rank         string
+}
+
+// dispatch runs the disaggregated flow: context hop (unless conditional
+// disaggregation skips it) then generation hop, streaming the answer back.
+func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.UpstreamTimeout)
+	defer cancel()
+	var genHop *hop
+	if max := e.cfg.ConditionalDisagg.MaxLocalPrefillLength; max > 0 {
+		h, aerr := e.routeFleet(ctx, rq, fsm.FleetGeneration, nil)
+		if aerr != nil {
+			return fail(w, span, aerr)
+		}
+		genHop = h
+		if uncached := rq.promptTokens - h.cached; uncached < max {
+			span.SetAttributes(attribute.Bool("tether.context_skipped", true), attribute.Int("tether.uncached_tokens", uncached))
+			return e.aggregated(ctx, w, rq, genHop, span)
+		}
+	}
+	ctxHop, aerr := e.routeFleet(ctx, rq, fsm.FleetContext, nil)
+	if aerr != nil {
+		return fail(w, span, aerr)
+	}
+	cres, hf := e.contextHop(ctx, rq, &ctxHop)
+	if hf != nil {
+		return hf.write(w, span)
+	}
+	e.fleet.RecordUsage(ctxHop.instance, int64(cres.promptTokens), int64(cres.cachedTokens), e.now())
+	if cres.finish == "stop" || rq.maxTokens == 1 {
+		// The prefill already produced the whole answer.
+		return e.respondFromContext(w, rq, ctxHop, cres)
+	}
+	if genHop == nil {
+		rq.now = e.now()
+		if genHop, aerr = e.routeFleet(ctx, rq, fsm.FleetGeneration, nil); aerr != nil {
+			return fail(w, span, aerr)
+		}
+	}
+	return e.generationHop(ctx, w, rq, ctxHop, cres, genHop, span)
+}
+
+func (e *Edge) newDisaggID() uint64 { return e.disaggBase | (e.disaggSeq.Add(1) & (1<<21 - 1)) }
+
+// hopHeader builds a hop's headers: content type, the trace context and,
+// when this hop carries sub-agent affinity, the signed hint.
+func (e *Edge) hopHeader(ctx context.Context, rq *request, h *hop, role hintauth.Role, typ hintauth.RequestType, disaggID string) http.Header {
+	hdr := make(http.Header, 6)
+	hdr.Set("Content-Type", "application/json")
+	traceProp.Inject(ctx, propagation.HeaderCarrier(hdr))
+	if e.sendHint(rq, h, role) {
+		hdr.Set(hintauth.HeaderAffinityID, rq.id.Root)
+		hdr.Set(hintauth.HeaderAffinityAuth, hintauth.Sign(e.authKey, hintauth.Fields{
+			Role: role, Model: rq.model, ConversationID: rq.id.ConversationID, AffinityID: rq.id.Root,
+			RequestType: typ, DisaggRequestID: disaggID,
+		}))
+	}
+	return hdr
+}
+
+// sendHint decides whether a hop carries the sub-agent hint: only for a
+// sub-agent (the affinity id is its parent's root, never its own id), on
+// the chat endpoint (rank affinity), with a key to sign with, to the
+// generation fleet only with scope both, and never to a worker whose
+// telemetry says it cannot verify hints (a legacy worker; instance
+// affinity still applies).
+func (e *Edge) sendHint(rq *request, h *hop, role hintauth.Role) bool {
+	if !rq.hint || e.authKey == nil || !rq.id.SubAgent() || role == "" {
+		return false
+	}
+	if role == hintauth.RoleGeneration && e.cfg.Scope != routing.ScopeBoth {
+		return false
+	}
+	if in, ok := e.fleet.Instance(h.instance, rq.now); ok && in.Telemetry && !in.VerifiesHints {
+		return false
+	}
+	return true
+}
+
+// post sends one hop.
+func (e *Edge) post(ctx context.Context, url string, body []byte, hdr http.Header) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header = hdr
+	return e.client.Do(req)
+}
+
+// exchange sends a hop built by build (called per attempt with the hop to
+// use), retrying connection errors and 5xx answers on another instance up
+// to max_retries times. It returns the worker's 200 response (body open);
+// any other answer is a hopFailure.
+func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
+	build func(h *hop) (body []byte, hdr http.Header)) (*http.Response, *hopFailure) {
+	for attempt := 0; ; attempt++ {
+		cur := *h
+		hctx, span := e.tracer.Start(ctx, "tether.edge "+phase+" hop", trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attrInstance.String(cur.instance), attrFleet.String(cur.fleet.String()), attribute.Int("tether.attempt", attempt)))
+		body, hdr := build(cur)
+		// The hop's span is the worker span's parent.
+		traceProp.Inject(hctx, propagation.HeaderCarrier(hdr))
+		e.fleet.NoteDispatch(cur.instance, rq.promptTokens)
+		resp, err := e.post(hctx, cur.url+rq.path, body, hdr)
+		var failure *hopFailure
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				span.End()
+				return nil, &hopFailure{err: newAPIError(statusClientClosed, "server_error", "cancelled", "", "request cancelled: %v", ctx.Err())}
+			}
+			e.metrics.upstreamErrors.WithLabelValues(cur.fleet.String(), "connect").Inc()
+			failure = &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
+				"%s instance %s (%s) failed: %v", cur.fleet, cur.instance, cur.url, err)}
+		case resp.StatusCode >= 500:
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			resp.Body.Close()
+			e.metrics.upstreamErrors.WithLabelValues(cur.fleet.String(), "status_5xx").Inc()
+			failure = &hopFailure{pass: &upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}}
+		case resp.StatusCode != http.StatusOK:
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			resp.Body.Close()
+			span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+			span.End()
+			return nil, &hopFailure{pass: &upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}}
+		default:
+			span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode), attrRank.String(resp.Header.Get(HeaderADPRank)))
+			span.End()
+			return resp, nil
+		}
+		span.SetStatus(codes.Error, "hop failed")
+		span.End()
+		if attempt >= e.cfg.MaxRetries {
+			return nil, failure
+		}
+		next, aerr := e.reroute(ctx, rq, cur)
+		if aerr != nil {
+			return nil, failure
+		}
+		e.metrics.retries.WithLabelValues(cur.fleet.String()).Inc()
+		e.log.Info("retrying a failed hop on another instance", "fleet", cur.fleet, "from", cur.instance, "to", next.instance)
+		*h = next
+	}
+}
+
+// contextHop runs the prefill on the context worker and verifies its
+// answer. Each attempt gets a fresh disaggregated request id (and so a
+// fresh signature).
+func (e *Edge) contextHop(ctx context.Context, rq *request, h **hop) (*contextResult, *hopFailure) {
+	for attempt := 0; ; attempt++ {
+		var disaggID uint64
+		resp, hf := e.exchange(ctx, rq, h, "context", func(cur *hop) ([]byte, http.Header) {
+			disaggID = e.newDisaggID()
+			id := strconv.FormatUint(disaggID, 10)
+			dp := mustMarshal(map[string]any{"request_type": "context_only", "disagg_request_id": disaggID})
+			body := rq.hopBody(map[string]json.RawMessage{"disaggregated_params": dp, "stream": json.RawMessage("false")}, "stream_options")
+			return body, e.hopHeader(ctx, rq, cur, hintauth.RoleContext, hintauth.RequestContextOnly, id)
+		})
+		if hf != nil {
+			return nil, hf
+		}
+		res, err := readContextResult(resp, disaggID)
+		if err == nil {
+			return res, nil
+		}
+		e.metrics.upstreamErrors.WithLabelValues("context", "bad_response").Inc()
+		cur := *h
+		failure := &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
+			"context instance %s answered an unusable context phase: %v", cur.instance, err)}
+		if attempt >= e.cfg.MaxRetries {
+			return nil, failure
+		}
+		next, aerr := e.reroute(ctx, rq, cur)
+		if aerr != nil {
+			return nil, failure
+		}
+		e.metrics.retries.WithLabelValues("context").Inc()
+		*h = next
+	}
+}
+
+// readContextResult parses and checks a context_only answer: it must echo
+// our disaggregated request id and carry the opaque state.
+func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, error) {
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
+	if err != nil {
+		return nil, fmt.Errorf("reading the response: %w", err)
+	}
+	res := &contextResult{rank: resp.Header.Get(HeaderADPRank), disaggID: disaggID}
+	if err := json.Unmarshal(b, &res.raw); err != nil {
+		return nil, fmt.Errorf("not a JSON object: %w", err)
+	}
+	var body struct {
+		Choices []struct {
+			Message      *struct{ Content *string } `json:"message"`
+			Text         *string                    `json:"text"`
+			FinishReason *string                    `json:"finish_reason"`
+		} `json:"choices"`
+		Usage *struct {
+			PromptTokens        int `json:"prompt_tokens"`
+			PromptTokensDetails *struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+		DP *struct {
+			RequestType     string          `json:"request_type"`
+			CtxRequestID    json.RawMessage `json:"ctx_request_id"`
+			DisaggRequestID json.RawMessage `json:"disagg_request_id"`
+			OpaqueState     string          `json:"opaque_state"`
+			FirstGenTokens  json.RawMessage `json:"first_gen_tokens"`
+		} `json:"disaggregated_params"`
+	}
+	if err := json.Unmarshal(b, &body); err != nil {
+		return nil, fmt.Errorf("unexpected shape: %w", err)
+	}
+	dp := body.DP
+	switch {
+	case dp == nil:
+		return nil, errors.New("no disaggregated_params")
+	case dp.RequestType != "context_only":
+		return nil, fmt.Errorf("disaggregated_params.request_type %q, want context_only", dp.RequestType)
+	case strings.Trim(string(dp.DisaggRequestID), `"`) != strconv.FormatUint(disaggID, 10):
+		return nil, fmt.Errorf("disaggregated_params.disagg_request_id %s, want %d", dp.DisaggRequestID, disaggID)
+	case dp.OpaqueState == "":
+		return nil, errors.New("no disaggregated_params.opaque_state")
+	case len(body.Choices) == 0:
+		return nil, errors.New("no choices")
+	}
+	res.ctxRequestID, res.opaqueState, res.firstTokens = dp.CtxRequestID, dp.OpaqueState, dp.FirstGenTokens
+	c := body.Choices[0]
+	switch {
+	case c.Message != nil && c.Message.Content != nil:
+		res.text = *c.Message.Content
+	case c.Text != nil:
+		res.text = *c.Text
+	}
+	if c.FinishReason != nil {
+		res.finish = *c.FinishReason
+	}
+	if u := body.Usage; u != nil {
+		res.promptTokens = u.PromptTokens
+		if u.PromptTokensDetails != nil {
+			res.cachedTokens = u.PromptTokensDetails.CachedTokens
+		}
+	}
+	return res, nil
+}
+
+// generationHop continues on the generation worker with the context's
+// state. A retry keeps the disaggregated request id (the state is bound to
+// it).
+func (e *Edge) generationHop(ctx context.Context, w http.ResponseWriter, rq *request, ctxHop *hop, cres *contextResult, genHop *hop, span trace.Span) int {
+	id := strconv.FormatUint(cres.disaggID, 10)
+	dp := map[string]json.RawMessage{
+		"request_type":      json.RawMessage(`"generation_only"`),
+		"disagg_request_id": json.RawMessage(id),
+		"opaque_state":      mustMarshal(cres.opaqueState),
+	}
+	if len(cres.ctxRequestID) > 0 {
+		dp["ctx_request_id"] = cres.ctxRequestID
+	}
+	if len(cres.firstTokens) > 0 && !isNull(cres.firstTokens) {
+		dp["first_gen_tokens"] = cres.firstTokens
+	}
+	dpRaw := mustMarshal(dp)
+	resp, hf := e.exchange(ctx, rq, &genHop, "generation", func(cur *hop) ([]byte, http.Header) {
+		body := rq.hopBody(map[string]json.RawMessage{"disaggregated_params": dpRaw})
+		return body, e.hopHeader(ctx, rq, cur, hintauth.RoleGeneration, hintauth.RequestGenerationOnly, id)
+	})
+	if hf != nil {
+		return hf.write(w, span)
+	}
+	return e.relay(w, rq, resp, ctxHop, cres, genHop, span)
+}
+
+// aggregated sends the whole request to the generation worker (conditional
+// disaggregation: it already holds enough of the prompt).
+func (e *Edge) aggregated(ctx context.Context, w http.ResponseWriter, rq *request, genHop *hop, span trace.Span) int {
+	resp, hf := e.exchange(ctx, rq, &genHop, "aggregated", func(cur *hop) ([]byte, http.Header) {
+		role := hintauth.Role("")
+		if in, ok := e.fleet.Instance(cur.instance, rq.now); ok {
+			// A worker without a configured role ignores hints on
+			// aggregated requests; one with a role verifies them as it.
+			role = hintauth.Role(in.Role)
+		}
+		return rq.hopBody(nil), e.hopHeader(ctx, rq, cur, role, hintauth.RequestAggregated, "")
+	})
+	if hf != nil {
+		return hf.write(w, span)
+	}
+	return e.relay(w, rq, resp, nil, nil, genHop, span)
+}
+
+// routeHeaders sets the debug route header and relays the worker's rank.
+func (e *Edge) routeHeaders(w http.ResponseWriter, ctxHop *hop, ctxRank string, genHop *hop, genRank string) {
+	h := w.Header()
+	if genHop != nil && genRank != "" {
+		h.Set(HeaderADPRank, genRank)
+	} else if genHop == nil && ctxRank != "" {
+		h.Set(HeaderADPRank, ctxRank)
+	}
+	if e.cfg.DebugRouteHeader {
+		h.Set(HeaderRoute, "context="+hopLabel(ctxHop, ctxRank)+"; generation="+hopLabel(genHop, genRank))
+	}
+}
+
+// relay passes the final worker's response to the client: JSON as is, or
+// the SSE stream chunk by chunk. After a context hop the usage's
+// cached_tokens is the context (prefill) worker's: that is where the
+// prompt was or was not recomputed.
+func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ctxHop *hop, cres *contextResult, genHop *hop, span trace.Span) int {
+	defer resp.Body.Close()
+	ctxRank := ""
+	cached := -1
+	if cres != nil {
+		ctxRank, cached = cres.rank, cres.cachedTokens
+	}
+	genRank := resp.Header.Get(HeaderADPRank)
+	e.routeHeaders(w, ctxHop, ctxRank, genHop, genRank)
+	span.SetAttributes(attribute.String("tether.route", "context="+hopLabel(ctxHop, ctxRank)+"; generation="+hopLabel(genHop, genRank)))
+	recordAggregated := func(u usageFigures) {
+		if cres == nil && u.ok {
+			e.fleet.RecordUsage(genHop.instance, int64(u.prompt), int64(u.cached), e.now())
+		}
+	}
+	if !rq.stream {
+		b, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
+		if err != nil {
+			return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "upstream_read_failed", "",
+				"reading the response of %s: %v", genHop.instance, err))
+		}
+		u := readUsage(b)
+		recordAggregated(u)
+		if cached >= 0 {
+			b = patchCachedTokens(b, cached)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(b)
+		return http.StatusOK
+	}
+	h := w.Header()
+	ct := resp.Header.Get("Content-Type")
+	if ct == "" {
+		ct = "text/event-stream"
+	}
+	h.Set("Content-Type", ct)
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	br := bufio.NewReaderSize(resp.Body, 32<<10)
+	for {
+		line, err := br.ReadBytes('\n')
+		if len(line) > 0 {
+			if data, ok := bytes.CutPrefix(line, []byte("data: ")); ok && bytes.Contains(data, []byte(`"usage"`)) {
+				if u := readUsage(data); u.ok {
+					recordAggregated(u)
+					if cached >= 0 {
+						patched := patchCachedTokens(bytes.TrimRight(data, "\r\n"), cached)
+						line = append(append([]byte("data: "), patched...), '\n')
+					}
+				}
+			}
+			if _, werr := w.Write(line); werr != nil {
+				return statusClientClosed
+			}
+			if len(bytes.TrimSpace(line)) == 0 {
+				if rc.Flush() != nil {
+					return statusClientClosed
+				}
+			}
+		}
+		if err != nil {
+			_ = rc.Flush()
+			if !errors.Is(err, io.EOF) {
+				span.SetAttributes(attribute.String("tether.error", "stream cut: "+err.Error()))
+				e.metrics.upstreamErrors.WithLabelValues(genHop.fleet.String(), "stream_cut").Inc()
+			}
+			return http.StatusOK
+		}
+	}
+}
+
+type usageFigures struct {
+	ok             bool
+	prompt, cached int
+}
+
+func readUsage(b []byte) usageFigures {
+	var v struct {
+		Usage *struct {
+			PromptTokens        int `json:"prompt_tokens"`
+			PromptTokensDetails *struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(b, &v) != nil || v.Usage == nil {
+		return usageFigures{}
+	}
+	u := usageFigures{ok: true, prompt: v.Usage.PromptTokens}
+	if v.Usage.PromptTokensDetails != nil {
+		u.cached = v.Usage.PromptTokensDetails.CachedTokens
+	}
+	return u
+}
+
+// patchCachedTokens sets usage.prompt_tokens_details.cached_tokens in a
+// response object (unchanged when it has no usage).
+func patchCachedTokens(b []byte, cached int) []byte {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(b, &top) != nil {
+		return b
+	}
+	raw, ok := top["usage"]
+	if !ok || isNull(raw) {
+		return b
+	}
+	var usage map[string]json.RawMessage
+	if json.Unmarshal(raw, &usage) != nil {
+		return b
+	}
+	details := map[string]json.RawMessage{}
+	if d, ok := usage["prompt_tokens_details"]; ok && !isNull(d) {
+		_ = json.Unmarshal(d, &details)
+	}
+	details["cached_tokens"] = json.RawMessage(strconv.Itoa(cached))
+	usage["prompt_tokens_details"] = mustMarshal(details)
+	top["usage"] = mustMarshal(usage)
+	return mustMarshal(top)
+}
+
+// respondFromContext answers with the context phase's result when it is
+// already complete (max_tokens 1, or the model stopped): as JSON, or as an
+// SSE stream in the OpenAI chunk format.
+func (e *Edge) respondFromContext(w http.ResponseWriter, rq *request, ctxHop *hop, cres *contextResult) int {
+	e.routeHeaders(w, ctxHop, cres.rank, nil, "")
+	out := make(map[string]json.RawMessage, len(cres.raw))
+	for k, v := range cres.raw {
+		if k != "disaggregated_params" {
+			out[k] = v
+		}
+	}
+	if !rq.stream {
+		writeJSON(w, http.StatusOK, out)
+		return http.StatusOK
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	object := "text_completion"
+	if rq.chat {
+		object = "chat.completion.chunk"
+	}
+	base := map[string]json.RawMessage{"object": mustMarshal(object)}
+	for _, k := range []string{"id", "created", "model"} {
+		if v, ok := cres.raw[k]; ok {
+			base[k] = v
+		}
+	}
+	chunk := func(choice any, usage json.RawMessage) []byte {
+		m := make(map[string]json.RawMessage, len(base)+2)
+		for k, v := range base {
+			m[k] = v
+		}
+		if choice != nil {
+			m["choices"] = mustMarshal([]any{choice})
+		} else {
+			m["choices"] = json.RawMessage("[]")
+		}
+		if usage != nil {
+			m["usage"] = usage
+		}
+		return mustMarshal(m)
+	}
+	finish := cres.finish
+	var events [][]byte
+	if rq.chat {
+		events = append(events,
+			chunk(map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": cres.text}, "finish_reason": nil}, nil),
+			chunk(map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": finish}, nil))
+	} else {
+		events = append(events,
+			chunk(map[string]any{"index": 0, "text": cres.text, "finish_reason": nil}, nil),
+			chunk(map[string]any{"index": 0, "text": "", "finish_reason": finish}, nil))
+	}
+	if u, ok := cres.raw["usage"]; ok && rq.includeUsage {
+		events = append(events, chunk(nil, u))
+	}
+	events = append(events, []byte("[DONE]"))
+	for _, ev := range events {
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", ev); err != nil {
+			return statusClientClosed
+		}
+	}
+	_ = http.NewResponseController(w).Flush()
+	return http.StatusOK
+}

@@ -1,0 +1,99 @@
+package edge
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the edge's tether_edge_* series (fleetview adds the
+// telemetry and per-instance ones, cluster the tether_cluster_* ones).
+type metrics struct {
+	requests        *prometheus.CounterVec
+	requestSeconds  *prometheus.HistogramVec
+	decisions       *prometheus.CounterVec
+	commitSeconds   prometheus.Histogram
+	proposals       *prometheus.CounterVec
+	retries         *prometheus.CounterVec
+	degradedPending prometheus.GaugeFunc
+	degradedRecord  *prometheus.CounterVec
+	strippedHeaders *prometheus.CounterVec
+	touches         prometheus.Counter
+	leaderActions   *prometheus.CounterVec
+	bindings        prometheus.GaugeFunc
+	upstreamErrors  *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_requests_total",
+			Help: "HTTP requests by endpoint and status code.",
+		}, []string{"endpoint", "status"}),
+		requestSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tether_edge_request_seconds",
+			Help:    "Time to the response's end, by endpoint.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
+		}, []string{"endpoint"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_routing_decisions_total",
+			Help: "Routing decisions by fleet, placement policy and outcome (sticky, new_bind, overflow, degraded, shed, unbound).",
+		}, []string{"fleet", "policy", "outcome"}),
+		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tether_edge_affinity_commit_seconds",
+			Help:    "Time to commit a proposal through the affinity log, as the request path sees it.",
+			Buckets: []float64{.0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25},
+		}),
+		proposals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_proposals_total",
+			Help: "Affinity-log proposals made by the edge, by event type and result (applied, duplicate, rejected, condition_failed, unavailable, error).",
+		}, []string{"type", "result"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_retries_total",
+			Help: "Worker hops retried on another instance, by fleet.",
+		}, []string{"fleet"}),
+		degradedRecord: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_degraded_binds_total",
+			Help: "Degraded-mode placements once the log was back, by result (recorded: the Bind committed).",
+		}, []string{"result"}),
+		strippedHeaders: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_stripped_headers_total",
+			Help: "Client-supplied internal or untrusted headers removed at the trust boundary, by header.",
+		}, []string{"header"}),
+		touches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_edge_touch_batches_total",
+			Help: "Touch batches proposed (one per touch_interval with used keys).",
+		}),
+		leaderActions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_leader_actions_total",
+			Help: "Events proposed by the leader's duties, by kind (ttl_evict, kv_evict, instance_state, cluster_features, settings).",
+		}, []string{"kind"}),
+		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_upstream_errors_total",
+			Help: "Failed worker hops, by fleet and kind (connect, status_5xx, bad_response).",
+		}, []string{"fleet", "kind"}),
+	}
+	m.degradedPending = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tether_edge_degraded_pending",
+		Help: "Degraded-mode placements waiting to be recorded in the log.",
+	}, func() float64 { return float64(e.recorder.pendingDegraded()) })
+	m.bindings = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tether_edge_bindings",
+		Help: "Live bindings in the replicated state (all fleets).",
+	}, func() float64 {
+		if e.node == nil {
+			return 0
+		}
+		return float64(e.node.State().Len())
+	})
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.requestSeconds, m.decisions, m.commitSeconds, m.proposals, m.retries,
+		m.degradedPending, m.degradedRecord, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("edge: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,84 @@
+package edge
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// tracerProvider builds the provider for tracing.exporter when the embedder
+// gave none. It returns a shutdown function (nil for none).
+func tracerProvider(cfg TracingConfig, out io.Writer) (trace.TracerProvider, func(context.Context) error) {
+	switch cfg.Exporter {
+	case "stdout":
+		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(&jsonLinesExporter{w: out}))
+		return tp, tp.Shutdown
+	}
+	return noop.NewTracerProvider(), nil
+}
+
+// jsonLinesExporter writes one JSON object per span. The otel stdout
+// exporter is a separate module this build does not depend on; this is the
+// few lines of it tether needs.
+type jsonLinesExporter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+type spanJSON struct {
+	Name     string            `json:"name"`
+	TraceID  string            `json:"trace_id"`
+	SpanID   string            `json:"span_id"`
+	ParentID string            `json:"parent_id,omitempty"`
+	Kind     string            `json:"kind"`
+	Start    time.Time         `json:"start"`
+	End      time.Time         `json:"end"`
+	Status   string            `json:"status,omitempty"`
+	Attrs    map[string]string `json:"attributes,omitempty"`
+}
+
+func (x *jsonLinesExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	enc := json.NewEncoder(x.w)
+	for _, s := range spans {
+		j := spanJSON{
+			Name: s.Name(), TraceID: s.SpanContext().TraceID().String(), SpanID: s.SpanContext().SpanID().String(),
+			Kind: s.SpanKind().String(), Start: s.StartTime(), End: s.EndTime(), Status: s.Status().Code.String(),
+		}
+		if s.Parent().IsValid() {
+			j.ParentID = s.Parent().SpanID().String()
+		}
+		if attrs := s.Attributes(); len(attrs) > 0 {
+			j.Attrs = make(map[string]string, len(attrs))
+			for _, kv := range attrs {
+				j.Attrs[string(kv.Key)] = kv.Value.Emit()
+			}
+		}
+		if err := enc.Encode(j); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (x *jsonLinesExporter) Shutdown(context.Context) error { return nil }
+
+// Span attribute keys of the routing-decision span.
+const (
+	attrKeyKind      = attribute.Key("tether.routing_key.kind")
+	attrPolicy       = attribute.Key("tether.policy")
+	attrOutcome      = attribute.Key("tether.outcome")
+	attrCachedTokens = attribute.Key("tether.cached_tokens")
+	attrInstance     = attribute.Key("tether.instance")
+	attrRank         = attribute.Key("tether.rank")
+	attrOverflow     = attribute.Key("tether.overflow_reason")
+	attrFleet        = attribute.Key("tether.fleet")
+)
