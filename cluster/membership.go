@@ -68,7 +68,7 @@ func (n *Node) onRemoved(index uint64) {
 		n.log.Error("cluster: write removal tombstone", "err", err)
 	}
 	n.fatal(fmt.Errorf("%w: node %s was removed at index %d", ErrRemoved, n.id, index))
-	n.shutdownRaftAsync()
+	n.shutdownRaftAsync(0)
 }
 
 // AddVoter adds (or re-addresses) a voter and waits for the configuration

@@ -68,6 +68,7 @@ type Node struct {
 
 	started  atomic.Bool // NewRaft returned (restores after this come from peers or the operator)
 	ready    atomic.Bool // leader and its barrier completed
+	readyMu  sync.Mutex  // serialises setReady's latest-value-wins send
 	leaderCh chan bool
 
 	wakeMu sync.Mutex
@@ -341,6 +342,8 @@ func (n *Node) watchLeadership(notify <-chan bool) {
 }
 
 func (n *Node) setReady(v bool) {
+	n.readyMu.Lock()
+	defer n.readyMu.Unlock()
 	if n.ready.Swap(v) == v {
 		return
 	}
@@ -395,24 +398,36 @@ func (n *Node) fatalError() error {
 	return nil
 }
 
-// shutdownRaftAsync stops Raft from a goroutine: the callers run on raft's
-// own goroutines, which Shutdown waits for.
-func (n *Node) shutdownRaftAsync() {
+// shutdownRaftAsync stops Raft from a goroutine (callers may run on raft's
+// own goroutines, which Shutdown waits for), after grace. During the grace
+// Raft keeps running but the node refuses proposals: a halted leader's
+// heartbeats still carry the commit index, so the followers learn that the
+// halting entry committed, apply it and halt too, instead of one of them
+// being left without a quorum and never learning why.
+func (n *Node) shutdownRaftAsync(grace time.Duration) {
 	n.raftDown.Do(func() {
+		n.setReady(false)
 		n.wg.Add(1)
 		go func() {
 			defer n.wg.Done()
+			if grace > 0 {
+				t := time.NewTimer(grace)
+				select {
+				case <-t.C:
+				case <-n.ctx.Done():
+				}
+				t.Stop()
+			}
 			if err := n.raft.Shutdown().Error(); err != nil {
 				n.log.Error("cluster: raft shutdown", "err", err)
 			}
-			n.setReady(false)
 		}()
 	})
 }
 
 func (n *Node) onHalt(err error) {
 	n.fatal(errHaltedBy(err))
-	n.shutdownRaftAsync()
+	n.shutdownRaftAsync(n.cfg.Raft.HeartbeatTimeout)
 }
 
 func (n *Node) onRestored(stateIndex uint64) {

@@ -53,6 +53,11 @@ func isRetryable(err error) bool {
 	if errors.As(err, &r) {
 		return true
 	}
+	// The leader we forwarded to halted or is closing: another will lead.
+	var remote *RemoteError
+	if errors.As(err, &remote) && (errors.Is(remote.Cause, ErrHalted) || errors.Is(remote.Cause, ErrClosed)) {
+		return true
+	}
 	return errors.Is(err, ErrNotLeader) || errors.Is(err, errConnBroken) || errors.Is(err, ErrUnavailable)
 }
 

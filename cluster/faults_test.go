@@ -1,0 +1,470 @@
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tether-project/tether/fsm"
+)
+
+func TestKillLeaderMidLoadLosesNoAckedBinding(t *testing.T) {
+	tc := newTestCluster(t, 3, func(i int, c *Config) { c.ProposeTimeout = 2 * time.Second })
+	old := tc.leader(5 * time.Second)
+
+	var (
+		mu     sync.Mutex
+		acked  = map[string]string{}
+		total  atomic.Int64
+		stop   = make(chan struct{})
+		wg     sync.WaitGroup
+		seq    atomic.Int64
+		failed atomic.Int64
+	)
+	for _, n := range tc.running() {
+		for range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					k := fmt.Sprintf("key-%d", seq.Add(1))
+					inst := fmt.Sprintf("w%d", len(k)%5)
+					res, err := n.Propose(context.Background(), bindEv(k, inst))
+					if errors.Is(err, ErrClosed) {
+						return // this node was killed
+					}
+					if err != nil {
+						failed.Add(1)
+						continue
+					}
+					mu.Lock()
+					acked[k] = res.Binding.Instance
+					mu.Unlock()
+					total.Add(1)
+				}
+			}()
+		}
+	}
+	waitFor(t, 20*time.Second, "load before the kill", func() bool { return total.Load() >= 300 })
+	tc.stop(tc.index(old), true)
+	before := total.Load()
+	newLeader := tc.leader(10 * time.Second)
+	if newLeader == old {
+		t.Fatal("killed leader still reported as leader")
+	}
+	waitFor(t, 20*time.Second, "proposals resuming under the new leader", func() bool { return total.Load() >= before+300 })
+	close(stop)
+	wg.Wait()
+
+	tc.sync(10 * time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, n := range tc.running() {
+		st := n.State()
+		for k, inst := range acked {
+			b, ok := st.Lookup(fsm.FleetContext, k)
+			if !ok || b.Instance != inst {
+				t.Fatalf("node %s lost acknowledged binding %s→%s (found %v %q)", n.ID(), k, inst, ok, b.Instance)
+			}
+		}
+	}
+	t.Logf("%d acknowledged binds survived the leader kill (%d proposals failed during the election)", len(acked), failed.Load())
+}
+
+func TestRestartCatchesUpThroughSnapshotAndLog(t *testing.T) {
+	tc := newTestCluster(t, 3, func(i int, c *Config) {
+		c.SnapshotThreshold = 40
+		c.SnapshotInterval = 20 * time.Millisecond
+		c.TrailingLogs = 10
+	})
+	ctx := context.Background()
+	propose := func(from, to int) {
+		t.Helper()
+		l := tc.leader(5 * time.Second)
+		for i := from; i < to; i++ {
+			if _, err := l.Propose(ctx, bindEv(fmt.Sprintf("r-%d", i), "w1")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	propose(0, 50)
+
+	// Graceful stop; the cluster compacts its log past what the node has,
+	// so on restart it must install a snapshot.
+	down := tc.index(tc.follower())
+	tc.stop(down, false)
+	propose(50, 250)
+	l := tc.leader(5 * time.Second)
+	if err := l.Snapshot(ctx); err != nil && !strings.Contains(err.Error(), "nothing new") {
+		t.Fatal(err)
+	}
+	n := tc.restart(down)
+	tc.sync(20 * time.Second)
+	assertSameState(t, tc)
+	if rs, err := n.Archive().Restores(); err != nil || len(rs) == 0 {
+		t.Fatalf("restarted node installed a snapshot but its archive notes no restore: %v, %v", rs, err)
+	}
+
+	// Abrupt stop; catch up from the log (or a snapshot, whichever raft picks).
+	down = tc.index(tc.follower())
+	tc.stop(down, true)
+	propose(250, 300)
+	tc.restart(down)
+	tc.sync(20 * time.Second)
+	assertSameState(t, tc)
+	if got := tc.node(down).State().Len(); got != 300 {
+		t.Fatalf("restarted node holds %d bindings, want 300", got)
+	}
+}
+
+func assertSameState(t *testing.T, tc *testCluster) {
+	t.Helper()
+	var ref Status
+	for i, n := range tc.running() {
+		s := n.Status()
+		if i == 0 {
+			ref = s
+			continue
+		}
+		if s.StateIndex != ref.StateIndex || s.StateHash != ref.StateHash {
+			t.Fatalf("node %s: index %d hash %s; node %s: index %d hash %s", s.ID, s.StateIndex, s.StateHash, ref.ID, ref.StateIndex, ref.StateHash)
+		}
+	}
+}
+
+// rawEntry builds a log entry holding one event of type typ (unknown to
+// this build) with a small versioned payload.
+func rawEntry(typ byte) []byte {
+	b := []byte{1} // envelope version
+	b = binary.AppendUvarint(b, 1)
+	id := newProposalIDs(1)[0]
+	b = append(b, id[:]...)
+	ev := []byte{typ, 1, 'x', 'y'}
+	b = binary.AppendUvarint(b, uint64(len(ev)))
+	return append(b, ev...)
+}
+
+func TestUnknownOptionalEventSkippedEverywhere(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	ctx := context.Background()
+	if _, err := tc.leader(5*time.Second).Propose(ctx, bindEv("before", "w1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tc.leader(5*time.Second).proposeRaw(ctx, rawEntry(0xC1)); err != nil {
+		t.Fatal(err)
+	}
+	// The log goes on.
+	if _, err := tc.follower().Propose(ctx, bindEv("after", "w1")); err != nil {
+		t.Fatal(err)
+	}
+	tc.sync(5 * time.Second)
+	for _, n := range tc.running() {
+		if n.Machine().Skipped() != 1 {
+			t.Fatalf("node %s skipped %d events, want 1", n.ID(), n.Machine().Skipped())
+		}
+		if n.FatalError() != nil {
+			t.Fatalf("node %s halted on an optional event: %v", n.ID(), n.FatalError())
+		}
+		if n.Status().Skipped != 1 {
+			t.Fatalf("node %s Status().Skipped = %d", n.ID(), n.Status().Skipped)
+		}
+	}
+	assertSameState(t, tc)
+}
+
+func TestUnknownRequiredEventHaltsAllNodes(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	ctx := context.Background()
+	if _, err := tc.follower().Propose(ctx, bindEv("before", "w1")); err != nil {
+		t.Fatal(err)
+	}
+	l := tc.leader(5 * time.Second)
+	if _, err := l.proposeRaw(ctx, rawEntry(0x41)); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range tc.running() {
+		select {
+		case err := <-n.Fatal():
+			if !errors.Is(err, ErrHalted) || !strings.Contains(err.Error(), "0x41") || !strings.Contains(err.Error(), "upgrade") {
+				t.Fatalf("node %s: fatal error %q does not name the type and the upgrade", n.ID(), err)
+			}
+			var unknown *fsm.UnknownEventError
+			if !errors.As(err, &unknown) || unknown.Type != 0x41 {
+				t.Fatalf("node %s: fatal error is not an *fsm.UnknownEventError for 0x41: %v", n.ID(), err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("node %s did not halt", n.ID())
+		}
+		if _, err := n.Propose(ctx, bindEv("after", "w1")); !errors.Is(err, ErrHalted) {
+			t.Fatalf("node %s: propose after halt: %v, want ErrHalted", n.ID(), err)
+		}
+		// The state stopped before the bad entry.
+		if _, ok := n.State().Lookup(fsm.FleetContext, "before"); !ok {
+			t.Fatalf("node %s lost the binding applied before the halt", n.ID())
+		}
+	}
+}
+
+func TestForwardingRejectsWrongKey(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	target := tc.node(0)
+
+	// A raw client with the wrong key is refused and disconnected.
+	conn, err := net.Dial("tcp", target.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Write([]byte{streamForward}); err != nil {
+		t.Fatal(err)
+	}
+	rw := bufio.NewReadWriter(bufio.NewReader(conn), bufio.NewWriter(conn))
+	err = clientHandshake(rw, []byte("the-wrong-key-0123456789"), "intruder")
+	if !errors.Is(err, errAuth) || !strings.Contains(err.Error(), "wrong internal key") {
+		t.Fatalf("handshake with a wrong key: %v", err)
+	}
+	if _, err := rw.ReadByte(); err == nil {
+		t.Fatal("connection still open after a refused handshake")
+	}
+
+	// A correct key works, and a malformed request gets an error answer
+	// rather than a crash.
+	good := newForwardClient("tester", testKey, func(ctx context.Context, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			_, err = c.Write([]byte{streamForward})
+		}
+		return c, err
+	})
+	defer good.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := good.call(ctx, target.Addr(), opPropose, []byte{0xff, 0xff, 0xff}); err == nil || !strings.Contains(err.Error(), "bad request") {
+		t.Fatalf("malformed propose: %v, want a bad request error", err)
+	}
+	if _, err := good.call(ctx, target.Addr(), 99, nil); err == nil || !strings.Contains(err.Error(), "unknown operation") {
+		t.Fatalf("unknown op: %v", err)
+	}
+	s, err := tc.node(1).PeerStatus(ctx, target.Addr())
+	if err != nil || s.ID != target.ID() {
+		t.Fatalf("PeerStatus: %+v, %v", s, err)
+	}
+
+	// A join with the wrong key is refused: Open fails, naming the reason.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jctx, jcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer jcancel()
+	_, err = Open(jctx, Config{
+		NodeID: "mallory", DataDir: filepath.Join(t.TempDir(), "m"), Listener: ln,
+		Join: []string{target.Addr()}, AuthKey: []byte("the-wrong-key-0123456789"),
+		Raft: testTiming, Logger: testLogger(t),
+	})
+	if err == nil || !errors.Is(err, errAuth) {
+		t.Fatalf("join with a wrong key: %v, want a refused handshake", err)
+	}
+	for _, n := range tc.running() {
+		for _, p := range n.Status().Peers {
+			if p.ID == "mallory" {
+				t.Fatal("a node with the wrong key became a member")
+			}
+		}
+	}
+}
+
+func TestJoinAndRemove(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 20 {
+		if _, err := tc.node(i%3).Propose(ctx, bindEv(fmt.Sprintf("j-%d", i), "w1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Join through a follower: it forwards the request to the leader.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "n3")
+	cfg := Config{
+		NodeID: "n3", DataDir: dir, Listener: ln, Join: []string{tc.follower().Addr()},
+		AuthKey: testKey, ProposeTimeout: 5 * time.Second, Raft: testTiming, Logger: testLogger(t),
+	}
+	joined, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.mu.Lock()
+	tc.nodes = append(tc.nodes, joined)
+	tc.cfgs = append(tc.cfgs, cfg)
+	tc.mu.Unlock()
+	tc.sync(10 * time.Second)
+	assertSameState(t, tc)
+	voters := 0
+	for _, p := range joined.Status().Peers {
+		if p.Voter {
+			voters++
+		}
+	}
+	if voters != 4 {
+		t.Fatalf("after join: %d voters, want 4", voters)
+	}
+	if _, err := joined.Propose(ctx, bindEv("from-new-node", "w2")); err != nil {
+		t.Fatal(err)
+	}
+
+	// Remove it, asking a follower (forwarded to the leader).
+	var asker *Node
+	for _, n := range tc.running() {
+		if n != joined && !n.IsLeader() {
+			asker = n
+			break
+		}
+	}
+	if err := asker.RemoveServer(ctx, "n3"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-joined.Fatal():
+		if !errors.Is(err, ErrRemoved) {
+			t.Fatalf("removed node reports %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("removed node never learned of its removal")
+	}
+	tc.stop(3, false)
+	ln2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listener = ln2
+	_, err = Open(ctx, cfg)
+	if err == nil || !errors.Is(err, ErrRemoved) || !strings.Contains(err.Error(), "was removed from the cluster at index") || !strings.Contains(err.Error(), "wipe DataDir") {
+		t.Fatalf("reopening a removed node: %v", err)
+	}
+	// The rest go on.
+	if _, err := tc.node(0).Propose(ctx, bindEv("after-removal", "w1")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLeaderChangesAndTransfer(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	old := tc.leader(5 * time.Second)
+	select {
+	case v := <-old.LeaderChanges():
+		if !v {
+			t.Fatal("leader's first LeaderChanges value is false")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no LeaderChanges signal on the leader")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	target := tc.follower()
+	// Ask from the other follower: forwarded to the leader.
+	var asker *Node
+	for _, n := range tc.running() {
+		if n != old && n != target {
+			asker = n
+		}
+	}
+	if err := asker.TransferLeadership(ctx, target.ID()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the transfer target to become a ready leader", target.IsLeader)
+	select {
+	case v := <-target.LeaderChanges():
+		if !v {
+			t.Fatal("new leader signalled false")
+		}
+	case <-ctx.Done():
+		t.Fatal("new leader never signalled")
+	}
+	waitFor(t, 5*time.Second, "the old leader to signal false", func() bool {
+		select {
+		case v := <-old.LeaderChanges():
+			return !v
+		default:
+			return false
+		}
+	})
+	waitFor(t, 5*time.Second, "the asker to learn the new leader", func() bool {
+		id, addr := asker.Leader()
+		return id == target.ID() && addr == target.Addr()
+	})
+}
+
+func TestWriteSnapshotMatchesState(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	ctx := context.Background()
+	for i := range 30 {
+		if _, err := tc.node(i%3).Propose(ctx, bindEv(fmt.Sprintf("s-%d", i), "w1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tc.sync(5 * time.Second)
+	var buf bytes.Buffer
+	meta, err := tc.follower().WriteSnapshot(ctx, &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := fsm.ReadSnapshot(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := st.Hash()
+	if fmt.Sprintf("%x", h) != meta.Hash || st.Index() != meta.Index || st.Len() != 30 || meta.Term == 0 || meta.Size == 0 {
+		t.Fatalf("snapshot meta %+v does not describe the written state (index %d, %d bindings)", meta, st.Index(), st.Len())
+	}
+	// Restore is leader-only and validates its input before raft sees it.
+	if err := tc.follower().Restore(ctx, bytes.NewReader(nil)); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("restore on a follower: %v", err)
+	}
+	if err := tc.leader(5*time.Second).Restore(ctx, strings.NewReader("not a snapshot")); err == nil || !strings.Contains(err.Error(), "invalid snapshot") {
+		t.Fatalf("restore of garbage: %v", err)
+	}
+}
+
+func TestConfigErrorsNameTheKey(t *testing.T) {
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		key string
+		cfg Config
+	}{
+		{"NodeID", Config{DataDir: dir, BindAddr: "127.0.0.1:0", AuthKey: testKey}},
+		{"DataDir", Config{NodeID: "a", BindAddr: "127.0.0.1:0", AuthKey: testKey}},
+		{"BindAddr", Config{NodeID: "a", DataDir: dir, AuthKey: testKey}},
+		{"AuthKey", Config{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0"}},
+		{"AuthKey", Config{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0", AuthKey: []byte("short")}},
+		{"Peers", Config{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0", AuthKey: testKey, Bootstrap: true, Peers: []Peer{{ID: "b", Addr: "x:1"}}}},
+		{"Raft.LeaderLeaseTimeout", Config{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0", AuthKey: testKey, Raft: RaftTiming{HeartbeatTimeout: time.Second, LeaderLeaseTimeout: 2 * time.Second}}},
+		{"FeatureLevel", Config{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0", AuthKey: testKey, FeatureLevel: fsm.FeatureLevelMax + 1}},
+		{"AdvertiseAddr", Config{NodeID: "a", DataDir: dir, BindAddr: "0.0.0.0:0", AuthKey: testKey}},
+	} {
+		_, err := Open(context.Background(), tt.cfg)
+		if err == nil || !strings.Contains(err.Error(), tt.key) {
+			t.Errorf("config missing/bad %s: error %v does not name it", tt.key, err)
+		}
+	}
+}
