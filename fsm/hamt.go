@@ -289,3 +289,78 @@ func eachIn[V mapValue](node []hslot[V], fn func(V) bool) bool {
 	}
 	return true
 }
+
+// trieOrder maps a hash to a number whose order is the trie's iteration
+// order: the 5-bit chunks the levels consume, most significant first.
+func trieOrder(h uint64) uint64 {
+	var k uint64
+	for shift := uint(0); shift < 60; shift += hamtBits {
+		k = k<<hamtBits | (h>>shift)&hamtMask
+	}
+	return k<<4 | h>>60
+}
+
+// buildPmap builds a map from values with distinct keys in one pass (used
+// by ReadSnapshot): sort by trie order, then allocate every node once at its
+// final size. It reports the first repeated key, if any.
+func buildPmap[V mapValue](owner uint64, vals []V) (pmap[V], string, bool) {
+	if len(vals) == 0 {
+		return pmap[V]{}, "", true
+	}
+	type item struct {
+		order uint64
+		slot  hslot[V]
+	}
+	items := make([]item, len(vals))
+	for i, v := range vals {
+		tag, key := v.mapKey()
+		h := trieHash(tag, key)
+		items[i] = item{order: trieOrder(h), slot: hslot[V]{hash: h, val: v}}
+	}
+	slices.SortFunc(items, func(a, b item) int {
+		if a.order != b.order {
+			if a.order < b.order {
+				return -1
+			}
+			return 1
+		}
+		return compareSlotKey(a.slot, b.slot.val)
+	})
+	slots := make([]hslot[V], len(items))
+	for i := range items {
+		slots[i] = items[i].slot
+		if i > 0 && items[i].order == items[i-1].order && compareSlotKey(items[i-1].slot, items[i].slot.val) == 0 {
+			_, key := items[i].slot.val.mapKey()
+			return pmap[V]{}, key, false
+		}
+	}
+	root, bitmap := buildNode(owner, 0, slots)
+	return pmap[V]{root: root, rootBits: bitmap, n: len(slots)}, "", true
+}
+
+// buildNode builds the node holding sorted leaves that agree on the bits
+// below shift.
+func buildNode[V mapValue](owner uint64, shift uint, leaves []hslot[V]) ([]hslot[V], uint32) {
+	if shift >= hamtCollisions {
+		return newNode(owner, leaves...), 0
+	}
+	node := make([]hslot[V], 1, 1+min(len(leaves), 32))
+	node[0].hash = owner
+	var bitmap uint32
+	for i := 0; i < len(leaves); {
+		chunk := (leaves[i].hash >> shift) & hamtMask
+		j := i + 1
+		for j < len(leaves) && (leaves[j].hash>>shift)&hamtMask == chunk {
+			j++
+		}
+		bitmap |= 1 << chunk
+		if j == i+1 {
+			node = append(node, leaves[i])
+		} else {
+			kids, kidBits := buildNode(owner, shift+hamtBits, leaves[i:j])
+			node = append(node, hslot[V]{hash: uint64(kidBits), kids: kids})
+		}
+		i = j
+	}
+	return node, bitmap
+}

@@ -544,7 +544,10 @@ func ReadSnapshot(r io.Reader) (*State, error) {
 	if end[0] != 0 {
 		return nil, &SnapshotError{Offset: sr.read - 1, Msg: "records continue past the last section"}
 	}
-	st := b.finish()
+	st, err := b.finish()
+	if err != nil {
+		return nil, &SnapshotError{Offset: sr.read, Msg: err.Error()}
+	}
 	if got := st.Hash(); got != recorded {
 		return nil, &SnapshotError{Offset: sr.read, Msg: fmt.Sprintf(
 			"rebuilt state hash %x does not match the recorded %x", got[:8], recorded[:8])}
@@ -582,19 +585,24 @@ func readNode(r *reader) Node {
 	return n
 }
 
-// stateBuilder assembles a State from snapshot records, owning every node
-// it creates (so inserts mutate in place) and recomputing every record
-// digest, which is what lets ReadSnapshot check the recorded hash.
+// stateBuilder assembles a State from snapshot records. It collects
+// records and builds each trie in one pass at the end (buildPmap), owning
+// every node it creates, and recomputes every record digest, which is what
+// lets ReadSnapshot check the recorded hash.
 type stateBuilder struct {
-	s       *State
-	owner   uint64
-	scratch []byte
-	roots   map[string][]string
+	s        *State
+	owner    uint64
+	scratch  []byte
+	bindings []*bindingRec
+	counts   map[FleetKey]int
+	links    []*linkRec
+	roots    map[string][]string
+	dedup    [2][]dedupID
 }
 
 func newStateBuilder() *stateBuilder {
 	s := emptyState()
-	return &stateBuilder{s: s, owner: newOwner(), roots: make(map[string][]string)}
+	return &stateBuilder{s: s, owner: newOwner(), counts: make(map[FleetKey]int), roots: make(map[string][]string)}
 }
 
 func (b *stateBuilder) addInstance(in Instance) error {
@@ -627,6 +635,7 @@ func (b *stateBuilder) addNode(n Node) error {
 	return nil
 }
 
+// addBinding takes bindings in recency order.
 func (b *stateBuilder) addBinding(x Binding) error {
 	s := b.s
 	if !x.Fleet.Valid() || x.Key == "" || x.Instance == "" {
@@ -634,21 +643,13 @@ func (b *stateBuilder) addBinding(x Binding) error {
 	}
 	rec := newBindingRec(&x)
 	rec.seq = s.nextSeq
-	if _, replaced := s.bindings.set(b.owner, rec); replaced {
-		return fmt.Errorf("%v key %q appears twice", x.Fleet, x.Key)
-	}
 	s.nextSeq++
+	b.bindings = append(b.bindings, rec)
 	s.lru.insert(b.owner, rec.seq, rec)
 	var d [32]byte
 	d, b.scratch = bindingDigest(b.scratch, &rec.Binding)
 	s.digest.add(&d)
-	// Every count record of a builder is its own and unpublished, so it is
-	// incremented in place.
-	if c, ok := s.counts.get(uint8(x.Fleet), x.Instance); ok {
-		c.n++
-	} else {
-		s.counts.set(b.owner, &countRec{fleet: x.Fleet, instance: x.Instance, n: 1})
-	}
+	b.counts[FleetKey{Fleet: x.Fleet, Key: x.Instance}]++
 	return nil
 }
 
@@ -657,9 +658,7 @@ func (b *stateBuilder) addLink(l ParentLink) error {
 	if l.Child == "" || l.Parent == "" || l.Root == "" || l.Child == l.Root {
 		return fmt.Errorf("invalid link (child %q, parent %q, root %q)", l.Child, l.Parent, l.Root)
 	}
-	if _, replaced := s.links.set(b.owner, &linkRec{l}); replaced {
-		return fmt.Errorf("child %q linked twice", l.Child)
-	}
+	b.links = append(b.links, &linkRec{l})
 	b.roots[l.Root] = append(b.roots[l.Root], l.Child)
 	var d [32]byte
 	d, b.scratch = linkDigest(b.scratch, &l)
@@ -668,30 +667,47 @@ func (b *stateBuilder) addLink(l ParentLink) error {
 }
 
 func (b *stateBuilder) addDedup(gen int, id dedupID) error {
-	s := b.s
-	m, sum := &s.dedupCur, &s.dedupCurSum
-	if gen == 1 {
-		m, sum = &s.dedupPrev, &s.dedupPrevSum
-	}
-	if _, replaced := m.set(b.owner, id); replaced {
-		return fmt.Errorf("proposal id %x repeated", string(id))
-	}
+	b.dedup[gen] = append(b.dedup[gen], id)
 	d := dedupDigest(id)
-	sum.add(&d)
+	if gen == 0 {
+		b.s.dedupCurSum.add(&d)
+	} else {
+		b.s.dedupPrevSum.add(&d)
+	}
 	return nil
 }
 
-func (b *stateBuilder) finish() *State {
+func (b *stateBuilder) finish() (*State, error) {
 	s := b.s
-	roots := make([]string, 0, len(b.roots))
-	for r := range b.roots {
-		roots = append(roots, r)
+	var ok bool
+	var dup string
+	if s.bindings, dup, ok = buildPmap(b.owner, b.bindings); !ok {
+		return nil, fmt.Errorf("binding key %q appears twice", dup)
 	}
-	slices.Sort(roots) // map order is random; insert deterministically
-	for _, r := range roots {
-		children := b.roots[r]
+	counts := make([]*countRec, 0, len(b.counts))
+	for k, n := range b.counts {
+		counts = append(counts, &countRec{fleet: k.Fleet, instance: k.Key, n: n})
+	}
+	s.counts, _, _ = buildPmap(b.owner, counts) // map keys are distinct
+	if s.links, dup, ok = buildPmap(b.owner, b.links); !ok {
+		return nil, fmt.Errorf("child %q linked twice", dup)
+	}
+	roots := make([]*rootRec, 0, len(b.roots))
+	for r, children := range b.roots {
 		slices.Sort(children)
-		s.roots.set(b.owner, &rootRec{root: r, children: children})
+		roots = append(roots, &rootRec{root: r, children: children})
 	}
-	return s
+	s.roots, _, _ = buildPmap(b.owner, roots)
+	for gen, ids := range b.dedup {
+		m, dup, ok := buildPmap(b.owner, ids)
+		if !ok {
+			return nil, fmt.Errorf("proposal id %x repeated", dup)
+		}
+		if gen == 0 {
+			s.dedupCur = m
+		} else {
+			s.dedupPrev = m
+		}
+	}
+	return s, nil
 }

@@ -196,3 +196,53 @@ func TestHashKeyStable(t *testing.T) {
 		t.Error("hashKey ignores the tag or byte order")
 	}
 }
+
+func TestBuildPmapMatchesIncremental(t *testing.T) {
+	for _, mask := range []uint64{^uint64(0), 0x3ff, 0x1, 0} {
+		keyHashMask = mask
+		rng := rand.New(rand.NewPCG(mask, 11))
+		var inc pmap[*testVal]
+		var vals []*testVal
+		seen := map[string]bool{}
+		owner := newOwner()
+		for i := 0; i < 2000; i++ {
+			v := &testVal{tag: uint8(1 + rng.IntN(2)), key: fmt.Sprintf("k%d", rng.IntN(5000)), v: i}
+			mk := string(rune(v.tag)) + v.key
+			if seen[mk] {
+				continue
+			}
+			seen[mk] = true
+			inc.set(owner, v)
+			vals = append(vals, v)
+		}
+		built, dup, ok := buildPmap(newOwner(), slices.Clone(vals))
+		if !ok {
+			t.Fatalf("mask %x: unexpected duplicate %q", mask, dup)
+		}
+		var a, b []*testVal
+		inc.each(func(v *testVal) bool { a = append(a, v); return true })
+		built.each(func(v *testVal) bool { b = append(b, v); return true })
+		if !slices.Equal(a, b) || built.len() != inc.len() {
+			t.Fatalf("mask %x: bulk-built map iterates differently", mask)
+		}
+		for _, v := range vals {
+			if got, ok := built.get(v.tag, v.key); !ok || got != v {
+				t.Fatalf("mask %x: bulk-built map misses %q", mask, v.key)
+			}
+		}
+		// The bulk-built map stays a correct persistent map under updates.
+		o := newOwner()
+		for _, v := range vals[:500] {
+			if _, ok := built.delete(o, v.tag, v.key); !ok {
+				t.Fatalf("mask %x: delete from bulk-built map failed", mask)
+			}
+		}
+		if built.len() != len(vals)-500 {
+			t.Fatalf("mask %x: len %d after deletes", mask, built.len())
+		}
+		if _, dup, ok := buildPmap(newOwner(), append(slices.Clone(vals), &testVal{tag: vals[7].tag, key: vals[7].key})); ok || dup != vals[7].key {
+			t.Fatalf("mask %x: duplicate not reported (%q %v)", mask, dup, ok)
+		}
+	}
+	keyHashMask = ^uint64(0)
+}
