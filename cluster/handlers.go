@@ -14,6 +14,11 @@ import (
 
 // handleForward serves one authenticated forwarding request.
 func (n *Node) handleForward(ctx context.Context, peerID string, op byte, payload []byte) ([]byte, error) {
+	// The mux serves forwarding before Open has created n.raft; started
+	// (stored after NewRaft) orders the read of n.raft after its write.
+	if !n.started.Load() {
+		return nil, fmt.Errorf("%w: node %s is starting", ErrUnavailable, n.id)
+	}
 	switch op {
 	case opPropose:
 		return n.handlePropose(ctx, payload)
