@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
+	"unsafe"
 )
 
 // mapValue is what a pmap stores: immutable records that carry their own key.
@@ -22,11 +23,13 @@ type mapValue interface {
 // collision node whose slots are sorted by key, so iteration stays
 // deterministic.
 //
-// Layout, chosen for the lookup hot path: a node is a single slice whose
-// element 0 is a header (its hash field holds the owning transaction) and
-// whose elements 1..n are the slots; a branch slot holds the child's bitmap
-// in its hash field next to the child slice. So one level costs one memory
-// access (the slot), not two (a node header, then its slot array).
+// Layout, chosen for the lookup hot path and for cheap path copies: a node
+// is a single array whose element 0 is a header (its hash field holds the
+// owning transaction) and whose elements 1..n are the slots. A branch slot
+// holds a pointer to the child's first element and, in its hash field, the
+// child's bitmap (a collision child: its slot count), from which the child's
+// length follows. So one level costs one memory access (the slot), not two
+// (a node header, then its slot array), and a slot is 24 bytes.
 type pmap[V mapValue] struct {
 	root     []hslot[V] // nil when empty
 	rootBits uint32
@@ -34,9 +37,28 @@ type pmap[V mapValue] struct {
 }
 
 type hslot[V mapValue] struct {
-	hash uint64     // leaf: the key's hash; branch: the child's bitmap; header: the owner
-	kids []hslot[V] // branch: the child node (header + slots); nil for a leaf
+	hash uint64    // leaf: the key's hash; branch: the child's bitmap (collision child: slot count); header: the owner
+	kids *hslot[V] // branch: the child node's header; nil for a leaf
 	val  V
+}
+
+// child returns the node a branch slot at shift points to (the child is at
+// shift+hamtBits).
+func (s *hslot[V]) child(shift uint) []hslot[V] {
+	n := int(s.hash)
+	if shift+hamtBits < hamtCollisions {
+		n = bits.OnesCount32(uint32(s.hash))
+	}
+	return unsafe.Slice(s.kids, 1+n)
+}
+
+// branch makes the slot at shift pointing to child (at shift+hamtBits).
+func branch[V mapValue](shift uint, child []hslot[V], childBits uint32) hslot[V] {
+	h := uint64(childBits)
+	if shift+hamtBits >= hamtCollisions {
+		h = uint64(len(child) - 1)
+	}
+	return hslot[V]{hash: h, kids: &child[0]}
 }
 
 const (
@@ -74,7 +96,7 @@ func (m *pmap[V]) getHashed(h uint64, tag uint8, key string) (V, bool) {
 		}
 		s := &node[1+bits.OnesCount32(bitmap&(bit-1))]
 		if s.kids != nil {
-			node, bitmap = s.kids, uint32(s.hash)
+			node, bitmap = s.child(shift), uint32(s.hash)
 			continue
 		}
 		if s.hash == h {
@@ -145,9 +167,9 @@ func setIn[V mapValue](node []hslot[V], bitmap uint32, owner uint64, shift uint,
 	}
 	s := node[pos]
 	if s.kids != nil {
-		kids, kidBits, old, replaced := setIn(s.kids, uint32(s.hash), owner, shift+hamtBits, h, tag, key, v)
+		kids, kidBits, old, replaced := setIn(s.child(shift), uint32(s.hash), owner, shift+hamtBits, h, tag, key, v)
 		e := editable(node, owner)
-		e[pos] = hslot[V]{hash: uint64(kidBits), kids: kids}
+		e[pos] = branch(shift, kids, kidBits)
 		return e, bitmap, old, replaced
 	}
 	if s.hash == h {
@@ -159,7 +181,7 @@ func setIn[V mapValue](node []hslot[V], bitmap uint32, owner uint64, shift uint,
 	}
 	kids, kidBits := mergeLeaves(owner, shift+hamtBits, s, hslot[V]{hash: h, val: v})
 	e := editable(node, owner)
-	e[pos] = hslot[V]{hash: uint64(kidBits), kids: kids}
+	e[pos] = branch(shift, kids, kidBits)
 	return e, bitmap, zero, false
 }
 
@@ -184,7 +206,7 @@ func mergeLeaves[V mapValue](owner uint64, shift uint, a, b hslot[V]) ([]hslot[V
 	ia, ib := (a.hash>>shift)&hamtMask, (b.hash>>shift)&hamtMask
 	if ia == ib {
 		kids, kidBits := mergeLeaves(owner, shift+hamtBits, a, b)
-		return newNode(owner, hslot[V]{hash: uint64(kidBits), kids: kids}), 1 << ia
+		return newNode(owner, branch(shift, kids, kidBits)), 1 << ia
 	}
 	if ia > ib {
 		a, b = b, a
@@ -236,7 +258,7 @@ func deleteIn[V mapValue](node []hslot[V], bitmap uint32, owner uint64, shift ui
 	pos := 1 + bits.OnesCount32(bitmap&(bit-1))
 	s := node[pos]
 	if s.kids != nil {
-		kids, kidBits, old, found := deleteIn(s.kids, uint32(s.hash), owner, shift+hamtBits, h, tag, key)
+		kids, kidBits, old, found := deleteIn(s.child(shift), uint32(s.hash), owner, shift+hamtBits, h, tag, key)
 		if !found {
 			return node, bitmap, zero, false
 		}
@@ -253,7 +275,7 @@ func deleteIn[V mapValue](node []hslot[V], bitmap uint32, owner uint64, shift ui
 			return e, bitmap, old, true
 		default:
 			e := editable(node, owner)
-			e[pos] = hslot[V]{hash: uint64(kidBits), kids: kids}
+			e[pos] = branch(shift, kids, kidBits)
 			return e, bitmap, old, true
 		}
 	}
@@ -273,14 +295,14 @@ func deleteIn[V mapValue](node []hslot[V], bitmap uint32, owner uint64, shift ui
 // each visits every value in trie order (by hash, then key) until fn
 // returns false. The order is the same on every machine and build.
 func (m *pmap[V]) each(fn func(V) bool) bool {
-	return eachIn(m.root, fn)
+	return eachIn(m.root, 0, fn)
 }
 
-func eachIn[V mapValue](node []hslot[V], fn func(V) bool) bool {
+func eachIn[V mapValue](node []hslot[V], shift uint, fn func(V) bool) bool {
 	for i := 1; i < len(node); i++ {
 		s := &node[i]
 		if s.kids != nil {
-			if !eachIn(s.kids, fn) {
+			if !eachIn(s.child(shift), shift+hamtBits, fn) {
 				return false
 			}
 		} else if !fn(s.val) {
@@ -358,7 +380,7 @@ func buildNode[V mapValue](owner uint64, shift uint, leaves []hslot[V]) ([]hslot
 			node = append(node, leaves[i])
 		} else {
 			kids, kidBits := buildNode(owner, shift+hamtBits, leaves[i:j])
-			node = append(node, hslot[V]{hash: uint64(kidBits), kids: kids})
+			node = append(node, branch(shift, kids, kidBits))
 		}
 		i = j
 	}

@@ -25,7 +25,9 @@ type Machine struct {
 	skipped atomic.Uint64
 	halted  atomic.Pointer[haltReason]
 
-	// Writer-only scratch, never seen by readers.
+	// Writer-only state, never seen by readers.
+	id      uint64 // owner id for the idempotency window's arrays
+	dedup   dedupIndex
 	intern  map[string]string
 	scratch []byte
 }
@@ -39,7 +41,7 @@ const internLimit = 1 << 16
 
 // NewMachine returns a machine at the empty state (index 0).
 func NewMachine() *Machine {
-	m := &Machine{intern: make(map[string]string)}
+	m := &Machine{id: newOwner(), intern: make(map[string]string)}
 	m.state.Store(emptyState())
 	return m
 }
@@ -134,6 +136,9 @@ type txn struct {
 
 func (m *Machine) begin() *txn {
 	cur := *m.state.Load()
+	if !m.dedup.syncedWith(&cur.dedup) {
+		m.dedup.rebuild(&cur.dedup)
+	}
 	return &txn{m: m, s: &cur, owner: newOwner()}
 }
 
@@ -176,10 +181,9 @@ func (tx *txn) applyEntry(e Entry) ([]Result, error) {
 
 func (tx *txn) applyProposal(p *RawProposal) Result {
 	s := tx.s
-	id := dedupID("")
-	if p.ID != (ProposalID{}) {
-		id = dedupID(p.ID[:])
-		if tx.seen(id) {
+	dedup := p.ID != (ProposalID{})
+	if dedup {
+		if tx.m.dedup.contains(p.ID) {
 			s.counters.scalars[cDuplicates]++
 			res := Result{Status: StatusDuplicate}
 			if b, ok := p.Event.(Bind); ok {
@@ -201,8 +205,8 @@ func (tx *txn) applyProposal(p *RawProposal) Result {
 	case StatusConditionFailed:
 		s.counters.scalars[cConditionFailed]++
 	}
-	if id != "" {
-		tx.remember(id)
+	if dedup {
+		tx.m.dedup.add(&s.dedup, tx.m.id, p.ID)
 	}
 	for uint64(s.bindings.len()) > s.maxBindings {
 		rec, ok := s.lru.oldest()
@@ -212,25 +216,6 @@ func (tx *txn) applyProposal(p *RawProposal) Result {
 		res.Evicted = append(res.Evicted, tx.removeBinding(rec, EvictCapacity))
 	}
 	return res
-}
-
-func (tx *txn) seen(id dedupID) bool {
-	if _, ok := tx.s.dedupCur.get(0, string(id)); ok {
-		return true
-	}
-	_, ok := tx.s.dedupPrev.get(0, string(id))
-	return ok
-}
-
-func (tx *txn) remember(id dedupID) {
-	s := tx.s
-	if s.dedupCur.len() >= dedupGeneration {
-		s.dedupPrev, s.dedupPrevSum = s.dedupCur, s.dedupCurSum
-		s.dedupCur, s.dedupCurSum = pmap[dedupID]{}, lanes{}
-	}
-	s.dedupCur.set(tx.owner, id)
-	d := dedupDigest(id)
-	s.dedupCurSum.add(&d)
 }
 
 func (tx *txn) applyEvent(ev Event) Result {

@@ -174,14 +174,14 @@ func (s *State) WriteSnapshot(w io.Writer) error {
 		sw.endRecord()
 		return sw.err == nil
 	})
-	for _, gen := range []*pmap[dedupID]{&s.dedupCur, &s.dedupPrev} {
-		sw.buf = appendUvarint(sw.buf, uint64(gen.len()))
+	for gen, chunk := range []*dedupChunk{s.dedup.cur, s.dedup.prev} {
+		n := []int{s.dedup.curLen, s.dedup.prevLen}[gen]
+		sw.buf = appendUvarint(sw.buf, uint64(n))
 		sw.endRecord()
-		gen.each(func(id dedupID) bool {
-			sw.buf = append(sw.buf, id...)
+		for i := 0; i < n && sw.err == nil; i++ {
+			sw.buf = append(sw.buf, chunk.ids[i][:]...)
 			sw.endRecord()
-			return sw.err == nil
-		})
+		}
 	}
 	sw.flush()
 	if sw.err == nil {
@@ -525,7 +525,8 @@ func ReadSnapshot(r io.Reader) (*State, error) {
 			if err := sr.record("a proposal id"); err != nil {
 				return nil, err
 			}
-			id := dedupID(rd.bytes(proposalIDBytes, "proposal id"))
+			var id ProposalID
+			copy(id[:], rd.bytes(proposalIDBytes, "proposal id"))
 			if rd.err != nil {
 				return nil, sr.decodeErr()
 			}
@@ -597,12 +598,13 @@ type stateBuilder struct {
 	counts   map[FleetKey]int
 	links    []*linkRec
 	roots    map[string][]string
-	dedup    [2][]dedupID
+	dedupSeen map[ProposalID]struct{}
 }
 
 func newStateBuilder() *stateBuilder {
 	s := emptyState()
-	return &stateBuilder{s: s, owner: newOwner(), counts: make(map[FleetKey]int), roots: make(map[string][]string)}
+	return &stateBuilder{s: s, owner: newOwner(), counts: make(map[FleetKey]int), roots: make(map[string][]string),
+		dedupSeen: make(map[ProposalID]struct{})}
 }
 
 func (b *stateBuilder) addInstance(in Instance) error {
@@ -666,13 +668,33 @@ func (b *stateBuilder) addLink(l ParentLink) error {
 	return nil
 }
 
-func (b *stateBuilder) addDedup(gen int, id dedupID) error {
-	b.dedup[gen] = append(b.dedup[gen], id)
+// addDedup takes generation 0 (current) and then 1 (previous), each in
+// apply order. The arrays it fills belong to no machine (owner 0): the
+// first machine to append copies the current one.
+func (b *stateBuilder) addDedup(gen int, id ProposalID) error {
+	if id == (ProposalID{}) {
+		return errors.New("zero proposal id in the idempotency window")
+	}
+	if _, dup := b.dedupSeen[id]; dup {
+		return fmt.Errorf("proposal id %x repeated", id[:])
+	}
+	b.dedupSeen[id] = struct{}{}
+	w := &b.s.dedup
 	d := dedupDigest(id)
 	if gen == 0 {
-		b.s.dedupCurSum.add(&d)
+		if w.cur == nil {
+			w.cur = &dedupChunk{}
+		}
+		w.cur.ids[w.curLen] = id
+		w.curLen++
+		w.curSum.add(&d)
 	} else {
-		b.s.dedupPrevSum.add(&d)
+		if w.prev == nil {
+			w.prev = &dedupChunk{}
+		}
+		w.prev.ids[w.prevLen] = id
+		w.prevLen++
+		w.prevSum.add(&d)
 	}
 	return nil
 }
@@ -698,16 +720,8 @@ func (b *stateBuilder) finish() (*State, error) {
 		roots = append(roots, &rootRec{root: r, children: children})
 	}
 	s.roots, _, _ = buildPmap(b.owner, roots)
-	for gen, ids := range b.dedup {
-		m, dup, ok := buildPmap(b.owner, ids)
-		if !ok {
-			return nil, fmt.Errorf("proposal id %x repeated", dup)
-		}
-		if gen == 0 {
-			s.dedupCur = m
-		} else {
-			s.dedupPrev = m
-		}
+	if w := &s.dedup; w.prev != nil && (w.cur == nil || w.prevLen != dedupGeneration) {
+		return nil, fmt.Errorf("idempotency window: a previous generation of %d ids (must be full, %d, and follow a current one)", w.prevLen, dedupGeneration)
 	}
 	return s, nil
 }

@@ -30,21 +30,13 @@ type State struct {
 	maxBindings  uint64
 	counters     counterState
 
-	// The idempotency window: two generations of proposal ids. When the
-	// current one holds dedupGeneration ids it becomes the previous one and
-	// the oldest generation is forgotten.
-	dedupCur, dedupPrev       pmap[dedupID]
-	dedupCurSum, dedupPrevSum lanes
+	dedup dedupWindow // the idempotency window (dedup.go)
 
 	// digest is the multiset hash of every binding, link, instance and node
 	// record: the lane-wise sum of their SHA-256 digests, kept up to date by
 	// adding a record's digest when it appears and subtracting it when it goes.
 	digest lanes
 }
-
-// dedupGeneration is the number of proposal ids per idempotency generation;
-// the window remembers between one and two generations of ids.
-const dedupGeneration = 65536
 
 func emptyState() *State { return &State{maxBindings: DefaultMaxBindings, nextSeq: 1} }
 
@@ -96,9 +88,6 @@ type countRec struct {
 
 func (r *countRec) mapKey() (uint8, string) { return uint8(r.fleet), r.instance }
 
-type dedupID string
-
-func (d dedupID) mapKey() (uint8, string) { return 0, string(d) }
 
 // Counters are cumulative, replicated apply statistics (part of the state
 // hash and of snapshots).
@@ -204,12 +193,6 @@ func nodeDigest(scratch []byte, n *Node) ([32]byte, []byte) {
 	return sha256.Sum256(scratch), scratch
 }
 
-func dedupDigest(id dedupID) [32]byte {
-	var buf [1 + proposalIDBytes]byte
-	buf[0] = recDedup
-	copy(buf[1:], id)
-	return sha256.Sum256(buf[:])
-}
 
 // Index is the log index of the last applied entry (0 for the empty state).
 func (s *State) Index() uint64 { return s.index }
@@ -360,10 +343,10 @@ func (s *State) Hash() [32]byte {
 	b = binary.LittleEndian.AppendUint64(b, uint64(s.time))
 	b = binary.LittleEndian.AppendUint32(b, s.featureLevel)
 	b = binary.LittleEndian.AppendUint64(b, s.maxBindings)
-	for _, n := range []int{s.bindings.len(), s.links.len(), len(s.instances), len(s.nodes), s.dedupCur.len(), s.dedupPrev.len()} {
+	for _, n := range []int{s.bindings.len(), s.links.len(), len(s.instances), len(s.nodes), s.dedup.curLen, s.dedup.prevLen} {
 		b = binary.LittleEndian.AppendUint64(b, uint64(n))
 	}
-	for _, l := range []*lanes{&s.digest, &s.dedupCurSum, &s.dedupPrevSum} {
+	for _, l := range []*lanes{&s.digest, &s.dedup.curSum, &s.dedup.prevSum} {
 		for _, v := range l {
 			b = binary.LittleEndian.AppendUint64(b, v)
 		}
