@@ -591,13 +591,13 @@ func readNode(r *reader) Node {
 // every node it creates, and recomputes every record digest, which is what
 // lets ReadSnapshot check the recorded hash.
 type stateBuilder struct {
-	s        *State
-	owner    uint64
-	scratch  []byte
-	bindings []*bindingRec
-	counts   map[FleetKey]int
-	links    []*linkRec
-	roots    map[string][]string
+	s         *State
+	owner     uint64
+	scratch   []byte
+	bindings  []*bindingRec
+	counts    map[FleetKey]int
+	links     []*linkRec
+	roots     map[string][]string
 	dedupSeen map[ProposalID]struct{}
 }
 

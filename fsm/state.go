@@ -88,7 +88,6 @@ type countRec struct {
 
 func (r *countRec) mapKey() (uint8, string) { return uint8(r.fleet), r.instance }
 
-
 // Counters are cumulative, replicated apply statistics (part of the state
 // hash and of snapshots).
 type Counters struct {
@@ -192,7 +191,6 @@ func nodeDigest(scratch []byte, n *Node) ([32]byte, []byte) {
 	scratch = appendNode(append(scratch[:0], recNode), n)
 	return sha256.Sum256(scratch), scratch
 }
-
 
 // Index is the log index of the last applied entry (0 for the empty state).
 func (s *State) Index() uint64 { return s.index }
