@@ -399,4 +399,3 @@ func doEvict(n *cluster.Node, key string) opOutput {
 	}
 	return opOutput{outcome: outOK, value: "status:" + res.Status.String() + ":" + res.Reason}
 }
-

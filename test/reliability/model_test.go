@@ -47,9 +47,9 @@ type opInput struct {
 type outcome uint8
 
 const (
-	outOK          outcome = iota + 1 // the result is known: value / evicted hold
-	outApplied                        // took effect once, result not known
-	outIndefinite                     // may or may not have taken effect
+	outOK         outcome = iota + 1 // the result is known: value / evicted hold
+	outApplied                       // took effect once, result not known
+	outIndefinite                    // may or may not have taken effect
 )
 
 type opOutput struct {
