@@ -98,7 +98,7 @@ func Open(path string, opts Options) (*Archive, error) {
 			return nil, fmt.Errorf("archive: open %s: %w", path, err)
 		}
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.Timeout, ReadOnly: opts.ReadOnly})
+	db, err := openBolt(path, &bolt.Options{Timeout: opts.Timeout, ReadOnly: opts.ReadOnly})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, fmt.Errorf("archive: open %s: the file is locked by a running node (waited %s); copy the data directory first and audit the copy: %w", path, opts.Timeout, err)
@@ -130,6 +130,17 @@ func Open(path string, opts Options) (*Archive, error) {
 		go a.trimLoop(ctx)
 	}
 	return a, nil
+}
+
+// openBolt is bolt.Open that turns bbolt's panics on a damaged file (a
+// truncated file panics with "invalid freelist page") into an error.
+func openBolt(path string, o *bolt.Options) (db *bolt.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			db, err = nil, fmt.Errorf("damaged database file: %v", r)
+		}
+	}()
+	return bolt.Open(path, 0o600, o)
 }
 
 // Path is the archive's file.
