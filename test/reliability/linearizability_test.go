@@ -273,9 +273,19 @@ func runOnce(t *testing.T, nem nemesis, seed int64, rc runConfig) runResult {
 		node := fc.node(i % len(fc.ids))
 		in := opInput{kind: opLookup, key: key}
 		call := hist.now()
-		out, b, ok := doLookup(node, key)
+		// After heal the cluster must serve again (liveness): retry the
+		// read until a deadline, each attempt is still a linearizable read.
+		var (
+			out opOutput
+			b   *fsm.Binding
+			ok  bool
+		)
+		for deadline := time.Now().Add(20 * time.Second); !ok && time.Now().Before(deadline); {
+			call = hist.now()
+			out, b, ok = doLookup(node, key)
+		}
 		if !ok {
-			t.Errorf("final read of %s on %s failed after heal", key, node.ID())
+			t.Errorf("final read of %s on %s still failing 20s after heal", key, node.ID())
 			continue
 		}
 		hist.add(rc.clients, in, call, out)
