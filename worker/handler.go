@@ -192,7 +192,14 @@ func (x *exchange) serve() (int, string) {
 		return x.fail(aerr), ""
 	}
 
-	d := s.sched.Place(adp.Request{ConversationID: p.conversationID, AffinityID: affinity, PromptTokens: len(p.prompt)})
+	placeReq := adp.Request{ConversationID: p.conversationID, AffinityID: affinity, PromptTokens: len(p.prompt)}
+	if !x.chat {
+		// Spec: /v1/completions supports instance affinity only (the edge
+		// routes it by conversation); ranks are chosen by the placement
+		// policy, without conversation or sub-agent bindings.
+		placeReq.ConversationID, placeReq.AffinityID = "", ""
+	}
+	d := s.sched.Place(placeReq)
 	defer func() {
 		s.sched.Finish(&d.Ticket)
 		s.nudgeTelemetry()
@@ -438,7 +445,11 @@ func (x *exchange) engineFailed(err error) int {
 	case errors.Is(err, sim.ErrClosed), s.baseCtx.Err() != nil:
 		e = newAPIError(http.StatusServiceUnavailable, "server_error", "shutting_down", "", "worker is shutting down")
 	case errors.Is(err, sim.ErrPromptTooLarge):
-		e = newAPIError(http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", "messages", "%v", err)
+		param := "prompt"
+		if x.chat {
+			param = "messages"
+		}
+		e = newAPIError(http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", param, "%v", err)
 	case errors.Is(err, sim.ErrInvalidRequest):
 		e = badRequest("", "%v", err)
 	case errors.As(err, &ue):

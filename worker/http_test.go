@@ -335,3 +335,33 @@ func TestMaxTokensClampedToLimit(t *testing.T) {
 		t.Fatalf("default completion tokens %d, want default_max_tokens 3", completion)
 	}
 }
+
+// Spec: /v1/completions has instance affinity only; ADP-rank affinity is a
+// chat feature. The same session id sticks to a rank on chat, and follows
+// the placement policy (round robin here) on completions.
+func TestRankAffinityIsForChatOnly(t *testing.T) {
+	s := startServer(t, testConfig("w0"))
+	c := testClient(t)
+	hdr := map[string]string{"x-session-id": "conv-x"}
+	var chatRanks, cmplRanks []string
+	for i := 0; i < 3; i++ {
+		chatRanks = append(chatRanks, post(t, c, s.URL()+"/v1/chat/completions", chatBody("same words", `"max_tokens":1`), hdr).header.Get(HeaderADPRank))
+		cmplRanks = append(cmplRanks, post(t, c, s.URL()+"/v1/completions", `{"model":"test-model","prompt":"same words","max_tokens":1}`, hdr).header.Get(HeaderADPRank))
+	}
+	if chatRanks[0] != chatRanks[1] || chatRanks[1] != chatRanks[2] {
+		t.Fatalf("chat turns of one conversation on ranks %v", chatRanks)
+	}
+	if cmplRanks[0] == cmplRanks[1] && cmplRanks[1] == cmplRanks[2] {
+		t.Fatalf("completions pinned to rank %s; the spec gives them instance affinity only", cmplRanks[0])
+	}
+}
+
+func TestPromptLargerThanRankIsAClientError(t *testing.T) {
+	cfg := testConfig("w0")
+	cfg.Engine.CapacityBlocks = 4 // 16 tokens at block size 4
+	s := startServer(t, cfg)
+	r := post(t, testClient(t), s.URL()+"/v1/completions", `{"model":"test-model","prompt":"`+longPrompt("w", 40)+`"}`, nil)
+	if r.status != 400 || !strings.Contains(string(r.body), `"code":"context_length_exceeded"`) || !strings.Contains(string(r.body), `"param":"prompt"`) {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+}
