@@ -28,6 +28,29 @@ test-short:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m $(PKGS)
 
+# Every fuzz target in the repository, each for FUZZTIME (seed corpora in
+# testdata/fuzz are committed and already run as ordinary tests by `make test`).
+fuzz:
+	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' . | sort); do \
+		d=$$(dirname $$f); \
+		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "== fuzz $$d $$t ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) ./$$d; \
+		done; \
+	done
+
+# Long reliability runs: >= 100 seeded schedules per fault type with the
+# porcupine check, then the multi-process chaos and soak tests in long mode.
+# SOAK_SEED replays a run (printed on failure); SOAK_RUNS overrides the count.
+SOAK_SEED ?= 0
+SOAK_RUNS ?= 0
+SOAK_LOG  ?= /tmp/tether-soak.log
+soak:
+	@echo "soak: full log in $(SOAK_LOG)"
+	@RELIABILITY_LONG=1 RELIABILITY_SEED=$(SOAK_SEED) RELIABILITY_RUNS=$(SOAK_RUNS) \
+		$(GO) test -count=1 -timeout 120m -v -run 'Linearizability|Soak|Chaos' ./test/reliability/ $$(ls -d ./test/chaos 2>/dev/null) >$(SOAK_LOG) 2>&1; \
+		rc=$$?; grep -E 'FIGURES|^(--- |ok|FAIL)|replay' $(SOAK_LOG); exit $$rc
+
 fmt:
 	gofmt -l -w .
 
