@@ -213,8 +213,14 @@ func TestTelemetryDecoderRejectsBadPayloads(t *testing.T) {
 		name string
 		fn   func() error
 	}{
-		{"kv events garbage", func() error { _, err := telemetry.DecodeKVEvents(telemetry.KVSubject("w1"), []byte("garbage")); return err }},
-		{"kv dump garbage", func() error { _, err := telemetry.DecodeKVDump(telemetry.KVDumpSubject("w1"), []byte{0xff, 0xff}); return err }},
+		{"kv events garbage", func() error {
+			_, err := telemetry.DecodeKVEvents(telemetry.KVSubject("w1"), []byte("garbage"))
+			return err
+		}},
+		{"kv dump garbage", func() error {
+			_, err := telemetry.DecodeKVDump(telemetry.KVDumpSubject("w1"), []byte{0xff, 0xff})
+			return err
+		}},
 		{"evictions for another instance", func() error {
 			b, err := telemetry.EncodeEvictions(telemetry.Evictions{Instance: "w1", BootID: 1, Seq: 1, Evictions: []telemetry.Eviction{{Rank: 0, ConversationID: "c"}}})
 			if err != nil {
