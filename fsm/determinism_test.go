@@ -427,3 +427,26 @@ func TestSnapshotWhileApplying(t *testing.T) {
 		t.Fatal("snapshot taken during apply does not match its state")
 	}
 }
+
+type failingWriter struct{ after int }
+
+func (w *failingWriter) Write(p []byte) (int, error) {
+	if w.after -= len(p); w.after < 0 {
+		return 0, errors.New("disk full")
+	}
+	return len(p), nil
+}
+
+func TestWriteSnapshotReportsWriterError(t *testing.T) {
+	m := NewMachine()
+	for _, e := range randomLog(3, 100) {
+		if _, err := m.Apply(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, after := range []int{0, 5, 100} {
+		if err := m.State().WriteSnapshot(&failingWriter{after: after}); err == nil || !strings.Contains(err.Error(), "disk full") {
+			t.Fatalf("writer failing after %d bytes: err = %v", after, err)
+		}
+	}
+}
