@@ -1,0 +1,741 @@
+// Package devstack runs a complete local tether deployment in one process:
+// an embedded NATS server, N edges forming the Raft group on loopback (real
+// cluster nodes, real bbolt files in the data directory) and simulated
+// context and generation workers with attention-DP ranks, wired for
+// sub-agent affinity. `tether dev` is a thin command over it; end-to-end,
+// audit, soak and benchmark tests reuse it in-process.
+//
+//	st, err := devstack.Start(ctx, devstack.Options{}) // zero Options: a test stack on free ports
+//	defer st.Close(ctx)
+//	err = st.WaitReady(ctx)
+//	url := st.Edges()[0].URL()
+//
+// See DESIGN.md for the data directory layout, ports, readiness and
+// shutdown order.
+package devstack
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/worker"
+)
+
+// ParentHeader is the parent-session header the stack configures
+// (conversation_affinity_header_for_subagents).
+const ParentHeader = "X-Dynamo-Parent-Session-ID"
+
+// DefaultModel is the model name edges and workers serve unless Options.Model
+// says otherwise.
+const DefaultModel = "tether-sim"
+
+// Defaults applied to zero Options fields.
+const (
+	DefaultEdges             = 3
+	DefaultContextWorkers    = 2
+	DefaultGenerationWorkers = 2
+	DefaultRanks             = 4
+	// DefaultProposeTimeout is the edges' cluster.propose_timeout: longer
+	// than the production 50ms default because a development machine (or a
+	// loaded CI runner under the race detector) stalls for that long, and a
+	// timed-out proposal turns into a degraded placement.
+	DefaultProposeTimeout = 500 * time.Millisecond
+)
+
+// MaxNodes bounds Edges and each worker count: a local stack larger than
+// this is a mistake, not a deployment.
+const MaxNodes = 16
+
+// Options configure a stack. The zero value is a test stack: 3 edges, 2+2
+// workers with 4 ranks, free ports everywhere, a temporary data directory,
+// random secrets, context scope, an instant simulated engine.
+type Options struct {
+	Edges             int // default 3
+	ContextWorkers    int // default 2
+	GenerationWorkers int // default 2
+	Ranks             int // ADP ranks per worker, default 4
+
+	// Host is the loopback address everything listens on (default
+	// 127.0.0.1).
+	Host string
+	// Port is the first edge's HTTP port; edge i listens on Port+i. 0 picks
+	// free ports for every edge.
+	Port int
+	// NATSPort is the embedded NATS server's port (0: a free port).
+	NATSPort int
+	// DataDir holds each edge's Raft log, snapshots and archive (DataDir/
+	// edge-N) and the stack manifest. Kept when given, so a restart on the
+	// same directory recovers the bindings; "" uses a temporary directory
+	// removed by Close.
+	DataDir string
+
+	// AdminToken guards the edges' admin API; "" generates one.
+	AdminToken string
+	// InternalKey is internal_request_auth_key (edges sign sub-agent
+	// hints with it, workers verify; it also authenticates the edges to
+	// each other); "" generates one.
+	InternalKey string
+	// Model is the served model name (default DefaultModel).
+	Model string
+	// Scope is subagent_affinity_scope (zero: context).
+	Scope routing.Scope
+	// TimeScale is the simulated engine's wall time per unit of engine
+	// time: 1 real time, 0.1 ten times faster, 0 instant.
+	TimeScale float64
+	// HideRouteHeader turns off the x-tether-route debug header (on by
+	// default in a development stack).
+	HideRouteHeader bool
+
+	// Logger receives every component's logs (default: discarded).
+	Logger *slog.Logger
+	// Version is reported by edges and workers (default "dev").
+	Version string
+	// EdgeConfig, when set, adjusts each edge's configuration (index from
+	// 0) before it is validated.
+	EdgeConfig func(i int, c *edge.Config)
+	// WorkerConfig, when set, adjusts each worker's configuration before
+	// it is validated.
+	WorkerConfig func(id string, c *worker.Config)
+}
+
+func (o *Options) applyDefaults() error {
+	if o.Edges == 0 {
+		o.Edges = DefaultEdges
+	}
+	if o.ContextWorkers == 0 {
+		o.ContextWorkers = DefaultContextWorkers
+	}
+	if o.GenerationWorkers == 0 {
+		o.GenerationWorkers = DefaultGenerationWorkers
+	}
+	if o.Ranks == 0 {
+		o.Ranks = DefaultRanks
+	}
+	if o.Host == "" {
+		o.Host = "127.0.0.1"
+	}
+	if o.Model == "" {
+		o.Model = DefaultModel
+	}
+	if o.Version == "" {
+		o.Version = "dev"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	var errs []error
+	for _, c := range []struct {
+		name string
+		v    int
+	}{{"edges", o.Edges}, {"context workers", o.ContextWorkers}, {"generation workers", o.GenerationWorkers}} {
+		if c.v < 1 || c.v > MaxNodes {
+			errs = append(errs, fmt.Errorf("%s: must be 1..%d, got %d", c.name, MaxNodes, c.v))
+		}
+	}
+	if o.Ranks < 1 || o.Ranks > telemetry.MaxRanks {
+		errs = append(errs, fmt.Errorf("ranks: must be 1..%d, got %d", telemetry.MaxRanks, o.Ranks))
+	}
+	if o.Port < 0 || o.Port+o.Edges-1 > 65535 {
+		errs = append(errs, fmt.Errorf("port: edges need ports %d..%d, outside 0..65535", o.Port, o.Port+o.Edges-1))
+	}
+	if o.NATSPort < 0 || o.NATSPort > 65535 {
+		errs = append(errs, fmt.Errorf("nats port: must be 0..65535, got %d", o.NATSPort))
+	}
+	if ip := net.ParseIP(o.Host); ip == nil || !ip.IsLoopback() {
+		errs = append(errs, fmt.Errorf("host: %q is not a loopback IP address (a development stack has no authentication between its parts beyond shared secrets; keep it on loopback)", o.Host))
+	}
+	if !(o.TimeScale >= 0) || o.TimeScale > 1e6 {
+		errs = append(errs, fmt.Errorf("time scale: must be 0 (instant) or more, got %v", o.TimeScale))
+	}
+	if o.Scope != routing.ScopeContext && o.Scope != routing.ScopeBoth {
+		errs = append(errs, fmt.Errorf("scope: unknown value %s (allowed: context, both)", o.Scope))
+	}
+	for _, s := range []struct{ name, v string }{{"admin token", o.AdminToken}, {"internal key", o.InternalKey}} {
+		if s.v != "" && len(s.v) < edge.MinSecretLen {
+			errs = append(errs, fmt.Errorf("%s: %d bytes is too short (want at least %d)", s.name, len(s.v), edge.MinSecretLen))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Stack is a running local deployment.
+type Stack struct {
+	opts        Options
+	log         *slog.Logger
+	dataDir     string
+	tempDir     bool
+	adminToken  string
+	internalKey string
+	peers       []edge.PeerConfig
+	nats        *natsserver.Server
+	edges       []*EdgeNode
+	workers     []*WorkerNode
+	client      *http.Client
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// EdgeNode is one edge of the stack. Its *edge.Edge changes when the edge
+// is restarted and is nil while it is stopped.
+type EdgeNode struct {
+	Index    int    // position in Stack.Edges
+	ID       string // cluster node id: edge-1, edge-2, …
+	RaftAddr string // Raft/forwarding address (stable across restarts)
+	DataDir  string
+
+	stack *Stack
+	mu    sync.Mutex
+	e     *edge.Edge
+	addr  string // HTTP host:port (kept across restarts)
+}
+
+// WorkerNode is one simulated worker of the stack.
+type WorkerNode struct {
+	ID     string // instance id: ctx-1, …, gen-1, …
+	Fleet  fsm.Fleet
+	Server *worker.Server
+}
+
+// URL is the worker's base URL.
+func (w *WorkerNode) URL() string { return w.Server.URL() }
+
+// Start brings the whole stack up: NATS, the workers, then the edges. It
+// returns once everything listens; call WaitReady for a leader and
+// registered workers. On error everything started is stopped.
+func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
+	if err := opts.applyDefaults(); err != nil {
+		return nil, fmt.Errorf("devstack: %w", err)
+	}
+	s := &Stack{opts: opts, log: opts.Logger.With("component", "devstack")}
+	tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second}
+	s.client = &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = s.Close(cctx)
+		}
+	}()
+
+	if s.adminToken = opts.AdminToken; s.adminToken == "" {
+		s.adminToken = randomSecret()
+	}
+	if s.internalKey = opts.InternalKey; s.internalKey == "" {
+		s.internalKey = randomSecret()
+	}
+	if err := s.prepareDataDir(); err != nil {
+		return nil, err
+	}
+	if err := s.startNATS(); err != nil {
+		return nil, err
+	}
+	if err := s.startWorkers(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.startEdges(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func randomSecret() string {
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// prepareDataDir creates the temporary directory or opens the given one and
+// settles the edges' Raft addresses (from the manifest on a restart).
+func (s *Stack) prepareDataDir() error {
+	o := &s.opts
+	if o.DataDir == "" {
+		dir, err := os.MkdirTemp("", "tether-dev-*")
+		if err != nil {
+			return fmt.Errorf("devstack: temporary data dir: %w", err)
+		}
+		s.dataDir, s.tempDir = dir, true
+	} else {
+		dir, err := filepath.Abs(o.DataDir)
+		if err != nil {
+			return fmt.Errorf("devstack: data dir %s: %w", o.DataDir, err)
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("devstack: data dir: %w", err)
+		}
+		s.dataDir = dir
+	}
+	m, found, err := readManifest(s.dataDir)
+	if err != nil {
+		return err
+	}
+	if found {
+		if len(m.Edges) != o.Edges {
+			return fmt.Errorf("devstack: data dir %s holds a %d-edge cluster (%s); start with %d edges or use another data dir",
+				s.dataDir, len(m.Edges), manifestName, len(m.Edges))
+		}
+		for _, me := range m.Edges {
+			s.peers = append(s.peers, edge.PeerConfig{ID: me.ID, Addr: me.RaftAddr})
+		}
+		return nil
+	}
+	// A new cluster: its Raft addresses are recorded before any node
+	// persists them in its log, so a restart finds its peers again.
+	for i := range o.Edges {
+		s.peers = append(s.peers, edge.PeerConfig{ID: edgeID(i)})
+	}
+	return nil
+}
+
+func edgeID(i int) string { return "edge-" + strconv.Itoa(i+1) }
+
+func (s *Stack) startNATS() error {
+	port := s.opts.NATSPort
+	if port == 0 {
+		port = natsserver.RANDOM_PORT
+	}
+	ns, err := natsserver.NewServer(&natsserver.Options{
+		ServerName: "tether-dev", Host: s.opts.Host, Port: port, NoLog: true, NoSigs: true,
+		MaxPayload: 8 << 20, // KV dumps of 4 large ranks fit in one reply
+	})
+	if err != nil {
+		return fmt.Errorf("devstack: nats: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		return fmt.Errorf("devstack: nats on %s:%d did not become ready (port in use?)", s.opts.Host, s.opts.NATSPort)
+	}
+	s.nats = ns
+	return nil
+}
+
+func (s *Stack) startWorkers(ctx context.Context) error {
+	o := s.opts
+	type spec struct {
+		id    string
+		fleet telemetry.Fleet
+		role  hintauth.Role
+	}
+	var specs []spec
+	for i := range o.ContextWorkers {
+		specs = append(specs, spec{fmt.Sprintf("ctx-%d", i+1), telemetry.FleetContext, hintauth.RoleContext})
+	}
+	for i := range o.GenerationWorkers {
+		specs = append(specs, spec{fmt.Sprintf("gen-%d", i+1), telemetry.FleetGeneration, hintauth.RoleGeneration})
+	}
+	for _, sp := range specs {
+		cfg := worker.DefaultConfig()
+		cfg.InstanceID = sp.id
+		cfg.Fleet = sp.fleet
+		cfg.ServerRole = sp.role
+		cfg.Hostname = o.Host
+		cfg.Port = 0
+		cfg.Model = o.Model
+		cfg.InternalRequestAuthKey = s.internalKey
+		cfg.ADP.EnableAttentionDP = true
+		cfg.ADP.AttentionDP.ConversationAffinity = true
+		cfg.ADP.AttentionDP.NewConvPlacement = "least_tokens"
+		cfg.Ranks = o.Ranks
+		cfg.Engine.TimeScale = o.TimeScale
+		cfg.NATS.URLs = []string{s.nats.ClientURL()}
+		cfg.Logger = o.Logger
+		cfg.Version = o.Version
+		if o.WorkerConfig != nil {
+			o.WorkerConfig(sp.id, &cfg)
+		}
+		srv, err := worker.New(cfg)
+		if err != nil {
+			return fmt.Errorf("devstack: worker %s: %w", sp.id, err)
+		}
+		if err := srv.Start(ctx); err != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = srv.Close(cctx)
+			cancel()
+			return fmt.Errorf("devstack: worker %s: %w", sp.id, err)
+		}
+		fleet := fsm.FleetContext
+		if sp.fleet == telemetry.FleetGeneration {
+			fleet = fsm.FleetGeneration
+		}
+		s.workers = append(s.workers, &WorkerNode{ID: sp.id, Fleet: fleet, Server: srv})
+	}
+	return nil
+}
+
+// startEdges binds every edge's ports first (so each knows its peers),
+// records a new cluster's manifest, then starts the edges concurrently: a
+// bootstrapping edge waits for its peers only through Raft, but starting
+// them together keeps the first election short.
+func (s *Stack) startEdges(ctx context.Context) error {
+	o := s.opts
+	n := o.Edges
+	raftLns := make([]net.Listener, n)
+	httpLns := make([]net.Listener, n)
+	closeAll := func() {
+		for i := range n {
+			if raftLns[i] != nil {
+				raftLns[i].Close()
+			}
+			if httpLns[i] != nil {
+				httpLns[i].Close()
+			}
+		}
+	}
+	var lc net.ListenConfig
+	newCluster := s.peers[0].Addr == ""
+	for i := range n {
+		addr := s.peers[i].Addr
+		if newCluster {
+			addr = net.JoinHostPort(o.Host, "0")
+		}
+		ln, err := lc.Listen(ctx, "tcp", addr)
+		if err != nil {
+			closeAll()
+			if !newCluster {
+				return fmt.Errorf("devstack: %s: Raft address %s recorded in %s: %w (another tether dev on this data dir?)",
+					s.peers[i].ID, addr, filepath.Join(s.dataDir, manifestName), err)
+			}
+			return fmt.Errorf("devstack: %s: raft listen: %w", s.peers[i].ID, err)
+		}
+		raftLns[i] = ln
+		s.peers[i].Addr = ln.Addr().String()
+		port := 0
+		if o.Port != 0 {
+			port = o.Port + i
+		}
+		haddr := net.JoinHostPort(o.Host, strconv.Itoa(port))
+		if httpLns[i], err = lc.Listen(ctx, "tcp", haddr); err != nil {
+			closeAll()
+			return fmt.Errorf("devstack: %s: listen %s: %w (edges use --port and the ports after it)", s.peers[i].ID, haddr, err)
+		}
+	}
+	if newCluster {
+		if err := writeManifest(s.dataDir, s.peers); err != nil {
+			closeAll()
+			return err
+		}
+	}
+	for i := range n {
+		s.edges = append(s.edges, &EdgeNode{
+			Index: i, ID: s.peers[i].ID, RaftAddr: s.peers[i].Addr, DataDir: filepath.Join(s.dataDir, s.peers[i].ID),
+			stack: s, addr: httpLns[i].Addr().String(),
+		})
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.edges[i].start(ctx, httpLns[i], raftLns[i])
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// EdgeConfig is edge i's configuration as the stack builds it.
+func (s *Stack) EdgeConfig(i int) edge.Config {
+	o := s.opts
+	cfg := edge.DefaultConfig()
+	cfg.Hostname = o.Host
+	cfg.Port = 0 // the stack passes the bound listener
+	cfg.Model = o.Model
+	cfg.ParentHeader = ParentHeader
+	cfg.Scope = o.Scope
+	cfg.InternalRequestAuthKey = s.internalKey
+	cfg.AdminToken = s.adminToken
+	cfg.DebugRouteHeader = !o.HideRouteHeader
+	cfg.ContextServers.NumInstances = o.ContextWorkers
+	cfg.GenerationServers.NumInstances = o.GenerationWorkers
+	cfg.ContextServers.Router.Type = routing.RouterConversation
+	cfg.GenerationServers.Router.Type = routing.RouterConversation
+	cfg.NATS.URLs = []string{s.nats.ClientURL()}
+	cfg.Cluster.NodeID = s.peers[i].ID
+	cfg.Cluster.DataDir = filepath.Join(s.dataDir, s.peers[i].ID)
+	cfg.Cluster.BindAddr = s.peers[i].Addr
+	cfg.Cluster.Bootstrap = true // ignored once the data dir holds Raft state
+	cfg.Cluster.Peers = append([]edge.PeerConfig(nil), s.peers...)
+	cfg.Cluster.ProposeTimeout = DefaultProposeTimeout
+	if o.EdgeConfig != nil {
+		o.EdgeConfig(i, &cfg)
+	}
+	return cfg
+}
+
+// start creates and starts the edge on the given listeners (nil: bind the
+// edge's recorded addresses again, as a restarted process would).
+func (n *EdgeNode) start(ctx context.Context, httpLn, raftLn net.Listener) error {
+	s := n.stack
+	var lc net.ListenConfig
+	var err error
+	if raftLn == nil {
+		if raftLn, err = lc.Listen(ctx, "tcp", n.RaftAddr); err != nil {
+			return fmt.Errorf("devstack: %s: raft listen %s: %w", n.ID, n.RaftAddr, err)
+		}
+	}
+	if httpLn == nil {
+		if httpLn, err = lc.Listen(ctx, "tcp", n.addr); err != nil {
+			raftLn.Close()
+			return fmt.Errorf("devstack: %s: listen %s: %w", n.ID, n.addr, err)
+		}
+	}
+	cfg := s.EdgeConfig(n.Index)
+	e, err := edge.New(cfg, edge.Deps{
+		Logger: s.opts.Logger, HTTPListener: httpLn, ClusterListener: raftLn, Version: s.opts.Version,
+	})
+	if err != nil {
+		httpLn.Close()
+		raftLn.Close()
+		return fmt.Errorf("devstack: %s: %w", n.ID, err)
+	}
+	if err := e.Start(ctx); err != nil {
+		return fmt.Errorf("devstack: %s: %w", n.ID, err)
+	}
+	n.mu.Lock()
+	n.e = e
+	n.mu.Unlock()
+	return nil
+}
+
+// Edge is the running edge (nil while stopped).
+func (n *EdgeNode) Edge() *edge.Edge {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.e
+}
+
+// Running reports whether the edge is up.
+func (n *EdgeNode) Running() bool { return n.Edge() != nil }
+
+// Addr is the edge's HTTP address (host:port), stable across restarts.
+func (n *EdgeNode) Addr() string { return n.addr }
+
+// URL is the edge's base URL, e.g. http://127.0.0.1:8000.
+func (n *EdgeNode) URL() string { return "http://" + n.addr }
+
+// Kill stops the edge abruptly, as a crash would (no leadership
+// transfer, nothing flushed). No-op when it is stopped.
+func (n *EdgeNode) Kill() {
+	n.mu.Lock()
+	e := n.e
+	n.e = nil
+	n.mu.Unlock()
+	if e != nil {
+		e.Kill()
+	}
+}
+
+// Stop closes the edge gracefully (in-flight requests finish, leadership
+// is handed over). No-op when it is stopped.
+func (n *EdgeNode) Stop(ctx context.Context) error {
+	n.mu.Lock()
+	e := n.e
+	n.e = nil
+	n.mu.Unlock()
+	if e == nil {
+		return nil
+	}
+	if err := e.Close(ctx); err != nil {
+		return fmt.Errorf("devstack: stop %s: %w", n.ID, err)
+	}
+	return nil
+}
+
+// Restart starts a stopped or killed edge again on its data directory, its
+// Raft address and its HTTP address.
+func (n *EdgeNode) Restart(ctx context.Context) error {
+	if n.Running() {
+		return fmt.Errorf("devstack: restart %s: it is running", n.ID)
+	}
+	return n.start(ctx, nil, nil)
+}
+
+// Edges are the stack's edges in order (edge-1 first).
+func (s *Stack) Edges() []*EdgeNode { return append([]*EdgeNode(nil), s.edges...) }
+
+// Workers are the stack's workers: context workers first.
+func (s *Stack) Workers() []*WorkerNode { return append([]*WorkerNode(nil), s.workers...) }
+
+// Worker returns the worker with instance id id.
+func (s *Stack) Worker(id string) (*WorkerNode, bool) {
+	for _, w := range s.workers {
+		if w.ID == id {
+			return w, true
+		}
+	}
+	return nil, false
+}
+
+// NATSURL is the embedded NATS server's client URL.
+func (s *Stack) NATSURL() string { return s.nats.ClientURL() }
+
+// DataDir is the stack's data directory (temporary unless Options.DataDir).
+func (s *Stack) DataDir() string { return s.dataDir }
+
+// TemporaryDataDir reports whether Close removes the data directory.
+func (s *Stack) TemporaryDataDir() bool { return s.tempDir }
+
+// AdminToken is the edges' admin bearer token.
+func (s *Stack) AdminToken() string { return s.adminToken }
+
+// InternalKey is the shared internal_request_auth_key.
+func (s *Stack) InternalKey() string { return s.internalKey }
+
+// Model is the served model name.
+func (s *Stack) Model() string { return s.opts.Model }
+
+// Options are the options the stack runs with, defaults applied.
+func (s *Stack) Options() Options { return s.opts }
+
+// Leader is the running edge that is the ready Raft leader, or nil.
+func (s *Stack) Leader() *EdgeNode {
+	for _, n := range s.edges {
+		if e := n.Edge(); e != nil && e.Node().IsLeader() {
+			return n
+		}
+	}
+	return nil
+}
+
+// NotReady says what the stack still lacks ("" when ready): a leader known
+// to every running edge, and every running edge seeing every worker healthy
+// through telemetry with the replicated log recording it up (an instance the
+// log still holds as draining from a previous run takes no new
+// conversations).
+func (s *Stack) NotReady() string {
+	if s.Leader() == nil {
+		return "no leader"
+	}
+	now := time.Now()
+	running := 0
+	for _, n := range s.edges {
+		e := n.Edge()
+		if e == nil {
+			continue
+		}
+		running++
+		if id, _ := e.Node().Leader(); id == "" {
+			return n.ID + " knows no leader"
+		}
+		st := e.Node().State()
+		for _, w := range s.workers {
+			in, ok := e.Fleet().Instance(w.ID, now)
+			if !ok || !in.Healthy || !in.Telemetry {
+				return fmt.Sprintf("%s has no healthy telemetry from %s", n.ID, w.ID)
+			}
+			rec, ok := st.Instance(w.ID)
+			if !ok || rec.Status != fsm.InstanceUp {
+				status := "unknown"
+				if ok {
+					status = rec.Status.String()
+				}
+				return fmt.Sprintf("%s's log holds %s as %s", n.ID, w.ID, status)
+			}
+		}
+	}
+	if running == 0 {
+		return "no edge running"
+	}
+	return ""
+}
+
+// WaitReady waits until NotReady is empty or ctx ends (the error then says
+// what was missing).
+func (s *Stack) WaitReady(ctx context.Context) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		why := s.NotReady()
+		if why == "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("devstack: not ready: %s: %w", why, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// Close shuts the stack down: the workers drain (in-flight requests
+// finish until ctx ends), the edges close leader first so leadership is
+// handed to a live peer, NATS stops, and a temporary data directory is
+// removed. Idempotent.
+func (s *Stack) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() { s.closeErr = s.close(ctx) })
+	return s.closeErr
+}
+
+func (s *Stack) close(ctx context.Context) error {
+	var mu sync.Mutex
+	var errs []error
+	addErr := func(err error) {
+		if err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+	}
+	var wg sync.WaitGroup
+	for _, w := range s.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.Server.Close(ctx); err != nil {
+				addErr(fmt.Errorf("devstack: worker %s: %w", w.ID, err))
+			}
+		}()
+	}
+	wg.Wait()
+	// Leader first: its Close transfers leadership to a peer that is still
+	// up; the rest follow one by one.
+	for {
+		n := s.Leader()
+		if n == nil {
+			for _, m := range s.edges {
+				if m.Running() {
+					n = m
+					break
+				}
+			}
+		}
+		if n == nil {
+			break
+		}
+		addErr(n.Stop(ctx))
+	}
+	if s.nats != nil {
+		s.nats.Shutdown()
+		s.nats.WaitForShutdown()
+	}
+	if t, ok := s.client.Transport.(*http.Transport); ok {
+		t.CloseIdleConnections()
+	}
+	if s.tempDir && s.dataDir != "" {
+		if err := os.RemoveAll(s.dataDir); err != nil {
+			addErr(fmt.Errorf("devstack: remove %s: %w", s.dataDir, err))
+		}
+	}
+	return errors.Join(errs...)
+}

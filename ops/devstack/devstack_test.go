@@ -1,0 +1,278 @@
+package devstack
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/fsm"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func startStack(t *testing.T, o Options) *Stack {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st, err := Start(ctx, o)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() { closeStack(t, st) })
+	if err := st.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func closeStack(t *testing.T, st *Stack) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := st.Close(ctx); err != nil {
+		t.Errorf("close: %v", err)
+	}
+}
+
+func httpClient(t *testing.T) *http.Client {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+type chatReply struct {
+	route  string
+	cached int
+}
+
+func chat(t *testing.T, c *http.Client, st *Stack, n *EdgeNode, session, parent, user string) chatReply {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{
+		"model":      st.Model(),
+		"max_tokens": 2,
+		"messages": []map[string]string{
+			{"role": "system", "content": strings.Repeat("you are a careful coding agent; ", 40)},
+			{"role": "user", "content": user},
+		},
+	})
+	req, err := http.NewRequest(http.MethodPost, n.URL()+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("x-session-id", session)
+	if parent != "" {
+		req.Header.Set(ParentHeader, parent)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s via %s: %v", session, n.ID, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s via %s: %d %s", session, n.ID, resp.StatusCode, b)
+	}
+	var out struct {
+		Usage struct {
+			Details struct {
+				Cached int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatalf("%s: %v: %s", session, err, b)
+	}
+	return chatReply{route: resp.Header.Get(edge.HeaderRoute), cached: out.Usage.Details.Cached}
+}
+
+// contextInstance parses "context=ctx-1/0; generation=gen-2/3".
+func contextInstance(t *testing.T, route string) string {
+	t.Helper()
+	for _, part := range strings.Split(route, ";") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(part), "context="); ok {
+			inst, _, _ := strings.Cut(v, "/")
+			return inst
+		}
+	}
+	t.Fatalf("no context hop in route header %q", route)
+	return ""
+}
+
+func binding(t *testing.T, n *EdgeNode, fleet fsm.Fleet, key string) (edge.BindingInfo, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, ok, err := n.Binding(ctx, fleet, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, ok
+}
+
+// The stack serves a parent and a sub-agent through different edges onto one
+// context instance, records its Raft addresses, and a second stack on the
+// same data directory (new HTTP and worker ports) recovers the bindings.
+func TestRestartOnDataDirKeepsBindings(t *testing.T) {
+	dir := t.TempDir()
+	c := httpClient(t)
+	st := startStack(t, Options{DataDir: dir})
+	if st.TemporaryDataDir() || st.DataDir() != dir {
+		t.Fatalf("data dir %s (temporary %v), want %s kept", st.DataDir(), st.TemporaryDataDir(), dir)
+	}
+	edges := st.Edges()
+	if len(edges) != DefaultEdges || len(st.Workers()) != DefaultContextWorkers+DefaultGenerationWorkers {
+		t.Fatalf("%d edges, %d workers", len(edges), len(st.Workers()))
+	}
+	p := chat(t, c, st, edges[0], "parent-1", "", "plan")
+	a := chat(t, c, st, edges[1], "child-a", "parent-1", "explore")
+	inst := contextInstance(t, p.route)
+	if got := contextInstance(t, a.route); got != inst {
+		t.Fatalf("sub-agent on %s, parent on %s", got, inst)
+	}
+	for _, n := range edges {
+		if b, ok := binding(t, n, fsm.FleetContext, "parent-1"); !ok || b.Instance != inst {
+			t.Fatalf("%s: binding %+v (found %v), want %s", n.ID, b, ok, inst)
+		}
+	}
+	raftAddrs := []string{}
+	for _, n := range edges {
+		raftAddrs = append(raftAddrs, n.RaftAddr)
+	}
+	closeStack(t, st)
+	if _, err := os.Stat(filepath.Join(dir, manifestName)); err != nil {
+		t.Fatalf("manifest: %v", err)
+	}
+
+	st2 := startStack(t, Options{DataDir: dir})
+	for i, n := range st2.Edges() {
+		if n.RaftAddr != raftAddrs[i] {
+			t.Fatalf("%s: raft address %s after restart, was %s", n.ID, n.RaftAddr, raftAddrs[i])
+		}
+		if b, ok := binding(t, n, fsm.FleetContext, "parent-1"); !ok || b.Instance != inst {
+			t.Fatalf("after restart, %s: binding %+v (found %v), want %s", n.ID, b, ok, inst)
+		}
+	}
+	b := chat(t, c, st2, st2.Edges()[2], "child-b", "parent-1", "explore more")
+	if got := contextInstance(t, b.route); got != inst {
+		t.Fatalf("after restart a new sub-agent went to %s, the parent's binding is %s", got, inst)
+	}
+
+	// A different cluster shape on the same directory is refused.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	closeStack(t, st2)
+	if _, err := Start(ctx, Options{DataDir: dir, Edges: 5}); err == nil || !strings.Contains(err.Error(), "3-edge cluster") {
+		t.Fatalf("start with 5 edges on a 3-edge data dir: %v", err)
+	}
+}
+
+// Killing the leader: a survivor takes over, bound conversations stay, the
+// killed edge restarts on its data directory and catches up.
+func TestKillAndRestartLeader(t *testing.T) {
+	c := httpClient(t)
+	st := startStack(t, Options{})
+	dir := st.DataDir()
+	leader := st.Leader()
+	if leader == nil {
+		t.Fatal("ready without a leader")
+	}
+	var other *EdgeNode
+	for _, n := range st.Edges() {
+		if n != leader {
+			other = n
+			break
+		}
+	}
+	first := chat(t, c, st, other, "conv-kill", "", "hello")
+	leader.Kill()
+	if leader.Running() || leader.Edge() != nil {
+		t.Fatal("killed edge still running")
+	}
+	again := chat(t, c, st, other, "conv-kill", "", "hello again")
+	if contextInstance(t, again.route) != contextInstance(t, first.route) {
+		t.Fatalf("conversation moved after the leader died: %s → %s", first.route, again.route)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := st.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := st.Leader(); l == nil || l == leader {
+		t.Fatalf("leader after kill: %v", l)
+	}
+	if err := leader.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.Restart(ctx); err == nil {
+		t.Fatal("restarting a running edge succeeded")
+	}
+	if err := st.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b, ok := binding(t, leader, fsm.FleetContext, "conv-kill"); !ok || b.Instance != contextInstance(t, first.route) {
+		t.Fatalf("restarted edge: binding %+v (found %v)", b, ok)
+	}
+	closeStack(t, st)
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("temporary data dir %s left behind: %v", dir, err)
+	}
+}
+
+func TestOptionErrorsNameTheOption(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{Edges: MaxNodes + 1}, "edges: must be 1..16"},
+		{Options{ContextWorkers: -1}, "context workers"},
+		{Options{Ranks: -2}, "ranks"},
+		{Options{Port: 65535}, "port: edges need ports 65535..65537"},
+		{Options{Host: "0.0.0.0"}, "host"},
+		{Options{AdminToken: "short"}, "admin token: 5 bytes is too short"},
+		{Options{TimeScale: -1}, "time scale"},
+		{Options{Scope: 7}, "scope"},
+	} {
+		st, err := Start(ctx, c.o)
+		if err == nil {
+			_ = st.Close(ctx)
+			t.Fatalf("%+v: started", c.o)
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%+v: error %q does not mention %q", c.o, err, c.want)
+		}
+	}
+}
+
+func TestDataDirWithRaftStateButNoManifest(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "edge-2"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "edge-2", "raft.db"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Start(context.Background(), Options{DataDir: dir})
+	if err == nil || !strings.Contains(err.Error(), "no devstack.json") {
+		t.Fatalf("err = %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, manifestName), []byte(`{"version":9}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Start(context.Background(), Options{DataDir: dir})
+	if err == nil || !strings.Contains(err.Error(), "version 9") {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -1,0 +1,98 @@
+package devstack
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/tether-project/tether/edge"
+)
+
+// manifestName is the file in the data directory that records the cluster's
+// shape. Raft persists its peers' addresses in its log, so a restarted
+// stack must listen on the same Raft addresses; the manifest is where a
+// stack started on free ports finds them again.
+const manifestName = "devstack.json"
+
+const manifestVersion = 1
+
+type manifest struct {
+	Version int             `json:"version"`
+	Edges   []manifestEntry `json:"edges"`
+}
+
+type manifestEntry struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+}
+
+// readManifest reads dir's manifest; found is false when there is none. A
+// data directory with Raft state but no manifest is an error: its peers'
+// addresses are lost.
+func readManifest(dir string) (m manifest, found bool, err error) {
+	path := filepath.Join(dir, manifestName)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		for i := 0; i < MaxNodes; i++ {
+			if _, serr := os.Stat(filepath.Join(dir, edgeID(i), "raft.db")); serr == nil {
+				return manifest{}, false, fmt.Errorf("devstack: %s holds Raft state (%s) but no %s recording its peers' addresses; use another data dir",
+					dir, filepath.Join(edgeID(i), "raft.db"), manifestName)
+			}
+		}
+		return manifest{}, false, nil
+	}
+	if err != nil {
+		return manifest{}, false, fmt.Errorf("devstack: %w", err)
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return manifest{}, false, fmt.Errorf("devstack: %s: not a devstack manifest: %w", path, err)
+	}
+	if m.Version != manifestVersion {
+		return manifest{}, false, fmt.Errorf("devstack: %s: version %d, this build reads version %d", path, m.Version, manifestVersion)
+	}
+	if len(m.Edges) == 0 || len(m.Edges) > MaxNodes {
+		return manifest{}, false, fmt.Errorf("devstack: %s: %d edges (want 1..%d)", path, len(m.Edges), MaxNodes)
+	}
+	for i, e := range m.Edges {
+		if e.RaftAddr == "" {
+			return manifest{}, false, fmt.Errorf("devstack: %s: edges[%d].raft_addr is empty", path, i)
+		}
+		if e.ID != edgeID(i) {
+			return manifest{}, false, fmt.Errorf("devstack: %s: edges[%d].id is %q, want %q", path, i, e.ID, "edge-"+strconv.Itoa(i+1))
+		}
+	}
+	return m, true, nil
+}
+
+// writeManifest records peers atomically (write, sync, rename).
+func writeManifest(dir string, peers []edge.PeerConfig) error {
+	m := manifest{Version: manifestVersion}
+	for _, p := range peers {
+		m.Edges = append(m.Edges, manifestEntry{ID: p.ID, RaftAddr: p.Addr})
+	}
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("devstack: manifest: %w", err)
+	}
+	path := filepath.Join(dir, manifestName)
+	tmp, err := os.CreateTemp(dir, manifestName+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("devstack: manifest: %w", err)
+	}
+	_, werr := tmp.Write(append(data, '\n'))
+	serr := tmp.Sync()
+	cerr := tmp.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("devstack: write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("devstack: write %s: %w", path, err)
+	}
+	return nil
+}
