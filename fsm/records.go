@@ -50,6 +50,8 @@ type Node struct {
 
 // ProposalID makes a proposal idempotent: a proposal whose id was applied
 // recently is not applied again (a retry after a lost leadership, say).
+// "Recently" is the last 65,537 to 131,072 proposals with non-zero ids,
+// whatever their outcome; the all-zero id opts out of deduplication.
 type ProposalID [16]byte
 
 // Proposal is one event with its idempotency id; a log entry carries a batch.
