@@ -334,7 +334,7 @@ func parseRequest(body []byte, chat bool, limit, defaultMax int) (*parsedRequest
 			}
 		}
 	}
-	sb, err := sanitizeBody(top)
+	sb, err := sanitizeBody(body, top)
 	if err != nil {
 		return nil, newAPIError(http.StatusInternalServerError, "server_error", "", "", "re-encoding request: %v", err)
 	}
@@ -342,10 +342,19 @@ func parseRequest(body []byte, chat bool, limit, defaultMax int) (*parsedRequest
 	return p, nil
 }
 
-// sanitizeBody re-encodes the body without internal fields.
-func sanitizeBody(top map[string]json.RawMessage) ([]byte, error) {
+// sanitizeBody returns the body without internal fields: the original
+// bytes when it has none (the common case, and no re-encoding cost), else a
+// re-encoding of the remaining fields.
+func sanitizeBody(body []byte, top map[string]json.RawMessage) ([]byte, error) {
+	found := false
 	for _, k := range internalBodyFields {
-		delete(top, k)
+		if _, ok := top[k]; ok {
+			delete(top, k)
+			found = true
+		}
+	}
+	if !found {
+		return body, nil
 	}
 	return json.Marshal(top)
 }
