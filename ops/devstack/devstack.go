@@ -60,6 +60,10 @@ const (
 	DefaultProposeTimeout = 500 * time.Millisecond
 )
 
+// edgeStartTimeout bounds one edge's Start when the caller's context has no
+// deadline.
+const edgeStartTimeout = 30 * time.Second
+
 // MaxNodes bounds Edges and each worker count: a local stack larger than
 // this is a mistake, not a deployment.
 const MaxNodes = 16
@@ -499,6 +503,13 @@ func (n *EdgeNode) start(ctx context.Context, httpLn, raftLn net.Listener) error
 			raftLn.Close()
 			return fmt.Errorf("devstack: %s: listen %s: %w", n.ID, n.addr, err)
 		}
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		// Parts of an edge's start (the NATS subscription flush) need a
+		// deadline; a start that takes this long is stuck anyway.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, edgeStartTimeout)
+		defer cancel()
 	}
 	cfg := s.EdgeConfig(n.Index)
 	e, err := edge.New(cfg, edge.Deps{

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/ops/devstack"
+	"github.com/tether-project/tether/routing"
+)
+
+func init() {
+	register("dev", "run a whole local deployment in one process: edges (Raft), NATS, simulated workers", runDev)
+}
+
+// devShutdownGrace bounds the shutdown after SIGINT/SIGTERM: workers drain,
+// edges hand over leadership, NATS stops.
+const devShutdownGrace = 30 * time.Second
+
+// runDev is `tether dev`. Its standard output is meant for people and for
+// tests: one "name: value" line per endpoint (edge-N, ctx-N, gen-N, nats,
+// data dir, admin token), an example, then a line containing "ready" once
+// the stack is ready. Logs go to standard error.
+func runDev(ctx context.Context, args []string) error {
+	fs := newFlagSet("dev")
+	edges := fs.Int("edges", devstack.DefaultEdges, "number of edges (Raft voters)")
+	ctxWorkers := fs.Int("context-workers", devstack.DefaultContextWorkers, "number of context (prefill) workers")
+	genWorkers := fs.Int("generation-workers", devstack.DefaultGenerationWorkers, "number of generation (decode) workers")
+	ranks := fs.Int("ranks", devstack.DefaultRanks, "attention-DP ranks per worker")
+	port := fs.Int("port", edge.DefaultPort, "first edge's HTTP port; the others follow (0: free ports for all)")
+	natsPort := fs.Int("nats-port", 0, "embedded NATS server's port (0: a free port)")
+	dataDir := fs.String("data-dir", "", "keep Raft logs, snapshots and archives here across runs (default: a temporary directory removed on exit)")
+	adminToken := fs.String("admin-token", "", "admin API bearer token (default: $"+edge.EnvAdminToken+", else random)")
+	scope := fs.String("scope", "context", "subagent_affinity_scope: context or both")
+	timeScale := fs.Float64("time-scale", 0.1, "simulated engine wall time per engine second (1 real time, 0 instant)")
+	debugRoute := fs.Bool("debug-route-header", true, "answer with the x-tether-route header naming the instances and ranks used")
+	model := fs.String("model", devstack.DefaultModel, "model name the stack serves")
+	readyTimeout := fs.Duration("ready-timeout", 60*time.Second, "give up if the stack is not ready within this long")
+	logLevel := fs.String("log-level", "warn", "log level on standard error: debug, info, warn or error")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	sc, err := routing.ParseScope(*scope)
+	if err != nil {
+		return fmt.Errorf("%w: --scope: %v", errUsage, err)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("%w: --log-level: %v", errUsage, err)
+	}
+	if *readyTimeout <= 0 {
+		return fmt.Errorf("%w: --ready-timeout must be positive, got %s", errUsage, *readyTimeout)
+	}
+	token := *adminToken
+	if token == "" {
+		token = os.Getenv(edge.EnvAdminToken)
+	}
+	opts := devstack.Options{
+		Edges: *edges, ContextWorkers: *ctxWorkers, GenerationWorkers: *genWorkers, Ranks: *ranks,
+		Port: *port, NATSPort: *natsPort, DataDir: *dataDir, AdminToken: token, Model: *model,
+		Scope: sc, TimeScale: *timeScale, HideRouteHeader: !*debugRoute, Version: version,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+	}
+	// Zero counts would silently mean "default" to devstack; on the
+	// command line they are mistakes.
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"edges", *edges}, {"context-workers", *ctxWorkers}, {"generation-workers", *genWorkers}, {"ranks", *ranks}} {
+		if f.v < 1 {
+			return fmt.Errorf("%w: --%s must be at least 1, got %d", errUsage, f.name, f.v)
+		}
+	}
+	out := os.Stdout
+	fmt.Fprintf(out, "tether dev: starting %d edges, %d context + %d generation workers (%d ADP ranks each), scope %s, engine time scale %g\n",
+		opts.Edges, opts.ContextWorkers, opts.GenerationWorkers, opts.Ranks, sc, opts.TimeScale)
+
+	st, err := devstack.Start(ctx, opts)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // interrupted while starting
+		}
+		return err
+	}
+	printStack(out, st)
+
+	rctx, cancel := context.WithTimeout(ctx, *readyTimeout)
+	err = st.WaitReady(rctx)
+	cancel()
+	switch {
+	case err != nil && ctx.Err() != nil:
+		// Interrupted before ready: a normal shutdown.
+	case err != nil:
+		return errors.Join(fmt.Errorf("not ready after %s: %w", *readyTimeout, err), shutdownStack(out, st))
+	default:
+		leader := "?"
+		if l := st.Leader(); l != nil {
+			leader = l.ID
+		}
+		fmt.Fprintf(out, "tether dev: ready (leader %s; %d workers healthy on every edge). Ctrl-C stops.\n", leader, len(st.Workers()))
+		<-ctx.Done()
+	}
+	return shutdownStack(out, st)
+}
+
+func shutdownStack(out io.Writer, st *devstack.Stack) error {
+	fmt.Fprintln(out, "tether dev: shutting down (workers drain, edges hand over leadership, NATS stops)")
+	ctx, cancel := context.WithTimeout(context.Background(), devShutdownGrace)
+	defer cancel()
+	if err := st.Close(ctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	fmt.Fprintln(out, "tether dev: stopped")
+	return nil
+}
+
+// printStack writes the endpoints, the secrets a developer needs and
+// example requests.
+func printStack(out io.Writer, st *devstack.Stack) {
+	line := func(name, value string) { fmt.Fprintf(out, "%-12s %s\n", name+":", value) }
+	dd := st.DataDir() + " (kept: restart with the same --data-dir to recover the bindings)"
+	if st.TemporaryDataDir() {
+		dd = st.DataDir() + " (temporary, removed on exit)"
+	}
+	line("data dir", dd)
+	line("nats", st.NATSURL())
+	for _, n := range st.Edges() {
+		line(n.ID, n.URL()+"  raft "+n.RaftAddr)
+	}
+	for _, w := range st.Workers() {
+		line(w.ID, w.URL()+"  "+w.Fleet.String()+" worker")
+	}
+	line("admin token", st.AdminToken())
+	first := st.Edges()[0].URL()
+	second := first
+	if len(st.Edges()) > 1 {
+		second = st.Edges()[1].URL()
+	}
+	body := fmt.Sprintf(`{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":"list the files"}]}`, st.Model())
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nA parent conversation on one edge, then its sub-agent on another (same context instance, see x-tether-route):\n\n")
+	fmt.Fprintf(&b, "  curl -si %s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -H 'x-session-id: parent-1' -d '%s'\n\n", first, body)
+	fmt.Fprintf(&b, "  curl -si %s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -H 'x-session-id: child-a' -H '%s: parent-1' -d '%s'\n\n", second, devstack.ParentHeader, body)
+	fmt.Fprintf(&b, "  curl -s -H 'Authorization: Bearer %s' %s/admin/v1/bindings/context/parent-1\n\n", st.AdminToken(), first)
+	fmt.Fprint(out, b.String())
+}
