@@ -188,8 +188,13 @@ func (r *recorder) flush(ctx context.Context) bool {
 			}
 		case fsm.Bind:
 			delete(r.degraded, fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key})
+			// An earlier attempt may have committed after its deadline:
+			// the binding is this one when it carries its decision. (The
+			// request's own Bind, which timed out before the degraded
+			// placement, may also commit late: first committed wins.)
 			res := "recorded"
-			if !results[i].Created {
+			if got := results[i].Binding.Decision; !results[i].Found || got.Edge != ev.Decision.Edge ||
+				got.RequestID != ev.Decision.RequestID || got.Policy != ev.Decision.Policy {
 				res = "superseded" // another edge's Bind won
 			}
 			r.e.metrics.degradedRecord.WithLabelValues(res).Inc()

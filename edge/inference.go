@@ -304,7 +304,7 @@ func (e *Edge) post(ctx context.Context, url string, body []byte, hdr http.Heade
 // to max_retries times. It returns the worker's 200 response (body open);
 // any other answer is a hopFailure.
 func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
-	build func(h *hop) (body []byte, hdr http.Header)) (*http.Response, *hopFailure) {
+	build func(h *hop) (body []byte, hdr http.Header)) (*http.Response, func(), *hopFailure) {
 	for attempt := 0; ; attempt++ {
 		cur := *h
 		hctx, span := e.tracer.Start(ctx, "tether.edge "+phase+" hop", trace.WithSpanKind(trace.SpanKindClient),
@@ -312,14 +312,17 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 		body, hdr := build(cur)
 		// The hop's span is the worker span's parent.
 		traceProp.Inject(hctx, propagation.HeaderCarrier(hdr))
-		e.fleet.NoteDispatch(cur.instance, rq.promptTokens)
+		done := e.fleet.NoteDispatch(cur.instance, rq.promptTokens)
 		resp, err := e.post(hctx, cur.url+rq.path, body, hdr)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			done()
+		}
 		var failure *hopFailure
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
 				span.End()
-				return nil, &hopFailure{err: newAPIError(statusClientClosed, "server_error", "cancelled", "", "request cancelled: %v", ctx.Err())}
+				return nil, nil, &hopFailure{err: newAPIError(statusClientClosed, "server_error", "cancelled", "", "request cancelled: %v", ctx.Err())}
 			}
 			e.metrics.upstreamErrors.WithLabelValues(cur.fleet.String(), "connect").Inc()
 			failure = &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
@@ -334,20 +337,20 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 			resp.Body.Close()
 			span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
 			span.End()
-			return nil, &hopFailure{pass: &upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}}
+			return nil, nil, &hopFailure{pass: &upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}}
 		default:
 			span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode), attrRank.String(resp.Header.Get(HeaderADPRank)))
 			span.End()
-			return resp, nil
+			return resp, done, nil
 		}
 		span.SetStatus(codes.Error, "hop failed")
 		span.End()
 		if attempt >= e.cfg.MaxRetries {
-			return nil, failure
+			return nil, nil, failure
 		}
 		next, aerr := e.reroute(ctx, rq, cur)
 		if aerr != nil {
-			return nil, failure
+			return nil, nil, failure
 		}
 		e.metrics.retries.WithLabelValues(cur.fleet.String()).Inc()
 		e.log.Info("retrying a failed hop on another instance", "fleet", cur.fleet, "from", cur.instance, "to", next.instance)
@@ -361,7 +364,7 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 func (e *Edge) contextHop(ctx context.Context, rq *request, h **hop) (*contextResult, *hopFailure) {
 	for attempt := 0; ; attempt++ {
 		var disaggID uint64
-		resp, hf := e.exchange(ctx, rq, h, "context", func(cur *hop) ([]byte, http.Header) {
+		resp, done, hf := e.exchange(ctx, rq, h, "context", func(cur *hop) ([]byte, http.Header) {
 			disaggID = e.newDisaggID()
 			id := strconv.FormatUint(disaggID, 10)
 			dp := mustMarshal(map[string]any{"request_type": "context_only", "disagg_request_id": disaggID})
@@ -372,6 +375,7 @@ func (e *Edge) contextHop(ctx context.Context, rq *request, h **hop) (*contextRe
 			return nil, hf
 		}
 		res, err := readContextResult(resp, disaggID)
+		done()
 		if err == nil {
 			return res, nil
 		}
@@ -476,20 +480,21 @@ func (e *Edge) generationHop(ctx context.Context, w http.ResponseWriter, rq *req
 		dp["first_gen_tokens"] = cres.firstTokens
 	}
 	dpRaw := mustMarshal(dp)
-	resp, hf := e.exchange(ctx, rq, &genHop, "generation", func(cur *hop) ([]byte, http.Header) {
+	resp, done, hf := e.exchange(ctx, rq, &genHop, "generation", func(cur *hop) ([]byte, http.Header) {
 		body := rq.hopBody(map[string]json.RawMessage{"disaggregated_params": dpRaw})
 		return body, e.hopHeader(ctx, rq, cur, hintauth.RoleGeneration, hintauth.RequestGenerationOnly, id)
 	})
 	if hf != nil {
 		return hf.write(w, span)
 	}
+	defer done()
 	return e.relay(w, rq, resp, ctxHop, cres, genHop, span)
 }
 
 // aggregated sends the whole request to the generation worker (conditional
 // disaggregation: it already holds enough of the prompt).
 func (e *Edge) aggregated(ctx context.Context, w http.ResponseWriter, rq *request, genHop *hop, span trace.Span) int {
-	resp, hf := e.exchange(ctx, rq, &genHop, "aggregated", func(cur *hop) ([]byte, http.Header) {
+	resp, done, hf := e.exchange(ctx, rq, &genHop, "aggregated", func(cur *hop) ([]byte, http.Header) {
 		role := hintauth.Role("")
 		if in, ok := e.fleet.Instance(cur.instance, rq.now); ok {
 			// A worker without a configured role ignores hints on
@@ -501,6 +506,7 @@ func (e *Edge) aggregated(ctx context.Context, w http.ResponseWriter, rq *reques
 	if hf != nil {
 		return hf.write(w, span)
 	}
+	defer done()
 	return e.relay(w, rq, resp, nil, nil, genHop, span)
 }
 

@@ -136,8 +136,14 @@ type instance struct {
 	lookup     int64
 	hit        int64
 
+	// Dispatched by this edge since the last report (reset by each
+	// report, which then counts them itself).
 	pendingReq atomic.Int64
 	pendingTok atomic.Int64
+	// In flight to an instance without telemetry (no report would ever
+	// reset a pending count): released when the hop ends.
+	inflightReq atomic.Int64
+	inflightTok atomic.Int64
 
 	lastProbeOK time.Time
 
@@ -347,7 +353,7 @@ func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
 		ID: in.id, Fleet: in.fleet, URL: in.url, Static: in.static,
 		Telemetry: in.hasReport, VerifiesHints: true,
 		LastSeen: f.lastSeenLocked(in), Healthy: f.healthyLocked(in, now),
-		PendingRequests: in.pendingReq.Load(), PendingTokens: in.pendingTok.Load(),
+		PendingRequests: in.pendingReq.Load() + in.inflightReq.Load(), PendingTokens: in.pendingTok.Load() + in.inflightTok.Load(),
 		Breaker: f.breakers.State(in.id, now),
 	}
 	if in.hasReport {
@@ -397,9 +403,9 @@ func (f *Fleet) Views(now time.Time, dst []routing.InstanceView) []routing.Insta
 		v := routing.InstanceView{
 			ID: in.id, Fleet: in.fleet, URL: in.url,
 			Healthy:             f.healthyLocked(in, now),
-			QueuedRequests:      in.queued + int(in.pendingReq.Load()),
+			QueuedRequests:      in.queued + int(in.pendingReq.Load()+in.inflightReq.Load()),
 			ActiveRequests:      in.active,
-			QueuedPrefillTokens: in.pendingTok.Load(),
+			QueuedPrefillTokens: in.pendingTok.Load() + in.inflightTok.Load(),
 			ActivePromptTokens:  in.activeTok,
 			KVUsedBlocks:        in.kvUsed,
 			KVTotalBlocks:       in.kvTotal,
@@ -420,15 +426,31 @@ func (f *Fleet) Views(now time.Time, dst []routing.InstanceView) []routing.Insta
 	return dst
 }
 
-// NoteDispatch counts a request this edge sent to instance id; it counts as
-// queued until the instance's next load report (which then includes it).
-func (f *Fleet) NoteDispatch(id string, promptTokens int) {
+// NoteDispatch counts a request this edge sends to instance id and returns
+// the function to call when the hop ends. For an instance with telemetry
+// the request counts as queued until its next load report (which then
+// includes it); for one without, until done is called.
+func (f *Fleet) NoteDispatch(id string, promptTokens int) (done func()) {
 	f.mu.RLock()
 	in, ok := f.byID[id]
+	reported := ok && in.hasReport
 	f.mu.RUnlock()
-	if ok {
+	switch {
+	case !ok:
+		return func() {}
+	case reported:
 		in.pendingReq.Add(1)
 		in.pendingTok.Add(int64(promptTokens))
+		return func() {}
+	}
+	in.inflightReq.Add(1)
+	in.inflightTok.Add(int64(promptTokens))
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			in.inflightReq.Add(-1)
+			in.inflightTok.Add(-int64(promptTokens))
+		})
 	}
 }
 

@@ -1,0 +1,645 @@
+package edge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/goleak"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/worker"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	testModel     = "test-model"
+	testKey       = "test-internal-key-0123456789"
+	testAdmin     = "test-admin-token-0123456789"
+	parentHeader  = "X-Dynamo-Parent-Session-ID"
+	testBlockSize = 4
+)
+
+func testLogger(t testing.TB) *slog.Logger {
+	if os.Getenv("EDGE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func startNATS(t testing.TB) *natsserver.Server {
+	t.Helper()
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	return ns
+}
+
+// seenRequest is what a worker received, as recorded in front of it.
+type seenRequest struct {
+	path   string
+	header http.Header
+	body   map[string]any
+}
+
+func (s seenRequest) conversationID() string {
+	var conv string
+	if cp, ok := s.body["conversation_params"].(map[string]any); ok {
+		conv, _ = cp["conversation_id"].(string)
+	}
+	return routing.ConversationID(conv, s.header)
+}
+
+func (s seenRequest) requestType() string {
+	if dp, ok := s.body["disaggregated_params"].(map[string]any); ok {
+		rt, _ := dp["request_type"].(string)
+		return rt
+	}
+	return "aggregated"
+}
+
+// testWorker is a real worker (simulated engine, TimeScale 0) behind a
+// recording reverse proxy: the URL it advertises is the proxy's, so
+// everything the edge sends it is observable.
+type testWorker struct {
+	srv   *worker.Server
+	proxy *httptest.Server
+	id    string
+
+	mu   sync.Mutex
+	seen []seenRequest
+	// failNext makes the proxy answer 503 to this many requests.
+	failNext atomic.Int32
+	// gate, when set, holds inference requests until it is closed.
+	gate atomic.Pointer[chan struct{}]
+}
+
+func (w *testWorker) requests() []seenRequest {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]seenRequest(nil), w.seen...)
+}
+
+type workerOpts struct {
+	fleet  telemetry.Fleet
+	role   hintauth.Role
+	legacy bool
+	nats   string
+	tp     trace.TracerProvider
+}
+
+func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
+	t.Helper()
+	tw := &testWorker{id: id}
+	var target atomic.Pointer[url.URL]
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target.Load())
+		},
+		FlushInterval: -1,
+		ErrorLog:      nil,
+	}
+	tw.proxy = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/") {
+			b, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(b))
+			var m map[string]any
+			_ = json.Unmarshal(b, &m)
+			tw.mu.Lock()
+			tw.seen = append(tw.seen, seenRequest{path: r.URL.Path, header: r.Header.Clone(), body: m})
+			tw.mu.Unlock()
+			if g := tw.gate.Load(); g != nil {
+				select {
+				case <-*g:
+				case <-r.Context().Done():
+					return
+				}
+			}
+			if tw.failNext.Load() > 0 && tw.failNext.Add(-1) >= 0 {
+				http.Error(w, `{"error":{"message":"injected failure","type":"server_error"}}`, http.StatusServiceUnavailable)
+				return
+			}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(tw.proxy.Close)
+
+	cfg := worker.DefaultConfig()
+	cfg.InstanceID = id
+	cfg.Model = testModel
+	cfg.InternalRequestAuthKey = testKey
+	cfg.ADP.EnableAttentionDP = true
+	cfg.ADP.AttentionDP.ConversationAffinity = true
+	cfg.Ranks = 2
+	cfg.Engine.TimeScale = 0
+	cfg.Engine.BlockSize = testBlockSize
+	cfg.Engine.CapacityBlocks = 4096
+	cfg.Fleet = o.fleet
+	if cfg.Fleet == "" {
+		cfg.Fleet = telemetry.FleetContext
+	}
+	cfg.ServerRole = o.role
+	cfg.LegacyMode = o.legacy
+	cfg.TelemetryInterval = 50 * time.Millisecond
+	cfg.AdvertiseURL = tw.proxy.URL
+	cfg.Logger = testLogger(t)
+	cfg.TracerProvider = o.tp
+	if o.nats != "" {
+		cfg.NATS.URLs = []string{o.nats}
+	}
+	srv, err := worker.New(cfg)
+	if err != nil {
+		t.Fatalf("worker %s: %v", id, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Start(ctx); err != nil {
+		t.Fatalf("worker %s start: %v", id, err)
+	}
+	u, _ := url.Parse("http://" + srv.Addr().String())
+	target.Store(u)
+	tw.srv = srv
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Close(ctx)
+	})
+	return tw
+}
+
+// testEdge is one edge of a test cluster.
+type testEdge struct {
+	e        *Edge
+	cfg      Config
+	raftAddr string
+	httpAddr string
+	registry *prometheus.Registry
+}
+
+func (te *testEdge) url() string { return "http://" + te.httpAddr }
+
+// cluster of edges over loopback TCP.
+type edgeCluster struct {
+	t     testing.TB
+	mu    sync.Mutex
+	edges []*testEdge
+	deps  func(i int) Deps
+}
+
+// baseConfig is one edge's configuration in a test cluster.
+func baseConfig(t testing.TB, nodeID, dataDir, natsURL string, peers []PeerConfig) Config {
+	cfg := DefaultConfig()
+	cfg.Model = testModel
+	cfg.Hostname = "127.0.0.1"
+	cfg.Port = 0
+	cfg.ParentHeader = parentHeader
+	cfg.InternalRequestAuthKey = testKey
+	cfg.AdminToken = testAdmin
+	cfg.DebugRouteHeader = true
+	cfg.TouchInterval = 50 * time.Millisecond
+	cfg.Placement.BlockSize = testBlockSize
+	cfg.Telemetry.MinStaleAfter = 2 * time.Second
+	cfg.Telemetry.DownAfter = 5 * time.Second
+	cfg.Telemetry.DumpTimeout = time.Second
+	cfg.Leader.Interval = 100 * time.Millisecond
+	if natsURL != "" {
+		cfg.NATS.URLs = []string{natsURL}
+	}
+	cfg.Cluster = ClusterConfig{
+		NodeID: nodeID, DataDir: dataDir, Bootstrap: true, Peers: peers, ProposeTimeout: 2 * time.Second,
+		Raft: RaftConfig{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+			LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 2 * time.Millisecond},
+	}
+	return cfg
+}
+
+// startEdges bootstraps n edges sharing natsURL; mutate adjusts each
+// configuration.
+func startEdges(t testing.TB, n int, natsURL string, mutate func(i int, c *Config)) *edgeCluster {
+	t.Helper()
+	ec := &edgeCluster{t: t, edges: make([]*testEdge, n)}
+	lns := make([]net.Listener, n)
+	peers := make([]PeerConfig, n)
+	for i := range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns[i] = ln
+		peers[i] = PeerConfig{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()}
+	}
+	base := t.TempDir()
+	for i := range n {
+		cfg := baseConfig(t, peers[i].ID, filepath.Join(base, peers[i].ID), natsURL, peers)
+		cfg.Cluster.BindAddr = peers[i].Addr
+		if mutate != nil {
+			mutate(i, &cfg)
+		}
+		ec.edges[i] = &testEdge{cfg: cfg, raftAddr: peers[i].Addr}
+	}
+	t.Cleanup(ec.closeAll)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = ec.start(i, lns[i])
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("start edge %d: %v", i+1, err)
+		}
+	}
+	ec.leader(15 * time.Second)
+	return ec
+}
+
+// start (re)starts edge i; ln may be nil (then it listens on its raft
+// address again, as a restarted process would).
+func (ec *edgeCluster) start(i int, ln net.Listener) error {
+	te := ec.edges[i]
+	reg := prometheus.NewRegistry()
+	deps := Deps{Logger: testLogger(ec.t).With("edge", te.cfg.Cluster.NodeID), Registry: reg, Version: "test"}
+	if ec.deps != nil {
+		d := ec.deps(i)
+		deps.TracerProvider = d.TracerProvider
+		deps.Transport = d.Transport
+	}
+	if ln != nil {
+		deps.ClusterListener = ln
+	}
+	e, err := New(te.cfg, deps)
+	if err != nil {
+		if ln != nil {
+			ln.Close()
+		}
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := e.Start(ctx); err != nil {
+		return err
+	}
+	ec.mu.Lock()
+	te.e, te.registry, te.httpAddr = e, reg, e.Addr()
+	ec.mu.Unlock()
+	return nil
+}
+
+func (ec *edgeCluster) edge(i int) *testEdge {
+	ec.mu.Lock()
+	defer ec.mu.Unlock()
+	return ec.edges[i]
+}
+
+func (ec *edgeCluster) closeAll() {
+	var wg sync.WaitGroup
+	for _, te := range ec.edges {
+		ec.mu.Lock()
+		e := te.e
+		te.e = nil
+		ec.mu.Unlock()
+		if e == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = e.Close(ctx)
+		}()
+	}
+	wg.Wait()
+}
+
+// kill stops edge i abruptly.
+func (ec *edgeCluster) kill(i int) {
+	ec.mu.Lock()
+	e := ec.edges[i].e
+	ec.edges[i].e = nil
+	ec.mu.Unlock()
+	if e != nil {
+		e.Kill()
+	}
+}
+
+// leader waits for a ready leader among the running edges and returns its
+// index.
+func (ec *edgeCluster) leader(timeout time.Duration) int {
+	ec.t.Helper()
+	found := -1
+	waitFor(ec.t, "a cluster leader", timeout, func() bool {
+		for i := range ec.edges {
+			te := ec.edge(i)
+			if te.e != nil && te.e.Node().IsLeader() {
+				found = i
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
+// waitInstances waits until every running edge sees n healthy instances
+// with a synced KV index.
+func (ec *edgeCluster) waitInstances(n int) {
+	ec.t.Helper()
+	waitFor(ec.t, fmt.Sprintf("%d healthy instances on every edge", n), 15*time.Second, func() bool {
+		for i := range ec.edges {
+			te := ec.edge(i)
+			if te.e == nil {
+				continue
+			}
+			healthy := 0
+			for _, in := range te.e.Fleet().Instances(time.Now()) {
+				if in.Healthy {
+					healthy++
+				}
+			}
+			if healthy < n {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// httpClient closes its idle connections at cleanup (goleak).
+func httpClient(t testing.TB) *http.Client {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r response) json(t testing.TB) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(r.body, &m); err != nil {
+		t.Fatalf("response is not JSON (%v): %s", err, r.body)
+	}
+	return m
+}
+
+func do(t testing.TB, c *http.Client, method, u string, body []byte, headers map[string]string) response {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequest(method, u, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, u, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+// chatBody is a chat request with a long shared system prompt (so prefix
+// caching shows in whole blocks) and the given turns.
+func chatBody(t testing.TB, system string, turns []string, extra map[string]any) []byte {
+	t.Helper()
+	msgs := []map[string]any{{"role": "system", "content": system}}
+	for i, turn := range turns {
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		msgs = append(msgs, map[string]any{"role": role, "content": turn})
+	}
+	m := map[string]any{"model": testModel, "messages": msgs, "max_tokens": 4}
+	for k, v := range extra {
+		m[k] = v
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func longText(tag string, words int) string {
+	var sb strings.Builder
+	for i := range words {
+		fmt.Fprintf(&sb, "%s-w%d ", tag, i)
+	}
+	return sb.String()
+}
+
+// routeOf parses x-tether-route into (context instance, generation instance).
+func routeOf(t testing.TB, r response) (ctxInst, genInst string) {
+	t.Helper()
+	h := r.header.Get(HeaderRoute)
+	for _, part := range strings.Split(h, ";") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			t.Fatalf("bad %s header %q", HeaderRoute, h)
+		}
+		inst, _, _ := strings.Cut(v, "/")
+		switch k {
+		case "context":
+			ctxInst = inst
+		case "generation":
+			genInst = inst
+		}
+	}
+	return ctxInst, genInst
+}
+
+func cachedTokens(t testing.TB, m map[string]any) int {
+	t.Helper()
+	u, ok := m["usage"].(map[string]any)
+	if !ok {
+		t.Fatalf("no usage in %v", m)
+	}
+	d, _ := u["prompt_tokens_details"].(map[string]any)
+	n, _ := d["cached_tokens"].(float64)
+	return int(n)
+}
+
+func promptTokensOf(t testing.TB, m map[string]any) int {
+	t.Helper()
+	u, ok := m["usage"].(map[string]any)
+	if !ok {
+		t.Fatalf("no usage in %v", m)
+	}
+	n, _ := u["prompt_tokens"].(float64)
+	return int(n)
+}
+
+// counter sums a counter metric's series whose labels include want.
+func counter(t testing.TB, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if labelsMatch(m, want) {
+				switch {
+				case m.Counter != nil:
+					total += m.GetCounter().GetValue()
+				case m.Gauge != nil:
+					total += m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return total
+}
+
+func labelsMatch(m *dto.Metric, want map[string]string) bool {
+	have := map[string]string{}
+	for _, l := range m.GetLabel() {
+		have[l.GetName()] = l.GetValue()
+	}
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// adminGet calls the admin API.
+func adminGet(t testing.TB, c *http.Client, te *testEdge, path string) response {
+	t.Helper()
+	return do(t, c, http.MethodGet, te.url()+path, nil, map[string]string{"Authorization": "Bearer " + testAdmin})
+}
+
+func binding(t testing.TB, c *http.Client, te *testEdge, fleet fsm.Fleet, key string) (BindingInfo, bool) {
+	t.Helper()
+	r := adminGet(t, c, te, "/admin/v1/bindings/"+fleet.String()+"/"+url.PathEscape(key))
+	if r.status == http.StatusNotFound {
+		return BindingInfo{}, false
+	}
+	if r.status != http.StatusOK {
+		t.Fatalf("admin binding %s/%s: %d %s", fleet, key, r.status, r.body)
+	}
+	var b BindingInfo
+	if err := json.Unmarshal(r.body, &b); err != nil {
+		t.Fatal(err)
+	}
+	return b, true
+}
+
+// staticSetup is one edge in front of workers configured by URL (no NATS:
+// the edge probes them).
+type staticSetup struct {
+	ec       *edgeCluster
+	te       *testEdge
+	ctx, gen []*testWorker
+	c        *http.Client
+}
+
+func startStatic(t testing.TB, nCtx, nGen int, mutate func(c *Config)) *staticSetup {
+	t.Helper()
+	s := &staticSetup{c: httpClient(t)}
+	for i := range nCtx {
+		s.ctx = append(s.ctx, startWorker(t, fmt.Sprintf("ctx-%d", i), workerOpts{fleet: telemetry.FleetContext, role: hintauth.RoleContext}))
+	}
+	for i := range nGen {
+		s.gen = append(s.gen, startWorker(t, fmt.Sprintf("gen-%d", i), workerOpts{fleet: telemetry.FleetGeneration, role: hintauth.RoleGeneration}))
+	}
+	s.ec = startEdges(t, 1, "", func(_ int, c *Config) {
+		c.Telemetry.ProbeInterval = 100 * time.Millisecond
+		for _, w := range s.ctx {
+			c.ContextServers.URLs = append(c.ContextServers.URLs, StaticInstance{Name: w.id, URL: w.proxy.URL})
+		}
+		for _, w := range s.gen {
+			c.GenerationServers.URLs = append(c.GenerationServers.URLs, StaticInstance{Name: w.id, URL: w.proxy.URL})
+		}
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+	s.te = s.ec.edge(0)
+	if nCtx > 0 && nGen > 0 {
+		s.ec.waitInstances(nCtx + nGen)
+	}
+	return s
+}
+
+func (s *staticSetup) worker(id string) *testWorker {
+	for _, w := range append(append([]*testWorker(nil), s.ctx...), s.gen...) {
+		if w.id == id {
+			return w
+		}
+	}
+	return nil
+}
+
+func (s *staticSetup) chat(t testing.TB, body []byte, h map[string]string) response {
+	t.Helper()
+	return do(t, s.c, http.MethodPost, s.te.url()+"/v1/chat/completions", body, h)
+}
