@@ -18,8 +18,8 @@ import (
 	"github.com/tether-project/tether/worker/engine"
 )
 
-// queueJump is the change in a rank's placed requests that triggers a load
-// report before the next tick, so edges see a burst within milliseconds
+// queueJump is the change in placed requests (summed over ranks) that
+// triggers a load report before the next tick, so edges see a burst within milliseconds
 // rather than an interval later.
 const queueJump = 4
 
@@ -189,19 +189,19 @@ func (p *publisher) poke() {
 	}
 }
 
-// checkJump pokes the loop when a rank's request count moved by queueJump
-// or more since the last report.
+// checkJump pokes the loop when the ranks' request counts moved by
+// queueJump or more in total since the last report (a burst on one rank, or
+// spread over several: the edge balances instances by the sum).
 func (p *publisher) checkJump(loads []int) {
 	p.reportedMu.Lock()
-	jump := false
+	moved := 0
 	for r, n := range loads {
-		if r < len(p.reported) && (n-p.reported[r] >= queueJump || p.reported[r]-n >= queueJump) {
-			jump = true
-			break
+		if r < len(p.reported) {
+			moved += max(n-p.reported[r], p.reported[r]-n)
 		}
 	}
 	p.reportedMu.Unlock()
-	if jump {
+	if moved >= queueJump {
 		p.poke()
 	}
 }
@@ -209,20 +209,32 @@ func (p *publisher) checkJump(loads []int) {
 func (p *publisher) loop() {
 	defer close(p.done)
 	interval := p.s.cfg.TelemetryInterval
+	// Early reports are at least this far apart, so a storm of changes
+	// cannot turn into a storm of messages.
+	gap := min(interval/4, 25*time.Millisecond)
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	deferred := time.NewTimer(time.Hour)
+	deferred.Stop()
+	defer deferred.Stop()
 	for {
 		select {
 		case <-p.stop:
 			return
 		case <-t.C:
 			p.flush(false)
+		case <-deferred.C:
+			p.flush(false)
 		case <-p.nudge:
 			p.reportedMu.Lock()
-			due := time.Since(p.lastLoadAt) >= interval/4
+			wait := gap - time.Since(p.lastLoadAt)
 			p.reportedMu.Unlock()
-			if due {
+			if wait <= 0 {
 				p.flush(false)
+			} else {
+				// Too soon after the last report: send one as soon as
+				// allowed rather than dropping the change.
+				deferred.Reset(wait)
 			}
 		}
 	}

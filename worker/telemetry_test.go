@@ -398,3 +398,23 @@ func natsPort(t *testing.T, url string) int {
 	}
 	return p
 }
+
+// A burst of requests is reported at once, not an interval later: with a
+// one-hour interval the only reports are the one on connecting and the
+// ones the queue jump triggers.
+func TestQueueJumpTriggersImmediateLoadReport(t *testing.T) {
+	ns := startNATS(t, -1)
+	edge, _ := subscribeEdge(t, ns.ClientURL())
+	cfg := slowConfig("ctx-burst")
+	cfg.NATS.URLs = []string{ns.ClientURL()}
+	cfg.TelemetryInterval = time.Hour
+	s := startServer(t, cfg)
+	c := testClient(t)
+	waitReady(t, c, s.URL(), http.StatusOK)
+	for i := 0; i < queueJump; i++ {
+		startStream(t, c, s.URL(), "100000")
+	}
+	edge.waitLoad("the burst", func(r telemetry.LoadReport) bool {
+		return r.Ranks[0].ActiveRequests+r.Ranks[0].QueuedRequests+r.Ranks[1].ActiveRequests+r.Ranks[1].QueuedRequests >= queueJump
+	})
+}
