@@ -258,7 +258,13 @@ func baseConfig(t testing.TB, nodeID, dataDir, natsURL string, peers []PeerConfi
 // configuration.
 func startEdges(t testing.TB, n int, natsURL string, mutate func(i int, c *Config)) *edgeCluster {
 	t.Helper()
-	ec := &edgeCluster{t: t, edges: make([]*testEdge, n)}
+	return startEdgesDeferred(t, n, natsURL, mutate, nil)
+}
+
+// startEdgesDeferred is startEdges with per-edge dependencies.
+func startEdgesDeferred(t testing.TB, n int, natsURL string, mutate func(i int, c *Config), deps func(i int) Deps) *edgeCluster {
+	t.Helper()
+	ec := &edgeCluster{t: t, edges: make([]*testEdge, n), deps: deps}
 	lns := make([]net.Listener, n)
 	peers := make([]PeerConfig, n)
 	for i := range n {
