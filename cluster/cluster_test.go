@@ -75,8 +75,11 @@ func TestConcurrentFirstBindsOneWinner(t *testing.T) {
 	if len(answers) != 1 {
 		t.Fatalf("callers saw different winners: %v", answers)
 	}
-	if created != 1 {
-		t.Fatalf("%d proposals report creating the binding, want exactly 1", created)
+	// Normally exactly one caller learns it created the binding; if the
+	// winner's first attempt committed but its answer was lost to a
+	// leadership change, its retry (same proposal id) reports a duplicate.
+	if created > 1 {
+		t.Fatalf("%d proposals report creating the binding, want at most 1", created)
 	}
 	var winner string
 	for w := range answers {

@@ -47,6 +47,9 @@ type raftFSM struct {
 	onHalt         func(err error)                 // the machine stopped: report and shut down (async)
 	onRemoved      func(index uint64)              // a committed configuration dropped this node
 	onRestored     func(snapshotStateIndex uint64) // state replaced from a snapshot
+	// onApplied receives each command entry's response with the entry's
+	// raft.Log.Extensions (the leader's batcher token), after publication.
+	onApplied func(extensions []byte, resp *applyResponse)
 
 	view atomic.Pointer[appliedView]
 	// halt is the error that stopped this node's apply (the machine's, or
@@ -115,6 +118,7 @@ func (f *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		for i := range resp {
 			resp[i] = &applyResponse{index: logs[i].Index, err: err}
 		}
+		f.deliver(logs, resp)
 		return resp
 	}
 
@@ -181,11 +185,27 @@ func (f *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		}
 	}
 	f.publish(next)
+	f.deliver(logs, resp)
 	if halted {
 		f.halt.CompareAndSwap(nil, &applyErr)
 		f.onHalt(applyErr)
 	}
 	return resp
+}
+
+// deliver hands command responses to their waiting proposers.
+func (f *raftFSM) deliver(logs []*raft.Log, resp []interface{}) {
+	if f.onApplied == nil {
+		return
+	}
+	for i, l := range logs {
+		if l.Type != raft.LogCommand || len(l.Extensions) == 0 {
+			continue
+		}
+		if r, ok := resp[i].(*applyResponse); ok {
+			f.onApplied(l.Extensions, r)
+		}
+	}
 }
 
 func (f *raftFSM) observeConfiguration(l *raft.Log) {

@@ -20,12 +20,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var testKey = []byte("0123456789abcdef-test-internal-key")
 
-// testTiming is fast enough for quick elections yet tolerant of a loaded
-// 2-core machine running the race detector.
+// testTiming is fast enough for quick elections yet tolerant of a 2-core
+// machine shared by several test binaries under the race detector (load
+// averages of 15 seen), where tighter timeouts make leaders flap.
 var testTiming = RaftTiming{
-	HeartbeatTimeout:   200 * time.Millisecond,
-	ElectionTimeout:    200 * time.Millisecond,
-	LeaderLeaseTimeout: 100 * time.Millisecond,
+	HeartbeatTimeout:   400 * time.Millisecond,
+	ElectionTimeout:    400 * time.Millisecond,
+	LeaderLeaseTimeout: 200 * time.Millisecond,
 	CommitTimeout:      2 * time.Millisecond,
 }
 

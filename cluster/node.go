@@ -173,7 +173,10 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 
 	n.machine = fsm.NewMachine()
+	n.batcher = newBatcher(n)
+	n.forwarder = newForwarder(n)
 	n.fsm = newRaftFSM(n.machine, n.archive, n.id, n.log, n.metrics)
+	n.fsm.onApplied = n.batcher.resolve
 	n.fsm.onHalt = n.onHalt
 	n.fsm.onRemoved = n.onRemoved
 	n.fsm.onRestored = n.onRestored
@@ -204,6 +207,12 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		MaxPool: 3,
 		Timeout: transportTimeout,
 		Logger:  n.hlog.Named("net"),
+		// 1 disables pipelined replication: with it, a follower's
+		// Success=false can leave the pipeline's sender and decoder blocked
+		// on each other for good, wedging replication to that follower and
+		// raft.Shutdown (seen here; also grafana/pyroscope#5518). Our
+		// entries are already batched, where pipelining gains little.
+		MaxRPCsInFlight: 1,
 	})
 	cleanup = append(cleanup, func() { n.transport.Close() })
 
@@ -248,13 +257,10 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return false
 	})
 	n.raft.RegisterObserver(n.observer)
-	n.batcher = newBatcher(n)
-	n.forwarder = newForwarder(n)
-	n.wg.Add(5)
+	n.wg.Add(4)
 	go func() { defer n.wg.Done(); n.watchLeadership(notify) }()
 	go func() { defer n.wg.Done(); n.watchObservations(obs) }()
 	go func() { defer n.wg.Done(); n.batcher.run(n.ctx) }()
-	go func() { defer n.wg.Done(); n.batcher.complete() }()
 	go func() { defer n.wg.Done(); n.forwarder.run(n.ctx) }()
 	cleanup = append(cleanup, func() {
 		n.raft.DeregisterObserver(n.observer)
@@ -282,9 +288,9 @@ func (n *Node) raftConfig(notify chan bool) *raft.Config {
 	c.LeaderLeaseTimeout = n.cfg.Raft.LeaderLeaseTimeout
 	c.CommitTimeout = n.cfg.Raft.CommitTimeout
 	c.MaxAppendEntries = n.cfg.Raft.MaxAppendEntries
-	// Our batcher already bounds waiting; a buffered apply channel lets the
-	// leader loop group concurrent entries into one disk write.
-	c.BatchApplyCh = true
+	// Unbuffered: a future parked in a buffered apply channel when Raft
+	// shuts down is never answered (see batcher).
+	c.BatchApplyCh = false
 	c.ShutdownOnRemove = true
 	c.PreVoteDisabled = false
 	c.NotifyCh = notify
@@ -325,14 +331,14 @@ func (n *Node) watchLeadership(notify <-chan bool) {
 				continue
 			}
 			for n.raft.State() == raft.Leader && n.ctx.Err() == nil {
-				err := n.raft.Barrier(0).Error()
+				err := waitFuture(n.ctx, n.raft.Barrier(0))
 				if err == nil {
 					if n.raft.State() == raft.Leader {
 						n.setReady(true)
 					}
 					break
 				}
-				if errors.Is(err, raft.ErrRaftShutdown) {
+				if errors.Is(err, raft.ErrRaftShutdown) || n.ctx.Err() != nil {
 					return
 				}
 				n.log.Warn("cluster: leader barrier failed", "err", err)
@@ -366,6 +372,7 @@ func (n *Node) watchObservations(obs <-chan raft.Observation) {
 		case <-n.ctx.Done():
 			return
 		case <-obs:
+			n.batcher.failStale()
 			n.wakeMu.Lock()
 			close(n.wakeCh)
 			n.wakeCh = make(chan struct{})
@@ -421,8 +428,17 @@ func (n *Node) shutdownRaftAsync(grace time.Duration) {
 			if err := n.raft.Shutdown().Error(); err != nil {
 				n.log.Error("cluster: raft shutdown", "err", err)
 			}
+			n.batcher.failAll(n.stoppedError())
 		}()
 	})
+}
+
+// stoppedError is what outstanding proposals get when Raft stops.
+func (n *Node) stoppedError() error {
+	if err := n.fatalError(); err != nil {
+		return err
+	}
+	return ErrClosed
 }
 
 func (n *Node) onHalt(err error) {
@@ -528,6 +544,7 @@ func (n *Node) shutdown(abrupt bool) error {
 		}
 	})
 	n.wg.Wait()
+	n.batcher.failAll(ErrClosed)
 	n.setReady(false)
 	n.client.close()
 	n.mux.close()

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -233,31 +234,46 @@ func (n *Node) usable() error {
 // batcher is the leader's group commit: it turns queued proposals (local
 // and forwarded) into log entries of up to maxBatch proposals, with at most
 // maxInflightEntries entries in Raft at a time.
+//
+// Completion does not wait on hashicorp/raft's ApplyFuture: a future whose
+// entry sat in raft's FSM queue when Raft shut down is never answered
+// (hashicorp/raft#498), which would wedge shutdown. Instead every entry
+// carries a token in raft.Log.Extensions; the FSM adapter resolves the entry
+// by token when it applies it, and the node fails outstanding entries when
+// it stops being leader (they may still commit under the next leader; the
+// retry's proposal ids make that harmless) or when Raft shuts down.
 type batcher struct {
 	n        *Node
 	in       chan *pending
 	maxBatch int
 	slots    chan struct{}
-	inflight chan inflightEntry
+
+	mu      sync.Mutex
+	waiting map[entryToken]*inflightEntry
+	nonce   [8]byte // this incarnation's token prefix: tokens in replayed or foreign entries never match
+	seq     uint64
 }
 
+type entryToken [16]byte
+
 type inflightEntry struct {
-	future raft.ApplyFuture
-	batch  []*pending
+	batch []*pending
+	term  uint64 // the leader term it was submitted in
 }
 
 func newBatcher(n *Node) *batcher {
-	return &batcher{
+	b := &batcher{
 		n:        n,
 		in:       make(chan *pending, queueDepth),
 		maxBatch: n.cfg.MaxBatch,
 		slots:    make(chan struct{}, maxInflightEntries),
-		inflight: make(chan inflightEntry, maxInflightEntries),
+		waiting:  make(map[entryToken]*inflightEntry),
 	}
+	_, _ = rand.Read(b.nonce[:])
+	return b
 }
 
 func (b *batcher) run(ctx context.Context) {
-	defer close(b.inflight)
 	var carry *pending
 	for {
 		select {
@@ -272,6 +288,7 @@ func (b *batcher) run(ctx context.Context) {
 			select {
 			case first = <-b.in:
 			case <-ctx.Done():
+				<-b.slots
 				b.failQueued(nil, ErrClosed)
 				return
 			}
@@ -318,8 +335,20 @@ func (b *batcher) submit(batch []*pending) bool {
 		return false
 	}
 	b.n.metrics.observeBatch(props)
-	f := b.n.raft.Apply(data, 0)
-	b.inflight <- inflightEntry{future: f, batch: live}
+
+	term := b.n.raft.CurrentTerm()
+	b.mu.Lock()
+	b.seq++
+	var tok entryToken
+	copy(tok[:8], b.nonce[:])
+	binary.BigEndian.PutUint64(tok[8:], b.seq)
+	b.waiting[tok] = &inflightEntry{batch: live, term: term}
+	b.mu.Unlock()
+
+	b.n.raft.ApplyLog(raft.Log{Data: data, Extensions: tok[:]}, 0)
+	// Registered before the check: a leadership change after it is caught
+	// by the observer, one before it here.
+	b.failStale()
 	return true
 }
 
@@ -352,45 +381,95 @@ func (b *batcher) encode(batch []*pending) ([]byte, int, []*pending) {
 	return b.encode(ok)
 }
 
-// complete waits for each entry in submission order and fans the results
-// back out to the proposals it carried.
-func (b *batcher) complete() {
-	for e := range b.inflight {
-		err := e.future.Error()
+// take removes the entry for tok, freeing its slot; nil if unknown (another
+// incarnation's entry, or already failed).
+func (b *batcher) take(tok []byte) *inflightEntry {
+	if len(tok) != len(entryToken{}) {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.waiting[entryToken(tok)]
+	if e != nil {
+		delete(b.waiting, entryToken(tok))
 		<-b.slots
-		if err != nil {
-			err = mapRaftError(err, b.n)
-			for _, p := range e.batch {
-				p.reply(outcome{err: err})
-			}
-			continue
-		}
-		resp, _ := e.future.Response().(*applyResponse)
-		if resp == nil {
-			err := fmt.Errorf("cluster: entry %d: no apply response", e.future.Index())
-			for _, p := range e.batch {
-				p.reply(outcome{err: err})
-			}
-			continue
-		}
-		if resp.err != nil {
-			err := errHaltedBy(resp.err)
-			for _, p := range e.batch {
-				p.reply(outcome{err: err})
-			}
-			continue
-		}
-		off := 0
+	}
+	return e
+}
+
+// resolve fans an applied entry's results out to its proposals (called by
+// the FSM adapter on raft's FSM goroutine; replies never block).
+func (b *batcher) resolve(tok []byte, resp *applyResponse) {
+	e := b.take(tok)
+	if e == nil {
+		return
+	}
+	if resp.err != nil {
+		err := errHaltedBy(resp.err)
 		for _, p := range e.batch {
-			k := len(p.props)
-			if off+k > len(resp.results) {
-				p.reply(outcome{err: fmt.Errorf("cluster: entry %d: %d results for %d proposals", resp.index, len(resp.results), off+k)})
-				continue
-			}
-			p.reply(outcome{results: resp.results[off : off+k : off+k], index: resp.index})
-			off += k
+			p.reply(outcome{err: err})
+		}
+		return
+	}
+	off := 0
+	for _, p := range e.batch {
+		k := len(p.props)
+		if off+k > len(resp.results) {
+			p.reply(outcome{err: fmt.Errorf("cluster: entry %d: %d results for %d proposals", resp.index, len(resp.results), off+k)})
+			continue
+		}
+		p.reply(outcome{results: resp.results[off : off+k : off+k], index: resp.index})
+		off += k
+	}
+}
+
+// failAll fails every outstanding entry with err.
+func (b *batcher) failAll(err error) {
+	b.mu.Lock()
+	entries := make([]*inflightEntry, 0, len(b.waiting))
+	for tok, e := range b.waiting {
+		entries = append(entries, e)
+		delete(b.waiting, tok)
+		<-b.slots
+	}
+	b.mu.Unlock()
+	for _, e := range entries {
+		for _, p := range e.batch {
+			p.reply(outcome{err: err})
 		}
 	}
+}
+
+// failStale fails the entries raft may have dropped: all of them when this
+// node is not leader, else those submitted in an earlier term (leadership
+// lost and regained in between).
+func (b *batcher) failStale() {
+	leader := b.n.raft.State() == raft.Leader
+	term := b.n.raft.CurrentTerm()
+	b.mu.Lock()
+	var stale []*inflightEntry
+	for tok, e := range b.waiting {
+		if !leader || e.term != term {
+			stale = append(stale, e)
+			delete(b.waiting, tok)
+			<-b.slots
+		}
+	}
+	b.mu.Unlock()
+	if len(stale) == 0 {
+		return
+	}
+	err := b.notLeaderError()
+	for _, e := range stale {
+		for _, p := range e.batch {
+			p.reply(outcome{err: err})
+		}
+	}
+}
+
+func (b *batcher) notLeaderError() error {
+	addr, id := b.n.raft.LeaderWithID()
+	return retryable(&NotLeaderError{LeaderID: string(id), LeaderAddr: string(addr)})
 }
 
 func (b *batcher) failQueued(carry *pending, err error) {
@@ -405,24 +484,6 @@ func (b *batcher) failQueued(carry *pending, err error) {
 			return
 		}
 	}
-}
-
-// mapRaftError classifies hashicorp/raft's errors for the proposal loop.
-func mapRaftError(err error, n *Node) error {
-	switch {
-	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
-		errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrAbortedByRestore):
-		addr, id := n.raft.LeaderWithID()
-		return retryable(fmt.Errorf("%w: %w", &NotLeaderError{LeaderID: string(id), LeaderAddr: string(addr)}, err))
-	case errors.Is(err, raft.ErrRaftShutdown):
-		if ferr := n.fatalError(); ferr != nil {
-			return ferr
-		}
-		return fmt.Errorf("%w: %w", ErrClosed, err)
-	case errors.Is(err, raft.ErrEnqueueTimeout):
-		return retryable(fmt.Errorf("%w: %w", ErrUnavailable, err))
-	}
-	return fmt.Errorf("cluster: raft apply: %w", err)
 }
 
 // forwarder is a follower's side of group commit: queued proposals go to

@@ -198,7 +198,10 @@ func (n *Node) Restore(ctx context.Context, r io.Reader) error {
 			return fmt.Errorf("cluster: restore: %w", context.DeadlineExceeded)
 		}
 	}
-	if err := n.raft.Restore(meta, f, timeout); err != nil {
+	err = n.raft.Restore(meta, f, timeout)
+	// Raft aborted our in-flight entries (ErrAbortedByRestore): retry them.
+	n.batcher.failAll(n.batcher.notLeaderError())
+	if err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
 			return fmt.Errorf("cluster: restore: %w: %w", ErrNotLeader, err)
 		}
