@@ -273,9 +273,16 @@ func (f *Fleet) Start(ctx context.Context) error {
 			}
 			f.subs = append(f.subs, sub)
 		}
-		if err := f.nc.FlushWithContext(ctx); err != nil {
-			f.unsubscribe()
-			return fmt.Errorf("fleetview: subscribe: flush: %w", err)
+		// Make the subscriptions effective before reporting started (the
+		// first reports then are not missed). Not connected yet (NATS
+		// down at startup): the client subscribes when it connects.
+		if f.nc.IsConnected() {
+			fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := f.nc.FlushWithContext(fctx)
+			cancel()
+			if err != nil {
+				f.log.Warn("nats flush after subscribing failed", "err", err)
+			}
 		}
 	}
 	f.mu.RLock()

@@ -1,0 +1,418 @@
+package fleetview
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/worker"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func startNATS(t testing.TB) *natsserver.Server {
+	t.Helper()
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	return ns
+}
+
+func connect(t testing.TB, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// clock is a settable test clock.
+type clock struct{ ns atomic.Int64 }
+
+func (c *clock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *clock) advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+func newFleet(t testing.TB, cfg Config) (*Fleet, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	return f, reg
+}
+
+func metric(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue next
+				}
+			}
+			if m.Counter != nil {
+				total += m.GetCounter().GetValue()
+			} else if m.Gauge != nil {
+				total += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return total
+}
+
+func report(id string, fleet telemetry.Fleet, boot, seq, kvSeq uint64) telemetry.LoadReport {
+	return telemetry.LoadReport{
+		Instance: id, Fleet: fleet, URL: "http://" + id + ".test:8000", Model: "m", Version: "v", FeatureLevel: 1,
+		VerifiesHints: true, BootID: boot, Seq: seq, KVSeq: kvSeq, SentUnixMilli: 1, IntervalMilli: 100, BlockSize: 4,
+		Ranks: []telemetry.RankLoad{{Rank: 0, QueuedRequests: 2, ActiveRequests: 1, ActivePromptTokens: 100, KVBlocksUsed: 3, KVBlocksTotal: 10,
+			WindowLookupTokens: 100, WindowHitTokens: 80}, {Rank: 1}},
+	}
+}
+
+func publishLoad(t testing.TB, nc *nats.Conn, r telemetry.LoadReport) {
+	t.Helper()
+	b, err := telemetry.EncodeLoad(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish(telemetry.LoadSubject(r.Fleet, r.Instance), b); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func publishKV(t testing.TB, nc *nats.Conn, id string, boot, seq uint64, rank int, stored ...uint64) {
+	t.Helper()
+	b, err := telemetry.AppendKVEvents(nil, telemetry.KVEventBatch{Instance: id, BootID: boot, Seq: seq, Events: []telemetry.KVEvent{{Rank: rank, Stored: stored}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish(telemetry.KVSubject(id), b); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func matched(f *Fleet, id string, blocks []uint64) int {
+	for _, m := range f.Index().Match(blocks, time.Now(), nil) {
+		if m.Instance == id {
+			return m.Blocks
+		}
+	}
+	return 0
+}
+
+// Malformed telemetry, and payloads naming another instance than their
+// subject, are dropped and counted; the view carries on.
+func TestMalformedMessagesAreDroppedAndCounted(t *testing.T) {
+	ns := startNATS(t)
+	nc := connect(t, ns.ClientURL())
+	f, reg := newFleet(t, Config{Conn: connect(t, ns.ClientURL())})
+
+	good, _ := telemetry.EncodeLoad(report("w1", telemetry.FleetContext, 7, 1, 0))
+	spoofKV, _ := telemetry.AppendKVEvents(nil, telemetry.KVEventBatch{Instance: "w2", BootID: 1, Seq: 1, Events: []telemetry.KVEvent{{Rank: 0, Stored: []uint64{9}}}})
+	for _, m := range []struct{ subject, data string }{
+		{"tether.v1.load.context.w1", "{not json"},
+		{"tether.v1.load.context.w1", `{"v":2,"instance":"w1"}`},
+		{"tether.v1.load.context.w9", string(good)},    // payload says w1
+		{"tether.v1.load.generation.w1", string(good)}, // payload says context
+		{"tether.v1.kv.w1", "garbage"},
+		{"tether.v1.kv.w1", string(spoofKV)}, // payload says w2
+		{"tether.v1.evict.w1", `{"v":1,"instance":"w1","boot_id":0,"seq":1,"evictions":[]}`},
+	} {
+		if err := nc.Publish(m.subject, []byte(m.data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publishLoad(t, nc, report("w1", telemetry.FleetContext, 7, 1, 0))
+	waitFor(t, "the good report", 5*time.Second, func() bool {
+		_, ok := f.Instance("w1", time.Now())
+		return ok
+	})
+	waitFor(t, "7 drops counted", 5*time.Second, func() bool {
+		return metric(t, reg, "tether_edge_telemetry_dropped_total", nil) == 7
+	})
+	if n := metric(t, reg, "tether_edge_telemetry_dropped_total", map[string]string{"reason": "subject_mismatch"}); n != 3 {
+		t.Fatalf("subject mismatches %v, want 3", n)
+	}
+	if _, ok := f.Instance("w9", time.Now()); ok {
+		t.Fatal("a spoofed report registered an instance")
+	}
+	if matched(f, "w2", []uint64{9}) != 0 {
+		t.Fatal("a spoofed KV batch reached the index")
+	}
+	in, _ := f.Instance("w1", time.Now())
+	if !in.Healthy || in.QueuedRequests != 2 || in.ActivePromptTokens != 100 || in.Ranks != 2 || in.HitRate() != 0.8 {
+		t.Fatalf("instance %+v", in)
+	}
+}
+
+// dumpResponder answers KV dump requests for one instance from a fixed
+// cache content, in parts of at most two hashes.
+func dumpResponder(t testing.TB, nc *nats.Conn, id string, content func() telemetry.KVDump) *atomic.Int32 {
+	var asked atomic.Int32
+	sub, err := nc.Subscribe(telemetry.KVDumpSubject(id), func(m *nats.Msg) {
+		asked.Add(1)
+		for _, part := range telemetry.SplitKVDump(content(), 2) {
+			b, err := telemetry.EncodeKVDump(part)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_ = nc.Publish(m.Reply, b)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return &asked
+}
+
+// A sequence gap makes the view ask the worker for a full dump (in parts)
+// and rebuild its index from it; batches after the dump apply on top.
+func TestGapTriggersDumpAndRebuild(t *testing.T) {
+	ns := startNATS(t)
+	nc := connect(t, ns.ClientURL())
+	var mu sync.Mutex
+	content := telemetry.KVDump{Instance: "w1", BootID: 5, Seq: 3, Ranks: []telemetry.RankBlocks{{Rank: 0, Blocks: []uint64{11, 12, 13}}, {Rank: 1, Blocks: []uint64{21}}}}
+	asked := dumpResponder(t, nc, "w1", func() telemetry.KVDump { mu.Lock(); defer mu.Unlock(); return content })
+	f, reg := newFleet(t, Config{Conn: connect(t, ns.ClientURL())})
+
+	publishLoad(t, nc, report("w1", telemetry.FleetContext, 5, 1, 0))
+	waitFor(t, "registration", 5*time.Second, func() bool { _, ok := f.Instance("w1", time.Now()); return ok })
+	publishKV(t, nc, "w1", 5, 1, 0, 11, 12)
+	waitFor(t, "batch 1 applied", 5*time.Second, func() bool { return matched(f, "w1", []uint64{11, 12}) == 2 })
+	if asked.Load() != 0 {
+		t.Fatal("a dump was requested without a gap")
+	}
+	publishKV(t, nc, "w1", 5, 3, 0, 13) // seq 2 lost
+	waitFor(t, "the dump installed", 5*time.Second, func() bool { return matched(f, "w1", []uint64{11, 12, 13}) == 3 })
+	if asked.Load() != 1 {
+		t.Fatalf("dumps requested %d", asked.Load())
+	}
+	if matched(f, "w1", []uint64{21}) != 1 {
+		t.Fatal("rank 1's blocks from the dump's second part are missing")
+	}
+	publishKV(t, nc, "w1", 5, 4, 0, 14)
+	waitFor(t, "batch 4 applied on the dump", 5*time.Second, func() bool { return matched(f, "w1", []uint64{11, 12, 13, 14}) == 4 })
+	if n := metric(t, reg, "tether_edge_kv_dumps_total", map[string]string{"result": "installed"}); n != 1 {
+		t.Fatalf("installed dumps %v", n)
+	}
+}
+
+// A view that starts while workers are mid-stream rebuilds its index from
+// dumps at once (a real worker: its own dump handler and codecs).
+func TestFreshViewRebuildsFromRealWorker(t *testing.T) {
+	ns := startNATS(t)
+	cfg := worker.DefaultConfig()
+	cfg.InstanceID, cfg.Model = "w-real", "m"
+	cfg.Ranks = 2
+	cfg.ADP.EnableAttentionDP = true
+	cfg.Engine.TimeScale, cfg.Engine.BlockSize = 0, 4
+	cfg.TelemetryInterval = 20 * time.Millisecond
+	cfg.NATS.URLs = []string{ns.ClientURL()}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	w, err := worker.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	text := strings.Repeat("alpha beta gamma delta ", 20)
+	body, _ := json.Marshal(map[string]any{"model": "m", "prompt": text, "max_tokens": 1})
+	resp, err := (&http.Client{Transport: tr}).Post(w.URL()+"/v1/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	blocks := prefix.BlockHashes(prefix.Tokenize(text), 4)
+
+	first, _ := newFleet(t, Config{Conn: connect(t, ns.ClientURL())})
+	waitFor(t, "the first view to index the prompt", 5*time.Second, func() bool { return matched(first, "w-real", blocks) == len(blocks) })
+	// A second view joins late: the worker's batches so far are history.
+	late, reg := newFleet(t, Config{Conn: connect(t, ns.ClientURL())})
+	waitFor(t, "the late view to rebuild from a dump", 5*time.Second, func() bool { return matched(late, "w-real", blocks) == len(blocks) })
+	if n := metric(t, reg, "tether_edge_kv_dumps_total", map[string]string{"result": "installed"}); n < 1 {
+		t.Fatalf("the late view installed %v dumps", n)
+	}
+}
+
+// Health comes from heartbeat age: stale after stale_intervals intervals
+// (and at least min_stale_after); a draining report marks the instance
+// draining; dispatches count as queued until the next report.
+func TestHealthFromHeartbeatAge(t *testing.T) {
+	ns := startNATS(t)
+	nc := connect(t, ns.ClientURL())
+	clk := &clock{}
+	clk.advance(time.Hour)
+	f, reg := newFleet(t, Config{Conn: connect(t, ns.ClientURL()), StaleIntervals: 3, MinStaleAfter: 200 * time.Millisecond, Now: clk.now})
+	publishLoad(t, nc, report("w1", telemetry.FleetGeneration, 1, 1, 0))
+	waitFor(t, "registration", 5*time.Second, func() bool { _, ok := f.Instance("w1", clk.now()); return ok })
+	views := f.Views(clk.now(), nil)
+	if len(views) != 1 || !views[0].Healthy || views[0].Fleet != fsm.FleetGeneration || views[0].QueuedRequests != 2 {
+		t.Fatalf("views %+v", views)
+	}
+	f.NoteDispatch("w1", 500)
+	if v := f.Views(clk.now(), nil)[0]; v.QueuedRequests != 3 || v.QueuedPrefillTokens != 500 {
+		t.Fatalf("after a dispatch: queued %d, prefill %d", v.QueuedRequests, v.QueuedPrefillTokens)
+	}
+	clk.advance(250 * time.Millisecond) // < 3 × 100 ms
+	if !f.Views(clk.now(), nil)[0].Healthy {
+		t.Fatal("unhealthy within 3 intervals")
+	}
+	if age := metric(t, reg, "tether_edge_telemetry_age_seconds", map[string]string{"instance": "w1"}); age < 0.24 || age > 0.26 {
+		t.Fatalf("telemetry age %v, want 0.25", age)
+	}
+	clk.advance(100 * time.Millisecond)
+	if f.Views(clk.now(), nil)[0].Healthy {
+		t.Fatal("healthy after 3 missed intervals")
+	}
+	r := report("w1", telemetry.FleetGeneration, 1, 2, 0)
+	r.Draining = true
+	publishLoad(t, nc, r)
+	waitFor(t, "the draining report", 5*time.Second, func() bool { v := f.Views(clk.now(), nil)[0]; return v.Healthy && v.Draining })
+	if v := f.Views(clk.now(), nil)[0]; v.QueuedRequests != 2 || v.QueuedPrefillTokens != 0 {
+		t.Fatalf("the report did not absorb the dispatch: %+v", v)
+	}
+}
+
+// Static instances without telemetry are judged by /readyz probes; a
+// worker reporting telemetry from the same URL under another id is merged
+// into the static entry.
+func TestStaticInstancesProbedAndMerged(t *testing.T) {
+	var ready atomic.Bool
+	ready.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" && ready.Load() {
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(srv.Close)
+	ns := startNATS(t)
+	nc := connect(t, ns.ClientURL())
+	f, _ := newFleet(t, Config{
+		Conn: connect(t, ns.ClientURL()), ProbeInterval: 20 * time.Millisecond, MinStaleAfter: 100 * time.Millisecond,
+		Static: []Static{{ID: "ctx-static", URL: srv.URL, Fleet: fsm.FleetContext}},
+	})
+	waitFor(t, "a successful probe", 5*time.Second, func() bool { in, _ := f.Instance("ctx-static", time.Now()); return in.Healthy })
+	in, _ := f.Instance("ctx-static", time.Now())
+	if in.Telemetry || !in.Static || !in.VerifiesHints {
+		t.Fatalf("static instance %+v", in)
+	}
+	ready.Store(false)
+	waitFor(t, "failed probes to make it unhealthy", 5*time.Second, func() bool { in, _ := f.Instance("ctx-static", time.Now()); return !in.Healthy })
+
+	r := report("worker-7", telemetry.FleetContext, 3, 1, 0)
+	r.URL = srv.URL + "/"
+	r.VerifiesHints = false
+	publishLoad(t, nc, r)
+	waitFor(t, "telemetry merged into the static entry", 5*time.Second, func() bool {
+		in, _ := f.Instance("ctx-static", time.Now())
+		return in.Telemetry && in.Healthy && !in.VerifiesHints
+	})
+	if _, ok := f.Instance("worker-7", time.Now()); ok {
+		t.Fatal("the static worker was also registered under its own id")
+	}
+	publishKV(t, nc, "worker-7", 3, 1, 0, 77)
+	waitFor(t, "its KV events indexed under the static id", 5*time.Second, func() bool { return matched(f, "ctx-static", []uint64{77}) == 1 })
+}
+
+// Evictions reach the callback with the instance's fleet.
+func TestEvictionsForwarded(t *testing.T) {
+	ns := startNATS(t)
+	nc := connect(t, ns.ClientURL())
+	got := make(chan string, 4)
+	f, _ := newFleet(t, Config{Conn: connect(t, ns.ClientURL()), OnEvictions: func(id string, fl fsm.Fleet, evs []telemetry.Eviction) {
+		for _, e := range evs {
+			got <- fmt.Sprintf("%s/%s/%s", id, fl, e.ConversationID)
+		}
+	}})
+	publishLoad(t, nc, report("w1", telemetry.FleetContext, 1, 1, 0))
+	waitFor(t, "registration", 5*time.Second, func() bool { _, ok := f.Instance("w1", time.Now()); return ok })
+	b, _ := telemetry.EncodeEvictions(telemetry.Evictions{Instance: "w1", BootID: 1, Seq: 1, Evictions: []telemetry.Eviction{{Rank: 0, ConversationID: "conv-a"}}})
+	if err := nc.Publish(telemetry.EvictSubject("w1"), b); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-got:
+		if s != "w1/context/conv-a" {
+			t.Fatalf("eviction %s", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("eviction not forwarded")
+	}
+}
