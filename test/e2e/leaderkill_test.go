@@ -1,0 +1,173 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/ops/devstack"
+)
+
+// TestLeaderKillDuringConversations runs the dev stack in-process, crashes
+// the leader edge (Kill: no leadership transfer, nothing flushed) while
+// multi-turn conversations run across all edges, and checks that every
+// bound conversation keeps its context and generation instances on the
+// surviving edges (turns sent to the dead edge fail to connect and are
+// retried on the next edge, as a client would), and that new conversations are placed and bound once a
+// new leader exists.
+func TestLeaderKillDuringConversations(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	st, err := devstack.Start(ctx, devstack.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := st.Close(cctx); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	if err := st.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := httpClient(t)
+	edges := st.Edges()
+	leader := st.Leader()
+	if leader == nil {
+		t.Fatal("ready without a leader")
+	}
+
+	const convs, turns, killAfter = 6, 8, 3
+	type result struct {
+		first    turn
+		moved    error
+		retried  int
+		finished int
+	}
+	results := make([]result, convs)
+	progressed := make(chan struct{}, convs)
+	killed := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range convs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := &results[i]
+			a := &agent{session: fmt.Sprintf("conv-%d", i), system: words(fmt.Sprintf("system-%d", i), 150)}
+			for n := 0; n < turns; n++ {
+				var tr turn
+				var err error
+				// Rotate over the edges; a dead edge (no HTTP answer) is
+				// skipped and the turn retried on the next one.
+				// Like a client that does not know which edge died, every
+				// edge is tried in turn.
+				for attempt := 0; attempt < len(edges); attempt++ {
+					e := edges[(n+i+attempt)%len(edges)]
+					tr, err = a.send(ctx, c, e.URL(), st.Model(), fmt.Sprintf("step %d", n))
+					if err == nil || !errors.Is(err, errTransport) {
+						break
+					}
+					r.retried++
+				}
+				if err != nil {
+					r.moved = fmt.Errorf("turn %d: %w", n+1, err)
+					return
+				}
+				if n == 0 {
+					r.first = tr
+				} else if tr.ctxInst != r.first.ctxInst || tr.genInst != r.first.genInst {
+					r.moved = fmt.Errorf("turn %d moved from %s/%s to %s/%s", n+1, r.first.ctxInst, r.first.genInst, tr.ctxInst, tr.genInst)
+					return
+				}
+				r.finished = n + 1
+				if n+1 == killAfter {
+					// Every conversation is bound and mid-run: wait for
+					// the kill, then run the remaining turns.
+					progressed <- struct{}{}
+					select {
+					case <-killed:
+					case <-ctx.Done():
+						r.moved = ctx.Err()
+						return
+					}
+				}
+			}
+		}()
+	}
+	for range convs {
+		select {
+		case <-progressed:
+		case <-ctx.Done():
+			t.Fatal("conversations did not progress")
+		}
+	}
+	leader.Kill()
+	close(killed)
+	wg.Wait()
+	retries := 0
+	for i, r := range results {
+		if r.moved != nil {
+			t.Fatalf("conv-%d: %v", i, r.moved)
+		}
+		if r.finished != turns {
+			t.Fatalf("conv-%d finished %d of %d turns", i, r.finished, turns)
+		}
+		retries += r.retried
+	}
+	// Turns 4..8 rotate over all edges, so every conversation met the dead
+	// one at least once and was answered by a survivor.
+	if retries < convs {
+		t.Fatalf("%d turns were retried after the kill, want at least %d (one per conversation)", retries, convs)
+	}
+	t.Logf("killed %s; %d turns retried on a surviving edge", leader.ID, retries)
+
+	// A new leader among the survivors, then new conversations are placed
+	// through the log and every survivor sees their bindings.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if l := st.Leader(); l != nil && l != leader {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no new leader within 60s of the kill")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var survivors []*devstack.EdgeNode
+	for _, e := range edges {
+		if e.Running() {
+			survivors = append(survivors, e)
+		}
+	}
+	if len(survivors) != len(edges)-1 {
+		t.Fatalf("%d edges running after killing one of %d", len(survivors), len(edges))
+	}
+	for i := range 3 {
+		a := &agent{session: fmt.Sprintf("after-%d", i), system: words("after", 120)}
+		tr := a.mustSend(t, c, survivors[i%len(survivors)].URL(), st.Model(), "hi")
+		for _, s := range survivors {
+			// The placing edge answered after applying the Bind; the
+			// other survivor applies it within a replication round.
+			until := time.Now().Add(10 * time.Second)
+			for {
+				b, ok, err := s.Binding(ctx, fsm.FleetContext, a.session)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ok && b.Instance == tr.ctxInst {
+					break
+				}
+				if ok || time.Now().After(until) {
+					t.Fatalf("%s: binding of %s = %+v (found %v), want %s", s.ID, a.session, b, ok, tr.ctxInst)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+}
