@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"io"
 	"slices"
+	"unsafe"
 )
 
 // Snapshot stream layout (details in DESIGN.md):
@@ -466,7 +467,14 @@ func ReadSnapshot(r io.Reader) (*State, error) {
 		var x Binding
 		x.Fleet = Fleet(rd.u8("binding fleet"))
 		flags := rd.u8("binding flags")
-		x.Key = rd.str("binding key")
+		// A short key is copied into its record by addBinding
+		// (newBindingRec), so it is read as a view of the chunk instead of
+		// being allocated once more only to become garbage.
+		if view := rd.strView("binding key"); len(view) > 0 && len(view) <= inlineKeyBytes {
+			x.Key = unsafe.String(&view[0], len(view))
+		} else {
+			x.Key = string(view)
+		}
 		if flags&snapConvIsKey != 0 {
 			x.ConversationID = x.Key
 		} else {

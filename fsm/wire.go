@@ -142,24 +142,30 @@ func (r *reader) count(what string, minElemBytes int) int {
 }
 
 func (r *reader) str(what string) string {
+	return string(r.strView(what))
+}
+
+// strView reads a string field as a view of the buffer (no copy): valid
+// only as long as the buffer is.
+func (r *reader) strView(what string) []byte {
 	at := r.off
 	n := r.uvarint(what)
 	if r.err != nil {
-		return ""
+		return nil
 	}
 	if n > MaxFieldBytes {
 		r.off = at
 		r.fail("%s: length %d exceeds the %d-byte limit", what, n, MaxFieldBytes)
-		return ""
+		return nil
 	}
 	if n > uint64(r.remaining()) {
 		r.off = at
 		r.fail("truncated: %s needs %d bytes, %d left", what, n, r.remaining())
-		return ""
+		return nil
 	}
-	s := string(r.buf[r.off : r.off+int(n)])
+	v := r.buf[r.off : r.off+int(n) : r.off+int(n)]
 	r.off += int(n)
-	return s
+	return v
 }
 
 func (r *reader) float64v(what string) float64 {
