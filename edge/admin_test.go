@@ -293,4 +293,3 @@ func startEdgesWithDeps(t testing.TB, mutate func(c *Config), d Deps) *edgeClust
 	ec := startEdgesDeferred(t, 1, "", func(_ int, c *Config) { mutate(c) }, func(int) Deps { return d })
 	return ec
 }
-

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -320,7 +321,11 @@ func ParseConfig(data []byte) (Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, yamlError(err)
+		var doc yaml.Node
+		_ = yaml.Unmarshal(data, &doc)
+		lines := map[int][]string{}
+		keysByLine(&doc, "", lines)
+		return Config{}, yamlError(err, lines)
 	}
 	cfg.ApplyEnv(os.Getenv)
 	if err := cfg.Validate(); err != nil {
@@ -332,22 +337,64 @@ func ParseConfig(data []byte) (Config, error) {
 var (
 	unknownFieldRE = regexp.MustCompile(`line (\d+): field (\S+) not found in type \S+`)
 	typeNameRE     = regexp.MustCompile(` into [\w.\[\]*]+`)
+	lineRE         = regexp.MustCompile(`^line (\d+): `)
 )
 
 // yamlError rewrites yaml.v3's messages in the config's own words: an
-// unknown field names the key and its line.
-func yamlError(err error) error {
+// unknown field names the key and its line; a value of the wrong type
+// names the key(s) whose value sits on that line.
+func yamlError(err error, keysAt map[int][]string) error {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
 		return fmt.Errorf("invalid YAML: %w", err)
 	}
 	msgs := make([]string, 0, len(te.Errors))
 	for _, m := range te.Errors {
-		m = unknownFieldRE.ReplaceAllString(m, `line $1: unknown key "$2"`)
+		if unknownFieldRE.MatchString(m) {
+			msgs = append(msgs, unknownFieldRE.ReplaceAllString(m, `line $1: unknown key "$2"`))
+			continue
+		}
 		m = typeNameRE.ReplaceAllString(m, "")
+		if sm := lineRE.FindStringSubmatch(m); sm != nil {
+			line, _ := strconv.Atoi(sm[1])
+			if keys := keysAt[line]; len(keys) > 0 {
+				m = strings.Join(keys, " or ") + ": " + m
+			}
+		}
 		msgs = append(msgs, m)
 	}
 	return errors.New(strings.Join(msgs, "; "))
+}
+
+// keysByLine maps each line holding a scalar value to its key path
+// (context_servers.urls[1].name), for error messages.
+func keysByLine(n *yaml.Node, path string, out map[int][]string) {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			keysByLine(c, path, out)
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			p := n.Content[i].Value
+			if path != "" {
+				p = path + "." + p
+			}
+			v := n.Content[i+1]
+			if v.Kind == yaml.ScalarNode {
+				out[v.Line] = append(out[v.Line], p)
+			}
+			keysByLine(v, p, out)
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			p := fmt.Sprintf("%s[%d]", path, i)
+			if c.Kind == yaml.ScalarNode {
+				out[c.Line] = append(out[c.Line], p)
+			}
+			keysByLine(c, p, out)
+		}
+	}
 }
 
 // ApplyEnv lets environment variables override the secrets.

@@ -19,7 +19,9 @@ type disaggFleet struct {
 	ctx, gen []*testWorker
 }
 
-func (f *disaggFleet) all() []*testWorker { return append(append([]*testWorker(nil), f.ctx...), f.gen...) }
+func (f *disaggFleet) all() []*testWorker {
+	return append(append([]*testWorker(nil), f.ctx...), f.gen...)
+}
 
 func (f *disaggFleet) byID(id string) *testWorker {
 	for _, w := range f.all() {

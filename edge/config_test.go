@@ -1,0 +1,262 @@
+package edge
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing"
+)
+
+// validYAML is a complete configuration: the TensorRT-LLM keys plus
+// tether's.
+const validYAML = `
+hostname: 0.0.0.0
+port: 8000
+model: llama-3.1-70b
+context_servers:
+  num_instances: 2
+  urls:
+    - http://10.0.0.1:8001
+    - {name: ctx-b, url: "http://10.0.0.2:8001"}
+  router:
+    type: conversation
+generation_servers:
+  urls: [http://10.0.1.1:8002]
+  router:
+    type: conversation
+conversation_affinity_header_for_subagents: X-Dynamo-Parent-Session-ID
+subagent_affinity_scope: both
+internal_request_auth_key: 0123456789abcdef0123
+max_retries: 2
+session_ttl: 15m
+max_bindings: 50000
+touch_interval: 500ms
+max_subagent_depth: 2
+trusted_gateway:
+  enabled: true
+  cidrs: [10.0.0.0/8]
+  token_header: X-Gateway-Token
+  token: gateway-secret-0123456789
+debug_route_header: true
+admin_token: admin-secret-0123456789
+max_body_bytes: 1048576
+placement:
+  block_size: 32
+  weights: {cache: 1.5, queue: 1, decode: 0.1, queued_request: 200, interactive_queue_factor: 2, background_cache_factor: 2}
+  overflow: {queued_requests: 4, active_prompt_tokens: 100000, rebind_after: 10s}
+  shed: {max_queued_requests: 32, prefill_tokens_per_second: 6000, retry_after_min: 1s, retry_after_max: 20s}
+  circuit_breaker: {window: 30s, buckets: 6, open_below: 0.3, close_above: 0.5, min_lookups: 10, min_lookup_tokens: 1000, cooldown: 30s}
+telemetry: {stale_intervals: 4, down_after: 20s}
+leader: {interval: 2s, sweep_batch: 100}
+cluster:
+  node_id: edge-1
+  bind_addr: 10.0.0.9:7400
+  data_dir: /var/lib/tether/edge-1
+  bootstrap: true
+  peers:
+    - {id: edge-1, addr: "10.0.0.9:7400"}
+    - {id: edge-2, addr: "10.0.0.10:7400"}
+  propose_timeout: 80ms
+nats:
+  urls: [nats://10.0.0.20:4222]
+tracing:
+  exporter: stdout
+`
+
+func TestParseFullConfig(t *testing.T) {
+	t.Setenv(EnvInternalRequestAuthKey, "")
+	t.Setenv(EnvAdminToken, "")
+	t.Setenv(EnvClusterAuthKey, "")
+	cfg, err := ParseConfig([]byte(validYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Scope != routing.ScopeBoth || cfg.GenerationServers.Router.Type != routing.RouterConversation ||
+		cfg.ContextServers.URLs[1].ID() != "ctx-b" || cfg.ContextServers.URLs[0].ID() != "http://10.0.0.1:8001" ||
+		cfg.SessionTTL != 15*time.Minute || cfg.TouchInterval != 500*time.Millisecond || cfg.MaxBindings != 50000 ||
+		cfg.Cluster.ProposeTimeout != 80*time.Millisecond || cfg.Placement.Overflow.RebindAfter != 10*time.Second ||
+		cfg.Placement.Breaker.Window != 30*time.Second || cfg.Placement.BlockSize != 32 || !cfg.TrustedGateway.Enabled {
+		t.Fatalf("parsed %+v", cfg)
+	}
+	rc := cfg.RoutingConfig(fsm.FleetGeneration)
+	if rc.Type != routing.RouterConversation || rc.Weights.Cache != 1.5 || rc.Shed.MaxQueuedRequests != 32 {
+		t.Fatalf("routing config %+v", rc)
+	}
+	if !cfg.TrustedGateway.trusted("10.1.2.3:5555", "") || cfg.TrustedGateway.trusted("192.168.0.1:1", "") ||
+		!cfg.TrustedGateway.trusted("192.168.0.1:1", "gateway-secret-0123456789") {
+		t.Fatal("trusted gateway decisions")
+	}
+}
+
+func TestMinimalConfigDefaults(t *testing.T) {
+	t.Setenv(EnvInternalRequestAuthKey, "")
+	cfg, err := ParseConfig([]byte(`
+model: m
+context_servers: {urls: [http://a:1]}
+generation_servers: {urls: [http://b:1]}
+cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.SessionTTL != DefaultSessionTTL || cfg.MaxBindings != DefaultMaxBindings || cfg.TouchInterval != DefaultTouchInterval ||
+		cfg.Cluster.ProposeTimeout != DefaultProposeTimeout || cfg.Scope != routing.ScopeContext || cfg.MaxRetries != DefaultMaxRetries {
+		t.Fatalf("defaults %+v", cfg)
+	}
+}
+
+// Every startup validation error names the key at fault.
+func TestConfigErrorsNameTheKey(t *testing.T) {
+	t.Setenv(EnvInternalRequestAuthKey, "")
+	t.Setenv(EnvAdminToken, "")
+	t.Setenv(EnvClusterAuthKey, "")
+	base := `
+model: m
+internal_request_auth_key: 0123456789abcdef0123
+context_servers: {urls: [http://a:1]}
+generation_servers: {urls: [http://b:1]}
+cluster: {node_id: e1, data_dir: /tmp/x}
+`
+	cases := []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"affinity header without internal key", `
+model: m
+conversation_affinity_header_for_subagents: X-Parent
+context_servers: {urls: [http://a:1]}
+generation_servers: {urls: [http://b:1]}
+cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
+`, []string{"internal_request_auth_key", "conversation_affinity_header_for_subagents"}},
+		{"unknown scope", base + "subagent_affinity_scope: everything\n", []string{"subagent_affinity_scope", "everything"}},
+		{"unknown router type", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {urls: [http://a:1], router: {type: magic}}", 1),
+			[]string{"router.type", "magic"}},
+		{"unknown key", base + "max_retrys: 3\n", []string{`unknown key "max_retrys"`}},
+		{"unknown nested key", strings.Replace(base, "cluster: {node_id: e1, data_dir: /tmp/x}", "cluster: {node_id: e1, data_dir: /tmp/x, peer: []}", 1),
+			[]string{`unknown key "peer"`}},
+		{"duplicate URL", strings.Replace(base, "generation_servers: {urls: [http://b:1]}", "generation_servers: {urls: [http://a:1/]}", 1),
+			[]string{"generation_servers.urls[0]", "duplicate URL"}},
+		{"bad URL", strings.Replace(base, "http://b:1", "ftp://b", 1), []string{"generation_servers.urls[0]", "http(s)"}},
+		{"missing node id", strings.Replace(base, "node_id: e1, ", "", 1), []string{"cluster.node_id", "required"}},
+		{"missing data dir", strings.Replace(base, ", data_dir: /tmp/x", "", 1), []string{"cluster.data_dir", "required"}},
+		{"no model", strings.Replace(base, "model: m", "", 1), []string{"model", "required"}},
+		{"short key", strings.Replace(base, "0123456789abcdef0123", "short", 1), []string{"internal_request_auth_key", "too short"}},
+		{"no instances", strings.Replace(base, "generation_servers: {urls: [http://b:1]}", "", 1), []string{"generation_servers.urls", "no instances"}},
+		{"num_instances mismatch", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {num_instances: 3, urls: [http://a:1]}", 1),
+			[]string{"context_servers.num_instances"}},
+		{"bad duration", base + "session_ttl: forever\n", []string{"session_ttl"}},
+		{"zero ttl", base + "session_ttl: 0s\n", []string{"session_ttl", "> 0"}},
+		{"bad cidr", base + "conversation_affinity_header_for_subagents: X-P\ntrusted_gateway: {enabled: true, cidrs: [10.0.0.300/8]}\n", []string{"trusted_gateway.cidrs[0]"}},
+		{"gateway without header", base + "trusted_gateway: {enabled: true, cidrs: [10.0.0.0/8]}\n", []string{"trusted_gateway", "conversation_affinity_header_for_subagents"}},
+		{"placement overflow above shed", base + "placement: {overflow: {queued_requests: 80}, shed: {max_queued_requests: 10}}\n", []string{"placement.overflow.queued_requests"}},
+		{"bootstrap without peers", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, bootstrap: true}", 1), []string{"cluster.peers"}},
+		{"otlp exporter", base + "tracing: {exporter: otlp}\n", []string{"tracing.exporter", "otlp"}},
+		{"embedded and urls", base + "nats: {embedded: true, urls: [nats://x:4222]}\n", []string{"nats", "not both"}},
+		{"parent header is a session header", base + "conversation_affinity_header_for_subagents: x-session-id\n", []string{"conversation_affinity_header_for_subagents", "session header"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tc.yaml))
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// The cross-field rules of sub-agent affinity and conditional
+// disaggregation (built in code: YAML cannot repeat a key).
+func TestAffinityAndConditionalDisaggRules(t *testing.T) {
+	ok := func() Config {
+		c := DefaultConfig()
+		c.Model = "m"
+		c.InternalRequestAuthKey = "0123456789abcdef0123"
+		c.ParentHeader = "X-Parent"
+		c.ContextServers.URLs = []StaticInstance{{URL: "http://a:1"}}
+		c.GenerationServers.URLs = []StaticInstance{{URL: "http://b:1"}}
+		c.Cluster.NodeID, c.Cluster.DataDir = "e1", "/tmp/x"
+		return c
+	}
+	c := ok()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		mutate func(*Config)
+		want   []string
+	}{
+		{"both needs a conversation generation router", func(c *Config) {
+			c.Scope = routing.ScopeBoth
+			c.GenerationServers.Router.Type = routing.RouterKVCacheAware
+		}, []string{"subagent_affinity_scope", "generation_servers.router.type: conversation"}},
+		{"conditional disagg with both", func(c *Config) {
+			c.Scope = routing.ScopeBoth
+			c.ConditionalDisagg.MaxLocalPrefillLength = 100
+		}, []string{"conditional_disagg_config", "subagent_affinity_scope: both"}},
+		{"conditional disagg needs kv_cache_aware", func(c *Config) {
+			c.ConditionalDisagg.MaxLocalPrefillLength = 100
+		}, []string{"conditional_disagg_config", "kv_cache_aware"}},
+		{"no cluster key", func(c *Config) {
+			c.InternalRequestAuthKey = ""
+			c.ParentHeader = ""
+		}, []string{"cluster.auth_key"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ok()
+			tc.mutate(&c)
+			err := c.Validate()
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q lacks %q", err, w)
+				}
+			}
+			if _, err := New(c, Deps{}); err == nil {
+				t.Fatal("New accepted an invalid configuration")
+			}
+		})
+	}
+}
+
+func TestLoadConfigAppliesEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "edge.yaml")
+	if err := os.WriteFile(path, []byte(`
+model: m
+conversation_affinity_header_for_subagents: X-Parent
+context_servers: {urls: [http://a:1]}
+generation_servers: {urls: [http://b:1]}
+cluster: {node_id: e1, data_dir: /tmp/x}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvInternalRequestAuthKey, "")
+	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), "internal_request_auth_key") || !strings.Contains(err.Error(), path) {
+		t.Fatalf("without the key: %v", err)
+	}
+	t.Setenv(EnvInternalRequestAuthKey, "env-key-0123456789abcdef")
+	t.Setenv(EnvAdminToken, "env-admin-0123456789")
+	cfg, err := LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.InternalRequestAuthKey != "env-key-0123456789abcdef" || cfg.AdminToken != "env-admin-0123456789" || cfg.clusterAuthKey() != cfg.InternalRequestAuthKey {
+		t.Fatalf("env not applied: %+v", cfg)
+	}
+	if _, err := LoadConfig(filepath.Join(dir, "missing.yaml")); err == nil {
+		t.Fatal("missing file accepted")
+	}
+}
