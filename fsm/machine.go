@@ -292,27 +292,33 @@ func (tx *txn) putBinding(rec, old *bindingRec) {
 	rec.seq = s.nextSeq
 	s.nextSeq++
 	s.bindings.set(tx.owner, rec)
+	sameInstance := old != nil && old.Instance == rec.Instance
 	if old != nil {
 		s.lru.delete(tx.owner, old.seq)
-		tx.unaccount(old)
+		tx.digestSub(old)
+		if !sameInstance {
+			tx.addCount(old.Fleet, old.Instance, -1)
+		}
 	}
 	s.lru.insert(tx.owner, rec.seq, rec)
-	tx.account(rec)
+	tx.digestAdd(rec)
+	if !sameInstance {
+		tx.addCount(rec.Fleet, rec.Instance, 1)
+	}
 }
 
-func (tx *txn) account(rec *bindingRec) {
+func (tx *txn) digestAdd(rec *bindingRec) {
 	var d [32]byte
 	d, tx.m.scratch = bindingDigest(tx.m.scratch, &rec.Binding)
 	tx.s.digest.add(&d)
-	tx.addCount(rec.Fleet, rec.Instance, 1)
 }
 
-func (tx *txn) unaccount(rec *bindingRec) {
+func (tx *txn) digestSub(rec *bindingRec) {
 	var d [32]byte
 	d, tx.m.scratch = bindingDigest(tx.m.scratch, &rec.Binding)
 	tx.s.digest.sub(&d)
-	tx.addCount(rec.Fleet, rec.Instance, -1)
 }
+
 
 func (tx *txn) addCount(f Fleet, instance string, delta int) {
 	s := tx.s
@@ -336,7 +342,8 @@ func (tx *txn) removeBinding(rec *bindingRec, reason EvictReason) Evicted {
 	s := tx.s
 	s.bindings.delete(tx.owner, uint8(rec.Fleet), rec.Key)
 	s.lru.delete(tx.owner, rec.seq)
-	tx.unaccount(rec)
+	tx.digestSub(rec)
+	tx.addCount(rec.Fleet, rec.Instance, -1)
 	s.counters.evictions[reason]++
 	if rec.Fleet == FleetContext {
 		tx.dropLinksRootedAt(rec.Key)
