@@ -319,7 +319,6 @@ func (tx *txn) digestSub(rec *bindingRec) {
 	tx.s.digest.sub(&d)
 }
 
-
 func (tx *txn) addCount(f Fleet, instance string, delta int) {
 	s := tx.s
 	c, ok := s.counts.get(uint8(f), instance)
