@@ -28,6 +28,22 @@ test-short:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m $(PKGS)
 
+# Everything BENCHMARKS.md publishes: the micro-benchmarks (medians over
+# BENCH_COUNT runs), the trace replay (every policy at 1, 3 and 5 edges,
+# medians over 3 seeds), the sensitivity runs and the agent patterns. Rewrites
+# the generated blocks of BENCHMARKS.md and the plots in docs/bench.
+TRACES      ?= /work/shared/traces/kv-cache-tester
+BENCH_COUNT ?= 3
+bench-report: build
+	@mkdir -p bin
+	$(GO) test -run '^$$' -bench . -benchmem -count=$(BENCH_COUNT) -timeout 60m $(PKGS) > bin/bench-micro.txt 2>&1 || { cat bin/bench-micro.txt; exit 1; }
+	./$(BIN) bench report --traces $(TRACES) --markdown BENCHMARKS.md --plots docs/bench --micro bin/bench-micro.txt
+
+# The trace replay alone (sim mode, virtual time): tables on stdout.
+.PHONY: bench-sim
+bench-sim: build
+	./$(BIN) bench replay --traces $(TRACES) --edges 1,3,5 --policies all
+
 # Every fuzz target in the repository, each for FUZZTIME (seed corpora in
 # testdata/fuzz are committed and already run as ordinary tests by `make test`).
 fuzz:

@@ -1,0 +1,387 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/tether-project/tether/ops/bench"
+	"github.com/tether-project/tether/ops/devstack"
+)
+
+func init() {
+	register("bench", "replay agentic traces and the spec's agent patterns; compare routing policies and edge counts", runBench)
+}
+
+func runBench(ctx context.Context, args []string) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(os.Stderr, `usage: tether bench <replay|agents|report> [flags]
+
+  replay   replay trace files (sim: virtual time; e2e: a running deployment)
+  agents   the spec's agent patterns (react, supervisor, fanout, retry, tag)
+  report   run everything and rewrite the generated sections of BENCHMARKS.md and the plots
+
+Run 'tether bench <command> -h' for its flags.
+`)
+		if len(args) == 0 {
+			return fmt.Errorf("%w: missing bench command", errUsage)
+		}
+		return nil
+	}
+	switch args[0] {
+	case "replay":
+		return runBenchReplay(ctx, args[1:])
+	case "agents":
+		return runBenchAgents(ctx, args[1:])
+	case "report":
+		return runBenchReport(ctx, args[1:])
+	}
+	return fmt.Errorf("%w: unknown bench command %q (want replay, agents or report)", errUsage, args[0])
+}
+
+// simFlags are the fleet and harness flags shared by the bench commands.
+type simFlags struct {
+	mode         *string
+	instances    *int
+	ranks        *int
+	capacity     *int
+	edges        *string
+	policies     *string
+	timeScale    *float64
+	seed         *uint64
+	logKind      *string
+	parallel     *int
+	jsonOut      *bool
+	edgeURLs     *string
+	noBreaker    *bool
+	model        *string
+	parentHeader *string
+	genWorkers   *int
+}
+
+func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *simFlags {
+	return &simFlags{
+		mode:      fs.String("mode", "sim", "sim (virtual time, in-process) or e2e (HTTP against a running deployment)"),
+		instances: fs.Int("instances", 8, "worker instances (sim)"),
+		ranks:     fs.Int("ranks", defRanks, "ADP ranks per instance (sim)"),
+		capacity:  fs.Int("capacity-blocks", defCapacity, "KV blocks per instance, split evenly over its ranks (sim)"),
+		edges:     fs.String("edges", defEdges, "edge counts, comma-separated (e.g. 1,3,5)"),
+		policies:  fs.String("policies", "all", "policies, comma-separated: random, round_robin, least_loaded, session_local, session, prefix, tether (or all)"),
+		timeScale: fs.Float64("time-scale", 1, "multiply the workload's timing (0.5 = twice as fast)"),
+		seed:      fs.Uint64("seed", 1, "seed for the load balancer's edge choice and the random policy"),
+		logKind:   fs.String("log", "raft", "affinity log in sim mode: raft (cluster nodes over loopback TCP) or sequencer (fsm machines, one sequencer)"),
+		parallel:  fs.Int("parallel", 0, "concurrent runs in sim mode (0: one per CPU)"),
+		jsonOut:   fs.Bool("json", false, "print one JSON object instead of tables"),
+		edgeURLs:  fs.String("edge-urls", "", "e2e: comma-separated edge base URLs (default: start a local deployment)"),
+		noBreaker: fs.Bool("no-breaker", false, "sim: disable the tether policy's cache circuit breaker"),
+		model:     fs.String("model", devstack.DefaultModel, "e2e with --edge-urls: the model the deployment serves"),
+		parentHeader: fs.String("parent-header", devstack.ParentHeader,
+			"e2e with --edge-urls: the deployment's parent-session header (conversation_affinity_header_for_subagents)"),
+		genWorkers: fs.Int("generation-workers", 2, "e2e local deployment: generation workers"),
+	}
+}
+
+func (f *simFlags) replayOptions() (bench.ReplayOptions, error) {
+	var ro bench.ReplayOptions
+	if *f.mode != "sim" && *f.mode != "e2e" {
+		return ro, fmt.Errorf("%w: --mode: unknown value %q (allowed: sim, e2e)", errUsage, *f.mode)
+	}
+	pols, err := bench.ParsePolicies(*f.policies)
+	if err != nil {
+		return ro, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	edges, err := parseIntList("--edges", *f.edges)
+	if err != nil {
+		return ro, err
+	}
+	lk, err := bench.ParseLogKind(*f.logKind)
+	if err != nil {
+		return ro, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	cfg := bench.DefaultSimConfig()
+	cfg.Instances, cfg.Ranks, cfg.CapacityBlocks = *f.instances, *f.ranks, *f.capacity
+	cfg.TimeScale, cfg.Seed, cfg.Log, cfg.NoBreaker = *f.timeScale, *f.seed, lk, *f.noBreaker
+	if *f.parallel < 0 {
+		return ro, fmt.Errorf("%w: --parallel must be >= 0, got %d", errUsage, *f.parallel)
+	}
+	return bench.ReplayOptions{Base: cfg, Policies: pols, Edges: edges, Parallel: *f.parallel}, nil
+}
+
+func parseIntList(name, s string) ([]int, error) {
+	var out []int
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%w: %s: %q is not a positive integer", errUsage, name, p)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: %s: empty list", errUsage, name)
+	}
+	return out, nil
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func runBenchReplay(ctx context.Context, args []string) error {
+	fs := newFlagSet("bench replay")
+	traces := fs.String("traces", "", "directory of trace files (*.json, *.json.gz) (required)")
+	shared := fs.Int("shared-prefix-blocks", 0, "prepend this many blocks common to every trace (a fleet-wide system prompt)")
+	limit := fs.Int("limit", 0, "replay only the first N traces (0: all)")
+	sf := addSimFlags(fs, "3", 6000, 1)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *traces == "" {
+		return fmt.Errorf("%w: --traces is required", errUsage)
+	}
+	if *limit < 0 || *shared < 0 {
+		return fmt.Errorf("%w: --limit and --shared-prefix-blocks must be >= 0", errUsage)
+	}
+	ro, err := sf.replayOptions()
+	if err != nil {
+		return err
+	}
+	w, err := bench.LoadTraces(*traces, bench.TraceOptions{SharedPrefixBlocks: *shared, Limit: *limit})
+	if err != nil {
+		return err
+	}
+	if *sf.mode == "e2e" {
+		return runReplayE2E(ctx, w, sf, ro)
+	}
+	if !*sf.jsonOut {
+		bench.Describe(os.Stdout, w, ro.Base)
+	}
+	p := bench.NewProgress(os.Stderr, "replay")
+	ro.Progress = p.Update
+	rep, err := bench.Replay(ctx, w, ro)
+	if err != nil {
+		return err
+	}
+	if *sf.jsonOut {
+		return printJSON(rep)
+	}
+	return rep.WriteText(os.Stdout)
+}
+
+func runBenchAgents(ctx context.Context, args []string) error {
+	fs := newFlagSet("bench agents")
+	pattern := fs.String("pattern", "", "react, supervisor, fanout, retry or tag (required)")
+	executions := fs.Int("executions", 1, "executions of the pattern (same agent type, own contexts)")
+	interval := fs.Duration("interval", 0, "start offset between executions")
+	sf := addSimFlags(fs, "3", 16384, 2)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	p, err := bench.ParsePattern(*pattern)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	ro, err := sf.replayOptions()
+	if err != nil {
+		return err
+	}
+	opts := bench.AgentOptions{Pattern: p, Executions: *executions, Interval: *interval}
+	var rep *bench.AgentsReport
+	if *sf.mode == "e2e" {
+		rep, err = runAgentsE2E(ctx, opts, sf, ro)
+	} else {
+		rep, err = bench.RunAgents(ctx, opts, ro)
+	}
+	if err != nil {
+		return err
+	}
+	if *sf.jsonOut {
+		return printJSON(rep)
+	}
+	return rep.WriteText(os.Stdout)
+}
+
+// e2eComparison is `bench replay --mode e2e --json`'s output: the e2e runs,
+// the sim runs of the same policies on the same workload and fleet shape,
+// and whether e2e reproduces the sim ranking.
+type e2eComparison struct {
+	Mode       string          `json:"mode"`
+	UpperBound float64         `json:"upper_bound_hit_rate"`
+	Policies   []bench.Summary `json:"policies"`
+	Sim        *bench.Report   `json:"sim,omitempty"`
+	Skipped    []string        `json:"skipped,omitempty"`
+	bench.Ranking
+}
+
+func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench.ReplayOptions) error {
+	edges := ro.Edges[0]
+	if len(ro.Edges) > 1 {
+		return fmt.Errorf("%w: --edges: e2e mode takes one edge count, got %v", errUsage, ro.Edges)
+	}
+	out := e2eComparison{Mode: "e2e", UpperBound: bench.UpperBound(w)}
+	var runs []*bench.RunResult
+	if *sf.edgeURLs != "" {
+		if len(ro.Policies) != 1 {
+			return fmt.Errorf("%w: with --edge-urls the deployment's configuration decides the policy: pass exactly one --policies name to label the run", errUsage)
+		}
+		var urls []string
+		for _, u := range strings.Split(*sf.edgeURLs, ",") {
+			if u = strings.TrimSpace(u); u != "" {
+				urls = append(urls, u)
+			}
+		}
+		p := bench.NewProgress(os.Stderr, "e2e "+string(ro.Policies[0]))
+		r, err := bench.ReplayE2E(ctx, w, bench.E2EOptions{
+			EdgeURLs: urls, Model: *sf.model, ParentHeader: *sf.parentHeader, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed,
+			Label: ro.Policies[0], RouteHeader: "x-tether-route",
+			Progress: func(d, t int) { p.Update(int64(d), int64(t)) },
+		})
+		if err != nil {
+			return err
+		}
+		runs = append(runs, r)
+	} else {
+		for _, pol := range ro.Policies {
+			if !bench.ExpressibleE2E(pol) {
+				out.Skipped = append(out.Skipped, string(pol))
+				continue
+			}
+			p := bench.NewProgress(os.Stderr, "e2e "+string(pol))
+			r, err := bench.ReplayLocalE2E(ctx, w, pol, bench.LocalE2EOptions{
+				Edges: edges, ContextWorkers: ro.Base.Instances, GenerationWorkers: *sf.genWorkers, Ranks: ro.Base.Ranks,
+				CapacityBlocks: ro.Base.CapacityBlocks, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed,
+				Progress: func(d, t int) { p.Update(int64(d), int64(t)) },
+			})
+			if err != nil {
+				return err
+			}
+			runs = append(runs, r)
+		}
+	}
+	var ran []bench.Policy
+	for _, r := range runs {
+		out.Policies = append(out.Policies, bench.Summarize(r))
+		ran = append(ran, r.Policy)
+	}
+	if len(ran) > 0 {
+		simOpts := ro
+		simOpts.Policies = ran
+		p := bench.NewProgress(os.Stderr, "sim (same workload)")
+		simOpts.Progress = p.Update
+		simRep, err := bench.Replay(ctx, w, simOpts)
+		if err != nil {
+			return err
+		}
+		out.Sim = simRep
+		out.Ranking = bench.CompareRanking(simRep.Policies, out.Policies)
+	}
+	if *sf.jsonOut {
+		return printJSON(out)
+	}
+	if len(out.Skipped) > 0 {
+		fmt.Printf("skipped in e2e (not expressible by a deployment's configuration): %s\n", strings.Join(out.Skipped, ", "))
+	}
+	fmt.Println("e2e:")
+	if err := (&bench.Report{Mode: "e2e", UpperBound: out.UpperBound, Policies: out.Policies}).WriteText(os.Stdout); err != nil {
+		return err
+	}
+	if out.Sim != nil {
+		fmt.Println("sim (same workload and fleet shape):")
+		if err := out.Sim.WriteText(os.Stdout); err != nil {
+			return err
+		}
+		out.Ranking.WriteText(os.Stdout)
+	}
+	return nil
+}
+
+func runAgentsE2E(ctx context.Context, opts bench.AgentOptions, sf *simFlags, ro bench.ReplayOptions) (*bench.AgentsReport, error) {
+	if *sf.edgeURLs != "" {
+		return nil, fmt.Errorf("%w: bench agents --mode e2e starts its own local deployments (one per policy); --edge-urls is for replay", errUsage)
+	}
+	w, err := bench.Agents(opts)
+	if err != nil {
+		return nil, err
+	}
+	var runs []*bench.RunResult
+	for _, pol := range ro.Policies {
+		if !bench.ExpressibleE2E(pol) {
+			fmt.Fprintf(os.Stderr, "skipping %s: not expressible by a deployment's configuration\n", pol)
+			continue
+		}
+		r, err := bench.ReplayLocalE2E(ctx, w, pol, bench.LocalE2EOptions{
+			Edges: ro.Edges[0], ContextWorkers: ro.Base.Instances, GenerationWorkers: *sf.genWorkers, Ranks: ro.Base.Ranks,
+			CapacityBlocks: ro.Base.CapacityBlocks, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed,
+		})
+		if err != nil {
+			return nil, err
+		}
+		runs = append(runs, r)
+	}
+	return bench.SummarizeAgents(opts.Pattern, w, "e2e", runs), nil
+}
+
+func runBenchReport(ctx context.Context, args []string) error {
+	fs := newFlagSet("bench report")
+	traces := fs.String("traces", "", "directory of trace files (required)")
+	markdown := fs.String("markdown", "BENCHMARKS.md", "markdown file whose generated sections are rewritten (\"\" = print them)")
+	plots := fs.String("plots", "docs/bench", "directory for the PNG plots")
+	micro := fs.String("micro", "", "go test -bench output to publish as the micro-benchmark table")
+	seeds := fs.String("seeds", "1,2,3", "seeds; figures are medians over them")
+	logKind := fs.String("log", "raft", "affinity log: raft or sequencer")
+	parallel := fs.Int("parallel", 0, "concurrent runs (0: one per CPU)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *traces == "" {
+		return fmt.Errorf("%w: --traces is required", errUsage)
+	}
+	lk, err := bench.ParseLogKind(*logKind)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	ss, err := parseIntList("--seeds", *seeds)
+	if err != nil {
+		return err
+	}
+	var seedList []uint64
+	for _, s := range ss {
+		seedList = append(seedList, uint64(s))
+	}
+	link := *plots
+	if *markdown != "" {
+		if rel, err := filepath.Rel(filepath.Dir(*markdown), *plots); err == nil {
+			link = filepath.ToSlash(rel)
+		}
+	}
+	sec, err := bench.BuildReport(ctx, bench.ReportOptions{
+		Traces: *traces, PlotDir: *plots, PlotLink: link, MicroFile: *micro, Seeds: seedList, Log: lk, Parallel: *parallel,
+		Progress: os.Stderr, Command: "make bench-report", Module: "github.com/tether-project/tether",
+	})
+	if err != nil {
+		return err
+	}
+	if *markdown == "" {
+		for _, name := range []string{"machine", "targets", "policy-comparison", "agents", "micro"} {
+			if s, ok := sec[name]; ok {
+				fmt.Printf("<!-- %s -->\n%s\n", name, s)
+			}
+		}
+		return nil
+	}
+	if err := bench.RewriteSections(*markdown, sec); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "rewrote %s and the plots in %s\n", *markdown, *plots)
+	return nil
+}

@@ -1,0 +1,407 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tether-project/tether/routing/prefix"
+)
+
+// E2EOptions configure a replay over HTTP against running edges.
+type E2EOptions struct {
+	EdgeURLs []string // base URLs, e.g. http://127.0.0.1:8000
+	Model    string
+	// ParentHeader is sent with a sub-agent's parent session id ("": not
+	// sent).
+	ParentHeader string
+	// TimeScale multiplies the workload's offsets (as in sim mode).
+	TimeScale float64
+	// Seed drives the choice of edge per request.
+	Seed   uint64
+	Client *http.Client
+	// Label names the run (the policy the deployment is configured with).
+	Label    Policy
+	Progress func(done, total int)
+	// RouteHeader is the edge's debug header naming the instances used
+	// (x-tether-route); records get Instance -1 without it.
+	RouteHeader string
+	// MaxShedRetries bounds 429 retries per request (default 20).
+	MaxShedRetries int
+}
+
+// chatBody is the /v1/chat/completions request the replay sends.
+type chatBody struct {
+	Model         string        `json:"model"`
+	Messages      []chatMessage `json:"messages"`
+	MaxTokens     int           `json:"max_tokens"`
+	Stream        bool          `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options,omitempty"`
+}
+
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// PromptMessages returns the chat messages a request is sent as: its own
+// messages (synthetic workloads), or one user message synthesised from its
+// block keys — 64 whitespace words per block (routing/prefix: one word, one
+// token), each word derived from the block's namespaced key, so equal keys
+// give equal token blocks and prompts share exactly their key prefix. The
+// last block gets the words that bring the prompt to PromptTokens.
+func PromptMessages(r *Request, blockSize int) []prefix.Message {
+	if r.Messages != nil {
+		return r.Messages
+	}
+	var sb strings.Builder
+	sb.Grow(r.PromptTokens * 5)
+	for i, k := range r.Keys {
+		n := blockSize
+		if i == len(r.Keys)-1 {
+			if rest := r.PromptTokens - blockSize*(len(r.Keys)-1); rest >= 1 && rest <= blockSize {
+				n = rest
+			}
+		}
+		for j := 0; j < n; j++ {
+			if sb.Len() > 0 {
+				sb.WriteByte(' ')
+			}
+			x := mix64(k + uint64(j)*0x9e3779b97f4a7c15)
+			for c := 0; c < 4; c++ {
+				sb.WriteByte("abcdefghijklmnopqrstuvwxyz234567"[x&31])
+				x >>= 5
+			}
+		}
+	}
+	return []prefix.Message{{Role: "user", Content: sb.String()}}
+}
+
+// ReplayE2E replays w in real time (offsets × TimeScale) against the edges,
+// spreading requests over them like a non-sticky load balancer. Cache hits
+// come from usage.prompt_tokens_details.cached_tokens.
+func ReplayE2E(ctx context.Context, w *Workload, o E2EOptions) (*RunResult, error) {
+	if len(o.EdgeURLs) == 0 {
+		return nil, errors.New("bench: e2e: no edge URLs")
+	}
+	if !(o.TimeScale > 0) {
+		return nil, fmt.Errorf("bench: e2e: time scale must be > 0, got %v", o.TimeScale)
+	}
+	if o.Client == nil {
+		o.Client = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64}}
+	}
+	if o.MaxShedRetries == 0 {
+		o.MaxShedRetries = 20
+	}
+	if err := w.Validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r := &e2eRun{o: o, w: w, start: time.Now(), rng: rand.New(rand.NewPCG(o.Seed, 0x6532)), instances: map[string]int64{}}
+	w.WalkRequests(func(*Agent, *Request) { r.total++ })
+	var wg sync.WaitGroup
+	for _, a := range w.Agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.runAgent(ctx, cancel, a, a.Start)
+		}()
+	}
+	wg.Wait()
+	if r.err != nil {
+		return nil, r.err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("bench: e2e: %w", err)
+	}
+	res := &RunResult{Policy: o.Label, Edges: len(o.EdgeURLs), Records: r.records, Shed: r.shed, Wall: time.Since(r.start)}
+	ids := make([]string, 0, len(r.instances))
+	for id := range r.instances {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for i := range res.Records {
+		if id := r.instanceOf[i]; id != "" {
+			res.Records[i].Instance = slices.Index(ids, id)
+		}
+	}
+	for _, id := range ids {
+		res.InstancePrefillTokens = append(res.InstancePrefillTokens, r.instances[id])
+	}
+	return res, nil
+}
+
+type e2eRun struct {
+	o     E2EOptions
+	w     *Workload
+	start time.Time
+	total int
+
+	mu         sync.Mutex
+	rng        *rand.Rand
+	records    []RequestRecord
+	instanceOf []string
+	instances  map[string]int64 // context instance → prompt tokens computed
+	shed       int
+	done       int
+	err        error
+}
+
+func (r *e2eRun) fail(cancel context.CancelFunc, err error) {
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = err
+	}
+	r.mu.Unlock()
+	cancel()
+}
+
+func (r *e2eRun) scaled(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * r.o.TimeScale)
+}
+
+// runAgent runs an agent's groups in order, as the simulator does.
+func (r *e2eRun) runAgent(ctx context.Context, cancel context.CancelFunc, a *Agent, startOffset time.Duration) {
+	start := r.start.Add(r.scaled(startOffset))
+	calls := 0
+	for i := 0; i < len(a.Steps); {
+		end := i + 1
+		for end < len(a.Steps) && a.Steps[end].WithPrevious {
+			end++
+		}
+		groupStart := time.Now()
+		var wg sync.WaitGroup
+		for k := i; k < end; k++ {
+			st := a.Steps[k]
+			at := start.Add(r.scaled(st.At))
+			if at.Before(groupStart) {
+				at = groupStart
+			}
+			call := -1
+			if st.Request != nil {
+				call = calls
+				calls++
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if !sleepUntil(ctx, at) {
+					return
+				}
+				if st.SubAgent != nil {
+					r.runAgent(ctx, cancel, st.SubAgent, time.Since(r.start))
+					return
+				}
+				if err := r.send(ctx, a, st.Request, call); err != nil {
+					r.fail(cancel, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if ctx.Err() != nil {
+			return
+		}
+		i = end
+	}
+}
+
+func sleepUntil(ctx context.Context, at time.Time) bool {
+	d := time.Until(at)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// send posts one request (retrying 429s after Retry-After) and records it.
+func (r *e2eRun) send(ctx context.Context, a *Agent, req *Request, call int) error {
+	msgs := PromptMessages(req, r.w.BlockSize)
+	body := chatBody{Model: r.o.Model, MaxTokens: req.OutputTokens, Stream: true}
+	body.StreamOptions = &struct {
+		IncludeUsage bool `json:"include_usage"`
+	}{true}
+	for _, m := range msgs {
+		body.Messages = append(body.Messages, chatMessage{Role: m.Role, Content: m.Content})
+	}
+	payload, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("bench: e2e: %s call %d: encode: %w", a.ID, call, err)
+	}
+	arrival := time.Now()
+	for attempt := 0; ; attempt++ {
+		r.mu.Lock()
+		edge := r.rng.IntN(len(r.o.EdgeURLs))
+		r.mu.Unlock()
+		out, retry, err := r.post(ctx, edge, a, payload)
+		if err != nil {
+			return fmt.Errorf("bench: e2e: %s call %d via %s: %w", a.ID, call, r.o.EdgeURLs[edge], err)
+		}
+		if retry >= 0 {
+			r.mu.Lock()
+			r.shed++
+			r.mu.Unlock()
+			if attempt >= r.o.MaxShedRetries {
+				return fmt.Errorf("bench: e2e: %s call %d: shed %d times", a.ID, call, attempt+1)
+			}
+			if !sleepUntil(ctx, time.Now().Add(retry)) {
+				return ctx.Err()
+			}
+			continue
+		}
+		rec := RequestRecord{
+			Agent: a.ID, SubAgent: a.SubAgent(), Call: call, Edge: edge, Instance: -1, Rank: -1,
+			Arrival: arrival.Sub(r.start), TTFT: out.firstToken.Sub(arrival), Prompt: out.prompt, Cached: out.cached,
+		}
+		inst := ""
+		if out.route != "" {
+			inst, rec.Rank = parseContextHop(out.route)
+		}
+		r.mu.Lock()
+		r.records = append(r.records, rec)
+		r.instanceOf = append(r.instanceOf, inst)
+		if inst != "" {
+			r.instances[inst] += int64(out.prompt - out.cached)
+		}
+		r.done++
+		done := r.done
+		r.mu.Unlock()
+		if r.o.Progress != nil {
+			r.o.Progress(done, r.total)
+		}
+		return nil
+	}
+}
+
+type e2eResponse struct {
+	firstToken     time.Time
+	prompt, cached int
+	route          string
+}
+
+// post sends the request to one edge. retry >= 0 means it was shed (429).
+func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (e2eResponse, time.Duration, error) {
+	var out e2eResponse
+	url := strings.TrimRight(r.o.EdgeURLs[edge], "/") + "/v1/chat/completions"
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
+	if err != nil {
+		return out, -1, err
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	hr.Header.Set("x-session-id", a.ID)
+	if a.Parent != nil && r.o.ParentHeader != "" {
+		hr.Header.Set(r.o.ParentHeader, a.Parent.ID)
+	}
+	resp, err := r.o.Client.Do(hr)
+	if err != nil {
+		return out, -1, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusTooManyRequests {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+		return out, time.Duration(max(secs, 0)) * time.Second, nil
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		return out, -1, fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
+	}
+	if r.o.RouteHeader != "" {
+		out.route = resp.Header.Get(r.o.RouteHeader)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	gotUsage := false
+	for sc.Scan() {
+		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data: "))
+		if !ok {
+			continue
+		}
+		if bytes.Equal(bytes.TrimSpace(data), []byte("[DONE]")) {
+			break
+		}
+		var chunk struct {
+			Choices []struct {
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+			Usage *struct {
+				PromptTokens        int `json:"prompt_tokens"`
+				PromptTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+			Error *struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(data, &chunk); err != nil {
+			return out, -1, fmt.Errorf("malformed stream chunk %q: %w", truncateBytes(data, 200), err)
+		}
+		if chunk.Error != nil {
+			return out, -1, fmt.Errorf("stream error: %s", chunk.Error.Message)
+		}
+		if out.firstToken.IsZero() && len(chunk.Choices) > 0 && chunk.Choices[0].Delta.Content != "" {
+			out.firstToken = time.Now()
+		}
+		if chunk.Usage != nil {
+			out.prompt, out.cached = chunk.Usage.PromptTokens, chunk.Usage.PromptTokensDetails.CachedTokens
+			gotUsage = true
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return out, -1, fmt.Errorf("read stream: %w", err)
+	}
+	if !gotUsage {
+		return out, -1, errors.New("stream ended without usage (stream_options.include_usage)")
+	}
+	if out.firstToken.IsZero() {
+		out.firstToken = time.Now()
+	}
+	return out, -1, nil
+}
+
+// parseContextHop reads "context=<instance>/<rank>; generation=…".
+func parseContextHop(h string) (instance string, rank int) {
+	rank = -1
+	for _, part := range strings.Split(h, ";") {
+		v, ok := strings.CutPrefix(strings.TrimSpace(part), "context=")
+		if !ok || v == "-" {
+			continue
+		}
+		inst, rk, _ := strings.Cut(v, "/")
+		if n, err := strconv.Atoi(rk); err == nil {
+			rank = n
+		}
+		return inst, rank
+	}
+	return "", -1
+}
+
+func truncateBytes(b []byte, n int) string {
+	if len(b) <= n {
+		return string(b)
+	}
+	return string(b[:n]) + "…"
+}

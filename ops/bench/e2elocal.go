@@ -1,0 +1,144 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/ops/devstack"
+	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/worker"
+)
+
+// E2EPolicies are the policies a deployment can express through its edge
+// configuration (context fleet router type, parent header, KV weight,
+// overflow). random has no router type; session_local needs edges that do
+// not share a log, which a tether deployment never has.
+var E2EPolicies = []Policy{PolicyRoundRobin, PolicyLeastLoaded, PolicySession, PolicyPrefix, PolicyTether}
+
+// ExpressibleE2E reports whether a local deployment can run policy p.
+func ExpressibleE2E(p Policy) bool {
+	for _, q := range E2EPolicies {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}
+
+// LocalE2EOptions configure e2e runs against local deployments started by
+// the harness (ops/devstack: embedded NATS, edges on loopback Raft,
+// simulated context and generation workers), one per policy.
+type LocalE2EOptions struct {
+	Edges             int
+	ContextWorkers    int // the fleet whose cache the hit rate measures
+	GenerationWorkers int
+	Ranks             int
+	CapacityBlocks    int     // per context worker, split over its ranks
+	TimeScale         float64 // engine wall time per engine second, and the workload's timing scale
+	Seed              uint64
+	Progress          func(done, total int)
+	// ReadyTimeout bounds the deployment's start (default 60s).
+	ReadyTimeout time.Duration
+}
+
+// policyEdgeConfig sets the edge configuration that expresses p.
+func policyEdgeConfig(p Policy, c *edge.Config) {
+	c.ContextServers.Router.Type = routing.RouterConversation
+	switch p {
+	case PolicyRoundRobin:
+		c.ContextServers.Router.Type = routing.RouterRoundRobin
+		c.ParentHeader = ""
+	case PolicyLeastLoaded:
+		c.ContextServers.Router.Type = routing.RouterLoadBalancing
+		c.ParentHeader = ""
+	case PolicyPrefix:
+		c.ContextServers.Router.Type = routing.RouterKVCacheAware
+		c.ParentHeader = ""
+	case PolicySession:
+		// Sticky sessions by load: no parent affinity, no cache credit,
+		// no overflow.
+		c.ParentHeader = ""
+		c.Placement.Weights.Cache = 0
+		c.Placement.Overflow = routing.OverflowConfig{}
+	case PolicyTether:
+		c.ParentHeader = devstack.ParentHeader
+	}
+}
+
+// ReplayLocalE2E starts a local deployment configured for policy p,
+// replays w against it and stops it.
+func ReplayLocalE2E(ctx context.Context, w *Workload, p Policy, o LocalE2EOptions) (_ *RunResult, err error) {
+	if !ExpressibleE2E(p) {
+		return nil, fmt.Errorf("bench: e2e: policy %s cannot be expressed by a deployment's configuration (e2e runs: %v)", p, E2EPolicies)
+	}
+	if o.ReadyTimeout == 0 {
+		o.ReadyTimeout = 60 * time.Second
+	}
+	if o.Ranks < 1 || o.CapacityBlocks < o.Ranks {
+		return nil, fmt.Errorf("bench: e2e: need at least one rank and one block per rank (ranks %d, capacity %d)", o.Ranks, o.CapacityBlocks)
+	}
+	perRank := o.CapacityBlocks / o.Ranks
+	stack, err := devstack.Start(ctx, devstack.Options{
+		Edges: o.Edges, ContextWorkers: o.ContextWorkers, GenerationWorkers: o.GenerationWorkers, Ranks: o.Ranks,
+		TimeScale:  o.TimeScale,
+		EdgeConfig: func(_ int, c *edge.Config) { policyEdgeConfig(p, c) },
+		WorkerConfig: func(_ string, c *worker.Config) {
+			c.Engine.CapacityBlocks = perRank
+			c.Engine.BlockSize = w.BlockSize
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bench: e2e %s: start deployment: %w", p, err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		err = errors.Join(err, stack.Close(cctx))
+	}()
+	rctx, cancel := context.WithTimeout(ctx, o.ReadyTimeout)
+	err = stack.WaitReady(rctx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("bench: e2e %s: deployment not ready: %w (%s)", p, err, stack.NotReady())
+	}
+	var urls []string
+	for _, e := range stack.Edges() {
+		urls = append(urls, e.URL())
+	}
+	before, err := commitIndex(ctx, stack)
+	if err != nil {
+		return nil, err
+	}
+	tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64}
+	defer tr.CloseIdleConnections()
+	res, err := ReplayE2E(ctx, w, E2EOptions{
+		EdgeURLs: urls, Model: stack.Model(), ParentHeader: devstack.ParentHeader, TimeScale: o.TimeScale, Seed: o.Seed,
+		Client: &http.Client{Transport: tr}, Label: p, Progress: o.Progress, RouteHeader: edge.HeaderRoute,
+	})
+	if err != nil {
+		return nil, err
+	}
+	after, err := commitIndex(ctx, stack)
+	if err != nil {
+		return nil, err
+	}
+	// Log entries committed during the replay (an entry may batch events).
+	res.Commits = int(after - before)
+	return res, nil
+}
+
+func commitIndex(ctx context.Context, s *devstack.Stack) (uint64, error) {
+	l := s.Leader()
+	if l == nil {
+		return 0, errors.New("bench: e2e: no leader edge")
+	}
+	ci, err := l.Cluster(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("bench: e2e: read commit index: %w", err)
+	}
+	return ci.CommitIndex, nil
+}

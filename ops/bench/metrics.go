@@ -1,0 +1,131 @@
+package bench
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Summary is one run's figures, as --json prints them.
+type Summary struct {
+	Name            string  `json:"name"`
+	Edges           int     `json:"edges"`
+	HitRate         float64 `json:"hit_rate"`
+	SubagentHitRate float64 `json:"subagent_hit_rate"`
+	PrefillTokens   int64   `json:"prefill_tokens"`
+	TTFTP50Ms       float64 `json:"ttft_p50_ms"`
+	TTFTP99Ms       float64 `json:"ttft_p99_ms"`
+	LoadCoV         float64 `json:"load_cov"`
+	Overflows       int     `json:"overflows"`
+	Commits         int     `json:"commits"`
+
+	// Beyond the documented fields.
+	Requests      int     `json:"requests"`
+	PromptTokens  int64   `json:"prompt_tokens"`
+	PrefillMs     float64 `json:"prefill_ms"` // summed prefill compute time
+	Rebinds       int     `json:"rebinds"`
+	RankOverflows int     `json:"rank_overflows"`
+	Shed          int     `json:"shed"`
+	Oversized     int     `json:"oversized"`
+	LocalWrites   int     `json:"local_writes,omitempty"`
+	WallMs        float64 `json:"wall_ms"`
+
+	hitLo, hitHi float64 // range over seeds (reports)
+}
+
+// Summarize computes a run's figures.
+func Summarize(r *RunResult) Summary {
+	s := Summary{Name: string(r.Policy), Edges: r.Edges, Overflows: r.Overflows, Commits: r.Commits,
+		Rebinds: r.Rebinds, RankOverflows: r.RankOverflows, Shed: r.Shed, LocalWrites: r.LocalWrites,
+		Requests: len(r.Records), WallMs: ms(r.Wall)}
+	var cached, subPrompt, subCached int64
+	ttfts := make([]time.Duration, 0, len(r.Records))
+	var prefill time.Duration
+	for _, rec := range r.Records {
+		s.PromptTokens += int64(rec.Prompt)
+		cached += int64(rec.Cached)
+		if rec.SubAgent {
+			subPrompt += int64(rec.Prompt)
+			subCached += int64(rec.Cached)
+		}
+		if rec.Oversized {
+			s.Oversized++
+		}
+		ttfts = append(ttfts, rec.TTFT)
+		prefill += rec.Prefill
+	}
+	s.HitRate = ratio(cached, s.PromptTokens)
+	s.SubagentHitRate = ratio(subCached, subPrompt)
+	s.PrefillTokens = s.PromptTokens - cached
+	s.PrefillMs = ms(prefill)
+	slices.Sort(ttfts)
+	s.TTFTP50Ms = ms(Percentile(ttfts, 0.50))
+	s.TTFTP99Ms = ms(Percentile(ttfts, 0.99))
+	s.LoadCoV = CoV(r.InstancePrefillTokens)
+	return s
+}
+
+// Percentile is the nearest-rank percentile of sorted durations (0 for none).
+func Percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// CoV is the coefficient of variation (population standard deviation over
+// the mean) of xs; 0 when the mean is 0.
+func CoV(xs []int64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, x := range xs {
+		sum += float64(x)
+	}
+	mean := sum / float64(len(xs))
+	if mean == 0 {
+		return 0
+	}
+	var ss float64
+	for _, x := range xs {
+		d := float64(x) - mean
+		ss += d * d
+	}
+	return math.Sqrt(ss/float64(len(xs))) / mean
+}
+
+// UpperBound is the hit rate of one infinite cache shared by every request:
+// each request hits the leading blocks that any request stored before it.
+// With chained block hashes every distinct block misses exactly once, so
+// the figure does not depend on the order in which requests ran, and no
+// policy (finite caches, any placement) can beat it.
+func UpperBound(w *Workload) float64 {
+	seen := map[uint64]struct{}{}
+	var prompt, hit int64
+	w.WalkRequests(func(_ *Agent, r *Request) {
+		n := 0
+		for n < len(r.Blocks) {
+			if _, ok := seen[r.Blocks[n]]; !ok {
+				break
+			}
+			n++
+		}
+		for _, b := range r.Blocks[n:] {
+			seen[b] = struct{}{}
+		}
+		prompt += int64(r.PromptTokens)
+		hit += int64(min(n*w.BlockSize, r.PromptTokens))
+	})
+	return ratio(hit, prompt)
+}
+
+func ratio(a, b int64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

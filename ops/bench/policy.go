@@ -1,0 +1,99 @@
+package bench
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Policy is a routing policy the harness compares.
+type Policy string
+
+const (
+	// PolicyRandom: a uniformly random instance per request (seeded).
+	PolicyRandom Policy = "random"
+	// PolicyRoundRobin: routing's round_robin router, one counter per edge.
+	PolicyRoundRobin Policy = "round_robin"
+	// PolicyLeastLoaded: routing's load_balancing router (no cache credit,
+	// no bindings).
+	PolicyLeastLoaded Policy = "least_loaded"
+	// PolicySessionLocal: sticky sessions with a binding table per edge —
+	// today's independent router replicas. New sessions by load; each
+	// agent keyed by its own session id; no shared log.
+	PolicySessionLocal Policy = "session_local"
+	// PolicySession: sticky sessions through the shared affinity log, new
+	// sessions by load, each agent keyed by its own session id (no parent
+	// affinity, no overflow).
+	PolicySession Policy = "session"
+	// PolicyPrefix: routing's kv_cache_aware router — best prefix match
+	// against load, every request placed afresh, with a KV index per edge
+	// (workers' KV events plus the edge's own predictions). No bindings.
+	PolicyPrefix Policy = "prefix"
+	// PolicyTether: the product — shared affinity log, parent-session
+	// affinity (sub-agents route by their root and carry the signed hint
+	// to the worker's ADP scheduler), KV-aware placement of new keys,
+	// overflow and rebinding, the cache circuit breaker.
+	PolicyTether Policy = "tether"
+)
+
+// Tether ablations, for investigating where tether wins or loses: the same
+// product with one mechanism off. Selected by name only (not in "all").
+const (
+	// PolicyTetherNoParent: tether without parent-session affinity
+	// (sub-agents are keyed by their own session id).
+	PolicyTetherNoParent Policy = "tether_no_parent"
+	// PolicyTetherNoOverflow: tether without overflow (bound keys always
+	// stay).
+	PolicyTetherNoOverflow Policy = "tether_no_overflow"
+)
+
+// TetherVariants are the ablations.
+var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow}
+
+func (p Policy) isTether() bool {
+	return p == PolicyTether || p == PolicyTetherNoParent || p == PolicyTetherNoOverflow
+}
+
+// AllPolicies lists every policy in report order.
+var AllPolicies = []Policy{PolicyRandom, PolicyRoundRobin, PolicyLeastLoaded, PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether}
+
+// usesSharedLog reports whether the policy keeps bindings in the shared
+// affinity log (its commits are counted).
+func (p Policy) usesSharedLog() bool { return p == PolicySession || p.isTether() }
+
+// usesKVIndex reports whether edges keep a KV index for the policy.
+func (p Policy) usesKVIndex() bool { return p == PolicyPrefix || p.isTether() }
+
+// ParsePolicies parses a comma-separated policy list ("all" = every policy).
+func ParsePolicies(list string) ([]Policy, error) {
+	if strings.TrimSpace(list) == "all" {
+		return append([]Policy(nil), AllPolicies...), nil
+	}
+	var out []Policy
+	seen := map[Policy]bool{}
+	for _, f := range strings.Split(list, ",") {
+		name := Policy(strings.TrimSpace(f))
+		if name == "" {
+			continue
+		}
+		known := false
+		all := append(append([]Policy(nil), AllPolicies...), TetherVariants...)
+		for _, p := range all {
+			known = known || p == name
+		}
+		if !known {
+			names := make([]string, len(all))
+			for i, p := range all {
+				names[i] = string(p)
+			}
+			return nil, fmt.Errorf("bench: --policies: unknown policy %q (allowed: %s, or all)", name, strings.Join(names, ", "))
+		}
+		if !seen[name] {
+			seen[name] = true
+			out = append(out, name)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("bench: --policies: empty list")
+	}
+	return out, nil
+}

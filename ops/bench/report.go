@@ -1,0 +1,465 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot/plotter"
+)
+
+// ReportOptions configure `tether bench report`: the full comparison whose
+// figures and plots BENCHMARKS.md publishes.
+type ReportOptions struct {
+	Traces    string   // trace directory
+	Markdown  string   // BENCHMARKS.md to rewrite ("" = do not write)
+	PlotDir   string   // where the PNGs go (docs/bench)
+	PlotLink  string   // how the markdown links the plot directory (relative to the markdown file)
+	MicroFile string   // `go test -bench` output to publish ("" = none)
+	Seeds     []uint64 // medians over these seeds (default 1, 2, 3)
+	Log       LogKind
+	Parallel  int
+	Progress  io.Writer // progress lines ("" = none)
+	Command   string    // how this report was produced, quoted in the file
+	Module    string    // module path, trimmed from package names
+}
+
+// Reference setups of the published figures.
+func referenceSim() SimConfig {
+	c := DefaultSimConfig()
+	c.Instances, c.Ranks, c.CapacityBlocks = 8, 1, 6000
+	return c
+}
+
+func referenceAgents() SimConfig {
+	c := DefaultSimConfig()
+	c.Instances, c.Ranks, c.CapacityBlocks = 8, 2, 16384
+	return c
+}
+
+// Sections is the report's generated markdown, by section name.
+type Sections map[string]string
+
+// BuildReport runs every benchmark of the report and returns the sections.
+// It writes the plots to opts.PlotDir.
+func BuildReport(ctx context.Context, opts ReportOptions) (Sections, error) {
+	if len(opts.Seeds) == 0 {
+		opts.Seeds = []uint64{1, 2, 3}
+	}
+	if opts.Log == "" {
+		opts.Log = LogRaft
+	}
+	if opts.PlotLink == "" {
+		opts.PlotLink = opts.PlotDir
+	}
+	started := time.Now()
+	sec := Sections{"machine": machineSection(started)}
+	logf := func(format string, args ...any) {
+		if opts.Progress != nil {
+			fmt.Fprintf(opts.Progress, format+"\n", args...)
+		}
+	}
+
+	w, err := LoadTraces(opts.Traces, TraceOptions{})
+	if err != nil {
+		return nil, err
+	}
+	base := referenceSim()
+	base.Log = opts.Log
+	edgeCounts := []int{1, 3, 5}
+	logf("report: replaying %d traces: %d policies × edges %v × seeds %v", len(w.Agents), len(AllPolicies), edgeCounts, opts.Seeds)
+	head, headRuns, err := replaySeeds(ctx, w, base, AllPolicies, edgeCounts, opts, logf)
+	if err != nil {
+		return nil, err
+	}
+
+	// Sensitivity: cache capacity, ranks, a fleet-wide shared prefix.
+	type variant struct {
+		label string
+		w     *Workload
+		cfg   SimConfig
+	}
+	var variants []variant
+	for _, c := range []int{12000, 24000} {
+		v := base
+		v.CapacityBlocks = c
+		variants = append(variants, variant{fmt.Sprintf("C = %d blocks per instance", c), w, v})
+	}
+	r2 := base
+	r2.Ranks = 2
+	variants = append(variants, variant{"2 ADP ranks per instance (3,000 blocks each)", w, r2})
+	shared, err := LoadTraces(opts.Traces, TraceOptions{SharedPrefixBlocks: 32})
+	if err != nil {
+		return nil, err
+	}
+	variants = append(variants, variant{"--shared-prefix-blocks 32 (a 2,048-token fleet-wide system prompt)", shared, base})
+	sensPolicies := []Policy{PolicyLeastLoaded, PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether}
+	var sens []sensitivity
+	for _, v := range variants {
+		logf("report: sensitivity: %s", v.label)
+		rows, _, err := replaySeeds(ctx, v.w, v.cfg, sensPolicies, []int{3}, ReportOptions{Seeds: opts.Seeds[:1], Parallel: opts.Parallel}, logf)
+		if err != nil {
+			return nil, err
+		}
+		sens = append(sens, sensitivity{label: v.label, upper: UpperBound(v.w), rows: rows})
+	}
+
+	// Agents.
+	abase := referenceAgents()
+	abase.Log = opts.Log
+	var agents []*AgentsReport
+	for _, p := range AllPatterns {
+		logf("report: agents pattern %s", p)
+		var perSeed []*AgentsReport
+		for _, seed := range opts.Seeds {
+			cfg := abase
+			cfg.Seed = seed
+			ar, err := RunAgents(ctx, AgentOptions{Pattern: p}, ReplayOptions{Base: cfg, Policies: AllPolicies, Edges: []int{3}, Parallel: opts.Parallel})
+			if err != nil {
+				return nil, err
+			}
+			perSeed = append(perSeed, ar)
+		}
+		agents = append(agents, medianAgents(perSeed))
+	}
+
+	// Plots.
+	var plots []string
+	if opts.PlotDir != "" {
+		at3 := rowsAt(head, 3)
+		if err := PlotHitRateByPolicy(filepath.Join(opts.PlotDir, "hit_rate_by_policy.png"),
+			fmt.Sprintf("Hit rate by policy (50 traces, 8 instances, C=6000, 3 edges)"), UpperBound(w), at3); err != nil {
+			return nil, err
+		}
+		var series []Series
+		for _, p := range []Policy{PolicySessionLocal, PolicySession, PolicyTether} {
+			s := Series{Name: string(p)}
+			for _, e := range edgeCounts {
+				for _, r := range head {
+					if r.Name == string(p) && r.Edges == e {
+						s.XYs = append(s.XYs, plotter.XY{X: float64(e), Y: r.HitRate})
+					}
+				}
+			}
+			series = append(series, s)
+		}
+		if err := PlotLines(filepath.Join(opts.PlotDir, "hit_rate_vs_edges.png"), "Hit rate versus number of edges",
+			"edges", "prompt-token cache hit rate", 0, 1, series); err != nil {
+			return nil, err
+		}
+		if err := PlotTTFTCDF(filepath.Join(opts.PlotDir, "ttft_by_policy.png"), "TTFT distribution by policy (3 edges, seed 1)", headRuns); err != nil {
+			return nil, err
+		}
+		plots = []string{"hit_rate_by_policy.png", "hit_rate_vs_edges.png", "ttft_by_policy.png"}
+	}
+	sec["policy-comparison"] = policySection(opts, w, base, head, sens, plots)
+	sec["agents"] = agentsSection(opts, abase, agents)
+	sec["targets"] = targetsSection(head, agents)
+	if opts.MicroFile != "" {
+		f, err := os.Open(opts.MicroFile)
+		if err != nil {
+			return nil, fmt.Errorf("bench: micro-benchmarks: %w", err)
+		}
+		res, err := ParseGoBench(f)
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+		sec["micro"] = fmt.Sprintf("Command: `make bench-report` (runs `go test -run '^$' -bench . -benchmem -count=N ./...`; medians over the N runs). %d benchmarks.\n\n%s",
+			len(res), MicroTable(res, opts.Module))
+	}
+	logf("report: done in %v", time.Since(started).Round(time.Second))
+	return sec, nil
+}
+
+type sensitivity struct {
+	label string
+	upper float64
+	rows  []Summary
+}
+
+// replaySeeds runs policies × edges for every seed and returns the medians
+// (one Summary per policy and edge count, in policy order) and, for the
+// first seed at 3 edges (or the first edge count), the runs with records.
+func replaySeeds(ctx context.Context, w *Workload, base SimConfig, policies []Policy, edges []int, opts ReportOptions, logf func(string, ...any)) ([]Summary, []*RunResult, error) {
+	var perSeed [][]Summary
+	var keep []*RunResult
+	for i, seed := range opts.Seeds {
+		cfg := base
+		cfg.Seed = seed
+		started := time.Now()
+		rep, err := Replay(ctx, w, ReplayOptions{Base: cfg, Policies: policies, Edges: edges, Parallel: opts.Parallel, KeepRecords: i == 0})
+		if err != nil {
+			return nil, nil, err
+		}
+		logf("report:   seed %d: %d runs in %v", seed, len(rep.Runs), time.Since(started).Round(time.Second))
+		perSeed = append(perSeed, rep.Policies)
+		if i == 0 {
+			want := edges[0]
+			if slices.Contains(edges, 3) {
+				want = 3
+			}
+			for _, r := range rep.Runs {
+				if r.Edges == want {
+					keep = append(keep, r)
+				} else {
+					r.Records = nil
+				}
+			}
+		}
+	}
+	return medianSummaries(perSeed), keep, nil
+}
+
+// medianSummaries takes, field by field, the median over seeds.
+func medianSummaries(perSeed [][]Summary) []Summary {
+	out := make([]Summary, len(perSeed[0]))
+	for i := range out {
+		col := func(f func(Summary) float64) float64 {
+			vs := make([]float64, len(perSeed))
+			for s := range perSeed {
+				vs[s] = f(perSeed[s][i])
+			}
+			return median(vs)
+		}
+		s := perSeed[0][i]
+		s.HitRate = col(func(x Summary) float64 { return x.HitRate })
+		s.SubagentHitRate = col(func(x Summary) float64 { return x.SubagentHitRate })
+		s.PrefillTokens = int64(col(func(x Summary) float64 { return float64(x.PrefillTokens) }))
+		s.TTFTP50Ms = col(func(x Summary) float64 { return x.TTFTP50Ms })
+		s.TTFTP99Ms = col(func(x Summary) float64 { return x.TTFTP99Ms })
+		s.LoadCoV = col(func(x Summary) float64 { return x.LoadCoV })
+		s.Overflows = int(col(func(x Summary) float64 { return float64(x.Overflows) }))
+		s.Commits = int(col(func(x Summary) float64 { return float64(x.Commits) }))
+		s.PrefillMs = col(func(x Summary) float64 { return x.PrefillMs })
+		s.Rebinds = int(col(func(x Summary) float64 { return float64(x.Rebinds) }))
+		s.RankOverflows = int(col(func(x Summary) float64 { return float64(x.RankOverflows) }))
+		s.Shed = int(col(func(x Summary) float64 { return float64(x.Shed) }))
+		s.WallMs = col(func(x Summary) float64 { return x.WallMs })
+		lo, hi := s.HitRate, s.HitRate
+		for _, ps := range perSeed {
+			lo, hi = min(lo, ps[i].HitRate), max(hi, ps[i].HitRate)
+		}
+		s.hitLo, s.hitHi = lo, hi
+		out[i] = s
+	}
+	return out
+}
+
+func medianAgents(perSeed []*AgentsReport) *AgentsReport {
+	out := *perSeed[0]
+	out.Policies = slices.Clone(perSeed[0].Policies)
+	for i := range out.Policies {
+		col := func(f func(AgentSummary) float64) float64 {
+			vs := make([]float64, len(perSeed))
+			for s := range perSeed {
+				vs[s] = f(perSeed[s].Policies[i])
+			}
+			return median(vs)
+		}
+		p := &out.Policies[i]
+		p.PrefillMs = col(func(x AgentSummary) float64 { return x.PrefillMs })
+		p.HitRate = col(func(x AgentSummary) float64 { return x.HitRate })
+		p.TTFTP50Ms = col(func(x AgentSummary) float64 { return x.TTFTP50Ms })
+		p.TTFTP99Ms = col(func(x AgentSummary) float64 { return x.TTFTP99Ms })
+		p.Reduction = col(func(x AgentSummary) float64 { return x.Reduction })
+		p.FirstCallHitRate = col(func(x AgentSummary) float64 { return x.FirstCallHitRate })
+		p.SubagentFirstCallHitRate = col(func(x AgentSummary) float64 { return x.SubagentFirstCallHitRate })
+		p.Commits = int(col(func(x AgentSummary) float64 { return float64(x.Commits) }))
+	}
+	return &out
+}
+
+func rowsAt(rows []Summary, edges int) []Summary {
+	var out []Summary
+	for _, r := range rows {
+		if r.Edges == edges {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func find(rows []Summary, p Policy, edges int) (Summary, bool) {
+	for _, r := range rows {
+		if r.Name == string(p) && r.Edges == edges {
+			return r, true
+		}
+	}
+	return Summary{}, false
+}
+
+func machineSection(at time.Time) string {
+	var b strings.Builder
+	cpu := "unknown"
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				cpu = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	load := "unknown"
+	if data, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(data)); len(f) >= 3 {
+			load = strings.Join(f[:3], " ")
+		}
+	}
+	fmt.Fprintf(&b, "| | |\n|---|---|\n")
+	fmt.Fprintf(&b, "| date | %s |\n", at.UTC().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(&b, "| cores | %d (GOMAXPROCS %d) |\n", runtime.NumCPU(), runtime.GOMAXPROCS(0))
+	fmt.Fprintf(&b, "| CPU | %s |\n", cpu)
+	fmt.Fprintf(&b, "| Go | %s %s/%s |\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	fmt.Fprintf(&b, "| load average at start | %s (the machine is shared: wall times are indicative only; the simulated figures do not depend on it) |\n", load)
+	return b.String()
+}
+
+func policySection(opts ReportOptions, w *Workload, base SimConfig, head []Summary, sens []sensitivity, plots []string) string {
+	var b strings.Builder
+	st := w.Stats()
+	fmt.Fprintf(&b, "Command: `%s` (the replay part alone: `tether bench replay --traces %s --mode sim --instances %d --ranks %d --capacity-blocks %d --edges 1,3,5 --policies all --seed N`).\n\n",
+		opts.Command, opts.Traces, base.Instances, base.Ranks, base.CapacityBlocks)
+	fmt.Fprintf(&b, "Workload: %d conversations with %d sub-agents, %d requests (%d by sub-agents), %s prompt tokens; largest prompt %d blocks. "+
+		"Fleet: %d instances × %d rank, %d KV blocks per instance, affinity log `%s`, time scale 1. Figures are medians over seeds %v (load balancer's edge choice, random policy); "+
+		"hit-rate range over seeds in brackets.\n\n",
+		st.Conversations, st.SubAgents, st.Requests, st.SubRequests, thousands(st.PromptTokens), st.MaxBlocks,
+		base.Instances, base.Ranks, base.CapacityBlocks, base.Log, opts.Seeds)
+	fmt.Fprintf(&b, "Upper bound (one infinite cache): **%.3f**.\n\n", UpperBound(w))
+	b.WriteString("**3 edges**\n\n")
+	b.WriteString("| policy | hit rate | sub-agent hit rate | prefill tokens | TTFT p50 ms | TTFT p99 ms | load CoV | overflows | commits |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range rowsAt(head, 3) {
+		fmt.Fprintf(&b, "| %s | %.3f [%.3f–%.3f] | %.3f | %s | %.0f | %.0f | %.3f | %d | %d |\n", r.Name, r.HitRate, r.hitLo, r.hitHi, r.SubagentHitRate,
+			thousands(r.PrefillTokens), r.TTFTP50Ms, r.TTFTP99Ms, r.LoadCoV, r.Overflows, r.Commits)
+	}
+	b.WriteString("\n**Hit rate by number of edges** (requests spread over the edges like a non-sticky load balancer)\n\n| policy | 1 edge | 3 edges | 5 edges | 5 vs 1 |\n|---|---:|---:|---:|---:|\n")
+	for _, p := range AllPolicies {
+		r1, _ := find(head, p, 1)
+		r3, _ := find(head, p, 3)
+		r5, _ := find(head, p, 5)
+		fmt.Fprintf(&b, "| %s | %.3f | %.3f | %.3f | %+.3f |\n", p, r1.HitRate, r3.HitRate, r5.HitRate, r5.HitRate-r1.HitRate)
+	}
+	for _, s := range sens {
+		fmt.Fprintf(&b, "\n**Sensitivity: %s**, 3 edges, seed %d, upper bound %.3f\n\n| policy | hit rate | sub-agent hit rate | TTFT p50 ms | TTFT p99 ms | load CoV | overflows |\n|---|---:|---:|---:|---:|---:|---:|\n",
+			s.label, opts.Seeds[0], s.upper)
+		for _, r := range s.rows {
+			fmt.Fprintf(&b, "| %s | %.3f | %.3f | %.0f | %.0f | %.3f | %d |\n", r.Name, r.HitRate, r.SubagentHitRate, r.TTFTP50Ms, r.TTFTP99Ms, r.LoadCoV, r.Overflows)
+		}
+	}
+	if len(plots) > 0 {
+		b.WriteString("\n")
+		for _, p := range plots {
+			fmt.Fprintf(&b, "![%s](%s/%s)\n", strings.TrimSuffix(p, ".png"), opts.PlotLink, p)
+		}
+	}
+	return b.String()
+}
+
+func agentsSection(opts ReportOptions, base SimConfig, reps []*AgentsReport) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Command: `tether bench agents --pattern P --mode sim --instances %d --ranks %d --capacity-blocks %d --edges 3 --policies all --seed N` for each pattern (part of `%s`). "+
+		"One execution of each pattern; medians over seeds %v. Prefill ms is the simulated prefill compute summed over the pattern's calls (5,500 tokens/s plus 10 ms per prefill, the spec's rate).\n",
+		base.Instances, base.Ranks, base.CapacityBlocks, opts.Command, opts.Seeds)
+	for _, r := range reps {
+		fmt.Fprintf(&b, "\n**%s** (%d agents, %d calls)\n\n| policy | prefill ms | vs round robin | hit rate | first-call hit | sub-agent first-call hit | TTFT p50 ms |\n|---|---:|---:|---:|---:|---:|---:|\n",
+			r.Pattern, r.Agents, r.Requests)
+		for _, p := range r.Policies {
+			fmt.Fprintf(&b, "| %s | %.0f | %s | %.3f | %.3f | %.3f | %.0f |\n", p.Name, p.PrefillMs, pct(-p.Reduction), p.HitRate, p.FirstCallHitRate, p.SubagentFirstCallHitRate, p.TTFTP50Ms)
+		}
+		if r.SpecRandomMs > 0 {
+			fmt.Fprintf(&b, "| *spec: random* | *%.0f* | | | | | |\n| *spec: cache-aware* | *%.0f* | *%s vs random* | | | | |\n",
+				r.SpecRandomMs, r.SpecCacheAwareMs, pct(r.SpecCacheAwareMs/r.SpecRandomMs-1))
+		}
+	}
+	return b.String()
+}
+
+func targetsSection(head []Summary, agents []*AgentsReport) string {
+	var b strings.Builder
+	b.WriteString("| target | measured | met |\n|---|---|---|\n")
+	verdict := func(ok bool) string {
+		if ok {
+			return "yes"
+		}
+		return "**no**"
+	}
+	t3, _ := find(head, PolicyTether, 3)
+	var beaten []string
+	for _, r := range rowsAt(head, 3) {
+		if r.Name != string(PolicyTether) && r.HitRate > t3.HitRate {
+			beaten = append(beaten, fmt.Sprintf("%s %.3f", r.Name, r.HitRate))
+		}
+	}
+	m := fmt.Sprintf("tether %.3f", t3.HitRate)
+	if len(beaten) > 0 {
+		m += "; higher: " + strings.Join(beaten, ", ")
+	}
+	fmt.Fprintf(&b, "| tether hit rate ≥ every other policy (3 edges) | %s | %s |\n", m, verdict(len(beaten) == 0))
+	t1, _ := find(head, PolicyTether, 1)
+	t5, _ := find(head, PolicyTether, 5)
+	d3, d5 := t3.HitRate-t1.HitRate, t5.HitRate-t1.HitRate
+	fmt.Fprintf(&b, "| tether with 3 and 5 edges within 1%% of 1 edge | 1: %.3f, 3: %.3f (%+.3f), 5: %.3f (%+.3f) | %s |\n",
+		t1.HitRate, t3.HitRate, d3, t5.HitRate, d5, verdict(abs(d3) <= 0.01 && abs(d5) <= 0.01))
+	ll, _ := find(head, PolicyLeastLoaded, 3)
+	fmt.Fprintf(&b, "| load CoV of tether ≤ 1.5 × least_loaded (3 edges) | tether %.3f, least_loaded %.3f (ratio %.2f) | %s |\n",
+		t3.LoadCoV, ll.LoadCoV, ratioF(t3.LoadCoV, ll.LoadCoV), verdict(t3.LoadCoV <= 1.5*ll.LoadCoV))
+	sl3, _ := find(head, PolicySessionLocal, 3)
+	sl5, _ := find(head, PolicySessionLocal, 5)
+	fmt.Fprintf(&b, "| (claim) tether with several edges far above independent replicas | tether 3/5 edges %.3f/%.3f vs session_local %.3f/%.3f | %s |\n",
+		t3.HitRate, t5.HitRate, sl3.HitRate, sl5.HitRate, verdict(t3.HitRate > sl3.HitRate && t5.HitRate > sl5.HitRate))
+	for _, a := range agents {
+		var t, rr AgentSummary
+		for _, p := range a.Policies {
+			switch p.Name {
+			case string(PolicyTether):
+				t = p
+			case string(PolicyRoundRobin):
+				rr = p
+			}
+		}
+		switch a.Pattern {
+		case PatternReAct:
+			fmt.Fprintf(&b, "| agents: 8-call agent prefill reduction vs round robin ≥ 70%% | tether %.0f ms vs round robin %.0f ms: %s | %s |\n",
+				t.PrefillMs, rr.PrefillMs, pct(-t.Reduction), verdict(t.Reduction >= 0.70))
+		case PatternSupervisor:
+			fmt.Fprintf(&b, "| agents: supervisor's sibling sub-agents share their tool prefix (first-call hit > 0) | tether %.3f (round robin %.3f) | %s |\n",
+				t.SubagentFirstCallHitRate, rr.SubagentFirstCallHitRate, verdict(t.SubagentFirstCallHitRate > 0))
+		}
+	}
+	return b.String()
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+func ratioF(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+func thousands(n int64) string {
+	s := fmt.Sprint(n)
+	if n < 0 {
+		return "-" + thousands(-n)
+	}
+	var out []byte
+	for i := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}

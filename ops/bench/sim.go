@@ -1,0 +1,806 @@
+package bench
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/kvindex"
+	"github.com/tether-project/tether/worker/adp"
+	"github.com/tether-project/tether/worker/engine"
+	"github.com/tether-project/tether/worker/engine/sim"
+)
+
+// ParentHeader is the sub-agent parent-session header the tether policy
+// configures (conversation_affinity_header_for_subagents).
+const ParentHeader = "X-Parent-Session-ID"
+
+// epoch is virtual time zero as a wall time (routing and the log take
+// time.Time; nothing reads a clock).
+var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// SimConfig configures one simulated run: one policy, one edge count.
+type SimConfig struct {
+	Policy    Policy
+	Edges     int
+	Instances int
+	Ranks     int // ADP ranks per instance
+	// CapacityBlocks is each instance's KV capacity, split evenly over
+	// its ranks.
+	CapacityBlocks int
+	// TimeScale multiplies the workload's offsets (0.5 replays twice as
+	// fast). Must be > 0.
+	TimeScale float64
+	// Seed drives the load balancer's choice of edge per request and the
+	// random policy.
+	Seed uint64
+	Log  LogKind
+	// TouchInterval is how long an edge batches Touch events (the edge's
+	// touch_interval; default 1s).
+	TouchInterval time.Duration
+	// Engine is the simulated workers' timing model; Ranks, CapacityBlocks
+	// and BlockSize are set from the fields above and the workload.
+	Engine sim.Config
+	// Routing is the base router configuration; the policy sets Type,
+	// and session policies disable overflow.
+	Routing routing.Config
+	// ADPPlacement is the workers' kv_cache_routing_new_conv_placement.
+	ADPPlacement adp.Placement
+	// NoBreaker disables the tether policy's cache circuit breaker.
+	NoBreaker bool
+	// EdgeRoundRobin spreads requests over the edges in turn (one global
+	// counter) instead of at random.
+	EdgeRoundRobin bool
+	// EdgeFor, when set, picks the edge of each request (agent id, call
+	// number): tests script which edge sees what.
+	EdgeFor func(agent string, call int) int
+	// Progress, when set, is called as requests complete.
+	Progress func(done, total int)
+}
+
+// DefaultSimConfig is the reference setup: 8 instances, 1 rank, 6,000 KV
+// blocks per instance, 3 edges, real Raft.
+func DefaultSimConfig() SimConfig {
+	return SimConfig{
+		Policy:         PolicyTether,
+		Edges:          3,
+		Instances:      8,
+		Ranks:          1,
+		CapacityBlocks: 6000,
+		TimeScale:      1,
+		Seed:           1,
+		Log:            LogRaft,
+		TouchInterval:  time.Second,
+		Engine:         sim.DefaultConfig(),
+		Routing:        routing.DefaultConfig(),
+		ADPPlacement:   adp.LeastTokens,
+	}
+}
+
+func (c *SimConfig) validate() error {
+	var errs []error
+	if c.Edges < 1 || c.Edges > 64 {
+		errs = append(errs, fmt.Errorf("edges must be 1..64, got %d", c.Edges))
+	}
+	if c.Instances < 1 || c.Instances > 4096 {
+		errs = append(errs, fmt.Errorf("instances must be 1..4096, got %d", c.Instances))
+	}
+	if c.Ranks < 1 || c.Ranks > kvindex.MaxRanks {
+		errs = append(errs, fmt.Errorf("ranks must be 1..%d, got %d", kvindex.MaxRanks, c.Ranks))
+	}
+	if c.CapacityBlocks < c.Ranks {
+		errs = append(errs, fmt.Errorf("capacity blocks must be at least one per rank (%d), got %d", c.Ranks, c.CapacityBlocks))
+	}
+	if !(c.TimeScale > 0) || c.TimeScale > 1e6 {
+		errs = append(errs, fmt.Errorf("time scale must be > 0, got %v", c.TimeScale))
+	}
+	if c.TouchInterval <= 0 {
+		errs = append(errs, fmt.Errorf("touch interval must be > 0, got %v", c.TouchInterval))
+	}
+	known := false
+	for _, p := range append(AllPolicies, TetherVariants...) {
+		known = known || p == c.Policy
+	}
+	if !known {
+		errs = append(errs, fmt.Errorf("unknown policy %q", c.Policy))
+	}
+	if c.Policy.usesSharedLog() {
+		if _, err := ParseLogKind(string(c.Log)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("bench: sim config: %w", err)
+	}
+	return nil
+}
+
+// RequestRecord is one replayed request's outcome.
+type RequestRecord struct {
+	Agent    string
+	SubAgent bool
+	Call     int // index of the request within its agent's requests
+	Edge     int
+	Instance int
+	Rank     int
+	Arrival  time.Duration // first arrival at an edge (before any shed retry)
+	TTFT     time.Duration // first arrival to first token
+	Prefill  time.Duration // prefill compute time
+	Prompt   int
+	Cached   int
+	// Oversized: the prompt needs more blocks than a rank holds; it was
+	// computed without the cache.
+	Oversized bool
+}
+
+// RunResult is one run's outcome.
+type RunResult struct {
+	Policy  Policy
+	Edges   int
+	Records []RequestRecord
+	// InstancePrefillTokens are the prompt tokens each instance computed.
+	InstancePrefillTokens []int64
+	Overflows             int // edge overflows (a bound key served elsewhere)
+	Rebinds               int
+	RankOverflows         int // worker ADP overflows (a bound rank saturated)
+	Shed                  int // 429s (the client retried after Retry-After)
+	Commits               int // affinity-log events committed during the replay
+	LocalWrites           int // session_local: events applied to the edges' own tables
+	VirtualEnd            time.Duration
+	Wall                  time.Duration
+}
+
+// Simulate replays w under cfg in virtual time.
+func Simulate(ctx context.Context, w *Workload, cfg SimConfig) (_ *RunResult, err error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := w.Validate(); err != nil {
+		return nil, err
+	}
+	started := time.Now()
+	s, err := newSimulator(ctx, w, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		err = errors.Join(err, s.close(cctx))
+	}()
+	if err := s.run(ctx); err != nil {
+		return nil, err
+	}
+	s.res.Wall = time.Since(started)
+	return s.res, nil
+}
+
+type simInstance struct {
+	id       string
+	sched    *adp.Scheduler
+	ranks    []*sim.VirtualRank
+	rankCap  int
+	inflight []*inflight
+	kvSeq    uint64
+}
+
+type inflight struct {
+	agent         *agentRun
+	record        int // index into RunResult.Records
+	instance      int
+	edge          int
+	ticket        adp.Ticket
+	start         time.Duration
+	firstToken    time.Duration
+	done          time.Duration
+	uncached      int
+	prompt        int
+	cached        int
+	prefill       time.Duration
+	breakerLookup bool
+}
+
+type simEdge struct {
+	id       string
+	index    *kvindex.Index
+	local    *sequencerLog // session_local: this edge's own binding table
+	rr       uint64
+	breakers *routing.CacheBreakers
+
+	touchKeys    []fsm.FleetKey
+	touchLinks   []string
+	touchPending map[string]bool
+	touchArmed   bool
+}
+
+type agentRun struct {
+	agent       *Agent
+	parent      *agentRun
+	start       time.Duration
+	next        int // next step to launch
+	outstanding int // steps of the current group not finished
+	calls       int // requests launched
+}
+
+type eventKind uint8
+
+const (
+	evLaunch eventKind = iota + 1
+	evRetry
+	evDone
+	evTouchFlush
+)
+
+type event struct {
+	at    time.Duration
+	seq   uint64
+	kind  eventKind
+	agent *agentRun
+	step  int
+	// evRetry: the request's first arrival and call number.
+	firstArrival time.Duration
+	call         int
+	fl           *inflight
+	edge         int
+}
+
+type eventQueue []*event
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	return q[i].seq < q[j].seq
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(*event)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	x := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	return x
+}
+
+type simulator struct {
+	cfg       SimConfig
+	w         *Workload
+	now       time.Duration
+	queue     eventQueue
+	seq       uint64
+	instances []*simInstance
+	byID      map[string]int
+	edges     []*simEdge
+	log       affinityLog
+	router    *routing.Router
+	ident     routing.IdentityConfig
+	overload  *routing.OverloadTracker
+	lbRand    *rand.Rand
+	edgeTurn  uint64
+	pickRand  *rand.Rand
+	res       *RunResult
+	total     int
+	completed int
+	ctx       context.Context
+	setupLogs int
+}
+
+func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator, err error) {
+	s := &simulator{
+		cfg:      cfg,
+		w:        w,
+		byID:     map[string]int{},
+		overload: routing.NewOverloadTracker(),
+		lbRand:   rand.New(rand.NewPCG(cfg.Seed, 0x6c62)),
+		pickRand: rand.New(rand.NewPCG(cfg.Seed, 0x7069)),
+		res:      &RunResult{Policy: cfg.Policy, Edges: cfg.Edges, InstancePrefillTokens: make([]int64, cfg.Instances)},
+		ctx:      ctx,
+	}
+	w.WalkRequests(func(*Agent, *Request) { s.total++ })
+	s.res.Records = make([]RequestRecord, 0, s.total)
+
+	rc := cfg.Routing
+	rc.BlockSize = w.BlockSize
+	switch cfg.Policy {
+	case PolicyRoundRobin:
+		rc.Type = routing.RouterRoundRobin
+	case PolicyLeastLoaded:
+		rc.Type = routing.RouterLoadBalancing
+	case PolicyPrefix:
+		rc.Type = routing.RouterKVCacheAware
+	case PolicySession, PolicySessionLocal:
+		// Plain sticky sessions: no overflow away from a bound instance.
+		rc.Type = routing.RouterConversation
+		rc.Overflow = routing.OverflowConfig{}
+	default:
+		rc.Type = routing.RouterConversation
+		if cfg.Policy == PolicyTetherNoOverflow {
+			rc.Overflow = routing.OverflowConfig{}
+		}
+	}
+	if s.router, err = routing.NewRouter(rc); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	if cfg.Policy == PolicyTether || cfg.Policy == PolicyTetherNoOverflow {
+		s.ident = routing.IdentityConfig{ParentHeader: ParentHeader}
+	}
+
+	ec := cfg.Engine
+	ec.Ranks = cfg.Ranks
+	ec.BlockSize = w.BlockSize
+	ec.CapacityBlocks = cfg.CapacityBlocks / cfg.Ranks
+	for i := 0; i < cfg.Instances; i++ {
+		in := &simInstance{id: fmt.Sprintf("worker-%02d", i), rankCap: ec.CapacityBlocks}
+		if in.sched, err = adp.New(adp.Options{Ranks: cfg.Ranks, ConversationAffinity: true, Placement: cfg.ADPPlacement}); err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
+		for r := 0; r < cfg.Ranks; r++ {
+			vr, err := sim.NewVirtualRank(r, ec)
+			if err != nil {
+				return nil, fmt.Errorf("bench: %w", err)
+			}
+			in.ranks = append(in.ranks, vr)
+		}
+		s.byID[in.id] = i
+		s.instances = append(s.instances, in)
+	}
+	for e := 0; e < cfg.Edges; e++ {
+		// Edges have been running: their round-robin counters stand at
+		// arbitrary positions (all at 0 would send every edge's first
+		// request to the same instance).
+		ed := &simEdge{id: fmt.Sprintf("edge-%d", e), touchPending: map[string]bool{}, rr: s.lbRand.Uint64() % uint64(cfg.Instances)}
+		if cfg.Policy.usesKVIndex() {
+			ed.index = kvindex.New(kvindex.Config{PredictTTL: rc.PredictTTL})
+		}
+		if cfg.Policy == PolicySessionLocal {
+			ed.local = newSequencerLog(1)
+		}
+		if cfg.Policy.isTether() && !cfg.NoBreaker {
+			if ed.breakers, err = routing.NewCacheBreakers(rc.Breaker); err != nil {
+				return nil, fmt.Errorf("bench: %w", err)
+			}
+		}
+		s.edges = append(s.edges, ed)
+	}
+	if cfg.Policy.usesSharedLog() {
+		switch cfg.Log {
+		case LogRaft:
+			if s.log, err = newRaftLog(ctx, cfg.Edges); err != nil {
+				return nil, err
+			}
+		default:
+			s.log = newSequencerLog(cfg.Edges)
+		}
+		// Register the workers the way the deployment does.
+		var evs []fsm.Event
+		for _, in := range s.instances {
+			evs = append(evs, fsm.InstanceState{Instance: in.id, Fleet: fsm.FleetContext, URL: "sim://" + in.id,
+				Status: fsm.InstanceUp, Version: "sim", FeatureLevel: fsm.FeatureLevelMax, Ranks: uint32(cfg.Ranks)})
+		}
+		if _, err := s.log.Propose(ctx, 0, epoch, evs); err != nil {
+			return nil, errors.Join(err, s.log.Close(ctx))
+		}
+		s.setupLogs = s.log.Commits()
+	}
+	return s, nil
+}
+
+func (s *simulator) close(ctx context.Context) error {
+	if s.log != nil {
+		return s.log.Close(ctx)
+	}
+	return nil
+}
+
+func (s *simulator) push(ev *event) {
+	s.seq++
+	ev.seq = s.seq
+	heap.Push(&s.queue, ev)
+}
+
+func (s *simulator) scaled(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * s.cfg.TimeScale)
+}
+
+func (s *simulator) run(ctx context.Context) error {
+	for _, a := range s.w.Agents {
+		s.advance(&agentRun{agent: a, start: a.Start}, a.Start)
+	}
+	n := 0
+	for s.queue.Len() > 0 {
+		if n++; n%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("bench: replay interrupted at virtual %v: %w", s.now, err)
+			}
+		}
+		ev := heap.Pop(&s.queue).(*event)
+		s.now = ev.at
+		var err error
+		switch ev.kind {
+		case evLaunch:
+			err = s.launch(ev.agent, ev.step)
+		case evRetry:
+			err = s.dispatch(ev.agent, ev.step, ev.call, ev.firstArrival)
+		case evDone:
+			s.finish(ev.fl)
+		case evTouchFlush:
+			err = s.flushTouches(ev.edge)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if s.completed != s.total {
+		return fmt.Errorf("bench: replay ended with %d of %d requests completed", s.completed, s.total)
+	}
+	s.res.VirtualEnd = s.now
+	if s.log != nil {
+		if err := s.log.Drain(ctx); err != nil {
+			return err
+		}
+		s.res.Commits = s.log.Commits() - s.setupLogs
+	}
+	for _, e := range s.edges {
+		if e.local != nil {
+			s.res.LocalWrites += e.local.Commits()
+		}
+	}
+	return nil
+}
+
+// advance launches the agent's next group of steps once the current one
+// finished; an agent with no steps left reports to its parent.
+func (s *simulator) advance(ar *agentRun, now time.Duration) {
+	if ar.outstanding > 0 {
+		return
+	}
+	steps := ar.agent.Steps
+	if ar.next >= len(steps) {
+		if p := ar.parent; p != nil {
+			p.outstanding--
+			s.advance(p, now)
+		}
+		return
+	}
+	end := ar.next + 1
+	for end < len(steps) && steps[end].WithPrevious {
+		end++
+	}
+	for k := ar.next; k < end; k++ {
+		at := max(now, ar.start+s.scaled(steps[k].At))
+		s.push(&event{at: at, kind: evLaunch, agent: ar, step: k})
+	}
+	ar.outstanding = end - ar.next
+	ar.next = end
+}
+
+func (s *simulator) launch(ar *agentRun, step int) error {
+	st := ar.agent.Steps[step]
+	if st.SubAgent != nil {
+		s.advance(&agentRun{agent: st.SubAgent, parent: ar, start: s.now}, s.now)
+		return nil
+	}
+	call := ar.calls
+	ar.calls++
+	return s.dispatch(ar, step, call, s.now)
+}
+
+// dispatch sends a request through a load-balancer-chosen edge, routes it by
+// the policy and admits it on the chosen instance.
+func (s *simulator) dispatch(ar *agentRun, step, call int, firstArrival time.Duration) error {
+	req := ar.agent.Steps[step].Request
+	edge := 0
+	switch {
+	case len(s.edges) == 1:
+	case s.cfg.EdgeFor != nil:
+		edge = s.cfg.EdgeFor(ar.agent.ID, call)
+		if edge < 0 || edge >= len(s.edges) {
+			return fmt.Errorf("bench: edge chooser picked edge %d of %d", edge, len(s.edges))
+		}
+	case s.cfg.EdgeRoundRobin:
+		edge = int(s.edgeTurn % uint64(len(s.edges)))
+		s.edgeTurn++
+	default:
+		edge = s.lbRand.IntN(len(s.edges))
+	}
+	inst, affinity, retry, err := s.route(edge, ar, req, call)
+	if err != nil {
+		return fmt.Errorf("bench: %s: route %s call %d at virtual %v: %w", s.cfg.Policy, ar.agent.ID, call, s.now, err)
+	}
+	if inst < 0 {
+		s.res.Shed++
+		s.push(&event{at: s.now + max(retry, time.Millisecond), kind: evRetry, agent: ar, step: step, call: call, firstArrival: firstArrival})
+		return nil
+	}
+	return s.admit(ar, req, call, edge, inst, affinity, firstArrival)
+}
+
+// admit runs the request on the instance as the worker does: the ADP
+// scheduler picks the rank (the verified hint's affinity id, if any), the
+// rank's virtual engine computes its schedule, and its KV events reach every
+// edge's index.
+func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, affinity string, firstArrival time.Duration) error {
+	in := s.instances[instIdx]
+	d := in.sched.Place(adp.Request{ConversationID: ar.agent.ID, AffinityID: affinity, PromptTokens: req.PromptTokens})
+	if d.Overflow {
+		s.res.RankOverflows++
+	}
+	in.sched.Start(&d.Ticket)
+	vreq := sim.VirtualRequest{Phase: engine.PhaseAggregated, Hashes: req.Blocks, PromptTokens: req.PromptTokens, OutputTokens: req.OutputTokens}
+	oversized := len(req.Blocks) > in.rankCap
+	if oversized {
+		vreq.Hashes = nil // cannot be cached on this rank: computed in full
+	}
+	res, err := in.ranks[d.Rank].Admit(s.now, vreq)
+	if err != nil {
+		return fmt.Errorf("bench: %s rank %d: admit %s call %d: %w", in.id, d.Rank, ar.agent.ID, call, err)
+	}
+	if len(res.Stored) > 0 || len(res.Removed) > 0 {
+		in.kvSeq++
+		batch := kvindex.Batch{Instance: in.id, Boot: 1, Seq: in.kvSeq, Events: []kvindex.RankEvent{{Rank: d.Rank, Removed: res.Removed, Stored: res.Stored}}}
+		for _, e := range s.edges {
+			if e.index == nil {
+				continue
+			}
+			if out, err := e.index.Apply(batch); err != nil || out != kvindex.Applied {
+				return fmt.Errorf("bench: %s: kv batch %d of %s: outcome %v: %w", e.id, batch.Seq, in.id, out, err)
+			}
+		}
+	}
+	uncached := req.PromptTokens - res.CachedTokens
+	s.res.InstancePrefillTokens[instIdx] += int64(uncached)
+	s.res.Records = append(s.res.Records, RequestRecord{
+		Agent: ar.agent.ID, SubAgent: ar.agent.SubAgent(), Call: call, Edge: edge, Instance: instIdx, Rank: d.Rank,
+		Arrival: firstArrival, TTFT: res.FirstTokenAt - firstArrival, Prefill: res.Prefill,
+		Prompt: req.PromptTokens, Cached: res.CachedTokens, Oversized: oversized,
+	})
+	fl := &inflight{
+		agent: ar, record: len(s.res.Records) - 1, instance: instIdx, edge: edge, ticket: d.Ticket,
+		start: res.StartAt, firstToken: res.FirstTokenAt, done: res.DoneAt,
+		uncached: uncached, prompt: req.PromptTokens, cached: res.CachedTokens, prefill: res.Prefill,
+	}
+	in.inflight = append(in.inflight, fl)
+	s.push(&event{at: res.DoneAt, kind: evDone, fl: fl})
+	return nil
+}
+
+func (s *simulator) finish(fl *inflight) {
+	in := s.instances[fl.instance]
+	in.sched.Finish(&fl.ticket)
+	if i := slices.Index(in.inflight, fl); i >= 0 {
+		in.inflight = slices.Delete(in.inflight, i, i+1)
+	}
+	// The edge that relayed the response feeds its breaker from usage.
+	if b := s.edges[fl.edge].breakers; b != nil {
+		_, _ = b.Record(in.id, int64(fl.prompt), int64(fl.cached), epoch.Add(s.now))
+	}
+	s.completed++
+	if s.cfg.Progress != nil {
+		s.cfg.Progress(s.completed, s.total)
+	}
+	ar := fl.agent
+	ar.outstanding--
+	s.advance(ar, s.now)
+}
+
+// views is what edge e knows at s.now: every instance's load from ideal
+// (instant) telemetry, and the edge's own circuit breakers.
+func (s *simulator) views(e *simEdge) (*routing.Views, error) {
+	now := epoch.Add(s.now)
+	vs := make([]routing.InstanceView, len(s.instances))
+	for i, in := range s.instances {
+		v := routing.InstanceView{ID: in.id, Fleet: fsm.FleetContext, URL: "sim://" + in.id, Healthy: true,
+			Ranks: len(in.ranks), VerifiesHints: true, Version: "sim"}
+		for _, fl := range in.inflight {
+			switch {
+			case fl.done <= s.now:
+			case fl.start > s.now:
+				v.QueuedRequests++
+				v.QueuedPrefillTokens += int64(fl.uncached)
+			case fl.firstToken > s.now:
+				v.ActiveRequests++
+				left := fl.uncached
+				if fl.prefill > 0 {
+					left = int(float64(fl.uncached) * float64(fl.firstToken-s.now) / float64(fl.prefill))
+				}
+				v.QueuedPrefillTokens += int64(left)
+				v.ActivePromptTokens += int64(fl.prompt)
+			default:
+				v.ActiveRequests++
+				v.ActivePromptTokens += int64(fl.prompt)
+			}
+		}
+		if e.breakers != nil {
+			v.CacheDegraded = e.breakers.Open(in.id, now)
+		}
+		s.overload.Observe(in.id, s.router.Condition(&v) != 0, now)
+		vs[i] = v
+	}
+	return routing.NewViews(vs)
+}
+
+// route picks the instance for a request at edge e. It returns inst -1
+// with a retry delay when the request is shed, and the affinity id the
+// worker's scheduler receives from a verified sub-agent hint.
+func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst int, affinity string, retry time.Duration, err error) {
+	e := s.edges[edge]
+	if s.cfg.Policy == PolicyRandom {
+		return s.pickRand.IntN(len(s.instances)), "", 0, nil
+	}
+	views, err := s.views(e)
+	if err != nil {
+		return 0, "", 0, err
+	}
+	now := epoch.Add(s.now)
+	requestID := fmt.Sprintf("%s#%d", ar.agent.ID, call)
+	rreq := routing.Request{
+		Fleet: fsm.FleetContext, Key: ar.agent.ID, ConversationID: ar.agent.ID, RequestID: requestID, Edge: e.id,
+		PromptTokens: req.PromptTokens, Spread: routing.SpreadFor(requestID), Now: now,
+	}
+	in := routing.Inputs{Views: views, Overload: s.overload}
+	if e.index != nil {
+		in.Prefix = e.index
+		rreq.Blocks = req.Blocks
+	}
+	var rt routing.Route
+	switch s.cfg.Policy {
+	case PolicyRoundRobin:
+		rreq.RoundRobin = e.rr
+		e.rr++
+		rt, err = s.router.Place(rreq, in)
+	case PolicyLeastLoaded, PolicyPrefix:
+		rt, err = s.router.Place(rreq, in)
+	default:
+		return s.routeKeyed(e, edge, ar, rreq, in)
+	}
+	if err != nil {
+		return 0, "", 0, err
+	}
+	if rt.Action == routing.ActionShed {
+		return -1, "", rt.RetryAfter, nil
+	}
+	if e.index != nil {
+		e.index.Predict(rt.Instance, req.Blocks, now)
+	}
+	return s.byID[rt.Instance], "", 0, nil
+}
+
+// routeKeyed is the edge's request path for the binding policies: identity
+// (parent header for tether), binding lookup in the edge's replica, sticky /
+// overflow / placement, and the log proposals the route calls for.
+func (s *simulator) routeKeyed(e *simEdge, edge int, ar *agentRun, rreq routing.Request, in routing.Inputs) (int, string, time.Duration, error) {
+	ctx := s.ctx
+	now := rreq.Now
+	state := func() *fsm.State {
+		if e.local != nil {
+			return e.local.State(0)
+		}
+		return s.log.State(edge)
+	}
+	propose := func(evs []fsm.Event) ([]fsm.Result, error) {
+		if e.local != nil {
+			return e.local.Propose(ctx, 0, now, evs)
+		}
+		return s.log.Propose(ctx, edge, now, evs)
+	}
+	h := http.Header{}
+	h.Set("x-session-id", ar.agent.ID)
+	if ar.agent.Parent != nil {
+		// The agent gateway sends the parent header on every sub-agent
+		// request; only the tether policy configures it.
+		h.Set(ParentHeader, ar.agent.Parent.ID)
+	}
+	st := state()
+	id, err := routing.ResolveIdentity(s.ident, "", h, st)
+	if err != nil {
+		return 0, "", 0, err
+	}
+	rreq.Key = id.Key(fsm.FleetContext)
+	rreq.ConversationID = id.ConversationID
+	in.Bindings = st
+	var pre []fsm.Event
+	if id.NewLink {
+		pre = append(pre, id.Link)
+	}
+	var rt routing.Route
+	if b, ok := st.Lookup(fsm.FleetContext, rreq.Key); ok {
+		rt, err = s.router.RouteBound(rreq, b, in)
+	} else {
+		rt, err = s.router.Place(rreq, in)
+	}
+	if err != nil {
+		return 0, "", 0, err
+	}
+	instance := rt.Instance
+	switch rt.Action {
+	case routing.ActionShed:
+		return -1, "", rt.RetryAfter, nil
+	case routing.ActionSticky:
+		s.touch(e, edge, rreq.Key, id)
+	case routing.ActionBind:
+		rs, err := propose(append(pre, rt.BindEvent(rreq)))
+		if err != nil {
+			return 0, "", 0, err
+		}
+		pre = nil
+		r := rs[len(rs)-1]
+		// A retried proposal reports StatusDuplicate with the binding in
+		// force; either way the committed binding is the one to use.
+		if !r.Found {
+			return 0, "", 0, fmt.Errorf("bind %s to %s: %v %s", rreq.Key, rt.Instance, r.Status, r.Reason)
+		}
+		instance = r.Binding.Instance // the committed winner
+	case routing.ActionOverflow:
+		if _, err := propose(append(pre, rt.OverflowEvent(rreq))); err != nil {
+			return 0, "", 0, err
+		}
+		pre = nil
+		s.res.Overflows++
+		if rt.Rebind {
+			s.res.Rebinds++
+		}
+	}
+	if len(pre) > 0 {
+		if _, err := propose(pre); err != nil {
+			return 0, "", 0, err
+		}
+	}
+	if e.index != nil {
+		e.index.Predict(instance, rreq.Blocks, now)
+	}
+	idx, ok := s.byID[instance]
+	if !ok {
+		return 0, "", 0, fmt.Errorf("routed to unknown instance %q", instance)
+	}
+	affinity := ""
+	if id.SubAgent() {
+		affinity = rreq.Key // the signed hint's affinity id: the root key
+	}
+	return idx, affinity, 0, nil
+}
+
+// touch queues a Touch of the key (and the sub-agent's link) at edge e,
+// flushed every TouchInterval like the edge's touch batching.
+func (s *simulator) touch(e *simEdge, edge int, key string, id routing.Identity) {
+	if !e.touchPending[key] {
+		e.touchPending[key] = true
+		e.touchKeys = append(e.touchKeys, fsm.FleetKey{Fleet: fsm.FleetContext, Key: key})
+	}
+	if id.SubAgent() && !e.touchPending["\x00link:"+id.ConversationID] {
+		e.touchPending["\x00link:"+id.ConversationID] = true
+		e.touchLinks = append(e.touchLinks, id.ConversationID)
+	}
+	if !e.touchArmed {
+		e.touchArmed = true
+		s.push(&event{at: s.now + s.cfg.TouchInterval, kind: evTouchFlush, edge: edge})
+	}
+}
+
+func (s *simulator) flushTouches(edge int) error {
+	e := s.edges[edge]
+	e.touchArmed = false
+	if len(e.touchKeys) == 0 && len(e.touchLinks) == 0 {
+		return nil
+	}
+	ev := fsm.Touch{Keys: e.touchKeys, Links: e.touchLinks}
+	e.touchKeys, e.touchLinks = nil, nil
+	clear(e.touchPending)
+	var err error
+	if e.local != nil {
+		_, err = e.local.Propose(s.ctx, 0, epoch.Add(s.now), []fsm.Event{ev})
+	} else {
+		err = s.log.Background(s.ctx, edge, epoch.Add(s.now), []fsm.Event{ev})
+	}
+	if err != nil {
+		return fmt.Errorf("bench: %s: touch: %w", e.id, err)
+	}
+	return nil
+}

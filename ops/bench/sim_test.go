@@ -1,0 +1,355 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+)
+
+// smallTraces writes three small traces (one with two parallel sub-agents
+// sharing a prefix) and loads them.
+func smallTraces(t *testing.T) *Workload {
+	t.Helper()
+	dir := t.TempDir()
+	seq := func(n int, base int) []int {
+		out := make([]int, n)
+		for i := range out {
+			out[i] = base + i
+		}
+		return out
+	}
+	writeTrace(t, dir, "t1.json.gz", true, traceDoc("t1",
+		req(0, 20*64, 40, seq(20, 1)...),
+		req(3, 26*64, 40, seq(26, 1)...),
+		sub(5, "agent_001", req(0, 12*64, 20, seq(12, 500)...), req(1, 14*64, 20, append(seq(12, 500), 600, 601)...)),
+		sub(5.5, "agent_002", req(0, 12*64, 20, append(seq(10, 500), 700, 701)...), req(1, 13*64, 20, append(seq(10, 500), 700, 701, 702)...)),
+		req(9, 34*64, 40, seq(34, 1)...),
+	))
+	writeTrace(t, dir, "t2.json", false, traceDoc("t2",
+		req(0, 30*64, 60, seq(30, 1)...),
+		req(2, 33*64, 60, seq(33, 1)...),
+		req(4, 40*64, 60, seq(40, 1)...),
+	))
+	writeTrace(t, dir, "t3.json", false, traceDoc("t3",
+		req(0.5, 16*64+10, 30, seq(17, 1)...),
+		req(1, 20*64, 30, seq(20, 1)...),
+	))
+	w, err := LoadTraces(dir, TraceOptions{SharedPrefixBlocks: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func testConfig() SimConfig {
+	c := DefaultSimConfig()
+	c.Instances, c.Ranks, c.CapacityBlocks, c.Edges = 3, 2, 200, 3
+	c.Log = LogSequencer
+	return c
+}
+
+func TestSimulateIsDeterministic(t *testing.T) {
+	w := smallTraces(t)
+	ctx := context.Background()
+	policies := append(append([]Policy(nil), AllPolicies...), TetherVariants...)
+	for _, p := range policies {
+		cfg := testConfig()
+		cfg.Policy = p
+		a, err := Simulate(ctx, w, cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		b, err := Simulate(ctx, w, cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if !reflect.DeepEqual(a.Records, b.Records) || !reflect.DeepEqual(a.InstancePrefillTokens, b.InstancePrefillTokens) ||
+			a.Commits != b.Commits || a.Overflows != b.Overflows || a.VirtualEnd != b.VirtualEnd {
+			t.Fatalf("%s: two runs with the same seed differ:\n%+v\n%+v", p, Summarize(a), Summarize(b))
+		}
+		if len(a.Records) != 12 {
+			t.Fatalf("%s: %d records, want all 12 requests", p, len(a.Records))
+		}
+		if p.usesSharedLog() && a.Commits == 0 {
+			t.Fatalf("%s: no affinity-log commits", p)
+		}
+	}
+}
+
+// TestRaftLogMatchesSequencer runs tether over real cluster nodes (loopback
+// TCP, bbolt files) and over the in-process sequencer: same decisions, same
+// commit count.
+func TestRaftLogMatchesSequencer(t *testing.T) {
+	w := smallTraces(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, p := range []Policy{PolicyTether, PolicySession} {
+		cfg := testConfig()
+		cfg.Policy = p
+		seq, err := Simulate(ctx, w, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Log = LogRaft
+		raft, err := Simulate(ctx, w, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(seq.Records, raft.Records) || seq.Commits != raft.Commits {
+			t.Fatalf("%s: raft run differs from the sequencer run: commits %d vs %d\n%+v\n%+v", p, raft.Commits, seq.Commits, Summarize(raft), Summarize(seq))
+		}
+	}
+}
+
+func TestSimulateRejectsBadConfig(t *testing.T) {
+	w := smallTraces(t)
+	for _, mut := range []func(*SimConfig){
+		func(c *SimConfig) { c.Edges = 0 },
+		func(c *SimConfig) { c.Instances = 0 },
+		func(c *SimConfig) { c.Ranks = 0 },
+		func(c *SimConfig) { c.CapacityBlocks = 1 },
+		func(c *SimConfig) { c.TimeScale = 0 },
+		func(c *SimConfig) { c.Policy = "fastest" },
+		func(c *SimConfig) { c.Log = "paper" },
+	} {
+		cfg := testConfig()
+		mut(&cfg)
+		if _, err := Simulate(context.Background(), w, cfg); err == nil {
+			t.Fatalf("config %+v: want an error", cfg)
+		}
+	}
+}
+
+// conversation builds a root agent whose turn i sends blocks[i] blocks,
+// each turn extending the previous one, block-aligned.
+func conversation(id string, at []time.Duration, blocks []int, out int) *Agent {
+	a := &Agent{ID: id}
+	for i, n := range blocks {
+		keys := make([]uint64, n)
+		for j := range keys {
+			keys[j] = namespaceKey(stringHash(id), int64(j))
+		}
+		a.Steps = append(a.Steps, Step{At: at[i], Request: &Request{PromptTokens: 64 * n, OutputTokens: out, Keys: keys, Blocks: ChainBlocks(keys)}})
+	}
+	return a
+}
+
+func cachedByCall(r *RunResult, agent string) []int {
+	var out []int
+	for _, rec := range r.Records {
+		if rec.Agent == agent {
+			out = append(out, rec.Cached)
+		}
+	}
+	return out
+}
+
+func instancesOf(r *RunResult, agent string) []int {
+	var out []int
+	for _, rec := range r.Records {
+		if rec.Agent == agent {
+			out = append(out, rec.Instance)
+		}
+	}
+	return out
+}
+
+func TestPolicySanityOnAThreeTurnConversation(t *testing.T) {
+	ctx := context.Background()
+	secs := func(s ...float64) []time.Duration {
+		var out []time.Duration
+		for _, x := range s {
+			out = append(out, time.Duration(x*float64(time.Second)))
+		}
+		return out
+	}
+	// Turns of 4, 6 and 8 blocks: a sticky policy caches all of the
+	// previous turn (256, then 384 tokens).
+	conv := conversation("conv", secs(0.5, 3, 4.5), []int{4, 6, 8}, 10)
+	// Two background conversations load the instances so that an edge
+	// that never saw conv places its turn 2 elsewhere: bg1 decodes on X
+	// until ~1.5 s (turn 1 goes to Y), bg2 decodes on Y from 1 s to ~4 s
+	// (an edge placing turn 2 at 3 s picks X).
+	bg1 := conversation("bg1", secs(0), []int{2}, 100)
+	bg2 := conversation("bg2", secs(1), []int{2}, 200)
+	w := &Workload{Name: "three-turns", BlockSize: 64, Agents: []*Agent{bg1, conv, bg2}}
+	// Edges: bg1 and bg2 through edge 0; conv's turns through edges 1, 0, 1.
+	edgeFor := func(agent string, call int) int {
+		if agent == "conv" && call != 1 {
+			return 1
+		}
+		return 0
+	}
+	run := func(p Policy, edges int, seed uint64) *RunResult {
+		t.Helper()
+		cfg := testConfig()
+		cfg.Policy, cfg.Edges, cfg.Seed = p, edges, seed
+		cfg.Instances, cfg.Ranks, cfg.CapacityBlocks = 2, 1, 1000
+		if edges > 1 {
+			cfg.EdgeFor = edgeFor
+		}
+		r, err := Simulate(ctx, w, cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		return r
+	}
+	want := []int{0, 256, 384}
+	for _, p := range []Policy{PolicySession, PolicyTether} {
+		r := run(p, 2, 1)
+		if got := cachedByCall(r, "conv"); !slices.Equal(got, want) {
+			t.Fatalf("%s: cached tokens per turn %v, want %v", p, got, want)
+		}
+		if in := instancesOf(r, "conv"); in[0] != in[1] || in[1] != in[2] {
+			t.Fatalf("%s: turns on instances %v, want one", p, in)
+		}
+	}
+	// One edge: session_local is a perfect sticky router.
+	if got := cachedByCall(run(PolicySessionLocal, 1, 1), "conv"); !slices.Equal(got, want) {
+		t.Fatalf("session_local with one edge: cached %v, want %v", got, want)
+	}
+	// Two edges: edge 0 never saw turn 1 and places turn 2 by load (on X,
+	// a miss); turn 3 returns to edge 1's binding (Y), which holds only
+	// turn 1's blocks.
+	sl := run(PolicySessionLocal, 2, 1)
+	in := instancesOf(sl, "conv")
+	if in[0] == in[1] || in[2] != in[0] {
+		t.Fatalf("session_local with 2 edges: turns on %v, want turn 2 scattered", in)
+	}
+	if got := cachedByCall(sl, "conv"); !slices.Equal(got, []int{0, 0, 256}) {
+		t.Fatalf("session_local with 2 edges: cached %v, want [0 0 256]", got)
+	}
+	// Random over 3 instances hits less often than a sticky policy (which
+	// hits on every later turn), summed over seeds.
+	var randomCached, stickyCached int
+	for seed := uint64(1); seed <= 20; seed++ {
+		cfg := testConfig()
+		cfg.Policy, cfg.Edges, cfg.Seed = PolicyRandom, 2, seed
+		cfg.Instances, cfg.Ranks, cfg.CapacityBlocks = 3, 1, 1000
+		r, err := Simulate(ctx, w, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range cachedByCall(r, "conv") {
+			randomCached += c
+		}
+		stickyCached += 256 + 384
+	}
+	if randomCached >= stickyCached {
+		t.Fatalf("random cached %d tokens over 20 seeds, sticky %d: random must do worse", randomCached, stickyCached)
+	}
+}
+
+func TestSubAgentsFollowTheirParentOnlyWithTether(t *testing.T) {
+	w := smallTraces(t)
+	for _, p := range []Policy{PolicyTether, PolicySession} {
+		cfg := testConfig()
+		cfg.Policy = p
+		r, err := Simulate(context.Background(), w, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parent := -1
+		together := true
+		for _, rec := range r.Records {
+			if rec.Agent == "t1" {
+				parent = rec.Instance
+			}
+			if rec.SubAgent && rec.Instance != parent {
+				together = false
+			}
+		}
+		if p == PolicyTether && !together {
+			t.Fatalf("tether: sub-agents must run on their parent's instance: %+v", r.Records)
+		}
+		if p == PolicyTether {
+			// Both siblings share 4 shared + 10 common blocks: the
+			// second sibling's first call hits them.
+			var firsts []int
+			for _, rec := range r.Records {
+				if rec.SubAgent && rec.Call == 0 {
+					firsts = append(firsts, rec.Cached)
+				}
+			}
+			if len(firsts) != 2 || max(firsts[0], firsts[1]) < 14*64 {
+				t.Fatalf("tether: sibling first calls cached %v, want one to hit the 14 common blocks", firsts)
+			}
+		}
+	}
+}
+
+func TestUpperBoundIsAtLeastEveryPolicy(t *testing.T) {
+	w := smallTraces(t)
+	base := testConfig()
+	base.CapacityBlocks = 60 // small caches: evictions everywhere
+	rep, err := Replay(context.Background(), w, ReplayOptions{Base: base, Policies: AllPolicies, Edges: []int{1, 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.UpperBound <= 0 || rep.UpperBound >= 1 {
+		t.Fatalf("upper bound %v", rep.UpperBound)
+	}
+	for _, s := range rep.Policies {
+		if s.HitRate > rep.UpperBound+1e-12 {
+			t.Fatalf("%s with %d edges: hit rate %.4f above the upper bound %.4f", s.Name, s.Edges, s.HitRate, rep.UpperBound)
+		}
+	}
+	// One instance with one unbounded rank is the infinite cache: the
+	// simulation and the bound agree exactly.
+	one := testConfig()
+	one.Instances, one.Ranks, one.CapacityBlocks, one.Edges, one.Policy = 1, 1, 1<<16, 1, PolicyTether
+	r, err := Simulate(context.Background(), w, one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := Summarize(r); math.Abs(s.HitRate-rep.UpperBound) > 1e-12 {
+		t.Fatalf("one unbounded cache: hit rate %.6f, upper bound %.6f", s.HitRate, rep.UpperBound)
+	}
+}
+
+func TestReportJSONHasTheDocumentedFields(t *testing.T) {
+	w := smallTraces(t)
+	rep, err := Replay(context.Background(), w, ReplayOptions{Base: testConfig(), Policies: []Policy{PolicyRandom, PolicyTether}, Edges: []int{3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := doc["upper_bound_hit_rate"].(float64); !ok {
+		t.Fatalf("no upper_bound_hit_rate in %s", data)
+	}
+	pols, ok := doc["policies"].([]any)
+	if !ok || len(pols) != 2 {
+		t.Fatalf("policies: %s", data)
+	}
+	for _, p := range pols {
+		m := p.(map[string]any)
+		for _, f := range []string{"name", "edges", "hit_rate", "subagent_hit_rate", "prefill_tokens", "ttft_p50_ms", "ttft_p99_ms", "load_cov", "overflows", "commits"} {
+			if _, ok := m[f]; !ok {
+				t.Fatalf("policy entry lacks %q: %v", f, m)
+			}
+		}
+	}
+	if pols[1].(map[string]any)["name"] != "tether" || pols[1].(map[string]any)["commits"].(float64) <= 0 {
+		t.Fatalf("tether entry: %v", pols[1])
+	}
+}
+
+func TestReplayCancelled(t *testing.T) {
+	w := smallTraces(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Replay(ctx, w, ReplayOptions{Base: testConfig(), Policies: AllPolicies, Edges: []int{3}}); err == nil {
+		t.Fatal("want an error from a cancelled replay")
+	}
+}
