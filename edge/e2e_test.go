@@ -105,12 +105,13 @@ func TestSeedTableAcrossThreeEdges(t *testing.T) {
 			if p1.ctxInst == "" || a1.ctxInst != p1.ctxInst || b1.ctxInst != p1.ctxInst {
 				t.Fatalf("context instances: parent %s, child-a %s, child-b %s; want one shared", p1.ctxInst, a1.ctxInst, b1.ctxInst)
 			}
-			// Every edge's admin API reports the same binding of the root.
+			// Every edge's admin API reports the same binding of the root
+			// (once the entry replicated to it).
 			for i := range 3 {
-				b, ok := binding(t, c, ec.edge(i), fsm.FleetContext, "parent-1")
-				if !ok || b.Instance != p1.ctxInst || b.ConversationID != "parent-1" {
-					t.Fatalf("edge %d: context binding of parent-1 = %+v (found %v), want instance %s", i+1, b, ok, p1.ctxInst)
-				}
+				waitFor(t, fmt.Sprintf("edge %d to report parent-1 on %s", i+1, p1.ctxInst), 5*time.Second, func() bool {
+					b, ok := binding(t, c, ec.edge(i), fsm.FleetContext, "parent-1")
+					return ok && b.Instance == p1.ctxInst && b.ConversationID == "parent-1"
+				})
 			}
 			for _, child := range []string{"child-a", "child-b"} {
 				if _, ok := binding(t, c, ec.edge(0), fsm.FleetContext, child); ok {
@@ -130,10 +131,10 @@ func TestSeedTableAcrossThreeEdges(t *testing.T) {
 					conv string
 					res  turnResult
 				}{{"child-a", a1}, {"child-b", b1}} {
-					b, ok := binding(t, c, ec.edge(0), fsm.FleetGeneration, r.conv)
-					if !ok || b.Instance != r.res.gen {
-						t.Fatalf("scope context: generation binding of %s = %+v (found %v), want %s", r.conv, b, ok, r.res.gen)
-					}
+					waitFor(t, "scope context: the generation binding of "+r.conv+" on edge 1", 5*time.Second, func() bool {
+						b, ok := binding(t, c, ec.edge(0), fsm.FleetGeneration, r.conv)
+						return ok && b.Instance == r.res.gen && b.ConversationID == r.conv
+					})
 				}
 			}
 

@@ -151,19 +151,62 @@ func mustMarshal(v any) json.RawMessage {
 }
 
 // hopBody is the request body for one hop: the client's body with fields
-// set or removed.
+// set or removed. Values are copied as the decoder validated them (no
+// re-encoding: the prompt is the bulk of the body and is written once).
 func (rq *request) hopBody(set map[string]json.RawMessage, del ...string) []byte {
-	m := make(map[string]json.RawMessage, len(rq.top)+len(set))
+	n := 2
 	for k, v := range rq.top {
-		m[k] = v
-	}
-	for _, k := range del {
-		delete(m, k)
+		n += len(k) + len(v) + 4
 	}
 	for k, v := range set {
-		m[k] = v
+		n += len(k) + len(v) + 4
 	}
-	return mustMarshal(m)
+	b := make([]byte, 0, n+16)
+	b = append(b, '{')
+	first := true
+	write := func(k string, v json.RawMessage) {
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+		b = appendJSONString(b, k)
+		b = append(b, ':')
+		b = append(b, v...)
+	}
+outer:
+	for k, v := range rq.top {
+		if _, replaced := set[k]; replaced {
+			continue
+		}
+		for _, d := range del {
+			if k == d {
+				continue outer
+			}
+		}
+		write(k, v)
+	}
+	for k, v := range set {
+		write(k, v)
+	}
+	return append(b, '}')
+}
+
+// appendJSONString appends s as a JSON string (keys of a decoded object:
+// any valid UTF-8, escaped as encoding/json would).
+func appendJSONString(b []byte, s string) []byte {
+	simple := true
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 || c == '<' || c == '>' || c == '&' {
+			simple = false
+			break
+		}
+	}
+	if simple {
+		b = append(b, '"')
+		b = append(b, s...)
+		return append(b, '"')
+	}
+	return append(b, mustMarshal(s)...)
 }
 
 // upstreamAnswer is a worker's non-success answer passed to the client.

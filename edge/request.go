@@ -205,22 +205,22 @@ func parseBody(body []byte, chat bool) (rq *request, bodyConv string, tokens []u
 		if !ok || isNull(raw) {
 			return nil, "", nil, badRequest("missing_required_parameter", "messages", "messages is required")
 		}
-		var msgs []json.RawMessage
+		var msgs []struct {
+			Role    json.RawMessage `json:"role"`
+			Content json.RawMessage `json:"content"`
+		}
 		if err := json.Unmarshal(raw, &msgs); err != nil {
+			var typ *json.UnmarshalTypeError
+			if errors.As(err, &typ) && typ.Field != "" {
+				return nil, "", nil, badRequest("", "messages", "every message must be an object with role and content: %v", err)
+			}
 			return nil, "", nil, badRequest("", "messages", "invalid type for \"messages\": want an array of messages, got %s", jsonKind(raw))
 		}
 		if len(msgs) == 0 {
 			return nil, "", nil, badRequest("", "messages", "messages must contain at least one message")
 		}
 		pm := make([]prefix.Message, len(msgs))
-		for i, m := range msgs {
-			var msg struct {
-				Role    json.RawMessage `json:"role"`
-				Content json.RawMessage `json:"content"`
-			}
-			if err := json.Unmarshal(m, &msg); err != nil {
-				return nil, "", nil, badRequest("", fmt.Sprintf("messages[%d]", i), "messages[%d] must be an object with role and content", i)
-			}
+		for i, msg := range msgs {
 			var role string
 			if err := json.Unmarshal(msg.Role, &role); err != nil || strings.TrimSpace(role) == "" {
 				return nil, "", nil, badRequest("", fmt.Sprintf("messages[%d].role", i), "messages[%d].role is required (a non-empty string)", i)

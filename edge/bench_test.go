@@ -1,0 +1,176 @@
+package edge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/worker"
+)
+
+// startPlainWorker is a simulated worker (TimeScale 0) without the
+// recording proxy, for benchmarks.
+func startPlainWorker(tb testing.TB, id string, fleet telemetry.Fleet, role hintauth.Role) *worker.Server {
+	tb.Helper()
+	cfg := worker.DefaultConfig()
+	cfg.InstanceID, cfg.Model, cfg.InternalRequestAuthKey = id, testModel, testKey
+	cfg.ADP.EnableAttentionDP = true
+	cfg.ADP.AttentionDP.ConversationAffinity = true
+	cfg.Ranks = 2
+	cfg.Engine.TimeScale, cfg.Engine.BlockSize, cfg.Engine.CapacityBlocks = 0, testBlockSize, 1<<15
+	cfg.Fleet, cfg.ServerRole = fleet, role
+	cfg.Logger = testLogger(tb)
+	srv, err := worker.New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := srv.Start(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = srv.Close(context.Background()) })
+	return srv
+}
+
+// BenchmarkEdgeOverhead measures what the edge adds to a request: the same
+// disaggregated exchange (context_only then generation_only, JSON, bound
+// conversation) sent by the client straight to the two workers, and sent
+// through the edge, alternating one for one on the same machine. Reported:
+// the medians and p99s of both paths and the median added latency
+// (p50-added-us; target <= 300).
+func BenchmarkEdgeOverhead(b *testing.B) {
+	ctxW := startPlainWorker(b, "ctx-0", telemetry.FleetContext, hintauth.RoleContext)
+	genW := startPlainWorker(b, "gen-0", telemetry.FleetGeneration, hintauth.RoleGeneration)
+	ec := startEdges(b, 1, "", func(_ int, c *Config) {
+		c.Telemetry.ProbeInterval = 100 * time.Millisecond
+		c.ContextServers.URLs = []StaticInstance{{Name: "ctx-0", URL: ctxW.URL()}}
+		c.GenerationServers.URLs = []StaticInstance{{Name: "gen-0", URL: genW.URL()}}
+		c.DebugRouteHeader = false
+		c.TouchInterval = time.Second
+	})
+	ec.waitInstances(2)
+	te := ec.edge(0)
+	tr := &http.Transport{MaxIdleConnsPerHost: 16}
+	b.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
+	body := chatBody(b, longText("bench-system", 150), []string{"what next"}, map[string]any{"max_tokens": 4})
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		b.Fatal(err)
+	}
+	top["conversation_params"] = json.RawMessage(`{"conversation_id":"bench-conv"}`)
+
+	post := func(url string, payload []byte, h http.Header) []byte {
+		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(payload))
+		if err != nil {
+			b.Fatal(err)
+		}
+		req.Header = h
+		resp, err := client.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		out, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			b.Fatalf("%s: %d %v %s", url, resp.StatusCode, err, out)
+		}
+		return out
+	}
+	jsonHeader := http.Header{"Content-Type": {"application/json"}, "X-Session-Id": {"bench-conv"}}
+	var disaggSeq uint64
+	direct := func() {
+		disaggSeq++
+		id := strconv.FormatUint(disaggSeq, 10)
+		m := make(map[string]json.RawMessage, len(top)+1)
+		for k, v := range top {
+			m[k] = v
+		}
+		m["disaggregated_params"] = json.RawMessage(`{"request_type":"context_only","disagg_request_id":` + id + `}`)
+		cb, _ := json.Marshal(m)
+		ctxOut := post(ctxW.URL()+"/v1/chat/completions", cb, jsonHeader)
+		var cr struct {
+			DP struct {
+				CtxRequestID json.RawMessage `json:"ctx_request_id"`
+				OpaqueState  string          `json:"opaque_state"`
+			} `json:"disaggregated_params"`
+		}
+		if err := json.Unmarshal(ctxOut, &cr); err != nil {
+			b.Fatal(err)
+		}
+		st, _ := json.Marshal(cr.DP.OpaqueState)
+		m["disaggregated_params"] = json.RawMessage(`{"request_type":"generation_only","disagg_request_id":` + id +
+			`,"ctx_request_id":` + string(cr.DP.CtxRequestID) + `,"opaque_state":` + string(st) + `}`)
+		gb, _ := json.Marshal(m)
+		post(genW.URL()+"/v1/chat/completions", gb, jsonHeader)
+	}
+	viaEdge := func() { post(te.url()+"/v1/chat/completions", body, jsonHeader) }
+
+	// Warm up: bind the conversation, fill the caches, open connections.
+	for range 20 {
+		direct()
+		viaEdge()
+	}
+	var dLat, eLat []time.Duration
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		direct()
+		t1 := time.Now()
+		viaEdge()
+		t2 := time.Now()
+		dLat = append(dLat, t1.Sub(t0))
+		eLat = append(eLat, t2.Sub(t1))
+	}
+	b.StopTimer()
+	pct := func(xs []time.Duration, p float64) float64 {
+		s := slices.Clone(xs)
+		slices.Sort(s)
+		return float64(s[min(len(s)-1, int(p*float64(len(s))))].Microseconds())
+	}
+	b.ReportMetric(pct(dLat, 0.5), "p50-direct-us")
+	b.ReportMetric(pct(eLat, 0.5), "p50-edge-us")
+	b.ReportMetric(pct(eLat, 0.5)-pct(dLat, 0.5), "p50-added-us")
+	b.ReportMetric(pct(dLat, 0.99), "p99-direct-us")
+	b.ReportMetric(pct(eLat, 0.99), "p99-edge-us")
+}
+
+// BenchmarkRoutingDecision is the edge's in-process share: parse, identity,
+// views, sticky routing and body rewriting, without the network.
+func BenchmarkRoutingDecision(b *testing.B) {
+	s := startStatic(b, 1, 1, nil)
+	body := chatBody(b, longText("route", 150), []string{"go"}, nil)
+	if r := s.chat(b, body, map[string]string{"x-session-id": "bench-route"}); r.status != http.StatusOK {
+		b.Fatalf("%d %s", r.status, r.body)
+	}
+	e := s.te.e
+	ctx := context.Background()
+	h := http.Header{"X-Session-Id": {"bench-route"}}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		rq, conv, toks, aerr := parseBody(body, true)
+		if aerr != nil {
+			b.Fatal(aerr)
+		}
+		rq.requestID, rq.now, rq.hint = "bench", time.Now(), true
+		if aerr := e.identity(rq, conv, h); aerr != nil {
+			b.Fatal(aerr)
+		}
+		rq.promptTokens = len(toks)
+		rq.setConversation(rq.id.ConversationID)
+		hp, aerr := e.decide(ctx, rq, 1, nil)
+		if aerr != nil || hp.outcome != outcomeSticky {
+			b.Fatalf("%+v %v", hp, aerr)
+		}
+		_ = rq.hopBody(map[string]json.RawMessage{"stream": json.RawMessage("false")})
+	}
+}
