@@ -34,7 +34,10 @@ func TestProposeFromEveryNodeReadYourWrites(t *testing.T) {
 // 1,000 concurrent first Binds for one key, spread over the 3 nodes with
 // different instances: exactly one binding everywhere, same answer for all.
 func TestConcurrentFirstBindsOneWinner(t *testing.T) {
-	tc := newTestCluster(t, 3, nil)
+	// A generous timeout: this test is about agreement, not availability,
+	// and 1,000 racing goroutines under the race detector on a shared
+	// 2-core machine can starve a leader into an election.
+	tc := newTestCluster(t, 3, func(i int, c *Config) { c.ProposeTimeout = 30 * time.Second })
 	nodes := tc.running()
 	const callers = 1000
 	var (
@@ -70,6 +73,10 @@ func TestConcurrentFirstBindsOneWinner(t *testing.T) {
 	}
 	wg.Wait()
 	if len(errs) > 0 {
+		for _, n := range nodes {
+			s := n.Status()
+			t.Logf("node %s: %s term %d leader %q applied %d", s.ID, s.RaftState, s.Term, s.Leader, s.AppliedIndex)
+		}
 		t.Fatalf("%d proposals failed, first: %v", len(errs), errs[0])
 	}
 	if len(answers) != 1 {
@@ -180,6 +187,12 @@ func TestMixedWorkloadConvergesAndArchiveReplays(t *testing.T) {
 		t.Fatalf("workload did not exercise evictions/rebinds: %+v", c)
 	}
 	for _, n := range tc.running() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := n.WaitArchived(ctx, n.State().Index())
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
 		m := replayArchive(t, n.Archive())
 		got, want := m.State().Hash(), n.State().Hash()
 		if got != want || m.State().Index() != n.State().Index() {

@@ -35,11 +35,11 @@ type appliedView struct {
 // raftFSM adapts fsm.Machine (and the archive) to raft.BatchingFSM. All
 // mutating methods run on raft's single FSM goroutine.
 type raftFSM struct {
-	machine *fsm.Machine
-	archive *archive.Archive
-	selfID  string
-	log     *slog.Logger
-	metrics *metrics
+	machine  *fsm.Machine
+	archiver *archiver
+	selfID   string
+	log      *slog.Logger
+	metrics  *metrics
 
 	// snapshotConfig returns the configuration stored with the newest
 	// snapshot (for membership tracking after an installed snapshot).
@@ -65,8 +65,8 @@ type raftFSM struct {
 	waitCh chan struct{} // closed and replaced whenever the applied index moves
 }
 
-func newRaftFSM(m *fsm.Machine, a *archive.Archive, selfID string, logger *slog.Logger, met *metrics) *raftFSM {
-	f := &raftFSM{machine: m, archive: a, selfID: selfID, log: logger, metrics: met, waitCh: make(chan struct{})}
+func newRaftFSM(m *fsm.Machine, ar *archiver, selfID string, logger *slog.Logger, met *metrics) *raftFSM {
+	f := &raftFSM{machine: m, archiver: ar, selfID: selfID, log: logger, metrics: met, waitCh: make(chan struct{})}
 	f.view.Store(&appliedView{state: m.State()})
 	return f
 }
@@ -98,6 +98,9 @@ func (f *raftFSM) publish(v *appliedView) {
 func (f *raftFSM) halted() error {
 	if p := f.halt.Load(); p != nil {
 		return *p
+	}
+	if err := f.archiver.err(); err != nil {
+		return err
 	}
 	return f.machine.Halted()
 }
@@ -144,20 +147,6 @@ func (f *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		results, applyErr = f.machine.ApplyBatch(entries)
 	}
 
-	// Archive what was applied, in one transaction.
-	if len(results) > 0 && f.archive != nil {
-		recs := make([]archive.Record, len(results))
-		for i, rs := range results {
-			e := entries[i]
-			recs[i] = archive.Record{Index: e.Index, Time: e.Time, Data: e.Data, Outcomes: archive.OutcomesFromResults(rs)}
-		}
-		if err := f.archive.Append(recs); err != nil && applyErr == nil {
-			// The state already moved; a node that cannot keep its audit
-			// record stops rather than run with a silent gap.
-			applyErr = fmt.Errorf("cluster: archive entries %d..%d: %w", recs[0].Index, recs[len(recs)-1].Index, err)
-		}
-	}
-
 	next := &appliedView{state: f.machine.State(), index: prev.index, commandTerm: prev.commandTerm}
 	for i, rs := range results {
 		l := logs[positions[i]]
@@ -186,6 +175,16 @@ func (f *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	f.publish(next)
 	f.deliver(logs, resp)
+	// Archive what was applied (one bbolt transaction per batch, or per
+	// several when the archiver is behind), after the answers went out.
+	if len(results) > 0 {
+		recs := make([]archive.Record, len(results))
+		for i, rs := range results {
+			e := entries[i]
+			recs[i] = archive.Record{Index: e.Index, Time: e.Time, Data: e.Data, Outcomes: archive.OutcomesFromResults(rs)}
+		}
+		f.archiver.enqueue(recs)
+	}
 	if halted {
 		f.halt.CompareAndSwap(nil, &applyErr)
 		f.onHalt(applyErr)
@@ -252,7 +251,7 @@ func (f *raftFSM) Snapshot() (raft.FSMSnapshot, error) {
 		// claim entries this node never applied.
 		return nil, fmt.Errorf("cluster: no snapshot from a halted state machine: %w", err)
 	}
-	return &stateSnapshot{state: f.machine.State()}, nil
+	return &stateSnapshot{state: f.machine.State(), archiver: f.archiver}, nil
 }
 
 // Restore replaces the state from a snapshot stream (raft's install or user
@@ -271,15 +270,28 @@ func (f *raftFSM) Restore(rc io.ReadCloser) error {
 		}
 	}
 	f.publish(&appliedView{state: st, index: index, commandTerm: f.current().commandTerm})
+	f.archiver.restored(st.Index())
 	if f.onRestored != nil {
 		f.onRestored(st.Index())
 	}
 	return nil
 }
 
-type stateSnapshot struct{ state *fsm.State }
+type stateSnapshot struct {
+	state    *fsm.State
+	archiver *archiver
+}
+
+// snapshotArchiveWait bounds how long Persist waits for the archive.
+const snapshotArchiveWait = time.Minute
 
 func (s *stateSnapshot) Persist(sink raft.SnapshotSink) error {
+	// The log behind this snapshot is about to be compacted: the archive
+	// must already hold it.
+	if err := s.archiver.waitArchived(s.state.Index(), snapshotArchiveWait); err != nil {
+		sink.Cancel()
+		return fmt.Errorf("cluster: persist snapshot at state index %d: %w", s.state.Index(), err)
+	}
 	w := bufio.NewWriterSize(sink, 256<<10)
 	err := s.state.WriteSnapshot(w)
 	if err == nil {

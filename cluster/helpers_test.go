@@ -26,7 +26,7 @@ var testKey = []byte("0123456789abcdef-test-internal-key")
 var testTiming = RaftTiming{
 	HeartbeatTimeout:   400 * time.Millisecond,
 	ElectionTimeout:    400 * time.Millisecond,
-	LeaderLeaseTimeout: 200 * time.Millisecond,
+	LeaderLeaseTimeout: 400 * time.Millisecond,
 	CommitTimeout:      2 * time.Millisecond,
 }
 

@@ -54,6 +54,7 @@ type Node struct {
 	machine   *fsm.Machine
 	fsm       *raftFSM
 	archive   *archive.Archive
+	archiver  *archiver
 	mux       *mux
 	client    *forwardClient
 	metrics   *metrics
@@ -175,7 +176,12 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.machine = fsm.NewMachine()
 	n.batcher = newBatcher(n)
 	n.forwarder = newForwarder(n)
-	n.fsm = newRaftFSM(n.machine, n.archive, n.id, n.log, n.metrics)
+	n.archiver, err = newArchiver(n.archive, n.onHalt)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	cleanup = append(cleanup, n.archiver.close)
+	n.fsm = newRaftFSM(n.machine, n.archiver, n.id, n.log, n.metrics)
 	n.fsm.onApplied = n.batcher.resolve
 	n.fsm.onHalt = n.onHalt
 	n.fsm.onRemoved = n.onRemoved
@@ -500,6 +506,16 @@ func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
 	return fmt.Errorf("cluster: wait for index %d (applied %d): %w", index, n.fsm.appliedIndex(), ctx.Err())
 }
 
+// WaitArchived waits until this node's archive holds index (the archive is
+// written just after apply, off the proposal path).
+func (n *Node) WaitArchived(ctx context.Context, index uint64) error {
+	d := time.Minute
+	if dl, ok := ctx.Deadline(); ok {
+		d = time.Until(dl)
+	}
+	return n.archiver.waitArchived(index, d)
+}
+
 // Close stops the node gracefully: a leader first hands leadership to
 // another voter, then Raft shuts down and the stores close. Idempotent.
 func (n *Node) Close(ctx context.Context) error {
@@ -551,6 +567,7 @@ func (n *Node) shutdown(abrupt bool) error {
 	if err := n.transport.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("transport: %w", err))
 	}
+	n.archiver.close() // raft (the only producer) has stopped: flush and stop
 	if err := n.archive.Close(); err != nil {
 		errs = append(errs, err)
 	}
