@@ -81,7 +81,7 @@ func bigMachine(b *testing.B) (*Machine, []string) {
 		rng.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
 		bigState.m, bigState.keys = m, keys
 	})
-	if b != nil && bigState.m.State().Len() != bigStateBindings {
+	if bigState.m.State().Len() != bigStateBindings {
 		b.Fatalf("big state holds %d bindings", bigState.m.State().Len())
 	}
 	return bigState.m, bigState.keys
