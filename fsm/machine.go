@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -635,10 +636,8 @@ func (tx *txn) link(e *Link) Result {
 		nr.children = make([]string, 0, len(root.children)+1)
 		nr.children = append(nr.children, root.children...)
 	}
-	at, _ := slicesSearchString(nr.children, e.Child)
-	nr.children = append(nr.children, "")
-	copy(nr.children[at+1:], nr.children[at:])
-	nr.children[at] = e.Child
+	at, _ := slices.BinarySearch(nr.children, e.Child)
+	nr.children = slices.Insert(nr.children, at, e.Child)
 	s.roots.set(tx.owner, nr)
 	s.counters.scalars[cLinksCreated]++
 	return Result{Status: StatusApplied}

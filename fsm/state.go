@@ -366,7 +366,3 @@ func (s *State) Hash() [32]byte {
 	}
 	return sha256.Sum256(b)
 }
-
-func slicesSearchString(list []string, s string) (int, bool) {
-	return slices.BinarySearch(list, s)
-}
