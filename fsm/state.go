@@ -3,6 +3,7 @@ package fsm
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"math/bits"
 	"slices"
 	"strings"
 	"unsafe"
@@ -203,11 +204,42 @@ func (s *State) Time() int64 { return s.time }
 // request: no allocation, no lock. The returned Binding shares its strings
 // and Decision.Candidates with the state; callers must not modify the slice.
 func (s *State) Lookup(f Fleet, key string) (Binding, bool) {
-	rec, ok := s.bindings.getHashed(trieHash(uint8(f), key), uint8(f), key)
-	if !ok {
-		return Binding{}, false
+	if rec := lookupBinding(&s.bindings, f, key); rec != nil {
+		return rec.Binding, true
 	}
-	return rec.Binding, true
+	return Binding{}, false
+}
+
+// lookupBinding is pmap.getHashed written out for binding records, so the
+// key comparison reads the record's fields directly instead of calling
+// mapKey through the generic dictionary (an indirect call per lookup).
+func lookupBinding(m *pmap[*bindingRec], f Fleet, key string) *bindingRec {
+	h := trieHash(uint8(f), key)
+	node, bitmap := m.root, m.rootBits
+	for shift := uint(0); node != nil; shift += hamtBits {
+		if shift >= hamtCollisions {
+			for i := 1; i < len(node); i++ {
+				if r := node[i].val; r.Fleet == f && r.Key == key {
+					return r
+				}
+			}
+			return nil
+		}
+		bit := uint32(1) << ((h >> shift) & hamtMask)
+		if bitmap&bit == 0 {
+			return nil
+		}
+		sl := &node[1+bits.OnesCount32(bitmap&(bit-1))]
+		if sl.kids != nil {
+			node, bitmap = sl.child(shift), uint32(sl.hash)
+			continue
+		}
+		if r := sl.val; sl.hash == h && r.Fleet == f && r.Key == key {
+			return r
+		}
+		return nil
+	}
+	return nil
 }
 
 // Len is the number of live bindings over all fleets.

@@ -198,6 +198,7 @@ func TestHashKeyStable(t *testing.T) {
 }
 
 func TestBuildPmapMatchesIncremental(t *testing.T) {
+	defer func() { keyHashMask = ^uint64(0) }()
 	for _, mask := range []uint64{^uint64(0), 0x3ff, 0x1, 0} {
 		keyHashMask = mask
 		rng := rand.New(rand.NewPCG(mask, 11))
@@ -242,6 +243,37 @@ func TestBuildPmapMatchesIncremental(t *testing.T) {
 		}
 		if _, dup, ok := buildPmap(newOwner(), append(slices.Clone(vals), &testVal{tag: vals[7].tag, key: vals[7].key})); ok || dup != vals[7].key {
 			t.Fatalf("mask %x: duplicate not reported (%q %v)", mask, dup, ok)
+		}
+	}
+	keyHashMask = ^uint64(0)
+}
+
+// Lookup's hand-specialised trie walk agrees with the generic one, also
+// through deep paths and full-hash collision nodes.
+func TestLookupThroughCollisions(t *testing.T) {
+	defer func() { keyHashMask = ^uint64(0) }()
+	for _, mask := range []uint64{^uint64(0), 0x7, 0} {
+		keyHashMask = mask
+		h := newHarness(t)
+		for i := 0; i < 300; i++ {
+			f := Fleet(1 + i%2)
+			h.one(int64(i+1), bindEv(f, fmt.Sprintf("key-%d", i), fmt.Sprintf("inst-%d", i%5)))
+		}
+		s := h.m.State()
+		for i := 0; i < 300; i++ {
+			f := Fleet(1 + i%2)
+			k := fmt.Sprintf("key-%d", i)
+			b, ok := s.Lookup(f, k)
+			r, rok := s.bindings.get(uint8(f), k)
+			if !ok || !rok || b.Key != k || r.Key != k || b.Instance != fmt.Sprintf("inst-%d", i%5) {
+				t.Fatalf("mask %x: Lookup(%v, %q) = %+v %v", mask, f, k, b, ok)
+			}
+			if _, ok := s.Lookup(3-f, k); ok {
+				t.Fatalf("mask %x: %q found in the other fleet", mask, k)
+			}
+		}
+		if _, ok := s.Lookup(FleetContext, "absent"); ok {
+			t.Fatalf("mask %x: absent key found", mask)
 		}
 	}
 	keyHashMask = ^uint64(0)
