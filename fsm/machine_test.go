@@ -681,3 +681,29 @@ func TestAnnotationChangesNothingButIndex(t *testing.T) {
 		t.Fatal("annotation changed records")
 	}
 }
+
+func TestRestoreResumesHaltedMachine(t *testing.T) {
+	healthy := newHarness(t)
+	healthy.one(10, bindEv(FleetContext, "k", "i"))
+	var snap bytes.Buffer
+	if err := healthy.m.State().WriteSnapshot(&snap); err != nil {
+		t.Fatal(err)
+	}
+	m := NewMachine()
+	if _, err := m.Apply(Entry{Index: 1, Time: 1, Data: rawEntry(t, unknownEvent(0x0d))}); err == nil || m.Halted() == nil {
+		t.Fatal("machine did not halt")
+	}
+	if err := m.Restore(&snap); err != nil {
+		t.Fatal(err)
+	}
+	if m.Halted() != nil {
+		t.Fatalf("still halted after restore: %v", m.Halted())
+	}
+	if b, ok := m.State().Lookup(FleetContext, "k"); !ok || b.Instance != "i" {
+		t.Fatal("restored state lacks the binding")
+	}
+	rs, err := m.Apply(Entry{Index: 2, Time: 20, Data: rawEntry(t, mustEncode(t, bindEv(FleetContext, "k2", "i")))})
+	if err != nil || !rs[0].Created {
+		t.Fatalf("apply after restore: %+v %v", rs, err)
+	}
+}
