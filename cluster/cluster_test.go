@@ -13,6 +13,7 @@ import (
 )
 
 func TestProposeFromEveryNodeReadYourWrites(t *testing.T) {
+	t.Parallel()
 	tc := newTestCluster(t, 3, nil)
 	ctx := context.Background()
 	for i, n := range tc.running() {
@@ -34,6 +35,7 @@ func TestProposeFromEveryNodeReadYourWrites(t *testing.T) {
 // 1,000 concurrent first Binds for one key, spread over the 3 nodes with
 // different instances: exactly one binding everywhere, same answer for all.
 func TestConcurrentFirstBindsOneWinner(t *testing.T) {
+	t.Parallel()
 	// A generous timeout: this test is about agreement, not availability,
 	// and 1,000 racing goroutines under the race detector on a shared
 	// 2-core machine can starve a leader into an election.
@@ -166,8 +168,9 @@ func replayArchive(t *testing.T, a *archive.Archive) *fsm.Machine {
 }
 
 func TestMixedWorkloadConvergesAndArchiveReplays(t *testing.T) {
+	t.Parallel()
 	tc := newTestCluster(t, 3, nil)
-	mixedWorkload(t, tc, 60)
+	mixedWorkload(t, tc, 30)
 	idx := tc.sync(10 * time.Second)
 	var ref Status
 	for i, n := range tc.running() {
@@ -222,6 +225,7 @@ func TestMixedWorkloadConvergesAndArchiveReplays(t *testing.T) {
 }
 
 func TestDuplicateProposalIDAppliedOnce(t *testing.T) {
+	t.Parallel()
 	tc := newTestCluster(t, 3, nil)
 	ctx := context.Background()
 	for _, n := range []*Node{tc.leader(5 * time.Second), tc.follower()} {
@@ -258,6 +262,7 @@ func TestDuplicateProposalIDAppliedOnce(t *testing.T) {
 }
 
 func TestNoQuorumFailsWithinDeadline(t *testing.T) {
+	t.Parallel()
 	const timeout = 300 * time.Millisecond
 	tc := newTestCluster(t, 3, func(i int, c *Config) { c.ProposeTimeout = timeout })
 	survivor := tc.follower()
