@@ -66,7 +66,7 @@ func (l *lockedBuffer) String() string {
 func startDev(t *testing.T, args ...string) *devProc {
 	t.Helper()
 	all := append([]string{"dev", "--port", "0", "--ready-timeout", readyTimeout.String()}, args...)
-	cmd := exec.Command(tetherBin, all...)
+	cmd := exec.Command(tetherBin(t), all...)
 	p := &devProc{cmd: cmd, stderr: &lockedBuffer{}, lines: make(chan string, 256), exited: make(chan struct{}), workers: map[string]string{}}
 	cmd.Stderr = p.stderr
 	out, err := cmd.StdoutPipe()
@@ -221,6 +221,7 @@ type turn struct {
 	ctxInst, ctxRank string
 	genInst, genRank string
 	prompt, cached   int
+	via              string // the edge URL that answered
 }
 
 // errTransport marks a request that never got an HTTP answer (the edge
@@ -280,7 +281,7 @@ func (a *agent) send(ctx context.Context, c *http.Client, baseURL, model, user s
 	if err := json.Unmarshal(b, &out); err != nil || len(out.Choices) != 1 {
 		return turn{}, fmt.Errorf("%s: bad completion (%v): %s", a.session, err, b)
 	}
-	tr := turn{prompt: out.Usage.Prompt, cached: out.Usage.Details.Cached}
+	tr := turn{prompt: out.Usage.Prompt, cached: out.Usage.Details.Cached, via: baseURL}
 	if err := parseRoute(resp.Header.Get(edge.HeaderRoute), &tr); err != nil {
 		return turn{}, fmt.Errorf("%s: %w", a.session, err)
 	}

@@ -2,12 +2,15 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/devstack"
 )
@@ -22,7 +25,16 @@ import (
 func TestLeaderKillDuringConversations(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	st, err := devstack.Start(ctx, devstack.Options{})
+	// The conversations run back to back on an instant engine, far above
+	// an agent's pace. An edge counts each dispatch as queued on the worker
+	// until the worker's next load report, so bursts of more than 8 turns
+	// per report interval would overflow bound keys by design (saturation);
+	// this test is about the leader's death, so the queue-based overflow
+	// and shedding thresholds are off.
+	st, err := devstack.Start(ctx, devstack.Options{EdgeConfig: func(_ int, c *edge.Config) {
+		c.Placement.Overflow.QueuedRequests = 0
+		c.Placement.Shed.MaxQueuedRequests = 0
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +94,8 @@ func TestLeaderKillDuringConversations(t *testing.T) {
 				if n == 0 {
 					r.first = tr
 				} else if tr.ctxInst != r.first.ctxInst || tr.genInst != r.first.genInst {
-					r.moved = fmt.Errorf("turn %d moved from %s/%s to %s/%s", n+1, r.first.ctxInst, r.first.genInst, tr.ctxInst, tr.genInst)
+					r.moved = fmt.Errorf("turn %d via %s moved from %s/%s to %s/%s; %s", n+1, tr.via, r.first.ctxInst, r.first.genInst,
+						tr.ctxInst, tr.genInst, diagnose(ctx, st, a.session))
 					return
 				}
 				r.finished = n + 1
@@ -170,4 +183,46 @@ func TestLeaderKillDuringConversations(t *testing.T) {
 			}
 		}
 	}
+}
+
+// diagnose describes what every running edge knows of key's bindings and
+// how each has routed so far, for a failure message.
+func diagnose(ctx context.Context, st *devstack.Stack, key string) string {
+	var b strings.Builder
+	for _, n := range st.Edges() {
+		e := n.Edge()
+		if e == nil {
+			continue
+		}
+		fmt.Fprintf(&b, "%s:", n.ID)
+		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+			bi, ok, err := n.Binding(ctx, f, key)
+			fmt.Fprintf(&b, " %s binding %s epoch %d (found %v, err %v);", f, bi.Instance, bi.Epoch, ok, err)
+		}
+		for _, f := range []string{"context", "generation"} {
+			var hist json.RawMessage
+			if err := n.AdminGet(ctx, "bindings/"+f+"/"+key+"/history", &hist); err == nil {
+				fmt.Fprintf(&b, " %s history %s;", f, hist)
+			}
+		}
+		mfs, _ := e.Registry().Gather()
+		for _, mf := range mfs {
+			if mf.GetName() != "tether_edge_routing_decisions_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				labels := []string{}
+				for _, l := range m.GetLabel() {
+					labels = append(labels, l.GetValue())
+				}
+				fmt.Fprintf(&b, " %s=%v", strings.Join(labels, "/"), m.GetCounter().GetValue())
+			}
+		}
+		now := time.Now()
+		for _, in := range e.Fleet().Instances(now) {
+			fmt.Fprintf(&b, " [%s healthy=%v seen %s ago queued=%d]", in.ID, in.Healthy, now.Sub(in.LastSeen).Round(time.Millisecond), in.QueuedRequests)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }

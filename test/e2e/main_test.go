@@ -5,41 +5,53 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
-// tetherBin is the binary built by TestMain.
-var tetherBin string
-
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "tether-e2e-*")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	tetherBin = filepath.Join(dir, "tether")
-	// The test runs in test/e2e; the module root is two levels up. go test
-	// puts its own go command first on PATH.
-	build := exec.Command("go", "build", "-o", tetherBin, "./cmd/tether")
-	build.Dir = filepath.Join("..", "..")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: build tether:", err)
-		return 1
-	}
 	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e: goroutines left running:", err)
-			return 1
+			code = 1
 		}
 	}
-	return code
+	os.Exit(code)
+}
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	binPath   string
+	buildErr  error
+)
+
+// tetherBin builds the tether binary once per test process (only tests
+// that run it pay for the build) and returns its path.
+func tetherBin(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "tether-e2e-*")
+		if buildErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "tether")
+		// The test runs in test/e2e; the module root is two levels up.
+		// go test puts its own go command first on PATH.
+		build := exec.Command("go", "build", "-o", binPath, "./cmd/tether")
+		build.Dir = filepath.Join("..", "..")
+		if out, err := build.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/tether: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
 }

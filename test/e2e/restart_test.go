@@ -66,7 +66,7 @@ func TestDevRejectsBadFlags(t *testing.T) {
 		{[]string{"--no-such-flag"}, "no-such-flag"},
 		{[]string{"extra"}, "unexpected argument \"extra\""},
 	} {
-		out, err := exec.Command(tetherBin, append([]string{"dev"}, c.args...)...).CombinedOutput()
+		out, err := exec.Command(tetherBin(t), append([]string{"dev"}, c.args...)...).CombinedOutput()
 		var ee *exec.ExitError
 		if !errorsAs(err, &ee) || ee.ExitCode() != 2 {
 			t.Fatalf("tether dev %v: %v, want exit status 2\n%s", c.args, err, out)
