@@ -1,0 +1,502 @@
+package audit
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/tether-project/tether/cluster/archive"
+	"github.com/tether-project/tether/fsm"
+)
+
+// ExplainOptions select what Explain reports.
+type ExplainOptions struct {
+	// Fleets to explain the key in (default: context and generation).
+	Fleets []fsm.Fleet
+	// NoChildren skips the search for sub-agents linked to the key (the
+	// one part of explain that reads beyond the key's own records).
+	NoChildren bool
+}
+
+// Explanation is the history of one routing key.
+type Explanation struct {
+	Key       string       `json:"key"`
+	Histories []KeyHistory `json:"histories"`
+	// Children are the sub-agents whose parent links resolve to Key as
+	// their root (Link events with Root == Key), with their own histories.
+	Children []Child `json:"children"`
+	// ChildSearch says how the children were found.
+	ChildSearch string `json:"child_search,omitempty"`
+	// Notes: trimmed history and other limits of what the archive holds.
+	Notes []string `json:"notes,omitempty"`
+}
+
+// KeyHistory is a key's history in one fleet.
+type KeyHistory struct {
+	Fleet string `json:"fleet"`
+	Key   string `json:"key"`
+	Items []Item `json:"items"`
+	// Final is the binding in force after the last item as the history
+	// reconstructs it ("" when unbound; "unknown" when history before the
+	// archive's horizon is missing and nothing since decided it).
+	Final string `json:"final"`
+}
+
+// Item is one step of a key's history: a bind, a window of touches, an
+// overflow, an eviction (by an Evict event or as an effect of another
+// event), or a parent link.
+type Item struct {
+	Kind  string    `json:"kind"` // bind | touches | overflow | evict | evicted | link
+	Index uint64    `json:"index"`
+	Time  time.Time `json:"time"`
+	// LastIndex, LastTime and Count describe a touch window.
+	LastIndex uint64    `json:"last_index,omitempty"`
+	LastTime  time.Time `json:"last_time,omitzero"`
+	Count     int       `json:"count,omitempty"`
+	// Status and StatusReason are the apply outcome the archive recorded.
+	Status         string        `json:"status"`
+	StatusReason   string        `json:"status_reason,omitempty"`
+	Instance       string        `json:"instance,omitempty"`
+	ConversationID string        `json:"conversation_id,omitempty"`
+	From           string        `json:"from,omitempty"`
+	To             string        `json:"to,omitempty"`
+	Rebind         bool          `json:"rebind,omitempty"`
+	Reason         string        `json:"reason,omitempty"` // overflow or eviction reason
+	Epoch          uint64        `json:"epoch,omitempty"`
+	Detail         string        `json:"detail,omitempty"`
+	Decision       *DecisionJSON `json:"decision,omitempty"`
+	// Outcome says in words what the step did to the binding.
+	Outcome string `json:"outcome"`
+}
+
+// Child is a sub-agent linked to the explained key.
+type Child struct {
+	Child     string       `json:"child"`
+	Parent    string       `json:"parent"`
+	Depth     uint8        `json:"depth"`
+	Index     uint64       `json:"link_index"`
+	Time      time.Time    `json:"link_time"`
+	Status    string       `json:"link_status"`
+	Reason    string       `json:"link_status_reason,omitempty"`
+	Histories []KeyHistory `json:"histories"`
+}
+
+// Explain reports the full history of key: per fleet, every bind, touch
+// window, overflow and eviction (including evictions that were effects of
+// other events: capacity, instance down) with index, log time, deciding
+// edge, policy and the recorded candidates; and the sub-agents linked to it
+// as their root. The key's own records come from the archive's per-key
+// index; children need a scan for Link events (see DESIGN.md).
+func (d *DataDir) Explain(ctx context.Context, key string, opts ExplainOptions) (*Explanation, error) {
+	if key == "" {
+		return nil, fmt.Errorf("audit: explain: empty key")
+	}
+	fleets := opts.Fleets
+	if len(fleets) == 0 {
+		fleets = []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration}
+	}
+	b, err := d.Bounds()
+	if err != nil {
+		return nil, err
+	}
+	complete := b.TrimmedTo == 0 && len(b.Restores) == 0
+	ex := &Explanation{Key: key, Histories: []KeyHistory{}, Children: []Child{}}
+	if !complete {
+		ex.Notes = append(ex.Notes, horizonNote(b))
+	}
+	for _, f := range fleets {
+		recs, err := d.archive.History(f, key)
+		if err != nil {
+			return nil, fmt.Errorf("audit: explain: %w", err)
+		}
+		ex.Histories = append(ex.Histories, buildHistory(f, key, recs, complete))
+	}
+	if opts.NoChildren {
+		return ex, nil
+	}
+	links, scanned, err := d.linksTo(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	ex.ChildSearch = fmt.Sprintf("Link events with root %q: %d archive records scanned", key, scanned)
+	for _, l := range links {
+		c := Child{Child: l.link.Child, Parent: l.link.Parent, Depth: l.link.Depth, Index: l.index, Time: logTime(l.time),
+			Status: l.status, Reason: l.reason, Histories: []KeyHistory{}}
+		for _, f := range fleets {
+			recs, err := d.archive.History(f, l.link.Child)
+			if err != nil {
+				return nil, fmt.Errorf("audit: explain child %q: %w", l.link.Child, err)
+			}
+			if len(recs) > 0 {
+				c.Histories = append(c.Histories, buildHistory(f, l.link.Child, recs, complete))
+			}
+		}
+		ex.Children = append(ex.Children, c)
+	}
+	return ex, nil
+}
+
+func horizonNote(b Bounds) string {
+	var parts []string
+	if b.TrimmedTo != 0 {
+		parts = append(parts, fmt.Sprintf("retention trimmed indexes %d..%d", b.TrimmedFrom, b.TrimmedTo))
+	}
+	if len(b.Restores) > 0 {
+		parts = append(parts, fmt.Sprintf("the node restored snapshots at state indexes %v (entries before them may be missing)", b.Restores))
+	}
+	return "history is incomplete: " + strings.Join(parts, "; ")
+}
+
+// binding is explain's reconstruction of a key's binding.
+type binding struct {
+	known    bool // false: history before the horizon may have bound it
+	bound    bool
+	instance string
+	epoch    uint64
+}
+
+func (b binding) String() string {
+	switch {
+	case b.bound:
+		return fmt.Sprintf("bound to %s (epoch %d)", b.instance, b.epoch)
+	case !b.known:
+		return "unknown"
+	}
+	return ""
+}
+
+// buildHistory turns a key's archive records into items.
+func buildHistory(f fsm.Fleet, key string, recs []archive.Record, complete bool) KeyHistory {
+	h := KeyHistory{Fleet: f.String(), Key: key, Items: []Item{}}
+	cur := binding{known: complete}
+	var touch *Item
+	flushTouch := func() {
+		if touch != nil {
+			h.Items = append(h.Items, *touch)
+			touch = nil
+		}
+	}
+	for _, r := range recs {
+		props, err := r.Proposals()
+		if err != nil {
+			flushTouch()
+			h.Items = append(h.Items, Item{Kind: "undecodable", Index: r.Index, Time: logTime(r.Time), Status: "unknown", Outcome: err.Error()})
+			continue
+		}
+		for i, p := range props {
+			var out archive.Outcome
+			if i < len(r.Outcomes) {
+				out = r.Outcomes[i]
+			}
+			names := false
+			if p.Event != nil {
+				for _, k := range fsm.EventKeys(p.Event) {
+					if k.Fleet == f && k.Key == key {
+						names = true
+						break
+					}
+				}
+			}
+			var evicted *fsm.Evicted
+			for j := range out.Evicted {
+				if e := &out.Evicted[j]; e.Fleet == f && e.Key == key {
+					evicted = e
+				}
+			}
+			if !names && evicted == nil {
+				continue
+			}
+			it := Item{Index: r.Index, Time: logTime(r.Time), Status: out.Status.String(), StatusReason: out.Reason}
+			if out.Status == 0 {
+				it.Status = "not recorded"
+			}
+			if names {
+				switch e := p.Event.(type) {
+				case fsm.Touch:
+					if touch == nil {
+						touch = &Item{Kind: "touches", Index: r.Index, Time: it.Time, Status: it.Status, Outcome: "last use recorded"}
+					}
+					touch.LastIndex, touch.LastTime = r.Index, it.Time
+					touch.Count++
+				case fsm.Bind:
+					flushTouch()
+					d := decisionJSON(e.Decision)
+					it.Kind, it.Instance, it.ConversationID, it.Decision = "bind", e.Instance, e.ConversationID, &d
+					it.Outcome = cur.bind(out.Status, out.Reason, e.Instance, r.Index)
+				case fsm.Overflow:
+					flushTouch()
+					d := decisionJSON(e.Decision)
+					it.Kind, it.From, it.To, it.Rebind, it.Reason, it.Decision = "overflow", e.From, e.To, e.Rebind, e.Reason.String(), &d
+					it.Outcome = cur.overflow(&e, out.Status, out.Reason, r.Index)
+				case fsm.Evict:
+					flushTouch()
+					it.Kind, it.Reason, it.Epoch, it.Detail = "evict", e.Reason.String(), e.Epoch, e.Detail
+					if evicted != nil {
+						it.Instance = evicted.Instance
+						it.Outcome = fmt.Sprintf("evicted from %s (epoch %d, %s)", evicted.Instance, evicted.Epoch, evicted.Reason)
+						cur = binding{known: true}
+						evicted = nil // reported here, not again as an effect
+					} else {
+						it.Outcome = "not evicted"
+						if out.Reason != "" {
+							it.Outcome += ": " + out.Reason
+						}
+					}
+				}
+				if it.Kind != "" {
+					h.Items = append(h.Items, it)
+				}
+			}
+			if evicted == nil {
+				continue
+			}
+			// The key left the state as an effect of this proposal (a
+			// capacity eviction, an instance going down).
+			flushTouch()
+			it = Item{Index: r.Index, Time: logTime(r.Time), Status: it.Status, StatusReason: it.StatusReason}
+			it.Kind, it.Instance, it.Epoch, it.Reason = "evicted", evicted.Instance, evicted.Epoch, evicted.Reason.String()
+			it.Outcome = fmt.Sprintf("evicted from %s (epoch %d) by %s", evicted.Instance, evicted.Epoch, effectCause(p, evicted.Reason))
+			cur = binding{known: true}
+			h.Items = append(h.Items, it)
+		}
+	}
+	flushTouch()
+	h.Final = cur.String()
+	return h
+}
+
+func (b *binding) bind(s fsm.Status, reason, instance string, index uint64) string {
+	switch s {
+	case fsm.StatusApplied:
+		if b.bound {
+			return fmt.Sprintf("no-op: already bound to %s (epoch %d); the first committed binding wins", b.instance, b.epoch)
+		}
+		if !b.known {
+			*b = binding{known: true, bound: true, instance: instance, epoch: index}
+			return fmt.Sprintf("bound to %s (epoch %d), unless bound before the archive's horizon", instance, index)
+		}
+		*b = binding{known: true, bound: true, instance: instance, epoch: index}
+		return fmt.Sprintf("bound to %s (epoch %d)", instance, index)
+	case fsm.StatusDuplicate:
+		return "duplicate proposal (a retry of one already applied): nothing changed"
+	case fsm.StatusRejected:
+		return "rejected: " + reason
+	}
+	return s.String()
+}
+
+func (b *binding) overflow(e *fsm.Overflow, s fsm.Status, reason string, index uint64) string {
+	switch {
+	case s == fsm.StatusApplied && e.Rebind:
+		*b = binding{known: true, bound: true, instance: e.To, epoch: index}
+		return fmt.Sprintf("moved from %s to %s (epoch %d)", e.From, e.To, index)
+	case s == fsm.StatusApplied:
+		return fmt.Sprintf("served by %s; the binding stays on %s", e.To, e.From)
+	case s == fsm.StatusConditionFailed:
+		return "not moved: " + reason
+	case s == fsm.StatusRejected:
+		return "rejected: " + reason
+	}
+	return s.String()
+}
+
+// effectCause describes the event whose apply evicted a binding it did not
+// name.
+func effectCause(p fsm.RawProposal, r fsm.EvictReason) string {
+	switch e := p.Event.(type) {
+	case fsm.InstanceState:
+		return fmt.Sprintf("InstanceState: instance %s %s", e.Instance, e.Status)
+	case nil:
+		return fmt.Sprintf("%s (%s)", p.Type, r)
+	}
+	if r == fsm.EvictCapacity {
+		keys := fsm.EventKeys(p.Event)
+		what := p.Type.String()
+		if len(keys) > 0 {
+			what = fmt.Sprintf("%s of %s/%q", p.Type, keys[0].Fleet, keys[0].Key)
+		}
+		return fmt.Sprintf("capacity: the state exceeded max_bindings when a %s applied (least recently used binding evicted)", what)
+	}
+	return fmt.Sprintf("%s (%s)", p.Type, r)
+}
+
+type linkHit struct {
+	link   fsm.Link
+	index  uint64
+	time   int64
+	status string
+	reason string
+}
+
+// linksTo finds the Link events whose root is key. Link events are not in
+// the archive's per-key index, so every record is read; a byte search for
+// the key skips the envelope walk of records that cannot hold one.
+func (d *DataDir) linksTo(ctx context.Context, root string) ([]linkHit, int, error) {
+	var out []linkHit
+	seen := map[string]bool{}
+	needle := []byte(root)
+	scanned := 0
+	err := d.archive.Range(0, 0, func(r archive.Record) error {
+		scanned++
+		if scanned%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		if !bytes.Contains(r.Data, needle) {
+			return nil
+		}
+		for _, l := range findLinks(r.Data) {
+			if l.link.Root != root || seen[l.link.Child] {
+				continue
+			}
+			seen[l.link.Child] = true
+			l.index, l.time = r.Index, r.Time
+			if l.pos < len(r.Outcomes) {
+				o := r.Outcomes[l.pos]
+				l.status, l.reason = o.Status.String(), o.Reason
+			}
+			out = append(out, l.linkHit)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, scanned, fmt.Errorf("audit: explain: search Link events: %w", err)
+	}
+	return out, scanned, nil
+}
+
+type positionedLink struct {
+	linkHit
+	pos int
+}
+
+// findLinks walks an entry's envelope (version, count, then id | length |
+// event per proposal) and decodes only the Link events.
+func findLinks(data []byte) []positionedLink {
+	if len(data) == 0 || data[0] != 1 {
+		return nil
+	}
+	off := 1
+	n, k := binary.Uvarint(data[off:])
+	if k <= 0 {
+		return nil
+	}
+	off += k
+	var out []positionedLink
+	for i := uint64(0); i < n; i++ {
+		if len(data)-off < 16 {
+			return out
+		}
+		off += 16
+		size, k := binary.Uvarint(data[off:])
+		if k <= 0 || size == 0 || size > uint64(len(data)-off-k) {
+			return out
+		}
+		off += k
+		ev := data[off : off+int(size)]
+		off += int(size)
+		if fsm.EventType(ev[0]) != fsm.TypeLink {
+			continue
+		}
+		one := make([]byte, 0, 20+len(ev))
+		one = append(one, 1, 1)
+		one = append(one, make([]byte, 16)...)
+		one = binary.AppendUvarint(one, uint64(len(ev)))
+		one = append(one, ev...)
+		ps, err := fsm.DecodeEntry(one)
+		if err != nil || len(ps) != 1 {
+			continue
+		}
+		if l, ok := ps[0].Event.(fsm.Link); ok {
+			out = append(out, positionedLink{linkHit: linkHit{link: l}, pos: int(i)})
+		}
+	}
+	return out
+}
+
+// WriteText prints the explanation for people.
+func (ex *Explanation) WriteText(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "key %q\n", ex.Key)
+	for _, n := range ex.Notes {
+		fmt.Fprintf(&b, "note: %s\n", n)
+	}
+	for _, h := range ex.Histories {
+		writeHistory(&b, h, "")
+	}
+	if ex.ChildSearch != "" {
+		fmt.Fprintf(&b, "\nsub-agents routed through %q (%s): %d\n", ex.Key, ex.ChildSearch, len(ex.Children))
+	}
+	for _, c := range ex.Children {
+		fmt.Fprintf(&b, "  child %q (parent %q, depth %d) linked at index %d, %s: %s\n",
+			c.Child, c.Parent, c.Depth, c.Index, c.Time.Format(time.RFC3339Nano), statusText(c.Status, c.Reason))
+		for _, h := range c.Histories {
+			writeHistory(&b, h, "    ")
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func statusText(s, reason string) string {
+	if reason != "" {
+		return s + " (" + reason + ")"
+	}
+	return s
+}
+
+func writeHistory(b *strings.Builder, h KeyHistory, indent string) {
+	fmt.Fprintf(b, "%s%s fleet, key %q: %d steps\n", indent, h.Fleet, h.Key, len(h.Items))
+	for _, it := range h.Items {
+		t := it.Time.Format(time.RFC3339Nano)
+		switch it.Kind {
+		case "touches":
+			fmt.Fprintf(b, "%s  #%d..#%d  %s .. %s  touches x%d\n", indent, it.Index, it.LastIndex, t, it.LastTime.Format(time.RFC3339Nano), it.Count)
+			continue
+		case "bind":
+			fmt.Fprintf(b, "%s  #%d  %s  bind -> %s  [%s] %s", indent, it.Index, t, it.Instance, statusText(it.Status, it.StatusReason), it.Outcome)
+			if it.ConversationID != "" && it.ConversationID != h.Key {
+				fmt.Fprintf(b, "; requested by conversation %q", it.ConversationID)
+			}
+			b.WriteString("\n")
+		case "overflow":
+			fmt.Fprintf(b, "%s  #%d  %s  overflow %s -> %s (%s, rebind=%v)  [%s] %s\n", indent, it.Index, t, it.From, it.To, it.Reason, it.Rebind,
+				statusText(it.Status, it.StatusReason), it.Outcome)
+		case "evict":
+			fmt.Fprintf(b, "%s  #%d  %s  evict (%s)  [%s] %s", indent, it.Index, t, it.Reason, statusText(it.Status, it.StatusReason), it.Outcome)
+			if it.Detail != "" {
+				fmt.Fprintf(b, "; %s", it.Detail)
+			}
+			b.WriteString("\n")
+		default:
+			fmt.Fprintf(b, "%s  #%d  %s  %s  [%s] %s\n", indent, it.Index, t, it.Kind, it.Status, it.Outcome)
+		}
+		if d := it.Decision; d != nil {
+			fmt.Fprintf(b, "%s        decided by edge %s, policy %s, request %s", indent, orDash(d.Edge), orDash(d.Policy), orDash(d.RequestID))
+			if len(d.Candidates) > 0 {
+				b.WriteString("; candidates:")
+				for _, c := range d.Candidates {
+					fmt.Fprintf(b, " %s score=%.3g cached=%d load=%d;", c.Instance, c.Score, c.CachedTokens, c.LoadTokens)
+				}
+			}
+			b.WriteString("\n")
+		}
+	}
+	if h.Final != "" {
+		fmt.Fprintf(b, "%s  now: %s\n", indent, h.Final)
+	} else if len(h.Items) > 0 {
+		fmt.Fprintf(b, "%s  now: unbound\n", indent)
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
