@@ -127,6 +127,8 @@ type workerOpts struct {
 	legacy bool
 	nats   string
 	tp     trace.TracerProvider
+	// maxSessions bounds the worker's ADP conversation bindings (0: default).
+	maxSessions int
 }
 
 func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
@@ -185,6 +187,7 @@ func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
 	cfg.AdvertiseURL = tw.proxy.URL
 	cfg.Logger = testLogger(t)
 	cfg.TracerProvider = o.tp
+	cfg.ADP.AttentionDP.MaxSessions = o.maxSessions
 	if o.nats != "" {
 		cfg.NATS.URLs = []string{o.nats}
 	}
