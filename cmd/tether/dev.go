@@ -77,6 +77,9 @@ func runDev(ctx context.Context, args []string) error {
 			return fmt.Errorf("%w: --%s must be at least 1, got %d", errUsage, f.name, f.v)
 		}
 	}
+	if err := opts.Normalize(); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
 	out := os.Stdout
 	fmt.Fprintf(out, "tether dev: starting %d edges, %d context + %d generation workers (%d ADP ranks each), scope %s, engine time scale %g\n",
 		opts.Edges, opts.ContextWorkers, opts.GenerationWorkers, opts.Ranks, sc, opts.TimeScale)

@@ -120,7 +120,10 @@ type Options struct {
 	WorkerConfig func(id string, c *worker.Config)
 }
 
-func (o *Options) applyDefaults() error {
+// Normalize fills the defaults in and validates; every error names the
+// option. Start calls it; callers (tether dev) may call it first to tell bad
+// arguments from failures to start.
+func (o *Options) Normalize() error {
 	if o.Edges == 0 {
 		o.Edges = DefaultEdges
 	}
@@ -226,7 +229,7 @@ func (w *WorkerNode) URL() string { return w.Server.URL() }
 // returns once everything listens; call WaitReady for a leader and
 // registered workers. On error everything started is stopped.
 func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
-	if err := opts.applyDefaults(); err != nil {
+	if err := opts.Normalize(); err != nil {
 		return nil, fmt.Errorf("devstack: %w", err)
 	}
 	s := &Stack{opts: opts, log: opts.Logger.With("component", "devstack")}

@@ -64,6 +64,8 @@ func TestDevRejectsBadFlags(t *testing.T) {
 		{[]string{"--ranks", "-1"}, "--ranks must be at least 1"},
 		{[]string{"--log-level", "loud"}, "--log-level"},
 		{[]string{"--no-such-flag"}, "no-such-flag"},
+		{[]string{"--port", "65534"}, "port: edges need ports 65534..65536"},
+		{[]string{"--admin-token", "short"}, "admin token: 5 bytes is too short"},
 		{[]string{"extra"}, "unexpected argument \"extra\""},
 	} {
 		out, err := exec.Command(tetherBin(t), append([]string{"dev"}, c.args...)...).CombinedOutput()
