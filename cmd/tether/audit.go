@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/ops/audit"
+	"github.com/tether-project/tether/ops/operator"
+)
+
+func init() {
+	register("audit", "offline audit of a COPY of an edge's data dir: replay, explain KEY, verify against a live edge, export", runAudit)
+}
+
+const auditUsage = `usage: tether audit <subcommand> --data-dir DIR [flags]
+
+subcommands:
+  replay   rebuild the state into a throwaway machine; print the state hash, the index reached and a summary
+           [--until-index N | --until-time RFC3339] [--json]
+  explain  the full history of one routing key and the sub-agents linked to it
+           --key KEY [--fleet context|generation] [--no-children] [--json]
+  verify   replay and compare with a live edge's state hash (exit 1 on mismatch)
+           --edge URL [--admin-token T | $TETHER_ADMIN_TOKEN] [--spot-check N]
+  export   one JSON object per event for external tools
+           --format ndjson [--from N] [--to N] [--out FILE]
+
+Audit reads a COPY of the data directory: a running edge holds its files locked
+(cp -r the directory, or take 'tether operator snapshot save' for the state alone).
+`
+
+// errVerifyFailed marks a completed verification that found a mismatch.
+var errVerifyFailed = errors.New("verification failed")
+
+func runAudit(ctx context.Context, args []string) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(os.Stderr, auditUsage)
+		if len(args) == 0 {
+			return fmt.Errorf("%w: a subcommand is required", errUsage)
+		}
+		return nil
+	}
+	sub, rest := args[0], args[1:]
+	fs := newFlagSet("audit " + sub)
+	fs.Usage = func() { fmt.Fprint(os.Stderr, auditUsage) }
+	dataDir := fs.String("data-dir", "", "a COPY of an edge's cluster.data_dir (required)")
+	asJSON := fs.Bool("json", false, "print JSON instead of text")
+	noRaft := fs.Bool("no-raft-log", false, "ignore raft.db (archive and snapshots only)")
+	lockTimeout := fs.Duration("lock-timeout", audit.DefaultLockTimeout, "how long to wait for a file lock before concluding a node is running on the directory")
+	var (
+		untilIndex          *uint64
+		untilTime           *string
+		key, fleet, edgeURL *string
+		token, format, out  *string
+		noChildren          *bool
+		spot                *int
+		from, to            *uint64
+	)
+	switch sub {
+	case "replay":
+		untilIndex = fs.Uint64("until-index", 0, "stop after this log index")
+		untilTime = fs.String("until-time", "", "stop before the first entry after this log time (RFC 3339)")
+	case "explain":
+		key = fs.String("key", "", "the routing key (a conversation id or a parent's root key; required)")
+		fleet = fs.String("fleet", "", "context or generation (default: both)")
+		noChildren = fs.Bool("no-children", false, "skip the scan for linked sub-agents")
+	case "verify":
+		edgeURL = fs.String("edge", "", "the live edge's base URL, e.g. http://10.0.0.1:8000 (required)")
+		token = fs.String("admin-token", "", "admin API bearer token (default $"+operator.EnvAdminToken+")")
+		spot = fs.Int("spot-check", 1000, "bindings compared one by one when the edge moved past the copy")
+	case "export":
+		format = fs.String("format", "ndjson", "output format (ndjson)")
+		from = fs.Uint64("from", 0, "first log index")
+		to = fs.Uint64("to", 0, "last log index (0: the end)")
+		out = fs.String("out", "", "write to this file instead of standard output")
+	default:
+		fmt.Fprint(os.Stderr, auditUsage)
+		return fmt.Errorf("%w: unknown audit subcommand %q", errUsage, sub)
+	}
+	if err := parseFlags(fs, rest); err != nil {
+		return err
+	}
+	if *dataDir == "" {
+		return fmt.Errorf("%w: --data-dir is required", errUsage)
+	}
+	d, err := audit.Open(*dataDir, audit.Options{LockTimeout: *lockTimeout, NoRaftLog: *noRaft})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	stdout := os.Stdout
+	switch sub {
+	case "replay":
+		opts := audit.ReplayOptions{UntilIndex: *untilIndex, Progress: audit.NewProgress(os.Stderr, "replay")}
+		if *untilTime != "" {
+			if *untilIndex != 0 {
+				return fmt.Errorf("%w: --until-index and --until-time are exclusive", errUsage)
+			}
+			t, err := time.Parse(time.RFC3339Nano, *untilTime)
+			if err != nil {
+				return fmt.Errorf("%w: --until-time %q: want RFC 3339, e.g. 2025-03-01T12:00:00Z: %v", errUsage, *untilTime, err)
+			}
+			opts.UntilTime = t
+		}
+		res, err := d.Replay(ctx, opts)
+		if err != nil {
+			return err
+		}
+		return printReplay(stdout, res, *asJSON)
+	case "explain":
+		if *key == "" {
+			return fmt.Errorf("%w: --key is required", errUsage)
+		}
+		opts := audit.ExplainOptions{NoChildren: *noChildren}
+		if *fleet != "" {
+			f, err := fsm.ParseFleet(*fleet)
+			if err != nil {
+				return fmt.Errorf("%w: --fleet: %v", errUsage, err)
+			}
+			opts.Fleets = []fsm.Fleet{f}
+		}
+		ex, err := d.Explain(ctx, *key, opts)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return writeJSONTo(stdout, ex)
+		}
+		return ex.WriteText(stdout)
+	case "verify":
+		if *edgeURL == "" {
+			return fmt.Errorf("%w: --edge is required", errUsage)
+		}
+		tok := *token
+		if tok == "" {
+			tok = os.Getenv(operator.EnvAdminToken)
+		}
+		c, err := operator.New([]string{*edgeURL}, tok, nil)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		defer c.Close()
+		rep, err := audit.Verify(ctx, d, c, audit.VerifyOptions{SpotCheck: *spot, Replay: audit.ReplayOptions{Progress: audit.NewProgress(os.Stderr, "replay")}})
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			if err := writeJSONTo(stdout, struct {
+				OK         bool     `json:"ok"`
+				Mode       string   `json:"mode"`
+				Index      uint64   `json:"index"`
+				ReplayHash string   `json:"replay_hash"`
+				LiveIndex  uint64   `json:"live_index"`
+				LiveHash   string   `json:"live_hash"`
+				NodeID     string   `json:"node_id"`
+				Message    string   `json:"message"`
+				Notes      []string `json:"notes"`
+			}{rep.OK, rep.Mode, rep.Index, rep.ReplayHash, rep.LiveIndex, rep.LiveHash, rep.NodeID, rep.Message, rep.Replay.Notes}); err != nil {
+				return err
+			}
+		} else {
+			for _, n := range rep.Replay.Notes {
+				fmt.Fprintf(stdout, "note: %s\n", n)
+			}
+			fmt.Fprintln(stdout, rep.Message)
+		}
+		if !rep.OK {
+			return fmt.Errorf("%w: %s", errVerifyFailed, rep.Message)
+		}
+		return nil
+	case "export":
+		if *format != "ndjson" {
+			return fmt.Errorf("%w: --format %q: only ndjson is supported", errUsage, *format)
+		}
+		w := io.Writer(stdout)
+		if *out != "" {
+			f, err := os.Create(*out)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			w = f
+		}
+		n, err := d.Export(ctx, w, audit.ExportOptions{From: *from, To: *to, Progress: audit.NewProgress(os.Stderr, "export")})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "exported %d events\n", n)
+		return nil
+	}
+	return nil
+}
+
+func printReplay(w io.Writer, res *audit.Result, asJSON bool) error {
+	s := audit.Summarize(res.State)
+	if asJSON {
+		return writeJSONTo(w, struct {
+			Start         string                  `json:"start"`
+			Notes         []string                `json:"notes"`
+			FromArchive   int                     `json:"entries_from_archive"`
+			FromRaftLog   int                     `json:"entries_from_raft_log"`
+			Events        int                     `json:"events"`
+			MismatchCount int                     `json:"outcome_mismatches"`
+			Mismatches    []audit.OutcomeMismatch `json:"first_mismatches"`
+			Summary       audit.Summary           `json:"summary"`
+		}{res.Start.String(), res.Notes, res.FromArchive, res.FromRaftLog, res.Events, res.MismatchCount, res.Mismatches, s})
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "replayed from %s: %d entries from the archive, %d from raft.db, %d events\n", res.Start, res.FromArchive, res.FromRaftLog, res.Events)
+	for _, n := range res.Notes {
+		fmt.Fprintf(&b, "note: %s\n", n)
+	}
+	if res.MismatchCount > 0 {
+		fmt.Fprintf(&b, "WARNING: %d archived outcomes differ from the replay's:\n", res.MismatchCount)
+		for _, m := range res.Mismatches {
+			fmt.Fprintf(&b, "  %s\n", m)
+		}
+	}
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return err
+	}
+	return s.WriteText(w)
+}
+
+func writeJSONTo(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// parseInterspersed parses flags that may come before, between or after
+// positional arguments, and returns the positionals.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}

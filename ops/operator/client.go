@@ -1,0 +1,345 @@
+// Package operator is the client side of the edges' admin API (/admin/v1,
+// bearer admin token): cluster membership (list, add, remove, transfer
+// leadership), state hashes and bindings for audit, and snapshot save,
+// restore and offline inspection. `tether operator` is a thin CLI over it.
+package operator
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/tether-project/tether/cluster"
+	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/ops/audit"
+)
+
+// EnvAdminToken is read when no token is given explicitly.
+const EnvAdminToken = edge.EnvAdminToken
+
+// Client talks to one or more edges. Read operations and membership
+// changes use the first edge that answers (an edge forwards membership
+// changes to the leader itself); a snapshot restore goes to whichever
+// listed edge is the leader.
+type Client struct {
+	edges []string
+	token string
+	http  *http.Client
+}
+
+// New returns a client for the edges' base URLs (http://host:port).
+func New(edges []string, token string, hc *http.Client) (*Client, error) {
+	if len(edges) == 0 {
+		return nil, errors.New("operator: no edge URL (--edge http://host:port)")
+	}
+	if token == "" {
+		return nil, fmt.Errorf("operator: no admin token (--admin-token or %s)", EnvAdminToken)
+	}
+	c := &Client{token: token, http: hc}
+	if c.http == nil {
+		c.http = &http.Client{Transport: &http.Transport{Proxy: nil, IdleConnTimeout: 30 * time.Second}}
+	}
+	for _, e := range edges {
+		u, err := url.Parse(strings.TrimSpace(e))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("operator: edge URL %q is not an absolute http(s) URL like http://127.0.0.1:8000", e)
+		}
+		c.edges = append(c.edges, strings.TrimRight(u.String(), "/"))
+	}
+	return c, nil
+}
+
+// Edges are the client's edge URLs.
+func (c *Client) Edges() []string { return append([]string(nil), c.edges...) }
+
+// Close releases idle connections.
+func (c *Client) Close() { c.http.CloseIdleConnections() }
+
+// APIError is a non-2xx answer of the admin API (OpenAI error JSON).
+type APIError struct {
+	Edge    string
+	Path    string
+	Status  int
+	Type    string
+	Code    string
+	Message string
+}
+
+func (e *APIError) Error() string {
+	code := e.Code
+	if code == "" {
+		code = http.StatusText(e.Status)
+	}
+	return fmt.Sprintf("%s %s: HTTP %d %s: %s", e.Edge, e.Path, e.Status, code, e.Message)
+}
+
+// unreachable reports errors that mean "try another edge".
+func unreachable(err error) bool {
+	var ne net.Error
+	var oe *net.OpError
+	return errors.As(err, &oe) || errors.As(err, &ne) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
+}
+
+// do sends one admin request to base and decodes a JSON answer into out.
+func (c *Client) do(ctx context.Context, base, method, path string, body io.Reader, out any) error {
+	resp, err := c.send(ctx, base, method, path, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("operator: %s %s: read answer: %w", base, path, err)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("operator: %s %s: decode answer: %w", base, path, err)
+	}
+	return nil
+}
+
+// send sends one admin request; a non-2xx answer is an *APIError.
+func (c *Client) send(ctx context.Context, base, method, path string, body io.Reader) (*http.Response, error) {
+	return c.sendType(ctx, base, method, path, body, "application/json")
+}
+
+// sendType is send with the body's content type.
+func (c *Client) sendType(ctx context.Context, base, method, path string, body io.Reader, contentType string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, base+"/admin/v1/"+path, body)
+	if err != nil {
+		return nil, fmt.Errorf("operator: %s %s: %w", base, path, err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	if body != nil {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("operator: %s %s: %w", base, path, err)
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	ae := &APIError{Edge: base, Path: "/admin/v1/" + path, Status: resp.StatusCode}
+	var env struct {
+		Error struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Code    any    `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(b, &env) == nil && env.Error.Message != "" {
+		ae.Message, ae.Type = env.Error.Message, env.Error.Type
+		if s, ok := env.Error.Code.(string); ok {
+			ae.Code = s
+		}
+	} else {
+		ae.Message = strings.TrimSpace(string(b))
+	}
+	return nil, ae
+}
+
+// first runs fn against each edge in turn until one is reachable.
+func (c *Client) first(ctx context.Context, fn func(base string) error) error {
+	var errs []error
+	for _, base := range c.edges {
+		err := fn(base)
+		if err == nil || !unreachable(err) || ctx.Err() != nil {
+			return err
+		}
+		errs = append(errs, err)
+	}
+	return fmt.Errorf("operator: no edge reachable: %w", errors.Join(errs...))
+}
+
+// Cluster is GET /admin/v1/cluster on the first reachable edge; edgeURL
+// says which one answered.
+func (c *Client) Cluster(ctx context.Context) (info edge.ClusterInfo, edgeURL string, err error) {
+	err = c.first(ctx, func(base string) error {
+		edgeURL = base
+		return c.do(ctx, base, http.MethodGet, "cluster", nil, &info)
+	})
+	return info, edgeURL, err
+}
+
+// ClusterAt is GET /admin/v1/cluster on one edge.
+func (c *Client) ClusterAt(ctx context.Context, base string) (edge.ClusterInfo, error) {
+	var info edge.ClusterInfo
+	err := c.do(ctx, strings.TrimRight(base, "/"), http.MethodGet, "cluster", nil, &info)
+	return info, err
+}
+
+// StateHash asks the first edge for its state index and hash; with index
+// > 0 the edge first waits until it applied index (it still reports its
+// current state). It implements audit.LiveState.
+func (c *Client) StateHash(ctx context.Context, index uint64) (audit.LiveHash, error) {
+	path := "state/hash"
+	if index > 0 {
+		path += fmt.Sprintf("?index=%d", index)
+	}
+	var out struct {
+		Index  uint64 `json:"index"`
+		Hash   string `json:"hash"`
+		NodeID string `json:"node_id"`
+	}
+	if err := c.do(ctx, c.edges[0], http.MethodGet, path, nil, &out); err != nil {
+		return audit.LiveHash{}, err
+	}
+	return audit.LiveHash{NodeID: out.NodeID, Index: out.Index, Hash: out.Hash}, nil
+}
+
+// Binding asks the first edge for key's binding in fleet. It implements
+// audit.LiveState.
+func (c *Client) Binding(ctx context.Context, fleet fsm.Fleet, key string) (audit.LiveBinding, bool, error) {
+	b, found, err := c.BindingInfo(ctx, fleet, key)
+	return audit.LiveBinding{Instance: b.Instance, Epoch: b.Epoch, BoundAt: b.BoundAt}, found, err
+}
+
+// BindingInfo is GET /admin/v1/bindings/{fleet}/{key} on the first edge;
+// found is false when the edge has no such binding.
+func (c *Client) BindingInfo(ctx context.Context, fleet fsm.Fleet, key string) (edge.BindingInfo, bool, error) {
+	var b edge.BindingInfo
+	err := c.do(ctx, c.edges[0], http.MethodGet, "bindings/"+fleet.String()+"/"+url.PathEscape(key), nil, &b)
+	var ae *APIError
+	if errors.As(err, &ae) && ae.Status == http.StatusNotFound && ae.Code == "binding_not_found" {
+		return b, false, nil
+	}
+	return b, err == nil, err
+}
+
+// PeerList is the Raft configuration as an edge reports it.
+type PeerList struct {
+	Edge   string // the edge that answered
+	Leader string
+	Term   uint64
+	Peers  []cluster.PeerStatus
+}
+
+// ListPeers reports the Raft peers and the leader.
+func (c *Client) ListPeers(ctx context.Context) (PeerList, error) {
+	info, base, err := c.Cluster(ctx)
+	if err != nil {
+		return PeerList{}, err
+	}
+	return PeerList{Edge: base, Leader: info.Leader, Term: info.Term, Peers: info.Peers}, nil
+}
+
+// MembershipResult is what a membership change left behind.
+type MembershipResult struct {
+	Op     string
+	Edge   string // the edge that took the request
+	Leader string
+	Peers  []cluster.PeerStatus
+}
+
+type raftOpAnswer struct {
+	OK     bool                 `json:"ok"`
+	Op     string               `json:"op"`
+	Leader string               `json:"leader"`
+	Peers  []cluster.PeerStatus `json:"peers"`
+}
+
+func (c *Client) raftOp(ctx context.Context, op string, req map[string]string) (MembershipResult, error) {
+	body, _ := json.Marshal(req)
+	var ans raftOpAnswer
+	var used string
+	err := c.first(ctx, func(base string) error {
+		used = base
+		return c.do(ctx, base, http.MethodPost, "raft/"+op, bytes.NewReader(body), &ans)
+	})
+	if err != nil {
+		return MembershipResult{}, err
+	}
+	return MembershipResult{Op: op, Edge: used, Leader: ans.Leader, Peers: ans.Peers}, nil
+}
+
+func findPeer(peers []cluster.PeerStatus, id string) (cluster.PeerStatus, bool) {
+	for _, p := range peers {
+		if p.ID == id {
+			return p, true
+		}
+	}
+	return cluster.PeerStatus{}, false
+}
+
+// RemovePeer removes a voter. The edge returns once the configuration
+// change committed; the answer's configuration is checked to no longer
+// list the peer.
+func (c *Client) RemovePeer(ctx context.Context, id string) (MembershipResult, error) {
+	if id == "" {
+		return MembershipResult{}, errors.New("operator: remove-peer: a peer id is required")
+	}
+	res, err := c.raftOp(ctx, "remove-peer", map[string]string{"id": id})
+	if err != nil {
+		return res, err
+	}
+	if _, still := findPeer(res.Peers, id); still {
+		return res, fmt.Errorf("operator: remove-peer %s returned, but %s's configuration still lists it", id, res.Edge)
+	}
+	return res, nil
+}
+
+// AddVoter adds (or re-addresses) a voter at its Raft address and checks
+// the committed configuration lists it as a voter.
+func (c *Client) AddVoter(ctx context.Context, id, addr string) (MembershipResult, error) {
+	if id == "" || addr == "" {
+		return MembershipResult{}, errors.New("operator: add-voter: a peer id and its Raft address (host:port) are required")
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return MembershipResult{}, fmt.Errorf("operator: add-voter: address %q is not host:port: %v", addr, err)
+	}
+	res, err := c.raftOp(ctx, "add-voter", map[string]string{"id": id, "addr": addr})
+	if err != nil {
+		return res, err
+	}
+	if p, ok := findPeer(res.Peers, id); !ok || !p.Voter || p.Addr != addr {
+		return res, fmt.Errorf("operator: add-voter %s returned, but %s's configuration lists %+v", id, res.Edge, res.Peers)
+	}
+	return res, nil
+}
+
+// TransferLeader hands leadership to id ("" = a voter Raft picks) and
+// waits until an edge reports the new leader.
+func (c *Client) TransferLeader(ctx context.Context, id string) (MembershipResult, error) {
+	before, _, err := c.Cluster(ctx)
+	if err != nil {
+		return MembershipResult{}, err
+	}
+	req := map[string]string{}
+	if id != "" {
+		req["id"] = id
+	}
+	res, err := c.raftOp(ctx, "transfer-leader", req)
+	if err != nil {
+		return res, err
+	}
+	// The old leader answers as soon as it stepped down; it learns who won
+	// from the new leader's first heartbeat.
+	for {
+		info, base, err := c.Cluster(ctx)
+		if err == nil && info.Leader != "" && (id == "" && info.Leader != before.Leader || id != "" && info.Leader == id) {
+			res.Leader, res.Peers, res.Edge = info.Leader, info.Peers, base
+			return res, nil
+		}
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return res, fmt.Errorf("operator: transfer-leader: leadership moved off %s but no edge reports the new leader: %w", before.Leader, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
