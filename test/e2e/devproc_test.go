@@ -176,21 +176,24 @@ func (p *devProc) worker(id string) string {
 
 // stop sends SIGINT and asserts a clean exit: status 0 and the "stopped"
 // line.
-func (p *devProc) stop(t *testing.T) {
+func (p *devProc) stop(t *testing.T) { t.Helper(); p.stopWith(t, syscall.SIGINT) }
+
+// stopWith is stop with another signal (SIGTERM).
+func (p *devProc) stopWith(t *testing.T, sig syscall.Signal) {
 	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
-		t.Fatalf("SIGINT: %v", err)
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("%v: %v", sig, err)
 	}
 	select {
 	case <-p.exited:
 	case <-time.After(exitTimeout):
-		t.Fatalf("tether dev still running %s after SIGINT.\nstderr:\n%s", exitTimeout, tail(p.stderr.String(), 40))
+		t.Fatalf("tether dev still running %s after %v.\nstderr:\n%s", exitTimeout, sig, tail(p.stderr.String(), 40))
 	}
 	if p.err != nil {
-		t.Fatalf("tether dev exited with %v after SIGINT.\nstdout:\n%s\nstderr:\n%s", p.err, p.output(), tail(p.stderr.String(), 40))
+		t.Fatalf("tether dev exited with %v after %v.\nstdout:\n%s\nstderr:\n%s", p.err, sig, p.output(), tail(p.stderr.String(), 40))
 	}
 	if out := p.output(); !strings.Contains(out, "tether dev: stopped") {
-		t.Fatalf("no clean-stop line after SIGINT:\n%s", out)
+		t.Fatalf("no clean-stop line after %v:\n%s", sig, out)
 	}
 }
 

@@ -5,12 +5,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/tether-project/tether/ops/devstack"
 )
 
-// TestRestartKeepsBindings: `tether dev --data-dir X`, stopped with SIGINT
+// TestRestartKeepsBindings: `tether dev --data-dir X`, stopped with SIGTERM
 // and started again on X (new HTTP and worker ports, a new admin token),
 // still binds the conversations to the same instances, and a further turn
 // goes there.
@@ -27,7 +28,7 @@ func TestRestartKeepsBindings(t *testing.T) {
 	child := &agent{session: "child-a", parent: "parent-1", system: words("explore", 200)}
 	p1 := parent.mustSend(t, c, p.edge(0), model, "hello")
 	a1 := child.mustSend(t, c, p.edge(1), model, "look around")
-	p.stop(t)
+	p.stopWith(t, syscall.SIGTERM) // as a process manager would stop it
 	if _, err := os.Stat(filepath.Join(dir, "edge-1", "raft.db")); err != nil {
 		t.Fatalf("data dir not kept: %v", err)
 	}
