@@ -240,7 +240,7 @@ func (e *Edge) adminBinding(w http.ResponseWriter, r *http.Request, rest string)
 		return adminError(w, http.StatusBadRequest, "invalid_key", "key %q is not URL-escaped correctly: %v", keyEsc, err)
 	}
 	if history {
-		return e.adminHistory(w, fleet, key)
+		return e.adminHistory(w, r, fleet, key)
 	}
 	st := e.node.State()
 	b, ok := st.Lookup(fleet, key)
@@ -256,7 +256,13 @@ func (e *Edge) adminBinding(w http.ResponseWriter, r *http.Request, rest string)
 	return http.StatusOK
 }
 
-func (e *Edge) adminHistory(w http.ResponseWriter, fleet fsm.Fleet, key string) int {
+func (e *Edge) adminHistory(w http.ResponseWriter, r *http.Request, fleet fsm.Fleet, key string) int {
+	// The archive is written just after apply: let it catch up with the
+	// state this node serves, so history agrees with the binding endpoint.
+	idx := e.node.State().Index()
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	behind := e.node.WaitArchived(ctx, idx) != nil
+	cancel()
 	recs, err := e.node.Archive().History(fleet, key)
 	if err != nil {
 		return adminError(w, http.StatusInternalServerError, "archive_error", "reading the archive: %v", err)
@@ -269,7 +275,11 @@ func (e *Edge) adminHistory(w http.ResponseWriter, fleet fsm.Fleet, key string) 
 		Fleet  string         `json:"fleet"`
 		Key    string         `json:"key"`
 		Events []HistoryEntry `json:"events"`
-	}{fleet.String(), key, out})
+		// ArchiveBehind: the archive had not caught up with state index
+		// StateIndex within 2 s; the newest events may be missing.
+		ArchiveBehind bool   `json:"archive_behind,omitempty"`
+		StateIndex    uint64 `json:"state_index"`
+	}{fleet.String(), key, out, behind, idx})
 	return http.StatusOK
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -140,7 +141,8 @@ func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
 			pr.SetURL(target.Load())
 		},
 		FlushInterval: -1,
-		ErrorLog:      nil,
+		// Cancelled hops (a test's client going away) are expected.
+		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	tw.proxy = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
