@@ -263,6 +263,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	e.httpSrv = &http.Server{
 		Handler:           e.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       2 * time.Minute, // bodies up to max_body_bytes; responses stream unbounded
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    1 << 20,
 		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelWarn),
