@@ -78,7 +78,12 @@ type Node struct {
 	fatalCh   chan error
 	fatalErr  atomic.Pointer[error]
 	fatalOnce sync.Once
-	raftDown  sync.Once
+	// raftStopping is won by whoever shuts Raft down first (Close/Kill, or
+	// a halt/removal on raft's own goroutines); raftStopped closes when the
+	// shutdown finished. Not a sync.Once: a halt arriving on raft's FSM
+	// goroutine while Close waits for that goroutine would deadlock on it.
+	raftStopping atomic.Bool
+	raftStopped  chan struct{}
 
 	observer *raft.Observer
 
@@ -125,6 +130,8 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		leaderCh: make(chan bool, 1),
 		wakeCh:   make(chan struct{}),
 		fatalCh:  make(chan error, 1),
+
+		raftStopped: make(chan struct{}),
 	}
 	n.hlog = newRaftLogger(cfg.Logger, cfg.NodeID)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
@@ -418,25 +425,27 @@ func (n *Node) fatalError() error {
 // halting entry committed, apply it and halt too, instead of one of them
 // being left without a quorum and never learning why.
 func (n *Node) shutdownRaftAsync(grace time.Duration) {
-	n.raftDown.Do(func() {
-		n.setReady(false)
-		n.wg.Add(1)
-		go func() {
-			defer n.wg.Done()
-			if grace > 0 {
-				t := time.NewTimer(grace)
-				select {
-				case <-t.C:
-				case <-n.ctx.Done():
-				}
-				t.Stop()
+	if !n.raftStopping.CompareAndSwap(false, true) {
+		return
+	}
+	n.setReady(false)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if grace > 0 {
+			t := time.NewTimer(grace)
+			select {
+			case <-t.C:
+			case <-n.ctx.Done():
 			}
-			if err := n.raft.Shutdown().Error(); err != nil {
-				n.log.Error("cluster: raft shutdown", "err", err)
-			}
-			n.batcher.failAll(n.stoppedError())
-		}()
-	})
+			t.Stop()
+		}
+		if err := n.raft.Shutdown().Error(); err != nil {
+			n.log.Error("cluster: raft shutdown", "err", err)
+		}
+		n.batcher.failAll(n.stoppedError())
+		close(n.raftStopped)
+	}()
 }
 
 // stoppedError is what outstanding proposals get when Raft stops.
@@ -554,11 +563,13 @@ func (n *Node) shutdown(abrupt bool) error {
 		n.mux.close()
 	}
 	var errs []error
-	n.raftDown.Do(func() {
+	if n.raftStopping.CompareAndSwap(false, true) {
 		if err := n.raft.Shutdown().Error(); err != nil {
 			errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
 		}
-	})
+		close(n.raftStopped)
+	}
+	<-n.raftStopped
 	n.wg.Wait()
 	n.batcher.failAll(ErrClosed)
 	n.setReady(false)
