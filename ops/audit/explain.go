@@ -451,7 +451,7 @@ func statusText(s, reason string) string {
 }
 
 func writeHistory(b *strings.Builder, h KeyHistory, indent string) {
-	fmt.Fprintf(b, "%s%s fleet, key %q: %d steps\n", indent, h.Fleet, h.Key, len(h.Items))
+	fmt.Fprintf(b, "%s%s fleet, key %q: %s\n", indent, h.Fleet, h.Key, plural(len(h.Items), "step"))
 	for _, it := range h.Items {
 		t := it.Time.Format(time.RFC3339Nano)
 		switch it.Kind {
@@ -499,4 +499,11 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }

@@ -1,0 +1,703 @@
+package ops
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/ops/operator"
+	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/worker"
+)
+
+const (
+	testModel    = "tether-ops-test"
+	parentHeader = "X-Dynamo-Parent-Session-ID"
+	internalKey  = "ops-test-internal-key-0123456789"
+	adminToken   = "ops-test-admin-token-0123456789"
+)
+
+// fleet is an in-process deployment built from the real parts: an embedded
+// NATS server, edges (edge.New: Raft over loopback TCP, raft-boltdb and the
+// bbolt archive in per-edge data dirs) and simulated workers (worker.New:
+// real HTTP servers publishing telemetry). Unlike ops/devstack it lets a
+// test restart an edge as another version, replace a worker by one with
+// another configuration under the same instance id, and start a subset of
+// the bootstrap voters.
+type fleet struct {
+	t       *testing.T
+	dir     string
+	nats    *natsserver.Server
+	edges   []*edgeSlot
+	client  *http.Client
+	mu      sync.Mutex
+	workers map[string]*worker.Server
+	order   []string
+	opts    fleetOptions
+}
+
+type fleetOptions struct {
+	edges      int
+	ctxWorkers int
+	genWorkers int
+	// start lists the edges (0-based) started at first; nil: all.
+	start []int
+	// edgeConfig and workerConfig adjust each node's configuration.
+	edgeConfig   func(i int, c *edge.Config)
+	workerConfig func(id string, c *worker.Config)
+	version      string // initial edge and worker version (default "v1")
+}
+
+// edgeSlot is one edge's identity; its *edge.Edge changes across restarts.
+type edgeSlot struct {
+	i        int
+	id       string
+	raftAddr string
+	httpAddr string
+	dataDir  string
+	version  string
+
+	mu sync.Mutex
+	e  *edge.Edge
+}
+
+func (s *edgeSlot) edge() *edge.Edge {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.e
+}
+
+func (s *edgeSlot) url() string { return "http://" + s.httpAddr }
+
+func quietLogger() *slog.Logger {
+	if os.Getenv("OPS_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func startFleet(t *testing.T, o fleetOptions) *fleet {
+	t.Helper()
+	if o.edges == 0 {
+		o.edges = 3
+	}
+	if o.ctxWorkers == 0 {
+		o.ctxWorkers = 2
+	}
+	if o.genWorkers == 0 {
+		o.genWorkers = 1
+	}
+	if o.version == "" {
+		o.version = "v1"
+	}
+	f := &fleet{t: t, dir: t.TempDir(), workers: map[string]*worker.Server{}, opts: o}
+	tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 32, IdleConnTimeout: 10 * time.Second}
+	f.client = &http.Client{Transport: tr, Timeout: 20 * time.Second}
+	t.Cleanup(f.close)
+
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoLog: true, NoSigs: true, MaxPayload: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats did not start")
+	}
+	f.nats = ns
+
+	for i := range o.ctxWorkers {
+		f.startWorker(fmt.Sprintf("ctx-%d", i+1), telemetry.FleetContext, o.version, nil)
+	}
+	for i := range o.genWorkers {
+		f.startWorker(fmt.Sprintf("gen-%d", i+1), telemetry.FleetGeneration, o.version, nil)
+	}
+
+	// Bind every edge's ports first so each knows its peers; ports of edges
+	// started later are released and bound again when they start.
+	raftLns := make([]net.Listener, o.edges)
+	httpLns := make([]net.Listener, o.edges)
+	for i := range o.edges {
+		for _, ln := range []*net.Listener{&raftLns[i], &httpLns[i]} {
+			if *ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f.edges = append(f.edges, &edgeSlot{i: i, id: fmt.Sprintf("edge-%d", i+1), raftAddr: raftLns[i].Addr().String(),
+			httpAddr: httpLns[i].Addr().String(), dataDir: filepath.Join(f.dir, fmt.Sprintf("edge-%d", i+1)), version: o.version})
+	}
+	start := o.start
+	if start == nil {
+		for i := range o.edges {
+			start = append(start, i)
+		}
+	}
+	starting := map[int]bool{}
+	for _, i := range start {
+		starting[i] = true
+	}
+	for i := range o.edges {
+		if !starting[i] {
+			raftLns[i].Close()
+			httpLns[i].Close()
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, o.edges)
+	for _, i := range start {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f.startEdgeOn(i, httpLns[i], raftLns[i], nil)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fleet) peers() []edge.PeerConfig {
+	var ps []edge.PeerConfig
+	for _, s := range f.edges {
+		ps = append(ps, edge.PeerConfig{ID: s.id, Addr: s.raftAddr})
+	}
+	return ps
+}
+
+// edgeConfig is edge i's configuration: every edge a bootstrap voter.
+func (f *fleet) edgeConfig(i int) edge.Config {
+	s := f.edges[i]
+	cfg := edge.DefaultConfig()
+	cfg.Model = testModel
+	cfg.Hostname = "127.0.0.1"
+	cfg.Port = 0
+	cfg.ParentHeader = parentHeader
+	cfg.Scope = routing.ScopeContext
+	cfg.InternalRequestAuthKey = internalKey
+	cfg.AdminToken = adminToken
+	cfg.DebugRouteHeader = true
+	cfg.TouchInterval = 50 * time.Millisecond
+	cfg.ContextServers.Router.Type = routing.RouterConversation
+	cfg.GenerationServers.Router.Type = routing.RouterConversation
+	cfg.ContextServers.NumInstances = f.opts.ctxWorkers
+	cfg.GenerationServers.NumInstances = f.opts.genWorkers
+	// Turns run back to back on an instant engine, far above an agent's
+	// pace: queue-based overflow and shedding would fire by design.
+	cfg.Placement.Overflow.QueuedRequests = 0
+	cfg.Placement.Shed.MaxQueuedRequests = 0
+	cfg.Telemetry.MinStaleAfter = 2 * time.Second
+	cfg.Telemetry.DownAfter = 10 * time.Second
+	cfg.Leader.Interval = 50 * time.Millisecond
+	cfg.NATS.URLs = []string{f.nats.ClientURL()}
+	cfg.Cluster = edge.ClusterConfig{
+		NodeID: s.id, DataDir: s.dataDir, BindAddr: s.raftAddr, Bootstrap: true, Peers: f.peers(), ProposeTimeout: 2 * time.Second,
+		Raft: edge.RaftConfig{HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
+			LeaderLeaseTimeout: 150 * time.Millisecond, CommitTimeout: 2 * time.Millisecond},
+	}
+	if f.opts.edgeConfig != nil {
+		f.opts.edgeConfig(i, &cfg)
+	}
+	return cfg
+}
+
+// startEdgeOn starts edge i on the given listeners (nil: bind its recorded
+// addresses, as a restarted process would). mutate adjusts the config.
+func (f *fleet) startEdgeOn(i int, httpLn, raftLn net.Listener, mutate func(*edge.Config)) error {
+	s := f.edges[i]
+	var err error
+	if raftLn == nil {
+		if raftLn, err = net.Listen("tcp", s.raftAddr); err != nil {
+			return fmt.Errorf("%s: raft listen: %w", s.id, err)
+		}
+	}
+	if httpLn == nil {
+		if httpLn, err = net.Listen("tcp", s.httpAddr); err != nil {
+			raftLn.Close()
+			return fmt.Errorf("%s: http listen: %w", s.id, err)
+		}
+	}
+	cfg := f.edgeConfig(i)
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	e, err := edge.New(cfg, edge.Deps{Logger: quietLogger().With("edge", s.id), HTTPListener: httpLn, ClusterListener: raftLn, Version: s.version})
+	if err != nil {
+		httpLn.Close()
+		raftLn.Close()
+		return fmt.Errorf("%s: %w", s.id, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.Start(ctx); err != nil {
+		return fmt.Errorf("%s: %w", s.id, err)
+	}
+	s.mu.Lock()
+	s.e = e
+	s.mu.Unlock()
+	return nil
+}
+
+// startEdge (re)starts edge i as version.
+func (f *fleet) startEdge(i int, version string) {
+	f.t.Helper()
+	f.edges[i].version = version
+	if err := f.startEdgeOn(i, nil, nil, nil); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// stopEdge closes edge i gracefully (in-flight requests finish, a leader
+// hands over).
+func (f *fleet) stopEdge(i int) {
+	f.t.Helper()
+	s := f.edges[i]
+	s.mu.Lock()
+	e := s.e
+	s.e = nil
+	s.mu.Unlock()
+	if e == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := e.Close(ctx); err != nil {
+		f.t.Logf("close %s: %v", s.id, err)
+	}
+}
+
+func (f *fleet) running() []*edgeSlot {
+	var out []*edgeSlot
+	for _, s := range f.edges {
+		if s.edge() != nil {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// leader is the running edge that is the ready Raft leader, or nil.
+func (f *fleet) leader() *edgeSlot {
+	for _, s := range f.running() {
+		if s.edge().Node().IsLeader() {
+			return s
+		}
+	}
+	return nil
+}
+
+// startWorker starts (or replaces, under the same instance id) a worker.
+func (f *fleet) startWorker(id string, fl telemetry.Fleet, version string, mutate func(*worker.Config)) {
+	f.t.Helper()
+	f.mu.Lock()
+	old := f.workers[id]
+	f.mu.Unlock()
+	if old != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := old.Close(ctx); err != nil {
+			f.t.Logf("close worker %s: %v", id, err)
+		}
+		cancel()
+	}
+	cfg := worker.DefaultConfig()
+	cfg.InstanceID = id
+	cfg.Fleet = fl
+	cfg.ServerRole = hintauth.RoleContext
+	if fl == telemetry.FleetGeneration {
+		cfg.ServerRole = hintauth.RoleGeneration
+	}
+	cfg.Hostname = "127.0.0.1"
+	cfg.Port = 0
+	cfg.Model = testModel
+	cfg.InternalRequestAuthKey = internalKey
+	cfg.ADP.EnableAttentionDP = true
+	cfg.ADP.AttentionDP.ConversationAffinity = true
+	cfg.ADP.AttentionDP.NewConvPlacement = "least_tokens"
+	cfg.Ranks = 4
+	cfg.Engine.TimeScale = 0
+	cfg.TelemetryInterval = 50 * time.Millisecond
+	cfg.NATS.URLs = []string{f.nats.ClientURL()}
+	cfg.Logger = quietLogger().With("worker", id)
+	cfg.Version = version
+	if f.opts.workerConfig != nil {
+		f.opts.workerConfig(id, &cfg)
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	srv, err := worker.New(cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := srv.Start(context.Background()); err != nil {
+		f.t.Fatal(err)
+	}
+	f.mu.Lock()
+	if f.workers[id] == nil {
+		f.order = append(f.order, id)
+	}
+	f.workers[id] = srv
+	f.mu.Unlock()
+}
+
+func (f *fleet) worker(id string) *worker.Server {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.workers[id]
+}
+
+// notReady says what the fleet lacks: a leader known to every running
+// edge, and every running edge seeing every worker healthy, with the
+// worker's telemetry (version, hint support) as wanted, and the log
+// recording it up.
+func (f *fleet) notReady(wantWorker func(id string, in edge.InstanceInfo) string) string {
+	if f.leader() == nil {
+		return "no leader"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	f.mu.Lock()
+	ids := append([]string(nil), f.order...)
+	f.mu.Unlock()
+	for _, s := range f.running() {
+		if id, _ := s.edge().Node().Leader(); id == "" {
+			return s.id + " knows no leader"
+		}
+		var ans struct {
+			Instances []edge.InstanceInfo `json:"instances"`
+		}
+		if err := f.admin(ctx, s, "instances", &ans); err != nil {
+			return err.Error()
+		}
+		byID := map[string]edge.InstanceInfo{}
+		for _, in := range ans.Instances {
+			byID[in.ID] = in
+		}
+		for _, id := range ids {
+			in, ok := byID[id]
+			if !ok || !in.Healthy || !in.Telemetry || in.LogStatus != "up" || in.URL != f.worker(id).URL() {
+				return fmt.Sprintf("%s sees %s as %+v", s.id, id, in)
+			}
+			if wantWorker != nil {
+				if why := wantWorker(id, in); why != "" {
+					return fmt.Sprintf("%s: %s: %s", s.id, id, why)
+				}
+			}
+		}
+	}
+	return ""
+}
+
+func (f *fleet) waitReady(d time.Duration, wantWorker func(id string, in edge.InstanceInfo) string) {
+	f.t.Helper()
+	waitFor(f.t, d, "fleet ready", func() string { return f.notReady(wantWorker) })
+}
+
+// waitFor polls cond (returning "" when satisfied, else why not) until d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	why := ""
+	for time.Now().Before(deadline) {
+		if why = cond(); why == "" {
+			return
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s: %s", d, what, why)
+}
+
+func (f *fleet) admin(ctx context.Context, s *edgeSlot, path string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url()+"/admin/v1/"+path, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("admin %s on %s: %w", path, s.id, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("admin %s on %s: %d %s", path, s.id, resp.StatusCode, b)
+	}
+	return json.Unmarshal(b, out)
+}
+
+// operatorClient is an ops/operator client for the given edges.
+func (f *fleet) operatorClient(slots ...*edgeSlot) *operator.Client {
+	f.t.Helper()
+	if len(slots) == 0 {
+		slots = f.edges
+	}
+	var urls []string
+	for _, s := range slots {
+		urls = append(urls, s.url())
+	}
+	c, err := operator.New(urls, adminToken, nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(c.Close)
+	return c
+}
+
+// turn is one answered chat request.
+type turn struct {
+	edge    string
+	route   string // x-tether-route: "context=ctx-1/0; generation=gen-1/2"
+	attempt int
+}
+
+func (t turn) contextInstance() string { inst, _ := t.contextHop(); return inst }
+
+func (t turn) contextHop() (instance, rank string) {
+	for _, part := range strings.Split(t.route, ";") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(part), "context="); ok {
+			inst, rank, _ := strings.Cut(v, "/")
+			return inst, rank
+		}
+	}
+	return "", ""
+}
+
+// chat sends one chat turn through the running edges, starting with
+// edges[start % n], retrying on another edge like a load balancer would
+// (connection errors, 5xx, 429), at most 4 attempts.
+func (f *fleet) chat(start int, session, parent, user string) (turn, error) {
+	body, _ := json.Marshal(map[string]any{
+		"model": testModel, "max_tokens": 2,
+		"messages": []map[string]string{
+			{"role": "system", "content": strings.Repeat("you are a careful coding agent; ", 30)},
+			{"role": "user", "content": user},
+		},
+	})
+	var last error
+	for attempt := range 4 {
+		run := f.running()
+		if len(run) == 0 {
+			last = errors.New("no edge running")
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		s := run[(start+attempt)%len(run)]
+		req, _ := http.NewRequest(http.MethodPost, s.url()+"/v1/chat/completions", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("x-session-id", session)
+		if parent != "" {
+			req.Header.Set(parentHeader, parent)
+		}
+		resp, err := f.client.Do(req)
+		if err != nil {
+			last = fmt.Errorf("%s via %s: %w", session, s.id, err)
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return turn{edge: s.id, route: resp.Header.Get(edge.HeaderRoute), attempt: attempt}, nil
+		}
+		last = fmt.Errorf("%s via %s: HTTP %d: %s", session, s.id, resp.StatusCode, b)
+		if resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests {
+			return turn{}, last
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return turn{}, last
+}
+
+// traffic runs agent conversations (a parent and two sub-agents each) in
+// the background until stopped, recording every turn's context instance
+// and every request that failed after its retries.
+type traffic struct {
+	f       *fleet
+	stop    chan struct{}
+	done    chan struct{}
+	turns   atomic.Int64
+	retried atomic.Int64
+	mu      sync.Mutex
+	failed  []string
+	homes   map[string]map[string]int // parent key → context instance → turns
+}
+
+func (f *fleet) startTraffic(parents int) *traffic {
+	tr := &traffic{f: f, stop: make(chan struct{}), done: make(chan struct{}), homes: map[string]map[string]int{}}
+	go func() {
+		defer close(tr.done)
+		for n := 0; ; n++ {
+			select {
+			case <-tr.stop:
+				return
+			default:
+			}
+			p := fmt.Sprintf("load-parent-%d", n%parents)
+			session, parent := p, ""
+			switch n / parents % 3 {
+			case 1:
+				session, parent = p+"-child-a", p
+			case 2:
+				session, parent = p+"-child-b", p
+			}
+			t, err := f.chat(n, session, parent, fmt.Sprintf("turn %d of %s", n, session))
+			tr.turns.Add(1)
+			tr.mu.Lock()
+			if err != nil {
+				tr.failed = append(tr.failed, err.Error())
+			} else {
+				if t.attempt > 0 {
+					tr.retried.Add(1)
+				}
+				if tr.homes[p] == nil {
+					tr.homes[p] = map[string]int{}
+				}
+				tr.homes[p][t.contextInstance()]++
+			}
+			tr.mu.Unlock()
+		}
+	}()
+	return tr
+}
+
+// waitTurns waits until n more turns were served.
+func (tr *traffic) waitTurns(t *testing.T, n int64) {
+	t.Helper()
+	target := tr.turns.Load() + n
+	waitFor(t, 60*time.Second, fmt.Sprintf("%d more turns", n), func() string {
+		if got := tr.turns.Load(); got < target {
+			return fmt.Sprintf("%d of %d turns", got, target)
+		}
+		return ""
+	})
+}
+
+func (tr *traffic) halt() {
+	select {
+	case <-tr.stop:
+	default:
+		close(tr.stop)
+	}
+	<-tr.done
+}
+
+func (tr *traffic) failures() []string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return append([]string(nil), tr.failed...)
+}
+
+// quiesce waits until every running edge applied and archived the same
+// index (no traffic and no leader duty left to propose) and returns it.
+func (f *fleet) quiesce() uint64 {
+	f.t.Helper()
+	var idx uint64
+	stable := 0
+	waitFor(f.t, 30*time.Second, "the log to settle", func() string {
+		var indexes []uint64
+		for _, s := range f.running() {
+			indexes = append(indexes, s.edge().Node().State().Index())
+		}
+		for _, x := range indexes[1:] {
+			if x != indexes[0] {
+				stable = 0
+				return fmt.Sprintf("state indexes differ: %v", indexes)
+			}
+		}
+		if indexes[0] != idx {
+			idx, stable = indexes[0], 0
+			return "still moving"
+		}
+		// Unchanged across several polls (leader duties run every 50ms).
+		if stable++; stable < 12 {
+			return "settling"
+		}
+		return ""
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, s := range f.running() {
+		if err := s.edge().Node().WaitArchived(ctx, idx); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	return idx
+}
+
+// copyDir copies a data directory file by file (the way an operator would
+// with cp -r while the node runs; the log has settled, so no write is in
+// flight).
+func copyDir(t *testing.T, src, dst string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, path)
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o700)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(target, b, 0o600)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fleet) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f.mu.Lock()
+	ws := make([]*worker.Server, 0, len(f.workers))
+	for _, w := range f.workers {
+		ws = append(ws, w)
+	}
+	f.mu.Unlock()
+	for _, w := range ws {
+		_ = w.Close(ctx)
+	}
+	// Leader last: followers leave first, so no election runs while the
+	// others shut down.
+	var leader *edgeSlot
+	for _, s := range f.running() {
+		if s.edge().Node().IsLeader() {
+			leader = s
+			continue
+		}
+		f.stopEdge(s.i)
+	}
+	if leader != nil {
+		f.stopEdge(leader.i)
+	}
+	if f.nats != nil {
+		f.nats.Shutdown()
+		f.nats.WaitForShutdown()
+	}
+	f.client.CloseIdleConnections()
+}
+
+// state is edge s's current replicated state.
+func (s *edgeSlot) state() *fsm.State { return s.edge().Node().State() }
