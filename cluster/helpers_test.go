@@ -24,9 +24,9 @@ var testKey = []byte("0123456789abcdef-test-internal-key")
 // machine shared by several test binaries under the race detector (load
 // averages of 15 seen), where tighter timeouts make leaders flap.
 var testTiming = RaftTiming{
-	HeartbeatTimeout:   400 * time.Millisecond,
-	ElectionTimeout:    400 * time.Millisecond,
-	LeaderLeaseTimeout: 400 * time.Millisecond,
+	HeartbeatTimeout:   500 * time.Millisecond,
+	ElectionTimeout:    500 * time.Millisecond,
+	LeaderLeaseTimeout: 500 * time.Millisecond,
 	CommitTimeout:      2 * time.Millisecond,
 }
 
