@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/hintauth"
@@ -295,6 +296,13 @@ func flattenContent(raw json.RawMessage) (string, error) {
 	case len(raw) == 0 || string(raw) == "null":
 		return "", nil
 	case raw[0] == '"':
+		// Fast path: no escapes and valid UTF-8 (the decoder already
+		// validated the JSON) is the text between the quotes.
+		if len(raw) >= 2 && raw[len(raw)-1] == '"' {
+			if inner := raw[1 : len(raw)-1]; bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
+				return string(inner), nil
+			}
+		}
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return "", err
