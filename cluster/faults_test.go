@@ -436,6 +436,17 @@ func TestLeaderChangesAndTransfer(t *testing.T) {
 		id, addr := asker.Leader()
 		return id == target.ID() && addr == target.Addr()
 	})
+
+	// A graceful Close of the leader hands leadership to another voter; the
+	// remaining two carry on.
+	tc.stop(tc.index(target), false)
+	next := tc.leader(10 * time.Second)
+	if next == target {
+		t.Fatal("closed node still leads")
+	}
+	if _, err := asker.Propose(ctx, bindEv("after-leader-close", "w1")); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestWriteSnapshotMatchesState(t *testing.T) {
@@ -491,5 +502,37 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tt.key) {
 			t.Errorf("config missing/bad %s: error %v does not name it", tt.key, err)
 		}
+	}
+}
+
+func TestRemovedWhileDownLearnsOnRestart(t *testing.T) {
+	t.Parallel()
+	tc := newTestCluster(t, 3, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	down := tc.index(tc.follower())
+	id := tc.node(down).ID()
+	tc.stop(down, false)
+	if err := tc.leader(5*time.Second).RemoveServer(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	n := tc.restart(down)
+	select {
+	case err := <-n.Fatal():
+		if !errors.Is(err, ErrRemoved) {
+			t.Fatalf("restarted removed node reports %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("a node removed while down did not learn it on restart")
+	}
+	tc.stop(down, false)
+	cfg := tc.cfgs[down]
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listener = ln
+	if _, err := Open(ctx, cfg); !errors.Is(err, ErrRemoved) {
+		t.Fatalf("reopening: %v, want ErrRemoved", err)
 	}
 }

@@ -270,3 +270,50 @@ func (n *Node) join(ctx context.Context) error {
 		backoff = min(2*backoff, time.Second)
 	}
 }
+
+// checkRemovedOnStart runs once after a restart with existing state: a node
+// removed while it was down never hears of it (the leader no longer
+// replicates to it), so it asks the members it knows until it reaches a
+// ready leader. If the leader's configuration lacks this node, it records
+// the tombstone and halts like a node that saw its removal commit.
+func (n *Node) checkRemovedOnStart() {
+	backoff := 200 * time.Millisecond
+	for {
+		var members []string
+		f := n.raft.GetConfiguration()
+		if f.Error() == nil {
+			for _, s := range f.Configuration().Servers {
+				if string(s.ID) != n.id {
+					members = append(members, string(s.Address))
+				}
+			}
+		}
+		for _, addr := range members {
+			ctx, cancel := context.WithTimeout(n.ctx, 2*time.Second)
+			st, err := n.PeerStatus(ctx, addr)
+			cancel()
+			if err != nil || !st.IsLeader {
+				continue
+			}
+			for _, p := range st.Peers {
+				if p.ID == n.id {
+					return // still a member
+				}
+			}
+			n.log.Warn("cluster: the leader's configuration no longer lists this node", "leader", st.ID, "commit_index", st.CommitIndex)
+			n.onRemoved(st.CommitIndex)
+			return
+		}
+		if n.ctx.Err() != nil || n.raft.State() == raft.Leader {
+			return // closing, or we lead (so we are a member)
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-n.ctx.Done():
+			t.Stop()
+			return
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}

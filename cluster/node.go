@@ -282,6 +282,10 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		n.wg.Wait()
 	})
 
+	if existing {
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); n.checkRemovedOnStart() }()
+	}
 	if !existing && len(cfg.Join) > 0 {
 		if err := n.join(ctx); err != nil {
 			return nil, err
