@@ -252,18 +252,71 @@ type raftOpAnswer struct {
 	Peers  []cluster.PeerStatus `json:"peers"`
 }
 
-func (c *Client) raftOp(ctx context.Context, op string, req map[string]string) (MembershipResult, error) {
+func (c *Client) raftOp(ctx context.Context, op string, req map[string]string, order []string) (MembershipResult, error) {
 	body, _ := json.Marshal(req)
 	var ans raftOpAnswer
 	var used string
-	err := c.first(ctx, func(base string) error {
+	var errs []error
+	for _, base := range order {
 		used = base
-		return c.do(ctx, base, http.MethodPost, "raft/"+op, bytes.NewReader(body), &ans)
-	})
-	if err != nil {
-		return MembershipResult{}, err
+		err := c.do(ctx, base, http.MethodPost, "raft/"+op, bytes.NewReader(body), &ans)
+		if err == nil {
+			return MembershipResult{Op: op, Edge: used, Leader: ans.Leader, Peers: ans.Peers}, nil
+		}
+		if !unreachable(err) || ctx.Err() != nil {
+			return MembershipResult{}, err
+		}
+		errs = append(errs, err)
 	}
-	return MembershipResult{Op: op, Edge: used, Leader: ans.Leader, Peers: ans.Peers}, nil
+	return MembershipResult{}, fmt.Errorf("operator: %s: no edge reachable: %w", op, errors.Join(errs...))
+}
+
+// edgesAvoiding orders the edges so that the node with id comes last: a
+// node being removed may never learn that its removal committed, so it is
+// the worst one to ask (and to check with).
+func (c *Client) edgesAvoiding(ctx context.Context, id string) []string {
+	var front, back []string
+	for _, base := range c.edges {
+		info, err := c.ClusterAt(ctx, base)
+		if err == nil && info.NodeID == id {
+			back = append(back, base)
+			continue
+		}
+		front = append(front, base)
+	}
+	return append(front, back...)
+}
+
+// confirm checks that a membership change the cluster reported committed
+// shows in the configuration: at once on a listed edge that is the leader
+// (the change committed there before the call returned), else by polling
+// the edge that took the request until it has learned the commit.
+func (c *Client) confirm(ctx context.Context, res *MembershipResult, skipID string, ok func([]cluster.PeerStatus) bool) error {
+	for _, base := range c.edges {
+		info, err := c.ClusterAt(ctx, base)
+		if err != nil || info.NodeID == skipID || !info.IsLeader {
+			continue
+		}
+		res.Leader, res.Peers = info.Leader, info.Peers
+		if !ok(info.Peers) {
+			return fmt.Errorf("operator: %s returned, but the leader %s's configuration is %+v", res.Op, info.NodeID, info.Peers)
+		}
+		return nil
+	}
+	for {
+		info, err := c.ClusterAt(ctx, res.Edge)
+		if err == nil && ok(info.Peers) {
+			res.Leader, res.Peers = info.Leader, info.Peers
+			return nil
+		}
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("operator: %s committed, but %s has not shown it in its configuration (%+v): %w", res.Op, res.Edge, info.Peers, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 func findPeer(peers []cluster.PeerStatus, id string) (cluster.PeerStatus, bool) {
@@ -276,24 +329,22 @@ func findPeer(peers []cluster.PeerStatus, id string) (cluster.PeerStatus, bool) 
 }
 
 // RemovePeer removes a voter. The edge returns once the configuration
-// change committed; the answer's configuration is checked to no longer
-// list the peer.
+// change committed (the cluster waits for it); the leader's configuration
+// is then checked not to list the peer.
 func (c *Client) RemovePeer(ctx context.Context, id string) (MembershipResult, error) {
 	if id == "" {
 		return MembershipResult{}, errors.New("operator: remove-peer: a peer id is required")
 	}
-	res, err := c.raftOp(ctx, "remove-peer", map[string]string{"id": id})
+	res, err := c.raftOp(ctx, "remove-peer", map[string]string{"id": id}, c.edgesAvoiding(ctx, id))
 	if err != nil {
 		return res, err
 	}
-	if _, still := findPeer(res.Peers, id); still {
-		return res, fmt.Errorf("operator: remove-peer %s returned, but %s's configuration still lists it", id, res.Edge)
-	}
-	return res, nil
+	err = c.confirm(ctx, &res, id, func(ps []cluster.PeerStatus) bool { _, still := findPeer(ps, id); return !still })
+	return res, err
 }
 
-// AddVoter adds (or re-addresses) a voter at its Raft address and checks
-// the committed configuration lists it as a voter.
+// AddVoter adds (or re-addresses) a voter at its Raft address; the
+// committed configuration is checked to list it as a voter there.
 func (c *Client) AddVoter(ctx context.Context, id, addr string) (MembershipResult, error) {
 	if id == "" || addr == "" {
 		return MembershipResult{}, errors.New("operator: add-voter: a peer id and its Raft address (host:port) are required")
@@ -301,14 +352,15 @@ func (c *Client) AddVoter(ctx context.Context, id, addr string) (MembershipResul
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return MembershipResult{}, fmt.Errorf("operator: add-voter: address %q is not host:port: %v", addr, err)
 	}
-	res, err := c.raftOp(ctx, "add-voter", map[string]string{"id": id, "addr": addr})
+	res, err := c.raftOp(ctx, "add-voter", map[string]string{"id": id, "addr": addr}, c.edgesAvoiding(ctx, id))
 	if err != nil {
 		return res, err
 	}
-	if p, ok := findPeer(res.Peers, id); !ok || !p.Voter || p.Addr != addr {
-		return res, fmt.Errorf("operator: add-voter %s returned, but %s's configuration lists %+v", id, res.Edge, res.Peers)
-	}
-	return res, nil
+	err = c.confirm(ctx, &res, id, func(ps []cluster.PeerStatus) bool {
+		p, ok := findPeer(ps, id)
+		return ok && p.Voter && p.Addr == addr
+	})
+	return res, err
 }
 
 // TransferLeader hands leadership to id ("" = a voter Raft picks) and
@@ -322,7 +374,7 @@ func (c *Client) TransferLeader(ctx context.Context, id string) (MembershipResul
 	if id != "" {
 		req["id"] = id
 	}
-	res, err := c.raftOp(ctx, "transfer-leader", req)
+	res, err := c.raftOp(ctx, "transfer-leader", req, c.edges)
 	if err != nil {
 		return res, err
 	}
