@@ -484,6 +484,12 @@ func replayMatches(t *testing.T, a *archive.Archive, live *fsm.State) bool {
 	if from, to, err := a.Trimmed(); err != nil || to > from {
 		return false
 	}
+	// The archive is written just after apply, off the proposal path: wait
+	// for it to reach the live index.
+	waitFor(t, 10*time.Second, "the archive to reach the live index", func() bool {
+		last, err := a.LastIndex()
+		return err == nil && last >= live.Index()
+	})
 	m := fsm.NewMachine()
 	err = a.Range(0, live.Index(), func(r archive.Record) error {
 		_, err := m.Apply(fsm.Entry{Index: r.Index, Time: r.Time, Data: r.Data})
