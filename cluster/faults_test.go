@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -93,6 +95,8 @@ func TestRestartCatchesUpThroughSnapshotAndLog(t *testing.T) {
 		c.SnapshotThreshold = 40
 		c.SnapshotInterval = 20 * time.Millisecond
 		c.TrailingLogs = 10
+		// Restarting in-process re-registers the node's metrics.
+		c.Registerer = prometheus.NewRegistry()
 	})
 	ctx := context.Background()
 	// Separate proposals (one small entry each, mostly) from 8 goroutines,

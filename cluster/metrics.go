@@ -12,6 +12,7 @@ import (
 // metrics are the node's tether_cluster_* series. A nil *metrics (no
 // Registerer configured) records nothing.
 type metrics struct {
+	reg          prometheus.Registerer
 	commit       prometheus.Histogram
 	proposals    *prometheus.CounterVec
 	batchSize    prometheus.Histogram
@@ -27,6 +28,7 @@ func newMetrics(reg prometheus.Registerer, nodeID string) (*metrics, error) {
 	}
 	labels := prometheus.Labels{"node": nodeID}
 	m := &metrics{
+		reg: reg,
 		commit: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:        "tether_cluster_commit_seconds",
 			Help:        "Time from Propose to the proposal applied on this node (successful proposals).",
@@ -65,12 +67,30 @@ func newMetrics(reg prometheus.Registerer, nodeID string) (*metrics, error) {
 			ConstLabels: labels,
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.commit, m.proposals, m.batchSize, m.forwarded, m.isLeader, m.appliedIndex, m.authFailures} {
+	for i, c := range m.collectors() {
 		if err := reg.Register(c); err != nil {
+			for _, done := range m.collectors()[:i] {
+				reg.Unregister(done)
+			}
 			return nil, fmt.Errorf("cluster: register metrics: %w", err)
 		}
 	}
 	return m, nil
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.commit, m.proposals, m.batchSize, m.forwarded, m.isLeader, m.appliedIndex, m.authFailures}
+}
+
+// unregister removes the node's series (a node reopened in the same
+// process registers them again).
+func (m *metrics) unregister() {
+	if m == nil {
+		return
+	}
+	for _, c := range m.collectors() {
+		m.reg.Unregister(c)
+	}
 }
 
 func (m *metrics) observeResults(rs []fsm.Result, seconds float64) {

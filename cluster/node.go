@@ -163,6 +163,7 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
+	cleanup = append(cleanup, n.metrics.unregister)
 
 	ln := cfg.Listener
 	if ln == nil {
@@ -589,6 +590,7 @@ func (n *Node) shutdown(abrupt bool) error {
 	if err := n.store.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close %s: %w", raftDBFile, err))
 	}
+	n.metrics.unregister()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cluster: close node %s: %w", n.id, err)
 	}
