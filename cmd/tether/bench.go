@@ -9,9 +9,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/tether-project/tether/ops/bench"
 	"github.com/tether-project/tether/ops/devstack"
+	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/worker/adp"
 )
 
 func init() {
@@ -62,6 +65,9 @@ type simFlags struct {
 	model        *string
 	parentHeader *string
 	genWorkers   *int
+	adpPlacement *string
+	ovfQueued    *int
+	rebindAfter  *time.Duration
 }
 
 func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *simFlags {
@@ -83,6 +89,12 @@ func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *
 		parentHeader: fs.String("parent-header", devstack.ParentHeader,
 			"e2e with --edge-urls: the deployment's parent-session header (conversation_affinity_header_for_subagents)"),
 		genWorkers: fs.Int("generation-workers", 2, "e2e local deployment: generation workers"),
+		adpPlacement: fs.String("adp-placement", "round_robin",
+			"workers' kv_cache_routing_new_conv_placement: round_robin, least_tokens or least_queued"),
+		ovfQueued: fs.Int("overflow-queued-requests", routing.DefaultConfig().Overflow.QueuedRequests,
+			"sim: routing overflow.queued_requests of the tether policies (0 disables overflow)"),
+		rebindAfter: fs.Duration("rebind-after", routing.DefaultConfig().Overflow.RebindAfter,
+			"sim: routing overflow.rebind_after of the tether policies (0: never rebind)"),
 	}
 }
 
@@ -106,6 +118,13 @@ func (f *simFlags) replayOptions() (bench.ReplayOptions, error) {
 	cfg := bench.DefaultSimConfig()
 	cfg.Instances, cfg.Ranks, cfg.CapacityBlocks = *f.instances, *f.ranks, *f.capacity
 	cfg.TimeScale, cfg.Seed, cfg.Log, cfg.NoBreaker = *f.timeScale, *f.seed, lk, *f.noBreaker
+	if cfg.ADPPlacement, err = adp.ParsePlacement(*f.adpPlacement); err != nil {
+		return ro, fmt.Errorf("%w: --adp-placement: %v", errUsage, err)
+	}
+	cfg.Routing.Overflow.QueuedRequests, cfg.Routing.Overflow.RebindAfter = *f.ovfQueued, *f.rebindAfter
+	if err := cfg.Routing.Validate(); err != nil {
+		return ro, fmt.Errorf("%w: %v", errUsage, err)
+	}
 	if *f.parallel < 0 {
 		return ro, fmt.Errorf("%w: --parallel must be >= 0, got %d", errUsage, *f.parallel)
 	}
@@ -142,21 +161,27 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	traces := fs.String("traces", "", "directory of trace files (*.json, *.json.gz) (required)")
 	shared := fs.Int("shared-prefix-blocks", 0, "prepend this many blocks common to every trace (a fleet-wide system prompt)")
 	limit := fs.Int("limit", 0, "replay only the first N traces (0: all)")
+	smallest := fs.Int("smallest", 0, "replay only the N traces with the fewest prompt tokens (0: all; a cheap subset for e2e)")
+	maxDuration := fs.Duration("max-duration", 0, "replay only traces whose last request starts within this long (0: all)")
 	sf := addSimFlags(fs, "3", 6000, 1)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: tether bench replay --traces DIR [flags]\n\ne2e mode scales the workload's timing and the simulated workers' engine time by --time-scale alike\n(e.g. --time-scale 0.05); the sim comparison it prints runs at scale 1.\n\nflags:")
+		fs.PrintDefaults()
+	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *traces == "" {
 		return fmt.Errorf("%w: --traces is required", errUsage)
 	}
-	if *limit < 0 || *shared < 0 {
-		return fmt.Errorf("%w: --limit and --shared-prefix-blocks must be >= 0", errUsage)
+	if *limit < 0 || *shared < 0 || *smallest < 0 || *maxDuration < 0 {
+		return fmt.Errorf("%w: --limit, --smallest, --max-duration and --shared-prefix-blocks must be >= 0", errUsage)
 	}
 	ro, err := sf.replayOptions()
 	if err != nil {
 		return err
 	}
-	w, err := bench.LoadTraces(*traces, bench.TraceOptions{SharedPrefixBlocks: *shared, Limit: *limit})
+	w, err := bench.LoadTraces(*traces, bench.TraceOptions{SharedPrefixBlocks: *shared, Limit: *limit, Smallest: *smallest, MaxDuration: *maxDuration})
 	if err != nil {
 		return err
 	}
@@ -259,7 +284,7 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 			p := bench.NewProgress(os.Stderr, "e2e "+string(pol))
 			r, err := bench.ReplayLocalE2E(ctx, w, pol, bench.LocalE2EOptions{
 				Edges: edges, ContextWorkers: ro.Base.Instances, GenerationWorkers: *sf.genWorkers, Ranks: ro.Base.Ranks,
-				CapacityBlocks: ro.Base.CapacityBlocks, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed,
+				CapacityBlocks: ro.Base.CapacityBlocks, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed, ADPPlacement: ro.Base.ADPPlacement, Overflow: ro.Base.Routing.Overflow,
 				Progress: func(d, t int) { p.Update(int64(d), int64(t)) },
 			})
 			if err != nil {
@@ -276,6 +301,9 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 	if len(ran) > 0 {
 		simOpts := ro
 		simOpts.Policies = ran
+		// e2e scales the workload's timing and the simulated engines
+		// alike: their relative timing is the sim's at scale 1.
+		simOpts.Base.TimeScale = 1
 		p := bench.NewProgress(os.Stderr, "sim (same workload)")
 		simOpts.Progress = p.Update
 		simRep, err := bench.Replay(ctx, w, simOpts)
@@ -321,7 +349,7 @@ func runAgentsE2E(ctx context.Context, opts bench.AgentOptions, sf *simFlags, ro
 		}
 		r, err := bench.ReplayLocalE2E(ctx, w, pol, bench.LocalE2EOptions{
 			Edges: ro.Edges[0], ContextWorkers: ro.Base.Instances, GenerationWorkers: *sf.genWorkers, Ranks: ro.Base.Ranks,
-			CapacityBlocks: ro.Base.CapacityBlocks, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed,
+			CapacityBlocks: ro.Base.CapacityBlocks, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed, ADPPlacement: ro.Base.ADPPlacement, Overflow: ro.Base.Routing.Overflow,
 		})
 		if err != nil {
 			return nil, err

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/worker/engine/sim"
 )
 
 // E2EOptions configure a replay over HTTP against running edges.
@@ -174,6 +175,16 @@ func (r *e2eRun) scaled(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * r.o.TimeScale)
 }
 
+func (r *e2eRun) unscaled(d time.Duration) time.Duration {
+	return time.Duration(float64(d) / r.o.TimeScale)
+}
+
+// prefillModel is the simulated engine's prefill time for uncached tokens
+// (worker/engine/sim defaults).
+func prefillModel(uncached int) time.Duration {
+	return sim.DefaultPrefillOverhead + time.Duration(float64(max(uncached, 0))/sim.DefaultPrefillTokensPerSec*float64(time.Second))
+}
+
 // runAgent runs an agent's groups in order, as the simulator does.
 func (r *e2eRun) runAgent(ctx context.Context, cancel context.CancelFunc, a *Agent, startOffset time.Duration) {
 	start := r.start.Add(r.scaled(startOffset))
@@ -254,6 +265,14 @@ func (r *e2eRun) send(ctx context.Context, a *Agent, req *Request, call int) err
 		edge := r.rng.IntN(len(r.o.EdgeURLs))
 		r.mu.Unlock()
 		out, retry, err := r.post(ctx, edge, a, payload)
+		if errors.Is(err, errContextLength) {
+			// The worker refuses a prompt larger than a rank's KV
+			// capacity; sim mode computes it without the cache. Count
+			// it the same way: a full miss, modelled prefill.
+			out = e2eResponse{prompt: req.PromptTokens, oversized: true}
+			out.firstToken = arrival.Add(r.scaled(prefillModel(req.PromptTokens)))
+			err = nil
+		}
 		if err != nil {
 			return fmt.Errorf("bench: e2e: %s call %d via %s: %w", a.ID, call, r.o.EdgeURLs[edge], err)
 		}
@@ -269,9 +288,13 @@ func (r *e2eRun) send(ctx context.Context, a *Agent, req *Request, call int) err
 			}
 			continue
 		}
+		// Times in engine units (wall ÷ time scale), comparable with sim
+		// mode; prefill is the simulated workers' model applied to the
+		// tokens the deployment reports as computed.
 		rec := RequestRecord{
 			Agent: a.ID, SubAgent: a.SubAgent(), Call: call, Edge: edge, Instance: -1, Rank: -1,
-			Arrival: arrival.Sub(r.start), TTFT: out.firstToken.Sub(arrival), Prompt: out.prompt, Cached: out.cached,
+			Arrival: r.unscaled(arrival.Sub(r.start)), TTFT: r.unscaled(out.firstToken.Sub(arrival)),
+			Prefill: prefillModel(out.prompt - out.cached), Prompt: out.prompt, Cached: out.cached, Oversized: out.oversized,
 		}
 		inst := ""
 		if out.route != "" {
@@ -297,7 +320,12 @@ type e2eResponse struct {
 	firstToken     time.Time
 	prompt, cached int
 	route          string
+	oversized      bool
 }
+
+// errContextLength: the deployment refused the prompt as larger than a
+// rank's KV capacity (OpenAI code context_length_exceeded).
+var errContextLength = errors.New("context_length_exceeded")
 
 // post sends the request to one edge. retry >= 0 means it was shed (429).
 func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (e2eResponse, time.Duration, error) {
@@ -324,6 +352,14 @@ func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (
 	}
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		var e struct {
+			Error struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		}
+		if resp.StatusCode == http.StatusBadRequest && json.Unmarshal(b, &e) == nil && e.Error.Code == "context_length_exceeded" {
+			return out, -1, errContextLength
+		}
 		return out, -1, fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
 	}
 	if r.o.RouteHeader != "" {

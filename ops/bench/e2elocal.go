@@ -11,6 +11,7 @@ import (
 	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/worker"
+	"github.com/tether-project/tether/worker/adp"
 )
 
 // E2EPolicies are the policies a deployment can express through its edge
@@ -40,6 +41,10 @@ type LocalE2EOptions struct {
 	CapacityBlocks    int     // per context worker, split over its ranks
 	TimeScale         float64 // engine wall time per engine second, and the workload's timing scale
 	Seed              uint64
+	ADPPlacement      adp.Placement // the workers' new-conversation rank placement
+	// Overflow is the tether policy's routing overflow configuration
+	// (zero: the edge's default).
+	Overflow routing.OverflowConfig
 	Progress          func(done, total int)
 	// ReadyTimeout bounds the deployment's start (default 60s).
 	ReadyTimeout time.Duration
@@ -85,10 +90,16 @@ func ReplayLocalE2E(ctx context.Context, w *Workload, p Policy, o LocalE2EOption
 	stack, err := devstack.Start(ctx, devstack.Options{
 		Edges: o.Edges, ContextWorkers: o.ContextWorkers, GenerationWorkers: o.GenerationWorkers, Ranks: o.Ranks,
 		TimeScale:  o.TimeScale,
-		EdgeConfig: func(_ int, c *edge.Config) { policyEdgeConfig(p, c) },
+		EdgeConfig: func(_ int, c *edge.Config) {
+			policyEdgeConfig(p, c)
+			if p == PolicyTether && o.Overflow != (routing.OverflowConfig{}) {
+				c.Placement.Overflow = o.Overflow
+			}
+		},
 		WorkerConfig: func(_ string, c *worker.Config) {
 			c.Engine.CapacityBlocks = perRank
 			c.Engine.BlockSize = w.BlockSize
+			c.ADP.AttentionDP.NewConvPlacement = o.ADPPlacement.String()
 		},
 	})
 	if err != nil {

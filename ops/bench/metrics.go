@@ -28,7 +28,13 @@ type Summary struct {
 	Shed          int     `json:"shed"`
 	Oversized     int     `json:"oversized"`
 	LocalWrites   int     `json:"local_writes,omitempty"`
-	WallMs        float64 `json:"wall_ms"`
+	// SubagentFirstCallHitRate: sub-agents' first requests only (their
+	// shared prefix with siblings).
+	SubagentFirstCallHitRate float64 `json:"subagent_first_call_hit_rate"`
+	// MaxInstancePrefillTokens: the busiest instance's computed prompt
+	// tokens (the hot spot; CoV is relative to the mean).
+	MaxInstancePrefillTokens int64   `json:"max_instance_prefill_tokens"`
+	WallMs                   float64 `json:"wall_ms"`
 
 	hitLo, hitHi float64 // range over seeds (reports)
 }
@@ -38,7 +44,7 @@ func Summarize(r *RunResult) Summary {
 	s := Summary{Name: string(r.Policy), Edges: r.Edges, Overflows: r.Overflows, Commits: r.Commits,
 		Rebinds: r.Rebinds, RankOverflows: r.RankOverflows, Shed: r.Shed, LocalWrites: r.LocalWrites,
 		Requests: len(r.Records), WallMs: ms(r.Wall)}
-	var cached, subPrompt, subCached int64
+	var cached, subPrompt, subCached, firstPrompt, firstCached int64
 	ttfts := make([]time.Duration, 0, len(r.Records))
 	var prefill time.Duration
 	for _, rec := range r.Records {
@@ -47,6 +53,10 @@ func Summarize(r *RunResult) Summary {
 		if rec.SubAgent {
 			subPrompt += int64(rec.Prompt)
 			subCached += int64(rec.Cached)
+			if rec.Call == 0 {
+				firstPrompt += int64(rec.Prompt)
+				firstCached += int64(rec.Cached)
+			}
 		}
 		if rec.Oversized {
 			s.Oversized++
@@ -62,6 +72,10 @@ func Summarize(r *RunResult) Summary {
 	s.TTFTP50Ms = ms(Percentile(ttfts, 0.50))
 	s.TTFTP99Ms = ms(Percentile(ttfts, 0.99))
 	s.LoadCoV = CoV(r.InstancePrefillTokens)
+	s.SubagentFirstCallHitRate = ratio(firstCached, firstPrompt)
+	for _, t := range r.InstancePrefillTokens {
+		s.MaxInstancePrefillTokens = max(s.MaxInstancePrefillTokens, t)
+	}
 	return s
 }
 

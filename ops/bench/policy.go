@@ -44,13 +44,28 @@ const (
 	// PolicyTetherNoOverflow: tether without overflow (bound keys always
 	// stay).
 	PolicyTetherNoOverflow Policy = "tether_no_overflow"
+	// PolicyTetherParentFirst: tether, but the agent gateway sends the
+	// parent header only on a sub-agent's first request: the first call
+	// lands with its parent and siblings (their shared prefix), later
+	// calls route by the sub-agent's own key (KV-aware placement, then
+	// sticky). A proposal, not the spec's behaviour (which keeps the
+	// header on every turn).
+	PolicyTetherParentFirst Policy = "tether_parent_first"
+	// PolicyTetherCacheRebind: tether plus a rule routing does not have
+	// (emulated by the harness around the real routing calls, a proposal):
+	// when the KV index says the bound instance holds less than half of
+	// the prompt's blocks, the key is placed again by the KV-aware score
+	// (bound instance included) and, if that picks another instance, the
+	// binding moves (an Overflow with Rebind). A binding whose cache is
+	// gone buys nothing by staying, and moving it then costs nothing.
+	PolicyTetherCacheRebind Policy = "tether_cache_rebind"
 )
 
 // TetherVariants are the ablations.
-var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow}
+var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherCacheRebind}
 
 func (p Policy) isTether() bool {
-	return p == PolicyTether || p == PolicyTetherNoParent || p == PolicyTetherNoOverflow
+	return p == PolicyTether || p == PolicyTetherNoParent || p == PolicyTetherNoOverflow || p == PolicyTetherParentFirst || p == PolicyTetherCacheRebind
 }
 
 // AllPolicies lists every policy in report order.
@@ -63,16 +78,23 @@ func (p Policy) usesSharedLog() bool { return p == PolicySession || p.isTether()
 // usesKVIndex reports whether edges keep a KV index for the policy.
 func (p Policy) usesKVIndex() bool { return p == PolicyPrefix || p.isTether() }
 
-// ParsePolicies parses a comma-separated policy list ("all" = every policy).
+// ParsePolicies parses a comma-separated policy list; "all" stands for
+// every policy of AllPolicies (the ablations are named explicitly).
 func ParsePolicies(list string) ([]Policy, error) {
-	if strings.TrimSpace(list) == "all" {
-		return append([]Policy(nil), AllPolicies...), nil
-	}
 	var out []Policy
 	seen := map[Policy]bool{}
 	for _, f := range strings.Split(list, ",") {
 		name := Policy(strings.TrimSpace(f))
 		if name == "" {
+			continue
+		}
+		if name == "all" {
+			for _, p := range AllPolicies {
+				if !seen[p] {
+					seen[p] = true
+					out = append(out, p)
+				}
+			}
 			continue
 		}
 		known := false

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"gonum.org/v1/plot/plotter"
+
+	"github.com/tether-project/tether/worker/adp"
 )
 
 // ReportOptions configure `tether bench report`: the full comparison whose
@@ -79,31 +81,38 @@ func BuildReport(ctx context.Context, opts ReportOptions) (Sections, error) {
 		return nil, err
 	}
 
-	// Sensitivity: cache capacity, ranks, a fleet-wide shared prefix.
+	// Ablations and sensitivity: which mechanism costs or buys what, and
+	// how the ordering moves with cache capacity, ADP ranks (and the
+	// workers' rank placement) and a fleet-wide shared prefix.
 	type variant struct {
-		label string
-		w     *Workload
-		cfg   SimConfig
+		label    string
+		w        *Workload
+		cfg      SimConfig
+		policies []Policy
 	}
-	var variants []variant
+	ablations := []Policy{PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherCacheRebind}
+	sensPolicies := []Policy{PolicyLeastLoaded, PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether, PolicyTetherCacheRebind}
+	variants := []variant{{"ablations at the reference setup (C = 6000)", w, base, ablations}}
 	for _, c := range []int{12000, 24000} {
 		v := base
 		v.CapacityBlocks = c
-		variants = append(variants, variant{fmt.Sprintf("C = %d blocks per instance", c), w, v})
+		variants = append(variants, variant{fmt.Sprintf("C = %d blocks per instance", c), w, v, sensPolicies})
 	}
 	r2 := base
 	r2.Ranks = 2
-	variants = append(variants, variant{"2 ADP ranks per instance (3,000 blocks each)", w, r2})
+	variants = append(variants, variant{"2 ADP ranks per instance (3,000 blocks each), workers place new conversations round_robin", w, r2, sensPolicies})
+	r2lt := r2
+	r2lt.ADPPlacement = adp.LeastTokens
+	variants = append(variants, variant{"2 ADP ranks per instance, workers place new conversations least_tokens", w, r2lt, sensPolicies})
 	shared, err := LoadTraces(opts.Traces, TraceOptions{SharedPrefixBlocks: 32})
 	if err != nil {
 		return nil, err
 	}
-	variants = append(variants, variant{"--shared-prefix-blocks 32 (a 2,048-token fleet-wide system prompt)", shared, base})
-	sensPolicies := []Policy{PolicyLeastLoaded, PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether}
+	variants = append(variants, variant{"--shared-prefix-blocks 32 (a 2,048-token fleet-wide system prompt)", shared, base, sensPolicies})
 	var sens []sensitivity
 	for _, v := range variants {
-		logf("report: sensitivity: %s", v.label)
-		rows, _, err := replaySeeds(ctx, v.w, v.cfg, sensPolicies, []int{3}, ReportOptions{Seeds: opts.Seeds[:1], Parallel: opts.Parallel}, logf)
+		logf("report: %s", v.label)
+		rows, _, err := replaySeeds(ctx, v.w, v.cfg, v.policies, []int{3}, ReportOptions{Seeds: opts.Seeds[:1], Parallel: opts.Parallel}, logf)
 		if err != nil {
 			return nil, err
 		}
@@ -242,6 +251,8 @@ func medianSummaries(perSeed [][]Summary) []Summary {
 		s.RankOverflows = int(col(func(x Summary) float64 { return float64(x.RankOverflows) }))
 		s.Shed = int(col(func(x Summary) float64 { return float64(x.Shed) }))
 		s.WallMs = col(func(x Summary) float64 { return x.WallMs })
+		s.SubagentFirstCallHitRate = col(func(x Summary) float64 { return x.SubagentFirstCallHitRate })
+		s.MaxInstancePrefillTokens = int64(col(func(x Summary) float64 { return float64(x.MaxInstancePrefillTokens) }))
 		lo, hi := s.HitRate, s.HitRate
 		for _, ps := range perSeed {
 			lo, hi = min(lo, ps[i].HitRate), max(hi, ps[i].HitRate)
@@ -333,11 +344,12 @@ func policySection(opts ReportOptions, w *Workload, base SimConfig, head []Summa
 		base.Instances, base.Ranks, base.CapacityBlocks, base.Log, opts.Seeds)
 	fmt.Fprintf(&b, "Upper bound (one infinite cache): **%.3f**.\n\n", UpperBound(w))
 	b.WriteString("**3 edges**\n\n")
-	b.WriteString("| policy | hit rate | sub-agent hit rate | prefill tokens | TTFT p50 ms | TTFT p99 ms | load CoV | overflows | commits |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| policy | hit rate | sub-agent hit rate | sub-agent first-call hit | prefill tokens | busiest instance | TTFT p50 ms | TTFT p99 ms | load CoV | overflows | commits |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rowsAt(head, 3) {
-		fmt.Fprintf(&b, "| %s | %.3f [%.3f–%.3f] | %.3f | %s | %.0f | %.0f | %.3f | %d | %d |\n", r.Name, r.HitRate, r.hitLo, r.hitHi, r.SubagentHitRate,
-			thousands(r.PrefillTokens), r.TTFTP50Ms, r.TTFTP99Ms, r.LoadCoV, r.Overflows, r.Commits)
+		fmt.Fprintf(&b, "| %s | %.3f [%.3f–%.3f] | %.3f | %.3f | %s | %s | %.0f | %.0f | %.3f | %d | %d |\n", r.Name, r.HitRate, r.hitLo, r.hitHi, r.SubagentHitRate,
+			r.SubagentFirstCallHitRate, thousands(r.PrefillTokens), thousands(r.MaxInstancePrefillTokens), r.TTFTP50Ms, r.TTFTP99Ms, r.LoadCoV, r.Overflows, r.Commits)
 	}
+	b.WriteString("\n*busiest instance*: prompt tokens computed by the most loaded instance; *commits*: events committed to the affinity log during the replay (Bind, Link, Touch batches, Overflow).\n")
 	b.WriteString("\n**Hit rate by number of edges** (requests spread over the edges like a non-sticky load balancer)\n\n| policy | 1 edge | 3 edges | 5 edges | 5 vs 1 |\n|---|---:|---:|---:|---:|\n")
 	for _, p := range AllPolicies {
 		r1, _ := find(head, p, 1)
@@ -346,10 +358,10 @@ func policySection(opts ReportOptions, w *Workload, base SimConfig, head []Summa
 		fmt.Fprintf(&b, "| %s | %.3f | %.3f | %.3f | %+.3f |\n", p, r1.HitRate, r3.HitRate, r5.HitRate, r5.HitRate-r1.HitRate)
 	}
 	for _, s := range sens {
-		fmt.Fprintf(&b, "\n**Sensitivity: %s**, 3 edges, seed %d, upper bound %.3f\n\n| policy | hit rate | sub-agent hit rate | TTFT p50 ms | TTFT p99 ms | load CoV | overflows |\n|---|---:|---:|---:|---:|---:|---:|\n",
-			s.label, opts.Seeds[0], s.upper)
+		fmt.Fprintf(&b, "\n**%s**, 3 edges, seed %d, upper bound %.3f\n\n| policy | hit rate | sub-agent hit rate | sub-agent first-call hit | TTFT p50 ms | TTFT p99 ms | load CoV | overflows |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+			strings.ToUpper(s.label[:1])+s.label[1:], opts.Seeds[0], s.upper)
 		for _, r := range s.rows {
-			fmt.Fprintf(&b, "| %s | %.3f | %.3f | %.0f | %.0f | %.3f | %d |\n", r.Name, r.HitRate, r.SubagentHitRate, r.TTFTP50Ms, r.TTFTP99Ms, r.LoadCoV, r.Overflows)
+			fmt.Fprintf(&b, "| %s | %.3f | %.3f | %.3f | %.0f | %.0f | %.3f | %d |\n", r.Name, r.HitRate, r.SubagentHitRate, r.SubagentFirstCallHitRate, r.TTFTP50Ms, r.TTFTP99Ms, r.LoadCoV, r.Overflows)
 		}
 	}
 	if len(plots) > 0 {
@@ -407,8 +419,8 @@ func targetsSection(head []Summary, agents []*AgentsReport) string {
 	fmt.Fprintf(&b, "| tether with 3 and 5 edges within 1%% of 1 edge | 1: %.3f, 3: %.3f (%+.3f), 5: %.3f (%+.3f) | %s |\n",
 		t1.HitRate, t3.HitRate, d3, t5.HitRate, d5, verdict(abs(d3) <= 0.01 && abs(d5) <= 0.01))
 	ll, _ := find(head, PolicyLeastLoaded, 3)
-	fmt.Fprintf(&b, "| load CoV of tether ≤ 1.5 × least_loaded (3 edges) | tether %.3f, least_loaded %.3f (ratio %.2f) | %s |\n",
-		t3.LoadCoV, ll.LoadCoV, ratioF(t3.LoadCoV, ll.LoadCoV), verdict(t3.LoadCoV <= 1.5*ll.LoadCoV))
+	fmt.Fprintf(&b, "| load CoV of tether ≤ 1.5 × least_loaded (3 edges) | tether %.3f, least_loaded %.3f (ratio %.2f); busiest instance: tether %s, least_loaded %s prompt tokens | %s |\n",
+		t3.LoadCoV, ll.LoadCoV, ratioF(t3.LoadCoV, ll.LoadCoV), thousands(t3.MaxInstancePrefillTokens), thousands(ll.MaxInstancePrefillTokens), verdict(t3.LoadCoV <= 1.5*ll.LoadCoV))
 	sl3, _ := find(head, PolicySessionLocal, 3)
 	sl5, _ := find(head, PolicySessionLocal, 5)
 	fmt.Fprintf(&b, "| (claim) tether with several edges far above independent replicas | tether 3/5 edges %.3f/%.3f vs session_local %.3f/%.3f | %s |\n",

@@ -51,7 +51,8 @@ type SimConfig struct {
 	// Routing is the base router configuration; the policy sets Type,
 	// and session policies disable overflow.
 	Routing routing.Config
-	// ADPPlacement is the workers' kv_cache_routing_new_conv_placement.
+	// ADPPlacement is the workers' kv_cache_routing_new_conv_placement
+	// (default round_robin, the spec's default).
 	ADPPlacement adp.Placement
 	// NoBreaker disables the tether policy's cache circuit breaker.
 	NoBreaker bool
@@ -61,6 +62,11 @@ type SimConfig struct {
 	// EdgeFor, when set, picks the edge of each request (agent id, call
 	// number): tests script which edge sees what.
 	EdgeFor func(agent string, call int) int
+	// TelemetryInterval is the workers' load report interval (default
+	// 100ms, the worker's). Edges see each instance as its last report
+	// says plus the requests they dispatched to it since, as the edge's
+	// fleet view does.
+	TelemetryInterval time.Duration
 	// Progress, when set, is called as requests complete.
 	Progress func(done, total int)
 }
@@ -69,18 +75,19 @@ type SimConfig struct {
 // blocks per instance, 3 edges, real Raft.
 func DefaultSimConfig() SimConfig {
 	return SimConfig{
-		Policy:         PolicyTether,
-		Edges:          3,
-		Instances:      8,
-		Ranks:          1,
-		CapacityBlocks: 6000,
-		TimeScale:      1,
-		Seed:           1,
-		Log:            LogRaft,
-		TouchInterval:  time.Second,
-		Engine:         sim.DefaultConfig(),
-		Routing:        routing.DefaultConfig(),
-		ADPPlacement:   adp.LeastTokens,
+		Policy:            PolicyTether,
+		Edges:             3,
+		Instances:         8,
+		Ranks:             1,
+		CapacityBlocks:    6000,
+		TimeScale:         1,
+		Seed:              1,
+		Log:               LogRaft,
+		TouchInterval:     time.Second,
+		TelemetryInterval: 100 * time.Millisecond,
+		Engine:            sim.DefaultConfig(),
+		Routing:           routing.DefaultConfig(),
+		ADPPlacement:      adp.RoundRobin,
 	}
 }
 
@@ -103,6 +110,9 @@ func (c *SimConfig) validate() error {
 	}
 	if c.TouchInterval <= 0 {
 		errs = append(errs, fmt.Errorf("touch interval must be > 0, got %v", c.TouchInterval))
+	}
+	if c.TelemetryInterval <= 0 {
+		errs = append(errs, fmt.Errorf("telemetry interval must be > 0, got %v", c.TelemetryInterval))
 	}
 	known := false
 	for _, p := range append(AllPolicies, TetherVariants...) {
@@ -188,11 +198,26 @@ type simInstance struct {
 	ranks    []*sim.VirtualRank
 	rankCap  int
 	inflight []*inflight
+	recent   []*inflight // finished within the last telemetry interval
 	kvSeq    uint64
+
+	// The last load report (taken at reportAt).
+	reportAt             time.Duration
+	reported             bool
+	repQueued, repActive int
+	repActiveTok         int64
+}
+
+// dispatch is a request an edge sent to an instance: it counts in the
+// edge's view until the instance's next report includes it.
+type dispatch struct {
+	at     time.Duration
+	tokens int
 }
 
 type inflight struct {
 	agent         *agentRun
+	arrival       time.Duration
 	record        int // index into RunResult.Records
 	instance      int
 	edge          int
@@ -209,6 +234,7 @@ type inflight struct {
 
 type simEdge struct {
 	id       string
+	pending  [][]dispatch // per instance, since its last report
 	index    *kvindex.Index
 	local    *sequencerLog // session_local: this edge's own binding table
 	rr       uint64
@@ -329,7 +355,7 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 	if s.router, err = routing.NewRouter(rc); err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	if cfg.Policy == PolicyTether || cfg.Policy == PolicyTetherNoOverflow {
+	if cfg.Policy.isTether() && cfg.Policy != PolicyTetherNoParent {
 		s.ident = routing.IdentityConfig{ParentHeader: ParentHeader}
 	}
 
@@ -356,7 +382,8 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 		// Edges have been running: their round-robin counters stand at
 		// arbitrary positions (all at 0 would send every edge's first
 		// request to the same instance).
-		ed := &simEdge{id: fmt.Sprintf("edge-%d", e), touchPending: map[string]bool{}, rr: s.lbRand.Uint64() % uint64(cfg.Instances)}
+		ed := &simEdge{id: fmt.Sprintf("edge-%d", e), touchPending: map[string]bool{}, rr: s.lbRand.Uint64() % uint64(cfg.Instances),
+			pending: make([][]dispatch, cfg.Instances)}
 		if cfg.Policy.usesKVIndex() {
 			ed.index = kvindex.New(kvindex.Config{PredictTTL: rc.PredictTTL})
 		}
@@ -562,8 +589,11 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 		Arrival: firstArrival, TTFT: res.FirstTokenAt - firstArrival, Prefill: res.Prefill,
 		Prompt: req.PromptTokens, Cached: res.CachedTokens, Oversized: oversized,
 	})
+	if p := &s.edges[edge].pending[instIdx]; true {
+		*p = append(*p, dispatch{at: s.now, tokens: req.PromptTokens})
+	}
 	fl := &inflight{
-		agent: ar, record: len(s.res.Records) - 1, instance: instIdx, edge: edge, ticket: d.Ticket,
+		arrival: s.now, agent: ar, record: len(s.res.Records) - 1, instance: instIdx, edge: edge, ticket: d.Ticket,
 		start: res.StartAt, firstToken: res.FirstTokenAt, done: res.DoneAt,
 		uncached: uncached, prompt: req.PromptTokens, cached: res.CachedTokens, prefill: res.Prefill,
 	}
@@ -578,6 +608,9 @@ func (s *simulator) finish(fl *inflight) {
 	if i := slices.Index(in.inflight, fl); i >= 0 {
 		in.inflight = slices.Delete(in.inflight, i, i+1)
 	}
+	// Keep it while a report taken before it finished may still be read.
+	in.recent = slices.DeleteFunc(in.recent, func(r *inflight) bool { return r.done <= s.now-s.cfg.TelemetryInterval })
+	in.recent = append(in.recent, fl)
 	// The edge that relayed the response feeds its breaker from usage.
 	if b := s.edges[fl.edge].breakers; b != nil {
 		_, _ = b.Record(in.id, int64(fl.prompt), int64(fl.cached), epoch.Add(s.now))
@@ -591,32 +624,33 @@ func (s *simulator) finish(fl *inflight) {
 	s.advance(ar, s.now)
 }
 
-// views is what edge e knows at s.now: every instance's load from ideal
-// (instant) telemetry, and the edge's own circuit breakers.
+// views is what edge e knows at s.now, as the edge's fleet view builds it:
+// each instance's last load report (taken every TelemetryInterval: queued
+// and active requests, active prompt tokens — the scheduler's placed,
+// unfinished prompt tokens) plus the requests this edge dispatched to it
+// since (as queued requests and queued prefill tokens), and the edge's own
+// circuit breakers.
 func (s *simulator) views(e *simEdge) (*routing.Views, error) {
 	now := epoch.Add(s.now)
+	iv := s.cfg.TelemetryInterval
+	reportAt := s.now / iv * iv
 	vs := make([]routing.InstanceView, len(s.instances))
 	for i, in := range s.instances {
+		if !in.reported || in.reportAt != reportAt {
+			in.report(reportAt)
+		}
+		pend := e.pending[i]
+		k := 0
+		for k < len(pend) && pend[k].at <= reportAt {
+			k++
+		}
+		pend = pend[k:]
+		e.pending[i] = pend
 		v := routing.InstanceView{ID: in.id, Fleet: fsm.FleetContext, URL: "sim://" + in.id, Healthy: true,
-			Ranks: len(in.ranks), VerifiesHints: true, Version: "sim"}
-		for _, fl := range in.inflight {
-			switch {
-			case fl.done <= s.now:
-			case fl.start > s.now:
-				v.QueuedRequests++
-				v.QueuedPrefillTokens += int64(fl.uncached)
-			case fl.firstToken > s.now:
-				v.ActiveRequests++
-				left := fl.uncached
-				if fl.prefill > 0 {
-					left = int(float64(fl.uncached) * float64(fl.firstToken-s.now) / float64(fl.prefill))
-				}
-				v.QueuedPrefillTokens += int64(left)
-				v.ActivePromptTokens += int64(fl.prompt)
-			default:
-				v.ActiveRequests++
-				v.ActivePromptTokens += int64(fl.prompt)
-			}
+			Ranks: len(in.ranks), VerifiesHints: true, Version: "sim",
+			QueuedRequests: in.repQueued + len(pend), ActiveRequests: in.repActive, ActivePromptTokens: in.repActiveTok}
+		for _, d := range pend {
+			v.QueuedPrefillTokens += int64(d.tokens)
 		}
 		if e.breakers != nil {
 			v.CacheDegraded = e.breakers.Open(in.id, now)
@@ -625,6 +659,30 @@ func (s *simulator) views(e *simEdge) (*routing.Views, error) {
 		vs[i] = v
 	}
 	return routing.NewViews(vs)
+}
+
+// report computes the instance's load report as of at: requests admitted
+// by then and not yet done; queued ones have not started their prefill.
+func (in *simInstance) report(at time.Duration) {
+	in.reported, in.reportAt = true, at
+	in.repQueued, in.repActive, in.repActiveTok = 0, 0, 0
+	count := func(fl *inflight) {
+		if fl.arrival > at || fl.done <= at {
+			return
+		}
+		if fl.start > at {
+			in.repQueued++
+		} else {
+			in.repActive++
+		}
+		in.repActiveTok += int64(fl.prompt)
+	}
+	for _, fl := range in.inflight {
+		count(fl)
+	}
+	for _, fl := range in.recent {
+		count(fl)
+	}
 }
 
 // route picks the instance for a request at edge e. It returns inst -1
@@ -659,7 +717,7 @@ func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst 
 	case PolicyLeastLoaded, PolicyPrefix:
 		rt, err = s.router.Place(rreq, in)
 	default:
-		return s.routeKeyed(e, edge, ar, rreq, in)
+		return s.routeKeyed(e, edge, ar, rreq, in, call)
 	}
 	if err != nil {
 		return 0, "", 0, err
@@ -676,7 +734,7 @@ func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst 
 // routeKeyed is the edge's request path for the binding policies: identity
 // (parent header for tether), binding lookup in the edge's replica, sticky /
 // overflow / placement, and the log proposals the route calls for.
-func (s *simulator) routeKeyed(e *simEdge, edge int, ar *agentRun, rreq routing.Request, in routing.Inputs) (int, string, time.Duration, error) {
+func (s *simulator) routeKeyed(e *simEdge, edge int, ar *agentRun, rreq routing.Request, in routing.Inputs, call int) (int, string, time.Duration, error) {
 	ctx := s.ctx
 	now := rreq.Now
 	state := func() *fsm.State {
@@ -693,9 +751,9 @@ func (s *simulator) routeKeyed(e *simEdge, edge int, ar *agentRun, rreq routing.
 	}
 	h := http.Header{}
 	h.Set("x-session-id", ar.agent.ID)
-	if ar.agent.Parent != nil {
+	if ar.agent.Parent != nil && (s.cfg.Policy != PolicyTetherParentFirst || call == 0) {
 		// The agent gateway sends the parent header on every sub-agent
-		// request; only the tether policy configures it.
+		// request (only tether configures it, so the others ignore it).
 		h.Set(ParentHeader, ar.agent.Parent.ID)
 	}
 	st := state()
@@ -713,6 +771,9 @@ func (s *simulator) routeKeyed(e *simEdge, edge int, ar *agentRun, rreq routing.
 	var rt routing.Route
 	if b, ok := st.Lookup(fsm.FleetContext, rreq.Key); ok {
 		rt, err = s.router.RouteBound(rreq, b, in)
+		if err == nil && rt.Action == routing.ActionSticky && s.cfg.Policy == PolicyTetherCacheRebind {
+			rt, err = s.cacheRebind(e, rreq, b, in, rt)
+		}
 	} else {
 		rt, err = s.router.Place(rreq, in)
 	}
@@ -765,6 +826,29 @@ func (s *simulator) routeKeyed(e *simEdge, edge int, ar *agentRun, rreq routing.
 		affinity = rreq.Key // the signed hint's affinity id: the root key
 	}
 	return idx, affinity, 0, nil
+}
+
+// cacheRebind is PolicyTetherCacheRebind's rule (see there): a sticky route
+// whose bound instance holds under half of the prompt is placed again.
+func (s *simulator) cacheRebind(e *simEdge, rreq routing.Request, b fsm.Binding, in routing.Inputs, sticky routing.Route) (routing.Route, error) {
+	if len(rreq.Blocks) == 0 {
+		return sticky, nil
+	}
+	held := 0
+	for _, m := range e.index.Match(rreq.Blocks, rreq.Now, nil) {
+		if m.Instance == b.Instance {
+			held = m.Blocks
+		}
+	}
+	if 2*held >= len(rreq.Blocks) {
+		return sticky, nil
+	}
+	rt, err := s.router.Place(rreq, in)
+	if err != nil || rt.Action != routing.ActionBind || rt.Instance == b.Instance {
+		return sticky, err
+	}
+	rt.Action, rt.From, rt.Reason, rt.Rebind = routing.ActionOverflow, b.Instance, fsm.OverflowCircuitOpen, true
+	return rt, nil
 }
 
 // touch queues a Touch of the key (and the sub-agent's link) at edge e,

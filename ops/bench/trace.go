@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -24,6 +26,13 @@ type TraceOptions struct {
 	SharedPrefixBlocks int
 	// Limit keeps only the first Limit traces in file-name order (0: all).
 	Limit int
+	// Smallest keeps only the Smallest traces with the fewest prompt
+	// tokens in total (0: all): a cheap subset for e2e mode. Applied after
+	// Limit.
+	Smallest int
+	// MaxDuration keeps only traces whose last top-level request starts
+	// within this long (0: all). Applied before Smallest.
+	MaxDuration time.Duration
 }
 
 // Trace file format (kv-cache-tester): one conversation per file.
@@ -83,8 +92,9 @@ func LoadTraces(dir string, opts TraceOptions) (*Workload, error) {
 // scope "local" are namespaced by trace id, so equal ids of different
 // traces are different blocks.
 func LoadTraceFiles(files []string, opts TraceOptions) (*Workload, error) {
-	if opts.SharedPrefixBlocks < 0 {
-		return nil, fmt.Errorf("bench: shared prefix blocks must be >= 0, got %d", opts.SharedPrefixBlocks)
+	if opts.SharedPrefixBlocks < 0 || opts.Smallest < 0 || opts.MaxDuration < 0 {
+		return nil, fmt.Errorf("bench: shared prefix blocks (%d), smallest (%d) and max duration (%v) must be >= 0",
+			opts.SharedPrefixBlocks, opts.Smallest, opts.MaxDuration)
 	}
 	w := &Workload{Name: "traces"}
 	ids := map[string]string{}
@@ -111,6 +121,25 @@ func LoadTraceFiles(files []string, opts TraceOptions) (*Workload, error) {
 			return nil, err
 		}
 		w.Agents = append(w.Agents, root)
+	}
+	if opts.MaxDuration > 0 {
+		w.Agents = slices.DeleteFunc(w.Agents, func(a *Agent) bool {
+			return len(a.Steps) > 0 && a.Steps[len(a.Steps)-1].At > opts.MaxDuration
+		})
+		if len(w.Agents) == 0 {
+			return nil, fmt.Errorf("bench: traces: no trace ends within --max-duration %v", opts.MaxDuration)
+		}
+	}
+	if opts.Smallest > 0 && opts.Smallest < len(w.Agents) {
+		size := map[*Agent]int64{}
+		for _, a := range w.Agents {
+			sub := &Workload{Agents: []*Agent{a}}
+			size[a] = sub.Stats().PromptTokens
+		}
+		keep := slices.Clone(w.Agents)
+		slices.SortStableFunc(keep, func(a, b *Agent) int { return cmp.Compare(size[a], size[b]) })
+		keep = keep[:opts.Smallest]
+		w.Agents = slices.DeleteFunc(w.Agents, func(a *Agent) bool { return !slices.Contains(keep, a) })
 	}
 	if err := w.Validate(); err != nil {
 		return nil, err
