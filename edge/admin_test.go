@@ -156,8 +156,10 @@ func TestLeaderSweepsIdleBindings(t *testing.T) {
 // telemetry.down_after, which evicts its bindings.
 func TestLeaderRecordsDeadInstanceDown(t *testing.T) {
 	s := startStatic(t, 2, 1, func(c *Config) {
-		c.Telemetry.MinStaleAfter = 300 * time.Millisecond
-		c.Telemetry.DownAfter = 600 * time.Millisecond
+		// Generous against a loaded machine: the surviving instance's
+		// probes must not lapse.
+		c.Telemetry.MinStaleAfter = time.Second
+		c.Telemetry.DownAfter = 1500 * time.Millisecond
 	})
 	b := &agent{session: "down-conv", system: longText("down", 24)}
 	r := b.send(t, s.c, s.te, "one", nil)
