@@ -136,10 +136,13 @@ type instance struct {
 	lookup     int64
 	hit        int64
 
-	// Dispatched by this edge since the last report (reset by each
-	// report, which then counts them itself).
+	// Dispatched by this edge since the last report and not finished yet
+	// (reset by each report, which then counts them itself). reportGen
+	// tells a finishing hop whether a report has reset the count since it
+	// was dispatched (then there is nothing left to release).
 	pendingReq atomic.Int64
 	pendingTok atomic.Int64
+	reportGen  atomic.Uint64
 	// In flight to an instance without telemetry (no report would ever
 	// reset a pending count): released when the hop ends.
 	inflightReq atomic.Int64
@@ -446,9 +449,27 @@ func (f *Fleet) NoteDispatch(id string, promptTokens int) (done func()) {
 	case !ok:
 		return func() {}
 	case reported:
+		// Counted until the worker's next report includes it, or until it
+		// ends, whichever comes first: a hop that finished before the next
+		// report must not keep its instance looking busy (back-to-back
+		// turns on a fast engine would otherwise overflow bound keys).
+		gen := in.reportGen.Load()
 		in.pendingReq.Add(1)
 		in.pendingTok.Add(int64(promptTokens))
-		return func() {}
+		var once sync.Once
+		return func() {
+			once.Do(func() {
+				if in.reportGen.Load() != gen {
+					return
+				}
+				if in.pendingReq.Add(-1) < 0 {
+					in.pendingReq.Store(0)
+				}
+				if in.pendingTok.Add(-int64(promptTokens)) < 0 {
+					in.pendingTok.Store(0)
+				}
+			})
+		}
 	}
 	in.inflightReq.Add(1)
 	in.inflightTok.Add(int64(promptTokens))
@@ -536,6 +557,7 @@ func (f *Fleet) onLoad(m *nats.Msg) {
 		in.url = r.URL
 		in.fleet = toFleet(r.Fleet)
 	}
+	in.reportGen.Add(1)
 	in.pendingReq.Store(0)
 	in.pendingTok.Store(0)
 	// KV sync: a worker we have not synced with (first sight, a restart)

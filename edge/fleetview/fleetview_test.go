@@ -324,10 +324,17 @@ func TestHealthFromHeartbeatAge(t *testing.T) {
 	if len(views) != 1 || !views[0].Healthy || views[0].Fleet != fsm.FleetGeneration || views[0].QueuedRequests != 2 {
 		t.Fatalf("views %+v", views)
 	}
-	f.NoteDispatch("w1", 500)
+	done := f.NoteDispatch("w1", 500)
 	if v := f.Views(clk.now(), nil)[0]; v.QueuedRequests != 3 || v.QueuedPrefillTokens != 500 {
 		t.Fatalf("after a dispatch: queued %d, prefill %d", v.QueuedRequests, v.QueuedPrefillTokens)
 	}
+	// A hop that ends before the next report stops counting at once.
+	done()
+	done()
+	if v := f.Views(clk.now(), nil)[0]; v.QueuedRequests != 2 || v.QueuedPrefillTokens != 0 {
+		t.Fatalf("after the hop ended: queued %d, prefill %d; want the report's 2 and 0", v.QueuedRequests, v.QueuedPrefillTokens)
+	}
+	f.NoteDispatch("w1", 500) // still pending when the next report arrives
 	clk.advance(250 * time.Millisecond) // < 3 × 100 ms
 	if !f.Views(clk.now(), nil)[0].Healthy {
 		t.Fatal("unhealthy within 3 intervals")
