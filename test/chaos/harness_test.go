@@ -1,0 +1,466 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tether-project/tether/edge"
+)
+
+var longFlag = flag.Bool("long", false, "run every nemesis (make soak)")
+
+func longMode() bool { return *longFlag || os.Getenv("RELIABILITY_LONG") == "1" }
+
+// tetherBin is the binary built once by TestMain.
+var tetherBin string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("chaos: skipped in -short mode")
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "tether-chaos-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	tetherBin = filepath.Join(dir, "tether")
+	build := exec.Command("go", "build", "-o", tetherBin, "github.com/tether-project/tether/cmd/tether")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos: go build ./cmd/tether:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const (
+	model       = "chaos-model"
+	internalKey = "chaos-internal-key-0123456789"
+	adminToken  = "chaos-admin-token-0123456789"
+	parentHdr   = "X-Dynamo-Parent-Session-ID"
+)
+
+// freePort reserves a loopback port by binding and releasing it.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// proc is one tether process.
+type proc struct {
+	name    string
+	args    []string
+	logPath string
+	prefix  []string // e.g. prlimit --fsize=N --
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+func (p *proc) start(t *testing.T) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(logf, "\n==== start %s %v\n", time.Now().Format(time.RFC3339Nano), p.args)
+	argv := append(append([]string(nil), p.prefix...), tetherBin)
+	argv = append(argv, p.args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), "TETHER_ADMIN_TOKEN=", "TETHER_INTERNAL_REQUEST_AUTH_KEY=", "TETHER_CLUSTER_AUTH_KEY=")
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		t.Fatalf("start %s: %v", p.name, err)
+	}
+	p.cmd, p.done, p.err = cmd, make(chan struct{}), nil
+	done := p.done
+	go func() {
+		err := cmd.Wait()
+		logf.Close()
+		p.mu.Lock()
+		p.err = err
+		p.mu.Unlock()
+		close(done)
+	}()
+}
+
+func (p *proc) running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (p *proc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil && p.cmd.Process != nil {
+		_ = p.cmd.Process.Signal(sig)
+	}
+}
+
+// stop sends sig and waits for the exit (SIGKILL after the grace period).
+func (p *proc) stop(sig syscall.Signal, grace time.Duration) error {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	p.signal(syscall.SIGCONT) // a stopped process cannot act on SIGTERM
+	p.signal(sig)
+	select {
+	case <-done:
+	case <-time.After(grace):
+		p.signal(syscall.SIGKILL)
+		<-done
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// exited waits up to timeout for the process to exit on its own.
+func (p *proc) exited(timeout time.Duration) (bool, error) {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	select {
+	case <-done:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return true, p.err
+	case <-time.After(timeout):
+		return false, nil
+	}
+}
+
+func (p *proc) tail(n int) string {
+	b, _ := os.ReadFile(p.logPath)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+type edgeProc struct {
+	proc
+	id, httpAddr, raftAddr, dataDir string
+}
+
+func (e *edgeProc) url() string { return "http://" + e.httpAddr }
+
+type workerProc struct {
+	proc
+	id    string
+	fleet string
+}
+
+// env is the deployment under test: an embedded NATS server, 3 edge
+// processes and 2+2 worker processes on loopback.
+type env struct {
+	t        *testing.T
+	dir      string
+	natsMu   sync.Mutex
+	nats     *natsserver.Server
+	natsURL  string
+	natsPort int
+	edges    []*edgeProc
+	workers  []*workerProc
+	client   *http.Client
+}
+
+func (v *env) startNATS() {
+	v.t.Helper()
+	v.natsMu.Lock()
+	defer v.natsMu.Unlock()
+	var ns *natsserver.Server
+	waitFor(v.t, 10*time.Second, "NATS to listen on its port", func() bool {
+		var err error
+		ns, err = natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: v.natsPort, NoLog: true, NoSigs: true})
+		if err != nil {
+			return false
+		}
+		go ns.Start()
+		if !ns.ReadyForConnections(5 * time.Second) {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+			return false
+		}
+		return true
+	})
+	v.nats = ns
+}
+
+func (v *env) stopNATS() {
+	v.natsMu.Lock()
+	defer v.natsMu.Unlock()
+	if v.nats != nil {
+		v.nats.Shutdown()
+		v.nats.WaitForShutdown()
+		v.nats = nil
+	}
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	v := &env{t: t, dir: t.TempDir()}
+	tr := &http.Transport{MaxIdleConnsPerHost: 64}
+	v.client = &http.Client{Transport: tr, Timeout: 20 * time.Second}
+	v.natsPort = freePort(t)
+	v.natsURL = fmt.Sprintf("nats://127.0.0.1:%d", v.natsPort)
+	v.startNATS()
+	t.Cleanup(func() {
+		for _, e := range v.edges {
+			_ = e.stop(syscall.SIGTERM, 20*time.Second)
+		}
+		for _, w := range v.workers {
+			_ = w.stop(syscall.SIGTERM, 10*time.Second)
+		}
+		v.stopNATS()
+		tr.CloseIdleConnections()
+		if t.Failed() {
+			for _, e := range v.edges {
+				t.Logf("---- %s log tail:\n%s", e.id, e.tail(30))
+			}
+		}
+	})
+
+	for i, fleet := range []string{"context", "context", "generation", "generation"} {
+		id := fmt.Sprintf("%s-%d", fleet[:3], i%2+1)
+		cfg := fmt.Sprintf(`instance_id: %s
+model: %s
+fleet: %s
+server_role: %s
+hostname: 127.0.0.1
+port: 0
+internal_request_auth_key: %q
+telemetry_interval: 100ms
+engine: {type: sim, time_scale: 0}
+nats: {url: %q}
+`, id, model, fleet, fleet, internalKey, v.natsURL)
+		path := filepath.Join(v.dir, id+".yaml")
+		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		w := &workerProc{id: id, fleet: fleet}
+		w.name, w.args, w.logPath = id, []string{"worker", "--config", path}, filepath.Join(v.dir, id+".log")
+		w.start(t)
+		v.workers = append(v.workers, w)
+	}
+
+	var peers []string
+	for i := range 3 {
+		e := &edgeProc{id: fmt.Sprintf("e%d", i+1)}
+		e.httpAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		e.raftAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		e.dataDir = filepath.Join(v.dir, e.id)
+		peers = append(peers, fmt.Sprintf("{id: %s, addr: %q}", e.id, e.raftAddr))
+		v.edges = append(v.edges, e)
+	}
+	for _, e := range v.edges {
+		host, port, _ := net.SplitHostPort(e.httpAddr)
+		cfg := fmt.Sprintf(`model: %s
+hostname: %s
+port: %s
+internal_request_auth_key: %q
+admin_token: %q
+debug_route_header: true
+conversation_affinity_header_for_subagents: %s
+context_servers: {num_instances: 2, router: {type: conversation}}
+generation_servers: {num_instances: 2, router: {type: conversation}}
+placement:
+  overflow: {queued_requests: 1048576, active_prompt_tokens: 1099511627776}
+  shed: {max_queued_requests: 2097152, max_queued_prefill_tokens: 2199023255552}
+telemetry: {down_after: 2s}
+cluster:
+  node_id: %s
+  data_dir: %q
+  bind_addr: %q
+  bootstrap: true
+  peers: [%s]
+  propose_timeout: 500ms
+nats: {urls: [%q]}
+`, model, host, port, internalKey, adminToken, parentHdr, e.id, e.dataDir, e.raftAddr, strings.Join(peers, ", "), v.natsURL)
+		path := filepath.Join(v.dir, e.id+".yaml")
+		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		e.name, e.args, e.logPath = e.id, []string{"edge", "--config", path}, filepath.Join(v.dir, e.id+".log")
+		e.start(t)
+	}
+	v.waitReady(60 * time.Second)
+	return v
+}
+
+// admin GETs /admin/v1/<path> on e.
+func (v *env) admin(ctx context.Context, e *edgeProc, path string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", e.url()+"/admin/v1/"+path, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := v.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("%s %s: HTTP %d: %s", e.id, path, resp.StatusCode, b)
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+func (v *env) cluster(e *edgeProc) (edge.ClusterInfo, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var ci edge.ClusterInfo
+	err := v.admin(ctx, e, "cluster", &ci)
+	return ci, err
+}
+
+// leader is the edge process that reports itself the ready leader.
+func (v *env) leader() *edgeProc {
+	for _, e := range v.edges {
+		if !e.running() {
+			continue
+		}
+		if ci, err := v.cluster(e); err == nil && ci.IsLeader {
+			return e
+		}
+	}
+	return nil
+}
+
+// waitReady waits for every running edge's /readyz and a leader.
+func (v *env) waitReady(timeout time.Duration) {
+	v.t.Helper()
+	waitFor(v.t, timeout, "every edge ready with a leader", func() bool {
+		for _, e := range v.edges {
+			if !e.running() {
+				continue
+			}
+			resp, err := v.client.Get(e.url() + "/readyz")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				return false
+			}
+		}
+		return v.leader() != nil
+	})
+}
+
+// converge waits until every edge reports the same state hash at the same
+// index, and returns it.
+func (v *env) converge(timeout time.Duration) (string, uint64) {
+	v.t.Helper()
+	var hash string
+	var index uint64
+	var last map[string]string
+	deadline := time.Now().Add(timeout)
+	for {
+		last = map[string]string{}
+		hash, index = "", 0
+		agree := true
+		for _, e := range v.edges {
+			ci, err := v.cluster(e)
+			if err != nil {
+				agree = false
+				break
+			}
+			last[e.id] = fmt.Sprintf("%d:%s", ci.StateIndex, ci.StateHash)
+			if hash == "" {
+				hash, index = ci.StateHash, ci.StateIndex
+			} else if ci.StateIndex != index {
+				agree = false
+			} else if ci.StateHash != hash {
+				v.t.Fatalf("state hashes differ at equal index %d: %v", index, last)
+			}
+		}
+		if agree && hash != "" {
+			return hash, index
+		}
+		if time.Now().After(deadline) {
+			v.t.Fatalf("edges did not converge within %s: %v", timeout, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// auditVerify copies an edge's data directory and runs `tether audit
+// verify` against that edge: the archive must replay to its live hash.
+func (v *env) auditVerify(e *edgeProc) {
+	v.t.Helper()
+	cp := filepath.Join(v.dir, fmt.Sprintf("audit-%s-%d", e.id, time.Now().UnixNano()))
+	if out, err := exec.Command("cp", "-r", e.dataDir, cp).CombinedOutput(); err != nil {
+		v.t.Fatalf("copy %s: %v: %s", e.dataDir, err, out)
+	}
+	cmd := exec.Command(tetherBin, "audit", "verify", "--data-dir", cp, "--edge", e.url(), "--admin-token", adminToken)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		v.t.Fatalf("tether audit verify on a copy of %s: %v\n%s", e.id, err, out.String())
+	}
+	os.RemoveAll(cp)
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var errNoEdge = errors.New("no edge answered")
