@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tether-project/tether/edge"
@@ -104,35 +105,53 @@ func (c *Client) RestoreSnapshot(ctx context.Context, path string) (RestoreResul
 	if err != nil {
 		return RestoreResult{}, fmt.Errorf("operator: snapshot restore: %s is not a usable snapshot: %w", path, err)
 	}
+	// Two passes: leadership may move while the request is on its way (or
+	// be lost while the leader installs the snapshot); a restore is
+	// idempotent, so trying the new leader is safe.
 	var errs []error
-	for _, base := range c.edges {
-		f, err := os.Open(path)
-		if err != nil {
-			return RestoreResult{}, fmt.Errorf("operator: snapshot restore: %w", err)
-		}
-		var ans struct {
-			Index    uint64 `json:"index"`
-			Hash     string `json:"hash"`
-			Bindings int    `json:"bindings"`
-		}
-		err = c.do(ctx, base, http.MethodPost, "snapshot/restore", bufio.NewReader(f), &ans)
-		f.Close()
-		if err == nil {
-			res := RestoreResult{Edge: base, Index: ans.Index, Hash: ans.Hash, Bindings: ans.Bindings}
-			h := st.Hash()
-			if ans.Index == st.Index() && ans.Hash != hex.EncodeToString(h[:]) {
-				return res, fmt.Errorf("operator: snapshot restore: %s reports hash %s at index %d, the file holds %x", base, ans.Hash, ans.Index, h)
+	for pass := 0; pass < 2; pass++ {
+		for _, base := range c.edges {
+			res, err := c.restoreOn(ctx, base, path, st)
+			if err == nil {
+				return res, nil
 			}
-			return res, nil
+			var ae *APIError
+			if errors.As(err, &ae) && (ae.Code == "not_leader" || ae.Code == "restore_failed" && strings.Contains(ae.Message, "not the leader")) ||
+				unreachable(err) && ctx.Err() == nil {
+				errs = append(errs, err)
+				continue
+			}
+			return RestoreResult{}, err
 		}
-		var ae *APIError
-		if errors.As(err, &ae) && ae.Code == "not_leader" || unreachable(err) {
-			errs = append(errs, err)
-			continue
-		}
-		return RestoreResult{}, err
 	}
 	return RestoreResult{}, fmt.Errorf("operator: snapshot restore: no listed edge is the leader (pass the leader's URL with --edge): %w", errors.Join(errs...))
+}
+
+func (c *Client) restoreOn(ctx context.Context, base, path string, st *fsm.State) (RestoreResult, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return RestoreResult{}, fmt.Errorf("operator: snapshot restore: %w", err)
+	}
+	defer f.Close()
+	resp, err := c.sendType(ctx, base, http.MethodPost, "snapshot/restore", bufio.NewReaderSize(f, 256<<10), "application/octet-stream")
+	if err != nil {
+		return RestoreResult{}, err
+	}
+	defer resp.Body.Close()
+	var ans struct {
+		Index    uint64 `json:"index"`
+		Hash     string `json:"hash"`
+		Bindings int    `json:"bindings"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&ans); err != nil {
+		return RestoreResult{}, fmt.Errorf("operator: snapshot restore: %s: decode answer: %w", base, err)
+	}
+	res := RestoreResult{Edge: base, Index: ans.Index, Hash: ans.Hash, Bindings: ans.Bindings}
+	h := st.Hash()
+	if ans.Index == st.Index() && ans.Hash != hex.EncodeToString(h[:]) {
+		return res, fmt.Errorf("operator: snapshot restore: %s reports hash %s at index %d, the file holds %x", base, ans.Hash, ans.Index, h)
+	}
+	return res, nil
 }
 
 func readSnapshotFile(path string) (*fsm.State, error) {

@@ -211,8 +211,10 @@ func (f *fleet) edgeConfig(i int) edge.Config {
 	cfg.NATS.URLs = []string{f.nats.ClientURL()}
 	cfg.Cluster = edge.ClusterConfig{
 		NodeID: s.id, DataDir: s.dataDir, BindAddr: s.raftAddr, Bootstrap: true, Peers: f.peers(), ProposeTimeout: 2 * time.Second,
-		Raft: edge.RaftConfig{HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
-			LeaderLeaseTimeout: 150 * time.Millisecond, CommitTimeout: 2 * time.Millisecond},
+		// Timeouts generous enough for a race build on a loaded machine
+		// (a user restore stalls the leader's loop while it installs).
+		Raft: edge.RaftConfig{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second,
+			LeaderLeaseTimeout: 500 * time.Millisecond, CommitTimeout: 2 * time.Millisecond},
 	}
 	if f.opts.edgeConfig != nil {
 		f.opts.edgeConfig(i, &cfg)
@@ -286,8 +288,11 @@ func (f *fleet) stopEdge(i int) {
 }
 
 func (f *fleet) running() []*edgeSlot {
+	f.mu.Lock()
+	all := append([]*edgeSlot(nil), f.edges...)
+	f.mu.Unlock()
 	var out []*edgeSlot
-	for _, s := range f.edges {
+	for _, s := range all {
 		if s.edge() != nil {
 			out = append(out, s)
 		}
@@ -335,7 +340,9 @@ func (f *fleet) startWorker(id string, fl telemetry.Fleet, version string, mutat
 	cfg.Ranks = 4
 	cfg.Engine.TimeScale = 0
 	cfg.TelemetryInterval = 50 * time.Millisecond
-	cfg.NATS.URLs = []string{f.nats.ClientURL()}
+	if f.nats != nil {
+		cfg.NATS.URLs = []string{f.nats.ClientURL()}
+	}
 	cfg.Logger = quietLogger().With("worker", id)
 	cfg.Version = version
 	if f.opts.workerConfig != nil {
@@ -482,8 +489,9 @@ func (t turn) contextHop() (instance, rank string) {
 }
 
 // chat sends one chat turn through the running edges, starting with
-// edges[start % n], retrying on another edge like a load balancer would
-// (connection errors, 5xx, 429), at most 4 attempts.
+// edges[start % n], retrying on another edge like a load balancer or an
+// agent SDK would (connection errors, 5xx, 429): at most 6 attempts with
+// exponential backoff from 25ms (about 1.5s in all).
 func (f *fleet) chat(start int, session, parent, user string) (turn, error) {
 	body, _ := json.Marshal(map[string]any{
 		"model": testModel, "max_tokens": 2,
@@ -493,11 +501,15 @@ func (f *fleet) chat(start int, session, parent, user string) (turn, error) {
 		},
 	})
 	var last error
-	for attempt := range 4 {
+	backoff := 25 * time.Millisecond
+	for attempt := range 6 {
+		if attempt > 0 {
+			time.Sleep(backoff)
+			backoff *= 2
+		}
 		run := f.running()
 		if len(run) == 0 {
 			last = errors.New("no edge running")
-			time.Sleep(50 * time.Millisecond)
 			continue
 		}
 		s := run[(start+attempt)%len(run)]
@@ -521,7 +533,6 @@ func (f *fleet) chat(start int, session, parent, user string) (turn, error) {
 		if resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests {
 			return turn{}, last
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	return turn{}, last
 }
@@ -667,7 +678,8 @@ func copyDir(t *testing.T, src, dst string) {
 	}
 }
 
-func (f *fleet) close() {
+// closeWorkers stops every worker (in-flight requests finish).
+func (f *fleet) closeWorkers() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	f.mu.Lock()
@@ -679,18 +691,22 @@ func (f *fleet) close() {
 	for _, w := range ws {
 		_ = w.Close(ctx)
 	}
-	// Leader last: followers leave first, so no election runs while the
-	// others shut down.
-	var leader *edgeSlot
-	for _, s := range f.running() {
-		if s.edge().Node().IsLeader() {
-			leader = s
-			continue
+}
+
+func (f *fleet) close() {
+	f.closeWorkers()
+	// Leader first, then the next leader: each close hands leadership to
+	// a peer that is still up (as ops/devstack does).
+	for {
+		run := f.running()
+		if len(run) == 0 {
+			break
 		}
-		f.stopEdge(s.i)
-	}
-	if leader != nil {
-		f.stopEdge(leader.i)
+		next := run[0]
+		if l := f.leader(); l != nil {
+			next = l
+		}
+		f.stopEdge(next.i)
 	}
 	if f.nats != nil {
 		f.nats.Shutdown()

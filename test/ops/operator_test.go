@@ -32,6 +32,8 @@ func (f *fleet) addSlot(id string) *edgeSlot {
 		addrs[i] = ln.Addr().String()
 		ln.Close()
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	s := &edgeSlot{i: len(f.edges), id: id, raftAddr: addrs[0], httpAddr: addrs[1], dataDir: filepath.Join(f.dir, id), version: f.opts.version}
 	f.edges = append(f.edges, s)
 	return s
@@ -51,7 +53,7 @@ func TestMembershipChangesUnderLoad(t *testing.T) {
 
 	tr := f.startTraffic(6)
 	defer tr.halt()
-	tr.waitTurns(t, 30)
+	tr.waitTurns(t, 15)
 
 	// transfer-leader to a named follower, then to any.
 	old := f.leader()
@@ -63,7 +65,7 @@ func TestMembershipChangesUnderLoad(t *testing.T) {
 	if res.Leader != target.id {
 		t.Fatalf("transfer-leader %s: the cluster reports leader %q", target.id, res.Leader)
 	}
-	tr.waitTurns(t, 20)
+	tr.waitTurns(t, 10)
 	res, err = c.TransferLeader(ctx, "")
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +73,7 @@ func TestMembershipChangesUnderLoad(t *testing.T) {
 	if res.Leader == target.id || res.Leader == "" {
 		t.Fatalf("transfer-leader to any voter: leader %q, want someone other than %s", res.Leader, target.id)
 	}
-	tr.waitTurns(t, 20)
+	tr.waitTurns(t, 10)
 
 	// remove-peer a follower; the change has committed when the call
 	// returns: the leader's configuration no longer lists it.
@@ -99,7 +101,7 @@ func TestMembershipChangesUnderLoad(t *testing.T) {
 		return ""
 	})
 	f.stopEdge(victim.i)
-	tr.waitTurns(t, 30)
+	tr.waitTurns(t, 15)
 
 	// Restarted on its old data, the removed node refuses to start.
 	err = f.startEdgeOn(victim.i, nil, nil, nil)
@@ -126,7 +128,7 @@ func TestMembershipChangesUnderLoad(t *testing.T) {
 	if info, err := c.ClusterAt(ctx, f.leader().url()); err != nil || len(info.Peers) != 3 || !hasPeer(info.Peers, fresh.id) {
 		t.Fatalf("right after add-voter returned, the leader lists %+v (%v)", info.Peers, err)
 	}
-	tr.waitTurns(t, 30)
+	tr.waitTurns(t, 15)
 	tr.halt()
 
 	if fails := tr.failures(); len(fails) > 0 {
