@@ -30,6 +30,7 @@ type archiver struct {
 
 	archived atomic.Uint64 // highest index written
 	failed   atomic.Pointer[error]
+	aborted  atomic.Bool
 	mu       sync.Mutex
 	changed  chan struct{} // closed and replaced when archived or failed moves
 	flushNow chan struct{} // a waiter wants queued records written now
@@ -113,8 +114,8 @@ func (ar *archiver) run() {
 			}
 		}
 		linger.Stop()
-		if ar.failed.Load() != nil {
-			continue // drain: the node is halting
+		if ar.failed.Load() != nil || ar.aborted.Load() {
+			continue // drain: the node is halting, or dying
 		}
 		if err := ar.a.Append(recs); err != nil {
 			err = fmt.Errorf("cluster: archive entries %d..%d: %w", recs[0].Index, recs[len(recs)-1].Index, err)
@@ -184,4 +185,10 @@ func (ar *archiver) waitArchived(index uint64, timeout time.Duration) error {
 func (ar *archiver) close() {
 	close(ar.in)
 	<-ar.done
+}
+
+// abort stops without writing what is queued, as a crash would (Kill).
+func (ar *archiver) abort() {
+	ar.aborted.Store(true)
+	ar.close()
 }

@@ -14,7 +14,7 @@ import (
 // on loopback TCP with fsync on (raft-boltdb and the archive), proposers
 // spread over all nodes (two thirds of them forward to the leader).
 //
-//   - throughput: 192 closed-loop proposers; reports binds/s and latency
+//   - throughput: 256 closed-loop proposers; reports binds/s and latency
 //     percentiles.
 //   - paced-5000: open-loop load at 5,000 binds/s; latency is measured from
 //     each bind's scheduled start (so queueing behind a slow commit counts).
@@ -29,7 +29,7 @@ func BenchmarkBindCommit(b *testing.B) {
 	b.Run("throughput", func(b *testing.B) {
 		tc := newBenchCluster(b, time.Second)
 		nodes := tc.running()
-		const proposers = 192
+		const proposers = 256
 		var (
 			next    atomic.Int64
 			failed  atomic.Int64

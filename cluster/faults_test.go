@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tether-project/tether/cluster/archive"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -538,5 +539,54 @@ func TestRemovedWhileDownLearnsOnRestart(t *testing.T) {
 	cfg.Listener = ln
 	if _, err := Open(ctx, cfg); !errors.Is(err, ErrRemoved) {
 		t.Fatalf("reopening: %v, want ErrRemoved", err)
+	}
+}
+
+// The archive is written just after apply; a node that dies with records
+// still queued gets them back on restart, because raft replays every entry
+// after the last snapshot and a snapshot is only persisted once the archive
+// holds it.
+func TestArchiveCompleteAfterKill(t *testing.T) {
+	t.Parallel()
+	tc := newTestCluster(t, 3, nil)
+	victim := tc.index(tc.follower())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 25 {
+				if _, err := tc.node(victim).Propose(ctx, bindEv(fmt.Sprintf("a-%d-%d", w, i), "w1")); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// Killed right after its own proposals returned: the archiver's linger
+	// makes unwritten records likely.
+	applied := tc.node(victim).State().Index()
+	tc.stop(victim, true)
+	ro, err := archive.Open(filepath.Join(tc.cfgs[victim].DataDir, archiveFile), archive.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, _ := ro.LastIndex()
+	ro.Close()
+	t.Logf("at the kill: applied index %d, archive last index %d", applied, last)
+	n := tc.restart(victim)
+	tc.sync(20 * time.Second)
+	if err := n.WaitArchived(ctx, n.State().Index()); err != nil {
+		t.Fatal(err)
+	}
+	if rs, _ := n.Archive().Restores(); len(rs) != 0 {
+		t.Skipf("the node installed a snapshot (%v); its archive legitimately has a gap", rs)
+	}
+	m := replayArchive(t, n.Archive())
+	if m.State().Hash() != n.State().Hash() || m.State().Len() != 200 {
+		t.Fatalf("archive replay: %d bindings, hash match %v; want the live state (200 bindings)", m.State().Len(), m.State().Hash() == n.State().Hash())
 	}
 }

@@ -583,7 +583,13 @@ func (n *Node) shutdown(abrupt bool) error {
 	if err := n.transport.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("transport: %w", err))
 	}
-	n.archiver.close() // raft (the only producer) has stopped: flush and stop
+	// Raft (the only producer) has stopped: flush and stop — or, for Kill,
+	// drop the queue as a crash would; raft replays those entries on restart.
+	if abrupt {
+		n.archiver.abort()
+	} else {
+		n.archiver.close()
+	}
 	if err := n.archive.Close(); err != nil {
 		errs = append(errs, err)
 	}
