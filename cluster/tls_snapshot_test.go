@@ -166,7 +166,7 @@ func buildState(t testing.TB, n int) *fsm.Machine {
 // Bindings through the raft snapshot path: a user restore on the leader,
 // install-snapshot to the followers, a follower's own snapshot on restart.
 //
-// `make test` runs it with 10,000 bindings. The 1,000,000-binding run the
+// `make test` runs it with 5,000 bindings. The 1,000,000-binding run the
 // brief asks for takes about 42 s without the race detector on this shared
 // 2-core machine (15 s of it building the state through fsm.Machine.Apply),
 // far over the ~20 s budget, so it runs only with CLUSTER_LONG=1:
@@ -177,7 +177,7 @@ func TestSnapshotRestoreThroughRaft(t *testing.T) {
 	if testing.Short() {
 		t.Skip("snapshot round trip; skipped with -short")
 	}
-	bindings := 10_000
+	bindings := 5_000
 	if os.Getenv("CLUSTER_LONG") != "" {
 		bindings = 1_000_000
 	}
