@@ -232,7 +232,7 @@ const commitMargin = time.Second
 const restartWindow = 3 * time.Second
 
 type verdict struct {
-	checked, wrong, afterRestart, overflowed, lost int
+	checked, wrong, afterRestart, overflowed, lost, evicted int
 }
 
 // checkRoutes compares every successful request with the placements of its
@@ -316,7 +316,7 @@ func (v *env) checkRoutes(samples []sample, restarts map[string][]time.Time) ver
 		}
 		if last := ps[len(ps)-1]; !last.to.IsZero() {
 			// Evicted with a recorded reason (instance down): not lost.
-			continue
+			out.evicted++
 		}
 	}
 	return out
@@ -327,6 +327,7 @@ type nemesis struct {
 	name   string
 	expect string
 	long   bool // only in long mode
+	evicts bool // the fault legitimately evicts bindings
 	run    func(t *testing.T, v *env, mark func(edgeID string))
 }
 
@@ -390,6 +391,7 @@ var nemeses = []nemesis{
 	},
 	{
 		name:   "kill-worker",
+		evicts: true,
 		expect: "SIGKILL a context worker: after telemetry.down_after the leader records it down and its bindings are evicted (recorded); its keys are placed on the other worker (new epoch); restarted, it registers again",
 		run: func(t *testing.T, v *env, mark func(string)) {
 			w := v.workers[0]
@@ -449,6 +451,12 @@ var nemeses = []nemesis{
 			e.start(t)
 			exited, err := e.exited(20 * time.Second)
 			ci, cerr := v.cluster(e)
+			if !exited && ci.Halted == "" {
+				t.Errorf("an edge whose files cannot grow neither exited nor halted")
+			}
+			if tail := e.tail(40); !strings.Contains(tail, "file too large") && !strings.Contains(tail, ".db") {
+				t.Errorf("the edge's log does not name the failing write:\n%s", tail)
+			}
 			t.Logf("disk-limit: fsize=%d exited=%v (%v) halted=%q cluster_err=%v; log tail:\n%s", limit, exited, err, ci.Halted, cerr, e.tail(8))
 			_ = e.stop(syscall.SIGTERM, 30*time.Second)
 			e.prefix = nil
@@ -500,11 +508,14 @@ func TestChaos(t *testing.T) {
 					okCount++
 				}
 			}
-			t.Logf("FIGURES chaos nemesis=%s requests=%d sent=%d succeeded=%d retried=%d failed=%d checked=%d wrong_instance=%d wrong_after_edge_restart=%d recorded_overflows=%d lost_bindings=%d fault_and_recovery=%s state_index=%d hash=%s… failures=%v",
-				nem.name, len(samples), ld.sent.Load(), okCount, ld.retried.Load(), ld.failed.Load(), vd.checked, vd.wrong, vd.afterRestart, vd.overflowed, vd.lost,
+			t.Logf("FIGURES chaos nemesis=%s requests=%d sent=%d succeeded=%d retried=%d failed=%d checked=%d wrong_instance=%d wrong_after_edge_restart=%d recorded_overflows=%d lost_bindings=%d evicted=%d fault_and_recovery=%s state_index=%d hash=%s… failures=%v",
+				nem.name, len(samples), ld.sent.Load(), okCount, ld.retried.Load(), ld.failed.Load(), vd.checked, vd.wrong, vd.afterRestart, vd.overflowed, vd.lost, vd.evicted,
 				time.Since(start).Round(time.Millisecond), index, hash[:12], failureReasons(samples))
 			if vd.wrong != 0 {
 				t.Errorf("%d wrong-instance routings", vd.wrong)
+			}
+			if vd.evicted != 0 && !nem.evicts {
+				t.Errorf("%d acknowledged keys were evicted by a fault that should evict nothing", vd.evicted)
 			}
 			if vd.afterRestart != 0 && os.Getenv("RELIABILITY_KNOWN_BUGS") == "1" {
 				t.Errorf("%d wrong-instance routings by restarted edges (known bug)", vd.afterRestart)
