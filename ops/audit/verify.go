@@ -82,9 +82,12 @@ func Verify(ctx context.Context, d *DataDir, live LiveState, opts VerifyOptions)
 		return nil, fmt.Errorf("audit: verify: %w", err)
 	}
 	if lh.Index < res.Index {
-		if lh, err = live.StateHash(ctx, res.Index); err != nil {
-			return nil, fmt.Errorf("audit: verify: the edge is at index %d, behind the copy's %d, and did not catch up: %w", lh.Index, res.Index, err)
+		waited, err := live.StateHash(ctx, res.Index)
+		if err != nil {
+			return nil, fmt.Errorf("audit: verify: edge %s is at index %d, behind the copy's %d, and did not catch up (is it the cluster the copy came from?): %w",
+				lh.NodeID, lh.Index, res.Index, err)
 		}
+		lh = waited
 	}
 	rep.LiveIndex, rep.LiveHash, rep.NodeID = lh.Index, strings.ToLower(lh.Hash), lh.NodeID
 	switch {
