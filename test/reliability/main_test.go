@@ -15,7 +15,7 @@ import (
 // RELIABILITY_LONG=1) so `make soak` can set them.
 var (
 	seedFlag = flag.Int64("seed", 0, "base seed of the randomized fault schedules (0: derive from the clock and print it)")
-	runsFlag = flag.Int("runs", 0, "seeded runs per fault type (0: 100 with -long, 1 with -short, else 3)")
+	runsFlag = flag.Int("runs", 0, "seeded runs per fault type (0: 100 with -long, 1 with -short, else 2)")
 	longFlag = flag.Bool("long", false, "long mode: at least 100 seeded runs per fault type")
 )
 
@@ -61,5 +61,5 @@ func runsPerType() int {
 	case testing.Short():
 		return 1
 	}
-	return 3
+	return 2
 }
