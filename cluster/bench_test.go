@@ -3,6 +3,8 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -29,7 +31,7 @@ func BenchmarkBindCommit(b *testing.B) {
 	b.Run("throughput", func(b *testing.B) {
 		tc := newBenchCluster(b, time.Second)
 		nodes := tc.running()
-		const proposers = 256
+		proposers := benchProposers
 		var (
 			next    atomic.Int64
 			failed  atomic.Int64
@@ -126,3 +128,10 @@ func reportLatency(b *testing.B, samples []time.Duration) {
 	b.ReportMetric(pct(0.50), "p50-ms")
 	b.ReportMetric(pct(0.99), "p99-ms")
 }
+
+var benchProposers = func() int {
+	if n, err := strconv.Atoi(os.Getenv("BENCH_PROPOSERS")); err == nil && n > 0 {
+		return n
+	}
+	return 256
+}()
