@@ -473,11 +473,19 @@ func TestProgressPlainLines(t *testing.T) {
 	}
 	p.Done()
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 6 || !strings.HasPrefix(lines[0], "replay: 100/1000 (10%)") || !strings.HasPrefix(lines[5], "replay: 1000/1000 (100%)") {
+	if len(lines) != 5 || !strings.HasPrefix(lines[0], "replay: 200/1000 (20%)") || !strings.HasPrefix(lines[4], "replay: 1000/1000 (100%)") {
 		t.Fatalf("plain progress lines:\n%s", buf.String())
 	}
 	if strings.Contains(buf.String(), "\r") {
 		t.Fatal("plain progress must not redraw with carriage returns")
+	}
+	// A run shorter than the interval prints nothing.
+	buf.Reset()
+	p.Start(10)
+	p.Update(10)
+	p.Done()
+	if buf.Len() != 0 {
+		t.Fatalf("a short run printed %q", buf.String())
 	}
 }
 

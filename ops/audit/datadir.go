@@ -86,7 +86,7 @@ func Open(dir string, opts Options) (*DataDir, error) {
 	d.archive, err = archive.Open(archivePath, archive.Options{ReadOnly: true, Timeout: opts.LockTimeout})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
-			return nil, fmt.Errorf("audit: %s is %w (%v)", archivePath, ErrLocked, err)
+			return nil, fmt.Errorf("audit: %s is %w (waited %s)", archivePath, ErrLocked, opts.LockTimeout)
 		}
 		return nil, fmt.Errorf("audit: %w", err)
 	}
@@ -117,7 +117,7 @@ func openRaftLog(path string, timeout time.Duration) (s *raftboltdb.BoltStore, e
 	s, err = raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &bolt.Options{ReadOnly: true, Timeout: timeout}})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
-			return nil, fmt.Errorf("audit: %s is %w (%v)", path, ErrLocked, err)
+			return nil, fmt.Errorf("audit: %s is %w (waited %s)", path, ErrLocked, timeout)
 		}
 		return nil, fmt.Errorf("audit: open %s: %w", path, err)
 	}

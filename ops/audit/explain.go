@@ -456,7 +456,11 @@ func writeHistory(b *strings.Builder, h KeyHistory, indent string) {
 		t := it.Time.Format(time.RFC3339Nano)
 		switch it.Kind {
 		case "touches":
-			fmt.Fprintf(b, "%s  #%d..#%d  %s .. %s  touches x%d\n", indent, it.Index, it.LastIndex, t, it.LastTime.Format(time.RFC3339Nano), it.Count)
+			if it.Count == 1 {
+				fmt.Fprintf(b, "%s  #%d  %s  touch\n", indent, it.Index, t)
+			} else {
+				fmt.Fprintf(b, "%s  #%d..#%d  %s .. %s  touches x%d\n", indent, it.Index, it.LastIndex, t, it.LastTime.Format(time.RFC3339Nano), it.Count)
+			}
 			continue
 		case "bind":
 			fmt.Fprintf(b, "%s  #%d  %s  bind -> %s  [%s] %s", indent, it.Index, t, it.Instance, statusText(it.Status, it.StatusReason), it.Outcome)

@@ -46,12 +46,16 @@ type textProgress struct {
 	done    uint64
 	started time.Time
 	last    time.Time
+	printed bool
+	drawn   uint64 // the value last drawn
 }
 
 func (p *textProgress) Start(total uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.total, p.started, p.last = total, p.now(), time.Time{}
+	// The first line is due one interval after the start: a replay that
+	// finishes sooner prints nothing.
+	p.total, p.started, p.last, p.printed = total, p.now(), p.now(), false
 }
 
 func (p *textProgress) Update(done uint64) {
@@ -63,24 +67,28 @@ func (p *textProgress) Update(done uint64) {
 	if p.tty {
 		interval = 100 * time.Millisecond
 	}
-	if !p.last.IsZero() && now.Sub(p.last) < interval {
+	if now.Sub(p.last) < interval {
 		return
 	}
-	p.last = now
+	p.last, p.printed = now, true
 	p.draw(false)
 }
 
 func (p *textProgress) Done() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.last.IsZero() && !p.tty {
+	if !p.printed {
 		return // finished before the first line was due: stay quiet
 	}
 	p.done = max(p.done, p.total)
+	if p.drawn == p.done && !p.tty {
+		return // the last line already says it
+	}
 	p.draw(true)
 }
 
 func (p *textProgress) draw(final bool) {
+	p.drawn = p.done
 	frac := 1.0
 	if p.total > 0 {
 		frac = min(float64(p.done)/float64(p.total), 1)
