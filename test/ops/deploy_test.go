@@ -74,6 +74,7 @@ func TestDeployConfigsParse(t *testing.T) {
 		if cfg.InternalRequestAuthKey != os.Getenv(edge.EnvInternalRequestAuthKey) || cfg.AdminToken != os.Getenv(edge.EnvAdminToken) {
 			t.Errorf("%s: the secrets should come from the environment", path)
 		}
+		checkReadinessNeedsOneWorker(t, path, cfg)
 		edgeCfgs = append(edgeCfgs, cfg)
 	}
 	if len(edgeCfgs) != 3 || len(peers) != 3 {
@@ -142,6 +143,19 @@ func TestDeployConfigsParse(t *testing.T) {
 		checkNATSURLs(t, f+" worker", cfg.NATS.URLs, natsHosts)
 		if cfg.NATS.NKeySeedFile == "" {
 			t.Errorf("%s worker: no nkey_seed_file for the worker NATS identity", f)
+		}
+	}
+}
+
+// checkReadinessNeedsOneWorker: with telemetry-discovered workers,
+// num_instances is how many healthy workers /readyz waits for. Requiring
+// more than one per fleet takes every edge out of the load balancer when a
+// worker restarts (a rolling upgrade of a two-worker fleet is an outage).
+func checkReadinessNeedsOneWorker(t *testing.T, where string, cfg edge.Config) {
+	t.Helper()
+	for name, s := range map[string]edge.ServersConfig{"context_servers": cfg.ContextServers, "generation_servers": cfg.GenerationServers} {
+		if len(s.URLs) == 0 && s.NumInstances > 1 {
+			t.Errorf("%s: %s.num_instances %d: a worker restart would make every edge unready", where, name, s.NumInstances)
 		}
 	}
 }
@@ -446,6 +460,7 @@ func checkEdgeStatefulSet(t *testing.T, sts manifest, c any, args []string, byKi
 			t.Errorf("%s.yaml: %v", pod, err)
 			continue
 		}
+		checkReadinessNeedsOneWorker(t, pod+".yaml", cfg)
 		cl := cfg.Cluster
 		wantAddr := fmt.Sprintf("%s.%s.%s.svc.cluster.local:%d", pod, svcName, ns, raftPort)
 		if cl.NodeID != pod || cl.AdvertiseAddr != wantAddr || cl.DataDir != dataMount || !cl.Bootstrap {

@@ -53,6 +53,9 @@ type fleet struct {
 	workers map[string]*worker.Server
 	order   []string
 	opts    fleetOptions
+
+	wg         sync.WaitGroup
+	stopHealth chan struct{}
 }
 
 type fleetOptions struct {
@@ -78,6 +81,9 @@ type edgeSlot struct {
 
 	mu sync.Mutex
 	e  *edge.Edge
+	// ready: in the load balancer's rotation (its /readyz answered 200
+	// after it started; cleared before it stops).
+	ready atomic.Bool
 }
 
 func (s *edgeSlot) edge() *edge.Edge {
@@ -123,6 +129,9 @@ func startFleet(t *testing.T, o fleetOptions) *fleet {
 		t.Fatal("nats did not start")
 	}
 	f.nats = ns
+	f.stopHealth = make(chan struct{})
+	f.wg.Add(1)
+	go f.healthLoop()
 
 	for i := range o.ctxWorkers {
 		f.startWorker(fmt.Sprintf("ctx-%d", i+1), telemetry.FleetContext, o.version, nil)
@@ -199,8 +208,9 @@ func (f *fleet) edgeConfig(i int) edge.Config {
 	cfg.TouchInterval = 50 * time.Millisecond
 	cfg.ContextServers.Router.Type = routing.RouterConversation
 	cfg.GenerationServers.Router.Type = routing.RouterConversation
-	cfg.ContextServers.NumInstances = f.opts.ctxWorkers
-	cfg.GenerationServers.NumInstances = f.opts.genWorkers
+	// /readyz needs one healthy worker per fleet (num_instances 0), so a
+	// worker restarting in a rolling upgrade does not take every edge out
+	// of the load balancer.
 	// Turns run back to back on an instant engine, far above an agent's
 	// pace: queue-based overflow and shedding would fire by design.
 	cfg.Placement.Overflow.QueuedRequests = 0
@@ -259,6 +269,48 @@ func (f *fleet) startEdgeOn(i int, httpLn, raftLn net.Listener, mutate func(*edg
 	return nil
 }
 
+// healthLoop keeps each running edge's place in the traffic's rotation
+// up to date from its /readyz, as a load balancer's health check would: an
+// edge that just started (no telemetry heard yet) or whose node halted
+// takes no traffic.
+func (f *fleet) healthLoop() {
+	defer f.wg.Done()
+	t := time.NewTicker(25 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.stopHealth:
+			return
+		case <-t.C:
+		}
+		for _, s := range f.running() {
+			e := s.edge()
+			ok := false
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.url()+"/readyz", nil)
+			if resp, err := f.client.Do(req); err == nil {
+				ok = resp.StatusCode == http.StatusOK
+				resp.Body.Close()
+			}
+			cancel()
+			if s.edge() == e && e != nil {
+				s.ready.Store(ok)
+			}
+		}
+	}
+}
+
+// serving are the edges in the traffic's rotation.
+func (f *fleet) serving() []*edgeSlot {
+	var out []*edgeSlot
+	for _, s := range f.running() {
+		if s.ready.Load() {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // startEdge (re)starts edge i as version.
 func (f *fleet) startEdge(i int, version string) {
 	f.t.Helper()
@@ -273,6 +325,7 @@ func (f *fleet) startEdge(i int, version string) {
 func (f *fleet) stopEdge(i int) {
 	f.t.Helper()
 	s := f.edges[i]
+	s.ready.Store(false) // out of the rotation first
 	s.mu.Lock()
 	e := s.e
 	s.e = nil
@@ -388,6 +441,9 @@ func (f *fleet) notReady(wantWorker func(id string, in edge.InstanceInfo) string
 	for _, s := range f.running() {
 		if id, _ := s.edge().Node().Leader(); id == "" {
 			return s.id + " knows no leader"
+		}
+		if !s.ready.Load() {
+			return s.id + " is not in the rotation (/readyz)"
 		}
 		var ans struct {
 			Instances []edge.InstanceInfo `json:"instances"`
@@ -507,9 +563,9 @@ func (f *fleet) chat(start int, session, parent, user string) (turn, error) {
 			time.Sleep(backoff)
 			backoff *= 2
 		}
-		run := f.running()
+		run := f.serving()
 		if len(run) == 0 {
-			last = errors.New("no edge running")
+			last = errors.New("no edge ready")
 			continue
 		}
 		s := run[(start+attempt)%len(run)]
@@ -694,6 +750,10 @@ func (f *fleet) closeWorkers() {
 }
 
 func (f *fleet) close() {
+	if f.stopHealth != nil {
+		close(f.stopHealth)
+		f.wg.Wait()
+	}
 	f.closeWorkers()
 	// Leader first, then the next leader: each close hands leadership to
 	// a peer that is still up (as ops/devstack does).

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -276,15 +277,26 @@ func sameBindings(a, b map[string]string) bool {
 	return true
 }
 
-// probeAffinity starts new parents until one is placed on each context
-// worker, then sends a sub-agent turn for it: the sub-agent reaches the
-// parent's instance always (instance affinity in the edges), and the
-// parent's ADP rank when that worker verifies hints.
+// probeAffinity finds a parent on each context worker (the traffic's bound
+// parents first, then new ones) and sends a new sub-agent turn for it right
+// after a parent turn: the sub-agent reaches the parent's instance always
+// (instance affinity in the edges), and the parent's ADP rank when that
+// worker verifies hints.
 func probeAffinity(t *testing.T, f *fleet, upgraded map[string]bool, step string) {
 	t.Helper()
+	var parents []string
+	for k := range contextBindings(f, "load-parent-") {
+		parents = append(parents, k)
+	}
+	slices.Sort(parents)
+	for n := range 40 {
+		parents = append(parents, fmt.Sprintf("probe-%s-%d", step, n))
+	}
 	found := map[string]bool{}
-	for n := 0; len(found) < 2 && n < 40; n++ {
-		parent := fmt.Sprintf("probe-%s-%d", step, n)
+	for n, parent := range parents {
+		if len(found) == 2 {
+			break
+		}
 		pt, err := f.chat(n, parent, "", "probe: plan")
 		if err != nil {
 			t.Fatal(err)
@@ -295,7 +307,7 @@ func probeAffinity(t *testing.T, f *fleet, upgraded map[string]bool, step string
 		}
 		found[inst] = true
 		before := hintCounts(t, f.client, f.worker(inst))
-		ct, err := f.chat(n+1, parent+"-child", parent, "probe: sub-task")
+		ct, err := f.chat(n+1, fmt.Sprintf("%s-probe-child-%s", parent, step), parent, "probe: sub-task")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -316,7 +328,7 @@ func probeAffinity(t *testing.T, f *fleet, upgraded map[string]bool, step string
 		}
 	}
 	if len(found) < 2 {
-		t.Fatalf("after upgrading %s: 40 new parents all landed on %v", step, found)
+		t.Fatalf("after upgrading %s: every probed parent landed on %v", step, found)
 	}
 }
 
