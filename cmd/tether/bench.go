@@ -236,25 +236,11 @@ func runBenchAgents(ctx context.Context, args []string) error {
 	return rep.WriteText(os.Stdout)
 }
 
-// e2eComparison is `bench replay --mode e2e --json`'s output: the e2e runs,
-// the sim runs of the same policies on the same workload and fleet shape,
-// and whether e2e reproduces the sim ranking.
-type e2eComparison struct {
-	Mode       string          `json:"mode"`
-	UpperBound float64         `json:"upper_bound_hit_rate"`
-	Policies   []bench.Summary `json:"policies"`
-	Sim        *bench.Report   `json:"sim,omitempty"`
-	Skipped    []string        `json:"skipped,omitempty"`
-	bench.Ranking
-}
-
 func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench.ReplayOptions) error {
-	edges := ro.Edges[0]
 	if len(ro.Edges) > 1 {
 		return fmt.Errorf("%w: --edges: e2e mode takes one edge count, got %v", errUsage, ro.Edges)
 	}
-	out := e2eComparison{Mode: "e2e", UpperBound: bench.UpperBound(w)}
-	var runs []*bench.RunResult
+	var out *bench.E2EComparison
 	if *sf.edgeURLs != "" {
 		if len(ro.Policies) != 1 {
 			return fmt.Errorf("%w: with --edge-urls the deployment's configuration decides the policy: pass exactly one --policies name to label the run", errUsage)
@@ -274,44 +260,15 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 		if err != nil {
 			return err
 		}
-		runs = append(runs, r)
+		out = &bench.E2EComparison{Mode: "e2e", UpperBound: bench.UpperBound(w), Policies: []bench.Summary{bench.Summarize(r)}}
 	} else {
-		for _, pol := range ro.Policies {
-			if !bench.ExpressibleE2E(pol) {
-				out.Skipped = append(out.Skipped, string(pol))
-				continue
-			}
-			p := bench.NewProgress(os.Stderr, "e2e "+string(pol))
-			r, err := bench.ReplayLocalE2E(ctx, w, pol, bench.LocalE2EOptions{
-				Edges: edges, ContextWorkers: ro.Base.Instances, GenerationWorkers: *sf.genWorkers, Ranks: ro.Base.Ranks,
-				CapacityBlocks: ro.Base.CapacityBlocks, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed, ADPPlacement: ro.Base.ADPPlacement, Overflow: ro.Base.Routing.Overflow,
-				Progress: func(d, t int) { p.Update(int64(d), int64(t)) },
-			})
-			if err != nil {
-				return err
-			}
-			runs = append(runs, r)
-		}
-	}
-	var ran []bench.Policy
-	for _, r := range runs {
-		out.Policies = append(out.Policies, bench.Summarize(r))
-		ran = append(ran, r.Policy)
-	}
-	if len(ran) > 0 {
-		simOpts := ro
-		simOpts.Policies = ran
-		// e2e scales the workload's timing and the simulated engines
-		// alike: their relative timing is the sim's at scale 1.
-		simOpts.Base.TimeScale = 1
-		p := bench.NewProgress(os.Stderr, "sim (same workload)")
-		simOpts.Progress = p.Update
-		simRep, err := bench.Replay(ctx, w, simOpts)
-		if err != nil {
+		p := bench.NewProgress(os.Stderr, "e2e")
+		local := localOptions(sf, ro)
+		local.Progress = func(d, t int) { p.Update(int64(d), int64(t)) }
+		var err error
+		if out, err = bench.CompareE2E(ctx, w, ro.Policies, local, ro); err != nil {
 			return err
 		}
-		out.Sim = simRep
-		out.Ranking = bench.CompareRanking(simRep.Policies, out.Policies)
 	}
 	if *sf.jsonOut {
 		return printJSON(out)
@@ -319,18 +276,26 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 	if len(out.Skipped) > 0 {
 		fmt.Printf("skipped in e2e (not expressible by a deployment's configuration): %s\n", strings.Join(out.Skipped, ", "))
 	}
-	fmt.Println("e2e:")
+	fmt.Println("e2e (times in engine units: wall time ÷ --time-scale):")
 	if err := (&bench.Report{Mode: "e2e", UpperBound: out.UpperBound, Policies: out.Policies}).WriteText(os.Stdout); err != nil {
 		return err
 	}
 	if out.Sim != nil {
-		fmt.Println("sim (same workload and fleet shape):")
+		fmt.Println("sim (same workload and fleet shape, time scale 1):")
 		if err := out.Sim.WriteText(os.Stdout); err != nil {
 			return err
 		}
 		out.Ranking.WriteText(os.Stdout)
 	}
 	return nil
+}
+
+func localOptions(sf *simFlags, ro bench.ReplayOptions) bench.LocalE2EOptions {
+	return bench.LocalE2EOptions{
+		Edges: ro.Edges[0], ContextWorkers: ro.Base.Instances, GenerationWorkers: *sf.genWorkers, Ranks: ro.Base.Ranks,
+		CapacityBlocks: ro.Base.CapacityBlocks, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed,
+		ADPPlacement: ro.Base.ADPPlacement, Overflow: ro.Base.Routing.Overflow,
+	}
 }
 
 func runAgentsE2E(ctx context.Context, opts bench.AgentOptions, sf *simFlags, ro bench.ReplayOptions) (*bench.AgentsReport, error) {
@@ -347,10 +312,7 @@ func runAgentsE2E(ctx context.Context, opts bench.AgentOptions, sf *simFlags, ro
 			fmt.Fprintf(os.Stderr, "skipping %s: not expressible by a deployment's configuration\n", pol)
 			continue
 		}
-		r, err := bench.ReplayLocalE2E(ctx, w, pol, bench.LocalE2EOptions{
-			Edges: ro.Edges[0], ContextWorkers: ro.Base.Instances, GenerationWorkers: *sf.genWorkers, Ranks: ro.Base.Ranks,
-			CapacityBlocks: ro.Base.CapacityBlocks, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed, ADPPlacement: ro.Base.ADPPlacement, Overflow: ro.Base.Routing.Overflow,
-		})
+		r, err := bench.ReplayLocalE2E(ctx, w, pol, localOptions(sf, ro))
 		if err != nil {
 			return nil, err
 		}
@@ -368,6 +330,7 @@ func runBenchReport(ctx context.Context, args []string) error {
 	seeds := fs.String("seeds", "1,2,3", "seeds; figures are medians over them")
 	logKind := fs.String("log", "raft", "affinity log: raft or sequencer")
 	parallel := fs.Int("parallel", 0, "concurrent runs (0: one per CPU)")
+	e2e := fs.Bool("e2e", true, "also replay a subset of the traces against local deployments (one per policy) and compare the ranking with sim mode")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -394,7 +357,7 @@ func runBenchReport(ctx context.Context, args []string) error {
 	}
 	sec, err := bench.BuildReport(ctx, bench.ReportOptions{
 		Traces: *traces, PlotDir: *plots, PlotLink: link, MicroFile: *micro, Seeds: seedList, Log: lk, Parallel: *parallel,
-		Progress: os.Stderr, Command: "make bench-report", Module: "github.com/tether-project/tether",
+		Progress: os.Stderr, Command: "make bench-report", Module: "github.com/tether-project/tether", E2E: *e2e,
 	})
 	if err != nil {
 		return err

@@ -327,7 +327,8 @@ type e2eResponse struct {
 // rank's KV capacity (OpenAI code context_length_exceeded).
 var errContextLength = errors.New("context_length_exceeded")
 
-// post sends the request to one edge. retry >= 0 means it was shed (429).
+// post sends the request to one edge. retry >= 0 means it was refused for
+// now (429 shed, 503 no healthy instance) and should be retried after retry.
 func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (e2eResponse, time.Duration, error) {
 	var out e2eResponse
 	url := strings.TrimRight(r.o.EdgeURLs[edge], "/") + "/v1/chat/completions"
@@ -349,6 +350,12 @@ func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 		secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
 		return out, time.Duration(max(secs, 0)) * time.Second, nil
+	}
+	if resp.StatusCode == http.StatusServiceUnavailable {
+		// No healthy instance for now (stale telemetry on a loaded
+		// machine): a client backs off and retries.
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		return out, 100 * time.Millisecond, nil
 	}
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))

@@ -45,7 +45,7 @@ type LocalE2EOptions struct {
 	// Overflow is the tether policy's routing overflow configuration
 	// (zero: the edge's default).
 	Overflow routing.OverflowConfig
-	Progress          func(done, total int)
+	Progress func(done, total int)
 	// ReadyTimeout bounds the deployment's start (default 60s).
 	ReadyTimeout time.Duration
 }
@@ -89,11 +89,27 @@ func ReplayLocalE2E(ctx context.Context, w *Workload, p Policy, o LocalE2EOption
 	perRank := o.CapacityBlocks / o.Ranks
 	stack, err := devstack.Start(ctx, devstack.Options{
 		Edges: o.Edges, ContextWorkers: o.ContextWorkers, GenerationWorkers: o.GenerationWorkers, Ranks: o.Ranks,
-		TimeScale:  o.TimeScale,
+		TimeScale: o.TimeScale,
 		EdgeConfig: func(_ int, c *edge.Config) {
 			policyEdgeConfig(p, c)
 			if p == PolicyTether && o.Overflow != (routing.OverflowConfig{}) {
 				c.Placement.Overflow = o.Overflow
+			}
+			// The edge's durations are wall time; the deployment runs at
+			// TimeScale, so scale them to keep their engine-time meaning
+			// (the sim's values).
+			scale := func(d *time.Duration) {
+				if *d > 0 {
+					*d = max(time.Duration(float64(*d)*o.TimeScale), time.Millisecond)
+				}
+			}
+			scale(&c.Placement.PredictTTL)
+			scale(&c.Placement.Overflow.RebindAfter)
+			scale(&c.Placement.Breaker.Window)
+			scale(&c.Placement.Breaker.Cooldown)
+			scale(&c.SessionTTL)
+			if c.Placement.Breaker.Window/time.Duration(max(c.Placement.Breaker.Buckets, 1)) < time.Millisecond {
+				c.Placement.Breaker.Buckets = 1
 			}
 		},
 		WorkerConfig: func(_ string, c *worker.Config) {
@@ -142,14 +158,24 @@ func ReplayLocalE2E(ctx context.Context, w *Workload, p Policy, o LocalE2EOption
 	return res, nil
 }
 
+// commitIndex reads the log's commit index from the leader (any edge while
+// an election is under way: a follower's commit index trails by at most the
+// entries in flight).
 func commitIndex(ctx context.Context, s *devstack.Stack) (uint64, error) {
-	l := s.Leader()
-	if l == nil {
-		return 0, errors.New("bench: e2e: no leader edge")
+	var errs []error
+	nodes := s.Edges()
+	if l := s.Leader(); l != nil {
+		nodes = append([]*devstack.EdgeNode{l}, nodes...)
 	}
-	ci, err := l.Cluster(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("bench: e2e: read commit index: %w", err)
+	for _, n := range nodes {
+		if !n.Running() {
+			continue
+		}
+		ci, err := n.Cluster(ctx)
+		if err == nil {
+			return ci.CommitIndex, nil
+		}
+		errs = append(errs, err)
 	}
-	return ci.CommitIndex, nil
+	return 0, fmt.Errorf("bench: e2e: read commit index: %w", errors.Join(errs...))
 }

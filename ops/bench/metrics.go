@@ -28,6 +28,7 @@ type Summary struct {
 	Shed          int     `json:"shed"`
 	Oversized     int     `json:"oversized"`
 	LocalWrites   int     `json:"local_writes,omitempty"`
+	TTLEvictions  int     `json:"ttl_evictions"`
 	// SubagentFirstCallHitRate: sub-agents' first requests only (their
 	// shared prefix with siblings).
 	SubagentFirstCallHitRate float64 `json:"subagent_first_call_hit_rate"`
@@ -42,7 +43,7 @@ type Summary struct {
 // Summarize computes a run's figures.
 func Summarize(r *RunResult) Summary {
 	s := Summary{Name: string(r.Policy), Edges: r.Edges, Overflows: r.Overflows, Commits: r.Commits,
-		Rebinds: r.Rebinds, RankOverflows: r.RankOverflows, Shed: r.Shed, LocalWrites: r.LocalWrites,
+		Rebinds: r.Rebinds, RankOverflows: r.RankOverflows, Shed: r.Shed, LocalWrites: r.LocalWrites, TTLEvictions: r.TTLEvictions,
 		Requests: len(r.Records), WallMs: ms(r.Wall)}
 	var cached, subPrompt, subCached, firstPrompt, firstCached int64
 	ttfts := make([]time.Duration, 0, len(r.Records))

@@ -30,7 +30,21 @@ type ReportOptions struct {
 	Progress  io.Writer // progress lines ("" = none)
 	Command   string    // how this report was produced, quoted in the file
 	Module    string    // module path, trimmed from package names
+	// E2E also replays the e2e subset (E2ESubset) against local
+	// deployments and compares the ranking with sim mode.
+	E2E bool
 }
+
+// E2ESubset is the report's e2e setup: the 11 traces that end within
+// 1,000 s (4 sub-agents among them), 4 context workers of 4,500 blocks, 3
+// edges, everything 20× faster than real time.
+var E2ESubset = struct {
+	MaxDuration    time.Duration
+	Instances      int
+	CapacityBlocks int
+	Edges          int
+	TimeScale      float64
+}{1000 * time.Second, 4, 4500, 3, 0.05}
 
 // Reference setups of the published figures.
 func referenceSim() SimConfig {
@@ -167,7 +181,22 @@ func BuildReport(ctx context.Context, opts ReportOptions) (Sections, error) {
 		}
 		plots = []string{"hit_rate_by_policy.png", "hit_rate_vs_edges.png", "ttft_by_policy.png"}
 	}
-	sec["policy-comparison"] = policySection(opts, w, base, head, sens, plots)
+	var e2e *E2EComparison
+	var e2eW *Workload
+	if opts.E2E {
+		logf("report: e2e subset against local deployments (one per policy)")
+		if e2eW, err = LoadTraces(opts.Traces, TraceOptions{MaxDuration: E2ESubset.MaxDuration}); err != nil {
+			return nil, err
+		}
+		local := LocalE2EOptions{Edges: E2ESubset.Edges, ContextWorkers: E2ESubset.Instances, GenerationWorkers: 2, Ranks: 1,
+			CapacityBlocks: E2ESubset.CapacityBlocks, TimeScale: E2ESubset.TimeScale, Seed: opts.Seeds[0], ADPPlacement: base.ADPPlacement}
+		cfg := base
+		cfg.Seed = opts.Seeds[0]
+		if e2e, err = CompareE2E(ctx, e2eW, AllPolicies, local, ReplayOptions{Base: cfg, Parallel: opts.Parallel}); err != nil {
+			return nil, err
+		}
+	}
+	sec["policy-comparison"] = policySection(opts, w, base, head, sens, plots, e2e, e2eW)
 	sec["agents"] = agentsSection(opts, abase, agents)
 	sec["targets"] = targetsSection(head, agents)
 	if opts.MicroFile != "" {
@@ -332,7 +361,7 @@ func machineSection(at time.Time) string {
 	return b.String()
 }
 
-func policySection(opts ReportOptions, w *Workload, base SimConfig, head []Summary, sens []sensitivity, plots []string) string {
+func policySection(opts ReportOptions, w *Workload, base SimConfig, head []Summary, sens []sensitivity, plots []string, e2e *E2EComparison, e2eW *Workload) string {
 	var b strings.Builder
 	st := w.Stats()
 	fmt.Fprintf(&b, "Command: `%s` (the replay part alone: `tether bench replay --traces %s --mode sim --instances %d --ranks %d --capacity-blocks %d --edges 1,3,5 --policies all --seed N`).\n\n",
@@ -363,6 +392,15 @@ func policySection(opts ReportOptions, w *Workload, base SimConfig, head []Summa
 		for _, r := range s.rows {
 			fmt.Fprintf(&b, "| %s | %.3f | %.3f | %.3f | %.0f | %.0f | %.3f | %d |\n", r.Name, r.HitRate, r.SubagentHitRate, r.SubagentFirstCallHitRate, r.TTFTP50Ms, r.TTFTP99Ms, r.LoadCoV, r.Overflows)
 		}
+	}
+	if e2e != nil {
+		st := e2eW.Stats()
+		fmt.Fprintf(&b, "\n**e2e versus sim** — command: `tether bench replay --traces %s --mode e2e --max-duration %v --instances %d --capacity-blocks %d --edges %d --time-scale %g --policies all` "+
+			"(the traces ending within %v: %d conversations, %d sub-agents, %d requests; one local deployment per policy: embedded NATS, %d edges on loopback Raft, %d context and 2 generation simulated workers, "+
+			"the workload's timing and the engines' time both at %g× real time; prompts synthesised from the hash ids; hits from `usage.prompt_tokens_details.cached_tokens`). Sim at time scale 1, same fleet shape, seed %d.\n\n",
+			opts.Traces, E2ESubset.MaxDuration, E2ESubset.Instances, E2ESubset.CapacityBlocks, E2ESubset.Edges, E2ESubset.TimeScale,
+			E2ESubset.MaxDuration, st.Conversations, st.SubAgents, st.Requests, E2ESubset.Edges, E2ESubset.Instances, E2ESubset.TimeScale, opts.Seeds[0])
+		b.WriteString(e2e.Markdown())
 	}
 	if len(plots) > 0 {
 		b.WriteString("\n")

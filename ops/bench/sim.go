@@ -62,6 +62,18 @@ type SimConfig struct {
 	// EdgeFor, when set, picks the edge of each request (agent id, call
 	// number): tests script which edge sees what.
 	EdgeFor func(agent string, call int) int
+	// Aggregated runs prefill and decode on the same simulated worker
+	// (its blocks stay referenced while it decodes). The default is
+	// tether's disaggregated flow: the simulated instances are the context
+	// fleet (context-only runs: blocks released after prefill) and the
+	// generation hop adds its decode time to the response, not to the
+	// context workers' caches.
+	Aggregated bool
+	// SessionTTL evicts a binding idle this long (the edge's session_ttl,
+	// default 10m; 0 disables). The edge's sweeper proposes the Evict; the
+	// harness proposes it when the idle key comes back, which routes the
+	// same (keys that never return are not evicted: fewer commits).
+	SessionTTL time.Duration
 	// TelemetryInterval is the workers' load report interval (default
 	// 100ms, the worker's). Edges see each instance as its last report
 	// says plus the requests they dispatched to it since, as the edge's
@@ -85,6 +97,7 @@ func DefaultSimConfig() SimConfig {
 		Log:               LogRaft,
 		TouchInterval:     time.Second,
 		TelemetryInterval: 100 * time.Millisecond,
+		SessionTTL:        10 * time.Minute,
 		Engine:            sim.DefaultConfig(),
 		Routing:           routing.DefaultConfig(),
 		ADPPlacement:      adp.RoundRobin,
@@ -110,6 +123,9 @@ func (c *SimConfig) validate() error {
 	}
 	if c.TouchInterval <= 0 {
 		errs = append(errs, fmt.Errorf("touch interval must be > 0, got %v", c.TouchInterval))
+	}
+	if c.SessionTTL < 0 {
+		errs = append(errs, fmt.Errorf("session TTL must be >= 0, got %v", c.SessionTTL))
 	}
 	if c.TelemetryInterval <= 0 {
 		errs = append(errs, fmt.Errorf("telemetry interval must be > 0, got %v", c.TelemetryInterval))
@@ -163,6 +179,7 @@ type RunResult struct {
 	Shed                  int // 429s (the client retried after Retry-After)
 	Commits               int // affinity-log events committed during the replay
 	LocalWrites           int // session_local: events applied to the edges' own tables
+	TTLEvictions          int // bindings evicted as idle for session_ttl
 	VirtualEnd            time.Duration
 	Wall                  time.Duration
 }
@@ -240,6 +257,8 @@ type simEdge struct {
 	rr       uint64
 	breakers *routing.CacheBreakers
 
+	lastUsedLocal map[string]time.Duration
+
 	touchKeys    []fsm.FleetKey
 	touchLinks   []string
 	touchPending map[string]bool
@@ -260,7 +279,8 @@ type eventKind uint8
 const (
 	evLaunch eventKind = iota + 1
 	evRetry
-	evDone
+	evDone     // the worker's part ends: ticket, load, blocks, usage
+	evComplete // the response's last token: the agent moves on
 	evTouchFlush
 )
 
@@ -317,6 +337,7 @@ type simulator struct {
 	completed int
 	ctx       context.Context
 	setupLogs int
+	lastUsed  map[string]time.Duration // key → last routed (virtual), shared log
 }
 
 func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator, err error) {
@@ -324,6 +345,7 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 		cfg:      cfg,
 		w:        w,
 		byID:     map[string]int{},
+		lastUsed: map[string]time.Duration{},
 		overload: routing.NewOverloadTracker(),
 		lbRand:   rand.New(rand.NewPCG(cfg.Seed, 0x6c62)),
 		pickRand: rand.New(rand.NewPCG(cfg.Seed, 0x7069)),
@@ -383,7 +405,7 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 		// arbitrary positions (all at 0 would send every edge's first
 		// request to the same instance).
 		ed := &simEdge{id: fmt.Sprintf("edge-%d", e), touchPending: map[string]bool{}, rr: s.lbRand.Uint64() % uint64(cfg.Instances),
-			pending: make([][]dispatch, cfg.Instances)}
+			pending: make([][]dispatch, cfg.Instances), lastUsedLocal: map[string]time.Duration{}}
 		if cfg.Policy.usesKVIndex() {
 			ed.index = kvindex.New(kvindex.Config{PredictTTL: rc.PredictTTL})
 		}
@@ -458,6 +480,8 @@ func (s *simulator) run(ctx context.Context) error {
 			err = s.dispatch(ev.agent, ev.step, ev.call, ev.firstArrival)
 		case evDone:
 			s.finish(ev.fl)
+		case evComplete:
+			s.complete(ev.fl)
 		case evTouchFlush:
 			err = s.flushTouches(ev.edge)
 		}
@@ -561,7 +585,11 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 		s.res.RankOverflows++
 	}
 	in.sched.Start(&d.Ticket)
-	vreq := sim.VirtualRequest{Phase: engine.PhaseAggregated, Hashes: req.Blocks, PromptTokens: req.PromptTokens, OutputTokens: req.OutputTokens}
+	phase := engine.PhaseContextOnly
+	if s.cfg.Aggregated {
+		phase = engine.PhaseAggregated
+	}
+	vreq := sim.VirtualRequest{Phase: phase, Hashes: req.Blocks, PromptTokens: req.PromptTokens, OutputTokens: req.OutputTokens}
 	oversized := len(req.Blocks) > in.rankCap
 	if oversized {
 		vreq.Hashes = nil // cannot be cached on this rank: computed in full
@@ -599,6 +627,12 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 	}
 	in.inflight = append(in.inflight, fl)
 	s.push(&event{at: res.DoneAt, kind: evDone, fl: fl})
+	complete := res.DoneAt
+	if !s.cfg.Aggregated {
+		// The generation hop streams the remaining tokens.
+		complete = res.FirstTokenAt + time.Duration(max(req.OutputTokens-1, 0))*res.TokenTime
+	}
+	s.push(&event{at: complete, kind: evComplete, fl: fl})
 	return nil
 }
 
@@ -611,10 +645,14 @@ func (s *simulator) finish(fl *inflight) {
 	// Keep it while a report taken before it finished may still be read.
 	in.recent = slices.DeleteFunc(in.recent, func(r *inflight) bool { return r.done <= s.now-s.cfg.TelemetryInterval })
 	in.recent = append(in.recent, fl)
-	// The edge that relayed the response feeds its breaker from usage.
+	// The edge that relayed the request feeds its breaker from usage.
 	if b := s.edges[fl.edge].breakers; b != nil {
 		_, _ = b.Record(in.id, int64(fl.prompt), int64(fl.cached), epoch.Add(s.now))
 	}
+}
+
+// complete is the response's end: the agent's next step may start.
+func (s *simulator) complete(fl *inflight) {
 	s.completed++
 	if s.cfg.Progress != nil {
 		s.cfg.Progress(s.completed, s.total)
@@ -768,8 +806,22 @@ func (s *simulator) routeKeyed(e *simEdge, edge int, ar *agentRun, rreq routing.
 	if id.NewLink {
 		pre = append(pre, id.Link)
 	}
+	b, bound := st.Lookup(fsm.FleetContext, rreq.Key)
+	if bound && s.cfg.SessionTTL > 0 {
+		if last, ok := e.lastUse(s, rreq.Key); ok && s.now-last > s.cfg.SessionTTL {
+			// The edge's TTL sweeper would have evicted it by now.
+			if _, err := propose([]fsm.Event{fsm.Evict{Fleet: fsm.FleetContext, Key: rreq.Key, Reason: fsm.EvictTTL, Epoch: b.Epoch}}); err != nil {
+				return 0, "", 0, err
+			}
+			s.res.TTLEvictions++
+			st = state()
+			in.Bindings = st
+			b, bound = st.Lookup(fsm.FleetContext, rreq.Key)
+		}
+	}
+	s.used(e, rreq.Key)
 	var rt routing.Route
-	if b, ok := st.Lookup(fsm.FleetContext, rreq.Key); ok {
+	if bound {
 		rt, err = s.router.RouteBound(rreq, b, in)
 		if err == nil && rt.Action == routing.ActionSticky && s.cfg.Policy == PolicyTetherCacheRebind {
 			rt, err = s.cacheRebind(e, rreq, b, in, rt)
@@ -849,6 +901,25 @@ func (s *simulator) cacheRebind(e *simEdge, rreq routing.Request, b fsm.Binding,
 	}
 	rt.Action, rt.From, rt.Reason, rt.Rebind = routing.ActionOverflow, b.Instance, fsm.OverflowCircuitOpen, true
 	return rt, nil
+}
+
+// lastUse is when key was last routed, in virtual time (by any edge with
+// the shared log; by this edge with session_local).
+func (e *simEdge) lastUse(s *simulator, key string) (time.Duration, bool) {
+	m := s.lastUsed
+	if e.local != nil {
+		m = e.lastUsedLocal
+	}
+	t, ok := m[key]
+	return t, ok
+}
+
+func (s *simulator) used(e *simEdge, key string) {
+	if e.local != nil {
+		e.lastUsedLocal[key] = s.now
+		return
+	}
+	s.lastUsed[key] = s.now
 }
 
 // touch queues a Touch of the key (and the sub-agent's link) at edge e,

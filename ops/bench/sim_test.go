@@ -170,12 +170,13 @@ func TestPolicySanityOnAThreeTurnConversation(t *testing.T) {
 	// Turns of 4, 6 and 8 blocks: a sticky policy caches all of the
 	// previous turn (256, then 384 tokens).
 	conv := conversation("conv", secs(0.5, 3, 4.5), []int{4, 6, 8}, 10)
-	// Two background conversations load the instances so that an edge
-	// that never saw conv places its turn 2 elsewhere: bg1 decodes on X
-	// until ~1.5 s (turn 1 goes to Y), bg2 decodes on Y from 1 s to ~4 s
-	// (an edge placing turn 2 at 3 s picks X).
-	bg1 := conversation("bg1", secs(0), []int{2}, 100)
-	bg2 := conversation("bg2", secs(1), []int{2}, 200)
+	// Two background conversations load the context instances so that an
+	// edge that never saw conv places its turn 2 elsewhere: bg1 prefills
+	// 130 blocks on X until ~1.5 s (turn 1 goes to Y), bg2 prefills 200
+	// blocks on Y from 1 s to ~3.3 s (an edge placing turn 2 at 3 s picks
+	// X).
+	bg1 := conversation("bg1", secs(0), []int{130}, 10)
+	bg2 := conversation("bg2", secs(1), []int{200}, 10)
 	w := &Workload{Name: "three-turns", BlockSize: 64, Agents: []*Agent{bg1, conv, bg2}}
 	// Edges: bg1 and bg2 through edge 0; conv's turns through edges 1, 0, 1.
 	edgeFor := func(agent string, call int) int {

@@ -1,0 +1,99 @@
+package bench
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tether-project/tether/routing/prefix"
+)
+
+func TestPromptMessagesSynthesiseEqualBlocksFromEqualKeys(t *testing.T) {
+	keys := []uint64{11, 22, 33}
+	a := &Request{PromptTokens: 3*64 - 10, Keys: keys}
+	b := &Request{PromptTokens: 4 * 64, Keys: append(append([]uint64(nil), keys[:2]...), 99, 100)}
+	ta := prefix.Tokenize(prefix.RenderChat(PromptMessages(a, 64)))
+	tb := prefix.Tokenize(prefix.RenderChat(PromptMessages(b, 64)))
+	// One role marker token, then one token per word.
+	if len(ta) != 1+a.PromptTokens || len(tb) != 1+b.PromptTokens {
+		t.Fatalf("token counts %d and %d, want %d and %d", len(ta), len(tb), 1+a.PromptTokens, 1+b.PromptTokens)
+	}
+	common := 0
+	for common < len(ta) && common < len(tb) && ta[common] == tb[common] {
+		common++
+	}
+	if common != 1+2*64 {
+		t.Fatalf("prompts share %d tokens, want the marker and the 2 common blocks (129)", common)
+	}
+	ha, hb := prefix.BlockHashes(ta, 64), prefix.BlockHashes(tb, 64)
+	if ha[0] != hb[0] || ha[1] == hb[2] {
+		t.Fatal("block hashes must follow the shared key prefix")
+	}
+}
+
+// TestE2EAgainstLocalDeployments replays the supervisor pattern against two
+// real local deployments (edges on loopback Raft, embedded NATS, simulated
+// workers over HTTP): tether sends the sub-agents to their parent's context
+// instance, where their shared tool prefix is cached, and reproduces the
+// sim ranking against round robin.
+func TestE2EAgainstLocalDeployments(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two local deployments")
+	}
+	w, err := Agents(AgentOptions{Pattern: PatternSupervisor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	local := LocalE2EOptions{Edges: 3, ContextWorkers: 4, GenerationWorkers: 1, Ranks: 2, CapacityBlocks: 4096, TimeScale: 0.01, Seed: 1}
+	sim := ReplayOptions{Base: testConfig()}
+	cmp, err := CompareE2E(ctx, w, []Policy{PolicyRandom, PolicyRoundRobin, PolicyTether}, local, sim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cmp.Skipped) != 1 || cmp.Skipped[0] != string(PolicyRandom) {
+		t.Fatalf("skipped %v, want random only", cmp.Skipped)
+	}
+	if len(cmp.Policies) != 2 || len(cmp.Runs) != 2 {
+		t.Fatalf("e2e ran %d policies", len(cmp.Policies))
+	}
+	by := map[string]Summary{}
+	for _, s := range cmp.Policies {
+		by[s.Name] = s
+		if s.Requests != 20 {
+			t.Fatalf("%s: %d requests recorded, want 20", s.Name, s.Requests)
+		}
+	}
+	tether, rr := by[string(PolicyTether)], by[string(PolicyRoundRobin)]
+	if tether.SubagentFirstCallHitRate <= 0 {
+		t.Fatalf("tether e2e: sub-agents' first calls hit nothing (%+v)", tether)
+	}
+	if tether.HitRate <= rr.HitRate {
+		t.Fatalf("tether e2e hit rate %.3f, round robin %.3f", tether.HitRate, rr.HitRate)
+	}
+	// Every tether sub-agent request ran on its parent's context instance.
+	for _, r := range cmp.Runs {
+		if r.Policy != PolicyTether {
+			continue
+		}
+		parent := -1
+		for _, rec := range r.Records {
+			if !rec.SubAgent && rec.Call == 0 {
+				parent = rec.Instance
+			}
+		}
+		for _, rec := range r.Records {
+			if rec.SubAgent && (rec.Instance != parent || parent < 0) {
+				t.Fatalf("tether e2e: sub-agent %s call %d on instance %d, parent on %d", rec.Agent, rec.Call, rec.Instance, parent)
+			}
+		}
+	}
+	if !cmp.Reproduced {
+		t.Fatalf("e2e does not reproduce the sim ranking: %v", cmp.Inversions)
+	}
+	if md := cmp.Markdown(); !strings.Contains(md, "reproduces the sim ranking") {
+		t.Fatalf("markdown: %s", md)
+	}
+}
