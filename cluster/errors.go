@@ -46,7 +46,7 @@ type RemoteError struct {
 func (e *RemoteError) Error() string { return fmt.Sprintf("cluster: node at %s: %s", e.Addr, e.Msg) }
 func (e *RemoteError) Unwrap() error { return e.Cause }
 
-// errBadRequest marks a malformed forwarding request.
+// badRequestError marks a malformed forwarding request.
 type badRequestError struct{ msg string }
 
 func (e *badRequestError) Error() string { return "bad request: " + e.msg }

@@ -45,7 +45,7 @@ type outcome struct {
 
 func (p *pending) reply(o outcome) { p.done <- o }
 
-// errRetry marks failures a proposal survives by trying again with the same
+// retryableError marks failures a proposal survives by trying again with the same
 // proposal ids (leadership moved, connection failed, no leader yet).
 type retryableError struct{ err error }
 
