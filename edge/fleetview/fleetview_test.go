@@ -334,7 +334,7 @@ func TestHealthFromHeartbeatAge(t *testing.T) {
 	if v := f.Views(clk.now(), nil)[0]; v.QueuedRequests != 2 || v.QueuedPrefillTokens != 0 {
 		t.Fatalf("after the hop ended: queued %d, prefill %d; want the report's 2 and 0", v.QueuedRequests, v.QueuedPrefillTokens)
 	}
-	f.NoteDispatch("w1", 500) // still pending when the next report arrives
+	f.NoteDispatch("w1", 500)           // still pending when the next report arrives
 	clk.advance(250 * time.Millisecond) // < 3 × 100 ms
 	if !f.Views(clk.now(), nil)[0].Healthy {
 		t.Fatal("unhealthy within 3 intervals")
