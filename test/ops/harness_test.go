@@ -81,9 +81,11 @@ type edgeSlot struct {
 
 	mu sync.Mutex
 	e  *edge.Edge
-	// ready: in the load balancer's rotation (its /readyz answered 200
-	// after it started; cleared before it stops).
-	ready atomic.Bool
+	// ready: in the load balancer's rotation (see healthLoop; cleared
+	// before it stops). admitted: it has heard every worker once since it
+	// started.
+	ready    atomic.Bool
+	admitted atomic.Bool
 }
 
 func (s *edgeSlot) edge() *edge.Edge {
@@ -129,9 +131,6 @@ func startFleet(t *testing.T, o fleetOptions) *fleet {
 		t.Fatal("nats did not start")
 	}
 	f.nats = ns
-	f.stopHealth = make(chan struct{})
-	f.wg.Add(1)
-	go f.healthLoop()
 
 	for i := range o.ctxWorkers {
 		f.startWorker(fmt.Sprintf("ctx-%d", i+1), telemetry.FleetContext, o.version, nil)
@@ -153,6 +152,9 @@ func startFleet(t *testing.T, o fleetOptions) *fleet {
 		f.edges = append(f.edges, &edgeSlot{i: i, id: fmt.Sprintf("edge-%d", i+1), raftAddr: raftLns[i].Addr().String(),
 			httpAddr: httpLns[i].Addr().String(), dataDir: filepath.Join(f.dir, fmt.Sprintf("edge-%d", i+1)), version: o.version})
 	}
+	f.stopHealth = make(chan struct{})
+	f.wg.Add(1)
+	go f.healthLoop()
 	start := o.start
 	if start == nil {
 		for i := range o.edges {
@@ -271,8 +273,12 @@ func (f *fleet) startEdgeOn(i int, httpLn, raftLn net.Listener, mutate func(*edg
 
 // healthLoop keeps each running edge's place in the traffic's rotation
 // up to date from its /readyz, as a load balancer's health check would: an
-// edge that just started (no telemetry heard yet) or whose node halted
-// takes no traffic.
+// edge whose node halted takes no traffic. A freshly started edge is first
+// admitted once it has heard every worker's telemetry: /readyz only needs
+// one healthy worker per fleet, and an edge that has not heard the
+// instance a conversation is bound to serves that turn elsewhere (an
+// overflow). Readiness that waits for every instance the log holds as up
+// is requested of the edge.
 func (f *fleet) healthLoop() {
 	defer f.wg.Done()
 	t := time.NewTicker(25 * time.Millisecond)
@@ -285,6 +291,13 @@ func (f *fleet) healthLoop() {
 		}
 		for _, s := range f.running() {
 			e := s.edge()
+			if !s.admitted.Load() {
+				if f.hearsAllWorkers(s) && s.edge() == e {
+					s.admitted.Store(true)
+				} else {
+					continue
+				}
+			}
 			ok := false
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.url()+"/readyz", nil)
@@ -298,6 +311,31 @@ func (f *fleet) healthLoop() {
 			}
 		}
 	}
+}
+
+// hearsAllWorkers reports whether edge s sees every worker healthy through
+// its telemetry.
+func (f *fleet) hearsAllWorkers(s *edgeSlot) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var ans struct {
+		Instances []edge.InstanceInfo `json:"instances"`
+	}
+	if f.admin(ctx, s, "instances", &ans) != nil {
+		return false
+	}
+	healthy := map[string]bool{}
+	for _, in := range ans.Instances {
+		healthy[in.ID] = in.Healthy && in.Telemetry
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, id := range f.order {
+		if !healthy[id] {
+			return false
+		}
+	}
+	return true
 }
 
 // serving are the edges in the traffic's rotation.
@@ -326,6 +364,7 @@ func (f *fleet) stopEdge(i int) {
 	f.t.Helper()
 	s := f.edges[i]
 	s.ready.Store(false) // out of the rotation first
+	s.admitted.Store(false)
 	s.mu.Lock()
 	e := s.e
 	s.e = nil
