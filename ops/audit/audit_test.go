@@ -286,6 +286,15 @@ func TestExplainParentKey(t *testing.T) {
 			t.Errorf("child %s: histories %+v, want its generation bind with the decision", c.Child, c.Histories)
 		}
 	}
+	js, err := json.Marshal(ex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Explanation
+	if err := json.Unmarshal(js, &back); err != nil || len(back.Children) != 2 || back.Histories[0].Items[2].Count != 3 ||
+		back.Histories[0].Items[0].LastTime != (time.Time{}) || !bytes.Contains(js, []byte(`"last_time"`)) {
+		t.Fatalf("explain JSON does not round-trip (%v): %s", err, js)
+	}
 	var text bytes.Buffer
 	if err := ex.WriteText(&text); err != nil {
 		t.Fatal(err)
