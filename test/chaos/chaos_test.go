@@ -265,7 +265,7 @@ func (v *env) checkRoutes(samples []sample, restarts map[string][]time.Time) ver
 		return false
 	}
 	soonAfterRestart := func(s sample) bool {
-		for _, r := range restarts[s.edge] {
+		for _, r := range append(append([]time.Time(nil), restarts[s.edge]...), restarts["*"]...) {
 			if !s.start.Before(r) && s.start.Sub(r) < restartWindow {
 				return true
 			}
@@ -340,6 +340,7 @@ var nemeses = []nemesis{
 			if l == nil {
 				t.Fatal("no leader")
 			}
+			mark("*")
 			_ = l.stop(syscall.SIGKILL, time.Second)
 			waitFor(t, 20*time.Second, "a new leader", func() bool { n := v.leader(); return n != nil && n != l })
 			mark(l.id)
@@ -354,6 +355,7 @@ var nemeses = []nemesis{
 			if l == nil {
 				t.Fatal("no leader")
 			}
+			mark("*")
 			l.signal(syscall.SIGSTOP)
 			waitFor(t, 20*time.Second, "a new leader while the old one is stopped", func() bool { n := v.leader(); return n != nil && n != l })
 			time.Sleep(time.Second) // hold the fault (schedule, not a wait for a result)

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
+	"go.uber.org/goleak"
 
 	"github.com/tether-project/tether/edge"
 )
@@ -52,6 +53,14 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	if code == 0 {
+		// Every process is stopped by the tests; their goroutines (cmd.Wait,
+		// NATS, HTTP clients) must be gone too.
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "chaos: leaked goroutines:", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
