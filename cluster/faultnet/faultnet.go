@@ -162,6 +162,9 @@ func (n *Network) update(fn func()) {
 		c.mu.Lock()
 		out := c.poisonedOut && !n.rules[c.link].cut
 		in := c.poisonedIn && !n.rules[Link{c.link.To, c.link.From}].cut
+		if out || in {
+			c.closed = true // later writes fail instead of vanishing
+		}
 		c.mu.Unlock()
 		if out || in {
 			doomed = append(doomed, c)
