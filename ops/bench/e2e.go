@@ -292,7 +292,7 @@ func (r *e2eRun) send(ctx context.Context, a *Agent, req *Request, call int) err
 		// mode; prefill is the simulated workers' model applied to the
 		// tokens the deployment reports as computed.
 		rec := RequestRecord{
-			Agent: a.ID, SubAgent: a.SubAgent(), Call: call, Edge: edge, Instance: -1, Rank: -1,
+			Agent: a.ID, Root: a.Root().ID, SubAgent: a.SubAgent(), Call: call, Edge: edge, Instance: -1, Rank: -1,
 			Arrival: r.unscaled(arrival.Sub(r.start)), TTFT: r.unscaled(out.firstToken.Sub(arrival)),
 			Prefill: prefillModel(out.prompt - out.cached), Prompt: out.prompt, Cached: out.cached, Oversized: out.oversized,
 		}

@@ -80,6 +80,38 @@ func Summarize(r *RunResult) Summary {
 	return s
 }
 
+// StickyBalanceBound is the load CoV a sticky policy could reach with
+// hindsight: each root conversation (with its sub-agents) is one
+// indivisible job weighing the prefill tokens it computed in run r, packed
+// onto instances largest first (LPT). A sticky policy places a conversation
+// before knowing its size, so it cannot do better than this on these jobs.
+func StickyBalanceBound(r *RunResult, instances int) float64 {
+	if instances < 1 {
+		return 0
+	}
+	jobs := map[string]int64{}
+	for _, rec := range r.Records {
+		jobs[rec.Root] += int64(rec.Prompt - rec.Cached)
+	}
+	ws := make([]int64, 0, len(jobs))
+	for _, w := range jobs {
+		ws = append(ws, w)
+	}
+	slices.Sort(ws)
+	slices.Reverse(ws)
+	bins := make([]int64, instances)
+	for _, w := range ws {
+		i := 0
+		for j := range bins {
+			if bins[j] < bins[i] {
+				i = j
+			}
+		}
+		bins[i] += w
+	}
+	return CoV(bins)
+}
+
 // Percentile is the nearest-rank percentile of sorted durations (0 for none).
 func Percentile(sorted []time.Duration, p float64) time.Duration {
 	if len(sorted) == 0 {

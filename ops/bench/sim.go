@@ -151,6 +151,7 @@ func (c *SimConfig) validate() error {
 // RequestRecord is one replayed request's outcome.
 type RequestRecord struct {
 	Agent    string
+	Root     string // the root conversation's id
 	SubAgent bool
 	Call     int // index of the request within its agent's requests
 	Edge     int
@@ -613,7 +614,7 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 	uncached := req.PromptTokens - res.CachedTokens
 	s.res.InstancePrefillTokens[instIdx] += int64(uncached)
 	s.res.Records = append(s.res.Records, RequestRecord{
-		Agent: ar.agent.ID, SubAgent: ar.agent.SubAgent(), Call: call, Edge: edge, Instance: instIdx, Rank: d.Rank,
+		Agent: ar.agent.ID, Root: ar.agent.Root().ID, SubAgent: ar.agent.SubAgent(), Call: call, Edge: edge, Instance: instIdx, Rank: d.Rank,
 		Arrival: firstArrival, TTFT: res.FirstTokenAt - firstArrival, Prefill: res.Prefill,
 		Prompt: req.PromptTokens, Cached: res.CachedTokens, Oversized: oversized,
 	})
