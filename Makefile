@@ -64,7 +64,7 @@ SOAK_LOG  ?= /tmp/tether-soak.log
 soak:
 	@echo "soak: full log in $(SOAK_LOG)"
 	@RELIABILITY_LONG=1 RELIABILITY_SEED=$(SOAK_SEED) RELIABILITY_RUNS=$(SOAK_RUNS) \
-		$(GO) test -count=1 -timeout 120m -v -run 'Linearizability|Soak|Chaos' ./test/reliability/ $$(ls -d ./test/chaos 2>/dev/null) >$(SOAK_LOG) 2>&1; \
+		$(GO) test -count=1 -timeout 120m -v -run 'Linearizability|Soak|Chaos|WorkerHTTPBadInput' ./test/reliability/ $$(ls -d ./test/chaos 2>/dev/null) >$(SOAK_LOG) 2>&1; \
 		rc=$$?; grep -E 'FIGURES|^(--- |ok|FAIL)|replay' $(SOAK_LOG); exit $$rc
 
 fmt:
