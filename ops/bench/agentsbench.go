@@ -93,7 +93,7 @@ func SummarizeAgents(p Pattern, w *Workload, mode string, runs []*RunResult) *Ag
 
 // WriteText prints the pattern comparison as a table.
 func (r *AgentsReport) WriteText(w io.Writer) error {
-	fmt.Fprintf(w, "pattern %s (%s mode): %d agents, %d calls\n", r.Pattern, r.Mode, r.Agents, r.Requests)
+	fmt.Fprintf(w, "pattern %s (%s mode): %s, %d calls\n", r.Pattern, r.Mode, plural(r.Agents, "agent"), r.Requests)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "policy\tedges\tprefill ms\tvs round robin\thit rate\tfirst-call hit\tsub-agent first-call hit\tTTFT p50 ms\tTTFT p99 ms\t")
 	for _, p := range r.Policies {

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -98,7 +99,7 @@ func ParsePolicies(list string) ([]Policy, error) {
 			continue
 		}
 		known := false
-		all := append(append([]Policy(nil), AllPolicies...), TetherVariants...)
+		all := slices.Concat(AllPolicies, TetherVariants)
 		for _, p := range all {
 			known = known || p == name
 		}

@@ -427,8 +427,8 @@ func agentsSection(opts ReportOptions, base SimConfig, reps []*AgentsReport) str
 		"One execution of each pattern; medians over seeds %v. Prefill ms is the simulated prefill compute summed over the pattern's calls (5,500 tokens/s plus 10 ms per prefill, the spec's rate).\n",
 		base.Instances, base.Ranks, base.CapacityBlocks, opts.Command, opts.Seeds)
 	for _, r := range reps {
-		fmt.Fprintf(&b, "\n**%s** (%d agents, %d calls)\n\n| policy | prefill ms | vs round robin | hit rate | first-call hit | sub-agent first-call hit | TTFT p50 ms |\n|---|---:|---:|---:|---:|---:|---:|\n",
-			r.Pattern, r.Agents, r.Requests)
+		fmt.Fprintf(&b, "\n**%s** (%s, %d calls)\n\n| policy | prefill ms | vs round robin | hit rate | first-call hit | sub-agent first-call hit | TTFT p50 ms |\n|---|---:|---:|---:|---:|---:|---:|\n",
+			r.Pattern, plural(r.Agents, "agent"), r.Requests)
 		for _, p := range r.Policies {
 			fmt.Fprintf(&b, "| %s | %.0f | %s | %.3f | %.3f | %.3f | %.0f |\n", p.Name, p.PrefillMs, pct(-p.Reduction), p.HitRate, p.FirstCallHitRate, p.SubagentFirstCallHitRate, p.TTFTP50Ms)
 		}
@@ -497,6 +497,13 @@ func targetsSection(head []Summary, agents []*AgentsReport, stickyBound float64)
 		}
 	}
 	return b.String()
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 func abs(x float64) float64 {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/kvindex"
 	"github.com/tether-project/tether/worker/adp"
@@ -19,8 +20,9 @@ import (
 )
 
 // ParentHeader is the sub-agent parent-session header the tether policy
-// configures (conversation_affinity_header_for_subagents).
-const ParentHeader = "X-Parent-Session-ID"
+// configures (conversation_affinity_header_for_subagents), the local
+// deployment's.
+const ParentHeader = devstack.ParentHeader
 
 // epoch is virtual time zero as a wall time (routing and the log take
 // time.Time; nothing reads a clock).
@@ -131,7 +133,7 @@ func (c *SimConfig) validate() error {
 		errs = append(errs, fmt.Errorf("telemetry interval must be > 0, got %v", c.TelemetryInterval))
 	}
 	known := false
-	for _, p := range append(AllPolicies, TetherVariants...) {
+	for _, p := range slices.Concat(AllPolicies, TetherVariants) {
 		known = known || p == c.Policy
 	}
 	if !known {
@@ -678,9 +680,12 @@ func (s *simulator) views(e *simEdge) (*routing.Views, error) {
 		if !in.reported || in.reportAt != reportAt {
 			in.report(reportAt)
 		}
+		// The report taken at reportAt covers requests admitted before
+		// it; this edge's dispatches since (including at reportAt) are
+		// pending.
 		pend := e.pending[i]
 		k := 0
-		for k < len(pend) && pend[k].at <= reportAt {
+		for k < len(pend) && pend[k].at < reportAt {
 			k++
 		}
 		pend = pend[k:]
@@ -701,12 +706,14 @@ func (s *simulator) views(e *simEdge) (*routing.Views, error) {
 }
 
 // report computes the instance's load report as of at: requests admitted
-// by then and not yet done; queued ones have not started their prefill.
+// before at and not done by then; queued ones have not started their
+// prefill. (Requests admitted at exactly at are the edges' pending ones, so
+// a burst within one instant is counted once.)
 func (in *simInstance) report(at time.Duration) {
 	in.reported, in.reportAt = true, at
 	in.repQueued, in.repActive, in.repActiveTok = 0, 0, 0
 	count := func(fl *inflight) {
-		if fl.arrival > at || fl.done <= at {
+		if fl.arrival >= at || fl.done <= at {
 			return
 		}
 		if fl.start > at {
