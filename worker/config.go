@@ -23,6 +23,14 @@ import (
 // (ApplyEnv), so the secret need not live in the configuration file.
 const EnvInternalRequestAuthKey = "TETHER_INTERNAL_REQUEST_AUTH_KEY"
 
+// EnvNATSPassword and EnvNATSToken, when set, supply nats.password and
+// nats.token (ApplyEnv), so a Kubernetes Secret can hold the credential
+// instead of the whole configuration file.
+const (
+	EnvNATSPassword = "TETHER_NATS_PASSWORD"
+	EnvNATSToken    = "TETHER_NATS_TOKEN"
+)
+
 // MinAuthKeyLen is the shortest internal_request_auth_key accepted.
 const MinAuthKeyLen = 16
 
@@ -58,6 +66,16 @@ type Config struct {
 	DefaultMaxTokens int           // default_max_tokens (default 16)
 	MaxTokensLimit   int           // max_tokens_limit: larger requests are clamped (default 4096)
 	WriteTimeout     time.Duration // write_timeout: per write (streams extend it per chunk; default 10m)
+
+	// HTTP server limits.
+	ReadHeaderTimeout time.Duration // read_header_timeout: reading a request's headers (default 10s)
+	ReadTimeout       time.Duration // read_timeout: reading a whole request, body included (default 2m)
+	IdleTimeout       time.Duration // idle_timeout: a kept-alive connection between requests (default 2m)
+	// MaxConcurrentRequests is max_concurrent_requests: inference requests
+	// in flight beyond it are refused with 429 and Retry-After (0: no
+	// limit). The edges shed by load first; this protects a worker that
+	// is reached directly or by a misbehaving caller.
+	MaxConcurrentRequests int
 
 	// In-process only.
 
@@ -100,7 +118,8 @@ type EngineConfig struct {
 type NATSConfig struct {
 	URLs         []string // url (one) or urls (several)
 	User         string   // user
-	Password     string   // password
+	Password     string   // password (or env TETHER_NATS_PASSWORD)
+	Token        string   // token (or env TETHER_NATS_TOKEN)
 	NKeySeedFile string   // nkey_seed_file
 	CredsFile    string   // creds_file
 	TLS          TLSConfig
@@ -124,6 +143,9 @@ const (
 	DefaultMaxTokens         = 16
 	DefaultMaxTokensLimit    = 4096
 	DefaultWriteTimeout      = 10 * time.Minute
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 2 * time.Minute
+	DefaultIdleTimeout       = 2 * time.Minute
 	DefaultHostname          = "127.0.0.1"
 )
 
@@ -138,6 +160,9 @@ func defaultConfig() Config {
 		DefaultMaxTokens:  DefaultMaxTokens,
 		MaxTokensLimit:    DefaultMaxTokensLimit,
 		WriteTimeout:      DefaultWriteTimeout,
+		ReadHeaderTimeout: DefaultReadHeaderTimeout,
+		ReadTimeout:       DefaultReadTimeout,
+		IdleTimeout:       DefaultIdleTimeout,
 		Engine: EngineConfig{
 			Type:                    "sim",
 			BlockSize:               sd.BlockSize,
@@ -190,11 +215,18 @@ func ParseConfig(data []byte) (Config, error) {
 	return cfg, nil
 }
 
-// ApplyEnv sets the auth key from TETHER_INTERNAL_REQUEST_AUTH_KEY when
-// that variable is non-empty (it wins over the file).
+// ApplyEnv sets the auth key from TETHER_INTERNAL_REQUEST_AUTH_KEY and the
+// NATS credentials from TETHER_NATS_PASSWORD / TETHER_NATS_TOKEN when they
+// are non-empty (they win over the file).
 func (c *Config) ApplyEnv(getenv func(string) string) {
 	if k := getenv(EnvInternalRequestAuthKey); k != "" {
 		c.InternalRequestAuthKey = k
+	}
+	if v := getenv(EnvNATSPassword); v != "" {
+		c.NATS.Password = v
+	}
+	if v := getenv(EnvNATSToken); v != "" {
+		c.NATS.Token = v
 	}
 }
 
@@ -275,6 +307,17 @@ func (c *Config) Validate() error {
 	}
 	if c.WriteTimeout < time.Second {
 		return fmt.Errorf("write_timeout: %v is too short (at least 1s)", c.WriteTimeout)
+	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"read_header_timeout", c.ReadHeaderTimeout}, {"read_timeout", c.ReadTimeout}, {"idle_timeout", c.IdleTimeout}} {
+		if d.v < 100*time.Millisecond {
+			return fmt.Errorf("%s: %v is too short (at least 100ms)", d.key, d.v)
+		}
+	}
+	if c.MaxConcurrentRequests < 0 {
+		return fmt.Errorf("max_concurrent_requests: must be 0 (no limit) or more, got %d", c.MaxConcurrentRequests)
 	}
 	return nil
 }
@@ -383,8 +426,11 @@ func (n *NATSConfig) validate() error {
 	if n.User != "" || n.Password != "" {
 		auth++
 		if n.User == "" || n.Password == "" {
-			return errors.New("nats.user: user and password go together")
+			return fmt.Errorf("nats.user: user and password go together (the password may come from %s)", EnvNATSPassword)
 		}
+	}
+	if n.Token != "" {
+		auth++
 	}
 	if n.NKeySeedFile != "" {
 		auth++
@@ -393,7 +439,7 @@ func (n *NATSConfig) validate() error {
 		auth++
 	}
 	if auth > 1 {
-		return errors.New("nats: choose one of user/password, nkey_seed_file or creds_file")
+		return errors.New("nats: choose one of user/password, token, nkey_seed_file or creds_file")
 	}
 	if (n.TLS.CertFile == "") != (n.TLS.KeyFile == "") {
 		return errors.New("nats.tls.cert_file: cert_file and key_file go together")
@@ -426,6 +472,9 @@ func parseConfig(data []byte) (Config, error) {
 	var role, fleet string
 	interval := &yamlDuration{&cfg.TelemetryInterval}
 	writeTimeout := &yamlDuration{&cfg.WriteTimeout}
+	readHeaderTimeout := &yamlDuration{&cfg.ReadHeaderTimeout}
+	readTimeout := &yamlDuration{&cfg.ReadTimeout}
+	idleTimeout := &yamlDuration{&cfg.IdleTimeout}
 	var natsURL string
 	var natsURLs []string
 	fleet = string(cfg.Fleet)
@@ -462,6 +511,7 @@ func parseConfig(data []byte) (Config, error) {
 		"urls":           &natsURLs,
 		"user":           &cfg.NATS.User,
 		"password":       &cfg.NATS.Password,
+		"token":          &cfg.NATS.Token,
 		"nkey_seed_file": &cfg.NATS.NKeySeedFile,
 		"creds_file":     &cfg.NATS.CredsFile,
 		"tls":            tlsFields,
@@ -487,6 +537,10 @@ func parseConfig(data []byte) (Config, error) {
 		"default_max_tokens":                  &cfg.DefaultMaxTokens,
 		"max_tokens_limit":                    &cfg.MaxTokensLimit,
 		"write_timeout":                       writeTimeout,
+		"read_header_timeout":                 readHeaderTimeout,
+		"read_timeout":                        readTimeout,
+		"idle_timeout":                        idleTimeout,
+		"max_concurrent_requests":             &cfg.MaxConcurrentRequests,
 	}
 	if err := top.decode(doc.Content[0], ""); err != nil {
 		return Config{}, err

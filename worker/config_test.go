@@ -50,6 +50,10 @@ max_body_bytes: 1048576
 default_max_tokens: 32
 max_tokens_limit: 1024
 write_timeout: 5m
+read_header_timeout: 5s
+read_timeout: 1m
+idle_timeout: 90s
+max_concurrent_requests: 64
 `
 
 func TestParseFullConfig(t *testing.T) {
@@ -91,6 +95,10 @@ func TestParseFullConfig(t *testing.T) {
 		{"default max", cfg.DefaultMaxTokens, 32},
 		{"limit", cfg.MaxTokensLimit, 1024},
 		{"write", cfg.WriteTimeout, 5 * time.Minute},
+		{"read header", cfg.ReadHeaderTimeout, 5 * time.Second},
+		{"read", cfg.ReadTimeout, time.Minute},
+		{"idle", cfg.IdleTimeout, 90 * time.Second},
+		{"concurrency", cfg.MaxConcurrentRequests, 64},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -110,7 +118,9 @@ func TestMinimalConfigDefaults(t *testing.T) {
 	}
 	if cfg.Fleet != telemetry.FleetContext || cfg.ServerRole != "" || cfg.RankCount() != 1 ||
 		cfg.TelemetryInterval != 100*time.Millisecond || cfg.MaxBodyBytes != 32<<20 || cfg.DefaultMaxTokens != 16 ||
-		cfg.Engine.Type != "sim" || cfg.NATS.Enabled() || cfg.Hostname != "127.0.0.1" {
+		cfg.Engine.Type != "sim" || cfg.NATS.Enabled() || cfg.Hostname != "127.0.0.1" ||
+		cfg.ReadHeaderTimeout != 10*time.Second || cfg.ReadTimeout != 2*time.Minute || cfg.IdleTimeout != 2*time.Minute ||
+		cfg.MaxConcurrentRequests != 0 {
 		t.Fatalf("defaults: %+v", cfg)
 	}
 }
@@ -165,6 +175,11 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"advertise url", base + "advertise_url: ctx-0:8001\n", `advertise_url: "ctx-0:8001" is not an absolute http(s) URL`},
 		{"body limit", base + "max_body_bytes: 10\n", "max_body_bytes: 10 is too small"},
 		{"default above limit", base + "default_max_tokens: 50\nmax_tokens_limit: 10\n", "default_max_tokens: 50 out of range"},
+		{"negative concurrency", base + "max_concurrent_requests: -1\n", "max_concurrent_requests: must be 0 (no limit) or more"},
+		{"concurrency type", base + "max_concurrent_requests: many\n", `max_concurrent_requests: want an integer, got "many"`},
+		{"read header timeout", base + "read_header_timeout: 1ms\n", "read_header_timeout: 1ms is too short"},
+		{"idle timeout type", base + "idle_timeout: 30\n", `idle_timeout: want a duration such as "100ms" or "2s", got "30"`},
+		{"nats token and user", base + "nats:\n  url: nats://a:1\n  user: u\n  password: p\n  token: t\n", "nats: choose one of user/password, token"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -205,6 +220,34 @@ func TestLoadConfigAndEnv(t *testing.T) {
 	}
 	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "bogus: unknown key") {
 		t.Fatalf("unknown key via file: %v", err)
+	}
+}
+
+// The NATS credential may come from the environment instead of the file
+// (a Kubernetes Secret as an env var), and wins over the file.
+func TestNATSCredentialsFromEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "worker.yaml")
+	if err := os.WriteFile(path, []byte("instance_id: w1\nmodel: m\nnats:\n  url: nats://127.0.0.1:4222\n  user: worker\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvNATSPassword, "")
+	t.Setenv(EnvNATSToken, "")
+	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), "nats.user") || !strings.Contains(err.Error(), EnvNATSPassword) {
+		t.Fatalf("user without a password anywhere: %v", err)
+	}
+	t.Setenv(EnvNATSPassword, "from-the-secret")
+	cfg, err := LoadConfig(path)
+	if err != nil || cfg.NATS.Password != "from-the-secret" {
+		t.Fatalf("password from %s: %q, %v", EnvNATSPassword, cfg.NATS.Password, err)
+	}
+	if err := os.WriteFile(path, []byte("instance_id: w1\nmodel: m\nnats:\n  url: nats://127.0.0.1:4222\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvNATSPassword, "")
+	t.Setenv(EnvNATSToken, "token-from-the-secret")
+	if cfg, err = LoadConfig(path); err != nil || cfg.NATS.Token != "token-from-the-secret" {
+		t.Fatalf("token from %s: %q, %v", EnvNATSToken, cfg.NATS.Token, err)
 	}
 }
 

@@ -95,6 +95,20 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Get("telemetry") == "optional" {
+		// Asked by an edge whose own NATS link is down: can this worker
+		// serve? Its telemetry connection does not matter then.
+		if !s.Serving() {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": "shutting down"})
+			return
+		}
+		out := map[string]string{"status": "ready"}
+		if s.pub != nil && !s.pub.connected() {
+			out["nats"] = "disconnected"
+		}
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
 	if !s.Ready() {
 		reason := "shutting down"
 		if s.pub != nil && !s.pub.connected() && !s.closing.Load() {
@@ -124,6 +138,18 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request, chat bo
 		return
 	}
 	defer s.handlers.Done()
+	if limit := s.cfg.MaxConcurrentRequests; limit > 0 {
+		n := s.inflight.Add(1)
+		defer s.inflight.Add(-1)
+		if n > int64(limit) {
+			// Refused before reading the body: a flood costs little.
+			s.metrics.requests.WithLabelValues(endpoint, "429").Inc()
+			w.Header().Set("Retry-After", "1")
+			writeAPIError(w, newAPIError(http.StatusTooManyRequests, "rate_limit_error", "too_many_concurrent_requests", "",
+				"this worker is serving its limit of %d concurrent requests (max_concurrent_requests); retry after 1s", limit))
+			return
+		}
+	}
 	start := time.Now()
 	ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 	ctx, span := s.tracer.Start(ctx, "tether.worker "+r.URL.Path,

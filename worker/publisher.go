@@ -103,6 +103,8 @@ func natsOptions(cfg *Config, log *slog.Logger, onReconnect func()) ([]nats.Opti
 	switch {
 	case n.User != "":
 		opts = append(opts, nats.UserInfo(n.User, n.Password))
+	case n.Token != "":
+		opts = append(opts, nats.Token(n.Token))
 	case n.NKeySeedFile != "":
 		o, err := nats.NkeyOptionFromSeed(n.NKeySeedFile)
 		if err != nil {

@@ -55,6 +55,9 @@ type Server struct {
 	bootTime time.Time
 	ranks    int
 	reqSeq   atomic.Uint64
+	// inflight counts inference requests being served, for
+	// max_concurrent_requests.
+	inflight atomic.Int64
 
 	// Per-rank counters the scheduler and engine do not keep.
 	overflows     []atomic.Int64
@@ -199,10 +202,10 @@ func (s *Server) start(ln net.Listener) error {
 	s.started = true
 	s.httpSrv = &http.Server{
 		Handler:           s.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       2 * time.Minute, // bodies up to max_body_bytes
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		ReadTimeout:       s.cfg.ReadTimeout, // bodies up to max_body_bytes
 		WriteTimeout:      s.cfg.WriteTimeout,
-		IdleTimeout:       2 * time.Minute,
+		IdleTimeout:       s.cfg.IdleTimeout,
 		MaxHeaderBytes:    1 << 20,
 		BaseContext:       func(net.Listener) context.Context { return s.baseCtx },
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
@@ -272,13 +275,18 @@ func (s *Server) BootID() uint64 { return s.bootID }
 // Ready reports what /readyz reports: serving, not closing, and connected
 // to NATS when NATS is configured.
 func (s *Server) Ready() bool {
+	return s.Serving() && (s.pub == nil || s.pub.connected())
+}
+
+// Serving reports whether the worker takes requests (started, not
+// closing), whatever its NATS connection: what /readyz?telemetry=optional
+// reports. Edges probe it while their own NATS link is down, when
+// telemetry silence says nothing about a worker.
+func (s *Server) Serving() bool {
 	s.mu.Lock()
 	started := s.started && !s.closed
 	s.mu.Unlock()
-	if !started || s.closing.Load() {
-		return false
-	}
-	return s.pub == nil || s.pub.connected()
+	return started && !s.closing.Load()
 }
 
 // Close shuts down gracefully: stop accepting, let in-flight requests

@@ -361,8 +361,9 @@ func waitReady(t *testing.T, c *http.Client, url string, want int) {
 	}
 }
 
-// The worker keeps serving while NATS is down, reports not-ready, and
-// reconnects by itself when NATS returns.
+// The worker keeps serving while NATS is down, reports not-ready (but
+// serving, to /readyz?telemetry=optional), and reconnects by itself when
+// NATS returns.
 func TestNATSOutageAndReconnect(t *testing.T) {
 	ns := startNATS(t, -1)
 	addr := ns.ClientURL()
@@ -376,6 +377,11 @@ func TestNATSOutageAndReconnect(t *testing.T) {
 	ns.Shutdown()
 	ns.WaitForShutdown()
 	waitReady(t, c, s.URL(), http.StatusServiceUnavailable)
+	// An edge whose own NATS link is down asks whether the worker can
+	// serve: it can.
+	if r := do(t, c, http.MethodGet, s.URL()+"/readyz?telemetry=optional", "", nil); r.status != http.StatusOK || r.json(t)["nats"] != "disconnected" {
+		t.Fatalf("/readyz?telemetry=optional during the outage: %d %s", r.status, r.body)
+	}
 	if r := post(t, c, s.URL()+"/v1/chat/completions", chatBody("served without nats", `"max_tokens":1`), nil); r.status != 200 {
 		t.Fatalf("request during NATS outage: %d %s", r.status, r.body)
 	}
