@@ -118,6 +118,11 @@ func appendEvent(dst []byte, ev Event) ([]byte, error) {
 	case Annotation:
 		w.str("Source", e.Source)
 		w.str("Text", e.Text)
+	case RankObserved:
+		w.u8(uint8(e.Fleet))
+		w.str("Key", e.Key)
+		w.uvarint(e.Epoch)
+		w.uvarint(uint64(e.Rank))
 	}
 	if w.err != nil {
 		return nil, w.err
@@ -131,7 +136,7 @@ func derefEvent(ev Event) (Event, error) {
 	switch e := ev.(type) {
 	case nil:
 		return nil, errors.New("fsm: encode: nil event")
-	case Bind, Touch, Evict, Overflow, InstanceState, ClusterFeatures, Link, NodeInfo, Settings, Annotation:
+	case Bind, Touch, Evict, Overflow, InstanceState, ClusterFeatures, Link, NodeInfo, Settings, Annotation, RankObserved:
 		return e, nil
 	case *Bind:
 		if e != nil {
@@ -173,6 +178,10 @@ func derefEvent(ev Event) (Event, error) {
 		if e != nil {
 			return *e, nil
 		}
+	case *RankObserved:
+		if e != nil {
+			return *e, nil
+		}
 	default:
 		return nil, fmt.Errorf("fsm: encode: %T is not an fsm event", ev)
 	}
@@ -180,14 +189,7 @@ func derefEvent(ev Event) (Event, error) {
 }
 
 // knownType reports whether this build has a decoder for t.
-func knownType(t EventType) bool {
-	switch t {
-	case TypeBind, TypeTouch, TypeEvict, TypeOverflow, TypeInstanceState, TypeClusterFeatures,
-		TypeLink, TypeNodeInfo, TypeSettings, TypeAnnotation:
-		return true
-	}
-	return false
-}
+func knownType(t EventType) bool { return t.Level() != 0 }
 
 // DecodeEvent decodes one event. An event type this build does not know
 // returns *UnknownEventError (Index 0); a malformed payload *DecodeError.
@@ -296,6 +298,13 @@ func decodeEventAt(b []byte, base int) (Event, error) {
 		e.Source = r.str("Annotation.Source")
 		e.Text = r.str("Annotation.Text")
 		ev = e
+	case TypeRankObserved:
+		var e RankObserved
+		e.Fleet = Fleet(r.u8("RankObserved.Fleet"))
+		e.Key = r.str("RankObserved.Key")
+		e.Epoch = r.uvarint("RankObserved.Epoch")
+		e.Rank = r.uint32v("RankObserved.Rank")
+		ev = e
 	}
 	if r.err != nil {
 		return nil, r.err
@@ -340,8 +349,9 @@ func readDecision(r *reader) Decision {
 }
 
 // EventKeys lists the bindings an event names, for the archive's per-key
-// index. Link names conversations, not bindings, and so returns none; so do
-// events without keys (InstanceState, ClusterFeatures, NodeInfo, Settings,
+// index. Link names conversations, not bindings, and so returns none (the
+// archive indexes Link events by their root separately); so do events
+// without keys (InstanceState, ClusterFeatures, NodeInfo, Settings,
 // Annotation).
 func EventKeys(ev Event) []FleetKey {
 	ev, err := derefEvent(ev)
@@ -359,6 +369,8 @@ func EventKeys(ev Event) []FleetKey {
 	case Evict:
 		return []FleetKey{{Fleet: e.Fleet, Key: e.Key}}
 	case Overflow:
+		return []FleetKey{{Fleet: e.Fleet, Key: e.Key}}
+	case RankObserved:
 		return []FleetKey{{Fleet: e.Fleet, Key: e.Key}}
 	}
 	return nil

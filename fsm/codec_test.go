@@ -58,6 +58,8 @@ func codecCases() []struct {
 		{"settings max", Settings{MaxBindings: math.MaxUint64}},
 		{"annotation", Annotation{Source: "operator", Text: "degraded: nats down"}},
 		{"annotation empty", Annotation{}},
+		{"rank observed", RankObserved{Fleet: FleetContext, Key: "conv-1", Epoch: MakeEpoch(7, 3), Rank: 5}},
+		{"rank observed max", RankObserved{Fleet: FleetGeneration, Key: "k", Epoch: math.MaxUint64, Rank: math.MaxUint32}},
 	}
 }
 
@@ -160,8 +162,8 @@ func TestDecodeEventErrors(t *testing.T) {
 		t.Fatalf("empty input: err = %v, want *DecodeError", err)
 	}
 	var ue *UnknownEventError
-	if _, err := DecodeEvent([]byte{0x0b, 1}); !errors.As(err, &ue) || ue.Type != 0x0b || ue.Index != 0 {
-		t.Fatalf("unknown type: err = %v, want *UnknownEventError{0x0b, 0}", err)
+	if _, err := DecodeEvent([]byte{0x0c, 1}); !errors.As(err, &ue) || ue.Type != 0x0c || ue.Index != 0 {
+		t.Fatalf("unknown type: err = %v, want *UnknownEventError{0x0c, 0}", err)
 	}
 	if _, err := DecodeEvent([]byte{byte(TypeSettings), 0, 5}); !errors.As(err, &de) || !strings.Contains(err.Error(), "version 0") {
 		t.Fatalf("version 0: err = %v", err)
@@ -190,8 +192,8 @@ func TestDecodeEventErrors(t *testing.T) {
 }
 
 func TestUnknownEventErrorMessage(t *testing.T) {
-	msg := (&UnknownEventError{Type: 0x0b, Index: 42}).Error()
-	for _, want := range []string{"log entry 42", "0x0b", "feature level 1", "upgrade"} {
+	msg := (&UnknownEventError{Type: 0x0c, Index: 42}).Error()
+	for _, want := range []string{"log entry 42", "0x0c", "feature level 2", "upgrade"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("message %q does not mention %q", msg, want)
 		}

@@ -54,8 +54,15 @@ func randomLog(seed uint64, n int) []Entry {
 				ev = Link{Child: key(), Parent: key(), Root: key(), Depth: 1}
 			case p < 89:
 				ev = Settings{MaxBindings: uint64(20 + rng.IntN(60))}
+			case p < 90:
+				ev = ClusterFeatures{Level: uint32(rng.IntN(int(FeatureLevelMax) + 1))}
 			case p < 92:
-				ev = ClusterFeatures{Level: uint32(rng.IntN(4))}
+				// Epochs of either kind, so some match a live placement.
+				epoch := uint64(rng.IntN(i + 2))
+				if rng.IntN(2) == 0 {
+					epoch = MakeEpoch(epoch, rng.IntN(3))
+				}
+				ev = RankObserved{Fleet: fleet(), Key: key(), Epoch: epoch, Rank: uint32(rng.IntN(4))}
 			case p < 95:
 				ev = NodeInfo{NodeID: fmt.Sprintf("edge-%d", rng.IntN(3)), Version: fmt.Sprintf("v%d", rng.IntN(2)), MaxFeatureLevel: 1}
 			default:

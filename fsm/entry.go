@@ -26,6 +26,9 @@ type RawProposal struct {
 // the envelope version byte, a varint count, then per proposal its 16-byte
 // id, the varint length of the encoded event and the event.
 func EncodeEntry(props []Proposal) ([]byte, error) {
+	if len(props) > MaxEntryProposals {
+		return nil, fmt.Errorf("fsm: encode entry: %d proposals, the limit per entry is %d", len(props), MaxEntryProposals)
+	}
 	b := make([]byte, 0, 16+len(props)*256)
 	b = append(b, entryVersion)
 	b = appendUvarint(b, uint64(len(props)))
@@ -53,8 +56,14 @@ func DecodeEntry(data []byte) ([]RawProposal, error) {
 		r.off--
 		r.fail("unknown entry envelope version %d (this build reads version %d)", v, entryVersion)
 	}
+	at := r.off
 	n := r.count("proposal count", proposalIDBytes+2)
 	if r.err != nil {
+		return nil, r.err
+	}
+	if n > MaxEntryProposals {
+		r.off = at
+		r.fail("%d proposals, the limit per entry is %d", n, MaxEntryProposals)
 		return nil, r.err
 	}
 	props := make([]RawProposal, n)
@@ -112,9 +121,17 @@ func EncodeResults(rs []Result) []byte {
 		if res.Created {
 			flags |= 2
 		}
+		// Bit 2 only when there is a rank: results without one stay
+		// readable by level-1 builds (a rank exists only at level 2).
+		if res.Found && res.Binding.HasRank {
+			flags |= 4
+		}
 		b = append(b, flags)
 		if res.Found {
 			b = appendBinding(b, &res.Binding)
+			if res.Binding.HasRank {
+				b = appendUvarint(b, uint64(res.Binding.Rank))
+			}
 		}
 		b = appendUvarint(b, uint64(len(res.Evicted)))
 		for _, ev := range res.Evicted {
@@ -145,7 +162,7 @@ func DecodeResults(b []byte) ([]Result, error) {
 		res.Status = Status(r.u8("Result.Status"))
 		res.Reason = r.str("Result.Reason")
 		flags := r.u8("Result flags")
-		if flags&^3 != 0 {
+		if flags&^7 != 0 || flags&4 != 0 && flags&1 == 0 {
 			r.off--
 			r.fail("Result flags: unknown bits 0x%02x", flags)
 		}
@@ -153,6 +170,10 @@ func DecodeResults(b []byte) ([]Result, error) {
 		res.Created = flags&2 != 0
 		if res.Found {
 			res.Binding = readBinding(&r)
+			if flags&4 != 0 {
+				res.Binding.Rank = r.uint32v("Binding.Rank")
+				res.Binding.HasRank = true
+			}
 		}
 		if m := r.count("Result.Evicted count", 5); m > 0 {
 			res.Evicted = make([]Evicted, m)
@@ -176,8 +197,10 @@ func DecodeResults(b []byte) ([]Result, error) {
 	return rs, nil
 }
 
-// appendBinding is the canonical encoding of a binding: used in results and,
-// prefixed with a record tag, as the input of the binding's state digest.
+// appendBinding is the canonical encoding of a binding without its rank:
+// used in results (the rank follows when a flag says so) and, prefixed with
+// a record tag and followed by the rank when there is one, as the input of
+// the binding's state digest.
 func appendBinding(b []byte, x *Binding) []byte {
 	b = append(b, uint8(x.Fleet))
 	b = appendString(b, x.Key)

@@ -59,6 +59,8 @@ const (
 	TypeLink            EventType = 7
 	TypeNodeInfo        EventType = 8
 	TypeSettings        EventType = 9
+	// TypeRankObserved is introduced at feature level 2 (required).
+	TypeRankObserved EventType = 11
 	// TypeAnnotation is informational (audit only, no effect on state).
 	TypeAnnotation EventType = FlagIgnoreUnknown | 10
 )
@@ -88,20 +90,41 @@ func (t EventType) String() string {
 		return "Settings"
 	case TypeAnnotation:
 		return "Annotation"
+	case TypeRankObserved:
+		return "RankObserved"
 	}
 	return fmt.Sprintf("EventType(0x%02x)", uint8(t))
 }
 
+// Level is the feature level that introduced t (0 for a type this build
+// does not know). A machine capped below it treats t as unknown.
+func (t EventType) Level() uint32 {
+	switch t {
+	case TypeBind, TypeTouch, TypeEvict, TypeOverflow, TypeInstanceState, TypeClusterFeatures,
+		TypeLink, TypeNodeInfo, TypeSettings, TypeAnnotation:
+		return FeatureLevelBase
+	case TypeRankObserved:
+		return FeatureLevelRanks
+	}
+	return 0
+}
+
 // Feature levels. A node advertises the highest level it understands
 // (NodeInfo); the cluster's committed level (ClusterFeatures) only rises when
-// every voter supports it, and events or fields introduced at a level are
-// emitted only once that level is committed.
+// every voter supports it, and events, fields or apply rules introduced at a
+// level take effect only once that level is committed. The table is in
+// DESIGN.md.
 const (
 	// FeatureLevelBase: Bind, Touch, Evict, Overflow, InstanceState,
-	// ClusterFeatures, Link, NodeInfo, Settings, Annotation.
+	// ClusterFeatures, Link, NodeInfo, Settings, Annotation; a placement's
+	// epoch is its entry's log index.
 	FeatureLevelBase uint32 = 1
+	// FeatureLevelRanks adds the RankObserved event (required) and
+	// Binding.Rank, and, from the entry that commits the level on, unique
+	// epochs: index<<16 | (position in the entry + 1) (see MakeEpoch).
+	FeatureLevelRanks uint32 = 2
 	// FeatureLevelMax is the highest level this build understands.
-	FeatureLevelMax = FeatureLevelBase
+	FeatureLevelMax = FeatureLevelRanks
 )
 
 // Event is one affinity-log event.
@@ -298,6 +321,19 @@ type Settings struct {
 // DefaultMaxBindings applies until a Settings event says otherwise.
 const DefaultMaxBindings = 1_000_000
 
+// RankObserved records the attention-DP rank the worker reported for the
+// placement (Fleet, Key, Epoch), so audit can explain the whole placement:
+// instance and rank. It applies only while the binding still has that epoch
+// (else StatusConditionFailed); it does not count as a use of the binding.
+// Introduced at feature level 2: the edge emits it only once the committed
+// cluster level is at least 2.
+type RankObserved struct {
+	Fleet Fleet
+	Key   string
+	Epoch uint64
+	Rank  uint32
+}
+
 // Annotation is an optional, informational event (for example an operator
 // note or a degraded-mode summary). It changes no state; it exists in the
 // archive for audit.
@@ -316,3 +352,4 @@ func (Link) Type() EventType            { return TypeLink }
 func (NodeInfo) Type() EventType        { return TypeNodeInfo }
 func (Settings) Type() EventType        { return TypeSettings }
 func (Annotation) Type() EventType      { return TypeAnnotation }
+func (RankObserved) Type() EventType    { return TypeRankObserved }

@@ -26,6 +26,9 @@ type Machine struct {
 	skipped atomic.Uint64
 	halted  atomic.Pointer[haltReason]
 
+	// level is the highest feature level this machine applies (Options).
+	level uint32
+
 	// Writer-only state, never seen by readers.
 	id      uint64 // owner id for the idempotency window's arrays
 	dedup   dedupIndex
@@ -40,12 +43,36 @@ type haltReason struct{ err error }
 // sharing, never correctness.
 const internLimit = 1 << 16
 
-// NewMachine returns a machine at the empty state (index 0).
-func NewMachine() *Machine {
-	m := &Machine{id: newOwner(), intern: make(map[string]string)}
+// Options configure a Machine.
+type Options struct {
+	// MaxFeatureLevel caps the feature level this machine applies (0 means
+	// FeatureLevelMax). Event types introduced above it are treated exactly
+	// as unknown ones (a required one halts with the upgrade message, an
+	// optional one is skipped), and a ClusterFeatures event committing a
+	// level above it halts. A build capped at N behaves as the release that
+	// understood level N, which is how a mixed-version cluster is tested
+	// without two binaries.
+	MaxFeatureLevel uint32
+}
+
+// NewMachine returns a machine at the empty state (index 0) that applies
+// every feature level this build understands.
+func NewMachine() *Machine { return NewMachineWithOptions(Options{}) }
+
+// NewMachineWithOptions returns a machine at the empty state (index 0).
+// A MaxFeatureLevel above FeatureLevelMax is lowered to it.
+func NewMachineWithOptions(o Options) *Machine {
+	level := o.MaxFeatureLevel
+	if level == 0 || level > FeatureLevelMax {
+		level = FeatureLevelMax
+	}
+	m := &Machine{id: newOwner(), level: level, intern: make(map[string]string)}
 	m.state.Store(emptyState())
 	return m
 }
+
+// MaxFeatureLevel is the highest feature level this machine applies.
+func (m *Machine) MaxFeatureLevel() uint32 { return m.level }
 
 // State returns the current state; it is never nil.
 func (m *Machine) State() *State { return m.state.Load() }
@@ -71,6 +98,10 @@ func (m *Machine) Restore(r io.Reader) error {
 	s, err := ReadSnapshot(r)
 	if err != nil {
 		return fmt.Errorf("fsm: restore: %w", err)
+	}
+	if s.featureLevel > m.level {
+		return fmt.Errorf("fsm: restore: the snapshot's state is at cluster feature level %d; this node understands feature level %d: "+
+			"upgrade it to a tether release that supports level %d", s.featureLevel, m.level, s.featureLevel)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -116,7 +147,8 @@ func (m *Machine) ApplyBatch(es []Entry) ([][]Result, error) {
 	if err != nil {
 		var unknown *UnknownEventError
 		var corrupt *DecodeError
-		if errors.As(err, &unknown) || errors.As(err, &corrupt) {
+		var level *FeatureLevelError
+		if errors.As(err, &unknown) || errors.As(err, &corrupt) || errors.As(err, &level) {
 			m.halted.Store(&haltReason{err: err})
 		}
 		return out, err
@@ -131,6 +163,8 @@ type txn struct {
 	s       *State
 	owner   uint64
 	skipped uint64
+	// pos is the position in its entry of the proposal being applied.
+	pos int
 	// ownInstances/ownNodes: s.instances/s.nodes are private to this txn.
 	ownInstances, ownNodes bool
 }
@@ -163,10 +197,19 @@ func (tx *txn) applyEntry(e Entry) ([]Result, error) {
 		return nil, fmt.Errorf("fsm: decode log entry %d: %w", e.Index, err)
 	}
 	// Refuse the whole entry before changing anything if it holds a
-	// required event this build cannot apply.
+	// required event this node cannot apply: unknown to this build, or
+	// introduced above the machine's level, or a cluster level above it.
+	level := tx.m.level
 	for i := range props {
-		if props[i].Event == nil && !props[i].Type.Optional() {
-			return nil, &UnknownEventError{Type: props[i].Type, Index: e.Index}
+		p := &props[i]
+		if p.Event != nil && p.Type.Level() > level {
+			p.Event = nil // above this node's level: as if unknown
+		}
+		if p.Event == nil && !p.Type.Optional() {
+			return nil, &UnknownEventError{Type: p.Type, Index: e.Index, NodeLevel: level}
+		}
+		if cf, ok := p.Event.(ClusterFeatures); ok && cf.Level > level {
+			return nil, &FeatureLevelError{Index: e.Index, Level: cf.Level, NodeLevel: level}
 		}
 	}
 	s.index = e.Index
@@ -175,9 +218,20 @@ func (tx *txn) applyEntry(e Entry) ([]Result, error) {
 	}
 	results := make([]Result, len(props))
 	for i := range props {
+		tx.pos = i
 		results[i] = tx.applyProposal(&props[i])
 	}
 	return results, nil
+}
+
+// epoch is the epoch of a placement made by the proposal being applied:
+// unique (MakeEpoch) once feature level 2 is committed, the entry's index
+// before (level 1 builds did that, and replay must reproduce them).
+func (tx *txn) epoch() uint64 {
+	if tx.s.featureLevel >= FeatureLevelRanks {
+		return MakeEpoch(tx.s.index, tx.pos)
+	}
+	return tx.s.index
 }
 
 func (tx *txn) applyProposal(p *RawProposal) Result {
@@ -233,6 +287,9 @@ func (tx *txn) applyEvent(ev Event) Result {
 		return tx.instanceState(&e)
 	case ClusterFeatures:
 		if e.Level > tx.s.featureLevel {
+			if e.Level >= FeatureLevelRanks && tx.s.featureLevel < FeatureLevelRanks {
+				tx.s.uniqueEpochsFrom = tx.s.index
+			}
 			tx.s.featureLevel = e.Level
 		}
 		return Result{Status: StatusApplied}
@@ -247,6 +304,8 @@ func (tx *txn) applyEvent(ev Event) Result {
 		return Result{Status: StatusApplied}
 	case Annotation:
 		return Result{Status: StatusApplied}
+	case RankObserved:
+		return tx.rankObserved(&e)
 	}
 	// DecodeEntry only produces the types above.
 	return rejected("event type %v has no apply rule", ev.Type())
@@ -306,6 +365,12 @@ func (tx *txn) putBinding(rec, old *bindingRec) {
 	if !sameInstance {
 		tx.addCount(rec.Fleet, rec.Instance, 1)
 	}
+	if rec.HasRank {
+		s.ranked++
+	}
+	if old != nil && old.HasRank {
+		s.ranked--
+	}
 }
 
 func (tx *txn) digestAdd(rec *bindingRec) {
@@ -344,6 +409,9 @@ func (tx *txn) removeBinding(rec *bindingRec, reason EvictReason) Evicted {
 	s.lru.delete(tx.owner, rec.seq)
 	tx.digestSub(rec)
 	tx.addCount(rec.Fleet, rec.Instance, -1)
+	if rec.HasRank {
+		s.ranked--
+	}
 	s.counters.evictions[reason]++
 	if rec.Fleet == FleetContext {
 		tx.dropLinksRootedAt(rec.Key)
@@ -375,7 +443,7 @@ func (tx *txn) bind(e *Bind) Result {
 		Key:            e.Key,
 		ConversationID: e.ConversationID,
 		Instance:       tx.internString(e.Instance),
-		Epoch:          s.index,
+		Epoch:          tx.epoch(),
 		BoundAt:        s.time,
 		LastUsed:       s.time,
 		Decision:       tx.internDecision(e.Decision),
@@ -484,13 +552,52 @@ func (tx *txn) overflow(e *Overflow) Result {
 	}
 	b := old.Binding
 	b.Instance = tx.internString(e.To)
-	b.Epoch = s.index
+	b.Epoch = tx.epoch()
 	b.BoundAt = s.time
 	b.LastUsed = s.time
 	b.Decision = tx.internDecision(e.Decision)
+	b.Rank, b.HasRank = 0, false // a new placement: its rank is not known yet
 	rec := newBindingRec(&b)
 	tx.putBinding(rec, old)
 	s.counters.scalars[cRebinds]++
+	return Result{Status: StatusApplied, Binding: rec.Binding, Found: true}
+}
+
+// rankObserved records the rank of a placement that still holds. It is not
+// a use: LastUsed and the recency order stay as they are.
+func (tx *txn) rankObserved(e *RankObserved) Result {
+	s := tx.s
+	switch {
+	case !e.Fleet.Valid():
+		return rejected("rank observed: unknown fleet %d", uint8(e.Fleet))
+	case e.Key == "":
+		return rejected("rank observed: empty routing key")
+	case e.Epoch == 0:
+		return rejected("rank observed: epoch 0 names no placement")
+	}
+	old, ok := s.bindings.get(uint8(e.Fleet), e.Key)
+	if !ok {
+		return conditionFailed("rank observed: %v key %q is not bound", e.Fleet, e.Key)
+	}
+	if old.Epoch != e.Epoch {
+		res := conditionFailed("rank observed: %v key %q has epoch %d, not %d", e.Fleet, e.Key, old.Epoch, e.Epoch)
+		res.Binding, res.Found = old.Binding, true
+		return res
+	}
+	if old.HasRank && old.Rank == e.Rank {
+		return Result{Status: StatusApplied, Binding: old.Binding, Found: true}
+	}
+	if !old.HasRank {
+		s.ranked++
+	}
+	b := old.Binding
+	b.Rank, b.HasRank = e.Rank, true
+	rec := newBindingRec(&b)
+	rec.seq = old.seq
+	s.bindings.set(tx.owner, rec)
+	s.lru.insert(tx.owner, rec.seq, rec) // same sequence number: replaces the leaf
+	tx.digestSub(old)
+	tx.digestAdd(rec)
 	return Result{Status: StatusApplied, Binding: rec.Binding, Found: true}
 }
 

@@ -424,7 +424,7 @@ func TestClusterFeaturesMonotone(t *testing.T) {
 	if h.m.State().FeatureLevel() != 0 {
 		t.Fatal("initial feature level not 0")
 	}
-	for _, step := range []struct{ set, want uint32 }{{1, 1}, {3, 3}, {2, 3}, {0, 3}} {
+	for _, step := range []struct{ set, want uint32 }{{1, 1}, {2, 2}, {1, 2}, {0, 2}} {
 		h.one(1, ClusterFeatures{Level: step.set})
 		if got := h.m.State().FeatureLevel(); got != step.want {
 			t.Fatalf("after ClusterFeatures{%d}: level %d, want %d", step.set, got, step.want)
@@ -513,8 +513,8 @@ func TestDuplicateProposals(t *testing.T) {
 		t.Fatal("duplicate within an entry applied")
 	}
 	// A zero id opts out of deduplication.
-	r = h.applyProps(80, Proposal{Event: ClusterFeatures{Level: 3}}, Proposal{Event: ClusterFeatures{Level: 4}})
-	if r[1].Status != StatusApplied || h.m.State().FeatureLevel() != 4 {
+	r = h.applyProps(80, Proposal{Event: ClusterFeatures{Level: 2}}, Proposal{Event: ClusterFeatures{Level: 2}})
+	if r[0].Status != StatusApplied || r[1].Status != StatusApplied || h.m.State().FeatureLevel() != 2 {
 		t.Fatal("zero ids were deduplicated")
 	}
 	if h.m.State().Counters().Duplicates != 3 {
@@ -610,13 +610,13 @@ func TestUnknownRequiredHalts(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := m.State()
-	data := rawEntry(t, mustEncode(t, bindEv(FleetContext, "k2", "i")), unknownEvent(0x0b))
+	data := rawEntry(t, mustEncode(t, bindEv(FleetContext, "k2", "i")), unknownEvent(0x0c))
 	_, err := m.Apply(Entry{Index: 42, Time: 6, Data: data})
 	var ue *UnknownEventError
-	if !errors.As(err, &ue) || ue.Type != 0x0b || ue.Index != 42 {
-		t.Fatalf("err = %v, want *UnknownEventError{0x0b, 42}", err)
+	if !errors.As(err, &ue) || ue.Type != 0x0c || ue.Index != 42 {
+		t.Fatalf("err = %v, want *UnknownEventError{0x0c, 42}", err)
 	}
-	want := "fsm: log entry 42 holds unknown required event type 0x0b; this node understands feature level 1: upgrade it to a tether release that supports this event before it can apply the log"
+	want := "fsm: log entry 42 holds unknown required event type 0x0c; this node understands feature level 2: upgrade it to a tether release that supports this event before it can apply the log"
 	if err.Error() != want {
 		t.Fatalf("message:\n got %q\nwant %q", err.Error(), want)
 	}

@@ -10,13 +10,43 @@ type Binding struct {
 	Key            string
 	ConversationID string // the conversation whose request created the binding
 	Instance       string
-	// Epoch is the log index of the event that set Instance (the Bind, or a
-	// rebinding Overflow). (Fleet, Key, Epoch) names one placement for life.
+	// Epoch names the placement: the event that set Instance (the Bind, or
+	// a rebinding Overflow). Once the cluster committed feature level 2 it
+	// is MakeEpoch(entry index, position of the proposal in the entry),
+	// unique per placement even when one entry binds, evicts and binds a
+	// key again; before that (level 1) it was the entry's log index.
+	// (Fleet, Key, Epoch) names one placement for life. State.EpochIndex
+	// gives back the log index for either kind.
 	Epoch    uint64
 	BoundAt  int64 // unix nanoseconds, log time
 	LastUsed int64 // unix nanoseconds, log time of the last Bind/Touch/Overflow
 	Decision Decision
+	// Rank is the attention-DP rank the worker reported for this placement
+	// (a RankObserved event); HasRank says whether one was reported (0 is a
+	// valid rank). A rebind clears it.
+	Rank    uint32
+	HasRank bool
 }
+
+// MaxEntryProposals bounds the proposals of one log entry (EncodeEntry and
+// DecodeEntry enforce it): a unique epoch keeps the proposal's position in
+// the low 16 bits.
+const MaxEntryProposals = 1<<16 - 1
+
+// epochPositionBits is the width of the position part of a unique epoch.
+const epochPositionBits = 16
+
+// MakeEpoch is the unique epoch (feature level 2) of a placement made by
+// the proposal at position (0-based) of the entry at index:
+// index<<16 | (position+1). It is never 0 and never equals an index-style
+// epoch issued before the level was committed (see State.EpochIndex).
+func MakeEpoch(index uint64, position int) uint64 {
+	return index<<epochPositionBits | uint64(position+1)&MaxEntryProposals
+}
+
+// EpochIndex is the log index of a unique (feature level 2) epoch made by
+// MakeEpoch. For an epoch that may predate level 2 use State.EpochIndex.
+func EpochIndex(epoch uint64) uint64 { return epoch >> epochPositionBits }
 
 // Instance is a worker instance as the log knows it.
 type Instance struct {

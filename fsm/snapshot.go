@@ -20,8 +20,14 @@ import (
 // two chunks, so each chunk is verified before any of it is decoded and the
 // decoder works on an in-memory slice.
 const (
-	snapshotMagic   = "TTHRSNAP"
-	snapshotVersion = 1
+	snapshotMagic = "TTHRSNAP"
+	// snapshotVersion is the newest format this build writes and reads.
+	// Version 2 (feature level 2) adds the unique-epoch start to the header
+	// and ranks to bindings; a state without either is still written as
+	// version 1, which level-1 builds read (a snapshot installed on a
+	// lagging old follower during a rolling upgrade).
+	snapshotVersion   = 2
+	snapshotVersionV1 = 1
 	// snapshotChunkTarget: the writer closes a chunk once it holds this much.
 	snapshotChunkTarget = 256 << 10
 	// snapshotChunkMax bounds a chunk the reader accepts (a record is at most
@@ -97,7 +103,16 @@ func (sw *snapWriter) decision(d *Decision) {
 
 const (
 	snapConvIsKey = 1 // the binding's ConversationID equals its Key
+	snapHasRank   = 2 // (version 2) a rank uvarint follows the epoch
 )
+
+// snapshotFormat is the oldest format that holds s.
+func (s *State) snapshotFormat() byte {
+	if s.featureLevel >= FeatureLevelRanks || s.uniqueEpochsFrom != 0 || s.ranked > 0 {
+		return snapshotVersion
+	}
+	return snapshotVersionV1
+}
 
 // WriteSnapshot streams the state to w. The state is immutable, so a
 // snapshot can be written from any goroutine while the machine applies
@@ -107,7 +122,8 @@ func (s *State) WriteSnapshot(w io.Writer) error {
 	if _, err := io.WriteString(w, snapshotMagic); err != nil {
 		return fmt.Errorf("fsm: write snapshot: %w", err)
 	}
-	if _, err := w.Write([]byte{snapshotVersion}); err != nil {
+	version := s.snapshotFormat()
+	if _, err := w.Write([]byte{version}); err != nil {
 		return fmt.Errorf("fsm: write snapshot: %w", err)
 	}
 	// Header.
@@ -116,6 +132,9 @@ func (s *State) WriteSnapshot(w io.Writer) error {
 	b = appendVarint(b, s.time)
 	b = appendUvarint(b, uint64(s.featureLevel))
 	b = appendUvarint(b, s.maxBindings)
+	if version >= 2 {
+		b = appendUvarint(b, s.uniqueEpochsFrom)
+	}
 	h := s.Hash()
 	b = append(b, h[:]...)
 	for _, v := range s.counters.scalars {
@@ -147,6 +166,9 @@ func (s *State) WriteSnapshot(w io.Writer) error {
 		if r.ConversationID == r.Key {
 			flags |= snapConvIsKey
 		}
+		if r.HasRank {
+			flags |= snapHasRank // only in version 2 (snapshotFormat)
+		}
 		b = append(b, flags)
 		b = appendString(b, r.Key)
 		if flags&snapConvIsKey == 0 {
@@ -155,6 +177,9 @@ func (s *State) WriteSnapshot(w io.Writer) error {
 		sw.buf = b
 		sw.ref(r.Instance)
 		b = appendUvarint(sw.buf, r.Epoch)
+		if r.HasRank {
+			b = appendUvarint(b, uint64(r.Rank))
+		}
 		b = appendVarint(b, r.LastUsed-prevUsed)
 		b = appendVarint(b, r.LastUsed-r.BoundAt)
 		sw.buf = b
@@ -393,9 +418,11 @@ func ReadSnapshot(r io.Reader) (*State, error) {
 	if string(head[:len(snapshotMagic)]) != snapshotMagic {
 		return nil, &SnapshotError{Offset: 0, Msg: fmt.Sprintf("not a tether fsm snapshot (magic %q)", head[:len(snapshotMagic)])}
 	}
-	if v := head[len(snapshotMagic)]; v != snapshotVersion {
+	version := head[len(snapshotMagic)]
+	if version < snapshotVersionV1 || version > snapshotVersion {
 		return nil, &SnapshotError{Offset: int64(len(snapshotMagic)), Msg: fmt.Sprintf(
-			"snapshot format version %d; this build reads version %d: upgrade this node to the tether release that wrote it", v, snapshotVersion)}
+			"snapshot format version %d; this build reads versions %d to %d: upgrade this node to the tether release that wrote it",
+			version, snapshotVersionV1, snapshotVersion)}
 	}
 	b := newStateBuilder()
 	s := b.s
@@ -408,6 +435,9 @@ func ReadSnapshot(r io.Reader) (*State, error) {
 	s.time = rd.varint("time")
 	s.featureLevel = rd.uint32v("feature level")
 	s.maxBindings = rd.uvarint("max bindings")
+	if version >= 2 {
+		s.uniqueEpochsFrom = rd.uvarint("unique epochs from")
+	}
 	wantHash := rd.bytes(32, "state hash")
 	var recorded [32]byte
 	copy(recorded[:], wantHash)
@@ -482,13 +512,21 @@ func ReadSnapshot(r io.Reader) (*State, error) {
 		}
 		x.Instance = sr.ref("binding instance")
 		x.Epoch = rd.uvarint("binding epoch")
+		if flags&snapHasRank != 0 {
+			x.Rank = rd.uint32v("binding rank")
+			x.HasRank = true
+		}
 		x.LastUsed = prevUsed + rd.varint("binding last use")
 		x.BoundAt = x.LastUsed - rd.varint("binding bound-at")
 		x.Decision = sr.decision()
 		if rd.err != nil {
 			return nil, sr.decodeErr()
 		}
-		if flags&^snapConvIsKey != 0 {
+		known := uint8(snapConvIsKey)
+		if version >= 2 {
+			known |= snapHasRank
+		}
+		if flags&^known != 0 {
 			return nil, sr.errorf("binding %d: unknown flag bits 0x%02x", i+1, flags)
 		}
 		if x.LastUsed < prevUsed {
@@ -660,6 +698,9 @@ func (b *stateBuilder) addBinding(x Binding) error {
 	d, b.scratch = bindingDigest(b.scratch, &rec.Binding)
 	s.digest.add(&d)
 	b.counts[FleetKey{Fleet: x.Fleet, Key: x.Instance}]++
+	if x.HasRank {
+		s.ranked++
+	}
 	return nil
 }
 

@@ -20,6 +20,7 @@ type State struct {
 	bindings pmap[*bindingRec] // (fleet, key) -> binding
 	lru      lruTree           // recency order of the same records
 	nextSeq  uint64            // next recency sequence number (node-local: not hashed, not in snapshots)
+	ranked   int               // bindings with a rank (derived: picks the snapshot format)
 	counts   pmap[*countRec]   // (fleet, instance) -> live bindings on it
 	links    pmap[*linkRec]    // child -> parent link
 	roots    pmap[*rootRec]    // root -> its children, sorted
@@ -28,8 +29,12 @@ type State struct {
 	nodes     []Node     // sorted by ID; copied on write
 
 	featureLevel uint32
-	maxBindings  uint64
-	counters     counterState
+	// uniqueEpochsFrom is the index of the entry that committed feature
+	// level 2 (0 before): epochs issued after it are MakeEpoch's, epochs at
+	// or below it are log indexes (see EpochIndex).
+	uniqueEpochsFrom uint64
+	maxBindings      uint64
+	counters         counterState
 
 	dedup dedupWindow // the idempotency window (dedup.go)
 
@@ -148,6 +153,11 @@ const (
 
 func bindingDigest(scratch []byte, b *Binding) ([32]byte, []byte) {
 	scratch = appendBinding(append(scratch[:0], recBinding), b)
+	if b.HasRank {
+		// Only when known, so a state without ranks hashes as level-1
+		// builds hash it.
+		scratch = appendUvarint(append(scratch, 'r'), uint64(b.Rank))
+	}
 	return sha256.Sum256(scratch), scratch
 }
 
@@ -298,6 +308,19 @@ func (s *State) Nodes() []Node { return slices.Clone(s.nodes) }
 // ClusterFeatures event).
 func (s *State) FeatureLevel() uint32 { return s.featureLevel }
 
+// EpochIndex is the log index of the entry that made the placement with
+// this epoch, for any epoch this state or an earlier state of its log
+// issued: epochs issued before feature level 2 was committed are log
+// indexes, later ones are MakeEpoch's. For an epoch issued by a later state
+// of the same log it returns an index above this state's, so for the state
+// at index N, EpochIndex(e) > N says exactly "placed after N".
+func (s *State) EpochIndex(epoch uint64) uint64 {
+	if s.uniqueEpochsFrom != 0 && epoch > s.uniqueEpochsFrom {
+		return EpochIndex(epoch)
+	}
+	return epoch
+}
+
 // MaxBindings is the capacity beyond which the least recently used bindings
 // are evicted.
 func (s *State) MaxBindings() uint64 { return s.maxBindings }
@@ -373,6 +396,12 @@ func (s *State) Hash() [32]byte {
 	b = binary.LittleEndian.AppendUint64(b, uint64(s.time))
 	b = binary.LittleEndian.AppendUint32(b, s.featureLevel)
 	b = binary.LittleEndian.AppendUint64(b, s.maxBindings)
+	if s.uniqueEpochsFrom != 0 {
+		// Only from level 2 on, so a level-1 state hashes as level-1
+		// builds hash it.
+		b = append(b, 'u')
+		b = binary.LittleEndian.AppendUint64(b, s.uniqueEpochsFrom)
+	}
 	for _, n := range []int{s.bindings.len(), s.links.len(), len(s.instances), len(s.nodes), s.dedup.curLen, s.dedup.prevLen} {
 		b = binary.LittleEndian.AppendUint64(b, uint64(n))
 	}
