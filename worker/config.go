@@ -56,8 +56,9 @@ type Config struct {
 	ADP   adp.Config
 	Ranks int
 
-	Engine EngineConfig // engine
-	NATS   NATSConfig   // nats (optional: without a URL the worker runs standalone)
+	Engine EngineConfig    // engine
+	NATS   NATSConfig      // nats (optional: without a URL the worker runs standalone)
+	TLS    ServerTLSConfig // tls: the HTTP listener's transport security (worker/tls.go)
 
 	TelemetryInterval time.Duration // telemetry_interval (default 100ms)
 	LegacyMode        bool          // legacy_mode: ignore sub-agent headers, advertise no hint support
@@ -181,7 +182,13 @@ func defaultConfig() Config {
 
 // DefaultConfig returns a valid standalone configuration for one simulated
 // rank; callers set InstanceID and Model (and whatever else they need).
-func DefaultConfig() Config { return defaultConfig() }
+// Its listener is explicitly plaintext (tls.mode); a configuration file
+// states its own.
+func DefaultConfig() Config {
+	c := defaultConfig()
+	c.TLS.Mode = TLSModePlaintext
+	return c
+}
 
 // LoadConfig reads and parses a YAML configuration file, then applies the
 // environment (ApplyEnv) and validates.
@@ -291,6 +298,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.NATS.validate(); err != nil {
+		return err
+	}
+	if err := c.TLS.validate(c.AdvertiseURL); err != nil {
 		return err
 	}
 	if c.TelemetryInterval < time.Millisecond || c.TelemetryInterval > time.Hour {
@@ -531,6 +541,7 @@ func parseConfig(data []byte) (Config, error) {
 		"ranks":                               &cfg.Ranks,
 		"engine":                              engineFields,
 		"nats":                                natsFields,
+		"tls":                                 serverTLSFields(&cfg.TLS),
 		"telemetry_interval":                  interval,
 		"legacy_mode":                         &cfg.LegacyMode,
 		"max_body_bytes":                      &cfg.MaxBodyBytes,

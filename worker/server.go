@@ -49,6 +49,7 @@ type Server struct {
 	eng      engine.Engine
 	sched    *adp.Scheduler
 	keys     [][]byte
+	tls      *workerTLS // the listener's transport security (tls.go)
 	tracer   trace.Tracer
 	metrics  *metrics
 	bootID   uint64
@@ -103,6 +104,9 @@ func New(cfg Config) (*Server, error) {
 		s.log = slog.Default()
 	}
 	s.log = s.log.With("component", "worker", "instance", cfg.InstanceID)
+	if s.tls, err = loadServerTLS(cfg.TLS); err != nil {
+		return nil, fmt.Errorf("worker: config: %w", err)
+	}
 	if s.cfg.Version == "" {
 		s.cfg.Version = "dev"
 	}
@@ -188,6 +192,10 @@ func (s *Server) start(ln net.Listener) error {
 	if s.started {
 		return errors.New("worker: already started")
 	}
+	for _, w := range s.tls.warnings() {
+		s.log.Warn(w)
+	}
+	ln = s.tls.listener(ln)
 	s.ln = ln
 	s.url = s.advertisedURL(ln.Addr())
 	if s.pub != nil {
@@ -201,7 +209,7 @@ func (s *Server) start(ln net.Listener) error {
 	}
 	s.started = true
 	s.httpSrv = &http.Server{
-		Handler:           s.Handler(),
+		Handler:           s.tls.guard(s.Handler()),
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
 		ReadTimeout:       s.cfg.ReadTimeout, // bodies up to max_body_bytes
 		WriteTimeout:      s.cfg.WriteTimeout,
@@ -246,7 +254,7 @@ func (s *Server) advertisedURL(addr net.Addr) string {
 			}
 		}
 	}
-	return "http://" + net.JoinHostPort(host, port)
+	return s.tls.scheme() + "://" + net.JoinHostPort(host, port)
 }
 
 // Addr is the listening address (nil before Start).

@@ -1,0 +1,187 @@
+package worker
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/tether-project/tether/pki"
+)
+
+// Transport security of the worker's HTTP listener (tls.mode).
+const (
+	// TLSModeMutual: the listener serves TLS with cert_file and requires
+	// (client_auth) certificates from ca_file.
+	TLSModeMutual = "mutual"
+	// TLSModePlaintext: plain HTTP (a warning at startup). Hints stay
+	// signed, but prompts and answers cross the network in the clear and
+	// anyone who reaches the port can send requests.
+	TLSModePlaintext = "plaintext"
+)
+
+// Client authentication on the listener (tls.client_auth).
+const (
+	// ClientAuthRequire: the TLS handshake fails without a certificate
+	// from the CA (every endpoint, health and metrics included).
+	ClientAuthRequire = "require"
+	// ClientAuthVerifyIfGiven: a certificate is verified when presented;
+	// /v1/* then needs one (401 otherwise) while /healthz, /readyz and
+	// /metrics stay open to probes and scrapers without certificates.
+	ClientAuthVerifyIfGiven = "verify_if_given"
+)
+
+// ServerTLSConfig is the tls section: the worker's HTTP listener.
+type ServerTLSConfig struct {
+	// Mode is mutual or plaintext. A file without it runs plaintext with a
+	// warning; DefaultConfig says plaintext explicitly.
+	Mode string // mode
+	// CAFile verifies clients' certificates; CertFile and KeyFile are
+	// the worker's (renewed files are picked up without a restart).
+	CAFile   string // ca_file
+	CertFile string // cert_file
+	KeyFile  string // key_file
+	// ClientAuth is require (default) or verify_if_given.
+	ClientAuth string // client_auth
+	// AllowedClients are name patterns (a URI, DNS name or CN, with an
+	// optional trailing '*') one of which a client certificate must
+	// carry, e.g. spiffe://tether/edge/*; empty: any certificate from
+	// the CA.
+	AllowedClients []string // allowed_clients
+}
+
+func (t ServerTLSConfig) mutual() bool { return t.Mode == TLSModeMutual }
+
+// serverTLSFields maps the tls section's keys (parseConfig).
+func serverTLSFields(t *ServerTLSConfig) fields {
+	return fields{
+		"mode":            &t.Mode,
+		"ca_file":         &t.CAFile,
+		"cert_file":       &t.CertFile,
+		"key_file":        &t.KeyFile,
+		"client_auth":     &t.ClientAuth,
+		"allowed_clients": &t.AllowedClients,
+	}
+}
+
+// validate checks the tls section; errors name the key.
+func (t ServerTLSConfig) validate(advertiseURL string) error {
+	files := []struct{ key, path string }{{"tls.ca_file", t.CAFile}, {"tls.cert_file", t.CertFile}, {"tls.key_file", t.KeyFile}}
+	switch t.Mode {
+	case TLSModeMutual:
+		for _, f := range files {
+			if f.path == "" {
+				return fmt.Errorf("%s: required with tls.mode: mutual", f.key)
+			}
+			if _, err := os.Stat(f.path); err != nil {
+				return fmt.Errorf("%s: %v", f.key, err)
+			}
+		}
+		switch t.ClientAuth {
+		case "", ClientAuthRequire, ClientAuthVerifyIfGiven:
+		default:
+			return fmt.Errorf("tls.client_auth: unknown value %q (allowed: require, verify_if_given)", t.ClientAuth)
+		}
+		for i, p := range t.AllowedClients {
+			if err := pki.ValidatePattern(p); err != nil {
+				return fmt.Errorf("tls.allowed_clients[%d]: %v", i, err)
+			}
+		}
+		if strings.HasPrefix(advertiseURL, "http://") {
+			return fmt.Errorf("advertise_url: %s is plaintext but tls.mode is mutual (use https://)", advertiseURL)
+		}
+	case "", TLSModePlaintext:
+		for _, f := range files {
+			if f.path != "" {
+				return fmt.Errorf("%s: set, but tls.mode is %q: certificates are used only with tls.mode: mutual", f.key, t.Mode)
+			}
+		}
+		if t.ClientAuth != "" || len(t.AllowedClients) > 0 {
+			return errors.New("tls.client_auth: client certificates need tls.mode: mutual")
+		}
+	default:
+		return fmt.Errorf("tls.mode: unknown value %q (allowed: mutual, plaintext)", t.Mode)
+	}
+	return nil
+}
+
+// workerTLS is the loaded listener configuration (nil server: plaintext).
+type workerTLS struct {
+	cfg    ServerTLSConfig
+	server *tls.Config
+}
+
+func loadServerTLS(t ServerTLSConfig) (*workerTLS, error) {
+	w := &workerTLS{cfg: t}
+	if !t.mutual() {
+		return w, nil
+	}
+	b, err := pki.Load(pki.Source{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile})
+	if err != nil {
+		return nil, fmt.Errorf("tls.%w", err)
+	}
+	optional := t.ClientAuth == ClientAuthVerifyIfGiven
+	auth := tls.RequireAndVerifyClientCert
+	if optional {
+		auth = tls.VerifyClientCertIfGiven
+	}
+	w.server = b.ServerConfig(auth)
+	w.server.NextProtos = []string{"http/1.1"}
+	if len(t.AllowedClients) > 0 {
+		w.server.VerifyConnection = pki.VerifyPeerNames(t.AllowedClients, optional)
+	}
+	return w, nil
+}
+
+// warnings are the startup warnings about what runs unprotected.
+func (w *workerTLS) warnings() []string {
+	switch w.cfg.Mode {
+	case "":
+		return []string{"no tls section: the HTTP API runs PLAINTEXT and accepts requests from anyone who reaches it; set tls.mode: mutual (or tls.mode: plaintext to say so explicitly)"}
+	case TLSModePlaintext:
+		return []string{"tls.mode is plaintext: prompts and answers are unencrypted and callers are not authenticated by certificate (sub-agent hints stay signed)"}
+	}
+	return nil
+}
+
+func (w *workerTLS) listener(ln net.Listener) net.Listener {
+	if w.server == nil {
+		return ln
+	}
+	return tls.NewListener(ln, w.server)
+}
+
+func (w *workerTLS) scheme() string {
+	if w.server == nil {
+		return "http"
+	}
+	return "https"
+}
+
+// guard, with client_auth verify_if_given, answers 401 on the API
+// endpoints to clients that presented no certificate (the handshake
+// already verified any certificate that was presented, and its names).
+func (w *workerTLS) guard(next http.Handler) http.Handler {
+	if w.server == nil || w.cfg.ClientAuth != ClientAuthVerifyIfGiven {
+		return next
+	}
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/") && (r.TLS == nil || len(r.TLS.VerifiedChains) == 0) {
+			writeAPIError(rw, newAPIError(http.StatusUnauthorized, "authentication_error", "client_certificate_required", "",
+				"%s needs a client certificate from the deployment's CA (tls.client_auth: verify_if_given)", truncate(r.URL.Path, 200)))
+			return
+		}
+		next.ServeHTTP(rw, r)
+	})
+}
+
+// TLSMode is the listener's transport security: mutual or plaintext.
+func (s *Server) TLSMode() string {
+	if s.tls.server != nil {
+		return TLSModeMutual
+	}
+	return TLSModePlaintext
+}
