@@ -28,10 +28,15 @@ var (
 	bucketKeys     = []byte("keys")     // fleet u8 | uvarint len | key | index u64 BE → nil
 	bucketMeta     = []byte("meta")     // see meta* keys
 	bucketRestores = []byte("restores") // snapshot index u64 BE → wall time of the restore (i64 BE)
+	bucketLinks    = []byte("links")    // uvarint len | root | index u64 BE → nil: Link events by root
 
 	metaTrimmedFrom = []byte("trimmed_from") // first index ever trimmed
 	metaTrimmedTo   = []byte("trimmed_to")   // last index trimmed (records ≤ it are gone for good)
 	metaEvents      = []byte("events")       // proposals held in the records bucket
+	// metaLinksFrom: records at or above this index have their Link events
+	// in bucketLinks (an archive written before the links index existed
+	// gets it set to its next index when a node first opens it).
+	metaLinksFrom = []byte("links_from")
 )
 
 // Options configure an archive.
@@ -111,12 +116,21 @@ func Open(path string, opts Options) (*Archive, error) {
 		return a, nil
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketRecords, bucketKeys, bucketMeta, bucketRestores} {
+		hadLinks := tx.Bucket(bucketLinks) != nil
+		for _, name := range [][]byte{bucketRecords, bucketKeys, bucketMeta, bucketRestores, bucketLinks} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return fmt.Errorf("create bucket %s: %w", name, err)
 			}
 		}
-		return nil
+		if hadLinks {
+			return nil
+		}
+		// Records already here were written without the links index.
+		from := uint64(1)
+		if k, _ := tx.Bucket(bucketRecords).Cursor().Last(); len(k) == 8 {
+			from = binary.BigEndian.Uint64(k) + 1
+		}
+		return putMetaU64(tx.Bucket(bucketMeta), metaLinksFrom, from)
 	})
 	if err != nil {
 		db.Close()
@@ -181,6 +195,16 @@ func keyIndexKey(k fsm.FleetKey, index uint64) []byte {
 	return binary.BigEndian.AppendUint64(keyPrefix(k.Fleet, k.Key), index)
 }
 
+func linkPrefix(root string) []byte {
+	b := make([]byte, 0, binary.MaxVarintLen64+len(root)+8)
+	b = binary.AppendUvarint(b, uint64(len(root)))
+	return append(b, root...)
+}
+
+func linkIndexKey(root string, index uint64) []byte {
+	return binary.BigEndian.AppendUint64(linkPrefix(root), index)
+}
+
 func metaU64(meta *bolt.Bucket, k []byte) uint64 {
 	if meta == nil {
 		return 0
@@ -196,15 +220,6 @@ func putMetaU64(meta *bolt.Bucket, k []byte, v uint64) error {
 	return meta.Put(k, u64key(v))
 }
 
-// proposalCount counts the proposals of an entry for retention; an entry
-// that does not decode counts as its outcomes (what the machine saw).
-func proposalCount(r Record) int {
-	if ps, err := fsm.DecodeEntry(r.Data); err == nil {
-		return len(ps)
-	}
-	return len(r.Outcomes)
-}
-
 // Append stores records in one write transaction (one fsync). Records at or
 // below the trimmed horizon are ignored (a node replaying its log after a
 // restart must not resurrect trimmed history); a record already present is
@@ -218,7 +233,7 @@ func (a *Archive) Append(records []Record) error {
 	}
 	var overLimit bool
 	err := a.db.Update(func(tx *bolt.Tx) error {
-		recs, keys, meta := tx.Bucket(bucketRecords), tx.Bucket(bucketKeys), tx.Bucket(bucketMeta)
+		recs, keys, meta, links := tx.Bucket(bucketRecords), tx.Bucket(bucketKeys), tx.Bucket(bucketMeta), tx.Bucket(bucketLinks)
 		trimmedTo := metaU64(meta, metaTrimmedTo)
 		events := metaU64(meta, metaEvents)
 		for _, r := range records {
@@ -231,14 +246,20 @@ func (a *Archive) Append(records []Record) error {
 					events -= uint64(n)
 				}
 			}
-			n := proposalCount(r)
+			terms := r.indexTerms()
+			n := terms.proposals
 			if err := recs.Put(k, encodeRecord(r, n)); err != nil {
 				return fmt.Errorf("put record %d: %w", r.Index, err)
 			}
 			events += uint64(n)
-			for _, fk := range r.Keys() {
+			for _, fk := range terms.keys {
 				if err := keys.Put(keyIndexKey(fk, r.Index), nil); err != nil {
 					return fmt.Errorf("index record %d: %w", r.Index, err)
+				}
+			}
+			for _, root := range terms.roots {
+				if err := links.Put(linkIndexKey(root, r.Index), nil); err != nil {
+					return fmt.Errorf("index links of record %d: %w", r.Index, err)
 				}
 			}
 		}
@@ -487,6 +508,61 @@ func (a *Archive) History(f fsm.Fleet, key string) ([]Record, error) {
 	return out, nil
 }
 
+// LinkIndexFrom reports from which index the archive indexes Link events
+// by root: records at or above from are found by Links; older ones (an
+// archive written before the index existed) only by reading them. ok is
+// false when the archive has no links index at all.
+func (a *Archive) LinkIndexFrom() (from uint64, ok bool, err error) {
+	err = a.db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketLinks) == nil {
+			return nil
+		}
+		from, ok = metaU64(tx.Bucket(bucketMeta), metaLinksFrom), true
+		if from == 0 {
+			from = 1
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, false, fmt.Errorf("archive: links index: %w", err)
+	}
+	return from, ok, nil
+}
+
+// Links returns the records holding a Link event whose root is root, in log
+// order (from the links index: records below LinkIndexFrom are not found).
+func (a *Archive) Links(root string) ([]Record, error) {
+	var out []Record
+	prefix := linkPrefix(root)
+	err := a.db.View(func(tx *bolt.Tx) error {
+		lb, rb := tx.Bucket(bucketLinks), tx.Bucket(bucketRecords)
+		if lb == nil || rb == nil {
+			return nil
+		}
+		c := lb.Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			if len(k) != len(prefix)+8 {
+				continue
+			}
+			idx := binary.BigEndian.Uint64(k[len(prefix):])
+			v := rb.Get(k[len(prefix):])
+			if v == nil {
+				continue
+			}
+			rec, _, err := decodeRecord(idx, v)
+			if err != nil {
+				return err
+			}
+			out = append(out, cloneRecord(rec))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("archive: links to %q: %w", root, err)
+	}
+	return out, nil
+}
+
 func (a *Archive) trimLoop(ctx context.Context) {
 	defer close(a.done)
 	t := time.NewTicker(a.opts.TrimInterval)
@@ -532,7 +608,7 @@ func (a *Archive) Trim(ctx context.Context) (int, error) {
 func (a *Archive) trimOnce() (int, error) {
 	removed := 0
 	err := a.db.Update(func(tx *bolt.Tx) error {
-		recs, keys, meta := tx.Bucket(bucketRecords), tx.Bucket(bucketKeys), tx.Bucket(bucketMeta)
+		recs, keys, meta, links := tx.Bucket(bucketRecords), tx.Bucket(bucketKeys), tx.Bucket(bucketMeta), tx.Bucket(bucketLinks)
 		events := metaU64(meta, metaEvents)
 		c := recs.Cursor()
 		var cutoff int64
@@ -559,9 +635,15 @@ func (a *Archive) trimOnce() (int, error) {
 			if !tooMany && !tooOld {
 				break
 			}
-			for _, fk := range rec.Keys() {
+			terms := rec.indexTerms()
+			for _, fk := range terms.keys {
 				if err := keys.Delete(keyIndexKey(fk, idx)); err != nil {
 					return fmt.Errorf("unindex record %d: %w", idx, err)
+				}
+			}
+			for _, root := range terms.roots {
+				if err := links.Delete(linkIndexKey(root, idx)); err != nil {
+					return fmt.Errorf("unindex links of record %d: %w", idx, err)
 				}
 			}
 			toDelete = append(toDelete, append([]byte(nil), k...))

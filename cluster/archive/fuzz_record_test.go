@@ -18,7 +18,9 @@ func FuzzDecodeRecord(f *testing.F) {
 	}
 	f.Add(encodeRecord(Record{Index: 7, Time: 1, Data: entry, Outcomes: []Outcome{{Status: fsm.StatusApplied}}}, 1))
 	f.Add(encodeRecord(Record{Index: 8, Time: -5, Data: entry, Outcomes: []Outcome{{Status: fsm.StatusApplied, Reason: "r",
-		Evicted: []fsm.Evicted{{Fleet: fsm.FleetContext, Key: "k", Instance: "w1", Epoch: 3, Reason: fsm.EvictTTL}}}}}, 1))
+		Evicted: []fsm.Evicted{{Fleet: fsm.FleetContext, Key: "k", Instance: "w1", Epoch: 3, Reason: fsm.EvictTTL}}, Epoch: fsm.MakeEpoch(8, 0)}}}, 1))
+	// A format-1 record (no outcome epochs).
+	f.Add(append([]byte{recordVersionV1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, byte(fsm.StatusApplied), 0, 0}, entry...))
 	f.Add([]byte{})
 	f.Add([]byte{recordVersion, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -36,7 +38,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 		for i := range r.Outcomes {
 			a, c := r.Outcomes[i], r2.Outcomes[i]
-			if a.Status != c.Status || a.Reason != c.Reason || len(a.Evicted) != len(c.Evicted) {
+			if a.Status != c.Status || a.Reason != c.Reason || a.Epoch != c.Epoch || len(a.Evicted) != len(c.Evicted) {
 				t.Fatalf("outcome %d changed: %+v → %+v", i, a, c)
 			}
 			for j := range a.Evicted {

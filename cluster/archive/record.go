@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/tether-project/tether/fsm"
 )
@@ -26,6 +27,12 @@ type Outcome struct {
 	Status  fsm.Status
 	Reason  string        // why a proposal was rejected
 	Evicted []fsm.Evicted // bindings this proposal removed, in order
+	// Epoch is the epoch of the binding in force for the event's key after
+	// apply (fsm.Result.Binding.Epoch when found; the placement a Bind or
+	// rebinding Overflow created), 0 otherwise. Records written before
+	// epochs were recorded (format 1) hold 0; their epochs were entry
+	// indexes.
+	Epoch uint64
 }
 
 // OutcomesFromResults converts the machine's results for one entry.
@@ -33,6 +40,9 @@ func OutcomesFromResults(rs []fsm.Result) []Outcome {
 	out := make([]Outcome, len(rs))
 	for i, r := range rs {
 		out[i] = Outcome{Status: r.Status, Reason: r.Reason, Evicted: r.Evicted}
+		if r.Found {
+			out[i].Epoch = r.Binding.Epoch
+		}
 	}
 	return out
 }
@@ -51,22 +61,48 @@ func (r Record) Proposals() ([]fsm.RawProposal, error) {
 // deduplicated, in first-seen order. An entry that does not decode
 // contributes only its evictions.
 func (r Record) Keys() []fsm.FleetKey {
-	var keys []fsm.FleetKey
+	t := r.indexTerms()
+	return t.keys
+}
+
+// LinkRoots lists the roots of the record's Link events, deduplicated, in
+// first-seen order: the archive indexes Link events by root so that the
+// sub-agents of a key are found without a scan.
+func (r Record) LinkRoots() []string {
+	t := r.indexTerms()
+	return t.roots
+}
+
+// indexTerms is what the archive indexes a record under, from one decode
+// of its entry.
+type indexTerms struct {
+	keys      []fsm.FleetKey
+	roots     []string
+	proposals int // for retention; an entry that does not decode counts its outcomes
+}
+
+func (r Record) indexTerms() indexTerms {
+	var t indexTerms
 	seen := make(map[fsm.FleetKey]struct{})
 	add := func(k fsm.FleetKey) {
 		if _, dup := seen[k]; dup {
 			return
 		}
 		seen[k] = struct{}{}
-		keys = append(keys, k)
+		t.keys = append(t.keys, k)
 	}
+	t.proposals = len(r.Outcomes)
 	if ps, err := fsm.DecodeEntry(r.Data); err == nil {
+		t.proposals = len(ps)
 		for _, p := range ps {
 			if p.Event == nil {
 				continue
 			}
 			for _, k := range fsm.EventKeys(p.Event) {
 				add(k)
+			}
+			if l, ok := p.Event.(fsm.Link); ok && l.Root != "" && !slices.Contains(t.roots, l.Root) {
+				t.roots = append(t.roots, l.Root)
 			}
 		}
 	}
@@ -75,18 +111,23 @@ func (r Record) Keys() []fsm.FleetKey {
 			add(fsm.FleetKey{Fleet: e.Fleet, Key: e.Key})
 		}
 	}
-	return keys
+	return t
 }
 
-// recordVersion is the first byte of every stored record value.
-const recordVersion = 1
+// recordVersion is the first byte of every stored record value this build
+// writes. Version 2 appends each outcome's epoch; version 1 is still read.
+const (
+	recordVersion   = 2
+	recordVersionV1 = 1
+)
 
 // encodeRecord lays a record out as
 //
 //	version u8 | time i64 BE | proposals uvarint | outcomes uvarint | outcome... | data (rest)
 //
 // outcome = status u8 | reason str | evicted uvarint | (fleet u8 | key str |
-// instance str | epoch uvarint | reason u8)...; str = uvarint length | bytes.
+// instance str | epoch uvarint | reason u8)... | epoch uvarint (version 2);
+// str = uvarint length | bytes.
 // The proposal count is kept so count-based retention needs no entry decode.
 func encodeRecord(r Record, proposals int) []byte {
 	b := make([]byte, 0, 32+len(r.Data)+16*len(r.Outcomes))
@@ -105,6 +146,7 @@ func encodeRecord(r Record, proposals int) []byte {
 			b = binary.AppendUvarint(b, e.Epoch)
 			b = append(b, byte(e.Reason))
 		}
+		b = binary.AppendUvarint(b, o.Epoch)
 	}
 	return append(b, r.Data...)
 }
@@ -197,8 +239,9 @@ var errBadRecordVersion = errors.New("unsupported record version")
 // is only valid inside its transaction: callers copy).
 func decodeRecord(index uint64, b []byte) (Record, int, error) {
 	d := &recordDecoder{b: b}
-	if v := d.byte1(); d.err == nil && v != recordVersion {
-		return Record{}, 0, fmt.Errorf("archive: record %d: %w %d", index, errBadRecordVersion, v)
+	version := d.byte1()
+	if d.err == nil && version != recordVersion && version != recordVersionV1 {
+		return Record{}, 0, fmt.Errorf("archive: record %d: %w %d", index, errBadRecordVersion, version)
 	}
 	r := Record{Index: index}
 	r.Time = int64(d.u64())
@@ -223,6 +266,9 @@ func decodeRecord(index uint64, b []byte) (Record, int, error) {
 			e.Epoch = d.uvarint()
 			e.Reason = fsm.EvictReason(d.byte1())
 		}
+		if version >= 2 {
+			o.Epoch = d.uvarint()
+		}
 	}
 	if d.err != nil {
 		return Record{}, 0, fmt.Errorf("archive: record %d: %w", index, d.err)
@@ -234,7 +280,7 @@ func decodeRecord(index uint64, b []byte) (Record, int, error) {
 // decodeRecordHeader reads only the time and proposal count.
 func decodeRecordHeader(b []byte) (t int64, proposals int, err error) {
 	d := &recordDecoder{b: b}
-	if v := d.byte1(); d.err == nil && v != recordVersion {
+	if v := d.byte1(); d.err == nil && v != recordVersion && v != recordVersionV1 {
 		return 0, 0, fmt.Errorf("%w %d", errBadRecordVersion, v)
 	}
 	t = int64(d.u64())
