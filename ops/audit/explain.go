@@ -50,7 +50,7 @@ type KeyHistory struct {
 // overflow, an eviction (by an Evict event or as an effect of another
 // event), or a parent link.
 type Item struct {
-	Kind  string    `json:"kind"` // bind | touches | overflow | evict | evicted | link
+	Kind  string    `json:"kind"` // bind | touches | overflow | evict | evicted | rank
 	Index uint64    `json:"index"`
 	Time  time.Time `json:"time"`
 	// LastIndex, LastTime and Count describe a touch window.
@@ -67,6 +67,7 @@ type Item struct {
 	Rebind         bool          `json:"rebind,omitempty"`
 	Reason         string        `json:"reason,omitempty"` // overflow or eviction reason
 	Epoch          uint64        `json:"epoch,omitempty"`
+	Rank           *uint32       `json:"rank,omitempty"` // a RankObserved step's rank
 	Detail         string        `json:"detail,omitempty"`
 	Decision       *DecisionJSON `json:"decision,omitempty"`
 	// Outcome says in words what the step did to the binding.
@@ -86,11 +87,13 @@ type Child struct {
 }
 
 // Explain reports the full history of key: per fleet, every bind, touch
-// window, overflow and eviction (including evictions that were effects of
-// other events: capacity, instance down) with index, log time, deciding
-// edge, policy and the recorded candidates; and the sub-agents linked to it
-// as their root. The key's own records come from the archive's per-key
-// index; children need a scan for Link events (see DESIGN.md).
+// window, overflow, rank observation and eviction (including evictions that
+// were effects of other events: capacity, instance down) with index, log
+// time, deciding edge, policy and the recorded candidates; and the
+// sub-agents linked to it as their root. The key's own records come from
+// the archive's per-key index, the children from its links index (with a
+// scan of what an older archive wrote before that index existed; see
+// DESIGN.md).
 func (d *DataDir) Explain(ctx context.Context, key string, opts ExplainOptions) (*Explanation, error) {
 	if key == "" {
 		return nil, fmt.Errorf("audit: explain: empty key")
@@ -122,7 +125,7 @@ func (d *DataDir) Explain(ctx context.Context, key string, opts ExplainOptions) 
 	if err != nil {
 		return nil, err
 	}
-	ex.ChildSearch = fmt.Sprintf("Link events with root %q: %d archive records scanned", key, scanned)
+	ex.ChildSearch = fmt.Sprintf("Link events with root %q: %s", key, scanned)
 	for _, l := range links {
 		c := Child{Child: l.link.Child, Parent: l.link.Parent, Depth: l.link.Depth, Index: l.index, Time: logTime(l.time),
 			Status: l.status, Reason: l.reason, Histories: []KeyHistory{}}
@@ -157,10 +160,13 @@ type binding struct {
 	bound    bool
 	instance string
 	epoch    uint64
+	rank     *uint32 // the worker-reported rank of the placement, when observed
 }
 
 func (b binding) String() string {
 	switch {
+	case b.bound && b.rank != nil:
+		return fmt.Sprintf("bound to %s rank %d (epoch %d)", b.instance, *b.rank, b.epoch)
 	case b.bound:
 		return fmt.Sprintf("bound to %s (epoch %d)", b.instance, b.epoch)
 	case !b.known:
@@ -226,12 +232,20 @@ func buildHistory(f fsm.Fleet, key string, recs []archive.Record, complete bool)
 					flushTouch()
 					d := decisionJSON(e.Decision)
 					it.Kind, it.Instance, it.ConversationID, it.Decision = "bind", e.Instance, e.ConversationID, &d
-					it.Outcome = cur.bind(out.Status, out.Reason, e.Instance, r.Index)
+					it.Outcome = cur.bind(out.Status, out.Reason, e.Instance, outcomeEpoch(out, r.Index))
+					if out.Status == fsm.StatusApplied {
+						it.Epoch = cur.epoch
+					}
 				case fsm.Overflow:
 					flushTouch()
 					d := decisionJSON(e.Decision)
 					it.Kind, it.From, it.To, it.Rebind, it.Reason, it.Decision = "overflow", e.From, e.To, e.Rebind, e.Reason.String(), &d
-					it.Outcome = cur.overflow(&e, out.Status, out.Reason, r.Index)
+					it.Outcome = cur.overflow(&e, out.Status, out.Reason, outcomeEpoch(out, r.Index))
+				case fsm.RankObserved:
+					flushTouch()
+					rank := e.Rank
+					it.Kind, it.Epoch, it.Rank = "rank", e.Epoch, &rank
+					it.Outcome = cur.observeRank(&e, out.Status, out.Reason)
 				case fsm.Evict:
 					flushTouch()
 					it.Kind, it.Reason, it.Epoch, it.Detail = "evict", e.Reason.String(), e.Epoch, e.Detail
@@ -289,6 +303,33 @@ func (b *binding) bind(s fsm.Status, reason, instance string, index uint64) stri
 	return s.String()
 }
 
+// outcomeEpoch is the epoch of the placement an applied Bind or rebinding
+// Overflow left in force: the archive records it (format 2); older records
+// do not, and were written when an epoch was its entry's index.
+func outcomeEpoch(o archive.Outcome, index uint64) uint64 {
+	if o.Epoch != 0 {
+		return o.Epoch
+	}
+	return index
+}
+
+func (b *binding) observeRank(e *fsm.RankObserved, s fsm.Status, reason string) string {
+	switch s {
+	case fsm.StatusApplied:
+		rank := e.Rank
+		if b.bound && b.epoch == e.Epoch {
+			b.rank = &rank
+			return fmt.Sprintf("rank %d on %s (epoch %d)", e.Rank, b.instance, e.Epoch)
+		}
+		return fmt.Sprintf("rank %d for the placement with epoch %d", e.Rank, e.Epoch)
+	case fsm.StatusConditionFailed:
+		return "not recorded: " + reason
+	case fsm.StatusRejected:
+		return "rejected: " + reason
+	}
+	return s.String()
+}
+
 func (b *binding) overflow(e *fsm.Overflow, s fsm.Status, reason string, index uint64) string {
 	switch {
 	case s == fsm.StatusApplied && e.Rebind:
@@ -332,24 +373,14 @@ type linkHit struct {
 	reason string
 }
 
-// linksTo finds the Link events whose root is key. Link events are not in
-// the archive's per-key index, so every record is read; a byte search for
-// the key skips the envelope walk of records that cannot hold one.
-func (d *DataDir) linksTo(ctx context.Context, root string) ([]linkHit, int, error) {
+// linksTo finds the Link events whose root is key: from the archive's
+// links index, and by reading the records an archive wrote before that
+// index existed (a byte search for the key skips the envelope walk of
+// records that cannot hold one). It says in words what it did.
+func (d *DataDir) linksTo(ctx context.Context, root string) ([]linkHit, string, error) {
 	var out []linkHit
 	seen := map[string]bool{}
-	needle := []byte(root)
-	scanned := 0
-	err := d.archive.Range(0, 0, func(r archive.Record) error {
-		scanned++
-		if scanned%4096 == 0 {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-		}
-		if !bytes.Contains(r.Data, needle) {
-			return nil
-		}
+	collect := func(r archive.Record) {
 		for _, l := range findLinks(r.Data) {
 			if l.link.Root != root || seen[l.link.Child] {
 				continue
@@ -362,12 +393,50 @@ func (d *DataDir) linksTo(ctx context.Context, root string) ([]linkHit, int, err
 			}
 			out = append(out, l.linkHit)
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, scanned, fmt.Errorf("audit: explain: search Link events: %w", err)
 	}
-	return out, scanned, nil
+	from, indexed, err := d.archive.LinkIndexFrom()
+	if err != nil {
+		return nil, "", fmt.Errorf("audit: explain: %w", err)
+	}
+	scanned := 0
+	if !indexed || from > 1 {
+		// Records written before the links index: read them.
+		needle := []byte(root)
+		var to uint64
+		if indexed {
+			to = from - 1
+		}
+		err = d.archive.Range(0, to, func(r archive.Record) error {
+			scanned++
+			if scanned%4096 == 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+			}
+			if bytes.Contains(r.Data, needle) {
+				collect(r)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, "", fmt.Errorf("audit: explain: search Link events: %w", err)
+		}
+	}
+	how := fmt.Sprintf("%d archive records scanned (the archive has no links index)", scanned)
+	if indexed {
+		recs, err := d.archive.Links(root)
+		if err != nil {
+			return nil, "", fmt.Errorf("audit: explain: %w", err)
+		}
+		for _, r := range recs {
+			collect(r)
+		}
+		how = fmt.Sprintf("%d records from the archive's links index", len(recs))
+		if scanned > 0 {
+			how += fmt.Sprintf(", %d older records (before the index, below %d) scanned", scanned, from)
+		}
+	}
+	return out, how, nil
 }
 
 type positionedLink struct {

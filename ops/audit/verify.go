@@ -129,7 +129,7 @@ func spotCheck(ctx context.Context, rep *VerifyReport, st *fsm.State, live LiveS
 		}
 		rep.Checked++
 		switch {
-		case !found || lb.Epoch > rep.Index:
+		case !found || st.EpochIndex(lb.Epoch) > rep.Index: // placed after the copy (epochs are not indexes at level 2)
 			rep.ChangedSince++
 		case lb.Epoch == b.Epoch && lb.Instance == b.Instance && (lb.BoundAt.IsZero() || lb.BoundAt.UnixNano() == b.BoundAt):
 			rep.Equal++
