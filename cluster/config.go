@@ -50,7 +50,8 @@ type Config struct {
 	// quorum Propose fails with ErrUnavailable within it. The hot routing
 	// path depends on this bound.
 	ProposeTimeout time.Duration
-	// MaxBatch is the most proposals per log entry (default 512).
+	// MaxBatch is the most proposals per log entry (default 512, at most
+	// fsm.MaxEntryProposals).
 	MaxBatch int
 	// Raft timing; zero fields take LAN defaults.
 	Raft RaftTiming
@@ -62,7 +63,10 @@ type Config struct {
 	// Archive retention.
 	Archive ArchiveOptions
 	// FeatureLevel is the highest fsm feature level this node supports
-	// (default and maximum fsm.FeatureLevelMax).
+	// (default and maximum fsm.FeatureLevelMax). It caps the state machine
+	// (fsm.Options.MaxFeatureLevel): a node configured at level N halts, with
+	// the upgrade message, on a committed event or cluster level above N,
+	// as the release that understood only N would. Reported in Status.
 	FeatureLevel uint32
 	// Version is this node's release, reported in Status.
 	Version string
@@ -206,6 +210,8 @@ func (c Config) withDefaults() (Config, error) {
 		bad("MaxBatch", "negative")
 	} else if c.MaxBatch == 0 {
 		c.MaxBatch = defaultMaxBatch
+	} else if c.MaxBatch > fsm.MaxEntryProposals {
+		bad("MaxBatch", "%d exceeds the %d proposals a log entry can hold", c.MaxBatch, fsm.MaxEntryProposals)
 	}
 	c.Raft = c.Raft.withDefaults()
 	if c.Raft.LeaderLeaseTimeout > c.Raft.HeartbeatTimeout {

@@ -261,7 +261,7 @@ func TestForwardingRejectsWrongKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	rw := bufio.NewReadWriter(bufio.NewReader(conn), bufio.NewWriter(conn))
-	err = clientHandshake(rw, []byte("the-wrong-key-0123456789"), "intruder")
+	err = clientHandshake(rw, protoForward, []byte("the-wrong-key-0123456789"), "intruder")
 	if !errors.Is(err, errAuth) || !strings.Contains(err.Error(), "wrong internal key") {
 		t.Fatalf("handshake with a wrong key: %v", err)
 	}

@@ -137,7 +137,7 @@ func (c *forwardClient) connect(ctx context.Context, addr string) (*fwdConn, err
 		_ = conn.SetDeadline(d)
 	}
 	rw := bufio.NewReadWriter(bufio.NewReaderSize(conn, 64<<10), bufio.NewWriterSize(conn, 64<<10))
-	if err := clientHandshake(rw, c.key, c.selfID); err != nil {
+	if err := clientHandshake(rw, protoForward, c.key, c.selfID); err != nil {
 		conn.Close()
 		if errors.Is(err, errAuth) {
 			return nil, fmt.Errorf("forward to %s: %w", addr, err)

@@ -32,7 +32,7 @@ func (s *forwardServer) serve(conn net.Conn) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(muxHandshakeTimeout))
 	rw := bufio.NewReadWriter(bufio.NewReaderSize(conn, 64<<10), bufio.NewWriterSize(conn, 64<<10))
-	peerID, err := serverHandshake(rw, s.key)
+	peerID, err := serverHandshake(rw, protoForward, s.key, func(id string) error { return checkPeerIdentity(conn, id) })
 	if err != nil {
 		s.log.Warn("cluster: refused forwarding connection", "remote", conn.RemoteAddr(), "err", err)
 		if s.onAuthFailure != nil {

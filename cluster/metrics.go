@@ -63,7 +63,7 @@ func newMetrics(reg prometheus.Registerer, nodeID string) (*metrics, error) {
 		}),
 		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name:        "tether_cluster_auth_failures_total",
-			Help:        "Inter-node forwarding connections refused for a wrong internal key.",
+			Help:        "Inter-node connections (forwarding and Raft) refused: a wrong internal key, or a TLS certificate that does not name the node the peer claims to be.",
 			ConstLabels: labels,
 		}),
 	}

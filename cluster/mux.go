@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -22,9 +24,23 @@ const (
 	streamForward byte = 'F'
 )
 
-// muxHandshakeTimeout bounds TLS handshake plus the protocol byte on an
-// accepted connection, so a silent client cannot hold a goroutine forever.
+// muxHandshakeTimeout bounds TLS handshake plus the protocol byte (and, for
+// Raft, the authentication handshake) on an accepted connection, so a silent
+// client cannot hold a goroutine forever.
 const muxHandshakeTimeout = 5 * time.Second
+
+// muxAuth is what the mux needs to authenticate Raft streams with the
+// challenge-response handshake forwarding uses (protoRaft labels), and to
+// check TLS peer identities.
+type muxAuth struct {
+	key    []byte
+	selfID string
+	// idForAddr is the node id expected at a dialed address ("" when
+	// unknown: no certificate name check for that dial).
+	idForAddr func(addr string) string
+	// onFailure counts refused handshakes.
+	onFailure func(remote net.Addr, err error)
+}
 
 // dialFunc opens a raw TCP-like connection.
 type dialFunc func(ctx context.Context, addr string) (net.Conn, error)
@@ -39,6 +55,7 @@ type mux struct {
 	advertise string
 	tls       *tls.Config
 	dial      dialFunc
+	auth      muxAuth
 	log       *slog.Logger
 	forward   func(net.Conn) // serves one authenticated-to-be forwarding connection; returns when it ends
 
@@ -57,7 +74,7 @@ type mux struct {
 	wg     sync.WaitGroup
 }
 
-func newMux(ln net.Listener, advertise string, tlsConf *tls.Config, dial dialFunc, logger *slog.Logger) *mux {
+func newMux(ln net.Listener, advertise string, tlsConf *tls.Config, dial dialFunc, auth muxAuth, logger *slog.Logger) *mux {
 	if dial == nil {
 		var d net.Dialer
 		dial = func(ctx context.Context, addr string) (net.Conn, error) {
@@ -73,6 +90,7 @@ func newMux(ln net.Listener, advertise string, tlsConf *tls.Config, dial dialFun
 		advertise:  advertise,
 		tls:        tlsConf,
 		dial:       dial,
+		auth:       auth,
 		log:        logger,
 		raftConns:  make(chan net.Conn),
 		raftClosed: make(chan struct{}),
@@ -165,9 +183,19 @@ func (m *mux) route(c net.Conn) {
 		conn.Close()
 		return
 	}
-	_ = c.SetDeadline(time.Time{})
 	switch kind[0] {
 	case streamRaft:
+		authed, err := m.acceptRaft(conn)
+		if err != nil {
+			m.log.Warn("cluster: refused Raft stream", "remote", c.RemoteAddr(), "err", err)
+			if m.auth.onFailure != nil {
+				m.auth.onFailure(c.RemoteAddr(), err)
+			}
+			conn.Close()
+			return
+		}
+		_ = c.SetDeadline(time.Time{})
+		conn = authed
 		select {
 		case m.raftConns <- conn:
 		case <-m.raftClosed:
@@ -176,6 +204,7 @@ func (m *mux) route(c net.Conn) {
 			conn.Close()
 		}
 	case streamForward:
+		_ = c.SetDeadline(time.Time{}) // the forwarding server bounds its own handshake
 		m.forward(conn)
 	default:
 		m.log.Debug("cluster: unknown stream type", "remote", c.RemoteAddr(), "byte", kind[0])
@@ -183,9 +212,41 @@ func (m *mux) route(c net.Conn) {
 	}
 }
 
-// dialStream connects to addr, performs the client side of TLS and sends
-// the protocol byte. The connection is tracked until closed.
-func (m *mux) dialStream(ctx context.Context, addr string, kind byte) (net.Conn, error) {
+// acceptRaft runs the server side of the Raft stream handshake: the peer
+// proves the AuthKey (and, with TLS, that its certificate names the node id
+// it claims) before a byte reaches hashicorp/raft.
+func (m *mux) acceptRaft(conn net.Conn) (net.Conn, error) {
+	rw := bufio.NewReadWriter(bufio.NewReaderSize(conn, 256), bufio.NewWriterSize(conn, 256))
+	_, err := serverHandshake(rw, protoRaft, m.auth.key, func(id string) error { return checkPeerIdentity(conn, id) })
+	if err != nil {
+		return nil, err
+	}
+	return withBuffered(conn, rw.Reader), nil
+}
+
+// withBuffered returns conn, or, if the handshake's reader holds bytes read
+// past the handshake, a conn that returns those first.
+func withBuffered(conn net.Conn, r *bufio.Reader) net.Conn {
+	n := r.Buffered()
+	if n == 0 {
+		return conn
+	}
+	rest, _ := r.Peek(n)
+	return &prefixedConn{Conn: conn, r: io.MultiReader(bytes.NewReader(bytes.Clone(rest)), conn)}
+}
+
+type prefixedConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *prefixedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// dialStream connects to addr, performs the client side of TLS (checking,
+// when expectID is known, that the server's certificate names that node)
+// and sends the protocol byte. A Raft stream also runs the client side of
+// the Raft handshake. The connection is tracked until closed.
+func (m *mux) dialStream(ctx context.Context, addr string, kind byte, expectID string) (net.Conn, error) {
 	select {
 	case <-m.closing:
 		return nil, ErrClosed
@@ -216,14 +277,36 @@ func (m *mux) dialStream(ctx context.Context, addr string, kind byte) (net.Conn,
 			tc.Close()
 			return nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
 		}
+		if expectID != "" {
+			if err := checkPeerIdentity(tlsConn, expectID); err != nil {
+				tc.Close()
+				return nil, fmt.Errorf("%w: TLS peer at %s: %w", errAuth, addr, err)
+			}
+		}
 		conn = tlsConn
 	}
 	if _, err := conn.Write([]byte{kind}); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("write stream type to %s: %w", addr, err)
 	}
+	if kind == streamRaft {
+		rw := bufio.NewReadWriter(bufio.NewReaderSize(conn, 256), bufio.NewWriterSize(conn, 256))
+		if err := clientHandshake(rw, protoRaft, m.auth.key, m.auth.selfID); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("raft stream to %s: %w", addr, err)
+		}
+		conn = withBuffered(conn, rw.Reader)
+	}
 	_ = raw.SetDeadline(time.Time{})
 	return conn, nil
+}
+
+// expectedID is the node id expected at addr ("" when unknown).
+func (m *mux) expectedID(addr string) string {
+	if m.auth.idForAddr == nil {
+		return ""
+	}
+	return m.auth.idForAddr(addr)
 }
 
 // close stops accepting and closes every tracked connection.
@@ -292,7 +375,7 @@ func (s raftStream) Dial(address raft.ServerAddress, timeout time.Duration) (net
 	// Derived from the mux's context: a pending dial aborts when the node closes.
 	ctx, cancel := context.WithTimeout(s.m.ctx, timeout)
 	defer cancel()
-	return s.m.dialStream(ctx, string(address), streamRaft)
+	return s.m.dialStream(ctx, string(address), streamRaft, s.m.expectedID(string(address)))
 }
 
 type advertisedAddr string

@@ -181,7 +181,7 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 	}
 
-	n.machine = fsm.NewMachine()
+	n.machine = fsm.NewMachineWithOptions(fsm.Options{MaxFeatureLevel: cfg.FeatureLevel})
 	n.batcher = newBatcher(n)
 	n.forwarder = newForwarder(n)
 	n.archiver, err = newArchiver(n.archive, n.onHalt)
@@ -199,10 +199,13 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		n.fsm.noteConfiguration(cfg, idx)
 	}
 
-	n.mux = newMux(ln, n.addr, cfg.TLS, cfg.Dial, n.log)
+	n.mux = newMux(ln, n.addr, cfg.TLS, cfg.Dial, muxAuth{
+		key: cfg.AuthKey, selfID: n.id, idForAddr: n.memberAt,
+		onFailure: func(net.Addr, error) { n.metrics.authFailure() },
+	}, n.log)
 	cleanup = append(cleanup, n.mux.close)
 	n.client = newForwardClient(n.id, cfg.AuthKey, func(ctx context.Context, addr string) (net.Conn, error) {
-		return n.mux.dialStream(ctx, addr, streamForward)
+		return n.mux.dialStream(ctx, addr, streamForward, n.memberAt(addr))
 	})
 	cleanup = append(cleanup, n.client.close)
 	server := &forwardServer{
@@ -473,6 +476,25 @@ func (n *Node) onRestored(stateIndex uint64) {
 	if err := n.archive.NoteRestore(stateIndex, time.Now()); err != nil {
 		n.log.Error("cluster: note snapshot restore in archive", "err", err)
 	}
+}
+
+// memberAt is the id of the member at addr in the latest Raft
+// configuration ("" when unknown, or before Raft started). It does not
+// block: raft keeps the latest configuration under a lock.
+func (n *Node) memberAt(addr string) string {
+	if !n.started.Load() {
+		return ""
+	}
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return ""
+	}
+	for _, s := range f.Configuration().Servers {
+		if string(s.Address) == addr {
+			return string(s.ID)
+		}
+	}
+	return ""
 }
 
 // ID is the node's id.

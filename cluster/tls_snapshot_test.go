@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -55,9 +56,19 @@ func newTestCA(t *testing.T, name string) *testCA {
 	return &testCA{cert: cert, key: key, pool: pool}
 }
 
-// mutualTLS returns a node's config: its own certificate, peers verified
-// against the CA in both directions.
+// mutualTLS returns a node's config: its own certificate (naming the node
+// by its URI SAN), peers verified against the CA in both directions.
 func (ca *testCA) mutualTLS(t *testing.T, node string) *tls.Config {
+	t.Helper()
+	u, err := url.Parse(NodeIdentityURI(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca.mutualTLSNamed(t, node, []*url.URL{u}, nil)
+}
+
+// mutualTLSNamed is mutualTLS with the certificate's names chosen.
+func (ca *testCA) mutualTLSNamed(t *testing.T, cn string, uris []*url.URL, dnsNames []string) *tls.Config {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -65,12 +76,14 @@ func (ca *testCA) mutualTLS(t *testing.T, node string) *tls.Config {
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: node},
+		Subject:      pkix.Name{CommonName: cn},
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		URIs:         uris,
+		DNSNames:     dnsNames,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {

@@ -19,7 +19,10 @@ import (
 //	server → client  u8 0 | HMAC-SHA256(key, client nonce || server nonce || "tether-forward-v1-server") [32]
 //	             or  u8 1 | u16 length | reason, then close
 //
-// then length-prefixed frames in both directions:
+// A Raft stream (byte 'R') starts with the same handshake, with magic
+// "TRF1" and labels "tether-raft-v1"/"tether-raft-v1-server", and then
+// belongs to hashicorp/raft's transport. A forwarding connection goes on
+// with length-prefixed frames in both directions:
 //
 //	request   u32 length | u8 op   | u64 request id | payload
 //	response  u32 length | u8 code | u64 request id | payload
@@ -28,11 +31,8 @@ import (
 // are answered in any order (matched by id), so one connection carries many
 // concurrent calls.
 const (
-	handshakeMagic   = "TFW1"
 	nonceSize        = 32
 	macSize          = sha256.Size
-	forwardLabel     = "tether-forward-v1"
-	forwardLabelSrv  = "tether-forward-v1-server"
 	maxNodeIDLen     = 1024
 	frameHeaderSize  = 4 + 1 + 8
 	maxFrameSize     = 64 << 20
@@ -61,32 +61,52 @@ const (
 	codeFailed      byte = 6
 )
 
-func clientMAC(key, serverNonce []byte, clientID string) []byte {
+// handshakeProto names one use of the challenge-response handshake. Each
+// stream kind has its own magic and MAC labels, so a transcript of one can
+// never authenticate the other.
+type handshakeProto struct {
+	magic       string // 4 bytes, the server's first words
+	clientLabel string
+	serverLabel string
+}
+
+var (
+	// protoForward authenticates forwarding connections ('F').
+	protoForward = handshakeProto{magic: "TFW1", clientLabel: "tether-forward-v1", serverLabel: "tether-forward-v1-server"}
+	// protoRaft authenticates Raft streams ('R') before they reach
+	// hashicorp/raft's transport: without it, anyone who reaches the port
+	// could send AppendEntries (defect B1).
+	protoRaft = handshakeProto{magic: "TRF1", clientLabel: "tether-raft-v1", serverLabel: "tether-raft-v1-server"}
+)
+
+func clientMAC(p handshakeProto, key, serverNonce []byte, clientID string) []byte {
 	h := hmac.New(sha256.New, key)
 	h.Write(serverNonce)
 	h.Write([]byte(clientID))
-	h.Write([]byte(forwardLabel))
+	h.Write([]byte(p.clientLabel))
 	return h.Sum(nil)
 }
 
-func serverMAC(key, clientNonce, serverNonce []byte) []byte {
+func serverMAC(p handshakeProto, key, clientNonce, serverNonce []byte) []byte {
 	h := hmac.New(sha256.New, key)
 	h.Write(clientNonce)
 	h.Write(serverNonce)
-	h.Write([]byte(forwardLabelSrv))
+	h.Write([]byte(p.serverLabel))
 	return h.Sum(nil)
 }
 
 // errAuth marks a failed handshake.
-var errAuth = errors.New("forwarding handshake refused")
+var errAuth = errors.New("inter-node handshake refused")
 
 // serverHandshake authenticates a client; it returns the client's node id.
-func serverHandshake(rw *bufio.ReadWriter, key []byte) (string, error) {
+// checkID, when set, vets the claimed id once the MAC proved the key (the
+// TLS identity check): its error refuses the client with that reason.
+func serverHandshake(rw *bufio.ReadWriter, p handshakeProto, key []byte, checkID func(string) error) (string, error) {
 	var serverNonce [nonceSize]byte
 	if _, err := rand.Read(serverNonce[:]); err != nil {
 		return "", fmt.Errorf("nonce: %w", err)
 	}
-	rw.WriteString(handshakeMagic)
+	rw.WriteString(p.magic)
 	rw.Write(serverNonce[:])
 	if err := rw.Flush(); err != nil {
 		return "", fmt.Errorf("send nonce: %w", err)
@@ -107,12 +127,18 @@ func serverHandshake(rw *bufio.ReadWriter, key []byte) (string, error) {
 	clientID := string(buf[:n])
 	clientNonce := buf[n : n+nonceSize]
 	mac := buf[n+nonceSize:]
-	if !hmac.Equal(mac, clientMAC(key, serverNonce[:], clientID)) {
+	if !hmac.Equal(mac, clientMAC(p, key, serverNonce[:], clientID)) {
 		refuse(rw, "authentication failed: wrong internal key")
 		return "", fmt.Errorf("%w: client %q presented a wrong MAC", errAuth, clientID)
 	}
+	if checkID != nil {
+		if err := checkID(clientID); err != nil {
+			refuse(rw, err.Error())
+			return "", fmt.Errorf("%w: %w", errAuth, err)
+		}
+	}
 	rw.WriteByte(handshakeOK)
-	rw.Write(serverMAC(key, clientNonce, serverNonce[:]))
+	rw.Write(serverMAC(p, key, clientNonce, serverNonce[:]))
 	if err := rw.Flush(); err != nil {
 		return "", fmt.Errorf("send handshake reply: %w", err)
 	}
@@ -120,6 +146,9 @@ func serverHandshake(rw *bufio.ReadWriter, key []byte) (string, error) {
 }
 
 func refuse(rw *bufio.ReadWriter, reason string) {
+	if len(reason) > 1024 {
+		reason = reason[:1024]
+	}
 	rw.WriteByte(handshakeRefused)
 	var l [2]byte
 	binary.BigEndian.PutUint16(l[:], uint16(len(reason)))
@@ -129,18 +158,18 @@ func refuse(rw *bufio.ReadWriter, reason string) {
 }
 
 // clientHandshake authenticates to a server and checks the server's proof.
-func clientHandshake(rw *bufio.ReadWriter, key []byte, selfID string) error {
+func clientHandshake(rw *bufio.ReadWriter, p handshakeProto, key []byte, selfID string) error {
 	if len(selfID) == 0 || len(selfID) > maxNodeIDLen {
 		return fmt.Errorf("node id length %d out of range", len(selfID))
 	}
-	hello := make([]byte, len(handshakeMagic)+nonceSize)
+	hello := make([]byte, len(p.magic)+nonceSize)
 	if _, err := io.ReadFull(rw, hello); err != nil {
 		return fmt.Errorf("read server hello: %w", err)
 	}
-	if string(hello[:len(handshakeMagic)]) != handshakeMagic {
-		return fmt.Errorf("server hello: bad magic %q", hello[:len(handshakeMagic)])
+	if string(hello[:len(p.magic)]) != p.magic {
+		return fmt.Errorf("server hello: bad magic %q (want %q)", hello[:len(p.magic)], p.magic)
 	}
-	serverNonce := hello[len(handshakeMagic):]
+	serverNonce := hello[len(p.magic):]
 	var clientNonce [nonceSize]byte
 	if _, err := rand.Read(clientNonce[:]); err != nil {
 		return fmt.Errorf("nonce: %w", err)
@@ -150,7 +179,7 @@ func clientHandshake(rw *bufio.ReadWriter, key []byte, selfID string) error {
 	rw.Write(l[:])
 	rw.WriteString(selfID)
 	rw.Write(clientNonce[:])
-	rw.Write(clientMAC(key, serverNonce, selfID))
+	rw.Write(clientMAC(p, key, serverNonce, selfID))
 	if err := rw.Flush(); err != nil {
 		return fmt.Errorf("send client hello: %w", err)
 	}
@@ -164,7 +193,7 @@ func clientHandshake(rw *bufio.ReadWriter, key []byte, selfID string) error {
 		if _, err := io.ReadFull(rw, proof); err != nil {
 			return fmt.Errorf("read server proof: %w", err)
 		}
-		if !hmac.Equal(proof, serverMAC(key, clientNonce[:], serverNonce)) {
+		if !hmac.Equal(proof, serverMAC(p, key, clientNonce[:], serverNonce)) {
 			return fmt.Errorf("%w: the server does not hold our internal key", errAuth)
 		}
 		return nil
