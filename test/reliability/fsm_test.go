@@ -173,13 +173,17 @@ func TestRandomEntriesNeverPanic(t *testing.T) {
 
 // (Fleet, Key, Epoch) is documented to name one placement for life, and
 // Evict{Epoch} relies on it. A batched entry that binds, evicts and binds
-// the same key again gives both placements the entry's index as epoch.
-// Found by the linearizability runs (two instances seen for one epoch).
+// the same key again gave both placements the entry's index as epoch (B2,
+// found by the linearizability runs: two instances seen for one epoch).
+// Fixed at fsm feature level 2: each placement's epoch carries its
+// position in the entry.
 func TestEpochNamesOnePlacement(t *testing.T) {
-	knownBug(t, "fsm/machine.go bind: Epoch = s.index (the entry index), so two placements of one key created in the same batched entry share an epoch; an Evict{Epoch} meant for the first removes the second, and audit merges them. Suggested fix: epoch = index<<16 | proposal position (MaxBatch <= 65536), or refuse a second Bind of a key evicted in the same entry")
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	m := fsm.NewMachine()
-	res, err := m.Apply(entry(t, 1, at,
+	if _, err := m.Apply(entry(t, 1, at, fsm.ClusterFeatures{Level: fsm.FeatureLevelMax})); err != nil {
+		t.Fatal(err)
+	}
+	res, err := m.Apply(entry(t, 2, at,
 		fsm.Bind{Fleet: fsm.FleetContext, Key: "k", Instance: "a"},
 		fsm.Evict{Fleet: fsm.FleetContext, Key: "k", Reason: fsm.EvictAdmin},
 		fsm.Bind{Fleet: fsm.FleetContext, Key: "k", Instance: "b"},
@@ -189,5 +193,13 @@ func TestEpochNamesOnePlacement(t *testing.T) {
 	}
 	if res[0].Binding.Epoch == res[2].Binding.Epoch {
 		t.Fatalf("placements on %s and %s share epoch %d", res[0].Binding.Instance, res[2].Binding.Instance, res[0].Binding.Epoch)
+	}
+	// The eviction meant for the first placement must not remove the second.
+	res, err = m.Apply(entry(t, 3, at, fsm.Evict{Fleet: fsm.FleetContext, Key: "k", Reason: fsm.EvictKVEvicted, Epoch: res[0].Binding.Epoch}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, ok := m.State().Lookup(fsm.FleetContext, "k"); res[0].Status != fsm.StatusConditionFailed || !ok || b.Instance != "b" {
+		t.Fatalf("a stale epoch-conditional evict: status %v, binding %+v %v", res[0].Status, b, ok)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -151,7 +150,7 @@ func TestLinearizabilityUnderFaults(t *testing.T) {
 				total.bindsWon += res.bindsWon
 				total.epochCollisions += res.epochCollisions
 			}
-			t.Logf("FIGURES nemesis=%s runs=%d ops=%d indefinite=%d binds_created=%d violations=0 known_epoch_collisions=%d",
+			t.Logf("FIGURES nemesis=%s runs=%d ops=%d indefinite=%d binds_created=%d violations=0 epoch_collisions=%d",
 				nem.name, runs, total.ops, total.indefinite, total.bindsWon, total.epochCollisions)
 		})
 	}
@@ -171,7 +170,16 @@ func runOnce(t *testing.T, nem nemesis, seed int64, rc runConfig) runResult {
 	rng := rand.New(rand.NewSource(seed))
 	fc := newFaultCluster(t, 3, seed, nil)
 	defer fc.closeAll()
-	fc.waitLeader(20 * time.Second)
+	l := fc.waitLeader(20 * time.Second)
+	// Unique epochs (fsm feature level 2, the fix of B2) are in force once
+	// the cluster committed the level; an edge does this when every voter
+	// advertises it.
+	lctx, lcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	if _, err := fc.node(l).Propose(lctx, fsm.ClusterFeatures{Level: fsm.FeatureLevelMax}); err != nil {
+		lcancel()
+		t.Fatalf("commit feature level %d: %v", fsm.FeatureLevelMax, err)
+	}
+	lcancel()
 
 	hist := newHistory()
 	keys := make([]string, rc.keys)
@@ -341,10 +349,11 @@ func runOnce(t *testing.T, nem nemesis, seed int64, rc runConfig) runResult {
 }
 
 // checkOneInstancePerEpoch: a (key, epoch) names one placement, so every
-// observation of it shows the same instance. The one known exception is a
-// log entry that binds, evicts and binds the same key again: both bindings
-// get the entry's index as epoch (see TestEpochNamesOnePlacement); such a
-// collision is confirmed from the archive and reported as the known bug.
+// observation of it shows the same instance. Before unique epochs (B2), a
+// log entry that bound, evicted and bound one key again gave both
+// placements the entry's index as epoch; at feature level 2 every
+// placement has its own, so any collision is a failure. The message names
+// the archived entry the epoch points to.
 func checkOneInstancePerEpoch(t *testing.T, obs []observation, a *archive.Archive) (collisions int) {
 	t.Helper()
 	type ke struct {
@@ -355,15 +364,9 @@ func checkOneInstancePerEpoch(t *testing.T, obs []observation, a *archive.Archiv
 	for _, o := range obs {
 		k := ke{o.key, o.epoch}
 		if prev, ok := seen[k]; ok && prev.instance != o.instance {
-			if bindsInEntry(t, a, o.epoch, o.key) > 1 {
-				collisions++
-				t.Logf("KNOWN BUG (reported): binding %s epoch %d names two placements (%s, %s) created by one batched entry", o.key, o.epoch, prev.instance, o.instance)
-				if os.Getenv("RELIABILITY_KNOWN_BUGS") == "1" {
-					t.Errorf("binding %s epoch %d seen as %s and %s", o.key, o.epoch, prev.instance, o.instance)
-				}
-			} else {
-				t.Errorf("binding %s epoch %d seen as %s (%s) and %s (%s)", o.key, o.epoch, prev.instance, prev.via, o.instance, o.via)
-			}
+			collisions++
+			t.Errorf("binding %s epoch %d (entry %d, %d Binds of the key in it) seen as %s (%s) and %s (%s)",
+				o.key, o.epoch, fsm.EpochIndex(o.epoch), bindsInEntry(t, a, fsm.EpochIndex(o.epoch), o.key), prev.instance, prev.via, o.instance, o.via)
 		}
 		seen[k] = o
 	}

@@ -142,10 +142,10 @@ func TestMutualTLSClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 	checkEqual(t, hashes)
 }
 
-// Without TLS, the AuthKey protects forwarding and joins, but Raft's own
-// stream is unauthenticated: anyone who reaches the port can append.
+// Without TLS, the AuthKey protects Raft streams as it protects forwarding
+// and joins: a peer that reaches the port but skips the handshake cannot
+// append (was B1, fixed in cluster/mux.go).
 func TestPlaintextRaftStreamRefusesUnauthenticatedAppends(t *testing.T) {
-	knownBug(t, "cluster/mux.go route: a plaintext 'R' stream goes to Raft without authentication (AuthKey only guards forwarding), so any host that reaches the port can send AppendEntries with a higher term and get arbitrary entries applied; authenticate Raft streams with the same HMAC handshake as forwarding, or refuse to run without TLS unless explicitly configured insecure")
 	fc := newFaultCluster(t, 3, 1, nil)
 	fc.waitLeader(20 * time.Second)
 	if err := forgeAppend(t, fc, -1, nil); err == nil {
