@@ -2,6 +2,7 @@ package edge
 
 import (
 	"bytes"
+	"encoding"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -26,6 +28,11 @@ const (
 	EnvInternalRequestAuthKey = "TETHER_INTERNAL_REQUEST_AUTH_KEY"
 	EnvAdminToken             = "TETHER_ADMIN_TOKEN"
 	EnvClusterAuthKey         = "TETHER_CLUSTER_AUTH_KEY"
+	// EnvNATSPassword and EnvNATSToken supply the NATS credentials (the
+	// password of nats.user, or a token), so a Kubernetes Secret can hold
+	// them instead of the whole configuration file.
+	EnvNATSPassword = "TETHER_NATS_PASSWORD"
+	EnvNATSToken    = "TETHER_NATS_TOKEN"
 )
 
 // MinSecretLen is the shortest internal key, cluster key or admin token
@@ -50,6 +57,11 @@ const (
 	DefaultDumpTimeout      = 2 * time.Second
 	DefaultEmbeddedNATSAddr = "127.0.0.1:4222"
 	DefaultUpstreamTimeout  = 10 * time.Minute
+	DefaultStartupGrace     = 15 * time.Second
+
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 2 * time.Minute
+	DefaultIdleTimeout       = 2 * time.Minute
 )
 
 // Config is an edge's configuration. The YAML keys shared with a
@@ -87,6 +99,17 @@ type Config struct {
 	MaxBodyBytes int64  `yaml:"max_body_bytes"`
 	// UpstreamTimeout bounds one worker hop, streaming included.
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
+
+	// HTTP server timeouts of the client-facing listener.
+	// ReadHeaderTimeout bounds reading a request's headers (slow clients);
+	// ReadTimeout the whole request, body included; IdleTimeout a kept-alive
+	// connection between requests. WriteTimeout (0: none) bounds each write
+	// of a response: a stream extends it before every chunk, so it limits a
+	// stalled client, not a long stream.
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	ReadTimeout       time.Duration `yaml:"read_timeout"`
+	IdleTimeout       time.Duration `yaml:"idle_timeout"`
+	WriteTimeout      time.Duration `yaml:"write_timeout"`
 
 	Placement PlacementConfig `yaml:"placement"`
 	Telemetry TelemetryConfig `yaml:"telemetry"`
@@ -199,6 +222,10 @@ type TelemetryConfig struct {
 	ProbeInterval time.Duration `yaml:"probe_interval"`
 	// DumpTimeout bounds one KV dump request.
 	DumpTimeout time.Duration `yaml:"dump_timeout"`
+	// StartupGrace: after (re)start, /readyz also waits until the edge
+	// has heard (telemetry or probe) every instance the log records up,
+	// and num_instances per fleet, or until this much time has passed.
+	StartupGrace time.Duration `yaml:"startup_grace"`
 }
 
 // LeaderConfig tunes the leader's duties.
@@ -227,6 +254,16 @@ type ClusterConfig struct {
 	// Archive retention (log time).
 	ArchiveMaxAge    time.Duration `yaml:"archive_max_age"`
 	ArchiveMaxEvents uint64        `yaml:"archive_max_events"`
+	// DegradedPlacementWindow: when the log cannot commit, a new key is
+	// placed by degraded rendezvous only if this edge's state was current
+	// (it had applied everything it knew committed) and it heard from a
+	// leader within this window; otherwise the request gets 503 with
+	// Retry-After. 0: 5 × the election timeout.
+	DegradedPlacementWindow time.Duration `yaml:"degraded_placement_window"`
+	// CompatFeatureLevel caps the fsm feature level this edge advertises
+	// and uses (0: the highest this build supports), so a new build can
+	// run as the previous release during a rolling upgrade.
+	CompatFeatureLevel uint32 `yaml:"compat_feature_level"`
 }
 
 // PeerConfig is one initial voter.
@@ -243,26 +280,31 @@ type RaftConfig struct {
 	CommitTimeout      time.Duration `yaml:"commit_timeout"`
 }
 
-// NATSConfig is where worker telemetry comes from.
+// NATSConfig is where worker telemetry comes from. Authenticate with one
+// of user/password (the password may come from TETHER_NATS_PASSWORD), a
+// token (or TETHER_NATS_TOKEN), an nkey seed file or a creds file.
 type NATSConfig struct {
 	// Embedded runs a NATS server inside the edge on Listen and connects
 	// to it (a single-edge or development deployment).
-	Embedded bool     `yaml:"embedded"`
-	Listen   string   `yaml:"listen"`
-	URLs     []string `yaml:"urls"`
-	User     string   `yaml:"user"`
-	Password string   `yaml:"password"`
-	Creds    string   `yaml:"creds"`
+	Embedded     bool     `yaml:"embedded"`
+	Listen       string   `yaml:"listen"`
+	URLs         []string `yaml:"urls"`
+	User         string   `yaml:"user"`
+	Password     string   `yaml:"password"`
+	Token        string   `yaml:"token"`
+	NKeySeedFile string   `yaml:"nkey_seed_file"`
+	Creds        string   `yaml:"creds"`
 }
 
 // Enabled reports whether the edge subscribes to telemetry.
 func (n NATSConfig) Enabled() bool { return n.Embedded || len(n.URLs) > 0 }
 
-// TracingConfig selects the span exporter. otlp is not compiled into this
-// build (otlptracehttp is not a dependency); stdout writes one JSON object
-// per finished span to standard output.
+// TracingConfig selects the span exporter: none, stdout (one JSON object
+// per finished span on standard output) or otlp (OTLP/HTTP protobuf to
+// Endpoint, e.g. http://otel-collector:4318; a URL without a path gets
+// /v1/traces).
 type TracingConfig struct {
-	Exporter string `yaml:"exporter"` // none | stdout
+	Exporter string `yaml:"exporter"` // none | stdout | otlp
 	Endpoint string `yaml:"endpoint"`
 }
 
@@ -279,6 +321,10 @@ func DefaultConfig() Config {
 		TouchInterval:   DefaultTouchInterval,
 		MaxBodyBytes:    DefaultMaxBodyBytes,
 		UpstreamTimeout: DefaultUpstreamTimeout,
+
+		ReadHeaderTimeout: DefaultReadHeaderTimeout,
+		ReadTimeout:       DefaultReadTimeout,
+		IdleTimeout:       DefaultIdleTimeout,
 		Placement: PlacementConfig{
 			BlockSize:  rc.BlockSize,
 			PredictTTL: rc.PredictTTL,
@@ -293,6 +339,7 @@ func DefaultConfig() Config {
 			DownAfter:      DefaultDownAfter,
 			ProbeInterval:  DefaultProbeInterval,
 			DumpTimeout:    DefaultDumpTimeout,
+			StartupGrace:   DefaultStartupGrace,
 		},
 		Leader:  LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
 		Cluster: ClusterConfig{ProposeTimeout: DefaultProposeTimeout},
@@ -321,11 +368,7 @@ func ParseConfig(data []byte) (Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		var doc yaml.Node
-		_ = yaml.Unmarshal(data, &doc)
-		lines := map[int][]string{}
-		keysByLine(&doc, "", lines)
-		return Config{}, yamlError(err, lines)
+		return Config{}, decodeError(data, err)
 	}
 	cfg.ApplyEnv(os.Getenv)
 	if err := cfg.Validate(); err != nil {
@@ -340,9 +383,180 @@ var (
 	lineRE         = regexp.MustCompile(`^line (\d+): `)
 )
 
-// yamlError rewrites yaml.v3's messages in the config's own words: an
-// unknown field names the key and its line; a value of the wrong type
-// names the key(s) whose value sits on that line.
+// decodeError rewrites a decoding error in the config's own words: an
+// unknown key is named with its line; a value that does not decode (wrong
+// type, unknown enum value) is named by its full key path
+// (context_servers.router.type: …), found by decoding every value of the
+// document on its own against the field it fills. yaml.v3's TypeError only
+// carries line numbers, so the path comes from walking the document.
+func decodeError(data []byte, err error) error {
+	var doc yaml.Node
+	if yerr := yaml.Unmarshal(data, &doc); yerr != nil {
+		return fmt.Errorf("invalid YAML: %w", yerr)
+	}
+	var msgs []string
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		for _, m := range te.Errors {
+			if unknownFieldRE.MatchString(m) {
+				msgs = append(msgs, unknownFieldRE.ReplaceAllString(m, `line $1: unknown key "$2"`))
+			}
+		}
+	}
+	var byKey []string
+	if len(doc.Content) > 0 {
+		valueErrors(doc.Content[0], reflect.TypeFor[Config](), "", &byKey)
+	}
+	msgs = append(msgs, byKey...)
+	if len(msgs) == 0 {
+		// Not expected (every failing value is found above); keep the
+		// decoder's message with the keys on its line.
+		lines := map[int][]string{}
+		keysByLine(&doc, "", lines)
+		return yamlError(err, lines)
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+var (
+	durationType        = reflect.TypeFor[time.Duration]()
+	yamlUnmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
+	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
+
+// valueErrors decodes node against type t (the type of the field at path)
+// and appends "path: problem" for every value that does not decode.
+// Unknown keys are skipped: the decoder reports them with their line.
+func valueErrors(n *yaml.Node, t reflect.Type, path string, out *[]string) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return // "key:" with no value keeps the default
+	}
+	name := path
+	if name == "" {
+		name = "configuration"
+	}
+	custom := reflect.PointerTo(t).Implements(yamlUnmarshalerType) || reflect.PointerTo(t).Implements(textUnmarshalerType)
+	switch {
+	case custom || t == durationType:
+		// decoded as a whole below
+	case t.Kind() == reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			*out = append(*out, fmt.Sprintf("%s: want a mapping of keys, got %s (line %d)", name, describeNode(n), n.Line))
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key := n.Content[i].Value
+			if f, ok := yamlField(t, key); ok {
+				valueErrors(n.Content[i+1], f.Type, joinKey(path, key), out)
+			}
+		}
+		return
+	case t.Kind() == reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			*out = append(*out, fmt.Sprintf("%s: want a list, got %s (line %d)", name, describeNode(n), n.Line))
+			return
+		}
+		for i, c := range n.Content {
+			valueErrors(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i), out)
+		}
+		return
+	case t.Kind() == reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			*out = append(*out, fmt.Sprintf("%s: want a mapping, got %s (line %d)", name, describeNode(n), n.Line))
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			valueErrors(n.Content[i+1], t.Elem(), joinKey(path, n.Content[i].Value), out)
+		}
+		return
+	}
+	v := reflect.New(t)
+	err := n.Decode(v.Interface())
+	if err == nil {
+		return
+	}
+	var te *yaml.TypeError
+	if errors.As(err, &te) || !custom {
+		// A plain value of the wrong kind: say what was wanted.
+		*out = append(*out, fmt.Sprintf("%s: want %s, got %s (line %d)", name, describeType(t), describeNode(n), n.Line))
+		return
+	}
+	// A custom decoder's own message (unknown enum value, a urls entry's
+	// unknown key) already says what is wrong.
+	msg := lineRE.ReplaceAllString(err.Error(), "")
+	if k, rest, ok := strings.Cut(msg, ": "); ok && strings.HasSuffix(name, k) {
+		msg = rest // "router.type: unknown value" under context_servers.router.type
+	}
+	*out = append(*out, fmt.Sprintf("%s: %s (line %d)", name, msg, n.Line))
+}
+
+// yamlField finds the field of struct t that YAML key fills.
+func yamlField(t reflect.Type, key string) (reflect.StructField, bool) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		tag, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if tag == "-" {
+			continue
+		}
+		if tag == "" {
+			tag = strings.ToLower(f.Name)
+		}
+		if tag == key {
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
+}
+
+func joinKey(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+func describeType(t reflect.Type) string {
+	switch {
+	case t == durationType:
+		return `a duration such as "100ms" or "2s"`
+	case t.Kind() == reflect.String:
+		return "a string"
+	case t.Kind() == reflect.Bool:
+		return "true or false"
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64:
+		return "an integer"
+	case t.Kind() >= reflect.Uint && t.Kind() <= reflect.Uint64:
+		return "a non-negative integer"
+	case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:
+		return "a number"
+	}
+	return "a " + t.String()
+}
+
+func describeNode(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		return fmt.Sprintf("%q", n.Value)
+	}
+	return "nothing"
+}
+
+// yamlError rewrites yaml.v3's messages by line: an unknown field names
+// the key and its line; a value of the wrong type names the key(s) whose
+// value sits on that line. decodeError's fallback.
 func yamlError(err error, keysAt map[int][]string) error {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
@@ -407,6 +621,12 @@ func (c *Config) ApplyEnv(getenv func(string) string) {
 	}
 	if v := getenv(EnvClusterAuthKey); v != "" {
 		c.Cluster.AuthKey = v
+	}
+	if v := getenv(EnvNATSPassword); v != "" {
+		c.NATS.Password = v
+	}
+	if v := getenv(EnvNATSToken); v != "" {
+		c.NATS.Token = v
 	}
 }
 
@@ -550,6 +770,19 @@ func (c *Config) Validate() error {
 	if c.UpstreamTimeout <= 0 {
 		bad("upstream_timeout", "must be > 0, got %s", c.UpstreamTimeout)
 	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"read_header_timeout", c.ReadHeaderTimeout}, {"read_timeout", c.ReadTimeout}, {"idle_timeout", c.IdleTimeout}} {
+		if d.v <= 0 {
+			bad(d.key, "must be > 0, got %s", d.v)
+		}
+	}
+	if c.WriteTimeout < 0 {
+		bad("write_timeout", "must be >= 0 (0: no limit), got %s", c.WriteTimeout)
+	} else if c.WriteTimeout > 0 && c.WriteTimeout < time.Second {
+		bad("write_timeout", "%s is too short (at least 1s, or 0 for no limit)", c.WriteTimeout)
+	}
 	if c.AdminToken != "" && len(c.AdminToken) < MinSecretLen {
 		bad("admin_token", "%d bytes is too short (want at least %d)", len(c.AdminToken), MinSecretLen)
 	}
@@ -594,6 +827,9 @@ func (c *Config) Validate() error {
 	}
 	if t.DumpTimeout <= 0 {
 		bad("telemetry.dump_timeout", "must be > 0, got %s", t.DumpTimeout)
+	}
+	if t.StartupGrace < 0 {
+		bad("telemetry.startup_grace", "must be >= 0, got %s", t.StartupGrace)
 	}
 	if c.Leader.Interval <= 0 {
 		bad("leader.interval", "must be > 0, got %s", c.Leader.Interval)
@@ -648,6 +884,12 @@ func (c *Config) Validate() error {
 	} else if cl.ProposeTimeout == 0 {
 		cl.ProposeTimeout = DefaultProposeTimeout
 	}
+	if cl.DegradedPlacementWindow < 0 {
+		bad("cluster.degraded_placement_window", "must be >= 0 (0: 5 × the election timeout), got %s", cl.DegradedPlacementWindow)
+	}
+	if cl.CompatFeatureLevel > fsm.FeatureLevelMax {
+		bad("cluster.compat_feature_level", "%d is above the highest level this build supports (%d)", cl.CompatFeatureLevel, fsm.FeatureLevelMax)
+	}
 	if k := c.clusterAuthKey(); k == "" {
 		bad("cluster.auth_key", "required (or internal_request_auth_key, or %s): it authenticates the edges to each other", EnvClusterAuthKey)
 	} else if len(k) < MinSecretLen {
@@ -660,8 +902,9 @@ func (c *Config) Validate() error {
 		bad("nats", "set either nats.embedded or nats.urls, not both")
 	}
 	for i, u := range n.URLs {
-		if pu, err := url.Parse(u); err != nil || pu.Host == "" {
-			bad(fmt.Sprintf("nats.urls[%d]", i), "%q is not a NATS URL (e.g. nats://127.0.0.1:4222)", u)
+		pu, err := url.Parse(u)
+		if err != nil || pu.Host == "" || (pu.Scheme != "nats" && pu.Scheme != "tls" && pu.Scheme != "ws" && pu.Scheme != "wss") {
+			bad(fmt.Sprintf("nats.urls[%d]", i), "%q is not a nats://, tls://, ws:// or wss:// URL (e.g. nats://127.0.0.1:4222)", u)
 		}
 	}
 	if n.Embedded && n.Listen == "" {
@@ -673,20 +916,44 @@ func (c *Config) Validate() error {
 		}
 	}
 	if n.Password != "" && n.User == "" {
-		bad("nats.user", "required when nats.password is set")
+		bad("nats.user", "required when nats.password is set (or %s)", EnvNATSPassword)
 	}
-	if n.Creds != "" {
-		if _, err := os.Stat(n.Creds); err != nil {
-			bad("nats.creds", "%v", err)
+	if n.User != "" && n.Password == "" {
+		bad("nats.password", "required when nats.user is set: set it or %s", EnvNATSPassword)
+	}
+	methods := 0
+	for _, set := range []bool{n.User != "", n.Token != "", n.NKeySeedFile != "", n.Creds != ""} {
+		if set {
+			methods++
+		}
+	}
+	if methods > 1 {
+		bad("nats", "choose one of user/password, token, nkey_seed_file or creds")
+	}
+	if n.Embedded && (n.NKeySeedFile != "" || n.Creds != "") {
+		bad("nats", "the embedded server supports user/password or token only (not nkey_seed_file or creds)")
+	}
+	for _, f := range []struct{ key, path string }{{"nats.creds", n.Creds}, {"nats.nkey_seed_file", n.NKeySeedFile}} {
+		if f.path != "" {
+			if _, err := os.Stat(f.path); err != nil {
+				bad(f.key, "%v", err)
+			}
 		}
 	}
 
 	switch c.Tracing.Exporter {
 	case "", "none", "stdout":
+		if c.Tracing.Endpoint != "" {
+			bad("tracing.endpoint", "only used with tracing.exporter: otlp")
+		}
 	case "otlp":
-		bad("tracing.exporter", "otlp is not available in this build (the otlptracehttp exporter is not among its dependencies); use none or stdout")
+		if c.Tracing.Endpoint == "" {
+			bad("tracing.endpoint", "required with tracing.exporter: otlp (the collector's OTLP/HTTP URL, e.g. http://otel-collector:4318)")
+		} else if _, err := otlpTracesURL(c.Tracing.Endpoint); err != nil {
+			bad("tracing.endpoint", "%v", err)
+		}
 	default:
-		bad("tracing.exporter", "unknown exporter %q (allowed: none, stdout)", c.Tracing.Exporter)
+		bad("tracing.exporter", "unknown exporter %q (allowed: none, stdout, otlp)", c.Tracing.Exporter)
 	}
 	return errors.Join(errs...)
 }

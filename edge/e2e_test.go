@@ -266,10 +266,17 @@ func TestLeaderKillDuringConversations(t *testing.T) {
 func TestDegradedModeWithoutQuorum(t *testing.T) {
 	ns := startNATS(t)
 	startDisaggFleet(t, ns.ClientURL(), workerOpts{})
-	ec := startEdges(t, 3, ns.ClientURL(), func(i int, c *Config) { c.Cluster.ProposeTimeout = 300 * time.Millisecond })
+	ec := startEdges(t, 3, ns.ClientURL(), func(i int, c *Config) {
+		c.Cluster.ProposeTimeout = 300 * time.Millisecond
+		// Degraded placement needs a leader heard within the window: the
+		// test may run slowly (race detector, loaded machine).
+		c.Cluster.DegradedPlacementWindow = 30 * time.Second
+	})
 	ec.waitInstances(4)
 	c := httpClient(t)
-	// The log must know the instances (the leader records them up).
+	// The log must know the instances (the leader records them up), and
+	// every edge must be ready (its state caught up with the leader's:
+	// only then may it place keys without the log).
 	waitFor(t, "four instances up in every edge's log", 10*time.Second, func() bool {
 		for i := range 3 {
 			n := 0
@@ -279,6 +286,14 @@ func TestDegradedModeWithoutQuorum(t *testing.T) {
 				}
 			}
 			if n != 4 {
+				return false
+			}
+		}
+		return true
+	})
+	waitFor(t, "every edge ready", 10*time.Second, func() bool {
+		for i := range 3 {
+			if do(t, c, http.MethodGet, ec.edge(i).url()+"/readyz", nil, nil).status != http.StatusOK {
 				return false
 			}
 		}

@@ -95,6 +95,8 @@ type Edge struct {
 	ln       net.Listener
 	recorder *recorder
 	touches  *touchBatcher
+	fresh    *freshness // is this edge's state current (readyz, degraded placement)
+	ready    *readiness
 
 	rr          [3]atomic.Uint64 // round-robin counters by fleet
 	disaggBase  uint64
@@ -158,13 +160,16 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	}
 	e.recorder = newRecorder(e)
 	e.touches = newTouchBatcher()
+	e.fresh = newFreshness(e)
 	var err error
 	if e.metrics, err = newMetrics(e.registry, e); err != nil {
 		return nil, err
 	}
 	tp := deps.TracerProvider
 	if tp == nil {
-		tp, e.tpClose = tracerProvider(cfg.Tracing, os.Stdout)
+		if tp, e.tpClose, err = tracerProvider(cfg.Tracing, cfg.Cluster.NodeID, os.Stdout); err != nil {
+			return nil, fmt.Errorf("edge: %w", err)
+		}
 	}
 	e.tracer = tp.Tracer("github.com/tether-project/tether/edge")
 	transport := deps.Transport
@@ -222,7 +227,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	ccfg := cluster.Config{
 		NodeID: cl.NodeID, DataDir: cl.DataDir, BindAddr: cl.BindAddr, AdvertiseAddr: cl.AdvertiseAddr,
 		Bootstrap: cl.Bootstrap, Join: cl.Join, AuthKey: []byte(e.cfg.clusterAuthKey()),
-		ProposeTimeout: cl.ProposeTimeout, Version: e.version, Listener: e.deps.ClusterListener,
+		ProposeTimeout: cl.ProposeTimeout, Version: e.version, FeatureLevel: e.featureLevel(), Listener: e.deps.ClusterListener,
 		Registerer: e.registry, Logger: e.log,
 		Raft: cluster.RaftTiming{
 			HeartbeatTimeout: cl.Raft.HeartbeatTimeout, ElectionTimeout: cl.Raft.ElectionTimeout,
@@ -262,9 +267,10 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 
 	e.httpSrv = &http.Server{
 		Handler:           e.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       2 * time.Minute, // bodies up to max_body_bytes; responses stream unbounded
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: e.cfg.ReadHeaderTimeout,
+		ReadTimeout:       e.cfg.ReadTimeout,  // bodies up to max_body_bytes
+		WriteTimeout:      e.cfg.WriteTimeout, // 0: none; streams extend it per chunk (relay)
+		IdleTimeout:       e.cfg.IdleTimeout,
 		MaxHeaderBytes:    1 << 20,
 		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelWarn),
 	}
@@ -277,7 +283,9 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		}
 		e.serveErr <- err
 	}()
-	e.wg.Add(4)
+	e.ready = newReadiness(e, e.now())
+	e.wg.Add(5)
+	go e.fresh.run()
 	go e.recorder.run()
 	go e.touchLoop()
 	go e.leaderWatch()
@@ -309,7 +317,7 @@ func (e *Edge) startNATS() error {
 		if port == 0 {
 			port = natsserver.RANDOM_PORT
 		}
-		opts := &natsserver.Options{Host: host, Port: port, NoLog: true, NoSigs: true, Username: n.User, Password: n.Password}
+		opts := &natsserver.Options{Host: host, Port: port, NoLog: true, NoSigs: true, Username: n.User, Password: n.Password, Authorization: n.Token}
 		srv, err := natsserver.NewServer(opts)
 		if err != nil {
 			return fmt.Errorf("edge: embedded nats: %w", err)
@@ -338,6 +346,14 @@ func (e *Edge) startNATS() error {
 	switch {
 	case n.User != "":
 		opts = append(opts, nats.UserInfo(n.User, n.Password))
+	case n.Token != "":
+		opts = append(opts, nats.Token(n.Token))
+	case n.NKeySeedFile != "":
+		o, err := nats.NkeyOptionFromSeed(n.NKeySeedFile)
+		if err != nil {
+			return fmt.Errorf("edge: nats.nkey_seed_file: %w", err)
+		}
+		opts = append(opts, o)
 	case n.Creds != "":
 		opts = append(opts, nats.UserCredentials(n.Creds))
 	}
@@ -563,41 +579,11 @@ func (e *Edge) handleHealth(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// handleReady: ready when the node is in a cluster with a known leader and
-// each fleet has a healthy instance (num_instances of them when set).
-func (e *Edge) handleReady(w http.ResponseWriter, r *http.Request) {
-	reasons := []string{}
-	if leader, _ := e.node.Leader(); leader == "" {
-		reasons = append(reasons, "no cluster leader known")
-	}
-	if err := e.node.FatalError(); err != nil {
-		reasons = append(reasons, err.Error())
-	}
-	now := e.now()
-	healthy := map[fsm.Fleet]int{}
-	for _, in := range e.fleet.Instances(now) {
-		if in.Healthy {
-			healthy[in.Fleet]++
-		}
-	}
-	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-		want := max(e.cfg.servers(f).NumInstances, 1)
-		if healthy[f] < want {
-			reasons = append(reasons, fmt.Sprintf("%d of %d %s instances healthy", healthy[f], want, f))
-		}
-	}
-	if len(reasons) > 0 {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "reasons": reasons})
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-}
-
 // advertise proposes this edge's NodeInfo until it commits (the leader
 // raises the cluster feature level from these).
 func (e *Edge) advertise() {
 	defer e.wg.Done()
-	ev := fsm.NodeInfo{NodeID: e.nodeID, Version: e.version, MaxFeatureLevel: fsm.FeatureLevelMax}
+	ev := fsm.NodeInfo{NodeID: e.nodeID, Version: e.version, MaxFeatureLevel: e.featureLevel()}
 	backoff := 50 * time.Millisecond
 	for {
 		if n, ok := findNode(e.node.State(), e.nodeID); ok && n.Version == ev.Version && n.MaxFeatureLevel == ev.MaxFeatureLevel {
@@ -616,6 +602,15 @@ func (e *Edge) advertise() {
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+// featureLevel is the highest fsm feature level this edge advertises and
+// uses: cluster.compat_feature_level, or this build's maximum.
+func (e *Edge) featureLevel() uint32 {
+	if l := e.cfg.Cluster.CompatFeatureLevel; l > 0 {
+		return l
+	}
+	return fsm.FeatureLevelMax
 }
 
 func findNode(st *fsm.State, id string) (fsm.Node, bool) {

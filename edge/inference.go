@@ -60,6 +60,9 @@ func (e *Edge) handleInference(w http.ResponseWriter, r *http.Request, chat bool
 		return
 	}
 	start := time.Now()
+	if d := e.cfg.WriteTimeout; d > 0 {
+		w = &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: d}
+	}
 	ctx := traceProp.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 	ctx, span := e.tracer.Start(ctx, "tether.edge "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("http.route", r.URL.Path),
@@ -73,6 +76,29 @@ func (e *Edge) handleInference(w http.ResponseWriter, r *http.Request, chat bool
 	e.metrics.requests.WithLabelValues(endpoint, strconv.Itoa(status)).Inc()
 	e.metrics.requestSeconds.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
 }
+
+// deadlineWriter moves the connection's write deadline write_timeout ahead
+// before every write: the limit is on a stalled client, not on a long
+// generation or stream (http.Server.WriteTimeout alone would count the
+// time spent waiting for the workers).
+type deadlineWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func (w *deadlineWriter) WriteHeader(status int) {
+	_ = w.rc.SetWriteDeadline(time.Now().Add(w.d))
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *deadlineWriter) Write(b []byte) (int, error) {
+	_ = w.rc.SetWriteDeadline(time.Now().Add(w.d))
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection (Flush).
+func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func fail(w http.ResponseWriter, span trace.Span, aerr *apiError) int {
 	span.SetAttributes(attribute.String("tether.error", aerr.Message))

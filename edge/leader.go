@@ -63,6 +63,7 @@ func (e *Edge) leaderLoop(ctx context.Context) {
 	for len(e.evictCh) > 0 {
 		<-e.evictCh
 	}
+	e.markTenure(ctx)
 	e.leaderRound(ctx, since)
 	for {
 		select {
@@ -77,6 +78,19 @@ func (e *Edge) leaderLoop(ctx context.Context) {
 			}
 			e.proposeKVEvictions(ctx, batch)
 		}
+	}
+}
+
+// markTenure commits an Annotation at the start of a leader's tenure.
+// Raft opens a term with a no-op and the node's barrier, entries the state
+// machine never sees; after this one, an idle log ends in an entry that
+// every node applies, so "applied every entry it holds" (freshness) holds
+// on an idle cluster as well as a busy one.
+func (e *Edge) markTenure(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, max(e.cfg.Cluster.ProposeTimeout, time.Second))
+	defer cancel()
+	if _, err := e.propose(pctx, fsm.Annotation{Source: "edge/" + e.nodeID, Text: "leader tenure start"}); err != nil {
+		e.log.Debug("leader tenure annotation not committed", "err", err)
 	}
 }
 

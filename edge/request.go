@@ -52,6 +52,9 @@ func writeAPIError(w http.ResponseWriter, e *apiError) {
 	h.Set("Content-Type", "application/json")
 	if e.retryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(int((e.retryAfter+time.Second-1)/time.Second)))
+		// The OpenAI SDKs read retry-after-ms first: sub-second hints (an
+		// election) need not round up to a whole second.
+		h.Set("Retry-After-Ms", strconv.FormatInt(e.retryAfter.Milliseconds(), 10))
 	}
 	w.WriteHeader(e.Status)
 	_ = json.NewEncoder(w).Encode(struct {

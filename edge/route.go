@@ -23,7 +23,20 @@ const (
 	outcomeDegraded = "degraded"
 	outcomeShed     = "shed"
 	outcomeUnbound  = "unbound"
+	// outcomeRefused: the log could not commit and this edge's state was
+	// not known to be current, so it did not guess (503, retry).
+	outcomeRefused = "refused"
 )
+
+// retryHint is the Retry-After of a request refused because the log could
+// not commit: about one election.
+func (e *Edge) retryHint() time.Duration {
+	et := e.cfg.Cluster.Raft.ElectionTimeout
+	if et <= 0 {
+		et = 500 * time.Millisecond
+	}
+	return max(et, 250*time.Millisecond)
+}
 
 // viewsEntry caches the routing views until the fleet view or the log
 // changes, or viewsMaxAge passes (health depends on time).
@@ -281,8 +294,22 @@ func (e *Edge) routeBound(ctx context.Context, rq *request, h *hop, router *rout
 
 // placeDegraded places a new key by rendezvous over the instances the log
 // last agreed on, serves it, and remembers to record the Bind.
+//
+// Only an edge whose state is known to be current guesses (freshness): a
+// lagging one may not know that the log already bound the key elsewhere,
+// so it answers 503 with Retry-After instead; the client's retry (here once
+// the log commits or the state catches up, or on another edge) is placed
+// correctly.
 func (e *Edge) placeDegraded(rq *request, h *hop, router *routing.Router, req routing.Request, in routing.Inputs,
 	set func(routing.Route, string)) (*hop, *apiError) {
+	if ok, why := e.fresh.degradedAllowed(e.now()); !ok {
+		e.metrics.decisions.WithLabelValues(h.fleet.String(), routing.PolicyDegraded, outcomeRefused).Inc()
+		aerr := newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_state_unknown", "",
+			"the affinity log cannot commit right now and this edge cannot place %s key %q without it: %s; retry shortly (another edge, or this one once the log recovers, will place it)",
+			h.fleet, truncate(h.key, 200), why)
+		aerr.retryAfter = e.retryHint()
+		return nil, aerr
+	}
 	rt, err := router.PlaceDegraded(req, e.node.State().Instances(), in)
 	if err != nil {
 		return nil, routeError(h.fleet, rt, err)

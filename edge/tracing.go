@@ -3,25 +3,61 @@ package edge
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net/url"
 	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // tracerProvider builds the provider for tracing.exporter when the embedder
-// gave none. It returns a shutdown function (nil for none).
-func tracerProvider(cfg TracingConfig, out io.Writer) (trace.TracerProvider, func(context.Context) error) {
+// gave none. It returns a shutdown function (nil for none) that flushes
+// the spans still batched.
+func tracerProvider(cfg TracingConfig, nodeID string, out io.Writer) (trace.TracerProvider, func(context.Context) error, error) {
+	res := resource.NewSchemaless(attribute.String("service.name", "tether-edge"), attribute.String("service.instance.id", nodeID))
 	switch cfg.Exporter {
 	case "stdout":
-		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(&jsonLinesExporter{w: out}))
-		return tp, tp.Shutdown
+		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(&jsonLinesExporter{w: out}), sdktrace.WithResource(res))
+		return tp, tp.Shutdown, nil
+	case "otlp":
+		u, err := otlpTracesURL(cfg.Endpoint)
+		if err != nil {
+			return nil, nil, fmt.Errorf("tracing.endpoint: %w", err)
+		}
+		// NewUnstarted + a lazily connecting HTTP client: a collector that
+		// is down at startup delays nothing (batches are retried, then
+		// dropped, in the background).
+		exp := otlptracehttp.NewUnstarted(otlptracehttp.WithEndpointURL(u.String()), otlptracehttp.WithTimeout(10*time.Second))
+		if err := exp.Start(context.Background()); err != nil {
+			return nil, nil, fmt.Errorf("tracing: otlp exporter: %w", err)
+		}
+		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+		return tp, tp.Shutdown, nil
 	}
-	return noop.NewTracerProvider(), nil
+	return noop.NewTracerProvider(), nil, nil
+}
+
+// otlpTracesURL checks an OTLP/HTTP endpoint and completes it: an http(s)
+// URL; without a path, the standard /v1/traces.
+func otlpTracesURL(endpoint string) (*url.URL, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%q is not an OTLP/HTTP URL (e.g. http://otel-collector:4318)", endpoint)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("%q: an OTLP endpoint takes no query or fragment", endpoint)
+	}
+	if u.Path == "" || u.Path == "/" {
+		u.Path = "/v1/traces"
+	}
+	return u, nil
 }
 
 // jsonLinesExporter writes one JSON object per span. The otel stdout
