@@ -117,6 +117,8 @@ type Config struct {
 	Cluster   ClusterConfig   `yaml:"cluster"`
 	NATS      NATSConfig      `yaml:"nats"`
 	Tracing   TracingConfig   `yaml:"tracing"`
+	// TLS is transport security for every link (edge/tls.go).
+	TLS TLSConfig `yaml:"tls"`
 }
 
 // ServersConfig is context_servers or generation_servers.
@@ -294,6 +296,10 @@ type NATSConfig struct {
 	Token        string   `yaml:"token"`
 	NKeySeedFile string   `yaml:"nkey_seed_file"`
 	Creds        string   `yaml:"creds"`
+	// TLS toward an external server; WorkerUsers are accounts of the
+	// embedded server (edge/tls.go).
+	TLS         NATSTLSConfig    `yaml:"tls"`
+	WorkerUsers []NATSWorkerUser `yaml:"worker_users"`
 }
 
 // Enabled reports whether the edge subscribes to telemetry.
@@ -344,6 +350,7 @@ func DefaultConfig() Config {
 		Leader:  LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
 		Cluster: ClusterConfig{ProposeTimeout: DefaultProposeTimeout},
 		Tracing: TracingConfig{Exporter: "none"},
+		TLS:     TLSConfig{Mode: TLSModePlaintext},
 	}
 }
 
@@ -365,6 +372,7 @@ func LoadConfig(path string) (Config, error) {
 // applies the environment overrides and validates.
 func ParseConfig(data []byte) (Config, error) {
 	cfg := DefaultConfig()
+	cfg.TLS.Mode = "" // a file states its tls.mode (unset: plaintext with a warning)
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
@@ -940,6 +948,8 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+
+	c.validateTLS(bad)
 
 	switch c.Tracing.Exporter {
 	case "", "none", "stdout":

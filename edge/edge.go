@@ -78,6 +78,7 @@ type Edge struct {
 	routers     [3]*routing.Router // by fsm.Fleet
 	overload    *routing.OverloadTracker
 	authKey     []byte
+	tls         *edgeTLS // transport security (tls.go)
 	nodeID      string
 	version     string
 
@@ -172,6 +173,9 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		}
 	}
 	e.tracer = tp.Tracer("github.com/tether-project/tether/edge")
+	if e.tls, err = loadTLS(&cfg); err != nil {
+		return nil, fmt.Errorf("edge: %w", err)
+	}
 	transport := deps.Transport
 	if transport == nil {
 		transport = &http.Transport{
@@ -181,9 +185,10 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 			MaxIdleConnsPerHost: 256,
 			IdleConnTimeout:     90 * time.Second,
 			ForceAttemptHTTP2:   false,
+			TLSClientConfig:     e.tls.worker,
 		}
 	}
-	e.client = &http.Client{Transport: transport}
+	e.client = &http.Client{Transport: e.tls.guardHops(transport, e.log)}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	// Disaggregated request ids: a random 31-bit prefix per edge process
@@ -218,6 +223,10 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 			return fmt.Errorf("edge: listen %s: %w", addr, err)
 		}
 	}
+	for _, w := range e.tls.warnings(&e.cfg) {
+		e.log.Warn(w)
+	}
+	ln = e.tls.listener(ln)
 	e.ln = ln
 
 	if err := e.startNATS(); err != nil {
@@ -228,7 +237,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		NodeID: cl.NodeID, DataDir: cl.DataDir, BindAddr: cl.BindAddr, AdvertiseAddr: cl.AdvertiseAddr,
 		Bootstrap: cl.Bootstrap, Join: cl.Join, AuthKey: []byte(e.cfg.clusterAuthKey()),
 		ProposeTimeout: cl.ProposeTimeout, Version: e.version, FeatureLevel: e.featureLevel(), Listener: e.deps.ClusterListener,
-		Registerer: e.registry, Logger: e.log,
+		Registerer: e.registry, Logger: e.log, TLS: e.tls.cluster,
 		Raft: cluster.RaftTiming{
 			HeartbeatTimeout: cl.Raft.HeartbeatTimeout, ElectionTimeout: cl.Raft.ElectionTimeout,
 			LeaderLeaseTimeout: cl.Raft.LeaderLeaseTimeout, CommitTimeout: cl.Raft.CommitTimeout,
@@ -258,6 +267,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		StaleIntervals: t.StaleIntervals, MinStaleAfter: t.MinStaleAfter, ProbeInterval: t.ProbeInterval,
 		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
 		OnEvictions: e.onWorkerEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
+		ProbeClient: &http.Client{Transport: e.client.Transport, Timeout: t.ProbeInterval},
 	}); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
@@ -290,7 +300,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	go e.touchLoop()
 	go e.leaderWatch()
 	go e.advertise()
-	e.log.Info("edge serving", "addr", ln.Addr().String(), "raft", e.node.Addr(), "nats", e.natsURL())
+	e.log.Info("edge serving", "url", e.URL(), "tls", e.TLSMode(), "raft", e.node.Addr(), "nats", e.natsURL())
 	return nil
 }
 
@@ -318,6 +328,7 @@ func (e *Edge) startNATS() error {
 			port = natsserver.RANDOM_PORT
 		}
 		opts := &natsserver.Options{Host: host, Port: port, NoLog: true, NoSigs: true, Username: n.User, Password: n.Password, Authorization: n.Token}
+		e.embeddedNATSAuth(opts)
 		srv, err := natsserver.NewServer(opts)
 		if err != nil {
 			return fmt.Errorf("edge: embedded nats: %w", err)
@@ -357,6 +368,7 @@ func (e *Edge) startNATS() error {
 	case n.Creds != "":
 		opts = append(opts, nats.UserCredentials(n.Creds))
 	}
+	opts = append(opts, e.tls.natsClientOptions()...)
 	joined := ""
 	for i, u := range urls {
 		if i > 0 {
@@ -490,9 +502,7 @@ func (e *Edge) stopLocked(abrupt bool) error {
 			errs = append(errs, fmt.Errorf("edge: http serve: %w", err))
 		}
 	}
-	if t, ok := e.client.Transport.(*http.Transport); ok {
-		t.CloseIdleConnections()
-	}
+	e.client.CloseIdleConnections() // reaches through the hop guard
 	if e.tpClose != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = e.tpClose(cctx)

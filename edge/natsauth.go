@@ -1,0 +1,123 @@
+package edge
+
+import (
+	"log/slog"
+	"strconv"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tether-project/tether/pki"
+	"github.com/tether-project/tether/routing/telemetry"
+)
+
+// Who may say what on an embedded NATS server (the edge's nats.embedded,
+// and tether dev's). A worker may publish only its own instance's
+// telemetry and answer dump requests addressed to it, so one compromised
+// worker cannot register, report load or cache contents for another; the
+// edges' decoders check the payload's instance against the subject as a
+// second line (routing/telemetry DESIGN.md).
+
+// EdgeNATSPermissions are an edge's: read every worker's telemetry, ask any
+// worker for a KV dump and read the replies.
+func EdgeNATSPermissions() *natsserver.Permissions {
+	return &natsserver.Permissions{
+		Publish:   &natsserver.SubjectPermission{Allow: []string{telemetry.KVDumpSubject("*")}},
+		Subscribe: &natsserver.SubjectPermission{Allow: []string{"tether.v1.>", "_INBOX.>"}},
+	}
+}
+
+// maxDumpReplyParts bounds the reply messages a worker may send to one
+// dump request (a dump is split to fit the server's max payload).
+const maxDumpReplyParts = 1 << 16
+
+// WorkerNATSPermissions are worker instance's: publish its load reports
+// (either fleet: the decoder checks the payload's fleet), KV events and
+// evictions, receive dump requests for itself and reply to them (only to
+// requests it received: no free publishing on inboxes).
+func WorkerNATSPermissions(instance string) *natsserver.Permissions {
+	return &natsserver.Permissions{
+		Publish: &natsserver.SubjectPermission{Allow: []string{
+			telemetry.LoadSubject(telemetry.FleetContext, instance),
+			telemetry.LoadSubject(telemetry.FleetGeneration, instance),
+			telemetry.KVSubject(instance),
+			telemetry.EvictSubject(instance),
+		}},
+		Subscribe: &natsserver.SubjectPermission{Allow: []string{telemetry.KVDumpSubject(instance)}},
+		Response:  &natsserver.ResponsePermission{MaxMsgs: maxDumpReplyParts, Expires: time.Minute},
+	}
+}
+
+// NATSCertAuth authorizes clients of a NATS server that requires verified
+// client certificates (mutual TLS) by the tether identity in the
+// certificate (pki.IdentityOf): spiffe://tether/edge/<id> gets
+// EdgeNATSPermissions, spiffe://tether/worker/<instance> gets
+// WorkerNATSPermissions(instance); anything else is refused. Set it as the
+// server's CustomClientAuthentication, with a TLSConfig whose ClientAuth is
+// tls.RequireAndVerifyClientCert (the chain is verified before Check).
+type NATSCertAuth struct {
+	Logger *slog.Logger
+}
+
+// Check implements natsserver.Authentication.
+func (a NATSCertAuth) Check(c natsserver.ClientAuthentication) bool {
+	log := a.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	cs := c.GetTLSConnectionState()
+	if cs == nil || len(cs.PeerCertificates) == 0 {
+		log.Warn("nats: refused a client without a verified certificate", "remote", remote(c))
+		return false
+	}
+	leaf := cs.PeerCertificates[0]
+	id, ok := pki.IdentityOf(leaf)
+	if !ok {
+		log.Warn("nats: refused a certificate without a tether identity (URI SAN spiffe://tether/<edge|worker>/<id>)",
+			"remote", remote(c), "subject", leaf.Subject.String())
+		return false
+	}
+	switch id.Role {
+	case pki.RoleEdge:
+		c.RegisterUser(&natsserver.User{Username: id.String(), Permissions: EdgeNATSPermissions()})
+		return true
+	case pki.RoleWorker:
+		if err := telemetry.ValidInstanceID(id.ID); err != nil {
+			log.Warn("nats: refused a worker certificate whose id is not an instance id", "remote", remote(c), "identity", id.String(), "err", err)
+			return false
+		}
+		c.RegisterUser(&natsserver.User{Username: id.String(), Permissions: WorkerNATSPermissions(id.ID)})
+		return true
+	}
+	log.Warn("nats: refused a certificate whose role may not use telemetry", "remote", remote(c), "identity", id.String())
+	return false
+}
+
+func remote(c natsserver.ClientAuthentication) string {
+	if a := c.RemoteAddress(); a != nil {
+		return a.String()
+	}
+	return "client " + strconv.FormatUint(c.GetID(), 10)
+}
+
+// embeddedNATSAuth sets the embedded server's authorization: certificate
+// identities with mutual TLS; otherwise, with nats.worker_users, the
+// edge's account (nats.user) plus one account per worker, each pinned to
+// its instance; otherwise startNATS's single account (nats.user or
+// nats.token, shared by everyone, unrestricted) or none.
+func (e *Edge) embeddedNATSAuth(opts *natsserver.Options) {
+	n := e.cfg.NATS
+	switch {
+	case e.tls.natsServer != nil:
+		opts.TLSConfig = e.tls.natsServer
+		opts.TLSVerify = true
+		opts.TLSTimeout = 5
+		opts.CustomClientAuthentication = NATSCertAuth{Logger: e.log}
+	case len(n.WorkerUsers) > 0:
+		opts.Username, opts.Password, opts.Authorization = "", "", ""
+		opts.Users = []*natsserver.User{{Username: n.User, Password: n.Password, Permissions: EdgeNATSPermissions()}}
+		for _, w := range n.WorkerUsers {
+			opts.Users = append(opts.Users, &natsserver.User{Username: w.Instance, Password: w.Password, Permissions: WorkerNATSPermissions(w.Instance)})
+		}
+	}
+}
