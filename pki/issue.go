@@ -254,7 +254,7 @@ type Files struct{ CA, Cert, Key string }
 // WriteCA writes the CA certificate to dir/ca.pem (mode 0644: it is public)
 // and returns the path.
 func (ca *CA) WriteCA(dir string) (string, error) {
-	path := filepath.Join(dir, "ca.pem")
+	path := filepath.Join(dir, caCertName)
 	if err := writeFileAtomic(path, ca.CertPEM, 0o644); err != nil {
 		return "", err
 	}
@@ -305,4 +305,57 @@ func serial() *big.Int {
 		return big.NewInt(time.Now().UnixNano())
 	}
 	return n
+}
+
+// CA files in a directory (WriteCAKey, ReadCA).
+const (
+	caCertName = "ca.pem"
+	caKeyName  = "ca-key.pem"
+)
+
+// WriteCAKey writes the CA's certificate and private key (mode 0600) into
+// dir, so a CA can be reused by a later process (ReadCA). Only for
+// development CAs: a production CA key does not live beside the nodes.
+func (ca *CA) WriteCAKey(dir string) error {
+	der, err := x509.MarshalECPrivateKey(ca.key)
+	if err != nil {
+		return fmt.Errorf("pki: marshal CA key: %w", err)
+	}
+	if _, err := ca.WriteCA(dir); err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(dir, caKeyName), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600)
+}
+
+// ReadCA reads a CA written by WriteCAKey from dir. found is false when dir
+// holds no CA key.
+func ReadCA(dir string) (ca *CA, found bool, err error) {
+	keyPEM, err := os.ReadFile(filepath.Join(dir, caKeyName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("pki: read CA key: %w", err)
+	}
+	certPEM, err := os.ReadFile(filepath.Join(dir, caCertName))
+	if err != nil {
+		return nil, false, fmt.Errorf("pki: read CA certificate: %w", err)
+	}
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, false, fmt.Errorf("pki: %s: not a PEM CA certificate and key", dir)
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, false, fmt.Errorf("pki: parse CA certificate in %s: %w", dir, err)
+	}
+	key, err := x509.ParseECPrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, false, fmt.Errorf("pki: parse CA key in %s: %w", dir, err)
+	}
+	if !cert.IsCA || !key.PublicKey.Equal(cert.PublicKey) {
+		return nil, false, fmt.Errorf("pki: %s: the key does not belong to a CA certificate", dir)
+	}
+	return &CA{Cert: cert, CertPEM: certPEM, key: key}, true, nil
 }

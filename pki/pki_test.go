@@ -301,3 +301,37 @@ func TestIdentityIsUnambiguous(t *testing.T) {
 		}
 	}
 }
+
+func TestCAKeyRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	if _, found, err := ReadCA(dir); found || err != nil {
+		t.Fatalf("empty dir: found %v, %v", found, err)
+	}
+	ca := mustCA(t, "dev-ca")
+	if err := ca.WriteCAKey(dir); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(filepath.Join(dir, "ca-key.pem")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("CA key mode: %v %v", st, err)
+	}
+	again, found, err := ReadCA(dir)
+	if err != nil || !found {
+		t.Fatalf("ReadCA: %v %v", found, err)
+	}
+	// A certificate issued by the reread CA verifies against the original.
+	leaf := mustIssue(t, again, "n1", IssueOptions{Role: RoleEdge})
+	if _, err := leaf.Cert.Verify(x509.VerifyOptions{Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Fatal(err)
+	}
+	// A key that is not the CA's is refused.
+	other := mustCA(t, "other")
+	if err := other.WriteCAKey(t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ca.pem"), other.CertPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ReadCA(dir); err == nil {
+		t.Fatal("a CA certificate with another CA's key was accepted")
+	}
+}
