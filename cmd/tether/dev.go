@@ -25,8 +25,8 @@ const devShutdownGrace = 30 * time.Second
 
 // runDev is `tether dev`. Its standard output is meant for people and for
 // tests: one "name: value" line per endpoint (edge-N, ctx-N, gen-N, nats,
-// data dir, admin token), an example, then a line containing "ready" once
-// the stack is ready. Logs go to standard error.
+// data dir, ca cert, admin token), an example, then a line containing
+// "ready" once the stack is ready. Logs go to standard error.
 func runDev(ctx context.Context, args []string) error {
 	fs := newFlagSet("dev")
 	edges := fs.Int("edges", devstack.DefaultEdges, "number of edges (Raft voters)")
@@ -43,6 +43,7 @@ func runDev(ctx context.Context, args []string) error {
 	model := fs.String("model", devstack.DefaultModel, "model name the stack serves")
 	readyTimeout := fs.Duration("ready-timeout", 60*time.Second, "give up if the stack is not ready within this long")
 	logLevel := fs.String("log-level", "warn", "log level on standard error: debug, info, warn or error")
+	plaintext := fs.Bool("plaintext", false, "run without TLS (default: mutual TLS everywhere with an ephemeral CA in the data dir)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -64,7 +65,7 @@ func runDev(ctx context.Context, args []string) error {
 	opts := devstack.Options{
 		Edges: *edges, ContextWorkers: *ctxWorkers, GenerationWorkers: *genWorkers, Ranks: *ranks,
 		Port: *port, NATSPort: *natsPort, DataDir: *dataDir, AdminToken: token, Model: *model,
-		Scope: sc, TimeScale: *timeScale, HideRouteHeader: !*debugRoute, Version: version,
+		Scope: sc, TimeScale: *timeScale, HideRouteHeader: !*debugRoute, Version: version, MutualTLS: !*plaintext,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}
 	// Zero counts would silently mean "default" to devstack; on the
@@ -81,8 +82,13 @@ func runDev(ctx context.Context, args []string) error {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	out := os.Stdout
-	fmt.Fprintf(out, "tether dev: starting %d edges, %d context + %d generation workers (%d ADP ranks each), scope %s, engine time scale %g\n",
-		opts.Edges, opts.ContextWorkers, opts.GenerationWorkers, opts.Ranks, sc, opts.TimeScale)
+	security := "mutual TLS (ephemeral CA)"
+	if *plaintext {
+		security = "PLAINTEXT"
+		opts.Logger.Warn("tether dev --plaintext: Raft, the HTTP and admin API, worker hops and NATS are unencrypted and unauthenticated by certificate")
+	}
+	fmt.Fprintf(out, "tether dev: starting %d edges, %d context + %d generation workers (%d ADP ranks each), scope %s, engine time scale %g, %s\n",
+		opts.Edges, opts.ContextWorkers, opts.GenerationWorkers, opts.Ranks, sc, opts.TimeScale, security)
 
 	st, err := devstack.Start(ctx, opts)
 	if err != nil {
@@ -132,6 +138,13 @@ func printStack(out io.Writer, st *devstack.Stack) {
 		dd = st.DataDir() + " (temporary, removed on exit)"
 	}
 	line("data dir", dd)
+	cacert := ""
+	if ca := st.CAFile(); ca != "" {
+		line("ca cert", ca+"  (every node's certificate chains to it: curl --cacert)")
+		cacert = "--cacert " + ca + " "
+	} else {
+		line("tls", "off (--plaintext)")
+	}
 	line("nats", st.NATSURL())
 	for _, n := range st.Edges() {
 		line(n.ID, n.URL()+"  raft "+n.RaftAddr)
@@ -148,8 +161,8 @@ func printStack(out io.Writer, st *devstack.Stack) {
 	body := fmt.Sprintf(`{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":"list the files"}]}`, st.Model())
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nA parent conversation on one edge, then its sub-agent on another (same context instance, see x-tether-route):\n\n")
-	fmt.Fprintf(&b, "  curl -si %s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -H 'x-session-id: parent-1' -d '%s'\n\n", first, body)
-	fmt.Fprintf(&b, "  curl -si %s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -H 'x-session-id: child-a' -H '%s: parent-1' -d '%s'\n\n", second, devstack.ParentHeader, body)
-	fmt.Fprintf(&b, "  curl -s -H 'Authorization: Bearer %s' %s/admin/v1/bindings/context/parent-1\n\n", st.AdminToken(), first)
+	fmt.Fprintf(&b, "  curl -si %s%s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -H 'x-session-id: parent-1' -d '%s'\n\n", cacert, first, body)
+	fmt.Fprintf(&b, "  curl -si %s%s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -H 'x-session-id: child-a' -H '%s: parent-1' -d '%s'\n\n", cacert, second, devstack.ParentHeader, body)
+	fmt.Fprintf(&b, "  curl -s %s-H 'Authorization: Bearer %s' %s/admin/v1/bindings/context/parent-1\n\n", cacert, st.AdminToken(), first)
 	fmt.Fprint(out, b.String())
 }

@@ -107,6 +107,13 @@ type Options struct {
 	// HideRouteHeader turns off the x-tether-route debug header (on by
 	// default in a development stack).
 	HideRouteHeader bool
+	// MutualTLS runs every link over mutual TLS with an ephemeral CA in
+	// DataDir/tls (reused by a kept data directory): the cluster port,
+	// the edges' HTTPS listeners, edge → worker hops and NATS, where each
+	// worker's certificate may publish only its own telemetry. tether dev
+	// sets it unless --plaintext; the zero value (in-process tests) is
+	// plaintext. Clients use CAFile or ClientTLS.
+	MutualTLS bool
 
 	// Logger receives every component's logs (default: discarded).
 	Logger *slog.Logger
@@ -192,6 +199,7 @@ type Stack struct {
 	adminToken  string
 	internalKey string
 	peers       []edge.PeerConfig
+	pki         *devPKI // nil: plaintext
 	nats        *natsserver.Server
 	edges       []*EdgeNode
 	workers     []*WorkerNode
@@ -250,6 +258,9 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		s.internalKey = randomSecret()
 	}
 	if err := s.prepareDataDir(); err != nil {
+		return nil, err
+	}
+	if err := s.preparePKI(); err != nil {
 		return nil, err
 	}
 	if err := s.startNATS(); err != nil {
@@ -319,10 +330,14 @@ func (s *Stack) startNATS() error {
 	if port == 0 {
 		port = natsserver.RANDOM_PORT
 	}
-	ns, err := natsserver.NewServer(&natsserver.Options{
+	opts := &natsserver.Options{
 		ServerName: "tether-dev", Host: s.opts.Host, Port: port, NoLog: true, NoSigs: true,
 		MaxPayload: 8 << 20, // KV dumps of 4 large ranks fit in one reply
-	})
+	}
+	if err := s.natsTLS(opts); err != nil {
+		return err
+	}
+	ns, err := natsserver.NewServer(opts)
 	if err != nil {
 		return fmt.Errorf("devstack: nats: %w", err)
 	}
@@ -336,21 +351,28 @@ func (s *Stack) startNATS() error {
 	return nil
 }
 
-func (s *Stack) startWorkers(ctx context.Context) error {
-	o := s.opts
-	type spec struct {
-		id    string
-		fleet telemetry.Fleet
-		role  hintauth.Role
-	}
-	var specs []spec
+// workerSpec is one worker of the stack.
+type workerSpec struct {
+	id    string
+	fleet telemetry.Fleet
+	role  hintauth.Role
+}
+
+// workerSpecs are the stack's workers: ctx-1.., then gen-1...
+func workerSpecs(o Options) []workerSpec {
+	var specs []workerSpec
 	for i := range o.ContextWorkers {
-		specs = append(specs, spec{fmt.Sprintf("ctx-%d", i+1), telemetry.FleetContext, hintauth.RoleContext})
+		specs = append(specs, workerSpec{fmt.Sprintf("ctx-%d", i+1), telemetry.FleetContext, hintauth.RoleContext})
 	}
 	for i := range o.GenerationWorkers {
-		specs = append(specs, spec{fmt.Sprintf("gen-%d", i+1), telemetry.FleetGeneration, hintauth.RoleGeneration})
+		specs = append(specs, workerSpec{fmt.Sprintf("gen-%d", i+1), telemetry.FleetGeneration, hintauth.RoleGeneration})
 	}
-	for _, sp := range specs {
+	return specs
+}
+
+func (s *Stack) startWorkers(ctx context.Context) error {
+	o := s.opts
+	for _, sp := range workerSpecs(o) {
 		cfg := worker.DefaultConfig()
 		cfg.InstanceID = sp.id
 		cfg.Fleet = sp.fleet
@@ -367,6 +389,7 @@ func (s *Stack) startWorkers(ctx context.Context) error {
 		cfg.NATS.URLs = []string{s.nats.ClientURL()}
 		cfg.Logger = o.Logger
 		cfg.Version = o.Version
+		s.workerTLS(sp.id, &cfg)
 		if o.WorkerConfig != nil {
 			o.WorkerConfig(sp.id, &cfg)
 		}
@@ -484,6 +507,7 @@ func (s *Stack) EdgeConfig(i int) edge.Config {
 	cfg.Cluster.Bootstrap = true // ignored once the data dir holds Raft state
 	cfg.Cluster.Peers = append([]edge.PeerConfig(nil), s.peers...)
 	cfg.Cluster.ProposeTimeout = DefaultProposeTimeout
+	s.edgeTLS(s.peers[i].ID, &cfg)
 	if o.EdgeConfig != nil {
 		o.EdgeConfig(i, &cfg)
 	}
@@ -545,8 +569,9 @@ func (n *EdgeNode) Running() bool { return n.Edge() != nil }
 // Addr is the edge's HTTP address (host:port), stable across restarts.
 func (n *EdgeNode) Addr() string { return n.addr }
 
-// URL is the edge's base URL, e.g. http://127.0.0.1:8000.
-func (n *EdgeNode) URL() string { return "http://" + n.addr }
+// URL is the edge's base URL, e.g. https://127.0.0.1:8000 (http:// without
+// MutualTLS).
+func (n *EdgeNode) URL() string { return n.stack.scheme() + "://" + n.addr }
 
 // Kill stops the edge abruptly, as a crash would (no leadership
 // transfer, nothing flushed). No-op when it is stopped.

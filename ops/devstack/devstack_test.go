@@ -51,6 +51,13 @@ func httpClient(t *testing.T) *http.Client {
 	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
 }
 
+// stackClient trusts st's CA (a plain client for a plaintext stack).
+func stackClient(t *testing.T, st *Stack) *http.Client {
+	tr := &http.Transport{TLSClientConfig: st.ClientTLS()}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
 type chatReply struct {
 	route  string
 	cached int
@@ -124,10 +131,12 @@ func binding(t *testing.T, n *EdgeNode, fleet fsm.Fleet, key string) (edge.Bindi
 // The stack serves a parent and a sub-agent through different edges onto one
 // context instance, records its Raft addresses, and a second stack on the
 // same data directory (new HTTP and worker ports) recovers the bindings.
+// Over mutual TLS: the second stack reuses the data directory's CA, so the
+// first stack's client still trusts it.
 func TestRestartOnDataDirKeepsBindings(t *testing.T) {
 	dir := t.TempDir()
-	c := httpClient(t)
-	st := startStack(t, Options{DataDir: dir})
+	st := startStack(t, Options{DataDir: dir, MutualTLS: true})
+	c := stackClient(t, st)
 	if st.TemporaryDataDir() || st.DataDir() != dir {
 		t.Fatalf("data dir %s (temporary %v), want %s kept", st.DataDir(), st.TemporaryDataDir(), dir)
 	}
@@ -155,7 +164,7 @@ func TestRestartOnDataDirKeepsBindings(t *testing.T) {
 		t.Fatalf("manifest: %v", err)
 	}
 
-	st2 := startStack(t, Options{DataDir: dir})
+	st2 := startStack(t, Options{DataDir: dir, MutualTLS: true})
 	for i, n := range st2.Edges() {
 		if n.RaftAddr != raftAddrs[i] {
 			t.Fatalf("%s: raft address %s after restart, was %s", n.ID, n.RaftAddr, raftAddrs[i])
@@ -183,6 +192,9 @@ func TestRestartOnDataDirKeepsBindings(t *testing.T) {
 func TestKillAndRestartLeader(t *testing.T) {
 	c := httpClient(t)
 	st := startStack(t, Options{})
+	if st.MutualTLS() || !strings.HasPrefix(st.Edges()[0].URL(), "http://") {
+		t.Fatal("zero Options: want a plaintext stack")
+	}
 	dir := st.DataDir()
 	leader := st.Leader()
 	if leader == nil {

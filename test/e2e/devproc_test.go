@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -41,6 +44,7 @@ type devProc struct {
 	workers map[string]string // instance id → URL
 	token   string
 	dataDir string
+	caFile  string // "ca cert:" (mutual TLS, the default)
 }
 
 type lockedBuffer struct {
@@ -130,8 +134,9 @@ func startDev(t *testing.T, args ...string) *devProc {
 	}
 }
 
-// record parses one stdout line: "edge-1:      http://…  raft …",
-// "ctx-1:       http://…  context worker", "admin token: …", "data dir:    …".
+// record parses one stdout line: "edge-1:      https://…  raft …",
+// "ctx-1:       https://…  context worker", "admin token: …", "data dir:    …",
+// "ca cert:     …".
 func (p *devProc) record(line string) {
 	p.mu.Lock()
 	p.stdout = append(p.stdout, line)
@@ -147,6 +152,8 @@ func (p *devProc) record(line string) {
 			p.token = fields[0]
 		case name == "data dir" && len(fields) > 0:
 			p.dataDir = fields[0]
+		case name == "ca cert" && len(fields) > 0:
+			p.caFile = fields[0]
 		}
 	}
 	p.mu.Unlock()
@@ -206,9 +213,36 @@ func tail(s string, n int) string {
 }
 
 func httpClient(t *testing.T) *http.Client {
-	tr := &http.Transport{}
+	return tlsClient(t, nil)
+}
+
+// tlsClient trusts roots (nil: the system's); its idle connections close
+// at cleanup.
+func tlsClient(t *testing.T, tc *tls.Config) *http.Client {
+	tr := &http.Transport{TLSClientConfig: tc}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr, Timeout: 60 * time.Second}
+}
+
+// client trusts the CA `tether dev` printed (its edges serve HTTPS with
+// certificates from it); a plain client for a --plaintext stack.
+func (p *devProc) client(t *testing.T) *http.Client {
+	t.Helper()
+	p.mu.Lock()
+	ca := p.caFile
+	p.mu.Unlock()
+	if ca == "" {
+		return httpClient(t)
+	}
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		t.Fatalf("tether dev's CA: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		t.Fatalf("tether dev's CA %s holds no certificate", ca)
+	}
+	return tlsClient(t, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
 }
 
 // agent is one conversation: its session, optional parent, system prompt

@@ -31,7 +31,9 @@ func TestLeaderKillDuringConversations(t *testing.T) {
 	// per report interval would overflow bound keys by design (saturation);
 	// this test is about the leader's death, so the queue-based overflow
 	// and shedding thresholds are off.
-	st, err := devstack.Start(ctx, devstack.Options{EdgeConfig: func(_ int, c *edge.Config) {
+	// Over mutual TLS, as tether dev runs: the leader's death also drops
+	// TLS connections (Raft, forwarding, hops) that must be re-established.
+	st, err := devstack.Start(ctx, devstack.Options{MutualTLS: true, EdgeConfig: func(_ int, c *edge.Config) {
 		c.Placement.Overflow.QueuedRequests = 0
 		c.Placement.Shed.MaxQueuedRequests = 0
 	}})
@@ -48,7 +50,7 @@ func TestLeaderKillDuringConversations(t *testing.T) {
 	if err := st.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c := httpClient(t)
+	c := tlsClient(t, st.ClientTLS())
 	edges := st.Edges()
 	leader := st.Leader()
 	if leader == nil {

@@ -22,7 +22,7 @@ func errorsAs(err error, target any) bool { return errors.As(err, target) }
 // second call reports the first call's prompt as cached.
 func TestOpenAIClientThroughTetherDev(t *testing.T) {
 	p := startDev(t)
-	hc := httpClient(t)
+	hc := p.client(t)
 	client := openai.NewClient(option.WithBaseURL(p.edge(0)+"/v1/"), option.WithAPIKey("unused"),
 		option.WithHTTPClient(hc), option.WithMaxRetries(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

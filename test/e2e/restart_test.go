@@ -17,10 +17,11 @@ import (
 // goes there.
 func TestRestartKeepsBindings(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "dev-data")
-	c := httpClient(t)
 	model := devstack.DefaultModel
 
 	p := startDev(t, "--data-dir", dir)
+	// The restarted stack reuses the data dir's CA: one client for both.
+	c := p.client(t)
 	if p.dataDir != dir {
 		t.Fatalf("printed data dir %q, want %q", p.dataDir, dir)
 	}

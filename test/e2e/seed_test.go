@@ -32,7 +32,7 @@ func TestSeedTableThroughTetherDev(t *testing.T) {
 	for _, scope := range []string{"context", "both"} {
 		t.Run(scope, func(t *testing.T) {
 			p := startDev(t, "--scope", scope)
-			c := httpClient(t)
+			c := p.client(t)
 			model := devstack.DefaultModel
 			// Sub-agents share a long prefix with each other (their own
 			// system prompt and tools), not with the parent.
