@@ -42,7 +42,7 @@ bench-report: build
 # The trace replay alone (sim mode, virtual time): tables on stdout.
 .PHONY: bench-sim
 bench-sim: build
-	./$(BIN) bench replay --traces $(TRACES) --edges 1,3,5 --policies all
+	./$(BIN) bench replay --traces $(TRACES) --stagger 10m --edges 1,3,5 --policies all
 
 # Every fuzz target in the repository, each for FUZZTIME (seed corpora in
 # testdata/fuzz are committed and already run as ordinary tests by `make test`).

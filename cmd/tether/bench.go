@@ -163,6 +163,7 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	limit := fs.Int("limit", 0, "replay only the first N traces (0: all)")
 	smallest := fs.Int("smallest", 0, "replay only the N traces with the fewest prompt tokens (0: all; a cheap subset for e2e)")
 	maxDuration := fs.Duration("max-duration", 0, "replay only traces whose last request starts within this long (0: all)")
+	stagger := fs.Duration("stagger", 0, "start each conversation at an offset in [0, stagger) derived from its trace id (0: all at once)")
 	sf := addSimFlags(fs, "3", 6000, 1)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: tether bench replay --traces DIR [flags]\n\ne2e mode scales the workload's timing and the simulated workers' engine time by --time-scale alike\n(e.g. --time-scale 0.05); the sim comparison it prints runs at scale 1.\n\nflags:")
@@ -174,14 +175,14 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	if *traces == "" {
 		return fmt.Errorf("%w: --traces is required", errUsage)
 	}
-	if *limit < 0 || *shared < 0 || *smallest < 0 || *maxDuration < 0 {
-		return fmt.Errorf("%w: --limit, --smallest, --max-duration and --shared-prefix-blocks must be >= 0", errUsage)
+	if *limit < 0 || *shared < 0 || *smallest < 0 || *maxDuration < 0 || *stagger < 0 {
+		return fmt.Errorf("%w: --limit, --smallest, --max-duration, --stagger and --shared-prefix-blocks must be >= 0", errUsage)
 	}
 	ro, err := sf.replayOptions()
 	if err != nil {
 		return err
 	}
-	w, err := bench.LoadTraces(*traces, bench.TraceOptions{SharedPrefixBlocks: *shared, Limit: *limit, Smallest: *smallest, MaxDuration: *maxDuration})
+	w, err := bench.LoadTraces(*traces, bench.TraceOptions{SharedPrefixBlocks: *shared, Limit: *limit, Smallest: *smallest, MaxDuration: *maxDuration, Stagger: *stagger})
 	if err != nil {
 		return err
 	}

@@ -26,7 +26,7 @@ func PlotHitRateByPolicy(path, title string, upper float64, rows []Summary) erro
 	p := plot.New()
 	p.Title.Text = title
 	p.Y.Label.Text = "prompt-token cache hit rate"
-	p.Y.Min, p.Y.Max = 0, 1
+	p.Y.Min, p.Y.Max = 0, 1.25 // room for the legend above the bars
 	all := make(plotter.Values, len(rows))
 	sub := make(plotter.Values, len(rows))
 	names := make([]string, len(rows))

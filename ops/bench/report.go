@@ -46,6 +46,12 @@ var E2ESubset = struct {
 	TimeScale      float64
 }{1000 * time.Second, 4, 4500, 3, 0.05}
 
+// ReferenceStagger spreads the conversations' starts over 10 minutes (by
+// trace id): 50 conversations starting in the same instant would make the
+// first placement of every key one burst that no telemetry can describe.
+// The report also shows the all-at-once case.
+const ReferenceStagger = 10 * time.Minute
+
 // Reference setups of the published figures.
 func referenceSim() SimConfig {
 	c := DefaultSimConfig()
@@ -82,7 +88,7 @@ func BuildReport(ctx context.Context, opts ReportOptions) (Sections, error) {
 		}
 	}
 
-	w, err := LoadTraces(opts.Traces, TraceOptions{})
+	w, err := LoadTraces(opts.Traces, TraceOptions{Stagger: ReferenceStagger})
 	if err != nil {
 		return nil, err
 	}
@@ -103,34 +109,45 @@ func BuildReport(ctx context.Context, opts ReportOptions) (Sections, error) {
 		w        *Workload
 		cfg      SimConfig
 		policies []Policy
+		edges    []int // default 3
 	}
 	ablations := []Policy{PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherCacheRebind}
 	sensPolicies := []Policy{PolicyLeastLoaded, PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether, PolicyTetherCacheRebind}
-	variants := []variant{{"ablations at the reference setup (C = 6000)", w, base, ablations}}
-	for _, c := range []int{12000, 24000} {
-		v := base
-		v.CapacityBlocks = c
-		variants = append(variants, variant{fmt.Sprintf("C = %d blocks per instance", c), w, v, sensPolicies})
-	}
-	r2 := base
-	r2.Ranks = 2
-	variants = append(variants, variant{"2 ADP ranks per instance (3,000 blocks each), workers place new conversations round_robin", w, r2, sensPolicies})
-	r2lt := r2
-	r2lt.ADPPlacement = adp.LeastTokens
-	variants = append(variants, variant{"2 ADP ranks per instance, workers place new conversations least_tokens", w, r2lt, sensPolicies})
-	agg := base
-	agg.Aggregated = true
-	variants = append(variants, variant{"aggregated workers (prefill and decode on one worker: blocks stay referenced while decoding)", w, agg,
-		[]Policy{PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoParent, PolicyTetherParentFirst, PolicyTetherCacheRebind}})
-	shared, err := LoadTraces(opts.Traces, TraceOptions{SharedPrefixBlocks: 32})
+	variants := []variant{{label: "ablations at the reference setup (C = 6000)", w: w, cfg: base, policies: ablations}}
+	burst, err := LoadTraces(opts.Traces, TraceOptions{})
 	if err != nil {
 		return nil, err
 	}
-	variants = append(variants, variant{"--shared-prefix-blocks 32 (a 2,048-token fleet-wide system prompt)", shared, base, sensPolicies})
+	variants = append(variants, variant{label: "all 50 conversations starting in the same instant (no stagger)", w: burst, cfg: base,
+		policies: []Policy{PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether, PolicyTetherCacheRebind}, edges: edgeCounts})
+	for _, c := range []int{12000, 24000} {
+		v := base
+		v.CapacityBlocks = c
+		variants = append(variants, variant{label: fmt.Sprintf("C = %d blocks per instance", c), w: w, cfg: v, policies: sensPolicies})
+	}
+	r2 := base
+	r2.Ranks = 2
+	variants = append(variants, variant{label: "2 ADP ranks per instance (3,000 blocks each), workers place new conversations round_robin", w: w, cfg: r2, policies: sensPolicies})
+	r2lt := r2
+	r2lt.ADPPlacement = adp.LeastTokens
+	variants = append(variants, variant{label: "2 ADP ranks per instance, workers place new conversations least_tokens", w: w, cfg: r2lt, policies: sensPolicies})
+	agg := base
+	agg.Aggregated = true
+	variants = append(variants, variant{label: "aggregated workers (prefill and decode on one worker: blocks stay referenced while decoding)", w: w, cfg: agg,
+		policies: []Policy{PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoParent, PolicyTetherParentFirst, PolicyTetherCacheRebind}})
+	shared, err := LoadTraces(opts.Traces, TraceOptions{SharedPrefixBlocks: 32, Stagger: ReferenceStagger})
+	if err != nil {
+		return nil, err
+	}
+	variants = append(variants, variant{label: "--shared-prefix-blocks 32 (a 2,048-token fleet-wide system prompt)", w: shared, cfg: base, policies: sensPolicies})
 	var sens []sensitivity
 	for _, v := range variants {
 		logf("report: %s", v.label)
-		rows, _, err := replaySeeds(ctx, v.w, v.cfg, v.policies, []int{3}, ReportOptions{Seeds: opts.Seeds[:1], Parallel: opts.Parallel}, logf)
+		edges := v.edges
+		if edges == nil {
+			edges = []int{3}
+		}
+		rows, _, err := replaySeeds(ctx, v.w, v.cfg, v.policies, edges, ReportOptions{Seeds: opts.Seeds[:1], Parallel: opts.Parallel}, logf)
 		if err != nil {
 			return nil, err
 		}
@@ -189,7 +206,7 @@ func BuildReport(ctx context.Context, opts ReportOptions) (Sections, error) {
 	var e2eW *Workload
 	if opts.E2E {
 		logf("report: e2e subset against local deployments (one per policy)")
-		if e2eW, err = LoadTraces(opts.Traces, TraceOptions{MaxDuration: E2ESubset.MaxDuration}); err != nil {
+		if e2eW, err = LoadTraces(opts.Traces, TraceOptions{MaxDuration: E2ESubset.MaxDuration, Stagger: ReferenceStagger}); err != nil {
 			return nil, err
 		}
 		local := LocalE2EOptions{Edges: E2ESubset.Edges, ContextWorkers: E2ESubset.Instances, GenerationWorkers: 2, Ranks: 1,
@@ -374,13 +391,14 @@ func machineSection(at time.Time) string {
 func policySection(opts ReportOptions, w *Workload, base SimConfig, head []Summary, sens []sensitivity, plots []string, e2e *E2EComparison, e2eW *Workload) string {
 	var b strings.Builder
 	st := w.Stats()
-	fmt.Fprintf(&b, "Command: `%s` (the replay part alone: `tether bench replay --traces %s --mode sim --instances %d --ranks %d --capacity-blocks %d --edges 1,3,5 --policies all --seed N`).\n\n",
-		opts.Command, opts.Traces, base.Instances, base.Ranks, base.CapacityBlocks)
+	fmt.Fprintf(&b, "Command: `%s` (the replay part alone: `tether bench replay --traces %s --mode sim --instances %d --ranks %d --capacity-blocks %d --stagger %v --edges 1,3,5 --policies all --seed N`).\n\n",
+		opts.Command, opts.Traces, base.Instances, base.Ranks, base.CapacityBlocks, ReferenceStagger)
 	fmt.Fprintf(&b, "Workload: %d conversations with %d sub-agents, %d requests (%d by sub-agents), %s prompt tokens; largest prompt %d blocks. "+
-		"Fleet: %d instances × %d rank, %d KV blocks per instance, affinity log `%s`, time scale 1. Figures are medians over seeds %v (load balancer's edge choice, random policy); "+
-		"hit-rate range over seeds in brackets.\n\n",
-		st.Conversations, st.SubAgents, st.Requests, st.SubRequests, thousands(st.PromptTokens), st.MaxBlocks,
-		base.Instances, base.Ranks, base.CapacityBlocks, base.Log, opts.Seeds)
+		"Conversations start within %v (offsets derived from the trace ids). "+
+		"Fleet: %d instances × %d rank, %d KV blocks per instance (the context fleet; decode runs on the generation hop), workers report load every %v, affinity log `%s`, time scale 1. "+
+		"Figures are medians over seeds %v (load balancer's edge choice, random policy); hit-rate range over seeds in brackets.\n\n",
+		st.Conversations, st.SubAgents, st.Requests, st.SubRequests, thousands(st.PromptTokens), st.MaxBlocks, ReferenceStagger,
+		base.Instances, base.Ranks, base.CapacityBlocks, base.TelemetryInterval, base.Log, opts.Seeds)
 	fmt.Fprintf(&b, "Upper bound (one infinite cache): **%.3f**.\n\n", UpperBound(w))
 	b.WriteString("**3 edges**\n\n")
 	b.WriteString("| policy | hit rate | sub-agent hit rate | sub-agent first-call hit | prefill tokens | busiest instance | TTFT p50 ms | TTFT p99 ms | load CoV | overflows | commits |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -397,18 +415,18 @@ func policySection(opts ReportOptions, w *Workload, base SimConfig, head []Summa
 		fmt.Fprintf(&b, "| %s | %.3f | %.3f | %.3f | %+.3f |\n", p, r1.HitRate, r3.HitRate, r5.HitRate, r5.HitRate-r1.HitRate)
 	}
 	for _, s := range sens {
-		fmt.Fprintf(&b, "\n**%s**, 3 edges, seed %d, upper bound %.3f\n\n| policy | hit rate | sub-agent hit rate | sub-agent first-call hit | TTFT p50 ms | TTFT p99 ms | load CoV | overflows |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+		fmt.Fprintf(&b, "\n**%s**, seed %d, upper bound %.3f\n\n| policy | edges | hit rate | sub-agent hit rate | sub-agent first-call hit | TTFT p50 ms | TTFT p99 ms | load CoV | overflows |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
 			strings.ToUpper(s.label[:1])+s.label[1:], opts.Seeds[0], s.upper)
 		for _, r := range s.rows {
-			fmt.Fprintf(&b, "| %s | %.3f | %.3f | %.3f | %.0f | %.0f | %.3f | %d |\n", r.Name, r.HitRate, r.SubagentHitRate, r.SubagentFirstCallHitRate, r.TTFTP50Ms, r.TTFTP99Ms, r.LoadCoV, r.Overflows)
+			fmt.Fprintf(&b, "| %s | %d | %.3f | %.3f | %.3f | %.0f | %.0f | %.3f | %d |\n", r.Name, r.Edges, r.HitRate, r.SubagentHitRate, r.SubagentFirstCallHitRate, r.TTFTP50Ms, r.TTFTP99Ms, r.LoadCoV, r.Overflows)
 		}
 	}
 	if e2e != nil {
 		st := e2eW.Stats()
-		fmt.Fprintf(&b, "\n**e2e versus sim** — command: `tether bench replay --traces %s --mode e2e --max-duration %v --instances %d --capacity-blocks %d --edges %d --time-scale %g --policies all` "+
+		fmt.Fprintf(&b, "\n**e2e versus sim** — command: `tether bench replay --traces %s --mode e2e --max-duration %v --stagger %v --instances %d --capacity-blocks %d --edges %d --time-scale %g --policies all` "+
 			"(the traces ending within %v: %d conversations, %d sub-agents, %d requests; one local deployment per policy: embedded NATS, %d edges on loopback Raft, %d context and 2 generation simulated workers, "+
 			"the workload's timing and the engines' time both at %g× real time; prompts synthesised from the hash ids; hits from `usage.prompt_tokens_details.cached_tokens`). Sim at time scale 1, same fleet shape, seed %d.\n\n",
-			opts.Traces, E2ESubset.MaxDuration, E2ESubset.Instances, E2ESubset.CapacityBlocks, E2ESubset.Edges, E2ESubset.TimeScale,
+			opts.Traces, E2ESubset.MaxDuration, ReferenceStagger, E2ESubset.Instances, E2ESubset.CapacityBlocks, E2ESubset.Edges, E2ESubset.TimeScale,
 			E2ESubset.MaxDuration, st.Conversations, st.SubAgents, st.Requests, E2ESubset.Edges, E2ESubset.Instances, E2ESubset.TimeScale, opts.Seeds[0])
 		b.WriteString(e2e.Markdown())
 	}

@@ -33,6 +33,10 @@ type TraceOptions struct {
 	// MaxDuration keeps only traces whose last top-level request starts
 	// within this long (0: all). Applied before Smallest.
 	MaxDuration time.Duration
+	// Stagger starts each conversation at an offset in [0, Stagger)
+	// derived from its trace id (the same in every run), instead of all
+	// in the same instant.
+	Stagger time.Duration
 }
 
 // Trace file format (kv-cache-tester): one conversation per file.
@@ -92,9 +96,9 @@ func LoadTraces(dir string, opts TraceOptions) (*Workload, error) {
 // scope "local" are namespaced by trace id, so equal ids of different
 // traces are different blocks.
 func LoadTraceFiles(files []string, opts TraceOptions) (*Workload, error) {
-	if opts.SharedPrefixBlocks < 0 || opts.Smallest < 0 || opts.MaxDuration < 0 {
-		return nil, fmt.Errorf("bench: shared prefix blocks (%d), smallest (%d) and max duration (%v) must be >= 0",
-			opts.SharedPrefixBlocks, opts.Smallest, opts.MaxDuration)
+	if opts.SharedPrefixBlocks < 0 || opts.Smallest < 0 || opts.MaxDuration < 0 || opts.Stagger < 0 {
+		return nil, fmt.Errorf("bench: shared prefix blocks (%d), smallest (%d), max duration (%v) and stagger (%v) must be >= 0",
+			opts.SharedPrefixBlocks, opts.Smallest, opts.MaxDuration, opts.Stagger)
 	}
 	w := &Workload{Name: "traces"}
 	ids := map[string]string{}
@@ -119,6 +123,9 @@ func LoadTraceFiles(files []string, opts TraceOptions) (*Workload, error) {
 		root, err := buildTraceAgent(path, tf, shared, opts.SharedPrefixBlocks*tf.BlockSize)
 		if err != nil {
 			return nil, err
+		}
+		if opts.Stagger > 0 {
+			root.Start = time.Duration(mix64(stringHash(tf.ID)) % uint64(opts.Stagger))
 		}
 		w.Agents = append(w.Agents, root)
 	}

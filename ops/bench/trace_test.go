@@ -150,6 +150,44 @@ func TestLoadTracesSubAgentsAndSharedPrefix(t *testing.T) {
 	}
 }
 
+func TestLoadTracesStaggerAndSubsets(t *testing.T) {
+	dir := t.TempDir()
+	writeTrace(t, dir, "a.json", false, traceDoc("a", req(0, 64, 1, 1), req(500, 128, 1, 1, 2)))
+	writeTrace(t, dir, "b.json", false, traceDoc("b", req(0, 64, 1, 1)))
+	writeTrace(t, dir, "c.json", false, traceDoc("c", req(0, 640, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)))
+	load := func(o TraceOptions) *Workload {
+		t.Helper()
+		w, err := LoadTraces(dir, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	w1, w2 := load(TraceOptions{Stagger: time.Minute}), load(TraceOptions{Stagger: time.Minute})
+	distinct := map[time.Duration]bool{}
+	for i, a := range w1.Agents {
+		if a.Start < 0 || a.Start >= time.Minute || a.Start != w2.Agents[i].Start {
+			t.Fatalf("%s starts at %v (and %v in a second load): want a fixed offset in [0, 1m)", a.ID, a.Start, w2.Agents[i].Start)
+		}
+		distinct[a.Start] = true
+	}
+	if len(distinct) < 2 {
+		t.Fatal("staggered starts are all equal")
+	}
+	if w := load(TraceOptions{}); w.Agents[0].Start != 0 {
+		t.Fatal("without stagger every conversation starts at 0")
+	}
+	if got := agentIDs(load(TraceOptions{MaxDuration: 100 * time.Second})); !slices.Equal(got, []string{"b", "c"}) {
+		t.Fatalf("max duration kept %v", got)
+	}
+	if got := agentIDs(load(TraceOptions{Smallest: 2})); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("smallest 2 kept %v", got)
+	}
+	if got := agentIDs(load(TraceOptions{Limit: 1})); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("limit 1 kept %v", got)
+	}
+}
+
 func TestLoadTracesErrorsNameTheFile(t *testing.T) {
 	cases := []struct {
 		name, body, want string
