@@ -14,6 +14,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,6 +27,7 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/tether-project/tether/cluster/archive"
+	"github.com/tether-project/tether/cluster/internal/boltfile"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -138,7 +141,7 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 	cleanup = append(cleanup, n.cancel)
 
 	raftPath := filepath.Join(cfg.DataDir, raftDBFile)
-	n.store, err = raftboltdb.New(raftboltdb.Options{Path: raftPath, BoltOptions: &bolt.Options{Timeout: time.Second}})
+	n.store, err = openRaftStore(raftPath)
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, fmt.Errorf("cluster: open %s: locked: another running node uses data dir %s", raftPath, cfg.DataDir)
@@ -239,6 +242,9 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: inspect raft state in %s: %w", cfg.DataDir, err)
 	}
+	if err := n.checkRaftStateNotLost(raftPath); err != nil {
+		return nil, err
+	}
 	if cfg.Bootstrap && !existing {
 		servers := make([]raft.Server, len(cfg.Peers))
 		for i, p := range cfg.Peers {
@@ -299,6 +305,71 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.log.Info("cluster: node started", "addr", n.addr, "existing_state", existing)
 	return n, nil
+}
+
+// openRaftStore opens raft.db with raft-boltdb. bbolt panics (or faults in
+// its mmap) on some damaged files, a truncated one among them, and then
+// keeps the file mapped and locked: boltfile.Check refuses those first;
+// damage it cannot see that still panics becomes an error too.
+func openRaftStore(path string) (store *raftboltdb.BoltStore, err error) {
+	if err := boltfile.Check(path); err != nil {
+		return nil, fmt.Errorf("%w; restore it from a backup, or wipe the data dir and re-join this node as a new member", err)
+	}
+	var opened *os.File
+	// A page referenced past the end of a truncated file faults in bbolt's
+	// mmap (SIGBUS): make that a panic recovered below, not a crash.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if opened != nil {
+				opened.Close()
+			}
+			store, err = nil, fmt.Errorf("damaged database file (bbolt: %v); restore it from a backup, or wipe the data dir and re-join this node as a new member", r)
+		}
+	}()
+	return raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &bolt.Options{
+		Timeout: time.Second,
+		OpenFile: func(name string, flag int, mode os.FileMode) (*os.File, error) {
+			f, err := os.OpenFile(name, flag, mode)
+			opened = f
+			return f, err
+		},
+	}})
+}
+
+// checkRaftStateNotLost refuses to start when raft.db holds no Raft state
+// (no term, no log) while the archive or the snapshot store shows this
+// node ran before: raft.db was emptied or replaced. Starting anyway would
+// bootstrap a new cluster beside the old history, or rejoin having
+// forgotten its term and vote (which Raft's safety relies on).
+func (n *Node) checkRaftStateNotLost(raftPath string) error {
+	term, err := n.store.GetUint64([]byte("CurrentTerm")) // raft's key
+	if err != nil && !errors.Is(err, raftboltdb.ErrKeyNotFound) {
+		return fmt.Errorf("cluster: read current term from %s: %w", raftPath, err)
+	}
+	last, err := n.store.LastIndex()
+	if err != nil {
+		return fmt.Errorf("cluster: read last log index from %s: %w", raftPath, err)
+	}
+	if term != 0 || last != 0 {
+		return nil
+	}
+	var found []string
+	if archived, err := n.archive.LastIndex(); err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	} else if archived > 0 {
+		found = append(found, fmt.Sprintf("%s holds entries up to index %d", n.archive.Path(), archived))
+	}
+	if metas, err := n.snaps.List(); err == nil && len(metas) > 0 {
+		found = append(found, fmt.Sprintf("%s holds a snapshot at index %d", filepath.Join(n.cfg.DataDir, snapshotsDir), metas[0].Index))
+	}
+	if len(found) == 0 {
+		return nil // a new node
+	}
+	return fmt.Errorf("cluster: %s holds no Raft state (no term, no log entries), but %s: raft.db was lost or emptied, "+
+		"and starting would bootstrap a new cluster beside this history or rejoin with a forgotten vote; "+
+		"to recover, wipe the data dir %s and re-join this node as a new member (remove it from the cluster, then join or add-voter), "+
+		"or restore raft.db from a backup", raftPath, strings.Join(found, " and "), n.cfg.DataDir)
 }
 
 func (n *Node) raftConfig(notify chan bool) *raft.Config {

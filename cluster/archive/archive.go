@@ -14,12 +14,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
+	"github.com/tether-project/tether/cluster/internal/boltfile"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -147,14 +149,33 @@ func Open(path string, opts Options) (*Archive, error) {
 }
 
 // openBolt is bolt.Open that turns bbolt's panics on a damaged file (a
-// truncated file panics with "invalid freelist page") into an error.
+// truncated file panics with "invalid freelist page") into an error, and
+// then releases the file (and its lock) bbolt had opened.
 func openBolt(path string, o *bolt.Options) (db *bolt.DB, err error) {
+	// A truncated file makes bbolt read past its end and then keep it
+	// mapped and locked: refuse it before bbolt opens it.
+	if err := boltfile.Check(path); err != nil {
+		return nil, err
+	}
+	var opened *os.File
+	// A page referenced past the end of a truncated file faults in bbolt's
+	// mmap (SIGBUS): make that a panic recovered below, not a crash.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
+			if opened != nil {
+				opened.Close()
+			}
 			db, err = nil, fmt.Errorf("damaged database file: %v", r)
 		}
 	}()
-	return bolt.Open(path, 0o600, o)
+	opts := *o
+	opts.OpenFile = func(name string, flag int, mode os.FileMode) (*os.File, error) {
+		f, err := os.OpenFile(name, flag, mode)
+		opened = f
+		return f, err
+	}
+	return bolt.Open(path, 0o600, &opts)
 }
 
 // Path is the archive's file.
