@@ -356,6 +356,9 @@ type InstanceInfo struct {
 	Breaker            string   `json:"breaker"`
 	Bindings           int      `json:"bindings"`
 	KVStale            bool     `json:"kv_stale"`
+	// TelemetryStale: the edge's NATS link is (or just was) down; the
+	// load figures are from before and health comes from probes.
+	TelemetryStale bool `json:"telemetry_stale"`
 }
 
 func (e *Edge) adminInstances(w http.ResponseWriter, r *http.Request) int {
@@ -367,7 +370,7 @@ func (e *Edge) adminInstances(w http.ResponseWriter, r *http.Request) int {
 		seen[in.ID] = true
 		info := InstanceInfo{
 			ID: in.ID, Fleet: in.Fleet.String(), URL: in.URL, Healthy: in.Healthy, Draining: in.Draining, Static: in.Static,
-			Telemetry: in.Telemetry, Version: in.Version, FeatureLevel: in.FeatureLevel, VerifiesHints: in.VerifiesHints,
+			Telemetry: in.Telemetry, TelemetryStale: in.TelemetryStale, Version: in.Version, FeatureLevel: in.FeatureLevel, VerifiesHints: in.VerifiesHints,
 			Ranks: in.Ranks, QueuedRequests: in.QueuedRequests + int(in.PendingRequests), ActiveRequests: in.ActiveRequests,
 			ActivePromptTokens: in.ActivePromptTokens, HitRate: in.HitRate(), Breaker: in.Breaker.String(),
 			Bindings: st.BindingCount(in.Fleet, in.ID), KVStale: e.fleet.Index().Stale(in.ID),

@@ -50,7 +50,7 @@ placement:
   overflow: {queued_requests: 4, active_prompt_tokens: 100000, rebind_after: 10s}
   shed: {max_queued_requests: 32, prefill_tokens_per_second: 6000, retry_after_min: 1s, retry_after_max: 20s}
   circuit_breaker: {window: 30s, buckets: 6, open_below: 0.3, close_above: 0.5, min_lookups: 10, min_lookup_tokens: 1000, cooldown: 30s}
-telemetry: {stale_intervals: 4, down_after: 20s}
+telemetry: {stale_intervals: 4, down_after: 20s, startup_grace: 30s}
 leader: {interval: 2s, sweep_batch: 100}
 cluster:
   node_id: edge-1
@@ -61,10 +61,19 @@ cluster:
     - {id: edge-1, addr: "10.0.0.9:7400"}
     - {id: edge-2, addr: "10.0.0.10:7400"}
   propose_timeout: 80ms
+  degraded_placement_window: 4s
+  compat_feature_level: 1
 nats:
   urls: [nats://10.0.0.20:4222]
+  user: edge
+  password: nats-password
 tracing:
-  exporter: stdout
+  exporter: otlp
+  endpoint: http://otel-collector:4318
+read_header_timeout: 5s
+read_timeout: 1m
+idle_timeout: 90s
+write_timeout: 30s
 `
 
 func TestParseFullConfig(t *testing.T) {
@@ -79,7 +88,10 @@ func TestParseFullConfig(t *testing.T) {
 		cfg.ContextServers.URLs[1].ID() != "ctx-b" || cfg.ContextServers.URLs[0].ID() != "http://10.0.0.1:8001" ||
 		cfg.SessionTTL != 15*time.Minute || cfg.TouchInterval != 500*time.Millisecond || cfg.MaxBindings != 50000 ||
 		cfg.Cluster.ProposeTimeout != 80*time.Millisecond || cfg.Placement.Overflow.RebindAfter != 10*time.Second ||
-		cfg.Placement.Breaker.Window != 30*time.Second || cfg.Placement.BlockSize != 32 || !cfg.TrustedGateway.Enabled {
+		cfg.Placement.Breaker.Window != 30*time.Second || cfg.Placement.BlockSize != 32 || !cfg.TrustedGateway.Enabled ||
+		cfg.Cluster.DegradedPlacementWindow != 4*time.Second || cfg.Cluster.CompatFeatureLevel != 1 || cfg.Telemetry.StartupGrace != 30*time.Second ||
+		cfg.ReadHeaderTimeout != 5*time.Second || cfg.ReadTimeout != time.Minute || cfg.IdleTimeout != 90*time.Second || cfg.WriteTimeout != 30*time.Second ||
+		cfg.Tracing.Exporter != "otlp" || cfg.NATS.Password != "nats-password" {
 		t.Fatalf("parsed %+v", cfg)
 	}
 	rc := cfg.RoutingConfig(fsm.FleetGeneration)
@@ -104,7 +116,10 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		t.Fatal(err)
 	}
 	if cfg.SessionTTL != DefaultSessionTTL || cfg.MaxBindings != DefaultMaxBindings || cfg.TouchInterval != DefaultTouchInterval ||
-		cfg.Cluster.ProposeTimeout != DefaultProposeTimeout || cfg.Scope != routing.ScopeContext || cfg.MaxRetries != DefaultMaxRetries {
+		cfg.Cluster.ProposeTimeout != DefaultProposeTimeout || cfg.Scope != routing.ScopeContext || cfg.MaxRetries != DefaultMaxRetries ||
+		cfg.ReadHeaderTimeout != DefaultReadHeaderTimeout || cfg.ReadTimeout != DefaultReadTimeout || cfg.IdleTimeout != DefaultIdleTimeout ||
+		cfg.WriteTimeout != 0 || cfg.Telemetry.StartupGrace != DefaultStartupGrace || cfg.Cluster.DegradedPlacementWindow != 0 ||
+		cfg.Cluster.CompatFeatureLevel != 0 {
 		t.Fatalf("defaults %+v", cfg)
 	}
 }
@@ -148,13 +163,38 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"no instances", strings.Replace(base, "generation_servers: {urls: [http://b:1]}", "", 1), []string{"generation_servers.urls", "no instances"}},
 		{"num_instances mismatch", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {num_instances: 3, urls: [http://a:1]}", 1),
 			[]string{"context_servers.num_instances"}},
-		{"bad duration", base + "session_ttl: forever\n", []string{"session_ttl"}},
+		{"bad duration", base + "session_ttl: forever\n", []string{`session_ttl: want a duration such as "100ms" or "2s", got "forever"`}},
+		// B6: a value of the wrong type is named by its key path, not
+		// only its line.
+		{"wrong type names the key", strings.Replace(base, "model: m", "model: [1, 2]", 1), []string{"model: want a string, got a list (line 2)"}},
+		{"wrong nested type names the path", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {urls: [http://a:1], router: {type: [x]}}", 1),
+			[]string{"context_servers.router.type", "line 4"}},
+		{"unknown enum names the path", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers:\n  urls: [http://a:1]\n  router:\n    type: magic", 1),
+			[]string{`context_servers.router.type: unknown value "magic"`, "line 7"}},
+		{"wrong types in two places", base + "max_retries: lots\ntelemetry: {down_after: [1]}\n", []string{`max_retries: want an integer, got "lots"`, "telemetry.down_after: want a duration"}},
+		{"section of the wrong kind", base + "leader: 5\n", []string{`leader: want a mapping of keys, got "5"`}},
+		{"urls entry with an unknown key", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {urls: [{url: http://a:1, weight: 2}]}", 1),
+			[]string{"context_servers.urls[0]", `unknown key "weight"`}},
+		// F2: NATS URL schemes as the worker accepts them.
+		{"nats url scheme", base + "nats: {urls: [\"http://n:4222\"]}\n", []string{"nats.urls[0]", "nats://, tls://, ws:// or wss://"}},
+		{"nats user without password", base + "nats: {urls: [nats://n:4222], user: edge}\n", []string{"nats.password", EnvNATSPassword}},
+		{"nats two methods", base + "nats: {urls: [nats://n:4222], token: t, creds: /x}\n", []string{"nats", "choose one of"}},
+		{"nats missing nkey seed", base + "nats: {urls: [nats://n:4222], nkey_seed_file: /nonexistent/seed.nk}\n", []string{"nats.nkey_seed_file"}},
+		{"nats embedded with creds", base + "nats: {embedded: true, creds: /x}\n", []string{"nats", "embedded server"}},
+		{"zero read header timeout", base + "read_header_timeout: 0s\n", []string{"read_header_timeout", "> 0"}},
+		{"short write timeout", base + "write_timeout: 10ms\n", []string{"write_timeout", "too short"}},
+		{"negative startup grace", base + "telemetry: {startup_grace: -1s}\n", []string{"telemetry.startup_grace"}},
+		{"negative degraded window", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, degraded_placement_window: -1s}", 1), []string{"cluster.degraded_placement_window"}},
+		{"compat level above this build", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, compat_feature_level: 99}", 1), []string{"cluster.compat_feature_level", "99"}},
 		{"zero ttl", base + "session_ttl: 0s\n", []string{"session_ttl", "> 0"}},
 		{"bad cidr", base + "conversation_affinity_header_for_subagents: X-P\ntrusted_gateway: {enabled: true, cidrs: [10.0.0.300/8]}\n", []string{"trusted_gateway.cidrs[0]"}},
 		{"gateway without header", base + "trusted_gateway: {enabled: true, cidrs: [10.0.0.0/8]}\n", []string{"trusted_gateway", "conversation_affinity_header_for_subagents"}},
 		{"placement overflow above shed", base + "placement: {overflow: {queued_requests: 80}, shed: {max_queued_requests: 10}}\n", []string{"placement.overflow.queued_requests"}},
 		{"bootstrap without peers", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, bootstrap: true}", 1), []string{"cluster.peers"}},
-		{"otlp exporter", base + "tracing: {exporter: otlp}\n", []string{"tracing.exporter", "otlp"}},
+		{"otlp without endpoint", base + "tracing: {exporter: otlp}\n", []string{"tracing.endpoint", "required"}},
+		{"otlp endpoint not a URL", base + "tracing: {exporter: otlp, endpoint: \"otel:4318\"}\n", []string{"tracing.endpoint", "not an OTLP/HTTP URL"}},
+		{"endpoint without otlp", base + "tracing: {exporter: stdout, endpoint: \"http://otel:4318\"}\n", []string{"tracing.endpoint", "only used with"}},
+		{"unknown exporter", base + "tracing: {exporter: jaeger}\n", []string{"tracing.exporter", "jaeger"}},
 		{"embedded and urls", base + "nats: {embedded: true, urls: [nats://x:4222]}\n", []string{"nats", "not both"}},
 		{"parent header is a session header", base + "conversation_affinity_header_for_subagents: x-session-id\n", []string{"conversation_affinity_header_for_subagents", "session header"}},
 	}
@@ -258,5 +298,29 @@ cluster: {node_id: e1, data_dir: /tmp/x}
 	}
 	if _, err := LoadConfig(filepath.Join(dir, "missing.yaml")); err == nil {
 		t.Fatal("missing file accepted")
+	}
+
+	// The NATS credential from the environment (a Kubernetes Secret as an
+	// env var): the file names the user only.
+	if err := os.WriteFile(path, []byte(`
+model: m
+context_servers: {urls: [http://a:1]}
+generation_servers: {urls: [http://b:1]}
+cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
+nats: {urls: [nats://n:4222], user: edge}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvNATSPassword, "")
+	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), "nats.password") {
+		t.Fatalf("user without a password anywhere: %v", err)
+	}
+	t.Setenv(EnvNATSPassword, "from-the-secret")
+	if cfg, err = LoadConfig(path); err != nil || cfg.NATS.Password != "from-the-secret" {
+		t.Fatalf("password from %s: %q, %v", EnvNATSPassword, cfg.NATS.Password, err)
+	}
+	t.Setenv(EnvNATSToken, "token-from-the-secret")
+	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), "choose one of") {
+		t.Fatalf("a token from the environment beside user/password: %v", err)
 	}
 }

@@ -7,7 +7,10 @@
 //
 // Malformed messages, and messages whose payload names another instance than
 // their subject, are dropped and counted; nothing a worker sends can crash
-// the edge. See the edge's DESIGN.md.
+// the edge. While the edge's own NATS connection is down, telemetry silence
+// says nothing about the workers: their last known health is kept and every
+// worker is probed over HTTP instead (telemetry outage fallback). See the
+// edge's DESIGN.md.
 package fleetview
 
 import (
@@ -61,6 +64,10 @@ type Config struct {
 	// ForgetAfter: a telemetry-discovered instance silent this long is
 	// forgotten (default 10m).
 	ForgetAfter time.Duration
+	// ReconnectGrace: after the NATS connection comes back, an instance
+	// that has not reported since is still judged by probes for this long
+	// (workers reconnect with their own backoff; default 10s).
+	ReconnectGrace time.Duration
 	// ProbeClient sends probes (default: a client with the probe
 	// interval as timeout).
 	ProbeClient *http.Client
@@ -93,8 +100,13 @@ type Instance struct {
 	// LastSeen is the last load report or successful probe.
 	LastSeen time.Time
 	// Healthy: a fresh report (or, for a static instance without
-	// telemetry, a recent successful probe).
+	// telemetry, a recent successful probe). During a telemetry outage
+	// (the edge's NATS link down): the last probe's result, or before any
+	// probe the health the instance had when the link went down.
 	Healthy bool
+	// TelemetryStale: the edge's NATS link is (or just was) down and this
+	// instance's load figures are from before; health comes from probes.
+	TelemetryStale bool
 
 	QueuedRequests     int
 	ActiveRequests     int
@@ -148,7 +160,9 @@ type instance struct {
 	inflightReq atomic.Int64
 	inflightTok atomic.Int64
 
-	lastProbeOK time.Time
+	lastProbeOK time.Time // last successful probe
+	probedAt    time.Time // last completed probe, successful or not
+	probeOK     bool      // its result
 
 	// KV sequence tracking (under Fleet.mu).
 	kvBoot       uint64
@@ -177,6 +191,12 @@ type Fleet struct {
 	byID    map[string]*instance
 	alias   map[string]string // worker id -> edge id, for static instances reporting under another id
 	version atomic.Uint64
+	// Telemetry outage (under mu): linkDownAt is when the edge's NATS
+	// connection went down (zero: no outage), linkBackAt when it came
+	// back (zero while down). The outage ends ReconnectGrace after
+	// linkBackAt.
+	linkDownAt time.Time
+	linkBackAt time.Time
 
 	subs   []*nats.Subscription
 	ctx    context.Context
@@ -205,6 +225,9 @@ func New(cfg Config) (*Fleet, error) {
 	}
 	if cfg.ForgetAfter <= 0 {
 		cfg.ForgetAfter = 10 * time.Minute
+	}
+	if cfg.ReconnectGrace <= 0 {
+		cfg.ReconnectGrace = 10 * time.Second
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -276,6 +299,10 @@ func (f *Fleet) Start(ctx context.Context) error {
 			}
 			f.subs = append(f.subs, sub)
 		}
+		status := f.nc.StatusChanged(nats.CONNECTED, nats.RECONNECTING, nats.DISCONNECTED, nats.CLOSED)
+		f.wg.Add(1)
+		go f.watchLink(status)
+		f.noteLink(f.nc.IsConnected())
 		// Make the subscriptions effective before reporting started (the
 		// first reports then are not missed). Not connected yet (NATS
 		// down at startup): the client subscribes when it connects.
@@ -288,15 +315,8 @@ func (f *Fleet) Start(ctx context.Context) error {
 			}
 		}
 	}
-	f.mu.RLock()
-	for _, in := range f.byID {
-		if in.static {
-			f.wg.Add(1)
-			go f.probeLoop(in.id)
-		}
-	}
-	f.mu.RUnlock()
-	f.wg.Add(1)
+	f.wg.Add(2)
+	go f.probeLoop()
 	go f.housekeeping()
 	return nil
 }
@@ -348,7 +368,80 @@ func (f *Fleet) healthyLocked(in *instance, now time.Time) bool {
 	if in.hasReport && now.Sub(in.lastReport) <= f.staleAfter(in.interval) {
 		return true
 	}
-	return in.static && !in.lastProbeOK.IsZero() && now.Sub(in.lastProbeOK) <= f.staleAfter(f.cfg.ProbeInterval)
+	if f.blindLocked(in, now) {
+		if in.probedAt.After(f.linkDownAt) {
+			// Probed since the link went down: a failed probe is
+			// evidence, the instance is unhealthy until one succeeds.
+			return in.probeOK && f.probeFreshLocked(in, now)
+		}
+		// Not probed since the link went down: silence is not evidence,
+		// keep the health it had then.
+		return in.hasReport && f.linkDownAt.Sub(in.lastReport) <= f.staleAfter(in.interval) ||
+			in.static && f.probeFreshLocked(in, f.linkDownAt)
+	}
+	return in.static && f.probeFreshLocked(in, now)
+}
+
+// probeFreshLocked: a probe succeeded recently enough at now.
+func (f *Fleet) probeFreshLocked(in *instance, now time.Time) bool {
+	return !in.lastProbeOK.IsZero() && now.Sub(in.lastProbeOK) <= f.staleAfter(f.cfg.ProbeInterval)
+}
+
+// blindLocked reports whether the edge cannot hear in's telemetry at now:
+// its NATS link is down, or came back less than ReconnectGrace ago and in
+// has not reported since (under f.mu).
+func (f *Fleet) blindLocked(in *instance, now time.Time) bool {
+	if f.linkDownAt.IsZero() {
+		return false
+	}
+	if f.linkBackAt.IsZero() {
+		return true
+	}
+	return now.Sub(f.linkBackAt) < f.cfg.ReconnectGrace && in.lastReport.Before(f.linkBackAt)
+}
+
+// watchLink follows the NATS connection's state.
+func (f *Fleet) watchLink(status chan nats.Status) {
+	defer f.wg.Done()
+	defer f.nc.RemoveStatusListener(status)
+	for {
+		select {
+		case <-f.ctx.Done():
+			return
+		case st, ok := <-status:
+			if !ok {
+				return
+			}
+			f.noteLink(st == nats.CONNECTED)
+		}
+	}
+}
+
+// noteLink records the connection going down or coming back.
+func (f *Fleet) noteLink(up bool) {
+	now := f.cfg.Now()
+	f.mu.Lock()
+	changed := false
+	switch {
+	case !up && (f.linkDownAt.IsZero() || !f.linkBackAt.IsZero()):
+		f.linkDownAt, f.linkBackAt, changed = now, time.Time{}, true
+		f.log.Warn("telemetry link down: keeping the workers' last known health and probing them over HTTP")
+	case up && !f.linkDownAt.IsZero() && f.linkBackAt.IsZero():
+		f.linkBackAt, changed = now, true
+		f.log.Info("telemetry link back: probes decide until each worker reports again", "grace", f.cfg.ReconnectGrace)
+	}
+	f.mu.Unlock()
+	if changed {
+		f.bump()
+		f.metrics.linkUp.Set(map[bool]float64{true: 1, false: 0}[up])
+	}
+}
+
+// TelemetryLinkDown reports whether the edge's NATS connection is down now.
+func (f *Fleet) TelemetryLinkDown() bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return !f.linkDownAt.IsZero() && f.linkBackAt.IsZero()
 }
 
 func (f *Fleet) lastSeenLocked(in *instance) time.Time {
@@ -363,6 +456,7 @@ func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
 		ID: in.id, Fleet: in.fleet, URL: in.url, Static: in.static,
 		Telemetry: in.hasReport, VerifiesHints: true,
 		LastSeen: f.lastSeenLocked(in), Healthy: f.healthyLocked(in, now),
+		TelemetryStale:  in.hasReport && f.blindLocked(in, now) && now.Sub(in.lastReport) > f.staleAfter(in.interval),
 		PendingRequests: in.pendingReq.Load() + in.inflightReq.Load(), PendingTokens: in.pendingTok.Load() + in.inflightTok.Load(),
 		Breaker: f.breakers.State(in.id, now),
 	}
@@ -871,28 +965,20 @@ func (f *Fleet) fetchDump(ctx context.Context, subject string) (dump, error) {
 	return d, nil
 }
 
-// probeLoop probes a static instance's /readyz while it has no fresh
-// telemetry.
-func (f *Fleet) probeLoop(id string) {
+// probeLoop probes, every ProbeInterval, the instances telemetry says
+// nothing about: static instances without fresh telemetry, and, during a
+// telemetry outage, every instance not reporting. Probes of one round run
+// concurrently (at most maxParallelProbes).
+func (f *Fleet) probeLoop() {
 	defer f.wg.Done()
 	t := time.NewTicker(f.cfg.ProbeInterval)
 	defer t.Stop()
 	for {
-		f.mu.RLock()
-		in := f.byID[id]
-		fresh := in.hasReport && f.cfg.Now().Sub(in.lastReport) <= f.staleAfter(in.interval)
-		url := in.url
-		f.mu.RUnlock()
-		if !fresh {
-			ok := f.probe(url)
-			f.metrics.probes.WithLabelValues(map[bool]string{true: "ok", false: "failed"}[ok]).Inc()
-			if ok {
-				f.mu.Lock()
-				in.lastProbeOK = f.cfg.Now()
-				f.mu.Unlock()
-				f.bump()
-			}
+		if f.nc != nil {
+			// Catches a status change whose event was missed.
+			f.noteLink(f.nc.IsConnected())
 		}
+		f.probeRound()
 		select {
 		case <-f.ctx.Done():
 			return
@@ -901,10 +987,51 @@ func (f *Fleet) probeLoop(id string) {
 	}
 }
 
+const maxParallelProbes = 16
+
+func (f *Fleet) probeRound() {
+	now := f.cfg.Now()
+	type target struct{ id, url string }
+	var targets []target
+	f.mu.RLock()
+	for _, in := range f.byID {
+		fresh := in.hasReport && now.Sub(in.lastReport) <= f.staleAfter(in.interval)
+		if in.url != "" && !fresh && (in.static || f.blindLocked(in, now)) {
+			targets = append(targets, target{in.id, in.url})
+		}
+	}
+	f.mu.RUnlock()
+	sem := make(chan struct{}, maxParallelProbes)
+	var wg sync.WaitGroup
+	for _, tg := range targets {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			ok := f.probe(tg.url)
+			f.metrics.probes.WithLabelValues(map[bool]string{true: "ok", false: "failed"}[ok]).Inc()
+			at := f.cfg.Now()
+			f.mu.Lock()
+			if in, found := f.byID[tg.id]; found {
+				in.probedAt, in.probeOK = at, ok
+				if ok {
+					in.lastProbeOK = at
+				}
+			}
+			f.mu.Unlock()
+			f.bump()
+		}()
+	}
+	wg.Wait()
+}
+
+// probe asks a worker whether it can serve. telemetry=optional: the
+// worker's own NATS connection does not matter to the answer (it may be
+// down for the same reason as the edge's); older workers ignore it.
 func (f *Fleet) probe(base string) bool {
 	ctx, cancel := context.WithTimeout(f.ctx, f.cfg.ProbeInterval)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz?telemetry=optional", nil)
 	if err != nil {
 		return false
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -421,5 +422,124 @@ func TestEvictionsForwarded(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("eviction not forwarded")
+	}
+}
+
+// F1 (RELIABILITY.md): while the edge's own NATS connection is down,
+// telemetry silence is not evidence. A real NATS server goes away: both
+// real workers stay healthy (their last known health, loads marked
+// stale), they are probed over HTTP instead, and the one that stops
+// serving becomes unhealthy by its failed probe. NATS comes back on the
+// same port: the live worker reports again, the dead one stays unhealthy.
+func TestTelemetryOutageKeepsHealthAndProbes(t *testing.T) {
+	opts := &natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoLog: true, NoSigs: true}
+	ns, err := natsserver.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	url := ns.ClientURL()
+	port := ns.Addr().(*net.TCPAddr).Port
+	var ns2 *natsserver.Server
+	t.Cleanup(func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		if ns2 != nil {
+			ns2.Shutdown()
+			ns2.WaitForShutdown()
+		}
+	})
+
+	startRealWorker := func(id string) *worker.Server {
+		cfg := worker.DefaultConfig()
+		cfg.InstanceID, cfg.Model = id, "m"
+		cfg.Engine.TimeScale, cfg.Engine.BlockSize = 0, 4
+		cfg.TelemetryInterval = 20 * time.Millisecond
+		cfg.NATS.URLs = []string{url}
+		cfg.Logger = slog.New(slog.DiscardHandler)
+		w, err := worker.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Close(context.Background()) })
+		return w
+	}
+	wa, wb := startRealWorker("w-a"), startRealWorker("w-b")
+
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	f, reg := newFleet(t, Config{Conn: nc, StaleIntervals: 3, MinStaleAfter: 100 * time.Millisecond,
+		ProbeInterval: 50 * time.Millisecond, ReconnectGrace: 10 * time.Second})
+	healthy := func(id string) Instance { in, _ := f.Instance(id, time.Now()); return in }
+	waitFor(t, "both workers healthy from telemetry", 10*time.Second, func() bool {
+		return healthy("w-a").Healthy && healthy("w-a").Telemetry && healthy("w-b").Healthy && healthy("w-b").Telemetry
+	})
+	if f.TelemetryLinkDown() || metric(t, reg, "tether_edge_telemetry_link_up", nil) != 1 {
+		t.Fatal("telemetry link reported down while connected")
+	}
+
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	waitFor(t, "the link seen down", 10*time.Second, f.TelemetryLinkDown)
+	if metric(t, reg, "tether_edge_telemetry_link_up", nil) != 0 {
+		t.Fatal("tether_edge_telemetry_link_up still 1")
+	}
+	// Well past the staleness bound (3 × 20 ms, at least 100 ms), both
+	// stay healthy; their figures are marked stale; probes ran.
+	deadline := time.Now().Add(600 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		for _, id := range []string{"w-a", "w-b"} {
+			if in := healthy(id); !in.Healthy {
+				t.Fatalf("%s unhealthy during the telemetry outage although it serves: %+v", id, in)
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // sampling the view over the period, not waiting to pass
+	}
+	if in := healthy("w-a"); !in.TelemetryStale {
+		t.Fatalf("w-a's figures not marked stale: %+v", in)
+	}
+	if n := metric(t, reg, "tether_edge_probes_total", map[string]string{"result": "ok"}); n < 2 {
+		t.Fatalf("%v successful probes during the outage", n)
+	}
+
+	// A worker that stops serving fails its probe: unhealthy.
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = wb.Close(cctx)
+	cancel()
+	waitFor(t, "the stopped worker unhealthy by its failed probe", 5*time.Second, func() bool { return !healthy("w-b").Healthy })
+	if !healthy("w-a").Healthy {
+		t.Fatal("the live worker became unhealthy with the stopped one")
+	}
+
+	// NATS back on the same port: the live worker reports again.
+	opts2 := *opts
+	opts2.Port = port
+	ns2, err = natsserver.NewServer(&opts2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns2.Start()
+	if !ns2.ReadyForConnections(10 * time.Second) {
+		t.Fatal("restarted nats server not ready")
+	}
+	waitFor(t, "the link back", 10*time.Second, func() bool { return !f.TelemetryLinkDown() })
+	waitFor(t, "w-a reporting again", 15*time.Second, func() bool {
+		in := healthy("w-a")
+		return in.Healthy && !in.TelemetryStale && time.Since(in.LastSeen) < 200*time.Millisecond
+	})
+	if healthy("w-b").Healthy {
+		t.Fatal("the stopped worker is healthy again")
+	}
+	if !wa.Ready() {
+		t.Fatal("w-a not ready (connected) after NATS came back")
 	}
 }

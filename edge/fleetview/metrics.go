@@ -16,6 +16,7 @@ type metrics struct {
 	kvBatches *prometheus.CounterVec
 	dumps     *prometheus.CounterVec
 	probes    *prometheus.CounterVec
+	linkUp    prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, f *Fleet) (*metrics, error) {
@@ -38,13 +39,18 @@ func newMetrics(reg prometheus.Registerer, f *Fleet) (*metrics, error) {
 		}, []string{"result"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_edge_probes_total",
-			Help: "Readiness probes of static instances without telemetry, by result.",
+			Help: "Readiness probes (static instances without telemetry; every instance during a telemetry outage), by result.",
 		}, []string{"result"}),
+		linkUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tether_edge_telemetry_link_up",
+			Help: "1 while the edge's NATS connection is up (0: telemetry outage, workers judged by probes).",
+		}),
 	}
+	m.linkUp.Set(1)
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.received, m.dropped, m.kvBatches, m.dumps, m.probes, &instanceCollector{f: f}} {
+	for _, c := range []prometheus.Collector{m.received, m.dropped, m.kvBatches, m.dumps, m.probes, m.linkUp, &instanceCollector{f: f}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("fleetview: register metrics: %w", err)
 		}
