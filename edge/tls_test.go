@@ -86,7 +86,6 @@ cluster: {node_id: e1, data_dir: /tmp/tether-never-opened, bootstrap: true, peer
 	cases := []struct{ name, yaml, key string }{
 		{"unknown mode", base + "tls: {mode: tls}\n", "tls.mode"},
 		{"mutual without files", base + "tls: {mode: mutual}\n", "tls.ca_file"},
-		{"missing key file", strings.Replace(mutual, f.Key, filepath.Join(p.dir, "nope.pem"), 1), "tls.key_file"},
 		{"files in plaintext mode", base + "tls: {mode: plaintext, cert_file: " + f.Cert + "}\n", "tls.cert_file"},
 		{"http listener unknown", strings.Replace(mutual, "mode: mutual", "mode: mutual, http: ssl", 1), "tls.http"},
 		{"client auth unknown", strings.Replace(mutual, "mode: mutual", "mode: mutual, http_client_auth: maybe", 1), "tls.http_client_auth"},
@@ -101,6 +100,14 @@ cluster: {node_id: e1, data_dir: /tmp/tether-never-opened, bootstrap: true, peer
 		{"worker user short password", base + "nats: {embedded: true, user: edge, password: edge-password-0123, worker_users: [{instance: w1, password: short}]}\n", "nats.worker_users[0].password"},
 		{"worker user bad instance", base + "nats: {embedded: true, user: edge, password: edge-password-0123, worker_users: [{instance: a.b, password: 0123456789abcdef}]}\n", "nats.worker_users[0].instance"},
 		{"worker users with mutual tls", strings.Replace(mutual, "context_servers", "nats: {embedded: true, user: edge, password: edge-password-0123, worker_users: [{instance: w1, password: 0123456789abcdef}]}\ncontext_servers", 1), "nats.worker_users"},
+	}
+	// Files are read by New: a missing one is an error naming the key.
+	cfg, err = ParseConfig([]byte(strings.Replace(mutual, f.Key, filepath.Join(p.dir, "nope.pem"), 1)))
+	if err != nil {
+		t.Fatalf("files are not read at parse time: %v", err)
+	}
+	if _, err := New(cfg, Deps{Logger: testLogger(t)}); err == nil || !strings.Contains(err.Error(), "tls.key_file") {
+		t.Fatalf("New with a missing key file: %v", err)
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

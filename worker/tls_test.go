@@ -74,10 +74,17 @@ func TestTLSConfigKeys(t *testing.T) {
 	if DefaultConfig().TLS.Mode != TLSModePlaintext {
 		t.Fatal("DefaultConfig is not explicitly plaintext")
 	}
+	// Files are read by New: a missing one is an error naming the key.
+	cfg, err = ParseConfig([]byte(strings.Replace(mutual, files.Cert, filepath.Join(f.dir, "nope.pem"), 1)))
+	if err != nil {
+		t.Fatalf("files are not read at parse time: %v", err)
+	}
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "tls.cert_file") {
+		t.Fatalf("New with a missing certificate: %v", err)
+	}
 	cases := []struct{ name, yaml, want string }{
 		{"unknown mode", base + "tls: {mode: on}\n", "tls.mode: unknown value"},
 		{"mutual without files", base + "tls: {mode: mutual}\n", "tls.ca_file: required"},
-		{"missing cert", strings.Replace(mutual, files.Cert, filepath.Join(f.dir, "nope.pem"), 1), "tls.cert_file:"},
 		{"files in plaintext mode", base + "tls: {mode: plaintext, ca_file: " + files.CA + "}\n", "tls.ca_file: set, but"},
 		{"client auth unknown", mutual + "  client_auth: sometimes\n", "tls.client_auth: unknown value"},
 		{"client auth without tls", base + "tls: {client_auth: require}\n", "tls.client_auth"},
