@@ -28,7 +28,7 @@ subcommands:
   explain  the full history of one routing key and the sub-agents linked to it
            --key KEY [--fleet context|generation] [--no-children] [--json]
   verify   replay and compare with a live edge's state hash (exit 1 on mismatch)
-           --edge URL [--admin-token T | $TETHER_ADMIN_TOKEN] [--spot-check N]
+           --edge URL [--admin-token T | $TETHER_ADMIN_TOKEN] [--spot-check N] [--cacert CA.pem [--cert C --key K]]
   export   one JSON object per event for external tools
            --format ndjson [--from N] [--to N] [--out FILE]
 
@@ -62,6 +62,7 @@ func runAudit(ctx context.Context, args []string) error {
 		noChildren          *bool
 		spot                *int
 		from, to            *uint64
+		tlsFlags            adminTLSFlags
 	)
 	switch sub {
 	case "replay":
@@ -74,6 +75,7 @@ func runAudit(ctx context.Context, args []string) error {
 	case "verify":
 		edgeURL = fs.String("edge", "", "the live edge's base URL, e.g. http://10.0.0.1:8000 (required)")
 		token = fs.String("admin-token", "", "admin API bearer token (default $"+operator.EnvAdminToken+")")
+		tlsFlags = addAdminTLSFlags(fs)
 		spot = fs.Int("spot-check", 1000, "bindings compared one by one when the edge moved past the copy")
 	case "export":
 		format = fs.String("format", "ndjson", "output format (ndjson)")
@@ -142,7 +144,11 @@ func runAudit(ctx context.Context, args []string) error {
 		if tok == "" {
 			tok = os.Getenv(operator.EnvAdminToken)
 		}
-		c, err := operator.New([]string{*edgeURL}, tok, nil)
+		hc, err := tlsFlags.client()
+		if err != nil {
+			return err
+		}
+		c, err := operator.New([]string{*edgeURL}, tok, hc)
 		if err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}

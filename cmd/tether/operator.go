@@ -25,7 +25,8 @@ const operatorUsage = `usage: tether operator <group> <command> [args] --edge UR
   snapshot restore FILE           replace the cluster's state (runs on the leader: list several edges)
   snapshot inspect FILE           offline: index, term, hash, counts per event type and fleet
 
-flags: --edge (repeatable or comma-separated), --admin-token, --timeout, --json
+flags: --edge (repeatable or comma-separated), --admin-token, --timeout, --json,
+       --cacert CA.pem (edges serving HTTPS), --cert/--key (edges requiring client certificates)
 `
 
 // stringList is a repeatable, comma-separated flag.
@@ -63,6 +64,7 @@ func runOperator(ctx context.Context, args []string) error {
 	token := fs.String("admin-token", "", "admin API bearer token (default $"+operator.EnvAdminToken+")")
 	timeout := fs.Duration("timeout", 0, "give up after this long (default 30s; 10m for snapshots)")
 	asJSON := fs.Bool("json", false, "print JSON")
+	tlsFlags := addAdminTLSFlags(fs)
 	pos, err := parseInterspersed(fs, args[2:])
 	if err != nil {
 		return err
@@ -94,7 +96,11 @@ func runOperator(ctx context.Context, args []string) error {
 	if tok == "" {
 		tok = os.Getenv(operator.EnvAdminToken)
 	}
-	c, err := operator.New(edges, tok, nil)
+	hc, err := tlsFlags.client()
+	if err != nil {
+		return err
+	}
+	c, err := operator.New(edges, tok, hc)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
