@@ -287,6 +287,7 @@ internal_request_auth_key: %q
 telemetry_interval: 100ms
 engine: {type: sim, time_scale: 0}
 nats: {url: %q}
+tls: {mode: plaintext} # faults, not transport security, are tested here (see test/reliability's TLS tests)
 `, id, model, fleet, fleet, internalKey, v.natsURL)
 		path := filepath.Join(v.dir, id+".yaml")
 		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
@@ -330,6 +331,7 @@ cluster:
   peers: [%s]
   propose_timeout: 500ms
 nats: {urls: [%q]}
+tls: {mode: plaintext} # faults, not transport security, are tested here (see test/reliability's TLS tests)
 `, model, host, port, internalKey, adminToken, parentHdr, e.id, e.dataDir, e.raftAddr, strings.Join(peers, ", "), v.natsURL)
 		path := filepath.Join(v.dir, e.id+".yaml")
 		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
