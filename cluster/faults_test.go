@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-project/tether/cluster/archive"
+	"github.com/tether-project/tether/cluster/faultnet"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -590,5 +592,48 @@ func TestArchiveCompleteAfterKill(t *testing.T) {
 	m := replayArchive(t, n.Archive())
 	if m.State().Hash() != n.State().Hash() || m.State().Len() != 80 {
 		t.Fatalf("archive replay: %d bindings, hash match %v; want the live state (80 bindings)", m.State().Len(), m.State().Hash() == n.State().Hash())
+	}
+}
+
+// A node removed while nothing the others send reaches it never gets the
+// leader's notice (op 6) nor the configuration without itself: it would
+// campaign forever, refused by pre-vote. Once it has had no leader for a
+// while it asks the members (its own requests get through), learns it was
+// removed, records the tombstone and halts.
+func TestRemovedWhileCutOffLearnsIt(t *testing.T) {
+	t.Parallel()
+	fnet := faultnet.New(1)
+	tc := newTestCluster(t, 3, func(i int, c *Config) {
+		fnet.Register(c.NodeID, c.BindAddr)
+		c.Dial = fnet.Dialer(c.NodeID)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	leader := tc.leader(10 * time.Second)
+	victim := tc.follower()
+	// Every connection the others open to the victim is reset on its
+	// first write: Raft (the leader's last replication of the removal
+	// included) and the removal notice fail at once.
+	for _, n := range tc.running() {
+		if n != victim {
+			fnet.SetResetRate(n.ID(), victim.ID(), 1)
+		}
+	}
+	if err := leader.RemoveServer(ctx, victim.ID()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-victim.Fatal():
+		if !errors.Is(err, ErrRemoved) {
+			t.Fatalf("removed node reports %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatalf("a node removed while cut off did not learn it (state %s)", victim.Status().RaftState)
+	}
+	if _, err := os.Stat(filepath.Join(tc.cfgs[tc.index(victim)].DataDir, tombstoneFile)); err != nil {
+		t.Fatalf("no tombstone: %v", err)
+	}
+	if _, err := leader.Propose(ctx, bindEv("after-removal", "w1")); err != nil {
+		t.Fatalf("the remaining members stopped serving: %v", err)
 	}
 }

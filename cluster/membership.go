@@ -271,49 +271,123 @@ func (n *Node) join(ctx context.Context) error {
 	}
 }
 
-// checkRemovedOnStart runs once after a restart with existing state: a node
-// removed while it was down never hears of it (the leader no longer
-// replicates to it), so it asks the members it knows until it reaches a
-// ready leader. If the leader's configuration lacks this node, it records
-// the tombstone and halts like a node that saw its removal commit.
-func (n *Node) checkRemovedOnStart() {
+// removalCheck is what asking the members about this node found.
+type removalCheck int
+
+const (
+	removalUnknown  removalCheck = iota // no ready leader answered
+	stillMember                         // the leader's configuration lists this node
+	removedByLeader                     // it does not; the node has been told (tombstone, halt)
+)
+
+// watchRemoval catches a removal this node never heard of: removed while it
+// was down, or while it was cut off from the leader (the leader's notice,
+// op 6, reaches only a reachable node, and the leader stops replicating to
+// it). Such a node would otherwise campaign forever, refused by pre-vote,
+// without a word. It asks the members it knows, at start when it restarted
+// on existing state (checkNow) and whenever it has known no leader for
+// removalLeaderless election timeouts; when a ready leader's configuration
+// lacks it — twice, removalConfirm election timeouts apart, so that an
+// uncommitted removal the leader then loses does not count — it records
+// the tombstone and halts like a node that saw its removal commit (the
+// index is the leader's commit index, an upper bound on the removal's).
+func (n *Node) watchRemoval(checkNow bool) {
+	et := n.cfg.Raft.ElectionTimeout
+	tick := time.NewTicker(et / 2)
+	defer tick.Stop()
+	var leaderlessSince time.Time
+	due := time.Now()
 	backoff := 200 * time.Millisecond
 	for {
-		var members []string
-		f := n.raft.GetConfiguration()
-		if f.Error() == nil {
-			for _, s := range f.Configuration().Servers {
-				if string(s.ID) != n.id {
-					members = append(members, string(s.Address))
-				}
+		if checkNow && !time.Now().Before(due) {
+			switch n.checkMembership() {
+			case removedByLeader:
+				return
+			case stillMember:
+				checkNow, backoff = false, 200*time.Millisecond
+				leaderlessSince = time.Time{}
+			case removalUnknown:
+				due = time.Now().Add(backoff)
+				backoff = min(2*backoff, 5*time.Second)
 			}
 		}
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-n.raftStopped:
+			return
+		case <-tick.C:
+		}
+		if addr, _ := n.raft.LeaderWithID(); addr != "" || n.raft.State() == raft.Leader {
+			leaderlessSince = time.Time{}
+			continue
+		}
+		switch {
+		case leaderlessSince.IsZero():
+			leaderlessSince = time.Now()
+		case !checkNow && time.Since(leaderlessSince) >= removalLeaderless*et:
+			checkNow, due = true, time.Now()
+		}
+	}
+}
+
+const (
+	removalLeaderless = 5 // election timeouts without a leader before asking
+	removalConfirm    = 2 // election timeouts between the two answers that prove a removal
+)
+
+// checkMembership asks the members of this node's configuration for their
+// status until one is a ready leader.
+func (n *Node) checkMembership() removalCheck {
+	var members []string
+	if f := n.raft.GetConfiguration(); f.Error() == nil {
+		for _, s := range f.Configuration().Servers {
+			if string(s.ID) != n.id {
+				members = append(members, string(s.Address))
+			}
+		}
+	}
+	ask := func() (Status, bool) {
 		for _, addr := range members {
 			ctx, cancel := context.WithTimeout(n.ctx, 2*time.Second)
 			st, err := n.PeerStatus(ctx, addr)
 			cancel()
-			if err != nil || !st.IsLeader {
-				continue
+			if err == nil && st.IsLeader {
+				return st, true
 			}
-			for _, p := range st.Peers {
-				if p.ID == n.id {
-					return // still a member
-				}
-			}
-			n.log.Warn("cluster: the leader's configuration no longer lists this node", "leader", st.ID, "commit_index", st.CommitIndex)
-			n.onRemoved(st.CommitIndex)
-			return
 		}
-		if n.ctx.Err() != nil || n.raft.State() == raft.Leader {
-			return // closing, or we lead (so we are a member)
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-t.C:
-		case <-n.ctx.Done():
-			t.Stop()
-			return
-		}
-		backoff = min(2*backoff, 5*time.Second)
+		return Status{}, false
 	}
+	lists := func(st Status) bool {
+		for _, p := range st.Peers {
+			if p.ID == n.id {
+				return true
+			}
+		}
+		return false
+	}
+	st, ok := ask()
+	if !ok {
+		return removalUnknown
+	}
+	if lists(st) {
+		return stillMember
+	}
+	t := time.NewTimer(removalConfirm * n.cfg.Raft.ElectionTimeout)
+	select {
+	case <-t.C:
+	case <-n.ctx.Done():
+		t.Stop()
+		return removalUnknown
+	}
+	again, ok := ask()
+	if !ok {
+		return removalUnknown
+	}
+	if lists(again) {
+		return stillMember
+	}
+	n.log.Warn("cluster: the leader's configuration no longer lists this node", "leader", again.ID, "commit_index", again.CommitIndex)
+	n.onRemoved(again.CommitIndex)
+	return removedByLeader
 }

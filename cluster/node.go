@@ -292,10 +292,8 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		n.wg.Wait()
 	})
 
-	if existing {
-		n.wg.Add(1)
-		go func() { defer n.wg.Done(); n.checkRemovedOnStart() }()
-	}
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); n.watchRemoval(existing) }()
 	if !existing && len(cfg.Join) > 0 {
 		if err := n.join(ctx); err != nil {
 			return nil, err

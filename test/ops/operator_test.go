@@ -278,18 +278,12 @@ func TestSnapshotSaveInspectRestore(t *testing.T) {
 	}
 }
 
-// A node removed while it was down never hears of its removal (the leader
-// tells only a reachable node), so it has no tombstone: restarted on its
-// old data it starts, campaigns forever as a Candidate (pre-vote keeps it
-// from disrupting the cluster) and never explains itself. The desired
-// behaviour is asserted here; it needs a change in cluster (requested in
-// the operations report: a leaderless node asks its configured peers for
-// their committed configuration and, removed, writes its tombstone and
-// halts). Run with OPS_KNOWN_GAPS=1.
+// A node removed while it was down never hears of its removal from the
+// leader (the leader tells only a reachable node). Restarted on its old
+// data it must not campaign forever without a word: it asks the members it
+// knows, learns from the leader's configuration that it was removed,
+// writes its tombstone and halts with ErrRemoved (cluster's watchRemoval).
 func TestNodeRemovedWhileDownRefusesToServe(t *testing.T) {
-	if os.Getenv("OPS_KNOWN_GAPS") == "" {
-		t.Skip("known gap in cluster: no tombstone for a node removed while down (set OPS_KNOWN_GAPS=1 to run)")
-	}
 	f := startFleet(t, fleetOptions{})
 	f.waitReady(30*time.Second, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
