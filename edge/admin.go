@@ -171,6 +171,9 @@ type BindingInfo struct {
 	RequestID      string         `json:"request_id"`
 	Candidates     []CandidateRow `json:"candidates"`
 	StateIndex     uint64         `json:"state_index"`
+	// Rank is the attention-DP rank the worker reported for this
+	// placement (RankObserved, feature level 2); absent until reported.
+	Rank *uint32 `json:"rank,omitempty"`
 }
 
 // CandidateRow is one scored option of a placement.
@@ -247,12 +250,17 @@ func (e *Edge) adminBinding(w http.ResponseWriter, r *http.Request, rest string)
 	if !ok {
 		return adminError(w, http.StatusNotFound, "binding_not_found", "no %s binding for key %q (state index %d)", fleet, key, st.Index())
 	}
-	writeJSON(w, http.StatusOK, BindingInfo{
+	info := BindingInfo{
 		Fleet: fleet.String(), Key: b.Key, ConversationID: b.ConversationID, Instance: b.Instance, Epoch: b.Epoch,
 		BoundAt: time.Unix(0, b.BoundAt).UTC(), LastUsed: time.Unix(0, b.LastUsed).UTC(),
 		Edge: b.Decision.Edge, Policy: b.Decision.Policy, RequestID: b.Decision.RequestID,
 		Candidates: candidateRows(b.Decision.Candidates), StateIndex: st.Index(),
-	})
+	}
+	if b.HasRank {
+		rank := b.Rank
+		info.Rank = &rank
+	}
+	writeJSON(w, http.StatusOK, info)
 	return http.StatusOK
 }
 
@@ -328,6 +336,8 @@ func historyEntries(rec archive.Record, fleet fsm.Fleet, key string) []HistoryEn
 			h.Event = map[string]any{"instance": ev.Instance, "status": ev.Status.String()}
 		case fsm.Touch:
 			h.Event = map[string]any{"keys": len(ev.Keys)}
+		case fsm.RankObserved:
+			h.Event = map[string]any{"rank": ev.Rank, "epoch": ev.Epoch}
 		}
 		out = append(out, h)
 	}

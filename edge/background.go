@@ -21,6 +21,7 @@ type recorder struct {
 	queue    []recorded
 	degraded map[fsm.FleetKey]fsm.Bind // placed without the log, not recorded yet
 	links    map[string]bool           // queued links, by child
+	ranks    map[fsm.FleetKey]uint32   // queued rank observations, by key
 }
 
 type recorded struct {
@@ -37,7 +38,8 @@ const maxRecorderQueue = 65536
 const maxRecordAttempts = 50
 
 func newRecorder(e *Edge) *recorder {
-	return &recorder{e: e, kick: make(chan struct{}, 1), degraded: map[fsm.FleetKey]fsm.Bind{}, links: map[string]bool{}}
+	return &recorder{e: e, kick: make(chan struct{}, 1), degraded: map[fsm.FleetKey]fsm.Bind{}, links: map[string]bool{},
+		ranks: map[fsm.FleetKey]uint32{}}
 }
 
 func (r *recorder) poke() {
@@ -78,7 +80,24 @@ func (r *recorder) dropLocked(x recorded) {
 	case fsm.Bind:
 		delete(r.degraded, fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key})
 		r.e.metrics.degradedRecord.WithLabelValues("dropped").Inc()
+	case fsm.RankObserved:
+		delete(r.ranks, fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key})
 	}
+}
+
+// addRank queues a rank observation unless the same one is queued (a busy
+// conversation reports its rank on every turn; one event records it).
+func (r *recorder) addRank(ev fsm.RankObserved) {
+	k := fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key}
+	r.mu.Lock()
+	if rank, queued := r.ranks[k]; queued && rank == ev.Rank {
+		r.mu.Unlock()
+		return
+	}
+	r.ranks[k] = ev.Rank
+	r.pushLocked(recorded{ev: ev})
+	r.mu.Unlock()
+	r.poke()
 }
 
 // addDegraded remembers a degraded placement and queues its Bind.
@@ -181,6 +200,10 @@ func (r *recorder) flush(ctx context.Context) bool {
 	for i, x := range batch {
 		r.e.observeProposal(x.ev.Type(), results[i], nil, took)
 		switch ev := x.ev.(type) {
+		case fsm.RankObserved:
+			if k := (fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key}); r.ranks[k] == ev.Rank {
+				delete(r.ranks, k)
+			}
 		case fsm.Link:
 			delete(r.links, ev.Child)
 			if results[i].Status == fsm.StatusRejected {

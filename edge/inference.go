@@ -308,6 +308,7 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 		return hf.write(w, span)
 	}
 	e.fleet.RecordUsage(ctxHop.instance, int64(cres.promptTokens), int64(cres.cachedTokens), e.now())
+	e.observeRank(rq, ctxHop, hintauth.RoleContext, cres.rank)
 	if cres.finish == "stop" || rq.maxTokens == 1 {
 		// The prefill already produced the whole answer.
 		return e.respondFromContext(w, rq, ctxHop, cres)
@@ -557,6 +558,7 @@ func (e *Edge) generationHop(ctx context.Context, w http.ResponseWriter, rq *req
 		return hf.write(w, span)
 	}
 	defer done()
+	e.observeRank(rq, genHop, hintauth.RoleGeneration, resp.Header.Get(HeaderADPRank))
 	return e.relay(w, rq, resp, ctxHop, cres, genHop, span)
 }
 
@@ -576,6 +578,9 @@ func (e *Edge) aggregated(ctx context.Context, w http.ResponseWriter, rq *reques
 		return hf.write(w, span)
 	}
 	defer done()
+	if in, ok := e.fleet.Instance(genHop.instance, rq.now); ok {
+		e.observeRank(rq, genHop, hintauth.Role(in.Role), resp.Header.Get(HeaderADPRank))
+	}
 	return e.relay(w, rq, resp, nil, nil, genHop, span)
 }
 

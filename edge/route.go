@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -13,6 +14,7 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/hintauth"
 )
 
 // Decision outcomes (metric label and span attribute).
@@ -357,6 +359,38 @@ func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *ap
 	e.metrics.decisions.WithLabelValues(failed.fleet.String(), out.policy, out.outcome).Inc()
 	e.fleet.Index().Predict(out.instance, rq.blocks, rq.now)
 	return out, nil
+}
+
+// observeRank records, off the request path, the attention-DP rank a worker
+// reported (x-tether-adp-rank) for the binding a hop followed, once the
+// cluster runs feature level 2 (RankObserved) and only when the log does
+// not already say so. Only hops that went to the binding's own instance
+// count, and only when the rank belongs to the key: the key's own
+// conversation, or a sub-agent whose hint put it on its parent's rank.
+func (e *Edge) observeRank(rq *request, h *hop, role hintauth.Role, rankHeader string) {
+	if h == nil || !h.bound || !rq.hint || h.binding.Epoch == 0 || h.instance != h.binding.Instance ||
+		(h.outcome != outcomeSticky && h.outcome != outcomeNewBind) {
+		return
+	}
+	if rq.id.ConversationID != h.key && !e.sendHint(rq, h, role) {
+		return
+	}
+	if e.featureLevel() < fsm.FeatureLevelRanks {
+		return
+	}
+	st := e.node.State()
+	if st.FeatureLevel() < fsm.FeatureLevelRanks {
+		return // an older edge may still be a voter: it could not apply the event
+	}
+	rank, err := strconv.ParseUint(rankHeader, 10, 32)
+	if err != nil {
+		return
+	}
+	b, ok := st.Lookup(h.fleet, h.key)
+	if !ok || b.Epoch != h.binding.Epoch || b.Instance != h.instance || (b.HasRank && b.Rank == uint32(rank)) {
+		return
+	}
+	e.recorder.addRank(fsm.RankObserved{Fleet: h.fleet, Key: h.key, Epoch: b.Epoch, Rank: uint32(rank)})
 }
 
 // hopLabel renders a hop for x-tether-route.
