@@ -407,3 +407,41 @@ func plainEntry(t *testing.T, evs ...Event) []byte {
 	}
 	return data
 }
+
+// ApplyBatchHashed gives the hash of the state at each entry of a batch:
+// the same hash a machine applying the entries one by one publishes.
+func TestApplyBatchHashed(t *testing.T) {
+	log := level1Log()[:60]
+	one := NewMachine()
+	var want [][32]byte
+	for _, e := range log {
+		if _, err := one.Apply(e); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, one.State().Hash())
+	}
+	batched := NewMachine()
+	var got [][32]byte
+	for i := 0; i < len(log); i += 7 {
+		rs, hs, err := batched.ApplyBatchHashed(log[i:min(i+7, len(log))])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(hs) != len(rs) {
+			t.Fatalf("%d hashes for %d entries", len(hs), len(rs))
+		}
+		got = append(got, hs...)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("entry %d (index %d): hash %x, applying one by one gives %x", i, log[i].Index, got[i][:8], want[i][:8])
+		}
+	}
+	// A halting entry: hashes for the entries before it only.
+	m := NewMachine()
+	bad := Entry{Index: 3, Time: 3, Data: []byte{0x7f}}
+	rs, hs, err := m.ApplyBatchHashed([]Entry{log[0], log[1], bad})
+	if err == nil || len(rs) != 2 || len(hs) != 2 || hs[1] != want[1] {
+		t.Fatalf("halting batch: %d results, %d hashes, %v", len(rs), len(hs), err)
+	}
+}

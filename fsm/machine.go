@@ -125,13 +125,31 @@ func (m *Machine) Apply(e Entry) ([]Result, error) {
 // required event or a corrupt entry also halts the machine, so every later
 // call returns the same error without touching the state.
 func (m *Machine) ApplyBatch(es []Entry) ([][]Result, error) {
+	rs, _, err := m.applyBatch(es, false)
+	return rs, err
+}
+
+// ApplyBatchHashed is ApplyBatch that also returns the state hash after
+// each applied entry (hashes[i] is the hash of the state at es[i].Index),
+// for callers that answer "what was the hash at exactly index N" without
+// keeping every intermediate state. A hash costs one SHA-256 over ~250
+// bytes (see State.Hash).
+func (m *Machine) ApplyBatchHashed(es []Entry) ([][]Result, [][32]byte, error) {
+	return m.applyBatch(es, true)
+}
+
+func (m *Machine) applyBatch(es []Entry, withHashes bool) ([][]Result, [][32]byte, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.Halted(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	tx := m.begin()
 	out := make([][]Result, 0, len(es))
+	var hashes [][32]byte
+	if withHashes {
+		hashes = make([][32]byte, 0, len(es))
+	}
 	var err error
 	for _, e := range es {
 		var rs []Result
@@ -140,6 +158,10 @@ func (m *Machine) ApplyBatch(es []Entry) ([][]Result, error) {
 			break
 		}
 		out = append(out, rs)
+		if withHashes {
+			// The transaction's working state is complete for this entry.
+			hashes = append(hashes, tx.s.Hash())
+		}
 	}
 	if len(out) > 0 {
 		m.commit(tx)
@@ -151,9 +173,9 @@ func (m *Machine) ApplyBatch(es []Entry) ([][]Result, error) {
 		if errors.As(err, &unknown) || errors.As(err, &corrupt) || errors.As(err, &level) {
 			m.halted.Store(&haltReason{err: err})
 		}
-		return out, err
+		return out, hashes, err
 	}
-	return out, nil
+	return out, hashes, nil
 }
 
 // txn is one write transaction: a private copy of the State header whose
