@@ -62,6 +62,9 @@ type Config struct {
 	TrailingLogs      uint64
 	// Archive retention.
 	Archive ArchiveOptions
+	// HashHistory is how many recent command entries' state hashes the node
+	// keeps for HashAt (default 65,536: 2.5 MiB).
+	HashHistory int
 	// FeatureLevel is the highest fsm feature level this node supports
 	// (default and maximum fsm.FeatureLevelMax). It caps the state machine
 	// (fsm.Options.MaxFeatureLevel): a node configured at level N halts, with
@@ -115,6 +118,7 @@ type ArchiveOptions struct {
 const (
 	defaultProposeTimeout = 50 * time.Millisecond
 	defaultMaxBatch       = 512
+	defaultHashHistory    = 1 << 16
 	minAuthKeyLen         = 16
 )
 
@@ -205,6 +209,11 @@ func (c Config) withDefaults() (Config, error) {
 		bad("ProposeTimeout", "negative")
 	} else if c.ProposeTimeout == 0 {
 		c.ProposeTimeout = defaultProposeTimeout
+	}
+	if c.HashHistory < 0 {
+		bad("HashHistory", "negative")
+	} else if c.HashHistory == 0 {
+		c.HashHistory = defaultHashHistory
 	}
 	if c.MaxBatch < 0 {
 		bad("MaxBatch", "negative")

@@ -52,6 +52,8 @@ type raftFSM struct {
 	onApplied func(extensions []byte, resp *applyResponse)
 
 	view atomic.Pointer[appliedView]
+	// hashes holds the state hash after each recently applied entry.
+	hashes *hashRing
 	// halt is the error that stopped this node's apply (the machine's, or
 	// an archive failure); permanent for the process.
 	halt atomic.Pointer[error]
@@ -65,8 +67,8 @@ type raftFSM struct {
 	waitCh chan struct{} // closed and replaced whenever the applied index moves
 }
 
-func newRaftFSM(m *fsm.Machine, ar *archiver, selfID string, logger *slog.Logger, met *metrics) *raftFSM {
-	f := &raftFSM{machine: m, archiver: ar, selfID: selfID, log: logger, metrics: met, waitCh: make(chan struct{})}
+func newRaftFSM(m *fsm.Machine, ar *archiver, selfID string, logger *slog.Logger, met *metrics, hashHistory int) *raftFSM {
+	f := &raftFSM{machine: m, archiver: ar, selfID: selfID, log: logger, metrics: met, waitCh: make(chan struct{}), hashes: newHashRing(hashHistory)}
 	f.view.Store(&appliedView{state: m.State()})
 	return f
 }
@@ -141,10 +143,14 @@ func (f *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 
 	var (
 		results  [][]fsm.Result
+		hashes   [][32]byte
 		applyErr error
 	)
 	if len(entries) > 0 {
-		results, applyErr = f.machine.ApplyBatch(entries)
+		results, hashes, applyErr = f.machine.ApplyBatchHashed(entries)
+		for i, h := range hashes {
+			f.hashes.add(entries[i].Index, h)
+		}
 	}
 
 	next := &appliedView{state: f.machine.State(), index: prev.index, commandTerm: prev.commandTerm}
@@ -263,6 +269,8 @@ func (f *raftFSM) Restore(rc io.ReadCloser) error {
 	}
 	st := f.machine.State()
 	index := st.Index()
+	f.hashes.reset()
+	f.hashes.add(st.Index(), st.Hash())
 	if f.snapshotConfig != nil {
 		if cfg, snapIndex, ok := f.snapshotConfig(); ok {
 			index = max(index, snapIndex)

@@ -192,7 +192,7 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	cleanup = append(cleanup, n.archiver.close)
-	n.fsm = newRaftFSM(n.machine, n.archiver, n.id, n.log, n.metrics)
+	n.fsm = newRaftFSM(n.machine, n.archiver, n.id, n.log, n.metrics, cfg.HashHistory)
 	n.fsm.onApplied = n.batcher.resolve
 	n.fsm.onHalt = n.onHalt
 	n.fsm.onRemoved = n.onRemoved
@@ -602,6 +602,23 @@ func (n *Node) Fatal() <-chan error { return n.fatalCh }
 
 // FatalError is the error that halted the node, or nil.
 func (n *Node) FatalError() error { return n.fatalError() }
+
+// HashAt returns the state hash at exactly log index index — the hash of
+// the state whose Index() is index — if this node applied that entry
+// recently enough to remember it (the last Config.HashHistory command
+// entries, and the state restored from the last snapshot). ok is false for
+// an index it never applied as a command entry (a configuration entry, one
+// not applied yet) or has forgotten. It does not block.
+func (n *Node) HashAt(index uint64) (hash [32]byte, ok bool) {
+	if index == 0 {
+		return [32]byte{}, false
+	}
+	return n.fsm.hashes.lookup(index)
+}
+
+// HashHistory is the range of state indexes HashAt can answer now
+// (oldest, newest; 0, 0 before anything was applied).
+func (n *Node) HashHistory() (oldest, newest uint64) { return n.fsm.hashes.span() }
 
 // WaitApplied waits until this node's state machine processed index.
 func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
