@@ -15,12 +15,18 @@ import (
 
 // BenchmarkStartToReady: a whole stack (NATS, 3 edges, 4 workers) from
 // Start to WaitReady, then Close. Metrics: median ms to ready and to closed.
-func BenchmarkStartToReady(b *testing.B) {
+func BenchmarkStartToReady(b *testing.B) { benchStartToReady(b, Options{}) }
+
+// BenchmarkStartToReadyMutualTLS is BenchmarkStartToReady with MutualTLS
+// (tether dev's default): CA and certificates issued, every link over TLS.
+func BenchmarkStartToReadyMutualTLS(b *testing.B) { benchStartToReady(b, Options{MutualTLS: true}) }
+
+func benchStartToReady(b *testing.B, o Options) {
 	var ready, closed []float64
 	for b.Loop() {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		t0 := time.Now()
-		st, err := Start(ctx, Options{})
+		st, err := Start(ctx, o)
 		if err != nil {
 			cancel()
 			b.Fatal(err)
@@ -46,10 +52,17 @@ func BenchmarkStartToReady(b *testing.B) {
 // an edge (context hop with a signed hint, then the generation hop) on an
 // instant engine, so the figure is the control plane's and HTTP's cost.
 // Requests rotate over the edges. Metric: median and p99 ms per turn.
-func BenchmarkBoundTurn(b *testing.B) {
+func BenchmarkBoundTurn(b *testing.B) { benchBoundTurn(b, Options{}) }
+
+// BenchmarkBoundTurnMutualTLS is BenchmarkBoundTurn over mutual TLS: the
+// client → edge, edge → worker (both hops) and NATS links are TLS (kept
+// alive, so the figure is encryption, not handshakes).
+func BenchmarkBoundTurnMutualTLS(b *testing.B) { benchBoundTurn(b, Options{MutualTLS: true}) }
+
+func benchBoundTurn(b *testing.B, o Options) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	st, err := Start(ctx, Options{})
+	st, err := Start(ctx, o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -57,7 +70,7 @@ func BenchmarkBoundTurn(b *testing.B) {
 	if err := st.WaitReady(ctx); err != nil {
 		b.Fatal(err)
 	}
-	tr := &http.Transport{MaxIdleConnsPerHost: 4}
+	tr := &http.Transport{MaxIdleConnsPerHost: 4, TLSClientConfig: st.ClientTLS()}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	body, _ := json.Marshal(map[string]any{
