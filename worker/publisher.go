@@ -2,8 +2,6 @@ package worker
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -118,24 +116,9 @@ func natsOptions(cfg *Config, log *slog.Logger, onReconnect func()) ([]nats.Opti
 		opts = append(opts, nats.UserCredentials(n.CredsFile))
 	}
 	if n.TLS != (TLSConfig{}) {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: n.TLS.ServerName}
-		if n.TLS.CAFile != "" {
-			pem, err := os.ReadFile(n.TLS.CAFile)
-			if err != nil {
-				return nil, fmt.Errorf("nats.tls.ca_file: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("nats.tls.ca_file: %s holds no PEM certificate", n.TLS.CAFile)
-			}
-			tc.RootCAs = pool
-		}
-		if n.TLS.CertFile != "" {
-			cert, err := tls.LoadX509KeyPair(n.TLS.CertFile, n.TLS.KeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("nats.tls.cert_file: %w", err)
-			}
-			tc.Certificates = []tls.Certificate{cert}
+		tc, err := natsClientTLS(n.TLS)
+		if err != nil {
+			return nil, err
 		}
 		opts = append(opts, nats.Secure(tc))
 	}

@@ -183,3 +183,24 @@ func (s *Server) TLSMode() string {
 	}
 	return TLSModePlaintext
 }
+
+// natsClientTLS is the NATS connection's TLS configuration (nats.tls); the
+// client certificate is re-read when its files are renewed.
+func natsClientTLS(t TLSConfig) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if t.CAFile != "" {
+		pool, err := pki.LoadPool(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("nats.tls.ca_file: %w", err)
+		}
+		tc.RootCAs = pool
+	}
+	if t.CertFile != "" {
+		kp, err := pki.LoadKeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("nats.tls.%w", err)
+		}
+		tc.GetClientCertificate = kp.GetClientCertificate
+	}
+	return tc, nil
+}
