@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -23,18 +22,16 @@ func (n *Node) handleForward(ctx context.Context, peerID string, op byte, payloa
 	case opPropose:
 		return n.handlePropose(ctx, payload)
 	case opAddVoter, opRemove, opTransfer:
-		r := &wireReader{b: payload}
-		id, addr, forwarded := r.str(), r.str(), r.byte1() != 0
-		if err := r.err(); err != nil {
+		id, addr, forwarded, err := decodeMembership(payload)
+		if err != nil {
 			return nil, badRequest("%s: %v", opName(op), err)
 		}
 		return nil, n.membershipChange(ctx, op, id, addr, forwarded)
 	case opStatus:
 		return json.Marshal(n.Status())
 	case opRemoved:
-		r := &wireReader{b: payload}
-		id, index := r.str(), r.u64()
-		if err := r.err(); err != nil {
+		id, index, err := decodeRemovedNotice(payload)
+		if err != nil {
 			return nil, badRequest("removed notice: %v", err)
 		}
 		if id != n.id {
@@ -55,30 +52,11 @@ func (n *Node) handlePropose(ctx context.Context, payload []byte) ([]byte, error
 	if err := n.usable(); err != nil {
 		return nil, err
 	}
-	r := &wireReader{b: payload}
-	count := r.uvarint()
-	if r.err() == nil && count > uint64(len(payload))/(16+1) {
-		return nil, badRequest("propose: count %d exceeds the frame", count)
-	}
-	props := make([]fsm.Proposal, 0, count)
-	rejected := map[int]string{}
-	for i := 0; i < int(count) && r.err() == nil; i++ {
-		var id fsm.ProposalID
-		copy(id[:], r.bytesN(len(id)))
-		raw := r.blob()
-		if r.err() != nil {
-			break
-		}
-		ev, err := fsm.DecodeEvent(raw)
-		if err != nil {
-			rejected[i] = fmt.Sprintf("not proposed: the leader cannot decode the event: %v", err)
-			continue
-		}
-		props = append(props, fsm.Proposal{ID: id, Event: ev})
-	}
-	if err := r.err(); err != nil {
+	req, err := decodeProposeRequest(payload)
+	if err != nil {
 		return nil, badRequest("propose: %v", err)
 	}
+	props, rejected, count := req.props, req.rejected, req.count
 	if n.raft.State() != raft.Leader {
 		la, lid := n.raft.LeaderWithID()
 		return nil, &NotLeaderError{LeaderID: string(lid), LeaderAddr: string(la)}
@@ -126,6 +104,5 @@ func (n *Node) handlePropose(ctx context.Context, payload []byte) ([]byte, error
 		}
 		results = all
 	}
-	out := binary.BigEndian.AppendUint64(make([]byte, 0, 8+64*len(results)), index)
-	return append(out, fsm.EncodeResults(results)...), nil
+	return encodeProposeResponse(index, results), nil
 }

@@ -606,13 +606,15 @@ func (f *forwarder) send(ctx context.Context, batch []*pending, count int) {
 	if len(batch) == 0 {
 		return
 	}
-	payload := binary.AppendUvarint(make([]byte, 0, 64*count), uint64(count))
+	ids := make([]fsm.ProposalID, 0, count)
+	events := make([][]byte, 0, count)
 	for i, p := range batch {
 		for j, pr := range p.props {
-			payload = append(payload, pr.ID[:]...)
-			payload = appendBlob(payload, encoded[i][j])
+			ids = append(ids, pr.ID)
+			events = append(events, encoded[i][j])
 		}
 	}
+	payload := encodeProposeRequest(ids, events)
 	f.n.metrics.observeForwarded(count)
 	resp, err := f.n.client.call(cctx, string(addr), opPropose, payload)
 	if err != nil {
@@ -622,15 +624,7 @@ func (f *forwarder) send(ctx context.Context, batch []*pending, count int) {
 		replyAll(outcome{err: err})
 		return
 	}
-	r := &wireReader{b: resp}
-	index := r.u64()
-	results, derr := fsm.DecodeResults(r.rest())
-	if derr == nil && r.err() != nil {
-		derr = r.err()
-	}
-	if derr == nil && len(results) != count {
-		derr = fmt.Errorf("%d results for %d proposals", len(results), count)
-	}
+	index, results, derr := decodeProposeResponse(resp, count)
 	if derr != nil {
 		replyAll(outcome{err: fmt.Errorf("cluster: leader %s answered a forwarded batch badly: %w", id, derr)})
 		return

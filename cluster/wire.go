@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 )
 
 // The forwarding protocol (see DESIGN.md). After the stream byte 'F':
@@ -230,11 +231,33 @@ func readFrame(r *bufio.Reader) (kind byte, id uint64, payload []byte, err error
 	if n < 9 || n > maxFrameSize {
 		return 0, 0, nil, fmt.Errorf("frame length %d out of range [9, %d]", n, maxFrameSize)
 	}
-	payload = make([]byte, n-9)
-	if _, err = io.ReadFull(r, payload); err != nil {
+	payload, err = readN(r, int(n-9))
+	if err != nil {
 		return 0, 0, nil, fmt.Errorf("read frame payload: %w", err)
 	}
 	return h[4], binary.BigEndian.Uint64(h[5:13]), payload, nil
+}
+
+// readN reads exactly n bytes, growing its buffer as bytes arrive rather
+// than trusting a length prefix with up to maxFrameSize of memory up front.
+func readN(r io.Reader, n int) ([]byte, error) {
+	const step = 1 << 20
+	if n <= step {
+		b := make([]byte, n)
+		_, err := io.ReadFull(r, b)
+		return b, err
+	}
+	b := make([]byte, 0, step)
+	for len(b) < n {
+		chunk := min(n-len(b), max(cap(b)-len(b), step))
+		b = slices.Grow(b, chunk)
+		k, err := io.ReadFull(r, b[len(b):len(b)+chunk])
+		b = b[:len(b)+k]
+		if err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
 }
 
 // wireReader decodes payload fields; the first error sticks and is
