@@ -543,7 +543,9 @@ func TestAdminAPIOverTLSRefusesEveryRouteWithoutTheToken(t *testing.T) {
 	}
 	auths := map[string]string{"no token": "", "wrong token": "Bearer wrong-admin-token-0123456789", "internal key": "Bearer " + secureKey}
 	index0 := se.e.Node().Status().CommitIndex
-	for _, route := range adminRoutes(t) {
+	routes := adminRoutes(t)
+	t.Logf("admin routes from edge/admin.go: %v", routes)
+	for _, route := range routes {
 		for _, method := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
 			for cname, c := range clients {
 				for aname, auth := range auths {
