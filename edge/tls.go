@@ -316,12 +316,6 @@ func (e *Edge) TLSMode() string {
 	return TLSModePlaintext
 }
 
-// hopTransport is the default transport of worker hops.
-func (t *edgeTLS) hopTransport(base *http.Transport) *http.Transport {
-	base.TLSClientConfig = t.worker
-	return base
-}
-
 // guardHops refuses plaintext hops in mutual mode: a worker that
 // registered an http:// URL over telemetry is not sent prompts and signed
 // hints in the clear. The hop fails like an unreachable instance (retried
