@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"text/tabwriter"
 )
 
@@ -111,4 +112,9 @@ func (r *AgentsReport) WriteText(w io.Writer) error {
 }
 
 // pct formats a signed fraction as a percentage.
-func pct(x float64) string { return fmt.Sprintf("%+.1f%%", 100*x) }
+func pct(x float64) string {
+	if math.Abs(x) < 0.0005 {
+		return "0.0%"
+	}
+	return fmt.Sprintf("%+.1f%%", 100*x)
+}
