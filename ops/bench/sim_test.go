@@ -12,7 +12,7 @@ import (
 
 // smallTraces writes three small traces (one with two parallel sub-agents
 // sharing a prefix) and loads them.
-func smallTraces(t *testing.T) *Workload {
+func smallTraces(t testing.TB) *Workload {
 	t.Helper()
 	dir := t.TempDir()
 	seq := func(n int, base int) []int {

@@ -16,7 +16,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // writeTrace writes v as a trace file (gzip-compressed when gz).
-func writeTrace(t *testing.T, dir, name string, gz bool, v any) string {
+func writeTrace(t testing.TB, dir, name string, gz bool, v any) string {
 	t.Helper()
 	data, err := json.Marshal(v)
 	if err != nil {
@@ -25,7 +25,7 @@ func writeTrace(t *testing.T, dir, name string, gz bool, v any) string {
 	return writeRaw(t, dir, name, gz, data)
 }
 
-func writeRaw(t *testing.T, dir, name string, gz bool, data []byte) string {
+func writeRaw(t testing.TB, dir, name string, gz bool, data []byte) string {
 	t.Helper()
 	path := filepath.Join(dir, name)
 	f, err := os.Create(path)
