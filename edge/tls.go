@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/tether-project/tether/pki"
+	"github.com/tether-project/tether/cluster/pki"
 )
 
 // Transport security modes (tls.mode).

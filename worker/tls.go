@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/tether-project/tether/pki"
+	"github.com/tether-project/tether/cluster/pki"
 )
 
 // Transport security of the worker's HTTP listener (tls.mode).

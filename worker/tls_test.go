@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/pki"
+	"github.com/tether-project/tether/cluster/pki"
 )
 
 type tlsFixture struct {

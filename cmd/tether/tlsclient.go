@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/tether-project/tether/pki"
+	"github.com/tether-project/tether/cluster/pki"
 )
 
 // adminTLSFlags are the TLS options of the commands that call an edge's

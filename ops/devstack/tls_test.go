@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/tether-project/tether/pki"
+	"github.com/tether-project/tether/cluster/pki"
 	"github.com/tether-project/tether/routing/telemetry"
 )
 

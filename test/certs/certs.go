@@ -9,7 +9,7 @@ import (
 	"crypto/x509"
 	"time"
 
-	"github.com/tether-project/tether/pki"
+	"github.com/tether-project/tether/cluster/pki"
 )
 
 // CA is an in-memory certificate authority, valid for a day.

@@ -26,7 +26,7 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/pki"
+	"github.com/tether-project/tether/cluster/pki"
 	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/worker"
 )
