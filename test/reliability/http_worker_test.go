@@ -186,10 +186,13 @@ func TestWorkerHTTPBadInput(t *testing.T) {
 		}
 	})
 	t.Run("slow body is cut off, not waited for forever", func(t *testing.T) {
+		// read_header_timeout is configurable (F3): a short one here, the
+		// 10 s default with -long.
+		slow := s
 		if !longMode() {
-			t.Skip("waits for the worker's fixed 10s header timeout; runs with -long / make soak")
+			slow = standaloneWorker(t, func(c *worker.Config) { c.InstanceID, c.ReadHeaderTimeout = "w-slow", 300*time.Millisecond })
 		}
-		conn, err := net.Dial("tcp", s.Addr().String())
+		conn, err := net.Dial("tcp", slow.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,6 +239,58 @@ func TestWorkerHTTPBadInput(t *testing.T) {
 			}
 		}
 		t.Logf("flood of %d: %v", n, count)
+	})
+	t.Run("flood beyond max_concurrent_requests", func(t *testing.T) {
+		// F3: a worker reached directly sheds what exceeds its limit with
+		// 429, Retry-After and an OpenAI error, and serves the rest.
+		lim := standaloneWorker(t, func(c *worker.Config) {
+			c.InstanceID, c.MaxConcurrentRequests = "w-limited", 4
+			c.Engine.TimeScale, c.Engine.DecodeTokenTime = 1, 20*time.Millisecond // each request takes a while
+		})
+		const n = 100
+		var (
+			wg       sync.WaitGroup
+			mu       sync.Mutex
+			count    = map[int]int{}
+			refusals []string
+		)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := c.Post(lim.URL()+"/v1/chat/completions", "application/json", strings.NewReader(chat(fmt.Sprintf("flood %d", i))))
+				if err != nil {
+					mu.Lock()
+					count[-1]++
+					mu.Unlock()
+					return
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				mu.Lock()
+				defer mu.Unlock()
+				count[resp.StatusCode]++
+				if resp.StatusCode == http.StatusTooManyRequests {
+					var e openAIError
+					if json.Unmarshal(b, &e) != nil || e.Error == nil || e.Error.Type != "rate_limit_error" || resp.Header.Get("Retry-After") == "" {
+						refusals = append(refusals, fmt.Sprintf("%v %s", resp.Header, b))
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if count[200]+count[429] != n || count[429] == 0 || count[200] < 4 {
+			t.Fatalf("flood of %d against a limit of 4: %v (want only 200s and 429s, both)", n, count)
+		}
+		if len(refusals) > 0 {
+			t.Fatalf("429 without Retry-After or an OpenAI rate_limit_error: %v", refusals[0])
+		}
+		t.Logf("flood of %d against max_concurrent_requests 4: %v", n, count)
+		if r, err := c.Post(lim.URL()+"/v1/chat/completions", "application/json", strings.NewReader(chat("after the flood"))); err != nil || r.StatusCode != 200 {
+			t.Fatalf("after the flood: %v %v", r, err)
+		} else {
+			r.Body.Close()
+		}
 	})
 	// Nothing lost: the worker serves normally after all of the above.
 	resp := post(chat("after the catalogue"), nil)
