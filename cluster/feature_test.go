@@ -38,23 +38,11 @@ func mixedVersionCluster(t *testing.T) (tc *testCluster, capped *Node, full []*N
 			t.Fatal(err)
 		}
 	}
-	waitUntil(t, 10*time.Second, "an uncapped leader", func() bool {
+	waitFor(t, 10*time.Second, "an uncapped leader", func() bool {
 		l := tc.leader(10 * time.Second)
 		return l != capped
 	})
 	return tc, capped, full
-}
-
-// waitUntil polls cond until it holds or the deadline passes.
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func waitFatal(t *testing.T, n *Node) error {
@@ -101,7 +89,7 @@ func TestLevel1NodeHaltsOnALevel2Event(t *testing.T) {
 		t.Fatal("the capped node applied the level-2 event")
 	}
 	for _, n := range full {
-		waitUntil(t, 10*time.Second, "node "+n.ID()+" to apply the rank", func() bool {
+		waitFor(t, 10*time.Second, "node "+n.ID()+" to apply the rank", func() bool {
 			b, ok := n.State().Lookup(fsm.FleetContext, "k")
 			return ok && b.HasRank && b.Rank == 3
 		})
@@ -110,7 +98,7 @@ func TestLevel1NodeHaltsOnALevel2Event(t *testing.T) {
 	if _, err := full[1].Propose(ctx, bindEv("after", "w1")); err != nil {
 		t.Fatalf("uncapped nodes stopped serving: %v", err)
 	}
-	waitUntil(t, 10*time.Second, "equal states on the level-2 nodes", func() bool {
+	waitFor(t, 10*time.Second, "equal states on the level-2 nodes", func() bool {
 		a, b := full[0].Status(), full[1].Status()
 		return a.StateIndex == b.StateIndex && a.StateHash == b.StateHash
 	})

@@ -29,8 +29,9 @@ const (
 	EnvAdminToken             = "TETHER_ADMIN_TOKEN"
 	EnvClusterAuthKey         = "TETHER_CLUSTER_AUTH_KEY"
 	// EnvNATSPassword and EnvNATSToken supply the NATS credentials (the
-	// password of nats.user, or a token), so a Kubernetes Secret can hold
-	// them instead of the whole configuration file.
+	// password of nats.user; a token when the file names no other
+	// credential), so a Kubernetes Secret can hold them instead of the
+	// whole configuration file.
 	EnvNATSPassword = "TETHER_NATS_PASSWORD"
 	EnvNATSToken    = "TETHER_NATS_TOKEN"
 )
@@ -630,11 +631,14 @@ func (c *Config) ApplyEnv(getenv func(string) string) {
 	if v := getenv(EnvClusterAuthKey); v != "" {
 		c.Cluster.AuthKey = v
 	}
-	if v := getenv(EnvNATSPassword); v != "" {
-		c.NATS.Password = v
+	// The NATS password goes with the file's nats.user; a token applies
+	// when the file names no other credential.
+	n := &c.NATS
+	if v := getenv(EnvNATSPassword); v != "" && n.User != "" {
+		n.Password = v
 	}
-	if v := getenv(EnvNATSToken); v != "" {
-		c.NATS.Token = v
+	if v := getenv(EnvNATSToken); v != "" && n.User == "" && n.NKeySeedFile == "" && n.Creds == "" {
+		n.Token = v
 	}
 }
 

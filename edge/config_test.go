@@ -319,8 +319,22 @@ nats: {urls: [nats://n:4222], user: edge}
 	if cfg, err = LoadConfig(path); err != nil || cfg.NATS.Password != "from-the-secret" {
 		t.Fatalf("password from %s: %q, %v", EnvNATSPassword, cfg.NATS.Password, err)
 	}
+	// A token from the environment is for a file that names no other
+	// credential (one environment may serve several components).
 	t.Setenv(EnvNATSToken, "token-from-the-secret")
-	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), "choose one of") {
-		t.Fatalf("a token from the environment beside user/password: %v", err)
+	if cfg, err = LoadConfig(path); err != nil || cfg.NATS.Token != "" || cfg.NATS.Password != "from-the-secret" {
+		t.Fatalf("token beside nats.user: token %q password %q, %v", cfg.NATS.Token, cfg.NATS.Password, err)
+	}
+	if err := os.WriteFile(path, []byte(`
+model: m
+context_servers: {urls: [http://a:1]}
+generation_servers: {urls: [http://b:1]}
+cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
+nats: {urls: [nats://n:4222]}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err = LoadConfig(path); err != nil || cfg.NATS.Token != "token-from-the-secret" || cfg.NATS.Password != "" {
+		t.Fatalf("token from %s: %q, %v", EnvNATSToken, cfg.NATS.Token, err)
 	}
 }

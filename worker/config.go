@@ -223,17 +223,19 @@ func ParseConfig(data []byte) (Config, error) {
 }
 
 // ApplyEnv sets the auth key from TETHER_INTERNAL_REQUEST_AUTH_KEY and the
-// NATS credentials from TETHER_NATS_PASSWORD / TETHER_NATS_TOKEN when they
-// are non-empty (they win over the file).
+// NATS credential from TETHER_NATS_PASSWORD (the password of nats.user, when
+// the file names a user) or TETHER_NATS_TOKEN (when the file names no other
+// credential), when they are non-empty; they win over the file.
 func (c *Config) ApplyEnv(getenv func(string) string) {
 	if k := getenv(EnvInternalRequestAuthKey); k != "" {
 		c.InternalRequestAuthKey = k
 	}
-	if v := getenv(EnvNATSPassword); v != "" {
-		c.NATS.Password = v
+	n := &c.NATS
+	if v := getenv(EnvNATSPassword); v != "" && n.User != "" {
+		n.Password = v
 	}
-	if v := getenv(EnvNATSToken); v != "" {
-		c.NATS.Token = v
+	if v := getenv(EnvNATSToken); v != "" && n.User == "" && n.NKeySeedFile == "" && n.CredsFile == "" {
+		n.Token = v
 	}
 }
 

@@ -244,10 +244,18 @@ func TestNATSCredentialsFromEnvironment(t *testing.T) {
 	if err := os.WriteFile(path, []byte("instance_id: w1\nmodel: m\nnats:\n  url: nats://127.0.0.1:4222\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(EnvNATSPassword, "")
+	// The password goes with a user only; a token with no other
+	// credential (one environment may serve several components).
+	t.Setenv(EnvNATSPassword, "from-the-secret")
 	t.Setenv(EnvNATSToken, "token-from-the-secret")
-	if cfg, err = LoadConfig(path); err != nil || cfg.NATS.Token != "token-from-the-secret" {
-		t.Fatalf("token from %s: %q, %v", EnvNATSToken, cfg.NATS.Token, err)
+	if cfg, err = LoadConfig(path); err != nil || cfg.NATS.Token != "token-from-the-secret" || cfg.NATS.Password != "" {
+		t.Fatalf("token from %s: %q (password %q), %v", EnvNATSToken, cfg.NATS.Token, cfg.NATS.Password, err)
+	}
+	if err := os.WriteFile(path, []byte("instance_id: w1\nmodel: m\nnats:\n  url: nats://127.0.0.1:4222\n  nkey_seed_file: /etc/worker.nk\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err = LoadConfig(path); err != nil || cfg.NATS.Token != "" || cfg.NATS.Password != "" {
+		t.Fatalf("nkey worker with NATS secrets in its environment: token %q password %q, %v", cfg.NATS.Token, cfg.NATS.Password, err)
 	}
 }
 

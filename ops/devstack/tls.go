@@ -10,8 +10,8 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
-	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/cluster/pki"
+	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/worker"
 )
 

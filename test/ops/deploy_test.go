@@ -29,6 +29,9 @@ func setSecretEnv(t *testing.T) {
 	t.Setenv(edge.EnvInternalRequestAuthKey, "test-internal-key-0123456789abcdef")
 	t.Setenv(edge.EnvAdminToken, "test-admin-token-0123456789abcdef")
 	t.Setenv(edge.EnvClusterAuthKey, "test-cluster-key-0123456789abcdef")
+	// The edges' NATS password: as the operator sets it, equal to the
+	// edge user's in deploy/nats/auth.conf.
+	t.Setenv(edge.EnvNATSPassword, "edge-nats-password-change-me")
 }
 
 func globDeploy(t *testing.T, pattern string) []string {
@@ -436,10 +439,16 @@ func checkEdgeStatefulSet(t *testing.T, sts manifest, c any, args []string, byKi
 	if cfgArg != "/etc/tether/$(POD_NAME).yaml" {
 		t.Fatalf("StatefulSet %s: --config %q, want the per-pod /etc/tether/$(POD_NAME).yaml", name, cfgArg)
 	}
+	// The per-pod configs: a ConfigMap (they hold no secret; those come
+	// from the environment) or a Secret.
 	var cfgSecret manifest
 	for _, v := range list(sts.doc, "spec", "template", "spec", "volumes") {
 		if str(v, "name") == "config" {
-			cfgSecret = byKind["Secret"][str(v, "secret", "secretName")]
+			if cm := str(v, "configMap", "name"); cm != "" {
+				cfgSecret = byKind["ConfigMap"][cm]
+			} else {
+				cfgSecret = byKind["Secret"][str(v, "secret", "secretName")]
+			}
 		}
 	}
 	keys := keysOf(cfgSecret)

@@ -24,9 +24,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tether-project/tether/cluster"
+	"github.com/tether-project/tether/cluster/pki"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/cluster/pki"
 	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/worker"
 )
