@@ -650,6 +650,14 @@ func (c *Config) RoutingConfig(f fsm.Fleet) routing.Config {
 		Overflow: p.Overflow, Shed: p.Shed, Breaker: p.Breaker,
 	}
 	rc.Type = c.servers(f).Router.Type
+	if f == fsm.FleetGeneration {
+		// The cache-lost rebind reads the KV index, and a generation
+		// worker's prompt blocks arrive by transfer from the context side
+		// each turn: what its index entries say is no measure of what
+		// staying buys (the generation binding keeps the conversation's
+		// ADP rank and decode state), so only the context fleet uses it.
+		rc.Overflow.CacheLostBelow = 0
+	}
 	return rc
 }
 

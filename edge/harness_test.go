@@ -130,6 +130,8 @@ type workerOpts struct {
 	tp     trace.TracerProvider
 	// maxSessions bounds the worker's ADP conversation bindings (0: default).
 	maxSessions int
+	// capacityBlocks is the KV capacity per rank (0: 4096).
+	capacityBlocks int
 }
 
 func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
@@ -179,6 +181,9 @@ func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
 	cfg.Engine.TimeScale = 0
 	cfg.Engine.BlockSize = testBlockSize
 	cfg.Engine.CapacityBlocks = 4096
+	if o.capacityBlocks > 0 {
+		cfg.Engine.CapacityBlocks = o.capacityBlocks
+	}
 	cfg.Fleet = o.fleet
 	if cfg.Fleet == "" {
 		cfg.Fleet = telemetry.FleetContext

@@ -270,6 +270,11 @@ func (e *Edge) routeBound(ctx context.Context, rq *request, h *hop, router *rout
 	case routing.ActionOverflow:
 		set(rt, outcomeOverflow)
 		ev := rt.OverflowEvent(req)
+		if ev.Reason == fsm.OverflowCacheLost && e.node.State().FeatureLevel() < fsm.FeatureLevelRanks {
+			// The reason is new at level 2; an older voter would record it
+			// unnamed. Its nearest older name: the cache stopped paying.
+			ev.Reason = fsm.OverflowCircuitOpen
+		}
 		if len(h.excluded) > 0 {
 			// A retry after a failed hop: record the overflow before
 			// sending (the brief's rule for retrying a bound key).

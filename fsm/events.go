@@ -225,6 +225,11 @@ const (
 	OverflowSaturated   OverflowReason = 1
 	OverflowUnhealthy   OverflowReason = 2
 	OverflowCircuitOpen OverflowReason = 3
+	// OverflowCacheLost: the bound instance no longer holds most of the
+	// key's prompt (its KV blocks were evicted), so staying buys nothing
+	// and the key is placed again. Emitted from feature level 2
+	// (FeatureLevelRanks); older nodes apply it as an unnamed reason.
+	OverflowCacheLost OverflowReason = 4
 )
 
 func (r OverflowReason) String() string {
@@ -235,6 +240,8 @@ func (r OverflowReason) String() string {
 		return "unhealthy"
 	case OverflowCircuitOpen:
 		return "circuit_open"
+	case OverflowCacheLost:
+		return "cache_lost"
 	}
 	return fmt.Sprintf("overflow_reason(%d)", uint8(r))
 }

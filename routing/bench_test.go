@@ -50,6 +50,45 @@ func BenchmarkRouteSticky(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/decision")
 }
 
+// BenchmarkRouteStickyWarm is the sticky path with the cache-lost check:
+// a 400-block prompt the bound instance holds in full (the common case) on
+// a 64-instance fleet whose index holds 2,000 conversations.
+func BenchmarkRouteStickyWarm(b *testing.B) {
+	r := mustRouter(b, nil)
+	views, _ := fleet64(b)
+	ix := kvindex.New(kvindex.Config{})
+	var prompt []uint64
+	for i := 0; i < 64; i++ {
+		var evs []kvindex.RankEvent
+		for c := 0; c < 32; c++ {
+			conv := chainHashes(uint64(i*32+c+1)<<20, 400)
+			if i == 17 && c == 3 {
+				prompt = conv
+			}
+			evs = append(evs, kvindex.RankEvent{Rank: c % 8, Stored: conv})
+		}
+		if _, err := ix.Apply(kvindex.Batch{Instance: fmt.Sprintf("ctx-%02d", i), Boot: 1, Seq: 1, Events: evs}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	in := Inputs{Views: views, Prefix: ix, Overload: NewOverloadTracker()}
+	bnd := fsm.Binding{Fleet: fsm.FleetContext, Key: "conv-123", Instance: "ctx-17", Epoch: 42}
+	req := Request{Fleet: fsm.FleetContext, Key: "conv-123", ConversationID: "conv-123", RequestID: "req-1", Edge: "edge-1", Now: t0,
+		Blocks: prompt, PromptTokens: 400 * 64}
+	if rt, err := r.RouteBound(req, bnd, in); err != nil || rt.Action != ActionSticky {
+		b.Fatalf("setup: %+v %v", rt, err)
+	}
+	b.ReportAllocs()
+	var rt Route
+	for b.Loop() {
+		rt, _ = r.RouteBound(req, bnd, in)
+	}
+	if rt.Instance != "ctx-17" || rt.Action != ActionSticky {
+		b.Fatal(rt.Instance)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/decision")
+}
+
 func chainHashes(base uint64, n int) []uint64 {
 	out := make([]uint64, n)
 	for i := range out {

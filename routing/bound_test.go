@@ -3,6 +3,7 @@ package routing
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -305,5 +306,84 @@ func TestRendezvousHelper(t *testing.T) {
 	rt, _ := r.PlaceDegraded(Request{Fleet: fsm.FleetContext, Key: "k"}, recs, Inputs{})
 	if rt.Instance != got {
 		t.Fatalf("Rendezvous %s and PlaceDegraded %s disagree", got, rt.Instance)
+	}
+}
+
+func TestRouteBoundCacheLost(t *testing.T) {
+	prompt := blocks(4, 100)
+	other := blocks(9, 10) // something a holds, so the index knows it
+	cases := []struct {
+		name     string
+		below    float64
+		setup    func(ix *kvindex.Index, vs []InstanceView)
+		wantTo   string // "" = sticky on ctx-a
+		wantRank int
+	}{
+		{"cache intact", 0.5, func(ix *kvindex.Index, _ []InstanceView) {
+			stored(t, ix, "ctx-a", 1, 0, prompt)
+			stored(t, ix, "ctx-b", 1, 0, prompt[:80])
+		}, "", -1},
+		{"cache mostly lost, b holds more", 0.5, func(ix *kvindex.Index, _ []InstanceView) {
+			stored(t, ix, "ctx-a", 1, 0, prompt[:30])
+			stored(t, ix, "ctx-b", 1, 5, prompt[:80])
+		}, "ctx-b", 5},
+		{"what is left still beats the cold rest", 0.5, func(ix *kvindex.Index, _ []InstanceView) {
+			stored(t, ix, "ctx-a", 1, 0, prompt[:30])
+		}, "", -1},
+		{"all cold and idle: a tie stays", 0.5, func(ix *kvindex.Index, _ []InstanceView) {
+			stored(t, ix, "ctx-a", 1, 0, other)
+		}, "", -1},
+		{"all cold, a loaded: the lighter instance wins", 0.5, func(ix *kvindex.Index, vs []InstanceView) {
+			stored(t, ix, "ctx-a", 1, 0, other)
+			vs[0].QueuedRequests, vs[0].QueuedPrefillTokens = 2, 4000
+			vs[2].QueuedRequests = 1
+		}, "ctx-b", -1},
+		{"no baseline for a: no evidence", 0.5, func(ix *kvindex.Index, _ []InstanceView) {
+			stored(t, ix, "ctx-b", 1, 0, prompt[:80])
+		}, "", -1},
+		{"disabled", 0, func(ix *kvindex.Index, _ []InstanceView) {
+			stored(t, ix, "ctx-a", 1, 0, other)
+			stored(t, ix, "ctx-b", 1, 0, prompt[:80])
+		}, "", -1},
+		{"the better holder is saturated", 0.5, func(ix *kvindex.Index, vs []InstanceView) {
+			stored(t, ix, "ctx-a", 1, 0, other)
+			stored(t, ix, "ctx-b", 1, 0, prompt[:80])
+			vs[1].QueuedRequests = 8
+			vs[2].QueuedRequests = 8
+		}, "", -1},
+		{"draining and cold: its keys leave", 0.5, func(ix *kvindex.Index, vs []InstanceView) {
+			stored(t, ix, "ctx-a", 1, 0, other)
+			vs[0].Draining = true
+			vs[2].QueuedRequests = 1
+		}, "ctx-b", -1},
+	}
+	for _, c := range cases {
+		r := mustRouter(t, func(cfg *Config) { cfg.Overflow.CacheLostBelow = c.below })
+		ix := kvindex.New(kvindex.Config{})
+		vs := idle("ctx-a", "ctx-b", "ctx-c")
+		c.setup(ix, vs)
+		rt := routeBound(t, r, Request{RequestID: "req-3", Edge: "edge-1", Blocks: prompt, PromptTokens: 6400},
+			binding("conv-1", "ctx-a"), Inputs{Views: mustViews(t, vs), Prefix: ix})
+		if c.wantTo == "" {
+			if rt.Action != ActionSticky || rt.Instance != "ctx-a" || rt.Reason != 0 {
+				t.Errorf("%s: %v to %s (%v), want sticky on ctx-a", c.name, rt.Action, rt.Instance, rt.Reason)
+			}
+			continue
+		}
+		ev := rt.OverflowEvent(Request{Fleet: fsm.FleetContext, Key: "conv-1"})
+		if rt.Action != ActionOverflow || !rt.Rebind || ev.Reason != fsm.OverflowCacheLost || ev.From != "ctx-a" || ev.To != c.wantTo ||
+			rt.Rank != c.wantRank || rt.Decision.Edge != "edge-1" || rt.Decision.RequestID != "req-3" || len(rt.Decision.Candidates) == 0 {
+			t.Errorf("%s: %v rebind=%v event %+v rank %d, want a cache_lost rebind to %s (rank %d)", c.name, rt.Action, rt.Rebind, ev, rt.Rank, c.wantTo, c.wantRank)
+		}
+	}
+}
+
+func TestCacheLostBelowValidated(t *testing.T) {
+	for _, v := range []float64{-0.1, 1.5} {
+		cfg := DefaultConfig()
+		cfg.Overflow.CacheLostBelow = v
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "router.overflow.cache_lost_below") {
+			t.Errorf("cache_lost_below %g: %v, want an error naming the key", v, err)
+		}
 	}
 }

@@ -211,6 +211,14 @@ type OverflowConfig struct {
 	// has been continuously unable to take its keys this long (0: never
 	// rebind; the key returns when the instance recovers).
 	RebindAfter time.Duration `yaml:"rebind_after"`
+	// CacheLostBelow: a bound key whose instance holds less than this
+	// fraction of the prompt's blocks (by the KV index, and only while the
+	// index has a trusted baseline for the instance) is placed again among
+	// all instances, the bound one included; when another scores strictly
+	// better the binding moves there (an Overflow with Rebind, reason
+	// cache_lost). 0 disables; the check runs only for routers that use
+	// the cache.
+	CacheLostBelow float64 `yaml:"cache_lost_below"`
 }
 
 // ShedConfig says when a request is refused (429). Zero limits are
@@ -264,6 +272,7 @@ func DefaultConfig() Config {
 			QueuedRequests:     8,
 			ActivePromptTokens: 2_000_000,
 			RebindAfter:        30 * time.Second,
+			CacheLostBelow:     0.5,
 		},
 		Shed: ShedConfig{
 			MaxQueuedRequests:      64,
@@ -310,6 +319,9 @@ func (c Config) Validate() error {
 	}
 	if c.Overflow.RebindAfter < 0 {
 		bad("overflow.rebind_after", "must be >= 0 (0 disables), got %s", c.Overflow.RebindAfter)
+	}
+	if v := c.Overflow.CacheLostBelow; math.IsNaN(v) || v < 0 || v > 1 {
+		bad("overflow.cache_lost_below", "must be a fraction 0..1 (0 disables), got %g", v)
 	}
 	if c.Shed.MaxQueuedRequests < 0 {
 		bad("shed.max_queued_requests", "must be >= 0 (0 disables), got %d", c.Shed.MaxQueuedRequests)

@@ -70,9 +70,11 @@ type BindingCounter interface {
 }
 
 // PrefixMatcher reports how many leading blocks of a prompt each instance
-// holds; *kvindex.Index implements it.
+// holds (Match), or one instance holds and whether that figure rests on a
+// trusted baseline (Held); *kvindex.Index implements it.
 type PrefixMatcher interface {
 	Match(blocks []uint64, now time.Time, dst []kvindex.Match) []kvindex.Match
+	Held(instance string, blocks []uint64, now time.Time) (held int, synced bool)
 }
 
 // Inputs are the state a decision reads. Views is required; the rest may be
@@ -205,7 +207,8 @@ func (r *Router) Condition(v *InstanceView) fsm.OverflowReason {
 // an open circuit only an instance below the thresholds qualifies, else the
 // request stays. The overflow rebinds once in.Overload says the strain has
 // lasted rebind_after. When neither the bound instance nor any other can
-// take the request (all over their hard limits), it is shed.
+// take the request (all over their hard limits), it is shed. A healthy bound
+// instance that lost the prompt's cache may give the key up (cacheLost).
 //
 // The sticky path allocates nothing.
 func (r *Router) RouteBound(req Request, b fsm.Binding, in Inputs) (Route, error) {
@@ -215,9 +218,54 @@ func (r *Router) RouteBound(req Request, b fsm.Binding, in Inputs) (Route, error
 	}
 	reason := r.Condition(v)
 	if reason == 0 {
+		if rt, ok := r.cacheLost(&req, b.Instance, &in); ok {
+			return rt, nil
+		}
 		return Route{Action: ActionSticky, Instance: b.Instance, URL: v.URL, Rank: -1}, nil
 	}
 	return r.leave(&req, b.Instance, v, reason, &in)
+}
+
+// cacheLost is the cache-lost rebind (overflow.cache_lost_below): when the
+// KV index, with a trusted baseline for the bound instance, says it holds
+// less than that fraction of the prompt, the key is placed again among the
+// instances below the overflow thresholds, the bound one included, and
+// moves only to one that scores strictly better (a tie stays, so an idle
+// cold fleet does not shuffle keys). A binding whose cache was evicted buys
+// nothing by staying, and moving it then costs nothing; left alone it would
+// pin the conversation to a cold instance while another holds its shared
+// prefix. ok is false when the key stays.
+func (r *Router) cacheLost(req *Request, bound string, in *Inputs) (Route, bool) {
+	below := r.cfg.Overflow.CacheLostBelow
+	if below <= 0 || len(req.Blocks) == 0 || in.Prefix == nil || !r.cfg.Type.usesCache() || !req.Fleet.Valid() {
+		return Route{}, false
+	}
+	// Holding the first need blocks is enough: walk no further.
+	need := min(len(req.Blocks), int(math.Ceil(below*float64(len(req.Blocks)))))
+	held, synced := in.Prefix.Held(bound, req.Blocks[:need], req.Now)
+	if !synced || held >= need {
+		return Route{}, false
+	}
+	buf := getCandidates()
+	defer putCandidates(buf)
+	cands, minTier := r.eligible(req, in, "", (*buf)[:0])
+	*buf = cands
+	if len(cands) == 0 || minTier != tierOK {
+		return Route{}, false
+	}
+	cands = filterTier(cands, tierOK)
+	rt := r.choose(req, in, cands)
+	if rt.Instance == bound {
+		return Route{}, false
+	}
+	for i := range cands {
+		// A draining bound instance is not a candidate: its keys leave.
+		if cands[i].v.ID == bound && cands[i].score >= rt.Decision.Candidates[0].Score {
+			return Route{}, false
+		}
+	}
+	rt.Action, rt.From, rt.Reason, rt.Rebind = ActionOverflow, bound, fsm.OverflowCacheLost, true
+	return rt, true
 }
 
 func (r *Router) leave(req *Request, bound string, v *InstanceView, reason fsm.OverflowReason, in *Inputs) (Route, error) {

@@ -52,21 +52,17 @@ const (
 	// sticky). A proposal, not the spec's behaviour (which keeps the
 	// header on every turn).
 	PolicyTetherParentFirst Policy = "tether_parent_first"
-	// PolicyTetherCacheRebind: tether plus a rule routing does not have
-	// (emulated by the harness around the real routing calls, a proposal):
-	// when the KV index says the bound instance holds less than half of
-	// the prompt's blocks, the key is placed again by the KV-aware score
-	// (bound instance included) and, if that picks another instance, the
-	// binding moves (an Overflow with Rebind). A binding whose cache is
-	// gone buys nothing by staying, and moving it then costs nothing.
-	PolicyTetherCacheRebind Policy = "tether_cache_rebind"
+	// PolicyTetherNoCacheRebind: tether without the cache-lost rebind
+	// (routing's overflow.cache_lost_below = 0): a key stays on its bound
+	// instance after that instance's cache of it was evicted.
+	PolicyTetherNoCacheRebind Policy = "tether_no_cache_rebind"
 )
 
 // TetherVariants are the ablations.
-var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherCacheRebind}
+var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind}
 
 func (p Policy) isTether() bool {
-	return p == PolicyTether || p == PolicyTetherNoParent || p == PolicyTetherNoOverflow || p == PolicyTetherParentFirst || p == PolicyTetherCacheRebind
+	return p == PolicyTether || p == PolicyTetherNoParent || p == PolicyTetherNoOverflow || p == PolicyTetherParentFirst || p == PolicyTetherNoCacheRebind
 }
 
 // AllPolicies lists every policy in report order.

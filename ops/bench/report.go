@@ -111,15 +111,15 @@ func BuildReport(ctx context.Context, opts ReportOptions) (Sections, error) {
 		policies []Policy
 		edges    []int // default 3
 	}
-	ablations := []Policy{PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherCacheRebind}
-	sensPolicies := []Policy{PolicyLeastLoaded, PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether, PolicyTetherCacheRebind}
+	ablations := []Policy{PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind}
+	sensPolicies := []Policy{PolicyLeastLoaded, PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoCacheRebind}
 	variants := []variant{{label: "ablations at the reference setup (C = 6000)", w: w, cfg: base, policies: ablations}}
 	burst, err := LoadTraces(opts.Traces, TraceOptions{})
 	if err != nil {
 		return nil, err
 	}
 	variants = append(variants, variant{label: "all 50 conversations starting in the same instant (no stagger)", w: burst, cfg: base,
-		policies: []Policy{PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether, PolicyTetherCacheRebind}, edges: edgeCounts})
+		policies: []Policy{PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoCacheRebind}, edges: edgeCounts})
 	for _, c := range []int{12000, 24000} {
 		v := base
 		v.CapacityBlocks = c
@@ -134,7 +134,7 @@ func BuildReport(ctx context.Context, opts ReportOptions) (Sections, error) {
 	agg := base
 	agg.Aggregated = true
 	variants = append(variants, variant{label: "aggregated workers (prefill and decode on one worker: blocks stay referenced while decoding)", w: w, cfg: agg,
-		policies: []Policy{PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoParent, PolicyTetherParentFirst, PolicyTetherCacheRebind}})
+		policies: []Policy{PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoParent, PolicyTetherParentFirst, PolicyTetherNoCacheRebind}})
 	shared, err := LoadTraces(opts.Traces, TraceOptions{SharedPrefixBlocks: 32, Stagger: ReferenceStagger})
 	if err != nil {
 		return nil, err

@@ -373,8 +373,11 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 		rc.Overflow = routing.OverflowConfig{}
 	default:
 		rc.Type = routing.RouterConversation
-		if cfg.Policy == PolicyTetherNoOverflow {
+		switch cfg.Policy {
+		case PolicyTetherNoOverflow:
 			rc.Overflow = routing.OverflowConfig{}
+		case PolicyTetherNoCacheRebind:
+			rc.Overflow.CacheLostBelow = 0
 		}
 	}
 	if s.router, err = routing.NewRouter(rc); err != nil {
@@ -831,9 +834,6 @@ func (s *simulator) routeKeyed(e *simEdge, edge int, ar *agentRun, rreq routing.
 	var rt routing.Route
 	if bound {
 		rt, err = s.router.RouteBound(rreq, b, in)
-		if err == nil && rt.Action == routing.ActionSticky && s.cfg.Policy == PolicyTetherCacheRebind {
-			rt, err = s.cacheRebind(e, rreq, b, in, rt)
-		}
 	} else {
 		rt, err = s.router.Place(rreq, in)
 	}
@@ -886,29 +886,6 @@ func (s *simulator) routeKeyed(e *simEdge, edge int, ar *agentRun, rreq routing.
 		affinity = rreq.Key // the signed hint's affinity id: the root key
 	}
 	return idx, affinity, 0, nil
-}
-
-// cacheRebind is PolicyTetherCacheRebind's rule (see there): a sticky route
-// whose bound instance holds under half of the prompt is placed again.
-func (s *simulator) cacheRebind(e *simEdge, rreq routing.Request, b fsm.Binding, in routing.Inputs, sticky routing.Route) (routing.Route, error) {
-	if len(rreq.Blocks) == 0 {
-		return sticky, nil
-	}
-	held := 0
-	for _, m := range e.index.Match(rreq.Blocks, rreq.Now, nil) {
-		if m.Instance == b.Instance {
-			held = m.Blocks
-		}
-	}
-	if 2*held >= len(rreq.Blocks) {
-		return sticky, nil
-	}
-	rt, err := s.router.Place(rreq, in)
-	if err != nil || rt.Action != routing.ActionBind || rt.Instance == b.Instance {
-		return sticky, err
-	}
-	rt.Action, rt.From, rt.Reason, rt.Rebind = routing.ActionOverflow, b.Instance, fsm.OverflowCircuitOpen, true
-	return rt, nil
 }
 
 // lastUse is when key was last routed, in virtual time (by any edge with

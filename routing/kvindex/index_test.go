@@ -378,6 +378,12 @@ func TestMatchAgreesWithReference(t *testing.T) {
 				t.Fatalf("step %d: %s got %+v, want %+v", step, id, got[id], w)
 			}
 		}
+		// Held agrees with Match, instance by instance.
+		for _, id := range insts {
+			if held, _ := ix.Held(id, q, now); held != got[id].Blocks {
+				t.Fatalf("step %d: Held(%s) = %d, Match says %d", step, id, held, got[id].Blocks)
+			}
+		}
 	}
 	// Everything the index allocated is released again.
 	ix.Expire(now.Add(time.Hour))
@@ -430,4 +436,29 @@ func TestConcurrentMatchAndApply(t *testing.T) {
 		}
 	}
 	<-done
+}
+
+func TestHeldReportsSyncAndPrefix(t *testing.T) {
+	ix := New(Config{})
+	prompt := chain(100, 10)
+	if held, synced := ix.Held("a", prompt, t0); held != 0 || synced {
+		t.Fatalf("unknown instance: held %d synced %v", held, synced)
+	}
+	mustApply(t, ix, Batch{Instance: "a", Boot: 1, Seq: 1, Events: []RankEvent{{Rank: 0, Stored: prompt[:4]}, {Rank: 3, Stored: prompt[:7]}}}, Applied)
+	if held, synced := ix.Held("a", prompt, t0); held != 7 || !synced {
+		t.Fatalf("held %d synced %v, want 7 (rank 3's run) and synced", held, synced)
+	}
+	// A gap makes the instance stale: its figure is no evidence.
+	mustApply(t, ix, Batch{Instance: "a", Boot: 1, Seq: 5, Events: []RankEvent{{Rank: 0, Removed: prompt[:1]}}}, Gap)
+	if _, synced := ix.Held("a", prompt, t0); synced {
+		t.Fatal("an instance with a sequence gap reported synced")
+	}
+	// Predictions count on an instance the index knows nothing stored of.
+	ix.Predict("b", prompt[:3], t0)
+	if held, synced := ix.Held("b", prompt, t0); held != 3 || synced {
+		t.Fatalf("predicted instance: held %d synced %v, want 3, not synced", held, synced)
+	}
+	if held, _ := ix.Held("b", prompt, t0.Add(time.Hour)); held != 0 {
+		t.Fatalf("expired prediction still held: %d", held)
+	}
 }

@@ -91,6 +91,7 @@ func TestLeaderKillDuringConversations(t *testing.T) {
 				}
 				if err != nil {
 					r.moved = fmt.Errorf("turn %d: %w", n+1, err)
+					progressed <- struct{}{} // fail now, not at the deadline
 					return
 				}
 				if n == 0 {
@@ -98,6 +99,9 @@ func TestLeaderKillDuringConversations(t *testing.T) {
 				} else if tr.ctxInst != r.first.ctxInst || tr.genInst != r.first.genInst {
 					r.moved = fmt.Errorf("turn %d via %s moved from %s/%s to %s/%s; %s", n+1, tr.via, r.first.ctxInst, r.first.genInst,
 						tr.ctxInst, tr.genInst, diagnose(ctx, st, a.session))
+					if n < killAfter {
+						progressed <- struct{}{}
+					}
 					return
 				}
 				r.finished = n + 1
@@ -120,6 +124,15 @@ func TestLeaderKillDuringConversations(t *testing.T) {
 		case <-progressed:
 		case <-ctx.Done():
 			t.Fatal("conversations did not progress")
+		}
+	}
+	for i := range results {
+		// A conversation that failed before the kill has reported and
+		// returned; its result is final.
+		if r := &results[i]; r.moved != nil && r.finished < killAfter {
+			close(killed)
+			wg.Wait()
+			t.Fatalf("conv-%d before the kill: %v", i, r.moved)
 		}
 	}
 	leader.Kill()
