@@ -211,9 +211,10 @@ type OverflowConfig struct {
 	// has been continuously unable to take its keys this long (0: never
 	// rebind; the key returns when the instance recovers).
 	RebindAfter time.Duration `yaml:"rebind_after"`
-	// CacheLostBelow: a bound key whose instance holds less than this
-	// fraction of the prompt's blocks (by the KV index, and only while the
-	// index has a trusted baseline for the instance) is placed again among
+	// CacheLostBelow: a bound key whose instance no longer holds the
+	// prompt's block at this fraction of its blocks (by the KV index, and
+	// only while the index has a trusted baseline for the instance: see
+	// Router.cacheLost) is placed again among
 	// all instances, the bound one included; when another scores strictly
 	// better the binding moves there (an Overflow with Rebind, reason
 	// cache_lost). 0 disables; the check runs only for routers that use

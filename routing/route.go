@@ -70,11 +70,11 @@ type BindingCounter interface {
 }
 
 // PrefixMatcher reports how many leading blocks of a prompt each instance
-// holds (Match), or one instance holds and whether that figure rests on a
-// trusted baseline (Held); *kvindex.Index implements it.
+// holds (Match), and whether one instance holds one block, with whether that
+// answer rests on a trusted baseline (Holds); *kvindex.Index implements it.
 type PrefixMatcher interface {
 	Match(blocks []uint64, now time.Time, dst []kvindex.Match) []kvindex.Match
-	Held(instance string, blocks []uint64, now time.Time) (held int, synced bool)
+	Holds(instance string, block uint64, now time.Time) (held, synced bool)
 }
 
 // Inputs are the state a decision reads. Views is required; the rest may be
@@ -227,8 +227,9 @@ func (r *Router) RouteBound(req Request, b fsm.Binding, in Inputs) (Route, error
 }
 
 // cacheLost is the cache-lost rebind (overflow.cache_lost_below): when the
-// KV index, with a trusted baseline for the bound instance, says it holds
-// less than that fraction of the prompt, the key is placed again among the
+// KV index, with a trusted baseline for the bound instance, says it does not
+// hold the prompt's block at that fraction (block ⌈f·n⌉ of n), the key is
+// placed again among the
 // instances below the overflow thresholds, the bound one included, and
 // moves only to one that scores strictly better (a tie stays, so an idle
 // cold fleet does not shuffle keys). A binding whose cache was evicted buys
@@ -240,10 +241,13 @@ func (r *Router) cacheLost(req *Request, bound string, in *Inputs) (Route, bool)
 	if below <= 0 || len(req.Blocks) == 0 || in.Prefix == nil || !r.cfg.Type.usesCache() || !req.Fleet.Valid() {
 		return Route{}, false
 	}
-	// Holding the first need blocks is enough: walk no further.
-	need := min(len(req.Blocks), int(math.Ceil(below*float64(len(req.Blocks)))))
-	held, synced := in.Prefix.Held(bound, req.Blocks[:need], req.Now)
-	if !synced || held >= need {
+	// One block, not a walk: a block's KV depends on every block before it
+	// and paged prefix caches evict a chain from its tail, so an instance
+	// that still holds the block at the boundary almost always holds the
+	// run before it, and one that does not holds less than the fraction.
+	boundary := max(1, min(len(req.Blocks), int(math.Ceil(below*float64(len(req.Blocks))))))
+	held, synced := in.Prefix.Holds(bound, req.Blocks[boundary-1], req.Now)
+	if !synced || held {
 		return Route{}, false
 	}
 	buf := getCandidates()

@@ -508,54 +508,37 @@ func (ix *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 	return dst
 }
 
-// Held is how many leading blocks of blocks instanceID holds contiguously
-// on one rank (or as a prediction live at now), and whether the index has a
-// trusted baseline for the instance (an unsynced instance's figure counts
-// its predictions only, so a low one is no evidence of eviction). It is the
-// bound-key check of a cache-lost rebind: cheaper than Match because the
-// walk follows only that instance's slots.
-func (ix *Index) Held(instanceID string, blocks []uint64, now time.Time) (held int, synced bool) {
+// Holds reports whether instanceID holds block on any rank (or as a
+// prediction live at now), and whether the index has a trusted baseline for
+// the instance (an unsynced instance's answer reflects its predictions only,
+// so a "no" is no evidence of eviction). One map lookup: routing asks it on
+// the sticky path (the cache-lost check).
+func (ix *Index) Holds(instanceID string, block uint64, now time.Time) (held, synced bool) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	in, ok := ix.byID[instanceID]
 	if !ok {
-		return 0, false
+		return false, false
 	}
-	if len(blocks) == 0 {
-		return 0, in.synced
+	id, ok := ix.blocks[block]
+	if !ok {
+		return false, in.synced
 	}
-	nowN := now.UnixNano()
-	sc := ix.getScratch(ix.words, len(ix.insts))
-	defer ix.scratch.Put(sc)
-	alive, next := sc.alive, sc.next
-	clear(alive)
-	mark := func(s int32) {
-		if s > 0 && int(s-1)/64 < len(alive) {
-			alive[(s-1)/64] |= 1 << ((s - 1) % 64)
-		}
-	}
+	set := ix.sets.get(id)
 	for _, s := range in.ranks {
-		mark(s)
+		if s > 0 && set.has(slot(s-1)) {
+			return true, in.synced
+		}
 	}
-	mark(in.pred)
-	var prev setID
-	for depth, b := range blocks {
-		id, ok := ix.blocks[b]
-		if !ok {
-			return depth, in.synced
+	if in.pred > 0 {
+		nowN := now.UnixNano()
+		for _, p := range set.preds {
+			if p.slot == slot(in.pred-1) && p.expires > nowN {
+				return true, in.synced
+			}
 		}
-		if depth > 0 && id == prev {
-			continue // alive already ⊆ this set's live holders
-		}
-		prev = id
-		clear(next)
-		ix.sets.get(id).liveInto(next, alive, nowN)
-		if allZero(next) {
-			return depth, in.synced
-		}
-		alive, next = next, alive
 	}
-	return len(blocks), in.synced
+	return false, in.synced
 }
 
 func betterRank(a, b int) bool {

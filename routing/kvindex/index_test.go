@@ -378,10 +378,15 @@ func TestMatchAgreesWithReference(t *testing.T) {
 				t.Fatalf("step %d: %s got %+v, want %+v", step, id, got[id], w)
 			}
 		}
-		// Held agrees with Match, instance by instance.
+		// Holds agrees with the model on a block of the query.
+		blk := q[rng.IntN(len(q))]
 		for _, id := range insts {
-			if held, _ := ix.Held(id, q, now); held != got[id].Blocks {
-				t.Fatalf("step %d: Held(%s) = %d, Match says %d", step, id, held, got[id].Blocks)
+			want := ref.preds[id][blk] > now.UnixNano()
+			for _, set := range ref.stored[id] {
+				want = want || set[blk]
+			}
+			if held, _ := ix.Holds(id, blk, now); held != want {
+				t.Fatalf("step %d: Holds(%s, %x) = %v, want %v", step, id, blk, held, want)
 			}
 		}
 	}
@@ -438,27 +443,30 @@ func TestConcurrentMatchAndApply(t *testing.T) {
 	<-done
 }
 
-func TestHeldReportsSyncAndPrefix(t *testing.T) {
+func TestHoldsReportsSync(t *testing.T) {
 	ix := New(Config{})
 	prompt := chain(100, 10)
-	if held, synced := ix.Held("a", prompt, t0); held != 0 || synced {
-		t.Fatalf("unknown instance: held %d synced %v", held, synced)
+	if held, synced := ix.Holds("a", prompt[0], t0); held || synced {
+		t.Fatalf("unknown instance: held %v synced %v", held, synced)
 	}
 	mustApply(t, ix, Batch{Instance: "a", Boot: 1, Seq: 1, Events: []RankEvent{{Rank: 0, Stored: prompt[:4]}, {Rank: 3, Stored: prompt[:7]}}}, Applied)
-	if held, synced := ix.Held("a", prompt, t0); held != 7 || !synced {
-		t.Fatalf("held %d synced %v, want 7 (rank 3's run) and synced", held, synced)
+	if held, synced := ix.Holds("a", prompt[6], t0); !held || !synced {
+		t.Fatalf("block 6 (rank 3): held %v synced %v, want both", held, synced)
 	}
-	// A gap makes the instance stale: its figure is no evidence.
+	if held, synced := ix.Holds("a", prompt[7], t0); held || !synced {
+		t.Fatalf("block 7: held %v synced %v, want not held, synced", held, synced)
+	}
+	// A gap makes the instance stale: its answers are no evidence.
 	mustApply(t, ix, Batch{Instance: "a", Boot: 1, Seq: 5, Events: []RankEvent{{Rank: 0, Removed: prompt[:1]}}}, Gap)
-	if _, synced := ix.Held("a", prompt, t0); synced {
+	if _, synced := ix.Holds("a", prompt[0], t0); synced {
 		t.Fatal("an instance with a sequence gap reported synced")
 	}
-	// Predictions count on an instance the index knows nothing stored of.
+	// Predictions count until they expire.
 	ix.Predict("b", prompt[:3], t0)
-	if held, synced := ix.Held("b", prompt, t0); held != 3 || synced {
-		t.Fatalf("predicted instance: held %d synced %v, want 3, not synced", held, synced)
+	if held, synced := ix.Holds("b", prompt[2], t0); !held || synced {
+		t.Fatalf("predicted block: held %v synced %v, want held, not synced", held, synced)
 	}
-	if held, _ := ix.Held("b", prompt, t0.Add(time.Hour)); held != 0 {
-		t.Fatalf("expired prediction still held: %d", held)
+	if held, _ := ix.Holds("b", prompt[2], t0.Add(time.Hour)); held {
+		t.Fatal("an expired prediction still holds")
 	}
 }
