@@ -64,8 +64,10 @@ type fleetOptions struct {
 	genWorkers int
 	// start lists the edges (0-based) started at first; nil: all.
 	start []int
-	// edgeConfig and workerConfig adjust each node's configuration.
-	edgeConfig   func(i int, c *edge.Config)
+	// edgeConfig and workerConfig adjust each node's configuration;
+	// edgeConfig also gets the version the edge starts as (an upgrade test
+	// runs an "old" version with a compatibility setting).
+	edgeConfig   func(i int, version string, c *edge.Config)
 	workerConfig func(id string, c *worker.Config)
 	version      string // initial edge and worker version (default "v1")
 }
@@ -229,7 +231,7 @@ func (f *fleet) edgeConfig(i int) edge.Config {
 			LeaderLeaseTimeout: 500 * time.Millisecond, CommitTimeout: 2 * time.Millisecond},
 	}
 	if f.opts.edgeConfig != nil {
-		f.opts.edgeConfig(i, &cfg)
+		f.opts.edgeConfig(i, s.version, &cfg)
 	}
 	return cfg
 }

@@ -3,6 +3,7 @@ package ops
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -21,39 +22,80 @@ import (
 )
 
 // levelWatch checks, at every look, the feature-level rules on every
-// running edge: the committed level never falls, and never exceeds what
-// every current voter advertised (a voter that has not advertised counts
-// as level 0).
+// running edge: no edge halted, each supports the level of its version (v1
+// runs as the previous release, capped at level 1), the committed level
+// never falls, never exceeds what every current voter advertised (a voter
+// that has not advertised counts as level 0) and stays at 1 or below while
+// any voter is a v1 edge; and below level 2 no binding carries a rank (no
+// RankObserved was applied) and no overflow was recorded as cache_lost.
 type levelWatch struct {
 	t    *testing.T
 	f    *fleet
 	seen uint32
 }
 
+// edgeLevel is the feature level an edge of this version supports.
+func edgeLevel(version string) uint32 {
+	if version == "v1" {
+		return fsm.FeatureLevelBase
+	}
+	return fsm.FeatureLevelMax
+}
+
 func (w *levelWatch) check() uint32 {
 	w.t.Helper()
+	versions := map[string]string{}
+	for _, s := range w.f.edges {
+		versions[s.id] = s.version
+	}
 	var lvl uint32
 	for i, s := range w.f.running() {
+		ns := s.edge().Node().Status()
+		if ns.Halted != "" {
+			w.t.Fatalf("%s (%s) halted: %s", s.id, s.version, ns.Halted)
+		}
+		if want := edgeLevel(s.version); ns.FeatureLevel != want {
+			w.t.Fatalf("%s (%s) supports feature level %d, want %d", s.id, s.version, ns.FeatureLevel, want)
+		}
 		st := s.state()
 		advertised := map[string]uint32{}
 		for _, n := range st.Nodes() {
 			advertised[n.ID] = n.MaxFeatureLevel
 		}
-		minVoters := ^uint32(0)
-		for _, p := range s.edge().Node().Status().Peers {
+		minVoters, oldVoter := ^uint32(0), ""
+		for _, p := range ns.Peers {
 			if p.Voter {
 				minVoters = min(minVoters, advertised[p.ID])
+				if versions[p.ID] == "v1" {
+					oldVoter = p.ID
+				}
 			}
 		}
 		got := st.FeatureLevel()
 		if got > minVoters {
 			w.t.Fatalf("%s: cluster feature level %d is above what every voter advertised (%d): %+v", s.id, got, minVoters, st.Nodes())
 		}
+		if oldVoter != "" && got > fsm.FeatureLevelBase {
+			w.t.Fatalf("%s: cluster feature level %d while voter %s runs v1", s.id, got, oldVoter)
+		}
 		if got < w.seen && st.Index() > 0 {
 			// A lagging follower may trail; only the leader's view must
 			// never fall.
 			if s.edge().Node().IsLeader() {
 				w.t.Fatalf("%s: cluster feature level fell from %d to %d", s.id, w.seen, got)
+			}
+		}
+		if got < fsm.FeatureLevelRanks {
+			// A RankObserved is proposed only once the proposer's state
+			// holds level 2, so a state below it never contains one.
+			st.ForEachBinding(func(b fsm.Binding) bool {
+				if b.HasRank {
+					w.t.Fatalf("%s: %v binding %q has rank %d at cluster level %d", s.id, b.Fleet, b.Key, b.Rank, got)
+				}
+				return true
+			})
+			if n := st.Counters().Overflows[fsm.OverflowCacheLost]; n != 0 {
+				w.t.Fatalf("%s: %d overflows recorded as cache_lost at cluster level %d", s.id, n, got)
 			}
 		}
 		if i == 0 || got > lvl {
@@ -64,13 +106,138 @@ func (w *levelWatch) check() uint32 {
 	return lvl
 }
 
-// nodeVersions is the edges' advertised versions as the log holds them.
-func nodeVersions(st *fsm.State) map[string]string {
-	out := map[string]string{}
+// noRankProposals checks that no running edge proposed a RankObserved
+// while its state is below level 2 (the metric is read first: an edge
+// proposes one only after its state reached level 2, which never falls).
+func (w *levelWatch) noRankProposals() {
+	w.t.Helper()
+	for _, s := range w.f.running() {
+		n := rankProposals(w.t, w.f.client, s)
+		if lvl := s.state().FeatureLevel(); lvl < fsm.FeatureLevelRanks && n != 0 {
+			w.t.Fatalf("%s (%s) proposed %v RankObserved events at cluster level %d", s.id, s.version, n, lvl)
+		}
+	}
+}
+
+// advert is an edge's NodeInfo as the log holds it.
+type advert struct {
+	version string
+	level   uint32
+}
+
+// nodeAdverts is the edges' advertised versions and levels as the log
+// holds them.
+func nodeAdverts(st *fsm.State) map[string]advert {
+	out := map[string]advert{}
 	for _, n := range st.Nodes() {
-		out[n.ID] = n.Version
+		out[n.ID] = advert{n.Version, n.MaxFeatureLevel}
 	}
 	return out
+}
+
+// rankProposals reads an edge's tether_edge_proposals_total for
+// RankObserved (every result) from its /metrics.
+func rankProposals(t *testing.T, c *http.Client, s *edgeSlot) float64 {
+	t.Helper()
+	resp, err := c.Get(s.url() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "tether_edge_proposals_total{") || !strings.Contains(line, `type="RankObserved"`) {
+			continue
+		}
+		_, val, _ := strings.Cut(line, "} ")
+		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil {
+			t.Fatalf("%s metric line %q: %v", s.id, line, err)
+		}
+		sum += v
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("%s /metrics: %v", s.id, err)
+	}
+	return sum
+}
+
+// contextHistory is the admin history of a context-fleet key on edge s.
+func contextHistory(t *testing.T, f *fleet, s *edgeSlot, key string) []edge.HistoryEntry {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var ans struct {
+		Events []edge.HistoryEntry `json:"events"`
+	}
+	if err := f.admin(ctx, s, "bindings/context/"+key+"/history", &ans); err != nil {
+		t.Fatal(err)
+	}
+	return ans.Events
+}
+
+// bindIndex is the log index of the last applied Bind in a history.
+func bindIndex(t *testing.T, key string, hist []edge.HistoryEntry) uint64 {
+	t.Helper()
+	var idx uint64
+	for _, h := range hist {
+		if h.Type == "Bind" && h.Status == fsm.StatusApplied.String() {
+			idx = h.Index
+		}
+	}
+	if idx == 0 {
+		t.Fatalf("no applied Bind in the history of %s: %+v", key, hist)
+	}
+	return idx
+}
+
+// rankEvents counts the RankObserved events of a history, and those applied
+// for the epoch.
+func rankEvents(hist []edge.HistoryEntry, epoch uint64) (all, applied int) {
+	for _, h := range hist {
+		if h.Type != "RankObserved" {
+			continue
+		}
+		all++
+		// JSON numbers decode as float64; epochs here stay far below 2^53.
+		if e, ok := h.Event["epoch"].(float64); ok && uint64(e) == epoch && h.Status == fsm.StatusApplied.String() {
+			applied++
+		}
+	}
+	return all, applied
+}
+
+// contextBinding is edge s's context-fleet binding of key.
+func contextBinding(t *testing.T, s *edgeSlot, key string) fsm.Binding {
+	t.Helper()
+	b, ok := s.state().Lookup(fsm.FleetContext, key)
+	if !ok {
+		t.Fatalf("%s has no context binding for %s", s.id, key)
+	}
+	return b
+}
+
+// waitRank waits until every running edge's binding of key holds the rank
+// the worker reported, for the placement on instance.
+func waitRank(t *testing.T, f *fleet, key, instance, rank string) fsm.Binding {
+	t.Helper()
+	want, err := strconv.ParseUint(rank, 10, 32)
+	if err != nil {
+		t.Fatalf("%s: no rank in the route (%q): %v", key, rank, err)
+	}
+	waitFor(t, 15*time.Second, "the rank of "+key+" recorded on every edge", func() string {
+		for _, s := range f.running() {
+			b, ok := s.state().Lookup(fsm.FleetContext, key)
+			if !ok || b.Instance != instance || !b.HasRank || b.Rank != uint32(want) {
+				return fmt.Sprintf("%s sees %+v (found %v), want rank %d on %s", s.id, b, ok, want, instance)
+			}
+		}
+		return ""
+	})
+	return contextBinding(t, f.leader(), key)
 }
 
 // hintCounts reads a worker's tether_worker_hint_verifications_total by
@@ -109,21 +276,34 @@ func rejected(m map[string]float64) float64 {
 // The documented rolling upgrade, edges first, then workers, under
 // continuous agent traffic. Every mixed state has assertions: requests keep
 // succeeding (client retries across edges allowed), conversations keep
-// their context instance, the committed feature level never exceeds what
-// every voter advertised (and rises only once the last voter advertised),
-// an upgraded edge sends no hints to a legacy worker (learned from its
-// telemetry) while instance affinity holds, and an upgraded worker gets
-// (and verifies) signed hints.
+// their context instance, an upgraded edge sends no hints to a legacy worker
+// (learned from its telemetry) while instance affinity holds, and an
+// upgraded worker gets (and verifies) signed hints.
 //
-// What "old" means here: this build has a single feature level and no
-// compat knob for edges (see docs/upgrades.md), so the old and new edges
-// differ only in their advertised version; the level rule is exercised by
-// a voter that has not advertised yet. Old workers are real: legacy_mode.
+// What "old" means here: a v1 edge is this build run as the previous
+// release, with cluster.compat_feature_level: 1 (it advertises and applies
+// feature level 1 only: no RankObserved, index epochs, no cache_lost
+// reason); a v2 edge runs at this build's level, 2. Old workers are real
+// too: legacy_mode. The feature-level rules are checked in every mixed state
+// (levelWatch): the committed level never exceeds the minimum the voters
+// advertised (0 while a bootstrap voter has not advertised yet), stays 1
+// while any voter is v1 (also while the last v1 edge is down: it is still a
+// voter) and rises to 2 only after the last edge was upgraded; no edge
+// halts; below level 2 no binding carries a rank and no edge proposed a
+// RankObserved. A conversation bound at level 1 gets no rank from its turns
+// there and gets one from its first sticky turn at level 2; placements made
+// at level 1 carry their entry's index as epoch, those made at level 2 a
+// unique epoch.
 func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 	f := startFleet(t, fleetOptions{
-		start:        []int{0, 1}, // edge-3, a bootstrap voter, comes later
-		genWorkers:   2,           // a rolling upgrade needs a peer to take over
-		version:      "v1",
+		start:      []int{0, 1}, // edge-3, a bootstrap voter, comes later
+		genWorkers: 2,           // a rolling upgrade needs a peer to take over
+		version:    "v1",
+		edgeConfig: func(_ int, version string, c *edge.Config) {
+			if version == "v1" {
+				c.Cluster.CompatFeatureLevel = fsm.FeatureLevelBase
+			}
+		},
 		workerConfig: func(_ string, c *worker.Config) { c.LegacyMode = true },
 	})
 	legacy := func(id string, in edge.InstanceInfo) string {
@@ -136,11 +316,12 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 	lw := &levelWatch{t: t, f: f}
 	tr := f.startTraffic(6)
 	defer tr.halt()
+	oldEdge, newEdge := advert{"v1", fsm.FeatureLevelBase}, advert{"v2", fsm.FeatureLevelRanks}
 
 	// Mixed state 0: two of three voters advertised level 1; the third
 	// has not. Under traffic the committed level stays 0.
-	waitFor(t, 10*time.Second, "edge-1 and edge-2 to advertise", func() string {
-		if v := nodeVersions(f.edges[0].state()); v["edge-1"] != "v1" || v["edge-2"] != "v1" {
+	waitFor(t, 10*time.Second, "edge-1 and edge-2 to advertise v1 at level 1", func() string {
+		if v := nodeAdverts(f.edges[0].state()); v["edge-1"] != oldEdge || v["edge-2"] != oldEdge {
 			return fmt.Sprintf("%v", v)
 		}
 		return ""
@@ -152,10 +333,10 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 		}
 	}
 	f.startEdge(2, "v1")
-	waitFor(t, 15*time.Second, "the level to rise once every voter advertised", func() string {
+	waitFor(t, 15*time.Second, "the level to rise to 1 once every voter advertised", func() string {
 		lw.check()
 		for _, s := range f.running() {
-			if s.state().FeatureLevel() != fsm.FeatureLevelMax {
+			if s.state().FeatureLevel() != fsm.FeatureLevelBase {
 				return fmt.Sprintf("%s at level %d", s.id, s.state().FeatureLevel())
 			}
 		}
@@ -163,31 +344,118 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 	})
 	f.waitReady(30*time.Second, legacy)
 
+	// A conversation placed at level 1, kept out of the traffic: its turns
+	// record no rank until the cluster runs level 2.
+	const oldKey, newKey = "rank-probe-level1", "rank-probe-level2"
+	first, err := f.chat(0, oldKey, "", "probe: plan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldHome := first.contextInstance()
+
 	// Edges first, one at a time: v1 → v2.
 	for i := range f.edges {
 		s := f.edges[i]
+		last := i == len(f.edges)-1
 		f.stopEdge(i)
 		tr.waitTurns(t, 10) // mixed: this edge down, the others serve
-		lw.check()
-		if v := nodeVersions(f.running()[0].state()); v[s.id] != "v1" {
-			t.Fatalf("while %s is down the log should still hold its v1 NodeInfo: %v", s.id, v)
+		if lvl := lw.check(); lvl != fsm.FeatureLevelBase {
+			t.Fatalf("cluster level %d while v1 voter %s is down", lvl, s.id)
+		}
+		lw.noRankProposals()
+		if v := nodeAdverts(f.running()[0].state()); v[s.id] != oldEdge {
+			t.Fatalf("while %s is down the log should still hold its v1 NodeInfo at level 1: %v", s.id, v)
+		}
+		if last {
+			// The last v1 voter is down: a sticky turn of the level-1
+			// conversation still records no rank.
+			pt, err := f.chat(i, oldKey, "", "probe: still level 1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pt.contextInstance() != oldHome {
+				t.Fatalf("%s moved from %s: %s", oldKey, oldHome, pt.route)
+			}
+			lw.check()
+			lw.noRankProposals()
+			run := f.running()[0]
+			hist := contextHistory(t, f, run, oldKey)
+			b := contextBinding(t, run, oldKey)
+			if all, _ := rankEvents(hist, b.Epoch); all != 0 || b.HasRank {
+				t.Fatalf("%s at level 1: %d RankObserved in its history, binding %+v", oldKey, all, b)
+			}
+			if idx := bindIndex(t, oldKey, hist); b.Epoch != idx {
+				t.Fatalf("%s placed at level 1 by entry %d has epoch %d, want the entry's index", oldKey, idx, b.Epoch)
+			}
 		}
 		f.startEdge(i, "v2")
-		waitFor(t, 15*time.Second, s.id+" to advertise v2", func() string {
+		waitFor(t, 15*time.Second, s.id+" to advertise v2 at level 2", func() string {
 			lw.check()
 			for _, r := range f.running() {
-				if v := nodeVersions(r.state()); v[s.id] != "v2" {
+				if v := nodeAdverts(r.state()); v[s.id] != newEdge {
 					return fmt.Sprintf("%s sees %v", r.id, v)
 				}
 			}
 			return ""
 		})
-		tr.waitTurns(t, 10) // mixed: i+1 edges at v2
-		if got := lw.check(); got != fsm.FeatureLevelMax {
-			t.Fatalf("cluster level %d after %s rejoined", got, s.id)
+		if !last {
+			tr.waitTurns(t, 10) // mixed: i+1 edges at v2, the others v1
+			if got := lw.check(); got != fsm.FeatureLevelBase {
+				t.Fatalf("cluster level %d after %s rejoined with %d v1 edges left", got, s.id, len(f.edges)-1-i)
+			}
+			lw.noRankProposals()
 		}
 		f.waitReady(30*time.Second, legacy)
 	}
+	waitFor(t, 15*time.Second, "the level to rise to 2 after the last edge's upgrade", func() string {
+		lw.check()
+		for _, s := range f.running() {
+			if s.state().FeatureLevel() != fsm.FeatureLevelRanks {
+				return fmt.Sprintf("%s at level %d", s.id, s.state().FeatureLevel())
+			}
+		}
+		return ""
+	})
+	tr.waitTurns(t, 10) // all edges at v2, workers legacy
+
+	// Level 2: the next sticky turn of the level-1 conversation records
+	// its rank (for its level-1 placement), and a new placement gets a
+	// unique epoch and its rank.
+	pt, err := f.chat(1, oldKey, "", "probe: level 2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, rank := pt.contextHop()
+	if inst != oldHome {
+		t.Fatalf("%s moved from %s: %s", oldKey, oldHome, pt.route)
+	}
+	waitRank(t, f, oldKey, inst, rank)
+	nt, err := f.chat(2, newKey, "", "probe: plan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRank(t, f, newKey, nt.contextInstance(), func() string { _, r := nt.contextHop(); return r }())
+	run := f.running()[0]
+	for _, key := range []string{oldKey, newKey} {
+		b := contextBinding(t, run, key)
+		var hist []edge.HistoryEntry
+		waitFor(t, 10*time.Second, "the RankObserved of "+key+" in the archive", func() string {
+			hist = contextHistory(t, f, run, key)
+			if _, applied := rankEvents(hist, b.Epoch); applied == 0 {
+				return fmt.Sprintf("%d applied for epoch %d in %+v", applied, b.Epoch, hist)
+			}
+			return ""
+		})
+		idx := bindIndex(t, key, hist)
+		if key == oldKey && b.Epoch != idx {
+			t.Fatalf("%s (placed at level 1 by entry %d) has epoch %d now", key, idx, b.Epoch)
+		}
+		if key == newKey && (b.Epoch == idx || fsm.EpochIndex(b.Epoch) != idx) {
+			t.Fatalf("%s placed at level 2 by entry %d has epoch %d, want a unique epoch of that entry", key, idx, b.Epoch)
+		}
+	}
+	lw.check()
+
 	tr.halt()
 	if fails := tr.failures(); len(fails) > 0 {
 		t.Fatalf("%d of %d requests failed during the edge upgrade; first: %s", len(fails), tr.turns.Load(), fails[0])
