@@ -472,8 +472,16 @@ var nemeses = []nemesis{
 			e.logPath += ".limited"
 			mark(e.id)
 			e.start(t)
+			// New conversations through the other edges make the log
+			// grow past the free pages the limited edge's files still
+			// have (the steady load is bound conversations: touches only).
+			stopGrowth := make(chan struct{})
+			grown := make(chan int)
+			go func() { grown <- growLog(v, e, stopGrowth) }()
 			exited, err := e.exited(20 * time.Second)
 			ci, cerr := v.cluster(e)
+			close(stopGrowth)
+			t.Logf("disk-limit: %d new conversations sent meanwhile", <-grown)
 			if !exited && ci.Halted == "" {
 				t.Errorf("an edge whose files cannot grow neither exited nor halted")
 			}
@@ -555,5 +563,35 @@ func TestChaos(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// growLog sends new conversations to the edges other than skip until stop
+// closes, and returns how many were sent.
+func growLog(v *env, skip *edgeProc, stop <-chan struct{}) int {
+	c := &http.Client{Timeout: 2 * time.Second}
+	n := 0
+	for {
+		for _, e := range v.edges {
+			select {
+			case <-stop:
+				return n
+			default:
+			}
+			if e == skip {
+				continue
+			}
+			n++
+			conv := fmt.Sprintf("disk-growth-%d", n)
+			body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 1,
+				"messages": []map[string]string{{"role": "user", "content": conv}}})
+			req, _ := http.NewRequest("POST", e.url()+"/v1/chat/completions", bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("x-session-id", conv)
+			if resp, err := c.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}
 	}
 }
