@@ -311,6 +311,7 @@ func TestRendezvousHelper(t *testing.T) {
 
 func TestRouteBoundCacheLost(t *testing.T) {
 	prompt := blocks(4, 100)
+	subAgent := false // set by a case: the request is a sub-agent's under the key
 	other := blocks(9, 10) // something a holds, so the index knows it
 	cases := []struct {
 		name     string
@@ -351,6 +352,11 @@ func TestRouteBoundCacheLost(t *testing.T) {
 			vs[1].QueuedRequests = 8
 			vs[2].QueuedRequests = 8
 		}, "", -1},
+		{"a sub-agent's request under its parent's key", 0.5, func(ix *kvindex.Index, _ []InstanceView) {
+			stored(t, ix, "ctx-a", 1, 0, other)
+			stored(t, ix, "ctx-b", 1, 0, prompt[:80])
+			subAgent = true
+		}, "", -1},
 		{"draining and cold: its keys leave", 0.5, func(ix *kvindex.Index, vs []InstanceView) {
 			stored(t, ix, "ctx-a", 1, 0, other)
 			vs[0].Draining = true
@@ -361,8 +367,13 @@ func TestRouteBoundCacheLost(t *testing.T) {
 		r := mustRouter(t, func(cfg *Config) { cfg.Overflow.CacheLostBelow = c.below })
 		ix := kvindex.New(kvindex.Config{})
 		vs := idle("ctx-a", "ctx-b", "ctx-c")
+		subAgent = false
 		c.setup(ix, vs)
-		rt := routeBound(t, r, Request{RequestID: "req-3", Edge: "edge-1", Blocks: prompt, PromptTokens: 6400},
+		conv := "conv-1"
+		if subAgent {
+			conv = "child-of-conv-1"
+		}
+		rt := routeBound(t, r, Request{RequestID: "req-3", Edge: "edge-1", ConversationID: conv, Blocks: prompt, PromptTokens: 6400},
 			binding("conv-1", "ctx-a"), Inputs{Views: mustViews(t, vs), Prefix: ix})
 		if c.wantTo == "" {
 			if rt.Action != ActionSticky || rt.Instance != "ctx-a" || rt.Reason != 0 {

@@ -235,10 +235,19 @@ func (r *Router) RouteBound(req Request, b fsm.Binding, in Inputs) (Route, error
 // cold fleet does not shuffle keys). A binding whose cache was evicted buys
 // nothing by staying, and moving it then costs nothing; left alone it would
 // pin the conversation to a cold instance while another holds its shared
-// prefix. ok is false when the key stays.
+// prefix. Only the key's own conversation asks (a sub-agent's request
+// routed by its parent's key never moves the family). ok is false when the
+// key stays.
 func (r *Router) cacheLost(req *Request, bound string, in *Inputs) (Route, bool) {
 	below := r.cfg.Overflow.CacheLostBelow
 	if below <= 0 || len(req.Blocks) == 0 || in.Prefix == nil || !r.cfg.Type.usesCache() || !req.Fleet.Valid() {
+		return Route{}, false
+	}
+	if req.ConversationID != "" && req.ConversationID != req.Key {
+		// A sub-agent routed by its parent's key follows the parent's
+		// placement (the spec's contract: parent instance and ADP rank).
+		// Its prompt differs from the parent's and may never have been on
+		// the instance: its absence says nothing about the key's cache.
 		return Route{}, false
 	}
 	// One block, not a walk: a block's KV depends on every block before it
