@@ -68,6 +68,7 @@ type simFlags struct {
 	adpPlacement *string
 	ovfQueued    *int
 	rebindAfter  *time.Duration
+	cacheLost    *float64
 }
 
 func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *simFlags {
@@ -95,6 +96,8 @@ func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *
 			"sim: routing overflow.queued_requests of the tether policies (0 disables overflow)"),
 		rebindAfter: fs.Duration("rebind-after", routing.DefaultConfig().Overflow.RebindAfter,
 			"sim: routing overflow.rebind_after of the tether policies (0: never rebind)"),
+		cacheLost: fs.Float64("cache-lost-below", routing.DefaultConfig().Overflow.CacheLostBelow,
+			"sim: routing overflow.cache_lost_below of the tether policies (0: no cache-lost rebind)"),
 	}
 }
 
@@ -122,6 +125,7 @@ func (f *simFlags) replayOptions() (bench.ReplayOptions, error) {
 		return ro, fmt.Errorf("%w: --adp-placement: %v", errUsage, err)
 	}
 	cfg.Routing.Overflow.QueuedRequests, cfg.Routing.Overflow.RebindAfter = *f.ovfQueued, *f.rebindAfter
+	cfg.Routing.Overflow.CacheLostBelow = *f.cacheLost
 	if err := cfg.Routing.Validate(); err != nil {
 		return ro, fmt.Errorf("%w: %v", errUsage, err)
 	}
