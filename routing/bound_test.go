@@ -311,7 +311,7 @@ func TestRendezvousHelper(t *testing.T) {
 
 func TestRouteBoundCacheLost(t *testing.T) {
 	prompt := blocks(4, 100)
-	subAgent := false // set by a case: the request is a sub-agent's under the key
+	subAgent := false      // set by a case: the request is a sub-agent's under the key
 	other := blocks(9, 10) // something a holds, so the index knows it
 	cases := []struct {
 		name     string
