@@ -16,8 +16,8 @@ import (
 // on loopback TCP with fsync on (raft-boltdb and the archive), proposers
 // spread over all nodes (two thirds of them forward to the leader).
 //
-//   - throughput: 256 closed-loop proposers; reports binds/s and latency
-//     percentiles.
+//   - throughput-N: N closed-loop proposers (256 and 1024); reports binds/s,
+//     latency percentiles, binds per log entry and time per entry.
 //   - paced-5000: open-loop load at 5,000 binds/s; latency is measured from
 //     each bind's scheduled start (so queueing behind a slow commit counts).
 func BenchmarkBindCommit(b *testing.B) {
@@ -28,49 +28,9 @@ func BenchmarkBindCommit(b *testing.B) {
 		})
 	}
 
-	b.Run("throughput", func(b *testing.B) {
-		tc := newBenchCluster(b, time.Second)
-		nodes := tc.running()
-		proposers := benchProposers
-		var (
-			next    atomic.Int64
-			failed  atomic.Int64
-			mu      sync.Mutex
-			samples = make([]time.Duration, 0, b.N)
-			wg      sync.WaitGroup
-		)
-		b.ResetTimer()
-		start := time.Now()
-		for p := range proposers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				n := nodes[p%len(nodes)]
-				local := make([]time.Duration, 0, b.N/proposers+1)
-				for {
-					i := next.Add(1)
-					if i > int64(b.N) {
-						break
-					}
-					t0 := time.Now()
-					if _, err := n.Propose(context.Background(), bindEv(fmt.Sprintf("bench-%d", i), fmt.Sprintf("w%d", i%16))); err != nil {
-						failed.Add(1)
-						continue
-					}
-					local = append(local, time.Since(t0))
-				}
-				mu.Lock()
-				samples = append(samples, local...)
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
-		elapsed := time.Since(start)
-		b.StopTimer()
-		b.ReportMetric(float64(len(samples))/elapsed.Seconds(), "binds/s")
-		reportLatency(b, samples)
-		b.ReportMetric(float64(failed.Load()), "failed")
-	})
+	for _, proposers := range benchProposers {
+		b.Run(fmt.Sprintf("throughput-%d", proposers), func(b *testing.B) { benchThroughput(b, newBenchCluster, proposers) })
+	}
 
 	b.Run("paced-5000", func(b *testing.B) {
 		tc := newBenchCluster(b, time.Second)
@@ -84,6 +44,7 @@ func BenchmarkBindCommit(b *testing.B) {
 			wg      sync.WaitGroup
 			slots   = make(chan struct{}, 1024) // bounds goroutines if the cluster falls behind
 		)
+		index0 := nodes[0].Status().StateIndex
 		b.ResetTimer()
 		start := time.Now()
 		for i := range b.N {
@@ -113,7 +74,55 @@ func BenchmarkBindCommit(b *testing.B) {
 		b.ReportMetric(float64(len(samples))/elapsed.Seconds(), "binds/s")
 		reportLatency(b, samples)
 		b.ReportMetric(float64(failed.Load()), "failed")
+		reportEntries(b, nodes[0].Status().StateIndex-index0, len(samples), elapsed)
 	})
+}
+
+// benchThroughput is the closed-loop run: proposers goroutines spread over
+// the nodes, each proposing its next bind when the last one returned.
+func benchThroughput(b *testing.B, newBenchCluster func(*testing.B, time.Duration) *testCluster, proposers int) {
+	tc := newBenchCluster(b, time.Second)
+	nodes := tc.running()
+	var (
+		next    atomic.Int64
+		failed  atomic.Int64
+		mu      sync.Mutex
+		samples = make([]time.Duration, 0, b.N)
+		wg      sync.WaitGroup
+	)
+	index0 := nodes[0].Status().StateIndex
+	b.ResetTimer()
+	start := time.Now()
+	for p := range proposers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := nodes[p%len(nodes)]
+			local := make([]time.Duration, 0, b.N/proposers+1)
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					break
+				}
+				t0 := time.Now()
+				if _, err := n.Propose(context.Background(), bindEv(fmt.Sprintf("bench-%d", i), fmt.Sprintf("w%d", i%16))); err != nil {
+					failed.Add(1)
+					continue
+				}
+				local = append(local, time.Since(t0))
+			}
+			mu.Lock()
+			samples = append(samples, local...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(len(samples))/elapsed.Seconds(), "binds/s")
+	reportLatency(b, samples)
+	b.ReportMetric(float64(failed.Load()), "failed")
+	reportEntries(b, nodes[0].Status().StateIndex-index0, len(samples), elapsed)
 }
 
 func reportLatency(b *testing.B, samples []time.Duration) {
@@ -129,9 +138,24 @@ func reportLatency(b *testing.B, samples []time.Duration) {
 	b.ReportMetric(pct(0.99), "p99-ms")
 }
 
-var benchProposers = func() int {
+// benchProposers are the closed-loop concurrencies measured (BENCH_PROPOSERS
+// picks one). With one log entry in flight and a round of leader and
+// follower fsyncs per entry, throughput is concurrency ÷ commit latency
+// (Little's law), so both are reported.
+var benchProposers = func() []int {
 	if n, err := strconv.Atoi(os.Getenv("BENCH_PROPOSERS")); err == nil && n > 0 {
-		return n
+		return []int{n}
 	}
-	return 256
+	return []int{256, 1024}
 }()
+
+// reportEntries reports how the binds travelled: log entries per second
+// and binds per entry (the group commit's batch), which with one entry in
+// flight at a time bound the throughput.
+func reportEntries(b *testing.B, entries uint64, binds int, elapsed time.Duration) {
+	if entries == 0 {
+		return
+	}
+	b.ReportMetric(float64(binds)/float64(entries), "binds/entry")
+	b.ReportMetric(elapsed.Seconds()*1000/float64(entries), "ms/entry")
+}
