@@ -69,12 +69,7 @@ func BenchmarkBindCommit(b *testing.B) {
 			}()
 		}
 		wg.Wait()
-		elapsed := time.Since(start)
-		b.StopTimer()
-		b.ReportMetric(float64(len(samples))/elapsed.Seconds(), "binds/s")
-		reportLatency(b, samples)
-		b.ReportMetric(float64(failed.Load()), "failed")
-		reportEntries(b, nodes[0].Status().StateIndex-index0, len(samples), elapsed)
+		reportRun(b, time.Since(start), samples, failed.Load(), nodes[0].Status().StateIndex-index0)
 	})
 }
 
@@ -117,12 +112,17 @@ func benchThroughput(b *testing.B, newBenchCluster func(*testing.B, time.Duratio
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	reportRun(b, time.Since(start), samples, failed.Load(), nodes[0].Status().StateIndex-index0)
+}
+
+// reportRun stops the timer and reports a run's throughput, latency,
+// failures and log entries.
+func reportRun(b *testing.B, elapsed time.Duration, samples []time.Duration, failed int64, entries uint64) {
 	b.StopTimer()
 	b.ReportMetric(float64(len(samples))/elapsed.Seconds(), "binds/s")
 	reportLatency(b, samples)
-	b.ReportMetric(float64(failed.Load()), "failed")
-	reportEntries(b, nodes[0].Status().StateIndex-index0, len(samples), elapsed)
+	b.ReportMetric(float64(failed), "failed")
+	reportEntries(b, entries, len(samples), elapsed)
 }
 
 func reportLatency(b *testing.B, samples []time.Duration) {
