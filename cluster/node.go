@@ -14,7 +14,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,7 +26,7 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/tether-project/tether/cluster/archive"
-	"github.com/tether-project/tether/cluster/internal/boltfile"
+	"github.com/tether-project/tether/cluster/boltfile"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -305,34 +304,17 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 	return n, nil
 }
 
-// openRaftStore opens raft.db with raft-boltdb. bbolt panics (or faults in
-// its mmap) on some damaged files, a truncated one among them, and then
-// keeps the file mapped and locked: boltfile.Check refuses those first;
-// damage it cannot see that still panics becomes an error too.
-func openRaftStore(path string) (store *raftboltdb.BoltStore, err error) {
-	if err := boltfile.Check(path); err != nil {
+// openRaftStore opens raft.db with raft-boltdb behind boltfile's check and
+// panic recovery (bbolt panics or faults on some damaged files, a truncated
+// one among them, and then keeps the file mapped and locked).
+func openRaftStore(path string) (*raftboltdb.BoltStore, error) {
+	store, err := boltfile.Open(path, func(openFile boltfile.OpenFileFunc) (*raftboltdb.BoltStore, error) {
+		return raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &bolt.Options{Timeout: time.Second, OpenFile: openFile}})
+	})
+	if errors.Is(err, boltfile.ErrDamaged) {
 		return nil, fmt.Errorf("%w; restore it from a backup, or wipe the data dir and re-join this node as a new member", err)
 	}
-	var opened *os.File
-	// A page referenced past the end of a truncated file faults in bbolt's
-	// mmap (SIGBUS): make that a panic recovered below, not a crash.
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			if opened != nil {
-				opened.Close()
-			}
-			store, err = nil, fmt.Errorf("damaged database file (bbolt: %v); restore it from a backup, or wipe the data dir and re-join this node as a new member", r)
-		}
-	}()
-	return raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &bolt.Options{
-		Timeout: time.Second,
-		OpenFile: func(name string, flag int, mode os.FileMode) (*os.File, error) {
-			f, err := os.OpenFile(name, flag, mode)
-			opened = f
-			return f, err
-		},
-	}})
+	return store, err
 }
 
 // checkRaftStateNotLost refuses to start when raft.db holds no Raft state

@@ -31,6 +31,7 @@ import (
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -65,16 +66,7 @@ func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool)
 
 func startNATS(t testing.TB) *natsserver.Server {
 	t.Helper()
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	return ns
+	return natstest.Start(t, nil)
 }
 
 // seenRequest is what a worker received, as recorded in front of it.

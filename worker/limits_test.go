@@ -12,6 +12,8 @@ import (
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // max_concurrent_requests: requests beyond the limit get 429 with
@@ -112,15 +114,7 @@ func TestReadHeaderTimeoutIsConfigurable(t *testing.T) {
 
 // A worker authenticates to NATS with a token taken from the environment.
 func TestNATSTokenFromEnvironmentConnects(t *testing.T) {
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, Authorization: "nats-token-0123456789"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ns := natstest.Start(t, &natsserver.Options{Authorization: "nats-token-0123456789"})
 
 	cfg := testConfig("ctx-token")
 	cfg.NATS.URLs = []string{ns.ClientURL()}

@@ -14,14 +14,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime/debug"
 	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
-	"github.com/tether-project/tether/cluster/internal/boltfile"
+	"github.com/tether-project/tether/cluster/boltfile"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -148,34 +147,13 @@ func Open(path string, opts Options) (*Archive, error) {
 	return a, nil
 }
 
-// openBolt is bolt.Open that turns bbolt's panics on a damaged file (a
-// truncated file panics with "invalid freelist page") into an error, and
-// then releases the file (and its lock) bbolt had opened.
-func openBolt(path string, o *bolt.Options) (db *bolt.DB, err error) {
-	// A truncated file makes bbolt read past its end and then keep it
-	// mapped and locked: refuse it before bbolt opens it.
-	if err := boltfile.Check(path); err != nil {
-		return nil, err
-	}
-	var opened *os.File
-	// A page referenced past the end of a truncated file faults in bbolt's
-	// mmap (SIGBUS): make that a panic recovered below, not a crash.
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			if opened != nil {
-				opened.Close()
-			}
-			db, err = nil, fmt.Errorf("damaged database file: %v", r)
-		}
-	}()
-	opts := *o
-	opts.OpenFile = func(name string, flag int, mode os.FileMode) (*os.File, error) {
-		f, err := os.OpenFile(name, flag, mode)
-		opened = f
-		return f, err
-	}
-	return bolt.Open(path, 0o600, &opts)
+// openBolt is bolt.Open behind boltfile's check and panic recovery.
+func openBolt(path string, o *bolt.Options) (*bolt.DB, error) {
+	return boltfile.Open(path, func(openFile boltfile.OpenFileFunc) (*bolt.DB, error) {
+		opts := *o
+		opts.OpenFile = openFile
+		return bolt.Open(path, 0o600, &opts)
+	})
 }
 
 // Path is the archive's file.
@@ -498,31 +476,7 @@ func (a *Archive) HistoryIndexes(f fsm.Fleet, key string) ([]uint64, error) {
 // History returns the records naming (fleet, key): events whose keys include
 // it and records whose apply evicted it, in log order.
 func (a *Archive) History(f fsm.Fleet, key string) ([]Record, error) {
-	var out []Record
-	prefix := keyPrefix(f, key)
-	err := a.db.View(func(tx *bolt.Tx) error {
-		kb, rb := tx.Bucket(bucketKeys), tx.Bucket(bucketRecords)
-		if kb == nil || rb == nil {
-			return nil
-		}
-		c := kb.Cursor()
-		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			if len(k) != len(prefix)+8 {
-				continue
-			}
-			idx := binary.BigEndian.Uint64(k[len(prefix):])
-			v := rb.Get(k[len(prefix):])
-			if v == nil {
-				continue // trimmed between index and record deletion cannot happen in one tx; stay defensive
-			}
-			rec, _, err := decodeRecord(idx, v)
-			if err != nil {
-				return err
-			}
-			out = append(out, cloneRecord(rec))
-		}
-		return nil
-	})
+	out, err := a.indexedRecords(bucketKeys, keyPrefix(f, key))
 	if err != nil {
 		return nil, fmt.Errorf("archive: history %s/%q: %w", f, key, err)
 	}
@@ -553,14 +507,23 @@ func (a *Archive) LinkIndexFrom() (from uint64, ok bool, err error) {
 // Links returns the records holding a Link event whose root is root, in log
 // order (from the links index: records below LinkIndexFrom are not found).
 func (a *Archive) Links(root string) ([]Record, error) {
+	out, err := a.indexedRecords(bucketLinks, linkPrefix(root))
+	if err != nil {
+		return nil, fmt.Errorf("archive: links to %q: %w", root, err)
+	}
+	return out, nil
+}
+
+// indexedRecords reads, in log order, the records an index bucket lists
+// under prefix (its keys are prefix | record index u64 BE).
+func (a *Archive) indexedRecords(index, prefix []byte) ([]Record, error) {
 	var out []Record
-	prefix := linkPrefix(root)
 	err := a.db.View(func(tx *bolt.Tx) error {
-		lb, rb := tx.Bucket(bucketLinks), tx.Bucket(bucketRecords)
-		if lb == nil || rb == nil {
+		ib, rb := tx.Bucket(index), tx.Bucket(bucketRecords)
+		if ib == nil || rb == nil {
 			return nil
 		}
-		c := lb.Cursor()
+		c := ib.Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 			if len(k) != len(prefix)+8 {
 				continue
@@ -568,7 +531,7 @@ func (a *Archive) Links(root string) ([]Record, error) {
 			idx := binary.BigEndian.Uint64(k[len(prefix):])
 			v := rb.Get(k[len(prefix):])
 			if v == nil {
-				continue
+				continue // index and record are trimmed in one transaction; stay defensive
 			}
 			rec, _, err := decodeRecord(idx, v)
 			if err != nil {
@@ -578,10 +541,7 @@ func (a *Archive) Links(root string) ([]Record, error) {
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("archive: links to %q: %w", root, err)
-	}
-	return out, nil
+	return out, err
 }
 
 func (a *Archive) trimLoop(ctx context.Context) {

@@ -24,6 +24,7 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -31,16 +32,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func startNATS(t testing.TB) *natsserver.Server {
 	t.Helper()
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	return ns
+	return natstest.Start(t, nil)
 }
 
 func connect(t testing.TB, url string) *nats.Conn {
@@ -432,26 +424,9 @@ func TestEvictionsForwarded(t *testing.T) {
 // serving becomes unhealthy by its failed probe. NATS comes back on the
 // same port: the live worker reports again, the dead one stays unhealthy.
 func TestTelemetryOutageKeepsHealthAndProbes(t *testing.T) {
-	opts := &natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoLog: true, NoSigs: true}
-	ns, err := natsserver.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
+	ns := natstest.Start(t, nil)
 	url := ns.ClientURL()
 	port := ns.Addr().(*net.TCPAddr).Port
-	var ns2 *natsserver.Server
-	t.Cleanup(func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-		if ns2 != nil {
-			ns2.Shutdown()
-			ns2.WaitForShutdown()
-		}
-	})
 
 	startRealWorker := func(id string) *worker.Server {
 		cfg := worker.DefaultConfig()
@@ -521,16 +496,7 @@ func TestTelemetryOutageKeepsHealthAndProbes(t *testing.T) {
 	}
 
 	// NATS back on the same port: the live worker reports again.
-	opts2 := *opts
-	opts2.Port = port
-	ns2, err = natsserver.NewServer(&opts2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns2.Start()
-	if !ns2.ReadyForConnections(10 * time.Second) {
-		t.Fatal("restarted nats server not ready")
-	}
+	natstest.Start(t, &natsserver.Options{Port: port})
 	waitFor(t, "the link back", 10*time.Second, func() bool { return !f.TelemetryLinkDown() })
 	waitFor(t, "w-a reporting again", 15*time.Second, func() bool {
 		in := healthy("w-a")

@@ -21,6 +21,7 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/tether-project/tether/cluster/archive"
+	"github.com/tether-project/tether/cluster/boltfile"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -106,15 +107,12 @@ func Open(dir string, opts Options) (*DataDir, error) {
 	return d, nil
 }
 
-// openRaftLog opens raft.db read-only (raft-boltdb creates no buckets then),
-// turning bbolt's panics on a damaged file into an error.
-func openRaftLog(path string, timeout time.Duration) (s *raftboltdb.BoltStore, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			s, err = nil, fmt.Errorf("audit: open %s: damaged database file: %v", path, r)
-		}
-	}()
-	s, err = raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &bolt.Options{ReadOnly: true, Timeout: timeout}})
+// openRaftLog opens raft.db read-only (raft-boltdb creates no buckets
+// then), behind boltfile's check and panic recovery.
+func openRaftLog(path string, timeout time.Duration) (*raftboltdb.BoltStore, error) {
+	s, err := boltfile.Open(path, func(openFile boltfile.OpenFileFunc) (*raftboltdb.BoltStore, error) {
+		return raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &bolt.Options{ReadOnly: true, Timeout: timeout, OpenFile: openFile}})
+	})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, fmt.Errorf("audit: %s is %w (waited %s)", path, ErrLocked, timeout)

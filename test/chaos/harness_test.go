@@ -23,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/test/testbin"
 )
 
 var longFlag = flag.Bool("long", false, "run every nemesis (make soak)")
@@ -38,21 +39,14 @@ func TestMain(m *testing.M) {
 		fmt.Println("chaos: skipped in -short mode")
 		os.Exit(m.Run())
 	}
-	dir, err := os.MkdirTemp("", "tether-chaos-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	tetherBin = filepath.Join(dir, "tether")
-	build := exec.Command("go", "build", "-o", tetherBin, "github.com/tether-project/tether/cmd/tether")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "chaos: go build ./cmd/tether:", err)
-		os.RemoveAll(dir)
+	var err error
+	if tetherBin, err = testbin.Tether(); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		testbin.Remove()
 		os.Exit(1)
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	testbin.Remove()
 	if code == 0 {
 		// Every process is stopped by the tests; their goroutines (cmd.Wait,
 		// NATS, HTTP clients) must be gone too.

@@ -3,19 +3,16 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/tether-project/tether/test/testbin"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	testbin.Remove()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e: goroutines left running:", err)
@@ -25,33 +22,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-var (
-	buildOnce sync.Once
-	binDir    string
-	binPath   string
-	buildErr  error
-)
-
-// tetherBin builds the tether binary once per test process (only tests
-// that run it pay for the build) and returns its path.
+// tetherBin is the tether binary, built on first use.
 func tetherBin(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "tether-e2e-*")
-		if buildErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "tether")
-		// The test runs in test/e2e; the module root is two levels up.
-		// go test puts its own go command first on PATH.
-		build := exec.Command("go", "build", "-o", binPath, "./cmd/tether")
-		build.Dir = filepath.Join("..", "..")
-		if out, err := build.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/tether: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	path, err := testbin.Tether()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return binPath
+	return path
 }

@@ -3,19 +3,16 @@ package ops
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/tether-project/tether/test/testbin"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	testbin.Remove()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "test/ops: goroutines left running:", err)
@@ -25,31 +22,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-var (
-	buildOnce sync.Once
-	binDir    string
-	binPath   string
-	buildErr  error
-)
-
-// tetherBin builds the tether binary once per test process, for the tests
-// that run the CLI (only they pay for the build).
+// tetherBin is the tether binary, built on first use.
 func tetherBin(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "tether-ops-*")
-		if buildErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "tether")
-		build := exec.Command("go", "build", "-o", binPath, "./cmd/tether")
-		build.Dir = filepath.Join("..", "..")
-		if out, err := build.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/tether: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	path, err := testbin.Tether()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return binPath
+	return path
 }

@@ -21,19 +21,9 @@ import (
 
 const workerKey = "reliability-worker-key-0123456789"
 
-func standaloneWorker(t *testing.T, mut func(*worker.Config)) *worker.Server {
+// runWorker starts a worker and stops it when the test ends.
+func runWorker(t *testing.T, cfg worker.Config) *worker.Server {
 	t.Helper()
-	cfg := worker.DefaultConfig()
-	cfg.InstanceID = "w-http"
-	cfg.Model = "test-model"
-	cfg.InternalRequestAuthKey = workerKey
-	cfg.ServerRole = hintauth.RoleContext
-	cfg.Engine.TimeScale = 0
-	cfg.MaxBodyBytes = 64 << 10
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	if mut != nil {
-		mut(&cfg)
-	}
 	s, err := worker.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -47,10 +37,26 @@ func standaloneWorker(t *testing.T, mut func(*worker.Config)) *worker.Server {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := s.Close(ctx); err != nil {
-			t.Errorf("close worker: %v", err)
+			t.Errorf("close worker %s: %v", cfg.InstanceID, err)
 		}
 	})
 	return s
+}
+
+func standaloneWorker(t *testing.T, mut func(*worker.Config)) *worker.Server {
+	t.Helper()
+	cfg := worker.DefaultConfig()
+	cfg.InstanceID = "w-http"
+	cfg.Model = "test-model"
+	cfg.InternalRequestAuthKey = workerKey
+	cfg.ServerRole = hintauth.RoleContext
+	cfg.Engine.TimeScale = 0
+	cfg.MaxBodyBytes = 64 << 10
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	if mut != nil {
+		mut(&cfg)
+	}
+	return runWorker(t, cfg)
 }
 
 func httpClient(t *testing.T) *http.Client {

@@ -1,7 +1,6 @@
 package reliability
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -41,19 +41,7 @@ func securedNATS(t *testing.T, workers ...string) *natsserver.Server {
 	for _, w := range workers {
 		users = append(users, &natsserver.User{Username: w, Password: w + "-secret", Permissions: workerPermissions(w)})
 	}
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, Users: users})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	})
-	return ns
+	return natstest.Start(t, &natsserver.Options{Users: users})
 }
 
 func startWorker(t *testing.T, id, url, user, password string) *worker.Server {
@@ -66,23 +54,7 @@ func startWorker(t *testing.T, id, url, user, password string) *worker.Server {
 	cfg.NATS.URLs = []string{url}
 	cfg.NATS.User, cfg.NATS.Password = user, password
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := worker.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.Close(ctx); err != nil {
-			t.Errorf("close worker %s: %v", id, err)
-		}
-	})
-	return s
+	return runWorker(t, cfg)
 }
 
 // A worker that publishes telemetry for another instance id is refused by

@@ -102,23 +102,7 @@ func startSecureWorker(t *testing.T, ca *secureCA, id string, fleet telemetry.Fl
 	cfg.Logger = logger()
 	cfg.TLS = worker.ServerTLSConfig{Mode: worker.TLSModeMutual, CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key,
 		ClientAuth: worker.ClientAuthRequire, AllowedClients: []string{pki.IdentityURI(pki.RoleEdge, "*")}}
-	s, err := worker.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.Close(ctx); err != nil {
-			t.Errorf("close worker %s: %v", id, err)
-		}
-	})
-	return s
+	return runWorker(t, cfg)
 }
 
 // secureEdge is a running edge and its registry.
@@ -646,20 +630,7 @@ func TestEmbeddedNATSBindsTelemetryToTheCertificate(t *testing.T) {
 		wc.TLS = worker.ServerTLSConfig{Mode: worker.TLSModeMutual, CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key}
 		wc.NATS.URLs = []string{e.NATSURL()}
 		wc.NATS.TLS = worker.TLSConfig{CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key}
-		s, err := worker.New(wc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer scancel()
-		if err := s.Start(sctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer ccancel()
-			_ = s.Close(cctx)
-		})
+		runWorker(t, wc)
 	}
 	start("ctx-1", ctx1)
 	start("ctx-2", ctx1)

@@ -3,7 +3,8 @@
 // numbers past the end of the file and panics ("invalid freelist page"), or
 // faults in its mmap (SIGBUS), and in both cases keeps the file mapped and
 // locked. Checking the few facts Open relies on first turns that damage
-// into an error naming the file.
+// into an error naming the file; Open wraps a bbolt open with the check and
+// with the recovery of whatever damage still panics.
 package boltfile
 
 import (
@@ -13,6 +14,7 @@ import (
 	"hash/fnv"
 	"io"
 	"os"
+	"runtime/debug"
 )
 
 // bbolt's on-disk layout (go.etcd.io/bbolt/internal/common): a page starts
@@ -41,6 +43,37 @@ type meta struct {
 
 // ErrDamaged marks a file whose structure bbolt cannot open safely.
 var ErrDamaged = errors.New("damaged database file")
+
+// OpenFileFunc is bbolt's Options.OpenFile.
+type OpenFileFunc = func(name string, flag int, mode os.FileMode) (*os.File, error)
+
+// Open opens the bbolt file at path safely: Check first, then open, which
+// must hand openFile to bbolt as its Options.OpenFile (directly, or through
+// raft-boltdb's BoltOptions). A panic inside bbolt on damage the check
+// cannot see, or a fault in its mmap (made a panic here), becomes an error
+// wrapping ErrDamaged, and the file bbolt had opened is closed so its lock
+// is released.
+func Open[T any](path string, open func(openFile OpenFileFunc) (T, error)) (db T, err error) {
+	if err := Check(path); err != nil {
+		return db, err
+	}
+	var opened *os.File
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if opened != nil {
+				opened.Close()
+			}
+			var zero T
+			db, err = zero, fmt.Errorf("%w (bbolt: %v)", ErrDamaged, r)
+		}
+	}()
+	return open(func(name string, flag int, mode os.FileMode) (*os.File, error) {
+		f, err := os.OpenFile(name, flag, mode)
+		opened = f
+		return f, err
+	})
+}
 
 // Check reports whether the bbolt file at path can be opened without bbolt
 // reading past its end: the newest valid meta page's high-water mark, root
