@@ -11,12 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/test/leakcheck"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 var testKey = []byte("0123456789abcdef-test-internal-key")
 

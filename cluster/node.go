@@ -706,7 +706,10 @@ func (n *Node) hasOtherVoters() bool {
 	return false
 }
 
-// waitFuture waits for a raft future or ctx.
+// waitFuture waits for a raft future or ctx. When ctx ends first, the
+// goroutine reading the future stays until raft resolves it; a future raft
+// drops at shutdown (it does not drain its queues when it stops) keeps that
+// goroutine forever, which test/leakcheck accounts for.
 func waitFuture(ctx context.Context, f raft.Future) error {
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()

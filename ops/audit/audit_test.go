@@ -15,10 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/tether-project/tether/cluster/archive"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/test/leakcheck"
 )
 
 func TestMain(m *testing.M) {
@@ -27,7 +26,7 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(bigDir)
 	}
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := leakcheck.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutines left running:", err)
 			code = 1
 		}

@@ -13,13 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/test/leakcheck"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 func startStack(t *testing.T, o Options) *Stack {
 	t.Helper()

@@ -20,9 +20,9 @@ import (
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
-	"go.uber.org/goleak"
 
 	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/test/leakcheck"
 	"github.com/tether-project/tether/test/testbin"
 )
 
@@ -50,7 +50,7 @@ func TestMain(m *testing.M) {
 	if code == 0 {
 		// Every process is stopped by the tests; their goroutines (cmd.Wait,
 		// NATS, HTTP clients) must be gone too.
-		if err := goleak.Find(); err != nil {
+		if err := leakcheck.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "chaos: leaked goroutines:", err)
 			code = 1
 		}

@@ -5,8 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"go.uber.org/goleak"
-
+	"github.com/tether-project/tether/test/leakcheck"
 	"github.com/tether-project/tether/test/testbin"
 )
 
@@ -14,7 +13,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	testbin.Remove()
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := leakcheck.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e: goroutines left running:", err)
 			code = 1
 		}

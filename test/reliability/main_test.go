@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/tether-project/tether/test/leakcheck"
 )
 
 // Flags (after the package: go test ./test/reliability -args -seed=7) or
@@ -21,7 +21,7 @@ var (
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	goleak.VerifyTestMain(m)
+	leakcheck.VerifyTestMain(m)
 }
 
 func envInt(name string) int64 {
