@@ -31,7 +31,12 @@ func TestCacheLostRebind(t *testing.T) {
 				ctx[id] = startWorker(t, id, workerOpts{fleet: telemetry.FleetContext, role: hintauth.RoleContext, nats: ns.ClientURL(), capacityBlocks: 256})
 			}
 			startWorker(t, "gen-0", workerOpts{fleet: telemetry.FleetGeneration, role: hintauth.RoleGeneration, nats: ns.ClientURL()})
-			ec := startEdges(t, 1, ns.ClientURL(), func(_ int, c *Config) { c.Cluster.CompatFeatureLevel = level })
+			ec := startEdges(t, 1, ns.ClientURL(), func(_ int, c *Config) {
+				c.Cluster.CompatFeatureLevel = level
+				// The test waits for the index to show the eviction itself,
+				// so the binding need not sit idle first.
+				c.Placement.Overflow.CacheLostMinIdle = 0
+			})
 			ec.waitInstances(3)
 			te, c := ec.edge(0), httpClient(t)
 			ix := te.e.fleet.Index()

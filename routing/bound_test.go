@@ -389,6 +389,34 @@ func TestRouteBoundCacheLost(t *testing.T) {
 	}
 }
 
+// A binding used less than cache_lost_min_idle ago keeps its instance even
+// when the index lacks the block: the worker may not have reported what the
+// last request stored (the e2e leader-kill test caught a conversation's
+// second turn, sent to another edge right after its first, moving this way).
+func TestCacheLostWaitsForMinIdle(t *testing.T) {
+	prompt := blocks(4, 100)
+	r := mustRouter(t, nil)
+	minIdle := r.cfg.Overflow.CacheLostMinIdle
+	if minIdle <= 0 {
+		t.Fatalf("default cache_lost_min_idle %s, want > 0", minIdle)
+	}
+	for _, c := range []struct {
+		idle time.Duration
+		move bool
+	}{{0, false}, {minIdle - time.Millisecond, false}, {minIdle, true}, {time.Hour, true}} {
+		ix := kvindex.New(kvindex.Config{})
+		stored(t, ix, "ctx-a", 1, 0, prompt[:30])
+		stored(t, ix, "ctx-b", 1, 0, prompt[:80])
+		b := binding("conv-1", "ctx-a")
+		b.LastUsed = t0.Add(-c.idle).UnixNano()
+		rt := routeBound(t, r, Request{ConversationID: "conv-1", Blocks: prompt, PromptTokens: 6400, Now: t0},
+			b, Inputs{Views: mustViews(t, idle("ctx-a", "ctx-b")), Prefix: ix})
+		if moved := rt.Action == ActionOverflow && rt.Rebind && rt.Instance == "ctx-b"; moved != c.move {
+			t.Errorf("idle %s: %v to %s, want moved=%v", c.idle, rt.Action, rt.Instance, c.move)
+		}
+	}
+}
+
 func TestCacheLostBelowValidated(t *testing.T) {
 	for _, v := range []float64{-0.1, 1.5} {
 		cfg := DefaultConfig()
@@ -396,5 +424,10 @@ func TestCacheLostBelowValidated(t *testing.T) {
 		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "router.overflow.cache_lost_below") {
 			t.Errorf("cache_lost_below %g: %v, want an error naming the key", v, err)
 		}
+	}
+	cfg := DefaultConfig()
+	cfg.Overflow.CacheLostMinIdle = -time.Second
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "router.overflow.cache_lost_min_idle") {
+		t.Errorf("cache_lost_min_idle -1s: %v, want an error naming the key", err)
 	}
 }

@@ -220,6 +220,12 @@ type OverflowConfig struct {
 	// cache_lost). 0 disables; the check runs only for routers that use
 	// the cache.
 	CacheLostBelow float64 `yaml:"cache_lost_below"`
+	// CacheLostMinIdle: the cache-lost check waits until the binding has
+	// been idle (log time of its last Bind/Touch/Overflow) this long. Until
+	// then a missing block is no evidence: the worker reports the blocks a
+	// request stored at its next telemetry flush, and a conversation's next
+	// turn can reach another edge first. 0 checks at once.
+	CacheLostMinIdle time.Duration `yaml:"cache_lost_min_idle"`
 }
 
 // ShedConfig says when a request is refused (429). Zero limits are
@@ -274,6 +280,7 @@ func DefaultConfig() Config {
 			ActivePromptTokens: 2_000_000,
 			RebindAfter:        30 * time.Second,
 			CacheLostBelow:     0.5,
+			CacheLostMinIdle:   5 * time.Second,
 		},
 		Shed: ShedConfig{
 			MaxQueuedRequests:      64,
@@ -323,6 +330,9 @@ func (c Config) Validate() error {
 	}
 	if v := c.Overflow.CacheLostBelow; math.IsNaN(v) || v < 0 || v > 1 {
 		bad("overflow.cache_lost_below", "must be a fraction 0..1 (0 disables), got %g", v)
+	}
+	if c.Overflow.CacheLostMinIdle < 0 {
+		bad("overflow.cache_lost_min_idle", "must be >= 0 (0: check at once), got %s", c.Overflow.CacheLostMinIdle)
 	}
 	if c.Shed.MaxQueuedRequests < 0 {
 		bad("shed.max_queued_requests", "must be >= 0 (0 disables), got %d", c.Shed.MaxQueuedRequests)

@@ -218,7 +218,7 @@ func (r *Router) RouteBound(req Request, b fsm.Binding, in Inputs) (Route, error
 	}
 	reason := r.Condition(v)
 	if reason == 0 {
-		if rt, ok := r.cacheLost(&req, b.Instance, &in); ok {
+		if rt, ok := r.cacheLost(&req, &b, &in); ok {
 			return rt, nil
 		}
 		return Route{Action: ActionSticky, Instance: b.Instance, URL: v.URL, Rank: -1}, nil
@@ -236,13 +236,19 @@ func (r *Router) RouteBound(req Request, b fsm.Binding, in Inputs) (Route, error
 // nothing by staying, and moving it then costs nothing; left alone it would
 // pin the conversation to a cold instance while another holds its shared
 // prefix. Only the key's own conversation asks (a sub-agent's request
-// routed by its parent's key never moves the family). ok is false when the
+// routed by its parent's key never moves the family). A binding used less
+// than cache_lost_min_idle ago is not judged: the blocks its last request
+// stored may not have reached this edge's index yet. ok is false when the
 // key stays.
-func (r *Router) cacheLost(req *Request, bound string, in *Inputs) (Route, bool) {
+func (r *Router) cacheLost(req *Request, b *fsm.Binding, in *Inputs) (Route, bool) {
 	below := r.cfg.Overflow.CacheLostBelow
 	if below <= 0 || len(req.Blocks) == 0 || in.Prefix == nil || !r.cfg.Type.usesCache() || !req.Fleet.Valid() {
 		return Route{}, false
 	}
+	if req.Now.UnixNano()-b.LastUsed < int64(r.cfg.Overflow.CacheLostMinIdle) {
+		return Route{}, false
+	}
+	bound := b.Instance
 	if req.ConversationID != "" && req.ConversationID != req.Key {
 		// A sub-agent routed by its parent's key follows the parent's
 		// placement (the spec's contract: parent instance and ADP rank).

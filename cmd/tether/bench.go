@@ -49,26 +49,27 @@ Run 'tether bench <command> -h' for its flags.
 
 // simFlags are the fleet and harness flags shared by the bench commands.
 type simFlags struct {
-	mode         *string
-	instances    *int
-	ranks        *int
-	capacity     *int
-	edges        *string
-	policies     *string
-	timeScale    *float64
-	seed         *uint64
-	logKind      *string
-	parallel     *int
-	jsonOut      *bool
-	edgeURLs     *string
-	noBreaker    *bool
-	model        *string
-	parentHeader *string
-	genWorkers   *int
-	adpPlacement *string
-	ovfQueued    *int
-	rebindAfter  *time.Duration
-	cacheLost    *float64
+	mode          *string
+	instances     *int
+	ranks         *int
+	capacity      *int
+	edges         *string
+	policies      *string
+	timeScale     *float64
+	seed          *uint64
+	logKind       *string
+	parallel      *int
+	jsonOut       *bool
+	edgeURLs      *string
+	noBreaker     *bool
+	model         *string
+	parentHeader  *string
+	genWorkers    *int
+	adpPlacement  *string
+	ovfQueued     *int
+	rebindAfter   *time.Duration
+	cacheLost     *float64
+	cacheLostIdle *time.Duration
 }
 
 func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *simFlags {
@@ -98,6 +99,8 @@ func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *
 			"sim: routing overflow.rebind_after of the tether policies (0: never rebind)"),
 		cacheLost: fs.Float64("cache-lost-below", routing.DefaultConfig().Overflow.CacheLostBelow,
 			"sim: routing overflow.cache_lost_below of the tether policies (0: no cache-lost rebind)"),
+		cacheLostIdle: fs.Duration("cache-lost-min-idle", routing.DefaultConfig().Overflow.CacheLostMinIdle,
+			"sim: routing overflow.cache_lost_min_idle of the tether policies (0: check at once)"),
 	}
 }
 
@@ -125,7 +128,7 @@ func (f *simFlags) replayOptions() (bench.ReplayOptions, error) {
 		return ro, fmt.Errorf("%w: --adp-placement: %v", errUsage, err)
 	}
 	cfg.Routing.Overflow.QueuedRequests, cfg.Routing.Overflow.RebindAfter = *f.ovfQueued, *f.rebindAfter
-	cfg.Routing.Overflow.CacheLostBelow = *f.cacheLost
+	cfg.Routing.Overflow.CacheLostBelow, cfg.Routing.Overflow.CacheLostMinIdle = *f.cacheLost, *f.cacheLostIdle
 	if err := cfg.Routing.Validate(); err != nil {
 		return ro, fmt.Errorf("%w: %v", errUsage, err)
 	}

@@ -830,6 +830,12 @@ func (s *simulator) routeKeyed(e *simEdge, edge int, ar *agentRun, rreq routing.
 			b, bound = st.Lookup(fsm.FleetContext, rreq.Key)
 		}
 	}
+	if last, ok := e.lastUse(s, rreq.Key); ok && bound {
+		// A raft log stamps entries with wall time, the router judges a
+		// binding's idleness (cache_lost_min_idle) against virtual time:
+		// give it the key's last use in virtual time.
+		b.LastUsed = epoch.Add(last).UnixNano()
+	}
 	s.used(e, rreq.Key)
 	var rt routing.Route
 	if bound {
