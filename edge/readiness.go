@@ -110,6 +110,14 @@ func (r *readiness) startupInstances(now time.Time, caughtUp bool, healthy map[f
 	return fmt.Sprintf("%s (at startup; telemetry.startup_grace ends in %s)", strings.Join(parts, "; "), left.Round(100*time.Millisecond))
 }
 
+// inStartupGate reports whether the startup instance gate is still open:
+// the edge may not yet have heard every instance the log records up.
+func (r *readiness) inStartupGate(now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.heardDone && now.Sub(r.started) < r.e.cfg.Telemetry.StartupGrace
+}
+
 // handleReady answers /readyz: 200 {"status":"ready"} or 503 with the
 // reasons.
 func (e *Edge) handleReady(w http.ResponseWriter, r *http.Request) {

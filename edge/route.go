@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -261,6 +262,12 @@ func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) 
 // the log (a rebind moves the binding for every edge).
 func (e *Edge) routeBound(ctx context.Context, rq *request, h *hop, router *routing.Router, req routing.Request, in routing.Inputs,
 	b fsm.Binding, set func(routing.Route, string)) (*hop, *apiError) {
+	if e.unheardAtStartup(req.Now, h.fleet, b.Instance, h.excluded, in.Views) {
+		set(routing.Route{Action: routing.ActionSticky, Instance: b.Instance, Rank: -1}, outcomeSticky)
+		h.policy, h.bound, h.binding = "bound", true, b
+		e.touches.add(fsm.FleetKey{Fleet: h.fleet, Key: h.key})
+		return h, nil
+	}
 	rt, err := router.RouteBound(req, b, in)
 	if err != nil || rt.Action == routing.ActionShed {
 		return nil, routeError(h.fleet, rt, err)
@@ -297,6 +304,31 @@ func (e *Edge) routeBound(ctx context.Context, rq *request, h *hop, router *rout
 		e.touches.add(fsm.FleetKey{Fleet: h.fleet, Key: h.key})
 	}
 	return h, nil
+}
+
+// unheardAtStartup reports whether inst, a key's bound instance, is one
+// this edge has not heard from since it (re)started, while the startup gate
+// is open (readiness) and the log records it up. Such an instance is not
+// known to be unhealthy, only not yet heard: the key stays on it (at the
+// log's URL) instead of detouring. Without this, a restarted edge that gets
+// traffic before the workers' telemetry reaches it detoured every bound
+// conversation it served, and lost the detours' records when it was killed
+// again (the soak caught it). An instance that is really gone fails the
+// hop, and the retry overflows as usual, recorded before it is sent.
+func (e *Edge) unheardAtStartup(now time.Time, f fsm.Fleet, inst string, excluded []string, views *routing.Views) bool {
+	if slices.Contains(excluded, inst) {
+		return false
+	}
+	if views != nil {
+		if _, ok := views.Lookup(inst); ok {
+			return false
+		}
+	}
+	if seen, ok := e.fleet.Instance(inst, now); (ok && !seen.LastSeen.IsZero()) || !e.ready.inStartupGate(now) {
+		return false
+	}
+	rec, ok := e.node.State().Instance(inst)
+	return ok && rec.Fleet == f && rec.Status == fsm.InstanceUp && rec.URL != ""
 }
 
 // placeDegraded places a new key by rendezvous over the instances the log
