@@ -86,6 +86,10 @@ type Node struct {
 	// goroutine while Close waits for that goroutine would deadlock on it.
 	raftStopping atomic.Bool
 	raftStopped  chan struct{}
+	// raftSet closes once Open assigned n.raft (or NewRaft failed): a halt
+	// can arrive on raft's goroutines while NewRaft itself is still
+	// restoring, and its shutdown must not read n.raft before that.
+	raftSet chan struct{}
 
 	observer *raft.Observer
 
@@ -134,6 +138,7 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		fatalCh:  make(chan error, 1),
 
 		raftStopped: make(chan struct{}),
+		raftSet:     make(chan struct{}),
 	}
 	n.hlog = newRaftLogger(cfg.Logger, cfg.NodeID)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
@@ -264,6 +269,7 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: log cache: %w", err)
 	}
 	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, n.snaps, n.transport)
+	close(n.raftSet)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
@@ -491,6 +497,11 @@ func (n *Node) shutdownRaftAsync(grace time.Duration) {
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
+		<-n.raftSet
+		if n.raft == nil {
+			close(n.raftStopped) // NewRaft failed: nothing runs
+			return
+		}
 		if grace > 0 {
 			t := time.NewTimer(grace)
 			select {
