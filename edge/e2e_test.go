@@ -304,6 +304,22 @@ func TestDegradedModeWithoutQuorum(t *testing.T) {
 	// in its log and commit later, ahead of the degraded Bind).
 	leader := ec.leader(10 * time.Second)
 	survivor := (leader + 1) % 3
+	// And the log must be quiet: an entry the survivor holds but has not
+	// seen committed when the others die may have been committed by them,
+	// so the survivor rightly refuses to guess ("log entries up to N are
+	// not applied yet"). Wait until the leader's log end has stood still,
+	// committed and applied by the survivor, for 300 ms.
+	stable, last := 0, uint64(0)
+	waitFor(t, "a quiet log, applied by the survivor", 15*time.Second, func() bool {
+		ls, ss := ec.edge(leader).e.Node().Status(), ec.edge(survivor).e.Node().Status()
+		quiet := ls.LastLogIndex == ls.CommitIndex && ss.AppliedIndex == ls.LastLogIndex && ss.LastLogIndex == ls.LastLogIndex
+		if !quiet || ls.LastLogIndex != last {
+			stable, last = 0, ls.LastLogIndex
+			return false
+		}
+		stable++
+		return stable >= 30 // 10 ms polls: longer than a round of leader duties
+	})
 	var dead []int
 	for i := range 3 {
 		if i != survivor {
