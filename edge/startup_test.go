@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"net/http"
 	"testing"
 	"time"
 
@@ -58,7 +59,7 @@ func TestRestartedEdgeTrustsTheLogForUnheardBoundInstances(t *testing.T) {
 	if ov := te.e.Node().State().Counters().Overflows; len(ov) != 0 {
 		t.Fatalf("overflows recorded: %v", ov)
 	}
-	if r := do(t, c, "GET", te.url()+"/readyz", nil, nil); r.status != 503 {
+	if r := do(t, c, http.MethodGet, te.url()+"/readyz", nil, nil); r.status != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz of an edge that heard no instance: %d %s", r.status, r.body)
 	}
 }

@@ -34,6 +34,21 @@ type levelWatch struct {
 	seen uint32
 }
 
+// waitLevel waits until every running edge's state is at cluster feature
+// level want, checking the invariants on every poll.
+func (w *levelWatch) waitLevel(want uint32, why string) {
+	w.t.Helper()
+	waitFor(w.t, 15*time.Second, fmt.Sprintf("the level to rise to %d %s", want, why), func() string {
+		w.check()
+		for _, s := range w.f.running() {
+			if lvl := s.state().FeatureLevel(); lvl != want {
+				return fmt.Sprintf("%s at level %d", s.id, lvl)
+			}
+		}
+		return ""
+	})
+}
+
 // edgeLevel is the feature level an edge of this version supports.
 func edgeLevel(version string) uint32 {
 	if version == "v1" {
@@ -333,15 +348,7 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 		}
 	}
 	f.startEdge(2, "v1")
-	waitFor(t, 15*time.Second, "the level to rise to 1 once every voter advertised", func() string {
-		lw.check()
-		for _, s := range f.running() {
-			if s.state().FeatureLevel() != fsm.FeatureLevelBase {
-				return fmt.Sprintf("%s at level %d", s.id, s.state().FeatureLevel())
-			}
-		}
-		return ""
-	})
+	lw.waitLevel(fsm.FeatureLevelBase, "once every voter advertised")
 	f.waitReady(30*time.Second, legacy)
 
 	// A conversation placed at level 1, kept out of the traffic: its turns
@@ -407,15 +414,7 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 		}
 		f.waitReady(30*time.Second, legacy)
 	}
-	waitFor(t, 15*time.Second, "the level to rise to 2 after the last edge's upgrade", func() string {
-		lw.check()
-		for _, s := range f.running() {
-			if s.state().FeatureLevel() != fsm.FeatureLevelRanks {
-				return fmt.Sprintf("%s at level %d", s.id, s.state().FeatureLevel())
-			}
-		}
-		return ""
-	})
+	lw.waitLevel(fsm.FeatureLevelRanks, "after the last edge's upgrade")
 	tr.waitTurns(t, 10) // all edges at v2, workers legacy
 
 	// Level 2: the next sticky turn of the level-1 conversation records
