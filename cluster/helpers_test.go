@@ -13,6 +13,7 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/test/leakcheck"
+	"github.com/tether-project/tether/test/waitfor"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
@@ -236,16 +237,7 @@ func (tc *testCluster) sync(timeout time.Duration) uint64 {
 }
 
 // waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+var waitFor = waitfor.True
 
 func bindEv(key, instance string) fsm.Bind {
 	return fsm.Bind{Fleet: fsm.FleetContext, Key: key, ConversationID: key, Instance: instance}

@@ -32,6 +32,7 @@ import (
 	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/test/leakcheck"
 	"github.com/tether-project/tether/test/natstest"
+	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -55,13 +56,7 @@ func testLogger(t testing.TB) *slog.Logger {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitfor.True(t, timeout, what, cond)
 }
 
 func startNATS(t testing.TB) *natsserver.Server {

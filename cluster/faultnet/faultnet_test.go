@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/tether-project/tether/test/waitfor"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -277,13 +279,4 @@ func TestUnregisteredAddressPassesThrough(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
+var waitFor = waitfor.True

@@ -25,6 +25,7 @@ import (
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/test/natstest"
+	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -47,13 +48,7 @@ func connect(t testing.TB, url string) *nats.Conn {
 
 func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitfor.True(t, timeout, what, cond)
 }
 
 // clock is a settable test clock.

@@ -24,6 +24,7 @@ import (
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/test/leakcheck"
 	"github.com/tether-project/tether/test/testbin"
+	"github.com/tether-project/tether/test/waitfor"
 )
 
 var longFlag = flag.Bool("long", false, "run every nemesis (make soak)")
@@ -457,15 +458,6 @@ func (v *env) auditVerify(e *edgeProc) {
 }
 
 // waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+var waitFor = waitfor.True
 
 var errNoEdge = errors.New("no edge answered")

@@ -26,6 +26,7 @@ import (
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -517,18 +518,7 @@ func (f *fleet) waitReady(d time.Duration, wantWorker func(id string, in edge.In
 }
 
 // waitFor polls cond (returning "" when satisfied, else why not) until d.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() string) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	why := ""
-	for time.Now().Before(deadline) {
-		if why = cond(); why == "" {
-			return
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s: %s", d, what, why)
-}
+var waitFor = waitfor.Reason
 
 func (f *fleet) admin(ctx context.Context, s *edgeSlot, path string, out any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url()+"/admin/v1/"+path, nil)

@@ -14,6 +14,7 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/cluster/faultnet"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/test/waitfor"
 )
 
 var authKey = []byte("reliability-suite-internal-key-0123")
@@ -235,13 +236,4 @@ func (fc *faultCluster) converge(timeout time.Duration) map[string]string {
 }
 
 // waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+var waitFor = waitfor.True
