@@ -31,20 +31,31 @@ func (w *fieldWriter) varint(v int64)   { w.b = appendVarint(w.b, v) }
 func (w *fieldWriter) boolean(v bool)   { w.b = appendBool(w.b, v) }
 
 func (w *fieldWriter) decision(d *Decision) {
-	w.str("Decision.Edge", d.Edge)
-	w.str("Decision.Policy", d.Policy)
-	w.str("Decision.RequestID", d.RequestID)
-	if len(d.Candidates) > MaxCandidates && w.err == nil {
-		w.err = fmt.Errorf("fsm: encode %v: Decision has %d candidates, the limit is %d", w.ev, len(d.Candidates), MaxCandidates)
+	if w.err == nil {
+		w.err = checkDecision(w.ev, d)
 	}
-	w.uvarint(uint64(len(d.Candidates)))
+	w.b = appendDecision(w.b, d, appendString)
+}
+
+// checkDecision reports the first field of d beyond the format's limits.
+func checkDecision(ev EventType, d *Decision) error {
+	tooLong := func(name, s string) error {
+		return fmt.Errorf("fsm: encode %v: %s is %d bytes, the limit is %d", ev, name, len(s), MaxFieldBytes)
+	}
+	for _, f := range [...]struct{ name, s string }{{"Decision.Edge", d.Edge}, {"Decision.Policy", d.Policy}, {"Decision.RequestID", d.RequestID}} {
+		if len(f.s) > MaxFieldBytes {
+			return tooLong(f.name, f.s)
+		}
+	}
+	if len(d.Candidates) > MaxCandidates {
+		return fmt.Errorf("fsm: encode %v: Decision has %d candidates, the limit is %d", ev, len(d.Candidates), MaxCandidates)
+	}
 	for i := range d.Candidates {
-		c := &d.Candidates[i]
-		w.str("Decision.Candidates.Instance", c.Instance)
-		w.b = appendFloat64(w.b, c.Score)
-		w.uvarint(uint64(c.CachedTokens))
-		w.uvarint(uint64(c.LoadTokens))
+		if s := d.Candidates[i].Instance; len(s) > MaxFieldBytes {
+			return tooLong("Decision.Candidates.Instance", s)
+		}
 	}
+	return nil
 }
 
 // EncodeEvent encodes ev as its type byte, a payload version byte and the
@@ -318,12 +329,19 @@ func decodeEventAt(b []byte, base int) (Event, error) {
 	return ev, nil
 }
 
-// readDecision decodes a Decision. Field labels are constants: building
-// them per call would cost an allocation per field on the apply path.
+// readDecision decodes a Decision as the log and results write it.
 func readDecision(r *reader) Decision {
+	return readDecisionWith(r, r.str)
+}
+
+// readDecisionWith is the one decoder of a Decision: ref reads the strings a
+// snapshot interns (appendDecision's ref). Field labels are constants:
+// building them per call would cost an allocation per field on the apply
+// path.
+func readDecisionWith(r *reader, ref func(what string) string) Decision {
 	var d Decision
-	d.Edge = r.str("Decision.Edge")
-	d.Policy = r.str("Decision.Policy")
+	d.Edge = ref("Decision.Edge")
+	d.Policy = ref("Decision.Policy")
 	d.RequestID = r.str("Decision.RequestID")
 	at := r.off
 	n := r.uvarint("Decision.Candidates count")
@@ -339,7 +357,7 @@ func readDecision(r *reader) Decision {
 		d.Candidates = make([]Candidate, n)
 		for i := range d.Candidates {
 			c := &d.Candidates[i]
-			c.Instance = r.str("Decision.Candidates.Instance")
+			c.Instance = ref("Decision.Candidates.Instance")
 			c.Score = r.float64v("Decision.Candidates.Score")
 			c.CachedTokens = r.uint32v("Decision.Candidates.CachedTokens")
 			c.LoadTokens = r.uint32v("Decision.Candidates.LoadTokens")

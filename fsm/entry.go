@@ -209,17 +209,21 @@ func appendBinding(b []byte, x *Binding) []byte {
 	b = appendUvarint(b, x.Epoch)
 	b = appendVarint(b, x.BoundAt)
 	b = appendVarint(b, x.LastUsed)
-	return appendDecision(b, &x.Decision)
+	return appendDecision(b, &x.Decision, appendString)
 }
 
-func appendDecision(b []byte, d *Decision) []byte {
-	b = appendString(b, d.Edge)
-	b = appendString(b, d.Policy)
+// appendDecision is the one encoding of a Decision, shared by the log's
+// events, the entries' results, the state digest and snapshots. ref writes
+// the strings a snapshot interns (edge, policy, candidate instances);
+// everything else passes appendString.
+func appendDecision(b []byte, d *Decision, ref func([]byte, string) []byte) []byte {
+	b = ref(b, d.Edge)
+	b = ref(b, d.Policy)
 	b = appendString(b, d.RequestID)
 	b = appendUvarint(b, uint64(len(d.Candidates)))
 	for i := range d.Candidates {
 		c := &d.Candidates[i]
-		b = appendString(b, c.Instance)
+		b = ref(b, c.Instance)
 		b = appendFloat64(b, c.Score)
 		b = appendUvarint(b, uint64(c.CachedTokens))
 		b = appendUvarint(b, uint64(c.LoadTokens))

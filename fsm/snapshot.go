@@ -72,33 +72,19 @@ func (sw *snapWriter) flush() {
 	sw.buf = sw.buf[:0]
 }
 
-// ref writes a string through the intern table: uvarint 0 and the literal
-// the first time (the string then gets the next id, while the table has
-// room), its uvarint id after that.
-func (sw *snapWriter) ref(s string) {
+// appendRef writes a string through the intern table: uvarint 0 and the
+// literal the first time (the string then gets the next id, while the table
+// has room), its uvarint id after that. It is appendDecision's ref.
+func (sw *snapWriter) appendRef(b []byte, s string) []byte {
 	if id, ok := sw.intern[s]; ok {
-		sw.buf = appendUvarint(sw.buf, id)
-		return
+		return appendUvarint(b, id)
 	}
-	sw.buf = appendUvarint(sw.buf, 0)
-	sw.buf = appendString(sw.buf, s)
+	b = appendUvarint(b, 0)
+	b = appendString(b, s)
 	if len(sw.intern) < snapshotInternMax {
 		sw.intern[s] = uint64(len(sw.intern) + 1)
 	}
-}
-
-func (sw *snapWriter) decision(d *Decision) {
-	sw.ref(d.Edge)
-	sw.ref(d.Policy)
-	sw.buf = appendString(sw.buf, d.RequestID)
-	sw.buf = appendUvarint(sw.buf, uint64(len(d.Candidates)))
-	for i := range d.Candidates {
-		c := &d.Candidates[i]
-		sw.ref(c.Instance)
-		sw.buf = appendFloat64(sw.buf, c.Score)
-		sw.buf = appendUvarint(sw.buf, uint64(c.CachedTokens))
-		sw.buf = appendUvarint(sw.buf, uint64(c.LoadTokens))
-	}
+	return b
 }
 
 const (
@@ -126,7 +112,24 @@ func (s *State) WriteSnapshot(w io.Writer) error {
 	if _, err := w.Write([]byte{version}); err != nil {
 		return fmt.Errorf("fsm: write snapshot: %w", err)
 	}
-	// Header.
+	s.writeHeader(sw, version)
+	s.writeMembers(sw)
+	s.writeBindings(sw)
+	s.writeLinks(sw)
+	s.writeDedup(sw)
+	sw.flush()
+	if sw.err == nil {
+		_, sw.err = w.Write([]byte{0}) // end of chunks
+	}
+	if sw.err != nil {
+		return fmt.Errorf("fsm: write snapshot: %w", sw.err)
+	}
+	return nil
+}
+
+// writeHeader writes the header record: position, settings, the state hash
+// the reader checks its rebuilt state against, counters, the instance count.
+func (s *State) writeHeader(sw *snapWriter, version byte) {
 	b := sw.buf
 	b = appendUvarint(b, s.index)
 	b = appendVarint(b, s.time)
@@ -142,9 +145,12 @@ func (s *State) WriteSnapshot(w io.Writer) error {
 	}
 	b = appendReasonCounts(b, &s.counters.evictions)
 	b = appendReasonCounts(b, &s.counters.overflows)
-	b = appendUvarint(b, uint64(len(s.instances)))
-	sw.buf = b
+	sw.buf = appendUvarint(b, uint64(len(s.instances)))
 	sw.endRecord()
+}
+
+// writeMembers writes the instance records, then the node count and records.
+func (s *State) writeMembers(sw *snapWriter) {
 	for i := range s.instances {
 		sw.buf = appendInstance(sw.buf, &s.instances[i])
 		sw.endRecord()
@@ -154,12 +160,16 @@ func (s *State) WriteSnapshot(w io.Writer) error {
 		sw.buf = appendNode(sw.buf, &s.nodes[i])
 		sw.endRecord()
 	}
-	// Bindings, least recently used first: LastUsed is then non-decreasing
-	// and stored as a delta, and the reader rebuilds the recency order by
-	// appending.
+}
+
+// writeBindings writes the bindings least recently used first: LastUsed is
+// then non-decreasing and stored as a delta, and the reader rebuilds the
+// recency order by appending.
+func (s *State) writeBindings(sw *snapWriter) {
 	sw.buf = appendUvarint(sw.buf, uint64(s.bindings.len()))
 	sw.endRecord()
 	prevUsed := int64(0)
+	ref := sw.appendRef // one method value for every binding, not one each
 	s.lru.each(func(r *bindingRec) bool {
 		b := append(sw.buf, uint8(r.Fleet))
 		var flags uint8
@@ -174,32 +184,37 @@ func (s *State) WriteSnapshot(w io.Writer) error {
 		if flags&snapConvIsKey == 0 {
 			b = appendString(b, r.ConversationID)
 		}
-		sw.buf = b
-		sw.ref(r.Instance)
-		b = appendUvarint(sw.buf, r.Epoch)
+		b = sw.appendRef(b, r.Instance)
+		b = appendUvarint(b, r.Epoch)
 		if r.HasRank {
 			b = appendUvarint(b, uint64(r.Rank))
 		}
 		b = appendVarint(b, r.LastUsed-prevUsed)
 		b = appendVarint(b, r.LastUsed-r.BoundAt)
-		sw.buf = b
+		sw.buf = appendDecision(b, &r.Decision, ref)
 		prevUsed = r.LastUsed
-		sw.decision(&r.Decision)
 		sw.endRecord()
 		return sw.err == nil
 	})
+}
+
+func (s *State) writeLinks(sw *snapWriter) {
 	sw.buf = appendUvarint(sw.buf, uint64(s.links.len()))
 	sw.endRecord()
 	s.links.each(func(l *linkRec) bool {
-		sw.buf = appendString(sw.buf, l.Child)
-		sw.ref(l.Parent)
-		sw.ref(l.Root)
-		b := append(sw.buf, l.Depth)
+		b := appendString(sw.buf, l.Child)
+		b = sw.appendRef(b, l.Parent)
+		b = sw.appendRef(b, l.Root)
+		b = append(b, l.Depth)
 		b = appendVarint(b, l.CreatedAt)
 		sw.buf = appendVarint(b, l.LastUsed)
 		sw.endRecord()
 		return sw.err == nil
 	})
+}
+
+// writeDedup writes the two generations of the idempotency window.
+func (s *State) writeDedup(sw *snapWriter) {
 	for gen, chunk := range []*dedupChunk{s.dedup.cur, s.dedup.prev} {
 		n := []int{s.dedup.curLen, s.dedup.prevLen}[gen]
 		sw.buf = appendUvarint(sw.buf, uint64(n))
@@ -209,14 +224,6 @@ func (s *State) WriteSnapshot(w io.Writer) error {
 			sw.endRecord()
 		}
 	}
-	sw.flush()
-	if sw.err == nil {
-		_, sw.err = w.Write([]byte{0}) // end of chunks
-	}
-	if sw.err != nil {
-		return fmt.Errorf("fsm: write snapshot: %w", sw.err)
-	}
-	return nil
 }
 
 func appendReasonCounts(b []byte, counts *[256]uint64) []byte {
@@ -363,35 +370,6 @@ func (sr *snapReader) ref(what string) string {
 	return sr.intern[id-1]
 }
 
-func (sr *snapReader) decision() Decision {
-	r := &sr.r
-	var d Decision
-	d.Edge = sr.ref("decision edge")
-	d.Policy = sr.ref("decision policy")
-	d.RequestID = r.str("decision request id")
-	at := r.off
-	n := r.uvarint("decision candidates count")
-	if r.err != nil {
-		return d
-	}
-	if n > MaxCandidates {
-		r.off = at
-		r.fail("decision has %d candidates, the limit is %d", n, MaxCandidates)
-		return d
-	}
-	if n > 0 {
-		d.Candidates = make([]Candidate, n)
-		for i := range d.Candidates {
-			c := &d.Candidates[i]
-			c.Instance = sr.ref("candidate instance")
-			c.Score = r.float64v("candidate score")
-			c.CachedTokens = r.uint32v("candidate cached tokens")
-			c.LoadTokens = r.uint32v("candidate load tokens")
-		}
-	}
-	return d
-}
-
 // count reads a section's record count (a record of its own).
 func (sr *snapReader) count(what string) (uint64, error) {
 	if err := sr.record(what + " count"); err != nil {
@@ -410,186 +388,27 @@ func (sr *snapReader) count(what string) (uint64, error) {
 // and returns *SnapshotError for truncated, corrupt or newer-format input. It
 // never panics.
 func ReadSnapshot(r io.Reader) (*State, error) {
-	sr := &snapReader{br: bufio.NewReaderSize(r, 64<<10)}
-	var head [len(snapshotMagic) + 1]byte
-	if err := sr.readFull(head[:], "the header"); err != nil {
+	sr := &snapReader{br: bufio.NewReaderSize(r, 64<<10), intern: make([]string, 0, 256)}
+	version, err := sr.readPreamble()
+	if err != nil {
 		return nil, err
-	}
-	if string(head[:len(snapshotMagic)]) != snapshotMagic {
-		return nil, &SnapshotError{Offset: 0, Msg: fmt.Sprintf("not a tether fsm snapshot (magic %q)", head[:len(snapshotMagic)])}
-	}
-	version := head[len(snapshotMagic)]
-	if version < snapshotVersionV1 || version > snapshotVersion {
-		return nil, &SnapshotError{Offset: int64(len(snapshotMagic)), Msg: fmt.Sprintf(
-			"snapshot format version %d; this build reads versions %d to %d: upgrade this node to the tether release that wrote it",
-			version, snapshotVersionV1, snapshotVersion)}
 	}
 	b := newStateBuilder()
-	s := b.s
-	sr.intern = make([]string, 0, 256)
-	if err := sr.record("the header"); err != nil {
-		return nil, err
-	}
-	rd := &sr.r
-	s.index = rd.uvarint("index")
-	s.time = rd.varint("time")
-	s.featureLevel = rd.uint32v("feature level")
-	s.maxBindings = rd.uvarint("max bindings")
-	if version >= 2 {
-		s.uniqueEpochsFrom = rd.uvarint("unique epochs from")
-	}
-	wantHash := rd.bytes(32, "state hash")
-	var recorded [32]byte
-	copy(recorded[:], wantHash)
-	for i := range s.counters.scalars {
-		s.counters.scalars[i] = rd.uvarint("counter")
-	}
-	readReasonCounts(rd, &s.counters.evictions, "eviction counters")
-	readReasonCounts(rd, &s.counters.overflows, "overflow counters")
-	nInstances := rd.uvarint("instance count")
-	if rd.err != nil {
-		return nil, sr.decodeErr()
-	}
-	if s.maxBindings == 0 {
-		return nil, sr.errorf("max bindings is 0")
-	}
-	for i := uint64(0); i < nInstances; i++ {
-		if err := sr.record("an instance"); err != nil {
-			return nil, err
-		}
-		in := readInstance(rd)
-		if rd.err != nil {
-			return nil, sr.decodeErr()
-		}
-		if err := b.addInstance(in); err != nil {
-			return nil, sr.errorf("%v", err)
-		}
-	}
-	nNodes, err := sr.count("node")
+	recorded, nInstances, err := sr.readHeader(b.s, version)
 	if err != nil {
 		return nil, err
 	}
-	for i := uint64(0); i < nNodes; i++ {
-		if err := sr.record("a node"); err != nil {
+	for _, section := range []func() error{
+		func() error { return sr.readInstances(b, nInstances) },
+		func() error { return sr.readNodes(b) },
+		func() error { return sr.readBindings(b, version) },
+		func() error { return sr.readLinks(b) },
+		func() error { return sr.readDedup(b) },
+		sr.readEnd,
+	} {
+		if err := section(); err != nil {
 			return nil, err
 		}
-		n := readNode(rd)
-		if rd.err != nil {
-			return nil, sr.decodeErr()
-		}
-		if err := b.addNode(n); err != nil {
-			return nil, sr.errorf("%v", err)
-		}
-	}
-	nBindings, err := sr.count("binding")
-	if err != nil {
-		return nil, err
-	}
-	prevUsed := int64(0)
-	for i := uint64(0); i < nBindings; i++ {
-		if err := sr.record("a binding"); err != nil {
-			var se *SnapshotError
-			if errors.As(err, &se) {
-				se.Msg = fmt.Sprintf("binding %d of %d: %s", i+1, nBindings, se.Msg)
-			}
-			return nil, err
-		}
-		var x Binding
-		x.Fleet = Fleet(rd.u8("binding fleet"))
-		flags := rd.u8("binding flags")
-		// A short key is copied into its record by addBinding
-		// (newBindingRec), so it is read as a view of the chunk instead of
-		// being allocated once more only to become garbage.
-		if view := rd.strView("binding key"); len(view) > 0 && len(view) <= inlineKeyBytes {
-			x.Key = unsafe.String(&view[0], len(view))
-		} else {
-			x.Key = string(view)
-		}
-		if flags&snapConvIsKey != 0 {
-			x.ConversationID = x.Key
-		} else {
-			x.ConversationID = rd.str("binding conversation id")
-		}
-		x.Instance = sr.ref("binding instance")
-		x.Epoch = rd.uvarint("binding epoch")
-		if flags&snapHasRank != 0 {
-			x.Rank = rd.uint32v("binding rank")
-			x.HasRank = true
-		}
-		x.LastUsed = prevUsed + rd.varint("binding last use")
-		x.BoundAt = x.LastUsed - rd.varint("binding bound-at")
-		x.Decision = sr.decision()
-		if rd.err != nil {
-			return nil, sr.decodeErr()
-		}
-		known := uint8(snapConvIsKey)
-		if version >= 2 {
-			known |= snapHasRank
-		}
-		if flags&^known != 0 {
-			return nil, sr.errorf("binding %d: unknown flag bits 0x%02x", i+1, flags)
-		}
-		if x.LastUsed < prevUsed {
-			return nil, sr.errorf("binding %d: bindings out of recency order", i+1)
-		}
-		prevUsed = x.LastUsed
-		if err := b.addBinding(x); err != nil {
-			return nil, sr.errorf("binding %d: %v", i+1, err)
-		}
-	}
-	nLinks, err := sr.count("link")
-	if err != nil {
-		return nil, err
-	}
-	for i := uint64(0); i < nLinks; i++ {
-		if err := sr.record("a link"); err != nil {
-			return nil, err
-		}
-		var l ParentLink
-		l.Child = rd.str("link child")
-		l.Parent = sr.ref("link parent")
-		l.Root = sr.ref("link root")
-		l.Depth = rd.u8("link depth")
-		l.CreatedAt = rd.varint("link created-at")
-		l.LastUsed = rd.varint("link last use")
-		if rd.err != nil {
-			return nil, sr.decodeErr()
-		}
-		if err := b.addLink(l); err != nil {
-			return nil, sr.errorf("link %d: %v", i+1, err)
-		}
-	}
-	for gen := 0; gen < 2; gen++ {
-		n, err := sr.count("proposal id")
-		if err != nil {
-			return nil, err
-		}
-		if n > dedupGeneration {
-			return nil, sr.errorf("idempotency generation of %d ids, the limit is %d", n, dedupGeneration)
-		}
-		for i := uint64(0); i < n; i++ {
-			if err := sr.record("a proposal id"); err != nil {
-				return nil, err
-			}
-			var id ProposalID
-			copy(id[:], rd.bytes(proposalIDBytes, "proposal id"))
-			if rd.err != nil {
-				return nil, sr.decodeErr()
-			}
-			if err := b.addDedup(gen, id); err != nil {
-				return nil, sr.errorf("%v", err)
-			}
-		}
-	}
-	if sr.r.remaining() != 0 {
-		return nil, sr.errorf("%d unexpected bytes after the last record", sr.r.remaining())
-	}
-	var end [1]byte
-	if err := sr.readFull(end[:], "the end marker"); err != nil {
-		return nil, err
-	}
-	if end[0] != 0 {
-		return nil, &SnapshotError{Offset: sr.read - 1, Msg: "records continue past the last section"}
 	}
 	st, err := b.finish()
 	if err != nil {
@@ -600,6 +419,228 @@ func ReadSnapshot(r io.Reader) (*State, error) {
 			"rebuilt state hash %x does not match the recorded %x", got[:8], recorded[:8])}
 	}
 	return st, nil
+}
+
+// readPreamble checks the magic and returns the format version.
+func (sr *snapReader) readPreamble() (byte, error) {
+	var head [len(snapshotMagic) + 1]byte
+	if err := sr.readFull(head[:], "the header"); err != nil {
+		return 0, err
+	}
+	if string(head[:len(snapshotMagic)]) != snapshotMagic {
+		return 0, &SnapshotError{Offset: 0, Msg: fmt.Sprintf("not a tether fsm snapshot (magic %q)", head[:len(snapshotMagic)])}
+	}
+	version := head[len(snapshotMagic)]
+	if version < snapshotVersionV1 || version > snapshotVersion {
+		return 0, &SnapshotError{Offset: int64(len(snapshotMagic)), Msg: fmt.Sprintf(
+			"snapshot format version %d; this build reads versions %d to %d: upgrade this node to the tether release that wrote it",
+			version, snapshotVersionV1, snapshotVersion)}
+	}
+	return version, nil
+}
+
+// readHeader reads the header record into s: it returns the recorded state
+// hash and the number of instance records that follow.
+func (sr *snapReader) readHeader(s *State, version byte) (recorded [32]byte, nInstances uint64, err error) {
+	if err := sr.record("the header"); err != nil {
+		return recorded, 0, err
+	}
+	rd := &sr.r
+	s.index = rd.uvarint("index")
+	s.time = rd.varint("time")
+	s.featureLevel = rd.uint32v("feature level")
+	s.maxBindings = rd.uvarint("max bindings")
+	if version >= 2 {
+		s.uniqueEpochsFrom = rd.uvarint("unique epochs from")
+	}
+	copy(recorded[:], rd.bytes(32, "state hash"))
+	for i := range s.counters.scalars {
+		s.counters.scalars[i] = rd.uvarint("counter")
+	}
+	readReasonCounts(rd, &s.counters.evictions, "eviction counters")
+	readReasonCounts(rd, &s.counters.overflows, "overflow counters")
+	nInstances = rd.uvarint("instance count")
+	if rd.err != nil {
+		return recorded, 0, sr.decodeErr()
+	}
+	if s.maxBindings == 0 {
+		return recorded, 0, sr.errorf("max bindings is 0")
+	}
+	return recorded, nInstances, nil
+}
+
+// eachRecord reads n records named what, calling read for each after its
+// record is loaded; read decodes from sr.r and returns the builder's verdict.
+func (sr *snapReader) eachRecord(n uint64, what string, read func(i uint64) error) error {
+	for i := uint64(0); i < n; i++ {
+		if err := sr.record(what); err != nil {
+			return err
+		}
+		if err := read(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// added turns a record's decode error or the builder's refusal into a
+// SnapshotError.
+func (sr *snapReader) added(err error, format string, args ...any) error {
+	if sr.r.err != nil {
+		return sr.decodeErr()
+	}
+	if err != nil {
+		return sr.errorf(format+"%v", append(args, err)...)
+	}
+	return nil
+}
+
+func (sr *snapReader) readInstances(b *stateBuilder, n uint64) error {
+	return sr.eachRecord(n, "an instance", func(uint64) error {
+		in := readInstance(&sr.r)
+		if sr.r.err != nil {
+			return sr.decodeErr()
+		}
+		return sr.added(b.addInstance(in), "")
+	})
+}
+
+func (sr *snapReader) readNodes(b *stateBuilder) error {
+	n, err := sr.count("node")
+	if err != nil {
+		return err
+	}
+	return sr.eachRecord(n, "a node", func(uint64) error {
+		nd := readNode(&sr.r)
+		if sr.r.err != nil {
+			return sr.decodeErr()
+		}
+		return sr.added(b.addNode(nd), "")
+	})
+}
+
+func (sr *snapReader) readBindings(b *stateBuilder, version byte) error {
+	n, err := sr.count("binding")
+	if err != nil {
+		return err
+	}
+	known := uint8(snapConvIsKey)
+	if version >= 2 {
+		known |= snapHasRank
+	}
+	prevUsed := int64(0)
+	for i := uint64(0); i < n; i++ {
+		if err := sr.record("a binding"); err != nil {
+			var se *SnapshotError
+			if errors.As(err, &se) {
+				se.Msg = fmt.Sprintf("binding %d of %d: %s", i+1, n, se.Msg)
+			}
+			return err
+		}
+		x, flags := sr.readBinding(prevUsed)
+		if sr.r.err != nil {
+			return sr.decodeErr()
+		}
+		if flags&^known != 0 {
+			return sr.errorf("binding %d: unknown flag bits 0x%02x", i+1, flags)
+		}
+		if x.LastUsed < prevUsed {
+			return sr.errorf("binding %d: bindings out of recency order", i+1)
+		}
+		prevUsed = x.LastUsed
+		if err := b.addBinding(x); err != nil {
+			return sr.errorf("binding %d: %v", i+1, err)
+		}
+	}
+	return nil
+}
+
+// readBinding decodes one binding record; LastUsed is stored as a delta from
+// the previous binding's (prevUsed), BoundAt as a delta back from LastUsed.
+func (sr *snapReader) readBinding(prevUsed int64) (Binding, uint8) {
+	rd := &sr.r
+	var x Binding
+	x.Fleet = Fleet(rd.u8("binding fleet"))
+	flags := rd.u8("binding flags")
+	// A short key is copied into its record by addBinding (newBindingRec),
+	// so it is read as a view of the chunk instead of being allocated once
+	// more only to become garbage.
+	if view := rd.strView("binding key"); len(view) > 0 && len(view) <= inlineKeyBytes {
+		x.Key = unsafe.String(&view[0], len(view))
+	} else {
+		x.Key = string(view)
+	}
+	if flags&snapConvIsKey != 0 {
+		x.ConversationID = x.Key
+	} else {
+		x.ConversationID = rd.str("binding conversation id")
+	}
+	x.Instance = sr.ref("binding instance")
+	x.Epoch = rd.uvarint("binding epoch")
+	if flags&snapHasRank != 0 {
+		x.Rank = rd.uint32v("binding rank")
+		x.HasRank = true
+	}
+	x.LastUsed = prevUsed + rd.varint("binding last use")
+	x.BoundAt = x.LastUsed - rd.varint("binding bound-at")
+	x.Decision = readDecisionWith(rd, sr.ref)
+	return x, flags
+}
+
+func (sr *snapReader) readLinks(b *stateBuilder) error {
+	n, err := sr.count("link")
+	if err != nil {
+		return err
+	}
+	return sr.eachRecord(n, "a link", func(i uint64) error {
+		rd := &sr.r
+		var l ParentLink
+		l.Child = rd.str("link child")
+		l.Parent = sr.ref("link parent")
+		l.Root = sr.ref("link root")
+		l.Depth = rd.u8("link depth")
+		l.CreatedAt = rd.varint("link created-at")
+		l.LastUsed = rd.varint("link last use")
+		return sr.added(b.addLink(l), "link %d: ", i+1)
+	})
+}
+
+// readDedup reads the two generations of the idempotency window.
+func (sr *snapReader) readDedup(b *stateBuilder) error {
+	for gen := 0; gen < 2; gen++ {
+		n, err := sr.count("proposal id")
+		if err != nil {
+			return err
+		}
+		if n > dedupGeneration {
+			return sr.errorf("idempotency generation of %d ids, the limit is %d", n, dedupGeneration)
+		}
+		err = sr.eachRecord(n, "a proposal id", func(uint64) error {
+			var id ProposalID
+			copy(id[:], sr.r.bytes(proposalIDBytes, "proposal id"))
+			return sr.added(b.addDedup(gen, id), "")
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readEnd checks that the last section used up the stream: no bytes left in
+// the last chunk and the end marker next.
+func (sr *snapReader) readEnd() error {
+	if sr.r.remaining() != 0 {
+		return sr.errorf("%d unexpected bytes after the last record", sr.r.remaining())
+	}
+	var end [1]byte
+	if err := sr.readFull(end[:], "the end marker"); err != nil {
+		return err
+	}
+	if end[0] != 0 {
+		return &SnapshotError{Offset: sr.read - 1, Msg: "records continue past the last section"}
+	}
+	return nil
 }
 
 func readReasonCounts(r *reader, counts *[256]uint64, what string) {
