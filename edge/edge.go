@@ -40,6 +40,7 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/telemetry"
@@ -325,18 +326,13 @@ func (e *Edge) startNATS() error {
 			return fmt.Errorf("edge: nats.listen %q: %w", n.Listen, err)
 		}
 		if port == 0 {
-			port = natsserver.RANDOM_PORT
+			port = natsembed.RandomPort
 		}
-		opts := &natsserver.Options{Host: host, Port: port, NoLog: true, NoSigs: true, Username: n.User, Password: n.Password, Authorization: n.Token}
+		opts := &natsserver.Options{Host: host, Port: port, Username: n.User, Password: n.Password, Authorization: n.Token}
 		e.embeddedNATSAuth(opts)
-		srv, err := natsserver.NewServer(opts)
+		srv, err := natsembed.Start(opts)
 		if err != nil {
-			return fmt.Errorf("edge: embedded nats: %w", err)
-		}
-		go srv.Start()
-		if !srv.ReadyForConnections(10 * time.Second) {
-			srv.Shutdown()
-			return fmt.Errorf("edge: embedded nats on %s did not become ready", n.Listen)
+			return fmt.Errorf("edge: embedded %w", err)
 		}
 		e.natsSrv = srv
 		urls = []string{srv.ClientURL()}

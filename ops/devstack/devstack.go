@@ -32,6 +32,7 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
 	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/hintauth"
@@ -328,24 +329,18 @@ func edgeID(i int) string { return "edge-" + strconv.Itoa(i+1) }
 func (s *Stack) startNATS() error {
 	port := s.opts.NATSPort
 	if port == 0 {
-		port = natsserver.RANDOM_PORT
+		port = natsembed.RandomPort
 	}
 	opts := &natsserver.Options{
-		ServerName: "tether-dev", Host: s.opts.Host, Port: port, NoLog: true, NoSigs: true,
+		ServerName: "tether-dev", Host: s.opts.Host, Port: port,
 		MaxPayload: 8 << 20, // KV dumps of 4 large ranks fit in one reply
 	}
 	if err := s.natsTLS(opts); err != nil {
 		return err
 	}
-	ns, err := natsserver.NewServer(opts)
+	ns, err := natsembed.Start(opts)
 	if err != nil {
-		return fmt.Errorf("devstack: nats: %w", err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-		return fmt.Errorf("devstack: nats on %s:%d did not become ready (port in use?)", s.opts.Host, s.opts.NATSPort)
+		return fmt.Errorf("devstack: %w", err)
 	}
 	s.nats = ns
 	return nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tether-project/tether/cluster/pki"
 	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -94,7 +95,7 @@ func (s *Stack) preparePKI() error {
 }
 
 // natsTLS makes the NATS server require certificates from the CA and
-// authorize clients by their identity (edge.NATSCertAuth: a worker may
+// authorize clients by their identity (natsembed.CertAuth: a worker may
 // publish only its own instance's telemetry).
 func (s *Stack) natsTLS(opts *natsserver.Options) error {
 	if s.pki == nil {
@@ -108,7 +109,7 @@ func (s *Stack) natsTLS(opts *natsserver.Options) error {
 	opts.TLSConfig = b.ServerConfig(tls.RequireAndVerifyClientCert)
 	opts.TLSVerify = true
 	opts.TLSTimeout = 5
-	opts.CustomClientAuthentication = edge.NATSCertAuth{Logger: s.log}
+	opts.CustomClientAuthentication = natsembed.CertAuth{Logger: s.log}
 	return nil
 }
 

@@ -1,4 +1,7 @@
-package edge
+// Package natsembed is the NATS server tether runs in process: the edge's
+// nats.embedded and tether dev's. It holds who may say what on it (edges
+// read all telemetry, a worker publishes only its own) and starts it.
+package natsembed
 
 import (
 	"log/slog"
@@ -18,9 +21,9 @@ import (
 // edges' decoders check the payload's instance against the subject as a
 // second line (routing/telemetry DESIGN.md).
 
-// EdgeNATSPermissions are an edge's: read every worker's telemetry, ask any
+// EdgePermissions are an edge's: read every worker's telemetry, ask any
 // worker for a KV dump and read the replies.
-func EdgeNATSPermissions() *natsserver.Permissions {
+func EdgePermissions() *natsserver.Permissions {
 	return &natsserver.Permissions{
 		Publish:   &natsserver.SubjectPermission{Allow: []string{telemetry.KVDumpSubject("*")}},
 		Subscribe: &natsserver.SubjectPermission{Allow: []string{"tether.v1.>", "_INBOX.>"}},
@@ -31,11 +34,11 @@ func EdgeNATSPermissions() *natsserver.Permissions {
 // dump request (a dump is split to fit the server's max payload).
 const maxDumpReplyParts = 1 << 16
 
-// WorkerNATSPermissions are worker instance's: publish its load reports
+// WorkerPermissions are worker instance's: publish its load reports
 // (either fleet: the decoder checks the payload's fleet), KV events and
 // evictions, receive dump requests for itself and reply to them (only to
 // requests it received: no free publishing on inboxes).
-func WorkerNATSPermissions(instance string) *natsserver.Permissions {
+func WorkerPermissions(instance string) *natsserver.Permissions {
 	return &natsserver.Permissions{
 		Publish: &natsserver.SubjectPermission{Allow: []string{
 			telemetry.LoadSubject(telemetry.FleetContext, instance),
@@ -48,19 +51,19 @@ func WorkerNATSPermissions(instance string) *natsserver.Permissions {
 	}
 }
 
-// NATSCertAuth authorizes clients of a NATS server that requires verified
+// CertAuth authorizes clients of a NATS server that requires verified
 // client certificates (mutual TLS) by the tether identity in the
 // certificate (pki.IdentityOf): spiffe://tether/edge/<id> gets
-// EdgeNATSPermissions, spiffe://tether/worker/<instance> gets
-// WorkerNATSPermissions(instance); anything else is refused. Set it as the
+// EdgePermissions, spiffe://tether/worker/<instance> gets
+// WorkerPermissions(instance); anything else is refused. Set it as the
 // server's CustomClientAuthentication, with a TLSConfig whose ClientAuth is
 // tls.RequireAndVerifyClientCert (the chain is verified before Check).
-type NATSCertAuth struct {
+type CertAuth struct {
 	Logger *slog.Logger
 }
 
 // Check implements natsserver.Authentication.
-func (a NATSCertAuth) Check(c natsserver.ClientAuthentication) bool {
+func (a CertAuth) Check(c natsserver.ClientAuthentication) bool {
 	log := a.Logger
 	if log == nil {
 		log = slog.Default()
@@ -79,14 +82,14 @@ func (a NATSCertAuth) Check(c natsserver.ClientAuthentication) bool {
 	}
 	switch id.Role {
 	case pki.RoleEdge:
-		c.RegisterUser(&natsserver.User{Username: id.String(), Permissions: EdgeNATSPermissions()})
+		c.RegisterUser(&natsserver.User{Username: id.String(), Permissions: EdgePermissions()})
 		return true
 	case pki.RoleWorker:
 		if err := telemetry.ValidInstanceID(id.ID); err != nil {
 			log.Warn("nats: refused a worker certificate whose id is not an instance id", "remote", remote(c), "identity", id.String(), "err", err)
 			return false
 		}
-		c.RegisterUser(&natsserver.User{Username: id.String(), Permissions: WorkerNATSPermissions(id.ID)})
+		c.RegisterUser(&natsserver.User{Username: id.String(), Permissions: WorkerPermissions(id.ID)})
 		return true
 	}
 	log.Warn("nats: refused a certificate whose role may not use telemetry", "remote", remote(c), "identity", id.String())
@@ -98,26 +101,4 @@ func remote(c natsserver.ClientAuthentication) string {
 		return a.String()
 	}
 	return "client " + strconv.FormatUint(c.GetID(), 10)
-}
-
-// embeddedNATSAuth sets the embedded server's authorization: certificate
-// identities with mutual TLS; otherwise, with nats.worker_users, the
-// edge's account (nats.user) plus one account per worker, each pinned to
-// its instance; otherwise startNATS's single account (nats.user or
-// nats.token, shared by everyone, unrestricted) or none.
-func (e *Edge) embeddedNATSAuth(opts *natsserver.Options) {
-	n := e.cfg.NATS
-	switch {
-	case e.tls.natsServer != nil:
-		opts.TLSConfig = e.tls.natsServer
-		opts.TLSVerify = true
-		opts.TLSTimeout = 5
-		opts.CustomClientAuthentication = NATSCertAuth{Logger: e.log}
-	case len(n.WorkerUsers) > 0:
-		opts.Username, opts.Password, opts.Authorization = "", "", ""
-		opts.Users = []*natsserver.User{{Username: n.User, Password: n.Password, Permissions: EdgeNATSPermissions()}}
-		for _, w := range n.WorkerUsers {
-			opts.Users = append(opts.Users, &natsserver.User{Username: w.Instance, Password: w.Password, Permissions: WorkerNATSPermissions(w.Instance)})
-		}
-	}
 }
