@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/tether-project/tether/edge"
@@ -23,61 +21,33 @@ const edgeShutdownGrace = 30 * time.Second
 
 func runEdge(ctx context.Context, args []string) error {
 	fs := newFlagSet("edge")
-	configPath := fs.String("config", "", "path to the edge's YAML configuration (required)")
-	port := fs.Int("port", -1, "override port (0 picks a free port)")
-	hostname := fs.String("hostname", "", "override hostname (listen address)")
+	df := addDaemonFlags(fs, "nats.urls")
 	nodeID := fs.String("node-id", "", "override cluster.node_id")
 	dataDir := fs.String("data-dir", "", "override cluster.data_dir")
 	bindAddr := fs.String("raft-addr", "", "override cluster.bind_addr (Raft and forwarding)")
-	natsURL := fs.String("nats", "", "override nats.urls (comma-separated URLs)")
-	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *configPath == "" {
-		return fmt.Errorf("%w: --config is required", errUsage)
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("%w: --log-level: %v", errUsage, err)
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-
-	cfg, err := edge.LoadConfig(*configPath)
+	log, err := df.logger()
 	if err != nil {
 		return err
 	}
-	overridden := false
-	if *port >= 0 {
-		cfg.Port, overridden = *port, true
+	cfg, err := edge.LoadConfig(*df.config)
+	if err != nil {
+		return err
 	}
-	if *hostname != "" {
-		cfg.Hostname, overridden = *hostname, true
-	}
-	if *nodeID != "" {
-		cfg.Cluster.NodeID, overridden = *nodeID, true
-	}
-	if *dataDir != "" {
-		cfg.Cluster.DataDir, overridden = *dataDir, true
-	}
-	if *bindAddr != "" {
-		cfg.Cluster.BindAddr, overridden = *bindAddr, true
-	}
-	if *natsURL != "" {
-		cfg.NATS.URLs, cfg.NATS.Embedded = nil, false
-		for _, u := range strings.Split(*natsURL, ",") {
-			if u = strings.TrimSpace(u); u != "" {
-				cfg.NATS.URLs = append(cfg.NATS.URLs, u)
-			}
-		}
-		overridden = true
-	}
-	if overridden {
+	if applyOverrides([]override{
+		{*df.port >= 0, func() { cfg.Port = *df.port }},
+		{*df.hostname != "", func() { cfg.Hostname = *df.hostname }},
+		{*nodeID != "", func() { cfg.Cluster.NodeID = *nodeID }},
+		{*dataDir != "", func() { cfg.Cluster.DataDir = *dataDir }},
+		{*bindAddr != "", func() { cfg.Cluster.BindAddr = *bindAddr }},
+		{*df.nats != "", func() { cfg.NATS.URLs, cfg.NATS.Embedded = df.natsURLs(), false }},
+	}) {
 		if err := cfg.Validate(); err != nil {
-			return fmt.Errorf("config %s with flags: %w", *configPath, err)
+			return fmt.Errorf("config %s with flags: %w", *df.config, err)
 		}
 	}
-
 	e, err := edge.New(cfg, edge.Deps{Logger: log, Version: version})
 	if err != nil {
 		return err
@@ -86,9 +56,7 @@ func runEdge(ctx context.Context, args []string) error {
 	err = e.Start(sctx)
 	cancel()
 	if err != nil {
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return errors.Join(err, e.Close(cctx))
+		return errors.Join(err, closeWithin(5*time.Second, e.Close))
 	}
 	fmt.Fprintf(os.Stderr, "tether edge %s listening on http://%s (raft %s)\n", cfg.Cluster.NodeID, e.Addr(), e.Node().Addr())
 	select {
@@ -98,12 +66,8 @@ func runEdge(ctx context.Context, args []string) error {
 		// removal from the cluster): serving from a frozen state would
 		// route by stale bindings.
 		log.Error("cluster node halted; shutting down", "err", ferr)
-		cctx, cancel := context.WithTimeout(context.Background(), edgeShutdownGrace)
-		defer cancel()
-		return errors.Join(fmt.Errorf("edge: cluster node halted: %w", ferr), e.Close(cctx))
+		return errors.Join(fmt.Errorf("edge: cluster node halted: %w", ferr), closeWithin(edgeShutdownGrace, e.Close))
 	}
 	log.Info("shutting down", "grace", edgeShutdownGrace)
-	cctx, cancel := context.WithTimeout(context.Background(), edgeShutdownGrace)
-	defer cancel()
-	return e.Close(cctx)
+	return closeWithin(edgeShutdownGrace, e.Close)
 }

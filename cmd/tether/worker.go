@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/tether-project/tether/worker"
@@ -22,50 +20,27 @@ const workerShutdownGrace = 30 * time.Second
 
 func runWorker(ctx context.Context, args []string) error {
 	fs := newFlagSet("worker")
-	configPath := fs.String("config", "", "path to the worker's YAML configuration (required)")
-	port := fs.Int("port", -1, "override port (0 picks a free port)")
+	df := addDaemonFlags(fs, "nats.url")
 	instanceID := fs.String("instance-id", "", "override instance_id")
-	natsURL := fs.String("nats", "", "override nats.url (comma-separated URLs)")
-	hostname := fs.String("hostname", "", "override hostname (listen address)")
-	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *configPath == "" {
-		return fmt.Errorf("%w: --config is required", errUsage)
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("%w: --log-level: %v", errUsage, err)
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-
-	cfg, err := worker.LoadConfig(*configPath)
+	log, err := df.logger()
 	if err != nil {
 		return err
 	}
-	overridden := false
-	if *port >= 0 {
-		cfg.Port, overridden = *port, true
+	cfg, err := worker.LoadConfig(*df.config)
+	if err != nil {
+		return err
 	}
-	if *instanceID != "" {
-		cfg.InstanceID, overridden = *instanceID, true
-	}
-	if *hostname != "" {
-		cfg.Hostname, overridden = *hostname, true
-	}
-	if *natsURL != "" {
-		cfg.NATS.URLs = nil
-		for _, u := range strings.Split(*natsURL, ",") {
-			if u = strings.TrimSpace(u); u != "" {
-				cfg.NATS.URLs = append(cfg.NATS.URLs, u)
-			}
-		}
-		overridden = true
-	}
-	if overridden {
+	if applyOverrides([]override{
+		{*df.port >= 0, func() { cfg.Port = *df.port }},
+		{*instanceID != "", func() { cfg.InstanceID = *instanceID }},
+		{*df.hostname != "", func() { cfg.Hostname = *df.hostname }},
+		{*df.nats != "", func() { cfg.NATS.URLs = df.natsURLs() }},
+	}) {
 		if err := cfg.Validate(); err != nil {
-			return fmt.Errorf("config %s with flags: %w", *configPath, err)
+			return fmt.Errorf("config %s with flags: %w", *df.config, err)
 		}
 	}
 	cfg.Logger = log
@@ -76,14 +51,10 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	if err := srv.Start(ctx); err != nil {
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return errors.Join(err, srv.Close(cctx))
+		return errors.Join(err, closeWithin(5*time.Second, srv.Close))
 	}
 	fmt.Fprintf(os.Stderr, "tether worker %s listening on %s\n", cfg.InstanceID, srv.URL())
 	<-ctx.Done()
 	log.Info("shutting down", "grace", workerShutdownGrace)
-	cctx, cancel := context.WithTimeout(context.Background(), workerShutdownGrace)
-	defer cancel()
-	return srv.Close(cctx)
+	return closeWithin(workerShutdownGrace, srv.Close)
 }
