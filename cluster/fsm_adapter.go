@@ -53,7 +53,7 @@ type raftFSM struct {
 
 	view atomic.Pointer[appliedView]
 	// hashes holds the state hash after each recently applied entry.
-	hashes *hashRing
+	hashes *recentHashes
 	// halt is the error that stopped this node's apply (the machine's, or
 	// an archive failure); permanent for the process.
 	halt atomic.Pointer[error]
@@ -68,7 +68,7 @@ type raftFSM struct {
 }
 
 func newRaftFSM(m *fsm.Machine, ar *archiver, selfID string, logger *slog.Logger, met *metrics, hashHistory int) *raftFSM {
-	f := &raftFSM{machine: m, archiver: ar, selfID: selfID, log: logger, metrics: met, waitCh: make(chan struct{}), hashes: newHashRing(hashHistory)}
+	f := &raftFSM{machine: m, archiver: ar, selfID: selfID, log: logger, metrics: met, waitCh: make(chan struct{}), hashes: newRecentHashes(hashHistory)}
 	f.view.Store(&appliedView{state: m.State()})
 	return f
 }

@@ -85,8 +85,8 @@ func TestHashAtExactIndex(t *testing.T) {
 	}
 }
 
-func TestHashRing(t *testing.T) {
-	r := newHashRing(3)
+func TestRecentHashes(t *testing.T) {
+	r := newRecentHashes(3)
 	h := func(i uint64) [32]byte { return [32]byte{byte(i)} }
 	for _, i := range []uint64{2, 3, 5, 9} {
 		r.add(i, h(i))
