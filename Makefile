@@ -31,13 +31,18 @@ bench:
 # Everything BENCHMARKS.md publishes: the micro-benchmarks (medians over
 # BENCH_COUNT runs), the trace replay (every policy at 1, 3 and 5 edges,
 # medians over 3 seeds), the sensitivity runs and the agent patterns. Rewrites
-# the generated blocks of BENCHMARKS.md and the plots in docs/bench.
-TRACES      ?= /work/shared/traces/kv-cache-tester
+# the generated blocks of BENCHMARKS.md and the plots in docs/bench. The
+# report is its own binary (cmd/tether-bench): it links the plotting
+# libraries the production tether binary does not.
+# The shared traces sit beside the checkout (../shared, as in CI); point
+# TRACES elsewhere for another copy (make bench-report TRACES=/path/to/traces).
+TRACES      ?= ../shared/traces/kv-cache-tester
 BENCH_COUNT ?= 3
-bench-report: build
+bench-report:
 	@mkdir -p bin
+	$(GO) build -o bin/tether-bench ./cmd/tether-bench
 	$(GO) test -run '^$$' -bench . -benchmem -count=$(BENCH_COUNT) -timeout 60m $(PKGS) > bin/bench-micro.txt 2>&1 || { cat bin/bench-micro.txt; exit 1; }
-	./$(BIN) bench report --traces $(TRACES) --markdown BENCHMARKS.md --plots docs/bench --micro bin/bench-micro.txt
+	./bin/tether-bench report --traces $(TRACES) --markdown BENCHMARKS.md --plots docs/bench --micro bin/bench-micro.txt
 
 # The trace replay alone (sim mode, virtual time): tables on stdout.
 .PHONY: bench-sim

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -27,7 +26,7 @@ func runBench(ctx context.Context, args []string) error {
 
   replay   replay trace files (sim: virtual time; e2e: a running deployment)
   agents   the spec's agent patterns (react, supervisor, fanout, retry, tag)
-  report   run everything and rewrite the generated sections of BENCHMARKS.md and the plots
+  report   see tether-bench report (make bench-report): everything BENCHMARKS.md publishes
 
 Run 'tether bench <command> -h' for its flags.
 `)
@@ -42,7 +41,7 @@ Run 'tether bench <command> -h' for its flags.
 	case "agents":
 		return runBenchAgents(ctx, args[1:])
 	case "report":
-		return runBenchReport(ctx, args[1:])
+		return fmt.Errorf("%w: the report is built by its own binary, which links the plotting libraries this one does not: make bench-report (or go run ./cmd/tether-bench)", errUsage)
 	}
 	return fmt.Errorf("%w: unknown bench command %q (want replay, agents or report)", errUsage, args[0])
 }
@@ -327,60 +326,4 @@ func runAgentsE2E(ctx context.Context, opts bench.AgentOptions, sf *simFlags, ro
 		runs = append(runs, r)
 	}
 	return bench.SummarizeAgents(opts.Pattern, w, "e2e", runs), nil
-}
-
-func runBenchReport(ctx context.Context, args []string) error {
-	fs := newFlagSet("bench report")
-	traces := fs.String("traces", "", "directory of trace files (required)")
-	markdown := fs.String("markdown", "BENCHMARKS.md", "markdown file whose generated sections are rewritten (\"\" = print them)")
-	plots := fs.String("plots", "docs/bench", "directory for the PNG plots")
-	micro := fs.String("micro", "", "go test -bench output to publish as the micro-benchmark table")
-	seeds := fs.String("seeds", "1,2,3", "seeds; figures are medians over them")
-	logKind := fs.String("log", "raft", "affinity log: raft or sequencer")
-	parallel := fs.Int("parallel", 0, "concurrent runs (0: one per CPU)")
-	e2e := fs.Bool("e2e", true, "also replay a subset of the traces against local deployments (one per policy) and compare the ranking with sim mode")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if *traces == "" {
-		return fmt.Errorf("%w: --traces is required", errUsage)
-	}
-	lk, err := bench.ParseLogKind(*logKind)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	ss, err := parseIntList("--seeds", *seeds)
-	if err != nil {
-		return err
-	}
-	var seedList []uint64
-	for _, s := range ss {
-		seedList = append(seedList, uint64(s))
-	}
-	link := *plots
-	if *markdown != "" {
-		if rel, err := filepath.Rel(filepath.Dir(*markdown), *plots); err == nil {
-			link = filepath.ToSlash(rel)
-		}
-	}
-	sec, err := bench.BuildReport(ctx, bench.ReportOptions{
-		Traces: *traces, PlotDir: *plots, PlotLink: link, MicroFile: *micro, Seeds: seedList, Log: lk, Parallel: *parallel,
-		Progress: os.Stderr, Command: "make bench-report", Module: "github.com/tether-project/tether", E2E: *e2e,
-	})
-	if err != nil {
-		return err
-	}
-	if *markdown == "" {
-		for _, name := range []string{"machine", "targets", "policy-comparison", "agents", "micro"} {
-			if s, ok := sec[name]; ok {
-				fmt.Printf("<!-- %s -->\n%s\n", name, s)
-			}
-		}
-		return nil
-	}
-	if err := bench.RewriteSections(*markdown, sec); err != nil {
-		return err
-	}
-	fmt.Fprintf(os.Stderr, "rewrote %s and the plots in %s\n", *markdown, *plots)
-	return nil
 }

@@ -11,17 +11,16 @@ import (
 	"strings"
 	"time"
 
-	"gonum.org/v1/plot/plotter"
-
 	"github.com/tether-project/tether/worker/adp"
 )
 
-// ReportOptions configure `tether bench report`: the full comparison whose
+// ReportOptions configure `tether-bench report`: the full comparison whose
 // figures and plots BENCHMARKS.md publishes.
 type ReportOptions struct {
 	Traces    string   // trace directory
 	Markdown  string   // BENCHMARKS.md to rewrite ("" = do not write)
 	PlotDir   string   // where the PNGs go (docs/bench)
+	Plotter   Plotter  // draws them (ops/bench/plots); nil: no plots
 	PlotLink  string   // how the markdown links the plot directory (relative to the markdown file)
 	MicroFile string   // `go test -bench` output to publish ("" = none)
 	Seeds     []uint64 // medians over these seeds (default 1, 2, 3)
@@ -175,9 +174,9 @@ func BuildReport(ctx context.Context, opts ReportOptions) (Sections, error) {
 
 	// Plots.
 	var plots []string
-	if opts.PlotDir != "" {
+	if opts.PlotDir != "" && opts.Plotter != nil {
 		at3 := rowsAt(head, 3)
-		if err := PlotHitRateByPolicy(filepath.Join(opts.PlotDir, "hit_rate_by_policy.png"),
+		if err := opts.Plotter.HitRateByPolicy(filepath.Join(opts.PlotDir, "hit_rate_by_policy.png"),
 			fmt.Sprintf("Hit rate by policy (50 traces, 8 instances, C=6000, 3 edges)"), UpperBound(w), at3); err != nil {
 			return nil, err
 		}
@@ -187,17 +186,17 @@ func BuildReport(ctx context.Context, opts ReportOptions) (Sections, error) {
 			for _, e := range edgeCounts {
 				for _, r := range head {
 					if r.Name == string(p) && r.Edges == e {
-						s.XYs = append(s.XYs, plotter.XY{X: float64(e), Y: r.HitRate})
+						s.Points = append(s.Points, Point{X: float64(e), Y: r.HitRate})
 					}
 				}
 			}
 			series = append(series, s)
 		}
-		if err := PlotLines(filepath.Join(opts.PlotDir, "hit_rate_vs_edges.png"), "Hit rate versus number of edges",
+		if err := opts.Plotter.Lines(filepath.Join(opts.PlotDir, "hit_rate_vs_edges.png"), "Hit rate versus number of edges",
 			"edges", "prompt-token cache hit rate", 0, 1, series); err != nil {
 			return nil, err
 		}
-		if err := PlotTTFTCDF(filepath.Join(opts.PlotDir, "ttft_by_policy.png"), "TTFT distribution by policy (3 edges, seed 1)", headRuns); err != nil {
+		if err := opts.Plotter.TTFTCDF(filepath.Join(opts.PlotDir, "ttft_by_policy.png"), "TTFT distribution by policy (3 edges, seed 1)", headRuns); err != nil {
 			return nil, err
 		}
 		plots = []string{"hit_rate_by_policy.png", "hit_rate_vs_edges.png", "ttft_by_policy.png"}
@@ -552,3 +551,21 @@ func thousands(n int64) string {
 	}
 	return string(out)
 }
+
+// Plotter draws the report's figures as PNG files. ops/bench/plots
+// implements it with gonum/plot; the interface keeps that stack out of
+// every binary but the report's (cmd/tether-bench).
+type Plotter interface {
+	HitRateByPolicy(path, title string, upper float64, rows []Summary) error
+	Lines(path, title, xLabel, yLabel string, yMin, yMax float64, series []Series) error
+	TTFTCDF(path, title string, runs []*RunResult) error
+}
+
+// Series is one line of a plot.
+type Series struct {
+	Name   string
+	Points []Point
+}
+
+// Point is one point of a Series.
+type Point struct{ X, Y float64 }

@@ -22,6 +22,14 @@ import (
 
 const module = "github.com/tether-project/tether"
 
+// forbiddenInBinary are module prefixes the production binary must not link:
+// the benchmark report's plotting stack (fonts, LaTeX, PDF) belongs to
+// cmd/tether-bench.
+var forbiddenInBinary = []string{
+	"gonum.org/v1/plot", "codeberg.org/go-latex", "codeberg.org/go-pdf",
+	"codeberg.org/go-fonts", "git.sr.ht/~sbinet/gg", "github.com/ajstarks/svgo",
+}
+
 type goPackage struct {
 	ImportPath string
 	Imports    []string
@@ -48,6 +56,20 @@ func TestImportsFollowArchitectureTable(t *testing.T) {
 			dep := strings.TrimPrefix(imp, module+"/")
 			if !rule.allows(dep) {
 				t.Errorf("%s imports %s, which its row in docs/ARCHITECTURE.md (%q) does not allow", rel, dep, rule.text)
+			}
+		}
+	}
+}
+
+func TestBinaryDoesNotLinkReportPlots(t *testing.T) {
+	root := repoRoot(t)
+	for _, p := range listPackages(t, root, "./cmd/tether") {
+		for _, bad := range forbiddenInBinary {
+			for _, dep := range p.Deps {
+				if strings.HasPrefix(dep, bad) {
+					t.Errorf("cmd/tether links %s: the report's plotting belongs to cmd/tether-bench", dep)
+					break
+				}
 			}
 		}
 	}

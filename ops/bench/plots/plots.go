@@ -1,4 +1,8 @@
-package bench
+// Package plots draws the benchmark report's figures with gonum/plot. It
+// lives apart from ops/bench so that only the report's binary
+// (cmd/tether-bench) links the plotting stack (fonts, LaTeX, PDF), not the
+// production tether binary.
+package plots
 
 import (
 	"fmt"
@@ -13,6 +17,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/tether-project/tether/ops/bench"
 )
 
 const (
@@ -20,9 +26,14 @@ const (
 	plotHeight = 10 * vg.Centimeter
 )
 
-// PlotHitRateByPolicy draws a bar per policy (hit rate and sub-agent hit
+// Plotter implements bench.Plotter.
+type Plotter struct{}
+
+var _ bench.Plotter = Plotter{}
+
+// HitRateByPolicy draws a bar per policy (hit rate and sub-agent hit
 // rate) with the upper bound as a line, and saves it as a PNG.
-func PlotHitRateByPolicy(path, title string, upper float64, rows []Summary) error {
+func (Plotter) HitRateByPolicy(path, title string, upper float64, rows []bench.Summary) error {
 	p := plot.New()
 	p.Title.Text = title
 	p.Y.Label.Text = "prompt-token cache hit rate"
@@ -63,14 +74,8 @@ func PlotHitRateByPolicy(path, title string, upper float64, rows []Summary) erro
 	return save(p, path)
 }
 
-// Series is one line of a plot.
-type Series struct {
-	Name string
-	XYs  plotter.XYs
-}
-
-// PlotLines draws named series with points.
-func PlotLines(path, title, xLabel, yLabel string, yMin, yMax float64, series []Series) error {
+// Lines draws named series with points.
+func (Plotter) Lines(path, title, xLabel, yLabel string, yMin, yMax float64, series []bench.Series) error {
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = xLabel
@@ -78,7 +83,11 @@ func PlotLines(path, title, xLabel, yLabel string, yMin, yMax float64, series []
 	p.Y.Min, p.Y.Max = yMin, yMax
 	p.Add(plotter.NewGrid())
 	for i, s := range series {
-		l, pts, err := plotter.NewLinePoints(s.XYs)
+		xys := make(plotter.XYs, len(s.Points))
+		for i, pt := range s.Points {
+			xys[i] = plotter.XY{X: pt.X, Y: pt.Y}
+		}
+		l, pts, err := plotter.NewLinePoints(xys)
 		if err != nil {
 			return fmt.Errorf("bench: plot %s: %w", path, err)
 		}
@@ -93,9 +102,9 @@ func PlotLines(path, title, xLabel, yLabel string, yMin, yMax float64, series []
 	return save(p, path)
 }
 
-// PlotTTFTCDF draws each run's TTFT distribution (empirical CDF, log time
+// TTFTCDF draws each run's TTFT distribution (empirical CDF, log time
 // axis).
-func PlotTTFTCDF(path, title string, runs []*RunResult) error {
+func (Plotter) TTFTCDF(path, title string, runs []*bench.RunResult) error {
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = "time to first token (s, log scale)"
