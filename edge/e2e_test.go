@@ -79,7 +79,8 @@ func (a *agent) send(t *testing.T, c *http.Client, te *testEdge, user string, ex
 	return turnResult{resp: r, body: m, ctxInst: ci, gen: gi, prompt: promptTokensOf(t, m), cache: cachedTokens(t, m)}
 }
 
-// TestSeedTableAcrossThreeEdges is the spec's example: a parent on edge 1
+// TestSeedTableAcrossThreeEdges is the example table of
+// docs/subagent-routing.md: a parent on edge 1
 // and its two sub-agents on edges 2 and 3 share one context instance, keep
 // their own conversation ids, and (scope both) share the generation
 // instance too, or (scope context) are placed on the generation fleet by

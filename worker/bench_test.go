@@ -60,7 +60,7 @@ func BenchmarkChatRoundTrip(b *testing.B) {
 }
 
 // BenchmarkParseRequest is body parsing, rendering and tokenization of a
-// ~2,300-token agent prompt (the spec's typical shared prefix).
+// ~2,300-token agent prompt (docs/agent-workloads.md's typical shared prefix).
 func BenchmarkParseRequest(b *testing.B) {
 	body := []byte(chatBody(longPrompt("tool", 2300), `"max_tokens":16,"stream":true`))
 	b.SetBytes(int64(len(body)))

@@ -8,13 +8,13 @@ import (
 	"github.com/tether-project/tether/routing/prefix"
 )
 
-// Pattern is one of the spec's agent workload patterns.
+// Pattern is one of the agent workload patterns of docs/agent-workloads.md.
 type Pattern string
 
 const (
-	// PatternReAct: the spec's 8-call agent. Every call sends a 1,500-token
+	// PatternReAct: the 8-call agent. Every call sends a 1,500-token
 	// system prompt and 800 tokens of tools, then its own context of 150,
-	// 150, 200, … 450 tokens (the spec's worked example: 3,750 ms of
+	// 150, 200, … 450 tokens (the worked example of docs/agent-workloads.md: 3,750 ms of
 	// prefill with random routing, 1,107 ms cache-aware).
 	PatternReAct Pattern = "react"
 	// PatternSupervisor: a supervisor (decomposition and synthesis calls)
@@ -25,7 +25,7 @@ const (
 	// PatternFanout: a plan call, 5 parallel calls that extend the plan
 	// with one source each, and an aggregation call; one session.
 	PatternFanout Pattern = "fanout"
-	// PatternRetry: the spec's retry storm: the original call, a retry
+	// PatternRetry: a retry storm: the original call, a retry
 	// with the error, 3 parallel narrower retries, a final retry; each
 	// retry re-sends the original prompt plus error context.
 	PatternRetry Pattern = "retry"
@@ -66,7 +66,8 @@ type AgentOptions struct {
 	OutputTokens int
 }
 
-// SpecReAct are the spec's figures for the 8-call agent.
+// SpecReAct are the worked example's figures for the 8-call agent
+// (docs/agent-workloads.md).
 var SpecReAct = struct {
 	RandomMs, CacheAwareMs float64
 }{3750, 1107}

@@ -1,5 +1,5 @@
 // Package bench is tether's benchmark harness. It replays real agentic traces
-// and the spec's synthetic agent patterns through the REAL routing code
+// and the synthetic agent patterns (docs/agent-workloads.md) through the REAL routing code
 // (routing, routing/kvindex), the REAL affinity log (cluster nodes over
 // loopback TCP, or fsm machines fed by one sequencer) and the simulated
 // workers' REAL scheduler and caches (worker/adp, worker/kvcache through

@@ -20,7 +20,7 @@ func words(tag string, n int) string {
 	return b.String()
 }
 
-// TestSeedTableThroughTetherDev is the spec's table end to end through
+// TestSeedTableThroughTetherDev is docs/subagent-routing.md's table end to end through
 // `tether dev`: parent-1 on edge 1, sub-agent child-a on edge 2, child-b on
 // edge 3. All three share one context instance (and ADP rank); the admin
 // API of every edge and the x-tether-route headers agree; each keeps its
