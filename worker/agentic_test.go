@@ -355,3 +355,19 @@ func TestAnswerOptionsRefusedClearly(t *testing.T) {
 		t.Fatalf("completions logprobs 0: %d %s", r.status, r.body)
 	}
 }
+
+// Completion ids are random: a restarted worker (same instance id) does
+// not repeat them (before, "chatcmpl-w0-1" came again after every start).
+func TestCompletionIDsDoNotRepeatAcrossRestarts(t *testing.T) {
+	seen := map[string]bool{}
+	for i := 0; i < 2; i++ {
+		s := startServer(t, testConfig("w0"))
+		for j := 0; j < 2; j++ {
+			id, _ := post(t, testClient(t), s.URL()+"/v1/chat/completions", chatBody("hello", ""), nil).json(t)["id"].(string)
+			if !strings.HasPrefix(id, "chatcmpl-") || len(id) != len("chatcmpl-")+24 || seen[id] {
+				t.Fatalf("id %q (seen before: %v)", id, seen[id])
+			}
+			seen[id] = true
+		}
+	}
+}

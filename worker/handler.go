@@ -2,10 +2,10 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -24,6 +24,19 @@ import (
 	"github.com/tether-project/tether/worker/engine/sim"
 	"github.com/tether-project/tether/worker/proxy"
 )
+
+// randomID is 24 random alphanumerics: completion ids are globally unique
+// (a counter repeated them after every restart, which clients that key
+// logs or caches by id would conflate).
+func randomID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+	var b [24]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b[:])
+}
 
 // statusClientClosed is recorded (never sent) when the client went away.
 const statusClientClosed = 499
@@ -248,7 +261,7 @@ func (x *exchange) serve() (int, string) {
 	if x.chat {
 		kind = "chatcmpl"
 	}
-	x.id = fmt.Sprintf("%s-%s-%d", kind, s.cfg.InstanceID, seq)
+	x.id = kind + "-" + randomID()
 	x.created = time.Now().Unix()
 	h := x.w.Header()
 	h.Set(HeaderADPRank, strconv.Itoa(d.Rank))
