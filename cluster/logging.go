@@ -48,6 +48,9 @@ func (w *slogLineWriter) Write(p []byte) (int, error) {
 			lvl, s = slog.LevelError, strings.TrimPrefix(s, "[ERROR]")
 		case strings.HasPrefix(s, "[WARN]"):
 			lvl, s = slog.LevelWarn, strings.TrimPrefix(s, "[WARN]")
+			if firstElection(s) {
+				lvl = slog.LevelInfo
+			}
 		case strings.HasPrefix(s, "[INFO]"):
 			s = strings.TrimPrefix(s, "[INFO]")
 		case strings.HasPrefix(s, "[DEBUG]"):
@@ -58,4 +61,12 @@ func (w *slogLineWriter) Write(p []byte) (int, error) {
 		w.log.Log(context.Background(), lvl, strings.TrimSpace(s))
 	}
 	return len(p), nil
+}
+
+// firstElection reports raft's "heartbeat timeout reached, starting
+// election" warning when no leader was ever known (empty last-leader-id):
+// the election every new or restarted node holds at startup, not a fault.
+func firstElection(s string) bool {
+	return strings.Contains(s, "heartbeat timeout reached, starting election") &&
+		(strings.Contains(s, "last-leader-id= ") || strings.HasSuffix(s, "last-leader-id="))
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tether-project/tether/edge/fleetview"
 	"io"
 	"net/http"
 	"net/url"
@@ -371,6 +372,14 @@ type InstanceInfo struct {
 	TelemetryStale bool `json:"telemetry_stale"`
 }
 
+// kvStale reports whether the edge lacks an instance's KV state: the index
+// has no trusted baseline for it and the instance may hold blocks. A
+// healthy instance whose report says its cache is empty (an idle worker
+// that never stored a block, so never sent a KV event) lacks nothing.
+func kvStale(indexStale bool, in fleetview.Instance) bool {
+	return indexStale && !(in.Telemetry && !in.TelemetryStale && in.KVUsedBlocks == 0)
+}
+
 func (e *Edge) adminInstances(w http.ResponseWriter, r *http.Request) int {
 	now := e.now()
 	st := e.node.State()
@@ -383,7 +392,7 @@ func (e *Edge) adminInstances(w http.ResponseWriter, r *http.Request) int {
 			Telemetry: in.Telemetry, TelemetryStale: in.TelemetryStale, Version: in.Version, FeatureLevel: in.FeatureLevel, VerifiesHints: in.VerifiesHints,
 			Ranks: in.Ranks, QueuedRequests: in.QueuedRequests + int(in.PendingRequests), ActiveRequests: in.ActiveRequests,
 			ActivePromptTokens: in.ActivePromptTokens, HitRate: in.HitRate(), Breaker: in.Breaker.String(),
-			Bindings: st.BindingCount(in.Fleet, in.ID), KVStale: e.fleet.Index().Stale(in.ID),
+			Bindings: st.BindingCount(in.Fleet, in.ID), KVStale: kvStale(e.fleet.Index().Stale(in.ID), in),
 		}
 		if !in.LastSeen.IsZero() {
 			age := now.Sub(in.LastSeen).Seconds()

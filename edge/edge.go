@@ -514,6 +514,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, true) })
 	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, false) })
 	mux.HandleFunc("/v1/models", e.handleModels)
+	mux.HandleFunc("/v1/models/{id...}", e.handleModel)
 	mux.HandleFunc("/healthz", e.handleHealth)
 	mux.HandleFunc("/readyz", e.handleReady)
 	mux.Handle("/metrics", promhttp.HandlerFor(e.registry, promhttp.HandlerOpts{}))

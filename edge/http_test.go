@@ -246,6 +246,8 @@ func TestBadInput(t *testing.T) {
 		{"prompt on chat", "POST", chat, `{"model":"test-model","prompt":"x",` + msgs + `}`, nil, 400, "prompt", "not a chat completions parameter"},
 		{"completions prompt missing", "POST", s.te.url() + "/v1/completions", `{"model":"test-model"}`, nil, 400, "prompt", "prompt is required"},
 		{"completions bad token", "POST", s.te.url() + "/v1/completions", `{"model":"test-model","prompt":[1,-2]}`, nil, 400, "prompt", "token id"},
+		{"unknown role", "POST", chat, `{"model":"test-model","messages":[{"role":"wizard","content":"hi"}]}`, nil, 400, "messages[0].role", `"wizard"`},
+		{"long x-session-id", "POST", chat, `{"model":"test-model",` + msgs + `}`, map[string]string{"x-session-id": strings.Repeat("s", 1100)}, 400, "x-session-id", "header x-session-id"},
 		{"self parent", "POST", chat, `{"model":"test-model",` + msgs + `}`, map[string]string{"x-session-id": "loop", parentHeader: "loop"}, 400, parentHeader, "cycle"},
 		{"unknown priority", "POST", chat, `{"model":"test-model",` + msgs + `}`, map[string]string{routing.PriorityHeader: "urgent"}, 400, routing.PriorityHeader, "unknown priority"},
 		{"too large", "POST", chat, `{"model":"test-model","messages":[{"role":"user","content":"` + strings.Repeat("x", 5000) + `"}]}`, nil, 413, "", "exceeds the limit"},
@@ -280,7 +282,8 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 	// A nested sub-agent beyond max_subagent_depth (1): child-n's parent is
-	// itself a recorded child.
+	// itself a recorded child. It is routed (as a child of the root), with
+	// a header saying so; before, it was refused with 400.
 	if r := s.chat(t, oneTurn(t, "nest"), map[string]string{"x-session-id": "nest-child", parentHeader: "nest-root"}); r.status != 200 {
 		t.Fatalf("first-level child: %d %s", r.status, r.body)
 	}
@@ -289,10 +292,14 @@ func TestBadInput(t *testing.T) {
 		return ok
 	})
 	r := s.chat(t, oneTurn(t, "nest"), map[string]string{"x-session-id": "nest-grandchild", parentHeader: "nest-child"})
-	if r.status != 400 || !strings.Contains(string(r.body), "too deep") {
-		t.Fatalf("grandchild: %d %s", r.status, r.body)
+	if r.status != 200 || r.header.Get(HeaderDepthLimited) != `depth=2; limit=1; parent="nest-root"` {
+		t.Fatalf("grandchild: %d %q %s", r.status, r.header.Get(HeaderDepthLimited), r.body)
 	}
-	if len(s.ctx[0].requests()) != 1 {
+	waitFor(t, "the capped link recorded", 10*time.Second, func() bool {
+		l, ok := s.te.e.Node().State().Link("nest-grandchild")
+		return ok && l.Parent == "nest-root" && l.Depth == 1
+	})
+	if len(s.ctx[0].requests()) != 2 {
 		t.Fatalf("bad requests reached the worker: %d requests", len(s.ctx[0].requests()))
 	}
 }
@@ -347,6 +354,13 @@ func TestOpenAIClient(t *testing.T) {
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Code != "model_not_found" {
 		t.Fatalf("unknown model error = %v", err)
+	}
+	// models.retrieve: the served model, and 404 for another (was 404 for both).
+	if m, err := client.Models.Get(ctx, testModel); err != nil || m.ID != testModel || m.Object != "model" {
+		t.Fatalf("models.retrieve %s: %+v %v", testModel, m, err)
+	}
+	if _, err := client.Models.Get(ctx, "nope"); !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Code != "model_not_found" {
+		t.Fatalf("models.retrieve nope: %v", err)
 	}
 }
 

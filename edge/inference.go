@@ -128,6 +128,9 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 	if aerr := e.identity(rq, bodyConv, r.Header); aerr != nil {
 		return fail(w, span, aerr)
 	}
+	if rq.id.DepthLimited {
+		w.Header().Set(HeaderDepthLimited, depthLimitedValue(rq.id, e.identityCfg))
+	}
 	rq.promptTokens = len(tokens)
 	rq.blocks = prefix.BlockHashes(tokens, e.cfg.Placement.BlockSize)
 	if conv := rq.id.ConversationID; conv != "" {

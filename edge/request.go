@@ -229,6 +229,9 @@ func parseBody(body []byte, chat bool) (rq *request, bodyConv string, tokens []u
 			if err := json.Unmarshal(msg.Role, &role); err != nil || strings.TrimSpace(role) == "" {
 				return nil, "", nil, badRequest("", fmt.Sprintf("messages[%d].role", i), "messages[%d].role is required (a non-empty string)", i)
 			}
+			if !knownRoles[role] {
+				return nil, "", nil, badRequest("invalid_value", fmt.Sprintf("messages[%d].role", i), "messages[%d].role %q is not a chat role (system, developer, user, assistant, tool)", i, truncate(role, 40))
+			}
 			content, err := flattenContent(msg.Content)
 			if err != nil {
 				return nil, "", nil, badRequest("", fmt.Sprintf("messages[%d].content", i), "messages[%d].content: %v", i, err)
@@ -425,11 +428,15 @@ func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *apiError {
 	if err != nil {
 		var ie *routing.IdentityError
 		if errors.As(err, &ie) {
-			param := e.cfg.ParentHeader
-			if errors.Is(err, routing.ErrIDTooLong) && ie.Header == "" {
-				param = "conversation_params.conversation_id"
+			switch {
+			case errors.Is(err, routing.ErrIDTooLong) && ie.SessionHeader != "":
+				return badRequest("invalid_header", ie.SessionHeader, "%v", err)
+			case errors.Is(err, routing.ErrIDTooLong) && ie.Header == "":
+				return badRequest("invalid_value", "conversation_params.conversation_id", "%v", err)
+			case errors.Is(err, routing.ErrIDTooLong):
+				return badRequest("invalid_header", ie.Header, "%v", err)
 			}
-			return badRequest("invalid_subagent_affinity", param, "%v", err)
+			return badRequest("invalid_subagent_affinity", e.cfg.ParentHeader, "%v", err)
 		}
 		return badRequest("", "", "%v", err)
 	}

@@ -88,13 +88,16 @@ var (
 
 // IdentityError explains a refused identity.
 type IdentityError struct {
-	Err      error  // ErrNestingTooDeep, ErrAffinityCycle or ErrIDTooLong
-	Header   string // the parent header's name ("" when not involved)
-	Child    string
-	Parent   string
-	Root     string
-	Depth    int
-	MaxDepth int
+	Err    error  // ErrAffinityCycle or ErrIDTooLong (ErrNestingTooDeep is no longer returned)
+	Header string // the parent header's name ("" when not involved)
+	// SessionHeader names the session header an over-long conversation id
+	// came from ("" when it came from the body).
+	SessionHeader string
+	Child         string
+	Parent        string
+	Root          string
+	Depth         int
+	MaxDepth      int
 }
 
 func (e *IdentityError) Error() string {
@@ -109,6 +112,9 @@ func (e *IdentityError) Error() string {
 		return fmt.Sprintf("%s: conversation %q names parent %q in header %s, but %q is itself rooted at %q",
 			e.Err, e.Child, e.Parent, e.Header, e.Parent, e.Root)
 	case ErrIDTooLong:
+		if e.SessionHeader != "" {
+			return fmt.Sprintf("%s: header %s value is longer than %d bytes", e.Err, e.SessionHeader, MaxIDBytes)
+		}
 		if e.Header != "" {
 			return fmt.Sprintf("%s: header %s value is longer than %d bytes", e.Err, e.Header, MaxIDBytes)
 		}
@@ -133,6 +139,12 @@ type Identity struct {
 	Depth int
 	// HeaderParent is the parent named by this request's header.
 	HeaderParent string
+	// DepthLimited: the header's parent was at or beyond the nesting
+	// limit, so Parent is its deepest ancestor within the limit (the
+	// request routes as that ancestor's child); RequestedDepth is the
+	// depth the header asked for.
+	DepthLimited   bool
+	RequestedDepth int
 	// ParentMismatch: the header named a different parent than the
 	// recorded link; the recorded link won (stable routing).
 	ParentMismatch bool
@@ -170,8 +182,9 @@ const (
 // own conversation id with ScopeContext. links may be nil (no links known).
 //
 // Nesting: a parent that is itself a recorded child resolves to its root,
-// and depth is its depth plus one; beyond cfg.MaxDepth the request is
-// refused (ErrNestingTooDeep). A child naming itself, or a parent rooted at
+// and depth is its depth plus one; beyond cfg.MaxDepth the request routes
+// as a child of the parent's deepest ancestor within the limit
+// (DepthLimited; it keeps the root, so the same context placement). A child naming itself, or a parent rooted at
 // the child, is refused (ErrAffinityCycle). A child that already has a
 // recorded link keeps it even if the header names another parent (the first
 // link wins, so the child's routing never flips); ParentMismatch reports it.
@@ -185,7 +198,16 @@ const (
 func ResolveIdentity(cfg IdentityConfig, bodyConversationID string, h http.Header, links LinkReader) (Identity, error) {
 	conv := ConversationID(bodyConversationID, h)
 	if len(conv) > MaxIDBytes {
-		return Identity{}, &IdentityError{Err: ErrIDTooLong}
+		ie := &IdentityError{Err: ErrIDTooLong}
+		if strings.TrimSpace(bodyConversationID) == "" {
+			for _, name := range SessionHeaders {
+				if HeaderValue(h, name) != "" {
+					ie.SessionHeader = name
+					break
+				}
+			}
+		}
+		return Identity{}, ie
 	}
 	var parent string
 	if cfg.ParentHeader != "" {
@@ -208,6 +230,10 @@ func ResolveIdentity(cfg IdentityConfig, bodyConversationID string, h http.Heade
 			}
 			id.Parent, id.Root, id.Depth = l.Parent, l.Root, max(int(l.Depth), 1)
 			id.ParentMismatch = l.Parent != parent
+			if pl, ok := links.Link(parent); id.ParentMismatch && ok && int(pl.Depth)+1 > cfg.maxDepth() {
+				// Recorded when it was first seen beyond the limit.
+				id.DepthLimited, id.RequestedDepth = true, int(pl.Depth)+1
+			}
 			id.setKeys(cfg.Scope)
 			return id, nil
 		}
@@ -222,7 +248,11 @@ func ResolveIdentity(cfg IdentityConfig, bodyConversationID string, h http.Heade
 		return Identity{}, &IdentityError{Err: ErrAffinityCycle, Header: cfg.ParentHeader, Child: conv, Parent: parent, Root: root}
 	}
 	if max := cfg.maxDepth(); depth > max {
-		return Identity{}, &IdentityError{Err: ErrNestingTooDeep, Header: cfg.ParentHeader, Child: conv, Parent: parent, Root: root, Depth: depth, MaxDepth: max}
+		// Beyond the limit an agent framework still needs a route: the
+		// request becomes a child of the parent's deepest ancestor within
+		// the limit (same root, so the same context placement).
+		id.DepthLimited, id.RequestedDepth = true, depth
+		parent, depth = ancestorAtDepth(links, parent, depth-1, max-1, root)
 	}
 	id.Parent, id.Root, id.Depth = parent, root, depth
 	if conv != "" {
@@ -231,6 +261,23 @@ func ResolveIdentity(cfg IdentityConfig, bodyConversationID string, h http.Heade
 	}
 	id.setKeys(cfg.Scope)
 	return id, nil
+}
+
+// ancestorAtDepth walks up the recorded links from node (at depth) to its
+// ancestor at depth want; the root (depth 0) when a link is missing. It
+// returns the ancestor and the depth of a child of it.
+func ancestorAtDepth(links LinkReader, node string, depth, want int, root string) (string, int) {
+	for depth > want && depth > 0 {
+		l, ok := links.Link(node)
+		if !ok || l.Parent == "" || int(l.Depth) != depth {
+			return root, 1
+		}
+		node, depth = l.Parent, depth-1
+	}
+	if depth == 0 {
+		return root, 1
+	}
+	return node, depth + 1
 }
 
 func (id *Identity) setKeys(scope Scope) {

@@ -138,14 +138,18 @@ func TestIdentityNesting(t *testing.T) {
 		t.Fatalf("nested: key %q link %+v, want root and %+v", id.Key(fsm.FleetContext), id.Link, want)
 	}
 
-	// Beyond the limit: a typed error naming the depth and the limit.
-	_, err = ResolveIdentity(cfg, "", hdr("x-session-id", "too-deep", parentHeader, "depth-3"), links)
-	var ie *IdentityError
-	if !errors.Is(err, ErrNestingTooDeep) || !errors.As(err, &ie) || ie.Depth != 4 || ie.MaxDepth != 3 {
-		t.Fatalf("depth 4 with limit 3: err %v", err)
+	// Beyond the limit: routed as a child of the deepest ancestor within
+	// it (grandchild-x at depth 2), flagged, same root.
+	id, err = ResolveIdentity(cfg, "", hdr("x-session-id", "too-deep", parentHeader, "depth-3"), links)
+	want = fsm.Link{Child: "too-deep", Parent: "grandchild-x", Root: "root", Depth: 3}
+	if err != nil || !id.DepthLimited || id.RequestedDepth != 4 || id.Link != want || id.HeaderParent != "depth-3" || id.Key(fsm.FleetContext) != "root" {
+		t.Fatalf("depth 4 with limit 3: %+v %v, want link %+v", id, err, want)
 	}
-	if msg := err.Error(); !strings.Contains(msg, "depth 4") || !strings.Contains(msg, "limit of 3") || !strings.Contains(msg, parentHeader) {
-		t.Fatalf("depth error message not specific: %q", msg)
+	// A missing link on the way up falls back to the root.
+	broken := linkTable{"deep": {Child: "deep", Parent: "gone", Root: "root", Depth: 4}}
+	id, err = ResolveIdentity(cfg, "", hdr("x-session-id", "c2", parentHeader, "deep"), broken)
+	if err != nil || !id.DepthLimited || id.Link != (fsm.Link{Child: "c2", Parent: "root", Root: "root", Depth: 1}) {
+		t.Fatalf("broken chain: %+v %v", id, err)
 	}
 	// The default limit is DefaultMaxDepth.
 	if _, err := ResolveIdentity(IdentityConfig{ParentHeader: parentHeader}, "", hdr("x-session-id", "d4", parentHeader, "depth-3"), links); err != nil {
@@ -207,7 +211,13 @@ func TestIdentityRejectsOversizedIDs(t *testing.T) {
 	if _, err := ResolveIdentity(cfg, long, nil, nil); !errors.Is(err, ErrIDTooLong) {
 		t.Fatalf("long conversation id: %v", err)
 	}
-	_, err := ResolveIdentity(cfg, "", hdr("x-session-id", "c", parentHeader, long), nil)
+	// From a session header: the error names the header.
+	_, err := ResolveIdentity(cfg, "", hdr("x-session-id", long), nil)
+	var ie *IdentityError
+	if !errors.As(err, &ie) || ie.SessionHeader != "x-session-id" || !strings.Contains(err.Error(), "x-session-id") {
+		t.Fatalf("long x-session-id: %v", err)
+	}
+	_, err = ResolveIdentity(cfg, "", hdr("x-session-id", "c", parentHeader, long), nil)
 	if !errors.Is(err, ErrIDTooLong) || !strings.Contains(err.Error(), parentHeader) {
 		t.Fatalf("long parent: %v", err)
 	}

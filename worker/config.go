@@ -65,7 +65,7 @@ type Config struct {
 
 	MaxBodyBytes     int64         // max_body_bytes (default 32 MiB)
 	DefaultMaxTokens int           // default_max_tokens (default 16)
-	MaxTokensLimit   int           // max_tokens_limit: larger requests are clamped (default 4096)
+	MaxTokensLimit   int           // max_tokens_limit: larger requests are refused with 400 (default 4096)
 	WriteTimeout     time.Duration // write_timeout: per write (streams extend it per chunk; default 10m)
 
 	// HTTP server limits.

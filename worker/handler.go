@@ -2,10 +2,10 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -24,6 +24,19 @@ import (
 	"github.com/tether-project/tether/worker/engine/sim"
 	"github.com/tether-project/tether/worker/proxy"
 )
+
+// randomID is 24 random alphanumerics: completion ids are globally unique
+// (a counter repeated them after every restart, which clients that key
+// logs or caches by id would conflate).
+func randomID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+	var b [24]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b[:])
+}
 
 // statusClientClosed is recorded (never sent) when the client went away.
 const statusClientClosed = 499
@@ -248,7 +261,7 @@ func (x *exchange) serve() (int, string) {
 	if x.chat {
 		kind = "chatcmpl"
 	}
-	x.id = fmt.Sprintf("%s-%s-%d", kind, s.cfg.InstanceID, seq)
+	x.id = kind + "-" + randomID()
 	x.created = time.Now().Unix()
 	h := x.w.Header()
 	h.Set(HeaderADPRank, strconv.Itoa(d.Rank))
@@ -264,6 +277,7 @@ func (x *exchange) serve() (int, string) {
 		ContextState: p.contextState,
 		Raw:          p.sanitizedBody,
 		Path:         x.r.URL.Path,
+		Output:       p.output,
 	}
 	s.sched.Start(&d.Ticket)
 	emit := func(engine.Chunk) error { return nil }
@@ -331,12 +345,21 @@ func (x *exchange) choice(text *string, finish *string, delta bool) chatChoice {
 func (x *exchange) respond(c engine.Completion, seq uint64) int {
 	finish := c.FinishReason
 	text := c.Text
+	choice := x.choice(&text, &finish, false)
+	if x.chat && len(c.ToolCalls) > 0 {
+		choice.Message = &chatOutput{Role: "assistant", nullContent: true}
+		for _, tc := range c.ToolCalls {
+			choice.Message.ToolCalls = append(choice.Message.ToolCalls, toolCallJSON{
+				ID: tc.ID, Type: "function", Function: toolFunctionJSON{Name: tc.Name, Arguments: tc.Arguments},
+			})
+		}
+	}
 	resp := completionResponse{
 		ID:      x.id,
 		Object:  x.object(false),
 		Created: x.created,
 		Model:   x.p.model,
-		Choices: []chatChoice{x.choice(&text, &finish, false)},
+		Choices: []chatChoice{choice},
 		Usage:   x.usage(c),
 	}
 	if x.p.phase == engine.PhaseContextOnly {
@@ -397,17 +420,48 @@ func (x *exchange) sendEvent(v any) error {
 	return nil
 }
 
-// startStream sends the SSE headers and, for chat, the role chunk.
-func (x *exchange) startStream() error {
+// startStream sends the SSE headers and, for chat, the role chunk; when
+// the answer starts with a tool call, that chunk carries its first piece
+// (as OpenAI streams it) and first reports true.
+func (x *exchange) startStream(first *engine.Chunk) (bool, error) {
 	if x.headerSent {
-		return x.writeErr
+		return false, x.writeErr
 	}
+	if x.chat && first != nil && first.ToolCall != nil {
+		x.sendHeaders()
+		delta := &chatOutput{Role: "assistant", nullContent: true, ToolCalls: []toolCallJSON{toolCallDelta(*first)}}
+		return true, x.sendEvent(completionResponse{
+			ID: x.id, Object: x.object(true), Created: x.created, Model: x.p.model,
+			Choices: []chatChoice{{Delta: delta}},
+		})
+	}
+	return false, x.startTextStream()
+}
+
+// toolCallDelta is a tool call piece as a stream delta.
+func toolCallDelta(c engine.Chunk) toolCallJSON {
+	i := c.ToolIndex
+	d := toolCallJSON{Index: &i, Function: toolFunctionJSON{Name: c.ToolCall.Name, Arguments: c.ToolCall.Arguments}}
+	if c.ToolCall.ID != "" {
+		d.ID, d.Type = c.ToolCall.ID, "function"
+	}
+	return d
+}
+
+func (x *exchange) sendHeaders() {
 	x.headerSent = true
 	h := x.w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	x.w.WriteHeader(http.StatusOK)
+}
+
+func (x *exchange) startTextStream() error {
+	if x.headerSent {
+		return x.writeErr
+	}
+	x.sendHeaders()
 	if x.chat {
 		empty := ""
 		return x.sendEvent(completionResponse{
@@ -419,8 +473,15 @@ func (x *exchange) startStream() error {
 }
 
 func (x *exchange) emitChunk(c engine.Chunk) error {
-	if err := x.startStream(); err != nil {
+	sent, err := x.startStream(&c)
+	if err != nil || sent {
 		return err
+	}
+	if c.ToolCall != nil && x.chat {
+		return x.sendEvent(completionResponse{
+			ID: x.id, Object: x.object(true), Created: x.created, Model: x.p.model,
+			Choices: []chatChoice{{Delta: &chatOutput{ToolCalls: []toolCallJSON{toolCallDelta(c)}}}},
+		})
 	}
 	if c.Text == "" {
 		return nil
@@ -433,7 +494,7 @@ func (x *exchange) emitChunk(c engine.Chunk) error {
 }
 
 func (x *exchange) finishStream(c engine.Completion) int {
-	if err := x.startStream(); err != nil {
+	if _, err := x.startStream(nil); err != nil {
 		return statusClientClosed
 	}
 	finish := c.FinishReason

@@ -78,7 +78,7 @@ func TestCloseDeadlineCancelsInFlightRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := testClient(t)
-	br, _ := startStream(t, c, s.URL(), "100000") // would stream for half an hour
+	br, _ := startStream(t, c, s.URL(), "4096") // would stream for over a minute
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	if err := s.Close(ctx); err != nil {

@@ -192,6 +192,7 @@ type parsedRequest struct {
 	stream         bool
 	includeUsage   bool
 	maxTokens      int
+	output         *engine.OutputOptions
 	bodyConvID     string
 	phase          engine.Phase
 	disagg         *disaggParams
@@ -256,6 +257,9 @@ func parseRequest(body []byte, chat bool, limit, defaultMax int) (*parsedRequest
 			if m.Role == nil || strings.TrimSpace(*m.Role) == "" {
 				return nil, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d].role is required", i)
 			}
+			if !knownRoles[*m.Role] {
+				return nil, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d].role %q is not a chat role (system, developer, user, assistant, tool)", i, truncate(*m.Role, 40))
+			}
 			msgs[i] = prefix.Message{Role: *m.Role, Content: string(m.Content)}
 		}
 		p.prompt = prefix.Tokenize(prefix.RenderChat(msgs))
@@ -294,10 +298,27 @@ func parseRequest(body []byte, chat bool, limit, defaultMax int) (*parsedRequest
 		if *mt.v < 1 {
 			return nil, badRequest(mt.name, "%s must be at least 1, got %d", mt.name, *mt.v)
 		}
-		// Larger requests are clamped (finish_reason "length" tells the
-		// client), as OpenAI-compatible servers do at their context limit.
-		p.maxTokens = int(min(*mt.v, int64(limit)))
+		// Beyond the limit is refused, as vLLM refuses max_tokens beyond
+		// its context length: a silent clamp hides the client's mistake.
+		if *mt.v > int64(limit) {
+			return nil, badRequest(mt.name, "%s is too large: %d; this worker produces at most %d completion tokens per request (max_tokens_limit)", mt.name, *mt.v, limit)
+		}
+		p.maxTokens = int(*mt.v)
 	}
+	var msgs []chatMessage
+	if rb.Messages != nil {
+		msgs = *rb.Messages
+	}
+	out, aerr := outputOptions(top, chat, msgs)
+	if aerr != nil {
+		return nil, aerr
+	}
+	if rb.MaxTokens == nil && rb.MaxCompletionTokens == nil {
+		// The default bounds free text only; tool calls and JSON are
+		// produced whole up to the limit, as a model stops on its own.
+		out.StructuredMaxTokens = limit
+	}
+	p.output = out
 	if rb.ConversationParams != nil {
 		p.bodyConvID = rb.ConversationParams.ConversationID
 	}
@@ -494,6 +515,36 @@ type chatChoice struct {
 type chatOutput struct {
 	Role    string  `json:"role,omitempty"`
 	Content *string `json:"content,omitempty"`
+	// ToolCalls are a message's calls, or a stream delta's call pieces.
+	ToolCalls []toolCallJSON `json:"tool_calls,omitempty"`
+	// nullContent writes "content": null (an answer of tool calls).
+	nullContent bool
+}
+
+func (o chatOutput) MarshalJSON() ([]byte, error) {
+	type plain chatOutput
+	if !o.nullContent || o.Content != nil {
+		return json.Marshal(plain(o))
+	}
+	return json.Marshal(struct {
+		Role      string         `json:"role,omitempty"`
+		Content   *string        `json:"content"`
+		ToolCalls []toolCallJSON `json:"tool_calls,omitempty"`
+	}{o.Role, nil, o.ToolCalls})
+}
+
+// toolCallJSON is a tool call as OpenAI writes it; in a stream delta,
+// index names the call and id, type and name come only in its first piece.
+type toolCallJSON struct {
+	Index    *int             `json:"index,omitempty"`
+	ID       string           `json:"id,omitempty"`
+	Type     string           `json:"type,omitempty"`
+	Function toolFunctionJSON `json:"function"`
+}
+
+type toolFunctionJSON struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
 }
 
 // disaggResponse is disaggregated_params in a context_only response.

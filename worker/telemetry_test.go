@@ -410,7 +410,7 @@ func TestQueueJumpTriggersImmediateLoadReport(t *testing.T) {
 	c := testClient(t)
 	waitReady(t, c, s.URL(), http.StatusOK)
 	for i := 0; i < queueJump; i++ {
-		startStream(t, c, s.URL(), "100000")
+		startStream(t, c, s.URL(), "4096")
 	}
 	edge.waitLoad("the burst", func(r telemetry.LoadReport) bool {
 		return r.Ranks[0].ActiveRequests+r.Ranks[0].QueuedRequests+r.Ranks[1].ActiveRequests+r.Ranks[1].QueuedRequests >= queueJump

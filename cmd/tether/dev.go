@@ -87,8 +87,8 @@ func runDev(ctx context.Context, args []string) error {
 		security = "PLAINTEXT"
 		opts.Logger.Warn("tether dev --plaintext: Raft, the HTTP and admin API, worker hops and NATS are unencrypted and unauthenticated by certificate")
 	}
-	fmt.Fprintf(out, "tether dev: starting %d edges, %d context + %d generation workers (%d ADP ranks each), scope %s, engine time scale %g, %s\n",
-		opts.Edges, opts.ContextWorkers, opts.GenerationWorkers, opts.Ranks, sc, opts.TimeScale, security)
+	fmt.Fprintf(out, "tether dev: starting %s, %d context + %d generation workers (%s each), scope %s, engine time scale %g, %s\n",
+		plural(opts.Edges, "edge"), opts.ContextWorkers, opts.GenerationWorkers, plural(opts.Ranks, "ADP rank"), sc, opts.TimeScale, security)
 
 	st, err := devstack.Start(ctx, opts)
 	if err != nil {
@@ -138,10 +138,8 @@ func printStack(out io.Writer, st *devstack.Stack) {
 		dd = st.DataDir() + " (temporary, removed on exit)"
 	}
 	line("data dir", dd)
-	cacert := ""
 	if ca := st.CAFile(); ca != "" {
-		line("ca cert", ca+"  (every node's certificate chains to it: curl --cacert)")
-		cacert = "--cacert " + ca + " "
+		line("ca cert", ca+"  (every node's certificate chains to it: curl --cacert, SSL_CERT_FILE, NODE_EXTRA_CA_CERTS; see README)")
 	} else {
 		line("tls", "off (--plaintext)")
 	}
@@ -152,17 +150,50 @@ func printStack(out io.Writer, st *devstack.Stack) {
 	for _, w := range st.Workers() {
 		line(w.ID, w.URL()+"  "+w.Fleet.String()+" worker")
 	}
-	line("admin token", st.AdminToken())
-	first := st.Edges()[0].URL()
-	second := first
-	if len(st.Edges()) > 1 {
-		second = st.Edges()[1].URL()
+	tokenNote := "  (random, kept in the data dir; --admin-token or $" + edge.EnvAdminToken + " wins)"
+	line("admin token", st.AdminToken()+tokenNote)
+	fmt.Fprint(out, banner(st.Edges(), st.Model(), st.CAFile(), st.AdminToken()))
+}
+
+// plural is "1 edge", "3 edges".
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
 	}
-	body := fmt.Sprintf(`{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":"list the files"}]}`, st.Model())
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// banner is the example printed at startup: a parent conversation, then
+// its sub-agent re-sending the same 300-token system prompt (4 whole
+// 64-token blocks), so the second answer shows the cache hit on the
+// parent's context instance. With several edges the sub-agent goes to
+// another edge, which routes it the same way.
+func banner(edges []*devstack.EdgeNode, model, caFile, token string) string {
+	first, second := edges[0], edges[0]
+	where := "on " + first.ID + ", then its sub-agent on the same edge"
+	if len(edges) > 1 {
+		second = edges[1]
+		where = "on " + first.ID + ", then its sub-agent on " + second.ID
+	}
+	cacert := ""
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nA parent conversation on one edge, then its sub-agent on another (same context instance, see x-tether-route):\n\n")
-	fmt.Fprintf(&b, "  curl -si %s%s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -H 'x-session-id: parent-1' -d '%s'\n\n", cacert, first, body)
-	fmt.Fprintf(&b, "  curl -si %s%s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -H 'x-session-id: child-a' -H '%s: parent-1' -d '%s'\n\n", cacert, second, devstack.ParentHeader, body)
-	fmt.Fprintf(&b, "  curl -s %s-H 'Authorization: Bearer %s' %s/admin/v1/bindings/context/parent-1\n\n", cacert, st.AdminToken(), first)
-	fmt.Fprint(out, b.String())
+	fmt.Fprintf(&b, "\nA parent conversation %s.\n", where)
+	fmt.Fprintf(&b, "The sub-agent re-sends the parent's 300-token system prompt: it lands on the same\n")
+	fmt.Fprintf(&b, "context instance (x-tether-route) and its usage reports cached_tokens for the\n")
+	fmt.Fprintf(&b, "prompt's whole 64-token blocks:\n\n")
+	if caFile != "" {
+		fmt.Fprintf(&b, "  CA=%s\n", caFile)
+		cacert = "--cacert $CA "
+	}
+	fmt.Fprintf(&b, "  TOKEN=%s\n", token)
+	fmt.Fprintf(&b, "  SYS=$(printf 'tool-%%d ' $(seq 1 300))\n\n")
+	req := func(edge *devstack.EdgeNode, session, extra, user string) {
+		fmt.Fprintf(&b, "  curl -si %s%s/v1/chat/completions -H 'Content-Type: application/json' \\\n", cacert, edge.URL())
+		fmt.Fprintf(&b, "    -H 'x-session-id: %s'%s \\\n", session, extra)
+		fmt.Fprintf(&b, "    -d '{\"model\":%q,\"max_tokens\":8,\"messages\":[{\"role\":\"system\",\"content\":\"'\"$SYS\"'\"},{\"role\":\"user\",\"content\":%q}]}'\n\n", model, user)
+	}
+	req(first, "parent-1", "", "plan the work")
+	req(second, "child-a", " -H '"+devstack.ParentHeader+": parent-1'", "explore package routing")
+	fmt.Fprintf(&b, "  curl -s %s-H \"Authorization: Bearer $TOKEN\" %s/admin/v1/bindings/context/parent-1\n\n", cacert, edges[len(edges)-1].URL())
+	return b.String()
 }

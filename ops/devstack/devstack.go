@@ -252,13 +252,13 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		}
 	}()
 
-	if s.adminToken = opts.AdminToken; s.adminToken == "" {
-		s.adminToken = randomSecret()
-	}
 	if s.internalKey = opts.InternalKey; s.internalKey == "" {
 		s.internalKey = randomSecret()
 	}
 	if err := s.prepareDataDir(); err != nil {
+		return nil, err
+	}
+	if s.adminToken, err = adminToken(s.dataDir, opts.AdminToken); err != nil {
 		return nil, err
 	}
 	if err := s.preparePKI(); err != nil {

@@ -164,6 +164,11 @@ func TestRestartOnDataDirKeepsBindings(t *testing.T) {
 	}
 
 	st2 := startStack(t, Options{DataDir: dir, MutualTLS: true})
+	// The generated admin token is kept with the data (it changed on every
+	// restart before, while the CA was kept).
+	if st2.AdminToken() != st.AdminToken() {
+		t.Fatalf("admin token %q after restart, was %q", st2.AdminToken(), st.AdminToken())
+	}
 	for i, n := range st2.Edges() {
 		if n.RaftAddr != raftAddrs[i] {
 			t.Fatalf("%s: raft address %s after restart, was %s", n.ID, n.RaftAddr, raftAddrs[i])
@@ -285,5 +290,57 @@ func TestDataDirWithRaftStateButNoManifest(t *testing.T) {
 	_, err = Start(context.Background(), Options{DataDir: dir})
 	if err == nil || !strings.Contains(err.Error(), "version 9") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// The admin token: a given one wins and is not stored; else the data dir's;
+// else a new one, stored with mode 0600.
+func TestAdminTokenKeptInDataDir(t *testing.T) {
+	dir := t.TempDir()
+	tok, err := adminToken(dir, "")
+	if err != nil || len(tok) < 16 {
+		t.Fatalf("generated %q: %v", tok, err)
+	}
+	fi, err := os.Stat(filepath.Join(dir, adminTokenName))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("stored token file: %v %v", fi, err)
+	}
+	if again, err := adminToken(dir, ""); err != nil || again != tok {
+		t.Fatalf("second start: %q %v, want %q", again, err, tok)
+	}
+	if given, err := adminToken(dir, "given-token-0123456789"); err != nil || given != "given-token-0123456789" {
+		t.Fatalf("given: %q %v", given, err)
+	}
+	if again, _ := adminToken(dir, ""); again != tok {
+		t.Fatalf("a given token replaced the stored one: %q", again)
+	}
+	if err := os.WriteFile(filepath.Join(dir, adminTokenName), []byte("short\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adminToken(dir, ""); err == nil || !strings.Contains(err.Error(), adminTokenName) {
+		t.Fatalf("short stored token: %v", err)
+	}
+}
+
+// A healthy idle worker has an empty cache the edge knows from its reports:
+// not kv_stale (before, every instance was until traffic arrived).
+func TestIdleInstancesAreNotKVStale(t *testing.T) {
+	st := startStack(t, Options{Edges: 1, ContextWorkers: 1, GenerationWorkers: 1, Ranks: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var resp struct {
+		Instances []edge.InstanceInfo `json:"instances"`
+	}
+	if err := st.Edges()[0].AdminGet(ctx, "instances", &resp); err != nil {
+		t.Fatal(err)
+	}
+	inst := resp.Instances
+	if len(inst) != 2 {
+		t.Fatalf("instances %+v", inst)
+	}
+	for _, in := range inst {
+		if !in.Healthy || in.KVStale {
+			t.Fatalf("idle instance %s: healthy %v kv_stale %v", in.ID, in.Healthy, in.KVStale)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package devstack
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -95,4 +96,35 @@ func writeManifest(dir string, peers []edge.PeerConfig) error {
 		return fmt.Errorf("devstack: write %s: %w", path, err)
 	}
 	return nil
+}
+
+// adminTokenName is the file in the data directory keeping the generated
+// admin token, so a restart on the same data dir keeps clients' $TOKEN
+// working (as the CA in tls/ keeps their trust).
+const adminTokenName = "admin-token"
+
+// adminToken returns the token to use: the given one (flag or environment:
+// it wins and is not stored), else the data dir's, else a new random one,
+// stored (mode 0600) for the next start.
+func adminToken(dir, given string) (string, error) {
+	if given != "" {
+		return given, nil
+	}
+	path := filepath.Join(dir, adminTokenName)
+	data, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		tok := string(bytes.TrimSpace(data))
+		if len(tok) < 16 {
+			return "", fmt.Errorf("devstack: %s holds no admin token of at least 16 bytes; remove it to generate one", path)
+		}
+		return tok, nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("devstack: admin token: %w", err)
+	}
+	tok := randomSecret()
+	if err := os.WriteFile(path, []byte(tok+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("devstack: admin token: %w", err)
+	}
+	return tok, nil
 }

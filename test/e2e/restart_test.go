@@ -12,7 +12,8 @@ import (
 )
 
 // TestRestartKeepsBindings: `tether dev --data-dir X`, stopped with SIGTERM
-// and started again on X (new HTTP and worker ports, a new admin token),
+// and started again on X (new HTTP and worker ports; the admin token, kept
+// in X, printed again),
 // still binds the conversations to the same instances, and a further turn
 // goes there.
 func TestRestartKeepsBindings(t *testing.T) {
@@ -35,6 +36,9 @@ func TestRestartKeepsBindings(t *testing.T) {
 	}
 
 	p2 := startDev(t, "--data-dir", dir)
+	if p2.token != p.token {
+		t.Fatalf("admin token %q after restart, was %q (it is kept in the data dir)", p2.token, p.token)
+	}
 	for i := range 3 {
 		b, ok := adminBinding(t, c, p2.edge(i), p2.token, "context", "parent-1")
 		if !ok || b.Instance != p1.ctxInst || b.ConversationID != "parent-1" {

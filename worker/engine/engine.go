@@ -52,11 +52,59 @@ type Request struct {
 	// Path is the API path the request arrived on (/v1/chat/completions
 	// or /v1/completions), for proxies.
 	Path string
+	// Output shapes what the simulated engine answers (tool calls, JSON,
+	// stop sequences, seed). Nil: free text. Proxies ignore it: the
+	// upstream reads the same options from Raw.
+	Output *OutputOptions
 }
 
-// Chunk is one streamed piece of output.
+// OutputOptions are the request options that shape a chat answer, parsed
+// and validated by the worker (worker/chatopts.go).
+type OutputOptions struct {
+	Tools []Tool
+	// ToolChoice is "none", "auto", "required" or "function" (then
+	// ToolName names it). Empty: "auto" with tools, "none" without.
+	ToolChoice string
+	ToolName   string
+	// ParallelToolCalls allows more than one call in an answer.
+	ParallelToolCalls bool
+	// ResponseFormat is "", "text", "json_object" or "json_schema" (with
+	// Schema, the JSON schema the answer must satisfy).
+	ResponseFormat string
+	Schema         []byte
+	Stop           []string
+	// Seed, when set, varies the deterministic output.
+	Seed *int64
+	// LastUserText is the text of the last user message; ToolResults is
+	// true when a tool message follows it (the tools already ran).
+	LastUserText string
+	ToolResults  bool
+	// StructuredMaxTokens bounds tool calls and JSON answers when the
+	// client did not set max tokens (MaxTokens is then only the default
+	// length of free text); 0: MaxTokens bounds them too.
+	StructuredMaxTokens int
+}
+
+// Tool is a function the model may call.
+type Tool struct {
+	Name       string
+	Parameters []byte // JSON schema of the arguments (may be empty)
+}
+
+// ToolCall is one function call of an answer.
+type ToolCall struct {
+	ID        string
+	Name      string
+	Arguments string
+}
+
+// Chunk is one streamed piece of output: text, or a piece of a tool call.
 type Chunk struct {
 	Text string
+	// ToolCall, when set, is a delta of call number ToolIndex: its first
+	// delta carries ID and Name, the following ones pieces of Arguments.
+	ToolCall  *ToolCall
+	ToolIndex int
 }
 
 // Completion is the outcome of a run.
@@ -65,7 +113,8 @@ type Completion struct {
 	CachedTokens     int // prompt tokens served from the rank's prefix cache
 	CompletionTokens int
 	Text             string // the whole generated text
-	FinishReason     string // "stop" or "length"
+	ToolCalls        []ToolCall
+	FinishReason     string // "stop", "length" or "tool_calls"
 	// ContextState is set by context-only runs: what the generation side
 	// needs to continue (for the simulator: the prompt and first token).
 	ContextState []byte

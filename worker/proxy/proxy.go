@@ -347,7 +347,15 @@ func errorMessage(r io.Reader) string {
 type streamChunk struct {
 	Choices []struct {
 		Delta *struct {
-			Content *string `json:"content"`
+			Content   *string `json:"content"`
+			ToolCalls []struct {
+				Index    int    `json:"index"`
+				ID       string `json:"id"`
+				Function struct {
+					Name      string `json:"name"`
+					Arguments string `json:"arguments"`
+				} `json:"function"`
+			} `json:"tool_calls"`
 		} `json:"delta"`
 		Text         *string `json:"text"`
 		FinishReason *string `json:"finish_reason"`
@@ -388,6 +396,29 @@ func readStream(r io.Reader, req engine.Request, emit func(engine.Chunk) error, 
 			return comp, &UpstreamError{Rank: req.Rank, URL: target, Message: errorMessage(bytes.NewReader(data))}
 		}
 		for _, c := range ch.Choices {
+			if c.Delta != nil {
+				// Tool calls pass through: the upstream model decided them.
+				for _, tc := range c.Delta.ToolCalls {
+					if tc.Index < 0 || tc.Index > 1024 {
+						return comp, fmt.Errorf("proxy: rank %d upstream %s: tool call index %d out of range", req.Rank, target, tc.Index)
+					}
+					for len(comp.ToolCalls) <= tc.Index {
+						comp.ToolCalls = append(comp.ToolCalls, engine.ToolCall{})
+					}
+					call := &comp.ToolCalls[tc.Index]
+					if tc.ID != "" {
+						call.ID = tc.ID
+					}
+					call.Name += tc.Function.Name
+					call.Arguments += tc.Function.Arguments
+					if emit != nil {
+						piece := engine.ToolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments}
+						if err := emit(engine.Chunk{ToolCall: &piece, ToolIndex: tc.Index}); err != nil {
+							return comp, fmt.Errorf("proxy: emit: %w", err)
+						}
+					}
+				}
+			}
 			var piece string
 			if c.Delta != nil && c.Delta.Content != nil {
 				piece = *c.Delta.Content

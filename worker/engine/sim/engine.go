@@ -135,6 +135,15 @@ func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.C
 	if err != nil {
 		return engine.Completion{}, fmt.Errorf("sim: request %s: %w", req.ID, err)
 	}
+	var plan *outputPlan
+	if req.Output != nil && req.Phase != engine.PhaseContextOnly {
+		// The context phase produces one token; the generation side (or
+		// an aggregated run) answers in the shape the options ask for.
+		seed = mixSeed(seed, req.Output)
+		pl := planOutput(seed, req.MaxTokens, req.Output)
+		plan = &pl
+		vreq.OutputTokens = pl.tokens()
+	}
 
 	rd := e.ranks[req.Rank]
 	rd.mu.Lock()
@@ -165,7 +174,7 @@ func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.C
 		Decode:           res.Decode,
 		TransferTokens:   res.TransferTokens,
 	}
-	if err := e.play(ctx, res, seed, emit); err != nil {
+	if err := e.play(ctx, res, seed, plan, emit); err != nil {
 		rd.mu.Lock()
 		rd.vr.cancel(res.id, e.now())
 		rd.mu.Unlock()
@@ -177,6 +186,9 @@ func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.C
 	rd.mu.Unlock()
 
 	c.Text = outputText(seed, res.CompletionTokens)
+	if plan != nil && plan.words == 0 {
+		c.Text, c.ToolCalls, c.FinishReason = plan.text, plan.calls, plan.finish
+	}
 	if req.Phase == engine.PhaseContextOnly {
 		c.ContextState = contextState{
 			blockSize: e.cfg.BlockSize, promptTokens: vreq.PromptTokens, seed: seed, hashes: vreq.Hashes,
@@ -231,7 +243,7 @@ func (e *Engine) prepare(req engine.Request) (VirtualRequest, uint64, error) {
 }
 
 // play waits until each computed instant of res and emits its tokens.
-func (e *Engine) play(ctx context.Context, res VirtualResult, seed uint64, emit func(engine.Chunk) error) error {
+func (e *Engine) play(ctx context.Context, res VirtualResult, seed uint64, plan *outputPlan, emit func(engine.Chunk) error) error {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -274,7 +286,11 @@ func (e *Engine) play(ctx context.Context, res VirtualResult, seed uint64, emit 
 		if emit == nil {
 			continue
 		}
-		if err := emit(engine.Chunk{Text: outputChunk(seed, i)}); err != nil {
+		ch := engine.Chunk{Text: outputChunk(seed, i)}
+		if plan != nil {
+			ch = plan.chunk(seed, i)
+		}
+		if err := emit(ch); err != nil {
 			return fmt.Errorf("sim: emit token %d: %w", i, err)
 		}
 	}

@@ -1,0 +1,239 @@
+// Package agents runs a real agent framework, the OpenAI Agents SDK (node,
+// from npm), against an in-process tether dev stack (ops/devstack): a
+// function tool, a structured output and a handoff to a sub-agent whose
+// calls carry the parent-session header. It needs node and npm; without
+// them, or without the npm registry, it skips and says why.
+package agents
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tether-project/tether/ops/devstack"
+	"github.com/tether-project/tether/test/leakcheck"
+)
+
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
+
+type call struct {
+	Who       string   `json:"who"`
+	Status    int      `json:"status"`
+	Route     string   `json:"route"`
+	Finish    string   `json:"finish"`
+	ToolCalls []string `json:"tool_calls"`
+	Usage     *struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+	Error string `json:"error"`
+}
+
+type report struct {
+	Tool struct {
+		Error string   `json:"error"`
+		Runs  []string `json:"runs"`
+		Final string   `json:"final"`
+	} `json:"tool"`
+	Structured struct {
+		Final struct {
+			City         string   `json:"city"`
+			TemperatureC *float64 `json:"temperature_c"`
+			Conditions   string   `json:"conditions"`
+			Tags         []string `json:"tags"`
+		} `json:"final"`
+		Valid bool   `json:"valid"`
+		Error string `json:"error"`
+	} `json:"structured"`
+	Handoff struct {
+		Error     string `json:"error"`
+		LastAgent string `json:"last_agent"`
+		Final     string `json:"final"`
+	} `json:"handoff"`
+	Calls []call `json:"calls"`
+}
+
+func TestAgentsSDK(t *testing.T) {
+	modules := installSDK(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	st, err := devstack.Start(ctx, devstack.Options{Edges: 1, ContextWorkers: 2, GenerationWorkers: 1, Ranks: 2})
+	if err != nil {
+		t.Fatalf("devstack: %v", err)
+	}
+	t.Cleanup(func() {
+		cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer ccancel()
+		if err := st.Close(cctx); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	if err := st.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	script, err := filepath.Abs(filepath.Join("testdata", "agents.mjs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The script runs from the installed modules' directory so its imports
+	// resolve there.
+	dst := filepath.Join(modules, "agents.mjs")
+	src, err := os.ReadFile(script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, "node", dst)
+	cmd.Dir = modules
+	cmd.Env = append(os.Environ(),
+		"TETHER_URL="+st.Edges()[0].URL()+"/v1",
+		"TETHER_MODEL="+st.Model(),
+		"TETHER_PARENT_HEADER="+devstack.ParentHeader)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("node agents.mjs: %v\nstderr:\n%s\nstdout:\n%s", err, stderr.String(), stdout.String())
+	}
+	var r report
+	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &r); err != nil {
+		t.Fatalf("script output is not the report (%v):\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	t.Logf("report: %s", stdout.String())
+
+	var failed []string
+	for name, e := range map[string]string{"tool": r.Tool.Error, "structured output": r.Structured.Error, "handoff": r.Handoff.Error} {
+		if e != "" {
+			failed = append(failed, name+": "+e)
+		}
+	}
+	if len(failed) > 0 {
+		t.Errorf("the SDK failed:\n%s", strings.Join(failed, "\n"))
+	}
+	// The tool ran, with the arguments the model produced, and the agent
+	// answered after it.
+	if len(r.Tool.Runs) != 1 || r.Tool.Runs[0] == "" || r.Tool.Final == "" {
+		t.Errorf("function tool: runs %q, final %q", r.Tool.Runs, r.Tool.Final)
+	}
+	// The structured output parsed against its schema.
+	if f := r.Structured.Final; !r.Structured.Valid || f.City == "" || f.TemperatureC == nil || f.Conditions != "sunny" || len(f.Tags) == 0 {
+		t.Errorf("structured output: %+v", r.Structured)
+	}
+	// The handoff happened; the sub-agent's calls carried the parent header,
+	// landed on the parent's context instance and hit its cache.
+	if r.Handoff.LastAgent != "Research agent" || r.Handoff.Final == "" {
+		t.Fatalf("handoff: %+v", r.Handoff)
+	}
+	if t.Failed() {
+		return
+	}
+	parentCtx := map[string]bool{}
+	var child []call
+	for _, c := range r.Calls {
+		if c.Status != 200 || c.Usage == nil {
+			t.Fatalf("call %+v", c)
+		}
+		inst := contextInstance(t, c.Route)
+		if c.Who == "parent" {
+			parentCtx[inst] = true
+		} else {
+			child = append(child, c)
+		}
+	}
+	if len(parentCtx) != 1 {
+		t.Fatalf("the parent's calls used context instances %v, want one (its binding)", parentCtx)
+	}
+	if len(child) == 0 {
+		t.Fatal("no sub-agent call recorded")
+	}
+	for _, c := range child {
+		if inst := contextInstance(t, c.Route); !parentCtx[inst] {
+			t.Fatalf("sub-agent call on context instance %s, the parent's is %v", inst, parentCtx)
+		}
+		if c.Usage.PromptTokensDetails.CachedTokens == 0 {
+			t.Fatalf("sub-agent call reported no cached tokens: %+v", c)
+		}
+	}
+}
+
+// contextInstance is the instance of "context=ctx-1/0; generation=gen-1/1".
+func contextInstance(t *testing.T, route string) string {
+	t.Helper()
+	for _, part := range strings.Split(route, ";") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(part), "context="); ok {
+			inst, _, _ := strings.Cut(v, "/")
+			return inst
+		}
+	}
+	t.Fatalf("no context hop in x-tether-route %q", route)
+	return ""
+}
+
+// installSDK installs the committed package-lock.json with npm ci into a
+// cache directory keyed by the lock's hash (installed once per machine)
+// and returns that directory. It skips without node or npm, or when npm
+// cannot reach its registry.
+func installSDK(t *testing.T) string {
+	t.Helper()
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed: the Agents SDK test needs node and npm", tool)
+		}
+	}
+	lock, err := os.ReadFile(filepath.Join("testdata", "package-lock.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkg, err := os.ReadFile(filepath.Join("testdata", "package.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(append(append([]byte{}, pkg...), lock...))
+	base, err := os.UserCacheDir()
+	if err != nil {
+		base = os.TempDir()
+	}
+	dir := filepath.Join(base, "tether-test-agents", hex.EncodeToString(sum[:8]))
+	done := filepath.Join(dir, ".installed")
+	if _, err := os.Stat(done); err == nil {
+		return dir
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{"package.json": pkg, "package-lock.json": lock} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		msg := string(out)
+		for _, offline := range []string{"ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ETIMEDOUT", "ECONNRESET", "network", "fetch failed"} {
+			if strings.Contains(msg, offline) {
+				t.Skipf("npm ci could not reach the registry (the Agents SDK test needs @openai/agents from npm): %v\n%s", err, msg)
+			}
+		}
+		t.Fatalf("npm ci in %s: %v\n%s", dir, err, msg)
+	}
+	if err := os.WriteFile(done, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
