@@ -130,6 +130,13 @@ type ServersConfig struct {
 	NumInstances int              `yaml:"num_instances"`
 	URLs         []StaticInstance `yaml:"urls"`
 	Router       RouterConfig     `yaml:"router"`
+	// Engine is what serves the fleet (edge/engines.go): tether workers
+	// (the default), trtllm-serve, vLLM or SGLang.
+	Engine EngineKind `yaml:"engine"`
+	// DataParallelSize is the number of data-parallel ranks behind each
+	// URL of a vLLM or SGLang fleet (0 or 1: none); the edge picks a
+	// conversation's rank and sends it as X-Data-Parallel-Rank.
+	DataParallelSize int `yaml:"data_parallel_size"`
 }
 
 // StaticInstance is one configured worker: a URL, or {name, url}. Its
@@ -702,7 +709,7 @@ func (c *Config) Validate() error {
 	if c.InternalRequestAuthKey != "" && len(c.InternalRequestAuthKey) < MinSecretLen {
 		bad("internal_request_auth_key", "%d bytes is too short (want at least %d)", len(c.InternalRequestAuthKey), MinSecretLen)
 	}
-	if c.ParentHeader != "" && c.InternalRequestAuthKey == "" {
+	if c.ParentHeader != "" && c.InternalRequestAuthKey == "" && !c.Aggregated() {
 		bad("internal_request_auth_key", "required when conversation_affinity_header_for_subagents is set (%s): sub-agent hints must be signed; set it or %s",
 			c.ParentHeader, EnvInternalRequestAuthKey)
 	}
@@ -737,9 +744,10 @@ func (c *Config) Validate() error {
 		if len(fl.s.URLs) > 0 && fl.s.NumInstances != 0 && fl.s.NumInstances != len(fl.s.URLs) {
 			bad(fl.key+".num_instances", "is %d but %s.urls lists %d instances", fl.s.NumInstances, fl.key, len(fl.s.URLs))
 		}
-		if len(fl.s.URLs) == 0 && !c.NATS.Enabled() {
+		if len(fl.s.URLs) == 0 && !c.NATS.Enabled() && !(fl.s == &c.GenerationServers && c.Aggregated()) {
 			bad(fl.key+".urls", "no instances: list the workers' URLs or configure nats so workers register themselves")
 		}
+		errs = append(errs, c.validateEngine(fl.key, fl.s)...)
 		for i, si := range fl.s.URLs {
 			key := fmt.Sprintf("%s.urls[%d]", fl.key, i)
 			if err := checkWorkerURL(si.URL); err != nil {

@@ -40,6 +40,12 @@ type Static struct {
 	ID    string // the configured name, else the URL
 	URL   string
 	Fleet fsm.Fleet
+	// Metrics is the engine's /metrics format (MetricsVLLM,
+	// MetricsSGLang): the edge scrapes it for load. "" for tether workers
+	// (NATS telemetry) and engines it does not scrape.
+	Metrics string
+	// Ranks is the engine's data-parallel size (0: unknown).
+	Ranks int
 }
 
 // Config configures a Fleet. Zero durations take the defaults noted.
@@ -160,6 +166,13 @@ type instance struct {
 	inflightReq atomic.Int64
 	inflightTok atomic.Int64
 
+	// Engine metrics scraped over HTTP (static engines; engines.go).
+	metricsFormat string
+	ranks         int
+	scraped       bool
+	scrapeFailed  bool
+	lastScrape    time.Time
+
 	lastProbeOK time.Time // last successful probe
 	probedAt    time.Time // last completed probe, successful or not
 	probeOK     bool      // its result
@@ -262,7 +275,10 @@ func New(cfg Config) (*Fleet, error) {
 		if _, dup := f.byID[s.ID]; dup {
 			return nil, fmt.Errorf("fleetview: static instance %q configured twice", s.ID)
 		}
-		f.byID[s.ID] = &instance{id: s.ID, fleet: s.Fleet, url: s.URL, static: true}
+		if s.Metrics != "" && s.Metrics != MetricsVLLM && s.Metrics != MetricsSGLang {
+			return nil, fmt.Errorf("fleetview: static instance %q: unknown metrics format %q", s.ID, s.Metrics)
+		}
+		f.byID[s.ID] = &instance{id: s.ID, fleet: s.Fleet, url: s.URL, static: true, metricsFormat: s.Metrics, ranks: s.Ranks}
 	}
 	if f.metrics, err = newMetrics(cfg.Registerer, f); err != nil {
 		return nil, err
@@ -469,6 +485,13 @@ func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
 		out.KVUsedBlocks, out.KVTotalBlocks = in.kvUsed, in.kvTotal
 		out.WindowLookupTokens, out.WindowHitTokens = in.lookup, in.hit
 	}
+	if in.metricsFormat != "" {
+		out.Ranks = in.ranks
+		if in.scraped {
+			out.QueuedRequests, out.ActiveRequests, out.ActivePromptTokens = in.queued, in.active, in.activeTok
+			out.KVUsedBlocks, out.KVTotalBlocks = in.kvUsed, in.kvTotal
+		}
+	}
 	return out
 }
 
@@ -525,6 +548,9 @@ func (f *Fleet) Views(now time.Time, dst []routing.InstanceView) []routing.Insta
 				v.HitRate = float64(in.hit) / float64(in.lookup)
 			}
 		}
+		if in.metricsFormat != "" {
+			v.Ranks = in.ranks
+		}
 		dst = append(dst, v)
 	}
 	return dst
@@ -537,7 +563,8 @@ func (f *Fleet) Views(now time.Time, dst []routing.InstanceView) []routing.Insta
 func (f *Fleet) NoteDispatch(id string, promptTokens int) (done func()) {
 	f.mu.RLock()
 	in, ok := f.byID[id]
-	reported := ok && in.hasReport
+	// A scraped engine's figures count what it received, as a report does.
+	reported := ok && (in.hasReport || in.scraped)
 	f.mu.RUnlock()
 	switch {
 	case !ok:
@@ -991,13 +1018,13 @@ const maxParallelProbes = 16
 
 func (f *Fleet) probeRound() {
 	now := f.cfg.Now()
-	type target struct{ id, url string }
+	type target struct{ id, url, metrics string }
 	var targets []target
 	f.mu.RLock()
 	for _, in := range f.byID {
 		fresh := in.hasReport && now.Sub(in.lastReport) <= f.staleAfter(in.interval)
 		if in.url != "" && !fresh && (in.static || f.blindLocked(in, now)) {
-			targets = append(targets, target{in.id, in.url})
+			targets = append(targets, target{in.id, in.url, in.metricsFormat})
 		}
 	}
 	f.mu.RUnlock()
@@ -1020,6 +1047,9 @@ func (f *Fleet) probeRound() {
 			}
 			f.mu.Unlock()
 			f.bump()
+			if ok && tg.metrics != "" {
+				f.scrape(tg.id, tg.url, tg.metrics)
+			}
 		}()
 	}
 	wg.Wait()
