@@ -137,7 +137,17 @@ type ServersConfig struct {
 	// URL of a vLLM or SGLang fleet (0 or 1: none); the edge picks a
 	// conversation's rank and sends it as X-Data-Parallel-Rank.
 	DataParallelSize int `yaml:"data_parallel_size"`
+	// HealthPath is the readiness probe of the static workers (urls):
+	// GET answering 200 means ready. Default /health, which trtllm-serve,
+	// vLLM, SGLang and tether workers serve (docs/engines-trtllm.md).
+	HealthPath string `yaml:"health_path"`
+	// HealthCheckModel: a probe also requires the served model in the
+	// worker's GET /v1/models list.
+	HealthCheckModel bool `yaml:"health_check_model"`
 }
+
+// DefaultHealthPath is the default probe path of static workers.
+const DefaultHealthPath = "/health"
 
 // StaticInstance is one configured worker: a URL, or {name, url}. Its
 // instance id is the name when given, else the URL.
@@ -355,10 +365,12 @@ func DefaultConfig() Config {
 			DumpTimeout:    DefaultDumpTimeout,
 			StartupGrace:   DefaultStartupGrace,
 		},
-		Leader:  LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
-		Cluster: ClusterConfig{ProposeTimeout: DefaultProposeTimeout},
-		Tracing: TracingConfig{Exporter: "none"},
-		TLS:     TLSConfig{Mode: TLSModePlaintext},
+		ContextServers:    ServersConfig{HealthPath: DefaultHealthPath},
+		GenerationServers: ServersConfig{HealthPath: DefaultHealthPath},
+		Leader:            LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
+		Cluster:           ClusterConfig{ProposeTimeout: DefaultProposeTimeout},
+		Tracing:           TracingConfig{Exporter: "none"},
+		TLS:               TLSConfig{Mode: TLSModePlaintext},
 	}
 }
 
@@ -743,6 +755,12 @@ func (c *Config) Validate() error {
 		}
 		if len(fl.s.URLs) > 0 && fl.s.NumInstances != 0 && fl.s.NumInstances != len(fl.s.URLs) {
 			bad(fl.key+".num_instances", "is %d but %s.urls lists %d instances", fl.s.NumInstances, fl.key, len(fl.s.URLs))
+		}
+		if fl.s.HealthPath == "" {
+			fl.s.HealthPath = DefaultHealthPath
+		}
+		if hp := fl.s.HealthPath; !strings.HasPrefix(hp, "/") || strings.ContainsAny(hp, " \t\r\n#") {
+			bad(fl.key+".health_path", "must be a URL path starting with / (e.g. /health), got %q", hp)
 		}
 		if len(fl.s.URLs) == 0 && !c.NATS.Enabled() && !(fl.s == &c.GenerationServers && c.Aggregated()) {
 			bad(fl.key+".urls", "no instances: list the workers' URLs or configure nats so workers register themselves")
