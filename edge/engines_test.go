@@ -186,3 +186,46 @@ func TestEngineLongQueueGetsFewerConversations(t *testing.T) {
 		})
 	}
 }
+
+// Streaming and the completions endpoint go through the same pinning; a
+// request without a conversation id carries no rank header (the engine's
+// own balancer picks), and the engine's cached tokens reach the client.
+func TestEngineStreamingCompletionsAndUnkeyed(t *testing.T) {
+	s := startEngines(t, EngineVLLM, 1, 1, 2)
+	srv := s.servers["vllm-0"]
+	u := s.ec.edge(0).url()
+	prompt := longText("completion-prompt", 40)
+	var ranks []int
+	for i := range 2 {
+		body := fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`, testModel, prompt+fmt.Sprint(i))
+		r := do(t, s.c, http.MethodPost, u+"/v1/completions", []byte(body), map[string]string{"x-session-id": "completion-conv"})
+		if r.status != http.StatusOK || !strings.Contains(string(r.body), "data: [DONE]") || !strings.Contains(string(r.body), `"usage"`) {
+			t.Fatalf("stream %d: %d %s", i, r.status, r.body)
+		}
+		rank, err := strconv.Atoi(r.header.Get(HeaderADPRank))
+		if err != nil {
+			t.Fatalf("stream %d: %s %q", i, HeaderADPRank, r.header.Get(HeaderADPRank))
+		}
+		ranks = append(ranks, rank)
+		if i == 1 && (!strings.Contains(string(r.body), `"cached_tokens":`) || strings.Contains(string(r.body), `"cached_tokens":0`)) {
+			t.Fatalf("second turn reports no cached tokens: %s", r.body)
+		}
+	}
+	if ranks[0] != ranks[1] {
+		t.Fatalf("one conversation on ranks %v", ranks)
+	}
+	served := srv.Served()
+	for _, sv := range served {
+		if sv.Header != strconv.Itoa(ranks[0]) {
+			t.Fatalf("served with rank header %q, want %d", sv.Header, ranks[0])
+		}
+	}
+	body := fmt.Sprintf(`{"model":%q,"prompt":"no conversation id","max_tokens":2}`, testModel)
+	if r := do(t, s.c, http.MethodPost, u+"/v1/completions", []byte(body), nil); r.status != http.StatusOK {
+		t.Fatalf("unkeyed: %d %s", r.status, r.body)
+	}
+	served = srv.Served()
+	if last := served[len(served)-1]; last.LastUser != "no conversation id" || last.Header != "" {
+		t.Fatalf("unkeyed request served as %+v, want no rank header", last)
+	}
+}
