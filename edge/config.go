@@ -20,6 +20,7 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/hintauth"
 )
 
 // Environment variables that override secrets from the configuration file,
@@ -84,6 +85,10 @@ type Config struct {
 	// TETHER_INTERNAL_REQUEST_AUTH_KEY overrides it).
 	InternalRequestAuthKey string                  `yaml:"internal_request_auth_key"`
 	ConditionalDisagg      ConditionalDisaggConfig `yaml:"conditional_disagg_config"`
+	// HintSignatureFormat is hint_signature_format: trtllm (default;
+	// TensorRT-LLM's "sha256=<hex>", which trtllm-serve workers verify) or
+	// tether-v1 (workers predating it; docs/upgrades.md).
+	HintSignatureFormat hintauth.Format `yaml:"hint_signature_format"`
 	// MaxRetries is how many times a failed hop is retried on another
 	// instance (connection errors and 5xx only).
 	MaxRetries int `yaml:"max_retries"`
@@ -365,12 +370,13 @@ func DefaultConfig() Config {
 			DumpTimeout:    DefaultDumpTimeout,
 			StartupGrace:   DefaultStartupGrace,
 		},
-		ContextServers:    ServersConfig{HealthPath: DefaultHealthPath},
-		GenerationServers: ServersConfig{HealthPath: DefaultHealthPath},
-		Leader:            LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
-		Cluster:           ClusterConfig{ProposeTimeout: DefaultProposeTimeout},
-		Tracing:           TracingConfig{Exporter: "none"},
-		TLS:               TLSConfig{Mode: TLSModePlaintext},
+		HintSignatureFormat: hintauth.FormatTRTLLM,
+		ContextServers:      ServersConfig{HealthPath: DefaultHealthPath},
+		GenerationServers:   ServersConfig{HealthPath: DefaultHealthPath},
+		Leader:              LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
+		Cluster:             ClusterConfig{ProposeTimeout: DefaultProposeTimeout},
+		Tracing:             TracingConfig{Exporter: "none"},
+		TLS:                 TLSConfig{Mode: TLSModePlaintext},
 	}
 }
 
@@ -720,6 +726,12 @@ func (c *Config) Validate() error {
 	}
 	if c.InternalRequestAuthKey != "" && len(c.InternalRequestAuthKey) < MinSecretLen {
 		bad("internal_request_auth_key", "%d bytes is too short (want at least %d)", len(c.InternalRequestAuthKey), MinSecretLen)
+	}
+	if c.HintSignatureFormat == "" {
+		c.HintSignatureFormat = hintauth.FormatTRTLLM
+	}
+	if !c.HintSignatureFormat.Valid() {
+		bad("hint_signature_format", "%q is not a format (want trtllm or tether-v1)", c.HintSignatureFormat)
 	}
 	if c.ParentHeader != "" && c.InternalRequestAuthKey == "" && !c.Aggregated() {
 		bad("internal_request_auth_key", "required when conversation_affinity_header_for_subagents is set (%s): sub-agent hints must be signed; set it or %s",

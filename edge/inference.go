@@ -334,11 +334,18 @@ func (e *Edge) hopHeader(ctx context.Context, rq *request, h *hop, role hintauth
 	hdr.Set("Content-Type", "application/json")
 	traceProp.Inject(ctx, propagation.HeaderCarrier(hdr))
 	if e.sendHint(rq, h, role) {
-		hdr.Set(hintauth.HeaderAffinityID, rq.id.Root)
-		hdr.Set(hintauth.HeaderAffinityAuth, hintauth.Sign(e.authKey, hintauth.Fields{
+		sig, err := hintauth.SignAs(e.cfg.HintSignatureFormat, e.authKey, hintauth.Fields{
 			Role: role, Model: rq.model, ConversationID: rq.id.ConversationID, AffinityID: rq.id.Root,
 			RequestType: typ, DisaggRequestID: disaggID,
-		}))
+		})
+		if err != nil {
+			// Not reachable with the edge's own integer request ids; the
+			// hop then goes without a hint (instance affinity still holds).
+			e.log.Warn("cannot sign the sub-agent hint", "error", err)
+			return hdr
+		}
+		hdr.Set(hintauth.HeaderAffinityID, rq.id.Root)
+		hdr.Set(hintauth.HeaderAffinityAuth, sig)
 	}
 	return hdr
 }

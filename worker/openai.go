@@ -113,7 +113,7 @@ type streamOptions struct {
 }
 
 type conversationParams struct {
-	ConversationID string `json:"conversation_id"`
+	ConversationID *string `json:"conversation_id"`
 }
 
 // flexID is a request id that may arrive as a JSON string or integer; it is
@@ -193,6 +193,7 @@ type parsedRequest struct {
 	includeUsage   bool
 	maxTokens      int
 	bodyConvID     string
+	convParams     bool // the body has conversation_params (TensorRT-LLM then signs its id as is)
 	phase          engine.Phase
 	disagg         *disaggParams
 	contextState   []byte
@@ -299,7 +300,10 @@ func parseRequest(body []byte, chat bool, limit, defaultMax int) (*parsedRequest
 		p.maxTokens = int(min(*mt.v, int64(limit)))
 	}
 	if rb.ConversationParams != nil {
-		p.bodyConvID = rb.ConversationParams.ConversationID
+		p.convParams = true
+		if c := rb.ConversationParams.ConversationID; c != nil {
+			p.bodyConvID = *c
+		}
 	}
 	p.phase = engine.PhaseAggregated
 	if d := rb.DisaggregatedParams; d != nil {
