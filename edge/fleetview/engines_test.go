@@ -2,11 +2,18 @@ package fleetview
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing"
 
 	"github.com/tether-project/tether/test/engines/sglang"
 	"github.com/tether-project/tether/test/engines/vllm"
@@ -115,5 +122,54 @@ func TestParseStandInMetrics(t *testing.T) {
 	l, err = ParseEngineMetrics(MetricsSGLang, get(s.URL()))
 	if err != nil || l.Waiting != 3 || l.Ranks != 2 {
 		t.Fatalf("sglang stand-in: %+v %v", l, err)
+	}
+}
+
+// A static engine's scraped /metrics fill its load like a report: queued,
+// active and ranks; a scrape resets what the edge counted as dispatched;
+// once scrapes keep failing past staleness the load is dropped while the
+// health probe still decides health.
+func TestEngineScrapeFeedsLoad(t *testing.T) {
+	var waiting, failing atomic.Int64
+	waiting.Store(6)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == DefaultHealthPath:
+			w.WriteHeader(http.StatusOK)
+		case r.URL.Path == "/metrics" && failing.Load() == 0:
+			fmt.Fprintf(w, "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} %d\nvllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 0\n", waiting.Load())
+			fmt.Fprint(w, "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 2\nvllm:num_requests_running{engine=\"1\",model_name=\"m\"} 1\n")
+			fmt.Fprint(w, "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.5\nvllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0\n")
+		default:
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	f, _ := newFleet(t, Config{ProbeInterval: 20 * time.Millisecond, MinStaleAfter: 200 * time.Millisecond,
+		Static: []Static{{ID: "vllm-0", URL: srv.URL, Fleet: fsm.FleetContext, Metrics: MetricsVLLM, Ranks: 2}}})
+	view := func() routing.InstanceView {
+		for _, v := range f.Views(time.Now(), nil) {
+			if v.ID == "vllm-0" {
+				return v
+			}
+		}
+		t.Fatal("no view")
+		return routing.InstanceView{}
+	}
+	waitFor(t, "the scraped queue", 5*time.Second, func() bool { v := view(); return v.Healthy && v.QueuedRequests == 6 })
+	if v := view(); v.ActiveRequests != 3 || v.Ranks != 2 || v.KVUsedBlocks != 500 || v.KVTotalBlocks != 2000 {
+		t.Fatalf("view %+v", v)
+	}
+	done := f.NoteDispatch("vllm-0", 100)
+	defer done()
+	if v := view(); v.QueuedRequests < 7 {
+		t.Fatalf("a dispatched request does not count until the next scrape: %+v", v)
+	}
+	waiting.Store(1)
+	waitFor(t, "the next scrape to replace the dispatched count", 5*time.Second, func() bool { return view().QueuedRequests == 1 })
+	failing.Store(1)
+	waitFor(t, "stale scraped figures dropped", 5*time.Second, func() bool { v := view(); return v.QueuedRequests == 0 && v.ActiveRequests == 0 })
+	if !view().Healthy {
+		t.Fatal("a failing scrape made the instance unhealthy; /health decides that")
 	}
 }
