@@ -240,3 +240,31 @@ func TestEngineStreamingCompletionsAndUnkeyed(t *testing.T) {
 		t.Fatalf("unkeyed request served as %+v, want no rank header", last)
 	}
 }
+
+// A bound conversation whose server reports a queue at the overflow
+// threshold overflows to the other server (recorded in the log), as with a
+// worker's load report.
+func TestEngineBoundConversationOverflowsOnLongQueue(t *testing.T) {
+	s := startEngines(t, EngineSGLang, 3, 2, 2)
+	s.chat(t, 0, "ovf-conv", "", "ovf turn 1")
+	home, _ := s.whereServed(t, "ovf turn 1")
+	for r := range 2 {
+		s.servers[home].SetWaiting(r, 10) // placement.overflow.queued_requests is 8
+	}
+	waitFor(t, "every edge to scrape the queue", 10*time.Second, func() bool {
+		for i := range 3 {
+			if in, ok := s.ec.edge(i).e.Fleet().Instance(home, time.Now()); !ok || in.QueuedRequests < 20 {
+				return false
+			}
+		}
+		return true
+	})
+	r := s.chat(t, 1, "ovf-conv", "", "ovf turn 2")
+	if inst, _ := s.whereServed(t, "ovf turn 2"); inst == home {
+		t.Fatalf("turn 2 stayed on %s with 20 queued requests (route %s)", home, r.header.Get(HeaderRoute))
+	}
+	waitFor(t, "the overflow in the binding's history", 10*time.Second, func() bool {
+		h := adminGet(t, s.c, s.ec.edge(2), "/admin/v1/bindings/context/ovf-conv/history")
+		return strings.Contains(string(h.body), `"Overflow"`)
+	})
+}

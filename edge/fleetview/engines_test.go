@@ -173,3 +173,29 @@ func TestEngineScrapeFeedsLoad(t *testing.T) {
 		t.Fatal("a failing scrape made the instance unhealthy; /health decides that")
 	}
 }
+
+// BenchmarkParseEngineMetrics parses a vLLM exposition of 8 engine cores
+// with their histograms (~0.5 MiB), what one scrape per probe interval
+// costs the edge.
+func BenchmarkParseEngineMetrics(b *testing.B) {
+	var sb strings.Builder
+	for r := range 8 {
+		for _, g := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"} {
+			fmt.Fprintf(&sb, "%s{engine=\"%d\",model_name=\"m\"} 3.0\n", g, r)
+		}
+		for _, h := range []string{"vllm:e2e_request_latency_seconds", "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:request_prompt_tokens"} {
+			for le := range 200 {
+				fmt.Fprintf(&sb, "%s_bucket{engine=\"%d\",le=\"%d.0\",model_name=\"m\"} %d.0\n", h, r, le, le*7)
+			}
+		}
+	}
+	data := []byte(sb.String())
+	b.SetBytes(int64(len(data)))
+	b.ResetTimer()
+	for range b.N {
+		if _, err := ParseEngineMetrics(MetricsVLLM, bytes.NewReader(data)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(data)), "exposition_bytes")
+}
