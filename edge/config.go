@@ -20,6 +20,7 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/hintauth"
 )
 
 // Environment variables that override secrets from the configuration file,
@@ -84,6 +85,10 @@ type Config struct {
 	// TETHER_INTERNAL_REQUEST_AUTH_KEY overrides it).
 	InternalRequestAuthKey string                  `yaml:"internal_request_auth_key"`
 	ConditionalDisagg      ConditionalDisaggConfig `yaml:"conditional_disagg_config"`
+	// HintSignatureFormat is hint_signature_format: trtllm (default;
+	// TensorRT-LLM's "sha256=<hex>", which trtllm-serve workers verify) or
+	// tether-v1 (workers predating it; docs/upgrades.md).
+	HintSignatureFormat hintauth.Format `yaml:"hint_signature_format"`
 	// MaxRetries is how many times a failed hop is retried on another
 	// instance (connection errors and 5xx only).
 	MaxRetries int `yaml:"max_retries"`
@@ -130,7 +135,24 @@ type ServersConfig struct {
 	NumInstances int              `yaml:"num_instances"`
 	URLs         []StaticInstance `yaml:"urls"`
 	Router       RouterConfig     `yaml:"router"`
+	// Engine is what serves the fleet (edge/engines.go): tether workers
+	// (the default), trtllm-serve, vLLM or SGLang.
+	Engine EngineKind `yaml:"engine"`
+	// DataParallelSize is the number of data-parallel ranks behind each
+	// URL of a vLLM or SGLang fleet (0 or 1: none); the edge picks a
+	// conversation's rank and sends it as X-Data-Parallel-Rank.
+	DataParallelSize int `yaml:"data_parallel_size"`
+	// HealthPath is the readiness probe of the static workers (urls):
+	// GET answering 200 means ready. Default /health, which trtllm-serve,
+	// vLLM, SGLang and tether workers serve (docs/engines-trtllm.md).
+	HealthPath string `yaml:"health_path"`
+	// HealthCheckModel: a probe also requires the served model in the
+	// worker's GET /v1/models list.
+	HealthCheckModel bool `yaml:"health_check_model"`
 }
+
+// DefaultHealthPath is the default probe path of static workers.
+const DefaultHealthPath = "/health"
 
 // StaticInstance is one configured worker: a URL, or {name, url}. Its
 // instance id is the name when given, else the URL.
@@ -348,10 +370,13 @@ func DefaultConfig() Config {
 			DumpTimeout:    DefaultDumpTimeout,
 			StartupGrace:   DefaultStartupGrace,
 		},
-		Leader:  LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
-		Cluster: ClusterConfig{ProposeTimeout: DefaultProposeTimeout},
-		Tracing: TracingConfig{Exporter: "none"},
-		TLS:     TLSConfig{Mode: TLSModePlaintext},
+		HintSignatureFormat: hintauth.FormatTRTLLM,
+		ContextServers:      ServersConfig{HealthPath: DefaultHealthPath},
+		GenerationServers:   ServersConfig{HealthPath: DefaultHealthPath},
+		Leader:              LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
+		Cluster:             ClusterConfig{ProposeTimeout: DefaultProposeTimeout},
+		Tracing:             TracingConfig{Exporter: "none"},
+		TLS:                 TLSConfig{Mode: TLSModePlaintext},
 	}
 }
 
@@ -702,7 +727,13 @@ func (c *Config) Validate() error {
 	if c.InternalRequestAuthKey != "" && len(c.InternalRequestAuthKey) < MinSecretLen {
 		bad("internal_request_auth_key", "%d bytes is too short (want at least %d)", len(c.InternalRequestAuthKey), MinSecretLen)
 	}
-	if c.ParentHeader != "" && c.InternalRequestAuthKey == "" {
+	if c.HintSignatureFormat == "" {
+		c.HintSignatureFormat = hintauth.FormatTRTLLM
+	}
+	if !c.HintSignatureFormat.Valid() {
+		bad("hint_signature_format", "%q is not a format (want trtllm or tether-v1)", c.HintSignatureFormat)
+	}
+	if c.ParentHeader != "" && c.InternalRequestAuthKey == "" && !c.Aggregated() {
 		bad("internal_request_auth_key", "required when conversation_affinity_header_for_subagents is set (%s): sub-agent hints must be signed; set it or %s",
 			c.ParentHeader, EnvInternalRequestAuthKey)
 	}
@@ -737,9 +768,16 @@ func (c *Config) Validate() error {
 		if len(fl.s.URLs) > 0 && fl.s.NumInstances != 0 && fl.s.NumInstances != len(fl.s.URLs) {
 			bad(fl.key+".num_instances", "is %d but %s.urls lists %d instances", fl.s.NumInstances, fl.key, len(fl.s.URLs))
 		}
-		if len(fl.s.URLs) == 0 && !c.NATS.Enabled() {
+		if fl.s.HealthPath == "" {
+			fl.s.HealthPath = DefaultHealthPath
+		}
+		if hp := fl.s.HealthPath; !strings.HasPrefix(hp, "/") || strings.ContainsAny(hp, " \t\r\n#") {
+			bad(fl.key+".health_path", "must be a URL path starting with / (e.g. /health), got %q", hp)
+		}
+		if len(fl.s.URLs) == 0 && !c.NATS.Enabled() && !(fl.s == &c.GenerationServers && c.Aggregated()) {
 			bad(fl.key+".urls", "no instances: list the workers' URLs or configure nats so workers register themselves")
 		}
+		errs = append(errs, c.validateEngine(fl.key, fl.s)...)
 		for i, si := range fl.s.URLs {
 			key := fmt.Sprintf("%s.urls[%d]", fl.key, i)
 			if err := checkWorkerURL(si.URL); err != nil {

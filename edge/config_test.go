@@ -122,6 +122,10 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		cfg.Cluster.CompatFeatureLevel != 0 {
 		t.Fatalf("defaults %+v", cfg)
 	}
+	if cfg.ContextServers.HealthPath != DefaultHealthPath || cfg.GenerationServers.HealthPath != DefaultHealthPath ||
+		cfg.ContextServers.HealthCheckModel {
+		t.Fatalf("probe defaults %+v %+v", cfg.ContextServers, cfg.GenerationServers)
+	}
 }
 
 // Every startup validation error names the key at fault.
@@ -160,6 +164,8 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"missing data dir", strings.Replace(base, ", data_dir: /tmp/x", "", 1), []string{"cluster.data_dir", "required"}},
 		{"no model", strings.Replace(base, "model: m", "", 1), []string{"model", "required"}},
 		{"short key", strings.Replace(base, "0123456789abcdef0123", "short", 1), []string{"internal_request_auth_key", "too short"}},
+		{"health path without a slash", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {urls: [http://a:1], health_path: health}", 1),
+			[]string{"context_servers.health_path", "starting with /"}},
 		{"no instances", strings.Replace(base, "generation_servers: {urls: [http://b:1]}", "", 1), []string{"generation_servers.urls", "no instances"}},
 		{"num_instances mismatch", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {num_instances: 3, urls: [http://a:1]}", 1),
 			[]string{"context_servers.num_instances"}},

@@ -258,8 +258,14 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 
 	var static []fleetview.Static
 	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-		for _, si := range e.cfg.servers(f).URLs {
-			static = append(static, fleetview.Static{ID: si.ID(), URL: trimSlash(si.URL), Fleet: f})
+		sc := e.cfg.servers(f)
+		model := ""
+		if sc.HealthCheckModel {
+			model = e.cfg.Model
+		}
+		for _, si := range sc.URLs {
+			static = append(static, fleetview.Static{ID: si.ID(), URL: trimSlash(si.URL), Fleet: f, HealthPath: sc.HealthPath, Model: model,
+				Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize})
 		}
 	}
 	t := e.cfg.Telemetry

@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -119,6 +120,11 @@ type workerOpts struct {
 	maxSessions int
 	// capacityBlocks is the KV capacity per rank (0: 4096).
 	capacityBlocks int
+	// only404 makes the proxy answer 404 to these paths, as an engine
+	// that does not serve them (trtllm-serve has no /readyz).
+	only404 []string
+	// model overrides the served model (default testModel).
+	model string
 }
 
 func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
@@ -134,6 +140,10 @@ func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	tw.proxy = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if slices.Contains(o.only404, r.URL.Path) {
+			http.NotFound(w, r)
+			return
+		}
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
 			b, _ := io.ReadAll(r.Body)
 			r.Body = io.NopCloser(bytes.NewReader(b))
@@ -161,6 +171,9 @@ func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
 	cfg := worker.DefaultConfig()
 	cfg.InstanceID = id
 	cfg.Model = testModel
+	if o.model != "" {
+		cfg.Model = o.model
+	}
 	cfg.InternalRequestAuthKey = testKey
 	cfg.ADP.EnableAttentionDP = true
 	cfg.ADP.AttentionDP.ConversationAffinity = true

@@ -290,6 +290,9 @@ type contextResult struct {
 func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.UpstreamTimeout)
 	defer cancel()
+	if e.cfg.Aggregated() {
+		return e.dispatchEngine(ctx, w, rq, span) // vLLM, SGLang (edge/engines.go)
+	}
 	var genHop *hop
 	if max := e.cfg.ConditionalDisagg.MaxLocalPrefillLength; max > 0 {
 		h, aerr := e.routeFleet(ctx, rq, fsm.FleetGeneration, nil)
@@ -334,11 +337,18 @@ func (e *Edge) hopHeader(ctx context.Context, rq *request, h *hop, role hintauth
 	hdr.Set("Content-Type", "application/json")
 	traceProp.Inject(ctx, propagation.HeaderCarrier(hdr))
 	if e.sendHint(rq, h, role) {
-		hdr.Set(hintauth.HeaderAffinityID, rq.id.Root)
-		hdr.Set(hintauth.HeaderAffinityAuth, hintauth.Sign(e.authKey, hintauth.Fields{
+		sig, err := hintauth.SignAs(e.cfg.HintSignatureFormat, e.authKey, hintauth.Fields{
 			Role: role, Model: rq.model, ConversationID: rq.id.ConversationID, AffinityID: rq.id.Root,
 			RequestType: typ, DisaggRequestID: disaggID,
-		}))
+		})
+		if err != nil {
+			// Not reachable with the edge's own integer request ids; the
+			// hop then goes without a hint (instance affinity still holds).
+			e.log.Warn("cannot sign the sub-agent hint", "error", err)
+			return hdr
+		}
+		hdr.Set(hintauth.HeaderAffinityID, rq.id.Root)
+		hdr.Set(hintauth.HeaderAffinityAuth, sig)
 	}
 	return hdr
 }
@@ -589,6 +599,11 @@ func (e *Edge) aggregated(ctx context.Context, w http.ResponseWriter, rq *reques
 
 // routeHeaders sets the debug route header and relays the worker's rank.
 func (e *Edge) routeHeaders(w http.ResponseWriter, ctxHop *hop, ctxRank string, genHop *hop, genRank string) {
+	if ctxHop == nil && genHop != nil && genHop.fleet == fsm.FleetContext {
+		// An aggregated engine fleet (edge/engines.go): its one hop is
+		// the context fleet's.
+		ctxHop, ctxRank, genHop, genRank = genHop, genRank, nil, ""
+	}
 	h := w.Header()
 	if genHop != nil && genRank != "" {
 		h.Set(HeaderADPRank, genRank)
@@ -615,7 +630,10 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 	e.routeHeaders(w, ctxHop, ctxRank, genHop, genRank)
 	span.SetAttributes(attribute.String("tether.route", "context="+hopLabel(ctxHop, ctxRank)+"; generation="+hopLabel(genHop, genRank)))
 	recordAggregated := func(u usageFigures) {
-		if cres == nil && u.ok {
+		// Only a response that reports its cached tokens says anything
+		// about the cache (vLLM without --enable-prompt-tokens-details
+		// does not: its breaker must not read that as misses).
+		if cres == nil && u.ok && u.hasCached {
 			e.fleet.RecordUsage(genHop.instance, int64(u.prompt), int64(u.cached), e.now())
 		}
 	}
@@ -681,6 +699,7 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 type usageFigures struct {
 	ok             bool
 	prompt, cached int
+	hasCached      bool // usage.prompt_tokens_details.cached_tokens was there
 }
 
 func readUsage(b []byte) usageFigures {
@@ -688,7 +707,7 @@ func readUsage(b []byte) usageFigures {
 		Usage *struct {
 			PromptTokens        int `json:"prompt_tokens"`
 			PromptTokensDetails *struct {
-				CachedTokens int `json:"cached_tokens"`
+				CachedTokens *int `json:"cached_tokens"`
 			} `json:"prompt_tokens_details"`
 		} `json:"usage"`
 	}
@@ -696,8 +715,8 @@ func readUsage(b []byte) usageFigures {
 		return usageFigures{}
 	}
 	u := usageFigures{ok: true, prompt: v.Usage.PromptTokens}
-	if v.Usage.PromptTokensDetails != nil {
-		u.cached = v.Usage.PromptTokensDetails.CachedTokens
+	if d := v.Usage.PromptTokensDetails; d != nil && d.CachedTokens != nil {
+		u.cached, u.hasCached = *d.CachedTokens, true
 	}
 	return u
 }

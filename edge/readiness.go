@@ -51,7 +51,7 @@ func (r *readiness) check(now time.Time) []string {
 			healthy[in.Fleet]++
 		}
 	}
-	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+	for _, f := range e.cfg.servedFleets() {
 		if healthy[f] == 0 {
 			reasons = append(reasons, fmt.Sprintf("no healthy %s instance", f))
 		}

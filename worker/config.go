@@ -50,6 +50,13 @@ type Config struct {
 
 	InternalRequestAuthKey          string   // internal_request_auth_key (or env TETHER_INTERNAL_REQUEST_AUTH_KEY)
 	PreviousInternalRequestAuthKeys []string // previous_internal_request_auth_keys: still accepted during a rotation
+	// HintSignatureFormats is hint_signature_formats: the sub-agent hint
+	// signature formats accepted (trtllm, tether-v1; default both, so
+	// edges can switch format while workers run; docs/upgrades.md). While
+	// tether-v1 is accepted, the handoff of edges predating the trtllm
+	// protocol (disaggregated_params.opaque_state, no x-trtllm-disagg-auth)
+	// is accepted too.
+	HintSignatureFormats []string
 
 	// ADP is enable_attention_dp and attention_dp_config; Ranks is the
 	// top-level ranks key (attention_dp_config.ranks is accepted too).
@@ -154,16 +161,17 @@ const (
 func defaultConfig() Config {
 	sd := sim.DefaultConfig()
 	return Config{
-		Fleet:             telemetry.FleetContext,
-		Hostname:          DefaultHostname,
-		TelemetryInterval: DefaultTelemetryInterval,
-		MaxBodyBytes:      DefaultMaxBodyBytes,
-		DefaultMaxTokens:  DefaultMaxTokens,
-		MaxTokensLimit:    DefaultMaxTokensLimit,
-		WriteTimeout:      DefaultWriteTimeout,
-		ReadHeaderTimeout: DefaultReadHeaderTimeout,
-		ReadTimeout:       DefaultReadTimeout,
-		IdleTimeout:       DefaultIdleTimeout,
+		Fleet:                telemetry.FleetContext,
+		Hostname:             DefaultHostname,
+		TelemetryInterval:    DefaultTelemetryInterval,
+		MaxBodyBytes:         DefaultMaxBodyBytes,
+		DefaultMaxTokens:     DefaultMaxTokens,
+		MaxTokensLimit:       DefaultMaxTokensLimit,
+		WriteTimeout:         DefaultWriteTimeout,
+		ReadHeaderTimeout:    DefaultReadHeaderTimeout,
+		ReadTimeout:          DefaultReadTimeout,
+		IdleTimeout:          DefaultIdleTimeout,
+		HintSignatureFormats: []string{string(hintauth.FormatTRTLLM), string(hintauth.FormatTetherV1)},
 		Engine: EngineConfig{
 			Type:                    "sim",
 			BlockSize:               sd.BlockSize,
@@ -282,6 +290,11 @@ func (c *Config) Validate() error {
 	for i, k := range c.PreviousInternalRequestAuthKeys {
 		if len(k) < MinAuthKeyLen {
 			return fmt.Errorf("previous_internal_request_auth_keys[%d]: %d bytes is too short (want at least %d)", i, len(k), MinAuthKeyLen)
+		}
+	}
+	for i, f := range c.HintSignatureFormats {
+		if !hintauth.Format(f).Valid() {
+			return fmt.Errorf("hint_signature_formats[%d]: %q is not a format (want trtllm or tether-v1)", i, f)
 		}
 	}
 	if len(c.PreviousInternalRequestAuthKeys) > 0 && c.InternalRequestAuthKey == "" {
@@ -538,6 +551,7 @@ func parseConfig(data []byte) (Config, error) {
 		"model":                               &cfg.Model,
 		"internal_request_auth_key":           &cfg.InternalRequestAuthKey,
 		"previous_internal_request_auth_keys": &cfg.PreviousInternalRequestAuthKeys,
+		"hint_signature_formats":              &cfg.HintSignatureFormats,
 		"enable_attention_dp":                 &cfg.ADP.EnableAttentionDP,
 		"attention_dp_config":                 adpFields,
 		"ranks":                               &cfg.Ranks,
@@ -697,4 +711,28 @@ func join(path, key string) string {
 		return key
 	}
 	return path + "." + key
+}
+
+// hintFormats returns HintSignatureFormats as formats (both when unset:
+// a Config built in code without DefaultConfig).
+func (c Config) hintFormats() []hintauth.Format {
+	if len(c.HintSignatureFormats) == 0 {
+		return []hintauth.Format{hintauth.FormatTRTLLM, hintauth.FormatTetherV1}
+	}
+	out := make([]hintauth.Format, len(c.HintSignatureFormats))
+	for i, f := range c.HintSignatureFormats {
+		out[i] = hintauth.Format(f)
+	}
+	return out
+}
+
+// acceptsTetherV1 reports whether edges predating the trtllm protocol are
+// still served (migration: docs/upgrades.md).
+func (c Config) acceptsTetherV1() bool {
+	for _, f := range c.hintFormats() {
+		if f == hintauth.FormatTetherV1 {
+			return true
+		}
+	}
+	return false
 }

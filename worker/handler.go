@@ -55,6 +55,7 @@ func (s *Server) Handler() http.Handler {
 		"/v1/completions":      {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, false) }},
 		"/v1/models":           {[]string{http.MethodGet, http.MethodHead}, s.handleModels},
 		"/healthz":             {[]string{http.MethodGet, http.MethodHead}, s.handleHealth},
+		"/health":              {[]string{http.MethodGet, http.MethodHead}, s.handleEngineHealth},
 		"/readyz":              {[]string{http.MethodGet, http.MethodHead}, s.handleReady},
 		"/metrics":             {[]string{http.MethodGet, http.MethodHead}, metricsHandler.ServeHTTP},
 	}
@@ -74,7 +75,7 @@ func (s *Server) Handler() http.Handler {
 		if !ok {
 			s.metrics.requests.WithLabelValues("other", "404").Inc()
 			writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
-				"unknown path %s %s (this worker serves POST /v1/chat/completions, POST /v1/completions, GET /v1/models, /healthz, /readyz, /metrics)", r.Method, truncate(r.URL.Path, 200)))
+				"unknown path %s %s (this worker serves POST /v1/chat/completions, POST /v1/completions, GET /v1/models, /health, /healthz, /readyz, /metrics)", r.Method, truncate(r.URL.Path, 200)))
 			return
 		}
 		for _, m := range rt.methods {
@@ -104,6 +105,19 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// handleEngineHealth answers GET /health the way trtllm-serve, vLLM and
+// SGLang do, so an edge (or any router built for those engines) probes a
+// tether worker like one of them: 200 while it takes requests, 503 while
+// it is not (here: shutting down). Its NATS connection does not matter, as
+// with /readyz?telemetry=optional; /readyz keeps the richer answer.
+func (s *Server) handleEngineHealth(w http.ResponseWriter, r *http.Request) {
+	if !s.Serving() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": "shutting down"})
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 

@@ -199,6 +199,10 @@ func TestModelsHealthReadyMetrics(t *testing.T) {
 	if r := do(t, c, http.MethodGet, s.URL()+"/readyz", "", nil); r.status != 200 {
 		t.Fatalf("readyz %d: %s", r.status, r.body)
 	}
+	// The engines' probe path (trtllm-serve, vLLM, SGLang), which edges use.
+	if r := do(t, c, http.MethodGet, s.URL()+"/health", "", nil); r.status != 200 {
+		t.Fatalf("health %d: %s", r.status, r.body)
+	}
 	post(t, c, s.URL()+"/v1/chat/completions", chatBody("metric me", `"max_tokens":1`), nil)
 	post(t, c, s.URL()+"/v1/chat/completions", `{`, nil)
 	r = do(t, c, http.MethodGet, s.URL()+"/metrics", "", nil)

@@ -113,7 +113,7 @@ type streamOptions struct {
 }
 
 type conversationParams struct {
-	ConversationID string `json:"conversation_id"`
+	ConversationID *string `json:"conversation_id"`
 }
 
 // flexID is a request id that may arrive as a JSON string or integer; it is
@@ -194,6 +194,7 @@ type parsedRequest struct {
 	maxTokens      int
 	output         *engine.OutputOptions
 	bodyConvID     string
+	convParams     bool // the body has conversation_params (TensorRT-LLM then signs its id as is)
 	phase          engine.Phase
 	disagg         *disaggParams
 	contextState   []byte
@@ -320,7 +321,10 @@ func parseRequest(body []byte, chat bool, limit, defaultMax int) (*parsedRequest
 	}
 	p.output = out
 	if rb.ConversationParams != nil {
-		p.bodyConvID = rb.ConversationParams.ConversationID
+		p.convParams = true
+		if c := rb.ConversationParams.ConversationID; c != nil {
+			p.bodyConvID = *c
+		}
 	}
 	p.phase = engine.PhaseAggregated
 	if d := rb.DisaggregatedParams; d != nil {

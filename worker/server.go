@@ -32,6 +32,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/worker/adp"
 	"github.com/tether-project/tether/worker/engine"
 )
@@ -44,18 +45,21 @@ const (
 
 // Server is one worker: HTTP API, scheduler, engine and telemetry.
 type Server struct {
-	cfg      Config
-	log      *slog.Logger
-	eng      engine.Engine
-	sched    *adp.Scheduler
-	keys     [][]byte
-	tls      *workerTLS // the listener's transport security (tls.go)
-	tracer   trace.Tracer
-	metrics  *metrics
-	bootID   uint64
-	bootTime time.Time
-	ranks    int
-	reqSeq   atomic.Uint64
+	cfg   Config
+	log   *slog.Logger
+	eng   engine.Engine
+	sched *adp.Scheduler
+	keys  [][]byte
+	// hintFormats are the accepted hint signature formats
+	// (hint_signature_formats).
+	hintFormats []hintauth.Format
+	tls         *workerTLS // the listener's transport security (tls.go)
+	tracer      trace.Tracer
+	metrics     *metrics
+	bootID      uint64
+	bootTime    time.Time
+	ranks       int
+	reqSeq      atomic.Uint64
 	// inflight counts inference requests being served, for
 	// max_concurrent_requests.
 	inflight atomic.Int64
@@ -93,12 +97,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("worker: config: %w", err)
 	}
 	s := &Server{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		keys:     cfg.AuthKeys(),
-		ranks:    opts.Ranks,
-		bootID:   newBootID(),
-		bootTime: time.Now(),
+		cfg:         cfg,
+		log:         cfg.Logger,
+		keys:        cfg.AuthKeys(),
+		hintFormats: cfg.hintFormats(),
+		ranks:       opts.Ranks,
+		bootID:      newBootID(),
+		bootTime:    time.Now(),
 	}
 	if s.log == nil {
 		s.log = slog.Default()

@@ -374,6 +374,9 @@ func TestNATSOutageAndReconnect(t *testing.T) {
 	if r := do(t, c, http.MethodGet, s.URL()+"/readyz?telemetry=optional", "", nil); r.status != http.StatusOK || r.json(t)["nats"] != "disconnected" {
 		t.Fatalf("/readyz?telemetry=optional during the outage: %d %s", r.status, r.body)
 	}
+	if r := do(t, c, http.MethodGet, s.URL()+"/health", "", nil); r.status != http.StatusOK {
+		t.Fatalf("/health during the outage: %d %s", r.status, r.body)
+	}
 	if r := post(t, c, s.URL()+"/v1/chat/completions", chatBody("served without nats", `"max_tokens":1`), nil); r.status != 200 {
 		t.Fatalf("request during NATS outage: %d %s", r.status, r.body)
 	}

@@ -28,7 +28,7 @@ const (
 	// from the CA (every endpoint, health and metrics included).
 	ClientAuthRequire = "require"
 	// ClientAuthVerifyIfGiven: a certificate is verified when presented;
-	// /v1/* then needs one (401 otherwise) while /healthz, /readyz and
+	// /v1/* then needs one (401 otherwise) while /health, /healthz, /readyz and
 	// /metrics stay open to probes and scrapers without certificates.
 	ClientAuthVerifyIfGiven = "verify_if_given"
 )

@@ -73,7 +73,21 @@ func (s *Server) verifyHint(h http.Header, p *parsedRequest) (string, *apiError)
 		RequestType:     reqType,
 		DisaggRequestID: disaggID,
 	}
-	err := hintauth.Verify(s.keys, f, sig)
+	if hintauth.SignatureFormat(sig) == hintauth.FormatTRTLLM {
+		// TensorRT-LLM signs the values as its request model holds them
+		// (tensorrt_llm/serve/disagg_auth.py): the body's
+		// conversation_params.conversation_id as is when the body has
+		// conversation_params, and the raw request_type (null without
+		// disaggregated_params).
+		if p.convParams {
+			f.ConversationID = p.bodyConvID
+		}
+		f.RequestType = hintauth.RequestAggregated
+		if p.disagg != nil {
+			f.RequestType = hintauth.RequestType(p.disagg.RequestType)
+		}
+	}
+	err := hintauth.VerifyAny(s.hintFormats, s.keys, f, sig)
 	if err == nil {
 		s.metrics.hints.WithLabelValues(hintVerified).Inc()
 		return affinity, nil
@@ -86,7 +100,7 @@ func (s *Server) verifyHint(h http.Header, p *parsedRequest) (string, *apiError)
 		outcome = hintMissing
 		e = newAPIError(http.StatusUnauthorized, "authentication_error", "missing_subagent_affinity_signature", hintauth.HeaderAffinityAuth,
 			"%s is set but %s is missing: sub-agent affinity must be signed by the edge", hintauth.HeaderAffinityID, hintauth.HeaderAffinityAuth)
-	case errors.Is(err, hintauth.ErrMalformed):
+	case errors.Is(err, hintauth.ErrMalformed), errors.Is(err, hintauth.ErrFormatNotAccepted):
 		outcome = hintMalformed
 		e = newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityAuth,
 			"malformed sub-agent affinity signature: %v", err)
@@ -106,7 +120,8 @@ func (s *Server) verifyHint(h http.Header, p *parsedRequest) (string, *apiError)
 	default:
 		outcome = hintInvalid
 		e = newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityAuth,
-			"invalid sub-agent affinity signature for role %s, request type %s", role, reqType)
+			"invalid sub-agent affinity signature (%s format) for role %s, request type %s: not signed with this worker's internal_request_auth_key for this request's model, conversation and disaggregated request id",
+			hintauth.SignatureFormat(sig), role, reqType)
 	}
 	s.metrics.hints.WithLabelValues(outcome).Inc()
 	s.metrics.hintFailures.WithLabelValues(outcome).Inc()

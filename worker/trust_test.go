@@ -2,6 +2,7 @@ package worker
 
 import (
 	"encoding/json"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -237,5 +238,82 @@ func TestAggregatedWithoutRoleRoutesByOwnConversation(t *testing.T) {
 		if got := r.header.Get(HeaderADPRank); got != own.header.Get(HeaderADPRank) {
 			t.Fatalf("sig %q: routed to rank %s (parent's), want its own conversation's rank %s", sig, got, own.header.Get(HeaderADPRank))
 		}
+	}
+}
+
+// signTRTLLMInPython signs a hint as TensorRT-LLM does
+// (tensorrt_llm/serve/disagg_auth.py _sign_subagent_affinity), with
+// python3's json and hmac modules; ok is false without python3.
+func signTRTLLMInPython(t *testing.T, key string, payload map[string]any) (string, bool) {
+	t.Helper()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		return "", false
+	}
+	in, _ := json.Marshal(map[string]any{"key": key, "payload": payload})
+	const script = `import hashlib, hmac, json, sys
+r = json.load(sys.stdin)
+m = json.dumps(r["payload"], sort_keys=True, separators=(",", ":")).encode("utf-8")
+print("sha256=" + hmac.new(r["key"].encode("utf-8"), m, hashlib.sha256).hexdigest())`
+	cmd := exec.Command(py, "-c", script)
+	cmd.Stdin = strings.NewReader(string(in))
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("python3: %v", err)
+	}
+	return strings.TrimSpace(string(out)), true
+}
+
+// TensorRT-LLM-format hints: one signed by TensorRT-LLM's algorithm
+// (python3 when installed, else this package's signer, which the
+// committed vectors tie to python3) verifies; tampered ones and a format
+// the worker does not accept are refused with 403 and a clear message.
+func TestTRTLLMFormatHints(t *testing.T) {
+	const conv, parent = "child-é <a>&\U0001F600", "parent-1"
+	payload := map[string]any{
+		"purpose": "x-trtllm-subagent-affinity-id", "role": "CONTEXT", "model": "test-model",
+		"conversation_id": conv, "subagent_affinity_id": parent, "request_type": "context_only", "disagg_request_id": 7,
+	}
+	sig, fromPython := signTRTLLMInPython(t, testKey, payload)
+	if !fromPython {
+		t.Log("python3 not installed: signing with routing/hintauth (checked against python3's output by the committed vectors)")
+		var err error
+		sig, err = hintauth.SignTRTLLM([]byte(testKey), hintauth.Fields{Role: hintauth.RoleContext, Model: "test-model",
+			ConversationID: conv, AffinityID: parent, RequestType: hintauth.RequestContextOnly, DisaggRequestID: "7"})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	send := func(t *testing.T, s *Server, dp, sig string) response {
+		body := chatBody(hintPrompt, `"max_tokens":2,"conversation_params":{"conversation_id":`+strconv.Quote(conv)+`},"disaggregated_params":`+dp)
+		return post(t, testClient(t), s.URL()+"/v1/chat/completions", body,
+			map[string]string{hintauth.HeaderAffinityID: parent, hintauth.HeaderAffinityAuth: sig})
+	}
+	const dp = `{"request_type":"context_only","disagg_request_id":7}`
+	s := startServer(t, testConfig("w-trtllm"))
+	if r := send(t, s, dp, sig); r.status != 200 {
+		t.Fatalf("TensorRT-LLM-signed hint: %d %s", r.status, r.body)
+	}
+	if got := testutilCounter(t, s, "tether_worker_hint_verifications_total", "outcome", hintVerified); got != 1 {
+		t.Fatalf("verified %v times", got)
+	}
+	for name, c := range map[string]struct{ dp, sig string }{
+		"other request id": {`{"request_type":"context_only","disagg_request_id":8}`, sig},
+		"uppercase hex":    {dp, "sha256=" + strings.ToUpper(strings.TrimPrefix(sig, "sha256="))},
+		"flipped digit":    {dp, sig[:len(sig)-1] + map[bool]string{true: "1", false: "0"}[sig[len(sig)-1] == '0']},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := send(t, s, c.dp, c.sig)
+			if r.status != 403 || !strings.Contains(string(r.body), "invalid_subagent_affinity_signature") {
+				t.Fatalf("%d %s, want 403 invalid_subagent_affinity_signature", r.status, r.body)
+			}
+		})
+	}
+	cfg := testConfig("w-v1-only")
+	cfg.HintSignatureFormats = []string{"tether-v1"}
+	s1 := startServer(t, cfg)
+	r := send(t, s1, dp, sig)
+	if r.status != 403 || !strings.Contains(string(r.body), "not accepted") {
+		t.Fatalf("trtllm hint on a tether-v1-only worker: %d %s", r.status, r.body)
 	}
 }

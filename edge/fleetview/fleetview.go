@@ -15,12 +15,15 @@ package fleetview
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,7 +43,30 @@ type Static struct {
 	ID    string // the configured name, else the URL
 	URL   string
 	Fleet fsm.Fleet
+	// Metrics is the engine's /metrics format (MetricsVLLM,
+	// MetricsSGLang): the edge scrapes it for load. "" for tether workers
+	// (NATS telemetry) and engines it does not scrape.
+	Metrics string
+	// Ranks is the engine's data-parallel size (0: unknown).
+	Ranks int
+	// HealthPath is the readiness probe's path (default /health: what
+	// trtllm-serve, vLLM, SGLang and tether workers all serve; 200 means
+	// ready, anything else not, see docs/engines-trtllm.md).
+	HealthPath string
+	// Model, when set, is also required in the worker's GET /v1/models
+	// list for a probe to succeed (a server that came up with another
+	// model is not ready for this edge).
+	Model string
 }
+
+// DefaultHealthPath is the probe path of static instances.
+const DefaultHealthPath = "/health"
+
+// discoveredProbePath is the probe of telemetry-discovered (tether)
+// workers during a telemetry outage: telemetry=optional, because the
+// worker's own NATS connection may be down for the same reason as the
+// edge's; the question is only whether it can serve.
+const discoveredProbePath = "/readyz?telemetry=optional"
 
 // Config configures a Fleet. Zero durations take the defaults noted.
 type Config struct {
@@ -57,7 +83,8 @@ type Config struct {
 	StaleIntervals int
 	MinStaleAfter  time.Duration
 	// ProbeInterval: static instances without fresh telemetry are probed
-	// (GET /readyz) this often (default 1s).
+	// (GET Static.HealthPath; discovered workers during a telemetry
+	// outage: GET /readyz?telemetry=optional) this often (default 1s).
 	ProbeInterval time.Duration
 	// DumpTimeout bounds one KV dump request (default 2s).
 	DumpTimeout time.Duration
@@ -130,11 +157,14 @@ func (in Instance) HitRate() float64 {
 }
 
 type instance struct {
-	id       string // the edge's id (a static name or URL, or the worker's id)
-	workerID string // the id in the worker's subjects ("" until telemetry)
-	fleet    fsm.Fleet
-	url      string
-	static   bool
+	id string // the edge's id (a static name or URL, or the worker's id)
+	// Probe of a static instance (Static.HealthPath, Static.Model).
+	healthPath string
+	probeModel string
+	workerID   string // the id in the worker's subjects ("" until telemetry)
+	fleet      fsm.Fleet
+	url        string
+	static     bool
 
 	hasReport  bool
 	report     telemetry.LoadReport // ranks dropped after aggregation
@@ -159,6 +189,13 @@ type instance struct {
 	// reset a pending count): released when the hop ends.
 	inflightReq atomic.Int64
 	inflightTok atomic.Int64
+
+	// Engine metrics scraped over HTTP (static engines; engines.go).
+	metricsFormat string
+	ranks         int
+	scraped       bool
+	scrapeFailed  bool
+	lastScrape    time.Time
 
 	lastProbeOK time.Time // last successful probe
 	probedAt    time.Time // last completed probe, successful or not
@@ -262,7 +299,18 @@ func New(cfg Config) (*Fleet, error) {
 		if _, dup := f.byID[s.ID]; dup {
 			return nil, fmt.Errorf("fleetview: static instance %q configured twice", s.ID)
 		}
-		f.byID[s.ID] = &instance{id: s.ID, fleet: s.Fleet, url: s.URL, static: true}
+		if s.Metrics != "" && s.Metrics != MetricsVLLM && s.Metrics != MetricsSGLang {
+			return nil, fmt.Errorf("fleetview: static instance %q: unknown metrics format %q", s.ID, s.Metrics)
+		}
+		hp := s.HealthPath
+		if hp == "" {
+			hp = DefaultHealthPath
+		}
+		if !strings.HasPrefix(hp, "/") {
+			return nil, fmt.Errorf("fleetview: static instance %q: health path %q must start with /", s.ID, hp)
+		}
+		f.byID[s.ID] = &instance{id: s.ID, fleet: s.Fleet, url: s.URL, static: true, healthPath: hp, probeModel: s.Model,
+			metricsFormat: s.Metrics, ranks: s.Ranks}
 	}
 	if f.metrics, err = newMetrics(cfg.Registerer, f); err != nil {
 		return nil, err
@@ -469,6 +517,13 @@ func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
 		out.KVUsedBlocks, out.KVTotalBlocks = in.kvUsed, in.kvTotal
 		out.WindowLookupTokens, out.WindowHitTokens = in.lookup, in.hit
 	}
+	if in.metricsFormat != "" {
+		out.Ranks = in.ranks
+		if in.scraped {
+			out.QueuedRequests, out.ActiveRequests, out.ActivePromptTokens = in.queued, in.active, in.activeTok
+			out.KVUsedBlocks, out.KVTotalBlocks = in.kvUsed, in.kvTotal
+		}
+	}
 	return out
 }
 
@@ -525,6 +580,9 @@ func (f *Fleet) Views(now time.Time, dst []routing.InstanceView) []routing.Insta
 				v.HitRate = float64(in.hit) / float64(in.lookup)
 			}
 		}
+		if in.metricsFormat != "" {
+			v.Ranks = in.ranks
+		}
 		dst = append(dst, v)
 	}
 	return dst
@@ -537,7 +595,8 @@ func (f *Fleet) Views(now time.Time, dst []routing.InstanceView) []routing.Insta
 func (f *Fleet) NoteDispatch(id string, promptTokens int) (done func()) {
 	f.mu.RLock()
 	in, ok := f.byID[id]
-	reported := ok && in.hasReport
+	// A scraped engine's figures count what it received, as a report does.
+	reported := ok && (in.hasReport || in.scraped)
 	f.mu.RUnlock()
 	switch {
 	case !ok:
@@ -991,13 +1050,17 @@ const maxParallelProbes = 16
 
 func (f *Fleet) probeRound() {
 	now := f.cfg.Now()
-	type target struct{ id, url string }
+	type target struct{ id, url, path, model, metrics string }
 	var targets []target
 	f.mu.RLock()
 	for _, in := range f.byID {
 		fresh := in.hasReport && now.Sub(in.lastReport) <= f.staleAfter(in.interval)
 		if in.url != "" && !fresh && (in.static || f.blindLocked(in, now)) {
-			targets = append(targets, target{in.id, in.url})
+			tg := target{in.id, in.url, discoveredProbePath, "", ""}
+			if in.static {
+				tg.path, tg.model, tg.metrics = in.healthPath, in.probeModel, in.metricsFormat
+			}
+			targets = append(targets, tg)
 		}
 	}
 	f.mu.RUnlock()
@@ -1008,7 +1071,7 @@ func (f *Fleet) probeRound() {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			ok := f.probe(tg.url)
+			ok := f.probe(tg.url, tg.path, tg.model)
 			f.metrics.probes.WithLabelValues(map[bool]string{true: "ok", false: "failed"}[ok]).Inc()
 			at := f.cfg.Now()
 			f.mu.Lock()
@@ -1020,18 +1083,49 @@ func (f *Fleet) probeRound() {
 			}
 			f.mu.Unlock()
 			f.bump()
+			if ok && tg.metrics != "" {
+				f.scrape(tg.id, tg.url, tg.metrics)
+			}
 		}()
 	}
 	wg.Wait()
 }
 
-// probe asks a worker whether it can serve. telemetry=optional: the
-// worker's own NATS connection does not matter to the answer (it may be
-// down for the same reason as the edge's); older workers ignore it.
-func (f *Fleet) probe(base string) bool {
+// probe asks a worker whether it can serve: GET base+path answers 200
+// (the engines' /health answers 503 while starting, draining or dead),
+// and, when model is set, GET /v1/models lists it.
+func (f *Fleet) probe(base, path, model string) bool {
 	ctx, cancel := context.WithTimeout(f.ctx, f.cfg.ProbeInterval)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz?telemetry=optional", nil)
+	if !f.probeGet(ctx, base+path, nil) {
+		return false
+	}
+	if model == "" {
+		return true
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if !f.probeGet(ctx, base+"/v1/models", &list) {
+		return false
+	}
+	for _, m := range list.Data {
+		if m.ID == model {
+			return true
+		}
+	}
+	return false
+}
+
+// maxModelsBody bounds a /v1/models answer read by a probe.
+const maxModelsBody = 1 << 20
+
+// probeGet reports whether GET url answers 200, decoding the body into
+// out when out is not nil (a body that does not decode is a failure).
+func (f *Fleet) probeGet(ctx context.Context, url string, out any) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return false
 	}
@@ -1039,8 +1133,14 @@ func (f *Fleet) probe(base string) bool {
 	if err != nil {
 		return false
 	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false
+	}
+	if out == nil {
+		return true
+	}
+	return json.NewDecoder(io.LimitReader(resp.Body, maxModelsBody)).Decode(out) == nil
 }
 
 // housekeeping expires predictions, retries failed dumps and forgets

@@ -343,14 +343,14 @@ func TestHealthFromHeartbeatAge(t *testing.T) {
 	}
 }
 
-// Static instances without telemetry are judged by /readyz probes; a
+// Static instances without telemetry are judged by probes of their health path (default /health); a
 // worker reporting telemetry from the same URL under another id is merged
 // into the static entry.
 func TestStaticInstancesProbedAndMerged(t *testing.T) {
 	var ready atomic.Bool
 	ready.Store(true)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/readyz" && ready.Load() {
+		if r.URL.Path == DefaultHealthPath && ready.Load() {
 			w.WriteHeader(http.StatusOK)
 			return
 		}

@@ -16,6 +16,7 @@ type metrics struct {
 	kvBatches *prometheus.CounterVec
 	dumps     *prometheus.CounterVec
 	probes    *prometheus.CounterVec
+	scrapes   *prometheus.CounterVec
 	linkUp    prometheus.Gauge
 }
 
@@ -41,6 +42,10 @@ func newMetrics(reg prometheus.Registerer, f *Fleet) (*metrics, error) {
 			Name: "tether_edge_probes_total",
 			Help: "Readiness probes (static instances without telemetry; every instance during a telemetry outage), by result.",
 		}, []string{"result"}),
+		scrapes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_engine_scrapes_total",
+			Help: "Scrapes of vLLM and SGLang /metrics for load (docs/engines.md), by result.",
+		}, []string{"result"}),
 		linkUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tether_edge_telemetry_link_up",
 			Help: "1 while the edge's NATS connection is up (0: telemetry outage, workers judged by probes).",
@@ -50,7 +55,7 @@ func newMetrics(reg prometheus.Registerer, f *Fleet) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.received, m.dropped, m.kvBatches, m.dumps, m.probes, m.linkUp, &instanceCollector{f: f}} {
+	for _, c := range []prometheus.Collector{m.received, m.dropped, m.kvBatches, m.dumps, m.probes, m.scrapes, m.linkUp, &instanceCollector{f: f}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("fleetview: register metrics: %w", err)
 		}

@@ -5,6 +5,13 @@
 // internal_request_auth_key and the worker verifies the signature before
 // handing the id to its attention-DP scheduler.
 //
+// # Formats
+//
+// The default format is TensorRT-LLM's own ("sha256=<hex>" over canonical
+// JSON; trtllm.go), so trtllm-serve workers verify the edges' hints. This
+// file is tether's earlier format, version 1, still accepted by workers
+// during a migration (docs/upgrades.md).
+//
 // # Headers
 //
 //	x-trtllm-subagent-affinity-id:   the affinity id (the parent's conversation id)

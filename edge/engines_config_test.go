@@ -1,0 +1,70 @@
+package edge
+
+import (
+	"strings"
+	"testing"
+)
+
+const engineYAMLBase = `
+model: m
+cluster: {node_id: edge-1, data_dir: /tmp/x, bootstrap: true, peers: [{id: edge-1, addr: "127.0.0.1:7400"}], auth_key: cluster-secret-0123456789}
+`
+
+func TestEngineConfig(t *testing.T) {
+	cfg, err := ParseConfig([]byte(engineYAMLBase + `
+context_servers:
+  engine: vllm
+  data_parallel_size: 4
+  urls: [http://10.0.0.1:8000, {name: vllm-b, url: "http://10.0.0.2:8000"}]
+conversation_affinity_header_for_subagents: X-Dynamo-Parent-Session-ID
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Aggregated() || cfg.dataParallelSize(0) != 4 || cfg.ContextServers.Engine.Kind().metricsFormat() != "vllm" {
+		t.Fatalf("aggregated %v, dp %d", cfg.Aggregated(), cfg.dataParallelSize(0))
+	}
+	// Without the key: tether workers by default.
+	cfg, err = ParseConfig([]byte(engineYAMLBase + `
+context_servers: {urls: [http://10.0.0.1:8000]}
+generation_servers: {urls: [http://10.0.0.2:8000]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Aggregated() || cfg.ContextServers.Engine.Kind() != EngineTether {
+		t.Fatalf("default engine %q aggregated %v", cfg.ContextServers.Engine.Kind(), cfg.Aggregated())
+	}
+}
+
+func TestEngineConfigErrors(t *testing.T) {
+	for name, tc := range map[string]struct{ yaml, want string }{
+		"unknown engine": {`
+context_servers: {engine: tgi, urls: [http://a:1]}
+generation_servers: {urls: [http://b:1]}`, `context_servers.engine: unknown engine "tgi"`},
+		"vllm in generation": {`
+context_servers: {urls: [http://a:1]}
+generation_servers: {engine: vllm, urls: [http://b:1]}`, "generation_servers.engine: vllm is served aggregated"},
+		"generation next to sglang": {`
+context_servers: {engine: sglang, urls: [http://a:1]}
+generation_servers: {urls: [http://b:1]}`, "generation_servers: must be empty with context_servers.engine: sglang"},
+		"no urls": {`
+context_servers: {engine: vllm}
+nats: {urls: ["nats://127.0.0.1:4222"]}`, "context_servers.urls: engine vllm needs its servers' URLs"},
+		"dp for tether workers": {`
+context_servers: {data_parallel_size: 2, urls: [http://a:1]}
+generation_servers: {urls: [http://b:1]}`, "context_servers.data_parallel_size: only for engine vllm or sglang"},
+		"dp out of range": {`
+context_servers: {engine: vllm, data_parallel_size: 5000, urls: [http://a:1]}`, "context_servers.data_parallel_size: must be 0..1024"},
+		"dp wrong type": {`
+context_servers: {engine: vllm, data_parallel_size: four, urls: [http://a:1]}`, "data_parallel_size"},
+		"conditional disagg": {`
+context_servers: {engine: vllm, urls: [http://a:1]}
+conditional_disagg_config: {max_local_prefill_length: 100}`, "conditional_disagg_config: does not apply"},
+	} {
+		_, err := ParseConfig([]byte(engineYAMLBase + tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error containing %q", name, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,93 @@
+package edge
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/routing/telemetry"
+)
+
+// startHealthSetup is one edge in front of one static context and one
+// static generation worker started with o (fleet and role set here).
+func startHealthSetup(t *testing.T, o workerOpts, mutate func(c *Config)) (*edgeCluster, *testEdge) {
+	t.Helper()
+	co, go_ := o, o
+	co.fleet, co.role = telemetry.FleetContext, hintauth.RoleContext
+	go_.fleet, go_.role = telemetry.FleetGeneration, hintauth.RoleGeneration
+	cw := startWorker(t, "ctx-0", co)
+	gw := startWorker(t, "gen-0", go_)
+	ec := startEdges(t, 1, "", func(_ int, c *Config) {
+		c.Telemetry.ProbeInterval = 100 * time.Millisecond
+		c.ContextServers.URLs = []StaticInstance{{Name: cw.id, URL: cw.proxy.URL}}
+		c.GenerationServers.URLs = []StaticInstance{{Name: gw.id, URL: gw.proxy.URL}}
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+	return ec, ec.edge(0)
+}
+
+// A static worker that serves /health but no /readyz (as trtllm-serve,
+// vLLM and SGLang) is probed healthy and gets traffic. Before, the edge
+// probed /readyz only and answered every request 503 no_healthy_instance.
+func TestStaticWorkerServingOnlyHealthGetsTraffic(t *testing.T) {
+	ec, te := startHealthSetup(t, workerOpts{only404: []string{"/readyz", "/healthz"}}, nil)
+	ec.waitInstances(2)
+	c := httpClient(t)
+	r := do(t, c, http.MethodPost, te.url()+"/v1/chat/completions", oneTurn(t, "health-only"), map[string]string{"x-session-id": "health-only"})
+	if r.status != http.StatusOK {
+		t.Fatalf("%d %s, want 200", r.status, r.body)
+	}
+	if ctxInst, genInst := routeOf(t, r); ctxInst != "ctx-0" || genInst != "gen-0" {
+		t.Fatalf("route %s/%s", ctxInst, genInst)
+	}
+}
+
+// health_path is per fleet: a path the worker does not serve keeps its
+// instances unhealthy (503 no_healthy_instance), while the other fleet
+// probes its default.
+func TestHealthPathPerFleet(t *testing.T) {
+	_, te := startHealthSetup(t, workerOpts{}, func(c *Config) { c.ContextServers.HealthPath = "/not-served" })
+	c := httpClient(t)
+	waitFor(t, "generation instance healthy", 10*time.Second, func() bool {
+		in, ok := te.e.Fleet().Instance("gen-0", time.Now())
+		return ok && in.Healthy
+	})
+	r := do(t, c, http.MethodPost, te.url()+"/v1/chat/completions", oneTurn(t, "bad-path"), map[string]string{"x-session-id": "bad-path"})
+	if r.status != http.StatusServiceUnavailable {
+		t.Fatalf("%d %s, want 503", r.status, r.body)
+	}
+	if e := r.json(t)["error"].(map[string]any); e["code"] != "no_healthy_instance" {
+		t.Fatalf("error %v", e)
+	}
+}
+
+// health_check_model: a worker whose /v1/models does not list the edge's
+// model is not ready for it; one that does is.
+func TestHealthCheckModel(t *testing.T) {
+	check := func(c *Config) {
+		c.ContextServers.HealthCheckModel = true
+		c.GenerationServers.HealthCheckModel = true
+	}
+	t.Run("other model", func(t *testing.T) {
+		_, te := startHealthSetup(t, workerOpts{model: "another-model"}, check)
+		// Probes run every 100ms: wait for a few completed rounds, then
+		// the instance must still be unhealthy.
+		waitFor(t, "probes counted", 10*time.Second, func() bool {
+			return counter(t, te.registry, "tether_edge_probes_total", map[string]string{"result": "failed"}) >= 6
+		})
+		if in, ok := te.e.Fleet().Instance("ctx-0", time.Now()); !ok || in.Healthy {
+			t.Fatalf("ctx-0 %+v healthy with another model", in)
+		}
+	})
+	t.Run("served model", func(t *testing.T) {
+		ec, te := startHealthSetup(t, workerOpts{}, check)
+		ec.waitInstances(2)
+		r := do(t, httpClient(t), http.MethodPost, te.url()+"/v1/chat/completions", oneTurn(t, "model-ok"), map[string]string{"x-session-id": "model-ok"})
+		if r.status != http.StatusOK {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+	})
+}

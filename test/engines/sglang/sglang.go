@@ -1,0 +1,31 @@
+// Package sglang is a stand-in for an SGLang server (sglang.launch_server
+// --enable-metrics) in tests: the OpenAI-compatible paths, /health,
+// /metrics (sglang:* gauges labelled dp_rank="<rank>" with data
+// parallelism) and the X-Data-Parallel-Rank header as SGLang reads it (a
+// non-integer is a 400; a rank outside [0, --dp-size) is a 400). The shared
+// server lives in test/engines/oaiserve.
+package sglang
+
+import "github.com/tether-project/tether/test/engines/oaiserve"
+
+// Options configure the stand-in (see oaiserve.Options).
+type Options struct {
+	Model string
+	// DPSize is --dp-size (default 1).
+	DPSize int
+	// CacheReport is --enable-cache-report: usage reports
+	// prompt_tokens_details.cached_tokens (else null).
+	CacheReport bool
+}
+
+// Server is a running stand-in.
+type Server = oaiserve.Server
+
+// Served is one answered request.
+type Served = oaiserve.Served
+
+// Start starts a stand-in on a loopback port.
+func Start(o Options) *Server {
+	return oaiserve.Start(oaiserve.Options{Engine: oaiserve.SGLang, Model: o.Model,
+		DataParallelSize: o.DPSize, ReportCachedTokens: o.CacheReport})
+}
