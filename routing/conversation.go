@@ -9,8 +9,13 @@ import (
 )
 
 // SessionHeaders are the request headers that may carry a conversation id,
-// in precedence order, after the body's conversation_params.conversation_id.
+// in precedence order, after the body's conversation_params.conversation_id:
+// TensorRT-LLM's CONVERSATION_ID_HEADERS (tensorrt_llm/serve/conversation_id.py),
+// which puts Claude Code's session headers first, so an edge and a
+// trtllm-serve worker resolve the same id.
 var SessionHeaders = []string{
+	"x-claude-code-session-id",
+	"x-claude-session-id",
 	"x-session-id",
 	"x-correlation-id",
 	"x-session-affinity",

@@ -28,6 +28,12 @@ func TestConversationIDPrecedence(t *testing.T) {
 		{"case-insensitive names", "", http.Header{"x-session-id": nil}, ""},
 		{"trimmed", "", h("X-Session-Id", "  padded  "), "padded"},
 		{"none", "", h("X-Other", "x"), ""},
+		// TensorRT-LLM's order (tensorrt_llm/serve/conversation_id.py):
+		// Claude Code's session headers before x-session-id.
+		{"claude code first", "", h("X-Session-Id", "sess", "X-Claude-Code-Session-Id", "cc", "X-Claude-Session-Id", "cl"), "cc"},
+		{"claude session next", "", h("X-Session-Id", "sess", "X-Claude-Session-Id", "cl"), "cl"},
+		{"blank claude header skipped", "", h("X-Claude-Code-Session-Id", " ", "X-Session-Id", "sess"), "sess"},
+		{"body beats claude", "body-id", h("X-Claude-Code-Session-Id", "cc"), "body-id"},
 	}
 	for _, c := range cases {
 		if got := ConversationID(c.body, c.hdr); got != c.want {
