@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -320,5 +321,28 @@ func TestStandInRefusesTamperedSignatures(t *testing.T) {
 		HeaderAffinityID: "parent", HeaderAffinityAuth: "sha256=" + strings.Repeat("0", 64)})
 	if a.status != 400 || !strings.Contains(string(a.body), "Invalid internal subagent affinity authentication") {
 		t.Fatalf("%d %s", a.status, a.body)
+	}
+}
+
+// The configuration example of docs/engines-trtllm.md is a valid edge
+// configuration, with the probe and signature settings it shows.
+func TestDocExampleParses(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "engines-trtllm.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "```yaml\n")
+	block, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("no yaml block in docs/engines-trtllm.md")
+	}
+	t.Setenv("TETHER_INTERNAL_REQUEST_AUTH_KEY", "")
+	cfg, err := edge.ParseConfig([]byte(block))
+	if err != nil {
+		t.Fatalf("docs/engines-trtllm.md example: %v", err)
+	}
+	if cfg.ContextServers.HealthPath != "/health" || !cfg.ContextServers.HealthCheckModel ||
+		cfg.HintSignatureFormat != "trtllm" || len(cfg.ContextServers.URLs) != 2 {
+		t.Fatalf("example parsed as %+v", cfg.ContextServers)
 	}
 }
