@@ -91,3 +91,33 @@ func TestHealthCheckModel(t *testing.T) {
 		}
 	})
 }
+
+// Rolling upgrade: a context worker of a release before the trtllm
+// protocol (top-level disaggregated_params with opaque_state) still
+// serves through a new edge, which gives the generation worker the old
+// generation request.
+func TestLegacyHandoffStillUnderstood(t *testing.T) {
+	cw := startWorker(t, "ctx-0", workerOpts{fleet: telemetry.FleetContext, role: hintauth.RoleContext, legacyHandoff: true})
+	gw := startWorker(t, "gen-0", workerOpts{fleet: telemetry.FleetGeneration, role: hintauth.RoleGeneration})
+	ec := startEdges(t, 1, "", func(_ int, c *Config) {
+		c.Telemetry.ProbeInterval = 100 * time.Millisecond
+		c.ContextServers.URLs = []StaticInstance{{Name: cw.id, URL: cw.proxy.URL}}
+		c.GenerationServers.URLs = []StaticInstance{{Name: gw.id, URL: gw.proxy.URL}}
+	})
+	ec.waitInstances(2)
+	r := do(t, httpClient(t), http.MethodPost, ec.edge(0).url()+"/v1/chat/completions", oneTurn(t, "legacy"), map[string]string{"x-session-id": "legacy"})
+	if r.status != http.StatusOK {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	reqs := gw.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d generation requests", len(reqs))
+	}
+	dp, _ := reqs[0].body["disaggregated_params"].(map[string]any)
+	if dp["request_type"] != "generation_only" || dp["opaque_state"] == nil || dp["encoded_opaque_state"] != nil {
+		t.Fatalf("generation request to an old-shape context's peer: %v", dp)
+	}
+	if reqs[0].header.Get(hintauth.HeaderDisaggAuth) != "" {
+		t.Fatal("the old handoff was signed with x-trtllm-disagg-auth")
+	}
+}
