@@ -346,3 +346,31 @@ func TestDocExampleParses(t *testing.T) {
 		t.Fatalf("example parsed as %+v", cfg.ContextServers)
 	}
 }
+
+// A trtllm-serve that is starting (503 on every path, /health included,
+// x-trtllm-server-state: starting) is not healthy for the edge, which
+// places new conversations elsewhere; once it answers 200 it is back.
+func TestStartingStandInIsNotHealthy(t *testing.T) {
+	ctx := []*standIn{startStandIn(t, "ctx-0", "context"), startStandIn(t, "ctx-1", "context")}
+	gen := []*standIn{startStandIn(t, "gen-0", "generation")}
+	edges := startEdges(t, 1, ctx, gen)
+	healthy := func(id string) bool {
+		in, ok := edges[0].Fleet().Instance(id, time.Now())
+		return ok && in.Healthy
+	}
+	ctx[0].SetStarting(true)
+	waitFor(t, "ctx-0 unhealthy while starting", 10*time.Second, func() bool { return !healthy("ctx-0") })
+	for i := range 4 {
+		conv := fmt.Sprintf("conv-%d", i)
+		a := post(t, "http://"+edges[0].Addr()+"/v1/chat/completions", map[string]any{"model": testModel, "max_tokens": 3,
+			"messages": []any{map[string]any{"role": "user", "content": "hello " + conv}}}, map[string]string{"x-session-id": conv})
+		if a.status != 200 {
+			t.Fatalf("%s: %d %s", conv, a.status, a.body)
+		}
+		if c, _ := route(t, a); c != "ctx-1" {
+			t.Fatalf("%s placed on %s while ctx-0 is starting", conv, c)
+		}
+	}
+	ctx[0].SetStarting(false)
+	waitFor(t, "ctx-0 healthy once started", 10*time.Second, func() bool { return healthy("ctx-0") })
+}
