@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
 )
@@ -119,5 +120,34 @@ func TestLegacyHandoffStillUnderstood(t *testing.T) {
 	}
 	if reqs[0].header.Get(hintauth.HeaderDisaggAuth) != "" {
 		t.Fatal("the old handoff was signed with x-trtllm-disagg-auth")
+	}
+}
+
+// Conversation ids as TensorRT-LLM resolves them: Claude Code's session
+// header before x-session-id, and, without any header, a client-native
+// body field (Codex's prompt_cache_key).
+func TestConversationIDAsTRTLLM(t *testing.T) {
+	s := startStatic(t, 1, 1, nil)
+	for _, c := range []struct {
+		name string
+		body map[string]any
+		hdr  map[string]string
+		want string
+	}{
+		{"claude code header first", nil, map[string]string{"x-session-id": "sess-1", "X-Claude-Code-Session-Id": "cc-1"}, "cc-1"},
+		{"codex body field", map[string]any{"prompt_cache_key": "codex-thread-1"}, nil, "codex-thread-1"},
+		{"header beats body field", map[string]any{"prompt_cache_key": "codex-thread-2"}, map[string]string{"x-session-id": "sess-2"}, "sess-2"},
+	} {
+		r := s.chat(t, chatBody(t, "", []string{c.name}, c.body), c.hdr)
+		if r.status != http.StatusOK {
+			t.Fatalf("%s: %d %s", c.name, r.status, r.body)
+		}
+		if _, ok := s.te.e.Node().State().Lookup(fsm.FleetContext, c.want); !ok {
+			t.Fatalf("%s: no context binding for %q", c.name, c.want)
+		}
+		reqs := s.ctx[0].requests()
+		if got := reqs[len(reqs)-1].conversationID(); got != c.want {
+			t.Fatalf("%s: the worker got conversation %q, want %q", c.name, got, c.want)
+		}
 	}
 }
