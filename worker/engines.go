@@ -2,14 +2,16 @@ package worker
 
 import (
 	"fmt"
+	"log/slog"
 
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/engine/sim"
+	"github.com/tether-project/tether/worker/kvevents"
 	"github.com/tether-project/tether/worker/proxy"
 )
 
 // buildEngine creates the configured engine with one rank per ADP rank.
-func buildEngine(cfg Config, ranks int) (engine.Engine, error) {
+func buildEngine(cfg Config, ranks int, log *slog.Logger) (engine.Engine, error) {
 	if cfg.EngineOverride != nil {
 		return cfg.EngineOverride, nil
 	}
@@ -34,7 +36,18 @@ func buildEngine(cfg Config, ranks int) (engine.Engine, error) {
 			MetricsURLs: e.UpstreamMetrics,
 			Timeout:     e.UpstreamTimeout,
 			BlockSize:   e.BlockSize,
+			KVEvents:    kvEventSource(e, ranks, log),
 		})
 	}
 	return nil, fmt.Errorf("engine.type: unknown value %q", e.Type)
+}
+
+// kvEventSource is the proxy's engine.kv_events source, logging as the
+// worker does.
+func kvEventSource(e EngineConfig, ranks int, log *slog.Logger) *kvevents.Config {
+	k := e.kvEventSource(ranks)
+	if k != nil {
+		k.Log = log.With("component", "kv_events")
+	}
+	return k
 }

@@ -1,0 +1,48 @@
+package engineevents
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/worker/kvevents"
+)
+
+// A proxy worker turns vLLM-format ZeroMQ KV events (the Go publisher
+// speaking vllm/distributed/kv_events.py's protocol) into tether block
+// keys on NATS: the edge's KV index holds exactly the blocks the engine
+// stored, on the engine's DP rank, and drops those it removed.
+func TestProxyWorkerMirrorsEngineKVEvents(t *testing.T) {
+	for _, layout := range []kvevents.Layout{kvevents.LayoutMap, kvevents.LayoutArray} {
+		ns := startNATS(t)
+		pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Layout: layout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pub.Close() })
+		startProxyWorker(t, ns, "w-vllm", pub.Endpoint(), pub.ReplayEndpoint())
+		f := newFleet(t, ns)
+
+		toks := prefix.Tokenize(strings.Repeat("alpha beta gamma delta epsilon ", 4)) // 20 tokens: 5 blocks of 4
+		blocks := prefix.BlockHashes(toks, 4)
+		h := func(i int) kvevents.Hash { return kvevents.IntHash(uint64(1000 + i)) }
+		publish := func(b kvevents.Batch) {
+			t.Helper()
+			if err := pub.Publish(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		nudge := func() { publish(kvevents.Batch{DPRank: 1}) }
+		// Blocks 0-2 in one batch, 3-4 chained to block 2 in the next.
+		publish(kvevents.Batch{DPRank: 1, Events: []kvevents.Event{{Kind: kvevents.Stored, Hashes: []kvevents.Hash{h(0), h(1), h(2)}, Tokens: toks[:12], BlockSize: 4}}})
+		publish(kvevents.Batch{DPRank: 1, Events: []kvevents.Event{{Kind: kvevents.Stored, Hashes: []kvevents.Hash{h(3), h(4)}, Parent: h(2), HasParent: true, Tokens: toks[12:], BlockSize: 4}}})
+		waitNudging(t, "the edge to index the engine's 5 blocks on rank 1", nudge, func() bool {
+			n, r := matchRank(f, "w-vllm", blocks)
+			return n == 5 && r == 1
+		})
+		publish(kvevents.Batch{DPRank: 1, Events: []kvevents.Event{{Kind: kvevents.Removed, Hashes: []kvevents.Hash{h(4), h(3)}}}})
+		waitNudging(t, "the removal of blocks 3-4", nudge, func() bool { n, _ := matchRank(f, "w-vllm", blocks); return n == 3 })
+		publish(kvevents.Batch{DPRank: 1, Events: []kvevents.Event{{Kind: kvevents.Cleared}}})
+		waitNudging(t, "the cache to be cleared", nudge, func() bool { n, _ := matchRank(f, "w-vllm", blocks); return n == 0 })
+	}
+}

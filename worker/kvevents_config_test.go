@@ -1,0 +1,76 @@
+package worker
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+const proxyKVEventsConfig = `
+instance_id: ctx-0
+model: m
+ranks: 2
+enable_attention_dp: true
+engine:
+  type: proxy
+  block_size: 16
+  upstreams: [http://10.0.0.5:8000, http://10.0.0.5:8001]
+  kv_events:
+    format: vllm
+    endpoints: [tcp://10.0.0.5:5557, tcp://10.0.0.5:5558]
+    replay_endpoints: [tcp://10.0.0.5:5657, tcp://10.0.0.5:5658]
+    topic: kv
+`
+
+func TestKVEventsConfig(t *testing.T) {
+	cfg, err := ParseConfig([]byte(proxyKVEventsConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := cfg.Engine.KVEvents
+	if k.Format != "vllm" || len(k.Endpoints) != 2 || k.ReplayEndpoints[1] != "tcp://10.0.0.5:5658" || k.Topic != "kv" || k.PollInterval != 200*time.Millisecond {
+		t.Fatalf("kv_events = %+v", k)
+	}
+	src := cfg.Engine.kvEventSource(cfg.RankCount())
+	if src.BlockSize != 16 || src.Ranks != 2 {
+		t.Fatalf("source = %+v", src)
+	}
+	// trtllm polls the upstreams unless told otherwise.
+	trt, err := ParseConfig([]byte(strings.Replace(proxyKVEventsConfig, `    format: vllm
+    endpoints: [tcp://10.0.0.5:5557, tcp://10.0.0.5:5558]
+    replay_endpoints: [tcp://10.0.0.5:5657, tcp://10.0.0.5:5658]
+    topic: kv
+`, "    format: trtllm\n    poll_interval: 50ms\n", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := trt.Engine.kvEventSource(2); len(s.URLs) != 2 || s.URLs[0] != "http://10.0.0.5:8000" || s.PollInterval != 50*time.Millisecond {
+		t.Fatalf("trtllm source = %+v", s)
+	}
+}
+
+func TestKVEventsConfigErrorsNameTheKey(t *testing.T) {
+	cases := []struct{ from, to, want string }{
+		{"format: vllm", "format: mystery", "engine.kv_events.format"},
+		{"endpoints: [tcp://10.0.0.5:5557, tcp://10.0.0.5:5558]", "endpoints: [a, b, c]", "engine.kv_events.endpoints"},
+		{"endpoints: [tcp://10.0.0.5:5557, tcp://10.0.0.5:5558]", "endpoints: [http://x:1, http://x:2]", "engine.kv_events endpoint 0"},
+		{"replay_endpoints: [tcp://10.0.0.5:5657, tcp://10.0.0.5:5658]", "replay_endpoints: [tcp://10.0.0.5:5657]", "engine.kv_events.replay_endpoints"},
+		{"topic: kv", "topic: kv\n    urls: [http://x:1]", "engine.kv_events.urls"},
+		{"topic: kv", "topic: kv\n    poll_interval: 2h", "engine.kv_events.poll_interval"},
+		{"topic: kv", "topic: kv\n    nonsense: 1", "engine.kv_events.nonsense: unknown key"},
+		{"type: proxy", "type: sim", "engine.kv_events: only for engine.type proxy"},
+	}
+	for _, c := range cases {
+		doc := strings.Replace(proxyKVEventsConfig, c.from, c.to, 1)
+		if c.want == "engine.kv_events: only for engine.type proxy" {
+			doc = strings.Replace(doc, "  upstreams: [http://10.0.0.5:8000, http://10.0.0.5:8001]\n", "", 1)
+		}
+		cfg, err := ParseConfig([]byte(doc))
+		if err == nil {
+			err = cfg.Validate()
+		}
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q → %q: error %v, want one naming %q", c.from, c.to, err, c.want)
+		}
+	}
+}
