@@ -109,6 +109,9 @@ type EngineConfig struct {
 	// TimeScale is wall time per unit of simulated time: 1 real time,
 	// 0.01 a hundred times faster, 0 never waits.
 	TimeScale float64 // time_scale (default 1)
+	// PublishKVEvents makes the simulated engine also publish its cache
+	// changes in vLLM's KV event protocol (engine.publish_kv_events).
+	PublishKVEvents PublishKVEventsConfig
 
 	// Proxy engine (type proxy).
 	Upstreams       []string      // upstreams: one base URL per rank
@@ -116,6 +119,16 @@ type EngineConfig struct {
 	UpstreamTimeout time.Duration // upstream_timeout: per request (default 10m)
 	// KVEvents reads the upstream engines' KV cache events (engine.kv_events).
 	KVEvents KVEventsConfig
+}
+
+// PublishKVEventsConfig is engine.publish_kv_events: the simulated engine
+// speaks vLLM's KV event protocol (worker/kvevents.Engine), so a proxy
+// worker in front of it exercises the real-engine path. Rank r listens on
+// the endpoints' port + r, as vLLM's data-parallel rank r does.
+type PublishKVEventsConfig struct {
+	Endpoint       string // endpoint: PUB listen endpoint, e.g. tcp://*:5557 ("" = off)
+	ReplayEndpoint string // replay_endpoint: ROUTER replay endpoint ("" = no replay)
+	Layout         string // layout: map (current vLLM, default) | array (SGLang, older vLLM)
 }
 
 // KVEventsConfig is engine.kv_events: where a proxy worker reads its
@@ -416,8 +429,36 @@ func (e *EngineConfig) validateKVEvents(ranks int) error {
 	return nil
 }
 
+func (e *EngineConfig) validatePublishKVEvents(ranks int) error {
+	p := e.PublishKVEvents
+	if p.Endpoint == "" {
+		if p.ReplayEndpoint != "" || p.Layout != "" {
+			return errors.New("engine.publish_kv_events: replay_endpoint or layout given without an endpoint")
+		}
+		return nil
+	}
+	if e.Type != "sim" {
+		return errors.New("engine.publish_kv_events: only for engine.type sim")
+	}
+	if p.Layout != "" && p.Layout != "map" && p.Layout != "array" {
+		return fmt.Errorf("engine.publish_kv_events.layout: %q (want map or array)", p.Layout)
+	}
+	for _, c := range []struct{ key, ep string }{{"endpoint", p.Endpoint}, {"replay_endpoint", p.ReplayEndpoint}} {
+		if c.ep == "" {
+			continue
+		}
+		if _, err := kvevents.OffsetEndpoint(c.ep, ranks-1); err != nil {
+			return fmt.Errorf("engine.publish_kv_events.%s: %v", c.key, err)
+		}
+	}
+	return nil
+}
+
 func (e *EngineConfig) validate(ranks int) error {
 	if err := e.validateKVEvents(ranks); err != nil {
+		return err
+	}
+	if err := e.validatePublishKVEvents(ranks); err != nil {
 		return err
 	}
 	switch e.Type {
@@ -570,6 +611,11 @@ func parseConfig(data []byte) (Config, error) {
 		"upstreams":                  &cfg.Engine.Upstreams,
 		"upstream_metrics":           &cfg.Engine.UpstreamMetrics,
 		"upstream_timeout":           &yamlDuration{&cfg.Engine.UpstreamTimeout},
+		"publish_kv_events": fields{
+			"endpoint":        &cfg.Engine.PublishKVEvents.Endpoint,
+			"replay_endpoint": &cfg.Engine.PublishKVEvents.ReplayEndpoint,
+			"layout":          &cfg.Engine.PublishKVEvents.Layout,
+		},
 		"kv_events": fields{
 			"format":           &cfg.Engine.KVEvents.Format,
 			"endpoints":        &cfg.Engine.KVEvents.Endpoints,

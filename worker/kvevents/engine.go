@@ -59,6 +59,23 @@ func NewEngine(inner engine.Engine, blockSize int, pubs []*Publisher) (*Engine, 
 
 var _ engine.Engine = (*Engine)(nil)
 
+// Endpoints are the ranks' PUB and replay endpoints as bound.
+func (e *Engine) Endpoints() (pub, replay []string) {
+	for _, p := range e.pubs {
+		pub, replay = append(pub, p.Endpoint()), append(replay, p.ReplayEndpoint())
+	}
+	return pub, replay
+}
+
+// PublishEmpty publishes an empty batch on rank r (a heartbeat: a
+// subscriber that joined late replays what it missed when it sees it).
+func (e *Engine) PublishEmpty(r int) error {
+	if r < 0 || r >= len(e.pubs) {
+		return fmt.Errorf("kvevents: rank %d of %d", r, len(e.pubs))
+	}
+	return e.pubs[r].Publish(Batch{DPRank: -1})
+}
+
 // Unknown counts stored blocks whose tokens were not known (not announced).
 func (e *Engine) Unknown() uint64 { return e.unknown.Load() }
 

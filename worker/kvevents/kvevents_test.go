@@ -384,3 +384,27 @@ func TestPollerDrainsTRTLLMEvents(t *testing.T) {
 func testLog(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
+
+func TestOffsetEndpoint(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		r    int
+		want string
+	}{
+		{"tcp://*:5557", 0, "tcp://*:5557"},
+		{"tcp://*:5557", 3, "tcp://*:5560"},
+		{"tcp://[::1]:5557", 1, "tcp://[::1]:5558"},
+		{"tcp://127.0.0.1:0", 5, "tcp://127.0.0.1:0"},
+		{"ipc:///tmp/kv", 2, "ipc:///tmp/kv_dp2"},
+	} {
+		got, err := OffsetEndpoint(c.in, c.r)
+		if err != nil || got != c.want {
+			t.Errorf("OffsetEndpoint(%q, %d) = %q, %v; want %q", c.in, c.r, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"tcp://host", "tcp://h:x", "tcp://h:65535", "http://h:1", ""} {
+		if _, err := OffsetEndpoint(bad, 1); err == nil {
+			t.Errorf("OffsetEndpoint(%q, 1): want an error", bad)
+		}
+	}
+}
