@@ -129,6 +129,9 @@ type PublishKVEventsConfig struct {
 	Endpoint       string // endpoint: PUB listen endpoint, e.g. tcp://*:5557 ("" = off)
 	ReplayEndpoint string // replay_endpoint: ROUTER replay endpoint ("" = no replay)
 	Layout         string // layout: map (current vLLM, default) | array (SGLang, older vLLM)
+	// ServeTRTLLM also serves the changes as trtllm-serve does, drained at
+	// POST /kv_cache_events on the worker's port (serve_trtllm).
+	ServeTRTLLM bool
 }
 
 // KVEventsConfig is engine.kv_events: where a proxy worker reads its
@@ -431,10 +434,10 @@ func (e *EngineConfig) validateKVEvents(ranks int) error {
 
 func (e *EngineConfig) validatePublishKVEvents(ranks int) error {
 	p := e.PublishKVEvents
-	if p.Endpoint == "" {
-		if p.ReplayEndpoint != "" || p.Layout != "" {
-			return errors.New("engine.publish_kv_events: replay_endpoint or layout given without an endpoint")
-		}
+	if p.Endpoint == "" && (p.ReplayEndpoint != "" || p.Layout != "") {
+		return errors.New("engine.publish_kv_events: replay_endpoint or layout given without an endpoint")
+	}
+	if p.Endpoint == "" && !p.ServeTRTLLM {
 		return nil
 	}
 	if e.Type != "sim" {
@@ -444,6 +447,9 @@ func (e *EngineConfig) validatePublishKVEvents(ranks int) error {
 		return fmt.Errorf("engine.publish_kv_events.layout: %q (want map or array)", p.Layout)
 	}
 	for _, c := range []struct{ key, ep string }{{"endpoint", p.Endpoint}, {"replay_endpoint", p.ReplayEndpoint}} {
+		if c.ep == "" && c.key == "endpoint" && p.Endpoint == "" {
+			continue
+		}
 		if c.ep == "" {
 			continue
 		}
@@ -615,6 +621,7 @@ func parseConfig(data []byte) (Config, error) {
 			"endpoint":        &cfg.Engine.PublishKVEvents.Endpoint,
 			"replay_endpoint": &cfg.Engine.PublishKVEvents.ReplayEndpoint,
 			"layout":          &cfg.Engine.PublishKVEvents.Layout,
+			"serve_trtllm":    &cfg.Engine.PublishKVEvents.ServeTRTLLM,
 		},
 		"kv_events": fields{
 			"format":           &cfg.Engine.KVEvents.Format,

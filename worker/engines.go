@@ -30,7 +30,7 @@ func buildEngine(cfg Config, ranks int, log *slog.Logger) (engine.Engine, error)
 			StatsWindow:            e.StatsWindow,
 			TimeScale:              e.TimeScale,
 		})
-		if err != nil || e.PublishKVEvents.Endpoint == "" {
+		if err != nil || (e.PublishKVEvents.Endpoint == "" && !e.PublishKVEvents.ServeTRTLLM) {
 			return eng, err
 		}
 		return publishingEngine(eng, e, ranks)
@@ -73,6 +73,9 @@ func publishingEngine(eng *sim.Engine, e EngineConfig, ranks int) (engine.Engine
 		return nil, fmt.Errorf("engine.publish_kv_events: %w", err)
 	}
 	for r := range ranks {
+		if p.Endpoint == "" {
+			break // trtllm only
+		}
 		ep, err := kvevents.OffsetEndpoint(p.Endpoint, r)
 		if err != nil {
 			return fail(err)
@@ -92,6 +95,9 @@ func publishingEngine(eng *sim.Engine, e EngineConfig, ranks int) (engine.Engine
 	w, err := kvevents.NewEngine(eng, e.BlockSize, pubs)
 	if err != nil {
 		return fail(err)
+	}
+	if p.ServeTRTLLM {
+		w.ServeTRTLLM(0)
 	}
 	return w, nil
 }

@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"sync"
 	"sync/atomic"
 
@@ -32,6 +33,7 @@ type Engine struct {
 	pending []map[uint64]*blockInfo // per rank: blocks of running prompts
 	held    []map[uint64]blockInfo  // per rank: blocks announced and not removed
 	unknown atomic.Uint64
+	trt     *trtBuffer // nil unless ServeTRTLLM
 }
 
 type blockInfo struct {
@@ -40,16 +42,18 @@ type blockInfo struct {
 	refs   int // running requests naming the block (pending only)
 }
 
-// NewEngine wraps inner, whose ranks publish on pubs (one per rank).
+// NewEngine wraps inner, whose ranks publish on pubs (one per rank, or
+// none when only ServeTRTLLM is wanted).
 func NewEngine(inner engine.Engine, blockSize int, pubs []*Publisher) (*Engine, error) {
-	if n := len(inner.Stats()); n != len(pubs) {
-		return nil, fmt.Errorf("kvevents: %d publishers for %d ranks", len(pubs), n)
+	ranks := len(inner.Stats())
+	if len(pubs) != 0 && ranks != len(pubs) {
+		return nil, fmt.Errorf("kvevents: %d publishers for %d ranks", len(pubs), ranks)
 	}
 	if blockSize <= 0 {
 		return nil, fmt.Errorf("kvevents: block size %d", blockSize)
 	}
 	e := &Engine{inner: inner, blockSize: blockSize, pubs: pubs}
-	for range pubs {
+	for range ranks {
 		e.pending = append(e.pending, map[uint64]*blockInfo{})
 		e.held = append(e.held, map[uint64]blockInfo{})
 	}
@@ -58,6 +62,33 @@ func NewEngine(inner engine.Engine, blockSize int, pubs []*Publisher) (*Engine, 
 }
 
 var _ engine.Engine = (*Engine)(nil)
+
+// ServeTRTLLM also buffers the changes as TensorRT-LLM events (at most
+// maxEvents, oldest dropped) for KVCacheEventsHandler, as trtllm-serve's
+// POST /kv_cache_events serves them. Call it before the first Run.
+func (e *Engine) ServeTRTLLM(maxEvents int) {
+	if maxEvents <= 0 {
+		maxEvents = 10_000
+	}
+	e.mu.Lock()
+	e.trt = newTRTBuffer(len(e.pending), maxEvents)
+	e.mu.Unlock()
+}
+
+func (e *Engine) trtBuf() *trtBuffer {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.trt
+}
+
+// KVCacheEventsHandler drains the TensorRT-LLM event buffer (nil without
+// ServeTRTLLM): the worker serves it at POST /kv_cache_events.
+func (e *Engine) KVCacheEventsHandler() http.HandlerFunc {
+	if t := e.trtBuf(); t != nil {
+		return t.drain
+	}
+	return nil
+}
 
 // Endpoints are the ranks' PUB and replay endpoints as bound.
 func (e *Engine) Endpoints() (pub, replay []string) {
@@ -81,7 +112,7 @@ func (e *Engine) Unknown() uint64 { return e.unknown.Load() }
 
 // Run registers the prompt's blocks, then runs the request on the inner engine.
 func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.Chunk) error) (engine.Completion, error) {
-	if req.Rank < 0 || req.Rank >= len(e.pubs) {
+	if req.Rank < 0 || req.Rank >= len(e.pending) {
 		return e.inner.Run(ctx, req, emit) // the inner engine explains
 	}
 	hashes := prefix.BlockHashes(req.Prompt, e.blockSize)
@@ -116,9 +147,14 @@ func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.C
 // onKV is the inner engine's sink: publish the change in vLLM's format,
 // then pass it on.
 func (e *Engine) onKV(ev engine.KVEvent) {
-	if ev.Rank >= 0 && ev.Rank < len(e.pubs) {
+	if ev.Rank >= 0 && ev.Rank < len(e.pending) {
 		if b := e.batch(ev); len(b.Events) > 0 {
-			_ = e.pubs[ev.Rank].Publish(b) // a lost batch is a gap the consumer replays
+			if len(e.pubs) > 0 {
+				_ = e.pubs[ev.Rank].Publish(b) // a lost batch is a gap the consumer replays
+			}
+			if t := e.trtBuf(); t != nil {
+				t.addBatch(ev.Rank, b)
+			}
 		}
 	}
 	if fn := e.sink.Load(); fn != nil {
