@@ -46,3 +46,39 @@ func TestProxyWorkerMirrorsEngineKVEvents(t *testing.T) {
 		waitNudging(t, "the cache to be cleared", nudge, func() bool { n, _ := matchRank(f, "w-vllm", blocks); return n == 0 })
 	}
 }
+
+// When the engine restarts (its sequence starts over on the same ports),
+// the proxy worker reconnects, resets the rank, and the edge's index drops
+// the old cache's blocks, then learns the new cache's.
+func TestEngineRestartResetsTheEdgesIndex(t *testing.T) {
+	ns := startNATS(t)
+	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, rep := pub.Endpoint(), pub.ReplayEndpoint()
+	t.Cleanup(func() { pub.Close() })
+	startProxyWorker(t, ns, "w-restart", ep, rep)
+	f := newFleet(t, ns)
+
+	toks := prefix.Tokenize(strings.Repeat("a b c d ", 3))
+	blocks := prefix.BlockHashes(toks, 4)
+	store := func(p *kvevents.Publisher) {
+		t.Helper()
+		if err := p.Publish(kvevents.Batch{DPRank: 0, Events: []kvevents.Event{{Kind: kvevents.Stored,
+			Hashes: []kvevents.Hash{kvevents.IntHash(1), kvevents.IntHash(2), kvevents.IntHash(3)}, Tokens: toks, BlockSize: 4}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nudge := func() { pub.Publish(kvevents.Batch{DPRank: 0}) }
+	store(pub)
+	waitNudging(t, "the first cache's blocks", nudge, func() bool { n, _ := matchRank(f, "w-restart", blocks); return n == 3 })
+
+	pub.Close()
+	if pub, err = kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: ep, ReplayEndpoint: rep}); err != nil {
+		t.Fatalf("restart the engine's publisher on %s: %v", ep, err)
+	}
+	waitNudging(t, "the restarted engine's empty cache", nudge, func() bool { n, _ := matchRank(f, "w-restart", blocks); return n == 0 })
+	store(pub)
+	waitNudging(t, "the new cache's blocks", nudge, func() bool { n, _ := matchRank(f, "w-restart", blocks); return n == 3 })
+}

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"strconv"
 	"strings"
@@ -177,7 +179,10 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{topic: []byte(cfg.Topic), layout: cfg.Layout, cancel: cancel, done: make(chan struct{}), bufCap: cfg.BufferSteps}
-	p.pub = zmq4.NewPub(ctx)
+	// zmq4 logs every peer that goes away (a subscriber's replay socket,
+	// say) on standard error: nothing a publisher acts on.
+	quiet := zmq4.WithLogger(log.New(io.Discard, "", 0))
+	p.pub = zmq4.NewPub(ctx, quiet)
 	if err := p.pub.Listen(cfg.Endpoint); err != nil {
 		cancel()
 		p.pub.Close()
@@ -187,7 +192,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		close(p.done)
 		return p, nil
 	}
-	p.router = zmq4.NewRouter(ctx)
+	p.router = zmq4.NewRouter(ctx, quiet)
 	if err := p.router.Listen(cfg.ReplayEndpoint); err != nil {
 		cancel()
 		p.pub.Close()

@@ -95,7 +95,7 @@ func (s *Subscriber) session(ctx context.Context, tr *tracker, h Handler) error 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	sub := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(200*time.Millisecond),
-		zmq4.WithDialerTimeout(5*time.Second))
+		zmq4.WithDialerTimeout(5*time.Second), zmq4.WithLogger(slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)))
 	defer sub.Close()
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
 		return fmt.Errorf("kvevents: subscribe %s: %w", s.cfg.Endpoint, err)
@@ -194,7 +194,8 @@ func (s *Subscriber) replay(ctx context.Context, from, to uint64) ([]replayed, e
 	}
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
 	defer cancel()
-	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(1), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout))
+	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(1), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout),
+		zmq4.WithLogger(slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)))
 	defer d.Close()
 	if err := d.Dial(s.cfg.ReplayEndpoint); err != nil {
 		return nil, fmt.Errorf("replay dial %s: %w", s.cfg.ReplayEndpoint, err)
