@@ -1,8 +1,11 @@
 package engineevents
 
 import (
+	"io"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/worker/kvevents"
@@ -58,7 +61,7 @@ func TestEngineRestartResetsTheEdgesIndex(t *testing.T) {
 	}
 	ep, rep := pub.Endpoint(), pub.ReplayEndpoint()
 	t.Cleanup(func() { pub.Close() })
-	startProxyWorker(t, ns, "w-restart", ep, rep)
+	w := startProxyWorker(t, ns, "w-restart", ep, rep)
 	f := newFleet(t, ns)
 
 	toks := prefix.Tokenize(strings.Repeat("a b c d ", 3))
@@ -81,4 +84,30 @@ func TestEngineRestartResetsTheEdgesIndex(t *testing.T) {
 	waitNudging(t, "the restarted engine's empty cache", nudge, func() bool { n, _ := matchRank(f, "w-restart", blocks); return n == 0 })
 	store(pub)
 	waitNudging(t, "the new cache's blocks", nudge, func() bool { n, _ := matchRank(f, "w-restart", blocks); return n == 3 })
+	// The worker's metrics tell an operator what happened.
+	m := scrape(t, w.URL()+"/metrics")
+	for _, want := range []string{`tether_worker_engine_kv_blocks{rank="0"} 3`, `tether_worker_engine_kv_unmapped_blocks_total{rank="0",reason="orphan"} 0`} {
+		if !strings.Contains(m, want+"\n") {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if strings.Contains(m, `tether_worker_engine_kv_resets_total{rank="0"} 0`+"\n") {
+		t.Error("the restart did not count as a reset")
+	}
+}
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
