@@ -54,7 +54,7 @@ type fileJSON struct {
 	Model        struct {
 		Type         string            `json:"type"`
 		Vocab        map[string]uint32 `json:"vocab"`
-		Merges       []json.RawMessage `json:"merges"`
+		Merges       json.RawMessage   `json:"merges"`
 		ByteFallback bool              `json:"byte_fallback"`
 		IgnoreMerges bool              `json:"ignore_merges"`
 	} `json:"model"`
@@ -89,12 +89,13 @@ func Load(data []byte) (*Tokenizer, error) {
 	if f.Model.IgnoreMerges {
 		return nil, errors.New("hftok: ignore_merges is not supported")
 	}
-	t := &Tokenizer{vocab: f.Model.Vocab, ranks: make(map[pair]int, len(f.Model.Merges)), addedBy: map[byte][]int{}, cache: map[string][]uint32{}}
-	for i, raw := range f.Model.Merges {
-		p, err := parseMerge(raw)
-		if err != nil {
-			return nil, fmt.Errorf("hftok: merges[%d]: %w", i, err)
-		}
+	t := &Tokenizer{vocab: f.Model.Vocab, addedBy: map[byte][]int{}, cache: map[string][]uint32{}}
+	merges, err := parseMerges(f.Model.Merges)
+	if err != nil {
+		return nil, err
+	}
+	t.ranks = make(map[pair]int, len(merges))
+	for i, p := range merges {
 		if _, dup := t.ranks[p]; !dup {
 			t.ranks[p] = i
 		}
@@ -107,7 +108,6 @@ func Load(data []byte) (*Tokenizer, error) {
 			return nil, fmt.Errorf("hftok: normalizer %q is not supported", f.Normalizer.Type)
 		}
 	}
-	var err error
 	if t.split, err = pretokenizer(f.PreTokenizer); err != nil {
 		return nil, err
 	}
@@ -124,20 +124,35 @@ func Load(data []byte) (*Tokenizer, error) {
 	return t, nil
 }
 
-func parseMerge(raw json.RawMessage) (pair, error) {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		a, b, ok := strings.Cut(s, " ")
-		if !ok {
-			return pair{}, fmt.Errorf("%q is not two symbols", s)
+// parseMerges reads merges as ["a b", …] (older files) or [["a","b"], …].
+func parseMerges(raw json.RawMessage) ([]pair, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	var strs []string
+	if err := json.Unmarshal(raw, &strs); err == nil {
+		out := make([]pair, len(strs))
+		for i, s := range strs {
+			a, b, ok := strings.Cut(s, " ")
+			if !ok {
+				return nil, fmt.Errorf("hftok: merges[%d]: %q is not two symbols", i, s)
+			}
+			out[i] = pair{a, b}
 		}
-		return pair{a, b}, nil
+		return out, nil
 	}
-	var l []string
-	if err := json.Unmarshal(raw, &l); err != nil || len(l) != 2 {
-		return pair{}, fmt.Errorf("%s is not a pair", raw)
+	var lists [][]string
+	if err := json.Unmarshal(raw, &lists); err != nil {
+		return nil, fmt.Errorf("hftok: merges: want strings or pairs: %w", err)
 	}
-	return pair{l[0], l[1]}, nil
+	out := make([]pair, len(lists))
+	for i, l := range lists {
+		if len(l) != 2 {
+			return nil, fmt.Errorf("hftok: merges[%d]: %d symbols, want 2", i, len(l))
+		}
+		out[i] = pair{l[0], l[1]}
+	}
+	return out, nil
 }
 
 // pretokenizer accepts Sequence[Split(regex, Isolated), ByteLevel(no
