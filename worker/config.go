@@ -17,6 +17,7 @@ import (
 	"github.com/tether-project/tether/worker/adp"
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/engine/sim"
+	"github.com/tether-project/tether/worker/kvevents"
 )
 
 // EnvInternalRequestAuthKey, when set, overrides internal_request_auth_key
@@ -115,11 +116,40 @@ type EngineConfig struct {
 	// TimeScale is wall time per unit of simulated time: 1 real time,
 	// 0.01 a hundred times faster, 0 never waits.
 	TimeScale float64 // time_scale (default 1)
+	// PublishKVEvents makes the simulated engine also publish its cache
+	// changes in vLLM's KV event protocol (engine.publish_kv_events).
+	PublishKVEvents PublishKVEventsConfig
 
 	// Proxy engine (type proxy).
 	Upstreams       []string      // upstreams: one base URL per rank
 	UpstreamMetrics []string      // upstream_metrics: optional Prometheus URL per rank
 	UpstreamTimeout time.Duration // upstream_timeout: per request (default 10m)
+	// KVEvents reads the upstream engines' KV cache events (engine.kv_events).
+	KVEvents KVEventsConfig
+}
+
+// PublishKVEventsConfig is engine.publish_kv_events: the simulated engine
+// speaks vLLM's KV event protocol (worker/kvevents.Engine), so a proxy
+// worker in front of it exercises the real-engine path. Rank r listens on
+// the endpoints' port + r, as vLLM's data-parallel rank r does.
+type PublishKVEventsConfig struct {
+	Endpoint       string // endpoint: PUB listen endpoint, e.g. tcp://*:5557 ("" = off)
+	ReplayEndpoint string // replay_endpoint: ROUTER replay endpoint ("" = no replay)
+	Layout         string // layout: map (current vLLM, default) | array (SGLang, older vLLM)
+	// ServeTRTLLM also serves the changes as trtllm-serve does, drained at
+	// POST /kv_cache_events on the worker's port (serve_trtllm).
+	ServeTRTLLM bool
+}
+
+// KVEventsConfig is engine.kv_events: where a proxy worker reads its
+// upstreams' KV cache events (worker/kvevents). Format "" is off.
+type KVEventsConfig struct {
+	Format          string        // format: vllm | sglang | trtllm
+	Endpoints       []string      // endpoints: ZeroMQ PUB endpoints, one per rank or one for all
+	ReplayEndpoints []string      // replay_endpoints: the engines' ROUTER replay sockets
+	Topic           string        // topic: the publishers' topic
+	URLs            []string      // urls: trtllm-serve base URLs (default: upstreams)
+	PollInterval    time.Duration // poll_interval: trtllm polling (default 200ms)
 }
 
 // NATSConfig is the nats section.
@@ -184,6 +214,7 @@ func defaultConfig() Config {
 			StatsWindow:             sd.StatsWindow,
 			TimeScale:               sd.TimeScale,
 			UpstreamTimeout:         10 * time.Minute,
+			KVEvents:                KVEventsConfig{PollInterval: 200 * time.Millisecond},
 		},
 	}
 }
@@ -373,7 +404,82 @@ func (c *Config) schedulerOptions() (adp.Options, error) {
 	return o, err
 }
 
+// kvEventSource is the worker/kvevents configuration of engine.kv_events
+// (nil when off). URLs default to the upstreams for trtllm.
+func (e *EngineConfig) kvEventSource(ranks int) *kvevents.Config {
+	k := e.KVEvents
+	if k.Format == "" {
+		return nil
+	}
+	urls := k.URLs
+	if k.Format == kvevents.FormatTRTLLM && len(urls) == 0 {
+		urls = e.Upstreams
+	}
+	return &kvevents.Config{Format: k.Format, Endpoints: k.Endpoints, ReplayEndpoints: k.ReplayEndpoints,
+		Topic: k.Topic, URLs: urls, PollInterval: k.PollInterval, Ranks: ranks, BlockSize: e.BlockSize}
+}
+
+func (e *EngineConfig) validateKVEvents(ranks int) error {
+	k := e.KVEvents
+	if k.Format == "" {
+		if len(k.Endpoints)+len(k.ReplayEndpoints)+len(k.URLs) > 0 || k.Topic != "" {
+			return errors.New("engine.kv_events: endpoints or urls given without a format (vllm, sglang or trtllm)")
+		}
+		return nil
+	}
+	if e.Type != "proxy" {
+		return errors.New("engine.kv_events: only for engine.type proxy (the simulated engine announces its cache itself)")
+	}
+	if k.PollInterval <= 0 || k.PollInterval > time.Minute {
+		return fmt.Errorf("engine.kv_events.poll_interval: %v out of range (0..1m]", k.PollInterval)
+	}
+	if k.Format == kvevents.FormatTRTLLM && (len(k.Endpoints) > 0 || len(k.ReplayEndpoints) > 0) {
+		return errors.New("engine.kv_events.endpoints: ZeroMQ endpoints are for vllm and sglang; trtllm is polled at urls")
+	}
+	if k.Format != kvevents.FormatTRTLLM && len(k.URLs) > 0 {
+		return errors.New("engine.kv_events.urls: only for format trtllm")
+	}
+	if err := e.kvEventSource(ranks).Validate(); err != nil {
+		return fmt.Errorf("engine.%v", strings.TrimPrefix(err.Error(), "kvevents: "))
+	}
+	return nil
+}
+
+func (e *EngineConfig) validatePublishKVEvents(ranks int) error {
+	p := e.PublishKVEvents
+	if p.Endpoint == "" && (p.ReplayEndpoint != "" || p.Layout != "") {
+		return errors.New("engine.publish_kv_events: replay_endpoint or layout given without an endpoint")
+	}
+	if p.Endpoint == "" && !p.ServeTRTLLM {
+		return nil
+	}
+	if e.Type != "sim" {
+		return errors.New("engine.publish_kv_events: only for engine.type sim")
+	}
+	if p.Layout != "" && p.Layout != "map" && p.Layout != "array" {
+		return fmt.Errorf("engine.publish_kv_events.layout: %q (want map or array)", p.Layout)
+	}
+	for _, c := range []struct{ key, ep string }{{"endpoint", p.Endpoint}, {"replay_endpoint", p.ReplayEndpoint}} {
+		if c.ep == "" && c.key == "endpoint" && p.Endpoint == "" {
+			continue
+		}
+		if c.ep == "" {
+			continue
+		}
+		if _, err := kvevents.OffsetEndpoint(c.ep, ranks-1); err != nil {
+			return fmt.Errorf("engine.publish_kv_events.%s: %v", c.key, err)
+		}
+	}
+	return nil
+}
+
 func (e *EngineConfig) validate(ranks int) error {
+	if err := e.validateKVEvents(ranks); err != nil {
+		return err
+	}
+	if err := e.validatePublishKVEvents(ranks); err != nil {
+		return err
+	}
 	switch e.Type {
 	case "sim":
 		if len(e.Upstreams) > 0 || len(e.UpstreamMetrics) > 0 {
@@ -524,6 +630,20 @@ func parseConfig(data []byte) (Config, error) {
 		"upstreams":                  &cfg.Engine.Upstreams,
 		"upstream_metrics":           &cfg.Engine.UpstreamMetrics,
 		"upstream_timeout":           &yamlDuration{&cfg.Engine.UpstreamTimeout},
+		"publish_kv_events": fields{
+			"endpoint":        &cfg.Engine.PublishKVEvents.Endpoint,
+			"replay_endpoint": &cfg.Engine.PublishKVEvents.ReplayEndpoint,
+			"layout":          &cfg.Engine.PublishKVEvents.Layout,
+			"serve_trtllm":    &cfg.Engine.PublishKVEvents.ServeTRTLLM,
+		},
+		"kv_events": fields{
+			"format":           &cfg.Engine.KVEvents.Format,
+			"endpoints":        &cfg.Engine.KVEvents.Endpoints,
+			"replay_endpoints": &cfg.Engine.KVEvents.ReplayEndpoints,
+			"topic":            &cfg.Engine.KVEvents.Topic,
+			"urls":             &cfg.Engine.KVEvents.URLs,
+			"poll_interval":    &yamlDuration{&cfg.Engine.KVEvents.PollInterval},
+		},
 	}
 	tlsFields := fields{
 		"ca_file":     &cfg.NATS.TLS.CAFile,

@@ -59,6 +59,11 @@ func (s *Server) Handler() http.Handler {
 		"/readyz":              {[]string{http.MethodGet, http.MethodHead}, s.handleReady},
 		"/metrics":             {[]string{http.MethodGet, http.MethodHead}, metricsHandler.ServeHTTP},
 	}
+	// A simulated engine speaking trtllm-serve's KV event endpoint
+	// (engine.publish_kv_events.serve_trtllm).
+	if k, ok := s.eng.(interface{ KVCacheEventsHandler() http.HandlerFunc }); ok && k.KVCacheEventsHandler() != nil {
+		routes["/kv_cache_events"] = route{[]string{http.MethodPost}, k.KVCacheEventsHandler()}
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			// A bug must not take the worker down with it; net/http would

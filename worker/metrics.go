@@ -65,6 +65,7 @@ func newMetrics(s *Server) *metrics {
 	}
 	m.registry.MustRegister(m.requests, m.duration, m.hints, m.hintFailures, m.promptTokens, m.cachedTokens, m.publishes,
 		&rankCollector{s: s},
+		&engineEventsCollector{s: s},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -126,7 +126,7 @@ func New(cfg Config) (*Server, error) {
 	if s.sched, err = adp.New(opts); err != nil {
 		return nil, fmt.Errorf("worker: scheduler: %w", err)
 	}
-	if s.eng, err = buildEngine(cfg, s.ranks); err != nil {
+	if s.eng, err = buildEngine(cfg, s.ranks, s.log); err != nil {
 		return nil, fmt.Errorf("worker: engine: %w", err)
 	}
 	if st := s.eng.Stats(); len(st) != s.ranks {

@@ -44,6 +44,7 @@ func runDev(ctx context.Context, args []string) error {
 	readyTimeout := fs.Duration("ready-timeout", 60*time.Second, "give up if the stack is not ready within this long")
 	logLevel := fs.String("log-level", "warn", "log level on standard error: debug, info, warn or error")
 	plaintext := fs.Bool("plaintext", false, "run without TLS (default: mutual TLS everywhere with an ephemeral CA in the data dir)")
+	engineEvents := fs.String("engine-events", "", "vllm: run the workers as proxies in front of simulated engines publishing vLLM-format ZeroMQ KV events (the real-engine path); empty: the simulated engine in each worker")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -66,7 +67,8 @@ func runDev(ctx context.Context, args []string) error {
 		Edges: *edges, ContextWorkers: *ctxWorkers, GenerationWorkers: *genWorkers, Ranks: *ranks,
 		Port: *port, NATSPort: *natsPort, DataDir: *dataDir, AdminToken: token, Model: *model,
 		Scope: sc, TimeScale: *timeScale, HideRouteHeader: !*debugRoute, Version: version, MutualTLS: !*plaintext,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		EngineEvents: *engineEvents,
+		Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}
 	// Zero counts would silently mean "default" to devstack; on the
 	// command line they are mistakes.

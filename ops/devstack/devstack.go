@@ -126,6 +126,12 @@ type Options struct {
 	// WorkerConfig, when set, adjusts each worker's configuration before
 	// it is validated.
 	WorkerConfig func(id string, c *worker.Config)
+	// EngineEvents "vllm" runs every worker as a proxy (engine.type proxy)
+	// in front of simulated engines that publish vLLM-format ZeroMQ KV
+	// events (one single-rank engine per ADP rank, like vLLM's DP ranks),
+	// which the worker consumes (engine.kv_events): the real-engine path
+	// without a GPU. "" (default): the simulated engine in the worker.
+	EngineEvents string
 }
 
 // Normalize fills the defaults in and validates; every error names the
@@ -164,6 +170,9 @@ func (o *Options) Normalize() error {
 		if c.v < 1 || c.v > MaxNodes {
 			errs = append(errs, fmt.Errorf("%s: must be 1..%d, got %d", c.name, MaxNodes, c.v))
 		}
+	}
+	if o.EngineEvents != "" && o.EngineEvents != EngineEventsVLLM {
+		errs = append(errs, fmt.Errorf("engine events: want %q or nothing, got %q", EngineEventsVLLM, o.EngineEvents))
 	}
 	if o.Ranks < 1 || o.Ranks > telemetry.MaxRanks {
 		errs = append(errs, fmt.Errorf("ranks: must be 1..%d, got %d", telemetry.MaxRanks, o.Ranks))
@@ -204,6 +213,7 @@ type Stack struct {
 	nats        *natsserver.Server
 	edges       []*EdgeNode
 	workers     []*WorkerNode
+	engines     []*worker.Server // simulated engines behind proxy workers (EngineEvents)
 	client      *http.Client
 
 	closeOnce sync.Once
@@ -385,6 +395,11 @@ func (s *Stack) startWorkers(ctx context.Context) error {
 		cfg.Logger = o.Logger
 		cfg.Version = o.Version
 		s.workerTLS(sp.id, &cfg)
+		if o.EngineEvents != "" {
+			if err := s.proxyToEngines(ctx, sp.id, &cfg); err != nil {
+				return err
+			}
+		}
 		if o.WorkerConfig != nil {
 			o.WorkerConfig(sp.id, &cfg)
 		}
@@ -742,6 +757,7 @@ func (s *Stack) close(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
+	addErr(s.closeEngines(ctx))
 	// Leader first: its Close transfers leadership to a peer that is still
 	// up; the rest follow one by one.
 	for {

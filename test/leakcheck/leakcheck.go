@@ -15,8 +15,16 @@ import (
 // committed but still queued for the FSM, for one), so the goroutine waiting on
 // such a future never returns. It is one goroutine per dropped future, and
 // futures are only dropped by a node that is shutting down.
+//
+// It also ignores go-zeromq/zmq4's PUB writer: a PUB socket's Close never
+// stops the goroutine that waits for messages to send (zmq4 v0.17.0), one
+// per closed publisher; only simulated engines publishing vLLM-format KV
+// events (worker/kvevents.Publisher) open PUB sockets.
 func Options() []goleak.Option {
-	return []goleak.Option{goleak.IgnoreAnyFunction("github.com/tether-project/tether/cluster.waitFuture.func1")}
+	return []goleak.Option{
+		goleak.IgnoreAnyFunction("github.com/tether-project/tether/cluster.waitFuture.func1"),
+		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
+	}
 }
 
 // VerifyTestMain runs the tests, then fails the package if goroutines other

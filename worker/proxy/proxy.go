@@ -12,6 +12,11 @@
 // when a metrics URL is configured for the rank, the upstream's Prometheus
 // gauges (KV usage, waiting requests), scraped in the background.
 //
+// With Config.KVEvents the proxy also reads the upstreams' KV cache events
+// (vLLM/SGLang ZeroMQ, trtllm-serve /kv_cache_events: worker/kvevents) and
+// reports them as tether block keys to the KV event sink, so edges learn
+// what each rank's cache holds as they do for the simulated engine.
+//
 // Disaggregation through a proxy is emulated: a context-only run asks the
 // upstream for one token and returns that token as the opaque context
 // state; a generation-only run is an ordinary upstream request (the
@@ -37,6 +42,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/tether-project/tether/worker/engine"
+	"github.com/tether-project/tether/worker/kvevents"
 )
 
 // Config configures the proxy engine.
@@ -57,6 +63,10 @@ type Config struct {
 	// Client is the HTTP client (default: a pooled client with dial and
 	// header timeouts).
 	Client *http.Client
+	// KVEvents, when set, reads the upstreams' KV cache events
+	// (worker/kvevents) and reports them, keyed as tether block keys,
+	// to the KV event sink.
+	KVEvents *kvevents.Config
 }
 
 // UpstreamError is an upstream's non-2xx answer (or an error event in its
@@ -88,6 +98,9 @@ type Engine struct {
 	stop   context.CancelFunc
 	wg     sync.WaitGroup
 	once   sync.Once
+
+	kvMu     sync.Mutex
+	kvSource *kvevents.Source // started by SetKVEventSink
 }
 
 type rankState struct {
@@ -108,6 +121,20 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if len(cfg.MetricsURLs) != 0 && len(cfg.MetricsURLs) != len(cfg.Upstreams) {
 		return nil, fmt.Errorf("proxy: %d metrics URLs for %d upstreams (want one per rank, or none)", len(cfg.MetricsURLs), len(cfg.Upstreams))
+	}
+	if cfg.KVEvents != nil {
+		k := *cfg.KVEvents
+		k.Ranks = len(cfg.Upstreams)
+		if k.BlockSize <= 0 {
+			k.BlockSize = max(cfg.BlockSize, 0)
+			if k.BlockSize == 0 {
+				k.BlockSize = 64
+			}
+		}
+		if err := k.Validate(); err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+		cfg.KVEvents = &k
 	}
 	for i, u := range append(append([]string(nil), cfg.Upstreams...), cfg.MetricsURLs...) {
 		p, err := url.Parse(u)
@@ -154,9 +181,36 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// SetKVEventSink does nothing: the proxy cannot see the upstream's cache
-// contents, so it publishes no KV events.
-func (e *Engine) SetKVEventSink(func(engine.KVEvent)) {}
+// SetKVEventSink starts reading the upstreams' KV cache events when
+// Config.KVEvents is set (the first non-nil sink wins; later calls change
+// nothing). Without it the proxy cannot see the upstreams' caches and
+// reports no KV events.
+func (e *Engine) SetKVEventSink(fn func(engine.KVEvent)) {
+	if fn == nil || e.cfg.KVEvents == nil {
+		return
+	}
+	e.kvMu.Lock()
+	defer e.kvMu.Unlock()
+	if e.kvSource != nil || e.isClosed() {
+		return
+	}
+	src, err := kvevents.Start(*e.cfg.KVEvents, fn)
+	if err != nil { // validated in New: cannot happen
+		return
+	}
+	e.kvSource = src
+}
+
+// KVEventStatus reports, per rank, what the KV event source knows (nil
+// without one).
+func (e *Engine) KVEventStatus() []kvevents.RankStatus {
+	e.kvMu.Lock()
+	defer e.kvMu.Unlock()
+	if e.kvSource == nil {
+		return nil
+	}
+	return e.kvSource.Status()
+}
 
 // Close stops the scrapers; running requests are cancelled and later Runs
 // fail with ErrClosed.
@@ -165,6 +219,11 @@ func (e *Engine) Close() error {
 		close(e.closed)
 		e.stop()
 		e.wg.Wait()
+		e.kvMu.Lock()
+		if e.kvSource != nil {
+			e.kvSource.Close()
+		}
+		e.kvMu.Unlock()
 		if t, ok := e.client.Transport.(*http.Transport); ok && e.cfg.Client == nil {
 			t.CloseIdleConnections()
 		}

@@ -1,0 +1,84 @@
+package engineevents
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/worker"
+	"github.com/tether-project/tether/worker/kvevents"
+)
+
+// A simulated engine serving trtllm-serve's POST /kv_cache_events, polled
+// by a proxy worker (engine.kv_events.format trtllm): the blocks of a
+// prompt the engine ran reach the edge's KV index through the TensorRT-LLM
+// event format.
+func TestTRTLLMEventsReachTheEdge(t *testing.T) {
+	ns := startNATS(t)
+	ecfg := worker.DefaultConfig()
+	ecfg.InstanceID, ecfg.Model = "trt-engine", "m"
+	ecfg.Engine.BlockSize, ecfg.Engine.TimeScale = 4, 0
+	ecfg.Engine.PublishKVEvents.ServeTRTLLM = true
+	ecfg.Logger = slog.New(slog.DiscardHandler)
+	eng, err := worker.New(ecfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close(context.Background()) })
+
+	cfg := worker.DefaultConfig()
+	cfg.InstanceID, cfg.Model = "w-trt", "m"
+	cfg.Engine.Type = "proxy"
+	cfg.Engine.Upstreams = []string{eng.URL()}
+	cfg.Engine.BlockSize = 4
+	cfg.Engine.KVEvents.Format = kvevents.FormatTRTLLM
+	cfg.Engine.KVEvents.PollInterval = 20 * time.Millisecond
+	cfg.TelemetryInterval = 20 * time.Millisecond
+	cfg.NATS.URLs = []string{ns.ClientURL()}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	w, err := worker.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	f := newFleet(t, ns)
+
+	text := strings.Repeat("red green blue cyan magenta ", 4)
+	body, _ := json.Marshal(map[string]any{"model": "m", "prompt": text, "max_tokens": 1})
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	resp, err := (&http.Client{Transport: tr, Timeout: 30 * time.Second}).Post(w.URL()+"/v1/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("completion through the proxy: %d %s", resp.StatusCode, b)
+	}
+	blocks := prefix.BlockHashes(prefix.Tokenize(text), 4)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		n, r := matchRank(f, "w-trt", blocks)
+		if n == len(blocks) && r == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the edge holds %d of the prompt's %d blocks on w-trt (rank %d)", n, len(blocks), r)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

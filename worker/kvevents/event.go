@@ -1,0 +1,106 @@
+// Package kvevents consumes the KV cache events real inference engines
+// publish and turns them into tether block keys, so a `tether worker` in
+// proxy mode can announce what its upstream's prefix cache holds exactly as
+// the simulated engine does (worker/engine.KVEvent, then the worker's NATS
+// publisher: same subjects, sequence numbers and dumps).
+//
+// Sources:
+//   - vLLM and SGLang: a ZeroMQ SUB socket on the engine's
+//     --kv-events-config publisher, msgpack KVEventBatch payloads, gaps
+//     filled through the engine's replay ROUTER socket (Subscriber).
+//   - TensorRT-LLM: trtllm-serve's POST /kv_cache_events, polled (Poller).
+//
+// Engine block hashes are opaque and engine-specific; tether keys are
+// routing/prefix chained hashes over token ids, the same keys an edge
+// computes from a request. The Mapper bridges the two through the token ids
+// each stored-block event carries and its parent chain. See DESIGN.md.
+package kvevents
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// Hash is an engine block hash in canonical form, usable as a map key.
+// vLLM sends integers or bytes (ExternalBlockHash = bytes | int); both are
+// folded into one string space with a type prefix so they cannot collide.
+type Hash string
+
+// IntHash is the canonical form of an integer engine hash (signed or
+// unsigned 64-bit, two's complement).
+func IntHash(v uint64) Hash {
+	var b [9]byte
+	b[0] = 'i'
+	binary.BigEndian.PutUint64(b[1:], v)
+	return Hash(b[:])
+}
+
+// BytesHash is the canonical form of a bytes engine hash.
+func BytesHash(v []byte) Hash { return Hash("b" + string(v)) }
+
+func (h Hash) String() string {
+	if len(h) == 9 && h[0] == 'i' {
+		return fmt.Sprintf("%d", int64(binary.BigEndian.Uint64([]byte(h[1:]))))
+	}
+	if len(h) > 0 && h[0] == 'b' {
+		return fmt.Sprintf("0x%x", []byte(h[1:]))
+	}
+	return fmt.Sprintf("%q", string(h))
+}
+
+// Kind is an event's type.
+type Kind uint8
+
+const (
+	// Stored: blocks were added to the cache (BlockStored / "stored").
+	Stored Kind = iota + 1
+	// Removed: blocks were evicted (BlockRemoved / "removed").
+	Removed
+	// Cleared: the whole cache was reset (AllBlocksCleared).
+	Cleared
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Stored:
+		return "stored"
+	case Removed:
+		return "removed"
+	case Cleared:
+		return "cleared"
+	}
+	return "kind(?)"
+}
+
+// Event is one engine cache event, engine-neutral.
+type Event struct {
+	Kind   Kind
+	Hashes []Hash // stored or removed blocks, in chain order for Stored
+	// Parent is the engine hash of the block before Hashes[0]; HasParent is
+	// false for a chain that starts at the beginning of a prompt.
+	Parent    Hash
+	HasParent bool
+	// Tokens are the token ids of the stored blocks, BlockSize per block.
+	Tokens    []uint32
+	BlockSize int
+	// Foreign marks blocks whose engine hash depends on more than the token
+	// ids (a LoRA adapter, multimodal inputs, a cache salt): an edge cannot
+	// compute their keys from a plain request, so they are not announced.
+	Foreign bool
+	// Offloaded marks events about a tier other than the GPU (vLLM medium
+	// "CPU", ...): tether announces what a request can reuse without a
+	// transfer, so only GPU blocks count.
+	Offloaded bool
+	// Skip marks events tether does not track for another reason (a second
+	// KV cache group of a hybrid model); they still advance sequence numbers.
+	Skip bool
+}
+
+// Batch is one engine message: events in order, and the data-parallel rank
+// that produced them when the engine says (vLLM's data_parallel_rank,
+// TensorRT-LLM's attention_dp_rank), else -1.
+type Batch struct {
+	TS     float64
+	DPRank int
+	Events []Event
+}

@@ -1,0 +1,417 @@
+package kvevents
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/worker/engine"
+)
+
+func toks(n, base int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(base + i)
+	}
+	return out
+}
+
+func TestDecodeVLLMBothLayouts(t *testing.T) {
+	in := Batch{TS: 12.5, DPRank: 3, Events: []Event{
+		{Kind: Stored, Hashes: []Hash{IntHash(7), BytesHash([]byte{1, 2, 3})}, Parent: IntHash(uint64(1<<63 + 5)), HasParent: true, Tokens: toks(8, 100), BlockSize: 4},
+		{Kind: Removed, Hashes: []Hash{IntHash(7)}},
+		{Kind: Cleared},
+	}}
+	for _, layout := range []Layout{LayoutMap, LayoutArray} {
+		data, err := EncodeVLLM(in, layout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := DecodeVLLM(data)
+		if err != nil {
+			t.Fatalf("layout %d: %v", layout, err)
+		}
+		if got.TS != in.TS || got.DPRank != 3 || len(got.Events) != 3 {
+			t.Fatalf("layout %d: batch = %+v", layout, got)
+		}
+		s := got.Events[0]
+		if s.Kind != Stored || !slices.Equal(s.Hashes, in.Events[0].Hashes) || s.Parent != in.Events[0].Parent || !s.HasParent ||
+			!slices.Equal(s.Tokens, in.Events[0].Tokens) || s.BlockSize != 4 || s.Foreign || s.Offloaded {
+			t.Fatalf("layout %d: stored = %+v", layout, s)
+		}
+		if got.Events[1].Kind != Removed || got.Events[1].Hashes[0] != IntHash(7) || got.Events[2].Kind != Cleared {
+			t.Fatalf("layout %d: events = %+v", layout, got.Events)
+		}
+	}
+}
+
+// TestDecodeVLLMFieldOrder pins the array_like field order of
+// vllm/distributed/kv_events.py (and SGLang's older, shorter form), with
+// fields newer engines append.
+func TestDecodeVLLMFieldOrder(t *testing.T) {
+	sglang, _ := msgpack.Marshal([]any{1.0, []any{
+		[]any{"BlockStored", []any{int64(-9)}, nil, []any{1, 2}, 2, nil},
+		[]any{"BlockRemoved", []any{int64(-9)}},
+	}})
+	b, err := DecodeVLLM(sglang)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.DPRank != -1 || b.Events[0].Hashes[0] != IntHash(uint64(1<<64-9+0*1)) || b.Events[0].HasParent || b.Events[1].Kind != Removed {
+		t.Fatalf("sglang batch = %+v", b)
+	}
+	vllm, _ := msgpack.Marshal([]any{1.0, []any{
+		[]any{"BlockStored", []any{[]byte("h1")}, []byte("h0"), []any{1, 2}, 2, nil, "GPU", "my-lora", []any{nil}, 0, "full", nil, "future-field"},
+		[]any{"BlockStored", []any{[]byte("h2")}, nil, []any{1, 2}, 2, nil, "CPU", nil},
+		[]any{"BlockRemoved", []any{[]byte("h1")}, "GPU", 1},
+	}, 0})
+	b, err = DecodeVLLM(vllm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.Events[0].Foreign || b.Events[0].Parent != BytesHash([]byte("h0")) || b.DPRank != 0 {
+		t.Fatalf("a lora_name block must be foreign: %+v", b.Events[0])
+	}
+	if !b.Events[1].Offloaded || !b.Events[2].Skip {
+		t.Fatalf("medium CPU must be offloaded, group_idx 1 skipped: %+v", b.Events[1:])
+	}
+}
+
+func TestDecodeVLLMRejectsGarbage(t *testing.T) {
+	bad := [][]byte{
+		nil,
+		{0xc1},
+		mustMsgpack(t, "hello"),
+		mustMsgpack(t, []any{1.0}),
+		mustMsgpack(t, []any{1.0, []any{[]any{"Nope"}}}),
+		mustMsgpack(t, []any{1.0, []any{[]any{"BlockStored", []any{1.5}, nil, []any{}, 1, nil}}}),
+		mustMsgpack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{-1}, 1, nil}}}),
+		mustMsgpack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{1}, 0, nil}}}),
+		mustMsgpack(t, map[string]any{"ts": 1.0, "events": []any{map[string]any{"block_hashes": []any{}}}}),
+	}
+	for i, data := range bad {
+		if _, err := DecodeVLLM(data); err == nil {
+			t.Errorf("case %d: want an error", i)
+		}
+	}
+}
+
+func mustMsgpack(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestMapperFollowsParentChains(t *testing.T) {
+	const bs = 4
+	prompt := toks(4*bs, 1000)
+	want := prefix.BlockHashes(prompt, bs)
+	m := NewMapper(bs, 0)
+	// The engine stores the prompt's blocks in two events, the second
+	// naming the first's last block as parent.
+	s1, r1 := m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(1), IntHash(2)}, Tokens: prompt[:2*bs], BlockSize: bs})
+	s2, _ := m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(3), IntHash(4)}, Parent: IntHash(2), HasParent: true, Tokens: prompt[2*bs:], BlockSize: bs})
+	if len(r1) != 0 || !slices.Equal(append(s1, s2...), want) {
+		t.Fatalf("stored keys = %x, want the edge's block hashes %x", append(s1, s2...), want)
+	}
+	// A replayed store changes nothing.
+	if s, r := m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(1)}, Tokens: prompt[:bs], BlockSize: bs}); len(s)+len(r) != 0 {
+		t.Fatalf("re-store: %x %x", s, r)
+	}
+	// A second engine block with the same tokens and parent (two KV groups,
+	// say) shares the key: removing one keeps the key.
+	m.Apply(Event{Kind: Stored, Hashes: []Hash{BytesHash([]byte("dup"))}, Tokens: prompt[:bs], BlockSize: bs})
+	if _, r := m.Apply(Event{Kind: Removed, Hashes: []Hash{IntHash(1)}}); len(r) != 0 {
+		t.Fatalf("key still held by another block was removed: %x", r)
+	}
+	if _, r := m.Apply(Event{Kind: Removed, Hashes: []Hash{BytesHash([]byte("dup")), IntHash(99)}}); !slices.Equal(r, want[:1]) {
+		t.Fatalf("removed = %x, want %x", r, want[:1])
+	}
+	// Unknown parent, other block size, LoRA: not announced, counted.
+	m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(50)}, Parent: IntHash(49), HasParent: true, Tokens: toks(bs, 0), BlockSize: bs})
+	m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(51)}, Tokens: toks(8, 0), BlockSize: 8})
+	m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(52)}, Tokens: toks(bs, 0), BlockSize: bs, Foreign: true})
+	m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(53)}, Tokens: toks(3, 0), BlockSize: bs})
+	st := m.Stats()
+	if st.Orphans != 1 || st.SizeMismatch != 1 || st.Foreign != 1 || st.Malformed != 1 {
+		t.Fatalf("stats = %+v", st)
+	}
+	_, cleared := m.Apply(Event{Kind: Cleared})
+	slices.Sort(cleared)
+	rest := slices.Clone(want[1:])
+	slices.Sort(rest)
+	if !slices.Equal(cleared, rest) || m.Len() != 0 {
+		t.Fatalf("cleared %x, want %x", cleared, rest)
+	}
+}
+
+func TestMapperBound(t *testing.T) {
+	m := NewMapper(1, 2)
+	s, _ := m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(1), IntHash(2), IntHash(3)}, Tokens: toks(3, 0), BlockSize: 1})
+	if len(s) != 2 || m.Len() != 2 || m.Stats().Overflow != 1 {
+		t.Fatalf("stored %d, len %d, stats %+v", len(s), m.Len(), m.Stats())
+	}
+}
+
+// recorder is a Handler that records what it receives.
+type recorder struct {
+	mu      sync.Mutex
+	seqs    []uint64
+	batches []Batch
+	resets  []string
+	changed chan struct{}
+}
+
+func newRecorder() *recorder { return &recorder{changed: make(chan struct{}, 1)} }
+
+func (r *recorder) Batch(seq uint64, b Batch) {
+	r.mu.Lock()
+	r.seqs = append(r.seqs, seq)
+	r.batches = append(r.batches, b)
+	r.mu.Unlock()
+	r.poke()
+}
+
+func (r *recorder) Reset(reason string) {
+	r.mu.Lock()
+	r.resets = append(r.resets, reason)
+	r.mu.Unlock()
+	r.poke()
+}
+
+func (r *recorder) poke() {
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+}
+
+// waitFor calls cond until it holds (under the recorder's lock), calling
+// nudge on each tick (the publisher's slow-joiner: messages sent before
+// the subscription is in place are lost).
+func (r *recorder) waitFor(t *testing.T, what string, nudge func(), cond func() bool) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		r.mu.Lock()
+		ok := cond()
+		r.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-deadline:
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			t.Fatalf("timed out waiting for %s; seqs %v, resets %q", what, r.seqs, r.resets)
+		case <-r.changed:
+		case <-tick.C:
+			if nudge != nil {
+				nudge()
+			}
+		}
+	}
+}
+
+func TestSubscriberReplaysGapsAndResetsOnRestart(t *testing.T) {
+	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { pub.Close() }()
+	sub, err := NewSubscriber(SubscriberConfig{Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(), Topic: "kv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx, rec) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	empty := Batch{TS: 1, DPRank: -1}
+	rec.waitFor(t, "the first batch", func() { pub.Publish(empty) }, func() bool { return len(rec.seqs) > 0 })
+	rec.mu.Lock()
+	// Batches published before the subscription took hold were replayed:
+	// the stream is seen whole from 0.
+	for i, s := range rec.seqs {
+		if s != uint64(i) {
+			t.Fatalf("seqs = %v, want 0.. without holes", rec.seqs)
+		}
+	}
+	if len(rec.resets) != 0 {
+		t.Fatalf("resets on a fresh start: %q", rec.resets)
+	}
+	n := len(rec.seqs)
+	rec.mu.Unlock()
+
+	// A lost message is filled from the replay socket, in order.
+	lost := Batch{TS: 2, DPRank: -1, Events: []Event{{Kind: Removed, Hashes: []Hash{IntHash(42)}}}}
+	if err := pub.Skip(lost); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(empty); err != nil {
+		t.Fatal(err)
+	}
+	rec.waitFor(t, "the gap filled", nil, func() bool { return len(rec.seqs) >= n+2 })
+	rec.mu.Lock()
+	if rec.seqs[n] != uint64(n) || rec.seqs[n+1] != uint64(n+1) || len(rec.resets) != 0 || rec.batches[n].Events[0].Hashes[0] != IntHash(42) {
+		t.Fatalf("after a gap: seqs %v, resets %q", rec.seqs, rec.resets)
+	}
+	rec.mu.Unlock()
+
+	// The engine restarts on the same port: its sequence starts over; the
+	// subscriber reconnects and resets.
+	ep, rep := strings.TrimPrefix(pub.Endpoint(), ""), pub.ReplayEndpoint()
+	pub.Close()
+	pub, err = NewPublisher(PublisherConfig{Endpoint: ep, ReplayEndpoint: rep, Topic: "kv"})
+	if err != nil {
+		t.Fatalf("restart publisher on %s: %v", ep, err)
+	}
+	rec.waitFor(t, "a reset after the restart", func() { pub.Publish(empty) }, func() bool { return len(rec.resets) > 0 })
+}
+
+func TestPollerDrainsTRTLLMEvents(t *testing.T) {
+	var mu sync.Mutex
+	var queue []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/kv_cache_events" {
+			http.NotFound(w, r)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprint(w, "["+strings.Join(queue, ",")+"]")
+		queue = nil
+	}))
+	defer srv.Close()
+	tok := func(ids ...int) string {
+		var s []string
+		for _, id := range ids {
+			s = append(s, fmt.Sprintf(`{"type":"unique_token","token_id":%d,"token_extra_id":0}`, id))
+		}
+		return "[" + strings.Join(s, ",") + "]"
+	}
+	push := func(evs ...string) {
+		mu.Lock()
+		queue = append(queue, evs...)
+		mu.Unlock()
+	}
+	// Hashes above 2^53 must survive JSON.
+	push(`{"event_id":0,"data":{"type":"created","num_blocks_per_cache_level":[100,0]},"window_size":64}`,
+		`{"event_id":1,"data":{"type":"stored","parent_hash":null,"blocks":[{"type":"stored_block","block_hash":18446744073709551615,"tokens":`+tok(1, 2)+`,"cache_level":0,"priority":35}]},"window_size":64}`,
+		`{"event_id":2,"data":{"type":"stored","parent_hash":18446744073709551615,"blocks":[{"type":"stored_block","block_hash":5,"tokens":`+tok(3, 4)+`,"cache_level":0,"priority":35}]},"window_size":64,"attention_dp_rank":0}`,
+		`{"event_id":3,"data":{"type":"updated","block_hash":5,"cache_level":{"type":"event_diff","new_value":1,"old_value":0},"priority":null},"window_size":64}`)
+	var got []engine.KVEvent
+	var gotMu sync.Mutex
+	changed := make(chan struct{}, 1)
+	src, err := Start(Config{Format: FormatTRTLLM, URLs: []string{srv.URL}, PollInterval: 10 * time.Millisecond, Ranks: 1, BlockSize: 2, Log: testLog(t)}, func(ev engine.KVEvent) {
+		gotMu.Lock()
+		got = append(got, ev)
+		gotMu.Unlock()
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	want := prefix.BlockHashes([]uint32{1, 2, 3, 4}, 2)
+	wait := func(what string, cond func([]uint64) bool) {
+		t.Helper()
+		deadline := time.After(20 * time.Second)
+		for {
+			gotMu.Lock()
+			held := map[uint64]bool{}
+			for _, ev := range got {
+				for _, h := range ev.Removed {
+					delete(held, h)
+				}
+				for _, h := range ev.Stored {
+					held[h] = true
+				}
+			}
+			gotMu.Unlock()
+			var keys []uint64
+			for k := range held {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			if cond(keys) {
+				return
+			}
+			select {
+			case <-changed:
+			case <-deadline:
+				t.Fatalf("timed out waiting for %s; held %x", what, keys)
+			}
+		}
+	}
+	sorted := slices.Clone(want)
+	slices.Sort(sorted)
+	wait("both blocks", func(k []uint64) bool { return slices.Equal(k, sorted) })
+	push(`{"event_id":4,"data":{"type":"removed","block_hashes":[5]},"window_size":64}`)
+	wait("the removal", func(k []uint64) bool { return slices.Equal(k, want[:1]) })
+	// An id gap (events lost) resets the rank.
+	push(`{"event_id":9,"data":{"type":"removed","block_hashes":[]},"window_size":64}`)
+	wait("the reset", func(k []uint64) bool { return len(k) == 0 })
+	// The reset is delivered before the batch that revealed the gap.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st := src.Status()
+		if len(st) == 1 && st[0].Resets == 1 && st[0].LastSeq == 9 && st[0].HaveSeq {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status = %+v, want one reset and event 9 applied", st)
+		}
+	}
+}
+
+func testLog(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func TestOffsetEndpoint(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		r    int
+		want string
+	}{
+		{"tcp://*:5557", 0, "tcp://*:5557"},
+		{"tcp://*:5557", 3, "tcp://*:5560"},
+		{"tcp://[::1]:5557", 1, "tcp://[::1]:5558"},
+		{"tcp://127.0.0.1:0", 5, "tcp://127.0.0.1:0"},
+		{"ipc:///tmp/kv", 2, "ipc:///tmp/kv_dp2"},
+	} {
+		got, err := OffsetEndpoint(c.in, c.r)
+		if err != nil || got != c.want {
+			t.Errorf("OffsetEndpoint(%q, %d) = %q, %v; want %q", c.in, c.r, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"tcp://host", "tcp://h:x", "tcp://h:65535", "http://h:1", ""} {
+		if _, err := OffsetEndpoint(bad, 1); err == nil {
+			t.Errorf("OffsetEndpoint(%q, 1): want an error", bad)
+		}
+	}
+}

@@ -1,0 +1,305 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Layout is a msgspec struct encoding.
+type Layout uint8
+
+const (
+	// LayoutMap encodes structs as maps with a "type" tag (current vLLM).
+	LayoutMap Layout = iota
+	// LayoutArray encodes array_like structs (SGLang, earlier vLLM).
+	LayoutArray
+)
+
+// EncodeVLLM encodes b as a vLLM KVEventBatch payload. Integer engine
+// hashes are sent as msgpack integers, others as bytes. Stored events
+// carry medium "GPU" and no LoRA.
+func EncodeVLLM(b Batch, layout Layout) ([]byte, error) {
+	events := make([]any, 0, len(b.Events))
+	for i, ev := range b.Events {
+		e, err := encodeEvent(ev, layout)
+		if err != nil {
+			return nil, fmt.Errorf("kvevents: encode events[%d]: %w", i, err)
+		}
+		events = append(events, e)
+	}
+	var v any
+	var dp any
+	if b.DPRank >= 0 {
+		dp = b.DPRank
+	}
+	if layout == LayoutArray {
+		batch := []any{b.TS, events}
+		if dp != nil {
+			batch = append(batch, dp)
+		}
+		v = batch
+	} else {
+		m := map[string]any{"ts": b.TS, "events": events}
+		if dp != nil {
+			m["data_parallel_rank"] = dp
+		}
+		v = m
+	}
+	return msgpack.Marshal(v)
+}
+
+func hashValue(h Hash) any {
+	if len(h) == 9 && h[0] == 'i' {
+		return int64(binary.BigEndian.Uint64([]byte(h[1:])))
+	}
+	if len(h) > 0 && h[0] == 'b' {
+		return []byte(h[1:])
+	}
+	return []byte(h)
+}
+
+func encodeEvent(ev Event, layout Layout) (any, error) {
+	hashes := make([]any, len(ev.Hashes))
+	for i, h := range ev.Hashes {
+		hashes[i] = hashValue(h)
+	}
+	medium := "GPU"
+	if ev.Offloaded {
+		medium = "CPU"
+	}
+	switch ev.Kind {
+	case Cleared:
+		if layout == LayoutArray {
+			return []any{"AllBlocksCleared"}, nil
+		}
+		return map[string]any{"type": "AllBlocksCleared"}, nil
+	case Removed:
+		if layout == LayoutArray {
+			return []any{"BlockRemoved", hashes, medium}, nil
+		}
+		return map[string]any{"type": "BlockRemoved", "block_hashes": hashes, "medium": medium}, nil
+	case Stored:
+		var parent any
+		if ev.HasParent {
+			parent = hashValue(ev.Parent)
+		}
+		toks := make([]any, len(ev.Tokens))
+		for i, t := range ev.Tokens {
+			toks[i] = int64(t)
+		}
+		if layout == LayoutArray {
+			return []any{"BlockStored", hashes, parent, toks, ev.BlockSize, nil, medium, nil}, nil
+		}
+		return map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+			"token_ids": toks, "block_size": ev.BlockSize, "lora_id": nil, "medium": medium, "lora_name": nil}, nil
+	}
+	return nil, fmt.Errorf("unknown kind %d", ev.Kind)
+}
+
+// Publisher is a vLLM-compatible KV event publisher (PUB socket plus a
+// ROUTER replay socket with a bounded buffer), as
+// vllm/distributed/kv_events.py's ZmqEventPublisher: the simulated engine
+// speaks the real engines' protocol through it, and tests use it.
+type Publisher struct {
+	pub, router zmq4.Socket
+	topic       []byte
+	layout      Layout
+	cancel      context.CancelFunc
+	done        chan struct{}
+
+	mu     sync.Mutex
+	seq    uint64 // next sequence number
+	buf    []replayEntry
+	bufCap int
+}
+
+type replayEntry struct {
+	seq     uint64
+	payload []byte
+}
+
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
+	Endpoint       string // PUB listen endpoint, e.g. tcp://127.0.0.1:0
+	ReplayEndpoint string // ROUTER listen endpoint; "" = no replay
+	Topic          string
+	BufferSteps    int // batches kept for replay (default 10,000)
+	Layout         Layout
+}
+
+// OffsetEndpoint is endpoint for data-parallel rank r, as vLLM's
+// offset_endpoint_port: a tcp port moves up by r (port 0 stays 0: any free
+// port), an ipc or inproc path gains the suffix _dp<r>.
+func OffsetEndpoint(endpoint string, r int) (string, error) {
+	switch {
+	case strings.HasPrefix(endpoint, "tcp://"):
+		i := strings.LastIndexByte(endpoint, ':')
+		port, err := strconv.Atoi(endpoint[i+1:])
+		if i < len("tcp://") || err != nil || port < 0 || port+r > 65535 {
+			return "", fmt.Errorf("%q: want tcp://host:port (rank %d adds %d to the port)", endpoint, r, r)
+		}
+		if port == 0 || r == 0 {
+			return endpoint, nil
+		}
+		return endpoint[:i+1] + strconv.Itoa(port+r), nil
+	case strings.HasPrefix(endpoint, "ipc://"), strings.HasPrefix(endpoint, "inproc://"):
+		if r == 0 {
+			return endpoint, nil
+		}
+		return fmt.Sprintf("%s_dp%d", endpoint, r), nil
+	}
+	return "", fmt.Errorf("%q: want tcp://host:port or ipc://path", endpoint)
+}
+
+// listenAddr turns vLLM's bind-everywhere form tcp://*:port into one Go's
+// listener accepts.
+func listenAddr(endpoint string) string {
+	if rest, ok := strings.CutPrefix(endpoint, "tcp://*:"); ok {
+		return "tcp://0.0.0.0:" + rest
+	}
+	return endpoint
+}
+
+// NewPublisher listens on the configured endpoints.
+func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
+	cfg.Endpoint, cfg.ReplayEndpoint = listenAddr(cfg.Endpoint), listenAddr(cfg.ReplayEndpoint)
+	if cfg.BufferSteps <= 0 {
+		cfg.BufferSteps = 10_000
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Publisher{topic: []byte(cfg.Topic), layout: cfg.Layout, cancel: cancel, done: make(chan struct{}), bufCap: cfg.BufferSteps}
+	// zmq4 logs every peer that goes away (a subscriber's replay socket,
+	// say) on standard error: nothing a publisher acts on.
+	quiet := zmq4.WithLogger(log.New(io.Discard, "", 0))
+	p.pub = zmq4.NewPub(ctx, quiet)
+	if err := p.pub.Listen(cfg.Endpoint); err != nil {
+		cancel()
+		p.pub.Close()
+		return nil, fmt.Errorf("kvevents: publisher listen %s: %w", cfg.Endpoint, err)
+	}
+	if cfg.ReplayEndpoint == "" {
+		close(p.done)
+		return p, nil
+	}
+	p.router = zmq4.NewRouter(ctx, quiet)
+	if err := p.router.Listen(cfg.ReplayEndpoint); err != nil {
+		cancel()
+		p.pub.Close()
+		p.router.Close()
+		return nil, fmt.Errorf("kvevents: publisher replay listen %s: %w", cfg.ReplayEndpoint, err)
+	}
+	go p.serveReplay(ctx)
+	return p, nil
+}
+
+// Endpoint is the PUB socket's address as tcp://host:port.
+func (p *Publisher) Endpoint() string { return tcpAddr(p.pub.Addr()) }
+
+// ReplayEndpoint is the ROUTER socket's address ("" without replay).
+func (p *Publisher) ReplayEndpoint() string {
+	if p.router == nil {
+		return ""
+	}
+	return tcpAddr(p.router.Addr())
+}
+
+func tcpAddr(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	return "tcp://" + a.String()
+}
+
+// Publish encodes and sends b with the next sequence number.
+func (p *Publisher) Publish(b Batch) error {
+	payload, err := EncodeVLLM(b, p.layout)
+	if err != nil {
+		return err
+	}
+	return p.PublishRaw(payload)
+}
+
+// PublishRaw sends an already encoded payload with the next sequence number.
+func (p *Publisher) PublishRaw(payload []byte) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	seq := p.seq
+	p.seq++
+	p.buf = append(p.buf, replayEntry{seq, payload})
+	if len(p.buf) > p.bufCap {
+		p.buf = p.buf[len(p.buf)-p.bufCap:]
+	}
+	return p.send(seq, payload)
+}
+
+// Skip consumes a sequence number without sending it (tests: a lost
+// message that replay can still fill).
+func (p *Publisher) Skip(b Batch) error {
+	payload, err := EncodeVLLM(b, p.layout)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.buf = append(p.buf, replayEntry{p.seq, payload})
+	p.seq++
+	return nil
+}
+
+func (p *Publisher) send(seq uint64, payload []byte) error {
+	if err := p.pub.Send(zmq4.NewMsgFrom(p.topic, binary.BigEndian.AppendUint64(nil, seq), payload)); err != nil {
+		return fmt.Errorf("kvevents: publish %d: %w", seq, err)
+	}
+	return nil
+}
+
+func (p *Publisher) serveReplay(ctx context.Context) {
+	defer close(p.done)
+	for {
+		msg, err := p.router.Recv()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+				return
+			}
+			continue
+		}
+		// [identity, delimiter, start seq]
+		if len(msg.Frames) != 3 || len(msg.Frames[2]) != 8 {
+			continue
+		}
+		id, start := msg.Frames[0], binary.BigEndian.Uint64(msg.Frames[2])
+		p.mu.Lock()
+		entries := append([]replayEntry(nil), p.buf...)
+		p.mu.Unlock()
+		for _, e := range entries {
+			if e.seq >= start {
+				_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, binary.BigEndian.AppendUint64(nil, e.seq), e.payload))
+			}
+		}
+		_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, binary.BigEndian.AppendUint64(nil, endSeq), []byte{}))
+	}
+}
+
+// Close stops the sockets.
+func (p *Publisher) Close() error {
+	p.cancel()
+	err := p.pub.Close()
+	if p.router != nil {
+		if e := p.router.Close(); err == nil {
+			err = e
+		}
+	}
+	<-p.done
+	return err
+}

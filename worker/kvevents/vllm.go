@@ -1,0 +1,303 @@
+package kvevents
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// MaxPayloadBytes bounds one engine message; larger ones are rejected
+// before decoding (a forged length cannot make the worker allocate more).
+const MaxPayloadBytes = 64 << 20
+
+// maxBlocksPerEvent and maxTokensPerEvent bound one event's lists.
+const (
+	maxBlocksPerEvent = 1 << 20
+	maxTokensPerEvent = 1 << 26
+)
+
+// DecodeVLLM decodes one msgpack KVEventBatch as published by vLLM's and
+// SGLang's ZmqEventPublisher. Both msgspec layouts are accepted: array_like
+// structs (SGLang, vLLM up to mid-2025: [ts, events, dp_rank?], each event
+// [tag, field...]) and maps (current vLLM: {"ts":…, "events":…,
+// "data_parallel_rank":…}, each event {"type": tag, field: …}). Field order
+// for the array layout follows vllm/distributed/kv_events.py (see DESIGN.md).
+func DecodeVLLM(payload []byte) (Batch, error) {
+	if len(payload) > MaxPayloadBytes {
+		return Batch{}, fmt.Errorf("kvevents: payload of %d bytes (max %d)", len(payload), MaxPayloadBytes)
+	}
+	dec := msgpack.NewDecoder(bytes.NewReader(payload))
+	v, err := dec.DecodeInterfaceLoose()
+	if err != nil {
+		return Batch{}, fmt.Errorf("kvevents: msgpack: %w", err)
+	}
+	b := Batch{DPRank: -1}
+	var events []any
+	switch t := v.(type) {
+	case []any:
+		if len(t) < 2 {
+			return Batch{}, fmt.Errorf("kvevents: batch array of %d fields (want ts, events[, data_parallel_rank])", len(t))
+		}
+		if b.TS, err = asFloat(t[0]); err != nil {
+			return Batch{}, fmt.Errorf("kvevents: batch ts: %w", err)
+		}
+		if events, err = asList(t[1]); err != nil {
+			return Batch{}, fmt.Errorf("kvevents: batch events: %w", err)
+		}
+		if len(t) > 2 && t[2] != nil {
+			if b.DPRank, err = asRank(t[2]); err != nil {
+				return Batch{}, fmt.Errorf("kvevents: batch data_parallel_rank: %w", err)
+			}
+		}
+	case map[string]any:
+		if b.TS, err = asFloat(t["ts"]); err != nil {
+			return Batch{}, fmt.Errorf("kvevents: batch ts: %w", err)
+		}
+		if events, err = asList(t["events"]); err != nil {
+			return Batch{}, fmt.Errorf("kvevents: batch events: %w", err)
+		}
+		if r, ok := t["data_parallel_rank"]; ok && r != nil {
+			if b.DPRank, err = asRank(r); err != nil {
+				return Batch{}, fmt.Errorf("kvevents: batch data_parallel_rank: %w", err)
+			}
+		}
+	default:
+		return Batch{}, fmt.Errorf("kvevents: batch is a %T, want an array or a map", v)
+	}
+	b.Events = make([]Event, 0, len(events))
+	for i, raw := range events {
+		ev, err := decodeVLLMEvent(raw)
+		if err != nil {
+			return Batch{}, fmt.Errorf("kvevents: events[%d]: %w", i, err)
+		}
+		b.Events = append(b.Events, ev)
+	}
+	return b, nil
+}
+
+// vllmFields names the fields of each event type in declaration order (the
+// array_like layout); trailing fields with defaults may be omitted.
+var vllmFields = map[string][]string{
+	"BlockStored": {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+		"medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"},
+	"BlockRemoved":     {"block_hashes", "medium", "group_idx"},
+	"AllBlocksCleared": {},
+}
+
+// decodeVLLMEvent normalizes either layout to a field map, then reads it.
+func decodeVLLMEvent(raw any) (Event, error) {
+	var tag string
+	fields := map[string]any{}
+	switch t := raw.(type) {
+	case []any:
+		if len(t) == 0 {
+			return Event{}, errors.New("empty event array")
+		}
+		s, ok := t[0].(string)
+		if !ok {
+			return Event{}, fmt.Errorf("event tag is a %T, want a string", t[0])
+		}
+		tag = s
+		names, ok := vllmFields[tag]
+		if !ok {
+			return Event{}, fmt.Errorf("unknown event type %q", tag)
+		}
+		// Newer engines may append fields we do not know: ignore them.
+		for i, v := range t[1:] {
+			if i < len(names) {
+				fields[names[i]] = v
+			}
+		}
+	case map[string]any:
+		s, ok := t["type"].(string)
+		if !ok {
+			return Event{}, fmt.Errorf("event without a string \"type\" tag")
+		}
+		tag, fields = s, t
+		if _, ok := vllmFields[tag]; !ok {
+			return Event{}, fmt.Errorf("unknown event type %q", tag)
+		}
+	default:
+		return Event{}, fmt.Errorf("event is a %T, want an array or a map", raw)
+	}
+	var ev Event
+	var err error
+	switch tag {
+	case "AllBlocksCleared":
+		return Event{Kind: Cleared}, nil
+	case "BlockRemoved":
+		ev.Kind = Removed
+	case "BlockStored":
+		ev.Kind = Stored
+	}
+	if ev.Hashes, err = asHashes(fields["block_hashes"]); err != nil {
+		return Event{}, fmt.Errorf("%s.block_hashes: %w", tag, err)
+	}
+	if m, ok := fields["medium"]; ok && m != nil {
+		s, ok := m.(string)
+		if !ok {
+			return Event{}, fmt.Errorf("%s.medium is a %T, want a string", tag, m)
+		}
+		ev.Offloaded = s != "GPU"
+	}
+	if g, ok := fields["group_idx"]; ok && g != nil {
+		n, err := asInt(g)
+		if err != nil {
+			return Event{}, fmt.Errorf("%s.group_idx: %w", tag, err)
+		}
+		ev.Skip = n != 0
+	}
+	if ev.Kind == Removed {
+		return ev, nil
+	}
+	if p := fields["parent_block_hash"]; p != nil {
+		if ev.Parent, err = asHash(p); err != nil {
+			return Event{}, fmt.Errorf("BlockStored.parent_block_hash: %w", err)
+		}
+		ev.HasParent = true
+	}
+	toks, err := asList(fields["token_ids"])
+	if err != nil {
+		return Event{}, fmt.Errorf("BlockStored.token_ids: %w", err)
+	}
+	if len(toks) > maxTokensPerEvent {
+		return Event{}, fmt.Errorf("BlockStored.token_ids: %d tokens (max %d)", len(toks), maxTokensPerEvent)
+	}
+	ev.Tokens = make([]uint32, len(toks))
+	for i, t := range toks {
+		n, err := asInt(t)
+		if err != nil || n < 0 || n > math.MaxUint32 {
+			return Event{}, fmt.Errorf("BlockStored.token_ids[%d]: not a token id (%v)", i, t)
+		}
+		ev.Tokens[i] = uint32(n)
+	}
+	bs, err := asInt(fields["block_size"])
+	if err != nil || bs <= 0 || bs > 1<<20 {
+		return Event{}, fmt.Errorf("BlockStored.block_size: want a positive integer, got %v", fields["block_size"])
+	}
+	ev.BlockSize = int(bs)
+	ev.Foreign = fields["lora_id"] != nil || fields["lora_name"] != nil
+	if ek, ok := fields["extra_keys"]; ok && ek != nil {
+		keys, err := asList(ek)
+		if err != nil {
+			return Event{}, fmt.Errorf("BlockStored.extra_keys: %w", err)
+		}
+		for _, k := range keys {
+			if k != nil {
+				ev.Foreign = true
+			}
+		}
+	}
+	return ev, nil
+}
+
+func asList(v any) ([]any, error) {
+	l, ok := v.([]any)
+	if !ok {
+		if v == nil {
+			return nil, errors.New("missing")
+		}
+		return nil, fmt.Errorf("a %T, want an array", v)
+	}
+	return l, nil
+}
+
+// loose widens msgpack's integer and float types (nested values keep
+// their narrow types) to int64, uint64 and float64.
+func loose(v any) any {
+	switch n := v.(type) {
+	case int8:
+		return int64(n)
+	case int16:
+		return int64(n)
+	case int32:
+		return int64(n)
+	case int:
+		return int64(n)
+	case uint8:
+		return uint64(n)
+	case uint16:
+		return uint64(n)
+	case uint32:
+		return uint64(n)
+	case uint:
+		return uint64(n)
+	case float32:
+		return float64(n)
+	}
+	return v
+}
+
+func asInt(v any) (int64, error) {
+	switch n := loose(v).(type) {
+	case int64:
+		return n, nil
+	case uint64:
+		if n > math.MaxInt64 {
+			return 0, fmt.Errorf("%d out of range", n)
+		}
+		return int64(n), nil
+	case nil:
+		return 0, errors.New("missing")
+	}
+	return 0, fmt.Errorf("a %T, want an integer", v)
+}
+
+func asRank(v any) (int, error) {
+	n, err := asInt(v)
+	if err != nil {
+		return 0, err
+	}
+	if n < 0 || n > 1<<16 {
+		return 0, fmt.Errorf("%d out of range", n)
+	}
+	return int(n), nil
+}
+
+func asFloat(v any) (float64, error) {
+	switch n := loose(v).(type) {
+	case float64:
+		return n, nil
+	case int64:
+		return float64(n), nil
+	case uint64:
+		return float64(n), nil
+	case nil:
+		return 0, errors.New("missing")
+	}
+	return 0, fmt.Errorf("a %T, want a number", v)
+}
+
+func asHash(v any) (Hash, error) {
+	switch h := loose(v).(type) {
+	case int64:
+		return IntHash(uint64(h)), nil
+	case uint64:
+		return IntHash(h), nil
+	case []byte:
+		return BytesHash(h), nil
+	case string: // some encoders send bytes as str
+		return BytesHash([]byte(h)), nil
+	}
+	return "", fmt.Errorf("a %T, want an integer or bytes", v)
+}
+
+func asHashes(v any) ([]Hash, error) {
+	l, err := asList(v)
+	if err != nil {
+		return nil, err
+	}
+	if len(l) > maxBlocksPerEvent {
+		return nil, fmt.Errorf("%d hashes (max %d)", len(l), maxBlocksPerEvent)
+	}
+	out := make([]Hash, len(l))
+	for i, x := range l {
+		if out[i], err = asHash(x); err != nil {
+			return nil, fmt.Errorf("[%d]: %w", i, err)
+		}
+	}
+	return out, nil
+}
