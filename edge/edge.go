@@ -112,10 +112,12 @@ type Edge struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu       sync.Mutex
-	started  bool
-	stopped  bool
-	serveErr chan error
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	// noHandoff: Close skips the Raft leadership transfer.
+	noHandoff atomic.Bool
+	serveErr  chan error
 }
 
 type kvEviction struct {
@@ -448,6 +450,19 @@ func (e *Edge) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// SkipLeadershipHandoff makes Close stop the Raft node without handing
+// leadership to another edge: for a deployment stopping every edge
+// (ops/devstack), where the edge taking over would be stopping too.
+func (e *Edge) SkipLeadershipHandoff() {
+	e.noHandoff.Store(true)
+	e.mu.Lock()
+	n := e.node
+	e.mu.Unlock()
+	if n != nil {
+		n.SkipLeadershipTransfer()
+	}
+}
+
 // Kill stops the edge abruptly, as a crash would: connections drop, the
 // Raft node dies without a leadership transfer, nothing is flushed. Tests
 // use it to kill a leader.
@@ -480,6 +495,9 @@ func (e *Edge) stopLocked(abrupt bool) error {
 		if abrupt {
 			err = e.node.Kill()
 		} else {
+			if e.noHandoff.Load() {
+				e.node.SkipLeadershipTransfer()
+			}
 			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			err = e.node.Close(cctx)
 			cancel()

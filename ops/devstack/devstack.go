@@ -718,8 +718,8 @@ func (s *Stack) WaitReady(ctx context.Context) error {
 }
 
 // Close shuts the stack down: the workers drain (in-flight requests
-// finish until ctx ends), the edges close leader first so leadership is
-// handed to a live peer, NATS stops, and a temporary data directory is
+// finish until ctx ends), the edges close together without handing
+// leadership to each other, NATS stops, and a temporary data directory is
 // removed. Idempotent.
 func (s *Stack) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() { s.closeErr = s.close(ctx) })
@@ -747,23 +747,22 @@ func (s *Stack) close(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	// Leader first: its Close transfers leadership to a peer that is still
-	// up; the rest follow one by one.
-	for {
-		n := s.Leader()
-		if n == nil {
-			for _, m := range s.edges {
-				if m.Running() {
-					n = m
-					break
-				}
-			}
+	// Every edge stops: none hands Raft leadership on (the peer taking it
+	// would be stopping too and hand it on again, each transfer logging
+	// errors), and they stop together so no election runs in between.
+	for _, m := range s.edges {
+		if e := m.Edge(); e != nil {
+			e.SkipLeadershipHandoff()
 		}
-		if n == nil {
-			break
-		}
-		addErr(n.Stop(ctx))
 	}
+	for _, m := range s.edges {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			addErr(m.Stop(ctx))
+		}()
+	}
+	wg.Wait()
 	if s.nats != nil {
 		s.nats.Shutdown()
 		s.nats.WaitForShutdown()
