@@ -265,7 +265,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	}
 	t := e.cfg.Telemetry
 	if e.fleet, err = fleetview.New(fleetview.Config{
-		Static: static, Conn: e.nc, PredictTTL: e.cfg.Placement.PredictTTL, Breaker: e.cfg.Placement.Breaker,
+		Static: static, Conn: e.nc, PredictTTL: e.cfg.Placement.PredictTTL, Breaker: e.cfg.Placement.Breaker, BlockSize: e.cfg.Placement.BlockSize,
 		StaleIntervals: t.StaleIntervals, MinStaleAfter: t.MinStaleAfter, ProbeInterval: t.ProbeInterval,
 		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
 		OnEvictions: e.onWorkerEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
