@@ -53,11 +53,6 @@ const (
 	DefaultContextWorkers    = 2
 	DefaultGenerationWorkers = 2
 	DefaultRanks             = 4
-	// DefaultProposeTimeout is the edges' cluster.propose_timeout: longer
-	// than the production 50ms default because a development machine (or a
-	// loaded CI runner under the race detector) stalls for that long, and a
-	// timed-out proposal turns into a degraded placement.
-	DefaultProposeTimeout = 500 * time.Millisecond
 )
 
 // edgeStartTimeout bounds one edge's Start when the caller's context has no
@@ -506,7 +501,6 @@ func (s *Stack) EdgeConfig(i int) edge.Config {
 	cfg.Cluster.BindAddr = s.peers[i].Addr
 	cfg.Cluster.Bootstrap = true // ignored once the data dir holds Raft state
 	cfg.Cluster.Peers = append([]edge.PeerConfig(nil), s.peers...)
-	cfg.Cluster.ProposeTimeout = DefaultProposeTimeout
 	s.edgeTLS(s.peers[i].ID, &cfg)
 	if o.EdgeConfig != nil {
 		o.EdgeConfig(i, &cfg)
