@@ -13,7 +13,10 @@ import (
 // newRaftLogger routes hashicorp/raft's hclog output into the node's slog
 // logger. Raft narrates every election and replication hiccup at INFO, so
 // its INFO lines are only passed on when the slog logger shows DEBUG.
-func newRaftLogger(logger *slog.Logger, nodeID string) hclog.Logger {
+//
+// While the node stops (stopping reports true), raft's errors are about the
+// connections and transport being closed under it; they are logged at INFO.
+func newRaftLogger(logger *slog.Logger, nodeID string, stopping func() bool) hclog.Logger {
 	level := hclog.Warn
 	if logger.Enabled(context.Background(), slog.LevelDebug) {
 		level = hclog.Info
@@ -24,7 +27,7 @@ func newRaftLogger(logger *slog.Logger, nodeID string) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{
 		Name:            "raft",
 		Level:           level,
-		Output:          &slogLineWriter{log: logger.With("component", "raft", "node", nodeID)},
+		Output:          &slogLineWriter{log: logger.With("component", "raft", "node", nodeID), stopping: stopping},
 		DisableTime:     true,
 		IncludeLocation: false,
 	})
@@ -32,7 +35,10 @@ func newRaftLogger(logger *slog.Logger, nodeID string) hclog.Logger {
 
 // slogLineWriter turns hclog's text lines ("[WARN]  raft: msg: k=v") into
 // slog records at the matching level.
-type slogLineWriter struct{ log *slog.Logger }
+type slogLineWriter struct {
+	log      *slog.Logger
+	stopping func() bool // nil: never
+}
 
 var _ io.Writer = (*slogLineWriter)(nil)
 
@@ -57,6 +63,9 @@ func (w *slogLineWriter) Write(p []byte) (int, error) {
 			lvl, s = slog.LevelDebug, strings.TrimPrefix(s, "[DEBUG]")
 		case strings.HasPrefix(s, "[TRACE]"):
 			lvl, s = slog.LevelDebug, strings.TrimPrefix(s, "[TRACE]")
+		}
+		if lvl == slog.LevelError && w.stopping != nil && w.stopping() {
+			lvl = slog.LevelInfo
 		}
 		w.log.Log(context.Background(), lvl, strings.TrimSpace(s))
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -67,6 +68,12 @@ func isRetryable(err error) bool {
 	return errors.Is(err, ErrNotLeader) || errors.Is(err, errConnBroken) || errors.Is(err, ErrUnavailable)
 }
 
+// NewProposalID draws one random proposal id. A caller that retries a
+// proposal itself (after ProposeBatch failed: a timed-out entry may still
+// commit) proposes it again with the same id through ProposeIdempotent, so
+// the fsm's dedup window applies it at most once.
+func NewProposalID() fsm.ProposalID { return newProposalIDs(1)[0] }
+
 // newProposalIDs draws random proposal ids: each proposal keeps its id for
 // every internal retry, so the fsm's dedup window makes retries safe.
 func newProposalIDs(n int) []fsm.ProposalID {
@@ -107,27 +114,55 @@ func (n *Node) ProposeBatch(ctx context.Context, evs []fsm.Event) ([]fsm.Result,
 			return nil, fmt.Errorf("cluster: propose: event %d is nil", i)
 		}
 	}
-	start := time.Now()
-	deadline := start.Add(n.cfg.ProposeTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
 	ids := newProposalIDs(len(evs))
 	props := make([]fsm.Proposal, len(evs))
 	for i, ev := range evs {
 		props[i] = fsm.Proposal{ID: ids[i], Event: ev}
 	}
+	return n.proposeAll(ctx, props)
+}
+
+// ProposeIdempotent is ProposeBatch with the caller's proposal ids. A
+// caller that proposes again after an error (the entry may still commit)
+// must reuse the ids: the fsm then applies each proposal once and answers
+// the repeat with fsm.StatusDuplicate, as long as the repeat comes within
+// the dedup window (the last 65,536 proposals at least, fsm/dedup.go).
+// Every id must be non-zero.
+func (n *Node) ProposeIdempotent(ctx context.Context, props []fsm.Proposal) ([]fsm.Result, error) {
+	if len(props) == 0 {
+		return nil, nil
+	}
+	for i, p := range props {
+		if p.Event == nil {
+			return nil, fmt.Errorf("cluster: propose: event %d is nil", i)
+		}
+		if p.ID == (fsm.ProposalID{}) {
+			return nil, fmt.Errorf("cluster: propose: proposal %d has no id", i)
+		}
+	}
+	return n.proposeAll(ctx, slices.Clone(props))
+}
+
+// proposeAll gets props committed (split into chunks of MaxBatch) and waits
+// until this node applied them.
+func (n *Node) proposeAll(ctx context.Context, props []fsm.Proposal) ([]fsm.Result, error) {
+	evCount := len(props)
+	start := time.Now()
+	deadline := start.Add(n.cfg.ProposeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 
-	results := make([]fsm.Result, 0, len(evs))
+	results := make([]fsm.Result, 0, evCount)
 	var lastIndex uint64
 	for len(props) > 0 {
 		chunk := props[:min(len(props), n.cfg.MaxBatch)]
 		props = props[len(chunk):]
 		o, err := n.proposeChunk(ctx, chunk, deadline, timer.C)
 		if err != nil {
-			n.metrics.observeFailure(len(evs)-len(results), err)
+			n.metrics.observeFailure(evCount-len(results), err)
 			return nil, err
 		}
 		results = append(results, o.results...)
@@ -138,7 +173,7 @@ func (n *Node) ProposeBatch(ctx context.Context, evs []fsm.Event) ([]fsm.Result,
 	if !n.fsm.waitApplied(lastIndex, ctx.Done(), timer.C) {
 		err := fmt.Errorf("cluster: propose: %w: committed at index %d but this node had applied only %d by the deadline",
 			ErrUnavailable, lastIndex, n.fsm.appliedIndex())
-		n.metrics.observeFailure(len(evs), err)
+		n.metrics.observeFailure(evCount, err)
 		return results, err
 	}
 	n.metrics.observeResults(results, time.Since(start).Seconds())

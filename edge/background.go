@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -12,7 +13,11 @@ import (
 
 // recorder proposes the events a request does not wait for (overflows,
 // parent links) and the Binds of degraded-mode placements, batching what
-// queued up into one entry and retrying while the log cannot commit.
+// queued up into entries and retrying while the log cannot commit.
+//
+// Every event gets its proposal id when it is queued and keeps it for every
+// attempt: a proposal that timed out may still commit, and its retry must
+// then be the fsm's duplicate (fsm/dedup.go), not a second application.
 type recorder struct {
 	e    *Edge
 	kick chan struct{}
@@ -25,14 +30,20 @@ type recorder struct {
 }
 
 type recorded struct {
+	id       fsm.ProposalID
 	ev       fsm.Event
 	attempts int
 }
 
 // maxRecorderQueue bounds the events waiting for the log; beyond it the
 // oldest are dropped (an overflow is informational, a link is re-proposed
-// by the child's next request, a degraded Bind by the key's next request).
+// by the child's next request, a degraded Bind by the key's next request)
+// and counted in tether_edge_recorder_dropped_total{reason="queue_full"}.
 const maxRecorderQueue = 65536
+
+// maxFlushEvents bounds one attempt: a batch that must commit within the
+// flush deadline stays a few log entries, whatever the backlog.
+const maxFlushEvents = 1024
 
 // maxRecordAttempts bounds retries of events other than degraded Binds.
 const maxRecordAttempts = 50
@@ -60,20 +71,30 @@ func (r *recorder) add(ev fsm.Event, _ func(fsm.Result)) {
 		}
 		r.links[l.Child] = true
 	}
-	r.pushLocked(recorded{ev: ev})
+	r.pushLocked(ev)
 	r.mu.Unlock()
 	r.poke()
 }
 
-func (r *recorder) pushLocked(x recorded) {
+// pushLocked queues ev under a fresh proposal id, dropping the oldest event
+// when the queue is full.
+func (r *recorder) pushLocked(ev fsm.Event) {
 	if len(r.queue) >= maxRecorderQueue {
-		r.dropLocked(r.queue[0])
+		r.dropLocked(r.queue[0], "queue_full")
+		r.queue[0] = recorded{}
 		r.queue = r.queue[1:]
 	}
-	r.queue = append(r.queue, x)
+	r.queue = append(r.queue, recorded{id: cluster.NewProposalID(), ev: ev})
 }
 
-func (r *recorder) dropLocked(x recorded) {
+func (r *recorder) queued() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.queue)
+}
+
+func (r *recorder) dropLocked(x recorded, reason string) {
+	r.e.metrics.recorderDropped.WithLabelValues(x.ev.Type().String(), reason).Inc()
 	switch ev := x.ev.(type) {
 	case fsm.Link:
 		delete(r.links, ev.Child)
@@ -95,7 +116,7 @@ func (r *recorder) addRank(ev fsm.RankObserved) {
 		return
 	}
 	r.ranks[k] = ev.Rank
-	r.pushLocked(recorded{ev: ev})
+	r.pushLocked(ev)
 	r.mu.Unlock()
 	r.poke()
 }
@@ -109,7 +130,7 @@ func (r *recorder) addDegraded(b fsm.Bind) {
 		return
 	}
 	r.degraded[k] = b
-	r.pushLocked(recorded{ev: b})
+	r.pushLocked(b)
 	r.mu.Unlock()
 	r.poke()
 }
@@ -154,77 +175,104 @@ func (r *recorder) run() {
 		cancel()
 		if ok {
 			backoff = 0
+			if r.queued() > 0 {
+				r.poke() // the rest of a backlog larger than one flush
+			}
 		} else {
 			backoff = min(max(2*backoff, 100*time.Millisecond), time.Second)
 		}
 	}
 }
 
-// flush proposes everything queued in one batch. It reports false when the
-// log could not commit (events stay queued).
+// flush proposes up to maxFlushEvents of the oldest queued events. It
+// reports false when the log could not commit; the events then stay queued,
+// in order, with their proposal ids.
 func (r *recorder) flush(ctx context.Context) bool {
 	r.mu.Lock()
-	batch := r.queue
-	r.queue = nil
+	n := min(len(r.queue), maxFlushEvents)
+	batch := slices.Clone(r.queue[:n])
+	clear(r.queue[:n])
+	r.queue = r.queue[n:]
 	r.mu.Unlock()
 	if len(batch) == 0 {
 		return true
 	}
-	evs := make([]fsm.Event, len(batch))
+	props := make([]fsm.Proposal, len(batch))
 	for i, x := range batch {
-		evs[i] = x.ev
+		props[i] = fsm.Proposal{ID: x.id, Event: x.ev}
 	}
 	start := time.Now()
-	results, err := r.e.node.ProposeBatch(ctx, evs)
+	results, err := r.e.node.ProposeIdempotent(ctx, props)
 	took := time.Since(start)
-	if err != nil && len(results) != len(evs) {
-		for _, ev := range evs {
-			r.e.observeProposal(ev.Type(), fsm.Result{}, err, took)
+	if err != nil && len(results) != len(props) {
+		for _, p := range props {
+			r.e.observeProposal(p.Event.Type(), fsm.Result{}, err, took)
 		}
-		r.mu.Lock()
-		var keep []recorded
-		for _, x := range batch {
-			x.attempts++
-			_, isBind := x.ev.(fsm.Bind)
-			if (isBind || x.attempts < maxRecordAttempts) && !errors.Is(err, cluster.ErrClosed) {
-				keep = append(keep, x)
-			} else {
-				r.dropLocked(x)
-			}
-		}
-		r.queue = append(keep, r.queue...)
-		r.mu.Unlock()
+		r.requeue(batch, err)
 		return false
 	}
 	r.mu.Lock()
 	for i, x := range batch {
 		r.e.observeProposal(x.ev.Type(), results[i], nil, took)
-		switch ev := x.ev.(type) {
-		case fsm.RankObserved:
-			if k := (fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key}); r.ranks[k] == ev.Rank {
-				delete(r.ranks, k)
-			}
-		case fsm.Link:
-			delete(r.links, ev.Child)
-			if results[i].Status == fsm.StatusRejected {
-				r.e.log.Info("parent link rejected", "child", ev.Child, "parent", ev.Parent, "reason", results[i].Reason)
-			}
-		case fsm.Bind:
-			delete(r.degraded, fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key})
-			// An earlier attempt may have committed after its deadline:
-			// the binding is this one when it carries its decision. (The
-			// request's own Bind, which timed out before the degraded
-			// placement, may also commit late: first committed wins.)
-			res := "recorded"
-			if got := results[i].Binding.Decision; !results[i].Found || got.Edge != ev.Decision.Edge ||
-				got.RequestID != ev.Decision.RequestID || got.Policy != ev.Decision.Policy {
-				res = "superseded" // another edge's Bind won
-			}
-			r.e.metrics.degradedRecord.WithLabelValues(res).Inc()
-		}
+		r.settledLocked(x.ev, results[i])
 	}
 	r.mu.Unlock()
 	return true
+}
+
+// requeue puts a failed batch back at the head of the queue, same ids,
+// except what has been tried too often or cannot be tried any more.
+func (r *recorder) requeue(batch []recorded, err error) {
+	closed := errors.Is(err, cluster.ErrClosed)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	keep := make([]recorded, 0, len(batch)+len(r.queue))
+	for _, x := range batch {
+		x.attempts++
+		_, isBind := x.ev.(fsm.Bind)
+		switch {
+		case closed:
+			r.dropLocked(x, "closed")
+		case !isBind && x.attempts >= maxRecordAttempts:
+			r.dropLocked(x, "attempts")
+		default:
+			keep = append(keep, x)
+		}
+	}
+	keep = append(keep, r.queue...)
+	for len(keep) > maxRecorderQueue {
+		r.dropLocked(keep[0], "queue_full")
+		keep = keep[1:]
+	}
+	r.queue = keep
+}
+
+// settledLocked forgets a committed event's bookkeeping.
+func (r *recorder) settledLocked(ev fsm.Event, res fsm.Result) {
+	switch ev := ev.(type) {
+	case fsm.RankObserved:
+		if k := (fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key}); r.ranks[k] == ev.Rank {
+			delete(r.ranks, k)
+		}
+	case fsm.Link:
+		delete(r.links, ev.Child)
+		if res.Status == fsm.StatusRejected {
+			r.e.log.Info("parent link rejected", "child", ev.Child, "parent", ev.Parent, "reason", res.Reason)
+		}
+	case fsm.Bind:
+		delete(r.degraded, fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key})
+		// An earlier attempt may have committed after its deadline (the
+		// retry is then a duplicate answered with the binding in force):
+		// the binding is this one when it carries its decision. (The
+		// request's own Bind, which timed out before the degraded
+		// placement, may also commit late: first committed wins.)
+		result := "recorded"
+		if got := res.Binding.Decision; !res.Found || got.Edge != ev.Decision.Edge ||
+			got.RequestID != ev.Decision.RequestID || got.Policy != ev.Decision.Policy {
+			result = "superseded" // another edge's Bind won
+		}
+		r.e.metrics.degradedRecord.WithLabelValues(result).Inc()
+	}
 }
 
 // touchBatcher collects the bound keys (and parent links) requests used

@@ -113,10 +113,12 @@ type Edge struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu       sync.Mutex
-	started  bool
-	stopped  bool
-	serveErr chan error
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	// noHandoff: Close skips the Raft leadership transfer.
+	noHandoff atomic.Bool
+	serveErr  chan error
 }
 
 type kvEviction struct {
@@ -270,7 +272,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	}
 	t := e.cfg.Telemetry
 	if e.fleet, err = fleetview.New(fleetview.Config{
-		Static: static, Conn: e.nc, PredictTTL: e.cfg.Placement.PredictTTL, Breaker: e.cfg.Placement.Breaker,
+		Static: static, Conn: e.nc, PredictTTL: e.cfg.Placement.PredictTTL, Breaker: e.cfg.Placement.Breaker, BlockSize: e.cfg.Placement.BlockSize,
 		StaleIntervals: t.StaleIntervals, MinStaleAfter: t.MinStaleAfter, ProbeInterval: t.ProbeInterval,
 		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
 		OnEvictions: e.onWorkerEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
@@ -450,6 +452,19 @@ func (e *Edge) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// SkipLeadershipHandoff makes Close stop the Raft node without handing
+// leadership to another edge: for a deployment stopping every edge
+// (ops/devstack), where the edge taking over would be stopping too.
+func (e *Edge) SkipLeadershipHandoff() {
+	e.noHandoff.Store(true)
+	e.mu.Lock()
+	n := e.node
+	e.mu.Unlock()
+	if n != nil {
+		n.SkipLeadershipTransfer()
+	}
+}
+
 // Kill stops the edge abruptly, as a crash would: connections drop, the
 // Raft node dies without a leadership transfer, nothing is flushed. Tests
 // use it to kill a leader.
@@ -482,6 +497,9 @@ func (e *Edge) stopLocked(abrupt bool) error {
 		if abrupt {
 			err = e.node.Kill()
 		} else {
+			if e.noHandoff.Load() {
+				e.node.SkipLeadershipTransfer()
+			}
 			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			err = e.node.Close(cctx)
 			cancel()

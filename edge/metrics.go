@@ -22,6 +22,8 @@ type metrics struct {
 	leaderActions   *prometheus.CounterVec
 	bindings        prometheus.GaugeFunc
 	upstreamErrors  *prometheus.CounterVec
+	recorderQueued  prometheus.GaugeFunc
+	recorderDropped *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
@@ -73,6 +75,14 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 			Help: "Failed worker hops, by fleet and kind (connect, status_5xx, bad_response).",
 		}, []string{"fleet", "kind"}),
 	}
+	m.recorderDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_recorder_dropped_total",
+		Help: "Background events (overflows, links, rank observations, degraded binds) given up before the log recorded them, by event type and reason (queue_full: the oldest made room for a new one; attempts: retried too often; closed: the edge stopped).",
+	}, []string{"type", "reason"})
+	m.recorderQueued = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tether_edge_recorder_queued",
+		Help: "Background events waiting for the affinity log (bounded; beyond the bound the oldest are dropped).",
+	}, func() float64 { return float64(e.recorder.queued()) })
 	m.degradedPending = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tether_edge_degraded_pending",
 		Help: "Degraded-mode placements waiting to be recorded in the log.",
@@ -90,7 +100,8 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.requestSeconds, m.decisions, m.commitSeconds, m.proposals, m.retries,
-		m.degradedPending, m.degradedRecord, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors} {
+		m.degradedPending, m.degradedRecord, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
+		m.recorderQueued, m.recorderDropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("edge: register metrics: %w", err)
 		}

@@ -234,6 +234,9 @@ func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) 
 	res, err := e.propose(ctx, rt.BindEvent(req))
 	switch {
 	case errors.Is(err, cluster.ErrUnavailable):
+		if b, ok := e.boundAfterTimeout(ctx, f, h.key); ok {
+			return e.routeBound(ctx, rq, h, router, req, in, b, set)
+		}
 		return e.placeDegraded(rq, h, router, req, in, set)
 	case err != nil:
 		return nil, newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
@@ -329,6 +332,28 @@ func (e *Edge) unheardAtStartup(now time.Time, f fsm.Fleet, inst string, exclude
 	}
 	rec, ok := e.node.State().Instance(inst)
 	return ok && rec.Fleet == f && rec.Status == fsm.InstanceUp && rec.URL != ""
+}
+
+// boundAfterTimeout looks for a binding of key after its Bind timed out.
+// A timed-out Bind may still commit, and another edge may have bound the
+// key first; under load both are the common case, not a dead log. So this
+// edge applies what its log already knows committed (waiting at most
+// propose_timeout) and serves the key from the binding it then finds, as
+// for any bound key, instead of refusing it for lack of a fresh state
+// (issue 13, D1). ok is false when the key is still unbound.
+func (e *Edge) boundAfterTimeout(ctx context.Context, f fsm.Fleet, key string) (fsm.Binding, bool) {
+	if b, ok := e.node.State().Lookup(f, key); ok {
+		return b, true
+	}
+	// Committed entries apply shortly; entries held but not known committed
+	// (no quorum) may never be, so they are not waited for.
+	s := e.node.Status()
+	if target := s.CommitIndex; target > s.AppliedIndex {
+		wctx, cancel := context.WithTimeout(ctx, e.cfg.Cluster.ProposeTimeout)
+		_ = e.node.WaitApplied(wctx, target)
+		cancel()
+	}
+	return e.node.State().Lookup(f, key)
 }
 
 // placeDegraded places a new key by rendezvous over the instances the log

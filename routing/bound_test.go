@@ -48,7 +48,9 @@ func TestRouteBoundConditions(t *testing.T) {
 		{"active prompt tokens at threshold", func(v *InstanceView) { v.ActivePromptTokens = 2_000_000 }, false, ActionOverflow, fsm.OverflowSaturated},
 		{"unhealthy", func(v *InstanceView) { v.Healthy = false }, false, ActionOverflow, fsm.OverflowUnhealthy},
 		{"unknown to this edge", nil, true, ActionOverflow, fsm.OverflowUnhealthy},
-		{"circuit open", func(v *InstanceView) { v.CacheDegraded = true }, false, ActionOverflow, fsm.OverflowCircuitOpen},
+		// An open breaker stops crediting the cache; it never moves a
+		// bound key by itself (issue 13, D3).
+		{"circuit open stays", func(v *InstanceView) { v.CacheDegraded = true }, false, ActionSticky, 0},
 	}
 	for _, c := range cases {
 		vs := idle("ctx-a", "ctx-b", "ctx-c")
@@ -109,7 +111,7 @@ func TestRouteBoundStaysWhenNoBetterInstance(t *testing.T) {
 	}
 	vs[0].QueuedRequests, vs[0].CacheDegraded = 0, true
 	rt = routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)})
-	if rt.Action != ActionSticky || rt.Reason != fsm.OverflowCircuitOpen {
+	if rt.Action != ActionSticky || rt.Reason != 0 {
 		t.Fatalf("circuit open, alternative saturated: %+v, want sticky", rt)
 	}
 	// Alone in the fleet: stays.

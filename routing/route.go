@@ -185,26 +185,31 @@ func (r *Router) tierOf(v *InstanceView) tier {
 }
 
 // Condition is why a bound key cannot stay on the instance of view v (nil:
-// the edge has no view of it): unhealthy, saturated, or circuit open; 0 when
-// it can. The edge feeds OverloadTracker.Observe(id, Condition(v) != 0, now)
-// on every view refresh.
+// the edge has no view of it): unhealthy or saturated; 0 when it can. The
+// edge feeds OverloadTracker.Observe(id, Condition(v) != 0, now) on every
+// view refresh.
+//
+// An open cache circuit breaker (v.CacheDegraded) is not a condition: it
+// stops placement crediting the instance's cache, but never moves a bound
+// key by itself. A bound key's own cache is judged by the cache-lost rule
+// (overflow.cache_lost_below), which looks at the key's prompt; the breaker
+// measures the whole instance, and a flapping breaker moved keys back and
+// forth with reason circuit_open (issue 13, D3).
 func (r *Router) Condition(v *InstanceView) fsm.OverflowReason {
 	switch {
 	case v == nil || !v.Healthy:
 		return fsm.OverflowUnhealthy
 	case r.saturated(v) || r.overHard(v):
 		return fsm.OverflowSaturated
-	case v.CacheDegraded:
-		return fsm.OverflowCircuitOpen
 	}
 	return 0
 }
 
 // RouteBound routes a request whose key is bound to b.Instance: sticky while
-// that instance is healthy, below the overflow thresholds and not
-// cache-degraded. Otherwise the request overflows to the best other
-// instance (placed as by Place, excluding the bound one); for saturation or
-// an open circuit only an instance below the thresholds qualifies, else the
+// that instance is healthy and below the overflow thresholds (an open cache
+// circuit breaker does not move it). Otherwise the request overflows to the
+// best other instance (placed as by Place, excluding the bound one); for
+// saturation only an instance below the thresholds qualifies, else the
 // request stays. The overflow rebinds once in.Overload says the strain has
 // lasted rebind_after. When neither the bound instance nor any other can
 // take the request (all over their hard limits), it is shed. A healthy bound

@@ -77,6 +77,10 @@ type Config struct {
 	// PredictTTL is the KV index's prediction lifetime (kvindex.Config).
 	PredictTTL time.Duration
 	Breaker    routing.BreakerConfig
+	// BlockSize is the KV block size in tokens (placement.block_size): a
+	// prompt shorter than one block can never hit a prefix cache, so its
+	// usage is no evidence for the circuit breaker (0: every prompt counts).
+	BlockSize int
 	// StaleIntervals: an instance is unhealthy after this many of its
 	// telemetry intervals without a load report (default 5), and at
 	// least MinStaleAfter (default 1s).
@@ -636,9 +640,11 @@ func (f *Fleet) NoteDispatch(id string, promptTokens int) (done func()) {
 }
 
 // RecordUsage feeds instance id's cache circuit breaker with a response's
-// prompt and cached tokens.
+// prompt and cached tokens. Only a lookup that could have hit counts: a
+// prompt of at least one whole block. Shorter ones always miss, and with
+// them every instance's breaker opened (issue 13, D3).
 func (f *Fleet) RecordUsage(id string, promptTokens, cachedTokens int64, now time.Time) {
-	if promptTokens <= 0 {
+	if promptTokens <= 0 || promptTokens < int64(f.cfg.BlockSize) {
 		return
 	}
 	before := f.breakers.State(id, now)

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/test/natstest"
@@ -502,5 +503,31 @@ func TestTelemetryOutageKeepsHealthAndProbes(t *testing.T) {
 	}
 	if !wa.Ready() {
 		t.Fatal("w-a not ready (connected) after NATS came back")
+	}
+}
+
+// TestBreakerCountsOnlyPromptsThatCouldHit: prompts shorter than one KV
+// block can never hit a prefix cache. Before, their misses opened every
+// instance's breaker (issue 13, D3); now they are no evidence, while
+// misses of whole-block prompts still open it.
+func TestBreakerCountsOnlyPromptsThatCouldHit(t *testing.T) {
+	var clk clock
+	clk.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	cfg := routing.DefaultBreakerConfig()
+	cfg.MinLookups, cfg.MinLookupTokens = 5, 0
+	f, _ := newFleet(t, Config{Breaker: cfg, BlockSize: 16, Now: clk.now})
+	for range 50 {
+		f.RecordUsage("w-short", 15, 0, clk.now())
+		clk.advance(10 * time.Millisecond)
+	}
+	if st := f.Breakers().State("w-short", clk.now()); st != routing.BreakerClosed {
+		t.Fatalf("50 misses of prompts shorter than a block: breaker %s, want closed", st)
+	}
+	for range 50 {
+		f.RecordUsage("w-long", 64, 0, clk.now())
+		clk.advance(10 * time.Millisecond)
+	}
+	if st := f.Breakers().State("w-long", clk.now()); st != routing.BreakerOpen {
+		t.Fatalf("50 misses of 4-block prompts: breaker %s, want open", st)
 	}
 }

@@ -54,11 +54,6 @@ const (
 	DefaultContextWorkers    = 2
 	DefaultGenerationWorkers = 2
 	DefaultRanks             = 4
-	// DefaultProposeTimeout is the edges' cluster.propose_timeout: longer
-	// than the production 50ms default because a development machine (or a
-	// loaded CI runner under the race detector) stalls for that long, and a
-	// timed-out proposal turns into a degraded placement.
-	DefaultProposeTimeout = 500 * time.Millisecond
 )
 
 // edgeStartTimeout bounds one edge's Start when the caller's context has no
@@ -516,7 +511,6 @@ func (s *Stack) EdgeConfig(i int) edge.Config {
 	cfg.Cluster.BindAddr = s.peers[i].Addr
 	cfg.Cluster.Bootstrap = true // ignored once the data dir holds Raft state
 	cfg.Cluster.Peers = append([]edge.PeerConfig(nil), s.peers...)
-	cfg.Cluster.ProposeTimeout = DefaultProposeTimeout
 	s.edgeTLS(s.peers[i].ID, &cfg)
 	if o.EdgeConfig != nil {
 		o.EdgeConfig(i, &cfg)
@@ -728,8 +722,8 @@ func (s *Stack) WaitReady(ctx context.Context) error {
 }
 
 // Close shuts the stack down: the workers drain (in-flight requests
-// finish until ctx ends), the edges close leader first so leadership is
-// handed to a live peer, NATS stops, and a temporary data directory is
+// finish until ctx ends), the edges close together without handing
+// leadership to each other, NATS stops, and a temporary data directory is
 // removed. Idempotent.
 func (s *Stack) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() { s.closeErr = s.close(ctx) })
@@ -758,23 +752,22 @@ func (s *Stack) close(ctx context.Context) error {
 	}
 	wg.Wait()
 	addErr(s.closeEngines(ctx))
-	// Leader first: its Close transfers leadership to a peer that is still
-	// up; the rest follow one by one.
-	for {
-		n := s.Leader()
-		if n == nil {
-			for _, m := range s.edges {
-				if m.Running() {
-					n = m
-					break
-				}
-			}
+	// Every edge stops: none hands Raft leadership on (the peer taking it
+	// would be stopping too and hand it on again, each transfer logging
+	// errors), and they stop together so no election runs in between.
+	for _, m := range s.edges {
+		if e := m.Edge(); e != nil {
+			e.SkipLeadershipHandoff()
 		}
-		if n == nil {
-			break
-		}
-		addErr(n.Stop(ctx))
 	}
+	for _, m := range s.edges {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			addErr(m.Stop(ctx))
+		}()
+	}
+	wg.Wait()
 	if s.nats != nil {
 		s.nats.Shutdown()
 		s.nats.WaitForShutdown()

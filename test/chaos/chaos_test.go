@@ -42,8 +42,12 @@ type load struct {
 	sent    atomic.Int64
 	retried atomic.Int64
 	failed  atomic.Int64
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	// refused counts attempts answered 503 (each retried on another edge).
+	refused atomic.Int64
+	// refusals counts non-200 attempts by status and error code (under mu).
+	refusals map[string]int
+	stop     chan struct{}
+	wg       sync.WaitGroup
 }
 
 func startLoad(v *env, prefix string, conversations, workers int) *load {
@@ -109,6 +113,9 @@ func (l *load) request(rng *rand.Rand, root, conv, parent string, turn int) {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != 200 {
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				l.refused.Add(1)
+			}
 			var e struct {
 				Error struct {
 					Code string `json:"code"`
@@ -116,6 +123,12 @@ func (l *load) request(rng *rand.Rand, root, conv, parent string, turn int) {
 			}
 			_ = json.Unmarshal(b, &e)
 			s.lastErr = fmt.Sprintf("HTTP %d %s", resp.StatusCode, e.Error.Code)
+			l.mu.Lock()
+			if l.refusals == nil {
+				l.refusals = map[string]int{}
+			}
+			l.refusals[s.lastErr]++
+			l.mu.Unlock()
 			// As an OpenAI SDK would: wait what the edge asks
 			// (retry-after-ms; an election's worth when it cannot place a
 			// key), or pause after a whole round of refusals.

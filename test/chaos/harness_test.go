@@ -323,11 +323,10 @@ cluster:
   data_dir: %q
   bind_addr: %q
   bootstrap: true
-  peers: [%s]
-  propose_timeout: 500ms
+  peers: [%s]%s
 nats: {urls: [%q]}
 tls: {mode: plaintext} # faults, not transport security, are tested here (see test/reliability's TLS tests)
-`, model, host, port, internalKey, adminToken, parentHdr, e.id, e.dataDir, e.raftAddr, strings.Join(peers, ", "), v.natsURL)
+`, model, host, port, internalKey, adminToken, parentHdr, e.id, e.dataDir, e.raftAddr, strings.Join(peers, ", "), proposeTimeoutLine(), v.natsURL)
 		path := filepath.Join(v.dir, e.id+".yaml")
 		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)
@@ -337,6 +336,16 @@ tls: {mode: plaintext} # faults, not transport security, are tested here (see te
 	}
 	v.waitReady(60 * time.Second)
 	return v
+}
+
+// proposeTimeoutLine is the edges' cluster.propose_timeout line: none, so
+// the shipped default is what runs, unless CHAOS_PROPOSE_TIMEOUT sets one
+// (to measure another value).
+func proposeTimeoutLine() string {
+	if d := os.Getenv("CHAOS_PROPOSE_TIMEOUT"); d != "" {
+		return "\n  propose_timeout: " + d
+	}
+	return ""
 }
 
 // admin GETs /admin/v1/<path> on e.

@@ -1,0 +1,34 @@
+package edge
+
+import (
+	"testing"
+	"time"
+)
+
+// cluster.propose_timeout defaults to the election timeout (issue 13, D1:
+// the former fixed 50ms failed proposals of a healthy cluster under load).
+func TestProposeTimeoutDerivesFromRaftTiming(t *testing.T) {
+	t.Setenv(EnvInternalRequestAuthKey, "")
+	for _, c := range []struct {
+		raft string
+		want time.Duration
+	}{
+		{"", 500 * time.Millisecond},
+		{", raft: {election_timeout: 2s}", 2 * time.Second},
+		{", raft: {heartbeat_timeout: 1s}", time.Second},
+		{", raft: {election_timeout: 800ms}, propose_timeout: 300ms", 300 * time.Millisecond},
+	} {
+		cfg, err := ParseConfig([]byte(`
+model: m
+context_servers: {urls: [http://a:1]}
+generation_servers: {urls: [http://b:1]}
+cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789` + c.raft + `}
+`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Cluster.ProposeTimeout != c.want {
+			t.Errorf("cluster {%s}: propose_timeout %s, want %s", c.raft, cfg.Cluster.ProposeTimeout, c.want)
+		}
+	}
+}
