@@ -21,7 +21,7 @@ func (n *Node) handleForward(ctx context.Context, peerID string, op byte, payloa
 	switch op {
 	case opPropose:
 		return n.handlePropose(ctx, payload)
-	case opAddVoter, opRemove, opTransfer:
+	case opAddVoter, opRemove, opTransfer, opJoinVoter, opJoinNonvoter:
 		id, addr, forwarded, err := decodeMembership(payload)
 		if err != nil {
 			return nil, badRequest("%s: %v", opName(op), err)
