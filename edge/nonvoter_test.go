@@ -76,11 +76,18 @@ func TestSeedTableWithNonvoters(t *testing.T) {
 		// a shared 2-core machine): with the harness's 200ms heartbeat, or
 		// even the shipped 250ms leader lease, a leader holding a 2-of-3
 		// quorum steps down under that load (seen), so this test runs
-		// slower Raft timing than production.
-		c.Cluster.Raft = RaftConfig{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second, LeaderLeaseTimeout: time.Second}
+		// slower Raft timing than production; and the leader's idle
+		// AppendEntries to eight followers every 2ms (the shipped
+		// commit_timeout) starved the race-instrumented process enough
+		// that a Bind missed its 2s propose timeout (seen once).
+		c.Cluster.Raft = RaftConfig{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second, LeaderLeaseTimeout: time.Second, CommitTimeout: 10 * time.Millisecond}
 	}
 	ec := startEdges(t, 3, ns.ClientURL(), func(_ int, c *Config) { withPilot(c) })
+	start := time.Now()
+	phase := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
+	phase("3 voters up")
 	ec.addNonvoters(6, ns.ClientURL(), withPilot)
+	phase("6 non-voters joined")
 	if v := ec.voters(); len(v) != 9 || v["nonvoter-1"] || v["nonvoter-6"] || !v["edge-1"] || !v["edge-2"] || !v["edge-3"] {
 		t.Fatalf("configuration: %v; want edge-1..3 voting and six non-voters", v)
 	}
@@ -117,14 +124,16 @@ func TestSeedTableWithNonvoters(t *testing.T) {
 		}
 	}
 	checkTable("before the kill")
+	phase("table checked on nine edges")
 
-	// Every edge routes the next turns of all three to the same instances.
+	// Every edge routes the next turns to the same instances (one agent
+	// per edge, in turn, to keep the test quick).
+	agents := []*agent{parent, childA, childB}
 	for i := range ec.edges {
-		for _, a := range []*agent{parent, childA, childB} {
-			r := a.send(t, c, ec.edge(i), fmt.Sprintf("turn on edge %d", i+1), nil)
-			if r.ctxInst != p1.ctxInst || r.gen != p1.gen {
-				t.Fatalf("%s via %s went to %s/%s, want %s/%s", a.session, ec.edge(i).cfg.Cluster.NodeID, r.ctxInst, r.gen, p1.ctxInst, p1.gen)
-			}
+		a := agents[i%len(agents)]
+		r := a.send(t, c, ec.edge(i), fmt.Sprintf("turn on edge %d", i+1), nil)
+		if r.ctxInst != p1.ctxInst || r.gen != p1.gen {
+			t.Fatalf("%s via %s went to %s/%s, want %s/%s", a.session, ec.edge(i).cfg.Cluster.NodeID, r.ctxInst, r.gen, p1.ctxInst, p1.gen)
 		}
 	}
 
@@ -132,6 +141,7 @@ func TestSeedTableWithNonvoters(t *testing.T) {
 	// remaining voters, and its autopilot promotes one non-voter.
 	old := ec.leader(15 * time.Second)
 	oldID := ec.edge(old).cfg.Cluster.NodeID
+	phase("nine more turns")
 	ec.kill(old)
 	var last map[string]bool
 	defer func() {
@@ -139,12 +149,10 @@ func TestSeedTableWithNonvoters(t *testing.T) {
 			t.Logf("last configuration seen: %v", last)
 		}
 	}()
-	waitFor(t, "autopilot to restore three voters without "+oldID, 30*time.Second, func() bool {
-		v := ec.voters()
-		last = v
-		_, present := v[oldID]
-		promoted := 0
-		voters := 0
+	// Promotion first (4 voters, one dead), then the dead voter's
+	// demotion (3), then, DeadServerTimeout later, its removal.
+	restored := func(v map[string]bool) bool {
+		voters, promoted := 0, 0
 		for id, voter := range v {
 			if voter {
 				voters++
@@ -153,19 +161,33 @@ func TestSeedTableWithNonvoters(t *testing.T) {
 				}
 			}
 		}
-		return !present && voters == 3 && promoted == 1 && len(v) == 8
+		return voters == 3 && promoted == 1 && !v[oldID]
+	}
+	waitFor(t, "autopilot to promote a non-voter in place of "+oldID, 30*time.Second, func() bool {
+		last = ec.voters()
+		return restored(last)
 	})
+	phase("promoted")
 	checkTable("after the promotion")
 	childC := &agent{session: "child-c", parent: "parent-1", system: "explore " + shared}
+	agents = append(agents, childC)
 	for i := range ec.edges {
 		if ec.edge(i).e == nil {
 			continue
 		}
-		for _, a := range []*agent{parent, childA, childB, childC} {
-			r := a.send(t, c, ec.edge(i), fmt.Sprintf("after the kill, edge %d", i+1), nil)
-			if r.ctxInst != p1.ctxInst || r.gen != p1.gen {
-				t.Fatalf("after the kill: %s via %s went to %s/%s, want %s/%s", a.session, ec.edge(i).cfg.Cluster.NodeID, r.ctxInst, r.gen, p1.ctxInst, p1.gen)
-			}
+		a := agents[i%len(agents)]
+		r := a.send(t, c, ec.edge(i), fmt.Sprintf("after the kill, edge %d", i+1), nil)
+		if r.ctxInst != p1.ctxInst || r.gen != p1.gen {
+			t.Fatalf("after the kill: %s via %s went to %s/%s, want %s/%s", a.session, ec.edge(i).cfg.Cluster.NodeID, r.ctxInst, r.gen, p1.ctxInst, p1.gen)
 		}
 	}
+	if _, ok := binding(t, c, ec.edge(5), fsm.FleetContext, "child-c"); ok {
+		t.Fatal("the new sub-agent child-c got its own context binding")
+	}
+	phase("turns after the kill")
+	waitFor(t, "autopilot to remove the dead "+oldID, 30*time.Second, func() bool {
+		last = ec.voters()
+		_, present := last[oldID]
+		return !present && len(last) == 8 && restored(last)
+	})
 }
