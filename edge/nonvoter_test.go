@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -125,6 +126,21 @@ func TestSeedTableWithNonvoters(t *testing.T) {
 	}
 	checkTable("before the kill")
 	phase("table checked on nine edges")
+
+	// A non-voter's admin API shows the leader's health of all nine.
+	waitFor(t, "nine healthy members in a non-voter's /admin/v1/cluster", 15*time.Second, func() bool {
+		var info ClusterInfo
+		if err := json.Unmarshal(adminGet(t, c, ec.edge(4), "/admin/v1/cluster").body, &info); err != nil {
+			t.Fatal(err)
+		}
+		healthy := 0
+		for _, p := range info.Peers {
+			if p.Health != nil && p.Health.Healthy && p.Health.Suffrage != "" {
+				healthy++
+			}
+		}
+		return len(info.Peers) == 9 && healthy == 9
+	})
 
 	// Every edge routes the next turns to the same instances (one agent
 	// per edge, in turn, to keep the test quick).
