@@ -29,6 +29,7 @@ func runEdge(ctx context.Context, args []string) error {
 	nodeID := fs.String("node-id", "", "override cluster.node_id")
 	dataDir := fs.String("data-dir", "", "override cluster.data_dir")
 	bindAddr := fs.String("raft-addr", "", "override cluster.bind_addr (Raft and forwarding)")
+	advertiseAddr := fs.String("advertise-addr", "", "override cluster.advertise_addr (e.g. $(POD_IP):7400 for a non-voter Deployment pod)")
 	natsURL := fs.String("nats", "", "override nats.urls (comma-separated URLs)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	if err := parseFlags(fs, args); err != nil {
@@ -56,6 +57,9 @@ func runEdge(ctx context.Context, args []string) error {
 	}
 	if *nodeID != "" {
 		cfg.Cluster.NodeID, overridden = *nodeID, true
+	}
+	if *advertiseAddr != "" {
+		cfg.Cluster.AdvertiseAddr, overridden = *advertiseAddr, true
 	}
 	if *dataDir != "" {
 		cfg.Cluster.DataDir, overridden = *dataDir, true
