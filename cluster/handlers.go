@@ -73,7 +73,7 @@ func (n *Node) handlePropose(ctx context.Context, payload []byte) ([]byte, error
 	for len(props) > 0 {
 		chunk := props[:min(len(props), n.cfg.MaxBatch)]
 		props = props[len(chunk):]
-		p := &pending{props: chunk, deadline: deadline, done: make(chan outcome, 1)}
+		p := &pending{props: chunk, deadline: deadline, done: make(chan outcome, 1), queued: time.Now(), forwarded: true}
 		select {
 		case n.batcher.in <- p:
 		case <-ctx.Done():

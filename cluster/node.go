@@ -289,8 +289,9 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return false
 	})
 	n.raft.RegisterObserver(n.observer)
-	n.wg.Add(5)
+	n.wg.Add(6)
 	go func() { defer n.wg.Done(); n.pilot.Load().run(n.ctx) }()
+	go func() { defer n.wg.Done(); n.batcher.runNudger(n.ctx) }()
 	go func() { defer n.wg.Done(); n.watchLeadership(notify) }()
 	go func() { defer n.wg.Done(); n.watchObservations(obs) }()
 	go func() { defer n.wg.Done(); n.batcher.run(n.ctx) }()
