@@ -227,3 +227,95 @@ func reportEntries(b *testing.B, entries uint64, binds int, elapsed time.Duratio
 	b.ReportMetric(float64(binds)/float64(entries), "binds/entry")
 	b.ReportMetric(elapsed.Seconds()*1000/float64(entries), "ms/entry")
 }
+
+// BenchmarkNonvoters: 3 voters and 12 non-voters in one process (loopback,
+// fsync on, production Raft timing), 256 closed-loop proposers spread over
+// all 15 nodes (four fifths of them on non-voters, forwarding to the
+// leader). Besides throughput and latency it reports the non-voters'
+// apply lag: every 10 ms the leader's applied index is sampled and a
+// non-voter (round robin) timed until it applied that index.
+func BenchmarkNonvoters(b *testing.B) {
+	benchRegs = nil
+	tc := newTestCluster(b, 3, func(i int, c *Config) {
+		c.Raft = RaftTiming{}
+		c.ProposeTimeout = time.Second
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var nonvoters []*Node
+	for k := range 12 {
+		nonvoters = append(nonvoters, tc.joinNode(ctx, fmt.Sprintf("nv%d", k), tc.leader(10*time.Second).Addr(), SuffrageNonvoter, AutopilotConfig{}))
+	}
+	tc.sync(30 * time.Second)
+	nodes := tc.running()
+	leader := tc.leader(10 * time.Second)
+
+	stop := make(chan struct{})
+	var lagMu sync.Mutex
+	var lags []time.Duration
+	var lagWG sync.WaitGroup
+	lagWG.Add(1)
+	go func() {
+		defer lagWG.Done()
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for k := 0; ; k++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			target, t0 := leader.fsm.appliedIndex(), time.Now()
+			if err := nonvoters[k%len(nonvoters)].WaitApplied(ctx, target); err == nil {
+				lagMu.Lock()
+				lags = append(lags, time.Since(t0))
+				lagMu.Unlock()
+			}
+		}
+	}()
+
+	const proposers = 256
+	var (
+		next    atomic.Int64
+		failed  atomic.Int64
+		mu      sync.Mutex
+		samples = make([]time.Duration, 0, b.N)
+		wg      sync.WaitGroup
+	)
+	index0 := leader.Status().StateIndex
+	b.ResetTimer()
+	start := time.Now()
+	for p := range proposers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := nodes[p%len(nodes)]
+			local := make([]time.Duration, 0, b.N/proposers+1)
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					break
+				}
+				t0 := time.Now()
+				if _, err := n.Propose(context.Background(), bindEv(fmt.Sprintf("nvb-%d", i), fmt.Sprintf("w%d", i%16))); err != nil {
+					failed.Add(1)
+					continue
+				}
+				local = append(local, time.Since(t0))
+			}
+			mu.Lock()
+			samples = append(samples, local...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(stop)
+	lagWG.Wait()
+	reportRun(b, elapsed, samples, failed.Load(), leader.Status().StateIndex-index0)
+	if len(lags) > 0 {
+		slices.Sort(lags)
+		b.ReportMetric(float64(lags[len(lags)/2])/float64(time.Millisecond), "apply-lag-p50-ms")
+		b.ReportMetric(float64(lags[len(lags)*99/100])/float64(time.Millisecond), "apply-lag-p99-ms")
+	}
+}
