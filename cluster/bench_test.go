@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // BenchmarkBindCommit measures new-key Binds committed by a 3-node cluster
@@ -18,18 +20,50 @@ import (
 //
 //   - throughput-N: N closed-loop proposers (256 and 1024); reports binds/s,
 //     latency percentiles, binds per log entry and time per entry.
+//   - idle-leader, idle-follower: one bind at a time on a quiet cluster.
 //   - paced-5000: open-loop load at 5,000 binds/s; latency is measured from
 //     each bind's scheduled start (so queueing behind a slow commit counts).
 func BenchmarkBindCommit(b *testing.B) {
 	newBenchCluster := func(b *testing.B, proposeTimeout time.Duration) *testCluster {
+		benchRegs = nil
 		return newTestCluster(b, 3, func(i int, c *Config) {
 			c.Raft = RaftTiming{} // production defaults
 			c.ProposeTimeout = proposeTimeout
+			reg := prometheus.NewRegistry()
+			benchRegs = append(benchRegs, reg)
+			c.Registerer = reg
 		})
 	}
 
 	for _, proposers := range benchProposers {
 		b.Run(fmt.Sprintf("throughput-%d", proposers), func(b *testing.B) { benchThroughput(b, newBenchCluster, proposers) })
+	}
+
+	// idle-leader / idle-follower: one proposer, one bind at a time, on
+	// the leader or on a follower (forwarded): the latency of a new
+	// conversation on a quiet cluster, with its stages.
+	for _, where := range []string{"leader", "follower"} {
+		b.Run("idle-"+where, func(b *testing.B) {
+			tc := newBenchCluster(b, time.Second)
+			n := tc.leader(10 * time.Second)
+			if where == "follower" {
+				n = tc.follower()
+			}
+			samples := make([]time.Duration, 0, b.N)
+			var failed int64
+			index0 := n.Status().StateIndex
+			b.ResetTimer()
+			start := time.Now()
+			for i := range b.N {
+				t0 := time.Now()
+				if _, err := n.Propose(context.Background(), bindEv(fmt.Sprintf("idle-%d", i), "w1")); err != nil {
+					failed++
+					continue
+				}
+				samples = append(samples, time.Since(t0))
+			}
+			reportRun(b, time.Since(start), samples, failed, n.Status().StateIndex-index0)
+		})
 	}
 
 	b.Run("paced-5000", func(b *testing.B) {
@@ -119,10 +153,44 @@ func benchThroughput(b *testing.B, newBenchCluster func(*testing.B, time.Duratio
 // failures and log entries.
 func reportRun(b *testing.B, elapsed time.Duration, samples []time.Duration, failed int64, entries uint64) {
 	b.StopTimer()
+	reportStages(b)
 	b.ReportMetric(float64(len(samples))/elapsed.Seconds(), "binds/s")
 	reportLatency(b, samples)
 	b.ReportMetric(float64(failed), "failed")
 	reportEntries(b, entries, len(samples), elapsed)
+}
+
+// benchRegs are the bench cluster's registries (one per node).
+var benchRegs []*prometheus.Registry
+
+// reportStages reports the mean of each proposal stage over all nodes
+// (tether_cluster_propose_stage_seconds), in ms: where a bind's time goes.
+func reportStages(b *testing.B) {
+	sum, count := map[string]float64{}, map[string]uint64{}
+	for _, reg := range benchRegs {
+		mfs, err := reg.Gather()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "tether_cluster_propose_stage_seconds" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "stage" {
+						sum[l.GetValue()] += m.GetHistogram().GetSampleSum()
+						count[l.GetValue()] += m.GetHistogram().GetSampleCount()
+					}
+				}
+			}
+		}
+	}
+	for stage, n := range count {
+		if n > 0 {
+			b.ReportMetric(sum[stage]/float64(n)*1000, stage+"-mean-ms")
+		}
+	}
 }
 
 func reportLatency(b *testing.B, samples []time.Duration) {
@@ -158,4 +226,96 @@ func reportEntries(b *testing.B, entries uint64, binds int, elapsed time.Duratio
 	}
 	b.ReportMetric(float64(binds)/float64(entries), "binds/entry")
 	b.ReportMetric(elapsed.Seconds()*1000/float64(entries), "ms/entry")
+}
+
+// BenchmarkNonvoters: 3 voters and 12 non-voters in one process (loopback,
+// fsync on, production Raft timing), 256 closed-loop proposers spread over
+// all 15 nodes (four fifths of them on non-voters, forwarding to the
+// leader). Besides throughput and latency it reports the non-voters'
+// apply lag: every 10 ms the leader's applied index is sampled and a
+// non-voter (round robin) timed until it applied that index.
+func BenchmarkNonvoters(b *testing.B) {
+	benchRegs = nil
+	tc := newTestCluster(b, 3, func(i int, c *Config) {
+		c.Raft = RaftTiming{}
+		c.ProposeTimeout = time.Second
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var nonvoters []*Node
+	for k := range 12 {
+		nonvoters = append(nonvoters, tc.joinNode(ctx, fmt.Sprintf("nv%d", k), tc.leader(10*time.Second).Addr(), SuffrageNonvoter, AutopilotConfig{}))
+	}
+	tc.sync(30 * time.Second)
+	nodes := tc.running()
+	leader := tc.leader(10 * time.Second)
+
+	stop := make(chan struct{})
+	var lagMu sync.Mutex
+	var lags []time.Duration
+	var lagWG sync.WaitGroup
+	lagWG.Add(1)
+	go func() {
+		defer lagWG.Done()
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for k := 0; ; k++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			target, t0 := leader.fsm.appliedIndex(), time.Now()
+			if err := nonvoters[k%len(nonvoters)].WaitApplied(ctx, target); err == nil {
+				lagMu.Lock()
+				lags = append(lags, time.Since(t0))
+				lagMu.Unlock()
+			}
+		}
+	}()
+
+	const proposers = 256
+	var (
+		next    atomic.Int64
+		failed  atomic.Int64
+		mu      sync.Mutex
+		samples = make([]time.Duration, 0, b.N)
+		wg      sync.WaitGroup
+	)
+	index0 := leader.Status().StateIndex
+	b.ResetTimer()
+	start := time.Now()
+	for p := range proposers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := nodes[p%len(nodes)]
+			local := make([]time.Duration, 0, b.N/proposers+1)
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					break
+				}
+				t0 := time.Now()
+				if _, err := n.Propose(context.Background(), bindEv(fmt.Sprintf("nvb-%d", i), fmt.Sprintf("w%d", i%16))); err != nil {
+					failed.Add(1)
+					continue
+				}
+				local = append(local, time.Since(t0))
+			}
+			mu.Lock()
+			samples = append(samples, local...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(stop)
+	lagWG.Wait()
+	reportRun(b, elapsed, samples, failed.Load(), leader.Status().StateIndex-index0)
+	if len(lags) > 0 {
+		slices.Sort(lags)
+		b.ReportMetric(float64(lags[len(lags)/2])/float64(time.Millisecond), "apply-lag-p50-ms")
+		b.ReportMetric(float64(lags[len(lags)*99/100])/float64(time.Millisecond), "apply-lag-p99-ms")
+	}
 }

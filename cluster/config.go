@@ -33,10 +33,19 @@ type Config struct {
 	Bootstrap bool
 	// Peers are the initial voters for Bootstrap, including this node.
 	Peers []Peer
-	// Join lists addresses of existing members to ask to add this node as a
-	// voter (used when DataDir holds no Raft state). Open returns once the
-	// addition committed.
+	// Join lists addresses of existing members (any member: a follower
+	// forwards to the leader) to ask to add this node (used when DataDir
+	// holds no Raft state). Open returns once the addition committed.
 	Join []string
+	// Suffrage is how this node asks to join: SuffrageVoter (default) joins
+	// as a voter while the cluster has fewer than Autopilot.Voters voters
+	// and as a non-voter otherwise; SuffrageNonvoter always joins as a
+	// non-voter (it replicates and applies the log, serves reads from its
+	// state and forwards proposals, but does not vote). Autopilot may
+	// promote either kind to replace a failed voter.
+	Suffrage Suffrage
+	// Autopilot manages the membership from the leader (raft-autopilot).
+	Autopilot AutopilotConfig
 	// AuthKey authenticates forwarding, join and admin RPCs between nodes
 	// (required, at least 16 bytes, the same on every node).
 	AuthKey []byte
@@ -83,6 +92,38 @@ type Config struct {
 	Logger     *slog.Logger
 }
 
+// Suffrage is a node's configured role in the Raft group.
+type Suffrage string
+
+const (
+	SuffrageVoter    Suffrage = "voter"
+	SuffrageNonvoter Suffrage = "nonvoter"
+)
+
+// AutopilotConfig tunes the leader's membership management
+// (github.com/hashicorp/raft-autopilot; see DESIGN.md "Autopilot").
+type AutopilotConfig struct {
+	// Voters is the number of voters autopilot keeps (default 3): a
+	// healthy non-voter is promoted only while fewer healthy voters than
+	// this exist, and a failed voter beyond it is demoted.
+	Voters int
+	// StabilizationTime is how long a non-voter must have been healthy
+	// before it may be promoted (default 10s).
+	StabilizationTime time.Duration
+	// DeadServerTimeout is how long a member may stay unreachable before
+	// autopilot removes it from the configuration (default 10m; negative:
+	// never remove).
+	DeadServerTimeout time.Duration
+	// LastContactThreshold: a member whose last contact with the leader
+	// is older than this is unhealthy (default 2 × Raft.HeartbeatTimeout).
+	LastContactThreshold time.Duration
+	// MaxTrailingLogs: a member more than this many entries behind the
+	// leader's last index is unhealthy (default 1024).
+	MaxTrailingLogs uint64
+	// Interval between health checks and reconciliations (default 1s).
+	Interval time.Duration
+}
+
 // Peer is a voter of the initial configuration.
 type Peer struct{ ID, Addr string }
 
@@ -120,6 +161,12 @@ const (
 	defaultMaxBatch       = 512
 	defaultHashHistory    = 1 << 16
 	minAuthKeyLen         = 16
+
+	defaultVoters            = 3
+	defaultStabilization     = 10 * time.Second
+	defaultDeadServer        = 10 * time.Minute
+	defaultMaxTrailingLogs   = 1024
+	defaultAutopilotInterval = time.Second
 )
 
 func (t RaftTiming) withDefaults() RaftTiming {
@@ -139,6 +186,36 @@ func (t RaftTiming) withDefaults() RaftTiming {
 		t.MaxAppendEntries = 64
 	}
 	return t
+}
+
+func (a AutopilotConfig) withDefaults(rt RaftTiming, bad func(key, format string, args ...any)) AutopilotConfig {
+	if a.Voters < 0 {
+		bad("Autopilot.Voters", "negative")
+	} else if a.Voters == 0 {
+		a.Voters = defaultVoters
+	}
+	if a.StabilizationTime < 0 {
+		bad("Autopilot.StabilizationTime", "negative")
+	} else if a.StabilizationTime == 0 {
+		a.StabilizationTime = defaultStabilization
+	}
+	if a.DeadServerTimeout == 0 {
+		a.DeadServerTimeout = defaultDeadServer
+	}
+	if a.LastContactThreshold < 0 {
+		bad("Autopilot.LastContactThreshold", "negative")
+	} else if a.LastContactThreshold == 0 {
+		a.LastContactThreshold = 2 * rt.HeartbeatTimeout
+	}
+	if a.MaxTrailingLogs == 0 {
+		a.MaxTrailingLogs = defaultMaxTrailingLogs
+	}
+	if a.Interval < 0 {
+		bad("Autopilot.Interval", "negative")
+	} else if a.Interval == 0 {
+		a.Interval = defaultAutopilotInterval
+	}
+	return a
 }
 
 // withDefaults fills defaults and validates; errors name the offending key.
@@ -223,6 +300,17 @@ func (c Config) withDefaults() (Config, error) {
 		bad("MaxBatch", "%d exceeds the %d proposals a log entry can hold", c.MaxBatch, fsm.MaxEntryProposals)
 	}
 	c.Raft = c.Raft.withDefaults()
+	switch c.Suffrage {
+	case "":
+		c.Suffrage = SuffrageVoter
+	case SuffrageVoter, SuffrageNonvoter:
+	default:
+		bad("Suffrage", "%q is not %q or %q", c.Suffrage, SuffrageVoter, SuffrageNonvoter)
+	}
+	if c.Suffrage == SuffrageNonvoter && c.Bootstrap {
+		bad("Suffrage", "a non-voter cannot bootstrap a cluster; set Join instead")
+	}
+	c.Autopilot = c.Autopilot.withDefaults(c.Raft, bad)
 	if c.Raft.LeaderLeaseTimeout > c.Raft.HeartbeatTimeout {
 		bad("Raft.LeaderLeaseTimeout", "%s exceeds Raft.HeartbeatTimeout %s", c.Raft.LeaderLeaseTimeout, c.Raft.HeartbeatTimeout)
 	}

@@ -321,7 +321,9 @@ func TestForwardingRejectsWrongKey(t *testing.T) {
 
 func TestJoinAndRemove(t *testing.T) {
 	t.Parallel()
-	tc := newTestCluster(t, 3, nil)
+	// Room for a fourth voter: a voter-suffrage node joins as a voter only
+	// while the cluster has fewer than Autopilot.Voters.
+	tc := newTestCluster(t, 3, func(_ int, c *Config) { c.Autopilot.Voters = 4 })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for i := range 20 {
@@ -338,6 +340,7 @@ func TestJoinAndRemove(t *testing.T) {
 	cfg := Config{
 		NodeID: "n3", DataDir: dir, Listener: ln, Join: []string{tc.follower().Addr()},
 		AuthKey: testKey, ProposeTimeout: 5 * time.Second, Raft: testTiming, Logger: testLogger(t),
+		Autopilot: AutopilotConfig{Voters: 4},
 	}
 	joined, err := Open(ctx, cfg)
 	if err != nil {

@@ -21,7 +21,7 @@ func (n *Node) handleForward(ctx context.Context, peerID string, op byte, payloa
 	switch op {
 	case opPropose:
 		return n.handlePropose(ctx, payload)
-	case opAddVoter, opRemove, opTransfer:
+	case opAddVoter, opRemove, opTransfer, opJoinVoter, opJoinNonvoter:
 		id, addr, forwarded, err := decodeMembership(payload)
 		if err != nil {
 			return nil, badRequest("%s: %v", opName(op), err)
@@ -73,7 +73,7 @@ func (n *Node) handlePropose(ctx context.Context, payload []byte) ([]byte, error
 	for len(props) > 0 {
 		chunk := props[:min(len(props), n.cfg.MaxBatch)]
 		props = props[len(chunk):]
-		p := &pending{props: chunk, deadline: deadline, done: make(chan outcome, 1)}
+		p := &pending{props: chunk, deadline: deadline, done: make(chan outcome, 1), queued: time.Now(), forwarded: true}
 		select {
 		case n.batcher.in <- p:
 		case <-ctx.Done():

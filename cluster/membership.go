@@ -141,6 +141,10 @@ func opName(op byte) string {
 		return "remove server"
 	case opTransfer:
 		return "transfer leadership"
+	case opJoinVoter:
+		return "join as voter"
+	case opJoinNonvoter:
+		return "join as non-voter"
 	}
 	return fmt.Sprintf("op %d", op)
 }
@@ -153,6 +157,8 @@ func membershipPayload(id, addr string, forwarded bool) []byte {
 
 func (n *Node) leaderMembershipChange(ctx context.Context, op byte, id, addr string) error {
 	switch op {
+	case opJoinVoter, opJoinNonvoter:
+		return n.leaderJoin(ctx, id, addr, op == opJoinVoter)
 	case opAddVoter:
 		f := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 0)
 		if err := waitFuture(ctx, f); err != nil {
@@ -209,6 +215,42 @@ func (n *Node) leaderMembershipChange(ctx context.Context, op byte, id, addr str
 	return badRequest("unknown membership op %d", op)
 }
 
+// leaderJoin adds a joining node: as a voter when it asks to vote and the
+// configuration has fewer than Autopilot.Voters voters, else as a
+// non-voter (autopilot promotes one if a voter fails). A member already
+// present keeps its suffrage (a re-join after a restart on a wiped disk
+// only re-addresses it).
+func (n *Node) leaderJoin(ctx context.Context, id, addr string, wantsVote bool) error {
+	if id == "" || addr == "" {
+		return badRequest("join: id and address are required (got %q, %q)", id, addr)
+	}
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return mapMembershipError(err)
+	}
+	voters, present, presentVoter := 0, false, false
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+		}
+		if string(s.ID) == id {
+			present, presentVoter = true, s.Suffrage == raft.Voter
+		}
+	}
+	var fut raft.IndexFuture
+	voter := presentVoter || !present && wantsVote && voters < n.cfg.Autopilot.Voters
+	if voter {
+		fut = n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 0)
+	} else {
+		fut = n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 0)
+	}
+	if err := waitFuture(ctx, fut); err != nil {
+		return fmt.Errorf("cluster: join %s at %s: %w", id, addr, mapMembershipError(err))
+	}
+	n.log.Info("cluster: member joined", "id", id, "addr", addr, "voter", voter, "asked_to_vote", wantsVote, "index", fut.Index())
+	return nil
+}
+
 func mapMembershipError(err error) error {
 	if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
 		return retryable(fmt.Errorf("%w: %w", ErrNotLeader, err))
@@ -233,9 +275,9 @@ func (n *Node) serverAddr(id string) string {
 	return ""
 }
 
-// join asks the members in Config.Join, in turn, to add this node as a
-// voter, until one succeeds or ctx ends. A refused handshake (wrong key)
-// fails at once.
+// join asks the members in Config.Join, in turn, to add this node with its
+// configured suffrage, until one succeeds or ctx ends. A refused handshake
+// (wrong key) fails at once.
 func (n *Node) join(ctx context.Context) error {
 	backoff := 50 * time.Millisecond
 	var lastErr error
@@ -245,7 +287,11 @@ func (n *Node) join(ctx context.Context) error {
 				continue
 			}
 			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := n.client.call(cctx, addr, opAddVoter, membershipPayload(n.id, n.addr, false))
+			op := opJoinVoter
+			if n.cfg.Suffrage == SuffrageNonvoter {
+				op = opJoinNonvoter
+			}
+			_, err := n.client.call(cctx, addr, op, membershipPayload(n.id, n.addr, false))
 			cancel()
 			if err == nil {
 				n.log.Info("cluster: joined", "via", addr)

@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -14,6 +15,7 @@ import (
 type metrics struct {
 	reg          prometheus.Registerer
 	commit       prometheus.Histogram
+	stage        *prometheus.HistogramVec
 	proposals    *prometheus.CounterVec
 	batchSize    prometheus.Histogram
 	forwarded    prometheus.Counter
@@ -35,6 +37,15 @@ func newMetrics(reg prometheus.Registerer, nodeID string) (*metrics, error) {
 			ConstLabels: labels,
 			Buckets:     []float64{.0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1},
 		}),
+		stage: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tether_cluster_propose_stage_seconds",
+			Help: "Where a proposal's time goes, by stage: queue (waiting for the leader's batcher or this follower's forwarder to take it), " +
+				"commit (leader: from handing the entry to Raft to its results on the leader's FSM: disk writes, replication, apply), " +
+				"forward (follower: round trip of a forwarded frame, including the leader's queue and commit), " +
+				"follower_apply (follower: from the leader's answer to this node's FSM applying the entry).",
+			ConstLabels: labels,
+			Buckets:     []float64{.0001, .00025, .0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1},
+		}, []string{"stage"}),
 		proposals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name:        "tether_cluster_proposals_total",
 			Help:        "Proposals by outcome (fsm status, or unavailable/closed/halted/error).",
@@ -79,7 +90,7 @@ func newMetrics(reg prometheus.Registerer, nodeID string) (*metrics, error) {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.commit, m.proposals, m.batchSize, m.forwarded, m.isLeader, m.appliedIndex, m.authFailures}
+	return []prometheus.Collector{m.commit, m.stage, m.proposals, m.batchSize, m.forwarded, m.isLeader, m.appliedIndex, m.authFailures}
 }
 
 // unregister removes the node's series (a node reopened in the same
@@ -117,6 +128,21 @@ func (m *metrics) observeFailure(n int, err error) {
 		outcome = "closed"
 	}
 	m.proposals.WithLabelValues(outcome).Add(float64(n))
+}
+
+// Proposal stages (tether_cluster_propose_stage_seconds).
+const (
+	stageQueue         = "queue"
+	stageCommit        = "commit"
+	stageForward       = "forward"
+	stageFollowerApply = "follower_apply"
+)
+
+func (m *metrics) observeStage(stage string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.stage.WithLabelValues(stage).Observe(d.Seconds())
 }
 
 func (m *metrics) observeBatch(n int) {

@@ -62,6 +62,9 @@ type Node struct {
 	metrics   *metrics
 	batcher   *batcher
 	forwarder *forwarder
+	// pilot runs raft-autopilot while this node leads; set once NewRaft
+	// returned (a halt during NewRaft's restore may call setReady before).
+	pilot atomic.Pointer[pilot]
 
 	// ctx lives as long as the node: Close/Kill cancel it, which stops the
 	// batcher, the forwarder, the leadership loop and forwarding handlers.
@@ -278,6 +281,7 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
+	n.pilot.Store(newPilot(n))
 	n.started.Store(true)
 	cleanup = append(cleanup, func() { n.raft.Shutdown().Error() })
 
@@ -290,7 +294,9 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return false
 	})
 	n.raft.RegisterObserver(n.observer)
-	n.wg.Add(4)
+	n.wg.Add(6)
+	go func() { defer n.wg.Done(); n.pilot.Load().run(n.ctx) }()
+	go func() { defer n.wg.Done(); n.batcher.runNudger(n.ctx) }()
 	go func() { defer n.wg.Done(); n.watchLeadership(notify) }()
 	go func() { defer n.wg.Done(); n.watchObservations(obs) }()
 	go func() { defer n.wg.Done(); n.batcher.run(n.ctx) }()
@@ -475,6 +481,7 @@ func (n *Node) setReady(v bool) {
 		return
 	}
 	n.metrics.setLeader(v)
+	n.pilot.Load().setLeader(v)
 	// Latest value wins: replace an unread value.
 	select {
 	case <-n.leaderCh:

@@ -43,6 +43,15 @@ type Status struct {
 	Halted              string       `json:"halted,omitempty"`
 	Peers               []PeerStatus `json:"peers"`
 	LastContact         time.Time    `json:"last_contact"` // last leader contact (followers)
+	// Suffrage is this node's configured suffrage (what it asks to join
+	// as); Voter is whether the configuration has it voting now.
+	Suffrage string `json:"suffrage"`
+	Voter    bool   `json:"voter"`
+	// LastLogTerm is the term of the last entry in this node's log;
+	// LastContactAgoMS how long ago it heard from the leader (0 on the
+	// leader, -1 never). The leader's autopilot judges health from these.
+	LastLogTerm      uint64  `json:"last_log_term"`
+	LastContactAgoMS float64 `json:"last_contact_ago_ms"`
 }
 
 // PeerStatus is one member of the latest configuration.
@@ -50,6 +59,23 @@ type PeerStatus struct {
 	ID    string `json:"id"`
 	Addr  string `json:"addr"`
 	Voter bool   `json:"voter"`
+	// Health is the leader's autopilot view of the member (absent on
+	// followers, and on a leader before its first health round).
+	Health *PeerHealth `json:"health,omitempty"`
+}
+
+// PeerHealth is what the leader's autopilot last measured of a member.
+type PeerHealth struct {
+	Healthy     bool      `json:"healthy"`
+	StableSince time.Time `json:"stable_since"` // when Healthy last changed
+	// LastContactMS: how long before the measurement the member last
+	// heard from the leader (-1: never).
+	LastContactMS float64 `json:"last_contact_ms"`
+	LastTerm      uint64  `json:"last_term"`  // term of its last log entry
+	LastIndex     uint64  `json:"last_index"` // its last log index
+	Lag           uint64  `json:"lag"`        // entries behind the leader's last index
+	Status        string  `json:"status"`     // alive, or failed (unreachable)
+	Suffrage      string  `json:"suffrage"`   // what it is configured as
 }
 
 // Status reports the node's state. It does not block on the network.
@@ -76,6 +102,15 @@ func (n *Node) Status() Status {
 		Version:             n.cfg.Version,
 		Skipped:             n.machine.Skipped(),
 		LastContact:         n.raft.LastContact(),
+		Suffrage:            string(n.cfg.Suffrage),
+		LastLogTerm:         lastLogTerm(n.raft),
+		LastContactAgoMS:    -1,
+	}
+	switch {
+	case n.raft.State() == raft.Leader:
+		s.LastContactAgoMS = 0
+	case !s.LastContact.IsZero():
+		s.LastContactAgoMS = float64(time.Since(s.LastContact)) / float64(time.Millisecond)
 	}
 	if err := n.fatalError(); err != nil {
 		s.Halted = err.Error()
@@ -83,7 +118,14 @@ func (n *Node) Status() Status {
 	if n.raft.State() != raft.Shutdown {
 		if f := n.raft.GetConfiguration(); f.Error() == nil {
 			for _, srv := range f.Configuration().Servers {
-				s.Peers = append(s.Peers, PeerStatus{ID: string(srv.ID), Addr: string(srv.Address), Voter: srv.Suffrage == raft.Voter})
+				p := PeerStatus{ID: string(srv.ID), Addr: string(srv.Address), Voter: srv.Suffrage == raft.Voter}
+				if s.RaftState == raft.Leader.String() {
+					p.Health = n.pilot.Load().health(srv.ID, s.LastLogIndex)
+				}
+				if p.ID == n.id {
+					s.Voter = p.Voter
+				}
+				s.Peers = append(s.Peers, p)
 			}
 		}
 	}

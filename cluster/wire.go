@@ -49,6 +49,11 @@ const (
 	opTransfer byte = 4 // str id | u8 hop → ok
 	opStatus   byte = 5 // → JSON Status
 	opRemoved  byte = 6 // str id | u64 index: the leader tells a node it was removed → ok
+	// A joining node asks to be added with its configured suffrage (same
+	// payload as opAddVoter): the leader adds a voter while fewer than
+	// Autopilot.Voters exist, a non-voter otherwise (opJoinNonvoter always).
+	opJoinVoter    byte = 7
+	opJoinNonvoter byte = 8
 )
 
 // Response codes.

@@ -147,6 +147,14 @@ func (e *Edge) adminCluster(w http.ResponseWriter, r *http.Request) int {
 		t := s.LastContact
 		info.LastLeaderContactAt = &t
 	}
+	if !s.IsLeader && s.LeaderAddr != "" {
+		// Member health (autopilot's) lives on the leader: show its view.
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		if ls, err := e.node.PeerStatus(ctx, s.LeaderAddr); err == nil && ls.IsLeader {
+			info.Peers = ls.Peers
+		}
+		cancel()
+	}
 	if info.Peers == nil {
 		info.Peers = []cluster.PeerStatus{}
 	}

@@ -291,7 +291,76 @@ type ClusterConfig struct {
 	// and uses (0: the highest this build supports), so a new build can
 	// run as the previous release during a rolling upgrade.
 	CompatFeatureLevel uint32 `yaml:"compat_feature_level"`
+	// Suffrage is how this edge joins the Raft group: "voter" (default)
+	// votes while the group has fewer than autopilot.voters voters and
+	// joins as a non-voter otherwise; "nonvoter" never asks to vote (it
+	// replicates and applies the log, serves sticky decisions from its own
+	// state and forwards proposals to the leader). Autopilot may promote
+	// either to replace a failed voter.
+	Suffrage string `yaml:"suffrage"`
+	// Autopilot: the leader's membership management.
+	Autopilot AutopilotConfig `yaml:"autopilot"`
 }
+
+// AutopilotConfig tunes raft-autopilot on the leader (docs/ARCHITECTURE.md
+// "Voters and non-voters").
+type AutopilotConfig struct {
+	// Voters is how many voters the group keeps: a non-voter is promoted
+	// only while fewer are healthy, a failed voter beyond it demoted.
+	Voters int `yaml:"voters"`
+	// StabilizationTime: how long a non-voter must be healthy before it
+	// may be promoted.
+	StabilizationTime time.Duration `yaml:"stabilization_time"`
+	// DeadServerTimeout: a member unreachable this long is removed from
+	// the configuration (negative: never).
+	DeadServerTimeout time.Duration `yaml:"dead_server_timeout"`
+	// LastContactThreshold: older leader contact makes a member unhealthy
+	// (0: 2 × the heartbeat timeout).
+	LastContactThreshold time.Duration `yaml:"last_contact_threshold"`
+	// MaxTrailingLogs: a member further behind is unhealthy.
+	MaxTrailingLogs uint64 `yaml:"max_trailing_logs"`
+	// Interval between health rounds.
+	Interval time.Duration `yaml:"interval"`
+}
+
+// validateAutopilot fills zero autopilot keys with their defaults (a
+// cluster section written before these keys existed keeps working) and
+// checks the rest.
+func validateAutopilot(ap *AutopilotConfig, bad func(key, format string, args ...any)) {
+	if ap.Voters == 0 {
+		ap.Voters = DefaultAutopilotVoters
+	} else if ap.Voters < 1 || ap.Voters > 9 {
+		bad("cluster.autopilot.voters", "must be 1..9 (3 or 5 recommended), got %d", ap.Voters)
+	}
+	if ap.StabilizationTime < 0 {
+		bad("cluster.autopilot.stabilization_time", "must be >= 0, got %s", ap.StabilizationTime)
+	} else if ap.StabilizationTime == 0 {
+		ap.StabilizationTime = DefaultAutopilotStabilize
+	}
+	if ap.DeadServerTimeout == 0 {
+		ap.DeadServerTimeout = DefaultAutopilotDeadServer
+	}
+	if ap.LastContactThreshold < 0 {
+		bad("cluster.autopilot.last_contact_threshold", "must be >= 0 (0: 2 × the heartbeat timeout), got %s", ap.LastContactThreshold)
+	}
+	if ap.Interval < 0 {
+		bad("cluster.autopilot.interval", "must be > 0, got %s", ap.Interval)
+	} else if ap.Interval == 0 {
+		ap.Interval = DefaultAutopilotInterval
+	}
+	if ap.MaxTrailingLogs == 0 {
+		ap.MaxTrailingLogs = DefaultAutopilotTrailingLogs
+	}
+}
+
+// Defaults of the autopilot keys.
+const (
+	DefaultAutopilotVoters       = 3
+	DefaultAutopilotStabilize    = 10 * time.Second
+	DefaultAutopilotDeadServer   = 10 * time.Minute
+	DefaultAutopilotTrailingLogs = 1024
+	DefaultAutopilotInterval     = time.Second
+)
 
 // PeerConfig is one initial voter.
 type PeerConfig struct {
@@ -376,9 +445,13 @@ func DefaultConfig() Config {
 		ContextServers:      ServersConfig{HealthPath: DefaultHealthPath},
 		GenerationServers:   ServersConfig{HealthPath: DefaultHealthPath},
 		Leader:              LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
-		Cluster:             ClusterConfig{}, // propose_timeout derived from the Raft timing in Validate
-		Tracing:             TracingConfig{Exporter: "none"},
-		TLS:                 TLSConfig{Mode: TLSModePlaintext},
+		// propose_timeout is derived from the Raft timing in Validate.
+		Cluster: ClusterConfig{Suffrage: "voter", Autopilot: AutopilotConfig{
+			Voters: DefaultAutopilotVoters, StabilizationTime: DefaultAutopilotStabilize, DeadServerTimeout: DefaultAutopilotDeadServer,
+			MaxTrailingLogs: DefaultAutopilotTrailingLogs, Interval: DefaultAutopilotInterval,
+		}},
+		Tracing: TracingConfig{Exporter: "none"},
+		TLS:     TLSConfig{Mode: TLSModePlaintext},
 	}
 }
 
@@ -947,6 +1020,17 @@ func (c *Config) Validate() error {
 	if cl.DegradedPlacementWindow < 0 {
 		bad("cluster.degraded_placement_window", "must be >= 0 (0: 5 × the election timeout), got %s", cl.DegradedPlacementWindow)
 	}
+	switch cl.Suffrage {
+	case "":
+		cl.Suffrage = "voter"
+	case "voter", "nonvoter":
+	default:
+		bad("cluster.suffrage", "%q is not voter or nonvoter", cl.Suffrage)
+	}
+	if cl.Suffrage == "nonvoter" && cl.Bootstrap {
+		bad("cluster.suffrage", "a nonvoter cannot bootstrap the cluster: set cluster.join (any member's address) instead of cluster.bootstrap")
+	}
+	validateAutopilot(&cl.Autopilot, bad)
 	if cl.CompatFeatureLevel > fsm.FeatureLevelMax {
 		bad("cluster.compat_feature_level", "%d is above the highest level this build supports (%d)", cl.CompatFeatureLevel, fsm.FeatureLevelMax)
 	}

@@ -245,7 +245,13 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 			HeartbeatTimeout: cl.Raft.HeartbeatTimeout, ElectionTimeout: cl.Raft.ElectionTimeout,
 			LeaderLeaseTimeout: cl.Raft.LeaderLeaseTimeout, CommitTimeout: cl.Raft.CommitTimeout,
 		},
-		Archive: cluster.ArchiveOptions{MaxAge: cl.ArchiveMaxAge, MaxEvents: cl.ArchiveMaxEvents},
+		Archive:  cluster.ArchiveOptions{MaxAge: cl.ArchiveMaxAge, MaxEvents: cl.ArchiveMaxEvents},
+		Suffrage: cluster.Suffrage(cl.Suffrage),
+		Autopilot: cluster.AutopilotConfig{
+			Voters: cl.Autopilot.Voters, StabilizationTime: cl.Autopilot.StabilizationTime,
+			DeadServerTimeout: cl.Autopilot.DeadServerTimeout, LastContactThreshold: cl.Autopilot.LastContactThreshold,
+			MaxTrailingLogs: cl.Autopilot.MaxTrailingLogs, Interval: cl.Autopilot.Interval,
+		},
 	}
 	e.deps.ClusterListener = nil // owned by the node from here on
 	for _, p := range cl.Peers {

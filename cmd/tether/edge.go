@@ -25,6 +25,7 @@ func runEdge(ctx context.Context, args []string) error {
 	nodeID := fs.String("node-id", "", "override cluster.node_id")
 	dataDir := fs.String("data-dir", "", "override cluster.data_dir")
 	bindAddr := fs.String("raft-addr", "", "override cluster.bind_addr (Raft and forwarding)")
+	advertiseAddr := fs.String("advertise-addr", "", "override cluster.advertise_addr (e.g. $(POD_IP):7400 for a non-voter Deployment pod)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -40,6 +41,7 @@ func runEdge(ctx context.Context, args []string) error {
 		{*df.port >= 0, func() { cfg.Port = *df.port }},
 		{*df.hostname != "", func() { cfg.Hostname = *df.hostname }},
 		{*nodeID != "", func() { cfg.Cluster.NodeID = *nodeID }},
+		{*advertiseAddr != "", func() { cfg.Cluster.AdvertiseAddr = *advertiseAddr }},
 		{*dataDir != "", func() { cfg.Cluster.DataDir = *dataDir }},
 		{*bindAddr != "", func() { cfg.Cluster.BindAddr = *bindAddr }},
 		{*df.nats != "", func() { cfg.NATS.URLs, cfg.NATS.Embedded = df.natsURLs(), false }},

@@ -17,7 +17,7 @@ func init() {
 
 const operatorUsage = `usage: tether operator <group> <command> [args] --edge URL[,URL...] [--admin-token T | $TETHER_ADMIN_TOKEN]
 
-  raft list-peers                 the Raft configuration and the leader
+  raft list-peers                 the Raft configuration, the leader and each member's health
   raft remove-peer ID             remove a voter (returns once the change committed)
   raft transfer-leader [ID]       hand leadership to ID (or any voter)
   raft add-voter ID ADDR          add a voter at its Raft address host:port
@@ -123,13 +123,24 @@ func runOperator(ctx context.Context, args []string) error {
 		if *asJSON {
 			return writeJSONTo(out, pl)
 		}
-		fmt.Fprintf(out, "%-20s %-28s %-8s %s\n", "ID", "ADDRESS", "VOTER", "LEADER")
+		fmt.Fprintf(out, "%-20s %-28s %-8s %-8s %-8s %-12s %-8s %-6s %s\n", "ID", "ADDRESS", "VOTER", "LEADER", "HEALTHY", "LAST_CONTACT", "LAG", "TERM", "SUFFRAGE")
 		for _, p := range pl.Peers {
 			lead := ""
 			if p.ID == pl.Leader {
 				lead = "leader"
 			}
-			fmt.Fprintf(out, "%-20s %-28s %-8v %s\n", p.ID, p.Addr, p.Voter, lead)
+			healthy, contact, lag, term, suffrage := "?", "?", "?", "?", "?"
+			if h := p.Health; h != nil {
+				healthy, lag, term, suffrage = fmt.Sprint(h.Healthy), fmt.Sprint(h.Lag), fmt.Sprint(h.LastTerm), h.Suffrage
+				contact = "never"
+				if h.LastContactMS >= 0 {
+					contact = fmt.Sprintf("%.0fms", h.LastContactMS)
+				}
+				if h.Status != "alive" {
+					healthy = h.Status
+				}
+			}
+			fmt.Fprintf(out, "%-20s %-28s %-8v %-8s %-8s %-12s %-8s %-6s %s\n", p.ID, p.Addr, p.Voter, lead, healthy, contact, lag, term, suffrage)
 		}
 		if pl.Leader == "" {
 			fmt.Fprintf(out, "(no leader known to %s)\n", pl.Edge)

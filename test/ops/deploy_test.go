@@ -367,7 +367,11 @@ func TestKubernetesManifests(t *testing.T) {
 				}
 				switch kind {
 				case "StatefulSet":
-					checkEdgeStatefulSet(t, m, c, args, byKind)
+					if slices.Contains(args, "--node-id") {
+						checkNonvoterStatefulSet(t, m, c, args, byKind)
+					} else {
+						checkEdgeStatefulSet(t, m, c, args, byKind)
+					}
 				case "Deployment":
 					checkWorkerDeployment(t, m, c, args, tmpl, configMaps, secrets)
 				}
@@ -377,8 +381,8 @@ func TestKubernetesManifests(t *testing.T) {
 			}
 		}
 	}
-	if workloads != 3 {
-		t.Errorf("%d workloads, want the edge StatefulSet and two worker Deployments", workloads)
+	if workloads != 4 {
+		t.Errorf("%d workloads, want the voting and non-voting edge StatefulSets and two worker Deployments", workloads)
 	}
 	for _, kind := range []string{"Service", "PodDisruptionBudget", "NetworkPolicy"} {
 		for name, m := range byKind[kind] {
@@ -490,6 +494,75 @@ func checkEdgeStatefulSet(t *testing.T, sts manifest, c any, args []string, byKi
 	}
 	if len(peers) != replicas {
 		t.Errorf("StatefulSet %s: peers %v, want every pod", name, peers)
+	}
+}
+
+// checkNonvoterStatefulSet: the non-voting edges share one config that
+// parses, asks for suffrage nonvoter and joins through every voter; each
+// pod's node id is its name and it advertises its DNS name through the
+// set's headless Service; an HPA scales the set; the pods never share the
+// voters' selector (the voters' PDB and Raft Service count only voters).
+func checkNonvoterStatefulSet(t *testing.T, sts manifest, c any, args []string, byKind map[string]map[string]manifest) {
+	t.Helper()
+	name, ns := sts.name(), str(sts.doc, "metadata", "namespace")
+	flag := func(f string) string {
+		i := slices.Index(args, f)
+		if i < 0 || i+1 >= len(args) {
+			t.Fatalf("StatefulSet %s: no %s argument in %v", name, f, args)
+		}
+		return args[i+1]
+	}
+	svcName := str(sts.doc, "spec", "serviceName")
+	svc := byKind["Service"][svcName]
+	if svc.doc == nil || str(svc.doc, "spec", "clusterIP") != "None" {
+		t.Fatalf("StatefulSet %s: serviceName %q must be a headless Service (the pods' DNS names)", name, svcName)
+	}
+	if id := flag("--node-id"); id != "$(POD_NAME)" {
+		t.Errorf("StatefulSet %s: --node-id %q, want $(POD_NAME)", name, id)
+	}
+	wantAdv := fmt.Sprintf("$(POD_NAME).%s.%s.svc.cluster.local:%d", svcName, ns, portOf(c, "raft"))
+	if adv := flag("--advertise-addr"); adv != wantAdv {
+		t.Errorf("StatefulSet %s: --advertise-addr %q, want %q", name, adv, wantAdv)
+	}
+	cfgPath := flag("--config")
+	var cm manifest
+	for _, v := range list(sts.doc, "spec", "template", "spec", "volumes") {
+		if str(v, "name") == "config" {
+			cm = byKind["ConfigMap"][str(v, "configMap", "name")]
+		}
+	}
+	data, ok := keysOf(cm)[filepath.Base(cfgPath)]
+	if !ok {
+		t.Fatalf("StatefulSet %s: --config %s is not a key of its config volume", name, cfgPath)
+	}
+	cfg, err := edge.ParseConfig([]byte(data))
+	if err != nil {
+		t.Fatalf("StatefulSet %s: %s: %v", name, cfgPath, err)
+	}
+	checkReadinessNeedsOneWorker(t, cfgPath, cfg)
+	cl := cfg.Cluster
+	if cl.Suffrage != "nonvoter" || cl.Bootstrap || len(cl.Join) != 3 {
+		t.Errorf("%s: suffrage %q bootstrap %v join %v; want nonvoter, false, the three voters", cfgPath, cl.Suffrage, cl.Bootstrap, cl.Join)
+	}
+	voters := byKind["StatefulSet"]["tether-edge"]
+	vsel, _ := dig(voters.doc, "spec", "selector", "matchLabels").(map[string]any)
+	labels, _ := dig(sts.doc, "spec", "template", "metadata", "labels").(map[string]any)
+	if subset(vsel, labels) {
+		t.Errorf("StatefulSet %s: its pods match the voters' selector %v", name, vsel)
+	}
+	for _, j := range cl.Join {
+		if !strings.Contains(j, ".tether-edge-raft.") {
+			t.Errorf("%s: join address %s is not a voter's stable name", cfgPath, j)
+		}
+	}
+	found := false
+	for _, h := range byKind["HorizontalPodAutoscaler"] {
+		if str(h.doc, "spec", "scaleTargetRef", "kind") == "StatefulSet" && str(h.doc, "spec", "scaleTargetRef", "name") == name {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("StatefulSet %s: no HorizontalPodAutoscaler scales it", name)
 	}
 }
 
