@@ -82,7 +82,7 @@ func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *
 		policies:  fs.String("policies", "all", "policies, comma-separated: random, round_robin, least_loaded, session_local, session, prefix, tether (or all)"),
 		timeScale: fs.Float64("time-scale", 1, "multiply the workload's timing (0.5 = twice as fast)"),
 		seed:      fs.Uint64("seed", 1, "seed for the load balancer's edge choice and the random policy"),
-		logKind:   fs.String("log", "raft", "affinity log in sim mode: raft (cluster nodes over loopback TCP) or sequencer (fsm machines, one sequencer)"),
+		logKind:   fs.String("log", "virtual", "affinity log in sim mode: virtual (virtual time, commit latency measured by BenchmarkBindCommit) or sequencer (zero commit latency)"),
 		parallel:  fs.Int("parallel", 0, "concurrent runs in sim mode (0: one per CPU)"),
 		jsonOut:   fs.Bool("json", false, "print one JSON object instead of tables"),
 		edgeURLs:  fs.String("edge-urls", "", "e2e: comma-separated edge base URLs (default: start a local deployment)"),
@@ -336,7 +336,7 @@ func runBenchReport(ctx context.Context, args []string) error {
 	plots := fs.String("plots", "docs/bench", "directory for the PNG plots")
 	micro := fs.String("micro", "", "go test -bench output to publish as the micro-benchmark table")
 	seeds := fs.String("seeds", "1,2,3", "seeds; figures are medians over them")
-	logKind := fs.String("log", "raft", "affinity log: raft or sequencer")
+	logKind := fs.String("log", "virtual", "affinity log: virtual or sequencer")
 	parallel := fs.Int("parallel", 0, "concurrent runs (0: one per CPU)")
 	e2e := fs.Bool("e2e", true, "also replay a subset of the traces against local deployments (one per policy) and compare the ranking with sim mode")
 	if err := parseFlags(fs, args); err != nil {

@@ -75,7 +75,7 @@ func BuildReport(ctx context.Context, opts ReportOptions) (Sections, error) {
 		opts.Seeds = []uint64{1, 2, 3}
 	}
 	if opts.Log == "" {
-		opts.Log = LogRaft
+		opts.Log = LogVirtual
 	}
 	if opts.PlotLink == "" {
 		opts.PlotLink = opts.PlotDir
