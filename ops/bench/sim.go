@@ -88,6 +88,9 @@ type SimConfig struct {
 	// CommitLatency is the affinity log's commit latency with --log
 	// virtual (default MeasuredCommitLatency).
 	CommitLatency CommitLatency
+	// InstanceIDs names the simulated instances (default worker-00, …);
+	// a deployment's names make rendezvous tie-breaks the same as its.
+	InstanceIDs []string
 	// Progress, when set, is called as requests complete.
 	Progress func(done, total int)
 }
@@ -145,6 +148,9 @@ func (c *SimConfig) validate() error {
 	if err := c.CommitLatency.validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if n := len(c.InstanceIDs); n > 0 && n != c.Instances {
+		errs = append(errs, fmt.Errorf("instance ids: %d names for %d instances", n, c.Instances))
+	}
 	if c.TelemetryInterval <= 0 {
 		errs = append(errs, fmt.Errorf("telemetry interval must be > 0, got %v", c.TelemetryInterval))
 	}
@@ -174,12 +180,16 @@ type RequestRecord struct {
 	Call     int // index of the request within its agent's requests
 	Edge     int
 	Instance int
-	Rank     int
-	Arrival  time.Duration // first arrival at an edge (before any shed retry)
-	TTFT     time.Duration // first arrival to first token
-	Prefill  time.Duration // prefill compute time
-	Prompt   int
-	Cached   int
+	// InstanceID names the instance (sim: SimConfig.InstanceIDs or
+	// worker-NN; e2e: the deployment's id).
+	InstanceID string
+	Rank       int
+	Arrival    time.Duration // first arrival at an edge (before any shed retry)
+	Admitted   time.Duration // when the worker received it
+	TTFT       time.Duration // first arrival to first token
+	Prefill    time.Duration // prefill compute time
+	Prompt     int
+	Cached     int
 	// Oversized: the prompt needs more blocks than a rank holds; it was
 	// computed without the cache.
 	Oversized bool
@@ -200,6 +210,7 @@ type RunResult struct {
 	LocalWrites           int // session_local: events applied to the edges' own tables
 	TTLEvictions          int // bindings evicted as idle for session_ttl
 	VirtualEnd            time.Duration
+	Makespan              time.Duration // the last response's end
 	Wall                  time.Duration
 }
 
@@ -426,6 +437,9 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 	ec.CapacityBlocks = cfg.CapacityBlocks / cfg.Ranks
 	for i := 0; i < cfg.Instances; i++ {
 		in := &simInstance{id: fmt.Sprintf("worker-%02d", i), rankCap: ec.CapacityBlocks}
+		if i < len(cfg.InstanceIDs) {
+			in.id = cfg.InstanceIDs[i]
+		}
 		if in.sched, err = adp.New(adp.Options{Ranks: cfg.Ranks, ConversationAffinity: true, Placement: cfg.ADPPlacement}); err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}
@@ -654,8 +668,8 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 	uncached := req.PromptTokens - res.CachedTokens
 	s.res.InstancePrefillTokens[instIdx] += int64(uncached)
 	s.res.Records = append(s.res.Records, RequestRecord{
-		Agent: ar.agent.ID, Root: ar.agent.Root().ID, SubAgent: ar.agent.SubAgent(), Call: call, Edge: edge, Instance: instIdx, Rank: d.Rank,
-		Arrival: firstArrival, TTFT: res.FirstTokenAt - firstArrival, Prefill: res.Prefill,
+		Agent: ar.agent.ID, Root: ar.agent.Root().ID, SubAgent: ar.agent.SubAgent(), Call: call, Edge: edge, Instance: instIdx, InstanceID: in.id, Rank: d.Rank,
+		Arrival: firstArrival, Admitted: s.now, TTFT: res.FirstTokenAt - firstArrival, Prefill: res.Prefill,
 		Prompt: req.PromptTokens, Cached: res.CachedTokens, Oversized: oversized,
 	})
 	if p := &s.edges[edge].pending[instIdx]; true {
@@ -695,6 +709,7 @@ func (s *simulator) finish(fl *inflight) {
 // complete is the response's end: the agent's next step may start.
 func (s *simulator) complete(fl *inflight) {
 	s.completed++
+	s.res.Makespan = max(s.res.Makespan, s.now)
 	if s.cfg.Progress != nil {
 		s.cfg.Progress(s.completed, s.total)
 	}

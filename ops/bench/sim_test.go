@@ -76,6 +76,11 @@ func TestSimulateIsDeterministic(t *testing.T) {
 		if len(a.Records) != 12 {
 			t.Fatalf("%s: %d records, want all 12 requests", p, len(a.Records))
 		}
+		if a.TTLEvictions != 0 {
+			// The traces last seconds, far below session_ttl: the sweeper
+			// stand-in must judge idleness from committed last-use times.
+			t.Fatalf("%s: %d TTL evictions in a replay shorter than the TTL", p, a.TTLEvictions)
+		}
 		if p.usesSharedLog() && a.Commits == 0 {
 			t.Fatalf("%s: no affinity-log commits", p)
 		}
@@ -432,6 +437,34 @@ func TestKVAwareBeatsLeastLoadedOnFirstCalls(t *testing.T) {
 	for _, p := range []Policy{PolicyPrefix, PolicyTether} {
 		if first[string(p)] <= ll {
 			t.Errorf("%s first-call hit rate %.3f, least_loaded %.3f: KV-aware placement must find the shared tool block", p, first[string(p)], ll)
+		}
+	}
+}
+
+// TestSessionTTLJudgesCommittedLastUse: a conversation idle 50 minutes keeps
+// its binding under a one-hour TTL and loses it under a 30-minute one.
+func TestSessionTTLJudgesCommittedLastUse(t *testing.T) {
+	dir := t.TempDir()
+	writeTrace(t, dir, "idle.json", false, traceDoc("idle",
+		req(0, 10*64, 20, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
+		req(3000, 12*64, 20, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+	))
+	w, err := LoadTraces(dir, TraceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		ttl  time.Duration
+		want int
+	}{{time.Hour, 0}, {30 * time.Minute, 1}} {
+		cfg := testConfig()
+		cfg.Policy, cfg.SessionTTL = PolicySession, c.ttl
+		r, err := Simulate(context.Background(), w, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.TTLEvictions != c.want {
+			t.Fatalf("ttl %v: %d evictions, want %d", c.ttl, r.TTLEvictions, c.want)
 		}
 	}
 }

@@ -208,7 +208,7 @@ func (s *simulator) sweep(e *simEdge, key string) {
 	}
 	st := e.dec.Log.State()
 	b, ok := st.Lookup(fsm.FleetContext, key)
-	if !ok || s.now-epoch.Sub(time.Unix(0, b.LastUsed)) <= s.cfg.SessionTTL {
+	if !ok || s.now-time.Unix(0, b.LastUsed).Sub(epoch) <= s.cfg.SessionTTL {
 		return
 	}
 	lg, _ := simLog{s, e}.log()
