@@ -171,6 +171,7 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	smallest := fs.Int("smallest", 0, "replay only the N traces with the fewest prompt tokens (0: all; a cheap subset for e2e)")
 	maxDuration := fs.Duration("max-duration", 0, "replay only traces whose last request starts within this long (0: all)")
 	stagger := fs.Duration("stagger", 0, "start each conversation at an offset in [0, stagger) derived from its trace id (0: all at once)")
+	half := fs.String("half", "", "keep one half of the traces: tuning or validation (sorted by id, alternating; empty: all)")
 	sf := addSimFlags(fs, "3", 6000, 1)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: tether bench replay --traces DIR [flags]\n\ne2e mode scales the workload's timing and the simulated workers' engine time by --time-scale alike\n(e.g. --time-scale 0.05); the sim comparison it prints runs at scale 1.\n\nflags:")
@@ -189,7 +190,7 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	w, err := bench.LoadTraces(*traces, bench.TraceOptions{SharedPrefixBlocks: *shared, Limit: *limit, Smallest: *smallest, MaxDuration: *maxDuration, Stagger: *stagger})
+	w, err := bench.LoadTraces(*traces, bench.TraceOptions{SharedPrefixBlocks: *shared, Limit: *limit, Smallest: *smallest, MaxDuration: *maxDuration, Stagger: *stagger, Half: *half})
 	if err != nil {
 		return err
 	}
@@ -335,7 +336,7 @@ func runBenchReport(ctx context.Context, args []string) error {
 	markdown := fs.String("markdown", "BENCHMARKS.md", "markdown file whose generated sections are rewritten (\"\" = print them)")
 	plots := fs.String("plots", "docs/bench", "directory for the PNG plots")
 	micro := fs.String("micro", "", "go test -bench output to publish as the micro-benchmark table")
-	seeds := fs.String("seeds", "1,2,3", "seeds; figures are medians over them")
+	seeds := fs.String("seeds", "1,2,3,4,5", "seeds; figures are medians over them")
 	logKind := fs.String("log", "virtual", "affinity log: virtual or sequencer")
 	parallel := fs.Int("parallel", 0, "concurrent runs (0: one per CPU)")
 	e2e := fs.Bool("e2e", true, "also replay a subset of the traces against local deployments (one per policy) and compare the ranking with sim mode")
