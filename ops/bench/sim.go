@@ -639,7 +639,16 @@ func (s *simulator) dispatch(ar *agentRun, step, call int, firstArrival time.Dur
 // edge's index.
 func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, affinity string, firstArrival time.Duration) error {
 	in := s.instances[instIdx]
-	d := in.sched.Place(adp.Request{ConversationID: ar.agent.ID, AffinityID: affinity, PromptTokens: req.PromptTokens})
+	preq := adp.Request{ConversationID: ar.agent.ID, AffinityID: affinity, PromptTokens: req.PromptTokens}
+	if s.cfg.ADPPlacement == adp.KVAware {
+		// The worker asks its engine which rank holds the prompt's prefix
+		// (engine.RankPrefixer).
+		preq.CachedTokens = make([]int, len(in.ranks))
+		for r, vr := range in.ranks {
+			preq.CachedTokens[r] = min(vr.Match(req.Blocks)*s.w.BlockSize, req.PromptTokens)
+		}
+	}
+	d := in.sched.Place(preq)
 	if d.Overflow {
 		s.res.RankOverflows++
 	}
