@@ -43,6 +43,7 @@ import (
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/routing/telemetry"
 )
 
@@ -97,7 +98,8 @@ type Edge struct {
 	ln       net.Listener
 	recorder *recorder
 	touches  *touchBatcher
-	fresh    *freshness // is this edge's state current (readyz, degraded placement)
+	decider  *decide.Decider // the routing decision (route.go, routing/decide)
+	fresh    *freshness      // is this edge's state current (readyz, degraded placement)
 	ready    *readiness
 
 	rr          [3]atomic.Uint64 // round-robin counters by fleet
@@ -164,6 +166,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	}
 	e.recorder = newRecorder(e)
 	e.touches = newTouchBatcher()
+	e.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Fleet: edgeFleet{e}, Index: edgeIndex{e}, Overload: e.overload}
 	e.fresh = newFreshness(e)
 	var err error
 	if e.metrics, err = newMetrics(e.registry, e); err != nil {

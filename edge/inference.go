@@ -137,12 +137,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 		// The workers read the same conversation id the hint signs.
 		rq.setConversation(conv)
 	}
-	switch {
-	case rq.id.NewLink:
-		e.recorder.add(rq.id.Link, nil)
-	case rq.id.SubAgent() && rq.id.ConversationID != "":
-		e.touches.addLink(rq.id.ConversationID)
-	}
+	e.decider.RecordIdentity(rq.id) // a new sub-agent's link, or a use of its link
 	span.SetAttributes(attribute.String("tether.conversation_id", rq.id.ConversationID), attribute.Bool("tether.subagent", rq.id.SubAgent()),
 		attribute.Int("tether.prompt_tokens", rq.promptTokens))
 	return e.dispatch(ctx, w, rq, span)

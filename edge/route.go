@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
 	"time"
 
@@ -15,20 +14,20 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/routing/kvindex"
 )
 
-// Decision outcomes (metric label and span attribute).
+// Decision outcomes (metric label and span attribute; routing/decide).
 const (
-	outcomeSticky   = "sticky"
-	outcomeNewBind  = "new_bind"
-	outcomeOverflow = "overflow"
-	outcomeDegraded = "degraded"
-	outcomeShed     = "shed"
-	outcomeUnbound  = "unbound"
-	// outcomeRefused: the log could not commit and this edge's state was
-	// not known to be current, so it did not guess (503, retry).
-	outcomeRefused = "refused"
+	outcomeSticky   = decide.OutcomeSticky
+	outcomeNewBind  = decide.OutcomeNewBind
+	outcomeOverflow = decide.OutcomeOverflow
+	outcomeDegraded = decide.OutcomeDegraded
+	outcomeShed     = decide.OutcomeShed
+	outcomeUnbound  = decide.OutcomeUnbound
+	outcomeRefused  = decide.OutcomeRefused
 )
 
 // retryHint is the Retry-After of a request refused because the log could
@@ -96,7 +95,8 @@ func (e *Edge) views(now time.Time, exclude []string) *routing.Views {
 	return views
 }
 
-// hop is where one fleet's part of a request goes.
+// hop is where one fleet's part of a request goes (routing/decide.Hop, in
+// the names the request path uses).
 type hop struct {
 	fleet    fsm.Fleet
 	key      string
@@ -112,26 +112,56 @@ type hop struct {
 	excluded []string
 }
 
-// routeError turns a routing failure into the client's answer.
-func routeError(f fsm.Fleet, rt routing.Route, err error) *apiError {
-	if err != nil {
-		if errors.Is(err, routing.ErrNoInstances) {
-			return newAPIError(http.StatusServiceUnavailable, "server_error", "no_healthy_instance", "",
-				"no healthy %s instance is available: %v", f, err)
-		}
-		return newAPIError(http.StatusServiceUnavailable, "server_error", "routing_failed", "", "%s routing failed: %v", f, err)
-	}
-	e := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "overloaded", "",
-		"every %s instance is over its load limit; retry after %s", f, rt.RetryAfter)
-	e.retryAfter = rt.RetryAfter
-	return e
+func hopOf(d *decide.Hop) *hop {
+	return &hop{fleet: d.Fleet, key: d.Key, instance: d.Instance, url: d.URL, rank: d.Rank, cached: d.Cached, outcome: d.Outcome,
+		policy: d.Policy, reason: d.Reason, bound: d.Bound, binding: d.Binding, excluded: d.Excluded}
 }
 
-// routeFleet decides where fleet f's part of rq goes: sticky to the key's
-// committed binding (or an overflow), a new placement proposed through the
-// log (the committed winner is used), a degraded placement when the log
-// cannot commit, or an unbound placement for unkeyed requests and routers
-// that do not bind.
+func (h *hop) decided() *decide.Hop {
+	if h == nil {
+		return nil
+	}
+	return &decide.Hop{Fleet: h.fleet, Key: h.key, Instance: h.instance, URL: h.url, Rank: h.rank, Cached: h.cached, Outcome: h.outcome,
+		Policy: h.policy, Reason: h.reason, Bound: h.bound, Binding: h.binding, Excluded: h.excluded}
+}
+
+// failureError turns a decision's failure into the client's answer.
+func (e *Edge) failureError(f *decide.Failure) *apiError {
+	switch f.Kind {
+	case decide.FailNoInstances:
+		return newAPIError(http.StatusServiceUnavailable, "server_error", "no_healthy_instance", "",
+			"no healthy %s instance is available: %v", f.Fleet, f.Err)
+	case decide.FailRouting:
+		return newAPIError(http.StatusServiceUnavailable, "server_error", "routing_failed", "", "%s routing failed: %v", f.Fleet, f.Err)
+	case decide.FailShed:
+		ae := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "overloaded", "",
+			"every %s instance is over its load limit; retry after %s", f.Fleet, f.RetryAfter)
+		ae.retryAfter = f.RetryAfter
+		return ae
+	case decide.FailLog:
+		return newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
+			"recording the %s placement of %q failed: %v", f.Fleet, f.Key, f.Err)
+	case decide.FailRejected:
+		return newAPIError(http.StatusServiceUnavailable, "server_error", "placement_rejected", "",
+			"the affinity log rejected placing %s key %q on %s: %s", f.Fleet, f.Key, f.Instance, f.Detail)
+	case decide.FailStateUnknown:
+		e.metrics.decisions.WithLabelValues(f.Fleet.String(), routing.PolicyDegraded, outcomeRefused).Inc()
+		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_state_unknown", "",
+			"the affinity log cannot commit right now and this edge cannot place %s key %q without it: %s; retry shortly (another edge, or this one once the log recovers, will place it)",
+			f.Fleet, truncate(f.Key, 200), f.Detail)
+		ae.retryAfter = e.retryHint()
+		return ae
+	case decide.FailNoAlternative:
+		return newAPIError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
+			"%s instance %s failed and no other instance can take the request", f.Fleet, f.Instance)
+	}
+	return newAPIError(http.StatusServiceUnavailable, "server_error", "routing_failed", "", "%s routing failed: %v", f.Fleet, f)
+}
+
+// routeFleet decides where fleet f's part of rq goes (routing/decide: sticky
+// to the key's committed binding or an overflow, a new placement proposed
+// through the log, a degraded placement when the log cannot commit, or an
+// unbound placement), and predicts the prompt there.
 func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *apiError) {
 	ctx, span := e.tracer.Start(ctx, "tether.edge route "+f.String(), trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
@@ -165,226 +195,23 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 	return h, nil
 }
 
-func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *apiError) {
-	router := e.routers[f]
-	now := rq.now
-	h := &hop{fleet: f, key: rq.id.Key(f), rank: -1}
-	if prev != nil {
-		h.excluded = append(h.excluded, prev.excluded...)
-		h.excluded = append(h.excluded, prev.instance)
-	}
-	views := e.views(now, h.excluded)
-	st := e.node.State()
-	req := routing.Request{
-		Fleet: f, Key: h.key, ConversationID: rq.id.ConversationID, RequestID: rq.requestID, Edge: e.nodeID,
+// routingRequest is rq as routing sees it on fleet f.
+func (e *Edge) routingRequest(rq *request, f fsm.Fleet, rr uint64) routing.Request {
+	return routing.Request{
+		Fleet: f, Key: rq.id.Key(f), ConversationID: rq.id.ConversationID, RequestID: rq.requestID, Edge: e.nodeID,
 		Priority: rq.priority, PromptTokens: rq.promptTokens, Blocks: rq.blocks,
-		Spread: routing.SpreadFor(rq.requestID), RoundRobin: e.rr[f].Add(1) - 1, Now: now,
+		Spread: routing.SpreadFor(rq.requestID), RoundRobin: rr, Now: rq.now,
 	}
-	in := routing.Inputs{Views: views, Bindings: st, Prefix: e.fleet.Index(), Overload: e.overload}
-	set := func(rt routing.Route, outcome string) {
-		h.instance, h.url, h.rank, h.cached, h.outcome = rt.Instance, rt.URL, rt.Rank, rt.CachedTokens, outcome
-		h.policy = rt.Decision.Policy
-		h.reason = rt.Reason
-		if h.url == "" {
-			if v, ok := views.Lookup(rt.Instance); ok {
-				h.url = v.URL
-			} else if rec, ok := st.Instance(rt.Instance); ok {
-				h.url = rec.URL
-			}
-		}
-	}
-
-	if h.key == "" || !router.Config().Type.Binds() {
-		rt, err := router.Place(req, in)
-		if err != nil || rt.Action == routing.ActionShed {
-			return nil, routeError(f, rt, err)
-		}
-		set(rt, outcomeUnbound)
-		return h, nil
-	}
-
-	// A key placed while the log could not commit stays where it went
-	// until its Bind is recorded.
-	if b, ok := e.recorder.degradedBinding(f, h.key); ok {
-		if _, bound := st.Lookup(f, h.key); !bound {
-			rt, err := router.RouteBound(req, b, in)
-			if err == nil && rt.Action == routing.ActionSticky {
-				set(rt, outcomeDegraded)
-				h.policy, h.bound, h.binding = routing.PolicyDegraded, true, b
-				return h, nil
-			}
-		}
-	}
-
-	if b, ok := st.Lookup(f, h.key); ok {
-		return e.routeBound(ctx, rq, h, router, req, in, b, set)
-	}
-
-	rt, err := router.Place(req, in)
-	if err != nil || rt.Action == routing.ActionShed {
-		return nil, routeError(f, rt, err)
-	}
-	if rt.Action != routing.ActionBind {
-		set(rt, outcomeUnbound)
-		return h, nil
-	}
-	if e.logDown() {
-		return e.placeDegraded(rq, h, router, req, in, set)
-	}
-	res, err := e.propose(ctx, rt.BindEvent(req))
-	switch {
-	case errors.Is(err, cluster.ErrUnavailable):
-		if b, ok := e.boundAfterTimeout(ctx, f, h.key); ok {
-			return e.routeBound(ctx, rq, h, router, req, in, b, set)
-		}
-		return e.placeDegraded(rq, h, router, req, in, set)
-	case err != nil:
-		return nil, newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
-			"recording the %s placement of %q failed: %v", f, h.key, err)
-	case res.Status == fsm.StatusRejected || !res.Found:
-		// The log refused the instance (it went down meanwhile): route
-		// by what the log says now.
-		if b, ok := e.node.State().Lookup(f, h.key); ok {
-			return e.routeBound(ctx, rq, h, router, req, in, b, set)
-		}
-		return nil, newAPIError(http.StatusServiceUnavailable, "server_error", "placement_rejected", "",
-			"the affinity log rejected placing %s key %q on %s: %s", f, h.key, rt.Instance, res.Reason)
-	}
-	won := res.Binding
-	if won.Instance != rt.Instance {
-		// Another edge bound the key first: its placement is the one
-		// every edge uses.
-		return e.routeBound(ctx, rq, h, router, req, in, won, set)
-	}
-	set(rt, outcomeNewBind)
-	h.bound, h.binding = true, won
-	return h, nil
 }
 
-// routeBound routes a key bound to b: sticky, or an overflow recorded in
-// the log (a rebind moves the binding for every edge).
-func (e *Edge) routeBound(ctx context.Context, rq *request, h *hop, router *routing.Router, req routing.Request, in routing.Inputs,
-	b fsm.Binding, set func(routing.Route, string)) (*hop, *apiError) {
-	if e.unheardAtStartup(req.Now, h.fleet, b.Instance, h.excluded, in.Views) {
-		set(routing.Route{Action: routing.ActionSticky, Instance: b.Instance, Rank: -1}, outcomeSticky)
-		h.policy, h.bound, h.binding = "bound", true, b
-		e.touches.add(fsm.FleetKey{Fleet: h.fleet, Key: h.key})
-		return h, nil
+// decide is the shared decision (routing/decide) for fleet f's part of rq.
+func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *apiError) {
+	req := e.routingRequest(rq, f, e.rr[f].Add(1)-1)
+	d, fail := e.decider.Decide(ctx, e.routers[f], req, prev.decided())
+	if fail != nil {
+		return nil, e.failureError(fail)
 	}
-	rt, err := router.RouteBound(req, b, in)
-	if err != nil || rt.Action == routing.ActionShed {
-		return nil, routeError(h.fleet, rt, err)
-	}
-	h.bound, h.binding = true, b
-	switch rt.Action {
-	case routing.ActionOverflow:
-		set(rt, outcomeOverflow)
-		ev := rt.OverflowEvent(req)
-		if ev.Reason == fsm.OverflowCacheLost && e.node.State().FeatureLevel() < fsm.FeatureLevelRanks {
-			// The reason is new at level 2; an older voter would record it
-			// unnamed. Its nearest older name: the cache stopped paying.
-			ev.Reason = fsm.OverflowCircuitOpen
-		}
-		if len(h.excluded) > 0 {
-			// A retry after a failed hop: record the overflow before
-			// sending (the brief's rule for retrying a bound key).
-			pctx, cancel := context.WithTimeout(ctx, e.cfg.Cluster.ProposeTimeout)
-			if _, err := e.propose(pctx, ev); err != nil {
-				e.log.Warn("recording an overflow failed; retrying anyway", "fleet", h.fleet, "key", h.key, "err", err)
-			}
-			cancel()
-		} else {
-			e.recorder.add(ev, nil)
-		}
-		if rt.Rebind {
-			h.binding.Instance = rt.Instance
-		}
-	default:
-		set(rt, outcomeSticky)
-		if h.policy == "" {
-			h.policy = "bound"
-		}
-		e.touches.add(fsm.FleetKey{Fleet: h.fleet, Key: h.key})
-	}
-	return h, nil
-}
-
-// unheardAtStartup reports whether inst, a key's bound instance, is one
-// this edge has not heard from since it (re)started, while the startup gate
-// is open (readiness) and the log records it up. Such an instance is not
-// known to be unhealthy, only not yet heard: the key stays on it (at the
-// log's URL) instead of detouring. Without this, a restarted edge that gets
-// traffic before the workers' telemetry reaches it detoured every bound
-// conversation it served, and lost the detours' records when it was killed
-// again (the soak caught it). An instance that is really gone fails the
-// hop, and the retry overflows as usual, recorded before it is sent.
-func (e *Edge) unheardAtStartup(now time.Time, f fsm.Fleet, inst string, excluded []string, views *routing.Views) bool {
-	if slices.Contains(excluded, inst) {
-		return false
-	}
-	if views != nil {
-		if _, ok := views.Lookup(inst); ok {
-			return false
-		}
-	}
-	if seen, ok := e.fleet.Instance(inst, now); (ok && !seen.LastSeen.IsZero()) || !e.ready.inStartupGate(now) {
-		return false
-	}
-	rec, ok := e.node.State().Instance(inst)
-	return ok && rec.Fleet == f && rec.Status == fsm.InstanceUp && rec.URL != ""
-}
-
-// boundAfterTimeout looks for a binding of key after its Bind timed out.
-// A timed-out Bind may still commit, and another edge may have bound the
-// key first; under load both are the common case, not a dead log. So this
-// edge applies what its log already knows committed (waiting at most
-// propose_timeout) and serves the key from the binding it then finds, as
-// for any bound key, instead of refusing it for lack of a fresh state
-// (issue 13, D1). ok is false when the key is still unbound.
-func (e *Edge) boundAfterTimeout(ctx context.Context, f fsm.Fleet, key string) (fsm.Binding, bool) {
-	if b, ok := e.node.State().Lookup(f, key); ok {
-		return b, true
-	}
-	// Committed entries apply shortly; entries held but not known committed
-	// (no quorum) may never be, so they are not waited for.
-	s := e.node.Status()
-	if target := s.CommitIndex; target > s.AppliedIndex {
-		wctx, cancel := context.WithTimeout(ctx, e.cfg.Cluster.ProposeTimeout)
-		_ = e.node.WaitApplied(wctx, target)
-		cancel()
-	}
-	return e.node.State().Lookup(f, key)
-}
-
-// placeDegraded places a new key by rendezvous over the instances the log
-// last agreed on, serves it, and remembers to record the Bind.
-//
-// Only an edge whose state is known to be current guesses (freshness): a
-// lagging one may not know that the log already bound the key elsewhere,
-// so it answers 503 with Retry-After instead; the client's retry (here once
-// the log commits or the state catches up, or on another edge) is placed
-// correctly.
-func (e *Edge) placeDegraded(rq *request, h *hop, router *routing.Router, req routing.Request, in routing.Inputs,
-	set func(routing.Route, string)) (*hop, *apiError) {
-	if ok, why := e.fresh.degradedAllowed(e.now()); !ok {
-		e.metrics.decisions.WithLabelValues(h.fleet.String(), routing.PolicyDegraded, outcomeRefused).Inc()
-		aerr := newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_state_unknown", "",
-			"the affinity log cannot commit right now and this edge cannot place %s key %q without it: %s; retry shortly (another edge, or this one once the log recovers, will place it)",
-			h.fleet, truncate(h.key, 200), why)
-		aerr.retryAfter = e.retryHint()
-		return nil, aerr
-	}
-	rt, err := router.PlaceDegraded(req, e.node.State().Instances(), in)
-	if err != nil {
-		return nil, routeError(h.fleet, rt, err)
-	}
-	set(rt, outcomeDegraded)
-	bind := rt.BindEvent(req)
-	e.recorder.addDegraded(bind)
-	h.bound = true
-	h.binding = fsm.Binding{Fleet: bind.Fleet, Key: bind.Key, ConversationID: bind.ConversationID, Instance: bind.Instance, Decision: bind.Decision}
-	e.log.Debug("degraded placement", "fleet", h.fleet, "key", h.key, "instance", rt.Instance)
-	return h, nil
+	return hopOf(d), nil
 }
 
 // reroute picks another instance after a failed hop: a bound key overflows
@@ -395,32 +222,87 @@ func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *ap
 	if !failed.bound {
 		return e.routeFleet(ctx, rq, failed.fleet, failed)
 	}
-	router := e.routers[failed.fleet]
-	excluded := append(append([]string(nil), failed.excluded...), failed.instance)
-	views := e.views(rq.now, excluded)
-	st := e.node.State()
-	req := routing.Request{
-		Fleet: failed.fleet, Key: failed.key, ConversationID: rq.id.ConversationID, RequestID: rq.requestID, Edge: e.nodeID,
-		Priority: rq.priority, PromptTokens: rq.promptTokens, Blocks: rq.blocks, Spread: routing.SpreadFor(rq.requestID), Now: rq.now,
+	d, fail := e.decider.Reroute(ctx, e.routers[failed.fleet], e.routingRequest(rq, failed.fleet, 0), failed.decided())
+	if fail != nil {
+		return nil, e.failureError(fail)
 	}
-	in := routing.Inputs{Views: views, Bindings: st, Prefix: e.fleet.Index(), Overload: e.overload}
-	h := &hop{fleet: failed.fleet, key: failed.key, rank: -1, excluded: excluded}
-	b := failed.binding
-	b.Instance = failed.instance
-	set := func(rt routing.Route, outcome string) {
-		h.instance, h.url, h.rank, h.cached, h.outcome, h.policy, h.reason = rt.Instance, rt.URL, rt.Rank, rt.CachedTokens, outcome, rt.Decision.Policy, rt.Reason
-	}
-	out, aerr := e.routeBound(ctx, rq, h, router, req, in, b, set)
-	if aerr != nil {
-		return nil, aerr
-	}
-	if out.instance == failed.instance {
-		return nil, newAPIError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
-			"%s instance %s failed and no other instance can take the request", failed.fleet, failed.instance)
-	}
+	out := hopOf(d)
 	e.metrics.decisions.WithLabelValues(failed.fleet.String(), out.policy, out.outcome).Inc()
-	e.fleet.Index().Predict(out.instance, rq.blocks, rq.now)
 	return out, nil
+}
+
+// edgeLog is the affinity log as the decision reads it (routing/decide.Log).
+type edgeLog struct{ e *Edge }
+
+func (l edgeLog) State() *fsm.State { return l.e.node.State() }
+
+func (l edgeLog) Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) {
+	res, err := l.e.propose(ctx, ev)
+	if errors.Is(err, cluster.ErrUnavailable) {
+		err = fmt.Errorf("%w: %w", decide.ErrUnavailable, err)
+	}
+	return res, err
+}
+
+func (l edgeLog) Down(time.Time) bool { return l.e.logDown() }
+
+// AwaitCommitted waits (at most propose_timeout) until this edge applied the
+// entries its node knows committed; entries held but not known committed
+// (no quorum) may never be, so they are not waited for.
+func (l edgeLog) AwaitCommitted(ctx context.Context) {
+	s := l.e.node.Status()
+	if target := s.CommitIndex; target > s.AppliedIndex {
+		wctx, cancel := context.WithTimeout(ctx, l.e.cfg.Cluster.ProposeTimeout)
+		_ = l.e.node.WaitApplied(wctx, target)
+		cancel()
+	}
+}
+
+// edgeRecorder is the recorder and touch batcher (background.go) as the
+// decision uses them (routing/decide.Recorder).
+type edgeRecorder struct{ e *Edge }
+
+func (r edgeRecorder) Record(ev fsm.Event) { r.e.recorder.add(ev, nil) }
+
+func (r edgeRecorder) RecordNow(ctx context.Context, ev fsm.Event) {
+	pctx, cancel := context.WithTimeout(ctx, r.e.cfg.Cluster.ProposeTimeout)
+	defer cancel()
+	if _, err := r.e.propose(pctx, ev); err != nil {
+		r.e.log.Warn("recording an overflow failed; retrying anyway", "event", ev.Type().String(), "err", err)
+	}
+}
+
+func (r edgeRecorder) RecordDegraded(b fsm.Bind) {
+	r.e.recorder.addDegraded(b)
+	r.e.log.Debug("degraded placement", "fleet", b.Fleet, "key", b.Key, "instance", b.Instance)
+}
+
+func (r edgeRecorder) DegradedBinding(f fsm.Fleet, key string) (fsm.Binding, bool) {
+	return r.e.recorder.degradedBinding(f, key)
+}
+
+func (r edgeRecorder) Touch(k fsm.FleetKey)   { r.e.touches.add(k) }
+func (r edgeRecorder) TouchLink(child string) { r.e.touches.addLink(child) }
+
+// edgeFleet is this edge's fleet view as the decision reads it
+// (routing/decide.Fleet).
+type edgeFleet struct{ e *Edge }
+
+func (f edgeFleet) Views(now time.Time, exclude []string) *routing.Views {
+	return f.e.views(now, exclude)
+}
+
+func (f edgeFleet) UnheardAtStartup(now time.Time, inst string) bool {
+	if seen, ok := f.e.fleet.Instance(inst, now); ok && !seen.LastSeen.IsZero() {
+		return false
+	}
+	return f.e.ready.inStartupGate(now)
+}
+
+// DegradedAllowed judges freshness at the edge's clock, as before the
+// decision moved (the request's Now may be a little older).
+func (f edgeFleet) DegradedAllowed(time.Time) (bool, string) {
+	return f.e.fresh.degradedAllowed(f.e.now())
 }
 
 // observeRank records, off the request path, the attention-DP rank a worker
@@ -464,4 +346,20 @@ func hopLabel(h *hop, rank string) string {
 		rank = "-"
 	}
 	return fmt.Sprintf("%s/%s", h.instance, rank)
+}
+
+// edgeIndex is the fleet view's KV index (routing/decide.Index); the fleet
+// view exists from Start on.
+type edgeIndex struct{ e *Edge }
+
+func (x edgeIndex) Match(blocks []uint64, now time.Time, dst []kvindex.Match) []kvindex.Match {
+	return x.e.fleet.Index().Match(blocks, now, dst)
+}
+
+func (x edgeIndex) Holds(instance string, block uint64, now time.Time) (bool, bool) {
+	return x.e.fleet.Index().Holds(instance, block, now)
+}
+
+func (x edgeIndex) Predict(instance string, blocks []uint64, now time.Time) {
+	x.e.fleet.Index().Predict(instance, blocks, now)
 }

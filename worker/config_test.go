@@ -142,7 +142,7 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"bad instance", "instance_id: a.b\nmodel: m\n", "instance_id: instance id \"a.b\""},
 		{"missing model", "instance_id: w1\n", "model: required"},
 		{"placement", base + "enable_attention_dp: true\nattention_dp_config:\n  kv_cache_routing_new_conv_placement: fastest\n",
-			`attention_dp_config.kv_cache_routing_new_conv_placement: unknown value "fastest" (allowed: round_robin, least_tokens, least_queued)`},
+			`attention_dp_config.kv_cache_routing_new_conv_placement: unknown value "fastest" (allowed: round_robin, least_tokens, least_queued, kv_aware)`},
 		{"fleet", base + "fleet: prefill\n", `fleet: unknown value "prefill" (want context or generation)`},
 		{"role", base + "server_role: decode\n", `server_role: unknown value "decode"`},
 		{"port type", base + "port: eighty\n", `port: want an integer, got "eighty"`},

@@ -260,6 +260,9 @@ func (x *exchange) serve() (int, string) {
 		// policy, without conversation or sub-agent bindings.
 		placeReq.ConversationID, placeReq.AffinityID = "", ""
 	}
+	if rp, ok := s.eng.(engine.RankPrefixer); ok && s.sched.Placement() == adp.KVAware {
+		placeReq.CachedTokens = rp.CachedPrefix(p.prompt)
+	}
 	d := s.sched.Place(placeReq)
 	defer func() {
 		s.sched.Finish(&d.Ticket)

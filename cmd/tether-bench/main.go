@@ -53,8 +53,8 @@ func report(ctx context.Context, args []string) error {
 	markdown := fs.String("markdown", "BENCHMARKS.md", "markdown file whose generated sections are rewritten (\"\" = print them)")
 	plotDir := fs.String("plots", "docs/bench", "directory for the PNG plots")
 	micro := fs.String("micro", "", "go test -bench output to publish as the micro-benchmark table")
-	seeds := fs.String("seeds", "1,2,3", "seeds; figures are medians over them")
-	logKind := fs.String("log", "raft", "affinity log: raft or sequencer")
+	seeds := fs.String("seeds", "1,2,3,4,5", "seeds; figures are medians over them")
+	logKind := fs.String("log", "virtual", "affinity log: virtual or sequencer")
 	parallel := fs.Int("parallel", 0, "concurrent runs (0: one per CPU)")
 	e2e := fs.Bool("e2e", true, "also replay a subset of the traces against local deployments (one per policy) and compare the ranking with sim mode")
 	if err := fs.Parse(args); err != nil {

@@ -81,7 +81,7 @@ func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *
 		policies:  fs.String("policies", "all", "policies, comma-separated: random, round_robin, least_loaded, session_local, session, prefix, tether (or all)"),
 		timeScale: fs.Float64("time-scale", 1, "multiply the workload's timing (0.5 = twice as fast)"),
 		seed:      fs.Uint64("seed", 1, "seed for the load balancer's edge choice and the random policy"),
-		logKind:   fs.String("log", "raft", "affinity log in sim mode: raft (cluster nodes over loopback TCP) or sequencer (fsm machines, one sequencer)"),
+		logKind:   fs.String("log", "virtual", "affinity log in sim mode: virtual (virtual time, commit latency measured by BenchmarkBindCommit) or sequencer (zero commit latency)"),
 		parallel:  fs.Int("parallel", 0, "concurrent runs in sim mode (0: one per CPU)"),
 		jsonOut:   fs.Bool("json", false, "print one JSON object instead of tables"),
 		edgeURLs:  fs.String("edge-urls", "", "e2e: comma-separated edge base URLs (default: start a local deployment)"),
@@ -170,6 +170,7 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	smallest := fs.Int("smallest", 0, "replay only the N traces with the fewest prompt tokens (0: all; a cheap subset for e2e)")
 	maxDuration := fs.Duration("max-duration", 0, "replay only traces whose last request starts within this long (0: all)")
 	stagger := fs.Duration("stagger", 0, "start each conversation at an offset in [0, stagger) derived from its trace id (0: all at once)")
+	half := fs.String("half", "", "keep one half of the traces: tuning or validation (sorted by id, alternating; empty: all)")
 	sf := addSimFlags(fs, "3", 6000, 1)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: tether bench replay --traces DIR [flags]\n\ne2e mode scales the workload's timing and the simulated workers' engine time by --time-scale alike\n(e.g. --time-scale 0.05); the sim comparison it prints runs at scale 1.\n\nflags:")
@@ -188,7 +189,7 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	w, err := bench.LoadTraces(*traces, bench.TraceOptions{SharedPrefixBlocks: *shared, Limit: *limit, Smallest: *smallest, MaxDuration: *maxDuration, Stagger: *stagger})
+	w, err := bench.LoadTraces(*traces, bench.TraceOptions{SharedPrefixBlocks: *shared, Limit: *limit, Smallest: *smallest, MaxDuration: *maxDuration, Stagger: *stagger, Half: *half})
 	if err != nil {
 		return err
 	}

@@ -38,6 +38,9 @@ type E2EOptions struct {
 	// RouteHeader is the edge's debug header naming the instances used
 	// (x-tether-route); records get Instance -1 without it.
 	RouteHeader string
+	// EdgeFor, when set, picks the edge of each request (agent id, call
+	// number) instead of the seeded random choice, as SimConfig.EdgeFor.
+	EdgeFor func(agent string, call int) int
 	// MaxShedRetries bounds 429 retries per request (default 20).
 	MaxShedRetries int
 }
@@ -138,6 +141,7 @@ func ReplayE2E(ctx context.Context, w *Workload, o E2EOptions) (*RunResult, erro
 	for i := range res.Records {
 		if id := r.instanceOf[i]; id != "" {
 			res.Records[i].Instance = slices.Index(ids, id)
+			res.Records[i].InstanceID = id
 		}
 	}
 	for _, id := range ids {
@@ -264,6 +268,9 @@ func (r *e2eRun) send(ctx context.Context, a *Agent, req *Request, call int) err
 		r.mu.Lock()
 		edge := r.rng.IntN(len(r.o.EdgeURLs))
 		r.mu.Unlock()
+		if r.o.EdgeFor != nil {
+			edge = r.o.EdgeFor(a.ID, call) % len(r.o.EdgeURLs)
+		}
 		out, retry, err := r.post(ctx, edge, a, payload)
 		if errors.Is(err, errContextLength) {
 			// The worker refuses a prompt larger than a rank's KV

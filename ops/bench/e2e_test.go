@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -95,5 +96,94 @@ func TestE2EAgainstLocalDeployments(t *testing.T) {
 	}
 	if md := cmp.Markdown(); !strings.Contains(md, "reproduces the sim ranking") {
 		t.Fatalf("markdown: %s", md)
+	}
+}
+
+// TestSimPlacesLikeALocalDeployment replays a short workload (the agent
+// patterns one after another, 30 s apart, so telemetry and KV events
+// settle between them) through a real 3-edge in-process deployment
+// (ops/devstack: edges on loopback Raft, NATS, simulated workers over HTTP)
+// and through the simulator, each request through the same edge, and
+// checks that every request reached the same context instance: both run
+// the same decision (routing/decide).
+func TestSimPlacesLikeALocalDeployment(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a local deployment")
+	}
+	// One execution of each pattern, 30 s apart (engine time): different
+	// prompts, so placements spread; the supervisor's second execution
+	// shares its first's system and tool prefix. Not tag: its sub-agents
+	// are new keys placed while their siblings load the instance, so the
+	// placement depends on how fresh each edge's load view is — timing the
+	// simulator models but cannot reproduce request by request.
+	var w *Workload
+	for i, p := range []Pattern{PatternSupervisor, PatternReAct, PatternFanout, PatternSupervisor} {
+		pw, err := Agents(AgentOptions{Pattern: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rename func(a *Agent)
+		rename = func(a *Agent) {
+			a.ID = fmt.Sprintf("%s-%d", a.ID, i)
+			for _, st := range a.Steps {
+				if st.SubAgent != nil {
+					rename(st.SubAgent)
+				}
+			}
+		}
+		for _, a := range pw.Agents {
+			rename(a)
+			a.Start += time.Duration(i) * 30 * time.Second
+		}
+		if w == nil {
+			w = pw
+			continue
+		}
+		w.Agents = append(w.Agents, pw.Agents...)
+	}
+	edgeFor := func(agent string, call int) int { return int((stringHash(agent) + uint64(call)) % 3) }
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	local := LocalE2EOptions{Edges: 3, ContextWorkers: 4, GenerationWorkers: 1, Ranks: 1, CapacityBlocks: 4096, TimeScale: 0.1, Seed: 1,
+		EdgeFor: edgeFor}
+	real, err := ReplayLocalE2E(ctx, w, PolicyTether, local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig()
+	cfg.Policy, cfg.Log = PolicyTether, LogVirtual
+	cfg.Instances, cfg.Ranks, cfg.CapacityBlocks, cfg.Edges = 4, 1, 4096, 3
+	cfg.InstanceIDs = []string{"ctx-1", "ctx-2", "ctx-3", "ctx-4"}
+	cfg.EdgeFor = edgeFor
+	sim, err := Simulate(ctx, w, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type call struct {
+		agent string
+		n     int
+	}
+	simAt := map[call]string{}
+	for _, r := range sim.Records {
+		simAt[call{r.Agent, r.Call}] = r.InstanceID
+	}
+	if len(real.Records) != len(sim.Records) || len(real.Records) == 0 {
+		t.Fatalf("deployment recorded %d requests, simulator %d", len(real.Records), len(sim.Records))
+	}
+	used := map[string]bool{}
+	for _, r := range real.Records {
+		used[r.InstanceID] = true
+		if got := simAt[call{r.Agent, r.Call}]; got != r.InstanceID {
+			t.Errorf("%s call %d: deployment placed it on %q, simulator on %q", r.Agent, r.Call, r.InstanceID, got)
+		}
+	}
+	t.Logf("%d requests, same placement each, over instances %v", len(real.Records), used)
+	if t.Failed() {
+		for _, r := range real.Records {
+			t.Logf("%s call %d edge %d: real %s cached %d/%d, sim %s", r.Agent, r.Call, r.Edge, r.InstanceID, r.Cached, r.Prompt, simAt[call{r.Agent, r.Call}])
+		}
+		for _, r := range sim.Records {
+			t.Logf("sim %s call %d edge %d at %v: %s cached %d/%d", r.Agent, r.Call, r.Edge, r.Arrival, r.InstanceID, r.Cached, r.Prompt)
+		}
 	}
 }

@@ -46,6 +46,8 @@ type LocalE2EOptions struct {
 	// (zero: the edge's default).
 	Overflow routing.OverflowConfig
 	Progress func(done, total int)
+	// EdgeFor, when set, picks each request's edge (E2EOptions.EdgeFor).
+	EdgeFor func(agent string, call int) int
 	// ReadyTimeout bounds the deployment's start (default 60s).
 	ReadyTimeout time.Duration
 }
@@ -144,7 +146,7 @@ func ReplayLocalE2E(ctx context.Context, w *Workload, p Policy, o LocalE2EOption
 	defer tr.CloseIdleConnections()
 	res, err := ReplayE2E(ctx, w, E2EOptions{
 		EdgeURLs: urls, Model: stack.Model(), ParentHeader: devstack.ParentHeader, TimeScale: o.TimeScale, Seed: o.Seed,
-		Client: &http.Client{Transport: tr}, Label: p, Progress: o.Progress, RouteHeader: edge.HeaderRoute,
+		Client: &http.Client{Transport: tr}, Label: p, Progress: o.Progress, RouteHeader: edge.HeaderRoute, EdgeFor: o.EdgeFor,
 	})
 	if err != nil {
 		return nil, err

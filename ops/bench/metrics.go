@@ -1,9 +1,12 @@
 package bench
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"time"
+
+	"github.com/tether-project/tether/worker/kvcache"
 )
 
 // Summary is one run's figures, as --json prints them.
@@ -14,10 +17,15 @@ type Summary struct {
 	SubagentHitRate float64 `json:"subagent_hit_rate"`
 	PrefillTokens   int64   `json:"prefill_tokens"`
 	TTFTP50Ms       float64 `json:"ttft_p50_ms"`
+	TTFTP90Ms       float64 `json:"ttft_p90_ms"`
 	TTFTP99Ms       float64 `json:"ttft_p99_ms"`
-	LoadCoV         float64 `json:"load_cov"`
-	Overflows       int     `json:"overflows"`
-	Commits         int     `json:"commits"`
+	// MakespanMs: first arrival to the last response's end.
+	MakespanMs float64 `json:"makespan_ms"`
+	// Utilisation: prefill compute time over (instances × makespan).
+	Utilisation float64 `json:"utilisation"`
+	LoadCoV     float64 `json:"load_cov"`
+	Overflows   int     `json:"overflows"`
+	Commits     int     `json:"commits"`
 
 	// Beyond the documented fields.
 	Requests      int     `json:"requests"`
@@ -71,7 +79,12 @@ func Summarize(r *RunResult) Summary {
 	s.PrefillMs = ms(prefill)
 	slices.Sort(ttfts)
 	s.TTFTP50Ms = ms(Percentile(ttfts, 0.50))
+	s.TTFTP90Ms = ms(Percentile(ttfts, 0.90))
 	s.TTFTP99Ms = ms(Percentile(ttfts, 0.99))
+	s.MakespanMs = ms(r.Makespan)
+	if n := len(r.InstancePrefillTokens); n > 0 && r.Makespan > 0 {
+		s.Utilisation = float64(prefill) / (float64(n) * float64(r.Makespan))
+	}
 	s.LoadCoV = CoV(r.InstancePrefillTokens)
 	s.SubagentFirstCallHitRate = ratio(firstCached, firstPrompt)
 	for _, t := range r.InstancePrefillTokens {
@@ -80,11 +93,12 @@ func Summarize(r *RunResult) Summary {
 	return s
 }
 
-// StickyBalanceBound is the load CoV a sticky policy could reach with
-// hindsight: each root conversation (with its sub-agents) is one
-// indivisible job weighing the prefill tokens it computed in run r, packed
-// onto instances largest first (LPT). A sticky policy places a conversation
-// before knowing its size, so it cannot do better than this on these jobs.
+// StickyBalanceBound is the load CoV of a hindsight packing heuristic, not a
+// bound: each root conversation (with its sub-agents) is one indivisible job
+// weighing the prefill tokens it computed in run r, packed onto instances
+// largest first (LPT, a greedy heuristic within 4/3 of the optimal
+// makespan). It shows how even a sticky placement of these jobs could be
+// with hindsight; an optimal packing may be more even.
 func StickyBalanceBound(r *RunResult, instances int) float64 {
 	if instances < 1 {
 		return 0
@@ -165,6 +179,66 @@ func UpperBound(w *Workload) float64 {
 		prompt += int64(r.PromptTokens)
 		hit += int64(min(n*w.BlockSize, r.PromptTokens))
 	})
+	return ratio(hit, prompt)
+}
+
+// UpperBoundFitting is UpperBound crediting nothing to prompts longer than
+// maxBlocks (an instance's, or a rank's, cache): no placement can cache
+// them, so neither bound credits them (they still count as prompt tokens).
+func UpperBoundFitting(w *Workload, maxBlocks int) float64 {
+	seen := map[uint64]struct{}{}
+	var prompt, hit int64
+	w.WalkRequests(func(_ *Agent, r *Request) {
+		prompt += int64(r.PromptTokens)
+		if len(r.Blocks) > maxBlocks {
+			return
+		}
+		n := 0
+		for n < len(r.Blocks) {
+			if _, ok := seen[r.Blocks[n]]; !ok {
+				break
+			}
+			n++
+		}
+		for _, b := range r.Blocks[n:] {
+			seen[b] = struct{}{}
+		}
+		hit += int64(min(n*w.BlockSize, r.PromptTokens))
+	})
+	return ratio(hit, prompt)
+}
+
+// PooledBound is the capacity-aware reference: one cache of totalBlocks
+// (the fleet's total capacity) with the workers' eviction (worker/kvcache,
+// LRU of unreferenced blocks), serving every request in the order run r
+// admitted them, one at a time. It is perfect routing without
+// fragmentation: no placement can find more of the fleet's cache than one
+// pool holds. Prompts longer than maxBlocks (one instance's cache) are
+// credited nothing and not stored, as in UpperBoundFitting.
+func PooledBound(w *Workload, r *RunResult, totalBlocks, maxBlocks int) float64 {
+	calls := map[string][]*Request{}
+	w.WalkRequests(func(a *Agent, q *Request) { calls[a.ID] = append(calls[a.ID], q) })
+	order := slices.Clone(r.Records)
+	slices.SortStableFunc(order, func(a, b RequestRecord) int { return cmp.Compare(a.Admitted, b.Admitted) })
+	c := kvcache.New(totalBlocks)
+	var prompt, hit int64
+	for _, rec := range order {
+		qs := calls[rec.Agent]
+		if rec.Call >= len(qs) {
+			continue
+		}
+		q := qs[rec.Call]
+		prompt += int64(q.PromptTokens)
+		if len(q.Blocks) > maxBlocks {
+			continue
+		}
+		n, _, _, err := c.Acquire(q.Blocks)
+		if err != nil {
+			continue // larger than the pool: cannot be cached
+		}
+		c.Release(q.Blocks)
+		hit += int64(min(n*w.BlockSize, q.PromptTokens))
+	}
 	return ratio(hit, prompt)
 }
 

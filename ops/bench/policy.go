@@ -34,6 +34,11 @@ const (
 	// to the worker's ADP scheduler), KV-aware placement of new keys,
 	// overflow and rebinding, the cache circuit breaker.
 	PolicyTether Policy = "tether"
+	// PolicyTetherLocal: tether's decision with per-edge state — each
+	// edge keeps its own binding table (no shared log), its own index and
+	// breakers: the "independent replicas" counterpart of tether, as
+	// session_local is of session.
+	PolicyTetherLocal Policy = "tether_local"
 )
 
 // Tether ablations, for investigating where tether wins or loses: the same
@@ -62,15 +67,23 @@ const (
 var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind}
 
 func (p Policy) isTether() bool {
-	return p == PolicyTether || p == PolicyTetherNoParent || p == PolicyTetherNoOverflow || p == PolicyTetherParentFirst || p == PolicyTetherNoCacheRebind
+	return p == PolicyTether || p == PolicyTetherLocal || p == PolicyTetherNoParent || p == PolicyTetherNoOverflow || p == PolicyTetherParentFirst || p == PolicyTetherNoCacheRebind
 }
 
 // AllPolicies lists every policy in report order.
-var AllPolicies = []Policy{PolicyRandom, PolicyRoundRobin, PolicyLeastLoaded, PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether}
+var AllPolicies = []Policy{PolicyRandom, PolicyRoundRobin, PolicyLeastLoaded, PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTetherLocal, PolicyTether}
 
 // usesSharedLog reports whether the policy keeps bindings in the shared
 // affinity log (its commits are counted).
-func (p Policy) usesSharedLog() bool { return p == PolicySession || p.isTether() }
+func (p Policy) usesSharedLog() bool {
+	return p == PolicySession || (p.isTether() && p != PolicyTetherLocal)
+}
+
+// local reports whether each edge keeps its own binding table.
+func (p Policy) local() bool { return p == PolicySessionLocal || p == PolicyTetherLocal }
+
+// binds reports whether the policy keys requests by conversation.
+func (p Policy) binds() bool { return p == PolicySession || p == PolicySessionLocal || p.isTether() }
 
 // usesKVIndex reports whether edges keep a KV index for the policy.
 func (p Policy) usesKVIndex() bool { return p == PolicyPrefix || p.isTether() }

@@ -26,9 +26,15 @@ type ReplayOptions struct {
 
 // Report is a comparison's outcome.
 type Report struct {
-	Mode       string    `json:"mode"`
-	UpperBound float64   `json:"upper_bound_hit_rate"`
-	Policies   []Summary `json:"policies"`
+	Mode       string  `json:"mode"`
+	UpperBound float64 `json:"upper_bound_hit_rate"`
+	// FittingBound is the infinite-cache bound without credit for prompts
+	// larger than a rank's cache; PooledBound the capacity-aware reference
+	// (one cache of the fleet's total capacity, in the admission order of
+	// the first tether run, else the first run).
+	FittingBound float64   `json:"fitting_bound_hit_rate,omitempty"`
+	PooledBound  float64   `json:"pooled_bound_hit_rate,omitempty"`
+	Policies     []Summary `json:"policies"`
 	// Runs hold the raw results (records only with KeepRecords), in the
 	// order of Policies.
 	Runs []*RunResult `json:"-"`
@@ -96,7 +102,16 @@ func Replay(ctx context.Context, w *Workload, opts ReplayOptions) (*Report, erro
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	rep := &Report{Mode: "sim", UpperBound: UpperBound(w)}
+	maxBlocks := opts.Base.CapacityBlocks / max(opts.Base.Ranks, 1)
+	rep := &Report{Mode: "sim", UpperBound: UpperBound(w), FittingBound: UpperBoundFitting(w, maxBlocks)}
+	ref := results[0]
+	for _, r := range results {
+		if r.Policy == PolicyTether {
+			ref = r
+			break
+		}
+	}
+	rep.PooledBound = PooledBound(w, ref, opts.Base.CapacityBlocks*opts.Base.Instances, maxBlocks)
 	for _, r := range results {
 		rep.Policies = append(rep.Policies, Summarize(r))
 		if !opts.KeepRecords {

@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"slices"
 	"time"
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/routing/kvindex"
 	"github.com/tether-project/tether/worker/adp"
 	"github.com/tether-project/tether/worker/engine"
@@ -81,12 +81,23 @@ type SimConfig struct {
 	// says plus the requests they dispatched to it since, as the edge's
 	// fleet view does.
 	TelemetryInterval time.Duration
+	// KVFlushInterval is how often a worker publishes its KV events (the
+	// worker's default, 100ms): a request's stored and evicted blocks reach
+	// the edges' indexes at the first flush after its prefill ends.
+	KVFlushInterval time.Duration
+	// CommitLatency is the affinity log's commit latency with --log
+	// virtual (default MeasuredCommitLatency).
+	CommitLatency CommitLatency
+	// InstanceIDs names the simulated instances (default worker-00, …);
+	// a deployment's names make rendezvous tie-breaks the same as its.
+	InstanceIDs []string
 	// Progress, when set, is called as requests complete.
 	Progress func(done, total int)
 }
 
 // DefaultSimConfig is the reference setup: 8 instances, 1 rank, 6,000 KV
-// blocks per instance, 3 edges, real Raft.
+// blocks per instance, 3 edges, the virtual-time log with measured commit
+// latency.
 func DefaultSimConfig() SimConfig {
 	return SimConfig{
 		Policy:            PolicyTether,
@@ -96,7 +107,9 @@ func DefaultSimConfig() SimConfig {
 		CapacityBlocks:    6000,
 		TimeScale:         1,
 		Seed:              1,
-		Log:               LogRaft,
+		Log:               LogVirtual,
+		CommitLatency:     MeasuredCommitLatency,
+		KVFlushInterval:   100 * time.Millisecond,
 		TouchInterval:     time.Second,
 		TelemetryInterval: 100 * time.Millisecond,
 		SessionTTL:        10 * time.Minute,
@@ -129,6 +142,15 @@ func (c *SimConfig) validate() error {
 	if c.SessionTTL < 0 {
 		errs = append(errs, fmt.Errorf("session TTL must be >= 0, got %v", c.SessionTTL))
 	}
+	if c.KVFlushInterval <= 0 {
+		errs = append(errs, fmt.Errorf("kv flush interval must be > 0, got %v", c.KVFlushInterval))
+	}
+	if err := c.CommitLatency.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if n := len(c.InstanceIDs); n > 0 && n != c.Instances {
+		errs = append(errs, fmt.Errorf("instance ids: %d names for %d instances", n, c.Instances))
+	}
 	if c.TelemetryInterval <= 0 {
 		errs = append(errs, fmt.Errorf("telemetry interval must be > 0, got %v", c.TelemetryInterval))
 	}
@@ -158,12 +180,16 @@ type RequestRecord struct {
 	Call     int // index of the request within its agent's requests
 	Edge     int
 	Instance int
-	Rank     int
-	Arrival  time.Duration // first arrival at an edge (before any shed retry)
-	TTFT     time.Duration // first arrival to first token
-	Prefill  time.Duration // prefill compute time
-	Prompt   int
-	Cached   int
+	// InstanceID names the instance (sim: SimConfig.InstanceIDs or
+	// worker-NN; e2e: the deployment's id).
+	InstanceID string
+	Rank       int
+	Arrival    time.Duration // first arrival at an edge (before any shed retry)
+	Admitted   time.Duration // when the worker received it
+	TTFT       time.Duration // first arrival to first token
+	Prefill    time.Duration // prefill compute time
+	Prompt     int
+	Cached     int
 	// Oversized: the prompt needs more blocks than a rank holds; it was
 	// computed without the cache.
 	Oversized bool
@@ -184,6 +210,7 @@ type RunResult struct {
 	LocalWrites           int // session_local: events applied to the edges' own tables
 	TTLEvictions          int // bindings evicted as idle for session_ttl
 	VirtualEnd            time.Duration
+	Makespan              time.Duration // the last response's end
 	Wall                  time.Duration
 }
 
@@ -220,12 +247,21 @@ type simInstance struct {
 	inflight []*inflight
 	recent   []*inflight // finished within the last telemetry interval
 	kvSeq    uint64
+	// KV batches not yet published: each is ready once its request's
+	// prefill ended, and goes out at the worker's next flush (in order).
+	kvPending []pendingBatch
+	kvArmed   bool
 
 	// The last load report (taken at reportAt).
 	reportAt             time.Duration
 	reported             bool
 	repQueued, repActive int
 	repActiveTok         int64
+}
+
+type pendingBatch struct {
+	ready time.Duration
+	batch kvindex.Batch
 }
 
 // dispatch is a request an edge sent to an instance: it counts in the
@@ -253,14 +289,18 @@ type inflight struct {
 }
 
 type simEdge struct {
+	num      int
 	id       string
 	pending  [][]dispatch // per instance, since its last report
 	index    *kvindex.Index
-	local    *sequencerLog // session_local: this edge's own binding table
+	local    *virtualLog // session_local: this edge's own binding table
 	rr       uint64
 	breakers *routing.CacheBreakers
-
-	lastUsedLocal map[string]time.Duration
+	overload *routing.OverloadTracker // the edge's own (edge/route.go views)
+	dec      *decide.Decider
+	// waitUntil: the virtual time the current decision's synchronous
+	// proposals committed (the request waits for them).
+	waitUntil time.Duration
 
 	touchKeys    []fsm.FleetKey
 	touchLinks   []string
@@ -285,6 +325,8 @@ const (
 	evDone     // the worker's part ends: ticket, load, blocks, usage
 	evComplete // the response's last token: the agent moves on
 	evTouchFlush
+	evAdmit   // a request whose placement waited for a commit reaches its worker
+	evKVFlush // a worker publishes its ready KV batches
 )
 
 type event struct {
@@ -298,6 +340,9 @@ type event struct {
 	call         int
 	fl           *inflight
 	edge         int
+	// evAdmit: the placement; evKVFlush: the instance.
+	inst     int
+	affinity string
 }
 
 type eventQueue []*event
@@ -328,10 +373,9 @@ type simulator struct {
 	instances []*simInstance
 	byID      map[string]int
 	edges     []*simEdge
-	log       affinityLog
+	log       *virtualLog
 	router    *routing.Router
 	ident     routing.IdentityConfig
-	overload  *routing.OverloadTracker
 	lbRand    *rand.Rand
 	edgeTurn  uint64
 	pickRand  *rand.Rand
@@ -340,7 +384,8 @@ type simulator struct {
 	completed int
 	ctx       context.Context
 	setupLogs int
-	lastUsed  map[string]time.Duration // key → last routed (virtual), shared log
+	emptyLog  *fsm.Machine // the state policies without a log read
+	err       error        // the first error a decision adapter met
 }
 
 func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator, err error) {
@@ -348,8 +393,7 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 		cfg:      cfg,
 		w:        w,
 		byID:     map[string]int{},
-		lastUsed: map[string]time.Duration{},
-		overload: routing.NewOverloadTracker(),
+		emptyLog: fsm.NewMachine(),
 		lbRand:   rand.New(rand.NewPCG(cfg.Seed, 0x6c62)),
 		pickRand: rand.New(rand.NewPCG(cfg.Seed, 0x7069)),
 		res:      &RunResult{Policy: cfg.Policy, Edges: cfg.Edges, InstancePrefillTokens: make([]int64, cfg.Instances)},
@@ -393,6 +437,9 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 	ec.CapacityBlocks = cfg.CapacityBlocks / cfg.Ranks
 	for i := 0; i < cfg.Instances; i++ {
 		in := &simInstance{id: fmt.Sprintf("worker-%02d", i), rankCap: ec.CapacityBlocks}
+		if i < len(cfg.InstanceIDs) {
+			in.id = cfg.InstanceIDs[i]
+		}
 		if in.sched, err = adp.New(adp.Options{Ranks: cfg.Ranks, ConversationAffinity: true, Placement: cfg.ADPPlacement}); err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}
@@ -410,50 +457,48 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 		// Edges have been running: their round-robin counters stand at
 		// arbitrary positions (all at 0 would send every edge's first
 		// request to the same instance).
-		ed := &simEdge{id: fmt.Sprintf("edge-%d", e), touchPending: map[string]bool{}, rr: s.lbRand.Uint64() % uint64(cfg.Instances),
-			pending: make([][]dispatch, cfg.Instances), lastUsedLocal: map[string]time.Duration{}}
+		ed := &simEdge{num: e, id: fmt.Sprintf("edge-%d", e), touchPending: map[string]bool{}, rr: s.lbRand.Uint64() % uint64(cfg.Instances),
+			pending: make([][]dispatch, cfg.Instances), overload: routing.NewOverloadTracker()}
 		if cfg.Policy.usesKVIndex() {
 			ed.index = kvindex.New(kvindex.Config{PredictTTL: rc.PredictTTL})
 		}
-		if cfg.Policy == PolicySessionLocal {
-			ed.local = newSequencerLog(1)
+		if cfg.Policy.local() {
+			ed.local = newVirtualLog(1, CommitLatency{}, 0) // the edge's own table: no commit wait
 		}
 		if cfg.Policy.isTether() && !cfg.NoBreaker {
 			if ed.breakers, err = routing.NewCacheBreakers(rc.Breaker); err != nil {
 				return nil, fmt.Errorf("bench: %w", err)
 			}
 		}
+		ed.dec = s.decider(ed)
 		s.edges = append(s.edges, ed)
 	}
 	if cfg.Policy.usesSharedLog() {
-		switch cfg.Log {
-		case LogRaft:
-			if s.log, err = newRaftLog(ctx, cfg.Edges); err != nil {
-				return nil, err
-			}
-		default:
-			s.log = newSequencerLog(cfg.Edges)
+		lat := cfg.CommitLatency
+		if cfg.Log == LogSequencer {
+			lat = CommitLatency{}
 		}
+		s.log = newVirtualLog(cfg.Edges, lat, cfg.Seed)
 		// Register the workers the way the deployment does.
 		var evs []fsm.Event
 		for _, in := range s.instances {
 			evs = append(evs, fsm.InstanceState{Instance: in.id, Fleet: fsm.FleetContext, URL: "sim://" + in.id,
 				Status: fsm.InstanceUp, Version: "sim", FeatureLevel: fsm.FeatureLevelMax, Ranks: uint32(cfg.Ranks)})
 		}
-		if _, err := s.log.Propose(ctx, 0, epoch, evs); err != nil {
-			return nil, errors.Join(err, s.log.Close(ctx))
+		// Registered before the replay: committed at virtual time 0.
+		saved := s.log.latency
+		s.log.latency = CommitLatency{}
+		_, _, err := s.log.Propose(0, evs)
+		s.log.latency = saved
+		if err != nil {
+			return nil, err
 		}
 		s.setupLogs = s.log.Commits()
 	}
 	return s, nil
 }
 
-func (s *simulator) close(ctx context.Context) error {
-	if s.log != nil {
-		return s.log.Close(ctx)
-	}
-	return nil
-}
+func (s *simulator) close(context.Context) error { return nil }
 
 func (s *simulator) push(ev *event) {
 	s.seq++
@@ -490,6 +535,11 @@ func (s *simulator) run(ctx context.Context) error {
 			s.complete(ev.fl)
 		case evTouchFlush:
 			err = s.flushTouches(ev.edge)
+		case evAdmit:
+			req := ev.agent.agent.Steps[ev.step].Request
+			err = s.admit(ev.agent, req, ev.call, ev.edge, ev.inst, ev.affinity, ev.firstArrival)
+		case evKVFlush:
+			err = s.flushKV(ev.inst)
 		}
 		if err != nil {
 			return err
@@ -500,9 +550,6 @@ func (s *simulator) run(ctx context.Context) error {
 	}
 	s.res.VirtualEnd = s.now
 	if s.log != nil {
-		if err := s.log.Drain(ctx); err != nil {
-			return err
-		}
 		s.res.Commits = s.log.Commits() - s.setupLogs
 	}
 	for _, e := range s.edges {
@@ -577,6 +624,12 @@ func (s *simulator) dispatch(ar *agentRun, step, call int, firstArrival time.Dur
 		s.push(&event{at: s.now + max(retry, time.Millisecond), kind: evRetry, agent: ar, step: step, call: call, firstArrival: firstArrival})
 		return nil
 	}
+	if at := s.edges[edge].waitUntil; at > s.now {
+		// The placement waited for its Bind (or a retry's Overflow) to
+		// commit before the request went on.
+		s.push(&event{at: at, kind: evAdmit, agent: ar, step: step, call: call, firstArrival: firstArrival, edge: edge, inst: inst, affinity: affinity})
+		return nil
+	}
 	return s.admit(ar, req, call, edge, inst, affinity, firstArrival)
 }
 
@@ -586,7 +639,16 @@ func (s *simulator) dispatch(ar *agentRun, step, call int, firstArrival time.Dur
 // edge's index.
 func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, affinity string, firstArrival time.Duration) error {
 	in := s.instances[instIdx]
-	d := in.sched.Place(adp.Request{ConversationID: ar.agent.ID, AffinityID: affinity, PromptTokens: req.PromptTokens})
+	preq := adp.Request{ConversationID: ar.agent.ID, AffinityID: affinity, PromptTokens: req.PromptTokens}
+	if s.cfg.ADPPlacement == adp.KVAware {
+		// The worker asks its engine which rank holds the prompt's prefix
+		// (engine.RankPrefixer).
+		preq.CachedTokens = make([]int, len(in.ranks))
+		for r, vr := range in.ranks {
+			preq.CachedTokens[r] = min(vr.Match(req.Blocks)*s.w.BlockSize, req.PromptTokens)
+		}
+	}
+	d := in.sched.Place(preq)
 	if d.Overflow {
 		s.res.RankOverflows++
 	}
@@ -607,20 +669,16 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 	if len(res.Stored) > 0 || len(res.Removed) > 0 {
 		in.kvSeq++
 		batch := kvindex.Batch{Instance: in.id, Boot: 1, Seq: in.kvSeq, Events: []kvindex.RankEvent{{Rank: d.Rank, Removed: res.Removed, Stored: res.Stored}}}
-		for _, e := range s.edges {
-			if e.index == nil {
-				continue
-			}
-			if out, err := e.index.Apply(batch); err != nil || out != kvindex.Applied {
-				return fmt.Errorf("bench: %s: kv batch %d of %s: outcome %v: %w", e.id, batch.Seq, in.id, out, err)
-			}
-		}
+		// The blocks exist once the prefill computed them; the worker
+		// publishes them at its next flush.
+		in.kvPending = append(in.kvPending, pendingBatch{ready: res.FirstTokenAt, batch: batch})
+		s.armKVFlush(instIdx)
 	}
 	uncached := req.PromptTokens - res.CachedTokens
 	s.res.InstancePrefillTokens[instIdx] += int64(uncached)
 	s.res.Records = append(s.res.Records, RequestRecord{
-		Agent: ar.agent.ID, Root: ar.agent.Root().ID, SubAgent: ar.agent.SubAgent(), Call: call, Edge: edge, Instance: instIdx, Rank: d.Rank,
-		Arrival: firstArrival, TTFT: res.FirstTokenAt - firstArrival, Prefill: res.Prefill,
+		Agent: ar.agent.ID, Root: ar.agent.Root().ID, SubAgent: ar.agent.SubAgent(), Call: call, Edge: edge, Instance: instIdx, InstanceID: in.id, Rank: d.Rank,
+		Arrival: firstArrival, Admitted: s.now, TTFT: res.FirstTokenAt - firstArrival, Prefill: res.Prefill,
 		Prompt: req.PromptTokens, Cached: res.CachedTokens, Oversized: oversized,
 	})
 	if p := &s.edges[edge].pending[instIdx]; true {
@@ -660,6 +718,7 @@ func (s *simulator) finish(fl *inflight) {
 // complete is the response's end: the agent's next step may start.
 func (s *simulator) complete(fl *inflight) {
 	s.completed++
+	s.res.Makespan = max(s.res.Makespan, s.now)
 	if s.cfg.Progress != nil {
 		s.cfg.Progress(s.completed, s.total)
 	}
@@ -702,7 +761,7 @@ func (s *simulator) views(e *simEdge) (*routing.Views, error) {
 		if e.breakers != nil {
 			v.CacheDegraded = e.breakers.Open(in.id, now)
 		}
-		s.overload.Observe(in.id, s.router.Condition(&v) != 0, now)
+		e.overload.Observe(in.id, s.router.Condition(&v) != 0, now)
 		vs[i] = v
 	}
 	return routing.NewViews(vs)
@@ -732,221 +791,4 @@ func (in *simInstance) report(at time.Duration) {
 	for _, fl := range in.recent {
 		count(fl)
 	}
-}
-
-// route picks the instance for a request at edge e. It returns inst -1
-// with a retry delay when the request is shed, and the affinity id the
-// worker's scheduler receives from a verified sub-agent hint.
-func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst int, affinity string, retry time.Duration, err error) {
-	e := s.edges[edge]
-	if s.cfg.Policy == PolicyRandom {
-		return s.pickRand.IntN(len(s.instances)), "", 0, nil
-	}
-	views, err := s.views(e)
-	if err != nil {
-		return 0, "", 0, err
-	}
-	now := epoch.Add(s.now)
-	requestID := fmt.Sprintf("%s#%d", ar.agent.ID, call)
-	rreq := routing.Request{
-		Fleet: fsm.FleetContext, Key: ar.agent.ID, ConversationID: ar.agent.ID, RequestID: requestID, Edge: e.id,
-		PromptTokens: req.PromptTokens, Spread: routing.SpreadFor(requestID), Now: now,
-	}
-	in := routing.Inputs{Views: views, Overload: s.overload}
-	if e.index != nil {
-		in.Prefix = e.index
-		rreq.Blocks = req.Blocks
-	}
-	var rt routing.Route
-	switch s.cfg.Policy {
-	case PolicyRoundRobin:
-		rreq.RoundRobin = e.rr
-		e.rr++
-		rt, err = s.router.Place(rreq, in)
-	case PolicyLeastLoaded, PolicyPrefix:
-		rt, err = s.router.Place(rreq, in)
-	default:
-		return s.routeKeyed(e, edge, ar, rreq, in, call)
-	}
-	if err != nil {
-		return 0, "", 0, err
-	}
-	if rt.Action == routing.ActionShed {
-		return -1, "", rt.RetryAfter, nil
-	}
-	if e.index != nil {
-		e.index.Predict(rt.Instance, req.Blocks, now)
-	}
-	return s.byID[rt.Instance], "", 0, nil
-}
-
-// routeKeyed is the edge's request path for the binding policies: identity
-// (parent header for tether), binding lookup in the edge's replica, sticky /
-// overflow / placement, and the log proposals the route calls for.
-func (s *simulator) routeKeyed(e *simEdge, edge int, ar *agentRun, rreq routing.Request, in routing.Inputs, call int) (int, string, time.Duration, error) {
-	ctx := s.ctx
-	now := rreq.Now
-	state := func() *fsm.State {
-		if e.local != nil {
-			return e.local.State(0)
-		}
-		return s.log.State(edge)
-	}
-	propose := func(evs []fsm.Event) ([]fsm.Result, error) {
-		if e.local != nil {
-			return e.local.Propose(ctx, 0, now, evs)
-		}
-		return s.log.Propose(ctx, edge, now, evs)
-	}
-	h := http.Header{}
-	h.Set("x-session-id", ar.agent.ID)
-	if ar.agent.Parent != nil && (s.cfg.Policy != PolicyTetherParentFirst || call == 0) {
-		// The agent gateway sends the parent header on every sub-agent
-		// request (only tether configures it, so the others ignore it).
-		h.Set(ParentHeader, ar.agent.Parent.ID)
-	}
-	st := state()
-	id, err := routing.ResolveIdentity(s.ident, "", h, st)
-	if err != nil {
-		return 0, "", 0, err
-	}
-	rreq.Key = id.Key(fsm.FleetContext)
-	rreq.ConversationID = id.ConversationID
-	in.Bindings = st
-	var pre []fsm.Event
-	if id.NewLink {
-		pre = append(pre, id.Link)
-	}
-	b, bound := st.Lookup(fsm.FleetContext, rreq.Key)
-	if bound && s.cfg.SessionTTL > 0 {
-		if last, ok := e.lastUse(s, rreq.Key); ok && s.now-last > s.cfg.SessionTTL {
-			// The edge's TTL sweeper would have evicted it by now.
-			if _, err := propose([]fsm.Event{fsm.Evict{Fleet: fsm.FleetContext, Key: rreq.Key, Reason: fsm.EvictTTL, Epoch: b.Epoch}}); err != nil {
-				return 0, "", 0, err
-			}
-			s.res.TTLEvictions++
-			st = state()
-			in.Bindings = st
-			b, bound = st.Lookup(fsm.FleetContext, rreq.Key)
-		}
-	}
-	if last, ok := e.lastUse(s, rreq.Key); ok && bound {
-		// A raft log stamps entries with wall time, the router judges a
-		// binding's idleness (cache_lost_min_idle) against virtual time:
-		// give it the key's last use in virtual time.
-		b.LastUsed = epoch.Add(last).UnixNano()
-	}
-	s.used(e, rreq.Key)
-	var rt routing.Route
-	if bound {
-		rt, err = s.router.RouteBound(rreq, b, in)
-	} else {
-		rt, err = s.router.Place(rreq, in)
-	}
-	if err != nil {
-		return 0, "", 0, err
-	}
-	instance := rt.Instance
-	switch rt.Action {
-	case routing.ActionShed:
-		return -1, "", rt.RetryAfter, nil
-	case routing.ActionSticky:
-		s.touch(e, edge, rreq.Key, id)
-	case routing.ActionBind:
-		rs, err := propose(append(pre, rt.BindEvent(rreq)))
-		if err != nil {
-			return 0, "", 0, err
-		}
-		pre = nil
-		r := rs[len(rs)-1]
-		// A retried proposal reports StatusDuplicate with the binding in
-		// force; either way the committed binding is the one to use.
-		if !r.Found {
-			return 0, "", 0, fmt.Errorf("bind %s to %s: %v %s", rreq.Key, rt.Instance, r.Status, r.Reason)
-		}
-		instance = r.Binding.Instance // the committed winner
-	case routing.ActionOverflow:
-		if _, err := propose(append(pre, rt.OverflowEvent(rreq))); err != nil {
-			return 0, "", 0, err
-		}
-		pre = nil
-		s.res.Overflows++
-		if rt.Rebind {
-			s.res.Rebinds++
-		}
-	}
-	if len(pre) > 0 {
-		if _, err := propose(pre); err != nil {
-			return 0, "", 0, err
-		}
-	}
-	if e.index != nil {
-		e.index.Predict(instance, rreq.Blocks, now)
-	}
-	idx, ok := s.byID[instance]
-	if !ok {
-		return 0, "", 0, fmt.Errorf("routed to unknown instance %q", instance)
-	}
-	affinity := ""
-	if id.SubAgent() {
-		affinity = rreq.Key // the signed hint's affinity id: the root key
-	}
-	return idx, affinity, 0, nil
-}
-
-// lastUse is when key was last routed, in virtual time (by any edge with
-// the shared log; by this edge with session_local).
-func (e *simEdge) lastUse(s *simulator, key string) (time.Duration, bool) {
-	m := s.lastUsed
-	if e.local != nil {
-		m = e.lastUsedLocal
-	}
-	t, ok := m[key]
-	return t, ok
-}
-
-func (s *simulator) used(e *simEdge, key string) {
-	if e.local != nil {
-		e.lastUsedLocal[key] = s.now
-		return
-	}
-	s.lastUsed[key] = s.now
-}
-
-// touch queues a Touch of the key (and the sub-agent's link) at edge e,
-// flushed every TouchInterval like the edge's touch batching.
-func (s *simulator) touch(e *simEdge, edge int, key string, id routing.Identity) {
-	if !e.touchPending[key] {
-		e.touchPending[key] = true
-		e.touchKeys = append(e.touchKeys, fsm.FleetKey{Fleet: fsm.FleetContext, Key: key})
-	}
-	if id.SubAgent() && !e.touchPending["\x00link:"+id.ConversationID] {
-		e.touchPending["\x00link:"+id.ConversationID] = true
-		e.touchLinks = append(e.touchLinks, id.ConversationID)
-	}
-	if !e.touchArmed {
-		e.touchArmed = true
-		s.push(&event{at: s.now + s.cfg.TouchInterval, kind: evTouchFlush, edge: edge})
-	}
-}
-
-func (s *simulator) flushTouches(edge int) error {
-	e := s.edges[edge]
-	e.touchArmed = false
-	if len(e.touchKeys) == 0 && len(e.touchLinks) == 0 {
-		return nil
-	}
-	ev := fsm.Touch{Keys: e.touchKeys, Links: e.touchLinks}
-	e.touchKeys, e.touchLinks = nil, nil
-	clear(e.touchPending)
-	var err error
-	if e.local != nil {
-		_, err = e.local.Propose(s.ctx, 0, epoch.Add(s.now), []fsm.Event{ev})
-	} else {
-		err = s.log.Background(s.ctx, edge, epoch.Add(s.now), []fsm.Event{ev})
-	}
-	if err != nil {
-		return fmt.Errorf("bench: %s: touch: %w", e.id, err)
-	}
-	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/tether-project/tether/fsm"
 )
 
 // smallTraces writes three small traces (one with two parallel sub-agents
@@ -74,34 +76,93 @@ func TestSimulateIsDeterministic(t *testing.T) {
 		if len(a.Records) != 12 {
 			t.Fatalf("%s: %d records, want all 12 requests", p, len(a.Records))
 		}
+		if a.TTLEvictions != 0 {
+			// The traces last seconds, far below session_ttl: the sweeper
+			// stand-in must judge idleness from committed last-use times.
+			t.Fatalf("%s: %d TTL evictions in a replay shorter than the TTL", p, a.TTLEvictions)
+		}
 		if p.usesSharedLog() && a.Commits == 0 {
 			t.Fatalf("%s: no affinity-log commits", p)
 		}
 	}
 }
 
-// TestRaftLogMatchesSequencer runs tether over real cluster nodes (loopback
-// TCP, bbolt files) and over the in-process sequencer: same decisions, same
-// commit count.
-func TestRaftLogMatchesSequencer(t *testing.T) {
+// TestVirtualLogRacingBindsFirstCommittedWins: two edges bind one key
+// before either has applied the other's Bind; the first committed wins for
+// both, and each replica sees a commit only from its commit time on.
+func TestVirtualLogRacingBindsFirstCommittedWins(t *testing.T) {
+	l := newVirtualLog(2, CommitLatency{P50: 10 * time.Millisecond, P99: 10 * time.Millisecond}, 1)
+	reg := []fsm.Event{
+		fsm.InstanceState{Instance: "a", Fleet: fsm.FleetContext, URL: "sim://a", Status: fsm.InstanceUp, FeatureLevel: fsm.FeatureLevelMax, Ranks: 1},
+		fsm.InstanceState{Instance: "b", Fleet: fsm.FleetContext, URL: "sim://b", Status: fsm.InstanceUp, FeatureLevel: fsm.FeatureLevelMax, Ranks: 1},
+	}
+	if _, _, err := l.Propose(0, reg); err != nil {
+		t.Fatal(err)
+	}
+	bind := func(inst string) fsm.Event {
+		return fsm.Bind{Fleet: fsm.FleetContext, Key: "k", ConversationID: "k", Instance: inst}
+	}
+	r0, at0, err := l.Propose(time.Second, []fsm.Event{bind("a")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Edge 1, 2 ms later, has not applied edge 0's Bind yet.
+	st, err := l.State(1, time.Second+2*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := st.Lookup(fsm.FleetContext, "k"); ok {
+		t.Fatalf("edge 1 sees a bind that commits at %v at %v", at0, time.Second+2*time.Millisecond)
+	}
+	r1, at1, err := l.Propose(time.Second+2*time.Millisecond, []fsm.Event{bind("b")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at1 < at0 {
+		t.Fatalf("second proposal commits at %v before the first at %v", at1, at0)
+	}
+	if r0[0].Binding.Instance != "a" || !r1[0].Found || r1[0].Binding.Instance != "a" {
+		t.Fatalf("results %+v / %+v: want both on a (first committed)", r0[0], r1[0])
+	}
+	for e := 0; e < 2; e++ {
+		st, err := l.State(e, at1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, ok := st.Lookup(fsm.FleetContext, "k"); !ok || b.Instance != "a" {
+			t.Fatalf("edge %d at %v: %+v %v, want bound to a", e, at1, b, ok)
+		}
+	}
+}
+
+// TestCommitLatencyDelaysNewBindsOnly: with commit latency a new key's
+// first request waits for its Bind; the same replay with a zero-latency log
+// has no such wait, and sticky turns never wait.
+func TestCommitLatencyDelaysNewBindsOnly(t *testing.T) {
 	w := smallTraces(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	for _, p := range []Policy{PolicyTether, PolicySession} {
-		cfg := testConfig()
-		cfg.Policy = p
-		seq, err := Simulate(ctx, w, cfg)
-		if err != nil {
-			t.Fatal(err)
+	ctx := context.Background()
+	cfg := testConfig()
+	cfg.Edges = 1
+	zero, err := Simulate(ctx, w, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Log = LogVirtual
+	cfg.CommitLatency = CommitLatency{P50: 50 * time.Millisecond, P99: 50 * time.Millisecond}
+	lat, err := Simulate(ctx, w, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := func(r *RunResult) time.Duration {
+		for _, rec := range r.Records {
+			if rec.Agent == r.Records[0].Agent && rec.Call == 0 {
+				return rec.TTFT
+			}
 		}
-		cfg.Log = LogRaft
-		raft, err := Simulate(ctx, w, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !reflect.DeepEqual(seq.Records, raft.Records) || seq.Commits != raft.Commits {
-			t.Fatalf("%s: raft run differs from the sequencer run: commits %d vs %d\n%+v\n%+v", p, raft.Commits, seq.Commits, Summarize(raft), Summarize(seq))
-		}
+		return -1
+	}
+	if d := first(lat) - first(zero); d < 50*time.Millisecond {
+		t.Fatalf("a new key's first request waited %v more with 50 ms commits, want >= 50ms", d)
 	}
 }
 
@@ -376,6 +437,34 @@ func TestKVAwareBeatsLeastLoadedOnFirstCalls(t *testing.T) {
 	for _, p := range []Policy{PolicyPrefix, PolicyTether} {
 		if first[string(p)] <= ll {
 			t.Errorf("%s first-call hit rate %.3f, least_loaded %.3f: KV-aware placement must find the shared tool block", p, first[string(p)], ll)
+		}
+	}
+}
+
+// TestSessionTTLJudgesCommittedLastUse: a conversation idle 50 minutes keeps
+// its binding under a one-hour TTL and loses it under a 30-minute one.
+func TestSessionTTLJudgesCommittedLastUse(t *testing.T) {
+	dir := t.TempDir()
+	writeTrace(t, dir, "idle.json", false, traceDoc("idle",
+		req(0, 10*64, 20, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
+		req(3000, 12*64, 20, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+	))
+	w, err := LoadTraces(dir, TraceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		ttl  time.Duration
+		want int
+	}{{time.Hour, 0}, {30 * time.Minute, 1}} {
+		cfg := testConfig()
+		cfg.Policy, cfg.SessionTTL = PolicySession, c.ttl
+		r, err := Simulate(context.Background(), w, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.TTLEvictions != c.want {
+			t.Fatalf("ttl %v: %d evictions, want %d", c.ttl, r.TTLEvictions, c.want)
 		}
 	}
 }

@@ -9,11 +9,16 @@ import (
 // WriteText prints the comparison as a table.
 func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(w, "upper bound (one infinite cache): hit rate %.3f\n", r.UpperBound)
+	if r.PooledBound > 0 {
+		fmt.Fprintf(w, "without prompts larger than a rank's cache: infinite cache %.3f, pooled cache of the fleet's capacity %.3f\n",
+			r.FittingBound, r.PooledBound)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tedges\thit rate\tsub-agent hit\tprefill tokens\tTTFT p50 ms\tTTFT p99 ms\tload CoV\toverflows\tcommits\tshed\t")
+	fmt.Fprintln(tw, "policy\tedges\thit rate\tsub-agent hit\tprefill tokens\tbusiest inst M\tTTFT p50 ms\tp90 ms\tp99 ms\tmakespan s\tutil\toverflows\trebinds\tcommits\tshed\t")
 	for _, p := range r.Policies {
-		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%d\t%.0f\t%.0f\t%.3f\t%d\t%d\t%d\t\n", p.Name, p.Edges, p.HitRate, p.SubagentHitRate,
-			p.PrefillTokens, p.TTFTP50Ms, p.TTFTP99Ms, p.LoadCoV, p.Overflows, p.Commits, p.Shed)
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%d\t%.1f\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%d\t%d\t%d\t%d\t\n", p.Name, p.Edges, p.HitRate, p.SubagentHitRate,
+			p.PrefillTokens, float64(p.MaxInstancePrefillTokens)/1e6, p.TTFTP50Ms, p.TTFTP90Ms, p.TTFTP99Ms, p.MakespanMs/1000, p.Utilisation,
+			p.Overflows, p.Rebinds, p.Commits, p.Shed)
 	}
 	return tw.Flush()
 }

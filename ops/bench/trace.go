@@ -37,6 +37,45 @@ type TraceOptions struct {
 	// derived from its trace id (the same in every run), instead of all
 	// in the same instant.
 	Stagger time.Duration
+	// Half keeps one half of the traces (HalfTuning, HalfValidation; ""
+	// keeps all): the traces sorted by id, the 1st, 3rd, 5th... form the
+	// tuning half and the 2nd, 4th, 6th... the validation half. Applied
+	// first, before MaxDuration and Smallest. Parameters are chosen on the
+	// tuning half; the published figures are the validation half's.
+	Half string
+}
+
+// The two halves of the trace split (TraceOptions.Half).
+const (
+	HalfTuning     = "tuning"
+	HalfValidation = "validation"
+)
+
+// splitHalf keeps the agents of one half: agents sorted by id, even
+// positions (0-based) tuning, odd ones validation.
+func splitHalf(agents []*Agent, half string) ([]*Agent, error) {
+	if half == "" {
+		return agents, nil
+	}
+	if half != HalfTuning && half != HalfValidation {
+		return nil, fmt.Errorf("bench: traces: unknown half %q (allowed: %s, %s)", half, HalfTuning, HalfValidation)
+	}
+	sorted := slices.Clone(agents)
+	slices.SortFunc(sorted, func(a, b *Agent) int { return cmp.Compare(a.ID, b.ID) })
+	want := 0
+	if half == HalfValidation {
+		want = 1
+	}
+	var out []*Agent
+	for i, a := range sorted {
+		if i%2 == want {
+			out = append(out, a)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("bench: traces: the %s half is empty (%d traces)", half, len(agents))
+	}
+	return out, nil
 }
 
 // Trace file format (kv-cache-tester): one conversation per file.
@@ -129,6 +168,11 @@ func LoadTraceFiles(files []string, opts TraceOptions) (*Workload, error) {
 		}
 		w.Agents = append(w.Agents, root)
 	}
+	agents, err := splitHalf(w.Agents, opts.Half)
+	if err != nil {
+		return nil, err
+	}
+	w.Agents = agents
 	if opts.MaxDuration > 0 {
 		w.Agents = slices.DeleteFunc(w.Agents, func(a *Agent) bool {
 			return len(a.Steps) > 0 && a.Steps[len(a.Steps)-1].At > opts.MaxDuration

@@ -247,3 +247,37 @@ func agentIDs(w *Workload) []string {
 	w.Walk(func(a *Agent) { ids = append(ids, a.ID) })
 	return ids
 }
+
+// TestTraceHalvesAreFixedAndDisjoint: the halves alternate over the traces
+// sorted by id, whatever the file order, and together hold every trace.
+func TestTraceHalvesAreFixedAndDisjoint(t *testing.T) {
+	w := smallTraces(t) // t1, t2, t3
+	ids := func(w *Workload) []string {
+		var out []string
+		for _, a := range w.Agents {
+			out = append(out, a.ID)
+		}
+		return out
+	}
+	all := ids(w)
+	if len(all) != 3 {
+		t.Fatalf("agents %v", all)
+	}
+	tune, err := splitHalf(w.Agents, HalfTuning)
+	if err != nil {
+		t.Fatal(err)
+	}
+	val, err := splitHalf(w.Agents, HalfValidation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(&Workload{Agents: tune}); len(got) != 2 || got[0] != "t1" || got[1] != "t3" {
+		t.Fatalf("tuning half %v, want [t1 t3]", got)
+	}
+	if got := ids(&Workload{Agents: val}); len(got) != 1 || got[0] != "t2" {
+		t.Fatalf("validation half %v, want [t2]", got)
+	}
+	if _, err := splitHalf(w.Agents, "test"); err == nil {
+		t.Fatal("an unknown half was accepted")
+	}
+}

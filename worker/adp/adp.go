@@ -43,6 +43,10 @@ type Request struct {
 	AffinityID string
 	// PromptTokens is the request's input length (load accounting).
 	PromptTokens int
+	// CachedTokens are the prompt tokens each rank holds as a cached
+	// prefix (index = rank; missing ranks hold none). Read by the kv_aware
+	// placement only.
+	CachedTokens []int
 }
 
 // Reason says how a decision's home rank was found.
@@ -119,7 +123,8 @@ type Scheduler struct {
 
 	mu       sync.Mutex
 	loads    []RankLoad
-	cursor   int // round-robin position; also breaks ties of the least_* policies
+	cursor   int   // round-robin position; also breaks ties of the least_* policies
+	cached   []int // the request being placed: cached prompt tokens by rank (kv_aware)
 	bindings bindingLRU
 	counters Counters
 }
@@ -129,7 +134,7 @@ func New(opts Options) (*Scheduler, error) {
 	if opts.Ranks < 1 {
 		return nil, fmt.Errorf("adp: ranks must be at least 1, got %d", opts.Ranks)
 	}
-	if opts.Placement > LeastQueued {
+	if opts.Placement > KVAware {
 		return nil, fmt.Errorf("adp: %s: unknown placement %d", PlacementKey, opts.Placement)
 	}
 	if opts.MaxSessions < 0 || opts.MaxRequestsPerRank < 0 {
@@ -150,6 +155,9 @@ func New(opts Options) (*Scheduler, error) {
 
 // Ranks is the number of ranks.
 func (s *Scheduler) Ranks() int { return s.opts.Ranks }
+
+// Placement is the new-conversation placement policy.
+func (s *Scheduler) Placement() Placement { return s.opts.Placement }
 
 // Place chooses a rank for req and records it there as queued (its prompt
 // tokens count toward the rank's load from now on, so later placements see
@@ -261,6 +269,8 @@ func (s *Scheduler) report(evicted []evictedBinding) {
 
 func (s *Scheduler) placeLocked(req Request, evicted []evictedBinding) (Decision, []evictedBinding) {
 	s.counters.Placements++
+	s.cached = req.CachedTokens
+	defer func() { s.cached = nil }()
 	d := Decision{HomeRank: -1}
 	if s.saturatedCount() == len(s.loads) {
 		s.counters.AllSaturated++
@@ -376,8 +386,21 @@ func (s *Scheduler) better(a, b int) bool {
 			return qa < qb
 		}
 		return la.PromptTokens < lb.PromptTokens
+	case KVAware:
+		sa, sb := s.cachedOn(a)-la.PromptTokens, s.cachedOn(b)-lb.PromptTokens
+		if sa != sb {
+			return sa > sb
+		}
+		return qa < qb
 	}
 	return false
+}
+
+func (s *Scheduler) cachedOn(rank int) int {
+	if rank < len(s.cached) {
+		return s.cached[rank]
+	}
+	return 0
 }
 
 type ticketState uint8

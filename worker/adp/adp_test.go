@@ -55,6 +55,27 @@ func TestNewConversationsSpreadAndLaterTurnsStick(t *testing.T) {
 	}
 }
 
+// kv_aware places a new conversation on the rank holding the longest prefix
+// unless that rank's load outweighs what the cache saves.
+func TestKVAwarePlacesOnTheCachedRankAgainstLoad(t *testing.T) {
+	s := newScheduler(t, Options{Ranks: 4, ConversationAffinity: true, Placement: KVAware})
+	if d := s.Place(Request{ConversationID: "a", PromptTokens: 700, CachedTokens: []int{0, 0, 576, 0}}); d.Rank != 2 || d.Reason != ReasonNew {
+		t.Fatalf("idle ranks, 576 cached on rank 2: %+v", d)
+	}
+	// Rank 2 now carries 700 placed tokens: 576 cached no longer pays.
+	if d := s.Place(Request{ConversationID: "b", PromptTokens: 700, CachedTokens: []int{0, 0, 576, 0}}); d.Rank == 2 {
+		t.Fatalf("rank 2 loaded with 700 tokens still chosen for 576 cached: %+v", d)
+	}
+	// Without cache information it balances load like least_tokens.
+	if d := s.Place(Request{ConversationID: "c", PromptTokens: 10}); d.Rank == 2 {
+		t.Fatalf("no cache info: chose the loaded rank 2")
+	}
+	// A returning conversation keeps its rank whatever the cache says.
+	if d := s.Place(Request{ConversationID: "a", PromptTokens: 800, CachedTokens: []int{800, 0, 0, 0}}); d.Rank != 2 || d.Reason != ReasonBound {
+		t.Fatalf("returning conversation: %+v", d)
+	}
+}
+
 func TestLeastQueuedPicksFewestRequests(t *testing.T) {
 	s := newScheduler(t, Options{Ranks: 4, ConversationAffinity: true, Placement: LeastQueued})
 	for rank, n := range []int{5, 1, 3, 4} {

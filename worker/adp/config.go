@@ -17,12 +17,19 @@ const (
 	LeastTokens
 	// LeastQueued picks the rank with the fewest active plus queued requests.
 	LeastQueued
+	// KVAware picks the rank holding the longest prefix of the prompt,
+	// against load: the highest cached prompt tokens minus the rank's
+	// placed, unfinished prompt tokens (a cached token saves the prefill a
+	// queued token costs), ties to fewer requests. The cache lives per
+	// rank, so placing a new conversation where its shared prefix is turns
+	// the edge's cache credit into hits (Request.CachedTokens).
+	KVAware
 )
 
 // PlacementKey is the configuration key ParsePlacement's errors name.
 const PlacementKey = "attention_dp_config.kv_cache_routing_new_conv_placement"
 
-var placementNames = [...]string{RoundRobin: "round_robin", LeastTokens: "least_tokens", LeastQueued: "least_queued"}
+var placementNames = [...]string{RoundRobin: "round_robin", LeastTokens: "least_tokens", LeastQueued: "least_queued", KVAware: "kv_aware"}
 
 func (p Placement) String() string {
 	if int(p) < len(placementNames) {

@@ -148,6 +148,16 @@ type KVEvent struct {
 }
 
 // Engine runs requests.
+// RankPrefixer is implemented by engines that can say, before a run, how
+// much of a prompt each rank holds as a cached prefix (the worker's
+// kv_aware rank placement reads it; engines that cannot, such as proxies,
+// leave placement to load).
+type RankPrefixer interface {
+	// CachedPrefix returns, per rank, the prompt tokens held as a cached
+	// prefix.
+	CachedPrefix(prompt []uint32) []int
+}
+
 type Engine interface {
 	// Run executes req, calling emit for each output chunk as it is
 	// produced (streaming callers forward them; others ignore them). It

@@ -106,6 +106,20 @@ func (e *Engine) Stats() []engine.RankStats {
 	return out
 }
 
+// CachedPrefix returns, per rank, the prompt's leading tokens the rank's
+// cache holds (engine.RankPrefixer).
+func (e *Engine) CachedPrefix(prompt []uint32) []int {
+	hashes := prefix.BlockHashes(prompt, e.cfg.BlockSize)
+	out := make([]int, len(e.ranks))
+	for i, rd := range e.ranks {
+		rd.mu.Lock()
+		n := rd.vr.Match(hashes)
+		rd.mu.Unlock()
+		out[i] = min(n*e.cfg.BlockSize, len(prompt))
+	}
+	return out
+}
+
 // Close makes running requests release their blocks and return ErrClosed,
 // and later Runs fail with ErrClosed.
 func (e *Engine) Close() error {

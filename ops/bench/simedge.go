@@ -1,0 +1,301 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing/kvindex"
+)
+
+// A simulated edge runs the edge's decision (routing/decide) over what a
+// real edge has: its own replica of the log (committed entries only), its
+// own fleet view and KV index, its own overload tracker and breakers, and a
+// recorder whose events commit later. The types below are those inputs.
+
+// decider builds edge e's decision over the simulator's state.
+func (s *simulator) decider(e *simEdge) *decide.Decider {
+	d := &decide.Decider{Log: simLog{s, e}, Recorder: simRecorder{s, e}, Fleet: simFleet{s, e}, Overload: e.overload}
+	if e.index != nil {
+		d.Index = e.index
+	}
+	return d
+}
+
+// simLog is edge e's view of the affinity log.
+type simLog struct {
+	s *simulator
+	e *simEdge
+}
+
+func (l simLog) log() (*virtualLog, int) {
+	if l.e.local != nil {
+		return l.e.local, 0
+	}
+	if l.s.log == nil {
+		return nil, 0
+	}
+	return l.s.log, l.e.num
+}
+
+func (l simLog) State() *fsm.State {
+	lg, r := l.log()
+	if lg == nil {
+		return l.s.emptyLog.State()
+	}
+	st, err := lg.State(r, l.s.now)
+	if err != nil {
+		l.s.fail(err)
+		return l.s.emptyLog.State()
+	}
+	return st
+}
+
+// Propose commits ev; the request waits until it committed.
+func (l simLog) Propose(_ context.Context, ev fsm.Event) (fsm.Result, error) {
+	lg, _ := l.log()
+	if lg == nil {
+		return fsm.Result{}, errors.New("bench: this policy has no affinity log")
+	}
+	rs, at, err := lg.Propose(l.s.now, []fsm.Event{ev})
+	if err != nil {
+		return fsm.Result{}, err
+	}
+	l.e.waitUntil = max(l.e.waitUntil, at)
+	return rs[0], nil
+}
+
+// Down: the simulated log always commits (degraded placement is not
+// modelled).
+func (simLog) Down(time.Time) bool { return false }
+
+// AwaitCommitted: a simulated proposal never times out.
+func (simLog) AwaitCommitted(context.Context) {}
+
+// simRecorder commits what the edge's recorder would, when it would: the
+// proposal goes out now and commits after the log's latency; nothing waits.
+type simRecorder struct {
+	s *simulator
+	e *simEdge
+}
+
+func (r simRecorder) Record(ev fsm.Event) {
+	if _, ok := ev.(fsm.Overflow); ok {
+		r.s.res.Overflows++
+	}
+	lg, _ := simLog(r).log()
+	if lg == nil {
+		return
+	}
+	if _, _, err := lg.Propose(r.s.now, []fsm.Event{ev}); err != nil {
+		r.s.fail(err)
+	}
+}
+
+func (r simRecorder) RecordNow(ctx context.Context, ev fsm.Event) {
+	if _, ok := ev.(fsm.Overflow); ok {
+		r.s.res.Overflows++
+	}
+	if _, err := (simLog(r)).Propose(ctx, ev); err != nil {
+		r.s.fail(err)
+	}
+}
+
+func (simRecorder) RecordDegraded(fsm.Bind) {}
+func (simRecorder) DegradedBinding(fsm.Fleet, string) (fsm.Binding, bool) {
+	return fsm.Binding{}, false
+}
+
+func (r simRecorder) Touch(k fsm.FleetKey) { r.s.touch(r.e, k.Key, "") }
+func (r simRecorder) TouchLink(child string) {
+	r.s.touch(r.e, "", child)
+}
+
+// simFleet is edge e's fleet view.
+type simFleet struct {
+	s *simulator
+	e *simEdge
+}
+
+func (f simFleet) Views(time.Time, []string) *routing.Views {
+	v, err := f.s.views(f.e)
+	if err != nil {
+		f.s.fail(err)
+		v, _ = routing.NewViews(nil)
+	}
+	return v
+}
+
+func (simFleet) UnheardAtStartup(time.Time, string) bool  { return false }
+func (simFleet) DegradedAllowed(time.Time) (bool, string) { return true, "" }
+
+// fail keeps the first error an adapter met; the event loop returns it.
+func (s *simulator) fail(err error) {
+	if s.err == nil {
+		s.err = err
+	}
+}
+
+// route places a request at edge e: identity as the edge resolves it, then
+// the edge's decision. It returns inst -1 with a retry delay when the
+// request is shed, and the affinity id the worker's scheduler receives
+// from a verified sub-agent hint.
+func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst int, affinity string, retry time.Duration, err error) {
+	e := s.edges[edge]
+	e.waitUntil = 0
+	if s.cfg.Policy == PolicyRandom {
+		return s.pickRand.IntN(len(s.instances)), "", 0, nil
+	}
+	now := epoch.Add(s.now)
+	requestID := fmt.Sprintf("%s#%d", ar.agent.ID, call)
+	rreq := routing.Request{
+		Fleet: fsm.FleetContext, RequestID: requestID, Edge: e.id,
+		PromptTokens: req.PromptTokens, Spread: routing.SpreadFor(requestID), Now: now, RoundRobin: e.rr,
+	}
+	e.rr++
+	if e.index != nil {
+		rreq.Blocks = req.Blocks
+	}
+	var id routing.Identity
+	if s.cfg.Policy.binds() {
+		h := http.Header{}
+		h.Set("x-session-id", ar.agent.ID)
+		if ar.agent.Parent != nil && (s.cfg.Policy != PolicyTetherParentFirst || call == 0) {
+			// The agent gateway sends the parent header on every sub-agent
+			// request (only tether configures it, so the others ignore it).
+			h.Set(ParentHeader, ar.agent.Parent.ID)
+		}
+		if id, err = routing.ResolveIdentity(s.ident, "", h, e.dec.Log.State()); err != nil {
+			return 0, "", 0, err
+		}
+		rreq.Key, rreq.ConversationID = id.Key(fsm.FleetContext), id.ConversationID
+		e.dec.RecordIdentity(id)
+		s.sweep(e, rreq.Key)
+	}
+	hop, fail := e.dec.Route(s.ctx, s.router, rreq, nil)
+	if s.err != nil {
+		return 0, "", 0, s.err
+	}
+	if fail != nil {
+		if fail.Kind == decide.FailShed {
+			return -1, "", fail.RetryAfter, nil
+		}
+		return 0, "", 0, fail
+	}
+	if hop.Outcome == decide.OutcomeOverflow && hop.Binding.Instance == hop.Instance {
+		s.res.Rebinds++
+	}
+	idx, ok := s.byID[hop.Instance]
+	if !ok {
+		return 0, "", 0, fmt.Errorf("routed to unknown instance %q", hop.Instance)
+	}
+	if id.SubAgent() && hop.Bound {
+		affinity = rreq.Key // the signed hint's affinity id: the root key
+	}
+	return idx, affinity, 0, nil
+}
+
+// sweep stands in for the leader's session_ttl sweeper: a key whose
+// committed last use is older than the TTL is evicted before it is routed
+// again (keys that never return are not evicted: fewer commits). The
+// binding's LastUsed is what the log committed (its Bind or the latest
+// Touch batch), as a real edge reads it.
+func (s *simulator) sweep(e *simEdge, key string) {
+	if s.cfg.SessionTTL <= 0 {
+		return
+	}
+	st := e.dec.Log.State()
+	b, ok := st.Lookup(fsm.FleetContext, key)
+	if !ok || s.now-time.Unix(0, b.LastUsed).Sub(epoch) <= s.cfg.SessionTTL {
+		return
+	}
+	lg, _ := simLog{s, e}.log()
+	// The sweeper ran long ago: the eviction committed before this request.
+	saved := lg.latency
+	lg.latency = CommitLatency{}
+	_, _, err := lg.Propose(s.now, []fsm.Event{fsm.Evict{Fleet: fsm.FleetContext, Key: key, Reason: fsm.EvictTTL, Epoch: b.Epoch}})
+	lg.latency = saved
+	if err != nil {
+		s.fail(err)
+		return
+	}
+	s.res.TTLEvictions++
+}
+
+// touch queues a Touch of key (and/or a sub-agent's link) at edge e,
+// flushed every TouchInterval like the edge's touch batching.
+func (s *simulator) touch(e *simEdge, key, link string) {
+	if key != "" && !e.touchPending[key] {
+		e.touchPending[key] = true
+		e.touchKeys = append(e.touchKeys, fsm.FleetKey{Fleet: fsm.FleetContext, Key: key})
+	}
+	if link != "" && !e.touchPending["\x00link:"+link] {
+		e.touchPending["\x00link:"+link] = true
+		e.touchLinks = append(e.touchLinks, link)
+	}
+	if !e.touchArmed {
+		e.touchArmed = true
+		s.push(&event{at: s.now + s.cfg.TouchInterval, kind: evTouchFlush, edge: e.num})
+	}
+}
+
+func (s *simulator) flushTouches(edge int) error {
+	e := s.edges[edge]
+	e.touchArmed = false
+	if len(e.touchKeys) == 0 && len(e.touchLinks) == 0 {
+		return nil
+	}
+	ev := fsm.Touch{Keys: e.touchKeys, Links: e.touchLinks}
+	e.touchKeys, e.touchLinks = nil, nil
+	clear(e.touchPending)
+	lg, _ := simLog{s, e}.log()
+	if lg == nil {
+		return nil
+	}
+	if _, _, err := lg.Propose(s.now, []fsm.Event{ev}); err != nil {
+		return fmt.Errorf("bench: %s: touch: %w", e.id, err)
+	}
+	return nil
+}
+
+// armKVFlush schedules instance i's next KV flush: the first flush tick
+// (a multiple of KVFlushInterval) at or after its oldest batch is ready.
+func (s *simulator) armKVFlush(i int) {
+	in := s.instances[i]
+	if in.kvArmed || len(in.kvPending) == 0 {
+		return
+	}
+	iv := s.cfg.KVFlushInterval
+	at := max(in.kvPending[0].ready, s.now)
+	at = (at + iv - 1) / iv * iv
+	in.kvArmed = true
+	s.push(&event{at: at, kind: evKVFlush, inst: i})
+}
+
+// flushKV publishes instance i's ready batches, in sequence order, to every
+// edge's index.
+func (s *simulator) flushKV(i int) error {
+	in := s.instances[i]
+	in.kvArmed = false
+	k := 0
+	for k < len(in.kvPending) && in.kvPending[k].ready <= s.now {
+		batch := in.kvPending[k].batch
+		for _, e := range s.edges {
+			if e.index == nil {
+				continue
+			}
+			if out, err := e.index.Apply(batch); err != nil || out != kvindex.Applied {
+				return fmt.Errorf("bench: %s: kv batch %d of %s: outcome %v: %w", e.id, batch.Seq, in.id, out, err)
+			}
+		}
+		k++
+	}
+	in.kvPending = in.kvPending[k:]
+	s.armKVFlush(i)
+	return nil
+}
