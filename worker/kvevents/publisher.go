@@ -291,15 +291,24 @@ func (p *Publisher) serveReplay(ctx context.Context) {
 	}
 }
 
-// Close stops the sockets.
+// Close stops the sockets. zmq4 reports a subscriber's connection that
+// its peer already closed as an error of the socket's Close; on the way
+// down that is no failure, so it is not returned.
 func (p *Publisher) Close() error {
 	p.cancel()
-	err := p.pub.Close()
+	err := ignoreClosed(p.pub.Close())
 	if p.router != nil {
-		if e := p.router.Close(); err == nil {
+		if e := ignoreClosed(p.router.Close()); err == nil {
 			err = e
 		}
 	}
 	<-p.done
+	return err
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
 	return err
 }
