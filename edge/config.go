@@ -412,7 +412,7 @@ type TracingConfig struct {
 // cluster section.
 func DefaultConfig() Config {
 	rc := routing.DefaultConfig()
-	return Config{
+	c := Config{
 		Hostname:        "127.0.0.1",
 		Port:            DefaultPort,
 		MaxRetries:      DefaultMaxRetries,
@@ -441,10 +441,7 @@ func DefaultConfig() Config {
 			DumpTimeout:    DefaultDumpTimeout,
 			StartupGrace:   DefaultStartupGrace,
 		},
-		HintSignatureFormat: hintauth.FormatTRTLLM,
-		ContextServers:      ServersConfig{HealthPath: DefaultHealthPath},
-		GenerationServers:   ServersConfig{HealthPath: DefaultHealthPath},
-		Leader:              LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
+		Leader: LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
 		// propose_timeout is derived from the Raft timing in Validate.
 		Cluster: ClusterConfig{Suffrage: "voter", Autopilot: AutopilotConfig{
 			Voters: DefaultAutopilotVoters, StabilizationTime: DefaultAutopilotStabilize, DeadServerTimeout: DefaultAutopilotDeadServer,
@@ -453,6 +450,9 @@ func DefaultConfig() Config {
 		Tracing: TracingConfig{Exporter: "none"},
 		TLS:     TLSConfig{Mode: TLSModePlaintext},
 	}
+	c.HintSignatureFormat = hintauth.FormatTRTLLM
+	c.ContextServers.HealthPath, c.GenerationServers.HealthPath = DefaultHealthPath, DefaultHealthPath
+	return c
 }
 
 // LoadConfig reads, parses, applies the environment to and validates the

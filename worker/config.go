@@ -190,18 +190,17 @@ const (
 // defaultConfig is the configuration before the file is applied.
 func defaultConfig() Config {
 	sd := sim.DefaultConfig()
-	return Config{
-		Fleet:                telemetry.FleetContext,
-		Hostname:             DefaultHostname,
-		TelemetryInterval:    DefaultTelemetryInterval,
-		MaxBodyBytes:         DefaultMaxBodyBytes,
-		DefaultMaxTokens:     DefaultMaxTokens,
-		MaxTokensLimit:       DefaultMaxTokensLimit,
-		WriteTimeout:         DefaultWriteTimeout,
-		ReadHeaderTimeout:    DefaultReadHeaderTimeout,
-		ReadTimeout:          DefaultReadTimeout,
-		IdleTimeout:          DefaultIdleTimeout,
-		HintSignatureFormats: []string{string(hintauth.FormatTRTLLM), string(hintauth.FormatTetherV1)},
+	c := Config{
+		Fleet:             telemetry.FleetContext,
+		Hostname:          DefaultHostname,
+		TelemetryInterval: DefaultTelemetryInterval,
+		MaxBodyBytes:      DefaultMaxBodyBytes,
+		DefaultMaxTokens:  DefaultMaxTokens,
+		MaxTokensLimit:    DefaultMaxTokensLimit,
+		WriteTimeout:      DefaultWriteTimeout,
+		ReadHeaderTimeout: DefaultReadHeaderTimeout,
+		ReadTimeout:       DefaultReadTimeout,
+		IdleTimeout:       DefaultIdleTimeout,
 		Engine: EngineConfig{
 			Type:                    "sim",
 			BlockSize:               sd.BlockSize,
@@ -217,6 +216,8 @@ func defaultConfig() Config {
 			KVEvents:                KVEventsConfig{PollInterval: 200 * time.Millisecond},
 		},
 	}
+	c.HintSignatureFormats = []string{string(hintauth.FormatTRTLLM), string(hintauth.FormatTetherV1)}
+	return c
 }
 
 // DefaultConfig returns a valid standalone configuration for one simulated
