@@ -25,7 +25,7 @@ type Tokenizer struct {
 	vocab   map[string]uint32
 	ranks   map[pair]int
 	added   []addedToken // longest first
-	addedBy map[byte][]int
+	addedBy [256][]int   // added tokens by first byte
 	nfc     bool
 	// ignoreMerges: a word found whole in the vocabulary is one token,
 	// without running the merges (Llama 3); otherwise merges always run.
@@ -89,7 +89,7 @@ func Load(data []byte) (*Tokenizer, error) {
 	if f.Model.ByteFallback {
 		return nil, errors.New("hftok: byte_fallback BPE (SentencePiece-style) is not supported")
 	}
-	t := &Tokenizer{vocab: f.Model.Vocab, addedBy: map[byte][]int{}, cache: map[string][]uint32{}}
+	t := &Tokenizer{vocab: f.Model.Vocab, cache: map[string][]uint32{}}
 	merges, err := parseMerges(f.Model.Merges)
 	if err != nil {
 		return nil, err
