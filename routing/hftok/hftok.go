@@ -25,10 +25,13 @@ type Tokenizer struct {
 	vocab   map[string]uint32
 	ranks   map[pair]int
 	added   []addedToken // longest first
-	addedBy map[byte][]int
+	addedBy [256][]int   // added tokens by first byte
 	nfc     bool
-	split   splitter
-	byteMap [256]string // byte → its byte-level symbol
+	// ignoreMerges: a word found whole in the vocabulary is one token,
+	// without running the merges (Llama 3); otherwise merges always run.
+	ignoreMerges bool
+	split        splitter
+	byteMap      [256]string // byte → its byte-level symbol
 
 	cacheMu sync.RWMutex
 	cache   map[string][]uint32
@@ -86,10 +89,7 @@ func Load(data []byte) (*Tokenizer, error) {
 	if f.Model.ByteFallback {
 		return nil, errors.New("hftok: byte_fallback BPE (SentencePiece-style) is not supported")
 	}
-	if f.Model.IgnoreMerges {
-		return nil, errors.New("hftok: ignore_merges is not supported")
-	}
-	t := &Tokenizer{vocab: f.Model.Vocab, addedBy: map[byte][]int{}, cache: map[string][]uint32{}}
+	t := &Tokenizer{vocab: f.Model.Vocab, cache: map[string][]uint32{}}
 	merges, err := parseMerges(f.Model.Merges)
 	if err != nil {
 		return nil, err
@@ -100,6 +100,7 @@ func Load(data []byte) (*Tokenizer, error) {
 			t.ranks[p] = i
 		}
 	}
+	t.ignoreMerges = f.Model.IgnoreMerges
 	if f.Normalizer != nil {
 		switch f.Normalizer.Type {
 		case "NFC":
@@ -258,7 +259,7 @@ func (t *Tokenizer) appendSegment(dst []uint32, s string) []uint32 {
 
 // bpe runs BPE on one byte-level word.
 func (t *Tokenizer) bpe(w string) []uint32 {
-	if id, ok := t.vocab[w]; ok {
+	if id, ok := t.vocab[w]; ok && t.ignoreMerges {
 		return []uint32{id}
 	}
 	syms := make([]string, 0, utf8.RuneCountInString(w))
