@@ -9,8 +9,10 @@ FUZZTIME ?= 30s
 
 all: build
 
+# -buildvcs=auto stamps the commit (`tether version`) even where GOFLAGS
+# turns VCS stamping off; it is skipped when git is unavailable.
 build:
-	$(GO) build -o $(BIN) ./cmd/tether
+	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/tether
 
 # The main job: a whole local deployment (3 edges, embedded NATS, simulated workers).
 run: build

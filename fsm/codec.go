@@ -10,6 +10,10 @@ import (
 // version; decoders read the fields they know and ignore the rest.
 const payloadVersion = 1
 
+// EventPayloadVersion is the event payload (schema) version this build
+// writes, for `tether version`.
+const EventPayloadVersion = payloadVersion
+
 // fieldWriter appends event fields and remembers the first field that does
 // not fit the format's limits, so EncodeEvent can name it.
 type fieldWriter struct {

@@ -371,3 +371,16 @@ func TestCompletionIDsDoNotRepeatAcrossRestarts(t *testing.T) {
 		}
 	}
 }
+
+// GET /v1/models/{id}: the served model, 404 model_not_found otherwise.
+func TestModelRetrieve(t *testing.T) {
+	s := startServer(t, testConfig("w0"))
+	c := testClient(t)
+	if r := do(t, c, "GET", s.URL()+"/v1/models/test-model", "", nil); r.status != 200 || r.json(t)["id"] != "test-model" {
+		t.Fatalf("served model: %d %s", r.status, r.body)
+	}
+	r := do(t, c, "GET", s.URL()+"/v1/models/other", "", nil)
+	if r.status != 404 || r.json(t)["error"].(map[string]any)["code"] != "model_not_found" {
+		t.Fatalf("other model: %d %s", r.status, r.body)
+	}
+}

@@ -126,7 +126,11 @@ func refuseLogprobs(top map[string]json.RawMessage, chat bool) *apiError {
 	if ok {
 		v := string(bytes.TrimSpace(raw))
 		if v != "false" && v != "0" {
-			return badRequest("logprobs", "logprobs are not supported by this worker (the simulated engine computes none and proxied log probabilities are not relayed); omit logprobs or set it to %s", map[bool]string{true: "false", false: "0"}[chat])
+			off := "0"
+			if chat {
+				off = "false"
+			}
+			return badRequest("logprobs", "logprobs are not supported by this worker (the simulated engine computes none and proxied log probabilities are not relayed); omit logprobs or set it to %s", off)
 		}
 	}
 	if raw, ok := present(top, "top_logprobs"); ok && string(bytes.TrimSpace(raw)) != "0" {

@@ -77,6 +77,9 @@ func (s *Server) Handler() http.Handler {
 			}
 		}()
 		rt, ok := routes[r.URL.Path]
+		if id, found := strings.CutPrefix(r.URL.Path, "/v1/models/"); !ok && found {
+			rt, ok = route{[]string{http.MethodGet, http.MethodHead}, func(w http.ResponseWriter, r *http.Request) { s.handleModel(w, id) }}, true
+		}
 		if !ok {
 			s.metrics.requests.WithLabelValues("other", "404").Inc()
 			writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
@@ -107,6 +110,17 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{"list", []model{{ID: s.cfg.Model, Object: "model", Created: s.bootTime.Unix(), OwnedBy: "tether"}}})
+}
+
+// handleModel is GET /v1/models/{id}: the served model, or 404 as OpenAI
+// answers an unknown one.
+func (s *Server) handleModel(w http.ResponseWriter, id string) {
+	if id != s.cfg.Model {
+		writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+			"the model %q does not exist on this worker (it serves %q)", truncate(id, 200), s.cfg.Model))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"id": s.cfg.Model, "object": "model", "created": s.bootTime.Unix(), "owned_by": "tether"})
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {

@@ -4,13 +4,21 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"sort"
+	"strings"
 	"syscall"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing/telemetry"
 )
 
 // command is one subcommand. run receives the arguments after the
@@ -48,6 +56,10 @@ func usage() {
 }
 
 func main() {
+	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version" || os.Args[1] == "-v") {
+		printVersion(os.Stdout)
+		return
+	}
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
 		usage()
 		if len(os.Args) < 2 {
@@ -73,7 +85,7 @@ func main() {
 		if errors.Is(err, flag.ErrHelp) {
 			return
 		}
-		fmt.Fprintf(os.Stderr, "tether %s: %v\n", os.Args[1], err)
+		fmt.Fprintf(os.Stderr, "tether %s: %s\n", os.Args[1], explain(os.Args[1], err))
 		if errors.Is(err, errUsage) {
 			os.Exit(2)
 		}
@@ -103,15 +115,61 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 }
 
 func init() {
-	register("version", "print the version and the highest event schema this build understands", func(ctx context.Context, args []string) error {
+	register("version", "print the version, commit, event schema and feature levels of this build", func(ctx context.Context, args []string) error {
 		fs := newFlagSet("version")
 		if err := parseFlags(fs, args); err != nil {
 			return err
 		}
-		fmt.Printf("tether %s\n", version)
+		printVersion(os.Stdout)
 		return nil
 	})
 }
 
+// printVersion writes what a build is: its version, the commit it was
+// built from (Go's VCS stamp), the event schema it writes and the feature
+// levels it understands (a cluster runs at the lowest of its voters').
+func printVersion(w io.Writer) {
+	commit, when, modified, goVersion := "unknown", "", false, runtime.Version()
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				commit = s.Value
+			case "vcs.time":
+				when = s.Value
+			case "vcs.modified":
+				modified = s.Value == "true"
+			}
+		}
+	}
+	if modified {
+		commit += " (modified)"
+	}
+	if when != "" {
+		commit += " " + when
+	}
+	fmt.Fprintf(w, "tether %s\n", version)
+	fmt.Fprintf(w, "commit:          %s\n", commit)
+	fmt.Fprintf(w, "go:              %s\n", goVersion)
+	fmt.Fprintf(w, "event schema:    %d (affinity-log event payloads)\n", fsm.EventPayloadVersion)
+	fmt.Fprintf(w, "feature levels:  %d..%d (the highest this build understands; fsm/DESIGN.md)\n", fsm.FeatureLevelBase, fsm.FeatureLevelMax)
+	fmt.Fprintf(w, "telemetry level: %d (worker reports)\n", telemetry.FeatureLevel)
+}
+
 // version is set at build time with -ldflags "-X main.version=…".
 var version = "dev"
+
+// explain is an error as printed after "tether <command>: ": without the
+// command's own prefix repeated, and with the fix when one is known.
+func explain(cmd string, err error) string {
+	msg := err.Error()
+	for strings.HasPrefix(msg, cmd+": ") {
+		msg = strings.TrimPrefix(msg, cmd+": ")
+	}
+	msg = strings.ReplaceAll(msg, ": "+cmd+": ", ": ")
+	var unknownCA x509.UnknownAuthorityError
+	if errors.As(err, &unknownCA) {
+		msg += "\n  the edge's certificate is signed by a CA this client does not trust: pass --cacert <ca.pem> (tether dev prints it as \"ca cert:\")"
+	}
+	return msg
+}

@@ -55,6 +55,11 @@ func runOperator(ctx context.Context, args []string) error {
 		fmt.Fprint(os.Stderr, operatorUsage)
 		return fmt.Errorf("%w: %q needs a command", errUsage, args[0])
 	}
+	if h := args[1]; h == "-h" || h == "--help" || h == "-help" || h == "help" {
+		// `tether operator raft --help`: help, not a usage error.
+		fmt.Fprint(os.Stderr, operatorUsage)
+		return nil
+	}
 	group, cmd := args[0], args[1]
 	name := group + " " + cmd
 	fs := newFlagSet("operator " + name)

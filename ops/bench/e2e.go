@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/worker"
 	"github.com/tether-project/tether/worker/engine/sim"
 )
 
@@ -252,7 +253,10 @@ func sleepUntil(ctx context.Context, at time.Time) bool {
 // send posts one request (retrying 429s after Retry-After) and records it.
 func (r *e2eRun) send(ctx context.Context, a *Agent, req *Request, call int) error {
 	msgs := PromptMessages(req, r.w.BlockSize)
-	body := chatBody{Model: r.o.Model, MaxTokens: req.OutputTokens, Stream: true}
+	// Workers refuse max_tokens above their max_tokens_limit (default
+	// 4096) with 400; a trace's longer outputs are capped there, as the
+	// workers used to clamp them.
+	body := chatBody{Model: r.o.Model, MaxTokens: min(req.OutputTokens, worker.DefaultMaxTokensLimit), Stream: true}
 	body.StreamOptions = &struct {
 		IncludeUsage bool `json:"include_usage"`
 	}{true}

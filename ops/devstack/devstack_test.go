@@ -344,3 +344,58 @@ func TestIdleInstancesAreNotKVStale(t *testing.T) {
 		}
 	}
 }
+
+// Tool calls cross the disaggregated flow (context hop, then the generation
+// worker's stream through the edge) as the worker produced them: streamed
+// deltas with index, id and name, then finish_reason tool_calls.
+func TestToolCallsStreamThroughTheEdge(t *testing.T) {
+	st := startStack(t, Options{Edges: 1, ContextWorkers: 1, GenerationWorkers: 1, Ranks: 1})
+	body := `{"model":"` + st.Model() + `","stream":true,"messages":[{"role":"user","content":"call get_weather"}],
+	 "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]}`
+	resp, err := httpClient(t).Post(st.Edges()[0].URL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	var name, args, finish string
+	for _, block := range strings.Split(string(b), "\n\n") {
+		data, ok := strings.CutPrefix(strings.TrimSpace(block), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var ch struct {
+			Choices []struct {
+				Delta struct {
+					ToolCalls []struct {
+						Index    int `json:"index"`
+						Function struct {
+							Name      string `json:"name"`
+							Arguments string `json:"arguments"`
+						} `json:"function"`
+					} `json:"tool_calls"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &ch); err != nil {
+			t.Fatalf("chunk %s: %v", data, err)
+		}
+		for _, c := range ch.Choices {
+			for _, tc := range c.Delta.ToolCalls {
+				name += tc.Function.Name
+				args += tc.Function.Arguments
+			}
+			if c.FinishReason != nil {
+				finish = *c.FinishReason
+			}
+		}
+	}
+	var parsed map[string]string
+	if name != "get_weather" || json.Unmarshal([]byte(args), &parsed) != nil || parsed["city"] == "" || finish != "tool_calls" {
+		t.Fatalf("streamed call %q(%s), finish %q:\n%s", name, args, finish, b)
+	}
+}

@@ -67,7 +67,9 @@ func TestAgentsSDK(t *testing.T) {
 	modules := installSDK(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	st, err := devstack.Start(ctx, devstack.Options{Edges: 1, ContextWorkers: 2, GenerationWorkers: 1, Ranks: 2})
+	// Mutual TLS as tether dev runs by default: node trusts the stack's CA
+	// through NODE_EXTRA_CA_CERTS, as README says.
+	st, err := devstack.Start(ctx, devstack.Options{Edges: 1, ContextWorkers: 2, GenerationWorkers: 1, Ranks: 2, MutualTLS: true})
 	if err != nil {
 		t.Fatalf("devstack: %v", err)
 	}
@@ -101,7 +103,8 @@ func TestAgentsSDK(t *testing.T) {
 	cmd.Env = append(os.Environ(),
 		"TETHER_URL="+st.Edges()[0].URL()+"/v1",
 		"TETHER_MODEL="+st.Model(),
-		"TETHER_PARENT_HEADER="+devstack.ParentHeader)
+		"TETHER_PARENT_HEADER="+devstack.ParentHeader,
+		"NODE_EXTRA_CA_CERTS="+st.CAFile())
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

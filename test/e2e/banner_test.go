@@ -12,7 +12,8 @@ import (
 // what it says: the sub-agent lands on the parent's context instance and
 // reports cached tokens. With one edge it does not talk of "another edge"
 // or "1 edges". Before, its prompt was too short for a whole 64-token block
-// (cached_tokens 0) and it read "starting 1 edges".
+// (cached_tokens 0) and it read "starting 1 edges"; every start warned about
+// raft's first election.
 func TestDevBannerExampleShowsACacheHit(t *testing.T) {
 	for _, tool := range []string{"bash", "curl"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -20,6 +21,11 @@ func TestDevBannerExampleShowsACacheHit(t *testing.T) {
 		}
 	}
 	p := startDev(t, "--edges", "1")
+	// A healthy start is quiet at the default log level (before: a WARN
+	// about raft's first election every time).
+	if e := p.stderr.String(); strings.Contains(e, "level=WARN") || strings.Contains(e, "level=ERROR") {
+		t.Fatalf("warnings on a healthy start:\n%s", e)
+	}
 	out := p.output()
 	if strings.Contains(out, "1 edges") || strings.Contains(out, "another edge") {
 		t.Fatalf("banner does not read right with one edge:\n%s", out)

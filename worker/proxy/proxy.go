@@ -357,6 +357,11 @@ func upstreamBody(req engine.Request) ([]byte, error) {
 		return nil, errors.New("request body is not a JSON object")
 	}
 	maxTokens := req.MaxTokens
+	if o := req.Output; o != nil && o.StructuredMaxTokens > maxTokens && (len(o.Tools) > 0 || o.ResponseFormat == "json_object" || o.ResponseFormat == "json_schema") {
+		// The client set no max tokens: the worker's default is for free
+		// text; a tool call or JSON answer must not be cut at it.
+		maxTokens = o.StructuredMaxTokens
+	}
 	if req.Phase == engine.PhaseContextOnly {
 		maxTokens = 1
 	}

@@ -341,3 +341,33 @@ func TestWorkerWithProxyEngineSanitizesAndPropagates(t *testing.T) {
 		t.Errorf("upstream traceparent %q does not continue trace %s", tp2, span.SpanContext().TraceID())
 	}
 }
+
+// An upstream's tool calls pass through the proxy, streamed piece by piece
+// and whole in the completion; the default max tokens does not cut them.
+func TestProxyRelaysToolCalls(t *testing.T) {
+	up := simWorker(t)
+	e := newProxy(t, proxy.Config{Upstreams: []string{up.URL()}})
+	body := `{"model":"m","messages":[{"role":"user","content":"call lookup"}],
+	 "tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object","properties":{"query":{"type":"string"},"limit":{"type":"integer","minimum":5}},"required":["query","limit"]}}}]}`
+	req := engine.Request{ID: "t1", MaxTokens: 2, Path: "/v1/chat/completions", Raw: []byte(body),
+		Prompt: prefix.Tokenize(prefix.RenderChat([]prefix.Message{{Role: "user", Content: "call lookup"}})),
+		Output: &engine.OutputOptions{Tools: []engine.Tool{{Name: "lookup"}}, StructuredMaxTokens: 4096}}
+	var args strings.Builder
+	var name string
+	c, err := e.Run(context.Background(), req, func(ch engine.Chunk) error {
+		if ch.ToolCall != nil {
+			name += ch.ToolCall.Name
+			args.WriteString(ch.ToolCall.Arguments)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.FinishReason != "tool_calls" || len(c.ToolCalls) != 1 || c.ToolCalls[0].Name != "lookup" || c.ToolCalls[0].ID == "" {
+		t.Fatalf("completion %+v", c)
+	}
+	if name != "lookup" || args.String() != c.ToolCalls[0].Arguments || c.ToolCalls[0].Arguments != `{"query":"`+strings.Split(c.ToolCalls[0].Arguments, `"`)[3]+`","limit":5}` {
+		t.Fatalf("streamed %s(%s), completion %+v", name, args.String(), c.ToolCalls)
+	}
+}
