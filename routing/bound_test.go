@@ -433,3 +433,32 @@ func TestCacheLostBelowValidated(t *testing.T) {
 		t.Errorf("cache_lost_min_idle -1s: %v, want an error naming the key", err)
 	}
 }
+
+// Weigh (experimental): the bound instance stays while its cache outweighs
+// the prefill queued ahead of it, and the key moves when another instance
+// scores strictly better — below any saturation threshold.
+func TestWeighMovesOnlyWhenAnotherScoresBetter(t *testing.T) {
+	prompt := blocks(4, 100) // 100 blocks of 64 tokens
+	r := mustRouter(t, func(cfg *Config) { cfg.Overflow.Weigh = true })
+	for _, c := range []struct {
+		name   string
+		queued int64 // prefill tokens queued on the bound ctx-a
+		move   bool
+	}{
+		{"cache outweighs a short queue", 1000, false},
+		{"a long queue outweighs the cache", 50_000, true},
+	} {
+		ix := kvindex.New(kvindex.Config{})
+		stored(t, ix, "ctx-a", 1, 0, prompt[:60]) // 3,840 cached tokens
+		vs := idle("ctx-a", "ctx-b")
+		vs[0].QueuedPrefillTokens = c.queued
+		b := binding("conv-1", "ctx-a")
+		b.LastUsed = t0.Add(-time.Hour).UnixNano()
+		rt := routeBound(t, r, Request{ConversationID: "conv-1", Blocks: prompt, PromptTokens: 6400, Now: t0},
+			b, Inputs{Views: mustViews(t, vs), Prefix: ix})
+		moved := rt.Action == ActionOverflow && rt.Rebind && rt.Instance == "ctx-b"
+		if moved != c.move || (!moved && rt.Action != ActionSticky) {
+			t.Errorf("%s: %v to %s, want moved=%v", c.name, rt.Action, rt.Instance, c.move)
+		}
+	}
+}

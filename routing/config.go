@@ -226,6 +226,15 @@ type OverflowConfig struct {
 	// request stored at its next telemetry flush, and a conversation's next
 	// turn can reach another edge first. 0 checks at once.
 	CacheLostMinIdle time.Duration `yaml:"cache_lost_min_idle"`
+	// Weigh (experimental, not a configuration key; the trace benchmark's
+	// tether_weigh): a healthy bound instance, saturated or not, is
+	// weighed against the others per request — each candidate's score is
+	// its cached prompt tokens minus the prefill queued ahead (the Place
+	// score, bound instance included) — and the key moves (Rebind) when
+	// another instance scores strictly better, instead of the saturation
+	// thresholds and the cache-lost fraction deciding. The binding must have
+	// been idle CacheLostMinIdle (its cache evidence is late before).
+	Weigh bool `yaml:"-"`
 }
 
 // ShedConfig says when a request is refused (429). Zero limits are

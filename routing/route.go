@@ -222,6 +222,11 @@ func (r *Router) RouteBound(req Request, b fsm.Binding, in Inputs) (Route, error
 		v = nil
 	}
 	reason := r.Condition(v)
+	if r.cfg.Overflow.Weigh && (reason == 0 || reason == fsm.OverflowSaturated) {
+		if rt, ok := r.weigh(&req, &b, v, reason, &in); ok {
+			return rt, nil
+		}
+	}
 	if reason == 0 {
 		if rt, ok := r.cacheLost(&req, &b, &in); ok {
 			return rt, nil
@@ -289,6 +294,56 @@ func (r *Router) cacheLost(req *Request, b *fsm.Binding, in *Inputs) (Route, boo
 		}
 	}
 	rt.Action, rt.From, rt.Reason, rt.Rebind = ActionOverflow, bound, fsm.OverflowCacheLost, true
+	return rt, true
+}
+
+// weigh is the per-request comparison (OverflowConfig.Weigh): the bound
+// instance and every other below the hard limits are scored as for a new
+// placement (cached tokens saved against prefill queued ahead); the key
+// stays unless another scores strictly better, and then moves with its
+// binding. It reports false when it does not apply (a sub-agent routed by
+// its parent's key, a binding used too recently for its cache evidence, no
+// cache to weigh), leaving the threshold rules to decide.
+func (r *Router) weigh(req *Request, b *fsm.Binding, v *InstanceView, reason fsm.OverflowReason, in *Inputs) (Route, bool) {
+	if v == nil || in.Prefix == nil || len(req.Blocks) == 0 || !r.cfg.Type.usesCache() || !req.Fleet.Valid() {
+		return Route{}, false
+	}
+	if req.ConversationID != "" && req.ConversationID != req.Key {
+		return Route{}, false
+	}
+	if req.Now.UnixNano()-b.LastUsed < int64(r.cfg.Overflow.CacheLostMinIdle) {
+		return Route{}, false
+	}
+	bound := b.Instance
+	buf := getCandidates()
+	defer putCandidates(buf)
+	cands, minTier := r.eligible(req, in, "", (*buf)[:0])
+	*buf = cands
+	if len(cands) == 0 || minTier == tierOver {
+		return Route{}, false
+	}
+	out := cands[:0]
+	for _, c := range cands {
+		if c.tier != tierOver {
+			out = append(out, c)
+		}
+	}
+	cands = out
+	stay := Route{Action: ActionSticky, Instance: bound, URL: v.URL, Rank: -1, Reason: reason}
+	rt := r.choose(req, in, cands)
+	if rt.Instance == bound {
+		return stay, true
+	}
+	for i := range cands {
+		if cands[i].v.ID == bound && cands[i].score >= rt.Decision.Candidates[0].Score {
+			return stay, true
+		}
+	}
+	rt.Action, rt.From, rt.Rebind = ActionOverflow, bound, true
+	rt.Reason = fsm.OverflowCacheLost
+	if reason != 0 {
+		rt.Reason = reason
+	}
 	return rt, true
 }
 

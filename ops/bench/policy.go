@@ -61,13 +61,17 @@ const (
 	// (routing's overflow.cache_lost_below = 0): a key stays on its bound
 	// instance after that instance's cache of it was evicted.
 	PolicyTetherNoCacheRebind Policy = "tether_no_cache_rebind"
+	// PolicyTetherWeigh: tether with routing's experimental per-request
+	// weighing of the bound instance against the others
+	// (OverflowConfig.Weigh) instead of the thresholds.
+	PolicyTetherWeigh Policy = "tether_weigh"
 )
 
 // TetherVariants are the ablations.
-var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind}
+var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind, PolicyTetherWeigh}
 
 func (p Policy) isTether() bool {
-	return p == PolicyTether || p == PolicyTetherLocal || p == PolicyTetherNoParent || p == PolicyTetherNoOverflow || p == PolicyTetherParentFirst || p == PolicyTetherNoCacheRebind
+	return p == PolicyTether || p == PolicyTetherLocal || p == PolicyTetherNoParent || p == PolicyTetherNoOverflow || p == PolicyTetherParentFirst || p == PolicyTetherNoCacheRebind || p == PolicyTetherWeigh
 }
 
 // AllPolicies lists every policy in report order.

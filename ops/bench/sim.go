@@ -422,6 +422,8 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 			rc.Overflow = routing.OverflowConfig{}
 		case PolicyTetherNoCacheRebind:
 			rc.Overflow.CacheLostBelow = 0
+		case PolicyTetherWeigh:
+			rc.Overflow.Weigh = true
 		}
 	}
 	if s.router, err = routing.NewRouter(rc); err != nil {
