@@ -47,7 +47,10 @@ const (
 	DefaultMaxBindings   = fsm.DefaultMaxBindings
 	DefaultTouchInterval = time.Second
 	DefaultMaxBodyBytes  = 32 << 20
-	DefaultMaxRetries    = 1
+	// DefaultMaxInflightBodyBytes: two bodies at max_body_bytes, or
+	// hundreds of typical agentic prompts at once.
+	DefaultMaxInflightBodyBytes = 64 << 20
+	DefaultMaxRetries           = 1
 	// DefaultProposeTimeout is cluster.propose_timeout with the default
 	// Raft timing: it defaults to the election timeout (proposeTimeoutFor).
 	DefaultProposeTimeout   = 500 * time.Millisecond
@@ -100,6 +103,9 @@ type Config struct {
 	// Empty disables the admin API.
 	AdminToken   string `yaml:"admin_token"`
 	MaxBodyBytes int64  `yaml:"max_body_bytes"`
+	// MaxInflightBodyBytes bounds the request-body bytes held at once,
+	// over all requests (429 with Retry-After beyond it); >= max_body_bytes.
+	MaxInflightBodyBytes int64 `yaml:"max_inflight_body_bytes"`
 	// UpstreamTimeout bounds one worker hop, streaming included.
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
 
@@ -322,14 +328,15 @@ type TracingConfig struct {
 func DefaultConfig() Config {
 	rc := routing.DefaultConfig()
 	return Config{
-		Hostname:        "127.0.0.1",
-		Port:            DefaultPort,
-		MaxRetries:      DefaultMaxRetries,
-		SessionTTL:      DefaultSessionTTL,
-		MaxBindings:     DefaultMaxBindings,
-		TouchInterval:   DefaultTouchInterval,
-		MaxBodyBytes:    DefaultMaxBodyBytes,
-		UpstreamTimeout: DefaultUpstreamTimeout,
+		Hostname:             "127.0.0.1",
+		Port:                 DefaultPort,
+		MaxRetries:           DefaultMaxRetries,
+		SessionTTL:           DefaultSessionTTL,
+		MaxBindings:          DefaultMaxBindings,
+		TouchInterval:        DefaultTouchInterval,
+		MaxBodyBytes:         DefaultMaxBodyBytes,
+		MaxInflightBodyBytes: DefaultMaxInflightBodyBytes,
+		UpstreamTimeout:      DefaultUpstreamTimeout,
 
 		ReadHeaderTimeout: DefaultReadHeaderTimeout,
 		ReadTimeout:       DefaultReadTimeout,
@@ -788,6 +795,11 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBodyBytes <= 0 {
 		bad("max_body_bytes", "must be > 0, got %d", c.MaxBodyBytes)
+	}
+	if c.MaxInflightBodyBytes == 0 {
+		c.MaxInflightBodyBytes = max(DefaultMaxInflightBodyBytes, c.MaxBodyBytes)
+	} else if c.MaxInflightBodyBytes < c.MaxBodyBytes {
+		bad("max_inflight_body_bytes", "%d is below max_body_bytes (%d): a body at the limit could never be read", c.MaxInflightBodyBytes, c.MaxBodyBytes)
 	}
 	if c.UpstreamTimeout <= 0 {
 		bad("upstream_timeout", "must be > 0, got %s", c.UpstreamTimeout)

@@ -41,6 +41,7 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/bodybudget"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/telemetry"
 )
@@ -115,6 +116,8 @@ type Edge struct {
 	mu      sync.Mutex
 	started bool
 	stopped bool
+	// bodies bounds the request-body bytes held at once.
+	bodies *bodybudget.Budget
 	// noHandoff: Close skips the Raft leadership transfer.
 	noHandoff atomic.Bool
 	serveErr  chan error
@@ -133,6 +136,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		return nil, fmt.Errorf("edge: config: %w", err)
 	}
 	e := &Edge{cfg: cfg, deps: deps, identityCfg: cfg.IdentityConfig(), overload: routing.NewOverloadTracker()}
+	e.bodies = bodybudget.New(cfg.MaxInflightBodyBytes)
 	e.log = deps.Logger
 	if e.log == nil {
 		e.log = slog.Default()
