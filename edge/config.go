@@ -103,6 +103,10 @@ type Config struct {
 	// Empty disables the admin API.
 	AdminToken   string `yaml:"admin_token"`
 	MaxBodyBytes int64  `yaml:"max_body_bytes"`
+	// MetricsAccess is who may read /metrics on the API port: "public"
+	// (default) or "admin_token" (Authorization: Bearer <admin_token>).
+	// The metrics name instances, their health and hit rates.
+	MetricsAccess string `yaml:"metrics_access"`
 	// MaxInflightBodyBytes bounds the request-body bytes held at once,
 	// over all requests (429 with Retry-After beyond it); >= max_body_bytes.
 	MaxInflightBodyBytes int64 `yaml:"max_inflight_body_bytes"`
@@ -796,6 +800,17 @@ func (c *Config) Validate() error {
 	if c.MaxBodyBytes <= 0 {
 		bad("max_body_bytes", "must be > 0, got %d", c.MaxBodyBytes)
 	}
+	switch c.MetricsAccess {
+	case "":
+		c.MetricsAccess = MetricsPublic
+	case MetricsPublic:
+	case MetricsAdminToken:
+		if c.AdminToken == "" {
+			bad("metrics_access", "%q needs admin_token (or %s)", MetricsAdminToken, EnvAdminToken)
+		}
+	default:
+		bad("metrics_access", "%q is not one of %q, %q", c.MetricsAccess, MetricsPublic, MetricsAdminToken)
+	}
 	if c.MaxInflightBodyBytes == 0 {
 		c.MaxInflightBodyBytes = max(DefaultMaxInflightBodyBytes, c.MaxBodyBytes)
 	} else if c.MaxInflightBodyBytes < c.MaxBodyBytes {
@@ -1070,3 +1085,9 @@ func proposeTimeoutFor(r RaftConfig) time.Duration {
 	}
 	return DefaultProposeTimeout
 }
+
+// metrics_access values.
+const (
+	MetricsPublic     = "public"
+	MetricsAdminToken = "admin_token"
+)

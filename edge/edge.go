@@ -542,7 +542,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("/v1/models", e.handleModels)
 	mux.HandleFunc("/healthz", e.handleHealth)
 	mux.HandleFunc("/readyz", e.handleReady)
-	mux.Handle("/metrics", promhttp.HandlerFor(e.registry, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", e.metricsHandler())
 	mux.Handle("/admin/v1/", e.adminHandler())
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
@@ -562,6 +562,23 @@ func (e *Edge) Handler() http.Handler {
 			return
 		}
 		mux.ServeHTTP(w, r)
+	})
+}
+
+// metricsHandler serves /metrics, behind the admin token when
+// metrics_access is admin_token (docs/security.md).
+func (e *Edge) metricsHandler() http.Handler {
+	h := promhttp.HandlerFor(e.registry, promhttp.HandlerOpts{})
+	if e.cfg.MetricsAccess != MetricsAdminToken {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !e.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tether-metrics"`)
+			adminError(w, http.StatusUnauthorized, "unauthorized", "/metrics needs Authorization: Bearer <admin_token> (metrics_access: admin_token)")
+			return
+		}
+		h.ServeHTTP(w, r)
 	})
 }
 
