@@ -48,8 +48,20 @@ func adminError(w http.ResponseWriter, status int, code, format string, args ...
 }
 
 func (e *Edge) authorized(r *http.Request) bool {
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && e.cfg.AdminToken != "" && constantTimeEqual(strings.TrimSpace(tok), e.cfg.AdminToken)
+	tok, ok := bearerToken(r.Header.Get("Authorization"))
+	return ok && e.cfg.AdminToken != "" && constantTimeEqual(tok, e.cfg.AdminToken)
+}
+
+// bearerToken extracts the token of an "Authorization: Bearer <token>"
+// header. The scheme is case-insensitive (RFC 9110 §11.1: "bearer" and
+// "BEARER" are the same scheme; issue 13, D5).
+func bearerToken(h string) (string, bool) {
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(h), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
 }
 
 func (e *Edge) serveAdmin(w http.ResponseWriter, r *http.Request) int {
@@ -543,6 +555,9 @@ func (e *Edge) adminRemovePeer(w http.ResponseWriter, r *http.Request) int {
 	if !ok {
 		return status
 	}
+	if !e.isPeer(req.ID) {
+		return adminError(w, http.StatusNotFound, "unknown_peer", "remove-peer: %q is not a member of the cluster (GET /admin/v1/cluster lists the peers)", req.ID)
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	return e.raftResult(w, "remove-peer", e.node.RemoveServer(ctx, req.ID))
@@ -553,9 +568,24 @@ func (e *Edge) adminTransferLeader(w http.ResponseWriter, r *http.Request) int {
 	if !ok {
 		return status
 	}
+	if req.ID != "" && !e.isPeer(req.ID) {
+		return adminError(w, http.StatusNotFound, "unknown_peer", "transfer-leader: %q is not a member of the cluster (GET /admin/v1/cluster lists the peers)", req.ID)
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	return e.raftResult(w, "transfer-leader", e.node.TransferLeadership(ctx, req.ID))
+}
+
+// isPeer reports whether id is in the Raft configuration this edge knows.
+// Operator mistakes (an unknown id) are answered 404 here: raft answered
+// them 500 (transfer-leader) or 200 (remove-peer of nobody).
+func (e *Edge) isPeer(id string) bool {
+	for _, p := range e.node.Status().Peers {
+		if p.ID == id {
+			return true
+		}
+	}
+	return false
 }
 
 func (e *Edge) adminAddVoter(w http.ResponseWriter, r *http.Request) int {

@@ -48,7 +48,10 @@ const (
 	DefaultMaxBindings   = fsm.DefaultMaxBindings
 	DefaultTouchInterval = time.Second
 	DefaultMaxBodyBytes  = 32 << 20
-	DefaultMaxRetries    = 1
+	// DefaultMaxInflightBodyBytes: two bodies at max_body_bytes, or
+	// hundreds of typical agentic prompts at once.
+	DefaultMaxInflightBodyBytes = 64 << 20
+	DefaultMaxRetries           = 1
 	// DefaultProposeTimeout is cluster.propose_timeout with the default
 	// Raft timing: it defaults to the election timeout (proposeTimeoutFor).
 	DefaultProposeTimeout   = 500 * time.Millisecond
@@ -105,6 +108,13 @@ type Config struct {
 	// Empty disables the admin API.
 	AdminToken   string `yaml:"admin_token"`
 	MaxBodyBytes int64  `yaml:"max_body_bytes"`
+	// MetricsAccess is who may read /metrics on the API port: "public"
+	// (default) or "admin_token" (Authorization: Bearer <admin_token>).
+	// The metrics name instances, their health and hit rates.
+	MetricsAccess string `yaml:"metrics_access"`
+	// MaxInflightBodyBytes bounds the request-body bytes held at once,
+	// over all requests (429 with Retry-After beyond it); >= max_body_bytes.
+	MaxInflightBodyBytes int64 `yaml:"max_inflight_body_bytes"`
 	// UpstreamTimeout bounds one worker hop, streaming included.
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
 
@@ -413,14 +423,15 @@ type TracingConfig struct {
 func DefaultConfig() Config {
 	rc := routing.DefaultConfig()
 	c := Config{
-		Hostname:        "127.0.0.1",
-		Port:            DefaultPort,
-		MaxRetries:      DefaultMaxRetries,
-		SessionTTL:      DefaultSessionTTL,
-		MaxBindings:     DefaultMaxBindings,
-		TouchInterval:   DefaultTouchInterval,
-		MaxBodyBytes:    DefaultMaxBodyBytes,
-		UpstreamTimeout: DefaultUpstreamTimeout,
+		Hostname:             "127.0.0.1",
+		Port:                 DefaultPort,
+		MaxRetries:           DefaultMaxRetries,
+		SessionTTL:           DefaultSessionTTL,
+		MaxBindings:          DefaultMaxBindings,
+		TouchInterval:        DefaultTouchInterval,
+		MaxBodyBytes:         DefaultMaxBodyBytes,
+		MaxInflightBodyBytes: DefaultMaxInflightBodyBytes,
+		UpstreamTimeout:      DefaultUpstreamTimeout,
 
 		ReadHeaderTimeout: DefaultReadHeaderTimeout,
 		ReadTimeout:       DefaultReadTimeout,
@@ -900,6 +911,22 @@ func (c *Config) Validate() error {
 	if c.MaxBodyBytes <= 0 {
 		bad("max_body_bytes", "must be > 0, got %d", c.MaxBodyBytes)
 	}
+	switch c.MetricsAccess {
+	case "":
+		c.MetricsAccess = MetricsPublic
+	case MetricsPublic:
+	case MetricsAdminToken:
+		if c.AdminToken == "" {
+			bad("metrics_access", "%q needs admin_token (or %s)", MetricsAdminToken, EnvAdminToken)
+		}
+	default:
+		bad("metrics_access", "%q is not one of %q, %q", c.MetricsAccess, MetricsPublic, MetricsAdminToken)
+	}
+	if c.MaxInflightBodyBytes == 0 {
+		c.MaxInflightBodyBytes = max(DefaultMaxInflightBodyBytes, c.MaxBodyBytes)
+	} else if c.MaxInflightBodyBytes < c.MaxBodyBytes {
+		bad("max_inflight_body_bytes", "%d is below max_body_bytes (%d): a body at the limit could never be read", c.MaxInflightBodyBytes, c.MaxBodyBytes)
+	}
 	if c.UpstreamTimeout <= 0 {
 		bad("upstream_timeout", "must be > 0, got %s", c.UpstreamTimeout)
 	}
@@ -1180,3 +1207,9 @@ func proposeTimeoutFor(r RaftConfig) time.Duration {
 	}
 	return DefaultProposeTimeout
 }
+
+// metrics_access values.
+const (
+	MetricsPublic     = "public"
+	MetricsAdminToken = "admin_token"
+)

@@ -42,6 +42,7 @@ import (
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/bodybudget"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/routing/telemetry"
@@ -118,6 +119,8 @@ type Edge struct {
 	mu      sync.Mutex
 	started bool
 	stopped bool
+	// bodies bounds the request-body bytes held at once.
+	bodies *bodybudget.Budget
 	// noHandoff: Close skips the Raft leadership transfer.
 	noHandoff atomic.Bool
 	serveErr  chan error
@@ -136,6 +139,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		return nil, fmt.Errorf("edge: config: %w", err)
 	}
 	e := &Edge{cfg: cfg, deps: deps, identityCfg: cfg.IdentityConfig(), overload: routing.NewOverloadTracker()}
+	e.bodies = bodybudget.New(cfg.MaxInflightBodyBytes)
 	e.log = deps.Logger
 	if e.log == nil {
 		e.log = slog.Default()
@@ -551,7 +555,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("/v1/models/{id...}", e.handleModel)
 	mux.HandleFunc("/healthz", e.handleHealth)
 	mux.HandleFunc("/readyz", e.handleReady)
-	mux.Handle("/metrics", promhttp.HandlerFor(e.registry, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", e.metricsHandler())
 	mux.Handle("/admin/v1/", e.adminHandler())
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
@@ -571,6 +575,23 @@ func (e *Edge) Handler() http.Handler {
 			return
 		}
 		mux.ServeHTTP(w, r)
+	})
+}
+
+// metricsHandler serves /metrics, behind the admin token when
+// metrics_access is admin_token (docs/security.md).
+func (e *Edge) metricsHandler() http.Handler {
+	h := promhttp.HandlerFor(e.registry, promhttp.HandlerOpts{})
+	if e.cfg.MetricsAccess != MetricsAdminToken {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !e.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tether-metrics"`)
+			adminError(w, http.StatusUnauthorized, "unauthorized", "/metrics needs Authorization: Bearer <admin_token> (metrics_access: admin_token)")
+			return
+		}
+		h.ServeHTTP(w, r)
 	})
 }
 

@@ -108,10 +108,11 @@ func fail(w http.ResponseWriter, span trace.Span, aerr *apiError) int {
 
 func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *http.Request, chat bool, span trace.Span) int {
 	e.stripHeaders(r)
-	body, aerr := readBody(r, e.cfg.MaxBodyBytes)
+	body, release, aerr := e.readBody(r)
 	if aerr != nil {
 		return fail(w, span, aerr)
 	}
+	defer release()
 	rq, bodyConv, tokens, aerr := parseBody(body, chat)
 	if aerr != nil {
 		return fail(w, span, aerr)

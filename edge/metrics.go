@@ -24,6 +24,8 @@ type metrics struct {
 	upstreamErrors  *prometheus.CounterVec
 	recorderQueued  prometheus.GaugeFunc
 	recorderDropped *prometheus.CounterVec
+	bodyRefused     prometheus.Counter
+	bodyInflight    prometheus.GaugeFunc
 }
 
 func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
@@ -79,6 +81,14 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 		Name: "tether_edge_recorder_dropped_total",
 		Help: "Background events (overflows, links, rank observations, degraded binds) given up before the log recorded them, by event type and reason (queue_full: the oldest made room for a new one; attempts: retried too often; closed: the edge stopped).",
 	}, []string{"type", "reason"})
+	m.bodyRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tether_edge_body_budget_refused_total",
+		Help: "Requests refused (429) because max_inflight_body_bytes of request bodies were already held.",
+	})
+	m.bodyInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tether_edge_inflight_body_bytes",
+		Help: "Request-body bytes held by requests in flight (bounded by max_inflight_body_bytes).",
+	}, func() float64 { return float64(e.bodies.InUse()) })
 	m.recorderQueued = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tether_edge_recorder_queued",
 		Help: "Background events waiting for the affinity log (bounded; beyond the bound the oldest are dropped).",
@@ -101,7 +111,7 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.requestSeconds, m.decisions, m.commitSeconds, m.proposals, m.retries,
 		m.degradedPending, m.degradedRecord, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
-		m.recorderQueued, m.recorderDropped} {
+		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("edge: register metrics: %w", err)
 		}

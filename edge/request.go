@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/tether-project/tether/internal/bodybudget"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/prefix"
@@ -87,21 +87,30 @@ type request struct {
 // field is excluded from the serialized request body").
 var internalBodyFields = []string{"disaggregated_params", "subagent_affinity_id", "subagent_affinity_auth"}
 
-// readBody reads at most limit bytes (413 beyond).
-func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
-	if r.ContentLength > limit {
-		return nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "",
-			"request body of %d bytes exceeds the limit of %d bytes (max_body_bytes)", r.ContentLength, limit)
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, badRequest("", "", "reading the request body: %v", err)
-	}
-	if int64(len(body)) > limit {
-		return nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "",
+// readBody reads at most max_body_bytes (413 beyond), held against the
+// edge's max_inflight_body_bytes until release (429 with Retry-After when
+// the budget is exhausted).
+func (e *Edge) readBody(r *http.Request) (body []byte, release func(), aerr *apiError) {
+	limit := e.cfg.MaxBodyBytes
+	body, release, err := e.bodies.Read(r.Body, r.ContentLength, limit)
+	switch {
+	case err == nil:
+		return body, release, nil
+	case errors.Is(err, bodybudget.ErrTooLarge):
+		if r.ContentLength > limit {
+			return nil, nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "",
+				"request body of %d bytes exceeds the limit of %d bytes (max_body_bytes)", r.ContentLength, limit)
+		}
+		return nil, nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "",
 			"request body exceeds the limit of %d bytes (max_body_bytes)", limit)
+	case errors.Is(err, bodybudget.ErrExceeded):
+		e.metrics.bodyRefused.Inc()
+		aerr := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "request_body_budget_exhausted", "",
+			"this edge holds its limit of %d request-body bytes in flight (max_inflight_body_bytes); retry after 1s", e.bodies.Limit())
+		aerr.retryAfter = time.Second
+		return nil, nil, aerr
 	}
-	return body, nil
+	return nil, nil, badRequest("", "", "reading the request body: %v", err)
 }
 
 // parseBody validates an inference body and extracts what routing needs:

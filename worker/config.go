@@ -71,10 +71,14 @@ type Config struct {
 	TelemetryInterval time.Duration // telemetry_interval (default 100ms)
 	LegacyMode        bool          // legacy_mode: ignore sub-agent headers, advertise no hint support
 
-	MaxBodyBytes     int64         // max_body_bytes (default 32 MiB)
-	DefaultMaxTokens int           // default_max_tokens (default 16)
-	MaxTokensLimit   int           // max_tokens_limit: larger requests are refused with 400 (default 4096)
-	WriteTimeout     time.Duration // write_timeout: per write (streams extend it per chunk; default 10m)
+	MaxBodyBytes int64 // max_body_bytes (default 32 MiB)
+	// MaxInflightBodyBytes is max_inflight_body_bytes: the request-body
+	// bytes held at once over all requests, 429 beyond (default 64 MiB,
+	// at least max_body_bytes).
+	MaxInflightBodyBytes int64
+	DefaultMaxTokens     int           // default_max_tokens (default 16)
+	MaxTokensLimit       int           // max_tokens_limit: larger requests are refused with 400 (default 4096)
+	WriteTimeout         time.Duration // write_timeout: per write (streams extend it per chunk; default 10m)
 
 	// HTTP server limits.
 	ReadHeaderTimeout time.Duration // read_header_timeout: reading a request's headers (default 10s)
@@ -176,15 +180,16 @@ type TLSConfig struct {
 
 // Defaults for omitted keys.
 const (
-	DefaultTelemetryInterval = 100 * time.Millisecond
-	DefaultMaxBodyBytes      = 32 << 20
-	DefaultMaxTokens         = 16
-	DefaultMaxTokensLimit    = 4096
-	DefaultWriteTimeout      = 10 * time.Minute
-	DefaultReadHeaderTimeout = 10 * time.Second
-	DefaultReadTimeout       = 2 * time.Minute
-	DefaultIdleTimeout       = 2 * time.Minute
-	DefaultHostname          = "127.0.0.1"
+	DefaultTelemetryInterval    = 100 * time.Millisecond
+	DefaultMaxBodyBytes         = 32 << 20
+	DefaultMaxInflightBodyBytes = 64 << 20
+	DefaultMaxTokens            = 16
+	DefaultMaxTokensLimit       = 4096
+	DefaultWriteTimeout         = 10 * time.Minute
+	DefaultReadHeaderTimeout    = 10 * time.Second
+	DefaultReadTimeout          = 2 * time.Minute
+	DefaultIdleTimeout          = 2 * time.Minute
+	DefaultHostname             = "127.0.0.1"
 )
 
 // defaultConfig is the configuration before the file is applied.
@@ -355,6 +360,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBodyBytes < 1024 {
 		return fmt.Errorf("max_body_bytes: %d is too small (at least 1024)", c.MaxBodyBytes)
+	}
+	if c.MaxInflightBodyBytes != 0 && c.MaxInflightBodyBytes < c.MaxBodyBytes {
+		return fmt.Errorf("max_inflight_body_bytes: %d is below max_body_bytes (%d): a body at the limit could never be read", c.MaxInflightBodyBytes, c.MaxBodyBytes)
 	}
 	if c.MaxTokensLimit < 1 {
 		return fmt.Errorf("max_tokens_limit: must be at least 1, got %d", c.MaxTokensLimit)
@@ -682,6 +690,7 @@ func parseConfig(data []byte) (Config, error) {
 		"telemetry_interval":                  interval,
 		"legacy_mode":                         &cfg.LegacyMode,
 		"max_body_bytes":                      &cfg.MaxBodyBytes,
+		"max_inflight_body_bytes":             &cfg.MaxInflightBodyBytes,
 		"default_max_tokens":                  &cfg.DefaultMaxTokens,
 		"max_tokens_limit":                    &cfg.MaxTokensLimit,
 		"write_timeout":                       writeTimeout,

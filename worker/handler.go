@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/internal/bodybudget"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/worker/adp"
@@ -245,10 +246,14 @@ func (x *exchange) fail(e *apiError) int {
 // when the client went away) and the phase it ran ("" if it never ran).
 func (x *exchange) serve() (int, string) {
 	s := x.s
-	body, aerr := readBody(x.r, s.cfg.MaxBodyBytes)
+	body, release, aerr := s.readBody(x.r)
 	if aerr != nil {
+		if aerr.Status == http.StatusTooManyRequests {
+			x.w.Header().Set("Retry-After", "1")
+		}
 		return x.fail(aerr), ""
 	}
+	defer release()
 	p, aerr := parseRequest(body, x.chat, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
 	if aerr != nil {
 		return x.fail(aerr), ""
@@ -599,4 +604,34 @@ func (x *exchange) engineFailed(err error) int {
 		return statusClientClosed
 	}
 	return e.Status
+}
+
+// inflightBodyBytes is max_inflight_body_bytes, defaulted.
+func (c *Config) inflightBodyBytes() int64 {
+	if c.MaxInflightBodyBytes > 0 {
+		return c.MaxInflightBodyBytes
+	}
+	return max(DefaultMaxInflightBodyBytes, c.MaxBodyBytes)
+}
+
+// readBody reads at most max_body_bytes (413 beyond), held against
+// max_inflight_body_bytes until release (429 with Retry-After when the
+// budget is exhausted: many concurrent large bodies must not take the
+// process's memory).
+func (s *Server) readBody(r *http.Request) ([]byte, func(), *apiError) {
+	limit := s.cfg.MaxBodyBytes
+	body, release, err := s.bodies.Read(r.Body, r.ContentLength, limit)
+	switch {
+	case err == nil:
+		return body, release, nil
+	case errors.Is(err, bodybudget.ErrTooLarge):
+		if r.ContentLength > limit {
+			return nil, nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "", "request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, limit)
+		}
+		return nil, nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "", "request body exceeds the limit of %d bytes", limit)
+	case errors.Is(err, bodybudget.ErrExceeded):
+		return nil, nil, newAPIError(http.StatusTooManyRequests, "rate_limit_error", "request_body_budget_exhausted", "",
+			"this worker holds its limit of %d request-body bytes in flight (max_inflight_body_bytes); retry after 1s", s.bodies.Limit())
+	}
+	return nil, nil, badRequest("", "reading request body: %v", err)
 }

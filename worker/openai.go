@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -491,21 +490,6 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
-}
-
-// readBody reads at most limit bytes; more is a 413.
-func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
-	if r.ContentLength > limit {
-		return nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "", "request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, limit)
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, badRequest("", "reading request body: %v", err)
-	}
-	if int64(len(body)) > limit {
-		return nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "", "request body exceeds the limit of %d bytes", limit)
-	}
-	return body, nil
 }
 
 // Response shapes (OpenAI).

@@ -32,6 +32,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/internal/bodybudget"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/worker/adp"
 	"github.com/tether-project/tether/worker/engine"
@@ -45,6 +46,8 @@ const (
 
 // Server is one worker: HTTP API, scheduler, engine and telemetry.
 type Server struct {
+	// bodies bounds the request-body bytes held at once.
+	bodies   *bodybudget.Budget
 	cfg      Config
 	log      *slog.Logger
 	eng      engine.Engine
@@ -97,6 +100,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("worker: config: %w", err)
 	}
 	s := &Server{
+		bodies:   bodybudget.New(cfg.inflightBodyBytes()),
 		cfg:      cfg,
 		log:      cfg.Logger,
 		keys:     cfg.AuthKeys(),

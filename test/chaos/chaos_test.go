@@ -252,6 +252,10 @@ func (v *env) placements(e *edgeProc, fleet, key string) ([]placement, []history
 // time was routed knowing it (see test/reliability's soak).
 const commitMargin = time.Second
 
+// recordWindow: how long after serving a detour its Overflow may commit
+// (the edge's recorder batches it off the request path) and still excuse it.
+const recordWindow = 2 * time.Second
+
 // restartWindow: wrong answers by an edge this soon after its (re)start,
 // or after any edge kill, are counted apart (the former B3 window); they
 // fail the test like any other.
@@ -282,11 +286,24 @@ func (v *env) checkRoutes(samples []sample, restarts map[string][]time.Time) ver
 		cache[k], events[k] = p, evs
 		return p
 	}
-	overflowTo := func(fleet, key, inst string) bool {
+	// An Overflow to inst excuses a request served by inst only when it
+	// belongs to the placement in force (committed at or after p.from and
+	// before the next binding change) and was committed before the request
+	// ended, or within recordWindow after it (overflows that are not a
+	// retry's are recorded off the request path). Before, any Overflow to
+	// the instance at any time excused it (issue 13).
+	overflowTo := func(fleet, key, inst string, p placement, s sample) bool {
 		for _, ev := range events[fleet+"/"+key] {
-			if ev.Type == "Overflow" && ev.Event["to"] == inst {
-				return true
+			if ev.Type != "Overflow" || ev.Status != "applied" || ev.Event["to"] != inst {
+				continue
 			}
+			if ev.Time.Before(p.from) || (!p.to.IsZero() && !ev.Time.Before(p.to)) {
+				continue
+			}
+			if ev.Time.After(s.end.Add(recordWindow)) {
+				continue
+			}
+			return true
 		}
 		return false
 	}
@@ -316,7 +333,7 @@ func (v *env) checkRoutes(samples []sample, restarts map[string][]time.Time) ver
 				out.checked++
 				switch {
 				case c.inst == p.instance:
-				case overflowTo(c.fleet, c.key, c.inst):
+				case overflowTo(c.fleet, c.key, c.inst, p, s):
 					out.overflowed++
 				default:
 					// Counted apart to show where they happen (the former

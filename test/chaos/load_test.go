@@ -29,32 +29,48 @@ func TestLoadAtShippedDefaults(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("CHAOS_LOAD_SECONDS")); err == nil && n > 0 {
 		seconds = n
 	}
+	// CHAOS_LOAD_KILL_LEADER=1: SIGKILL the leader halfway and restart it
+	// (issue 13's "one leader kill" run); refusals are then expected and
+	// only reported.
+	killLeader := os.Getenv("CHAOS_LOAD_KILL_LEADER") == "1"
 	v := newEnv(t)
+	restarts := map[string][]time.Time{}
 	ld := startLoad(v, fmt.Sprintf("load-%d", time.Now().UnixNano()%1e6), clients, clients)
-	hold := time.NewTimer(time.Duration(seconds) * time.Second)
-	<-hold.C // the load's length (schedule), not a wait for an outcome
+	half := time.NewTimer(time.Duration(seconds) * time.Second / 2)
+	<-half.C // the load's schedule, not a wait for an outcome
+	if killLeader {
+		var kill nemesis
+		for _, n := range nemeses {
+			if n.name == "kill-leader" {
+				kill = n
+			}
+		}
+		kill.run(t, v, func(id string) { restarts[id] = append(restarts[id], time.Now()) })
+	}
+	rest := time.NewTimer(time.Duration(seconds) * time.Second / 2)
+	<-rest.C
 	samples := ld.finish()
 	v.converge(60 * time.Second)
-	vd := v.checkRoutes(samples, nil)
+	vd := v.checkRoutes(samples, restarts)
 	ok := 0
 	for _, s := range samples {
 		if s.ok {
 			ok++
 		}
 	}
-	t.Logf("FIGURES load clients=%d seconds=%d propose_timeout=%q requests=%d attempts=%d succeeded=%d refused_503=%d failed=%d checked=%d wrong_instance=%d recorded_overflows=%d failures=%v refusals=%v",
-		clients, seconds, os.Getenv("CHAOS_PROPOSE_TIMEOUT"), len(samples), ld.sent.Load(), ok, ld.refused.Load(), ld.failed.Load(),
-		vd.checked, vd.wrong, vd.overflowed, failureReasons(samples), ld.refusals)
+	t.Logf("FIGURES load kill_leader=%v clients=%d seconds=%d propose_timeout=%q requests=%d attempts=%d succeeded=%d refused_503=%d failed=%d checked=%d wrong_instance=%d wrong_after_kill=%d recorded_overflows=%d failures=%v refusals=%v",
+		killLeader, clients, seconds, os.Getenv("CHAOS_PROPOSE_TIMEOUT"), len(samples), ld.sent.Load(), ok, ld.refused.Load(), ld.failed.Load(),
+		vd.checked, vd.wrong, vd.afterRestart, vd.overflowed, failureReasons(samples), ld.refusals)
 	// Issue 13's bar: at least 99.9 % of attempts to live edges answered.
 	// Asserted on the long run; the short one (make test, a loaded
 	// machine) asserts that no request failed on every edge.
-	if n := ld.refused.Load(); longMode() && n*1000 > ld.sent.Load() {
+	if n := ld.refused.Load(); longMode() && !killLeader && n*1000 > ld.sent.Load() {
 		t.Errorf("%d of %d attempts answered 503 on a healthy cluster (more than 0.1 %%)", n, ld.sent.Load())
 	}
 	if ld.failed.Load() != 0 {
 		t.Errorf("%d requests failed on every edge", ld.failed.Load())
 	}
-	if vd.wrong != 0 {
-		t.Errorf("%d wrong-instance answers", vd.wrong)
+	if vd.wrong+vd.afterRestart != 0 {
+		t.Errorf("%d wrong-instance answers (%d soon after the kill)", vd.wrong+vd.afterRestart, vd.afterRestart)
 	}
 }
