@@ -240,6 +240,15 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 			}
 			next := time.NewTimer(cfg.faultEvery - cfg.faultHold)
 			<-next.C
+			// "Never two down" includes an edge that restarted but has not
+			// caught up yet: the next fault waits until the restarted edge
+			// answers /readyz, as a rolling restart gated by a readiness
+			// probe would. On a loaded machine the catch-up can outlast
+			// faultEvery, and a second kill then took the quorum with it.
+			if err := waitEdgeReady(ctx, victim.URL(), 30*time.Second); err != nil {
+				firstErr.CompareAndSwap(nil, "restarted "+victim.ID+" not ready: "+err.Error())
+				return
+			}
 		}
 	}()
 	start := time.Now()
@@ -606,4 +615,32 @@ func replayMatches(t *testing.T, a *archive.Archive, live *fsm.State) bool {
 		t.Fatalf("archive replay reaches index %d hash %x; live index %d hash %x", m.State().Index(), m.State().Hash(), live.Index(), live.Hash())
 	}
 	return true
+}
+
+// waitEdgeReady polls an edge's /readyz until it answers 200 or timeout.
+func waitEdgeReady(ctx context.Context, base string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	last := "no answer"
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
+		if err != nil {
+			return err
+		}
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = fmt.Sprintf("%d %s", resp.StatusCode, body)
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("after %s: %s", timeout, last)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
