@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/tether-project/tether/edge/fleetview"
 	"io"
 	"net/http"
 	"net/url"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/cluster/archive"
+	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/fsm"
 )
 

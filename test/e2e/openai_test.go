@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/ops/devstack"
+	"github.com/tether-project/tether/test/waitfor"
 )
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
@@ -52,10 +54,15 @@ func TestOpenAIClientThroughTetherDev(t *testing.T) {
 	if err := parseRoute(first.Header.Get(edge.HeaderRoute), &tr1); err != nil {
 		t.Fatal(err)
 	}
-	b, ok := adminBinding(t, hc, p.edge(1), p.token, "context", "sdk-parent")
-	if !ok || b.Instance != tr1.ctxInst {
-		t.Fatalf("context binding of the parent key = %+v (found %v), want %s", b, ok, tr1.ctxInst)
-	}
+	// Another edge serves the binding from its own replica (the admin read
+	// is local, not linearizable): it shows once that edge applied the Bind.
+	waitfor.Reason(t, 10*time.Second, "edge 2 to show the parent's binding", func() string {
+		b, ok := adminBinding(t, hc, p.edge(1), p.token, "context", "sdk-parent")
+		if !ok || b.Instance != tr1.ctxInst {
+			return fmt.Sprintf("context binding of the parent key = %+v (found %v), want %s", b, ok, tr1.ctxInst)
+		}
+		return ""
+	})
 
 	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
 	var second *http.Response
@@ -94,7 +101,7 @@ func TestOpenAIClientThroughTetherDev(t *testing.T) {
 	_, err = client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "no-such-model", Messages: params.Messages}, session...)
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Code != "model_not_found" {
-		t.Fatalf("unknown model: %v", err)
+		t.Fatalf("unknown model: %v\ntether dev stderr:\n%s", err, tail(p.stderr.String(), 40))
 	}
 	p.stop(t)
 }
