@@ -26,7 +26,10 @@ type Status struct {
 	LeaderAddr string `json:"leader_addr"`
 	Term       uint64 `json:"term"`
 	// AppliedIndex is the last Raft index this node's state machine
-	// processed (commands and configuration changes); CommitIndex the
+	// processed (commands and configuration changes), moved past log
+	// entries that carry no state right after it (raft's barriers and
+	// no-ops, which never reach the state machine: the leader's commit
+	// nudge and a new leader's barrier end the log with one); CommitIndex the
 	// highest index it knows committed; LastLogIndex its log's end.
 	AppliedIndex uint64 `json:"applied_index"`
 	CommitIndex  uint64 `json:"commit_index"`
@@ -91,7 +94,7 @@ func (n *Node) Status() Status {
 		Leader:              string(lid),
 		LeaderAddr:          string(la),
 		Term:                n.raft.CurrentTerm(),
-		AppliedIndex:        n.fsm.appliedIndex(),
+		AppliedIndex:        n.appliedThroughStateless(),
 		CommitIndex:         n.raft.CommitIndex(),
 		LastLogIndex:        n.raft.LastIndex(),
 		StateIndex:          st.Index(),
@@ -130,6 +133,27 @@ func (n *Node) Status() Status {
 		}
 	}
 	return s
+}
+
+// maxStatelessScan bounds how many log entries past the applied index
+// appliedThroughStateless reads.
+const maxStatelessScan = 16
+
+// appliedThroughStateless is the state machine's applied index, moved past
+// the entries after it that carry no state (barriers, no-ops): a node whose
+// log ends with such entries has nothing left to apply, and callers that
+// compare the applied index with the log's end (the edge's freshness
+// check) must see that.
+func (n *Node) appliedThroughStateless() uint64 {
+	applied := n.fsm.appliedIndex()
+	end := min(n.raft.LastIndex(), applied+maxStatelessScan)
+	for i := applied + 1; i <= end; i++ {
+		var l raft.Log
+		if err := n.store.GetLog(i, &l); err != nil || l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
+			return i - 1
+		}
+	}
+	return max(applied, end)
 }
 
 // PeerStatus asks the node at addr for its Status over the forwarding

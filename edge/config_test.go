@@ -120,7 +120,9 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		cfg.Cluster.ProposeTimeout != DefaultProposeTimeout || cfg.Scope != routing.ScopeContext || cfg.MaxRetries != DefaultMaxRetries ||
 		cfg.ReadHeaderTimeout != DefaultReadHeaderTimeout || cfg.ReadTimeout != DefaultReadTimeout || cfg.IdleTimeout != DefaultIdleTimeout ||
 		cfg.WriteTimeout != 0 || cfg.Telemetry.StartupGrace != DefaultStartupGrace || cfg.Cluster.DegradedPlacementWindow != 0 ||
-		cfg.Cluster.CompatFeatureLevel != 0 {
+		cfg.Cluster.CompatFeatureLevel != 0 || cfg.Cluster.Suffrage != "voter" || cfg.Cluster.Autopilot.Voters != DefaultAutopilotVoters ||
+		cfg.Cluster.Autopilot.StabilizationTime != DefaultAutopilotStabilize || cfg.Cluster.Autopilot.DeadServerTimeout != DefaultAutopilotDeadServer ||
+		cfg.Cluster.Autopilot.Interval != DefaultAutopilotInterval || cfg.Cluster.Autopilot.MaxTrailingLogs != DefaultAutopilotTrailingLogs {
 		t.Fatalf("defaults %+v", cfg)
 	}
 	if cfg.ContextServers.HealthPath != DefaultHealthPath || cfg.GenerationServers.HealthPath != DefaultHealthPath ||
@@ -199,6 +201,11 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"gateway without header", base + "trusted_gateway: {enabled: true, cidrs: [10.0.0.0/8]}\n", []string{"trusted_gateway", "conversation_affinity_header_for_subagents"}},
 		{"placement overflow above shed", base + "placement: {overflow: {queued_requests: 80}, shed: {max_queued_requests: 10}}\n", []string{"placement.overflow.queued_requests"}},
 		{"bootstrap without peers", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, bootstrap: true}", 1), []string{"cluster.peers"}},
+		{"unknown suffrage", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, suffrage: observer}", 1), []string{"cluster.suffrage", "observer"}},
+		{"non-voter bootstrap", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, suffrage: nonvoter, bootstrap: true, peers: [{id: e1, addr: \"a:1\"}]}", 1),
+			[]string{"cluster.suffrage", "cannot bootstrap"}},
+		{"too many voters", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, autopilot: {voters: 12}}", 1), []string{"cluster.autopilot.voters", "12"}},
+		{"negative stabilization", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, autopilot: {stabilization_time: -1s}}", 1), []string{"cluster.autopilot.stabilization_time"}},
 		{"otlp without endpoint", base + "tracing: {exporter: otlp}\n", []string{"tracing.endpoint", "required"}},
 		{"otlp endpoint not a URL", base + "tracing: {exporter: otlp, endpoint: \"otel:4318\"}\n", []string{"tracing.endpoint", "not an OTLP/HTTP URL"}},
 		{"endpoint without otlp", base + "tracing: {exporter: stdout, endpoint: \"http://otel:4318\"}\n", []string{"tracing.endpoint", "only used with"}},
