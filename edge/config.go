@@ -806,7 +806,7 @@ func (c *Config) Validate() error {
 		bad("model", "required: the model name the edge serves")
 	}
 
-	// Sub-agent affinity (the spec's startup checks).
+	// Sub-agent affinity (the startup checks of docs/subagent-routing.md).
 	if err := c.IdentityConfig().Validate(); err != nil {
 		errs = append(errs, err)
 	}

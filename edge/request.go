@@ -83,7 +83,7 @@ type request struct {
 }
 
 // internalBodyFields never come from a client: the edge owns
-// disaggregation and the affinity hint (the spec: "the internal affinity
+// disaggregation and the affinity hint (docs/subagent-routing.md: "the internal affinity
 // field is excluded from the serialized request body").
 var internalBodyFields = []string{"disaggregated_params", "subagent_affinity_id", "subagent_affinity_auth"}
 

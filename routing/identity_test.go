@@ -27,7 +27,7 @@ func hdr(kv ...string) http.Header {
 	return h
 }
 
-// TestIdentitySpecTable is the sub-agent routing spec's example table.
+// TestIdentitySpecTable is the example table of docs/subagent-routing.md.
 func TestIdentitySpecTable(t *testing.T) {
 	cfg := IdentityConfig{ParentHeader: parentHeader}
 	cases := []struct {

@@ -261,7 +261,7 @@ func (r *Router) cacheLost(req *Request, b *fsm.Binding, in *Inputs) (Route, boo
 	bound := b.Instance
 	if req.ConversationID != "" && req.ConversationID != req.Key {
 		// A sub-agent routed by its parent's key follows the parent's
-		// placement (the spec's contract: parent instance and ADP rank).
+		// placement (docs/subagent-routing.md: parent instance and ADP rank).
 		// Its prompt differs from the parent's and may never have been on
 		// the instance: its absence says nothing about the key's cache.
 		return Route{}, false

@@ -367,7 +367,7 @@ func TestRankAffinityIsForChatOnly(t *testing.T) {
 		t.Fatalf("chat turns of one conversation on ranks %v", chatRanks)
 	}
 	if cmplRanks[0] == cmplRanks[1] && cmplRanks[1] == cmplRanks[2] {
-		t.Fatalf("completions pinned to rank %s; the spec gives them instance affinity only", cmplRanks[0])
+		t.Fatalf("completions pinned to rank %s; docs/subagent-routing.md gives them instance affinity only", cmplRanks[0])
 	}
 }
 

@@ -21,7 +21,7 @@ const (
 	hintNoKey     = "no_key" // this worker has no key to verify with
 )
 
-// verifyHint applies the spec's trust rule to the sub-agent headers and
+// verifyHint applies the trust rule of docs/subagent-routing.md to the sub-agent headers and
 // returns the affinity id to schedule by ("" for none).
 //
 //   - legacy_mode: the headers are ignored entirely (a worker predating

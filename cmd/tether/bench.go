@@ -17,7 +17,7 @@ import (
 )
 
 func init() {
-	register("bench", "replay agentic traces and the spec's agent patterns; compare routing policies and edge counts", runBench)
+	register("bench", "replay agentic traces and the agent patterns of docs/agent-workloads.md; compare routing policies and edge counts", runBench)
 }
 
 func runBench(ctx context.Context, args []string) error {
@@ -25,7 +25,7 @@ func runBench(ctx context.Context, args []string) error {
 		fmt.Fprint(os.Stderr, `usage: tether bench <replay|agents|report> [flags]
 
   replay   replay trace files (sim: virtual time; e2e: a running deployment)
-  agents   the spec's agent patterns (react, supervisor, fanout, retry, tag)
+  agents   the agent patterns of docs/agent-workloads.md (react, supervisor, fanout, retry, tag)
   report   see tether-bench report (make bench-report): everything BENCHMARKS.md publishes
 
 Run 'tether bench <command> -h' for its flags.

@@ -54,7 +54,7 @@ const (
 	// parent header only on a sub-agent's first request: the first call
 	// lands with its parent and siblings (their shared prefix), later
 	// calls route by the sub-agent's own key (KV-aware placement, then
-	// sticky). A proposal, not the spec's behaviour (which keeps the
+	// sticky). A proposal, not the contract's behaviour (docs/subagent-routing.md) (which keeps the
 	// header on every turn).
 	PolicyTetherParentFirst Policy = "tether_parent_first"
 	// PolicyTetherNoCacheRebind: tether without the cache-lost rebind

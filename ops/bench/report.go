@@ -447,7 +447,7 @@ func policySection(opts ReportOptions, w *Workload, base SimConfig, head []Summa
 func agentsSection(opts ReportOptions, base SimConfig, reps []*AgentsReport) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Command: `tether bench agents --pattern P --mode sim --instances %d --ranks %d --capacity-blocks %d --edges 3 --policies all --seed N` for each pattern (part of `%s`). "+
-		"One execution of each pattern; medians over seeds %v. Prefill ms is the simulated prefill compute summed over the pattern's calls (5,500 tokens/s plus 10 ms per prefill, the spec's rate).\n",
+		"One execution of each pattern; medians over seeds %v. Prefill ms is the simulated prefill compute summed over the pattern's calls (5,500 tokens/s plus 10 ms per prefill, the worked example's rate: docs/agent-workloads.md).\n",
 		base.Instances, base.Ranks, base.CapacityBlocks, opts.Command, opts.Seeds)
 	for _, r := range reps {
 		fmt.Fprintf(&b, "\n**%s** (%s, %d calls)\n\n| policy | prefill ms | vs round robin | hit rate | first-call hit | sub-agent first-call hit | TTFT p50 ms |\n|---|---:|---:|---:|---:|---:|---:|\n",
@@ -456,7 +456,7 @@ func agentsSection(opts ReportOptions, base SimConfig, reps []*AgentsReport) str
 			fmt.Fprintf(&b, "| %s | %.0f | %s | %.3f | %.3f | %.3f | %.0f |\n", p.Name, p.PrefillMs, pct(-p.Reduction), p.HitRate, p.FirstCallHitRate, p.SubagentFirstCallHitRate, p.TTFTP50Ms)
 		}
 		if r.SpecRandomMs > 0 {
-			fmt.Fprintf(&b, "| *spec: random* | *%.0f* | | | | | |\n| *spec: cache-aware* | *%.0f* | *%s vs random* | | | | |\n",
+			fmt.Fprintf(&b, "| *worked example: random* | *%.0f* | | | | | |\n| *worked example: cache-aware* | *%.0f* | *%s vs random* | | | | |\n",
 				r.SpecRandomMs, r.SpecCacheAwareMs, pct(r.SpecCacheAwareMs/r.SpecRandomMs-1))
 		}
 	}
@@ -523,7 +523,7 @@ func targetsSection(head []Summary, agents []*AgentsReport, stickyBound float64)
 				t.PrefillMs, rr.PrefillMs, pct(-t.Reduction), verdict(t.Reduction >= 0.70))
 			if rnd.PrefillMs > 0 {
 				red := 1 - t.PrefillMs/rnd.PrefillMs
-				fmt.Fprintf(&b, "| agents: 8-call agent prefill vs random, as the contract measures it (spec: %.0f → %.0f ms) | tether %.0f ms vs random %.0f ms: %s | %s |\n",
+				fmt.Fprintf(&b, "| agents: 8-call agent prefill vs random, as the contract measures it (worked example: %.0f → %.0f ms) | tether %.0f ms vs random %.0f ms: %s | %s |\n",
 					SpecReAct.RandomMs, SpecReAct.CacheAwareMs, t.PrefillMs, rnd.PrefillMs, pct(-red), verdict(red >= 1-SpecReAct.CacheAwareMs/SpecReAct.RandomMs))
 			}
 		case PatternSupervisor:

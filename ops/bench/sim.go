@@ -54,7 +54,7 @@ type SimConfig struct {
 	// and session policies disable overflow.
 	Routing routing.Config
 	// ADPPlacement is the workers' kv_cache_routing_new_conv_placement
-	// (default round_robin, the spec's default).
+	// (default round_robin, the contract's default: docs/subagent-routing.md).
 	ADPPlacement adp.Placement
 	// NoBreaker disables the tether policy's cache circuit breaker.
 	NoBreaker bool

@@ -10,7 +10,7 @@ import (
 type Placement uint8
 
 const (
-	// RoundRobin cycles through the ranks (the spec's default).
+	// RoundRobin cycles through the ranks (the contract's default, docs/subagent-routing.md).
 	RoundRobin Placement = iota
 	// LeastTokens picks the rank with the fewest active prompt tokens,
 	// counting requests placed earlier in the same batch.
@@ -58,7 +58,7 @@ func ParsePlacement(s string) (Placement, error) {
 // the configuration does not say.
 const DefaultMaxSessions = 100_000
 
-// Config is the worker's attention-DP configuration with the spec's key
+// Config is the worker's attention-DP configuration with the key
 // names, ready to embed in a YAML configuration file:
 //
 //	enable_attention_dp: true
@@ -69,7 +69,7 @@ const DefaultMaxSessions = 100_000
 //	  max_sessions: 100000        # tether: bindings kept (LRU)
 //	  max_requests_per_rank: 64   # tether: saturation cap, 0 = none
 //
-// The last three keys are tether's: the spec leaves the rank count to the
+// The last three keys are tether's: the contract leaves the rank count to the
 // engine's parallelism and the limits to the implementation.
 type Config struct {
 	EnableAttentionDP bool              `yaml:"enable_attention_dp"`
