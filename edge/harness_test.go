@@ -29,7 +29,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/convid"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/test/leakcheck"
@@ -78,7 +78,7 @@ func (s seenRequest) conversationID() string {
 	if cp, ok := s.body["conversation_params"].(map[string]any); ok {
 		conv, _ = cp["conversation_id"].(string)
 	}
-	return routing.ConversationID(conv, s.header)
+	return convid.Resolve(conv, s.header)
 }
 
 func (s seenRequest) requestType() string {

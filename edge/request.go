@@ -13,6 +13,7 @@ import (
 
 	"github.com/tether-project/tether/internal/bodybudget"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/convid"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/prefix"
 )
@@ -433,9 +434,9 @@ func (e *Edge) stripHeaders(r *http.Request) {
 // identity resolves the request's conversation id, routing keys and parent
 // link against the replicated state.
 func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *apiError {
-	if strings.TrimSpace(bodyConv) == "" && routing.ConversationID("", h) == "" {
+	if strings.TrimSpace(bodyConv) == "" && convid.Resolve("", h) == "" {
 		// Last, as TensorRT-LLM: a client-native body field (Codex).
-		bodyConv = routing.ClientConversationID(rq.top)
+		bodyConv = convid.FromClientFields(rq.top)
 	}
 	id, err := routing.ResolveIdentity(e.identityCfg, bodyConv, h, e.node.State())
 	if err != nil {

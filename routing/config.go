@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-project/tether/routing/convid"
 	"github.com/tether-project/tether/routing/kvindex"
 	"github.com/tether-project/tether/routing/prefix"
 )
@@ -175,7 +176,7 @@ func ParsePriority(s string) (Priority, error) {
 
 // PriorityFromHeader parses the PriorityHeader of h (first non-blank value).
 func PriorityFromHeader(h http.Header) (Priority, error) {
-	p, err := ParsePriority(HeaderValue(h, PriorityHeader))
+	p, err := ParsePriority(convid.Header(h, PriorityHeader))
 	if err != nil {
 		return p, fmt.Errorf("header %s: %w", PriorityHeader, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing/convid"
 )
 
 // FuzzResolveIdentity feeds arbitrary body ids, session and parent header
@@ -44,7 +45,7 @@ func FuzzResolveIdentity(f *testing.F) {
 			}
 			return
 		}
-		conv := ConversationID(body, h)
+		conv := convid.Resolve(body, h)
 		if id.ConversationID != conv {
 			t.Fatalf("conversation id %q, want %q", id.ConversationID, conv)
 		}

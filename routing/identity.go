@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing/convid"
 )
 
 // DefaultMaxDepth is the default sub-agent nesting limit (a direct child of a
@@ -35,7 +36,7 @@ func (c IdentityConfig) Validate() error {
 		if !validHeaderName(c.ParentHeader) {
 			errs = append(errs, fmt.Errorf("conversation_affinity_header_for_subagents: %q is not a valid HTTP header name", c.ParentHeader))
 		}
-		for _, s := range SessionHeaders {
+		for _, s := range convid.SessionHeaders {
 			if strings.EqualFold(s, c.ParentHeader) {
 				errs = append(errs, fmt.Errorf("conversation_affinity_header_for_subagents: %q is a session header; use a dedicated parent-session header", c.ParentHeader))
 			}
@@ -196,12 +197,12 @@ const (
 // but records no link, and is unkeyed on the generation fleet with
 // ScopeContext.
 func ResolveIdentity(cfg IdentityConfig, bodyConversationID string, h http.Header, links LinkReader) (Identity, error) {
-	conv := ConversationID(bodyConversationID, h)
+	conv := convid.Resolve(bodyConversationID, h)
 	if len(conv) > MaxIDBytes {
 		ie := &IdentityError{Err: ErrIDTooLong}
 		if strings.TrimSpace(bodyConversationID) == "" {
-			for _, name := range SessionHeaders {
-				if HeaderValue(h, name) != "" {
+			for _, name := range convid.SessionHeaders {
+				if convid.Header(h, name) != "" {
 					ie.SessionHeader = name
 					break
 				}
@@ -211,7 +212,7 @@ func ResolveIdentity(cfg IdentityConfig, bodyConversationID string, h http.Heade
 	}
 	var parent string
 	if cfg.ParentHeader != "" {
-		parent = HeaderValue(h, cfg.ParentHeader)
+		parent = convid.Header(h, cfg.ParentHeader)
 	}
 	if parent == "" {
 		return Identity{ConversationID: conv, contextKey: conv, generationKey: conv}, nil

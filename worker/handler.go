@@ -18,7 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/internal/bodybudget"
-	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/convid"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/worker/adp"
 	"github.com/tether-project/tether/worker/engine"
@@ -263,7 +263,7 @@ func (x *exchange) serve() (int, string) {
 		return x.fail(newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
 			"the model %q does not exist on this worker (it serves %q)", truncate(p.model, 200), s.cfg.Model)), ""
 	}
-	p.conversationID = routing.ConversationID(p.bodyConvID, x.r.Header)
+	p.conversationID = convid.Resolve(p.bodyConvID, x.r.Header)
 	if aerr := s.verifyDisaggAuth(x.r.Header, p); aerr != nil {
 		return x.fail(aerr), ""
 	}

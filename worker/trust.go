@@ -5,7 +5,7 @@ import (
 	"errors"
 	"net/http"
 
-	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/convid"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/worker/engine"
 )
@@ -34,8 +34,8 @@ const (
 //     header must have a valid signature for that role, or it is rejected
 //     (401 missing, 403 malformed/invalid).
 func (s *Server) verifyHint(h http.Header, p *parsedRequest) (string, *apiError) {
-	affinity := routing.HeaderValue(h, hintauth.HeaderAffinityID)
-	sig := routing.HeaderValue(h, hintauth.HeaderAffinityAuth)
+	affinity := convid.Header(h, hintauth.HeaderAffinityID)
+	sig := convid.Header(h, hintauth.HeaderAffinityAuth)
 	if affinity == "" && sig == "" {
 		return "", nil
 	}

@@ -1,7 +1,9 @@
-// Package routing makes tether's routing decisions: which conversation a
-// request belongs to, which key it routes by, and where a new key is placed.
-// It is pure: no I/O, no clock (time is a parameter), no randomness.
-package routing
+// Package convid resolves a request's conversation id the way trtllm-serve
+// does (body, then session headers, then client-native body fields), and
+// reads header values. Edges and workers both need it; it is a package of
+// its own so a worker does not link the routing decisions (routing, fsm,
+// routing/kvindex) to read two headers.
+package convid
 
 import (
 	"encoding/json"
@@ -23,11 +25,11 @@ var SessionHeaders = []string{
 	"x-multi-turn-session-id",
 }
 
-// ConversationID returns the request's conversation id: the body's
+// Resolve returns the request's conversation id: the body's
 // conversation_params.conversation_id when non-blank, else the first
 // non-blank session header. Blank or white-space-only values count as
 // absent. Surrounding white space is trimmed. "" means no conversation.
-func ConversationID(bodyConversationID string, h http.Header) string {
+func Resolve(bodyConversationID string, h http.Header) string {
 	if id := strings.TrimSpace(bodyConversationID); id != "" {
 		return id
 	}
@@ -41,9 +43,9 @@ func ConversationID(bodyConversationID string, h http.Header) string {
 	return ""
 }
 
-// HeaderValue returns the first non-blank value of header name
+// Header returns the first non-blank value of header name
 // (case-insensitive), trimmed; "" when absent or blank.
-func HeaderValue(h http.Header, name string) string {
+func Header(h http.Header, name string) string {
 	if name == "" {
 		return ""
 	}
@@ -55,7 +57,7 @@ func HeaderValue(h http.Header, name string) string {
 	return ""
 }
 
-// ClientConversationFields are body fields that carry a conversation id
+// ClientFields are body fields that carry a conversation id
 // for clients that send no session header, consulted only after the
 // body's conversation_params and SessionHeaders: TensorRT-LLM's
 // CONVERSATION_ID_BODY_FIELDS (tensorrt_llm/serve/conversation_id.py).
@@ -63,16 +65,16 @@ func HeaderValue(h http.Header, name string) string {
 // client_metadata.thread_id (chat completions) to its thread id;
 // client_metadata.session_id is one run, possibly of several threads, so
 // it comes last.
-var ClientConversationFields = [][]string{
+var ClientFields = [][]string{
 	{"prompt_cache_key"},
 	{"client_metadata", "thread_id"},
 	{"client_metadata", "session_id"},
 }
 
-// ClientConversationID returns the first non-blank string at one of
-// ClientConversationFields in a decoded request body, trimmed ("" none).
-func ClientConversationID(top map[string]json.RawMessage) string {
-	for _, path := range ClientConversationFields {
+// FromClientFields returns the first non-blank string at one of
+// ClientFields in a decoded request body, trimmed ("" none).
+func FromClientFields(top map[string]json.RawMessage) string {
+	for _, path := range ClientFields {
 		raw, ok := top[path[0]]
 		for _, name := range path[1:] {
 			var obj map[string]json.RawMessage

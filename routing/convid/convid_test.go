@@ -1,4 +1,4 @@
-package routing
+package convid
 
 import (
 	"encoding/json"
@@ -37,7 +37,7 @@ func TestConversationIDPrecedence(t *testing.T) {
 		{"body beats claude", "body-id", h("X-Claude-Code-Session-Id", "cc"), "body-id"},
 	}
 	for _, c := range cases {
-		if got := ConversationID(c.body, c.hdr); got != c.want {
+		if got := Resolve(c.body, c.hdr); got != c.want {
 			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
 		}
 	}
@@ -46,10 +46,10 @@ func TestConversationIDPrecedence(t *testing.T) {
 func TestHeaderValueCaseInsensitive(t *testing.T) {
 	h := http.Header{}
 	h.Set("x-dynamo-parent-session-id", "parent-1")
-	if got := HeaderValue(h, "X-Dynamo-Parent-Session-ID"); got != "parent-1" {
+	if got := Header(h, "X-Dynamo-Parent-Session-ID"); got != "parent-1" {
 		t.Fatalf("got %q", got)
 	}
-	if got := HeaderValue(h, ""); got != "" {
+	if got := Header(h, ""); got != "" {
 		t.Fatalf("unset header name must give no value, got %q", got)
 	}
 }
@@ -66,7 +66,7 @@ func TestClientConversationID(t *testing.T) {
 		if err := json.Unmarshal([]byte(body), &top); err != nil {
 			t.Fatal(err)
 		}
-		if got := ClientConversationID(top); got != want {
+		if got := FromClientFields(top); got != want {
 			t.Errorf("%s: got %q, want %q", body, got, want)
 		}
 	}
