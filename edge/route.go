@@ -258,7 +258,7 @@ func (l edgeLog) AwaitCommitted(ctx context.Context) {
 	}
 }
 
-// edgeRecorder is the recorder and touch batcher (background.go) as the
+// edgeRecorder is the recorder and touch batcher (recorder.go, touches.go) as the
 // decision uses them (routing/decide.Recorder).
 type edgeRecorder struct{ e *Edge }
 
