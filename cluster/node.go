@@ -118,25 +118,78 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 		return nil, err
 	}
-	var cleanup []func()
+	var u undo
 	defer func() {
 		if err != nil {
-			for i := len(cleanup) - 1; i >= 0; i-- {
-				cleanup[i]()
-			}
+			u.run()
 		}
 	}()
 	if cfg.Listener != nil {
 		ln := cfg.Listener
-		cleanup = append(cleanup, func() { ln.Close() })
+		u.add(func() { ln.Close() })
 	}
-	if err := checkTombstone(cfg.DataDir, cfg.NodeID); err != nil {
+	if err := prepareDataDir(cfg); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.DataDir, snapshotsDir), 0o700); err != nil {
-		return nil, fmt.Errorf("cluster: create data dir %s: %w", cfg.DataDir, err)
+	n := newNode(cfg)
+	u.add(n.cancel)
+	if err := n.openStorage(&u); err != nil {
+		return nil, err
 	}
+	ln, err := n.listen(&u)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.newStateMachine(&u); err != nil {
+		return nil, err
+	}
+	n.openTransport(ln, &u)
+	notify := make(chan bool, 16)
+	rc := n.raftConfig(notify)
+	existing, err := n.bootstrapIfNew(rc)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.startRaft(rc, notify, &u); err != nil {
+		return nil, err
+	}
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); n.watchRemoval(existing) }()
+	if !existing && len(cfg.Join) > 0 {
+		if err := n.join(ctx); err != nil {
+			return nil, err
+		}
+	} else if !existing && !cfg.Bootstrap {
+		n.log.Warn("cluster: empty data dir and neither Bootstrap nor Join: waiting to be added by an operator")
+	}
+	n.log.Info("cluster: node started", "addr", n.addr, "existing_state", existing)
+	return n, nil
+}
 
+// undo collects what a failed Open must release, in reverse order.
+type undo []func()
+
+func (u *undo) add(f func()) { *u = append(*u, f) }
+
+func (u undo) run() {
+	for i := len(u) - 1; i >= 0; i-- {
+		u[i]()
+	}
+}
+
+// prepareDataDir refuses a data dir this node was removed from
+// (tombstone) and creates its snapshots directory.
+func prepareDataDir(cfg Config) error {
+	if err := checkTombstone(cfg.DataDir, cfg.NodeID); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, snapshotsDir), 0o700); err != nil {
+		return fmt.Errorf("cluster: create data dir %s: %w", cfg.DataDir, err)
+	}
+	return nil
+}
+
+func newNode(cfg Config) *Node {
 	n := &Node{
 		cfg:      cfg,
 		log:      cfg.Logger.With("node", cfg.NodeID),
@@ -150,43 +203,53 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.hlog = newRaftLogger(cfg.Logger, cfg.NodeID, n.stopping.Load)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	cleanup = append(cleanup, n.cancel)
+	return n
+}
 
+// openStorage opens raft.db (log and stable store), the snapshot store,
+// the event archive and the metrics.
+func (n *Node) openStorage(u *undo) (err error) {
+	cfg := n.cfg
 	raftPath := filepath.Join(cfg.DataDir, raftDBFile)
 	n.store, err = openRaftStore(raftPath)
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
-			return nil, fmt.Errorf("cluster: open %s: locked: another running node uses data dir %s", raftPath, cfg.DataDir)
+			return fmt.Errorf("cluster: open %s: locked: another running node uses data dir %s", raftPath, cfg.DataDir)
 		}
-		return nil, fmt.Errorf("cluster: open %s: %w", raftPath, err)
+		return fmt.Errorf("cluster: open %s: %w", raftPath, err)
 	}
-	cleanup = append(cleanup, func() { n.store.Close() })
-
+	u.add(func() { n.store.Close() })
 	n.snaps, err = raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, snapshotsDir), snapshotsRetain, n.hlog.Named("snapshots"))
 	if err != nil {
-		return nil, fmt.Errorf("cluster: open snapshot store: %w", err)
+		return fmt.Errorf("cluster: open snapshot store: %w", err)
 	}
 	n.archive, err = archive.Open(filepath.Join(cfg.DataDir, archiveFile), archive.Options{
 		MaxAge: cfg.Archive.MaxAge, MaxEvents: cfg.Archive.MaxEvents, Logger: n.log,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("cluster: %w", err)
+		return fmt.Errorf("cluster: %w", err)
 	}
-	cleanup = append(cleanup, func() { n.archive.Close() })
-
+	u.add(func() { n.archive.Close() })
 	n.metrics, err = newMetrics(cfg.Registerer, cfg.NodeID)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	cleanup = append(cleanup, n.metrics.unregister)
+	u.add(n.metrics.unregister)
+	return nil
+}
 
+// listen opens the node's port (unless the config brings a listener) and
+// settles the address peers dial.
+func (n *Node) listen(u *undo) (net.Listener, error) {
+	cfg := n.cfg
 	ln := cfg.Listener
 	if ln == nil {
+		var err error
 		ln, err = net.Listen("tcp", cfg.BindAddr)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: listen on %s (BindAddr): %w", cfg.BindAddr, err)
 		}
-		cleanup = append(cleanup, func() { ln.Close() })
+		u.add(func() { ln.Close() })
 	}
 	n.addr = cfg.AdvertiseAddr
 	if n.addr == "" {
@@ -195,16 +258,21 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 			return nil, fmt.Errorf("cluster: config AdvertiseAddr: required when binding %s (peers cannot dial an unspecified address)", n.addr)
 		}
 	}
+	return ln, nil
+}
 
-	n.machine = fsm.NewMachineWithOptions(fsm.Options{MaxFeatureLevel: cfg.FeatureLevel})
+// newStateMachine builds the fsm machine and what feeds and follows it: the
+// proposal batcher and forwarder, the archiver, Raft's FSM adapter.
+func (n *Node) newStateMachine(u *undo) (err error) {
+	n.machine = fsm.NewMachineWithOptions(fsm.Options{MaxFeatureLevel: n.cfg.FeatureLevel})
 	n.batcher = newBatcher(n)
 	n.forwarder = newForwarder(n)
 	n.archiver, err = newArchiver(n.archive, n.onHalt)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: %w", err)
+		return fmt.Errorf("cluster: %w", err)
 	}
-	cleanup = append(cleanup, n.archiver.close)
-	n.fsm = newRaftFSM(n.machine, n.archiver, n.id, n.log, n.metrics, cfg.HashHistory)
+	u.add(n.archiver.close)
+	n.fsm = newRaftFSM(n.machine, n.archiver, n.id, n.log, n.metrics, n.cfg.HashHistory)
 	n.fsm.onApplied = n.batcher.resolve
 	n.fsm.onHalt = n.onHalt
 	n.fsm.onRemoved = n.onRemoved
@@ -213,16 +281,22 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if cfg, idx, ok := n.latestSnapshotConfig(); ok {
 		n.fsm.noteConfiguration(cfg, idx)
 	}
+	return nil
+}
 
+// openTransport starts the multiplexed port on ln: forwarding (client and
+// server) and Raft's network transport over authenticated streams.
+func (n *Node) openTransport(ln net.Listener, u *undo) {
+	cfg := n.cfg
 	n.mux = newMux(ln, n.addr, cfg.TLS, cfg.Dial, muxAuth{
 		key: cfg.AuthKey, selfID: n.id, idForAddr: n.memberAt,
 		onFailure: func(net.Addr, error) { n.metrics.authFailure() },
 	}, n.log)
-	cleanup = append(cleanup, n.mux.close)
+	u.add(n.mux.close)
 	n.client = newForwardClient(n.id, cfg.AuthKey, func(ctx context.Context, addr string) (net.Conn, error) {
 		return n.mux.dialStream(ctx, addr, streamForward, n.memberAt(addr))
 	})
-	cleanup = append(cleanup, n.client.close)
+	u.add(n.client.close)
 	server := &forwardServer{
 		key:    cfg.AuthKey,
 		handle: n.handleForward,
@@ -246,44 +320,55 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		// entries are already batched, where pipelining gains little.
 		MaxRPCsInFlight: 1,
 	})
-	cleanup = append(cleanup, func() { n.transport.Close() })
+	u.add(func() { n.transport.Close() })
+}
 
-	notify := make(chan bool, 16)
-	rc := n.raftConfig(notify)
-	existing, err := raft.HasExistingState(n.store, n.store, n.snaps)
+// bootstrapIfNew writes the initial configuration when Bootstrap is set
+// and the data dir holds no Raft state; existing reports whether it did.
+func (n *Node) bootstrapIfNew(rc *raft.Config) (existing bool, err error) {
+	cfg := n.cfg
+	existing, err = raft.HasExistingState(n.store, n.store, n.snaps)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: inspect raft state in %s: %w", cfg.DataDir, err)
+		return false, fmt.Errorf("cluster: inspect raft state in %s: %w", cfg.DataDir, err)
 	}
-	if err := n.checkRaftStateNotLost(raftPath); err != nil {
-		return nil, err
+	if err := n.checkRaftStateNotLost(filepath.Join(cfg.DataDir, raftDBFile)); err != nil {
+		return false, err
 	}
-	if cfg.Bootstrap && !existing {
-		servers := make([]raft.Server, len(cfg.Peers))
-		for i, p := range cfg.Peers {
-			servers[i] = raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)}
-			if p.ID == n.id && p.Addr != n.addr {
-				n.log.Warn("cluster: bootstrap peer address differs from this node's advertised address", "peer_addr", p.Addr, "advertised", n.addr)
-			}
-		}
-		if err := raft.BootstrapCluster(rc, n.store, n.store, n.snaps, n.transport, raft.Configuration{Servers: servers}); err != nil {
-			return nil, fmt.Errorf("cluster: bootstrap: %w", err)
-		}
-	} else if cfg.Bootstrap {
+	if !cfg.Bootstrap {
+		return existing, nil
+	}
+	if existing {
 		n.log.Info("cluster: data dir holds raft state; Bootstrap ignored")
+		return existing, nil
 	}
+	servers := make([]raft.Server, len(cfg.Peers))
+	for i, p := range cfg.Peers {
+		servers[i] = raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)}
+		if p.ID == n.id && p.Addr != n.addr {
+			n.log.Warn("cluster: bootstrap peer address differs from this node's advertised address", "peer_addr", p.Addr, "advertised", n.addr)
+		}
+	}
+	if err := raft.BootstrapCluster(rc, n.store, n.store, n.snaps, n.transport, raft.Configuration{Servers: servers}); err != nil {
+		return false, fmt.Errorf("cluster: bootstrap: %w", err)
+	}
+	return existing, nil
+}
 
+// startRaft starts Raft and the node's loops: autopilot, the commit
+// nudger, leadership and observation watchers, the batcher, the forwarder.
+func (n *Node) startRaft(rc *raft.Config, notify chan bool, u *undo) (err error) {
 	logs, err := raft.NewLogCache(logCacheSize, n.store)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: log cache: %w", err)
+		return fmt.Errorf("cluster: log cache: %w", err)
 	}
 	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, n.snaps, n.transport)
 	close(n.raftSet)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: start raft: %w", err)
+		return fmt.Errorf("cluster: start raft: %w", err)
 	}
 	n.pilot.Store(newPilot(n))
 	n.started.Store(true)
-	cleanup = append(cleanup, func() { n.raft.Shutdown().Error() })
+	u.add(func() { n.raft.Shutdown().Error() })
 
 	obs := make(chan raft.Observation, 16)
 	n.observer = raft.NewObserver(obs, false, func(o *raft.Observation) bool {
@@ -301,24 +386,13 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 	go func() { defer n.wg.Done(); n.watchObservations(obs) }()
 	go func() { defer n.wg.Done(); n.batcher.run(n.ctx) }()
 	go func() { defer n.wg.Done(); n.forwarder.run(n.ctx) }()
-	cleanup = append(cleanup, func() {
+	u.add(func() {
 		n.raft.DeregisterObserver(n.observer)
 		n.cancel()
 		n.raft.Shutdown().Error()
 		n.wg.Wait()
 	})
-
-	n.wg.Add(1)
-	go func() { defer n.wg.Done(); n.watchRemoval(existing) }()
-	if !existing && len(cfg.Join) > 0 {
-		if err := n.join(ctx); err != nil {
-			return nil, err
-		}
-	} else if !existing && !cfg.Bootstrap {
-		n.log.Warn("cluster: empty data dir and neither Bootstrap nor Join: waiting to be added by an operator")
-	}
-	n.log.Info("cluster: node started", "addr", n.addr, "existing_state", existing)
-	return n, nil
+	return nil
 }
 
 // openRaftStore opens raft.db with raft-boltdb behind boltfile's check and
