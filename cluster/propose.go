@@ -328,6 +328,35 @@ func newBatcher(n *Node) *batcher {
 	return b
 }
 
+// gather is the batcher's and the forwarder's one drain loop: it starts a
+// batch with first (or, when first is nil, the next proposal from in,
+// waiting for it) and adds what else is queued without waiting, up to max
+// proposals. A queued proposal that would overflow the batch comes back as
+// carry, to start the next one. ok is false when ctx ended while waiting.
+func gather(ctx context.Context, in <-chan *pending, first *pending, max int) (batch []*pending, count int, carry *pending, ok bool) {
+	if first == nil {
+		select {
+		case first = <-in:
+		case <-ctx.Done():
+			return nil, 0, nil, false
+		}
+	}
+	batch, count = []*pending{first}, len(first.props)
+	for count < max {
+		select {
+		case p := <-in:
+			if count+len(p.props) > max {
+				return batch, count, p, true
+			}
+			batch = append(batch, p)
+			count += len(p.props)
+		default:
+			return batch, count, nil, true
+		}
+	}
+	return batch, count, nil, true
+}
+
 func (b *batcher) run(ctx context.Context) {
 	var carry *pending
 	for {
@@ -337,32 +366,12 @@ func (b *batcher) run(ctx context.Context) {
 			b.failQueued(carry, ErrClosed)
 			return
 		}
-		first := carry
-		carry = nil
-		if first == nil {
-			select {
-			case first = <-b.in:
-			case <-ctx.Done():
-				<-b.slots
-				b.failQueued(nil, ErrClosed)
-				return
-			}
-		}
-		batch := []*pending{first}
-		count := len(first.props)
-	drain:
-		for count < b.maxBatch {
-			select {
-			case p := <-b.in:
-				if count+len(p.props) > b.maxBatch {
-					carry = p
-					break drain
-				}
-				batch = append(batch, p)
-				count += len(p.props)
-			default:
-				break drain
-			}
+		batch, _, next, ok := gather(ctx, b.in, carry, b.maxBatch)
+		carry = next
+		if !ok {
+			<-b.slots
+			b.failQueued(nil, ErrClosed)
+			return
 		}
 		if !b.submit(batch) {
 			<-b.slots
@@ -597,31 +606,11 @@ func (f *forwarder) run(ctx context.Context) {
 			f.fail(carry)
 			return
 		}
-		first := carry
-		carry = nil
-		if first == nil {
-			select {
-			case first = <-f.in:
-			case <-ctx.Done():
-				f.fail(nil)
-				return
-			}
-		}
-		batch := []*pending{first}
-		count := len(first.props)
-	drain:
-		for count < f.maxBatch {
-			select {
-			case p := <-f.in:
-				if count+len(p.props) > f.maxBatch {
-					carry = p
-					break drain
-				}
-				batch = append(batch, p)
-				count += len(p.props)
-			default:
-				break drain
-			}
+		batch, count, next, ok := gather(ctx, f.in, carry, f.maxBatch)
+		carry = next
+		if !ok {
+			f.fail(nil)
+			return
 		}
 		f.n.wg.Add(1)
 		go func() {
