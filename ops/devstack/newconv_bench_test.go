@@ -85,31 +85,40 @@ func BenchmarkNewVsBoundConversation(b *testing.B) {
 		b.Fatal("touching the pool: ", err)
 	}
 	before := nb.decisions()
-	var newLat, boundLat []float64
+	var newLat, newFollower, newLeader, boundLat []float64
 	var sent, elapsed time.Duration
 	var newN, newFailed, boundFailed int
 	run := 0
 	for b.Loop() {
-		nl, bl, ne, be, d, err := nb.paced(run, pool)
+		nfl, nl, bl, ne, be, d, err := nb.paced(run, pool)
 		if err != nil {
 			b.Logf("run %d: %d new and %d bound requests failed, the first: %v", run, ne, be, err)
 		}
 		newFailed += ne
 		boundFailed += be
+		newLat = append(newLat, nfl...)
 		newLat = append(newLat, nl...)
+		newFollower = append(newFollower, nfl...)
+		newLeader = append(newLeader, nl...)
 		boundLat = append(boundLat, bl...)
-		newN += len(nl)
+		newN += len(nl) + len(nfl)
 		elapsed += d
 		sent += newVsBoundPhase
 		run++
 	}
 	after := nb.decisions()
 	slices.Sort(newLat)
+	slices.Sort(newFollower)
+	slices.Sort(newLeader)
 	slices.Sort(boundLat)
 	newP50, newP99 := quantile(newLat, 0.50), quantile(newLat, 0.99)
 	boundP50, boundP99 := quantile(boundLat, 0.50), quantile(boundLat, 0.99)
 	b.ReportMetric(newP50, "new-ms-p50")
 	b.ReportMetric(newP99, "new-ms-p99")
+	b.ReportMetric(quantile(newLeader, 0.50), "new-on-leader-ms-p50")
+	b.ReportMetric(quantile(newLeader, 0.99), "new-on-leader-ms-p99")
+	b.ReportMetric(quantile(newFollower, 0.50), "new-on-follower-ms-p50")
+	b.ReportMetric(quantile(newFollower, 0.99), "new-on-follower-ms-p99")
 	b.ReportMetric(boundP50, "bound-ms-p50")
 	b.ReportMetric(boundP99, "bound-ms-p99")
 	b.ReportMetric(newP50-boundP50, "added-ms-p50")
@@ -223,16 +232,21 @@ func (nb *newVsBound) waitApplied(ctx context.Context) error {
 // on a pooled one, whatever the responses' latency (a slow response does
 // not slow the offered rate). Request k of a kind goes to edge k mod 3,
 // the bound kind shifted by one so the two kinds do not pair up on an
-// edge. It returns both kinds' latencies in ms of the successful
-// requests, the failures of each kind and the first, and the phase's
+// edge. It returns the latencies in ms of the successful requests (new
+// conversations sent to a follower edge, to the leader edge, bound turns), the failures of each kind and the first, and the phase's
 // duration.
-func (nb *newVsBound) paced(run int, pool []string) (newMs, boundMs []float64, newErrs, boundErrs int, d time.Duration, firstErr error) {
+func (nb *newVsBound) paced(run int, pool []string) (newMs, newLeaderMs, boundMs []float64, newErrs, boundErrs int, d time.Duration, firstErr error) {
+	leader := -1
+	if l := nb.st.Leader(); l != nil {
+		leader = l.Index
+	}
+	edges := len(nb.st.Edges())
 	rate := 2 * newPerSecond() // new conversations and bound turns
 	total := int(newVsBoundPhase.Seconds() * float64(rate))
 	interval := time.Second / time.Duration(rate)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	record := func(isNew bool, lat time.Duration, e error) {
+	record := func(isNew, onLeader bool, lat time.Duration, e error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if e != nil {
@@ -250,9 +264,12 @@ func (nb *newVsBound) paced(run int, pool []string) (newMs, boundMs []float64, n
 			return
 		}
 		ms := float64(lat.Microseconds()) / 1000
-		if isNew {
+		switch {
+		case isNew && onLeader:
+			newLeaderMs = append(newLeaderMs, ms)
+		case isNew:
 			newMs = append(newMs, ms)
-		} else {
+		default:
 			boundMs = append(boundMs, ms)
 		}
 	}
@@ -266,16 +283,16 @@ func (nb *newVsBound) paced(run int, pool []string) (newMs, boundMs []float64, n
 			k := launched / 2
 			if launched%2 == 0 {
 				session, edge := fmt.Sprintf("new-%d-%d", run, k), k
-				wg.Go(func() { lat, e := nb.send(edge, session); record(true, lat, e) })
+				wg.Go(func() { lat, e := nb.send(edge, session); record(true, edge%edges == leader, lat, e) })
 			} else {
 				session, edge := pool[k%len(pool)], k+1
-				wg.Go(func() { lat, e := nb.send(edge, session); record(false, lat, e) })
+				wg.Go(func() { lat, e := nb.send(edge, session); record(false, false, lat, e) })
 			}
 		}
 		<-tick.C
 	}
 	wg.Wait()
-	return newMs, boundMs, newErrs, boundErrs, time.Since(start), firstErr
+	return newMs, newLeaderMs, boundMs, newErrs, boundErrs, time.Since(start), firstErr
 }
 
 // decisions sums every edge's routing decisions by outcome.
