@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Pacing of BenchmarkNewVsBoundConversation (issue 15, docs/ and
@@ -84,7 +86,7 @@ func BenchmarkNewVsBoundConversation(b *testing.B) {
 	if err := nb.closedLoop(len(pool), 16, func(i int) (string, int) { return pool[i], i + 1 }); err != nil {
 		b.Fatal("touching the pool: ", err)
 	}
-	before := nb.decisions()
+	before := nb.counters()
 	var newLat, newFollower, newLeader, boundLat []float64
 	var sent, elapsed time.Duration
 	var newN, newFailed, boundFailed int
@@ -106,7 +108,7 @@ func BenchmarkNewVsBoundConversation(b *testing.B) {
 		sent += newVsBoundPhase
 		run++
 	}
-	after := nb.decisions()
+	after := nb.counters()
 	slices.Sort(newLat)
 	slices.Sort(newFollower)
 	slices.Sort(newLeader)
@@ -128,9 +130,18 @@ func BenchmarkNewVsBoundConversation(b *testing.B) {
 	b.ReportMetric(float64(newFailed), "new-failed")
 	b.ReportMetric(float64(boundFailed), "bound-failed")
 	if newN > 0 {
-		b.ReportMetric(float64(after["new_bind"]-before["new_bind"])/float64(newN), "new_binds/new-conv")
+		b.ReportMetric((after["outcome:new_bind"]-before["outcome:new_bind"])/float64(newN), "new_binds/new-conv")
 	}
-	b.ReportMetric(float64(after["degraded"]-before["degraded"]+after["shed"]-before["shed"]+after["unbound"]-before["unbound"]), "degraded+shed+unbound")
+	var other float64
+	for _, o := range []string{"degraded", "shed", "unbound", "refused"} {
+		other += after["outcome:"+o] - before["outcome:"+o]
+	}
+	b.ReportMetric(other, "degraded+shed+unbound+refused")
+	// Where a Bind's time went (means over the run, every edge).
+	for _, stage := range []string{"queue", "commit", "forward", "follower_apply"} {
+		b.ReportMetric(1000*meanDelta(before, after, "stage:"+stage), "stage-"+stage+"-ms-mean")
+	}
+	b.ReportMetric(meanDelta(before, after, "batch"), "entries/batch")
 }
 
 type newVsBound struct {
@@ -295,8 +306,11 @@ func (nb *newVsBound) paced(run int, pool []string) (newMs, newLeaderMs, boundMs
 	return newMs, newLeaderMs, boundMs, newErrs, boundErrs, time.Since(start), firstErr
 }
 
-// decisions sums every edge's routing decisions by outcome.
-func (nb *newVsBound) decisions() map[string]float64 {
+// counters sums, over every edge, the routing decisions by outcome
+// ("outcome:new_bind"), and the sum and count of each proposal stage
+// ("stage:commit:sum", "stage:commit:count") and of the batch sizes
+// ("batch:sum", "batch:count").
+func (nb *newVsBound) counters() map[string]float64 {
 	out := map[string]float64{}
 	for _, n := range nb.st.Edges() {
 		mfs, err := n.Edge().Registry().Gather()
@@ -304,19 +318,39 @@ func (nb *newVsBound) decisions() map[string]float64 {
 			continue
 		}
 		for _, mf := range mfs {
-			if mf.GetName() != "tether_edge_routing_decisions_total" {
-				continue
-			}
 			for _, m := range mf.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "outcome" {
-						out[l.GetValue()] += m.GetCounter().GetValue()
-					}
+				switch mf.GetName() {
+				case "tether_edge_routing_decisions_total":
+					out["outcome:"+label(m, "outcome")] += m.GetCounter().GetValue()
+				case "tether_cluster_propose_stage_seconds":
+					out["stage:"+label(m, "stage")+":sum"] += m.GetHistogram().GetSampleSum()
+					out["stage:"+label(m, "stage")+":count"] += float64(m.GetHistogram().GetSampleCount())
+				case "tether_cluster_batch_size":
+					out["batch:sum"] += m.GetHistogram().GetSampleSum()
+					out["batch:count"] += float64(m.GetHistogram().GetSampleCount())
 				}
 			}
 		}
 	}
 	return out
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// meanDelta is the mean of a sum/count pair between two counters().
+func meanDelta(before, after map[string]float64, key string) float64 {
+	n := after[key+":count"] - before[key+":count"]
+	if n == 0 {
+		return 0
+	}
+	return (after[key+":sum"] - before[key+":sum"]) / n
 }
 
 // quantile of sorted xs (nearest rank); 0 when empty.
