@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"slices"
@@ -51,7 +53,11 @@ func newPerSecond() int {
 func BenchmarkNewVsBoundConversation(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	st, err := Start(ctx, Options{})
+	var o Options
+	if os.Getenv("BENCH_LOG") != "" { // the stack's warnings on stderr, to tell why a run failed
+		o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	st, err := Start(ctx, o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -94,7 +100,7 @@ func BenchmarkNewVsBoundConversation(b *testing.B) {
 	for b.Loop() {
 		nfl, nl, bl, ne, be, d, err := nb.paced(run, pool)
 		if err != nil {
-			b.Logf("run %d: %d new and %d bound requests failed, the first: %v", run, ne, be, err)
+			b.Logf("run %d: %d new and %d bound requests failed, the first of each: %v", run, ne, be, err)
 		}
 		newFailed += ne
 		boundFailed += be
@@ -244,9 +250,10 @@ func (nb *newVsBound) waitApplied(ctx context.Context) error {
 // not slow the offered rate). Request k of a kind goes to edge k mod 3,
 // the bound kind shifted by one so the two kinds do not pair up on an
 // edge. It returns the latencies in ms of the successful requests (new
-// conversations sent to a follower edge, to the leader edge, bound turns), the failures of each kind and the first, and the phase's
+// conversations sent to a follower edge, to the leader edge, bound turns), the failures of each kind and the first of each, and the phase's
 // duration.
-func (nb *newVsBound) paced(run int, pool []string) (newMs, newLeaderMs, boundMs []float64, newErrs, boundErrs int, d time.Duration, firstErr error) {
+func (nb *newVsBound) paced(run int, pool []string) (newMs, newLeaderMs, boundMs []float64, newErrs, boundErrs int, d time.Duration, err error) {
+	var firstNewErr, firstBoundErr error
 	leader := -1
 	if l := nb.st.Leader(); l != nil {
 		leader = l.Index
@@ -269,8 +276,10 @@ func (nb *newVsBound) paced(run int, pool []string) (newMs, newLeaderMs, boundMs
 			} else {
 				boundErrs++
 			}
-			if firstErr == nil {
-				firstErr = e
+			if isNew && firstNewErr == nil {
+				firstNewErr = e
+			} else if !isNew && firstBoundErr == nil {
+				firstBoundErr = e
 			}
 			return
 		}
@@ -303,7 +312,7 @@ func (nb *newVsBound) paced(run int, pool []string) (newMs, newLeaderMs, boundMs
 		<-tick.C
 	}
 	wg.Wait()
-	return newMs, newLeaderMs, boundMs, newErrs, boundErrs, time.Since(start), firstErr
+	return newMs, newLeaderMs, boundMs, newErrs, boundErrs, time.Since(start), errors.Join(firstNewErr, firstBoundErr)
 }
 
 // counters sums, over every edge, the routing decisions by outcome
