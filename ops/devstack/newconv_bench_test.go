@@ -20,8 +20,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// Pacing of BenchmarkNewVsBoundConversation (issue 15, docs/ and
-// BENCHMARKS.md "Non-voters and the latency of a new conversation's Bind").
+// Pacing of BenchmarkNewVsBoundConversation (issue 15; its figures are in
+// BENCHMARKS.md, "Non-voters and the latency of a new conversation's Bind").
 const (
 	defaultNewPerSecond = 1000            // offered rate of new conversations (and of bound turns)
 	newVsBoundPhase     = 3 * time.Second // paced traffic per benchmark iteration
@@ -94,7 +94,7 @@ func BenchmarkNewVsBoundConversation(b *testing.B) {
 	}
 	before := nb.counters()
 	var newLat, newFollower, newLeader, boundLat []float64
-	var sent, elapsed time.Duration
+	var elapsed time.Duration
 	var newN, newFailed, boundFailed int
 	run := 0
 	for b.Loop() {
@@ -111,7 +111,6 @@ func BenchmarkNewVsBoundConversation(b *testing.B) {
 		boundLat = append(boundLat, bl...)
 		newN += len(nl) + len(nfl)
 		elapsed += d
-		sent += newVsBoundPhase
 		run++
 	}
 	after := nb.counters()
@@ -254,7 +253,7 @@ func (nb *newVsBound) waitApplied(ctx context.Context) error {
 // duration.
 func (nb *newVsBound) paced(run int, pool []string) (newMs, newLeaderMs, boundMs []float64, newErrs, boundErrs int, d time.Duration, err error) {
 	var firstNewErr, firstBoundErr error
-	leader := -1
+	leader := -1 // the leader when the phase starts (an election during it blurs the split)
 	if l := nb.st.Leader(); l != nil {
 		leader = l.Index
 	}
