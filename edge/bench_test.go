@@ -97,19 +97,24 @@ func BenchmarkEdgeOverhead(b *testing.B) {
 		cb, _ := json.Marshal(m)
 		ctxOut := post(ctxW.URL()+"/v1/chat/completions", cb, jsonHeader)
 		var cr struct {
-			DP struct {
-				CtxRequestID json.RawMessage `json:"ctx_request_id"`
-				OpaqueState  string          `json:"opaque_state"`
-			} `json:"disaggregated_params"`
+			Choices []struct {
+				DP struct {
+					CtxRequestID json.RawMessage `json:"ctx_request_id"`
+					State        string          `json:"encoded_opaque_state"`
+				} `json:"disaggregated_params"`
+			} `json:"choices"`
 		}
-		if err := json.Unmarshal(ctxOut, &cr); err != nil {
-			b.Fatal(err)
+		if err := json.Unmarshal(ctxOut, &cr); err != nil || len(cr.Choices) != 1 {
+			b.Fatalf("%v: %s", err, ctxOut)
 		}
-		st, _ := json.Marshal(cr.DP.OpaqueState)
+		st, _ := json.Marshal(cr.Choices[0].DP.State)
 		m["disaggregated_params"] = json.RawMessage(`{"request_type":"generation_only","disagg_request_id":` + id +
-			`,"ctx_request_id":` + string(cr.DP.CtxRequestID) + `,"opaque_state":` + string(st) + `}`)
+			`,"ctx_request_id":` + string(cr.Choices[0].DP.CtxRequestID) + `,"encoded_opaque_state":` + string(st) + `}`)
 		gb, _ := json.Marshal(m)
-		post(genW.URL()+"/v1/chat/completions", gb, jsonHeader)
+		sig, _ := hintauth.SignDisagg([]byte(testKey), nil, st)
+		gh := jsonHeader.Clone()
+		gh.Set(hintauth.HeaderDisaggAuth, sig)
+		post(genW.URL()+"/v1/chat/completions", gb, gh)
 	}
 	viaEdge := func() { post(te.url()+"/v1/chat/completions", body, jsonHeader) }
 

@@ -341,7 +341,7 @@ type TracingConfig struct {
 // cluster section.
 func DefaultConfig() Config {
 	rc := routing.DefaultConfig()
-	return Config{
+	c := Config{
 		Hostname:        "127.0.0.1",
 		Port:            DefaultPort,
 		MaxRetries:      DefaultMaxRetries,
@@ -370,14 +370,14 @@ func DefaultConfig() Config {
 			DumpTimeout:    DefaultDumpTimeout,
 			StartupGrace:   DefaultStartupGrace,
 		},
-		HintSignatureFormat: hintauth.FormatTRTLLM,
-		ContextServers:      ServersConfig{HealthPath: DefaultHealthPath},
-		GenerationServers:   ServersConfig{HealthPath: DefaultHealthPath},
-		Leader:              LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
-		Cluster:             ClusterConfig{ProposeTimeout: DefaultProposeTimeout},
-		Tracing:             TracingConfig{Exporter: "none"},
-		TLS:                 TLSConfig{Mode: TLSModePlaintext},
+		Leader:  LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
+		Cluster: ClusterConfig{ProposeTimeout: DefaultProposeTimeout},
+		Tracing: TracingConfig{Exporter: "none"},
+		TLS:     TLSConfig{Mode: TLSModePlaintext},
 	}
+	c.HintSignatureFormat = hintauth.FormatTRTLLM
+	c.ContextServers.HealthPath, c.GenerationServers.HealthPath = DefaultHealthPath, DefaultHealthPath
+	return c
 }
 
 // LoadConfig reads, parses, applies the environment to and validates the

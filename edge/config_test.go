@@ -9,6 +9,7 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/hintauth"
 )
 
 // validYAML is a complete configuration: the TensorRT-LLM keys plus
@@ -123,8 +124,8 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		t.Fatalf("defaults %+v", cfg)
 	}
 	if cfg.ContextServers.HealthPath != DefaultHealthPath || cfg.GenerationServers.HealthPath != DefaultHealthPath ||
-		cfg.ContextServers.HealthCheckModel {
-		t.Fatalf("probe defaults %+v %+v", cfg.ContextServers, cfg.GenerationServers)
+		cfg.ContextServers.HealthCheckModel || cfg.HintSignatureFormat != hintauth.FormatTRTLLM {
+		t.Fatalf("probe and hint defaults %+v %+v", cfg.ContextServers, cfg.GenerationServers)
 	}
 }
 
@@ -164,6 +165,7 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"missing data dir", strings.Replace(base, ", data_dir: /tmp/x", "", 1), []string{"cluster.data_dir", "required"}},
 		{"no model", strings.Replace(base, "model: m", "", 1), []string{"model", "required"}},
 		{"short key", strings.Replace(base, "0123456789abcdef0123", "short", 1), []string{"internal_request_auth_key", "too short"}},
+		{"unknown hint format", base + "hint_signature_format: v2\n", []string{"hint_signature_format", "trtllm or tether-v1"}},
 		{"health path without a slash", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {urls: [http://a:1], health_path: health}", 1),
 			[]string{"context_servers.health_path", "starting with /"}},
 		{"no instances", strings.Replace(base, "generation_servers: {urls: [http://b:1]}", "", 1), []string{"generation_servers.urls", "no instances"}},

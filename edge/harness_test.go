@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -130,6 +131,10 @@ type workerOpts struct {
 	only404 []string
 	// model overrides the served model (default testModel).
 	model string
+	// legacyHandoff makes the worker answer context_only as releases
+	// before the trtllm protocol did: a top-level disaggregated_params
+	// with opaque_state.
+	legacyHandoff bool
 }
 
 func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
@@ -143,6 +148,9 @@ func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
 		FlushInterval: -1,
 		// Cancelled hops (a test's client going away) are expected.
 		ErrorLog: log.New(io.Discard, "", 0),
+	}
+	if o.legacyHandoff {
+		rp.ModifyResponse = toLegacyHandoff
 	}
 	tw.proxy = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if slices.Contains(o.only404, r.URL.Path) {
@@ -663,4 +671,33 @@ func (s *staticSetup) worker(id string) *testWorker {
 func (s *staticSetup) chat(t testing.TB, body []byte, h map[string]string) response {
 	t.Helper()
 	return do(t, s.c, http.MethodPost, s.te.url()+"/v1/chat/completions", body, h)
+}
+
+// toLegacyHandoff rewrites a context_only answer into the shape of
+// releases before the trtllm protocol: choices[0].disaggregated_params
+// moved to the top level, encoded_opaque_state named opaque_state.
+func toLegacyHandoff(resp *http.Response) error {
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return err
+	}
+	var m map[string]any
+	if json.Unmarshal(b, &m) == nil {
+		if cs, _ := m["choices"].([]any); len(cs) == 1 {
+			c, _ := cs[0].(map[string]any)
+			if dp, _ := c["disaggregated_params"].(map[string]any); dp != nil {
+				delete(c, "disaggregated_params")
+				delete(m, "prompt_token_ids")
+				dp["opaque_state"] = dp["encoded_opaque_state"]
+				delete(dp, "encoded_opaque_state")
+				m["disaggregated_params"] = dp
+				b, _ = json.Marshal(m)
+			}
+		}
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	resp.ContentLength = int64(len(b))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(b)))
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
 )
@@ -90,4 +91,63 @@ func TestHealthCheckModel(t *testing.T) {
 			t.Fatalf("%d %s", r.status, r.body)
 		}
 	})
+}
+
+// Rolling upgrade: a context worker of a release before the trtllm
+// protocol (top-level disaggregated_params with opaque_state) still
+// serves through a new edge, which gives the generation worker the old
+// generation request.
+func TestLegacyHandoffStillUnderstood(t *testing.T) {
+	cw := startWorker(t, "ctx-0", workerOpts{fleet: telemetry.FleetContext, role: hintauth.RoleContext, legacyHandoff: true})
+	gw := startWorker(t, "gen-0", workerOpts{fleet: telemetry.FleetGeneration, role: hintauth.RoleGeneration})
+	ec := startEdges(t, 1, "", func(_ int, c *Config) {
+		c.Telemetry.ProbeInterval = 100 * time.Millisecond
+		c.ContextServers.URLs = []StaticInstance{{Name: cw.id, URL: cw.proxy.URL}}
+		c.GenerationServers.URLs = []StaticInstance{{Name: gw.id, URL: gw.proxy.URL}}
+	})
+	ec.waitInstances(2)
+	r := do(t, httpClient(t), http.MethodPost, ec.edge(0).url()+"/v1/chat/completions", oneTurn(t, "legacy"), map[string]string{"x-session-id": "legacy"})
+	if r.status != http.StatusOK {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	reqs := gw.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d generation requests", len(reqs))
+	}
+	dp, _ := reqs[0].body["disaggregated_params"].(map[string]any)
+	if dp["request_type"] != "generation_only" || dp["opaque_state"] == nil || dp["encoded_opaque_state"] != nil {
+		t.Fatalf("generation request to an old-shape context's peer: %v", dp)
+	}
+	if reqs[0].header.Get(hintauth.HeaderDisaggAuth) != "" {
+		t.Fatal("the old handoff was signed with x-trtllm-disagg-auth")
+	}
+}
+
+// Conversation ids as TensorRT-LLM resolves them: Claude Code's session
+// header before x-session-id, and, without any header, a client-native
+// body field (Codex's prompt_cache_key).
+func TestConversationIDAsTRTLLM(t *testing.T) {
+	s := startStatic(t, 1, 1, nil)
+	for _, c := range []struct {
+		name string
+		body map[string]any
+		hdr  map[string]string
+		want string
+	}{
+		{"claude code header first", nil, map[string]string{"x-session-id": "sess-1", "X-Claude-Code-Session-Id": "cc-1"}, "cc-1"},
+		{"codex body field", map[string]any{"prompt_cache_key": "codex-thread-1"}, nil, "codex-thread-1"},
+		{"header beats body field", map[string]any{"prompt_cache_key": "codex-thread-2"}, map[string]string{"x-session-id": "sess-2"}, "sess-2"},
+	} {
+		r := s.chat(t, chatBody(t, "", []string{c.name}, c.body), c.hdr)
+		if r.status != http.StatusOK {
+			t.Fatalf("%s: %d %s", c.name, r.status, r.body)
+		}
+		if _, ok := s.te.e.Node().State().Lookup(fsm.FleetContext, c.want); !ok {
+			t.Fatalf("%s: no context binding for %q", c.name, c.want)
+		}
+		reqs := s.ctx[0].requests()
+		if got := reqs[len(reqs)-1].conversationID(); got != c.want {
+			t.Fatalf("%s: the worker got conversation %q, want %q", c.name, got, c.want)
+		}
+	}
 }

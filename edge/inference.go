@@ -270,16 +270,23 @@ func (f *hopFailure) write(w http.ResponseWriter, span trace.Span) int {
 
 // contextResult is a verified context-phase response.
 type contextResult struct {
-	raw          map[string]json.RawMessage
-	disaggID     uint64
-	ctxRequestID json.RawMessage
-	opaqueState  string
-	firstTokens  json.RawMessage
-	text         string
-	finish       string
-	promptTokens int
-	cachedTokens int
-	rank         string
+	raw      map[string]json.RawMessage
+	disaggID uint64
+	// handoff is choices[0].disaggregated_params of the context response
+	// (TensorRT-LLM's protocol), every field as the worker sent it. nil
+	// for a worker predating it, whose top-level disaggregated_params
+	// (legacy) filled ctxRequestID, opaqueState and firstTokens.
+	handoff map[string]json.RawMessage
+	// promptTokenIDs is the response's prompt_token_ids (nil: absent).
+	promptTokenIDs json.RawMessage
+	ctxRequestID   json.RawMessage
+	opaqueState    string
+	firstTokens    json.RawMessage
+	text           string
+	finish         string
+	promptTokens   int
+	cachedTokens   int
+	rank           string
 }
 
 // dispatch runs the disaggregated flow: context hop (unless conditional
@@ -312,7 +319,7 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 	}
 	e.fleet.RecordUsage(ctxHop.instance, int64(cres.promptTokens), int64(cres.cachedTokens), e.now())
 	e.observeRank(rq, ctxHop, hintauth.RoleContext, cres.rank)
-	if cres.finish == "stop" || rq.maxTokens == 1 {
+	if !cres.needsGeneration(rq.maxTokens) {
 		// The prefill already produced the whole answer.
 		return e.respondFromContext(w, rq, ctxHop, cres)
 	}
@@ -475,8 +482,12 @@ func (e *Edge) contextHop(ctx context.Context, rq *request, h **hop) (*contextRe
 	}
 }
 
-// readContextResult parses and checks a context_only answer: it must echo
-// our disaggregated request id and carry the opaque state.
+// readContextResult parses and checks a context_only answer the way
+// TensorRT-LLM's disaggregated server does (openai_disagg_service.py
+// _verify_ctx_response): exactly one choice whose disaggregated_params
+// carry a ctx_request_id and our disagg_request_id. A worker predating
+// that protocol answers with a top-level disaggregated_params carrying
+// opaque_state; it is still understood (rolling upgrades).
 func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
@@ -492,6 +503,7 @@ func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, er
 			Message      *struct{ Content *string } `json:"message"`
 			Text         *string                    `json:"text"`
 			FinishReason *string                    `json:"finish_reason"`
+			DP           map[string]json.RawMessage `json:"disaggregated_params"`
 		} `json:"choices"`
 		Usage *struct {
 			PromptTokens        int `json:"prompt_tokens"`
@@ -499,7 +511,8 @@ func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, er
 				CachedTokens int `json:"cached_tokens"`
 			} `json:"prompt_tokens_details"`
 		} `json:"usage"`
-		DP *struct {
+		PromptTokenIDs json.RawMessage `json:"prompt_token_ids"`
+		DP             *struct {
 			RequestType     string          `json:"request_type"`
 			CtxRequestID    json.RawMessage `json:"ctx_request_id"`
 			DisaggRequestID json.RawMessage `json:"disagg_request_id"`
@@ -510,21 +523,38 @@ func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, er
 	if err := json.Unmarshal(b, &body); err != nil {
 		return nil, fmt.Errorf("unexpected shape: %w", err)
 	}
-	dp := body.DP
-	switch {
-	case dp == nil:
-		return nil, errors.New("no disaggregated_params")
-	case dp.RequestType != "context_only":
-		return nil, fmt.Errorf("disaggregated_params.request_type %q, want context_only", dp.RequestType)
-	case strings.Trim(string(dp.DisaggRequestID), `"`) != strconv.FormatUint(disaggID, 10):
-		return nil, fmt.Errorf("disaggregated_params.disagg_request_id %s, want %d", dp.DisaggRequestID, disaggID)
-	case dp.OpaqueState == "":
-		return nil, errors.New("no disaggregated_params.opaque_state")
-	case len(body.Choices) == 0:
-		return nil, errors.New("no choices")
+	if len(body.Choices) != 1 {
+		return nil, fmt.Errorf("%d choices, want 1", len(body.Choices))
 	}
-	res.ctxRequestID, res.opaqueState, res.firstTokens = dp.CtxRequestID, dp.OpaqueState, dp.FirstGenTokens
 	c := body.Choices[0]
+	wantID := strconv.FormatUint(disaggID, 10)
+	switch {
+	case c.DP != nil:
+		dp := c.DP
+		if isNullOrAbsent(dp["ctx_request_id"]) {
+			return nil, errors.New("choices[0].disaggregated_params.ctx_request_id is missing")
+		}
+		if got := strings.Trim(string(bytes.TrimSpace(dp["disagg_request_id"])), `"`); got != wantID {
+			return nil, fmt.Errorf("choices[0].disaggregated_params.disagg_request_id %s, want %d", dp["disagg_request_id"], disaggID)
+		}
+		res.handoff = dp
+		if !isNullOrAbsent(body.PromptTokenIDs) {
+			res.promptTokenIDs = body.PromptTokenIDs
+		}
+	case body.DP != nil:
+		dp := body.DP
+		switch {
+		case dp.RequestType != "context_only":
+			return nil, fmt.Errorf("disaggregated_params.request_type %q, want context_only", dp.RequestType)
+		case strings.Trim(string(dp.DisaggRequestID), `"`) != wantID:
+			return nil, fmt.Errorf("disaggregated_params.disagg_request_id %s, want %d", dp.DisaggRequestID, disaggID)
+		case dp.OpaqueState == "":
+			return nil, errors.New("no disaggregated_params.opaque_state")
+		}
+		res.ctxRequestID, res.opaqueState, res.firstTokens = dp.CtxRequestID, dp.OpaqueState, dp.FirstGenTokens
+	default:
+		return nil, errors.New("no disaggregated_params in choices[0]")
+	}
 	switch {
 	case c.Message != nil && c.Message.Content != nil:
 		res.text = *c.Message.Content
@@ -543,26 +573,78 @@ func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, er
 	return res, nil
 }
 
+func isNullOrAbsent(raw json.RawMessage) bool { return len(bytes.TrimSpace(raw)) == 0 || isNull(raw) }
+
+// needsGeneration: as TensorRT-LLM's disaggregated server (_need_gen), the
+// generation hop runs when the context phase stopped for length (or is not
+// finished); any other finish reason, or a one-token request, makes the
+// context response the answer.
+func (cres *contextResult) needsGeneration(maxTokens int) bool {
+	return maxTokens != 1 && (cres.finish == "length" || cres.finish == "not_finished")
+}
+
+// generationBody is the generation hop's body. TensorRT-LLM protocol: the
+// context's choices[0].disaggregated_params with request_type
+// generation_only and our disagg_request_id, every other field passed
+// through untouched, and the context's prompt_token_ids (chat:
+// prompt_token_ids; completions: the prompt). It also returns the
+// x-trtllm-disagg-auth fields.
+func (rq *request) generationBody(cres *contextResult) (body []byte, endpoint, state json.RawMessage) {
+	id := json.RawMessage(strconv.FormatUint(cres.disaggID, 10))
+	if cres.handoff == nil {
+		dp := map[string]json.RawMessage{
+			"request_type":      json.RawMessage(`"generation_only"`),
+			"disagg_request_id": id,
+			"opaque_state":      mustMarshal(cres.opaqueState),
+		}
+		if len(cres.ctxRequestID) > 0 {
+			dp["ctx_request_id"] = cres.ctxRequestID
+		}
+		if len(cres.firstTokens) > 0 && !isNull(cres.firstTokens) {
+			dp["first_gen_tokens"] = cres.firstTokens
+		}
+		return rq.hopBody(map[string]json.RawMessage{"disaggregated_params": mustMarshal(dp)}), nil, nil
+	}
+	dp := make(map[string]json.RawMessage, len(cres.handoff)+2)
+	for k, v := range cres.handoff {
+		dp[k] = v
+	}
+	dp["request_type"] = json.RawMessage(`"generation_only"`)
+	dp["disagg_request_id"] = id
+	set := map[string]json.RawMessage{"disaggregated_params": mustMarshal(dp)}
+	if cres.promptTokenIDs != nil {
+		if rq.chat {
+			set["prompt_token_ids"] = cres.promptTokenIDs
+		} else {
+			set["prompt"] = cres.promptTokenIDs
+		}
+	}
+	return rq.hopBody(set), dp["ctx_info_endpoint"], dp["encoded_opaque_state"]
+}
+
 // generationHop continues on the generation worker with the context's
 // state. A retry keeps the disaggregated request id (the state is bound to
 // it).
 func (e *Edge) generationHop(ctx context.Context, w http.ResponseWriter, rq *request, ctxHop *hop, cres *contextResult, genHop *hop, span trace.Span) int {
 	id := strconv.FormatUint(cres.disaggID, 10)
-	dp := map[string]json.RawMessage{
-		"request_type":      json.RawMessage(`"generation_only"`),
-		"disagg_request_id": json.RawMessage(id),
-		"opaque_state":      mustMarshal(cres.opaqueState),
+	body, endpoint, state := rq.generationBody(cres)
+	var disaggAuth string
+	if e.authKey != nil {
+		// Protects the KV-transfer fields as TensorRT-LLM does
+		// (disagg_auth.py build_internal_disagg_auth_headers).
+		var err error
+		if disaggAuth, err = hintauth.SignDisagg(e.authKey, endpoint, state); err != nil {
+			e.metrics.upstreamErrors.WithLabelValues("context", "bad_response").Inc()
+			return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
+				"context instance %s answered disaggregated_params that cannot be signed: %v", ctxHop.instance, err))
+		}
 	}
-	if len(cres.ctxRequestID) > 0 {
-		dp["ctx_request_id"] = cres.ctxRequestID
-	}
-	if len(cres.firstTokens) > 0 && !isNull(cres.firstTokens) {
-		dp["first_gen_tokens"] = cres.firstTokens
-	}
-	dpRaw := mustMarshal(dp)
 	resp, done, hf := e.exchange(ctx, rq, &genHop, "generation", func(cur *hop) ([]byte, http.Header) {
-		body := rq.hopBody(map[string]json.RawMessage{"disaggregated_params": dpRaw})
-		return body, e.hopHeader(ctx, rq, cur, hintauth.RoleGeneration, hintauth.RequestGenerationOnly, id)
+		hdr := e.hopHeader(ctx, rq, cur, hintauth.RoleGeneration, hintauth.RequestGenerationOnly, id)
+		if disaggAuth != "" {
+			hdr.Set(hintauth.HeaderDisaggAuth, disaggAuth)
+		}
+		return body, hdr
 	})
 	if hf != nil {
 		return hf.write(w, span)
@@ -750,8 +832,18 @@ func (e *Edge) respondFromContext(w http.ResponseWriter, rq *request, ctxHop *ho
 	e.routeHeaders(w, ctxHop, cres.rank, nil, "")
 	out := make(map[string]json.RawMessage, len(cres.raw))
 	for k, v := range cres.raw {
-		if k != "disaggregated_params" {
+		if k != "disaggregated_params" && k != "prompt_token_ids" {
 			out[k] = v
+		}
+	}
+	if cres.handoff != nil {
+		// As TensorRT-LLM's _need_gen: the handoff is internal.
+		var choices []map[string]json.RawMessage
+		if json.Unmarshal(cres.raw["choices"], &choices) == nil {
+			for _, c := range choices {
+				delete(c, "disaggregated_params")
+			}
+			out["choices"] = mustMarshal(choices)
 		}
 	}
 	if !rq.stream {

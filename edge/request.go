@@ -421,6 +421,10 @@ func (e *Edge) stripHeaders(r *http.Request) {
 // identity resolves the request's conversation id, routing keys and parent
 // link against the replicated state.
 func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *apiError {
+	if strings.TrimSpace(bodyConv) == "" && routing.ConversationID("", h) == "" {
+		// Last, as TensorRT-LLM: a client-native body field (Codex).
+		bodyConv = routing.ClientConversationID(rq.top)
+	}
 	id, err := routing.ResolveIdentity(e.identityCfg, bodyConv, h, e.node.State())
 	if err != nil {
 		var ie *routing.IdentityError

@@ -4,13 +4,19 @@
 package routing
 
 import (
+	"encoding/json"
 	"net/http"
 	"strings"
 )
 
 // SessionHeaders are the request headers that may carry a conversation id,
-// in precedence order, after the body's conversation_params.conversation_id.
+// in precedence order, after the body's conversation_params.conversation_id:
+// TensorRT-LLM's CONVERSATION_ID_HEADERS (tensorrt_llm/serve/conversation_id.py),
+// which puts Claude Code's session headers first, so an edge and a
+// trtllm-serve worker resolve the same id.
 var SessionHeaders = []string{
+	"x-claude-code-session-id",
+	"x-claude-session-id",
 	"x-session-id",
 	"x-correlation-id",
 	"x-session-affinity",
@@ -44,6 +50,43 @@ func HeaderValue(h http.Header, name string) string {
 	for _, v := range h.Values(name) {
 		if s := strings.TrimSpace(v); s != "" {
 			return s
+		}
+	}
+	return ""
+}
+
+// ClientConversationFields are body fields that carry a conversation id
+// for clients that send no session header, consulted only after the
+// body's conversation_params and SessionHeaders: TensorRT-LLM's
+// CONVERSATION_ID_BODY_FIELDS (tensorrt_llm/serve/conversation_id.py).
+// Codex CLI sets prompt_cache_key (Responses API) or
+// client_metadata.thread_id (chat completions) to its thread id;
+// client_metadata.session_id is one run, possibly of several threads, so
+// it comes last.
+var ClientConversationFields = [][]string{
+	{"prompt_cache_key"},
+	{"client_metadata", "thread_id"},
+	{"client_metadata", "session_id"},
+}
+
+// ClientConversationID returns the first non-blank string at one of
+// ClientConversationFields in a decoded request body, trimmed ("" none).
+func ClientConversationID(top map[string]json.RawMessage) string {
+	for _, path := range ClientConversationFields {
+		raw, ok := top[path[0]]
+		for _, name := range path[1:] {
+			var obj map[string]json.RawMessage
+			if !ok || json.Unmarshal(raw, &obj) != nil {
+				ok = false
+				break
+			}
+			raw, ok = obj[name]
+		}
+		var s string
+		if ok && json.Unmarshal(raw, &s) == nil {
+			if s = strings.TrimSpace(s); s != "" {
+				return s
+			}
 		}
 	}
 	return ""

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"encoding/json"
 	"net/http"
 	"testing"
 )
@@ -28,6 +29,12 @@ func TestConversationIDPrecedence(t *testing.T) {
 		{"case-insensitive names", "", http.Header{"x-session-id": nil}, ""},
 		{"trimmed", "", h("X-Session-Id", "  padded  "), "padded"},
 		{"none", "", h("X-Other", "x"), ""},
+		// TensorRT-LLM's order (tensorrt_llm/serve/conversation_id.py):
+		// Claude Code's session headers before x-session-id.
+		{"claude code first", "", h("X-Session-Id", "sess", "X-Claude-Code-Session-Id", "cc", "X-Claude-Session-Id", "cl"), "cc"},
+		{"claude session next", "", h("X-Session-Id", "sess", "X-Claude-Session-Id", "cl"), "cl"},
+		{"blank claude header skipped", "", h("X-Claude-Code-Session-Id", " ", "X-Session-Id", "sess"), "sess"},
+		{"body beats claude", "body-id", h("X-Claude-Code-Session-Id", "cc"), "body-id"},
 	}
 	for _, c := range cases {
 		if got := ConversationID(c.body, c.hdr); got != c.want {
@@ -44,5 +51,23 @@ func TestHeaderValueCaseInsensitive(t *testing.T) {
 	}
 	if got := HeaderValue(h, ""); got != "" {
 		t.Fatalf("unset header name must give no value, got %q", got)
+	}
+}
+
+func TestClientConversationID(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"prompt_cache_key":" thread-1 ","client_metadata":{"thread_id":"t2"}}`:          "thread-1",
+		`{"prompt_cache_key":"  ","client_metadata":{"thread_id":"t2","session_id":"s"}}`: "t2",
+		`{"client_metadata":{"session_id":"s"}}`:                                          "s",
+		`{"client_metadata":"not an object","prompt_cache_key":7}`:                        "",
+		`{}`: "",
+	} {
+		var top map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(body), &top); err != nil {
+			t.Fatal(err)
+		}
+		if got := ClientConversationID(top); got != want {
+			t.Errorf("%s: got %q, want %q", body, got, want)
+		}
 	}
 }

@@ -90,37 +90,53 @@ func TestContextThenGenerationOnTwoWorkers(t *testing.T) {
 	if r.status != 200 || !strings.HasPrefix(r.header.Get("Content-Type"), "application/json") {
 		t.Fatalf("context phase: %d %s %s", r.status, r.header.Get("Content-Type"), r.body)
 	}
+	// TensorRT-LLM's shape: the handoff is choices[0].disaggregated_params,
+	// and the prompt's tokens are prompt_token_ids.
 	var ctxResp struct {
 		Choices []struct {
 			Message struct{ Content string } `json:"message"`
+			DP      struct {
+				RequestType        string          `json:"request_type"`
+				CtxRequestID       json.RawMessage `json:"ctx_request_id"`
+				DisaggRequestID    json.RawMessage `json:"disagg_request_id"`
+				EncodedOpaqueState string          `json:"encoded_opaque_state"`
+				FirstGenTokens     []int64         `json:"first_gen_tokens"`
+			} `json:"disaggregated_params"`
 		} `json:"choices"`
 		Usage struct {
 			CompletionTokens int `json:"completion_tokens"`
 		} `json:"usage"`
-		DP struct {
-			RequestType     string          `json:"request_type"`
-			CtxRequestID    json.RawMessage `json:"ctx_request_id"`
-			DisaggRequestID json.RawMessage `json:"disagg_request_id"`
-			OpaqueState     string          `json:"opaque_state"`
-			FirstGenTokens  []int64         `json:"first_gen_tokens"`
-		} `json:"disaggregated_params"`
+		PromptTokenIDs []int64         `json:"prompt_token_ids"`
+		TopDP          json.RawMessage `json:"disaggregated_params"`
 	}
-	if err := json.Unmarshal(r.body, &ctxResp); err != nil {
-		t.Fatal(err)
+	if err := json.Unmarshal(r.body, &ctxResp); err != nil || len(ctxResp.Choices) != 1 {
+		t.Fatalf("%v: %s", err, r.body)
 	}
-	dp := ctxResp.DP
+	dp := ctxResp.Choices[0].DP
 	if dp.RequestType != "context_only" || string(dp.DisaggRequestID) != "4242" || len(dp.CtxRequestID) == 0 ||
-		dp.OpaqueState == "" || len(dp.FirstGenTokens) != 1 || ctxResp.Usage.CompletionTokens != 1 {
+		dp.EncodedOpaqueState == "" || len(dp.FirstGenTokens) != 1 || ctxResp.Usage.CompletionTokens != 1 ||
+		len(ctxResp.PromptTokenIDs) == 0 || ctxResp.TopDP != nil {
 		t.Fatalf("context response: %s", r.body)
 	}
-	if _, err := base64.StdEncoding.DecodeString(dp.OpaqueState); err != nil {
+	if _, err := base64.StdEncoding.DecodeString(dp.EncodedOpaqueState); err != nil {
 		t.Fatalf("opaque state not base64: %v", err)
 	}
 	first := ctxResp.Choices[0].Message.Content
 
-	genBody := chatBody(prompt, `"stream":true,"stream_options":{"include_usage":true},"max_tokens":5,"disaggregated_params":{"request_type":"generation_only","disagg_request_id":4242,"ctx_request_id":`+string(dp.CtxRequestID)+`,"opaque_state":`+strconv.Quote(dp.OpaqueState)+`}`)
-	g := post(t, c, genW.URL()+"/v1/chat/completions", genBody,
-		signedChild("child-a", "parent-1", hintauth.RoleGeneration, hintauth.RequestGenerationOnly, "4242"))
+	state := strconv.Quote(dp.EncodedOpaqueState)
+	genBody := chatBody(prompt, `"stream":true,"stream_options":{"include_usage":true},"max_tokens":5,"disaggregated_params":{"request_type":"generation_only","disagg_request_id":4242,"ctx_request_id":`+string(dp.CtxRequestID)+`,"encoded_opaque_state":`+state+`,"schedule_style":"context_first","ctx_usage":{"prompt_tokens":3}}`)
+	genHdr := signedChild("child-a", "parent-1", hintauth.RoleGeneration, hintauth.RequestGenerationOnly, "4242")
+	// The KV-transfer fields are signed (x-trtllm-disagg-auth): unsigned
+	// or tampered, the generation worker refuses them.
+	if g := post(t, c, genW.URL()+"/v1/chat/completions", genBody, genHdr); g.status != 403 || !strings.Contains(string(g.body), "invalid_disagg_auth") {
+		t.Fatalf("unsigned handoff: %d %s", g.status, g.body)
+	}
+	genHdr[hintauth.HeaderDisaggAuth], _ = hintauth.SignDisagg([]byte(testKey), nil, json.RawMessage(`"tampered"`))
+	if g := post(t, c, genW.URL()+"/v1/chat/completions", genBody, genHdr); g.status != 403 {
+		t.Fatalf("handoff signed for another state: %d %s", g.status, g.body)
+	}
+	genHdr[hintauth.HeaderDisaggAuth], _ = hintauth.SignDisagg([]byte(testKey), nil, json.RawMessage(state))
+	g := post(t, c, genW.URL()+"/v1/chat/completions", genBody, genHdr)
 	if g.status != 200 {
 		t.Fatalf("generation phase: %d %s", g.status, g.body)
 	}

@@ -160,18 +160,17 @@ const (
 // defaultConfig is the configuration before the file is applied.
 func defaultConfig() Config {
 	sd := sim.DefaultConfig()
-	return Config{
-		Fleet:                telemetry.FleetContext,
-		Hostname:             DefaultHostname,
-		TelemetryInterval:    DefaultTelemetryInterval,
-		MaxBodyBytes:         DefaultMaxBodyBytes,
-		DefaultMaxTokens:     DefaultMaxTokens,
-		MaxTokensLimit:       DefaultMaxTokensLimit,
-		WriteTimeout:         DefaultWriteTimeout,
-		ReadHeaderTimeout:    DefaultReadHeaderTimeout,
-		ReadTimeout:          DefaultReadTimeout,
-		IdleTimeout:          DefaultIdleTimeout,
-		HintSignatureFormats: []string{string(hintauth.FormatTRTLLM), string(hintauth.FormatTetherV1)},
+	c := Config{
+		Fleet:             telemetry.FleetContext,
+		Hostname:          DefaultHostname,
+		TelemetryInterval: DefaultTelemetryInterval,
+		MaxBodyBytes:      DefaultMaxBodyBytes,
+		DefaultMaxTokens:  DefaultMaxTokens,
+		MaxTokensLimit:    DefaultMaxTokensLimit,
+		WriteTimeout:      DefaultWriteTimeout,
+		ReadHeaderTimeout: DefaultReadHeaderTimeout,
+		ReadTimeout:       DefaultReadTimeout,
+		IdleTimeout:       DefaultIdleTimeout,
 		Engine: EngineConfig{
 			Type:                    "sim",
 			BlockSize:               sd.BlockSize,
@@ -186,6 +185,8 @@ func defaultConfig() Config {
 			UpstreamTimeout:         10 * time.Minute,
 		},
 	}
+	c.HintSignatureFormats = []string{string(hintauth.FormatTRTLLM), string(hintauth.FormatTetherV1)}
+	return c
 }
 
 // DefaultConfig returns a valid standalone configuration for one simulated

@@ -266,3 +266,21 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		t.Fatalf("New = %v, want an engine.type error", err)
 	}
 }
+
+func TestHintSignatureFormatsKey(t *testing.T) {
+	cfg, err := ParseConfig([]byte("instance_id: w1\nmodel: m\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := cfg.hintFormats(); len(f) != 2 || !cfg.acceptsTetherV1() {
+		t.Fatalf("default formats %v", f)
+	}
+	cfg, err = ParseConfig([]byte("instance_id: w1\nmodel: m\nhint_signature_formats: [trtllm]\n"))
+	if err != nil || cfg.acceptsTetherV1() {
+		t.Fatalf("%v %v", cfg.HintSignatureFormats, err)
+	}
+	_, err = ParseConfig([]byte("instance_id: w1\nmodel: m\nhint_signature_formats: [trtllm, v2]\n"))
+	if err == nil || !strings.Contains(err.Error(), "hint_signature_formats[1]") {
+		t.Fatalf("unknown format: %v", err)
+	}
+}

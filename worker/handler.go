@@ -227,6 +227,9 @@ func (x *exchange) serve() (int, string) {
 			"the model %q does not exist on this worker (it serves %q)", truncate(p.model, 200), s.cfg.Model)), ""
 	}
 	p.conversationID = routing.ConversationID(p.bodyConvID, x.r.Header)
+	if aerr := s.verifyDisaggAuth(x.r.Header, p); aerr != nil {
+		return x.fail(aerr), ""
+	}
 	affinity, aerr := s.verifyHint(x.r.Header, p)
 	if aerr != nil {
 		return x.fail(aerr), ""
@@ -363,13 +366,14 @@ func (x *exchange) respond(c engine.Completion, seq uint64) int {
 		for i, t := range first {
 			firstIDs[i] = int64(t)
 		}
-		resp.DisaggregatedParams = &disaggResponse{
-			RequestType:     "context_only",
-			CtxRequestID:    ctxID,
-			DisaggRequestID: x.p.disagg.DisaggRequestID,
-			OpaqueState:     base64.StdEncoding.EncodeToString(c.ContextState),
-			FirstGenTokens:  firstIDs,
+		resp.Choices[0].DisaggregatedParams = &disaggResponse{
+			RequestType:        "context_only",
+			CtxRequestID:       ctxID,
+			DisaggRequestID:    x.p.disagg.DisaggRequestID,
+			EncodedOpaqueState: base64.StdEncoding.EncodeToString(c.ContextState),
+			FirstGenTokens:     firstIDs,
 		}
+		resp.PromptTokenIDs = x.p.prompt
 	}
 	x.extendDeadline()
 	writeJSON(x.w, http.StatusOK, resp)

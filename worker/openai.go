@@ -159,13 +159,19 @@ func (f flexID) MarshalJSON() ([]byte, error) {
 
 func (f flexID) set() bool { return f.raw != nil }
 
-// disaggParams is the body's disaggregated_params.
+// disaggParams is the body's disaggregated_params: TensorRT-LLM's
+// DisaggregatedParams (tensorrt_llm/serve/openai_protocol.py); fields the
+// worker does not use (schedule_style, conversation_id, ctx_usage,
+// draft_tokens, ...) are accepted and ignored. OpaqueState is the handoff
+// field of edges predating that protocol.
 type disaggParams struct {
-	RequestType     string  `json:"request_type"`
-	CtxRequestID    flexID  `json:"ctx_request_id"`
-	DisaggRequestID flexID  `json:"disagg_request_id"`
-	OpaqueState     *string `json:"opaque_state"`
-	FirstGenTokens  []int64 `json:"first_gen_tokens"`
+	RequestType        string          `json:"request_type"`
+	CtxRequestID       flexID          `json:"ctx_request_id"`
+	DisaggRequestID    flexID          `json:"disagg_request_id"`
+	EncodedOpaqueState *string         `json:"encoded_opaque_state"`
+	CtxInfoEndpoint    json.RawMessage `json:"ctx_info_endpoint"`
+	OpaqueState        *string         `json:"opaque_state"`
+	FirstGenTokens     []int64         `json:"first_gen_tokens"`
 }
 
 // requestBody holds the fields of both endpoints the worker reads; the rest
@@ -194,6 +200,7 @@ type parsedRequest struct {
 	maxTokens      int
 	bodyConvID     string
 	convParams     bool // the body has conversation_params (TensorRT-LLM then signs its id as is)
+	legacyHandoff  bool // generation_only with the pre-trtllm opaque_state field
 	phase          engine.Phase
 	disagg         *disaggParams
 	contextState   []byte
@@ -316,12 +323,16 @@ func parseRequest(body []byte, chat bool, limit, defaultMax int) (*parsedRequest
 			p.stream, p.includeUsage, p.maxTokens = false, false, 1
 		case "generation_only":
 			p.phase = engine.PhaseGenerationOnly
-			if d.OpaqueState == nil || *d.OpaqueState == "" {
-				return nil, badRequest("disaggregated_params.opaque_state", "generation_only requests need disaggregated_params.opaque_state from the context phase")
+			state, param := d.EncodedOpaqueState, "disaggregated_params.encoded_opaque_state"
+			if state == nil && d.OpaqueState != nil {
+				state, param, p.legacyHandoff = d.OpaqueState, "disaggregated_params.opaque_state", true
 			}
-			st, err := base64.StdEncoding.DecodeString(*d.OpaqueState)
+			if state == nil || *state == "" {
+				return nil, badRequest("disaggregated_params.encoded_opaque_state", "generation_only requests need disaggregated_params.encoded_opaque_state from the context phase (choices[0].disaggregated_params of its response)")
+			}
+			st, err := base64.StdEncoding.DecodeString(*state)
 			if err != nil {
-				return nil, badRequest("disaggregated_params.opaque_state", "disaggregated_params.opaque_state is not valid base64: %v", err)
+				return nil, badRequest(param, "%s is not valid base64: %v", param, err)
 			}
 			p.contextState = st
 		case "", "aggregated":
@@ -493,6 +504,8 @@ type chatChoice struct {
 	Text         *string     `json:"text,omitempty"`
 	FinishReason *string     `json:"finish_reason"`
 	Logprobs     *struct{}   `json:"logprobs"`
+	// DisaggregatedParams: the handoff of a context_only response.
+	DisaggregatedParams *disaggResponse `json:"disaggregated_params,omitempty"`
 }
 
 type chatOutput struct {
@@ -500,21 +513,28 @@ type chatOutput struct {
 	Content *string `json:"content,omitempty"`
 }
 
-// disaggResponse is disaggregated_params in a context_only response.
+// disaggResponse is choices[0].disaggregated_params in a context_only
+// response: the fields of TensorRT-LLM's DisaggregatedParams that a
+// context server fills (tensorrt_llm/serve/openai_protocol.py), which a
+// TensorRT-LLM disaggregated server forwards to the generation server.
 type disaggResponse struct {
-	RequestType     string  `json:"request_type"`
-	CtxRequestID    flexID  `json:"ctx_request_id"`
-	DisaggRequestID flexID  `json:"disagg_request_id"`
-	OpaqueState     string  `json:"opaque_state"`
-	FirstGenTokens  []int64 `json:"first_gen_tokens"`
+	RequestType        string  `json:"request_type"`
+	FirstGenTokens     []int64 `json:"first_gen_tokens"`
+	CtxRequestID       flexID  `json:"ctx_request_id"`
+	EncodedOpaqueState string  `json:"encoded_opaque_state"`
+	DraftTokens        []int64 `json:"draft_tokens"`
+	DisaggRequestID    flexID  `json:"disagg_request_id"`
 }
 
 type completionResponse struct {
-	ID                  string          `json:"id"`
-	Object              string          `json:"object"`
-	Created             int64           `json:"created"`
-	Model               string          `json:"model"`
-	Choices             []chatChoice    `json:"choices"`
-	Usage               *usage          `json:"usage,omitempty"`
-	DisaggregatedParams *disaggResponse `json:"disaggregated_params,omitempty"`
+	ID      string       `json:"id"`
+	Object  string       `json:"object"`
+	Created int64        `json:"created"`
+	Model   string       `json:"model"`
+	Choices []chatChoice `json:"choices"`
+	Usage   *usage       `json:"usage,omitempty"`
+	// PromptTokenIDs: the prompt's tokens, in a context_only response
+	// (TensorRT-LLM's disaggregated server sends them to the generation
+	// server).
+	PromptTokenIDs []uint32 `json:"prompt_token_ids,omitempty"`
 }

@@ -45,24 +45,24 @@ const (
 
 // Server is one worker: HTTP API, scheduler, engine and telemetry.
 type Server struct {
-	cfg   Config
-	log   *slog.Logger
-	eng   engine.Engine
-	sched *adp.Scheduler
-	keys  [][]byte
-	// hintFormats are the accepted hint signature formats
-	// (hint_signature_formats).
-	hintFormats []hintauth.Format
-	tls         *workerTLS // the listener's transport security (tls.go)
-	tracer      trace.Tracer
-	metrics     *metrics
-	bootID      uint64
-	bootTime    time.Time
-	ranks       int
-	reqSeq      atomic.Uint64
+	cfg      Config
+	log      *slog.Logger
+	eng      engine.Engine
+	sched    *adp.Scheduler
+	keys     [][]byte
+	tls      *workerTLS // the listener's transport security (tls.go)
+	tracer   trace.Tracer
+	metrics  *metrics
+	bootID   uint64
+	bootTime time.Time
+	ranks    int
+	reqSeq   atomic.Uint64
 	// inflight counts inference requests being served, for
 	// max_concurrent_requests.
 	inflight atomic.Int64
+	// hintFormats are the accepted hint signature formats
+	// (hint_signature_formats).
+	hintFormats []hintauth.Format
 
 	// Per-rank counters the scheduler and engine do not keep.
 	overflows     []atomic.Int64
@@ -97,14 +97,14 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("worker: config: %w", err)
 	}
 	s := &Server{
-		cfg:         cfg,
-		log:         cfg.Logger,
-		keys:        cfg.AuthKeys(),
-		hintFormats: cfg.hintFormats(),
-		ranks:       opts.Ranks,
-		bootID:      newBootID(),
-		bootTime:    time.Now(),
+		cfg:      cfg,
+		log:      cfg.Logger,
+		keys:     cfg.AuthKeys(),
+		ranks:    opts.Ranks,
+		bootID:   newBootID(),
+		bootTime: time.Now(),
 	}
+	s.hintFormats = cfg.hintFormats()
 	if s.log == nil {
 		s.log = slog.Default()
 	}

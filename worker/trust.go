@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 
@@ -126,4 +127,39 @@ func (s *Server) verifyHint(h http.Header, p *parsedRequest) (string, *apiError)
 	s.metrics.hints.WithLabelValues(outcome).Inc()
 	s.metrics.hintFailures.WithLabelValues(outcome).Inc()
 	return "", e
+}
+
+// verifyDisaggAuth checks x-trtllm-disagg-auth on a generation_only
+// request whose disaggregated_params carry encoded_opaque_state or
+// ctx_info_endpoint, as TensorRT-LLM's workers do
+// (tensorrt_llm/serve/disagg_auth.py validate_internal_disagg_request):
+// without a key configured the request is accepted (TensorRT-LLM warns);
+// with one, a missing or wrong signature is refused (403). The handoff of
+// edges predating that protocol (opaque_state, unsigned) is accepted only
+// while hint_signature_formats lists tether-v1 (docs/upgrades.md).
+func (s *Server) verifyDisaggAuth(h http.Header, p *parsedRequest) *apiError {
+	if p.phase != engine.PhaseGenerationOnly || p.disagg == nil {
+		return nil
+	}
+	if p.legacyHandoff {
+		if !s.cfg.acceptsTetherV1() {
+			return newAPIError(http.StatusBadRequest, "invalid_request_error", "legacy_disaggregated_params", "disaggregated_params.opaque_state",
+				"disaggregated_params.opaque_state is the handoff of edges predating the TensorRT-LLM protocol; this worker accepts only encoded_opaque_state (hint_signature_formats does not list tether-v1)")
+		}
+		return nil
+	}
+	if len(s.keys) == 0 {
+		return nil
+	}
+	var state json.RawMessage
+	if p.disagg.EncodedOpaqueState != nil {
+		state, _ = json.Marshal(*p.disagg.EncodedOpaqueState)
+	}
+	_, err := hintauth.VerifyDisagg(s.keys, p.disagg.CtxInfoEndpoint, state, h.Get(hintauth.HeaderDisaggAuth))
+	if err == nil {
+		return nil
+	}
+	s.metrics.hintFailures.WithLabelValues("disagg_auth").Inc()
+	return newAPIError(http.StatusForbidden, "permission_error", "invalid_disagg_auth", hintauth.HeaderDisaggAuth,
+		"invalid internal disaggregated request authentication (%s): the encoded_opaque_state/ctx_info_endpoint of this generation_only request are not signed with this worker's internal_request_auth_key: %v", hintauth.HeaderDisaggAuth, err)
 }

@@ -27,14 +27,16 @@ func contextState(t *testing.T, prompt string) string {
 		t.Fatalf("context run: %d %s", r.status, r.body)
 	}
 	var resp struct {
-		DP struct {
-			OpaqueState string `json:"opaque_state"`
-		} `json:"disaggregated_params"`
+		Choices []struct {
+			DP struct {
+				State string `json:"encoded_opaque_state"`
+			} `json:"disaggregated_params"`
+		} `json:"choices"`
 	}
-	if err := json.Unmarshal(r.body, &resp); err != nil || resp.DP.OpaqueState == "" {
+	if err := json.Unmarshal(r.body, &resp); err != nil || len(resp.Choices) != 1 || resp.Choices[0].DP.State == "" {
 		t.Fatalf("no opaque state: %s", r.body)
 	}
-	return resp.DP.OpaqueState
+	return resp.Choices[0].DP.State
 }
 
 func TestHintSignatureCases(t *testing.T) {

@@ -1,0 +1,376 @@
+package trtllm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/fsm"
+)
+
+const (
+	testModel    = "trt-model"
+	testKey      = "stand-in-internal-key-0123456789"
+	parentHeader = "X-Dynamo-Parent-Session-ID"
+)
+
+// standIn is one stand-in trtllm-serve on an HTTP port.
+type standIn struct {
+	*Server
+	name string
+	url  string
+}
+
+func startStandIn(t *testing.T, name, role string) *standIn {
+	t.Helper()
+	s, err := New(Config{Name: name, Model: testModel, Role: role, Key: testKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { hs.Close(); s.Close() })
+	return &standIn{Server: s, name: name, url: hs.URL}
+}
+
+// startEdges starts n tether edges (a real Raft group over loopback) in
+// front of the context and generation stand-ins, configured as a user
+// would for trtllm-serve workers: static URLs, the shipped defaults
+// (probe /health, TensorRT-LLM signatures), sub-agent affinity on.
+func startEdges(t *testing.T, n int, ctx, gen []*standIn) []*edge.Edge {
+	t.Helper()
+	lns := make([]net.Listener, n)
+	peers := make([]edge.PeerConfig, n)
+	for i := range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns[i] = ln
+		peers[i] = edge.PeerConfig{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()}
+	}
+	dir := t.TempDir()
+	edges := make([]*edge.Edge, n)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		cfg := edge.DefaultConfig()
+		cfg.Model = testModel
+		cfg.Hostname, cfg.Port = "127.0.0.1", 0
+		cfg.ParentHeader = parentHeader
+		cfg.InternalRequestAuthKey = testKey
+		cfg.DebugRouteHeader = true
+		cfg.Telemetry.ProbeInterval = 100 * time.Millisecond
+		for _, s := range ctx {
+			cfg.ContextServers.URLs = append(cfg.ContextServers.URLs, edge.StaticInstance{Name: s.name, URL: s.url})
+		}
+		for _, s := range gen {
+			cfg.GenerationServers.URLs = append(cfg.GenerationServers.URLs, edge.StaticInstance{Name: s.name, URL: s.url})
+		}
+		cfg.Cluster = edge.ClusterConfig{NodeID: peers[i].ID, DataDir: filepath.Join(dir, peers[i].ID), Bootstrap: true, Peers: peers,
+			BindAddr: peers[i].Addr, ProposeTimeout: 2 * time.Second,
+			Raft: edge.RaftConfig{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+				LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 2 * time.Millisecond}}
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		e, err := edge.New(cfg, edge.Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(), ClusterListener: lns[i], Version: "test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		edges[i] = e
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			errs[i] = e.Start(ctx)
+		}()
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		var cw sync.WaitGroup
+		for _, e := range edges {
+			cw.Add(1)
+			go func() {
+				defer cw.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_ = e.Close(ctx)
+			}()
+		}
+		cw.Wait()
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("edge %d: %v", i+1, err)
+		}
+	}
+	waitFor(t, "a leader and every stand-in healthy on every edge", 20*time.Second, func() bool {
+		leader := false
+		for _, e := range edges {
+			leader = leader || e.Node().IsLeader()
+			healthy := 0
+			for _, in := range e.Fleet().Instances(time.Now()) {
+				if in.Healthy {
+					healthy++
+				}
+			}
+			if healthy != len(ctx)+len(gen) {
+				return false
+			}
+		}
+		return leader
+	})
+	return edges
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func post(t *testing.T, url string, body any, hdr map[string]string) answer {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rb, _ := io.ReadAll(resp.Body)
+	return answer{resp.StatusCode, resp.Header, rb}
+}
+
+// route parses x-tether-route: "context=ctx-1/-; generation=gen-0/-".
+func route(t *testing.T, a answer) (ctxInst, genInst string) {
+	t.Helper()
+	h := a.header.Get("X-Tether-Route")
+	for _, part := range strings.Split(h, ";") {
+		k, v, _ := strings.Cut(strings.TrimSpace(part), "=")
+		inst, _, _ := strings.Cut(v, "/")
+		switch k {
+		case "context":
+			ctxInst = inst
+		case "generation":
+			genInst = inst
+		}
+	}
+	if ctxInst == "" || genInst == "" {
+		t.Fatalf("route header %q", h)
+	}
+	return
+}
+
+func seenBy(servers []*standIn, conv string) (name string, seen []Seen) {
+	for _, s := range servers {
+		for _, x := range s.Seen() {
+			if x.ConversationID == conv {
+				name = s.name
+				seen = append(seen, x)
+			}
+		}
+	}
+	return
+}
+
+// Three tether edges in front of trtllm-serve stand-ins in disaggregated
+// mode: a parent on edge 1 and its sub-agents on edges 2 and 3 (chat,
+// streaming and not, and completions) land on the parent's context
+// instance (the seed contract: "the context instance stays sticky to the
+// parent conversation"); the context workers verify the edges' hints with
+// TensorRT-LLM's algorithm (python3, independent of tether's); the
+// generation workers get the context's choices[0].disaggregated_params as
+// generation_only with a valid x-trtllm-disagg-auth, and every answer is
+// 200. Before, the edges never saw the stand-ins healthy (they probed
+// /readyz), read the handoff from the wrong place, and signed hints in a
+// format trtllm-serve refuses.
+func TestThreeEdgesInFrontOfTRTLLMStandIns(t *testing.T) {
+	ctx := []*standIn{startStandIn(t, "ctx-0", "context"), startStandIn(t, "ctx-1", "context")}
+	gen := []*standIn{startStandIn(t, "gen-0", "generation"), startStandIn(t, "gen-1", "generation")}
+	if !ctx[0].PythonVerifies() {
+		t.Log("python3 not installed: the stand-ins accept signatures unchecked (counted); the routing assertions still hold")
+	}
+	edges := startEdges(t, 3, ctx, gen)
+	url := func(i int, path string) string { return "http://" + edges[i].Addr() + path }
+	system := strings.Repeat("you are a careful coding agent with tools ", 12)
+	chat := func(user string, extra map[string]any) map[string]any {
+		b := map[string]any{"model": testModel, "max_tokens": 6, "messages": []any{
+			map[string]any{"role": "system", "content": system}, map[string]any{"role": "user", "content": user}}}
+		for k, v := range extra {
+			b[k] = v
+		}
+		return b
+	}
+
+	parent := post(t, url(0, "/v1/chat/completions"), chat("plan the work", nil), map[string]string{"x-session-id": "parent-1"})
+	if parent.status != 200 {
+		t.Fatalf("parent: %d %s", parent.status, parent.body)
+	}
+	parentCtx, _ := route(t, parent)
+	var pm struct {
+		Choices []map[string]json.RawMessage `json:"choices"`
+	}
+	if err := json.Unmarshal(parent.body, &pm); err != nil || len(pm.Choices) != 1 || pm.Choices[0]["disaggregated_params"] != nil {
+		t.Fatalf("parent answer %s", parent.body)
+	}
+
+	type child struct {
+		edge   int
+		id     string
+		path   string
+		body   map[string]any
+		stream bool
+	}
+	children := []child{
+		{1, "child-a", "/v1/chat/completions", chat("explore package routing", nil), false},
+		{2, "child-b", "/v1/chat/completions", chat("read the tests", map[string]any{"stream": true, "stream_options": map[string]any{"include_usage": true}}), true},
+		{1, "child-c", "/v1/completions", map[string]any{"model": testModel, "max_tokens": 5, "prompt": system + " summarise"}, false},
+	}
+	for _, c := range children {
+		a := post(t, url(c.edge, c.path), c.body, map[string]string{"x-session-id": c.id, parentHeader: "parent-1"})
+		if a.status != 200 {
+			t.Fatalf("%s: %d %s", c.id, a.status, a.body)
+		}
+		ctxInst, _ := route(t, a)
+		if ctxInst != parentCtx {
+			t.Fatalf("%s on context %s, its parent on %s", c.id, ctxInst, parentCtx)
+		}
+		if c.stream && (!bytes.Contains(a.body, []byte("data: [DONE]")) || !bytes.Contains(a.body, []byte(`"usage"`))) {
+			t.Fatalf("%s stream: %s", c.id, a.body)
+		}
+		name, seen := seenBy(ctx, c.id)
+		if name != parentCtx || len(seen) != 1 || seen[0].RequestType != "context_only" {
+			t.Fatalf("%s at the context fleet: %s %+v", c.id, name, seen)
+		}
+		// Chat hops carry the signed parent hint, which the stand-in
+		// verified (python3); completions get instance affinity only.
+		wantAffinity := "parent-1"
+		if c.path == "/v1/completions" {
+			wantAffinity = ""
+		}
+		if seen[0].Affinity != wantAffinity {
+			t.Fatalf("%s context hint %q, want %q", c.id, seen[0].Affinity, wantAffinity)
+		}
+		if c.path == "/v1/chat/completions" && seen[0].CachedTokens == 0 {
+			t.Fatalf("%s found none of its parent's prompt cached: %+v", c.id, seen[0])
+		}
+		_, gseen := seenBy(gen, c.id)
+		if len(gseen) != 1 || gseen[0].RequestType != "generation_only" || !gseen[0].DisaggAuth || gseen[0].Affinity != "" {
+			t.Fatalf("%s at the generation fleet: %+v", c.id, gseen)
+		}
+	}
+	if ctx[0].PythonVerifies() {
+		for _, s := range append(append([]*standIn(nil), ctx...), gen...) {
+			if s.Unverified() != 0 {
+				t.Fatalf("%s accepted %d signatures unchecked", s.name, s.Unverified())
+			}
+		}
+	}
+
+	// The state is replicated: the parent's binding is the same on every
+	// edge's log.
+	for i, e := range edges {
+		if b, ok := e.Node().State().Lookup(fsm.FleetContext, "parent-1"); !ok || b.Instance != parentCtx {
+			t.Fatalf("edge %d binding %+v %v", i+1, b, ok)
+		}
+	}
+}
+
+// A stand-in refuses a tampered hint as trtllm-serve does (400, its
+// message); checked by python3 only.
+func TestStandInRefusesTamperedSignatures(t *testing.T) {
+	s := startStandIn(t, "ctx-x", "context")
+	if !s.PythonVerifies() {
+		t.Skip("python3 not installed: the stand-in cannot check signatures independently")
+	}
+	body := map[string]any{"model": testModel, "messages": []any{map[string]any{"role": "user", "content": "hi there"}},
+		"disaggregated_params": map[string]any{"request_type": "context_only", "disagg_request_id": 5}}
+	a := post(t, s.url+"/v1/chat/completions", body, map[string]string{"x-session-id": "kid",
+		HeaderAffinityID: "parent", HeaderAffinityAuth: "sha256=" + strings.Repeat("0", 64)})
+	if a.status != 400 || !strings.Contains(string(a.body), "Invalid internal subagent affinity authentication") {
+		t.Fatalf("%d %s", a.status, a.body)
+	}
+}
+
+// The configuration example of docs/engines-trtllm.md is a valid edge
+// configuration, with the probe and signature settings it shows.
+func TestDocExampleParses(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "engines-trtllm.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "```yaml\n")
+	block, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("no yaml block in docs/engines-trtllm.md")
+	}
+	t.Setenv("TETHER_INTERNAL_REQUEST_AUTH_KEY", "")
+	cfg, err := edge.ParseConfig([]byte(block))
+	if err != nil {
+		t.Fatalf("docs/engines-trtllm.md example: %v", err)
+	}
+	if cfg.ContextServers.HealthPath != "/health" || !cfg.ContextServers.HealthCheckModel ||
+		cfg.HintSignatureFormat != "trtllm" || len(cfg.ContextServers.URLs) != 2 {
+		t.Fatalf("example parsed as %+v", cfg.ContextServers)
+	}
+}
+
+// A trtllm-serve that is starting (503 on every path, /health included,
+// x-trtllm-server-state: starting) is not healthy for the edge, which
+// places new conversations elsewhere; once it answers 200 it is back.
+func TestStartingStandInIsNotHealthy(t *testing.T) {
+	ctx := []*standIn{startStandIn(t, "ctx-0", "context"), startStandIn(t, "ctx-1", "context")}
+	gen := []*standIn{startStandIn(t, "gen-0", "generation")}
+	edges := startEdges(t, 1, ctx, gen)
+	healthy := func(id string) bool {
+		in, ok := edges[0].Fleet().Instance(id, time.Now())
+		return ok && in.Healthy
+	}
+	ctx[0].SetStarting(true)
+	waitFor(t, "ctx-0 unhealthy while starting", 10*time.Second, func() bool { return !healthy("ctx-0") })
+	for i := range 4 {
+		conv := fmt.Sprintf("conv-%d", i)
+		a := post(t, "http://"+edges[0].Addr()+"/v1/chat/completions", map[string]any{"model": testModel, "max_tokens": 3,
+			"messages": []any{map[string]any{"role": "user", "content": "hello " + conv}}}, map[string]string{"x-session-id": conv})
+		if a.status != 200 {
+			t.Fatalf("%s: %d %s", conv, a.status, a.body)
+		}
+		if c, _ := route(t, a); c != "ctx-1" {
+			t.Fatalf("%s placed on %s while ctx-0 is starting", conv, c)
+		}
+	}
+	ctx[0].SetStarting(false)
+	waitFor(t, "ctx-0 healthy once started", 10*time.Second, func() bool { return healthy("ctx-0") })
+}

@@ -1,0 +1,683 @@
+// Package trtllm is a stand-in for trtllm-serve (TensorRT-LLM's OpenAI
+// server) in tests: it serves what trtllm-serve serves, with its paths,
+// status codes and response shapes, and nothing more, over a toy model
+// (whitespace tokens, deterministic words).
+//
+// What it follows, from TensorRT-LLM's public source:
+//   - routes: GET /health (200 empty; 503 while starting, with
+//     x-trtllm-server-state: starting: tensorrt_llm/serve/readiness.py),
+//     GET /version, GET /v1/models, GET /metrics (a JSON list of
+//     iteration stats), POST /v1/completions, POST /v1/chat/completions;
+//     FastAPI's {"detail": ...} for unknown paths (404) and methods (405);
+//     no /readyz;
+//   - errors: {"object":"error","message","type","param","code"}, a
+//     ValueError being 400 BadRequestError;
+//   - disaggregation (openai_protocol.py DisaggregatedParams,
+//     openai_disagg_service.py): a context_only request answers one token
+//     with the handoff in choices[0].disaggregated_params and the prompt's
+//     prompt_token_ids; a generation_only request continues from
+//     encoded_opaque_state;
+//   - conversation ids (conversation_id.py): body
+//     conversation_params.conversation_id, else the first non-empty of
+//     CONVERSATION_ID_HEADERS;
+//   - signatures (disagg_auth.py): x-trtllm-subagent-affinity-auth and
+//     x-trtllm-disagg-auth are checked by verify.py, a python3-stdlib
+//     implementation independent of tether's routing/hintauth. Without
+//     python3 the checks are skipped and counted (Unverified), so a test
+//     can say so.
+package trtllm
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ConversationIDHeaders is TensorRT-LLM's CONVERSATION_ID_HEADERS.
+var ConversationIDHeaders = []string{
+	"x-claude-code-session-id", "x-claude-session-id", "x-session-id",
+	"x-correlation-id", "x-session-affinity", "x-multi-turn-session-id",
+}
+
+// Header names of TensorRT-LLM's internal signatures.
+const (
+	HeaderAffinityID   = "x-trtllm-subagent-affinity-id"
+	HeaderAffinityAuth = "x-trtllm-subagent-affinity-auth"
+	HeaderDisaggAuth   = "x-trtllm-disagg-auth"
+	HeaderServerState  = "x-trtllm-server-state"
+)
+
+// Config configures a stand-in.
+type Config struct {
+	Name  string // used in ids and ctx_info_endpoint
+	Model string
+	// Role is --server_role: "context", "generation" or "" (inferred per
+	// request from disaggregated_params.request_type).
+	Role string
+	// Key is internal_request_auth_key ("" none).
+	Key string
+}
+
+// Seen is one inference request as the stand-in resolved it.
+type Seen struct {
+	Path           string
+	RequestType    string // "" without disaggregated_params
+	ConversationID string
+	Affinity       string // verified x-trtllm-subagent-affinity-id ("" none)
+	DisaggAuth     bool   // x-trtllm-disagg-auth was required and checked
+	CachedTokens   int
+}
+
+// Server is one stand-in trtllm-serve.
+type Server struct {
+	cfg      Config
+	starting atomic.Bool
+	verifier *verifier // nil: python3 absent
+	seq      atomic.Int64
+
+	mu         sync.Mutex
+	seen       []Seen
+	blocks     map[uint64]bool // cached prompt blocks
+	unverified int
+}
+
+// New builds a stand-in. It starts verify.py under python3 when python3
+// is installed.
+func New(cfg Config) (*Server, error) {
+	if cfg.Model == "" {
+		return nil, errors.New("trtllm stand-in: model is required")
+	}
+	s := &Server{cfg: cfg, blocks: map[uint64]bool{}}
+	v, err := startVerifier()
+	if err != nil && !errors.Is(err, exec.ErrNotFound) {
+		return nil, err
+	}
+	s.verifier = v
+	return s, nil
+}
+
+// PythonVerifies reports whether signatures are checked by python3.
+func (s *Server) PythonVerifies() bool { return s.verifier != nil }
+
+// Unverified counts signatures accepted unchecked (python3 absent).
+func (s *Server) Unverified() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.unverified
+}
+
+// SetStarting makes every request answer 503 as a starting trtllm-serve.
+func (s *Server) SetStarting(v bool) { s.starting.Store(v) }
+
+// Seen returns the inference requests served so far.
+func (s *Server) Seen() []Seen {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Seen(nil), s.seen...)
+}
+
+// Close stops the verifier.
+func (s *Server) Close() {
+	if s.verifier != nil {
+		s.verifier.close()
+	}
+}
+
+// Handler is the HTTP API.
+func (s *Server) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.starting.Load() {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Retry-After", "1")
+			w.Header().Set(HeaderServerState, "starting")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"error": {"message": "The server is still initializing the model and cannot serve requests yet. It is listening, so this is not a crash; retry until /health returns 200.", "type": "ServiceUnavailableError", "code": "starting"}}`)
+			return
+		}
+		get := map[string]http.HandlerFunc{
+			"/health": func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) },
+			"/version": func(w http.ResponseWriter, _ *http.Request) {
+				writeJSON(w, 200, map[string]string{"version": "stand-in"})
+			},
+			"/v1/models": s.models,
+			"/metrics":   func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, 200, []any{}) },
+		}
+		post := map[string]bool{"/v1/completions": true, "/v1/chat/completions": true}
+		switch {
+		case get[r.URL.Path] != nil && r.Method == http.MethodGet:
+			get[r.URL.Path](w, r)
+		case post[r.URL.Path] && r.Method == http.MethodPost:
+			s.inference(w, r, r.URL.Path == "/v1/chat/completions")
+		case get[r.URL.Path] != nil || post[r.URL.Path]:
+			writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"detail": "Method Not Allowed"})
+		default:
+			writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
+		}
+	})
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, 200, map[string]any{"object": "list", "data": []any{
+		map[string]any{"id": s.cfg.Model, "object": "model", "created": 1700000000, "owned_by": "tensorrt_llm"},
+	}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// apiError writes TensorRT-LLM's ErrorResponse.
+func apiError(w http.ResponseWriter, status int, typ, msg string) {
+	writeJSON(w, status, map[string]any{"object": "error", "message": msg, "type": typ, "param": nil, "code": status})
+}
+
+func badRequest(w http.ResponseWriter, msg string) {
+	apiError(w, http.StatusBadRequest, "BadRequestError", msg)
+}
+
+type disaggParams map[string]json.RawMessage
+
+func (d disaggParams) str(k string) (string, bool) {
+	var s *string
+	if raw, ok := d[k]; !ok || json.Unmarshal(raw, &s) != nil || s == nil {
+		return "", false
+	}
+	return *s, true
+}
+
+func isNull(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) == 0 || string(t) == "null"
+}
+
+// state is the stand-in's encoded_opaque_state (base64 JSON).
+type state struct {
+	Server    string `json:"server"`
+	CtxID     int64  `json:"ctx_request_id"`
+	Prompt    uint64 `json:"prompt"` // hash of the prompt tokens
+	FirstWord string `json:"first"`
+}
+
+func (s *Server) inference(w http.ResponseWriter, r *http.Request, chat bool) {
+	b, err := io.ReadAll(io.LimitReader(r.Body, 32<<20))
+	if err != nil {
+		badRequest(w, err.Error())
+		return
+	}
+	var body map[string]json.RawMessage
+	if err := json.Unmarshal(b, &body); err != nil || body == nil {
+		apiError(w, http.StatusUnprocessableEntity, "BadRequestError", "request body is not a JSON object")
+		return
+	}
+	var model string
+	if json.Unmarshal(body["model"], &model) != nil || model == "" {
+		badRequest(w, "model is required")
+		return
+	}
+	tokens, words, err := promptTokens(body, chat)
+	if err != nil {
+		badRequest(w, err.Error())
+		return
+	}
+	var dp disaggParams
+	if !isNull(body["disaggregated_params"]) {
+		if err := json.Unmarshal(body["disaggregated_params"], &dp); err != nil {
+			badRequest(w, "disaggregated_params: "+err.Error())
+			return
+		}
+		if _, ok := dp.str("request_type"); !ok {
+			apiError(w, http.StatusUnprocessableEntity, "BadRequestError", "disaggregated_params.request_type: field required")
+			return
+		}
+	}
+	reqType, _ := dp.str("request_type")
+	conv, convNull := resolveConversation(body, r.Header)
+	seen := Seen{Path: r.URL.Path, RequestType: reqType, ConversationID: conv}
+
+	affinity, msg := s.checkHint(r.Header, model, conv, convNull, dp)
+	if msg != "" {
+		badRequest(w, msg)
+		return
+	}
+	seen.Affinity = affinity
+	if reqType == "generation_only" {
+		need, msg := s.checkDisaggAuth(r.Header, dp)
+		if msg != "" {
+			badRequest(w, msg)
+			return
+		}
+		seen.DisaggAuth = need
+	}
+
+	n := s.seq.Add(1)
+	id := fmt.Sprintf("%s-%s-%d", map[bool]string{true: "chatcmpl", false: "cmpl"}[chat], s.cfg.Name, n)
+	maxTokens := 16
+	if raw, ok := body["max_tokens"]; ok && !isNull(raw) {
+		if json.Unmarshal(raw, &maxTokens) != nil || maxTokens < 1 {
+			badRequest(w, "max_tokens must be a positive integer")
+			return
+		}
+	}
+	stream := false
+	_ = json.Unmarshal(body["stream"], &stream)
+	includeUsage := false
+	if !isNull(body["stream_options"]) {
+		var so struct {
+			IncludeUsage bool `json:"include_usage"`
+		}
+		_ = json.Unmarshal(body["stream_options"], &so)
+		includeUsage = so.IncludeUsage
+	}
+	ph := hashTokens(tokens)
+	out := make([]string, 0, maxTokens)
+	switch reqType {
+	case "context_only":
+		seen.CachedTokens = s.cache(tokens)
+		first := word(ph, 0)
+		st, _ := json.Marshal(state{Server: s.cfg.Name, CtxID: n, Prompt: ph, FirstWord: first})
+		s.record(seen)
+		handoff := map[string]any{
+			"request_type":         "context_only",
+			"first_gen_tokens":     []uint32{tokenID(first)},
+			"ctx_request_id":       n,
+			"encoded_opaque_state": base64.StdEncoding.EncodeToString(st),
+			"draft_tokens":         nil,
+			"disagg_request_id":    json.RawMessage(orNull(dp["disagg_request_id"])),
+			"ctx_dp_rank":          0,
+			"ctx_info_endpoint":    "tcp://" + s.cfg.Name + ":5555",
+		}
+		s.respond(w, id, model, chat, []string{first}, "length", len(tokens), seen.CachedTokens, handoff, tokens)
+		return
+	case "generation_only":
+		raw, _ := dp.str("encoded_opaque_state")
+		sb, err := base64.StdEncoding.DecodeString(raw)
+		var st state
+		if err != nil || json.Unmarshal(sb, &st) != nil || st.Server == "" {
+			badRequest(w, "disaggregated_params.encoded_opaque_state is not a context state")
+			return
+		}
+		if st.Prompt != ph {
+			badRequest(w, "the prompt differs from the context phase's")
+			return
+		}
+		out = append(out, st.FirstWord)
+	default:
+		seen.CachedTokens = s.cache(tokens)
+	}
+	s.record(seen)
+	for i := len(out); i < maxTokens; i++ {
+		out = append(out, word(ph, i))
+	}
+	_ = words
+	if stream {
+		s.stream(w, id, model, chat, out, len(tokens), seen.CachedTokens, includeUsage)
+		return
+	}
+	s.respond(w, id, model, chat, out, "length", len(tokens), seen.CachedTokens, nil, nil)
+}
+
+func orNull(raw json.RawMessage) json.RawMessage {
+	if isNull(raw) {
+		return json.RawMessage("null")
+	}
+	return raw
+}
+
+func (s *Server) record(seen Seen) {
+	s.mu.Lock()
+	s.seen = append(s.seen, seen)
+	s.mu.Unlock()
+}
+
+// cache counts the prompt's cached leading blocks of 16 tokens and stores
+// the others (a prefix cache).
+func (s *Server) cache(tokens []uint32) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cached, hit := 0, true
+	h := fnv.New64a()
+	for i := 0; i+16 <= len(tokens); i += 16 {
+		for _, t := range tokens[i : i+16] {
+			_, _ = h.Write([]byte{byte(t), byte(t >> 8), byte(t >> 16), byte(t >> 24)})
+		}
+		k := h.Sum64()
+		if hit && s.blocks[k] {
+			cached += 16
+		} else {
+			hit = false
+			s.blocks[k] = true
+		}
+	}
+	return cached
+}
+
+func (s *Server) respond(w http.ResponseWriter, id, model string, chat bool, words []string, finish string, prompt, cached int, handoff map[string]any, promptIDs []uint32) {
+	text := strings.Join(words, " ")
+	choice := map[string]any{"index": 0, "finish_reason": finish, "logprobs": nil}
+	obj := "text_completion"
+	if chat {
+		obj = "chat.completion"
+		choice["message"] = map[string]any{"role": "assistant", "content": text}
+	} else {
+		choice["text"] = text
+	}
+	if handoff != nil {
+		choice["disaggregated_params"] = handoff
+	}
+	resp := map[string]any{
+		"id": id, "object": obj, "created": time.Now().Unix(), "model": model,
+		"choices": []any{choice},
+		"usage": map[string]any{"prompt_tokens": prompt, "completion_tokens": len(words), "total_tokens": prompt + len(words),
+			"prompt_tokens_details": map[string]any{"cached_tokens": cached}},
+	}
+	if promptIDs != nil {
+		resp["prompt_token_ids"] = promptIDs
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (s *Server) stream(w http.ResponseWriter, id, model string, chat bool, words []string, prompt, cached int, includeUsage bool) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	obj := "text_completion"
+	if chat {
+		obj = "chat.completion.chunk"
+	}
+	send := func(v any) {
+		b, _ := json.Marshal(v)
+		fmt.Fprintf(w, "data: %s\n\n", b)
+		_ = http.NewResponseController(w).Flush()
+	}
+	chunk := func(choice map[string]any) map[string]any {
+		return map[string]any{"id": id, "object": obj, "created": time.Now().Unix(), "model": model, "choices": []any{choice}}
+	}
+	for i, wd := range words {
+		var finish any
+		if i == len(words)-1 {
+			finish = "length"
+		}
+		if i > 0 {
+			wd = " " + wd
+		}
+		c := map[string]any{"index": 0, "finish_reason": finish}
+		if chat {
+			d := map[string]any{"content": wd}
+			if i == 0 {
+				d["role"] = "assistant"
+			}
+			c["delta"] = d
+		} else {
+			c["text"] = wd
+		}
+		send(chunk(c))
+	}
+	if includeUsage {
+		send(map[string]any{"id": id, "object": obj, "created": time.Now().Unix(), "model": model, "choices": []any{},
+			"usage": map[string]any{"prompt_tokens": prompt, "completion_tokens": len(words), "total_tokens": prompt + len(words),
+				"prompt_tokens_details": map[string]any{"cached_tokens": cached}}})
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	_ = http.NewResponseController(w).Flush()
+}
+
+// resolveConversation follows conversation_id.py: the body's
+// conversation_params.conversation_id as is (null: convNull) when the body
+// has conversation_params, else the first non-empty header, stripped.
+func resolveConversation(body map[string]json.RawMessage, h http.Header) (id string, null bool) {
+	if !isNull(body["conversation_params"]) {
+		var cp struct {
+			ConversationID *string `json:"conversation_id"`
+		}
+		_ = json.Unmarshal(body["conversation_params"], &cp)
+		if cp.ConversationID == nil {
+			return "", true
+		}
+		return *cp.ConversationID, false
+	}
+	for _, name := range ConversationIDHeaders {
+		// Starlette's headers keep the last value of a repeated name in a dict.
+		vs := h.Values(name)
+		if len(vs) == 0 {
+			continue
+		}
+		if v := strings.TrimSpace(vs[len(vs)-1]); v != "" {
+			return v, false
+		}
+	}
+	return "", true
+}
+
+// checkHint is validate_subagent_affinity: the role is configured or
+// inferred; a hint needs a key and a valid signature (else a ValueError,
+// 400).
+func (s *Server) checkHint(h http.Header, model, conv string, convNull bool, dp disaggParams) (affinity, msg string) {
+	role := strings.ToUpper(s.cfg.Role)
+	if role == "" && dp != nil {
+		rt, _ := dp.str("request_type")
+		role = map[string]string{"context_only": "CONTEXT", "generation_only": "GENERATION"}[rt]
+	}
+	if role != "CONTEXT" && role != "GENERATION" {
+		return "", ""
+	}
+	hdr := h.Get(HeaderAffinityID)
+	if strings.TrimSpace(hdr) == "" {
+		return "", ""
+	}
+	if s.cfg.Key == "" {
+		return "", "Subagent affinity requires internal_request_auth_key"
+	}
+	req := map[string]any{
+		"kind": "hint", "key": s.cfg.Key, "role": role, "model": model,
+		"affinity_header_hex": hex.EncodeToString([]byte(hdr)),
+		"request_type":        nil, "disagg_request_id": nil, "conversation_id": nil,
+	}
+	if !convNull {
+		req["conversation_id"] = conv
+	}
+	if dp != nil {
+		req["request_type"] = json.RawMessage(orNull(dp["request_type"]))
+		req["disagg_request_id"] = json.RawMessage(orNull(dp["disagg_request_id"]))
+	}
+	if sig := h.Get(HeaderAffinityAuth); sig != "" {
+		req["signature"] = sig
+	}
+	if msg := s.verify(req); msg != "" {
+		return "", msg
+	}
+	return strings.TrimSpace(hdr), ""
+}
+
+// checkDisaggAuth is validate_internal_disagg_request.
+func (s *Server) checkDisaggAuth(h http.Header, dp disaggParams) (need bool, msg string) {
+	if isNull(dp["encoded_opaque_state"]) && isNull(dp["ctx_info_endpoint"]) {
+		return false, ""
+	}
+	if s.cfg.Key == "" {
+		return false, "" // TensorRT-LLM warns and accepts
+	}
+	req := map[string]any{"kind": "disagg", "key": s.cfg.Key,
+		"ctx_info_endpoint":    json.RawMessage(orNull(dp["ctx_info_endpoint"])),
+		"encoded_opaque_state": json.RawMessage(orNull(dp["encoded_opaque_state"]))}
+	if sig := h.Get(HeaderDisaggAuth); sig != "" {
+		req["signature"] = sig
+	}
+	return true, s.verify(req)
+}
+
+// verify asks verify.py; without python3 the check is skipped and counted.
+func (s *Server) verify(req map[string]any) string {
+	if s.verifier == nil {
+		s.mu.Lock()
+		s.unverified++
+		s.mu.Unlock()
+		return ""
+	}
+	ok, msg, err := s.verifier.check(req)
+	if err != nil {
+		return "verifier failed: " + err.Error()
+	}
+	if !ok {
+		return msg
+	}
+	return ""
+}
+
+// promptTokens renders and tokenizes the prompt: chat messages as
+// "role: content" lines, or the completion prompt (text or token ids). A
+// generation request's prompt_token_ids (set by a disaggregated server
+// from the context response) win for chat.
+func promptTokens(body map[string]json.RawMessage, chat bool) ([]uint32, []string, error) {
+	if chat && !isNull(body["prompt_token_ids"]) {
+		var ids []uint32
+		if err := json.Unmarshal(body["prompt_token_ids"], &ids); err != nil {
+			return nil, nil, fmt.Errorf("prompt_token_ids: %v", err)
+		}
+		return ids, nil, nil
+	}
+	var text string
+	if chat {
+		var msgs []struct {
+			Role    string          `json:"role"`
+			Content json.RawMessage `json:"content"`
+		}
+		if err := json.Unmarshal(body["messages"], &msgs); err != nil || len(msgs) == 0 {
+			return nil, nil, errors.New("messages: a non-empty list is required")
+		}
+		var sb strings.Builder
+		for _, m := range msgs {
+			var c string
+			if json.Unmarshal(m.Content, &c) != nil {
+				var parts []struct {
+					Text string `json:"text"`
+				}
+				_ = json.Unmarshal(m.Content, &parts)
+				for _, p := range parts {
+					c += p.Text + "\n"
+				}
+			}
+			sb.WriteString(m.Role + ": " + c + "\n")
+		}
+		text = sb.String()
+	} else {
+		raw := bytes.TrimSpace(body["prompt"])
+		if len(raw) > 0 && raw[0] == '[' {
+			var ids []uint32
+			if err := json.Unmarshal(raw, &ids); err == nil {
+				return ids, nil, nil
+			}
+			var one []string
+			if err := json.Unmarshal(raw, &one); err != nil || len(one) != 1 {
+				return nil, nil, errors.New("prompt: a string, one string in a list, or token ids")
+			}
+			text = one[0]
+		} else if err := json.Unmarshal(raw, &text); err != nil {
+			return nil, nil, errors.New("prompt is required")
+		}
+	}
+	words := strings.Fields(text)
+	if len(words) == 0 {
+		return nil, nil, errors.New("the prompt is empty")
+	}
+	ids := make([]uint32, len(words))
+	for i, w := range words {
+		ids[i] = tokenID(w)
+	}
+	return ids, words, nil
+}
+
+func tokenID(w string) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(w))
+	return h.Sum32() % 32000
+}
+
+func hashTokens(ids []uint32) uint64 {
+	h := fnv.New64a()
+	for _, t := range ids {
+		_, _ = h.Write([]byte(strconv.FormatUint(uint64(t), 10) + ","))
+	}
+	return h.Sum64()
+}
+
+var vocabulary = strings.Fields("the model answers in plain words so tests can read them back and check the order of tokens")
+
+func word(seed uint64, i int) string {
+	return vocabulary[(seed+uint64(i)*7)%uint64(len(vocabulary))]
+}
+
+// verifier is a long-running python3 verify.py.
+type verifier struct {
+	mu  sync.Mutex
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+func startVerifier() (*verifier, error) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		return nil, err
+	}
+	_, file, _, _ := runtime.Caller(0)
+	cmd := exec.Command(py, filepath.Join(filepath.Dir(file), "verify.py"))
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting verify.py: %w", err)
+	}
+	return &verifier{cmd: cmd, in: in, out: bufio.NewReader(out)}, nil
+}
+
+func (v *verifier) check(req map[string]any) (bool, string, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return false, "", err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, err := v.in.Write(append(b, '\n')); err != nil {
+		return false, "", err
+	}
+	line, err := v.out.ReadBytes('\n')
+	if err != nil {
+		return false, "", err
+	}
+	var ans struct {
+		OK      bool   `json:"ok"`
+		Message string `json:"message"`
+	}
+	if err := json.Unmarshal(line, &ans); err != nil {
+		return false, "", err
+	}
+	return ans.OK, ans.Message, nil
+}
+
+func (v *verifier) close() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	_ = v.in.Close()
+	_ = v.cmd.Wait()
+}
