@@ -55,6 +55,16 @@ func startEngines(t *testing.T, kind EngineKind, edges, instances, dp int) *engi
 		}
 		return true
 	})
+	// Ready: caught up with the log and a healthy context instance (the
+	// generation fleet is empty when aggregated).
+	waitFor(t, "/readyz on every edge", 15*time.Second, func() bool {
+		for i := range edges {
+			if r := do(t, s.c, http.MethodGet, s.ec.edge(i).url()+"/readyz", nil, nil); r.status != http.StatusOK {
+				return false
+			}
+		}
+		return true
+	})
 	return s
 }
 
