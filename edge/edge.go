@@ -290,6 +290,8 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		MaxHeaderBytes:    1 << 20,
 		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelWarn),
 	}
+	// Before serving: requests read it (route.go unheardAtStartup).
+	e.ready = newReadiness(e, e.now())
 	e.serveErr = make(chan error, 1)
 	srv := e.httpSrv
 	go func() {
@@ -299,7 +301,6 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		}
 		e.serveErr <- err
 	}()
-	e.ready = newReadiness(e, e.now())
 	e.wg.Add(5)
 	go e.fresh.run()
 	go e.recorder.run()

@@ -217,6 +217,9 @@ var internalBodyFields = []string{
 	"subagent_affinity_id",
 	"subagent_affinity_auth",
 	"conversation_params",
+	// Set by a disaggregated front from the context response (TensorRT-LLM's
+	// protocol); not an OpenAI field, so upstream engines never see it.
+	"prompt_token_ids",
 }
 
 // parseRequest decodes and validates an inference request body.

@@ -404,6 +404,17 @@ func TestWorkerRefusesClientsWithoutAValidCertificate(t *testing.T) {
 	waitFor(t, 20*time.Second, "both edges to lead their one-node clusters", func() bool {
 		return good.e.Node().IsLeader() && rogue.e.Node().IsLeader()
 	})
+	// The valid edge's first probes of the static workers must have
+	// answered (a loaded machine may not have run them yet).
+	waitFor(t, 20*time.Second, "the valid edge to see both workers healthy", func() bool {
+		n := 0
+		for _, in := range good.e.Fleet().Instances(time.Now()) {
+			if in.Healthy {
+				n++
+			}
+		}
+		return n == 2
+	})
 	// The client trusts both edges' listeners (the rogue edge serves its
 	// own CA's certificate).
 	both := presenting(ca, nil)

@@ -82,9 +82,7 @@ func startEdges(t *testing.T, n int, ctx, gen []*standIn) []*edge.Edge {
 			cfg.GenerationServers.URLs = append(cfg.GenerationServers.URLs, edge.StaticInstance{Name: s.name, URL: s.url})
 		}
 		cfg.Cluster = edge.ClusterConfig{NodeID: peers[i].ID, DataDir: filepath.Join(dir, peers[i].ID), Bootstrap: true, Peers: peers,
-			BindAddr: peers[i].Addr, ProposeTimeout: 2 * time.Second,
-			Raft: edge.RaftConfig{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
-				LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 2 * time.Millisecond}}
+			BindAddr: peers[i].Addr, ProposeTimeout: 2 * time.Second}
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
@@ -136,6 +134,20 @@ func startEdges(t *testing.T, n int, ctx, gen []*standIn) []*edge.Edge {
 		}
 		return leader
 	})
+	// /readyz: a leader known and this edge's state caught up with it.
+	waitFor(t, "every edge ready (/readyz)", 20*time.Second, func() bool {
+		for _, e := range edges {
+			resp, err := http.Get("http://" + e.Addr() + "/readyz")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return false
+			}
+		}
+		return true
+	})
 	return edges
 }
 
@@ -156,21 +168,30 @@ type answer struct {
 	body   []byte
 }
 
+// post sends one request as a client following the API's contract: a 503
+// with Retry-After (the affinity log briefly unable to commit, e.g. while
+// the group settles after starting) is retried, a bounded number of times.
 func post(t *testing.T, url string, body any, hdr map[string]string) answer {
 	t.Helper()
 	b, _ := json.Marshal(body)
-	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
-	req.Header.Set("Content-Type", "application/json")
-	for k, v := range hdr {
-		req.Header.Set(k, v)
+	for attempt := 0; ; attempt++ {
+		req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rb, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		a := answer{resp.StatusCode, resp.Header, rb}
+		if a.status != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || attempt >= 20 {
+			return a
+		}
+		time.Sleep(250 * time.Millisecond) // Retry-After is in whole seconds; the log settles sooner
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	rb, _ := io.ReadAll(resp.Body)
-	return answer{resp.StatusCode, resp.Header, rb}
 }
 
 // route parses x-tether-route: "context=ctx-1/-; generation=gen-0/-".
@@ -257,6 +278,8 @@ func TestThreeEdgesInFrontOfTRTLLMStandIns(t *testing.T) {
 		{1, "child-a", "/v1/chat/completions", chat("explore package routing", nil), false},
 		{2, "child-b", "/v1/chat/completions", chat("read the tests", map[string]any{"stream": true, "stream_options": map[string]any{"include_usage": true}}), true},
 		{1, "child-c", "/v1/completions", map[string]any{"model": testModel, "max_tokens": 5, "prompt": system + " summarise"}, false},
+		{2, "child-d", "/v1/completions", map[string]any{"model": testModel, "max_tokens": 5, "prompt": system + " list files",
+			"stream": true, "stream_options": map[string]any{"include_usage": true}}, true},
 	}
 	for _, c := range children {
 		a := post(t, url(c.edge, c.path), c.body, map[string]string{"x-session-id": c.id, parentHeader: "parent-1"})
