@@ -240,6 +240,10 @@ func TestEngineStreamingCompletionsAndUnkeyed(t *testing.T) {
 		if sv.Header != strconv.Itoa(ranks[0]) {
 			t.Fatalf("served with rank header %q, want %d", sv.Header, ranks[0])
 		}
+		// The body goes as the client sent it: nothing tether-specific.
+		if want := "max_tokens model prompt stream stream_options"; strings.Join(sv.Fields, " ") != want {
+			t.Fatalf("the engine received fields %v, want %s", sv.Fields, want)
+		}
 	}
 	body := fmt.Sprintf(`{"model":%q,"prompt":"no conversation id","max_tokens":2}`, testModel)
 	if r := do(t, s.c, http.MethodPost, u+"/v1/completions", []byte(body), nil); r.status != http.StatusOK {
