@@ -156,7 +156,7 @@ type ServersConfig struct {
 	DataParallelSize int `yaml:"data_parallel_size"`
 	// HealthPath is the readiness probe of the static workers (urls):
 	// GET answering 200 means ready. Default /health, which trtllm-serve,
-	// vLLM, SGLang and tether workers serve (docs/engines-trtllm.md).
+	// vLLM, SGLang and tether workers serve (docs/engines.md).
 	HealthPath string `yaml:"health_path"`
 	// HealthCheckModel: a probe also requires the served model in the
 	// worker's GET /v1/models list.

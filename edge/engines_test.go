@@ -55,6 +55,16 @@ func startEngines(t *testing.T, kind EngineKind, edges, instances, dp int) *engi
 		}
 		return true
 	})
+	// Ready: caught up with the log and a healthy context instance (the
+	// generation fleet is empty when aggregated).
+	waitFor(t, "/readyz on every edge", 15*time.Second, func() bool {
+		for i := range edges {
+			if r := do(t, s.c, http.MethodGet, s.ec.edge(i).url()+"/readyz", nil, nil); r.status != http.StatusOK {
+				return false
+			}
+		}
+		return true
+	})
 	return s
 }
 
@@ -229,6 +239,10 @@ func TestEngineStreamingCompletionsAndUnkeyed(t *testing.T) {
 	for _, sv := range served {
 		if sv.Header != strconv.Itoa(ranks[0]) {
 			t.Fatalf("served with rank header %q, want %d", sv.Header, ranks[0])
+		}
+		// The body goes as the client sent it: nothing tether-specific.
+		if want := "max_tokens model prompt stream stream_options"; strings.Join(sv.Fields, " ") != want {
+			t.Fatalf("the engine received fields %v, want %s", sv.Fields, want)
 		}
 	}
 	body := fmt.Sprintf(`{"model":%q,"prompt":"no conversation id","max_tokens":2}`, testModel)

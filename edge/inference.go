@@ -134,8 +134,9 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 	}
 	rq.promptTokens = len(tokens)
 	rq.blocks = prefix.BlockHashes(tokens, e.cfg.Placement.BlockSize)
-	if conv := rq.id.ConversationID; conv != "" {
-		// The workers read the same conversation id the hint signs.
+	if conv := rq.id.ConversationID; conv != "" && !e.cfg.Aggregated() {
+		// The workers read the same conversation id the hint signs
+		// (vLLM and SGLang read none: their body goes as the client sent it).
 		rq.setConversation(conv)
 	}
 	e.decider.RecordIdentity(rq.id) // a new sub-agent's link, or a use of its link

@@ -108,21 +108,21 @@ func ParseEngineMetrics(format string, r io.Reader) (EngineLoad, error) {
 		rf := rank(s)
 		switch s.name {
 		case waiting:
-			rf.waiting += s.value
+			rf.waiting += sane(s.value)
 			rf.hasWaiting = true
 		case running:
-			rf.running += s.value
+			rf.running += sane(s.value)
 			rf.hasRunning = true
 		case usage:
 			rf.usage, rf.hasUsage = s.value, true
 		case used:
-			rf.used, rf.hasUsed = s.value, true
+			rf.used, rf.hasUsed = sane(s.value), true
 		case total:
-			rf.total, rf.hasTotal = s.value, true
+			rf.total, rf.hasTotal = sane(s.value), true
 		case cacheInfo:
 			b, err1 := strconv.ParseFloat(s.labels["num_gpu_blocks"], 64)
 			bs, err2 := strconv.ParseFloat(s.labels["block_size"], 64)
-			if err1 == nil && err2 == nil && b > 0 && bs > 0 {
+			if b, bs = sane(b), sane(bs); err1 == nil && err2 == nil && b > 0 && bs > 0 {
 				rf.gpuBlocks, rf.blockSize, rf.hasBlocks = b, bs, true
 			}
 		}
@@ -169,7 +169,23 @@ func ParseEngineMetrics(format string, r io.Reader) (EngineLoad, error) {
 		return out, fmt.Errorf("none of %s, %s, %s in the exposition", waiting, running, usage)
 	}
 	out.Ranks = max(out.Ranks, 1)
+	out.Waiting, out.Running = min(out.Waiting, maxFigure), min(out.Running, maxFigure)
+	out.KVUsed, out.KVTotal, out.ActiveTokens = min(out.KVUsed, maxFigure), min(out.KVTotal, maxFigure), min(out.ActiveTokens, maxFigure)
 	return out, nil
+}
+
+// maxFigure bounds every figure a scrape yields: a server reporting
+// absurd values must not overflow the instance view's integers.
+const maxFigure = 1e12
+
+// sane maps a gauge's value to a usable load figure: NaN and negatives
+// (a server must not attract traffic by reporting less than nothing) are
+// 0, +Inf and huge values are capped.
+func sane(v float64) float64 {
+	if math.IsNaN(v) || v < 0 {
+		return 0
+	}
+	return min(v, maxFigure)
 }
 
 func clamp01(v float64) float64 {

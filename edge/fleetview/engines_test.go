@@ -199,3 +199,28 @@ func BenchmarkParseEngineMetrics(b *testing.B) {
 	}
 	b.ReportMetric(float64(len(data)), "exposition_bytes")
 }
+
+// FuzzParseEngineMetrics: whatever a server answers on /metrics, the
+// parser returns figures or an error, never panics, and never reports
+// negative or NaN load.
+func FuzzParseEngineMetrics(f *testing.F) {
+	f.Add(vllmExposition, true)
+	f.Add(sglangExposition, false)
+	f.Add(`vllm:num_requests_waiting{engine="0",x="a\"b\\c"} -3`+"\n", true)
+	f.Add("sglang:token_usage{dp_rank=\"1\"} +Inf\nsglang:num_queue_reqs 1e308\n", false)
+	f.Fuzz(func(t *testing.T, text string, isVLLM bool) {
+		format := MetricsSGLang
+		if isVLLM {
+			format = MetricsVLLM
+		}
+		l, err := ParseEngineMetrics(format, strings.NewReader(text))
+		if err != nil {
+			return
+		}
+		for _, v := range []float64{l.Waiting, l.Running, l.KVUsed, l.KVTotal, l.ActiveTokens} {
+			if math.IsNaN(v) || v < 0 || v > maxFigure {
+				t.Fatalf("load %+v from %q", l, text)
+			}
+		}
+	})
+}

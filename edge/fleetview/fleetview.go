@@ -51,7 +51,7 @@ type Static struct {
 	Ranks int
 	// HealthPath is the readiness probe's path (default /health: what
 	// trtllm-serve, vLLM, SGLang and tether workers all serve; 200 means
-	// ready, anything else not, see docs/engines-trtllm.md).
+	// ready, anything else not, see docs/engines.md).
 	HealthPath string
 	// Model, when set, is also required in the worker's GET /v1/models
 	// list for a probe to succeed (a server that came up with another

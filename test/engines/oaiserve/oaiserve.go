@@ -67,6 +67,9 @@ type Served struct {
 	PromptTokens int
 	CachedTokens int
 	Stream       bool
+	// Fields are the body's top-level keys, sorted (the engine ignores
+	// the ones it does not know).
+	Fields []string
 }
 
 // Server is a running stand-in.
@@ -265,6 +268,16 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	var req request
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		writeJSON(w, http.StatusBadRequest, s.errorBody(http.StatusBadRequest, "BadRequestError", "invalid JSON: "+err.Error()))
+		return
+	}
+	fields := make([]string, 0, len(top))
+	for k := range top {
+		fields = append(fields, k)
+	}
+	sort.Strings(fields)
 	if err := json.Unmarshal(body, &req); err != nil {
 		writeJSON(w, http.StatusBadRequest, s.errorBody(http.StatusBadRequest, "BadRequestError", "invalid JSON: "+err.Error()))
 		return
@@ -315,7 +328,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	cached := s.cacheLocked(rank, tokens)
 	s.prompted[rank] += int64(len(tokens))
 	s.served = append(s.served, Served{Path: r.URL.Path, Rank: rank, Header: header, LastUser: last,
-		PromptTokens: len(tokens), CachedTokens: cached, Stream: req.Stream})
+		PromptTokens: len(tokens), CachedTokens: cached, Stream: req.Stream, Fields: fields})
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()

@@ -347,22 +347,31 @@ func TestStandInRefusesTamperedSignatures(t *testing.T) {
 	}
 }
 
-// The configuration example of docs/engines-trtllm.md is a valid edge
-// configuration, with the probe and signature settings it shows.
+// The trtllm-serve configuration example of docs/engines.md (its yaml
+// block with engine: trtllm) is a valid edge configuration, with the probe
+// and signature settings it shows.
 func TestDocExampleParses(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "engines-trtllm.md"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "engines.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rest, ok := strings.Cut(string(b), "```yaml\n")
-	block, _, ok2 := strings.Cut(rest, "```")
-	if !ok || !ok2 {
-		t.Fatal("no yaml block in docs/engines-trtllm.md")
+	block, rest := "", string(b)
+	for block == "" {
+		var ok, ok2 bool
+		var cand string
+		_, rest, ok = strings.Cut(rest, "```yaml\n")
+		cand, rest, ok2 = strings.Cut(rest, "```")
+		if !ok || !ok2 {
+			t.Fatal("no yaml block with engine: trtllm in docs/engines.md")
+		}
+		if strings.Contains(cand, "engine: trtllm") {
+			block = cand
+		}
 	}
 	t.Setenv("TETHER_INTERNAL_REQUEST_AUTH_KEY", "")
 	cfg, err := edge.ParseConfig([]byte(block))
 	if err != nil {
-		t.Fatalf("docs/engines-trtllm.md example: %v", err)
+		t.Fatalf("docs/engines.md trtllm example: %v", err)
 	}
 	if cfg.ContextServers.HealthPath != "/health" || !cfg.ContextServers.HealthCheckModel ||
 		cfg.HintSignatureFormat != "trtllm" || len(cfg.ContextServers.URLs) != 2 {
