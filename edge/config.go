@@ -792,13 +792,69 @@ func (c *Config) clusterAuthKey() string {
 	return c.InternalRequestAuthKey
 }
 
-// Validate checks the configuration; every error names its key. It also
-// prepares derived values (gateway CIDRs), so call it before New.
+// Validate checks the configuration; every error names its key. It first
+// fills the values that default from others (normalize: the one step that
+// changes the config, so a config built in code gets the same defaults as a
+// file), then checks each section; the section checks only read.
 func (c *Config) Validate() error {
+	c.normalize()
 	var errs []error
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
 	}
+	c.validateServing(bad, &errs)
+	c.validateFleets(bad, &errs)
+	c.validateLimits(bad)
+	c.validateGateway(bad)
+	c.validateTelemetry(bad)
+	c.validateCluster(bad)
+	c.validateNATS(bad)
+	c.validateTLS(bad)
+	c.validateTracing(bad)
+	return errors.Join(errs...)
+}
+
+// complain records one problem with the key it concerns.
+type complain = func(key, format string, args ...any)
+
+// normalize fills the values that default from other settings, and the
+// gateway's parsed CIDRs.
+func (c *Config) normalize() {
+	if c.HintSignatureFormat == "" {
+		c.HintSignatureFormat = hintauth.FormatTRTLLM
+	}
+	for _, s := range []*ServersConfig{&c.ContextServers, &c.GenerationServers} {
+		if s.HealthPath == "" {
+			s.HealthPath = DefaultHealthPath
+		}
+	}
+	if c.MetricsAccess == "" {
+		c.MetricsAccess = MetricsPublic
+	}
+	if c.MaxInflightBodyBytes == 0 {
+		c.MaxInflightBodyBytes = max(DefaultMaxInflightBodyBytes, c.MaxBodyBytes)
+	}
+	if c.Cluster.ProposeTimeout == 0 {
+		c.Cluster.ProposeTimeout = proposeTimeoutFor(c.Cluster.Raft)
+	}
+	if c.Cluster.Suffrage == "" {
+		c.Cluster.Suffrage = "voter"
+	}
+	if c.NATS.Embedded && c.NATS.Listen == "" {
+		c.NATS.Listen = DefaultEmbeddedNATSAddr
+	}
+	g := &c.TrustedGateway
+	g.prefixes = nil
+	for _, s := range g.CIDRs {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil {
+			g.prefixes = append(g.prefixes, p.Masked())
+		}
+	}
+}
+
+// validateServing: the listener, the model, sub-agent affinity and hints,
+// scopes, conditional disaggregation, retries.
+func (c *Config) validateServing(bad complain, errs *[]error) {
 	if c.Port < 0 || c.Port > 65535 {
 		bad("port", "must be 0..65535, got %d", c.Port)
 	}
@@ -808,13 +864,10 @@ func (c *Config) Validate() error {
 
 	// Sub-agent affinity (the startup checks of docs/subagent-routing.md).
 	if err := c.IdentityConfig().Validate(); err != nil {
-		errs = append(errs, err)
+		*errs = append(*errs, err)
 	}
 	if c.InternalRequestAuthKey != "" && len(c.InternalRequestAuthKey) < MinSecretLen {
 		bad("internal_request_auth_key", "%d bytes is too short (want at least %d)", len(c.InternalRequestAuthKey), MinSecretLen)
-	}
-	if c.HintSignatureFormat == "" {
-		c.HintSignatureFormat = hintauth.FormatTRTLLM
 	}
 	if !c.HintSignatureFormat.Valid() {
 		bad("hint_signature_format", "%q is not a format (want trtllm or tether-v1)", c.HintSignatureFormat)
@@ -840,8 +893,11 @@ func (c *Config) Validate() error {
 	if c.MaxRetries < 0 || c.MaxRetries > 16 {
 		bad("max_retries", "must be 0..16, got %d", c.MaxRetries)
 	}
+}
 
-	// Fleets.
+// validateFleets: each fleet's instances, probes and engine, and the
+// routing configuration of both.
+func (c *Config) validateFleets(bad complain, errs *[]error) {
 	seen := map[string]string{}
 	seenIDs := map[string]string{}
 	for _, fl := range []struct {
@@ -854,16 +910,13 @@ func (c *Config) Validate() error {
 		if len(fl.s.URLs) > 0 && fl.s.NumInstances != 0 && fl.s.NumInstances != len(fl.s.URLs) {
 			bad(fl.key+".num_instances", "is %d but %s.urls lists %d instances", fl.s.NumInstances, fl.key, len(fl.s.URLs))
 		}
-		if fl.s.HealthPath == "" {
-			fl.s.HealthPath = DefaultHealthPath
-		}
 		if hp := fl.s.HealthPath; !strings.HasPrefix(hp, "/") || strings.ContainsAny(hp, " \t\r\n#") {
 			bad(fl.key+".health_path", "must be a URL path starting with / (e.g. /health), got %q", hp)
 		}
 		if len(fl.s.URLs) == 0 && !c.NATS.Enabled() && !(fl.s == &c.GenerationServers && c.Aggregated()) {
 			bad(fl.key+".urls", "no instances: list the workers' URLs or configure nats so workers register themselves")
 		}
-		errs = append(errs, c.validateEngine(fl.key, fl.s)...)
+		*errs = append(*errs, c.validateEngine(fl.key, fl.s)...)
 		for i, si := range fl.s.URLs {
 			key := fmt.Sprintf("%s.urls[%d]", fl.key, i)
 			if err := checkWorkerURL(si.URL); err != nil {
@@ -893,12 +946,14 @@ func (c *Config) Validate() error {
 			// Placement keys are shared; name them under placement.
 			msg := strings.ReplaceAll(err.Error(), "router.type", key+".router.type")
 			msg = strings.ReplaceAll(msg, "router.", "placement.")
-			errs = append(errs, errors.New(msg))
+			*errs = append(*errs, errors.New(msg))
 			break
 		}
 	}
+}
 
-	// tether's own keys.
+// validateLimits: bindings, bodies, timeouts, the admin token, /metrics.
+func (c *Config) validateLimits(bad complain) {
 	if c.SessionTTL <= 0 {
 		bad("session_ttl", "must be > 0, got %s", c.SessionTTL)
 	}
@@ -912,8 +967,6 @@ func (c *Config) Validate() error {
 		bad("max_body_bytes", "must be > 0, got %d", c.MaxBodyBytes)
 	}
 	switch c.MetricsAccess {
-	case "":
-		c.MetricsAccess = MetricsPublic
 	case MetricsPublic:
 	case MetricsAdminToken:
 		if c.AdminToken == "" {
@@ -922,9 +975,7 @@ func (c *Config) Validate() error {
 	default:
 		bad("metrics_access", "%q is not one of %q, %q", c.MetricsAccess, MetricsPublic, MetricsAdminToken)
 	}
-	if c.MaxInflightBodyBytes == 0 {
-		c.MaxInflightBodyBytes = max(DefaultMaxInflightBodyBytes, c.MaxBodyBytes)
-	} else if c.MaxInflightBodyBytes < c.MaxBodyBytes {
+	if c.MaxInflightBodyBytes < c.MaxBodyBytes {
 		bad("max_inflight_body_bytes", "%d is below max_body_bytes (%d): a body at the limit could never be read", c.MaxInflightBodyBytes, c.MaxBodyBytes)
 	}
 	if c.UpstreamTimeout <= 0 {
@@ -946,15 +997,15 @@ func (c *Config) Validate() error {
 	if c.AdminToken != "" && len(c.AdminToken) < MinSecretLen {
 		bad("admin_token", "%d bytes is too short (want at least %d)", len(c.AdminToken), MinSecretLen)
 	}
+}
+
+// validateGateway: the trusted gateway that may set the parent header.
+func (c *Config) validateGateway(bad complain) {
 	g := &c.TrustedGateway
-	g.prefixes = nil
 	for i, s := range g.CIDRs {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
+		if _, err := netip.ParsePrefix(strings.TrimSpace(s)); err != nil {
 			bad(fmt.Sprintf("trusted_gateway.cidrs[%d]", i), "%q is not a CIDR (e.g. 10.0.0.0/8): %v", s, err)
-			continue
 		}
-		g.prefixes = append(g.prefixes, p.Masked())
 	}
 	if g.Token != "" && g.TokenHeader == "" {
 		bad("trusted_gateway.token_header", "required when trusted_gateway.token is set")
@@ -971,7 +1022,10 @@ func (c *Config) Validate() error {
 	if g.Enabled && c.ParentHeader == "" {
 		bad("trusted_gateway", "enabled but conversation_affinity_header_for_subagents is not set: there is no header to guard")
 	}
+}
 
+// validateTelemetry: worker telemetry and the leader's duty rounds.
+func (c *Config) validateTelemetry(bad complain) {
 	t := c.Telemetry
 	if t.StaleIntervals < 1 {
 		bad("telemetry.stale_intervals", "must be >= 1, got %d", t.StaleIntervals)
@@ -997,8 +1051,10 @@ func (c *Config) Validate() error {
 	if c.Leader.SweepBatch < 1 || c.Leader.SweepBatch > 65536 {
 		bad("leader.sweep_batch", "must be 1..65536, got %d", c.Leader.SweepBatch)
 	}
+}
 
-	// Cluster.
+// validateCluster: the Raft group this edge is a member of.
+func (c *Config) validateCluster(bad complain) {
 	cl := &c.Cluster
 	if cl.NodeID == "" {
 		bad("cluster.node_id", "required: a stable, unique id for this edge")
@@ -1041,15 +1097,11 @@ func (c *Config) Validate() error {
 	}
 	if cl.ProposeTimeout < 0 {
 		bad("cluster.propose_timeout", "must be >= 0, got %s", cl.ProposeTimeout)
-	} else if cl.ProposeTimeout == 0 {
-		cl.ProposeTimeout = proposeTimeoutFor(cl.Raft)
 	}
 	if cl.DegradedPlacementWindow < 0 {
 		bad("cluster.degraded_placement_window", "must be >= 0 (0: 5 × the election timeout), got %s", cl.DegradedPlacementWindow)
 	}
 	switch cl.Suffrage {
-	case "":
-		cl.Suffrage = "voter"
 	case "voter", "nonvoter":
 	default:
 		bad("cluster.suffrage", "%q is not voter or nonvoter", cl.Suffrage)
@@ -1066,8 +1118,10 @@ func (c *Config) Validate() error {
 	} else if len(k) < MinSecretLen {
 		bad("cluster.auth_key", "%d bytes is too short (want at least %d)", len(k), MinSecretLen)
 	}
+}
 
-	// NATS.
+// validateNATS: the embedded server or the external one and its credentials.
+func (c *Config) validateNATS(bad complain) {
 	n := &c.NATS
 	if n.Embedded && len(n.URLs) > 0 {
 		bad("nats", "set either nats.embedded or nats.urls, not both")
@@ -1077,9 +1131,6 @@ func (c *Config) Validate() error {
 		if err != nil || pu.Host == "" || (pu.Scheme != "nats" && pu.Scheme != "tls" && pu.Scheme != "ws" && pu.Scheme != "wss") {
 			bad(fmt.Sprintf("nats.urls[%d]", i), "%q is not a nats://, tls://, ws:// or wss:// URL (e.g. nats://127.0.0.1:4222)", u)
 		}
-	}
-	if n.Embedded && n.Listen == "" {
-		n.Listen = DefaultEmbeddedNATSAddr
 	}
 	if n.Listen != "" {
 		if _, _, err := net.SplitHostPort(n.Listen); err != nil {
@@ -1111,9 +1162,9 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+}
 
-	c.validateTLS(bad)
-
+func (c *Config) validateTracing(bad complain) {
 	switch c.Tracing.Exporter {
 	case "", "none", "stdout":
 		if c.Tracing.Endpoint != "" {
@@ -1128,7 +1179,6 @@ func (c *Config) Validate() error {
 	default:
 		bad("tracing.exporter", "unknown exporter %q (allowed: none, stdout, otlp)", c.Tracing.Exporter)
 	}
-	return errors.Join(errs...)
 }
 
 func checkWorkerURL(s string) error {
