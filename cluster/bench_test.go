@@ -112,6 +112,15 @@ func BenchmarkBindCommit(b *testing.B) {
 func benchThroughput(b *testing.B, newBenchCluster func(*testing.B, time.Duration) *testCluster, proposers int) {
 	tc := newBenchCluster(b, time.Second)
 	nodes := tc.running()
+	index0 := nodes[0].Status().StateIndex
+	elapsed, samples, failed := closedLoop(b, nodes, proposers, "bench")
+	reportRun(b, elapsed, samples, failed, nodes[0].Status().StateIndex-index0)
+}
+
+// closedLoop runs b.N binds from proposers goroutines spread over nodes,
+// each proposing its next bind when the last one returned, and returns the
+// wall time, each successful bind's latency and the failures.
+func closedLoop(b *testing.B, nodes []*Node, proposers int, prefix string) (time.Duration, []time.Duration, int64) {
 	var (
 		next    atomic.Int64
 		failed  atomic.Int64
@@ -119,7 +128,6 @@ func benchThroughput(b *testing.B, newBenchCluster func(*testing.B, time.Duratio
 		samples = make([]time.Duration, 0, b.N)
 		wg      sync.WaitGroup
 	)
-	index0 := nodes[0].Status().StateIndex
 	b.ResetTimer()
 	start := time.Now()
 	for p := range proposers {
@@ -134,7 +142,7 @@ func benchThroughput(b *testing.B, newBenchCluster func(*testing.B, time.Duratio
 					break
 				}
 				t0 := time.Now()
-				if _, err := n.Propose(context.Background(), bindEv(fmt.Sprintf("bench-%d", i), fmt.Sprintf("w%d", i%16))); err != nil {
+				if _, err := n.Propose(context.Background(), bindEv(fmt.Sprintf("%s-%d", prefix, i), fmt.Sprintf("w%d", i%16))); err != nil {
 					failed.Add(1)
 					continue
 				}
@@ -146,7 +154,7 @@ func benchThroughput(b *testing.B, newBenchCluster func(*testing.B, time.Duratio
 		}()
 	}
 	wg.Wait()
-	reportRun(b, time.Since(start), samples, failed.Load(), nodes[0].Status().StateIndex-index0)
+	return time.Since(start), samples, failed.Load()
 }
 
 // reportRun stops the timer and reports a run's throughput, latency,
@@ -275,44 +283,11 @@ func BenchmarkNonvoters(b *testing.B) {
 	}()
 
 	const proposers = 256
-	var (
-		next    atomic.Int64
-		failed  atomic.Int64
-		mu      sync.Mutex
-		samples = make([]time.Duration, 0, b.N)
-		wg      sync.WaitGroup
-	)
 	index0 := leader.Status().StateIndex
-	b.ResetTimer()
-	start := time.Now()
-	for p := range proposers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			n := nodes[p%len(nodes)]
-			local := make([]time.Duration, 0, b.N/proposers+1)
-			for {
-				i := next.Add(1)
-				if i > int64(b.N) {
-					break
-				}
-				t0 := time.Now()
-				if _, err := n.Propose(context.Background(), bindEv(fmt.Sprintf("nvb-%d", i), fmt.Sprintf("w%d", i%16))); err != nil {
-					failed.Add(1)
-					continue
-				}
-				local = append(local, time.Since(t0))
-			}
-			mu.Lock()
-			samples = append(samples, local...)
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed, samples, failed := closedLoop(b, nodes, proposers, "nvb")
 	close(stop)
 	lagWG.Wait()
-	reportRun(b, elapsed, samples, failed.Load(), leader.Status().StateIndex-index0)
+	reportRun(b, elapsed, samples, failed, leader.Status().StateIndex-index0)
 	if len(lags) > 0 {
 		slices.Sort(lags)
 		b.ReportMetric(float64(lags[len(lags)/2])/float64(time.Millisecond), "apply-lag-p50-ms")
