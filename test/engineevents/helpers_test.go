@@ -34,8 +34,17 @@ func startProxyWorker(t *testing.T, ns *natsserver.Server, id, endpoint, replay 
 	if replay != "" {
 		cfg.Engine.KVEvents.ReplayEndpoints = []string{replay}
 	}
+	return startWorker(t, ns, cfg)
+}
+
+// startWorker starts cfg as a worker reporting to ns (if any) every 20 ms;
+// the test's cleanup closes it.
+func startWorker(t *testing.T, ns *natsserver.Server, cfg worker.Config) *worker.Server {
+	t.Helper()
 	cfg.TelemetryInterval = 20 * time.Millisecond
-	cfg.NATS.URLs = []string{ns.ClientURL()}
+	if ns != nil {
+		cfg.NATS.URLs = []string{ns.ClientURL()}
+	}
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	w, err := worker.New(cfg)
 	if err != nil {

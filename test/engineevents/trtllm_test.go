@@ -2,10 +2,8 @@ package engineevents
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -26,15 +24,7 @@ func TestTRTLLMEventsReachTheEdge(t *testing.T) {
 	ecfg.InstanceID, ecfg.Model = "trt-engine", "m"
 	ecfg.Engine.BlockSize, ecfg.Engine.TimeScale = 4, 0
 	ecfg.Engine.PublishKVEvents.ServeTRTLLM = true
-	ecfg.Logger = slog.New(slog.DiscardHandler)
-	eng, err := worker.New(ecfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := eng.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = eng.Close(context.Background()) })
+	eng := startWorker(t, nil, ecfg) // the engine: no NATS, drained over HTTP
 
 	cfg := worker.DefaultConfig()
 	cfg.InstanceID, cfg.Model = "w-trt", "m"
@@ -43,17 +33,7 @@ func TestTRTLLMEventsReachTheEdge(t *testing.T) {
 	cfg.Engine.BlockSize = 4
 	cfg.Engine.KVEvents.Format = kvevents.FormatTRTLLM
 	cfg.Engine.KVEvents.PollInterval = 20 * time.Millisecond
-	cfg.TelemetryInterval = 20 * time.Millisecond
-	cfg.NATS.URLs = []string{ns.ClientURL()}
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	w, err := worker.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	w := startWorker(t, ns, cfg)
 	f := newFleet(t, ns)
 
 	text := strings.Repeat("red green blue cyan magenta ", 4)
