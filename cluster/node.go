@@ -357,7 +357,7 @@ func (n *Node) bootstrapIfNew(rc *raft.Config) (existing bool, err error) {
 // startRaft starts Raft and the node's loops: autopilot, the commit
 // nudger, leadership and observation watchers, the batcher, the forwarder.
 func (n *Node) startRaft(rc *raft.Config, notify chan bool, u *undo) (err error) {
-	logs, err := raft.NewLogCache(logCacheSize, n.store)
+	logs, err := raft.NewLogCache(logCacheSize, snapshotTermLogs{LogStore: n.store, snaps: n.snaps})
 	if err != nil {
 		return fmt.Errorf("cluster: log cache: %w", err)
 	}

@@ -412,6 +412,10 @@ func TestQueueJumpTriggersImmediateLoadReport(t *testing.T) {
 	s := startServer(t, cfg)
 	c := testClient(t)
 	waitReady(t, c, s.URL(), http.StatusOK)
+	// The report sent on connecting to NATS runs on nats.go's callback
+	// goroutine and may come at any time; counted during the burst it would
+	// leave less than queueJump of the burst to trigger a report.
+	edge.waitLoad("the report on connecting", func(telemetry.LoadReport) bool { return true })
 	for i := 0; i < queueJump; i++ {
 		startStream(t, c, s.URL(), "4096")
 	}
