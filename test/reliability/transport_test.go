@@ -17,6 +17,7 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/test/certs"
+	"github.com/tether-project/tether/test/waitfor"
 )
 
 // tlsCluster is a 3-node cluster whose inter-node traffic is mutual TLS
@@ -79,11 +80,17 @@ func TestMutualTLSClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 	ca := mustCA(t, "tether-test-ca")
 	fc := tlsCluster(t, ca)
 	target := fc.node(0).Addr()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := fc.node(1).Propose(ctx, fsm.Bind{Fleet: fsm.FleetContext, Key: "k", Instance: "w1"}); err != nil {
-		t.Fatalf("propose over mutual TLS: %v", err)
-	}
+	// A proposal can meet an election on a loaded machine (the propose
+	// timeout is one election timeout); what is asserted is that members
+	// with valid certificates commit, so retry until one does.
+	waitfor.Reason(t, 20*time.Second, "a proposal committed over mutual TLS", func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := fc.node(1).Propose(ctx, fsm.Bind{Fleet: fsm.FleetContext, Key: "k", Instance: "w1"}); err != nil {
+			return err.Error()
+		}
+		return ""
+	})
 	before := members(fc)
 
 	rogue := mustCA(t, "rogue-ca")
