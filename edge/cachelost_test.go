@@ -55,7 +55,7 @@ func TestCacheLostRebind(t *testing.T) {
 			// none of it.
 			n := 0
 			waitFor(t, x+" to evict the conversation", 20*time.Second, func() bool {
-				if held, synced := ix.Holds(x, blocks[0], te.e.now()); synced && !held {
+				if held, synced := ix.Holds(x, -1, blocks[0], te.e.now()); synced && !held {
 					return true
 				}
 				for range 4 {
@@ -67,7 +67,7 @@ func TestCacheLostRebind(t *testing.T) {
 			// y holds the system prompt (another conversation's turn).
 			direct(t, c, ctx[y], a.system, "another conversation")
 			waitFor(t, y+" to report the system prompt", 10*time.Second, func() bool {
-				held, synced := ix.Holds(y, blocks[0], te.e.now())
+				held, synced := ix.Holds(y, -1, blocks[0], te.e.now())
 				return synced && held
 			})
 

@@ -356,8 +356,8 @@ func (x edgeIndex) Match(blocks []uint64, now time.Time, dst []kvindex.Match) []
 	return x.e.fleet.Index().Match(blocks, now, dst)
 }
 
-func (x edgeIndex) Holds(instance string, block uint64, now time.Time) (bool, bool) {
-	return x.e.fleet.Index().Holds(instance, block, now)
+func (x edgeIndex) Holds(instance string, rank int, block uint64, now time.Time) (bool, bool) {
+	return x.e.fleet.Index().Holds(instance, rank, block, now)
 }
 
 func (x edgeIndex) Predict(instance string, blocks []uint64, now time.Time) {

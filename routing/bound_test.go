@@ -462,3 +462,33 @@ func TestWeighMovesOnlyWhenAnotherScoresBetter(t *testing.T) {
 		}
 	}
 }
+
+// The cache a bound key can use is on the rank its worker reported: a copy
+// of the prompt on another rank of the same instance gives it no hit, so
+// it does not keep the key there (issue 17, item 7).
+func TestCacheLostJudgesTheBindingsRank(t *testing.T) {
+	prompt := blocks(4, 100)
+	r := mustRouter(t, nil)
+	for _, c := range []struct {
+		name    string
+		hasRank bool
+		rank    uint32
+		move    bool
+	}{
+		{"bound to the rank holding the prompt", true, 2, false},
+		{"bound to another rank", true, 5, true},
+		{"rank not reported: any rank counts", false, 0, false},
+	} {
+		ix := kvindex.New(kvindex.Config{})
+		stored(t, ix, "ctx-a", 1, 2, prompt[:80])
+		stored(t, ix, "ctx-b", 1, 0, prompt[:80])
+		b := binding("conv-1", "ctx-a")
+		b.LastUsed = t0.Add(-time.Hour).UnixNano()
+		b.Rank, b.HasRank = c.rank, c.hasRank
+		rt := routeBound(t, r, Request{ConversationID: "conv-1", Blocks: prompt, PromptTokens: 6400, Now: t0},
+			b, Inputs{Views: mustViews(t, idle("ctx-a", "ctx-b")), Prefix: ix})
+		if moved := rt.Action == ActionOverflow && rt.Rebind && rt.Instance == "ctx-b"; moved != c.move {
+			t.Errorf("%s: %v to %s, want moved=%v", c.name, rt.Action, rt.Instance, c.move)
+		}
+	}
+}

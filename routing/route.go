@@ -70,11 +70,12 @@ type BindingCounter interface {
 }
 
 // PrefixMatcher reports how many leading blocks of a prompt each instance
-// holds (Match), and whether one instance holds one block, with whether that
-// answer rests on a trusted baseline (Holds); *kvindex.Index implements it.
+// holds (Match), and whether one instance holds one block on one rank (any
+// rank: -1), with whether that answer rests on a trusted baseline (Holds);
+// *kvindex.Index implements it.
 type PrefixMatcher interface {
 	Match(blocks []uint64, now time.Time, dst []kvindex.Match) []kvindex.Match
-	Holds(instance string, block uint64, now time.Time) (held, synced bool)
+	Holds(instance string, rank int, block uint64, now time.Time) (held, synced bool)
 }
 
 // Inputs are the state a decision reads. Views is required; the rest may be
@@ -99,6 +100,18 @@ type Request struct {
 	Spread         uint64   // unkeyed tie-break (SpreadFor(RequestID))
 	RoundRobin     uint64   // the edge's counter, for RouterRoundRobin
 	Now            time.Time
+
+	// bound, set by the cache-lost check only, replaces the bound
+	// instance's cache credit (its best rank's) with its binding's rank's.
+	bound *boundCredit
+}
+
+// boundCredit is the cache a bound key can use on its instance: the
+// leading blocks its rank holds.
+type boundCredit struct {
+	instance string
+	rank     int
+	blocks   int
 }
 
 // Route is a routing decision.
@@ -271,9 +284,29 @@ func (r *Router) cacheLost(req *Request, b *fsm.Binding, in *Inputs) (Route, boo
 	// that still holds the block at the boundary almost always holds the
 	// run before it, and one that does not holds less than the fraction.
 	boundary := max(1, min(len(req.Blocks), int(math.Ceil(below*float64(len(req.Blocks))))))
-	held, synced := in.Prefix.Holds(bound, req.Blocks[boundary-1], req.Now)
+	// The cache the key can use is on its rank: an ADP worker sends a
+	// bound conversation to the rank it reported (RankObserved), and
+	// another rank's copy of the prefix gives it no hit.
+	rank := -1
+	if b.HasRank {
+		rank = int(b.Rank)
+	}
+	held, synced := in.Prefix.Holds(bound, rank, req.Blocks[boundary-1], req.Now)
 	if !synced || held {
 		return Route{}, false
+	}
+	if rank >= 0 {
+		// Score the bound instance by what its rank holds (fewer than
+		// boundary blocks, so the walk is short), not its best rank's.
+		q := *req
+		q.bound = &boundCredit{instance: bound, rank: rank}
+		for q.bound.blocks < boundary-1 {
+			if h, _ := in.Prefix.Holds(bound, rank, req.Blocks[q.bound.blocks], req.Now); !h {
+				break
+			}
+			q.bound.blocks++
+		}
+		req = &q
 	}
 	buf := getCandidates()
 	defer putCandidates(buf)
@@ -607,6 +640,12 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) Route {
 		}
 		*mp = matches[:0]
 		matchPool.Put(mp)
+		if bc := req.bound; bc != nil {
+			i := sort.Search(len(cands), func(i int) bool { return cands[i].v.ID >= bc.instance })
+			if i < len(cands) && cands[i].v.ID == bc.instance {
+				cands[i].blocks, cands[i].rank = bc.blocks, bc.rank
+			}
+		}
 	}
 	w := &r.cfg.Weights
 	cacheWeight := w.Cache

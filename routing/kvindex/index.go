@@ -508,12 +508,14 @@ func (ix *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 	return dst
 }
 
-// Holds reports whether instanceID holds block on any rank (or as a
-// prediction live at now), and whether the index has a trusted baseline for
-// the instance (an unsynced instance's answer reflects its predictions only,
-// so a "no" is no evidence of eviction). One map lookup: routing asks it on
-// the sticky path (the cache-lost check).
-func (ix *Index) Holds(instanceID string, block uint64, now time.Time) (held, synced bool) {
+// Holds reports whether instanceID holds block on rank (any rank when rank
+// is negative), or as a prediction live at now, and whether the index has a
+// trusted baseline for the instance (an unsynced instance's answer reflects
+// its predictions only, so a "no" is no evidence of eviction). A prediction
+// counts on every rank: it records a prompt routed to the instance, which
+// the worker placed on the rank the key is bound to. One map lookup:
+// routing asks it on the sticky path (the cache-lost check).
+func (ix *Index) Holds(instanceID string, rank int, block uint64, now time.Time) (held, synced bool) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	in, ok := ix.byID[instanceID]
@@ -525,8 +527,8 @@ func (ix *Index) Holds(instanceID string, block uint64, now time.Time) (held, sy
 		return false, in.synced
 	}
 	set := ix.sets.get(id)
-	for _, s := range in.ranks {
-		if s > 0 && set.has(slot(s-1)) {
+	for r, s := range in.ranks {
+		if s > 0 && (rank < 0 || r == rank) && set.has(slot(s-1)) {
 			return true, in.synced
 		}
 	}

@@ -385,7 +385,7 @@ func TestMatchAgreesWithReference(t *testing.T) {
 			for _, set := range ref.stored[id] {
 				want = want || set[blk]
 			}
-			if held, _ := ix.Holds(id, blk, now); held != want {
+			if held, _ := ix.Holds(id, -1, blk, now); held != want {
 				t.Fatalf("step %d: Holds(%s, %x) = %v, want %v", step, id, blk, held, want)
 			}
 		}
@@ -446,27 +446,48 @@ func TestConcurrentMatchAndApply(t *testing.T) {
 func TestHoldsReportsSync(t *testing.T) {
 	ix := New(Config{})
 	prompt := chain(100, 10)
-	if held, synced := ix.Holds("a", prompt[0], t0); held || synced {
+	if held, synced := ix.Holds("a", -1, prompt[0], t0); held || synced {
 		t.Fatalf("unknown instance: held %v synced %v", held, synced)
 	}
 	mustApply(t, ix, Batch{Instance: "a", Boot: 1, Seq: 1, Events: []RankEvent{{Rank: 0, Stored: prompt[:4]}, {Rank: 3, Stored: prompt[:7]}}}, Applied)
-	if held, synced := ix.Holds("a", prompt[6], t0); !held || !synced {
+	if held, synced := ix.Holds("a", -1, prompt[6], t0); !held || !synced {
 		t.Fatalf("block 6 (rank 3): held %v synced %v, want both", held, synced)
 	}
-	if held, synced := ix.Holds("a", prompt[7], t0); held || !synced {
+	if held, synced := ix.Holds("a", -1, prompt[7], t0); held || !synced {
 		t.Fatalf("block 7: held %v synced %v, want not held, synced", held, synced)
 	}
 	// A gap makes the instance stale: its answers are no evidence.
 	mustApply(t, ix, Batch{Instance: "a", Boot: 1, Seq: 5, Events: []RankEvent{{Rank: 0, Removed: prompt[:1]}}}, Gap)
-	if _, synced := ix.Holds("a", prompt[0], t0); synced {
+	if _, synced := ix.Holds("a", -1, prompt[0], t0); synced {
 		t.Fatal("an instance with a sequence gap reported synced")
 	}
 	// Predictions count until they expire.
 	ix.Predict("b", prompt[:3], t0)
-	if held, synced := ix.Holds("b", prompt[2], t0); !held || synced {
+	if held, synced := ix.Holds("b", -1, prompt[2], t0); !held || synced {
 		t.Fatalf("predicted block: held %v synced %v, want held, not synced", held, synced)
 	}
-	if held, _ := ix.Holds("b", prompt[2], t0.Add(time.Hour)); held {
+	if held, _ := ix.Holds("b", -1, prompt[2], t0.Add(time.Hour)); held {
 		t.Fatal("an expired prediction still holds")
+	}
+}
+
+func TestHoldsOnOneRank(t *testing.T) {
+	ix := New(Config{})
+	t0 := time.Unix(1_700_000_000, 0)
+	if _, err := ix.Apply(Batch{Instance: "a", Boot: 1, Seq: 1, Events: []RankEvent{{Rank: 3, Stored: []uint64{11, 12}}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		rank int
+		want bool
+	}{{-1, true}, {3, true}, {0, false}, {7, false}} {
+		if held, synced := ix.Holds("a", c.rank, 12, t0); held != c.want || !synced {
+			t.Errorf("Holds(a, rank %d, 12) = %v, %v; want %v, true", c.rank, held, synced, c.want)
+		}
+	}
+	// A prediction counts on every rank: it is the prompt routed there.
+	ix.Predict("a", []uint64{21}, t0)
+	if held, _ := ix.Holds("a", 0, 21, t0); !held {
+		t.Error("a live prediction is not held on rank 0")
 	}
 }
