@@ -1,9 +1,9 @@
 // Package cluster runs the Raft group that replicates tether's affinity log:
-// hashicorp/raft with raft-boltdb/v2 and file snapshots, over one
-// multiplexed TCP port per node that also carries the authenticated
-// forwarding RPC (followers forward proposals to the leader), group commit,
-// idempotent proposals and the bbolt event archive (cluster/archive). See
-// DESIGN.md.
+// hashicorp/raft with raft-boltdb/v2 and file snapshots, group commit,
+// idempotent proposals forwarded by followers to the leader, membership and
+// autopilot, and the bbolt event archive (cluster/archive). Its network —
+// one multiplexed, authenticated port per node carrying Raft and the
+// forwarding RPC — is cluster/transport. See DESIGN.md.
 package cluster
 
 import (
