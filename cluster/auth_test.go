@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -16,6 +15,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tether-project/tether/cluster/transport"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -46,14 +46,14 @@ func (s intruder) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn
 		_ = tc.SetDeadline(time.Time{})
 		conn = tc
 	}
-	if _, err := conn.Write([]byte{streamRaft}); err != nil {
+	if _, err := conn.Write([]byte{transport.StreamRaft}); err != nil {
 		conn.Close()
 		return nil, err
 	}
 	if s.key != nil {
 		_ = conn.SetDeadline(time.Now().Add(timeout))
 		rw := bufio.NewReadWriter(bufio.NewReader(conn), bufio.NewWriter(conn))
-		if err := clientHandshake(rw, protoRaft, s.key, s.id); err != nil {
+		if err := transport.ClientHandshake(rw, transport.StreamRaft, s.key, s.id); err != nil {
 			conn.Close()
 			return nil, err
 		}
@@ -174,14 +174,14 @@ func TestTLSPeerMustBeTheNodeItClaims(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "does not name node") {
 				t.Fatalf("raft stream: %v, want a refusal naming the certificate mismatch", err)
 			}
-			conn, err := tlsDial(target.Addr(), c.conf, streamForward)
+			conn, err := tlsDial(target.Addr(), c.conf, transport.StreamForward)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer conn.Close()
 			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
 			rw := bufio.NewReadWriter(bufio.NewReader(conn), bufio.NewWriter(conn))
-			if err := clientHandshake(rw, protoForward, testKey, c.id); !errors.Is(err, errAuth) || !strings.Contains(err.Error(), "does not name node") {
+			if err := transport.ClientHandshake(rw, transport.StreamForward, testKey, c.id); !errors.Is(err, transport.ErrAuth) || !strings.Contains(err.Error(), "does not name node") {
 				t.Fatalf("forwarding: %v, want refused", err)
 			}
 		})
@@ -230,12 +230,15 @@ func TestTLSPeerMustBeTheNodeItClaims(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := newMux(own, own.Addr().String(), ca.mutualTLS(t, "n2"), nil, muxAuth{key: testKey, selfID: "n2"}, testLogger(t))
-		defer m.close()
+		tr := transport.New(transport.Config{
+			Listener: own, Advertise: own.Addr().String(), TLS: ca.mutualTLS(t, "n2"),
+			AuthKey: testKey, SelfID: "n2", MemberAt: func(string) string { return "n0" }, Logger: testLogger(t),
+		})
+		defer tr.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_, err = m.dialStream(ctx, ln.Addr().String(), streamForward, "n0")
-		if !errors.Is(err, errAuth) || !strings.Contains(err.Error(), `does not name node "n0"`) {
+		_, err = tr.Client().Status(ctx, ln.Addr().String())
+		if !errors.Is(err, transport.ErrAuth) || !strings.Contains(err.Error(), `does not name node "n0"`) {
 			t.Fatalf("dial to an impostor: %v", err)
 		}
 	})
@@ -262,34 +265,4 @@ func tlsDial(addr string, conf *tls.Config, kind byte) (net.Conn, error) {
 		return nil, err
 	}
 	return conn, nil
-}
-
-func TestCertNamesNode(t *testing.T) {
-	u := func(s string) *url.URL {
-		v, err := url.Parse(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
-	cases := []struct {
-		name string
-		cert x509.Certificate
-		id   string
-		want bool
-	}{
-		{"edge URI", x509.Certificate{URIs: []*url.URL{u("spiffe://tether/edge/n1")}}, "n1", true},
-		{"edge URI of another node", x509.Certificate{URIs: []*url.URL{u("spiffe://tether/edge/n2")}}, "n1", false},
-		{"worker URI with the node's DNS name", x509.Certificate{URIs: []*url.URL{u("spiffe://tether/worker/n1")}, DNSNames: []string{"n1"}}, "n1", false},
-		{"edge URI among others", x509.Certificate{URIs: []*url.URL{u("spiffe://tether/client/ops"), u("spiffe://tether/edge/n1")}}, "n1", true},
-		{"DNS SAN only (another PKI)", x509.Certificate{DNSNames: []string{"localhost", "n1"}}, "n1", true},
-		{"foreign URI, DNS SAN", x509.Certificate{URIs: []*url.URL{u("spiffe://corp/x")}, DNSNames: []string{"n1"}}, "n1", true},
-		{"CN only", x509.Certificate{}, "n1", false},
-		{"prefix is not a match", x509.Certificate{URIs: []*url.URL{u("spiffe://tether/edge/n10")}}, "n1", false},
-	}
-	for _, c := range cases {
-		if got := certNamesNode(&c.cert, c.id); got != c.want {
-			t.Errorf("%s: certNamesNode(%q) = %v, want %v", c.name, c.id, got, c.want)
-		}
-	}
 }

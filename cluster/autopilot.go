@@ -10,6 +10,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	autopilot "github.com/hashicorp/raft-autopilot"
+
+	"github.com/tether-project/tether/cluster/transport"
 )
 
 // pilot runs github.com/hashicorp/raft-autopilot on the leader: every
@@ -219,7 +221,7 @@ func (p *pilot) RemoveFailedServer(srv *autopilot.Server) {
 	ctx, cancel := context.WithTimeout(p.n.ctx, 10*time.Second)
 	defer cancel()
 	p.n.log.Warn("cluster: autopilot removes a dead member", "id", srv.ID, "addr", srv.Address, "after", p.n.cfg.Autopilot.DeadServerTimeout)
-	if err := p.n.leaderMembershipChange(ctx, opRemove, string(srv.ID), ""); err != nil {
+	if err := p.n.leaderMembershipChange(ctx, transport.OpRemove, string(srv.ID), ""); err != nil {
 		p.n.log.Warn("cluster: autopilot could not remove a dead member", "id", srv.ID, "err", err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tether-project/tether/cluster/transport"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -226,8 +227,8 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.NodeID == "" {
 		bad("NodeID", "required (a stable, unique node id)")
-	} else if len(c.NodeID) > maxNodeIDLen {
-		bad("NodeID", "longer than %d bytes", maxNodeIDLen)
+	} else if len(c.NodeID) > transport.MaxNodeIDLen {
+		bad("NodeID", "longer than %d bytes", transport.MaxNodeIDLen)
 	}
 	if c.DataDir == "" {
 		bad("DataDir", "required")

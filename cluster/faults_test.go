@@ -20,6 +20,7 @@ import (
 
 	"github.com/tether-project/tether/cluster/archive"
 	"github.com/tether-project/tether/cluster/faultnet"
+	"github.com/tether-project/tether/cluster/transport"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -259,12 +260,12 @@ func TestForwardingRejectsWrongKey(t *testing.T) {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := conn.Write([]byte{streamForward}); err != nil {
+	if _, err := conn.Write([]byte{transport.StreamForward}); err != nil {
 		t.Fatal(err)
 	}
 	rw := bufio.NewReadWriter(bufio.NewReader(conn), bufio.NewWriter(conn))
-	err = clientHandshake(rw, protoForward, []byte("the-wrong-key-0123456789"), "intruder")
-	if !errors.Is(err, errAuth) || !strings.Contains(err.Error(), "wrong internal key") {
+	err = transport.ClientHandshake(rw, transport.StreamForward, []byte("the-wrong-key-0123456789"), "intruder")
+	if !errors.Is(err, transport.ErrAuth) || !strings.Contains(err.Error(), "wrong internal key") {
 		t.Fatalf("handshake with a wrong key: %v", err)
 	}
 	if _, err := rw.ReadByte(); err == nil {
@@ -273,21 +274,21 @@ func TestForwardingRejectsWrongKey(t *testing.T) {
 
 	// A correct key works, and a malformed request gets an error answer
 	// rather than a crash.
-	good := newForwardClient("tester", testKey, func(ctx context.Context, addr string) (net.Conn, error) {
+	good := transport.NewClient("tester", testKey, func(ctx context.Context, addr string) (net.Conn, error) {
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
-			_, err = c.Write([]byte{streamForward})
+			_, err = c.Write([]byte{transport.StreamForward})
 		}
 		return c, err
 	})
-	defer good.close()
+	defer good.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := good.call(ctx, target.Addr(), opPropose, []byte{0xff, 0xff, 0xff}); err == nil || !strings.Contains(err.Error(), "bad request") {
+	if _, err := good.Call(ctx, target.Addr(), transport.OpPropose, []byte{0xff, 0xff, 0xff}); err == nil || !strings.Contains(err.Error(), "bad request") {
 		t.Fatalf("malformed propose: %v, want a bad request error", err)
 	}
-	if _, err := good.call(ctx, target.Addr(), 99, nil); err == nil || !strings.Contains(err.Error(), "unknown operation") {
+	if _, err := good.Call(ctx, target.Addr(), 99, nil); err == nil || !strings.Contains(err.Error(), "unknown operation") {
 		t.Fatalf("unknown op: %v", err)
 	}
 	s, err := tc.node(1).PeerStatus(ctx, target.Addr())
@@ -307,7 +308,7 @@ func TestForwardingRejectsWrongKey(t *testing.T) {
 		Join: []string{target.Addr()}, AuthKey: []byte("the-wrong-key-0123456789"),
 		Raft: testTiming, Logger: testLogger(t),
 	})
-	if err == nil || !errors.Is(err, errAuth) {
+	if err == nil || !errors.Is(err, transport.ErrAuth) {
 		t.Fatalf("join with a wrong key: %v, want a refused handshake", err)
 	}
 	for _, n := range tc.running() {

@@ -8,64 +8,73 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/tether-project/tether/cluster/transport"
 	"github.com/tether-project/tether/fsm"
 )
 
-// handleForward serves one authenticated forwarding request.
-func (n *Node) handleForward(ctx context.Context, peerID string, op byte, payload []byte) ([]byte, error) {
-	// The mux serves forwarding before Open has created n.raft; started
-	// (stored after NewRaft) orders the read of n.raft after its write.
-	if !n.started.Load() {
-		return nil, fmt.Errorf("%w: node %s is starting", ErrUnavailable, n.id)
+// forwardHandler is the node's side of the forwarding server
+// (transport.Handler): the transport authenticated the peer and decoded the
+// request; these act on it. A separate type, not Node's own methods, so
+// that Node's API keeps its Propose and Status.
+type forwardHandler struct{ n *Node }
+
+var _ transport.Handler = forwardHandler{}
+
+// starting refuses requests until Open has created n.raft: the transport
+// serves forwarding before that. started (stored after NewRaft) orders the
+// read of n.raft after its write.
+func (h forwardHandler) starting() error {
+	if !h.n.started.Load() {
+		return fmt.Errorf("%w: node %s is starting", ErrUnavailable, h.n.id)
 	}
-	switch op {
-	case opPropose:
-		return n.handlePropose(ctx, payload)
-	case opAddVoter, opRemove, opTransfer, opJoinVoter, opJoinNonvoter:
-		id, addr, forwarded, err := decodeMembership(payload)
-		if err != nil {
-			return nil, badRequest("%s: %v", opName(op), err)
-		}
-		return nil, n.membershipChange(ctx, op, id, addr, forwarded)
-	case opStatus:
-		return json.Marshal(n.Status())
-	case opRemoved:
-		id, index, err := decodeRemovedNotice(payload)
-		if err != nil {
-			return nil, badRequest("removed notice: %v", err)
-		}
-		if id != n.id {
-			return nil, badRequest("removed notice for %q reached node %q", id, n.id)
-		}
-		n.log.Warn("cluster: the leader reports this node was removed", "from", peerID, "index", index)
-		n.onRemoved(index)
-		return nil, nil
-	}
-	return nil, badRequest("unknown operation %d", op)
+	return nil
 }
 
-// handlePropose is the leader side of a forwarded batch: decode, queue to
-// the batcher, answer with the entry index and the results. Events this
-// leader cannot decode (say, from a newer follower) are answered as
-// rejected without being proposed; the rest of the frame goes ahead.
-func (n *Node) handlePropose(ctx context.Context, payload []byte) ([]byte, error) {
-	if err := n.usable(); err != nil {
+func (h forwardHandler) ChangeMembership(ctx context.Context, op transport.Op, id, addr string, forwarded bool) error {
+	if err := h.starting(); err != nil {
+		return err
+	}
+	return h.n.membershipChange(ctx, op, id, addr, forwarded)
+}
+
+func (h forwardHandler) Status(context.Context) ([]byte, error) {
+	if err := h.starting(); err != nil {
 		return nil, err
 	}
-	req, err := decodeProposeRequest(payload)
-	if err != nil {
-		return nil, badRequest("propose: %v", err)
+	return json.Marshal(h.n.Status())
+}
+
+func (h forwardHandler) Removed(_ context.Context, peerID, id string, index uint64) error {
+	if err := h.starting(); err != nil {
+		return err
 	}
-	props, rejected, count := req.props, req.rejected, req.count
+	n := h.n
+	if id != n.id {
+		return transport.BadRequest("removed notice for %q reached node %q", id, n.id)
+	}
+	n.log.Warn("cluster: the leader reports this node was removed", "from", peerID, "index", index)
+	n.onRemoved(index)
+	return nil
+}
+
+// Propose is the leader side of a forwarded batch: queue to the batcher
+// (in chunks of MaxBatch), answer with the entry index and the results.
+func (h forwardHandler) Propose(ctx context.Context, props []fsm.Proposal) (uint64, []fsm.Result, error) {
+	if err := h.starting(); err != nil {
+		return 0, nil, err
+	}
+	n := h.n
+	if err := n.usable(); err != nil {
+		return 0, nil, err
+	}
 	if n.raft.State() != raft.Leader {
 		la, lid := n.raft.LeaderWithID()
-		return nil, &NotLeaderError{LeaderID: string(lid), LeaderAddr: string(la)}
+		return 0, nil, &NotLeaderError{LeaderID: string(lid), LeaderAddr: string(la)}
 	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(n.cfg.ProposeTimeout)
 	}
-
 	var (
 		results []fsm.Result
 		index   uint64
@@ -77,32 +86,19 @@ func (n *Node) handlePropose(ctx context.Context, payload []byte) ([]byte, error
 		select {
 		case n.batcher.in <- p:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: queue to the batcher: %w", ErrUnavailable, ctx.Err())
+			return 0, nil, fmt.Errorf("%w: queue to the batcher: %w", ErrUnavailable, ctx.Err())
 		}
 		var o outcome
 		select {
 		case o = <-p.done:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
+			return 0, nil, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
 		}
 		if o.err != nil {
-			return nil, o.err
+			return 0, nil, o.err
 		}
 		results = append(results, o.results...)
 		index = max(index, o.index)
 	}
-	if len(rejected) > 0 {
-		all := make([]fsm.Result, 0, int(count))
-		next := 0
-		for i := 0; i < int(count); i++ {
-			if reason, bad := rejected[i]; bad {
-				all = append(all, fsm.Result{Status: fsm.StatusRejected, Reason: reason})
-				continue
-			}
-			all = append(all, results[next])
-			next++
-		}
-		results = all
-	}
-	return encodeProposeResponse(index, results), nil
+	return index, results, nil
 }

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +10,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/tether-project/tether/cluster/transport"
 )
 
 // tombstoneFile marks a data directory whose node was removed.
@@ -77,7 +78,7 @@ func (n *Node) AddVoter(ctx context.Context, id, addr string) error {
 	if id == "" || addr == "" {
 		return fmt.Errorf("cluster: add voter: id and address are required (got %q, %q)", id, addr)
 	}
-	return n.membershipChange(ctx, opAddVoter, id, addr, false)
+	return n.membershipChange(ctx, transport.OpAddVoter, id, addr, false)
 }
 
 // RemoveServer removes a member and waits for the change to commit; the
@@ -86,18 +87,18 @@ func (n *Node) RemoveServer(ctx context.Context, id string) error {
 	if id == "" {
 		return errors.New("cluster: remove server: id is required")
 	}
-	return n.membershipChange(ctx, opRemove, id, "", false)
+	return n.membershipChange(ctx, transport.OpRemove, id, "", false)
 }
 
 // TransferLeadership hands leadership to toID ("" = any voter raft picks)
 // and waits for the transfer.
 func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
-	return n.membershipChange(ctx, opTransfer, toID, "", false)
+	return n.membershipChange(ctx, transport.OpTransfer, toID, "", false)
 }
 
 // membershipChange runs op on the leader: locally when this node leads,
 // else forwarded (once: forwarded=true stops a second hop).
-func (n *Node) membershipChange(ctx context.Context, op byte, id, addr string, forwarded bool) error {
+func (n *Node) membershipChange(ctx context.Context, op transport.Op, id, addr string, forwarded bool) error {
 	if err := n.usable(); err != nil {
 		return err
 	}
@@ -112,7 +113,7 @@ func (n *Node) membershipChange(ctx context.Context, op byte, id, addr string, f
 	for {
 		la, _ := n.raft.LeaderWithID()
 		if la != "" {
-			_, err := n.client.call(ctx, string(la), op, membershipPayload(id, addr, true))
+			err := n.client.ChangeMembership(ctx, string(la), op, id, addr, true)
 			if err == nil || !isRetryable(err) {
 				return err
 			}
@@ -124,7 +125,7 @@ func (n *Node) membershipChange(ctx context.Context, op byte, id, addr string, f
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("cluster: %s: no reachable leader: %w", opName(op), ctx.Err())
+			return fmt.Errorf("cluster: %s: no reachable leader: %w", op, ctx.Err())
 		}
 		t.Stop()
 		if n.raft.State() == raft.Leader {
@@ -133,40 +134,18 @@ func (n *Node) membershipChange(ctx context.Context, op byte, id, addr string, f
 	}
 }
 
-func opName(op byte) string {
+func (n *Node) leaderMembershipChange(ctx context.Context, op transport.Op, id, addr string) error {
 	switch op {
-	case opAddVoter:
-		return "add voter"
-	case opRemove:
-		return "remove server"
-	case opTransfer:
-		return "transfer leadership"
-	case opJoinVoter:
-		return "join as voter"
-	case opJoinNonvoter:
-		return "join as non-voter"
-	}
-	return fmt.Sprintf("op %d", op)
-}
-
-func membershipPayload(id, addr string, forwarded bool) []byte {
-	b := appendStr(nil, id)
-	b = appendStr(b, addr)
-	return append(b, boolByte(forwarded))
-}
-
-func (n *Node) leaderMembershipChange(ctx context.Context, op byte, id, addr string) error {
-	switch op {
-	case opJoinVoter, opJoinNonvoter:
-		return n.leaderJoin(ctx, id, addr, op == opJoinVoter)
-	case opAddVoter:
+	case transport.OpJoinVoter, transport.OpJoinNonvoter:
+		return n.leaderJoin(ctx, id, addr, op == transport.OpJoinVoter)
+	case transport.OpAddVoter:
 		f := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 0)
 		if err := waitFuture(ctx, f); err != nil {
 			return fmt.Errorf("cluster: add voter %s at %s: %w", id, addr, mapMembershipError(err))
 		}
 		n.log.Info("cluster: voter added", "id", id, "addr", addr, "index", f.Index())
 		return nil
-	case opRemove:
+	case transport.OpRemove:
 		target := n.serverAddr(id)
 		f := n.raft.RemoveServer(raft.ServerID(id), 0, 0)
 		if err := waitFuture(ctx, f); err != nil {
@@ -186,14 +165,13 @@ func (n *Node) leaderMembershipChange(ctx context.Context, op byte, id, addr str
 				defer n.wg.Done()
 				nctx, cancel := context.WithTimeout(n.ctx, 2*time.Second)
 				defer cancel()
-				p := binary.BigEndian.AppendUint64(appendStr(nil, id), index)
-				if _, err := n.client.call(nctx, target, opRemoved, p); err != nil {
+				if err := n.client.NotifyRemoved(nctx, target, id, index); err != nil {
 					n.log.Info("cluster: could not notify removed node", "id", id, "addr", target, "err", err)
 				}
 			}()
 		}
 		return nil
-	case opTransfer:
+	case transport.OpTransfer:
 		var f raft.Future
 		if id == "" {
 			f = n.raft.LeadershipTransfer()
@@ -212,7 +190,7 @@ func (n *Node) leaderMembershipChange(ctx context.Context, op byte, id, addr str
 		}
 		return nil
 	}
-	return badRequest("unknown membership op %d", op)
+	return transport.BadRequest("unknown membership op %d", op)
 }
 
 // leaderJoin adds a joining node: as a voter when it asks to vote and the
@@ -222,7 +200,7 @@ func (n *Node) leaderMembershipChange(ctx context.Context, op byte, id, addr str
 // only re-addresses it).
 func (n *Node) leaderJoin(ctx context.Context, id, addr string, wantsVote bool) error {
 	if id == "" || addr == "" {
-		return badRequest("join: id and address are required (got %q, %q)", id, addr)
+		return transport.BadRequest("join: id and address are required (got %q, %q)", id, addr)
 	}
 	f := n.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
@@ -287,17 +265,17 @@ func (n *Node) join(ctx context.Context) error {
 				continue
 			}
 			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			op := opJoinVoter
+			op := transport.OpJoinVoter
 			if n.cfg.Suffrage == SuffrageNonvoter {
-				op = opJoinNonvoter
+				op = transport.OpJoinNonvoter
 			}
-			_, err := n.client.call(cctx, addr, op, membershipPayload(n.id, n.addr, false))
+			err := n.client.ChangeMembership(cctx, addr, op, n.id, n.addr, false)
 			cancel()
 			if err == nil {
 				n.log.Info("cluster: joined", "via", addr)
 				return nil
 			}
-			if errors.Is(err, errAuth) {
+			if errors.Is(err, transport.ErrAuth) {
 				return fmt.Errorf("cluster: join via %s: %w", addr, err)
 			}
 			lastErr = err

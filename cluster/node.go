@@ -1,9 +1,9 @@
 // Package cluster runs the Raft group that replicates tether's affinity log:
-// hashicorp/raft with raft-boltdb/v2 and file snapshots, over one
-// multiplexed TCP port per node that also carries the authenticated
-// forwarding RPC (followers forward proposals to the leader), group commit,
-// idempotent proposals and the bbolt event archive (cluster/archive). See
-// DESIGN.md.
+// hashicorp/raft with raft-boltdb/v2 and file snapshots, group commit,
+// idempotent proposals forwarded by followers to the leader, membership and
+// autopilot, and the bbolt event archive (cluster/archive). Its network —
+// one multiplexed, authenticated port per node carrying Raft and the
+// forwarding RPC — is cluster/transport. See DESIGN.md.
 package cluster
 
 import (
@@ -27,6 +27,7 @@ import (
 
 	"github.com/tether-project/tether/cluster/archive"
 	"github.com/tether-project/tether/cluster/boltfile"
+	"github.com/tether-project/tether/cluster/transport"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -57,8 +58,8 @@ type Node struct {
 	fsm       *raftFSM
 	archive   *archive.Archive
 	archiver  *archiver
-	mux       *mux
-	client    *forwardClient
+	net       *transport.Transport // the node's port: Raft streams and forwarding
+	client    *transport.Client
 	metrics   *metrics
 	batcher   *batcher
 	forwarder *forwarder
@@ -288,28 +289,18 @@ func (n *Node) newStateMachine(u *undo) (err error) {
 // server) and Raft's network transport over authenticated streams.
 func (n *Node) openTransport(ln net.Listener, u *undo) {
 	cfg := n.cfg
-	n.mux = newMux(ln, n.addr, cfg.TLS, cfg.Dial, muxAuth{
-		key: cfg.AuthKey, selfID: n.id, idForAddr: n.memberAt,
-		onFailure: func(net.Addr, error) { n.metrics.authFailure() },
-	}, n.log)
-	u.add(n.mux.close)
-	n.client = newForwardClient(n.id, cfg.AuthKey, func(ctx context.Context, addr string) (net.Conn, error) {
-		return n.mux.dialStream(ctx, addr, streamForward, n.memberAt(addr))
+	n.net = transport.New(transport.Config{
+		Listener: ln, Advertise: n.addr, TLS: cfg.TLS, Dial: cfg.Dial,
+		AuthKey: cfg.AuthKey, SelfID: n.id, MemberAt: n.memberAt,
+		OnAuthFailure: func(net.Addr, error) { n.metrics.authFailure() },
+		Logger:        n.log,
 	})
-	u.add(n.client.close)
-	server := &forwardServer{
-		key:    cfg.AuthKey,
-		handle: n.handleForward,
-		ctx:    n.ctx,
-		log:    n.log,
-		onAuthFailure: func(net.Addr, error) {
-			n.metrics.authFailure()
-		},
-	}
-	n.mux.start(server.serve)
+	u.add(n.net.Close)
+	n.client = n.net.Client()
+	n.net.Serve(n.ctx, forwardHandler{n})
 
 	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream:  raftStream{m: n.mux},
+		Stream:  n.net.StreamLayer(),
 		MaxPool: 3,
 		Timeout: transportTimeout,
 		Logger:  n.hlog.Named("net"),
@@ -802,7 +793,7 @@ func (n *Node) shutdown(abrupt bool) error {
 	n.raft.DeregisterObserver(n.observer)
 	n.cancel()
 	if abrupt {
-		n.mux.close()
+		n.net.CloseConns()
 	}
 	var errs []error
 	if n.raftStopping.CompareAndSwap(false, true) {
@@ -815,8 +806,7 @@ func (n *Node) shutdown(abrupt bool) error {
 	n.wg.Wait()
 	n.batcher.failAll(ErrClosed)
 	n.setReady(false)
-	n.client.close()
-	n.mux.close()
+	n.net.Close()
 	if err := n.transport.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("transport: %w", err))
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/tether-project/tether/cluster/transport"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -70,7 +71,7 @@ func isRetryable(err error) bool {
 	if errors.As(err, &remote) && (errors.Is(remote.Cause, ErrHalted) || errors.Is(remote.Cause, ErrClosed)) {
 		return true
 	}
-	return errors.Is(err, ErrNotLeader) || errors.Is(err, errConnBroken) || errors.Is(err, ErrUnavailable)
+	return errors.Is(err, ErrNotLeader) || errors.Is(err, transport.ErrConnBroken) || errors.Is(err, ErrUnavailable)
 }
 
 // NewProposalID draws one random proposal id. A caller that retries a
@@ -686,24 +687,23 @@ func (f *forwarder) send(ctx context.Context, batch []*pending, count int) {
 			events = append(events, encoded[i][j])
 		}
 	}
-	payload := encodeProposeRequest(ids, events)
 	f.n.metrics.observeForwarded(count)
 	sent := time.Now()
 	for _, p := range batch {
 		f.n.metrics.observeStage(stageQueue, sent.Sub(p.queued))
 	}
-	resp, err := f.n.client.call(cctx, string(addr), opPropose, payload)
+	index, results, err := f.n.client.Propose(cctx, string(addr), ids, events)
 	f.n.metrics.observeStage(stageForward, time.Since(sent))
+	var malformed *transport.MalformedResponseError
+	if errors.As(err, &malformed) {
+		replyAll(outcome{err: fmt.Errorf("cluster: leader %s answered a forwarded batch badly: %w", id, malformed.Err)})
+		return
+	}
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("%w: forward to leader %s at %s: %w", ErrUnavailable, id, addr, err)
 		}
 		replyAll(outcome{err: err})
-		return
-	}
-	index, results, derr := decodeProposeResponse(resp, count)
-	if derr != nil {
-		replyAll(outcome{err: fmt.Errorf("cluster: leader %s answered a forwarded batch badly: %w", id, derr)})
 		return
 	}
 	off := 0

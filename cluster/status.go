@@ -159,7 +159,7 @@ func (n *Node) appliedThroughStateless() uint64 {
 // PeerStatus asks the node at addr for its Status over the forwarding
 // protocol (authenticated with this node's key).
 func (n *Node) PeerStatus(ctx context.Context, addr string) (Status, error) {
-	b, err := n.client.call(ctx, addr, opStatus, nil)
+	b, err := n.client.Status(ctx, addr)
 	if err != nil {
 		return Status{}, fmt.Errorf("cluster: status of %s: %w", addr, err)
 	}

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/cluster/transport"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -60,7 +61,7 @@ func newTestCA(t *testing.T, name string) *testCA {
 // by its URI SAN), peers verified against the CA in both directions.
 func (ca *testCA) mutualTLS(t *testing.T, node string) *tls.Config {
 	t.Helper()
-	u, err := url.Parse(NodeIdentityURI(node))
+	u, err := url.Parse(transport.NodeIdentityURI(node))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	_, _ = conn.Write([]byte{streamForward, 0, 0, 0, 0})
+	_, _ = conn.Write([]byte{transport.StreamForward, 0, 0, 0, 0})
 	if _, err := conn.Read(make([]byte, 16)); err == nil {
 		t.Fatal("a plaintext client got an answer from a TLS node")
 	}

@@ -3,6 +3,8 @@ package edge
 import (
 	"net/http"
 	"testing"
+
+	"github.com/tether-project/tether/edge/admin"
 )
 
 // Issue 13, D5: the Bearer scheme is case-insensitive; operator mistakes on
@@ -31,11 +33,10 @@ func TestAdminOperatorErrorsAndMetricsAccess(t *testing.T) {
 	}
 }
 
-func TestBearerToken(t *testing.T) {
-	for h, want := range map[string]string{"Bearer abc": "abc", "bearer abc": "abc", "BeArEr  abc ": "abc", "Basic abc": "", "Bearer": "", "Bearer ": "", "": ""} {
-		got, ok := bearerToken(h)
-		if got != want || ok != (want != "") {
-			t.Errorf("bearerToken(%q) = %q, %v; want %q", h, got, ok, want)
-		}
+// The admin API names the token's environment variable in its "disabled"
+// answer; it must be the one the config reads.
+func TestAdminTokenEnvName(t *testing.T) {
+	if admin.EnvToken != EnvAdminToken {
+		t.Fatalf("admin.EnvToken %q, config reads %q", admin.EnvToken, EnvAdminToken)
 	}
 }

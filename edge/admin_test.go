@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
@@ -28,7 +29,7 @@ func TestAdminAPI(t *testing.T) {
 	for _, h := range []map[string]string{nil, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": testAdmin}} {
 		for _, path := range []string{"/admin/v1/cluster", "/admin/v1/bindings/context/admin-conv", "/admin/v1/snapshot"} {
 			r := do(t, s.c, http.MethodGet, s.te.url()+path, nil, h)
-			if r.status != http.StatusUnauthorized || bytes.Contains(r.body, []byte("admin-conv")) || r.header.Get(HeaderSnapshotHash) != "" {
+			if r.status != http.StatusUnauthorized || bytes.Contains(r.body, []byte("admin-conv")) || r.header.Get(admin.HeaderSnapshotHash) != "" {
 				t.Fatalf("GET %s with %v: %d %s", path, h, r.status, r.body)
 			}
 		}
@@ -73,7 +74,7 @@ func TestAdminAPI(t *testing.T) {
 
 	var hist struct {
 		Fleet, Key string
-		Events     []HistoryEntry `json:"events"`
+		Events     []admin.HistoryEntry `json:"events"`
 	}
 	if err := json.Unmarshal(adminGet(t, s.c, s.te, "/admin/v1/bindings/context/admin-conv/history").body, &hist); err != nil {
 		t.Fatal(err)
@@ -94,7 +95,7 @@ func TestAdminAPI(t *testing.T) {
 	})
 
 	var inst struct {
-		Instances []InstanceInfo `json:"instances"`
+		Instances []admin.InstanceInfo `json:"instances"`
 	}
 	waitFor(t, "instances up in the log", 5*time.Second, func() bool {
 		if err := json.Unmarshal(adminGet(t, s.c, s.te, "/admin/v1/instances").body, &inst); err != nil {
@@ -119,8 +120,8 @@ func TestAdminAPI(t *testing.T) {
 	}
 
 	snap := adminGet(t, s.c, s.te, "/admin/v1/snapshot")
-	if snap.status != http.StatusOK || len(snap.body) == 0 || snap.header.Get(HeaderSnapshotIndex) == "" ||
-		snap.header.Get(HeaderSnapshotTerm) == "" || len(snap.header.Get(HeaderSnapshotHash)) != 64 {
+	if snap.status != http.StatusOK || len(snap.body) == 0 || snap.header.Get(admin.HeaderSnapshotIndex) == "" ||
+		snap.header.Get(admin.HeaderSnapshotTerm) == "" || len(snap.header.Get(admin.HeaderSnapshotHash)) != 64 {
 		t.Fatalf("snapshot: %d headers %v (%d bytes)", snap.status, snap.header, len(snap.body))
 	}
 	r := do(t, s.c, http.MethodPost, s.te.url()+"/admin/v1/snapshot/restore", snap.body, map[string]string{"Authorization": "Bearer " + testAdmin})
@@ -153,7 +154,7 @@ func TestLeaderSweepsIdleBindings(t *testing.T) {
 		return !ok
 	})
 	var hist struct {
-		Events []HistoryEntry `json:"events"`
+		Events []admin.HistoryEntry `json:"events"`
 	}
 	_ = json.Unmarshal(adminGet(t, s.c, s.te, "/admin/v1/bindings/context/ttl-conv/history").body, &hist)
 	last := hist.Events[len(hist.Events)-1]

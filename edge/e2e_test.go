@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/hintauth"
@@ -366,7 +367,7 @@ func TestDegradedModeWithoutQuorum(t *testing.T) {
 	})
 	h := adminGet(t, c, ec.edge(survivor), "/admin/v1/bindings/context/degraded-conv/history")
 	var hist struct {
-		Events []HistoryEntry `json:"events"`
+		Events []admin.HistoryEntry `json:"events"`
 	}
 	if err := json.Unmarshal(h.body, &hist); err != nil || len(hist.Events) == 0 || hist.Events[0].Type != "Bind" ||
 		hist.Events[0].Decision == nil || hist.Events[0].Decision.Policy != routing.PolicyDegraded {

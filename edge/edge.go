@@ -39,6 +39,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/cluster"
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/fsm"
@@ -556,7 +557,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("/healthz", e.handleHealth)
 	mux.HandleFunc("/readyz", e.handleReady)
 	mux.Handle("/metrics", e.metricsHandler())
-	mux.Handle("/admin/v1/", e.adminHandler())
+	mux.Handle(admin.Prefix, e.adminAPI())
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			if v := recover(); v != nil {
@@ -586,9 +587,9 @@ func (e *Edge) metricsHandler() http.Handler {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !e.authorized(r) {
+		if !admin.Authorized(r, e.cfg.AdminToken) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="tether-metrics"`)
-			adminError(w, http.StatusUnauthorized, "unauthorized", "/metrics needs Authorization: Bearer <admin_token> (metrics_access: admin_token)")
+			admin.Error(w, http.StatusUnauthorized, "unauthorized", "/metrics needs Authorization: Bearer <admin_token> (metrics_access: admin_token)")
 			return
 		}
 		h.ServeHTTP(w, r)

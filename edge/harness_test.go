@@ -28,6 +28,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/convid"
 	"github.com/tether-project/tether/routing/hintauth"
@@ -601,16 +602,16 @@ func adminGet(t testing.TB, c *http.Client, te *testEdge, path string) response 
 	return do(t, c, http.MethodGet, te.url()+path, nil, map[string]string{"Authorization": "Bearer " + testAdmin})
 }
 
-func binding(t testing.TB, c *http.Client, te *testEdge, fleet fsm.Fleet, key string) (BindingInfo, bool) {
+func binding(t testing.TB, c *http.Client, te *testEdge, fleet fsm.Fleet, key string) (admin.BindingInfo, bool) {
 	t.Helper()
 	r := adminGet(t, c, te, "/admin/v1/bindings/"+fleet.String()+"/"+url.PathEscape(key))
 	if r.status == http.StatusNotFound {
-		return BindingInfo{}, false
+		return admin.BindingInfo{}, false
 	}
 	if r.status != http.StatusOK {
 		t.Fatalf("admin binding %s/%s: %d %s", fleet, key, r.status, r.body)
 	}
-	var b BindingInfo
+	var b admin.BindingInfo
 	if err := json.Unmarshal(r.body, &b); err != nil {
 		t.Fatal(err)
 	}

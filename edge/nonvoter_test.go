@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
 )
@@ -134,7 +135,7 @@ func TestSeedTableWithNonvoters(t *testing.T) {
 
 	// A non-voter's admin API shows the leader's health of all nine.
 	waitFor(t, "nine healthy members in a non-voter's /admin/v1/cluster", 30*time.Second, func() bool {
-		var info ClusterInfo
+		var info admin.ClusterInfo
 		if err := json.Unmarshal(adminGet(t, c, ec.edge(4), "/admin/v1/cluster").body, &info); err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -33,7 +34,7 @@ func routeRank(t testing.TB, r response) uint32 {
 
 func clusterLevel(t testing.TB, c *http.Client, te *testEdge) (committed uint32, advertised map[string]uint32) {
 	t.Helper()
-	var info ClusterInfo
+	var info admin.ClusterInfo
 	if err := json.Unmarshal(adminGet(t, c, te, "/admin/v1/cluster").body, &info); err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +104,7 @@ func TestRankObservedOnlyAtFeatureLevel2(t *testing.T) {
 	}
 	h := adminGet(t, c, ec.edge(0), "/admin/v1/bindings/context/rank-conv/history")
 	var hist struct {
-		Events []HistoryEntry `json:"events"`
+		Events []admin.HistoryEntry `json:"events"`
 	}
 	if err := json.Unmarshal(h.body, &hist); err != nil {
 		t.Fatal(err)

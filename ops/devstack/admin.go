@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"net/url"
 
-	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -57,20 +57,20 @@ func (n *EdgeNode) AdminGet(ctx context.Context, path string, out any) error {
 
 // Binding returns the edge's view of key's binding in fleet (GET
 // /admin/v1/bindings/{fleet}/{key}); found is false on 404.
-func (n *EdgeNode) Binding(ctx context.Context, fleet fsm.Fleet, key string) (b edge.BindingInfo, found bool, err error) {
+func (n *EdgeNode) Binding(ctx context.Context, fleet fsm.Fleet, key string) (b admin.BindingInfo, found bool, err error) {
 	err = n.AdminGet(ctx, "bindings/"+fleet.String()+"/"+url.PathEscape(key), &b)
 	if ae, ok := err.(*AdminError); ok && ae.Status == http.StatusNotFound {
-		return edge.BindingInfo{}, false, nil
+		return admin.BindingInfo{}, false, nil
 	}
 	if err != nil {
-		return edge.BindingInfo{}, false, err
+		return admin.BindingInfo{}, false, err
 	}
 	return b, true, nil
 }
 
 // Cluster returns GET /admin/v1/cluster from the edge.
-func (n *EdgeNode) Cluster(ctx context.Context) (edge.ClusterInfo, error) {
-	var ci edge.ClusterInfo
+func (n *EdgeNode) Cluster(ctx context.Context) (admin.ClusterInfo, error) {
+	var ci admin.ClusterInfo
 	err := n.AdminGet(ctx, "cluster", &ci)
 	return ci, err
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/test/leakcheck"
 )
@@ -116,7 +117,7 @@ func contextInstance(t *testing.T, route string) string {
 	return ""
 }
 
-func binding(t *testing.T, n *EdgeNode, fleet fsm.Fleet, key string) (edge.BindingInfo, bool) {
+func binding(t *testing.T, n *EdgeNode, fleet fsm.Fleet, key string) (admin.BindingInfo, bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -329,7 +330,7 @@ func TestIdleInstancesAreNotKVStale(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var resp struct {
-		Instances []edge.InstanceInfo `json:"instances"`
+		Instances []admin.InstanceInfo `json:"instances"`
 	}
 	if err := st.Edges()[0].AdminGet(ctx, "instances", &resp); err != nil {
 		t.Fatal(err)

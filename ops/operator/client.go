@@ -18,13 +18,13 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/cluster"
-	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/audit"
 )
 
 // EnvAdminToken is read when no token is given explicitly.
-const EnvAdminToken = edge.EnvAdminToken
+const EnvAdminToken = admin.EnvToken
 
 // Client talks to one or more edges. Read operations and membership
 // changes use the first edge that answers (an edge forwards membership
@@ -167,7 +167,7 @@ func (c *Client) first(ctx context.Context, fn func(base string) error) error {
 
 // Cluster is GET /admin/v1/cluster on the first reachable edge; edgeURL
 // says which one answered.
-func (c *Client) Cluster(ctx context.Context) (info edge.ClusterInfo, edgeURL string, err error) {
+func (c *Client) Cluster(ctx context.Context) (info admin.ClusterInfo, edgeURL string, err error) {
 	err = c.first(ctx, func(base string) error {
 		edgeURL = base
 		return c.do(ctx, base, http.MethodGet, "cluster", nil, &info)
@@ -176,8 +176,8 @@ func (c *Client) Cluster(ctx context.Context) (info edge.ClusterInfo, edgeURL st
 }
 
 // ClusterAt is GET /admin/v1/cluster on one edge.
-func (c *Client) ClusterAt(ctx context.Context, base string) (edge.ClusterInfo, error) {
-	var info edge.ClusterInfo
+func (c *Client) ClusterAt(ctx context.Context, base string) (admin.ClusterInfo, error) {
+	var info admin.ClusterInfo
 	err := c.do(ctx, strings.TrimRight(base, "/"), http.MethodGet, "cluster", nil, &info)
 	return info, err
 }
@@ -210,8 +210,8 @@ func (c *Client) Binding(ctx context.Context, fleet fsm.Fleet, key string) (audi
 
 // BindingInfo is GET /admin/v1/bindings/{fleet}/{key} on the first edge;
 // found is false when the edge has no such binding.
-func (c *Client) BindingInfo(ctx context.Context, fleet fsm.Fleet, key string) (edge.BindingInfo, bool, error) {
-	var b edge.BindingInfo
+func (c *Client) BindingInfo(ctx context.Context, fleet fsm.Fleet, key string) (admin.BindingInfo, bool, error) {
+	var b admin.BindingInfo
 	err := c.do(ctx, c.edges[0], http.MethodGet, "bindings/"+fleet.String()+"/"+url.PathEscape(key), nil, &b)
 	var ae *APIError
 	if errors.As(err, &ae) && ae.Status == http.StatusNotFound && ae.Code == "binding_not_found" {

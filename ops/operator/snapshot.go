@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/audit"
 )
@@ -47,10 +47,10 @@ func (c *Client) SaveSnapshot(ctx context.Context, path string) (SnapshotFileInf
 			return err
 		}
 		defer resp.Body.Close()
-		info = SnapshotFileInfo{Edge: base, Hash: resp.Header.Get(edge.HeaderSnapshotHash), SavedAt: time.Now().UTC()}
-		info.Index, _ = strconv.ParseUint(resp.Header.Get(edge.HeaderSnapshotIndex), 10, 64)
-		info.Term, _ = strconv.ParseUint(resp.Header.Get(edge.HeaderSnapshotTerm), 10, 64)
-		info.Bindings, _ = strconv.Atoi(resp.Header.Get(edge.HeaderSnapshotBindings))
+		info = SnapshotFileInfo{Edge: base, Hash: resp.Header.Get(admin.HeaderSnapshotHash), SavedAt: time.Now().UTC()}
+		info.Index, _ = strconv.ParseUint(resp.Header.Get(admin.HeaderSnapshotIndex), 10, 64)
+		info.Term, _ = strconv.ParseUint(resp.Header.Get(admin.HeaderSnapshotTerm), 10, 64)
+		info.Bindings, _ = strconv.Atoi(resp.Header.Get(admin.HeaderSnapshotBindings))
 		tmp := path + ".tmp"
 		f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 		if err != nil {

@@ -21,7 +21,7 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
-	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/test/leakcheck"
 	"github.com/tether-project/tether/test/testbin"
 	"github.com/tether-project/tether/test/waitfor"
@@ -370,10 +370,10 @@ func (v *env) admin(ctx context.Context, e *edgeProc, path string, out any) erro
 	return nil
 }
 
-func (v *env) cluster(e *edgeProc) (edge.ClusterInfo, error) {
+func (v *env) cluster(e *edgeProc) (admin.ClusterInfo, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	var ci edge.ClusterInfo
+	var ci admin.ClusterInfo
 	err := v.admin(ctx, e, "cluster", &ci)
 	return ci, err
 }

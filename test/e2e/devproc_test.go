@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/ops/devstack"
 )
 
@@ -361,7 +362,7 @@ func (a *agent) mustSend(t *testing.T, c *http.Client, baseURL, model, user stri
 
 // adminBinding calls GET /admin/v1/bindings/{fleet}/{key}; found is false
 // on 404.
-func adminBinding(t *testing.T, c *http.Client, baseURL, token, fleet, key string) (edge.BindingInfo, bool) {
+func adminBinding(t *testing.T, c *http.Client, baseURL, token, fleet, key string) (admin.BindingInfo, bool) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, baseURL+"/admin/v1/bindings/"+fleet+"/"+key, nil)
 	if err != nil {
@@ -375,12 +376,12 @@ func adminBinding(t *testing.T, c *http.Client, baseURL, token, fleet, key strin
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode == http.StatusNotFound {
-		return edge.BindingInfo{}, false
+		return admin.BindingInfo{}, false
 	}
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("admin binding %s/%s on %s: %d %s", fleet, key, baseURL, resp.StatusCode, b)
 	}
-	var bi edge.BindingInfo
+	var bi admin.BindingInfo
 	if err := json.Unmarshal(b, &bi); err != nil {
 		t.Fatalf("admin binding: %v: %s", err, b)
 	}

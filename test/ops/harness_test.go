@@ -21,6 +21,7 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
 	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/operator"
 	"github.com/tether-project/tether/routing"
@@ -322,7 +323,7 @@ func (f *fleet) hearsAllWorkers(s *edgeSlot) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	var ans struct {
-		Instances []edge.InstanceInfo `json:"instances"`
+		Instances []admin.InstanceInfo `json:"instances"`
 	}
 	if f.admin(ctx, s, "instances", &ans) != nil {
 		return false
@@ -471,7 +472,7 @@ func (f *fleet) worker(id string) *worker.Server {
 // edge, and every running edge seeing every worker healthy, with the
 // worker's telemetry (version, hint support) as wanted, and the log
 // recording it up.
-func (f *fleet) notReady(wantWorker func(id string, in edge.InstanceInfo) string) string {
+func (f *fleet) notReady(wantWorker func(id string, in admin.InstanceInfo) string) string {
 	if f.leader() == nil {
 		return "no leader"
 	}
@@ -488,12 +489,12 @@ func (f *fleet) notReady(wantWorker func(id string, in edge.InstanceInfo) string
 			return s.id + " is not in the rotation (/readyz)"
 		}
 		var ans struct {
-			Instances []edge.InstanceInfo `json:"instances"`
+			Instances []admin.InstanceInfo `json:"instances"`
 		}
 		if err := f.admin(ctx, s, "instances", &ans); err != nil {
 			return err.Error()
 		}
-		byID := map[string]edge.InstanceInfo{}
+		byID := map[string]admin.InstanceInfo{}
 		for _, in := range ans.Instances {
 			byID[in.ID] = in
 		}
@@ -512,7 +513,7 @@ func (f *fleet) notReady(wantWorker func(id string, in edge.InstanceInfo) string
 	return ""
 }
 
-func (f *fleet) waitReady(d time.Duration, wantWorker func(id string, in edge.InstanceInfo) string) {
+func (f *fleet) waitReady(d time.Duration, wantWorker func(id string, in admin.InstanceInfo) string) {
 	f.t.Helper()
 	waitFor(f.t, d, "fleet ready", func() string { return f.notReady(wantWorker) })
 }

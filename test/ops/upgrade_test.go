@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
@@ -181,12 +182,12 @@ func rankProposals(t *testing.T, c *http.Client, s *edgeSlot) float64 {
 }
 
 // contextHistory is the admin history of a context-fleet key on edge s.
-func contextHistory(t *testing.T, f *fleet, s *edgeSlot, key string) []edge.HistoryEntry {
+func contextHistory(t *testing.T, f *fleet, s *edgeSlot, key string) []admin.HistoryEntry {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var ans struct {
-		Events []edge.HistoryEntry `json:"events"`
+		Events []admin.HistoryEntry `json:"events"`
 	}
 	if err := f.admin(ctx, s, "bindings/context/"+key+"/history", &ans); err != nil {
 		t.Fatal(err)
@@ -195,7 +196,7 @@ func contextHistory(t *testing.T, f *fleet, s *edgeSlot, key string) []edge.Hist
 }
 
 // bindIndex is the log index of the last applied Bind in a history.
-func bindIndex(t *testing.T, key string, hist []edge.HistoryEntry) uint64 {
+func bindIndex(t *testing.T, key string, hist []admin.HistoryEntry) uint64 {
 	t.Helper()
 	var idx uint64
 	for _, h := range hist {
@@ -211,7 +212,7 @@ func bindIndex(t *testing.T, key string, hist []edge.HistoryEntry) uint64 {
 
 // rankEvents counts the RankObserved events of a history, and those applied
 // for the epoch.
-func rankEvents(hist []edge.HistoryEntry, epoch uint64) (all, applied int) {
+func rankEvents(hist []admin.HistoryEntry, epoch uint64) (all, applied int) {
 	for _, h := range hist {
 		if h.Type != "RankObserved" {
 			continue
@@ -321,7 +322,7 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 		},
 		workerConfig: func(_ string, c *worker.Config) { c.LegacyMode = true },
 	})
-	legacy := func(id string, in edge.InstanceInfo) string {
+	legacy := func(id string, in admin.InstanceInfo) string {
 		if in.VerifiesHints || in.Version != "v1" {
 			return fmt.Sprintf("want a legacy v1 worker, see verifies_hints=%v version=%s", in.VerifiesHints, in.Version)
 		}
@@ -437,7 +438,7 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 	run := f.running()[0]
 	for _, key := range []string{oldKey, newKey} {
 		b := contextBinding(t, run, key)
-		var hist []edge.HistoryEntry
+		var hist []admin.HistoryEntry
 		waitFor(t, 10*time.Second, "the RankObserved of "+key+" in the archive", func() string {
 			hist = contextHistory(t, f, run, key)
 			if _, applied := rankEvents(hist, b.Epoch); applied == 0 {
@@ -484,7 +485,7 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 	}{{"ctx-1", telemetry.FleetContext}, {"ctx-2", telemetry.FleetContext}, {"gen-1", telemetry.FleetGeneration}, {"gen-2", telemetry.FleetGeneration}} {
 		f.startWorker(w.id, w.fleet, "v2", func(c *worker.Config) { c.LegacyMode = false })
 		upgraded[w.id] = true
-		f.waitReady(30*time.Second, func(id string, in edge.InstanceInfo) string {
+		f.waitReady(30*time.Second, func(id string, in admin.InstanceInfo) string {
 			if in.VerifiesHints != upgraded[id] || (in.Version == "v2") != upgraded[id] {
 				return fmt.Sprintf("want upgraded=%v, see verifies_hints=%v version=%s", upgraded[id], in.VerifiesHints, in.Version)
 			}

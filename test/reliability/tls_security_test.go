@@ -504,12 +504,12 @@ func counterValue(m *dto.Metric) float64 {
 	return 0
 }
 
-// adminRoutes lists the admin API's paths as edge/admin.go dispatches them
+// adminRoutes lists the admin API's paths as edge/admin/admin.go dispatches them
 // (path == "/x" and strings.HasPrefix(path, "/x/")), so a new endpoint
 // cannot be missed by the authentication check below.
 func adminRoutes(t *testing.T) []string {
 	t.Helper()
-	src, err := os.ReadFile(filepath.Join("..", "..", "edge", "admin.go"))
+	src, err := os.ReadFile(filepath.Join("..", "..", "edge", "admin", "admin.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -522,12 +522,12 @@ func adminRoutes(t *testing.T) []string {
 		routes = append(routes, m[1]+"context/k", m[1]+"context/k/history")
 	}
 	if len(routes) < 8 {
-		t.Fatalf("found only %d admin routes in edge/admin.go: %v (did the dispatch change shape?)", len(routes), routes)
+		t.Fatalf("found only %d admin routes in edge/admin/admin.go: %v (did the dispatch change shape?)", len(routes), routes)
 	}
 	return routes
 }
 
-// Over the edges' HTTPS listener, every admin route of edge/admin.go,
+// Over the edges' HTTPS listener, every admin route of edge/admin/admin.go,
 // read or write, answers 401 authentication_error without the admin
 // token, with a wrong one, or with only a client certificate from the CA;
 // the token opens it.
@@ -550,7 +550,7 @@ func TestAdminAPIOverTLSRefusesEveryRouteWithoutTheToken(t *testing.T) {
 	auths := map[string]string{"no token": "", "wrong token": "Bearer wrong-admin-token-0123456789", "internal key": "Bearer " + secureKey}
 	index0 := se.e.Node().Status().CommitIndex
 	routes := adminRoutes(t)
-	t.Logf("admin routes from edge/admin.go: %v", routes)
+	t.Logf("admin routes from edge/admin/admin.go: %v", routes)
 	for _, route := range routes {
 		for _, method := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
 			for cname, c := range clients {

@@ -151,7 +151,7 @@ func TestMutualTLSClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 
 // Without TLS, the AuthKey protects Raft streams as it protects forwarding
 // and joins: a peer that reaches the port but skips the handshake cannot
-// append (was B1, fixed in cluster/mux.go).
+// append (was B1, fixed in cluster/transport/mux.go).
 func TestPlaintextRaftStreamRefusesUnauthenticatedAppends(t *testing.T) {
 	fc := newFaultCluster(t, 3, 1, nil)
 	fc.waitLeader(20 * time.Second)

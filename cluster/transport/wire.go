@@ -1,4 +1,4 @@
-package cluster
+package transport
 
 import (
 	"bufio"
@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -32,29 +31,56 @@ import (
 // are answered in any order (matched by id), so one connection carries many
 // concurrent calls.
 const (
-	nonceSize        = 32
-	macSize          = sha256.Size
-	maxNodeIDLen     = 1024
+	nonceSize = 32
+	macSize   = sha256.Size
+	// MaxNodeIDLen bounds a node id on the wire (and so in the config).
+	MaxNodeIDLen     = 1024
 	frameHeaderSize  = 4 + 1 + 8
 	maxFrameSize     = 64 << 20
 	handshakeOK      = 0
 	handshakeRefused = 1
 )
 
+// Op is a forwarding request's operation.
+type Op byte
+
 // Request operations.
 const (
-	opPropose  byte = 1 // uvarint n | n × (proposal id [16] | uvarint len | encoded event) → u64 index | fsm.EncodeResults
-	opAddVoter byte = 2 // str id | str addr | u8 hop → ok
-	opRemove   byte = 3 // str id | u8 hop → ok
-	opTransfer byte = 4 // str id | u8 hop → ok
-	opStatus   byte = 5 // → JSON Status
-	opRemoved  byte = 6 // str id | u64 index: the leader tells a node it was removed → ok
+	OpPropose  Op = 1 // uvarint n | n × (proposal id [16] | uvarint len | encoded event) → u64 index | fsm.EncodeResults
+	OpAddVoter Op = 2 // str id | str addr | u8 hop → ok
+	OpRemove   Op = 3 // str id | u8 hop → ok
+	OpTransfer Op = 4 // str id | u8 hop → ok
+	OpStatus   Op = 5 // → JSON Status
+	OpRemoved  Op = 6 // str id | u64 index: the leader tells a node it was removed → ok
 	// A joining node asks to be added with its configured suffrage (same
-	// payload as opAddVoter): the leader adds a voter while fewer than
-	// Autopilot.Voters exist, a non-voter otherwise (opJoinNonvoter always).
-	opJoinVoter    byte = 7
-	opJoinNonvoter byte = 8
+	// payload as OpAddVoter): the leader adds a voter while fewer than
+	// Autopilot.Voters exist, a non-voter otherwise (OpJoinNonvoter always).
+	OpJoinVoter    Op = 7
+	OpJoinNonvoter Op = 8
 )
+
+// String names the operation (membership operations as errors name them).
+func (op Op) String() string {
+	switch op {
+	case OpPropose:
+		return "propose"
+	case OpAddVoter:
+		return "add voter"
+	case OpRemove:
+		return "remove server"
+	case OpTransfer:
+		return "transfer leadership"
+	case OpStatus:
+		return "status"
+	case OpRemoved:
+		return "removed notice"
+	case OpJoinVoter:
+		return "join as voter"
+	case OpJoinNonvoter:
+		return "join as non-voter"
+	}
+	return fmt.Sprintf("op %d", byte(op))
+}
 
 // Response codes.
 const (
@@ -101,9 +127,6 @@ func serverMAC(p handshakeProto, key, clientNonce, serverNonce []byte) []byte {
 	return h.Sum(nil)
 }
 
-// errAuth marks a failed handshake.
-var errAuth = errors.New("inter-node handshake refused")
-
 // serverHandshake authenticates a client; it returns the client's node id.
 // checkID, when set, vets the claimed id once the MAC proved the key (the
 // TLS identity check): its error refuses the client with that reason.
@@ -122,9 +145,9 @@ func serverHandshake(rw *bufio.ReadWriter, p handshakeProto, key []byte, checkID
 		return "", fmt.Errorf("read client hello: %w", err)
 	}
 	n := int(binary.BigEndian.Uint16(idLen[:]))
-	if n == 0 || n > maxNodeIDLen {
+	if n == 0 || n > MaxNodeIDLen {
 		refuse(rw, "bad node id length")
-		return "", fmt.Errorf("%w: node id length %d", errAuth, n)
+		return "", fmt.Errorf("%w: node id length %d", ErrAuth, n)
 	}
 	buf := make([]byte, n+nonceSize+macSize)
 	if _, err := io.ReadFull(rw, buf); err != nil {
@@ -135,12 +158,12 @@ func serverHandshake(rw *bufio.ReadWriter, p handshakeProto, key []byte, checkID
 	mac := buf[n+nonceSize:]
 	if !hmac.Equal(mac, clientMAC(p, key, serverNonce[:], clientID)) {
 		refuse(rw, "authentication failed: wrong internal key")
-		return "", fmt.Errorf("%w: client %q presented a wrong MAC", errAuth, clientID)
+		return "", fmt.Errorf("%w: client %q presented a wrong MAC", ErrAuth, clientID)
 	}
 	if checkID != nil {
 		if err := checkID(clientID); err != nil {
 			refuse(rw, err.Error())
-			return "", fmt.Errorf("%w: %w", errAuth, err)
+			return "", fmt.Errorf("%w: %w", ErrAuth, err)
 		}
 	}
 	rw.WriteByte(handshakeOK)
@@ -163,9 +186,20 @@ func refuse(rw *bufio.ReadWriter, reason string) {
 	_ = rw.Flush()
 }
 
+// ClientHandshake runs the client side of the handshake of a stream of kind
+// StreamRaft or StreamForward, after the kind byte was sent: what a peer
+// dialing a node does (and what tests playing an intruder do).
+func ClientHandshake(rw *bufio.ReadWriter, kind byte, key []byte, selfID string) error {
+	p := protoForward
+	if kind == StreamRaft {
+		p = protoRaft
+	}
+	return clientHandshake(rw, p, key, selfID)
+}
+
 // clientHandshake authenticates to a server and checks the server's proof.
 func clientHandshake(rw *bufio.ReadWriter, p handshakeProto, key []byte, selfID string) error {
-	if len(selfID) == 0 || len(selfID) > maxNodeIDLen {
+	if len(selfID) == 0 || len(selfID) > MaxNodeIDLen {
 		return fmt.Errorf("node id length %d out of range", len(selfID))
 	}
 	hello := make([]byte, len(p.magic)+nonceSize)
@@ -200,16 +234,16 @@ func clientHandshake(rw *bufio.ReadWriter, p handshakeProto, key []byte, selfID 
 			return fmt.Errorf("read server proof: %w", err)
 		}
 		if !hmac.Equal(proof, serverMAC(p, key, clientNonce[:], serverNonce)) {
-			return fmt.Errorf("%w: the server does not hold our internal key", errAuth)
+			return fmt.Errorf("%w: the server does not hold our internal key", ErrAuth)
 		}
 		return nil
 	case handshakeRefused:
 		if _, err := io.ReadFull(rw, l[:]); err != nil {
-			return fmt.Errorf("%w (no reason given)", errAuth)
+			return fmt.Errorf("%w (no reason given)", ErrAuth)
 		}
 		reason := make([]byte, min(int(binary.BigEndian.Uint16(l[:])), 1024))
 		_, _ = io.ReadFull(rw, reason)
-		return fmt.Errorf("%w: %s", errAuth, reason)
+		return fmt.Errorf("%w: %s", ErrAuth, reason)
 	default:
 		return fmt.Errorf("handshake reply: unknown status %d", status)
 	}

@@ -1,4 +1,4 @@
-package cluster
+package transport
 
 import (
 	"encoding/binary"
@@ -95,10 +95,20 @@ func decodeMembership(payload []byte) (id, addr string, forwarded bool, err erro
 	if hop > 1 {
 		return "", "", false, fmt.Errorf("forwarded flag %d is not 0 or 1", hop)
 	}
-	if len(id) > maxNodeIDLen {
+	if len(id) > MaxNodeIDLen {
 		return "", "", false, errors.New("node id too long")
 	}
 	return id, addr, hop == 1, nil
+}
+
+func encodeMembership(id, addr string, forwarded bool) []byte {
+	b := appendStr(nil, id)
+	b = appendStr(b, addr)
+	return append(b, boolByte(forwarded))
+}
+
+func encodeRemovedNotice(id string, index uint64) []byte {
+	return binary.BigEndian.AppendUint64(appendStr(nil, id), index)
 }
 
 func decodeRemovedNotice(payload []byte) (id string, index uint64, err error) {

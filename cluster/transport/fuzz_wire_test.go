@@ -1,4 +1,4 @@
-package cluster
+package transport
 
 import (
 	"bufio"
@@ -13,6 +13,8 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 )
+
+var testKey = []byte("0123456789abcdef-test-internal-key")
 
 // The forwarding wire protocol's decoders take bytes from the network:
 // frames (readFrame), both sides of the handshake, and the payloads of
@@ -126,13 +128,13 @@ func FuzzForwardPayloads(f *testing.F) {
 func frameSeeds(t testing.TB) [][]byte {
 	var buf bytes.Buffer
 	w := bufio.NewWriter(&buf)
-	_ = writeFrame(w, opPropose, 1, payloadSeeds(t)[0])
+	_ = writeFrame(w, byte(OpPropose), 1, payloadSeeds(t)[0])
 	_ = writeFrame(w, codeOK, 2, nil)
-	_ = writeFrame(w, opStatus, 3, []byte{0, 0, 0, 50})
+	_ = writeFrame(w, byte(OpStatus), 3, []byte{0, 0, 0, 50})
 	w.Flush()
 	var huge [frameHeaderSize]byte
 	binary.BigEndian.PutUint32(huge[:], maxFrameSize+1)
-	return [][]byte{buf.Bytes(), huge[:], {0, 0, 0, 9, opRemove, 0, 0, 0, 0, 0, 0, 0, 7}, {0, 0, 0, 3}}
+	return [][]byte{buf.Bytes(), huge[:], {0, 0, 0, 9, byte(OpRemove), 0, 0, 0, 0, 0, 0, 0, 7}, {0, 0, 0, 3}}
 }
 
 func handshakeSeeds(t testing.TB) [][]byte {
@@ -217,12 +219,12 @@ func TestReadFrameLargeAndTruncated(t *testing.T) {
 	big := bytes.Repeat([]byte("0123456789abcdef"), 3<<16) // 3 MiB
 	var buf bytes.Buffer
 	w := bufio.NewWriter(&buf)
-	if err := writeFrame(w, opPropose, 5, big); err != nil {
+	if err := writeFrame(w, byte(OpPropose), 5, big); err != nil {
 		t.Fatal(err)
 	}
 	w.Flush()
 	kind, id, payload, err := readFrame(bufio.NewReader(bytes.NewReader(buf.Bytes())))
-	if err != nil || kind != opPropose || id != 5 || !bytes.Equal(payload, big) {
+	if err != nil || kind != byte(OpPropose) || id != 5 || !bytes.Equal(payload, big) {
 		t.Fatalf("3 MiB frame: kind %d id %d, %d bytes, %v", kind, id, len(payload), err)
 	}
 	// A header claiming 60 MiB followed by 10 bytes: an error, and readN

@@ -1,4 +1,4 @@
-package cluster
+package transport
 
 import (
 	"bufio"
@@ -20,8 +20,8 @@ import (
 // byte naming the protocol that follows, so Raft and the forwarding RPC share
 // one port.
 const (
-	streamRaft    byte = 'R'
-	streamForward byte = 'F'
+	StreamRaft    byte = 'R'
+	StreamForward byte = 'F'
 )
 
 // muxHandshakeTimeout bounds TLS handshake plus the protocol byte (and, for
@@ -42,8 +42,9 @@ type muxAuth struct {
 	onFailure func(remote net.Addr, err error)
 }
 
-// dialFunc opens a raw TCP-like connection.
-type dialFunc func(ctx context.Context, addr string) (net.Conn, error)
+// DialFunc opens a connection to addr (a raw TCP-like one for Config.Dial;
+// one that already sent StreamForward for NewClient).
+type DialFunc func(ctx context.Context, addr string) (net.Conn, error)
 
 // mux owns the node's listener and every connection accepted or dialed on
 // it. Accepted connections are routed by their first byte: Raft streams to
@@ -54,7 +55,7 @@ type mux struct {
 	ln        net.Listener
 	advertise string
 	tls       *tls.Config
-	dial      dialFunc
+	dial      DialFunc
 	auth      muxAuth
 	log       *slog.Logger
 	forward   func(net.Conn) // serves one authenticated-to-be forwarding connection; returns when it ends
@@ -74,7 +75,7 @@ type mux struct {
 	wg     sync.WaitGroup
 }
 
-func newMux(ln net.Listener, advertise string, tlsConf *tls.Config, dial dialFunc, auth muxAuth, logger *slog.Logger) *mux {
+func newMux(ln net.Listener, advertise string, tlsConf *tls.Config, dial DialFunc, auth muxAuth, logger *slog.Logger) *mux {
 	if dial == nil {
 		var d net.Dialer
 		dial = func(ctx context.Context, addr string) (net.Conn, error) {
@@ -184,7 +185,7 @@ func (m *mux) route(c net.Conn) {
 		return
 	}
 	switch kind[0] {
-	case streamRaft:
+	case StreamRaft:
 		authed, err := m.acceptRaft(conn)
 		if err != nil {
 			m.log.Warn("cluster: refused Raft stream", "remote", c.RemoteAddr(), "err", err)
@@ -203,7 +204,7 @@ func (m *mux) route(c net.Conn) {
 		case <-m.closing:
 			conn.Close()
 		}
-	case streamForward:
+	case StreamForward:
 		_ = c.SetDeadline(time.Time{}) // the forwarding server bounds its own handshake
 		m.forward(conn)
 	default:
@@ -280,7 +281,7 @@ func (m *mux) dialStream(ctx context.Context, addr string, kind byte, expectID s
 		if expectID != "" {
 			if err := checkPeerIdentity(tlsConn, expectID); err != nil {
 				tc.Close()
-				return nil, fmt.Errorf("%w: TLS peer at %s: %w", errAuth, addr, err)
+				return nil, fmt.Errorf("%w: TLS peer at %s: %w", ErrAuth, addr, err)
 			}
 		}
 		conn = tlsConn
@@ -289,7 +290,7 @@ func (m *mux) dialStream(ctx context.Context, addr string, kind byte, expectID s
 		conn.Close()
 		return nil, fmt.Errorf("write stream type to %s: %w", addr, err)
 	}
-	if kind == streamRaft {
+	if kind == StreamRaft {
 		rw := bufio.NewReadWriter(bufio.NewReaderSize(conn, 256), bufio.NewWriterSize(conn, 256))
 		if err := clientHandshake(rw, protoRaft, m.auth.key, m.auth.selfID); err != nil {
 			conn.Close()
@@ -375,7 +376,7 @@ func (s raftStream) Dial(address raft.ServerAddress, timeout time.Duration) (net
 	// Derived from the mux's context: a pending dial aborts when the node closes.
 	ctx, cancel := context.WithTimeout(s.m.ctx, timeout)
 	defer cancel()
-	return s.m.dialStream(ctx, string(address), streamRaft, s.m.expectedID(string(address)))
+	return s.m.dialStream(ctx, string(address), StreamRaft, s.m.expectedID(string(address)))
 }
 
 type advertisedAddr string

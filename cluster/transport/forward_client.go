@@ -1,4 +1,4 @@
-package cluster
+package transport
 
 import (
 	"bufio"
@@ -10,21 +10,19 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/tether-project/tether/fsm"
 )
 
 // defaultCallTimeout bounds a forwarding call whose context has no deadline.
 const defaultCallTimeout = 10 * time.Second
 
-// errConnBroken marks a call that failed because its connection did (the
-// request may or may not have reached the server).
-var errConnBroken = errors.New("forwarding connection broken")
-
-// forwardClient keeps one authenticated, multiplexed connection per peer
-// address and issues calls over it.
-type forwardClient struct {
+// Client keeps one authenticated, multiplexed forwarding connection per
+// peer address and issues calls over it.
+type Client struct {
 	selfID string
 	key    []byte
-	dial   func(ctx context.Context, addr string) (net.Conn, error) // stream-typed dial (mux.dialStream)
+	dial   DialFunc // delivers forwarding streams (mux.dialStream)
 
 	mu     sync.Mutex
 	conns  map[string]*fwdConn
@@ -32,8 +30,11 @@ type forwardClient struct {
 	wg     sync.WaitGroup
 }
 
-func newForwardClient(selfID string, key []byte, dial func(ctx context.Context, addr string) (net.Conn, error)) *forwardClient {
-	return &forwardClient{selfID: selfID, key: key, dial: dial, conns: make(map[string]*fwdConn)}
+// NewClient makes a client that authenticates as selfID with key over
+// connections from dial, which must deliver a connection that already sent
+// StreamForward (a Transport's client dials through its mux).
+func NewClient(selfID string, key []byte, dial DialFunc) *Client {
+	return &Client{selfID: selfID, key: key, dial: dial, conns: make(map[string]*fwdConn)}
 }
 
 type fwdResponse struct {
@@ -56,9 +57,10 @@ type fwdConn struct {
 	dead    chan struct{} // closed with err
 }
 
-// call sends one request to addr and waits for its response. A non-OK code
-// comes back as an error from decodeError.
-func (c *forwardClient) call(ctx context.Context, addr string, op byte, payload []byte) ([]byte, error) {
+// Call sends one request to addr and waits for its response. A non-OK code
+// comes back as a *RemoteError. The typed calls below encode the payloads;
+// Call itself sends any bytes (tests send malformed ones).
+func (c *Client) Call(ctx context.Context, addr string, op Op, payload []byte) ([]byte, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, defaultCallTimeout)
@@ -78,9 +80,9 @@ func (c *forwardClient) call(ctx context.Context, addr string, op byte, payload 
 	framed := make([]byte, 4, 4+len(payload))
 	binary.BigEndian.PutUint32(framed, uint32(min(budget, math.MaxUint32)))
 	framed = append(framed, payload...)
-	resp, err := fc.roundTrip(ctx, op, framed)
+	resp, err := fc.roundTrip(ctx, byte(op), framed)
 	if err != nil {
-		if errors.Is(err, errConnBroken) {
+		if errors.Is(err, ErrConnBroken) {
 			c.drop(fc)
 		}
 		return nil, err
@@ -91,7 +93,7 @@ func (c *forwardClient) call(ctx context.Context, addr string, op byte, payload 
 	return resp.payload, nil
 }
 
-func (c *forwardClient) get(ctx context.Context, addr string) (*fwdConn, error) {
+func (c *Client) get(ctx context.Context, addr string) (*fwdConn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -128,10 +130,10 @@ func (c *forwardClient) get(ctx context.Context, addr string) (*fwdConn, error) 
 	return fc, nil
 }
 
-func (c *forwardClient) connect(ctx context.Context, addr string) (*fwdConn, error) {
+func (c *Client) connect(ctx context.Context, addr string) (*fwdConn, error) {
 	conn, err := c.dial(ctx, addr)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errConnBroken, err)
+		return nil, fmt.Errorf("%w: %w", ErrConnBroken, err)
 	}
 	if d, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(d)
@@ -139,10 +141,10 @@ func (c *forwardClient) connect(ctx context.Context, addr string) (*fwdConn, err
 	rw := bufio.NewReadWriter(bufio.NewReaderSize(conn, 64<<10), bufio.NewWriterSize(conn, 64<<10))
 	if err := clientHandshake(rw, protoForward, c.key, c.selfID); err != nil {
 		conn.Close()
-		if errors.Is(err, errAuth) {
+		if errors.Is(err, ErrAuth) {
 			return nil, fmt.Errorf("forward to %s: %w", addr, err)
 		}
-		return nil, fmt.Errorf("forward to %s: %w: handshake: %w", addr, errConnBroken, err)
+		return nil, fmt.Errorf("forward to %s: %w: handshake: %w", addr, ErrConnBroken, err)
 	}
 	_ = conn.SetDeadline(time.Time{})
 	return &fwdConn{
@@ -156,17 +158,17 @@ func (c *forwardClient) connect(ctx context.Context, addr string) (*fwdConn, err
 }
 
 // drop forgets fc (if still current) and closes it.
-func (c *forwardClient) drop(fc *fwdConn) {
+func (c *Client) drop(fc *fwdConn) {
 	c.mu.Lock()
 	if c.conns[fc.addr] == fc {
 		delete(c.conns, fc.addr)
 	}
 	c.mu.Unlock()
-	fc.fail(errConnBroken)
+	fc.fail(ErrConnBroken)
 }
 
-// close closes every connection and waits for their readers.
-func (c *forwardClient) close() {
+// Close closes every connection and waits for their readers.
+func (c *Client) Close() {
 	c.mu.Lock()
 	c.closed = true
 	conns := c.conns
@@ -192,7 +194,7 @@ func (fc *fwdConn) readLoop() {
 	for {
 		code, id, payload, err := readFrame(fc.r)
 		if err != nil {
-			fc.fail(fmt.Errorf("%w: read from %s: %w", errConnBroken, fc.addr, err))
+			fc.fail(fmt.Errorf("%w: read from %s: %w", ErrConnBroken, fc.addr, err))
 			return
 		}
 		fc.mu.Lock()
@@ -211,7 +213,7 @@ func (fc *fwdConn) roundTrip(ctx context.Context, op byte, payload []byte) (fwdR
 	if fc.err != nil {
 		err := fc.err
 		fc.mu.Unlock()
-		return fwdResponse{}, fmt.Errorf("%w: %w", errConnBroken, err)
+		return fwdResponse{}, fmt.Errorf("%w: %w", ErrConnBroken, err)
 	}
 	fc.nextID++
 	id := fc.nextID
@@ -234,7 +236,7 @@ func (fc *fwdConn) roundTrip(ctx context.Context, op byte, payload []byte) (fwdR
 	if err != nil {
 		forget()
 		fc.fail(err)
-		return fwdResponse{}, fmt.Errorf("%w: write to %s: %w", errConnBroken, fc.addr, err)
+		return fwdResponse{}, fmt.Errorf("%w: write to %s: %w", ErrConnBroken, fc.addr, err)
 	}
 	select {
 	case resp := <-ch:
@@ -246,9 +248,44 @@ func (fc *fwdConn) roundTrip(ctx context.Context, op byte, payload []byte) (fwdR
 			return resp, nil
 		default:
 		}
-		return fwdResponse{}, fmt.Errorf("%w: %s", errConnBroken, fc.addr)
+		return fwdResponse{}, fmt.Errorf("%w: %s", ErrConnBroken, fc.addr)
 	case <-ctx.Done():
 		forget()
 		return fwdResponse{}, fmt.Errorf("forward to %s: %w", fc.addr, ctx.Err())
 	}
+}
+
+// Propose forwards proposals (ids[i] with the encoded event events[i]) to
+// the leader at addr: the entry index and one result per proposal. An
+// answer this build cannot decode is a *MalformedResponseError.
+func (c *Client) Propose(ctx context.Context, addr string, ids []fsm.ProposalID, events [][]byte) (uint64, []fsm.Result, error) {
+	resp, err := c.Call(ctx, addr, OpPropose, encodeProposeRequest(ids, events))
+	if err != nil {
+		return 0, nil, err
+	}
+	index, results, err := decodeProposeResponse(resp, len(ids))
+	if err != nil {
+		return 0, nil, &MalformedResponseError{Addr: addr, Err: err}
+	}
+	return index, results, nil
+}
+
+// ChangeMembership asks the node at addr to run a membership operation
+// (OpAddVoter, OpRemove, OpTransfer, OpJoinVoter, OpJoinNonvoter) on member
+// id at memberAddr; forwarded marks a request already forwarded once.
+func (c *Client) ChangeMembership(ctx context.Context, addr string, op Op, id, memberAddr string, forwarded bool) error {
+	_, err := c.Call(ctx, addr, op, encodeMembership(id, memberAddr, forwarded))
+	return err
+}
+
+// Status asks the node at addr for its status (JSON, as its Handler
+// encoded it).
+func (c *Client) Status(ctx context.Context, addr string) ([]byte, error) {
+	return c.Call(ctx, addr, OpStatus, nil)
+}
+
+// NotifyRemoved tells the node at addr that member id was removed at index.
+func (c *Client) NotifyRemoved(ctx context.Context, addr, id string, index uint64) error {
+	_, err := c.Call(ctx, addr, OpRemoved, encodeRemovedNotice(id, index))
+	return err
 }

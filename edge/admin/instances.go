@@ -1,0 +1,78 @@
+package admin
+
+import (
+	"net/http"
+
+	"github.com/tether-project/tether/edge/fleetview"
+)
+
+// InstanceInfo is one element of GET /admin/v1/instances.
+type InstanceInfo struct {
+	ID                 string   `json:"id"`
+	Fleet              string   `json:"fleet"`
+	URL                string   `json:"url"`
+	LogStatus          string   `json:"log_status"` // "" when the log has no record
+	Healthy            bool     `json:"healthy"`
+	Draining           bool     `json:"draining"`
+	Static             bool     `json:"static"`
+	Telemetry          bool     `json:"telemetry"`
+	TelemetryAgeSecond *float64 `json:"telemetry_age_seconds"`
+	Version            string   `json:"version"`
+	FeatureLevel       int      `json:"feature_level"`
+	VerifiesHints      bool     `json:"verifies_hints"`
+	Ranks              int      `json:"ranks"`
+	QueuedRequests     int      `json:"queued_requests"`
+	ActiveRequests     int      `json:"active_requests"`
+	ActivePromptTokens int64    `json:"active_prompt_tokens"`
+	HitRate            float64  `json:"hit_rate"`
+	Breaker            string   `json:"breaker"`
+	Bindings           int      `json:"bindings"`
+	KVStale            bool     `json:"kv_stale"`
+	// TelemetryStale: the edge's NATS link is (or just was) down; the
+	// load figures are from before and health comes from probes.
+	TelemetryStale bool `json:"telemetry_stale"`
+}
+
+// kvStale reports whether the edge lacks an instance's KV state: the index
+// has no trusted baseline for it and the instance may hold blocks. A
+// healthy instance whose report says its cache is empty (an idle worker
+// that never stored a block, so never sent a KV event) lacks nothing.
+func kvStale(indexStale bool, in fleetview.Instance) bool {
+	return indexStale && !(in.Telemetry && !in.TelemetryStale && in.KVUsedBlocks == 0)
+}
+
+func (a *API) instances(w http.ResponseWriter, r *http.Request) int {
+	now := a.edge.Now()
+	st := a.edge.Node().State()
+	out := []InstanceInfo{}
+	seen := map[string]bool{}
+	for _, in := range a.edge.Fleet().Instances(now) {
+		seen[in.ID] = true
+		info := InstanceInfo{
+			ID: in.ID, Fleet: in.Fleet.String(), URL: in.URL, Healthy: in.Healthy, Draining: in.Draining, Static: in.Static,
+			Telemetry: in.Telemetry, TelemetryStale: in.TelemetryStale, Version: in.Version, FeatureLevel: in.FeatureLevel, VerifiesHints: in.VerifiesHints,
+			Ranks: in.Ranks, QueuedRequests: in.QueuedRequests + int(in.PendingRequests), ActiveRequests: in.ActiveRequests,
+			ActivePromptTokens: in.ActivePromptTokens, HitRate: in.HitRate(), Breaker: in.Breaker.String(),
+			Bindings: st.BindingCount(in.Fleet, in.ID), KVStale: kvStale(a.edge.Fleet().Index().Stale(in.ID), in),
+		}
+		if !in.LastSeen.IsZero() {
+			age := now.Sub(in.LastSeen).Seconds()
+			info.TelemetryAgeSecond = &age
+		}
+		if rec, ok := st.Instance(in.ID); ok {
+			info.LogStatus = rec.Status.String()
+		}
+		out = append(out, info)
+	}
+	for _, rec := range st.Instances() {
+		if !seen[rec.ID] {
+			out = append(out, InstanceInfo{ID: rec.ID, Fleet: rec.Fleet.String(), URL: rec.URL, LogStatus: rec.Status.String(),
+				Version: rec.Version, FeatureLevel: int(rec.FeatureLevel), Ranks: int(rec.Ranks), Breaker: "closed",
+				Bindings: st.BindingCount(rec.Fleet, rec.ID)})
+		}
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Instances []InstanceInfo `json:"instances"`
+	}{out})
+	return http.StatusOK
+}
