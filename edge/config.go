@@ -490,24 +490,16 @@ func ParseConfig(data []byte) (Config, error) {
 
 // ApplyEnv lets environment variables override the secrets.
 func (c *Config) ApplyEnv(getenv func(string) string) {
-	if v := getenv(EnvInternalRequestAuthKey); v != "" {
-		c.InternalRequestAuthKey = v
-	}
-	if v := getenv(EnvAdminToken); v != "" {
-		c.AdminToken = v
-	}
-	if v := getenv(EnvClusterAuthKey); v != "" {
-		c.Cluster.AuthKey = v
-	}
-	// The NATS password goes with the file's nats.user; a token applies
-	// when the file names no other credential.
 	n := &c.NATS
-	if v := getenv(EnvNATSPassword); v != "" && n.User != "" {
-		n.Password = v
-	}
-	if v := getenv(EnvNATSToken); v != "" && n.User == "" && n.NKeySeedFile == "" && n.Creds == "" {
-		n.Token = v
-	}
+	yamlconf.ApplyEnv(getenv,
+		yamlconf.EnvSecret{Var: EnvInternalRequestAuthKey, Dst: &c.InternalRequestAuthKey},
+		yamlconf.EnvSecret{Var: EnvAdminToken, Dst: &c.AdminToken},
+		yamlconf.EnvSecret{Var: EnvClusterAuthKey, Dst: &c.Cluster.AuthKey},
+		// The NATS password goes with the file's nats.user; a token
+		// applies when the file names no other credential.
+		yamlconf.EnvSecret{Var: EnvNATSPassword, Dst: &n.Password, Skip: n.User == ""},
+		yamlconf.EnvSecret{Var: EnvNATSToken, Dst: &n.Token, Skip: n.User != "" || n.NKeySeedFile != "" || n.Creds != ""},
+	)
 }
 
 // RoutingConfig is fleet f's routing configuration.

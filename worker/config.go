@@ -308,16 +308,12 @@ func ParseConfig(data []byte) (Config, error) {
 // the file names a user) or TETHER_NATS_TOKEN (when the file names no other
 // credential), when they are non-empty; they win over the file.
 func (c *Config) ApplyEnv(getenv func(string) string) {
-	if k := getenv(EnvInternalRequestAuthKey); k != "" {
-		c.InternalRequestAuthKey = k
-	}
 	n := &c.NATS
-	if v := getenv(EnvNATSPassword); v != "" && n.User != "" {
-		n.Password = v
-	}
-	if v := getenv(EnvNATSToken); v != "" && n.User == "" && n.NKeySeedFile == "" && n.CredsFile == "" {
-		n.Token = v
-	}
+	yamlconf.ApplyEnv(getenv,
+		yamlconf.EnvSecret{Var: EnvInternalRequestAuthKey, Dst: &c.InternalRequestAuthKey},
+		yamlconf.EnvSecret{Var: EnvNATSPassword, Dst: &n.Password, Skip: n.User == ""},
+		yamlconf.EnvSecret{Var: EnvNATSToken, Dst: &n.Token, Skip: n.User != "" || n.NKeySeedFile != "" || n.CredsFile != ""},
+	)
 }
 
 // AuthKeys returns the keys hint signatures are verified with, current first.
@@ -332,8 +328,28 @@ func (c *Config) AuthKeys() [][]byte {
 	return keys
 }
 
-// Validate checks every value, naming the offending key.
+// Validate checks every value, naming the offending key, section by
+// section; it only reads (the defaults are defaultConfig, the base a file
+// is decoded over). The first problem is returned.
 func (c *Config) Validate() error {
+	for _, check := range []func() error{
+		c.validateIdentity,
+		c.validateHintKeys,
+		c.validateRanks,
+		func() error { return c.Engine.validate(c.RankCount()) },
+		c.NATS.validate,
+		func() error { return c.TLS.validate(c.AdvertiseURL) },
+		c.validateLimits,
+	} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateIdentity: who the worker is, where it listens, what it serves.
+func (c *Config) validateIdentity() error {
 	if err := telemetry.ValidInstanceID(c.InstanceID); err != nil {
 		return fmt.Errorf("instance_id: %v", err)
 	}
@@ -357,6 +373,11 @@ func (c *Config) Validate() error {
 	if len(c.Model) > telemetry.MaxStringLen {
 		return fmt.Errorf("model: %d bytes is too long (max %d)", len(c.Model), telemetry.MaxStringLen)
 	}
+	return nil
+}
+
+// validateHintKeys: the keys and formats sub-agent hints are verified with.
+func (c *Config) validateHintKeys() error {
 	if k := c.InternalRequestAuthKey; k != "" && len(k) < MinAuthKeyLen {
 		return fmt.Errorf("internal_request_auth_key: %d bytes is too short (want at least %d)", len(k), MinAuthKeyLen)
 	}
@@ -373,6 +394,11 @@ func (c *Config) Validate() error {
 	if len(c.PreviousInternalRequestAuthKeys) > 0 && c.InternalRequestAuthKey == "" {
 		return errors.New("previous_internal_request_auth_keys: set internal_request_auth_key too (the current key)")
 	}
+	return nil
+}
+
+// validateRanks: the ADP ranks and their scheduler.
+func (c *Config) validateRanks() error {
 	if c.ADP.AttentionDP.Ranks != 0 && c.Ranks != 0 && c.ADP.AttentionDP.Ranks != c.Ranks {
 		return fmt.Errorf("ranks: %d disagrees with attention_dp_config.ranks %d (set one)", c.Ranks, c.ADP.AttentionDP.Ranks)
 	}
@@ -382,15 +408,12 @@ func (c *Config) Validate() error {
 	if _, err := c.schedulerOptions(); err != nil {
 		return err
 	}
-	if err := c.Engine.validate(c.RankCount()); err != nil {
-		return err
-	}
-	if err := c.NATS.validate(); err != nil {
-		return err
-	}
-	if err := c.TLS.validate(c.AdvertiseURL); err != nil {
-		return err
-	}
+	return nil
+}
+
+// validateLimits: telemetry, request bodies, tokens, HTTP timeouts,
+// concurrency.
+func (c *Config) validateLimits() error {
 	if c.TelemetryInterval < time.Millisecond || c.TelemetryInterval > time.Hour {
 		return fmt.Errorf("telemetry_interval: %v out of range (1ms..1h)", c.TelemetryInterval)
 	}

@@ -84,12 +84,34 @@ func DecodeNode(n *yaml.Node, out any) error {
 	if v.Kind() != reflect.Pointer || v.IsNil() {
 		return fmt.Errorf("yamlconf: decode into %T, want a non-nil pointer", out)
 	}
-	var errs Errors
-	decode(n, v.Elem(), "", &errs)
-	if len(errs) > 0 {
-		return errs
+	d := &decoder{budget: maxNodes}
+	decode(n, v.Elem(), "", d)
+	if len(d.errs) > 0 {
+		return d.errs
 	}
 	return nil
+}
+
+// maxNodes bounds the values one document decodes to: aliases can make a
+// short document expand exponentially ("billion laughs").
+const maxNodes = 1 << 16
+
+// decoder collects the problems of one document.
+type decoder struct {
+	errs   Errors
+	budget int // values left to decode
+}
+
+func (d *decoder) add(e *Error) { d.errs = append(d.errs, e) }
+
+// spend counts one value (or mapping) decoded; past the budget it reports
+// the document once and says stop.
+func (d *decoder) spend(n *yaml.Node, path string) bool {
+	d.budget--
+	if d.budget == -1 {
+		d.add(&Error{Path: path, Line: n.Line, Msg: fmt.Sprintf("the document expands to more than %d values (aliases)", maxNodes)})
+	}
+	return d.budget >= 0
 }
 
 // syntaxError words a parse error of yaml.v3 ("yaml: line 3: found
@@ -114,7 +136,7 @@ var (
 )
 
 // decode fills v from n, appending every problem to errs.
-func decode(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
+func decode(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 	if n.Kind == yaml.AliasNode && n.Alias != nil {
 		n = n.Alias
 	}
@@ -122,19 +144,22 @@ func decode(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
 		return // "key:" with no value keeps the default
 	}
 	bad := func(format string, args ...any) {
-		*errs = append(*errs, &Error{Path: path, Line: n.Line, Msg: fmt.Sprintf(format, args...)})
+		d.add(&Error{Path: path, Line: n.Line, Msg: fmt.Sprintf(format, args...)})
+	}
+	if !d.spend(n, path) {
+		return
 	}
 	t := v.Type()
 	pt := reflect.PointerTo(t)
 	switch {
 	case pt.Implements(yamlUnmarshalerType):
-		decodeCustom(n, v, path, errs)
+		decodeCustom(n, v, path, d)
 	case pt.Implements(textUnmarshalerType):
 		if n.Kind != yaml.ScalarNode {
 			bad("want a string, got %s", describe(n))
 			return
 		}
-		decodeCustom(n, v, path, errs)
+		decodeCustom(n, v, path, d)
 	case t == durationType:
 		d, err := time.ParseDuration(n.Value)
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" || err != nil {
@@ -146,13 +171,13 @@ func decode(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
 		if v.IsNil() {
 			v.Set(reflect.New(t.Elem()))
 		}
-		decode(n, v.Elem(), path, errs)
+		decode(n, v.Elem(), path, d)
 	case t.Kind() == reflect.Struct:
-		decodeStruct(n, v, path, errs)
+		decodeStruct(n, v, path, d)
 	case t.Kind() == reflect.Slice:
-		decodeSlice(n, v, path, errs)
+		decodeSlice(n, v, path, d)
 	case t.Kind() == reflect.Map:
-		decodeMap(n, v, path, errs)
+		decodeMap(n, v, path, d)
 	default:
 		decodeScalar(n, v, bad)
 	}
@@ -162,7 +187,7 @@ func decode(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
 // is wrong: "unknown value …"); a "router.type: " prefix the path already
 // ends with is dropped, and an Errors from a nested DecodeNode gets the
 // path prefixed.
-func decodeCustom(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
+func decodeCustom(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 	err := n.Decode(v.Addr().Interface())
 	if err == nil {
 		return
@@ -170,44 +195,76 @@ func decodeCustom(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
 	var nested Errors
 	if errors.As(err, &nested) {
 		for _, e := range nested {
-			*errs = append(*errs, &Error{Path: joinPath(path, e.Path), Line: e.Line, Msg: e.Msg})
+			d.add(&Error{Path: joinPath(path, e.Path), Line: e.Line, Msg: e.Msg})
 		}
 		return
 	}
 	var te *yaml.TypeError
 	if errors.As(err, &te) {
-		*errs = append(*errs, &Error{Path: path, Line: n.Line, Msg: fmt.Sprintf("want %s, got %s", want(v.Type()), describe(n))})
+		d.add(&Error{Path: path, Line: n.Line, Msg: fmt.Sprintf("want %s, got %s", want(v.Type()), describe(n))})
 		return
 	}
 	msg := err.Error()
 	if k, rest, ok := strings.Cut(msg, ": "); ok && (path == k || strings.HasSuffix(path, "."+k)) {
 		msg = rest
 	}
-	*errs = append(*errs, &Error{Path: path, Line: n.Line, Msg: msg})
+	d.add(&Error{Path: path, Line: n.Line, Msg: msg})
 }
 
 // decodeStruct fills the fields of struct v from mapping n by their yaml
 // tags; unknown and repeated keys are errors.
-func decodeStruct(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
-	if n.Kind != yaml.MappingNode {
-		*errs = append(*errs, &Error{Path: path, Line: n.Line, Msg: "want a mapping of keys, got " + describe(n)})
+func decodeStruct(n *yaml.Node, v reflect.Value, path string, d *decoder) {
+	if !d.spend(n, path) {
 		return
+	}
+	if n.Kind != yaml.MappingNode {
+		d.add(&Error{Path: path, Line: n.Line, Msg: "want a mapping of keys, got " + describe(n)})
+		return
+	}
+	// Merged mappings ("<<: *defaults") first: the keys given here win,
+	// wherever they stand.
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].ShortTag() == "!!merge" {
+			decodeMerge(n.Content[i+1], v, path, d)
+		}
 	}
 	seen := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, val := n.Content[i], n.Content[i+1]
+		if k.ShortTag() == "!!merge" {
+			continue
+		}
 		key := joinPath(path, k.Value)
 		if first, dup := seen[k.Value]; dup {
-			*errs = append(*errs, &Error{Path: key, Line: k.Line, Msg: fmt.Sprintf("duplicate key (first given on line %d)", first)})
+			d.add(&Error{Path: key, Line: k.Line, Msg: fmt.Sprintf("duplicate key (first given on line %d)", first)})
 			continue
 		}
 		seen[k.Value] = k.Line
 		f, ok := field(v, k.Value)
 		if !ok {
-			*errs = append(*errs, &Error{Path: key, Line: k.Line, Msg: "unknown key"})
+			d.add(&Error{Path: key, Line: k.Line, Msg: "unknown key"})
 			continue
 		}
-		decode(val, f, key, errs)
+		decode(val, f, key, d)
+	}
+}
+
+// decodeMerge fills struct v from the mapping (or list of mappings) of a
+// merge key; of a list, earlier mappings win.
+func decodeMerge(n *yaml.Node, v reflect.Value, path string, d *decoder) {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	if n.Kind != yaml.SequenceNode {
+		decodeStruct(n, v, path, d)
+		return
+	}
+	for i := len(n.Content) - 1; i >= 0; i-- {
+		m := n.Content[i]
+		if m.Kind == yaml.AliasNode && m.Alias != nil {
+			m = m.Alias
+		}
+		decodeStruct(m, v, path, d)
 	}
 }
 
@@ -241,22 +298,22 @@ func field(v reflect.Value, key string) (reflect.Value, bool) {
 }
 
 // decodeSlice replaces slice v with the items of sequence n.
-func decodeSlice(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
+func decodeSlice(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 	if n.Kind != yaml.SequenceNode {
-		*errs = append(*errs, &Error{Path: path, Line: n.Line, Msg: fmt.Sprintf("want %s, got %s", want(v.Type()), describe(n))})
+		d.add(&Error{Path: path, Line: n.Line, Msg: fmt.Sprintf("want %s, got %s", want(v.Type()), describe(n))})
 		return
 	}
 	s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
 	for i, item := range n.Content {
-		decode(item, s.Index(i), fmt.Sprintf("%s[%d]", path, i), errs)
+		decode(item, s.Index(i), fmt.Sprintf("%s[%d]", path, i), d)
 	}
 	v.Set(s)
 }
 
 // decodeMap fills map v (string keys) from mapping n.
-func decodeMap(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
+func decodeMap(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 	if n.Kind != yaml.MappingNode || v.Type().Key().Kind() != reflect.String {
-		*errs = append(*errs, &Error{Path: path, Line: n.Line, Msg: "want a mapping of keys, got " + describe(n)})
+		d.add(&Error{Path: path, Line: n.Line, Msg: "want a mapping of keys, got " + describe(n)})
 		return
 	}
 	if v.IsNil() {
@@ -267,12 +324,12 @@ func decodeMap(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
 		k := n.Content[i]
 		key := joinPath(path, k.Value)
 		if first, dup := seen[k.Value]; dup {
-			*errs = append(*errs, &Error{Path: key, Line: k.Line, Msg: fmt.Sprintf("duplicate key (first given on line %d)", first)})
+			d.add(&Error{Path: key, Line: k.Line, Msg: fmt.Sprintf("duplicate key (first given on line %d)", first)})
 			continue
 		}
 		seen[k.Value] = k.Line
 		elem := reflect.New(v.Type().Elem()).Elem()
-		decode(n.Content[i+1], elem, key, errs)
+		decode(n.Content[i+1], elem, key, d)
 		v.SetMapIndex(reflect.ValueOf(k.Value).Convert(v.Type().Key()), elem)
 	}
 }

@@ -150,9 +150,77 @@ func TestDecodeEmpty(t *testing.T) {
 	}
 }
 
+// Anchors, aliases and merge keys work as in yaml.v3: keys given beside a
+// merge win over the merged ones.
+func TestDecodeMergeKeys(t *testing.T) {
+	doc := "cluster:\n  peers:\n    - &p {id: e1, addr: \"a:1\", weight: 2}\n    - {id: e2, <<: *p}\n    - *p\n"
+	var c config
+	if err := Decode([]byte(doc), &c); err != nil {
+		t.Fatal(err)
+	}
+	p := c.Cluster.Peers
+	if len(p) != 3 || p[1].ID != "e2" || p[1].Addr != "a:1" || p[1].Weight != 2 || p[2].ID != "e1" {
+		t.Fatalf("peers %+v", p)
+	}
+	err := Decode([]byte("cluster:\n  peers:\n    - &p {id: e1, wieght: 2}\n    - {<<: *p}\n"), &c)
+	if err == nil || !strings.Contains(err.Error(), "cluster.peers[0].wieght, line 3: unknown key") {
+		t.Fatalf("unknown key in an anchored mapping: %v", err)
+	}
+}
+
+// A document whose aliases expand exponentially (each level merges ten
+// copies of the one before) is refused after a bounded amount of work.
+func TestDecodeBoundsAliasExpansion(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("k0: &a0 {id: e, addr: a}\n")
+	for i := 1; i <= 12; i++ {
+		fmt.Fprintf(&b, "k%d: &a%d {<<: [", i, i)
+		for j := range 10 {
+			if j > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "*a%d", i-1)
+		}
+		b.WriteString("]}\n")
+	}
+	var m map[string]peer
+	err := Decode([]byte(b.String()), &m)
+	if err == nil || !strings.Contains(err.Error(), "expands to more than") {
+		t.Fatalf("alias bomb: %v", err)
+	}
+}
+
 func TestDecodeNullKeepsTheDefault(t *testing.T) {
 	c := config{Port: 80, Tags: []string{"a"}}
 	if err := Decode([]byte("port: ~\ntags:\n"), &c); err != nil || c.Port != 80 || len(c.Tags) != 1 {
 		t.Fatalf("%+v %v", c, err)
 	}
+}
+
+func TestApplyEnv(t *testing.T) {
+	env := map[string]string{"KEY": "from-env", "SKIPPED": "from-env", "EMPTY": ""}
+	key, skipped, empty := "file", "file", "file"
+	ApplyEnv(func(k string) string { return env[k] },
+		EnvSecret{Var: "KEY", Dst: &key},
+		EnvSecret{Var: "SKIPPED", Dst: &skipped, Skip: true},
+		EnvSecret{Var: "EMPTY", Dst: &empty},
+	)
+	if key != "from-env" || skipped != "file" || empty != "file" {
+		t.Fatalf("key %q skipped %q empty %q", key, skipped, empty)
+	}
+}
+
+// FuzzDecode: any document decodes or is refused with a message; nothing
+// panics.
+func FuzzDecode(f *testing.F) {
+	f.Add("port: 1\ncluster: {peers: [{id: a, timeout: 2s}]}\nurls: [x, {name: n}]\n")
+	f.Add("a: &a {id: x}\ncluster: {peers: [*a, {<<: *a}]}\n")
+	f.Add("level: [\n")
+	f.Add("\t- x")
+	f.Fuzz(func(t *testing.T, doc string) {
+		var c config
+		if err := Decode([]byte(doc), &c); err != nil && err.Error() == "" {
+			t.Fatalf("empty error for %q", doc)
+		}
+	})
 }
