@@ -84,7 +84,10 @@ func DecodeNode(n *yaml.Node, out any) error {
 	if v.Kind() != reflect.Pointer || v.IsNil() {
 		return fmt.Errorf("yamlconf: decode into %T, want a non-nil pointer", out)
 	}
-	d := &decoder{budget: maxNodes}
+	if expandedSize(n, maxNodes, map[*yaml.Node]int{}) > maxNodes {
+		return Errors{{Line: n.Line, Msg: fmt.Sprintf("its aliases expand to more than %d values, or refer to themselves", maxNodes)}}
+	}
+	d := &decoder{}
 	decode(n, v.Elem(), "", d)
 	if len(d.errs) > 0 {
 		return d.errs
@@ -92,27 +95,39 @@ func DecodeNode(n *yaml.Node, out any) error {
 	return nil
 }
 
-// maxNodes bounds the values one document decodes to: aliases can make a
-// short document expand exponentially ("billion laughs").
+// maxNodes bounds the nodes a document holds once its aliases are
+// expanded: aliases can make a short document expand exponentially
+// ("billion laughs"), and the decoder walks the expansion.
 const maxNodes = 1 << 16
+
+// expandedSize counts the nodes of n with every alias expanded, stopping
+// past limit; each distinct node is sized once, so the count costs the
+// document's own size.
+func expandedSize(n *yaml.Node, limit int, memo map[*yaml.Node]int) int {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	if size, ok := memo[n]; ok {
+		return size
+	}
+	memo[n] = limit + 1 // an alias to a node being sized: a cycle
+	size := 1
+	for _, c := range n.Content {
+		if size += expandedSize(c, limit, memo); size > limit {
+			size = limit + 1
+			break
+		}
+	}
+	memo[n] = size
+	return size
+}
 
 // decoder collects the problems of one document.
 type decoder struct {
-	errs   Errors
-	budget int // values left to decode
+	errs Errors
 }
 
 func (d *decoder) add(e *Error) { d.errs = append(d.errs, e) }
-
-// spend counts one value (or mapping) decoded; past the budget it reports
-// the document once and says stop.
-func (d *decoder) spend(n *yaml.Node, path string) bool {
-	d.budget--
-	if d.budget == -1 {
-		d.add(&Error{Path: path, Line: n.Line, Msg: fmt.Sprintf("the document expands to more than %d values (aliases)", maxNodes)})
-	}
-	return d.budget >= 0
-}
 
 // syntaxError words a parse error of yaml.v3 ("yaml: line 3: found
 // character that cannot start any token") and explains the usual cause of
@@ -135,7 +150,7 @@ var (
 	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
 )
 
-// decode fills v from n, appending every problem to errs.
+// decode fills v from n, adding every problem to d.
 func decode(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 	if n.Kind == yaml.AliasNode && n.Alias != nil {
 		n = n.Alias
@@ -145,9 +160,6 @@ func decode(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 	}
 	bad := func(format string, args ...any) {
 		d.add(&Error{Path: path, Line: n.Line, Msg: fmt.Sprintf(format, args...)})
-	}
-	if !d.spend(n, path) {
-		return
 	}
 	t := v.Type()
 	pt := reflect.PointerTo(t)
@@ -161,12 +173,12 @@ func decode(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 		}
 		decodeCustom(n, v, path, d)
 	case t == durationType:
-		d, err := time.ParseDuration(n.Value)
+		dur, err := time.ParseDuration(n.Value)
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" || err != nil {
 			bad("want %s, got %s", want(t), describe(n))
 			return
 		}
-		v.SetInt(int64(d))
+		v.SetInt(int64(dur))
 	case t.Kind() == reflect.Pointer:
 		if v.IsNil() {
 			v.Set(reflect.New(t.Elem()))
@@ -214,9 +226,6 @@ func decodeCustom(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 // decodeStruct fills the fields of struct v from mapping n by their yaml
 // tags; unknown and repeated keys are errors.
 func decodeStruct(n *yaml.Node, v reflect.Value, path string, d *decoder) {
-	if !d.spend(n, path) {
-		return
-	}
 	if n.Kind != yaml.MappingNode {
 		d.add(&Error{Path: path, Line: n.Line, Msg: "want a mapping of keys, got " + describe(n)})
 		return
