@@ -157,7 +157,7 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"unknown scope", base + "subagent_affinity_scope: everything\n", []string{"subagent_affinity_scope", "everything"}},
 		{"unknown router type", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {urls: [http://a:1], router: {type: magic}}", 1),
 			[]string{"router.type", "magic"}},
-		{"unknown key", base + "max_retrys: 3\n", []string{"max_retrys, line 7: unknown key"}},
+		{"unknown key", base + "max_retrys: 3\n", []string{"max_retrys, line 7: unknown key (did you mean max_retries?)"}},
 		{"unknown nested key", strings.Replace(base, "cluster: {node_id: e1, data_dir: /tmp/x}", "cluster: {node_id: e1, data_dir: /tmp/x, peer: []}", 1),
 			[]string{"cluster.peer, line 6: unknown key"}},
 		{"duplicate URL", strings.Replace(base, "generation_servers: {urls: [http://b:1]}", "generation_servers: {urls: [http://a:1/]}", 1),
@@ -184,7 +184,7 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"wrong types in two places", base + "max_retries: lots\ntelemetry: {down_after: [1]}\n", []string{`max_retries, line 7: want an integer, got "lots"`, "telemetry.down_after, line 8: want a duration"}},
 		{"section of the wrong kind", base + "leader: 5\n", []string{`leader, line 7: want a mapping of keys, got "5"`}},
 		{"urls entry with an unknown key", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {urls: [{url: http://a:1, weight: 2}]}", 1),
-			[]string{"context_servers.urls[0].weight, line 4: unknown key"}},
+			[]string{"context_servers.urls[0].weight, line 4: unknown key (allowed: name, url)"}},
 		// F2: NATS URL schemes as the worker accepts them.
 		{"nats url scheme", base + "nats: {urls: [\"http://n:4222\"]}\n", []string{"nats.urls[0]", "nats://, tls://, ws:// or wss://"}},
 		{"nats user without password", base + "nats: {urls: [nats://n:4222], user: edge}\n", []string{"nats.password", EnvNATSPassword}},

@@ -251,7 +251,7 @@ func decodeStruct(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 		seen[k.Value] = k.Line
 		f, ok := field(v, k.Value)
 		if !ok {
-			d.add(&Error{Path: key, Line: k.Line, Msg: "unknown key"})
+			d.add(&Error{Path: key, Line: k.Line, Msg: "unknown key" + hint(k.Value, keys(v.Type()))})
 			continue
 		}
 		decode(val, f, key, d)
@@ -304,6 +304,67 @@ func field(v reflect.Value, key string) (reflect.Value, bool) {
 		}
 	}
 	return reflect.Value{}, false
+}
+
+// keys lists the keys struct type t takes, inlined structs' included.
+func keys(t reflect.Type) []string {
+	var out []string
+	for i := range t.NumField() {
+		sf := t.Field(i)
+		name, opts, _ := strings.Cut(sf.Tag.Get("yaml"), ",")
+		switch {
+		case !sf.IsExported() || name == "-":
+		case opts == "inline" && sf.Type.Kind() == reflect.Struct:
+			out = append(out, keys(sf.Type)...)
+		case name == "":
+			out = append(out, strings.ToLower(sf.Name))
+		default:
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// hint helps with an unknown key: the known key it is probably a typo of,
+// or, in a small section, every key it takes.
+func hint(key string, known []string) string {
+	best, bestDist := "", 3 // at most two edits away
+	for _, k := range known {
+		if len(key) > 2*len(k)+2 {
+			continue // too long to be a typo (and bounds the work)
+		}
+		if dist := editDistance(key, k); dist < bestDist {
+			best, bestDist = k, dist
+		}
+	}
+	switch {
+	case best != "":
+		return fmt.Sprintf(" (did you mean %s?)", best)
+	case len(known) <= 8:
+		return fmt.Sprintf(" (allowed: %s)", strings.Join(known, ", "))
+	}
+	return ""
+}
+
+// editDistance is the Levenshtein distance of a and b (bytes).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // decodeSlice replaces slice v with the items of sequence n.
