@@ -37,8 +37,8 @@ const (
 const MinAuthKeyLen = 16
 
 // Config is a worker's configuration: the YAML keys are the fields' tags
-// (internal/yamlconf decodes them); the fields after them are for
-// in-process use only.
+// (internal/yamlconf decodes them); the fields tagged "-", after them, are
+// for in-process use only.
 type Config struct {
 	InstanceID string          `yaml:"instance_id"` // required: [A-Za-z0-9_-]{1,128}, a NATS subject token
 	Fleet      telemetry.Fleet `yaml:"fleet"`       // context | generation (default context)
@@ -291,7 +291,8 @@ func LoadConfig(path string) (Config, error) {
 
 // ParseConfig parses and validates a YAML configuration. It does not read
 // the environment (see ApplyEnv). Unknown keys and invalid values are errors
-// naming the key, e.g. "attention_dp_config.max_sessions: want an integer".
+// naming the key path and line, e.g. "attention_dp_config.max_sessions,
+// line 4: want an integer, got \"many\"".
 func ParseConfig(data []byte) (Config, error) {
 	cfg, err := parseConfig(data)
 	if err != nil {

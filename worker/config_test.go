@@ -164,6 +164,7 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"prefill rate", base + "engine:\n  prefill_tokens_per_second: 0\n", "engine.prefill_tokens_per_second: must be positive"},
 		{"time scale", base + "engine:\n  time_scale: -1\n", "engine.time_scale: -1 out of range"},
 		{"float type", base + "engine:\n  time_scale: fast\n", `engine.time_scale, line 4: want a number, got "fast"`},
+		{"list item type", base + "engine:\n  type: proxy\n  upstreams: [\"http://h:1\", [x]]\n", "engine.upstreams[1], line 5: want a string, got a list"},
 		{"upstreams on sim", base + "engine:\n  upstreams: [http://h:1]\n", "engine.upstreams: only for engine.type proxy"},
 		{"proxy upstream count", base + "engine:\n  type: proxy\n", "engine.upstreams: 0 URLs for 1 ranks"},
 		{"proxy upstream url", base + "engine:\n  type: proxy\n  upstreams: [ftp://h]\n", `engine.upstreams[0]: "ftp://h" is not an absolute http(s) URL`},
