@@ -89,6 +89,9 @@ func DecodeNode(n *yaml.Node, out any) error {
 	}
 	d := &decoder{}
 	decode(n, v.Elem(), "", d)
+	if d.dropped > 0 {
+		d.errs = append(d.errs, &Error{Msg: fmt.Sprintf("%d more problems not shown", d.dropped)})
+	}
 	if len(d.errs) > 0 {
 		return d.errs
 	}
@@ -122,12 +125,23 @@ func expandedSize(n *yaml.Node, limit int, memo map[*yaml.Node]int) int {
 	return size
 }
 
+// maxErrors bounds the problems reported for one document: the first
+// ones, then how many more there were.
+const maxErrors = 20
+
 // decoder collects the problems of one document.
 type decoder struct {
-	errs Errors
+	errs    Errors
+	dropped int
 }
 
-func (d *decoder) add(e *Error) { d.errs = append(d.errs, e) }
+func (d *decoder) add(e *Error) {
+	if len(d.errs) < maxErrors {
+		d.errs = append(d.errs, e)
+	} else {
+		d.dropped++
+	}
+}
 
 // syntaxError words a parse error of yaml.v3 ("yaml: line 3: found
 // character that cannot start any token") and explains the usual cause of

@@ -144,6 +144,19 @@ func TestDecodeReportsEveryProblem(t *testing.T) {
 	}
 }
 
+func TestDecodeBoundsTheReport(t *testing.T) {
+	var b strings.Builder
+	for i := range 100 {
+		fmt.Fprintf(&b, "unknown%d: 1\n", i)
+	}
+	var c config
+	err := Decode([]byte(b.String()), &c)
+	var es Errors
+	if !errors.As(err, &es) || len(es) != maxErrors+1 || es[maxErrors].Error() != "configuration: 80 more problems not shown" {
+		t.Fatalf("got %d errors: %v", len(es), err)
+	}
+}
+
 func TestDecodeEmpty(t *testing.T) {
 	for _, doc := range []string{"", "# only a comment\n", "\n\n"} {
 		var c config
