@@ -1,24 +1,19 @@
 package edge
 
 import (
-	"bytes"
-	"encoding"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"net/url"
 	"os"
-	"reflect"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/yamlconf"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/hintauth"
 )
@@ -181,18 +176,8 @@ func (s *StaticInstance) UnmarshalYAML(n *yaml.Node) error {
 	}
 	type plain StaticInstance
 	var p plain
-	dec := n.Decode
-	if err := dec(&p); err != nil {
+	if err := yamlconf.DecodeNode(n, &p); err != nil {
 		return err
-	}
-	// Decode does not apply KnownFields to nested custom unmarshalers:
-	// check the keys here.
-	if n.Kind == yaml.MappingNode {
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if k := n.Content[i].Value; k != "name" && k != "url" {
-				return fmt.Errorf("line %d: unknown key %q in a urls entry (allowed: name, url)", n.Content[i].Line, k)
-			}
-		}
 	}
 	*s = StaticInstance(p)
 	return nil
@@ -333,29 +318,36 @@ type AutopilotConfig struct {
 	Interval time.Duration `yaml:"interval"`
 }
 
-// validateAutopilot fills zero autopilot keys with their defaults (a
-// cluster section written before these keys existed keeps working) and
-// checks the rest.
-func validateAutopilot(ap *AutopilotConfig, bad func(key, format string, args ...any)) {
-	if ap.Voters == 0 {
-		ap.Voters = DefaultAutopilotVoters
-	} else if ap.Voters < 1 || ap.Voters > 9 {
+// validateAutopilot checks the autopilot keys (zero ones were filled with
+// their defaults by normalize: a cluster section written before these keys
+// existed keeps working).
+func validateAutopilot(ap AutopilotConfig, bad complain) {
+	if ap.Voters < 1 || ap.Voters > 9 {
 		bad("cluster.autopilot.voters", "must be 1..9 (3 or 5 recommended), got %d", ap.Voters)
 	}
 	if ap.StabilizationTime < 0 {
 		bad("cluster.autopilot.stabilization_time", "must be >= 0, got %s", ap.StabilizationTime)
-	} else if ap.StabilizationTime == 0 {
-		ap.StabilizationTime = DefaultAutopilotStabilize
-	}
-	if ap.DeadServerTimeout == 0 {
-		ap.DeadServerTimeout = DefaultAutopilotDeadServer
 	}
 	if ap.LastContactThreshold < 0 {
 		bad("cluster.autopilot.last_contact_threshold", "must be >= 0 (0: 2 × the heartbeat timeout), got %s", ap.LastContactThreshold)
 	}
 	if ap.Interval < 0 {
 		bad("cluster.autopilot.interval", "must be > 0, got %s", ap.Interval)
-	} else if ap.Interval == 0 {
+	}
+}
+
+// defaults fills the zero autopilot keys.
+func (ap *AutopilotConfig) defaults() {
+	if ap.Voters == 0 {
+		ap.Voters = DefaultAutopilotVoters
+	}
+	if ap.StabilizationTime == 0 {
+		ap.StabilizationTime = DefaultAutopilotStabilize
+	}
+	if ap.DeadServerTimeout == 0 {
+		ap.DeadServerTimeout = DefaultAutopilotDeadServer
+	}
+	if ap.Interval == 0 {
 		ap.Interval = DefaultAutopilotInterval
 	}
 	if ap.MaxTrailingLogs == 0 {
@@ -480,15 +472,14 @@ func LoadConfig(path string) (Config, error) {
 	return cfg, nil
 }
 
-// ParseConfig parses YAML over the defaults (unknown keys are errors),
-// applies the environment overrides and validates.
+// ParseConfig parses YAML over the defaults (internal/yamlconf: unknown
+// keys are errors, every error names its key path and line), applies the
+// environment overrides and validates.
 func ParseConfig(data []byte) (Config, error) {
 	cfg := DefaultConfig()
 	cfg.TLS.Mode = "" // a file states its tls.mode (unset: plaintext with a warning)
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, decodeError(data, err)
+	if err := yamlconf.Decode(data, &cfg); err != nil && !errors.Is(err, yamlconf.ErrEmpty) {
+		return Config{}, err
 	}
 	cfg.ApplyEnv(os.Getenv)
 	if err := cfg.Validate(); err != nil {
@@ -497,260 +488,18 @@ func ParseConfig(data []byte) (Config, error) {
 	return cfg, nil
 }
 
-var (
-	unknownFieldRE = regexp.MustCompile(`line (\d+): field (\S+) not found in type \S+`)
-	typeNameRE     = regexp.MustCompile(` into [\w.\[\]*]+`)
-	lineRE         = regexp.MustCompile(`^line (\d+): `)
-)
-
-// decodeError rewrites a decoding error in the config's own words: an
-// unknown key is named with its line; a value that does not decode (wrong
-// type, unknown enum value) is named by its full key path
-// (context_servers.router.type: …), found by decoding every value of the
-// document on its own against the field it fills. yaml.v3's TypeError only
-// carries line numbers, so the path comes from walking the document.
-func decodeError(data []byte, err error) error {
-	var doc yaml.Node
-	if yerr := yaml.Unmarshal(data, &doc); yerr != nil {
-		return fmt.Errorf("invalid YAML: %w", yerr)
-	}
-	var msgs []string
-	var te *yaml.TypeError
-	if errors.As(err, &te) {
-		for _, m := range te.Errors {
-			if unknownFieldRE.MatchString(m) {
-				msgs = append(msgs, unknownFieldRE.ReplaceAllString(m, `line $1: unknown key "$2"`))
-			}
-		}
-	}
-	var byKey []string
-	if len(doc.Content) > 0 {
-		valueErrors(doc.Content[0], reflect.TypeFor[Config](), "", &byKey)
-	}
-	msgs = append(msgs, byKey...)
-	if len(msgs) == 0 {
-		// Not expected (every failing value is found above); keep the
-		// decoder's message with the keys on its line.
-		lines := map[int][]string{}
-		keysByLine(&doc, "", lines)
-		return yamlError(err, lines)
-	}
-	return errors.New(strings.Join(msgs, "; "))
-}
-
-var (
-	durationType        = reflect.TypeFor[time.Duration]()
-	yamlUnmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
-	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
-)
-
-// valueErrors decodes node against type t (the type of the field at path)
-// and appends "path: problem" for every value that does not decode.
-// Unknown keys are skipped: the decoder reports them with their line.
-func valueErrors(n *yaml.Node, t reflect.Type, path string, out *[]string) {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
-	}
-	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
-		return // "key:" with no value keeps the default
-	}
-	name := path
-	if name == "" {
-		name = "configuration"
-	}
-	custom := reflect.PointerTo(t).Implements(yamlUnmarshalerType) || reflect.PointerTo(t).Implements(textUnmarshalerType)
-	switch {
-	case custom || t == durationType:
-		// decoded as a whole below
-	case t.Kind() == reflect.Struct:
-		if n.Kind != yaml.MappingNode {
-			*out = append(*out, fmt.Sprintf("%s: want a mapping of keys, got %s (line %d)", name, describeNode(n), n.Line))
-			return
-		}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			key := n.Content[i].Value
-			if f, ok := yamlField(t, key); ok {
-				valueErrors(n.Content[i+1], f.Type, joinKey(path, key), out)
-			}
-		}
-		return
-	case t.Kind() == reflect.Slice:
-		if n.Kind != yaml.SequenceNode {
-			*out = append(*out, fmt.Sprintf("%s: want a list, got %s (line %d)", name, describeNode(n), n.Line))
-			return
-		}
-		for i, c := range n.Content {
-			valueErrors(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i), out)
-		}
-		return
-	case t.Kind() == reflect.Map:
-		if n.Kind != yaml.MappingNode {
-			*out = append(*out, fmt.Sprintf("%s: want a mapping, got %s (line %d)", name, describeNode(n), n.Line))
-			return
-		}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			valueErrors(n.Content[i+1], t.Elem(), joinKey(path, n.Content[i].Value), out)
-		}
-		return
-	}
-	v := reflect.New(t)
-	err := n.Decode(v.Interface())
-	if err == nil {
-		return
-	}
-	var te *yaml.TypeError
-	if errors.As(err, &te) || !custom {
-		// A plain value of the wrong kind: say what was wanted.
-		*out = append(*out, fmt.Sprintf("%s: want %s, got %s (line %d)", name, describeType(t), describeNode(n), n.Line))
-		return
-	}
-	// A custom decoder's own message (unknown enum value, a urls entry's
-	// unknown key) already says what is wrong.
-	msg := lineRE.ReplaceAllString(err.Error(), "")
-	if k, rest, ok := strings.Cut(msg, ": "); ok && strings.HasSuffix(name, k) {
-		msg = rest // "router.type: unknown value" under context_servers.router.type
-	}
-	*out = append(*out, fmt.Sprintf("%s: %s (line %d)", name, msg, n.Line))
-}
-
-// yamlField finds the field of struct t that YAML key fills.
-func yamlField(t reflect.Type, key string) (reflect.StructField, bool) {
-	for i := range t.NumField() {
-		f := t.Field(i)
-		if !f.IsExported() {
-			continue
-		}
-		tag, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-		if tag == "-" {
-			continue
-		}
-		if tag == "" {
-			tag = strings.ToLower(f.Name)
-		}
-		if tag == key {
-			return f, true
-		}
-	}
-	return reflect.StructField{}, false
-}
-
-func joinKey(path, key string) string {
-	if path == "" {
-		return key
-	}
-	return path + "." + key
-}
-
-func describeType(t reflect.Type) string {
-	switch {
-	case t == durationType:
-		return `a duration such as "100ms" or "2s"`
-	case t.Kind() == reflect.String:
-		return "a string"
-	case t.Kind() == reflect.Bool:
-		return "true or false"
-	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64:
-		return "an integer"
-	case t.Kind() >= reflect.Uint && t.Kind() <= reflect.Uint64:
-		return "a non-negative integer"
-	case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:
-		return "a number"
-	}
-	return "a " + t.String()
-}
-
-func describeNode(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.ScalarNode:
-		return fmt.Sprintf("%q", n.Value)
-	}
-	return "nothing"
-}
-
-// yamlError rewrites yaml.v3's messages by line: an unknown field names
-// the key and its line; a value of the wrong type names the key(s) whose
-// value sits on that line. decodeError's fallback.
-func yamlError(err error, keysAt map[int][]string) error {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return fmt.Errorf("invalid YAML: %w", err)
-	}
-	msgs := make([]string, 0, len(te.Errors))
-	for _, m := range te.Errors {
-		if unknownFieldRE.MatchString(m) {
-			msgs = append(msgs, unknownFieldRE.ReplaceAllString(m, `line $1: unknown key "$2"`))
-			continue
-		}
-		m = typeNameRE.ReplaceAllString(m, "")
-		if sm := lineRE.FindStringSubmatch(m); sm != nil {
-			line, _ := strconv.Atoi(sm[1])
-			if keys := keysAt[line]; len(keys) > 0 {
-				m = strings.Join(keys, " or ") + ": " + m
-			}
-		}
-		msgs = append(msgs, m)
-	}
-	return errors.New(strings.Join(msgs, "; "))
-}
-
-// keysByLine maps each line holding a scalar value to its key path
-// (context_servers.urls[1].name), for error messages.
-func keysByLine(n *yaml.Node, path string, out map[int][]string) {
-	switch n.Kind {
-	case yaml.DocumentNode:
-		for _, c := range n.Content {
-			keysByLine(c, path, out)
-		}
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			p := n.Content[i].Value
-			if path != "" {
-				p = path + "." + p
-			}
-			v := n.Content[i+1]
-			if v.Kind == yaml.ScalarNode {
-				out[v.Line] = append(out[v.Line], p)
-			}
-			keysByLine(v, p, out)
-		}
-	case yaml.SequenceNode:
-		for i, c := range n.Content {
-			p := fmt.Sprintf("%s[%d]", path, i)
-			if c.Kind == yaml.ScalarNode {
-				out[c.Line] = append(out[c.Line], p)
-			}
-			keysByLine(c, p, out)
-		}
-	}
-}
-
 // ApplyEnv lets environment variables override the secrets.
 func (c *Config) ApplyEnv(getenv func(string) string) {
-	if v := getenv(EnvInternalRequestAuthKey); v != "" {
-		c.InternalRequestAuthKey = v
-	}
-	if v := getenv(EnvAdminToken); v != "" {
-		c.AdminToken = v
-	}
-	if v := getenv(EnvClusterAuthKey); v != "" {
-		c.Cluster.AuthKey = v
-	}
-	// The NATS password goes with the file's nats.user; a token applies
-	// when the file names no other credential.
 	n := &c.NATS
-	if v := getenv(EnvNATSPassword); v != "" && n.User != "" {
-		n.Password = v
-	}
-	if v := getenv(EnvNATSToken); v != "" && n.User == "" && n.NKeySeedFile == "" && n.Creds == "" {
-		n.Token = v
-	}
+	yamlconf.ApplyEnv(getenv,
+		yamlconf.EnvSecret{Var: EnvInternalRequestAuthKey, Dst: &c.InternalRequestAuthKey},
+		yamlconf.EnvSecret{Var: EnvAdminToken, Dst: &c.AdminToken},
+		yamlconf.EnvSecret{Var: EnvClusterAuthKey, Dst: &c.Cluster.AuthKey},
+		// The NATS password goes with the file's nats.user; a token
+		// applies when the file names no other credential.
+		yamlconf.EnvSecret{Var: EnvNATSPassword, Dst: &n.Password, Skip: n.User == ""},
+		yamlconf.EnvSecret{Var: EnvNATSToken, Dst: &n.Token, Skip: n.User != "" || n.NKeySeedFile != "" || n.Creds != ""},
+	)
 }
 
 // RoutingConfig is fleet f's routing configuration.
@@ -840,6 +589,7 @@ func (c *Config) normalize() {
 	if c.Cluster.Suffrage == "" {
 		c.Cluster.Suffrage = "voter"
 	}
+	c.Cluster.Autopilot.defaults()
 	if c.NATS.Embedded && c.NATS.Listen == "" {
 		c.NATS.Listen = DefaultEmbeddedNATSAddr
 	}
@@ -1109,7 +859,7 @@ func (c *Config) validateCluster(bad complain) {
 	if cl.Suffrage == "nonvoter" && cl.Bootstrap {
 		bad("cluster.suffrage", "a nonvoter cannot bootstrap the cluster: set cluster.join (any member's address) instead of cluster.bootstrap")
 	}
-	validateAutopilot(&cl.Autopilot, bad)
+	validateAutopilot(cl.Autopilot, bad)
 	if cl.CompatFeatureLevel > fsm.FeatureLevelMax {
 		bad("cluster.compat_feature_level", "%d is above the highest level this build supports (%d)", cl.CompatFeatureLevel, fsm.FeatureLevelMax)
 	}

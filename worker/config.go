@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"gopkg.in/yaml.v3"
 
+	"github.com/tether-project/tether/internal/yamlconf"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/worker/adp"
@@ -35,101 +36,102 @@ const (
 // MinAuthKeyLen is the shortest internal_request_auth_key accepted.
 const MinAuthKeyLen = 16
 
-// Config is a worker's configuration. YAML keys are given beside each field;
-// the fields after the YAML ones are for in-process use only.
+// Config is a worker's configuration: the YAML keys are the fields' tags
+// (internal/yamlconf decodes them); the fields tagged "-", after them, are
+// for in-process use only.
 type Config struct {
-	InstanceID string          // instance_id (required): [A-Za-z0-9_-]{1,128}, a NATS subject token
-	Fleet      telemetry.Fleet // fleet: context | generation (default context)
+	InstanceID string          `yaml:"instance_id"` // required: [A-Za-z0-9_-]{1,128}, a NATS subject token
+	Fleet      telemetry.Fleet `yaml:"fleet"`       // context | generation (default context)
 	// ServerRole is server_role: context | generation, or "" (omitted):
 	// then the role used to verify sub-agent hints is inferred from each
 	// request's disaggregated request type.
-	ServerRole   hintauth.Role
-	Hostname     string // hostname: listen address (default 127.0.0.1)
-	Port         int    // port: listen port (0 = any free port)
-	AdvertiseURL string // advertise_url: the URL published in telemetry (default http://hostname:port)
-	Model        string // model (required)
+	ServerRole   hintauth.Role `yaml:"server_role"`
+	Hostname     string        `yaml:"hostname"`      // listen address (default 127.0.0.1)
+	Port         int           `yaml:"port"`          // listen port (0 = any free port)
+	AdvertiseURL string        `yaml:"advertise_url"` // the URL published in telemetry (default http://hostname:port)
+	Model        string        `yaml:"model"`         // required
 
-	InternalRequestAuthKey          string   // internal_request_auth_key (or env TETHER_INTERNAL_REQUEST_AUTH_KEY)
-	PreviousInternalRequestAuthKeys []string // previous_internal_request_auth_keys: still accepted during a rotation
+	InternalRequestAuthKey          string   `yaml:"internal_request_auth_key"`           // (or env TETHER_INTERNAL_REQUEST_AUTH_KEY)
+	PreviousInternalRequestAuthKeys []string `yaml:"previous_internal_request_auth_keys"` // still accepted during a rotation
 	// HintSignatureFormats is hint_signature_formats: the sub-agent hint
 	// signature formats accepted (trtllm, tether-v1; default both, so
 	// edges can switch format while workers run; docs/upgrades.md). While
 	// tether-v1 is accepted, the handoff of edges predating the trtllm
 	// protocol (disaggregated_params.opaque_state, no x-trtllm-disagg-auth)
 	// is accepted too.
-	HintSignatureFormats []string
+	HintSignatureFormats []string `yaml:"hint_signature_formats"`
 
 	// ADP is enable_attention_dp and attention_dp_config; Ranks is the
 	// top-level ranks key (attention_dp_config.ranks is accepted too).
-	ADP   adp.Config
-	Ranks int
+	ADP   adp.Config `yaml:",inline"`
+	Ranks int        `yaml:"ranks"`
 
-	Engine EngineConfig    // engine
-	NATS   NATSConfig      // nats (optional: without a URL the worker runs standalone)
-	TLS    ServerTLSConfig // tls: the HTTP listener's transport security (worker/tls.go)
+	Engine EngineConfig    `yaml:"engine"`
+	NATS   NATSConfig      `yaml:"nats"` // (optional: without a URL the worker runs standalone)
+	TLS    ServerTLSConfig `yaml:"tls"`  // the HTTP listener's transport security (worker/tls.go)
 
-	TelemetryInterval time.Duration // telemetry_interval (default 100ms)
-	LegacyMode        bool          // legacy_mode: ignore sub-agent headers, advertise no hint support
+	TelemetryInterval time.Duration `yaml:"telemetry_interval"` // (default 100ms)
+	LegacyMode        bool          `yaml:"legacy_mode"`        // ignore sub-agent headers, advertise no hint support
 
-	MaxBodyBytes int64 // max_body_bytes (default 32 MiB)
+	MaxBodyBytes int64 `yaml:"max_body_bytes"` // (default 32 MiB)
 	// MaxInflightBodyBytes is max_inflight_body_bytes: the request-body
 	// bytes held at once over all requests, 429 beyond (default 64 MiB,
 	// at least max_body_bytes).
-	MaxInflightBodyBytes int64
-	DefaultMaxTokens     int           // default_max_tokens (default 16)
-	MaxTokensLimit       int           // max_tokens_limit: larger requests are refused with 400 (default 4096)
-	WriteTimeout         time.Duration // write_timeout: per write (streams extend it per chunk; default 10m)
+	MaxInflightBodyBytes int64         `yaml:"max_inflight_body_bytes"`
+	DefaultMaxTokens     int           `yaml:"default_max_tokens"` // (default 16)
+	MaxTokensLimit       int           `yaml:"max_tokens_limit"`   // larger requests are refused with 400 (default 4096)
+	WriteTimeout         time.Duration `yaml:"write_timeout"`      // per write (streams extend it per chunk; default 10m)
 
 	// HTTP server limits.
-	ReadHeaderTimeout time.Duration // read_header_timeout: reading a request's headers (default 10s)
-	ReadTimeout       time.Duration // read_timeout: reading a whole request, body included (default 2m)
-	IdleTimeout       time.Duration // idle_timeout: a kept-alive connection between requests (default 2m)
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"` // reading a request's headers (default 10s)
+	ReadTimeout       time.Duration `yaml:"read_timeout"`        // reading a whole request, body included (default 2m)
+	IdleTimeout       time.Duration `yaml:"idle_timeout"`        // a kept-alive connection between requests (default 2m)
 	// MaxConcurrentRequests is max_concurrent_requests: inference requests
 	// in flight beyond it are refused with 429 and Retry-After (0: no
 	// limit). The edges shed by load first; this protects a worker that
 	// is reached directly or by a misbehaving caller.
-	MaxConcurrentRequests int
+	MaxConcurrentRequests int `yaml:"max_concurrent_requests"`
 
 	// In-process only.
 
 	// TracerProvider creates the per-request server spans; nil means the
 	// otel global provider (a no-op unless the program installed one).
-	TracerProvider trace.TracerProvider
+	TracerProvider trace.TracerProvider `yaml:"-"`
 	// Logger receives operational messages; nil means slog.Default().
-	Logger *slog.Logger
+	Logger *slog.Logger `yaml:"-"`
 	// Version is the software version published in telemetry.
-	Version string
+	Version string `yaml:"-"`
 	// EngineOverride, if set, is used instead of building Engine from the
 	// engine section (tests, tether dev). The server closes it.
-	EngineOverride engine.Engine
+	EngineOverride engine.Engine `yaml:"-"`
 }
 
 // EngineConfig is the engine section.
 type EngineConfig struct {
-	Type string // type: sim | proxy (default sim)
+	Type string `yaml:"type"` // sim | proxy (default sim)
 
 	// Simulated engine (type sim); defaults are worker/engine/sim's.
-	BlockSize               int           // block_size: tokens per KV block (default 64)
-	CapacityBlocks          int           // capacity_blocks: KV blocks per rank
-	PrefillTokensPerSecond  float64       // prefill_tokens_per_second: uncached prompt tokens per second
-	PrefillOverhead         time.Duration // prefill_overhead: fixed cost of every prefill
-	DecodeTokenTime         time.Duration // decode_token_time: one decode step on an empty rank
-	DecodeSlowdown          float64       // decode_slowdown: decode stretch at full KV occupancy
-	TransferTokensPerSecond float64       // transfer_tokens_per_second: context→generation KV transfer
-	StatsWindow             time.Duration // stats_window: rolling window of cache hit figures
+	BlockSize               int           `yaml:"block_size"`                 // tokens per KV block (default 64)
+	CapacityBlocks          int           `yaml:"capacity_blocks"`            // KV blocks per rank
+	PrefillTokensPerSecond  float64       `yaml:"prefill_tokens_per_second"`  // uncached prompt tokens per second
+	PrefillOverhead         time.Duration `yaml:"prefill_overhead"`           // fixed cost of every prefill
+	DecodeTokenTime         time.Duration `yaml:"decode_token_time"`          // one decode step on an empty rank
+	DecodeSlowdown          float64       `yaml:"decode_slowdown"`            // decode stretch at full KV occupancy
+	TransferTokensPerSecond float64       `yaml:"transfer_tokens_per_second"` // context→generation KV transfer
+	StatsWindow             time.Duration `yaml:"stats_window"`               // rolling window of cache hit figures
 	// TimeScale is wall time per unit of simulated time: 1 real time,
 	// 0.01 a hundred times faster, 0 never waits.
-	TimeScale float64 // time_scale (default 1)
+	TimeScale float64 `yaml:"time_scale"` // (default 1)
 	// PublishKVEvents makes the simulated engine also publish its cache
 	// changes in vLLM's KV event protocol (engine.publish_kv_events).
-	PublishKVEvents PublishKVEventsConfig
+	PublishKVEvents PublishKVEventsConfig `yaml:"publish_kv_events"`
 
 	// Proxy engine (type proxy).
-	Upstreams       []string      // upstreams: one base URL per rank
-	UpstreamMetrics []string      // upstream_metrics: optional Prometheus URL per rank
-	UpstreamTimeout time.Duration // upstream_timeout: per request (default 10m)
+	Upstreams       []string      `yaml:"upstreams"`        // one base URL per rank
+	UpstreamMetrics []string      `yaml:"upstream_metrics"` // optional Prometheus URL per rank
+	UpstreamTimeout time.Duration `yaml:"upstream_timeout"` // per request (default 10m)
 	// KVEvents reads the upstream engines' KV cache events (engine.kv_events).
-	KVEvents KVEventsConfig
+	KVEvents KVEventsConfig `yaml:"kv_events"`
 }
 
 // PublishKVEventsConfig is engine.publish_kv_events: the simulated engine
@@ -137,45 +139,79 @@ type EngineConfig struct {
 // worker in front of it exercises the real-engine path. Rank r listens on
 // the endpoints' port + r, as vLLM's data-parallel rank r does.
 type PublishKVEventsConfig struct {
-	Endpoint       string // endpoint: PUB listen endpoint, e.g. tcp://*:5557 ("" = off)
-	ReplayEndpoint string // replay_endpoint: ROUTER replay endpoint ("" = no replay)
-	Layout         string // layout: map (current vLLM, default) | array (SGLang, older vLLM)
+	Endpoint       string `yaml:"endpoint"`        // PUB listen endpoint, e.g. tcp://*:5557 ("" = off)
+	ReplayEndpoint string `yaml:"replay_endpoint"` // ROUTER replay endpoint ("" = no replay)
+	Layout         string `yaml:"layout"`          // map (current vLLM, default) | array (SGLang, older vLLM)
 	// ServeTRTLLM also serves the changes as trtllm-serve does, drained at
 	// POST /kv_cache_events on the worker's port (serve_trtllm).
-	ServeTRTLLM bool
+	ServeTRTLLM bool `yaml:"serve_trtllm"`
 }
 
 // KVEventsConfig is engine.kv_events: where a proxy worker reads its
 // upstreams' KV cache events (worker/kvevents). Format "" is off.
 type KVEventsConfig struct {
-	Format          string        // format: vllm | sglang | trtllm
-	Endpoints       []string      // endpoints: ZeroMQ PUB endpoints, one per rank or one for all
-	ReplayEndpoints []string      // replay_endpoints: the engines' ROUTER replay sockets
-	Topic           string        // topic: the publishers' topic
-	URLs            []string      // urls: trtllm-serve base URLs (default: upstreams)
-	PollInterval    time.Duration // poll_interval: trtllm polling (default 200ms)
+	Format          string        `yaml:"format"`           // vllm | sglang | trtllm
+	Endpoints       []string      `yaml:"endpoints"`        // ZeroMQ PUB endpoints, one per rank or one for all
+	ReplayEndpoints []string      `yaml:"replay_endpoints"` // the engines' ROUTER replay sockets
+	Topic           string        `yaml:"topic"`            // the publishers' topic
+	URLs            []string      `yaml:"urls"`             // trtllm-serve base URLs (default: upstreams)
+	PollInterval    time.Duration `yaml:"poll_interval"`    // trtllm polling (default 200ms)
 }
 
-// NATSConfig is the nats section.
+// NATSConfig is the nats section (its UnmarshalYAML takes url or urls).
 type NATSConfig struct {
-	URLs         []string // url (one) or urls (several)
-	User         string   // user
-	Password     string   // password (or env TETHER_NATS_PASSWORD)
-	Token        string   // token (or env TETHER_NATS_TOKEN)
-	NKeySeedFile string   // nkey_seed_file
-	CredsFile    string   // creds_file
-	TLS          TLSConfig
+	URLs         []string  `yaml:"-"` // url (one, or several separated by commas) or urls (a list)
+	User         string    `yaml:"user"`
+	Password     string    `yaml:"password"` // (or env TETHER_NATS_PASSWORD)
+	Token        string    `yaml:"token"`    // (or env TETHER_NATS_TOKEN)
+	NKeySeedFile string    `yaml:"nkey_seed_file"`
+	CredsFile    string    `yaml:"creds_file"`
+	TLS          TLSConfig `yaml:"tls"`
 }
 
 // Enabled reports whether a NATS server is configured.
 func (n NATSConfig) Enabled() bool { return len(n.URLs) > 0 }
 
+// UnmarshalYAML reads the nats section, whose server is given as url (one,
+// or several separated by commas) or urls (a list), not both.
+func (n *NATSConfig) UnmarshalYAML(node *yaml.Node) error {
+	type plain NATSConfig
+	file := struct {
+		Rest plain    `yaml:",inline"`
+		URL  string   `yaml:"url"`
+		URLs []string `yaml:"urls"`
+	}{Rest: plain(*n)}
+	if err := yamlconf.DecodeNode(node, &file); err != nil {
+		return err
+	}
+	if file.URL != "" && len(file.URLs) > 0 {
+		line := node.Line
+		for i := 0; i+1 < len(node.Content); i += 2 {
+			if node.Content[i].Value == "url" {
+				line = node.Content[i].Line
+			}
+		}
+		return yamlconf.Errors{{Path: "url", Line: line, Msg: "set url or urls, not both"}}
+	}
+	*n = NATSConfig(file.Rest)
+	if len(file.URLs) > 0 {
+		n.URLs = file.URLs
+	}
+	if file.URL != "" {
+		n.URLs = strings.Split(file.URL, ",")
+		for i := range n.URLs {
+			n.URLs[i] = strings.TrimSpace(n.URLs[i])
+		}
+	}
+	return nil
+}
+
 // TLSConfig is nats.tls.
 type TLSConfig struct {
-	CAFile     string // ca_file
-	CertFile   string // cert_file
-	KeyFile    string // key_file
-	ServerName string // server_name
+	CAFile     string `yaml:"ca_file"`
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"`
 }
 
 // Defaults for omitted keys.
@@ -255,7 +291,8 @@ func LoadConfig(path string) (Config, error) {
 
 // ParseConfig parses and validates a YAML configuration. It does not read
 // the environment (see ApplyEnv). Unknown keys and invalid values are errors
-// naming the key, e.g. "attention_dp_config.max_sessions: want an integer".
+// naming the key path and line, e.g. "attention_dp_config.max_sessions,
+// line 4: want an integer, got \"many\"".
 func ParseConfig(data []byte) (Config, error) {
 	cfg, err := parseConfig(data)
 	if err != nil {
@@ -272,16 +309,12 @@ func ParseConfig(data []byte) (Config, error) {
 // the file names a user) or TETHER_NATS_TOKEN (when the file names no other
 // credential), when they are non-empty; they win over the file.
 func (c *Config) ApplyEnv(getenv func(string) string) {
-	if k := getenv(EnvInternalRequestAuthKey); k != "" {
-		c.InternalRequestAuthKey = k
-	}
 	n := &c.NATS
-	if v := getenv(EnvNATSPassword); v != "" && n.User != "" {
-		n.Password = v
-	}
-	if v := getenv(EnvNATSToken); v != "" && n.User == "" && n.NKeySeedFile == "" && n.CredsFile == "" {
-		n.Token = v
-	}
+	yamlconf.ApplyEnv(getenv,
+		yamlconf.EnvSecret{Var: EnvInternalRequestAuthKey, Dst: &c.InternalRequestAuthKey},
+		yamlconf.EnvSecret{Var: EnvNATSPassword, Dst: &n.Password, Skip: n.User == ""},
+		yamlconf.EnvSecret{Var: EnvNATSToken, Dst: &n.Token, Skip: n.User != "" || n.NKeySeedFile != "" || n.CredsFile != ""},
+	)
 }
 
 // AuthKeys returns the keys hint signatures are verified with, current first.
@@ -296,8 +329,28 @@ func (c *Config) AuthKeys() [][]byte {
 	return keys
 }
 
-// Validate checks every value, naming the offending key.
+// Validate checks every value, naming the offending key, section by
+// section; it only reads (the defaults are defaultConfig, the base a file
+// is decoded over). The first problem is returned.
 func (c *Config) Validate() error {
+	for _, check := range []func() error{
+		c.validateIdentity,
+		c.validateHintKeys,
+		c.validateRanks,
+		func() error { return c.Engine.validate(c.RankCount()) },
+		c.NATS.validate,
+		func() error { return c.TLS.validate(c.AdvertiseURL) },
+		c.validateLimits,
+	} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateIdentity: who the worker is, where it listens, what it serves.
+func (c *Config) validateIdentity() error {
 	if err := telemetry.ValidInstanceID(c.InstanceID); err != nil {
 		return fmt.Errorf("instance_id: %v", err)
 	}
@@ -321,6 +374,11 @@ func (c *Config) Validate() error {
 	if len(c.Model) > telemetry.MaxStringLen {
 		return fmt.Errorf("model: %d bytes is too long (max %d)", len(c.Model), telemetry.MaxStringLen)
 	}
+	return nil
+}
+
+// validateHintKeys: the keys and formats sub-agent hints are verified with.
+func (c *Config) validateHintKeys() error {
 	if k := c.InternalRequestAuthKey; k != "" && len(k) < MinAuthKeyLen {
 		return fmt.Errorf("internal_request_auth_key: %d bytes is too short (want at least %d)", len(k), MinAuthKeyLen)
 	}
@@ -337,6 +395,11 @@ func (c *Config) Validate() error {
 	if len(c.PreviousInternalRequestAuthKeys) > 0 && c.InternalRequestAuthKey == "" {
 		return errors.New("previous_internal_request_auth_keys: set internal_request_auth_key too (the current key)")
 	}
+	return nil
+}
+
+// validateRanks: the ADP ranks and their scheduler.
+func (c *Config) validateRanks() error {
 	if c.ADP.AttentionDP.Ranks != 0 && c.Ranks != 0 && c.ADP.AttentionDP.Ranks != c.Ranks {
 		return fmt.Errorf("ranks: %d disagrees with attention_dp_config.ranks %d (set one)", c.Ranks, c.ADP.AttentionDP.Ranks)
 	}
@@ -346,15 +409,12 @@ func (c *Config) Validate() error {
 	if _, err := c.schedulerOptions(); err != nil {
 		return err
 	}
-	if err := c.Engine.validate(c.RankCount()); err != nil {
-		return err
-	}
-	if err := c.NATS.validate(); err != nil {
-		return err
-	}
-	if err := c.TLS.validate(c.AdvertiseURL); err != nil {
-		return err
-	}
+	return nil
+}
+
+// validateLimits: telemetry, request bodies, tokens, HTTP timeouts,
+// concurrency.
+func (c *Config) validateLimits() error {
 	if c.TelemetryInterval < time.Millisecond || c.TelemetryInterval > time.Hour {
 		return fmt.Errorf("telemetry_interval: %v out of range (1ms..1h)", c.TelemetryInterval)
 	}
@@ -598,249 +658,18 @@ func checkHTTPURL(s string) error {
 	return nil
 }
 
-// parseConfig applies the YAML document to the defaults, rejecting unknown
-// keys and wrongly typed values. Validation of values is Validate's job.
+// parseConfig decodes the YAML document over the defaults
+// (internal/yamlconf: unknown keys and wrongly typed values are errors
+// naming the key path and line). Validation of values is Validate's job.
 func parseConfig(data []byte) (Config, error) {
 	cfg := defaultConfig()
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return Config{}, fmt.Errorf("invalid YAML: %w", err)
-	}
-	if doc.Kind == 0 || len(doc.Content) == 0 {
-		return Config{}, errors.New("empty configuration (instance_id and model are required)")
-	}
-	var role, fleet string
-	interval := &yamlDuration{&cfg.TelemetryInterval}
-	writeTimeout := &yamlDuration{&cfg.WriteTimeout}
-	readHeaderTimeout := &yamlDuration{&cfg.ReadHeaderTimeout}
-	readTimeout := &yamlDuration{&cfg.ReadTimeout}
-	idleTimeout := &yamlDuration{&cfg.IdleTimeout}
-	var natsURL string
-	var natsURLs []string
-	fleet = string(cfg.Fleet)
-	adpFields := fields{
-		"kv_cache_routing_conversation_affinity": &cfg.ADP.AttentionDP.ConversationAffinity,
-		"kv_cache_routing_new_conv_placement":    &cfg.ADP.AttentionDP.NewConvPlacement,
-		"ranks":                                  &cfg.ADP.AttentionDP.Ranks,
-		"max_sessions":                           &cfg.ADP.AttentionDP.MaxSessions,
-		"max_requests_per_rank":                  &cfg.ADP.AttentionDP.MaxRequestsPerRank,
-	}
-	engineFields := fields{
-		"type":                       &cfg.Engine.Type,
-		"block_size":                 &cfg.Engine.BlockSize,
-		"capacity_blocks":            &cfg.Engine.CapacityBlocks,
-		"prefill_tokens_per_second":  &cfg.Engine.PrefillTokensPerSecond,
-		"prefill_overhead":           &yamlDuration{&cfg.Engine.PrefillOverhead},
-		"decode_token_time":          &yamlDuration{&cfg.Engine.DecodeTokenTime},
-		"decode_slowdown":            &cfg.Engine.DecodeSlowdown,
-		"transfer_tokens_per_second": &cfg.Engine.TransferTokensPerSecond,
-		"stats_window":               &yamlDuration{&cfg.Engine.StatsWindow},
-		"time_scale":                 &cfg.Engine.TimeScale,
-		"upstreams":                  &cfg.Engine.Upstreams,
-		"upstream_metrics":           &cfg.Engine.UpstreamMetrics,
-		"upstream_timeout":           &yamlDuration{&cfg.Engine.UpstreamTimeout},
-		"publish_kv_events": fields{
-			"endpoint":        &cfg.Engine.PublishKVEvents.Endpoint,
-			"replay_endpoint": &cfg.Engine.PublishKVEvents.ReplayEndpoint,
-			"layout":          &cfg.Engine.PublishKVEvents.Layout,
-			"serve_trtllm":    &cfg.Engine.PublishKVEvents.ServeTRTLLM,
-		},
-		"kv_events": fields{
-			"format":           &cfg.Engine.KVEvents.Format,
-			"endpoints":        &cfg.Engine.KVEvents.Endpoints,
-			"replay_endpoints": &cfg.Engine.KVEvents.ReplayEndpoints,
-			"topic":            &cfg.Engine.KVEvents.Topic,
-			"urls":             &cfg.Engine.KVEvents.URLs,
-			"poll_interval":    &yamlDuration{&cfg.Engine.KVEvents.PollInterval},
-		},
-	}
-	tlsFields := fields{
-		"ca_file":     &cfg.NATS.TLS.CAFile,
-		"cert_file":   &cfg.NATS.TLS.CertFile,
-		"key_file":    &cfg.NATS.TLS.KeyFile,
-		"server_name": &cfg.NATS.TLS.ServerName,
-	}
-	natsFields := fields{
-		"url":            &natsURL,
-		"urls":           &natsURLs,
-		"user":           &cfg.NATS.User,
-		"password":       &cfg.NATS.Password,
-		"token":          &cfg.NATS.Token,
-		"nkey_seed_file": &cfg.NATS.NKeySeedFile,
-		"creds_file":     &cfg.NATS.CredsFile,
-		"tls":            tlsFields,
-	}
-	top := fields{
-		"instance_id":                         &cfg.InstanceID,
-		"fleet":                               &fleet,
-		"server_role":                         &role,
-		"hostname":                            &cfg.Hostname,
-		"port":                                &cfg.Port,
-		"advertise_url":                       &cfg.AdvertiseURL,
-		"model":                               &cfg.Model,
-		"internal_request_auth_key":           &cfg.InternalRequestAuthKey,
-		"previous_internal_request_auth_keys": &cfg.PreviousInternalRequestAuthKeys,
-		"hint_signature_formats":              &cfg.HintSignatureFormats,
-		"enable_attention_dp":                 &cfg.ADP.EnableAttentionDP,
-		"attention_dp_config":                 adpFields,
-		"ranks":                               &cfg.Ranks,
-		"engine":                              engineFields,
-		"nats":                                natsFields,
-		"tls":                                 serverTLSFields(&cfg.TLS),
-		"telemetry_interval":                  interval,
-		"legacy_mode":                         &cfg.LegacyMode,
-		"max_body_bytes":                      &cfg.MaxBodyBytes,
-		"max_inflight_body_bytes":             &cfg.MaxInflightBodyBytes,
-		"default_max_tokens":                  &cfg.DefaultMaxTokens,
-		"max_tokens_limit":                    &cfg.MaxTokensLimit,
-		"write_timeout":                       writeTimeout,
-		"read_header_timeout":                 readHeaderTimeout,
-		"read_timeout":                        readTimeout,
-		"idle_timeout":                        idleTimeout,
-		"max_concurrent_requests":             &cfg.MaxConcurrentRequests,
-	}
-	if err := top.decode(doc.Content[0], ""); err != nil {
+	if err := yamlconf.Decode(data, &cfg); err != nil {
+		if errors.Is(err, yamlconf.ErrEmpty) {
+			return Config{}, errors.New("empty configuration (instance_id and model are required)")
+		}
 		return Config{}, err
 	}
-	cfg.Fleet, cfg.ServerRole = telemetry.Fleet(fleet), hintauth.Role(role)
-	if natsURL != "" && len(natsURLs) > 0 {
-		return Config{}, errors.New("nats.url: set url or urls, not both")
-	}
-	if natsURL != "" {
-		natsURLs = strings.Split(natsURL, ",")
-		for i := range natsURLs {
-			natsURLs[i] = strings.TrimSpace(natsURLs[i])
-		}
-	}
-	cfg.NATS.URLs = natsURLs
 	return cfg, nil
-}
-
-// fields maps the keys of one YAML mapping to destinations: pointers to
-// scalars, string lists, durations, or nested fields.
-type fields map[string]any
-
-func (f fields) decode(n *yaml.Node, path string) error {
-	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
-		return nil
-	}
-	if n.Kind != yaml.MappingNode {
-		name := path
-		if name == "" {
-			name = "configuration"
-		}
-		return fmt.Errorf("%s: want a mapping of keys, got %s (line %d)", name, kindName(n), n.Line)
-	}
-	seen := map[string]bool{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		key := join(path, k.Value)
-		if seen[k.Value] {
-			return fmt.Errorf("%s: duplicate key (line %d)", key, k.Line)
-		}
-		seen[k.Value] = true
-		dst, ok := f[k.Value]
-		if !ok {
-			return fmt.Errorf("%s: unknown key (line %d)", key, k.Line)
-		}
-		if err := decodeValue(v, key, dst); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func decodeValue(v *yaml.Node, key string, dst any) error {
-	if sub, ok := dst.(fields); ok {
-		return sub.decode(v, key)
-	}
-	if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
-		return nil // "key:" with no value keeps the default
-	}
-	var want string
-	switch d := dst.(type) {
-	case *string:
-		want = "a string"
-		if v.Kind == yaml.ScalarNode {
-			*d = v.Value
-			return nil
-		}
-	case *int:
-		want = "an integer"
-		if v.Kind == yaml.ScalarNode && v.Tag == "!!int" && v.Decode(d) == nil {
-			return nil
-		}
-	case *int64:
-		want = "an integer"
-		if v.Kind == yaml.ScalarNode && v.Tag == "!!int" && v.Decode(d) == nil {
-			return nil
-		}
-	case *float64:
-		want = "a number"
-		if v.Kind == yaml.ScalarNode && (v.Tag == "!!int" || v.Tag == "!!float") && v.Decode(d) == nil {
-			return nil
-		}
-	case *bool:
-		want = "true or false"
-		if v.Kind == yaml.ScalarNode && v.Tag == "!!bool" && v.Decode(d) == nil {
-			return nil
-		}
-	case *[]string:
-		want = "a list of strings"
-		if v.Kind == yaml.SequenceNode {
-			out := make([]string, 0, len(v.Content))
-			for i, e := range v.Content {
-				if e.Kind != yaml.ScalarNode || e.Tag == "!!null" {
-					return fmt.Errorf("%s[%d]: want a string, got %s (line %d)", key, i, kindName(e), e.Line)
-				}
-				out = append(out, e.Value)
-			}
-			*d = out
-			return nil
-		}
-	case *yamlDuration:
-		want = `a duration such as "100ms" or "2s"`
-		if v.Kind == yaml.ScalarNode && v.Tag == "!!str" {
-			dur, err := time.ParseDuration(v.Value)
-			if err == nil {
-				*d.d = dur
-				return nil
-			}
-		}
-	default:
-		return fmt.Errorf("%s: internal error: unsupported destination %T", key, dst)
-	}
-	return fmt.Errorf("%s: want %s, got %s (line %d)", key, want, describe(v), v.Line)
-}
-
-type yamlDuration struct{ d *time.Duration }
-
-func describe(n *yaml.Node) string {
-	if n.Kind == yaml.ScalarNode {
-		return fmt.Sprintf("%q", n.Value)
-	}
-	return kindName(n)
-}
-
-func kindName(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.AliasNode:
-		return "an alias"
-	case yaml.ScalarNode:
-		return "a scalar " + fmt.Sprintf("%q", n.Value)
-	}
-	return "nothing"
-}
-
-func join(path, key string) string {
-	if path == "" {
-		return key
-	}
-	return path + "." + key
 }
 
 // hintFormats returns HintSignatureFormats as formats (both when unset:

@@ -132,12 +132,12 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 	}{
 		{"empty", "", "empty configuration"},
 		{"not yaml", "instance_id: [", "invalid YAML"},
-		{"not a mapping", "- a\n- b\n", "configuration: want a mapping"},
-		{"unknown key", base + "colour: blue\n", "colour: unknown key (line 3)"},
-		{"unknown nested key", base + "attention_dp_config:\n  fastest: true\n", "attention_dp_config.fastest: unknown key"},
-		{"unknown engine key", base + "engine:\n  turbo: 1\n", "engine.turbo: unknown key"},
-		{"unknown nats tls key", base + "nats:\n  url: nats://h:4222\n  tls:\n    pin: x\n", "nats.tls.pin: unknown key"},
-		{"duplicate key", base + "model: n\n", "model: duplicate key"},
+		{"not a mapping", "- a\n- b\n", "configuration, line 1: want a mapping"},
+		{"unknown key", base + "colour: blue\n", "colour, line 3: unknown key"},
+		{"unknown nested key", base + "attention_dp_config:\n  fastest: true\n", "attention_dp_config.fastest, line 4: unknown key"},
+		{"unknown engine key", base + "engine:\n  turbo: 1\n", "engine.turbo, line 4: unknown key"},
+		{"unknown nats tls key", base + "nats:\n  url: nats://h:4222\n  tls:\n    pin: x\n", "nats.tls.pin, line 6: unknown key"},
+		{"duplicate key", base + "model: n\n", "model, line 3: duplicate key (first given on line 2)"},
 		{"missing instance", "model: m\n", "instance_id: instance id is empty"},
 		{"bad instance", "instance_id: a.b\nmodel: m\n", "instance_id: instance id \"a.b\""},
 		{"missing model", "instance_id: w1\n", "model: required"},
@@ -145,12 +145,12 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 			`attention_dp_config.kv_cache_routing_new_conv_placement: unknown value "fastest" (allowed: round_robin, least_tokens, least_queued, kv_aware)`},
 		{"fleet", base + "fleet: prefill\n", `fleet: unknown value "prefill" (want context or generation)`},
 		{"role", base + "server_role: decode\n", `server_role: unknown value "decode"`},
-		{"port type", base + "port: eighty\n", `port: want an integer, got "eighty"`},
+		{"port type", base + "port: eighty\n", `port, line 3: want an integer, got "eighty"`},
 		{"port range", base + "port: 70000\n", "port: 70000 out of range"},
-		{"bool type", base + "legacy_mode: maybe\n", `legacy_mode: want true or false, got "maybe"`},
-		{"section type", base + "engine: sim\n", `engine: want a mapping of keys, got a scalar "sim"`},
-		{"list type", base + "previous_internal_request_auth_keys: onekey-0123456789abc\n", "previous_internal_request_auth_keys: want a list of strings"},
-		{"duration type", base + "telemetry_interval: 100\n", `telemetry_interval: want a duration such as "100ms" or "2s", got "100"`},
+		{"bool type", base + "legacy_mode: maybe\n", `legacy_mode, line 3: want true or false, got "maybe"`},
+		{"section type", base + "engine: sim\n", `engine, line 3: want a mapping of keys, got "sim"`},
+		{"list type", base + "previous_internal_request_auth_keys: onekey-0123456789abc\n", "previous_internal_request_auth_keys, line 3: want a list of strings"},
+		{"duration type", base + "telemetry_interval: 100\n", `telemetry_interval, line 3: want a duration such as "100ms" or "2s", got "100"`},
 		{"duration value", base + "telemetry_interval: 0s\n", "telemetry_interval: 0s out of range"},
 		{"short key", base + "internal_request_auth_key: short\n", "internal_request_auth_key: 5 bytes is too short"},
 		{"short previous key", base + "internal_request_auth_key: current-key-0123456789\nprevious_internal_request_auth_keys: [old]\n", "previous_internal_request_auth_keys[0]: 3 bytes is too short"},
@@ -163,12 +163,13 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"capacity", base + "engine:\n  capacity_blocks: -5\n", "engine.capacity_blocks: -5 out of range"},
 		{"prefill rate", base + "engine:\n  prefill_tokens_per_second: 0\n", "engine.prefill_tokens_per_second: must be positive"},
 		{"time scale", base + "engine:\n  time_scale: -1\n", "engine.time_scale: -1 out of range"},
-		{"float type", base + "engine:\n  time_scale: fast\n", `engine.time_scale: want a number, got "fast"`},
+		{"float type", base + "engine:\n  time_scale: fast\n", `engine.time_scale, line 4: want a number, got "fast"`},
+		{"list item type", base + "engine:\n  type: proxy\n  upstreams: [\"http://h:1\", [x]]\n", "engine.upstreams[1], line 5: want a string, got a list"},
 		{"upstreams on sim", base + "engine:\n  upstreams: [http://h:1]\n", "engine.upstreams: only for engine.type proxy"},
 		{"proxy upstream count", base + "engine:\n  type: proxy\n", "engine.upstreams: 0 URLs for 1 ranks"},
 		{"proxy upstream url", base + "engine:\n  type: proxy\n  upstreams: [ftp://h]\n", `engine.upstreams[0]: "ftp://h" is not an absolute http(s) URL`},
 		{"nats url", base + "nats:\n  url: http://h:4222\n", `nats.urls[0]: "http://h:4222" is not a nats://`},
-		{"nats url and urls", base + "nats:\n  url: nats://a:1\n  urls: [nats://b:1]\n", "nats.url: set url or urls, not both"},
+		{"nats url and urls", base + "nats:\n  url: nats://a:1\n  urls: [nats://b:1]\n", "nats.url, line 4: set url or urls, not both"},
 		{"nats half auth", base + "nats:\n  url: nats://a:1\n  user: u\n", "nats.user: user and password go together"},
 		{"nats two auths", base + "nats:\n  url: nats://a:1\n  user: u\n  password: p\n  creds_file: /x\n", "nats: choose one of"},
 		{"nats auth without url", base + "nats:\n  user: u\n  password: p\n", "nats.url: credentials or TLS given without a server URL"},
@@ -176,9 +177,9 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"body limit", base + "max_body_bytes: 10\n", "max_body_bytes: 10 is too small"},
 		{"default above limit", base + "default_max_tokens: 50\nmax_tokens_limit: 10\n", "default_max_tokens: 50 out of range"},
 		{"negative concurrency", base + "max_concurrent_requests: -1\n", "max_concurrent_requests: must be 0 (no limit) or more"},
-		{"concurrency type", base + "max_concurrent_requests: many\n", `max_concurrent_requests: want an integer, got "many"`},
+		{"concurrency type", base + "max_concurrent_requests: many\n", `max_concurrent_requests, line 3: want an integer, got "many"`},
 		{"read header timeout", base + "read_header_timeout: 1ms\n", "read_header_timeout: 1ms is too short"},
-		{"idle timeout type", base + "idle_timeout: 30\n", `idle_timeout: want a duration such as "100ms" or "2s", got "30"`},
+		{"idle timeout type", base + "idle_timeout: 30\n", `idle_timeout, line 3: want a duration such as "100ms" or "2s", got "30"`},
 		{"nats token and user", base + "nats:\n  url: nats://a:1\n  user: u\n  password: p\n  token: t\n", "nats: choose one of user/password, token"},
 	}
 	for _, c := range cases {
@@ -218,7 +219,7 @@ func TestLoadConfigAndEnv(t *testing.T) {
 	if err := os.WriteFile(path, []byte("instance_id: w1\nmodel: m\nbogus: 1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "bogus: unknown key") {
+	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "bogus, line 3: unknown key") {
 		t.Fatalf("unknown key via file: %v", err)
 	}
 }

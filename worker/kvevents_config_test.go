@@ -64,7 +64,7 @@ func TestKVEventsConfigErrorsNameTheKey(t *testing.T) {
 		{"replay_endpoints: [tcp://10.0.0.5:5657, tcp://10.0.0.5:5658]", "replay_endpoints: [tcp://10.0.0.5:5657]", "engine.kv_events.replay_endpoints"},
 		{"topic: kv", "topic: kv\n    urls: [http://x:1]", "engine.kv_events.urls"},
 		{"topic: kv", "topic: kv\n    poll_interval: 2h", "engine.kv_events.poll_interval"},
-		{"topic: kv", "topic: kv\n    nonsense: 1", "engine.kv_events.nonsense: unknown key"},
+		{"topic: kv", "topic: kv\n    nonsense: 1", "engine.kv_events.nonsense, line 15: unknown key"},
 		{"type: proxy", "type: sim", "engine.kv_events: only for engine.type proxy"},
 		{"  kv_events:", "  publish_kv_events:\n    endpoint: tcp://*:5557\n  kv_events:", "engine.publish_kv_events: only for engine.type sim"},
 	}

@@ -37,34 +37,22 @@ const (
 type ServerTLSConfig struct {
 	// Mode is mutual or plaintext. A file without it runs plaintext with a
 	// warning; DefaultConfig says plaintext explicitly.
-	Mode string // mode
+	Mode string `yaml:"mode"`
 	// CAFile verifies clients' certificates; CertFile and KeyFile are
 	// the worker's (renewed files are picked up without a restart).
-	CAFile   string // ca_file
-	CertFile string // cert_file
-	KeyFile  string // key_file
+	CAFile   string `yaml:"ca_file"`
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
 	// ClientAuth is require (default) or verify_if_given.
-	ClientAuth string // client_auth
+	ClientAuth string `yaml:"client_auth"`
 	// AllowedClients are name patterns (a URI, DNS name or CN, with an
 	// optional trailing '*') one of which a client certificate must
 	// carry, e.g. spiffe://tether/edge/*; empty: any certificate from
 	// the CA.
-	AllowedClients []string // allowed_clients
+	AllowedClients []string `yaml:"allowed_clients"`
 }
 
 func (t ServerTLSConfig) mutual() bool { return t.Mode == TLSModeMutual }
-
-// serverTLSFields maps the tls section's keys (parseConfig).
-func serverTLSFields(t *ServerTLSConfig) fields {
-	return fields{
-		"mode":            &t.Mode,
-		"ca_file":         &t.CAFile,
-		"cert_file":       &t.CertFile,
-		"key_file":        &t.KeyFile,
-		"client_auth":     &t.ClientAuth,
-		"allowed_clients": &t.AllowedClients,
-	}
-}
 
 // validate checks the tls section; errors name the key.
 func (t ServerTLSConfig) validate(advertiseURL string) error {

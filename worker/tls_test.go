@@ -90,7 +90,7 @@ func TestTLSConfigKeys(t *testing.T) {
 		{"client auth without tls", base + "tls: {client_auth: require}\n", "tls.client_auth"},
 		{"bad pattern", mutual + "  allowed_clients: [\"a*b\"]\n", "tls.allowed_clients[0]"},
 		{"plaintext advertise URL", mutual + "advertise_url: http://w1:9000\n", "advertise_url"},
-		{"unknown key", base + "tls: {mode: plaintext, verify: true}\n", "tls.verify: unknown key"},
+		{"unknown key", base + "tls: {mode: plaintext, verify: true}\n", "tls.verify, line 3: unknown key"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

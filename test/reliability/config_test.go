@@ -35,7 +35,7 @@ func TestEdgeConfigErrorsNameTheKey(t *testing.T) {
 	}{
 		{"unknown key", validEdgeYAML + "colour: blue\n", "colour"},
 		{"not YAML", "model: [unclosed", "YAML"},
-		{"wrong type", strings.Replace(validEdgeYAML, "model: m", "model: [1, 2]", 1), "model: want a string"}, // was B6: named the line only
+		{"wrong type", strings.Replace(validEdgeYAML, "model: m", "model: [1, 2]", 1), "model, line 1: want a string"}, // was B6: named the line only
 		{"wrong nested type", strings.Replace(validEdgeYAML, `  urls: ["http://127.0.0.1:9002"]`, "  urls: [\"http://127.0.0.1:9002\"]\n  router: {type: [conversation]}", 1), "generation_servers.router.type"},
 		{"no model", strings.Replace(validEdgeYAML, "model: m\n", "", 1), "model"},
 		{"port out of range", validEdgeYAML + "port: 70000\n", "port"},
