@@ -141,10 +141,19 @@ func TestSimPlacesLikeALocalDeployment(t *testing.T) {
 		}
 		w.Agents = append(w.Agents, pw.Agents...)
 	}
+	placesLikeADeployment(t, w, 4096, 0.1)
+}
+
+// placesLikeADeployment replays w through a 3-edge deployment (4 context
+// workers of capacity blocks each, one rank) at timeScale and through the
+// simulator with the same edge per request and the same instance ids, and
+// fails for every request the two placed on different context instances.
+func placesLikeADeployment(t *testing.T, w *Workload, capacity int, timeScale float64) {
+	t.Helper()
 	edgeFor := func(agent string, call int) int { return int((stringHash(agent) + uint64(call)) % 3) }
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	local := LocalE2EOptions{Edges: 3, ContextWorkers: 4, GenerationWorkers: 1, Ranks: 1, CapacityBlocks: 4096, TimeScale: 0.1, Seed: 1,
+	local := LocalE2EOptions{Edges: 3, ContextWorkers: 4, GenerationWorkers: 1, Ranks: 1, CapacityBlocks: capacity, TimeScale: timeScale, Seed: 1,
 		EdgeFor: edgeFor}
 	real, err := ReplayLocalE2E(ctx, w, PolicyTether, local)
 	if err != nil {
@@ -152,7 +161,7 @@ func TestSimPlacesLikeALocalDeployment(t *testing.T) {
 	}
 	cfg := testConfig()
 	cfg.Policy, cfg.Log = PolicyTether, LogVirtual
-	cfg.Instances, cfg.Ranks, cfg.CapacityBlocks, cfg.Edges = 4, 1, 4096, 3
+	cfg.Instances, cfg.Ranks, cfg.CapacityBlocks, cfg.Edges = 4, 1, capacity, 3
 	cfg.InstanceIDs = []string{"ctx-1", "ctx-2", "ctx-3", "ctx-4"}
 	cfg.EdgeFor = edgeFor
 	sim, err := Simulate(ctx, w, cfg)
@@ -170,14 +179,17 @@ func TestSimPlacesLikeALocalDeployment(t *testing.T) {
 	if len(real.Records) != len(sim.Records) || len(real.Records) == 0 {
 		t.Fatalf("deployment recorded %d requests, simulator %d", len(real.Records), len(sim.Records))
 	}
-	used := map[string]bool{}
+	used, subagents := map[string]bool{}, 0
 	for _, r := range real.Records {
 		used[r.InstanceID] = true
+		if r.SubAgent {
+			subagents++
+		}
 		if got := simAt[call{r.Agent, r.Call}]; got != r.InstanceID {
 			t.Errorf("%s call %d: deployment placed it on %q, simulator on %q", r.Agent, r.Call, r.InstanceID, got)
 		}
 	}
-	t.Logf("%d requests, same placement each, over instances %v", len(real.Records), used)
+	t.Logf("%d requests (%d of sub-agents), same placement each, over instances %v", len(real.Records), subagents, used)
 	if t.Failed() {
 		for _, r := range real.Records {
 			t.Logf("%s call %d edge %d: real %s cached %d/%d, sim %s", r.Agent, r.Call, r.Edge, r.InstanceID, r.Cached, r.Prompt, simAt[call{r.Agent, r.Call}])
