@@ -182,3 +182,47 @@ func TestToJSONIsPythonJSONDumps(t *testing.T) {
 		}
 	}
 }
+
+// The ordered decoder accepts what encoding/json accepts, with the same
+// values, and rejects what it rejects.
+func TestDecodeOrderedAgreesWithEncodingJSON(t *testing.T) {
+	for _, doc := range []string{
+		`{"b":1,"a":[true,false,null,-1.5e3,0,"x\u00e9\n\"\\"],"c":{},"d":[]}`,
+		` [ "é😀" , {"k" : "v"} ] `, `"\ud83d\ude00"`, "\"bad \xff utf8\"", `{"a":1,"a":2}`, `123456789012345678901234567890`,
+	} {
+		got, err := decodeOrdered([]byte(doc))
+		if err != nil {
+			t.Errorf("%s: %v", doc, err)
+			continue
+		}
+		var want any
+		if err := json.Unmarshal([]byte(doc), &want); err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		if err := writeJSON(&b, got, &jsonOpts{itemSep: ",", keySep: ":", sortKeys: true}, 0); err != nil {
+			t.Fatal(err)
+		}
+		var back any
+		if err := json.Unmarshal([]byte(b.String()), &back); err != nil {
+			t.Fatalf("%s: re-encoded %s: %v", doc, b.String(), err)
+		}
+		if wantJSON, _ := json.Marshal(want); string(mustJSON(t, back)) != string(wantJSON) {
+			t.Errorf("%s: decoded as %s, want %s", doc, mustJSON(t, back), wantJSON)
+		}
+	}
+	for _, doc := range []string{``, `{`, `[1,]`, `{"a"}`, `{"a":1,}`, `tru`, `"x`, "\"a\tb\"", `1.2.3`, `[1] 2`, `{1:2}`, `-`} {
+		if _, err := decodeOrdered([]byte(doc)); err == nil {
+			t.Errorf("%q: want an error", doc)
+		}
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
