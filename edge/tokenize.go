@@ -239,7 +239,9 @@ type prompt struct {
 func (e *Edge) promptKeys(rq *request, words []uint32) {
 	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
 		ft := e.tokenizers[f]
-		if f == fsm.FleetGeneration && ft == e.tokenizers[fsm.FleetContext] {
+		// One fleet's keys serve both when they cut alike, and an
+		// aggregated deployment (vLLM, SGLang) has no generation hop.
+		if f == fsm.FleetGeneration && (ft == e.tokenizers[fsm.FleetContext] || e.cfg.Aggregated()) {
 			rq.prompts[f] = rq.prompts[fsm.FleetContext]
 			continue
 		}

@@ -33,6 +33,7 @@ func init() {
 type Template struct {
 	tpl      *exec.Template
 	specials map[string]any
+	native   nativeRenderer // nil: gonja renders (qwen3.go)
 }
 
 // Input is one chat request as the engine's OpenAI server receives it.
@@ -63,10 +64,18 @@ func Parse(source string, specials map[string]string) (*Template, error) {
 	if err := filters.Replace("tojson", filterToJSON); err != nil {
 		return nil, err
 	}
+	tests := exec.NewTestSet(map[string]exec.TestFunction{}).Update(builtins.Tests)
+	// jinja2's `is true` / `is false` are identity with True / False;
+	// gonja's are truthiness, which would take enable_thinking: 0 for false.
+	for name, want := range map[string]bool{"true": true, "false": false} {
+		if err := tests.Replace(name, exactBool(want)); err != nil {
+			return nil, err
+		}
+	}
 	env := &exec.Environment{
 		Context:           exec.NewContext(globals()),
 		Filters:           filters,
-		Tests:             builtins.Tests,
+		Tests:             tests,
 		ControlStructures: builtins.ControlStructures,
 		Methods:           builtins.Methods,
 	}
@@ -78,7 +87,13 @@ func Parse(source string, specials map[string]string) (*Template, error) {
 	for k, v := range specials {
 		sp[k] = v
 	}
-	return &Template{tpl: tpl, specials: sp}, nil
+	return &Template{tpl: tpl, specials: sp, native: nativeFor(source)}, nil
+}
+
+func exactBool(want bool) func(*exec.Context, *exec.Value, *exec.VarArgs) (bool, error) {
+	return func(_ *exec.Context, in *exec.Value, _ *exec.VarArgs) (bool, error) {
+		return in.IsBool() && in.Bool() == want, nil
+	}
 }
 
 // globals are the functions a chat template may call: Jinja's own (without
@@ -98,47 +113,72 @@ func globals() map[string]any {
 
 // Render renders in with the template, as the engine does.
 func (t *Template) Render(in Input) (string, error) {
+	p, err := t.prepare(in)
+	if err != nil {
+		return "", err
+	}
+	if t.native != nil {
+		if out, ok := t.native(p.messages, p.tools, p.hasTools, in.AddGenerationPrompt, p.kwargs); ok {
+			return out, nil
+		}
+	}
+	return t.renderGonja(p.data, in.Now)
+}
+
+// prepared is a request shaped as the engine hands it to the template.
+type prepared struct {
+	messages, tools []any
+	hasTools        bool
+	kwargs          map[string]any // chat_template_kwargs
+	data            map[string]any // every template variable
+}
+
+func (t *Template) prepare(in Input) (*prepared, error) {
 	msgs, err := decodeOrdered(in.Messages)
 	if err != nil {
-		return "", fmt.Errorf("messages: %w", err)
+		return nil, fmt.Errorf("messages: %w", err)
 	}
 	list, ok := msgs.([]any)
 	if !ok {
-		return "", errors.New("messages: not a JSON array")
+		return nil, errors.New("messages: not a JSON array")
 	}
-	messages := make([]any, len(list))
+	p := &prepared{messages: make([]any, len(list)), kwargs: map[string]any{}, data: map[string]any{}}
 	for i, m := range list {
-		if messages[i], err = engineMessage(m); err != nil {
-			return "", fmt.Errorf("messages[%d]: %w", i, err)
+		if p.messages[i], err = engineMessage(m); err != nil {
+			return nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
 	}
-	data := map[string]any{}
 	for k, v := range t.specials {
-		data[k] = v
+		p.data[k] = v
 	}
 	if len(in.Kwargs) > 0 {
 		kw, err := decodeOrdered(in.Kwargs)
 		if err != nil {
-			return "", fmt.Errorf("chat_template_kwargs: %w", err)
+			return nil, fmt.Errorf("chat_template_kwargs: %w", err)
 		}
 		d, ok := kw.(exec.Dict)
 		if !ok {
-			return "", errors.New("chat_template_kwargs: not a JSON object")
+			return nil, errors.New("chat_template_kwargs: not a JSON object")
 		}
-		for _, p := range d.Pairs {
-			data[p.Key.String()] = p.Value.Interface()
+		for _, pair := range d.Pairs {
+			p.data[pair.Key.String()] = pair.Value.Interface()
+			p.kwargs[pair.Key.String()] = pair.Value.Interface()
 		}
 	}
-	data["messages"] = messages
-	data["add_generation_prompt"] = in.AddGenerationPrompt
-	if len(in.Tools) > 0 && string(in.Tools) != "null" {
-		tools, err := engineTools(in.Tools)
-		if err != nil {
-			return "", err
+	p.data["messages"] = p.messages
+	p.data["add_generation_prompt"] = in.AddGenerationPrompt
+	p.hasTools = len(in.Tools) > 0 && string(in.Tools) != "null"
+	if p.hasTools {
+		if p.tools, err = engineTools(in.Tools); err != nil {
+			return nil, err
 		}
-		data["tools"] = tools
+		p.data["tools"] = p.tools
 	}
-	now := in.Now
+	return p, nil
+}
+
+// renderGonja runs the template's own text (data: the template variables).
+func (t *Template) renderGonja(data map[string]any, now time.Time) (string, error) {
 	data["strftime_now"] = func(format string) (string, error) {
 		if now.IsZero() {
 			return "", errors.New("strftime_now: no time given")

@@ -82,6 +82,7 @@ func TestQwen3MatchesJavaScriptReference(t *testing.T) {
 		t.Fatalf("only %d golden conversations", len(file.Cases))
 	}
 	tpl, tok := qwenTemplate(t), qwenTokenizer(t)
+	gonjaFailed := 0
 	for _, c := range file.Cases {
 		kw := c.Kwargs
 		if string(kw) == "null" {
@@ -99,6 +100,20 @@ func TestQwen3MatchesJavaScriptReference(t *testing.T) {
 		if ids := tok.Encode(got); !slices.Equal(ids, c.IDs) {
 			t.Errorf("%s: token ids differ\n got: %v\nwant: %v", c.Name, ids, c.IDs)
 		}
+		// The template's own text through gonja (the path of templates
+		// without a native renderer) gives the same bytes, where gonja can
+		// render at all (it cannot call methods on an empty string).
+		gonja := *tpl
+		gonja.native = nil
+		if out, err := gonja.Render(Input{Messages: c.Request.Messages, Tools: c.Request.Tools, AddGenerationPrompt: c.AddGenerationPrompt, Kwargs: kw}); err != nil {
+			t.Logf("%s: gonja: %v", c.Name, err)
+			gonjaFailed++
+		} else if out != c.Rendered {
+			t.Errorf("%s: gonja renders differently at byte %d", c.Name, firstDiff(out, c.Rendered))
+		}
+	}
+	if gonjaFailed > 1 {
+		t.Errorf("gonja failed on %d golden conversations, want only the one with empty strings", gonjaFailed)
 	}
 }
 
@@ -188,7 +203,8 @@ func TestToJSONIsPythonJSONDumps(t *testing.T) {
 func TestDecodeOrderedAgreesWithEncodingJSON(t *testing.T) {
 	for _, doc := range []string{
 		`{"b":1,"a":[true,false,null,-1.5e3,0,"x\u00e9\n\"\\"],"c":{},"d":[]}`,
-		` [ "é😀" , {"k" : "v"} ] `, `"\ud83d\ude00"`, "\"bad \xff utf8\"", `{"a":1,"a":2}`, `123456789012345678901234567890`,
+		` [ "é😀" , {"k" : "v"} ] `, `"\ud83d\ude00"`, `"a\/b\b\f\r\t\u00e9\u4e2d x\ud83d\ude00y"`, `"lone \ud83d here"`,
+		`"lone low \ude00"`, `"pair then \ud83d\u0041"`, `"end \ud83d"`, `"\u0000nul"`, "\"bad \xff utf8\"", `{"a":1,"a":2}`, `123456789012345678901234567890`,
 	} {
 		got, err := decodeOrdered([]byte(doc))
 		if err != nil {
@@ -211,7 +227,7 @@ func TestDecodeOrderedAgreesWithEncodingJSON(t *testing.T) {
 			t.Errorf("%s: decoded as %s, want %s", doc, mustJSON(t, back), wantJSON)
 		}
 	}
-	for _, doc := range []string{``, `{`, `[1,]`, `{"a"}`, `{"a":1,}`, `tru`, `"x`, "\"a\tb\"", `1.2.3`, `[1] 2`, `{1:2}`, `-`} {
+	for _, doc := range []string{``, `{`, `[1,]`, `{"a"}`, `{"a":1,}`, `tru`, `"x`, "\"a\tb\"", `1.2.3`, `[1] 2`, `{1:2}`, `-`, `"\x"`, `"\u12"`, `"\uZZZZ"`} {
 		if _, err := decodeOrdered([]byte(doc)); err == nil {
 			t.Errorf("%q: want an error", doc)
 		}

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/nikolalohinski/gonja/v2/exec"
@@ -180,6 +181,8 @@ func (d *decoder) array(depth int) (any, error) {
 // str reads a string; one without escapes is its bytes, else
 // encoding/json unquotes it.
 func (d *decoder) str() (string, error) {
+	// (a hand-written unescape for the common case: tool outputs and code
+	// are full of \n and \t, and encoding/json re-scans each string)
 	start := d.pos
 	d.pos++ // "
 	escaped := false
@@ -188,8 +191,13 @@ func (d *decoder) str() (string, error) {
 		case c == '"':
 			d.pos++
 			raw := d.data[start:d.pos]
-			if !escaped && utf8.Valid(raw) {
-				return string(raw[1 : len(raw)-1]), nil
+			if utf8.Valid(raw) {
+				if !escaped {
+					return string(raw[1 : len(raw)-1]), nil
+				}
+				if s, ok := unescape(raw[1 : len(raw)-1]); ok {
+					return s, nil
+				}
 			}
 			var s string
 			if err := json.Unmarshal(raw, &s); err != nil {
@@ -444,4 +452,66 @@ func pyFloat(f float64) string {
 		s += ".0"
 	}
 	return s
+}
+
+// unescape decodes the escapes of a valid UTF-8 JSON string body; ok false
+// (a lone surrogate, a bad escape) leaves it to encoding/json.
+func unescape(b []byte) (string, bool) {
+	out := make([]byte, 0, len(b))
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if c != '\\' {
+			out = append(out, c)
+			continue
+		}
+		if i+1 >= len(b) {
+			return "", false
+		}
+		i++
+		switch b[i] {
+		case '"', '\\', '/':
+			out = append(out, b[i])
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r, ok := hex4(b, i+1)
+			if !ok {
+				return "", false
+			}
+			i += 4
+			if utf16.IsSurrogate(r) {
+				if i+2 >= len(b) || b[i+1] != '\\' || b[i+2] != 'u' {
+					return "", false
+				}
+				r2, ok := hex4(b, i+3)
+				if !ok {
+					return "", false
+				}
+				if r = utf16.DecodeRune(r, r2); r == utf8.RuneError {
+					return "", false
+				}
+				i += 6
+			}
+			out = utf8.AppendRune(out, r)
+		default:
+			return "", false
+		}
+	}
+	return string(out), true
+}
+
+func hex4(b []byte, i int) (rune, bool) {
+	if i+4 > len(b) {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(b[i:i+4]), 16, 32)
+	return rune(v), err == nil
 }

@@ -234,6 +234,24 @@ const cases = [
       ]),
     ],
   },
+  {
+    name: "assistant turns that are only think tags",
+    messages: [
+      { role: "user", content: "a" },
+      { role: "assistant", content: "</think>" },
+      { role: "user", content: "b" },
+      { role: "assistant", content: "<think>\n</think>" },
+      { role: "assistant", content: "<think>x</think>y</think>\n\nz" },
+    ],
+    add_generation_prompt: false,
+  },
+  { name: "enable_thinking 0 is not false", kwargs: { enable_thinking: 0 }, messages: [{ role: "user", content: "hi" }] },
+  { name: "enable_thinking string is not false", kwargs: { enable_thinking: "false" }, messages: [{ role: "user", content: "hi" }] },
+  { name: "empty tools list", tools: [], messages: [{ role: "system", content: "sys" }, { role: "user", content: "hi" }] },
+  {
+    name: "developer role renders nothing in Qwen3",
+    messages: [{ role: "developer", content: "be terse" }, { role: "user", content: "hi" }],
+  },
 ];
 
 const out = cases.map((c) => {
