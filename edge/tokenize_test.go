@@ -2,10 +2,12 @@ package edge
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tether-project/tether/fsm"
@@ -231,5 +233,54 @@ func TestConvCacheIsBoundedLRU(t *testing.T) {
 	c.put("a", enc("short"))
 	if n, _ := c.stats(); n != 3 {
 		t.Fatalf("replacing a conversation's entry: %d entries", n)
+	}
+}
+
+// Concurrent requests of one conversation (and of others) share the cache
+// safely and each gets the cold path's keys.
+func TestPromptKeysConcurrent(t *testing.T) {
+	e := tokenizeEdge(t, "hf:"+qwenDir, 16)
+	cold := tokenizeEdge(t, "hf:"+qwenDir, 16)
+	var bodies [][]byte
+	msgs := []map[string]any{{"role": "system", "content": strings.Repeat("Stay on task. ", 100)}}
+	for turn := range 4 {
+		msgs = append(msgs, map[string]any{"role": "user", "content": fmt.Sprintf("turn %d", turn)})
+		b, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs})
+		bodies = append(bodies, b)
+		msgs = append(msgs, map[string]any{"role": "assistant", "content": "ok"})
+	}
+	keys := func(e *Edge, body []byte, conv string) prompt {
+		rq, _, words, aerr := parseBody(body, true)
+		if aerr != nil {
+			panic(aerr.Message)
+		}
+		rq.id.ConversationID = conv
+		e.promptKeys(rq, words)
+		return rq.prompts[fsm.FleetContext]
+	}
+	want := make([]prompt, len(bodies))
+	for i, b := range bodies {
+		want[i] = keys(cold, b, "")
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 64)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				k := (g + i) % len(bodies)
+				got := keys(e, bodies[k], fmt.Sprintf("conv-%d", g%2))
+				if got.tokens != want[k].tokens || !slices.Equal(got.blocks, want[k].blocks) {
+					errs <- fmt.Sprintf("goroutine %d, turn %d: %d tokens, want %d", g, k, got.tokens, want[k].tokens)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }

@@ -5,6 +5,8 @@
 //
 // Rendering is a pure function of the template and the request: no I/O (a
 // template cannot include files), no clock (strftime_now reads Input.Now).
+// gonja's logging (logrus, global) stays at its default, off: a template
+// error is returned to the caller.
 package chattmpl
 
 import (
@@ -15,18 +17,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nikolalohinski/gonja/v2"
 	"github.com/nikolalohinski/gonja/v2/builtins"
 	"github.com/nikolalohinski/gonja/v2/config"
 	"github.com/nikolalohinski/gonja/v2/exec"
 	"github.com/nikolalohinski/gonja/v2/loaders"
 )
-
-func init() {
-	// gonja logs through logrus' global logger; a template error is returned
-	// to the caller, never logged on the side.
-	gonja.SetLoggerOutput(io.Discard)
-}
 
 // Template is a parsed chat template with the special tokens it may name.
 // It is safe for concurrent use.
