@@ -4,15 +4,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/hftok"
 	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/test/engines/vllm"
 )
 
 // The Qwen3 tokenizer.json.gz and tokenizer_config.json of routing/hftok's
@@ -110,7 +113,7 @@ func chatGoldens(t testing.TB) []chatGolden {
 // goldenBody is the request body of a golden conversation.
 func goldenBody(t testing.TB, c chatGolden) []byte {
 	t.Helper()
-	body := map[string]any{"model": "m", "messages": c.Request.Messages, "add_generation_prompt": c.AddGenerationPrompt}
+	body := map[string]any{"model": testModel, "messages": c.Request.Messages, "add_generation_prompt": c.AddGenerationPrompt}
 	if len(c.Request.Tools) > 0 {
 		body["tools"] = c.Request.Tools
 	}
@@ -282,5 +285,56 @@ func TestPromptKeysConcurrent(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// Through a running edge in front of a vLLM stand-in: a fleet with
+// tokenizer hf:<Qwen3> and block_size 16 predicts, on the instance that
+// served a chat, the blocks whose keys are the chained hashes of the
+// JavaScript reference's token ids — the keys vLLM's KV events map to
+// (worker/kvevents) — and not the words tokenizer's.
+func TestHFTokenizerKeysReachTheKVIndex(t *testing.T) {
+	srv := vllm.Start(vllm.Options{Model: testModel})
+	t.Cleanup(srv.Close)
+	ec := startEdges(t, 1, "", func(_ int, c *Config) {
+		c.Telemetry.ProbeInterval = 100 * time.Millisecond
+		c.ContextServers = ServersConfig{URLs: []StaticInstance{{Name: "vllm-0", URL: srv.URL()}}, Engine: EngineVLLM,
+			Tokenizer: "hf:" + qwenDir, BlockSize: 16}
+		c.GenerationServers = ServersConfig{}
+	})
+	ec.waitInstances(1)
+	var golden chatGolden
+	for _, c := range chatGoldens(t) {
+		if c.Name == "tool call round trip" {
+			golden = c
+		}
+	}
+	want := prefix.BlockHashes(golden.IDs, 16)
+	if len(want) < 4 {
+		t.Fatalf("golden conversation too short: %d blocks", len(want))
+	}
+	body := goldenBody(t, golden)
+	client := httpClient(t)
+	te := ec.edge(0)
+	waitFor(t, "/readyz", 15*time.Second, func() bool {
+		return do(t, client, http.MethodGet, te.url()+"/readyz", nil, nil).status == http.StatusOK
+	})
+	if r := do(t, client, http.MethodPost, te.url()+"/v1/chat/completions", body, map[string]string{"x-session-id": "hf-conv"}); r.status != http.StatusOK {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	ix := te.e.fleet.Index()
+	for i, b := range want {
+		if held, _ := ix.Holds("vllm-0", b, te.e.now()); !held {
+			t.Fatalf("block %d of the reference's ids (%016x) is not predicted on vllm-0", i, b)
+		}
+	}
+	_, _, words, aerr := parseBody(body, true)
+	if aerr != nil {
+		t.Fatal(aerr.Message)
+	}
+	if wb := prefix.BlockHashes(words, 16); len(wb) > 0 {
+		if held, _ := ix.Holds("vllm-0", wb[0], te.e.now()); held {
+			t.Fatal("the words tokenizer's first block is predicted: the fleet's hf tokenizer was not used")
+		}
 	}
 }
