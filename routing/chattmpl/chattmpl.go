@@ -29,6 +29,8 @@ type Template struct {
 	tpl      *exec.Template
 	specials map[string]any
 	native   nativeRenderer // nil: gonja renders (qwen3.go)
+	// partsContent: the template iterates message content parts (content.go).
+	partsContent bool
 }
 
 // Input is one chat request as the engine's OpenAI server receives it.
@@ -82,7 +84,7 @@ func Parse(source string, specials map[string]string) (*Template, error) {
 	for k, v := range specials {
 		sp[k] = v
 	}
-	return &Template{tpl: tpl, specials: sp, native: nativeFor(source)}, nil
+	return &Template{tpl: tpl, specials: sp, native: nativeFor(source), partsContent: iteratesContent(source)}, nil
 }
 
 func exactBool(want bool) func(*exec.Context, *exec.Value, *exec.VarArgs) (bool, error) {
@@ -139,7 +141,7 @@ func (t *Template) prepare(in Input) (*prepared, error) {
 	}
 	p := &prepared{messages: make([]any, len(list)), kwargs: map[string]any{}, data: map[string]any{}}
 	for i, m := range list {
-		if p.messages[i], err = engineMessage(m); err != nil {
+		if p.messages[i], err = engineMessage(m, t.partsContent); err != nil {
 			return nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
 	}
@@ -193,7 +195,11 @@ func (t *Template) renderGonja(data map[string]any, now time.Time) (string, erro
 // joined by newlines, absent or null content ""; assistant tool-call
 // arguments parsed from their JSON string into an object; tool_call_id,
 // name and reasoning_content carried over.
-func engineMessage(m any) (exec.Dict, error) {
+//
+// With parts (a template that iterates message content, vLLM's "openai"
+// content format) content is instead a list of {"type": "text", "text"}
+// parts: a string becomes one part, absent or null content none.
+func engineMessage(m any, parts bool) (exec.Dict, error) {
 	msg, ok := m.(exec.Dict)
 	if !ok {
 		return exec.Dict{}, errors.New("not a JSON object")
@@ -210,7 +216,11 @@ func engineMessage(m any) (exec.Dict, error) {
 	}
 	out := exec.Dict{Pairs: []*exec.Pair{}}
 	setPair(&out, "role", roleStr)
-	setPair(&out, "content", text)
+	if parts {
+		setPair(&out, "content", textParts(content))
+	} else {
+		setPair(&out, "content", text)
+	}
 	switch roleStr {
 	case "assistant":
 		if calls, ok := dictGet(msg, "tool_calls"); ok && calls != nil {

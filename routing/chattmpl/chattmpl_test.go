@@ -242,3 +242,30 @@ func mustJSON(t *testing.T, v any) []byte {
 	}
 	return b
 }
+
+// A template that iterates message content parts gets content as a list of
+// text parts (vLLM's "openai" content format); Qwen3's, which reads content
+// as a string, gets a string.
+func TestContentFormat(t *testing.T) {
+	const partsTpl = `{%- for message in messages %}{{ message.role }}:{% if message.content is string %}S{{ message.content }}{% else %}{% for part in message['content'] %}[{{ part.type }}={{ part.text }}]{% endfor %}{% endif %}|{% endfor %}`
+	const loopVarTpl = `{% set loop_messages = messages[1:] %}{% for m in loop_messages %}{% for c in m.content %}{{ c.text }};{% endfor %}{% endfor %}`
+	const stringTpl = `{% for message in messages %}{% if message.content is string %}{{ message.content }}{% endif %}{% endfor %}`
+	if qwenTemplate(t).partsContent {
+		t.Error("Qwen3's template detected as iterating content parts")
+	}
+	msgs := json.RawMessage(`[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":null}]`)
+	for src, want := range map[string]string{
+		partsTpl:   "system:[text=s]|user:[text=a][text=b]|assistant:|",
+		loopVarTpl: "a;b;",
+		stringTpl:  "sa\nb",
+	} {
+		tpl, err := Parse(src, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tpl.Render(Input{Messages: msgs})
+		if err != nil || got != want {
+			t.Errorf("%s:\n got %q (%v)\nwant %q", src, got, err, want)
+		}
+	}
+}
