@@ -169,6 +169,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	if e.tokenizers, err = loadFleetTokenizers(&cfg); err != nil {
 		return nil, fmt.Errorf("edge: %w", err)
 	}
+	e.logTokenizers()
 	e.registry = deps.Registry
 	if e.registry == nil {
 		e.registry = prometheus.NewRegistry()

@@ -87,6 +87,21 @@ func loadFleetTokenizers(cfg *Config) ([3]fleetTokenizer, error) {
 	return out, nil
 }
 
+// logTokenizers says at start how each fleet's block keys are computed.
+func (e *Edge) logTokenizers() {
+	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+		ft := e.tokenizers[f]
+		if ft.model == nil {
+			continue // words: as every tether dev and simulator run
+		}
+		e.log.Info("fleet block keys from the model's tokenizer", "fleet", f.String(), "dir", ft.model.dir,
+			"block_size", ft.blockSize, "chat_template", ft.model.tpl != nil)
+		if ft.model.tpl == nil {
+			e.log.Warn("the model's tokenizer_config.json has no chat_template: chat requests get no block keys", "fleet", f.String(), "dir", ft.model.dir)
+		}
+	}
+}
+
 func fleetKey(f fsm.Fleet) string {
 	if f == fsm.FleetGeneration {
 		return "generation_servers"
