@@ -156,6 +156,16 @@ type ServersConfig struct {
 	// HealthCheckModel: a probe also requires the served model in the
 	// worker's GET /v1/models list.
 	HealthCheckModel bool `yaml:"health_check_model"`
+	// Tokenizer is how the edge turns this fleet's prompts into tokens
+	// for block keys (edge/tokenize.go): "words" (routing/prefix, what
+	// tether's simulated workers use) or "hf:<dir>" (the model's
+	// tokenizer.json and chat template, as a real engine renders and
+	// tokenizes).
+	Tokenizer string `yaml:"tokenizer"`
+	// BlockSize is the engine's KV block size in tokens (vLLM 16,
+	// trtllm-serve tokens_per_block 32, SGLang page size); 0 takes
+	// placement.block_size.
+	BlockSize int `yaml:"block_size"`
 }
 
 // DefaultHealthPath is the default probe path of static workers.
@@ -455,6 +465,7 @@ func DefaultConfig() Config {
 	}
 	c.HintSignatureFormat = hintauth.FormatTRTLLM
 	c.ContextServers.HealthPath, c.GenerationServers.HealthPath = DefaultHealthPath, DefaultHealthPath
+	c.ContextServers.Tokenizer, c.GenerationServers.Tokenizer = TokenizerWords, TokenizerWords
 	return c
 }
 
@@ -510,6 +521,9 @@ func (c *Config) RoutingConfig(f fsm.Fleet) routing.Config {
 		Overflow: p.Overflow, Shed: p.Shed, Breaker: p.Breaker,
 	}
 	rc.Type = c.servers(f).Router.Type
+	if bs := c.servers(f).BlockSize; bs > 0 {
+		rc.BlockSize = bs // the fleet's engine cuts blocks of this size
+	}
 	if f == fsm.FleetGeneration {
 		// The cache-lost rebind reads the KV index, and a generation
 		// worker's prompt blocks arrive by transfer from the context side
@@ -575,6 +589,9 @@ func (c *Config) normalize() {
 	for _, s := range []*ServersConfig{&c.ContextServers, &c.GenerationServers} {
 		if s.HealthPath == "" {
 			s.HealthPath = DefaultHealthPath
+		}
+		if s.Tokenizer == "" {
+			s.Tokenizer = TokenizerWords
 		}
 	}
 	if c.MetricsAccess == "" {
@@ -667,6 +684,7 @@ func (c *Config) validateFleets(bad complain, errs *[]error) {
 			bad(fl.key+".urls", "no instances: list the workers' URLs or configure nats so workers register themselves")
 		}
 		*errs = append(*errs, c.validateEngine(fl.key, fl.s)...)
+		validateTokenizer(fl.key, fl.s, bad)
 		for i, si := range fl.s.URLs {
 			key := fmt.Sprintf("%s.urls[%d]", fl.key, i)
 			if err := checkWorkerURL(si.URL); err != nil {

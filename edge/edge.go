@@ -80,6 +80,7 @@ type Edge struct {
 	now         func() time.Time
 	identityCfg routing.IdentityConfig
 	routers     [3]*routing.Router // by fsm.Fleet
+	tokenizers  [3]fleetTokenizer  // by fsm.Fleet (tokenize.go)
 	overload    *routing.OverloadTracker
 	authKey     []byte
 	tls         *edgeTLS // transport security (tls.go)
@@ -165,6 +166,11 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		}
 		e.routers[f] = r
 	}
+	var err error
+	if e.tokenizers, err = loadFleetTokenizers(&cfg); err != nil {
+		return nil, fmt.Errorf("edge: %w", err)
+	}
+	e.logTokenizers()
 	e.registry = deps.Registry
 	if e.registry == nil {
 		e.registry = prometheus.NewRegistry()
@@ -173,7 +179,6 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	e.touches = newTouchBatcher()
 	e.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Fleet: edgeFleet{e}, Index: edgeIndex{e}, Overload: e.overload}
 	e.fresh = newFreshness(e)
-	var err error
 	if e.metrics, err = newMetrics(e.registry, e); err != nil {
 		return nil, err
 	}

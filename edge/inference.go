@@ -21,7 +21,6 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/hintauth"
-	"github.com/tether-project/tether/routing/prefix"
 )
 
 // Response headers.
@@ -132,8 +131,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 	if rq.id.DepthLimited {
 		w.Header().Set(HeaderDepthLimited, depthLimitedValue(rq.id, e.identityCfg))
 	}
-	rq.promptTokens = len(tokens)
-	rq.blocks = prefix.BlockHashes(tokens, e.cfg.Placement.BlockSize)
+	e.promptKeys(rq, tokens)
 	if conv := rq.id.ConversationID; conv != "" && !e.cfg.Aggregated() {
 		// The workers read the same conversation id the hint signs
 		// (vLLM and SGLang read none: their body goes as the client sent it).

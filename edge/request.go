@@ -76,8 +76,8 @@ type request struct {
 
 	id           routing.Identity
 	priority     routing.Priority
-	promptTokens int
-	blocks       []uint64
+	promptTokens int       // the context fleet's
+	prompts      [3]prompt // by fsm.Fleet: tokens and block keys (tokenize.go)
 	requestID    string
 	now          time.Time
 	hint         bool // the endpoint gets rank affinity (signed hint) when a sub-agent

@@ -191,7 +191,7 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 	}
 	// The prompt now counts as cached there until the worker's own KV
 	// event arrives, so a burst sharing the prefix lands together.
-	e.fleet.Index().Predict(h.instance, rq.blocks, rq.now)
+	e.fleet.Index().Predict(h.instance, rq.prompts[f].blocks, rq.now)
 	return h, nil
 }
 
@@ -199,7 +199,7 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 func (e *Edge) routingRequest(rq *request, f fsm.Fleet, rr uint64) routing.Request {
 	return routing.Request{
 		Fleet: f, Key: rq.id.Key(f), ConversationID: rq.id.ConversationID, RequestID: rq.requestID, Edge: e.nodeID,
-		Priority: rq.priority, PromptTokens: rq.promptTokens, Blocks: rq.blocks,
+		Priority: rq.priority, PromptTokens: rq.prompts[f].tokens, Blocks: rq.prompts[f].blocks,
 		Spread: routing.SpreadFor(rq.requestID), RoundRobin: rr, Now: rq.now,
 	}
 }

@@ -9,7 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
+	"github.com/tether-project/tether/routing/chattmpl"
 	"github.com/tether-project/tether/routing/hftok"
 	"github.com/tether-project/tether/routing/prefix"
 )
@@ -25,7 +27,7 @@ func runTokenize(out io.Writer, args []string) error {
 	tokDir := fs.String("tokenizer", "", "Hugging Face tokenizer: a directory holding tokenizer.json (or tokenizer.json.gz), or the file; empty: the words tokenizer of tether dev and the simulator")
 	blockSize := fs.Int("block-size", prefix.DefaultBlockSize, "tokens per KV block (the engine's: vLLM 16, TensorRT-LLM tokens_per_block, SGLang page size)")
 	promptText := fs.String("prompt", "", "the prompt text")
-	chatFile := fs.String("chat", "", "a JSON file with OpenAI chat messages ({\"messages\": [...]} or [...]), rendered as the words path renders them")
+	chatFile := fs.String("chat", "", "a JSON file with an OpenAI chat request ({\"messages\": [...], \"tools\": [...], \"chat_template_kwargs\": {...}} or just [...] messages), rendered as the edge renders it: with --tokenizer, the model's chat_template of tokenizer_config.json beside tokenizer.json; else the words path's markers")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -36,10 +38,12 @@ func runTokenize(out io.Writer, args []string) error {
 		return fmt.Errorf("%w: --block-size %d out of range", errUsage, *blockSize)
 	}
 	text := *promptText
-	if *chatFile != "" {
-		if *tokDir != "" {
-			return fmt.Errorf("%w: --chat with --tokenizer needs the model's chat template, which tether does not render yet; pass the rendered prompt with --prompt", errUsage)
+	if *chatFile != "" && *tokDir != "" {
+		var err error
+		if text, err = renderChat(*tokDir, *chatFile); err != nil {
+			return err
 		}
+	} else if *chatFile != "" {
 		msgs, err := readChat(*chatFile)
 		if err != nil {
 			return err
@@ -136,15 +140,58 @@ func readChat(path string) ([]prefix.Message, error) {
 			if err := json.Unmarshal(m.Content, &parts); err != nil {
 				return nil, fmt.Errorf("--chat %s: messages[%d].content: want a string or text parts", path, i)
 			}
-			var b strings.Builder
+			var texts []string
 			for _, p := range parts {
 				if p.Type == "text" {
-					b.WriteString(p.Text)
+					texts = append(texts, p.Text)
 				}
 			}
-			s = b.String()
+			s = strings.Join(texts, "\n") // as the edge joins text parts
 		}
 		out = append(out, prefix.Message{Role: m.Role, Content: s})
 	}
 	return out, nil
+}
+
+// renderChat renders the chat request in chatFile with the chat template of
+// the tokenizer_config.json next to the tokenizer (routing/chattmpl, as the
+// edge does for a fleet with tokenizer: hf:<dir>).
+func renderChat(tokDir, chatFile string) (string, error) {
+	dir := tokDir
+	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
+		dir = filepath.Dir(dir)
+	}
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	cfg, err := os.ReadFile(cfgPath)
+	if err != nil {
+		return "", fmt.Errorf("--tokenizer: the chat template: %w", err)
+	}
+	tpl, err := chattmpl.FromTokenizerConfig(cfg)
+	if err != nil {
+		return "", fmt.Errorf("--tokenizer %s: %w", cfgPath, err)
+	}
+	data, err := os.ReadFile(chatFile)
+	if err != nil {
+		return "", fmt.Errorf("--chat: %w", err)
+	}
+	in := chattmpl.Input{AddGenerationPrompt: true, Now: time.Now()}
+	var req map[string]json.RawMessage
+	if err := json.Unmarshal(data, &req); err == nil {
+		in.Messages, in.Tools, in.Kwargs = req["messages"], req["tools"], req["chat_template_kwargs"]
+		if raw, ok := req["add_generation_prompt"]; ok {
+			if err := json.Unmarshal(raw, &in.AddGenerationPrompt); err != nil {
+				return "", fmt.Errorf("--chat %s: add_generation_prompt: %w", chatFile, err)
+			}
+		}
+	} else {
+		in.Messages = data
+	}
+	if string(in.Kwargs) == "null" {
+		in.Kwargs = nil
+	}
+	text, err := tpl.Render(in)
+	if err != nil {
+		return "", fmt.Errorf("--chat %s: %w", chatFile, err)
+	}
+	return text, nil
 }

@@ -32,10 +32,18 @@ func TestTokenizePrintsIDsAndBlockKeys(t *testing.T) {
 	if !strings.Contains(out.String(), `"<|system|> be brief\n<|user|> hi there\n"`) {
 		t.Fatalf("the words path renders the chat as the edge does:\n%s", out.String())
 	}
+	// With the model's tokenizer, the chat template renders the chat, as
+	// the edge does for a fleet with tokenizer: hf:<dir>.
+	out.Reset()
+	if err := runTokenize(&out, []string{"--tokenizer", "../../routing/hftok/testdata/qwen3", "--chat", chat, "--block-size", "16"}); err != nil {
+		t.Fatal(err)
+	}
+	if want := `"<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"`; !strings.Contains(out.String(), want) {
+		t.Fatalf("want the Qwen3 template's rendering %s:\n%s", want, out.String())
+	}
 	for _, bad := range [][]string{
 		{"--prompt", "x", "--chat", chat},
 		{"--block-size", "0", "--prompt", "x"},
-		{"--tokenizer", "../../routing/hftok/testdata/qwen3", "--chat", chat},
 	} {
 		if err := runTokenize(&out, bad); !errors.Is(err, errUsage) {
 			t.Errorf("%q: error %v, want a usage error", bad, err)

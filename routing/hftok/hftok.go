@@ -26,7 +26,9 @@ type Tokenizer struct {
 	ranks   map[pair]int
 	added   []addedToken // longest first
 	addedBy [256][]int   // added tokens by first byte
-	nfc     bool
+	// maxAdded is the longest added token's length in bytes.
+	maxAdded int
+	nfc      bool
 	// ignoreMerges: a word found whole in the vocabulary is one token,
 	// without running the merges (Llama 3); otherwise merges always run.
 	ignoreMerges bool
@@ -120,6 +122,7 @@ func Load(data []byte) (*Tokenizer, error) {
 	slices.SortStableFunc(t.added, func(x, y addedToken) int { return len(y.content) - len(x.content) })
 	for i, a := range t.added {
 		t.addedBy[a.content[0]] = append(t.addedBy[a.content[0]], i)
+		t.maxAdded = max(t.maxAdded, len(a.content))
 	}
 	t.byteMap = byteLevelMap()
 	return t, nil
@@ -198,14 +201,24 @@ func (t *Tokenizer) Encode(text string) []uint32 {
 
 // Append is Encode appending to dst.
 func (t *Tokenizer) Append(dst []uint32, text string) []uint32 {
-	start := 0
-	for i := 0; i < len(text); {
+	return t.appendCuts(dst, text, 0, nil)
+}
+
+// appendCuts encodes text[from:] (from is 0 or just after an added token)
+// and calls cut, when not nil, after each added token with the byte offset
+// where it ends and len(dst).
+func (t *Tokenizer) appendCuts(dst []uint32, text string, from int, cut func(off, n int)) []uint32 {
+	start := from
+	for i := from; i < len(text); {
 		if cands := t.addedBy[text[i]]; len(cands) > 0 {
 			if a, ok := t.matchAdded(text[i:], cands); ok {
 				dst = t.appendSegment(dst, text[start:i])
 				dst = append(dst, a.id)
 				i += len(a.content)
 				start = i
+				if cut != nil {
+					cut(i, len(dst))
+				}
 				continue
 			}
 		}
