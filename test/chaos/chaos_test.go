@@ -252,10 +252,6 @@ func (v *env) placements(e *edgeProc, fleet, key string) ([]placement, []history
 // time was routed knowing it (see test/reliability's soak).
 const commitMargin = time.Second
 
-// recordWindow: how long after serving a detour its Overflow may commit
-// (the edge's recorder batches it off the request path) and still excuse it.
-const recordWindow = 2 * time.Second
-
 // restartWindow: wrong answers by an edge this soon after its (re)start,
 // or after any edge kill, are counted apart (the former B3 window); they
 // fail the test like any other.
@@ -288,10 +284,11 @@ func (v *env) checkRoutes(samples []sample, restarts map[string][]time.Time) ver
 	}
 	// An Overflow to inst excuses a request served by inst only when it
 	// belongs to the placement in force (committed at or after p.from and
-	// before the next binding change) and was committed before the request
-	// ended, or within recordWindow after it (overflows that are not a
-	// retry's are recorded off the request path). Before, any Overflow to
-	// the instance at any time excused it (issue 13).
+	// before the next binding change) and was appended to the log before
+	// the request ended: an edge commits every overflow before serving it
+	// (routing/decide). Before, any Overflow to the instance at any time
+	// excused it, then (issue 13) one committed up to 2 s after the request
+	// ended, while edges recorded detours off the request path (F7).
 	overflowTo := func(fleet, key, inst string, p placement, s sample) bool {
 		for _, ev := range events[fleet+"/"+key] {
 			if ev.Type != "Overflow" || ev.Status != "applied" || ev.Event["to"] != inst {
@@ -300,7 +297,7 @@ func (v *env) checkRoutes(samples []sample, restarts map[string][]time.Time) ver
 			if ev.Time.Before(p.from) || (!p.to.IsZero() && !ev.Time.Before(p.to)) {
 				continue
 			}
-			if ev.Time.After(s.end.Add(recordWindow)) {
+			if ev.Time.After(s.end) {
 				continue
 			}
 			return true
