@@ -51,7 +51,7 @@ type load struct {
 }
 
 func startLoad(v *env, prefix string, conversations, workers int) *load {
-	tr := &http.Transport{MaxIdleConnsPerHost: workers}
+	tr := v.transport(workers)
 	l := &load{v: v, prefix: prefix, rng: rand.New(rand.NewSource(time.Now().UnixNano())),
 		client: &http.Client{Transport: tr, Timeout: 2 * time.Second}, stop: make(chan struct{})}
 	type conv struct{ root, conv, parent string }
@@ -531,7 +531,7 @@ func TestChaos(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process chaos: not in -short")
 	}
-	v := newEnv(t)
+	v := newEnvWith(t, envOptions{edge: nemesisOverrides})
 	for _, nem := range nemeses {
 		if nem.long && !longMode() {
 			continue
@@ -596,7 +596,9 @@ func TestChaos(t *testing.T) {
 // growLog sends new conversations to the edges other than skip until stop
 // closes, and returns how many were sent.
 func growLog(v *env, skip *edgeProc, stop <-chan struct{}) int {
-	c := &http.Client{Timeout: 2 * time.Second}
+	tr := v.transport(4)
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 2 * time.Second}
 	n := 0
 	for {
 		for _, e := range v.edges {
