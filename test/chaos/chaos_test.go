@@ -594,33 +594,45 @@ func TestChaos(t *testing.T) {
 }
 
 // growLog sends new conversations to the edges other than skip until stop
-// closes, and returns how many were sent.
+// closes, from 8 clients at once (one client over TLS grew the log too
+// slowly to reach the end of the limited edge's free pages in time), and
+// returns how many were sent.
 func growLog(v *env, skip *edgeProc, stop <-chan struct{}) int {
-	tr := v.transport(4)
+	const clients = 8
+	tr := v.transport(clients)
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr, Timeout: 2 * time.Second}
-	n := 0
-	for {
-		for _, e := range v.edges {
-			select {
-			case <-stop:
-				return n
-			default:
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	for w := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				for _, e := range v.edges {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if e == skip {
+						continue
+					}
+					n.Add(1)
+					conv := fmt.Sprintf("disk-growth-%d-%d-%s", w, i, e.id)
+					body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 1,
+						"messages": []map[string]string{{"role": "user", "content": conv}}})
+					req, _ := http.NewRequest("POST", e.url()+"/v1/chat/completions", bytes.NewReader(body))
+					req.Header.Set("Content-Type", "application/json")
+					req.Header.Set("x-session-id", conv)
+					if resp, err := c.Do(req); err == nil {
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+				}
 			}
-			if e == skip {
-				continue
-			}
-			n++
-			conv := fmt.Sprintf("disk-growth-%d", n)
-			body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 1,
-				"messages": []map[string]string{{"role": "user", "content": conv}}})
-			req, _ := http.NewRequest("POST", e.url()+"/v1/chat/completions", bytes.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("x-session-id", conv)
-			if resp, err := c.Do(req); err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		}
+		}()
 	}
+	wg.Wait()
+	return int(n.Load())
 }
