@@ -151,6 +151,13 @@ func (e *Edge) failureError(f *decide.Failure) *apiError {
 			f.Fleet, truncate(f.Key, 200), f.Detail)
 		ae.retryAfter = e.retryHint()
 		return ae
+	case decide.FailDetourUnrecorded:
+		e.metrics.decisions.WithLabelValues(f.Fleet.String(), "bound", outcomeRefused).Inc()
+		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
+			"%s key %q must leave its unhealthy instance %s and the affinity log cannot record the move right now: %v; retry shortly",
+			f.Fleet, truncate(f.Key, 200), f.Instance, f.Err)
+		ae.retryAfter = e.retryHint()
+		return ae
 	case decide.FailNoAlternative:
 		return newAPIError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
 			"%s instance %s failed and no other instance can take the request", f.Fleet, f.Instance)
@@ -263,14 +270,6 @@ func (l edgeLog) AwaitCommitted(ctx context.Context) {
 type edgeRecorder struct{ e *Edge }
 
 func (r edgeRecorder) Record(ev fsm.Event) { r.e.recorder.add(ev, nil) }
-
-func (r edgeRecorder) RecordNow(ctx context.Context, ev fsm.Event) {
-	pctx, cancel := context.WithTimeout(ctx, r.e.cfg.Cluster.ProposeTimeout)
-	defer cancel()
-	if _, err := r.e.propose(pctx, ev); err != nil {
-		r.e.log.Warn("recording an overflow failed; retrying anyway", "event", ev.Type().String(), "err", err)
-	}
-}
 
 func (r edgeRecorder) RecordDegraded(b fsm.Bind) {
 	r.e.recorder.addDegraded(b)

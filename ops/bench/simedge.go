@@ -58,6 +58,10 @@ func (l simLog) State() *fsm.State {
 
 // Propose commits ev; the request waits until it committed.
 func (l simLog) Propose(_ context.Context, ev fsm.Event) (fsm.Result, error) {
+	if _, ok := ev.(fsm.Overflow); ok {
+		// The decision commits every overflow before serving it.
+		l.s.res.Overflows++
+	}
 	lg, _ := l.log()
 	if lg == nil {
 		return fsm.Result{}, errors.New("bench: this policy has no affinity log")
@@ -85,23 +89,11 @@ type simRecorder struct {
 }
 
 func (r simRecorder) Record(ev fsm.Event) {
-	if _, ok := ev.(fsm.Overflow); ok {
-		r.s.res.Overflows++
-	}
 	lg, _ := simLog(r).log()
 	if lg == nil {
 		return
 	}
 	if _, _, err := lg.Propose(r.s.now, []fsm.Event{ev}); err != nil {
-		r.s.fail(err)
-	}
-}
-
-func (r simRecorder) RecordNow(ctx context.Context, ev fsm.Event) {
-	if _, ok := ev.(fsm.Overflow); ok {
-		r.s.res.Overflows++
-	}
-	if _, err := (simLog(r)).Propose(ctx, ev); err != nil {
 		r.s.fail(err)
 	}
 }

@@ -1,6 +1,6 @@
 // Package decide is the edge's routing decision for one fleet's part of a
-// request: sticky to a committed binding, an overflow or rebind recorded off
-// the request path, a new placement proposed through the affinity log (the
+// request: sticky to a committed binding, an overflow or rebind committed
+// in the log before it is served, a new placement proposed through the affinity log (the
 // committed winner is used), a degraded placement when the log cannot
 // commit, an unbound placement for unkeyed requests, and what each records.
 //
@@ -59,11 +59,10 @@ type Log interface {
 // Recorder records what a request does not wait for, as the edge's
 // recorder and touch batcher do: events are committed later, in batches.
 type Recorder interface {
-	// Record queues ev (an overflow, a parent link) for the log.
+	// Record queues ev (a parent link) for the log. Overflows are not
+	// recorded here: they are committed through Log.Propose before the
+	// request is served (Decider.overflow).
 	Record(ev fsm.Event)
-	// RecordNow commits ev before the request goes on (an overflow of a
-	// retry after a failed hop); a failure is reported and ignored.
-	RecordNow(ctx context.Context, ev fsm.Event)
 	// RecordDegraded remembers a placement made without the log and
 	// queues its Bind; DegradedBinding returns it until it is recorded.
 	RecordDegraded(b fsm.Bind)
@@ -139,6 +138,10 @@ const (
 	FailStateUnknown
 	// FailNoAlternative: a hop failed and no other instance can take it (502).
 	FailNoAlternative
+	// FailDetourUnrecorded: a bound key must leave its unhealthy instance
+	// and the log cannot record the overflow now (503, RetryAfter set by
+	// the edge). Instance is the bound instance.
+	FailDetourUnrecorded
 )
 
 // Failure is why a request was not placed; the edge renders it.
@@ -318,48 +321,105 @@ func (d *Decider) setter(h *Hop, views *routing.Views, st *fsm.State) setFunc {
 	}
 }
 
-// routeBound routes a key bound to b: sticky, or an overflow recorded in
-// the log (a rebind moves the binding for every edge).
+// routeBound routes a key bound to b: sticky, or an overflow committed in
+// the log before it is served (a rebind moves the binding for every edge).
 func (d *Decider) routeBound(ctx context.Context, h *Hop, router *routing.Router, req routing.Request, in routing.Inputs,
 	b fsm.Binding, set setFunc) (*Hop, *Failure) {
+	return d.routeBoundAt(ctx, h, router, req, in, b, set, 0)
+}
+
+// maxFollow bounds how many times one decision follows a binding another
+// edge moved while this one was recording its overflow.
+const maxFollow = 2
+
+func (d *Decider) routeBoundAt(ctx context.Context, h *Hop, router *routing.Router, req routing.Request, in routing.Inputs,
+	b fsm.Binding, set setFunc, followed int) (*Hop, *Failure) {
 	if d.unheardAtStartup(req.Now, h.Fleet, b.Instance, h.Excluded, in.Views) {
-		set(routing.Route{Action: routing.ActionSticky, Instance: b.Instance, Rank: -1}, OutcomeSticky)
-		h.Policy, h.Bound, h.Binding = "bound", true, b
-		d.Recorder.Touch(fsm.FleetKey{Fleet: h.Fleet, Key: h.Key})
-		return h, nil
+		return d.stay(h, b, "", set), nil
 	}
 	rt, err := router.RouteBound(req, b, in)
 	if err != nil || rt.Action == routing.ActionShed {
 		return nil, routeFailure(h.Fleet, h.Key, rt, err)
 	}
+	if rt.Action == routing.ActionOverflow {
+		return d.overflow(ctx, h, router, req, in, b, rt, set, followed)
+	}
 	h.Bound, h.Binding = true, b
-	switch rt.Action {
-	case routing.ActionOverflow:
-		set(rt, OutcomeOverflow)
-		ev := rt.OverflowEvent(req)
-		if ev.Reason == fsm.OverflowCacheLost && d.Log.State().FeatureLevel() < fsm.FeatureLevelRanks {
-			// The reason is new at level 2; an older voter would record it
-			// unnamed. Its nearest older name: the cache stopped paying.
-			ev.Reason = fsm.OverflowCircuitOpen
+	set(rt, OutcomeSticky)
+	if h.Policy == "" {
+		h.Policy = "bound"
+	}
+	d.Recorder.Touch(fsm.FleetKey{Fleet: h.Fleet, Key: h.Key})
+	return h, nil
+}
+
+// stay serves a bound key on its own instance (url "" takes the views' or
+// the log's).
+func (d *Decider) stay(h *Hop, b fsm.Binding, url string, set setFunc) *Hop {
+	set(routing.Route{Action: routing.ActionSticky, Instance: b.Instance, URL: url, Rank: -1}, OutcomeSticky)
+	h.Policy, h.Bound, h.Binding = "bound", true, b
+	d.Recorder.Touch(fsm.FleetKey{Fleet: h.Fleet, Key: h.Key})
+	return h
+}
+
+// overflow commits the detour rt of a key bound to b, then serves it. The
+// log holds every departure from a binding before the detour is served, so
+// any edge, operator or checker reading the key's history sees the
+// placement a request was served under (docs/ARCHITECTURE.md, "Overflow and
+// rebind"). Recorded off the request path instead, a detour was served
+// seconds before its Overflow committed, or never if the edge died first
+// (RELIABILITY.md F4, F7). When the log cannot commit, a healthy bound
+// instance keeps the request (only its load or cache made it leave); an
+// unhealthy one is refused with a retry hint rather than detoured
+// unrecorded.
+func (d *Decider) overflow(ctx context.Context, h *Hop, router *routing.Router, req routing.Request, in routing.Inputs,
+	b fsm.Binding, rt routing.Route, set setFunc, followed int) (*Hop, *Failure) {
+	ev := rt.OverflowEvent(req)
+	if ev.Reason == fsm.OverflowCacheLost && d.Log.State().FeatureLevel() < fsm.FeatureLevelRanks {
+		// The reason is new at level 2; an older voter would record it
+		// unnamed. Its nearest older name: the cache stopped paying.
+		ev.Reason = fsm.OverflowCircuitOpen
+	}
+	if d.Log.Down(req.Now) {
+		return d.unrecorded(h, in, b, set, ErrUnavailable)
+	}
+	res, err := d.Log.Propose(ctx, ev)
+	switch {
+	case errors.Is(err, ErrUnavailable):
+		// It may still commit: then it excuses nothing served, and a
+		// rebind moves the key for the client's retry.
+		return d.unrecorded(h, in, b, set, err)
+	case err != nil:
+		return nil, &Failure{Kind: FailLog, Fleet: h.Fleet, Key: h.Key, Err: err}
+	}
+	if res.Found && res.Binding.Epoch != b.Epoch && (!rt.Rebind || res.Status != fsm.StatusApplied) {
+		// Another edge moved the key (a new epoch) while this one decided:
+		// follow the log's binding, as every edge does. (A retry's b names
+		// the failed hop's instance, not the binding's: the epoch tells.)
+		if followed >= maxFollow {
+			return nil, &Failure{Kind: FailRejected, Fleet: h.Fleet, Key: h.Key, Instance: rt.Instance, Detail: "the binding kept moving"}
 		}
-		if len(h.Excluded) > 0 {
-			// A retry after a failed hop: record the overflow before
-			// sending (docs/ARCHITECTURE.md, retrying a bound key).
-			d.Recorder.RecordNow(ctx, ev)
-		} else {
-			d.Recorder.Record(ev)
-		}
-		if rt.Rebind {
-			h.Binding.Instance = rt.Instance
-		}
-	default:
-		set(rt, OutcomeSticky)
-		if h.Policy == "" {
-			h.Policy = "bound"
-		}
-		d.Recorder.Touch(fsm.FleetKey{Fleet: h.Fleet, Key: h.Key})
+		return d.routeBoundAt(ctx, h, router, req, in, res.Binding, set, followed+1)
+	}
+	if res.Status != fsm.StatusApplied {
+		// A rebind the log refused (its target went down meanwhile).
+		return nil, &Failure{Kind: FailRejected, Fleet: h.Fleet, Key: h.Key, Instance: rt.Instance, Detail: res.Reason}
+	}
+	set(rt, OutcomeOverflow)
+	h.Bound, h.Binding = true, b
+	if rt.Rebind && res.Found {
+		h.Binding = res.Binding
 	}
 	return h, nil
+}
+
+// unrecorded is the decision when an overflow cannot be committed: stay on
+// a healthy bound instance, else refuse.
+func (d *Decider) unrecorded(h *Hop, in routing.Inputs, b fsm.Binding, set setFunc, err error) (*Hop, *Failure) {
+	if v, ok := in.Views.Lookup(b.Instance); ok && v.Healthy {
+		return d.stay(h, b, v.URL, set), nil
+	}
+	return nil, &Failure{Kind: FailDetourUnrecorded, Fleet: h.Fleet, Key: h.Key, Instance: b.Instance, Err: err}
 }
 
 // unheardAtStartup reports whether inst, a key's bound instance, is one

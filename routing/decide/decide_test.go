@@ -89,14 +89,12 @@ func (l *machineLog) Propose(_ context.Context, ev fsm.Event) (fsm.Result, error
 // queueRecorder keeps what the edge's recorder would queue.
 type queueRecorder struct {
 	queued   []fsm.Event
-	now      []fsm.Event
 	degraded map[string]fsm.Bind
 	touched  []string
 	links    []string
 }
 
-func (r *queueRecorder) Record(ev fsm.Event)                       { r.queued = append(r.queued, ev) }
-func (r *queueRecorder) RecordNow(_ context.Context, ev fsm.Event) { r.now = append(r.now, ev) }
+func (r *queueRecorder) Record(ev fsm.Event) { r.queued = append(r.queued, ev) }
 func (r *queueRecorder) RecordDegraded(b fsm.Bind) {
 	if r.degraded == nil {
 		r.degraded = map[string]fsm.Bind{}
@@ -216,9 +214,22 @@ func TestRacingBindUsesTheCommittedWinner(t *testing.T) {
 	}
 }
 
-// A saturated bound instance overflows; the overflow is queued (not waited
-// for) on a first attempt and recorded before sending on a retry.
-func TestOverflowIsRecordedOffThePath(t *testing.T) {
+// lastOverflow is the log's last committed event, which must be an Overflow.
+func lastOverflow(t *testing.T, l *machineLog) fsm.Overflow {
+	t.Helper()
+	if len(l.events) == 0 {
+		t.Fatal("nothing committed")
+	}
+	ov, ok := l.events[len(l.events)-1].(fsm.Overflow)
+	if !ok {
+		t.Fatalf("last committed event %T %+v, want an Overflow", l.events[len(l.events)-1], l.events[len(l.events)-1])
+	}
+	return ov
+}
+
+// A saturated bound instance overflows; the overflow is committed before
+// the hop is returned, on a first attempt and on a retry.
+func TestOverflowIsCommittedBeforeItIsServed(t *testing.T) {
 	r := newRig(t)
 	r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
 	r.fleet.views[0].QueuedRequests = 100
@@ -226,19 +237,82 @@ func TestOverflowIsRecordedOffThePath(t *testing.T) {
 	if fail != nil {
 		t.Fatal(fail)
 	}
-	if h.Outcome != OutcomeOverflow || h.Instance == "a" || len(r.rec.queued) != 1 || len(r.rec.now) != 0 {
-		t.Fatalf("got %+v, queued %v, now %v", h, r.rec.queued, r.rec.now)
+	if h.Outcome != OutcomeOverflow || h.Instance == "a" || len(r.rec.queued) != 0 {
+		t.Fatalf("got %+v, queued %v: want an overflow, nothing left for later", h, r.rec.queued)
 	}
-	if ov, ok := r.rec.queued[0].(fsm.Overflow); !ok || ov.From != "a" || ov.To != h.Instance {
-		t.Fatalf("queued %+v", r.rec.queued[0])
+	if ov := lastOverflow(t, r.log); ov.From != "a" || ov.To != h.Instance || ov.Reason != fsm.OverflowSaturated {
+		t.Fatalf("committed %+v, want a→%s saturated", ov, h.Instance)
 	}
-	// The hop failed: the retry excludes it and records before sending.
+	// The hop failed: the retry excludes it and commits before sending.
 	again, fail := r.d.Reroute(context.Background(), r.router, req("conv"), h)
 	if fail != nil {
 		t.Fatal(fail)
 	}
-	if again.Instance == h.Instance || len(r.rec.now) != 1 {
-		t.Fatalf("retry %+v, recorded now %v", again, r.rec.now)
+	if ov := lastOverflow(t, r.log); again.Instance == h.Instance || ov.To != again.Instance || ov.Reason != fsm.OverflowUnhealthy {
+		t.Fatalf("retry %+v, committed %+v", again, ov)
+	}
+}
+
+// RELIABILITY.md F7: an edge that sees a bound key's instance unhealthy
+// detours it, and the log holds that Overflow before the request is
+// served (it was queued for the recorder, and committed seconds after the
+// answer, so nothing in the log said why the key was served elsewhere).
+func TestUnhealthyDetourIsCommittedBeforeServing(t *testing.T) {
+	r := newRig(t)
+	r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
+	r.fleet.views[0].Healthy = false
+	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil {
+		t.Fatal(fail)
+	}
+	if h.Outcome != OutcomeOverflow || h.Instance == "a" || !h.Bound || h.Binding.Instance != "a" {
+		t.Fatalf("got %+v: want a detour of the key bound to a", h)
+	}
+	if len(r.rec.queued) != 0 {
+		t.Fatalf("overflow left for the recorder: %v", r.rec.queued)
+	}
+	if ov := lastOverflow(t, r.log); ov.From != "a" || ov.To != h.Instance || ov.Reason != fsm.OverflowUnhealthy || ov.Rebind {
+		t.Fatalf("committed %+v, want a→%s unhealthy", ov, h.Instance)
+	}
+}
+
+// When the log cannot commit the overflow (no quorum, or the proposal timed
+// out), an unhealthy bound instance's key is refused, not detoured
+// unrecorded; a saturated (healthy) one stays where it is bound.
+func TestOverflowTheLogCannotCommit(t *testing.T) {
+	for _, mode := range []string{"down", "timed out"} {
+		t.Run(mode, func(t *testing.T) {
+			r := newRig(t)
+			r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
+			r.log.down, r.log.late = mode == "down", mode == "timed out"
+			r.fleet.views[0].Healthy = false
+			if h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil); fail == nil || fail.Kind != FailDetourUnrecorded ||
+				fail.Instance != "a" || !errors.Is(fail.Err, ErrUnavailable) {
+				t.Fatalf("unhealthy bound instance: hop %+v, failure %+v; want FailDetourUnrecorded naming a", h, fail)
+			}
+			r.log.pending = nil
+			r.fleet.views[0].Healthy, r.fleet.views[0].QueuedRequests = true, 100
+			h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+			if fail != nil || h.Instance != "a" || h.Outcome != OutcomeSticky || len(r.rec.queued) != 0 {
+				t.Fatalf("saturated bound instance: hop %+v, failure %v, queued %v; want sticky on a", h, fail, r.rec.queued)
+			}
+		})
+	}
+}
+
+// Another edge rebinds the key while this one records its detour: the
+// request follows the log's new binding.
+func TestOverflowFollowsABindingMovedMeanwhile(t *testing.T) {
+	r := newRig(t)
+	r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
+	r.fleet.views[0].Healthy = false
+	r.log.race = fsm.Overflow{Fleet: fsm.FleetContext, Key: "conv", From: "a", To: "c", Reason: fsm.OverflowUnhealthy, Rebind: true}
+	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil {
+		t.Fatal(fail)
+	}
+	if h.Instance != "c" || h.Outcome != OutcomeSticky || h.Binding.Instance != "c" {
+		t.Fatalf("got %+v, want sticky on c, where the log moved the key", h)
 	}
 }
 

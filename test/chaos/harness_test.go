@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,6 +22,7 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
+	"github.com/tether-project/tether/cluster/pki"
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/test/leakcheck"
 	"github.com/tether-project/tether/test/testbin"
@@ -59,8 +61,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// model is the deploy configurations' model (newEnv reads it).
+var model = "chaos-model"
+
 const (
-	model       = "chaos-model"
 	internalKey = "chaos-internal-key-0123456789"
 	adminToken  = "chaos-admin-token-0123456789"
 	parentHdr   = "X-Dynamo-Parent-Session-ID"
@@ -81,6 +85,7 @@ func freePort(t *testing.T) int {
 type proc struct {
 	name    string
 	args    []string
+	env     []string // added to the test's environment (secrets, as deploy/README.md says)
 	logPath string
 	prefix  []string // e.g. prlimit --fsize=N --
 
@@ -103,7 +108,7 @@ func (p *proc) start(t *testing.T) {
 	argv = append(argv, p.args...)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "TETHER_ADMIN_TOKEN=", "TETHER_INTERNAL_REQUEST_AUTH_KEY=", "TETHER_CLUSTER_AUTH_KEY=")
+	cmd.Env = append(os.Environ(), p.env...)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		t.Fatalf("start %s: %v", p.name, err)
@@ -192,7 +197,8 @@ type edgeProc struct {
 	id, httpAddr, raftAddr, dataDir string
 }
 
-func (e *edgeProc) url() string { return "http://" + e.httpAddr }
+// url is the edge's HTTPS base URL (deploy's edges serve TLS).
+func (e *edgeProc) url() string { return "https://" + e.httpAddr }
 
 type workerProc struct {
 	proc
@@ -200,18 +206,48 @@ type workerProc struct {
 	fleet string
 }
 
-// env is the deployment under test: an embedded NATS server, 3 edge
-// processes and 2+2 worker processes on loopback.
+// env is the deployment under test, configured as deploy/ ships it
+// (deploy_test.go): an external NATS server (in-process, deploy/nats's
+// configuration), 3 edge processes and 2+2 worker processes on loopback,
+// mutual TLS everywhere with the test's CA.
 type env struct {
 	t        *testing.T
 	dir      string
 	natsMu   sync.Mutex
 	nats     *natsserver.Server
+	natsOpts *natsserver.Options
 	natsURL  string
 	natsPort int
 	edges    []*edgeProc
 	workers  []*workerProc
+	pki      *testPKI
 	client   *http.Client
+}
+
+// envOptions are a test's departures from the shipped configuration.
+type envOptions struct {
+	// edge: dotted config path → value, applied after the deploy file.
+	edge map[string]any
+}
+
+// nemesisOverrides are TestChaos's departures from deploy's edge configs:
+// workers are declared down after 2 s of silence (deploy: 15 s) so that
+// the kill-worker nemesis fits a test; saturation overflow and shedding are
+// off so that a detour from a binding is a recorded overflow of an
+// unhealthy instance or a violation, nothing else.
+var nemesisOverrides = map[string]any{
+	"telemetry.down_after":                     "2s",
+	"placement.overflow.queued_requests":       1048576,
+	"placement.overflow.active_prompt_tokens":  1099511627776,
+	"placement.shed.max_queued_requests":       2097152,
+	"placement.shed.max_queued_prefill_tokens": 2199023255552,
+	"context_servers.num_instances":            2,
+	"generation_servers.num_instances":         2,
+}
+
+// transport is an HTTP transport that trusts the deployment's CA.
+func (v *env) transport(maxIdle int) *http.Transport {
+	return &http.Transport{MaxIdleConnsPerHost: maxIdle, TLSClientConfig: v.pki.clientTLS()}
 }
 
 func (v *env) startNATS() {
@@ -221,7 +257,7 @@ func (v *env) startNATS() {
 	var ns *natsserver.Server
 	waitFor(v.t, 10*time.Second, "NATS to listen on its port", func() bool {
 		var err error
-		ns, err = natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: v.natsPort, NoLog: true, NoSigs: true})
+		ns, err = natsserver.NewServer(v.natsOpts.Clone())
 		if err != nil {
 			return false
 		}
@@ -246,13 +282,17 @@ func (v *env) stopNATS() {
 	}
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvWith(t, envOptions{}) }
+
+func newEnvWith(t *testing.T, o envOptions) *env {
 	t.Helper()
 	v := &env{t: t, dir: t.TempDir()}
-	tr := &http.Transport{MaxIdleConnsPerHost: 64}
+	v.pki = newTestPKI(t, v.dir)
+	tr := v.transport(64)
 	v.client = &http.Client{Transport: tr, Timeout: 20 * time.Second}
 	v.natsPort = freePort(t)
 	v.natsURL = fmt.Sprintf("nats://127.0.0.1:%d", v.natsPort)
+	v.natsOpts = natsOptions(t, v.dir, v.natsPort)
 	v.startNATS()
 	t.Cleanup(func() {
 		for _, e := range v.edges {
@@ -269,83 +309,82 @@ func newEnv(t *testing.T) *env {
 			}
 		}
 	})
+	if m := yamlGet(readDeployYAML(t, "config/edge-1.yaml"), "model"); m != "" {
+		model = m
+	}
+	seed := filepath.Join(v.dir, "worker.nk")
+	if err := os.WriteFile(seed, []byte(testWorkerNKeySeed+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	for i, fleet := range []string{"context", "context", "generation", "generation"} {
-		id := fmt.Sprintf("%s-%d", fleet[:3], i%2+1)
-		cfg := fmt.Sprintf(`instance_id: %s
-model: %s
-fleet: %s
-server_role: %s
-hostname: 127.0.0.1
-port: 0
-internal_request_auth_key: %q
-telemetry_interval: 100ms
-engine: {type: sim, time_scale: 0}
-nats: {url: %q}
-tls: {mode: plaintext} # faults, not transport security, are tested here (see test/reliability's TLS tests)
-`, id, model, fleet, fleet, internalKey, v.natsURL)
+		id := fmt.Sprintf("%s-%d", map[string]string{"context": "ctx", "generation": "gen"}[fleet], i%2+1)
+		port := freePort(t)
+		files := v.pki.issue(t, id, pki.RoleWorker)
 		path := filepath.Join(v.dir, id+".yaml")
-		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		writeDeployConfig(t, "config/worker-"+fleet+".yaml", path, map[string]any{
+			"instance_id":         id,
+			"hostname":            "127.0.0.1",
+			"port":                port,
+			"advertise_url":       fmt.Sprintf("https://127.0.0.1:%d", port),
+			"model":               model,
+			"engine":              map[string]any{"type": "sim", "time_scale": 0},
+			"tls.ca_file":         files.CA,
+			"tls.cert_file":       files.Cert,
+			"tls.key_file":        files.Key,
+			"nats.urls":           []string{v.natsURL},
+			"nats.nkey_seed_file": seed,
+		})
 		w := &workerProc{id: id, fleet: fleet}
 		w.name, w.args, w.logPath = id, []string{"worker", "--config", path}, filepath.Join(v.dir, id+".log")
+		w.env = secretsEnv()
 		w.start(t)
 		v.workers = append(v.workers, w)
 	}
 
-	var peers []string
+	var peers []any
 	for i := range 3 {
-		e := &edgeProc{id: fmt.Sprintf("e%d", i+1)}
+		e := &edgeProc{id: fmt.Sprintf("edge-%d", i+1)}
 		e.httpAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		e.raftAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		e.dataDir = filepath.Join(v.dir, e.id)
-		peers = append(peers, fmt.Sprintf("{id: %s, addr: %q}", e.id, e.raftAddr))
+		peers = append(peers, map[string]any{"id": e.id, "addr": e.raftAddr})
 		v.edges = append(v.edges, e)
 	}
-	for _, e := range v.edges {
-		host, port, _ := net.SplitHostPort(e.httpAddr)
-		cfg := fmt.Sprintf(`model: %s
-hostname: %s
-port: %s
-internal_request_auth_key: %q
-admin_token: %q
-debug_route_header: true
-conversation_affinity_header_for_subagents: %s
-context_servers: {num_instances: 2, router: {type: conversation}}
-generation_servers: {num_instances: 2, router: {type: conversation}}
-placement:
-  overflow: {queued_requests: 1048576, active_prompt_tokens: 1099511627776}
-  shed: {max_queued_requests: 2097152, max_queued_prefill_tokens: 2199023255552}
-telemetry: {down_after: 2s}
-cluster:
-  node_id: %s
-  data_dir: %q
-  bind_addr: %q
-  bootstrap: true
-  peers: [%s]%s
-nats: {urls: [%q]}
-tls: {mode: plaintext} # faults, not transport security, are tested here (see test/reliability's TLS tests)
-`, model, host, port, internalKey, adminToken, parentHdr, e.id, e.dataDir, e.raftAddr, strings.Join(peers, ", "), proposeTimeoutLine(), v.natsURL)
-		path := filepath.Join(v.dir, e.id+".yaml")
-		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-			t.Fatal(err)
+	for i, e := range v.edges {
+		_, portStr, _ := net.SplitHostPort(e.httpAddr)
+		port, _ := strconv.Atoi(portStr)
+		files := v.pki.issue(t, e.id, pki.RoleEdge)
+		set := map[string]any{
+			"hostname":               "127.0.0.1",
+			"port":                   port,
+			"trusted_gateway.cidrs":  []string{"127.0.0.0/8"},
+			"debug_route_header":     true,
+			"cluster.node_id":        e.id,
+			"cluster.bind_addr":      e.raftAddr,
+			"cluster.advertise_addr": e.raftAddr,
+			"cluster.data_dir":       e.dataDir,
+			"cluster.peers":          peers,
+			"tls.ca_file":            files.CA,
+			"tls.cert_file":          files.Cert,
+			"tls.key_file":           files.Key,
+			"nats.urls":              []string{v.natsURL},
 		}
+		if d := os.Getenv("CHAOS_PROPOSE_TIMEOUT"); d != "" {
+			// To measure another value than the shipped one.
+			set["cluster.propose_timeout"] = d
+		}
+		for k, val := range o.edge {
+			set[k] = val
+		}
+		path := filepath.Join(v.dir, e.id+".yaml")
+		writeDeployConfig(t, fmt.Sprintf("config/edge-%d.yaml", i+1), path, set)
 		e.name, e.args, e.logPath = e.id, []string{"edge", "--config", path}, filepath.Join(v.dir, e.id+".log")
+		e.env = secretsEnv()
 		e.start(t)
 	}
 	v.waitReady(60 * time.Second)
 	return v
-}
-
-// proposeTimeoutLine is the edges' cluster.propose_timeout line: none, so
-// the shipped default is what runs, unless CHAOS_PROPOSE_TIMEOUT sets one
-// (to measure another value).
-func proposeTimeoutLine() string {
-	if d := os.Getenv("CHAOS_PROPOSE_TIMEOUT"); d != "" {
-		return "\n  propose_timeout: " + d
-	}
-	return ""
 }
 
 // admin GETs /admin/v1/<path> on e.
@@ -457,7 +496,7 @@ func (v *env) auditVerify(e *edgeProc) {
 	if out, err := exec.Command("cp", "-r", e.dataDir, cp).CombinedOutput(); err != nil {
 		v.t.Fatalf("copy %s: %v: %s", e.dataDir, err, out)
 	}
-	cmd := exec.Command(tetherBin, "audit", "verify", "--data-dir", cp, "--edge", e.url(), "--admin-token", adminToken)
+	cmd := exec.Command(tetherBin, "audit", "verify", "--data-dir", cp, "--edge", e.url(), "--admin-token", adminToken, "--cacert", v.pki.caFile)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {

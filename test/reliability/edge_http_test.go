@@ -96,8 +96,9 @@ func TestAdminAPIRefusesClientsWithoutTheToken(t *testing.T) {
 				t.Fatalf("%s %s with %s: status %d: %s", p.method, p.path, name, resp.StatusCode, b)
 			}
 			var e openAIError
-			if json.Unmarshal(b, &e) != nil || e.Error == nil || e.Error.Type != "authentication_error" {
-				t.Fatalf("%s %s with %s: not an authentication_error: %s", p.method, p.path, name, b)
+			if json.Unmarshal(b, &e) != nil || e.Error == nil || e.Error.Type != "authentication_error" || e.Error.Code == nil ||
+				*e.Error.Code != "unauthorized" || !strings.Contains(e.Error.Message, "Authorization: Bearer") {
+				t.Fatalf("%s %s with %s: not an authentication_error with code unauthorized naming the Bearer token: %s", p.method, p.path, name, b)
 			}
 		}
 	}

@@ -91,6 +91,19 @@ func expectAPIError(t *testing.T, resp *http.Response, status int, want string) 
 	}
 }
 
+// expectAPIErrorCode is expectAPIError that also wants the error's code:
+// a refusal must say why, not only refuse.
+func expectAPIErrorCode(t *testing.T, resp *http.Response, status int, code, want string) {
+	t.Helper()
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var e openAIError
+	if resp.StatusCode != status || json.Unmarshal(body, &e) != nil || e.Error == nil || e.Error.Code == nil || *e.Error.Code != code ||
+		!strings.Contains(e.Error.Message, want) {
+		t.Fatalf("status %d %s; want %d with code %q and a message naming %q", resp.StatusCode, body, status, code, want)
+	}
+}
+
 func chat(content string) string {
 	b, _ := json.Marshal(map[string]any{"model": "test-model", "max_tokens": 2, "messages": []map[string]string{{"role": "user", "content": content}}})
 	return string(b)
@@ -137,12 +150,14 @@ func TestWorkerHTTPBadInput(t *testing.T) {
 		t.Logf("invalid UTF-8: status %d", resp.StatusCode)
 	})
 	t.Run("unsigned sub-agent hint sent directly to a worker", func(t *testing.T) {
-		expectAPIError(t, post(chat("hi"), map[string]string{hintauth.HeaderAffinityID: "parent-1"}), 401, "")
+		expectAPIErrorCode(t, post(chat("hi"), map[string]string{hintauth.HeaderAffinityID: "parent-1"}), 401,
+			"missing_subagent_affinity_signature", hintauth.HeaderAffinityAuth+" is missing")
 	})
 	t.Run("forged sub-agent signature", func(t *testing.T) {
 		f := hintauth.Fields{Role: hintauth.RoleContext, Model: "test-model", ConversationID: "c", AffinityID: "parent-1", RequestType: hintauth.RequestAggregated}
 		sig := hintauth.Sign([]byte("an-attacker-key-0123456789"), f)
-		expectAPIError(t, post(chat("hi"), map[string]string{hintauth.HeaderAffinityID: "parent-1", hintauth.HeaderAffinityAuth: sig}), 403, "")
+		expectAPIErrorCode(t, post(chat("hi"), map[string]string{hintauth.HeaderAffinityID: "parent-1", hintauth.HeaderAffinityAuth: sig}), 403,
+			"invalid_subagent_affinity_signature", "not signed with this worker's internal_request_auth_key")
 	})
 	t.Run("unknown endpoint", func(t *testing.T) {
 		resp, err := c.Post(s.URL()+"/v1/unknown", "application/json", strings.NewReader("{}"))

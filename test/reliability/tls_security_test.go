@@ -93,6 +93,13 @@ func tlsHTTPClient(t *testing.T, c *tls.Config) *http.Client {
 // requests from edges' certificates only (client_auth require).
 func startSecureWorker(t *testing.T, ca *secureCA, id string, fleet telemetry.Fleet) *worker.Server {
 	t.Helper()
+	return startSecureWorkerLogged(t, ca, id, fleet, nil)
+}
+
+// startSecureWorkerLogged is startSecureWorker logging into logs (nil: the
+// suite's logger).
+func startSecureWorkerLogged(t *testing.T, ca *secureCA, id string, fleet telemetry.Fleet, logs *logLines) *worker.Server {
+	t.Helper()
 	f := ca.files(t, id, pki.RoleWorker)
 	cfg := worker.DefaultConfig()
 	cfg.InstanceID = id
@@ -101,6 +108,9 @@ func startSecureWorker(t *testing.T, ca *secureCA, id string, fleet telemetry.Fl
 	cfg.InternalRequestAuthKey = secureKey
 	cfg.Engine.TimeScale = 0
 	cfg.Logger = logger()
+	if logs != nil {
+		cfg.Logger = logs.logger()
+	}
 	cfg.TLS = worker.ServerTLSConfig{Mode: worker.TLSModeMutual, CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key,
 		ClientAuth: worker.ClientAuthRequire, AllowedClients: []string{pki.IdentityURI(pki.RoleEdge, "*")}}
 	return runWorker(t, cfg)
@@ -117,6 +127,17 @@ type secureEdge struct {
 // trustCA), routing to the given static workers.
 func startSecureEdges(t *testing.T, trustCA, certCA *secureCA, n int, workers map[telemetry.Fleet]*worker.Server, tweak func(*edge.Config)) []secureEdge {
 	t.Helper()
+	return startSecureEdgesLogged(t, trustCA, certCA, n, workers, tweak, nil)
+}
+
+// startSecureEdgesLogged is startSecureEdges with every edge logging into
+// logs (nil: the suite's logger).
+func startSecureEdgesLogged(t *testing.T, trustCA, certCA *secureCA, n int, workers map[telemetry.Fleet]*worker.Server, tweak func(*edge.Config), logs *logLines) []secureEdge {
+	t.Helper()
+	lg := logger()
+	if logs != nil {
+		lg = logs.logger()
+	}
 	lns := make([]net.Listener, n)
 	var peers []edge.PeerConfig
 	for i := range n {
@@ -155,7 +176,7 @@ func startSecureEdges(t *testing.T, trustCA, certCA *secureCA, n int, workers ma
 			tweak(&cfg)
 		}
 		reg := prometheus.NewRegistry()
-		e, err := edge.New(cfg, edge.Deps{Logger: logger().With("edge", id), Registry: reg, ClusterListener: lns[i], Version: "reliability"})
+		e, err := edge.New(cfg, edge.Deps{Logger: lg.With("edge", id), Registry: reg, ClusterListener: lns[i], Version: "reliability"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -199,10 +220,17 @@ func waitSecureLeader(t *testing.T, edges []secureEdge) int {
 	return leader
 }
 
-// intruder is a would-be cluster member's TLS identity.
+// intruder is a would-be cluster member's TLS identity, with the reason it
+// must be refused for: alert, the TLS alert the refusing server sends (the
+// client sees "remote error: tls: <alert>"); identity, for a certificate
+// the CA issued to someone else, the identity it names (the refusal says it
+// does not name the node claimed); neither, for plaintext.
 type intruder struct {
-	name string
-	conf *tls.Config // nil: plaintext
+	name     string
+	conf     *tls.Config // nil: plaintext
+	alert    string
+	logged   string // the refusing node's own words for the alert's cause
+	identity string
 }
 
 // intruders are every way of holding no valid certificate for node
@@ -212,14 +240,64 @@ type intruder struct {
 func intruders(t *testing.T, ca *secureCA) []intruder {
 	rogue := newSecureCA(t, "rogue-ca")
 	return []intruder{
-		{"plaintext", nil},
-		{"no client certificate", presenting(ca, nil)},
-		{"certificate from another CA", presenting(ca, rogue.leaf(t, "intruder", pki.IssueOptions{Role: pki.RoleEdge}))},
-		{"expired certificate", presenting(ca, ca.leaf(t, "intruder", pki.IssueOptions{Role: pki.RoleEdge,
-			NotBefore: time.Now().Add(-3 * time.Hour), NotAfter: time.Now().Add(-time.Hour)}))},
-		{"a worker's certificate", presenting(ca, ca.leaf(t, "intruder", pki.IssueOptions{Role: pki.RoleWorker}))},
-		{"another edge's certificate", presenting(ca, ca.leaf(t, "edge-2", pki.IssueOptions{Role: pki.RoleEdge}))},
+		{name: "plaintext"},
+		{name: "no client certificate", conf: presenting(ca, nil), alert: "tls: certificate required",
+			logged: "client didn't provide a certificate"},
+		{name: "certificate from another CA", conf: presenting(ca, rogue.leaf(t, "intruder", pki.IssueOptions{Role: pki.RoleEdge})),
+			alert: "tls: unknown certificate authority", logged: "certificate signed by unknown authority"},
+		{name: "expired certificate", conf: presenting(ca, ca.leaf(t, "intruder", pki.IssueOptions{Role: pki.RoleEdge,
+			NotBefore: time.Now().Add(-3 * time.Hour), NotAfter: time.Now().Add(-time.Hour)})), alert: "tls: expired certificate",
+			logged: "certificate has expired"},
+		{name: "a worker's certificate", conf: presenting(ca, ca.leaf(t, "intruder", pki.IssueOptions{Role: pki.RoleWorker})),
+			identity: "spiffe://tether/worker/intruder"},
+		{name: "another edge's certificate", conf: presenting(ca, ca.leaf(t, "edge-2", pki.IssueOptions{Role: pki.RoleEdge})),
+			identity: "spiffe://tether/edge/edge-2"},
 	}
+}
+
+// Log lines naming why a cluster port refused a connection.
+var (
+	logNotTLS           = []string{"TLS handshake failed", "first record does not look like a TLS handshake"}
+	logRaftNoHandshake  = []string{"refused Raft stream", "inter-node handshake refused"}
+	logForwardGarbage   = []string{"refused forwarding connection", "inter-node handshake refused"}
+	notNamedIntruder    = `does not name node "intruder"`
+	reasonWaitForLogged = 5 * time.Second
+)
+
+// assertRefusedFor checks that a refusal names its reason: err (what the
+// client saw) contains every part of want, or, when the client could not
+// see it (the server closed the connection first: EOF, a broken pipe), a
+// refusing node logged every part of logWant.
+func assertRefusedFor(t *testing.T, what string, err error, logs *logLines, want []string, logWant []string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("%s: not refused", what)
+	}
+	if len(want) > 0 {
+		seen := true
+		for _, w := range want {
+			seen = seen && strings.Contains(err.Error(), w)
+		}
+		if seen {
+			return
+		}
+		if len(logWant) == 0 {
+			t.Errorf("%s: refused with %q, want the reason %q", what, err, strings.Join(want, " … "))
+			return
+		}
+	}
+	waitFor(t, reasonWaitForLogged, fmt.Sprintf("%s (client saw %q): the refusal's reason logged (%s)", what, err, strings.Join(logWant, " … ")), func() bool {
+		return logs.find(logWant...) != ""
+	})
+}
+
+// assertLogged waits until logs hold a line with every one of parts: the
+// reason a refusal was logged with.
+func assertLogged(t *testing.T, what string, logs *logLines, parts ...string) {
+	t.Helper()
+	waitFor(t, reasonWaitForLogged, what+": the refusal's reason logged ("+strings.Join(parts, " … ")+")", func() bool {
+		return logs.find(parts...) != ""
+	})
 }
 
 // forgeAppendTo plays a fake leader against node at addr: an
@@ -274,7 +352,8 @@ func TestSecureClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 		telemetry.FleetContext:    startSecureWorker(t, ca, "ctx-1", telemetry.FleetContext),
 		telemetry.FleetGeneration: startSecureWorker(t, ca, "gen-1", telemetry.FleetGeneration),
 	}
-	edges := startSecureEdges(t, ca, ca, 3, workers, nil)
+	logs := newLogLines()
+	edges := startSecureEdgesLogged(t, ca, ca, 3, workers, nil, logs)
 	leader := waitSecureLeader(t, edges)
 	follower := edges[(leader+1)%3].e.Node()
 	target := edges[leader].e.Node().Addr()
@@ -317,12 +396,37 @@ func TestSecureClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 				return
 			}
 			t.Logf("join with %s: refused: %v", in.name, err)
+			switch {
+			case in.alert != "":
+				assertRefusedFor(t, "join with "+in.name, err, logs, []string{in.alert}, nil)
+			case in.identity != "":
+				// The CA issued it, to someone else: the handshake names
+				// whom it does name.
+				assertRefusedFor(t, "join with "+in.name, err, logs, []string{notNamedIntruder, in.identity}, nil)
+			default:
+				// The joiner's plaintext handshake is not a TLS record: the
+				// TLS port never answers it.
+				assertRefusedFor(t, "join with "+in.name, err, logs, []string{"handshake: read server hello"}, nil)
+			}
 		}()
 		t.Run("append with "+in.name, func(t *testing.T) {
-			if err := forgeAppendTo(follower, in.conf); err == nil {
+			err := forgeAppendTo(follower, in.conf)
+			if err == nil {
 				t.Fatal("a fake leader without a valid certificate appended to a follower's log")
-			} else {
-				t.Logf("refused: %v", err)
+			}
+			t.Logf("refused: %v", err)
+			switch {
+			case in.alert != "":
+				// The raw Raft client writes before it reads: the server's
+				// close may reach it as a broken pipe before the alert.
+				assertRefusedFor(t, "append", err, logs, []string{in.alert}, []string{"TLS handshake failed", in.logged})
+			case in.identity != "":
+				// Past TLS (the CA issued it), the raw Raft stream lacks
+				// the inter-node handshake that carries the node id; the
+				// join above shows the identity check itself.
+				assertRefusedFor(t, "append", err, logs, nil, logRaftNoHandshake)
+			default:
+				assertRefusedFor(t, "append", err, logs, nil, logNotTLS)
 			}
 		})
 		t.Run("forward with "+in.name, func(t *testing.T) {
@@ -335,6 +439,14 @@ func TestSecureClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 			}
 			if err == nil {
 				t.Fatal("the forwarding port answered a peer without a valid certificate")
+			}
+			switch {
+			case in.alert != "":
+				assertRefusedFor(t, "forward", err, logs, []string{in.alert}, nil)
+			case in.identity != "":
+				assertRefusedFor(t, "forward", err, logs, nil, logForwardGarbage)
+			default:
+				assertRefusedFor(t, "forward", err, logs, nil, logNotTLS)
 			}
 		})
 	}
@@ -364,7 +476,8 @@ func TestSecureClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 // with a valid certificate routes over TLS end to end.
 func TestWorkerRefusesClientsWithoutAValidCertificate(t *testing.T) {
 	ca := newSecureCA(t, "tether-reliability-ca")
-	ctxW := startSecureWorker(t, ca, "ctx-1", telemetry.FleetContext)
+	ctxLogs := newLogLines()
+	ctxW := startSecureWorkerLogged(t, ca, "ctx-1", telemetry.FleetContext, ctxLogs)
 	genW := startSecureWorker(t, ca, "gen-1", telemetry.FleetGeneration)
 	workers := map[telemetry.Fleet]*worker.Server{telemetry.FleetContext: ctxW, telemetry.FleetGeneration: genW}
 
@@ -377,15 +490,26 @@ func TestWorkerRefusesClientsWithoutAValidCertificate(t *testing.T) {
 		if err == nil {
 			resp.Body.Close()
 			t.Errorf("%s: the worker answered %d", in.name, resp.StatusCode)
+			continue
+		}
+		switch {
+		case in.alert != "":
+			assertRefusedFor(t, "worker, "+in.name, err, ctxLogs, []string{in.alert}, []string{"TLS handshake error", in.logged})
+		default:
+			// The CA issued it, but not to an edge: the generic alert
+			// reaches the client, the worker logs which names it saw.
+			assertRefusedFor(t, "worker, "+in.name, err, ctxLogs, []string{"tls: bad certificate"}, nil)
+			assertLogged(t, "worker, "+in.name, ctxLogs, "TLS handshake error", "matches none of [spiffe://tether/edge/*]", in.identity)
 		}
 	}
 	resp, err := httpClient(t).Post(strings.Replace(ctxW.URL(), "https://", "http://", 1)+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
+	pb, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadRequest {
-		t.Errorf("plaintext to the worker's TLS port: %d, want the TLS server's 400", resp.StatusCode)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(pb), "HTTP request to an HTTPS server") {
+		t.Errorf("plaintext to the worker's TLS port: %d %s, want the TLS server's 400 naming HTTPS", resp.StatusCode, pb)
 	}
 	edgeCert := presenting(ca, ca.leaf(t, "edge-9", pki.IssueOptions{Role: pki.RoleEdge}))
 	resp, err = tlsHTTPClient(t, edgeCert).Post(ctxW.URL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
@@ -446,9 +570,12 @@ func TestWorkerRefusesClientsWithoutAValidCertificate(t *testing.T) {
 	scraper := tlsHTTPClient(t, edgeCert)
 	before := scrapeSum(t, scraper, ctxW.URL(), "tether_worker_requests_total")
 	st, b := served(rogue)
-	if st < 500 {
-		t.Fatalf("edge with another CA's certificate: %d %s, want a 5xx (the worker refuses its hops)", st, b)
+	if st != http.StatusServiceUnavailable || !strings.Contains(b, `"code":"no_healthy_instance"`) {
+		t.Fatalf("edge with another CA's certificate: %d %s, want 503 no_healthy_instance (the workers refuse its probes and hops)", st, b)
 	}
+	// The worker names the cause: the rogue edge's certificate does not
+	// chain to the CA.
+	assertLogged(t, "rogue edge's hops", ctxLogs, "TLS handshake error", "certificate signed by unknown authority")
 	t.Logf("edge with another CA's certificate: %d %s", st, b)
 	if after := scrapeSum(t, scraper, ctxW.URL(), "tether_worker_requests_total"); after != before {
 		t.Fatalf("the worker served %v requests from an edge without a valid certificate", after-before)
@@ -565,7 +692,10 @@ func TestAdminAPIOverTLSRefusesEveryRouteWithoutTheToken(t *testing.T) {
 					}
 					b, _ := io.ReadAll(resp.Body)
 					resp.Body.Close()
-					if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(b), `"authentication_error"`) {
+					// The reason, not only a refusal: the OpenAI-shaped
+					// error says which credential is missing.
+					if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(b), `"type":"authentication_error"`) ||
+						!strings.Contains(string(b), `"code":"unauthorized"`) || !strings.Contains(string(b), "the admin API needs Authorization: Bearer") {
 						t.Fatalf("%s %s (%s, %s): %d %s", method, route, cname, aname, resp.StatusCode, b)
 					}
 				}
@@ -594,9 +724,10 @@ func TestAdminAPIOverTLSRefusesEveryRouteWithoutTheToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadRequest {
-		t.Fatalf("plaintext to the TLS listener: %d", resp.StatusCode)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "HTTP request to an HTTPS server") {
+		t.Fatalf("plaintext to the TLS listener: %d %s, want the TLS server's 400 naming HTTPS", resp.StatusCode, b)
 	}
 }
 

@@ -24,7 +24,17 @@ import (
 // with certificates from one CA.
 func tlsCluster(t *testing.T, ca *certs.CA) *faultCluster {
 	t.Helper()
+	return tlsClusterLogged(t, ca, nil)
+}
+
+// tlsClusterLogged is tlsCluster with its nodes logging into logs (nil:
+// the suite's logger).
+func tlsClusterLogged(t *testing.T, ca *certs.CA, logs *logLines) *faultCluster {
+	t.Helper()
 	fc := newFaultCluster(t, 3, 1, func(c *cluster.Config) {
+		if logs != nil {
+			c.Logger = logs.logger().With("node", c.NodeID)
+		}
 		leaf, err := ca.Issue(c.NodeID)
 		if err != nil {
 			t.Fatal(err)
@@ -78,7 +88,8 @@ func joinAttempt(t *testing.T, id, target string, tlsConf *tls.Config, key []byt
 
 func TestMutualTLSClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 	ca := mustCA(t, "tether-test-ca")
-	fc := tlsCluster(t, ca)
+	logs := newLogLines()
+	fc := tlsClusterLogged(t, ca, logs)
 	target := fc.node(0).Addr()
 	// A proposal can meet an election on a loaded machine (the propose
 	// timeout is one election timeout); what is asserted is that members
@@ -100,13 +111,24 @@ func TestMutualTLSClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 	}
 	selfSigned := rogue.MutualTLS(rogueLeaf)
 	selfSigned.RootCAs = ca.Pool() // trusts the cluster, but is not trusted by it
+	// Presented whatever CAs the server asks for: with Certificates alone,
+	// Go's client sends none whose issuer the server did not list, and
+	// this case tested "no client certificate" again.
+	selfSigned.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &rogueLeaf.TLS, nil }
+	// Each refusal must name its reason: the TLS alert the client gets
+	// (alert), or, where the server closes first and the client sees only
+	// EOF or a broken pipe, the node's log line (logged).
 	cases := []struct {
-		name string
-		conf *tls.Config
+		name   string
+		conf   *tls.Config
+		alert  string
+		logged []string
 	}{
-		{"certificate from another CA", selfSigned},
-		{"no client certificate", &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS13}},
-		{"plaintext", nil},
+		{"certificate from another CA", selfSigned, "tls: unknown certificate authority",
+			[]string{"TLS handshake failed", "certificate signed by unknown authority"}},
+		{"no client certificate", &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS13}, "tls: certificate required",
+			[]string{"TLS handshake failed", "client didn't provide a certificate"}},
+		{"plaintext", nil, "", logNotTLS},
 	}
 	for _, c := range cases {
 		t.Run("join with "+c.name, func(t *testing.T) {
@@ -116,6 +138,13 @@ func TestMutualTLSClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 				t.Fatal("a node without a valid certificate joined the cluster")
 			}
 			t.Logf("refused: %v", err)
+			if c.conf == nil {
+				// The joiner's plaintext handshake is not a TLS record: the
+				// TLS port never answers it.
+				assertRefusedFor(t, "join", err, logs, []string{"handshake: read server hello"}, nil)
+				return
+			}
+			assertRefusedFor(t, "join", err, logs, nonEmpty(c.alert), c.logged)
 		})
 		t.Run("append with "+c.name, func(t *testing.T) {
 			err := forgeAppend(t, fc, 0, c.conf)
@@ -123,6 +152,7 @@ func TestMutualTLSClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 				t.Fatal("a peer without a valid certificate appended to a follower's log")
 			}
 			t.Logf("refused: %v", err)
+			assertRefusedFor(t, "append", err, logs, nonEmpty(c.alert), c.logged)
 		})
 		t.Run("forward with "+c.name, func(t *testing.T) {
 			conn, err := dialStream(target, c.conf, 'F')
@@ -137,6 +167,7 @@ func TestMutualTLSClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 			if err == nil {
 				t.Fatal("the forwarding port answered a peer without a valid certificate")
 			}
+			assertRefusedFor(t, "forward", err, logs, nonEmpty(c.alert), c.logged)
 		})
 	}
 	if after := members(fc); strings.Join(after, ",") != strings.Join(before, ",") {
@@ -153,11 +184,23 @@ func TestMutualTLSClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 // and joins: a peer that reaches the port but skips the handshake cannot
 // append (was B1, fixed in cluster/transport/mux.go).
 func TestPlaintextRaftStreamRefusesUnauthenticatedAppends(t *testing.T) {
-	fc := newFaultCluster(t, 3, 1, nil)
+	logs := newLogLines()
+	fc := newFaultCluster(t, 3, 1, func(c *cluster.Config) { c.Logger = logs.logger().With("node", c.NodeID) })
 	fc.waitLeader(20 * time.Second)
-	if err := forgeAppend(t, fc, -1, nil); err == nil {
+	err := forgeAppend(t, fc, -1, nil)
+	if err == nil {
 		t.Fatal("an unauthenticated peer appended an entry to a follower's log")
 	}
+	// The follower names why: the stream skipped the AuthKey handshake.
+	assertRefusedFor(t, "append without the AuthKey handshake", err, logs, nil, logRaftNoHandshake)
+}
+
+// nonEmpty is []string{s}, or nil for "".
+func nonEmpty(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return []string{s}
 }
 
 func checkEqual(t *testing.T, hashes map[string]string) {

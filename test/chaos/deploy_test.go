@@ -1,0 +1,213 @@
+package chaos
+
+import (
+	"crypto/tls"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"gopkg.in/yaml.v3"
+
+	"github.com/tether-project/tether/cluster/pki"
+)
+
+// The harness runs the configurations deploy/ ships (issue 13: "test as
+// deployed"): each edge reads deploy/config/edge-N.yaml, each worker
+// deploy/config/worker-{context,generation}.yaml, and the NATS server
+// deploy/nats/nats-1.conf with its auth.conf. Only what a deployment
+// substitutes is changed — addresses and ports, data directories,
+// certificate paths (a CA of the test's), secrets (from the environment, as
+// deploy/README.md says), the NATS worker nkey and edge password, the
+// trusted gateway's network (loopback) — plus what a test needs to see:
+// debug_route_header (the checker reads x-tether-route) and the simulated
+// engine in place of the workers' proxy upstreams. A test may override more
+// (envOptions.edge), and says why.
+var deployDir = filepath.Join("..", "..", "deploy")
+
+// The worker's NATS identity: an nkey generated for this harness (test
+// only; it guards nothing outside a test's loopback NATS server). Its
+// public half replaces deploy/nats/auth.conf's.
+const (
+	testWorkerNKeySeed   = "SUAMDHHYBQUKZNQBH6QPXT35M72W4KZEUZA557RTUHPILHWQTWRLYLTZKM"
+	testWorkerNKeyPublic = "UAFH5MGZEMF2YSCHR73XWNZDACEI6DI5J76TQI3ZVS6YYLJUAXRZ4BVT"
+	// What deploy/nats/auth.conf ships, replaced here as an operator would.
+	shippedWorkerNKey    = "UBECXL5HQ5LNM5NA35Y66HIDG3XWMUQ67QGMM4KHZ3ZH36BK2JHJXJRC"
+	shippedEdgePassword  = "edge-nats-password-change-me"
+	testNATSEdgePassword = "chaos-nats-edge-password-0123456789"
+	clusterAuthKey       = "chaos-cluster-auth-key-0123456789"
+)
+
+// secretsEnv is the environment deploy/README.md's secrets come from.
+func secretsEnv() []string {
+	return []string{
+		"TETHER_ADMIN_TOKEN=" + adminToken,
+		"TETHER_INTERNAL_REQUEST_AUTH_KEY=" + internalKey,
+		"TETHER_CLUSTER_AUTH_KEY=" + clusterAuthKey,
+		"TETHER_NATS_PASSWORD=" + testNATSEdgePassword,
+		"TETHER_NATS_TOKEN=",
+	}
+}
+
+// readDeployYAML decodes deploy/<rel> into a generic mapping.
+func readDeployYAML(t *testing.T, rel string) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(deployDir, rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(b, &m); err != nil {
+		t.Fatalf("deploy/%s: %v", rel, err)
+	}
+	return m
+}
+
+// yamlSet sets the dotted path in m (creating mappings on the way); a nil
+// value deletes the key.
+func yamlSet(t *testing.T, m map[string]any, path string, v any) {
+	t.Helper()
+	parts := strings.Split(path, ".")
+	for _, p := range parts[:len(parts)-1] {
+		next, ok := m[p]
+		if !ok || next == nil {
+			next = map[string]any{}
+			m[p] = next
+		}
+		sub, ok := next.(map[string]any)
+		if !ok {
+			t.Fatalf("deploy config: %s: %s is not a mapping", path, p)
+		}
+		m = sub
+	}
+	if v == nil {
+		delete(m, parts[len(parts)-1])
+		return
+	}
+	m[parts[len(parts)-1]] = v
+}
+
+// yamlGet reads a string at the dotted path ("" when absent).
+func yamlGet(m map[string]any, path string) string {
+	parts := strings.Split(path, ".")
+	var cur any = m
+	for _, p := range parts {
+		mm, ok := cur.(map[string]any)
+		if !ok {
+			return ""
+		}
+		cur = mm[p]
+	}
+	s, _ := cur.(string)
+	return s
+}
+
+// writeDeployConfig applies set to deploy/<rel> and writes it to dst.
+func writeDeployConfig(t *testing.T, rel, dst string, set map[string]any) {
+	t.Helper()
+	m := readDeployYAML(t, rel)
+	for k, v := range set {
+		yamlSet(t, m, k, v)
+	}
+	b, err := yaml.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, append([]byte("# written by test/chaos from deploy/"+rel+"\n"), b...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testPKI is the deployment's CA (deploy/README.md: every link runs mutual
+// TLS with certificates from one CA) and its files.
+type testPKI struct {
+	ca     *pki.CA
+	dir    string
+	caFile string
+}
+
+func newTestPKI(t *testing.T, dir string) *testPKI {
+	t.Helper()
+	ca, err := pki.NewCA("chaos-ca", 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = filepath.Join(dir, "tls")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	caFile, err := ca.WriteCA(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testPKI{ca: ca, dir: dir, caFile: caFile}
+}
+
+// issue writes id's certificate in role (loopback hosts) and returns its files.
+func (p *testPKI) issue(t *testing.T, id string, role pki.Role) pki.Files {
+	t.Helper()
+	leaf, err := p.ca.Issue(id, pki.IssueOptions{Role: role, Hosts: []string{"127.0.0.1", "localhost"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := p.ca.WriteFiles(p.dir, id, leaf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// clientTLS trusts the CA (the agent gateway's and operators' view: no
+// client certificate, deploy's edges do not require one on HTTP).
+func (p *testPKI) clientTLS() *tls.Config {
+	return &tls.Config{RootCAs: p.ca.Pool(), MinVersion: tls.VersionTLS12}
+}
+
+// natsOptions builds the NATS server's options from deploy/nats/nats-1.conf
+// and auth.conf: one server on a loopback port (no cluster routes, no
+// monitoring port), the shipped users and permissions with the test's edge
+// password and worker nkey.
+func natsOptions(t *testing.T, dir string, port int) *natsserver.Options {
+	t.Helper()
+	dst := filepath.Join(dir, "nats")
+	if err := os.MkdirAll(dst, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(deployDir, "nats", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	auth := read("auth.conf")
+	for _, r := range []struct{ from, to string }{{shippedEdgePassword, testNATSEdgePassword}, {shippedWorkerNKey, testWorkerNKeyPublic}} {
+		if !strings.Contains(auth, r.from) {
+			t.Fatalf("deploy/nats/auth.conf no longer holds %q: update test/chaos/deploy_test.go", r.from)
+		}
+		auth = strings.ReplaceAll(auth, r.from, r.to)
+	}
+	conf := read("nats-1.conf")
+	listen := regexp.MustCompile(`(?m)^listen: .*$`)
+	if !listen.MatchString(conf) {
+		t.Fatal("deploy/nats/nats-1.conf has no listen line")
+	}
+	conf = listen.ReplaceAllString(conf, fmt.Sprintf("listen: 127.0.0.1:%d", port))
+	conf = regexp.MustCompile(`(?m)^http: .*$`).ReplaceAllString(conf, "")
+	conf = regexp.MustCompile(`(?s)\ncluster \{.*?\n\}\n`).ReplaceAllString(conf, "\n")
+	for name, text := range map[string]string{"auth.conf": auth, "nats.conf": conf} {
+		if err := os.WriteFile(filepath.Join(dst, name), []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts, err := natsserver.ProcessConfigFile(filepath.Join(dst, "nats.conf"))
+	if err != nil {
+		t.Fatalf("deploy/nats/nats-1.conf as the test runs it: %v", err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	return opts
+}
