@@ -714,6 +714,7 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 		// does not: its breaker must not read that as misses).
 		if cres == nil && u.ok && u.hasCached {
 			e.fleet.RecordUsage(genHop.instance, int64(u.prompt), int64(u.cached), e.now())
+			e.shadowCorrect(rq, genHop, u.cached)
 		}
 	}
 	if !rq.stream {
