@@ -32,7 +32,9 @@ func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
 		return
 	}
 	sc := e.cfg.servers(h.fleet)
-	if sc.KVShadowBlocks <= 0 {
+	if sc.KVShadowBlocks <= 0 || sc.Engine.Kind() == EngineTether {
+		// tether workers publish their KV events over NATS: one
+		// configured by URL without NATS is a test or dev setup.
 		return
 	}
 	capacity := sc.KVShadowBlocks
