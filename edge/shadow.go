@@ -58,6 +58,10 @@ func (e *Edge) shadowCorrect(rq *request, h *hop, cachedTokens int) {
 	if e.shadow == nil || h == nil || h.shadow == nil || e.cfg.Placement.BlockSize <= 0 {
 		return
 	}
+	if in, ok := e.fleet.Instance(h.instance, rq.now); ok && in.Telemetry {
+		e.shadow.Forget(h.instance) // its own reports took over meanwhile
+		return
+	}
 	if err := e.shadow.Correct(*h.shadow, rq.blocks, cachedTokens/e.cfg.Placement.BlockSize); err != nil {
 		e.log.Warn("shadow KV cache correction failed (it starts over)", "instance", h.instance, "err", err)
 	}

@@ -51,6 +51,14 @@ func TestApproximateBatchCreditsButIsNotTrusted(t *testing.T) {
 		t.Fatalf("after the real baseline: %+v", kv)
 	}
 
+	// The instance's own events joined mid-stream: the model is dropped
+	// at once and the instance waits for a dump, no longer approximate.
+	mustApply(t, ix, Batch{Instance: "y", Boot: 1, Seq: 1, Approximate: true, Events: []RankEvent{{Rank: 0, Stored: prompt}}}, Applied)
+	mustApply(t, ix, Batch{Instance: "y", Boot: 77, Seq: 9, Events: []RankEvent{{Rank: 0, Stored: prompt[:1]}}}, NeedsDump)
+	if kv, _ := ix.Instance("y"); kv.Approximate || kv.Synced || !slices.Equal(kv.RankBlocks, []int64{0}) {
+		t.Fatalf("after the worker's mid-stream batch: %+v", kv)
+	}
+
 	// A dump also makes it exact.
 	mustApply(t, ix, Batch{Instance: "x", Boot: 1, Seq: 1, Approximate: true, Events: []RankEvent{{Rank: 0, Stored: prompt}}}, Applied)
 	if err := ix.ReplaceInstance("x", 5, 3, [][]uint64{nil, prompt[:2]}); err != nil {

@@ -230,6 +230,7 @@ func (ix *Index) Apply(b Batch) (Outcome, error) {
 			ix.clearStoredLocked(in)
 			in.boot = b.Boot
 			in.synced = false
+			in.approx = b.Approximate
 		}
 		return NeedsDump, nil
 	}
