@@ -21,6 +21,12 @@ func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
 	if e.shadow == nil || h == nil || len(rq.blocks) == 0 {
 		return
 	}
+	sc := e.cfg.servers(h.fleet)
+	if sc.KVShadowBlocks <= 0 || sc.Engine.Kind() == EngineTether {
+		// tether workers publish their KV events over NATS: one
+		// configured by URL without NATS is a test or dev setup.
+		return
+	}
 	in, ok := e.fleet.Instance(h.instance, rq.now)
 	if !ok || !in.Static {
 		return
@@ -29,12 +35,6 @@ func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
 		// A worker that reports over NATS: its own KV events (or their
 		// absence) are the truth, never a model.
 		e.shadow.Forget(h.instance)
-		return
-	}
-	sc := e.cfg.servers(h.fleet)
-	if sc.KVShadowBlocks <= 0 || sc.Engine.Kind() == EngineTether {
-		// tether workers publish their KV events over NATS: one
-		// configured by URL without NATS is a test or dev setup.
 		return
 	}
 	capacity := sc.KVShadowBlocks

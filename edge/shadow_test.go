@@ -10,20 +10,33 @@ import (
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/test/engines/oaiserve"
+	"github.com/tether-project/tether/test/engines/sglang"
 	"github.com/tether-project/tether/test/engines/vllm"
 )
 
-// vLLM stand-ins configured by URL publish no KV events: the edge's shadow
-// of each one's cache credits a conversation's next turn on the instance
-// that served the last one, sized from the engine's /metrics, and a
-// response reporting fewer cached tokens than the shadow predicted lowers
-// that credit. /admin/v1/instances shows where the knowledge comes from.
+// vLLM and SGLang stand-ins configured by URL publish no KV events: the
+// edge's shadow of each one's cache credits a conversation's next turn on
+// the instance that served the last one, sized from the engine's /metrics,
+// and a response reporting fewer cached tokens than the shadow predicted
+// lowers that credit. /admin/v1/instances shows where the knowledge comes
+// from.
 func TestShadowCacheCreditsTheNextTurnAndLearnsFromCachedTokens(t *testing.T) {
+	for _, kind := range []EngineKind{EngineVLLM, EngineSGLang} {
+		t.Run(string(kind), func(t *testing.T) { testShadowCache(t, kind) })
+	}
+}
+
+func testShadowCache(t *testing.T, kind EngineKind) {
 	const blockSize = 16 // vLLM's default block size, as the edge must be configured
 	servers := map[string]*oaiserve.Server{}
 	var urls []StaticInstance
-	for _, name := range []string{"vllm-a", "vllm-b"} {
-		srv := vllm.Start(vllm.Options{Model: testModel, PromptTokensDetails: true})
+	for _, name := range []string{"eng-a", "eng-b"} {
+		var srv *oaiserve.Server
+		if kind == EngineVLLM {
+			srv = vllm.Start(vllm.Options{Model: testModel, PromptTokensDetails: true})
+		} else {
+			srv = sglang.Start(sglang.Options{Model: testModel, CacheReport: true})
+		}
 		t.Cleanup(srv.Close)
 		servers[name] = srv
 		urls = append(urls, StaticInstance{Name: name, URL: srv.URL()})
@@ -31,17 +44,19 @@ func TestShadowCacheCreditsTheNextTurnAndLearnsFromCachedTokens(t *testing.T) {
 	ec := startEdges(t, 1, "", func(_ int, c *Config) {
 		c.Telemetry.ProbeInterval = 100 * time.Millisecond
 		c.Placement.BlockSize = blockSize
-		c.ContextServers = ServersConfig{URLs: urls, Engine: EngineVLLM, KVShadowBlocks: DefaultKVShadowBlocks}
+		c.ContextServers = ServersConfig{URLs: urls, Engine: kind, KVShadowBlocks: DefaultKVShadowBlocks}
 		c.GenerationServers = ServersConfig{}
 	})
 	ec.waitInstances(2)
 	te := ec.edge(0)
 	hc := httpClient(t)
-	// The shadow is sized from vllm:cache_config_info (4096 blocks of 16
-	// tokens per rank on the stand-in) once the first scrape is in.
+	// The shadow is sized from the engine's reported capacity (vLLM's
+	// stand-in: vllm:cache_config_info, 4096 blocks of 16 tokens per rank;
+	// SGLang's: sglang:max_total_num_tokens) once the first scrape is in.
 	waitFor(t, "the engines' KV capacity scraped", 10*time.Second, func() bool {
 		for name := range servers {
-			if in, ok := te.e.fleet.Instance(name, time.Now()); !ok || in.RankKVTokens != 4096*16 || !in.Healthy {
+			in, ok := te.e.fleet.Instance(name, time.Now())
+			if !ok || in.RankKVTokens <= 0 || !in.Healthy || (kind == EngineVLLM && in.RankKVTokens != 4096*16) {
 				return false
 			}
 		}
@@ -61,7 +76,12 @@ func TestShadowCacheCreditsTheNextTurnAndLearnsFromCachedTokens(t *testing.T) {
 	bodies := make([][]byte, len(turns))
 	blocks := make([][]uint64, len(turns))
 	for i, tt := range turns {
-		bodies[i] = chatBody(t, system, tt, nil)
+		var extra map[string]any
+		if i == 2 && kind == EngineSGLang {
+			// The correction also comes from a stream's final usage chunk.
+			extra = map[string]any{"stream": true, "stream_options": map[string]any{"include_usage": true}}
+		}
+		bodies[i] = chatBody(t, system, tt, extra)
 		_, _, toks, aerr := parseBody(bodies[i], true)
 		if aerr != nil {
 			t.Fatal(aerr.Message)
@@ -113,9 +133,9 @@ func TestShadowCacheCreditsTheNextTurnAndLearnsFromCachedTokens(t *testing.T) {
 
 	send(0)
 	home := served("shadow turn one")
-	other := "vllm-a"
+	other := "eng-a"
 	if home == other {
-		other = "vllm-b"
+		other = "eng-b"
 	}
 	// Turn 2 shares turn 1's whole prompt: every whole block of it is
 	// credited on the instance that served it, nothing elsewhere.
@@ -157,7 +177,11 @@ func TestShadowCacheCreditsTheNextTurnAndLearnsFromCachedTokens(t *testing.T) {
 	seqBefore := instances()[home].KV.LastSeq
 	servers[home].FlushCache()
 	r = send(2)
-	if c := cachedTokens(t, r.json(t)); c != 0 {
+	if kind == EngineSGLang {
+		if !strings.Contains(string(r.body), `"cached_tokens":0`) || !strings.Contains(string(r.body), "data: [DONE]") {
+			t.Fatalf("turn 3 (streamed) after the flush: %s", r.body)
+		}
+	} else if c := cachedTokens(t, r.json(t)); c != 0 {
 		t.Fatalf("turn 3 after the flush reported %d cached tokens", c)
 	}
 	waitFor(t, "the correction from cached_tokens", 5*time.Second, func() bool { return credit(3, home) == 0 })
