@@ -109,6 +109,13 @@ func TestAdminAPI(t *testing.T) {
 		}
 		return up == 2
 	})
+	// Workers configured by URL without NATS send no KV events: the
+	// edge's index holds only its own predictions for them.
+	for _, in := range inst.Instances {
+		if kv := in.KV; kv.Source != admin.KVSourcePredictionsOnly || kv.Blocks != 0 || kv.LastSeq != 0 || kv.Approximate {
+			t.Fatalf("%s: kv %+v, want predictions only", in.ID, kv)
+		}
+	}
 
 	st := s.te.e.Node().State()
 	hr := adminGet(t, s.c, s.te, "/admin/v1/state/hash?index="+strconv.FormatUint(st.Index(), 10)).json(t)

@@ -149,6 +149,11 @@ type ServersConfig struct {
 	// URL of a vLLM or SGLang fleet (0 or 1: none); the edge picks a
 	// conversation's rank and sends it as X-Data-Parallel-Rank.
 	DataParallelSize int `yaml:"data_parallel_size"`
+	// KVShadowBlocks: the blocks per rank of the edge's shadow of a static
+	// engine's prefix cache (edge/kvshadow) when the engine does not report
+	// its KV capacity on /metrics; 0 turns the shadow off. Only static
+	// instances without telemetry (no KV events) are shadowed.
+	KVShadowBlocks int `yaml:"kv_shadow_blocks"`
 	// HealthPath is the readiness probe of the static workers (urls):
 	// GET answering 200 means ready. Default /health, which trtllm-serve,
 	// vLLM, SGLang and tether workers serve (docs/engines.md).
@@ -466,6 +471,7 @@ func DefaultConfig() Config {
 	c.HintSignatureFormat = hintauth.FormatTRTLLM
 	c.ContextServers.HealthPath, c.GenerationServers.HealthPath = DefaultHealthPath, DefaultHealthPath
 	c.ContextServers.Tokenizer, c.GenerationServers.Tokenizer = TokenizerWords, TokenizerWords
+	c.ContextServers.KVShadowBlocks, c.GenerationServers.KVShadowBlocks = DefaultKVShadowBlocks, DefaultKVShadowBlocks
 	return c
 }
 

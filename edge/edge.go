@@ -41,6 +41,7 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/bodybudget"
@@ -94,6 +95,7 @@ type Edge struct {
 
 	node     *cluster.Node
 	fleet    *fleetview.Fleet
+	shadow   *kvshadow.Shadows // static engines' shadow KV caches (shadow.go)
 	natsSrv  *natsserver.Server
 	nc       *nats.Conn
 	client   *http.Client
@@ -299,6 +301,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	}); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
+	e.shadow = kvshadow.New(e.fleet.Index(), 1)
 	if err := e.fleet.Start(ctx); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}

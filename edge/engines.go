@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -103,6 +104,9 @@ func (c *Config) validateEngine(key string, s *ServersConfig) []error {
 	if s.DataParallelSize < 0 || s.DataParallelSize > maxDataParallelSize {
 		bad(key+".data_parallel_size", "must be 0..%d, got %d", maxDataParallelSize, s.DataParallelSize)
 	}
+	if s.KVShadowBlocks < 0 || s.KVShadowBlocks > kvshadow.MaxBlocksPerRank {
+		bad(key+".kv_shadow_blocks", "must be 0..%d (0: no shadow cache), got %d", kvshadow.MaxBlocksPerRank, s.KVShadowBlocks)
+	}
 	if s.DataParallelSize > 1 && !kind.aggregatedOnly() {
 		bad(key+".data_parallel_size", "only for engine vllm or sglang (the edge picks their rank); %s workers place requests on ranks themselves", kind)
 	}
@@ -185,6 +189,7 @@ func (e *Edge) dispatchEngine(ctx context.Context, w http.ResponseWriter, rq *re
 		resp.Header.Del(HeaderADPRank)
 	}
 	span.SetAttributes(attribute.String("tether.engine", string(e.cfg.ContextServers.Engine.Kind())))
+	e.shadowRoute(rq, h, rank)
 	return e.relay(w, rq, resp, nil, nil, h, span)
 }
 

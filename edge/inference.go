@@ -284,6 +284,7 @@ type contextResult struct {
 	finish         string
 	promptTokens   int
 	cachedTokens   int
+	hasCached      bool // usage.prompt_tokens_details was there
 	rank           string
 }
 
@@ -316,6 +317,10 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 		return hf.write(w, span)
 	}
 	e.fleet.RecordUsage(ctxHop.instance, int64(cres.promptTokens), int64(cres.cachedTokens), e.now())
+	e.shadowRoute(rq, ctxHop, -1)
+	if cres.hasCached {
+		e.shadowCorrect(rq, ctxHop, cres.cachedTokens)
+	}
 	e.observeRank(rq, ctxHop, hintauth.RoleContext, cres.rank)
 	if !cres.needsGeneration(rq.maxTokens) {
 		// The prefill already produced the whole answer.
@@ -565,7 +570,7 @@ func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, er
 	if u := body.Usage; u != nil {
 		res.promptTokens = u.PromptTokens
 		if u.PromptTokensDetails != nil {
-			res.cachedTokens = u.PromptTokensDetails.CachedTokens
+			res.cachedTokens, res.hasCached = u.PromptTokensDetails.CachedTokens, true
 		}
 	}
 	return res, nil
@@ -712,6 +717,7 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 		// does not: its breaker must not read that as misses).
 		if cres == nil && u.ok && u.hasCached {
 			e.fleet.RecordUsage(genHop.instance, int64(u.prompt), int64(u.cached), e.now())
+			e.shadowCorrect(rq, genHop, u.cached)
 		}
 	}
 	if !rq.stream {

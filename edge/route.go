@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/cluster"
+	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
@@ -110,6 +111,9 @@ type hop struct {
 	bound    bool // the key is bound (sticky, new bind, overflow, degraded)
 	binding  fsm.Binding
 	excluded []string
+	// shadow: where the prompt was modelled in a static engine's shadow
+	// cache (edge/shadow.go; nil: not modelled).
+	shadow *kvshadow.Placement
 }
 
 func hopOf(d *decide.Hop) *hop {

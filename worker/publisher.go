@@ -357,6 +357,7 @@ func (p *publisher) loadReport(draining bool) telemetry.LoadReport {
 		SentUnixMilli: time.Now().UnixMilli(),
 		IntervalMilli: max(s.cfg.TelemetryInterval.Milliseconds(), 1),
 		BlockSize:     s.blockSize(),
+		KVSource:      s.kvSource(),
 		Draining:      draining,
 		Ranks:         s.rankLoads(),
 	}
@@ -434,4 +435,16 @@ func (p *publisher) close(ctx context.Context) error {
 	}
 	p.nc.Close()
 	return nil
+}
+
+// kvSource is the load report's kv_source: what the worker's KV events
+// reflect (the edge's /admin/v1/instances shows it).
+func (s *Server) kvSource() string {
+	switch {
+	case s.cfg.Engine.Type != "proxy":
+		return ""
+	case s.cfg.Engine.KVEvents.Format != "":
+		return telemetry.KVSourceEngineEvents
+	}
+	return telemetry.KVSourceNone
 }

@@ -4,6 +4,8 @@ import (
 	"net/http"
 
 	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/routing/kvindex"
+	"github.com/tether-project/tether/routing/telemetry"
 )
 
 // InstanceInfo is one element of GET /admin/v1/instances.
@@ -31,6 +33,66 @@ type InstanceInfo struct {
 	// TelemetryStale: the edge's NATS link is (or just was) down; the
 	// load figures are from before and health comes from probes.
 	TelemetryStale bool `json:"telemetry_stale"`
+	// KV is what this edge's KV index holds for the instance.
+	KV InstanceKV `json:"kv"`
+}
+
+// Sources of an instance's KV knowledge (InstanceKV.Source).
+const (
+	// KVSourceEngineEvents: the engine's own KV events, translated by a
+	// tether worker proxy (engine.kv_events).
+	KVSourceEngineEvents = "engine_events"
+	// KVSourceTetherWorker: a tether worker's simulated engine.
+	KVSourceTetherWorker = "tether_worker"
+	// KVSourceShadow: the edge's shadow of a static engine's cache
+	// (edge/kvshadow), approximate.
+	KVSourceShadow = "shadow"
+	// KVSourcePredictionsOnly: nothing but this edge's short-lived
+	// predictions of the prompts it routed there.
+	KVSourcePredictionsOnly = "predictions_only"
+)
+
+// InstanceKV is the KV index's knowledge of one instance.
+type InstanceKV struct {
+	Source string `json:"source"`
+	// Approximate: the blocks are a model (the shadow), so the cache-lost
+	// rule never reads their absence as eviction.
+	Approximate bool `json:"approximate"`
+	// Blocks: stored blocks the index holds, over all ranks
+	// (predictions not counted).
+	Blocks int64    `json:"blocks"`
+	Ranks  []RankKV `json:"ranks"`
+	// LastSeq is the sequence number of the last event batch (or dump)
+	// applied; 0 when none.
+	LastSeq uint64 `json:"last_seq"`
+}
+
+// RankKV is one rank's stored blocks in the KV index.
+type RankKV struct {
+	Rank   int   `json:"rank"`
+	Blocks int64 `json:"blocks"`
+}
+
+// kvInfo describes what the index knows of an instance, and from where.
+func kvInfo(kv kvindex.InstanceKV, known bool, in fleetview.Instance) InstanceKV {
+	out := InstanceKV{Source: KVSourcePredictionsOnly, Ranks: []RankKV{}}
+	switch {
+	case known && kv.Approximate:
+		out.Source = KVSourceShadow
+	case in.Telemetry && in.KVSource == telemetry.KVSourceEngineEvents:
+		out.Source = KVSourceEngineEvents
+	case in.Telemetry && in.KVSource == "":
+		out.Source = KVSourceTetherWorker
+	}
+	if !known {
+		return out
+	}
+	out.Approximate, out.LastSeq = kv.Approximate, kv.Seq
+	for r, n := range kv.RankBlocks {
+		out.Ranks = append(out.Ranks, RankKV{Rank: r, Blocks: n})
+		out.Blocks += n
+	}
+	return out
 }
 
 // kvStale reports whether the edge lacks an instance's KV state: the index
@@ -55,6 +117,8 @@ func (a *API) instances(w http.ResponseWriter, r *http.Request) int {
 			ActivePromptTokens: in.ActivePromptTokens, HitRate: in.HitRate(), Breaker: in.Breaker.String(),
 			Bindings: st.BindingCount(in.Fleet, in.ID), KVStale: kvStale(a.edge.Fleet().Index().Stale(in.ID), in),
 		}
+		kv, known := a.edge.Fleet().Index().Instance(in.ID)
+		info.KV = kvInfo(kv, known, in)
 		if !in.LastSeen.IsZero() {
 			age := now.Sub(in.LastSeen).Seconds()
 			info.TelemetryAgeSecond = &age
@@ -68,7 +132,7 @@ func (a *API) instances(w http.ResponseWriter, r *http.Request) int {
 		if !seen[rec.ID] {
 			out = append(out, InstanceInfo{ID: rec.ID, Fleet: rec.Fleet.String(), URL: rec.URL, LogStatus: rec.Status.String(),
 				Version: rec.Version, FeatureLevel: int(rec.FeatureLevel), Ranks: int(rec.Ranks), Breaker: "closed",
-				Bindings: st.BindingCount(rec.Fleet, rec.ID)})
+				Bindings: st.BindingCount(rec.Fleet, rec.ID), KV: kvInfo(kvindex.InstanceKV{}, false, fleetview.Instance{})})
 		}
 	}
 	writeJSON(w, http.StatusOK, struct {

@@ -37,6 +37,12 @@ type EngineLoad struct {
 	// ActiveTokens: tokens held by running requests (SGLang's used
 	// tokens; vLLM's used blocks × block_size when known).
 	ActiveTokens float64
+	// RankKVTokens: one rank's KV cache capacity in tokens (vLLM
+	// num_gpu_blocks × block_size of vllm:cache_config_info, SGLang
+	// sglang:max_total_num_tokens; the largest rank's), 0 when the
+	// exposition does not say. It sizes the edge's shadow of the cache
+	// (edge/kvshadow).
+	RankKVTokens float64
 	Ranks        int // distinct rank labels seen (at least 1)
 	Found        bool
 }
@@ -156,10 +162,12 @@ func ParseEngineMetrics(format string, r io.Reader) (EngineLoad, error) {
 			out.KVUsed += rf.used
 			out.KVTotal += rf.total
 			out.ActiveTokens += rf.used
+			out.RankKVTokens = max(out.RankKVTokens, rf.total)
 		case blocks > 0:
 			out.KVUsed += clamp01(rf.usage) * blocks
 			out.KVTotal += blocks
 			out.ActiveTokens += clamp01(rf.usage) * blocks * blockSize
+			out.RankKVTokens = max(out.RankKVTokens, blocks*blockSize)
 		default:
 			out.KVUsed += clamp01(rf.usage) * 1000
 			out.KVTotal += 1000
@@ -171,6 +179,7 @@ func ParseEngineMetrics(format string, r io.Reader) (EngineLoad, error) {
 	out.Ranks = max(out.Ranks, 1)
 	out.Waiting, out.Running = min(out.Waiting, maxFigure), min(out.Running, maxFigure)
 	out.KVUsed, out.KVTotal, out.ActiveTokens = min(out.KVUsed, maxFigure), min(out.KVTotal, maxFigure), min(out.ActiveTokens, maxFigure)
+	out.RankKVTokens = min(out.RankKVTokens, maxFigure)
 	return out, nil
 }
 
@@ -283,6 +292,7 @@ func (f *Fleet) scrape(id, base, format string) {
 		if stale {
 			in.scraped = false
 			in.queued, in.active, in.activeTok, in.kvUsed, in.kvTotal = 0, 0, 0, 0, 0
+			in.rankKVTok = 0
 		}
 		first := !in.scrapeFailed
 		in.scrapeFailed = true
@@ -300,6 +310,7 @@ func (f *Fleet) scrape(id, base, format string) {
 	in.queued, in.active = int(math.Round(load.Waiting)), int(math.Round(load.Running))
 	in.activeTok = int64(load.ActiveTokens)
 	in.kvUsed, in.kvTotal = int64(load.KVUsed), int64(load.KVTotal)
+	in.rankKVTok = int64(load.RankKVTokens)
 	// The engine's figures now count what this edge dispatched so far,
 	// as a worker's load report does.
 	in.reportGen.Add(1)

@@ -61,7 +61,7 @@ func TestParseEngineMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := EngineLoad{Waiting: 7, Running: 4, KVUsed: 750, KVTotal: 2000, ActiveTokens: 750 * 16, Ranks: 2, Found: true}
+	want := EngineLoad{Waiting: 7, Running: 4, KVUsed: 750, KVTotal: 2000, ActiveTokens: 750 * 16, RankKVTokens: 1000 * 16, Ranks: 2, Found: true}
 	if v != want {
 		t.Fatalf("vllm: %+v, want %+v", v, want)
 	}
@@ -69,7 +69,7 @@ func TestParseEngineMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = EngineLoad{Waiting: 5, Running: 2, KVUsed: 800, KVTotal: 8000, ActiveTokens: 800, Ranks: 1, Found: true}
+	want = EngineLoad{Waiting: 5, Running: 2, KVUsed: 800, KVTotal: 8000, ActiveTokens: 800, RankKVTokens: 8000, Ranks: 1, Found: true}
 	if s != want {
 		t.Fatalf("sglang: %+v, want %+v", s, want)
 	}

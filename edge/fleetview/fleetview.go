@@ -128,6 +128,9 @@ type Instance struct {
 	Ranks         int
 	BlockSize     int
 	Draining      bool
+	// KVSource: the report's kv_source ("" the worker's own cache,
+	// telemetry.KVSourceEngineEvents, telemetry.KVSourceNone).
+	KVSource string
 	// LastSeen is the last load report or successful probe.
 	LastSeen time.Time
 	// Healthy: a fresh report (or, for a static instance without
@@ -144,6 +147,9 @@ type Instance struct {
 	ActivePromptTokens int64
 	KVUsedBlocks       int64
 	KVTotalBlocks      int64
+	// RankKVTokens: one rank's KV capacity in tokens as the engine's
+	// /metrics reports it (static engines; 0: unknown).
+	RankKVTokens       int64
 	WindowLookupTokens int64
 	WindowHitTokens    int64
 	// Dispatched since its last report by this edge.
@@ -179,6 +185,7 @@ type instance struct {
 	activeTok  int64
 	kvUsed     int64
 	kvTotal    int64
+	rankKVTok  int64 // scraped: one rank's KV capacity in tokens
 	lookup     int64
 	hit        int64
 
@@ -517,6 +524,7 @@ func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
 		out.Role, out.Model, out.Version = r.Role, r.Model, r.Version
 		out.FeatureLevel, out.VerifiesHints, out.BootID = r.FeatureLevel, r.VerifiesHints, r.BootID
 		out.Ranks, out.BlockSize, out.Draining = len(r.Ranks), r.BlockSize, r.Draining
+		out.KVSource = r.KVSource
 		out.QueuedRequests, out.ActiveRequests, out.ActivePromptTokens = in.queued, in.active, in.activeTok
 		out.KVUsedBlocks, out.KVTotalBlocks = in.kvUsed, in.kvTotal
 		out.WindowLookupTokens, out.WindowHitTokens = in.lookup, in.hit
@@ -526,6 +534,7 @@ func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
 		if in.scraped {
 			out.QueuedRequests, out.ActiveRequests, out.ActivePromptTokens = in.queued, in.active, in.activeTok
 			out.KVUsedBlocks, out.KVTotalBlocks = in.kvUsed, in.kvTotal
+			out.RankKVTokens = in.rankKVTok
 		}
 	}
 	return out

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 	"time"
 )
@@ -62,6 +63,12 @@ type Batch struct {
 	Boot     uint64
 	Seq      uint64
 	Events   []RankEvent
+	// Approximate: the batch comes from a model of the instance's cache
+	// (the edge's shadow of an engine that publishes no KV events), not
+	// from the instance. The instance stays approximate until a batch or
+	// dump from the instance itself replaces the baseline, and Holds
+	// never reports it synced: its "no" is no evidence of eviction.
+	Approximate bool
 }
 
 // Outcome says what Apply did with a batch.
@@ -129,6 +136,22 @@ type instance struct {
 	boot    uint64
 	seq     uint64
 	holders int64 // stored (block, rank) pairs
+	// perRank[r]: stored blocks of rank r.
+	perRank []int64
+	// approx: the stored blocks come from Approximate batches.
+	approx bool
+}
+
+// InstanceKV is what the index knows about one instance (admin API).
+type InstanceKV struct {
+	// Synced: a trusted baseline and no gap since (approximate or not).
+	Synced bool
+	// Approximate: the stored blocks come from Approximate batches.
+	Approximate bool
+	// Boot and Seq: the last applied batch (or dump) position.
+	Boot, Seq uint64
+	// RankBlocks[r]: blocks the index holds for rank r.
+	RankBlocks []int64
 }
 
 type predRecord struct {
@@ -199,6 +222,7 @@ func (ix *Index) Apply(b Batch) (Outcome, error) {
 		// a complete baseline (a restart drops what the old boot held).
 		ix.clearStoredLocked(in)
 		in.synced, in.boot, in.seq = true, b.Boot, 0
+		in.approx = b.Approximate
 	default:
 		if in.boot != b.Boot {
 			// A restart we joined mid-stream: the old contents are gone
@@ -206,6 +230,7 @@ func (ix *Index) Apply(b Batch) (Outcome, error) {
 			ix.clearStoredLocked(in)
 			in.boot = b.Boot
 			in.synced = false
+			in.approx = b.Approximate
 		}
 		return NeedsDump, nil
 	}
@@ -260,6 +285,7 @@ func (ix *Index) ReplaceInstance(instanceID string, boot, seq uint64, ranks [][]
 		ix.updateLocked(in, blocks, setOp{kind: opAdd, slot: s})
 	}
 	in.synced, in.boot, in.seq = true, boot, seq
+	in.approx = false
 	return nil
 }
 
@@ -348,6 +374,19 @@ func (ix *Index) Stale(instanceID string) bool {
 	defer ix.mu.RUnlock()
 	in, ok := ix.byID[instanceID]
 	return !ok || !in.synced
+}
+
+// Instance reports what the index knows about instanceID (ok false when
+// the index never saw it).
+func (ix *Index) Instance(instanceID string) (kv InstanceKV, ok bool) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	in, ok := ix.byID[instanceID]
+	if !ok {
+		return InstanceKV{}, false
+	}
+	return InstanceKV{Synced: in.synced, Approximate: in.approx, Boot: in.boot, Seq: in.seq,
+		RankBlocks: slices.Clone(in.perRank)}, true
 }
 
 // Stats returns the index's size.
@@ -522,25 +561,27 @@ func (ix *Index) Holds(instanceID string, rank int, block uint64, now time.Time)
 	if !ok {
 		return false, false
 	}
+	// A shadow's contents are a model: its "no" proves nothing.
+	synced = in.synced && !in.approx
 	id, ok := ix.blocks[block]
 	if !ok {
-		return false, in.synced
+		return false, synced
 	}
 	set := ix.sets.get(id)
 	for r, s := range in.ranks {
 		if s > 0 && (rank < 0 || r == rank) && set.has(slot(s-1)) {
-			return true, in.synced
+			return true, synced
 		}
 	}
 	if in.pred > 0 {
 		nowN := now.UnixNano()
 		for _, p := range set.preds {
 			if p.slot == slot(in.pred-1) && p.expires > nowN {
-				return true, in.synced
+				return true, synced
 			}
 		}
 	}
-	return false, in.synced
+	return false, synced
 }
 
 func betterRank(a, b int) bool {
@@ -618,6 +659,7 @@ func (ix *Index) rankSlotLocked(in *instance, rank int) (slot, error) {
 	}
 	for len(in.ranks) <= rank {
 		in.ranks = append(in.ranks, 0)
+		in.perRank = append(in.perRank, 0)
 	}
 	in.ranks[rank] = int32(s) + 1
 	return s, nil
@@ -643,9 +685,11 @@ func (ix *Index) updateLocked(in *instance, blocks []uint64, op setOp) {
 		switch {
 		case op.kind == opAdd && !had:
 			in.holders++
+			in.perRank[ix.owners[op.slot].rank]++
 			ix.holderBlocks++
 		case op.kind == opRemove && had:
 			in.holders--
+			in.perRank[ix.owners[op.slot].rank]--
 			ix.holderBlocks--
 		}
 		ix.sets.retarget(from, to)
@@ -680,6 +724,7 @@ func (ix *Index) clearStoredLocked(in *instance) {
 	ix.purgeLocked(set)
 	ix.holderBlocks -= in.holders
 	in.holders = 0
+	clear(in.perRank)
 }
 
 func (ix *Index) purgeLocked(set []uint64) {

@@ -13,23 +13,28 @@ import (
 // and heartbeat: an edge learns a worker from its first report and
 // considers it gone after a few missed intervals (or a Draining report).
 type LoadReport struct {
-	V             int        `json:"v"`
-	Instance      string     `json:"instance"`
-	Fleet         Fleet      `json:"fleet"`
-	Role          string     `json:"role"`          // configured server_role: "context", "generation" or "" (omitted)
-	URL           string     `json:"url"`           // base URL the edge sends requests to
-	Model         string     `json:"model"`         // model served
-	Version       string     `json:"version"`       // software version
-	FeatureLevel  int        `json:"feature_level"` // see FeatureLevel
-	VerifiesHints bool       `json:"verifies_hints"`
-	BootID        uint64     `json:"boot_id"`      // random per process start; a change means a restart
-	Seq           uint64     `json:"seq"`          // load report sequence, from 1 per boot
-	KVSeq         uint64     `json:"kv_seq"`       // last KV event batch sequence published (0: none yet)
-	SentUnixMilli int64      `json:"sent_unix_ms"` // worker wall clock, informational
-	IntervalMilli int64      `json:"interval_ms"`  // the worker's telemetry interval
-	BlockSize     int        `json:"block_size"`   // tokens per KV block (routing/prefix hashes)
-	Draining      bool       `json:"draining,omitempty"`
-	Ranks         []RankLoad `json:"ranks"`
+	V             int    `json:"v"`
+	Instance      string `json:"instance"`
+	Fleet         Fleet  `json:"fleet"`
+	Role          string `json:"role"`          // configured server_role: "context", "generation" or "" (omitted)
+	URL           string `json:"url"`           // base URL the edge sends requests to
+	Model         string `json:"model"`         // model served
+	Version       string `json:"version"`       // software version
+	FeatureLevel  int    `json:"feature_level"` // see FeatureLevel
+	VerifiesHints bool   `json:"verifies_hints"`
+	BootID        uint64 `json:"boot_id"`      // random per process start; a change means a restart
+	Seq           uint64 `json:"seq"`          // load report sequence, from 1 per boot
+	KVSeq         uint64 `json:"kv_seq"`       // last KV event batch sequence published (0: none yet)
+	SentUnixMilli int64  `json:"sent_unix_ms"` // worker wall clock, informational
+	IntervalMilli int64  `json:"interval_ms"`  // the worker's telemetry interval
+	BlockSize     int    `json:"block_size"`   // tokens per KV block (routing/prefix hashes)
+	// KVSource says where the worker's KV events come from: "" its own
+	// cache (the simulated engine), KVSourceEngineEvents the upstream
+	// engine's events translated by the proxy, KVSourceNone a proxy that
+	// publishes none (the edge then knows only its own predictions).
+	KVSource string     `json:"kv_source,omitempty"`
+	Draining bool       `json:"draining,omitempty"`
+	Ranks    []RankLoad `json:"ranks"`
 }
 
 // RankLoad is one attention-DP rank's figures.
@@ -46,6 +51,12 @@ type RankLoad struct {
 	Overflows          int64 `json:"overflows"` // requests placed here because their affine rank was saturated (since boot)
 	Evictions          int64 `json:"evictions"` // KV blocks evicted (since boot)
 }
+
+// LoadReport.KVSource values.
+const (
+	KVSourceEngineEvents = "engine_events"
+	KVSourceNone         = "none"
+)
 
 // HitRate is WindowHitTokens/WindowLookupTokens (0 with no lookups).
 func (r RankLoad) HitRate() float64 {
@@ -95,6 +106,9 @@ func (r *LoadReport) validate(subject string) error {
 	}
 	if r.Role != "" && r.Role != "context" && r.Role != "generation" {
 		return decodeErr(ErrOutOfRange, subject, "role", "%q (want context, generation or empty)", r.Role)
+	}
+	if r.KVSource != "" && r.KVSource != KVSourceEngineEvents && r.KVSource != KVSourceNone {
+		return decodeErr(ErrOutOfRange, subject, "kv_source", "%q (want %s, %s or empty)", r.KVSource, KVSourceEngineEvents, KVSourceNone)
 	}
 	if err := checkURL(r.URL); err != nil {
 		return decodeErr(ErrOutOfRange, subject, "url", "%v", err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/worker"
 	"github.com/tether-project/tether/worker/kvevents"
 )
@@ -58,6 +59,19 @@ func TestTRTLLMEventsReachTheEdge(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the edge holds %d of the prompt's %d blocks on w-trt (rank %d)", n, len(blocks), r)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The proxy says its events are the engine's (/admin/v1/instances
+	// shows kv.source engine_events), and the index holds them exactly.
+	for {
+		in, ok := f.Instance("w-trt", time.Now())
+		kv, known := f.Index().Instance("w-trt")
+		if ok && in.KVSource == telemetry.KVSourceEngineEvents && known && !kv.Approximate && kv.Seq > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("w-trt: kv_source %q (known %v), index %+v (known %v)", in.KVSource, ok, kv, known)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -180,6 +180,25 @@ func (c *Cache) Release(hashes []uint64) {
 	}
 }
 
+// Remove evicts the unreferenced resident blocks among hashes (a block a
+// running request holds stays) and returns the hashes it removed, for KV
+// events (nil when none). The edge's shadow of an engine's cache uses it
+// when the engine reports less cache than the shadow predicted.
+func (c *Cache) Remove(hashes []uint64) (removed []uint64) {
+	for _, h := range hashes {
+		idx, ok := c.index.get(h)
+		if !ok || c.entries[idx].refs != 0 {
+			continue
+		}
+		c.unlink(idx)
+		c.index.remove(h)
+		c.free = append(c.free, idx)
+		c.evictions++
+		removed = append(removed, h)
+	}
+	return removed
+}
+
 func (c *Cache) ref(idx int32) {
 	e := &c.entries[idx]
 	if e.refs == 0 {

@@ -139,6 +139,18 @@ func (s *Server) SetWaiting(rank, n int) {
 	s.mu.Unlock()
 }
 
+// FlushCache empties every rank's prefix cache, as the engine's own cache
+// reset does (vLLM POST /reset_prefix_cache, SGLang /flush_cache), or as
+// evicting everything under memory pressure would: the next prompts report
+// no cached tokens.
+func (s *Server) FlushCache() {
+	s.mu.Lock()
+	for i := range s.blocks {
+		clear(s.blocks[i])
+	}
+	s.mu.Unlock()
+}
+
 // Served lists the requests answered so far.
 func (s *Server) Served() []Served {
 	s.mu.Lock()

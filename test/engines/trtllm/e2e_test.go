@@ -75,6 +75,7 @@ func startEdges(t *testing.T, n int, ctx, gen []*standIn) []*edge.Edge {
 		cfg.InternalRequestAuthKey = testKey
 		cfg.DebugRouteHeader = true
 		cfg.Telemetry.ProbeInterval = 100 * time.Millisecond
+		cfg.ContextServers.Engine, cfg.GenerationServers.Engine = edge.EngineTRTLLM, edge.EngineTRTLLM
 		for _, s := range ctx {
 			cfg.ContextServers.URLs = append(cfg.ContextServers.URLs, edge.StaticInstance{Name: s.name, URL: s.url})
 		}
@@ -320,6 +321,13 @@ func TestThreeEdgesInFrontOfTRTLLMStandIns(t *testing.T) {
 				t.Fatalf("%s accepted %d signatures unchecked", s.name, s.Unverified())
 			}
 		}
+	}
+
+	// trtllm-serve sends the edge no KV events: what edge 1's KV index
+	// holds for the context server it sent the parent to is its shadow of
+	// that server's cache (approximate), fed by the parent's prompt.
+	if kv, ok := edges[0].Fleet().Index().Instance(parentCtx); !ok || !kv.Approximate || len(kv.RankBlocks) == 0 || kv.RankBlocks[0] == 0 {
+		t.Fatalf("edge 1's KV index for %s: %+v (known %v), want the shadow of the parent's prompt", parentCtx, kv, ok)
 	}
 
 	// The state is replicated: the parent's binding is the same on every

@@ -1,0 +1,69 @@
+package edge
+
+import (
+	"github.com/tether-project/tether/edge/kvshadow"
+)
+
+// DefaultKVShadowBlocks is the default kv_shadow_blocks: the size, in
+// blocks per rank, of the shadow cache of a static engine that does not
+// report its KV capacity (65,536 tokens at the default block size: a small
+// GPU's cache, so the shadow errs toward forgetting, and corrections from
+// cached_tokens do the rest).
+const DefaultKVShadowBlocks = 4096
+
+// shadowRoute models rq's prompt in the shadow cache of h's instance when
+// that instance is a static engine without KV events (no telemetry): the
+// edge's KV index then credits the next request sharing the prefix
+// (edge/kvshadow, docs/engines.md). rank is the data-parallel rank the
+// request was pinned to (-1: none). The placement is kept on h for the
+// response's correction (shadowCorrect).
+func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
+	if e.shadow == nil || h == nil || len(rq.prompts[h.fleet].blocks) == 0 {
+		return
+	}
+	sc := e.cfg.servers(h.fleet)
+	if sc.KVShadowBlocks <= 0 || sc.Engine.Kind() == EngineTether {
+		// tether workers publish their KV events over NATS: one
+		// configured by URL without NATS is a test or dev setup.
+		return
+	}
+	in, ok := e.fleet.Instance(h.instance, rq.now)
+	if !ok || !in.Static {
+		return
+	}
+	if in.Telemetry {
+		// A worker that reports over NATS: its own KV events (or their
+		// absence) are the truth, never a model.
+		e.shadow.Forget(h.instance)
+		return
+	}
+	capacity := sc.KVShadowBlocks
+	if bs := int64(e.cfg.RoutingConfig(h.fleet).BlockSize); in.RankKVTokens > 0 && bs > 0 {
+		capacity = int(min(in.RankKVTokens/bs, kvshadow.MaxBlocksPerRank))
+	}
+	p, ok, err := e.shadow.Route(h.instance, rank, e.cfg.dataParallelSize(h.fleet), capacity, rq.prompts[h.fleet].blocks)
+	if err != nil {
+		e.log.Warn("shadow KV cache update failed (it starts over)", "instance", h.instance, "err", err)
+		return
+	}
+	if ok {
+		h.shadow = &p
+	}
+}
+
+// shadowCorrect applies a response's usage.prompt_tokens_details.cached_tokens
+// to the shadow the request was modelled in: fewer cached tokens than the
+// shadow predicted evict the prompt's chain beyond them.
+func (e *Edge) shadowCorrect(rq *request, h *hop, cachedTokens int) {
+	bs := e.cfg.RoutingConfig(h.fleet).BlockSize
+	if e.shadow == nil || h == nil || h.shadow == nil || bs <= 0 {
+		return
+	}
+	if in, ok := e.fleet.Instance(h.instance, rq.now); ok && in.Telemetry {
+		e.shadow.Forget(h.instance) // its own reports took over meanwhile
+		return
+	}
+	if err := e.shadow.Correct(*h.shadow, rq.prompts[h.fleet].blocks, cachedTokens/bs); err != nil {
+		e.log.Warn("shadow KV cache correction failed (it starts over)", "instance", h.instance, "err", err)
+	}
+}
