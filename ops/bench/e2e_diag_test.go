@@ -46,6 +46,12 @@ func TestE2ETTFTDiagnostics(t *testing.T) {
 			t.Fatalf("TETHER_TTFT_DIAG_SCALE=%q: want a number > 0", v)
 		}
 	}
+	genBlocks := 0
+	if v := os.Getenv("TETHER_TTFT_DIAG_GEN_BLOCKS"); v != "" {
+		if err := json.Unmarshal([]byte(v), &genBlocks); err != nil || genBlocks < 0 {
+			t.Fatalf("TETHER_TTFT_DIAG_GEN_BLOCKS=%q: want a block count >= 0", v)
+		}
+	}
 	w := ttftDiagWorkload(t)
 	pols := strings.Split(os.Getenv("TETHER_TTFT_DIAG_POLICIES"), ",")
 	res := map[string]any{}
@@ -53,7 +59,7 @@ func TestE2ETTFTDiagnostics(t *testing.T) {
 		p := Policy(ps)
 		var metrics []string
 		r, err := ReplayLocalE2E(context.Background(), w, p, LocalE2EOptions{
-			Edges: 3, ContextWorkers: 4, GenerationWorkers: 2, Ranks: 1, CapacityBlocks: 4500, TimeScale: scale, Seed: 1,
+			Edges: 3, ContextWorkers: 4, GenerationWorkers: 2, Ranks: 1, CapacityBlocks: 4500, TimeScale: scale, Seed: 1, GenerationCapacityBlocks: genBlocks,
 			Inspect: func(ctx context.Context, s *devstack.Stack) {
 				for _, e := range s.Edges() {
 					metrics = append(metrics, scrape(e.URL()+"/metrics"))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/tether-project/tether/edge"
@@ -53,6 +54,12 @@ type LocalE2EOptions struct {
 	// Inspect, when set, is called after the replay, before the deployment
 	// stops (diagnostics: the edges' and workers' /metrics).
 	Inspect func(ctx context.Context, s *devstack.Stack)
+	// GenerationCapacityBlocks, when > 0, is each generation worker's KV
+	// capacity (split over its ranks) instead of CapacityBlocks. The sim
+	// models the context fleet only; a generation worker holds a prompt's
+	// blocks while it decodes, so its capacity can add KV waits to the
+	// client's first token that sim mode does not have.
+	GenerationCapacityBlocks int
 }
 
 // policyEdgeConfig sets the edge configuration that expresses p.
@@ -127,8 +134,11 @@ func ReplayLocalE2E(ctx context.Context, w *Workload, p Policy, o LocalE2EOption
 			}
 			scaleEngineDurations(c, o.TimeScale)
 		},
-		WorkerConfig: func(_ string, c *worker.Config) {
+		WorkerConfig: func(name string, c *worker.Config) {
 			c.Engine.CapacityBlocks = perRank
+			if o.GenerationCapacityBlocks > 0 && strings.HasPrefix(name, "gen-") {
+				c.Engine.CapacityBlocks = max(o.GenerationCapacityBlocks/o.Ranks, 1)
+			}
 			c.Engine.BlockSize = w.BlockSize
 			c.ADP.AttentionDP.NewConvPlacement = o.ADPPlacement.String()
 		},
