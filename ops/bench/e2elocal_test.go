@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -40,5 +41,21 @@ func TestScaleEngineDurationsKeepsTheSimMeaning(t *testing.T) {
 	// as the defaults are in engine time (1 s < 5 s).
 	if c.TouchInterval >= c.Placement.Overflow.CacheLostMinIdle {
 		t.Errorf("touch_interval %v >= cache_lost_min_idle %v after scaling", c.TouchInterval, c.Placement.Overflow.CacheLostMinIdle)
+	}
+}
+
+// TestE2EMarkdownSaysTTFTIsScaledWallTime: the comparison table puts sim and
+// e2e TTFT side by side; at time scale 0.05 the e2e column multiplies every
+// wall-clock cost by 20, which the report must say.
+func TestE2EMarkdownSaysTTFTIsScaledWallTime(t *testing.T) {
+	c := &E2EComparison{Mode: "e2e", TimeScale: 0.05, Policies: []Summary{{Name: "tether"}}}
+	md := c.Markdown()
+	for _, want := range []string{"wall time ÷ 0.05", "count 20× in engine time", "not across modes"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("Markdown lacks %q:\n%s", want, md)
+		}
+	}
+	if md := (&E2EComparison{Mode: "e2e", Policies: []Summary{{Name: "tether"}}}).Markdown(); strings.Contains(md, "not across modes") {
+		t.Errorf("without a known time scale the note must be absent:\n%s", md)
 	}
 }
