@@ -288,6 +288,7 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 	if err := (&bench.Report{Mode: "e2e", UpperBound: out.UpperBound, Policies: out.Policies}).WriteText(os.Stdout); err != nil {
 		return err
 	}
+	fmt.Println(bench.TTFTScaleNote(ro.Base.TimeScale))
 	if out.Sim != nil {
 		fmt.Println("sim (same workload and fleet shape, time scale 1):")
 		if err := out.Sim.WriteText(os.Stdout); err != nil {

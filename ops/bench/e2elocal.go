@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/tether-project/tether/edge"
@@ -50,6 +51,15 @@ type LocalE2EOptions struct {
 	EdgeFor func(agent string, call int) int
 	// ReadyTimeout bounds the deployment's start (default 60s).
 	ReadyTimeout time.Duration
+	// Inspect, when set, is called after the replay, before the deployment
+	// stops (diagnostics: the edges' and workers' /metrics).
+	Inspect func(ctx context.Context, s *devstack.Stack)
+	// GenerationCapacityBlocks, when > 0, is each generation worker's KV
+	// capacity (split over its ranks) instead of CapacityBlocks. The sim
+	// models the context fleet only; a generation worker holds a prompt's
+	// blocks while it decodes, so its capacity can add KV waits to the
+	// client's first token that sim mode does not have.
+	GenerationCapacityBlocks int
 }
 
 // policyEdgeConfig sets the edge configuration that expresses p.
@@ -76,6 +86,31 @@ func policyEdgeConfig(p Policy, c *edge.Config) {
 	}
 }
 
+// scaleEngineDurations rescales the edge settings whose meaning is engine
+// time (the sim's values) to a deployment running at timeScale: the edge's
+// durations are wall time. cache_lost_min_idle and touch_interval go
+// together: the cache-lost check judges idleness from the committed last use,
+// which a Touch batch advances once per touch_interval, so a wall-time touch
+// interval longer than the scaled idle threshold would make every busy
+// binding look idle.
+func scaleEngineDurations(c *edge.Config, timeScale float64) {
+	scale := func(d *time.Duration) {
+		if *d > 0 {
+			*d = max(time.Duration(float64(*d)*timeScale), time.Millisecond)
+		}
+	}
+	scale(&c.Placement.PredictTTL)
+	scale(&c.Placement.Overflow.RebindAfter)
+	scale(&c.Placement.Overflow.CacheLostMinIdle)
+	scale(&c.Placement.Breaker.Window)
+	scale(&c.Placement.Breaker.Cooldown)
+	scale(&c.SessionTTL)
+	scale(&c.TouchInterval)
+	if c.Placement.Breaker.Window/time.Duration(max(c.Placement.Breaker.Buckets, 1)) < time.Millisecond {
+		c.Placement.Breaker.Buckets = 1
+	}
+}
+
 // ReplayLocalE2E starts a local deployment configured for policy p,
 // replays w against it and stops it.
 func ReplayLocalE2E(ctx context.Context, w *Workload, p Policy, o LocalE2EOptions) (_ *RunResult, err error) {
@@ -97,25 +132,13 @@ func ReplayLocalE2E(ctx context.Context, w *Workload, p Policy, o LocalE2EOption
 			if p == PolicyTether && o.Overflow != (routing.OverflowConfig{}) {
 				c.Placement.Overflow = o.Overflow
 			}
-			// The edge's durations are wall time; the deployment runs at
-			// TimeScale, so scale them to keep their engine-time meaning
-			// (the sim's values).
-			scale := func(d *time.Duration) {
-				if *d > 0 {
-					*d = max(time.Duration(float64(*d)*o.TimeScale), time.Millisecond)
-				}
-			}
-			scale(&c.Placement.PredictTTL)
-			scale(&c.Placement.Overflow.RebindAfter)
-			scale(&c.Placement.Breaker.Window)
-			scale(&c.Placement.Breaker.Cooldown)
-			scale(&c.SessionTTL)
-			if c.Placement.Breaker.Window/time.Duration(max(c.Placement.Breaker.Buckets, 1)) < time.Millisecond {
-				c.Placement.Breaker.Buckets = 1
-			}
+			scaleEngineDurations(c, o.TimeScale)
 		},
-		WorkerConfig: func(_ string, c *worker.Config) {
+		WorkerConfig: func(name string, c *worker.Config) {
 			c.Engine.CapacityBlocks = perRank
+			if o.GenerationCapacityBlocks > 0 && strings.HasPrefix(name, "gen-") {
+				c.Engine.CapacityBlocks = max(o.GenerationCapacityBlocks/o.Ranks, 1)
+			}
 			c.Engine.BlockSize = w.BlockSize
 			c.ADP.AttentionDP.NewConvPlacement = o.ADPPlacement.String()
 		},
@@ -150,6 +173,9 @@ func ReplayLocalE2E(ctx context.Context, w *Workload, p Policy, o LocalE2EOption
 	})
 	if err != nil {
 		return nil, err
+	}
+	if o.Inspect != nil {
+		o.Inspect(ctx, stack)
 	}
 	after, err := commitIndex(ctx, stack)
 	if err != nil {
