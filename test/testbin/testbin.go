@@ -9,6 +9,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"testing"
+
+	"github.com/tether-project/tether/test/leakcheck"
 )
 
 var (
@@ -42,4 +45,30 @@ func Remove() {
 	if dir != "" {
 		os.RemoveAll(dir)
 	}
+}
+
+// T returns the path of the tether binary, failing t when it cannot be
+// built.
+func T(t testing.TB) string {
+	t.Helper()
+	p, err := Tether()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Main is the TestMain of a package whose tests run the tether binary:
+// it runs them, deletes the binary, and fails a passing run that left
+// goroutines behind (named after pkg).
+func Main(m *testing.M, pkg string) {
+	code := m.Run()
+	Remove()
+	if code == 0 {
+		if err := leakcheck.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: goroutines left running: %v\n", pkg, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
