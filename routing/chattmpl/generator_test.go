@@ -3,13 +3,13 @@ package chattmpl
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/tether-project/tether/test/npmenv"
 )
 
 // The committed fixture is what the JavaScript reference produces today:
@@ -20,46 +20,12 @@ func TestGoldenFixtureReproduces(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs npm and node")
 	}
-	for _, tool := range []string{"node", "npm"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not found: the JavaScript reference cannot run (%v)", tool, err)
-		}
-	}
 	gen := filepath.Join("..", "hftok", "testdata", "gen")
-	lock, err := os.ReadFile(filepath.Join(gen, "package-lock.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(lock)
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	dir := filepath.Join(cache, "tether-test", "chat-golden-"+hex.EncodeToString(sum[:6]))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Skipf("no cache directory for the npm install: %v", err)
-	}
-	for _, name := range []string{"package.json", "package-lock.json", "chat.mjs"} {
-		data, err := os.ReadFile(filepath.Join(gen, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	marker := filepath.Join(dir, "installed.ok") // written after a complete install
-	if _, err := os.Stat(marker); err != nil {
-		cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts")
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Skipf("npm ci of the reference failed (%v):\n%s", err, out)
-		}
-		if err := os.WriteFile(marker, nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
+	dir, err := npmenv.Install(ctx, gen, "chat-golden", "package.json", "package-lock.json", "chat.mjs")
+	if err != nil {
+		t.Skipf("the JavaScript reference cannot run: %v", err)
 	}
 	cfg, err := filepath.Abs(filepath.Join("..", "hftok", "testdata", "qwen3", "tokenizer_config.json"))
 	if err != nil {

@@ -8,9 +8,8 @@ package agents
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/test/leakcheck"
+	"github.com/tether-project/tether/test/npmenv"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
@@ -190,52 +190,13 @@ func contextInstance(t *testing.T, route string) string {
 // cannot reach its registry.
 func installSDK(t *testing.T) string {
 	t.Helper()
-	for _, tool := range []string{"node", "npm"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed: the Agents SDK test needs node and npm", tool)
-		}
-	}
-	lock, err := os.ReadFile(filepath.Join("testdata", "package-lock.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pkg, err := os.ReadFile(filepath.Join("testdata", "package.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(append(append([]byte{}, pkg...), lock...))
-	base, err := os.UserCacheDir()
-	if err != nil {
-		base = os.TempDir()
-	}
-	dir := filepath.Join(base, "tether-test-agents", hex.EncodeToString(sum[:8]))
-	done := filepath.Join(dir, ".installed")
-	if _, err := os.Stat(done); err == nil {
-		return dir
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, data := range map[string][]byte{"package.json": pkg, "package-lock.json": lock} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
-	cmd.Dir = dir
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		msg := string(out)
-		for _, offline := range []string{"ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ETIMEDOUT", "ECONNRESET", "network", "fetch failed"} {
-			if strings.Contains(msg, offline) {
-				t.Skipf("npm ci could not reach the registry (the Agents SDK test needs @openai/agents from npm): %v\n%s", err, msg)
-			}
-		}
-		t.Fatalf("npm ci in %s: %v\n%s", dir, err, msg)
+	dir, err := npmenv.Install(ctx, "testdata", "agents", "package.json", "package-lock.json")
+	if errors.Is(err, npmenv.ErrNoNode) || errors.Is(err, npmenv.ErrOffline) {
+		t.Skipf("the Agents SDK test needs node, npm and @openai/agents from npm: %v", err)
 	}
-	if err := os.WriteFile(done, nil, 0o644); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
 	return dir

@@ -3,8 +3,6 @@ package engineevents
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/test/npmenv"
 )
 
 // nodePublisherDir installs testdata/node-publisher's npm dependencies
@@ -24,45 +23,11 @@ import (
 // node or npm is missing or the install fails.
 func nodePublisherDir(t *testing.T) string {
 	t.Helper()
-	for _, tool := range []string{"node", "npm"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not found: the independent node publisher cannot run (%v)", tool, err)
-		}
-	}
-	src := filepath.Join("testdata", "node-publisher")
-	lock, err := os.ReadFile(filepath.Join(src, "package-lock.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(lock)
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	dir := filepath.Join(cache, "tether-test", "node-publisher-"+hex.EncodeToString(sum[:6]))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Skipf("no cache directory for the node publisher: %v", err)
-	}
-	for _, name := range []string{"package.json", "package-lock.json", "publish.mjs"} {
-		data, err := os.ReadFile(filepath.Join(src, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The marker is written only after a complete install that loads.
-	marker := filepath.Join(dir, "installed.ok")
-	if _, err := os.Stat(marker); err == nil {
-		return dir
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts")
-	cmd.Dir = dir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Skipf("npm ci of the node publisher failed (%v); output:\n%s", err, tail(string(out), 2000))
+	dir, err := npmenv.Install(ctx, filepath.Join("testdata", "node-publisher"), "node-publisher", "package.json", "package-lock.json", "publish.mjs")
+	if err != nil {
+		t.Skipf("the independent node publisher cannot run: %v", err)
 	}
 	// zeromq ships prebuilt native binaries; one that cannot load here
 	// (another libc, say) makes the publisher unusable, not tether wrong.
@@ -70,9 +35,6 @@ func nodePublisherDir(t *testing.T) string {
 	check.Dir = dir
 	if out, err := check.CombinedOutput(); err != nil {
 		t.Skipf("the node publisher's packages do not load on this machine (%v):\n%s", err, tail(string(out), 2000))
-	}
-	if err := os.WriteFile(marker, nil, 0o644); err != nil {
-		t.Fatal(err)
 	}
 	return dir
 }

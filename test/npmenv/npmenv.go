@@ -1,0 +1,85 @@
+// Package npmenv installs the npm packages a test runs against (an
+// independent reference implementation, an SDK) from a committed
+// package-lock.json, once per machine: into the user's cache directory,
+// keyed by the content of the files copied there, so a changed lock file
+// installs anew and an unchanged one costs nothing.
+package npmenv
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// ErrNoNode: node or npm is not installed; callers skip.
+var ErrNoNode = errors.New("node or npm is not installed")
+
+// ErrOffline wraps an npm ci that could not reach its registry; callers
+// skip.
+var ErrOffline = errors.New("npm could not reach its registry")
+
+// Install copies files (package.json, package-lock.json and any scripts)
+// from src into <cache>/tether-test/<name>-<hash of their content>, runs
+// `npm ci --ignore-scripts` there unless a previous install completed, and
+// returns the directory. Errors: ErrNoNode, ErrOffline (wrapped, with
+// npm's output), or another install failure with npm's output.
+func Install(ctx context.Context, src, name string, files ...string) (string, error) {
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return "", fmt.Errorf("%w: %s: %v", ErrNoNode, tool, err)
+		}
+	}
+	h := sha256.New()
+	contents := make(map[string][]byte, len(files))
+	for _, f := range files {
+		data, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			return "", err
+		}
+		contents[f] = data
+		fmt.Fprintf(h, "%s\x00%d\x00", f, len(data))
+		h.Write(data)
+	}
+	base, err := os.UserCacheDir()
+	if err != nil {
+		base = os.TempDir()
+	}
+	dir := filepath.Join(base, "tether-test", name+"-"+hex.EncodeToString(h.Sum(nil)[:8]))
+	marker := filepath.Join(dir, ".installed") // written after a complete install
+	if _, err := os.Stat(marker); err == nil {
+		return dir, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	for f, data := range contents {
+		if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
+			return "", err
+		}
+	}
+	cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		msg := tail(string(out), 4000)
+		for _, offline := range []string{"ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ETIMEDOUT", "ECONNRESET", "network", "fetch failed"} {
+			if strings.Contains(msg, offline) {
+				return "", fmt.Errorf("%w: npm ci in %s: %v\n%s", ErrOffline, dir, err, msg)
+			}
+		}
+		return "", fmt.Errorf("npm ci in %s: %v\n%s", dir, err, msg)
+	}
+	return dir, os.WriteFile(marker, nil, 0o644)
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
