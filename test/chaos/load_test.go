@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -72,5 +73,39 @@ func TestLoadAtShippedDefaults(t *testing.T) {
 	}
 	if vd.wrong+vd.afterRestart != 0 {
 		t.Errorf("%d wrong-instance answers (%d soon after the kill)", vd.wrong+vd.afterRestart, vd.afterRestart)
+	}
+	checkAppliedOnce(t, v, restarts)
+}
+
+// checkAppliedOnce: every event applied exactly once (issue 13, D2). The
+// archive of an edge that ran throughout holds every committed entry; no
+// proposal id may be applied twice, and every proposal an edge saw
+// applied (its metrics, counted by edges that were not restarted, whose
+// counters survive) is in it.
+func checkAppliedOnce(t *testing.T, v *env, restarts map[string][]time.Time) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	acked := 0
+	var steady *edgeProc
+	for _, e := range v.edges {
+		if len(restarts[e.id]) > 0 {
+			continue
+		}
+		steady = e
+		n, err := v.proposalsApplied(ctx, e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acked += n
+	}
+	c := v.archiveApplied(steady)
+	t.Logf("FIGURES applied archive_of=%s events=%d applied=%d duplicate=%d applied_twice=%d acked_applied_by_steady_edges=%d",
+		steady.id, c.events, c.applied, c.duplicate, len(c.twice), acked)
+	if len(c.twice) > 0 {
+		t.Errorf("%d proposals applied more than once, e.g. %v", len(c.twice), c.twice[:min(5, len(c.twice))])
+	}
+	if c.applied < acked {
+		t.Errorf("the archive of %s holds %d applied proposals, fewer than the %d the edges saw applied", steady.id, c.applied, acked)
 	}
 }
