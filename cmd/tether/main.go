@@ -10,12 +10,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"runtime"
 	"runtime/debug"
 	"sort"
 	"strings"
-	"syscall"
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/telemetry"
@@ -73,13 +71,7 @@ func main() {
 		usage()
 		os.Exit(2)
 	}
-	// SIGHUP (the terminal closed) and SIGPIPE (stdout piped to a reader
-	// that went away, as `make run | tee log` after Ctrl-C) stop like
-	// SIGINT: a drain and a clean exit. Without notifying SIGPIPE, the Go
-	// runtime kills the process on a write to a closed stdout, skipping
-	// the shutdown and leaving tether dev's temporary directory (CA key
-	// included) behind.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGPIPE)
+	ctx, stop := stopOnSignals(context.Background())
 	defer stop()
 	if err := cmd.run(ctx, os.Args[2:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
