@@ -80,10 +80,12 @@ func TestLeaderKillDuringConversations(t *testing.T) {
 				// Rotate over the edges; a dead edge (no HTTP answer) is
 				// skipped and the turn retried on the next one.
 				// Like a client that does not know which edge died, every
-				// edge is tried in turn.
+				// edge is tried in turn. A 503 with Retry-After (the log
+				// could not commit a Bind in time, as under load) is
+				// retried on the same edge, as a client does.
 				for attempt := 0; attempt < len(edges); attempt++ {
 					e := edges[(n+i+attempt)%len(edges)]
-					tr, err = a.send(ctx, c, e.URL(), st.Model(), fmt.Sprintf("step %d", n))
+					tr, err = a.sendHonoringRetryAfter(ctx, c, e.URL(), st.Model(), fmt.Sprintf("step %d", n))
 					if err == nil || !errors.Is(err, errTransport) {
 						break
 					}
