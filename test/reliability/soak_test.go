@@ -9,6 +9,7 @@ import (
 	"math/rand"
 	"net/http"
 	"os"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -157,7 +158,7 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 			}
 			resp, err := client.Do(req)
 			if err != nil {
-				s.lastErr = "transport error"
+				s.lastErr = "transport error: " + trimAddrs(err.Error())
 				if attempt%len(edges) == len(edges)-1 {
 					backoff(ctx, 200*time.Millisecond) // a whole round failed: pause, as a client would
 				}
@@ -657,3 +658,11 @@ func waitEdgeReady(ctx context.Context, base string, timeout time.Duration) erro
 		}
 	}
 }
+
+// trimAddrs drops the loopback ports from a transport error, so failures
+// group by kind ("connection refused", "EOF", ...) in the soak's report.
+func trimAddrs(s string) string {
+	return loopbackPort.ReplaceAllString(s, "127.0.0.1:*")
+}
+
+var loopbackPort = regexp.MustCompile(`127\.0\.0\.1:\d+`)
