@@ -1,10 +1,12 @@
 package edge
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"sort"
+	"strconv"
 	"testing"
 	"time"
 
@@ -68,7 +70,7 @@ func (a *agent) send(t *testing.T, c *http.Client, te *testEdge, user string, ex
 	if a.parent != "" {
 		h[parentHeader] = a.parent
 	}
-	r := do(t, c, http.MethodPost, te.url()+"/v1/chat/completions", chatBody(t, a.system, a.turns, extra), h)
+	r := postChat(t, c, te.url(), chatBody(t, a.system, a.turns, extra), h)
 	if r.status != http.StatusOK {
 		t.Fatalf("%s via %s: %d %s", a.session, te.cfg.Cluster.NodeID, r.status, r.body)
 	}
@@ -78,6 +80,28 @@ func (a *agent) send(t *testing.T, c *http.Client, te *testEdge, user string, ex
 	a.turns = append(a.turns, reply)
 	ci, gi := routeOf(t, r)
 	return turnResult{resp: r, body: m, ctxInst: ci, gen: gi, prompt: promptTokensOf(t, m), cache: cachedTokens(t, m)}
+}
+
+// postChat posts a chat completion to the edge at baseURL. An edge whose
+// Bind did not commit and apply within propose_timeout (a loaded machine)
+// answers 503 affinity_state_unknown with Retry-After-Ms: a client comes
+// back after the pause, and so does this one, for a minute at most.
+func postChat(t testing.TB, c *http.Client, baseURL string, body []byte, h map[string]string) response {
+	t.Helper()
+	r := do(t, c, http.MethodPost, baseURL+"/v1/chat/completions", body, h)
+	for deadline := time.Now().Add(time.Minute); stateUnknown(r) && time.Now().Before(deadline); {
+		ms, _ := strconv.Atoi(r.header.Get("Retry-After-Ms"))
+		time.Sleep(min(time.Duration(ms)*time.Millisecond, time.Second))
+		r = do(t, c, http.MethodPost, baseURL+"/v1/chat/completions", body, h)
+	}
+	return r
+}
+
+// stateUnknown reports whether r asks to retry a placement the affinity
+// log could not record in time (503 affinity_state_unknown, Retry-After-Ms).
+func stateUnknown(r response) bool {
+	return r.status == http.StatusServiceUnavailable && r.header.Get("Retry-After-Ms") != "" &&
+		bytes.Contains(r.body, []byte(`"affinity_state_unknown"`))
 }
 
 // TestSeedTableAcrossThreeEdges is the example table of

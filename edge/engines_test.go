@@ -90,7 +90,7 @@ func (s *engineSetup) chat(t *testing.T, edge int, conv, parent, msg string) res
 		h[parentHeader] = parent
 	}
 	body := chatBody(t, longText("sys-"+conv, 40), []string{msg}, nil)
-	r := do(t, s.c, http.MethodPost, s.ec.edge(edge).url()+"/v1/chat/completions", body, h)
+	r := postChat(t, s.c, s.ec.edge(edge).url(), body, h)
 	if r.status != http.StatusOK {
 		t.Fatalf("edge-%d %s: %d %s", edge+1, msg, r.status, r.body)
 	}

@@ -71,7 +71,7 @@ func main() {
 		usage()
 		os.Exit(2)
 	}
-	ctx, stop := stopSignals()
+	ctx, stop := stopOnSignals(context.Background())
 	defer stop()
 	if err := cmd.run(ctx, os.Args[2:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -73,21 +74,36 @@ func chat(t *testing.T, c *http.Client, st *Stack, n *EdgeNode, session, parent,
 			{"role": "user", "content": user},
 		},
 	})
-	req, err := http.NewRequest(http.MethodPost, n.URL()+"/v1/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
+	post := func() (*http.Response, []byte) {
+		req, err := http.NewRequest(http.MethodPost, n.URL()+"/v1/chat/completions", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("x-session-id", session)
+		if parent != "" {
+			req.Header.Set(ParentHeader, parent)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("%s via %s: %v", session, n.ID, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, b
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("x-session-id", session)
-	if parent != "" {
-		req.Header.Set(ParentHeader, parent)
+	resp, b := post()
+	// An edge whose Bind did not commit and apply within propose_timeout
+	// (a loaded machine) answers 503 affinity_state_unknown with
+	// Retry-After-Ms: a client comes back after the pause, and so does this
+	// one, for a minute at most.
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); resp, b = post() {
+		ms, _ := strconv.Atoi(resp.Header.Get("Retry-After-Ms"))
+		if resp.StatusCode != http.StatusServiceUnavailable || ms <= 0 || !bytes.Contains(b, []byte(`"affinity_state_unknown"`)) {
+			break
+		}
+		time.Sleep(min(time.Duration(ms)*time.Millisecond, time.Second))
 	}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("%s via %s: %v", session, n.ID, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("%s via %s: %d %s", session, n.ID, resp.StatusCode, b)
 	}

@@ -301,7 +301,11 @@ func (a *agent) send(ctx context.Context, c *http.Client, baseURL, model, user s
 		return turn{}, fmt.Errorf("%s: %w: read: %v", a.session, errTransport, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return turn{}, fmt.Errorf("%s via %s: HTTP %d: %s", a.session, baseURL, resp.StatusCode, b)
+		err := fmt.Errorf("%s via %s: HTTP %d: %s", a.session, baseURL, resp.StatusCode, b)
+		if after := retryAfter(resp); resp.StatusCode == http.StatusServiceUnavailable && after > 0 {
+			return turn{}, &retryLaterError{after: after, err: err}
+		}
+		return turn{}, err
 	}
 	var out struct {
 		Choices []struct {
@@ -327,6 +331,49 @@ func (a *agent) send(ctx context.Context, c *http.Client, baseURL, model, user s
 	return tr, nil
 }
 
+// retryLaterError is a 503 answer with Retry-After: the edge cannot place
+// the key right now (the affinity log did not commit or apply its Bind
+// within propose_timeout, as on a loaded machine, or is electing) and asks
+// the client to come back.
+type retryLaterError struct {
+	after time.Duration
+	err   error
+}
+
+func (r *retryLaterError) Error() string { return r.err.Error() }
+
+// retryAfter is the pause an answer asks for (Retry-After-Ms, else
+// Retry-After), 0 if none.
+func retryAfter(resp *http.Response) time.Duration {
+	if ms, err := strconv.Atoi(resp.Header.Get("Retry-After-Ms")); err == nil && ms > 0 {
+		return time.Duration(ms) * time.Millisecond
+	}
+	if sec, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && sec > 0 {
+		return time.Duration(sec) * time.Second
+	}
+	return 0
+}
+
+// sendHonoringRetryAfter is send, retried on the same edge after each
+// answer asking to retry later (the pause capped at 1 s), as an OpenAI SDK
+// client does, until ctx ends.
+func (a *agent) sendHonoringRetryAfter(ctx context.Context, c *http.Client, baseURL, model, user string) (turn, error) {
+	for {
+		tr, err := a.send(ctx, c, baseURL, model, user)
+		var rl *retryLaterError
+		if !errors.As(err, &rl) {
+			return tr, err
+		}
+		t := time.NewTimer(min(rl.after, time.Second))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return tr, fmt.Errorf("%w (retrying until %v)", err, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
 // parseRoute reads "context=ctx-1/2; generation=gen-2/0".
 func parseRoute(h string, tr *turn) error {
 	for _, part := range strings.Split(h, ";") {
@@ -348,12 +395,12 @@ func parseRoute(h string, tr *turn) error {
 	return nil
 }
 
-// mustSend is send for the main goroutine.
+// mustSend is sendHonoringRetryAfter for the main goroutine.
 func (a *agent) mustSend(t *testing.T, c *http.Client, baseURL, model, user string) turn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	tr, err := a.send(ctx, c, baseURL, model, user)
+	tr, err := a.sendHonoringRetryAfter(ctx, c, baseURL, model, user)
 	if err != nil {
 		t.Fatal(err)
 	}
