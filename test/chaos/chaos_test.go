@@ -266,10 +266,7 @@ type verdict struct {
 // evicted with a recorded reason.
 func (v *env) checkRoutes(samples []sample, restarts map[string][]time.Time) verdict {
 	v.t.Helper()
-	reader := v.leader()
-	if reader == nil {
-		v.t.Fatal("no leader to read the history from")
-	}
+	reader := v.waitLeader(20 * time.Second)
 	var out verdict
 	cache := map[string][]placement{}
 	events := map[string][]historyEvent{}
@@ -383,10 +380,7 @@ var nemeses = []nemesis{
 		name:   "kill-leader",
 		expect: "SIGKILL the leader edge: a new leader within seconds; clients retry on other edges; the killed edge restarts on its data dir and catches up; invariants hold",
 		run: func(t *testing.T, v *env, mark func(string)) {
-			l := v.leader()
-			if l == nil {
-				t.Fatal("no leader")
-			}
+			l := v.waitLeader(20 * time.Second)
 			mark("*")
 			_ = l.stop(syscall.SIGKILL, time.Second)
 			waitFor(t, 20*time.Second, "a new leader", func() bool { n := v.leader(); return n != nil && n != l })
@@ -398,10 +392,7 @@ var nemeses = []nemesis{
 		name:   "stop-cont-leader",
 		expect: "SIGSTOP the leader for 3 s then SIGCONT: the others elect a leader; requests to the frozen edge time out and are retried elsewhere; on SIGCONT the old leader steps down and catches up",
 		run: func(t *testing.T, v *env, mark func(string)) {
-			l := v.leader()
-			if l == nil {
-				t.Fatal("no leader")
-			}
+			l := v.waitLeader(20 * time.Second)
 			mark("*")
 			l.signal(syscall.SIGSTOP)
 			waitFor(t, 20*time.Second, "a new leader while the old one is stopped", func() bool { n := v.leader(); return n != nil && n != l })
@@ -415,7 +406,7 @@ var nemeses = []nemesis{
 		expect: "SIGTERM a follower and start it again on the same data dir: graceful close, restart from raft.db/snapshots, catches up",
 		long:   true,
 		run: func(t *testing.T, v *env, mark func(string)) {
-			l := v.leader()
+			l := v.waitLeader(20 * time.Second)
 			for _, e := range v.edges {
 				if e != l {
 					if err := e.stop(syscall.SIGTERM, 30*time.Second); err != nil {
@@ -479,7 +470,7 @@ var nemeses = []nemesis{
 		expect: "a follower edge restarted under RLIMIT_FSIZE at its files' current size (root ignores chmod, so a size limit is the unprivileged disk-full): when raft.db, the archive or a snapshot must grow, the write fails (EFBIG); the edge halts or exits with the failing file named, the other two keep serving; restarted without the limit it catches up",
 		long:   true,
 		run: func(t *testing.T, v *env, mark func(string)) {
-			l := v.leader()
+			l := v.waitLeader(20 * time.Second)
 			var e *edgeProc
 			for _, x := range v.edges {
 				if x != l {
@@ -559,7 +550,7 @@ func TestChaos(t *testing.T) {
 			rmu.Lock()
 			vd := v.checkRoutes(samples, restarts)
 			rmu.Unlock()
-			v.auditVerify(v.leader())
+			v.auditVerify(v.waitLeader(20 * time.Second))
 			okCount := 0
 			for _, s := range samples {
 				if s.ok {

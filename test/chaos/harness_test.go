@@ -430,6 +430,19 @@ func (v *env) leader() *edgeProc {
 	return nil
 }
 
+// waitLeader is the leader edge, waited for up to timeout: right after a
+// fault, or while a status request times out on a loaded machine, no edge
+// may answer as leader for a moment.
+func (v *env) waitLeader(timeout time.Duration) *edgeProc {
+	v.t.Helper()
+	var l *edgeProc
+	waitFor(v.t, timeout, "an edge answering as leader", func() bool {
+		l = v.leader()
+		return l != nil
+	})
+	return l
+}
+
 // waitReady waits for every running edge's /readyz and a leader.
 func (v *env) waitReady(timeout time.Duration) {
 	v.t.Helper()
