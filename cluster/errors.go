@@ -23,6 +23,12 @@ var (
 	ErrHalted = transport.ErrHalted
 	// ErrRemoved: the node was removed from the cluster.
 	ErrRemoved = errors.New("cluster: node removed from the cluster")
+	// ErrNotApplied: the proposals committed (their results, from the
+	// leader's apply, are valid and returned beside the error) but this
+	// node had not applied them by the deadline, so its state does not show
+	// them yet. Wrapped together with ErrUnavailable for callers that only
+	// know that one.
+	ErrNotApplied = errors.New("cluster: committed, not yet applied on this node")
 )
 
 // NotLeaderError carries the leader this node knows of, if any.

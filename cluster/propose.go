@@ -101,16 +101,19 @@ func newProposalIDs(n int) []fsm.ProposalID {
 // binding in force).
 func (n *Node) Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) {
 	rs, err := n.ProposeBatch(ctx, []fsm.Event{ev})
-	if err != nil {
-		return fsm.Result{}, err
+	if len(rs) == 1 {
+		return rs[0], err // valid beside ErrNotApplied
 	}
-	return rs[0], nil
+	if err == nil {
+		err = fmt.Errorf("cluster: propose: %d results for one event", len(rs))
+	}
+	return fsm.Result{}, err
 }
 
 // ProposeBatch proposes events in order and returns one result per event.
 // Up to MaxBatch events travel in one log entry; larger batches are split.
-// If the error says the entries committed but this node had not applied
-// them in time, the results are still valid.
+// If the error is ErrNotApplied (the entries committed but this node had
+// not applied them in time), the results are still valid.
 func (n *Node) ProposeBatch(ctx context.Context, evs []fsm.Event) ([]fsm.Result, error) {
 	if len(evs) == 0 {
 		return nil, nil
@@ -181,8 +184,8 @@ func (n *Node) proposeAll(ctx context.Context, props []fsm.Proposal) ([]fsm.Resu
 		defer func() { n.metrics.observeStage(stageFollowerApply, time.Since(answered)) }()
 	}
 	if !n.fsm.waitApplied(lastIndex, ctx.Done(), timer.C) {
-		err := fmt.Errorf("cluster: propose: %w: committed at index %d but this node had applied only %d by the deadline",
-			ErrUnavailable, lastIndex, n.fsm.appliedIndex())
+		err := fmt.Errorf("cluster: propose: %w (%w): committed at index %d but this node had applied only %d by the deadline",
+			ErrUnavailable, ErrNotApplied, lastIndex, n.fsm.appliedIndex())
 		n.metrics.observeFailure(evCount, err)
 		return results, err
 	}

@@ -720,6 +720,9 @@ func (e *Edge) propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) {
 func (e *Edge) observeProposal(t fsm.EventType, res fsm.Result, err error, took time.Duration) {
 	result := res.Status.String()
 	switch {
+	case errors.Is(err, cluster.ErrNotApplied):
+		// Committed (res is the leader's result); this replica lags. Not
+		// a log that cannot commit: no degraded mode.
 	case errors.Is(err, cluster.ErrUnavailable):
 		result = "unavailable"
 		e.unavailable.Store(e.now().UnixNano())

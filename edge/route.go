@@ -249,7 +249,10 @@ func (l edgeLog) State() *fsm.State { return l.e.node.State() }
 
 func (l edgeLog) Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) {
 	res, err := l.e.propose(ctx, ev)
-	if errors.Is(err, cluster.ErrUnavailable) {
+	switch {
+	case errors.Is(err, cluster.ErrNotApplied):
+		err = fmt.Errorf("%w: %w", decide.ErrCommitted, err)
+	case errors.Is(err, cluster.ErrUnavailable):
 		err = fmt.Errorf("%w: %w", decide.ErrUnavailable, err)
 	}
 	return res, err

@@ -39,13 +39,20 @@ const (
 // (no quorum, no leader): the decision falls back to a degraded placement.
 var ErrUnavailable = errors.New("affinity log unavailable")
 
+// ErrCommitted is what Log.Propose wraps when the event committed (its
+// result is valid and returned) but this edge's replica has not applied it
+// yet: the decision uses the result, which the log holds for every edge,
+// instead of treating the log as unable to commit.
+var ErrCommitted = errors.New("affinity log committed the event; this replica has not applied it yet")
+
 // Log is the affinity log as one edge sees it: its replica's state and a
 // proposal that returns once the event committed.
 type Log interface {
 	// State is this edge's replica (what it has applied).
 	State() *fsm.State
 	// Propose commits ev and returns its result. An error wrapping
-	// ErrUnavailable means the log cannot commit right now.
+	// ErrUnavailable means the log cannot commit right now; one wrapping
+	// ErrCommitted comes with a valid result.
 	Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error)
 	// Down reports that the log is known unable to commit (a proposal
 	// would only wait for its timeout).
@@ -261,7 +268,7 @@ func (d *Decider) Decide(ctx context.Context, router *routing.Router, req routin
 	if d.Log.Down(req.Now) {
 		return d.placeDegraded(h, router, req, in, set)
 	}
-	res, err := d.Log.Propose(ctx, rt.BindEvent(req))
+	res, err := d.propose(ctx, rt.BindEvent(req))
 	switch {
 	case errors.Is(err, ErrUnavailable):
 		if b, ok := d.boundAfterTimeout(ctx, f, h.Key); ok {
@@ -287,6 +294,18 @@ func (d *Decider) Decide(ctx context.Context, router *routing.Router, req routin
 	set(rt, OutcomeNewBind)
 	h.Bound, h.Binding = true, won
 	return h, nil
+}
+
+// propose is Log.Propose with a committed result taken as success: the
+// event is in the log (the result is the leader's apply), only this
+// replica lags, so the request is served by it rather than refused or
+// placed without the log.
+func (d *Decider) propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) {
+	res, err := d.Log.Propose(ctx, ev)
+	if errors.Is(err, ErrCommitted) {
+		return res, nil
+	}
+	return res, err
 }
 
 // boundAfterTimeout looks for a binding of key after its Bind timed out.
@@ -383,7 +402,7 @@ func (d *Decider) overflow(ctx context.Context, h *Hop, router *routing.Router, 
 	if d.Log.Down(req.Now) {
 		return d.unrecorded(h, in, b, set, ErrUnavailable)
 	}
-	res, err := d.Log.Propose(ctx, ev)
+	res, err := d.propose(ctx, ev)
 	switch {
 	case errors.Is(err, ErrUnavailable):
 		// It may still commit: then it excuses nothing served, and a

@@ -25,7 +25,10 @@ type machineLog struct {
 	// AwaitCommitted applies it.
 	late    bool
 	pending fsm.Event
-	events  []fsm.Event
+	// committedLate: proposals commit, but Propose reports that this
+	// replica had not applied them in time (ErrCommitted, valid result).
+	committedLate bool
+	events        []fsm.Event
 }
 
 func newMachineLog(t *testing.T, instances ...string) *machineLog {
@@ -83,7 +86,11 @@ func (l *machineLog) Propose(_ context.Context, ev fsm.Event) (fsm.Result, error
 		}
 		l.race = nil
 	}
-	return l.apply(ev)
+	res, err := l.apply(ev)
+	if err == nil && l.committedLate {
+		err = fmt.Errorf("propose: %w", ErrCommitted)
+	}
+	return res, err
 }
 
 // queueRecorder keeps what the edge's recorder would queue.
@@ -352,6 +359,21 @@ func TestTimedOutBindThatCommitsIsServedFromTheLog(t *testing.T) {
 	b, ok := r.log.State().Lookup(fsm.FleetContext, "conv")
 	if !ok || h.Outcome != OutcomeSticky || h.Instance != b.Instance || len(r.rec.degraded) != 0 {
 		t.Fatalf("got %+v (binding %+v, %v), degraded %v: want sticky on the committed binding", h, b, ok, r.rec.degraded)
+	}
+}
+
+// A Bind that committed while this replica had not applied it by the
+// deadline (a loaded follower): the leader's result is valid, so the request
+// is served as a new bind, not refused as if the log could not commit.
+func TestCommittedBindServedBeforeThisReplicaApplies(t *testing.T) {
+	r := newRig(t)
+	r.log.committedLate = true
+	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil {
+		t.Fatalf("refused: %v", fail)
+	}
+	if h.Outcome != OutcomeNewBind || !h.Bound || h.Binding.Instance != h.Instance || len(r.rec.degraded) != 0 {
+		t.Fatalf("got %+v, degraded %v: want a new bind from the committed result", h, r.rec.degraded)
 	}
 }
 
