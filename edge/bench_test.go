@@ -173,7 +173,7 @@ func BenchmarkRoutingDecision(b *testing.B) {
 		rq.promptTokens = len(toks)
 		rq.setConversation(rq.id.ConversationID)
 		hp, aerr := e.decide(ctx, rq, 1, nil)
-		if aerr != nil || hp.outcome != outcomeSticky {
+		if aerr != nil || hp.Outcome != outcomeSticky {
 			b.Fatalf("%+v %v", hp, aerr)
 		}
 		_ = rq.hopBody(map[string]json.RawMessage{"stream": json.RawMessage("false")})

@@ -137,18 +137,18 @@ func (c *Config) validateEngine(key string, s *ServersConfig) []error {
 // fleet has no ranks or the request has no key (the engine's own balancer
 // picks).
 func engineRank(h *hop, size int) int {
-	if size <= 1 || h.key == "" {
+	if size <= 1 || h.Key == "" {
 		return -1
 	}
-	if h.bound && h.binding.HasRank && h.binding.Instance == h.instance && int(h.binding.Rank) < size {
-		return int(h.binding.Rank)
+	if h.Bound && h.Binding.HasRank && h.Binding.Instance == h.Instance && int(h.Binding.Rank) < size {
+		return int(h.Binding.Rank)
 	}
 	best, bestScore := 0, uint64(0)
 	for r := range size {
 		hs := fnv.New64a()
-		_, _ = hs.Write([]byte(h.key))
+		_, _ = hs.Write([]byte(h.Key))
 		_, _ = hs.Write([]byte{0})
-		_, _ = hs.Write([]byte(h.instance))
+		_, _ = hs.Write([]byte(h.Instance))
 		_, _ = hs.Write([]byte{0, byte(r), byte(r >> 8)})
 		if s := hs.Sum64(); r == 0 || s > bestScore {
 			best, bestScore = r, s
@@ -198,8 +198,8 @@ func (e *Edge) dispatchEngine(ctx context.Context, w http.ResponseWriter, rq *re
 // placement — instance and rank — and every edge keeps using that rank
 // even if data_parallel_size or the hash inputs change later.
 func (e *Edge) recordEngineRank(h *hop, rank int) {
-	if !h.bound || h.binding.Epoch == 0 || h.instance != h.binding.Instance ||
-		(h.outcome != outcomeSticky && h.outcome != outcomeNewBind) {
+	if !h.Bound || h.Binding.Epoch == 0 || h.Instance != h.Binding.Instance ||
+		(h.Outcome != outcomeSticky && h.Outcome != outcomeNewBind) {
 		return
 	}
 	if e.featureLevel() < fsm.FeatureLevelRanks {
@@ -209,9 +209,9 @@ func (e *Edge) recordEngineRank(h *hop, rank int) {
 	if st.FeatureLevel() < fsm.FeatureLevelRanks {
 		return // an older edge may still be a voter: it could not apply the event
 	}
-	b, ok := st.Lookup(h.fleet, h.key)
-	if !ok || b.Epoch != h.binding.Epoch || b.Instance != h.instance || b.HasRank {
+	b, ok := st.Lookup(h.Fleet, h.Key)
+	if !ok || b.Epoch != h.Binding.Epoch || b.Instance != h.Instance || b.HasRank {
 		return
 	}
-	e.recorder.addRank(fsm.RankObserved{Fleet: h.fleet, Key: h.key, Epoch: b.Epoch, Rank: uint32(rank)})
+	e.recorder.addRank(fsm.RankObserved{Fleet: h.Fleet, Key: h.Key, Epoch: b.Epoch, Rank: uint32(rank)})
 }

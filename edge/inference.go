@@ -303,7 +303,7 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 			return fail(w, span, aerr)
 		}
 		genHop = h
-		if uncached := rq.promptTokens - h.cached; uncached < max {
+		if uncached := rq.promptTokens - h.Cached; uncached < max {
 			span.SetAttributes(attribute.Bool("tether.context_skipped", true), attribute.Int("tether.uncached_tokens", uncached))
 			return e.aggregated(ctx, w, rq, genHop, span)
 		}
@@ -316,7 +316,7 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 	if hf != nil {
 		return hf.write(w, span)
 	}
-	e.fleet.RecordUsage(ctxHop.instance, int64(cres.promptTokens), int64(cres.cachedTokens), e.now())
+	e.fleet.RecordUsage(ctxHop.Instance, int64(cres.promptTokens), int64(cres.cachedTokens), e.now())
 	e.shadowRoute(rq, ctxHop, -1)
 	if cres.hasCached {
 		e.shadowCorrect(rq, ctxHop, cres.cachedTokens)
@@ -373,7 +373,7 @@ func (e *Edge) sendHint(rq *request, h *hop, role hintauth.Role) bool {
 	if role == hintauth.RoleGeneration && e.cfg.Scope != routing.ScopeBoth {
 		return false
 	}
-	if in, ok := e.fleet.Instance(h.instance, rq.now); ok && in.Telemetry && !in.VerifiesHints {
+	if in, ok := e.fleet.Instance(h.Instance, rq.now); ok && in.Telemetry && !in.VerifiesHints {
 		return false
 	}
 	return true
@@ -398,12 +398,12 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 	for attempt := 0; ; attempt++ {
 		cur := *h
 		hctx, span := e.tracer.Start(ctx, "tether.edge "+phase+" hop", trace.WithSpanKind(trace.SpanKindClient),
-			trace.WithAttributes(attrInstance.String(cur.instance), attrFleet.String(cur.fleet.String()), attribute.Int("tether.attempt", attempt)))
+			trace.WithAttributes(attrInstance.String(cur.Instance), attrFleet.String(cur.Fleet.String()), attribute.Int("tether.attempt", attempt)))
 		body, hdr := build(cur)
 		// The hop's span is the worker span's parent.
 		traceProp.Inject(hctx, propagation.HeaderCarrier(hdr))
-		done := e.fleet.NoteDispatch(cur.instance, rq.promptTokens)
-		resp, err := e.post(hctx, cur.url+rq.path, body, hdr)
+		done := e.fleet.NoteDispatch(cur.Instance, rq.promptTokens)
+		resp, err := e.post(hctx, cur.URL+rq.path, body, hdr)
 		if err != nil || resp.StatusCode != http.StatusOK {
 			done()
 		}
@@ -414,13 +414,13 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 				span.End()
 				return nil, nil, &hopFailure{err: newAPIError(statusClientClosed, "server_error", "cancelled", "", "request cancelled: %v", ctx.Err())}
 			}
-			e.metrics.upstreamErrors.WithLabelValues(cur.fleet.String(), "connect").Inc()
+			e.metrics.upstreamErrors.WithLabelValues(cur.Fleet.String(), "connect").Inc()
 			failure = &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
-				"%s instance %s (%s) failed: %v", cur.fleet, cur.instance, cur.url, err)}
+				"%s instance %s (%s) failed: %v", cur.Fleet, cur.Instance, cur.URL, err)}
 		case resp.StatusCode >= 500:
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 			resp.Body.Close()
-			e.metrics.upstreamErrors.WithLabelValues(cur.fleet.String(), "status_5xx").Inc()
+			e.metrics.upstreamErrors.WithLabelValues(cur.Fleet.String(), "status_5xx").Inc()
 			failure = &hopFailure{pass: &upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}}
 		case resp.StatusCode != http.StatusOK:
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -442,8 +442,8 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 		if aerr != nil {
 			return nil, nil, failure
 		}
-		e.metrics.retries.WithLabelValues(cur.fleet.String()).Inc()
-		e.log.Info("retrying a failed hop on another instance", "fleet", cur.fleet, "from", cur.instance, "to", next.instance)
+		e.metrics.retries.WithLabelValues(cur.Fleet.String()).Inc()
+		e.log.Info("retrying a failed hop on another instance", "fleet", cur.Fleet, "from", cur.Instance, "to", next.Instance)
 		*h = next
 	}
 }
@@ -472,7 +472,7 @@ func (e *Edge) contextHop(ctx context.Context, rq *request, h **hop) (*contextRe
 		e.metrics.upstreamErrors.WithLabelValues("context", "bad_response").Inc()
 		cur := *h
 		failure := &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
-			"context instance %s answered an unusable context phase: %v", cur.instance, err)}
+			"context instance %s answered an unusable context phase: %v", cur.Instance, err)}
 		if attempt >= e.cfg.MaxRetries {
 			return nil, failure
 		}
@@ -639,7 +639,7 @@ func (e *Edge) generationHop(ctx context.Context, w http.ResponseWriter, rq *req
 		if disaggAuth, err = hintauth.SignDisagg(e.authKey, endpoint, state); err != nil {
 			e.metrics.upstreamErrors.WithLabelValues("context", "bad_response").Inc()
 			return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
-				"context instance %s answered disaggregated_params that cannot be signed: %v", ctxHop.instance, err))
+				"context instance %s answered disaggregated_params that cannot be signed: %v", ctxHop.Instance, err))
 		}
 	}
 	resp, done, hf := e.exchange(ctx, rq, &genHop, "generation", func(cur *hop) ([]byte, http.Header) {
@@ -662,7 +662,7 @@ func (e *Edge) generationHop(ctx context.Context, w http.ResponseWriter, rq *req
 func (e *Edge) aggregated(ctx context.Context, w http.ResponseWriter, rq *request, genHop *hop, span trace.Span) int {
 	resp, done, hf := e.exchange(ctx, rq, &genHop, "aggregated", func(cur *hop) ([]byte, http.Header) {
 		role := hintauth.Role("")
-		if in, ok := e.fleet.Instance(cur.instance, rq.now); ok {
+		if in, ok := e.fleet.Instance(cur.Instance, rq.now); ok {
 			// A worker without a configured role ignores hints on
 			// aggregated requests; one with a role verifies them as it.
 			role = hintauth.Role(in.Role)
@@ -673,7 +673,7 @@ func (e *Edge) aggregated(ctx context.Context, w http.ResponseWriter, rq *reques
 		return hf.write(w, span)
 	}
 	defer done()
-	if in, ok := e.fleet.Instance(genHop.instance, rq.now); ok {
+	if in, ok := e.fleet.Instance(genHop.Instance, rq.now); ok {
 		e.observeRank(rq, genHop, hintauth.Role(in.Role), resp.Header.Get(HeaderADPRank))
 	}
 	return e.relay(w, rq, resp, nil, nil, genHop, span)
@@ -681,7 +681,7 @@ func (e *Edge) aggregated(ctx context.Context, w http.ResponseWriter, rq *reques
 
 // routeHeaders sets the debug route header and relays the worker's rank.
 func (e *Edge) routeHeaders(w http.ResponseWriter, ctxHop *hop, ctxRank string, genHop *hop, genRank string) {
-	if ctxHop == nil && genHop != nil && genHop.fleet == fsm.FleetContext {
+	if ctxHop == nil && genHop != nil && genHop.Fleet == fsm.FleetContext {
 		// An aggregated engine fleet (edge/engines.go): its one hop is
 		// the context fleet's.
 		ctxHop, ctxRank, genHop, genRank = genHop, genRank, nil, ""
@@ -716,7 +716,7 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 		// about the cache (vLLM without --enable-prompt-tokens-details
 		// does not: its breaker must not read that as misses).
 		if cres == nil && u.ok && u.hasCached {
-			e.fleet.RecordUsage(genHop.instance, int64(u.prompt), int64(u.cached), e.now())
+			e.fleet.RecordUsage(genHop.Instance, int64(u.prompt), int64(u.cached), e.now())
 			e.shadowCorrect(rq, genHop, u.cached)
 		}
 	}
@@ -724,7 +724,7 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 		b, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
 		if err != nil {
 			return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "upstream_read_failed", "",
-				"reading the response of %s: %v", genHop.instance, err))
+				"reading the response of %s: %v", genHop.Instance, err))
 		}
 		u := readUsage(b)
 		recordAggregated(u)
@@ -772,7 +772,7 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 			_ = rc.Flush()
 			if !errors.Is(err, io.EOF) {
 				span.SetAttributes(attribute.String("tether.error", "stream cut: "+err.Error()))
-				e.metrics.upstreamErrors.WithLabelValues(genHop.fleet.String(), "stream_cut").Inc()
+				e.metrics.upstreamErrors.WithLabelValues(genHop.Fleet.String(), "stream_cut").Inc()
 			}
 			return http.StatusOK
 		}

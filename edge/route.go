@@ -96,37 +96,24 @@ func (e *Edge) views(now time.Time, exclude []string) *routing.Views {
 	return views
 }
 
-// hop is where one fleet's part of a request goes (routing/decide.Hop, in
-// the names the request path uses).
+// hop is where one fleet's part of a request goes: the decision's
+// (routing/decide.Hop) and what the request path adds to it.
 type hop struct {
-	fleet    fsm.Fleet
-	key      string
-	instance string
-	url      string
-	rank     int // believed rank (-1 unknown); the worker's answer wins
-	cached   int // prompt tokens believed cached on the instance
-	outcome  string
-	policy   string
-	reason   fsm.OverflowReason
-	bound    bool // the key is bound (sticky, new bind, overflow, degraded)
-	binding  fsm.Binding
-	excluded []string
+	decide.Hop
 	// shadow: where the prompt was modelled in a static engine's shadow
 	// cache (edge/shadow.go; nil: not modelled).
 	shadow *kvshadow.Placement
 }
 
-func hopOf(d *decide.Hop) *hop {
-	return &hop{fleet: d.Fleet, key: d.Key, instance: d.Instance, url: d.URL, rank: d.Rank, cached: d.Cached, outcome: d.Outcome,
-		policy: d.Policy, reason: d.Reason, bound: d.Bound, binding: d.Binding, excluded: d.Excluded}
-}
+func hopOf(d *decide.Hop) *hop { return &hop{Hop: *d} }
 
+// decided is a copy of h's decision, for the decider to re-route from.
 func (h *hop) decided() *decide.Hop {
 	if h == nil {
 		return nil
 	}
-	return &decide.Hop{Fleet: h.fleet, Key: h.key, Instance: h.instance, URL: h.url, Rank: h.rank, Cached: h.cached, Outcome: h.outcome,
-		Policy: h.policy, Reason: h.reason, Bound: h.bound, Binding: h.binding, Excluded: h.excluded}
+	d := h.Hop
+	return &d
 }
 
 // failureError turns a decision's failure into the client's answer.
@@ -194,15 +181,15 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 		}
 		return nil, aerr
 	}
-	e.metrics.decisions.WithLabelValues(f.String(), h.policy, h.outcome).Inc()
-	span.SetAttributes(attrPolicy.String(h.policy), attrOutcome.String(h.outcome), attrInstance.String(h.instance),
-		attrRank.Int(h.rank), attrCachedTokens.Int(h.cached))
-	if h.reason != 0 {
-		span.SetAttributes(attrOverflow.String(h.reason.String()))
+	e.metrics.decisions.WithLabelValues(f.String(), h.Policy, h.Outcome).Inc()
+	span.SetAttributes(attrPolicy.String(h.Policy), attrOutcome.String(h.Outcome), attrInstance.String(h.Instance),
+		attrRank.Int(h.Rank), attrCachedTokens.Int(h.Cached))
+	if h.Reason != 0 {
+		span.SetAttributes(attrOverflow.String(h.Reason.String()))
 	}
 	// The prompt now counts as cached there until the worker's own KV
 	// event arrives, so a burst sharing the prefix lands together.
-	e.fleet.Index().Predict(h.instance, rq.prompts[f].blocks, rq.now)
+	e.fleet.Index().Predict(h.Instance, rq.prompts[f].blocks, rq.now)
 	return h, nil
 }
 
@@ -230,15 +217,15 @@ func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) 
 // excluding every instance that failed.
 func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *apiError) {
 	rq.now = e.now()
-	if !failed.bound {
-		return e.routeFleet(ctx, rq, failed.fleet, failed)
+	if !failed.Bound {
+		return e.routeFleet(ctx, rq, failed.Fleet, failed)
 	}
-	d, fail := e.decider.Reroute(ctx, e.routers[failed.fleet], e.routingRequest(rq, failed.fleet, 0), failed.decided())
+	d, fail := e.decider.Reroute(ctx, e.routers[failed.Fleet], e.routingRequest(rq, failed.Fleet, 0), failed.decided())
 	if fail != nil {
 		return nil, e.failureError(fail)
 	}
 	out := hopOf(d)
-	e.metrics.decisions.WithLabelValues(failed.fleet.String(), out.policy, out.outcome).Inc()
+	e.metrics.decisions.WithLabelValues(failed.Fleet.String(), out.Policy, out.Outcome).Inc()
 	return out, nil
 }
 
@@ -318,11 +305,11 @@ func (f edgeFleet) DegradedAllowed(time.Time) (bool, string) {
 // count, and only when the rank belongs to the key: the key's own
 // conversation, or a sub-agent whose hint put it on its parent's rank.
 func (e *Edge) observeRank(rq *request, h *hop, role hintauth.Role, rankHeader string) {
-	if h == nil || !h.bound || !rq.hint || h.binding.Epoch == 0 || h.instance != h.binding.Instance ||
-		(h.outcome != outcomeSticky && h.outcome != outcomeNewBind) {
+	if h == nil || !h.Bound || !rq.hint || h.Binding.Epoch == 0 || h.Instance != h.Binding.Instance ||
+		(h.Outcome != outcomeSticky && h.Outcome != outcomeNewBind) {
 		return
 	}
-	if rq.id.ConversationID != h.key && !e.sendHint(rq, h, role) {
+	if rq.id.ConversationID != h.Key && !e.sendHint(rq, h, role) {
 		return
 	}
 	if e.featureLevel() < fsm.FeatureLevelRanks {
@@ -336,11 +323,11 @@ func (e *Edge) observeRank(rq *request, h *hop, role hintauth.Role, rankHeader s
 	if err != nil {
 		return
 	}
-	b, ok := st.Lookup(h.fleet, h.key)
-	if !ok || b.Epoch != h.binding.Epoch || b.Instance != h.instance || (b.HasRank && b.Rank == uint32(rank)) {
+	b, ok := st.Lookup(h.Fleet, h.Key)
+	if !ok || b.Epoch != h.Binding.Epoch || b.Instance != h.Instance || (b.HasRank && b.Rank == uint32(rank)) {
 		return
 	}
-	e.recorder.addRank(fsm.RankObserved{Fleet: h.fleet, Key: h.key, Epoch: b.Epoch, Rank: uint32(rank)})
+	e.recorder.addRank(fsm.RankObserved{Fleet: h.Fleet, Key: h.Key, Epoch: b.Epoch, Rank: uint32(rank)})
 }
 
 // hopLabel renders a hop for x-tether-route.
@@ -351,7 +338,7 @@ func hopLabel(h *hop, rank string) string {
 	if rank == "" {
 		rank = "-"
 	}
-	return fmt.Sprintf("%s/%s", h.instance, rank)
+	return fmt.Sprintf("%s/%s", h.Instance, rank)
 }
 
 // edgeIndex is the fleet view's KV index (routing/decide.Index); the fleet

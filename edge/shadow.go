@@ -18,32 +18,32 @@ const DefaultKVShadowBlocks = 4096
 // request was pinned to (-1: none). The placement is kept on h for the
 // response's correction (shadowCorrect).
 func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
-	if e.shadow == nil || h == nil || len(rq.prompts[h.fleet].blocks) == 0 {
+	if e.shadow == nil || h == nil || len(rq.prompts[h.Fleet].blocks) == 0 {
 		return
 	}
-	sc := e.cfg.servers(h.fleet)
+	sc := e.cfg.servers(h.Fleet)
 	if sc.KVShadowBlocks <= 0 || sc.Engine.Kind() == EngineTether {
 		// tether workers publish their KV events over NATS: one
 		// configured by URL without NATS is a test or dev setup.
 		return
 	}
-	in, ok := e.fleet.Instance(h.instance, rq.now)
+	in, ok := e.fleet.Instance(h.Instance, rq.now)
 	if !ok || !in.Static {
 		return
 	}
 	if in.Telemetry {
 		// A worker that reports over NATS: its own KV events (or their
 		// absence) are the truth, never a model.
-		e.shadow.Forget(h.instance)
+		e.shadow.Forget(h.Instance)
 		return
 	}
 	capacity := sc.KVShadowBlocks
-	if bs := int64(e.cfg.RoutingConfig(h.fleet).BlockSize); in.RankKVTokens > 0 && bs > 0 {
+	if bs := int64(e.cfg.RoutingConfig(h.Fleet).BlockSize); in.RankKVTokens > 0 && bs > 0 {
 		capacity = int(min(in.RankKVTokens/bs, kvshadow.MaxBlocksPerRank))
 	}
-	p, ok, err := e.shadow.Route(h.instance, rank, e.cfg.dataParallelSize(h.fleet), capacity, rq.prompts[h.fleet].blocks)
+	p, ok, err := e.shadow.Route(h.Instance, rank, e.cfg.dataParallelSize(h.Fleet), capacity, rq.prompts[h.Fleet].blocks)
 	if err != nil {
-		e.log.Warn("shadow KV cache update failed (it starts over)", "instance", h.instance, "err", err)
+		e.log.Warn("shadow KV cache update failed (it starts over)", "instance", h.Instance, "err", err)
 		return
 	}
 	if ok {
@@ -55,15 +55,15 @@ func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
 // to the shadow the request was modelled in: fewer cached tokens than the
 // shadow predicted evict the prompt's chain beyond them.
 func (e *Edge) shadowCorrect(rq *request, h *hop, cachedTokens int) {
-	bs := e.cfg.RoutingConfig(h.fleet).BlockSize
+	bs := e.cfg.RoutingConfig(h.Fleet).BlockSize
 	if e.shadow == nil || h == nil || h.shadow == nil || bs <= 0 {
 		return
 	}
-	if in, ok := e.fleet.Instance(h.instance, rq.now); ok && in.Telemetry {
-		e.shadow.Forget(h.instance) // its own reports took over meanwhile
+	if in, ok := e.fleet.Instance(h.Instance, rq.now); ok && in.Telemetry {
+		e.shadow.Forget(h.Instance) // its own reports took over meanwhile
 		return
 	}
-	if err := e.shadow.Correct(*h.shadow, rq.prompts[h.fleet].blocks, cachedTokens/bs); err != nil {
-		e.log.Warn("shadow KV cache correction failed (it starts over)", "instance", h.instance, "err", err)
+	if err := e.shadow.Correct(*h.shadow, rq.prompts[h.Fleet].blocks, cachedTokens/bs); err != nil {
+		e.log.Warn("shadow KV cache correction failed (it starts over)", "instance", h.Instance, "err", err)
 	}
 }
