@@ -162,12 +162,16 @@ const (
 	defaultMaxBatch       = 512
 	defaultHashHistory    = 1 << 16
 	minAuthKeyLen         = 16
+)
 
-	defaultVoters            = 3
-	defaultStabilization     = 10 * time.Second
-	defaultDeadServer        = 10 * time.Minute
-	defaultMaxTrailingLogs   = 1024
-	defaultAutopilotInterval = time.Second
+// Autopilot's defaults, for a zero AutopilotConfig field; the edge's
+// cluster.autopilot keys default to the same values.
+const (
+	DefaultAutopilotVoters       = 3
+	DefaultAutopilotStabilize    = 10 * time.Second
+	DefaultAutopilotDeadServer   = 10 * time.Minute
+	DefaultAutopilotTrailingLogs = 1024
+	DefaultAutopilotInterval     = time.Second
 )
 
 func (t RaftTiming) withDefaults() RaftTiming {
@@ -193,15 +197,15 @@ func (a AutopilotConfig) withDefaults(rt RaftTiming, bad func(key, format string
 	if a.Voters < 0 {
 		bad("Autopilot.Voters", "negative")
 	} else if a.Voters == 0 {
-		a.Voters = defaultVoters
+		a.Voters = DefaultAutopilotVoters
 	}
 	if a.StabilizationTime < 0 {
 		bad("Autopilot.StabilizationTime", "negative")
 	} else if a.StabilizationTime == 0 {
-		a.StabilizationTime = defaultStabilization
+		a.StabilizationTime = DefaultAutopilotStabilize
 	}
 	if a.DeadServerTimeout == 0 {
-		a.DeadServerTimeout = defaultDeadServer
+		a.DeadServerTimeout = DefaultAutopilotDeadServer
 	}
 	if a.LastContactThreshold < 0 {
 		bad("Autopilot.LastContactThreshold", "negative")
@@ -209,12 +213,12 @@ func (a AutopilotConfig) withDefaults(rt RaftTiming, bad func(key, format string
 		a.LastContactThreshold = 2 * rt.HeartbeatTimeout
 	}
 	if a.MaxTrailingLogs == 0 {
-		a.MaxTrailingLogs = defaultMaxTrailingLogs
+		a.MaxTrailingLogs = DefaultAutopilotTrailingLogs
 	}
 	if a.Interval < 0 {
 		bad("Autopilot.Interval", "negative")
 	} else if a.Interval == 0 {
-		a.Interval = defaultAutopilotInterval
+		a.Interval = DefaultAutopilotInterval
 	}
 	return a
 }

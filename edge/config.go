@@ -12,6 +12,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/yamlconf"
 	"github.com/tether-project/tether/routing"
@@ -370,13 +371,13 @@ func (ap *AutopilotConfig) defaults() {
 	}
 }
 
-// Defaults of the autopilot keys.
+// Defaults of the autopilot keys: the cluster package's.
 const (
-	DefaultAutopilotVoters       = 3
-	DefaultAutopilotStabilize    = 10 * time.Second
-	DefaultAutopilotDeadServer   = 10 * time.Minute
-	DefaultAutopilotTrailingLogs = 1024
-	DefaultAutopilotInterval     = time.Second
+	DefaultAutopilotVoters       = cluster.DefaultAutopilotVoters
+	DefaultAutopilotStabilize    = cluster.DefaultAutopilotStabilize
+	DefaultAutopilotDeadServer   = cluster.DefaultAutopilotDeadServer
+	DefaultAutopilotTrailingLogs = cluster.DefaultAutopilotTrailingLogs
+	DefaultAutopilotInterval     = cluster.DefaultAutopilotInterval
 )
 
 // PeerConfig is one initial voter.
