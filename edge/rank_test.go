@@ -90,10 +90,14 @@ func TestRankObservedOnlyAtFeatureLevel2(t *testing.T) {
 	if err := ec.start(2, nil); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the cluster level raised to 2", 15*time.Second, func() bool {
-		lvl, _ := clusterLevel(t, c, ec.edge(0))
-		return lvl == fsm.FeatureLevelRanks
-	})
+	// Every edge must have applied the raised level: the edge that serves
+	// the next turn emits RankObserved only at level 2 as it has applied it.
+	for i := range 3 {
+		waitFor(t, "the cluster level raised to 2", 15*time.Second, func() bool {
+			lvl, _ := clusterLevel(t, c, ec.edge(i))
+			return lvl == fsm.FeatureLevelRanks
+		})
+	}
 	r := a.send(t, c, ec.edge(1), "after the upgrade", nil)
 	rank := routeRank(t, r.resp)
 	for i := range 3 {
