@@ -41,6 +41,10 @@ type InstanceView struct {
 	// VerifiesHints: the worker verifies signed sub-agent hints.
 	VerifiesHints bool
 	Version       string
+	// Model is the model the instance serves (its configured model, else
+	// the one its telemetry reports): an edge serving several models
+	// routes each one's requests to its own instances.
+	Model string
 }
 
 // Views is an immutable snapshot of instance views, indexed by id and by

@@ -41,6 +41,7 @@ func runDev(ctx context.Context, args []string) error {
 	timeScale := fs.Float64("time-scale", 0.1, "simulated engine wall time per engine second (1 real time, 0 instant)")
 	debugRoute := fs.Bool("debug-route-header", true, "answer with the x-tether-route header naming the instances and ranks used")
 	model := fs.String("model", devstack.DefaultModel, "model name the stack serves")
+	models := fs.String("models", "", "comma-separated models the stack serves, each on its own context and generation workers (the first replaces --model)")
 	readyTimeout := fs.Duration("ready-timeout", 60*time.Second, "give up if the stack is not ready within this long")
 	logLevel := fs.String("log-level", "warn", "log level on standard error: debug, info, warn or error")
 	plaintext := fs.Bool("plaintext", false, "run without TLS (default: mutual TLS everywhere with an ephemeral CA in the data dir)")
@@ -48,6 +49,7 @@ func runDev(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	var extraModels []string
 	sc, err := routing.ParseScope(*scope)
 	if err != nil {
 		return fmt.Errorf("%w: --scope: %v", errUsage, err)
@@ -63,12 +65,20 @@ func runDev(ctx context.Context, args []string) error {
 	if token == "" {
 		token = os.Getenv(edge.EnvAdminToken)
 	}
+	if *models != "" {
+		list := splitList(*models)
+		if len(list) == 0 {
+			return fmt.Errorf("%w: --models names no model", errUsage)
+		}
+		*model = list[0]
+		extraModels = list[1:]
+	}
 	opts := devstack.Options{
 		Edges: *edges, ContextWorkers: *ctxWorkers, GenerationWorkers: *genWorkers, Ranks: *ranks,
 		Port: *port, NATSPort: *natsPort, DataDir: *dataDir, AdminToken: token, Model: *model,
 		Scope: sc, TimeScale: *timeScale, HideRouteHeader: !*debugRoute, Version: version, MutualTLS: !*plaintext,
-		EngineEvents: *engineEvents,
-		Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		EngineEvents: *engineEvents, ExtraModels: extraModels,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}
 	// Zero counts would silently mean "default" to devstack; on the
 	// command line they are mistakes.
@@ -150,7 +160,7 @@ func printStack(out io.Writer, st *devstack.Stack) {
 		line(n.ID, n.URL()+"  raft "+n.RaftAddr)
 	}
 	for _, w := range st.Workers() {
-		line(w.ID, w.URL()+"  "+w.Fleet.String()+" worker")
+		line(w.ID, w.URL()+"  "+w.Fleet.String()+" worker of "+w.Model)
 	}
 	tokenNote := "  (random, kept in the data dir; --admin-token or $" + edge.EnvAdminToken + " wins)"
 	line("admin token", st.AdminToken()+tokenNote)
@@ -198,4 +208,15 @@ func banner(edges []*devstack.EdgeNode, model, caFile, token string) string {
 	req(second, "child-a", " -H '"+devstack.ParentHeader+": parent-1'", "explore package routing")
 	fmt.Fprintf(&b, "  curl -s %s-H \"Authorization: Bearer $TOKEN\" %s/admin/v1/bindings/context/parent-1\n\n", cacert, edges[len(edges)-1].URL())
 	return b.String()
+}
+
+// splitList splits a comma-separated flag value, dropping blanks.
+func splitList(v string) []string {
+	var out []string
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }

@@ -10,8 +10,10 @@ import (
 
 // InstanceInfo is one element of GET /admin/v1/instances.
 type InstanceInfo struct {
-	ID                 string   `json:"id"`
-	Fleet              string   `json:"fleet"`
+	ID    string `json:"id"`
+	Fleet string `json:"fleet"`
+	// Model is the model the instance serves (configured, else reported).
+	Model              string   `json:"model,omitempty"`
 	URL                string   `json:"url"`
 	LogStatus          string   `json:"log_status"` // "" when the log has no record
 	Healthy            bool     `json:"healthy"`
@@ -116,6 +118,9 @@ func (a *API) instances(w http.ResponseWriter, r *http.Request) int {
 			Ranks: in.Ranks, QueuedRequests: in.QueuedRequests + int(in.PendingRequests), ActiveRequests: in.ActiveRequests,
 			ActivePromptTokens: in.ActivePromptTokens, HitRate: in.HitRate(), Breaker: in.Breaker.String(),
 			Bindings: st.BindingCount(in.Fleet, in.ID), KVStale: kvStale(a.edge.Fleet().Index().Stale(in.ID), in),
+		}
+		if info.Model = in.Served; info.Model == "" {
+			info.Model = in.Model
 		}
 		kv, known := a.edge.Fleet().Index().Instance(in.ID)
 		info.KV = kvInfo(kv, known, in)

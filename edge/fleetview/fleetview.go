@@ -57,6 +57,9 @@ type Static struct {
 	// list for a probe to succeed (a server that came up with another
 	// model is not ready for this edge).
 	Model string
+	// Served is the model of the edge's catalogue whose fleet lists the
+	// instance.
+	Served string
 }
 
 // DefaultHealthPath is the probe path of static instances.
@@ -117,6 +120,8 @@ type Instance struct {
 	Fleet  fsm.Fleet
 	URL    string
 	Static bool
+	// Served: the configured model of a static instance ("" otherwise).
+	Served string
 	// From telemetry (zero without).
 	Telemetry     bool
 	Role          string // the worker's server_role ("" when omitted)
@@ -171,6 +176,7 @@ type instance struct {
 	// Probe of a static instance (Static.HealthPath, Static.Model).
 	healthPath string
 	probeModel string
+	served     string // Static.Served
 	workerID   string // the id in the worker's subjects ("" until telemetry)
 	fleet      fsm.Fleet
 	url        string
@@ -321,7 +327,7 @@ func New(cfg Config) (*Fleet, error) {
 			return nil, fmt.Errorf("fleetview: static instance %q: health path %q must start with /", s.ID, hp)
 		}
 		f.byID[s.ID] = &instance{id: s.ID, fleet: s.Fleet, url: s.URL, static: true, healthPath: hp, probeModel: s.Model,
-			metricsFormat: s.Metrics, ranks: s.Ranks}
+			served: s.Served, metricsFormat: s.Metrics, ranks: s.Ranks}
 	}
 	if f.metrics, err = newMetrics(cfg.Registerer, f); err != nil {
 		return nil, err
@@ -512,7 +518,7 @@ func (f *Fleet) lastSeenLocked(in *instance) time.Time {
 
 func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
 	out := Instance{
-		ID: in.id, Fleet: in.fleet, URL: in.url, Static: in.static,
+		ID: in.id, Fleet: in.fleet, URL: in.url, Static: in.static, Served: in.served,
 		Telemetry: in.hasReport, VerifiesHints: true,
 		LastSeen: f.lastSeenLocked(in), Healthy: f.healthyLocked(in, now),
 		TelemetryStale:  in.hasReport && f.blindLocked(in, now) && now.Sub(in.lastReport) > f.staleAfter(in.interval),
@@ -583,8 +589,12 @@ func (f *Fleet) Views(now time.Time, dst []routing.InstanceView) []routing.Insta
 			KVTotalBlocks:       in.kvTotal,
 			CacheDegraded:       f.breakers.Open(in.id, now),
 			VerifiesHints:       true,
+			Model:               in.served,
 		}
 		if in.hasReport {
+			if v.Model == "" {
+				v.Model = in.report.Model
+			}
 			v.Draining = in.report.Draining
 			v.Ranks = len(in.report.Ranks)
 			v.VerifiesHints = in.report.VerifiesHints
