@@ -113,6 +113,8 @@ type Edge struct {
 	modelByName  map[string]*servedModel
 	adapterModel map[string]*servedModel
 	modelMetrics *modelMetrics
+	loraMetrics  *loraMetrics
+	loraLoads    runtimeLoads // adapters loaded at runtime (lora.go)
 
 	disaggBase  uint64
 	disaggSeq   atomic.Uint64
@@ -193,6 +195,9 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		return nil, err
 	}
 	if e.modelMetrics, err = newModelMetrics(e.registry); err != nil {
+		return nil, err
+	}
+	if e.loraMetrics, err = newLoRAMetrics(e.registry); err != nil {
 		return nil, err
 	}
 	tp := deps.TracerProvider

@@ -171,6 +171,7 @@ func (e *Edge) dispatchEngine(ctx context.Context, w http.ResponseWriter, rq *re
 		hdr := make(http.Header, 4)
 		hdr.Set("Content-Type", "application/json")
 		rank = engineRank(cur, size)
+		e.ensureAdapter(ctx, rq, cur) // lora.runtime_load (lora.go)
 		if rank >= 0 {
 			hdr.Set(HeaderDataParallelRank, strconv.Itoa(rank))
 		}

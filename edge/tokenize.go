@@ -275,7 +275,8 @@ func (e *Edge) promptKeys(rq *request, words []uint32) {
 				toks = ft.model.encode(rq.id.ConversationID, text)
 			}
 		}
-		rq.prompts[f] = prompt{tokens: len(toks), blocks: prefix.BlockHashes(toks, ft.blockSize)}
+		// Under an adapter the engine keys its blocks by the adapter too.
+		rq.prompts[f] = prompt{tokens: len(toks), blocks: prefix.AdapterBlockHashes(rq.adapter, toks, ft.blockSize)}
 	}
 	rq.promptTokens = rq.prompts[fsm.FleetContext].tokens
 }

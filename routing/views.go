@@ -45,6 +45,9 @@ type InstanceView struct {
 	// the one its telemetry reports): an edge serving several models
 	// routes each one's requests to its own instances.
 	Model string
+	// LoRA is what the instance holds of its model's LoRA adapters (nil:
+	// nothing is known; routing/lora.go).
+	LoRA *LoRAView
 }
 
 // Views is an immutable snapshot of instance views, indexed by id and by

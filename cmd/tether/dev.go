@@ -42,6 +42,8 @@ func runDev(ctx context.Context, args []string) error {
 	debugRoute := fs.Bool("debug-route-header", true, "answer with the x-tether-route header naming the instances and ranks used")
 	model := fs.String("model", devstack.DefaultModel, "model name the stack serves")
 	models := fs.String("models", "", "comma-separated models the stack serves, each on its own context and generation workers (the first replaces --model)")
+	loraAdapters := fs.String("lora-adapters", "", "comma-separated LoRA adapters as model:adapter (e.g. tether-sim:agent-a); the model's workers serve them")
+	maxLoRAs := fs.Int("max-loras", 2, "LoRA adapter slots per ADP rank of the simulated engine (vLLM --max-loras)")
 	readyTimeout := fs.Duration("ready-timeout", 60*time.Second, "give up if the stack is not ready within this long")
 	logLevel := fs.String("log-level", "warn", "log level on standard error: debug, info, warn or error")
 	plaintext := fs.Bool("plaintext", false, "run without TLS (default: mutual TLS everywhere with an ephemeral CA in the data dir)")
@@ -73,11 +75,25 @@ func runDev(ctx context.Context, args []string) error {
 		*model = list[0]
 		extraModels = list[1:]
 	}
+	var adapters map[string][]string
+	for _, ma := range splitList(*loraAdapters) {
+		m, a, ok := strings.Cut(ma, ":")
+		if !ok || m == "" || a == "" {
+			return fmt.Errorf("%w: --lora-adapters: %q is not model:adapter", errUsage, ma)
+		}
+		if adapters == nil {
+			adapters = map[string][]string{}
+		}
+		adapters[m] = append(adapters[m], a)
+	}
+	if *maxLoRAs < 1 {
+		return fmt.Errorf("%w: --max-loras must be at least 1, got %d", errUsage, *maxLoRAs)
+	}
 	opts := devstack.Options{
 		Edges: *edges, ContextWorkers: *ctxWorkers, GenerationWorkers: *genWorkers, Ranks: *ranks,
 		Port: *port, NATSPort: *natsPort, DataDir: *dataDir, AdminToken: token, Model: *model,
 		Scope: sc, TimeScale: *timeScale, HideRouteHeader: !*debugRoute, Version: version, MutualTLS: !*plaintext,
-		EngineEvents: *engineEvents, ExtraModels: extraModels,
+		EngineEvents: *engineEvents, ExtraModels: extraModels, Adapters: adapters, MaxLoRAs: *maxLoRAs,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}
 	// Zero counts would silently mean "default" to devstack; on the
@@ -161,6 +177,16 @@ func printStack(out io.Writer, st *devstack.Stack) {
 	}
 	for _, w := range st.Workers() {
 		line(w.ID, w.URL()+"  "+w.Fleet.String()+" worker of "+w.Model)
+	}
+	if o := st.Options(); len(st.Models()) > 1 || len(o.Adapters) > 0 {
+		var ms []string
+		for _, m := range st.Models() {
+			if as := o.Adapters[m]; len(as) > 0 {
+				m += " (LoRA adapters " + strings.Join(as, ", ") + fmt.Sprintf("; %d slots per rank)", o.MaxLoRAs)
+			}
+			ms = append(ms, m)
+		}
+		line("models", strings.Join(ms, ", "))
 	}
 	tokenNote := "  (random, kept in the data dir; --admin-token or $" + edge.EnvAdminToken + " wins)"
 	line("admin token", st.AdminToken()+tokenNote)

@@ -161,6 +161,8 @@ type Instance struct {
 	PendingRequests int64
 	PendingTokens   int64
 	Breaker         routing.BreakerState
+	// LoRA: its adapters as routing sees them (lora.go; nil: unknown).
+	LoRA *routing.LoRAView
 }
 
 // HitRate is the worker's rolling-window prefix-cache hit rate.
@@ -213,6 +215,11 @@ type instance struct {
 	scraped       bool
 	scrapeFailed  bool
 	lastScrape    time.Time
+
+	// LoRA adapters (lora.go): the engine's report or scrape, and what
+	// this edge sent lately (adapter → time).
+	lora     *LoRAState
+	loraSent map[string]time.Time
 
 	lastProbeOK time.Time // last successful probe
 	probedAt    time.Time // last completed probe, successful or not
@@ -523,7 +530,7 @@ func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
 		LastSeen: f.lastSeenLocked(in), Healthy: f.healthyLocked(in, now),
 		TelemetryStale:  in.hasReport && f.blindLocked(in, now) && now.Sub(in.lastReport) > f.staleAfter(in.interval),
 		PendingRequests: in.pendingReq.Load() + in.inflightReq.Load(), PendingTokens: in.pendingTok.Load() + in.inflightTok.Load(),
-		Breaker: f.breakers.State(in.id, now),
+		Breaker: f.breakers.State(in.id, now), LoRA: f.loraViewLocked(in, now),
 	}
 	if in.hasReport {
 		r := &in.report
@@ -590,6 +597,7 @@ func (f *Fleet) Views(now time.Time, dst []routing.InstanceView) []routing.Insta
 			CacheDegraded:       f.breakers.Open(in.id, now),
 			VerifiesHints:       true,
 			Model:               in.served,
+			LoRA:                f.loraViewLocked(in, now),
 		}
 		if in.hasReport {
 			if v.Model == "" {
@@ -728,6 +736,7 @@ func (f *Fleet) onLoad(m *nats.Msg) {
 		in.lookup += rl.WindowLookupTokens
 		in.hit += rl.WindowHitTokens
 	}
+	in.lora = loraFromReport(&r)
 	ranks := r.Ranks
 	r.Ranks = make([]telemetry.RankLoad, len(ranks)) // keep the count, not the figures
 	in.report = r

@@ -99,6 +99,13 @@ type Options struct {
 	// ContextWorkers + GenerationWorkers workers (ids m2-ctx-1, …): the
 	// edges' models entries (edge/models.go).
 	ExtraModels []string
+	// Adapters are the LoRA adapters of each model (by model name): the
+	// model's workers serve them with MaxLoRAs slots per rank (default 2)
+	// and LoRALoadTime per load (the simulated engine's default), and the
+	// edges list them (lora.adapters).
+	Adapters     map[string][]string
+	MaxLoRAs     int
+	LoRALoadTime time.Duration
 	// Scope is subagent_affinity_scope (zero: context).
 	Scope routing.Scope
 	// TimeScale is the simulated engine's wall time per unit of engine
@@ -194,6 +201,23 @@ func (o *Options) Normalize() error {
 			errs = append(errs, fmt.Errorf("models: %q is empty or named twice", m))
 		}
 		seenModel[m] = true
+	}
+	for m, as := range o.Adapters {
+		if !seenModel[m] {
+			errs = append(errs, fmt.Errorf("lora adapters: %q is not a model of the stack (%v)", m, o.models()))
+		}
+		for _, a := range as {
+			if a == "" || seenModel[a] {
+				errs = append(errs, fmt.Errorf("lora adapters: %q is empty or named twice (adapter and model names are unique)", a))
+			}
+			seenModel[a] = true
+		}
+	}
+	if o.MaxLoRAs == 0 && len(o.Adapters) > 0 {
+		o.MaxLoRAs = 2
+	}
+	if o.MaxLoRAs < 0 || o.LoRALoadTime < 0 {
+		errs = append(errs, fmt.Errorf("lora: max loras %d and load time %s must be >= 0", o.MaxLoRAs, o.LoRALoadTime))
 	}
 	if n := 1 + len(o.ExtraModels); n*(o.ContextWorkers+o.GenerationWorkers) > 4*MaxNodes {
 		errs = append(errs, fmt.Errorf("models: %d models × %d workers is more than a local stack runs (%d)", n, o.ContextWorkers+o.GenerationWorkers, 4*MaxNodes))
@@ -406,6 +430,9 @@ func (s *Stack) startWorkers(ctx context.Context) error {
 		cfg.Hostname = o.Host
 		cfg.Port = 0
 		cfg.Model = sp.model
+		if as := o.Adapters[sp.model]; len(as) > 0 {
+			cfg.LoRA = worker.LoRAConfig{Adapters: as, MaxLoRAs: o.MaxLoRAs, LoadTime: o.LoRALoadTime}
+		}
 		cfg.InternalRequestAuthKey = s.internalKey
 		cfg.ADP.EnableAttentionDP = true
 		cfg.ADP.AttentionDP.ConversationAffinity = true
@@ -537,8 +564,16 @@ func (s *Stack) EdgeConfig(i int) edge.Config {
 	cfg.Cluster.BindAddr = s.peers[i].Addr
 	cfg.Cluster.Bootstrap = true // ignored once the data dir holds Raft state
 	cfg.Cluster.Peers = append([]edge.PeerConfig(nil), s.peers...)
+	adapters := func(model string) edge.LoRAConfig {
+		var l edge.LoRAConfig
+		for _, a := range o.Adapters[model] {
+			l.Adapters = append(l.Adapters, edge.AdapterConfig{Name: a})
+		}
+		return l
+	}
+	cfg.LoRA = adapters(o.Model)
 	for _, m := range o.ExtraModels {
-		mc := edge.ModelConfig{Name: m, ContextServers: cfg.ContextServers, GenerationServers: cfg.GenerationServers}
+		mc := edge.ModelConfig{Name: m, ContextServers: cfg.ContextServers, GenerationServers: cfg.GenerationServers, LoRA: adapters(m)}
 		cfg.Models = append(cfg.Models, mc)
 	}
 	s.edgeTLS(s.peers[i].ID, &cfg)

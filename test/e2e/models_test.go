@@ -2,25 +2,33 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/tether-project/tether/edge/admin"
+	"github.com/tether-project/tether/test/waitfor"
 )
 
-// TestTwoModelsThroughTetherDev: `tether dev --models` serves two models on
-// separate fleets through every edge. In each model a parent on edge 1 and
-// its sub-agents on edges 2 and 3 share the parent's context instance and
-// rank, on that model's workers; the same session ids on the two models
-// are separate bindings, which every edge's admin API shows under the
-// model; an unknown model is a 404 in OpenAI's shape.
+// TestTwoModelsThroughTetherDev: `tether dev --models --lora-adapters`
+// serves two models on separate fleets, and their adapters, through every
+// edge. In each model a parent on edge 1 and its sub-agents on edges 2 and
+// 3 share the parent's context instance and rank, on that model's workers;
+// the same session ids on the two models are separate bindings, which every
+// edge's admin API shows under the model. New conversations of an adapter,
+// from any edge, land on the context instance that loaded it. An unknown
+// model or adapter is a 404 in OpenAI's shape.
 func TestTwoModelsThroughTetherDev(t *testing.T) {
-	p := startDev(t, "--models", "tether-sim,tether-sim-b")
+	p := startDev(t, "--models", "tether-sim,tether-sim-b", "--lora-adapters", "tether-sim:agent-a,tether-sim:agent-b,tether-sim-b:agent-c")
 	c := p.client(t)
 	for i := range 3 {
 		ids := modelIDs(t, c, p.edge(i))
-		if strings.Join(ids, ",") != "tether-sim,tether-sim-b" {
+		if strings.Join(ids, ",") != "tether-sim,agent-a,agent-b,tether-sim-b,agent-c" {
 			t.Fatalf("edge-%d GET /v1/models: %v", i+1, ids)
 		}
 	}
@@ -58,13 +66,63 @@ func TestTwoModelsThroughTetherDev(t *testing.T) {
 			}
 		}
 	}
-	resp, err := c.Post(p.edge(1)+"/v1/chat/completions", "application/json",
-		strings.NewReader(`{"model":"no-such-model","messages":[{"role":"user","content":"hi"}]}`))
+	for _, x := range []struct{ adapter, prefix string }{{"agent-a", "ctx-"}, {"agent-b", "ctx-"}, {"agent-c", "m2-ctx-"}} {
+		first := (&agent{session: x.adapter + "-0", system: "You are " + x.adapter + ". " + words(x.adapter+"-0", 100)}).
+			mustSend(t, c, p.edge(0), x.adapter, "start")
+		if !strings.HasPrefix(first.ctxInst, x.prefix) {
+			t.Fatalf("%s on %s, not its model's workers (%s*)", x.adapter, first.ctxInst, x.prefix)
+		}
+		// Every edge hears the worker's report that it holds the adapter.
+		waitfor.True(t, 30*time.Second, x.adapter+" loaded on "+first.ctxInst+" in every edge's view", func() bool {
+			for i := range 3 {
+				if !instanceHolds(t, c, p.edge(i), p.token, first.ctxInst, x.adapter) {
+					return false
+				}
+			}
+			return true
+		})
+		for i := 1; i <= 3; i++ {
+			a := &agent{session: fmt.Sprintf("%s-%d", x.adapter, i), system: "You are " + x.adapter + ". " + words(fmt.Sprintf("%s-%d", x.adapter, i), 100)}
+			tr := a.mustSend(t, c, p.edge(i%3), x.adapter, "start")
+			if tr.ctxInst != first.ctxInst {
+				t.Fatalf("%s conversation %d via edge-%d on %s; the adapter is loaded on %s", x.adapter, i, i%3+1, tr.ctxInst, first.ctxInst)
+			}
+		}
+	}
+	for _, model := range []string{"no-such-model", "agent-z"} {
+		resp, err := c.Post(p.edge(1)+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		expectModelNotFound(t, resp)
+	}
+	p.stop(t)
+}
+
+// instanceHolds reports whether edge base's admin API shows instance
+// holding adapter.
+func instanceHolds(t *testing.T, c *http.Client, base, token, instance, adapter string) bool {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, base+"/admin/v1/instances", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectModelNotFound(t, resp)
-	p.stop(t)
+	defer resp.Body.Close()
+	var out struct {
+		Instances []admin.InstanceInfo `json:"instances"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range out.Instances {
+		if in.ID == instance && in.LoRA != nil && slices.Contains(in.LoRA.Loaded, adapter) {
+			return true
+		}
+	}
+	return false
 }
 
 func modelIDs(t *testing.T, c *http.Client, base string) []string {
