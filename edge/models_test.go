@@ -204,3 +204,42 @@ models:
 		}
 	}
 }
+
+// Each model's tokenizer is its own: a second model whose fleets run a
+// SentencePiece-style tokenizer (Mistral's, routing/hftok) gets its block
+// keys from it, the first model from the words tokenizer.
+func TestModelsHaveTheirOwnTokenizers(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Model = "words-model"
+	d := DefaultConfig()
+	m := ModelConfig{Name: "mistral-model", ContextServers: d.ContextServers, GenerationServers: d.GenerationServers}
+	m.ContextServers.Tokenizer, m.ContextServers.BlockSize = "hf:../routing/hftok/testdata/mistral", 16
+	m.GenerationServers.Tokenizer, m.GenerationServers.BlockSize = m.ContextServers.Tokenizer, 16
+	cfg.Models = []ModelConfig{m}
+	cfg.normalize()
+	fts, err := loadFleetTokenizers(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &Edge{cfg: cfg, tokenizers: fts, log: testLogger(t)}
+	if err := e.buildCatalogue(); err != nil {
+		t.Fatal(err)
+	}
+	prompt := []byte(`{"model":"mistral-model","prompt":"Hello, my dog is cute"}`)
+	rq, _, words, aerr := parseBody(prompt, false)
+	if aerr != nil {
+		t.Fatal(aerr.Message)
+	}
+	rq.m, _, _ = e.lookupModel(rq.model)
+	e.promptKeys(rq, words)
+	// The Metaspace golden of routing/hftok for this prompt.
+	if got := rq.prompts[fsm.FleetContext].tokens; got != 6 || len(words) != 5 {
+		t.Fatalf("mistral model: %d tokens (words %d), want Mistral's 6", got, len(words))
+	}
+	rq2, _, words2, _ := parseBody([]byte(`{"model":"words-model","prompt":"Hello, my dog is cute"}`), false)
+	rq2.m, _, _ = e.lookupModel(rq2.model)
+	e.promptKeys(rq2, words2)
+	if got := rq2.prompts[fsm.FleetContext].tokens; got != 5 {
+		t.Fatalf("words model: %d tokens, want 5", got)
+	}
+}
