@@ -98,3 +98,11 @@ func (r *VirtualRank) HoldsAdapter(adapter string) bool {
 
 // popPending removes the admitted request that finishes first.
 func (r *VirtualRank) popPending() *admitted { return heap.Pop(&r.pending).(*admitted) }
+
+// LoRAState is the rank's adapter slots without advancing time: the held
+// adapters (least recently used first) and those with admitted requests,
+// as a worker's load report carries them.
+func (r *VirtualRank) LoRAState() (held, running []string) {
+	held, running, _ = r.lora.stats()
+	return held, running
+}
