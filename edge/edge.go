@@ -305,7 +305,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 			}
 			for _, si := range sc.URLs {
 				static = append(static, fleetview.Static{ID: si.ID(), URL: trimSlash(si.URL), Fleet: f, HealthPath: sc.HealthPath, Model: model,
-					Served: m.name, Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize})
+					Served: m.name, MaxLoRAs: m.cfg.LoRA.MaxLoRAs, Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize})
 			}
 		}
 	}

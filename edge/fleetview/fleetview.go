@@ -60,6 +60,9 @@ type Static struct {
 	// Served is the model of the edge's catalogue whose fleet lists the
 	// instance.
 	Served string
+	// MaxLoRAs is the instance's LoRA adapter slots when its engine reports
+	// none (the model's lora.max_loras; 0: unknown; lora.go).
+	MaxLoRAs int
 }
 
 // DefaultHealthPath is the probe path of static instances.
@@ -220,6 +223,7 @@ type instance struct {
 	// this edge sent lately (adapter → time).
 	lora     *LoRAState
 	loraSent map[string]time.Time
+	maxLoRAs int // Static.MaxLoRAs
 
 	lastProbeOK time.Time // last successful probe
 	probedAt    time.Time // last completed probe, successful or not
@@ -334,7 +338,7 @@ func New(cfg Config) (*Fleet, error) {
 			return nil, fmt.Errorf("fleetview: static instance %q: health path %q must start with /", s.ID, hp)
 		}
 		f.byID[s.ID] = &instance{id: s.ID, fleet: s.Fleet, url: s.URL, static: true, healthPath: hp, probeModel: s.Model,
-			served: s.Served, metricsFormat: s.Metrics, ranks: s.Ranks}
+			served: s.Served, maxLoRAs: s.MaxLoRAs, metricsFormat: s.Metrics, ranks: s.Ranks}
 	}
 	if f.metrics, err = newMetrics(cfg.Registerer, f); err != nil {
 		return nil, err

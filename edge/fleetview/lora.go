@@ -159,6 +159,14 @@ func (f *Fleet) loraViewLocked(in *instance, now time.Time) *routing.LoRAView {
 		v.MaxLoRAs, v.Full = in.lora.MaxLoRAs, in.lora.Full
 		v.Loaded = append(v.Loaded, in.lora.Loaded...)
 	}
+	if v.MaxLoRAs == 0 {
+		v.MaxLoRAs = in.maxLoRAs // the configured slots of an engine that reports none
+	}
+	if in.lora == nil && v.MaxLoRAs > 0 && len(sent) >= v.MaxLoRAs {
+		// Known only from this edge's own requests: the adapters it sent
+		// lately fill the slots, so another one waits for one of them.
+		v.Full = true
+	}
 	v.Loaded = sortedUnique(append(v.Loaded, sent...))
 	return v
 }

@@ -57,3 +57,18 @@ func TestLoRAViewMergesReportAndPredictions(t *testing.T) {
 		t.Fatalf("expired prediction still held: %+v", v)
 	}
 }
+
+// An engine that reports no adapters (SGLang) gets the configured slots;
+// the adapters this edge sent lately fill them.
+func TestLoRAViewConfiguredSlots(t *testing.T) {
+	now := time.Unix(100, 0)
+	f := &Fleet{cfg: Config{PredictTTL: time.Minute}, byID: map[string]*instance{"s": {id: "s", maxLoRAs: 2}}}
+	f.NoteAdapter("s", "a", now)
+	if v := f.loraViewLocked(f.byID["s"], now); v.MaxLoRAs != 2 || v.Full {
+		t.Fatalf("one adapter sent: %+v", v)
+	}
+	f.NoteAdapter("s", "b", now)
+	if v := f.loraViewLocked(f.byID["s"], now); !v.Full {
+		t.Fatalf("two adapters sent into two slots: %+v", v)
+	}
+}
