@@ -267,30 +267,38 @@ func (t *Tokenizer) appendSegment(dst []uint32, s string, atStart bool) []uint32
 		s = norm.NFC.String(s)
 	}
 	var b strings.Builder
-	t.split(s, func(word string) {
-		// The cache is keyed by the raw word: a hit (the common case in
-		// chat prompts) skips the byte-level mapping and BPE.
-		t.cacheMu.RLock()
-		ids, ok := t.cache[word]
-		t.cacheMu.RUnlock()
-		if ok {
-			dst = append(dst, ids...)
-			return
-		}
+	encode := func(word string) []uint32 {
 		b.Reset()
 		for i := 0; i < len(word); i++ {
 			b.WriteString(t.byteMap[word[i]])
 		}
-		ids = t.bpe(b.String())
-		t.cacheMu.Lock()
-		if len(t.cache) >= maxCache {
-			clear(t.cache)
-		}
-		t.cache[strings.Clone(word)] = ids
-		t.cacheMu.Unlock()
-		dst = append(dst, ids...)
+		return t.bpe(b.String())
+	}
+	t.split(s, func(word string) {
+		// The cache is keyed by the raw word: a hit (the common case in
+		// chat prompts) skips the byte-level mapping and BPE.
+		dst = append(dst, t.cachedWord(word, encode)...)
 	})
 	return dst
+}
+
+// cachedWord is the ids of word from the word cache, else encode's (then
+// cached; the cache is cleared when full).
+func (t *Tokenizer) cachedWord(word string, encode func(string) []uint32) []uint32 {
+	t.cacheMu.RLock()
+	ids, ok := t.cache[word]
+	t.cacheMu.RUnlock()
+	if ok {
+		return ids
+	}
+	ids = encode(word)
+	t.cacheMu.Lock()
+	if len(t.cache) >= maxCache {
+		clear(t.cache)
+	}
+	t.cache[strings.Clone(word)] = ids
+	t.cacheMu.Unlock()
+	return ids
 }
 
 // bpe runs BPE on one byte-level word.

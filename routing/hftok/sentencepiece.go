@@ -255,21 +255,7 @@ func splitLiteral(s, sep, behavior string, emit func(string)) {
 // spEncode encodes one segment of text with the SentencePiece pipeline.
 func (t *Tokenizer) spEncode(dst []uint32, s string, atStart bool) []uint32 {
 	t.sp.words(s, atStart, func(word string) {
-		t.cacheMu.RLock()
-		ids, ok := t.cache[word]
-		t.cacheMu.RUnlock()
-		if ok {
-			dst = append(dst, ids...)
-			return
-		}
-		ids = t.spBPE(word)
-		t.cacheMu.Lock()
-		if len(t.cache) >= maxCache {
-			clear(t.cache)
-		}
-		t.cache[strings.Clone(word)] = ids
-		t.cacheMu.Unlock()
-		dst = append(dst, ids...)
+		dst = append(dst, t.cachedWord(word, t.spBPE)...)
 	})
 	return dst
 }
