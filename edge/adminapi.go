@@ -17,6 +17,7 @@ func (e *Edge) adminAPI() http.Handler {
 		Token:   e.cfg.AdminToken,
 		NodeID:  e.nodeID,
 		DataDir: e.cfg.Cluster.DataDir,
+		Models:  e.catalogueNames(),
 		Answered: func(status int) {
 			e.metrics.requests.WithLabelValues("admin", strconv.Itoa(status)).Inc()
 		},

@@ -133,6 +133,11 @@ type Config struct {
 	Tracing   TracingConfig   `yaml:"tracing"`
 	// TLS is transport security for every link (edge/tls.go).
 	TLS TLSConfig `yaml:"tls"`
+
+	// LoRA is the first model's LoRA adapters; Models are the models
+	// served besides the first, each on its own fleets (edge/models.go).
+	LoRA   LoRAConfig    `yaml:"lora"`
+	Models []ModelConfig `yaml:"models"`
 }
 
 // ServersConfig is context_servers or generation_servers.
@@ -581,6 +586,7 @@ func (c *Config) Validate() error {
 	c.validateNATS(bad)
 	c.validateTLS(bad)
 	c.validateTracing(bad)
+	c.validateModels(bad, &errs)
 	return errors.Join(errs...)
 }
 
@@ -614,6 +620,7 @@ func (c *Config) normalize() {
 		c.Cluster.Suffrage = "voter"
 	}
 	c.Cluster.Autopilot.defaults()
+	c.normalizeModels()
 	if c.NATS.Embedded && c.NATS.Listen == "" {
 		c.NATS.Listen = DefaultEmbeddedNATSAddr
 	}

@@ -2,7 +2,6 @@ package edge
 
 import (
 	"fmt"
-	"net/http"
 
 	"github.com/tether-project/tether/routing"
 )
@@ -27,27 +26,4 @@ func depthLimitedValue(id routing.Identity, cfg routing.IdentityConfig) string {
 // workers check the same list).
 var knownRoles = map[string]bool{
 	"system": true, "developer": true, "user": true, "assistant": true, "tool": true, "function": true,
-}
-
-// handleModel is GET /v1/models/{id}: the served model, or 404 as OpenAI
-// answers an unknown one.
-func (e *Edge) handleModel(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		methodNotAllowed(w, r, http.MethodGet)
-		return
-	}
-	id := r.PathValue("id")
-	if id != e.cfg.Model {
-		e.metrics.requests.WithLabelValues("models", "404").Inc()
-		writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-			"the model %q does not exist (this edge serves %q)", truncate(id, 200), e.cfg.Model))
-		return
-	}
-	writeJSON(w, http.StatusOK, struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}{e.cfg.Model, "model", 0, "tether"})
-	e.metrics.requests.WithLabelValues("models", "200").Inc()
 }

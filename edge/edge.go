@@ -107,11 +107,18 @@ type Edge struct {
 	fresh    *freshness      // is this edge's state current (readyz, degraded placement)
 	ready    *readiness
 
-	rr          [3]atomic.Uint64 // round-robin counters by fleet
+	// The catalogue (models.go): the first model (the fields above) and
+	// the others, by name; adapters by name to their model.
+	models       []*servedModel
+	modelByName  map[string]*servedModel
+	adapterModel map[string]*servedModel
+	modelMetrics *modelMetrics
+	loraMetrics  *loraMetrics
+	loraLoads    runtimeLoads // adapters loaded at runtime (lora.go)
+
 	disaggBase  uint64
 	disaggSeq   atomic.Uint64
 	reqSeq      atomic.Uint64
-	viewsCache  atomic.Pointer[viewsEntry]
 	unavailable atomic.Int64 // unix nanos of the last ErrUnavailable
 
 	evictCh chan kvEviction
@@ -179,9 +186,18 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	}
 	e.recorder = newRecorder(e)
 	e.touches = newTouchBatcher()
-	e.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Fleet: edgeFleet{e}, Index: edgeIndex{e}, Overload: e.overload}
+	e.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Fleet: edgeFleet{e: e}, Index: edgeIndex{e}, Overload: e.overload}
+	if err := e.buildCatalogue(); err != nil {
+		return nil, fmt.Errorf("edge: %w", err)
+	}
 	e.fresh = newFreshness(e)
 	if e.metrics, err = newMetrics(e.registry, e); err != nil {
+		return nil, err
+	}
+	if e.modelMetrics, err = newModelMetrics(e.registry); err != nil {
+		return nil, err
+	}
+	if e.loraMetrics, err = newLoRAMetrics(e.registry); err != nil {
 		return nil, err
 	}
 	tp := deps.TracerProvider
@@ -280,15 +296,17 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	}
 
 	var static []fleetview.Static
-	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-		sc := e.cfg.servers(f)
-		model := ""
-		if sc.HealthCheckModel {
-			model = e.cfg.Model
-		}
-		for _, si := range sc.URLs {
-			static = append(static, fleetview.Static{ID: si.ID(), URL: trimSlash(si.URL), Fleet: f, HealthPath: sc.HealthPath, Model: model,
-				Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize})
+	for _, m := range e.models {
+		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+			sc := m.cfg.servers(f)
+			model := ""
+			if sc.HealthCheckModel {
+				model = m.name
+			}
+			for _, si := range sc.URLs {
+				static = append(static, fleetview.Static{ID: si.ID(), URL: trimSlash(si.URL), Fleet: f, HealthPath: sc.HealthPath, Model: model,
+					Served: m.name, MaxLoRAs: m.cfg.LoRA.MaxLoRAs, Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize})
+			}
 		}
 	}
 	t := e.cfg.Telemetry
@@ -626,24 +644,6 @@ func joinComma(s []string) string {
 		out += v
 	}
 	return out
-}
-
-func (e *Edge) handleModels(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		methodNotAllowed(w, r, http.MethodGet)
-		return
-	}
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
-	writeJSON(w, http.StatusOK, struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{"list", []model{{ID: e.cfg.Model, Object: "model", Created: 0, OwnedBy: "tether"}}})
-	e.metrics.requests.WithLabelValues("models", "200").Inc()
 }
 
 func (e *Edge) handleHealth(w http.ResponseWriter, r *http.Request) {

@@ -165,12 +165,13 @@ func (e *Edge) dispatchEngine(ctx context.Context, w http.ResponseWriter, rq *re
 	if aerr != nil {
 		return fail(w, span, aerr)
 	}
-	size := e.cfg.dataParallelSize(fsm.FleetContext)
+	size := rq.m.cfg.dataParallelSize(fsm.FleetContext)
 	rank := -1
 	resp, done, hf := e.exchange(ctx, rq, &h, "aggregated", func(cur *hop) ([]byte, http.Header) {
 		hdr := make(http.Header, 4)
 		hdr.Set("Content-Type", "application/json")
 		rank = engineRank(cur, size)
+		e.ensureAdapter(ctx, rq, cur) // lora.runtime_load (lora.go)
 		if rank >= 0 {
 			hdr.Set(HeaderDataParallelRank, strconv.Itoa(rank))
 		}
@@ -188,7 +189,7 @@ func (e *Edge) dispatchEngine(ctx context.Context, w http.ResponseWriter, rq *re
 	} else {
 		resp.Header.Del(HeaderADPRank)
 	}
-	span.SetAttributes(attribute.String("tether.engine", string(e.cfg.ContextServers.Engine.Kind())))
+	span.SetAttributes(attribute.String("tether.engine", string(rq.m.cfg.ContextServers.Engine.Kind())))
 	e.shadowRoute(rq, h, rank)
 	return e.relay(w, rq, resp, nil, nil, h, span)
 }

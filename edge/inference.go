@@ -105,7 +105,7 @@ func fail(w http.ResponseWriter, span trace.Span, aerr *apiError) int {
 	return aerr.Status
 }
 
-func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *http.Request, chat bool, span trace.Span) int {
+func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *http.Request, chat bool, span trace.Span) (status int) {
 	e.stripHeaders(r)
 	body, release, aerr := e.readBody(r)
 	if aerr != nil {
@@ -116,10 +116,14 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 	if aerr != nil {
 		return fail(w, span, aerr)
 	}
-	if rq.model != e.cfg.Model {
-		return fail(w, span, newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-			"the model %q does not exist (this edge serves %q)", truncate(rq.model, 200), e.cfg.Model))
+	// The request's model selects its fleets (a model, or an adapter of one).
+	m, adapter, ok := e.lookupModel(rq.model)
+	if !ok {
+		return fail(w, span, e.modelNotFound(rq.model))
 	}
+	rq.m, rq.adapter = m, adapter
+	span.SetAttributes(attribute.String("tether.model", m.name), attribute.String("tether.lora_adapter", adapter))
+	defer func() { e.modelMetrics.requests.WithLabelValues(m.name, adapter, strconv.Itoa(status)).Inc() }()
 	rq.path = r.URL.Path
 	rq.hint = routing.HintForEndpoint(rq.path)
 	rq.includeUsage = includeUsage(rq.top)
@@ -132,12 +136,12 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 		w.Header().Set(HeaderDepthLimited, depthLimitedValue(rq.id, e.identityCfg))
 	}
 	e.promptKeys(rq, tokens)
-	if conv := rq.id.ConversationID; conv != "" && !e.cfg.Aggregated() {
+	if conv := rq.id.ConversationID; conv != "" && !rq.m.cfg.Aggregated() {
 		// The workers read the same conversation id the hint signs
 		// (vLLM and SGLang read none: their body goes as the client sent it).
 		rq.setConversation(conv)
 	}
-	e.decider.RecordIdentity(rq.id) // a new sub-agent's link, or a use of its link
+	rq.m.decider.RecordIdentity(rq.id) // a new sub-agent's link, or a use of its link
 	span.SetAttributes(attribute.String("tether.conversation_id", rq.id.ConversationID), attribute.Bool("tether.subagent", rq.id.SubAgent()),
 		attribute.Int("tether.prompt_tokens", rq.promptTokens))
 	return e.dispatch(ctx, w, rq, span)
@@ -293,7 +297,7 @@ type contextResult struct {
 func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.UpstreamTimeout)
 	defer cancel()
-	if e.cfg.Aggregated() {
+	if rq.m.cfg.Aggregated() {
 		return e.dispatchEngine(ctx, w, rq, span) // vLLM, SGLang (edge/engines.go)
 	}
 	var genHop *hop

@@ -225,11 +225,16 @@ func (e *Edge) proposeKVEvictions(ctx context.Context, batch []kvEviction) {
 		if !x.fleet.Valid() || x.conv == "" {
 			continue
 		}
-		b, ok := st.Lookup(x.fleet, x.conv)
+		m := e.modelOfInstance(x.instance, e.now())
+		if m == nil {
+			continue
+		}
+		key := m.key(x.conv) // the conversation's key in the instance's model
+		b, ok := st.Lookup(x.fleet, key)
 		if !ok || b.Instance != x.instance {
 			continue
 		}
-		evs = append(evs, fsm.Evict{Fleet: x.fleet, Key: x.conv, Reason: fsm.EvictKVEvicted, Epoch: b.Epoch,
+		evs = append(evs, fsm.Evict{Fleet: x.fleet, Key: key, Reason: fsm.EvictKVEvicted, Epoch: b.Epoch,
 			Detail: "the worker's scheduler evicted the conversation"})
 	}
 	if len(evs) == 0 {

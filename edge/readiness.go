@@ -56,6 +56,7 @@ func (r *readiness) check(now time.Time) []string {
 			reasons = append(reasons, fmt.Sprintf("no healthy %s instance", f))
 		}
 	}
+	reasons = append(reasons, e.modelsUnready(now)...)
 	if why := r.startupInstances(now, caughtUp, healthy); why != "" {
 		reasons = append(reasons, why)
 	}
@@ -89,7 +90,11 @@ func (r *readiness) startupInstances(now time.Time, caughtUp bool, healthy map[f
 	}
 	var short []string
 	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-		if want := e.cfg.servers(f).NumInstances; healthy[f] < want {
+		want := 0
+		for _, m := range e.models {
+			want += m.cfg.servers(f).NumInstances
+		}
+		if healthy[f] < want {
 			short = append(short, fmt.Sprintf("%d of %d %s instances healthy (num_instances)", healthy[f], want, f))
 		}
 	}

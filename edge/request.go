@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/bodybudget"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/convid"
@@ -70,6 +71,8 @@ type request struct {
 	path         string
 	top          map[string]json.RawMessage // the body, without internal fields
 	model        string
+	m            *servedModel // the model's fleets (models.go)
+	adapter      string       // the LoRA adapter the model names ("" the base model)
 	stream       bool
 	includeUsage bool
 	maxTokens    int // requested completion tokens (0: not given)
@@ -453,6 +456,11 @@ func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *apiError {
 			return badRequest("invalid_subagent_affinity", e.cfg.ParentHeader, "%v", err)
 		}
 		return badRequest("", "", "%v", err)
+	}
+	if strings.Contains(id.ConversationID, fsm.ModelKeySep) || strings.Contains(id.Root, fsm.ModelKeySep) {
+		// The separator of a model's routing-key namespace (fsm.ModelKey):
+		// a key holding it could name another model's binding.
+		return badRequest("invalid_value", "conversation_params.conversation_id", "conversation ids must not contain U+001F")
 	}
 	rq.id = id
 	p, err := routing.PriorityFromHeader(h)

@@ -55,17 +55,27 @@ const viewsMaxAge = 20 * time.Millisecond
 // views returns the routing views at now: the fleet view's instances merged
 // with the log's instance records (down → unhealthy, draining → draining).
 // exclude marks instances unhealthy for this decision (failed hops).
-func (e *Edge) views(now time.Time, exclude []string) *routing.Views {
+// With several models the views are model m's (nil: the first): other
+// models' instances are unhealthy in them, so no decision — placement,
+// overflow or degraded rendezvous over the log's records — picks one.
+func (e *Edge) views(m *servedModel, now time.Time, exclude []string) *routing.Views {
+	if m == nil {
+		m = e.firstModel()
+	}
 	st := e.node.State()
 	ver := e.fleet.Version()
 	if len(exclude) == 0 {
-		if c := e.viewsCache.Load(); c != nil && c.version == ver && c.state == st && now.Sub(c.built) < viewsMaxAge && !now.Before(c.built) {
+		if c := m.viewsCache.Load(); c != nil && c.version == ver && c.state == st && now.Sub(c.built) < viewsMaxAge && !now.Before(c.built) {
 			return c.views
 		}
 	}
 	vs := e.fleet.Views(now, make([]routing.InstanceView, 0, 16))
 	for i := range vs {
 		v := &vs[i]
+		if e.instanceModel(v) != m {
+			v.Healthy = false
+			continue
+		}
 		if rec, ok := st.Instance(v.ID); ok {
 			switch rec.Status {
 			case fsm.InstanceDown, fsm.InstanceRemoved:
@@ -80,7 +90,7 @@ func (e *Edge) views(now time.Time, exclude []string) *routing.Views {
 			}
 		}
 		if len(exclude) == 0 {
-			e.overload.Observe(v.ID, e.routers[v.Fleet].Condition(v) != 0, now)
+			e.overload.Observe(v.ID, m.routers[v.Fleet].Condition(v) != 0, now)
 		}
 	}
 	views, err := routing.NewViews(vs)
@@ -91,7 +101,7 @@ func (e *Edge) views(now time.Time, exclude []string) *routing.Views {
 		views, _ = routing.NewViews(nil)
 	}
 	if len(exclude) == 0 {
-		e.viewsCache.Store(&viewsEntry{version: ver, state: st, built: now, views: views})
+		m.viewsCache.Store(&viewsEntry{version: ver, state: st, built: now, views: views})
 	}
 	return views
 }
@@ -190,22 +200,25 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 	// The prompt now counts as cached there until the worker's own KV
 	// event arrives, so a burst sharing the prefix lands together.
 	e.fleet.Index().Predict(h.Instance, rq.prompts[f].blocks, rq.now)
+	e.adapterPlaced(rq, h) // and the adapter as loaded (lora.go)
 	return h, nil
 }
 
-// routingRequest is rq as routing sees it on fleet f.
+// routingRequest is rq as routing sees it on fleet f: its keys, and its
+// conversation id, in its model's namespace (routing compares the two to
+// tell a key's own conversation from a sub-agent routed by its parent's).
 func (e *Edge) routingRequest(rq *request, f fsm.Fleet, rr uint64) routing.Request {
 	return routing.Request{
-		Fleet: f, Key: rq.id.Key(f), ConversationID: rq.id.ConversationID, RequestID: rq.requestID, Edge: e.nodeID,
+		Fleet: f, Key: rq.m.key(rq.id.Key(f)), ConversationID: rq.m.key(rq.id.ConversationID), RequestID: rq.requestID, Edge: e.nodeID,
 		Priority: rq.priority, PromptTokens: rq.prompts[f].tokens, Blocks: rq.prompts[f].blocks,
-		Spread: routing.SpreadFor(rq.requestID), RoundRobin: rr, Now: rq.now,
+		Spread: routing.SpreadFor(rq.requestID), RoundRobin: rr, Now: rq.now, Adapter: rq.adapter,
 	}
 }
 
 // decide is the shared decision (routing/decide) for fleet f's part of rq.
 func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *apiError) {
-	req := e.routingRequest(rq, f, e.rr[f].Add(1)-1)
-	d, fail := e.decider.Decide(ctx, e.routers[f], req, prev.decided())
+	req := e.routingRequest(rq, f, rq.m.rr[f].Add(1)-1)
+	d, fail := rq.m.decider.Decide(ctx, rq.m.routers[f], req, prev.decided())
 	if fail != nil {
 		return nil, e.failureError(fail)
 	}
@@ -220,7 +233,7 @@ func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *ap
 	if !failed.Bound {
 		return e.routeFleet(ctx, rq, failed.Fleet, failed)
 	}
-	d, fail := e.decider.Reroute(ctx, e.routers[failed.Fleet], e.routingRequest(rq, failed.Fleet, 0), failed.decided())
+	d, fail := rq.m.decider.Reroute(ctx, rq.m.routers[failed.Fleet], e.routingRequest(rq, failed.Fleet, 0), failed.decided())
 	if fail != nil {
 		return nil, e.failureError(fail)
 	}
@@ -277,12 +290,15 @@ func (r edgeRecorder) DegradedBinding(f fsm.Fleet, key string) (fsm.Binding, boo
 func (r edgeRecorder) Touch(k fsm.FleetKey)   { r.e.touches.add(k) }
 func (r edgeRecorder) TouchLink(child string) { r.e.touches.addLink(child) }
 
-// edgeFleet is this edge's fleet view as the decision reads it
-// (routing/decide.Fleet).
-type edgeFleet struct{ e *Edge }
+// edgeFleet is this edge's fleet view of model m's fleets (nil: the
+// first model's) as the decision reads it (routing/decide.Fleet).
+type edgeFleet struct {
+	e *Edge
+	m *servedModel
+}
 
 func (f edgeFleet) Views(now time.Time, exclude []string) *routing.Views {
-	return f.e.views(now, exclude)
+	return f.e.views(f.m, now, exclude)
 }
 
 func (f edgeFleet) UnheardAtStartup(now time.Time, inst string) bool {
@@ -309,7 +325,7 @@ func (e *Edge) observeRank(rq *request, h *hop, role hintauth.Role, rankHeader s
 		(h.Outcome != outcomeSticky && h.Outcome != outcomeNewBind) {
 		return
 	}
-	if rq.id.ConversationID != h.Key && !e.sendHint(rq, h, role) {
+	if rq.m.key(rq.id.ConversationID) != h.Key && !e.sendHint(rq, h, role) {
 		return
 	}
 	if e.featureLevel() < fsm.FeatureLevelRanks {

@@ -252,11 +252,14 @@ type prompt struct {
 // template cannot render (the engine will answer it with its own error)
 // gets no block keys and the words count.
 func (e *Edge) promptKeys(rq *request, words []uint32) {
+	if rq.m == nil {
+		rq.m = e.firstModel()
+	}
 	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-		ft := e.tokenizers[f]
+		ft := rq.m.tokenizers[f]
 		// One fleet's keys serve both when they cut alike, and an
 		// aggregated deployment (vLLM, SGLang) has no generation hop.
-		if f == fsm.FleetGeneration && (ft == e.tokenizers[fsm.FleetContext] || e.cfg.Aggregated()) {
+		if f == fsm.FleetGeneration && (ft == rq.m.tokenizers[fsm.FleetContext] || rq.m.cfg.Aggregated()) {
 			rq.prompts[f] = rq.prompts[fsm.FleetContext]
 			continue
 		}
@@ -272,7 +275,8 @@ func (e *Edge) promptKeys(rq *request, words []uint32) {
 				toks = ft.model.encode(rq.id.ConversationID, text)
 			}
 		}
-		rq.prompts[f] = prompt{tokens: len(toks), blocks: prefix.BlockHashes(toks, ft.blockSize)}
+		// Under an adapter the engine keys its blocks by the adapter too.
+		rq.prompts[f] = prompt{tokens: len(toks), blocks: prefix.AdapterBlockHashes(rq.adapter, toks, ft.blockSize)}
 	}
 	rq.promptTokens = rq.prompts[fsm.FleetContext].tokens
 }

@@ -197,6 +197,13 @@ type Weights struct {
 	QueuedRequest          float64 `yaml:"queued_request"`
 	InteractiveQueueFactor float64 `yaml:"interactive_queue_factor"`
 	BackgroundCacheFactor  float64 `yaml:"background_cache_factor"`
+	// LoRALoad is what loading a request's LoRA adapter costs on an
+	// instance that does not hold it; LoRAFull is added when every
+	// adapter slot there is taken by adapters with running requests (the
+	// request waits for one to drain). Both in token-equivalents of
+	// prefill (routing/lora.go).
+	LoRALoad float64 `yaml:"lora_load"`
+	LoRAFull float64 `yaml:"lora_full"`
 }
 
 // OverflowConfig says when a bound key leaves its instance. Zero thresholds
@@ -284,6 +291,8 @@ func DefaultConfig() Config {
 			QueuedRequest:          256,
 			InteractiveQueueFactor: 2,
 			BackgroundCacheFactor:  2,
+			LoRALoad:               DefaultLoRALoad,
+			LoRAFull:               DefaultLoRAFull,
 		},
 		Overflow: OverflowConfig{
 			QueuedRequests:     8,
@@ -329,6 +338,8 @@ func (c Config) Validate() error {
 	weight("queued_request", c.Weights.QueuedRequest, 0)
 	weight("interactive_queue_factor", c.Weights.InteractiveQueueFactor, 1)
 	weight("background_cache_factor", c.Weights.BackgroundCacheFactor, 1)
+	weight("lora_load", c.Weights.LoRALoad, 0)
+	weight("lora_full", c.Weights.LoRAFull, 0)
 	if c.Overflow.QueuedRequests < 0 {
 		bad("overflow.queued_requests", "must be >= 0 (0 disables), got %d", c.Overflow.QueuedRequests)
 	}

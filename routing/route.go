@@ -100,6 +100,9 @@ type Request struct {
 	Spread         uint64   // unkeyed tie-break (SpreadFor(RequestID))
 	RoundRobin     uint64   // the edge's counter, for RouterRoundRobin
 	Now            time.Time
+	// Adapter is the request's LoRA adapter ("" the base model): an
+	// instance that must load it costs Weights.LoRALoad (routing/lora.go).
+	Adapter string
 
 	// bound, set by the cache-lost check only, replaces the bound
 	// instance's cache credit (its best rank's) with its binding's rank's.
@@ -670,7 +673,7 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) Route {
 			credit = cacheWeight * float64(c.cached)
 			dec.Policy = PolicyKVAware
 		}
-		c.score = credit - r.loadCost(c.v, req.Priority)
+		c.score = credit - r.loadCost(c.v, req.Priority) - r.adapterCost(c.v, req.Adapter)
 	}
 	// The best MaxCandidates, best first, by insertion.
 	var top [fsm.MaxCandidates]*candidate

@@ -41,6 +41,13 @@ type InstanceView struct {
 	// VerifiesHints: the worker verifies signed sub-agent hints.
 	VerifiesHints bool
 	Version       string
+	// Model is the model the instance serves (its configured model, else
+	// the one its telemetry reports): an edge serving several models
+	// routes each one's requests to its own instances.
+	Model string
+	// LoRA is what the instance holds of its model's LoRA adapters (nil:
+	// nothing is known; routing/lora.go).
+	LoRA *LoRAView
 }
 
 // Views is an immutable snapshot of instance views, indexed by id and by

@@ -67,6 +67,7 @@ type Config struct {
 	Ranks int        `yaml:"ranks"`
 
 	Engine EngineConfig    `yaml:"engine"`
+	LoRA   LoRAConfig      `yaml:"lora"` // LoRA adapters served besides the model (worker/lora.go)
 	NATS   NATSConfig      `yaml:"nats"` // (optional: without a URL the worker runs standalone)
 	TLS    ServerTLSConfig `yaml:"tls"`  // the HTTP listener's transport security (worker/tls.go)
 
@@ -335,6 +336,7 @@ func (c *Config) AuthKeys() [][]byte {
 func (c *Config) Validate() error {
 	for _, check := range []func() error{
 		c.validateIdentity,
+		c.validateLoRA,
 		c.validateHintKeys,
 		c.validateRanks,
 		func() error { return c.Engine.validate(c.RankCount()) },

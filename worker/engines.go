@@ -29,6 +29,8 @@ func buildEngine(cfg Config, ranks int, log *slog.Logger) (engine.Engine, error)
 			KVTransferTokensPerSec: e.TransferTokensPerSecond,
 			StatsWindow:            e.StatsWindow,
 			TimeScale:              e.TimeScale,
+			MaxLoRAs:               cfg.LoRA.maxLoRAs(),
+			LoRALoadTime:           cfg.LoRA.LoadTime,
 		})
 		if err != nil || (e.PublishKVEvents.Endpoint == "" && !e.PublishKVEvents.ServeTRTLLM) {
 			return eng, err

@@ -101,27 +101,20 @@ func (s *Server) Handler() http.Handler {
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
-	writeJSON(w, http.StatusOK, struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{"list", []model{{ID: s.cfg.Model, Object: "model", Created: s.bootTime.Unix(), OwnedBy: "tether"}}})
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": s.modelCards()})
 }
 
-// handleModel is GET /v1/models/{id}: the served model, or 404 as OpenAI
-// answers an unknown one.
+// handleModel is GET /v1/models/{id}: the served model or one of its
+// adapters, or 404 as OpenAI answers an unknown one.
 func (s *Server) handleModel(w http.ResponseWriter, id string) {
-	if id != s.cfg.Model {
-		writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-			"the model %q does not exist on this worker (it serves %q)", truncate(id, 200), s.cfg.Model))
-		return
+	for _, c := range s.modelCards() {
+		if c["id"] == id {
+			writeJSON(w, http.StatusOK, c)
+			return
+		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"id": s.cfg.Model, "object": "model", "created": s.bootTime.Unix(), "owned_by": "tether"})
+	writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+		"the model %q does not exist on this worker (it serves %q)", truncate(id, 200), s.cfg.Model))
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
@@ -259,7 +252,8 @@ func (x *exchange) serve() (int, string) {
 		return x.fail(aerr), ""
 	}
 	x.p = p
-	if p.model != s.cfg.Model {
+	adapter, ok := s.servedAdapter(p.model)
+	if !ok {
 		return x.fail(newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
 			"the model %q does not exist on this worker (it serves %q)", truncate(p.model, 200), s.cfg.Model)), ""
 	}
@@ -279,8 +273,11 @@ func (x *exchange) serve() (int, string) {
 		// policy, without conversation or sub-agent bindings.
 		placeReq.ConversationID, placeReq.AffinityID = "", ""
 	}
-	if rp, ok := s.eng.(engine.RankPrefixer); ok && s.sched.Placement() == adp.KVAware {
+	if rp, ok := s.eng.(engine.RankPrefixer); ok && s.sched.Placement() == adp.KVAware && adapter == "" {
 		placeReq.CachedTokens = rp.CachedPrefix(p.prompt)
+	}
+	if ah, ok := s.eng.(engine.AdapterHolder); ok && adapter != "" {
+		placeReq.AdapterRanks = ah.AdapterRanks(adapter) // prefer a rank holding it
 	}
 	d := s.sched.Place(placeReq)
 	defer func() {
@@ -322,6 +319,7 @@ func (x *exchange) serve() (int, string) {
 		Raw:          p.sanitizedBody,
 		Path:         x.r.URL.Path,
 		Output:       p.output,
+		Adapter:      adapter,
 	}
 	s.sched.Start(&d.Ticket)
 	emit := func(engine.Chunk) error { return nil }

@@ -146,6 +146,7 @@ func (s *Server) rankLoads() []telemetry.RankLoad {
 			rl.WindowLookupTokens = st.WindowLookupTokens
 			rl.WindowHitTokens = st.WindowHitTokens
 			rl.Evictions = st.Evictions
+			rl.LoRAAdapters, rl.LoRARunning = st.LoRAAdapters, st.LoRARunning
 		}
 		clampRank(&rl)
 		out[r] = rl

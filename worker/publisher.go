@@ -360,6 +360,7 @@ func (p *publisher) loadReport(draining bool) telemetry.LoadReport {
 		KVSource:      s.kvSource(),
 		Draining:      draining,
 		Ranks:         s.rankLoads(),
+		MaxLoRAs:      s.reportedMaxLoRAs(),
 	}
 }
 

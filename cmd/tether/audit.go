@@ -58,6 +58,7 @@ func runAudit(ctx context.Context, args []string) error {
 		untilIndex          *uint64
 		untilTime           *string
 		key, fleet, edgeURL *string
+		model               *string
 		token, format, out  *string
 		noChildren          *bool
 		spot                *int
@@ -72,6 +73,7 @@ func runAudit(ctx context.Context, args []string) error {
 		key = fs.String("key", "", "the routing key (a conversation id or a parent's root key; required)")
 		fleet = fs.String("fleet", "", "context or generation (default: both)")
 		noChildren = fs.Bool("no-children", false, "skip the scan for linked sub-agents")
+		model = fs.String("model", "", "a model other than the edge's first (its keys are in the model's namespace; default: the first model)")
 	case "verify":
 		edgeURL = fs.String("edge", "", "the live edge's base URL, e.g. http://10.0.0.1:8000 (required)")
 		token = fs.String("admin-token", "", "admin API bearer token (default $"+operator.EnvAdminToken+")")
@@ -120,7 +122,7 @@ func runAudit(ctx context.Context, args []string) error {
 		if *key == "" {
 			return fmt.Errorf("%w: --key is required", errUsage)
 		}
-		opts := audit.ExplainOptions{NoChildren: *noChildren}
+		opts := audit.ExplainOptions{NoChildren: *noChildren, Model: *model}
 		if *fleet != "" {
 			f, err := fsm.ParseFleet(*fleet)
 			if err != nil {

@@ -26,6 +26,7 @@ func runBench(ctx context.Context, args []string) error {
 
   replay   replay trace files (sim: virtual time; e2e: a running deployment)
   agents   the agent patterns of docs/agent-workloads.md (react, supervisor, fanout, retry, tag)
+  lora     agent types on their own LoRA adapters over a fleet with a few adapter slots per instance
   report   see tether-bench report (make bench-report): everything BENCHMARKS.md publishes
 
 Run 'tether bench <command> -h' for its flags.
@@ -40,10 +41,12 @@ Run 'tether bench <command> -h' for its flags.
 		return runBenchReplay(ctx, args[1:])
 	case "agents":
 		return runBenchAgents(ctx, args[1:])
+	case "lora":
+		return runBenchLoRA(ctx, args[1:])
 	case "report":
 		return fmt.Errorf("%w: the report is built by its own binary, which links the plotting libraries this one does not: make bench-report (or go run ./cmd/tether-bench)", errUsage)
 	}
-	return fmt.Errorf("%w: unknown bench command %q (want replay, agents or report)", errUsage, args[0])
+	return fmt.Errorf("%w: unknown bench command %q (want replay, agents, lora or report)", errUsage, args[0])
 }
 
 // simFlags are the fleet and harness flags shared by the bench commands.

@@ -41,6 +41,9 @@ func runDev(ctx context.Context, args []string) error {
 	timeScale := fs.Float64("time-scale", 0.1, "simulated engine wall time per engine second (1 real time, 0 instant)")
 	debugRoute := fs.Bool("debug-route-header", true, "answer with the x-tether-route header naming the instances and ranks used")
 	model := fs.String("model", devstack.DefaultModel, "model name the stack serves")
+	models := fs.String("models", "", "comma-separated models the stack serves, each on its own context and generation workers (the first replaces --model)")
+	loraAdapters := fs.String("lora-adapters", "", "comma-separated LoRA adapters as model:adapter (e.g. tether-sim:agent-a); the model's workers serve them")
+	maxLoRAs := fs.Int("max-loras", 2, "LoRA adapter slots per ADP rank of the simulated engine (vLLM --max-loras)")
 	readyTimeout := fs.Duration("ready-timeout", 60*time.Second, "give up if the stack is not ready within this long")
 	logLevel := fs.String("log-level", "warn", "log level on standard error: debug, info, warn or error")
 	plaintext := fs.Bool("plaintext", false, "run without TLS (default: mutual TLS everywhere with an ephemeral CA in the data dir)")
@@ -48,6 +51,7 @@ func runDev(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	var extraModels []string
 	sc, err := routing.ParseScope(*scope)
 	if err != nil {
 		return fmt.Errorf("%w: --scope: %v", errUsage, err)
@@ -63,12 +67,34 @@ func runDev(ctx context.Context, args []string) error {
 	if token == "" {
 		token = os.Getenv(edge.EnvAdminToken)
 	}
+	if *models != "" {
+		list := splitList(*models)
+		if len(list) == 0 {
+			return fmt.Errorf("%w: --models names no model", errUsage)
+		}
+		*model = list[0]
+		extraModels = list[1:]
+	}
+	var adapters map[string][]string
+	for _, ma := range splitList(*loraAdapters) {
+		m, a, ok := strings.Cut(ma, ":")
+		if !ok || m == "" || a == "" {
+			return fmt.Errorf("%w: --lora-adapters: %q is not model:adapter", errUsage, ma)
+		}
+		if adapters == nil {
+			adapters = map[string][]string{}
+		}
+		adapters[m] = append(adapters[m], a)
+	}
+	if *maxLoRAs < 1 {
+		return fmt.Errorf("%w: --max-loras must be at least 1, got %d", errUsage, *maxLoRAs)
+	}
 	opts := devstack.Options{
 		Edges: *edges, ContextWorkers: *ctxWorkers, GenerationWorkers: *genWorkers, Ranks: *ranks,
 		Port: *port, NATSPort: *natsPort, DataDir: *dataDir, AdminToken: token, Model: *model,
 		Scope: sc, TimeScale: *timeScale, HideRouteHeader: !*debugRoute, Version: version, MutualTLS: !*plaintext,
-		EngineEvents: *engineEvents,
-		Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		EngineEvents: *engineEvents, ExtraModels: extraModels, Adapters: adapters, MaxLoRAs: *maxLoRAs,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}
 	// Zero counts would silently mean "default" to devstack; on the
 	// command line they are mistakes.
@@ -150,7 +176,17 @@ func printStack(out io.Writer, st *devstack.Stack) {
 		line(n.ID, n.URL()+"  raft "+n.RaftAddr)
 	}
 	for _, w := range st.Workers() {
-		line(w.ID, w.URL()+"  "+w.Fleet.String()+" worker")
+		line(w.ID, w.URL()+"  "+w.Fleet.String()+" worker of "+w.Model)
+	}
+	if o := st.Options(); len(st.Models()) > 1 || len(o.Adapters) > 0 {
+		var ms []string
+		for _, m := range st.Models() {
+			if as := o.Adapters[m]; len(as) > 0 {
+				m += " (LoRA adapters " + strings.Join(as, ", ") + fmt.Sprintf("; %d slots per rank)", o.MaxLoRAs)
+			}
+			ms = append(ms, m)
+		}
+		line("models", strings.Join(ms, ", "))
 	}
 	tokenNote := "  (random, kept in the data dir; --admin-token or $" + edge.EnvAdminToken + " wins)"
 	line("admin token", st.AdminToken()+tokenNote)
@@ -198,4 +234,15 @@ func banner(edges []*devstack.EdgeNode, model, caFile, token string) string {
 	req(second, "child-a", " -H '"+devstack.ParentHeader+": parent-1'", "explore package routing")
 	fmt.Fprintf(&b, "  curl -s %s-H \"Authorization: Bearer $TOKEN\" %s/admin/v1/bindings/context/parent-1\n\n", cacert, edges[len(edges)-1].URL())
 	return b.String()
+}
+
+// splitList splits a comma-separated flag value, dropping blanks.
+func splitList(v string) []string {
+	var out []string
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }

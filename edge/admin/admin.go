@@ -48,6 +48,10 @@ type Options struct {
 	DataDir string
 	// Answered, when set, is told every answer's status (metrics).
 	Answered func(status int)
+	// Models is the edge's catalogue, its first model first (empty: one
+	// model). The keys of a model other than the first are in its
+	// namespace (fsm.ModelKey); ?model= on a binding path names it.
+	Models []string
 }
 
 // API serves /admin/v1/*, guarded by the bearer token (compared in constant

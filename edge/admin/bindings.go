@@ -11,10 +11,40 @@ import (
 	"github.com/tether-project/tether/fsm"
 )
 
+// namespace is the routing-key namespace of model: "" for the first.
+func (a *API) namespace(model string) (string, bool) {
+	for i, m := range a.opts.Models {
+		if m == model {
+			if i == 0 {
+				return "", true
+			}
+			return m, true
+		}
+	}
+	return "", len(a.opts.Models) == 0
+}
+
+// modelOf splits a routing key into its model and the key within it
+// ("", "" with one model).
+func (a *API) modelOf(key string) (model, modelKey string) {
+	if len(a.opts.Models) < 2 {
+		return "", ""
+	}
+	ns, k := fsm.SplitModelKey(key)
+	if ns == "" {
+		ns = a.opts.Models[0]
+	}
+	return ns, k
+}
+
 // BindingInfo is GET /admin/v1/bindings/{fleet}/{key}.
 type BindingInfo struct {
-	Fleet          string         `json:"fleet"`
-	Key            string         `json:"key"`
+	Fleet string `json:"fleet"`
+	Key   string `json:"key"`
+	// Model is the model whose fleets the key belongs to ("" with one
+	// model), ModelKey the key within it (Key without the namespace).
+	Model          string         `json:"model,omitempty"`
+	ModelKey       string         `json:"model_key,omitempty"`
 	ConversationID string         `json:"conversation_id"`
 	Instance       string         `json:"instance"`
 	Epoch          uint64         `json:"epoch"`
@@ -96,6 +126,13 @@ func (a *API) binding(w http.ResponseWriter, r *http.Request, rest string) int {
 	if err != nil {
 		return Error(w, http.StatusBadRequest, "invalid_key", "key %q is not URL-escaped correctly: %v", keyEsc, err)
 	}
+	if model := r.URL.Query().Get("model"); model != "" {
+		ns, ok := a.namespace(model)
+		if !ok {
+			return Error(w, http.StatusNotFound, "model_not_found", "model %q is not one of this edge's models %q", truncate(model, 200), a.opts.Models)
+		}
+		key = fsm.ModelKey(ns, key)
+	}
 	if history {
 		return a.history(w, r, fleet, key)
 	}
@@ -114,6 +151,7 @@ func (a *API) binding(w http.ResponseWriter, r *http.Request, rest string) int {
 		rank := b.Rank
 		info.Rank = &rank
 	}
+	info.Model, info.ModelKey = a.modelOf(b.Key)
 	writeJSON(w, http.StatusOK, info)
 	return http.StatusOK
 }

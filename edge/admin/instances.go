@@ -10,8 +10,10 @@ import (
 
 // InstanceInfo is one element of GET /admin/v1/instances.
 type InstanceInfo struct {
-	ID                 string   `json:"id"`
-	Fleet              string   `json:"fleet"`
+	ID    string `json:"id"`
+	Fleet string `json:"fleet"`
+	// Model is the model the instance serves (configured, else reported).
+	Model              string   `json:"model,omitempty"`
 	URL                string   `json:"url"`
 	LogStatus          string   `json:"log_status"` // "" when the log has no record
 	Healthy            bool     `json:"healthy"`
@@ -35,6 +37,16 @@ type InstanceInfo struct {
 	TelemetryStale bool `json:"telemetry_stale"`
 	// KV is what this edge's KV index holds for the instance.
 	KV InstanceKV `json:"kv"`
+	// LoRA is what this edge knows of the instance's LoRA adapters (the
+	// engine's report and the adapters this edge sent there lately).
+	LoRA *InstanceLoRA `json:"lora,omitempty"`
+}
+
+// InstanceLoRA is an instance's LoRA adapters as routing sees them.
+type InstanceLoRA struct {
+	MaxLoRAs int      `json:"max_loras"`
+	Loaded   []string `json:"loaded"`
+	Full     bool     `json:"full"`
 }
 
 // Sources of an instance's KV knowledge (InstanceKV.Source).
@@ -116,6 +128,12 @@ func (a *API) instances(w http.ResponseWriter, r *http.Request) int {
 			Ranks: in.Ranks, QueuedRequests: in.QueuedRequests + int(in.PendingRequests), ActiveRequests: in.ActiveRequests,
 			ActivePromptTokens: in.ActivePromptTokens, HitRate: in.HitRate(), Breaker: in.Breaker.String(),
 			Bindings: st.BindingCount(in.Fleet, in.ID), KVStale: kvStale(a.edge.Fleet().Index().Stale(in.ID), in),
+		}
+		if info.Model = in.Served; info.Model == "" {
+			info.Model = in.Model
+		}
+		if l := in.LoRA; l != nil {
+			info.LoRA = &InstanceLoRA{MaxLoRAs: l.MaxLoRAs, Loaded: append([]string{}, l.Loaded...), Full: l.Full}
 		}
 		kv, known := a.edge.Fleet().Index().Instance(in.ID)
 		info.KV = kvInfo(kv, known, in)

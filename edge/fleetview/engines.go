@@ -2,6 +2,7 @@ package fleetview
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -45,6 +46,8 @@ type EngineLoad struct {
 	RankKVTokens float64
 	Ranks        int // distinct rank labels seen (at least 1)
 	Found        bool
+	// LoRA: vLLM's adapters (lora.go; nil: none reported).
+	LoRA *LoRAState
 }
 
 type sample struct {
@@ -311,6 +314,7 @@ func (f *Fleet) scrape(id, base, format string) {
 	in.activeTok = int64(load.ActiveTokens)
 	in.kvUsed, in.kvTotal = int64(load.KVUsed), int64(load.KVTotal)
 	in.rankKVTok = int64(load.RankKVTokens)
+	in.lora = load.LoRA
 	// The engine's figures now count what this edge dispatched so far,
 	// as a worker's load report does.
 	in.reportGen.Add(1)
@@ -337,9 +341,18 @@ func (f *Fleet) fetchMetrics(base, format string) (EngineLoad, error) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return EngineLoad{}, fmt.Errorf("GET %s/metrics: status %d", base, resp.StatusCode)
 	}
-	load, err := ParseEngineMetrics(format, resp.Body)
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxMetricsBytes))
 	if err != nil {
 		return EngineLoad{}, fmt.Errorf("GET %s/metrics: %w", base, err)
+	}
+	load, err := ParseEngineMetrics(format, bytes.NewReader(body))
+	if err != nil {
+		return EngineLoad{}, fmt.Errorf("GET %s/metrics: %w", base, err)
+	}
+	if format == MetricsVLLM {
+		if load.LoRA, err = ParseLoRAMetrics(bytes.NewReader(body)); err != nil {
+			return EngineLoad{}, fmt.Errorf("GET %s/metrics: %w", base, err)
+		}
 	}
 	return load, nil
 }

@@ -57,6 +57,12 @@ type Static struct {
 	// list for a probe to succeed (a server that came up with another
 	// model is not ready for this edge).
 	Model string
+	// Served is the model of the edge's catalogue whose fleet lists the
+	// instance.
+	Served string
+	// MaxLoRAs is the instance's LoRA adapter slots when its engine reports
+	// none (the model's lora.max_loras; 0: unknown; lora.go).
+	MaxLoRAs int
 }
 
 // DefaultHealthPath is the probe path of static instances.
@@ -117,6 +123,8 @@ type Instance struct {
 	Fleet  fsm.Fleet
 	URL    string
 	Static bool
+	// Served: the configured model of a static instance ("" otherwise).
+	Served string
 	// From telemetry (zero without).
 	Telemetry     bool
 	Role          string // the worker's server_role ("" when omitted)
@@ -156,6 +164,8 @@ type Instance struct {
 	PendingRequests int64
 	PendingTokens   int64
 	Breaker         routing.BreakerState
+	// LoRA: its adapters as routing sees them (lora.go; nil: unknown).
+	LoRA *routing.LoRAView
 }
 
 // HitRate is the worker's rolling-window prefix-cache hit rate.
@@ -171,6 +181,7 @@ type instance struct {
 	// Probe of a static instance (Static.HealthPath, Static.Model).
 	healthPath string
 	probeModel string
+	served     string // Static.Served
 	workerID   string // the id in the worker's subjects ("" until telemetry)
 	fleet      fsm.Fleet
 	url        string
@@ -207,6 +218,12 @@ type instance struct {
 	scraped       bool
 	scrapeFailed  bool
 	lastScrape    time.Time
+
+	// LoRA adapters (lora.go): the engine's report or scrape, and what
+	// this edge sent lately (adapter → time).
+	lora     *LoRAState
+	loraSent map[string]time.Time
+	maxLoRAs int // Static.MaxLoRAs
 
 	lastProbeOK time.Time // last successful probe
 	probedAt    time.Time // last completed probe, successful or not
@@ -321,7 +338,7 @@ func New(cfg Config) (*Fleet, error) {
 			return nil, fmt.Errorf("fleetview: static instance %q: health path %q must start with /", s.ID, hp)
 		}
 		f.byID[s.ID] = &instance{id: s.ID, fleet: s.Fleet, url: s.URL, static: true, healthPath: hp, probeModel: s.Model,
-			metricsFormat: s.Metrics, ranks: s.Ranks}
+			served: s.Served, maxLoRAs: s.MaxLoRAs, metricsFormat: s.Metrics, ranks: s.Ranks}
 	}
 	if f.metrics, err = newMetrics(cfg.Registerer, f); err != nil {
 		return nil, err
@@ -512,12 +529,12 @@ func (f *Fleet) lastSeenLocked(in *instance) time.Time {
 
 func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
 	out := Instance{
-		ID: in.id, Fleet: in.fleet, URL: in.url, Static: in.static,
+		ID: in.id, Fleet: in.fleet, URL: in.url, Static: in.static, Served: in.served,
 		Telemetry: in.hasReport, VerifiesHints: true,
 		LastSeen: f.lastSeenLocked(in), Healthy: f.healthyLocked(in, now),
 		TelemetryStale:  in.hasReport && f.blindLocked(in, now) && now.Sub(in.lastReport) > f.staleAfter(in.interval),
 		PendingRequests: in.pendingReq.Load() + in.inflightReq.Load(), PendingTokens: in.pendingTok.Load() + in.inflightTok.Load(),
-		Breaker: f.breakers.State(in.id, now),
+		Breaker: f.breakers.State(in.id, now), LoRA: f.loraViewLocked(in, now),
 	}
 	if in.hasReport {
 		r := &in.report
@@ -583,8 +600,13 @@ func (f *Fleet) Views(now time.Time, dst []routing.InstanceView) []routing.Insta
 			KVTotalBlocks:       in.kvTotal,
 			CacheDegraded:       f.breakers.Open(in.id, now),
 			VerifiesHints:       true,
+			Model:               in.served,
+			LoRA:                f.loraViewLocked(in, now),
 		}
 		if in.hasReport {
+			if v.Model == "" {
+				v.Model = in.report.Model
+			}
 			v.Draining = in.report.Draining
 			v.Ranks = len(in.report.Ranks)
 			v.VerifiesHints = in.report.VerifiesHints
@@ -718,6 +740,7 @@ func (f *Fleet) onLoad(m *nats.Msg) {
 		in.lookup += rl.WindowLookupTokens
 		in.hit += rl.WindowHitTokens
 	}
+	in.lora = loraFromReport(&r)
 	ranks := r.Ranks
 	r.Ranks = make([]telemetry.RankLoad, len(ranks)) // keep the count, not the figures
 	in.report = r

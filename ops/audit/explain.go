@@ -20,11 +20,17 @@ type ExplainOptions struct {
 	// NoChildren skips the search for sub-agents linked to the key (the
 	// one part of explain that reads beyond the key's own records).
 	NoChildren bool
+	// Model names a model other than the edge's first, whose keys are in
+	// its namespace (fsm.ModelKey); "" for the first model's bare keys.
+	// Links are the conversations' own, shared by all models.
+	Model string
 }
 
 // Explanation is the history of one routing key.
 type Explanation struct {
-	Key       string       `json:"key"`
+	Key string `json:"key"`
+	// Model is ExplainOptions.Model: the histories are of its keys.
+	Model     string       `json:"model,omitempty"`
 	Histories []KeyHistory `json:"histories"`
 	// Children are the sub-agents whose parent links resolve to Key as
 	// their root (Link events with Root == Key), with their own histories.
@@ -107,16 +113,17 @@ func (d *DataDir) Explain(ctx context.Context, key string, opts ExplainOptions) 
 		return nil, err
 	}
 	complete := b.TrimmedTo == 0 && len(b.Restores) == 0
-	ex := &Explanation{Key: key, Histories: []KeyHistory{}, Children: []Child{}}
+	ex := &Explanation{Key: key, Model: opts.Model, Histories: []KeyHistory{}, Children: []Child{}}
 	if !complete {
 		ex.Notes = append(ex.Notes, horizonNote(b))
 	}
 	for _, f := range fleets {
-		recs, err := d.archive.History(f, key)
+		k := fsm.ModelKey(opts.Model, key)
+		recs, err := d.archive.History(f, k)
 		if err != nil {
 			return nil, fmt.Errorf("audit: explain: %w", err)
 		}
-		ex.Histories = append(ex.Histories, buildHistory(f, key, recs, complete))
+		ex.Histories = append(ex.Histories, buildHistory(f, k, recs, complete))
 	}
 	if opts.NoChildren {
 		return ex, nil
@@ -130,12 +137,13 @@ func (d *DataDir) Explain(ctx context.Context, key string, opts ExplainOptions) 
 		c := Child{Child: l.link.Child, Parent: l.link.Parent, Depth: l.link.Depth, Index: l.index, Time: logTime(l.time),
 			Status: l.status, Reason: l.reason, Histories: []KeyHistory{}}
 		for _, f := range fleets {
-			recs, err := d.archive.History(f, l.link.Child)
+			k := fsm.ModelKey(opts.Model, l.link.Child)
+			recs, err := d.archive.History(f, k)
 			if err != nil {
 				return nil, fmt.Errorf("audit: explain child %q: %w", l.link.Child, err)
 			}
 			if len(recs) > 0 {
-				c.Histories = append(c.Histories, buildHistory(f, l.link.Child, recs, complete))
+				c.Histories = append(c.Histories, buildHistory(f, k, recs, complete))
 			}
 		}
 		ex.Children = append(ex.Children, c)
@@ -491,7 +499,11 @@ func findLinks(data []byte) []positionedLink {
 // WriteText prints the explanation for people.
 func (ex *Explanation) WriteText(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "key %q\n", ex.Key)
+	if ex.Model != "" {
+		fmt.Fprintf(&b, "key %q of model %q\n", ex.Key, ex.Model)
+	} else {
+		fmt.Fprintf(&b, "key %q\n", ex.Key)
+	}
 	for _, n := range ex.Notes {
 		fmt.Fprintf(&b, "note: %s\n", n)
 	}

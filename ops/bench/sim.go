@@ -193,6 +193,10 @@ type RequestRecord struct {
 	// Oversized: the prompt needs more blocks than a rank holds; it was
 	// computed without the cache.
 	Oversized bool
+	// Adapter is the request's LoRA adapter; AdapterLoaded says the rank
+	// had to load it first (lora.go).
+	Adapter       string
+	AdapterLoaded bool
 }
 
 // RunResult is one run's outcome.
@@ -257,6 +261,8 @@ type simInstance struct {
 	reported             bool
 	repQueued, repActive int
 	repActiveTok         int64
+	repLoRA              *routing.LoRAView // its adapters (lora.go)
+	maxLoRAs             int               // adapter slots per rank (Engine.MaxLoRAs)
 }
 
 type pendingBatch struct {
@@ -306,6 +312,10 @@ type simEdge struct {
 	touchLinks   []string
 	touchPending map[string]bool
 	touchArmed   bool
+
+	// loraSent: per instance, the adapters this edge sent there lately
+	// and when (lora.go).
+	loraSent []map[string]time.Duration
 }
 
 type agentRun struct {
@@ -438,7 +448,7 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 	ec.BlockSize = w.BlockSize
 	ec.CapacityBlocks = cfg.CapacityBlocks / cfg.Ranks
 	for i := 0; i < cfg.Instances; i++ {
-		in := &simInstance{id: fmt.Sprintf("worker-%02d", i), rankCap: ec.CapacityBlocks}
+		in := &simInstance{id: fmt.Sprintf("worker-%02d", i), rankCap: ec.CapacityBlocks, maxLoRAs: ec.MaxLoRAs}
 		if i < len(cfg.InstanceIDs) {
 			in.id = cfg.InstanceIDs[i]
 		}
@@ -659,7 +669,7 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 	if s.cfg.Aggregated {
 		phase = engine.PhaseAggregated
 	}
-	vreq := sim.VirtualRequest{Phase: phase, Hashes: req.Blocks, PromptTokens: req.PromptTokens, OutputTokens: req.OutputTokens}
+	vreq := sim.VirtualRequest{Phase: phase, Hashes: req.Blocks, PromptTokens: req.PromptTokens, OutputTokens: req.OutputTokens, Adapter: req.Adapter}
 	oversized := len(req.Blocks) > in.rankCap
 	if oversized {
 		vreq.Hashes = nil // cannot be cached on this rank: computed in full
@@ -682,6 +692,7 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 		Agent: ar.agent.ID, Root: ar.agent.Root().ID, SubAgent: ar.agent.SubAgent(), Call: call, Edge: edge, Instance: instIdx, InstanceID: in.id, Rank: d.Rank,
 		Arrival: firstArrival, Admitted: s.now, TTFT: res.FirstTokenAt - firstArrival, Prefill: res.Prefill,
 		Prompt: req.PromptTokens, Cached: res.CachedTokens, Oversized: oversized,
+		Adapter: req.Adapter, AdapterLoaded: res.LoadedAdapter,
 	})
 	if p := &s.edges[edge].pending[instIdx]; true {
 		*p = append(*p, dispatch{at: s.now, tokens: req.PromptTokens})
@@ -763,6 +774,7 @@ func (s *simulator) views(e *simEdge) (*routing.Views, error) {
 		if e.breakers != nil {
 			v.CacheDegraded = e.breakers.Open(in.id, now)
 		}
+		v.LoRA = s.loraView(e, i, in)
 		e.overload.Observe(in.id, s.router.Condition(&v) != 0, now)
 		vs[i] = v
 	}
@@ -776,6 +788,7 @@ func (s *simulator) views(e *simEdge) (*routing.Views, error) {
 func (in *simInstance) report(at time.Duration) {
 	in.reported, in.reportAt = true, at
 	in.repQueued, in.repActive, in.repActiveTok = 0, 0, 0
+	in.reportLoRA(at)
 	count := func(fl *inflight) {
 		if fl.arrival >= at || fl.done <= at {
 			return

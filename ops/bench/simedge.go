@@ -148,6 +148,7 @@ func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst 
 	rreq := routing.Request{
 		Fleet: fsm.FleetContext, RequestID: requestID, Edge: e.id,
 		PromptTokens: req.PromptTokens, Spread: routing.SpreadFor(requestID), Now: now, RoundRobin: e.rr,
+		Adapter: req.Adapter,
 	}
 	e.rr++
 	if e.index != nil {
@@ -186,6 +187,7 @@ func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst 
 	if !ok {
 		return 0, "", 0, fmt.Errorf("routed to unknown instance %q", hop.Instance)
 	}
+	e.noteAdapter(idx, req.Adapter, s.now) // as the edge's fleet view does (lora.go)
 	if id.SubAgent() && hop.Bound {
 		affinity = rreq.Key // the signed hint's affinity id: the root key
 	}

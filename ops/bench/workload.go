@@ -64,6 +64,10 @@ type Request struct {
 	// Messages is the prompt as chat messages, for synthetic workloads
 	// (nil for traces: e2e mode synthesises text from Keys).
 	Messages []prefix.Message
+	// Adapter is the LoRA adapter the request names ("" the base model):
+	// its Blocks are the adapter's (prefix.AdapterBlockHashes) and the
+	// simulated engines hold it in a slot while it runs (lora.go).
+	Adapter string
 }
 
 // SubAgent reports whether a belongs to a parent conversation.

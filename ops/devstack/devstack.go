@@ -95,6 +95,17 @@ type Options struct {
 	InternalKey string
 	// Model is the served model name (default DefaultModel).
 	Model string
+	// ExtraModels are models served besides Model, each on its own
+	// ContextWorkers + GenerationWorkers workers (ids m2-ctx-1, …): the
+	// edges' models entries (edge/models.go).
+	ExtraModels []string
+	// Adapters are the LoRA adapters of each model (by model name): the
+	// model's workers serve them with MaxLoRAs slots per rank (default 2)
+	// and LoRALoadTime per load (the simulated engine's default), and the
+	// edges list them (lora.adapters).
+	Adapters     map[string][]string
+	MaxLoRAs     int
+	LoRALoadTime time.Duration
 	// Scope is subagent_affinity_scope (zero: context).
 	Scope routing.Scope
 	// TimeScale is the simulated engine's wall time per unit of engine
@@ -184,6 +195,33 @@ func (o *Options) Normalize() error {
 	if !(o.TimeScale >= 0) || o.TimeScale > 1e6 {
 		errs = append(errs, fmt.Errorf("time scale: must be 0 (instant) or more, got %v", o.TimeScale))
 	}
+	seenModel := map[string]bool{o.Model: true}
+	for _, m := range o.ExtraModels {
+		if m == "" || seenModel[m] {
+			errs = append(errs, fmt.Errorf("models: %q is empty or named twice", m))
+		}
+		seenModel[m] = true
+	}
+	for m, as := range o.Adapters {
+		if !seenModel[m] {
+			errs = append(errs, fmt.Errorf("lora adapters: %q is not a model of the stack (%v)", m, o.models()))
+		}
+		for _, a := range as {
+			if a == "" || seenModel[a] {
+				errs = append(errs, fmt.Errorf("lora adapters: %q is empty or named twice (adapter and model names are unique)", a))
+			}
+			seenModel[a] = true
+		}
+	}
+	if o.MaxLoRAs == 0 && len(o.Adapters) > 0 {
+		o.MaxLoRAs = 2
+	}
+	if o.MaxLoRAs < 0 || o.LoRALoadTime < 0 {
+		errs = append(errs, fmt.Errorf("lora: max loras %d and load time %s must be >= 0", o.MaxLoRAs, o.LoRALoadTime))
+	}
+	if n := 1 + len(o.ExtraModels); n*(o.ContextWorkers+o.GenerationWorkers) > 4*MaxNodes {
+		errs = append(errs, fmt.Errorf("models: %d models × %d workers is more than a local stack runs (%d)", n, o.ContextWorkers+o.GenerationWorkers, 4*MaxNodes))
+	}
 	if o.Scope != routing.ScopeContext && o.Scope != routing.ScopeBoth {
 		errs = append(errs, fmt.Errorf("scope: unknown value %s (allowed: context, both)", o.Scope))
 	}
@@ -231,8 +269,9 @@ type EdgeNode struct {
 
 // WorkerNode is one simulated worker of the stack.
 type WorkerNode struct {
-	ID     string // instance id: ctx-1, …, gen-1, …
+	ID     string // instance id: ctx-1, …, gen-1, … (m2-ctx-1, … for the second model)
 	Fleet  fsm.Fleet
+	Model  string // the model it serves
 	Server *worker.Server
 }
 
@@ -356,16 +395,27 @@ type workerSpec struct {
 	id    string
 	fleet telemetry.Fleet
 	role  hintauth.Role
+	model string
 }
 
-// workerSpecs are the stack's workers: ctx-1.., then gen-1...
+// models are the stack's models, Model first.
+func (o Options) models() []string { return append([]string{o.Model}, o.ExtraModels...) }
+
+// workerSpecs are the stack's workers, per model: ctx-1.., then gen-1..
+// (m2-ctx-1.., m2-gen-1.. for the second model).
 func workerSpecs(o Options) []workerSpec {
 	var specs []workerSpec
-	for i := range o.ContextWorkers {
-		specs = append(specs, workerSpec{fmt.Sprintf("ctx-%d", i+1), telemetry.FleetContext, hintauth.RoleContext})
-	}
-	for i := range o.GenerationWorkers {
-		specs = append(specs, workerSpec{fmt.Sprintf("gen-%d", i+1), telemetry.FleetGeneration, hintauth.RoleGeneration})
+	for mi, model := range o.models() {
+		prefix := ""
+		if mi > 0 {
+			prefix = fmt.Sprintf("m%d-", mi+1)
+		}
+		for i := range o.ContextWorkers {
+			specs = append(specs, workerSpec{fmt.Sprintf("%sctx-%d", prefix, i+1), telemetry.FleetContext, hintauth.RoleContext, model})
+		}
+		for i := range o.GenerationWorkers {
+			specs = append(specs, workerSpec{fmt.Sprintf("%sgen-%d", prefix, i+1), telemetry.FleetGeneration, hintauth.RoleGeneration, model})
+		}
 	}
 	return specs
 }
@@ -379,7 +429,10 @@ func (s *Stack) startWorkers(ctx context.Context) error {
 		cfg.ServerRole = sp.role
 		cfg.Hostname = o.Host
 		cfg.Port = 0
-		cfg.Model = o.Model
+		cfg.Model = sp.model
+		if as := o.Adapters[sp.model]; len(as) > 0 {
+			cfg.LoRA = worker.LoRAConfig{Adapters: as, MaxLoRAs: o.MaxLoRAs, LoadTime: o.LoRALoadTime}
+		}
 		cfg.InternalRequestAuthKey = s.internalKey
 		cfg.ADP.EnableAttentionDP = true
 		cfg.ADP.AttentionDP.ConversationAffinity = true
@@ -412,7 +465,7 @@ func (s *Stack) startWorkers(ctx context.Context) error {
 		if sp.fleet == telemetry.FleetGeneration {
 			fleet = fsm.FleetGeneration
 		}
-		s.workers = append(s.workers, &WorkerNode{ID: sp.id, Fleet: fleet, Server: srv})
+		s.workers = append(s.workers, &WorkerNode{ID: sp.id, Fleet: fleet, Model: sp.model, Server: srv})
 	}
 	return nil
 }
@@ -511,6 +564,18 @@ func (s *Stack) EdgeConfig(i int) edge.Config {
 	cfg.Cluster.BindAddr = s.peers[i].Addr
 	cfg.Cluster.Bootstrap = true // ignored once the data dir holds Raft state
 	cfg.Cluster.Peers = append([]edge.PeerConfig(nil), s.peers...)
+	adapters := func(model string) edge.LoRAConfig {
+		var l edge.LoRAConfig
+		for _, a := range o.Adapters[model] {
+			l.Adapters = append(l.Adapters, edge.AdapterConfig{Name: a})
+		}
+		return l
+	}
+	cfg.LoRA = adapters(o.Model)
+	for _, m := range o.ExtraModels {
+		mc := edge.ModelConfig{Name: m, ContextServers: cfg.ContextServers, GenerationServers: cfg.GenerationServers, LoRA: adapters(m)}
+		cfg.Models = append(cfg.Models, mc)
+	}
 	s.edgeTLS(s.peers[i].ID, &cfg)
 	if o.EdgeConfig != nil {
 		o.EdgeConfig(i, &cfg)
@@ -645,8 +710,11 @@ func (s *Stack) AdminToken() string { return s.adminToken }
 // InternalKey is the shared internal_request_auth_key.
 func (s *Stack) InternalKey() string { return s.internalKey }
 
-// Model is the served model name.
+// Model is the served model name (the first model).
 func (s *Stack) Model() string { return s.opts.Model }
+
+// Models are every model the stack serves, Model first.
+func (s *Stack) Models() []string { return s.opts.models() }
 
 // Options are the options the stack runs with, defaults applied.
 func (s *Stack) Options() Options { return s.opts }

@@ -36,6 +36,9 @@ func (s *Stack) proxyToEngines(ctx context.Context, id string, cfg *worker.Confi
 		}
 		scfg := sim.DefaultConfig()
 		scfg.Ranks, scfg.BlockSize, scfg.CapacityBlocks, scfg.TimeScale = 1, blockSize, cfg.Engine.CapacityBlocks, o.TimeScale
+		if len(cfg.LoRA.Adapters) > 0 {
+			scfg.MaxLoRAs, scfg.LoRALoadTime = cfg.LoRA.MaxLoRAs, cfg.LoRA.LoadTime
+		}
 		inner, err := sim.New(scfg)
 		if err != nil {
 			pub.Close()
@@ -48,7 +51,7 @@ func (s *Stack) proxyToEngines(ctx context.Context, id string, cfg *worker.Confi
 			return fmt.Errorf("devstack: engine %s: %w", engID, err)
 		}
 		ecfg := worker.DefaultConfig()
-		ecfg.InstanceID, ecfg.Model = engID, cfg.Model
+		ecfg.InstanceID, ecfg.Model, ecfg.LoRA = engID, cfg.Model, cfg.LoRA
 		ecfg.Hostname, ecfg.Port = o.Host, 0
 		ecfg.Engine.BlockSize = blockSize
 		ecfg.EngineOverride = eng // the worker closes it

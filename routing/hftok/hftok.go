@@ -1,8 +1,10 @@
 // Package hftok tokenizes text with a Hugging Face tokenizer.json of the
 // byte-level BPE family (Qwen2/Qwen3, Llama 3, GPT-2 style): added tokens,
 // NFC normalization, the Split pre-tokenizer's regular expression, byte-level
-// mapping, then BPE merges by rank. It is what an edge needs to compute the
-// token ids (and so the block keys) an engine computes for the same prompt.
+// mapping, then BPE merges by rank; and of the SentencePiece-style family
+// (byte-fallback BPE: Mistral, Llama 2, Gemma; sentencepiece.go). It is what
+// an edge needs to compute the token ids (and so the block keys) an engine
+// computes for the same prompt.
 //
 // Pure: it parses bytes the caller read; no I/O, no clock, no randomness.
 // Chat templates are not rendered here (see DESIGN.md).
@@ -34,6 +36,9 @@ type Tokenizer struct {
 	ignoreMerges bool
 	split        splitter
 	byteMap      [256]string // byte → its byte-level symbol
+	// sp is the SentencePiece-style pipeline of a byte_fallback file
+	// (sentencepiece.go); nil for byte-level BPE.
+	sp *spPipeline
 
 	cacheMu sync.RWMutex
 	cache   map[string][]uint32
@@ -88,9 +93,6 @@ func Load(data []byte) (*Tokenizer, error) {
 	if f.Model.Type != "BPE" {
 		return nil, fmt.Errorf("hftok: model type %q: only BPE is supported", f.Model.Type)
 	}
-	if f.Model.ByteFallback {
-		return nil, errors.New("hftok: byte_fallback BPE (SentencePiece-style) is not supported")
-	}
 	t := &Tokenizer{vocab: f.Model.Vocab, cache: map[string][]uint32{}}
 	merges, err := parseMerges(f.Model.Merges)
 	if err != nil {
@@ -103,6 +105,17 @@ func Load(data []byte) (*Tokenizer, error) {
 		}
 	}
 	t.ignoreMerges = f.Model.IgnoreMerges
+	if f.Model.ByteFallback {
+		// SentencePiece-style (sentencepiece.go).
+		if t.ignoreMerges {
+			return nil, errors.New("hftok: byte_fallback BPE with ignore_merges is not supported")
+		}
+		if err := t.loadSentencePiece(data); err != nil {
+			return nil, err
+		}
+		t.loadAdded(f)
+		return t, nil
+	}
 	if f.Normalizer != nil {
 		switch f.Normalizer.Type {
 		case "NFC":
@@ -114,6 +127,13 @@ func Load(data []byte) (*Tokenizer, error) {
 	if t.split, err = pretokenizer(f.PreTokenizer); err != nil {
 		return nil, err
 	}
+	t.loadAdded(f)
+	t.byteMap = byteLevelMap()
+	return t, nil
+}
+
+// loadAdded indexes the added tokens, longest first.
+func (t *Tokenizer) loadAdded(f fileJSON) {
 	for _, a := range f.AddedTokens {
 		if a.Content != "" {
 			t.added = append(t.added, addedToken{a.Content, a.ID})
@@ -124,8 +144,6 @@ func Load(data []byte) (*Tokenizer, error) {
 		t.addedBy[a.content[0]] = append(t.addedBy[a.content[0]], i)
 		t.maxAdded = max(t.maxAdded, len(a.content))
 	}
-	t.byteMap = byteLevelMap()
-	return t, nil
 }
 
 // parseMerges reads merges as ["a b", …] (older files) or [["a","b"], …].
@@ -212,7 +230,7 @@ func (t *Tokenizer) appendCuts(dst []uint32, text string, from int, cut func(off
 	for i := from; i < len(text); {
 		if cands := t.addedBy[text[i]]; len(cands) > 0 {
 			if a, ok := t.matchAdded(text[i:], cands); ok {
-				dst = t.appendSegment(dst, text[start:i])
+				dst = t.appendSegment(dst, text[start:i], start == 0)
 				dst = append(dst, a.id)
 				i += len(a.content)
 				start = i
@@ -224,7 +242,7 @@ func (t *Tokenizer) appendCuts(dst []uint32, text string, from int, cut func(off
 		}
 		i++
 	}
-	return t.appendSegment(dst, text[start:])
+	return t.appendSegment(dst, text[start:], start == 0)
 }
 
 func (t *Tokenizer) matchAdded(s string, cands []int) (addedToken, bool) {
@@ -236,38 +254,51 @@ func (t *Tokenizer) matchAdded(s string, cands []int) (addedToken, bool) {
 	return addedToken{}, false
 }
 
-func (t *Tokenizer) appendSegment(dst []uint32, s string) []uint32 {
+// appendSegment encodes text between added tokens (atStart: it begins the
+// text).
+func (t *Tokenizer) appendSegment(dst []uint32, s string, atStart bool) []uint32 {
 	if s == "" {
 		return dst
+	}
+	if t.sp != nil {
+		return t.spEncode(dst, s, atStart)
 	}
 	if t.nfc && !norm.NFC.IsNormalString(s) {
 		s = norm.NFC.String(s)
 	}
 	var b strings.Builder
-	t.split(s, func(word string) {
-		// The cache is keyed by the raw word: a hit (the common case in
-		// chat prompts) skips the byte-level mapping and BPE.
-		t.cacheMu.RLock()
-		ids, ok := t.cache[word]
-		t.cacheMu.RUnlock()
-		if ok {
-			dst = append(dst, ids...)
-			return
-		}
+	encode := func(word string) []uint32 {
 		b.Reset()
 		for i := 0; i < len(word); i++ {
 			b.WriteString(t.byteMap[word[i]])
 		}
-		ids = t.bpe(b.String())
-		t.cacheMu.Lock()
-		if len(t.cache) >= maxCache {
-			clear(t.cache)
-		}
-		t.cache[strings.Clone(word)] = ids
-		t.cacheMu.Unlock()
-		dst = append(dst, ids...)
+		return t.bpe(b.String())
+	}
+	t.split(s, func(word string) {
+		// The cache is keyed by the raw word: a hit (the common case in
+		// chat prompts) skips the byte-level mapping and BPE.
+		dst = append(dst, t.cachedWord(word, encode)...)
 	})
 	return dst
+}
+
+// cachedWord is the ids of word from the word cache, else encode's (then
+// cached; the cache is cleared when full).
+func (t *Tokenizer) cachedWord(word string, encode func(string) []uint32) []uint32 {
+	t.cacheMu.RLock()
+	ids, ok := t.cache[word]
+	t.cacheMu.RUnlock()
+	if ok {
+		return ids
+	}
+	ids = encode(word)
+	t.cacheMu.Lock()
+	if len(t.cache) >= maxCache {
+		clear(t.cache)
+	}
+	t.cache[strings.Clone(word)] = ids
+	t.cacheMu.Unlock()
+	return ids
 }
 
 // bpe runs BPE on one byte-level word.

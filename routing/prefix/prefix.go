@@ -107,17 +107,7 @@ func CountTokens(text string) int {
 // i's hash depends on all tokens of blocks 0..i. A trailing partial block is
 // not hashed (caches hold whole blocks only).
 func BlockHashes(tokens []uint32, blockSize int) []uint64 {
-	if blockSize <= 0 {
-		blockSize = DefaultBlockSize
-	}
-	n := len(tokens) / blockSize
-	out := make([]uint64, n)
-	var prev uint64
-	for i := 0; i < n; i++ {
-		prev = ChainHash(prev, tokens[i*blockSize:(i+1)*blockSize])
-		out[i] = prev
-	}
-	return out
+	return AdapterBlockHashes("", tokens, blockSize)
 }
 
 // ChainHash hashes one block of tokens chained to its predecessor's hash
@@ -137,4 +127,45 @@ func ChainHash(prev uint64, block []uint32) uint64 {
 		h = 1
 	}
 	return h
+}
+
+// AdapterSeed is the chain's starting value for prompts run under LoRA
+// adapter name ("" the base model: 0, no seed). An engine's KV of a prompt
+// under an adapter is not the base model's nor another adapter's: vLLM puts
+// the adapter's name in every block hash (kv_cache_utils.py,
+// _gen_lora_extra_hash_keys, part of each block's extra keys). Seeding the
+// chain does the same for tether's keys: every block of the chain depends
+// on the name, so a base-model prefix is credited only to base requests.
+func AdapterSeed(name string) uint64 {
+	if name == "" {
+		return 0
+	}
+	h := uint64(0xcbf29ce484222325) // FNV-1a over "lora\x00" + name
+	for _, c := range []byte("lora\x00" + name) {
+		h ^= uint64(c)
+		h *= 0x100000001b3
+	}
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	if h == 0 {
+		h = 1
+	}
+	return h
+}
+
+// AdapterBlockHashes is BlockHashes for a prompt run under LoRA adapter
+// name (the base model's keys when name is "").
+func AdapterBlockHashes(name string, tokens []uint32, blockSize int) []uint64 {
+	if blockSize <= 0 {
+		blockSize = DefaultBlockSize
+	}
+	n := len(tokens) / blockSize
+	out := make([]uint64, n)
+	prev := AdapterSeed(name)
+	for i := 0; i < n; i++ {
+		prev = ChainHash(prev, tokens[i*blockSize:(i+1)*blockSize])
+		out[i] = prev
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -82,5 +83,31 @@ func BenchmarkBlockHashes2000(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = BlockHashes(toks, 64)
+	}
+}
+
+// A prompt's keys under an adapter share nothing with the base model's or
+// another adapter's, and the base model's are BlockHashes'.
+func TestAdapterBlockHashesAreTheAdaptersOwn(t *testing.T) {
+	toks := Tokenize(strings.Repeat("a b c d e f g h ", 32))
+	base := BlockHashes(toks, 16)
+	if got := AdapterBlockHashes("", toks, 16); !slices.Equal(got, base) {
+		t.Fatal("no adapter: want BlockHashes")
+	}
+	a, b := AdapterBlockHashes("agent-a", toks, 16), AdapterBlockHashes("agent-b", toks, 16)
+	seen := map[uint64]string{}
+	for name, hs := range map[string][]uint64{"base": base, "a": a, "b": b} {
+		if len(hs) != len(base) {
+			t.Fatalf("%s: %d blocks", name, len(hs))
+		}
+		for _, h := range hs {
+			if prev, dup := seen[h]; dup && prev != name {
+				t.Fatalf("block key %x is both %s's and %s's", h, prev, name)
+			}
+			seen[h] = name
+		}
+	}
+	if !slices.Equal(AdapterBlockHashes("agent-a", toks, 16), a) {
+		t.Fatal("not deterministic")
 	}
 }

@@ -35,6 +35,9 @@ type LoadReport struct {
 	KVSource string     `json:"kv_source,omitempty"`
 	Draining bool       `json:"draining,omitempty"`
 	Ranks    []RankLoad `json:"ranks"`
+	// MaxLoRAs is the LoRA adapters one rank holds at once (0: the worker
+	// serves no adapters); each rank lists its own in RankLoad.
+	MaxLoRAs int `json:"max_loras,omitempty"`
 }
 
 // RankLoad is one attention-DP rank's figures.
@@ -50,6 +53,10 @@ type RankLoad struct {
 	WindowHitTokens    int64 `json:"window_hit_tokens"`
 	Overflows          int64 `json:"overflows"` // requests placed here because their affine rank was saturated (since boot)
 	Evictions          int64 `json:"evictions"` // KV blocks evicted (since boot)
+	// LoRAAdapters are the adapters the rank holds (least recently used
+	// first); LoRARunning those of them with running or queued requests.
+	LoRAAdapters []string `json:"lora_adapters,omitempty"`
+	LoRARunning  []string `json:"lora_running,omitempty"`
 }
 
 // LoadReport.KVSource values.
@@ -139,6 +146,9 @@ func (r *LoadReport) validate(subject string) error {
 	if r.BlockSize < 1 || r.BlockSize > MaxBlockSize {
 		return decodeErr(ErrOutOfRange, subject, "block_size", "%d (want 1..%d)", r.BlockSize, MaxBlockSize)
 	}
+	if r.MaxLoRAs < 0 || r.MaxLoRAs > MaxLoRAs {
+		return decodeErr(ErrOutOfRange, subject, "max_loras", "%d (want 0..%d)", r.MaxLoRAs, MaxLoRAs)
+	}
 	if len(r.Ranks) < 1 || len(r.Ranks) > MaxRanks {
 		return decodeErr(ErrOutOfRange, subject, "ranks", "%d ranks (want 1..%d)", len(r.Ranks), MaxRanks)
 	}
@@ -168,6 +178,19 @@ func (r *LoadReport) validate(subject string) error {
 		}
 		if rk.KVBlocksUsed > rk.KVBlocksTotal {
 			return decodeErr(ErrOutOfRange, subject, field("kv_blocks_used"), "%d exceeds kv_blocks_total %d", rk.KVBlocksUsed, rk.KVBlocksTotal)
+		}
+		for _, l := range []struct {
+			name  string
+			names []string
+		}{{"lora_adapters", rk.LoRAAdapters}, {"lora_running", rk.LoRARunning}} {
+			if len(l.names) > MaxLoRAs {
+				return decodeErr(ErrOutOfRange, subject, field(l.name), "%d adapters (max %d)", len(l.names), MaxLoRAs)
+			}
+			for _, n := range l.names {
+				if n == "" || len(n) > MaxStringLen {
+					return decodeErr(ErrOutOfRange, subject, field(l.name), "adapter name of %d bytes (want 1..%d)", len(n), MaxStringLen)
+				}
+			}
 		}
 		if rk.WindowHitTokens > rk.WindowLookupTokens {
 			return decodeErr(ErrOutOfRange, subject, field("window_hit_tokens"), "%d exceeds window_lookup_tokens %d", rk.WindowHitTokens, rk.WindowLookupTokens)

@@ -50,6 +50,7 @@ const FeatureLevel = 1
 const (
 	MaxInstanceIDLen     = 128
 	MaxRanks             = 1024
+	MaxLoRAs             = 1024 // adapters per rank in a load report
 	MaxRequestsPerRank   = 1 << 24
 	MaxTokens            = 1 << 40 // active prompt tokens on one rank
 	MaxBlocks            = 1 << 34 // KV blocks on one rank

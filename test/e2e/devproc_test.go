@@ -147,7 +147,7 @@ func (p *devProc) record(line string) {
 		switch {
 		case strings.HasPrefix(name, "edge-") && len(fields) > 0:
 			p.edges = append(p.edges, fields[0])
-		case (strings.HasPrefix(name, "ctx-") || strings.HasPrefix(name, "gen-")) && len(fields) > 0:
+		case (strings.Contains(name, "ctx-") || strings.Contains(name, "gen-")) && len(fields) > 0:
 			p.workers[name] = fields[0]
 		case name == "admin token" && len(fields) > 0:
 			p.token = fields[0]

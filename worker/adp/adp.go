@@ -47,6 +47,12 @@ type Request struct {
 	// prefix (index = rank; missing ranks hold none). Read by the kv_aware
 	// placement only.
 	CachedTokens []int
+	// AdapterRanks are the ranks holding the request's LoRA adapter
+	// (index = rank): a placement by the policy (a new or unbound
+	// conversation) keeps to those of them that are not saturated, when
+	// there are any, so no other rank loads the adapter. Bound
+	// conversations keep their rank.
+	AdapterRanks []bool
 }
 
 // Reason says how a decision's home rank was found.
@@ -121,12 +127,14 @@ type Scheduler struct {
 	opts        Options
 	maxSessions int
 
-	mu       sync.Mutex
-	loads    []RankLoad
-	cursor   int   // round-robin position; also breaks ties of the least_* policies
-	cached   []int // the request being placed: cached prompt tokens by rank (kv_aware)
-	bindings bindingLRU
-	counters Counters
+	mu     sync.Mutex
+	loads  []RankLoad
+	cursor int   // round-robin position; also breaks ties of the least_* policies
+	cached []int // the request being placed: cached prompt tokens by rank (kv_aware)
+	// adapterRanks: the request being placed: ranks holding its adapter.
+	adapterRanks []bool
+	bindings     bindingLRU
+	counters     Counters
 }
 
 // New returns a scheduler, or an error naming the invalid option.
@@ -270,7 +278,8 @@ func (s *Scheduler) report(evicted []evictedBinding) {
 func (s *Scheduler) placeLocked(req Request, evicted []evictedBinding) (Decision, []evictedBinding) {
 	s.counters.Placements++
 	s.cached = req.CachedTokens
-	defer func() { s.cached = nil }()
+	s.adapterRanks = req.AdapterRanks
+	defer func() { s.cached, s.adapterRanks = nil, nil }()
 	d := Decision{HomeRank: -1}
 	if s.saturatedCount() == len(s.loads) {
 		s.counters.AllSaturated++
@@ -349,13 +358,14 @@ func (s *Scheduler) saturatedCount() int {
 func (s *Scheduler) choose(prefer int) int {
 	n := len(s.loads)
 	best := -1
+	adapterOnly := prefer < 0 && s.adapterRankFree()
 	for pass := 0; pass < 2 && best < 0; pass++ {
 		if pass == 1 && prefer >= 0 {
 			return prefer
 		}
 		for i := 0; i < n; i++ {
 			r := (s.cursor + i) % n
-			if pass == 0 && s.saturated(r) {
+			if pass == 0 && (s.saturated(r) || (adapterOnly && !s.holdsAdapter(r))) {
 				continue
 			}
 			if best < 0 || s.better(r, best) {
@@ -392,6 +402,20 @@ func (s *Scheduler) better(a, b int) bool {
 			return sa > sb
 		}
 		return qa < qb
+	}
+	return false
+}
+
+func (s *Scheduler) holdsAdapter(rank int) bool {
+	return rank < len(s.adapterRanks) && s.adapterRanks[rank]
+}
+
+// adapterRankFree: some unsaturated rank holds the request's adapter.
+func (s *Scheduler) adapterRankFree() bool {
+	for r := range s.loads {
+		if s.holdsAdapter(r) && !s.saturated(r) {
+			return true
+		}
 	}
 	return false
 }

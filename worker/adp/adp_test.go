@@ -465,3 +465,25 @@ func BenchmarkScheduleParallel(b *testing.B) {
 		}
 	})
 }
+
+// New conversations of an adapter keep to the ranks holding it (unless
+// those are saturated); bound conversations keep their rank.
+func TestAdapterRanksPreferred(t *testing.T) {
+	for _, p := range allPlacements {
+		s := newScheduler(t, Options{Ranks: 4, ConversationAffinity: true, Placement: p, MaxRequestsPerRank: 3})
+		holds := []bool{false, false, true, false}
+		for i := range 3 {
+			d := s.Place(Request{ConversationID: fmt.Sprintf("a-%d", i), PromptTokens: 100, AdapterRanks: holds})
+			if d.Rank != 2 {
+				t.Fatalf("%s: conversation %d on rank %d, want the adapter's rank 2", p, i, d.Rank)
+			}
+		}
+		// Rank 2 is saturated now: the next one goes elsewhere.
+		if d := s.Place(Request{ConversationID: "a-3", PromptTokens: 100, AdapterRanks: holds}); d.Rank == 2 {
+			t.Fatalf("%s: a saturated adapter rank still took a new conversation", p)
+		}
+		if d := s.Place(Request{ConversationID: "a-0", AdapterRanks: []bool{true, false, false, false}}); d.HomeRank != 2 || d.Reason != ReasonBound {
+			t.Fatalf("%s: bound conversation moved: %+v", p, d)
+		}
+	}
+}

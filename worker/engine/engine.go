@@ -56,6 +56,10 @@ type Request struct {
 	// stop sequences, seed). Nil: free text. Proxies ignore it: the
 	// upstream reads the same options from Raw.
 	Output *OutputOptions
+	// Adapter is the LoRA adapter the request runs under ("" the base
+	// model): the engine keys its blocks by it (routing/prefix
+	// AdapterBlockHashes) and holds it in a slot while it runs.
+	Adapter string
 }
 
 // OutputOptions are the request options that shape a chat answer, parsed
@@ -138,6 +142,12 @@ type RankStats struct {
 	WindowLookupTokens int64
 	WindowHitTokens    int64
 	Evictions          int64 // blocks evicted since start
+	// LoRA adapter slots (engines serving adapters): the adapters held,
+	// least recently used first; those with admitted requests; loads
+	// since start.
+	LoRAAdapters []string
+	LoRARunning  []string
+	LoRALoads    int64
 }
 
 // KVEvent reports blocks stored in or removed from a rank's cache.
@@ -156,6 +166,14 @@ type RankPrefixer interface {
 	// CachedPrefix returns, per rank, the prompt tokens held as a cached
 	// prefix.
 	CachedPrefix(prompt []uint32) []int
+}
+
+// AdapterHolder is implemented by engines that hold LoRA adapters in
+// bounded slots per rank: AdapterRanks reports, per rank, whether it holds
+// adapter, and the worker's rank placement prefers those ranks for new
+// conversations (worker/adp).
+type AdapterHolder interface {
+	AdapterRanks(adapter string) []bool
 }
 
 type Engine interface {

@@ -39,7 +39,8 @@ type Engine struct {
 type blockInfo struct {
 	parent uint64 // 0: first block of a prompt
 	tokens []uint32
-	refs   int // running requests naming the block (pending only)
+	refs   int    // running requests naming the block (pending only)
+	lora   string // the adapter the block was computed under
 }
 
 // NewEngine wraps inner, whose ranks publish on pubs (one per rank, or
@@ -115,7 +116,7 @@ func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.C
 	if req.Rank < 0 || req.Rank >= len(e.pending) {
 		return e.inner.Run(ctx, req, emit) // the inner engine explains
 	}
-	hashes := prefix.BlockHashes(req.Prompt, e.blockSize)
+	hashes := prefix.AdapterBlockHashes(req.Adapter, req.Prompt, e.blockSize)
 	e.mu.Lock()
 	p := e.pending[req.Rank]
 	for i, h := range hashes {
@@ -127,7 +128,7 @@ func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.C
 		if i > 0 {
 			parent = hashes[i-1]
 		}
-		p[h] = &blockInfo{parent: parent, tokens: req.Prompt[i*e.blockSize : (i+1)*e.blockSize], refs: 1}
+		p[h] = &blockInfo{parent: parent, tokens: req.Prompt[i*e.blockSize : (i+1)*e.blockSize], refs: 1, lora: req.Adapter}
 	}
 	e.mu.Unlock()
 	defer func() {
@@ -183,7 +184,7 @@ func (e *Engine) batch(ev engine.KVEvent) Batch {
 	for _, h := range ev.Stored {
 		var bi blockInfo
 		if p := pending[h]; p != nil {
-			bi = blockInfo{parent: p.parent, tokens: p.tokens}
+			bi = blockInfo{parent: p.parent, tokens: p.tokens, lora: p.lora}
 		} else if x, ok := held[h]; ok {
 			bi = x
 		} else {
@@ -192,8 +193,8 @@ func (e *Engine) batch(ev engine.KVEvent) Batch {
 			continue
 		}
 		held[h] = bi
-		if cur < 0 || bi.parent != last {
-			b.Events = append(b.Events, Event{Kind: Stored, BlockSize: e.blockSize, Parent: IntHash(bi.parent), HasParent: bi.parent != 0})
+		if cur < 0 || bi.parent != last || b.Events[cur].LoRAName != bi.lora {
+			b.Events = append(b.Events, Event{Kind: Stored, BlockSize: e.blockSize, Parent: IntHash(bi.parent), HasParent: bi.parent != 0, LoRAName: bi.lora})
 			cur = len(b.Events) - 1
 		}
 		b.Events[cur].Hashes = append(b.Events[cur].Hashes, IntHash(h))
@@ -201,6 +202,15 @@ func (e *Engine) batch(ev engine.KVEvent) Batch {
 		last = h
 	}
 	return b
+}
+
+// AdapterRanks passes the inner engine's adapter slots on
+// (engine.AdapterHolder; none when it holds no adapters).
+func (e *Engine) AdapterRanks(adapter string) []bool {
+	if ah, ok := e.inner.(engine.AdapterHolder); ok {
+		return ah.AdapterRanks(adapter)
+	}
+	return nil
 }
 
 // Stats reports the inner engine's figures.

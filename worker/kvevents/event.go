@@ -84,9 +84,15 @@ type Event struct {
 	Tokens    []uint32
 	BlockSize int
 	// Foreign marks blocks whose engine hash depends on more than the token
-	// ids (a LoRA adapter, multimodal inputs, a cache salt): an edge cannot
-	// compute their keys from a plain request, so they are not announced.
+	// ids and a LoRA adapter's name (multimodal inputs, a cache salt, an
+	// adapter named by id only): an edge cannot compute their keys from a
+	// plain request, so they are not announced.
 	Foreign bool
+	// LoRAName is the adapter the blocks were computed under (vLLM's
+	// lora_name; "" the base model): their keys are the adapter's
+	// (routing/prefix AdapterBlockHashes), as an edge computes them for a
+	// request naming the adapter.
+	LoRAName string
 	// Offloaded marks events about a tier other than the GPU (vLLM medium
 	// "CPU", ...): tether announces what a request can reuse without a
 	// transfer, so only GPU blocks count.

@@ -79,8 +79,8 @@ func TestDecodeVLLMFieldOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !b.Events[0].Foreign || b.Events[0].Parent != BytesHash([]byte("h0")) || b.DPRank != 0 {
-		t.Fatalf("a lora_name block must be foreign: %+v", b.Events[0])
+	if b.Events[0].Foreign || b.Events[0].LoRAName != "my-lora" || b.Events[0].Parent != BytesHash([]byte("h0")) || b.DPRank != 0 {
+		t.Fatalf("a lora_name block is keyed under its adapter: %+v", b.Events[0])
 	}
 	if !b.Events[1].Offloaded || !b.Events[2].Skip {
 		t.Fatalf("medium CPU must be offloaded, group_idx 1 skipped: %+v", b.Events[1:])

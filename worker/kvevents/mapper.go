@@ -13,7 +13,7 @@ type MapperStats struct {
 	Stored, Removed uint64 // tether keys announced
 	Orphans         uint64 // stored blocks whose parent chain is unknown
 	SizeMismatch    uint64 // stored blocks of another block size than tether's
-	Foreign         uint64 // LoRA / extra-key blocks (not computable by an edge)
+	Foreign         uint64 // extra-key blocks (not computable by an edge)
 	Offloaded       uint64 // events about a non-GPU tier
 	Skipped         uint64 // events of other KV cache groups
 	Malformed       uint64 // token count not block_size × blocks
@@ -93,7 +93,7 @@ func (m *Mapper) Apply(ev Event) (stored, removed []uint64) {
 		m.stats.Malformed += n
 		return nil, nil
 	}
-	var prev uint64
+	prev := prefix.AdapterSeed(ev.LoRAName) // a chain's start under its adapter
 	if ev.HasParent {
 		k, ok := m.keys[ev.Parent]
 		if !ok {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/tether-project/tether/routing/prefix"
 	"io"
 	"log"
 	"net"
@@ -28,7 +29,8 @@ const (
 
 // EncodeVLLM encodes b as a vLLM KVEventBatch payload. Integer engine
 // hashes are sent as msgpack integers, others as bytes. Stored events
-// carry medium "GPU" and no LoRA.
+// carry medium "GPU", and an adapter's blocks its lora_name (lora_id: a
+// number derived from the name, as vLLM's ids are the engine's own).
 func EncodeVLLM(b Batch, layout Layout) ([]byte, error) {
 	events := make([]any, 0, len(b.Events))
 	for i, ev := range b.Events {
@@ -98,11 +100,15 @@ func encodeEvent(ev Event, layout Layout) (any, error) {
 		for i, t := range ev.Tokens {
 			toks[i] = int64(t)
 		}
+		var loraID, loraName any
+		if ev.LoRAName != "" {
+			loraID, loraName = int64(prefix.AdapterSeed(ev.LoRAName)>>33)+1, ev.LoRAName
+		}
 		if layout == LayoutArray {
-			return []any{"BlockStored", hashes, parent, toks, ev.BlockSize, nil, medium, nil}, nil
+			return []any{"BlockStored", hashes, parent, toks, ev.BlockSize, loraID, medium, loraName}, nil
 		}
 		return map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
-			"token_ids": toks, "block_size": ev.BlockSize, "lora_id": nil, "medium": medium, "lora_name": nil}, nil
+			"token_ids": toks, "block_size": ev.BlockSize, "lora_id": loraID, "medium": medium, "lora_name": loraName}, nil
 	}
 	return nil, fmt.Errorf("unknown kind %d", ev.Kind)
 }

@@ -179,14 +179,25 @@ func decodeVLLMEvent(raw any) (Event, error) {
 		return Event{}, fmt.Errorf("BlockStored.block_size: want a positive integer, got %v", fields["block_size"])
 	}
 	ev.BlockSize = int(bs)
-	ev.Foreign = fields["lora_id"] != nil || fields["lora_name"] != nil
+	// A block computed under a LoRA adapter is keyed by the adapter's name
+	// (vLLM hashes lora_name into every block: its extra keys); one named
+	// by lora_id alone (SGLang, older vLLM) cannot be keyed.
+	if n := fields["lora_name"]; n != nil {
+		name, ok := n.(string)
+		if !ok || name == "" || len(name) > 4096 {
+			return Event{}, fmt.Errorf("BlockStored.lora_name: want a non-empty string, got %v", n)
+		}
+		ev.LoRAName = name
+	} else if fields["lora_id"] != nil {
+		ev.Foreign = true
+	}
 	if ek, ok := fields["extra_keys"]; ok && ek != nil {
 		keys, err := asList(ek)
 		if err != nil {
 			return Event{}, fmt.Errorf("BlockStored.extra_keys: %w", err)
 		}
 		for _, k := range keys {
-			if k != nil {
+			if k != nil && !onlyAdapterKey(k, ev.LoRAName) {
 				ev.Foreign = true
 			}
 		}
@@ -300,4 +311,16 @@ func asHashes(v any) ([]Hash, error) {
 		}
 	}
 	return out, nil
+}
+
+// onlyAdapterKey reports whether one block's extra keys are exactly the
+// LoRA adapter's name (what vLLM's generate_block_hash_extra_keys gives a
+// block of a LoRA request without multimodal inputs or a cache salt).
+func onlyAdapterKey(k any, lora string) bool {
+	l, ok := k.([]any)
+	if !ok || len(l) != 1 || lora == "" {
+		return false
+	}
+	s, ok := l[0].(string)
+	return ok && s == lora
 }

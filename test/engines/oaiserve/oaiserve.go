@@ -54,6 +54,12 @@ type Options struct {
 	BlockSize int
 	// GPUBlocks is the KV capacity per rank in blocks (default 4096).
 	GPUBlocks int
+	// LoRA (vLLM, lora.go): LoRAModules is --lora-modules (name=path or
+	// name), MaxLoRAs --max-loras (default 1), RuntimeLoRA
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (POST /v1/load_lora_adapter).
+	LoRAModules []string
+	MaxLoRAs    int
+	RuntimeLoRA bool
 }
 
 // Served is one request the stand-in answered.
@@ -85,6 +91,7 @@ type Server struct {
 	waiting  []int // reported on /metrics on top of what is running
 	blocks   []map[uint64]bool
 	prompted []int64
+	lora     *loraState // nil without LoRA (lora.go)
 }
 
 // Start starts a stand-in on a loopback port; Close stops it.
@@ -107,7 +114,11 @@ func Start(opts Options) *Server {
 	for i := range s.blocks {
 		s.blocks[i] = map[uint64]bool{}
 	}
+	s.initLoRA()
 	mux := http.NewServeMux()
+	if opts.RuntimeLoRA {
+		mux.HandleFunc("POST /v1/load_lora_adapter", s.loadAdapter)
+	}
 	mux.HandleFunc("GET /health", s.health)
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
@@ -176,7 +187,8 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 		card["parent"] = nil
 		card["permission"] = []any{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{card}})
+	data := append([]any{card}, s.loraCards(card["created"].(int64))...)
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
 // errorBody is the engine's error JSON: vLLM nests it under "error",
@@ -294,9 +306,14 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeJSON(w, http.StatusBadRequest, s.errorBody(http.StatusBadRequest, "BadRequestError", "invalid JSON: "+err.Error()))
 		return
 	}
-	if s.opts.Engine == VLLM && req.Model != "" && req.Model != s.opts.Model {
+	adapter, known := s.adapterOf(req.Model)
+	if s.opts.Engine == VLLM && !known {
 		writeJSON(w, http.StatusNotFound, s.errorBody(http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model)))
 		return
+	}
+	served := s.opts.Model
+	if adapter != "" {
+		served = adapter // vLLM answers with the adapter's name as the model
 	}
 	var prompt, last string
 	if chat {
@@ -337,7 +354,8 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	tokens := strings.Fields(prompt)
 	s.mu.Lock()
 	s.running[rank]++
-	cached := s.cacheLocked(rank, tokens)
+	s.startAdapterLocked(rank, adapter)
+	cached := s.cacheLocked(rank, adapter, tokens)
 	s.prompted[rank] += int64(len(tokens))
 	s.served = append(s.served, Served{Path: r.URL.Path, Rank: rank, Header: header, LastUser: last,
 		PromptTokens: len(tokens), CachedTokens: cached, Stream: req.Stream, Fields: fields})
@@ -345,6 +363,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	defer func() {
 		s.mu.Lock()
 		s.running[rank]--
+		s.endAdapterLocked(rank, adapter)
 		s.mu.Unlock()
 	}()
 
@@ -375,7 +394,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		if chat {
 			object = "chat.completion"
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": object, "created": created, "model": s.opts.Model,
+		writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": object, "created": created, "model": served,
 			"choices": []any{choice}, "usage": usage})
 		return
 	}
@@ -387,7 +406,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		object = "chat.completion.chunk"
 	}
 	emit := func(choices []any, u any) {
-		m := map[string]any{"id": id, "object": object, "created": created, "model": s.opts.Model, "choices": choices}
+		m := map[string]any{"id": id, "object": object, "created": created, "model": served, "choices": choices}
 		if u != nil {
 			m["usage"] = u
 		}
@@ -420,10 +439,14 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 }
 
 // cacheLocked returns the prompt tokens rank already held in whole blocks
-// and stores the prompt's blocks (a prefix cache with chained hashes).
-func (s *Server) cacheLocked(rank int, tokens []string) int {
+// and stores the prompt's blocks (a prefix cache with chained hashes; an
+// adapter's blocks are keyed by its name too).
+func (s *Server) cacheLocked(rank int, adapter string, tokens []string) int {
 	bs := s.opts.BlockSize
 	h := fnv.New64a()
+	if adapter != "" {
+		_, _ = h.Write([]byte("lora\x00" + adapter + "\x00"))
+	}
 	cached, hit := 0, true
 	for end := bs; end <= len(tokens); end += bs {
 		for _, t := range tokens[end-bs : end] {
@@ -499,6 +522,7 @@ func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 		for r := range n {
 			fmt.Fprintf(&b, "vllm:prompt_tokens_total{%s} %s\n", s.labels(r), f(float64(figs[r].prompted)))
 		}
+		s.loraMetrics(&b)
 	} else {
 		gauge("sglang:num_running_reqs", "The number of running requests.", func(r int) string { return f(float64(figs[r].running)) })
 		gauge("sglang:num_used_tokens", "The number of used tokens.", func(r int) string { return f(float64(figs[r].used * s.opts.BlockSize)) })

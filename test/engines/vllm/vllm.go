@@ -15,6 +15,14 @@ type Options struct {
 	// PromptTokensDetails is --enable-prompt-tokens-details: usage reports
 	// prompt_tokens_details.cached_tokens (else null).
 	PromptTokensDetails bool
+	// LoRAModules is --lora-modules (name=path, or name), MaxLoRAs
+	// --max-loras (default 1), RuntimeLoRA
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True: adapters served with
+	// vllm:lora_requests_info and POST /v1/load_lora_adapter
+	// (test/engines/oaiserve/lora.go).
+	LoRAModules []string
+	MaxLoRAs    int
+	RuntimeLoRA bool
 }
 
 // Server is a running stand-in.
@@ -26,5 +34,6 @@ type Served = oaiserve.Served
 // Start starts a stand-in on a loopback port.
 func Start(o Options) *Server {
 	return oaiserve.Start(oaiserve.Options{Engine: oaiserve.VLLM, Model: o.Model,
-		DataParallelSize: o.DataParallelSize, ReportCachedTokens: o.PromptTokensDetails})
+		DataParallelSize: o.DataParallelSize, ReportCachedTokens: o.PromptTokensDetails,
+		LoRAModules: o.LoRAModules, MaxLoRAs: o.MaxLoRAs, RuntimeLoRA: o.RuntimeLoRA})
 }

@@ -26,6 +26,7 @@ const (
 	DefaultDecodeSlowdown         = 0.5
 	DefaultKVTransferTokensPerSec = 100_000.0
 	DefaultStatsWindow            = 60 * time.Second
+	DefaultLoRALoadTime           = 100 * time.Millisecond
 )
 
 var (
@@ -62,6 +63,13 @@ type Config struct {
 	// lookups and hits are reported.
 	StatsWindow time.Duration
 
+	// MaxLoRAs is the LoRA adapters a rank holds at once (vLLM
+	// --max-loras); 0 models no slots: adapter requests only key their
+	// blocks by the adapter. LoRALoadTime is what loading one into a slot
+	// costs (lora.go).
+	MaxLoRAs     int
+	LoRALoadTime time.Duration
+
 	// TimeScale is wall time per unit of engine time for Engine: 1 is
 	// real time, 0.01 runs 100× faster, 0 never waits. VirtualRank
 	// ignores it.
@@ -80,6 +88,7 @@ func DefaultConfig() Config {
 		DecodeSlowdown:         DefaultDecodeSlowdown,
 		KVTransferTokensPerSec: DefaultKVTransferTokensPerSec,
 		StatsWindow:            DefaultStatsWindow,
+		LoRALoadTime:           DefaultLoRALoadTime,
 		TimeScale:              1,
 	}
 }
@@ -111,6 +120,9 @@ func (c Config) normalized() (Config, error) {
 	if c.StatsWindow == 0 {
 		c.StatsWindow = d.StatsWindow
 	}
+	if c.LoRALoadTime == 0 {
+		c.LoRALoadTime = d.LoRALoadTime
+	}
 	checks := []struct {
 		bad  bool
 		name string
@@ -125,6 +137,8 @@ func (c Config) normalized() (Config, error) {
 		{!(c.DecodeSlowdown >= 0), "decode slowdown", c.DecodeSlowdown},
 		{!(c.KVTransferTokensPerSec > 0), "KV transfer tokens per second", c.KVTransferTokensPerSec},
 		{c.StatsWindow < 0, "stats window", c.StatsWindow},
+		{c.MaxLoRAs < 0 || c.MaxLoRAs > 1024, "max loras", c.MaxLoRAs},
+		{c.LoRALoadTime < 0, "lora load time", c.LoRALoadTime},
 		{!(c.TimeScale >= 0), "time scale", c.TimeScale},
 	}
 	for _, ch := range checks {

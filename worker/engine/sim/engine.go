@@ -120,6 +120,18 @@ func (e *Engine) CachedPrefix(prompt []uint32) []int {
 	return out
 }
 
+// AdapterRanks reports, per rank, whether it holds adapter in a slot
+// (engine.AdapterHolder).
+func (e *Engine) AdapterRanks(adapter string) []bool {
+	out := make([]bool, len(e.ranks))
+	for i, rd := range e.ranks {
+		rd.mu.Lock()
+		out[i] = rd.vr.HoldsAdapter(adapter)
+		rd.mu.Unlock()
+	}
+	return out
+}
+
 // Close makes running requests release their blocks and return ErrClosed,
 // and later Runs fail with ErrClosed.
 func (e *Engine) Close() error {
@@ -229,11 +241,11 @@ func (rd *rankDriver) publish(seq uint64, sink *func(engine.KVEvent), ev engine.
 
 // prepare turns an engine request into the rank's request and the output seed.
 func (e *Engine) prepare(req engine.Request) (VirtualRequest, uint64, error) {
-	v := VirtualRequest{Phase: req.Phase, OutputTokens: req.MaxTokens}
+	v := VirtualRequest{Phase: req.Phase, OutputTokens: req.MaxTokens, Adapter: req.Adapter}
 	switch req.Phase {
 	case engine.PhaseAggregated, engine.PhaseContextOnly:
 		v.PromptTokens = len(req.Prompt)
-		v.Hashes = prefix.BlockHashes(req.Prompt, e.cfg.BlockSize)
+		v.Hashes = prefix.AdapterBlockHashes(req.Adapter, req.Prompt, e.cfg.BlockSize)
 		return v, promptSeed(req.Prompt), nil
 	case engine.PhaseGenerationOnly:
 		if len(req.ContextState) == 0 {
@@ -247,7 +259,7 @@ func (e *Engine) prepare(req engine.Request) (VirtualRequest, uint64, error) {
 			return v, 0, fmt.Errorf("context state block size %d, this engine uses %d: %w", st.blockSize, e.cfg.BlockSize, ErrInvalidRequest)
 		}
 		if len(req.Prompt) > 0 && (promptSeed(req.Prompt) != st.seed || len(req.Prompt) != st.promptTokens ||
-			!slices.Equal(prefix.BlockHashes(req.Prompt, st.blockSize), st.hashes)) {
+			!slices.Equal(prefix.AdapterBlockHashes(req.Adapter, req.Prompt, st.blockSize), st.hashes)) {
 			return v, 0, fmt.Errorf("context state was produced for a different prompt: %w", ErrInvalidRequest)
 		}
 		v.PromptTokens, v.Hashes = st.promptTokens, st.hashes

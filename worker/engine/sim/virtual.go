@@ -19,6 +19,10 @@ type VirtualRequest struct {
 	Hashes       []uint64
 	PromptTokens int
 	OutputTokens int // completion tokens, >= 1 (context-only runs produce 1)
+	// Adapter is the request's LoRA adapter ("" the base model). With
+	// Config.MaxLoRAs set it must hold one of the rank's adapter slots
+	// while it runs (lora.go).
+	Adapter string
 }
 
 // VirtualResult is a request's computed schedule. Times named At are
@@ -34,6 +38,12 @@ type VirtualResult struct {
 	Transfer time.Duration
 	Decode   time.Duration
 	TTFT     time.Duration // FirstTokenAt - ArrivalAt
+
+	// AdapterLoad is the time spent loading the request's adapter into a
+	// slot before its prefill (0 when the rank held it); LoadedAdapter
+	// says a load happened.
+	AdapterLoad   time.Duration
+	LoadedAdapter bool
 
 	TokenTime        time.Duration // one decode step of this request
 	CachedTokens     int           // prompt tokens served from the cache
@@ -65,6 +75,7 @@ type VirtualRank struct {
 	pending       runHeap // admitted, not released: ordered by DoneAt, then admission
 	seq           uint64
 	window        hitWindow
+	lora          loraSlots // LoRA adapter slots (lora.go)
 }
 
 // NewVirtualRank returns an idle rank (cfg's Ranks and TimeScale are ignored).
@@ -103,6 +114,10 @@ func (r *VirtualRank) Admit(now time.Duration, req VirtualRequest) (VirtualResul
 		start = max(start, r.prefillFreeAt)
 	}
 	r.releaseThrough(start)
+	var loaded bool
+	if start, loaded = r.acquireAdapter(req.Adapter, start); loaded {
+		start += r.cfg.LoRALoadTime // the load holds the rank before the prefill
+	}
 	var (
 		hit             int
 		stored, removed []uint64
@@ -118,11 +133,14 @@ func (r *VirtualRank) Admit(now time.Duration, req VirtualRequest) (VirtualResul
 		}
 		// Wait for the next running request to finish and free its blocks.
 		next := heap.Pop(&r.pending).(*admitted)
-		r.cache.Release(next.hashes)
+		r.release(next)
 		start = max(start, next.doneAt)
 	}
 
-	res := VirtualResult{ArrivalAt: now, StartAt: start, Stored: stored, Removed: removed}
+	res := VirtualResult{ArrivalAt: now, StartAt: start, Stored: stored, Removed: removed, LoadedAdapter: loaded}
+	if loaded {
+		res.AdapterLoad = r.cfg.LoRALoadTime
+	}
 	res.CachedTokens = min(hit*r.cfg.BlockSize, req.PromptTokens)
 	occupancy := float64(r.cache.Used()) / float64(r.cache.Capacity())
 	res.TokenTime = r.cfg.tokenTime(occupancy)
@@ -156,8 +174,9 @@ func (r *VirtualRank) Admit(now time.Duration, req VirtualRequest) (VirtualResul
 	res.id = r.seq
 	heap.Push(&r.pending, &admitted{
 		id: r.seq, doneAt: res.DoneAt, startAt: start, firstTokenAt: res.FirstTokenAt,
-		promptTokens: req.PromptTokens, hashes: req.Hashes, usesPrefill: usesPrefill,
+		promptTokens: req.PromptTokens, hashes: req.Hashes, usesPrefill: usesPrefill, adapter: req.Adapter,
 	})
+	r.lora.hold(req.Adapter)
 	return res, nil
 }
 
@@ -178,9 +197,15 @@ func (r *VirtualRank) Advance(now time.Duration) { r.releaseThrough(now) }
 
 func (r *VirtualRank) releaseThrough(t time.Duration) {
 	for len(r.pending) > 0 && r.pending[0].doneAt <= t {
-		done := heap.Pop(&r.pending).(*admitted)
-		r.cache.Release(done.hashes)
+		r.release(heap.Pop(&r.pending).(*admitted))
 	}
+}
+
+// release gives back what an admitted request held: its blocks and its
+// adapter slot.
+func (r *VirtualRank) release(a *admitted) {
+	r.cache.Release(a.hashes)
+	r.lora.unhold(a.adapter)
 }
 
 // cancel drops an admitted request at now: its blocks are released at once
@@ -191,7 +216,7 @@ func (r *VirtualRank) cancel(id uint64, now time.Duration) {
 			continue
 		}
 		heap.Remove(&r.pending, i)
-		r.cache.Release(p.hashes)
+		r.release(p)
 		if p.usesPrefill && p.firstTokenAt == r.prefillFreeAt && now < p.firstTokenAt {
 			r.prefillFreeAt = max(now, p.startAt)
 		}
@@ -218,6 +243,7 @@ func (r *VirtualRank) Stats(now time.Duration) engine.RankStats {
 		}
 	}
 	s.WindowLookupTokens, s.WindowHitTokens = r.window.sum(now)
+	s.LoRAAdapters, s.LoRARunning, s.LoRALoads = r.lora.stats()
 	return s
 }
 
@@ -246,6 +272,7 @@ type admitted struct {
 	promptTokens                  int
 	hashes                        []uint64
 	usesPrefill                   bool
+	adapter                       string
 }
 
 type runHeap []*admitted

@@ -1,0 +1,137 @@
+package edge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// adapterPlaced counts where a LoRA request went (an instance the edge
+// believed to hold its adapter, or one that must load it) and notes the
+// adapter there, so the next requests for it follow before the engine's
+// own report does (fleetview.NoteAdapter).
+func (e *Edge) adapterPlaced(rq *request, h *hop) {
+	if rq.adapter == "" {
+		return
+	}
+	loaded := "false"
+	if in, ok := e.fleet.Instance(h.Instance, rq.now); ok && in.LoRA.Holds(rq.adapter) {
+		loaded = "true"
+	}
+	e.loraMetrics.placements.WithLabelValues(rq.m.name, rq.adapter, h.Fleet.String(), loaded).Inc()
+	e.fleet.NoteAdapter(h.Instance, rq.adapter, rq.now)
+}
+
+// loraMetrics are the LoRA series.
+type loraMetrics struct {
+	placements *prometheus.CounterVec
+	loads      *prometheus.CounterVec
+}
+
+func newLoRAMetrics(reg prometheus.Registerer) (*loraMetrics, error) {
+	m := &loraMetrics{
+		placements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_lora_placements_total",
+			Help: "LoRA requests placed, by model, adapter, fleet and whether the chosen instance was believed to hold the adapter (loaded=true) or had to load it.",
+		}, []string{"model", "adapter", "fleet", "loaded"}),
+		loads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_lora_runtime_loads_total",
+			Help: "POST /v1/load_lora_adapter calls the edge made (lora.runtime_load), by model, adapter and result (loaded, already_loaded, failed).",
+		}, []string{"model", "adapter", "result"}),
+	}
+	for _, c := range []prometheus.Collector{m.placements, m.loads} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("edge: metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// runtimeLoadTTL is how long the edge trusts that an instance holds an
+// adapter it loaded there (or that answered "already loaded"): a restarted
+// engine forgets runtime-loaded adapters, and a call that finds it loaded
+// costs one short round trip.
+const runtimeLoadTTL = 30 * time.Second
+
+// runtimeLoads remembers which instance holds which runtime-loaded adapter.
+type runtimeLoads struct {
+	mu   sync.Mutex
+	done map[string]time.Time // instance \x00 adapter → when confirmed
+}
+
+func (r *runtimeLoads) fresh(key string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.done[key]
+	return ok && now.Sub(t) < runtimeLoadTTL
+}
+
+func (r *runtimeLoads) confirm(key string, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.done == nil {
+		r.done = map[string]time.Time{}
+	}
+	for k, t := range r.done {
+		if now.Sub(t) >= runtimeLoadTTL {
+			delete(r.done, k)
+		}
+	}
+	r.done[key] = now
+}
+
+// ensureAdapter loads rq's adapter on instance cur before the hop, when
+// the model loads adapters at runtime (lora.runtime_load, vLLM): POST
+// /v1/load_lora_adapter {lora_name, lora_path}. vLLM answers 200 with
+// "Success: LoRA adapter '…' added successfully." and 400 "The lora adapter
+// '…' has already been loaded." when it holds it
+// (vllm/entrypoints/openai/serving_models.py); both confirm the adapter.
+// A failure is logged and counted, and the request goes on: the engine
+// then answers it itself (404 for an adapter it does not know).
+func (e *Edge) ensureAdapter(ctx context.Context, rq *request, cur *hop) {
+	if rq.adapter == "" || !rq.m.cfg.LoRA.RuntimeLoad {
+		return
+	}
+	key := cur.Instance + "\x00" + rq.adapter
+	now := e.now()
+	if e.loraLoads.fresh(key, now) {
+		return
+	}
+	path := rq.m.adapters[rq.adapter].Path
+	body, _ := json.Marshal(map[string]string{"lora_name": rq.adapter, "lora_path": path})
+	hdr := http.Header{"Content-Type": {"application/json"}}
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := e.post(lctx, cur.URL+"/v1/load_lora_adapter", body, hdr)
+	result := "failed"
+	var detail string
+	if err == nil {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		switch {
+		case resp.StatusCode == http.StatusOK:
+			result = "loaded"
+		case resp.StatusCode == http.StatusBadRequest && bytes.Contains(b, []byte("already been loaded")):
+			result = "already_loaded"
+		default:
+			detail = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(truncate(string(b), 200)))
+		}
+	} else {
+		detail = err.Error()
+	}
+	e.loraMetrics.loads.WithLabelValues(rq.m.name, rq.adapter, result).Inc()
+	if result == "failed" {
+		e.log.Warn("loading a LoRA adapter at runtime failed (the request goes on; the engine answers it)",
+			"instance", cur.Instance, "adapter", rq.adapter, "path", path, "err", detail)
+		return
+	}
+	e.loraLoads.confirm(key, e.now())
+}

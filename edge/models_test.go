@@ -1,0 +1,245 @@
+package edge
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tether-project/tether/edge/admin"
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/routing/telemetry"
+)
+
+const secondModel = "test-model-b"
+
+// startTwoModels is one edge in front of two models, each on its own
+// static context and generation worker; the first model has the adapter
+// agent-a, the second agent-b.
+func startTwoModels(t *testing.T) (*edgeCluster, map[string]*testWorker) {
+	t.Helper()
+	ws := map[string]*testWorker{
+		"ctx-a": startWorker(t, "ctx-a", workerOpts{fleet: telemetry.FleetContext, role: hintauth.RoleContext}),
+		"gen-a": startWorker(t, "gen-a", workerOpts{fleet: telemetry.FleetGeneration, role: hintauth.RoleGeneration}),
+		"ctx-b": startWorker(t, "ctx-b", workerOpts{fleet: telemetry.FleetContext, role: hintauth.RoleContext, model: secondModel}),
+		"gen-b": startWorker(t, "gen-b", workerOpts{fleet: telemetry.FleetGeneration, role: hintauth.RoleGeneration, model: secondModel}),
+	}
+	ec := startEdges(t, 1, "", func(_ int, c *Config) {
+		c.Telemetry.ProbeInterval = 100 * time.Millisecond
+		c.ContextServers.URLs = []StaticInstance{{Name: "ctx-a", URL: ws["ctx-a"].proxy.URL}}
+		c.GenerationServers.URLs = []StaticInstance{{Name: "gen-a", URL: ws["gen-a"].proxy.URL}}
+		c.LoRA.Adapters = []AdapterConfig{{Name: "agent-a", Path: "/adapters/agent-a"}}
+		d := DefaultConfig()
+		m := ModelConfig{Name: secondModel, ContextServers: d.ContextServers, GenerationServers: d.GenerationServers}
+		m.ContextServers.URLs = []StaticInstance{{Name: "ctx-b", URL: ws["ctx-b"].proxy.URL}}
+		m.GenerationServers.URLs = []StaticInstance{{Name: "gen-b", URL: ws["gen-b"].proxy.URL}}
+		m.LoRA.Adapters = []AdapterConfig{{Name: "agent-b"}}
+		c.Models = []ModelConfig{m}
+	})
+	ec.waitInstances(4)
+	return ec, ws
+}
+
+// Each model's requests go to its own fleets; one session id on two models
+// is two bindings, and the admin API names each binding's model.
+func TestTwoModelsRouteToTheirOwnFleets(t *testing.T) {
+	ec, _ := startTwoModels(t)
+	te := ec.edge(0)
+	c := httpClient(t)
+	for _, x := range []struct{ model, ctx, gen string }{{testModel, "ctx-a", "gen-a"}, {secondModel, "ctx-b", "gen-b"}} {
+		for turn := range 2 {
+			body := chatBody(t, longText("sys", 40), []string{"turn " + string(rune('0'+turn))}, map[string]any{"model": x.model})
+			r := do(t, c, http.MethodPost, te.url()+"/v1/chat/completions", body, map[string]string{"x-session-id": "shared-session"})
+			if r.status != http.StatusOK {
+				t.Fatalf("%s: %d %s", x.model, r.status, r.body)
+			}
+			ci, gi := routeOf(t, r)
+			if ci != x.ctx || gi != x.gen {
+				t.Fatalf("%s turn %d routed to %s/%s, want its own fleets %s/%s", x.model, turn, ci, gi, x.ctx, x.gen)
+			}
+		}
+	}
+	a, okA := binding(t, c, te, fsm.FleetContext, "shared-session")
+	b, okB := adminBindingOf(t, c, te, "context", "shared-session", secondModel)
+	if !okA || !okB || a.Instance != "ctx-a" || b.Instance != "ctx-b" {
+		t.Fatalf("bindings of shared-session: first model %+v (%v), second %+v (%v)", a, okA, b, okB)
+	}
+	if a.Model != testModel || a.ModelKey != "shared-session" || b.Model != secondModel || b.ModelKey != "shared-session" ||
+		b.Key != fsm.ModelKey(secondModel, "shared-session") || b.ConversationID != b.Key {
+		t.Fatalf("admin model fields: first %+v, second %+v", a, b)
+	}
+	st := te.e.node.State()
+	if st.Len() != 4 {
+		t.Fatalf("%d bindings, want 4 (two models × two fleets)", st.Len())
+	}
+	if n := counter(t, te.registry, "tether_edge_model_requests_total", map[string]string{"model": secondModel, "adapter": "", "status": "200"}); n != 2 {
+		t.Fatalf("tether_edge_model_requests_total for %s = %v, want 2", secondModel, n)
+	}
+}
+
+// adminBindingOf is GET /admin/v1/bindings/{fleet}/{key}?model=.
+func adminBindingOf(t *testing.T, c *http.Client, te *testEdge, fleet, key, model string) (admin.BindingInfo, bool) {
+	t.Helper()
+	r := adminGet(t, c, te, "/admin/v1/bindings/"+fleet+"/"+url.PathEscape(key)+"?model="+url.QueryEscape(model))
+	if r.status == http.StatusNotFound {
+		return admin.BindingInfo{}, false
+	}
+	if r.status != http.StatusOK {
+		t.Fatalf("admin binding: %d %s", r.status, r.body)
+	}
+	var out admin.BindingInfo
+	if err := json.Unmarshal(r.body, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out, true
+}
+
+// GET /v1/models lists every model and adapter in vLLM's shape (adapters
+// with their parent), GET /v1/models/{id} answers each, and an unknown
+// model is a 404 in OpenAI's shape on both that path and inference.
+func TestModelsListsModelsAndAdapters(t *testing.T) {
+	ec, _ := startTwoModels(t)
+	te := ec.edge(0)
+	c := httpClient(t)
+	r := do(t, c, http.MethodGet, te.url()+"/v1/models", nil, nil)
+	var list struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID     string  `json:"id"`
+			Object string  `json:"object"`
+			Root   *string `json:"root"`
+			Parent *string `json:"parent"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(r.body, &list); err != nil || r.status != http.StatusOK || list.Object != "list" {
+		t.Fatalf("GET /v1/models: %d %s (%v)", r.status, r.body, err)
+	}
+	want := []struct{ id, parent, root string }{{testModel, "", testModel}, {"agent-a", testModel, "/adapters/agent-a"}, {secondModel, "", secondModel}, {"agent-b", secondModel, "agent-b"}}
+	if len(list.Data) != len(want) {
+		t.Fatalf("GET /v1/models: %s", r.body)
+	}
+	for i, w := range want {
+		d := list.Data[i]
+		parent := ""
+		if d.Parent != nil {
+			parent = *d.Parent
+		}
+		if d.ID != w.id || d.Object != "model" || parent != w.parent || d.Root == nil || *d.Root != w.root {
+			t.Fatalf("entry %d = %+v, want %+v (%s)", i, d, w, r.body)
+		}
+		one := do(t, c, http.MethodGet, te.url()+"/v1/models/"+w.id, nil, nil)
+		if one.status != http.StatusOK || !strings.Contains(string(one.body), `"id":"`+w.id+`"`) {
+			t.Fatalf("GET /v1/models/%s: %d %s", w.id, one.status, one.body)
+		}
+	}
+	for _, path := range []string{"/v1/models/no-such-model"} {
+		r := do(t, c, http.MethodGet, te.url()+path, nil, nil)
+		checkModelNotFound(t, r)
+	}
+	for _, model := range []string{"no-such-model", "agent-c"} {
+		body := chatBody(t, "hello", []string{"hi"}, map[string]any{"model": model})
+		checkModelNotFound(t, do(t, c, http.MethodPost, te.url()+"/v1/chat/completions", body, nil))
+	}
+}
+
+func checkModelNotFound(t *testing.T, r response) {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Message string  `json:"message"`
+			Type    string  `json:"type"`
+			Param   *string `json:"param"`
+			Code    *string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(r.body, &e); err != nil || r.status != http.StatusNotFound || e.Error.Type != "invalid_request_error" ||
+		e.Error.Code == nil || *e.Error.Code != "model_not_found" || e.Error.Param == nil || *e.Error.Param != "model" ||
+		!strings.Contains(e.Error.Message, secondModel) || !strings.Contains(e.Error.Message, "agent-b") {
+		t.Fatalf("want 404 model_not_found naming the catalogue, got %d %s", r.status, r.body)
+	}
+}
+
+// A models entry is checked like the top-level fleets, its errors named
+// under models[i]; names are unique across models and adapters; instances
+// serve one model.
+func TestModelsConfigValidation(t *testing.T) {
+	base := `
+model: m1
+context_servers: {urls: ["http://127.0.0.1:9001"]}
+generation_servers: {urls: ["http://127.0.0.1:9002"]}
+internal_request_auth_key: k0123456789abcdef
+cluster: {node_id: e1, data_dir: /tmp/x, bootstrap: true, peers: [{id: e1, addr: "127.0.0.1:7000"}]}
+lora: {adapters: [a1, {name: a2, path: /p/a2}], max_loras: 2}
+`
+	cfg, err := ParseConfig([]byte(base + `
+models:
+  - name: m2
+    context_servers: {urls: ["http://127.0.0.1:9003"]}
+    generation_servers: {urls: ["http://127.0.0.1:9004"]}
+    lora: {adapters: [b1]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Models) != 1 || cfg.Models[0].ContextServers.HealthPath != DefaultHealthPath || cfg.Models[0].ContextServers.Tokenizer != TokenizerWords ||
+		cfg.LoRA.Adapters[0].Name != "a1" || cfg.LoRA.Adapters[1].Path != "/p/a2" || cfg.LoRA.MaxLoRAs != 2 {
+		t.Fatalf("parsed %+v %+v", cfg.Models, cfg.LoRA)
+	}
+	for _, c := range []struct{ yaml, want string }{
+		{"models:\n  - context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].name: required"},
+		{"models:\n  - name: m1\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", `models[0].name: "m1" is also model`},
+		{"models:\n  - name: a1\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", `"a1" is also`},
+		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9001\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].context_servers.urls[0]: duplicate URL"},
+		{"models:\n  - name: m2\n    context_servers: {urls: [\"ftp://x\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].context_servers.urls[0]:"},
+		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9003\"], engine: nope}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].context_servers.engine: unknown engine"},
+		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n    lora: {runtime_load: true}\n", "models[0].lora.runtime_load: only vLLM"},
+		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n    colour: red\n", "models[0].colour"},
+	} {
+		_, err := ParseConfig([]byte(base + c.yaml))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: got %v, want an error containing %q", c.yaml, err, c.want)
+		}
+	}
+}
+
+// Each model's tokenizer is its own: a second model whose fleets run a
+// SentencePiece-style tokenizer (Mistral's, routing/hftok) gets its block
+// keys from it, the first model from the words tokenizer.
+func TestModelsHaveTheirOwnTokenizers(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Model = "words-model"
+	d := DefaultConfig()
+	m := ModelConfig{Name: "mistral-model", ContextServers: d.ContextServers, GenerationServers: d.GenerationServers}
+	m.ContextServers.Tokenizer, m.ContextServers.BlockSize = "hf:../routing/hftok/testdata/mistral", 16
+	m.GenerationServers.Tokenizer, m.GenerationServers.BlockSize = m.ContextServers.Tokenizer, 16
+	cfg.Models = []ModelConfig{m}
+	cfg.normalize()
+	fts, err := loadFleetTokenizers(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &Edge{cfg: cfg, tokenizers: fts, log: testLogger(t)}
+	if err := e.buildCatalogue(); err != nil {
+		t.Fatal(err)
+	}
+	prompt := []byte(`{"model":"mistral-model","prompt":"Hello, my dog is cute"}`)
+	rq, _, words, aerr := parseBody(prompt, false)
+	if aerr != nil {
+		t.Fatal(aerr.Message)
+	}
+	rq.m, _, _ = e.lookupModel(rq.model)
+	e.promptKeys(rq, words)
+	// The Metaspace golden of routing/hftok for this prompt.
+	if got := rq.prompts[fsm.FleetContext].tokens; got != 6 || len(words) != 5 {
+		t.Fatalf("mistral model: %d tokens (words %d), want Mistral's 6", got, len(words))
+	}
+	rq2, _, words2, _ := parseBody([]byte(`{"model":"words-model","prompt":"Hello, my dog is cute"}`), false)
+	rq2.m, _, _ = e.lookupModel(rq2.model)
+	e.promptKeys(rq2, words2)
+	if got := rq2.prompts[fsm.FleetContext].tokens; got != 5 {
+		t.Fatalf("words model: %d tokens, want 5", got)
+	}
+}
