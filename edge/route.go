@@ -163,6 +163,7 @@ func (e *Edge) failureError(f *decide.Failure) *apiError {
 func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *apiError) {
 	ctx, span := e.tracer.Start(ctx, "tether.edge route "+f.String(), trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
+	defer e.metrics.observeRoute(f, time.Now())
 	h, aerr := e.decide(ctx, rq, f, prev)
 	keyKind := "none"
 	switch {
@@ -182,6 +183,7 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 		return nil, aerr
 	}
 	e.metrics.decisions.WithLabelValues(f.String(), h.Policy, h.Outcome).Inc()
+	e.observeRouted(rq, f, h)
 	span.SetAttributes(attrPolicy.String(h.Policy), attrOutcome.String(h.Outcome), attrInstance.String(h.Instance),
 		attrRank.Int(h.Rank), attrCachedTokens.Int(h.Cached))
 	if h.Reason != 0 {
