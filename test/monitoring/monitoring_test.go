@@ -291,6 +291,61 @@ func signals(e metricsql.Expr) []string {
 	return []string{string(e.AppendString(nil))}
 }
 
+// autoscalerQueries are the queries of deploy/kubernetes/autoscaling: the
+// KEDA triggers' and the Prometheus adapter's (its template filled in as the
+// adapter does for the HPA's selector).
+func autoscalerQueries(t *testing.T) []query {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(deployDir, "kubernetes", "autoscaling", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no autoscaling examples (%v)", err)
+	}
+	var out []query
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		for {
+			var doc struct {
+				Kind string `yaml:"kind"`
+				Spec struct {
+					Triggers []struct {
+						Name     string            `yaml:"name"`
+						Metadata map[string]string `yaml:"metadata"`
+					} `yaml:"triggers"`
+				} `yaml:"spec"`
+				Data map[string]string `yaml:"data"`
+			}
+			if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			for _, tr := range doc.Spec.Triggers {
+				out = append(out, query{where: filepath.Base(f) + " trigger " + tr.Name, expr: tr.Metadata["query"]})
+			}
+			if cfg, ok := doc.Data["config.yaml"]; ok {
+				var ad struct {
+					ExternalRules []struct {
+						SeriesQuery  string `yaml:"seriesQuery"`
+						MetricsQuery string `yaml:"metricsQuery"`
+					} `yaml:"externalRules"`
+				}
+				if err := yaml.Unmarshal([]byte(cfg), &ad); err != nil {
+					t.Fatalf("%s: %v", f, err)
+				}
+				for _, r := range ad.ExternalRules {
+					q := strings.NewReplacer("<<.Series>>", r.SeriesQuery, "<<.LabelMatchers>>", `fleet="context"`).Replace(r.MetricsQuery)
+					out = append(out, query{where: filepath.Base(f) + " rule " + r.SeriesQuery, expr: q})
+				}
+			}
+		}
+	}
+	return out
+}
+
 // The dashboards and rules on a real Prometheus: deploy/prometheus's
 // configuration (targets, CA file and intervals substituted) scrapes a
 // running dev stack with mutual TLS, and after agent traffic every dashboard
@@ -299,7 +354,7 @@ func signals(e metricsql.Expr) []string {
 func TestDashboardsAndRulesOnRealPrometheus(t *testing.T) {
 	prom, _ := binaries(t)
 	rf := loadRules(t)
-	queries := append(dashboardQueries(t), ruleQueries(t, rf)...)
+	queries := append(append(dashboardQueries(t), ruleQueries(t, rf)...), autoscalerQueries(t)...)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
