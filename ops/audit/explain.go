@@ -35,6 +35,20 @@ type Explanation struct {
 	Notes []string `json:"notes,omitempty"`
 }
 
+// Found reports whether the data directory holds anything about the key:
+// a step of its history in some fleet, or a sub-agent linked to it.
+func (ex *Explanation) Found() bool {
+	if len(ex.Children) > 0 {
+		return true
+	}
+	for _, h := range ex.Histories {
+		if len(h.Items) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // KeyHistory is a key's history in one fleet.
 type KeyHistory struct {
 	Fleet string `json:"fleet"`

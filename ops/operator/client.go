@@ -222,10 +222,10 @@ func (c *Client) BindingInfo(ctx context.Context, fleet fsm.Fleet, key string) (
 
 // PeerList is the Raft configuration as an edge reports it.
 type PeerList struct {
-	Edge   string // the edge that answered
-	Leader string
-	Term   uint64
-	Peers  []cluster.PeerStatus
+	Edge   string               `json:"edge"` // the edge that answered
+	Leader string               `json:"leader"`
+	Term   uint64               `json:"term"`
+	Peers  []cluster.PeerStatus `json:"peers"`
 }
 
 // ListPeers reports the Raft peers and the leader.
@@ -239,10 +239,10 @@ func (c *Client) ListPeers(ctx context.Context) (PeerList, error) {
 
 // MembershipResult is what a membership change left behind.
 type MembershipResult struct {
-	Op     string
-	Edge   string // the edge that took the request
-	Leader string
-	Peers  []cluster.PeerStatus
+	Op     string               `json:"op"`
+	Edge   string               `json:"edge"` // the edge that took the request
+	Leader string               `json:"leader"`
+	Peers  []cluster.PeerStatus `json:"peers"`
 }
 
 type raftOpAnswer struct {
