@@ -95,6 +95,13 @@ type nodeInfoJSON struct {
 	MaxFeatureLevel uint32 `json:"max_feature_level"`
 }
 
+type rankObservedJSON struct {
+	Fleet string `json:"fleet"`
+	Key   string `json:"key"`
+	Epoch uint64 `json:"epoch"`
+	Rank  uint32 `json:"rank"`
+}
+
 type unknownJSON struct {
 	TypeByte uint8  `json:"type_byte"`
 	Optional bool   `json:"optional"`
@@ -138,6 +145,8 @@ func EventFields(p fsm.RawProposal) any {
 		return struct {
 			MaxBindings uint64 `json:"max_bindings"`
 		}{e.MaxBindings}
+	case fsm.RankObserved:
+		return rankObservedJSON{Fleet: e.Fleet.String(), Key: e.Key, Epoch: e.Epoch, Rank: e.Rank}
 	case fsm.Annotation:
 		return struct {
 			Source string `json:"source"`
