@@ -135,9 +135,16 @@ func runOperator(ctx context.Context, args []string) error {
 			if p.ID == pl.Leader {
 				lead = "leader"
 			}
-			healthy, contact, lag, term, suffrage := "?", "?", "?", "?", "?"
+			suffrage := "voter"
+			if !p.Voter {
+				suffrage = "nonvoter"
+			}
+			healthy, contact, lag, term := "?", "?", "?", "?"
 			if h := p.Health; h != nil {
-				healthy, lag, term, suffrage = fmt.Sprint(h.Healthy), fmt.Sprint(h.Lag), fmt.Sprint(h.LastTerm), h.Suffrage
+				healthy, lag, term = fmt.Sprint(h.Healthy), fmt.Sprint(h.Lag), fmt.Sprint(h.LastTerm)
+				if h.Suffrage != "" {
+					suffrage = h.Suffrage
+				}
 				contact = "never"
 				if h.LastContactMS >= 0 {
 					contact = fmt.Sprintf("%.0fms", h.LastContactMS)

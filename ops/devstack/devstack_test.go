@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
@@ -414,5 +415,88 @@ func TestToolCallsStreamThroughTheEdge(t *testing.T) {
 	var parsed map[string]string
 	if name != "get_weather" || json.Unmarshal([]byte(args), &parsed) != nil || parsed["city"] == "" || finish != "tool_calls" {
 		t.Fatalf("streamed call %q(%s), finish %q:\n%s", name, args, finish, b)
+	}
+}
+
+// An edge removed from the cluster (remove-peer) leaves a kept data
+// directory that starts again: the removed edge's directory is moved aside
+// and it rejoins as a new voter, with the cluster's bindings (before: its
+// tombstone stopped every later start, and with its directory wiped it
+// bootstrapped nothing and waited forever). Adding the removed edge back
+// with add-voter while it is halted is refused, naming the removal (before:
+// "committed", leaving a dead voter).
+func TestRemovedEdgeRejoinsOnRestart(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	st, err := Start(ctx, Options{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.WaitReady(ctx); err != nil {
+		st.Close(ctx)
+		t.Fatal(err)
+	}
+	c := stackClient(t, st)
+	p := chat(t, c, st, st.Edges()[0], "parent-1", "", "plan")
+	inst := contextInstance(t, p.route)
+	leader := st.Leader()
+	var victim *EdgeNode
+	for _, n := range st.Edges() {
+		if n != leader {
+			victim = n
+		}
+	}
+	if err := leader.Edge().Node().RemoveServer(ctx, victim.ID); err != nil {
+		st.Close(ctx)
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, victim.ID+" halted", func() bool { return errors.Is(victim.Edge().Node().FatalError(), cluster.ErrRemoved) })
+	err = leader.Edge().Node().AddVoter(ctx, victim.ID, victim.RaftAddr)
+	if !errors.Is(err, cluster.ErrBadRequest) || !strings.Contains(err.Error(), "was removed from the cluster at index") {
+		st.Close(ctx)
+		t.Fatalf("add-voter of the removed %s: %v, want a refusal naming the removal", victim.ID, err)
+	}
+	if peers := leader.Edge().Node().Status().Peers; len(peers) != 2 {
+		t.Errorf("after the refused add-voter the configuration is %+v", peers)
+	}
+	if err := st.Close(ctx); err != nil {
+		t.Logf("close with a removed edge: %v", err)
+	}
+
+	st2 := startStack(t, Options{DataDir: dir})
+	asides, _ := filepath.Glob(filepath.Join(dir, victim.ID+".removed-*"))
+	if len(asides) != 1 {
+		t.Fatalf("the removed edge's old directory was not kept aside: %v", asides)
+	}
+	l2 := st2.Leader()
+	if l2 == nil {
+		t.Fatal("no leader after restart")
+	}
+	voters := 0
+	for _, p := range l2.Edge().Node().Status().Peers {
+		if p.Voter {
+			voters++
+		}
+	}
+	if voters != 3 {
+		t.Fatalf("after restart %d voters: %+v", voters, l2.Edge().Node().Status().Peers)
+	}
+	for _, n := range st2.Edges() {
+		waitUntil(t, ctx, n.ID+" has parent-1's binding", func() bool {
+			b, ok, err := n.Binding(ctx, fsm.FleetContext, "parent-1")
+			return err == nil && ok && b.Instance == inst
+		})
+	}
+}
+
+func waitUntil(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v", what, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
