@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing"
 )
 
 // ActiveWindow is how recently (log time) a binding or parent link must have
@@ -191,4 +192,83 @@ func (e *Edge) observeRouted(rq *request, f fsm.Fleet, h *hop) {
 // observeRoute records the time since start of placing one hop on fleet f.
 func (m *metrics) observeRoute(f fsm.Fleet, start time.Time) {
 	m.routeSeconds.WithLabelValues(f.String()).Observe(time.Since(start).Seconds())
+}
+
+// recordEvidence records, in the background (the recorder's bounded queue:
+// never on the request's path), what the edge saw when it placed h: the rule
+// and each candidate the decision kept (at most fsm.MaxCandidates, the
+// chosen one first) with its cached blocks, load and state. Only placements
+// that the log records (new binds, overflows, degraded binds) get evidence;
+// sticky turns are touches and cost nothing more.
+func (e *Edge) recordEvidence(rq *request, f fsm.Fleet, h *hop) {
+	var rule, bound string
+	switch h.Outcome {
+	case outcomeNewBind, outcomeDegraded:
+		rule = h.Policy
+	case outcomeOverflow:
+		rule, bound = "overflow:"+h.Reason.String(), h.Binding.Instance
+	default:
+		return
+	}
+	ev := evidenceOf(f, h.Key, rq.requestID, rule, h.Instance, bound, h.Binding.Decision.Candidates,
+		e.views(rq.now, nil).Fleet(f), e.tokenizers[f].blockSize)
+	e.recorder.add(ev, nil)
+}
+
+// evidenceOf builds a placement's Evidence from the decision's candidates
+// and the instance views the decision was made from: chosen first, then the
+// key's binding it left (bound, for an overflow), then the other candidates.
+func evidenceOf(f fsm.Fleet, key, requestID, rule, chosen, bound string, cands []fsm.Candidate, views []routing.InstanceView, blockSize int) fsm.Evidence {
+	ev := fsm.Evidence{Fleet: f, Key: key, RequestID: requestID, Rule: rule}
+	add := func(c fsm.Candidate) {
+		ec := fsm.EvidenceCandidate{Instance: c.Instance, LoadTokens: c.LoadTokens}
+		if blockSize > 0 {
+			ec.CachedBlocks = c.CachedTokens / uint32(blockSize)
+		}
+		if c.Instance == chosen {
+			ec.Flags |= fsm.EvidenceChosen
+		}
+		if c.Instance == bound {
+			ec.Flags |= fsm.EvidenceBound
+		}
+		for i := range views {
+			v := &views[i]
+			if v.ID != c.Instance {
+				continue
+			}
+			ec.QueuedRequests = uint32(max(0, v.QueuedRequests))
+			if v.CacheDegraded {
+				ec.Flags |= fsm.EvidenceBreakerOpen
+			}
+			if !v.Healthy {
+				ec.Flags |= fsm.EvidenceUnhealthy
+			}
+			if v.Draining {
+				ec.Flags |= fsm.EvidenceDraining
+			}
+		}
+		ev.Candidates = append(ev.Candidates, ec)
+	}
+	first := func(id string) {
+		if id == "" {
+			return
+		}
+		for _, c := range cands {
+			if c.Instance == id {
+				add(c)
+				return
+			}
+		}
+		add(fsm.Candidate{Instance: id})
+	}
+	first(chosen)
+	if bound != chosen {
+		first(bound)
+	}
+	for _, c := range cands {
+		if c.Instance != chosen && c.Instance != bound && len(ev.Candidates) < fsm.MaxCandidates {
+			add(c)
+		}
+	}
+	return ev
 }

@@ -184,6 +184,7 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 	}
 	e.metrics.decisions.WithLabelValues(f.String(), h.Policy, h.Outcome).Inc()
 	e.observeRouted(rq, f, h)
+	e.recordEvidence(rq, f, h)
 	span.SetAttributes(attrPolicy.String(h.Policy), attrOutcome.String(h.Outcome), attrInstance.String(h.Instance),
 		attrRank.Int(h.Rank), attrCachedTokens.Int(h.Cached))
 	if h.Reason != 0 {
@@ -228,6 +229,7 @@ func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *ap
 	}
 	out := hopOf(d)
 	e.metrics.decisions.WithLabelValues(failed.Fleet.String(), out.Policy, out.Outcome).Inc()
+	e.recordEvidence(rq, failed.Fleet, out)
 	return out, nil
 }
 

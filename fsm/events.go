@@ -384,6 +384,18 @@ const (
 	EvidenceDraining                              // draining (takes no new keys)
 )
 
+// Names lists the flags set, as audit and the admin API print them:
+// chosen, bound, breaker_open, unhealthy, draining.
+func (f EvidenceFlags) Names() []string {
+	out := []string{}
+	for i, name := range [...]string{"chosen", "bound", "breaker_open", "unhealthy", "draining"} {
+		if f&(1<<i) != 0 {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // Annotation is an optional, informational event (for example an operator
 // note or a degraded-mode summary). It changes no state; it exists in the
 // archive for audit.

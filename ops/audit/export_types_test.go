@@ -25,6 +25,7 @@ var exportSamples = []fsm.Event{
 	fsm.Settings{MaxBindings: 10},
 	fsm.RankObserved{Fleet: fsm.FleetContext, Key: "k", Epoch: 7, Rank: 3},
 	fsm.Annotation{Source: "operator", Text: "note"},
+	fsm.Evidence{Fleet: fsm.FleetContext, Key: "k", RequestID: "r", Rule: "kv_aware", Candidates: []fsm.EvidenceCandidate{{Instance: "ctx-1", CachedBlocks: 4, Flags: fsm.EvidenceChosen}}},
 }
 
 // Every event type of the fsm's table exports with its fields decoded
