@@ -19,6 +19,7 @@ import (
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/test/leakcheck"
+	"github.com/tether-project/tether/worker"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
@@ -499,4 +500,58 @@ func waitUntil(t *testing.T, ctx context.Context, what string, cond func() bool)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// A restarted stack's workers bind returning conversations to the ADP rank
+// the affinity log recorded (before: the restarted worker placed them anew,
+// ctx-1/1 became ctx-1/0). Round-robin placement makes a fresh worker's
+// first placement rank 0, so a conversation recorded on another rank shows
+// the difference.
+func TestRestartRestoresWorkerRanks(t *testing.T) {
+	dir := t.TempDir()
+	rr := func(_ string, c *worker.Config) { c.ADP.AttentionDP.NewConvPlacement = "round_robin" }
+	st := startStack(t, Options{DataDir: dir, ContextWorkers: 1, GenerationWorkers: 1, WorkerConfig: rr})
+	c := stackClient(t, st)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Ranks are recorded from feature level 2 on, which the new cluster's
+	// leader commits right after its election.
+	waitUntil(t, ctx, "feature level 2", func() bool {
+		return st.Edges()[0].Edge().Node().State().FeatureLevel() >= fsm.FeatureLevelRanks
+	})
+	ranks := map[string]string{}
+	for i := range 3 {
+		conv := "conv-" + strconv.Itoa(i)
+		ranks[conv] = contextRank(t, chat(t, c, st, st.Edges()[0], conv, "", "plan").route)
+	}
+	// The log records each placement's rank (RankObserved) in the
+	// background.
+	for conv, rank := range ranks {
+		waitUntil(t, ctx, conv+"'s rank "+rank+" in the log", func() bool {
+			b, ok := st.Edges()[0].Edge().Node().State().Lookup(fsm.FleetContext, conv)
+			return ok && b.HasRank && strconv.Itoa(int(b.Rank)) == rank
+		})
+	}
+	closeStack(t, st)
+
+	st2 := startStack(t, Options{DataDir: dir, ContextWorkers: 1, GenerationWorkers: 1, WorkerConfig: rr})
+	c = stackClient(t, st2)
+	// Last placed first: on a fresh round-robin worker it would get rank 0.
+	for _, conv := range []string{"conv-2", "conv-1", "conv-0"} {
+		if got := contextRank(t, chat(t, c, st2, st2.Edges()[1], conv, "", "next").route); got != ranks[conv] {
+			t.Errorf("%s after the restart on rank %s, the log records %s", conv, got, ranks[conv])
+		}
+	}
+}
+
+func contextRank(t *testing.T, route string) string {
+	t.Helper()
+	for _, part := range strings.Split(route, ";") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(part), "context="); ok {
+			_, rank, _ := strings.Cut(v, "/")
+			return rank
+		}
+	}
+	t.Fatalf("no context hop in route %q", route)
+	return ""
 }
