@@ -272,3 +272,9 @@ func evidenceOf(f fsm.Fleet, key, requestID, rule, chosen, bound string, cands [
 	}
 	return ev
 }
+
+// BackgroundPending is how many background events (overflows, links, rank
+// observations, evidence, degraded binds) this edge has not yet seen
+// through the log: queued or being proposed. Tests wait for 0 before they
+// take a quiet log's index.
+func (e *Edge) BackgroundPending() int { return e.recorder.pending() }
