@@ -125,14 +125,27 @@ func chat(t *testing.T, c *http.Client, st *Stack, n *EdgeNode, session, parent,
 // contextInstance parses "context=ctx-1/0; generation=gen-2/3".
 func contextInstance(t *testing.T, route string) string {
 	t.Helper()
+	inst, _ := contextHop(t, route)
+	return inst
+}
+
+// contextRank is the rank of the route header's context hop.
+func contextRank(t *testing.T, route string) string {
+	t.Helper()
+	_, rank := contextHop(t, route)
+	return rank
+}
+
+func contextHop(t *testing.T, route string) (instance, rank string) {
+	t.Helper()
 	for _, part := range strings.Split(route, ";") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(part), "context="); ok {
-			inst, _, _ := strings.Cut(v, "/")
-			return inst
+			instance, rank, _ = strings.Cut(v, "/")
+			return instance, rank
 		}
 	}
 	t.Fatalf("no context hop in route header %q", route)
-	return ""
+	return "", ""
 }
 
 func binding(t *testing.T, n *EdgeNode, fleet fsm.Fleet, key string) (admin.BindingInfo, bool) {
@@ -544,14 +557,3 @@ func TestRestartRestoresWorkerRanks(t *testing.T) {
 	}
 }
 
-func contextRank(t *testing.T, route string) string {
-	t.Helper()
-	for _, part := range strings.Split(route, ";") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(part), "context="); ok {
-			_, rank, _ := strings.Cut(v, "/")
-			return rank
-		}
-	}
-	t.Fatalf("no context hop in route %q", route)
-	return ""
-}
