@@ -556,4 +556,3 @@ func TestRestartRestoresWorkerRanks(t *testing.T) {
 		}
 	}
 }
-
