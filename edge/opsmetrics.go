@@ -210,8 +210,14 @@ func (e *Edge) recordEvidence(rq *request, f fsm.Fleet, h *hop) {
 	default:
 		return
 	}
+	// The views the decision read (cached by views(); read here without
+	// rebuilding them, which would feed the overload tracker again).
+	var views []routing.InstanceView
+	if c := e.viewsCache.Load(); c != nil {
+		views = c.views.Fleet(f)
+	}
 	ev := evidenceOf(f, h.Key, rq.requestID, rule, h.Instance, bound, h.Binding.Decision.Candidates,
-		e.views(rq.now, nil).Fleet(f), e.tokenizers[f].blockSize)
+		views, e.tokenizers[f].blockSize)
 	e.recorder.add(ev, nil)
 }
 
