@@ -21,6 +21,9 @@ var (
 	ErrClosed = transport.ErrClosed
 	// ErrHalted: the node stopped applying the log (see Node.Fatal).
 	ErrHalted = transport.ErrHalted
+	// ErrBadRequest: a request the cluster cannot act on as asked (an
+	// add-voter of a node that does not answer, for one).
+	ErrBadRequest = transport.ErrBadRequest
 	// ErrRemoved: the node was removed from the cluster.
 	ErrRemoved = errors.New("cluster: node removed from the cluster")
 	// ErrNotApplied: the proposals committed (their results, from the

@@ -14,8 +14,11 @@ import (
 	"github.com/tether-project/tether/cluster/transport"
 )
 
-// tombstoneFile marks a data directory whose node was removed.
-const tombstoneFile = "REMOVED"
+// TombstoneFile, in a data directory, marks a node removed from the
+// cluster: it refuses to start on that directory again.
+const TombstoneFile = "REMOVED"
+
+const tombstoneFile = TombstoneFile
 
 type tombstone struct {
 	NodeID    string    `json:"node_id"`
@@ -70,6 +73,36 @@ func (n *Node) onRemoved(index uint64) {
 	}
 	n.fatal(fmt.Errorf("%w: node %s was removed at index %d", ErrRemoved, n.id, index))
 	n.shutdownRaftAsync(0)
+}
+
+// onConfigurationDropped runs when the state machine applies a committed
+// configuration without this node. That is its removal, unless a later
+// configuration in its log adds it back: a node removed and then added
+// again under the same id (a new member on a wiped data directory, say)
+// replays its own old removal on the way. Raft takes configurations in when
+// it appends them, before they are applied, so its latest configuration
+// already shows the re-addition (when the log it receives holds both in one
+// batch of entries, or a snapshot carries it). The check runs apart from
+// the state machine's goroutine, which must not wait on raft.
+func (n *Node) onConfigurationDropped(index uint64) {
+	if n.raft == nil {
+		n.onRemoved(index)
+		return
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		f := n.raft.GetConfiguration()
+		if f.Error() == nil {
+			for _, s := range f.Configuration().Servers {
+				if string(s.ID) == n.id {
+					n.log.Info("cluster: a later configuration adds this node back; its removal is history", "removed_at", index)
+					return
+				}
+			}
+		}
+		n.onRemoved(index)
+	}()
 }
 
 // AddVoter adds (or re-addresses) a voter and waits for the configuration
@@ -139,6 +172,11 @@ func (n *Node) leaderMembershipChange(ctx context.Context, op transport.Op, id, 
 	case transport.OpJoinVoter, transport.OpJoinNonvoter:
 		return n.leaderJoin(ctx, id, addr, op == transport.OpJoinVoter)
 	case transport.OpAddVoter:
+		if n.serverAddr(id) == "" {
+			if err := n.checkAddable(ctx, id, addr); err != nil {
+				return err
+			}
+		}
 		f := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 0)
 		if err := waitFuture(ctx, f); err != nil {
 			return fmt.Errorf("cluster: add voter %s at %s: %w", id, addr, mapMembershipError(err))
@@ -153,6 +191,7 @@ func (n *Node) leaderMembershipChange(ctx context.Context, op transport.Op, id, 
 		}
 		index := f.Index()
 		n.log.Info("cluster: server removed", "id", id, "index", index)
+		n.removedIDs.Store(id, index)
 		if id == n.id {
 			n.onRemoved(index)
 			return nil
@@ -191,6 +230,30 @@ func (n *Node) leaderMembershipChange(ctx context.Context, op transport.Op, id, 
 		return nil
 	}
 	return transport.BadRequest("unknown membership op %d", op)
+}
+
+// checkAddable refuses to add a voter that could not vote: one that does not
+// answer at addr as id (a dead voter brings the group one failure closer to
+// losing its quorum, and raft would retry it forever), or one that halted,
+// as a node removed from the cluster does (its data directory keeps a
+// tombstone, so it never serves again).
+func (n *Node) checkAddable(ctx context.Context, id, addr string) error {
+	removed := ""
+	if idx, ok := n.removedIDs.Load(id); ok {
+		removed = fmt.Sprintf("; %s was removed from the cluster at index %d, and a removed node's data directory keeps a REMOVED tombstone that stops it for good: wipe that directory, start the edge empty with cluster.join (it joins by itself) or add it once it answers", id, idx)
+	}
+	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	st, err := n.PeerStatus(sctx, addr)
+	switch {
+	case err != nil:
+		return transport.BadRequest("add voter %s at %s: no edge answers there (%v); start it first (with an empty data dir and neither bootstrap nor join, then add it; or with cluster.join, and it joins by itself)%s", id, addr, err, removed)
+	case st.ID != id:
+		return transport.BadRequest("add voter %s at %s: the edge answering there is %q, not %s", id, addr, st.ID, id)
+	case st.Halted != "":
+		return transport.BadRequest("add voter %s at %s: that edge has halted (%s)%s", id, addr, st.Halted, removed)
+	}
+	return nil
 }
 
 // leaderJoin adds a joining node: as a voter when it asks to vote and the

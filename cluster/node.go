@@ -73,6 +73,10 @@ type Node struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// removedIDs: member id → index of its removal, as this node (while
+	// leader) removed them; add-voter names it in its refusal.
+	removedIDs sync.Map
+
 	started  atomic.Bool // NewRaft returned (restores after this come from peers or the operator)
 	ready    atomic.Bool // leader and its barrier completed
 	readyMu  sync.Mutex  // serialises setReady's latest-value-wins send
@@ -276,7 +280,7 @@ func (n *Node) newStateMachine(u *undo) (err error) {
 	n.fsm = newRaftFSM(n.machine, n.archiver, n.id, n.log, n.metrics, n.cfg.HashHistory)
 	n.fsm.onApplied = n.batcher.resolve
 	n.fsm.onHalt = n.onHalt
-	n.fsm.onRemoved = n.onRemoved
+	n.fsm.onRemoved = n.onConfigurationDropped
 	n.fsm.onRestored = n.onRestored
 	n.fsm.snapshotConfig = n.latestSnapshotConfig
 	if cfg, idx, ok := n.latestSnapshotConfig(); ok {

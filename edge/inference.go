@@ -347,6 +347,7 @@ func (e *Edge) hopHeader(ctx context.Context, rq *request, h *hop, role hintauth
 	hdr := make(http.Header, 6)
 	hdr.Set("Content-Type", "application/json")
 	traceProp.Inject(ctx, propagation.HeaderCarrier(hdr))
+	setLogRank(hdr, h)
 	if e.sendHint(rq, h, role) {
 		sig, err := hintauth.SignAs(e.cfg.HintSignatureFormat, e.authKey, hintauth.Fields{
 			Role: role, Model: rq.model, ConversationID: rq.id.ConversationID, AffinityID: rq.id.Root,

@@ -4,6 +4,9 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing"
 )
 
 // metrics are the edge's tether_edge_* series (fleetview adds the
@@ -26,6 +29,8 @@ type metrics struct {
 	recorderDropped *prometheus.CounterVec
 	bodyRefused     prometheus.Counter
 	bodyInflight    prometheus.GaugeFunc
+	routeSeconds    *prometheus.HistogramVec
+	routed          routedMetrics
 }
 
 func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
@@ -106,10 +111,28 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 		}
 		return float64(e.node.State().Len())
 	})
+	m.routeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "tether_edge_route_seconds",
+		Help:    "Time the edge spends placing one hop of a request (the routing decision, the log commit of a new placement included): what routing adds to time to first token, by fleet.",
+		Buckets: []float64{.0001, .00025, .0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1},
+	}, []string{"fleet"})
+	m.routed = newRoutedMetrics()
+	// Pre-create the series the shipped alerts and dashboards divide or
+	// alert on, so they read 0 rather than absent on a healthy edge.
+	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+		m.decisions.WithLabelValues(f.String(), routing.PolicyShed, outcomeShed)
+		m.routeSeconds.WithLabelValues(f.String())
+		m.retries.WithLabelValues(f.String())
+	}
+	for _, t := range []fsm.EventType{fsm.TypeOverflow, fsm.TypeLink, fsm.TypeRankObserved, fsm.TypeBind} {
+		for _, reason := range []string{"queue_full", "attempts", "closed"} {
+			m.recorderDropped.WithLabelValues(t.String(), reason)
+		}
+	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.requestSeconds, m.decisions, m.commitSeconds, m.proposals, m.retries,
+	for _, c := range []prometheus.Collector{m.routeSeconds, m.routed.requests, m.routed.prefill, &opsCollector{e: e}, m.requests, m.requestSeconds, m.decisions, m.commitSeconds, m.proposals, m.retries,
 		m.degradedPending, m.degradedRecord, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
 		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight} {
 		if err := reg.Register(c); err != nil {

@@ -27,6 +27,7 @@ type recorder struct {
 	degraded map[fsm.FleetKey]fsm.Bind // placed without the log, not recorded yet
 	links    map[string]bool           // queued links, by child
 	ranks    map[fsm.FleetKey]uint32   // queued rank observations, by key
+	inflight int                       // events of the batch flush is proposing
 }
 
 type recorded struct {
@@ -91,6 +92,13 @@ func (r *recorder) queued() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.queue)
+}
+
+// pending is queued plus the events of a batch being proposed now.
+func (r *recorder) pending() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.queue) + r.inflight
 }
 
 func (r *recorder) dropLocked(x recorded, reason string) {
@@ -193,7 +201,13 @@ func (r *recorder) flush(ctx context.Context) bool {
 	batch := slices.Clone(r.queue[:n])
 	clear(r.queue[:n])
 	r.queue = r.queue[n:]
+	r.inflight += n
 	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.inflight -= n
+		r.mu.Unlock()
+	}()
 	if len(batch) == 0 {
 		return true
 	}

@@ -173,6 +173,7 @@ func (e *Edge) failureError(f *decide.Failure) *apiError {
 func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *apiError) {
 	ctx, span := e.tracer.Start(ctx, "tether.edge route "+f.String(), trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
+	defer e.metrics.observeRoute(f, time.Now())
 	h, aerr := e.decide(ctx, rq, f, prev)
 	keyKind := "none"
 	switch {
@@ -192,6 +193,8 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 		return nil, aerr
 	}
 	e.metrics.decisions.WithLabelValues(f.String(), h.Policy, h.Outcome).Inc()
+	e.observeRouted(rq, f, h)
+	e.recordEvidence(rq, f, h)
 	span.SetAttributes(attrPolicy.String(h.Policy), attrOutcome.String(h.Outcome), attrInstance.String(h.Instance),
 		attrRank.Int(h.Rank), attrCachedTokens.Int(h.Cached))
 	if h.Reason != 0 {
@@ -239,6 +242,7 @@ func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *ap
 	}
 	out := hopOf(d)
 	e.metrics.decisions.WithLabelValues(failed.Fleet.String(), out.Policy, out.Outcome).Inc()
+	e.recordEvidence(rq, failed.Fleet, out)
 	return out, nil
 }
 

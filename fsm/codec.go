@@ -138,6 +138,22 @@ func appendEvent(dst []byte, ev Event) ([]byte, error) {
 		w.str("Key", e.Key)
 		w.uvarint(e.Epoch)
 		w.uvarint(uint64(e.Rank))
+	case Evidence:
+		w.u8(uint8(e.Fleet))
+		w.str("Key", e.Key)
+		w.str("RequestID", e.RequestID)
+		w.str("Rule", e.Rule)
+		if len(e.Candidates) > MaxCandidates && w.err == nil {
+			w.err = fmt.Errorf("fsm: encode %v: %d candidates, the limit is %d", e.Type(), len(e.Candidates), MaxCandidates)
+		}
+		w.uvarint(uint64(len(e.Candidates)))
+		for _, c := range e.Candidates {
+			w.str("Candidates.Instance", c.Instance)
+			w.uvarint(uint64(c.CachedBlocks))
+			w.uvarint(uint64(c.LoadTokens))
+			w.uvarint(uint64(c.QueuedRequests))
+			w.u8(uint8(c.Flags))
+		}
 	}
 	if w.err != nil {
 		return nil, w.err
@@ -151,8 +167,12 @@ func derefEvent(ev Event) (Event, error) {
 	switch e := ev.(type) {
 	case nil:
 		return nil, errors.New("fsm: encode: nil event")
-	case Bind, Touch, Evict, Overflow, InstanceState, ClusterFeatures, Link, NodeInfo, Settings, Annotation, RankObserved:
+	case Bind, Touch, Evict, Overflow, InstanceState, ClusterFeatures, Link, NodeInfo, Settings, Annotation, RankObserved, Evidence:
 		return e, nil
+	case *Evidence:
+		if e != nil {
+			return *e, nil
+		}
 	case *Bind:
 		if e != nil {
 			return *e, nil
@@ -320,6 +340,30 @@ func decodeEventAt(b []byte, base int) (Event, error) {
 		e.Epoch = r.uvarint("RankObserved.Epoch")
 		e.Rank = r.uint32v("RankObserved.Rank")
 		ev = e
+	case TypeEvidence:
+		var e Evidence
+		e.Fleet = Fleet(r.u8("Evidence.Fleet"))
+		e.Key = r.str("Evidence.Key")
+		e.RequestID = r.str("Evidence.RequestID")
+		e.Rule = r.str("Evidence.Rule")
+		at := r.off
+		n := r.uvarint("Evidence.Candidates count")
+		if r.err == nil && n > MaxCandidates {
+			r.off = at
+			r.fail("Evidence has %d candidates, the limit is %d", n, MaxCandidates)
+		}
+		if r.err == nil && n > 0 {
+			e.Candidates = make([]EvidenceCandidate, n)
+			for i := range e.Candidates {
+				c := &e.Candidates[i]
+				c.Instance = r.str("Evidence.Candidates.Instance")
+				c.CachedBlocks = r.uint32v("Evidence.Candidates.CachedBlocks")
+				c.LoadTokens = r.uint32v("Evidence.Candidates.LoadTokens")
+				c.QueuedRequests = r.uint32v("Evidence.Candidates.QueuedRequests")
+				c.Flags = EvidenceFlags(r.u8("Evidence.Candidates.Flags"))
+			}
+		}
+		ev = e
 	}
 	if r.err != nil {
 		return nil, r.err
@@ -393,6 +437,8 @@ func EventKeys(ev Event) []FleetKey {
 	case Overflow:
 		return []FleetKey{{Fleet: e.Fleet, Key: e.Key}}
 	case RankObserved:
+		return []FleetKey{{Fleet: e.Fleet, Key: e.Key}}
+	case Evidence:
 		return []FleetKey{{Fleet: e.Fleet, Key: e.Key}}
 	}
 	return nil

@@ -63,6 +63,9 @@ const (
 	TypeRankObserved EventType = 11
 	// TypeAnnotation is informational (audit only, no effect on state).
 	TypeAnnotation EventType = FlagIgnoreUnknown | 10
+	// TypeEvidence is informational like Annotation (audit only, no effect
+	// on state): a build that does not know it skips it.
+	TypeEvidence EventType = FlagIgnoreUnknown | 12
 )
 
 // Optional reports whether the ignore-if-unknown bit is set.
@@ -92,6 +95,8 @@ func (t EventType) String() string {
 		return "Annotation"
 	case TypeRankObserved:
 		return "RankObserved"
+	case TypeEvidence:
+		return "Evidence"
 	}
 	return fmt.Sprintf("EventType(0x%02x)", uint8(t))
 }
@@ -102,6 +107,10 @@ func (t EventType) Level() uint32 {
 	switch t {
 	case TypeBind, TypeTouch, TypeEvict, TypeOverflow, TypeInstanceState, TypeClusterFeatures,
 		TypeLink, TypeNodeInfo, TypeSettings, TypeAnnotation:
+		return FeatureLevelBase
+	case TypeEvidence:
+		// Optional and without effect on state: no level gates it (a
+		// node that does not know it skips it, and the state is the same).
 		return FeatureLevelBase
 	case TypeRankObserved:
 		return FeatureLevelRanks
@@ -341,6 +350,52 @@ type RankObserved struct {
 	Rank  uint32
 }
 
+// Evidence is what the deciding edge saw when it placed (Fleet, Key): the
+// rule that decided and, per candidate considered (at most MaxCandidates,
+// the chosen one first), its cached prompt blocks, its load and its state.
+// It follows the Bind or Overflow of the same request (RequestID); like
+// Annotation it is optional and changes no state, so audit can explain a
+// placement after the fact while replicas and older builds ignore it.
+type Evidence struct {
+	Fleet      Fleet
+	Key        string
+	RequestID  string
+	Rule       string // e.g. kv_aware, least_loaded, overflow:saturated, degraded_rendezvous
+	Candidates []EvidenceCandidate
+}
+
+// EvidenceCandidate is one instance a placement considered.
+type EvidenceCandidate struct {
+	Instance       string
+	CachedBlocks   uint32 // prompt blocks the edge believed cached there
+	LoadTokens     uint32 // queued and active prompt tokens it reported
+	QueuedRequests uint32
+	Flags          EvidenceFlags
+}
+
+// EvidenceFlags describe a candidate's state at the decision.
+type EvidenceFlags uint8
+
+const (
+	EvidenceChosen      EvidenceFlags = 1 << iota // the placement went here
+	EvidenceBound                                 // the key's binding before the decision
+	EvidenceBreakerOpen                           // its cache circuit breaker was open
+	EvidenceUnhealthy                             // not healthy (excluded)
+	EvidenceDraining                              // draining (takes no new keys)
+)
+
+// Names lists the flags set, as audit and the admin API print them:
+// chosen, bound, breaker_open, unhealthy, draining.
+func (f EvidenceFlags) Names() []string {
+	out := []string{}
+	for i, name := range [...]string{"chosen", "bound", "breaker_open", "unhealthy", "draining"} {
+		if f&(1<<i) != 0 {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // Annotation is an optional, informational event (for example an operator
 // note or a degraded-mode summary). It changes no state; it exists in the
 // archive for audit.
@@ -359,4 +414,5 @@ func (Link) Type() EventType            { return TypeLink }
 func (NodeInfo) Type() EventType        { return TypeNodeInfo }
 func (Settings) Type() EventType        { return TypeSettings }
 func (Annotation) Type() EventType      { return TypeAnnotation }
+func (Evidence) Type() EventType        { return TypeEvidence }
 func (RankObserved) Type() EventType    { return TypeRankObserved }

@@ -324,7 +324,7 @@ func (tx *txn) applyEvent(ev Event) Result {
 			tx.s.maxBindings = e.MaxBindings
 		}
 		return Result{Status: StatusApplied}
-	case Annotation:
+	case Annotation, Evidence:
 		return Result{Status: StatusApplied}
 	case RankObserved:
 		return tx.rankObserved(&e)

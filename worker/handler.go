@@ -273,6 +273,11 @@ func (x *exchange) serve() (int, string) {
 		// policy, without conversation or sub-agent bindings.
 		placeReq.ConversationID, placeReq.AffinityID = "", ""
 	}
+	if v := x.r.Header.Get(HeaderLogRank); v != "" && placeReq.ConversationID+placeReq.AffinityID != "" {
+		if r, err := strconv.Atoi(v); err == nil && r >= 0 {
+			placeReq.LogRank, placeReq.HasLogRank = r, true
+		}
+	}
 	if rp, ok := s.eng.(engine.RankPrefixer); ok && s.sched.Placement() == adp.KVAware && adapter == "" {
 		placeReq.CachedTokens = rp.CachedPrefix(p.prompt)
 	}

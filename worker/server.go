@@ -44,6 +44,11 @@ const (
 	HeaderInstance = "x-tether-instance"
 )
 
+// HeaderLogRank, on an edge's hop, is the ADP rank the affinity log
+// records for the request's conversation (or its sub-agent root): a worker
+// without a binding for it (restarted) binds it there again.
+const HeaderLogRank = "x-tether-log-rank"
+
 // Server is one worker: HTTP API, scheduler, engine and telemetry.
 type Server struct {
 	// bodies bounds the request-body bytes held at once.

@@ -21,6 +21,9 @@ var (
 	ErrClosed = errors.New("cluster: node closed")
 	// ErrHalted: the node stopped applying the log (see cluster.Node.Fatal).
 	ErrHalted = errors.New("cluster: node halted")
+	// ErrBadRequest: the request cannot be acted on as asked (BadRequest),
+	// locally or as a remote node answered; never retried.
+	ErrBadRequest = errors.New("cluster: bad request")
 
 	// ErrAuth marks a refused handshake (wrong AuthKey, or a TLS peer whose
 	// certificate does not name the node it claims to be). Not retryable.
@@ -72,6 +75,8 @@ type badRequestError struct{ msg string }
 
 func (e *badRequestError) Error() string { return "bad request: " + e.msg }
 
+func (e *badRequestError) Is(target error) bool { return target == ErrBadRequest }
+
 // BadRequest is a Handler's answer to a request it cannot act on as asked
 // (answered with the "bad request" code; never retried).
 func BadRequest(format string, args ...any) error {
@@ -121,6 +126,8 @@ func decodeError(addr string, code byte, payload []byte) error {
 		re.Cause = ErrClosed
 	case codeHalted:
 		re.Cause = ErrHalted
+	case codeBadRequest:
+		re.Cause = ErrBadRequest
 	}
 	return re
 }

@@ -36,20 +36,25 @@ Audit reads a COPY of the data directory: a running edge holds its files locked
 (cp -r the directory, or take 'tether operator snapshot save' for the state alone).
 `
 
+// errNotFound marks a query about something the data holds nothing about
+// (exit 1).
+var errNotFound = errors.New("not found")
+
 // errVerifyFailed marks a completed verification that found a mismatch.
 var errVerifyFailed = errors.New("verification failed")
 
 func runAudit(ctx context.Context, args []string) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, auditUsage)
-		if len(args) == 0 {
-			return fmt.Errorf("%w: a subcommand is required", errUsage)
-		}
+		return fmt.Errorf("%w: a subcommand is required", errUsage)
+	}
+	if helpArg(args[0]) {
+		fmt.Fprint(os.Stdout, auditUsage)
 		return nil
 	}
 	sub, rest := args[0], args[1:]
 	fs := newFlagSet("audit " + sub)
-	fs.Usage = func() { fmt.Fprint(os.Stderr, auditUsage) }
+	fs.Usage = func() { fmt.Fprint(fs.Output(), auditUsage) }
 	dataDir := fs.String("data-dir", "", "a COPY of an edge's cluster.data_dir (required)")
 	asJSON := fs.Bool("json", false, "print JSON instead of text")
 	noRaft := fs.Bool("no-raft-log", false, "ignore raft.db (archive and snapshots only)")
@@ -135,9 +140,14 @@ func runAudit(ctx context.Context, args []string) error {
 			return err
 		}
 		if *asJSON {
-			return writeJSONTo(stdout, ex)
+			err = writeJSONTo(stdout, ex)
+		} else {
+			err = ex.WriteText(stdout)
 		}
-		return ex.WriteText(stdout)
+		if err == nil && !ex.Found() {
+			err = fmt.Errorf("%w: key %q: nothing in this data directory's log (no bind, touch, overflow, eviction or linked sub-agent); check the key and --fleet", errNotFound, *key)
+		}
+		return err
 	case "verify":
 		if *edgeURL == "" {
 			return fmt.Errorf("%w: --edge is required", errUsage)
@@ -249,7 +259,7 @@ func writeJSONTo(w io.Writer, v any) error {
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parseHelpful(fs, args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return nil, err
 			}

@@ -21,8 +21,12 @@ func init() {
 }
 
 func runBench(ctx context.Context, args []string) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(os.Stderr, `usage: tether bench <replay|agents|report> [flags]
+	if len(args) == 0 || helpArg(args[0]) {
+		out := os.Stdout
+		if len(args) == 0 {
+			out = os.Stderr
+		}
+		fmt.Fprint(out, `usage: tether bench <replay|agents|report> [flags]
 
   replay   replay trace files (sim: virtual time; e2e: a running deployment)
   agents   the agent patterns of docs/agent-workloads.md (react, supervisor, fanout, retry, tag)
@@ -74,24 +78,36 @@ type simFlags struct {
 	cacheLostIdle *time.Duration
 }
 
-func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *simFlags {
-	return &simFlags{
-		mode:      fs.String("mode", "sim", "sim (virtual time, in-process) or e2e (HTTP against a running deployment)"),
-		instances: fs.Int("instances", 8, "worker instances (sim)"),
-		ranks:     fs.Int("ranks", defRanks, "ADP ranks per instance (sim)"),
-		capacity:  fs.Int("capacity-blocks", defCapacity, "KV blocks per instance, split evenly over its ranks (sim)"),
-		edges:     fs.String("edges", defEdges, "edge counts, comma-separated (e.g. 1,3,5)"),
-		policies:  fs.String("policies", "all", "policies, comma-separated: random, round_robin, least_loaded, session_local, session, prefix, tether (or all)"),
-		timeScale: fs.Float64("time-scale", 1, "multiply the workload's timing (0.5 = twice as fast)"),
-		seed:      fs.Uint64("seed", 1, "seed for the load balancer's edge choice and the random policy"),
-		logKind:   fs.String("log", "virtual", "affinity log in sim mode: virtual (virtual time, commit latency measured by BenchmarkBindCommit) or sequencer (zero commit latency)"),
-		parallel:  fs.Int("parallel", 0, "concurrent runs in sim mode (0: one per CPU)"),
-		jsonOut:   fs.Bool("json", false, "print one JSON object instead of tables"),
-		edgeURLs:  fs.String("edge-urls", "", "e2e: comma-separated edge base URLs (default: start a local deployment)"),
-		noBreaker: fs.Bool("no-breaker", false, "sim: disable the tether policy's cache circuit breaker"),
-		model:     fs.String("model", devstack.DefaultModel, "e2e with --edge-urls: the model the deployment serves"),
-		parentHeader: fs.String("parent-header", devstack.ParentHeader,
-			"e2e with --edge-urls: the deployment's parent-session header (conversation_affinity_header_for_subagents)"),
+// addSimFlags registers the shared flags; external adds those that point
+// e2e mode at a running deployment (--edge-urls, --model, --parent-header),
+// which only bench replay accepts.
+func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int, external bool) *simFlags {
+	empty, model, header := "", devstack.DefaultModel, devstack.ParentHeader
+	sf := &simFlags{edgeURLs: &empty, model: &model, parentHeader: &header}
+	if external {
+		sf.edgeURLs = fs.String("edge-urls", "", "e2e: comma-separated edge base URLs (default: start a local deployment)")
+		sf.model = fs.String("model", devstack.DefaultModel, "e2e with --edge-urls: the model the deployment serves")
+		sf.parentHeader = fs.String("parent-header", devstack.ParentHeader,
+			"e2e with --edge-urls: the deployment's parent-session header (conversation_affinity_header_for_subagents)")
+	}
+	sf.add(fs, defEdges, defCapacity, defRanks)
+	return sf
+}
+
+func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) {
+	*sf = simFlags{edgeURLs: sf.edgeURLs, model: sf.model, parentHeader: sf.parentHeader,
+		mode:       fs.String("mode", "sim", "sim (virtual time, in-process) or e2e (HTTP against a running deployment)"),
+		instances:  fs.Int("instances", 8, "worker instances (sim)"),
+		ranks:      fs.Int("ranks", defRanks, "ADP ranks per instance (sim)"),
+		capacity:   fs.Int("capacity-blocks", defCapacity, "KV blocks per instance, split evenly over its ranks (sim)"),
+		edges:      fs.String("edges", defEdges, "edge counts, comma-separated (e.g. 1,3,5)"),
+		policies:   fs.String("policies", "all", "policies, comma-separated: random, round_robin, least_loaded, session_local, session, prefix, tether (or all)"),
+		timeScale:  fs.Float64("time-scale", 1, "multiply the workload's timing (0.5 = twice as fast)"),
+		seed:       fs.Uint64("seed", 1, "seed for the load balancer's edge choice and the random policy"),
+		logKind:    fs.String("log", "virtual", "affinity log in sim mode: virtual (virtual time, commit latency measured by BenchmarkBindCommit) or sequencer (zero commit latency)"),
+		parallel:   fs.Int("parallel", 0, "concurrent runs in sim mode (0: one per CPU)"),
+		jsonOut:    fs.Bool("json", false, "print one JSON object instead of tables"),
+		noBreaker:  fs.Bool("no-breaker", false, "sim: disable the tether policy's cache circuit breaker"),
 		genWorkers: fs.Int("generation-workers", 2, "e2e local deployment: generation workers"),
 		adpPlacement: fs.String("adp-placement", "round_robin",
 			"workers' kv_cache_routing_new_conv_placement: round_robin, least_tokens or least_queued"),
@@ -174,7 +190,7 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	maxDuration := fs.Duration("max-duration", 0, "replay only traces whose last request starts within this long (0: all)")
 	stagger := fs.Duration("stagger", 0, "start each conversation at an offset in [0, stagger) derived from its trace id (0: all at once)")
 	half := fs.String("half", "", "keep one half of the traces: tuning or validation (sorted by id, alternating; empty: all)")
-	sf := addSimFlags(fs, "3", 6000, 1)
+	sf := addSimFlags(fs, "3", 6000, 1, true)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: tether bench replay --traces DIR [flags]\n\ne2e mode scales the workload's timing and the simulated workers' engine time by --time-scale alike\n(e.g. --time-scale 0.05); the sim comparison it prints runs at scale 1.\n\nflags:")
 		fs.PrintDefaults()
@@ -219,7 +235,7 @@ func runBenchAgents(ctx context.Context, args []string) error {
 	pattern := fs.String("pattern", "", "react, supervisor, fanout, retry or tag (required)")
 	executions := fs.Int("executions", 1, "executions of the pattern (same agent type, own contexts)")
 	interval := fs.Duration("interval", 0, "start offset between executions")
-	sf := addSimFlags(fs, "3", 16384, 2)
+	sf := addSimFlags(fs, "3", 16384, 2, false)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -311,9 +327,6 @@ func localOptions(sf *simFlags, ro bench.ReplayOptions) bench.LocalE2EOptions {
 }
 
 func runAgentsE2E(ctx context.Context, opts bench.AgentOptions, sf *simFlags, ro bench.ReplayOptions) (*bench.AgentsReport, error) {
-	if *sf.edgeURLs != "" {
-		return nil, fmt.Errorf("%w: bench agents --mode e2e starts its own local deployments (one per policy); --edge-urls is for replay", errUsage)
-	}
 	w, err := bench.Agents(opts)
 	if err != nil {
 		return nil, err

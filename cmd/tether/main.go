@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -40,17 +41,19 @@ func register(name, summary string, run func(ctx context.Context, args []string)
 // errUsage marks errors caused by bad arguments: exit code 2.
 var errUsage = errors.New("usage error")
 
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: tether <command> [flags]\n\ncommands:")
+// usage lists the commands on w: standard output when asked for (-h,
+// help), standard error after a mistake.
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: tether <command> [flags]\n\ncommands:")
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(os.Stderr, "  %-10s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintln(os.Stderr, "\nRun 'tether <command> -h' for the flags of a command.")
+	fmt.Fprintln(w, "\nRun 'tether <command> -h' for the flags of a command.")
 }
 
 func main() {
@@ -59,16 +62,17 @@ func main() {
 		return
 	}
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
-		usage()
 		if len(os.Args) < 2 {
+			usage(os.Stderr)
 			os.Exit(2)
 		}
+		usage(os.Stdout)
 		return
 	}
 	cmd, ok := commands[os.Args[1]]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "tether: unknown command %q\n\n", os.Args[1])
-		usage()
+		usage(os.Stderr)
 		os.Exit(2)
 	}
 	ctx, stop := stopOnSignals(context.Background())
@@ -94,7 +98,7 @@ func newFlagSet(name string) *flag.FlagSet {
 
 // parseFlags parses args and wraps parse failures as usage errors.
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	if err := parseHelpful(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
@@ -104,6 +108,31 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
 	}
 	return nil
+}
+
+// parseHelpful is fs.Parse with what it prints sent where a user looks for
+// it: the usage asked for with -h on standard output, a mistake and the
+// usage after it on standard error.
+func parseHelpful(fs *flag.FlagSet, args []string) error {
+	out := fs.Output()
+	var buf bytes.Buffer
+	fs.SetOutput(&buf)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	if errors.Is(err, flag.ErrHelp) {
+		out = os.Stdout
+	}
+	out.Write(buf.Bytes())
+	return err
+}
+
+// helpArg reports whether arg asks for help.
+func helpArg(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--help", "--h", "help":
+		return true
+	}
+	return false
 }
 
 func init() {

@@ -44,26 +44,27 @@ func (s *stringList) Set(v string) error {
 }
 
 func runOperator(ctx context.Context, args []string) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, operatorUsage)
-		if len(args) == 0 {
-			return fmt.Errorf("%w: a command is required", errUsage)
-		}
+		return fmt.Errorf("%w: a command is required", errUsage)
+	}
+	if helpArg(args[0]) {
+		fmt.Fprint(os.Stdout, operatorUsage)
 		return nil
 	}
 	if len(args) < 2 {
 		fmt.Fprint(os.Stderr, operatorUsage)
 		return fmt.Errorf("%w: %q needs a command", errUsage, args[0])
 	}
-	if h := args[1]; h == "-h" || h == "--help" || h == "-help" || h == "help" {
+	if helpArg(args[1]) {
 		// `tether operator raft --help`: help, not a usage error.
-		fmt.Fprint(os.Stderr, operatorUsage)
+		fmt.Fprint(os.Stdout, operatorUsage)
 		return nil
 	}
 	group, cmd := args[0], args[1]
 	name := group + " " + cmd
 	fs := newFlagSet("operator " + name)
-	fs.Usage = func() { fmt.Fprint(os.Stderr, operatorUsage) }
+	fs.Usage = func() { fmt.Fprint(fs.Output(), operatorUsage) }
 	var edges stringList
 	fs.Var(&edges, "edge", "an edge's base URL, e.g. http://10.0.0.1:8000 (repeatable, or comma-separated)")
 	token := fs.String("admin-token", "", "admin API bearer token (default $"+operator.EnvAdminToken+")")
@@ -134,9 +135,16 @@ func runOperator(ctx context.Context, args []string) error {
 			if p.ID == pl.Leader {
 				lead = "leader"
 			}
-			healthy, contact, lag, term, suffrage := "?", "?", "?", "?", "?"
+			suffrage := "voter"
+			if !p.Voter {
+				suffrage = "nonvoter"
+			}
+			healthy, contact, lag, term := "?", "?", "?", "?"
 			if h := p.Health; h != nil {
-				healthy, lag, term, suffrage = fmt.Sprint(h.Healthy), fmt.Sprint(h.Lag), fmt.Sprint(h.LastTerm), h.Suffrage
+				healthy, lag, term = fmt.Sprint(h.Healthy), fmt.Sprint(h.Lag), fmt.Sprint(h.LastTerm)
+				if h.Suffrage != "" {
+					suffrage = h.Suffrage
+				}
 				contact = "never"
 				if h.LastContactMS >= 0 {
 					contact = fmt.Sprintf("%.0fms", h.LastContactMS)

@@ -230,6 +230,13 @@ func historyEntries(rec archive.Record, fleet fsm.Fleet, key string) []HistoryEn
 			h.Event = map[string]any{"keys": len(ev.Keys)}
 		case fsm.RankObserved:
 			h.Event = map[string]any{"rank": ev.Rank, "epoch": ev.Epoch}
+		case fsm.Evidence:
+			cands := make([]map[string]any, len(ev.Candidates))
+			for i, c := range ev.Candidates {
+				cands[i] = map[string]any{"instance": c.Instance, "cached_blocks": c.CachedBlocks, "load_tokens": c.LoadTokens,
+					"queued_requests": c.QueuedRequests, "state": c.Flags.Names()}
+			}
+			h.Event = map[string]any{"request_id": ev.RequestID, "rule": ev.Rule, "candidates": cands}
 		}
 		out = append(out, h)
 	}

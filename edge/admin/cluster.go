@@ -188,6 +188,8 @@ func (a *API) raftResult(w http.ResponseWriter, op string, err error) int {
 			status = http.StatusConflict
 		case errors.Is(err, cluster.ErrUnavailable):
 			status = http.StatusServiceUnavailable
+		case errors.Is(err, cluster.ErrBadRequest):
+			status = http.StatusBadRequest
 		}
 		return Error(w, status, "raft_"+strings.ReplaceAll(op, "-", "_")+"_failed", "%s: %v", op, err)
 	}

@@ -95,6 +95,38 @@ type nodeInfoJSON struct {
 	MaxFeatureLevel uint32 `json:"max_feature_level"`
 }
 
+// EvidenceJSON is what the deciding edge saw when it placed a key.
+type EvidenceJSON struct {
+	RequestID  string                  `json:"request_id"`
+	Rule       string                  `json:"rule"`
+	Candidates []EvidenceCandidateJSON `json:"candidates"`
+}
+
+// EvidenceCandidateJSON is one instance the placement considered; State
+// lists chosen, bound, breaker_open, unhealthy, draining as they applied.
+type EvidenceCandidateJSON struct {
+	Instance       string   `json:"instance"`
+	CachedBlocks   uint32   `json:"cached_blocks"`
+	LoadTokens     uint32   `json:"load_tokens"`
+	QueuedRequests uint32   `json:"queued_requests"`
+	State          []string `json:"state"`
+}
+
+func evidenceJSON(e fsm.Evidence) EvidenceJSON {
+	out := EvidenceJSON{RequestID: e.RequestID, Rule: e.Rule, Candidates: make([]EvidenceCandidateJSON, len(e.Candidates))}
+	for i, c := range e.Candidates {
+		out.Candidates[i] = EvidenceCandidateJSON{Instance: c.Instance, CachedBlocks: c.CachedBlocks, LoadTokens: c.LoadTokens, QueuedRequests: c.QueuedRequests, State: c.Flags.Names()}
+	}
+	return out
+}
+
+type rankObservedJSON struct {
+	Fleet string `json:"fleet"`
+	Key   string `json:"key"`
+	Epoch uint64 `json:"epoch"`
+	Rank  uint32 `json:"rank"`
+}
+
 type unknownJSON struct {
 	TypeByte uint8  `json:"type_byte"`
 	Optional bool   `json:"optional"`
@@ -138,6 +170,14 @@ func EventFields(p fsm.RawProposal) any {
 		return struct {
 			MaxBindings uint64 `json:"max_bindings"`
 		}{e.MaxBindings}
+	case fsm.Evidence:
+		return struct {
+			Fleet string `json:"fleet"`
+			Key   string `json:"key"`
+			EvidenceJSON
+		}{e.Fleet.String(), e.Key, evidenceJSON(e)}
+	case fsm.RankObserved:
+		return rankObservedJSON{Fleet: e.Fleet.String(), Key: e.Key, Epoch: e.Epoch, Rank: e.Rank}
 	case fsm.Annotation:
 		return struct {
 			Source string `json:"source"`

@@ -41,6 +41,20 @@ type Explanation struct {
 	Notes []string `json:"notes,omitempty"`
 }
 
+// Found reports whether the data directory holds anything about the key:
+// a step of its history in some fleet, or a sub-agent linked to it.
+func (ex *Explanation) Found() bool {
+	if len(ex.Children) > 0 {
+		return true
+	}
+	for _, h := range ex.Histories {
+		if len(h.Items) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // KeyHistory is a key's history in one fleet.
 type KeyHistory struct {
 	Fleet string `json:"fleet"`
@@ -76,6 +90,9 @@ type Item struct {
 	Rank           *uint32       `json:"rank,omitempty"` // a RankObserved step's rank
 	Detail         string        `json:"detail,omitempty"`
 	Decision       *DecisionJSON `json:"decision,omitempty"`
+	// Evidence is what the deciding edge saw (an Evidence event of the same
+	// request, recorded after the placement).
+	Evidence *EvidenceJSON `json:"evidence,omitempty"`
 	// Outcome says in words what the step did to the binding.
 	Outcome string `json:"outcome"`
 }
@@ -249,6 +266,14 @@ func buildHistory(f fsm.Fleet, key string, recs []archive.Record, complete bool)
 					d := decisionJSON(e.Decision)
 					it.Kind, it.From, it.To, it.Rebind, it.Reason, it.Decision = "overflow", e.From, e.To, e.Rebind, e.Reason.String(), &d
 					it.Outcome = cur.overflow(&e, out.Status, out.Reason, outcomeEpoch(out, r.Index))
+				case fsm.Evidence:
+					ej := evidenceJSON(e)
+					if prev := placementOf(h.Items, e.RequestID); prev != nil {
+						prev.Evidence = &ej
+						continue
+					}
+					flushTouch()
+					it.Kind, it.Evidence, it.Outcome = "evidence", &ej, "evidence of a placement not in this history"
 				case fsm.RankObserved:
 					flushTouch()
 					rank := e.Rank
@@ -289,6 +314,21 @@ func buildHistory(f fsm.Fleet, key string, recs []archive.Record, complete bool)
 	flushTouch()
 	h.Final = cur.String()
 	return h
+}
+
+// placementOf is the latest bind or overflow of items decided for
+// requestID (nil if none).
+func placementOf(items []Item, requestID string) *Item {
+	if requestID == "" {
+		return nil
+	}
+	for i := len(items) - 1; i >= 0; i-- {
+		it := &items[i]
+		if (it.Kind == "bind" || it.Kind == "overflow") && it.Decision != nil && it.Decision.RequestID == requestID {
+			return it
+		}
+	}
+	return nil
 }
 
 func (b *binding) bind(s fsm.Status, reason, instance string, index uint64) string {
@@ -568,6 +608,17 @@ func writeHistory(b *strings.Builder, h KeyHistory, indent string) {
 				for _, c := range d.Candidates {
 					fmt.Fprintf(b, " %s score=%.3g cached=%d load=%d;", c.Instance, c.Score, c.CachedTokens, c.LoadTokens)
 				}
+			}
+			b.WriteString("\n")
+		}
+		if ev := it.Evidence; ev != nil {
+			fmt.Fprintf(b, "%s        evidence: rule %s;", indent, ev.Rule)
+			for _, c := range ev.Candidates {
+				fmt.Fprintf(b, " %s cached_blocks=%d load_tokens=%d queued=%d", c.Instance, c.CachedBlocks, c.LoadTokens, c.QueuedRequests)
+				if len(c.State) > 0 {
+					fmt.Fprintf(b, " [%s]", strings.Join(c.State, ","))
+				}
+				b.WriteString(";")
 			}
 			b.WriteString("\n")
 		}

@@ -44,10 +44,10 @@ func (s StartPoint) String() string {
 // OutcomeMismatch is a proposal whose replayed outcome differs from the one
 // the archive recorded when the live node applied it.
 type OutcomeMismatch struct {
-	Index    uint64
-	Proposal int
-	Archived string
-	Replayed string
+	Index    uint64 `json:"index"`
+	Proposal int    `json:"proposal"`
+	Archived string `json:"archived"`
+	Replayed string `json:"replayed"`
 }
 
 func (m OutcomeMismatch) String() string {

@@ -31,6 +31,7 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
+	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/fsm"
@@ -236,6 +237,7 @@ func (o *Options) Normalize() error {
 // Stack is a running local deployment.
 type Stack struct {
 	opts        Options
+	rejoin      map[string]bool // edges that join the others as new members (settleRemoved)
 	log         *slog.Logger
 	dataDir     string
 	tempDir     bool
@@ -358,12 +360,50 @@ func (s *Stack) prepareDataDir() error {
 		for _, me := range m.Edges {
 			s.peers = append(s.peers, edge.PeerConfig{ID: me.ID, Addr: me.RaftAddr})
 		}
-		return nil
+		return s.settleRemoved()
 	}
 	// A new cluster: its Raft addresses are recorded before any node
 	// persists them in its log, so a restart finds its peers again.
 	for i := range o.Edges {
 		s.peers = append(s.peers, edge.PeerConfig{ID: edgeID(i)})
+	}
+	return nil
+}
+
+// settleRemoved prepares a kept data directory in which an edge was removed
+// from the cluster (`tether operator raft remove-peer`), or had its
+// directory wiped, while other edges kept their Raft state: such an edge
+// could never start again as it was (its tombstone stops it; an empty
+// directory would bootstrap a second cluster). Its directory is moved aside
+// (edge-N.removed-<unix time>, nothing is deleted) and it rejoins the others
+// as a new member on its recorded address.
+func (s *Stack) settleRemoved() error {
+	hasState := func(id string) bool {
+		_, err := os.Stat(filepath.Join(s.dataDir, id, "raft.db"))
+		return err == nil
+	}
+	s.rejoin = map[string]bool{}
+	keep := 0
+	for _, p := range s.peers {
+		dir := filepath.Join(s.dataDir, p.ID)
+		_, err := os.Stat(filepath.Join(dir, cluster.TombstoneFile))
+		switch {
+		case err == nil:
+			aside := fmt.Sprintf("%s.removed-%d", dir, time.Now().Unix())
+			if err := os.Rename(dir, aside); err != nil {
+				return fmt.Errorf("devstack: %s was removed from the cluster; moving its data dir aside: %w", p.ID, err)
+			}
+			s.opts.Logger.Warn("devstack: edge was removed from the cluster: its data dir is moved aside and it rejoins as a new member",
+				"edge", p.ID, "moved_to", aside)
+			s.rejoin[p.ID] = true
+		case !hasState(p.ID):
+			s.rejoin[p.ID] = true
+		default:
+			keep++
+		}
+	}
+	if keep == 0 {
+		s.rejoin = nil // nothing kept: a new cluster bootstraps
 	}
 	return nil
 }
@@ -575,6 +615,16 @@ func (s *Stack) EdgeConfig(i int) edge.Config {
 	for _, m := range o.ExtraModels {
 		mc := edge.ModelConfig{Name: m, ContextServers: cfg.ContextServers, GenerationServers: cfg.GenerationServers, LoRA: adapters(m)}
 		cfg.Models = append(cfg.Models, mc)
+	}
+	if s.rejoin[s.peers[i].ID] {
+		// Removed from the cluster (or its directory wiped) while the
+		// others kept theirs: it joins them as a new member.
+		cfg.Cluster.Bootstrap, cfg.Cluster.Peers = false, nil
+		for j, p := range s.peers {
+			if j != i && !s.rejoin[p.ID] {
+				cfg.Cluster.Join = append(cfg.Cluster.Join, p.Addr)
+			}
+		}
 	}
 	s.edgeTLS(s.peers[i].ID, &cfg)
 	if o.EdgeConfig != nil {

@@ -14,10 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/test/leakcheck"
+	"github.com/tether-project/tether/worker"
 )
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
@@ -123,14 +125,27 @@ func chat(t *testing.T, c *http.Client, st *Stack, n *EdgeNode, session, parent,
 // contextInstance parses "context=ctx-1/0; generation=gen-2/3".
 func contextInstance(t *testing.T, route string) string {
 	t.Helper()
+	inst, _ := contextHop(t, route)
+	return inst
+}
+
+// contextRank is the rank of the route header's context hop.
+func contextRank(t *testing.T, route string) string {
+	t.Helper()
+	_, rank := contextHop(t, route)
+	return rank
+}
+
+func contextHop(t *testing.T, route string) (instance, rank string) {
+	t.Helper()
 	for _, part := range strings.Split(route, ";") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(part), "context="); ok {
-			inst, _, _ := strings.Cut(v, "/")
-			return inst
+			instance, rank, _ = strings.Cut(v, "/")
+			return instance, rank
 		}
 	}
 	t.Fatalf("no context hop in route header %q", route)
-	return ""
+	return "", ""
 }
 
 func binding(t *testing.T, n *EdgeNode, fleet fsm.Fleet, key string) (admin.BindingInfo, bool) {
@@ -414,5 +429,130 @@ func TestToolCallsStreamThroughTheEdge(t *testing.T) {
 	var parsed map[string]string
 	if name != "get_weather" || json.Unmarshal([]byte(args), &parsed) != nil || parsed["city"] == "" || finish != "tool_calls" {
 		t.Fatalf("streamed call %q(%s), finish %q:\n%s", name, args, finish, b)
+	}
+}
+
+// An edge removed from the cluster (remove-peer) leaves a kept data
+// directory that starts again: the removed edge's directory is moved aside
+// and it rejoins as a new voter, with the cluster's bindings (before: its
+// tombstone stopped every later start, and with its directory wiped it
+// bootstrapped nothing and waited forever). Adding the removed edge back
+// with add-voter while it is halted is refused, naming the removal (before:
+// "committed", leaving a dead voter).
+func TestRemovedEdgeRejoinsOnRestart(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	st, err := Start(ctx, Options{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.WaitReady(ctx); err != nil {
+		st.Close(ctx)
+		t.Fatal(err)
+	}
+	c := stackClient(t, st)
+	p := chat(t, c, st, st.Edges()[0], "parent-1", "", "plan")
+	inst := contextInstance(t, p.route)
+	leader := st.Leader()
+	var victim *EdgeNode
+	for _, n := range st.Edges() {
+		if n != leader {
+			victim = n
+		}
+	}
+	if err := leader.Edge().Node().RemoveServer(ctx, victim.ID); err != nil {
+		st.Close(ctx)
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, victim.ID+" halted", func() bool { return errors.Is(victim.Edge().Node().FatalError(), cluster.ErrRemoved) })
+	err = leader.Edge().Node().AddVoter(ctx, victim.ID, victim.RaftAddr)
+	if !errors.Is(err, cluster.ErrBadRequest) || !strings.Contains(err.Error(), "was removed from the cluster at index") {
+		st.Close(ctx)
+		t.Fatalf("add-voter of the removed %s: %v, want a refusal naming the removal", victim.ID, err)
+	}
+	if peers := leader.Edge().Node().Status().Peers; len(peers) != 2 {
+		t.Errorf("after the refused add-voter the configuration is %+v", peers)
+	}
+	if err := st.Close(ctx); err != nil {
+		t.Logf("close with a removed edge: %v", err)
+	}
+
+	st2 := startStack(t, Options{DataDir: dir})
+	asides, _ := filepath.Glob(filepath.Join(dir, victim.ID+".removed-*"))
+	if len(asides) != 1 {
+		t.Fatalf("the removed edge's old directory was not kept aside: %v", asides)
+	}
+	l2 := st2.Leader()
+	if l2 == nil {
+		t.Fatal("no leader after restart")
+	}
+	voters := 0
+	for _, p := range l2.Edge().Node().Status().Peers {
+		if p.Voter {
+			voters++
+		}
+	}
+	if voters != 3 {
+		t.Fatalf("after restart %d voters: %+v", voters, l2.Edge().Node().Status().Peers)
+	}
+	for _, n := range st2.Edges() {
+		waitUntil(t, ctx, n.ID+" has parent-1's binding", func() bool {
+			b, ok, err := n.Binding(ctx, fsm.FleetContext, "parent-1")
+			return err == nil && ok && b.Instance == inst
+		})
+	}
+}
+
+func waitUntil(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v", what, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// A restarted stack's workers bind returning conversations to the ADP rank
+// the affinity log recorded (before: the restarted worker placed them anew,
+// ctx-1/1 became ctx-1/0). Round-robin placement makes a fresh worker's
+// first placement rank 0, so a conversation recorded on another rank shows
+// the difference.
+func TestRestartRestoresWorkerRanks(t *testing.T) {
+	dir := t.TempDir()
+	rr := func(_ string, c *worker.Config) { c.ADP.AttentionDP.NewConvPlacement = "round_robin" }
+	st := startStack(t, Options{DataDir: dir, ContextWorkers: 1, GenerationWorkers: 1, WorkerConfig: rr})
+	c := stackClient(t, st)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Ranks are recorded from feature level 2 on, which the new cluster's
+	// leader commits right after its election.
+	waitUntil(t, ctx, "feature level 2", func() bool {
+		return st.Edges()[0].Edge().Node().State().FeatureLevel() >= fsm.FeatureLevelRanks
+	})
+	ranks := map[string]string{}
+	for i := range 3 {
+		conv := "conv-" + strconv.Itoa(i)
+		ranks[conv] = contextRank(t, chat(t, c, st, st.Edges()[0], conv, "", "plan").route)
+	}
+	// The log records each placement's rank (RankObserved) in the
+	// background.
+	for conv, rank := range ranks {
+		waitUntil(t, ctx, conv+"'s rank "+rank+" in the log", func() bool {
+			b, ok := st.Edges()[0].Edge().Node().State().Lookup(fsm.FleetContext, conv)
+			return ok && b.HasRank && strconv.Itoa(int(b.Rank)) == rank
+		})
+	}
+	closeStack(t, st)
+
+	st2 := startStack(t, Options{DataDir: dir, ContextWorkers: 1, GenerationWorkers: 1, WorkerConfig: rr})
+	c = stackClient(t, st2)
+	// Last placed first: on a fresh round-robin worker it would get rank 0.
+	for _, conv := range []string{"conv-2", "conv-1", "conv-0"} {
+		if got := contextRank(t, chat(t, c, st2, st2.Edges()[1], conv, "", "next").route); got != ranks[conv] {
+			t.Errorf("%s after the restart on rank %s, the log records %s", conv, got, ranks[conv])
+		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -222,27 +223,74 @@ func (c *Client) BindingInfo(ctx context.Context, fleet fsm.Fleet, key string) (
 
 // PeerList is the Raft configuration as an edge reports it.
 type PeerList struct {
-	Edge   string // the edge that answered
-	Leader string
-	Term   uint64
-	Peers  []cluster.PeerStatus
+	Edge   string               `json:"edge"` // the edge that answered
+	Leader string               `json:"leader"`
+	Term   uint64               `json:"term"`
+	Peers  []cluster.PeerStatus `json:"peers"`
 }
 
-// ListPeers reports the Raft peers and the leader.
+// ListPeers reports the Raft peers and the leader. Members' health is the
+// leader's measurement, so it asks a listed edge that leads when there is
+// one. A leader that has just taken over (a transfer, an election) has not
+// heard from its peers yet: ListPeers waits up to listPeersSettle for its
+// first measurement of each, and reports a member still unheard without
+// health (unknown) rather than as unhealthy with no suffrage.
 func (c *Client) ListPeers(ctx context.Context) (PeerList, error) {
 	info, base, err := c.Cluster(ctx)
 	if err != nil {
 		return PeerList{}, err
 	}
+	if !info.IsLeader {
+		for _, b := range c.edges {
+			if b == base {
+				continue
+			}
+			if li, err := c.ClusterAt(ctx, b); err == nil && li.IsLeader {
+				info, base = li, b
+				break
+			}
+		}
+	}
+	deadline := time.Now().Add(listPeersSettle)
+	for info.IsLeader && slices.ContainsFunc(info.Peers, unheard) && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return PeerList{}, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		li, err := c.ClusterAt(ctx, base)
+		if err != nil {
+			break
+		}
+		info = li
+	}
+	for i := range info.Peers {
+		if unheard(info.Peers[i]) {
+			info.Peers[i].Health = nil
+		}
+	}
 	return PeerList{Edge: base, Leader: info.Leader, Term: info.Term, Peers: info.Peers}, nil
+}
+
+// listPeersSettle bounds ListPeers' wait for a new leader's first health
+// round (autopilot measures every member each interval, 1s by default).
+const listPeersSettle = 3 * time.Second
+
+// unheard: the leader lists the member without a full measurement yet: no
+// health, or none of the member's own status (its suffrage) while it is not
+// judged failed. A new leader's first health round has the members' stats
+// but not yet their status.
+func unheard(p cluster.PeerStatus) bool {
+	h := p.Health
+	return h == nil || h.Suffrage == "" && h.Status == "alive"
 }
 
 // MembershipResult is what a membership change left behind.
 type MembershipResult struct {
-	Op     string
-	Edge   string // the edge that took the request
-	Leader string
-	Peers  []cluster.PeerStatus
+	Op     string               `json:"op"`
+	Edge   string               `json:"edge"` // the edge that took the request
+	Leader string               `json:"leader"`
+	Peers  []cluster.PeerStatus `json:"peers"`
 }
 
 type raftOpAnswer struct {

@@ -27,7 +27,8 @@ func TestVersion(t *testing.T) {
 }
 
 // --help at every level exits 0 (before, `tether operator raft --help` was a
-// usage error with exit 2).
+// usage error with exit 2) and prints the usage on standard output, where
+// `tether … --help | less` finds it (before: standard error).
 func TestHelpAtEveryLevelExitsZero(t *testing.T) {
 	for _, args := range []string{
 		"--help", "help", "version --help", "dev --help", "edge --help", "worker --help", "bench --help",
@@ -36,13 +37,49 @@ func TestHelpAtEveryLevelExitsZero(t *testing.T) {
 		"operator raft list-peers --help", "operator raft add-voter --help", "operator snapshot save --help",
 	} {
 		cmd := exec.Command(tetherBin(t), strings.Fields(args)...)
-		out, err := cmd.CombinedOutput()
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
 		if err != nil {
-			t.Fatalf("tether %s: %v\n%s", args, err, out)
+			t.Fatalf("tether %s: %v\n%s%s", args, err, out, stderr.String())
 		}
-		if !strings.Contains(strings.ToLower(string(out)), "usage") {
-			t.Fatalf("tether %s printed no usage:\n%s", args, out)
+		if !strings.Contains(strings.ToLower(string(out)), "usage") || stderr.Len() > 0 {
+			t.Fatalf("tether %s: want the usage on stdout and nothing on stderr; stdout:\n%s\nstderr:\n%s", args, out, stderr.String())
 		}
+	}
+	// A mistake still goes to stderr, with exit 2.
+	cmd := exec.Command(tetherBin(t), "dev", "--no-such-flag")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || len(out) > 0 || !strings.Contains(stderr.String(), "no-such-flag") {
+		t.Fatalf("tether dev --no-such-flag: want exit 2 and the error on stderr only: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
+	}
+}
+
+// `tether bench agents -h` lists only flags bench agents accepts (before:
+// it listed --edge-urls, --model and --parent-header and then refused
+// --edge-urls); bench replay, which takes them, still lists them.
+func TestBenchAgentsHelpListsOnlyItsFlags(t *testing.T) {
+	for _, c := range []struct {
+		cmd  string
+		want bool
+	}{{"agents", false}, {"replay", true}} {
+		out, err := exec.Command(tetherBin(t), "bench", c.cmd, "-h").Output()
+		if err != nil {
+			t.Fatalf("bench %s -h: %v", c.cmd, err)
+		}
+		for _, flag := range []string{"-edge-urls", "-model", "-parent-header"} {
+			if got := strings.Contains(string(out), "  "+flag+" "); got != c.want {
+				t.Errorf("bench %s -h lists %s: %v, want %v\n%s", c.cmd, flag, got, c.want, out)
+			}
+		}
+	}
+	out, err := exec.Command(tetherBin(t), "bench", "agents", "--pattern", "react", "--edge-urls", "http://127.0.0.1:1").CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "flag provided but not defined: -edge-urls") {
+		t.Fatalf("bench agents --edge-urls: want the flag refused as unknown (exit 2), got %v\n%s", err, out)
 	}
 }
 

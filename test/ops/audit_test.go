@@ -247,6 +247,16 @@ func TestAuditCLI(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), `child "parent-0-child-b"`) {
 		t.Fatalf("audit explain: %v\n%s", err, out)
 	}
+	// A key the log knows nothing about is an error (exit 1), in text and
+	// JSON alike, so a script cannot take a typo for an idle key.
+	for _, extra := range [][]string{nil, {"--json"}} {
+		args := append([]string{"audit", "explain", "--data-dir", dir, "--key", "nosuchkey"}, extra...)
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), `key "nosuchkey": nothing in this data directory's log`) {
+			t.Fatalf("audit explain of an unknown key %v: want exit 1 naming the key, got %v\n%s", extra, err, out)
+		}
+	}
 	out, err = exec.Command(bin, "audit", "export", "--data-dir", dir, "--format", "ndjson").Output()
 	if err != nil || bytes.Count(out, []byte("\n")) < 10 || !bytes.Contains(out, []byte(`"type":"Bind"`)) {
 		t.Fatalf("audit export: %v\n%s", err, out)

@@ -713,6 +713,10 @@ func (f *fleet) quiesce() uint64 {
 	waitFor(f.t, 30*time.Second, "the log to settle", func() string {
 		var indexes []uint64
 		for _, s := range f.running() {
+			if n := s.edge().BackgroundPending(); n > 0 {
+				stable = 0
+				return fmt.Sprintf("%s has %d background events to record", s.id, n)
+			}
 			indexes = append(indexes, s.edge().Node().State().Index())
 		}
 		for _, x := range indexes[1:] {

@@ -65,6 +65,21 @@ func TestMembershipChangesUnderLoad(t *testing.T) {
 	if res.Leader != target.id {
 		t.Fatalf("transfer-leader %s: the cluster reports leader %q", target.id, res.Leader)
 	}
+	// list-peers right after the transfer: the new leader's view, each
+	// member measured or plainly unknown (before: HEALTHY false with a blank
+	// SUFFRAGE, the new leader not having heard from anyone yet).
+	pl, err := c.ListPeers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pl.Leader != target.id || len(pl.Peers) != 3 {
+		t.Fatalf("list-peers right after the transfer: %+v", pl)
+	}
+	for _, p := range pl.Peers {
+		if h := p.Health; h != nil && h.Suffrage == "" {
+			t.Errorf("list-peers right after the transfer: %s reported without a suffrage: %+v", p.ID, *h)
+		}
+	}
 	tr.waitTurns(t, 10)
 	res, err = c.TransferLeader(ctx, "")
 	if err != nil {
@@ -112,6 +127,16 @@ func TestMembershipChangesUnderLoad(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(victim.dataDir, "REMOVED")); err != nil {
 		t.Fatalf("no tombstone in the removed node's data dir: %v", err)
 	}
+	// add-voter of the removed, stopped node is refused with the reason and
+	// leaves the configuration alone (before: "committed", and a dead voter
+	// one failure away from losing the quorum).
+	if _, err := c.AddVoter(ctx, victim.id, victim.raftAddr); err == nil ||
+		!strings.Contains(err.Error(), "no edge answers there") || !strings.Contains(err.Error(), "400") {
+		t.Fatalf("add-voter of the removed %s: %v, want a 400 saying nothing answers there", victim.id, err)
+	}
+	if info, err := c.ClusterAt(ctx, f.leader().url()); err != nil || len(info.Peers) != 2 {
+		t.Fatalf("after the refused add-voter the leader lists %+v (%v)", info.Peers, err)
+	}
 
 	// add-voter: a fresh edge (empty data dir, neither bootstrap nor join)
 	// is added by the operator and catches up.
@@ -143,7 +168,7 @@ func TestMembershipChangesUnderLoad(t *testing.T) {
 	if st := fresh.state(); st.Index() != idx || st.Hash() != f.leader().state().Hash() {
 		t.Fatalf("the added voter is at %d with another hash than the leader (at %d)", st.Index(), idx)
 	}
-	pl, err := c.ListPeers(ctx)
+	pl, err = c.ListPeers(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,6 +53,13 @@ type Request struct {
 	// there are any, so no other rank loads the adapter. Bound
 	// conversations keep their rank.
 	AdapterRanks []bool
+	// LogRank is the rank the edges' affinity log records for the key
+	// (HasLogRank): a conversation this scheduler holds no binding for (a
+	// restarted worker) is bound there again rather than placed anew, so
+	// its rank, and the edges' view of it, survive the restart. A binding
+	// the scheduler holds wins; an out-of-range rank is ignored.
+	LogRank    int
+	HasLogRank bool
 }
 
 // Reason says how a decision's home rank was found.
@@ -119,6 +126,7 @@ type Counters struct {
 	Overflows       int64 // requests sent away from a saturated home rank
 	AllSaturated    int64 // decisions made while every rank was saturated
 	BindingsEvicted int64 // bindings evicted to respect MaxSessions
+	Restored        int64 // bindings created on the rank the affinity log records (LogRank)
 	Bindings        int   // bindings held now
 }
 
@@ -312,6 +320,10 @@ func (s *Scheduler) placeLocked(req Request, evicted []evictedBinding) (Decision
 			}
 		} else {
 			d.Rank = s.choose(-1)
+			if req.HasLogRank && req.LogRank >= 0 && req.LogRank < len(s.loads) {
+				d.Rank = req.LogRank
+				s.counters.Restored++
+			}
 			d.Reason, d.HomeRank = ReasonNew, d.Rank
 			s.counters.NewBindings++
 			if k, r, ok := s.bindings.add(key, d.Rank, s.maxSessions); ok {
