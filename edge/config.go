@@ -162,6 +162,11 @@ type ServersConfig struct {
 	// HealthCheckModel: a probe also requires the served model in the
 	// worker's GET /v1/models list.
 	HealthCheckModel bool `yaml:"health_check_model"`
+	// HealthTimeout bounds one readiness probe (0: the engine's default,
+	// edge/engines.go: SGLang's /health runs a one-token generation and
+	// answers after at least a second; the others answer at once and get
+	// telemetry.probe_interval).
+	HealthTimeout time.Duration `yaml:"health_timeout"`
 	// Tokenizer is how the edge turns this fleet's prompts into tokens
 	// for block keys (edge/tokenize.go): "words" (routing/prefix, what
 	// tether's simulated workers use) or "hf:<dir>" (the model's

@@ -288,7 +288,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		}
 		for _, si := range sc.URLs {
 			static = append(static, fleetview.Static{ID: si.ID(), URL: trimSlash(si.URL), Fleet: f, HealthPath: sc.HealthPath, Model: model,
-				Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize})
+				Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize, ProbeTimeout: sc.healthTimeout(e.cfg.Telemetry.ProbeInterval)})
 		}
 	}
 	t := e.cfg.Telemetry
@@ -297,7 +297,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		StaleIntervals: t.StaleIntervals, MinStaleAfter: t.MinStaleAfter, ProbeInterval: t.ProbeInterval,
 		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
 		OnEvictions: e.onWorkerEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
-		ProbeClient: &http.Client{Transport: e.client.Transport, Timeout: t.ProbeInterval},
+		ProbeClient: &http.Client{Transport: e.client.Transport},
 	}); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"net/http"
 	"strconv"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -43,6 +44,28 @@ const HeaderDataParallelRank = "X-Data-Parallel-Rank"
 // maxDataParallelSize bounds data_parallel_size (vLLM and SGLang
 // deployments run a few dozen ranks at most).
 const maxDataParallelSize = 1024
+
+// SGLangHealthTimeout is the default probe timeout of an SGLang fleet.
+// SGLang's /health (http_server.py health_generate) sends a one-token
+// generation, sleeps a second, and answers 200 once the scheduler has
+// answered since (503 after SGLANG_HEALTH_CHECK_TIMEOUT, 20 s): it never
+// answers in less than a second.
+const SGLangHealthTimeout = 5 * time.Second
+
+// maxHealthTimeout bounds health_timeout.
+const maxHealthTimeout = 5 * time.Minute
+
+// healthTimeout is the fleet's probe timeout: health_timeout, else the
+// engine's default (SGLang's slow /health), else the probe interval.
+func (s *ServersConfig) healthTimeout(probeInterval time.Duration) time.Duration {
+	switch {
+	case s.HealthTimeout > 0:
+		return s.HealthTimeout
+	case s.Engine.Kind() == EngineSGLang:
+		return max(SGLangHealthTimeout, probeInterval)
+	}
+	return probeInterval
+}
 
 // Kind is the engine with the default applied.
 func (k EngineKind) Kind() EngineKind {
@@ -103,6 +126,9 @@ func (c *Config) validateEngine(key string, s *ServersConfig) []error {
 	}
 	if s.DataParallelSize < 0 || s.DataParallelSize > maxDataParallelSize {
 		bad(key+".data_parallel_size", "must be 0..%d, got %d", maxDataParallelSize, s.DataParallelSize)
+	}
+	if s.HealthTimeout < 0 || s.HealthTimeout > maxHealthTimeout {
+		bad(key+".health_timeout", "must be 0 (the engine's default) up to %s, got %s", maxHealthTimeout, s.HealthTimeout)
 	}
 	if s.KVShadowBlocks < 0 || s.KVShadowBlocks > kvshadow.MaxBlocksPerRank {
 		bad(key+".kv_shadow_blocks", "must be 0..%d (0: no shadow cache), got %d", kvshadow.MaxBlocksPerRank, s.KVShadowBlocks)

@@ -54,7 +54,20 @@ type Options struct {
 	BlockSize int
 	// GPUBlocks is the KV capacity per rank in blocks (default 4096).
 	GPUBlocks int
+	// SGLangFastHealth (SGLang only) is SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false,
+	// which releases since late 2025 accept: GET /health answers at once
+	// while /health_generate still generates. Default (and every older
+	// release): /health generates a token and answers after a second.
+	SGLangFastHealth bool
+	// SGLangHealthTimeout is SGLANG_HEALTH_CHECK_TIMEOUT: how long a
+	// generating health check waits for a dead scheduler before 503
+	// (default 20 s, as upstream).
+	SGLangHealthTimeout time.Duration
 }
+
+// sglangHealthTick is the sleep of SGLang's health loop
+// (http_server.py health_generate: await asyncio.sleep(1) before each check).
+const sglangHealthTick = time.Second
 
 // Served is one request the stand-in answered.
 type Served struct {
@@ -79,6 +92,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	healthy  bool
+	starting bool
 	served   []Served
 	rr       int
 	running  []int
@@ -101,6 +115,9 @@ func Start(opts Options) *Server {
 	if opts.GPUBlocks <= 0 {
 		opts.GPUBlocks = 4096
 	}
+	if opts.SGLangHealthTimeout <= 0 {
+		opts.SGLangHealthTimeout = 20 * time.Second
+	}
 	n := opts.DataParallelSize
 	s := &Server{opts: opts, healthy: true, running: make([]int, n), waiting: make([]int, n),
 		blocks: make([]map[uint64]bool, n), prompted: make([]int64, n)}
@@ -108,7 +125,12 @@ func Start(opts Options) *Server {
 		s.blocks[i] = map[uint64]bool{}
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /health", s.health)
+	if opts.Engine == SGLang {
+		mux.HandleFunc("GET /health", s.sglangHealth)
+		mux.HandleFunc("GET /health_generate", s.sglangHealth)
+	} else {
+		mux.HandleFunc("GET /health", s.vllmHealth)
+	}
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
@@ -128,6 +150,15 @@ func (s *Server) Close() { s.ts.Close() }
 func (s *Server) SetHealthy(ok bool) {
 	s.mu.Lock()
 	s.healthy = ok
+	s.mu.Unlock()
+}
+
+// SetStarting makes SGLang's /health answer 503 as while its server is
+// still starting (ServerStatus.Starting: the HTTP server listens before
+// the model is warmed up). vLLM does not listen before it is ready.
+func (s *Server) SetStarting(v bool) {
+	s.mu.Lock()
+	s.starting = v
 	s.mu.Unlock()
 }
 
@@ -158,7 +189,10 @@ func (s *Server) Served() []Served {
 	return append([]Served(nil), s.served...)
 }
 
-func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+// vllmHealth follows vllm/entrypoints/openai/api_server.py health: it
+// awaits engine_client.check_health() and answers 200 with an empty body,
+// 503 once the engine core died (EngineDeadError).
+func (s *Server) vllmHealth(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
 	ok := s.healthy
 	s.mu.Unlock()
@@ -167,6 +201,45 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// sglangHealth follows python/sglang/srt/entrypoints/http_server.py
+// health_generate, which serves both /health and /health_generate: 503
+// while the server is starting; with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION
+// off, /health answers 200 at once; otherwise it submits a one-token
+// generation and, every second (asyncio.sleep(1) first), checks whether the
+// scheduler answered since: 200 then, 503 after SGLANG_HEALTH_CHECK_TIMEOUT.
+// A live server therefore never answers in less than a second.
+func (s *Server) sglangHealth(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	starting := s.starting
+	s.mu.Unlock()
+	if starting {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	if s.opts.SGLangFastHealth && r.URL.Path == "/health" {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	deadline := time.Now().Add(s.opts.SGLangHealthTimeout)
+	t := time.NewTicker(sglangHealthTick)
+	defer t.Stop()
+	for time.Now().Before(deadline) {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		ok := s.healthy
+		s.mu.Unlock()
+		if ok {
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+	}
+	w.WriteHeader(http.StatusServiceUnavailable)
 }
 
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {

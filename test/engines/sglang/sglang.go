@@ -16,6 +16,9 @@ type Options struct {
 	// CacheReport is --enable-cache-report: usage reports
 	// prompt_tokens_details.cached_tokens (else null).
 	CacheReport bool
+	// FastHealth is SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false (see
+	// oaiserve.Options.SGLangFastHealth); by default /health takes a second.
+	FastHealth bool
 }
 
 // Server is a running stand-in.
@@ -27,5 +30,5 @@ type Served = oaiserve.Served
 // Start starts a stand-in on a loopback port.
 func Start(o Options) *Server {
 	return oaiserve.Start(oaiserve.Options{Engine: oaiserve.SGLang, Model: o.Model,
-		DataParallelSize: o.DPSize, ReportCachedTokens: o.CacheReport})
+		DataParallelSize: o.DPSize, ReportCachedTokens: o.CacheReport, SGLangFastHealth: o.FastHealth})
 }
