@@ -176,11 +176,11 @@ type instance struct {
 	healthPath   string
 	probeModel   string
 	probeTimeout time.Duration
-	probing      bool // a probe is in flight (under Fleet.mu)
-	workerID   string // the id in the worker's subjects ("" until telemetry)
-	fleet      fsm.Fleet
-	url        string
-	static     bool
+	probing      bool   // a probe is in flight (under Fleet.mu)
+	workerID     string // the id in the worker's subjects ("" until telemetry)
+	fleet        fsm.Fleet
+	url          string
+	static       bool
 
 	hasReport  bool
 	report     telemetry.LoadReport // ranks dropped after aggregation
@@ -261,8 +261,8 @@ type Fleet struct {
 	// probeSlots bounds the probes in flight across rounds.
 	probeSlots chan struct{}
 	closeMu    sync.Mutex
-	started bool
-	closed  bool
+	started    bool
+	closed     bool
 }
 
 // New builds a Fleet; Start subscribes and starts the probes.
