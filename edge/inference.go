@@ -530,8 +530,17 @@ func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, er
 		return nil, fmt.Errorf("%d choices, want 1", len(body.Choices))
 	}
 	c := body.Choices[0]
+	if c.FinishReason != nil {
+		res.finish = *c.FinishReason
+	}
 	wantID := strconv.FormatUint(disaggID, 10)
 	switch {
+	case !finishPending(res.finish):
+		// The context phase already finished the request (the model
+		// stopped on its first token): nothing is handed off, so the
+		// worker leaves ctx_request_id and the opaque state null, and the
+		// answer is this response (openai_disagg_service.py checks the
+		// handoff only when a generation phase is pending, as _need_gen).
 	case c.DP != nil:
 		dp := c.DP
 		if isNullOrAbsent(dp["ctx_request_id"]) {
@@ -564,9 +573,6 @@ func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, er
 	case c.Text != nil:
 		res.text = *c.Text
 	}
-	if c.FinishReason != nil {
-		res.finish = *c.FinishReason
-	}
 	if u := body.Usage; u != nil {
 		res.promptTokens = u.PromptTokens
 		if u.PromptTokensDetails != nil {
@@ -583,8 +589,13 @@ func isNullOrAbsent(raw json.RawMessage) bool { return len(bytes.TrimSpace(raw))
 // finished); any other finish reason, or a one-token request, makes the
 // context response the answer.
 func (cres *contextResult) needsGeneration(maxTokens int) bool {
-	return maxTokens != 1 && (cres.finish == "length" || cres.finish == "not_finished")
+	return maxTokens != 1 && finishPending(cres.finish)
 }
+
+// finishPending: a context phase that ended with this finish reason leaves
+// the request to a generation phase (TensorRT-LLM's "length" and
+// "not_finished").
+func finishPending(finish string) bool { return finish == "length" || finish == "not_finished" }
 
 // generationBody is the generation hop's body. TensorRT-LLM protocol: the
 // context's choices[0].disaggregated_params with request_type
@@ -840,15 +851,13 @@ func (e *Edge) respondFromContext(w http.ResponseWriter, rq *request, ctxHop *ho
 			out[k] = v
 		}
 	}
-	if cres.handoff != nil {
-		// As TensorRT-LLM's _need_gen: the handoff is internal.
-		var choices []map[string]json.RawMessage
-		if json.Unmarshal(cres.raw["choices"], &choices) == nil {
-			for _, c := range choices {
-				delete(c, "disaggregated_params")
-			}
-			out["choices"] = mustMarshal(choices)
+	// As TensorRT-LLM's _need_gen: the handoff is internal.
+	var choices []map[string]json.RawMessage
+	if json.Unmarshal(cres.raw["choices"], &choices) == nil {
+		for _, c := range choices {
+			delete(c, "disaggregated_params")
 		}
+		out["choices"] = mustMarshal(choices)
 	}
 	if !rq.stream {
 		writeJSON(w, http.StatusOK, out)

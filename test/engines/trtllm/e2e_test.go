@@ -38,7 +38,13 @@ type standIn struct {
 
 func startStandIn(t *testing.T, name, role string) *standIn {
 	t.Helper()
-	s, err := New(Config{Name: name, Model: testModel, Role: role, Key: testKey})
+	return startStandInWith(t, Config{Name: name, Model: testModel, Role: role, Key: testKey})
+}
+
+func startStandInWith(t *testing.T, cfg Config) *standIn {
+	t.Helper()
+	name := cfg.Name
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -413,4 +419,44 @@ func TestStartingStandInIsNotHealthy(t *testing.T) {
 	}
 	ctx[0].SetStarting(false)
 	waitFor(t, "ctx-0 healthy once started", 10*time.Second, func() bool { return healthy("ctx-0") })
+}
+
+// A context phase that finishes on its first token (the model emitted EOS:
+// finish_reason "stop", ctx_request_id and encoded_opaque_state null) is
+// the whole answer: the edge returns it, without the handoff, as
+// trtllm-serve's disaggregated server does, and no generation server is
+// asked. Before, the edge required ctx_request_id, retried the prefill on
+// the other context server and answered 502.
+func TestContextPhaseFinishingOnStopIsTheAnswer(t *testing.T) {
+	ctx := []*standIn{
+		startStandInWith(t, Config{Name: "ctx-0", Model: testModel, Role: "context", Key: testKey, EOSAt: 1}),
+		startStandInWith(t, Config{Name: "ctx-1", Model: testModel, Role: "context", Key: testKey, EOSAt: 1}),
+	}
+	gen := []*standIn{startStandIn(t, "gen-0", "generation")}
+	edges := startEdges(t, 1, ctx, gen)
+	base := "http://" + edges[0].Addr()
+	msgs := []any{map[string]any{"role": "user", "content": "say nothing at all"}}
+	for _, c := range []struct {
+		name, path string
+		body       map[string]any
+	}{
+		{"chat", "/v1/chat/completions", map[string]any{"model": testModel, "max_tokens": 8, "messages": msgs}},
+		{"chat-stream", "/v1/chat/completions", map[string]any{"model": testModel, "max_tokens": 8, "messages": msgs, "stream": true,
+			"stream_options": map[string]any{"include_usage": true}}},
+		{"completions", "/v1/completions", map[string]any{"model": testModel, "max_tokens": 8, "prompt": "say nothing"}},
+	} {
+		a := post(t, base+c.path, c.body, map[string]string{"x-session-id": "stop-" + c.name})
+		if a.status != 200 {
+			t.Fatalf("%s: %d %s", c.name, a.status, a.body)
+		}
+		if !bytes.Contains(a.body, []byte(`"finish_reason":"stop"`)) || bytes.Contains(a.body, []byte("disaggregated_params")) {
+			t.Fatalf("%s: %s, want the context's stop answer without its handoff", c.name, a.body)
+		}
+		if _, seen := seenBy(ctx, "stop-"+c.name); len(seen) != 1 {
+			t.Fatalf("%s: the context fleet served it %d times, want once", c.name, len(seen))
+		}
+	}
+	if n := len(gen[0].Seen()); n != 0 {
+		t.Fatalf("the generation server was asked %d times for answers the context phase completed", n)
+	}
 }

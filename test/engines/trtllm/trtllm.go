@@ -71,6 +71,12 @@ type Config struct {
 	Role string
 	// Key is internal_request_auth_key ("" none).
 	Key string
+	// EOSAt makes the toy model end its answer with the end-of-sequence
+	// token as its EOSAt-th generated token (finish_reason "stop"; 0:
+	// never, every answer runs to max_tokens, "length"). With 1 the
+	// context phase itself finishes: trtllm-serve then answers it with
+	// ctx_request_id and encoded_opaque_state null (no KV to hand off).
+	EOSAt int
 }
 
 // Seen is one inference request as the stand-in resolved it.
@@ -286,13 +292,34 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, chat bool) {
 		includeUsage = so.IncludeUsage
 	}
 	ph := hashTokens(tokens)
-	out := make([]string, 0, maxTokens)
+	// The answer: maxTokens words, or fewer when the toy model emits EOS.
+	limit, finish := maxTokens, "length"
+	if s.cfg.EOSAt > 0 && s.cfg.EOSAt <= maxTokens {
+		limit, finish = s.cfg.EOSAt-1, "stop"
+	}
+	out := make([]string, 0, limit)
 	switch reqType {
 	case "context_only":
+		// The context phase computes the prompt and its first token
+		// (openai_server.py with a context_only request; the response's
+		// disaggregated_params come from to_disaggregated_params of the
+		// result's context phase params).
 		seen.CachedTokens = s.cache(tokens)
+		s.record(seen)
+		if limit == 0 {
+			// The first token ended the request: the executor returns no
+			// context phase params, so ctx_request_id and the opaque state
+			// are null and nothing is left for a generation server.
+			handoff := map[string]any{
+				"request_type": "context_only", "first_gen_tokens": []uint32{eosID}, "ctx_request_id": nil,
+				"encoded_opaque_state": nil, "draft_tokens": nil,
+				"disagg_request_id": json.RawMessage(orNull(dp["disagg_request_id"])), "ctx_dp_rank": 0, "ctx_info_endpoint": nil,
+			}
+			s.respond(w, id, model, chat, nil, "stop", len(tokens), seen.CachedTokens, handoff, tokens)
+			return
+		}
 		first := word(ph, 0)
 		st, _ := json.Marshal(state{Server: s.cfg.Name, CtxID: n, Prompt: ph, FirstWord: first})
-		s.record(seen)
 		handoff := map[string]any{
 			"request_type":         "context_only",
 			"first_gen_tokens":     []uint32{tokenID(first)},
@@ -303,7 +330,11 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, chat bool) {
 			"ctx_dp_rank":          0,
 			"ctx_info_endpoint":    "tcp://" + s.cfg.Name + ":5555",
 		}
-		s.respond(w, id, model, chat, []string{first}, "length", len(tokens), seen.CachedTokens, handoff, tokens)
+		ctxFinish := "length"
+		if limit == 1 && finish == "stop" {
+			ctxFinish = "stop"
+		}
+		s.respond(w, id, model, chat, []string{first}, ctxFinish, len(tokens), seen.CachedTokens, handoff, tokens)
 		return
 	case "generation_only":
 		raw, _ := dp.str("encoded_opaque_state")
@@ -322,16 +353,19 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, chat bool) {
 		seen.CachedTokens = s.cache(tokens)
 	}
 	s.record(seen)
-	for i := len(out); i < maxTokens; i++ {
+	for i := len(out); i < limit; i++ {
 		out = append(out, word(ph, i))
 	}
 	_ = words
 	if stream {
-		s.stream(w, id, model, chat, out, len(tokens), seen.CachedTokens, includeUsage)
+		s.stream(w, id, model, chat, out, finish, len(tokens), seen.CachedTokens, includeUsage)
 		return
 	}
-	s.respond(w, id, model, chat, out, "length", len(tokens), seen.CachedTokens, nil, nil)
+	s.respond(w, id, model, chat, out, finish, len(tokens), seen.CachedTokens, nil, nil)
 }
+
+// eosID is the toy model's end-of-sequence token.
+const eosID = 2
 
 func orNull(raw json.RawMessage) json.RawMessage {
 	if isNull(raw) {
@@ -393,7 +427,7 @@ func (s *Server) respond(w http.ResponseWriter, id, model string, chat bool, wor
 	writeJSON(w, http.StatusOK, resp)
 }
 
-func (s *Server) stream(w http.ResponseWriter, id, model string, chat bool, words []string, prompt, cached int, includeUsage bool) {
+func (s *Server) stream(w http.ResponseWriter, id, model string, chat bool, words []string, finishReason string, prompt, cached int, includeUsage bool) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
 	obj := "text_completion"
@@ -408,10 +442,14 @@ func (s *Server) stream(w http.ResponseWriter, id, model string, chat bool, word
 	chunk := func(choice map[string]any) map[string]any {
 		return map[string]any{"id": id, "object": obj, "created": time.Now().Unix(), "model": model, "choices": []any{choice}}
 	}
+	completion := len(words)
+	if len(words) == 0 {
+		words = []string{""} // one chunk carries the finish reason
+	}
 	for i, wd := range words {
 		var finish any
 		if i == len(words)-1 {
-			finish = "length"
+			finish = finishReason
 		}
 		if i > 0 {
 			wd = " " + wd
@@ -430,7 +468,7 @@ func (s *Server) stream(w http.ResponseWriter, id, model string, chat bool, word
 	}
 	if includeUsage {
 		send(map[string]any{"id": id, "object": obj, "created": time.Now().Unix(), "model": model, "choices": []any{},
-			"usage": map[string]any{"prompt_tokens": prompt, "completion_tokens": len(words), "total_tokens": prompt + len(words),
+			"usage": map[string]any{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
 				"prompt_tokens_details": map[string]any{"cached_tokens": cached}}})
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
