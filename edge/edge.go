@@ -209,10 +209,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	e.client = &http.Client{Transport: e.tls.guardHops(transport, e.log)}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	// Disaggregated request ids: a random 31-bit prefix per edge process
-	// and a counter, so ids are unique across edges and restarts in
-	// practice and stay exact in float64-based JSON parsers (< 2^53).
-	e.disaggBase = uint64(binary.BigEndian.Uint32(b[:])&0x7fffffff) << 21
+	e.disaggBase = disaggIDBase(binary.BigEndian.Uint32(b[:]))
 	e.evictCh = make(chan kvEviction, 4096)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e, nil

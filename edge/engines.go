@@ -67,6 +67,25 @@ func (s *ServersConfig) healthTimeout(probeInterval time.Duration) time.Duration
 	return probeInterval
 }
 
+// Disaggregated request ids (disagg_request_id) are TensorRT-LLM global
+// ids: llmapi/disagg_utils.py keeps [0, MIN_GLOBAL_ID = 2^40) for a
+// worker's local request ids (get_local_request_id) and draws global ids
+// from [2^40, 2^63) so the two never collide. The edge's ids are
+// disaggIDFloor | a random 31-bit prefix per edge process << 21 | a 21-bit
+// counter: in [2^52, 2^53), above the floor whatever the prefix, unique
+// across edges and restarts in practice, and exact in float64-based JSON
+// parsers (below 2^53).
+const (
+	disaggIDFloor   = uint64(1) << 52
+	disaggIDSeqBits = 21
+)
+
+// disaggIDBase is an edge process's disaggregated request id prefix from
+// 32 random bits.
+func disaggIDBase(random uint32) uint64 {
+	return disaggIDFloor | uint64(random&0x7fffffff)<<disaggIDSeqBits
+}
+
 // Kind is the engine with the default applied.
 func (k EngineKind) Kind() EngineKind {
 	if k == "" {

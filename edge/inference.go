@@ -335,7 +335,9 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 	return e.generationHop(ctx, w, rq, ctxHop, cres, genHop, span)
 }
 
-func (e *Edge) newDisaggID() uint64 { return e.disaggBase | (e.disaggSeq.Add(1) & (1<<21 - 1)) }
+func (e *Edge) newDisaggID() uint64 {
+	return e.disaggBase | (e.disaggSeq.Add(1) & (1<<disaggIDSeqBits - 1))
+}
 
 // hopHeader builds a hop's headers: content type, the trace context and,
 // when this hop carries sub-agent affinity, the signed hint.
