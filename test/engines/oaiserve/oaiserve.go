@@ -59,6 +59,13 @@ type Options struct {
 	// while /health_generate still generates. Default (and every older
 	// release): /health generates a token and answers after a second.
 	SGLangFastHealth bool
+	// SGLangTPSize is the tensor-parallel ranks of each data-parallel
+	// group (--tp-size / --dp-size with --enable-dp-attention; default 1).
+	// SGLangAllSchedulers is --enable-metrics-for-all-schedulers: every TP
+	// rank's scheduler exports the group's figures, not only the one with
+	// attn_tp_rank 0.
+	SGLangTPSize        int
+	SGLangAllSchedulers bool
 	// SGLangHealthTimeout is SGLANG_HEALTH_CHECK_TIMEOUT: how long a
 	// generating health check waits for a dead scheduler before 503
 	// (default 20 s, as upstream).
@@ -114,6 +121,9 @@ func Start(opts Options) *Server {
 	}
 	if opts.GPUBlocks <= 0 {
 		opts.GPUBlocks = 4096
+	}
+	if opts.SGLangTPSize <= 0 {
+		opts.SGLangTPSize = 1
 	}
 	if opts.SGLangHealthTimeout <= 0 {
 		opts.SGLangHealthTimeout = 20 * time.Second
@@ -533,10 +543,18 @@ func (s *Server) requestID(chat bool) string {
 	return "cmpl-" + hex.EncodeToString(b[:])
 }
 
-// metrics serves the engine's Prometheus exposition: vLLM labels each
-// engine core engine="<rank>" (always) with model_name; SGLang labels each
-// scheduler with model_name, engine_type, tp_rank, pp_rank, moe_ep_rank
-// and, with data parallelism, dp_rank.
+// metrics serves the engine's Prometheus exposition.
+//
+// vLLM (vllm/v1/metrics/loggers.py PrometheusStatLogger): every gauge per
+// engine core, labelled engine="<index>" and model_name; cache_config_info
+// once per engine (log_metrics_info sets engine to each index).
+//
+// SGLang (python/sglang/srt/metrics/collector.py SchedulerMetricsCollector,
+// labels from scheduler_metrics_mixin.py init_metrics): model_name,
+// engine_type, tp_rank, pp_rank, moe_ep_rank and, with data parallelism,
+// dp_rank; only schedulers with attn_tp_rank 0 export unless
+// --enable-metrics-for-all-schedulers, when every TP rank exports its
+// group's figures.
 func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
 	n := s.opts.DataParallelSize
@@ -552,10 +570,28 @@ func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	var b strings.Builder
+	type series struct {
+		rank   int
+		labels string
+	}
+	var all []series
+	for r := range n {
+		if s.opts.Engine == VLLM {
+			all = append(all, series{r, s.labels(r, 0)})
+			continue
+		}
+		tps := 1
+		if s.opts.SGLangAllSchedulers {
+			tps = s.opts.SGLangTPSize
+		}
+		for t := range tps {
+			all = append(all, series{r, s.labels(r, t)})
+		}
+	}
 	gauge := func(name, help string, val func(rank int) string) {
 		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
-		for r := range n {
-			fmt.Fprintf(&b, "%s{%s} %s\n", name, s.labels(r), val(r))
+		for _, x := range all {
+			fmt.Fprintf(&b, "%s{%s} %s\n", name, x.labels, val(x.rank))
 		}
 	}
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
@@ -566,11 +602,13 @@ func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 			return f(float64(figs[r].used) / float64(s.opts.GPUBlocks))
 		})
 		fmt.Fprintf(&b, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n")
-		fmt.Fprintf(&b, "vllm:cache_config_info{block_size=\"%d\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"%d\"} 1.0\n",
-			s.opts.BlockSize, s.opts.GPUBlocks)
-		fmt.Fprintf(&b, "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n# TYPE vllm:prompt_tokens_total counter\n")
 		for r := range n {
-			fmt.Fprintf(&b, "vllm:prompt_tokens_total{%s} %s\n", s.labels(r), f(float64(figs[r].prompted)))
+			fmt.Fprintf(&b, "vllm:cache_config_info{block_size=\"%d\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"%d\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"%d\"} 1.0\n",
+				s.opts.BlockSize, r, s.opts.GPUBlocks)
+		}
+		fmt.Fprintf(&b, "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n# TYPE vllm:prompt_tokens_total counter\n")
+		for _, x := range all {
+			fmt.Fprintf(&b, "vllm:prompt_tokens_total{%s} %s\n", x.labels, f(float64(figs[x.rank].prompted)))
 		}
 	} else {
 		gauge("sglang:num_running_reqs", "The number of running requests.", func(r int) string { return f(float64(figs[r].running)) })
@@ -584,12 +622,16 @@ func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 	_, _ = io.WriteString(w, b.String())
 }
 
-func (s *Server) labels(rank int) string {
+// labels are one series' labels: vLLM's engine core rank; SGLang's
+// scheduler of data-parallel rank and the t-th TP rank of its group.
+func (s *Server) labels(rank, t int) string {
 	var kv map[string]string
 	if s.opts.Engine == VLLM {
 		kv = map[string]string{"engine": strconv.Itoa(rank), "model_name": s.opts.Model}
 	} else {
-		kv = map[string]string{"model_name": s.opts.Model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+		tp := rank*s.opts.SGLangTPSize + t
+		kv = map[string]string{"model_name": s.opts.Model, "engine_type": "unified", "tp_rank": strconv.Itoa(tp), "pp_rank": "0",
+			"moe_ep_rank": strconv.Itoa(tp)}
 		if s.opts.DataParallelSize > 1 {
 			kv["dp_rank"] = strconv.Itoa(rank)
 		}

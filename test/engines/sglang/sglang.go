@@ -19,6 +19,11 @@ type Options struct {
 	// FastHealth is SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false (see
 	// oaiserve.Options.SGLangFastHealth); by default /health takes a second.
 	FastHealth bool
+	// TPSize is each data-parallel group's tensor-parallel ranks; with
+	// AllSchedulers (--enable-metrics-for-all-schedulers) each of them
+	// exports the group's figures on /metrics.
+	TPSize        int
+	AllSchedulers bool
 }
 
 // Server is a running stand-in.
@@ -30,5 +35,6 @@ type Served = oaiserve.Served
 // Start starts a stand-in on a loopback port.
 func Start(o Options) *Server {
 	return oaiserve.Start(oaiserve.Options{Engine: oaiserve.SGLang, Model: o.Model,
-		DataParallelSize: o.DPSize, ReportCachedTokens: o.CacheReport, SGLangFastHealth: o.FastHealth})
+		DataParallelSize: o.DPSize, ReportCachedTokens: o.CacheReport, SGLangFastHealth: o.FastHealth,
+		SGLangTPSize: o.TPSize, SGLangAllSchedulers: o.AllSchedulers})
 }
