@@ -90,6 +90,11 @@ type Config struct {
 	// TensorRT-LLM's "sha256=<hex>", which trtllm-serve workers verify) or
 	// tether-v1 (workers predating it; docs/upgrades.md).
 	HintSignatureFormat hintauth.Format `yaml:"hint_signature_format"`
+	// DisaggAuthFormat is what x-trtllm-disagg-auth signs: trtllm (the
+	// default: ctx_info_endpoint and encoded_opaque_state, current
+	// TensorRT-LLM) or trtllm-params (the whole disaggregated_params, the
+	// first releases with the header). docs/engines.md.
+	DisaggAuthFormat hintauth.DisaggFormat `yaml:"disagg_auth_format"`
 	// MaxRetries is how many times a failed hop is retried on another
 	// instance (connection errors and 5xx only).
 	MaxRetries int `yaml:"max_retries"`
@@ -475,6 +480,7 @@ func DefaultConfig() Config {
 		TLS:     TLSConfig{Mode: TLSModePlaintext},
 	}
 	c.HintSignatureFormat = hintauth.FormatTRTLLM
+	c.DisaggAuthFormat = hintauth.DisaggFields
 	c.ContextServers.HealthPath, c.GenerationServers.HealthPath = DefaultHealthPath, DefaultHealthPath
 	c.ContextServers.Tokenizer, c.GenerationServers.Tokenizer = TokenizerWords, TokenizerWords
 	c.ContextServers.KVShadowBlocks, c.GenerationServers.KVShadowBlocks = DefaultKVShadowBlocks, DefaultKVShadowBlocks
@@ -598,6 +604,9 @@ func (c *Config) normalize() {
 	if c.HintSignatureFormat == "" {
 		c.HintSignatureFormat = hintauth.FormatTRTLLM
 	}
+	if c.DisaggAuthFormat == "" {
+		c.DisaggAuthFormat = hintauth.DisaggFields
+	}
 	for _, s := range []*ServersConfig{&c.ContextServers, &c.GenerationServers} {
 		if s.HealthPath == "" {
 			s.HealthPath = DefaultHealthPath
@@ -650,6 +659,9 @@ func (c *Config) validateServing(bad complain, errs *[]error) {
 	}
 	if !c.HintSignatureFormat.Valid() {
 		bad("hint_signature_format", "%q is not a format (want trtllm or tether-v1)", c.HintSignatureFormat)
+	}
+	if !c.DisaggAuthFormat.Valid() {
+		bad("disagg_auth_format", "%q is not a format (want trtllm or trtllm-params)", c.DisaggAuthFormat)
 	}
 	if c.ParentHeader != "" && c.InternalRequestAuthKey == "" && !c.Aggregated() {
 		bad("internal_request_auth_key", "required when conversation_affinity_header_for_subagents is set (%s): sub-agent hints must be signed; set it or %s",

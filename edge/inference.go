@@ -604,8 +604,9 @@ func finishPending(finish string) bool { return finish == "length" || finish == 
 // generation_only and our disagg_request_id, every other field passed
 // through untouched, and the context's prompt_token_ids (chat:
 // prompt_token_ids; completions: the prompt). It also returns the
-// x-trtllm-disagg-auth fields.
-func (rq *request) generationBody(cres *contextResult) (body []byte, endpoint, state json.RawMessage) {
+// disaggregated_params it sends (what x-trtllm-disagg-auth signs; nil for a
+// worker predating the protocol).
+func (rq *request) generationBody(cres *contextResult) (body []byte, params map[string]json.RawMessage) {
 	id := json.RawMessage(strconv.FormatUint(cres.disaggID, 10))
 	if cres.handoff == nil {
 		dp := map[string]json.RawMessage{
@@ -619,7 +620,7 @@ func (rq *request) generationBody(cres *contextResult) (body []byte, endpoint, s
 		if len(cres.firstTokens) > 0 && !isNull(cres.firstTokens) {
 			dp["first_gen_tokens"] = cres.firstTokens
 		}
-		return rq.hopBody(map[string]json.RawMessage{"disaggregated_params": mustMarshal(dp)}), nil, nil
+		return rq.hopBody(map[string]json.RawMessage{"disaggregated_params": mustMarshal(dp)}), nil
 	}
 	dp := make(map[string]json.RawMessage, len(cres.handoff)+2)
 	for k, v := range cres.handoff {
@@ -635,7 +636,7 @@ func (rq *request) generationBody(cres *contextResult) (body []byte, endpoint, s
 			set["prompt"] = cres.promptTokenIDs
 		}
 	}
-	return rq.hopBody(set), dp["ctx_info_endpoint"], dp["encoded_opaque_state"]
+	return rq.hopBody(set), dp
 }
 
 // generationHop continues on the generation worker with the context's
@@ -643,13 +644,14 @@ func (rq *request) generationBody(cres *contextResult) (body []byte, endpoint, s
 // it).
 func (e *Edge) generationHop(ctx context.Context, w http.ResponseWriter, rq *request, ctxHop *hop, cres *contextResult, genHop *hop, span trace.Span) int {
 	id := strconv.FormatUint(cres.disaggID, 10)
-	body, endpoint, state := rq.generationBody(cres)
+	body, params := rq.generationBody(cres)
 	var disaggAuth string
-	if e.authKey != nil {
+	if e.authKey != nil && params != nil {
 		// Protects the KV-transfer fields as TensorRT-LLM does
-		// (disagg_auth.py build_internal_disagg_auth_headers).
+		// (disagg_auth.py build_internal_disagg_auth_headers), in the
+		// payload of the workers' release (disagg_auth_format).
 		var err error
-		if disaggAuth, err = hintauth.SignDisagg(e.authKey, endpoint, state); err != nil {
+		if disaggAuth, err = hintauth.SignDisaggAs(e.cfg.DisaggAuthFormat, e.authKey, params); err != nil {
 			e.metrics.upstreamErrors.WithLabelValues("context", "bad_response").Inc()
 			return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
 				"context instance %s answered disaggregated_params that cannot be signed: %v", ctxHop.Instance, err))

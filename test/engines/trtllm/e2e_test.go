@@ -57,7 +57,7 @@ func startStandInWith(t *testing.T, cfg Config) *standIn {
 // front of the context and generation stand-ins, configured as a user
 // would for trtllm-serve workers: static URLs, the shipped defaults
 // (probe /health, TensorRT-LLM signatures), sub-agent affinity on.
-func startEdges(t *testing.T, n int, ctx, gen []*standIn) []*edge.Edge {
+func startEdges(t *testing.T, n int, ctx, gen []*standIn, mutate ...func(*edge.Config)) []*edge.Edge {
 	t.Helper()
 	lns := make([]net.Listener, n)
 	peers := make([]edge.PeerConfig, n)
@@ -90,6 +90,9 @@ func startEdges(t *testing.T, n int, ctx, gen []*standIn) []*edge.Edge {
 		}
 		cfg.Cluster = edge.ClusterConfig{NodeID: peers[i].ID, DataDir: filepath.Join(dir, peers[i].ID), Bootstrap: true, Peers: peers,
 			BindAddr: peers[i].Addr, ProposeTimeout: 2 * time.Second}
+		for _, m := range mutate {
+			m(&cfg)
+		}
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
@@ -458,5 +461,44 @@ func TestContextPhaseFinishingOnStopIsTheAnswer(t *testing.T) {
 	}
 	if n := len(gen[0].Seen()); n != 0 {
 		t.Fatalf("the generation server was asked %d times for answers the context phase completed", n)
+	}
+}
+
+// needPython fails under CI, and skips elsewhere, when python3 cannot
+// check the stand-ins' signatures.
+func needPython(t *testing.T, s *standIn) {
+	t.Helper()
+	if s.PythonVerifies() {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("python3 is required in CI: the stand-ins check signatures with it")
+	}
+	t.Skip("python3 not installed: the stand-in cannot check signatures independently")
+}
+
+// Generation servers of a release that signs x-trtllm-disagg-auth over the
+// whole disaggregated_params (model_dump) refuse the current payload (400,
+// their message) and accept the edge's disagg_auth_format: trtllm-params;
+// python3 checks the signatures with the release's algorithm.
+func TestLegacyDisaggAuthFormat(t *testing.T) {
+	legacy := func(name, role string) *standIn {
+		return startStandInWith(t, Config{Name: name, Model: testModel, Role: role, Key: testKey, DisaggAuth: DisaggAuthParams})
+	}
+	ctx, gen := []*standIn{legacy("ctx-0", "context")}, []*standIn{legacy("gen-0", "generation")}
+	needPython(t, gen[0])
+	body := map[string]any{"model": testModel, "max_tokens": 4, "messages": []any{map[string]any{"role": "user", "content": "hello legacy"}}}
+	current := startEdges(t, 1, ctx, gen)
+	a := post(t, "http://"+current[0].Addr()+"/v1/chat/completions", body, map[string]string{"x-session-id": "legacy-1"})
+	if a.status != 400 || !strings.Contains(string(a.body), "Invalid internal disaggregated request authentication") {
+		t.Fatalf("current payload against a legacy release: %d %s, want its 400", a.status, a.body)
+	}
+	selected := startEdges(t, 1, ctx, gen, func(c *edge.Config) { c.DisaggAuthFormat = "trtllm-params" })
+	a = post(t, "http://"+selected[0].Addr()+"/v1/chat/completions", body, map[string]string{"x-session-id": "legacy-2"})
+	if a.status != 200 {
+		t.Fatalf("disagg_auth_format trtllm-params: %d %s", a.status, a.body)
+	}
+	if _, seen := seenBy(gen, "legacy-2"); len(seen) != 1 || !seen[0].DisaggAuth {
+		t.Fatalf("the generation server's view: %+v", seen)
 	}
 }

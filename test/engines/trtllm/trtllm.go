@@ -62,6 +62,17 @@ const (
 	HeaderServerState  = "x-trtllm-server-state"
 )
 
+// The x-trtllm-disagg-auth payloads of TensorRT-LLM's releases.
+const (
+	DisaggAuthFields = "trtllm"
+	DisaggAuthParams = "trtllm-params"
+)
+
+// legacyParamsFields are the fields of openai_protocol.py's
+// DisaggregatedParams in the releases that signed its whole model_dump.
+var legacyParamsFields = []string{"request_type", "first_gen_tokens", "ctx_request_id", "encoded_opaque_state", "draft_tokens",
+	"disagg_request_id", "ctx_dp_rank", "ctx_info_endpoint", "schedule_style"}
+
 // Config configures a stand-in.
 type Config struct {
 	Name  string // used in ids and ctx_info_endpoint
@@ -71,6 +82,11 @@ type Config struct {
 	Role string
 	// Key is internal_request_auth_key ("" none).
 	Key string
+	// DisaggAuth is the release's x-trtllm-disagg-auth payload:
+	// DisaggAuthFields (the default, current disagg_auth.py: ctx_info_endpoint
+	// and encoded_opaque_state) or DisaggAuthParams (its first version: the
+	// whole DisaggregatedParams model_dump).
+	DisaggAuth string
 	// EOSAt makes the toy model end its answer with the end-of-sequence
 	// token as its EOSAt-th generated token (finish_reason "stop"; 0:
 	// never, every answer runs to max_tokens, "length"). With 1 the
@@ -314,6 +330,7 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, chat bool) {
 				"request_type": "context_only", "first_gen_tokens": []uint32{eosID}, "ctx_request_id": nil,
 				"encoded_opaque_state": nil, "draft_tokens": nil,
 				"disagg_request_id": json.RawMessage(orNull(dp["disagg_request_id"])), "ctx_dp_rank": 0, "ctx_info_endpoint": nil,
+				"schedule_style": nil,
 			}
 			s.respond(w, id, model, chat, nil, "stop", len(tokens), seen.CachedTokens, handoff, tokens)
 			return
@@ -329,6 +346,7 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, chat bool) {
 			"disagg_request_id":    json.RawMessage(orNull(dp["disagg_request_id"])),
 			"ctx_dp_rank":          0,
 			"ctx_info_endpoint":    "tcp://" + s.cfg.Name + ":5555",
+			"schedule_style":       nil,
 		}
 		ctxFinish := "length"
 		if limit == 1 && finish == "stop" {
@@ -542,17 +560,29 @@ func (s *Server) checkHint(h http.Header, model, conv string, convNull bool, dp 
 	return strings.TrimSpace(hdr), ""
 }
 
-// checkDisaggAuth is validate_internal_disagg_request.
+// checkDisaggAuth is disagg_auth.py validate_internal_disagg_request of
+// the configured release. Current releases protect ctx_info_endpoint and
+// encoded_opaque_state (either set: the header is required, and a worker
+// without internal_request_auth_key refuses the request); the first ones
+// signed the whole model_dump and required the header for
+// encoded_opaque_state only.
 func (s *Server) checkDisaggAuth(h http.Header, dp disaggParams) (need bool, msg string) {
-	if isNull(dp["encoded_opaque_state"]) && isNull(dp["ctx_info_endpoint"]) {
+	legacy := s.cfg.DisaggAuth == DisaggAuthParams
+	if isNull(dp["encoded_opaque_state"]) && (legacy || isNull(dp["ctx_info_endpoint"])) {
 		return false, ""
 	}
 	if s.cfg.Key == "" {
-		return false, "" // TensorRT-LLM warns and accepts
+		if legacy {
+			return false, "encoded_opaque_state requires authenticated disaggregated request forwarding"
+		}
+		return false, "Protected disaggregated request fields require authenticated disaggregated request forwarding"
 	}
 	req := map[string]any{"kind": "disagg", "key": s.cfg.Key,
 		"ctx_info_endpoint":    json.RawMessage(orNull(dp["ctx_info_endpoint"])),
 		"encoded_opaque_state": json.RawMessage(orNull(dp["encoded_opaque_state"]))}
+	if legacy {
+		req = map[string]any{"kind": "disagg-params", "key": s.cfg.Key, "params": map[string]json.RawMessage(dp), "fields": legacyParamsFields}
+	}
 	if sig := h.Get(HeaderDisaggAuth); sig != "" {
 		req["signature"] = sig
 	}
