@@ -91,9 +91,17 @@ type Event struct {
 	// "CPU", ...): tether announces what a request can reuse without a
 	// transfer, so only GPU blocks count.
 	Offloaded bool
-	// Skip marks events tether does not track for another reason (a second
-	// KV cache group of a hybrid model); they still advance sequence numbers.
-	Skip bool
+	// Group is the KV cache group of a hybrid model (vLLM group_idx, 0
+	// when absent); SpecKind is the group's attention kind as the engine
+	// names it (vLLM kv_cache_spec_kind on stored events: full_attention,
+	// sliding_window, mamba, ...; "" when not stated). Window is the
+	// attention window of the event's pool (TensorRT-LLM window_size; 0
+	// when not stated). The Mapper tracks only full-attention pools: a
+	// sliding-window pool evicts blocks the full-attention pool keeps, and
+	// its hashes would otherwise erase them.
+	Group    int
+	SpecKind string
+	Window   int
 }
 
 // Batch is one engine message: events in order, and the data-parallel rank

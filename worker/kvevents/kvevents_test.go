@@ -82,8 +82,8 @@ func TestDecodeVLLMFieldOrder(t *testing.T) {
 	if !b.Events[0].Foreign || b.Events[0].Parent != BytesHash([]byte("h0")) || b.DPRank != 0 {
 		t.Fatalf("a lora_name block must be foreign: %+v", b.Events[0])
 	}
-	if !b.Events[1].Offloaded || !b.Events[2].Skip {
-		t.Fatalf("medium CPU must be offloaded, group_idx 1 skipped: %+v", b.Events[1:])
+	if !b.Events[1].Offloaded || b.Events[2].Group != 1 || b.Events[0].SpecKind != "full" {
+		t.Fatalf("medium CPU must be offloaded, group_idx and kv_cache_spec_kind read: %+v", b.Events)
 	}
 }
 
@@ -413,5 +413,73 @@ func TestOffsetEndpoint(t *testing.T) {
 		if _, err := OffsetEndpoint(bad, 1); err == nil {
 			t.Errorf("OffsetEndpoint(%q, 1): want an error", bad)
 		}
+	}
+}
+
+// A hybrid model's pools have their own hashes: only the full-attention
+// pool is announced, wherever vLLM puts it among its groups, and a
+// sliding-window pool evicting a block it shares with the full-attention
+// pool (same engine hash in another group) removes nothing. Before, group
+// 0 was announced whatever its kind, so a sliding-window group 0 erased
+// blocks the full-attention group still held.
+func TestMapperTracksFullAttentionPoolsOnly(t *testing.T) {
+	const bs = 2
+	m := NewMapper(bs, 0)
+	h := []Hash{IntHash(1), IntHash(2)}
+	toks := []uint32{1, 2, 3, 4}
+	stored := func(group int, kind string) Event {
+		return Event{Kind: Stored, Hashes: h, Tokens: toks, BlockSize: bs, Group: group, SpecKind: kind}
+	}
+	if s, _ := m.Apply(stored(0, "sliding_window")); len(s) != 0 {
+		t.Fatalf("a sliding-window group announced %v", s)
+	}
+	s, _ := m.Apply(stored(1, "full_attention"))
+	if len(s) != 2 {
+		t.Fatalf("the full-attention group announced %v, want 2 keys", s)
+	}
+	if _, r := m.Apply(Event{Kind: Removed, Hashes: h, Group: 0}); len(r) != 0 {
+		t.Fatalf("the sliding window's eviction removed %v", r)
+	}
+	if _, r := m.Apply(Event{Kind: Removed, Hashes: h[1:], Group: 1}); len(r) != 1 || r[0] != s[1] {
+		t.Fatalf("the full-attention eviction removed %v, want %v", r, s[1:])
+	}
+	// Engines that state no kind (one group): group 0 is announced.
+	old := NewMapper(bs, 0)
+	if s, _ := old.Apply(stored(0, "")); len(s) != 2 {
+		t.Fatalf("group 0 without a kind announced %v", s)
+	}
+}
+
+// TensorRT-LLM's variable sliding window: events name their pool's
+// window_size; the largest window is the full-attention pool. A larger
+// window seen later takes over and the smaller one's keys are withdrawn.
+func TestMapperTracksTheLargestWindow(t *testing.T) {
+	const bs = 2
+	m := NewMapper(bs, 0)
+	ev := func(w int, hs ...uint64) Event {
+		var hashes []Hash
+		var toks []uint32
+		for _, x := range hs {
+			hashes = append(hashes, IntHash(x))
+			toks = append(toks, uint32(x), uint32(x))
+		}
+		return Event{Kind: Stored, Hashes: hashes, Tokens: toks, BlockSize: bs, Window: w}
+	}
+	small, _ := m.Apply(ev(512, 1))
+	if len(small) != 1 {
+		t.Fatalf("first window announced %v", small)
+	}
+	big, gone := m.Apply(ev(32768, 1))
+	if len(big) != 1 || len(gone) != 1 || gone[0] != small[0] {
+		t.Fatalf("a larger window: stored %v, removed %v (want the 512 window's %v withdrawn)", big, gone, small)
+	}
+	if s, _ := m.Apply(ev(512, 5)); len(s) != 0 {
+		t.Fatalf("the sliding window announced %v", s)
+	}
+	if _, r := m.Apply(Event{Kind: Removed, Hashes: []Hash{IntHash(1)}, Window: 512}); len(r) != 0 {
+		t.Fatalf("the sliding window's eviction removed %v", r)
+	}
+	if k, ok := m.Key(IntHash(1)); !ok || k != big[0] {
+		t.Fatalf("Key: %d %v", k, ok)
 	}
 }

@@ -86,9 +86,17 @@ func encodeEvent(ev Event, layout Layout) (any, error) {
 		return map[string]any{"type": "AllBlocksCleared"}, nil
 	case Removed:
 		if layout == LayoutArray {
-			return []any{"BlockRemoved", hashes, medium}, nil
+			a := []any{"BlockRemoved", hashes, medium}
+			if ev.Group != 0 {
+				a = append(a, ev.Group)
+			}
+			return a, nil
 		}
-		return map[string]any{"type": "BlockRemoved", "block_hashes": hashes, "medium": medium}, nil
+		m := map[string]any{"type": "BlockRemoved", "block_hashes": hashes, "medium": medium}
+		if ev.Group != 0 {
+			m["group_idx"] = ev.Group
+		}
+		return m, nil
 	case Stored:
 		var parent any
 		if ev.HasParent {
@@ -98,11 +106,20 @@ func encodeEvent(ev Event, layout Layout) (any, error) {
 		for i, t := range ev.Tokens {
 			toks[i] = int64(t)
 		}
+		grouped := ev.Group != 0 || ev.SpecKind != ""
 		if layout == LayoutArray {
-			return []any{"BlockStored", hashes, parent, toks, ev.BlockSize, nil, medium, nil}, nil
+			a := []any{"BlockStored", hashes, parent, toks, ev.BlockSize, nil, medium, nil}
+			if grouped {
+				a = append(a, nil, ev.Group, ev.SpecKind)
+			}
+			return a, nil
 		}
-		return map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
-			"token_ids": toks, "block_size": ev.BlockSize, "lora_id": nil, "medium": medium, "lora_name": nil}, nil
+		m := map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+			"token_ids": toks, "block_size": ev.BlockSize, "lora_id": nil, "medium": medium, "lora_name": nil}
+		if grouped {
+			m["group_idx"], m["kv_cache_spec_kind"] = ev.Group, ev.SpecKind
+		}
+		return m, nil
 	}
 	return nil, fmt.Errorf("unknown kind %d", ev.Kind)
 }

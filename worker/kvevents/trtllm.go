@@ -25,6 +25,7 @@ func DecodeTRTLLM(body []byte) ([]TRTEvent, error) {
 	var raw []struct {
 		EventID json.Number     `json:"event_id"`
 		Data    json.RawMessage `json:"data"`
+		Window  *json.Number    `json:"window_size"`
 		DPRank  *json.Number    `json:"attention_dp_rank"`
 	}
 	if err := dec.Decode(&raw); err != nil {
@@ -46,6 +47,13 @@ func DecodeTRTLLM(body []byte) ([]TRTEvent, error) {
 		}
 		if te.Event, te.Created, err = decodeTRTData(r.Data); err != nil {
 			return nil, fmt.Errorf("kvevents: trtllm events[%d] (id %d): %w", i, id, err)
+		}
+		if r.Window != nil {
+			w, err := strconv.ParseInt(r.Window.String(), 10, 64)
+			if err != nil || w < 0 || w > 1<<40 {
+				return nil, fmt.Errorf("kvevents: trtllm events[%d].window_size: %q", i, r.Window.String())
+			}
+			te.Event.Window = int(w)
 		}
 		out = append(out, te)
 	}

@@ -17,6 +17,7 @@ const MaxPayloadBytes = 64 << 20
 const (
 	maxBlocksPerEvent = 1 << 20
 	maxTokensPerEvent = 1 << 26
+	maxGroups         = 1 << 10 // KV cache groups of one model
 )
 
 // DecodeVLLM decodes one msgpack KVEventBatch as published by vLLM's and
@@ -145,10 +146,17 @@ func decodeVLLMEvent(raw any) (Event, error) {
 	}
 	if g, ok := fields["group_idx"]; ok && g != nil {
 		n, err := asInt(g)
-		if err != nil {
-			return Event{}, fmt.Errorf("%s.group_idx: %w", tag, err)
+		if err != nil || n < 0 || n > maxGroups {
+			return Event{}, fmt.Errorf("%s.group_idx: want 0..%d, got %v", tag, maxGroups, g)
 		}
-		ev.Skip = n != 0
+		ev.Group = int(n)
+	}
+	if k, ok := fields["kv_cache_spec_kind"]; ok && k != nil {
+		s, ok := k.(string)
+		if !ok {
+			return Event{}, fmt.Errorf("%s.kv_cache_spec_kind is a %T, want a string", tag, k)
+		}
+		ev.SpecKind = s
 	}
 	if ev.Kind == Removed {
 		return ev, nil
