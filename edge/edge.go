@@ -110,6 +110,9 @@ type Edge struct {
 	rr          [3]atomic.Uint64 // round-robin counters by fleet
 	disaggBase  uint64
 	disaggSeq   atomic.Uint64
+	// cacheReporters: engine instances seen reporting cached tokens
+	// (edge/engines.go engineUsage).
+	cacheReporters sync.Map
 	reqSeq      atomic.Uint64
 	viewsCache  atomic.Pointer[viewsEntry]
 	unavailable atomic.Int64 // unix nanos of the last ErrUnavailable

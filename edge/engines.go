@@ -260,3 +260,24 @@ func (e *Edge) recordEngineRank(h *hop, rank int) {
 	}
 	e.recorder.addRank(fsm.RankObserved{Fleet: h.Fleet, Key: h.Key, Epoch: b.Epoch, Rank: uint32(rank)})
 }
+
+// engineUsage completes a response's usage as the engine means it: vLLM
+// (serving_chat.py: `if self.enable_prompt_tokens_details and
+// num_cached_tokens`) and SGLang (usage_processor.py _details_if_cached)
+// leave prompt_tokens_details null when nothing was cached, and also when
+// reporting is off. Once an instance has reported cached tokens, reporting
+// is on there, so a later null means none were: the shadow cache and the
+// circuit breaker learn of the miss.
+func (e *Edge) engineUsage(instance string, u usageFigures) usageFigures {
+	if !u.ok {
+		return u
+	}
+	if u.hasCached {
+		e.cacheReporters.Store(instance, true)
+		return u
+	}
+	if _, ok := e.cacheReporters.Load(instance); ok {
+		u.cached, u.hasCached = 0, true
+	}
+	return u
+}

@@ -730,6 +730,9 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 		// Only a response that reports its cached tokens says anything
 		// about the cache (vLLM without --enable-prompt-tokens-details
 		// does not: its breaker must not read that as misses).
+		if cres == nil {
+			u = e.engineUsage(genHop.Instance, u)
+		}
 		if cres == nil && u.ok && u.hasCached {
 			e.fleet.RecordUsage(genHop.Instance, int64(u.prompt), int64(u.cached), e.now())
 			e.shadowCorrect(rq, genHop, u.cached)

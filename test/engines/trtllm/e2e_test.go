@@ -502,3 +502,31 @@ func TestLegacyDisaggAuthFormat(t *testing.T) {
 		t.Fatalf("the generation server's view: %+v", seen)
 	}
 }
+
+// conversation_params is validated as TensorRT-LLM's ConversationParams:
+// extra fields and a null or blank conversation_id are 400s; a number is
+// str()-ed, a string stripped.
+func TestStandInValidatesConversationParams(t *testing.T) {
+	s := startStandIn(t, "agg-0", "")
+	msgs := []any{map[string]any{"role": "user", "content": "hello"}}
+	for _, c := range []struct {
+		params any
+		status int
+	}{
+		{map[string]any{"conversation_id": "  c-1 "}, 200},
+		{map[string]any{"conversation_id": 42}, 200},
+		{map[string]any{"conversation_id": nil}, 400},
+		{map[string]any{"conversation_id": "   "}, 400},
+		{map[string]any{}, 400},
+		{map[string]any{"conversation_id": "c", "extra": 1}, 400},
+	} {
+		a := post(t, s.url+"/v1/chat/completions", map[string]any{"model": testModel, "messages": msgs, "conversation_params": c.params}, nil)
+		if a.status != c.status {
+			t.Fatalf("conversation_params %v: %d %s, want %d", c.params, a.status, a.body, c.status)
+		}
+	}
+	seen := s.Seen()
+	if seen[0].ConversationID != "c-1" || seen[1].ConversationID != "42" {
+		t.Fatalf("resolved ids %q %q", seen[0].ConversationID, seen[1].ConversationID)
+	}
+}

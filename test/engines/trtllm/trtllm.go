@@ -160,7 +160,13 @@ func (s *Server) Close() {
 	}
 }
 
-// Handler is the HTTP API.
+// Handler is the HTTP API, the routes of tensorrt_llm/serve/openai_server.py
+// OpenAIServer.register_routes: a starting server answers every path 503
+// with x-trtllm-server-state: starting (readiness.py); GET /health is 200
+// with an empty body (health), /version, /v1/models (get_model), /metrics
+// (get_iteration_stats: a JSON list); POST /v1/completions and
+// /v1/chat/completions (openai_completion, openai_chat_completion);
+// FastAPI's {"detail": ...} for other paths (404) and methods (405).
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.starting.Load() {
@@ -193,6 +199,8 @@ func (s *Server) Handler() http.Handler {
 	})
 }
 
+// models follows openai_server.py get_model: ModelList of one ModelCard
+// owned by tensorrt_llm.
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, 200, map[string]any{"object": "list", "data": []any{
 		map[string]any{"id": s.cfg.Model, "object": "model", "created": 1700000000, "owned_by": "tensorrt_llm"},
@@ -205,7 +213,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// apiError writes TensorRT-LLM's ErrorResponse.
+// apiError writes TensorRT-LLM's ErrorResponse (openai_protocol.py; the
+// server's create_error_response, a ValueError being 400 BadRequestError).
 func apiError(w http.ResponseWriter, status int, typ, msg string) {
 	writeJSON(w, status, map[string]any{"object": "error", "message": msg, "type": typ, "param": nil, "code": status})
 }
@@ -237,6 +246,14 @@ type state struct {
 	FirstWord string `json:"first"`
 }
 
+// inference follows openai_server.py openai_chat_completion and
+// openai_completion: the request validated as ChatCompletionRequest /
+// CompletionRequest (disaggregated_params as DisaggregatedParams,
+// conversation_params as ConversationParams), the conversation id resolved
+// (conversation_id.py), the sub-agent hint and the KV-transfer signature
+// checked (disagg_auth.py), then one generation: a context_only request
+// computes the prompt and its first token and answers the handoff, a
+// generation_only request continues from encoded_opaque_state.
 func (s *Server) inference(w http.ResponseWriter, r *http.Request, chat bool) {
 	b, err := io.ReadAll(io.LimitReader(r.Body, 32<<20))
 	if err != nil {
@@ -270,7 +287,11 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, chat bool) {
 		}
 	}
 	reqType, _ := dp.str("request_type")
-	conv, convNull := resolveConversation(body, r.Header)
+	conv, convNull, msg := resolveConversation(body, r.Header)
+	if msg != "" {
+		badRequest(w, msg)
+		return
+	}
 	seen := Seen{Path: r.URL.Path, RequestType: reqType, ConversationID: conv}
 
 	affinity, msg := s.checkHint(r.Header, model, conv, convNull, dp)
@@ -420,6 +441,11 @@ func (s *Server) cache(tokens []uint32) int {
 	return cached
 }
 
+// respond writes ChatCompletionResponse / CompletionResponse
+// (postprocess_handlers.py chat_response_post_processor and
+// completion_response_post_processor): the handoff in
+// choices[0].disaggregated_params (to_disaggregated_params), the prompt's
+// prompt_token_ids for a context answer, usage with prompt_tokens_details.
 func (s *Server) respond(w http.ResponseWriter, id, model string, chat bool, words []string, finish string, prompt, cached int, handoff map[string]any, promptIDs []uint32) {
 	text := strings.Join(words, " ")
 	choice := map[string]any{"index": 0, "finish_reason": finish, "logprobs": nil}
@@ -445,6 +471,10 @@ func (s *Server) respond(w http.ResponseWriter, id, model string, chat bool, wor
 	writeJSON(w, http.StatusOK, resp)
 }
 
+// stream writes the SSE chunks of postprocess_handlers.py
+// chat_stream_post_processor / completion_stream_post_processor: one chunk
+// per token (the role in the first chat delta), the usage chunk with
+// stream_options.include_usage, then [DONE].
 func (s *Server) stream(w http.ResponseWriter, id, model string, chat bool, words []string, finishReason string, prompt, cached int, includeUsage bool) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
@@ -493,19 +523,43 @@ func (s *Server) stream(w http.ResponseWriter, id, model string, chat bool, word
 	_ = http.NewResponseController(w).Flush()
 }
 
-// resolveConversation follows conversation_id.py: the body's
-// conversation_params.conversation_id as is (null: convNull) when the body
-// has conversation_params, else the first non-empty header, stripped.
-func resolveConversation(body map[string]json.RawMessage, h http.Header) (id string, null bool) {
+// resolveConversation follows conversation_id.py
+// resolve_request_conversation_id: the body's
+// conversation_params.conversation_id when the body has conversation_params
+// (validated as openai_protocol.py ConversationParams: extra fields
+// forbidden, conversation_id required, str()-ed and stripped, not empty:
+// else a 400), otherwise the first non-empty of CONVERSATION_ID_HEADERS,
+// stripped. null: no conversation id.
+func resolveConversation(body map[string]json.RawMessage, h http.Header) (id string, null bool, msg string) {
 	if !isNull(body["conversation_params"]) {
-		var cp struct {
-			ConversationID *string `json:"conversation_id"`
+		var cp map[string]json.RawMessage
+		if err := json.Unmarshal(body["conversation_params"], &cp); err != nil {
+			return "", false, "conversation_params: Input should be a valid dictionary"
 		}
-		_ = json.Unmarshal(body["conversation_params"], &cp)
-		if cp.ConversationID == nil {
-			return "", true
+		for k := range cp {
+			if k != "conversation_id" {
+				return "", false, "conversation_params." + k + ": Extra inputs are not permitted"
+			}
 		}
-		return *cp.ConversationID, false
+		raw := bytes.TrimSpace(cp["conversation_id"])
+		if len(raw) == 0 {
+			return "", false, "conversation_params.conversation_id: Field required"
+		}
+		var v any
+		_ = json.Unmarshal(raw, &v)
+		var str string
+		switch x := v.(type) {
+		case nil:
+			return "", false, "conversation_params.conversation_id: Value error, conversation_id must be non-empty"
+		case string:
+			str = x
+		default:
+			str = string(raw) // str() of a number or bool
+		}
+		if str = strings.TrimSpace(str); str == "" {
+			return "", false, "conversation_params.conversation_id: Value error, conversation_id must be non-empty"
+		}
+		return str, false, ""
 	}
 	for _, name := range ConversationIDHeaders {
 		// Starlette's headers keep the last value of a repeated name in a dict.
@@ -514,10 +568,10 @@ func resolveConversation(body map[string]json.RawMessage, h http.Header) (id str
 			continue
 		}
 		if v := strings.TrimSpace(vs[len(vs)-1]); v != "" {
-			return v, false
+			return v, false, ""
 		}
 	}
-	return "", true
+	return "", true, ""
 }
 
 // checkHint is validate_subagent_affinity: the role is configured or
