@@ -107,15 +107,15 @@ type Edge struct {
 	fresh    *freshness      // is this edge's state current (readyz, degraded placement)
 	ready    *readiness
 
-	rr          [3]atomic.Uint64 // round-robin counters by fleet
-	disaggBase  uint64
-	disaggSeq   atomic.Uint64
+	rr         [3]atomic.Uint64 // round-robin counters by fleet
+	disaggBase uint64
+	disaggSeq  atomic.Uint64
 	// cacheReporters: engine instances seen reporting cached tokens
 	// (edge/engines.go engineUsage).
 	cacheReporters sync.Map
-	reqSeq      atomic.Uint64
-	viewsCache  atomic.Pointer[viewsEntry]
-	unavailable atomic.Int64 // unix nanos of the last ErrUnavailable
+	reqSeq         atomic.Uint64
+	viewsCache     atomic.Pointer[viewsEntry]
+	unavailable    atomic.Int64 // unix nanos of the last ErrUnavailable
 
 	evictCh chan kvEviction
 

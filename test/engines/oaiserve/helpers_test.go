@@ -10,7 +10,6 @@ import (
 	"github.com/tether-project/tether/worker/kvevents"
 )
 
-
 func requestOf(t *testing.T, body map[string]any) request {
 	t.Helper()
 	b, _ := json.Marshal(body)
