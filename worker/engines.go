@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/engine/sim"
 	"github.com/tether-project/tether/worker/kvevents"
@@ -48,7 +49,7 @@ func buildEngine(cfg Config, ranks int, log *slog.Logger) (engine.Engine, error)
 
 // kvEventSource is the proxy's engine.kv_events source, logging as the
 // worker does.
-func kvEventSource(e EngineConfig, ranks int, log *slog.Logger) *kvevents.Config {
+func kvEventSource(e EngineConfig, ranks int, log *slog.Logger) *enginekv.Config {
 	k := e.kvEventSource(ranks)
 	if k != nil {
 		k.Log = log.With("component", "kv_events")
@@ -76,13 +77,13 @@ func publishingEngine(eng *sim.Engine, e EngineConfig, ranks int) (engine.Engine
 		if p.Endpoint == "" {
 			break // trtllm only
 		}
-		ep, err := kvevents.OffsetEndpoint(p.Endpoint, r)
+		ep, err := enginekv.OffsetEndpoint(p.Endpoint, r)
 		if err != nil {
 			return fail(err)
 		}
 		rep := ""
 		if p.ReplayEndpoint != "" {
-			if rep, err = kvevents.OffsetEndpoint(p.ReplayEndpoint, r); err != nil {
+			if rep, err = enginekv.OffsetEndpoint(p.ReplayEndpoint, r); err != nil {
 				return fail(err)
 			}
 		}

@@ -8,12 +8,13 @@ import (
 	"io"
 	"log"
 	"net"
-	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/tether-project/tether/internal/enginekv"
 )
 
 // Layout is a msgspec struct encoding.
@@ -29,7 +30,7 @@ const (
 // EncodeVLLM encodes b as a vLLM KVEventBatch payload. Integer engine
 // hashes are sent as msgpack integers, others as bytes. Stored events
 // carry medium "GPU" and no LoRA.
-func EncodeVLLM(b Batch, layout Layout) ([]byte, error) {
+func EncodeVLLM(b enginekv.Batch, layout Layout) ([]byte, error) {
 	events := make([]any, 0, len(b.Events))
 	for i, ev := range b.Events {
 		e, err := encodeEvent(ev, layout)
@@ -59,7 +60,7 @@ func EncodeVLLM(b Batch, layout Layout) ([]byte, error) {
 	return msgpack.Marshal(v)
 }
 
-func hashValue(h Hash) any {
+func hashValue(h enginekv.Hash) any {
 	if len(h) == 9 && h[0] == 'i' {
 		return int64(binary.BigEndian.Uint64([]byte(h[1:])))
 	}
@@ -69,7 +70,7 @@ func hashValue(h Hash) any {
 	return []byte(h)
 }
 
-func encodeEvent(ev Event, layout Layout) (any, error) {
+func encodeEvent(ev enginekv.Event, layout Layout) (any, error) {
 	hashes := make([]any, len(ev.Hashes))
 	for i, h := range ev.Hashes {
 		hashes[i] = hashValue(h)
@@ -79,12 +80,12 @@ func encodeEvent(ev Event, layout Layout) (any, error) {
 		medium = "CPU"
 	}
 	switch ev.Kind {
-	case Cleared:
+	case enginekv.Cleared:
 		if layout == LayoutArray {
 			return []any{"AllBlocksCleared"}, nil
 		}
 		return map[string]any{"type": "AllBlocksCleared"}, nil
-	case Removed:
+	case enginekv.Removed:
 		if layout == LayoutArray {
 			a := []any{"BlockRemoved", hashes, medium}
 			if ev.Group != 0 {
@@ -97,7 +98,7 @@ func encodeEvent(ev Event, layout Layout) (any, error) {
 			m["group_idx"] = ev.Group
 		}
 		return m, nil
-	case Stored:
+	case enginekv.Stored:
 		var parent any
 		if ev.HasParent {
 			parent = hashValue(ev.Parent)
@@ -153,30 +154,6 @@ type PublisherConfig struct {
 	Topic          string
 	BufferSteps    int // batches kept for replay (default 10,000)
 	Layout         Layout
-}
-
-// OffsetEndpoint is endpoint for data-parallel rank r, as vLLM's
-// offset_endpoint_port: a tcp port moves up by r (port 0 stays 0: any free
-// port), an ipc or inproc path gains the suffix _dp<r>.
-func OffsetEndpoint(endpoint string, r int) (string, error) {
-	switch {
-	case strings.HasPrefix(endpoint, "tcp://"):
-		i := strings.LastIndexByte(endpoint, ':')
-		port, err := strconv.Atoi(endpoint[i+1:])
-		if i < len("tcp://") || err != nil || port < 0 || port+r > 65535 {
-			return "", fmt.Errorf("%q: want tcp://host:port (rank %d adds %d to the port)", endpoint, r, r)
-		}
-		if port == 0 || r == 0 {
-			return endpoint, nil
-		}
-		return endpoint[:i+1] + strconv.Itoa(port+r), nil
-	case strings.HasPrefix(endpoint, "ipc://"), strings.HasPrefix(endpoint, "inproc://"):
-		if r == 0 {
-			return endpoint, nil
-		}
-		return fmt.Sprintf("%s_dp%d", endpoint, r), nil
-	}
-	return "", fmt.Errorf("%q: want tcp://host:port or ipc://path", endpoint)
 }
 
 // listenAddr turns vLLM's bind-everywhere form tcp://*:port into one Go's
@@ -239,7 +216,7 @@ func tcpAddr(a net.Addr) string {
 }
 
 // Publish encodes and sends b with the next sequence number.
-func (p *Publisher) Publish(b Batch) error {
+func (p *Publisher) Publish(b enginekv.Batch) error {
 	payload, err := EncodeVLLM(b, p.layout)
 	if err != nil {
 		return err
@@ -262,7 +239,7 @@ func (p *Publisher) PublishRaw(payload []byte) error {
 
 // Skip consumes a sequence number without sending it (tests: a lost
 // message that replay can still fill).
-func (p *Publisher) Skip(b Batch) error {
+func (p *Publisher) Skip(b enginekv.Batch) error {
 	payload, err := EncodeVLLM(b, p.layout)
 	if err != nil {
 		return err
@@ -304,7 +281,7 @@ func (p *Publisher) serveReplay(ctx context.Context) {
 				_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, binary.BigEndian.AppendUint64(nil, e.seq), e.payload))
 			}
 		}
-		_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, binary.BigEndian.AppendUint64(nil, endSeq), []byte{}))
+		_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, binary.BigEndian.AppendUint64(nil, enginekv.EndOfReplay), []byte{}))
 	}
 }
 

@@ -41,8 +41,8 @@ import (
 
 	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/worker/engine"
-	"github.com/tether-project/tether/worker/kvevents"
 )
 
 // Config configures the proxy engine.
@@ -66,7 +66,7 @@ type Config struct {
 	// KVEvents, when set, reads the upstreams' KV cache events
 	// (worker/kvevents) and reports them, keyed as tether block keys,
 	// to the KV event sink.
-	KVEvents *kvevents.Config
+	KVEvents *enginekv.Config
 }
 
 // UpstreamError is an upstream's non-2xx answer (or an error event in its
@@ -100,7 +100,7 @@ type Engine struct {
 	once   sync.Once
 
 	kvMu     sync.Mutex
-	kvSource *kvevents.Source // started by SetKVEventSink
+	kvSource *enginekv.Source // started by SetKVEventSink
 }
 
 type rankState struct {
@@ -194,7 +194,9 @@ func (e *Engine) SetKVEventSink(fn func(engine.KVEvent)) {
 	if e.kvSource != nil || e.isClosed() {
 		return
 	}
-	src, err := kvevents.Start(*e.cfg.KVEvents, fn)
+	src, err := enginekv.Start(*e.cfg.KVEvents, func(k enginekv.RankKeys) {
+		fn(engine.KVEvent{Rank: k.Rank, Stored: k.Stored, Removed: k.Removed})
+	})
 	if err != nil { // validated in New: cannot happen
 		return
 	}
@@ -203,7 +205,7 @@ func (e *Engine) SetKVEventSink(fn func(engine.KVEvent)) {
 
 // KVEventStatus reports, per rank, what the KV event source knows (nil
 // without one).
-func (e *Engine) KVEventStatus() []kvevents.RankStatus {
+func (e *Engine) KVEventStatus() []enginekv.RankStatus {
 	e.kvMu.Lock()
 	defer e.kvMu.Unlock()
 	if e.kvSource == nil {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/worker/kvevents"
+	"github.com/tether-project/tether/internal/enginekv"
 )
 
 func requestOf(t *testing.T, body map[string]any) request {
@@ -34,16 +34,16 @@ func waitUntil(t *testing.T, cond func() bool) {
 // events collects what tether's subscriber and mapper make of a stream.
 type events struct {
 	mu        sync.Mutex
-	m         *kvevents.Mapper
+	m         *enginekv.Mapper
 	st, rm    []uint64
 	wasClosed bool
 }
 
-func (e *events) Batch(_ uint64, b kvevents.Batch) {
+func (e *events) Batch(_ uint64, b enginekv.Batch) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, ev := range b.Events {
-		if ev.Kind == kvevents.Cleared {
+		if ev.Kind == enginekv.Cleared {
 			e.wasClosed = true
 		}
 		s, r := e.m.Apply(ev)
@@ -73,11 +73,11 @@ func (e *events) cleared() bool {
 
 func subscribe(t *testing.T, endpoint, replay string, bs int) *events {
 	t.Helper()
-	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: endpoint, ReplayEndpoint: replay})
+	sub, err := enginekv.NewSubscriber(enginekv.SubscriberConfig{Endpoint: endpoint, ReplayEndpoint: replay})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &events{m: kvevents.NewMapper(bs, 0)}
+	e := &events{m: enginekv.NewMapper(bs, 0)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = sub.Run(ctx, e) }()

@@ -1,4 +1,4 @@
-package kvevents
+package enginekv
 
 import (
 	"bytes"
@@ -28,51 +28,51 @@ const (
 // for the array layout follows vllm/distributed/kv_events.py (see DESIGN.md).
 func DecodeVLLM(payload []byte) (Batch, error) {
 	if len(payload) > MaxPayloadBytes {
-		return Batch{}, fmt.Errorf("kvevents: payload of %d bytes (max %d)", len(payload), MaxPayloadBytes)
+		return Batch{}, fmt.Errorf("enginekv: payload of %d bytes (max %d)", len(payload), MaxPayloadBytes)
 	}
 	dec := msgpack.NewDecoder(bytes.NewReader(payload))
 	v, err := dec.DecodeInterfaceLoose()
 	if err != nil {
-		return Batch{}, fmt.Errorf("kvevents: msgpack: %w", err)
+		return Batch{}, fmt.Errorf("enginekv: msgpack: %w", err)
 	}
 	b := Batch{DPRank: -1}
 	var events []any
 	switch t := v.(type) {
 	case []any:
 		if len(t) < 2 {
-			return Batch{}, fmt.Errorf("kvevents: batch array of %d fields (want ts, events[, data_parallel_rank])", len(t))
+			return Batch{}, fmt.Errorf("enginekv: batch array of %d fields (want ts, events[, data_parallel_rank])", len(t))
 		}
 		if b.TS, err = asFloat(t[0]); err != nil {
-			return Batch{}, fmt.Errorf("kvevents: batch ts: %w", err)
+			return Batch{}, fmt.Errorf("enginekv: batch ts: %w", err)
 		}
 		if events, err = asList(t[1]); err != nil {
-			return Batch{}, fmt.Errorf("kvevents: batch events: %w", err)
+			return Batch{}, fmt.Errorf("enginekv: batch events: %w", err)
 		}
 		if len(t) > 2 && t[2] != nil {
 			if b.DPRank, err = asRank(t[2]); err != nil {
-				return Batch{}, fmt.Errorf("kvevents: batch data_parallel_rank: %w", err)
+				return Batch{}, fmt.Errorf("enginekv: batch data_parallel_rank: %w", err)
 			}
 		}
 	case map[string]any:
 		if b.TS, err = asFloat(t["ts"]); err != nil {
-			return Batch{}, fmt.Errorf("kvevents: batch ts: %w", err)
+			return Batch{}, fmt.Errorf("enginekv: batch ts: %w", err)
 		}
 		if events, err = asList(t["events"]); err != nil {
-			return Batch{}, fmt.Errorf("kvevents: batch events: %w", err)
+			return Batch{}, fmt.Errorf("enginekv: batch events: %w", err)
 		}
 		if r, ok := t["data_parallel_rank"]; ok && r != nil {
 			if b.DPRank, err = asRank(r); err != nil {
-				return Batch{}, fmt.Errorf("kvevents: batch data_parallel_rank: %w", err)
+				return Batch{}, fmt.Errorf("enginekv: batch data_parallel_rank: %w", err)
 			}
 		}
 	default:
-		return Batch{}, fmt.Errorf("kvevents: batch is a %T, want an array or a map", v)
+		return Batch{}, fmt.Errorf("enginekv: batch is a %T, want an array or a map", v)
 	}
 	b.Events = make([]Event, 0, len(events))
 	for i, raw := range events {
 		ev, err := decodeVLLMEvent(raw)
 		if err != nil {
-			return Batch{}, fmt.Errorf("kvevents: events[%d]: %w", i, err)
+			return Batch{}, fmt.Errorf("enginekv: events[%d]: %w", i, err)
 		}
 		b.Events = append(b.Events, ev)
 	}

@@ -1,8 +1,9 @@
-// Package kvevents consumes the KV cache events real inference engines
-// publish and turns them into tether block keys, so a `tether worker` in
-// proxy mode can announce what its upstream's prefix cache holds exactly as
-// the simulated engine does (worker/engine.KVEvent, then the worker's NATS
-// publisher: same subjects, sequence numbers and dumps).
+// Package enginekv reads the KV cache events inference engines publish and
+// turns them into tether block keys (routing/prefix chained hashes over
+// token ids, the keys an edge computes from a request), per engine rank. It
+// is the one mapping from engine events to keys: a `tether worker` in proxy
+// mode announces them over NATS (worker/proxy), and an edge fed by the
+// engines directly applies them to its KV index (edge/engines.go).
 //
 // Sources:
 //   - vLLM and SGLang: a ZeroMQ SUB socket on the engine's
@@ -10,11 +11,10 @@
 //     filled through the engine's replay ROUTER socket (Subscriber).
 //   - TensorRT-LLM: trtllm-serve's POST /kv_cache_events, polled (Poller).
 //
-// Engine block hashes are opaque and engine-specific; tether keys are
-// routing/prefix chained hashes over token ids, the same keys an edge
-// computes from a request. The Mapper bridges the two through the token ids
-// each stored-block event carries and its parent chain. See DESIGN.md.
-package kvevents
+// Engine block hashes are opaque and engine-specific. The Mapper bridges
+// them to tether keys through the token ids each stored-block event carries
+// and its parent chain. See DESIGN.md.
+package enginekv
 
 import (
 	"encoding/binary"

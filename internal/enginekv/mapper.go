@@ -1,4 +1,4 @@
-package kvevents
+package enginekv
 
 import (
 	"github.com/tether-project/tether/routing/prefix"
