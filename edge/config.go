@@ -178,6 +178,11 @@ type ServersConfig struct {
 	// tokenizer.json and chat template, as a real engine renders and
 	// tokenizes).
 	Tokenizer string `yaml:"tokenizer"`
+	// KVCacheEvents (engine trtllm): the leader edge drains each
+	// server's POST /kv_cache_events (start trtllm-serve with
+	// kv_cache_config.event_buffer_max_size > 0) and shares the blocks with
+	// every edge over NATS (edge/engines.go).
+	KVCacheEvents bool `yaml:"kv_cache_events"`
 	// BlockSize is the engine's KV block size in tokens (vLLM 16,
 	// trtllm-serve tokens_per_block 32, SGLang page size); 0 takes
 	// placement.block_size.
@@ -192,6 +197,24 @@ const DefaultHealthPath = "/health"
 type StaticInstance struct {
 	Name string `yaml:"name"`
 	URL  string `yaml:"url"`
+	// KVEvents names the engine's KV event publisher (vLLM and SGLang
+	// --kv-events-config with the zmq publisher): the edge subscribes
+	// itself and its KV index holds what the engine caches
+	// (edge/engines.go).
+	KVEvents *InstanceKVEvents `yaml:"kv_events"`
+}
+
+// InstanceKVEvents is a static engine's ZeroMQ KV event publisher.
+type InstanceKVEvents struct {
+	// Endpoint is the PUB socket, tcp://host:port (rank 0's with data
+	// parallelism: rank r publishes on port + r, as the engines offset
+	// it).
+	Endpoint string `yaml:"endpoint"`
+	// ReplayEndpoint is the ROUTER replay socket (same offset per rank);
+	// without it a gap clears the rank's blocks instead of being filled.
+	ReplayEndpoint string `yaml:"replay_endpoint"`
+	// Topic is the publisher's topic ("" by default).
+	Topic string `yaml:"topic"`
 }
 
 // UnmarshalYAML accepts a plain URL string or a {name, url} mapping.

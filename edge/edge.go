@@ -113,9 +113,11 @@ type Edge struct {
 	// cacheReporters: engine instances seen reporting cached tokens
 	// (edge/engines.go engineUsage).
 	cacheReporters sync.Map
-	reqSeq         atomic.Uint64
-	viewsCache     atomic.Pointer[viewsEntry]
-	unavailable    atomic.Int64 // unix nanos of the last ErrUnavailable
+	// engineKV reads the engines' own KV events (edge/engines.go).
+	engineKV    engineKVSources
+	reqSeq      atomic.Uint64
+	viewsCache  atomic.Pointer[viewsEntry]
+	unavailable atomic.Int64 // unix nanos of the last ErrUnavailable
 
 	evictCh chan kvEviction
 
@@ -288,7 +290,8 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		}
 		for _, si := range sc.URLs {
 			static = append(static, fleetview.Static{ID: si.ID(), URL: trimSlash(si.URL), Fleet: f, HealthPath: sc.HealthPath, Model: model,
-				Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize, ProbeTimeout: sc.healthTimeout(e.cfg.Telemetry.ProbeInterval)})
+				Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize, ProbeTimeout: sc.healthTimeout(e.cfg.Telemetry.ProbeInterval),
+				EngineEvents: si.KVEvents != nil, SharedEvents: sc.KVCacheEvents})
 		}
 	}
 	t := e.cfg.Telemetry
@@ -303,6 +306,9 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	}
 	e.shadow = kvshadow.New(e.fleet.Index(), 1)
 	if err := e.fleet.Start(ctx); err != nil {
+		return fmt.Errorf("edge: %w", err)
+	}
+	if err := e.startEngineEvents(); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
 
@@ -512,6 +518,7 @@ func (e *Edge) stopLocked(abrupt bool) error {
 	}
 	e.cancel()
 	e.wg.Wait()
+	e.stopEngineEvents()
 	if e.fleet != nil {
 		e.fleet.Close()
 	}

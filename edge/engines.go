@@ -6,6 +6,8 @@ import (
 	"hash/fnv"
 	"net/http"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -14,6 +16,8 @@ import (
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/enginekv"
+	"github.com/tether-project/tether/routing/kvindex"
 )
 
 // EngineKind is what serves a fleet (context_servers.engine,
@@ -152,6 +156,7 @@ func (c *Config) validateEngine(key string, s *ServersConfig) []error {
 	if s.KVShadowBlocks < 0 || s.KVShadowBlocks > kvshadow.MaxBlocksPerRank {
 		bad(key+".kv_shadow_blocks", "must be 0..%d (0: no shadow cache), got %d", kvshadow.MaxBlocksPerRank, s.KVShadowBlocks)
 	}
+	errs = append(errs, validateEngineEvents(key, s, kind)...)
 	if s.DataParallelSize > 1 && !kind.aggregatedOnly() {
 		bad(key+".data_parallel_size", "only for engine vllm or sglang (the edge picks their rank); %s workers place requests on ranks themselves", kind)
 	}
@@ -280,4 +285,112 @@ func (e *Edge) engineUsage(instance string, u usageFigures) usageFigures {
 		u.cached, u.hasCached = 0, true
 	}
 	return u
+}
+
+// validateEngineEvents checks the fleet's engine KV event sources:
+// kv_events of a URL (vLLM, SGLang: tcp://host:port or ipc://path, every
+// rank's port in range) and kv_cache_events (trtllm).
+func validateEngineEvents(key string, s *ServersConfig, kind EngineKind) []error {
+	var errs []error
+	bad := func(k, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", k, fmt.Sprintf(format, args...)))
+	}
+	if s.KVCacheEvents && kind != EngineTRTLLM {
+		bad(key+".kv_cache_events", "only for engine trtllm (vLLM and SGLang publish on ZeroMQ: urls[].kv_events)")
+	}
+	for i, si := range s.URLs {
+		ev := si.KVEvents
+		if ev == nil {
+			continue
+		}
+		k := fmt.Sprintf("%s.urls[%d].kv_events", key, i)
+		if !kind.aggregatedOnly() {
+			bad(k, "only for engine vllm or sglang (trtllm-serve: kv_cache_events; tether workers report their own)")
+			continue
+		}
+		for _, f := range []struct{ name, ep string }{{"endpoint", ev.Endpoint}, {"replay_endpoint", ev.ReplayEndpoint}} {
+			if f.ep == "" {
+				if f.name == "endpoint" {
+					bad(k+".endpoint", "required: the engine's PUB socket, tcp://host:port")
+				}
+				continue
+			}
+			if strings.Contains(f.ep, "*") {
+				bad(k+"."+f.name, "%q binds on every interface; name the host the edge dials", f.ep)
+				continue
+			}
+			for r := range max(s.DataParallelSize, 1) {
+				if _, err := enginekv.OffsetEndpoint(f.ep, r); err != nil {
+					bad(k+"."+f.name, "%v", err)
+					break
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// engineKVSources are the engines' own KV event sources this edge reads
+// (internal/enginekv, the mapping the worker's proxy uses too).
+type engineKVSources struct {
+	mu      sync.Mutex
+	sources []*enginekv.Source
+}
+
+// startEngineEvents subscribes to the KV event publishers of the static
+// vLLM and SGLang instances that name one (urls[].kv_events): rank r of an
+// instance with data_parallel_size N on the endpoint's port + r, as the
+// engines offset it. Each change becomes an exact batch of the instance in
+// this edge's KV index.
+func (e *Edge) startEngineEvents() error {
+	e.engineKV.mu.Lock()
+	defer e.engineKV.mu.Unlock()
+	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+		sc := e.cfg.servers(f)
+		kind := sc.Engine.Kind()
+		size := e.cfg.dataParallelSize(f)
+		for _, si := range sc.URLs {
+			ev := si.KVEvents
+			if ev == nil || !kind.aggregatedOnly() {
+				continue
+			}
+			cfg := enginekv.Config{Format: string(kind), Topic: ev.Topic, Ranks: size,
+				BlockSize: e.cfg.RoutingConfig(f).BlockSize, Log: e.log.With("instance", si.ID())}
+			for r := range size {
+				ep, err := enginekv.OffsetEndpoint(ev.Endpoint, r)
+				if err != nil {
+					return fmt.Errorf("%s kv_events: %w", si.ID(), err)
+				}
+				cfg.Endpoints = append(cfg.Endpoints, ep)
+				if ev.ReplayEndpoint != "" {
+					rep, err := enginekv.OffsetEndpoint(ev.ReplayEndpoint, r)
+					if err != nil {
+						return fmt.Errorf("%s kv_events: %w", si.ID(), err)
+					}
+					cfg.ReplayEndpoints = append(cfg.ReplayEndpoints, rep)
+				}
+			}
+			id := si.ID()
+			src, err := enginekv.Start(cfg, func(k enginekv.RankKeys) {
+				e.fleet.ApplyEngineKV(id, kvindex.RankEvent{Rank: k.Rank, Stored: k.Stored, Removed: k.Removed})
+			})
+			if err != nil {
+				return fmt.Errorf("%s kv_events: %w", id, err)
+			}
+			e.engineKV.sources = append(e.engineKV.sources, src)
+			e.log.Info("reading the engine's KV events", "instance", id, "endpoints", cfg.Endpoints)
+		}
+	}
+	return nil
+}
+
+// stopEngineEvents closes every source.
+func (e *Edge) stopEngineEvents() {
+	e.engineKV.mu.Lock()
+	srcs := e.engineKV.sources
+	e.engineKV.sources = nil
+	e.engineKV.mu.Unlock()
+	for _, s := range srcs {
+		s.Close()
+	}
 }

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"sort"
@@ -61,6 +62,12 @@ type Static struct {
 	// check together; default Config.ProbeInterval). SGLang's /health
 	// generates one token and answers after at least a second.
 	ProbeTimeout time.Duration
+	// EngineEvents: the KV index learns the engine's cache from its own
+	// KV events (ApplyEngineKV, read by this edge from the engine), not
+	// from a model of it. SharedEvents: from KV batches another edge
+	// publishes over NATS under this instance's id (dumps included).
+	EngineEvents bool
+	SharedEvents bool
 }
 
 // DefaultHealthPath is the probe path of static instances.
@@ -135,6 +142,9 @@ type Instance struct {
 	// KVSource: the report's kv_source ("" the worker's own cache,
 	// telemetry.KVSourceEngineEvents, telemetry.KVSourceNone).
 	KVSource string
+	// EngineEvents: a static engine whose own KV events feed the index
+	// (Static.EngineEvents, Static.SharedEvents).
+	EngineEvents bool
 	// LastSeen is the last load report or successful probe.
 	LastSeen time.Time
 	// Healthy: a fresh report (or, for a static instance without
@@ -176,7 +186,12 @@ type instance struct {
 	healthPath   string
 	probeModel   string
 	probeTimeout time.Duration
-	probing      bool   // a probe is in flight (under Fleet.mu)
+	probing      bool // a probe is in flight (under Fleet.mu)
+	// Engine KV events read by this edge (ApplyEngineKV): engineMu orders
+	// the batches, engineSeq numbers them within the fleet's engineBoot.
+	engineEvents bool
+	engineMu     sync.Mutex
+	engineSeq    uint64
 	workerID     string // the id in the worker's subjects ("" until telemetry)
 	fleet        fsm.Fleet
 	url          string
@@ -258,6 +273,9 @@ type Fleet struct {
 	wg     sync.WaitGroup
 
 	metrics *metrics
+	// engineBoot is the boot id of the KV batches this edge makes of
+	// engines' events (random per fleet view).
+	engineBoot uint64
 	// probeSlots bounds the probes in flight across rounds.
 	probeSlots chan struct{}
 	closeMu    sync.Mutex
@@ -312,6 +330,7 @@ func New(cfg Config) (*Fleet, error) {
 		f.client = &http.Client{}
 	}
 	f.probeSlots = make(chan struct{}, maxParallelProbes)
+	f.engineBoot = rand.Uint64() | 1
 	for _, s := range cfg.Static {
 		if s.ID == "" || s.URL == "" || !s.Fleet.Valid() {
 			return nil, fmt.Errorf("fleetview: static instance %q (%s, %v): id, url and fleet are required", s.ID, s.URL, s.Fleet)
@@ -333,8 +352,13 @@ func New(cfg Config) (*Fleet, error) {
 		if pt <= 0 {
 			pt = cfg.ProbeInterval
 		}
-		f.byID[s.ID] = &instance{id: s.ID, fleet: s.Fleet, url: s.URL, static: true, healthPath: hp, probeModel: s.Model,
-			probeTimeout: pt, metricsFormat: s.Metrics, ranks: s.Ranks}
+		in := &instance{id: s.ID, fleet: s.Fleet, url: s.URL, static: true, healthPath: hp, probeModel: s.Model,
+			probeTimeout: pt, metricsFormat: s.Metrics, ranks: s.Ranks, engineEvents: s.EngineEvents || s.SharedEvents}
+		if s.SharedEvents {
+			// Batches and dumps travel under the instance's id.
+			in.workerID = s.ID
+		}
+		f.byID[s.ID] = in
 	}
 	if f.metrics, err = newMetrics(cfg.Registerer, f); err != nil {
 		return nil, err
@@ -552,6 +576,9 @@ func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
 		out.KVUsedBlocks, out.KVTotalBlocks = in.kvUsed, in.kvTotal
 		out.WindowLookupTokens, out.WindowHitTokens = in.lookup, in.hit
 	}
+	if in.engineEvents {
+		out.EngineEvents, out.KVSource = true, telemetry.KVSourceEngineEvents
+	}
 	if in.metricsFormat != "" {
 		out.Ranks = in.ranks
 		if in.scraped {
@@ -669,6 +696,29 @@ func (f *Fleet) NoteDispatch(id string, promptTokens int) (done func()) {
 			in.inflightTok.Add(-int64(promptTokens))
 		})
 	}
+}
+
+// ApplyEngineKV applies one change to a static engine's cache, read by this
+// edge from the engine itself (internal/enginekv), to the KV index: exact
+// batches in this edge's own sequence for the instance. The first is a
+// baseline (the engine's replay buffer, from its sequence 0, comes first).
+func (f *Fleet) ApplyEngineKV(id string, ev kvindex.RankEvent) {
+	f.mu.RLock()
+	in, ok := f.byID[id]
+	f.mu.RUnlock()
+	if !ok || !in.engineEvents {
+		return
+	}
+	in.engineMu.Lock()
+	defer in.engineMu.Unlock()
+	in.engineSeq++
+	out, err := f.index.Apply(kvindex.Batch{Instance: id, Boot: f.engineBoot, Seq: in.engineSeq, Events: []kvindex.RankEvent{ev}})
+	if err != nil {
+		f.drop("kv", err)
+		return
+	}
+	f.metrics.kvBatches.WithLabelValues(out.String()).Inc()
+	f.bump()
 }
 
 // RecordUsage feeds instance id's cache circuit breaker with a response's
