@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -18,6 +21,7 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/routing/kvindex"
+	"github.com/tether-project/tether/routing/telemetry"
 )
 
 // EngineKind is what serves a fleet (context_servers.engine,
@@ -381,6 +385,8 @@ func (e *Edge) startEngineEvents() error {
 			e.log.Info("reading the engine's KV events", "instance", id, "endpoints", cfg.Endpoints)
 		}
 	}
+	e.wg.Add(1)
+	go e.runTRTLLMDrains()
 	return nil
 }
 
@@ -393,4 +399,161 @@ func (e *Edge) stopEngineEvents() {
 	for _, s := range srcs {
 		s.Close()
 	}
+}
+
+// trtllmRanks bounds the attention-DP ranks of a trtllm-serve whose
+// /kv_cache_events the edge drains (attention_dp_rank picks the rank; the
+// edge does not choose trtllm ranks, so the count only sizes the mappers).
+const trtllmRanks = 64
+
+// trtDrain is the leader's drain of one trtllm-serve's /kv_cache_events.
+// The endpoint hands each event out once, so one edge drains; it shares the
+// blocks over NATS as KV batches of the instance (routing/telemetry), and
+// answers the instance's dump requests from what it mapped, so every edge's
+// KV index follows (fleetview, Static.SharedEvents). Without NATS only the
+// draining edge's index learns them.
+type trtDrain struct {
+	e    *Edge
+	id   string
+	src  *enginekv.Source
+	sub  *nats.Subscription
+	boot uint64
+
+	mu  sync.Mutex
+	seq uint64
+}
+
+// runTRTLLMDrains starts the drains while this edge is the leader and stops
+// them when it is not (a new leader starts over with a new boot: the edges
+// take its first batch as the baseline).
+func (e *Edge) runTRTLLMDrains() {
+	defer e.wg.Done()
+	type target struct {
+		id, url string
+		f       fsm.Fleet
+	}
+	var targets []target
+	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+		sc := e.cfg.servers(f)
+		if !sc.KVCacheEvents || sc.Engine.Kind() != EngineTRTLLM {
+			continue
+		}
+		for _, si := range sc.URLs {
+			targets = append(targets, target{si.ID(), trimSlash(si.URL), f})
+		}
+	}
+	if len(targets) == 0 {
+		return
+	}
+	var drains []*trtDrain
+	stop := func() {
+		for _, d := range drains {
+			d.close()
+		}
+		drains = nil
+	}
+	defer stop()
+	t := time.NewTicker(e.cfg.Leader.Interval)
+	defer t.Stop()
+	for {
+		leader := e.node.IsLeader()
+		switch {
+		case leader && drains == nil:
+			for _, tg := range targets {
+				d, err := e.startTRTDrain(tg.id, tg.url, tg.f)
+				if err != nil {
+					e.log.Warn("cannot drain the trtllm-serve KV cache events", "instance", tg.id, "err", err)
+					continue
+				}
+				drains = append(drains, d)
+			}
+		case !leader && drains != nil:
+			stop()
+		}
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (e *Edge) startTRTDrain(id, url string, f fsm.Fleet) (*trtDrain, error) {
+	d := &trtDrain{e: e, id: id, boot: rand.Uint64() | 1}
+	cfg := enginekv.Config{Format: enginekv.FormatTRTLLM, URLs: []string{url}, Ranks: trtllmRanks,
+		BlockSize: e.cfg.RoutingConfig(f).BlockSize, Log: e.log.With("instance", id)}
+	if e.nc != nil {
+		sub, err := e.nc.Subscribe(telemetry.KVDumpSubject(id), d.answerDump)
+		if err != nil {
+			return nil, err
+		}
+		d.sub = sub
+	}
+	src, err := enginekv.Start(cfg, d.publish)
+	if err != nil {
+		if d.sub != nil {
+			_ = d.sub.Unsubscribe()
+		}
+		return nil, err
+	}
+	d.src = src
+	e.log.Info("draining the trtllm-serve KV cache events (leader)", "instance", id, "url", url)
+	return d, nil
+}
+
+// publish shares one change: a KV batch of the instance over NATS (every
+// edge applies it, this one included), else this edge's index alone.
+func (d *trtDrain) publish(k enginekv.RankKeys) {
+	if d.e.nc == nil {
+		d.e.fleet.ApplyEngineKV(d.id, kvindex.RankEvent{Rank: k.Rank, Stored: k.Stored, Removed: k.Removed})
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.seq++
+	data, err := telemetry.AppendKVEvents(nil, telemetry.KVEventBatch{Instance: d.id, BootID: d.boot, Seq: d.seq,
+		Events: []telemetry.KVEvent{{Rank: k.Rank, Removed: k.Removed, Stored: k.Stored}}})
+	if err == nil {
+		err = d.e.nc.Publish(telemetry.KVSubject(d.id), data)
+	}
+	if err != nil {
+		d.e.log.Warn("sharing trtllm-serve KV events failed (the edges resync by dump)", "instance", d.id, "err", err)
+	}
+}
+
+// answerDump replies to an edge's dump request with every block mapped so
+// far, as of the last batch shared.
+func (d *trtDrain) answerDump(m *nats.Msg) {
+	if m.Reply == "" {
+		return
+	}
+	d.mu.Lock()
+	dump := telemetry.KVDump{Instance: d.id, BootID: d.boot, Seq: d.seq}
+	for r, ks := range d.src.Keys() {
+		slices.Sort(ks)
+		dump.Ranks = append(dump.Ranks, telemetry.RankBlocks{Rank: r, Blocks: ks})
+	}
+	d.mu.Unlock()
+	slices.SortFunc(dump.Ranks, func(a, b telemetry.RankBlocks) int { return a.Rank - b.Rank })
+	limit := int64(1 << 20)
+	if mp := d.e.nc.MaxPayload(); mp > 0 {
+		limit = mp
+	}
+	for _, part := range telemetry.SplitKVDump(dump, int(max((limit-4096)/12, 1))) {
+		data, err := telemetry.EncodeKVDump(part)
+		if err == nil {
+			err = d.e.nc.Publish(m.Reply, data)
+		}
+		if err != nil {
+			d.e.log.Warn("answering a KV dump request failed", "instance", d.id, "err", err)
+			return
+		}
+	}
+}
+
+func (d *trtDrain) close() {
+	if d.sub != nil {
+		_ = d.sub.Unsubscribe()
+	}
+	d.src.Close()
 }

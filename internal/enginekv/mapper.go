@@ -232,3 +232,12 @@ func (m *Mapper) Clear() []uint64 {
 	m.stats.Removed += uint64(len(out))
 	return out
 }
+
+// Keys lists the tether keys announced now (each once).
+func (m *Mapper) Keys() []uint64 {
+	out := make([]uint64, 0, len(m.refs))
+	for k := range m.refs {
+		out = append(out, k)
+	}
+	return out
+}

@@ -275,3 +275,19 @@ func (f *feed) emit(rank int, stored, removed []uint64) {
 	}
 	f.sink(RankKeys{Rank: rank, Stored: stored, Removed: removed})
 }
+
+// Keys lists, per rank, the tether keys the engine holds as far as the
+// source knows (a dump of its state).
+func (s *Source) Keys() map[int][]uint64 {
+	out := map[int][]uint64{}
+	for _, f := range s.feeds {
+		f.mu.Lock()
+		for _, r := range f.ranks {
+			if ks := f.mappers[r].Keys(); len(ks) > 0 {
+				out[r] = append(out[r], ks...)
+			}
+		}
+		f.mu.Unlock()
+	}
+	return out
+}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 const (
@@ -528,5 +529,57 @@ func TestStandInValidatesConversationParams(t *testing.T) {
 	seen := s.Seen()
 	if seen[0].ConversationID != "c-1" || seen[1].ConversationID != "42" {
 		t.Fatalf("resolved ids %q %q", seen[0].ConversationID, seen[1].ConversationID)
+	}
+}
+
+// The leader edge drains each trtllm-serve's POST /kv_cache_events (which
+// hands every event out once) and shares the blocks over NATS: every edge's
+// KV index holds what the context server caches, exact, and new
+// conversations sharing a cached prefix land there from any edge. A
+// trtllm-serve configured by URL sent the edges nothing before: each knew
+// only its own shadow.
+func TestLeaderDrainsAndSharesTRTLLMKVEvents(t *testing.T) {
+	ns := natstest.Start(t, nil)
+	withEvents := func(name string) *standIn {
+		return startStandInWith(t, Config{Name: name, Model: testModel, Role: "context", Key: testKey, TokensPerBlock: 4, EventBufferMaxSize: 10000})
+	}
+	ctx := []*standIn{withEvents("ctx-0"), withEvents("ctx-1")}
+	gen := []*standIn{startStandIn(t, "gen-0", "generation")}
+	edges := startEdges(t, 3, ctx, gen, func(c *edge.Config) {
+		c.NATS.URLs = []string{ns.ClientURL()}
+		c.ContextServers.KVCacheEvents, c.ContextServers.BlockSize = true, 4
+		c.Leader.Interval = 100 * time.Millisecond
+	})
+	system := strings.Repeat("you are a careful agent with tools and a plan ", 10)
+	chat := func(user string) map[string]any {
+		return map[string]any{"model": testModel, "max_tokens": 4, "messages": []any{
+			map[string]any{"role": "system", "content": system}, map[string]any{"role": "user", "content": user}}}
+	}
+	a := post(t, "http://"+edges[0].Addr()+"/v1/chat/completions", chat("plan"), map[string]string{"x-session-id": "drain-parent"})
+	if a.status != 200 {
+		t.Fatalf("%d %s", a.status, a.body)
+	}
+	home, _ := route(t, a)
+	waitFor(t, "every edge's index to hold "+home+"'s blocks from its drained events", 15*time.Second, func() bool {
+		for _, e := range edges {
+			kv, ok := e.Fleet().Index().Instance(home)
+			if !ok || !kv.Synced || kv.Approximate || len(kv.RankBlocks) == 0 || kv.RankBlocks[0] < 10 {
+				return false
+			}
+			if in, _ := e.Fleet().Instance(home, time.Now()); !in.EngineEvents {
+				return false
+			}
+		}
+		return true
+	})
+	for c := range 4 {
+		conv := fmt.Sprintf("drain-child-%d", c)
+		a := post(t, "http://"+edges[1+c%2].Addr()+"/v1/chat/completions", chat("task "+conv), map[string]string{"x-session-id": conv})
+		if a.status != 200 {
+			t.Fatalf("%s: %d %s", conv, a.status, a.body)
+		}
+		if got, _ := route(t, a); got != home {
+			t.Fatalf("%s sharing the cached prefix placed on %s; the prefix is cached on %s", conv, got, home)
+		}
 	}
 }

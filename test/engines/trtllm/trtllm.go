@@ -46,6 +46,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tether-project/tether/routing/prefix"
 )
 
 // ConversationIDHeaders is TensorRT-LLM's CONVERSATION_ID_HEADERS.
@@ -82,6 +84,14 @@ type Config struct {
 	Role string
 	// Key is internal_request_auth_key ("" none).
 	Key string
+	// TokensPerBlock is kv_cache_config tokens_per_block (default 32);
+	// MaxBlocks the KV cache's blocks (default 4096), evicted least
+	// recently used.
+	TokensPerBlock, MaxBlocks int
+	// EventBufferMaxSize is kv_cache_config.event_buffer_max_size: above
+	// 0, KV cache events are kept (at most that many, the oldest dropped)
+	// and POST /kv_cache_events drains them; 0 serves an empty list.
+	EventBufferMaxSize int
 	// DisaggAuth is the release's x-trtllm-disagg-auth payload:
 	// DisaggAuthFields (the default, current disagg_auth.py: ctx_info_endpoint
 	// and encoded_opaque_state) or DisaggAuthParams (its first version: the
@@ -114,7 +124,9 @@ type Server struct {
 
 	mu         sync.Mutex
 	seen       []Seen
-	blocks     map[uint64]bool // cached prompt blocks
+	blocks     map[uint64]uint64 // cached prompt blocks → last use
+	clock      uint64
+	events     *kvEvents
 	unverified int
 }
 
@@ -124,7 +136,13 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Model == "" {
 		return nil, errors.New("trtllm stand-in: model is required")
 	}
-	s := &Server{cfg: cfg, blocks: map[uint64]bool{}}
+	if cfg.TokensPerBlock <= 0 {
+		cfg.TokensPerBlock = 32
+	}
+	if cfg.MaxBlocks <= 0 {
+		cfg.MaxBlocks = 4096
+	}
+	s := &Server{cfg: cfg, blocks: map[uint64]uint64{}, events: newKVEvents(cfg.EventBufferMaxSize, 32768, cfg.MaxBlocks)}
 	v, err := startVerifier()
 	if err != nil && !errors.Is(err, exec.ErrNotFound) {
 		return nil, err
@@ -185,10 +203,12 @@ func (s *Server) Handler() http.Handler {
 			"/v1/models": s.models,
 			"/metrics":   func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, 200, []any{}) },
 		}
-		post := map[string]bool{"/v1/completions": true, "/v1/chat/completions": true}
+		post := map[string]bool{"/v1/completions": true, "/v1/chat/completions": true, "/kv_cache_events": true}
 		switch {
 		case get[r.URL.Path] != nil && r.Method == http.MethodGet:
 			get[r.URL.Path](w, r)
+		case r.URL.Path == "/kv_cache_events" && r.Method == http.MethodPost:
+			s.drainKVEvents(w)
 		case post[r.URL.Path] && r.Method == http.MethodPost:
 			s.inference(w, r, r.URL.Path == "/v1/chat/completions")
 		case get[r.URL.Path] != nil || post[r.URL.Path]:
@@ -419,26 +439,87 @@ func (s *Server) record(seen Seen) {
 	s.mu.Unlock()
 }
 
-// cache counts the prompt's cached leading blocks of 16 tokens and stores
-// the others (a prefix cache).
+// cache counts the prompt's cached leading blocks of tokens_per_block
+// tokens and stores the others (the KV cache manager's block reuse), and
+// records the stored blocks (and those evicted for them) as KV cache events.
 func (s *Server) cache(tokens []uint32) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	bs := s.cfg.TokensPerBlock
 	cached, hit := 0, true
-	h := fnv.New64a()
-	for i := 0; i+16 <= len(tokens); i += 16 {
-		for _, t := range tokens[i : i+16] {
-			_, _ = h.Write([]byte{byte(t), byte(t >> 8), byte(t >> 16), byte(t >> 24)})
-		}
-		k := h.Sum64()
-		if hit && s.blocks[k] {
-			cached += 16
-		} else {
-			hit = false
-			s.blocks[k] = true
+	var parent uint64
+	hasParent := false
+	var run []storedBlock
+	runParent, runHasParent := uint64(0), false
+	flush := func() {
+		if len(run) > 0 {
+			s.events.stored(runParent, runHasParent, run)
+			run = nil
 		}
 	}
+	for i := 0; i+bs <= len(tokens); i += bs {
+		k := blockKey(parent, hasParent, tokens[i:i+bs])
+		if _, ok := s.blocks[k]; ok && hit {
+			cached += bs
+			s.touch(k)
+		} else if ok {
+			s.touch(k)
+			flush()
+		} else {
+			hit = false
+			if len(run) == 0 {
+				runParent, runHasParent = parent, hasParent
+			}
+			s.evictFor()
+			s.blocks[k] = s.clock
+			s.clock++
+			run = append(run, storedBlock{hash: k, tokens: tokens[i : i+bs]})
+		}
+		parent, hasParent = k, true
+	}
+	flush()
 	return cached
+}
+
+// touch marks a block recently used.
+func (s *Server) touch(k uint64) {
+	s.blocks[k] = s.clock
+	s.clock++
+}
+
+// evictFor makes room for one block: the least recently used goes (a
+// "removed" event) when the pool holds MaxBlocks.
+func (s *Server) evictFor() {
+	if len(s.blocks) < s.cfg.MaxBlocks {
+		return
+	}
+	var oldest uint64
+	first := true
+	for k, at := range s.blocks {
+		if first || at < s.blocks[oldest] {
+			oldest, first = k, false
+		}
+	}
+	delete(s.blocks, oldest)
+	s.events.removed([]uint64{oldest})
+}
+
+// blockKey is the block's hash as the KV cache manager computes it: over
+// its tokens, chained to its parent's (an opaque 64-bit value, not tether's
+// key).
+func blockKey(parent uint64, hasParent bool, tokens []uint32) uint64 {
+	h := fnv.New64a()
+	if hasParent {
+		var b [8]byte
+		for i := range b {
+			b[i] = byte(parent >> (8 * i))
+		}
+		_, _ = h.Write(b[:])
+	}
+	for _, t := range tokens {
+		_, _ = h.Write([]byte{byte(t), byte(t >> 8), byte(t >> 16), byte(t >> 24)})
+	}
+	return h.Sum64() | 1<<63 // above 2^63: JSON readers must not round it
 }
 
 // respond writes ChatCompletionResponse / CompletionResponse
@@ -682,7 +763,7 @@ func promptTokens(body map[string]json.RawMessage, chat bool) ([]uint32, []strin
 		if err := json.Unmarshal(body["messages"], &msgs); err != nil || len(msgs) == 0 {
 			return nil, nil, errors.New("messages: a non-empty list is required")
 		}
-		var sb strings.Builder
+		pm := make([]prefix.Message, 0, len(msgs))
 		for _, m := range msgs {
 			var c string
 			if json.Unmarshal(m.Content, &c) != nil {
@@ -690,13 +771,15 @@ func promptTokens(body map[string]json.RawMessage, chat bool) ([]uint32, []strin
 					Text string `json:"text"`
 				}
 				_ = json.Unmarshal(m.Content, &parts)
+				texts := make([]string, 0, len(parts))
 				for _, p := range parts {
-					c += p.Text + "\n"
+					texts = append(texts, p.Text)
 				}
+				c = strings.Join(texts, "\n")
 			}
-			sb.WriteString(m.Role + ": " + c + "\n")
+			pm = append(pm, prefix.Message{Role: m.Role, Content: c})
 		}
-		text = sb.String()
+		text = prefix.RenderChat(pm)
 	} else {
 		raw := bytes.TrimSpace(body["prompt"])
 		if len(raw) > 0 && raw[0] == '[' {
@@ -717,18 +800,12 @@ func promptTokens(body map[string]json.RawMessage, chat bool) ([]uint32, []strin
 	if len(words) == 0 {
 		return nil, nil, errors.New("the prompt is empty")
 	}
-	ids := make([]uint32, len(words))
-	for i, w := range words {
-		ids[i] = tokenID(w)
-	}
-	return ids, words, nil
+	return prefix.Tokenize(text), words, nil
 }
 
-func tokenID(w string) uint32 {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(w))
-	return h.Sum32() % 32000
-}
+// tokenID is the toy model's token of one word (tether's words tokenizer:
+// routing/prefix, so an edge with `tokenizer: words` cuts the same blocks).
+func tokenID(w string) uint32 { return prefix.Tokenize(w)[0] }
 
 func hashTokens(ids []uint32) uint64 {
 	h := fnv.New64a()
