@@ -130,6 +130,10 @@ type EngineConfig struct {
 	Upstreams       []string      `yaml:"upstreams"`        // one base URL per rank
 	UpstreamMetrics []string      `yaml:"upstream_metrics"` // optional Prometheus URL per rank
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"` // per request (default 10m)
+	// EmulateDisaggregation lets a proxy serve context-only and
+	// generation-only hops, emulated: the generation upstream prefills the
+	// prompt again (worker/proxy). Off: whole requests only.
+	EmulateDisaggregation bool `yaml:"emulate_disaggregation"`
 	// KVEvents reads the upstream engines' KV cache events (engine.kv_events).
 	KVEvents KVEventsConfig `yaml:"kv_events"`
 }

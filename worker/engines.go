@@ -42,6 +42,8 @@ func buildEngine(cfg Config, ranks int, log *slog.Logger) (engine.Engine, error)
 			Timeout:     e.UpstreamTimeout,
 			BlockSize:   e.BlockSize,
 			KVEvents:    kvEventSource(e, ranks, log),
+			// Named so a deployment that prefills twice says so.
+			EmulateDisaggregation: e.EmulateDisaggregation,
 		})
 	}
 	return nil, fmt.Errorf("engine.type: unknown value %q", e.Type)

@@ -74,6 +74,9 @@ func (s *Stack) proxyToEngines(ctx context.Context, id string, cfg *worker.Confi
 	}
 	cfg.Engine.Type = "proxy"
 	cfg.Engine.Upstreams = upstreams
+	// tether dev's disaggregated fleets through proxies: emulated (each
+	// hop's simulated engine prefills on its own), named so.
+	cfg.Engine.EmulateDisaggregation = true
 	cfg.Engine.KVEvents.Format = enginekv.FormatVLLM
 	cfg.Engine.KVEvents.Endpoints = endpoints
 	cfg.Engine.KVEvents.ReplayEndpoints = replays

@@ -17,10 +17,15 @@
 // reports them as tether block keys to the KV event sink, so edges learn
 // what each rank's cache holds as they do for the simulated engine.
 //
-// Disaggregation through a proxy is emulated: a context-only run asks the
-// upstream for one token and returns that token as the opaque context
-// state; a generation-only run is an ordinary upstream request (the
-// upstream recomputes or reuses the prefill from its own cache).
+// Disaggregation through a proxy is emulated, and only with
+// Config.EmulateDisaggregation (engine.emulate_disaggregation): a
+// context-only run asks the upstream for one token and returns that token
+// as the opaque context state; a generation-only run is an ordinary
+// upstream request, so a generation upstream other than the context's
+// computes the whole prompt again (no KV cache moves between them).
+// Without it a proxy worker serves whole requests only and refuses the
+// phases (ErrNoDisaggregation): put real engines behind the edges directly
+// (docs/engines.md) for their own disaggregation.
 package proxy
 
 import (
@@ -63,6 +68,10 @@ type Config struct {
 	// Client is the HTTP client (default: a pooled client with dial and
 	// header timeouts).
 	Client *http.Client
+	// EmulateDisaggregation lets context-only and generation-only requests
+	// through, emulated (the package comment says how: the prompt is
+	// prefilled on both sides).
+	EmulateDisaggregation bool
 	// KVEvents, when set, reads the upstreams' KV cache events
 	// (worker/kvevents) and reports them, keyed as tether block keys,
 	// to the KV event sink.
@@ -87,6 +96,11 @@ func (e *UpstreamError) Error() string {
 
 // ErrClosed is returned by Run after Close.
 var ErrClosed = errors.New("proxy: engine closed")
+
+// ErrNoDisaggregation refuses a context-only or generation-only request to
+// a proxy without engine.emulate_disaggregation.
+var ErrNoDisaggregation = errors.New("proxy: this worker serves whole requests only: disaggregated phases through a proxy are emulated " +
+	"(the generation upstream prefills the prompt again) and off unless engine.emulate_disaggregation is true")
 
 // Engine is the proxy engine.
 type Engine struct {
@@ -268,6 +282,9 @@ func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.C
 	}
 	if req.Path != "/v1/chat/completions" && req.Path != "/v1/completions" {
 		return engine.Completion{}, fmt.Errorf("proxy: request %s: unsupported path %q", req.ID, req.Path)
+	}
+	if req.Phase != engine.PhaseAggregated && !e.cfg.EmulateDisaggregation {
+		return engine.Completion{}, fmt.Errorf("proxy: request %s (%s): %w", req.ID, req.Phase, ErrNoDisaggregation)
 	}
 	rs := e.ranks[req.Rank]
 	body, err := upstreamBody(req)
