@@ -5,7 +5,7 @@ BIN     := bin/tether
 # Each fuzz target runs this long under `make fuzz`.
 FUZZTIME ?= 30s
 
-.PHONY: all build run test test-short bench bench-report fuzz soak vet fmt lint clean
+.PHONY: all build build-static image run test test-short bench bench-report fuzz soak vet fmt lint clean
 
 all: build
 
@@ -13,6 +13,17 @@ all: build
 # turns VCS stamping off; it is skipped when git is unavailable.
 build:
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/tether
+
+# The static Linux binary the Dockerfile copies: no cgo, so no libc (it runs
+# on scratch). Its flags are what test/image checks.
+build-static:
+	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -buildvcs=auto -ldflags '-s -w' -o bin/tether-static ./cmd/tether
+
+# The container image (deploy/kubernetes names ghcr.io/tether-project/tether):
+# the static binary on scratch; builds offline (docker build pulls nothing).
+IMAGE ?= ghcr.io/tether-project/tether:dev
+image: build-static
+	docker build -t $(IMAGE) .
 
 # The main job: a whole local deployment (3 edges, embedded NATS, simulated workers).
 run: build

@@ -90,6 +90,11 @@ type Config struct {
 	// TensorRT-LLM's "sha256=<hex>", which trtllm-serve workers verify) or
 	// tether-v1 (workers predating it; docs/upgrades.md).
 	HintSignatureFormat hintauth.Format `yaml:"hint_signature_format"`
+	// DisaggAuthFormat is what x-trtllm-disagg-auth signs: trtllm (the
+	// default: ctx_info_endpoint and encoded_opaque_state, current
+	// TensorRT-LLM) or trtllm-params (the whole disaggregated_params, the
+	// first releases with the header). docs/engines.md.
+	DisaggAuthFormat hintauth.DisaggFormat `yaml:"disagg_auth_format"`
 	// MaxRetries is how many times a failed hop is retried on another
 	// instance (connection errors and 5xx only).
 	MaxRetries int `yaml:"max_retries"`
@@ -167,12 +172,22 @@ type ServersConfig struct {
 	// HealthCheckModel: a probe also requires the served model in the
 	// worker's GET /v1/models list.
 	HealthCheckModel bool `yaml:"health_check_model"`
+	// HealthTimeout bounds one readiness probe (0: the engine's default,
+	// edge/engines.go: SGLang's /health runs a one-token generation and
+	// answers after at least a second; the others answer at once and get
+	// telemetry.probe_interval).
+	HealthTimeout time.Duration `yaml:"health_timeout"`
 	// Tokenizer is how the edge turns this fleet's prompts into tokens
 	// for block keys (edge/tokenize.go): "words" (routing/prefix, what
 	// tether's simulated workers use) or "hf:<dir>" (the model's
 	// tokenizer.json and chat template, as a real engine renders and
 	// tokenizes).
 	Tokenizer string `yaml:"tokenizer"`
+	// KVCacheEvents (engine trtllm): the leader edge drains each
+	// server's POST /kv_cache_events (start trtllm-serve with
+	// kv_cache_config.event_buffer_max_size > 0) and shares the blocks with
+	// every edge over NATS (edge/engines.go).
+	KVCacheEvents bool `yaml:"kv_cache_events"`
 	// BlockSize is the engine's KV block size in tokens (vLLM 16,
 	// trtllm-serve tokens_per_block 32, SGLang page size); 0 takes
 	// placement.block_size.
@@ -187,6 +202,24 @@ const DefaultHealthPath = "/health"
 type StaticInstance struct {
 	Name string `yaml:"name"`
 	URL  string `yaml:"url"`
+	// KVEvents names the engine's KV event publisher (vLLM and SGLang
+	// --kv-events-config with the zmq publisher): the edge subscribes
+	// itself and its KV index holds what the engine caches
+	// (edge/engines.go).
+	KVEvents *InstanceKVEvents `yaml:"kv_events"`
+}
+
+// InstanceKVEvents is a static engine's ZeroMQ KV event publisher.
+type InstanceKVEvents struct {
+	// Endpoint is the PUB socket, tcp://host:port (rank 0's with data
+	// parallelism: rank r publishes on port + r, as the engines offset
+	// it).
+	Endpoint string `yaml:"endpoint"`
+	// ReplayEndpoint is the ROUTER replay socket (same offset per rank);
+	// without it a gap clears the rank's blocks instead of being filled.
+	ReplayEndpoint string `yaml:"replay_endpoint"`
+	// Topic is the publisher's topic ("" by default).
+	Topic string `yaml:"topic"`
 }
 
 // UnmarshalYAML accepts a plain URL string or a {name, url} mapping.
@@ -475,6 +508,7 @@ func DefaultConfig() Config {
 		TLS:     TLSConfig{Mode: TLSModePlaintext},
 	}
 	c.HintSignatureFormat = hintauth.FormatTRTLLM
+	c.DisaggAuthFormat = hintauth.DisaggFields
 	c.ContextServers.HealthPath, c.GenerationServers.HealthPath = DefaultHealthPath, DefaultHealthPath
 	c.ContextServers.Tokenizer, c.GenerationServers.Tokenizer = TokenizerWords, TokenizerWords
 	c.ContextServers.KVShadowBlocks, c.GenerationServers.KVShadowBlocks = DefaultKVShadowBlocks, DefaultKVShadowBlocks
@@ -599,6 +633,9 @@ func (c *Config) normalize() {
 	if c.HintSignatureFormat == "" {
 		c.HintSignatureFormat = hintauth.FormatTRTLLM
 	}
+	if c.DisaggAuthFormat == "" {
+		c.DisaggAuthFormat = hintauth.DisaggFields
+	}
 	for _, s := range []*ServersConfig{&c.ContextServers, &c.GenerationServers} {
 		if s.HealthPath == "" {
 			s.HealthPath = DefaultHealthPath
@@ -652,6 +689,9 @@ func (c *Config) validateServing(bad complain, errs *[]error) {
 	}
 	if !c.HintSignatureFormat.Valid() {
 		bad("hint_signature_format", "%q is not a format (want trtllm or tether-v1)", c.HintSignatureFormat)
+	}
+	if !c.DisaggAuthFormat.Valid() {
+		bad("disagg_auth_format", "%q is not a format (want trtllm or trtllm-params)", c.DisaggAuthFormat)
 	}
 	if c.ParentHeader != "" && c.InternalRequestAuthKey == "" && !c.Aggregated() {
 		bad("internal_request_auth_key", "required when conversation_affinity_header_for_subagents is set (%s): sub-agent hints must be signed; set it or %s",

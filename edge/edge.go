@@ -116,8 +116,13 @@ type Edge struct {
 	loraMetrics  *loraMetrics
 	loraLoads    runtimeLoads // adapters loaded at runtime (lora.go)
 
-	disaggBase  uint64
-	disaggSeq   atomic.Uint64
+	disaggBase uint64
+	disaggSeq  atomic.Uint64
+	// cacheReporters: engine instances seen reporting cached tokens
+	// (edge/engines.go engineUsage).
+	cacheReporters sync.Map
+	// engineKV reads the engines' own KV events (edge/engines.go).
+	engineKV    engineKVSources
 	reqSeq      atomic.Uint64
 	unavailable atomic.Int64 // unix nanos of the last ErrUnavailable
 
@@ -225,10 +230,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	e.client = &http.Client{Transport: e.tls.guardHops(transport, e.log)}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	// Disaggregated request ids: a random 31-bit prefix per edge process
-	// and a counter, so ids are unique across edges and restarts in
-	// practice and stay exact in float64-based JSON parsers (< 2^53).
-	e.disaggBase = uint64(binary.BigEndian.Uint32(b[:])&0x7fffffff) << 21
+	e.disaggBase = disaggIDBase(binary.BigEndian.Uint32(b[:]))
 	e.evictCh = make(chan kvEviction, 4096)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e, nil
@@ -305,7 +307,8 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 			}
 			for _, si := range sc.URLs {
 				static = append(static, fleetview.Static{ID: si.ID(), URL: trimSlash(si.URL), Fleet: f, HealthPath: sc.HealthPath, Model: model,
-					Served: m.name, MaxLoRAs: m.cfg.LoRA.MaxLoRAs, Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize})
+					Served: m.name, MaxLoRAs: m.cfg.LoRA.MaxLoRAs, Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize,
+					ProbeTimeout: sc.healthTimeout(e.cfg.Telemetry.ProbeInterval), EngineEvents: si.KVEvents != nil, SharedEvents: sc.KVCacheEvents})
 			}
 		}
 	}
@@ -315,12 +318,15 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		StaleIntervals: t.StaleIntervals, MinStaleAfter: t.MinStaleAfter, ProbeInterval: t.ProbeInterval,
 		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
 		OnEvictions: e.onWorkerEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
-		ProbeClient: &http.Client{Transport: e.client.Transport, Timeout: t.ProbeInterval},
+		ProbeClient: &http.Client{Transport: e.client.Transport},
 	}); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
 	e.shadow = kvshadow.New(e.fleet.Index(), 1)
 	if err := e.fleet.Start(ctx); err != nil {
+		return fmt.Errorf("edge: %w", err)
+	}
+	if err := e.startEngineEvents(); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
 
@@ -530,6 +536,7 @@ func (e *Edge) stopLocked(abrupt bool) error {
 	}
 	e.cancel()
 	e.wg.Wait()
+	e.stopEngineEvents()
 	if e.fleet != nil {
 		e.fleet.Close()
 	}

@@ -4,15 +4,24 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/enginekv"
+	"github.com/tether-project/tether/routing/kvindex"
+	"github.com/tether-project/tether/routing/telemetry"
 )
 
 // EngineKind is what serves a fleet (context_servers.engine,
@@ -43,6 +52,47 @@ const HeaderDataParallelRank = "X-Data-Parallel-Rank"
 // maxDataParallelSize bounds data_parallel_size (vLLM and SGLang
 // deployments run a few dozen ranks at most).
 const maxDataParallelSize = 1024
+
+// SGLangHealthTimeout is the default probe timeout of an SGLang fleet.
+// SGLang's /health (http_server.py health_generate) sends a one-token
+// generation, sleeps a second, and answers 200 once the scheduler has
+// answered since (503 after SGLANG_HEALTH_CHECK_TIMEOUT, 20 s): it never
+// answers in less than a second.
+const SGLangHealthTimeout = 5 * time.Second
+
+// maxHealthTimeout bounds health_timeout.
+const maxHealthTimeout = 5 * time.Minute
+
+// healthTimeout is the fleet's probe timeout: health_timeout, else the
+// engine's default (SGLang's slow /health), else the probe interval.
+func (s *ServersConfig) healthTimeout(probeInterval time.Duration) time.Duration {
+	switch {
+	case s.HealthTimeout > 0:
+		return s.HealthTimeout
+	case s.Engine.Kind() == EngineSGLang:
+		return max(SGLangHealthTimeout, probeInterval)
+	}
+	return probeInterval
+}
+
+// Disaggregated request ids (disagg_request_id) are TensorRT-LLM global
+// ids: llmapi/disagg_utils.py keeps [0, MIN_GLOBAL_ID = 2^40) for a
+// worker's local request ids (get_local_request_id) and draws global ids
+// from [2^40, 2^63) so the two never collide. The edge's ids are
+// disaggIDFloor | a random 31-bit prefix per edge process << 21 | a 21-bit
+// counter: in [2^52, 2^53), above the floor whatever the prefix, unique
+// across edges and restarts in practice, and exact in float64-based JSON
+// parsers (below 2^53).
+const (
+	disaggIDFloor   = uint64(1) << 52
+	disaggIDSeqBits = 21
+)
+
+// disaggIDBase is an edge process's disaggregated request id prefix from
+// 32 random bits.
+func disaggIDBase(random uint32) uint64 {
+	return disaggIDFloor | uint64(random&0x7fffffff)<<disaggIDSeqBits
+}
 
 // Kind is the engine with the default applied.
 func (k EngineKind) Kind() EngineKind {
@@ -104,9 +154,13 @@ func (c *Config) validateEngine(key string, s *ServersConfig) []error {
 	if s.DataParallelSize < 0 || s.DataParallelSize > maxDataParallelSize {
 		bad(key+".data_parallel_size", "must be 0..%d, got %d", maxDataParallelSize, s.DataParallelSize)
 	}
+	if s.HealthTimeout < 0 || s.HealthTimeout > maxHealthTimeout {
+		bad(key+".health_timeout", "must be 0 (the engine's default) up to %s, got %s", maxHealthTimeout, s.HealthTimeout)
+	}
 	if s.KVShadowBlocks < 0 || s.KVShadowBlocks > kvshadow.MaxBlocksPerRank {
 		bad(key+".kv_shadow_blocks", "must be 0..%d (0: no shadow cache), got %d", kvshadow.MaxBlocksPerRank, s.KVShadowBlocks)
 	}
+	errs = append(errs, validateEngineEvents(key, s, kind)...)
 	if s.DataParallelSize > 1 && !kind.aggregatedOnly() {
 		bad(key+".data_parallel_size", "only for engine vllm or sglang (the edge picks their rank); %s workers place requests on ranks themselves", kind)
 	}
@@ -215,4 +269,305 @@ func (e *Edge) recordEngineRank(h *hop, rank int) {
 		return
 	}
 	e.recorder.addRank(fsm.RankObserved{Fleet: h.Fleet, Key: h.Key, Epoch: b.Epoch, Rank: uint32(rank)})
+}
+
+// engineUsage completes a response's usage as the engine means it: vLLM
+// (serving_chat.py: `if self.enable_prompt_tokens_details and
+// num_cached_tokens`) and SGLang (usage_processor.py _details_if_cached)
+// leave prompt_tokens_details null when nothing was cached, and also when
+// reporting is off. Once an instance has reported cached tokens, reporting
+// is on there, so a later null means none were: the shadow cache and the
+// circuit breaker learn of the miss.
+func (e *Edge) engineUsage(instance string, u usageFigures) usageFigures {
+	if !u.ok {
+		return u
+	}
+	if u.hasCached {
+		e.cacheReporters.Store(instance, true)
+		return u
+	}
+	if _, ok := e.cacheReporters.Load(instance); ok {
+		u.cached, u.hasCached = 0, true
+	}
+	return u
+}
+
+// validateEngineEvents checks the fleet's engine KV event sources:
+// kv_events of a URL (vLLM, SGLang: tcp://host:port or ipc://path, every
+// rank's port in range) and kv_cache_events (trtllm).
+func validateEngineEvents(key string, s *ServersConfig, kind EngineKind) []error {
+	var errs []error
+	bad := func(k, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", k, fmt.Sprintf(format, args...)))
+	}
+	if s.KVCacheEvents && kind != EngineTRTLLM {
+		bad(key+".kv_cache_events", "only for engine trtllm (vLLM and SGLang publish on ZeroMQ: urls[].kv_events)")
+	}
+	for i, si := range s.URLs {
+		ev := si.KVEvents
+		if ev == nil {
+			continue
+		}
+		k := fmt.Sprintf("%s.urls[%d].kv_events", key, i)
+		if !kind.aggregatedOnly() {
+			bad(k, "only for engine vllm or sglang (trtllm-serve: kv_cache_events; tether workers report their own)")
+			continue
+		}
+		for _, f := range []struct{ name, ep string }{{"endpoint", ev.Endpoint}, {"replay_endpoint", ev.ReplayEndpoint}} {
+			if f.ep == "" {
+				if f.name == "endpoint" {
+					bad(k+".endpoint", "required: the engine's PUB socket, tcp://host:port")
+				}
+				continue
+			}
+			if strings.Contains(f.ep, "*") {
+				bad(k+"."+f.name, "%q binds on every interface; name the host the edge dials", f.ep)
+				continue
+			}
+			for r := range max(s.DataParallelSize, 1) {
+				if _, err := enginekv.OffsetEndpoint(f.ep, r); err != nil {
+					bad(k+"."+f.name, "%v", err)
+					break
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// engineKVSources are the engines' own KV event sources this edge reads
+// (internal/enginekv, the mapping the worker's proxy uses too).
+type engineKVSources struct {
+	mu      sync.Mutex
+	sources []*enginekv.Source
+}
+
+// startEngineEvents subscribes to the KV event publishers of the static
+// vLLM and SGLang instances that name one (urls[].kv_events): rank r of an
+// instance with data_parallel_size N on the endpoint's port + r, as the
+// engines offset it. Each change becomes an exact batch of the instance in
+// this edge's KV index.
+func (e *Edge) startEngineEvents() error {
+	e.engineKV.mu.Lock()
+	defer e.engineKV.mu.Unlock()
+	for _, m := range e.models {
+		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+			if err := e.startFleetEngineEvents(m.cfg, f); err != nil {
+				return err
+			}
+		}
+	}
+	e.wg.Add(1)
+	go e.runTRTLLMDrains()
+	return nil
+}
+
+// startFleetEngineEvents subscribes to the publishers of one model's fleet
+// (e.engineKV.mu held).
+func (e *Edge) startFleetEngineEvents(mc *Config, f fsm.Fleet) error {
+	sc := mc.servers(f)
+	kind := sc.Engine.Kind()
+	size := mc.dataParallelSize(f)
+	for _, si := range sc.URLs {
+		ev := si.KVEvents
+		if ev == nil || !kind.aggregatedOnly() {
+			continue
+		}
+		cfg := enginekv.Config{Format: string(kind), Topic: ev.Topic, Ranks: size,
+			BlockSize: mc.RoutingConfig(f).BlockSize, Log: e.log.With("instance", si.ID())}
+		for r := range size {
+			ep, err := enginekv.OffsetEndpoint(ev.Endpoint, r)
+			if err != nil {
+				return fmt.Errorf("%s kv_events: %w", si.ID(), err)
+			}
+			cfg.Endpoints = append(cfg.Endpoints, ep)
+			if ev.ReplayEndpoint != "" {
+				rep, err := enginekv.OffsetEndpoint(ev.ReplayEndpoint, r)
+				if err != nil {
+					return fmt.Errorf("%s kv_events: %w", si.ID(), err)
+				}
+				cfg.ReplayEndpoints = append(cfg.ReplayEndpoints, rep)
+			}
+		}
+		id := si.ID()
+		src, err := enginekv.Start(cfg, func(k enginekv.RankKeys) {
+			e.fleet.ApplyEngineKV(id, kvindex.RankEvent{Rank: k.Rank, Stored: k.Stored, Removed: k.Removed})
+		})
+		if err != nil {
+			return fmt.Errorf("%s kv_events: %w", id, err)
+		}
+		e.engineKV.sources = append(e.engineKV.sources, src)
+		e.log.Info("reading the engine's KV events", "instance", id, "endpoints", cfg.Endpoints)
+	}
+	return nil
+}
+
+// stopEngineEvents closes every source.
+func (e *Edge) stopEngineEvents() {
+	e.engineKV.mu.Lock()
+	srcs := e.engineKV.sources
+	e.engineKV.sources = nil
+	e.engineKV.mu.Unlock()
+	for _, s := range srcs {
+		s.Close()
+	}
+}
+
+// trtllmRanks bounds the attention-DP ranks of a trtllm-serve whose
+// /kv_cache_events the edge drains (attention_dp_rank picks the rank; the
+// edge does not choose trtllm ranks, so the count only sizes the mappers).
+const trtllmRanks = 64
+
+// trtDrain is the leader's drain of one trtllm-serve's /kv_cache_events.
+// The endpoint hands each event out once, so one edge drains; it shares the
+// blocks over NATS as KV batches of the instance (routing/telemetry), and
+// answers the instance's dump requests from what it mapped, so every edge's
+// KV index follows (fleetview, Static.SharedEvents). Without NATS only the
+// draining edge's index learns them.
+type trtDrain struct {
+	e    *Edge
+	id   string
+	src  *enginekv.Source
+	sub  *nats.Subscription
+	boot uint64
+
+	mu  sync.Mutex
+	seq uint64
+}
+
+// runTRTLLMDrains starts the drains while this edge is the leader and stops
+// them when it is not (a new leader starts over with a new boot: the edges
+// take its first batch as the baseline).
+func (e *Edge) runTRTLLMDrains() {
+	defer e.wg.Done()
+	type target struct {
+		id, url string
+		f       fsm.Fleet
+	}
+	var targets []target
+	for _, m := range e.models {
+		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+			sc := m.cfg.servers(f)
+			if !sc.KVCacheEvents || sc.Engine.Kind() != EngineTRTLLM {
+				continue
+			}
+			for _, si := range sc.URLs {
+				targets = append(targets, target{si.ID(), trimSlash(si.URL), f})
+			}
+		}
+	}
+	if len(targets) == 0 {
+		return
+	}
+	var drains []*trtDrain
+	stop := func() {
+		for _, d := range drains {
+			d.close()
+		}
+		drains = nil
+	}
+	defer stop()
+	t := time.NewTicker(e.cfg.Leader.Interval)
+	defer t.Stop()
+	for {
+		leader := e.node.IsLeader()
+		switch {
+		case leader && drains == nil:
+			for _, tg := range targets {
+				d, err := e.startTRTDrain(tg.id, tg.url, tg.f)
+				if err != nil {
+					e.log.Warn("cannot drain the trtllm-serve KV cache events", "instance", tg.id, "err", err)
+					continue
+				}
+				drains = append(drains, d)
+			}
+		case !leader && drains != nil:
+			stop()
+		}
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (e *Edge) startTRTDrain(id, url string, f fsm.Fleet) (*trtDrain, error) {
+	d := &trtDrain{e: e, id: id, boot: rand.Uint64() | 1}
+	cfg := enginekv.Config{Format: enginekv.FormatTRTLLM, URLs: []string{url}, Ranks: trtllmRanks,
+		BlockSize: e.cfg.RoutingConfig(f).BlockSize, Log: e.log.With("instance", id)}
+	if e.nc != nil {
+		sub, err := e.nc.Subscribe(telemetry.KVDumpSubject(id), d.answerDump)
+		if err != nil {
+			return nil, err
+		}
+		d.sub = sub
+	}
+	src, err := enginekv.Start(cfg, d.publish)
+	if err != nil {
+		if d.sub != nil {
+			_ = d.sub.Unsubscribe()
+		}
+		return nil, err
+	}
+	d.src = src
+	e.log.Info("draining the trtllm-serve KV cache events (leader)", "instance", id, "url", url)
+	return d, nil
+}
+
+// publish shares one change: a KV batch of the instance over NATS (every
+// edge applies it, this one included), else this edge's index alone.
+func (d *trtDrain) publish(k enginekv.RankKeys) {
+	if d.e.nc == nil {
+		d.e.fleet.ApplyEngineKV(d.id, kvindex.RankEvent{Rank: k.Rank, Stored: k.Stored, Removed: k.Removed})
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.seq++
+	data, err := telemetry.AppendKVEvents(nil, telemetry.KVEventBatch{Instance: d.id, BootID: d.boot, Seq: d.seq,
+		Events: []telemetry.KVEvent{{Rank: k.Rank, Removed: k.Removed, Stored: k.Stored}}})
+	if err == nil {
+		err = d.e.nc.Publish(telemetry.KVSubject(d.id), data)
+	}
+	if err != nil {
+		d.e.log.Warn("sharing trtllm-serve KV events failed (the edges resync by dump)", "instance", d.id, "err", err)
+	}
+}
+
+// answerDump replies to an edge's dump request with every block mapped so
+// far, as of the last batch shared.
+func (d *trtDrain) answerDump(m *nats.Msg) {
+	if m.Reply == "" {
+		return
+	}
+	d.mu.Lock()
+	dump := telemetry.KVDump{Instance: d.id, BootID: d.boot, Seq: d.seq}
+	for r, ks := range d.src.Keys() {
+		slices.Sort(ks)
+		dump.Ranks = append(dump.Ranks, telemetry.RankBlocks{Rank: r, Blocks: ks})
+	}
+	d.mu.Unlock()
+	slices.SortFunc(dump.Ranks, func(a, b telemetry.RankBlocks) int { return a.Rank - b.Rank })
+	limit := int64(1 << 20)
+	if mp := d.e.nc.MaxPayload(); mp > 0 {
+		limit = mp
+	}
+	for _, part := range telemetry.SplitKVDump(dump, int(max((limit-4096)/12, 1))) {
+		data, err := telemetry.EncodeKVDump(part)
+		if err == nil {
+			err = d.e.nc.Publish(m.Reply, data)
+		}
+		if err != nil {
+			d.e.log.Warn("answering a KV dump request failed", "instance", d.id, "err", err)
+			return
+		}
+	}
+}
+
+func (d *trtDrain) close() {
+	if d.sub != nil {
+		_ = d.sub.Unsubscribe()
+	}
+	d.src.Close()
 }

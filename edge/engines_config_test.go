@@ -58,6 +58,23 @@ generation_servers: {urls: [http://b:1]}`, "context_servers.data_parallel_size: 
 context_servers: {engine: vllm, data_parallel_size: 5000, urls: [http://a:1]}`, "context_servers.data_parallel_size: must be 0..1024"},
 		"dp wrong type": {`
 context_servers: {engine: vllm, data_parallel_size: four, urls: [http://a:1]}`, "data_parallel_size"},
+		"kv_events without an endpoint": {`
+context_servers: {engine: vllm, urls: [{url: "http://a:1", kv_events: {replay_endpoint: "tcp://a:5558"}}]}`, "context_servers.urls[0].kv_events.endpoint: required"},
+		"kv_events binding everywhere": {`
+context_servers: {engine: sglang, urls: [{url: "http://a:1", kv_events: {endpoint: "tcp://*:5557"}}]}`, "binds on every interface"},
+		"kv_events ports beyond the ranks": {`
+context_servers: {engine: vllm, data_parallel_size: 4, urls: [{url: "http://a:1", kv_events: {endpoint: "tcp://a:65534"}}]}`, "context_servers.urls[0].kv_events.endpoint"},
+		"kv_events for trtllm": {`
+context_servers: {engine: trtllm, urls: [{url: "http://a:1", kv_events: {endpoint: "tcp://a:5557"}}]}
+generation_servers: {engine: trtllm, urls: [http://b:1]}`, "only for engine vllm or sglang"},
+		"kv_cache_events for vllm": {`
+context_servers: {engine: vllm, kv_cache_events: true, urls: [http://a:1]}`, "context_servers.kv_cache_events: only for engine trtllm"},
+		"health_timeout negative": {`
+context_servers: {engine: sglang, health_timeout: -1s, urls: [http://a:1]}`, "context_servers.health_timeout"},
+		"disagg auth format": {`
+context_servers: {engine: trtllm, urls: [http://a:1]}
+generation_servers: {engine: trtllm, urls: [http://b:1]}
+disagg_auth_format: model-dump`, "disagg_auth_format"},
 		"conditional disagg": {`
 context_servers: {engine: vllm, urls: [http://a:1]}
 conditional_disagg_config: {max_local_prefill_length: 100}`, "conditional_disagg_config: does not apply"},
@@ -66,5 +83,25 @@ conditional_disagg_config: {max_local_prefill_length: 100}`, "conditional_disagg
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want an error containing %q", name, err, tc.want)
 		}
+	}
+}
+
+// Every disaggregated request id the edge can draw lies in TensorRT-LLM's
+// global id range [2^40, 2^63) (disagg_utils.py MIN_GLOBAL_ID: below it
+// are a worker's local request ids) and stays exact in float64 JSON
+// parsers (< 2^53), whatever the random prefix. Before, a prefix below
+// 2^19 (one edge start in 4,096) gave ids under 2^40.
+func TestDisaggIDsInTRTLLMGlobalRange(t *testing.T) {
+	for _, r := range []uint32{0, 1, 1 << 18, 0x7fffffff, 0xffffffff} {
+		base := disaggIDBase(r)
+		for _, seq := range []uint64{0, 1, 1<<disaggIDSeqBits - 1} {
+			id := base | seq
+			if id < 1<<40 || id >= 1<<53 {
+				t.Errorf("prefix %#x, counter %d: id %d outside [2^40, 2^53)", r, seq, id)
+			}
+		}
+	}
+	if disaggIDBase(1) == disaggIDBase(2) {
+		t.Error("distinct prefixes give one base")
 	}
 }

@@ -282,3 +282,39 @@ func TestEngineBoundConversationOverflowsOnLongQueue(t *testing.T) {
 		return strings.Contains(string(h.body), `"Overflow"`)
 	})
 }
+
+// SGLang's /health answers after a second (it generates one token): with
+// the probe interval of the docs' example (500ms) the fleet's default probe
+// timeout still lets the instance become healthy, its /metrics scraped, and
+// requests served. A probe bounded by the probe interval, as before, timed
+// out on every round: 503 no_healthy_instance forever.
+func TestSGLangSlowHealthBecomesHealthy(t *testing.T) {
+	srv := sglang.Start(sglang.Options{Model: testModel, CacheReport: true})
+	t.Cleanup(srv.Close)
+	srv.SetWaiting(0, 3)
+	start := func(timeout time.Duration) *edgeCluster {
+		return startEdges(t, 1, "", func(_ int, c *Config) {
+			c.Telemetry.ProbeInterval = 500 * time.Millisecond
+			c.ContextServers = ServersConfig{URLs: []StaticInstance{{Name: "sglang-0", URL: srv.URL()}}, Engine: EngineSGLang, HealthTimeout: timeout}
+			c.GenerationServers = ServersConfig{}
+		})
+	}
+	ec := start(0)
+	waitFor(t, "the SGLang instance healthy with its queue scraped", 15*time.Second, func() bool {
+		in, ok := ec.edge(0).e.Fleet().Instance("sglang-0", time.Now())
+		return ok && in.Healthy && in.QueuedRequests == 3
+	})
+	c := httpClient(t)
+	body := chatBody(t, "slow health", []string{"hello"}, nil)
+	if r := postChat(t, c, ec.edge(0).url(), body, map[string]string{"x-session-id": "slow-health"}); r.status != http.StatusOK {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	// A timeout below SGLang's one-second answer never sees it healthy.
+	short := start(500 * time.Millisecond)
+	waitFor(t, "three failed probes", 15*time.Second, func() bool {
+		return counter(t, short.edge(0).e.registry, "tether_edge_probes_total", map[string]string{"result": "failed"}) >= 3
+	})
+	if in, _ := short.edge(0).e.Fleet().Instance("sglang-0", time.Now()); in.Healthy {
+		t.Fatal("healthy with a 500ms probe timeout against a one-second /health")
+	}
+}

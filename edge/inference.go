@@ -339,7 +339,9 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 	return e.generationHop(ctx, w, rq, ctxHop, cres, genHop, span)
 }
 
-func (e *Edge) newDisaggID() uint64 { return e.disaggBase | (e.disaggSeq.Add(1) & (1<<21 - 1)) }
+func (e *Edge) newDisaggID() uint64 {
+	return e.disaggBase | (e.disaggSeq.Add(1) & (1<<disaggIDSeqBits - 1))
+}
 
 // hopHeader builds a hop's headers: content type, the trace context and,
 // when this hop carries sub-agent affinity, the signed hint.
@@ -535,8 +537,17 @@ func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, er
 		return nil, fmt.Errorf("%d choices, want 1", len(body.Choices))
 	}
 	c := body.Choices[0]
+	if c.FinishReason != nil {
+		res.finish = *c.FinishReason
+	}
 	wantID := strconv.FormatUint(disaggID, 10)
 	switch {
+	case !finishPending(res.finish):
+		// The context phase already finished the request (the model
+		// stopped on its first token): nothing is handed off, so the
+		// worker leaves ctx_request_id and the opaque state null, and the
+		// answer is this response (openai_disagg_service.py checks the
+		// handoff only when a generation phase is pending, as _need_gen).
 	case c.DP != nil:
 		dp := c.DP
 		if isNullOrAbsent(dp["ctx_request_id"]) {
@@ -569,9 +580,6 @@ func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, er
 	case c.Text != nil:
 		res.text = *c.Text
 	}
-	if c.FinishReason != nil {
-		res.finish = *c.FinishReason
-	}
 	if u := body.Usage; u != nil {
 		res.promptTokens = u.PromptTokens
 		if u.PromptTokensDetails != nil {
@@ -588,16 +596,22 @@ func isNullOrAbsent(raw json.RawMessage) bool { return len(bytes.TrimSpace(raw))
 // finished); any other finish reason, or a one-token request, makes the
 // context response the answer.
 func (cres *contextResult) needsGeneration(maxTokens int) bool {
-	return maxTokens != 1 && (cres.finish == "length" || cres.finish == "not_finished")
+	return maxTokens != 1 && finishPending(cres.finish)
 }
+
+// finishPending: a context phase that ended with this finish reason leaves
+// the request to a generation phase (TensorRT-LLM's "length" and
+// "not_finished").
+func finishPending(finish string) bool { return finish == "length" || finish == "not_finished" }
 
 // generationBody is the generation hop's body. TensorRT-LLM protocol: the
 // context's choices[0].disaggregated_params with request_type
 // generation_only and our disagg_request_id, every other field passed
 // through untouched, and the context's prompt_token_ids (chat:
 // prompt_token_ids; completions: the prompt). It also returns the
-// x-trtllm-disagg-auth fields.
-func (rq *request) generationBody(cres *contextResult) (body []byte, endpoint, state json.RawMessage) {
+// disaggregated_params it sends (what x-trtllm-disagg-auth signs; nil for a
+// worker predating the protocol).
+func (rq *request) generationBody(cres *contextResult) (body []byte, params map[string]json.RawMessage) {
 	id := json.RawMessage(strconv.FormatUint(cres.disaggID, 10))
 	if cres.handoff == nil {
 		dp := map[string]json.RawMessage{
@@ -611,7 +625,7 @@ func (rq *request) generationBody(cres *contextResult) (body []byte, endpoint, s
 		if len(cres.firstTokens) > 0 && !isNull(cres.firstTokens) {
 			dp["first_gen_tokens"] = cres.firstTokens
 		}
-		return rq.hopBody(map[string]json.RawMessage{"disaggregated_params": mustMarshal(dp)}), nil, nil
+		return rq.hopBody(map[string]json.RawMessage{"disaggregated_params": mustMarshal(dp)}), nil
 	}
 	dp := make(map[string]json.RawMessage, len(cres.handoff)+2)
 	for k, v := range cres.handoff {
@@ -627,7 +641,7 @@ func (rq *request) generationBody(cres *contextResult) (body []byte, endpoint, s
 			set["prompt"] = cres.promptTokenIDs
 		}
 	}
-	return rq.hopBody(set), dp["ctx_info_endpoint"], dp["encoded_opaque_state"]
+	return rq.hopBody(set), dp
 }
 
 // generationHop continues on the generation worker with the context's
@@ -635,13 +649,14 @@ func (rq *request) generationBody(cres *contextResult) (body []byte, endpoint, s
 // it).
 func (e *Edge) generationHop(ctx context.Context, w http.ResponseWriter, rq *request, ctxHop *hop, cres *contextResult, genHop *hop, span trace.Span) int {
 	id := strconv.FormatUint(cres.disaggID, 10)
-	body, endpoint, state := rq.generationBody(cres)
+	body, params := rq.generationBody(cres)
 	var disaggAuth string
-	if e.authKey != nil {
+	if e.authKey != nil && params != nil {
 		// Protects the KV-transfer fields as TensorRT-LLM does
-		// (disagg_auth.py build_internal_disagg_auth_headers).
+		// (disagg_auth.py build_internal_disagg_auth_headers), in the
+		// payload of the workers' release (disagg_auth_format).
 		var err error
-		if disaggAuth, err = hintauth.SignDisagg(e.authKey, endpoint, state); err != nil {
+		if disaggAuth, err = hintauth.SignDisaggAs(e.cfg.DisaggAuthFormat, e.authKey, params); err != nil {
 			e.metrics.upstreamErrors.WithLabelValues("context", "bad_response").Inc()
 			return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
 				"context instance %s answered disaggregated_params that cannot be signed: %v", ctxHop.Instance, err))
@@ -720,6 +735,9 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 		// Only a response that reports its cached tokens says anything
 		// about the cache (vLLM without --enable-prompt-tokens-details
 		// does not: its breaker must not read that as misses).
+		if cres == nil {
+			u = e.engineUsage(genHop.Instance, u)
+		}
 		if cres == nil && u.ok && u.hasCached {
 			e.fleet.RecordUsage(genHop.Instance, int64(u.prompt), int64(u.cached), e.now())
 			e.shadowCorrect(rq, genHop, u.cached)
@@ -845,15 +863,13 @@ func (e *Edge) respondFromContext(w http.ResponseWriter, rq *request, ctxHop *ho
 			out[k] = v
 		}
 	}
-	if cres.handoff != nil {
-		// As TensorRT-LLM's _need_gen: the handoff is internal.
-		var choices []map[string]json.RawMessage
-		if json.Unmarshal(cres.raw["choices"], &choices) == nil {
-			for _, c := range choices {
-				delete(c, "disaggregated_params")
-			}
-			out["choices"] = mustMarshal(choices)
+	// As TensorRT-LLM's _need_gen: the handoff is internal.
+	var choices []map[string]json.RawMessage
+	if json.Unmarshal(cres.raw["choices"], &choices) == nil {
+		for _, c := range choices {
+			delete(c, "disaggregated_params")
 		}
+		out["choices"] = mustMarshal(choices)
 	}
 	if !rq.stream {
 		writeJSON(w, http.StatusOK, out)

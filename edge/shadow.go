@@ -31,9 +31,10 @@ func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
 	if !ok || !in.Static {
 		return
 	}
-	if in.Telemetry {
-		// A worker that reports over NATS: its own KV events (or their
-		// absence) are the truth, never a model.
+	if in.Telemetry || in.EngineEvents {
+		// A worker that reports over NATS, or an engine whose own KV
+		// events the edge reads: they (or their absence) are the truth,
+		// never a model.
 		e.shadow.Forget(h.Instance)
 		return
 	}

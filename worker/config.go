@@ -12,13 +12,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"gopkg.in/yaml.v3"
 
+	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/internal/yamlconf"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/worker/adp"
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/engine/sim"
-	"github.com/tether-project/tether/worker/kvevents"
 )
 
 // EnvInternalRequestAuthKey, when set, overrides internal_request_auth_key
@@ -131,6 +131,10 @@ type EngineConfig struct {
 	Upstreams       []string      `yaml:"upstreams"`        // one base URL per rank
 	UpstreamMetrics []string      `yaml:"upstream_metrics"` // optional Prometheus URL per rank
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"` // per request (default 10m)
+	// EmulateDisaggregation lets a proxy serve context-only and
+	// generation-only hops, emulated: the generation upstream prefills the
+	// prompt again (worker/proxy). Off: whole requests only.
+	EmulateDisaggregation bool `yaml:"emulate_disaggregation"`
 	// KVEvents reads the upstream engines' KV cache events (engine.kv_events).
 	KVEvents KVEventsConfig `yaml:"kv_events"`
 }
@@ -477,16 +481,16 @@ func (c *Config) schedulerOptions() (adp.Options, error) {
 
 // kvEventSource is the worker/kvevents configuration of engine.kv_events
 // (nil when off). URLs default to the upstreams for trtllm.
-func (e *EngineConfig) kvEventSource(ranks int) *kvevents.Config {
+func (e *EngineConfig) kvEventSource(ranks int) *enginekv.Config {
 	k := e.KVEvents
 	if k.Format == "" {
 		return nil
 	}
 	urls := k.URLs
-	if k.Format == kvevents.FormatTRTLLM && len(urls) == 0 {
+	if k.Format == enginekv.FormatTRTLLM && len(urls) == 0 {
 		urls = e.Upstreams
 	}
-	return &kvevents.Config{Format: k.Format, Endpoints: k.Endpoints, ReplayEndpoints: k.ReplayEndpoints,
+	return &enginekv.Config{Format: k.Format, Endpoints: k.Endpoints, ReplayEndpoints: k.ReplayEndpoints,
 		Topic: k.Topic, URLs: urls, PollInterval: k.PollInterval, Ranks: ranks, BlockSize: e.BlockSize}
 }
 
@@ -504,10 +508,10 @@ func (e *EngineConfig) validateKVEvents(ranks int) error {
 	if k.PollInterval <= 0 || k.PollInterval > time.Minute {
 		return fmt.Errorf("engine.kv_events.poll_interval: %v out of range (0..1m]", k.PollInterval)
 	}
-	if k.Format == kvevents.FormatTRTLLM && (len(k.Endpoints) > 0 || len(k.ReplayEndpoints) > 0) {
+	if k.Format == enginekv.FormatTRTLLM && (len(k.Endpoints) > 0 || len(k.ReplayEndpoints) > 0) {
 		return errors.New("engine.kv_events.endpoints: ZeroMQ endpoints are for vllm and sglang; trtllm is polled at urls")
 	}
-	if k.Format != kvevents.FormatTRTLLM && len(k.URLs) > 0 {
+	if k.Format != enginekv.FormatTRTLLM && len(k.URLs) > 0 {
 		return errors.New("engine.kv_events.urls: only for format trtllm")
 	}
 	if err := e.kvEventSource(ranks).Validate(); err != nil {
@@ -537,7 +541,7 @@ func (e *EngineConfig) validatePublishKVEvents(ranks int) error {
 		if c.ep == "" {
 			continue
 		}
-		if _, err := kvevents.OffsetEndpoint(c.ep, ranks-1); err != nil {
+		if _, err := enginekv.OffsetEndpoint(c.ep, ranks-1); err != nil {
 			return fmt.Errorf("engine.publish_kv_events.%s: %v", c.key, err)
 		}
 	}

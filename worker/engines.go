@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/engine/sim"
 	"github.com/tether-project/tether/worker/kvevents"
@@ -43,6 +44,8 @@ func buildEngine(cfg Config, ranks int, log *slog.Logger) (engine.Engine, error)
 			Timeout:     e.UpstreamTimeout,
 			BlockSize:   e.BlockSize,
 			KVEvents:    kvEventSource(e, ranks, log),
+			// Named so a deployment that prefills twice says so.
+			EmulateDisaggregation: e.EmulateDisaggregation,
 		})
 	}
 	return nil, fmt.Errorf("engine.type: unknown value %q", e.Type)
@@ -50,7 +53,7 @@ func buildEngine(cfg Config, ranks int, log *slog.Logger) (engine.Engine, error)
 
 // kvEventSource is the proxy's engine.kv_events source, logging as the
 // worker does.
-func kvEventSource(e EngineConfig, ranks int, log *slog.Logger) *kvevents.Config {
+func kvEventSource(e EngineConfig, ranks int, log *slog.Logger) *enginekv.Config {
 	k := e.kvEventSource(ranks)
 	if k != nil {
 		k.Log = log.With("component", "kv_events")
@@ -78,13 +81,13 @@ func publishingEngine(eng *sim.Engine, e EngineConfig, ranks int) (engine.Engine
 		if p.Endpoint == "" {
 			break // trtllm only
 		}
-		ep, err := kvevents.OffsetEndpoint(p.Endpoint, r)
+		ep, err := enginekv.OffsetEndpoint(p.Endpoint, r)
 		if err != nil {
 			return fail(err)
 		}
 		rep := ""
 		if p.ReplayEndpoint != "" {
-			if rep, err = kvevents.OffsetEndpoint(p.ReplayEndpoint, r); err != nil {
+			if rep, err = enginekv.OffsetEndpoint(p.ReplayEndpoint, r); err != nil {
 				return fail(err)
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/kvevents"
@@ -116,7 +117,7 @@ engine:
 	pubs, replays := w.Endpoints()
 	var mu sync.Mutex
 	held := map[int]map[uint64]bool{}
-	src, err := kvevents.Start(kvevents.Config{Format: kvevents.FormatSGLang, Endpoints: pubs, ReplayEndpoints: replays, Ranks: 2, BlockSize: 4}, func(ev engine.KVEvent) {
+	src, err := enginekv.Start(enginekv.Config{Format: enginekv.FormatSGLang, Endpoints: pubs, ReplayEndpoints: replays, Ranks: 2, BlockSize: 4}, func(ev enginekv.RankKeys) {
 		mu.Lock()
 		defer mu.Unlock()
 		if held[ev.Rank] == nil {

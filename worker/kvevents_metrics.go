@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tether-project/tether/worker/kvevents"
+	"github.com/tether-project/tether/internal/enginekv"
 )
 
 // engineEventsCollector reports, for a proxy reading its upstreams' KV
@@ -32,7 +32,7 @@ func (c *engineEventsCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *engineEventsCollector) Collect(ch chan<- prometheus.Metric) {
-	src, ok := c.s.eng.(interface{ KVEventStatus() []kvevents.RankStatus })
+	src, ok := c.s.eng.(interface{ KVEventStatus() []enginekv.RankStatus })
 	if !ok {
 		return
 	}

@@ -89,6 +89,8 @@ type RankKV struct {
 func kvInfo(kv kvindex.InstanceKV, known bool, in fleetview.Instance) InstanceKV {
 	out := InstanceKV{Source: KVSourcePredictionsOnly, Ranks: []RankKV{}}
 	switch {
+	case in.EngineEvents:
+		out.Source = KVSourceEngineEvents
 	case known && kv.Approximate:
 		out.Source = KVSourceShadow
 	case in.Telemetry && in.KVSource == telemetry.KVSourceEngineEvents:

@@ -1,31 +1,25 @@
 package fleetview
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"math"
-	"net/http"
-	"strconv"
-	"strings"
+
+	"github.com/tether-project/tether/internal/enginemetrics"
 )
 
 // Metrics formats of the engines whose Prometheus /metrics the edge scrapes
 // for load (docs/engines.md). tether workers report over NATS instead.
 const (
-	MetricsVLLM   = "vllm"
-	MetricsSGLang = "sglang"
+	MetricsVLLM   = string(enginemetrics.VLLM)
+	MetricsSGLang = string(enginemetrics.SGLang)
 )
-
-// maxMetricsBytes bounds one scrape: vLLM's exposition with its histograms
-// is a few hundred KiB; anything far beyond is not an engine's answer.
-const maxMetricsBytes = 8 << 20
 
 // EngineLoad is one scrape of an engine's /metrics, summed over its
 // data-parallel ranks (vLLM labels each engine core `engine="<rank>"`,
-// SGLang each scheduler `dp_rank="<rank>"`).
+// SGLang each scheduler `dp_rank="<rank>"`, one scheduler per rank
+// counted).
 type EngineLoad struct {
 	Waiting float64 // vllm:num_requests_waiting, sglang:num_queue_reqs
 	Running float64 // vllm:num_requests_running, sglang:num_running_reqs
@@ -50,232 +44,46 @@ type EngineLoad struct {
 	LoRA *LoRAState
 }
 
-type sample struct {
-	name   string
-	labels map[string]string
-	value  float64
+// ParseEngineMetrics reads a Prometheus text exposition in format
+// (MetricsVLLM or MetricsSGLang, internal/enginemetrics) and sums the load
+// figures over ranks.
+func ParseEngineMetrics(format string, r io.Reader) (EngineLoad, error) {
+	x, err := enginemetrics.Parse(enginemetrics.Format(format), r)
+	if err != nil {
+		return EngineLoad{}, err
+	}
+	return engineLoad(x), nil
 }
 
-// ParseEngineMetrics reads a Prometheus text exposition in format
-// (MetricsVLLM or MetricsSGLang) and sums the load figures over ranks.
-// Lines it does not need are skipped unparsed.
-func ParseEngineMetrics(format string, r io.Reader) (EngineLoad, error) {
-	var waiting, running, usage, used, total, cacheInfo string
-	rankLabel := ""
-	switch format {
-	case MetricsVLLM:
-		waiting, running, usage, cacheInfo = "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:cache_config_info"
-		rankLabel = "engine"
-	case MetricsSGLang:
-		waiting, running, usage = "sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage"
-		used, total = "sglang:num_used_tokens", "sglang:max_total_num_tokens"
-		rankLabel = "dp_rank"
-	default:
-		return EngineLoad{}, fmt.Errorf("unknown metrics format %q", format)
-	}
-	want := map[string]bool{waiting: true, running: true, usage: true}
-	for _, n := range []string{used, total, cacheInfo} {
-		if n != "" {
-			want[n] = true
-		}
-	}
-	type rankFigures struct {
-		usage, used, total     float64
-		hasUsed, hasTotal      bool
-		hasUsage               bool
-		gpuBlocks, blockSize   float64
-		hasBlocks              bool
-		waiting, running       float64
-		hasWaiting, hasRunning bool
-	}
-	ranks := map[string]*rankFigures{}
-	rank := func(s sample) *rankFigures {
-		k := s.labels[rankLabel]
-		if ranks[k] == nil {
-			ranks[k] = &rankFigures{}
-		}
-		return ranks[k]
-	}
-	sc := bufio.NewScanner(io.LimitReader(r, maxMetricsBytes))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		name := line
-		if i := strings.IndexAny(line, "{ "); i >= 0 {
-			name = line[:i]
-		}
-		if !want[name] {
-			continue
-		}
-		s, err := parseSample(line)
-		if err != nil {
-			return EngineLoad{}, err
-		}
-		rf := rank(s)
-		switch s.name {
-		case waiting:
-			rf.waiting += sane(s.value)
-			rf.hasWaiting = true
-		case running:
-			rf.running += sane(s.value)
-			rf.hasRunning = true
-		case usage:
-			rf.usage, rf.hasUsage = s.value, true
-		case used:
-			rf.used, rf.hasUsed = sane(s.value), true
-		case total:
-			rf.total, rf.hasTotal = sane(s.value), true
-		case cacheInfo:
-			b, err1 := strconv.ParseFloat(s.labels["num_gpu_blocks"], 64)
-			bs, err2 := strconv.ParseFloat(s.labels["block_size"], 64)
-			if b, bs = sane(b), sane(bs); err1 == nil && err2 == nil && b > 0 && bs > 0 {
-				rf.gpuBlocks, rf.blockSize, rf.hasBlocks = b, bs, true
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return EngineLoad{}, fmt.Errorf("reading metrics: %w", err)
-	}
-	var out EngineLoad
-	// vLLM's cache_config_info carries no engine label: it applies to
-	// every rank.
-	var shared *rankFigures
-	if rf, ok := ranks[""]; ok && rf.hasBlocks {
-		shared = rf
-	}
-	for k, rf := range ranks {
-		if !rf.hasWaiting && !rf.hasRunning && !rf.hasUsage {
-			continue
-		}
-		if k != "" || !rf.hasBlocks || rf.hasWaiting || rf.hasRunning {
-			out.Ranks++
-		}
-		out.Found = true
-		out.Waiting += rf.waiting
-		out.Running += rf.running
-		blocks, blockSize := rf.gpuBlocks, rf.blockSize
-		if !rf.hasBlocks && shared != nil {
-			blocks, blockSize = shared.gpuBlocks, shared.blockSize
-		}
+// engineLoad sums a scrape's ranks: requests, and KV in the engine's units
+// (SGLang tokens; vLLM blocks, or per-mille of the usage fraction when the
+// exposition does not state the pool's size).
+func engineLoad(x enginemetrics.Exposition) EngineLoad {
+	out := EngineLoad{Found: true, Ranks: max(len(x.Ranks), 1)}
+	for _, rk := range x.Ranks {
+		out.Waiting += rk.Waiting
+		out.Running += rk.Running
 		switch {
-		case rf.hasUsed && rf.hasTotal && rf.total > 0:
-			out.KVUsed += rf.used
-			out.KVTotal += rf.total
-			out.ActiveTokens += rf.used
-			out.RankKVTokens = max(out.RankKVTokens, rf.total)
-		case blocks > 0:
-			out.KVUsed += clamp01(rf.usage) * blocks
-			out.KVTotal += blocks
-			out.ActiveTokens += clamp01(rf.usage) * blocks * blockSize
-			out.RankKVTokens = max(out.RankKVTokens, blocks*blockSize)
+		case rk.HasUsed && rk.HasTotal && rk.TotalTokens > 0:
+			out.KVUsed += rk.UsedTokens
+			out.KVTotal += rk.TotalTokens
+			out.ActiveTokens += rk.UsedTokens
+			out.RankKVTokens = max(out.RankKVTokens, rk.TotalTokens)
+		case rk.GPUBlocks > 0:
+			out.KVUsed += rk.Usage * rk.GPUBlocks
+			out.KVTotal += rk.GPUBlocks
+			out.ActiveTokens += rk.Usage * rk.GPUBlocks * rk.BlockSize
+			out.RankKVTokens = max(out.RankKVTokens, rk.GPUBlocks*rk.BlockSize)
 		default:
-			out.KVUsed += clamp01(rf.usage) * 1000
+			out.KVUsed += rk.Usage * 1000
 			out.KVTotal += 1000
 		}
 	}
-	if !out.Found {
-		return out, fmt.Errorf("none of %s, %s, %s in the exposition", waiting, running, usage)
-	}
-	out.Ranks = max(out.Ranks, 1)
-	out.Waiting, out.Running = min(out.Waiting, maxFigure), min(out.Running, maxFigure)
-	out.KVUsed, out.KVTotal, out.ActiveTokens = min(out.KVUsed, maxFigure), min(out.KVTotal, maxFigure), min(out.ActiveTokens, maxFigure)
-	out.RankKVTokens = min(out.RankKVTokens, maxFigure)
-	return out, nil
-}
-
-// maxFigure bounds every figure a scrape yields: a server reporting
-// absurd values must not overflow the instance view's integers.
-const maxFigure = 1e12
-
-// sane maps a gauge's value to a usable load figure: NaN and negatives
-// (a server must not attract traffic by reporting less than nothing) are
-// 0, +Inf and huge values are capped.
-func sane(v float64) float64 {
-	if math.IsNaN(v) || v < 0 {
-		return 0
-	}
-	return min(v, maxFigure)
-}
-
-func clamp01(v float64) float64 {
-	if math.IsNaN(v) || v < 0 {
-		return 0
-	}
-	return min(v, 1)
-}
-
-// parseSample parses `name{l="v",...} value [timestamp]`.
-func parseSample(line string) (sample, error) {
-	s := sample{labels: map[string]string{}}
-	rest := line
-	i := strings.IndexAny(rest, "{ ")
-	if i < 0 {
-		return s, fmt.Errorf("metrics line %q: no value", trunc(line))
-	}
-	s.name, rest = rest[:i], rest[i:]
-	if rest[0] == '{' {
-		rest = rest[1:]
-		for {
-			rest = strings.TrimLeft(rest, " ,")
-			if rest == "" {
-				return s, fmt.Errorf("metrics line %q: unterminated labels", trunc(line))
-			}
-			if rest[0] == '}' {
-				rest = rest[1:]
-				break
-			}
-			eq := strings.IndexByte(rest, '=')
-			if eq <= 0 || eq+1 >= len(rest) || rest[eq+1] != '"' {
-				return s, fmt.Errorf("metrics line %q: malformed label", trunc(line))
-			}
-			key := strings.TrimSpace(rest[:eq])
-			rest = rest[eq+2:]
-			var val strings.Builder
-			closed := false
-			for j := 0; j < len(rest); j++ {
-				c := rest[j]
-				if c == '\\' && j+1 < len(rest) {
-					j++
-					switch rest[j] {
-					case 'n':
-						val.WriteByte('\n')
-					default:
-						val.WriteByte(rest[j])
-					}
-					continue
-				}
-				if c == '"' {
-					rest, closed = rest[j+1:], true
-					break
-				}
-				val.WriteByte(c)
-			}
-			if !closed {
-				return s, fmt.Errorf("metrics line %q: unterminated label value", trunc(line))
-			}
-			s.labels[key] = val.String()
-		}
-	}
-	fields := strings.Fields(rest)
-	if len(fields) == 0 {
-		return s, fmt.Errorf("metrics line %q: no value", trunc(line))
-	}
-	v, err := strconv.ParseFloat(fields[0], 64)
-	if err != nil {
-		return s, fmt.Errorf("metrics line %q: value: %w", trunc(line), err)
-	}
-	s.value = v
-	return s, nil
-}
-
-func trunc(s string) string {
-	if len(s) > 120 {
-		return s[:120] + "…"
-	}
-	return s
+	m := enginemetrics.MaxFigure
+	out.Waiting, out.Running = min(out.Waiting, m), min(out.Running, m)
+	out.KVUsed, out.KVTotal, out.ActiveTokens = min(out.KVUsed, m), min(out.KVTotal, m), min(out.ActiveTokens, m)
+	out.RankKVTokens = min(out.RankKVTokens, m)
+	return out
 }
 
 // scrape fetches and applies instance id's engine metrics. A failed scrape
@@ -328,31 +136,18 @@ func (f *Fleet) scrape(id, base, format string) {
 func (f *Fleet) fetchMetrics(base, format string) (EngineLoad, error) {
 	ctx, cancel := context.WithTimeout(f.ctx, f.cfg.ProbeInterval)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	url := base + "/metrics"
+	fams, err := enginemetrics.FetchFamilies(ctx, f.client, url)
 	if err != nil {
 		return EngineLoad{}, err
 	}
-	resp, err := f.client.Do(req)
+	x, err := enginemetrics.FromFamilies(enginemetrics.Format(format), fams)
 	if err != nil {
-		return EngineLoad{}, err
+		return EngineLoad{}, fmt.Errorf("GET %s: %w", url, err)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return EngineLoad{}, fmt.Errorf("GET %s/metrics: status %d", base, resp.StatusCode)
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxMetricsBytes))
-	if err != nil {
-		return EngineLoad{}, fmt.Errorf("GET %s/metrics: %w", base, err)
-	}
-	load, err := ParseEngineMetrics(format, bytes.NewReader(body))
-	if err != nil {
-		return EngineLoad{}, fmt.Errorf("GET %s/metrics: %w", base, err)
-	}
+	load := engineLoad(x)
 	if format == MetricsVLLM {
-		if load.LoRA, err = ParseLoRAMetrics(bytes.NewReader(body)); err != nil {
-			return EngineLoad{}, fmt.Errorf("GET %s/metrics: %w", base, err)
-		}
+		load.LoRA = LoRAFromFamilies(fams)
 	}
 	return load, nil
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/enginemetrics"
 	"github.com/tether-project/tether/routing"
 
 	"github.com/tether-project/tether/test/engines/sglang"
@@ -82,7 +83,8 @@ func TestParseEngineMetricsRejects(t *testing.T) {
 		"unterminated labels": `vllm:num_requests_waiting{engine="0" 1` + "\n",
 		"unterminated value":  `vllm:num_requests_waiting{engine="0} 1` + "\n",
 		"no value":            "vllm:num_requests_waiting\n",
-		"line beyond 1 MiB":   "vllm:num_requests_waiting{engine=\"" + strings.Repeat("x", 2<<20) + "\"} 1\n",
+		"beyond 8 MiB":        "vllm:num_requests_waiting{engine=\"" + strings.Repeat("x", 9<<20) + "\"} 1\n",
+		"two TYPE lines":      "# TYPE vllm:num_requests_waiting gauge\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 1\n",
 	} {
 		if _, err := ParseEngineMetrics(MetricsVLLM, strings.NewReader(in)); err == nil {
 			t.Errorf("%s: parsed", name)
@@ -95,6 +97,44 @@ func TestParseEngineMetricsRejects(t *testing.T) {
 	l, err := ParseEngineMetrics(MetricsVLLM, strings.NewReader("vllm:kv_cache_usage_perc{engine=\"0\"} NaN\nvllm:num_requests_waiting{engine=\"0\"} 1\n"))
 	if err != nil || math.IsNaN(l.KVUsed) || l.KVUsed != 0 {
 		t.Fatalf("NaN usage: %+v %v", l, err)
+	}
+}
+
+// vLLM labels cache_config_info with each engine core (log_metrics_info
+// sets engine to the index): every rank gets its own pool size. An info
+// series without the label (a scrape through a proxy that drops it) still
+// applies to every rank.
+func TestParseVLLMCacheConfigPerEngine(t *testing.T) {
+	perEngine := `vllm:num_requests_waiting{engine="0",model_name="m"} 1
+vllm:num_requests_waiting{engine="1",model_name="m"} 2
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000"} 1.0
+vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="3000"} 1.0
+`
+	l, err := ParseEngineMetrics(MetricsVLLM, strings.NewReader(perEngine))
+	want := EngineLoad{Waiting: 3, KVUsed: 2000, KVTotal: 4000, ActiveTokens: 2000 * 16, RankKVTokens: 3000 * 16, Ranks: 2, Found: true}
+	if err != nil || l != want {
+		t.Fatalf("%+v %v, want %+v", l, err, want)
+	}
+}
+
+// With --enable-metrics-for-all-schedulers every TP rank of a data-parallel
+// group exports the group's figures: they count once (the lowest tp_rank's
+// series), per dp_rank. Before, they were summed over TP ranks: a TP-4
+// server looked four times as busy.
+func TestParseSGLangAllSchedulersCountsEachRankOnce(t *testing.T) {
+	var b strings.Builder
+	for dp := range 2 {
+		for tp := range 4 {
+			l := fmt.Sprintf(`{dp_rank="%d",engine_type="unified",model_name="m",moe_ep_rank="%d",pp_rank="0",tp_rank="%d"}`, dp, tp, dp*4+tp)
+			fmt.Fprintf(&b, "sglang:num_queue_reqs%s %d\nsglang:num_running_reqs%s 2\nsglang:num_used_tokens%s 100\nsglang:max_total_num_tokens%s 1000\n", l, dp+3, l, l, l)
+		}
+	}
+	l, err := ParseEngineMetrics(MetricsSGLang, strings.NewReader(b.String()))
+	want := EngineLoad{Waiting: 3 + 4, Running: 4, KVUsed: 200, KVTotal: 2000, ActiveTokens: 200, RankKVTokens: 1000, Ranks: 2, Found: true}
+	if err != nil || l != want {
+		t.Fatalf("%+v %v, want %+v", l, err, want)
 	}
 }
 
@@ -116,12 +156,14 @@ func TestParseStandInMetrics(t *testing.T) {
 	if err != nil || l.Waiting != 9 || l.Ranks != 4 {
 		t.Fatalf("vllm stand-in: %+v %v", l, err)
 	}
-	s := sglang.Start(sglang.Options{Model: "m", DPSize: 2})
-	defer s.Close()
-	s.SetWaiting(1, 3)
-	l, err = ParseEngineMetrics(MetricsSGLang, get(s.URL()))
-	if err != nil || l.Waiting != 3 || l.Ranks != 2 {
-		t.Fatalf("sglang stand-in: %+v %v", l, err)
+	for _, all := range []bool{false, true} {
+		s := sglang.Start(sglang.Options{Model: "m", DPSize: 2, TPSize: 4, AllSchedulers: all})
+		defer s.Close()
+		s.SetWaiting(1, 3)
+		l, err = ParseEngineMetrics(MetricsSGLang, get(s.URL()))
+		if err != nil || l.Waiting != 3 || l.Ranks != 2 || l.KVTotal != 2*4096 {
+			t.Fatalf("sglang stand-in (all schedulers %v): %+v %v", all, l, err)
+		}
 	}
 }
 
@@ -218,7 +260,7 @@ func FuzzParseEngineMetrics(f *testing.F) {
 			return
 		}
 		for _, v := range []float64{l.Waiting, l.Running, l.KVUsed, l.KVTotal, l.ActiveTokens} {
-			if math.IsNaN(v) || v < 0 || v > maxFigure {
+			if math.IsNaN(v) || v < 0 || v > enginemetrics.MaxFigure {
 				t.Fatalf("load %+v from %q", l, text)
 			}
 		}

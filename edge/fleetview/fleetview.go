@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"sort"
@@ -63,6 +64,16 @@ type Static struct {
 	// MaxLoRAs is the instance's LoRA adapter slots when its engine reports
 	// none (the model's lora.max_loras; 0: unknown; lora.go).
 	MaxLoRAs int
+	// ProbeTimeout bounds one probe (the health GET and the /v1/models
+	// check together; default Config.ProbeInterval). SGLang's /health
+	// generates one token and answers after at least a second.
+	ProbeTimeout time.Duration
+	// EngineEvents: the KV index learns the engine's cache from its own
+	// KV events (ApplyEngineKV, read by this edge from the engine), not
+	// from a model of it. SharedEvents: from KV batches another edge
+	// publishes over NATS under this instance's id (dumps included).
+	EngineEvents bool
+	SharedEvents bool
 }
 
 // DefaultHealthPath is the probe path of static instances.
@@ -105,8 +116,8 @@ type Config struct {
 	// that has not reported since is still judged by probes for this long
 	// (workers reconnect with their own backoff; default 10s).
 	ReconnectGrace time.Duration
-	// ProbeClient sends probes (default: a client with the probe
-	// interval as timeout).
+	// ProbeClient sends probes and scrapes (default: a plain client;
+	// each request carries its own deadline).
 	ProbeClient *http.Client
 	// OnEvictions receives conversations a worker's scheduler evicted
 	// (called on a NATS goroutine: keep it cheap).
@@ -139,6 +150,9 @@ type Instance struct {
 	// KVSource: the report's kv_source ("" the worker's own cache,
 	// telemetry.KVSourceEngineEvents, telemetry.KVSourceNone).
 	KVSource string
+	// EngineEvents: a static engine whose own KV events feed the index
+	// (Static.EngineEvents, Static.SharedEvents).
+	EngineEvents bool
 	// LastSeen is the last load report or successful probe.
 	LastSeen time.Time
 	// Healthy: a fresh report (or, for a static instance without
@@ -179,13 +193,20 @@ func (in Instance) HitRate() float64 {
 type instance struct {
 	id string // the edge's id (a static name or URL, or the worker's id)
 	// Probe of a static instance (Static.HealthPath, Static.Model).
-	healthPath string
-	probeModel string
-	served     string // Static.Served
-	workerID   string // the id in the worker's subjects ("" until telemetry)
-	fleet      fsm.Fleet
-	url        string
-	static     bool
+	healthPath   string
+	probeModel   string
+	probeTimeout time.Duration
+	probing      bool   // a probe is in flight (under Fleet.mu)
+	served       string // Static.Served
+	// Engine KV events read by this edge (ApplyEngineKV): engineMu orders
+	// the batches, engineSeq numbers them within the fleet's engineBoot.
+	engineEvents bool
+	engineMu     sync.Mutex
+	engineSeq    uint64
+	workerID     string // the id in the worker's subjects ("" until telemetry)
+	fleet        fsm.Fleet
+	url          string
+	static       bool
 
 	hasReport  bool
 	report     telemetry.LoadReport // ranks dropped after aggregation
@@ -269,9 +290,14 @@ type Fleet struct {
 	wg     sync.WaitGroup
 
 	metrics *metrics
-	closeMu sync.Mutex
-	started bool
-	closed  bool
+	// engineBoot is the boot id of the KV batches this edge makes of
+	// engines' events (random per fleet view).
+	engineBoot uint64
+	// probeSlots bounds the probes in flight across rounds.
+	probeSlots chan struct{}
+	closeMu    sync.Mutex
+	started    bool
+	closed     bool
 }
 
 // New builds a Fleet; Start subscribes and starts the probes.
@@ -318,8 +344,10 @@ func New(cfg Config) (*Fleet, error) {
 		alias:    make(map[string]string),
 	}
 	if f.client == nil {
-		f.client = &http.Client{Timeout: cfg.ProbeInterval}
+		f.client = &http.Client{}
 	}
+	f.probeSlots = make(chan struct{}, maxParallelProbes)
+	f.engineBoot = rand.Uint64() | 1
 	for _, s := range cfg.Static {
 		if s.ID == "" || s.URL == "" || !s.Fleet.Valid() {
 			return nil, fmt.Errorf("fleetview: static instance %q (%s, %v): id, url and fleet are required", s.ID, s.URL, s.Fleet)
@@ -337,8 +365,17 @@ func New(cfg Config) (*Fleet, error) {
 		if !strings.HasPrefix(hp, "/") {
 			return nil, fmt.Errorf("fleetview: static instance %q: health path %q must start with /", s.ID, hp)
 		}
-		f.byID[s.ID] = &instance{id: s.ID, fleet: s.Fleet, url: s.URL, static: true, healthPath: hp, probeModel: s.Model,
-			served: s.Served, maxLoRAs: s.MaxLoRAs, metricsFormat: s.Metrics, ranks: s.Ranks}
+		pt := s.ProbeTimeout
+		if pt <= 0 {
+			pt = cfg.ProbeInterval
+		}
+		in := &instance{id: s.ID, fleet: s.Fleet, url: s.URL, static: true, healthPath: hp, probeModel: s.Model,
+			probeTimeout: pt, served: s.Served, maxLoRAs: s.MaxLoRAs, metricsFormat: s.Metrics, ranks: s.Ranks, engineEvents: s.EngineEvents || s.SharedEvents}
+		if s.SharedEvents {
+			// Batches and dumps travel under the instance's id.
+			in.workerID = s.ID
+		}
+		f.byID[s.ID] = in
 	}
 	if f.metrics, err = newMetrics(cfg.Registerer, f); err != nil {
 		return nil, err
@@ -458,9 +495,19 @@ func (f *Fleet) healthyLocked(in *instance, now time.Time) bool {
 	return in.static && f.probeFreshLocked(in, now)
 }
 
-// probeFreshLocked: a probe succeeded recently enough at now.
+// probeFreshLocked: a probe succeeded recently enough at now. A probe
+// that takes its whole timeout (SGLang's /health answers after a second)
+// delays the next one by as much, so the timeout extends the window.
 func (f *Fleet) probeFreshLocked(in *instance, now time.Time) bool {
-	return !in.lastProbeOK.IsZero() && now.Sub(in.lastProbeOK) <= f.staleAfter(f.cfg.ProbeInterval)
+	return !in.lastProbeOK.IsZero() && now.Sub(in.lastProbeOK) <= f.staleAfter(f.cfg.ProbeInterval)+f.probeTimeout(in)
+}
+
+// probeTimeout bounds one probe of in.
+func (f *Fleet) probeTimeout(in *instance) time.Duration {
+	if in.probeTimeout > 0 {
+		return in.probeTimeout
+	}
+	return f.cfg.ProbeInterval
 }
 
 // blindLocked reports whether the edge cannot hear in's telemetry at now:
@@ -545,6 +592,9 @@ func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
 		out.QueuedRequests, out.ActiveRequests, out.ActivePromptTokens = in.queued, in.active, in.activeTok
 		out.KVUsedBlocks, out.KVTotalBlocks = in.kvUsed, in.kvTotal
 		out.WindowLookupTokens, out.WindowHitTokens = in.lookup, in.hit
+	}
+	if in.engineEvents {
+		out.EngineEvents, out.KVSource = true, telemetry.KVSourceEngineEvents
 	}
 	if in.metricsFormat != "" {
 		out.Ranks = in.ranks
@@ -668,6 +718,29 @@ func (f *Fleet) NoteDispatch(id string, promptTokens int) (done func()) {
 			in.inflightTok.Add(-int64(promptTokens))
 		})
 	}
+}
+
+// ApplyEngineKV applies one change to a static engine's cache, read by this
+// edge from the engine itself (internal/enginekv), to the KV index: exact
+// batches in this edge's own sequence for the instance. The first is a
+// baseline (the engine's replay buffer, from its sequence 0, comes first).
+func (f *Fleet) ApplyEngineKV(id string, ev kvindex.RankEvent) {
+	f.mu.RLock()
+	in, ok := f.byID[id]
+	f.mu.RUnlock()
+	if !ok || !in.engineEvents {
+		return
+	}
+	in.engineMu.Lock()
+	defer in.engineMu.Unlock()
+	in.engineSeq++
+	out, err := f.index.Apply(kvindex.Batch{Instance: id, Boot: f.engineBoot, Seq: in.engineSeq, Events: []kvindex.RankEvent{ev}})
+	if err != nil {
+		f.drop("kv", err)
+		return
+	}
+	f.metrics.kvBatches.WithLabelValues(out.String()).Inc()
+	f.bump()
 }
 
 // RecordUsage feeds instance id's cache circuit breaker with a response's
@@ -1064,8 +1137,10 @@ func (f *Fleet) fetchDump(ctx context.Context, subject string) (dump, error) {
 
 // probeLoop probes, every ProbeInterval, the instances telemetry says
 // nothing about: static instances without fresh telemetry, and, during a
-// telemetry outage, every instance not reporting. Probes of one round run
-// concurrently (at most maxParallelProbes).
+// telemetry outage, every instance not reporting. Probes run concurrently
+// (at most maxParallelProbes in flight) and a round does not wait for the
+// previous round's slow ones: an instance with a probe in flight is not
+// probed again, so one slow health endpoint delays no other instance.
 func (f *Fleet) probeLoop() {
 	defer f.wg.Done()
 	t := time.NewTicker(f.cfg.ProbeInterval)
@@ -1086,54 +1161,72 @@ func (f *Fleet) probeLoop() {
 
 const maxParallelProbes = 16
 
-func (f *Fleet) probeRound() {
-	now := f.cfg.Now()
-	type target struct{ id, url, path, model, metrics string }
-	var targets []target
-	f.mu.RLock()
-	for _, in := range f.byID {
-		fresh := in.hasReport && now.Sub(in.lastReport) <= f.staleAfter(in.interval)
-		if in.url != "" && !fresh && (in.static || f.blindLocked(in, now)) {
-			tg := target{in.id, in.url, discoveredProbePath, "", ""}
-			if in.static {
-				tg.path, tg.model, tg.metrics = in.healthPath, in.probeModel, in.metricsFormat
-			}
-			targets = append(targets, tg)
-		}
-	}
-	f.mu.RUnlock()
-	sem := make(chan struct{}, maxParallelProbes)
-	var wg sync.WaitGroup
-	for _, tg := range targets {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			ok := f.probe(tg.url, tg.path, tg.model)
-			f.metrics.probes.WithLabelValues(map[bool]string{true: "ok", false: "failed"}[ok]).Inc()
-			at := f.cfg.Now()
-			f.mu.Lock()
-			if in, found := f.byID[tg.id]; found {
-				in.probedAt, in.probeOK = at, ok
-				if ok {
-					in.lastProbeOK = at
-				}
-			}
-			f.mu.Unlock()
-			f.bump()
-			if ok && tg.metrics != "" {
-				f.scrape(tg.id, tg.url, tg.metrics)
-			}
-		}()
-	}
-	wg.Wait()
+type probeTarget struct {
+	id, url, path, model, metrics string
+	timeout                       time.Duration
 }
 
-// probe asks a worker whether it can serve: GET base+path answers 200
-// (the engines' /health answers 503 while starting, draining or dead),
-// and, when model is set, GET /v1/models lists it.
-func (f *Fleet) probe(base, path, model string) bool {
-	ctx, cancel := context.WithTimeout(f.ctx, f.cfg.ProbeInterval)
+func (f *Fleet) probeRound() {
+	now := f.cfg.Now()
+	var targets []probeTarget
+	f.mu.Lock()
+	for _, in := range f.byID {
+		fresh := in.hasReport && now.Sub(in.lastReport) <= f.staleAfter(in.interval)
+		if in.url == "" || fresh || in.probing || !(in.static || f.blindLocked(in, now)) {
+			continue
+		}
+		tg := probeTarget{id: in.id, url: in.url, path: discoveredProbePath, timeout: f.probeTimeout(in)}
+		if in.static {
+			tg.path, tg.model, tg.metrics = in.healthPath, in.probeModel, in.metricsFormat
+		}
+		in.probing = true
+		targets = append(targets, tg)
+	}
+	f.mu.Unlock()
+	for _, tg := range targets {
+		select {
+		case f.probeSlots <- struct{}{}:
+		case <-f.ctx.Done():
+			f.mu.Lock()
+			if in, found := f.byID[tg.id]; found {
+				in.probing = false
+			}
+			f.mu.Unlock()
+			continue
+		}
+		f.wg.Add(1)
+		go func() {
+			defer func() { <-f.probeSlots; f.wg.Done() }()
+			f.probeOne(tg)
+		}()
+	}
+}
+
+// probeOne probes one instance, records the result and, for an engine
+// whose /metrics the edge reads, scrapes it after a successful probe.
+func (f *Fleet) probeOne(tg probeTarget) {
+	ok := f.probe(tg.url, tg.path, tg.model, tg.timeout)
+	f.metrics.probes.WithLabelValues(map[bool]string{true: "ok", false: "failed"}[ok]).Inc()
+	at := f.cfg.Now()
+	f.mu.Lock()
+	if in, found := f.byID[tg.id]; found {
+		in.probedAt, in.probeOK, in.probing = at, ok, false
+		if ok {
+			in.lastProbeOK = at
+		}
+	}
+	f.mu.Unlock()
+	f.bump()
+	if ok && tg.metrics != "" {
+		f.scrape(tg.id, tg.url, tg.metrics)
+	}
+}
+
+// probe asks a worker whether it can serve within timeout: GET base+path
+// answers 200 (the engines' /health answers 503 while starting, draining
+// or dead), and, when model is set, GET /v1/models lists it.
+func (f *Fleet) probe(base, path, model string, timeout time.Duration) bool {
+	ctx, cancel := context.WithTimeout(f.ctx, timeout)
 	defer cancel()
 	if !f.probeGet(ctx, base+path, nil) {
 		return false

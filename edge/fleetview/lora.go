@@ -1,7 +1,6 @@
 package fleetview
 
 import (
-	"bufio"
 	"io"
 	"slices"
 	"sort"
@@ -9,6 +8,9 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/tether-project/tether/internal/enginemetrics"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/telemetry"
 )
@@ -48,47 +50,46 @@ func loraFromReport(r *telemetry.LoadReport) *LoRAState {
 const MetricVLLMLoRA = "vllm:lora_requests_info"
 
 // ParseLoRAMetrics reads vLLM's LoRA gauge from a Prometheus text
-// exposition: the series with the newest timestamp (its value) is the
-// engine's current state. Adapters running or waiting count as loaded (a
-// waiting adapter is loaded before its requests run); the instance is full
-// when running adapters fill max_lora. nil: the exposition has no such
-// series (LoRA is off, or another engine).
+// exposition (internal/enginemetrics parses it); see LoRAFromFamilies.
 func ParseLoRAMetrics(r io.Reader) (*LoRAState, error) {
-	sc := bufio.NewScanner(io.LimitReader(r, maxMetricsBytes))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	var best *sample
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, MetricVLLMLoRA) {
-			continue
-		}
-		if rest := line[len(MetricVLLMLoRA):]; rest == "" || (rest[0] != '{' && rest[0] != ' ') {
-			continue // another metric sharing the prefix
-		}
-		s, err := parseSample(line)
-		if err != nil {
-			return nil, err
-		}
-		if best == nil || s.value > best.value {
-			best = &s
-		}
-	}
-	if err := sc.Err(); err != nil {
+	fams, err := enginemetrics.Families(r)
+	if err != nil {
 		return nil, err
 	}
-	if best == nil {
-		return nil, nil
+	return LoRAFromFamilies(fams), nil
+}
+
+// LoRAFromFamilies reads vLLM's LoRA gauge from parsed metric families:
+// the series with the newest timestamp (its value) is the engine's current
+// state. Adapters running or waiting count as loaded (a waiting adapter is
+// loaded before its requests run); the instance is full when running
+// adapters fill max_lora. nil: the exposition has no such series (LoRA is
+// off, or another engine).
+func LoRAFromFamilies(fams map[string]*dto.MetricFamily) *LoRAState {
+	fam := fams[MetricVLLMLoRA]
+	if fam == nil {
+		return nil
 	}
-	slots := best.labels["max_lora"]
+	var best *dto.Metric
+	bestValue := 0.0
+	for _, m := range fam.GetMetric() {
+		if v := enginemetrics.Value(m); best == nil || v > bestValue {
+			best, bestValue = m, v
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	slots := enginemetrics.Label(best, "max_lora")
 	if slots == "" {
-		slots = best.labels["max_loras"]
+		slots = enginemetrics.Label(best, "max_loras")
 	}
 	n, _ := strconv.Atoi(strings.TrimSpace(slots))
-	running := splitAdapters(best.labels["running_lora_adapters"])
+	running := splitAdapters(enginemetrics.Label(best, "running_lora_adapters"))
 	st := &LoRAState{MaxLoRAs: min(max(n, 0), telemetry.MaxLoRAs)}
-	st.Loaded = sortedUnique(append(running, splitAdapters(best.labels["waiting_lora_adapters"])...))
+	st.Loaded = sortedUnique(append(running, splitAdapters(enginemetrics.Label(best, "waiting_lora_adapters"))...))
 	st.Full = st.MaxLoRAs > 0 && len(running) >= st.MaxLoRAs
-	return st, nil
+	return st
 }
 
 func splitAdapters(v string) []string {

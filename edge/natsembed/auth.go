@@ -22,11 +22,14 @@ import (
 // second line (routing/telemetry DESIGN.md).
 
 // EdgePermissions are an edge's: read every worker's telemetry, ask any
-// worker for a KV dump and read the replies.
+// worker for a KV dump and read the replies; and, for the trtllm-serve
+// instances whose /kv_cache_events the leader edge drains, publish their KV
+// batches and answer dump requests for them (edge/engines.go).
 func EdgePermissions() *natsserver.Permissions {
 	return &natsserver.Permissions{
-		Publish:   &natsserver.SubjectPermission{Allow: []string{telemetry.KVDumpSubject("*")}},
+		Publish:   &natsserver.SubjectPermission{Allow: []string{telemetry.KVDumpSubject("*"), telemetry.KVSubject("*")}},
 		Subscribe: &natsserver.SubjectPermission{Allow: []string{"tether.v1.>", "_INBOX.>"}},
+		Response:  &natsserver.ResponsePermission{MaxMsgs: maxDumpReplyParts, Expires: time.Minute},
 	}
 }
 

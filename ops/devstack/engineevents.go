@@ -8,6 +8,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/worker"
 	"github.com/tether-project/tether/worker/engine/sim"
 	"github.com/tether-project/tether/worker/kvevents"
@@ -76,7 +77,10 @@ func (s *Stack) proxyToEngines(ctx context.Context, id string, cfg *worker.Confi
 	}
 	cfg.Engine.Type = "proxy"
 	cfg.Engine.Upstreams = upstreams
-	cfg.Engine.KVEvents.Format = kvevents.FormatVLLM
+	// tether dev's disaggregated fleets through proxies: emulated (each
+	// hop's simulated engine prefills on its own), named so.
+	cfg.Engine.EmulateDisaggregation = true
+	cfg.Engine.KVEvents.Format = enginekv.FormatVLLM
 	cfg.Engine.KVEvents.Endpoints = endpoints
 	cfg.Engine.KVEvents.ReplayEndpoints = replays
 	return nil

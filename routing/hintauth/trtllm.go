@@ -447,3 +447,57 @@ func pyStrip(s string) string {
 	}
 	return s[i:j]
 }
+
+// DisaggFormat is the payload of x-trtllm-disagg-auth a release signs.
+type DisaggFormat string
+
+const (
+	// DisaggFields (the default): the two protected fields,
+	// {"ctx_info_endpoint", "encoded_opaque_state"} (disagg_auth.py
+	// _auth_payload of current releases); the header is sent when either
+	// is set.
+	DisaggFields DisaggFormat = "trtllm"
+	// DisaggParams: the whole disaggregated_params as the worker's
+	// pydantic model dumps it (model_dump(mode="json", exclude_none=False)
+	// of the first releases with the header); the header is sent when
+	// encoded_opaque_state is set. The edge signs the handoff as it
+	// forwards it, so context and generation servers must run the same
+	// release (the dump holds every field of their DisaggregatedParams).
+	DisaggParams DisaggFormat = "trtllm-params"
+)
+
+// Valid reports whether f is a defined format.
+func (f DisaggFormat) Valid() bool { return f == DisaggFields || f == DisaggParams }
+
+// DisaggParamsPayload is the message of DisaggParams for the generation
+// request's disaggregated_params (each field as raw JSON); need reports
+// whether encoded_opaque_state is set (else no header is sent).
+func DisaggParamsPayload(params map[string]json.RawMessage) (m []byte, need bool, err error) {
+	obj := make(map[string]any, len(params))
+	for k, raw := range params {
+		v, err := decodeJSON(raw)
+		if err != nil {
+			return nil, false, fmt.Errorf("%w: %s: %v", ErrBadFields, k, err)
+		}
+		obj[k] = v
+	}
+	need = obj["encoded_opaque_state"] != nil
+	if m, err = AppendPyValue(nil, obj); err != nil {
+		return nil, false, fmt.Errorf("%w: %v", ErrBadFields, err)
+	}
+	return m, need, nil
+}
+
+// SignDisaggAs returns the x-trtllm-disagg-auth value of format f for a
+// generation request's disaggregated_params ("" when the format sends no
+// header for them).
+func SignDisaggAs(f DisaggFormat, key []byte, params map[string]json.RawMessage) (string, error) {
+	if f == DisaggParams {
+		m, need, err := DisaggParamsPayload(params)
+		if err != nil || !need {
+			return "", err
+		}
+		return trtllmSig(key, m), nil
+	}
+	return SignDisagg(key, params["ctx_info_endpoint"], params["encoded_opaque_state"])
+}

@@ -243,3 +243,26 @@ func TestGoSignedHintVerifiesInPython(t *testing.T) {
 		t.Fatalf("python3 accepted a tampered hint: %s", out)
 	}
 }
+
+// The first releases with x-trtllm-disagg-auth signed the whole
+// disaggregated_params: keys sorted, compact, ensure_ascii, and the header
+// only when encoded_opaque_state is set.
+func TestDisaggParamsPayload(t *testing.T) {
+	params := map[string]json.RawMessage{
+		"request_type": json.RawMessage(`"generation_only"`), "ctx_request_id": json.RawMessage(`7`),
+		"encoded_opaque_state": json.RawMessage(`"c3RhdGU="`), "first_gen_tokens": json.RawMessage(`[1, 2]`),
+		"ctx_info_endpoint": json.RawMessage(`null`), "draft_tokens": json.RawMessage(`null`), "note": json.RawMessage(`"é"`),
+	}
+	m, need, err := DisaggParamsPayload(params)
+	want := `{"ctx_info_endpoint":null,"ctx_request_id":7,"draft_tokens":null,"encoded_opaque_state":"c3RhdGU=","first_gen_tokens":[1,2],"note":"\u00e9","request_type":"generation_only"}`
+	if err != nil || !need || string(m) != want {
+		t.Fatalf("%s %v %v\nwant %s", m, need, err, want)
+	}
+	delete(params, "encoded_opaque_state")
+	if sig, err := SignDisaggAs(DisaggParams, []byte("k"), params); err != nil || sig != "" {
+		t.Fatalf("no opaque state: header %q %v, want none", sig, err)
+	}
+	if sig, _ := SignDisaggAs(DisaggFields, []byte("k"), map[string]json.RawMessage{"ctx_info_endpoint": json.RawMessage(`"tcp://x"`)}); sig == "" {
+		t.Fatal("current format: an endpoint alone needs the header")
+	}
+}

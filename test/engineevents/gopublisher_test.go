@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/worker/kvevents"
 )
@@ -28,24 +29,24 @@ func TestProxyWorkerMirrorsEngineKVEvents(t *testing.T) {
 
 		toks := prefix.Tokenize(strings.Repeat("alpha beta gamma delta epsilon ", 4)) // 20 tokens: 5 blocks of 4
 		blocks := prefix.BlockHashes(toks, 4)
-		h := func(i int) kvevents.Hash { return kvevents.IntHash(uint64(1000 + i)) }
-		publish := func(b kvevents.Batch) {
+		h := func(i int) enginekv.Hash { return enginekv.IntHash(uint64(1000 + i)) }
+		publish := func(b enginekv.Batch) {
 			t.Helper()
 			if err := pub.Publish(b); err != nil {
 				t.Fatal(err)
 			}
 		}
-		nudge := func() { publish(kvevents.Batch{DPRank: 1}) }
+		nudge := func() { publish(enginekv.Batch{DPRank: 1}) }
 		// Blocks 0-2 in one batch, 3-4 chained to block 2 in the next.
-		publish(kvevents.Batch{DPRank: 1, Events: []kvevents.Event{{Kind: kvevents.Stored, Hashes: []kvevents.Hash{h(0), h(1), h(2)}, Tokens: toks[:12], BlockSize: 4}}})
-		publish(kvevents.Batch{DPRank: 1, Events: []kvevents.Event{{Kind: kvevents.Stored, Hashes: []kvevents.Hash{h(3), h(4)}, Parent: h(2), HasParent: true, Tokens: toks[12:], BlockSize: 4}}})
+		publish(enginekv.Batch{DPRank: 1, Events: []enginekv.Event{{Kind: enginekv.Stored, Hashes: []enginekv.Hash{h(0), h(1), h(2)}, Tokens: toks[:12], BlockSize: 4}}})
+		publish(enginekv.Batch{DPRank: 1, Events: []enginekv.Event{{Kind: enginekv.Stored, Hashes: []enginekv.Hash{h(3), h(4)}, Parent: h(2), HasParent: true, Tokens: toks[12:], BlockSize: 4}}})
 		waitNudging(t, "the edge to index the engine's 5 blocks on rank 1", nudge, func() bool {
 			n, r := matchRank(f, "w-vllm", blocks)
 			return n == 5 && r == 1
 		})
-		publish(kvevents.Batch{DPRank: 1, Events: []kvevents.Event{{Kind: kvevents.Removed, Hashes: []kvevents.Hash{h(4), h(3)}}}})
+		publish(enginekv.Batch{DPRank: 1, Events: []enginekv.Event{{Kind: enginekv.Removed, Hashes: []enginekv.Hash{h(4), h(3)}}}})
 		waitNudging(t, "the removal of blocks 3-4", nudge, func() bool { n, _ := matchRank(f, "w-vllm", blocks); return n == 3 })
-		publish(kvevents.Batch{DPRank: 1, Events: []kvevents.Event{{Kind: kvevents.Cleared}}})
+		publish(enginekv.Batch{DPRank: 1, Events: []enginekv.Event{{Kind: enginekv.Cleared}}})
 		waitNudging(t, "the cache to be cleared", nudge, func() bool { n, _ := matchRank(f, "w-vllm", blocks); return n == 0 })
 	}
 }
@@ -68,12 +69,12 @@ func TestEngineRestartResetsTheEdgesIndex(t *testing.T) {
 	blocks := prefix.BlockHashes(toks, 4)
 	store := func(p *kvevents.Publisher) {
 		t.Helper()
-		if err := p.Publish(kvevents.Batch{DPRank: 0, Events: []kvevents.Event{{Kind: kvevents.Stored,
-			Hashes: []kvevents.Hash{kvevents.IntHash(1), kvevents.IntHash(2), kvevents.IntHash(3)}, Tokens: toks, BlockSize: 4}}}); err != nil {
+		if err := p.Publish(enginekv.Batch{DPRank: 0, Events: []enginekv.Event{{Kind: enginekv.Stored,
+			Hashes: []enginekv.Hash{enginekv.IntHash(1), enginekv.IntHash(2), enginekv.IntHash(3)}, Tokens: toks, BlockSize: 4}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	nudge := func() { pub.Publish(kvevents.Batch{DPRank: 0}) }
+	nudge := func() { pub.Publish(enginekv.Batch{DPRank: 0}) }
 	store(pub)
 	waitNudging(t, "the first cache's blocks", nudge, func() bool { n, _ := matchRank(f, "w-restart", blocks); return n == 3 })
 

@@ -11,9 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/worker"
-	"github.com/tether-project/tether/worker/kvevents"
 )
 
 // startProxyWorker starts a `tether worker` in proxy mode with two ranks
@@ -29,7 +29,7 @@ func startProxyWorker(t *testing.T, ns *natsserver.Server, id, endpoint, replay 
 	cfg.Engine.Type = "proxy"
 	cfg.Engine.Upstreams = []string{"http://127.0.0.1:9/r0", "http://127.0.0.1:9/r1"}
 	cfg.Engine.BlockSize = 4
-	cfg.Engine.KVEvents.Format = kvevents.FormatVLLM
+	cfg.Engine.KVEvents.Format = enginekv.FormatVLLM
 	cfg.Engine.KVEvents.Endpoints = []string{endpoint}
 	if replay != "" {
 		cfg.Engine.KVEvents.ReplayEndpoints = []string{replay}

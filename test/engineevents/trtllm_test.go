@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/worker"
-	"github.com/tether-project/tether/worker/kvevents"
 )
 
 // A simulated engine serving trtllm-serve's POST /kv_cache_events, polled
@@ -32,7 +32,7 @@ func TestTRTLLMEventsReachTheEdge(t *testing.T) {
 	cfg.Engine.Type = "proxy"
 	cfg.Engine.Upstreams = []string{eng.URL()}
 	cfg.Engine.BlockSize = 4
-	cfg.Engine.KVEvents.Format = kvevents.FormatTRTLLM
+	cfg.Engine.KVEvents.Format = enginekv.FormatTRTLLM
 	cfg.Engine.KVEvents.PollInterval = 20 * time.Millisecond
 	w := startWorker(t, ns, cfg)
 	f := newFleet(t, ns)

@@ -31,7 +31,11 @@ func Tether() (string, error) {
 			return
 		}
 		path = filepath.Join(dir, "tether")
-		build := exec.Command("go", "build", "-o", path, "github.com/tether-project/tether/cmd/tether")
+		// Built as the image's binary is (Makefile build-static: no
+		// cgo, trimmed paths), so the tests run what ships and share its
+		// compiled packages with test/image's build.
+		build := exec.Command("go", "build", "-trimpath", "-o", path, "github.com/tether-project/tether/cmd/tether")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, berr := build.CombinedOutput(); berr != nil {
 			err = fmt.Errorf("go build ./cmd/tether: %v\n%s", berr, out)
 		}

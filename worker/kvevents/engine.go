@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/worker/engine"
 )
@@ -105,7 +106,7 @@ func (e *Engine) PublishEmpty(r int) error {
 	if r < 0 || r >= len(e.pubs) {
 		return fmt.Errorf("kvevents: rank %d of %d", r, len(e.pubs))
 	}
-	return e.pubs[r].Publish(Batch{DPRank: -1})
+	return e.pubs[r].Publish(enginekv.Batch{DPRank: -1})
 }
 
 // Unknown counts stored blocks whose tokens were not known (not announced).
@@ -166,16 +167,16 @@ func (e *Engine) onKV(ev engine.KVEvent) {
 // batch converts one change: removals first (as engine.KVEvent applies
 // them), then stored blocks as BlockStored events, one per run of blocks
 // chained to each other.
-func (e *Engine) batch(ev engine.KVEvent) Batch {
-	b := Batch{DPRank: -1}
+func (e *Engine) batch(ev engine.KVEvent) enginekv.Batch {
+	b := enginekv.Batch{DPRank: -1}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	held, pending := e.held[ev.Rank], e.pending[ev.Rank]
 	if len(ev.Removed) > 0 {
-		rm := Event{Kind: Removed}
+		rm := enginekv.Event{Kind: enginekv.Removed}
 		for _, h := range ev.Removed {
 			delete(held, h)
-			rm.Hashes = append(rm.Hashes, IntHash(h))
+			rm.Hashes = append(rm.Hashes, enginekv.IntHash(h))
 		}
 		b.Events = append(b.Events, rm)
 	}
@@ -194,10 +195,10 @@ func (e *Engine) batch(ev engine.KVEvent) Batch {
 		}
 		held[h] = bi
 		if cur < 0 || bi.parent != last || b.Events[cur].LoRAName != bi.lora {
-			b.Events = append(b.Events, Event{Kind: Stored, BlockSize: e.blockSize, Parent: IntHash(bi.parent), HasParent: bi.parent != 0, LoRAName: bi.lora})
+			b.Events = append(b.Events, enginekv.Event{Kind: enginekv.Stored, BlockSize: e.blockSize, Parent: enginekv.IntHash(bi.parent), HasParent: bi.parent != 0, LoRAName: bi.lora})
 			cur = len(b.Events) - 1
 		}
-		b.Events[cur].Hashes = append(b.Events[cur].Hashes, IntHash(h))
+		b.Events[cur].Hashes = append(b.Events[cur].Hashes, enginekv.IntHash(h))
 		b.Events[cur].Tokens = append(b.Events[cur].Tokens, bi.tokens...)
 		last = h
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/engine/sim"
@@ -62,7 +63,9 @@ func TestSimEngineSpeaksVLLMEvents(t *testing.T) {
 	defer eng.Close()
 	var native, viaEvents keySet
 	eng.SetKVEventSink(native.apply)
-	src, err := Start(Config{Format: FormatVLLM, Endpoints: []string{pub.Endpoint()}, ReplayEndpoints: []string{pub.ReplayEndpoint()}, Ranks: 1, BlockSize: bs}, viaEvents.apply)
+	src, err := enginekv.Start(enginekv.Config{Format: enginekv.FormatVLLM, Endpoints: []string{pub.Endpoint()}, ReplayEndpoints: []string{pub.ReplayEndpoint()}, Ranks: 1, BlockSize: bs}, func(k enginekv.RankKeys) {
+		viaEvents.apply(engine.KVEvent{Rank: k.Rank, Stored: k.Stored, Removed: k.Removed})
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +91,7 @@ func TestSimEngineSpeaksVLLMEvents(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("keys via vLLM events (%d) never matched the native ones (%d); source %+v", len(b), len(a), src.Status())
 		}
-		pub.Publish(Batch{DPRank: -1}) // the slow joiner: makes the consumer replay what it missed
+		pub.Publish(enginekv.Batch{DPRank: -1}) // the slow joiner: makes the consumer replay what it missed
 		time.Sleep(20 * time.Millisecond)
 	}
 	if n := eng.Unknown(); n != 0 {

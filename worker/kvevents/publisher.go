@@ -9,12 +9,13 @@ import (
 	"io"
 	"log"
 	"net"
-	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/tether-project/tether/internal/enginekv"
 )
 
 // Layout is a msgspec struct encoding.
@@ -31,7 +32,7 @@ const (
 // hashes are sent as msgpack integers, others as bytes. Stored events
 // carry medium "GPU", and an adapter's blocks its lora_name (lora_id: a
 // number derived from the name, as vLLM's ids are the engine's own).
-func EncodeVLLM(b Batch, layout Layout) ([]byte, error) {
+func EncodeVLLM(b enginekv.Batch, layout Layout) ([]byte, error) {
 	events := make([]any, 0, len(b.Events))
 	for i, ev := range b.Events {
 		e, err := encodeEvent(ev, layout)
@@ -61,7 +62,7 @@ func EncodeVLLM(b Batch, layout Layout) ([]byte, error) {
 	return msgpack.Marshal(v)
 }
 
-func hashValue(h Hash) any {
+func hashValue(h enginekv.Hash) any {
 	if len(h) == 9 && h[0] == 'i' {
 		return int64(binary.BigEndian.Uint64([]byte(h[1:])))
 	}
@@ -71,7 +72,7 @@ func hashValue(h Hash) any {
 	return []byte(h)
 }
 
-func encodeEvent(ev Event, layout Layout) (any, error) {
+func encodeEvent(ev enginekv.Event, layout Layout) (any, error) {
 	hashes := make([]any, len(ev.Hashes))
 	for i, h := range ev.Hashes {
 		hashes[i] = hashValue(h)
@@ -81,17 +82,25 @@ func encodeEvent(ev Event, layout Layout) (any, error) {
 		medium = "CPU"
 	}
 	switch ev.Kind {
-	case Cleared:
+	case enginekv.Cleared:
 		if layout == LayoutArray {
 			return []any{"AllBlocksCleared"}, nil
 		}
 		return map[string]any{"type": "AllBlocksCleared"}, nil
-	case Removed:
+	case enginekv.Removed:
 		if layout == LayoutArray {
-			return []any{"BlockRemoved", hashes, medium}, nil
+			a := []any{"BlockRemoved", hashes, medium}
+			if ev.Group != 0 {
+				a = append(a, ev.Group)
+			}
+			return a, nil
 		}
-		return map[string]any{"type": "BlockRemoved", "block_hashes": hashes, "medium": medium}, nil
-	case Stored:
+		m := map[string]any{"type": "BlockRemoved", "block_hashes": hashes, "medium": medium}
+		if ev.Group != 0 {
+			m["group_idx"] = ev.Group
+		}
+		return m, nil
+	case enginekv.Stored:
 		var parent any
 		if ev.HasParent {
 			parent = hashValue(ev.Parent)
@@ -104,11 +113,20 @@ func encodeEvent(ev Event, layout Layout) (any, error) {
 		if ev.LoRAName != "" {
 			loraID, loraName = int64(prefix.AdapterSeed(ev.LoRAName)>>33)+1, ev.LoRAName
 		}
+		grouped := ev.Group != 0 || ev.SpecKind != ""
 		if layout == LayoutArray {
-			return []any{"BlockStored", hashes, parent, toks, ev.BlockSize, loraID, medium, loraName}, nil
+			a := []any{"BlockStored", hashes, parent, toks, ev.BlockSize, loraID, medium, loraName}
+			if grouped {
+				a = append(a, nil, ev.Group, ev.SpecKind)
+			}
+			return a, nil
 		}
-		return map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
-			"token_ids": toks, "block_size": ev.BlockSize, "lora_id": loraID, "medium": medium, "lora_name": loraName}, nil
+		m := map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+			"token_ids": toks, "block_size": ev.BlockSize, "lora_id": loraID, "medium": medium, "lora_name": loraName}
+		if grouped {
+			m["group_idx"], m["kv_cache_spec_kind"] = ev.Group, ev.SpecKind
+		}
+		return m, nil
 	}
 	return nil, fmt.Errorf("unknown kind %d", ev.Kind)
 }
@@ -142,30 +160,6 @@ type PublisherConfig struct {
 	Topic          string
 	BufferSteps    int // batches kept for replay (default 10,000)
 	Layout         Layout
-}
-
-// OffsetEndpoint is endpoint for data-parallel rank r, as vLLM's
-// offset_endpoint_port: a tcp port moves up by r (port 0 stays 0: any free
-// port), an ipc or inproc path gains the suffix _dp<r>.
-func OffsetEndpoint(endpoint string, r int) (string, error) {
-	switch {
-	case strings.HasPrefix(endpoint, "tcp://"):
-		i := strings.LastIndexByte(endpoint, ':')
-		port, err := strconv.Atoi(endpoint[i+1:])
-		if i < len("tcp://") || err != nil || port < 0 || port+r > 65535 {
-			return "", fmt.Errorf("%q: want tcp://host:port (rank %d adds %d to the port)", endpoint, r, r)
-		}
-		if port == 0 || r == 0 {
-			return endpoint, nil
-		}
-		return endpoint[:i+1] + strconv.Itoa(port+r), nil
-	case strings.HasPrefix(endpoint, "ipc://"), strings.HasPrefix(endpoint, "inproc://"):
-		if r == 0 {
-			return endpoint, nil
-		}
-		return fmt.Sprintf("%s_dp%d", endpoint, r), nil
-	}
-	return "", fmt.Errorf("%q: want tcp://host:port or ipc://path", endpoint)
 }
 
 // listenAddr turns vLLM's bind-everywhere form tcp://*:port into one Go's
@@ -228,7 +222,7 @@ func tcpAddr(a net.Addr) string {
 }
 
 // Publish encodes and sends b with the next sequence number.
-func (p *Publisher) Publish(b Batch) error {
+func (p *Publisher) Publish(b enginekv.Batch) error {
 	payload, err := EncodeVLLM(b, p.layout)
 	if err != nil {
 		return err
@@ -251,7 +245,7 @@ func (p *Publisher) PublishRaw(payload []byte) error {
 
 // Skip consumes a sequence number without sending it (tests: a lost
 // message that replay can still fill).
-func (p *Publisher) Skip(b Batch) error {
+func (p *Publisher) Skip(b enginekv.Batch) error {
 	payload, err := EncodeVLLM(b, p.layout)
 	if err != nil {
 		return err
@@ -293,7 +287,7 @@ func (p *Publisher) serveReplay(ctx context.Context) {
 				_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, binary.BigEndian.AppendUint64(nil, e.seq), e.payload))
 			}
 		}
-		_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, binary.BigEndian.AppendUint64(nil, endSeq), []byte{}))
+		_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, binary.BigEndian.AppendUint64(nil, enginekv.EndOfReplay), []byte{}))
 	}
 }
 

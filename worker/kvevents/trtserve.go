@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+
+	"github.com/tether-project/tether/internal/enginekv"
 )
 
 // trtBuffer holds TensorRT-LLM-format events until trtllm-serve's
@@ -60,10 +62,10 @@ func (b *trtBuffer) add(r int, data any) {
 }
 
 // addBatch converts one vLLM-style batch of rank r.
-func (b *trtBuffer) addBatch(r int, batch Batch) {
+func (b *trtBuffer) addBatch(r int, batch enginekv.Batch) {
 	for _, ev := range batch.Events {
 		switch ev.Kind {
-		case Removed:
+		case enginekv.Removed:
 			hs := make([]uint64, 0, len(ev.Hashes))
 			for _, h := range ev.Hashes {
 				if v, ok := intHash(h); ok {
@@ -71,7 +73,7 @@ func (b *trtBuffer) addBatch(r int, batch Batch) {
 				}
 			}
 			b.add(r, map[string]any{"type": "removed", "block_hashes": hs})
-		case Stored:
+		case enginekv.Stored:
 			var parent any
 			if ev.HasParent {
 				if v, ok := intHash(ev.Parent); ok {
@@ -112,7 +114,7 @@ func (b *trtBuffer) drain(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(out)
 }
 
-func intHash(h Hash) (uint64, bool) {
+func intHash(h enginekv.Hash) (uint64, bool) {
 	if len(h) == 9 && h[0] == 'i' {
 		var v uint64
 		for _, c := range []byte(h[1:]) {

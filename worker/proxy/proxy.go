@@ -17,10 +17,15 @@
 // reports them as tether block keys to the KV event sink, so edges learn
 // what each rank's cache holds as they do for the simulated engine.
 //
-// Disaggregation through a proxy is emulated: a context-only run asks the
-// upstream for one token and returns that token as the opaque context
-// state; a generation-only run is an ordinary upstream request (the
-// upstream recomputes or reuses the prefill from its own cache).
+// Disaggregation through a proxy is emulated, and only with
+// Config.EmulateDisaggregation (engine.emulate_disaggregation): a
+// context-only run asks the upstream for one token and returns that token
+// as the opaque context state; a generation-only run is an ordinary
+// upstream request, so a generation upstream other than the context's
+// computes the whole prompt again (no KV cache moves between them).
+// Without it a proxy worker serves whole requests only and refuses the
+// phases (ErrNoDisaggregation): put real engines behind the edges directly
+// (docs/engines.md) for their own disaggregation.
 package proxy
 
 import (
@@ -41,8 +46,8 @@ import (
 
 	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/worker/engine"
-	"github.com/tether-project/tether/worker/kvevents"
 )
 
 // Config configures the proxy engine.
@@ -63,10 +68,14 @@ type Config struct {
 	// Client is the HTTP client (default: a pooled client with dial and
 	// header timeouts).
 	Client *http.Client
+	// EmulateDisaggregation lets context-only and generation-only requests
+	// through, emulated (the package comment says how: the prompt is
+	// prefilled on both sides).
+	EmulateDisaggregation bool
 	// KVEvents, when set, reads the upstreams' KV cache events
 	// (worker/kvevents) and reports them, keyed as tether block keys,
 	// to the KV event sink.
-	KVEvents *kvevents.Config
+	KVEvents *enginekv.Config
 }
 
 // UpstreamError is an upstream's non-2xx answer (or an error event in its
@@ -88,6 +97,11 @@ func (e *UpstreamError) Error() string {
 // ErrClosed is returned by Run after Close.
 var ErrClosed = errors.New("proxy: engine closed")
 
+// ErrNoDisaggregation refuses a context-only or generation-only request to
+// a proxy without engine.emulate_disaggregation.
+var ErrNoDisaggregation = errors.New("proxy: this worker serves whole requests only: disaggregated phases through a proxy are emulated " +
+	"(the generation upstream prefills the prompt again) and off unless engine.emulate_disaggregation is true")
+
 // Engine is the proxy engine.
 type Engine struct {
 	cfg    Config
@@ -100,7 +114,7 @@ type Engine struct {
 	once   sync.Once
 
 	kvMu     sync.Mutex
-	kvSource *kvevents.Source // started by SetKVEventSink
+	kvSource *enginekv.Source // started by SetKVEventSink
 }
 
 type rankState struct {
@@ -194,7 +208,9 @@ func (e *Engine) SetKVEventSink(fn func(engine.KVEvent)) {
 	if e.kvSource != nil || e.isClosed() {
 		return
 	}
-	src, err := kvevents.Start(*e.cfg.KVEvents, fn)
+	src, err := enginekv.Start(*e.cfg.KVEvents, func(k enginekv.RankKeys) {
+		fn(engine.KVEvent{Rank: k.Rank, Stored: k.Stored, Removed: k.Removed})
+	})
 	if err != nil { // validated in New: cannot happen
 		return
 	}
@@ -203,7 +219,7 @@ func (e *Engine) SetKVEventSink(fn func(engine.KVEvent)) {
 
 // KVEventStatus reports, per rank, what the KV event source knows (nil
 // without one).
-func (e *Engine) KVEventStatus() []kvevents.RankStatus {
+func (e *Engine) KVEventStatus() []enginekv.RankStatus {
 	e.kvMu.Lock()
 	defer e.kvMu.Unlock()
 	if e.kvSource == nil {
@@ -266,6 +282,9 @@ func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.C
 	}
 	if req.Path != "/v1/chat/completions" && req.Path != "/v1/completions" {
 		return engine.Completion{}, fmt.Errorf("proxy: request %s: unsupported path %q", req.ID, req.Path)
+	}
+	if req.Phase != engine.PhaseAggregated && !e.cfg.EmulateDisaggregation {
+		return engine.Completion{}, fmt.Errorf("proxy: request %s (%s): %w", req.ID, req.Phase, ErrNoDisaggregation)
 	}
 	rs := e.ranks[req.Rank]
 	body, err := upstreamBody(req)

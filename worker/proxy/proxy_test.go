@@ -105,8 +105,14 @@ func TestProxyAgainstSimWorker(t *testing.T) {
 	if err != nil || c.CompletionTokens != 3 || c.PromptTokens != 3 {
 		t.Fatalf("completions: %+v %v", c, err)
 	}
+	// A context-only run is refused unless the emulation is asked for
+	// (the generation upstream would prefill the prompt again).
 	cmpl.Phase = engine.PhaseContextOnly
-	c, err = e.Run(ctx, cmpl, nil)
+	if _, err := e.Run(ctx, cmpl, nil); !errors.Is(err, proxy.ErrNoDisaggregation) {
+		t.Fatalf("context only without emulate_disaggregation: %v", err)
+	}
+	emu := newProxy(t, proxy.Config{Upstreams: []string{up.URL()}, EmulateDisaggregation: true})
+	c, err = emu.Run(ctx, cmpl, nil)
 	if err != nil || c.CompletionTokens != 1 || len(c.ContextState) == 0 {
 		t.Fatalf("context only: %+v %v", c, err)
 	}

@@ -1,16 +1,16 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
-	"fmt"
+	"errors"
 	"io"
 	"math"
-	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/tether-project/tether/internal/enginemetrics"
 )
 
 // hitWindow sums prompt tokens looked up and hit over a rolling window,
@@ -87,70 +87,57 @@ func (e *Engine) scrapeLoop(ctx context.Context, rs *rankState) {
 func (e *Engine) scrape(ctx context.Context, url string) (*upstreamMetrics, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	fams, err := enginemetrics.FetchFamilies(ctx, e.client, url)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := e.client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("metrics %s: HTTP %d", url, resp.StatusCode)
-	}
-	return parseUpstreamMetrics(io.LimitReader(resp.Body, 16<<20), e.cfg.BlockSize), nil
+	return upstreamFigures(fams, e.cfg.BlockSize)
 }
 
-// parseUpstreamMetrics reads the few gauges that vLLM and SGLang export in
-// the Prometheus text format:
-//
-//	vLLM:   vllm:num_requests_waiting, vllm:kv_cache_usage_perc (or the older
-//	        vllm:gpu_cache_usage_perc), vllm:cache_config_info{num_gpu_blocks="N"}
-//	SGLang: sglang:num_queue_reqs, sglang:token_usage, sglang:max_total_num_tokens
-//
-// Series of one name (e.g. per model or engine label) are summed, usage
-// fractions averaged. Unknown lines are ignored.
-func parseUpstreamMetrics(r io.Reader, blockSize int) *upstreamMetrics {
+// parseUpstreamMetrics reads an upstream's exposition (tests).
+func parseUpstreamMetrics(r io.Reader, blockSize int) (*upstreamMetrics, error) {
+	fams, err := enginemetrics.Families(r)
+	if err != nil {
+		return nil, err
+	}
+	return upstreamFigures(fams, blockSize)
+}
+
+// upstreamFigures turns a vLLM or SGLang exposition (the engine told by
+// its metric names; internal/enginemetrics) into the rank's figures:
+// waiting requests summed over the engine's data-parallel ranks, KV usage
+// fractions averaged, and the pool's size in tether blocks of blockSize
+// tokens (vLLM: num_gpu_blocks of cache_config_info, summed over engines;
+// SGLang: max_total_num_tokens / blockSize).
+func upstreamFigures(fams map[string]*dto.MetricFamily, blockSize int) (*upstreamMetrics, error) {
+	f := enginemetrics.Detect(fams)
+	if f == "" {
+		return nil, errors.New("metrics: neither vLLM's nor SGLang's load gauges")
+	}
+	x, err := enginemetrics.FromFamilies(f, fams)
+	if err != nil {
+		return nil, err
+	}
 	var waiting, usageSum, blocksTotal, maxTokens float64
 	usageN := 0
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		name, labels, value, ok := splitSample(line)
-		if !ok {
-			continue
-		}
-		switch name {
-		case "vllm:num_requests_waiting", "sglang:num_queue_reqs":
-			waiting += value
-		case "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage":
-			usageSum += value
+	for _, rk := range x.Ranks {
+		waiting += rk.Waiting
+		if rk.HasUsage {
+			usageSum += rk.Usage
 			usageN++
-		case "vllm:cache_config_info":
-			if v, ok := labelValue(labels, "num_gpu_blocks"); ok {
-				if n, err := strconv.ParseFloat(v, 64); err == nil {
-					blocksTotal += n
-				}
-			}
-		case "sglang:max_total_num_tokens":
-			maxTokens += value
 		}
+		blocksTotal += rk.GPUBlocks
+		maxTokens += rk.TotalTokens
 	}
 	m := &upstreamMetrics{waiting: clampInt(waiting)}
 	if blocksTotal == 0 && maxTokens > 0 {
-		blocksTotal = math.Ceil(maxTokens / float64(blockSize))
+		blocksTotal = math.Ceil(maxTokens / float64(max(blockSize, 1)))
 	}
 	m.blocksTotal = clampInt(blocksTotal)
 	if usageN > 0 {
-		frac := min(max(usageSum/float64(usageN), 0), 1)
-		m.blocksUsed = clampInt(math.Round(frac * blocksTotal))
+		m.blocksUsed = clampInt(math.Round(usageSum / float64(usageN) * blocksTotal))
 	}
-	return m
+	return m, nil
 }
 
 func clampInt(v float64) int {
@@ -161,42 +148,4 @@ func clampInt(v float64) int {
 		return 1 << 40
 	}
 	return int(v)
-}
-
-// splitSample splits `name{labels} value [timestamp]`.
-func splitSample(line string) (name, labels string, value float64, ok bool) {
-	rest := line
-	if i := strings.IndexByte(line, '{'); i >= 0 {
-		j := strings.LastIndexByte(line, '}')
-		if j < i {
-			return "", "", 0, false
-		}
-		name, labels, rest = line[:i], line[i+1:j], line[j+1:]
-	} else {
-		sp := strings.IndexAny(line, " \t")
-		if sp < 0 {
-			return "", "", 0, false
-		}
-		name, rest = line[:sp], line[sp:]
-	}
-	fields := strings.Fields(rest)
-	if len(fields) == 0 {
-		return "", "", 0, false
-	}
-	v, err := strconv.ParseFloat(fields[0], 64)
-	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-		return "", "", 0, false
-	}
-	return name, labels, v, true
-}
-
-// labelValue finds key="value" in a label list (values without escaped quotes).
-func labelValue(labels, key string) (string, bool) {
-	for _, part := range strings.Split(labels, ",") {
-		k, v, found := strings.Cut(strings.TrimSpace(part), "=")
-		if found && k == key {
-			return strings.Trim(v, `"`), true
-		}
-	}
-	return "", false
 }

@@ -216,3 +216,16 @@ func (s *Server) loadAdapter(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	fmt.Fprintf(w, "Success: LoRA adapter '%s' added successfully.", req.Name)
 }
+
+// loraIDLocked is the adapter's lora_id as vLLM's KV events carry it: the
+// integer id the server gave the adapter when it registered it (its place
+// in registration order, from 1).
+func (s *Server) loraIDLocked(adapter string) any {
+	if s.lora == nil {
+		return nil
+	}
+	if i := slices.Index(s.lora.order, adapter); i >= 0 {
+		return i + 1
+	}
+	return nil
+}

@@ -2,13 +2,25 @@
 // (test/engines/vllm, test/engines/sglang): an HTTP server that serves what
 // those OpenAI-compatible servers serve — /health, /v1/models,
 // /v1/chat/completions and /v1/completions (JSON and SSE), /metrics in the
-// engine's Prometheus names and labels — and honours X-Data-Parallel-Rank as
-// the engine does, recording which rank served each request. Each rank keeps
-// a prefix cache of whole blocks, so usage reports cached tokens the way the
-// engine would (when the engine is configured to report them).
+// engine's Prometheus names and labels — honours X-Data-Parallel-Rank as the
+// engine does, and, when configured, publishes the engine's KV cache events
+// on ZeroMQ (kvevents.go), one publisher per data-parallel rank on
+// consecutive ports as both engines offset them.
 //
-// Nothing else is served: a path the real server does not serve is a 404,
-// a header it does not read is ignored.
+// Each behaviour that differs between the engines lives in the engine's
+// file (vllm.go, sglang.go) beside a comment naming the upstream file and
+// function it follows; what both share is here. The model is a toy: the
+// prompt is rendered as tether's words template (routing/prefix RenderChat,
+// content parts joined with "\n" as vLLM joins text parts) and tokenized by
+// words, so an edge with `tokenizer: words` computes the same block keys;
+// the answer is max_tokens words "w0 w1 ...". Each rank keeps a paged
+// prefix cache (cache.go) with LRU eviction, so usage reports cached tokens
+// as the engine would and the KV events say what the cache holds.
+//
+// Nothing else is served: a path the real server does not serve is a 404, a
+// header it does not read is ignored. A prefill/decode split (vLLM's
+// kv_transfer_params, SGLang's bootstrap fields) would add a role to Options
+// and its fields to the engines' request handling; the rest is shared.
 package oaiserve
 
 import (
@@ -17,15 +29,16 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/worker/kvevents"
 )
 
 // Engine selects the flavour of the stand-in.
@@ -60,6 +73,31 @@ type Options struct {
 	LoRAModules []string
 	MaxLoRAs    int
 	RuntimeLoRA bool
+	// KVEvents publishes the cache's events (vLLM --kv-events-config,
+	// SGLang --kv-events-config); nil: none.
+	KVEvents *KVEventsOptions
+	// VLLMZeroCachedDetails is the one vLLM release (0.25.1) that writes
+	// prompt_tokens_details with cached_tokens 0; every other release
+	// (serving_chat.py: `if self.enable_prompt_tokens_details and
+	// num_cached_tokens`) and SGLang (usage_processor.py _details_if_cached)
+	// leave it null when nothing was cached.
+	VLLMZeroCachedDetails bool
+	// SGLangFastHealth (SGLang only) is SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false,
+	// which releases since late 2025 accept: GET /health answers at once
+	// while /health_generate still generates. Default (and every older
+	// release): /health generates a token and answers after a second.
+	SGLangFastHealth bool
+	// SGLangTPSize is the tensor-parallel ranks of each data-parallel
+	// group (--tp-size / --dp-size with --enable-dp-attention; default 1).
+	// SGLangAllSchedulers is --enable-metrics-for-all-schedulers: every TP
+	// rank's scheduler exports the group's figures, not only the one with
+	// attn_tp_rank 0.
+	SGLangTPSize        int
+	SGLangAllSchedulers bool
+	// SGLangHealthTimeout is SGLANG_HEALTH_CHECK_TIMEOUT: how long a
+	// generating health check waits for a dead scheduler before 503
+	// (default 20 s, as upstream).
+	SGLangHealthTimeout time.Duration
 }
 
 // Served is one request the stand-in answered.
@@ -82,16 +120,37 @@ type Served struct {
 type Server struct {
 	opts Options
 	ts   *httptest.Server
+	eng  engine
+	pubs []*kvevents.Publisher // per rank; nil without KV events
 
 	mu       sync.Mutex
 	healthy  bool
+	starting bool
 	served   []Served
 	rr       int
 	running  []int
 	waiting  []int // reported on /metrics on top of what is running
-	blocks   []map[uint64]bool
+	caches   []*rankCache
 	prompted []int64
 	lora     *loraState // nil without LoRA (lora.go)
+}
+
+// engine is what differs between vLLM and SGLang (vllm.go, sglang.go).
+type engine interface {
+	register(mux *http.ServeMux, s *Server)
+	errorBody(status int, typ, msg string) any
+	// rank resolves the X-Data-Parallel-Rank header (present: the raw
+	// value); -1: the engine's own balancer picks. A non-nil error body
+	// is the engine's answer.
+	rank(raw string, present bool, size int) (int, int, any)
+	balance(s *Server) int
+	usage(o Options, prompt, completion, cached int) map[string]any
+	choiceExtras(choice map[string]any, chat bool)
+	message(text string) map[string]any
+	requestID(chat bool) string
+	modelCard(model string) map[string]any
+	metrics(b *strings.Builder, s *Server, figs []rankFigures)
+	eventLayout() Layout
 }
 
 // Start starts a stand-in on a loopback port; Close stops it.
@@ -108,18 +167,37 @@ func Start(opts Options) *Server {
 	if opts.GPUBlocks <= 0 {
 		opts.GPUBlocks = 4096
 	}
+	if opts.SGLangTPSize <= 0 {
+		opts.SGLangTPSize = 1
+	}
+	if opts.SGLangHealthTimeout <= 0 {
+		opts.SGLangHealthTimeout = 20 * time.Second
+	}
+	if opts.KVEvents != nil {
+		k := *opts.KVEvents
+		opts.KVEvents = &k
+	}
 	n := opts.DataParallelSize
-	s := &Server{opts: opts, healthy: true, running: make([]int, n), waiting: make([]int, n),
-		blocks: make([]map[uint64]bool, n), prompted: make([]int64, n)}
-	for i := range s.blocks {
-		s.blocks[i] = map[uint64]bool{}
+	s := &Server{opts: opts, healthy: true, running: make([]int, n), waiting: make([]int, n), prompted: make([]int64, n)}
+	if opts.Engine == SGLang {
+		s.eng = sglangEngine{}
+	} else {
+		s.eng = vllmEngine{}
+	}
+	for range n {
+		s.caches = append(s.caches, newRankCache(opts.GPUBlocks))
+	}
+	if opts.KVEvents != nil {
+		if err := s.startPublishers(*opts.KVEvents); err != nil {
+			panic("oaiserve: " + err.Error())
+		}
 	}
 	s.initLoRA()
 	mux := http.NewServeMux()
 	if opts.RuntimeLoRA {
 		mux.HandleFunc("POST /v1/load_lora_adapter", s.loadAdapter)
 	}
-	mux.HandleFunc("GET /health", s.health)
+	s.eng.register(mux, s)
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
@@ -131,14 +209,28 @@ func Start(opts Options) *Server {
 // URL is the server's base URL.
 func (s *Server) URL() string { return s.ts.URL }
 
-// Close stops the server.
-func (s *Server) Close() { s.ts.Close() }
+// Close stops the server and its publishers.
+func (s *Server) Close() {
+	s.ts.Close()
+	for _, p := range s.pubs {
+		_ = p.Close()
+	}
+}
 
 // SetHealthy makes /health answer 200 (true) or 503 (false), as the real
 // server does when its engine died.
 func (s *Server) SetHealthy(ok bool) {
 	s.mu.Lock()
 	s.healthy = ok
+	s.mu.Unlock()
+}
+
+// SetStarting makes SGLang's /health answer 503 as while its server is
+// still starting (ServerStatus.Starting: the HTTP server listens before
+// the model is warmed up). vLLM does not listen before it is ready.
+func (s *Server) SetStarting(v bool) {
+	s.mu.Lock()
+	s.starting = v
 	s.mu.Unlock()
 }
 
@@ -153,13 +245,14 @@ func (s *Server) SetWaiting(rank, n int) {
 // FlushCache empties every rank's prefix cache, as the engine's own cache
 // reset does (vLLM POST /reset_prefix_cache, SGLang /flush_cache), or as
 // evicting everything under memory pressure would: the next prompts report
-// no cached tokens.
+// no cached tokens, and the KV events say AllBlocksCleared.
 func (s *Server) FlushCache() {
 	s.mu.Lock()
-	for i := range s.blocks {
-		clear(s.blocks[i])
+	defer s.mu.Unlock()
+	for r, c := range s.caches {
+		c.clear()
+		s.publishLocked(r, nil, nil, true)
 	}
-	s.mu.Unlock()
 }
 
 // Served lists the requests answered so far.
@@ -169,38 +262,15 @@ func (s *Server) Served() []Served {
 	return append([]Served(nil), s.served...)
 }
 
-func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
-	s.mu.Lock()
-	ok := s.healthy
-	s.mu.Unlock()
-	if !ok {
-		w.WriteHeader(http.StatusServiceUnavailable)
-		return
-	}
-	w.WriteHeader(http.StatusOK)
-}
-
+// models serves GET /v1/models with the engine's model card.
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
-	card := map[string]any{"id": s.opts.Model, "object": "model", "created": time.Now().Unix(),
-		"owned_by": string(s.opts.Engine), "root": s.opts.Model, "max_model_len": 32768}
-	if s.opts.Engine == VLLM {
-		card["parent"] = nil
-		card["permission"] = []any{}
-	}
-	data := append([]any{card}, s.loraCards(card["created"].(int64))...)
+	card := s.eng.modelCard(s.opts.Model)
+	data := append([]any{card}, s.loraCards(time.Now().Unix())...)
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
-// errorBody is the engine's error JSON: vLLM nests it under "error",
-// SGLang answers the flat OpenAI error object.
-func (s *Server) errorBody(status int, typ, msg string) any {
-	e := map[string]any{"message": msg, "type": typ, "param": nil, "code": status}
-	if s.opts.Engine == VLLM {
-		return map[string]any{"error": e}
-	}
-	e["object"] = "error"
-	return e
-}
+// errorBody is the engine's error JSON (vllm.go, sglang.go).
+func (s *Server) errorBody(status int, typ, msg string) any { return s.eng.errorBody(status, typ, msg) }
 
 type request struct {
 	Model         string          `json:"model"`
@@ -219,7 +289,9 @@ type message struct {
 	Content json.RawMessage `json:"content"`
 }
 
-// text is a message content: a string or a list of {type: text} parts.
+// text is a message content: a string or a list of {type: text} parts,
+// joined with "\n" (vLLM chat_utils _parse_chat_message_content_parts with
+// the string content format).
 func (m message) text() string {
 	var s string
 	if json.Unmarshal(m.Content, &s) == nil {
@@ -230,71 +302,77 @@ func (m message) text() string {
 		Text string `json:"text"`
 	}
 	_ = json.Unmarshal(m.Content, &parts)
-	var b strings.Builder
+	texts := make([]string, 0, len(parts))
 	for _, p := range parts {
-		b.WriteString(p.Text)
+		texts = append(texts, p.Text)
 	}
-	return b.String()
+	return strings.Join(texts, "\n")
 }
 
 // rankFor resolves the request's rank as the engine does: the header when
-// it names one (vLLM ignores a non-integer and balances itself; SGLang
-// refuses it), else the engine's own balancer. ok=false: the error is
+// it names one, else the engine's own balancer. ok=false: the error is
 // written.
 func (s *Server) rankFor(w http.ResponseWriter, r *http.Request) (int, string, bool) {
 	raw, present := "", false
 	if v := r.Header.Values("X-Data-Parallel-Rank"); len(v) > 0 {
 		raw, present = v[0], true
 	}
-	n := s.opts.DataParallelSize
-	if present {
-		rank, err := strconv.Atoi(strings.TrimSpace(raw))
-		switch {
-		case err != nil && s.opts.Engine == SGLang:
-			writeJSON(w, http.StatusBadRequest, map[string]any{
-				"detail": fmt.Sprintf("Invalid X-Data-Parallel-Rank header: must be an integer, got '%s'", raw)})
-			return 0, raw, false
-		case err != nil:
-			// vLLM: not an integer, as if absent.
-		case rank < 0 || rank >= n:
-			msg := fmt.Sprintf("data_parallel_rank %d is out of range [0, %d).", rank, n)
-			if s.opts.Engine == SGLang {
-				msg = fmt.Sprintf("routed_dp_rank %d is out of range [0, %d)", rank, n)
-			}
-			writeJSON(w, http.StatusBadRequest, s.errorBody(http.StatusBadRequest, "BadRequestError", msg))
-			return 0, raw, false
-		default:
-			return rank, raw, true
-		}
+	rank, status, body := s.eng.rank(raw, present, s.opts.DataParallelSize)
+	if body != nil {
+		writeJSON(w, status, body)
+		return 0, raw, false
+	}
+	if rank >= 0 {
+		return rank, raw, true
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.opts.Engine == SGLang {
-		// SGLang's default load_balance_method: round robin.
-		rank := s.rr % n
-		s.rr++
-		return rank, raw, true
-	}
-	// vLLM's internal balancer: the least loaded engine core.
-	best := 0
-	for i := 1; i < n; i++ {
-		if 4*s.waiting[i]+s.running[i] < 4*s.waiting[best]+s.running[best] {
-			best = i
+	return s.eng.balance(s), raw, true
+}
+
+// promptOf renders and tokenizes the prompt: chat messages with the toy
+// template (routing/prefix RenderChat), a completions prompt as text or
+// token ids. last is what tests name the request by.
+func promptOf(req request, chat bool) (tokens []uint32, last string, errMsg string) {
+	if chat {
+		if len(req.Messages) == 0 {
+			return nil, "", "messages must not be empty"
 		}
+		msgs := make([]prefix.Message, 0, len(req.Messages))
+		for _, m := range req.Messages {
+			t := m.text()
+			msgs = append(msgs, prefix.Message{Role: m.Role, Content: t})
+			if m.Role == "user" {
+				last = t
+			}
+		}
+		return prefix.Tokenize(prefix.RenderChat(msgs)), last, ""
 	}
-	return best, raw, true
+	var text string
+	if err := json.Unmarshal(req.Prompt, &text); err == nil {
+		return prefix.Tokenize(text), text, ""
+	}
+	var ids []uint32
+	if err := json.Unmarshal(req.Prompt, &ids); err == nil && len(ids) > 0 {
+		return ids, "", ""
+	}
+	return nil, "", "prompt must be a string or a list of token ids"
+}
+
+func (s *Server) badRequest(w http.ResponseWriter, msg string) {
+	writeJSON(w, http.StatusBadRequest, s.errorBody(http.StatusBadRequest, "BadRequestError", msg))
 }
 
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, 32<<20))
 	if err != nil {
-		writeJSON(w, http.StatusBadRequest, s.errorBody(http.StatusBadRequest, "BadRequestError", err.Error()))
+		s.badRequest(w, err.Error())
 		return
 	}
 	var req request
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
-		writeJSON(w, http.StatusBadRequest, s.errorBody(http.StatusBadRequest, "BadRequestError", "invalid JSON: "+err.Error()))
+		s.badRequest(w, "invalid JSON: "+err.Error())
 		return
 	}
 	fields := make([]string, 0, len(top))
@@ -303,40 +381,19 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	sort.Strings(fields)
 	if err := json.Unmarshal(body, &req); err != nil {
-		writeJSON(w, http.StatusBadRequest, s.errorBody(http.StatusBadRequest, "BadRequestError", "invalid JSON: "+err.Error()))
+		s.badRequest(w, "invalid JSON: "+err.Error())
 		return
 	}
 	adapter, known := s.adapterOf(req.Model)
 	if s.opts.Engine == VLLM && !known {
+		// vllm/entrypoints/openai/serving_engine.py _check_model.
 		writeJSON(w, http.StatusNotFound, s.errorBody(http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model)))
 		return
 	}
-	served := s.opts.Model
-	if adapter != "" {
-		served = adapter // vLLM answers with the adapter's name as the model
-	}
-	var prompt, last string
-	if chat {
-		if len(req.Messages) == 0 {
-			writeJSON(w, http.StatusBadRequest, s.errorBody(http.StatusBadRequest, "BadRequestError", "messages must not be empty"))
-			return
-		}
-		var b strings.Builder
-		for _, m := range req.Messages {
-			t := m.text()
-			fmt.Fprintf(&b, "<%s> %s ", m.Role, t)
-			if m.Role == "user" {
-				last = t
-			}
-		}
-		b.WriteString("<assistant>")
-		prompt = b.String()
-	} else {
-		if err := json.Unmarshal(req.Prompt, &prompt); err != nil {
-			writeJSON(w, http.StatusBadRequest, s.errorBody(http.StatusBadRequest, "BadRequestError", "prompt must be a string"))
-			return
-		}
-		last = prompt
+	tokens, last, msg := promptOf(req, chat)
+	if msg != "" {
+		s.badRequest(w, msg)
+		return
 	}
 	rank, header, ok := s.rankFor(w, r)
 	if !ok {
@@ -351,7 +408,6 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	maxTokens = min(max(maxTokens, 1), 4096)
 
-	tokens := strings.Fields(prompt)
 	s.mu.Lock()
 	s.running[rank]++
 	s.startAdapterLocked(rank, adapter)
@@ -366,34 +422,34 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		s.endAdapterLocked(rank, adapter)
 		s.mu.Unlock()
 	}()
+	served := s.opts.Model
+	if adapter != "" {
+		served = adapter // vLLM answers with the adapter's name as the model
+	}
+	s.respond(w, req, chat, served, len(tokens), cached, maxTokens)
+}
 
+// respond writes the answer: one JSON object, or the SSE stream (a role
+// chunk first for chat, one chunk per word, the usage chunk when
+// stream_options.include_usage, then [DONE]).
+func (s *Server) respond(w http.ResponseWriter, req request, chat bool, served string, promptTokens, cached, maxTokens int) {
 	words := make([]string, maxTokens)
 	for i := range words {
 		words[i] = fmt.Sprintf("w%d", i)
 	}
-	usage := map[string]any{"prompt_tokens": len(tokens), "completion_tokens": maxTokens, "total_tokens": len(tokens) + maxTokens,
-		"prompt_tokens_details": nil}
-	if s.opts.ReportCachedTokens {
-		usage["prompt_tokens_details"] = map[string]any{"cached_tokens": cached}
-	}
-	id := s.requestID(chat)
+	usage := s.eng.usage(s.opts, promptTokens, maxTokens, cached)
+	id := s.eng.requestID(chat)
 	created := time.Now().Unix()
+	object := "text_completion"
 	if !req.Stream {
 		choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": "length"}
 		if chat {
-			choice["message"] = map[string]any{"role": "assistant", "content": strings.Join(words, " "), "tool_calls": []any{}, "reasoning_content": nil}
+			choice["message"] = s.eng.message(strings.Join(words, " "))
+			object = "chat.completion"
 		} else {
 			choice["text"] = strings.Join(words, " ")
 		}
-		if s.opts.Engine == VLLM {
-			choice["stop_reason"] = nil
-		} else {
-			choice["matched_stop"] = nil
-		}
-		object := "text_completion"
-		if chat {
-			object = "chat.completion"
-		}
+		s.eng.choiceExtras(choice, chat)
 		writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": object, "created": created, "model": served,
 			"choices": []any{choice}, "usage": usage})
 		return
@@ -401,7 +457,6 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.WriteHeader(http.StatusOK)
 	bw := bufio.NewWriter(w)
-	object := "text_completion"
 	if chat {
 		object = "chat.completion.chunk"
 	}
@@ -438,113 +493,50 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	_ = bw.Flush()
 }
 
-// cacheLocked returns the prompt tokens rank already held in whole blocks
-// and stores the prompt's blocks (a prefix cache with chained hashes; an
-// adapter's blocks are keyed by its name too).
-func (s *Server) cacheLocked(rank int, adapter string, tokens []string) int {
+// cacheLocked looks the prompt up in rank's prefix cache, stores its
+// blocks, publishes what changed and returns the tokens found cached in
+// whole blocks. The last token is always recomputed (both engines need its
+// logits), so a fully cached prompt reports one block less.
+func (s *Server) cacheLocked(rank int, adapter string, tokens []uint32) int {
 	bs := s.opts.BlockSize
-	h := fnv.New64a()
-	if adapter != "" {
-		_, _ = h.Write([]byte("lora\x00" + adapter + "\x00"))
-	}
-	cached, hit := 0, true
-	for end := bs; end <= len(tokens); end += bs {
-		for _, t := range tokens[end-bs : end] {
-			_, _ = h.Write([]byte(t))
-			_, _ = h.Write([]byte{0})
-		}
-		key := h.Sum64()
-		if hit && s.blocks[rank][key] {
-			cached = end
-		} else {
-			hit = false
-		}
-		if len(s.blocks[rank]) < s.opts.GPUBlocks {
-			s.blocks[rank][key] = true
-		}
-	}
+	hit, stored, removed := s.caches[rank].lookup(tokens, bs, adapter)
+	s.publishLocked(rank, stored, removed, false)
+	cached := hit * bs
 	if cached >= len(tokens) {
-		// The last token is always recomputed (both engines need its
-		// logits), so a fully cached prompt reports one block less.
 		cached = max(cached-bs, 0)
 	}
 	return cached
 }
 
-func (s *Server) requestID(chat bool) string {
+func hexID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	switch {
-	case s.opts.Engine == SGLang:
-		return hex.EncodeToString(b[:])
-	case chat:
-		return "chatcmpl-" + hex.EncodeToString(b[:])
-	}
-	return "cmpl-" + hex.EncodeToString(b[:])
+	return hex.EncodeToString(b[:])
 }
 
-// metrics serves the engine's Prometheus exposition: vLLM labels each
-// engine core engine="<rank>" (always) with model_name; SGLang labels each
-// scheduler with model_name, engine_type, tp_rank, pp_rank, moe_ep_rank
-// and, with data parallelism, dp_rank.
+// rankFigures are one rank's figures for /metrics.
+type rankFigures struct {
+	running, waiting int
+	usedBlocks       int
+	prompted         int64
+}
+
+// metrics serves the engine's Prometheus exposition (vllm.go, sglang.go).
 func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
-	n := s.opts.DataParallelSize
-	type fig struct {
-		running, waiting int
-		used             int
-		prompted         int64
-	}
-	figs := make([]fig, n)
+	figs := make([]rankFigures, s.opts.DataParallelSize)
 	for i := range figs {
-		figs[i] = fig{s.running[i], s.waiting[i], len(s.blocks[i]), s.prompted[i]}
+		figs[i] = rankFigures{s.running[i], s.waiting[i], s.caches[i].len(), s.prompted[i]}
 	}
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	var b strings.Builder
-	gauge := func(name, help string, val func(rank int) string) {
-		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
-		for r := range n {
-			fmt.Fprintf(&b, "%s{%s} %s\n", name, s.labels(r), val(r))
-		}
-	}
-	f := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
-	if s.opts.Engine == VLLM {
-		gauge("vllm:num_requests_running", "Number of requests in model execution batches.", func(r int) string { return f(float64(figs[r].running)) })
-		gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", func(r int) string { return f(float64(figs[r].waiting)) })
-		gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", func(r int) string {
-			return f(float64(figs[r].used) / float64(s.opts.GPUBlocks))
-		})
-		fmt.Fprintf(&b, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n")
-		fmt.Fprintf(&b, "vllm:cache_config_info{block_size=\"%d\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"%d\"} 1.0\n",
-			s.opts.BlockSize, s.opts.GPUBlocks)
-		fmt.Fprintf(&b, "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n# TYPE vllm:prompt_tokens_total counter\n")
-		for r := range n {
-			fmt.Fprintf(&b, "vllm:prompt_tokens_total{%s} %s\n", s.labels(r), f(float64(figs[r].prompted)))
-		}
-		s.loraMetrics(&b)
-	} else {
-		gauge("sglang:num_running_reqs", "The number of running requests.", func(r int) string { return f(float64(figs[r].running)) })
-		gauge("sglang:num_used_tokens", "The number of used tokens.", func(r int) string { return f(float64(figs[r].used * s.opts.BlockSize)) })
-		gauge("sglang:token_usage", "The token usage.", func(r int) string { return f(float64(figs[r].used) / float64(s.opts.GPUBlocks)) })
-		gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", func(r int) string { return f(float64(figs[r].waiting)) })
-		gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", func(int) string {
-			return f(float64(s.opts.GPUBlocks * s.opts.BlockSize))
-		})
-	}
+	s.eng.metrics(&b, s, figs)
 	_, _ = io.WriteString(w, b.String())
 }
 
-func (s *Server) labels(rank int) string {
-	var kv map[string]string
-	if s.opts.Engine == VLLM {
-		kv = map[string]string{"engine": strconv.Itoa(rank), "model_name": s.opts.Model}
-	} else {
-		kv = map[string]string{"model_name": s.opts.Model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
-		if s.opts.DataParallelSize > 1 {
-			kv["dp_rank"] = strconv.Itoa(rank)
-		}
-	}
+// promLabels renders a label set sorted by name.
+func promLabels(kv map[string]string) string {
 	keys := make([]string, 0, len(kv))
 	for k := range kv {
 		keys = append(keys, k)

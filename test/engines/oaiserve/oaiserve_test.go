@@ -1,9 +1,12 @@
 package oaiserve
 
 import (
+	"slices"
+
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"github.com/tether-project/tether/routing/prefix"
 	"io"
 	"net/http"
 	"strings"
@@ -76,15 +79,16 @@ func TestResponses(t *testing.T) {
 	_ = json.Unmarshal(b, &first)
 	_, b = post(t, s.URL(), "/v1/chat/completions", "1", chat("two"))
 	_ = json.Unmarshal(b, &second)
-	if first.Object != "chat.completion" || first.Usage.Details == nil || first.Usage.Details.Cached != 0 {
-		t.Fatalf("first: %s", b)
+	// Nothing cached: vLLM leaves prompt_tokens_details null.
+	if first.Object != "chat.completion" || first.Usage.Details != nil {
+		t.Fatalf("first: %+v", first)
 	}
 	if second.Usage.Details.Cached < 40 || second.Usage.Details.Cached%4 != 0 {
 		t.Fatalf("second turn cached %d of %d", second.Usage.Details.Cached, second.Usage.PromptTokens)
 	}
 	// Another rank holds nothing.
 	_, b = post(t, s.URL(), "/v1/chat/completions", "0", chat("three"))
-	if !strings.Contains(string(b), `"cached_tokens":0`) {
+	if !strings.Contains(string(b), `"prompt_tokens_details":null`) {
 		t.Fatalf("rank 0: %s", b)
 	}
 	st, b := post(t, s.URL(), "/v1/completions", "", map[string]any{"model": "m", "prompt": "hello there", "max_tokens": 2,
@@ -119,5 +123,76 @@ func TestResponses(t *testing.T) {
 	defer noReport.Close()
 	if _, b := post(t, noReport.URL(), "/v1/chat/completions", "", chat("x")); !strings.Contains(string(b), `"prompt_tokens_details":null`) {
 		t.Fatalf("without --enable-cache-report: %s", b)
+	}
+}
+
+// SGLang's errors are the flat ErrorResponse (serving_base.py
+// create_error_response), a non-integer rank header's type its status as
+// text; vLLM's the OpenAI envelope.
+func TestErrorBodies(t *testing.T) {
+	sg := Start(Options{Engine: SGLang, Model: "m", DataParallelSize: 2})
+	defer sg.Close()
+	_, b := post(t, sg.URL(), "/v1/chat/completions", "x", chat("a"))
+	var flat map[string]any
+	if json.Unmarshal(b, &flat) != nil || flat["object"] != "error" || flat["type"] != "400" || flat["code"] != 400.0 {
+		t.Fatalf("sglang bad header: %s", b)
+	}
+	_, b = post(t, sg.URL(), "/v1/chat/completions", "7", chat("a"))
+	if !strings.Contains(string(b), "routed_dp_rank=7 out of range [0, 2)") {
+		t.Fatalf("sglang out of range: %s", b)
+	}
+	vl := Start(Options{Engine: VLLM, Model: "m", DataParallelSize: 2})
+	defer vl.Close()
+	_, b = post(t, vl.URL(), "/v1/chat/completions", "7", chat("a"))
+	var env struct {
+		Error struct {
+			Type string `json:"type"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(b, &env) != nil || env.Error.Type != "BadRequestError" {
+		t.Fatalf("vllm out of range: %s", b)
+	}
+}
+
+// The KV events each stand-in publishes, in both live layouts, are what
+// tether's consumer reads: every stored block's tether key is the block
+// key of the prompt's tokens as an edge with the words tokenizer computes
+// it; evictions are BlockRemoved; a flush AllBlocksCleared.
+func TestKVEvents(t *testing.T) {
+	for _, c := range []struct {
+		eng    Engine
+		layout Layout
+	}{{VLLM, 0}, {VLLM, LayoutArray}, {SGLang, 0}} {
+		const bs = 4
+		s := Start(Options{Engine: c.eng, Model: "m", DataParallelSize: 2, BlockSize: bs, GPUBlocks: 12,
+			KVEvents: &KVEventsOptions{Layout: c.layout, Replay: true}})
+		defer s.Close()
+		pub, replay := s.KVEventsEndpoints()
+		if pub == "" || replay == "" {
+			t.Fatalf("%s: endpoints %q %q", c.eng, pub, replay)
+		}
+		got := subscribe(t, pub, replay, bs)
+		body := chat("kv events")
+		if st, b := post(t, s.URL(), "/v1/chat/completions", "0", body); st != 200 {
+			t.Fatalf("%d %s", st, b)
+		}
+		tokens, _, _ := promptOf(requestOf(t, body), true)
+		want := prefix.BlockHashes(tokens, bs)
+		// ZeroMQ's slow joiner: what the PUB sent before the SUB was
+		// connected is lost; the next batch (a heartbeat) makes the
+		// subscriber replay from sequence 0.
+		waitUntil(t, func() bool { s.PublishHeartbeat(); return len(got.stored()) >= len(want) })
+		if !slices.Equal(got.stored()[:len(want)], want) {
+			t.Fatalf("%s layout %d: stored keys %v, want the prompt's block keys %v", c.eng, c.layout, got.stored(), want)
+		}
+		// A second, different prompt evicts the first's blocks (12 blocks
+		// per rank).
+		if st, _ := post(t, s.URL(), "/v1/chat/completions", "0", map[string]any{"model": "m",
+			"messages": []any{map[string]any{"role": "user", "content": strings.Repeat("other words entirely ", 10)}}}); st != 200 {
+			t.Fatal(st)
+		}
+		waitUntil(t, func() bool { return len(got.removed()) > 0 })
+		s.FlushCache()
+		waitUntil(t, func() bool { return got.cleared() })
 	}
 }

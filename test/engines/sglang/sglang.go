@@ -1,9 +1,11 @@
 // Package sglang is a stand-in for an SGLang server (sglang.launch_server
-// --enable-metrics) in tests: the OpenAI-compatible paths, /health,
-// /metrics (sglang:* gauges labelled dp_rank="<rank>" with data
-// parallelism) and the X-Data-Parallel-Rank header as SGLang reads it (a
-// non-integer is a 400; a rank outside [0, --dp-size) is a 400). The shared
-// server lives in test/engines/oaiserve.
+// --enable-metrics) in tests: the OpenAI-compatible paths, /health (a
+// one-token generation answered after a second, as upstream), /metrics
+// (sglang:* gauges labelled dp_rank="<rank>" with data parallelism), the
+// X-Data-Parallel-Rank header as SGLang reads it (a non-integer is a 400; a
+// rank outside [0, --dp-size) is a 400) and, with KVEvents, the
+// --kv-events-config ZeroMQ publishers. The shared server and the upstream
+// each behaviour follows live in test/engines/oaiserve.
 package sglang
 
 import "github.com/tether-project/tether/test/engines/oaiserve"
@@ -14,8 +16,21 @@ type Options struct {
 	// DPSize is --dp-size (default 1).
 	DPSize int
 	// CacheReport is --enable-cache-report: usage reports
-	// prompt_tokens_details.cached_tokens (else null).
+	// prompt_tokens_details.cached_tokens when any were cached (else null).
 	CacheReport bool
+	// FastHealth is SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false (see
+	// oaiserve.Options.SGLangFastHealth); by default /health takes a second.
+	FastHealth bool
+	// TPSize is each data-parallel group's tensor-parallel ranks; with
+	// AllSchedulers (--enable-metrics-for-all-schedulers) each of them
+	// exports the group's figures on /metrics.
+	TPSize        int
+	AllSchedulers bool
+	// PageSize is --page-size (default 1); GPUBlocks the KV pages per
+	// rank (default 4096).
+	PageSize, GPUBlocks int
+	// KVEvents is --kv-events-config with the ZeroMQ publisher (nil: off).
+	KVEvents *oaiserve.KVEventsOptions
 }
 
 // Server is a running stand-in.
@@ -27,5 +42,6 @@ type Served = oaiserve.Served
 // Start starts a stand-in on a loopback port.
 func Start(o Options) *Server {
 	return oaiserve.Start(oaiserve.Options{Engine: oaiserve.SGLang, Model: o.Model,
-		DataParallelSize: o.DPSize, ReportCachedTokens: o.CacheReport})
+		DataParallelSize: o.DPSize, ReportCachedTokens: o.CacheReport, SGLangFastHealth: o.FastHealth,
+		SGLangTPSize: o.TPSize, SGLangAllSchedulers: o.AllSchedulers, BlockSize: o.PageSize, GPUBlocks: o.GPUBlocks, KVEvents: o.KVEvents})
 }

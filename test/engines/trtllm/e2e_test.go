@@ -21,6 +21,7 @@ import (
 
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 const (
@@ -38,7 +39,13 @@ type standIn struct {
 
 func startStandIn(t *testing.T, name, role string) *standIn {
 	t.Helper()
-	s, err := New(Config{Name: name, Model: testModel, Role: role, Key: testKey})
+	return startStandInWith(t, Config{Name: name, Model: testModel, Role: role, Key: testKey})
+}
+
+func startStandInWith(t *testing.T, cfg Config) *standIn {
+	t.Helper()
+	name := cfg.Name
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +58,7 @@ func startStandIn(t *testing.T, name, role string) *standIn {
 // front of the context and generation stand-ins, configured as a user
 // would for trtllm-serve workers: static URLs, the shipped defaults
 // (probe /health, TensorRT-LLM signatures), sub-agent affinity on.
-func startEdges(t *testing.T, n int, ctx, gen []*standIn) []*edge.Edge {
+func startEdges(t *testing.T, n int, ctx, gen []*standIn, mutate ...func(*edge.Config)) []*edge.Edge {
 	t.Helper()
 	lns := make([]net.Listener, n)
 	peers := make([]edge.PeerConfig, n)
@@ -84,6 +91,9 @@ func startEdges(t *testing.T, n int, ctx, gen []*standIn) []*edge.Edge {
 		}
 		cfg.Cluster = edge.ClusterConfig{NodeID: peers[i].ID, DataDir: filepath.Join(dir, peers[i].ID), Bootstrap: true, Peers: peers,
 			BindAddr: peers[i].Addr, ProposeTimeout: 2 * time.Second}
+		for _, m := range mutate {
+			m(&cfg)
+		}
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
@@ -413,4 +423,163 @@ func TestStartingStandInIsNotHealthy(t *testing.T) {
 	}
 	ctx[0].SetStarting(false)
 	waitFor(t, "ctx-0 healthy once started", 10*time.Second, func() bool { return healthy("ctx-0") })
+}
+
+// A context phase that finishes on its first token (the model emitted EOS:
+// finish_reason "stop", ctx_request_id and encoded_opaque_state null) is
+// the whole answer: the edge returns it, without the handoff, as
+// trtllm-serve's disaggregated server does, and no generation server is
+// asked. Before, the edge required ctx_request_id, retried the prefill on
+// the other context server and answered 502.
+func TestContextPhaseFinishingOnStopIsTheAnswer(t *testing.T) {
+	ctx := []*standIn{
+		startStandInWith(t, Config{Name: "ctx-0", Model: testModel, Role: "context", Key: testKey, EOSAt: 1}),
+		startStandInWith(t, Config{Name: "ctx-1", Model: testModel, Role: "context", Key: testKey, EOSAt: 1}),
+	}
+	gen := []*standIn{startStandIn(t, "gen-0", "generation")}
+	edges := startEdges(t, 1, ctx, gen)
+	base := "http://" + edges[0].Addr()
+	msgs := []any{map[string]any{"role": "user", "content": "say nothing at all"}}
+	for _, c := range []struct {
+		name, path string
+		body       map[string]any
+	}{
+		{"chat", "/v1/chat/completions", map[string]any{"model": testModel, "max_tokens": 8, "messages": msgs}},
+		{"chat-stream", "/v1/chat/completions", map[string]any{"model": testModel, "max_tokens": 8, "messages": msgs, "stream": true,
+			"stream_options": map[string]any{"include_usage": true}}},
+		{"completions", "/v1/completions", map[string]any{"model": testModel, "max_tokens": 8, "prompt": "say nothing"}},
+	} {
+		a := post(t, base+c.path, c.body, map[string]string{"x-session-id": "stop-" + c.name})
+		if a.status != 200 {
+			t.Fatalf("%s: %d %s", c.name, a.status, a.body)
+		}
+		if !bytes.Contains(a.body, []byte(`"finish_reason":"stop"`)) || bytes.Contains(a.body, []byte("disaggregated_params")) {
+			t.Fatalf("%s: %s, want the context's stop answer without its handoff", c.name, a.body)
+		}
+		if _, seen := seenBy(ctx, "stop-"+c.name); len(seen) != 1 {
+			t.Fatalf("%s: the context fleet served it %d times, want once", c.name, len(seen))
+		}
+	}
+	if n := len(gen[0].Seen()); n != 0 {
+		t.Fatalf("the generation server was asked %d times for answers the context phase completed", n)
+	}
+}
+
+// needPython fails under CI, and skips elsewhere, when python3 cannot
+// check the stand-ins' signatures.
+func needPython(t *testing.T, s *standIn) {
+	t.Helper()
+	if s.PythonVerifies() {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("python3 is required in CI: the stand-ins check signatures with it")
+	}
+	t.Skip("python3 not installed: the stand-in cannot check signatures independently")
+}
+
+// Generation servers of a release that signs x-trtllm-disagg-auth over the
+// whole disaggregated_params (model_dump) refuse the current payload (400,
+// their message) and accept the edge's disagg_auth_format: trtllm-params;
+// python3 checks the signatures with the release's algorithm.
+func TestLegacyDisaggAuthFormat(t *testing.T) {
+	legacy := func(name, role string) *standIn {
+		return startStandInWith(t, Config{Name: name, Model: testModel, Role: role, Key: testKey, DisaggAuth: DisaggAuthParams})
+	}
+	ctx, gen := []*standIn{legacy("ctx-0", "context")}, []*standIn{legacy("gen-0", "generation")}
+	needPython(t, gen[0])
+	body := map[string]any{"model": testModel, "max_tokens": 4, "messages": []any{map[string]any{"role": "user", "content": "hello legacy"}}}
+	current := startEdges(t, 1, ctx, gen)
+	a := post(t, "http://"+current[0].Addr()+"/v1/chat/completions", body, map[string]string{"x-session-id": "legacy-1"})
+	if a.status != 400 || !strings.Contains(string(a.body), "Invalid internal disaggregated request authentication") {
+		t.Fatalf("current payload against a legacy release: %d %s, want its 400", a.status, a.body)
+	}
+	selected := startEdges(t, 1, ctx, gen, func(c *edge.Config) { c.DisaggAuthFormat = "trtllm-params" })
+	a = post(t, "http://"+selected[0].Addr()+"/v1/chat/completions", body, map[string]string{"x-session-id": "legacy-2"})
+	if a.status != 200 {
+		t.Fatalf("disagg_auth_format trtllm-params: %d %s", a.status, a.body)
+	}
+	if _, seen := seenBy(gen, "legacy-2"); len(seen) != 1 || !seen[0].DisaggAuth {
+		t.Fatalf("the generation server's view: %+v", seen)
+	}
+}
+
+// conversation_params is validated as TensorRT-LLM's ConversationParams:
+// extra fields and a null or blank conversation_id are 400s; a number is
+// str()-ed, a string stripped.
+func TestStandInValidatesConversationParams(t *testing.T) {
+	s := startStandIn(t, "agg-0", "")
+	msgs := []any{map[string]any{"role": "user", "content": "hello"}}
+	for _, c := range []struct {
+		params any
+		status int
+	}{
+		{map[string]any{"conversation_id": "  c-1 "}, 200},
+		{map[string]any{"conversation_id": 42}, 200},
+		{map[string]any{"conversation_id": nil}, 400},
+		{map[string]any{"conversation_id": "   "}, 400},
+		{map[string]any{}, 400},
+		{map[string]any{"conversation_id": "c", "extra": 1}, 400},
+	} {
+		a := post(t, s.url+"/v1/chat/completions", map[string]any{"model": testModel, "messages": msgs, "conversation_params": c.params}, nil)
+		if a.status != c.status {
+			t.Fatalf("conversation_params %v: %d %s, want %d", c.params, a.status, a.body, c.status)
+		}
+	}
+	seen := s.Seen()
+	if seen[0].ConversationID != "c-1" || seen[1].ConversationID != "42" {
+		t.Fatalf("resolved ids %q %q", seen[0].ConversationID, seen[1].ConversationID)
+	}
+}
+
+// The leader edge drains each trtllm-serve's POST /kv_cache_events (which
+// hands every event out once) and shares the blocks over NATS: every edge's
+// KV index holds what the context server caches, exact, and new
+// conversations sharing a cached prefix land there from any edge. A
+// trtllm-serve configured by URL sent the edges nothing before: each knew
+// only its own shadow.
+func TestLeaderDrainsAndSharesTRTLLMKVEvents(t *testing.T) {
+	ns := natstest.Start(t, nil)
+	withEvents := func(name string) *standIn {
+		return startStandInWith(t, Config{Name: name, Model: testModel, Role: "context", Key: testKey, TokensPerBlock: 4, EventBufferMaxSize: 10000})
+	}
+	ctx := []*standIn{withEvents("ctx-0"), withEvents("ctx-1")}
+	gen := []*standIn{startStandIn(t, "gen-0", "generation")}
+	edges := startEdges(t, 3, ctx, gen, func(c *edge.Config) {
+		c.NATS.URLs = []string{ns.ClientURL()}
+		c.ContextServers.KVCacheEvents, c.ContextServers.BlockSize = true, 4
+		c.Leader.Interval = 100 * time.Millisecond
+	})
+	system := strings.Repeat("you are a careful agent with tools and a plan ", 10)
+	chat := func(user string) map[string]any {
+		return map[string]any{"model": testModel, "max_tokens": 4, "messages": []any{
+			map[string]any{"role": "system", "content": system}, map[string]any{"role": "user", "content": user}}}
+	}
+	a := post(t, "http://"+edges[0].Addr()+"/v1/chat/completions", chat("plan"), map[string]string{"x-session-id": "drain-parent"})
+	if a.status != 200 {
+		t.Fatalf("%d %s", a.status, a.body)
+	}
+	home, _ := route(t, a)
+	waitFor(t, "every edge's index to hold "+home+"'s blocks from its drained events", 15*time.Second, func() bool {
+		for _, e := range edges {
+			kv, ok := e.Fleet().Index().Instance(home)
+			if !ok || !kv.Synced || kv.Approximate || len(kv.RankBlocks) == 0 || kv.RankBlocks[0] < 10 {
+				return false
+			}
+			if in, _ := e.Fleet().Instance(home, time.Now()); !in.EngineEvents {
+				return false
+			}
+		}
+		return true
+	})
+	for c := range 4 {
+		conv := fmt.Sprintf("drain-child-%d", c)
+		a := post(t, "http://"+edges[1+c%2].Addr()+"/v1/chat/completions", chat("task "+conv), map[string]string{"x-session-id": conv})
+		if a.status != 200 {
+			t.Fatalf("%s: %d %s", conv, a.status, a.body)
+		}
+		if got, _ := route(t, a); got != home {
+			t.Fatalf("%s sharing the cached prefix placed on %s; the prefix is cached on %s", conv, got, home)
+		}
+	}
 }

@@ -46,6 +46,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tether-project/tether/routing/prefix"
 )
 
 // ConversationIDHeaders is TensorRT-LLM's CONVERSATION_ID_HEADERS.
@@ -62,6 +64,17 @@ const (
 	HeaderServerState  = "x-trtllm-server-state"
 )
 
+// The x-trtllm-disagg-auth payloads of TensorRT-LLM's releases.
+const (
+	DisaggAuthFields = "trtllm"
+	DisaggAuthParams = "trtllm-params"
+)
+
+// legacyParamsFields are the fields of openai_protocol.py's
+// DisaggregatedParams in the releases that signed its whole model_dump.
+var legacyParamsFields = []string{"request_type", "first_gen_tokens", "ctx_request_id", "encoded_opaque_state", "draft_tokens",
+	"disagg_request_id", "ctx_dp_rank", "ctx_info_endpoint", "schedule_style"}
+
 // Config configures a stand-in.
 type Config struct {
 	Name  string // used in ids and ctx_info_endpoint
@@ -71,6 +84,25 @@ type Config struct {
 	Role string
 	// Key is internal_request_auth_key ("" none).
 	Key string
+	// TokensPerBlock is kv_cache_config tokens_per_block (default 32);
+	// MaxBlocks the KV cache's blocks (default 4096), evicted least
+	// recently used.
+	TokensPerBlock, MaxBlocks int
+	// EventBufferMaxSize is kv_cache_config.event_buffer_max_size: above
+	// 0, KV cache events are kept (at most that many, the oldest dropped)
+	// and POST /kv_cache_events drains them; 0 serves an empty list.
+	EventBufferMaxSize int
+	// DisaggAuth is the release's x-trtllm-disagg-auth payload:
+	// DisaggAuthFields (the default, current disagg_auth.py: ctx_info_endpoint
+	// and encoded_opaque_state) or DisaggAuthParams (its first version: the
+	// whole DisaggregatedParams model_dump).
+	DisaggAuth string
+	// EOSAt makes the toy model end its answer with the end-of-sequence
+	// token as its EOSAt-th generated token (finish_reason "stop"; 0:
+	// never, every answer runs to max_tokens, "length"). With 1 the
+	// context phase itself finishes: trtllm-serve then answers it with
+	// ctx_request_id and encoded_opaque_state null (no KV to hand off).
+	EOSAt int
 }
 
 // Seen is one inference request as the stand-in resolved it.
@@ -92,7 +124,9 @@ type Server struct {
 
 	mu         sync.Mutex
 	seen       []Seen
-	blocks     map[uint64]bool // cached prompt blocks
+	blocks     map[uint64]uint64 // cached prompt blocks → last use
+	clock      uint64
+	events     *kvEvents
 	unverified int
 }
 
@@ -102,7 +136,13 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Model == "" {
 		return nil, errors.New("trtllm stand-in: model is required")
 	}
-	s := &Server{cfg: cfg, blocks: map[uint64]bool{}}
+	if cfg.TokensPerBlock <= 0 {
+		cfg.TokensPerBlock = 32
+	}
+	if cfg.MaxBlocks <= 0 {
+		cfg.MaxBlocks = 4096
+	}
+	s := &Server{cfg: cfg, blocks: map[uint64]uint64{}, events: newKVEvents(cfg.EventBufferMaxSize, 32768, cfg.MaxBlocks)}
 	v, err := startVerifier()
 	if err != nil && !errors.Is(err, exec.ErrNotFound) {
 		return nil, err
@@ -138,7 +178,13 @@ func (s *Server) Close() {
 	}
 }
 
-// Handler is the HTTP API.
+// Handler is the HTTP API, the routes of tensorrt_llm/serve/openai_server.py
+// OpenAIServer.register_routes: a starting server answers every path 503
+// with x-trtllm-server-state: starting (readiness.py); GET /health is 200
+// with an empty body (health), /version, /v1/models (get_model), /metrics
+// (get_iteration_stats: a JSON list); POST /v1/completions and
+// /v1/chat/completions (openai_completion, openai_chat_completion);
+// FastAPI's {"detail": ...} for other paths (404) and methods (405).
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.starting.Load() {
@@ -157,10 +203,12 @@ func (s *Server) Handler() http.Handler {
 			"/v1/models": s.models,
 			"/metrics":   func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, 200, []any{}) },
 		}
-		post := map[string]bool{"/v1/completions": true, "/v1/chat/completions": true}
+		post := map[string]bool{"/v1/completions": true, "/v1/chat/completions": true, "/kv_cache_events": true}
 		switch {
 		case get[r.URL.Path] != nil && r.Method == http.MethodGet:
 			get[r.URL.Path](w, r)
+		case r.URL.Path == "/kv_cache_events" && r.Method == http.MethodPost:
+			s.drainKVEvents(w)
 		case post[r.URL.Path] && r.Method == http.MethodPost:
 			s.inference(w, r, r.URL.Path == "/v1/chat/completions")
 		case get[r.URL.Path] != nil || post[r.URL.Path]:
@@ -171,6 +219,8 @@ func (s *Server) Handler() http.Handler {
 	})
 }
 
+// models follows openai_server.py get_model: ModelList of one ModelCard
+// owned by tensorrt_llm.
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, 200, map[string]any{"object": "list", "data": []any{
 		map[string]any{"id": s.cfg.Model, "object": "model", "created": 1700000000, "owned_by": "tensorrt_llm"},
@@ -183,7 +233,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// apiError writes TensorRT-LLM's ErrorResponse.
+// apiError writes TensorRT-LLM's ErrorResponse (openai_protocol.py; the
+// server's create_error_response, a ValueError being 400 BadRequestError).
 func apiError(w http.ResponseWriter, status int, typ, msg string) {
 	writeJSON(w, status, map[string]any{"object": "error", "message": msg, "type": typ, "param": nil, "code": status})
 }
@@ -215,6 +266,14 @@ type state struct {
 	FirstWord string `json:"first"`
 }
 
+// inference follows openai_server.py openai_chat_completion and
+// openai_completion: the request validated as ChatCompletionRequest /
+// CompletionRequest (disaggregated_params as DisaggregatedParams,
+// conversation_params as ConversationParams), the conversation id resolved
+// (conversation_id.py), the sub-agent hint and the KV-transfer signature
+// checked (disagg_auth.py), then one generation: a context_only request
+// computes the prompt and its first token and answers the handoff, a
+// generation_only request continues from encoded_opaque_state.
 func (s *Server) inference(w http.ResponseWriter, r *http.Request, chat bool) {
 	b, err := io.ReadAll(io.LimitReader(r.Body, 32<<20))
 	if err != nil {
@@ -248,7 +307,11 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, chat bool) {
 		}
 	}
 	reqType, _ := dp.str("request_type")
-	conv, convNull := resolveConversation(body, r.Header)
+	conv, convNull, msg := resolveConversation(body, r.Header)
+	if msg != "" {
+		badRequest(w, msg)
+		return
+	}
 	seen := Seen{Path: r.URL.Path, RequestType: reqType, ConversationID: conv}
 
 	affinity, msg := s.checkHint(r.Header, model, conv, convNull, dp)
@@ -286,13 +349,35 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, chat bool) {
 		includeUsage = so.IncludeUsage
 	}
 	ph := hashTokens(tokens)
-	out := make([]string, 0, maxTokens)
+	// The answer: maxTokens words, or fewer when the toy model emits EOS.
+	limit, finish := maxTokens, "length"
+	if s.cfg.EOSAt > 0 && s.cfg.EOSAt <= maxTokens {
+		limit, finish = s.cfg.EOSAt-1, "stop"
+	}
+	out := make([]string, 0, limit)
 	switch reqType {
 	case "context_only":
+		// The context phase computes the prompt and its first token
+		// (openai_server.py with a context_only request; the response's
+		// disaggregated_params come from to_disaggregated_params of the
+		// result's context phase params).
 		seen.CachedTokens = s.cache(tokens)
+		s.record(seen)
+		if limit == 0 {
+			// The first token ended the request: the executor returns no
+			// context phase params, so ctx_request_id and the opaque state
+			// are null and nothing is left for a generation server.
+			handoff := map[string]any{
+				"request_type": "context_only", "first_gen_tokens": []uint32{eosID}, "ctx_request_id": nil,
+				"encoded_opaque_state": nil, "draft_tokens": nil,
+				"disagg_request_id": json.RawMessage(orNull(dp["disagg_request_id"])), "ctx_dp_rank": 0, "ctx_info_endpoint": nil,
+				"schedule_style": nil,
+			}
+			s.respond(w, id, model, chat, nil, "stop", len(tokens), seen.CachedTokens, handoff, tokens)
+			return
+		}
 		first := word(ph, 0)
 		st, _ := json.Marshal(state{Server: s.cfg.Name, CtxID: n, Prompt: ph, FirstWord: first})
-		s.record(seen)
 		handoff := map[string]any{
 			"request_type":         "context_only",
 			"first_gen_tokens":     []uint32{tokenID(first)},
@@ -302,8 +387,13 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, chat bool) {
 			"disagg_request_id":    json.RawMessage(orNull(dp["disagg_request_id"])),
 			"ctx_dp_rank":          0,
 			"ctx_info_endpoint":    "tcp://" + s.cfg.Name + ":5555",
+			"schedule_style":       nil,
 		}
-		s.respond(w, id, model, chat, []string{first}, "length", len(tokens), seen.CachedTokens, handoff, tokens)
+		ctxFinish := "length"
+		if limit == 1 && finish == "stop" {
+			ctxFinish = "stop"
+		}
+		s.respond(w, id, model, chat, []string{first}, ctxFinish, len(tokens), seen.CachedTokens, handoff, tokens)
 		return
 	case "generation_only":
 		raw, _ := dp.str("encoded_opaque_state")
@@ -322,16 +412,19 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, chat bool) {
 		seen.CachedTokens = s.cache(tokens)
 	}
 	s.record(seen)
-	for i := len(out); i < maxTokens; i++ {
+	for i := len(out); i < limit; i++ {
 		out = append(out, word(ph, i))
 	}
 	_ = words
 	if stream {
-		s.stream(w, id, model, chat, out, len(tokens), seen.CachedTokens, includeUsage)
+		s.stream(w, id, model, chat, out, finish, len(tokens), seen.CachedTokens, includeUsage)
 		return
 	}
-	s.respond(w, id, model, chat, out, "length", len(tokens), seen.CachedTokens, nil, nil)
+	s.respond(w, id, model, chat, out, finish, len(tokens), seen.CachedTokens, nil, nil)
 }
+
+// eosID is the toy model's end-of-sequence token.
+const eosID = 2
 
 func orNull(raw json.RawMessage) json.RawMessage {
 	if isNull(raw) {
@@ -346,28 +439,94 @@ func (s *Server) record(seen Seen) {
 	s.mu.Unlock()
 }
 
-// cache counts the prompt's cached leading blocks of 16 tokens and stores
-// the others (a prefix cache).
+// cache counts the prompt's cached leading blocks of tokens_per_block
+// tokens and stores the others (the KV cache manager's block reuse), and
+// records the stored blocks (and those evicted for them) as KV cache events.
 func (s *Server) cache(tokens []uint32) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	bs := s.cfg.TokensPerBlock
 	cached, hit := 0, true
-	h := fnv.New64a()
-	for i := 0; i+16 <= len(tokens); i += 16 {
-		for _, t := range tokens[i : i+16] {
-			_, _ = h.Write([]byte{byte(t), byte(t >> 8), byte(t >> 16), byte(t >> 24)})
-		}
-		k := h.Sum64()
-		if hit && s.blocks[k] {
-			cached += 16
-		} else {
-			hit = false
-			s.blocks[k] = true
+	var parent uint64
+	hasParent := false
+	var run []storedBlock
+	runParent, runHasParent := uint64(0), false
+	flush := func() {
+		if len(run) > 0 {
+			s.events.stored(runParent, runHasParent, run)
+			run = nil
 		}
 	}
+	for i := 0; i+bs <= len(tokens); i += bs {
+		k := blockKey(parent, hasParent, tokens[i:i+bs])
+		if _, ok := s.blocks[k]; ok && hit {
+			cached += bs
+			s.touch(k)
+		} else if ok {
+			s.touch(k)
+			flush()
+		} else {
+			hit = false
+			if len(run) == 0 {
+				runParent, runHasParent = parent, hasParent
+			}
+			s.evictFor()
+			s.blocks[k] = s.clock
+			s.clock++
+			run = append(run, storedBlock{hash: k, tokens: tokens[i : i+bs]})
+		}
+		parent, hasParent = k, true
+	}
+	flush()
 	return cached
 }
 
+// touch marks a block recently used.
+func (s *Server) touch(k uint64) {
+	s.blocks[k] = s.clock
+	s.clock++
+}
+
+// evictFor makes room for one block: the least recently used goes (a
+// "removed" event) when the pool holds MaxBlocks.
+func (s *Server) evictFor() {
+	if len(s.blocks) < s.cfg.MaxBlocks {
+		return
+	}
+	var oldest uint64
+	first := true
+	for k, at := range s.blocks {
+		if first || at < s.blocks[oldest] {
+			oldest, first = k, false
+		}
+	}
+	delete(s.blocks, oldest)
+	s.events.removed([]uint64{oldest})
+}
+
+// blockKey is the block's hash as the KV cache manager computes it: over
+// its tokens, chained to its parent's (an opaque 64-bit value, not tether's
+// key).
+func blockKey(parent uint64, hasParent bool, tokens []uint32) uint64 {
+	h := fnv.New64a()
+	if hasParent {
+		var b [8]byte
+		for i := range b {
+			b[i] = byte(parent >> (8 * i))
+		}
+		_, _ = h.Write(b[:])
+	}
+	for _, t := range tokens {
+		_, _ = h.Write([]byte{byte(t), byte(t >> 8), byte(t >> 16), byte(t >> 24)})
+	}
+	return h.Sum64() | 1<<63 // above 2^63: JSON readers must not round it
+}
+
+// respond writes ChatCompletionResponse / CompletionResponse
+// (postprocess_handlers.py chat_response_post_processor and
+// completion_response_post_processor): the handoff in
+// choices[0].disaggregated_params (to_disaggregated_params), the prompt's
+// prompt_token_ids for a context answer, usage with prompt_tokens_details.
 func (s *Server) respond(w http.ResponseWriter, id, model string, chat bool, words []string, finish string, prompt, cached int, handoff map[string]any, promptIDs []uint32) {
 	text := strings.Join(words, " ")
 	choice := map[string]any{"index": 0, "finish_reason": finish, "logprobs": nil}
@@ -393,7 +552,11 @@ func (s *Server) respond(w http.ResponseWriter, id, model string, chat bool, wor
 	writeJSON(w, http.StatusOK, resp)
 }
 
-func (s *Server) stream(w http.ResponseWriter, id, model string, chat bool, words []string, prompt, cached int, includeUsage bool) {
+// stream writes the SSE chunks of postprocess_handlers.py
+// chat_stream_post_processor / completion_stream_post_processor: one chunk
+// per token (the role in the first chat delta), the usage chunk with
+// stream_options.include_usage, then [DONE].
+func (s *Server) stream(w http.ResponseWriter, id, model string, chat bool, words []string, finishReason string, prompt, cached int, includeUsage bool) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
 	obj := "text_completion"
@@ -408,10 +571,14 @@ func (s *Server) stream(w http.ResponseWriter, id, model string, chat bool, word
 	chunk := func(choice map[string]any) map[string]any {
 		return map[string]any{"id": id, "object": obj, "created": time.Now().Unix(), "model": model, "choices": []any{choice}}
 	}
+	completion := len(words)
+	if len(words) == 0 {
+		words = []string{""} // one chunk carries the finish reason
+	}
 	for i, wd := range words {
 		var finish any
 		if i == len(words)-1 {
-			finish = "length"
+			finish = finishReason
 		}
 		if i > 0 {
 			wd = " " + wd
@@ -430,26 +597,50 @@ func (s *Server) stream(w http.ResponseWriter, id, model string, chat bool, word
 	}
 	if includeUsage {
 		send(map[string]any{"id": id, "object": obj, "created": time.Now().Unix(), "model": model, "choices": []any{},
-			"usage": map[string]any{"prompt_tokens": prompt, "completion_tokens": len(words), "total_tokens": prompt + len(words),
+			"usage": map[string]any{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
 				"prompt_tokens_details": map[string]any{"cached_tokens": cached}}})
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	_ = http.NewResponseController(w).Flush()
 }
 
-// resolveConversation follows conversation_id.py: the body's
-// conversation_params.conversation_id as is (null: convNull) when the body
-// has conversation_params, else the first non-empty header, stripped.
-func resolveConversation(body map[string]json.RawMessage, h http.Header) (id string, null bool) {
+// resolveConversation follows conversation_id.py
+// resolve_request_conversation_id: the body's
+// conversation_params.conversation_id when the body has conversation_params
+// (validated as openai_protocol.py ConversationParams: extra fields
+// forbidden, conversation_id required, str()-ed and stripped, not empty:
+// else a 400), otherwise the first non-empty of CONVERSATION_ID_HEADERS,
+// stripped. null: no conversation id.
+func resolveConversation(body map[string]json.RawMessage, h http.Header) (id string, null bool, msg string) {
 	if !isNull(body["conversation_params"]) {
-		var cp struct {
-			ConversationID *string `json:"conversation_id"`
+		var cp map[string]json.RawMessage
+		if err := json.Unmarshal(body["conversation_params"], &cp); err != nil {
+			return "", false, "conversation_params: Input should be a valid dictionary"
 		}
-		_ = json.Unmarshal(body["conversation_params"], &cp)
-		if cp.ConversationID == nil {
-			return "", true
+		for k := range cp {
+			if k != "conversation_id" {
+				return "", false, "conversation_params." + k + ": Extra inputs are not permitted"
+			}
 		}
-		return *cp.ConversationID, false
+		raw := bytes.TrimSpace(cp["conversation_id"])
+		if len(raw) == 0 {
+			return "", false, "conversation_params.conversation_id: Field required"
+		}
+		var v any
+		_ = json.Unmarshal(raw, &v)
+		var str string
+		switch x := v.(type) {
+		case nil:
+			return "", false, "conversation_params.conversation_id: Value error, conversation_id must be non-empty"
+		case string:
+			str = x
+		default:
+			str = string(raw) // str() of a number or bool
+		}
+		if str = strings.TrimSpace(str); str == "" {
+			return "", false, "conversation_params.conversation_id: Value error, conversation_id must be non-empty"
+		}
+		return str, false, ""
 	}
 	for _, name := range ConversationIDHeaders {
 		// Starlette's headers keep the last value of a repeated name in a dict.
@@ -458,10 +649,10 @@ func resolveConversation(body map[string]json.RawMessage, h http.Header) (id str
 			continue
 		}
 		if v := strings.TrimSpace(vs[len(vs)-1]); v != "" {
-			return v, false
+			return v, false, ""
 		}
 	}
-	return "", true
+	return "", true, ""
 }
 
 // checkHint is validate_subagent_affinity: the role is configured or
@@ -504,17 +695,29 @@ func (s *Server) checkHint(h http.Header, model, conv string, convNull bool, dp 
 	return strings.TrimSpace(hdr), ""
 }
 
-// checkDisaggAuth is validate_internal_disagg_request.
+// checkDisaggAuth is disagg_auth.py validate_internal_disagg_request of
+// the configured release. Current releases protect ctx_info_endpoint and
+// encoded_opaque_state (either set: the header is required, and a worker
+// without internal_request_auth_key refuses the request); the first ones
+// signed the whole model_dump and required the header for
+// encoded_opaque_state only.
 func (s *Server) checkDisaggAuth(h http.Header, dp disaggParams) (need bool, msg string) {
-	if isNull(dp["encoded_opaque_state"]) && isNull(dp["ctx_info_endpoint"]) {
+	legacy := s.cfg.DisaggAuth == DisaggAuthParams
+	if isNull(dp["encoded_opaque_state"]) && (legacy || isNull(dp["ctx_info_endpoint"])) {
 		return false, ""
 	}
 	if s.cfg.Key == "" {
-		return false, "" // TensorRT-LLM warns and accepts
+		if legacy {
+			return false, "encoded_opaque_state requires authenticated disaggregated request forwarding"
+		}
+		return false, "Protected disaggregated request fields require authenticated disaggregated request forwarding"
 	}
 	req := map[string]any{"kind": "disagg", "key": s.cfg.Key,
 		"ctx_info_endpoint":    json.RawMessage(orNull(dp["ctx_info_endpoint"])),
 		"encoded_opaque_state": json.RawMessage(orNull(dp["encoded_opaque_state"]))}
+	if legacy {
+		req = map[string]any{"kind": "disagg-params", "key": s.cfg.Key, "params": map[string]json.RawMessage(dp), "fields": legacyParamsFields}
+	}
 	if sig := h.Get(HeaderDisaggAuth); sig != "" {
 		req["signature"] = sig
 	}
@@ -560,7 +763,7 @@ func promptTokens(body map[string]json.RawMessage, chat bool) ([]uint32, []strin
 		if err := json.Unmarshal(body["messages"], &msgs); err != nil || len(msgs) == 0 {
 			return nil, nil, errors.New("messages: a non-empty list is required")
 		}
-		var sb strings.Builder
+		pm := make([]prefix.Message, 0, len(msgs))
 		for _, m := range msgs {
 			var c string
 			if json.Unmarshal(m.Content, &c) != nil {
@@ -568,13 +771,15 @@ func promptTokens(body map[string]json.RawMessage, chat bool) ([]uint32, []strin
 					Text string `json:"text"`
 				}
 				_ = json.Unmarshal(m.Content, &parts)
+				texts := make([]string, 0, len(parts))
 				for _, p := range parts {
-					c += p.Text + "\n"
+					texts = append(texts, p.Text)
 				}
+				c = strings.Join(texts, "\n")
 			}
-			sb.WriteString(m.Role + ": " + c + "\n")
+			pm = append(pm, prefix.Message{Role: m.Role, Content: c})
 		}
-		text = sb.String()
+		text = prefix.RenderChat(pm)
 	} else {
 		raw := bytes.TrimSpace(body["prompt"])
 		if len(raw) > 0 && raw[0] == '[' {
@@ -595,18 +800,12 @@ func promptTokens(body map[string]json.RawMessage, chat bool) ([]uint32, []strin
 	if len(words) == 0 {
 		return nil, nil, errors.New("the prompt is empty")
 	}
-	ids := make([]uint32, len(words))
-	for i, w := range words {
-		ids[i] = tokenID(w)
-	}
-	return ids, words, nil
+	return prefix.Tokenize(text), words, nil
 }
 
-func tokenID(w string) uint32 {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(w))
-	return h.Sum32() % 32000
-}
+// tokenID is the toy model's token of one word (tether's words tokenizer:
+// routing/prefix, so an edge with `tokenizer: words` cuts the same blocks).
+func tokenID(w string) uint32 { return prefix.Tokenize(w)[0] }
 
 func hashTokens(ids []uint32) uint64 {
 	h := fnv.New64a()

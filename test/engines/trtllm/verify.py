@@ -13,6 +13,7 @@ Requests:
    "disagg_request_id", "signature"}
   {"kind": "disagg", "key", "ctx_info_endpoint", "encoded_opaque_state",
    "signature"}
+  {"kind": "disagg-params", "key", "params", "fields", "signature"}
 """
 import hashlib
 import hmac
@@ -39,6 +40,13 @@ def check(req):
             "disagg_request_id": req["disagg_request_id"],
         }
         failure = "Invalid internal subagent affinity authentication"
+    elif req["kind"] == "disagg-params":
+        # The first releases with x-trtllm-disagg-auth signed the whole
+        # DisaggregatedParams: model_dump(mode="json", exclude_none=False),
+        # every declared field, None for those not sent.
+        params = req["params"]
+        payload = {name: params.get(name) for name in req["fields"]}
+        failure = "Invalid internal disaggregated request authentication"
     else:
         endpoint = req["ctx_info_endpoint"]
         if isinstance(endpoint, list):

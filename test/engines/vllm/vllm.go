@@ -1,8 +1,10 @@
 // Package vllm is a stand-in for `vllm serve` in tests: the OpenAI-compatible
-// paths, /health, /metrics (vllm:* gauges labelled engine="<rank>") and the
+// paths, /health, /metrics (vllm:* gauges labelled engine="<rank>"), the
 // X-Data-Parallel-Rank header as vLLM reads it (a non-integer is ignored and
-// its own balancer picks; a rank outside [0, --data-parallel-size) is a 400).
-// The shared server lives in test/engines/oaiserve.
+// its own balancer picks; a rank outside [0, --data-parallel-size) is a 400)
+// and, with KVEvents, the --kv-events-config ZeroMQ publishers (one per
+// data-parallel rank, on consecutive ports). The shared server and the
+// upstream each behaviour follows live in test/engines/oaiserve.
 package vllm
 
 import "github.com/tether-project/tether/test/engines/oaiserve"
@@ -13,7 +15,7 @@ type Options struct {
 	// DataParallelSize is --data-parallel-size (default 1).
 	DataParallelSize int
 	// PromptTokensDetails is --enable-prompt-tokens-details: usage reports
-	// prompt_tokens_details.cached_tokens (else null).
+	// prompt_tokens_details.cached_tokens when any were cached (else null).
 	PromptTokensDetails bool
 	// LoRAModules is --lora-modules (name=path, or name), MaxLoRAs
 	// --max-loras (default 1), RuntimeLoRA
@@ -23,6 +25,13 @@ type Options struct {
 	LoRAModules []string
 	MaxLoRAs    int
 	RuntimeLoRA bool
+	// ZeroCachedDetails is the release that also reports cached_tokens 0.
+	ZeroCachedDetails bool
+	// BlockSize is --block-size (default 16); GPUBlocks the KV blocks per
+	// engine core (default 4096).
+	BlockSize, GPUBlocks int
+	// KVEvents is --kv-events-config with the ZeroMQ publisher (nil: off).
+	KVEvents *oaiserve.KVEventsOptions
 }
 
 // Server is a running stand-in.
@@ -34,6 +43,7 @@ type Served = oaiserve.Served
 // Start starts a stand-in on a loopback port.
 func Start(o Options) *Server {
 	return oaiserve.Start(oaiserve.Options{Engine: oaiserve.VLLM, Model: o.Model,
-		DataParallelSize: o.DataParallelSize, ReportCachedTokens: o.PromptTokensDetails,
+		DataParallelSize: o.DataParallelSize, ReportCachedTokens: o.PromptTokensDetails, VLLMZeroCachedDetails: o.ZeroCachedDetails,
+		BlockSize: o.BlockSize, GPUBlocks: o.GPUBlocks, KVEvents: o.KVEvents,
 		LoRAModules: o.LoRAModules, MaxLoRAs: o.MaxLoRAs, RuntimeLoRA: o.RuntimeLoRA})
 }

@@ -1,4 +1,4 @@
-package kvevents
+package enginekv
 
 import (
 	"context"
@@ -8,8 +8,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/tether-project/tether/worker/engine"
 )
 
 // Formats of engine event sources.
@@ -92,8 +90,16 @@ type RankStatus struct {
 	Stats     MapperStats
 }
 
+// RankKeys is one change to one engine rank's cache in tether block keys:
+// Removed applies before Stored.
+type RankKeys struct {
+	Rank    int
+	Stored  []uint64
+	Removed []uint64
+}
+
 // Source runs the configured subscribers or pollers and feeds the sink
-// with tether-keyed engine.KVEvents.
+// with tether-keyed RankKeys.
 type Source struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -103,7 +109,7 @@ type Source struct {
 // feed is one endpoint's handler: the ranks it covers and their mappers.
 type feed struct {
 	name  string
-	sink  func(engine.KVEvent)
+	sink  func(RankKeys)
 	ranks []int // tether ranks this feed can address; one entry: fixed rank
 	log   *slog.Logger
 
@@ -114,7 +120,7 @@ type feed struct {
 
 // Start validates cfg and starts one goroutine per endpoint or URL; sink
 // is called from those goroutines (it must be safe for concurrent use).
-func Start(cfg Config, sink func(engine.KVEvent)) (*Source, error) {
+func Start(cfg Config, sink func(RankKeys)) (*Source, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -267,5 +273,21 @@ func (f *feed) emit(rank int, stored, removed []uint64) {
 	if len(stored) == 0 && len(removed) == 0 {
 		return
 	}
-	f.sink(engine.KVEvent{Rank: rank, Stored: stored, Removed: removed})
+	f.sink(RankKeys{Rank: rank, Stored: stored, Removed: removed})
+}
+
+// Keys lists, per rank, the tether keys the engine holds as far as the
+// source knows (a dump of its state).
+func (s *Source) Keys() map[int][]uint64 {
+	out := map[int][]uint64{}
+	for _, f := range s.feeds {
+		f.mu.Lock()
+		for _, r := range f.ranks {
+			if ks := f.mappers[r].Keys(); len(ks) > 0 {
+				out[r] = append(out[r], ks...)
+			}
+		}
+		f.mu.Unlock()
+	}
+	return out
 }

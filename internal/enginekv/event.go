@@ -1,8 +1,9 @@
-// Package kvevents consumes the KV cache events real inference engines
-// publish and turns them into tether block keys, so a `tether worker` in
-// proxy mode can announce what its upstream's prefix cache holds exactly as
-// the simulated engine does (worker/engine.KVEvent, then the worker's NATS
-// publisher: same subjects, sequence numbers and dumps).
+// Package enginekv reads the KV cache events inference engines publish and
+// turns them into tether block keys (routing/prefix chained hashes over
+// token ids, the keys an edge computes from a request), per engine rank. It
+// is the one mapping from engine events to keys: a `tether worker` in proxy
+// mode announces them over NATS (worker/proxy), and an edge fed by the
+// engines directly applies them to its KV index (edge/engines.go).
 //
 // Sources:
 //   - vLLM and SGLang: a ZeroMQ SUB socket on the engine's
@@ -10,11 +11,10 @@
 //     filled through the engine's replay ROUTER socket (Subscriber).
 //   - TensorRT-LLM: trtllm-serve's POST /kv_cache_events, polled (Poller).
 //
-// Engine block hashes are opaque and engine-specific; tether keys are
-// routing/prefix chained hashes over token ids, the same keys an edge
-// computes from a request. The Mapper bridges the two through the token ids
-// each stored-block event carries and its parent chain. See DESIGN.md.
-package kvevents
+// Engine block hashes are opaque and engine-specific. The Mapper bridges
+// them to tether keys through the token ids each stored-block event carries
+// and its parent chain. See DESIGN.md.
+package enginekv
 
 import (
 	"encoding/binary"
@@ -97,9 +97,17 @@ type Event struct {
 	// "CPU", ...): tether announces what a request can reuse without a
 	// transfer, so only GPU blocks count.
 	Offloaded bool
-	// Skip marks events tether does not track for another reason (a second
-	// KV cache group of a hybrid model); they still advance sequence numbers.
-	Skip bool
+	// Group is the KV cache group of a hybrid model (vLLM group_idx, 0
+	// when absent); SpecKind is the group's attention kind as the engine
+	// names it (vLLM kv_cache_spec_kind on stored events: full_attention,
+	// sliding_window, mamba, ...; "" when not stated). Window is the
+	// attention window of the event's pool (TensorRT-LLM window_size; 0
+	// when not stated). The Mapper tracks only full-attention pools: a
+	// sliding-window pool evicts blocks the full-attention pool keeps, and
+	// its hashes would otherwise erase them.
+	Group    int
+	SpecKind string
+	Window   int
 }
 
 // Batch is one engine message: events in order, and the data-parallel rank

@@ -1,4 +1,4 @@
-package kvevents
+package enginekv_test
 
 import (
 	"slices"
@@ -6,7 +6,9 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/worker/kvevents"
 )
 
 // vLLM's blocks of a LoRA request carry lora_name (and, in newer releases,
@@ -28,11 +30,11 @@ func TestLoRABlocksMapToTheAdaptersKeys(t *testing.T) {
 			"token_ids": u32s(prompt[:bs]), "block_size": bs, "lora_id": 3, "medium": "GPU", "lora_name": "agent-a",
 			"extra_keys": []any{[]any{"agent-a", "salt"}}},
 	}})
-	b, err := DecodeVLLM(raw)
+	b, err := enginekv.DecodeVLLM(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewMapper(bs, 0)
+	m := enginekv.NewMapper(bs, 0)
 	var stored []uint64
 	for _, ev := range b.Events {
 		s, _ := m.Apply(ev)
@@ -49,11 +51,11 @@ func TestLoRABlocksMapToTheAdaptersKeys(t *testing.T) {
 		t.Fatalf("stats %+v: want the lora_id-only and the salted block foreign", st)
 	}
 	// The encoder writes what it decodes.
-	enc, err := EncodeVLLM(Batch{DPRank: -1, Events: []Event{{Kind: Stored, Hashes: []Hash{IntHash(5)}, Tokens: prompt[:bs], BlockSize: bs, LoRAName: "agent-b"}}}, LayoutMap)
+	enc, err := kvevents.EncodeVLLM(enginekv.Batch{DPRank: -1, Events: []enginekv.Event{{Kind: enginekv.Stored, Hashes: []enginekv.Hash{enginekv.IntHash(5)}, Tokens: prompt[:bs], BlockSize: bs, LoRAName: "agent-b"}}}, kvevents.LayoutMap)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b, err := DecodeVLLM(enc); err != nil || b.Events[0].LoRAName != "agent-b" || b.Events[0].Foreign {
+	if b, err := enginekv.DecodeVLLM(enc); err != nil || b.Events[0].LoRAName != "agent-b" || b.Events[0].Foreign {
 		t.Fatalf("round trip: %+v %v", b, err)
 	}
 }

@@ -1,4 +1,4 @@
-package kvevents
+package enginekv
 
 import (
 	"context"
@@ -11,8 +11,9 @@ import (
 	"github.com/go-zeromq/zmq4"
 )
 
-// endSeq is the replay socket's end-of-replay marker (-1 as 8 bytes).
-const endSeq = ^uint64(0)
+// EndOfReplay is the replay socket's end-of-replay sequence number (-1 as
+// 8 bytes: kv_events.py ZmqEventPublisher.END_SEQ).
+const EndOfReplay = ^uint64(0)
 
 // maxReplayBatches bounds one replay (vLLM's default buffer is 10,000).
 const maxReplayBatches = 100_000
@@ -53,7 +54,7 @@ type Subscriber struct {
 // NewSubscriber validates cfg.
 func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if cfg.Endpoint == "" {
-		return nil, errors.New("kvevents: subscriber: no endpoint")
+		return nil, errors.New("enginekv: subscriber: no endpoint")
 	}
 	if cfg.ReplayTimeout <= 0 {
 		cfg.ReplayTimeout = 2 * time.Second
@@ -98,16 +99,16 @@ func (s *Subscriber) session(ctx context.Context, tr *tracker, h Handler) error 
 		zmq4.WithDialerTimeout(5*time.Second), zmq4.WithLogger(slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)))
 	defer sub.Close()
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
-		return fmt.Errorf("kvevents: subscribe %s: %w", s.cfg.Endpoint, err)
+		return fmt.Errorf("enginekv: subscribe %s: %w", s.cfg.Endpoint, err)
 	}
 	if err := sub.Dial(s.cfg.Endpoint); err != nil {
-		return fmt.Errorf("kvevents: dial %s: %w", s.cfg.Endpoint, err)
+		return fmt.Errorf("enginekv: dial %s: %w", s.cfg.Endpoint, err)
 	}
 	s.log.Info("kv events subscribed")
 	for {
 		msg, err := sub.Recv()
 		if err != nil {
-			return fmt.Errorf("kvevents: receive from %s: %w", s.cfg.Endpoint, err)
+			return fmt.Errorf("enginekv: receive from %s: %w", s.cfg.Endpoint, err)
 		}
 		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 {
 			s.log.Warn("kv events: malformed message", "frames", len(msg.Frames))
@@ -220,7 +221,7 @@ func (s *Subscriber) replay(ctx context.Context, from, to uint64) ([]replayed, e
 			return out, fmt.Errorf("replay: malformed reply of %d frames", len(msg.Frames))
 		}
 		seq := binary.BigEndian.Uint64(frames[0])
-		if seq == endSeq {
+		if seq == EndOfReplay {
 			return out, trimmed
 		}
 		if seq < next || seq >= to {

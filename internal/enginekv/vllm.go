@@ -1,4 +1,4 @@
-package kvevents
+package enginekv
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ const MaxPayloadBytes = 64 << 20
 const (
 	maxBlocksPerEvent = 1 << 20
 	maxTokensPerEvent = 1 << 26
+	maxGroups         = 1 << 10 // KV cache groups of one model
 )
 
 // DecodeVLLM decodes one msgpack KVEventBatch as published by vLLM's and
@@ -27,51 +28,51 @@ const (
 // for the array layout follows vllm/distributed/kv_events.py (see DESIGN.md).
 func DecodeVLLM(payload []byte) (Batch, error) {
 	if len(payload) > MaxPayloadBytes {
-		return Batch{}, fmt.Errorf("kvevents: payload of %d bytes (max %d)", len(payload), MaxPayloadBytes)
+		return Batch{}, fmt.Errorf("enginekv: payload of %d bytes (max %d)", len(payload), MaxPayloadBytes)
 	}
 	dec := msgpack.NewDecoder(bytes.NewReader(payload))
 	v, err := dec.DecodeInterfaceLoose()
 	if err != nil {
-		return Batch{}, fmt.Errorf("kvevents: msgpack: %w", err)
+		return Batch{}, fmt.Errorf("enginekv: msgpack: %w", err)
 	}
 	b := Batch{DPRank: -1}
 	var events []any
 	switch t := v.(type) {
 	case []any:
 		if len(t) < 2 {
-			return Batch{}, fmt.Errorf("kvevents: batch array of %d fields (want ts, events[, data_parallel_rank])", len(t))
+			return Batch{}, fmt.Errorf("enginekv: batch array of %d fields (want ts, events[, data_parallel_rank])", len(t))
 		}
 		if b.TS, err = asFloat(t[0]); err != nil {
-			return Batch{}, fmt.Errorf("kvevents: batch ts: %w", err)
+			return Batch{}, fmt.Errorf("enginekv: batch ts: %w", err)
 		}
 		if events, err = asList(t[1]); err != nil {
-			return Batch{}, fmt.Errorf("kvevents: batch events: %w", err)
+			return Batch{}, fmt.Errorf("enginekv: batch events: %w", err)
 		}
 		if len(t) > 2 && t[2] != nil {
 			if b.DPRank, err = asRank(t[2]); err != nil {
-				return Batch{}, fmt.Errorf("kvevents: batch data_parallel_rank: %w", err)
+				return Batch{}, fmt.Errorf("enginekv: batch data_parallel_rank: %w", err)
 			}
 		}
 	case map[string]any:
 		if b.TS, err = asFloat(t["ts"]); err != nil {
-			return Batch{}, fmt.Errorf("kvevents: batch ts: %w", err)
+			return Batch{}, fmt.Errorf("enginekv: batch ts: %w", err)
 		}
 		if events, err = asList(t["events"]); err != nil {
-			return Batch{}, fmt.Errorf("kvevents: batch events: %w", err)
+			return Batch{}, fmt.Errorf("enginekv: batch events: %w", err)
 		}
 		if r, ok := t["data_parallel_rank"]; ok && r != nil {
 			if b.DPRank, err = asRank(r); err != nil {
-				return Batch{}, fmt.Errorf("kvevents: batch data_parallel_rank: %w", err)
+				return Batch{}, fmt.Errorf("enginekv: batch data_parallel_rank: %w", err)
 			}
 		}
 	default:
-		return Batch{}, fmt.Errorf("kvevents: batch is a %T, want an array or a map", v)
+		return Batch{}, fmt.Errorf("enginekv: batch is a %T, want an array or a map", v)
 	}
 	b.Events = make([]Event, 0, len(events))
 	for i, raw := range events {
 		ev, err := decodeVLLMEvent(raw)
 		if err != nil {
-			return Batch{}, fmt.Errorf("kvevents: events[%d]: %w", i, err)
+			return Batch{}, fmt.Errorf("enginekv: events[%d]: %w", i, err)
 		}
 		b.Events = append(b.Events, ev)
 	}
@@ -145,10 +146,17 @@ func decodeVLLMEvent(raw any) (Event, error) {
 	}
 	if g, ok := fields["group_idx"]; ok && g != nil {
 		n, err := asInt(g)
-		if err != nil {
-			return Event{}, fmt.Errorf("%s.group_idx: %w", tag, err)
+		if err != nil || n < 0 || n > maxGroups {
+			return Event{}, fmt.Errorf("%s.group_idx: want 0..%d, got %v", tag, maxGroups, g)
 		}
-		ev.Skip = n != 0
+		ev.Group = int(n)
+	}
+	if k, ok := fields["kv_cache_spec_kind"]; ok && k != nil {
+		s, ok := k.(string)
+		if !ok {
+			return Event{}, fmt.Errorf("%s.kv_cache_spec_kind is a %T, want a string", tag, k)
+		}
+		ev.SpecKind = s
 	}
 	if ev.Kind == Removed {
 		return ev, nil

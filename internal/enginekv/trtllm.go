@@ -1,10 +1,9 @@
-package kvevents
+package enginekv
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -25,27 +24,35 @@ func DecodeTRTLLM(body []byte) ([]TRTEvent, error) {
 	var raw []struct {
 		EventID json.Number     `json:"event_id"`
 		Data    json.RawMessage `json:"data"`
+		Window  *json.Number    `json:"window_size"`
 		DPRank  *json.Number    `json:"attention_dp_rank"`
 	}
 	if err := dec.Decode(&raw); err != nil {
-		return nil, fmt.Errorf("kvevents: trtllm events: %w", err)
+		return nil, fmt.Errorf("enginekv: trtllm events: %w", err)
 	}
 	out := make([]TRTEvent, 0, len(raw))
 	for i, r := range raw {
 		id, err := strconv.ParseUint(r.EventID.String(), 10, 64)
 		if err != nil {
-			return nil, fmt.Errorf("kvevents: trtllm events[%d].event_id: %w", i, err)
+			return nil, fmt.Errorf("enginekv: trtllm events[%d].event_id: %w", i, err)
 		}
 		te := TRTEvent{ID: id, DPRank: -1}
 		if r.DPRank != nil {
 			n, err := strconv.Atoi(r.DPRank.String())
 			if err != nil || n < 0 || n > 1<<16 {
-				return nil, fmt.Errorf("kvevents: trtllm events[%d].attention_dp_rank: %q", i, r.DPRank.String())
+				return nil, fmt.Errorf("enginekv: trtllm events[%d].attention_dp_rank: %q", i, r.DPRank.String())
 			}
 			te.DPRank = n
 		}
 		if te.Event, te.Created, err = decodeTRTData(r.Data); err != nil {
-			return nil, fmt.Errorf("kvevents: trtllm events[%d] (id %d): %w", i, id, err)
+			return nil, fmt.Errorf("enginekv: trtllm events[%d] (id %d): %w", i, id, err)
+		}
+		if r.Window != nil {
+			w, err := strconv.ParseInt(r.Window.String(), 10, 64)
+			if err != nil || w < 0 || w > 1<<40 {
+				return nil, fmt.Errorf("enginekv: trtllm events[%d].window_size: %q", i, r.Window.String())
+			}
+			te.Event.Window = int(w)
 		}
 		out = append(out, te)
 	}
@@ -174,7 +181,7 @@ type Poller struct {
 // NewPoller validates cfg.
 func NewPoller(cfg PollerConfig) (*Poller, error) {
 	if !strings.HasPrefix(cfg.URL, "http://") && !strings.HasPrefix(cfg.URL, "https://") {
-		return nil, fmt.Errorf("kvevents: poller URL %q is not an absolute http(s) URL", cfg.URL)
+		return nil, fmt.Errorf("enginekv: poller URL %q is not an absolute http(s) URL", cfg.URL)
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = 200 * time.Millisecond
@@ -201,22 +208,22 @@ func (p *Poller) Poll(ctx context.Context) ([]TRTEvent, error) {
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, nil)
 	if err != nil {
-		return nil, fmt.Errorf("kvevents: %w", err)
+		return nil, fmt.Errorf("enginekv: %w", err)
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("kvevents: poll %s: %w", p.url, err)
+		return nil, fmt.Errorf("enginekv: poll %s: %w", p.url, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, p.cfg.MaxBodyBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("kvevents: poll %s: %w", p.url, err)
+		return nil, fmt.Errorf("enginekv: poll %s: %w", p.url, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("kvevents: poll %s: HTTP %d", p.url, resp.StatusCode)
+		return nil, fmt.Errorf("enginekv: poll %s: HTTP %d", p.url, resp.StatusCode)
 	}
 	if int64(len(body)) > p.cfg.MaxBodyBytes {
-		return nil, fmt.Errorf("kvevents: poll %s: answer over %d bytes", p.url, p.cfg.MaxBodyBytes)
+		return nil, fmt.Errorf("enginekv: poll %s: answer over %d bytes", p.url, p.cfg.MaxBodyBytes)
 	}
 	if len(bytes.TrimSpace(body)) == 0 || string(bytes.TrimSpace(body)) == "null" {
 		return nil, nil
@@ -263,5 +270,3 @@ func (p *Poller) Run(ctx context.Context, h Handler) error {
 		}
 	}
 }
-
-var errNoSource = errors.New("kvevents: no event source configured")

@@ -1,4 +1,4 @@
-package kvevents
+package enginekv_test
 
 import (
 	"context"
@@ -14,8 +14,9 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/routing/prefix"
-	"github.com/tether-project/tether/worker/engine"
+	"github.com/tether-project/tether/worker/kvevents"
 )
 
 func toks(n, base int) []uint32 {
@@ -27,17 +28,17 @@ func toks(n, base int) []uint32 {
 }
 
 func TestDecodeVLLMBothLayouts(t *testing.T) {
-	in := Batch{TS: 12.5, DPRank: 3, Events: []Event{
-		{Kind: Stored, Hashes: []Hash{IntHash(7), BytesHash([]byte{1, 2, 3})}, Parent: IntHash(uint64(1<<63 + 5)), HasParent: true, Tokens: toks(8, 100), BlockSize: 4},
-		{Kind: Removed, Hashes: []Hash{IntHash(7)}},
-		{Kind: Cleared},
+	in := enginekv.Batch{TS: 12.5, DPRank: 3, Events: []enginekv.Event{
+		{Kind: enginekv.Stored, Hashes: []enginekv.Hash{enginekv.IntHash(7), enginekv.BytesHash([]byte{1, 2, 3})}, Parent: enginekv.IntHash(uint64(1<<63 + 5)), HasParent: true, Tokens: toks(8, 100), BlockSize: 4},
+		{Kind: enginekv.Removed, Hashes: []enginekv.Hash{enginekv.IntHash(7)}},
+		{Kind: enginekv.Cleared},
 	}}
-	for _, layout := range []Layout{LayoutMap, LayoutArray} {
-		data, err := EncodeVLLM(in, layout)
+	for _, layout := range []kvevents.Layout{kvevents.LayoutMap, kvevents.LayoutArray} {
+		data, err := kvevents.EncodeVLLM(in, layout)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := DecodeVLLM(data)
+		got, err := enginekv.DecodeVLLM(data)
 		if err != nil {
 			t.Fatalf("layout %d: %v", layout, err)
 		}
@@ -45,11 +46,11 @@ func TestDecodeVLLMBothLayouts(t *testing.T) {
 			t.Fatalf("layout %d: batch = %+v", layout, got)
 		}
 		s := got.Events[0]
-		if s.Kind != Stored || !slices.Equal(s.Hashes, in.Events[0].Hashes) || s.Parent != in.Events[0].Parent || !s.HasParent ||
+		if s.Kind != enginekv.Stored || !slices.Equal(s.Hashes, in.Events[0].Hashes) || s.Parent != in.Events[0].Parent || !s.HasParent ||
 			!slices.Equal(s.Tokens, in.Events[0].Tokens) || s.BlockSize != 4 || s.Foreign || s.Offloaded {
 			t.Fatalf("layout %d: stored = %+v", layout, s)
 		}
-		if got.Events[1].Kind != Removed || got.Events[1].Hashes[0] != IntHash(7) || got.Events[2].Kind != Cleared {
+		if got.Events[1].Kind != enginekv.Removed || got.Events[1].Hashes[0] != enginekv.IntHash(7) || got.Events[2].Kind != enginekv.Cleared {
 			t.Fatalf("layout %d: events = %+v", layout, got.Events)
 		}
 	}
@@ -63,11 +64,11 @@ func TestDecodeVLLMFieldOrder(t *testing.T) {
 		[]any{"BlockStored", []any{int64(-9)}, nil, []any{1, 2}, 2, nil},
 		[]any{"BlockRemoved", []any{int64(-9)}},
 	}})
-	b, err := DecodeVLLM(sglang)
+	b, err := enginekv.DecodeVLLM(sglang)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.DPRank != -1 || b.Events[0].Hashes[0] != IntHash(uint64(1<<64-9+0*1)) || b.Events[0].HasParent || b.Events[1].Kind != Removed {
+	if b.DPRank != -1 || b.Events[0].Hashes[0] != enginekv.IntHash(uint64(1<<64-9+0*1)) || b.Events[0].HasParent || b.Events[1].Kind != enginekv.Removed {
 		t.Fatalf("sglang batch = %+v", b)
 	}
 	vllm, _ := msgpack.Marshal([]any{1.0, []any{
@@ -75,15 +76,15 @@ func TestDecodeVLLMFieldOrder(t *testing.T) {
 		[]any{"BlockStored", []any{[]byte("h2")}, nil, []any{1, 2}, 2, nil, "CPU", nil},
 		[]any{"BlockRemoved", []any{[]byte("h1")}, "GPU", 1},
 	}, 0})
-	b, err = DecodeVLLM(vllm)
+	b, err = enginekv.DecodeVLLM(vllm)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.Events[0].Foreign || b.Events[0].LoRAName != "my-lora" || b.Events[0].Parent != BytesHash([]byte("h0")) || b.DPRank != 0 {
+	if b.Events[0].Foreign || b.Events[0].LoRAName != "my-lora" || b.Events[0].Parent != enginekv.BytesHash([]byte("h0")) || b.DPRank != 0 {
 		t.Fatalf("a lora_name block is keyed under its adapter: %+v", b.Events[0])
 	}
-	if !b.Events[1].Offloaded || !b.Events[2].Skip {
-		t.Fatalf("medium CPU must be offloaded, group_idx 1 skipped: %+v", b.Events[1:])
+	if !b.Events[1].Offloaded || b.Events[2].Group != 1 || b.Events[0].SpecKind != "full" {
+		t.Fatalf("medium CPU must be offloaded, group_idx and kv_cache_spec_kind read: %+v", b.Events)
 	}
 }
 
@@ -100,7 +101,7 @@ func TestDecodeVLLMRejectsGarbage(t *testing.T) {
 		mustMsgpack(t, map[string]any{"ts": 1.0, "events": []any{map[string]any{"block_hashes": []any{}}}}),
 	}
 	for i, data := range bad {
-		if _, err := DecodeVLLM(data); err == nil {
+		if _, err := enginekv.DecodeVLLM(data); err == nil {
 			t.Errorf("case %d: want an error", i)
 		}
 	}
@@ -119,37 +120,37 @@ func TestMapperFollowsParentChains(t *testing.T) {
 	const bs = 4
 	prompt := toks(4*bs, 1000)
 	want := prefix.BlockHashes(prompt, bs)
-	m := NewMapper(bs, 0)
+	m := enginekv.NewMapper(bs, 0)
 	// The engine stores the prompt's blocks in two events, the second
 	// naming the first's last block as parent.
-	s1, r1 := m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(1), IntHash(2)}, Tokens: prompt[:2*bs], BlockSize: bs})
-	s2, _ := m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(3), IntHash(4)}, Parent: IntHash(2), HasParent: true, Tokens: prompt[2*bs:], BlockSize: bs})
+	s1, r1 := m.Apply(enginekv.Event{Kind: enginekv.Stored, Hashes: []enginekv.Hash{enginekv.IntHash(1), enginekv.IntHash(2)}, Tokens: prompt[:2*bs], BlockSize: bs})
+	s2, _ := m.Apply(enginekv.Event{Kind: enginekv.Stored, Hashes: []enginekv.Hash{enginekv.IntHash(3), enginekv.IntHash(4)}, Parent: enginekv.IntHash(2), HasParent: true, Tokens: prompt[2*bs:], BlockSize: bs})
 	if len(r1) != 0 || !slices.Equal(append(s1, s2...), want) {
 		t.Fatalf("stored keys = %x, want the edge's block hashes %x", append(s1, s2...), want)
 	}
 	// A replayed store changes nothing.
-	if s, r := m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(1)}, Tokens: prompt[:bs], BlockSize: bs}); len(s)+len(r) != 0 {
+	if s, r := m.Apply(enginekv.Event{Kind: enginekv.Stored, Hashes: []enginekv.Hash{enginekv.IntHash(1)}, Tokens: prompt[:bs], BlockSize: bs}); len(s)+len(r) != 0 {
 		t.Fatalf("re-store: %x %x", s, r)
 	}
 	// A second engine block with the same tokens and parent (two KV groups,
 	// say) shares the key: removing one keeps the key.
-	m.Apply(Event{Kind: Stored, Hashes: []Hash{BytesHash([]byte("dup"))}, Tokens: prompt[:bs], BlockSize: bs})
-	if _, r := m.Apply(Event{Kind: Removed, Hashes: []Hash{IntHash(1)}}); len(r) != 0 {
+	m.Apply(enginekv.Event{Kind: enginekv.Stored, Hashes: []enginekv.Hash{enginekv.BytesHash([]byte("dup"))}, Tokens: prompt[:bs], BlockSize: bs})
+	if _, r := m.Apply(enginekv.Event{Kind: enginekv.Removed, Hashes: []enginekv.Hash{enginekv.IntHash(1)}}); len(r) != 0 {
 		t.Fatalf("key still held by another block was removed: %x", r)
 	}
-	if _, r := m.Apply(Event{Kind: Removed, Hashes: []Hash{BytesHash([]byte("dup")), IntHash(99)}}); !slices.Equal(r, want[:1]) {
+	if _, r := m.Apply(enginekv.Event{Kind: enginekv.Removed, Hashes: []enginekv.Hash{enginekv.BytesHash([]byte("dup")), enginekv.IntHash(99)}}); !slices.Equal(r, want[:1]) {
 		t.Fatalf("removed = %x, want %x", r, want[:1])
 	}
 	// Unknown parent, other block size, LoRA: not announced, counted.
-	m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(50)}, Parent: IntHash(49), HasParent: true, Tokens: toks(bs, 0), BlockSize: bs})
-	m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(51)}, Tokens: toks(8, 0), BlockSize: 8})
-	m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(52)}, Tokens: toks(bs, 0), BlockSize: bs, Foreign: true})
-	m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(53)}, Tokens: toks(3, 0), BlockSize: bs})
+	m.Apply(enginekv.Event{Kind: enginekv.Stored, Hashes: []enginekv.Hash{enginekv.IntHash(50)}, Parent: enginekv.IntHash(49), HasParent: true, Tokens: toks(bs, 0), BlockSize: bs})
+	m.Apply(enginekv.Event{Kind: enginekv.Stored, Hashes: []enginekv.Hash{enginekv.IntHash(51)}, Tokens: toks(8, 0), BlockSize: 8})
+	m.Apply(enginekv.Event{Kind: enginekv.Stored, Hashes: []enginekv.Hash{enginekv.IntHash(52)}, Tokens: toks(bs, 0), BlockSize: bs, Foreign: true})
+	m.Apply(enginekv.Event{Kind: enginekv.Stored, Hashes: []enginekv.Hash{enginekv.IntHash(53)}, Tokens: toks(3, 0), BlockSize: bs})
 	st := m.Stats()
 	if st.Orphans != 1 || st.SizeMismatch != 1 || st.Foreign != 1 || st.Malformed != 1 {
 		t.Fatalf("stats = %+v", st)
 	}
-	_, cleared := m.Apply(Event{Kind: Cleared})
+	_, cleared := m.Apply(enginekv.Event{Kind: enginekv.Cleared})
 	slices.Sort(cleared)
 	rest := slices.Clone(want[1:])
 	slices.Sort(rest)
@@ -159,8 +160,8 @@ func TestMapperFollowsParentChains(t *testing.T) {
 }
 
 func TestMapperBound(t *testing.T) {
-	m := NewMapper(1, 2)
-	s, _ := m.Apply(Event{Kind: Stored, Hashes: []Hash{IntHash(1), IntHash(2), IntHash(3)}, Tokens: toks(3, 0), BlockSize: 1})
+	m := enginekv.NewMapper(1, 2)
+	s, _ := m.Apply(enginekv.Event{Kind: enginekv.Stored, Hashes: []enginekv.Hash{enginekv.IntHash(1), enginekv.IntHash(2), enginekv.IntHash(3)}, Tokens: toks(3, 0), BlockSize: 1})
 	if len(s) != 2 || m.Len() != 2 || m.Stats().Overflow != 1 {
 		t.Fatalf("stored %d, len %d, stats %+v", len(s), m.Len(), m.Stats())
 	}
@@ -170,14 +171,14 @@ func TestMapperBound(t *testing.T) {
 type recorder struct {
 	mu      sync.Mutex
 	seqs    []uint64
-	batches []Batch
+	batches []enginekv.Batch
 	resets  []string
 	changed chan struct{}
 }
 
 func newRecorder() *recorder { return &recorder{changed: make(chan struct{}, 1)} }
 
-func (r *recorder) Batch(seq uint64, b Batch) {
+func (r *recorder) Batch(seq uint64, b enginekv.Batch) {
 	r.mu.Lock()
 	r.seqs = append(r.seqs, seq)
 	r.batches = append(r.batches, b)
@@ -229,12 +230,12 @@ func (r *recorder) waitFor(t *testing.T, what string, nudge func(), cond func() 
 }
 
 func TestSubscriberReplaysGapsAndResetsOnRestart(t *testing.T) {
-	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv"})
+	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { pub.Close() }()
-	sub, err := NewSubscriber(SubscriberConfig{Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(), Topic: "kv"})
+	sub, err := enginekv.NewSubscriber(enginekv.SubscriberConfig{Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(), Topic: "kv"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +249,7 @@ func TestSubscriberReplaysGapsAndResetsOnRestart(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	}()
-	empty := Batch{TS: 1, DPRank: -1}
+	empty := enginekv.Batch{TS: 1, DPRank: -1}
 	rec.waitFor(t, "the first batch", func() { pub.Publish(empty) }, func() bool { return len(rec.seqs) > 0 })
 	rec.mu.Lock()
 	// Batches published before the subscription took hold were replayed:
@@ -265,7 +266,7 @@ func TestSubscriberReplaysGapsAndResetsOnRestart(t *testing.T) {
 	rec.mu.Unlock()
 
 	// A lost message is filled from the replay socket, in order.
-	lost := Batch{TS: 2, DPRank: -1, Events: []Event{{Kind: Removed, Hashes: []Hash{IntHash(42)}}}}
+	lost := enginekv.Batch{TS: 2, DPRank: -1, Events: []enginekv.Event{{Kind: enginekv.Removed, Hashes: []enginekv.Hash{enginekv.IntHash(42)}}}}
 	if err := pub.Skip(lost); err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +275,7 @@ func TestSubscriberReplaysGapsAndResetsOnRestart(t *testing.T) {
 	}
 	rec.waitFor(t, "the gap filled", nil, func() bool { return len(rec.seqs) >= n+2 })
 	rec.mu.Lock()
-	if rec.seqs[n] != uint64(n) || rec.seqs[n+1] != uint64(n+1) || len(rec.resets) != 0 || rec.batches[n].Events[0].Hashes[0] != IntHash(42) {
+	if rec.seqs[n] != uint64(n) || rec.seqs[n+1] != uint64(n+1) || len(rec.resets) != 0 || rec.batches[n].Events[0].Hashes[0] != enginekv.IntHash(42) {
 		t.Fatalf("after a gap: seqs %v, resets %q", rec.seqs, rec.resets)
 	}
 	rec.mu.Unlock()
@@ -283,7 +284,7 @@ func TestSubscriberReplaysGapsAndResetsOnRestart(t *testing.T) {
 	// subscriber reconnects and resets.
 	ep, rep := strings.TrimPrefix(pub.Endpoint(), ""), pub.ReplayEndpoint()
 	pub.Close()
-	pub, err = NewPublisher(PublisherConfig{Endpoint: ep, ReplayEndpoint: rep, Topic: "kv"})
+	pub, err = kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: ep, ReplayEndpoint: rep, Topic: "kv"})
 	if err != nil {
 		t.Fatalf("restart publisher on %s: %v", ep, err)
 	}
@@ -321,10 +322,10 @@ func TestPollerDrainsTRTLLMEvents(t *testing.T) {
 		`{"event_id":1,"data":{"type":"stored","parent_hash":null,"blocks":[{"type":"stored_block","block_hash":18446744073709551615,"tokens":`+tok(1, 2)+`,"cache_level":0,"priority":35}]},"window_size":64}`,
 		`{"event_id":2,"data":{"type":"stored","parent_hash":18446744073709551615,"blocks":[{"type":"stored_block","block_hash":5,"tokens":`+tok(3, 4)+`,"cache_level":0,"priority":35}]},"window_size":64,"attention_dp_rank":0}`,
 		`{"event_id":3,"data":{"type":"updated","block_hash":5,"cache_level":{"type":"event_diff","new_value":1,"old_value":0},"priority":null},"window_size":64}`)
-	var got []engine.KVEvent
+	var got []enginekv.RankKeys
 	var gotMu sync.Mutex
 	changed := make(chan struct{}, 1)
-	src, err := Start(Config{Format: FormatTRTLLM, URLs: []string{srv.URL}, PollInterval: 10 * time.Millisecond, Ranks: 1, BlockSize: 2, Log: testLog(t)}, func(ev engine.KVEvent) {
+	src, err := enginekv.Start(enginekv.Config{Format: enginekv.FormatTRTLLM, URLs: []string{srv.URL}, PollInterval: 10 * time.Millisecond, Ranks: 1, BlockSize: 2, Log: testLog(t)}, func(ev enginekv.RankKeys) {
 		gotMu.Lock()
 		got = append(got, ev)
 		gotMu.Unlock()
@@ -404,14 +405,82 @@ func TestOffsetEndpoint(t *testing.T) {
 		{"tcp://127.0.0.1:0", 5, "tcp://127.0.0.1:0"},
 		{"ipc:///tmp/kv", 2, "ipc:///tmp/kv_dp2"},
 	} {
-		got, err := OffsetEndpoint(c.in, c.r)
+		got, err := enginekv.OffsetEndpoint(c.in, c.r)
 		if err != nil || got != c.want {
 			t.Errorf("OffsetEndpoint(%q, %d) = %q, %v; want %q", c.in, c.r, got, err, c.want)
 		}
 	}
 	for _, bad := range []string{"tcp://host", "tcp://h:x", "tcp://h:65535", "http://h:1", ""} {
-		if _, err := OffsetEndpoint(bad, 1); err == nil {
+		if _, err := enginekv.OffsetEndpoint(bad, 1); err == nil {
 			t.Errorf("OffsetEndpoint(%q, 1): want an error", bad)
 		}
+	}
+}
+
+// A hybrid model's pools have their own hashes: only the full-attention
+// pool is announced, wherever vLLM puts it among its groups, and a
+// sliding-window pool evicting a block it shares with the full-attention
+// pool (same engine hash in another group) removes nothing. Before, group
+// 0 was announced whatever its kind, so a sliding-window group 0 erased
+// blocks the full-attention group still held.
+func TestMapperTracksFullAttentionPoolsOnly(t *testing.T) {
+	const bs = 2
+	m := enginekv.NewMapper(bs, 0)
+	h := []enginekv.Hash{enginekv.IntHash(1), enginekv.IntHash(2)}
+	toks := []uint32{1, 2, 3, 4}
+	stored := func(group int, kind string) enginekv.Event {
+		return enginekv.Event{Kind: enginekv.Stored, Hashes: h, Tokens: toks, BlockSize: bs, Group: group, SpecKind: kind}
+	}
+	if s, _ := m.Apply(stored(0, "sliding_window")); len(s) != 0 {
+		t.Fatalf("a sliding-window group announced %v", s)
+	}
+	s, _ := m.Apply(stored(1, "full_attention"))
+	if len(s) != 2 {
+		t.Fatalf("the full-attention group announced %v, want 2 keys", s)
+	}
+	if _, r := m.Apply(enginekv.Event{Kind: enginekv.Removed, Hashes: h, Group: 0}); len(r) != 0 {
+		t.Fatalf("the sliding window's eviction removed %v", r)
+	}
+	if _, r := m.Apply(enginekv.Event{Kind: enginekv.Removed, Hashes: h[1:], Group: 1}); len(r) != 1 || r[0] != s[1] {
+		t.Fatalf("the full-attention eviction removed %v, want %v", r, s[1:])
+	}
+	// Engines that state no kind (one group): group 0 is announced.
+	old := enginekv.NewMapper(bs, 0)
+	if s, _ := old.Apply(stored(0, "")); len(s) != 2 {
+		t.Fatalf("group 0 without a kind announced %v", s)
+	}
+}
+
+// TensorRT-LLM's variable sliding window: events name their pool's
+// window_size; the largest window is the full-attention pool. A larger
+// window seen later takes over and the smaller one's keys are withdrawn.
+func TestMapperTracksTheLargestWindow(t *testing.T) {
+	const bs = 2
+	m := enginekv.NewMapper(bs, 0)
+	ev := func(w int, hs ...uint64) enginekv.Event {
+		var hashes []enginekv.Hash
+		var toks []uint32
+		for _, x := range hs {
+			hashes = append(hashes, enginekv.IntHash(x))
+			toks = append(toks, uint32(x), uint32(x))
+		}
+		return enginekv.Event{Kind: enginekv.Stored, Hashes: hashes, Tokens: toks, BlockSize: bs, Window: w}
+	}
+	small, _ := m.Apply(ev(512, 1))
+	if len(small) != 1 {
+		t.Fatalf("first window announced %v", small)
+	}
+	big, gone := m.Apply(ev(32768, 1))
+	if len(big) != 1 || len(gone) != 1 || gone[0] != small[0] {
+		t.Fatalf("a larger window: stored %v, removed %v (want the 512 window's %v withdrawn)", big, gone, small)
+	}
+	if s, _ := m.Apply(ev(512, 5)); len(s) != 0 {
+		t.Fatalf("the sliding window announced %v", s)
+	}
+	if _, r := m.Apply(enginekv.Event{Kind: enginekv.Removed, Hashes: []enginekv.Hash{enginekv.IntHash(1)}, Window: 512}); len(r) != 0 {
+		t.Fatalf("the sliding window's eviction removed %v", r)
+	}
+	if k, ok := m.Key(enginekv.IntHash(1)); !ok || k != big[0] {
+		t.Fatalf("Key: %d %v", k, ok)
 	}
 }
