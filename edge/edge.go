@@ -206,7 +206,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 			TLSClientConfig:     e.tls.worker,
 		}
 	}
-	e.client = &http.Client{Transport: e.tls.guardHops(transport, e.log)}
+	e.client = &http.Client{Transport: e.tls.guardHops(transport, e.log, e.registry)}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	// Disaggregated request ids: a random 31-bit prefix per edge process
@@ -297,7 +297,8 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		StaleIntervals: t.StaleIntervals, MinStaleAfter: t.MinStaleAfter, ProbeInterval: t.ProbeInterval,
 		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
 		OnEvictions: e.onWorkerEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
-		ProbeClient: &http.Client{Transport: e.client.Transport, Timeout: t.ProbeInterval},
+		ProbeClient:   &http.Client{Transport: e.client.Transport, Timeout: t.ProbeInterval},
+		VerifyAddress: e.addressVerifier(),
 	}); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}

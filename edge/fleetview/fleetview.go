@@ -102,6 +102,12 @@ type Config struct {
 	// ProbeClient sends probes (default: a client with the probe
 	// interval as timeout).
 	ProbeClient *http.Client
+	// VerifyAddress, when set, is asked before a discovered instance's
+	// reports from an address it has not proven are applied: it dials url
+	// (ctx carries ExpectWorker(workerID)) and returns nil when the server
+	// there proved it is workerID (address.go). Nil: addresses are taken
+	// from reports as they come (no transport identity to check).
+	VerifyAddress func(ctx context.Context, workerID, url string) error
 	// OnEvictions receives conversations a worker's scheduler evicted
 	// (called on a NATS goroutine: keep it cheap).
 	OnEvictions func(instance string, fleet fsm.Fleet, evictions []telemetry.Eviction)
@@ -251,6 +257,7 @@ type Fleet struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	addrs   addresses // address verification (address.go)
 	metrics *metrics
 	closeMu sync.Mutex
 	started bool
@@ -299,6 +306,7 @@ func New(cfg Config) (*Fleet, error) {
 		client:   cfg.ProbeClient,
 		byID:     make(map[string]*instance),
 		alias:    make(map[string]string),
+		addrs:    addresses{byID: make(map[string]*addressState)},
 	}
 	if f.client == nil {
 		f.client = &http.Client{Timeout: cfg.ProbeInterval}
@@ -699,6 +707,9 @@ func (f *Fleet) onLoad(m *nats.Msg) {
 		f.drop("load", err)
 		return
 	}
+	if !f.admitAddress(r) {
+		return
+	}
 	f.metrics.received.WithLabelValues("load").Inc()
 	now := f.cfg.Now()
 	f.mu.Lock()
@@ -1065,15 +1076,15 @@ const maxParallelProbes = 16
 
 func (f *Fleet) probeRound() {
 	now := f.cfg.Now()
-	type target struct{ id, url, path, model, metrics string }
+	type target struct{ id, worker, url, path, model, metrics string }
 	var targets []target
 	f.mu.RLock()
 	for _, in := range f.byID {
 		fresh := in.hasReport && now.Sub(in.lastReport) <= f.staleAfter(in.interval)
 		if in.url != "" && !fresh && (in.static || f.blindLocked(in, now)) {
-			tg := target{in.id, in.url, discoveredProbePath, "", ""}
+			tg := target{in.id, in.workerID, in.url, discoveredProbePath, "", ""}
 			if in.static {
-				tg.path, tg.model, tg.metrics = in.healthPath, in.probeModel, in.metricsFormat
+				tg.worker, tg.path, tg.model, tg.metrics = "", in.healthPath, in.probeModel, in.metricsFormat
 			}
 			targets = append(targets, tg)
 		}
@@ -1086,7 +1097,7 @@ func (f *Fleet) probeRound() {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			ok := f.probe(tg.url, tg.path, tg.model)
+			ok := f.probe(tg.worker, tg.url, tg.path, tg.model)
 			f.metrics.probes.WithLabelValues(map[bool]string{true: "ok", false: "failed"}[ok]).Inc()
 			at := f.cfg.Now()
 			f.mu.Lock()
@@ -1108,10 +1119,14 @@ func (f *Fleet) probeRound() {
 
 // probe asks a worker whether it can serve: GET base+path answers 200
 // (the engines' /health answers 503 while starting, draining or dead),
-// and, when model is set, GET /v1/models lists it.
-func (f *Fleet) probe(base, path, model string) bool {
+// and, when model is set, GET /v1/models lists it. A discovered worker's
+// server must prove its identity (worker: ExpectWorker).
+func (f *Fleet) probe(worker, base, path, model string) bool {
 	ctx, cancel := context.WithTimeout(f.ctx, f.cfg.ProbeInterval)
 	defer cancel()
+	if worker != "" {
+		ctx = ExpectWorker(ctx, worker)
+	}
 	if !f.probeGet(ctx, base+path, nil) {
 		return false
 	}
@@ -1172,6 +1187,7 @@ func (f *Fleet) housekeeping() {
 		}
 		now := f.cfg.Now()
 		f.index.Expire(now)
+		f.expireAddresses(now)
 		var retry, forget []string
 		f.mu.Lock()
 		for id, in := range f.byID {
