@@ -22,7 +22,7 @@ import (
 	"github.com/tether-project/tether/routing/telemetry"
 )
 
-// TestImpersonatedWorker: a worker's address is trusted only from the
+// TestChaosImpersonatedWorker: a worker's address is trusted only from the
 // worker's own identity. The deployment runs as shipped (per-worker NATS
 // nkeys pinned to their instance ids by deploy/nats/auth.conf, mutual TLS
 // with a certificate per worker). An impostor HTTPS server presents ctx-2's
@@ -41,7 +41,7 @@ import (
 // Before the edges checked identities, 43 of 44 requests routed to ctx-1
 // reached such an impostor while clients were told context=ctx-1.
 // Forgery lasts 4 s (20 s with -long / RELIABILITY_LONG).
-func TestImpersonatedWorker(t *testing.T) {
+func TestChaosImpersonatedWorker(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process: not in -short")
 	}
