@@ -567,7 +567,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("/readyz", e.handleReady)
 	mux.Handle("/metrics", e.metricsHandler())
 	mux.Handle(admin.Prefix, e.adminAPI())
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return e.admission(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			if v := recover(); v != nil {
 				if v == http.ErrAbortHandler {
@@ -585,7 +585,7 @@ func (e *Edge) Handler() http.Handler {
 			return
 		}
 		mux.ServeHTTP(w, r)
-	})
+	}))
 }
 
 // metricsHandler serves /metrics, behind the admin token when
