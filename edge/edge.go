@@ -244,7 +244,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	for _, w := range e.tls.warnings(&e.cfg) {
 		e.log.Warn(w)
 	}
-	ln = e.tls.listener(ln)
+	ln = apiErrorListener{e.tls.listener(ln)} // header-level errors in the API's shape (headererrors.go)
 	e.ln = ln
 
 	if err := e.startNATS(); err != nil {
@@ -314,6 +314,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		WriteTimeout:      e.cfg.WriteTimeout, // 0: none; streams extend it per chunk (relay)
 		IdleTimeout:       e.cfg.IdleTimeout,
 		MaxHeaderBytes:    1 << 20,
+		ConnContext:       connContext,
 		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelWarn),
 	}
 	// Before serving: requests read it (route.go unheardAtStartup).
