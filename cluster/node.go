@@ -103,6 +103,7 @@ type Node struct {
 	raftSet chan struct{}
 
 	observer *raft.Observer
+	pressure proposePressure // how recent proposals fared (pressure.go)
 
 	closeMu  sync.Mutex
 	closed   bool
@@ -238,6 +239,7 @@ func (n *Node) openStorage(u *undo) (err error) {
 		return err
 	}
 	u.add(n.metrics.unregister)
+	exportRaftMetrics(cfg.Registerer) // process-wide (raftmetrics.go)
 	return nil
 }
 

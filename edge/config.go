@@ -113,6 +113,8 @@ type Config struct {
 	MaxInflightBodyBytes int64 `yaml:"max_inflight_body_bytes"`
 	// UpstreamTimeout bounds one worker hop, streaming included.
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
+	// Admission: load shedding on the edge's own saturation (admission.go).
+	Admission AdmissionConfig `yaml:"admission"`
 
 	// HTTP server timeouts of the client-facing listener.
 	// ReadHeaderTimeout bounds reading a request's headers (slow clients);
@@ -439,6 +441,7 @@ func DefaultConfig() Config {
 		TouchInterval:        DefaultTouchInterval,
 		MaxBodyBytes:         DefaultMaxBodyBytes,
 		MaxInflightBodyBytes: DefaultMaxInflightBodyBytes,
+		Admission:            DefaultAdmissionConfig(),
 		UpstreamTimeout:      DefaultUpstreamTimeout,
 
 		ReadHeaderTimeout: DefaultReadHeaderTimeout,
@@ -575,6 +578,7 @@ func (c *Config) Validate() error {
 	c.validateServing(bad, &errs)
 	c.validateFleets(bad, &errs)
 	c.validateLimits(bad)
+	c.Admission.validate(bad)
 	c.validateGateway(bad)
 	c.validateTelemetry(bad)
 	c.validateCluster(bad)
@@ -590,6 +594,7 @@ type complain = func(key, format string, args ...any)
 // normalize fills the values that default from other settings, and the
 // gateway's parsed CIDRs.
 func (c *Config) normalize() {
+	c.Admission.normalize()
 	if c.HintSignatureFormat == "" {
 		c.HintSignatureFormat = hintauth.FormatTRTLLM
 	}

@@ -106,6 +106,7 @@ type Edge struct {
 	decider  *decide.Decider // the routing decision (route.go, routing/decide)
 	fresh    *freshness      // is this edge's state current (readyz, degraded placement)
 	ready    *readiness
+	shed     *shedder // load shedding on the edge's own saturation (admission.go)
 
 	rr          [3]atomic.Uint64 // round-robin counters by fleet
 	disaggBase  uint64
@@ -319,6 +320,9 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	}
 	// Before serving: requests read it (route.go unheardAtStartup).
 	e.ready = newReadiness(e, e.now())
+	if err := e.startShedder(); err != nil {
+		return err
+	}
 	e.serveErr = make(chan error, 1)
 	srv := e.httpSrv
 	go func() {
