@@ -50,7 +50,7 @@ const (
 	DefaultMaxRetries           = 1
 	// DefaultProposeTimeout is cluster.propose_timeout with the default
 	// Raft timing: it defaults to the election timeout (proposeTimeoutFor).
-	DefaultProposeTimeout   = 500 * time.Millisecond
+	DefaultProposeTimeout   = time.Second
 	DefaultLeaderInterval   = time.Second
 	DefaultSweepBatch       = 512
 	DefaultStaleIntervals   = 5
@@ -1018,7 +1018,7 @@ func (g *TrustedGatewayConfig) trusted(remote string, tokenValue string) bool {
 }
 
 // proposeTimeoutFor derives cluster.propose_timeout's default from the Raft
-// timing: the election timeout (the heartbeat timeout when unset, 500ms when
+// timing: the election timeout (the heartbeat timeout when unset, 1s when
 // both are, as cluster.RaftTiming defaults them). A proposal from a follower
 // takes a forwarding round trip, waits for the leader's entry in flight
 // (one at a time), the leader's disk write, a replication round trip with

@@ -63,7 +63,7 @@ func degradedWindow(cl ClusterConfig) time.Duration {
 		et = cl.Raft.HeartbeatTimeout
 	}
 	if et <= 0 {
-		et = 500 * time.Millisecond // cluster.RaftTiming's default
+		et = time.Second // cluster.RaftTiming's default
 	}
 	return 5 * et
 }
