@@ -205,6 +205,7 @@ type workerProc struct {
 	proc
 	id    string
 	fleet string
+	addr  string // host:port of its HTTPS API
 }
 
 // env is the deployment under test, configured as deploy/ ships it
@@ -340,7 +341,7 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 			"nats.urls":           []string{v.natsURL},
 			"nats.nkey_seed_file": seed,
 		})
-		w := &workerProc{id: id, fleet: fleet}
+		w := &workerProc{id: id, fleet: fleet, addr: fmt.Sprintf("127.0.0.1:%d", port)}
 		w.name, w.args, w.logPath = id, []string{"worker", "--config", path}, filepath.Join(v.dir, id+".log")
 		w.env = secretsEnv()
 		w.start(t)
