@@ -131,13 +131,13 @@ type Peer struct{ ID, Addr string }
 // RaftTiming are hashicorp/raft's timing knobs.
 type RaftTiming struct {
 	// HeartbeatTimeout: follower time without leader contact before it
-	// starts an election (default 500ms).
+	// starts an election (default 1s: DESIGN.md "Raft timing").
 	HeartbeatTimeout time.Duration
 	// ElectionTimeout: candidate time without a result before a new
-	// election (default 500ms).
+	// election (default HeartbeatTimeout).
 	ElectionTimeout time.Duration
 	// LeaderLeaseTimeout: leader time without quorum contact before it
-	// steps down (default 250ms; at most HeartbeatTimeout).
+	// steps down (default HeartbeatTimeout; at most HeartbeatTimeout).
 	LeaderLeaseTimeout time.Duration
 	// CommitTimeout: idle time after which the leader sends an
 	// AppendEntries anyway, which is how followers learn the commit index
@@ -176,13 +176,13 @@ const (
 
 func (t RaftTiming) withDefaults() RaftTiming {
 	if t.HeartbeatTimeout <= 0 {
-		t.HeartbeatTimeout = 500 * time.Millisecond
+		t.HeartbeatTimeout = time.Second
 	}
 	if t.ElectionTimeout <= 0 {
 		t.ElectionTimeout = t.HeartbeatTimeout
 	}
 	if t.LeaderLeaseTimeout <= 0 {
-		t.LeaderLeaseTimeout = t.HeartbeatTimeout / 2
+		t.LeaderLeaseTimeout = t.HeartbeatTimeout
 	}
 	if t.CommitTimeout <= 0 {
 		t.CommitTimeout = 2 * time.Millisecond

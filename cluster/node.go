@@ -53,16 +53,18 @@ type Node struct {
 	raft      *raft.Raft
 	transport *raft.NetworkTransport
 	store     *raftboltdb.BoltStore
-	snaps     *raft.FileSnapshotStore
-	machine   *fsm.Machine
-	fsm       *raftFSM
-	archive   *archive.Archive
-	archiver  *archiver
-	net       *transport.Transport // the node's port: Raft streams and forwarding
-	client    *transport.Client
-	metrics   *metrics
-	batcher   *batcher
-	forwarder *forwarder
+	// storeWatch is store as Raft writes it (storewatch.go).
+	storeWatch *storeWatch
+	snaps      *raft.FileSnapshotStore
+	machine    *fsm.Machine
+	fsm        *raftFSM
+	archive    *archive.Archive
+	archiver   *archiver
+	net        *transport.Transport // the node's port: Raft streams and forwarding
+	client     *transport.Client
+	metrics    *metrics
+	batcher    *batcher
+	forwarder  *forwarder
 	// pilot runs raft-autopilot while this node leads; set once NewRaft
 	// returned (a halt during NewRaft's restore may call setReady before).
 	pilot atomic.Pointer[pilot]
@@ -105,6 +107,7 @@ type Node struct {
 	raftSet chan struct{}
 
 	observer *raft.Observer
+	pressure proposePressure // how recent proposals fared (pressure.go)
 
 	closeMu  sync.Mutex
 	closed   bool
@@ -240,6 +243,7 @@ func (n *Node) openStorage(u *undo) (err error) {
 		return err
 	}
 	u.add(n.metrics.unregister)
+	exportRaftMetrics(cfg.Registerer) // process-wide (raftmetrics.go)
 	return nil
 }
 
@@ -352,11 +356,12 @@ func (n *Node) bootstrapIfNew(rc *raft.Config) (existing bool, err error) {
 // startRaft starts Raft and the node's loops: autopilot, the commit
 // nudger, leadership and observation watchers, the batcher, the forwarder.
 func (n *Node) startRaft(rc *raft.Config, notify chan bool, u *undo) (err error) {
-	logs, err := raft.NewLogCache(logCacheSize, snapshotTermLogs{LogStore: n.store, snaps: n.snaps})
+	n.storeWatch = newStoreWatch(n.store, n.cfg.Registerer, n.id)
+	logs, err := raft.NewLogCache(logCacheSize, snapshotTermLogs{LogStore: n.storeWatch, snaps: n.snaps})
 	if err != nil {
 		return fmt.Errorf("cluster: log cache: %w", err)
 	}
-	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, n.snaps, n.transport)
+	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.storeWatch, n.snaps, n.transport)
 	close(n.raftSet)
 	if err != nil {
 		return fmt.Errorf("cluster: start raft: %w", err)

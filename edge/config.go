@@ -50,7 +50,7 @@ const (
 	DefaultMaxRetries           = 1
 	// DefaultProposeTimeout is cluster.propose_timeout with the default
 	// Raft timing: it defaults to the election timeout (proposeTimeoutFor).
-	DefaultProposeTimeout   = 500 * time.Millisecond
+	DefaultProposeTimeout   = time.Second
 	DefaultLeaderInterval   = time.Second
 	DefaultSweepBatch       = 512
 	DefaultStaleIntervals   = 5
@@ -118,6 +118,8 @@ type Config struct {
 	MaxInflightBodyBytes int64 `yaml:"max_inflight_body_bytes"`
 	// UpstreamTimeout bounds one worker hop, streaming included.
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
+	// Admission: load shedding on the edge's own saturation (admission.go).
+	Admission AdmissionConfig `yaml:"admission"`
 
 	// HTTP server timeouts of the client-facing listener.
 	// ReadHeaderTimeout bounds reading a request's headers (slow clients);
@@ -477,6 +479,7 @@ func DefaultConfig() Config {
 		TouchInterval:        DefaultTouchInterval,
 		MaxBodyBytes:         DefaultMaxBodyBytes,
 		MaxInflightBodyBytes: DefaultMaxInflightBodyBytes,
+		Admission:            DefaultAdmissionConfig(),
 		UpstreamTimeout:      DefaultUpstreamTimeout,
 
 		ReadHeaderTimeout: DefaultReadHeaderTimeout,
@@ -614,6 +617,7 @@ func (c *Config) Validate() error {
 	c.validateServing(bad, &errs)
 	c.validateFleets(bad, &errs)
 	c.validateLimits(bad)
+	c.Admission.validate(bad)
 	c.validateGateway(bad)
 	c.validateTelemetry(bad)
 	c.validateCluster(bad)
@@ -630,6 +634,7 @@ type complain = func(key, format string, args ...any)
 // normalize fills the values that default from other settings, and the
 // gateway's parsed CIDRs.
 func (c *Config) normalize() {
+	c.Admission.normalize()
 	if c.HintSignatureFormat == "" {
 		c.HintSignatureFormat = hintauth.FormatTRTLLM
 	}
@@ -1060,7 +1065,7 @@ func (g *TrustedGatewayConfig) trusted(remote string, tokenValue string) bool {
 }
 
 // proposeTimeoutFor derives cluster.propose_timeout's default from the Raft
-// timing: the election timeout (the heartbeat timeout when unset, 500ms when
+// timing: the election timeout (the heartbeat timeout when unset, 1s when
 // both are, as cluster.RaftTiming defaults them). A proposal from a follower
 // takes a forwarding round trip, waits for the leader's entry in flight
 // (one at a time), the leader's disk write, a replication round trip with

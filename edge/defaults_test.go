@@ -13,7 +13,7 @@ func TestProposeTimeoutDerivesFromRaftTiming(t *testing.T) {
 		raft string
 		want time.Duration
 	}{
-		{"", 500 * time.Millisecond},
+		{"", time.Second},
 		{", raft: {election_timeout: 2s}", 2 * time.Second},
 		{", raft: {heartbeat_timeout: 1s}", time.Second},
 		{", raft: {election_timeout: 800ms}, propose_timeout: 300ms", 300 * time.Millisecond},

@@ -106,6 +106,7 @@ type Edge struct {
 	decider  *decide.Decider // the routing decision (route.go, routing/decide)
 	fresh    *freshness      // is this edge's state current (readyz, degraded placement)
 	ready    *readiness
+	shed     *shedder // load shedding on the edge's own saturation (admission.go)
 
 	// The catalogue (models.go): the first model (the fields above) and
 	// the others, by name; adapters by name to their model.
@@ -227,7 +228,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 			TLSClientConfig:     e.tls.worker,
 		}
 	}
-	e.client = &http.Client{Transport: e.tls.guardHops(transport, e.log)}
+	e.client = &http.Client{Transport: e.tls.guardHops(transport, e.log, e.registry)}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	e.disaggBase = disaggIDBase(binary.BigEndian.Uint32(b[:]))
@@ -262,7 +263,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	for _, w := range e.tls.warnings(&e.cfg) {
 		e.log.Warn(w)
 	}
-	ln = e.tls.listener(ln)
+	ln = apiErrorListener{e.tls.listener(ln)} // header-level errors in the API's shape (headererrors.go)
 	e.ln = ln
 
 	if err := e.startNATS(); err != nil {
@@ -318,7 +319,8 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		StaleIntervals: t.StaleIntervals, MinStaleAfter: t.MinStaleAfter, ProbeInterval: t.ProbeInterval,
 		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
 		OnEvictions: e.onWorkerEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
-		ProbeClient: &http.Client{Transport: e.client.Transport},
+		ProbeClient:   &http.Client{Transport: e.client.Transport},
+		VerifyAddress: e.addressVerifier(),
 	}); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
@@ -337,10 +339,14 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		WriteTimeout:      e.cfg.WriteTimeout, // 0: none; streams extend it per chunk (relay)
 		IdleTimeout:       e.cfg.IdleTimeout,
 		MaxHeaderBytes:    1 << 20,
+		ConnContext:       connContext,
 		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelWarn),
 	}
 	// Before serving: requests read it (route.go unheardAtStartup).
 	e.ready = newReadiness(e, e.now())
+	if err := e.startShedder(); err != nil {
+		return err
+	}
 	e.serveErr = make(chan error, 1)
 	srv := e.httpSrv
 	go func() {
@@ -591,7 +597,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("/readyz", e.handleReady)
 	mux.Handle("/metrics", e.metricsHandler())
 	mux.Handle(admin.Prefix, e.adminAPI())
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return e.admission(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			if v := recover(); v != nil {
 				if v == http.ErrAbortHandler {
@@ -609,7 +615,7 @@ func (e *Edge) Handler() http.Handler {
 			return
 		}
 		mux.ServeHTTP(w, r)
-	})
+	}))
 }
 
 // metricsHandler serves /metrics, behind the admin token when

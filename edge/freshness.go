@@ -63,7 +63,7 @@ func degradedWindow(cl ClusterConfig) time.Duration {
 		et = cl.Raft.HeartbeatTimeout
 	}
 	if et <= 0 {
-		et = 500 * time.Millisecond // cluster.RaftTiming's default
+		et = time.Second // cluster.RaftTiming's default
 	}
 	return 5 * et
 }
@@ -106,6 +106,7 @@ func (f *freshness) poll() {
 // noteLeader records a ready leader's state index seen at (or after) at.
 func (f *freshness) noteLeader(stateIndex uint64, at time.Time) {
 	own := f.e.node.State().Index()
+	f.e.ready.lag.observe(at, stateIndex, own)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	// The latest report, not the highest: an operator's snapshot restore

@@ -410,7 +410,7 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 		// The hop's span is the worker span's parent.
 		traceProp.Inject(hctx, propagation.HeaderCarrier(hdr))
 		done := e.fleet.NoteDispatch(cur.Instance, rq.promptTokens)
-		resp, err := e.post(hctx, cur.URL+rq.path, body, hdr)
+		resp, err := e.post(e.fleet.ExpectIdentity(hctx, cur.Instance), cur.URL+rq.path, body, hdr)
 		if err != nil || resp.StatusCode != http.StatusOK {
 			done()
 		}

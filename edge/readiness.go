@@ -12,18 +12,119 @@ import (
 )
 
 // readiness is what /readyz answers. Always: a leader is known, the node
-// has not halted, and each fleet has a healthy instance. After a (re)start
-// also, once: the state caught up with a leader's (freshness), and the
-// edge heard (telemetry or probe) every instance the log records up and
-// num_instances per fleet — or telemetry.startup_grace passed. That once
-// matters: a worker that restarts later must not take every edge out of
-// the load balancer (only "a healthy instance per fleet" is checked then).
+// has not halted, each fleet has a healthy instance, and the state is not
+// stalled (below). After a (re)start also, once: the state caught up with
+// a leader's (freshness), and the edge heard (telemetry or probe) every
+// instance the log records up and num_instances per fleet — or
+// telemetry.startup_grace passed. That once matters: a worker that
+// restarts later must not take every edge out of the load balancer (only
+// "a healthy instance per fleet" is checked then).
+//
+// Stalled: once caught up, an edge's state must keep following its
+// leader's. It is stalled while a state index a leader reported more than
+// maxStateLag ago is still not applied here, or while its writes to
+// raft.db have failed for storageFailureGrace with no success since (a
+// full or failing disk: a follower that cannot append what its leader
+// sends freezes while its peers move on), or while the node is halted (it
+// applies nothing more). A stalled edge is not ready and
+// refuses routed requests (503 state_stalled, Retry-After: admission.go):
+// every request may need a placement it would read stale or could not
+// learn the outcome of. It serves again as soon as it has caught up.
 type readiness struct {
 	e       *Edge
 	started time.Time
+	lag     stateLag
 
 	mu        sync.Mutex
 	heardDone bool // the startup instance gate passed (latched)
+}
+
+const (
+	// maxStateLag: a state index a leader reported this long ago and not
+	// yet applied here makes the edge stalled. A healthy follower applies
+	// a commit within milliseconds, a loaded one within a few hundred;
+	// an election (no leader reports meanwhile) takes about one second.
+	maxStateLag = 5 * time.Second
+	// storageFailureGrace: raft.db writes failing this long, with no
+	// success since, make the edge stalled.
+	storageFailureGrace = time.Second
+	// maxLagSamples bounds the leader reports kept (one per freshness
+	// poll that found this node behind: 100 ms apart).
+	maxLagSamples = 1024
+)
+
+// stateLag remembers leader state indexes this node had not reached when
+// they were reported, oldest first (increasing).
+type stateLag struct {
+	mu      sync.Mutex
+	samples []lagSample
+}
+
+type lagSample struct {
+	at    time.Time
+	index uint64
+}
+
+// observe records a leader's state index seen at at, with own the node's
+// index then.
+func (l *stateLag) observe(at time.Time, leader, own uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// A leader reporting less than it did (an operator's snapshot restore
+	// moved the state back): what it reported before is no longer ahead.
+	for n := len(l.samples); n > 0 && l.samples[n-1].index > leader; n-- {
+		l.samples = l.samples[:n-1]
+	}
+	l.dropReachedLocked(own)
+	if leader <= own || len(l.samples) >= maxLagSamples {
+		return
+	}
+	if n := len(l.samples); n == 0 || leader > l.samples[n-1].index {
+		l.samples = append(l.samples, lagSample{at, leader})
+	}
+}
+
+func (l *stateLag) dropReachedLocked(own uint64) {
+	i := 0
+	for i < len(l.samples) && l.samples[i].index <= own {
+		i++
+	}
+	if i > 0 {
+		l.samples = append(l.samples[:0], l.samples[i:]...)
+	}
+}
+
+// behind is how long ago a leader reported the oldest state index this
+// node has still not applied (own), and that index; 0 when caught up.
+func (l *stateLag) behind(now time.Time, own uint64) (time.Duration, uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.dropReachedLocked(own)
+	if len(l.samples) == 0 {
+		return 0, 0
+	}
+	return now.Sub(l.samples[0].at), l.samples[0].index
+}
+
+// stalled reports why this edge's state has stopped following its
+// leader's ("" when it has not).
+func (r *readiness) stalled(now time.Time) string {
+	e := r.e
+	if err := e.node.FatalError(); err != nil {
+		return "state stalled: the node halted: " + err.Error()
+	}
+	if ok, _ := e.fresh.caughtUpSinceStart(); !ok {
+		return "" // still catching up after a (re)start: check says so
+	}
+	if err, since := e.node.StorageError(); err != nil && now.Sub(since) >= storageFailureGrace {
+		return fmt.Sprintf("state stalled: writes to the Raft log have failed for %s (%v)", now.Sub(since).Round(100*time.Millisecond), err)
+	}
+	own := e.node.State().Index()
+	if d, idx := r.lag.behind(now, own); d > maxStateLag {
+		return fmt.Sprintf("state stalled: a leader reported state index %d %s ago, this edge has applied %d (bound %s)",
+			idx, d.Round(100*time.Millisecond), own, maxStateLag)
+	}
+	return ""
 }
 
 func newReadiness(e *Edge, started time.Time) *readiness {
@@ -42,6 +143,9 @@ func (r *readiness) check(now time.Time) []string {
 	}
 	caughtUp, why := e.fresh.caughtUpSinceStart()
 	if !caughtUp {
+		reasons = append(reasons, why)
+	}
+	if why := r.stalled(now); why != "" {
 		reasons = append(reasons, why)
 	}
 	instances := e.fleet.Instances(now)

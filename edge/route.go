@@ -36,7 +36,7 @@ const (
 func (e *Edge) retryHint() time.Duration {
 	et := e.cfg.Cluster.Raft.ElectionTimeout
 	if et <= 0 {
-		et = 500 * time.Millisecond
+		et = time.Second // cluster.RaftTiming's default
 	}
 	return max(et, 250*time.Millisecond)
 }

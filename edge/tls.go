@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-project/tether/cluster/pki"
 )
@@ -320,9 +321,14 @@ func (e *Edge) TLSMode() string {
 // registered an http:// URL over telemetry is not sent prompts and signed
 // hints in the clear. The hop fails like an unreachable instance (retried
 // elsewhere, the breaker counts it) and the edge logs it once per host.
-func (t *edgeTLS) guardHops(rt http.RoundTripper, log *slog.Logger) http.RoundTripper {
+// With a certificate per worker, hops also go only to a server proving
+// the instance's identity (workerident.go).
+func (t *edgeTLS) guardHops(rt http.RoundTripper, log *slog.Logger, reg prometheus.Registerer) http.RoundTripper {
 	if !t.cfg.mutual() {
 		return rt
+	}
+	if t.cfg.checksWorkerIdentity() {
+		rt = newIdentityGuard(rt, reg)
 	}
 	return &hopGuard{next: rt, log: log}
 }

@@ -119,6 +119,12 @@ type Config struct {
 	// ProbeClient sends probes and scrapes (default: a plain client;
 	// each request carries its own deadline).
 	ProbeClient *http.Client
+	// VerifyAddress, when set, is asked before a discovered instance's
+	// reports from an address it has not proven are applied: it dials url
+	// (ctx carries ExpectWorker(workerID)) and returns nil when the server
+	// there proved it is workerID (address.go). Nil: addresses are taken
+	// from reports as they come (no transport identity to check).
+	VerifyAddress func(ctx context.Context, workerID, url string) error
 	// OnEvictions receives conversations a worker's scheduler evicted
 	// (called on a NATS goroutine: keep it cheap).
 	OnEvictions func(instance string, fleet fsm.Fleet, evictions []telemetry.Eviction)
@@ -289,6 +295,7 @@ type Fleet struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	addrs   addresses // address verification (address.go)
 	metrics *metrics
 	// engineBoot is the boot id of the KV batches this edge makes of
 	// engines' events (random per fleet view).
@@ -342,6 +349,7 @@ func New(cfg Config) (*Fleet, error) {
 		client:   cfg.ProbeClient,
 		byID:     make(map[string]*instance),
 		alias:    make(map[string]string),
+		addrs:    addresses{byID: make(map[string]*addressState)},
 	}
 	if f.client == nil {
 		f.client = &http.Client{}
@@ -794,6 +802,9 @@ func (f *Fleet) onLoad(m *nats.Msg) {
 		f.drop("load", err)
 		return
 	}
+	if !f.admitAddress(r) {
+		return
+	}
 	f.metrics.received.WithLabelValues("load").Inc()
 	now := f.cfg.Now()
 	f.mu.Lock()
@@ -1162,8 +1173,8 @@ func (f *Fleet) probeLoop() {
 const maxParallelProbes = 16
 
 type probeTarget struct {
-	id, url, path, model, metrics string
-	timeout                       time.Duration
+	id, worker, url, path, model, metrics string
+	timeout                               time.Duration
 }
 
 func (f *Fleet) probeRound() {
@@ -1175,8 +1186,9 @@ func (f *Fleet) probeRound() {
 		if in.url == "" || fresh || in.probing || !(in.static || f.blindLocked(in, now)) {
 			continue
 		}
-		tg := probeTarget{id: in.id, url: in.url, path: discoveredProbePath, timeout: f.probeTimeout(in)}
+		tg := probeTarget{id: in.id, worker: in.workerID, url: in.url, path: discoveredProbePath, timeout: f.probeTimeout(in)}
 		if in.static {
+			tg.worker = ""
 			tg.path, tg.model, tg.metrics = in.healthPath, in.probeModel, in.metricsFormat
 		}
 		in.probing = true
@@ -1205,7 +1217,7 @@ func (f *Fleet) probeRound() {
 // probeOne probes one instance, records the result and, for an engine
 // whose /metrics the edge reads, scrapes it after a successful probe.
 func (f *Fleet) probeOne(tg probeTarget) {
-	ok := f.probe(tg.url, tg.path, tg.model, tg.timeout)
+	ok := f.probe(tg.worker, tg.url, tg.path, tg.model, tg.timeout)
 	f.metrics.probes.WithLabelValues(map[bool]string{true: "ok", false: "failed"}[ok]).Inc()
 	at := f.cfg.Now()
 	f.mu.Lock()
@@ -1224,10 +1236,14 @@ func (f *Fleet) probeOne(tg probeTarget) {
 
 // probe asks a worker whether it can serve within timeout: GET base+path
 // answers 200 (the engines' /health answers 503 while starting, draining
-// or dead), and, when model is set, GET /v1/models lists it.
-func (f *Fleet) probe(base, path, model string, timeout time.Duration) bool {
+// or dead), and, when model is set, GET /v1/models lists it. A discovered
+// worker's server must prove its identity (worker: ExpectWorker).
+func (f *Fleet) probe(worker, base, path, model string, timeout time.Duration) bool {
 	ctx, cancel := context.WithTimeout(f.ctx, timeout)
 	defer cancel()
+	if worker != "" {
+		ctx = ExpectWorker(ctx, worker)
+	}
 	if !f.probeGet(ctx, base+path, nil) {
 		return false
 	}
@@ -1288,6 +1304,7 @@ func (f *Fleet) housekeeping() {
 		}
 		now := f.cfg.Now()
 		f.index.Expire(now)
+		f.expireAddresses(now)
 		var retry, forget []string
 		f.mu.Lock()
 		for id, in := range f.byID {

@@ -18,6 +18,8 @@ type metrics struct {
 	probes    *prometheus.CounterVec
 	scrapes   *prometheus.CounterVec
 	linkUp    prometheus.Gauge
+	// addressRefused counts failed address verifications (address.go).
+	addressRefused prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, f *Fleet) (*metrics, error) {
@@ -28,7 +30,7 @@ func newMetrics(reg prometheus.Registerer, f *Fleet) (*metrics, error) {
 		}, []string{"kind"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_edge_telemetry_dropped_total",
-			Help: "Worker telemetry messages dropped, by kind and reason (version, malformed, range, subject_mismatch, bad_subject).",
+			Help: "Worker telemetry messages dropped, by kind and reason (version, malformed, range, subject_mismatch, bad_subject; load reports from an address the instance has not proven: address_unverified while it is checked, address_refused after it failed).",
 		}, []string{"kind", "reason"}),
 		kvBatches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_edge_kv_batches_total",
@@ -51,11 +53,15 @@ func newMetrics(reg prometheus.Registerer, f *Fleet) (*metrics, error) {
 			Help: "1 while the edge's NATS connection is up (0: telemetry outage, workers judged by probes).",
 		}),
 	}
+	m.addressRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tether_edge_worker_address_refused_total",
+		Help: "Worker addresses from load reports that failed verification: the server there did not prove the instance's identity (spiffe://tether/worker/<instance>) or could not be reached; reports giving the instance that address are refused.",
+	})
 	m.linkUp.Set(1)
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.received, m.dropped, m.kvBatches, m.dumps, m.probes, m.scrapes, m.linkUp, &instanceCollector{f: f}} {
+	for _, c := range []prometheus.Collector{m.received, m.dropped, m.kvBatches, m.dumps, m.probes, m.scrapes, m.linkUp, m.addressRefused, &instanceCollector{f: f}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("fleetview: register metrics: %w", err)
 		}

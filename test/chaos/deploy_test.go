@@ -11,6 +11,7 @@ import (
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
 	"gopkg.in/yaml.v3"
 
 	"github.com/tether-project/tether/cluster/pki"
@@ -29,18 +30,61 @@ import (
 // (envOptions.edge), and says why.
 var deployDir = filepath.Join("..", "..", "deploy")
 
-// The worker's NATS identity: an nkey generated for this harness (test
-// only; it guards nothing outside a test's loopback NATS server). Its
-// public half replaces deploy/nats/auth.conf's.
+// The edge's NATS password replaces the shipped one; each worker's NATS
+// identity is an nkey generated per run (workerNKeys), whose public half
+// replaces that worker's in deploy/nats/auth.conf.
 const (
-	testWorkerNKeySeed   = "SUAMDHHYBQUKZNQBH6QPXT35M72W4KZEUZA557RTUHPILHWQTWRLYLTZKM"
-	testWorkerNKeyPublic = "UAFH5MGZEMF2YSCHR73XWNZDACEI6DI5J76TQI3ZVS6YYLJUAXRZ4BVT"
-	// What deploy/nats/auth.conf ships, replaced here as an operator would.
-	shippedWorkerNKey    = "UBECXL5HQ5LNM5NA35Y66HIDG3XWMUQ67QGMM4KHZ3ZH36BK2JHJXJRC"
 	shippedEdgePassword  = "edge-nats-password-change-me"
 	testNATSEdgePassword = "chaos-nats-edge-password-0123456789"
 	clusterAuthKey       = "chaos-cluster-auth-key-0123456789"
 )
+
+// workerNKeys generates an nkey per worker id; the seeds go to the
+// workers' nkey_seed_file, the public keys into auth.conf.
+func workerNKeys(t *testing.T, ids []string) map[string]nkeys.KeyPair {
+	t.Helper()
+	out := map[string]nkeys.KeyPair{}
+	for _, id := range ids {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[id] = kp
+	}
+	return out
+}
+
+// seedOf is kp's seed, as an nkey_seed_file holds it.
+func seedOf(t *testing.T, kp nkeys.KeyPair) string {
+	t.Helper()
+	seed, err := kp.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(seed)
+}
+
+// shippedWorkerNKeys maps each worker id of deploy/nats/auth.conf to its
+// shipped public nkey (the id is the one in the user's kv subject).
+func shippedWorkerNKeys(t *testing.T) map[string]string {
+	t.Helper()
+	o, err := natsserver.ProcessConfigFile(filepath.Join(deployDir, "nats", "nats-1.conf"))
+	if err != nil {
+		t.Fatalf("deploy/nats/nats-1.conf: %v", err)
+	}
+	out := map[string]string{}
+	for _, u := range o.Nkeys {
+		if u.Permissions == nil || u.Permissions.Publish == nil {
+			continue
+		}
+		for _, s := range u.Permissions.Publish.Allow {
+			if id, ok := strings.CutPrefix(s, "tether.v1.kv."); ok && !strings.ContainsAny(id, "*>") {
+				out[id] = u.Nkey
+			}
+		}
+	}
+	return out
+}
 
 // secretsEnv is the environment deploy/README.md's secrets come from.
 func secretsEnv() []string {
@@ -170,8 +214,9 @@ func (p *testPKI) clientTLS() *tls.Config {
 // natsOptions builds the NATS server's options from deploy/nats/nats-1.conf
 // and auth.conf: one server on a loopback port (no cluster routes, no
 // monitoring port), the shipped users and permissions with the test's edge
-// password and worker nkey.
-func natsOptions(t *testing.T, dir string, port int) *natsserver.Options {
+// password and each worker's nkey (workers: id → key pair; every id must
+// be one auth.conf pins).
+func natsOptions(t *testing.T, dir string, port int, workers map[string]nkeys.KeyPair) *natsserver.Options {
 	t.Helper()
 	dst := filepath.Join(dir, "nats")
 	if err := os.MkdirAll(dst, 0o700); err != nil {
@@ -185,7 +230,19 @@ func natsOptions(t *testing.T, dir string, port int) *natsserver.Options {
 		return string(b)
 	}
 	auth := read("auth.conf")
-	for _, r := range []struct{ from, to string }{{shippedEdgePassword, testNATSEdgePassword}, {shippedWorkerNKey, testWorkerNKeyPublic}} {
+	subst := []struct{ from, to string }{{shippedEdgePassword, testNATSEdgePassword}}
+	shipped := shippedWorkerNKeys(t)
+	for id, kp := range workers {
+		pub, err := kp.PublicKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if shipped[id] == "" {
+			t.Fatalf("deploy/nats/auth.conf pins no nkey to worker %s: update test/chaos/deploy_test.go", id)
+		}
+		subst = append(subst, struct{ from, to string }{shipped[id], pub})
+	}
+	for _, r := range subst {
 		if !strings.Contains(auth, r.from) {
 			t.Fatalf("deploy/nats/auth.conf no longer holds %q: update test/chaos/deploy_test.go", r.from)
 		}

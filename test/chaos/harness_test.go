@@ -21,6 +21,7 @@ import (
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
 
 	"github.com/tether-project/tether/cluster/pki"
 	"github.com/tether-project/tether/edge/admin"
@@ -204,6 +205,7 @@ type workerProc struct {
 	proc
 	id    string
 	fleet string
+	addr  string // host:port of its HTTPS API
 }
 
 // env is the deployment under test, configured as deploy/ ships it
@@ -218,10 +220,13 @@ type env struct {
 	natsOpts *natsserver.Options
 	natsURL  string
 	natsPort int
-	edges    []*edgeProc
-	workers  []*workerProc
-	pki      *testPKI
-	client   *http.Client
+	// nkeys are the workers' NATS identities (deploy/nats/auth.conf pins
+	// each to its instance id).
+	nkeys   map[string]nkeys.KeyPair
+	edges   []*edgeProc
+	workers []*workerProc
+	pki     *testPKI
+	client  *http.Client
 }
 
 // envOptions are a test's departures from the shipped configuration.
@@ -292,7 +297,8 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 	v.client = &http.Client{Transport: tr, Timeout: 20 * time.Second}
 	v.natsPort = freePort(t)
 	v.natsURL = fmt.Sprintf("nats://127.0.0.1:%d", v.natsPort)
-	v.natsOpts = natsOptions(t, v.dir, v.natsPort)
+	v.nkeys = workerNKeys(t, []string{"ctx-1", "ctx-2", "gen-1", "gen-2"})
+	v.natsOpts = natsOptions(t, v.dir, v.natsPort, v.nkeys)
 	v.startNATS()
 	t.Cleanup(func() {
 		for _, e := range v.edges {
@@ -312,15 +318,15 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 	if m := yamlGet(readDeployYAML(t, "config/edge-1.yaml"), "model"); m != "" {
 		model = m
 	}
-	seed := filepath.Join(v.dir, "worker.nk")
-	if err := os.WriteFile(seed, []byte(testWorkerNKeySeed+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 
 	for i, fleet := range []string{"context", "context", "generation", "generation"} {
 		id := fmt.Sprintf("%s-%d", map[string]string{"context": "ctx", "generation": "gen"}[fleet], i%2+1)
 		port := freePort(t)
 		files := v.pki.issue(t, id, pki.RoleWorker)
+		seed := filepath.Join(v.dir, id+".nk")
+		if err := os.WriteFile(seed, []byte(seedOf(t, v.nkeys[id])+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		path := filepath.Join(v.dir, id+".yaml")
 		writeDeployConfig(t, "config/worker-"+fleet+".yaml", path, map[string]any{
 			"instance_id":         id,
@@ -335,7 +341,7 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 			"nats.urls":           []string{v.natsURL},
 			"nats.nkey_seed_file": seed,
 		})
-		w := &workerProc{id: id, fleet: fleet}
+		w := &workerProc{id: id, fleet: fleet, addr: fmt.Sprintf("127.0.0.1:%d", port)}
 		w.name, w.args, w.logPath = id, []string{"worker", "--config", path}, filepath.Join(v.dir, id+".log")
 		w.env = secretsEnv()
 		w.start(t)

@@ -133,13 +133,33 @@ func TestDeployConfigsParse(t *testing.T) {
 			t.Errorf("edge NATS user: permissions %+v must allow subscribing to tether.v1.> and requesting KV dumps", p)
 		}
 	}
-	if len(o.Nkeys) != 1 {
-		t.Fatalf("want one worker nkey user, got %d", len(o.Nkeys))
+	// One nkey per worker, pinned to its instance id: it publishes only
+	// that instance's telemetry and receives only its dump requests.
+	pinned := map[string]bool{}
+	for _, u := range o.Nkeys {
+		wp := u.Permissions
+		if wp == nil || wp.Publish == nil || wp.Subscribe == nil {
+			t.Errorf("worker nkey %s: no permissions (it could publish anything)", u.Nkey)
+			continue
+		}
+		var id string
+		for _, s := range wp.Publish.Allow {
+			if x, ok := strings.CutPrefix(s, "tether.v1.kv."); ok {
+				id = x
+			}
+		}
+		want := []string{"tether.v1.load.context." + id, "tether.v1.load.generation." + id, "tether.v1.kv." + id, "tether.v1.evict." + id}
+		if id == "" || strings.ContainsAny(id, "*>") || !slices.Equal(slices.Sorted(slices.Values(wp.Publish.Allow)), slices.Sorted(slices.Values(want))) {
+			t.Errorf("worker nkey %s may publish %v: want exactly one instance's subjects %v", u.Nkey, wp.Publish.Allow, want)
+		}
+		if !slices.Equal(wp.Subscribe.Allow, []string{"tether.v1.kvdump." + id}) || wp.Response == nil {
+			t.Errorf("worker nkey %s (%s): subscribe %v, responses %+v: want only its dump requests, answered as responses", u.Nkey, id, wp.Subscribe.Allow, wp.Response)
+		}
+		pinned[id] = true
 	}
-	wp := o.Nkeys[0].Permissions
-	for _, subj := range []string{"tether.v1.load.>", "tether.v1.kv.>", "tether.v1.evict.>"} {
-		if wp == nil || !slices.Contains(wp.Publish.Allow, subj) {
-			t.Errorf("worker nkey user may not publish %s: %+v", subj, wp)
+	for _, id := range []string{"ctx-1", "gen-1"} {
+		if !pinned[id] {
+			t.Errorf("deploy/nats/auth.conf pins no nkey to worker %s (deploy/config's instance id)", id)
 		}
 	}
 	for f, cfg := range fleets {
