@@ -74,7 +74,7 @@ func TestAdminAPI(t *testing.T) {
 
 	var hist struct {
 		Fleet, Key string
-		Events     []admin.HistoryEntry `json:"events"`
+		Events     []historyEntry `json:"events"`
 	}
 	if err := json.Unmarshal(adminGet(t, s.c, s.te, "/admin/v1/bindings/context/admin-conv/history").body, &hist); err != nil {
 		t.Fatal(err)
@@ -85,7 +85,7 @@ func TestAdminAPI(t *testing.T) {
 	}
 	// After the Bind: the sticky turn's Touch and (feature level 2) the
 	// worker's rank, recorded off the request path.
-	if len(hist.Events) < 2 || hist.Events[0].Type != "Bind" || hist.Events[0].Decision == nil || hist.Events[0].Decision.Edge != "edge-1" ||
+	if len(hist.Events) < 2 || hist.Events[0].Type != "Bind" || hist.Events[0].Event.Decision.Edge != "edge-1" ||
 		hist.Events[0].Index == 0 || hist.Events[0].Time.IsZero() || !types["Touch"] {
 		t.Fatalf("history %+v", hist.Events)
 	}
@@ -161,11 +161,11 @@ func TestLeaderSweepsIdleBindings(t *testing.T) {
 		return !ok
 	})
 	var hist struct {
-		Events []admin.HistoryEntry `json:"events"`
+		Events []historyEntry `json:"events"`
 	}
 	_ = json.Unmarshal(adminGet(t, s.c, s.te, "/admin/v1/bindings/context/ttl-conv/history").body, &hist)
 	last := hist.Events[len(hist.Events)-1]
-	if last.Type != "Evict" || last.Event["reason"] != "ttl" || last.Status != "applied" {
+	if last.Type != "Evict" || last.Event.Reason != "ttl" || last.Status != "applied" {
 		t.Fatalf("last history event %+v", last)
 	}
 }
@@ -312,4 +312,14 @@ func startEdgesWithDeps(t testing.TB, mutate func(c *Config), d Deps) *edgeClust
 	t.Helper()
 	ec := startEdgesDeferred(t, 1, "", func(_ int, c *Config) { mutate(c) }, func(int) Deps { return d })
 	return ec
+}
+
+// historyEntry is an element of a key's history as the tests read it: the
+// event's fields typed as far as the tests look.
+type historyEntry struct {
+	admin.HistoryEntry
+	Event struct {
+		Reason   string           `json:"reason"`
+		Decision fsm.DecisionJSON `json:"decision"`
+	} `json:"event"`
 }

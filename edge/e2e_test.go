@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/hintauth"
@@ -391,10 +390,10 @@ func TestDegradedModeWithoutQuorum(t *testing.T) {
 	})
 	h := adminGet(t, c, ec.edge(survivor), "/admin/v1/bindings/context/degraded-conv/history")
 	var hist struct {
-		Events []admin.HistoryEntry `json:"events"`
+		Events []historyEntry `json:"events"`
 	}
 	if err := json.Unmarshal(h.body, &hist); err != nil || len(hist.Events) == 0 || hist.Events[0].Type != "Bind" ||
-		hist.Events[0].Decision == nil || hist.Events[0].Decision.Policy != routing.PolicyDegraded {
+		hist.Events[0].Event.Decision.Policy != routing.PolicyDegraded {
 		t.Fatalf("history: %d %s", h.status, h.body)
 	}
 }

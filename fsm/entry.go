@@ -67,6 +67,7 @@ func DecodeEntry(data []byte) ([]RawProposal, error) {
 		return nil, r.err
 	}
 	props := make([]RawProposal, n)
+	var er reader // the events' reader, one for the entry
 	for i := range props {
 		p := &props[i]
 		copy(p.ID[:], r.bytes(proposalIDBytes, "proposal id"))
@@ -84,7 +85,7 @@ func DecodeEntry(data []byte) ([]RawProposal, error) {
 		p.Raw = data[start : start+int(size) : start+int(size)]
 		r.off += int(size)
 		p.Type = EventType(p.Raw[0])
-		ev, err := decodeEventAt(p.Raw, start)
+		ev, err := decodeEventAt(&er, p.Raw, start)
 		if err != nil {
 			var unknown *UnknownEventError
 			if errors.As(err, &unknown) {

@@ -384,7 +384,7 @@ func TestExportNDJSON(t *testing.T) {
 			binds++
 			var f struct {
 				Instance string       `json:"instance"`
-				Decision DecisionJSON `json:"decision"`
+				Decision fsm.DecisionJSON `json:"decision"`
 			}
 			if err := json.Unmarshal(ev.Fields, &f); err != nil || f.Instance == "" || f.Decision.Edge == "" {
 				t.Errorf("bind fields %s: %v", ev.Fields, err)

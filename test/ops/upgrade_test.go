@@ -219,7 +219,8 @@ func rankEvents(hist []admin.HistoryEntry, epoch uint64) (all, applied int) {
 		}
 		all++
 		// JSON numbers decode as float64; epochs here stay far below 2^53.
-		if e, ok := h.Event["epoch"].(float64); ok && uint64(e) == epoch && h.Status == fsm.StatusApplied.String() {
+		fields, _ := h.Event.(map[string]any)
+		if e, ok := fields["epoch"].(float64); ok && uint64(e) == epoch && h.Status == fsm.StatusApplied.String() {
 			applied++
 		}
 	}
