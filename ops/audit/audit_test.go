@@ -383,7 +383,7 @@ func TestExportNDJSON(t *testing.T) {
 		if ev.Type == "Bind" {
 			binds++
 			var f struct {
-				Instance string       `json:"instance"`
+				Instance string           `json:"instance"`
 				Decision fsm.DecisionJSON `json:"decision"`
 			}
 			if err := json.Unmarshal(ev.Fields, &f); err != nil || f.Instance == "" || f.Decision.Edge == "" {
