@@ -38,7 +38,7 @@ peers:
 	}
 	for path, want := range map[string]int{
 		"nats": 2, "nats.creds_file": 3, "nats.urls": 4, "peers[0]": 6, "peers[0].addr": 7,
-		"nats.user": 2, // not in the file: its section's line
+		"nats.user":       2, // not in the file: its section's line
 		"peers[0].weight": 6, "tls.mode": 0,
 	} {
 		if got := doc.Line(path); got != want {
