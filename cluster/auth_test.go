@@ -194,8 +194,13 @@ func TestTLSPeerMustBeTheNodeItClaims(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		n, err := Open(ctx, Config{NodeID: "n7", DataDir: t.TempDir(), Listener: ln, Join: []string{target.Addr()},
-			AuthKey: testKey, TLS: other, Raft: testTiming, Logger: testLogger(t)})
+		n, err := Open(ctx, Config{
+			Settings: Settings{NodeID: "n7", DataDir: t.TempDir(), Join: []string{target.Addr()}, Raft: testTiming},
+			Listener: ln,
+			AuthKey:  testKey,
+			TLS:      other,
+			Logger:   testLogger(t),
+		})
 		if err == nil {
 			n.Close(ctx)
 			t.Fatal("a node joined as n7 with n9's certificate")

@@ -112,8 +112,8 @@ type Node struct {
 // DataDir is empty) and returns once the node runs. A join waits until the
 // leader committed this node as a voter (bounded by ctx).
 func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
-	cfg, err = cfg.withDefaults()
-	if err != nil {
+	cfg = cfg.WithDefaults()
+	if err := ValidateConfig(cfg); err != nil {
 		if cfg.Listener != nil {
 			cfg.Listener.Close()
 		}
@@ -256,7 +256,7 @@ func (n *Node) listen(u *undo) (net.Listener, error) {
 	if n.addr == "" {
 		n.addr = ln.Addr().String()
 		if host, _, _ := net.SplitHostPort(n.addr); net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified() {
-			return nil, fmt.Errorf("cluster: config AdvertiseAddr: required when binding %s (peers cannot dial an unspecified address)", n.addr)
+			return nil, &ConfigError{Key: "advertise_addr", Msg: fmt.Sprintf("required when binding %s (peers cannot dial an unspecified address)", n.addr)}
 		}
 	}
 	return ln, nil

@@ -32,7 +32,7 @@ func TestCacheLostRebind(t *testing.T) {
 			}
 			startWorker(t, "gen-0", workerOpts{fleet: telemetry.FleetGeneration, role: hintauth.RoleGeneration, nats: ns.ClientURL()})
 			ec := startEdges(t, 1, ns.ClientURL(), func(_ int, c *Config) {
-				c.Cluster.CompatFeatureLevel = level
+				c.Cluster.FeatureLevel = level
 				// The test waits for the index to show the eviction itself,
 				// so the binding need not sit idle first.
 				c.Placement.Overflow.CacheLostMinIdle = 0

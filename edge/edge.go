@@ -139,6 +139,7 @@ type kvEviction struct {
 // New validates cfg and prepares an edge; Start opens the cluster node,
 // connects to NATS and listens.
 func New(cfg Config, deps Deps) (*Edge, error) {
+	cfg.normalize()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("edge: config: %w", err)
 	}
@@ -149,6 +150,9 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		e.log = slog.Default()
 	}
 	e.log = e.log.With("component", "edge", "node", cfg.Cluster.NodeID)
+	for _, w := range cfg.Deprecated() {
+		e.log.Warn("config: " + w)
+	}
 	e.now = deps.Now
 	if e.now == nil {
 		e.now = time.Now
@@ -250,31 +254,10 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	if err := e.startNATS(); err != nil {
 		return err
 	}
-	cl := e.cfg.Cluster
-	ccfg := cluster.Config{
-		NodeID: cl.NodeID, DataDir: cl.DataDir, BindAddr: cl.BindAddr, AdvertiseAddr: cl.AdvertiseAddr,
-		Bootstrap: cl.Bootstrap, Join: cl.Join, AuthKey: []byte(e.cfg.clusterAuthKey()),
-		ProposeTimeout: cl.ProposeTimeout, Version: e.version, FeatureLevel: e.featureLevel(), Listener: e.deps.ClusterListener,
-		Registerer: e.registry, Logger: e.log, TLS: e.tls.cluster,
-		Raft: cluster.RaftTiming{
-			HeartbeatTimeout: cl.Raft.HeartbeatTimeout, ElectionTimeout: cl.Raft.ElectionTimeout,
-			LeaderLeaseTimeout: cl.Raft.LeaderLeaseTimeout, CommitTimeout: cl.Raft.CommitTimeout,
-		},
-		Archive:  cluster.ArchiveOptions{MaxAge: cl.ArchiveMaxAge, MaxEvents: cl.ArchiveMaxEvents},
-		Suffrage: cluster.Suffrage(cl.Suffrage),
-		Autopilot: cluster.AutopilotConfig{
-			Voters: cl.Autopilot.Voters, StabilizationTime: cl.Autopilot.StabilizationTime,
-			DeadServerTimeout: cl.Autopilot.DeadServerTimeout, LastContactThreshold: cl.Autopilot.LastContactThreshold,
-			MaxTrailingLogs: cl.Autopilot.MaxTrailingLogs, Interval: cl.Autopilot.Interval,
-		},
-	}
+	ccfg := e.cfg.nodeConfig()
+	ccfg.Version, ccfg.Listener, ccfg.TLS = e.version, e.deps.ClusterListener, e.tls.cluster
+	ccfg.Registerer, ccfg.Logger = e.registry, e.log
 	e.deps.ClusterListener = nil // owned by the node from here on
-	for _, p := range cl.Peers {
-		ccfg.Peers = append(ccfg.Peers, cluster.Peer{ID: p.ID, Addr: p.Addr})
-	}
-	if ccfg.BindAddr == "" && ccfg.Listener == nil {
-		ccfg.BindAddr = "127.0.0.1:0"
-	}
 	if e.node, err = cluster.Open(ctx, ccfg); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
@@ -392,8 +375,8 @@ func (e *Edge) startNATS() error {
 			return fmt.Errorf("edge: nats.nkey_seed_file: %w", err)
 		}
 		opts = append(opts, o)
-	case n.Creds != "":
-		opts = append(opts, nats.UserCredentials(n.Creds))
+	case n.CredsFile != "":
+		opts = append(opts, nats.UserCredentials(n.CredsFile))
 	}
 	opts = append(opts, e.tls.natsClientOptions()...)
 	joined := ""
@@ -676,13 +659,8 @@ func (e *Edge) advertise() {
 }
 
 // featureLevel is the highest fsm feature level this edge advertises and
-// uses: cluster.compat_feature_level, or this build's maximum.
-func (e *Edge) featureLevel() uint32 {
-	if l := e.cfg.Cluster.CompatFeatureLevel; l > 0 {
-		return l
-	}
-	return fsm.FeatureLevelMax
-}
+// uses: cluster.compat_feature_level (its default: this build's maximum).
+func (e *Edge) featureLevel() uint32 { return e.cfg.Cluster.FeatureLevel }
 
 func findNode(st *fsm.State, id string) (fsm.Node, bool) {
 	for _, n := range st.Nodes() {

@@ -2,7 +2,6 @@ package edge
 
 import (
 	"context"
-	"fmt"
 	"hash/fnv"
 	"net/http"
 	"strconv"
@@ -89,17 +88,13 @@ func (c *Config) dataParallelSize(f fsm.Fleet) int {
 }
 
 // validateEngine checks a fleet's engine keys.
-func (c *Config) validateEngine(key string, s *ServersConfig) []error {
-	var errs []error
-	bad := func(k, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", k, fmt.Sprintf(format, args...)))
-	}
+func (c *Config) validateEngine(key string, s *ServersConfig, bad complain) {
 	kind := s.Engine.Kind()
 	switch kind {
 	case EngineTether, EngineTRTLLM, EngineVLLM, EngineSGLang:
 	default:
 		bad(key+".engine", "unknown engine %q (want tether, trtllm, vllm or sglang)", string(s.Engine))
-		return errs
+		return
 	}
 	if s.DataParallelSize < 0 || s.DataParallelSize > maxDataParallelSize {
 		bad(key+".data_parallel_size", "must be 0..%d, got %d", maxDataParallelSize, s.DataParallelSize)
@@ -111,11 +106,11 @@ func (c *Config) validateEngine(key string, s *ServersConfig) []error {
 		bad(key+".data_parallel_size", "only for engine vllm or sglang (the edge picks their rank); %s workers place requests on ranks themselves", kind)
 	}
 	if !kind.aggregatedOnly() {
-		return errs
+		return
 	}
 	if s == &c.GenerationServers {
 		bad(key+".engine", "%s is served aggregated: configure its servers under context_servers (docs/engines.md)", kind)
-		return errs
+		return
 	}
 	if len(s.URLs) == 0 {
 		bad(key+".urls", "engine %s needs its servers' URLs (they do not register over NATS)", kind)
@@ -127,7 +122,6 @@ func (c *Config) validateEngine(key string, s *ServersConfig) []error {
 	if c.ConditionalDisagg.MaxLocalPrefillLength > 0 {
 		bad("conditional_disagg_config", "does not apply to context_servers.engine: %s (served aggregated)", kind)
 	}
-	return errs
 }
 
 // engineRank is the data-parallel rank of key on instance among size

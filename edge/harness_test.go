@@ -28,6 +28,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/convid"
@@ -198,7 +199,7 @@ func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
 		cfg.Fleet = telemetry.FleetContext
 	}
 	cfg.ServerRole = o.role
-	cfg.LegacyMode = o.legacy
+	cfg.IgnoreSubagentHints = o.legacy
 	cfg.TelemetryInterval = 50 * time.Millisecond
 	cfg.AdvertiseURL = tw.proxy.URL
 	cfg.Logger = testLogger(t)
@@ -247,7 +248,7 @@ type edgeCluster struct {
 }
 
 // baseConfig is one edge's configuration in a test cluster.
-func baseConfig(t testing.TB, nodeID, dataDir, natsURL string, peers []PeerConfig) Config {
+func baseConfig(t testing.TB, nodeID, dataDir, natsURL string, peers []cluster.Peer) Config {
 	cfg := DefaultConfig()
 	cfg.Model = testModel
 	cfg.Hostname = "127.0.0.1"
@@ -266,9 +267,8 @@ func baseConfig(t testing.TB, nodeID, dataDir, natsURL string, peers []PeerConfi
 		cfg.NATS.URLs = []string{natsURL}
 	}
 	cfg.Cluster = ClusterConfig{
-		NodeID: nodeID, DataDir: dataDir, Bootstrap: true, Peers: peers, ProposeTimeout: 2 * time.Second,
-		Raft: RaftConfig{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
-			LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 2 * time.Millisecond},
+		Settings: cluster.Settings{NodeID: nodeID, DataDir: dataDir, Bootstrap: true, Peers: peers, ProposeTimeout: 2 * time.Second, Raft: cluster.RaftTiming{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+			LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 2 * time.Millisecond}},
 	}
 	return cfg
 }
@@ -285,14 +285,14 @@ func startEdgesDeferred(t testing.TB, n int, natsURL string, mutate func(i int, 
 	t.Helper()
 	ec := &edgeCluster{t: t, edges: make([]*testEdge, n), deps: deps}
 	lns := make([]net.Listener, n)
-	peers := make([]PeerConfig, n)
+	peers := make([]cluster.Peer, n)
 	for i := range n {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		lns[i] = ln
-		peers[i] = PeerConfig{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()}
+		peers[i] = cluster.Peer{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()}
 	}
 	base := t.TempDir()
 	for i := range n {

@@ -55,7 +55,7 @@ func TestRankObservedOnlyAtFeatureLevel2(t *testing.T) {
 	startDisaggFleet(t, ns.ClientURL(), workerOpts{})
 	ec := startEdges(t, 3, ns.ClientURL(), func(i int, c *Config) {
 		if i == 2 {
-			c.Cluster.CompatFeatureLevel = fsm.FeatureLevelBase
+			c.Cluster.FeatureLevel = fsm.FeatureLevelBase
 		}
 	})
 	ec.waitInstances(4)
@@ -86,7 +86,7 @@ func TestRankObservedOnlyAtFeatureLevel2(t *testing.T) {
 
 	// Upgrade edge-3: restarted at this build's level.
 	ec.kill(2)
-	ec.edges[2].cfg.Cluster.CompatFeatureLevel = 0
+	ec.edges[2].cfg.Cluster.FeatureLevel = 0
 	if err := ec.start(2, nil); err != nil {
 		t.Fatal(err)
 	}

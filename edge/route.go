@@ -34,11 +34,7 @@ const (
 // retryHint is the Retry-After of a request refused because the log could
 // not commit: about one election.
 func (e *Edge) retryHint() time.Duration {
-	et := e.cfg.Cluster.Raft.ElectionTimeout
-	if et <= 0 {
-		et = 500 * time.Millisecond
-	}
-	return max(et, 250*time.Millisecond)
+	return max(e.cfg.Cluster.Raft.ElectionTimeout, 250*time.Millisecond)
 }
 
 // viewsEntry caches the routing views until the fleet view or the log

@@ -110,7 +110,7 @@ func TestHintSignatureCases(t *testing.T) {
 			cfg.ServerRole = tc.role
 			cfg.InternalRequestAuthKey = tc.key
 			cfg.PreviousInternalRequestAuthKeys = tc.prevKeys
-			cfg.LegacyMode = tc.legacy
+			cfg.IgnoreSubagentHints = tc.legacy
 			s := startServer(t, cfg)
 			extra := `"max_tokens":2`
 			switch tc.reqType {

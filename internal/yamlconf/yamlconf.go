@@ -361,7 +361,7 @@ func decodeStruct(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 				continue
 			}
 		}
-		decode(val, f, canonical, d)
+		decode(val, f, key, d) // a problem of the value is named as the file spells it
 	}
 }
 

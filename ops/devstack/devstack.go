@@ -31,6 +31,7 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
+	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/fsm"
@@ -203,7 +204,7 @@ type Stack struct {
 	tempDir     bool
 	adminToken  string
 	internalKey string
-	peers       []edge.PeerConfig
+	peers       []cluster.Peer
 	pki         *devPKI // nil: plaintext
 	nats        *natsserver.Server
 	edges       []*EdgeNode
@@ -317,14 +318,14 @@ func (s *Stack) prepareDataDir() error {
 				s.dataDir, len(m.Edges), manifestName, len(m.Edges))
 		}
 		for _, me := range m.Edges {
-			s.peers = append(s.peers, edge.PeerConfig{ID: me.ID, Addr: me.RaftAddr})
+			s.peers = append(s.peers, cluster.Peer{ID: me.ID, Addr: me.RaftAddr})
 		}
 		return nil
 	}
 	// A new cluster: its Raft addresses are recorded before any node
 	// persists them in its log, so a restart finds its peers again.
 	for i := range o.Edges {
-		s.peers = append(s.peers, edge.PeerConfig{ID: edgeID(i)})
+		s.peers = append(s.peers, cluster.Peer{ID: edgeID(i)})
 	}
 	return nil
 }
@@ -510,7 +511,7 @@ func (s *Stack) EdgeConfig(i int) edge.Config {
 	cfg.Cluster.DataDir = filepath.Join(s.dataDir, s.peers[i].ID)
 	cfg.Cluster.BindAddr = s.peers[i].Addr
 	cfg.Cluster.Bootstrap = true // ignored once the data dir holds Raft state
-	cfg.Cluster.Peers = append([]edge.PeerConfig(nil), s.peers...)
+	cfg.Cluster.Peers = append([]cluster.Peer(nil), s.peers...)
 	s.edgeTLS(s.peers[i].ID, &cfg)
 	if o.EdgeConfig != nil {
 		o.EdgeConfig(i, &cfg)

@@ -318,10 +318,10 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 		version:    "v1",
 		edgeConfig: func(_ int, version string, c *edge.Config) {
 			if version == "v1" {
-				c.Cluster.CompatFeatureLevel = fsm.FeatureLevelBase
+				c.Cluster.FeatureLevel = fsm.FeatureLevelBase
 			}
 		},
-		workerConfig: func(_ string, c *worker.Config) { c.LegacyMode = true },
+		workerConfig: func(_ string, c *worker.Config) { c.IgnoreSubagentHints = true },
 	})
 	legacy := func(id string, in admin.InstanceInfo) string {
 		if in.VerifiesHints || in.Version != "v1" {
@@ -484,7 +484,7 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 		id    string
 		fleet telemetry.Fleet
 	}{{"ctx-1", telemetry.FleetContext}, {"ctx-2", telemetry.FleetContext}, {"gen-1", telemetry.FleetGeneration}, {"gen-2", telemetry.FleetGeneration}} {
-		f.startWorker(w.id, w.fleet, "v2", func(c *worker.Config) { c.LegacyMode = false })
+		f.startWorker(w.id, w.fleet, "v2", func(c *worker.Config) { c.IgnoreSubagentHints = false })
 		upgraded[w.id] = true
 		f.waitReady(30*time.Second, func(id string, in admin.InstanceInfo) string {
 			if in.VerifiesHints != upgraded[id] || (in.Version == "v2") != upgraded[id] {
@@ -612,7 +612,7 @@ func TestUpgradedWorkerRejectsUnsignedHintsFromAnOlderEdge(t *testing.T) {
 	f.client = &http.Client{Timeout: 10 * time.Second}
 	t.Cleanup(func() { f.closeWorkers(); f.client.CloseIdleConnections() })
 	f.startWorker("ctx-new", telemetry.FleetContext, "v2", func(c *worker.Config) { c.NATS.URLs = nil })
-	f.startWorker("ctx-old", telemetry.FleetContext, "v1", func(c *worker.Config) { c.NATS.URLs = nil; c.LegacyMode = true })
+	f.startWorker("ctx-old", telemetry.FleetContext, "v1", func(c *worker.Config) { c.NATS.URLs = nil; c.IgnoreSubagentHints = true })
 
 	body, _ := json.Marshal(map[string]any{
 		"model": testModel, "max_tokens": 1,

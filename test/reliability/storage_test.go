@@ -19,14 +19,9 @@ import (
 func singleNode(t *testing.T, dir string) (*cluster.Node, cluster.Config, error) {
 	t.Helper()
 	cfg := cluster.Config{
-		NodeID:         "solo",
-		DataDir:        dir,
-		BindAddr:       "127.0.0.1:0",
-		Bootstrap:      true,
-		AuthKey:        authKey,
-		ProposeTimeout: 5 * time.Second,
-		Raft:           timing,
-		Logger:         logger(),
+		Settings: cluster.Settings{NodeID: "solo", DataDir: dir, BindAddr: "127.0.0.1:0", Bootstrap: true, ProposeTimeout: 5 * time.Second, Raft: timing},
+		AuthKey:  authKey,
+		Logger:   logger(),
 	}
 	// Bootstrap needs the node's own address before it listens: take a
 	// port, then hand the listener over.

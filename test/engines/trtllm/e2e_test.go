@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
 )
@@ -54,14 +55,14 @@ func startStandIn(t *testing.T, name, role string) *standIn {
 func startEdges(t *testing.T, n int, ctx, gen []*standIn) []*edge.Edge {
 	t.Helper()
 	lns := make([]net.Listener, n)
-	peers := make([]edge.PeerConfig, n)
+	peers := make([]cluster.Peer, n)
 	for i := range n {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		lns[i] = ln
-		peers[i] = edge.PeerConfig{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()}
+		peers[i] = cluster.Peer{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()}
 	}
 	dir := t.TempDir()
 	edges := make([]*edge.Edge, n)
@@ -82,8 +83,9 @@ func startEdges(t *testing.T, n int, ctx, gen []*standIn) []*edge.Edge {
 		for _, s := range gen {
 			cfg.GenerationServers.URLs = append(cfg.GenerationServers.URLs, edge.StaticInstance{Name: s.name, URL: s.url})
 		}
-		cfg.Cluster = edge.ClusterConfig{NodeID: peers[i].ID, DataDir: filepath.Join(dir, peers[i].ID), Bootstrap: true, Peers: peers,
-			BindAddr: peers[i].Addr, ProposeTimeout: 2 * time.Second}
+		cfg.Cluster = edge.ClusterConfig{
+			Settings: cluster.Settings{NodeID: peers[i].ID, DataDir: filepath.Join(dir, peers[i].ID), Bootstrap: true, Peers: peers, BindAddr: peers[i].Addr, ProposeTimeout: 2 * time.Second},
+		}
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
