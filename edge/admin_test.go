@@ -3,6 +3,7 @@ package edge
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -117,10 +118,18 @@ func TestAdminAPI(t *testing.T) {
 		}
 	}
 
+	// The hash at an exact index, after the state moved past it.
 	st := s.te.e.Node().State()
+	if _, err := s.te.e.Node().Propose(context.Background(), fsm.Annotation{Source: "test", Text: "move the state on"}); err != nil {
+		t.Fatal(err)
+	}
+	want := st.Hash()
 	hr := adminGet(t, s.c, s.te, "/admin/v1/state/hash?index="+strconv.FormatUint(st.Index(), 10)).json(t)
-	if hr["index"].(float64) < float64(st.Index()) || len(hr["hash"].(string)) != 64 {
-		t.Fatalf("state hash %v", hr)
+	if hr["index"].(float64) != float64(st.Index()) || hr["hash"] != hex.EncodeToString(want[:]) || hr["exact"] != true {
+		t.Fatalf("state hash at %d: %v, want %x", st.Index(), hr, want)
+	}
+	if cur := adminGet(t, s.c, s.te, "/admin/v1/state/hash").json(t); cur["index"].(float64) <= float64(st.Index()) || cur["exact"] != nil || cur["bindings"] == nil {
+		t.Fatalf("current state hash %v", cur)
 	}
 	if r := adminGet(t, s.c, s.te, "/admin/v1/state/hash?index=x"); r.status != http.StatusBadRequest {
 		t.Fatalf("bad index: %d", r.status)
