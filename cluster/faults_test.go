@@ -201,8 +201,8 @@ func TestUnknownOptionalEventSkippedEverywhere(t *testing.T) {
 	}
 	tc.sync(5 * time.Second)
 	for _, n := range tc.running() {
-		if n.Machine().Skipped() != 1 {
-			t.Fatalf("node %s skipped %d events, want 1", n.ID(), n.Machine().Skipped())
+		if n.machineForTest().Skipped() != 1 {
+			t.Fatalf("node %s skipped %d events, want 1", n.ID(), n.machineForTest().Skipped())
 		}
 		if n.FatalError() != nil {
 			t.Fatalf("node %s halted on an optional event: %v", n.ID(), n.FatalError())

@@ -683,9 +683,6 @@ func (n *Node) Addr() string { return n.addr }
 // State is the current replicated state: a lock-free read.
 func (n *Node) State() *fsm.State { return n.machine.State() }
 
-// Machine is the node's state machine (read-only use: State, Skipped, Halted).
-func (n *Node) Machine() *fsm.Machine { return n.machine }
-
 // Archive is the node's event archive.
 func (n *Node) Archive() *archive.Archive { return n.archive }
 
@@ -723,10 +720,6 @@ func (n *Node) HashAt(index uint64) (hash [32]byte, ok bool) {
 	}
 	return n.fsm.hashes.lookup(index)
 }
-
-// HashHistory is the range of state indexes HashAt can answer now
-// (oldest, newest; 0, 0 before anything was applied).
-func (n *Node) HashHistory() (oldest, newest uint64) { return n.fsm.hashes.span() }
 
 // WaitApplied waits until this node's state machine processed index.
 func (n *Node) WaitApplied(ctx context.Context, index uint64) error {

@@ -65,14 +65,6 @@ func (r Record) Keys() []fsm.FleetKey {
 	return t.keys
 }
 
-// LinkRoots lists the roots of the record's Link events, deduplicated, in
-// first-seen order: the archive indexes Link events by root so that the
-// sub-agents of a key are found without a scan.
-func (r Record) LinkRoots() []string {
-	t := r.indexTerms()
-	return t.roots
-}
-
 // indexTerms is what the archive indexes a record under, from one decode
 // of its entry.
 type indexTerms struct {

@@ -862,9 +862,6 @@ func (f *Fleet) onEvict(m *nats.Msg) {
 	f.cfg.OnEvictions(id, fleet, e.Evictions)
 }
 
-// RequestDump asks instance id for a full KV dump unless one is in flight.
-func (f *Fleet) RequestDump(id string) { f.requestDump(id) }
-
 func (f *Fleet) requestDump(id string) {
 	if f.nc == nil {
 		return

@@ -621,16 +621,6 @@ func (s *Stack) Edges() []*EdgeNode { return append([]*EdgeNode(nil), s.edges...
 // Workers are the stack's workers: context workers first.
 func (s *Stack) Workers() []*WorkerNode { return append([]*WorkerNode(nil), s.workers...) }
 
-// Worker returns the worker with instance id id.
-func (s *Stack) Worker(id string) (*WorkerNode, bool) {
-	for _, w := range s.workers {
-		if w.ID == id {
-			return w, true
-		}
-	}
-	return nil, false
-}
-
 // NATSURL is the embedded NATS server's client URL.
 func (s *Stack) NATSURL() string { return s.nats.ClientURL() }
 
