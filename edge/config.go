@@ -375,9 +375,8 @@ func DefaultConfig() Config {
 			StartupGrace:   DefaultStartupGrace,
 		},
 		Leader: LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
-		// The cluster section's defaults are the cluster package's
-		// (normalize fills them: some follow the Raft timing a file sets).
-		Cluster: ClusterConfig{Settings: cluster.Settings{BindAddr: DefaultClusterBindAddr}},
+		// The cluster section's defaults are normalize's (the cluster
+		// package's: some follow the Raft timing a file sets).
 		NATS:    NATSConfig{Listen: DefaultEmbeddedNATSAddr},
 		Tracing: TracingConfig{Exporter: "none"},
 		TLS:     TLSConfig{Mode: TLSModePlaintext},
@@ -509,6 +508,9 @@ type complain = func(key, format string, args ...any)
 // other defaults are DefaultConfig's.
 func (c *Config) normalize() {
 	c.Cluster.Settings = c.Cluster.Settings.WithDefaults()
+	if c.Cluster.BindAddr == "" {
+		c.Cluster.BindAddr = DefaultClusterBindAddr // (unused when Deps bring a listener)
+	}
 	for _, s := range []*ServersConfig{&c.ContextServers, &c.GenerationServers} {
 		s.withDefaults()
 	}
