@@ -1,6 +1,10 @@
 package fsm
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/tether-project/tether/internal/binread"
+)
 
 // payloadVersion is the version byte every event payload starts with in this
 // build. A later feature level that adds a field appends it and bumps the
@@ -97,33 +101,33 @@ func DecodeEvent(b []byte) (Event, error) {
 // many events passes the same one, which the per-type decoders make escape).
 // It returns (nil, *UnknownEventError) for unknown types.
 func decodeEventAt(r *reader, b []byte, base int) (Event, error) {
-	*r = reader{buf: b, base: base}
-	t := EventType(r.u8("event type"))
-	if r.err != nil {
-		return nil, r.err
+	*r = reader{binread.Reader{Buf: b, Base: base}}
+	t := EventType(r.U8("event type"))
+	if r.Failed() {
+		return nil, r.decodeErr()
 	}
 	k := byType[t]
 	if k == nil {
 		return nil, &UnknownEventError{Type: t}
 	}
-	version := r.u8("payload version")
-	if r.err != nil {
-		return nil, r.err
+	version := r.U8("payload version")
+	if r.Failed() {
+		return nil, r.decodeErr()
 	}
 	if version == 0 {
-		r.off--
+		r.Off--
 		r.fail("%v payload version 0 is invalid", t)
-		return nil, r.err
+		return nil, r.decodeErr()
 	}
 	ev := k.decode(r)
-	if r.err != nil {
-		return nil, r.err
+	if r.Failed() {
+		return nil, r.decodeErr()
 	}
 	// A newer payload version appends fields this build does not know; the
 	// same version must end exactly where this build's fields end.
-	if version == payloadVersion && r.remaining() != 0 {
-		r.fail("%d trailing bytes after the %v v%d payload", r.remaining(), t, version)
-		return nil, r.err
+	if version == payloadVersion && r.Remaining() != 0 {
+		r.fail("%d trailing bytes after the %v v%d payload", r.Remaining(), t, version)
+		return nil, r.decodeErr()
 	}
 	return ev, nil
 }
@@ -142,13 +146,13 @@ func readDecisionWith(r *reader, ref func(what string) string) Decision {
 	d.Edge = ref("Decision.Edge")
 	d.Policy = ref("Decision.Policy")
 	d.RequestID = r.str("Decision.RequestID")
-	at := r.off
-	n := r.uvarint("Decision.Candidates count")
-	if r.err != nil {
+	at := r.Off
+	n := r.Uvarint("Decision.Candidates count")
+	if r.Failed() {
 		return d
 	}
 	if n > MaxCandidates {
-		r.off = at
+		r.Off = at
 		r.fail("Decision has %d candidates, the limit is %d", n, MaxCandidates)
 		return d
 	}
@@ -157,9 +161,9 @@ func readDecisionWith(r *reader, ref func(what string) string) Decision {
 		for i := range d.Candidates {
 			c := &d.Candidates[i]
 			c.Instance = ref("Decision.Candidates.Instance")
-			c.Score = r.float64v("Decision.Candidates.Score")
-			c.CachedTokens = r.uint32v("Decision.Candidates.CachedTokens")
-			c.LoadTokens = r.uint32v("Decision.Candidates.LoadTokens")
+			c.Score = r.Float64LE("Decision.Candidates.Score")
+			c.CachedTokens = r.Uint32("Decision.Candidates.CachedTokens")
+			c.LoadTokens = r.Uint32("Decision.Candidates.LoadTokens")
 		}
 	}
 	return d

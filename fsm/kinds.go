@@ -115,7 +115,7 @@ func encodeBind(w *fieldWriter, e Bind) {
 }
 
 func decodeBind(r *reader) (e Bind) {
-	e.Fleet = Fleet(r.u8("Bind.Fleet"))
+	e.Fleet = Fleet(r.U8("Bind.Fleet"))
 	e.Key = r.str("Bind.Key")
 	e.ConversationID = r.str("Bind.ConversationID")
 	e.Instance = r.str("Bind.Instance")
@@ -155,7 +155,7 @@ func decodeTouch(r *reader) (e Touch) {
 	if n := r.count("Touch.Keys count", 2); n > 0 {
 		e.Keys = make([]FleetKey, n)
 		for i := range e.Keys {
-			e.Keys[i].Fleet = Fleet(r.u8("Touch.Keys.Fleet"))
+			e.Keys[i].Fleet = Fleet(r.U8("Touch.Keys.Fleet"))
 			e.Keys[i].Key = r.str("Touch.Keys.Key")
 		}
 	}
@@ -203,11 +203,11 @@ func encodeEvict(w *fieldWriter, e Evict) {
 }
 
 func decodeEvict(r *reader) (e Evict) {
-	e.Fleet = Fleet(r.u8("Evict.Fleet"))
+	e.Fleet = Fleet(r.U8("Evict.Fleet"))
 	e.Key = r.str("Evict.Key")
-	e.Reason = EvictReason(r.u8("Evict.Reason"))
-	e.Epoch = r.uvarint("Evict.Epoch")
-	e.IdleBefore = r.varint("Evict.IdleBefore")
+	e.Reason = EvictReason(r.U8("Evict.Reason"))
+	e.Epoch = r.Uvarint("Evict.Epoch")
+	e.IdleBefore = r.Varint("Evict.IdleBefore")
 	e.Detail = r.str("Evict.Detail")
 	return
 }
@@ -244,12 +244,12 @@ func encodeOverflow(w *fieldWriter, e Overflow) {
 }
 
 func decodeOverflow(r *reader) (e Overflow) {
-	e.Fleet = Fleet(r.u8("Overflow.Fleet"))
+	e.Fleet = Fleet(r.U8("Overflow.Fleet"))
 	e.Key = r.str("Overflow.Key")
 	e.From = r.str("Overflow.From")
 	e.To = r.str("Overflow.To")
-	e.Reason = OverflowReason(r.u8("Overflow.Reason"))
-	e.Rebind = r.boolean("Overflow.Rebind")
+	e.Reason = OverflowReason(r.U8("Overflow.Reason"))
+	e.Rebind = r.Bool("Overflow.Rebind")
 	e.Decision = readDecision(r)
 	return
 }
@@ -285,12 +285,12 @@ func encodeInstanceState(w *fieldWriter, e InstanceState) {
 
 func decodeInstanceState(r *reader) (e InstanceState) {
 	e.Instance = r.str("InstanceState.Instance")
-	e.Fleet = Fleet(r.u8("InstanceState.Fleet"))
+	e.Fleet = Fleet(r.U8("InstanceState.Fleet"))
 	e.URL = r.str("InstanceState.URL")
-	e.Status = InstanceStatus(r.u8("InstanceState.Status"))
+	e.Status = InstanceStatus(r.U8("InstanceState.Status"))
 	e.Version = r.str("InstanceState.Version")
-	e.FeatureLevel = r.uint32v("InstanceState.FeatureLevel")
-	e.Ranks = r.uint32v("InstanceState.Ranks")
+	e.FeatureLevel = r.Uint32("InstanceState.FeatureLevel")
+	e.Ranks = r.Uint32("InstanceState.Ranks")
 	return
 }
 
@@ -314,7 +314,7 @@ func describeInstanceState(e InstanceState) any {
 func encodeClusterFeatures(w *fieldWriter, e ClusterFeatures) { w.uvarint(uint64(e.Level)) }
 
 func decodeClusterFeatures(r *reader) (e ClusterFeatures) {
-	e.Level = r.uint32v("ClusterFeatures.Level")
+	e.Level = r.Uint32("ClusterFeatures.Level")
 	return
 }
 
@@ -337,7 +337,7 @@ func decodeLink(r *reader) (e Link) {
 	e.Child = r.str("Link.Child")
 	e.Parent = r.str("Link.Parent")
 	e.Root = r.str("Link.Root")
-	e.Depth = r.u8("Link.Depth")
+	e.Depth = r.U8("Link.Depth")
 	return
 }
 
@@ -363,7 +363,7 @@ func encodeNodeInfo(w *fieldWriter, e NodeInfo) {
 func decodeNodeInfo(r *reader) (e NodeInfo) {
 	e.NodeID = r.str("NodeInfo.NodeID")
 	e.Version = r.str("NodeInfo.Version")
-	e.MaxFeatureLevel = r.uint32v("NodeInfo.MaxFeatureLevel")
+	e.MaxFeatureLevel = r.Uint32("NodeInfo.MaxFeatureLevel")
 	return
 }
 
@@ -382,7 +382,7 @@ func describeNodeInfo(e NodeInfo) any {
 func encodeSettings(w *fieldWriter, e Settings) { w.uvarint(e.MaxBindings) }
 
 func decodeSettings(r *reader) (e Settings) {
-	e.MaxBindings = r.uvarint("Settings.MaxBindings")
+	e.MaxBindings = r.Uvarint("Settings.MaxBindings")
 	return
 }
 
@@ -422,10 +422,10 @@ func encodeRankObserved(w *fieldWriter, e RankObserved) {
 }
 
 func decodeRankObserved(r *reader) (e RankObserved) {
-	e.Fleet = Fleet(r.u8("RankObserved.Fleet"))
+	e.Fleet = Fleet(r.U8("RankObserved.Fleet"))
 	e.Key = r.str("RankObserved.Key")
-	e.Epoch = r.uvarint("RankObserved.Epoch")
-	e.Rank = r.uint32v("RankObserved.Rank")
+	e.Epoch = r.Uvarint("RankObserved.Epoch")
+	e.Rank = r.Uint32("RankObserved.Rank")
 	return
 }
 
