@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/hash64"
 	"github.com/tether-project/tether/routing/kvindex"
 )
 
@@ -652,7 +653,7 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) Route {
 	if req.Priority == PriorityBackground {
 		cacheWeight *= w.BackgroundCacheFactor
 	}
-	rk := ranker{in: in, fleet: req.Fleet, keyHash: mix64(req.Spread)}
+	rk := ranker{in: in, fleet: req.Fleet, keyHash: hash64.Mix64(req.Spread)}
 	if req.Key != "" {
 		rk.keyHash = KeyHash(req.Key)
 		rk.useBindings = r.cfg.Type.Binds() && in.Bindings != nil
