@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,7 @@ import (
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/bodybudget"
+	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/routing/telemetry"
@@ -587,28 +589,16 @@ func (e *Edge) metricsHandler() http.Handler {
 	})
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
+// writeJSON and truncate are the shared JSON answer and message quoting.
+var (
+	writeJSON = httpjson.Write
+	truncate  = httpjson.Clip
+)
 
 func methodNotAllowed(w http.ResponseWriter, r *http.Request, allowed ...string) {
-	w.Header().Set("Allow", joinComma(allowed))
+	w.Header().Set("Allow", strings.Join(allowed, ", "))
 	writeAPIError(w, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
-		"method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, joinComma(allowed)))
-}
-
-func joinComma(s []string) string {
-	out := ""
-	for i, v := range s {
-		if i > 0 {
-			out += ", "
-		}
-		out += v
-	}
-	return out
+		"method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allowed, ", ")))
 }
 
 func (e *Edge) handleModels(w http.ResponseWriter, r *http.Request) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/internal/httpjson"
 )
 
 // Prefix is the admin API's path prefix (on the edge's port).
@@ -100,11 +101,11 @@ func Error(w http.ResponseWriter, status int, code, format string, args ...any) 
 	return status
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
+// writeJSON and truncate are the shared JSON answer and message quoting.
+var (
+	writeJSON = httpjson.Write
+	truncate  = httpjson.Clip
+)
 
 func methodNotAllowed(w http.ResponseWriter, r *http.Request, allowed string) int {
 	w.Header().Set("Allow", allowed)
@@ -175,11 +176,4 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) int {
 		})
 	}
 	return Error(w, http.StatusNotFound, "unknown_url", "unknown admin path %s (see edge/DESIGN.md for the admin API)", truncate(r.URL.Path, 200))
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

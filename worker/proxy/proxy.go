@@ -41,6 +41,7 @@ import (
 
 	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/kvevents"
 )
@@ -524,9 +525,4 @@ func readStream(r io.Reader, req engine.Request, emit func(engine.Chunk) error, 
 	return comp, nil
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
+var truncate = httpjson.Clip // the shared message quoting
