@@ -88,15 +88,9 @@ func (r *Reader) Uvarint(field string) uint64 {
 		return 0
 	}
 	v, n := binary.Uvarint(r.Buf[r.Off:])
-	if n <= 0 {
-		if n == 0 {
-			r.Fail(field, "truncated: missing %s", field)
-		} else {
-			r.Fail(field, "%s: varint overflows 64 bits", field)
-		}
+	if !r.advance(n, field) {
 		return 0
 	}
-	r.Off += n
 	return v
 }
 
@@ -117,16 +111,25 @@ func (r *Reader) Varint(field string) int64 {
 		return 0
 	}
 	v, n := binary.Varint(r.Buf[r.Off:])
-	if n <= 0 {
-		if n == 0 {
-			r.Fail(field, "truncated: missing %s", field)
-		} else {
-			r.Fail(field, "%s: varint overflows 64 bits", field)
-		}
+	if !r.advance(n, field) {
 		return 0
 	}
-	r.Off += n
 	return v
+}
+
+// advance moves past a varint of n bytes (binary.Uvarint's n: 0 for a
+// truncated one, negative for one beyond 64 bits) or records why it cannot.
+func (r *Reader) advance(n int, field string) bool {
+	switch {
+	case n == 0:
+		r.Fail(field, "truncated: missing %s", field)
+	case n < 0:
+		r.Fail(field, "%s: varint overflows 64 bits", field)
+	default:
+		r.Off += n
+		return true
+	}
+	return false
 }
 
 // Count reads a collection length and checks it against max (0: none) and
