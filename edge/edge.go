@@ -96,7 +96,7 @@ type Edge struct {
 	tpClose  func(context.Context) error
 
 	node     *cluster.Node
-	fleet    *fleetview.Fleet
+	fleet    *fleetview.View
 	shadow   *kvshadow.Shadows // static engines' shadow KV caches (shadow.go)
 	natsSrv  *natsserver.Server
 	nc       *nats.Conn
@@ -426,7 +426,7 @@ func (e *Edge) Addr() string {
 func (e *Edge) Node() *cluster.Node { return e.node }
 
 // Fleet is the edge's view of the workers.
-func (e *Edge) Fleet() *fleetview.Fleet { return e.fleet }
+func (e *Edge) Fleet() *fleetview.View { return e.fleet }
 
 // Registry is the edge's metrics registry.
 func (e *Edge) Registry() *prometheus.Registry { return e.registry }
@@ -652,13 +652,13 @@ func (e *Edge) advertise() {
 // uses: cluster.compat_feature_level (its default: this build's maximum).
 func (e *Edge) featureLevel() uint32 { return e.cfg.Cluster.FeatureLevel }
 
-func findNode(st *fsm.State, id string) (fsm.Node, bool) {
-	for _, n := range st.Nodes() {
+func findNode(st *fsm.State, id string) (fsm.Edge, bool) {
+	for _, n := range st.Edges() {
 		if n.ID == id {
 			return n, true
 		}
 	}
-	return fsm.Node{}, false
+	return fsm.Edge{}, false
 }
 
 // onWorkerEvictions queues conversations a worker's scheduler evicted for

@@ -698,10 +698,10 @@ func (tx *txn) nodeInfo(e NodeInfo) Result {
 		return rejected("node info: empty node id")
 	}
 	if !tx.ownNodes {
-		s.nodes = append(make([]Node, 0, len(s.nodes)+1), s.nodes...)
+		s.nodes = append(make([]Edge, 0, len(s.nodes)+1), s.nodes...)
 		tx.ownNodes = true
 	}
-	rec := Node{ID: e.NodeID, Version: e.Version, MaxFeatureLevel: e.MaxFeatureLevel, Since: s.time}
+	rec := Edge{ID: e.NodeID, Version: e.Version, MaxFeatureLevel: e.MaxFeatureLevel, Since: s.time}
 	i, exists := findNode(s.nodes, e.NodeID)
 	if exists {
 		old := s.nodes[i]
@@ -713,7 +713,7 @@ func (tx *txn) nodeInfo(e NodeInfo) Result {
 		s.digest.sub(&d)
 		s.nodes[i] = rec
 	} else {
-		s.nodes = append(s.nodes, Node{})
+		s.nodes = append(s.nodes, Edge{})
 		copy(s.nodes[i+1:], s.nodes[i:])
 		s.nodes[i] = rec
 	}

@@ -666,8 +666,8 @@ func readInstance(r *reader) Instance {
 	return in
 }
 
-func readNode(r *reader) Node {
-	var n Node
+func readNode(r *reader) Edge {
+	var n Edge
 	n.ID = r.str("node id")
 	n.Version = r.str("node version")
 	n.MaxFeatureLevel = r.Uint32("node max feature level")
@@ -711,7 +711,7 @@ func (b *stateBuilder) addInstance(in Instance) error {
 	return nil
 }
 
-func (b *stateBuilder) addNode(n Node) error {
+func (b *stateBuilder) addNode(n Edge) error {
 	s := b.s
 	if n.ID == "" {
 		return errors.New("node with an empty id")

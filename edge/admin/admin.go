@@ -32,7 +32,7 @@ type Edge interface {
 	// Node is the edge's cluster node.
 	Node() *cluster.Node
 	// Fleet is the edge's view of the workers.
-	Fleet() *fleetview.Fleet
+	Fleet() *fleetview.View
 	// Now is the edge's clock.
 	Now() time.Time
 	// DegradedPending counts degraded placements not yet recorded in the log.

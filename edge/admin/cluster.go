@@ -75,7 +75,7 @@ func (a *API) cluster(w http.ResponseWriter, r *http.Request) int {
 		info.Peers = []cluster.PeerStatus{}
 	}
 	info.Nodes = []NodeInfo{}
-	for _, n := range st.Nodes() {
+	for _, n := range st.Edges() {
 		info.Nodes = append(info.Nodes, NodeInfo{ID: n.ID, Version: n.Version, MaxFeatureLevel: n.MaxFeatureLevel})
 	}
 	writeJSON(w, http.StatusOK, info)

@@ -226,8 +226,8 @@ type instance struct {
 // beyond it the buffer is dropped and another dump follows.
 const maxBufferedBatches = 4096
 
-// Fleet tracks the workers of both fleets. Safe for concurrent use.
-type Fleet struct {
+// View tracks the workers of both fleets. Safe for concurrent use.
+type View struct {
 	cfg      Config
 	log      *slog.Logger
 	index    *kvindex.Index
@@ -258,7 +258,7 @@ type Fleet struct {
 }
 
 // New builds a Fleet; Start subscribes and starts the probes.
-func New(cfg Config) (*Fleet, error) {
+func New(cfg Config) (*View, error) {
 	if cfg.StaleIntervals <= 0 {
 		cfg.StaleIntervals = 5
 	}
@@ -290,7 +290,7 @@ func New(cfg Config) (*Fleet, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fleetview: %w", err)
 	}
-	f := &Fleet{
+	f := &View{
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "fleetview"),
 		index:    kvindex.New(kvindex.Config{PredictTTL: cfg.PredictTTL}),
@@ -332,7 +332,7 @@ func New(cfg Config) (*Fleet, error) {
 
 // Start subscribes to the telemetry subjects (when a connection is
 // configured) and starts probing static instances.
-func (f *Fleet) Start(ctx context.Context) error {
+func (f *View) Start(ctx context.Context) error {
 	f.closeMu.Lock()
 	defer f.closeMu.Unlock()
 	if f.closed {
@@ -380,7 +380,7 @@ func (f *Fleet) Start(ctx context.Context) error {
 	return nil
 }
 
-func (f *Fleet) unsubscribe() {
+func (f *View) unsubscribe() {
 	for _, s := range f.subs {
 		_ = s.Unsubscribe()
 	}
@@ -389,7 +389,7 @@ func (f *Fleet) unsubscribe() {
 
 // Close unsubscribes and stops the probes and dumps. It does not close the
 // NATS connection (its owner does). Idempotent.
-func (f *Fleet) Close() {
+func (f *View) Close() {
 	f.closeMu.Lock()
 	if f.closed {
 		f.closeMu.Unlock()
@@ -404,26 +404,26 @@ func (f *Fleet) Close() {
 
 // Index is the KV block index (read it with Match; the edge adds
 // predictions with Predict).
-func (f *Fleet) Index() *kvindex.Index { return f.index }
+func (f *View) Index() *kvindex.Index { return f.index }
 
 // Breakers are the per-instance cache circuit breakers; the edge records
 // response usage into them with RecordUsage.
-func (f *Fleet) Breakers() *routing.CacheBreakers { return f.breakers }
+func (f *View) Breakers() *routing.CacheBreakers { return f.breakers }
 
 // Version changes whenever what Views returns may have changed for a
 // reason other than time passing.
-func (f *Fleet) Version() uint64 { return f.version.Load() }
+func (f *View) Version() uint64 { return f.version.Load() }
 
-func (f *Fleet) bump() { f.version.Add(1) }
+func (f *View) bump() { f.version.Add(1) }
 
 // staleAfter is how long a report stays fresh for an instance reporting
 // every interval.
-func (f *Fleet) staleAfter(interval time.Duration) time.Duration {
+func (f *View) staleAfter(interval time.Duration) time.Duration {
 	return max(time.Duration(f.cfg.StaleIntervals)*interval, f.cfg.MinStaleAfter)
 }
 
 // healthy reports whether in is usable at now (under f.mu).
-func (f *Fleet) healthyLocked(in *instance, now time.Time) bool {
+func (f *View) healthyLocked(in *instance, now time.Time) bool {
 	if in.hasReport && now.Sub(in.lastReport) <= f.staleAfter(in.interval) {
 		return true
 	}
@@ -442,14 +442,14 @@ func (f *Fleet) healthyLocked(in *instance, now time.Time) bool {
 }
 
 // probeFreshLocked: a probe succeeded recently enough at now.
-func (f *Fleet) probeFreshLocked(in *instance, now time.Time) bool {
+func (f *View) probeFreshLocked(in *instance, now time.Time) bool {
 	return !in.lastProbeOK.IsZero() && now.Sub(in.lastProbeOK) <= f.staleAfter(f.cfg.ProbeInterval)
 }
 
 // blindLocked reports whether the edge cannot hear in's telemetry at now:
 // its NATS link is down, or came back less than ReconnectGrace ago and in
 // has not reported since (under f.mu).
-func (f *Fleet) blindLocked(in *instance, now time.Time) bool {
+func (f *View) blindLocked(in *instance, now time.Time) bool {
 	if f.linkDownAt.IsZero() {
 		return false
 	}
@@ -460,7 +460,7 @@ func (f *Fleet) blindLocked(in *instance, now time.Time) bool {
 }
 
 // watchLink follows the NATS connection's state.
-func (f *Fleet) watchLink(status chan nats.Status) {
+func (f *View) watchLink(status chan nats.Status) {
 	defer f.wg.Done()
 	defer f.nc.RemoveStatusListener(status)
 	for {
@@ -477,7 +477,7 @@ func (f *Fleet) watchLink(status chan nats.Status) {
 }
 
 // noteLink records the connection going down or coming back.
-func (f *Fleet) noteLink(up bool) {
+func (f *View) noteLink(up bool) {
 	now := f.cfg.Now()
 	f.mu.Lock()
 	changed := false
@@ -497,20 +497,20 @@ func (f *Fleet) noteLink(up bool) {
 }
 
 // TelemetryLinkDown reports whether the edge's NATS connection is down now.
-func (f *Fleet) TelemetryLinkDown() bool {
+func (f *View) TelemetryLinkDown() bool {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return !f.linkDownAt.IsZero() && f.linkBackAt.IsZero()
 }
 
-func (f *Fleet) lastSeenLocked(in *instance) time.Time {
+func (f *View) lastSeenLocked(in *instance) time.Time {
 	if in.lastProbeOK.After(in.lastReport) {
 		return in.lastProbeOK
 	}
 	return in.lastReport
 }
 
-func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
+func (f *View) snapshotLocked(in *instance, now time.Time) Instance {
 	out := Instance{
 		ID: in.id, Fleet: in.fleet, URL: in.url, Static: in.static,
 		Telemetry: in.hasReport, VerifiesHints: true,
@@ -541,7 +541,7 @@ func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
 }
 
 // Instances lists every known instance, sorted by id.
-func (f *Fleet) Instances(now time.Time) []Instance {
+func (f *View) Instances(now time.Time) []Instance {
 	f.mu.RLock()
 	out := make([]Instance, 0, len(f.byID))
 	for _, in := range f.byID {
@@ -553,7 +553,7 @@ func (f *Fleet) Instances(now time.Time) []Instance {
 }
 
 // Instance returns one instance.
-func (f *Fleet) Instance(id string, now time.Time) (Instance, bool) {
+func (f *View) Instance(id string, now time.Time) (Instance, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	in, ok := f.byID[id]
@@ -568,7 +568,7 @@ func (f *Fleet) Instance(id string, now time.Time) (Instance, bool) {
 // plus what this edge dispatched since, hit rate, and CacheDegraded from the
 // instance's circuit breaker. The caller merges the log's instance records
 // (routing.NewViews).
-func (f *Fleet) Views(now time.Time, dst []routing.InstanceView) []routing.InstanceView {
+func (f *View) Views(now time.Time, dst []routing.InstanceView) []routing.InstanceView {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	for _, in := range f.byID {
@@ -605,7 +605,7 @@ func (f *Fleet) Views(now time.Time, dst []routing.InstanceView) []routing.Insta
 // the function to call when the hop ends. For an instance with telemetry
 // the request counts as queued until its next load report (which then
 // includes it); for one without, until done is called.
-func (f *Fleet) NoteDispatch(id string, promptTokens int) (done func()) {
+func (f *View) NoteDispatch(id string, promptTokens int) (done func()) {
 	f.mu.RLock()
 	in, ok := f.byID[id]
 	// A scraped engine's figures count what it received, as a report does.
@@ -652,7 +652,7 @@ func (f *Fleet) NoteDispatch(id string, promptTokens int) (done func()) {
 // prompt and cached tokens. Only a lookup that could have hit counts: a
 // prompt of at least one whole block. Shorter ones always miss, and with
 // them every instance's breaker opened (issue 13, D3).
-func (f *Fleet) RecordUsage(id string, promptTokens, cachedTokens int64, now time.Time) {
+func (f *View) RecordUsage(id string, promptTokens, cachedTokens int64, now time.Time) {
 	if promptTokens <= 0 || promptTokens < int64(f.cfg.BlockSize) {
 		return
 	}
@@ -668,14 +668,14 @@ func (f *Fleet) RecordUsage(id string, promptTokens, cachedTokens int64, now tim
 }
 
 // edgeID resolves a worker id from a subject to the edge's id (under f.mu).
-func (f *Fleet) edgeIDLocked(workerID string) string {
+func (f *View) edgeIDLocked(workerID string) string {
 	if id, ok := f.alias[workerID]; ok {
 		return id
 	}
 	return workerID
 }
 
-func (f *Fleet) drop(kind string, err error) {
+func (f *View) drop(kind string, err error) {
 	reason := "malformed"
 	var de *telemetry.DecodeError
 	if errors.As(err, &de) {
@@ -693,7 +693,7 @@ func toFleet(tf telemetry.Fleet) fsm.Fleet {
 }
 
 // onLoad handles a load report: registration, heartbeat and load.
-func (f *Fleet) onLoad(m *nats.Msg) {
+func (f *View) onLoad(m *nats.Msg) {
 	r, err := telemetry.DecodeLoad(m.Subject, m.Data)
 	if err != nil {
 		f.drop("load", err)
@@ -760,7 +760,7 @@ func (f *Fleet) onLoad(m *nats.Msg) {
 
 // resolveLocked finds or creates the instance a report speaks for: a static
 // instance configured under the worker's id or URL, else a discovered one.
-func (f *Fleet) resolveLocked(r telemetry.LoadReport) *instance {
+func (f *View) resolveLocked(r telemetry.LoadReport) *instance {
 	if id, ok := f.alias[r.Instance]; ok {
 		if in, ok := f.byID[id]; ok {
 			return in
@@ -794,7 +794,7 @@ func sameURL(a, b string) bool {
 }
 
 // onKV applies a KV event batch to the index (or buffers it during a dump).
-func (f *Fleet) onKV(m *nats.Msg) {
+func (f *View) onKV(m *nats.Msg) {
 	b, err := telemetry.DecodeKVEvents(m.Subject, m.Data)
 	if err != nil {
 		f.drop("kv", err)
@@ -841,7 +841,7 @@ func (f *Fleet) onKV(m *nats.Msg) {
 }
 
 // onEvict forwards a worker's conversation evictions.
-func (f *Fleet) onEvict(m *nats.Msg) {
+func (f *View) onEvict(m *nats.Msg) {
 	e, err := telemetry.DecodeEvictions(m.Subject, m.Data)
 	if err != nil {
 		f.drop("evict", err)
@@ -862,7 +862,7 @@ func (f *Fleet) onEvict(m *nats.Msg) {
 	f.cfg.OnEvictions(id, fleet, e.Evictions)
 }
 
-func (f *Fleet) requestDump(id string) {
+func (f *View) requestDump(id string) {
 	if f.nc == nil {
 		return
 	}
@@ -897,7 +897,7 @@ func (f *Fleet) requestDump(id string) {
 
 // runDump requests a dump, collects its parts and installs it, then applies
 // the batches that arrived meanwhile.
-func (f *Fleet) runDump(id, workerID string) {
+func (f *View) runDump(id, workerID string) {
 	ctx, cancel := context.WithTimeout(f.ctx, f.cfg.DumpTimeout)
 	defer cancel()
 	subject := telemetry.KVDumpSubject(workerID)
@@ -959,7 +959,7 @@ func (f *Fleet) runDump(id, workerID string) {
 	f.finishDump(id, !gap)
 }
 
-func (f *Fleet) finishDump(id string, ok bool) {
+func (f *View) finishDump(id string, ok bool) {
 	f.mu.Lock()
 	in, found := f.byID[id]
 	again := false
@@ -985,7 +985,7 @@ type dump struct {
 
 // fetchDump publishes a dump request with a fresh reply inbox and collects
 // every part of one consistent (boot, seq) reply.
-func (f *Fleet) fetchDump(ctx context.Context, subject string) (dump, error) {
+func (f *View) fetchDump(ctx context.Context, subject string) (dump, error) {
 	inbox := f.nc.NewRespInbox()
 	sub, err := f.nc.SubscribeSync(inbox)
 	if err != nil {
@@ -1040,7 +1040,7 @@ func (f *Fleet) fetchDump(ctx context.Context, subject string) (dump, error) {
 // nothing about: static instances without fresh telemetry, and, during a
 // telemetry outage, every instance not reporting. Probes of one round run
 // concurrently (at most maxParallelProbes).
-func (f *Fleet) probeLoop() {
+func (f *View) probeLoop() {
 	defer f.wg.Done()
 	t := time.NewTicker(f.cfg.ProbeInterval)
 	defer t.Stop()
@@ -1060,7 +1060,7 @@ func (f *Fleet) probeLoop() {
 
 const maxParallelProbes = 16
 
-func (f *Fleet) probeRound() {
+func (f *View) probeRound() {
 	now := f.cfg.Now()
 	type target struct{ id, url, path, model, metrics string }
 	var targets []target
@@ -1106,7 +1106,7 @@ func (f *Fleet) probeRound() {
 // probe asks a worker whether it can serve: GET base+path answers 200
 // (the engines' /health answers 503 while starting, draining or dead),
 // and, when model is set, GET /v1/models lists it.
-func (f *Fleet) probe(base, path, model string) bool {
+func (f *View) probe(base, path, model string) bool {
 	ctx, cancel := context.WithTimeout(f.ctx, f.cfg.ProbeInterval)
 	defer cancel()
 	if !f.probeGet(ctx, base+path, nil) {
@@ -1136,7 +1136,7 @@ const maxModelsBody = 1 << 20
 
 // probeGet reports whether GET url answers 200, decoding the body into
 // out when out is not nil (a body that does not decode is a failure).
-func (f *Fleet) probeGet(ctx context.Context, url string, out any) bool {
+func (f *View) probeGet(ctx context.Context, url string, out any) bool {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return false
@@ -1157,7 +1157,7 @@ func (f *Fleet) probeGet(ctx context.Context, url string, out any) bool {
 
 // housekeeping expires predictions, retries failed dumps and forgets
 // instances silent for ForgetAfter.
-func (f *Fleet) housekeeping() {
+func (f *View) housekeeping() {
 	defer f.wg.Done()
 	t := time.NewTicker(f.cfg.DumpTimeout / 2)
 	defer t.Stop()

@@ -58,7 +58,7 @@ type clock struct{ ns atomic.Int64 }
 func (c *clock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
 func (c *clock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
-func newFleet(t testing.TB, cfg Config) (*Fleet, *prometheus.Registry) {
+func newFleet(t testing.TB, cfg Config) (*View, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
@@ -145,7 +145,7 @@ func publishKV(t testing.TB, nc *nats.Conn, id string, boot, seq uint64, rank in
 	}
 }
 
-func matched(f *Fleet, id string, blocks []uint64) int {
+func matched(f *View, id string, blocks []uint64) int {
 	for _, m := range f.Index().Match(blocks, time.Now(), nil) {
 		if m.Instance == id {
 			return m.Blocks

@@ -75,7 +75,7 @@ func (w *levelWatch) check() uint32 {
 		}
 		st := s.state()
 		advertised := map[string]uint32{}
-		for _, n := range st.Nodes() {
+		for _, n := range st.Edges() {
 			advertised[n.ID] = n.MaxFeatureLevel
 		}
 		minVoters, oldVoter := ^uint32(0), ""
@@ -89,7 +89,7 @@ func (w *levelWatch) check() uint32 {
 		}
 		got := st.FeatureLevel()
 		if got > minVoters {
-			w.t.Fatalf("%s: cluster feature level %d is above what every voter advertised (%d): %+v", s.id, got, minVoters, st.Nodes())
+			w.t.Fatalf("%s: cluster feature level %d is above what every voter advertised (%d): %+v", s.id, got, minVoters, st.Edges())
 		}
 		if oldVoter != "" && got > fsm.FeatureLevelBase {
 			w.t.Fatalf("%s: cluster feature level %d while voter %s runs v1", s.id, got, oldVoter)
@@ -145,7 +145,7 @@ type advert struct {
 // holds them.
 func nodeAdverts(st *fsm.State) map[string]advert {
 	out := map[string]advert{}
-	for _, n := range st.Nodes() {
+	for _, n := range st.Edges() {
 		out[n.ID] = advert{n.Version, n.MaxFeatureLevel}
 	}
 	return out
