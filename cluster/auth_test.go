@@ -92,7 +92,7 @@ func forgeAppend(t *testing.T, target *Node, stream intruder) error {
 	return tr.AppendEntries(raft.ServerID(target.ID()), raft.ServerAddress(target.Addr()), req, &resp)
 }
 
-// B1: without TLS, the AuthKey now guards Raft streams as it guards
+// Without TLS, the AuthKey guards Raft streams as it guards
 // forwarding. An AppendEntries from a peer that skips the handshake, or
 // fails it, never reaches hashicorp/raft; the cluster goes on.
 func TestRaftStreamRequiresTheAuthKey(t *testing.T) {

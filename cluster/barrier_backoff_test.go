@@ -34,7 +34,7 @@ func (h countingHandler) WithGroup(string) slog.Handler      { return h }
 // progress (its target cut off, so raft answers every Barrier at once with
 // ErrLeadershipTransferInProgress) while the leader's barrier loop runs.
 // The loop must back off and log the repeated failure once, not spin: a
-// stopping tether dev printed 105,032 such lines in 0.5 s (issue 13).
+// stopping tether dev printed 105,032 such lines in 0.5 s.
 func TestLeaderBarrierBacksOffDuringTransfer(t *testing.T) {
 	t.Parallel()
 	fnet := faultnet.New(1)

@@ -561,7 +561,7 @@ func TestRemovedWhileDownLearnsOnRestart(t *testing.T) {
 func TestArchiveCompleteAfterKill(t *testing.T) {
 	t.Parallel()
 	// No snapshot is taken, so none can be installed: the archive must then
-	// hold every entry, and a restore is a failure, not a skip (issue 13).
+	// hold every entry, and a restore is a failure, not a skip.
 	tc := newTestCluster(t, 3, func(_ int, c *Config) {
 		c.SnapshotThreshold, c.TrailingLogs, c.SnapshotInterval = 1<<30, 1<<30, time.Hour
 	})

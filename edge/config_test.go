@@ -176,7 +176,7 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"num_instances mismatch", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {num_instances: 3, urls: [http://a:1]}", 1),
 			[]string{"context_servers.num_instances"}},
 		{"bad duration", base + "session_ttl: forever\n", []string{`session_ttl, line 7: want a duration such as "100ms" or "2s", got "forever"`}},
-		// B6: a value of the wrong type is named by its key path, not
+		// A value of the wrong type is named by its key path, not
 		// only its line.
 		{"wrong type names the key", strings.Replace(base, "model: m", "model: [1, 2]", 1), []string{"model, line 2: want a string, got a list"}},
 		{"wrong nested type names the path", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {urls: [http://a:1], router: {type: [x]}}", 1),
@@ -191,7 +191,7 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"section of the wrong kind", base + "leader: 5\n", []string{`leader, line 7: want a mapping of keys, got "5"`}},
 		{"urls entry with an unknown key", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {urls: [{url: http://a:1, weight: 2}]}", 1),
 			[]string{"context_servers.urls[0].weight, line 4: unknown key (allowed: name, url)"}},
-		// F2: NATS URL schemes as the worker accepts them.
+		// NATS URL schemes as the worker accepts them.
 		{"nats url scheme", base + "nats: {urls: [\"http://n:4222\"]}\n", []string{"nats.urls[0]", "nats://, tls://, ws:// or wss://"}},
 		{"nats user without password", base + "nats: {urls: [nats://n:4222], user: edge}\n", []string{"nats.password", EnvNATSPassword}},
 		{"nats two methods", base + "nats: {urls: [nats://n:4222], token: t, creds: /x}\n", []string{"nats", "choose one of"}},

@@ -13,7 +13,7 @@ import (
 	"github.com/tether-project/tether/routing"
 )
 
-// B3 (RELIABILITY.md): an edge whose state lags the log must not place an
+// An edge whose state lags the log must not place an
 // already-bound key by degraded rendezvous. Edge C is stopped; keys are
 // bound through the others; the others die (no quorum) and C restarts on
 // its old data directory: its state lacks the bindings and no leader can

@@ -17,8 +17,7 @@ import (
 // and are proposed again. Every queued event must be applied exactly once:
 // counted in the archive, a repeat must be the fsm's duplicate. Before the
 // recorder kept its proposal ids across attempts, each retry drew new ids
-// and a late commit plus its retry applied the same Overflow twice (issue
-// 13, D2).
+// and a late commit plus its retry applied the same Overflow twice.
 func TestRecorderRetriesApplyEachEventOnce(t *testing.T) {
 	ns := startNATS(t)
 	ec := startEdges(t, 3, ns.ClientURL(), nil)

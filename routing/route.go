@@ -208,7 +208,7 @@ func (r *Router) tierOf(v *InstanceView) tier {
 // key by itself. A bound key's own cache is judged by the cache-lost rule
 // (overflow.cache_lost_below), which looks at the key's prompt; the breaker
 // measures the whole instance, and a flapping breaker moved keys back and
-// forth with reason circuit_open (issue 13, D3).
+// forth with reason circuit_open.
 func (r *Router) Condition(v *InstanceView) fsm.OverflowReason {
 	switch {
 	case v == nil || !v.Healthy:

@@ -109,7 +109,7 @@ var (
 	protoForward = handshakeProto{magic: "TFW1", clientLabel: "tether-forward-v1", serverLabel: "tether-forward-v1-server"}
 	// protoRaft authenticates Raft streams ('R') before they reach
 	// hashicorp/raft's transport: without it, anyone who reaches the port
-	// could send AppendEntries (defect B1).
+	// could send AppendEntries.
 	protoRaft = handshakeProto{magic: "TRF1", clientLabel: "tether-raft-v1", serverLabel: "tether-raft-v1-server"}
 )
 

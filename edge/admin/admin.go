@@ -122,7 +122,7 @@ func Authorized(r *http.Request, token string) bool {
 
 // bearerToken extracts the token of an "Authorization: Bearer <token>"
 // header. The scheme is case-insensitive (RFC 9110 §11.1: "bearer" and
-// "BEARER" are the same scheme; issue 13, D5).
+// "BEARER" are the same scheme).
 func bearerToken(h string) (string, bool) {
 	scheme, tok, ok := strings.Cut(strings.TrimSpace(h), " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {

@@ -650,8 +650,8 @@ func (f *View) NoteDispatch(id string, promptTokens int) (done func()) {
 
 // RecordUsage feeds instance id's cache circuit breaker with a response's
 // prompt and cached tokens. Only a lookup that could have hit counts: a
-// prompt of at least one whole block. Shorter ones always miss, and with
-// them every instance's breaker opened (issue 13, D3).
+// prompt of at least one whole block. Shorter ones always miss: counted,
+// they would open every instance's breaker.
 func (f *View) RecordUsage(id string, promptTokens, cachedTokens int64, now time.Time) {
 	if promptTokens <= 0 || promptTokens < int64(f.cfg.BlockSize) {
 		return

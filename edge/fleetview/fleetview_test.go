@@ -413,7 +413,7 @@ func TestEvictionsForwarded(t *testing.T) {
 	}
 }
 
-// F1 (RELIABILITY.md): while the edge's own NATS connection is down,
+// While the edge's own NATS connection is down,
 // telemetry silence is not evidence. A real NATS server goes away: both
 // real workers stay healthy (their last known health, loads marked
 // stale), they are probed over HTTP instead, and the one that stops
@@ -507,9 +507,9 @@ func TestTelemetryOutageKeepsHealthAndProbes(t *testing.T) {
 }
 
 // TestBreakerCountsOnlyPromptsThatCouldHit: prompts shorter than one KV
-// block can never hit a prefix cache. Before, their misses opened every
-// instance's breaker (issue 13, D3); now they are no evidence, while
-// misses of whole-block prompts still open it.
+// block can never hit a prefix cache: their misses are no evidence (counted,
+// they would open every instance's breaker), while misses of whole-block
+// prompts still open it.
 func TestBreakerCountsOnlyPromptsThatCouldHit(t *testing.T) {
 	var clk clock
 	clk.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())

@@ -207,7 +207,7 @@ func TestWorkerHTTPBadInput(t *testing.T) {
 		}
 	})
 	t.Run("slow body is cut off, not waited for forever", func(t *testing.T) {
-		// read_header_timeout is configurable (F3): a short one here, the
+		// read_header_timeout is configurable: a short one here, the
 		// 10 s default with -long.
 		slow := s
 		if !longMode() {
@@ -262,7 +262,7 @@ func TestWorkerHTTPBadInput(t *testing.T) {
 		t.Logf("flood of %d: %v", n, count)
 	})
 	t.Run("flood beyond max_concurrent_requests", func(t *testing.T) {
-		// F3: a worker reached directly sheds what exceeds its limit with
+		// A worker reached directly sheds what exceeds its limit with
 		// 429, Retry-After and an OpenAI error, and serves the rest.
 		lim := standaloneWorker(t, func(c *worker.Config) {
 			c.InstanceID, c.MaxConcurrentRequests = "w-limited", 4

@@ -185,7 +185,7 @@ func TestMutualTLSClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 
 // Without TLS, the AuthKey protects Raft streams as it protects forwarding
 // and joins: a peer that reaches the port but skips the handshake cannot
-// append (was B1, fixed in cluster/transport/mux.go).
+// append (cluster/transport authenticates Raft streams).
 func TestPlaintextRaftStreamRefusesUnauthenticatedAppends(t *testing.T) {
 	logs := newLogLines()
 	fc := newFaultCluster(t, 3, 1, func(c *cluster.Config) { c.Logger = logs.logger().With("node", c.NodeID) })
