@@ -22,6 +22,7 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/test/crosscheck"
 )
 
 const (
@@ -244,6 +245,9 @@ func TestThreeEdgesInFrontOfTRTLLMStandIns(t *testing.T) {
 	ctx := []*standIn{startStandIn(t, "ctx-0", "context"), startStandIn(t, "ctx-1", "context")}
 	gen := []*standIn{startStandIn(t, "gen-0", "generation"), startStandIn(t, "gen-1", "generation")}
 	if !ctx[0].PythonVerifies() {
+		if crosscheck.Required() {
+			t.Fatal("python3 is not installed, and CI requires the stand-ins to check signatures with it")
+		}
 		t.Log("python3 not installed: the stand-ins accept signatures unchecked (counted); the routing assertions still hold")
 	}
 	edges := startEdges(t, 3, ctx, gen)
@@ -346,7 +350,7 @@ func TestThreeEdgesInFrontOfTRTLLMStandIns(t *testing.T) {
 func TestStandInRefusesTamperedSignatures(t *testing.T) {
 	s := startStandIn(t, "ctx-x", "context")
 	if !s.PythonVerifies() {
-		t.Skip("python3 not installed: the stand-in cannot check signatures independently")
+		crosscheck.Unavailable(t, "python3 is not installed: the stand-in cannot check signatures independently")
 	}
 	body := map[string]any{"model": testModel, "messages": []any{map[string]any{"role": "user", "content": "hi there"}},
 		"disaggregated_params": map[string]any{"request_type": "context_only", "disagg_request_id": 5}}
