@@ -18,6 +18,7 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // The admin API: nothing without the bearer token; the cluster, binding,
@@ -212,7 +213,7 @@ func TestLeaderRecordsDeadInstanceDown(t *testing.T) {
 // A worker whose telemetry says it cannot verify hints (legacy) gets no
 // hint headers; the sub-agent still lands on its parent's instance.
 func TestLegacyWorkerGetsNoHint(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	legacy := startWorker(t, "ctx-legacy", workerOpts{fleet: telemetry.FleetContext, role: hintauth.RoleContext, legacy: true, nats: ns.ClientURL()})
 	startWorker(t, "gen-0", workerOpts{fleet: telemetry.FleetGeneration, role: hintauth.RoleGeneration, nats: ns.ClientURL()})
 	ec := startEdges(t, 1, ns.ClientURL(), nil)

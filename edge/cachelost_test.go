@@ -11,6 +11,7 @@ import (
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // A bound conversation whose context instance evicted its blocks moves to
@@ -25,7 +26,7 @@ func TestCacheLostRebind(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			ns := startNATS(t)
+			ns := natstest.Start(t, nil)
 			ctx := map[string]*testWorker{}
 			for _, id := range []string{"ctx-0", "ctx-1"} {
 				ctx[id] = startWorker(t, id, workerOpts{fleet: telemetry.FleetContext, role: hintauth.RoleContext, nats: ns.ClientURL(), capacityBlocks: 256})

@@ -14,6 +14,7 @@ import (
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // disaggFleet is two context and two generation workers on one NATS server.
@@ -112,7 +113,7 @@ func stateUnknown(r response) bool {
 func TestSeedTableAcrossThreeEdges(t *testing.T) {
 	for _, scope := range []routing.Scope{routing.ScopeBoth, routing.ScopeContext} {
 		t.Run(scope.String(), func(t *testing.T) {
-			ns := startNATS(t)
+			ns := natstest.Start(t, nil)
 			fleet := startDisaggFleet(t, ns.ClientURL(), workerOpts{})
 			ec := startEdges(t, 3, ns.ClientURL(), func(i int, c *Config) { c.Scope = scope })
 			ec.waitInstances(4)
@@ -236,7 +237,7 @@ func keys[V any](m map[string]V) []string {
 // instances (a local read, no leader needed), and new conversations are
 // placed and bound once a new leader exists.
 func TestLeaderKillDuringConversations(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	startDisaggFleet(t, ns.ClientURL(), workerOpts{})
 	ec := startEdges(t, 3, ns.ClientURL(), nil)
 	ec.waitInstances(4)
@@ -289,7 +290,7 @@ func TestLeaderKillDuringConversations(t *testing.T) {
 // on, served and counted; once quorum is back the placement is recorded as
 // a Bind.
 func TestDegradedModeWithoutQuorum(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	startDisaggFleet(t, ns.ClientURL(), workerOpts{})
 	ec := startEdges(t, 3, ns.ClientURL(), func(i int, c *Config) {
 		c.Cluster.ProposeTimeout = 300 * time.Millisecond

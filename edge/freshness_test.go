@@ -11,6 +11,7 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // An edge whose state lags the log must not place an
@@ -23,7 +24,7 @@ import (
 // once the others are back C catches up and routes the key to its
 // binding.
 func TestLaggingEdgeDoesNotGuessBoundKeys(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	fleet := startDisaggFleet(t, ns.ClientURL(), workerOpts{})
 	ec := startEdges(t, 3, ns.ClientURL(), func(i int, c *Config) {
 		c.Cluster.ProposeTimeout = 300 * time.Millisecond

@@ -23,7 +23,6 @@ import (
 	"testing"
 	"time"
 
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel/trace"
@@ -35,7 +34,7 @@ import (
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/test/leakcheck"
-	"github.com/tether-project/tether/test/natstest"
+	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"
 )
@@ -61,11 +60,6 @@ func testLogger(t testing.TB) *slog.Logger {
 func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	waitfor.True(t, timeout, what, cond)
-}
-
-func startNATS(t testing.TB) *natsserver.Server {
-	t.Helper()
-	return natstest.Start(t, nil)
 }
 
 // seenRequest is what a worker received, as recorded in front of it.
@@ -435,12 +429,7 @@ func (ec *edgeCluster) waitInstances(n int) {
 	})
 }
 
-// httpClient closes its idle connections at cleanup (goleak).
-func httpClient(t testing.TB) *http.Client {
-	tr := &http.Transport{}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
-}
+func httpClient(t testing.TB) *http.Client { return testhttp.Client(t, nil) }
 
 type response struct {
 	status int
@@ -519,21 +508,11 @@ func longText(tag string, words int) string {
 // routeOf parses x-tether-route into (context instance, generation instance).
 func routeOf(t testing.TB, r response) (ctxInst, genInst string) {
 	t.Helper()
-	h := r.header.Get(HeaderRoute)
-	for _, part := range strings.Split(h, ";") {
-		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok {
-			t.Fatalf("bad %s header %q", HeaderRoute, h)
-		}
-		inst, _, _ := strings.Cut(v, "/")
-		switch k {
-		case "context":
-			ctxInst = inst
-		case "generation":
-			genInst = inst
-		}
+	rt, err := ParseRoute(r.header.Get(HeaderRoute))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return ctxInst, genInst
+	return rt.ContextInstance, rt.GenerationInstance
 }
 
 func cachedTokens(t testing.TB, m map[string]any) int {

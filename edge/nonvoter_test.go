@@ -13,6 +13,7 @@ import (
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // fastAutopilot is autopilot with test timings (health every 500ms,
@@ -73,7 +74,7 @@ func (ec *edgeCluster) voters() map[string]bool {
 // three voters and removes the dead one, and the table still holds on the
 // eight survivors, through voters and non-voters alike.
 func TestSeedTableWithNonvoters(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	startDisaggFleet(t, ns.ClientURL(), workerOpts{})
 	withPilot := func(c *Config) {
 		c.Scope = routing.ScopeBoth

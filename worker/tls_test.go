@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/cluster/pki"
+	"github.com/tether-project/tether/test/testhttp"
 )
 
 type tlsFixture struct {
@@ -46,9 +47,7 @@ func (f *tlsFixture) client(t *testing.T, leaf *pki.Leaf) *http.Client {
 	if leaf != nil {
 		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &leaf.TLS, nil }
 	}
-	tr := &http.Transport{TLSClientConfig: c}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	return testhttp.Client(t, c)
 }
 
 func TestTLSConfigKeys(t *testing.T) {

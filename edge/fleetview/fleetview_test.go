@@ -32,11 +32,6 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func startNATS(t testing.TB) *natsserver.Server {
-	t.Helper()
-	return natstest.Start(t, nil)
-}
-
 func connect(t testing.TB, url string) *nats.Conn {
 	t.Helper()
 	nc, err := nats.Connect(url)
@@ -157,7 +152,7 @@ func matched(f *View, id string, blocks []uint64) int {
 // Malformed telemetry, and payloads naming another instance than their
 // subject, are dropped and counted; the view carries on.
 func TestMalformedMessagesAreDroppedAndCounted(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	nc := connect(t, ns.ClientURL())
 	f, reg := newFleet(t, Config{Conn: connect(t, ns.ClientURL())})
 
@@ -227,7 +222,7 @@ func dumpResponder(t testing.TB, nc *nats.Conn, id string, content func() teleme
 // A sequence gap makes the view ask the worker for a full dump (in parts)
 // and rebuild its index from it; batches after the dump apply on top.
 func TestGapTriggersDumpAndRebuild(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	nc := connect(t, ns.ClientURL())
 	var mu sync.Mutex
 	content := telemetry.KVDump{Instance: "w1", BootID: 5, Seq: 3, Ranks: []telemetry.RankBlocks{{Rank: 0, Blocks: []uint64{11, 12, 13}}, {Rank: 1, Blocks: []uint64{21}}}}
@@ -259,7 +254,7 @@ func TestGapTriggersDumpAndRebuild(t *testing.T) {
 // A view that starts while workers are mid-stream rebuilds its index from
 // dumps at once (a real worker: its own dump handler and codecs).
 func TestFreshViewRebuildsFromRealWorker(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	cfg := worker.DefaultConfig()
 	cfg.InstanceID, cfg.Model = "w-real", "m"
 	cfg.Ranks = 2
@@ -302,7 +297,7 @@ func TestFreshViewRebuildsFromRealWorker(t *testing.T) {
 // (and at least min_stale_after); a draining report marks the instance
 // draining; dispatches count as queued until the next report.
 func TestHealthFromHeartbeatAge(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	nc := connect(t, ns.ClientURL())
 	clk := &clock{}
 	clk.advance(time.Hour)
@@ -358,7 +353,7 @@ func TestStaticInstancesProbedAndMerged(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}))
 	t.Cleanup(srv.Close)
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	nc := connect(t, ns.ClientURL())
 	f, _ := newFleet(t, Config{
 		Conn: connect(t, ns.ClientURL()), ProbeInterval: 20 * time.Millisecond, MinStaleAfter: 100 * time.Millisecond,
@@ -389,7 +384,7 @@ func TestStaticInstancesProbedAndMerged(t *testing.T) {
 
 // Evictions reach the callback with the instance's fleet.
 func TestEvictionsForwarded(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	nc := connect(t, ns.ClientURL())
 	got := make(chan string, 4)
 	f, _ := newFleet(t, Config{Conn: connect(t, ns.ClientURL()), OnEvictions: func(id string, fl fsm.Fleet, evs []telemetry.Eviction) {

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-project/tether/edge/fleetview"
-	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/worker"
 	"github.com/tether-project/tether/worker/kvevents"
 )
@@ -76,8 +75,6 @@ func newFleet(t *testing.T, ns *natsserver.Server) *fleetview.View {
 	t.Cleanup(f.Close)
 	return f
 }
-
-func startNATS(t *testing.T) *natsserver.Server { return natstest.Start(t, nil) }
 
 // matchRank is how many leading blocks instance id holds, and on which rank.
 func matchRank(f *fleetview.View, id string, blocks []uint64) (int, int) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/test/crosscheck"
+	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/test/npmenv"
 )
 
@@ -125,7 +126,7 @@ func TestNodePublisherFeedsProxyWorker(t *testing.T) {
 	for _, layout := range []string{"map", "array"} {
 		t.Run(layout, func(t *testing.T) {
 			pub := startNodePublisher(t, dir, layout)
-			ns := startNATS(t)
+			ns := natstest.Start(t, nil)
 			startProxyWorker(t, ns, "w-node", pub.endpoint, pub.replay)
 			f := newFleet(t, ns)
 

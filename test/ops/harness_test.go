@@ -568,13 +568,8 @@ type turn struct {
 func (t turn) contextInstance() string { inst, _ := t.contextHop(); return inst }
 
 func (t turn) contextHop() (instance, rank string) {
-	for _, part := range strings.Split(t.route, ";") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(part), "context="); ok {
-			inst, rank, _ := strings.Cut(v, "/")
-			return inst, rank
-		}
-	}
-	return "", ""
+	r, _ := edge.ParseRoute(t.route)
+	return r.ContextInstance, r.ContextRank
 }
 
 // chat sends one chat turn through the running edges, starting with

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -59,11 +60,7 @@ func standaloneWorker(t *testing.T, mut func(*worker.Config)) *worker.Server {
 	return runWorker(t, cfg)
 }
 
-func httpClient(t *testing.T) *http.Client {
-	tr := &http.Transport{MaxIdleConnsPerHost: 64}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
-}
+func httpClient(t *testing.T) *http.Client { return testhttp.Client(t, nil) }
 
 type openAIError struct {
 	Error *struct {

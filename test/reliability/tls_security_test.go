@@ -28,6 +28,7 @@ import (
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"
 )
@@ -83,11 +84,7 @@ func presenting(ca *secureCA, leaf *pki.Leaf) *tls.Config {
 	return c
 }
 
-func tlsHTTPClient(t *testing.T, c *tls.Config) *http.Client {
-	tr := &http.Transport{TLSClientConfig: c}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 20 * time.Second}
-}
+func tlsHTTPClient(t *testing.T, c *tls.Config) *http.Client { return testhttp.Client(t, c) }
 
 // startSecureWorker runs a worker of fleet over mutual TLS that takes
 // requests from edges' certificates only (client_auth require).
