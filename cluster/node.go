@@ -521,6 +521,7 @@ func (n *Node) leaderBarrier(notify <-chan bool) bool {
 			n.log.Warn("cluster: leader barrier failed; retrying with backoff", "err", err)
 			lastErr = msg
 		}
+		n.log.Debug("cluster: leader barrier retry", "backoff", backoff)
 		t := time.NewTimer(backoff)
 		select {
 		case <-n.ctx.Done():
