@@ -527,14 +527,7 @@ func (c *Config) normalize() {
 // warnings to log ("nats.creds, line 4: deprecated spelling: write
 // nats.creds_file …").
 func (c *Config) Deprecated() []string {
-	if c.doc == nil {
-		return nil
-	}
-	out := make([]string, len(c.doc.Deprecated))
-	for i, d := range c.doc.Deprecated {
-		out[i] = d.Error()
-	}
-	return out
+	return c.doc.Warnings()
 }
 
 // validateServing: the listener, the model, sub-agent affinity and hints,

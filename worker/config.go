@@ -326,14 +326,7 @@ func (c *Config) Validate() error {
 // Deprecated lists the former spellings of keys the file used, as
 // warnings to log.
 func (c *Config) Deprecated() []string {
-	if c.doc == nil {
-		return nil
-	}
-	out := make([]string, len(c.doc.Deprecated))
-	for i, d := range c.doc.Deprecated {
-		out[i] = d.Error()
-	}
-	return out
+	return c.doc.Warnings()
 }
 
 // validateIdentity: who the worker is, where it listens, what it serves.

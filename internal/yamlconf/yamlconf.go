@@ -105,6 +105,19 @@ func (d *Doc) Line(path string) int {
 	return 0
 }
 
+// Warnings are the deprecation warnings as text, one per former spelling
+// the document used (none for a nil Doc: a configuration built in code).
+func (d *Doc) Warnings() []string {
+	if d == nil {
+		return nil
+	}
+	out := make([]string, len(d.Deprecated))
+	for i, e := range d.Deprecated {
+		out[i] = e.Error()
+	}
+	return out
+}
+
 // DecodeDoc is Decode that also returns what it learned of the document
 // (nil with an error that is not an Errors).
 func DecodeDoc(data []byte, out any) (*Doc, error) {
