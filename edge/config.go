@@ -389,11 +389,24 @@ func DefaultConfig() Config {
 // LoadConfig reads, parses, applies the environment to and validates the
 // file at path.
 func LoadConfig(path string) (Config, error) {
+	cfg, err := ReadConfig(path)
+	if err != nil {
+		return Config{}, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ReadConfig is LoadConfig without the validation: for a program that
+// sets more (command-line flags) before it validates.
+func ReadConfig(path string) (Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
-	cfg, err := ParseConfig(data)
+	cfg, err := DecodeConfig(data)
 	if err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", path, err)
 	}
@@ -404,6 +417,18 @@ func LoadConfig(path string) (Config, error) {
 // keys are errors, every error names its key path and line), applies the
 // environment overrides and validates.
 func ParseConfig(data []byte) (Config, error) {
+	cfg, err := DecodeConfig(data)
+	if err != nil {
+		return Config{}, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// DecodeConfig is ParseConfig without the validation.
+func DecodeConfig(data []byte) (Config, error) {
 	cfg := DefaultConfig()
 	cfg.TLS.Mode = "" // a file states its tls.mode (unset: plaintext with a warning)
 	doc, err := yamlconf.DecodeDoc(data, &cfg)
@@ -413,9 +438,6 @@ func ParseConfig(data []byte) (Config, error) {
 	cfg.doc = doc
 	cfg.ApplyEnv(os.Getenv)
 	cfg.normalize()
-	if err := cfg.Validate(); err != nil {
-		return Config{}, err
-	}
 	return cfg, nil
 }
 

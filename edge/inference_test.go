@@ -28,7 +28,7 @@ func TestContextPhaseFinalAnswer(t *testing.T) {
 	if _, leaked := m["disaggregated_params"]; leaked || m["object"] != "chat.completion" {
 		t.Fatalf("response %s", r.body)
 	}
-	if ci, gi := routeOf(t, r); ci != "ctx-0" || gi != "-" {
+	if ci, gi := routeOf(t, r); ci != "ctx-0" || gi != "" {
 		t.Fatalf("route %q", r.header.Get(HeaderRoute))
 	}
 	if r.header.Get(HeaderADPRank) == "" {

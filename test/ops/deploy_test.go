@@ -536,9 +536,16 @@ func checkNonvoterStatefulSet(t *testing.T, sts manifest, c any, args []string, 
 	if !ok {
 		t.Fatalf("StatefulSet %s: --config %s is not a key of its config volume", name, cfgPath)
 	}
-	cfg, err := edge.ParseConfig([]byte(data))
+	// As the pod runs it: the file, then the flags, then the validation.
+	cfg, err := edge.DecodeConfig([]byte(data))
 	if err != nil {
 		t.Fatalf("StatefulSet %s: %s: %v", name, cfgPath, err)
+	}
+	pod := name + "-0"
+	cfg.Cluster.NodeID = strings.ReplaceAll(flag("--node-id"), "$(POD_NAME)", pod)
+	cfg.Cluster.AdvertiseAddr = strings.ReplaceAll(flag("--advertise-addr"), "$(POD_NAME)", pod)
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("StatefulSet %s: %s with its flags: %v", name, cfgPath, err)
 	}
 	checkReadinessNeedsOneWorker(t, cfgPath, cfg)
 	cl := cfg.Cluster

@@ -73,6 +73,10 @@ func (w *levelWatch) check() uint32 {
 		if want := edgeLevel(s.version); ns.FeatureLevel != want {
 			w.t.Fatalf("%s (%s) supports feature level %d, want %d", s.id, s.version, ns.FeatureLevel, want)
 		}
+		// Leader before the state is read: a ready leader's state holds
+		// everything committed (read first, the state may predate its
+		// catching up).
+		leader := s.edge().Node().IsLeader()
 		st := s.state()
 		advertised := map[string]uint32{}
 		for _, n := range st.Edges() {
@@ -97,7 +101,7 @@ func (w *levelWatch) check() uint32 {
 		if got < w.seen && st.Index() > 0 {
 			// A lagging follower may trail; only the leader's view must
 			// never fall.
-			if s.edge().Node().IsLeader() {
+			if leader {
 				w.t.Fatalf("%s: cluster feature level fell from %d to %d", s.id, w.seen, got)
 			}
 		}
