@@ -16,6 +16,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/tether-project/tether/test/repo"
 )
 
 // MaxLines is the longest a function may be.
@@ -35,7 +37,7 @@ var pending = map[string]bool{
 }
 
 func TestNoLongFunctions(t *testing.T) {
-	root := repoRoot(t)
+	root := repo.Root(t)
 	long := longFunctions(t, root)
 	var names []string
 	for name := range long {
@@ -112,21 +114,4 @@ func funcName(fd *ast.FuncDecl) string {
 		return id.Name + "." + fd.Name.Name
 	}
 	return fd.Name.Name
-}
-
-func repoRoot(t *testing.T) string {
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the test's directory")
-		}
-		dir = parent
-	}
 }

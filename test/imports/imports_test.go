@@ -22,6 +22,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/tether-project/tether/test/repo"
 )
 
 const module = "github.com/tether-project/tether"
@@ -41,7 +43,7 @@ type goPackage struct {
 }
 
 func TestImportsFollowArchitectureTable(t *testing.T) {
-	root := repoRoot(t)
+	root := repo.Root(t)
 	rules, err := parseTable(filepath.Join(root, "docs", "ARCHITECTURE.md"))
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +146,7 @@ func TestViolationsAreFound(t *testing.T) {
 }
 
 func TestBinaryDoesNotLinkReportPlots(t *testing.T) {
-	root := repoRoot(t)
+	root := repo.Root(t)
 	for _, p := range listPackages(t, root, "./cmd/tether") {
 		for _, bad := range forbiddenInBinary {
 			for _, dep := range p.Deps {
@@ -333,22 +335,4 @@ func listPackages(t *testing.T, root, pattern string) []goPackage {
 		pkgs = append(pkgs, p)
 	}
 	return pkgs
-}
-
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the test's directory")
-		}
-		dir = parent
-	}
 }
