@@ -92,7 +92,7 @@ func forgeAppend(t *testing.T, target *Node, stream intruder) error {
 	return tr.AppendEntries(raft.ServerID(target.ID()), raft.ServerAddress(target.Addr()), req, &resp)
 }
 
-// B1: without TLS, the AuthKey now guards Raft streams as it guards
+// Without TLS, the AuthKey guards Raft streams as it guards
 // forwarding. An AppendEntries from a peer that skips the handshake, or
 // fails it, never reaches hashicorp/raft; the cluster goes on.
 func TestRaftStreamRequiresTheAuthKey(t *testing.T) {
@@ -194,8 +194,13 @@ func TestTLSPeerMustBeTheNodeItClaims(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		n, err := Open(ctx, Config{NodeID: "n7", DataDir: t.TempDir(), Listener: ln, Join: []string{target.Addr()},
-			AuthKey: testKey, TLS: other, Raft: testTiming, Logger: testLogger(t)})
+		n, err := Open(ctx, Config{
+			Settings: Settings{NodeID: "n7", DataDir: t.TempDir(), Join: []string{target.Addr()}, Raft: testTiming},
+			Listener: ln,
+			AuthKey:  testKey,
+			TLS:      other,
+			Logger:   testLogger(t),
+		})
 		if err == nil {
 			n.Close(ctx)
 			t.Fatal("a node joined as n7 with n9's certificate")

@@ -25,9 +25,11 @@ func (tc *testCluster) joinNode(ctx context.Context, id, via string, s Suffrage,
 		tc.t.Fatal(err)
 	}
 	cfg := Config{
-		NodeID: id, DataDir: filepath.Join(tc.t.TempDir(), id), Listener: ln, Join: []string{via}, Suffrage: s,
-		AuthKey: testKey, ProposeTimeout: 5 * time.Second, Raft: testTiming, Logger: testLogger(tc.t), Version: "test",
-		Autopilot: ap,
+		Settings: Settings{NodeID: id, DataDir: filepath.Join(tc.t.TempDir(), id), Join: []string{via}, Suffrage: s, ProposeTimeout: 5 * time.Second, Raft: testTiming, Autopilot: ap},
+		Listener: ln,
+		AuthKey:  testKey,
+		Logger:   testLogger(tc.t),
+		Version:  "test",
 	}
 	n, err := Open(ctx, cfg)
 	if err != nil {

@@ -353,15 +353,26 @@ func TestNoQuorumFailsWithinDeadline(t *testing.T) {
 			ctx, cancel := tt.ctx()
 			defer cancel()
 			start := time.Now()
-			_, err := survivor.Propose(ctx, bindEv("k", "w1"))
-			elapsed := time.Since(start)
+			done := make(chan error, 1)
+			go func() {
+				_, err := survivor.Propose(ctx, bindEv("k", "w1"))
+				done <- err
+			}()
+			// The behaviour: it gives up (no hang) with ErrUnavailable,
+			// and not before its deadline. How soon after the deadline
+			// depends on the machine: a benchmark's business, not this
+			// test's (the watchdog only catches a hang).
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(time.Minute):
+				t.Fatalf("Propose without a quorum still blocked a minute after its %s deadline", tt.bound)
+			}
 			if !errors.Is(err, ErrUnavailable) {
 				t.Fatalf("err = %v, want ErrUnavailable", err)
 			}
-			// A bound on behaviour (never hang), with slack for a loaded
-			// machine; not a performance target.
-			if elapsed > tt.bound+time.Second {
-				t.Fatalf("returned after %s, deadline was %s", elapsed, tt.bound)
+			if elapsed := time.Since(start); elapsed < tt.bound {
+				t.Fatalf("gave up after %s, before its %s deadline", elapsed, tt.bound)
 			}
 		})
 	}

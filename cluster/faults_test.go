@@ -201,8 +201,8 @@ func TestUnknownOptionalEventSkippedEverywhere(t *testing.T) {
 	}
 	tc.sync(5 * time.Second)
 	for _, n := range tc.running() {
-		if n.Machine().Skipped() != 1 {
-			t.Fatalf("node %s skipped %d events, want 1", n.ID(), n.Machine().Skipped())
+		if n.machineForTest().Skipped() != 1 {
+			t.Fatalf("node %s skipped %d events, want 1", n.ID(), n.machineForTest().Skipped())
 		}
 		if n.FatalError() != nil {
 			t.Fatalf("node %s halted on an optional event: %v", n.ID(), n.FatalError())
@@ -304,9 +304,10 @@ func TestForwardingRejectsWrongKey(t *testing.T) {
 	jctx, jcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer jcancel()
 	_, err = Open(jctx, Config{
-		NodeID: "mallory", DataDir: filepath.Join(t.TempDir(), "m"), Listener: ln,
-		Join: []string{target.Addr()}, AuthKey: []byte("the-wrong-key-0123456789"),
-		Raft: testTiming, Logger: testLogger(t),
+		Settings: Settings{NodeID: "mallory", DataDir: filepath.Join(t.TempDir(), "m"), Join: []string{target.Addr()}, Raft: testTiming},
+		Listener: ln,
+		AuthKey:  []byte("the-wrong-key-0123456789"),
+		Logger:   testLogger(t),
 	})
 	if err == nil || !errors.Is(err, transport.ErrAuth) {
 		t.Fatalf("join with a wrong key: %v, want a refused handshake", err)
@@ -339,9 +340,10 @@ func TestJoinAndRemove(t *testing.T) {
 	}
 	dir := filepath.Join(t.TempDir(), "n3")
 	cfg := Config{
-		NodeID: "n3", DataDir: dir, Listener: ln, Join: []string{tc.follower().Addr()},
-		AuthKey: testKey, ProposeTimeout: 5 * time.Second, Raft: testTiming, Logger: testLogger(t),
-		Autopilot: AutopilotConfig{Voters: 4},
+		Settings: Settings{NodeID: "n3", DataDir: dir, Join: []string{tc.follower().Addr()}, ProposeTimeout: 5 * time.Second, Raft: testTiming, Autopilot: AutopilotConfig{Voters: 4}},
+		Listener: ln,
+		AuthKey:  testKey,
+		Logger:   testLogger(t),
 	}
 	joined, err := Open(ctx, cfg)
 	if err != nil {
@@ -501,18 +503,20 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		key string
 		cfg Config
 	}{
-		{"NodeID", Config{DataDir: dir, BindAddr: "127.0.0.1:0", AuthKey: testKey}},
-		{"DataDir", Config{NodeID: "a", BindAddr: "127.0.0.1:0", AuthKey: testKey}},
-		{"BindAddr", Config{NodeID: "a", DataDir: dir, AuthKey: testKey}},
-		{"AuthKey", Config{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0"}},
-		{"AuthKey", Config{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0", AuthKey: []byte("short")}},
-		{"Peers", Config{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0", AuthKey: testKey, Bootstrap: true, Peers: []Peer{{ID: "b", Addr: "x:1"}}}},
-		{"Raft.LeaderLeaseTimeout", Config{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0", AuthKey: testKey, Raft: RaftTiming{HeartbeatTimeout: time.Second, LeaderLeaseTimeout: 2 * time.Second}}},
-		{"FeatureLevel", Config{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0", AuthKey: testKey, FeatureLevel: fsm.FeatureLevelMax + 1}},
-		{"AdvertiseAddr", Config{NodeID: "a", DataDir: dir, BindAddr: "0.0.0.0:0", AuthKey: testKey}},
+		{"node_id", Config{Settings: Settings{DataDir: dir, BindAddr: "127.0.0.1:0"}, AuthKey: testKey}},
+		{"data_dir", Config{Settings: Settings{NodeID: "a", BindAddr: "127.0.0.1:0"}, AuthKey: testKey}},
+		{"bind_addr", Config{Settings: Settings{NodeID: "a", DataDir: dir}, AuthKey: testKey}},
+		{"auth_key", Config{Settings: Settings{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0"}}},
+		{"auth_key", Config{Settings: Settings{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0"}, AuthKey: []byte("short")}},
+		{"peers", Config{Settings: Settings{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0", Bootstrap: true, Peers: []Peer{{ID: "b", Addr: "x:1"}}}, AuthKey: testKey}},
+		{"raft.leader_lease_timeout", Config{Settings: Settings{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0", Raft: RaftTiming{HeartbeatTimeout: time.Second, LeaderLeaseTimeout: 2 * time.Second}}, AuthKey: testKey}},
+		{"compat_feature_level", Config{Settings: Settings{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0", FeatureLevel: fsm.FeatureLevelMax + 1}, AuthKey: testKey}},
+		{"advertise_addr", Config{Settings: Settings{NodeID: "a", DataDir: dir, BindAddr: "0.0.0.0:0"}, AuthKey: testKey}},
+		{"advertise_addr", Config{Settings: Settings{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0", AdvertiseAddr: "0.0.0.0:7400"}, AuthKey: testKey}},
+		{"raft.max_append_entries", Config{Settings: Settings{NodeID: "a", DataDir: dir, BindAddr: "127.0.0.1:0", Raft: RaftTiming{MaxAppendEntries: 2000}}, AuthKey: testKey}},
 	} {
 		_, err := Open(context.Background(), tt.cfg)
-		if err == nil || !strings.Contains(err.Error(), tt.key) {
+		if err == nil || !strings.Contains(err.Error(), "cluster: config "+tt.key+": ") {
 			t.Errorf("config missing/bad %s: error %v does not name it", tt.key, err)
 		}
 	}
@@ -557,7 +561,7 @@ func TestRemovedWhileDownLearnsOnRestart(t *testing.T) {
 func TestArchiveCompleteAfterKill(t *testing.T) {
 	t.Parallel()
 	// No snapshot is taken, so none can be installed: the archive must then
-	// hold every entry, and a restore is a failure, not a skip (issue 13).
+	// hold every entry, and a restore is a failure, not a skip.
 	tc := newTestCluster(t, 3, func(_ int, c *Config) {
 		c.SnapshotThreshold, c.TrailingLogs, c.SnapshotInterval = 1<<30, 1<<30, time.Hour
 	})
@@ -643,5 +647,30 @@ func TestRemovedWhileCutOffLearnsIt(t *testing.T) {
 	}
 	if _, err := leader.Propose(ctx, bindEv("after-removal", "w1")); err != nil {
 		t.Fatalf("the remaining members stopped serving: %v", err)
+	}
+}
+
+// ValidateConfig only reads: defaults are WithDefaults', and a config
+// with them validates as it is.
+func TestValidateConfigDoesNotChangeTheConfig(t *testing.T) {
+	t.Parallel()
+	c := Config{Settings: Settings{NodeID: "a", DataDir: "d", BindAddr: "127.0.0.1:0"}, AuthKey: testKey}
+	if err := ValidateConfig(c); err == nil {
+		t.Fatal("a config without its defaults (zero Raft timing) validated")
+	}
+	d := c.WithDefaults()
+	if err := ValidateConfig(d); err != nil {
+		t.Fatal(err)
+	}
+	if d.ProposeTimeout != d.Raft.ElectionTimeout || d.Raft.ElectionTimeout != 500*time.Millisecond || d.Autopilot.LastContactThreshold != time.Second {
+		t.Fatalf("defaults: %+v", d.Settings)
+	}
+	errs := ConfigErrors(ValidateConfig(Config{}.WithDefaults()))
+	keys := map[string]bool{}
+	for _, e := range errs {
+		keys[e.Key] = true
+	}
+	if !keys["node_id"] || !keys["data_dir"] || !keys["bind_addr"] || !keys["auth_key"] || len(errs) != 4 {
+		t.Fatalf("errors of an empty config: %v", errs)
 	}
 }

@@ -28,8 +28,8 @@ func mixedVersionCluster(t *testing.T) (tc *testCluster, capped *Node, full []*N
 			t.Fatalf("node %s reports feature level %d, want %d", n.ID(), st.FeatureLevel, fsm.FeatureLevelMax)
 		}
 	}
-	if st := capped.Status(); st.FeatureLevel != 1 || capped.Machine().MaxFeatureLevel() != 1 {
-		t.Fatalf("capped node reports feature level %d (machine %d), want 1", st.FeatureLevel, capped.Machine().MaxFeatureLevel())
+	if st := capped.Status(); st.FeatureLevel != 1 || capped.machineForTest().MaxFeatureLevel() != 1 {
+		t.Fatalf("capped node reports feature level %d (machine %d), want 1", st.FeatureLevel, capped.machineForTest().MaxFeatureLevel())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -32,7 +32,7 @@ func TestHashAtExactIndex(t *testing.T) {
 	if h, ok := ref.HashAt(last); !ok || h != ref.State().Hash() {
 		t.Fatalf("HashAt(current index %d): ok %v, or not the current state's hash", last, ok)
 	}
-	oldest, newest := ref.HashHistory()
+	oldest, newest := ref.hashHistory()
 	if newest != last || oldest == 0 || oldest > newest {
 		t.Fatalf("history %d..%d, want ..%d", oldest, newest, last)
 	}

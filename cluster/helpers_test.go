@@ -62,17 +62,11 @@ func newTestCluster(t testing.TB, n int, tweak func(i int, c *Config)) *testClus
 	base := t.TempDir()
 	for i := range n {
 		cfg := Config{
-			NodeID:         peers[i].ID,
-			DataDir:        filepath.Join(base, peers[i].ID),
-			BindAddr:       peers[i].Addr,
-			Listener:       lns[i],
-			Bootstrap:      true,
-			Peers:          peers,
-			AuthKey:        testKey,
-			ProposeTimeout: 5 * time.Second,
-			Raft:           testTiming,
-			Logger:         testLogger(t),
-			Version:        "test",
+			Settings: Settings{NodeID: peers[i].ID, DataDir: filepath.Join(base, peers[i].ID), BindAddr: peers[i].Addr, Bootstrap: true, Peers: peers, ProposeTimeout: 5 * time.Second, Raft: testTiming},
+			Listener: lns[i],
+			AuthKey:  testKey,
+			Logger:   testLogger(t),
+			Version:  "test",
 		}
 		if tweak != nil {
 			tweak(i, &cfg)

@@ -119,8 +119,8 @@ type Node struct {
 // DataDir is empty) and returns once the node runs. A join waits until the
 // leader committed this node as a voter (bounded by ctx).
 func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
-	cfg, err = cfg.withDefaults()
-	if err != nil {
+	cfg = cfg.WithDefaults()
+	if err := ValidateConfig(cfg); err != nil {
 		if cfg.Listener != nil {
 			cfg.Listener.Close()
 		}
@@ -264,7 +264,7 @@ func (n *Node) listen(u *undo) (net.Listener, error) {
 	if n.addr == "" {
 		n.addr = ln.Addr().String()
 		if host, _, _ := net.SplitHostPort(n.addr); net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified() {
-			return nil, fmt.Errorf("cluster: config AdvertiseAddr: required when binding %s (peers cannot dial an unspecified address)", n.addr)
+			return nil, &ConfigError{Key: "advertise_addr", Msg: fmt.Sprintf("required when binding %s (peers cannot dial an unspecified address)", n.addr)}
 		}
 	}
 	return ln, nil
@@ -502,7 +502,7 @@ func (n *Node) watchLeadership(notify <-chan bool) {
 
 // Backoff between failed leader barriers. A barrier fails at once while a
 // leadership transfer is in progress (a stopping leader hands over), so
-// retrying without a pause spun: 105,032 log lines in 0.5 s (issue 13).
+// retrying without a pause spun: 105,032 log lines in 0.5 s.
 const (
 	barrierBackoffMin = 5 * time.Millisecond
 	barrierBackoffMax = time.Second
@@ -530,6 +530,7 @@ func (n *Node) leaderBarrier(notify <-chan bool) bool {
 			n.log.Warn("cluster: leader barrier failed; retrying with backoff", "err", err)
 			lastErr = msg
 		}
+		n.log.Debug("cluster: leader barrier retry", "backoff", backoff)
 		t := time.NewTimer(backoff)
 		select {
 		case <-n.ctx.Done():
@@ -692,9 +693,6 @@ func (n *Node) Addr() string { return n.addr }
 // State is the current replicated state: a lock-free read.
 func (n *Node) State() *fsm.State { return n.machine.State() }
 
-// Machine is the node's state machine (read-only use: State, Skipped, Halted).
-func (n *Node) Machine() *fsm.Machine { return n.machine }
-
 // Archive is the node's event archive.
 func (n *Node) Archive() *archive.Archive { return n.archive }
 
@@ -732,10 +730,6 @@ func (n *Node) HashAt(index uint64) (hash [32]byte, ok bool) {
 	}
 	return n.fsm.hashes.lookup(index)
 }
-
-// HashHistory is the range of state indexes HashAt can answer now
-// (oldest, newest; 0, 0 before anything was applied).
-func (n *Node) HashHistory() (oldest, newest uint64) { return n.fsm.hashes.span() }
 
 // WaitApplied waits until this node's state machine processed index.
 func (n *Node) WaitApplied(ctx context.Context, index uint64) error {

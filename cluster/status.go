@@ -287,17 +287,3 @@ func (c *ctxReader) Read(p []byte) (int, error) {
 	}
 	return c.r.Read(p)
 }
-
-// proposeRaw appends data as a command entry as is (leader only). Tests use
-// it to put entries in the log that this build's encoder would not write
-// (unknown event types, corrupt envelopes).
-func (n *Node) proposeRaw(ctx context.Context, data []byte) (uint64, error) {
-	if n.raft.State() != raft.Leader {
-		return 0, ErrNotLeader
-	}
-	f := n.raft.Apply(data, 0)
-	if err := waitFuture(ctx, f); err != nil {
-		return 0, fmt.Errorf("cluster: propose raw entry: %w", err)
-	}
-	return f.Index(), nil
-}

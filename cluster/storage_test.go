@@ -74,7 +74,7 @@ func rewrite(t *testing.T, path string, fn func([]byte) []byte) {
 	}
 }
 
-// B4: a truncated raft.db made bbolt panic inside Open.
+// A truncated raft.db must not make bbolt panic inside Open.
 func TestTruncatedRaftDBRefusesToStart(t *testing.T) {
 	t.Parallel()
 	err := damagedNode(t, func(dir string) {
@@ -86,8 +86,8 @@ func TestTruncatedRaftDBRefusesToStart(t *testing.T) {
 	t.Logf("refused: %v", err)
 }
 
-// B5: an emptied raft.db counted as "no Raft state", so Bootstrap re-created
-// the cluster beside the old archive. It is refused, with what was found and
+// An emptied raft.db would count as "no Raft state", and Bootstrap would
+// re-create the cluster beside the old archive. It is refused, with what was found and
 // how to recover; so is a raft.db lost beside snapshots only.
 func TestEmptiedRaftDBRefusesToStart(t *testing.T) {
 	t.Parallel()

@@ -135,9 +135,11 @@ func TestMutualTLS(t *testing.T) {
 	jctx, jcancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer jcancel()
 	_, err = Open(jctx, Config{
-		NodeID: "rogue", DataDir: filepath.Join(t.TempDir(), "rogue"), Listener: ln,
-		Join: []string{tc.node(0).Addr()}, AuthKey: testKey, TLS: rogue.mutualTLS(t, "rogue"),
-		Raft: testTiming, Logger: testLogger(t),
+		Settings: Settings{NodeID: "rogue", DataDir: filepath.Join(t.TempDir(), "rogue"), Join: []string{tc.node(0).Addr()}, Raft: testTiming},
+		Listener: ln,
+		AuthKey:  testKey,
+		TLS:      rogue.mutualTLS(t, "rogue"),
+		Logger:   testLogger(t),
 	})
 	if err == nil {
 		t.Fatal("a node with an untrusted certificate joined")

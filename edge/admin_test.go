@@ -3,6 +3,7 @@ package edge
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // The admin API: nothing without the bearer token; the cluster, binding,
@@ -74,7 +76,7 @@ func TestAdminAPI(t *testing.T) {
 
 	var hist struct {
 		Fleet, Key string
-		Events     []admin.HistoryEntry `json:"events"`
+		Events     []historyEntry `json:"events"`
 	}
 	if err := json.Unmarshal(adminGet(t, s.c, s.te, "/admin/v1/bindings/context/admin-conv/history").body, &hist); err != nil {
 		t.Fatal(err)
@@ -85,7 +87,7 @@ func TestAdminAPI(t *testing.T) {
 	}
 	// After the Bind: the sticky turn's Touch and (feature level 2) the
 	// worker's rank, recorded off the request path.
-	if len(hist.Events) < 2 || hist.Events[0].Type != "Bind" || hist.Events[0].Decision == nil || hist.Events[0].Decision.Edge != "edge-1" ||
+	if len(hist.Events) < 2 || hist.Events[0].Type != "Bind" || hist.Events[0].Event.Decision.Edge != "edge-1" ||
 		hist.Events[0].Index == 0 || hist.Events[0].Time.IsZero() || !types["Touch"] {
 		t.Fatalf("history %+v", hist.Events)
 	}
@@ -117,10 +119,18 @@ func TestAdminAPI(t *testing.T) {
 		}
 	}
 
+	// The hash at an exact index, after the state moved past it.
 	st := s.te.e.Node().State()
+	if _, err := s.te.e.Node().Propose(context.Background(), fsm.Annotation{Source: "test", Text: "move the state on"}); err != nil {
+		t.Fatal(err)
+	}
+	want := st.Hash()
 	hr := adminGet(t, s.c, s.te, "/admin/v1/state/hash?index="+strconv.FormatUint(st.Index(), 10)).json(t)
-	if hr["index"].(float64) < float64(st.Index()) || len(hr["hash"].(string)) != 64 {
-		t.Fatalf("state hash %v", hr)
+	if hr["index"].(float64) != float64(st.Index()) || hr["hash"] != hex.EncodeToString(want[:]) || hr["exact"] != true {
+		t.Fatalf("state hash at %d: %v, want %x", st.Index(), hr, want)
+	}
+	if cur := adminGet(t, s.c, s.te, "/admin/v1/state/hash").json(t); cur["index"].(float64) <= float64(st.Index()) || cur["exact"] != nil || cur["bindings"] == nil {
+		t.Fatalf("current state hash %v", cur)
 	}
 	if r := adminGet(t, s.c, s.te, "/admin/v1/state/hash?index=x"); r.status != http.StatusBadRequest {
 		t.Fatalf("bad index: %d", r.status)
@@ -161,11 +171,11 @@ func TestLeaderSweepsIdleBindings(t *testing.T) {
 		return !ok
 	})
 	var hist struct {
-		Events []admin.HistoryEntry `json:"events"`
+		Events []historyEntry `json:"events"`
 	}
 	_ = json.Unmarshal(adminGet(t, s.c, s.te, "/admin/v1/bindings/context/ttl-conv/history").body, &hist)
 	last := hist.Events[len(hist.Events)-1]
-	if last.Type != "Evict" || last.Event["reason"] != "ttl" || last.Status != "applied" {
+	if last.Type != "Evict" || last.Event.Reason != "ttl" || last.Status != "applied" {
 		t.Fatalf("last history event %+v", last)
 	}
 }
@@ -203,7 +213,7 @@ func TestLeaderRecordsDeadInstanceDown(t *testing.T) {
 // A worker whose telemetry says it cannot verify hints (legacy) gets no
 // hint headers; the sub-agent still lands on its parent's instance.
 func TestLegacyWorkerGetsNoHint(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	legacy := startWorker(t, "ctx-legacy", workerOpts{fleet: telemetry.FleetContext, role: hintauth.RoleContext, legacy: true, nats: ns.ClientURL()})
 	startWorker(t, "gen-0", workerOpts{fleet: telemetry.FleetGeneration, role: hintauth.RoleGeneration, nats: ns.ClientURL()})
 	ec := startEdges(t, 1, ns.ClientURL(), nil)
@@ -312,4 +322,14 @@ func startEdgesWithDeps(t testing.TB, mutate func(c *Config), d Deps) *edgeClust
 	t.Helper()
 	ec := startEdgesDeferred(t, 1, "", func(_ int, c *Config) { mutate(c) }, func(int) Deps { return d })
 	return ec
+}
+
+// historyEntry is an element of a key's history as the tests read it: the
+// event's fields typed as far as the tests look.
+type historyEntry struct {
+	admin.HistoryEntry
+	Event struct {
+		Reason   string           `json:"reason"`
+		Decision fsm.DecisionJSON `json:"decision"`
+	} `json:"event"`
 }

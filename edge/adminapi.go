@@ -30,7 +30,7 @@ type adminEdge struct{ e *Edge }
 
 var _ admin.Edge = adminEdge{}
 
-func (a adminEdge) Node() *cluster.Node     { return a.e.node }
-func (a adminEdge) Fleet() *fleetview.Fleet { return a.e.fleet }
-func (a adminEdge) Now() time.Time          { return a.e.now() }
-func (a adminEdge) DegradedPending() int    { return a.e.recorder.pendingDegraded() }
+func (a adminEdge) Node() *cluster.Node    { return a.e.node }
+func (a adminEdge) Fleet() *fleetview.View { return a.e.fleet }
+func (a adminEdge) Now() time.Time         { return a.e.now() }
+func (a adminEdge) DegradedPending() int   { return a.e.recorder.pendingDegraded() }

@@ -155,7 +155,9 @@ func DefaultAdmissionConfig() AdmissionConfig {
 		MinInflight: DefaultMinInflight, RetryAfter: DefaultAdmissionRetryAfter}
 }
 
-func (a *AdmissionConfig) normalize() {
+// withDefaults fills the zero keys with DefaultAdmissionConfig's values
+// (min_inflight at most max_inflight).
+func (a *AdmissionConfig) withDefaults() {
 	d := DefaultAdmissionConfig()
 	if a.MaxSchedulingLatency == 0 {
 		a.MaxSchedulingLatency = d.MaxSchedulingLatency
@@ -171,6 +173,7 @@ func (a *AdmissionConfig) normalize() {
 	}
 }
 
+// validate checks the admission keys; it only reads.
 func (a AdmissionConfig) validate(bad complain) {
 	if a.MaxInflight < 1 {
 		bad("admission.max_inflight", "must be > 0, got %d", a.MaxInflight)

@@ -15,7 +15,7 @@ import (
 // more: those are refused with 429, Retry-After and a clear error before a
 // byte of theirs is read, and the two complete once sent. Before
 // max_inflight_body_bytes, every body under max_body_bytes was read at once
-// (issue 13, D4: eight 31 MB bodies took an edge to 2.5 GB RSS).
+// (eight 31 MB bodies took an edge to 2.5 GB RSS).
 func TestInflightBodyBudgetRefusesConcurrentLargeBodies(t *testing.T) {
 	const maxBody, budget = 256 << 10, 512 << 10
 	s := startStatic(t, 1, 1, func(c *Config) {

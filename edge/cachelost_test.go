@@ -11,6 +11,7 @@ import (
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // A bound conversation whose context instance evicted its blocks moves to
@@ -25,14 +26,14 @@ func TestCacheLostRebind(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			ns := startNATS(t)
+			ns := natstest.Start(t, nil)
 			ctx := map[string]*testWorker{}
 			for _, id := range []string{"ctx-0", "ctx-1"} {
 				ctx[id] = startWorker(t, id, workerOpts{fleet: telemetry.FleetContext, role: hintauth.RoleContext, nats: ns.ClientURL(), capacityBlocks: 256})
 			}
 			startWorker(t, "gen-0", workerOpts{fleet: telemetry.FleetGeneration, role: hintauth.RoleGeneration, nats: ns.ClientURL()})
 			ec := startEdges(t, 1, ns.ClientURL(), func(_ int, c *Config) {
-				c.Cluster.CompatFeatureLevel = level
+				c.Cluster.FeatureLevel = level
 				// The test waits for the index to show the eviction itself,
 				// so the binding need not sit idle first.
 				c.Placement.Overflow.CacheLostMinIdle = 0

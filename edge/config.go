@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -48,19 +49,19 @@ const (
 	// hundreds of typical agentic prompts at once.
 	DefaultMaxInflightBodyBytes = 64 << 20
 	DefaultMaxRetries           = 1
-	// DefaultProposeTimeout is cluster.propose_timeout with the default
-	// Raft timing: it defaults to the election timeout (proposeTimeoutFor).
-	DefaultProposeTimeout   = time.Second
-	DefaultLeaderInterval   = time.Second
-	DefaultSweepBatch       = 512
-	DefaultStaleIntervals   = 5
-	DefaultMinStaleAfter    = time.Second
-	DefaultDownAfter        = 10 * time.Second
-	DefaultProbeInterval    = time.Second
-	DefaultDumpTimeout      = 2 * time.Second
-	DefaultEmbeddedNATSAddr = "127.0.0.1:4222"
-	DefaultUpstreamTimeout  = 10 * time.Minute
-	DefaultStartupGrace     = 15 * time.Second
+	DefaultLeaderInterval       = time.Second
+	DefaultSweepBatch           = 512
+	DefaultStaleIntervals       = 5
+	DefaultMinStaleAfter        = time.Second
+	DefaultDownAfter            = 10 * time.Second
+	DefaultProbeInterval        = time.Second
+	DefaultDumpTimeout          = 2 * time.Second
+	DefaultEmbeddedNATSAddr     = "127.0.0.1:4222"
+	// DefaultClusterBindAddr: a loopback port the system picks, for a
+	// single edge; a cluster of several sets cluster.bind_addr.
+	DefaultClusterBindAddr = "127.0.0.1:0"
+	DefaultUpstreamTimeout = 10 * time.Minute
+	DefaultStartupGrace    = 15 * time.Second
 
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultReadTimeout       = 2 * time.Minute
@@ -145,6 +146,10 @@ type Config struct {
 	// served besides the first, each on its own fleets (edge/models.go).
 	LoRA   LoRAConfig    `yaml:"lora"`
 	Models []ModelConfig `yaml:"models"`
+
+	// doc is the file the configuration was read from (ParseConfig): where
+	// each key stands, for the lines of validation errors.
+	doc *yamlconf.Doc
 }
 
 // ServersConfig is context_servers or generation_servers.
@@ -198,6 +203,16 @@ type ServersConfig struct {
 
 // DefaultHealthPath is the default probe path of static workers.
 const DefaultHealthPath = "/health"
+
+// withDefaults fills the fleet's zero keys: health_path and tokenizer.
+func (s *ServersConfig) withDefaults() {
+	if s.HealthPath == "" {
+		s.HealthPath = DefaultHealthPath
+	}
+	if s.Tokenizer == "" {
+		s.Tokenizer = TokenizerWords
+	}
+}
 
 // StaticInstance is one configured worker: a URL, or {name, url}. Its
 // instance id is the name when given, else the URL.
@@ -315,123 +330,22 @@ type LeaderConfig struct {
 	SweepBatch int `yaml:"sweep_batch"`
 }
 
-// ClusterConfig is the edge's Raft membership.
+// ClusterConfig is the edge's cluster section: the cluster node's
+// settings (cluster.Settings, inline: node_id, bind_addr, advertise_addr,
+// data_dir, bootstrap, peers, join, suffrage, autopilot, propose_timeout,
+// raft, archive_max_age, archive_max_events, compat_feature_level; their
+// defaults and checks are the cluster package's) and the edge's own keys.
 type ClusterConfig struct {
-	NodeID         string        `yaml:"node_id"`
-	BindAddr       string        `yaml:"bind_addr"`
-	AdvertiseAddr  string        `yaml:"advertise_addr"`
-	DataDir        string        `yaml:"data_dir"`
-	Bootstrap      bool          `yaml:"bootstrap"`
-	Peers          []PeerConfig  `yaml:"peers"`
-	Join           []string      `yaml:"join"`
-	ProposeTimeout time.Duration `yaml:"propose_timeout"`
+	cluster.Settings `yaml:",inline"`
 	// AuthKey authenticates inter-edge RPCs (env TETHER_CLUSTER_AUTH_KEY);
 	// defaults to internal_request_auth_key.
-	AuthKey string     `yaml:"auth_key"`
-	Raft    RaftConfig `yaml:"raft"`
-	// Archive retention (log time).
-	ArchiveMaxAge    time.Duration `yaml:"archive_max_age"`
-	ArchiveMaxEvents uint64        `yaml:"archive_max_events"`
+	AuthKey string `yaml:"auth_key"`
 	// DegradedPlacementWindow: when the log cannot commit, a new key is
 	// placed by degraded rendezvous only if this edge's state was current
 	// (it had applied everything it knew committed) and it heard from a
 	// leader within this window; otherwise the request gets 503 with
 	// Retry-After. 0: 5 × the election timeout.
 	DegradedPlacementWindow time.Duration `yaml:"degraded_placement_window"`
-	// CompatFeatureLevel caps the fsm feature level this edge advertises
-	// and uses (0: the highest this build supports), so a new build can
-	// run as the previous release during a rolling upgrade.
-	CompatFeatureLevel uint32 `yaml:"compat_feature_level"`
-	// Suffrage is how this edge joins the Raft group: "voter" (default)
-	// votes while the group has fewer than autopilot.voters voters and
-	// joins as a non-voter otherwise; "nonvoter" never asks to vote (it
-	// replicates and applies the log, serves sticky decisions from its own
-	// state and forwards proposals to the leader). Autopilot may promote
-	// either to replace a failed voter.
-	Suffrage string `yaml:"suffrage"`
-	// Autopilot: the leader's membership management.
-	Autopilot AutopilotConfig `yaml:"autopilot"`
-}
-
-// AutopilotConfig tunes raft-autopilot on the leader (docs/ARCHITECTURE.md
-// "Voters and non-voters").
-type AutopilotConfig struct {
-	// Voters is how many voters the group keeps: a non-voter is promoted
-	// only while fewer are healthy, a failed voter beyond it demoted.
-	Voters int `yaml:"voters"`
-	// StabilizationTime: how long a non-voter must be healthy before it
-	// may be promoted.
-	StabilizationTime time.Duration `yaml:"stabilization_time"`
-	// DeadServerTimeout: a member unreachable this long is removed from
-	// the configuration (negative: never).
-	DeadServerTimeout time.Duration `yaml:"dead_server_timeout"`
-	// LastContactThreshold: older leader contact makes a member unhealthy
-	// (0: 2 × the heartbeat timeout).
-	LastContactThreshold time.Duration `yaml:"last_contact_threshold"`
-	// MaxTrailingLogs: a member further behind is unhealthy.
-	MaxTrailingLogs uint64 `yaml:"max_trailing_logs"`
-	// Interval between health rounds.
-	Interval time.Duration `yaml:"interval"`
-}
-
-// validateAutopilot checks the autopilot keys (zero ones were filled with
-// their defaults by normalize: a cluster section written before these keys
-// existed keeps working).
-func validateAutopilot(ap AutopilotConfig, bad complain) {
-	if ap.Voters < 1 || ap.Voters > 9 {
-		bad("cluster.autopilot.voters", "must be 1..9 (3 or 5 recommended), got %d", ap.Voters)
-	}
-	if ap.StabilizationTime < 0 {
-		bad("cluster.autopilot.stabilization_time", "must be >= 0, got %s", ap.StabilizationTime)
-	}
-	if ap.LastContactThreshold < 0 {
-		bad("cluster.autopilot.last_contact_threshold", "must be >= 0 (0: 2 × the heartbeat timeout), got %s", ap.LastContactThreshold)
-	}
-	if ap.Interval < 0 {
-		bad("cluster.autopilot.interval", "must be > 0, got %s", ap.Interval)
-	}
-}
-
-// defaults fills the zero autopilot keys.
-func (ap *AutopilotConfig) defaults() {
-	if ap.Voters == 0 {
-		ap.Voters = DefaultAutopilotVoters
-	}
-	if ap.StabilizationTime == 0 {
-		ap.StabilizationTime = DefaultAutopilotStabilize
-	}
-	if ap.DeadServerTimeout == 0 {
-		ap.DeadServerTimeout = DefaultAutopilotDeadServer
-	}
-	if ap.Interval == 0 {
-		ap.Interval = DefaultAutopilotInterval
-	}
-	if ap.MaxTrailingLogs == 0 {
-		ap.MaxTrailingLogs = DefaultAutopilotTrailingLogs
-	}
-}
-
-// Defaults of the autopilot keys: the cluster package's.
-const (
-	DefaultAutopilotVoters       = cluster.DefaultAutopilotVoters
-	DefaultAutopilotStabilize    = cluster.DefaultAutopilotStabilize
-	DefaultAutopilotDeadServer   = cluster.DefaultAutopilotDeadServer
-	DefaultAutopilotTrailingLogs = cluster.DefaultAutopilotTrailingLogs
-	DefaultAutopilotInterval     = cluster.DefaultAutopilotInterval
-)
-
-// PeerConfig is one initial voter.
-type PeerConfig struct {
-	ID   string `yaml:"id"`
-	Addr string `yaml:"addr"`
-}
-
-// RaftConfig are hashicorp/raft's timing knobs (zero: cluster defaults).
-type RaftConfig struct {
-	HeartbeatTimeout   time.Duration `yaml:"heartbeat_timeout"`
-	ElectionTimeout    time.Duration `yaml:"election_timeout"`
-	LeaderLeaseTimeout time.Duration `yaml:"leader_lease_timeout"`
-	CommitTimeout      time.Duration `yaml:"commit_timeout"`
 }
 
 // NATSConfig is where worker telemetry comes from. Authenticate with one
@@ -447,7 +361,7 @@ type NATSConfig struct {
 	Password     string   `yaml:"password"`
 	Token        string   `yaml:"token"`
 	NKeySeedFile string   `yaml:"nkey_seed_file"`
-	Creds        string   `yaml:"creds"`
+	CredsFile    string   `yaml:"creds_file" was:"creds"`
 	// TLS toward an external server; WorkerUsers are accounts of the
 	// embedded server (edge/tls.go).
 	TLS         NATSTLSConfig    `yaml:"tls"`
@@ -481,6 +395,7 @@ func DefaultConfig() Config {
 		MaxInflightBodyBytes: DefaultMaxInflightBodyBytes,
 		Admission:            DefaultAdmissionConfig(),
 		UpstreamTimeout:      DefaultUpstreamTimeout,
+		MetricsAccess:        MetricsPublic,
 
 		ReadHeaderTimeout: DefaultReadHeaderTimeout,
 		ReadTimeout:       DefaultReadTimeout,
@@ -502,18 +417,14 @@ func DefaultConfig() Config {
 			StartupGrace:   DefaultStartupGrace,
 		},
 		Leader: LeaderConfig{Interval: DefaultLeaderInterval, SweepBatch: DefaultSweepBatch},
-		// propose_timeout is derived from the Raft timing in Validate.
-		Cluster: ClusterConfig{Suffrage: "voter", Autopilot: AutopilotConfig{
-			Voters: DefaultAutopilotVoters, StabilizationTime: DefaultAutopilotStabilize, DeadServerTimeout: DefaultAutopilotDeadServer,
-			MaxTrailingLogs: DefaultAutopilotTrailingLogs, Interval: DefaultAutopilotInterval,
-		}},
+		// The cluster section's defaults are normalize's (the cluster
+		// package's: some follow the Raft timing a file sets).
+		NATS:    NATSConfig{Listen: DefaultEmbeddedNATSAddr},
 		Tracing: TracingConfig{Exporter: "none"},
 		TLS:     TLSConfig{Mode: TLSModePlaintext},
 	}
 	c.HintSignatureFormat = hintauth.FormatTRTLLM
 	c.DisaggAuthFormat = hintauth.DisaggFields
-	c.ContextServers.HealthPath, c.GenerationServers.HealthPath = DefaultHealthPath, DefaultHealthPath
-	c.ContextServers.Tokenizer, c.GenerationServers.Tokenizer = TokenizerWords, TokenizerWords
 	c.ContextServers.KVShadowBlocks, c.GenerationServers.KVShadowBlocks = DefaultKVShadowBlocks, DefaultKVShadowBlocks
 	return c
 }
@@ -521,11 +432,24 @@ func DefaultConfig() Config {
 // LoadConfig reads, parses, applies the environment to and validates the
 // file at path.
 func LoadConfig(path string) (Config, error) {
+	cfg, err := ReadConfig(path)
+	if err != nil {
+		return Config{}, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ReadConfig is LoadConfig without the validation: for a program that
+// sets more (command-line flags) before it validates.
+func ReadConfig(path string) (Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
-	cfg, err := ParseConfig(data)
+	cfg, err := DecodeConfig(data)
 	if err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", path, err)
 	}
@@ -536,15 +460,27 @@ func LoadConfig(path string) (Config, error) {
 // keys are errors, every error names its key path and line), applies the
 // environment overrides and validates.
 func ParseConfig(data []byte) (Config, error) {
-	cfg := DefaultConfig()
-	cfg.TLS.Mode = "" // a file states its tls.mode (unset: plaintext with a warning)
-	if err := yamlconf.Decode(data, &cfg); err != nil && !errors.Is(err, yamlconf.ErrEmpty) {
+	cfg, err := DecodeConfig(data)
+	if err != nil {
 		return Config{}, err
 	}
-	cfg.ApplyEnv(os.Getenv)
 	if err := cfg.Validate(); err != nil {
 		return Config{}, err
 	}
+	return cfg, nil
+}
+
+// DecodeConfig is ParseConfig without the validation.
+func DecodeConfig(data []byte) (Config, error) {
+	cfg := DefaultConfig()
+	cfg.TLS.Mode = "" // a file states its tls.mode (unset: plaintext with a warning)
+	doc, err := yamlconf.DecodeDoc(data, &cfg)
+	if err != nil && !errors.Is(err, yamlconf.ErrEmpty) {
+		return Config{}, err
+	}
+	cfg.doc = doc
+	cfg.ApplyEnv(os.Getenv)
+	cfg.normalize()
 	return cfg, nil
 }
 
@@ -558,7 +494,7 @@ func (c *Config) ApplyEnv(getenv func(string) string) {
 		// The NATS password goes with the file's nats.user; a token
 		// applies when the file names no other credential.
 		yamlconf.EnvSecret{Var: EnvNATSPassword, Dst: &n.Password, Skip: n.User == ""},
-		yamlconf.EnvSecret{Var: EnvNATSToken, Dst: &n.Token, Skip: n.User != "" || n.NKeySeedFile != "" || n.Creds != ""},
+		yamlconf.EnvSecret{Var: EnvNATSToken, Dst: &n.Token, Skip: n.User != "" || n.NKeySeedFile != "" || n.CredsFile != ""},
 	)
 }
 
@@ -604,67 +540,53 @@ func (c *Config) clusterAuthKey() string {
 	return c.InternalRequestAuthKey
 }
 
-// Validate checks the configuration; every error names its key. It first
-// fills the values that default from others (normalize: the one step that
-// changes the config, so a config built in code gets the same defaults as a
-// file), then checks each section; the section checks only read.
+// Validate checks the configuration; it changes nothing. Every problem
+// is reported, each as "key.path, line N: message" (the line of the key in
+// the file ParseConfig read; no line for a configuration built in code).
+// It checks the configuration as New runs it: with the defaults that
+// follow other settings filled in (normalize), on a copy.
 func (c *Config) Validate() error {
-	c.normalize()
-	var errs []error
-	bad := func(key, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
-	}
-	c.validateServing(bad, &errs)
-	c.validateFleets(bad, &errs)
-	c.validateLimits(bad)
-	c.Admission.validate(bad)
-	c.validateGateway(bad)
-	c.validateTelemetry(bad)
-	c.validateCluster(bad)
-	c.validateNATS(bad)
-	c.validateTLS(bad)
-	c.validateTracing(bad)
-	c.validateModels(bad, &errs)
-	return errors.Join(errs...)
+	n := *c
+	n.Models = slices.Clone(c.Models) // normalize fills the copy's entries, not c's
+	n.normalize()
+	p := yamlconf.NewProblems(c.doc)
+	bad := p.Add
+	n.validateServing(p)
+	n.validateFleets(p)
+	n.validateLimits(bad)
+	n.Admission.validate(bad)
+	n.validateGateway(bad)
+	n.validateTelemetry(bad)
+	n.validateCluster(p)
+	n.validateNATS(bad)
+	n.validateTLS(bad)
+	n.validateTracing(bad)
+	n.validateModels(p)
+	return p.Err()
 }
 
 // complain records one problem with the key it concerns.
 type complain = func(key, format string, args ...any)
 
-// normalize fills the values that default from other settings, and the
-// gateway's parsed CIDRs.
+// normalize fills the values that default from other settings (the
+// cluster section's, from the cluster package: its Raft timing, autopilot
+// and propose timeout follow the heartbeat a file sets), the zero keys of
+// each fleet's section (a section built in code is a ServersConfig
+// literal, as are the models' fleets), admission's zero keys (0: the
+// default) and the gateway's parsed CIDRs. ParseConfig and New run it; the
+// other defaults are DefaultConfig's.
 func (c *Config) normalize() {
-	c.Admission.normalize()
-	if c.HintSignatureFormat == "" {
-		c.HintSignatureFormat = hintauth.FormatTRTLLM
+	c.Cluster.Settings = c.Cluster.Settings.WithDefaults()
+	if c.Cluster.BindAddr == "" {
+		c.Cluster.BindAddr = DefaultClusterBindAddr // (unused when Deps bring a listener)
 	}
-	if c.DisaggAuthFormat == "" {
-		c.DisaggAuthFormat = hintauth.DisaggFields
-	}
+	c.Admission.withDefaults()
 	for _, s := range []*ServersConfig{&c.ContextServers, &c.GenerationServers} {
-		if s.HealthPath == "" {
-			s.HealthPath = DefaultHealthPath
-		}
-		if s.Tokenizer == "" {
-			s.Tokenizer = TokenizerWords
-		}
+		s.withDefaults()
 	}
-	if c.MetricsAccess == "" {
-		c.MetricsAccess = MetricsPublic
-	}
-	if c.MaxInflightBodyBytes == 0 {
-		c.MaxInflightBodyBytes = max(DefaultMaxInflightBodyBytes, c.MaxBodyBytes)
-	}
-	if c.Cluster.ProposeTimeout == 0 {
-		c.Cluster.ProposeTimeout = proposeTimeoutFor(c.Cluster.Raft)
-	}
-	if c.Cluster.Suffrage == "" {
-		c.Cluster.Suffrage = "voter"
-	}
-	c.Cluster.Autopilot.defaults()
-	c.normalizeModels()
-	if c.NATS.Embedded && c.NATS.Listen == "" {
-		c.NATS.Listen = DefaultEmbeddedNATSAddr
+	for i := range c.Models {
+		c.Models[i].ContextServers.withDefaults()
+		c.Models[i].GenerationServers.withDefaults()
 	}
 	g := &c.TrustedGateway
 	g.prefixes = nil
@@ -675,9 +597,17 @@ func (c *Config) normalize() {
 	}
 }
 
+// Deprecated lists the former spellings of keys the file used, as
+// warnings to log ("nats.creds, line 4: deprecated spelling: write
+// nats.creds_file …").
+func (c *Config) Deprecated() []string {
+	return c.doc.Warnings()
+}
+
 // validateServing: the listener, the model, sub-agent affinity and hints,
 // scopes, conditional disaggregation, retries.
-func (c *Config) validateServing(bad complain, errs *[]error) {
+func (c *Config) validateServing(p *yamlconf.Problems) {
+	bad := p.Add
 	if c.Port < 0 || c.Port > 65535 {
 		bad("port", "must be 0..65535, got %d", c.Port)
 	}
@@ -687,7 +617,7 @@ func (c *Config) validateServing(bad complain, errs *[]error) {
 
 	// Sub-agent affinity (the startup checks of docs/subagent-routing.md).
 	if err := c.IdentityConfig().Validate(); err != nil {
-		*errs = append(*errs, err)
+		p.AddError("", err)
 	}
 	if c.InternalRequestAuthKey != "" && len(c.InternalRequestAuthKey) < MinSecretLen {
 		bad("internal_request_auth_key", "%d bytes is too short (want at least %d)", len(c.InternalRequestAuthKey), MinSecretLen)
@@ -723,7 +653,8 @@ func (c *Config) validateServing(bad complain, errs *[]error) {
 
 // validateFleets: each fleet's instances, probes and engine, and the
 // routing configuration of both.
-func (c *Config) validateFleets(bad complain, errs *[]error) {
+func (c *Config) validateFleets(p *yamlconf.Problems) {
+	bad := p.Add
 	seen := map[string]string{}
 	seenIDs := map[string]string{}
 	for _, fl := range []struct {
@@ -742,7 +673,7 @@ func (c *Config) validateFleets(bad complain, errs *[]error) {
 		if len(fl.s.URLs) == 0 && !c.NATS.Enabled() && !(fl.s == &c.GenerationServers && c.Aggregated()) {
 			bad(fl.key+".urls", "no instances: list the workers' URLs or configure nats so workers register themselves")
 		}
-		*errs = append(*errs, c.validateEngine(fl.key, fl.s)...)
+		c.validateEngine(fl.key, fl.s, bad)
 		validateTokenizer(fl.key, fl.s, bad)
 		for i, si := range fl.s.URLs {
 			key := fmt.Sprintf("%s.urls[%d]", fl.key, i)
@@ -773,7 +704,7 @@ func (c *Config) validateFleets(bad complain, errs *[]error) {
 			// Placement keys are shared; name them under placement.
 			msg := strings.ReplaceAll(err.Error(), "router.type", key+".router.type")
 			msg = strings.ReplaceAll(msg, "router.", "placement.")
-			*errs = append(*errs, errors.New(msg))
+			p.AddError("", errors.New(msg))
 			break
 		}
 	}
@@ -880,71 +811,31 @@ func (c *Config) validateTelemetry(bad complain) {
 	}
 }
 
-// validateCluster: the Raft group this edge is a member of.
-func (c *Config) validateCluster(bad complain) {
+// validateCluster: the Raft group this edge is a member of. The node's
+// settings are the cluster package's to check (cluster.ValidateConfig, on
+// the node configuration the edge opens); its problems are reported under
+// the cluster section's keys.
+func (c *Config) validateCluster(p *yamlconf.Problems) {
 	cl := &c.Cluster
-	if cl.NodeID == "" {
-		bad("cluster.node_id", "required: a stable, unique id for this edge")
-	}
-	if cl.DataDir == "" {
-		bad("cluster.data_dir", "required: where the Raft log, snapshots and the event archive live")
-	}
-	if cl.BindAddr != "" {
-		if _, _, err := net.SplitHostPort(cl.BindAddr); err != nil {
-			bad("cluster.bind_addr", "%q is not host:port: %v", cl.BindAddr, err)
+	key := c.clusterAuthKey()
+	for _, ce := range cluster.ConfigErrors(cluster.ValidateConfig(c.nodeConfig())) {
+		if ce.Key == "auth_key" && key == "" {
+			continue // said below, with where else the key may come from
 		}
+		p.Add("cluster."+ce.Key, "%s", ce.Msg)
 	}
-	if cl.AdvertiseAddr != "" {
-		if _, _, err := net.SplitHostPort(cl.AdvertiseAddr); err != nil {
-			bad("cluster.advertise_addr", "%q is not host:port: %v", cl.AdvertiseAddr, err)
-		}
-	}
-	if cl.Bootstrap && len(cl.Join) > 0 {
-		bad("cluster.join", "set either cluster.bootstrap or cluster.join, not both")
-	}
-	if cl.Bootstrap {
-		self := false
-		ids := map[string]bool{}
-		for i, p := range cl.Peers {
-			if p.ID == "" || p.Addr == "" {
-				bad(fmt.Sprintf("cluster.peers[%d]", i), "needs both id and addr")
-				continue
-			}
-			if ids[p.ID] {
-				bad(fmt.Sprintf("cluster.peers[%d].id", i), "duplicate id %q", p.ID)
-			}
-			ids[p.ID] = true
-			self = self || p.ID == cl.NodeID
-		}
-		if len(cl.Peers) == 0 {
-			bad("cluster.peers", "required with cluster.bootstrap: the initial voters, including this edge")
-		} else if !self && cl.NodeID != "" {
-			bad("cluster.peers", "must include this edge (cluster.node_id %q)", cl.NodeID)
-		}
-	}
-	if cl.ProposeTimeout < 0 {
-		bad("cluster.propose_timeout", "must be >= 0, got %s", cl.ProposeTimeout)
+	if key == "" {
+		p.Add("cluster.auth_key", "required (or internal_request_auth_key, or %s): it authenticates the edges to each other", EnvClusterAuthKey)
 	}
 	if cl.DegradedPlacementWindow < 0 {
-		bad("cluster.degraded_placement_window", "must be >= 0 (0: 5 × the election timeout), got %s", cl.DegradedPlacementWindow)
+		p.Add("cluster.degraded_placement_window", "must be >= 0 (0: 5 × the election timeout), got %s", cl.DegradedPlacementWindow)
 	}
-	switch cl.Suffrage {
-	case "voter", "nonvoter":
-	default:
-		bad("cluster.suffrage", "%q is not voter or nonvoter", cl.Suffrage)
-	}
-	if cl.Suffrage == "nonvoter" && cl.Bootstrap {
-		bad("cluster.suffrage", "a nonvoter cannot bootstrap the cluster: set cluster.join (any member's address) instead of cluster.bootstrap")
-	}
-	validateAutopilot(cl.Autopilot, bad)
-	if cl.CompatFeatureLevel > fsm.FeatureLevelMax {
-		bad("cluster.compat_feature_level", "%d is above the highest level this build supports (%d)", cl.CompatFeatureLevel, fsm.FeatureLevelMax)
-	}
-	if k := c.clusterAuthKey(); k == "" {
-		bad("cluster.auth_key", "required (or internal_request_auth_key, or %s): it authenticates the edges to each other", EnvClusterAuthKey)
-	} else if len(k) < MinSecretLen {
-		bad("cluster.auth_key", "%d bytes is too short (want at least %d)", len(k), MinSecretLen)
-	}
+}
+
+// nodeConfig is the cluster node's configuration as far as the file
+// decides it (Start adds the listener, TLS, metrics and logger).
+func (c *Config) nodeConfig() cluster.Config {
+	return cluster.Config{Settings: c.Cluster.Settings, AuthKey: []byte(c.clusterAuthKey())}
 }
 
 // validateNATS: the embedded server or the external one and its credentials.
@@ -971,18 +862,18 @@ func (c *Config) validateNATS(bad complain) {
 		bad("nats.password", "required when nats.user is set: set it or %s", EnvNATSPassword)
 	}
 	methods := 0
-	for _, set := range []bool{n.User != "", n.Token != "", n.NKeySeedFile != "", n.Creds != ""} {
+	for _, set := range []bool{n.User != "", n.Token != "", n.NKeySeedFile != "", n.CredsFile != ""} {
 		if set {
 			methods++
 		}
 	}
 	if methods > 1 {
-		bad("nats", "choose one of user/password, token, nkey_seed_file or creds")
+		bad("nats", "choose one of user/password, token, nkey_seed_file or creds_file")
 	}
-	if n.Embedded && (n.NKeySeedFile != "" || n.Creds != "") {
-		bad("nats", "the embedded server supports user/password or token only (not nkey_seed_file or creds)")
+	if n.Embedded && (n.NKeySeedFile != "" || n.CredsFile != "") {
+		bad("nats", "the embedded server supports user/password or token only (not nkey_seed_file or creds_file)")
 	}
-	for _, f := range []struct{ key, path string }{{"nats.creds", n.Creds}, {"nats.nkey_seed_file", n.NKeySeedFile}} {
+	for _, f := range []struct{ key, path string }{{"nats.creds_file", n.CredsFile}, {"nats.nkey_seed_file", n.NKeySeedFile}} {
 		if f.path != "" {
 			if _, err := os.Stat(f.path); err != nil {
 				bad(f.key, "%v", err)
@@ -1062,27 +953,6 @@ func (g *TrustedGatewayConfig) trusted(remote string, tokenValue string) bool {
 		}
 	}
 	return false
-}
-
-// proposeTimeoutFor derives cluster.propose_timeout's default from the Raft
-// timing: the election timeout (the heartbeat timeout when unset, 1s when
-// both are, as cluster.RaftTiming defaults them). A proposal from a follower
-// takes a forwarding round trip, waits for the leader's entry in flight
-// (one at a time), the leader's disk write, a replication round trip with
-// the follower's disk write, the commit notice (commit_timeout) and the
-// local apply: on a loaded 2-core machine each disk write alone took
-// 5–50 ms, so the former 50ms default failed proposals of a healthy,
-// stable cluster (issue 13, D1: 7–18 % of requests refused). Failing
-// sooner than an election timeout gains nothing: until then the cluster
-// cannot even tell that its leader is gone.
-func proposeTimeoutFor(r RaftConfig) time.Duration {
-	switch {
-	case r.ElectionTimeout > 0:
-		return r.ElectionTimeout
-	case r.HeartbeatTimeout > 0:
-		return r.HeartbeatTimeout
-	}
-	return DefaultProposeTimeout
 }
 
 // metrics_access values.

@@ -3,10 +3,13 @@ package edge
 import (
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/hintauth"
@@ -90,7 +93,7 @@ func TestParseFullConfig(t *testing.T) {
 		cfg.SessionTTL != 15*time.Minute || cfg.TouchInterval != 500*time.Millisecond || cfg.MaxBindings != 50000 ||
 		cfg.Cluster.ProposeTimeout != 80*time.Millisecond || cfg.Placement.Overflow.RebindAfter != 10*time.Second ||
 		cfg.Placement.Breaker.Window != 30*time.Second || cfg.Placement.BlockSize != 32 || !cfg.TrustedGateway.Enabled ||
-		cfg.Cluster.DegradedPlacementWindow != 4*time.Second || cfg.Cluster.CompatFeatureLevel != 1 || cfg.Telemetry.StartupGrace != 30*time.Second ||
+		cfg.Cluster.DegradedPlacementWindow != 4*time.Second || cfg.Cluster.FeatureLevel != 1 || cfg.Telemetry.StartupGrace != 30*time.Second ||
 		cfg.ReadHeaderTimeout != 5*time.Second || cfg.ReadTimeout != time.Minute || cfg.IdleTimeout != 90*time.Second || cfg.WriteTimeout != 30*time.Second ||
 		cfg.Tracing.Exporter != "otlp" || cfg.NATS.Password != "nats-password" {
 		t.Fatalf("parsed %+v", cfg)
@@ -117,12 +120,12 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		t.Fatal(err)
 	}
 	if cfg.SessionTTL != DefaultSessionTTL || cfg.MaxBindings != DefaultMaxBindings || cfg.TouchInterval != DefaultTouchInterval ||
-		cfg.Cluster.ProposeTimeout != DefaultProposeTimeout || cfg.Scope != routing.ScopeContext || cfg.MaxRetries != DefaultMaxRetries ||
+		cfg.Cluster.ProposeTimeout != time.Second || cfg.Scope != routing.ScopeContext || cfg.MaxRetries != DefaultMaxRetries ||
 		cfg.ReadHeaderTimeout != DefaultReadHeaderTimeout || cfg.ReadTimeout != DefaultReadTimeout || cfg.IdleTimeout != DefaultIdleTimeout ||
 		cfg.WriteTimeout != 0 || cfg.Telemetry.StartupGrace != DefaultStartupGrace || cfg.Cluster.DegradedPlacementWindow != 0 ||
-		cfg.Cluster.CompatFeatureLevel != 0 || cfg.Cluster.Suffrage != "voter" || cfg.Cluster.Autopilot.Voters != DefaultAutopilotVoters ||
-		cfg.Cluster.Autopilot.StabilizationTime != DefaultAutopilotStabilize || cfg.Cluster.Autopilot.DeadServerTimeout != DefaultAutopilotDeadServer ||
-		cfg.Cluster.Autopilot.Interval != DefaultAutopilotInterval || cfg.Cluster.Autopilot.MaxTrailingLogs != DefaultAutopilotTrailingLogs {
+		cfg.Cluster.FeatureLevel != fsm.FeatureLevelMax || cfg.Cluster.Suffrage != "voter" || cfg.Cluster.Autopilot.Voters != cluster.DefaultAutopilotVoters ||
+		cfg.Cluster.Autopilot.StabilizationTime != cluster.DefaultAutopilotStabilize || cfg.Cluster.Autopilot.DeadServerTimeout != cluster.DefaultAutopilotDeadServer ||
+		cfg.Cluster.Autopilot.Interval != cluster.DefaultAutopilotInterval || cfg.Cluster.Autopilot.MaxTrailingLogs != cluster.DefaultAutopilotTrailingLogs {
 		t.Fatalf("defaults %+v", cfg)
 	}
 	if cfg.ContextServers.HealthPath != DefaultHealthPath || cfg.GenerationServers.HealthPath != DefaultHealthPath ||
@@ -163,7 +166,7 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"duplicate URL", strings.Replace(base, "generation_servers: {urls: [http://b:1]}", "generation_servers: {urls: [http://a:1/]}", 1),
 			[]string{"generation_servers.urls[0]", "duplicate URL"}},
 		{"bad URL", strings.Replace(base, "http://b:1", "ftp://b", 1), []string{"generation_servers.urls[0]", "http(s)"}},
-		{"missing node id", strings.Replace(base, "node_id: e1, ", "", 1), []string{"cluster.node_id", "required"}},
+		{"missing node id", strings.Replace(base, "node_id: e1, ", "", 1), []string{"cluster.node_id, line 6: required"}},
 		{"missing data dir", strings.Replace(base, ", data_dir: /tmp/x", "", 1), []string{"cluster.data_dir", "required"}},
 		{"no model", strings.Replace(base, "model: m", "", 1), []string{"model", "required"}},
 		{"short key", strings.Replace(base, "0123456789abcdef0123", "short", 1), []string{"internal_request_auth_key", "too short"}},
@@ -174,7 +177,7 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"num_instances mismatch", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {num_instances: 3, urls: [http://a:1]}", 1),
 			[]string{"context_servers.num_instances"}},
 		{"bad duration", base + "session_ttl: forever\n", []string{`session_ttl, line 7: want a duration such as "100ms" or "2s", got "forever"`}},
-		// B6: a value of the wrong type is named by its key path, not
+		// A value of the wrong type is named by its key path, not
 		// only its line.
 		{"wrong type names the key", strings.Replace(base, "model: m", "model: [1, 2]", 1), []string{"model, line 2: want a string, got a list"}},
 		{"wrong nested type names the path", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {urls: [http://a:1], router: {type: [x]}}", 1),
@@ -189,7 +192,7 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"section of the wrong kind", base + "leader: 5\n", []string{`leader, line 7: want a mapping of keys, got "5"`}},
 		{"urls entry with an unknown key", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {urls: [{url: http://a:1, weight: 2}]}", 1),
 			[]string{"context_servers.urls[0].weight, line 4: unknown key (allowed: name, url, kv_events)"}},
-		// F2: NATS URL schemes as the worker accepts them.
+		// NATS URL schemes as the worker accepts them.
 		{"nats url scheme", base + "nats: {urls: [\"http://n:4222\"]}\n", []string{"nats.urls[0]", "nats://, tls://, ws:// or wss://"}},
 		{"nats user without password", base + "nats: {urls: [nats://n:4222], user: edge}\n", []string{"nats.password", EnvNATSPassword}},
 		{"nats two methods", base + "nats: {urls: [nats://n:4222], token: t, creds: /x}\n", []string{"nats", "choose one of"}},
@@ -216,6 +219,16 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"unknown exporter", base + "tracing: {exporter: jaeger}\n", []string{"tracing.exporter", "jaeger"}},
 		{"embedded and urls", base + "nats: {embedded: true, urls: [nats://x:4222]}\n", []string{"nats", "not both"}},
 		{"parent header is a session header", base + "conversation_affinity_header_for_subagents: x-session-id\n", []string{"conversation_affinity_header_for_subagents", "session header"}},
+		// The cluster package's checks, at config time, under the file's keys.
+		{"advertise every address", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, advertise_addr: \"0.0.0.0:7400\"}", 1),
+			[]string{`cluster.advertise_addr, line 6: "0.0.0.0:7400" is not an address peers can dial`}},
+		{"bind every address, advertise none", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, bind_addr: \"0.0.0.0:7400\"}", 1),
+			[]string{`cluster.advertise_addr, line 6: required when bind_addr "0.0.0.0:7400" binds every address`}},
+		{"raft lease above heartbeat", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, raft: {heartbeat_timeout: 1s, leader_lease_timeout: 2s}}", 1),
+			[]string{"cluster.raft.leader_lease_timeout, line 6: 2s exceeds raft.heartbeat_timeout 1s"}},
+		{"a validation error is at its key's line", strings.Replace(base, "cluster: {node_id: e1, data_dir: /tmp/x}", "cluster:\n  node_id: e1\n  data_dir: /tmp/x\n  suffrage: observer", 1),
+			[]string{`cluster.suffrage, line 9: "observer" is not voter or nonvoter`}},
+		{"both spellings of creds", base + "nats: {urls: [nats://n:4222], creds_file: /x, creds: /y}\n", []string{"nats.creds, line 7: given twice"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -355,5 +368,55 @@ nats: {urls: [nats://n:4222]}
 	}
 	if cfg, err = LoadConfig(path); err != nil || cfg.NATS.Token != "token-from-the-secret" || cfg.NATS.Password != "" {
 		t.Fatalf("token from %s: %q, %v", EnvNATSToken, cfg.NATS.Token, err)
+	}
+}
+
+// A former spelling still works, with a warning that names the new one.
+func TestDeprecatedSpellings(t *testing.T) {
+	t.Setenv(EnvInternalRequestAuthKey, "")
+	creds := filepath.Join(t.TempDir(), "edge.creds")
+	if err := os.WriteFile(creds, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ParseConfig([]byte(`
+model: m
+context_servers: {urls: [http://a:1]}
+generation_servers: {urls: [http://b:1]}
+cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
+nats:
+  urls: [nats://n:4222]
+  creds: ` + creds + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NATS.CredsFile != creds {
+		t.Fatalf("nats.creds read as %q", cfg.NATS.CredsFile)
+	}
+	if d := cfg.Deprecated(); len(d) != 1 || d[0] != "nats.creds, line 8: deprecated spelling: write nats.creds_file (read the same way for now)" {
+		t.Fatalf("warnings %q", d)
+	}
+}
+
+// Validate reports; it does not fill or change anything.
+func TestValidateDoesNotChangeTheConfig(t *testing.T) {
+	c := DefaultConfig()
+	c.Model = "m"
+	c.ContextServers.URLs = []StaticInstance{{URL: "http://a:1"}}
+	c.GenerationServers.URLs = []StaticInstance{{URL: "http://b:1"}}
+	c.Cluster.NodeID, c.Cluster.DataDir, c.Cluster.AuthKey = "e1", t.TempDir(), "cluster-key-0123456789"
+	c.TrustedGateway.CIDRs = []string{"10.0.0.0/8"}
+	c.Admission = AdmissionConfig{MaxInflight: 4}
+	c.Models = []ModelConfig{{Name: "m2", ContextServers: ServersConfig{URLs: []StaticInstance{{URL: "http://c:1"}}},
+		GenerationServers: ServersConfig{URLs: []StaticInstance{{URL: "http://d:1"}}}}}
+	before := c
+	before.Models = slices.Clone(c.Models)
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(before, c) {
+		t.Fatalf("Validate changed the config:\n%+v\n%+v", before, c)
+	}
+	if c.Cluster.ProposeTimeout != 0 || c.ContextServers.HealthPath != "" || c.Models[0].ContextServers.HealthPath != "" || c.Admission.MinInflight != 0 {
+		t.Fatal("defaults filled in the caller's config")
 	}
 }

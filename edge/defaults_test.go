@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// cluster.propose_timeout defaults to the election timeout (issue 13, D1:
-// the former fixed 50ms failed proposals of a healthy cluster under load).
+// cluster.propose_timeout defaults to the election timeout (a fixed 50ms
+// failed proposals of a healthy cluster under load).
 func TestProposeTimeoutDerivesFromRaftTiming(t *testing.T) {
 	t.Setenv(EnvInternalRequestAuthKey, "")
 	for _, c := range []struct {

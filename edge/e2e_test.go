@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // disaggFleet is two context and two generation workers on one NATS server.
@@ -113,7 +113,7 @@ func stateUnknown(r response) bool {
 func TestSeedTableAcrossThreeEdges(t *testing.T) {
 	for _, scope := range []routing.Scope{routing.ScopeBoth, routing.ScopeContext} {
 		t.Run(scope.String(), func(t *testing.T) {
-			ns := startNATS(t)
+			ns := natstest.Start(t, nil)
 			fleet := startDisaggFleet(t, ns.ClientURL(), workerOpts{})
 			ec := startEdges(t, 3, ns.ClientURL(), func(i int, c *Config) { c.Scope = scope })
 			ec.waitInstances(4)
@@ -237,7 +237,7 @@ func keys[V any](m map[string]V) []string {
 // instances (a local read, no leader needed), and new conversations are
 // placed and bound once a new leader exists.
 func TestLeaderKillDuringConversations(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	startDisaggFleet(t, ns.ClientURL(), workerOpts{})
 	ec := startEdges(t, 3, ns.ClientURL(), nil)
 	ec.waitInstances(4)
@@ -290,7 +290,7 @@ func TestLeaderKillDuringConversations(t *testing.T) {
 // on, served and counted; once quorum is back the placement is recorded as
 // a Bind.
 func TestDegradedModeWithoutQuorum(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	startDisaggFleet(t, ns.ClientURL(), workerOpts{})
 	ec := startEdges(t, 3, ns.ClientURL(), func(i int, c *Config) {
 		c.Cluster.ProposeTimeout = 300 * time.Millisecond
@@ -391,10 +391,10 @@ func TestDegradedModeWithoutQuorum(t *testing.T) {
 	})
 	h := adminGet(t, c, ec.edge(survivor), "/admin/v1/bindings/context/degraded-conv/history")
 	var hist struct {
-		Events []admin.HistoryEntry `json:"events"`
+		Events []historyEntry `json:"events"`
 	}
 	if err := json.Unmarshal(h.body, &hist); err != nil || len(hist.Events) == 0 || hist.Events[0].Type != "Bind" ||
-		hist.Events[0].Decision == nil || hist.Events[0].Decision.Policy != routing.PolicyDegraded {
+		hist.Events[0].Event.Decision.Policy != routing.PolicyDegraded {
 		t.Fatalf("history: %d %s", h.status, h.body)
 	}
 }

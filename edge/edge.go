@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,7 @@ import (
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/bodybudget"
+	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/routing/telemetry"
@@ -94,7 +96,7 @@ type Edge struct {
 	tpClose  func(context.Context) error
 
 	node     *cluster.Node
-	fleet    *fleetview.Fleet
+	fleet    *fleetview.View
 	shadow   *kvshadow.Shadows // static engines' shadow KV caches (shadow.go)
 	natsSrv  *natsserver.Server
 	nc       *nats.Conn
@@ -152,6 +154,7 @@ type kvEviction struct {
 // New validates cfg and prepares an edge; Start opens the cluster node,
 // connects to NATS and listens.
 func New(cfg Config, deps Deps) (*Edge, error) {
+	cfg.normalize()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("edge: config: %w", err)
 	}
@@ -162,6 +165,9 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		e.log = slog.Default()
 	}
 	e.log = e.log.With("component", "edge", "node", cfg.Cluster.NodeID)
+	for _, w := range cfg.Deprecated() {
+		e.log.Warn("config: " + w)
+	}
 	e.now = deps.Now
 	if e.now == nil {
 		e.now = time.Now
@@ -269,31 +275,10 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	if err := e.startNATS(); err != nil {
 		return err
 	}
-	cl := e.cfg.Cluster
-	ccfg := cluster.Config{
-		NodeID: cl.NodeID, DataDir: cl.DataDir, BindAddr: cl.BindAddr, AdvertiseAddr: cl.AdvertiseAddr,
-		Bootstrap: cl.Bootstrap, Join: cl.Join, AuthKey: []byte(e.cfg.clusterAuthKey()),
-		ProposeTimeout: cl.ProposeTimeout, Version: e.version, FeatureLevel: e.featureLevel(), Listener: e.deps.ClusterListener,
-		Registerer: e.registry, Logger: e.log, TLS: e.tls.cluster,
-		Raft: cluster.RaftTiming{
-			HeartbeatTimeout: cl.Raft.HeartbeatTimeout, ElectionTimeout: cl.Raft.ElectionTimeout,
-			LeaderLeaseTimeout: cl.Raft.LeaderLeaseTimeout, CommitTimeout: cl.Raft.CommitTimeout,
-		},
-		Archive:  cluster.ArchiveOptions{MaxAge: cl.ArchiveMaxAge, MaxEvents: cl.ArchiveMaxEvents},
-		Suffrage: cluster.Suffrage(cl.Suffrage),
-		Autopilot: cluster.AutopilotConfig{
-			Voters: cl.Autopilot.Voters, StabilizationTime: cl.Autopilot.StabilizationTime,
-			DeadServerTimeout: cl.Autopilot.DeadServerTimeout, LastContactThreshold: cl.Autopilot.LastContactThreshold,
-			MaxTrailingLogs: cl.Autopilot.MaxTrailingLogs, Interval: cl.Autopilot.Interval,
-		},
-	}
+	ccfg := e.cfg.nodeConfig()
+	ccfg.Version, ccfg.Listener, ccfg.TLS = e.version, e.deps.ClusterListener, e.tls.cluster
+	ccfg.Registerer, ccfg.Logger = e.registry, e.log
 	e.deps.ClusterListener = nil // owned by the node from here on
-	for _, p := range cl.Peers {
-		ccfg.Peers = append(ccfg.Peers, cluster.Peer{ID: p.ID, Addr: p.Addr})
-	}
-	if ccfg.BindAddr == "" && ccfg.Listener == nil {
-		ccfg.BindAddr = "127.0.0.1:0"
-	}
 	if e.node, err = cluster.Open(ctx, ccfg); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
@@ -422,8 +407,8 @@ func (e *Edge) startNATS() error {
 			return fmt.Errorf("edge: nats.nkey_seed_file: %w", err)
 		}
 		opts = append(opts, o)
-	case n.Creds != "":
-		opts = append(opts, nats.UserCredentials(n.Creds))
+	case n.CredsFile != "":
+		opts = append(opts, nats.UserCredentials(n.CredsFile))
 	}
 	opts = append(opts, e.tls.natsClientOptions()...)
 	joined := ""
@@ -471,7 +456,7 @@ func (e *Edge) Addr() string {
 func (e *Edge) Node() *cluster.Node { return e.node }
 
 // Fleet is the edge's view of the workers.
-func (e *Edge) Fleet() *fleetview.Fleet { return e.fleet }
+func (e *Edge) Fleet() *fleetview.View { return e.fleet }
 
 // Registry is the edge's metrics registry.
 func (e *Edge) Registry() *prometheus.Registry { return e.registry }
@@ -635,28 +620,16 @@ func (e *Edge) metricsHandler() http.Handler {
 	})
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
+// writeJSON and truncate are the shared JSON answer and message quoting.
+var (
+	writeJSON = httpjson.Write
+	truncate  = httpjson.Clip
+)
 
 func methodNotAllowed(w http.ResponseWriter, r *http.Request, allowed ...string) {
-	w.Header().Set("Allow", joinComma(allowed))
+	w.Header().Set("Allow", strings.Join(allowed, ", "))
 	writeAPIError(w, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
-		"method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, joinComma(allowed)))
-}
-
-func joinComma(s []string) string {
-	out := ""
-	for i, v := range s {
-		if i > 0 {
-			out += ", "
-		}
-		out += v
-	}
-	return out
+		"method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allowed, ", ")))
 }
 
 func (e *Edge) handleHealth(w http.ResponseWriter, r *http.Request) {
@@ -689,21 +662,16 @@ func (e *Edge) advertise() {
 }
 
 // featureLevel is the highest fsm feature level this edge advertises and
-// uses: cluster.compat_feature_level, or this build's maximum.
-func (e *Edge) featureLevel() uint32 {
-	if l := e.cfg.Cluster.CompatFeatureLevel; l > 0 {
-		return l
-	}
-	return fsm.FeatureLevelMax
-}
+// uses: cluster.compat_feature_level (its default: this build's maximum).
+func (e *Edge) featureLevel() uint32 { return e.cfg.Cluster.FeatureLevel }
 
-func findNode(st *fsm.State, id string) (fsm.Node, bool) {
-	for _, n := range st.Nodes() {
+func findNode(st *fsm.State, id string) (fsm.Edge, bool) {
+	for _, n := range st.Edges() {
 		if n.ID == id {
 			return n, true
 		}
 	}
-	return fsm.Node{}, false
+	return fsm.Edge{}, false
 }
 
 // onWorkerEvictions queues conversations a worker's scheduler evicted for

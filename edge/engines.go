@@ -139,17 +139,13 @@ func (c *Config) dataParallelSize(f fsm.Fleet) int {
 }
 
 // validateEngine checks a fleet's engine keys.
-func (c *Config) validateEngine(key string, s *ServersConfig) []error {
-	var errs []error
-	bad := func(k, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", k, fmt.Sprintf(format, args...)))
-	}
+func (c *Config) validateEngine(key string, s *ServersConfig, bad complain) {
 	kind := s.Engine.Kind()
 	switch kind {
 	case EngineTether, EngineTRTLLM, EngineVLLM, EngineSGLang:
 	default:
 		bad(key+".engine", "unknown engine %q (want tether, trtllm, vllm or sglang)", string(s.Engine))
-		return errs
+		return
 	}
 	if s.DataParallelSize < 0 || s.DataParallelSize > maxDataParallelSize {
 		bad(key+".data_parallel_size", "must be 0..%d, got %d", maxDataParallelSize, s.DataParallelSize)
@@ -160,16 +156,16 @@ func (c *Config) validateEngine(key string, s *ServersConfig) []error {
 	if s.KVShadowBlocks < 0 || s.KVShadowBlocks > kvshadow.MaxBlocksPerRank {
 		bad(key+".kv_shadow_blocks", "must be 0..%d (0: no shadow cache), got %d", kvshadow.MaxBlocksPerRank, s.KVShadowBlocks)
 	}
-	errs = append(errs, validateEngineEvents(key, s, kind)...)
+	validateEngineEvents(key, s, kind, bad)
 	if s.DataParallelSize > 1 && !kind.aggregatedOnly() {
 		bad(key+".data_parallel_size", "only for engine vllm or sglang (the edge picks their rank); %s workers place requests on ranks themselves", kind)
 	}
 	if !kind.aggregatedOnly() {
-		return errs
+		return
 	}
 	if s == &c.GenerationServers {
 		bad(key+".engine", "%s is served aggregated: configure its servers under context_servers (docs/engines.md)", kind)
-		return errs
+		return
 	}
 	if len(s.URLs) == 0 {
 		bad(key+".urls", "engine %s needs its servers' URLs (they do not register over NATS)", kind)
@@ -181,7 +177,6 @@ func (c *Config) validateEngine(key string, s *ServersConfig) []error {
 	if c.ConditionalDisagg.MaxLocalPrefillLength > 0 {
 		bad("conditional_disagg_config", "does not apply to context_servers.engine: %s (served aggregated)", kind)
 	}
-	return errs
 }
 
 // engineRank is the data-parallel rank of key on instance among size
@@ -295,11 +290,7 @@ func (e *Edge) engineUsage(instance string, u usageFigures) usageFigures {
 // validateEngineEvents checks the fleet's engine KV event sources:
 // kv_events of a URL (vLLM, SGLang: tcp://host:port or ipc://path, every
 // rank's port in range) and kv_cache_events (trtllm).
-func validateEngineEvents(key string, s *ServersConfig, kind EngineKind) []error {
-	var errs []error
-	bad := func(k, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", k, fmt.Sprintf(format, args...)))
-	}
+func validateEngineEvents(key string, s *ServersConfig, kind EngineKind, bad complain) {
 	if s.KVCacheEvents && kind != EngineTRTLLM {
 		bad(key+".kv_cache_events", "only for engine trtllm (vLLM and SGLang publish on ZeroMQ: urls[].kv_events)")
 	}
@@ -332,7 +323,6 @@ func validateEngineEvents(key string, s *ServersConfig, kind EngineKind) []error
 			}
 		}
 	}
-	return errs
 }
 
 // engineKVSources are the engines' own KV event sources this edge reads

@@ -41,25 +41,25 @@ func TestEngineConfigErrors(t *testing.T) {
 	for name, tc := range map[string]struct{ yaml, want string }{
 		"unknown engine": {`
 context_servers: {engine: tgi, urls: [http://a:1]}
-generation_servers: {urls: [http://b:1]}`, `context_servers.engine: unknown engine "tgi"`},
+generation_servers: {urls: [http://b:1]}`, `context_servers.engine, line 5: unknown engine "tgi"`},
 		"vllm in generation": {`
 context_servers: {urls: [http://a:1]}
-generation_servers: {engine: vllm, urls: [http://b:1]}`, "generation_servers.engine: vllm is served aggregated"},
+generation_servers: {engine: vllm, urls: [http://b:1]}`, "generation_servers.engine, line 6: vllm is served aggregated"},
 		"generation next to sglang": {`
 context_servers: {engine: sglang, urls: [http://a:1]}
-generation_servers: {urls: [http://b:1]}`, "generation_servers: must be empty with context_servers.engine: sglang"},
+generation_servers: {urls: [http://b:1]}`, "generation_servers, line 6: must be empty with context_servers.engine: sglang"},
 		"no urls": {`
 context_servers: {engine: vllm}
-nats: {urls: ["nats://127.0.0.1:4222"]}`, "context_servers.urls: engine vllm needs its servers' URLs"},
+nats: {urls: ["nats://127.0.0.1:4222"]}`, "context_servers.urls, line 5: engine vllm needs its servers' URLs"},
 		"dp for tether workers": {`
 context_servers: {data_parallel_size: 2, urls: [http://a:1]}
-generation_servers: {urls: [http://b:1]}`, "context_servers.data_parallel_size: only for engine vllm or sglang"},
+generation_servers: {urls: [http://b:1]}`, "context_servers.data_parallel_size, line 5: only for engine vllm or sglang"},
 		"dp out of range": {`
-context_servers: {engine: vllm, data_parallel_size: 5000, urls: [http://a:1]}`, "context_servers.data_parallel_size: must be 0..1024"},
+context_servers: {engine: vllm, data_parallel_size: 5000, urls: [http://a:1]}`, "context_servers.data_parallel_size, line 5: must be 0..1024"},
 		"dp wrong type": {`
 context_servers: {engine: vllm, data_parallel_size: four, urls: [http://a:1]}`, "data_parallel_size"},
 		"kv_events without an endpoint": {`
-context_servers: {engine: vllm, urls: [{url: "http://a:1", kv_events: {replay_endpoint: "tcp://a:5558"}}]}`, "context_servers.urls[0].kv_events.endpoint: required"},
+context_servers: {engine: vllm, urls: [{url: "http://a:1", kv_events: {replay_endpoint: "tcp://a:5558"}}]}`, "context_servers.urls[0].kv_events.endpoint, line 5: required"},
 		"kv_events binding everywhere": {`
 context_servers: {engine: sglang, urls: [{url: "http://a:1", kv_events: {endpoint: "tcp://*:5557"}}]}`, "binds on every interface"},
 		"kv_events ports beyond the ranks": {`
@@ -68,7 +68,7 @@ context_servers: {engine: vllm, data_parallel_size: 4, urls: [{url: "http://a:1"
 context_servers: {engine: trtllm, urls: [{url: "http://a:1", kv_events: {endpoint: "tcp://a:5557"}}]}
 generation_servers: {engine: trtllm, urls: [http://b:1]}`, "only for engine vllm or sglang"},
 		"kv_cache_events for vllm": {`
-context_servers: {engine: vllm, kv_cache_events: true, urls: [http://a:1]}`, "context_servers.kv_cache_events: only for engine trtllm"},
+context_servers: {engine: vllm, kv_cache_events: true, urls: [http://a:1]}`, "context_servers.kv_cache_events, line 5: only for engine trtllm"},
 		"health_timeout negative": {`
 context_servers: {engine: sglang, health_timeout: -1s, urls: [http://a:1]}`, "context_servers.health_timeout"},
 		"disagg auth format": {`
@@ -77,7 +77,7 @@ generation_servers: {engine: trtllm, urls: [http://b:1]}
 disagg_auth_format: model-dump`, "disagg_auth_format"},
 		"conditional disagg": {`
 context_servers: {engine: vllm, urls: [http://a:1]}
-conditional_disagg_config: {max_local_prefill_length: 100}`, "conditional_disagg_config: does not apply"},
+conditional_disagg_config: {max_local_prefill_length: 100}`, "conditional_disagg_config, line 6: does not apply"},
 	} {
 		_, err := ParseConfig([]byte(engineYAMLBase + tc.yaml))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -18,7 +18,7 @@ import (
 //   - degraded placement (the log cannot commit) is a guess that every edge
 //     makes alike only if their states agree; an edge that lags (restarted,
 //     or a follower that lost its leader before applying the last commits)
-//     could place a key the log already bound elsewhere (RELIABILITY.md B3).
+//     could place a key the log already bound elsewhere.
 //
 // A background poll asks the leader for its Status (state index) every
 // freshnessPoll; while no leader is known it asks the peers for their log

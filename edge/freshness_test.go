@@ -11,9 +11,10 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/test/natstest"
 )
 
-// B3 (RELIABILITY.md): an edge whose state lags the log must not place an
+// An edge whose state lags the log must not place an
 // already-bound key by degraded rendezvous. Edge C is stopped; keys are
 // bound through the others; the others die (no quorum) and C restarts on
 // its old data directory: its state lacks the bindings and no leader can
@@ -23,7 +24,7 @@ import (
 // once the others are back C catches up and routes the key to its
 // binding.
 func TestLaggingEdgeDoesNotGuessBoundKeys(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	fleet := startDisaggFleet(t, ns.ClientURL(), workerOpts{})
 	ec := startEdges(t, 3, ns.ClientURL(), func(i int, c *Config) {
 		c.Cluster.ProposeTimeout = 300 * time.Millisecond

@@ -23,18 +23,18 @@ import (
 	"testing"
 	"time"
 
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/convid"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/test/leakcheck"
-	"github.com/tether-project/tether/test/natstest"
+	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"
 )
@@ -60,11 +60,6 @@ func testLogger(t testing.TB) *slog.Logger {
 func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	waitfor.True(t, timeout, what, cond)
-}
-
-func startNATS(t testing.TB) *natsserver.Server {
-	t.Helper()
-	return natstest.Start(t, nil)
 }
 
 // seenRequest is what a worker received, as recorded in front of it.
@@ -198,7 +193,7 @@ func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
 		cfg.Fleet = telemetry.FleetContext
 	}
 	cfg.ServerRole = o.role
-	cfg.LegacyMode = o.legacy
+	cfg.IgnoreSubagentHints = o.legacy
 	cfg.TelemetryInterval = 50 * time.Millisecond
 	cfg.AdvertiseURL = tw.proxy.URL
 	cfg.Logger = testLogger(t)
@@ -247,7 +242,7 @@ type edgeCluster struct {
 }
 
 // baseConfig is one edge's configuration in a test cluster.
-func baseConfig(t testing.TB, nodeID, dataDir, natsURL string, peers []PeerConfig) Config {
+func baseConfig(t testing.TB, nodeID, dataDir, natsURL string, peers []cluster.Peer) Config {
 	cfg := DefaultConfig()
 	cfg.Model = testModel
 	cfg.Hostname = "127.0.0.1"
@@ -266,9 +261,8 @@ func baseConfig(t testing.TB, nodeID, dataDir, natsURL string, peers []PeerConfi
 		cfg.NATS.URLs = []string{natsURL}
 	}
 	cfg.Cluster = ClusterConfig{
-		NodeID: nodeID, DataDir: dataDir, Bootstrap: true, Peers: peers, ProposeTimeout: 2 * time.Second,
-		Raft: RaftConfig{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
-			LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 2 * time.Millisecond},
+		Settings: cluster.Settings{NodeID: nodeID, DataDir: dataDir, Bootstrap: true, Peers: peers, ProposeTimeout: 2 * time.Second, Raft: cluster.RaftTiming{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+			LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 2 * time.Millisecond}},
 	}
 	return cfg
 }
@@ -285,14 +279,14 @@ func startEdgesDeferred(t testing.TB, n int, natsURL string, mutate func(i int, 
 	t.Helper()
 	ec := &edgeCluster{t: t, edges: make([]*testEdge, n), deps: deps}
 	lns := make([]net.Listener, n)
-	peers := make([]PeerConfig, n)
+	peers := make([]cluster.Peer, n)
 	for i := range n {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		lns[i] = ln
-		peers[i] = PeerConfig{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()}
+		peers[i] = cluster.Peer{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()}
 	}
 	base := t.TempDir()
 	for i := range n {
@@ -435,12 +429,7 @@ func (ec *edgeCluster) waitInstances(n int) {
 	})
 }
 
-// httpClient closes its idle connections at cleanup (goleak).
-func httpClient(t testing.TB) *http.Client {
-	tr := &http.Transport{}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
-}
+func httpClient(t testing.TB) *http.Client { return testhttp.Client(t, nil) }
 
 type response struct {
 	status int
@@ -519,21 +508,11 @@ func longText(tag string, words int) string {
 // routeOf parses x-tether-route into (context instance, generation instance).
 func routeOf(t testing.TB, r response) (ctxInst, genInst string) {
 	t.Helper()
-	h := r.header.Get(HeaderRoute)
-	for _, part := range strings.Split(h, ";") {
-		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok {
-			t.Fatalf("bad %s header %q", HeaderRoute, h)
-		}
-		inst, _, _ := strings.Cut(v, "/")
-		switch k {
-		case "context":
-			ctxInst = inst
-		case "generation":
-			genInst = inst
-		}
+	rt, err := ParseRoute(r.header.Get(HeaderRoute))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return ctxInst, genInst
+	return rt.ContextInstance, rt.GenerationInstance
 }
 
 func cachedTokens(t testing.TB, m map[string]any) int {

@@ -41,12 +41,6 @@ const maxUpstreamBody = 64 << 20
 
 var traceProp = propagation.TraceContext{}
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
 // handleInference serves POST /v1/chat/completions and /v1/completions.
 func (e *Edge) handleInference(w http.ResponseWriter, r *http.Request, chat bool) {
 	endpoint := "completions"

@@ -12,6 +12,7 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // max_tokens 1: the context phase already produced the whole answer, so
@@ -27,7 +28,7 @@ func TestContextPhaseFinalAnswer(t *testing.T) {
 	if _, leaked := m["disaggregated_params"]; leaked || m["object"] != "chat.completion" {
 		t.Fatalf("response %s", r.body)
 	}
-	if ci, gi := routeOf(t, r); ci != "ctx-0" || gi != "-" {
+	if ci, gi := routeOf(t, r); ci != "ctx-0" || gi != "" {
 		t.Fatalf("route %q", r.header.Get(HeaderRoute))
 	}
 	if r.header.Get(HeaderADPRank) == "" {
@@ -124,7 +125,7 @@ func TestStreamingPassthrough(t *testing.T) {
 // A worker's scheduler evicting a conversation (LRU beyond max_sessions)
 // makes the leader evict the binding, conditional on its epoch.
 func TestKVEvictedConversationsAreEvicted(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	startWorker(t, "ctx-0", workerOpts{fleet: telemetry.FleetContext, role: hintauth.RoleContext, nats: ns.ClientURL(), maxSessions: 1})
 	startWorker(t, "gen-0", workerOpts{fleet: telemetry.FleetGeneration, role: hintauth.RoleGeneration, nats: ns.ClientURL()})
 	ec := startEdges(t, 1, ns.ClientURL(), nil)
@@ -162,4 +163,16 @@ func TestEmbeddedNATS(t *testing.T) {
 		return do(t, c, http.MethodGet, te.url()+"/readyz", nil, nil).status == http.StatusOK
 	})
 	(&agent{session: "embedded", system: longText("emb", 24)}).send(t, c, te, "hi", nil)
+}
+
+func TestParseRoute(t *testing.T) {
+	r, err := ParseRoute("context=ctx-1/3; generation=-/-")
+	if err != nil || r != (Route{ContextInstance: "ctx-1", ContextRank: "3"}) {
+		t.Fatalf("%+v %v", r, err)
+	}
+	for _, bad := range []string{"context", "prefill=a/1"} {
+		if _, err := ParseRoute(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
 }

@@ -145,7 +145,7 @@ func (e *Edge) leaderRound(ctx context.Context, since time.Time) {
 // current voters; false when a voter has not advertised yet.
 func (e *Edge) votersFeatureLevel(st *fsm.State) (uint32, bool) {
 	nodes := map[string]uint32{}
-	for _, n := range st.Nodes() {
+	for _, n := range st.Edges() {
 		nodes[n.ID] = n.MaxFeatureLevel
 	}
 	lvl, any := uint32(0), false

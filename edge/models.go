@@ -102,27 +102,13 @@ func (c *Config) modelConfig(i int) *Config {
 // modelCount is the models of the catalogue, the first included.
 func (c *Config) modelCount() int { return 1 + len(c.Models) }
 
-// normalizeModels fills each entry's fleet defaults that derive from
-// nothing else (as normalize does for the top-level fleets).
-func (c *Config) normalizeModels() {
-	for i := range c.Models {
-		for _, s := range []*ServersConfig{&c.Models[i].ContextServers, &c.Models[i].GenerationServers} {
-			if s.HealthPath == "" {
-				s.HealthPath = DefaultHealthPath
-			}
-			if s.Tokenizer == "" {
-				s.Tokenizer = TokenizerWords
-			}
-		}
-	}
-}
-
 // validateModels checks the models and adapters: names unique across
 // both (a request's model names one of them), each entry's fleets as the
 // top-level ones are checked (errors under models[i]), instance ids and
 // URLs unique across all models, and the fleet rules sub-agent affinity
 // and conditional disaggregation impose.
-func (c *Config) validateModels(bad complain, errs *[]error) {
+func (c *Config) validateModels(p *yamlconf.Problems) {
+	bad := p.Add
 	names := map[string]string{}
 	claim := func(key, name string) {
 		if prev, dup := names[name]; dup {
@@ -145,15 +131,12 @@ func (c *Config) validateModels(bad complain, errs *[]error) {
 			} else {
 				claim(prefix+"name", mc.Model)
 			}
-			var sub []error
-			subBad := func(key, format string, args ...any) {
-				sub = append(sub, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
-			}
-			mc.validateFleets(subBad, &sub)
-			mc.validateModelServing(subBad)
-			for _, err := range sub {
-				*errs = append(*errs, fmt.Errorf("%s%w", prefix, err))
-			}
+			// The entry's fleets are checked as the top-level ones, and
+			// their problems placed under models[i].
+			sub := yamlconf.NewProblems(nil)
+			mc.validateFleets(sub)
+			mc.validateModelServing(sub.Add)
+			p.AddError(strings.TrimSuffix(prefix, "."), sub.Err())
 		}
 		for _, fl := range []struct {
 			key string

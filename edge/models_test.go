@@ -189,13 +189,13 @@ models:
 		t.Fatalf("parsed %+v %+v", cfg.Models, cfg.LoRA)
 	}
 	for _, c := range []struct{ yaml, want string }{
-		{"models:\n  - context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].name: required"},
-		{"models:\n  - name: m1\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", `models[0].name: "m1" is also model`},
+		{"models:\n  - context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].name, line 9: required"},
+		{"models:\n  - name: m1\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", `models[0].name, line 9: "m1" is also model`},
 		{"models:\n  - name: a1\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", `"a1" is also`},
-		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9001\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].context_servers.urls[0]: duplicate URL"},
-		{"models:\n  - name: m2\n    context_servers: {urls: [\"ftp://x\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].context_servers.urls[0]:"},
-		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9003\"], engine: nope}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].context_servers.engine: unknown engine"},
-		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n    lora: {runtime_load: true}\n", "models[0].lora.runtime_load: only vLLM"},
+		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9001\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].context_servers.urls[0], line 10: duplicate URL"},
+		{"models:\n  - name: m2\n    context_servers: {urls: [\"ftp://x\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].context_servers.urls[0], line 10:"},
+		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9003\"], engine: nope}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].context_servers.engine, line 10: unknown engine"},
+		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n    lora: {runtime_load: true}\n", "models[0].lora.runtime_load, line 12: only vLLM"},
 		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n    colour: red\n", "models[0].colour"},
 	} {
 		_, err := ParseConfig([]byte(base + c.yaml))

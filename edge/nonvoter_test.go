@@ -9,15 +9,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // fastAutopilot is autopilot with test timings (health every 500ms,
 // promotion after 1s healthy, removal after 6s unreachable); the shipped
 // defaults (1s, 10s, 10m) run in every other edge test's leader.
-var fastAutopilot = AutopilotConfig{Voters: 3, Interval: 500 * time.Millisecond, StabilizationTime: time.Second, DeadServerTimeout: 6 * time.Second}
+var fastAutopilot = cluster.AutopilotConfig{Voters: 3, Interval: 500 * time.Millisecond, StabilizationTime: time.Second, DeadServerTimeout: 6 * time.Second}
 
 // addNonvoters starts n edges with cluster.suffrage nonvoter that join
 // through the running edges' Raft addresses (any member will do).
@@ -72,7 +74,7 @@ func (ec *edgeCluster) voters() map[string]bool {
 // three voters and removes the dead one, and the table still holds on the
 // eight survivors, through voters and non-voters alike.
 func TestSeedTableWithNonvoters(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	startDisaggFleet(t, ns.ClientURL(), workerOpts{})
 	withPilot := func(c *Config) {
 		c.Scope = routing.ScopeBoth
@@ -87,7 +89,7 @@ func TestSeedTableWithNonvoters(t *testing.T) {
 		// that a Bind missed its 2s propose timeout (seen once). With
 		// raft's own 50ms a forwarded Bind still completes at once: the
 		// leader's commit nudge tells the followers (cluster/DESIGN.md).
-		c.Cluster.Raft = RaftConfig{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second, LeaderLeaseTimeout: time.Second, CommitTimeout: 50 * time.Millisecond}
+		c.Cluster.Raft = cluster.RaftTiming{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second, LeaderLeaseTimeout: time.Second, CommitTimeout: 50 * time.Millisecond}
 	}
 	ec := startEdges(t, 3, ns.ClientURL(), func(_ int, c *Config) { withPilot(c) })
 	start := time.Now()

@@ -4,32 +4,27 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // routeRank parses the context hop's rank from x-tether-route.
 func routeRank(t testing.TB, r response) uint32 {
 	t.Helper()
 	h := r.header.Get(HeaderRoute)
-	for _, part := range strings.Split(h, ";") {
-		k, v, _ := strings.Cut(strings.TrimSpace(part), "=")
-		if k != "context" {
-			continue
-		}
-		_, rank, _ := strings.Cut(v, "/")
-		n, err := strconv.ParseUint(rank, 10, 32)
-		if err != nil {
-			t.Fatalf("no context rank in %s %q", HeaderRoute, h)
-		}
-		return uint32(n)
+	rt, err := ParseRoute(h)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("no context hop in %s %q", HeaderRoute, h)
-	return 0
+	n, err := strconv.ParseUint(rt.ContextRank, 10, 32)
+	if err != nil {
+		t.Fatalf("no context rank in %s %q", HeaderRoute, h)
+	}
+	return uint32(n)
 }
 
 func clusterLevel(t testing.TB, c *http.Client, te *testEdge) (committed uint32, advertised map[string]uint32) {
@@ -51,11 +46,11 @@ func clusterLevel(t testing.TB, c *http.Client, te *testEdge) (committed uint32,
 // level, the cluster rises to 2 and the worker's reported rank is recorded
 // on the binding (admin binding JSON, history), asynchronously.
 func TestRankObservedOnlyAtFeatureLevel2(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	startDisaggFleet(t, ns.ClientURL(), workerOpts{})
 	ec := startEdges(t, 3, ns.ClientURL(), func(i int, c *Config) {
 		if i == 2 {
-			c.Cluster.CompatFeatureLevel = fsm.FeatureLevelBase
+			c.Cluster.FeatureLevel = fsm.FeatureLevelBase
 		}
 	})
 	ec.waitInstances(4)
@@ -86,7 +81,7 @@ func TestRankObservedOnlyAtFeatureLevel2(t *testing.T) {
 
 	// Upgrade edge-3: restarted at this build's level.
 	ec.kill(2)
-	ec.edges[2].cfg.Cluster.CompatFeatureLevel = 0
+	ec.edges[2].cfg.Cluster.FeatureLevel = 0
 	if err := ec.start(2, nil); err != nil {
 		t.Fatal(err)
 	}

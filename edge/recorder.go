@@ -34,6 +34,12 @@ type recorded struct {
 	id       fsm.ProposalID
 	ev       fsm.Event
 	attempts int
+	// untilCommitted: retried without an attempt limit (a degraded Bind:
+	// its placement stays unrecorded until it commits).
+	untilCommitted bool
+	// done forgets the event's bookkeeping, with its result once it
+	// committed or nil when it was dropped; called with r.mu held.
+	done func(res *fsm.Result)
 }
 
 // maxRecorderQueue bounds the events waiting for the log; beyond it the
@@ -64,6 +70,7 @@ func (r *recorder) poke() {
 // add queues an event; done, if set, is called with its result once it
 // committed.
 func (r *recorder) add(ev fsm.Event, _ func(fsm.Result)) {
+	x := recorded{ev: ev}
 	r.mu.Lock()
 	if l, ok := ev.(fsm.Link); ok {
 		if r.links[l.Child] {
@@ -71,21 +78,28 @@ func (r *recorder) add(ev fsm.Event, _ func(fsm.Result)) {
 			return
 		}
 		r.links[l.Child] = true
+		x.done = func(res *fsm.Result) {
+			delete(r.links, l.Child)
+			if res != nil && res.Status == fsm.StatusRejected {
+				r.e.log.Info("parent link rejected", "child", l.Child, "parent", l.Parent, "reason", res.Reason)
+			}
+		}
 	}
-	r.pushLocked(ev)
+	r.pushLocked(x)
 	r.mu.Unlock()
 	r.poke()
 }
 
-// pushLocked queues ev under a fresh proposal id, dropping the oldest event
+// pushLocked queues x under a fresh proposal id, dropping the oldest event
 // when the queue is full.
-func (r *recorder) pushLocked(ev fsm.Event) {
+func (r *recorder) pushLocked(x recorded) {
 	if len(r.queue) >= maxRecorderQueue {
 		r.dropLocked(r.queue[0], "queue_full")
 		r.queue[0] = recorded{}
 		r.queue = r.queue[1:]
 	}
-	r.queue = append(r.queue, recorded{id: cluster.NewProposalID(), ev: ev})
+	x.id = cluster.NewProposalID()
+	r.queue = append(r.queue, x)
 }
 
 func (r *recorder) queued() int {
@@ -103,14 +117,8 @@ func (r *recorder) pending() int {
 
 func (r *recorder) dropLocked(x recorded, reason string) {
 	r.e.metrics.recorderDropped.WithLabelValues(x.ev.Type().String(), reason).Inc()
-	switch ev := x.ev.(type) {
-	case fsm.Link:
-		delete(r.links, ev.Child)
-	case fsm.Bind:
-		delete(r.degraded, fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key})
-		r.e.metrics.degradedRecord.WithLabelValues("dropped").Inc()
-	case fsm.RankObserved:
-		delete(r.ranks, fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key})
+	if x.done != nil {
+		x.done(nil)
 	}
 }
 
@@ -124,7 +132,11 @@ func (r *recorder) addRank(ev fsm.RankObserved) {
 		return
 	}
 	r.ranks[k] = ev.Rank
-	r.pushLocked(ev)
+	r.pushLocked(recorded{ev: ev, done: func(*fsm.Result) {
+		if r.ranks[k] == ev.Rank { // not replaced by a newer observation
+			delete(r.ranks, k)
+		}
+	}})
 	r.mu.Unlock()
 	r.poke()
 }
@@ -138,7 +150,10 @@ func (r *recorder) addDegraded(b fsm.Bind) {
 		return
 	}
 	r.degraded[k] = b
-	r.pushLocked(b)
+	r.pushLocked(recorded{ev: b, untilCommitted: true, done: func(res *fsm.Result) {
+		delete(r.degraded, k)
+		r.e.metrics.degradedRecord.WithLabelValues(degradedOutcome(b, res)).Inc()
+	}})
 	r.mu.Unlock()
 	r.poke()
 }
@@ -228,7 +243,9 @@ func (r *recorder) flush(ctx context.Context) bool {
 	r.mu.Lock()
 	for i, x := range batch {
 		r.e.observeProposal(x.ev.Type(), results[i], nil, took)
-		r.settledLocked(x.ev, results[i])
+		if x.done != nil {
+			x.done(&results[i])
+		}
 	}
 	r.mu.Unlock()
 	return true
@@ -243,11 +260,10 @@ func (r *recorder) requeue(batch []recorded, err error) {
 	keep := make([]recorded, 0, len(batch)+len(r.queue))
 	for _, x := range batch {
 		x.attempts++
-		_, isBind := x.ev.(fsm.Bind)
 		switch {
 		case closed:
 			r.dropLocked(x, "closed")
-		case !isBind && x.attempts >= maxRecordAttempts:
+		case !x.untilCommitted && x.attempts >= maxRecordAttempts:
 			r.dropLocked(x, "attempts")
 		default:
 			keep = append(keep, x)
@@ -261,30 +277,20 @@ func (r *recorder) requeue(batch []recorded, err error) {
 	r.queue = keep
 }
 
-// settledLocked forgets a committed event's bookkeeping.
-func (r *recorder) settledLocked(ev fsm.Event, res fsm.Result) {
-	switch ev := ev.(type) {
-	case fsm.RankObserved:
-		if k := (fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key}); r.ranks[k] == ev.Rank {
-			delete(r.ranks, k)
-		}
-	case fsm.Link:
-		delete(r.links, ev.Child)
-		if res.Status == fsm.StatusRejected {
-			r.e.log.Info("parent link rejected", "child", ev.Child, "parent", ev.Parent, "reason", res.Reason)
-		}
-	case fsm.Bind:
-		delete(r.degraded, fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key})
-		// An earlier attempt may have committed after its deadline (the
-		// retry is then a duplicate answered with the binding in force):
-		// the binding is this one when it carries its decision. (The
-		// request's own Bind, which timed out before the degraded
-		// placement, may also commit late: first committed wins.)
-		result := "recorded"
-		if got := res.Binding.Decision; !res.Found || got.Edge != ev.Decision.Edge ||
-			got.RequestID != ev.Decision.RequestID || got.Policy != ev.Decision.Policy {
-			result = "superseded" // another edge's Bind won
-		}
-		r.e.metrics.degradedRecord.WithLabelValues(result).Inc()
+// degradedOutcome labels what became of a degraded placement's Bind:
+// dropped (res nil), recorded, or superseded by another edge's Bind.
+func degradedOutcome(b fsm.Bind, res *fsm.Result) string {
+	if res == nil {
+		return "dropped"
 	}
+	// An earlier attempt may have committed after its deadline (the retry
+	// is then a duplicate answered with the binding in force): the binding
+	// is this one when it carries its decision. (The request's own Bind,
+	// which timed out before the degraded placement, may also commit late:
+	// first committed wins.)
+	if got := res.Binding.Decision; !res.Found || got.Edge != b.Decision.Edge ||
+		got.RequestID != b.Decision.RequestID || got.Policy != b.Decision.Policy {
+		return "superseded" // another edge's Bind won
+	}
+	return "recorded"
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tether-project/tether/cluster/archive"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // TestRecorderRetriesApplyEachEventOnce times out the recorder's proposals
@@ -17,10 +18,9 @@ import (
 // and are proposed again. Every queued event must be applied exactly once:
 // counted in the archive, a repeat must be the fsm's duplicate. Before the
 // recorder kept its proposal ids across attempts, each retry drew new ids
-// and a late commit plus its retry applied the same Overflow twice (issue
-// 13, D2).
+// and a late commit plus its retry applied the same Overflow twice.
 func TestRecorderRetriesApplyEachEventOnce(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	ec := startEdges(t, 3, ns.ClientURL(), nil)
 	lead := ec.leader(15 * time.Second)
 	fol := ec.edge((lead + 1) % 3).e

@@ -34,11 +34,7 @@ const (
 // retryHint is the Retry-After of a request refused because the log could
 // not commit: about one election.
 func (e *Edge) retryHint() time.Duration {
-	et := e.cfg.Cluster.Raft.ElectionTimeout
-	if et <= 0 {
-		et = time.Second // cluster.RaftTiming's default
-	}
-	return max(et, 250*time.Millisecond)
+	return max(e.cfg.Cluster.Raft.ElectionTimeout, 250*time.Millisecond)
 }
 
 // viewsEntry caches the routing views until the fleet view or the log
@@ -295,7 +291,7 @@ func (r edgeRecorder) Touch(k fsm.FleetKey)   { r.e.touches.add(k) }
 func (r edgeRecorder) TouchLink(child string) { r.e.touches.addLink(child) }
 
 // edgeFleet is this edge's fleet view of model m's fleets (nil: the
-// first model's) as the decision reads it (routing/decide.Fleet).
+// first model's) as the decision reads it (routing/decide.FleetView).
 type edgeFleet struct {
 	e *Edge
 	m *servedModel

@@ -12,6 +12,7 @@ import (
 	"github.com/tether-project/tether/test/engines/oaiserve"
 	"github.com/tether-project/tether/test/engines/sglang"
 	"github.com/tether-project/tether/test/engines/vllm"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // vLLM and SGLang stand-ins configured by URL publish no KV events: the
@@ -203,7 +204,7 @@ func testShadowCache(t *testing.T, kind EngineKind) {
 // Simulated tether workers over NATS: the index's blocks come from their
 // KV events, exact, with the last batch's sequence number.
 func TestAdminInstancesShowTetherWorkerKV(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	startDisaggFleet(t, ns.ClientURL(), workerOpts{})
 	ec := startEdges(t, 1, ns.ClientURL(), nil)
 	ec.waitInstances(4)

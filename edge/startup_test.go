@@ -8,6 +8,7 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // An edge that restarts and gets traffic before it has heard the workers
@@ -17,7 +18,7 @@ import (
 // instances; it serves sticky, records no overflow, and /readyz still says
 // what it has not heard.
 func TestRestartedEdgeTrustsTheLogForUnheardBoundInstances(t *testing.T) {
-	ns, empty := startNATS(t), startNATS(t)
+	ns, empty := natstest.Start(t, nil), natstest.Start(t, nil)
 	for _, id := range []string{"ctx-0", "ctx-1"} {
 		startWorker(t, id, workerOpts{fleet: telemetry.FleetContext, role: hintauth.RoleContext, nats: ns.ClientURL()})
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tether-project/tether/cluster/pki"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -48,9 +49,7 @@ func (p *testPKI) files(t testing.TB, id string, role pki.Role) pki.Files {
 
 // client trusts the CA and presents no certificate.
 func (p *testPKI) client(t testing.TB) *http.Client {
-	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: p.ca.Pool(), MinVersion: tls.VersionTLS12}}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	return testhttp.Client(t, &tls.Config{RootCAs: p.ca.Pool(), MinVersion: tls.VersionTLS12})
 }
 
 func TestTLSConfigValidation(t *testing.T) {

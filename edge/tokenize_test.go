@@ -37,13 +37,15 @@ context_servers: {engine: vllm, tokenizer: "hf:/models/qwen3", block_size: 16, u
 		t.Fatalf("generation fleet: tokenizer %q, block size %d (want words, placement's 64)",
 			cfg.GenerationServers.Tokenizer, cfg.RoutingConfig(fsm.FleetGeneration).BlockSize)
 	}
-	if d := DefaultConfig(); d.ContextServers.Tokenizer != TokenizerWords || d.ContextServers.BlockSize != 0 {
+	d := DefaultConfig()
+	d.normalize()
+	if d.ContextServers.Tokenizer != TokenizerWords || d.ContextServers.BlockSize != 0 {
 		t.Fatalf("defaults: %q %d", d.ContextServers.Tokenizer, d.ContextServers.BlockSize)
 	}
 	for name, tc := range map[string]struct{ yaml, want string }{
-		"unknown":    {`context_servers: {engine: vllm, tokenizer: sentencepiece, urls: [http://a:1]}`, `context_servers.tokenizer: "sentencepiece" is not "words" or "hf:"<dir>`},
-		"empty dir":  {`context_servers: {engine: vllm, tokenizer: "hf:", urls: [http://a:1]}`, `context_servers.tokenizer: "hf:" names no directory`},
-		"block size": {`context_servers: {engine: vllm, block_size: -1, urls: [http://a:1]}`, "context_servers.block_size: must be 0"},
+		"unknown":    {`context_servers: {engine: vllm, tokenizer: sentencepiece, urls: [http://a:1]}`, `context_servers.tokenizer, line 4: "sentencepiece" is not "words" or "hf:"<dir>`},
+		"empty dir":  {`context_servers: {engine: vllm, tokenizer: "hf:", urls: [http://a:1]}`, `context_servers.tokenizer, line 4: "hf:" names no directory`},
+		"block size": {`context_servers: {engine: vllm, block_size: -1, urls: [http://a:1]}`, "context_servers.block_size, line 4: must be 0"},
 		"too big": {`context_servers: {urls: [http://a:1]}
 generation_servers: {block_size: 2000000, urls: [http://b:1]}`, "generation_servers.block_size"},
 	} {

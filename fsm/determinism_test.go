@@ -264,7 +264,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(normalizeBindings(got), normalizeBindings(want)) {
 		t.Fatal("restored bindings differ (content or recency order)")
 	}
-	if !reflect.DeepEqual(r.Instances(), s.Instances()) || !reflect.DeepEqual(r.Nodes(), s.Nodes()) || !reflect.DeepEqual(r.Counters(), s.Counters()) {
+	if !reflect.DeepEqual(r.Instances(), s.Instances()) || !reflect.DeepEqual(r.Edges(), s.Edges()) || !reflect.DeepEqual(r.Counters(), s.Counters()) {
 		t.Fatal("restored instances, nodes or counters differ")
 	}
 	for _, b := range want {

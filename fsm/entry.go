@@ -3,6 +3,8 @@ package fsm
 import (
 	"errors"
 	"fmt"
+
+	"github.com/tether-project/tether/internal/binread"
 )
 
 // entryVersion is the first byte of an encoded log entry (the batch
@@ -51,40 +53,41 @@ func EncodeEntry(props []Proposal) ([]byte, error) {
 // *DecodeError. Unknown event types are not an error here (Event is nil);
 // the machine decides whether to skip or halt.
 func DecodeEntry(data []byte) ([]RawProposal, error) {
-	r := reader{buf: data}
-	if v := r.u8("entry version"); r.err == nil && v != entryVersion {
-		r.off--
+	r := reader{binread.Reader{Buf: data}}
+	if v := r.U8("entry version"); !r.Failed() && v != entryVersion {
+		r.Off--
 		r.fail("unknown entry envelope version %d (this build reads version %d)", v, entryVersion)
 	}
-	at := r.off
+	at := r.Off
 	n := r.count("proposal count", proposalIDBytes+2)
-	if r.err != nil {
-		return nil, r.err
+	if r.Failed() {
+		return nil, r.decodeErr()
 	}
 	if n > MaxEntryProposals {
-		r.off = at
+		r.Off = at
 		r.fail("%d proposals, the limit per entry is %d", n, MaxEntryProposals)
-		return nil, r.err
+		return nil, r.decodeErr()
 	}
 	props := make([]RawProposal, n)
+	var er reader // the events' reader, one for the entry
 	for i := range props {
 		p := &props[i]
-		copy(p.ID[:], r.bytes(proposalIDBytes, "proposal id"))
-		at := r.off
-		size := r.uvarint("event length")
-		if r.err != nil {
-			return nil, r.err
+		copy(p.ID[:], r.Bytes(proposalIDBytes, "proposal id"))
+		at := r.Off
+		size := r.Uvarint("event length")
+		if r.Failed() {
+			return nil, r.decodeErr()
 		}
-		if size == 0 || size > uint64(r.remaining()) {
-			r.off = at
-			r.fail("proposal %d: event length %d does not fit the %d bytes left", i, size, r.remaining())
-			return nil, r.err
+		if size == 0 || size > uint64(r.Remaining()) {
+			r.Off = at
+			r.fail("proposal %d: event length %d does not fit the %d bytes left", i, size, r.Remaining())
+			return nil, r.decodeErr()
 		}
-		start := r.off
+		start := r.Off
 		p.Raw = data[start : start+int(size) : start+int(size)]
-		r.off += int(size)
+		r.Off += int(size)
 		p.Type = EventType(p.Raw[0])
-		ev, err := decodeEventAt(p.Raw, start)
+		ev, err := decodeEventAt(&er, p.Raw, start)
 		if err != nil {
 			var unknown *UnknownEventError
 			if errors.As(err, &unknown) {
@@ -94,9 +97,9 @@ func DecodeEntry(data []byte) ([]RawProposal, error) {
 		}
 		p.Event = ev
 	}
-	if r.remaining() != 0 {
-		r.fail("%d trailing bytes after %d proposals", r.remaining(), n)
-		return nil, r.err
+	if r.Remaining() != 0 {
+		r.fail("%d trailing bytes after %d proposals", r.Remaining(), n)
+		return nil, r.decodeErr()
 	}
 	return props, nil
 }
@@ -147,23 +150,23 @@ func EncodeResults(rs []Result) []byte {
 
 // DecodeResults decodes EncodeResults' output; corrupt input is *DecodeError.
 func DecodeResults(b []byte) ([]Result, error) {
-	r := reader{buf: b}
-	if v := r.u8("results version"); r.err == nil && v != resultsVersion {
-		r.off--
+	r := reader{binread.Reader{Buf: b}}
+	if v := r.U8("results version"); !r.Failed() && v != resultsVersion {
+		r.Off--
 		r.fail("unknown results version %d (this build reads version %d)", v, resultsVersion)
 	}
 	n := r.count("result count", 4)
-	if r.err != nil {
-		return nil, r.err
+	if r.Failed() {
+		return nil, r.decodeErr()
 	}
 	rs := make([]Result, n)
 	for i := range rs {
 		res := &rs[i]
-		res.Status = Status(r.u8("Result.Status"))
+		res.Status = Status(r.U8("Result.Status"))
 		res.Reason = r.str("Result.Reason")
-		flags := r.u8("Result flags")
+		flags := r.U8("Result flags")
 		if flags&^7 != 0 || flags&4 != 0 && flags&1 == 0 {
-			r.off--
+			r.Off--
 			r.fail("Result flags: unknown bits 0x%02x", flags)
 		}
 		res.Found = flags&1 != 0
@@ -171,7 +174,7 @@ func DecodeResults(b []byte) ([]Result, error) {
 		if res.Found {
 			res.Binding = readBinding(&r)
 			if flags&4 != 0 {
-				res.Binding.Rank = r.uint32v("Binding.Rank")
+				res.Binding.Rank = r.Uint32("Binding.Rank")
 				res.Binding.HasRank = true
 			}
 		}
@@ -179,20 +182,20 @@ func DecodeResults(b []byte) ([]Result, error) {
 			res.Evicted = make([]Evicted, m)
 			for j := range res.Evicted {
 				ev := &res.Evicted[j]
-				ev.Fleet = Fleet(r.u8("Evicted.Fleet"))
+				ev.Fleet = Fleet(r.U8("Evicted.Fleet"))
 				ev.Key = r.str("Evicted.Key")
 				ev.Instance = r.str("Evicted.Instance")
-				ev.Epoch = r.uvarint("Evicted.Epoch")
-				ev.Reason = EvictReason(r.u8("Evicted.Reason"))
+				ev.Epoch = r.Uvarint("Evicted.Epoch")
+				ev.Reason = EvictReason(r.U8("Evicted.Reason"))
 			}
 		}
-		if r.err != nil {
-			return nil, r.err
+		if r.Failed() {
+			return nil, r.decodeErr()
 		}
 	}
-	if r.remaining() != 0 {
-		r.fail("%d trailing bytes after %d results", r.remaining(), n)
-		return nil, r.err
+	if r.Remaining() != 0 {
+		r.fail("%d trailing bytes after %d results", r.Remaining(), n)
+		return nil, r.decodeErr()
 	}
 	return rs, nil
 }
@@ -233,13 +236,13 @@ func appendDecision(b []byte, d *Decision, ref func([]byte, string) []byte) []by
 
 func readBinding(r *reader) Binding {
 	var x Binding
-	x.Fleet = Fleet(r.u8("Binding.Fleet"))
+	x.Fleet = Fleet(r.U8("Binding.Fleet"))
 	x.Key = r.str("Binding.Key")
 	x.ConversationID = r.str("Binding.ConversationID")
 	x.Instance = r.str("Binding.Instance")
-	x.Epoch = r.uvarint("Binding.Epoch")
-	x.BoundAt = r.varint("Binding.BoundAt")
-	x.LastUsed = r.varint("Binding.LastUsed")
+	x.Epoch = r.Uvarint("Binding.Epoch")
+	x.BoundAt = r.Varint("Binding.BoundAt")
+	x.LastUsed = r.Varint("Binding.LastUsed")
 	x.Decision = readDecision(r)
 	return x
 }

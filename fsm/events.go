@@ -72,31 +72,8 @@ const (
 func (t EventType) Optional() bool { return t&FlagIgnoreUnknown != 0 }
 
 func (t EventType) String() string {
-	switch t {
-	case TypeBind:
-		return "Bind"
-	case TypeTouch:
-		return "Touch"
-	case TypeEvict:
-		return "Evict"
-	case TypeOverflow:
-		return "Overflow"
-	case TypeInstanceState:
-		return "InstanceState"
-	case TypeClusterFeatures:
-		return "ClusterFeatures"
-	case TypeLink:
-		return "Link"
-	case TypeNodeInfo:
-		return "NodeInfo"
-	case TypeSettings:
-		return "Settings"
-	case TypeAnnotation:
-		return "Annotation"
-	case TypeRankObserved:
-		return "RankObserved"
-	case TypeEvidence:
-		return "Evidence"
+	if k := byType[t]; k != nil {
+		return k.name
 	}
 	return fmt.Sprintf("EventType(0x%02x)", uint8(t))
 }
@@ -104,16 +81,8 @@ func (t EventType) String() string {
 // Level is the feature level that introduced t (0 for a type this build
 // does not know). A machine capped below it treats t as unknown.
 func (t EventType) Level() uint32 {
-	switch t {
-	case TypeBind, TypeTouch, TypeEvict, TypeOverflow, TypeInstanceState, TypeClusterFeatures,
-		TypeLink, TypeNodeInfo, TypeSettings, TypeAnnotation:
-		return FeatureLevelBase
-	case TypeEvidence:
-		// Optional and without effect on state: no level gates it (a
-		// node that does not know it skips it, and the state is the same).
-		return FeatureLevelBase
-	case TypeRankObserved:
-		return FeatureLevelRanks
+	if k := byType[t]; k != nil {
+		return k.level
 	}
 	return 0
 }

@@ -12,7 +12,7 @@ import (
 // BenchmarkLiveHeapPerBinding measures the Go heap a machine's live state
 // holds per binding: realistic Binds (UUID keys, 3 candidates in the
 // decision) applied in entries of 1,000, heap measured after a GC before
-// and after. Issue 13 (D5) measured ~2.5 KB of RSS per binding on an edge
+// and after. An edge's RSS was measured at ~2.5 KB per binding
 // (RSS also counts the Raft log, the archive's page cache and the
 // allocator's slack); its target is ≤ 500 B of live state per binding.
 // FSM_BENCH_HEAP_BINDINGS sets the count (default 200,000).

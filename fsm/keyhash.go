@@ -3,6 +3,8 @@ package fsm
 import (
 	"math/bits"
 	"sync/atomic"
+
+	"github.com/tether-project/tether/internal/hash64"
 )
 
 // hashKey is the fixed, seedless 64-bit hash that places keys in the state's
@@ -28,14 +30,9 @@ func hashKey(tag uint8, s string) uint64 {
 		w |= uint64(s[i]) << (8 * i)
 	}
 	h = fold(h^w, k2)
-	// splitmix64 finaliser: every input bit affects every output bit, so the
-	// 5-bit chunks the trie consumes are all well mixed.
-	h ^= h >> 30
-	h *= 0xbf58476d1ce4e5b9
-	h ^= h >> 27
-	h *= 0x94d049bb133111eb
-	h ^= h >> 31
-	return h
+	// The SplitMix64 finaliser: every input bit affects every output bit,
+	// so the 5-bit chunks the trie consumes are all well mixed.
+	return hash64.Mix64(h)
 }
 
 func fold(a, b uint64) uint64 {

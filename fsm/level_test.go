@@ -103,7 +103,7 @@ func TestLevel1LogAppliesAsTheLevel1ReleaseDid(t *testing.T) {
 }
 
 // At level 2 every placement has its own epoch, even when one entry binds,
-// evicts and binds a key again (B2), and the epoch leads back to its index.
+// evicts and binds a key again, and the epoch leads back to its index.
 func TestEpochsAreUniquePerPlacementAtLevel2(t *testing.T) {
 	h := newHarness(t)
 	h.one(1, ClusterFeatures{Level: FeatureLevelRanks}) // index 1

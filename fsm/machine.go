@@ -296,42 +296,35 @@ func (tx *txn) applyProposal(p *RawProposal) Result {
 }
 
 func (tx *txn) applyEvent(ev Event) Result {
-	switch e := ev.(type) {
-	case Bind:
-		return tx.bind(&e)
-	case Touch:
-		return tx.touch(&e)
-	case Evict:
-		return tx.evict(&e)
-	case Overflow:
-		return tx.overflow(&e)
-	case InstanceState:
-		return tx.instanceState(&e)
-	case ClusterFeatures:
-		if e.Level > tx.s.featureLevel {
-			if e.Level >= FeatureLevelRanks && tx.s.featureLevel < FeatureLevelRanks {
-				tx.s.uniqueEpochsFrom = tx.s.index
-			}
-			tx.s.featureLevel = e.Level
-		}
-		return Result{Status: StatusApplied}
-	case Link:
-		return tx.link(&e)
-	case NodeInfo:
-		return tx.nodeInfo(&e)
-	case Settings:
-		if e.MaxBindings != 0 {
-			tx.s.maxBindings = e.MaxBindings
-		}
-		return Result{Status: StatusApplied}
-	case Annotation, Evidence:
-		return Result{Status: StatusApplied}
-	case RankObserved:
-		return tx.rankObserved(&e)
+	if k := byType[ev.Type()]; k != nil {
+		return k.apply(tx, ev)
 	}
-	// DecodeEntry only produces the types above.
+	// DecodeEntry only produces the types of the table.
 	return rejected("event type %v has no apply rule", ev.Type())
 }
+
+func (tx *txn) clusterFeatures(e ClusterFeatures) Result {
+	if e.Level > tx.s.featureLevel {
+		if e.Level >= FeatureLevelRanks && tx.s.featureLevel < FeatureLevelRanks {
+			tx.s.uniqueEpochsFrom = tx.s.index
+		}
+		tx.s.featureLevel = e.Level
+	}
+	return Result{Status: StatusApplied}
+}
+
+func (tx *txn) settings(e Settings) Result {
+	if e.MaxBindings != 0 {
+		tx.s.maxBindings = e.MaxBindings
+	}
+	return Result{Status: StatusApplied}
+}
+
+// annotation changes no state: the event exists for audit.
+func (tx *txn) annotation(Annotation) Result { return Result{Status: StatusApplied} }
+
+// evidence changes no state: the event exists for audit.
+func (tx *txn) evidence(Evidence) Result { return Result{Status: StatusApplied} }
 
 func rejected(format string, args ...any) Result {
 	return Result{Status: StatusRejected, Reason: fmt.Sprintf(format, args...)}
@@ -441,7 +434,7 @@ func (tx *txn) removeBinding(rec *bindingRec, reason EvictReason) Evicted {
 	return Evicted{Fleet: rec.Fleet, Key: rec.Key, Instance: rec.Instance, Epoch: rec.Epoch, Reason: reason}
 }
 
-func (tx *txn) bind(e *Bind) Result {
+func (tx *txn) bind(e Bind) Result {
 	s := tx.s
 	switch {
 	case !e.Fleet.Valid():
@@ -475,7 +468,7 @@ func (tx *txn) bind(e *Bind) Result {
 	return Result{Status: StatusApplied, Binding: rec.Binding, Found: true, Created: true}
 }
 
-func (tx *txn) touch(e *Touch) Result {
+func (tx *txn) touch(e Touch) Result {
 	s := tx.s
 	for _, k := range e.Keys {
 		old, ok := s.bindings.get(uint8(k.Fleet), k.Key)
@@ -499,7 +492,7 @@ func (tx *txn) touch(e *Touch) Result {
 	return Result{Status: StatusApplied}
 }
 
-func (tx *txn) evict(e *Evict) Result {
+func (tx *txn) evict(e Evict) Result {
 	s := tx.s
 	switch {
 	case !e.Fleet.Valid():
@@ -526,7 +519,7 @@ func (tx *txn) evict(e *Evict) Result {
 	return Result{Status: StatusApplied, Evicted: []Evicted{tx.removeBinding(rec, e.Reason)}}
 }
 
-func (tx *txn) overflow(e *Overflow) Result {
+func (tx *txn) overflow(e Overflow) Result {
 	s := tx.s
 	switch {
 	case !e.Fleet.Valid():
@@ -587,7 +580,7 @@ func (tx *txn) overflow(e *Overflow) Result {
 
 // rankObserved records the rank of a placement that still holds. It is not
 // a use: LastUsed and the recency order stay as they are.
-func (tx *txn) rankObserved(e *RankObserved) Result {
+func (tx *txn) rankObserved(e RankObserved) Result {
 	s := tx.s
 	switch {
 	case !e.Fleet.Valid():
@@ -623,7 +616,7 @@ func (tx *txn) rankObserved(e *RankObserved) Result {
 	return Result{Status: StatusApplied, Binding: rec.Binding, Found: true}
 }
 
-func (tx *txn) instanceState(e *InstanceState) Result {
+func (tx *txn) instanceState(e InstanceState) Result {
 	s := tx.s
 	switch {
 	case e.Instance == "":
@@ -702,16 +695,16 @@ func (tx *txn) ownInstanceList() {
 	}
 }
 
-func (tx *txn) nodeInfo(e *NodeInfo) Result {
+func (tx *txn) nodeInfo(e NodeInfo) Result {
 	s := tx.s
 	if e.NodeID == "" {
 		return rejected("node info: empty node id")
 	}
 	if !tx.ownNodes {
-		s.nodes = append(make([]Node, 0, len(s.nodes)+1), s.nodes...)
+		s.nodes = append(make([]Edge, 0, len(s.nodes)+1), s.nodes...)
 		tx.ownNodes = true
 	}
-	rec := Node{ID: e.NodeID, Version: e.Version, MaxFeatureLevel: e.MaxFeatureLevel, Since: s.time}
+	rec := Edge{ID: e.NodeID, Version: e.Version, MaxFeatureLevel: e.MaxFeatureLevel, Since: s.time}
 	i, exists := findNode(s.nodes, e.NodeID)
 	if exists {
 		old := s.nodes[i]
@@ -723,7 +716,7 @@ func (tx *txn) nodeInfo(e *NodeInfo) Result {
 		s.digest.sub(&d)
 		s.nodes[i] = rec
 	} else {
-		s.nodes = append(s.nodes, Node{})
+		s.nodes = append(s.nodes, Edge{})
 		copy(s.nodes[i+1:], s.nodes[i:])
 		s.nodes[i] = rec
 	}
@@ -733,7 +726,7 @@ func (tx *txn) nodeInfo(e *NodeInfo) Result {
 	return Result{Status: StatusApplied}
 }
 
-func (tx *txn) link(e *Link) Result {
+func (tx *txn) link(e Link) Result {
 	s := tx.s
 	switch {
 	case e.Child == "":

@@ -353,7 +353,7 @@ func TestInstancesAndNodesSorted(t *testing.T) {
 	}
 	h.one(5, NodeInfo{NodeID: "edge-a", Version: "v2", MaxFeatureLevel: 1})
 	s := h.m.State()
-	ins, nodes := s.Instances(), s.Nodes()
+	ins, nodes := s.Instances(), s.Edges()
 	if len(ins) != 3 || ins[0].ID != "a" || ins[2].ID != "c" || len(nodes) != 3 || nodes[0].ID != "edge-a" || nodes[0].Version != "v2" || nodes[0].Since != 5 || nodes[1].Since != 1 {
 		t.Fatalf("instances %+v nodes %+v", ins, nodes)
 	}

@@ -70,8 +70,8 @@ type ParentLink struct {
 	LastUsed  int64
 }
 
-// Node is an edge as advertised by its NodeInfo events.
-type Node struct {
+// Edge is an edge as advertised by its NodeInfo events.
+type Edge struct {
 	ID              string
 	Version         string
 	MaxFeatureLevel uint32

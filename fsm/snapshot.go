@@ -9,6 +9,8 @@ import (
 	"io"
 	"slices"
 	"unsafe"
+
+	"github.com/tether-project/tether/internal/binread"
 )
 
 // Snapshot stream layout (details in DESIGN.md):
@@ -267,12 +269,12 @@ func (e *SnapshotError) Error() string {
 }
 
 func (sr *snapReader) errorf(format string, args ...any) error {
-	return &SnapshotError{Offset: sr.streamAt + int64(sr.r.off), Msg: fmt.Sprintf(format, args...)}
+	return &SnapshotError{Offset: sr.streamAt + int64(sr.r.Off), Msg: fmt.Sprintf(format, args...)}
 }
 
 // decodeErr converts a failure of the chunk decoder to a SnapshotError.
 func (sr *snapReader) decodeErr() error {
-	return &SnapshotError{Offset: sr.streamAt + int64(sr.r.err.Offset), Msg: sr.r.err.Msg}
+	return &SnapshotError{Offset: sr.streamAt + int64(sr.r.Err.Offset), Msg: sr.r.Err.Msg}
 }
 
 func (sr *snapReader) readFull(b []byte, what string) error {
@@ -290,10 +292,10 @@ func (sr *snapReader) readFull(b []byte, what string) error {
 // record prepares the next record: it loads the next chunk when the current
 // one is used up. what names the record for the truncation message.
 func (sr *snapReader) record(what string) error {
-	if sr.r.err != nil {
+	if sr.r.Failed() {
 		return sr.decodeErr()
 	}
-	if sr.r.remaining() > 0 {
+	if sr.r.Remaining() > 0 {
 		return nil
 	}
 	if sr.ended {
@@ -316,7 +318,7 @@ func (sr *snapReader) record(what string) error {
 	if n > snapshotChunkMax {
 		return &SnapshotError{Offset: sr.read, Msg: fmt.Sprintf("chunk %d claims %d bytes, more than the %d-byte limit", sr.chunk+1, n, snapshotChunkMax)}
 	}
-	buf := sr.r.buf
+	buf := sr.r.Buf
 	if uint64(cap(buf)) < n+4 {
 		buf = make([]byte, n+4)
 	}
@@ -330,7 +332,7 @@ func (sr *snapReader) record(what string) error {
 	if got, want := crc32.Checksum(body, crcTable), binary.LittleEndian.Uint32(buf[n:]); got != want {
 		return &SnapshotError{Offset: sr.streamAt, Msg: fmt.Sprintf("chunk %d checksum mismatch (CRC-32C %08x, recorded %08x): the snapshot is corrupt", sr.chunk, got, want)}
 	}
-	sr.r = reader{buf: body}
+	sr.r = reader{binread.Reader{Buf: body}}
 	return nil
 }
 
@@ -350,20 +352,20 @@ func (bc byteCounter) ReadByte() (byte, error) {
 
 func (sr *snapReader) ref(what string) string {
 	r := &sr.r
-	at := r.off
-	id := r.uvarint(what)
-	if r.err != nil {
+	at := r.Off
+	id := r.Uvarint(what)
+	if r.Failed() {
 		return ""
 	}
 	if id == 0 {
 		s := r.str(what)
-		if r.err == nil && len(sr.intern) < snapshotInternMax {
+		if !r.Failed() && len(sr.intern) < snapshotInternMax {
 			sr.intern = append(sr.intern, s)
 		}
 		return s
 	}
 	if id > uint64(len(sr.intern)) {
-		r.off = at
+		r.Off = at
 		r.fail("%s: string reference %d, only %d strings interned", what, id, len(sr.intern))
 		return ""
 	}
@@ -375,8 +377,8 @@ func (sr *snapReader) count(what string) (uint64, error) {
 	if err := sr.record(what + " count"); err != nil {
 		return 0, err
 	}
-	n := sr.r.uvarint(what + " count")
-	if sr.r.err != nil {
+	n := sr.r.Uvarint(what + " count")
+	if sr.r.Failed() {
 		return 0, sr.decodeErr()
 	}
 	return n, nil
@@ -446,21 +448,21 @@ func (sr *snapReader) readHeader(s *State, version byte) (recorded [32]byte, nIn
 		return recorded, 0, err
 	}
 	rd := &sr.r
-	s.index = rd.uvarint("index")
-	s.time = rd.varint("time")
-	s.featureLevel = rd.uint32v("feature level")
-	s.maxBindings = rd.uvarint("max bindings")
+	s.index = rd.Uvarint("index")
+	s.time = rd.Varint("time")
+	s.featureLevel = rd.Uint32("feature level")
+	s.maxBindings = rd.Uvarint("max bindings")
 	if version >= 2 {
-		s.uniqueEpochsFrom = rd.uvarint("unique epochs from")
+		s.uniqueEpochsFrom = rd.Uvarint("unique epochs from")
 	}
-	copy(recorded[:], rd.bytes(32, "state hash"))
+	copy(recorded[:], rd.Bytes(32, "state hash"))
 	for i := range s.counters.scalars {
-		s.counters.scalars[i] = rd.uvarint("counter")
+		s.counters.scalars[i] = rd.Uvarint("counter")
 	}
 	readReasonCounts(rd, &s.counters.evictions, "eviction counters")
 	readReasonCounts(rd, &s.counters.overflows, "overflow counters")
-	nInstances = rd.uvarint("instance count")
-	if rd.err != nil {
+	nInstances = rd.Uvarint("instance count")
+	if rd.Failed() {
 		return recorded, 0, sr.decodeErr()
 	}
 	if s.maxBindings == 0 {
@@ -486,7 +488,7 @@ func (sr *snapReader) eachRecord(n uint64, what string, read func(i uint64) erro
 // added turns a record's decode error or the builder's refusal into a
 // SnapshotError.
 func (sr *snapReader) added(err error, format string, args ...any) error {
-	if sr.r.err != nil {
+	if sr.r.Failed() {
 		return sr.decodeErr()
 	}
 	if err != nil {
@@ -498,7 +500,7 @@ func (sr *snapReader) added(err error, format string, args ...any) error {
 func (sr *snapReader) readInstances(b *stateBuilder, n uint64) error {
 	return sr.eachRecord(n, "an instance", func(uint64) error {
 		in := readInstance(&sr.r)
-		if sr.r.err != nil {
+		if sr.r.Failed() {
 			return sr.decodeErr()
 		}
 		return sr.added(b.addInstance(in), "")
@@ -512,7 +514,7 @@ func (sr *snapReader) readNodes(b *stateBuilder) error {
 	}
 	return sr.eachRecord(n, "a node", func(uint64) error {
 		nd := readNode(&sr.r)
-		if sr.r.err != nil {
+		if sr.r.Failed() {
 			return sr.decodeErr()
 		}
 		return sr.added(b.addNode(nd), "")
@@ -538,7 +540,7 @@ func (sr *snapReader) readBindings(b *stateBuilder, version byte) error {
 			return err
 		}
 		x, flags := sr.readBinding(prevUsed)
-		if sr.r.err != nil {
+		if sr.r.Failed() {
 			return sr.decodeErr()
 		}
 		if flags&^known != 0 {
@@ -560,8 +562,8 @@ func (sr *snapReader) readBindings(b *stateBuilder, version byte) error {
 func (sr *snapReader) readBinding(prevUsed int64) (Binding, uint8) {
 	rd := &sr.r
 	var x Binding
-	x.Fleet = Fleet(rd.u8("binding fleet"))
-	flags := rd.u8("binding flags")
+	x.Fleet = Fleet(rd.U8("binding fleet"))
+	flags := rd.U8("binding flags")
 	// A short key is copied into its record by addBinding (newBindingRec),
 	// so it is read as a view of the chunk instead of being allocated once
 	// more only to become garbage.
@@ -576,13 +578,13 @@ func (sr *snapReader) readBinding(prevUsed int64) (Binding, uint8) {
 		x.ConversationID = rd.str("binding conversation id")
 	}
 	x.Instance = sr.ref("binding instance")
-	x.Epoch = rd.uvarint("binding epoch")
+	x.Epoch = rd.Uvarint("binding epoch")
 	if flags&snapHasRank != 0 {
-		x.Rank = rd.uint32v("binding rank")
+		x.Rank = rd.Uint32("binding rank")
 		x.HasRank = true
 	}
-	x.LastUsed = prevUsed + rd.varint("binding last use")
-	x.BoundAt = x.LastUsed - rd.varint("binding bound-at")
+	x.LastUsed = prevUsed + rd.Varint("binding last use")
+	x.BoundAt = x.LastUsed - rd.Varint("binding bound-at")
 	x.Decision = readDecisionWith(rd, sr.ref)
 	return x, flags
 }
@@ -598,9 +600,9 @@ func (sr *snapReader) readLinks(b *stateBuilder) error {
 		l.Child = rd.str("link child")
 		l.Parent = sr.ref("link parent")
 		l.Root = sr.ref("link root")
-		l.Depth = rd.u8("link depth")
-		l.CreatedAt = rd.varint("link created-at")
-		l.LastUsed = rd.varint("link last use")
+		l.Depth = rd.U8("link depth")
+		l.CreatedAt = rd.Varint("link created-at")
+		l.LastUsed = rd.Varint("link last use")
 		return sr.added(b.addLink(l), "link %d: ", i+1)
 	})
 }
@@ -617,7 +619,7 @@ func (sr *snapReader) readDedup(b *stateBuilder) error {
 		}
 		err = sr.eachRecord(n, "a proposal id", func(uint64) error {
 			var id ProposalID
-			copy(id[:], sr.r.bytes(proposalIDBytes, "proposal id"))
+			copy(id[:], sr.r.Bytes(proposalIDBytes, "proposal id"))
 			return sr.added(b.addDedup(gen, id), "")
 		})
 		if err != nil {
@@ -630,8 +632,8 @@ func (sr *snapReader) readDedup(b *stateBuilder) error {
 // readEnd checks that the last section used up the stream: no bytes left in
 // the last chunk and the end marker next.
 func (sr *snapReader) readEnd() error {
-	if sr.r.remaining() != 0 {
-		return sr.errorf("%d unexpected bytes after the last record", sr.r.remaining())
+	if sr.r.Remaining() != 0 {
+		return sr.errorf("%d unexpected bytes after the last record", sr.r.Remaining())
 	}
 	var end [1]byte
 	if err := sr.readFull(end[:], "the end marker"); err != nil {
@@ -645,31 +647,31 @@ func (sr *snapReader) readEnd() error {
 
 func readReasonCounts(r *reader, counts *[256]uint64, what string) {
 	n := r.count(what, 2)
-	for i := 0; i < n && r.err == nil; i++ {
-		reason := r.u8(what)
-		counts[reason] = r.uvarint(what)
+	for i := 0; i < n && !r.Failed(); i++ {
+		reason := r.U8(what)
+		counts[reason] = r.Uvarint(what)
 	}
 }
 
 func readInstance(r *reader) Instance {
 	var in Instance
 	in.ID = r.str("instance id")
-	in.Fleet = Fleet(r.u8("instance fleet"))
+	in.Fleet = Fleet(r.U8("instance fleet"))
 	in.URL = r.str("instance url")
-	in.Status = InstanceStatus(r.u8("instance status"))
+	in.Status = InstanceStatus(r.U8("instance status"))
 	in.Version = r.str("instance version")
-	in.FeatureLevel = r.uint32v("instance feature level")
-	in.Ranks = r.uint32v("instance ranks")
-	in.Since = r.varint("instance since")
+	in.FeatureLevel = r.Uint32("instance feature level")
+	in.Ranks = r.Uint32("instance ranks")
+	in.Since = r.Varint("instance since")
 	return in
 }
 
-func readNode(r *reader) Node {
-	var n Node
+func readNode(r *reader) Edge {
+	var n Edge
 	n.ID = r.str("node id")
 	n.Version = r.str("node version")
-	n.MaxFeatureLevel = r.uint32v("node max feature level")
-	n.Since = r.varint("node since")
+	n.MaxFeatureLevel = r.Uint32("node max feature level")
+	n.Since = r.Varint("node since")
 	return n
 }
 
@@ -709,7 +711,7 @@ func (b *stateBuilder) addInstance(in Instance) error {
 	return nil
 }
 
-func (b *stateBuilder) addNode(n Node) error {
+func (b *stateBuilder) addNode(n Edge) error {
 	s := b.s
 	if n.ID == "" {
 		return errors.New("node with an empty id")

@@ -26,7 +26,7 @@ type State struct {
 	roots    pmap[*rootRec]    // root -> its children, sorted
 
 	instances []Instance // sorted by ID; copied on write
-	nodes     []Node     // sorted by ID; copied on write
+	nodes     []Edge     // sorted by ID; copied on write
 
 	featureLevel uint32
 	// uniqueEpochsFrom is the index of the entry that committed feature
@@ -191,14 +191,14 @@ func instanceDigest(scratch []byte, in *Instance) ([32]byte, []byte) {
 	return sha256.Sum256(scratch), scratch
 }
 
-func appendNode(b []byte, n *Node) []byte {
+func appendNode(b []byte, n *Edge) []byte {
 	b = appendString(b, n.ID)
 	b = appendString(b, n.Version)
 	b = appendUvarint(b, uint64(n.MaxFeatureLevel))
 	return appendVarint(b, n.Since)
 }
 
-func nodeDigest(scratch []byte, n *Node) ([32]byte, []byte) {
+func nodeDigest(scratch []byte, n *Edge) ([32]byte, []byte) {
 	scratch = appendNode(append(scratch[:0], recNode), n)
 	return sha256.Sum256(scratch), scratch
 }
@@ -294,15 +294,15 @@ func findInstance(list []Instance, id string) (int, bool) {
 	return slices.BinarySearchFunc(list, id, func(in Instance, id string) int { return strings.Compare(in.ID, id) })
 }
 
-func findNode(list []Node, id string) (int, bool) {
-	return slices.BinarySearchFunc(list, id, func(n Node, id string) int { return strings.Compare(n.ID, id) })
+func findNode(list []Edge, id string) (int, bool) {
+	return slices.BinarySearchFunc(list, id, func(n Edge, id string) int { return strings.Compare(n.ID, id) })
 }
 
 // Instances lists every instance record, sorted by ID (a copy).
 func (s *State) Instances() []Instance { return slices.Clone(s.instances) }
 
-// Nodes lists every edge that advertised itself, sorted by ID (a copy).
-func (s *State) Nodes() []Node { return slices.Clone(s.nodes) }
+// Edges lists every edge that advertised itself, sorted by ID (a copy).
+func (s *State) Edges() []Edge { return slices.Clone(s.nodes) }
 
 // FeatureLevel is the committed cluster feature level (0 before any
 // ClusterFeatures event).

@@ -49,7 +49,7 @@ func TestRouteBoundConditions(t *testing.T) {
 		{"unhealthy", func(v *InstanceView) { v.Healthy = false }, false, ActionOverflow, fsm.OverflowUnhealthy},
 		{"unknown to this edge", nil, true, ActionOverflow, fsm.OverflowUnhealthy},
 		// An open breaker stops crediting the cache; it never moves a
-		// bound key by itself (issue 13, D3).
+		// bound key by itself.
 		{"circuit open stays", func(v *InstanceView) { v.CacheDegraded = true }, false, ActionSticky, 0},
 	}
 	for _, c := range cases {
@@ -465,7 +465,7 @@ func TestWeighMovesOnlyWhenAnotherScoresBetter(t *testing.T) {
 
 // The cache a bound key can use is on the rank its worker reported: a copy
 // of the prompt on another rank of the same instance gives it no hit, so
-// it does not keep the key there (issue 17, item 7).
+// it does not keep the key there.
 func TestCacheLostJudgesTheBindingsRank(t *testing.T) {
 	prompt := blocks(4, 100)
 	r := mustRouter(t, nil)

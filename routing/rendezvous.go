@@ -1,5 +1,7 @@
 package routing
 
+import "github.com/tether-project/tether/internal/hash64"
+
 // Rendezvous (highest-random-weight) hashing: every (key, instance) pair gets
 // a pseudo-random weight and the key goes to the instance with the highest
 // one. Every edge computes the same weights without coordination, keys
@@ -8,33 +10,8 @@ package routing
 // (FNV-1a then a SplitMix64 finalizer): changing it moves every degraded-mode
 // and tie-broken placement, so it is part of the routing contract.
 
-const (
-	fnvOffset64 = 14695981039346656037
-	fnvPrime64  = 1099511628211
-)
-
-func fnv1a(s string) uint64 {
-	h := uint64(fnvOffset64)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= fnvPrime64
-	}
-	return h
-}
-
-// mix64 is the SplitMix64 finalizer: a bijection that spreads every input
-// bit over the output.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
-
 // KeyHash is the rendezvous hash of a routing key.
-func KeyHash(key string) uint64 { return mix64(fnv1a(key)) }
+func KeyHash(key string) uint64 { return hash64.Mix64(hash64.FNV1a(key)) }
 
 // SpreadFor derives the tie-break value of an unkeyed request from something
 // unique to it (its request id), so unkeyed requests spread too.
@@ -43,7 +20,7 @@ func SpreadFor(requestID string) uint64 { return KeyHash(requestID) }
 // rendezvousWeight is the weight of instance id for a key whose KeyHash is
 // keyHash.
 func rendezvousWeight(keyHash uint64, id string) uint64 {
-	return mix64(keyHash ^ mix64(fnv1a(id)+0x9e3779b97f4a7c15))
+	return hash64.Mix64(keyHash ^ hash64.Mix64(hash64.FNV1a(id)+0x9e3779b97f4a7c15))
 }
 
 // Rendezvous returns the instance among ids that key maps to ("" when ids

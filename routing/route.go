@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/hash64"
 	"github.com/tether-project/tether/routing/kvindex"
 )
 
@@ -210,7 +211,7 @@ func (r *Router) tierOf(v *InstanceView) tier {
 // key by itself. A bound key's own cache is judged by the cache-lost rule
 // (overflow.cache_lost_below), which looks at the key's prompt; the breaker
 // measures the whole instance, and a flapping breaker moved keys back and
-// forth with reason circuit_open (issue 13, D3).
+// forth with reason circuit_open.
 func (r *Router) Condition(v *InstanceView) fsm.OverflowReason {
 	switch {
 	case v == nil || !v.Healthy:
@@ -655,7 +656,7 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) Route {
 	if req.Priority == PriorityBackground {
 		cacheWeight *= w.BackgroundCacheFactor
 	}
-	rk := ranker{in: in, fleet: req.Fleet, keyHash: mix64(req.Spread)}
+	rk := ranker{in: in, fleet: req.Fleet, keyHash: hash64.Mix64(req.Spread)}
 	if req.Key != "" {
 		rk.keyHash = KeyHash(req.Key)
 		rk.useBindings = r.cfg.Type.Binds() && in.Bindings != nil

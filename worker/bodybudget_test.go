@@ -12,8 +12,7 @@ import (
 // max_inflight_body_bytes: while one large body holds the budget (its
 // bytes reserved on arrival, the rest not sent yet), another is refused
 // with 429, Retry-After and an OpenAI error before it is read; once the
-// first is sent it is served. Before the budget, both were read whole
-// (issue 13, D4).
+// first is sent it is served. Without the budget, both were read whole.
 func TestInflightBodyBudgetRefusesWith429(t *testing.T) {
 	cfg := testConfig("ctx-bodies")
 	cfg.MaxBodyBytes, cfg.MaxInflightBodyBytes = 64<<10, 100<<10

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
-	"gopkg.in/yaml.v3"
 
 	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/internal/yamlconf"
@@ -72,7 +71,10 @@ type Config struct {
 	TLS    ServerTLSConfig `yaml:"tls"`  // the HTTP listener's transport security (worker/tls.go)
 
 	TelemetryInterval time.Duration `yaml:"telemetry_interval"` // (default 100ms)
-	LegacyMode        bool          `yaml:"legacy_mode"`        // ignore sub-agent headers, advertise no hint support
+	// IgnoreSubagentHints ignores the sub-agent affinity headers and
+	// advertises no hint support (verifies_hints: false), as a worker
+	// predating hints behaves; its former spelling is legacy_mode.
+	IgnoreSubagentHints bool `yaml:"ignore_subagent_hints" was:"legacy_mode"`
 
 	MaxBodyBytes int64 `yaml:"max_body_bytes"` // (default 32 MiB)
 	// MaxInflightBodyBytes is max_inflight_body_bytes: the request-body
@@ -105,6 +107,10 @@ type Config struct {
 	// EngineOverride, if set, is used instead of building Engine from the
 	// engine section (tests, tether dev). The server closes it.
 	EngineOverride engine.Engine `yaml:"-"`
+
+	// doc is the file the configuration was read from: where each key
+	// stands, for the lines of validation errors.
+	doc *yamlconf.Doc
 }
 
 // EngineConfig is the engine section.
@@ -163,9 +169,11 @@ type KVEventsConfig struct {
 	PollInterval    time.Duration `yaml:"poll_interval"`    // trtllm polling (default 200ms)
 }
 
-// NATSConfig is the nats section (its UnmarshalYAML takes url or urls).
+// NATSConfig is the nats section.
 type NATSConfig struct {
-	URLs         []string  `yaml:"-"` // url (one, or several separated by commas) or urls (a list)
+	// URLs are the servers (the edge's nats.urls); the former key url
+	// took one, or several separated by commas.
+	URLs         []string  `yaml:"urls" was:"url"`
 	User         string    `yaml:"user"`
 	Password     string    `yaml:"password"` // (or env TETHER_NATS_PASSWORD)
 	Token        string    `yaml:"token"`    // (or env TETHER_NATS_TOKEN)
@@ -176,40 +184,6 @@ type NATSConfig struct {
 
 // Enabled reports whether a NATS server is configured.
 func (n NATSConfig) Enabled() bool { return len(n.URLs) > 0 }
-
-// UnmarshalYAML reads the nats section, whose server is given as url (one,
-// or several separated by commas) or urls (a list), not both.
-func (n *NATSConfig) UnmarshalYAML(node *yaml.Node) error {
-	type plain NATSConfig
-	file := struct {
-		Rest plain    `yaml:",inline"`
-		URL  string   `yaml:"url"`
-		URLs []string `yaml:"urls"`
-	}{Rest: plain(*n)}
-	if err := yamlconf.DecodeNode(node, &file); err != nil {
-		return err
-	}
-	if file.URL != "" && len(file.URLs) > 0 {
-		line := node.Line
-		for i := 0; i+1 < len(node.Content); i += 2 {
-			if node.Content[i].Value == "url" {
-				line = node.Content[i].Line
-			}
-		}
-		return yamlconf.Errors{{Path: "url", Line: line, Msg: "set url or urls, not both"}}
-	}
-	*n = NATSConfig(file.Rest)
-	if len(file.URLs) > 0 {
-		n.URLs = file.URLs
-	}
-	if file.URL != "" {
-		n.URLs = strings.Split(file.URL, ",")
-		for i := range n.URLs {
-			n.URLs[i] = strings.TrimSpace(n.URLs[i])
-		}
-	}
-	return nil
-}
 
 // TLSConfig is nats.tls.
 type TLSConfig struct {
@@ -334,10 +308,12 @@ func (c *Config) AuthKeys() [][]byte {
 	return keys
 }
 
-// Validate checks every value, naming the offending key, section by
-// section; it only reads (the defaults are defaultConfig, the base a file
-// is decoded over). The first problem is returned.
+// Validate checks every value, section by section; it only reads (the
+// defaults are defaultConfig, the base a file is decoded over). Each
+// section reports its first problem, as "key.path, line N: message" (the
+// line of the key in the file parseConfig read).
 func (c *Config) Validate() error {
+	p := yamlconf.NewProblems(c.doc)
 	for _, check := range []func() error{
 		c.validateIdentity,
 		c.validateLoRA,
@@ -348,11 +324,15 @@ func (c *Config) Validate() error {
 		func() error { return c.TLS.validate(c.AdvertiseURL) },
 		c.validateLimits,
 	} {
-		if err := check(); err != nil {
-			return err
-		}
+		p.AddError("", check())
 	}
-	return nil
+	return p.Err()
+}
+
+// Deprecated lists the former spellings of keys the file used, as
+// warnings to log.
+func (c *Config) Deprecated() []string {
+	return c.doc.Warnings()
 }
 
 // validateIdentity: who the worker is, where it listens, what it serves.
@@ -651,7 +631,7 @@ func (n *NATSConfig) validate() error {
 		return errors.New("nats.tls.cert_file: cert_file and key_file go together")
 	}
 	if !n.Enabled() && (auth > 0 || n.TLS != (TLSConfig{})) {
-		return errors.New("nats.url: credentials or TLS given without a server URL")
+		return errors.New("nats.urls: credentials or TLS given without a server URL")
 	}
 	return nil
 }
@@ -669,12 +649,14 @@ func checkHTTPURL(s string) error {
 // naming the key path and line). Validation of values is Validate's job.
 func parseConfig(data []byte) (Config, error) {
 	cfg := defaultConfig()
-	if err := yamlconf.Decode(data, &cfg); err != nil {
+	doc, err := yamlconf.DecodeDoc(data, &cfg)
+	if err != nil {
 		if errors.Is(err, yamlconf.ErrEmpty) {
 			return Config{}, errors.New("empty configuration (instance_id and model are required)")
 		}
 		return Config{}, err
 	}
+	cfg.doc = doc
 	return cfg, nil
 }
 

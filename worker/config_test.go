@@ -3,6 +3,7 @@ package worker
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -139,48 +140,48 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"unknown nats tls key", base + "nats:\n  url: nats://h:4222\n  tls:\n    pin: x\n", "nats.tls.pin, line 6: unknown key"},
 		{"duplicate key", base + "model: n\n", "model, line 3: duplicate key (first given on line 2)"},
 		{"missing instance", "model: m\n", "instance_id: instance id is empty"},
-		{"bad instance", "instance_id: a.b\nmodel: m\n", "instance_id: instance id \"a.b\""},
+		{"bad instance", "instance_id: a.b\nmodel: m\n", "instance_id, line 1: instance id \"a.b\""},
 		{"missing model", "instance_id: w1\n", "model: required"},
 		{"placement", base + "enable_attention_dp: true\nattention_dp_config:\n  kv_cache_routing_new_conv_placement: fastest\n",
-			`attention_dp_config.kv_cache_routing_new_conv_placement: unknown value "fastest" (allowed: round_robin, least_tokens, least_queued, kv_aware)`},
-		{"fleet", base + "fleet: prefill\n", `fleet: unknown value "prefill" (want context or generation)`},
-		{"role", base + "server_role: decode\n", `server_role: unknown value "decode"`},
+			`attention_dp_config.kv_cache_routing_new_conv_placement, line 5: unknown value "fastest" (allowed: round_robin, least_tokens, least_queued, kv_aware)`},
+		{"fleet", base + "fleet: prefill\n", `fleet, line 3: unknown value "prefill" (want context or generation)`},
+		{"role", base + "server_role: decode\n", `server_role, line 3: unknown value "decode"`},
 		{"port type", base + "port: eighty\n", `port, line 3: want an integer, got "eighty"`},
-		{"port range", base + "port: 70000\n", "port: 70000 out of range"},
+		{"port range", base + "port: 70000\n", "port, line 3: 70000 out of range"},
 		{"bool type", base + "legacy_mode: maybe\n", `legacy_mode, line 3: want true or false, got "maybe"`},
 		{"section type", base + "engine: sim\n", `engine, line 3: want a mapping of keys, got "sim"`},
 		{"list type", base + "previous_internal_request_auth_keys: onekey-0123456789abc\n", "previous_internal_request_auth_keys, line 3: want a list of strings"},
 		{"duration type", base + "telemetry_interval: 100\n", `telemetry_interval, line 3: want a duration such as "100ms" or "2s", got "100"`},
-		{"duration value", base + "telemetry_interval: 0s\n", "telemetry_interval: 0s out of range"},
-		{"short key", base + "internal_request_auth_key: short\n", "internal_request_auth_key: 5 bytes is too short"},
-		{"short previous key", base + "internal_request_auth_key: current-key-0123456789\nprevious_internal_request_auth_keys: [old]\n", "previous_internal_request_auth_keys[0]: 3 bytes is too short"},
-		{"previous without current", base + "previous_internal_request_auth_keys: [previous-key-0123456789]\n", "previous_internal_request_auth_keys: set internal_request_auth_key too"},
-		{"ranks without adp", base + "ranks: 4\n", "ranks: 4 ranks need enable_attention_dp: true"},
-		{"ranks disagree", base + "enable_attention_dp: true\nranks: 4\nattention_dp_config:\n  ranks: 2\n", "ranks: 4 disagrees with attention_dp_config.ranks 2"},
-		{"negative sessions", base + "enable_attention_dp: true\nattention_dp_config:\n  max_sessions: -1\n", "attention_dp_config.max_sessions: must not be negative"},
-		{"engine type", base + "engine:\n  type: gpu\n", `engine.type: unknown value "gpu" (want sim or proxy)`},
-		{"block size", base + "engine:\n  block_size: 0\n", "engine.block_size: 0 out of range"},
-		{"capacity", base + "engine:\n  capacity_blocks: -5\n", "engine.capacity_blocks: -5 out of range"},
-		{"prefill rate", base + "engine:\n  prefill_tokens_per_second: 0\n", "engine.prefill_tokens_per_second: must be positive"},
-		{"time scale", base + "engine:\n  time_scale: -1\n", "engine.time_scale: -1 out of range"},
+		{"duration value", base + "telemetry_interval: 0s\n", "telemetry_interval, line 3: 0s out of range"},
+		{"short key", base + "internal_request_auth_key: short\n", "internal_request_auth_key, line 3: 5 bytes is too short"},
+		{"short previous key", base + "internal_request_auth_key: current-key-0123456789\nprevious_internal_request_auth_keys: [old]\n", "previous_internal_request_auth_keys[0], line 4: 3 bytes is too short"},
+		{"previous without current", base + "previous_internal_request_auth_keys: [previous-key-0123456789]\n", "previous_internal_request_auth_keys, line 3: set internal_request_auth_key too"},
+		{"ranks without adp", base + "ranks: 4\n", "ranks, line 3: 4 ranks need enable_attention_dp: true"},
+		{"ranks disagree", base + "enable_attention_dp: true\nranks: 4\nattention_dp_config:\n  ranks: 2\n", "ranks, line 4: 4 disagrees with attention_dp_config.ranks 2"},
+		{"negative sessions", base + "enable_attention_dp: true\nattention_dp_config:\n  max_sessions: -1\n", "attention_dp_config.max_sessions, line 5: must not be negative"},
+		{"engine type", base + "engine:\n  type: gpu\n", `engine.type, line 4: unknown value "gpu" (want sim or proxy)`},
+		{"block size", base + "engine:\n  block_size: 0\n", "engine.block_size, line 4: 0 out of range"},
+		{"capacity", base + "engine:\n  capacity_blocks: -5\n", "engine.capacity_blocks, line 4: -5 out of range"},
+		{"prefill rate", base + "engine:\n  prefill_tokens_per_second: 0\n", "engine.prefill_tokens_per_second, line 4: must be positive"},
+		{"time scale", base + "engine:\n  time_scale: -1\n", "engine.time_scale, line 4: -1 out of range"},
 		{"float type", base + "engine:\n  time_scale: fast\n", `engine.time_scale, line 4: want a number, got "fast"`},
 		{"list item type", base + "engine:\n  type: proxy\n  upstreams: [\"http://h:1\", [x]]\n", "engine.upstreams[1], line 5: want a string, got a list"},
-		{"upstreams on sim", base + "engine:\n  upstreams: [http://h:1]\n", "engine.upstreams: only for engine.type proxy"},
-		{"proxy upstream count", base + "engine:\n  type: proxy\n", "engine.upstreams: 0 URLs for 1 ranks"},
-		{"proxy upstream url", base + "engine:\n  type: proxy\n  upstreams: [ftp://h]\n", `engine.upstreams[0]: "ftp://h" is not an absolute http(s) URL`},
-		{"nats url", base + "nats:\n  url: http://h:4222\n", `nats.urls[0]: "http://h:4222" is not a nats://`},
-		{"nats url and urls", base + "nats:\n  url: nats://a:1\n  urls: [nats://b:1]\n", "nats.url, line 4: set url or urls, not both"},
-		{"nats half auth", base + "nats:\n  url: nats://a:1\n  user: u\n", "nats.user: user and password go together"},
-		{"nats two auths", base + "nats:\n  url: nats://a:1\n  user: u\n  password: p\n  creds_file: /x\n", "nats: choose one of"},
-		{"nats auth without url", base + "nats:\n  user: u\n  password: p\n", "nats.url: credentials or TLS given without a server URL"},
-		{"advertise url", base + "advertise_url: ctx-0:8001\n", `advertise_url: "ctx-0:8001" is not an absolute http(s) URL`},
-		{"body limit", base + "max_body_bytes: 10\n", "max_body_bytes: 10 is too small"},
-		{"default above limit", base + "default_max_tokens: 50\nmax_tokens_limit: 10\n", "default_max_tokens: 50 out of range"},
-		{"negative concurrency", base + "max_concurrent_requests: -1\n", "max_concurrent_requests: must be 0 (no limit) or more"},
+		{"upstreams on sim", base + "engine:\n  upstreams: [http://h:1]\n", "engine.upstreams, line 4: only for engine.type proxy"},
+		{"proxy upstream count", base + "engine:\n  type: proxy\n", "engine.upstreams, line 3: 0 URLs for 1 ranks"},
+		{"proxy upstream url", base + "engine:\n  type: proxy\n  upstreams: [ftp://h]\n", `engine.upstreams[0], line 5: "ftp://h" is not an absolute http(s) URL`},
+		{"nats url", base + "nats:\n  url: http://h:4222\n", `nats.urls[0], line 4: "http://h:4222" is not a nats://`},
+		{"nats url and urls", base + "nats:\n  url: nats://a:1\n  urls: [nats://b:1]\n", "nats.urls, line 5: given twice, as url on line 4 and as urls"},
+		{"nats half auth", base + "nats:\n  url: nats://a:1\n  user: u\n", "nats.user, line 5: user and password go together"},
+		{"nats two auths", base + "nats:\n  url: nats://a:1\n  user: u\n  password: p\n  creds_file: /x\n", "nats, line 3: choose one of"},
+		{"nats auth without url", base + "nats:\n  user: u\n  password: p\n", "nats.urls, line 3: credentials or TLS given without a server URL"},
+		{"advertise url", base + "advertise_url: ctx-0:8001\n", `advertise_url, line 3: "ctx-0:8001" is not an absolute http(s) URL`},
+		{"body limit", base + "max_body_bytes: 10\n", "max_body_bytes, line 3: 10 is too small"},
+		{"default above limit", base + "default_max_tokens: 50\nmax_tokens_limit: 10\n", "default_max_tokens, line 3: 50 out of range"},
+		{"negative concurrency", base + "max_concurrent_requests: -1\n", "max_concurrent_requests, line 3: must be 0 (no limit) or more"},
 		{"concurrency type", base + "max_concurrent_requests: many\n", `max_concurrent_requests, line 3: want an integer, got "many"`},
-		{"read header timeout", base + "read_header_timeout: 1ms\n", "read_header_timeout: 1ms is too short"},
+		{"read header timeout", base + "read_header_timeout: 1ms\n", "read_header_timeout, line 3: 1ms is too short"},
 		{"idle timeout type", base + "idle_timeout: 30\n", `idle_timeout, line 3: want a duration such as "100ms" or "2s", got "30"`},
-		{"nats token and user", base + "nats:\n  url: nats://a:1\n  user: u\n  password: p\n  token: t\n", "nats: choose one of user/password, token"},
+		{"nats token and user", base + "nats:\n  url: nats://a:1\n  user: u\n  password: p\n  token: t\n", "nats, line 3: choose one of user/password, token"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -210,7 +211,7 @@ func TestLoadConfigAndEnv(t *testing.T) {
 		t.Fatalf("env did not override the file: %q", cfg.InternalRequestAuthKey)
 	}
 	t.Setenv(EnvInternalRequestAuthKey, "short")
-	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), "internal_request_auth_key: 5 bytes is too short") {
+	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), "internal_request_auth_key, line 3: 5 bytes is too short") {
 		t.Fatalf("short env key: %v", err)
 	}
 	if _, err := LoadConfig(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
@@ -283,5 +284,29 @@ func TestHintSignatureFormatsKey(t *testing.T) {
 	_, err = ParseConfig([]byte("instance_id: w1\nmodel: m\nhint_signature_formats: [trtllm, v2]\n"))
 	if err == nil || !strings.Contains(err.Error(), "hint_signature_formats[1]") {
 		t.Fatalf("unknown format: %v", err)
+	}
+}
+
+// The worker spells its settings as the edge does; the former spellings
+// still work, each with a warning naming the new key.
+func TestDeprecatedSpellings(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`instance_id: w1
+model: m
+legacy_mode: true
+nats:
+  url: nats://a:4222, nats://b:4222
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.IgnoreSubagentHints || len(cfg.NATS.URLs) != 2 || cfg.NATS.URLs[1] != "nats://b:4222" {
+		t.Fatalf("read as %+v %v", cfg.IgnoreSubagentHints, cfg.NATS.URLs)
+	}
+	want := []string{
+		"legacy_mode, line 3: deprecated spelling: write ignore_subagent_hints (read the same way for now)",
+		"nats.url, line 5: deprecated spelling: write nats.urls (read the same way for now)",
+	}
+	if got := cfg.Deprecated(); !slices.Equal(got, want) {
+		t.Fatalf("warnings\n%q\nwant\n%q", got, want)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/internal/bodybudget"
+	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/routing/convid"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/worker/adp"
@@ -160,11 +161,11 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
+// writeJSON and truncate are the shared JSON answer and message quoting.
+var (
+	writeJSON = httpjson.Write
+	truncate  = httpjson.Clip
+)
 
 // handleInference serves both completion endpoints.
 func (s *Server) handleInference(w http.ResponseWriter, r *http.Request, chat bool) {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/tether-project/tether/test/testhttp"
 )
 
 // zmq4's PUB writer goroutine outlives its socket (test/leakcheck says why).
@@ -60,13 +62,7 @@ func startServer(t testing.TB, cfg Config) *Server {
 	return s
 }
 
-// testClient is an HTTP client whose idle connections are closed at cleanup
-// (goleak would otherwise see their goroutines).
-func testClient(t testing.TB) *http.Client {
-	tr := &http.Transport{}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
-}
+func testClient(t testing.TB) *http.Client { return testhttp.Client(t, nil) }
 
 type response struct {
 	status int

@@ -485,13 +485,6 @@ func jsonTypeName(goType string) string {
 	return "an object"
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
-
 // Response shapes (OpenAI).
 
 type usage struct {

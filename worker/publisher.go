@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -140,7 +141,7 @@ func (p *publisher) start() error {
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(joinURLs(p.s.cfg.NATS.URLs), opts...)
+	nc, err := nats.Connect(strings.Join(p.s.cfg.NATS.URLs, ","), opts...)
 	if err != nil {
 		return fmt.Errorf("nats connect: %w", err)
 	}
@@ -151,17 +152,6 @@ func (p *publisher) start() error {
 	}
 	go p.loop()
 	return nil
-}
-
-func joinURLs(urls []string) string {
-	out := ""
-	for i, u := range urls {
-		if i > 0 {
-			out += ","
-		}
-		out += u
-	}
-	return out
 }
 
 func (p *publisher) connected() bool { return p.nc != nil && p.nc.IsConnected() }

@@ -118,6 +118,9 @@ func New(cfg Config) (*Server, error) {
 		s.log = slog.Default()
 	}
 	s.log = s.log.With("component", "worker", "instance", cfg.InstanceID)
+	for _, w := range cfg.Deprecated() {
+		s.log.Warn("config: " + w)
+	}
 	if s.tls, err = loadServerTLS(cfg.TLS); err != nil {
 		return nil, fmt.Errorf("worker: config: %w", err)
 	}
@@ -241,7 +244,7 @@ func (s *Server) start(ln net.Listener) error {
 		}
 	}()
 	s.log.Info("worker serving", "url", s.url, "fleet", s.cfg.Fleet, "role", s.cfg.ServerRole,
-		"ranks", s.ranks, "engine", s.engineType(), "legacy_mode", s.cfg.LegacyMode, "nats", s.cfg.NATS.Enabled())
+		"ranks", s.ranks, "engine", s.engineType(), "ignore_subagent_hints", s.cfg.IgnoreSubagentHints, "nats", s.cfg.NATS.Enabled())
 	return nil
 }
 
@@ -374,7 +377,7 @@ func (s *Server) enter() bool {
 }
 
 // verifiesHints reports whether this worker accepts signed sub-agent hints.
-func (s *Server) verifiesHints() bool { return !s.cfg.LegacyMode && len(s.keys) > 0 }
+func (s *Server) verifiesHints() bool { return !s.cfg.IgnoreSubagentHints && len(s.keys) > 0 }
 
 // blockSize is the KV block size the engine hashes prompts with.
 func (s *Server) blockSize() int { return s.cfg.Engine.BlockSize }

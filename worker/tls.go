@@ -14,7 +14,7 @@ import (
 // Transport security of the worker's HTTP listener (tls.mode).
 const (
 	// TLSModeMutual: the listener serves TLS with cert_file and requires
-	// (client_auth) certificates from ca_file.
+	// (http_client_auth) certificates from ca_file.
 	TLSModeMutual = "mutual"
 	// TLSModePlaintext: plain HTTP (a warning at startup). Hints stay
 	// signed, but prompts and answers cross the network in the clear and
@@ -22,7 +22,7 @@ const (
 	TLSModePlaintext = "plaintext"
 )
 
-// Client authentication on the listener (tls.client_auth).
+// Client authentication on the listener (tls.http_client_auth).
 const (
 	// ClientAuthRequire: the TLS handshake fails without a certificate
 	// from the CA (every endpoint, health and metrics included).
@@ -43,8 +43,8 @@ type ServerTLSConfig struct {
 	CAFile   string `yaml:"ca_file"`
 	CertFile string `yaml:"cert_file"`
 	KeyFile  string `yaml:"key_file"`
-	// ClientAuth is require (default) or verify_if_given.
-	ClientAuth string `yaml:"client_auth"`
+	// HTTPClientAuth is require (default) or verify_if_given.
+	HTTPClientAuth string `yaml:"http_client_auth" was:"client_auth"`
 	// AllowedClients are name patterns (a URI, DNS name or CN, with an
 	// optional trailing '*') one of which a client certificate must
 	// carry, e.g. spiffe://tether/edge/*; empty: any certificate from
@@ -66,10 +66,10 @@ func (t ServerTLSConfig) validate(advertiseURL string) error {
 				return fmt.Errorf("%s: required with tls.mode: mutual", f.key)
 			}
 		}
-		switch t.ClientAuth {
+		switch t.HTTPClientAuth {
 		case "", ClientAuthRequire, ClientAuthVerifyIfGiven:
 		default:
-			return fmt.Errorf("tls.client_auth: unknown value %q (allowed: require, verify_if_given)", t.ClientAuth)
+			return fmt.Errorf("tls.http_client_auth: unknown value %q (allowed: require, verify_if_given)", t.HTTPClientAuth)
 		}
 		for i, p := range t.AllowedClients {
 			if err := pki.ValidatePattern(p); err != nil {
@@ -85,8 +85,8 @@ func (t ServerTLSConfig) validate(advertiseURL string) error {
 				return fmt.Errorf("%s: set, but tls.mode is %q: certificates are used only with tls.mode: mutual", f.key, t.Mode)
 			}
 		}
-		if t.ClientAuth != "" || len(t.AllowedClients) > 0 {
-			return errors.New("tls.client_auth: client certificates need tls.mode: mutual")
+		if t.HTTPClientAuth != "" || len(t.AllowedClients) > 0 {
+			return errors.New("tls.http_client_auth: client certificates need tls.mode: mutual")
 		}
 	default:
 		return fmt.Errorf("tls.mode: unknown value %q (allowed: mutual, plaintext)", t.Mode)
@@ -109,7 +109,7 @@ func loadServerTLS(t ServerTLSConfig) (*workerTLS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tls.%w", err)
 	}
-	optional := t.ClientAuth == ClientAuthVerifyIfGiven
+	optional := t.HTTPClientAuth == ClientAuthVerifyIfGiven
 	auth := tls.RequireAndVerifyClientCert
 	if optional {
 		auth = tls.VerifyClientCertIfGiven
@@ -147,17 +147,17 @@ func (w *workerTLS) scheme() string {
 	return "https"
 }
 
-// guard, with client_auth verify_if_given, answers 401 on the API
+// guard, with http_client_auth verify_if_given, answers 401 on the API
 // endpoints to clients that presented no certificate (the handshake
 // already verified any certificate that was presented, and its names).
 func (w *workerTLS) guard(next http.Handler) http.Handler {
-	if w.server == nil || w.cfg.ClientAuth != ClientAuthVerifyIfGiven {
+	if w.server == nil || w.cfg.HTTPClientAuth != ClientAuthVerifyIfGiven {
 		return next
 	}
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/v1/") && (r.TLS == nil || len(r.TLS.VerifiedChains) == 0) {
 			writeAPIError(rw, newAPIError(http.StatusUnauthorized, "authentication_error", "client_certificate_required", "",
-				"%s needs a client certificate from the deployment's CA (tls.client_auth: verify_if_given)", truncate(r.URL.Path, 200)))
+				"%s needs a client certificate from the deployment's CA (tls.http_client_auth: verify_if_given)", truncate(r.URL.Path, 200)))
 			return
 		}
 		next.ServeHTTP(rw, r)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/cluster/pki"
+	"github.com/tether-project/tether/test/testhttp"
 )
 
 type tlsFixture struct {
@@ -46,9 +47,7 @@ func (f *tlsFixture) client(t *testing.T, leaf *pki.Leaf) *http.Client {
 	if leaf != nil {
 		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &leaf.TLS, nil }
 	}
-	tr := &http.Transport{TLSClientConfig: c}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	return testhttp.Client(t, c)
 }
 
 func TestTLSConfigKeys(t *testing.T) {
@@ -56,15 +55,20 @@ func TestTLSConfigKeys(t *testing.T) {
 	_, files := f.issue(t, "w1", pki.RoleWorker)
 	base := "instance_id: w1\nmodel: m\n"
 	mutual := base + "tls:\n  mode: mutual\n  ca_file: " + files.CA + "\n  cert_file: " + files.Cert + "\n  key_file: " + files.Key + "\n"
-	cfg, err := ParseConfig([]byte(mutual + "  client_auth: verify_if_given\n  allowed_clients: [\"spiffe://tether/edge/*\"]\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.TLS.Mode != TLSModeMutual || cfg.TLS.ClientAuth != ClientAuthVerifyIfGiven || len(cfg.TLS.AllowedClients) != 1 {
-		t.Fatalf("parsed %+v", cfg.TLS)
+	for _, key := range []string{"http_client_auth", "client_auth"} { // the edge's spelling, and the former one
+		cfg, err := ParseConfig([]byte(mutual + "  " + key + ": verify_if_given\n  allowed_clients: [\"spiffe://tether/edge/*\"]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.TLS.Mode != TLSModeMutual || cfg.TLS.HTTPClientAuth != ClientAuthVerifyIfGiven || len(cfg.TLS.AllowedClients) != 1 {
+			t.Fatalf("parsed %+v", cfg.TLS)
+		}
+		if d := cfg.Deprecated(); (key == "client_auth") != (len(d) == 1) {
+			t.Fatalf("%s: warnings %q", key, d)
+		}
 	}
 	// No tls section: plaintext with a warning; DefaultConfig states it.
-	cfg, err = ParseConfig([]byte(base))
+	cfg, err := ParseConfig([]byte(base))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,11 +87,11 @@ func TestTLSConfigKeys(t *testing.T) {
 		t.Fatalf("New with a missing certificate: %v", err)
 	}
 	cases := []struct{ name, yaml, want string }{
-		{"unknown mode", base + "tls: {mode: on}\n", "tls.mode: unknown value"},
-		{"mutual without files", base + "tls: {mode: mutual}\n", "tls.ca_file: required"},
-		{"files in plaintext mode", base + "tls: {mode: plaintext, ca_file: " + files.CA + "}\n", "tls.ca_file: set, but"},
-		{"client auth unknown", mutual + "  client_auth: sometimes\n", "tls.client_auth: unknown value"},
-		{"client auth without tls", base + "tls: {client_auth: require}\n", "tls.client_auth"},
+		{"unknown mode", base + "tls: {mode: on}\n", "tls.mode, line 3: unknown value"},
+		{"mutual without files", base + "tls: {mode: mutual}\n", "tls.ca_file, line 3: required"},
+		{"files in plaintext mode", base + "tls: {mode: plaintext, ca_file: " + files.CA + "}\n", "tls.ca_file, line 3: set, but"},
+		{"client auth unknown", mutual + "  http_client_auth: sometimes\n", "tls.http_client_auth, line 8: unknown value"},
+		{"client auth without tls", base + "tls: {http_client_auth: require}\n", "tls.http_client_auth, line 3: client certificates need tls.mode: mutual"},
 		{"bad pattern", mutual + "  allowed_clients: [\"a*b\"]\n", "tls.allowed_clients[0]"},
 		{"plaintext advertise URL", mutual + "advertise_url: http://w1:9000\n", "advertise_url"},
 		{"unknown key", base + "tls: {mode: plaintext, verify: true}\n", "tls.verify, line 3: unknown key"},
@@ -106,7 +110,7 @@ func startTLSServer(t *testing.T, f *tlsFixture, auth string, allowed ...string)
 	t.Helper()
 	_, files := f.issue(t, "w1", pki.RoleWorker)
 	cfg := testConfig("w1")
-	cfg.TLS = ServerTLSConfig{Mode: TLSModeMutual, CAFile: files.CA, CertFile: files.Cert, KeyFile: files.Key, ClientAuth: auth, AllowedClients: allowed}
+	cfg.TLS = ServerTLSConfig{Mode: TLSModeMutual, CAFile: files.CA, CertFile: files.Cert, KeyFile: files.Key, HTTPClientAuth: auth, AllowedClients: allowed}
 	s := startServer(t, cfg)
 	if !strings.HasPrefix(s.URL(), "https://") || s.TLSMode() != TLSModeMutual {
 		t.Fatalf("URL %s, mode %s", s.URL(), s.TLSMode())

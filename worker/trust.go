@@ -24,7 +24,7 @@ const (
 // verifyHint applies the trust rule of docs/subagent-routing.md to the sub-agent headers and
 // returns the affinity id to schedule by ("" for none).
 //
-//   - legacy_mode: the headers are ignored entirely (a worker predating
+//   - ignore_subagent_hints: the headers are ignored entirely (a worker predating
 //     sub-agent hints).
 //   - No server_role configured and an ordinary aggregated request: the
 //     headers are ignored; the request routes by its own conversation.
@@ -39,7 +39,7 @@ func (s *Server) verifyHint(h http.Header, p *parsedRequest) (string, *apiError)
 	if affinity == "" && sig == "" {
 		return "", nil
 	}
-	if s.cfg.LegacyMode {
+	if s.cfg.IgnoreSubagentHints {
 		s.metrics.hints.WithLabelValues(hintIgnored).Inc()
 		return "", nil
 	}

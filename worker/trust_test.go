@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/test/crosscheck"
 )
 
 const (
@@ -110,7 +111,7 @@ func TestHintSignatureCases(t *testing.T) {
 			cfg.ServerRole = tc.role
 			cfg.InternalRequestAuthKey = tc.key
 			cfg.PreviousInternalRequestAuthKeys = tc.prevKeys
-			cfg.LegacyMode = tc.legacy
+			cfg.IgnoreSubagentHints = tc.legacy
 			s := startServer(t, cfg)
 			extra := `"max_tokens":2`
 			switch tc.reqType {
@@ -277,6 +278,9 @@ func TestTRTLLMFormatHints(t *testing.T) {
 		"conversation_id": conv, "subagent_affinity_id": parent, "request_type": "context_only", "disagg_request_id": 7,
 	}
 	sig, fromPython := signTRTLLMInPython(t, testKey, payload)
+	if !fromPython && crosscheck.Required() {
+		t.Fatal("python3 is not installed, and CI requires the hint to be signed by it")
+	}
 	if !fromPython {
 		t.Log("python3 not installed: signing with routing/hintauth (checked against python3's output by the committed vectors)")
 		var err error

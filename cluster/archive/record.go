@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/binread"
 )
 
 // Record is one committed Raft log entry as the archive keeps it: the raw
@@ -63,14 +64,6 @@ func (r Record) Proposals() ([]fsm.RawProposal, error) {
 func (r Record) Keys() []fsm.FleetKey {
 	t := r.indexTerms()
 	return t.keys
-}
-
-// LinkRoots lists the roots of the record's Link events, deduplicated, in
-// first-seen order: the archive indexes Link events by root so that the
-// sub-agents of a key are found without a scan.
-func (r Record) LinkRoots() []string {
-	t := r.indexTerms()
-	return t.roots
 }
 
 // indexTerms is what the archive indexes a record under, from one decode
@@ -156,81 +149,12 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// recordDecoder reads the layout written by encodeRecord; it never panics
-// and reports the first problem with its offset.
-type recordDecoder struct {
-	b   []byte
-	off int
-	err error
-}
-
-func (d *recordDecoder) fail(msg string) {
-	if d.err == nil {
-		d.err = fmt.Errorf("offset %d: %s", d.off, msg)
+// readErr is r's failure as an error (nil when there is none).
+func readErr(r *binread.Reader) error {
+	if r.Err == nil {
+		return nil
 	}
-}
-
-func (d *recordDecoder) byte1() byte {
-	if d.err != nil {
-		return 0
-	}
-	if d.off >= len(d.b) {
-		d.fail("truncated")
-		return 0
-	}
-	v := d.b[d.off]
-	d.off++
-	return v
-}
-
-func (d *recordDecoder) u64() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	if len(d.b)-d.off < 8 {
-		d.fail("truncated")
-		return 0
-	}
-	v := binary.BigEndian.Uint64(d.b[d.off:])
-	d.off += 8
-	return v
-}
-
-func (d *recordDecoder) uvarint() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(d.b[d.off:])
-	if n <= 0 {
-		d.fail("bad varint")
-		return 0
-	}
-	d.off += n
-	return v
-}
-
-// count reads a length that must fit in what is left of the buffer given
-// each element takes at least minSize bytes (guards allocations).
-func (d *recordDecoder) count(minSize int) int {
-	v := d.uvarint()
-	if d.err != nil {
-		return 0
-	}
-	if v > uint64(len(d.b)-d.off)/uint64(minSize) {
-		d.fail("count exceeds data")
-		return 0
-	}
-	return int(v)
-}
-
-func (d *recordDecoder) str() string {
-	n := d.count(1)
-	if d.err != nil {
-		return ""
-	}
-	s := string(d.b[d.off : d.off+n])
-	d.off += n
-	return s
+	return r.Err
 }
 
 var errBadRecordVersion = errors.New("unsupported record version")
@@ -238,54 +162,54 @@ var errBadRecordVersion = errors.New("unsupported record version")
 // decodeRecord is the inverse of encodeRecord. Data aliases b (bbolt memory
 // is only valid inside its transaction: callers copy).
 func decodeRecord(index uint64, b []byte) (Record, int, error) {
-	d := &recordDecoder{b: b}
-	version := d.byte1()
-	if d.err == nil && version != recordVersion && version != recordVersionV1 {
+	d := binread.New(b)
+	version := d.U8("version")
+	if !d.Failed() && version != recordVersion && version != recordVersionV1 {
 		return Record{}, 0, fmt.Errorf("archive: record %d: %w %d", index, errBadRecordVersion, version)
 	}
 	r := Record{Index: index}
-	r.Time = int64(d.u64())
-	proposals := int(d.uvarint())
-	n := d.count(3)
+	r.Time = int64(d.Uint64BE("time"))
+	proposals := int(d.Uvarint("proposal count"))
+	n := d.Count("outcome count", 0, 3)
 	if n > 0 {
 		r.Outcomes = make([]Outcome, n)
 	}
-	for i := 0; i < n && d.err == nil; i++ {
+	for i := 0; i < n && !d.Failed(); i++ {
 		o := &r.Outcomes[i]
-		o.Status = fsm.Status(d.byte1())
-		o.Reason = d.str()
-		m := d.count(5)
+		o.Status = fsm.Status(d.U8("status"))
+		o.Reason = d.String("reason", 0)
+		m := d.Count("evicted count", 0, 5)
 		if m > 0 {
 			o.Evicted = make([]fsm.Evicted, m)
 		}
-		for j := 0; j < m && d.err == nil; j++ {
+		for j := 0; j < m && !d.Failed(); j++ {
 			e := &o.Evicted[j]
-			e.Fleet = fsm.Fleet(d.byte1())
-			e.Key = d.str()
-			e.Instance = d.str()
-			e.Epoch = d.uvarint()
-			e.Reason = fsm.EvictReason(d.byte1())
+			e.Fleet = fsm.Fleet(d.U8("evicted fleet"))
+			e.Key = d.String("evicted key", 0)
+			e.Instance = d.String("evicted instance", 0)
+			e.Epoch = d.Uvarint("evicted epoch")
+			e.Reason = fsm.EvictReason(d.U8("evicted reason"))
 		}
 		if version >= 2 {
-			o.Epoch = d.uvarint()
+			o.Epoch = d.Uvarint("epoch")
 		}
 	}
-	if d.err != nil {
-		return Record{}, 0, fmt.Errorf("archive: record %d: %w", index, d.err)
+	if err := readErr(d); err != nil {
+		return Record{}, 0, fmt.Errorf("archive: record %d: %w", index, err)
 	}
-	r.Data = b[d.off:]
+	r.Data = b[d.Off:]
 	return r, proposals, nil
 }
 
 // decodeRecordHeader reads only the time and proposal count.
 func decodeRecordHeader(b []byte) (t int64, proposals int, err error) {
-	d := &recordDecoder{b: b}
-	if v := d.byte1(); d.err == nil && v != recordVersion && v != recordVersionV1 {
+	d := binread.New(b)
+	if v := d.U8("version"); !d.Failed() && v != recordVersion && v != recordVersionV1 {
 		return 0, 0, fmt.Errorf("%w %d", errBadRecordVersion, v)
 	}
-	t = int64(d.u64())
-	proposals = int(d.uvarint())
-	return t, proposals, d.err
+	t = int64(d.Uint64BE("time"))
+	proposals = int(d.Uvarint("proposal count"))
+	return t, proposals, readErr(d)
 }
 
 func cloneRecord(r Record) Record {

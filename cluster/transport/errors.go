@@ -3,6 +3,8 @@ package transport
 import (
 	"errors"
 	"fmt"
+
+	"github.com/tether-project/tether/internal/binread"
 )
 
 // The errors a node reports to its callers and to its peers. They live here,
@@ -107,16 +109,16 @@ func encodeError(err error) (byte, []byte) {
 
 // decodeError is the client side of encodeError.
 func decodeError(addr string, code byte, payload []byte) error {
-	r := &wireReader{b: payload}
-	msg := r.str()
-	if r.err() != nil {
+	r := binread.New(payload)
+	msg := r.String("message", 0)
+	if r.Failed() {
 		msg = fmt.Sprintf("error code %d (unreadable message)", code)
 	}
 	re := &RemoteError{Addr: addr, Msg: msg}
 	switch code {
 	case codeNotLeader:
-		id, a := r.str(), r.str()
-		if r.err() != nil {
+		id, a := r.String("leader id", 0), r.String("leader addr", 0)
+		if r.Failed() {
 			id, a = "", ""
 		}
 		re.Cause = &NotLeaderError{LeaderID: id, LeaderAddr: a}

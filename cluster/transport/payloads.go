@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/binread"
 )
 
 // Payload codecs of the forwarding operations (layouts in wire.go and
@@ -32,21 +33,18 @@ func encodeProposeRequest(ids []fsm.ProposalID, events [][]byte) []byte {
 }
 
 func decodeProposeRequest(payload []byte) (proposeRequest, error) {
-	r := &wireReader{b: payload}
-	count := r.uvarint()
-	if err := r.err(); err != nil {
+	r := binread.New(payload)
+	// Each proposal takes at least 16 id bytes and a length byte.
+	count := r.Count("proposal count", 0, 16+1)
+	if err := payloadErr(r); err != nil {
 		return proposeRequest{}, err
 	}
-	// Each proposal takes at least 16 id bytes and a length byte.
-	if count > uint64(len(payload))/(16+1) {
-		return proposeRequest{}, fmt.Errorf("count %d exceeds the frame", count)
-	}
-	req := proposeRequest{count: int(count), props: make([]fsm.Proposal, 0, count), rejected: map[int]string{}}
+	req := proposeRequest{count: count, props: make([]fsm.Proposal, 0, count), rejected: map[int]string{}}
 	for i := 0; i < req.count; i++ {
 		var id fsm.ProposalID
-		copy(id[:], r.bytesN(len(id)))
-		raw := r.blob()
-		if err := r.err(); err != nil {
+		copy(id[:], r.Bytes(len(id), "proposal id"))
+		raw := r.BlobView("event", 0)
+		if err := payloadErr(r); err != nil {
 			return proposeRequest{}, err
 		}
 		ev, err := fsm.DecodeEvent(raw)
@@ -56,8 +54,8 @@ func decodeProposeRequest(payload []byte) (proposeRequest, error) {
 		}
 		req.props = append(req.props, fsm.Proposal{ID: id, Event: ev})
 	}
-	if r.off != len(payload) {
-		return proposeRequest{}, fmt.Errorf("%d bytes after %d proposals", len(payload)-r.off, req.count)
+	if r.Remaining() != 0 {
+		return proposeRequest{}, fmt.Errorf("%d bytes after %d proposals", r.Remaining(), req.count)
 	}
 	return req, nil
 }
@@ -70,12 +68,12 @@ func encodeProposeResponse(index uint64, results []fsm.Result) []byte {
 // decodeProposeResponse reads the leader's answer to a frame of count
 // proposals.
 func decodeProposeResponse(resp []byte, count int) (uint64, []fsm.Result, error) {
-	r := &wireReader{b: resp}
-	index := r.u64()
-	if err := r.err(); err != nil {
+	r := binread.New(resp)
+	index := r.Uint64BE("index")
+	if err := payloadErr(r); err != nil {
 		return 0, nil, err
 	}
-	results, err := fsm.DecodeResults(r.rest())
+	results, err := fsm.DecodeResults(r.Rest())
 	if err != nil {
 		return 0, nil, err
 	}
@@ -86,10 +84,10 @@ func decodeProposeResponse(resp []byte, count int) (uint64, []fsm.Result, error)
 }
 
 func decodeMembership(payload []byte) (id, addr string, forwarded bool, err error) {
-	r := &wireReader{b: payload}
-	id, addr = r.str(), r.str()
-	hop := r.byte1()
-	if err := r.err(); err != nil {
+	r := binread.New(payload)
+	id, addr = r.String("id", 0), r.String("addr", 0)
+	hop := r.U8("forwarded")
+	if err := payloadErr(r); err != nil {
 		return "", "", false, err
 	}
 	if hop > 1 {
@@ -112,9 +110,9 @@ func encodeRemovedNotice(id string, index uint64) []byte {
 }
 
 func decodeRemovedNotice(payload []byte) (id string, index uint64, err error) {
-	r := &wireReader{b: payload}
-	id, index = r.str(), r.u64()
-	if err := r.err(); err != nil {
+	r := binread.New(payload)
+	id, index = r.String("id", 0), r.Uint64BE("index")
+	if err := payloadErr(r); err != nil {
 		return "", 0, err
 	}
 	return id, index, nil

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"slices"
+
+	"github.com/tether-project/tether/internal/binread"
 )
 
 // The forwarding protocol (see DESIGN.md). After the stream byte 'F':
@@ -107,7 +109,7 @@ var (
 	protoForward = handshakeProto{magic: "TFW1", clientLabel: "tether-forward-v1", serverLabel: "tether-forward-v1-server"}
 	// protoRaft authenticates Raft streams ('R') before they reach
 	// hashicorp/raft's transport: without it, anyone who reaches the port
-	// could send AppendEntries (defect B1).
+	// could send AppendEntries.
 	protoRaft = handshakeProto{magic: "TRF1", clientLabel: "tether-raft-v1", serverLabel: "tether-raft-v1-server"}
 )
 
@@ -299,86 +301,12 @@ func readN(r io.Reader, n int) ([]byte, error) {
 	return b, nil
 }
 
-// wireReader decodes payload fields; the first error sticks and is
-// reported once by err(). It never panics on short or hostile input.
-type wireReader struct {
-	b   []byte
-	off int
-	e   error
-}
-
-func (r *wireReader) fail(what string) {
-	if r.e == nil {
-		r.e = fmt.Errorf("payload offset %d: %s", r.off, what)
-	}
-}
-
-func (r *wireReader) err() error { return r.e }
-
-func (r *wireReader) byte1() byte {
-	if r.e != nil || r.off >= len(r.b) {
-		r.fail("truncated")
-		return 0
-	}
-	v := r.b[r.off]
-	r.off++
-	return v
-}
-
-func (r *wireReader) u64() uint64 {
-	if r.e != nil || len(r.b)-r.off < 8 {
-		r.fail("truncated")
-		return 0
-	}
-	v := binary.BigEndian.Uint64(r.b[r.off:])
-	r.off += 8
-	return v
-}
-
-func (r *wireReader) uvarint() uint64 {
-	if r.e != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(r.b[r.off:])
-	if n <= 0 {
-		r.fail("bad varint")
-		return 0
-	}
-	r.off += n
-	return v
-}
-
-func (r *wireReader) bytesN(n int) []byte {
-	if r.e != nil || n < 0 || len(r.b)-r.off < n {
-		r.fail("truncated")
+// payloadErr is r's failure as the error of a payload (nil when none).
+func payloadErr(r *binread.Reader) error {
+	if r.Err == nil {
 		return nil
 	}
-	v := r.b[r.off : r.off+n]
-	r.off += n
-	return v
-}
-
-func (r *wireReader) blob() []byte {
-	n := r.uvarint()
-	if r.e != nil {
-		return nil
-	}
-	if n > uint64(len(r.b)-r.off) {
-		r.fail("length exceeds payload")
-		return nil
-	}
-	return r.bytesN(int(n))
-}
-
-func (r *wireReader) str() string { return string(r.blob()) }
-
-func (r *wireReader) rest() []byte {
-	if r.e != nil {
-		return nil
-	}
-	v := r.b[r.off:]
-	r.off = len(r.b)
-	return v
+	return fmt.Errorf("payload %w", r.Err)
 }
 
 func appendBlob(b, v []byte) []byte {

@@ -33,11 +33,13 @@ func runEdge(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := edge.LoadConfig(*df.config)
+	// Validated once the flags are in: a file may leave to them what they
+	// set (a StatefulSet's --node-id and --advertise-addr).
+	cfg, err := edge.ReadConfig(*df.config)
 	if err != nil {
 		return err
 	}
-	if applyOverrides([]override{
+	withFlags := applyOverrides([]override{
 		{*df.port >= 0, func() { cfg.Port = *df.port }},
 		{*df.hostname != "", func() { cfg.Hostname = *df.hostname }},
 		{*nodeID != "", func() { cfg.Cluster.NodeID = *nodeID }},
@@ -45,10 +47,12 @@ func runEdge(ctx context.Context, args []string) error {
 		{*dataDir != "", func() { cfg.Cluster.DataDir = *dataDir }},
 		{*bindAddr != "", func() { cfg.Cluster.BindAddr = *bindAddr }},
 		{*df.nats != "", func() { cfg.NATS.URLs, cfg.NATS.Embedded = df.natsURLs(), false }},
-	}) {
-		if err := cfg.Validate(); err != nil {
+	})
+	if err := cfg.Validate(); err != nil {
+		if withFlags {
 			return fmt.Errorf("config %s with flags: %w", *df.config, err)
 		}
+		return fmt.Errorf("config %s: %w", *df.config, err)
 	}
 	e, err := edge.New(cfg, edge.Deps{Logger: log, Version: version})
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/internal/httpjson"
 )
 
 // Prefix is the admin API's path prefix (on the edge's port).
@@ -31,7 +32,7 @@ type Edge interface {
 	// Node is the edge's cluster node.
 	Node() *cluster.Node
 	// Fleet is the edge's view of the workers.
-	Fleet() *fleetview.Fleet
+	Fleet() *fleetview.View
 	// Now is the edge's clock.
 	Now() time.Time
 	// DegradedPending counts degraded placements not yet recorded in the log.
@@ -104,11 +105,11 @@ func Error(w http.ResponseWriter, status int, code, format string, args ...any) 
 	return status
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
+// writeJSON and truncate are the shared JSON answer and message quoting.
+var (
+	writeJSON = httpjson.Write
+	truncate  = httpjson.Clip
+)
 
 func methodNotAllowed(w http.ResponseWriter, r *http.Request, allowed string) int {
 	w.Header().Set("Allow", allowed)
@@ -125,7 +126,7 @@ func Authorized(r *http.Request, token string) bool {
 
 // bearerToken extracts the token of an "Authorization: Bearer <token>"
 // header. The scheme is case-insensitive (RFC 9110 §11.1: "bearer" and
-// "BEARER" are the same scheme; issue 13, D5).
+// "BEARER" are the same scheme).
 func bearerToken(h string) (string, bool) {
 	scheme, tok, ok := strings.Cut(strings.TrimSpace(h), " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
@@ -179,11 +180,4 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) int {
 		})
 	}
 	return Error(w, http.StatusNotFound, "unknown_url", "unknown admin path %s (see edge/DESIGN.md for the admin API)", truncate(r.URL.Path, 200))
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

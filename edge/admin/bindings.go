@@ -43,50 +43,35 @@ type BindingInfo struct {
 	Key   string `json:"key"`
 	// Model is the model whose fleets the key belongs to ("" with one
 	// model), ModelKey the key within it (Key without the namespace).
-	Model          string         `json:"model,omitempty"`
-	ModelKey       string         `json:"model_key,omitempty"`
-	ConversationID string         `json:"conversation_id"`
-	Instance       string         `json:"instance"`
-	Epoch          uint64         `json:"epoch"`
-	BoundAt        time.Time      `json:"bound_at"`
-	LastUsed       time.Time      `json:"last_used"`
-	Edge           string         `json:"edge"`
-	Policy         string         `json:"policy"`
-	RequestID      string         `json:"request_id"`
-	Candidates     []CandidateRow `json:"candidates"`
-	StateIndex     uint64         `json:"state_index"`
+	Model          string              `json:"model,omitempty"`
+	ModelKey       string              `json:"model_key,omitempty"`
+	ConversationID string              `json:"conversation_id"`
+	Instance       string              `json:"instance"`
+	Epoch          uint64              `json:"epoch"`
+	BoundAt        time.Time           `json:"bound_at"`
+	LastUsed       time.Time           `json:"last_used"`
+	Edge           string              `json:"edge"`
+	Policy         string              `json:"policy"`
+	RequestID      string              `json:"request_id"`
+	Candidates     []fsm.CandidateJSON `json:"candidates"`
+	StateIndex     uint64              `json:"state_index"`
 	// Rank is the attention-DP rank the worker reported for this
 	// placement (RankObserved, feature level 2); absent until reported.
 	Rank *uint32 `json:"rank,omitempty"`
 }
 
-// CandidateRow is one scored option of a placement.
-type CandidateRow struct {
-	Instance     string  `json:"instance"`
-	Score        float64 `json:"score"`
-	CachedTokens uint32  `json:"cached_tokens"`
-	LoadTokens   uint32  `json:"load_tokens"`
-}
-
 // HistoryEntry is one element of GET /admin/v1/bindings/{fleet}/{key}/history.
 type HistoryEntry struct {
-	Index    uint64          `json:"index"`
-	Time     time.Time       `json:"time"`
-	Type     string          `json:"type"`
-	Status   string          `json:"status"`
-	Reason   string          `json:"reason,omitempty"`
-	Event    map[string]any  `json:"event,omitempty"`
-	Decision *DecisionRecord `json:"decision,omitempty"`
+	Index  uint64    `json:"index"`
+	Time   time.Time `json:"time"`
+	Type   string    `json:"type"`
+	Status string    `json:"status"`
+	Reason string    `json:"reason,omitempty"`
+	// Event is the event's fields as fsm.Describe shows them (a Bind's
+	// or Overflow's placement decision under "decision").
+	Event any `json:"event,omitempty"`
 	// Evicted is set when this entry's apply removed the binding.
 	Evicted *EvictedRecord `json:"evicted,omitempty"`
-}
-
-// DecisionRecord is a placement decision as the log keeps it.
-type DecisionRecord struct {
-	Edge       string         `json:"edge"`
-	Policy     string         `json:"policy"`
-	RequestID  string         `json:"request_id"`
-	Candidates []CandidateRow `json:"candidates"`
 }
 
 // EvictedRecord is a binding removed by an entry's apply.
@@ -94,19 +79,6 @@ type EvictedRecord struct {
 	Instance string `json:"instance"`
 	Epoch    uint64 `json:"epoch"`
 	Reason   string `json:"reason"`
-}
-
-func decisionRecord(d fsm.Decision) *DecisionRecord {
-	out := &DecisionRecord{Edge: d.Edge, Policy: d.Policy, RequestID: d.RequestID, Candidates: candidateRows(d.Candidates)}
-	return out
-}
-
-func candidateRows(cs []fsm.Candidate) []CandidateRow {
-	out := make([]CandidateRow, len(cs))
-	for i, c := range cs {
-		out[i] = CandidateRow{Instance: c.Instance, Score: c.Score, CachedTokens: c.CachedTokens, LoadTokens: c.LoadTokens}
-	}
-	return out
 }
 
 func (a *API) binding(w http.ResponseWriter, r *http.Request, rest string) int {
@@ -145,7 +117,7 @@ func (a *API) binding(w http.ResponseWriter, r *http.Request, rest string) int {
 		Fleet: fleet.String(), Key: b.Key, ConversationID: b.ConversationID, Instance: b.Instance, Epoch: b.Epoch,
 		BoundAt: time.Unix(0, b.BoundAt).UTC(), LastUsed: time.Unix(0, b.LastUsed).UTC(),
 		Edge: b.Decision.Edge, Policy: b.Decision.Policy, RequestID: b.Decision.RequestID,
-		Candidates: candidateRows(b.Decision.Candidates), StateIndex: st.Index(),
+		Candidates: fsm.DescribeCandidates(b.Decision.Candidates), StateIndex: st.Index(),
 	}
 	if b.HasRank {
 		rank := b.Rank
@@ -167,10 +139,7 @@ func (a *API) history(w http.ResponseWriter, r *http.Request, fleet fsm.Fleet, k
 	if err != nil {
 		return Error(w, http.StatusInternalServerError, "archive_error", "reading the archive: %v", err)
 	}
-	out := []HistoryEntry{}
-	for _, rec := range recs {
-		out = append(out, historyEntries(rec, fleet, key)...)
-	}
+	out := historyEntries(archive.KeyEvents(recs, fleet, key))
 	writeJSON(w, http.StatusOK, struct {
 		Fleet  string         `json:"fleet"`
 		Key    string         `json:"key"`
@@ -183,60 +152,21 @@ func (a *API) history(w http.ResponseWriter, r *http.Request, fleet fsm.Fleet, k
 	return http.StatusOK
 }
 
-// historyEntries extracts the events of one archive record that concern
-// (fleet, key): events naming it, and proposals whose apply evicted it.
-func historyEntries(rec archive.Record, fleet fsm.Fleet, key string) []HistoryEntry {
-	props, err := rec.Proposals()
-	if err != nil {
-		return []HistoryEntry{{Index: rec.Index, Time: time.Unix(0, rec.Time).UTC(), Type: "undecodable", Reason: err.Error()}}
-	}
-	var out []HistoryEntry
-	for i, p := range props {
-		var outcome archive.Outcome
-		if i < len(rec.Outcomes) {
-			outcome = rec.Outcomes[i]
-		}
-		names := false
-		if p.Event != nil {
-			for _, k := range fsm.EventKeys(p.Event) {
-				if k.Fleet == fleet && k.Key == key {
-					names = true
-				}
-			}
-		}
-		var evicted *EvictedRecord
-		for _, ev := range outcome.Evicted {
-			if ev.Fleet == fleet && ev.Key == key {
-				evicted = &EvictedRecord{Instance: ev.Instance, Epoch: ev.Epoch, Reason: ev.Reason.String()}
-			}
-		}
-		if !names && evicted == nil {
+// historyEntries is the answer's form of a key's archived events.
+func historyEntries(kes []archive.KeyEvent) []HistoryEntry {
+	out := make([]HistoryEntry, 0, len(kes))
+	for _, ke := range kes {
+		h := HistoryEntry{Index: ke.Index, Time: time.Unix(0, ke.Time).UTC()}
+		if ke.Err != nil {
+			h.Type, h.Reason = "undecodable", ke.Err.Error()
+			out = append(out, h)
 			continue
 		}
-		h := HistoryEntry{Index: rec.Index, Time: time.Unix(0, rec.Time).UTC(), Type: p.Type.String(),
-			Status: outcome.Status.String(), Reason: outcome.Reason, Evicted: evicted}
-		switch ev := p.Event.(type) {
-		case fsm.Bind:
-			h.Event = map[string]any{"instance": ev.Instance, "conversation_id": ev.ConversationID}
-			h.Decision = decisionRecord(ev.Decision)
-		case fsm.Overflow:
-			h.Event = map[string]any{"from": ev.From, "to": ev.To, "reason": ev.Reason.String(), "rebind": ev.Rebind}
-			h.Decision = decisionRecord(ev.Decision)
-		case fsm.Evict:
-			h.Event = map[string]any{"reason": ev.Reason.String(), "epoch": ev.Epoch, "idle_before": ev.IdleBefore, "detail": ev.Detail}
-		case fsm.InstanceState:
-			h.Event = map[string]any{"instance": ev.Instance, "status": ev.Status.String()}
-		case fsm.Touch:
-			h.Event = map[string]any{"keys": len(ev.Keys)}
-		case fsm.RankObserved:
-			h.Event = map[string]any{"rank": ev.Rank, "epoch": ev.Epoch}
-		case fsm.Evidence:
-			cands := make([]map[string]any, len(ev.Candidates))
-			for i, c := range ev.Candidates {
-				cands[i] = map[string]any{"instance": c.Instance, "cached_blocks": c.CachedBlocks, "load_tokens": c.LoadTokens,
-					"queued_requests": c.QueuedRequests, "state": c.Flags.Names()}
-			}
-			h.Event = map[string]any{"request_id": ev.RequestID, "rule": ev.Rule, "candidates": cands}
+		p := ke.Proposal
+		h.Type, h.Status, h.Reason = p.Type.String(), ke.Outcome.Status.String(), ke.Outcome.Reason
+		h.Event = fsm.Describe(p)
+		if ev := ke.Evicted; ev != nil {
+			h.Evicted = &EvictedRecord{Instance: ev.Instance, Epoch: ev.Epoch, Reason: ev.Reason.String()}
 		}
 		out = append(out, h)
 	}

@@ -75,14 +75,18 @@ func (a *API) cluster(w http.ResponseWriter, r *http.Request) int {
 		info.Peers = []cluster.PeerStatus{}
 	}
 	info.Nodes = []NodeInfo{}
-	for _, n := range st.Nodes() {
+	for _, n := range st.Edges() {
 		info.Nodes = append(info.Nodes, NodeInfo{ID: n.ID, Version: n.Version, MaxFeatureLevel: n.MaxFeatureLevel})
 	}
 	writeJSON(w, http.StatusOK, info)
 	return http.StatusOK
 }
 
+// stateHash answers the state hash: the current state's, or with
+// ?index=N the hash of the state at exactly N (once applied, if the node
+// still remembers it: cluster.Node.HashAt), else the current state's.
 func (a *API) stateHash(w http.ResponseWriter, r *http.Request) int {
+	node := a.edge.Node()
 	if s := r.URL.Query().Get("index"); s != "" {
 		idx, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
@@ -90,14 +94,32 @@ func (a *API) stateHash(w http.ResponseWriter, r *http.Request) int {
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		defer cancel()
-		if err := a.edge.Node().WaitApplied(ctx, idx); err != nil {
+		if err := node.WaitApplied(ctx, idx); err != nil {
 			return Error(w, http.StatusGatewayTimeout, "index_not_applied", "%v", err)
 		}
+		if h, ok := node.HashAt(idx); ok {
+			writeJSON(w, http.StatusOK, StateHash{Index: idx, Hash: hex.EncodeToString(h[:]), NodeID: a.opts.NodeID, Exact: true})
+			return http.StatusOK
+		}
 	}
-	st := a.edge.Node().State()
+	st := node.State()
 	h := st.Hash()
-	writeJSON(w, http.StatusOK, map[string]any{"index": st.Index(), "hash": hex.EncodeToString(h[:]), "bindings": st.Len(), "node_id": a.opts.NodeID})
+	n := st.Len()
+	writeJSON(w, http.StatusOK, StateHash{Index: st.Index(), Hash: hex.EncodeToString(h[:]), Bindings: &n, NodeID: a.opts.NodeID})
 	return http.StatusOK
+}
+
+// StateHash is GET /admin/v1/state/hash.
+type StateHash struct {
+	Index uint64 `json:"index"`
+	Hash  string `json:"hash"` // hex
+	// Bindings is the current state's binding count (absent for an
+	// earlier state's hash).
+	Bindings *int   `json:"bindings,omitempty"`
+	NodeID   string `json:"node_id"`
+	// Exact: the hash of the state at exactly the asked index (the node
+	// remembered it), not of the current state.
+	Exact bool `json:"exact,omitempty"`
 }
 
 // Snapshot response headers.

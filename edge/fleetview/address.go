@@ -49,7 +49,7 @@ func ExpectedWorker(ctx context.Context) (string, bool) {
 // must reach: the worker's own id for an instance that registered through
 // telemetry. A static instance's ctx is returned unchanged (its server is
 // verified as configured: the URL's host or tls.worker_server_name).
-func (f *Fleet) ExpectIdentity(ctx context.Context, id string) context.Context {
+func (f *View) ExpectIdentity(ctx context.Context, id string) context.Context {
 	f.mu.RLock()
 	in, ok := f.byID[id]
 	var worker string
@@ -97,7 +97,7 @@ type addresses struct {
 // admitAddress reports whether r's address is proven for its instance, so
 // that r may be applied; otherwise it starts (or waits for) a verification
 // and counts the report dropped.
-func (f *Fleet) admitAddress(r telemetry.LoadReport) bool {
+func (f *View) admitAddress(r telemetry.LoadReport) bool {
 	if f.cfg.VerifyAddress == nil || f.staticReport(r) {
 		return true
 	}
@@ -146,7 +146,7 @@ func (f *Fleet) admitAddress(r telemetry.LoadReport) bool {
 
 // staticReport: r speaks for a static instance (whose URL is configured,
 // never taken from telemetry), as resolveLocked would find it.
-func (f *Fleet) staticReport(r telemetry.LoadReport) bool {
+func (f *View) staticReport(r telemetry.LoadReport) bool {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	if id, ok := f.alias[r.Instance]; ok {
@@ -167,7 +167,7 @@ func (f *Fleet) staticReport(r telemetry.LoadReport) bool {
 
 // verifyAddress dials url expecting worker's identity and records the
 // outcome.
-func (f *Fleet) verifyAddress(worker, url string) {
+func (f *View) verifyAddress(worker, url string) {
 	ctx, cancel := context.WithTimeout(f.ctx, addressCheckTimeout)
 	err := f.cfg.VerifyAddress(ExpectWorker(ctx, worker), worker, url)
 	cancel()
@@ -198,7 +198,7 @@ func (f *Fleet) verifyAddress(worker, url string) {
 
 // expireAddresses drops the address states of worker ids neither known
 // as an instance nor reported for ForgetAfter (housekeeping).
-func (f *Fleet) expireAddresses(now time.Time) {
+func (f *View) expireAddresses(now time.Time) {
 	if f.cfg.VerifyAddress == nil {
 		return
 	}

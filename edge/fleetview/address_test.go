@@ -9,6 +9,7 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/natstest"
 )
 
 // addressBook is a VerifyAddress that proves the identities it lists at
@@ -42,7 +43,7 @@ func (b *addressBook) set(url, worker string) {
 // identity; a report moving it elsewhere is refused, counted, and leaves
 // its proven address in place; a move it proves is adopted.
 func TestReportsMoveAnInstanceOnlyToAnAddressItProves(t *testing.T) {
-	srv := startNATS(t)
+	srv := natstest.Start(t, nil)
 	nc := connect(t, srv.ClientURL())
 	book := &addressBook{at: map[string]string{}}
 	real, impostor, moved := "https://10.0.0.1:9000", "https://10.0.0.2:9000", "https://10.0.0.3:9000"
@@ -103,7 +104,7 @@ func TestReportsMoveAnInstanceOnlyToAnAddressItProves(t *testing.T) {
 // Without VerifyAddress (no transport identity to check) reports give the
 // address as before.
 func TestReportsGiveTheAddressWithoutVerification(t *testing.T) {
-	srv := startNATS(t)
+	srv := natstest.Start(t, nil)
 	nc := connect(t, srv.ClientURL())
 	f, _ := newFleet(t, Config{Conn: nc})
 	r := report("w1", telemetry.FleetContext, 7, 1, 0)
@@ -117,7 +118,7 @@ func TestReportsGiveTheAddressWithoutVerification(t *testing.T) {
 // Static instances take their URL from configuration: no check, and hops
 // to them carry no worker expectation.
 func TestStaticInstancesNeedNoAddressCheck(t *testing.T) {
-	srv := startNATS(t)
+	srv := natstest.Start(t, nil)
 	nc := connect(t, srv.ClientURL())
 	book := &addressBook{at: map[string]string{}}
 	f, _ := newFleet(t, Config{Conn: nc, VerifyAddress: book.verify,

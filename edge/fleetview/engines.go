@@ -89,7 +89,7 @@ func engineLoad(x enginemetrics.Exposition) EngineLoad {
 // scrape fetches and applies instance id's engine metrics. A failed scrape
 // keeps the last figures until they are stale (then they are dropped: the
 // instance's load is unknown, as for a static worker without telemetry).
-func (f *Fleet) scrape(id, base, format string) {
+func (f *View) scrape(id, base, format string) {
 	load, err := f.fetchMetrics(base, format)
 	now := f.cfg.Now()
 	f.mu.Lock()
@@ -133,7 +133,7 @@ func (f *Fleet) scrape(id, base, format string) {
 	f.bump()
 }
 
-func (f *Fleet) fetchMetrics(base, format string) (EngineLoad, error) {
+func (f *View) fetchMetrics(base, format string) (EngineLoad, error) {
 	ctx, cancel := context.WithTimeout(f.ctx, f.cfg.ProbeInterval)
 	defer cancel()
 	url := base + "/metrics"

@@ -85,7 +85,7 @@ const DefaultHealthPath = "/health"
 // edge's; the question is only whether it can serve.
 const discoveredProbePath = "/readyz?telemetry=optional"
 
-// Config configures a Fleet. Zero durations take the defaults noted.
+// Config configures a View. Zero durations take the defaults noted.
 type Config struct {
 	Static []Static
 	// Conn is the NATS connection telemetry arrives on (nil: static
@@ -202,7 +202,7 @@ type instance struct {
 	healthPath   string
 	probeModel   string
 	probeTimeout time.Duration
-	probing      bool   // a probe is in flight (under Fleet.mu)
+	probing      bool   // a probe is in flight (under View.mu)
 	served       string // Static.Served
 	// Engine KV events read by this edge (ApplyEngineKV): engineMu orders
 	// the batches, engineSeq numbers them within the fleet's engineBoot.
@@ -256,7 +256,7 @@ type instance struct {
 	probedAt    time.Time // last completed probe, successful or not
 	probeOK     bool      // its result
 
-	// KV sequence tracking (under Fleet.mu).
+	// KV sequence tracking (under View.mu).
 	kvBoot       uint64
 	kvApplied    uint64
 	behindSince  time.Time
@@ -270,8 +270,8 @@ type instance struct {
 // beyond it the buffer is dropped and another dump follows.
 const maxBufferedBatches = 4096
 
-// Fleet tracks the workers of both fleets. Safe for concurrent use.
-type Fleet struct {
+// View tracks the workers of both fleets. Safe for concurrent use.
+type View struct {
 	cfg      Config
 	log      *slog.Logger
 	index    *kvindex.Index
@@ -307,8 +307,8 @@ type Fleet struct {
 	closed     bool
 }
 
-// New builds a Fleet; Start subscribes and starts the probes.
-func New(cfg Config) (*Fleet, error) {
+// New builds a View; Start subscribes and starts the probes.
+func New(cfg Config) (*View, error) {
 	if cfg.StaleIntervals <= 0 {
 		cfg.StaleIntervals = 5
 	}
@@ -340,7 +340,7 @@ func New(cfg Config) (*Fleet, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fleetview: %w", err)
 	}
-	f := &Fleet{
+	f := &View{
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "fleetview"),
 		index:    kvindex.New(kvindex.Config{PredictTTL: cfg.PredictTTL}),
@@ -394,7 +394,7 @@ func New(cfg Config) (*Fleet, error) {
 
 // Start subscribes to the telemetry subjects (when a connection is
 // configured) and starts probing static instances.
-func (f *Fleet) Start(ctx context.Context) error {
+func (f *View) Start(ctx context.Context) error {
 	f.closeMu.Lock()
 	defer f.closeMu.Unlock()
 	if f.closed {
@@ -442,7 +442,7 @@ func (f *Fleet) Start(ctx context.Context) error {
 	return nil
 }
 
-func (f *Fleet) unsubscribe() {
+func (f *View) unsubscribe() {
 	for _, s := range f.subs {
 		_ = s.Unsubscribe()
 	}
@@ -451,7 +451,7 @@ func (f *Fleet) unsubscribe() {
 
 // Close unsubscribes and stops the probes and dumps. It does not close the
 // NATS connection (its owner does). Idempotent.
-func (f *Fleet) Close() {
+func (f *View) Close() {
 	f.closeMu.Lock()
 	if f.closed {
 		f.closeMu.Unlock()
@@ -466,26 +466,26 @@ func (f *Fleet) Close() {
 
 // Index is the KV block index (read it with Match; the edge adds
 // predictions with Predict).
-func (f *Fleet) Index() *kvindex.Index { return f.index }
+func (f *View) Index() *kvindex.Index { return f.index }
 
 // Breakers are the per-instance cache circuit breakers; the edge records
 // response usage into them with RecordUsage.
-func (f *Fleet) Breakers() *routing.CacheBreakers { return f.breakers }
+func (f *View) Breakers() *routing.CacheBreakers { return f.breakers }
 
 // Version changes whenever what Views returns may have changed for a
 // reason other than time passing.
-func (f *Fleet) Version() uint64 { return f.version.Load() }
+func (f *View) Version() uint64 { return f.version.Load() }
 
-func (f *Fleet) bump() { f.version.Add(1) }
+func (f *View) bump() { f.version.Add(1) }
 
 // staleAfter is how long a report stays fresh for an instance reporting
 // every interval.
-func (f *Fleet) staleAfter(interval time.Duration) time.Duration {
+func (f *View) staleAfter(interval time.Duration) time.Duration {
 	return max(time.Duration(f.cfg.StaleIntervals)*interval, f.cfg.MinStaleAfter)
 }
 
 // healthy reports whether in is usable at now (under f.mu).
-func (f *Fleet) healthyLocked(in *instance, now time.Time) bool {
+func (f *View) healthyLocked(in *instance, now time.Time) bool {
 	if in.hasReport && now.Sub(in.lastReport) <= f.staleAfter(in.interval) {
 		return true
 	}
@@ -506,12 +506,12 @@ func (f *Fleet) healthyLocked(in *instance, now time.Time) bool {
 // probeFreshLocked: a probe succeeded recently enough at now. A probe
 // that takes its whole timeout (SGLang's /health answers after a second)
 // delays the next one by as much, so the timeout extends the window.
-func (f *Fleet) probeFreshLocked(in *instance, now time.Time) bool {
+func (f *View) probeFreshLocked(in *instance, now time.Time) bool {
 	return !in.lastProbeOK.IsZero() && now.Sub(in.lastProbeOK) <= f.staleAfter(f.cfg.ProbeInterval)+f.probeTimeout(in)
 }
 
 // probeTimeout bounds one probe of in.
-func (f *Fleet) probeTimeout(in *instance) time.Duration {
+func (f *View) probeTimeout(in *instance) time.Duration {
 	if in.probeTimeout > 0 {
 		return in.probeTimeout
 	}
@@ -521,7 +521,7 @@ func (f *Fleet) probeTimeout(in *instance) time.Duration {
 // blindLocked reports whether the edge cannot hear in's telemetry at now:
 // its NATS link is down, or came back less than ReconnectGrace ago and in
 // has not reported since (under f.mu).
-func (f *Fleet) blindLocked(in *instance, now time.Time) bool {
+func (f *View) blindLocked(in *instance, now time.Time) bool {
 	if f.linkDownAt.IsZero() {
 		return false
 	}
@@ -532,7 +532,7 @@ func (f *Fleet) blindLocked(in *instance, now time.Time) bool {
 }
 
 // watchLink follows the NATS connection's state.
-func (f *Fleet) watchLink(status chan nats.Status) {
+func (f *View) watchLink(status chan nats.Status) {
 	defer f.wg.Done()
 	defer f.nc.RemoveStatusListener(status)
 	for {
@@ -549,7 +549,7 @@ func (f *Fleet) watchLink(status chan nats.Status) {
 }
 
 // noteLink records the connection going down or coming back.
-func (f *Fleet) noteLink(up bool) {
+func (f *View) noteLink(up bool) {
 	now := f.cfg.Now()
 	f.mu.Lock()
 	changed := false
@@ -569,20 +569,20 @@ func (f *Fleet) noteLink(up bool) {
 }
 
 // TelemetryLinkDown reports whether the edge's NATS connection is down now.
-func (f *Fleet) TelemetryLinkDown() bool {
+func (f *View) TelemetryLinkDown() bool {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return !f.linkDownAt.IsZero() && f.linkBackAt.IsZero()
 }
 
-func (f *Fleet) lastSeenLocked(in *instance) time.Time {
+func (f *View) lastSeenLocked(in *instance) time.Time {
 	if in.lastProbeOK.After(in.lastReport) {
 		return in.lastProbeOK
 	}
 	return in.lastReport
 }
 
-func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
+func (f *View) snapshotLocked(in *instance, now time.Time) Instance {
 	out := Instance{
 		ID: in.id, Fleet: in.fleet, URL: in.url, Static: in.static, Served: in.served,
 		Telemetry: in.hasReport, VerifiesHints: true,
@@ -616,7 +616,7 @@ func (f *Fleet) snapshotLocked(in *instance, now time.Time) Instance {
 }
 
 // Instances lists every known instance, sorted by id.
-func (f *Fleet) Instances(now time.Time) []Instance {
+func (f *View) Instances(now time.Time) []Instance {
 	f.mu.RLock()
 	out := make([]Instance, 0, len(f.byID))
 	for _, in := range f.byID {
@@ -628,7 +628,7 @@ func (f *Fleet) Instances(now time.Time) []Instance {
 }
 
 // Instance returns one instance.
-func (f *Fleet) Instance(id string, now time.Time) (Instance, bool) {
+func (f *View) Instance(id string, now time.Time) (Instance, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	in, ok := f.byID[id]
@@ -643,7 +643,7 @@ func (f *Fleet) Instance(id string, now time.Time) (Instance, bool) {
 // plus what this edge dispatched since, hit rate, and CacheDegraded from the
 // instance's circuit breaker. The caller merges the log's instance records
 // (routing.NewViews).
-func (f *Fleet) Views(now time.Time, dst []routing.InstanceView) []routing.InstanceView {
+func (f *View) Views(now time.Time, dst []routing.InstanceView) []routing.InstanceView {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	for _, in := range f.byID {
@@ -685,7 +685,7 @@ func (f *Fleet) Views(now time.Time, dst []routing.InstanceView) []routing.Insta
 // the function to call when the hop ends. For an instance with telemetry
 // the request counts as queued until its next load report (which then
 // includes it); for one without, until done is called.
-func (f *Fleet) NoteDispatch(id string, promptTokens int) (done func()) {
+func (f *View) NoteDispatch(id string, promptTokens int) (done func()) {
 	f.mu.RLock()
 	in, ok := f.byID[id]
 	// A scraped engine's figures count what it received, as a report does.
@@ -732,7 +732,7 @@ func (f *Fleet) NoteDispatch(id string, promptTokens int) (done func()) {
 // edge from the engine itself (internal/enginekv), to the KV index: exact
 // batches in this edge's own sequence for the instance. The first is a
 // baseline (the engine's replay buffer, from its sequence 0, comes first).
-func (f *Fleet) ApplyEngineKV(id string, ev kvindex.RankEvent) {
+func (f *View) ApplyEngineKV(id string, ev kvindex.RankEvent) {
 	f.mu.RLock()
 	in, ok := f.byID[id]
 	f.mu.RUnlock()
@@ -753,9 +753,9 @@ func (f *Fleet) ApplyEngineKV(id string, ev kvindex.RankEvent) {
 
 // RecordUsage feeds instance id's cache circuit breaker with a response's
 // prompt and cached tokens. Only a lookup that could have hit counts: a
-// prompt of at least one whole block. Shorter ones always miss, and with
-// them every instance's breaker opened (issue 13, D3).
-func (f *Fleet) RecordUsage(id string, promptTokens, cachedTokens int64, now time.Time) {
+// prompt of at least one whole block. Shorter ones always miss: counted,
+// they would open every instance's breaker.
+func (f *View) RecordUsage(id string, promptTokens, cachedTokens int64, now time.Time) {
 	if promptTokens <= 0 || promptTokens < int64(f.cfg.BlockSize) {
 		return
 	}
@@ -771,14 +771,14 @@ func (f *Fleet) RecordUsage(id string, promptTokens, cachedTokens int64, now tim
 }
 
 // edgeID resolves a worker id from a subject to the edge's id (under f.mu).
-func (f *Fleet) edgeIDLocked(workerID string) string {
+func (f *View) edgeIDLocked(workerID string) string {
 	if id, ok := f.alias[workerID]; ok {
 		return id
 	}
 	return workerID
 }
 
-func (f *Fleet) drop(kind string, err error) {
+func (f *View) drop(kind string, err error) {
 	reason := "malformed"
 	var de *telemetry.DecodeError
 	if errors.As(err, &de) {
@@ -796,7 +796,7 @@ func toFleet(tf telemetry.Fleet) fsm.Fleet {
 }
 
 // onLoad handles a load report: registration, heartbeat and load.
-func (f *Fleet) onLoad(m *nats.Msg) {
+func (f *View) onLoad(m *nats.Msg) {
 	r, err := telemetry.DecodeLoad(m.Subject, m.Data)
 	if err != nil {
 		f.drop("load", err)
@@ -867,7 +867,7 @@ func (f *Fleet) onLoad(m *nats.Msg) {
 
 // resolveLocked finds or creates the instance a report speaks for: a static
 // instance configured under the worker's id or URL, else a discovered one.
-func (f *Fleet) resolveLocked(r telemetry.LoadReport) *instance {
+func (f *View) resolveLocked(r telemetry.LoadReport) *instance {
 	if id, ok := f.alias[r.Instance]; ok {
 		if in, ok := f.byID[id]; ok {
 			return in
@@ -901,7 +901,7 @@ func sameURL(a, b string) bool {
 }
 
 // onKV applies a KV event batch to the index (or buffers it during a dump).
-func (f *Fleet) onKV(m *nats.Msg) {
+func (f *View) onKV(m *nats.Msg) {
 	b, err := telemetry.DecodeKVEvents(m.Subject, m.Data)
 	if err != nil {
 		f.drop("kv", err)
@@ -948,7 +948,7 @@ func (f *Fleet) onKV(m *nats.Msg) {
 }
 
 // onEvict forwards a worker's conversation evictions.
-func (f *Fleet) onEvict(m *nats.Msg) {
+func (f *View) onEvict(m *nats.Msg) {
 	e, err := telemetry.DecodeEvictions(m.Subject, m.Data)
 	if err != nil {
 		f.drop("evict", err)
@@ -969,10 +969,7 @@ func (f *Fleet) onEvict(m *nats.Msg) {
 	f.cfg.OnEvictions(id, fleet, e.Evictions)
 }
 
-// RequestDump asks instance id for a full KV dump unless one is in flight.
-func (f *Fleet) RequestDump(id string) { f.requestDump(id) }
-
-func (f *Fleet) requestDump(id string) {
+func (f *View) requestDump(id string) {
 	if f.nc == nil {
 		return
 	}
@@ -1007,7 +1004,7 @@ func (f *Fleet) requestDump(id string) {
 
 // runDump requests a dump, collects its parts and installs it, then applies
 // the batches that arrived meanwhile.
-func (f *Fleet) runDump(id, workerID string) {
+func (f *View) runDump(id, workerID string) {
 	ctx, cancel := context.WithTimeout(f.ctx, f.cfg.DumpTimeout)
 	defer cancel()
 	subject := telemetry.KVDumpSubject(workerID)
@@ -1069,7 +1066,7 @@ func (f *Fleet) runDump(id, workerID string) {
 	f.finishDump(id, !gap)
 }
 
-func (f *Fleet) finishDump(id string, ok bool) {
+func (f *View) finishDump(id string, ok bool) {
 	f.mu.Lock()
 	in, found := f.byID[id]
 	again := false
@@ -1095,7 +1092,7 @@ type dump struct {
 
 // fetchDump publishes a dump request with a fresh reply inbox and collects
 // every part of one consistent (boot, seq) reply.
-func (f *Fleet) fetchDump(ctx context.Context, subject string) (dump, error) {
+func (f *View) fetchDump(ctx context.Context, subject string) (dump, error) {
 	inbox := f.nc.NewRespInbox()
 	sub, err := f.nc.SubscribeSync(inbox)
 	if err != nil {
@@ -1152,7 +1149,7 @@ func (f *Fleet) fetchDump(ctx context.Context, subject string) (dump, error) {
 // (at most maxParallelProbes in flight) and a round does not wait for the
 // previous round's slow ones: an instance with a probe in flight is not
 // probed again, so one slow health endpoint delays no other instance.
-func (f *Fleet) probeLoop() {
+func (f *View) probeLoop() {
 	defer f.wg.Done()
 	t := time.NewTicker(f.cfg.ProbeInterval)
 	defer t.Stop()
@@ -1177,7 +1174,7 @@ type probeTarget struct {
 	timeout                               time.Duration
 }
 
-func (f *Fleet) probeRound() {
+func (f *View) probeRound() {
 	now := f.cfg.Now()
 	var targets []probeTarget
 	f.mu.Lock()
@@ -1216,7 +1213,7 @@ func (f *Fleet) probeRound() {
 
 // probeOne probes one instance, records the result and, for an engine
 // whose /metrics the edge reads, scrapes it after a successful probe.
-func (f *Fleet) probeOne(tg probeTarget) {
+func (f *View) probeOne(tg probeTarget) {
 	ok := f.probe(tg.worker, tg.url, tg.path, tg.model, tg.timeout)
 	f.metrics.probes.WithLabelValues(map[bool]string{true: "ok", false: "failed"}[ok]).Inc()
 	at := f.cfg.Now()
@@ -1238,7 +1235,7 @@ func (f *Fleet) probeOne(tg probeTarget) {
 // answers 200 (the engines' /health answers 503 while starting, draining
 // or dead), and, when model is set, GET /v1/models lists it. A discovered
 // worker's server must prove its identity (worker: ExpectWorker).
-func (f *Fleet) probe(worker, base, path, model string, timeout time.Duration) bool {
+func (f *View) probe(worker, base, path, model string, timeout time.Duration) bool {
 	ctx, cancel := context.WithTimeout(f.ctx, timeout)
 	defer cancel()
 	if worker != "" {
@@ -1271,7 +1268,7 @@ const maxModelsBody = 1 << 20
 
 // probeGet reports whether GET url answers 200, decoding the body into
 // out when out is not nil (a body that does not decode is a failure).
-func (f *Fleet) probeGet(ctx context.Context, url string, out any) bool {
+func (f *View) probeGet(ctx context.Context, url string, out any) bool {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return false
@@ -1292,7 +1289,7 @@ func (f *Fleet) probeGet(ctx context.Context, url string, out any) bool {
 
 // housekeeping expires predictions, retries failed dumps and forgets
 // instances silent for ForgetAfter.
-func (f *Fleet) housekeeping() {
+func (f *View) housekeeping() {
 	defer f.wg.Done()
 	t := time.NewTicker(f.cfg.DumpTimeout / 2)
 	defer t.Stop()

@@ -112,7 +112,7 @@ func sortedUnique(s []string) []string {
 // instance counts as holding it, so a burst for one adapter lands where
 // the first request made the engine load it, before the engine's own
 // report says so (as the KV index's predictions do for prompts).
-func (f *Fleet) NoteAdapter(id, adapter string, now time.Time) {
+func (f *View) NoteAdapter(id, adapter string, now time.Time) {
 	if adapter == "" {
 		return
 	}
@@ -141,7 +141,7 @@ func (f *Fleet) NoteAdapter(id, adapter string, now time.Time) {
 // loraViewLocked is the instance's adapters as routing sees them: the
 // engine's report merged with this edge's recent requests (nil when
 // neither says anything). Under f.mu (read).
-func (f *Fleet) loraViewLocked(in *instance, now time.Time) *routing.LoRAView {
+func (f *View) loraViewLocked(in *instance, now time.Time) *routing.LoRAView {
 	ttl := f.cfg.PredictTTL
 	if ttl <= 0 {
 		ttl = 5 * time.Second

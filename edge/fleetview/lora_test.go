@@ -47,7 +47,7 @@ func TestLoRAViewMergesReportAndPredictions(t *testing.T) {
 		t.Fatalf("from report: %+v", st)
 	}
 	now := time.Unix(100, 0)
-	f := &Fleet{cfg: Config{PredictTTL: time.Second}, byID: map[string]*instance{"w": {id: "w", lora: st}}}
+	f := &View{cfg: Config{PredictTTL: time.Second}, byID: map[string]*instance{"w": {id: "w", lora: st}}}
 	f.NoteAdapter("w", "c", now)
 	v := f.loraViewLocked(f.byID["w"], now.Add(500*time.Millisecond))
 	if !v.Holds("c") || !v.Holds("a") || v.Holds("d") || v.MaxLoRAs != 1 {
@@ -62,7 +62,7 @@ func TestLoRAViewMergesReportAndPredictions(t *testing.T) {
 // the adapters this edge sent lately fill them.
 func TestLoRAViewConfiguredSlots(t *testing.T) {
 	now := time.Unix(100, 0)
-	f := &Fleet{cfg: Config{PredictTTL: time.Minute}, byID: map[string]*instance{"s": {id: "s", maxLoRAs: 2}}}
+	f := &View{cfg: Config{PredictTTL: time.Minute}, byID: map[string]*instance{"s": {id: "s", maxLoRAs: 2}}}
 	f.NoteAdapter("s", "a", now)
 	if v := f.loraViewLocked(f.byID["s"], now); v.MaxLoRAs != 2 || v.Full {
 		t.Fatalf("one adapter sent: %+v", v)

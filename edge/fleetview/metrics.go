@@ -22,7 +22,7 @@ type metrics struct {
 	addressRefused prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, f *Fleet) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, f *View) (*metrics, error) {
 	m := &metrics{
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_edge_telemetry_messages_total",
@@ -83,7 +83,7 @@ var (
 )
 
 // instanceCollector reports per-instance figures computed at scrape time.
-type instanceCollector struct{ f *Fleet }
+type instanceCollector struct{ f *View }
 
 func (c *instanceCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAge, descHealthy, descHitRate, descQueue, descBreaker} {

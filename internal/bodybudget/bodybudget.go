@@ -1,8 +1,8 @@
 // Package bodybudget bounds the request-body bytes a server holds at once,
 // across all requests: max_body_bytes bounds one body, a Budget bounds
 // their sum, so many concurrent large bodies are refused (429) instead of
-// taking the process's memory (issue 13, D4: eight concurrent 31 MB chat
-// requests took an edge from 140 MB to 2.5 GB RSS).
+// taking the process's memory (eight concurrent 31 MB chat requests took
+// an edge from 140 MB to 2.5 GB RSS).
 package bodybudget
 
 import (

@@ -4,6 +4,12 @@
 // of the field it fills, and every problem reported as
 // "key.path, line N: message".
 //
+// Validators report through Problems, which places each finding at the
+// line of its key (Doc.Line), so a file's validation errors read like its
+// decoding errors. A field may name its former spelling in a `was` tag
+// (`yaml:"creds_file" was:"creds"`): a document using it still decodes,
+// and Doc.Deprecated says what to write instead.
+//
 // yaml.v3 parses the document into a yaml.Node tree; the tree is then
 // walked beside the destination struct (fields found by their `yaml` tags),
 // so the key path of every value is known where it is decoded. Leaf values
@@ -31,7 +37,8 @@ import (
 var ErrEmpty = errors.New("empty configuration")
 
 // Error is one problem, at Path (dotted keys and [i] list indexes, ""
-// for the whole document) on Line (0: unknown).
+// for the whole document) on Line (0: unknown, or a key the document does
+// not have).
 type Error struct {
 	Path string
 	Line int
@@ -65,14 +72,67 @@ func (es Errors) Error() string {
 // value ("key:"), keep them. A syntax error is "invalid YAML: line N: …";
 // anything else is an Errors.
 func Decode(data []byte, out any) error {
+	_, err := DecodeDoc(data, out)
+	return err
+}
+
+// Doc is what decoding learned of a document besides its values: the line
+// of every key, and the deprecated spellings it used.
+type Doc struct {
+	lines map[string]int
+	// Deprecated has one warning per former spelling of a key the
+	// document used ("nats.creds, line 4: deprecated: write creds_file").
+	Deprecated Errors
+}
+
+// Line is the line of path in the document, or of the nearest enclosing
+// key it has (a key the document omits is reported where its section
+// is); 0 when the document has neither, or d is nil.
+func (d *Doc) Line(path string) int {
+	if d == nil {
+		return 0
+	}
+	for path != "" {
+		if l, ok := d.lines[path]; ok {
+			return l
+		}
+		i := strings.LastIndexAny(path, ".[")
+		if i < 0 {
+			break
+		}
+		path = path[:i]
+	}
+	return 0
+}
+
+// Warnings are the deprecation warnings as text, one per former spelling
+// the document used (none for a nil Doc: a configuration built in code).
+func (d *Doc) Warnings() []string {
+	if d == nil {
+		return nil
+	}
+	out := make([]string, len(d.Deprecated))
+	for i, e := range d.Deprecated {
+		out[i] = e.Error()
+	}
+	return out
+}
+
+// DecodeDoc is Decode that also returns what it learned of the document
+// (nil with an error that is not an Errors).
+func DecodeDoc(data []byte, out any) (*Doc, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return syntaxError(data, err)
+		return nil, syntaxError(data, err)
 	}
 	if doc.Kind == 0 || len(doc.Content) == 0 {
-		return ErrEmpty
+		return nil, ErrEmpty
 	}
-	return DecodeNode(doc.Content[0], out)
+	d, err := decodeNode(doc.Content[0], out)
+	if d == nil {
+		return nil, err
+	}
+	return &Doc{lines: d.lines, Deprecated: d.deprecated}, err
 }
 
 // DecodeNode decodes n into out with Decode's rules; paths in its errors
@@ -80,22 +140,27 @@ func Decode(data []byte, out any) error {
 // mapping form of its value: Decode then prefixes the paths with the
 // value's own.
 func DecodeNode(n *yaml.Node, out any) error {
+	_, err := decodeNode(n, out)
+	return err
+}
+
+func decodeNode(n *yaml.Node, out any) (*decoder, error) {
 	v := reflect.ValueOf(out)
 	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return fmt.Errorf("yamlconf: decode into %T, want a non-nil pointer", out)
+		return nil, fmt.Errorf("yamlconf: decode into %T, want a non-nil pointer", out)
 	}
 	if expandedSize(n, maxNodes, map[*yaml.Node]int{}) > maxNodes {
-		return Errors{{Line: n.Line, Msg: fmt.Sprintf("its aliases expand to more than %d values, or refer to themselves", maxNodes)}}
+		return nil, Errors{{Line: n.Line, Msg: fmt.Sprintf("its aliases expand to more than %d values, or refer to themselves", maxNodes)}}
 	}
-	d := &decoder{}
+	d := &decoder{lines: map[string]int{}}
 	decode(n, v.Elem(), "", d)
 	if d.dropped > 0 {
 		d.errs = append(d.errs, &Error{Msg: fmt.Sprintf("%d more problems not shown", d.dropped)})
 	}
 	if len(d.errs) > 0 {
-		return d.errs
+		return d, d.errs
 	}
-	return nil
+	return d, nil
 }
 
 // maxNodes bounds the nodes a document holds once its aliases are
@@ -131,8 +196,32 @@ const maxErrors = 20
 
 // decoder collects the problems of one document.
 type decoder struct {
-	errs    Errors
-	dropped int
+	errs       Errors
+	dropped    int
+	lines      map[string]int // key path → line
+	deprecated Errors
+}
+
+// recordTree notes the line of every key and list item below n, for a
+// value a type's own decoder took whole.
+func (d *decoder) recordTree(n *yaml.Node, path string) {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key := joinPath(path, n.Content[i].Value)
+			d.lines[key] = n.Content[i].Line
+			d.recordTree(n.Content[i+1], key)
+		}
+	case yaml.SequenceNode:
+		for i, item := range n.Content {
+			key := fmt.Sprintf("%s[%d]", path, i)
+			d.lines[key] = item.Line
+			d.recordTree(item, key)
+		}
+	}
 }
 
 func (d *decoder) add(e *Error) {
@@ -214,6 +303,7 @@ func decode(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 // ends with is dropped, and an Errors from a nested DecodeNode gets the
 // path prefixed.
 func decodeCustom(n *yaml.Node, v reflect.Value, path string, d *decoder) {
+	d.recordTree(n, path)
 	err := n.Decode(v.Addr().Interface())
 	if err == nil {
 		return
@@ -251,25 +341,54 @@ func decodeStruct(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 			decodeMerge(n.Content[i+1], v, path, d)
 		}
 	}
-	seen := map[string]int{}
+	seen := map[string]*yaml.Node{} // by the key's current spelling
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, val := n.Content[i], n.Content[i+1]
 		if k.ShortTag() == "!!merge" {
 			continue
 		}
 		key := joinPath(path, k.Value)
-		if first, dup := seen[k.Value]; dup {
-			d.add(&Error{Path: key, Line: k.Line, Msg: fmt.Sprintf("duplicate key (first given on line %d)", first)})
-			continue
-		}
-		seen[k.Value] = k.Line
-		f, ok := field(v, k.Value)
+		f, name, ok := field(v, k.Value)
 		if !ok {
 			d.add(&Error{Path: key, Line: k.Line, Msg: "unknown key" + hint(k.Value, keys(v.Type()))})
 			continue
 		}
-		decode(val, f, key, d)
+		if first, dup := seen[name]; dup {
+			msg := fmt.Sprintf("duplicate key (first given on line %d)", first.Line)
+			if first.Value != k.Value {
+				msg = fmt.Sprintf("given twice, as %s on line %d and as %s (the same setting): keep %s", first.Value, first.Line, k.Value, name)
+			}
+			d.add(&Error{Path: key, Line: k.Line, Msg: msg})
+			continue
+		}
+		seen[name] = k
+		canonical := joinPath(path, name)
+		d.lines[canonical] = k.Line
+		if name != k.Value {
+			d.deprecated = append(d.deprecated, &Error{Path: key, Line: k.Line,
+				Msg: fmt.Sprintf("deprecated spelling: write %s (read the same way for now)", canonical)})
+			if val.Kind == yaml.ScalarNode && f.Kind() == reflect.Slice && f.Type().Elem().Kind() == reflect.String {
+				// The former key took one string, or several
+				// separated by commas, where the list now stands.
+				setCommaList(val, f)
+				continue
+			}
+		}
+		decode(val, f, key, d) // a problem of the value is named as the file spells it
 	}
+}
+
+// setCommaList fills string slice f from a scalar of comma-separated
+// values.
+func setCommaList(n *yaml.Node, f reflect.Value) {
+	parts := strings.Split(n.Value, ",")
+	s := reflect.MakeSlice(f.Type(), 0, len(parts))
+	for _, p := range parts {
+		if p = strings.TrimSpace(p); p != "" {
+			s = reflect.Append(s, reflect.ValueOf(p).Convert(f.Type().Elem()))
+		}
+	}
+	f.Set(s)
 }
 
 // decodeMerge fills struct v from the mapping (or list of mappings) of a
@@ -291,9 +410,10 @@ func decodeMerge(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 	}
 }
 
-// field finds the field of struct v that key fills, looking into fields
-// tagged ",inline".
-func field(v reflect.Value, key string) (reflect.Value, bool) {
+// field finds the field of struct v that key fills, by its name or its
+// former spelling (`was` tag), looking into fields tagged ",inline"; name
+// is the key's current spelling.
+func field(v reflect.Value, key string) (f reflect.Value, name string, ok bool) {
 	t := v.Type()
 	for i := range t.NumField() {
 		sf := t.Field(i)
@@ -305,19 +425,19 @@ func field(v reflect.Value, key string) (reflect.Value, bool) {
 			continue
 		}
 		if opts == "inline" && sf.Type.Kind() == reflect.Struct {
-			if f, ok := field(v.Field(i), key); ok {
-				return f, true
+			if f, name, ok := field(v.Field(i), key); ok {
+				return f, name, true
 			}
 			continue
 		}
 		if name == "" {
 			name = strings.ToLower(sf.Name)
 		}
-		if name == key {
-			return v.Field(i), true
+		if name == key || sf.Tag.Get("was") == key && key != "" {
+			return v.Field(i), name, true
 		}
 	}
-	return reflect.Value{}, false
+	return reflect.Value{}, "", false
 }
 
 // keys lists the keys struct type t takes, inlined structs' included.
@@ -389,7 +509,9 @@ func decodeSlice(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 	}
 	s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
 	for i, item := range n.Content {
-		decode(item, s.Index(i), fmt.Sprintf("%s[%d]", path, i), d)
+		key := fmt.Sprintf("%s[%d]", path, i)
+		d.lines[key] = item.Line
+		decode(item, s.Index(i), key, d)
 	}
 	v.Set(s)
 }
@@ -412,6 +534,7 @@ func decodeMap(n *yaml.Node, v reflect.Value, path string, d *decoder) {
 			continue
 		}
 		seen[k.Value] = k.Line
+		d.lines[key] = k.Line
 		elem := reflect.New(v.Type().Elem()).Elem()
 		decode(n.Content[i+1], elem, key, d)
 		v.SetMapIndex(reflect.ValueOf(k.Value).Convert(v.Type().Key()), elem)

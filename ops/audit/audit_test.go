@@ -383,8 +383,8 @@ func TestExportNDJSON(t *testing.T) {
 		if ev.Type == "Bind" {
 			binds++
 			var f struct {
-				Instance string       `json:"instance"`
-				Decision DecisionJSON `json:"decision"`
+				Instance string           `json:"instance"`
+				Decision fsm.DecisionJSON `json:"decision"`
 			}
 			if err := json.Unmarshal(ev.Fields, &f); err != nil || f.Instance == "" || f.Decision.Edge == "" {
 				t.Errorf("bind fields %s: %v", ev.Fields, err)
@@ -435,8 +435,17 @@ func TestVerifyComparesHashesOrBindings(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !rep.OK || rep.Mode != "bindings" || rep.ChangedSince != 2 || rep.Conflicts != 0 || rep.Equal != 22 ||
-		!strings.Contains(rep.Message, "reports only the current state hash") {
+		!strings.Contains(rep.Message, "no longer remembers the state hash at that index") {
 		t.Fatalf("moved-on edge: %+v", rep)
+	}
+	// A moved-on edge that remembers the hash at the copy's index is
+	// compared by hash.
+	rep, err = Verify(context.Background(), d, rememberingLive{stateLive{lb.m.State()}, copyState}, VerifyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK || rep.Mode != "hash" || rep.LiveIndex != copyState.Index() {
+		t.Fatalf("moved-on edge that remembers the hash: %+v", rep)
 	}
 
 	// A live node that disagrees about a binding set before the copy.
@@ -452,6 +461,20 @@ func TestVerifyComparesHashesOrBindings(t *testing.T) {
 	if rep.OK || rep.Conflicts != 1 || !strings.HasPrefix(rep.Message, "MISMATCH") || !strings.Contains(rep.Message, `context/"conv-3"`) {
 		t.Fatalf("conflicting edge: %+v", rep)
 	}
+}
+
+// rememberingLive answers ?index=N with the state at exactly N, as an
+// edge does for an index it still remembers.
+type rememberingLive struct {
+	stateLive
+	past *fsm.State
+}
+
+func (s rememberingLive) StateHash(ctx context.Context, index uint64) (LiveHash, error) {
+	if index != 0 && index == s.past.Index() {
+		return stateLive{s.past}.StateHash(ctx, index)
+	}
+	return s.stateLive.StateHash(ctx, index)
 }
 
 // forgedLive reports one key with an old epoch but another instance: what

@@ -114,7 +114,7 @@ func bigArchive(b *testing.B) string {
 // BenchmarkExplain1M explains a parent key (its binds, touch windows and
 // overflows from the per-key index, and its two sub-agents found by the
 // Link scan) in an archive of a million events. The ms/explain figure is
-// the one issue 7 bounds (under a second).
+// meant to stay under a second.
 func BenchmarkExplain1M(b *testing.B) {
 	dir := bigArchive(b)
 	d, err := Open(dir, Options{})

@@ -78,21 +78,21 @@ type Item struct {
 	LastTime  time.Time `json:"last_time,omitzero"`
 	Count     int       `json:"count,omitempty"`
 	// Status and StatusReason are the apply outcome the archive recorded.
-	Status         string        `json:"status"`
-	StatusReason   string        `json:"status_reason,omitempty"`
-	Instance       string        `json:"instance,omitempty"`
-	ConversationID string        `json:"conversation_id,omitempty"`
-	From           string        `json:"from,omitempty"`
-	To             string        `json:"to,omitempty"`
-	Rebind         bool          `json:"rebind,omitempty"`
-	Reason         string        `json:"reason,omitempty"` // overflow or eviction reason
-	Epoch          uint64        `json:"epoch,omitempty"`
-	Rank           *uint32       `json:"rank,omitempty"` // a RankObserved step's rank
-	Detail         string        `json:"detail,omitempty"`
-	Decision       *DecisionJSON `json:"decision,omitempty"`
+	Status         string            `json:"status"`
+	StatusReason   string            `json:"status_reason,omitempty"`
+	Instance       string            `json:"instance,omitempty"`
+	ConversationID string            `json:"conversation_id,omitempty"`
+	From           string            `json:"from,omitempty"`
+	To             string            `json:"to,omitempty"`
+	Rebind         bool              `json:"rebind,omitempty"`
+	Reason         string            `json:"reason,omitempty"` // overflow or eviction reason
+	Epoch          uint64            `json:"epoch,omitempty"`
+	Rank           *uint32           `json:"rank,omitempty"` // a RankObserved step's rank
+	Detail         string            `json:"detail,omitempty"`
+	Decision       *fsm.DecisionJSON `json:"decision,omitempty"`
 	// Evidence is what the deciding edge saw (an Evidence event of the same
 	// request, recorded after the placement).
-	Evidence *EvidenceJSON `json:"evidence,omitempty"`
+	Evidence *fsm.EvidenceJSON `json:"evidence,omitempty"`
 	// Outcome says in words what the step did to the binding.
 	Outcome string `json:"outcome"`
 }
@@ -202,118 +202,117 @@ func (b binding) String() string {
 
 // buildHistory turns a key's archive records into items.
 func buildHistory(f fsm.Fleet, key string, recs []archive.Record, complete bool) KeyHistory {
-	h := KeyHistory{Fleet: f.String(), Key: key, Items: []Item{}}
-	cur := binding{known: complete}
-	var touch *Item
-	flushTouch := func() {
-		if touch != nil {
-			h.Items = append(h.Items, *touch)
-			touch = nil
+	hb := historyBuilder{h: KeyHistory{Fleet: f.String(), Key: key, Items: []Item{}}, cur: binding{known: complete}}
+	for _, ke := range archive.KeyEvents(recs, f, key) {
+		hb.add(ke)
+	}
+	hb.flushTouch()
+	hb.h.Final = hb.cur.String()
+	return hb.h
+}
+
+// historyBuilder narrates a key's events: what each did to the binding as
+// explain reconstructs it, consecutive touches folded into one window.
+type historyBuilder struct {
+	h     KeyHistory
+	cur   binding
+	touch *Item // the open touch window
+}
+
+func (hb *historyBuilder) flushTouch() {
+	if hb.touch != nil {
+		hb.h.Items = append(hb.h.Items, *hb.touch)
+		hb.touch = nil
+	}
+}
+
+func (hb *historyBuilder) add(ke archive.KeyEvent) {
+	if ke.Err != nil {
+		hb.flushTouch()
+		hb.h.Items = append(hb.h.Items, Item{Kind: "undecodable", Index: ke.Index, Time: logTime(ke.Time), Status: "unknown", Outcome: ke.Err.Error()})
+		return
+	}
+	out := ke.Outcome
+	it := Item{Index: ke.Index, Time: logTime(ke.Time), Status: out.Status.String(), StatusReason: out.Reason}
+	if out.Status == 0 {
+		it.Status = "not recorded"
+	}
+	evicted := ke.Evicted
+	if ke.Names {
+		if _, isTouch := ke.Proposal.Event.(fsm.Touch); isTouch {
+			hb.touched(it)
+		} else if hb.narrate(ke, &it) {
+			hb.flushTouch()
+			hb.h.Items = append(hb.h.Items, it)
+			if _, isEvict := ke.Proposal.Event.(fsm.Evict); isEvict {
+				evicted = nil // reported by the Evict item, not again as an effect
+			}
 		}
 	}
-	for _, r := range recs {
-		props, err := r.Proposals()
-		if err != nil {
-			flushTouch()
-			h.Items = append(h.Items, Item{Kind: "undecodable", Index: r.Index, Time: logTime(r.Time), Status: "unknown", Outcome: err.Error()})
-			continue
-		}
-		for i, p := range props {
-			var out archive.Outcome
-			if i < len(r.Outcomes) {
-				out = r.Outcomes[i]
-			}
-			names := false
-			if p.Event != nil {
-				for _, k := range fsm.EventKeys(p.Event) {
-					if k.Fleet == f && k.Key == key {
-						names = true
-						break
-					}
-				}
-			}
-			var evicted *fsm.Evicted
-			for j := range out.Evicted {
-				if e := &out.Evicted[j]; e.Fleet == f && e.Key == key {
-					evicted = e
-				}
-			}
-			if !names && evicted == nil {
-				continue
-			}
-			it := Item{Index: r.Index, Time: logTime(r.Time), Status: out.Status.String(), StatusReason: out.Reason}
-			if out.Status == 0 {
-				it.Status = "not recorded"
-			}
-			if names {
-				switch e := p.Event.(type) {
-				case fsm.Touch:
-					if touch == nil {
-						touch = &Item{Kind: "touches", Index: r.Index, Time: it.Time, Status: it.Status, Outcome: "last use recorded"}
-					}
-					touch.LastIndex, touch.LastTime = r.Index, it.Time
-					touch.Count++
-				case fsm.Bind:
-					flushTouch()
-					d := decisionJSON(e.Decision)
-					it.Kind, it.Instance, it.ConversationID, it.Decision = "bind", e.Instance, e.ConversationID, &d
-					it.Outcome = cur.bind(out.Status, out.Reason, e.Instance, outcomeEpoch(out, r.Index))
-					if out.Status == fsm.StatusApplied {
-						it.Epoch = cur.epoch
-					}
-				case fsm.Overflow:
-					flushTouch()
-					d := decisionJSON(e.Decision)
-					it.Kind, it.From, it.To, it.Rebind, it.Reason, it.Decision = "overflow", e.From, e.To, e.Rebind, e.Reason.String(), &d
-					it.Outcome = cur.overflow(&e, out.Status, out.Reason, outcomeEpoch(out, r.Index))
-				case fsm.Evidence:
-					ej := evidenceJSON(e)
-					if prev := placementOf(h.Items, e.RequestID); prev != nil {
-						prev.Evidence = &ej
-						continue
-					}
-					flushTouch()
-					it.Kind, it.Evidence, it.Outcome = "evidence", &ej, "evidence of a placement not in this history"
-				case fsm.RankObserved:
-					flushTouch()
-					rank := e.Rank
-					it.Kind, it.Epoch, it.Rank = "rank", e.Epoch, &rank
-					it.Outcome = cur.observeRank(&e, out.Status, out.Reason)
-				case fsm.Evict:
-					flushTouch()
-					it.Kind, it.Reason, it.Epoch, it.Detail = "evict", e.Reason.String(), e.Epoch, e.Detail
-					if evicted != nil {
-						it.Instance = evicted.Instance
-						it.Outcome = fmt.Sprintf("evicted from %s (epoch %d, %s)", evicted.Instance, evicted.Epoch, evicted.Reason)
-						cur = binding{known: true}
-						evicted = nil // reported here, not again as an effect
-					} else {
-						it.Outcome = "not evicted"
-						if out.Reason != "" {
-							it.Outcome += ": " + out.Reason
-						}
-					}
-				}
-				if it.Kind != "" {
-					h.Items = append(h.Items, it)
-				}
-			}
-			if evicted == nil {
-				continue
-			}
-			// The key left the state as an effect of this proposal (a
-			// capacity eviction, an instance going down).
-			flushTouch()
-			it = Item{Index: r.Index, Time: logTime(r.Time), Status: it.Status, StatusReason: it.StatusReason}
-			it.Kind, it.Instance, it.Epoch, it.Reason = "evicted", evicted.Instance, evicted.Epoch, evicted.Reason.String()
-			it.Outcome = fmt.Sprintf("evicted from %s (epoch %d) by %s", evicted.Instance, evicted.Epoch, effectCause(p, evicted.Reason))
-			cur = binding{known: true}
-			h.Items = append(h.Items, it)
-		}
+	if evicted == nil {
+		return
 	}
-	flushTouch()
-	h.Final = cur.String()
-	return h
+	// The key left the state as an effect of this proposal (a capacity
+	// eviction, an instance going down).
+	hb.flushTouch()
+	it = Item{Index: ke.Index, Time: it.Time, Status: it.Status, StatusReason: it.StatusReason,
+		Kind: "evicted", Instance: evicted.Instance, Epoch: evicted.Epoch, Reason: evicted.Reason.String()}
+	it.Outcome = fmt.Sprintf("evicted from %s (epoch %d) by %s", evicted.Instance, evicted.Epoch, effectCause(ke.Proposal, evicted.Reason))
+	hb.cur = binding{known: true}
+	hb.h.Items = append(hb.h.Items, it)
+}
+
+func (hb *historyBuilder) touched(it Item) {
+	if hb.touch == nil {
+		hb.touch = &Item{Kind: "touches", Index: it.Index, Time: it.Time, Status: it.Status, Outcome: "last use recorded"}
+	}
+	hb.touch.LastIndex, hb.touch.LastTime = it.Index, it.Time
+	hb.touch.Count++
+}
+
+// narrate fills it for an event that names the key (other than Touch) and
+// reports whether it is an item of the history.
+func (hb *historyBuilder) narrate(ke archive.KeyEvent, it *Item) bool {
+	out := ke.Outcome
+	switch e := ke.Proposal.Event.(type) {
+	case fsm.Bind:
+		d := fsm.DescribeDecision(e.Decision)
+		it.Kind, it.Instance, it.ConversationID, it.Decision = "bind", e.Instance, e.ConversationID, &d
+		it.Outcome = hb.cur.bind(out.Status, out.Reason, e.Instance, outcomeEpoch(out, ke.Index))
+		if out.Status == fsm.StatusApplied {
+			it.Epoch = hb.cur.epoch
+		}
+	case fsm.Overflow:
+		d := fsm.DescribeDecision(e.Decision)
+		it.Kind, it.From, it.To, it.Rebind, it.Reason, it.Decision = "overflow", e.From, e.To, e.Rebind, e.Reason.String(), &d
+		it.Outcome = hb.cur.overflow(&e, out.Status, out.Reason, outcomeEpoch(out, ke.Index))
+	case fsm.Evidence:
+		ej := fsm.DescribeEvidence(e)
+		if prev := placementOf(hb.h.Items, e.RequestID); prev != nil {
+			prev.Evidence = &ej // told with its placement, not as an item
+			return false
+		}
+		it.Kind, it.Evidence, it.Outcome = "evidence", &ej, "evidence of a placement not in this history"
+	case fsm.RankObserved:
+		rank := e.Rank
+		it.Kind, it.Epoch, it.Rank = "rank", e.Epoch, &rank
+		it.Outcome = hb.cur.observeRank(&e, out.Status, out.Reason)
+	case fsm.Evict:
+		it.Kind, it.Reason, it.Epoch, it.Detail = "evict", e.Reason.String(), e.Epoch, e.Detail
+		if ev := ke.Evicted; ev != nil {
+			it.Instance = ev.Instance
+			it.Outcome = fmt.Sprintf("evicted from %s (epoch %d, %s)", ev.Instance, ev.Epoch, ev.Reason)
+			hb.cur = binding{known: true}
+		} else {
+			it.Outcome = "not evicted"
+			if out.Reason != "" {
+				it.Outcome += ": " + out.Reason
+			}
+		}
+	default:
+		return false
+	}
+	return true
 }
 
 // placementOf is the latest bind or overflow of items decided for

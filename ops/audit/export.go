@@ -95,7 +95,7 @@ func recordEvents(r archive.Record) []ExportedEvent {
 	}
 	out := make([]ExportedEvent, len(props))
 	for i, p := range props {
-		ev := ExportedEvent{Index: r.Index, Time: t, Proposal: i, Type: p.Type.String(), Fields: EventFields(p)}
+		ev := ExportedEvent{Index: r.Index, Time: t, Proposal: i, Type: p.Type.String(), Fields: fsm.Describe(p)}
 		if p.ID != (fsm.ProposalID{}) {
 			ev.ProposalID = hex.EncodeToString(p.ID[:])
 		}

@@ -28,9 +28,9 @@ var exportSamples = []fsm.Event{
 	fsm.Evidence{Fleet: fsm.FleetContext, Key: "k", RequestID: "r", Rule: "kv_aware", Candidates: []fsm.EvidenceCandidate{{Instance: "ctx-1", CachedBlocks: 4, Flags: fsm.EvidenceChosen}}},
 }
 
-// Every event type of the fsm's table exports with its fields decoded
-// (before: RankObserved, half of a typical log, came out as type_byte and
-// raw_hex). The table is every type byte whose name the fsm knows.
+// Every event type of the fsm's table exports with its fields decoded, not
+// as type_byte and raw_hex. The table is every type byte whose name the fsm
+// knows.
 func TestExportDecodesEveryEventType(t *testing.T) {
 	byType := map[fsm.EventType]fsm.Event{}
 	for _, ev := range exportSamples {
@@ -49,7 +49,7 @@ func TestExportDecodesEveryEventType(t *testing.T) {
 	for _, typ := range known {
 		ev, ok := byType[typ]
 		if !ok {
-			t.Errorf("event type %s (0x%02x) has no sample here: add one, and its JSON shape to EventFields", typ, uint8(typ))
+			t.Errorf("event type %s (0x%02x) has no sample here: add one (its description is its row in fsm/kinds.go)", typ, uint8(typ))
 			continue
 		}
 		data, err := fsm.EncodeEntry([]fsm.Proposal{{Event: ev}})

@@ -115,92 +115,15 @@ func (d *DataDir) Replay(ctx context.Context, opts ReplayOptions) (*Result, erro
 	if err != nil {
 		return nil, err
 	}
-	res.Start = plan.start
-	res.Notes = plan.notes
-	res.State = m.State()
-
-	untilTime := int64(0)
+	res.Start, res.Notes, res.State = plan.start, plan.notes, m.State()
+	rp := &replayer{ctx: ctx, opts: opts, m: m, plan: plan, res: res, startIndex: plan.start.StateIndex}
 	if !opts.UntilTime.IsZero() {
-		untilTime = opts.UntilTime.UnixNano()
+		rp.untilTime = opts.UntilTime.UnixNano()
 	}
-	stop := errors.New("stop")
-	var (
-		batch    []fsm.Entry
-		outcomes [][]archive.Outcome // nil element: entry not from the archive
-		applyErr error
-	)
-	lastIndex := b.ArchiveLast
-	if opts.UntilIndex != 0 && opts.UntilIndex < lastIndex {
-		lastIndex = opts.UntilIndex
-	}
-	startIndex := plan.start.StateIndex
-	if opts.Progress != nil {
-		total := uint64(0)
-		if lastIndex > startIndex {
-			total = lastIndex - startIndex
-		}
-		opts.Progress.Start(total)
-	}
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		rs, err := m.ApplyBatch(batch)
-		for i, r := range rs {
-			if outcomes[i] != nil {
-				res.FromArchive++
-				compareOutcomes(res, batch[i].Index, outcomes[i], r, opts.MaxMismatches)
-			} else {
-				res.FromRaftLog++
-			}
-			res.Events += len(r)
-		}
-		if err != nil {
-			applyErr = &ReplayError{Index: batch[len(rs)].Index, Err: err}
-			return stop
-		}
-		if opts.Progress != nil {
-			if idx := batch[len(batch)-1].Index; idx > startIndex {
-				opts.Progress.Update(idx - startIndex)
-			}
-		}
-		batch, outcomes = batch[:0], outcomes[:0]
-		return ctx.Err()
-	}
-	add := func(e fsm.Entry, out []archive.Outcome) error {
-		if opts.UntilIndex != 0 && e.Index > opts.UntilIndex {
-			return stop
-		}
-		if untilTime != 0 && e.Time > untilTime {
-			return stop
-		}
-		if e.Index <= plan.after {
-			return nil
-		}
-		batch = append(batch, e)
-		outcomes = append(outcomes, out)
-		if len(batch) >= replayBatch {
-			return flush()
-		}
-		return nil
-	}
-	err = func() error {
-		if plan.raftTo > plan.after {
-			if err := d.raftEntries(plan.after+1, plan.raftTo, func(e fsm.Entry) error { return add(e, nil) }); err != nil {
-				return err
-			}
-		}
-		from := max(plan.after, plan.raftTo) + 1
-		return d.archive.Range(from, 0, func(r archive.Record) error {
-			out := r.Outcomes
-			if out == nil {
-				out = []archive.Outcome{}
-			}
-			return add(fsm.Entry{Index: r.Index, Time: r.Time, Data: r.Data}, out)
-		})
-	}()
-	if err == nil || errors.Is(err, stop) && applyErr == nil {
-		if ferr := flush(); ferr != nil {
+	rp.startProgress(b)
+	err = d.feed(rp)
+	if err == nil || errors.Is(err, errStopReplay) && rp.applyErr == nil {
+		if ferr := rp.flush(); ferr != nil {
 			err = ferr
 		}
 	}
@@ -212,13 +135,13 @@ func (d *DataDir) Replay(ctx context.Context, opts ReplayOptions) (*Result, erro
 	if st.Time() != 0 {
 		res.Time = time.Unix(0, st.Time()).UTC()
 	}
-	if applyErr != nil {
+	if rp.applyErr != nil {
 		var re *ReplayError
-		errors.As(applyErr, &re)
+		errors.As(rp.applyErr, &re)
 		re.Partial = res
 		return res, re
 	}
-	if err != nil && !errors.Is(err, stop) {
+	if err != nil && !errors.Is(err, errStopReplay) {
 		return res, fmt.Errorf("audit: replay: %w", err)
 	}
 	if b.RaftLast > b.ArchiveLast && b.ArchiveLast != 0 && opts.UntilIndex == 0 && opts.UntilTime.IsZero() {
@@ -227,6 +150,107 @@ func (d *DataDir) Replay(ctx context.Context, opts ReplayOptions) (*Result, erro
 				"(a copy does not say whether they were committed; a running node archives them once applied)", b.RaftLast, b.ArchiveLast))
 	}
 	return res, nil
+}
+
+// errStopReplay ends the feed at the replay's bound (index or time).
+var errStopReplay = errors.New("stop")
+
+// replayer applies the entries of one replay in batches and compares the
+// archived outcomes with the machine's.
+type replayer struct {
+	ctx        context.Context
+	opts       ReplayOptions
+	m          *fsm.Machine
+	plan       replayPlan
+	res        *Result
+	untilTime  int64
+	startIndex uint64
+
+	batch    []fsm.Entry
+	outcomes [][]archive.Outcome // nil element: entry not from the archive
+	applyErr error
+}
+
+func (rp *replayer) startProgress(b Bounds) {
+	if rp.opts.Progress == nil {
+		return
+	}
+	lastIndex := b.ArchiveLast
+	if rp.opts.UntilIndex != 0 && rp.opts.UntilIndex < lastIndex {
+		lastIndex = rp.opts.UntilIndex
+	}
+	total := uint64(0)
+	if lastIndex > rp.startIndex {
+		total = lastIndex - rp.startIndex
+	}
+	rp.opts.Progress.Start(total)
+}
+
+// feed hands the replay the raft.db entries between the start and the
+// archive, then the archive's records.
+func (d *DataDir) feed(rp *replayer) error {
+	plan := rp.plan
+	if plan.raftTo > plan.after {
+		if err := d.raftEntries(plan.after+1, plan.raftTo, func(e fsm.Entry) error { return rp.add(e, nil) }); err != nil {
+			return err
+		}
+	}
+	from := max(plan.after, plan.raftTo) + 1
+	return d.archive.Range(from, 0, func(r archive.Record) error {
+		out := r.Outcomes
+		if out == nil {
+			out = []archive.Outcome{}
+		}
+		return rp.add(fsm.Entry{Index: r.Index, Time: r.Time, Data: r.Data}, out)
+	})
+}
+
+// add queues one entry (out: its archived outcomes, nil for a raft.db
+// entry); errStopReplay past the replay's bound.
+func (rp *replayer) add(e fsm.Entry, out []archive.Outcome) error {
+	if rp.opts.UntilIndex != 0 && e.Index > rp.opts.UntilIndex {
+		return errStopReplay
+	}
+	if rp.untilTime != 0 && e.Time > rp.untilTime {
+		return errStopReplay
+	}
+	if e.Index <= rp.plan.after {
+		return nil
+	}
+	rp.batch = append(rp.batch, e)
+	rp.outcomes = append(rp.outcomes, out)
+	if len(rp.batch) >= replayBatch {
+		return rp.flush()
+	}
+	return nil
+}
+
+// flush applies the queued entries and compares their outcomes.
+func (rp *replayer) flush() error {
+	if len(rp.batch) == 0 {
+		return nil
+	}
+	rs, err := rp.m.ApplyBatch(rp.batch)
+	for i, r := range rs {
+		if rp.outcomes[i] != nil {
+			rp.res.FromArchive++
+			compareOutcomes(rp.res, rp.batch[i].Index, rp.outcomes[i], r, rp.opts.MaxMismatches)
+		} else {
+			rp.res.FromRaftLog++
+		}
+		rp.res.Events += len(r)
+	}
+	if err != nil {
+		rp.applyErr = &ReplayError{Index: rp.batch[len(rs)].Index, Err: err}
+		return errStopReplay
+	}
+	if rp.opts.Progress != nil {
+		if idx := rp.batch[len(rp.batch)-1].Index; idx > rp.startIndex {
+			rp.opts.Progress.Update(idx - rp.startIndex)
+		}
+	}
+	rp.batch, rp.outcomes = rp.batch[:0], rp.outcomes[:0]
+	return rp.ctx.Err()
 }
 
 // replayPlan says where a replay starts and which source covers what.

@@ -105,7 +105,7 @@ func Summarize(st *fsm.State) Summary {
 		BindsCreated: c.BindsCreated, BindsExisting: c.BindsExisting, Rebinds: c.Rebinds, Touched: c.Touched,
 		LinksCreated: c.LinksCreated, Rejected: c.Rejected, ConditionFailed: c.ConditionFailed, Duplicates: c.Duplicates,
 	}
-	for _, n := range st.Nodes() {
+	for _, n := range st.Edges() {
 		s.Nodes = append(s.Nodes, NodeSummary{ID: n.ID, Version: n.Version, MaxFeatureLevel: n.MaxFeatureLevel})
 	}
 	return s

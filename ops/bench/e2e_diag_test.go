@@ -13,7 +13,7 @@ import (
 	"github.com/tether-project/tether/ops/devstack"
 )
 
-// The TTFT diagnostics of BENCHMARKS.md (issue 17, "e2e TTFT"): the e2e
+// The TTFT diagnostics of BENCHMARKS.md ("e2e TTFT"): the e2e
 // comparison's workload (the traces ending within 1,000 s, staggered over
 // 10 min; 4 context workers of 4,500 blocks, 2 generation workers, 3 edges)
 // run against local deployments (TestE2ETTFTDiagnostics) and in sim mode

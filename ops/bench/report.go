@@ -81,167 +81,220 @@ func BuildReport(ctx context.Context, opts ReportOptions) (Sections, error) {
 	}
 	started := time.Now()
 	sec := Sections{"machine": machineSection(started)}
-	logf := func(format string, args ...any) {
-		if opts.Progress != nil {
-			fmt.Fprintf(opts.Progress, format+"\n", args...)
+	rb := &reportBuild{ctx: ctx, opts: opts, edgeCounts: []int{1, 3, 5}}
+	for _, step := range []func() error{rb.headline, rb.sensitivity, rb.runAgents, rb.drawPlots, rb.endToEnd} {
+		if err := step(); err != nil {
+			return nil, err
 		}
 	}
+	sec["policy-comparison"] = policySection(opts, rb.w, rb.base, rb.head, rb.sens, rb.plots, rb.e2e, rb.e2eW)
+	sec["agents"] = agentsSection(opts, rb.abase, rb.agents)
+	stickyBound := -1.0
+	for _, r := range rb.headRuns {
+		if r.Policy == PolicyTether {
+			stickyBound = StickyBalanceBound(r, rb.base.Instances)
+		}
+	}
+	sec["targets"] = targetsSection(rb.head, rb.agents, stickyBound)
+	if opts.MicroFile != "" {
+		micro, err := microSection(opts)
+		if err != nil {
+			return nil, err
+		}
+		sec["micro"] = micro
+	}
+	rb.logf("report: done in %v", time.Since(started).Round(time.Second))
+	return sec, nil
+}
 
-	// The published figures are the validation half's: every parameter was
-	// chosen on the tuning half (TraceOptions.Half).
-	w, err := LoadTraces(opts.Traces, TraceOptions{Stagger: ReferenceStagger, Half: HalfValidation})
-	if err != nil {
-		return nil, err
-	}
-	base := referenceSim()
-	base.Log = opts.Log
-	edgeCounts := []int{1, 3, 5}
-	logf("report: replaying %d traces: %d policies × edges %v × seeds %v", len(w.Agents), len(AllPolicies), edgeCounts, opts.Seeds)
-	head, headRuns, err := replaySeeds(ctx, w, base, AllPolicies, edgeCounts, opts, logf)
-	if err != nil {
-		return nil, err
-	}
+// reportBuild is one BuildReport run: its steps fill the figures in order.
+type reportBuild struct {
+	ctx        context.Context
+	opts       ReportOptions
+	edgeCounts []int
 
-	// Ablations and sensitivity: which mechanism costs or buys what, and
-	// how the ordering moves with cache capacity, ADP ranks (and the
-	// workers' rank placement) and a fleet-wide shared prefix.
-	type variant struct {
-		label    string
-		w        *Workload
-		cfg      SimConfig
-		policies []Policy
-		edges    []int // default 3
+	w        *Workload // the validation half, staggered
+	base     SimConfig
+	head     []Summary
+	headRuns []*RunResult
+	sens     []sensitivity
+	abase    SimConfig
+	agents   []*AgentsReport
+	plots    []string
+	e2e      *E2EComparison
+	e2eW     *Workload
+}
+
+func (rb *reportBuild) logf(format string, args ...any) {
+	if rb.opts.Progress != nil {
+		fmt.Fprintf(rb.opts.Progress, format+"\n", args...)
 	}
-	ablations := []Policy{PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind}
-	sensPolicies := []Policy{PolicyLeastLoaded, PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoCacheRebind}
-	variants := []variant{{label: "ablations at the reference setup (C = 6000)", w: w, cfg: base, policies: ablations}}
-	burst, err := LoadTraces(opts.Traces, TraceOptions{Half: HalfValidation})
+}
+
+// headline replays every policy at 1, 3 and 5 edges over the seeds. The
+// published figures are the validation half's: every parameter was chosen
+// on the tuning half (TraceOptions.Half).
+func (rb *reportBuild) headline() (err error) {
+	if rb.w, err = LoadTraces(rb.opts.Traces, TraceOptions{Stagger: ReferenceStagger, Half: HalfValidation}); err != nil {
+		return err
+	}
+	rb.base = referenceSim()
+	rb.base.Log = rb.opts.Log
+	rb.logf("report: replaying %d traces: %d policies × edges %v × seeds %v", len(rb.w.Agents), len(AllPolicies), rb.edgeCounts, rb.opts.Seeds)
+	rb.head, rb.headRuns, err = replaySeeds(rb.ctx, rb.w, rb.base, AllPolicies, rb.edgeCounts, rb.opts, rb.logf)
+	return err
+}
+
+// reportVariant is one ablation or sensitivity run.
+type reportVariant struct {
+	label    string
+	w        *Workload
+	cfg      SimConfig
+	policies []Policy
+	edges    []int // default 3
+}
+
+// sensitivity runs the ablations and sensitivities: which mechanism costs
+// or buys what, and how the ordering moves with cache capacity, ADP ranks
+// (and the workers' rank placement) and a fleet-wide shared prefix.
+func (rb *reportBuild) sensitivity() error {
+	variants, err := rb.variants()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	variants = append(variants, variant{label: "all conversations of the validation half starting in the same instant (no stagger)", w: burst, cfg: base,
-		policies: []Policy{PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoCacheRebind}, edges: edgeCounts})
-	for _, c := range []int{12000, 24000} {
-		v := base
-		v.CapacityBlocks = c
-		variants = append(variants, variant{label: fmt.Sprintf("C = %d blocks per instance", c), w: w, cfg: v, policies: sensPolicies})
-	}
-	r2 := base
-	r2.Ranks = 2
-	variants = append(variants, variant{label: "2 ADP ranks per instance (3,000 blocks each), workers place new conversations round_robin", w: w, cfg: r2, policies: sensPolicies})
-	r2lt := r2
-	r2lt.ADPPlacement = adp.LeastTokens
-	variants = append(variants, variant{label: "2 ADP ranks per instance, workers place new conversations least_tokens", w: w, cfg: r2lt, policies: sensPolicies})
-	agg := base
-	agg.Aggregated = true
-	variants = append(variants, variant{label: "aggregated workers (prefill and decode on one worker: blocks stay referenced while decoding)", w: w, cfg: agg,
-		policies: []Policy{PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoParent, PolicyTetherParentFirst, PolicyTetherNoCacheRebind}})
-	shared, err := LoadTraces(opts.Traces, TraceOptions{SharedPrefixBlocks: 32, Stagger: ReferenceStagger, Half: HalfValidation})
-	if err != nil {
-		return nil, err
-	}
-	variants = append(variants, variant{label: "--shared-prefix-blocks 32 (a 2,048-token fleet-wide system prompt)", w: shared, cfg: base, policies: sensPolicies})
-	var sens []sensitivity
 	for _, v := range variants {
-		logf("report: %s", v.label)
+		rb.logf("report: %s", v.label)
 		edges := v.edges
 		if edges == nil {
 			edges = []int{3}
 		}
-		rows, _, err := replaySeeds(ctx, v.w, v.cfg, v.policies, edges, ReportOptions{Seeds: opts.Seeds[:1], Parallel: opts.Parallel}, logf)
+		rows, _, err := replaySeeds(rb.ctx, v.w, v.cfg, v.policies, edges, ReportOptions{Seeds: rb.opts.Seeds[:1], Parallel: rb.opts.Parallel}, rb.logf)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		sens = append(sens, sensitivity{label: v.label, upper: UpperBound(v.w), rows: rows})
+		rb.sens = append(rb.sens, sensitivity{label: v.label, upper: UpperBound(v.w), rows: rows})
 	}
+	return nil
+}
 
-	// Agents.
-	abase := referenceAgents()
-	abase.Log = opts.Log
-	var agents []*AgentsReport
+func (rb *reportBuild) variants() ([]reportVariant, error) {
+	w, base := rb.w, rb.base
+	ablations := []Policy{PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind}
+	sensPolicies := []Policy{PolicyLeastLoaded, PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoCacheRebind}
+	variants := []reportVariant{{label: "ablations at the reference setup (C = 6000)", w: w, cfg: base, policies: ablations}}
+	burst, err := LoadTraces(rb.opts.Traces, TraceOptions{Half: HalfValidation})
+	if err != nil {
+		return nil, err
+	}
+	variants = append(variants, reportVariant{label: "all conversations of the validation half starting in the same instant (no stagger)", w: burst, cfg: base,
+		policies: []Policy{PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoCacheRebind}, edges: rb.edgeCounts})
+	for _, c := range []int{12000, 24000} {
+		v := base
+		v.CapacityBlocks = c
+		variants = append(variants, reportVariant{label: fmt.Sprintf("C = %d blocks per instance", c), w: w, cfg: v, policies: sensPolicies})
+	}
+	r2 := base
+	r2.Ranks = 2
+	variants = append(variants, reportVariant{label: "2 ADP ranks per instance (3,000 blocks each), workers place new conversations round_robin", w: w, cfg: r2, policies: sensPolicies})
+	r2lt := r2
+	r2lt.ADPPlacement = adp.LeastTokens
+	variants = append(variants, reportVariant{label: "2 ADP ranks per instance, workers place new conversations least_tokens", w: w, cfg: r2lt, policies: sensPolicies})
+	agg := base
+	agg.Aggregated = true
+	variants = append(variants, reportVariant{label: "aggregated workers (prefill and decode on one worker: blocks stay referenced while decoding)", w: w, cfg: agg,
+		policies: []Policy{PolicySession, PolicyPrefix, PolicyTether, PolicyTetherNoParent, PolicyTetherParentFirst, PolicyTetherNoCacheRebind}})
+	shared, err := LoadTraces(rb.opts.Traces, TraceOptions{SharedPrefixBlocks: 32, Stagger: ReferenceStagger, Half: HalfValidation})
+	if err != nil {
+		return nil, err
+	}
+	return append(variants, reportVariant{label: "--shared-prefix-blocks 32 (a 2,048-token fleet-wide system prompt)", w: shared, cfg: base, policies: sensPolicies}), nil
+}
+
+// runAgents runs every agent pattern over the seeds (medians).
+func (rb *reportBuild) runAgents() error {
+	rb.abase = referenceAgents()
+	rb.abase.Log = rb.opts.Log
 	for _, p := range AllPatterns {
-		logf("report: agents pattern %s", p)
+		rb.logf("report: agents pattern %s", p)
 		var perSeed []*AgentsReport
-		for _, seed := range opts.Seeds {
-			cfg := abase
+		for _, seed := range rb.opts.Seeds {
+			cfg := rb.abase
 			cfg.Seed = seed
-			ar, err := RunAgents(ctx, AgentOptions{Pattern: p}, ReplayOptions{Base: cfg, Policies: AllPolicies, Edges: []int{3}, Parallel: opts.Parallel})
+			ar, err := RunAgents(rb.ctx, AgentOptions{Pattern: p}, ReplayOptions{Base: cfg, Policies: AllPolicies, Edges: []int{3}, Parallel: rb.opts.Parallel})
 			if err != nil {
-				return nil, err
+				return err
 			}
 			perSeed = append(perSeed, ar)
 		}
-		agents = append(agents, medianAgents(perSeed))
+		rb.agents = append(rb.agents, medianAgents(perSeed))
 	}
+	return nil
+}
 
-	// Plots.
-	var plots []string
-	if opts.PlotDir != "" && opts.Plotter != nil {
-		at3 := rowsAt(head, 3)
-		if err := opts.Plotter.HitRateByPolicy(filepath.Join(opts.PlotDir, "hit_rate_by_policy.png"),
-			fmt.Sprintf("Hit rate by policy (validation half, 8 instances, C=6000, 3 edges)"), UpperBound(w), at3); err != nil {
-			return nil, err
-		}
-		var series []Series
-		for _, p := range []Policy{PolicySessionLocal, PolicySession, PolicyTether} {
-			s := Series{Name: string(p)}
-			for _, e := range edgeCounts {
-				for _, r := range head {
-					if r.Name == string(p) && r.Edges == e {
-						s.Points = append(s.Points, Point{X: float64(e), Y: r.HitRate})
-					}
+// drawPlots writes the report's figures (when a plot directory and a
+// plotter are given).
+func (rb *reportBuild) drawPlots() error {
+	opts := rb.opts
+	if opts.PlotDir == "" || opts.Plotter == nil {
+		return nil
+	}
+	if err := opts.Plotter.HitRateByPolicy(filepath.Join(opts.PlotDir, "hit_rate_by_policy.png"),
+		fmt.Sprintf("Hit rate by policy (validation half, 8 instances, C=6000, 3 edges)"), UpperBound(rb.w), rowsAt(rb.head, 3)); err != nil {
+		return err
+	}
+	var series []Series
+	for _, p := range []Policy{PolicySessionLocal, PolicySession, PolicyTether} {
+		s := Series{Name: string(p)}
+		for _, e := range rb.edgeCounts {
+			for _, r := range rb.head {
+				if r.Name == string(p) && r.Edges == e {
+					s.Points = append(s.Points, Point{X: float64(e), Y: r.HitRate})
 				}
 			}
-			series = append(series, s)
 		}
-		if err := opts.Plotter.Lines(filepath.Join(opts.PlotDir, "hit_rate_vs_edges.png"), "Hit rate versus number of edges",
-			"edges", "prompt-token cache hit rate", 0, 1, series); err != nil {
-			return nil, err
-		}
-		if err := opts.Plotter.TTFTCDF(filepath.Join(opts.PlotDir, "ttft_by_policy.png"), "TTFT distribution by policy (3 edges, seed 1)", headRuns); err != nil {
-			return nil, err
-		}
-		plots = []string{"hit_rate_by_policy.png", "hit_rate_vs_edges.png", "ttft_by_policy.png"}
+		series = append(series, s)
 	}
-	var e2e *E2EComparison
-	var e2eW *Workload
-	if opts.E2E {
-		logf("report: e2e subset against local deployments (one per policy)")
-		if e2eW, err = LoadTraces(opts.Traces, TraceOptions{MaxDuration: E2ESubset.MaxDuration, Stagger: ReferenceStagger}); err != nil {
-			return nil, err
-		}
-		local := LocalE2EOptions{Edges: E2ESubset.Edges, ContextWorkers: E2ESubset.Instances, GenerationWorkers: 2, Ranks: 1,
-			CapacityBlocks: E2ESubset.CapacityBlocks, TimeScale: E2ESubset.TimeScale, Seed: opts.Seeds[0], ADPPlacement: base.ADPPlacement}
-		cfg := base
-		cfg.Seed = opts.Seeds[0]
-		if e2e, err = CompareE2E(ctx, e2eW, AllPolicies, local, ReplayOptions{Base: cfg, Parallel: opts.Parallel}); err != nil {
-			return nil, err
-		}
+	if err := opts.Plotter.Lines(filepath.Join(opts.PlotDir, "hit_rate_vs_edges.png"), "Hit rate versus number of edges",
+		"edges", "prompt-token cache hit rate", 0, 1, series); err != nil {
+		return err
 	}
-	sec["policy-comparison"] = policySection(opts, w, base, head, sens, plots, e2e, e2eW)
-	sec["agents"] = agentsSection(opts, abase, agents)
-	stickyBound := -1.0
-	for _, r := range headRuns {
-		if r.Policy == PolicyTether {
-			stickyBound = StickyBalanceBound(r, base.Instances)
-		}
+	if err := opts.Plotter.TTFTCDF(filepath.Join(opts.PlotDir, "ttft_by_policy.png"), "TTFT distribution by policy (3 edges, seed 1)", rb.headRuns); err != nil {
+		return err
 	}
-	sec["targets"] = targetsSection(head, agents, stickyBound)
-	if opts.MicroFile != "" {
-		f, err := os.Open(opts.MicroFile)
-		if err != nil {
-			return nil, fmt.Errorf("bench: micro-benchmarks: %w", err)
-		}
-		res, err := ParseGoBench(f)
-		f.Close()
-		if err != nil {
-			return nil, err
-		}
-		sec["micro"] = fmt.Sprintf("Command: `make bench-report` (runs `go test -run '^$' -bench . -benchmem -count=N ./...`; medians over the N runs). %d benchmarks.\n\n%s",
-			len(res), MicroTable(res, opts.Module))
+	rb.plots = []string{"hit_rate_by_policy.png", "hit_rate_vs_edges.png", "ttft_by_policy.png"}
+	return nil
+}
+
+// endToEnd runs the e2e subset against local deployments (opts.E2E).
+func (rb *reportBuild) endToEnd() (err error) {
+	if !rb.opts.E2E {
+		return nil
 	}
-	logf("report: done in %v", time.Since(started).Round(time.Second))
-	return sec, nil
+	rb.logf("report: e2e subset against local deployments (one per policy)")
+	if rb.e2eW, err = LoadTraces(rb.opts.Traces, TraceOptions{MaxDuration: E2ESubset.MaxDuration, Stagger: ReferenceStagger}); err != nil {
+		return err
+	}
+	local := LocalE2EOptions{Edges: E2ESubset.Edges, ContextWorkers: E2ESubset.Instances, GenerationWorkers: 2, Ranks: 1,
+		CapacityBlocks: E2ESubset.CapacityBlocks, TimeScale: E2ESubset.TimeScale, Seed: rb.opts.Seeds[0], ADPPlacement: rb.base.ADPPlacement}
+	cfg := rb.base
+	cfg.Seed = rb.opts.Seeds[0]
+	rb.e2e, err = CompareE2E(rb.ctx, rb.e2eW, AllPolicies, local, ReplayOptions{Base: cfg, Parallel: rb.opts.Parallel})
+	return err
+}
+
+// microSection is the micro-benchmark table from opts.MicroFile.
+func microSection(opts ReportOptions) (string, error) {
+	f, err := os.Open(opts.MicroFile)
+	if err != nil {
+		return "", fmt.Errorf("bench: micro-benchmarks: %w", err)
+	}
+	res, err := ParseGoBench(f)
+	f.Close()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("Command: `make bench-report` (runs `go test -run '^$' -bench . -benchmem -count=N ./...`; medians over the N runs). %d benchmarks.\n\n%s",
+		len(res), MicroTable(res, opts.Module)), nil
 }
 
 type sensitivity struct {

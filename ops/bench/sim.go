@@ -411,9 +411,31 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 	}
 	w.WalkRequests(func(*Agent, *Request) { s.total++ })
 	s.res.Records = make([]RequestRecord, 0, s.total)
+	rc := routerConfig(cfg, w.BlockSize)
+	if s.router, err = routing.NewRouter(rc); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	if cfg.Policy.isTether() && cfg.Policy != PolicyTetherNoParent {
+		s.ident = routing.IdentityConfig{ParentHeader: ParentHeader}
+	}
+	if err := s.newInstances(); err != nil {
+		return nil, err
+	}
+	if err := s.newEdges(rc); err != nil {
+		return nil, err
+	}
+	if cfg.Policy.usesSharedLog() {
+		if err := s.registerWorkers(); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
 
+// routerConfig is the routing configuration of cfg's policy.
+func routerConfig(cfg SimConfig, blockSize int) routing.Config {
 	rc := cfg.Routing
-	rc.BlockSize = w.BlockSize
+	rc.BlockSize = blockSize
 	switch cfg.Policy {
 	case PolicyRoundRobin:
 		rc.Type = routing.RouterRoundRobin
@@ -436,16 +458,16 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 			rc.Overflow.Weigh = true
 		}
 	}
-	if s.router, err = routing.NewRouter(rc); err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
-	}
-	if cfg.Policy.isTether() && cfg.Policy != PolicyTetherNoParent {
-		s.ident = routing.IdentityConfig{ParentHeader: ParentHeader}
-	}
+	return rc
+}
 
+// newInstances builds the simulated workers: each a rank scheduler over
+// virtual ranks.
+func (s *simulator) newInstances() (err error) {
+	cfg := s.cfg
 	ec := cfg.Engine
 	ec.Ranks = cfg.Ranks
-	ec.BlockSize = w.BlockSize
+	ec.BlockSize = s.w.BlockSize
 	ec.CapacityBlocks = cfg.CapacityBlocks / cfg.Ranks
 	for i := 0; i < cfg.Instances; i++ {
 		in := &simInstance{id: fmt.Sprintf("worker-%02d", i), rankCap: ec.CapacityBlocks, maxLoRAs: ec.MaxLoRAs}
@@ -453,18 +475,24 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 			in.id = cfg.InstanceIDs[i]
 		}
 		if in.sched, err = adp.New(adp.Options{Ranks: cfg.Ranks, ConversationAffinity: true, Placement: cfg.ADPPlacement}); err != nil {
-			return nil, fmt.Errorf("bench: %w", err)
+			return fmt.Errorf("bench: %w", err)
 		}
 		for r := 0; r < cfg.Ranks; r++ {
 			vr, err := sim.NewVirtualRank(r, ec)
 			if err != nil {
-				return nil, fmt.Errorf("bench: %w", err)
+				return fmt.Errorf("bench: %w", err)
 			}
 			in.ranks = append(in.ranks, vr)
 		}
 		s.byID[in.id] = i
 		s.instances = append(s.instances, in)
 	}
+	return nil
+}
+
+// newEdges builds the simulated edges, each with what a real edge has.
+func (s *simulator) newEdges(rc routing.Config) (err error) {
+	cfg := s.cfg
 	for e := 0; e < cfg.Edges; e++ {
 		// Edges have been running: their round-robin counters stand at
 		// arbitrary positions (all at 0 would send every edge's first
@@ -479,35 +507,40 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 		}
 		if cfg.Policy.isTether() && !cfg.NoBreaker {
 			if ed.breakers, err = routing.NewCacheBreakers(rc.Breaker); err != nil {
-				return nil, fmt.Errorf("bench: %w", err)
+				return fmt.Errorf("bench: %w", err)
 			}
 		}
 		ed.dec = s.decider(ed)
 		s.edges = append(s.edges, ed)
 	}
-	if cfg.Policy.usesSharedLog() {
-		lat := cfg.CommitLatency
-		if cfg.Log == LogSequencer {
-			lat = CommitLatency{}
-		}
-		s.log = newVirtualLog(cfg.Edges, lat, cfg.Seed)
-		// Register the workers the way the deployment does.
-		var evs []fsm.Event
-		for _, in := range s.instances {
-			evs = append(evs, fsm.InstanceState{Instance: in.id, Fleet: fsm.FleetContext, URL: "sim://" + in.id,
-				Status: fsm.InstanceUp, Version: "sim", FeatureLevel: fsm.FeatureLevelMax, Ranks: uint32(cfg.Ranks)})
-		}
-		// Registered before the replay: committed at virtual time 0.
-		saved := s.log.latency
-		s.log.latency = CommitLatency{}
-		_, _, err := s.log.Propose(0, evs)
-		s.log.latency = saved
-		if err != nil {
-			return nil, err
-		}
-		s.setupLogs = s.log.Commits()
+	return nil
+}
+
+// registerWorkers starts the shared log and registers the workers in it
+// the way the deployment does.
+func (s *simulator) registerWorkers() error {
+	cfg := s.cfg
+	lat := cfg.CommitLatency
+	if cfg.Log == LogSequencer {
+		lat = CommitLatency{}
 	}
-	return s, nil
+	s.log = newVirtualLog(cfg.Edges, lat, cfg.Seed)
+	// Register the workers the way the deployment does.
+	var evs []fsm.Event
+	for _, in := range s.instances {
+		evs = append(evs, fsm.InstanceState{Instance: in.id, Fleet: fsm.FleetContext, URL: "sim://" + in.id,
+			Status: fsm.InstanceUp, Version: "sim", FeatureLevel: fsm.FeatureLevelMax, Ranks: uint32(cfg.Ranks)})
+	}
+	// Registered before the replay: committed at virtual time 0.
+	saved := s.log.latency
+	s.log.latency = CommitLatency{}
+	_, _, err := s.log.Propose(0, evs)
+	s.log.latency = saved
+	if err != nil {
+		return err
+	}
+	s.setupLogs = s.log.Commits()
+	return nil
 }
 
 func (s *simulator) close(context.Context) error { return nil }

@@ -419,7 +419,7 @@ func TestReplayCancelled(t *testing.T) {
 // Agents of different types that share a tool block, starting one after
 // another: KV-aware placement (prefix, and tether's placement of new keys)
 // sends a new agent's first call where the shared block is cached, pure
-// least-loaded placement does not look (issue 5's comparison). Medians of
+// least-loaded placement does not look. Medians of
 // what the published report shows: 0.157 against 0.000.
 func TestKVAwareBeatsLeastLoadedOnFirstCalls(t *testing.T) {
 	base := DefaultSimConfig()

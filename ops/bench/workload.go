@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tether-project/tether/internal/hash64"
 	"github.com/tether-project/tether/routing/prefix"
 )
 
@@ -211,22 +212,8 @@ func namespaceKey(ns uint64, id int64) uint64 {
 	return mix64(ns ^ mix64(uint64(id)+0x632be59bd9b4e019))
 }
 
-// stringHash is 64-bit FNV-1a.
-func stringHash(s string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= 1099511628211
-	}
-	return h
-}
-
-// mix64 is the SplitMix64 finalizer.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
+// stringHash and mix64 are the shared fixed hashes (internal/hash64).
+var (
+	stringHash = hash64.FNV1a
+	mix64      = hash64.Mix64
+)

@@ -243,7 +243,7 @@ type Stack struct {
 	tempDir     bool
 	adminToken  string
 	internalKey string
-	peers       []edge.PeerConfig
+	peers       []cluster.Peer
 	pki         *devPKI // nil: plaintext
 	nats        *natsserver.Server
 	edges       []*EdgeNode
@@ -358,14 +358,14 @@ func (s *Stack) prepareDataDir() error {
 				s.dataDir, len(m.Edges), manifestName, len(m.Edges))
 		}
 		for _, me := range m.Edges {
-			s.peers = append(s.peers, edge.PeerConfig{ID: me.ID, Addr: me.RaftAddr})
+			s.peers = append(s.peers, cluster.Peer{ID: me.ID, Addr: me.RaftAddr})
 		}
 		return s.settleRemoved()
 	}
 	// A new cluster: its Raft addresses are recorded before any node
 	// persists them in its log, so a restart finds its peers again.
 	for i := range o.Edges {
-		s.peers = append(s.peers, edge.PeerConfig{ID: edgeID(i)})
+		s.peers = append(s.peers, cluster.Peer{ID: edgeID(i)})
 	}
 	return nil
 }
@@ -603,7 +603,7 @@ func (s *Stack) EdgeConfig(i int) edge.Config {
 	cfg.Cluster.DataDir = filepath.Join(s.dataDir, s.peers[i].ID)
 	cfg.Cluster.BindAddr = s.peers[i].Addr
 	cfg.Cluster.Bootstrap = true // ignored once the data dir holds Raft state
-	cfg.Cluster.Peers = append([]edge.PeerConfig(nil), s.peers...)
+	cfg.Cluster.Peers = append([]cluster.Peer(nil), s.peers...)
 	adapters := func(model string) edge.LoRAConfig {
 		var l edge.LoRAConfig
 		for _, a := range o.Adapters[model] {
@@ -734,16 +734,6 @@ func (s *Stack) Edges() []*EdgeNode { return append([]*EdgeNode(nil), s.edges...
 
 // Workers are the stack's workers: context workers first.
 func (s *Stack) Workers() []*WorkerNode { return append([]*WorkerNode(nil), s.workers...) }
-
-// Worker returns the worker with instance id id.
-func (s *Stack) Worker(id string) (*WorkerNode, bool) {
-	for _, w := range s.workers {
-		if w.ID == id {
-			return w, true
-		}
-	}
-	return nil, false
-}
 
 // NATSURL is the embedded NATS server's client URL.
 func (s *Stack) NATSURL() string { return s.nats.ClientURL() }

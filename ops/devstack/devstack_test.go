@@ -19,6 +19,7 @@ import (
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/test/leakcheck"
+	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -48,18 +49,10 @@ func closeStack(t *testing.T, st *Stack) {
 	}
 }
 
-func httpClient(t *testing.T) *http.Client {
-	tr := &http.Transport{}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
-}
+func httpClient(t *testing.T) *http.Client { return testhttp.Client(t, nil) }
 
 // stackClient trusts st's CA (a plain client for a plaintext stack).
-func stackClient(t *testing.T, st *Stack) *http.Client {
-	tr := &http.Transport{TLSClientConfig: st.ClientTLS()}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
-}
+func stackClient(t *testing.T, st *Stack) *http.Client { return testhttp.Client(t, st.ClientTLS()) }
 
 type chatReply struct {
 	route  string

@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 
-	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/cluster"
 )
 
 // manifestName is the file in the data directory that records the cluster's
@@ -70,7 +70,7 @@ func readManifest(dir string) (m manifest, found bool, err error) {
 }
 
 // writeManifest records peers atomically (write, sync, rename).
-func writeManifest(dir string, peers []edge.PeerConfig) error {
+func writeManifest(dir string, peers []cluster.Peer) error {
 	m := manifest{Version: manifestVersion}
 	for _, p := range peers {
 		m.Edges = append(m.Edges, manifestEntry{ID: p.ID, RaftAddr: p.Addr})

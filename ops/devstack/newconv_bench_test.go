@@ -20,7 +20,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// Pacing of BenchmarkNewVsBoundConversation (issue 15; its figures are in
+// Pacing of BenchmarkNewVsBoundConversation (its figures are in
 // BENCHMARKS.md, "Non-voters and the latency of a new conversation's Bind").
 const (
 	defaultNewPerSecond = 1000            // offered rate of new conversations (and of bound turns)

@@ -58,7 +58,7 @@ func (c *levelCounter) counts() (errs, transfer int, samples []string) {
 // raft's reports of peers closing their connections are not errors: before,
 // the edges closed leader first, each handing leadership to the next one to
 // stop, and every stop printed raft ERROR lines (2 per stop here; 2 to 27
-// in issue 13's tether dev stops).
+// in a tether dev stop).
 func TestCloseStopsEveryEdgeWithoutHandingLeadershipOn(t *testing.T) {
 	for round := range 3 {
 		c := &levelCounter{}

@@ -115,7 +115,7 @@ func (s *Stack) natsTLS(opts *natsserver.Options) error {
 
 // workerTLS puts worker id on mutual TLS: its API (/v1/*) takes only
 // edges' certificates, while /healthz, /readyz and /metrics stay open to a
-// developer's curl (client_auth verify_if_given); its NATS connection
+// developer's curl (http_client_auth verify_if_given); its NATS connection
 // presents its own certificate.
 func (s *Stack) workerTLS(id string, c *worker.Config) {
 	if s.pki == nil {
@@ -123,7 +123,7 @@ func (s *Stack) workerTLS(id string, c *worker.Config) {
 	}
 	f := s.pki.files[id]
 	c.TLS = worker.ServerTLSConfig{Mode: worker.TLSModeMutual, CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key,
-		ClientAuth: worker.ClientAuthVerifyIfGiven, AllowedClients: []string{pki.IdentityURI(pki.RoleEdge, "*")}}
+		HTTPClientAuth: worker.ClientAuthVerifyIfGiven, AllowedClients: []string{pki.IdentityURI(pki.RoleEdge, "*")}}
 	c.NATS.TLS = worker.TLSConfig{CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key}
 }
 

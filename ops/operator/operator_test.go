@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/test/leakcheck"
@@ -39,9 +40,9 @@ func startEdge(t *testing.T) *edge.Edge {
 	cfg.ContextServers.URLs = []edge.StaticInstance{{Name: "ctx-1", URL: "http://127.0.0.1:9"}}
 	cfg.GenerationServers.URLs = []edge.StaticInstance{{Name: "gen-1", URL: "http://127.0.0.1:7"}}
 	cfg.Leader.Interval = 20 * time.Millisecond
-	cfg.Cluster = edge.ClusterConfig{NodeID: "edge-1", DataDir: t.TempDir(), Bootstrap: true, ProposeTimeout: 2 * time.Second,
-		Peers: []edge.PeerConfig{{ID: "edge-1", Addr: raftLn.Addr().String()}},
-		Raft:  edge.RaftConfig{HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond, LeaderLeaseTimeout: 50 * time.Millisecond}}
+	cfg.Cluster = edge.ClusterConfig{
+		Settings: cluster.Settings{NodeID: "edge-1", DataDir: t.TempDir(), Bootstrap: true, ProposeTimeout: 2 * time.Second, Peers: []cluster.Peer{{ID: "edge-1", Addr: raftLn.Addr().String()}}, Raft: cluster.RaftTiming{HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond, LeaderLeaseTimeout: 50 * time.Millisecond}},
+	}
 	e, err := edge.New(cfg, edge.Deps{Logger: slog.New(slog.DiscardHandler), ClusterListener: raftLn, Version: "v-test"})
 	if err != nil {
 		t.Fatal(err)

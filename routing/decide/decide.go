@@ -80,8 +80,8 @@ type Recorder interface {
 	TouchLink(child string)
 }
 
-// Fleet is this edge's view of the workers.
-type Fleet interface {
+// FleetView is this edge's view of the workers.
+type FleetView interface {
 	// Views are the routing views at now, with the excluded instances
 	// (failed hops) unhealthy. Feeding the edge's overload tracker is the
 	// fleet's part.
@@ -105,7 +105,7 @@ type Index interface {
 type Decider struct {
 	Log      Log
 	Recorder Recorder
-	Fleet    Fleet
+	Fleet    FleetView
 	Index    Index
 	Overload routing.OverloadHistory
 }

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tether-project/tether/test/crosscheck"
 )
 
 type trtllmVectors struct {
@@ -173,10 +175,7 @@ func TestVerifyAnyFormats(t *testing.T) {
 // python3 (testdata/verify_trtllm.py, stdlib only), on every vector's
 // fields and on a Go-built one.
 func TestGoSignedHintVerifiesInPython(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 not installed: the Go-signed hints are not verified independently here (the committed vectors still are)")
-	}
+	py := crosscheck.Python3(t)
 	v := loadTRTLLMVectors(t)
 	key := []byte(v.Key)
 	type item struct {

@@ -510,8 +510,14 @@ func (ix *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 			a &= a - 1
 		}
 	}
-	// Fold slots into instances: an instance's best holder wins (a real
-	// rank over a prediction on ties, then the lower rank).
+	return ix.foldMatches(dst, sc, first, matched)
+}
+
+// foldMatches folds the matched depth of every slot that held the first
+// block into dst, one entry per instance: an instance's best holder wins (a
+// real rank over a prediction on ties, then the lower rank). It leaves the
+// scratch positions zeroed.
+func (ix *Index) foldMatches(dst []Match, sc *scratchSpace, first []uint64, matched []int32) []Match {
 	pos := sc.pos
 	for w, f := range first {
 		for f != 0 {

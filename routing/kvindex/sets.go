@@ -2,7 +2,6 @@ package kvindex
 
 import (
 	"encoding/binary"
-	"math/bits"
 	"slices"
 )
 
@@ -223,15 +222,6 @@ func (ss *sets) retarget(from, to setID) {
 			ss.dead = append(ss.dead, from)
 		}
 	}
-}
-
-// storedHolders is the number of stored holders in the set.
-func (s *holderSet) storedHolders() int {
-	n := 0
-	for _, w := range s.bits {
-		n += bits.OnesCount64(w)
-	}
-	return n
 }
 
 func inSet(set []uint64, s slot) bool {

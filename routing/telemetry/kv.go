@@ -3,6 +3,8 @@ package telemetry
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/tether-project/tether/internal/binread"
 )
 
 // KVEvent is one change to one rank's prefix cache: Removed blocks are
@@ -158,7 +160,7 @@ func DecodeKVEvents(subject string, data []byte) (KVEventBatch, error) {
 	if err != nil {
 		return KVEventBatch{}, err
 	}
-	r := kvReader{subject: subject, buf: data}
+	r := newKVReader(subject, data)
 	var b KVEventBatch
 	if b.Instance, b.BootID, b.Seq, err = r.header(kvTypeEvents); err != nil {
 		return KVEventBatch{}, err
@@ -264,7 +266,7 @@ func DecodeKVDump(subject string, data []byte) (KVDump, error) {
 	if err != nil {
 		return KVDump{}, err
 	}
-	r := kvReader{subject: subject, buf: data}
+	r := newKVReader(subject, data)
 	var d KVDump
 	if d.Instance, d.BootID, d.Seq, err = r.header(kvTypeDump); err != nil {
 		return KVDump{}, err
@@ -334,95 +336,98 @@ func appendHashes(dst []byte, hs []uint64) []byte {
 	return dst
 }
 
-// kvReader decodes the binary layout, checking every length against the
-// bytes actually present before allocating.
+// kvReader decodes the binary layout over the shared reader
+// (internal/binread), checking every length against the bytes actually
+// present before allocating; a failure of the reader is ErrMalformed, a
+// value beyond its limit ErrOutOfRange.
 type kvReader struct {
 	subject string
-	buf     []byte
+	r       binread.Reader
 }
 
-func (r *kvReader) fail(kind error, field, format string, args ...any) error {
-	return decodeErr(kind, r.subject, field, format, args...)
+func newKVReader(subject string, data []byte) *kvReader {
+	return &kvReader{subject: subject, r: binread.Reader{Buf: data}}
 }
 
-func (r *kvReader) header(wantType byte) (instance string, bootID, seq uint64, err error) {
-	if len(r.buf) < 4 || r.buf[0] != kvMagic0 || r.buf[1] != kvMagic1 {
-		return "", 0, 0, r.fail(ErrMalformed, "", "not a tether KV message (bad magic)")
+func (k *kvReader) fail(kind error, field, format string, args ...any) error {
+	return decodeErr(kind, k.subject, field, format, args...)
+}
+
+// malformed is the reader's failure.
+func (k *kvReader) malformed() error {
+	return k.fail(ErrMalformed, k.r.Err.Field, "%s", k.r.Err.Msg)
+}
+
+func (k *kvReader) header(wantType byte) (instance string, bootID, seq uint64, err error) {
+	h := k.r.Bytes(4, "header")
+	if h == nil || h[0] != kvMagic0 || h[1] != kvMagic1 {
+		return "", 0, 0, k.fail(ErrMalformed, "", "not a tether KV message (bad magic)")
 	}
-	if r.buf[2] != Version {
-		return "", 0, 0, r.fail(ErrUnknownVersion, "version", "%d (this build understands %d)", r.buf[2], Version)
+	if h[2] != Version {
+		return "", 0, 0, k.fail(ErrUnknownVersion, "version", "%d (this build understands %d)", h[2], Version)
 	}
-	if r.buf[3] != wantType {
-		return "", 0, 0, r.fail(ErrMalformed, "type", "message type %d, want %d", r.buf[3], wantType)
+	if h[3] != wantType {
+		return "", 0, 0, k.fail(ErrMalformed, "type", "message type %d, want %d", h[3], wantType)
 	}
-	r.buf = r.buf[4:]
-	n, err := r.count("instance", MaxInstanceIDLen, 1)
+	n, err := k.count("instance", MaxInstanceIDLen, 1)
 	if err != nil {
 		return "", 0, 0, err
 	}
-	instance = string(r.buf[:n])
-	r.buf = r.buf[n:]
+	instance = string(k.r.Bytes(n, "instance"))
 	if err := ValidInstanceID(instance); err != nil {
-		return "", 0, 0, r.fail(ErrOutOfRange, "instance", "%v", err)
+		return "", 0, 0, k.fail(ErrOutOfRange, "instance", "%v", err)
 	}
-	if len(r.buf) < 16 {
-		return "", 0, 0, r.fail(ErrMalformed, "boot_id", "truncated")
+	bootID, seq = k.r.Uint64BE("boot_id"), k.r.Uint64BE("seq")
+	if k.r.Failed() {
+		return "", 0, 0, k.malformed()
 	}
-	bootID = binary.BigEndian.Uint64(r.buf)
-	seq = binary.BigEndian.Uint64(r.buf[8:])
-	r.buf = r.buf[16:]
 	if bootID == 0 {
-		return "", 0, 0, r.fail(ErrOutOfRange, "boot_id", "zero")
+		return "", 0, 0, k.fail(ErrOutOfRange, "boot_id", "zero")
 	}
 	return instance, bootID, seq, nil
 }
 
 // count reads a uvarint no larger than max, and checks that count items of
-// at least minItemBytes each could fit in the remaining input.
-func (r *kvReader) count(field string, max int, minItemBytes int) (int, error) {
-	v, n := binary.Uvarint(r.buf)
-	if n == 0 {
-		return 0, r.fail(ErrMalformed, field, "truncated")
+// at least minItemBytes each (0: not a count of items) could fit in the
+// remaining input.
+func (k *kvReader) count(field string, max int, minItemBytes int) (int, error) {
+	v := k.r.Uvarint(field)
+	if k.r.Failed() {
+		return 0, k.malformed()
 	}
-	if n < 0 {
-		return 0, r.fail(ErrMalformed, field, "varint overflow")
-	}
-	r.buf = r.buf[n:]
 	if v > uint64(max) {
-		return 0, r.fail(ErrOutOfRange, field, "%d (max %d)", v, max)
+		return 0, k.fail(ErrOutOfRange, field, "%d (max %d)", v, max)
 	}
-	if minItemBytes > 0 && v > uint64(len(r.buf)/minItemBytes) {
-		return 0, r.fail(ErrMalformed, field, "%d items but only %d bytes left", v, len(r.buf))
+	if minItemBytes > 0 && v > uint64(k.r.Remaining()/minItemBytes) {
+		return 0, k.fail(ErrMalformed, field, "%d items but only %d bytes left", v, k.r.Remaining())
 	}
 	return int(v), nil
 }
 
-func (r *kvReader) hashes(field string, total *int) ([]uint64, error) {
-	n, err := r.count(field, MaxHashesPerMessage, 8)
+func (k *kvReader) hashes(field string, total *int) ([]uint64, error) {
+	n, err := k.count(field, MaxHashesPerMessage, 8)
 	if err != nil {
 		return nil, err
 	}
 	*total += n
 	if *total > MaxHashesPerMessage {
-		return nil, r.fail(ErrOutOfRange, field, "more than %d hashes in one message", MaxHashesPerMessage)
+		return nil, k.fail(ErrOutOfRange, field, "more than %d hashes in one message", MaxHashesPerMessage)
 	}
 	if n == 0 {
 		return nil, nil
 	}
 	out := make([]uint64, n)
 	for i := range out {
-		out[i] = binary.BigEndian.Uint64(r.buf[8*i:])
-		if out[i] == 0 {
-			return nil, r.fail(ErrOutOfRange, fmt.Sprintf("%s[%d]", field, i), "zero hash")
+		if out[i] = k.r.Uint64BE(field); out[i] == 0 {
+			return nil, k.fail(ErrOutOfRange, fmt.Sprintf("%s[%d]", field, i), "zero hash")
 		}
 	}
-	r.buf = r.buf[8*n:]
 	return out, nil
 }
 
-func (r *kvReader) end() error {
-	if len(r.buf) != 0 {
-		return r.fail(ErrMalformed, "", "%d trailing bytes", len(r.buf))
+func (k *kvReader) end() error {
+	if n := k.r.Remaining(); n != 0 {
+		return k.fail(ErrMalformed, "", "%d trailing bytes", n)
 	}
 	return nil
 }

@@ -165,11 +165,6 @@ func LoadSubject(fleet Fleet, instance string) string {
 	return subjectPrefix + kindLoad + "." + string(fleet) + "." + instance
 }
 
-// LoadSubjectFleet matches the load reports of every worker of fleet.
-func LoadSubjectFleet(fleet Fleet) string {
-	return subjectPrefix + kindLoad + "." + string(fleet) + "." + subjectTokenWildcard
-}
-
 // LoadSubjectAll matches every worker's load reports.
 const LoadSubjectAll = subjectPrefix + kindLoad + ".*.*"
 

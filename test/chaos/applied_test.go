@@ -19,7 +19,7 @@ import (
 // appliedCounts is what an edge's archive says about the proposals it
 // holds: how many carried an id, how many were applied and how many were
 // answered as duplicates of an id applied before, and the ids applied more
-// than once (D2 of issue 13: there must be none).
+// than once (there must be none).
 type appliedCounts struct {
 	events, applied, duplicate int
 	twice                      []string

@@ -18,7 +18,7 @@ import (
 // TestBodySizeAttackRSS measures (it does not assert) the resident memory of
 // an edge process configured as deploy/ ships it (max_body_bytes 32 MiB,
 // max_inflight_body_bytes 64 MiB) while 8 clients each send a ~31 MB chat
-// body to it at once: issue 13's D4 attack (before the in-flight budget, the
+// body to it at once (without the in-flight budget, the
 // process went from 140 MB to 2.5 GB RSS and the cluster saw seconds of
 // leaderless elections). A measurement for RELIABILITY.md, so only with
 // -long / RELIABILITY_LONG=1:

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tether-project/tether/edge"
 )
 
 // sample is one client request.
@@ -182,21 +184,10 @@ func failureReasons(samples []sample) map[string]int {
 	return out
 }
 
+// parseRoute reads x-tether-route's instances (edge.ParseRoute).
 func parseRoute(h string) (ctxInst, genInst string) {
-	for _, part := range strings.Split(h, ";") {
-		k, val, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok {
-			continue
-		}
-		inst, _, _ := strings.Cut(val, "/")
-		switch k {
-		case "context":
-			ctxInst = inst
-		case "generation":
-			genInst = inst
-		}
-	}
-	return ctxInst, genInst
+	r, _ := edge.ParseRoute(h)
+	return r.ContextInstance, r.GenerationInstance
 }
 
 // placement is one binding's life: (key, epoch) → instance over [from, to).

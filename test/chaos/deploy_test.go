@@ -17,8 +17,7 @@ import (
 	"github.com/tether-project/tether/cluster/pki"
 )
 
-// The harness runs the configurations deploy/ ships (issue 13: "test as
-// deployed"): each edge reads deploy/config/edge-N.yaml, each worker
+// The harness runs the configurations deploy/ ships (test as deployed): each edge reads deploy/config/edge-N.yaml, each worker
 // deploy/config/worker-{context,generation}.yaml, and the NATS server
 // deploy/nats/nats-1.conf with its auth.conf. Only what a deployment
 // substitutes is changed — addresses and ports, data directories,

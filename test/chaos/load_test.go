@@ -13,8 +13,8 @@ import (
 // cluster.propose_timeout and Raft timing: the harness sets neither unless
 // CHAOS_PROPOSE_TIMEOUT says so) and 4 workers with many concurrent
 // clients and no fault. On a healthy cluster every request must be
-// answered: 503s there were the D1 finding of issue 13 (7–18 % of requests
-// refused with propose_timeout 50ms). Clients: CHAOS_LOAD_CLIENTS (100);
+// answered (with propose_timeout 50ms, 7–18 % of requests were refused
+// with 503). Clients: CHAOS_LOAD_CLIENTS (100);
 // duration: CHAOS_LOAD_SECONDS (20 with -long, else 6).
 func TestLoadAtShippedDefaults(t *testing.T) {
 	if testing.Short() {
@@ -31,7 +31,7 @@ func TestLoadAtShippedDefaults(t *testing.T) {
 		seconds = n
 	}
 	// CHAOS_LOAD_KILL_LEADER=1: SIGKILL the leader halfway and restart it
-	// (issue 13's "one leader kill" run); refusals are then expected and
+	// (the "one leader kill" run); refusals are then expected and
 	// only reported.
 	killLeader := os.Getenv("CHAOS_LOAD_KILL_LEADER") == "1"
 	v := newEnv(t)
@@ -62,7 +62,7 @@ func TestLoadAtShippedDefaults(t *testing.T) {
 	t.Logf("FIGURES load kill_leader=%v clients=%d seconds=%d propose_timeout=%q requests=%d attempts=%d succeeded=%d refused_503=%d failed=%d checked=%d wrong_instance=%d wrong_after_kill=%d recorded_overflows=%d failures=%v refusals=%v",
 		killLeader, clients, seconds, os.Getenv("CHAOS_PROPOSE_TIMEOUT"), len(samples), ld.sent.Load(), ok, ld.refused.Load(), ld.failed.Load(),
 		vd.checked, vd.wrong, vd.afterRestart, vd.overflowed, failureReasons(samples), ld.refusals)
-	// Issue 13's bar: at least 99.9 % of attempts to live edges answered.
+	// The bar: at least 99.9 % of attempts to live edges answered.
 	// Asserted on the long run; the short one (make test, a loaded
 	// machine) asserts that no request failed on every edge.
 	if n := ld.refused.Load(); longMode() && !killLeader && n*1000 > ld.sent.Load() {
@@ -77,7 +77,7 @@ func TestLoadAtShippedDefaults(t *testing.T) {
 	checkAppliedOnce(t, v, restarts)
 }
 
-// checkAppliedOnce: every event applied exactly once (issue 13, D2). The
+// checkAppliedOnce: every event applied exactly once. The
 // archive of an edge that ran throughout holds every committed entry; no
 // proposal id may be applied twice, and every proposal an edge saw
 // applied (its metrics, counted by edges that were not restarted, whose

@@ -23,6 +23,7 @@ import (
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/ops/devstack"
+	"github.com/tether-project/tether/test/testhttp"
 )
 
 // Deadlines: generous because the machine running the suite may be loaded.
@@ -213,17 +214,9 @@ func tail(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-func httpClient(t *testing.T) *http.Client {
-	return tlsClient(t, nil)
-}
+func httpClient(t *testing.T) *http.Client { return testhttp.Client(t, nil) }
 
-// tlsClient trusts roots (nil: the system's); its idle connections close
-// at cleanup.
-func tlsClient(t *testing.T, tc *tls.Config) *http.Client {
-	tr := &http.Transport{TLSClientConfig: tc}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 60 * time.Second}
-}
+func tlsClient(t *testing.T, tc *tls.Config) *http.Client { return testhttp.Client(t, tc) }
 
 // client trusts the CA `tether dev` printed (its edges serve HTTPS with
 // certificates from it); a plain client for a --plaintext stack.
@@ -374,22 +367,14 @@ func (a *agent) sendHonoringRetryAfter(ctx context.Context, c *http.Client, base
 	}
 }
 
-// parseRoute reads "context=ctx-1/2; generation=gen-2/0".
+// parseRoute reads "context=ctx-1/2; generation=gen-2/0" (edge.ParseRoute).
 func parseRoute(h string, tr *turn) error {
-	for _, part := range strings.Split(h, ";") {
-		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok {
-			return fmt.Errorf("bad %s header %q", edge.HeaderRoute, h)
-		}
-		inst, rank, _ := strings.Cut(v, "/")
-		switch k {
-		case "context":
-			tr.ctxInst, tr.ctxRank = inst, rank
-		case "generation":
-			tr.genInst, tr.genRank = inst, rank
-		}
+	r, err := edge.ParseRoute(h)
+	if err != nil {
+		return err
 	}
-	if tr.ctxInst == "" || tr.genInst == "" || tr.ctxInst == "-" || tr.genInst == "-" {
+	tr.ctxInst, tr.ctxRank, tr.genInst, tr.genRank = r.ContextInstance, r.ContextRank, r.GenerationInstance, r.GenerationRank
+	if tr.ctxInst == "" || tr.genInst == "" {
 		return fmt.Errorf("%s header %q does not name both hops", edge.HeaderRoute, h)
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/worker/kvevents"
 )
 
@@ -18,7 +19,7 @@ import (
 // stored, on the engine's DP rank, and drops those it removed.
 func TestProxyWorkerMirrorsEngineKVEvents(t *testing.T) {
 	for _, layout := range []kvevents.Layout{kvevents.LayoutMap, kvevents.LayoutArray} {
-		ns := startNATS(t)
+		ns := natstest.Start(t, nil)
 		pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Layout: layout})
 		if err != nil {
 			t.Fatal(err)
@@ -55,7 +56,7 @@ func TestProxyWorkerMirrorsEngineKVEvents(t *testing.T) {
 // the proxy worker reconnects, resets the rank, and the edge's index drops
 // the old cache's blocks, then learns the new cache's.
 func TestEngineRestartResetsTheEdgesIndex(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)

@@ -12,7 +12,6 @@ import (
 
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/internal/enginekv"
-	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -59,7 +58,7 @@ func startWorker(t *testing.T, ns *natsserver.Server, cfg worker.Config) *worker
 
 // newFleet starts an edge's view of the workers (NATS subscriptions, KV
 // index, dumps).
-func newFleet(t *testing.T, ns *natsserver.Server) *fleetview.Fleet {
+func newFleet(t *testing.T, ns *natsserver.Server) *fleetview.View {
 	t.Helper()
 	nc, err := nats.Connect(ns.ClientURL())
 	if err != nil {
@@ -77,10 +76,8 @@ func newFleet(t *testing.T, ns *natsserver.Server) *fleetview.Fleet {
 	return f
 }
 
-func startNATS(t *testing.T) *natsserver.Server { return natstest.Start(t, nil) }
-
 // matchRank is how many leading blocks instance id holds, and on which rank.
-func matchRank(f *fleetview.Fleet, id string, blocks []uint64) (int, int) {
+func matchRank(f *fleetview.View, id string, blocks []uint64) (int, int) {
 	for _, m := range f.Index().Match(blocks, time.Now(), nil) {
 		if m.Instance == id {
 			return m.Blocks, m.Rank

@@ -12,6 +12,7 @@ import (
 	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -20,7 +21,7 @@ import (
 // prompt the engine ran reach the edge's KV index through the TensorRT-LLM
 // event format.
 func TestTRTLLMEventsReachTheEdge(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Start(t, nil)
 	ecfg := worker.DefaultConfig()
 	ecfg.InstanceID, ecfg.Model = "trt-engine", "m"
 	ecfg.Engine.BlockSize, ecfg.Engine.TimeScale = 4, 0

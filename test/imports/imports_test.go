@@ -1,9 +1,13 @@
 // Package imports keeps the import graph equal to the table in
 // docs/ARCHITECTURE.md ("Packages and the direction of imports"): every
 // package of the module must have a row, and a package may import, among the
-// module's packages, only what its row's "may import" column names. A change
-// that needs a new edge changes the table in the same commit, where a reviewer
-// sees it.
+// module's packages, only what its row's "may import" column names. The
+// column also binds the rest: "stdlib only" admits no module outside the
+// standard library; a row that names external modules (a path whose first
+// element has a dot, e.g. golang.org/x/text) admits only those; "no I/O"
+// refuses the standard library's network, file, process, logging and
+// randomness packages (ioPackages). A change that needs a new edge changes
+// the table in the same commit, where a reviewer sees it.
 package imports
 
 import (
@@ -18,6 +22,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/tether-project/tether/test/repo"
 )
 
 const module = "github.com/tether-project/tether"
@@ -37,32 +43,110 @@ type goPackage struct {
 }
 
 func TestImportsFollowArchitectureTable(t *testing.T) {
-	root := repoRoot(t)
+	root := repo.Root(t)
 	rules, err := parseTable(filepath.Join(root, "docs", "ARCHITECTURE.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range listPackages(t, root, "./...") {
-		rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
-		rule, ok := rules.lookup(rel)
-		if !ok {
-			t.Errorf("%s has no row in docs/ARCHITECTURE.md's package table: add one with what it may import", rel)
-			continue
+		for _, v := range violations(rules, p) {
+			t.Error(v)
 		}
-		for _, imp := range p.Imports {
-			if !strings.HasPrefix(imp, module+"/") {
-				continue
+	}
+}
+
+// ioPackages are the standard library packages a "no I/O" row refuses (a
+// prefix: net covers net/http).
+var ioPackages = []string{"net", "os", "syscall", "io/ioutil", "log", "math/rand", "crypto/rand", "runtime/pprof", "plugin"}
+
+// violations lists what p imports that its row does not allow.
+func violations(rs rules, p goPackage) []string {
+	rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+	rule, ok := rs.lookup(rel)
+	if !ok {
+		return []string{fmt.Sprintf("%s has no row in docs/ARCHITECTURE.md's package table: add one with what it may import", rel)}
+	}
+	var out []string
+	bad := func(format string, args ...any) {
+		out = append(out, fmt.Sprintf("%s imports %s", rel, fmt.Sprintf(format, args...))+fmt.Sprintf(", which its row in docs/ARCHITECTURE.md (%q) does not allow", rule.text))
+	}
+	for _, imp := range p.Imports {
+		switch {
+		case rule.any:
+		case strings.HasPrefix(imp, module+"/"):
+			if dep := strings.TrimPrefix(imp, module+"/"); !rule.allows(dep) {
+				bad("%s", dep)
 			}
-			dep := strings.TrimPrefix(imp, module+"/")
-			if !rule.allows(dep) {
-				t.Errorf("%s imports %s, which its row in docs/ARCHITECTURE.md (%q) does not allow", rel, dep, rule.text)
+		case external(imp):
+			if rule.stdlibOnly {
+				bad("%s, a module outside the standard library", imp)
+			} else if len(rule.externals) > 0 && !underAny(imp, rule.externals) {
+				bad("%s, an external module its row does not name", imp)
 			}
+		case rule.noIO && underAny(imp, ioPackages):
+			bad("%s, a standard library package that does I/O (the row says no I/O)", imp)
+		}
+	}
+	return out
+}
+
+// external reports whether an import path is outside the standard library
+// (its first element has a dot) and outside the module.
+func external(path string) bool {
+	first, _, _ := strings.Cut(path, "/")
+	return strings.Contains(first, ".") && !strings.HasPrefix(path, module+"/") && path != module
+}
+
+// underAny reports whether path is one of roots or below one.
+func underAny(path string, roots []string) bool {
+	for _, r := range roots {
+		if path == r || strings.HasPrefix(path, r+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// The check fails on what the table forbids: a stdlib-only, no-I/O package
+// (the deterministic core) importing net/http or hashicorp/raft; a row with
+// named external modules importing another one; a module edge the row does
+// not list.
+func TestViolationsAreFound(t *testing.T) {
+	rs, err := parseRows([]string{
+		"| `fsm` | x | internal/binread, stdlib only, no I/O |",
+		"| `routing/hftok` | x | stdlib, golang.org/x/text |",
+		"| `cluster` | x | fsm |",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		pkg, imp string
+		want     string // "" for allowed
+	}{
+		{"fsm", "net/http", "net/http, a standard library package that does I/O"},
+		{"fsm", "os", "os, a standard library package that does I/O"},
+		{"fsm", "github.com/hashicorp/raft", "github.com/hashicorp/raft, a module outside the standard library"},
+		{"fsm", "crypto/sha256", ""},
+		{"fsm", module + "/internal/binread", ""},
+		{"fsm", module + "/cluster", "fsm imports cluster, which"},
+		{"routing/hftok", "golang.org/x/text/unicode/norm", ""},
+		{"routing/hftok", "golang.org/x/net/html", "golang.org/x/net/html, an external module its row does not name"},
+		{"routing/hftok", "net/http", ""},
+		{"cluster", "github.com/hashicorp/raft", ""},
+	} {
+		got := violations(rs, goPackage{ImportPath: module + "/" + c.pkg, Imports: []string{c.imp}})
+		switch {
+		case c.want == "" && len(got) != 0:
+			t.Errorf("%s → %s: refused: %v", c.pkg, c.imp, got)
+		case c.want != "" && (len(got) != 1 || !strings.Contains(got[0], c.want)):
+			t.Errorf("%s → %s: %v, want a violation containing %q", c.pkg, c.imp, got, c.want)
 		}
 	}
 }
 
 func TestBinaryDoesNotLinkReportPlots(t *testing.T) {
-	root := repoRoot(t)
+	root := repo.Root(t)
 	for _, p := range listPackages(t, root, "./cmd/tether") {
 		for _, bad := range forbiddenInBinary {
 			for _, dep := range p.Deps {
@@ -110,10 +194,13 @@ func TestTableParsing(t *testing.T) {
 
 // rule is one row of the table: the packages it covers and what they may import.
 type rule struct {
-	text     string
-	any      bool
-	exact    map[string]bool
-	prefixes []string // "x/" for x/* and x (+ subpackages)
+	text       string
+	any        bool
+	exact      map[string]bool
+	prefixes   []string // "x/" for x/* and x (+ subpackages)
+	stdlibOnly bool     // "stdlib only": no module outside the standard library
+	noIO       bool     // "no I/O": none of ioPackages
+	externals  []string // external modules the row names (then only those)
 }
 
 func (r rule) allows(dep string) bool {
@@ -191,10 +278,12 @@ func parseRows(rows []string) (rules, error) {
 	return rs, nil
 }
 
-// parseAllowed reads a "may import" cell: comma-separated package paths, where
-// "x/*" is every package below x, "x (+ subpackages)" is x and every package
-// below it, other parenthesised text is a comment, "stdlib…" and "… via the
-// caller" name no package of the module, and "everything" allows all.
+// parseAllowed reads a "may import" cell: comma-separated items, where "x/*"
+// is every package below x, "x (+ subpackages)" is x and every package below
+// it, other parenthesised text is a comment, a path whose first element has
+// a dot is an external module, "stdlib only" and "no I/O" restrict the
+// rest (see the package comment), "stdlib" and "—" name nothing, and
+// "everything" allows all.
 func parseAllowed(cell string) rule {
 	r := rule{text: cell, exact: map[string]bool{}}
 	for _, item := range strings.Split(cell, ",") {
@@ -206,7 +295,13 @@ func parseAllowed(cell string) rule {
 		switch {
 		case item == "everything":
 			r.any = true
-		case item == "" || strings.HasPrefix(item, "stdlib") || strings.HasSuffix(item, "via the caller"):
+		case item == "stdlib only":
+			r.stdlibOnly = true
+		case item == "no I/O":
+			r.noIO = true
+		case external(item):
+			r.externals = append(r.externals, item)
+		case item == "" || item == "—" || strings.HasPrefix(item, "stdlib"):
 		case strings.HasSuffix(item, "/*"):
 			r.prefixes = append(r.prefixes, strings.TrimSuffix(item, "*"))
 		default:
@@ -240,22 +335,4 @@ func listPackages(t *testing.T, root, pattern string) []goPackage {
 		pkgs = append(pkgs, p)
 	}
 	return pkgs
-}
-
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the test's directory")
-		}
-		dir = parent
-	}
 }

@@ -44,7 +44,7 @@ func agentWorkload(t *testing.T, f *fleet, parents, rounds int) {
 	}
 }
 
-// The audit scenario of issue 7 on a live 3-edge cluster: copy a data dir,
+// The audit scenario on a live 3-edge cluster: copy a data dir,
 // replay reproduces the live state hash, verify passes, explain shows a
 // parent with both sub-agents and their decisions; one corrupted event in
 // the copy makes verify fail.

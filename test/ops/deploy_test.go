@@ -17,6 +17,7 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"gopkg.in/yaml.v3"
 
+	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/worker"
 )
@@ -52,7 +53,7 @@ func globDeploy(t *testing.T, pattern string) []string {
 // and identities the NATS servers know.
 func TestDeployConfigsParse(t *testing.T) {
 	setSecretEnv(t)
-	var peers []edge.PeerConfig
+	var peers []cluster.Peer
 	ids := map[string]bool{}
 	var edgeCfgs []edge.Config
 	for _, path := range globDeploy(t, "config/edge-*.yaml") {
@@ -70,7 +71,7 @@ func TestDeployConfigsParse(t *testing.T) {
 		} else if !slices.Equal(peers, cl.Peers) {
 			t.Errorf("%s: peers %v differ from the other edges' %v", path, cl.Peers, peers)
 		}
-		self := slices.IndexFunc(cl.Peers, func(p edge.PeerConfig) bool { return p.ID == cl.NodeID })
+		self := slices.IndexFunc(cl.Peers, func(p cluster.Peer) bool { return p.ID == cl.NodeID })
 		if self < 0 || cl.Peers[self].Addr != cl.AdvertiseAddr {
 			t.Errorf("%s: advertise_addr %s is not this edge's peer address in %v", path, cl.AdvertiseAddr, cl.Peers)
 		}
@@ -93,7 +94,7 @@ func TestDeployConfigsParse(t *testing.T) {
 		if cfg.Engine.Type != "proxy" || len(cfg.Engine.Upstreams) != cfg.RankCount() {
 			t.Errorf("%s: want proxy mode with one upstream per rank, got %s with %d upstreams for %d ranks", path, cfg.Engine.Type, len(cfg.Engine.Upstreams), cfg.RankCount())
 		}
-		if cfg.LegacyMode || cfg.InternalRequestAuthKey == "" {
+		if cfg.IgnoreSubagentHints || cfg.InternalRequestAuthKey == "" {
 			t.Errorf("%s: a current worker verifies hints (legacy_mode false, key from the environment)", path)
 		}
 		fleets[string(cfg.Fleet)] = cfg
@@ -480,7 +481,7 @@ func checkEdgeStatefulSet(t *testing.T, sts manifest, c any, args []string, byKi
 	if replicas != 3 {
 		t.Errorf("StatefulSet %s: %d replicas, want 3 voters", name, replicas)
 	}
-	var peers []edge.PeerConfig
+	var peers []cluster.Peer
 	for i := range replicas {
 		pod := fmt.Sprintf("%s-%d", name, i)
 		data, ok := keys[pod+".yaml"]
@@ -555,9 +556,16 @@ func checkNonvoterStatefulSet(t *testing.T, sts manifest, c any, args []string, 
 	if !ok {
 		t.Fatalf("StatefulSet %s: --config %s is not a key of its config volume", name, cfgPath)
 	}
-	cfg, err := edge.ParseConfig([]byte(data))
+	// As the pod runs it: the file, then the flags, then the validation.
+	cfg, err := edge.DecodeConfig([]byte(data))
 	if err != nil {
 		t.Fatalf("StatefulSet %s: %s: %v", name, cfgPath, err)
+	}
+	pod := name + "-0"
+	cfg.Cluster.NodeID = strings.ReplaceAll(flag("--node-id"), "$(POD_NAME)", pod)
+	cfg.Cluster.AdvertiseAddr = strings.ReplaceAll(flag("--advertise-addr"), "$(POD_NAME)", pod)
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("StatefulSet %s: %s with its flags: %v", name, cfgPath, err)
 	}
 	checkReadinessNeedsOneWorker(t, cfgPath, cfg)
 	cl := cfg.Cluster

@@ -20,6 +20,7 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
+	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
@@ -191,10 +192,10 @@ func startFleet(t *testing.T, o fleetOptions) *fleet {
 	return f
 }
 
-func (f *fleet) peers() []edge.PeerConfig {
-	var ps []edge.PeerConfig
+func (f *fleet) peers() []cluster.Peer {
+	var ps []cluster.Peer
 	for _, s := range f.edges {
-		ps = append(ps, edge.PeerConfig{ID: s.id, Addr: s.raftAddr})
+		ps = append(ps, cluster.Peer{ID: s.id, Addr: s.raftAddr})
 	}
 	return ps
 }
@@ -225,13 +226,13 @@ func (f *fleet) edgeConfig(i int) edge.Config {
 	cfg.Telemetry.DownAfter = 10 * time.Second
 	cfg.Leader.Interval = 50 * time.Millisecond
 	cfg.NATS.URLs = []string{f.nats.ClientURL()}
-	cfg.Cluster = edge.ClusterConfig{
+	cfg.Cluster = edge.ClusterConfig{Settings: cluster.Settings{
 		NodeID: s.id, DataDir: s.dataDir, BindAddr: s.raftAddr, Bootstrap: true, Peers: f.peers(), ProposeTimeout: 2 * time.Second,
 		// Timeouts generous enough for a race build on a loaded machine
 		// (a user restore stalls the leader's loop while it installs).
-		Raft: edge.RaftConfig{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second,
+		Raft: cluster.RaftTiming{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second,
 			LeaderLeaseTimeout: 500 * time.Millisecond, CommitTimeout: 2 * time.Millisecond},
-	}
+	}}
 	if f.opts.edgeConfig != nil {
 		f.opts.edgeConfig(i, s.version, &cfg)
 	}
@@ -567,13 +568,8 @@ type turn struct {
 func (t turn) contextInstance() string { inst, _ := t.contextHop(); return inst }
 
 func (t turn) contextHop() (instance, rank string) {
-	for _, part := range strings.Split(t.route, ";") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(part), "context="); ok {
-			inst, rank, _ := strings.Cut(v, "/")
-			return inst, rank
-		}
-	}
-	return "", ""
+	r, _ := edge.ParseRoute(t.route)
+	return r.ContextInstance, r.ContextRank
 }
 
 // chat sends one chat turn through the running edges, starting with

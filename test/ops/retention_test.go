@@ -29,11 +29,12 @@ func TestReplayAfterArchiveRetention(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	node, err := cluster.Open(ctx, cluster.Config{
-		NodeID: "edge-1", DataDir: dir, Listener: ln, Bootstrap: true, Peers: []cluster.Peer{{ID: "edge-1", Addr: addr}},
-		AuthKey: []byte(internalKey), ProposeTimeout: 2 * time.Second,
-		Raft:              cluster.RaftTiming{HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond, LeaderLeaseTimeout: 50 * time.Millisecond},
-		SnapshotThreshold: 40, SnapshotInterval: 20 * time.Millisecond, TrailingLogs: 5,
-		Archive: cluster.ArchiveOptions{MaxEvents: 150},
+		Settings:          cluster.Settings{NodeID: "edge-1", DataDir: dir, Bootstrap: true, Peers: []cluster.Peer{{ID: "edge-1", Addr: addr}}, ProposeTimeout: 2 * time.Second, Raft: cluster.RaftTiming{HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond, LeaderLeaseTimeout: 50 * time.Millisecond}, Archive: cluster.ArchiveOptions{MaxEvents: 150}},
+		Listener:          ln,
+		AuthKey:           []byte(internalKey),
+		SnapshotThreshold: 40,
+		SnapshotInterval:  20 * time.Millisecond,
+		TrailingLogs:      5,
 	})
 	if err != nil {
 		t.Fatal(err)

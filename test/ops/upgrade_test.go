@@ -73,9 +73,13 @@ func (w *levelWatch) check() uint32 {
 		if want := edgeLevel(s.version); ns.FeatureLevel != want {
 			w.t.Fatalf("%s (%s) supports feature level %d, want %d", s.id, s.version, ns.FeatureLevel, want)
 		}
+		// Leader before the state is read: a ready leader's state holds
+		// everything committed (read first, the state may predate its
+		// catching up).
+		leader := s.edge().Node().IsLeader()
 		st := s.state()
 		advertised := map[string]uint32{}
-		for _, n := range st.Nodes() {
+		for _, n := range st.Edges() {
 			advertised[n.ID] = n.MaxFeatureLevel
 		}
 		minVoters, oldVoter := ^uint32(0), ""
@@ -89,7 +93,7 @@ func (w *levelWatch) check() uint32 {
 		}
 		got := st.FeatureLevel()
 		if got > minVoters {
-			w.t.Fatalf("%s: cluster feature level %d is above what every voter advertised (%d): %+v", s.id, got, minVoters, st.Nodes())
+			w.t.Fatalf("%s: cluster feature level %d is above what every voter advertised (%d): %+v", s.id, got, minVoters, st.Edges())
 		}
 		if oldVoter != "" && got > fsm.FeatureLevelBase {
 			w.t.Fatalf("%s: cluster feature level %d while voter %s runs v1", s.id, got, oldVoter)
@@ -97,7 +101,7 @@ func (w *levelWatch) check() uint32 {
 		if got < w.seen && st.Index() > 0 {
 			// A lagging follower may trail; only the leader's view must
 			// never fall.
-			if s.edge().Node().IsLeader() {
+			if leader {
 				w.t.Fatalf("%s: cluster feature level fell from %d to %d", s.id, w.seen, got)
 			}
 		}
@@ -145,7 +149,7 @@ type advert struct {
 // holds them.
 func nodeAdverts(st *fsm.State) map[string]advert {
 	out := map[string]advert{}
-	for _, n := range st.Nodes() {
+	for _, n := range st.Edges() {
 		out[n.ID] = advert{n.Version, n.MaxFeatureLevel}
 	}
 	return out
@@ -219,7 +223,8 @@ func rankEvents(hist []admin.HistoryEntry, epoch uint64) (all, applied int) {
 		}
 		all++
 		// JSON numbers decode as float64; epochs here stay far below 2^53.
-		if e, ok := h.Event["epoch"].(float64); ok && uint64(e) == epoch && h.Status == fsm.StatusApplied.String() {
+		fields, _ := h.Event.(map[string]any)
+		if e, ok := fields["epoch"].(float64); ok && uint64(e) == epoch && h.Status == fsm.StatusApplied.String() {
 			applied++
 		}
 	}
@@ -317,10 +322,10 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 		version:    "v1",
 		edgeConfig: func(_ int, version string, c *edge.Config) {
 			if version == "v1" {
-				c.Cluster.CompatFeatureLevel = fsm.FeatureLevelBase
+				c.Cluster.FeatureLevel = fsm.FeatureLevelBase
 			}
 		},
-		workerConfig: func(_ string, c *worker.Config) { c.LegacyMode = true },
+		workerConfig: func(_ string, c *worker.Config) { c.IgnoreSubagentHints = true },
 	})
 	legacy := func(id string, in admin.InstanceInfo) string {
 		if in.VerifiesHints || in.Version != "v1" {
@@ -483,7 +488,7 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 		id    string
 		fleet telemetry.Fleet
 	}{{"ctx-1", telemetry.FleetContext}, {"ctx-2", telemetry.FleetContext}, {"gen-1", telemetry.FleetGeneration}, {"gen-2", telemetry.FleetGeneration}} {
-		f.startWorker(w.id, w.fleet, "v2", func(c *worker.Config) { c.LegacyMode = false })
+		f.startWorker(w.id, w.fleet, "v2", func(c *worker.Config) { c.IgnoreSubagentHints = false })
 		upgraded[w.id] = true
 		f.waitReady(30*time.Second, func(id string, in admin.InstanceInfo) string {
 			if in.VerifiesHints != upgraded[id] || (in.Version == "v2") != upgraded[id] {
@@ -611,7 +616,7 @@ func TestUpgradedWorkerRejectsUnsignedHintsFromAnOlderEdge(t *testing.T) {
 	f.client = &http.Client{Timeout: 10 * time.Second}
 	t.Cleanup(func() { f.closeWorkers(); f.client.CloseIdleConnections() })
 	f.startWorker("ctx-new", telemetry.FleetContext, "v2", func(c *worker.Config) { c.NATS.URLs = nil })
-	f.startWorker("ctx-old", telemetry.FleetContext, "v1", func(c *worker.Config) { c.NATS.URLs = nil; c.LegacyMode = true })
+	f.startWorker("ctx-old", telemetry.FleetContext, "v1", func(c *worker.Config) { c.NATS.URLs = nil; c.IgnoreSubagentHints = true })
 
 	body, _ := json.Marshal(map[string]any{
 		"model": testModel, "max_tokens": 1,

@@ -61,17 +61,12 @@ func newFaultCluster(t testing.TB, size int, seed int64, tweak func(*cluster.Con
 		fc.ids = append(fc.ids, id)
 		peers[i] = cluster.Peer{ID: id, Addr: ln.Addr().String()}
 		fc.cfgs = append(fc.cfgs, cluster.Config{
-			NodeID:         id,
-			DataDir:        filepath.Join(base, id),
-			BindAddr:       peers[i].Addr,
-			Listener:       ln,
-			Dial:           fc.net.Dialer(id),
-			Bootstrap:      true,
-			AuthKey:        authKey,
-			ProposeTimeout: time.Second,
-			Raft:           timing,
-			Logger:         logger().With("node", id),
-			Version:        "reliability",
+			Settings: cluster.Settings{NodeID: id, DataDir: filepath.Join(base, id), BindAddr: peers[i].Addr, Bootstrap: true, ProposeTimeout: time.Second, Raft: timing},
+			Listener: ln,
+			Dial:     fc.net.Dialer(id),
+			AuthKey:  authKey,
+			Logger:   logger().With("node", id),
+			Version:  "reliability",
 		})
 	}
 	for i := range fc.cfgs {

@@ -35,7 +35,7 @@ func TestEdgeConfigErrorsNameTheKey(t *testing.T) {
 	}{
 		{"unknown key", validEdgeYAML + "colour: blue\n", "colour"},
 		{"not YAML", "model: [unclosed", "YAML"},
-		{"wrong type", strings.Replace(validEdgeYAML, "model: m", "model: [1, 2]", 1), "model, line 1: want a string"}, // was B6: named the line only
+		{"wrong type", strings.Replace(validEdgeYAML, "model: m", "model: [1, 2]", 1), "model, line 1: want a string"}, // the key, not only the line
 		{"wrong nested type", strings.Replace(validEdgeYAML, `  urls: ["http://127.0.0.1:9002"]`, "  urls: [\"http://127.0.0.1:9002\"]\n  router: {type: [conversation]}", 1), "generation_servers.router.type"},
 		{"no model", strings.Replace(validEdgeYAML, "model: m\n", "", 1), "model"},
 		{"port out of range", validEdgeYAML + "port: 70000\n", "port"},
@@ -59,7 +59,7 @@ func TestEdgeConfigErrorsNameTheKey(t *testing.T) {
 		{"short cluster key", strings.Replace(validEdgeYAML, `  auth_key: "0123456789abcdef0123"`, `  auth_key: "k"`, 1), "cluster.auth_key"},
 		{"nats embedded and urls", validEdgeYAML + "nats: {embedded: true, urls: [\"nats://127.0.0.1:4222\"]}\n", "nats"},
 		{"nats bad url", validEdgeYAML + "nats: {urls: [\"127.0.0.1:4222\"]}\n", "nats.urls[0]"},
-		{"nats url of another scheme", validEdgeYAML + "nats: {urls: [\"http://127.0.0.1:4222\"]}\n", "nats.urls[0]"}, // was F2
+		{"nats url of another scheme", validEdgeYAML + "nats: {urls: [\"http://127.0.0.1:4222\"]}\n", "nats.urls[0]"},
 		{"nats password without user", validEdgeYAML + "nats: {urls: [\"nats://127.0.0.1:4222\"], password: p}\n", "nats.user"},
 		{"otlp exporter without endpoint", validEdgeYAML + "tracing: {exporter: otlp}\n", "tracing.endpoint"},
 	}

@@ -173,8 +173,8 @@ func TestRandomEntriesNeverPanic(t *testing.T) {
 
 // (Fleet, Key, Epoch) is documented to name one placement for life, and
 // Evict{Epoch} relies on it. A batched entry that binds, evicts and binds
-// the same key again gave both placements the entry's index as epoch (B2,
-// found by the linearizability runs: two instances seen for one epoch).
+// the same key again gave both placements the entry's index as epoch (the
+// linearizability runs saw two instances for one epoch).
 // Fixed at fsm feature level 2: each placement's epoch carries its
 // position in the entry.
 func TestEpochNamesOnePlacement(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -59,11 +60,7 @@ func standaloneWorker(t *testing.T, mut func(*worker.Config)) *worker.Server {
 	return runWorker(t, cfg)
 }
 
-func httpClient(t *testing.T) *http.Client {
-	tr := &http.Transport{MaxIdleConnsPerHost: 64}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
-}
+func httpClient(t *testing.T) *http.Client { return testhttp.Client(t, nil) }
 
 type openAIError struct {
 	Error *struct {
@@ -207,7 +204,7 @@ func TestWorkerHTTPBadInput(t *testing.T) {
 		}
 	})
 	t.Run("slow body is cut off, not waited for forever", func(t *testing.T) {
-		// read_header_timeout is configurable (F3): a short one here, the
+		// read_header_timeout is configurable: a short one here, the
 		// 10 s default with -long.
 		slow := s
 		if !longMode() {
@@ -262,7 +259,7 @@ func TestWorkerHTTPBadInput(t *testing.T) {
 		t.Logf("flood of %d: %v", n, count)
 	})
 	t.Run("flood beyond max_concurrent_requests", func(t *testing.T) {
-		// F3: a worker reached directly sheds what exceeds its limit with
+		// A worker reached directly sheds what exceeds its limit with
 		// 429, Retry-After and an OpenAI error, and serves the rest.
 		lim := standaloneWorker(t, func(c *worker.Config) {
 			c.InstanceID, c.MaxConcurrentRequests = "w-limited", 4

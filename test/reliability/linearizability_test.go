@@ -171,7 +171,7 @@ func runOnce(t *testing.T, nem nemesis, seed int64, rc runConfig) runResult {
 	fc := newFaultCluster(t, 3, seed, nil)
 	defer fc.closeAll()
 	l := fc.waitLeader(20 * time.Second)
-	// Unique epochs (fsm feature level 2, the fix of B2) are in force once
+	// Unique epochs (fsm feature level 2) are in force once
 	// the cluster committed the level; an edge does this when every voter
 	// advertises it.
 	lctx, lcancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -349,7 +349,7 @@ func runOnce(t *testing.T, nem nemesis, seed int64, rc runConfig) runResult {
 }
 
 // checkOneInstancePerEpoch: a (key, epoch) names one placement, so every
-// observation of it shows the same instance. Before unique epochs (B2), a
+// observation of it shows the same instance. Before unique epochs, a
 // log entry that bound, evicted and bound one key again gave both
 // placements the entry's index as epoch; at feature level 2 every
 // placement has its own, so any collision is a failure. The message names

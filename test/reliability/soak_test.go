@@ -370,22 +370,10 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 	}
 }
 
-// parseRoute reads x-tether-route: "context=<inst>/<rank>; generation=<inst>/<rank>".
+// parseRoute reads x-tether-route's instances (edge.ParseRoute).
 func parseRoute(h string) (ctxInst, genInst string) {
-	for _, part := range strings.Split(h, ";") {
-		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok {
-			continue
-		}
-		inst, _, _ := strings.Cut(v, "/")
-		switch k {
-		case "context":
-			ctxInst = inst
-		case "generation":
-			genInst = inst
-		}
-	}
-	return ctxInst, genInst
+	r, _ := edge.ParseRoute(h)
+	return r.ContextInstance, r.GenerationInstance
 }
 
 // commitMargin is how long after a binding's log time (the leader's

@@ -19,14 +19,9 @@ import (
 func singleNode(t *testing.T, dir string) (*cluster.Node, cluster.Config, error) {
 	t.Helper()
 	cfg := cluster.Config{
-		NodeID:         "solo",
-		DataDir:        dir,
-		BindAddr:       "127.0.0.1:0",
-		Bootstrap:      true,
-		AuthKey:        authKey,
-		ProposeTimeout: 5 * time.Second,
-		Raft:           timing,
-		Logger:         logger(),
+		Settings: cluster.Settings{NodeID: "solo", DataDir: dir, BindAddr: "127.0.0.1:0", Bootstrap: true, ProposeTimeout: 5 * time.Second, Raft: timing},
+		AuthKey:  authKey,
+		Logger:   logger(),
 	}
 	// Bootstrap needs the node's own address before it listens: take a
 	// port, then hand the listener over.
@@ -118,21 +113,17 @@ func TestDamagedStorageRefusesToStart(t *testing.T) {
 		name, file string
 		fn         func([]byte) []byte
 		want       string
-		bug        string // a reported, unfixed defect (see knownBug)
 	}{
-		{"raft.db garbage", "raft.db", garbage, "raft.db", ""},
-		{"raft.db truncated", "raft.db", truncate, "raft.db", ""},
-		{"raft.db meta pages zeroed", "raft.db", zeroMeta, "raft.db", ""},
-		{"archive.db garbage", "archive.db", garbage, "archive.db", ""},
-		{"archive.db truncated", "archive.db", truncate, "archive.db", ""},
-		{"archive.db meta pages zeroed", "archive.db", zeroMeta, "archive.db", ""},
-		{"raft.db empty", "raft.db", empty, "raft.db holds no Raft state", ""},
+		{"raft.db garbage", "raft.db", garbage, "raft.db"},
+		{"raft.db truncated", "raft.db", truncate, "raft.db"},
+		{"raft.db meta pages zeroed", "raft.db", zeroMeta, "raft.db"},
+		{"archive.db garbage", "archive.db", garbage, "archive.db"},
+		{"archive.db truncated", "archive.db", truncate, "archive.db"},
+		{"archive.db meta pages zeroed", "archive.db", zeroMeta, "archive.db"},
+		{"raft.db empty", "raft.db", empty, "raft.db holds no Raft state"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if c.bug != "" {
-				knownBug(t, c.bug)
-			}
 			dir := filepath.Join(t.TempDir(), "data")
 			populate(t, dir, 50)
 			damage(t, filepath.Join(dir, c.file), c.fn)
@@ -228,15 +219,5 @@ func TestArchiveOpenErrors(t *testing.T) {
 	}
 	if _, _, err := singleNode(t, notDir); err == nil || !strings.Contains(err.Error(), notDir) {
 		t.Fatalf("Open with DataDir a regular file: %v", err)
-	}
-}
-
-// knownBug skips a test case that exposes a reported, not yet fixed defect
-// in another package, so `make test` stays green while the case stays in
-// the catalogue. RELIABILITY_KNOWN_BUGS=1 runs them (they fail until fixed).
-func knownBug(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv("RELIABILITY_KNOWN_BUGS") != "1" {
-		t.Skip("KNOWN BUG (reported, run with RELIABILITY_KNOWN_BUGS=1): " + what)
 	}
 }

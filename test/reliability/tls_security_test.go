@@ -28,6 +28,7 @@ import (
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"
 )
@@ -83,11 +84,7 @@ func presenting(ca *secureCA, leaf *pki.Leaf) *tls.Config {
 	return c
 }
 
-func tlsHTTPClient(t *testing.T, c *tls.Config) *http.Client {
-	tr := &http.Transport{TLSClientConfig: c}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 20 * time.Second}
-}
+func tlsHTTPClient(t *testing.T, c *tls.Config) *http.Client { return testhttp.Client(t, c) }
 
 // startSecureWorker runs a worker of fleet over mutual TLS that takes
 // requests from edges' certificates only (client_auth require).
@@ -112,7 +109,7 @@ func startSecureWorkerLogged(t *testing.T, ca *secureCA, id string, fleet teleme
 		cfg.Logger = logs.logger()
 	}
 	cfg.TLS = worker.ServerTLSConfig{Mode: worker.TLSModeMutual, CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key,
-		ClientAuth: worker.ClientAuthRequire, AllowedClients: []string{pki.IdentityURI(pki.RoleEdge, "*")}}
+		HTTPClientAuth: worker.ClientAuthRequire, AllowedClients: []string{pki.IdentityURI(pki.RoleEdge, "*")}}
 	return runWorker(t, cfg)
 }
 
@@ -139,14 +136,14 @@ func startSecureEdgesLogged(t *testing.T, trustCA, certCA *secureCA, n int, work
 		lg = logs.logger()
 	}
 	lns := make([]net.Listener, n)
-	var peers []edge.PeerConfig
+	var peers []cluster.Peer
 	for i := range n {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		lns[i] = ln
-		peers = append(peers, edge.PeerConfig{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()})
+		peers = append(peers, cluster.Peer{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()})
 	}
 	base := t.TempDir()
 	out := make([]secureEdge, n)
@@ -168,9 +165,10 @@ func startSecureEdgesLogged(t *testing.T, trustCA, certCA *secureCA, n int, work
 		cfg.ContextServers.URLs = []edge.StaticInstance{{Name: workers[telemetry.FleetContext].InstanceID(), URL: workers[telemetry.FleetContext].URL()}}
 		cfg.GenerationServers.URLs = []edge.StaticInstance{{Name: workers[telemetry.FleetGeneration].InstanceID(), URL: workers[telemetry.FleetGeneration].URL()}}
 		cfg.Telemetry.ProbeInterval = 100 * time.Millisecond
-		cfg.Cluster = edge.ClusterConfig{NodeID: id, DataDir: filepath.Join(base, id), BindAddr: peers[i].Addr, Bootstrap: true, Peers: peers,
-			ProposeTimeout: 2 * time.Second, Raft: edge.RaftConfig{HeartbeatTimeout: timing.HeartbeatTimeout, ElectionTimeout: timing.ElectionTimeout,
-				LeaderLeaseTimeout: timing.LeaderLeaseTimeout, CommitTimeout: timing.CommitTimeout}}
+		cfg.Cluster = edge.ClusterConfig{
+			Settings: cluster.Settings{NodeID: id, DataDir: filepath.Join(base, id), BindAddr: peers[i].Addr, Bootstrap: true, Peers: peers, ProposeTimeout: 2 * time.Second, Raft: cluster.RaftTiming{HeartbeatTimeout: timing.HeartbeatTimeout, ElectionTimeout: timing.ElectionTimeout,
+				LeaderLeaseTimeout: timing.LeaderLeaseTimeout, CommitTimeout: timing.CommitTimeout}},
+		}
 		cfg.TLS = edge.TLSConfig{Mode: edge.TLSModeMutual, CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key}
 		if tweak != nil {
 			tweak(&cfg)
@@ -775,9 +773,10 @@ func TestEmbeddedNATSBindsTelemetryToTheCertificate(t *testing.T) {
 	cfg.InternalRequestAuthKey = secureKey
 	cfg.NATS = edge.NATSConfig{Embedded: true, Listen: "127.0.0.1:0"}
 	cfg.TLS = edge.TLSConfig{Mode: edge.TLSModeMutual, CAFile: ef.CA, CertFile: ef.Cert, KeyFile: ef.Key}
-	cfg.Cluster = edge.ClusterConfig{NodeID: "edge-1", DataDir: filepath.Join(dir, "edge-1"), Bootstrap: true,
-		Peers: []edge.PeerConfig{{ID: "edge-1", Addr: ln.Addr().String()}}, Raft: edge.RaftConfig{HeartbeatTimeout: timing.HeartbeatTimeout,
-			ElectionTimeout: timing.ElectionTimeout, LeaderLeaseTimeout: timing.LeaderLeaseTimeout, CommitTimeout: timing.CommitTimeout}}
+	cfg.Cluster = edge.ClusterConfig{
+		Settings: cluster.Settings{NodeID: "edge-1", DataDir: filepath.Join(dir, "edge-1"), Bootstrap: true, Peers: []cluster.Peer{{ID: "edge-1", Addr: ln.Addr().String()}}, Raft: cluster.RaftTiming{HeartbeatTimeout: timing.HeartbeatTimeout,
+			ElectionTimeout: timing.ElectionTimeout, LeaderLeaseTimeout: timing.LeaderLeaseTimeout, CommitTimeout: timing.CommitTimeout}},
+	}
 	reg := prometheus.NewRegistry()
 	e, err := edge.New(cfg, edge.Deps{Logger: logger(), Registry: reg, ClusterListener: ln})
 	if err != nil {

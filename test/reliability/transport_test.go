@@ -74,8 +74,11 @@ func joinAttempt(t *testing.T, id, target string, tlsConf *tls.Config, key []byt
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	n, err := cluster.Open(ctx, cluster.Config{
-		NodeID: id, DataDir: filepath.Join(t.TempDir(), id), Listener: ln,
-		Join: []string{target}, AuthKey: key, TLS: tlsConf, Raft: timing, Logger: logger(),
+		Settings: cluster.Settings{NodeID: id, DataDir: filepath.Join(t.TempDir(), id), Join: []string{target}, Raft: timing},
+		Listener: ln,
+		AuthKey:  key,
+		TLS:      tlsConf,
+		Logger:   logger(),
 	})
 	if err == nil {
 		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -182,7 +185,7 @@ func TestMutualTLSClusterRefusesNodesWithoutAValidCertificate(t *testing.T) {
 
 // Without TLS, the AuthKey protects Raft streams as it protects forwarding
 // and joins: a peer that reaches the port but skips the handshake cannot
-// append (was B1, fixed in cluster/transport/mux.go).
+// append (cluster/transport authenticates Raft streams).
 func TestPlaintextRaftStreamRefusesUnauthenticatedAppends(t *testing.T) {
 	logs := newLogLines()
 	fc := newFaultCluster(t, 3, 1, func(c *cluster.Config) { c.Logger = logs.logger().With("node", c.NodeID) })

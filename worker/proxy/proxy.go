@@ -47,6 +47,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/tether-project/tether/internal/enginekv"
+	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/worker/engine"
 )
 
@@ -543,9 +544,4 @@ func readStream(r io.Reader, req engine.Request, emit func(engine.Chunk) error, 
 	return comp, nil
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
+var truncate = httpjson.Clip // the shared message quoting

@@ -19,8 +19,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/test/crosscheck"
 	"github.com/tether-project/tether/test/natstest"
 )
 
@@ -61,14 +63,14 @@ func startStandInWith(t *testing.T, cfg Config) *standIn {
 func startEdges(t *testing.T, n int, ctx, gen []*standIn, mutate ...func(*edge.Config)) []*edge.Edge {
 	t.Helper()
 	lns := make([]net.Listener, n)
-	peers := make([]edge.PeerConfig, n)
+	peers := make([]cluster.Peer, n)
 	for i := range n {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		lns[i] = ln
-		peers[i] = edge.PeerConfig{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()}
+		peers[i] = cluster.Peer{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()}
 	}
 	dir := t.TempDir()
 	edges := make([]*edge.Edge, n)
@@ -89,8 +91,9 @@ func startEdges(t *testing.T, n int, ctx, gen []*standIn, mutate ...func(*edge.C
 		for _, s := range gen {
 			cfg.GenerationServers.URLs = append(cfg.GenerationServers.URLs, edge.StaticInstance{Name: s.name, URL: s.url})
 		}
-		cfg.Cluster = edge.ClusterConfig{NodeID: peers[i].ID, DataDir: filepath.Join(dir, peers[i].ID), Bootstrap: true, Peers: peers,
-			BindAddr: peers[i].Addr, ProposeTimeout: 2 * time.Second}
+		cfg.Cluster = edge.ClusterConfig{
+			Settings: cluster.Settings{NodeID: peers[i].ID, DataDir: filepath.Join(dir, peers[i].ID), Bootstrap: true, Peers: peers, BindAddr: peers[i].Addr, ProposeTimeout: 2 * time.Second},
+		}
 		for _, m := range mutate {
 			m(&cfg)
 		}
@@ -252,6 +255,9 @@ func TestThreeEdgesInFrontOfTRTLLMStandIns(t *testing.T) {
 	ctx := []*standIn{startStandIn(t, "ctx-0", "context"), startStandIn(t, "ctx-1", "context")}
 	gen := []*standIn{startStandIn(t, "gen-0", "generation"), startStandIn(t, "gen-1", "generation")}
 	if !ctx[0].PythonVerifies() {
+		if crosscheck.Required() {
+			t.Fatal("python3 is not installed, and CI requires the stand-ins to check signatures with it")
+		}
 		t.Log("python3 not installed: the stand-ins accept signatures unchecked (counted); the routing assertions still hold")
 	}
 	edges := startEdges(t, 3, ctx, gen)
@@ -354,7 +360,7 @@ func TestThreeEdgesInFrontOfTRTLLMStandIns(t *testing.T) {
 func TestStandInRefusesTamperedSignatures(t *testing.T) {
 	s := startStandIn(t, "ctx-x", "context")
 	if !s.PythonVerifies() {
-		t.Skip("python3 not installed: the stand-in cannot check signatures independently")
+		crosscheck.Unavailable(t, "python3 is not installed: the stand-in cannot check signatures independently")
 	}
 	body := map[string]any{"model": testModel, "messages": []any{map[string]any{"role": "user", "content": "hi there"}},
 		"disaggregated_params": map[string]any{"request_type": "context_only", "disagg_request_id": 5}}

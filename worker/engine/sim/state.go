@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strings"
+
+	"github.com/tether-project/tether/internal/hash64"
 )
 
 // contextState is what a context-only run hands to the generation side:
@@ -87,14 +89,7 @@ func decodeContextState(b []byte) (contextState, error) {
 
 // promptSeed hashes the prompt's tokens (FNV-1a over the ids): equal
 // prompts give equal output.
-func promptSeed(tokens []uint32) uint64 {
-	h := uint64(14695981039346656037)
-	for _, t := range tokens {
-		h ^= uint64(t)
-		h *= 1099511628211
-	}
-	return h
-}
+func promptSeed(tokens []uint32) uint64 { return hash64.FNV1aWords(tokens) }
 
 // outputWords is the simulated model's vocabulary.
 var outputWords = [...]string{

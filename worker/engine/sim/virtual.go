@@ -256,15 +256,6 @@ func (r *VirtualRank) Contains(h uint64) bool { return r.cache.Contains(h) }
 // Referenced is the number of blocks held by admitted, unreleased requests.
 func (r *VirtualRank) Referenced() int { return r.cache.Referenced() }
 
-// NextDone is the earliest time an admitted request finishes (ok false when
-// none is pending): the harness advances to it.
-func (r *VirtualRank) NextDone() (at time.Duration, ok bool) {
-	if len(r.pending) == 0 {
-		return 0, false
-	}
-	return r.pending[0].doneAt, true
-}
-
 // admitted is one admitted request until its blocks are released.
 type admitted struct {
 	id                            uint64

@@ -7,7 +7,7 @@ import (
 	"github.com/tether-project/tether/edge/admin"
 )
 
-// Issue 13, D5: the Bearer scheme is case-insensitive; operator mistakes on
+// The Bearer scheme is case-insensitive; operator mistakes on
 // the Raft admin endpoints are 404s naming the id, not 500 or 200; and
 // metrics_access: admin_token puts /metrics behind the admin token.
 func TestAdminOperatorErrorsAndMetricsAccess(t *testing.T) {
