@@ -283,38 +283,8 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("edge: %w", err)
 	}
 
-	var static []fleetview.Static
-	for _, m := range e.models {
-		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-			sc := m.cfg.servers(f)
-			model := ""
-			if sc.HealthCheckModel {
-				model = m.name
-			}
-			for _, si := range sc.URLs {
-				static = append(static, fleetview.Static{ID: si.ID(), URL: trimSlash(si.URL), Fleet: f, HealthPath: sc.HealthPath, Model: model,
-					Served: m.name, MaxLoRAs: m.cfg.LoRA.MaxLoRAs, Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize,
-					ProbeTimeout: sc.healthTimeout(e.cfg.Telemetry.ProbeInterval), EngineEvents: si.KVEvents != nil, SharedEvents: sc.KVCacheEvents})
-			}
-		}
-	}
-	t := e.cfg.Telemetry
-	if e.fleet, err = fleetview.New(fleetview.Config{
-		Static: static, Conn: e.nc, PredictTTL: e.cfg.Placement.PredictTTL, Breaker: e.cfg.Placement.Breaker, BlockSize: e.cfg.Placement.BlockSize,
-		StaleIntervals: t.StaleIntervals, MinStaleAfter: t.MinStaleAfter, ProbeInterval: t.ProbeInterval,
-		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
-		OnEvictions: e.onWorkerEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
-		ProbeClient:   &http.Client{Transport: e.client.Transport},
-		VerifyAddress: e.addressVerifier(),
-	}); err != nil {
-		return fmt.Errorf("edge: %w", err)
-	}
-	e.shadow = kvshadow.New(e.fleet.Index(), 1)
-	if err := e.fleet.Start(ctx); err != nil {
-		return fmt.Errorf("edge: %w", err)
-	}
-	if err := e.startEngineEvents(); err != nil {
-		return fmt.Errorf("edge: %w", err)
+	if err := e.startFleetView(ctx); err != nil {
+		return err
 	}
 
 	e.httpSrv = &http.Server{
@@ -348,6 +318,52 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	go e.leaderWatch()
 	go e.advertise()
 	e.log.Info("edge serving", "url", e.URL(), "tls", e.TLSMode(), "raft", e.node.Addr(), "nats", e.natsURL())
+	return nil
+}
+
+// staticInstances are the configured workers of every model's fleets, as
+// the fleet view takes them.
+func (e *Edge) staticInstances() []fleetview.Static {
+	var static []fleetview.Static
+	for _, m := range e.models {
+		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+			sc := m.cfg.servers(f)
+			model := ""
+			if sc.HealthCheckModel {
+				model = m.name
+			}
+			for _, si := range sc.URLs {
+				static = append(static, fleetview.Static{ID: si.ID(), URL: trimSlash(si.URL), Fleet: f, HealthPath: sc.HealthPath, Model: model,
+					Served: m.name, MaxLoRAs: m.cfg.LoRA.MaxLoRAs, Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize,
+					ProbeTimeout: sc.healthTimeout(e.cfg.Telemetry.ProbeInterval), EngineEvents: si.KVEvents != nil, SharedEvents: sc.KVCacheEvents})
+			}
+		}
+	}
+	return static
+}
+
+// startFleetView builds and starts the view of the workers (static ones,
+// NATS telemetry, probes) and subscribes to the engines' own KV events.
+func (e *Edge) startFleetView(ctx context.Context) error {
+	t := e.cfg.Telemetry
+	var err error
+	if e.fleet, err = fleetview.New(fleetview.Config{
+		Static: e.staticInstances(), Conn: e.nc, PredictTTL: e.cfg.Placement.PredictTTL, Breaker: e.cfg.Placement.Breaker, BlockSize: e.cfg.Placement.BlockSize,
+		StaleIntervals: t.StaleIntervals, MinStaleAfter: t.MinStaleAfter, ProbeInterval: t.ProbeInterval,
+		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
+		OnEvictions: e.onWorkerEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
+		ProbeClient:   &http.Client{Transport: e.client.Transport},
+		VerifyAddress: e.addressVerifier(),
+	}); err != nil {
+		return fmt.Errorf("edge: %w", err)
+	}
+	e.shadow = kvshadow.New(e.fleet.Index(), 1)
+	if err := e.fleet.Start(ctx); err != nil {
+		return fmt.Errorf("edge: %w", err)
+	}
+	if err := e.startEngineEvents(); err != nil {
+		return fmt.Errorf("edge: %w", err)
+	}
 	return nil
 }
 

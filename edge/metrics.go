@@ -90,6 +90,29 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 		Name: "tether_edge_body_budget_refused_total",
 		Help: "Requests refused (429) because max_inflight_body_bytes of request bodies were already held.",
 	})
+	m.addGauges(e)
+	m.routeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "tether_edge_route_seconds",
+		Help:    "Time the edge spends placing one hop of a request (the routing decision, the log commit of a new placement included): what routing adds to time to first token, by fleet.",
+		Buckets: []float64{.0001, .00025, .0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1},
+	}, []string{"fleet"})
+	m.routed = newRoutedMetrics()
+	m.precreateSeries()
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.routeSeconds, m.routed.requests, m.routed.prefill, &opsCollector{e: e}, m.requests, m.requestSeconds, m.decisions, m.commitSeconds, m.proposals, m.retries,
+		m.degradedPending, m.degradedRecord, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
+		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("edge: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// addGauges adds the gauges that read e's state when scraped.
+func (m *metrics) addGauges(e *Edge) {
 	m.bodyInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tether_edge_inflight_body_bytes",
 		Help: "Request-body bytes held by requests in flight (bounded by max_inflight_body_bytes).",
@@ -111,14 +134,11 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 		}
 		return float64(e.node.State().Len())
 	})
-	m.routeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "tether_edge_route_seconds",
-		Help:    "Time the edge spends placing one hop of a request (the routing decision, the log commit of a new placement included): what routing adds to time to first token, by fleet.",
-		Buckets: []float64{.0001, .00025, .0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1},
-	}, []string{"fleet"})
-	m.routed = newRoutedMetrics()
-	// Pre-create the series the shipped alerts and dashboards divide or
-	// alert on, so they read 0 rather than absent on a healthy edge.
+}
+
+// precreateSeries creates the series the shipped alerts and dashboards
+// divide or alert on, so they read 0 rather than absent on a healthy edge.
+func (m *metrics) precreateSeries() {
 	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
 		m.decisions.WithLabelValues(f.String(), routing.PolicyShed, outcomeShed)
 		m.routeSeconds.WithLabelValues(f.String())
@@ -129,15 +149,4 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 			m.recorderDropped.WithLabelValues(t.String(), reason)
 		}
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.routeSeconds, m.routed.requests, m.routed.prefill, &opsCollector{e: e}, m.requests, m.requestSeconds, m.decisions, m.commitSeconds, m.proposals, m.retries,
-		m.degradedPending, m.degradedRecord, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
-		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("edge: register metrics: %w", err)
-		}
-	}
-	return m, nil
 }

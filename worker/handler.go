@@ -267,25 +267,7 @@ func (x *exchange) serve() (int, string) {
 		return x.fail(aerr), ""
 	}
 
-	placeReq := adp.Request{ConversationID: p.conversationID, AffinityID: affinity, PromptTokens: len(p.prompt)}
-	if !x.chat {
-		// Spec: /v1/completions supports instance affinity only (the edge
-		// routes it by conversation); ranks are chosen by the placement
-		// policy, without conversation or sub-agent bindings.
-		placeReq.ConversationID, placeReq.AffinityID = "", ""
-	}
-	if v := x.r.Header.Get(HeaderLogRank); v != "" && placeReq.ConversationID+placeReq.AffinityID != "" {
-		if r, err := strconv.Atoi(v); err == nil && r >= 0 {
-			placeReq.LogRank, placeReq.HasLogRank = r, true
-		}
-	}
-	if rp, ok := s.eng.(engine.RankPrefixer); ok && s.sched.Placement() == adp.KVAware && adapter == "" {
-		placeReq.CachedTokens = rp.CachedPrefix(p.prompt)
-	}
-	if ah, ok := s.eng.(engine.AdapterHolder); ok && adapter != "" {
-		placeReq.AdapterRanks = ah.AdapterRanks(adapter) // prefer a rank holding it
-	}
-	d := s.sched.Place(placeReq)
+	d := s.sched.Place(x.placeRequest(affinity, adapter))
 	defer func() {
 		s.sched.Finish(&d.Ticket)
 		s.nudgeTelemetry()
@@ -347,6 +329,32 @@ func (x *exchange) serve() (int, string) {
 		return x.finishStream(comp), phase
 	}
 	return x.respond(comp, seq), phase
+}
+
+// placeRequest is what the rank scheduler places x's request by: its
+// conversation and sub-agent affinity, the rank the log recorded, the
+// prompt's cached prefix per rank and the ranks holding its adapter.
+func (x *exchange) placeRequest(affinity, adapter string) adp.Request {
+	s, p := x.s, x.p
+	placeReq := adp.Request{ConversationID: p.conversationID, AffinityID: affinity, PromptTokens: len(p.prompt)}
+	if !x.chat {
+		// Spec: /v1/completions supports instance affinity only (the edge
+		// routes it by conversation); ranks are chosen by the placement
+		// policy, without conversation or sub-agent bindings.
+		placeReq.ConversationID, placeReq.AffinityID = "", ""
+	}
+	if v := x.r.Header.Get(HeaderLogRank); v != "" && placeReq.ConversationID+placeReq.AffinityID != "" {
+		if r, err := strconv.Atoi(v); err == nil && r >= 0 {
+			placeReq.LogRank, placeReq.HasLogRank = r, true
+		}
+	}
+	if rp, ok := s.eng.(engine.RankPrefixer); ok && s.sched.Placement() == adp.KVAware && adapter == "" {
+		placeReq.CachedTokens = rp.CachedPrefix(p.prompt)
+	}
+	if ah, ok := s.eng.(engine.AdapterHolder); ok && adapter != "" {
+		placeReq.AdapterRanks = ah.AdapterRanks(adapter) // prefer a rank holding it
+	}
+	return placeReq
 }
 
 func (x *exchange) usage(c engine.Completion) *usage {

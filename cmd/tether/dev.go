@@ -75,16 +75,9 @@ func runDev(ctx context.Context, args []string) error {
 		*model = list[0]
 		extraModels = list[1:]
 	}
-	var adapters map[string][]string
-	for _, ma := range splitList(*loraAdapters) {
-		m, a, ok := strings.Cut(ma, ":")
-		if !ok || m == "" || a == "" {
-			return fmt.Errorf("%w: --lora-adapters: %q is not model:adapter", errUsage, ma)
-		}
-		if adapters == nil {
-			adapters = map[string][]string{}
-		}
-		adapters[m] = append(adapters[m], a)
+	adapters, err := parseAdapters(*loraAdapters)
+	if err != nil {
+		return err
 	}
 	if *maxLoRAs < 1 {
 		return fmt.Errorf("%w: --max-loras must be at least 1, got %d", errUsage, *maxLoRAs)
@@ -127,14 +120,36 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	printStack(out, st)
 
-	rctx, cancel := context.WithTimeout(ctx, *readyTimeout)
-	err = st.WaitReady(rctx)
+	return serveStack(ctx, out, st, *readyTimeout)
+}
+
+// parseAdapters reads --lora-adapters: model:adapter items, by model.
+func parseAdapters(list string) (map[string][]string, error) {
+	var adapters map[string][]string
+	for _, ma := range splitList(list) {
+		m, a, ok := strings.Cut(ma, ":")
+		if !ok || m == "" || a == "" {
+			return nil, fmt.Errorf("%w: --lora-adapters: %q is not model:adapter", errUsage, ma)
+		}
+		if adapters == nil {
+			adapters = map[string][]string{}
+		}
+		adapters[m] = append(adapters[m], a)
+	}
+	return adapters, nil
+}
+
+// serveStack waits up to readyTimeout for the started stack to be ready,
+// serves until ctx ends and shuts the stack down.
+func serveStack(ctx context.Context, out io.Writer, st *devstack.Stack, readyTimeout time.Duration) error {
+	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	err := st.WaitReady(rctx)
 	cancel()
 	switch {
 	case err != nil && ctx.Err() != nil:
 		// Interrupted before ready: a normal shutdown.
 	case err != nil:
-		return errors.Join(fmt.Errorf("not ready after %s: %w", *readyTimeout, err), shutdownStack(out, st))
+		return errors.Join(fmt.Errorf("not ready after %s: %w", readyTimeout, err), shutdownStack(out, st))
 	default:
 		leader := "?"
 		if l := st.Leader(); l != nil {

@@ -90,42 +90,11 @@ var vllmFields = map[string][]string{
 
 // decodeVLLMEvent normalizes either layout to a field map, then reads it.
 func decodeVLLMEvent(raw any) (Event, error) {
-	var tag string
-	fields := map[string]any{}
-	switch t := raw.(type) {
-	case []any:
-		if len(t) == 0 {
-			return Event{}, errors.New("empty event array")
-		}
-		s, ok := t[0].(string)
-		if !ok {
-			return Event{}, fmt.Errorf("event tag is a %T, want a string", t[0])
-		}
-		tag = s
-		names, ok := vllmFields[tag]
-		if !ok {
-			return Event{}, fmt.Errorf("unknown event type %q", tag)
-		}
-		// Newer engines may append fields we do not know: ignore them.
-		for i, v := range t[1:] {
-			if i < len(names) {
-				fields[names[i]] = v
-			}
-		}
-	case map[string]any:
-		s, ok := t["type"].(string)
-		if !ok {
-			return Event{}, fmt.Errorf("event without a string \"type\" tag")
-		}
-		tag, fields = s, t
-		if _, ok := vllmFields[tag]; !ok {
-			return Event{}, fmt.Errorf("unknown event type %q", tag)
-		}
-	default:
-		return Event{}, fmt.Errorf("event is a %T, want an array or a map", raw)
+	tag, fields, err := vllmEventFields(raw)
+	if err != nil {
+		return Event{}, err
 	}
 	var ev Event
-	var err error
 	switch tag {
 	case "AllBlocksCleared":
 		return Event{Kind: Cleared}, nil
@@ -161,30 +130,80 @@ func decodeVLLMEvent(raw any) (Event, error) {
 	if ev.Kind == Removed {
 		return ev, nil
 	}
+	if err := decodeVLLMStored(&ev, fields); err != nil {
+		return Event{}, err
+	}
+	return ev, nil
+}
+
+// vllmEventFields reads an event's tag and its fields by name, from the
+// array layout (fields in declaration order) or the map layout.
+func vllmEventFields(raw any) (string, map[string]any, error) {
+	var tag string
+	fields := map[string]any{}
+	switch t := raw.(type) {
+	case []any:
+		if len(t) == 0 {
+			return "", nil, errors.New("empty event array")
+		}
+		s, ok := t[0].(string)
+		if !ok {
+			return "", nil, fmt.Errorf("event tag is a %T, want a string", t[0])
+		}
+		tag = s
+		names, ok := vllmFields[tag]
+		if !ok {
+			return "", nil, fmt.Errorf("unknown event type %q", tag)
+		}
+		// Newer engines may append fields we do not know: ignore them.
+		for i, v := range t[1:] {
+			if i < len(names) {
+				fields[names[i]] = v
+			}
+		}
+	case map[string]any:
+		s, ok := t["type"].(string)
+		if !ok {
+			return "", nil, fmt.Errorf("event without a string \"type\" tag")
+		}
+		tag, fields = s, t
+		if _, ok := vllmFields[tag]; !ok {
+			return "", nil, fmt.Errorf("unknown event type %q", tag)
+		}
+	default:
+		return "", nil, fmt.Errorf("event is a %T, want an array or a map", raw)
+	}
+	return tag, fields, nil
+}
+
+// decodeVLLMStored reads the fields only a BlockStored has: the parent,
+// the token ids, the block size and what else its hashes depend on.
+func decodeVLLMStored(ev *Event, fields map[string]any) error {
+	var err error
 	if p := fields["parent_block_hash"]; p != nil {
 		if ev.Parent, err = asHash(p); err != nil {
-			return Event{}, fmt.Errorf("BlockStored.parent_block_hash: %w", err)
+			return fmt.Errorf("BlockStored.parent_block_hash: %w", err)
 		}
 		ev.HasParent = true
 	}
 	toks, err := asList(fields["token_ids"])
 	if err != nil {
-		return Event{}, fmt.Errorf("BlockStored.token_ids: %w", err)
+		return fmt.Errorf("BlockStored.token_ids: %w", err)
 	}
 	if len(toks) > maxTokensPerEvent {
-		return Event{}, fmt.Errorf("BlockStored.token_ids: %d tokens (max %d)", len(toks), maxTokensPerEvent)
+		return fmt.Errorf("BlockStored.token_ids: %d tokens (max %d)", len(toks), maxTokensPerEvent)
 	}
 	ev.Tokens = make([]uint32, len(toks))
 	for i, t := range toks {
 		n, err := asInt(t)
 		if err != nil || n < 0 || n > math.MaxUint32 {
-			return Event{}, fmt.Errorf("BlockStored.token_ids[%d]: not a token id (%v)", i, t)
+			return fmt.Errorf("BlockStored.token_ids[%d]: not a token id (%v)", i, t)
 		}
 		ev.Tokens[i] = uint32(n)
 	}
 	bs, err := asInt(fields["block_size"])
 	if err != nil || bs <= 0 || bs > 1<<20 {
-		return Event{}, fmt.Errorf("BlockStored.block_size: want a positive integer, got %v", fields["block_size"])
+		return fmt.Errorf("BlockStored.block_size: want a positive integer, got %v", fields["block_size"])
 	}
 	ev.BlockSize = int(bs)
 	// A block computed under a LoRA adapter is keyed by the adapter's name
@@ -193,7 +212,7 @@ func decodeVLLMEvent(raw any) (Event, error) {
 	if n := fields["lora_name"]; n != nil {
 		name, ok := n.(string)
 		if !ok || name == "" || len(name) > 4096 {
-			return Event{}, fmt.Errorf("BlockStored.lora_name: want a non-empty string, got %v", n)
+			return fmt.Errorf("BlockStored.lora_name: want a non-empty string, got %v", n)
 		}
 		ev.LoRAName = name
 	} else if fields["lora_id"] != nil {
@@ -202,7 +221,7 @@ func decodeVLLMEvent(raw any) (Event, error) {
 	if ek, ok := fields["extra_keys"]; ok && ek != nil {
 		keys, err := asList(ek)
 		if err != nil {
-			return Event{}, fmt.Errorf("BlockStored.extra_keys: %w", err)
+			return fmt.Errorf("BlockStored.extra_keys: %w", err)
 		}
 		for _, k := range keys {
 			if k != nil && !onlyAdapterKey(k, ev.LoRAName) {
@@ -210,7 +229,7 @@ func decodeVLLMEvent(raw any) (Event, error) {
 			}
 		}
 	}
-	return ev, nil
+	return nil
 }
 
 func asList(v any) ([]any, error) {

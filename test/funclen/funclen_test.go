@@ -30,7 +30,6 @@ var pending = map[string]bool{
 	"cmd/tether/operator.go:runOperator":             true,
 	"worker/openai.go:parseRequest":                  true,
 	"edge/request.go:parseBody":                      true,
-	"internal/enginekv/vllm.go:decodeVLLMEvent":      true,
 	"test/engines/trtllm/trtllm.go:Server.inference": true,
 }
 
