@@ -33,8 +33,14 @@ func makeCommands(t *testing.T, targets ...string) []string {
 		}
 		t.Skip("make not installed")
 	}
-	cmd := exec.Command("make", append([]string{"-n"}, targets...)...)
+	// Under `make test` the environment carries MAKELEVEL and MAKEFLAGS, and
+	// a sub-make prints "Entering/Leaving directory" lines among the
+	// commands; the listing is taken as a top-level make would print it.
+	cmd := exec.Command("make", append([]string{"-n", "--no-print-directory"}, targets...)...)
 	cmd.Dir = root
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, "MAKELEVEL=") || strings.HasPrefix(kv, "MAKEFLAGS=") || strings.HasPrefix(kv, "MFLAGS=")
+	})
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("make -n %v: %v\n%s", targets, err, out)
