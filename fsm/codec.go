@@ -138,6 +138,10 @@ func appendEvent(dst []byte, ev Event) ([]byte, error) {
 		w.str("Key", e.Key)
 		w.uvarint(e.Epoch)
 		w.uvarint(uint64(e.Rank))
+	case InstanceDrain:
+		w.str("Instance", e.Instance)
+		w.boolean(e.Drain)
+		w.str("Source", e.Source)
 	case Evidence:
 		w.u8(uint8(e.Fleet))
 		w.str("Key", e.Key)
@@ -167,8 +171,12 @@ func derefEvent(ev Event) (Event, error) {
 	switch e := ev.(type) {
 	case nil:
 		return nil, errors.New("fsm: encode: nil event")
-	case Bind, Touch, Evict, Overflow, InstanceState, ClusterFeatures, Link, NodeInfo, Settings, Annotation, RankObserved, Evidence:
+	case Bind, Touch, Evict, Overflow, InstanceState, ClusterFeatures, Link, NodeInfo, Settings, Annotation, RankObserved, Evidence, InstanceDrain:
 		return e, nil
+	case *InstanceDrain:
+		if e != nil {
+			return *e, nil
+		}
 	case *Evidence:
 		if e != nil {
 			return *e, nil
@@ -340,6 +348,12 @@ func decodeEventAt(b []byte, base int) (Event, error) {
 		e.Epoch = r.uvarint("RankObserved.Epoch")
 		e.Rank = r.uint32v("RankObserved.Rank")
 		ev = e
+	case TypeInstanceDrain:
+		var e InstanceDrain
+		e.Instance = r.str("InstanceDrain.Instance")
+		e.Drain = r.boolean("InstanceDrain.Drain")
+		e.Source = r.str("InstanceDrain.Source")
+		ev = e
 	case TypeEvidence:
 		var e Evidence
 		e.Fleet = Fleet(r.u8("Evidence.Fleet"))
@@ -417,8 +431,8 @@ func readDecisionWith(r *reader, ref func(what string) string) Decision {
 // EventKeys lists the bindings an event names, for the archive's per-key
 // index. Link names conversations, not bindings, and so returns none (the
 // archive indexes Link events by their root separately); so do events
-// without keys (InstanceState, ClusterFeatures, NodeInfo, Settings,
-// Annotation).
+// without keys (InstanceState, InstanceDrain, ClusterFeatures, NodeInfo,
+// Settings, Annotation).
 func EventKeys(ev Event) []FleetKey {
 	ev, err := derefEvent(ev)
 	if err != nil {

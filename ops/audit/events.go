@@ -82,6 +82,12 @@ type instanceStateJSON struct {
 	Ranks        uint32 `json:"ranks"`
 }
 
+type instanceDrainJSON struct {
+	Instance string `json:"instance"`
+	Drain    bool   `json:"drain"`
+	Source   string `json:"source"`
+}
+
 type linkJSON struct {
 	Child  string `json:"child"`
 	Parent string `json:"parent"`
@@ -158,6 +164,8 @@ func EventFields(p fsm.RawProposal) any {
 		return overflowJSON{Fleet: e.Fleet.String(), Key: e.Key, From: e.From, To: e.To, Reason: e.Reason.String(), Rebind: e.Rebind, Decision: decisionJSON(e.Decision)}
 	case fsm.InstanceState:
 		return instanceStateJSON{Instance: e.Instance, Fleet: e.Fleet.String(), URL: e.URL, Status: e.Status.String(), Version: e.Version, FeatureLevel: e.FeatureLevel, Ranks: e.Ranks}
+	case fsm.InstanceDrain:
+		return instanceDrainJSON{Instance: e.Instance, Drain: e.Drain, Source: e.Source}
 	case fsm.ClusterFeatures:
 		return struct {
 			Level uint32 `json:"level"`
