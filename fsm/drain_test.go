@@ -59,9 +59,18 @@ func TestInstanceDrainSurvivesInstanceStates(t *testing.T) {
 		}
 	}
 
+	// An undrain ends the operator's mark only: a worker that reported
+	// itself draining stays draining.
+	ev := up
+	ev.Status = InstanceDraining
+	h.one(29, ev)
 	wantStatus(t, "undrain", h.one(30, InstanceDrain{Instance: "ctx-1"}), StatusApplied)
-	if in := instanceRec(t, h.m.State(), "ctx-1"); in.Drained || in.DrainedSince != 0 || !in.TakesNewKeys() {
-		t.Fatalf("after the undrain: %+v", in)
+	if in := instanceRec(t, h.m.State(), "ctx-1"); in.Drained || in.DrainedSince != 0 || in.Status != InstanceDraining || in.TakesNewKeys() {
+		t.Fatalf("after the undrain of a draining worker: %+v", in)
+	}
+	h.one(31, up)
+	if in := instanceRec(t, h.m.State(), "ctx-1"); !in.TakesNewKeys() {
+		t.Fatalf("undrained and up: %+v", in)
 	}
 
 	// Removal deletes the record and the mark with it: an instance that
