@@ -33,7 +33,7 @@ var (
 		"Live bindings of the fleet on the instance (replicated state).",
 		[]string{"fleet", "instance"}, nil)
 	descDraining = prometheus.NewDesc("tether_edge_instance_draining",
-		"1 while the replicated state records the instance draining (no new conversations).",
+		"1 while the replicated state records the instance draining: its worker is shutting down, or an operator drained it (no new conversations; a drained instance's bound ones move on their next turns).",
 		[]string{"fleet", "instance"}, nil)
 	descTerm = prometheus.NewDesc("tether_edge_raft_term",
 		"This node's current Raft term (it rises by one or more at every election).", nil, nil)
@@ -126,7 +126,7 @@ func activity(s *fsm.State, since int64) []instanceActivity {
 			continue
 		}
 		at[fsm.FleetKey{Fleet: in.Fleet, Key: in.ID}] = len(out)
-		out = append(out, instanceActivity{fleet: in.Fleet, instance: in.ID, draining: in.Status == fsm.InstanceDraining})
+		out = append(out, instanceActivity{fleet: in.Fleet, instance: in.ID, draining: in.Status == fsm.InstanceDraining || in.Drained})
 	}
 	s.ForEachBinding(func(b fsm.Binding) bool {
 		i, ok := at[fsm.FleetKey{Fleet: b.Fleet, Key: b.Instance}]
@@ -206,7 +206,9 @@ func (e *Edge) recordEvidence(rq *request, f fsm.Fleet, h *hop) {
 	case outcomeNewBind, outcomeDegraded:
 		rule = h.Policy
 	case outcomeOverflow:
-		rule, bound = "overflow:"+h.Reason.String(), h.Binding.Instance
+		// The instance the key left (a rebind's binding is already the
+		// new one).
+		rule, bound = "overflow:"+h.Reason.String(), h.From
 	default:
 		return
 	}

@@ -88,9 +88,9 @@ func TestRankObservedOnlyAtFeatureLevel2(t *testing.T) {
 	// Every edge must have applied the raised level: the edge that serves
 	// the next turn emits RankObserved only at level 2 as it has applied it.
 	for i := range 3 {
-		waitFor(t, "the cluster level raised to 2", 15*time.Second, func() bool {
+		waitFor(t, "the cluster level raised to this build's", 15*time.Second, func() bool {
 			lvl, _ := clusterLevel(t, c, ec.edge(i))
-			return lvl == fsm.FeatureLevelRanks
+			return lvl == fsm.FeatureLevelMax
 		})
 	}
 	r := a.send(t, c, ec.edge(1), "after the upgrade", nil)

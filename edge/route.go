@@ -49,7 +49,8 @@ type viewsEntry struct {
 const viewsMaxAge = 20 * time.Millisecond
 
 // views returns the routing views at now: the fleet view's instances merged
-// with the log's instance records (down → unhealthy, draining → draining).
+// with the log's instance records (down → unhealthy, draining → draining,
+// drained by an operator → draining and drained).
 // exclude marks instances unhealthy for this decision (failed hops).
 // With several models the views are model m's (nil: the first): other
 // models' instances are unhealthy in them, so no decision — placement,
@@ -78,6 +79,9 @@ func (e *Edge) views(m *servedModel, now time.Time, exclude []string) *routing.V
 				v.Healthy = false
 			case fsm.InstanceDraining:
 				v.Draining = true
+			}
+			if rec.Drained {
+				v.Draining, v.Drained = true, true
 			}
 		}
 		for _, x := range exclude {

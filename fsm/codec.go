@@ -172,8 +172,8 @@ func readDecisionWith(r *reader, ref func(what string) string) Decision {
 // EventKeys lists the bindings an event names, for the archive's per-key
 // index. Link names conversations, not bindings, and so returns none (the
 // archive indexes Link events by their root separately); so do events
-// without keys (InstanceState, ClusterFeatures, NodeInfo, Settings,
-// Annotation).
+// without keys (InstanceState, InstanceDrain, ClusterFeatures, NodeInfo,
+// Settings, Annotation).
 func EventKeys(ev Event) []FleetKey {
 	k, ev, err := kindOfEvent(ev)
 	if err != nil {

@@ -3,6 +3,7 @@ package fsm
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"reflect"
@@ -60,6 +61,8 @@ func codecCases() []struct {
 		{"annotation empty", Annotation{}},
 		{"rank observed", RankObserved{Fleet: FleetContext, Key: "conv-1", Epoch: MakeEpoch(7, 3), Rank: 5}},
 		{"rank observed max", RankObserved{Fleet: FleetGeneration, Key: "k", Epoch: math.MaxUint64, Rank: math.MaxUint32}},
+		{"instance drain", InstanceDrain{Instance: "ctx-0", Drain: true, Source: "admin via edge-1"}},
+		{"instance undrain", InstanceDrain{Instance: "ctx-0"}},
 	}
 }
 
@@ -193,7 +196,7 @@ func TestDecodeEventErrors(t *testing.T) {
 
 func TestUnknownEventErrorMessage(t *testing.T) {
 	msg := (&UnknownEventError{Type: 0x0c, Index: 42}).Error()
-	for _, want := range []string{"log entry 42", "0x0c", "feature level 2", "upgrade"} {
+	for _, want := range []string{"log entry 42", "0x0c", fmt.Sprintf("feature level %d", FeatureLevelMax), "upgrade"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("message %q does not mention %q", msg, want)
 		}

@@ -63,6 +63,8 @@ func randomLog(seed uint64, n int) []Entry {
 					epoch = MakeEpoch(epoch, rng.IntN(3))
 				}
 				ev = RankObserved{Fleet: fleet(), Key: key(), Epoch: epoch, Rank: uint32(rng.IntN(4))}
+			case p < 93:
+				ev = InstanceDrain{Instance: inst(), Drain: rng.IntN(3) != 0, Source: "test"}
 			case p < 95:
 				ev = NodeInfo{NodeID: fmt.Sprintf("edge-%d", rng.IntN(3)), Version: fmt.Sprintf("v%d", rng.IntN(2)), MaxFeatureLevel: 1}
 			default:

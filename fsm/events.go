@@ -61,6 +61,8 @@ const (
 	TypeSettings        EventType = 9
 	// TypeRankObserved is introduced at feature level 2 (required).
 	TypeRankObserved EventType = 11
+	// TypeInstanceDrain is introduced at feature level 3 (required).
+	TypeInstanceDrain EventType = 13
 	// TypeAnnotation is informational (audit only, no effect on state).
 	TypeAnnotation EventType = FlagIgnoreUnknown | 10
 	// TypeEvidence is informational like Annotation (audit only, no effect
@@ -101,8 +103,12 @@ const (
 	// Binding.Rank, and, from the entry that commits the level on, unique
 	// epochs: index<<16 | (position in the entry + 1) (see MakeEpoch).
 	FeatureLevelRanks uint32 = 2
+	// FeatureLevelDrain adds the InstanceDrain event (required), the
+	// operator's drain mark on instance records (Instance.Drained),
+	// snapshot format 3 and the overflow reason drained.
+	FeatureLevelDrain uint32 = 3
 	// FeatureLevelMax is the highest level this build understands.
-	FeatureLevelMax = FeatureLevelRanks
+	FeatureLevelMax = FeatureLevelDrain
 )
 
 // Event is one affinity-log event.
@@ -208,6 +214,10 @@ const (
 	// and the key is placed again. Emitted from feature level 2
 	// (FeatureLevelRanks); older nodes apply it as an unnamed reason.
 	OverflowCacheLost OverflowReason = 4
+	// OverflowDrained: an operator drained the bound instance (an
+	// InstanceDrain event), so the key moves on its next turn. Arises only
+	// from feature level 3 (FeatureLevelDrain), where drains exist.
+	OverflowDrained OverflowReason = 5
 )
 
 func (r OverflowReason) String() string {
@@ -220,6 +230,8 @@ func (r OverflowReason) String() string {
 		return "circuit_open"
 	case OverflowCacheLost:
 		return "cache_lost"
+	case OverflowDrained:
+		return "drained"
 	}
 	return fmt.Sprintf("overflow_reason(%d)", uint8(r))
 }
@@ -241,8 +253,11 @@ type Overflow struct {
 type InstanceStatus uint8
 
 const (
-	InstanceUp       InstanceStatus = 1
-	InstanceDraining InstanceStatus = 2 // serves bound keys, takes no new ones
+	InstanceUp InstanceStatus = 1
+	// InstanceDraining: the worker reported it is shutting down: it keeps
+	// its bindings and takes no new keys. An operator's drain is a separate
+	// mark (InstanceDrain, Instance.Drained), not this status.
+	InstanceDraining InstanceStatus = 2
 	InstanceDown     InstanceStatus = 3 // bindings evicted (instance_removed)
 	InstanceRemoved  InstanceStatus = 4 // bindings evicted, record deleted
 )
@@ -271,6 +286,23 @@ type InstanceState struct {
 	Version      string
 	FeatureLevel uint32
 	Ranks        uint32
+}
+
+// InstanceDrain records an operator's drain of a worker instance (Drain
+// true: `tether operator instance drain`) or its end (false). A drained
+// instance takes no new keys, and each key bound to it moves to another
+// instance on its next turn (an Overflow with reason drained); its
+// bindings are not evicted by the drain. The mark is kept on the
+// instance's record apart from its status, which the leader derives from
+// telemetry: an InstanceState keeps it, and it lasts until an InstanceDrain
+// ends it or the record is removed (InstanceRemoved). An instance the log
+// has no record of is rejected. Source says who asked (audit only).
+// Introduced at feature level 3: the edge proposes it only once the
+// committed cluster level is at least 3.
+type InstanceDrain struct {
+	Instance string
+	Drain    bool
+	Source   string
 }
 
 // ClusterFeatures commits the cluster-wide feature level. It never lowers it.
@@ -385,3 +417,4 @@ func (Settings) Type() EventType        { return TypeSettings }
 func (Annotation) Type() EventType      { return TypeAnnotation }
 func (Evidence) Type() EventType        { return TypeEvidence }
 func (RankObserved) Type() EventType    { return TypeRankObserved }
+func (InstanceDrain) Type() EventType   { return TypeInstanceDrain }

@@ -23,6 +23,7 @@ var kinds = [...]*kind{
 	register("Settings", FeatureLevelBase, rules[Settings]{encodeSettings, decodeSettings, (*txn).settings, nil, describeSettings}),
 	register("Annotation", FeatureLevelBase, rules[Annotation]{encodeAnnotation, decodeAnnotation, (*txn).annotation, nil, describeAnnotation}),
 	register("RankObserved", FeatureLevelRanks, rules[RankObserved]{encodeRankObserved, decodeRankObserved, (*txn).rankObserved, rankObservedKeys, describeRankObserved}),
+	register("InstanceDrain", FeatureLevelDrain, rules[InstanceDrain]{encodeInstanceDrain, decodeInstanceDrain, (*txn).instanceDrain, nil, describeInstanceDrain}),
 	// Evidence is optional and has no effect on state, so no level gates it:
 	// a node that does not know it skips it and its state is the same.
 	register("Evidence", FeatureLevelBase, rules[Evidence]{encodeEvidence, decodeEvidence, (*txn).evidence, evidenceKeys, describeEvidence}),
@@ -443,6 +444,31 @@ type rankObservedJSON struct {
 
 func describeRankObserved(e RankObserved) any {
 	return rankObservedJSON{Fleet: e.Fleet.String(), Key: e.Key, Epoch: e.Epoch, Rank: e.Rank}
+}
+
+// InstanceDrain.
+
+func encodeInstanceDrain(w *fieldWriter, e InstanceDrain) {
+	w.str("Instance", e.Instance)
+	w.boolean(e.Drain)
+	w.str("Source", e.Source)
+}
+
+func decodeInstanceDrain(r *reader) (e InstanceDrain) {
+	e.Instance = r.str("InstanceDrain.Instance")
+	e.Drain = r.Bool("InstanceDrain.Drain")
+	e.Source = r.str("InstanceDrain.Source")
+	return
+}
+
+type instanceDrainJSON struct {
+	Instance string `json:"instance"`
+	Drain    bool   `json:"drain"`
+	Source   string `json:"source"`
+}
+
+func describeInstanceDrain(e InstanceDrain) any {
+	return instanceDrainJSON{Instance: e.Instance, Drain: e.Drain, Source: e.Source}
 }
 
 // Evidence.

@@ -23,6 +23,7 @@ func TestEveryKindIsComplete(t *testing.T) {
 		Settings{MaxBindings: 10},
 		Annotation{Source: "s", Text: "t"},
 		RankObserved{Fleet: FleetContext, Key: "k", Epoch: 3, Rank: 1},
+		InstanceDrain{Instance: "i", Drain: true, Source: "operator"},
 		Evidence{Fleet: FleetContext, Key: "k", RequestID: "r", Rule: "kv_aware", Candidates: []EvidenceCandidate{{Instance: "i", CachedBlocks: 2, Flags: EvidenceChosen}}},
 	}
 	if len(samples) != len(kinds) {

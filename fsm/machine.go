@@ -643,9 +643,12 @@ func (tx *txn) instanceState(e InstanceState) Result {
 			Version: e.Version, FeatureLevel: e.FeatureLevel, Ranks: e.Ranks, Since: s.time,
 		}
 		if exists {
-			if s.instances[i].Status == e.Status {
-				rec.Since = s.instances[i].Since
+			old := &s.instances[i]
+			if old.Status == e.Status {
+				rec.Since = old.Since
 			}
+			// The operator's drain is not the telemetry's to undo.
+			rec.Drained, rec.DrainedSince = old.Drained, old.DrainedSince
 			s.instances[i] = rec
 		} else {
 			s.instances = append(s.instances, Instance{})
@@ -661,6 +664,37 @@ func (tx *txn) instanceState(e InstanceState) Result {
 		res.Evicted = tx.evictInstance(e.Instance)
 	}
 	return res
+}
+
+// instanceDrain sets or clears the operator's drain mark on an instance
+// record. It evicts nothing: the drained instance's keys move on their
+// next turns. Draining a drained instance (or undraining one that is not)
+// changes nothing, DrainedSince included.
+func (tx *txn) instanceDrain(e InstanceDrain) Result {
+	s := tx.s
+	if e.Instance == "" {
+		return rejected("instance drain: empty instance id")
+	}
+	i, exists := findInstance(s.instances, e.Instance)
+	if !exists {
+		return rejected("instance drain: the log has no record of instance %q", e.Instance)
+	}
+	if s.instances[i].Drained == e.Drain {
+		return Result{Status: StatusApplied}
+	}
+	tx.ownInstanceList()
+	d, scratch := instanceDigest(tx.m.scratch, &s.instances[i])
+	s.digest.sub(&d)
+	rec := s.instances[i]
+	rec.Drained, rec.DrainedSince = e.Drain, 0
+	if e.Drain {
+		rec.DrainedSince = s.time
+	}
+	s.instances[i] = rec
+	d, scratch = instanceDigest(scratch, &rec)
+	tx.m.scratch = scratch
+	s.digest.add(&d)
+	return Result{Status: StatusApplied}
 }
 
 // evictInstance removes every binding on the instance, least recently used

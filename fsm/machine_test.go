@@ -616,7 +616,7 @@ func TestUnknownRequiredHalts(t *testing.T) {
 	if !errors.As(err, &ue) || ue.Type != 0x0c || ue.Index != 42 {
 		t.Fatalf("err = %v, want *UnknownEventError{0x0c, 42}", err)
 	}
-	want := "fsm: log entry 42 holds unknown required event type 0x0c; this node understands feature level 2: upgrade it to a tether release that supports this event before it can apply the log"
+	want := fmt.Sprintf("fsm: log entry 42 holds unknown required event type 0x0c; this node understands feature level %d: upgrade it to a tether release that supports this event before it can apply the log", FeatureLevelMax)
 	if err.Error() != want {
 		t.Fatalf("message:\n got %q\nwant %q", err.Error(), want)
 	}

@@ -58,7 +58,17 @@ type Instance struct {
 	FeatureLevel uint32
 	Ranks        uint32
 	Since        int64 // log time of the last status change
+	// Drained: an operator drained the instance (InstanceDrain): it takes
+	// no new keys and its bound keys move on their next turn, whatever its
+	// Status. DrainedSince is the log time of that drain (0 when not
+	// drained). Both are feature level 3.
+	Drained      bool
+	DrainedSince int64
 }
+
+// TakesNewKeys reports whether placement may put a new key on the instance
+// as far as the log says: up, and not drained by an operator.
+func (in *Instance) TakesNewKeys() bool { return in.Status == InstanceUp && !in.Drained }
 
 // ParentLink is a recorded sub-agent relation (see the Link event).
 type ParentLink struct {

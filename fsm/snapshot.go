@@ -27,8 +27,12 @@ const (
 	// Version 2 (feature level 2) adds the unique-epoch start to the header
 	// and ranks to bindings; a state without either is still written as
 	// version 1, which level-1 builds read (a snapshot installed on a
-	// lagging old follower during a rolling upgrade).
-	snapshotVersion   = 2
+	// lagging old follower during a rolling upgrade). Version 3 (feature
+	// level 3) adds a flags byte to every instance record (the operator's
+	// drain); a state below level 3 without a drained instance is written
+	// as version 2 or 1.
+	snapshotVersion   = 3
+	snapshotVersionV2 = 2
 	snapshotVersionV1 = 1
 	// snapshotChunkTarget: the writer closes a chunk once it holds this much.
 	snapshotChunkTarget = 256 << 10
@@ -92,12 +96,18 @@ func (sw *snapWriter) appendRef(b []byte, s string) []byte {
 const (
 	snapConvIsKey = 1 // the binding's ConversationID equals its Key
 	snapHasRank   = 2 // (version 2) a rank uvarint follows the epoch
+
+	// Instance record flags (version 3).
+	snapDrained = 1 // a DrainedSince varint follows
 )
 
 // snapshotFormat is the oldest format that holds s.
 func (s *State) snapshotFormat() byte {
-	if s.featureLevel >= FeatureLevelRanks || s.uniqueEpochsFrom != 0 || s.ranked > 0 {
+	if s.featureLevel >= FeatureLevelDrain || slices.ContainsFunc(s.instances, func(in Instance) bool { return in.Drained }) {
 		return snapshotVersion
+	}
+	if s.featureLevel >= FeatureLevelRanks || s.uniqueEpochsFrom != 0 || s.ranked > 0 {
+		return snapshotVersionV2
 	}
 	return snapshotVersionV1
 }
@@ -115,7 +125,7 @@ func (s *State) WriteSnapshot(w io.Writer) error {
 		return fmt.Errorf("fsm: write snapshot: %w", err)
 	}
 	s.writeHeader(sw, version)
-	s.writeMembers(sw)
+	s.writeMembers(sw, version)
 	s.writeBindings(sw)
 	s.writeLinks(sw)
 	s.writeDedup(sw)
@@ -152,9 +162,17 @@ func (s *State) writeHeader(sw *snapWriter, version byte) {
 }
 
 // writeMembers writes the instance records, then the node count and records.
-func (s *State) writeMembers(sw *snapWriter) {
+func (s *State) writeMembers(sw *snapWriter, version byte) {
 	for i := range s.instances {
-		sw.buf = appendInstance(sw.buf, &s.instances[i])
+		in := &s.instances[i]
+		sw.buf = appendInstance(sw.buf, in)
+		if version >= 3 {
+			if in.Drained {
+				sw.buf = appendVarint(append(sw.buf, snapDrained), in.DrainedSince)
+			} else {
+				sw.buf = append(sw.buf, 0)
+			}
+		}
 		sw.endRecord()
 	}
 	sw.buf = appendUvarint(sw.buf, uint64(len(s.nodes)))
@@ -401,7 +419,7 @@ func ReadSnapshot(r io.Reader) (*State, error) {
 		return nil, err
 	}
 	for _, section := range []func() error{
-		func() error { return sr.readInstances(b, nInstances) },
+		func() error { return sr.readInstances(b, nInstances, version) },
 		func() error { return sr.readNodes(b) },
 		func() error { return sr.readBindings(b, version) },
 		func() error { return sr.readLinks(b) },
@@ -497,9 +515,21 @@ func (sr *snapReader) added(err error, format string, args ...any) error {
 	return nil
 }
 
-func (sr *snapReader) readInstances(b *stateBuilder, n uint64) error {
-	return sr.eachRecord(n, "an instance", func(uint64) error {
+func (sr *snapReader) readInstances(b *stateBuilder, n uint64, version byte) error {
+	return sr.eachRecord(n, "an instance", func(i uint64) error {
 		in := readInstance(&sr.r)
+		if version >= 3 {
+			at := sr.r.Off
+			flags := sr.r.U8("instance flags")
+			if !sr.r.Failed() && flags&^snapDrained != 0 {
+				sr.r.Off = at
+				return sr.errorf("instance %d: unknown flag bits 0x%02x", i+1, flags)
+			}
+			if flags&snapDrained != 0 {
+				in.Drained = true
+				in.DrainedSince = sr.r.Varint("instance drained since")
+			}
+		}
 		if sr.r.Failed() {
 			return sr.decodeErr()
 		}

@@ -188,6 +188,11 @@ func appendInstance(b []byte, in *Instance) []byte {
 
 func instanceDigest(scratch []byte, in *Instance) ([32]byte, []byte) {
 	scratch = appendInstance(append(scratch[:0], recInstance), in)
+	if in.Drained {
+		// Only when drained, so a state without drains hashes as level-2
+		// builds hash it.
+		scratch = appendVarint(append(scratch, 'd'), in.DrainedSince)
+	}
 	return sha256.Sum256(scratch), scratch
 }
 

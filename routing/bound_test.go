@@ -223,9 +223,10 @@ func TestPlaceDegradedRendezvous(t *testing.T) {
 	}
 	edge1 := records("ctx-a", "ctx-b", "ctx-c", "ctx-d")
 	edge2 := records("ctx-d", "ctx-b", "ctx-a", "ctx-c") // another edge, another order
-	// Records the log does not have up, or of the other fleet, never count.
-	extra := append(records("ctx-e", "ctx-f", "gen-a"), fsm.Instance{})
-	extra[0].Status, extra[1].Status, extra[2].Fleet = fsm.InstanceDraining, fsm.InstanceDown, fsm.FleetGeneration
+	// Records the log does not have up, or drained by an operator, or of
+	// the other fleet, never count.
+	extra := append(records("ctx-e", "ctx-f", "gen-a", "ctx-g"), fsm.Instance{})
+	extra[0].Status, extra[1].Status, extra[2].Fleet, extra[3].Drained = fsm.InstanceDraining, fsm.InstanceDown, fsm.FleetGeneration, true
 	edge2 = append(edge2, extra...)
 
 	before := map[string]string{}
@@ -489,6 +490,95 @@ func TestCacheLostJudgesTheBindingsRank(t *testing.T) {
 			b, Inputs{Views: mustViews(t, idle("ctx-a", "ctx-b")), Prefix: ix})
 		if moved := rt.Action == ActionOverflow && rt.Rebind && rt.Instance == "ctx-b"; moved != c.move {
 			t.Errorf("%s: %v to %s, want moved=%v", c.name, rt.Action, rt.Instance, c.move)
+		}
+	}
+}
+
+// A key bound to an instance an operator drained moves on its next turn,
+// with a rebind so every edge follows: to the best other instance below its
+// hard limits (a saturated one too), not to the drained one; a sub-agent's
+// turn routed by its parent's key moves the family. With nowhere to go it
+// stays (a drained instance still serves). A worker's own draining report
+// (Draining without Drained) keeps its keys until it goes down.
+func TestRouteBoundDrained(t *testing.T) {
+	r := mustRouter(t, nil) // overflow at 8 queued, shed at 64
+	drained := func(v *InstanceView) { v.Draining, v.Drained = true, true }
+	cases := []struct {
+		name       string
+		views      func() []InstanceView
+		req        Request
+		wantAction Action
+		wantTo     string
+	}{
+		{"moves to the best other", func() []InstanceView {
+			vs := idle("ctx-a", "ctx-b", "ctx-c")
+			drained(&vs[0])
+			vs[2].QueuedRequests = 1
+			return vs
+		}, Request{}, ActionOverflow, "ctx-b"},
+		{"a sub-agent's turn moves the family", func() []InstanceView {
+			vs := idle("ctx-a", "ctx-b")
+			drained(&vs[0])
+			return vs
+		}, Request{ConversationID: "child-1"}, ActionOverflow, "ctx-b"},
+		{"to a saturated one rather than stay", func() []InstanceView {
+			vs := idle("ctx-a", "ctx-b")
+			drained(&vs[0])
+			vs[1].QueuedRequests = 9
+			return vs
+		}, Request{}, ActionOverflow, "ctx-b"},
+		{"saturated and drained", func() []InstanceView {
+			vs := idle("ctx-a", "ctx-b")
+			drained(&vs[0])
+			vs[0].QueuedRequests = 9
+			return vs
+		}, Request{}, ActionOverflow, "ctx-b"},
+		{"nowhere else: stays", func() []InstanceView {
+			vs := idle("ctx-a")
+			drained(&vs[0])
+			return vs
+		}, Request{}, ActionSticky, "ctx-a"},
+		{"every other over its hard limit: stays", func() []InstanceView {
+			vs := idle("ctx-a", "ctx-b")
+			drained(&vs[0])
+			vs[1].QueuedRequests = 64
+			return vs
+		}, Request{}, ActionSticky, "ctx-a"},
+		{"everything over its hard limit: shed", func() []InstanceView {
+			vs := idle("ctx-a", "ctx-b")
+			drained(&vs[0])
+			vs[0].QueuedRequests, vs[1].QueuedRequests = 64, 64
+			return vs
+		}, Request{}, ActionShed, ""},
+		{"the worker's own draining keeps its keys", func() []InstanceView {
+			vs := idle("ctx-a", "ctx-b")
+			vs[0].Draining = true
+			return vs
+		}, Request{}, ActionSticky, "ctx-a"},
+	}
+	for _, c := range cases {
+		rt := routeBound(t, r, c.req, binding("conv-1", "ctx-a"), Inputs{Views: mustViews(t, c.views())})
+		if rt.Action != c.wantAction || rt.Instance != c.wantTo {
+			t.Errorf("%s: %v to %q (reason %v), want %v to %q", c.name, rt.Action, rt.Instance, rt.Reason, c.wantAction, c.wantTo)
+			continue
+		}
+		switch {
+		case rt.Action == ActionOverflow:
+			ev := rt.OverflowEvent(Request{Fleet: fsm.FleetContext, Key: "conv-1"})
+			if ev.Reason != fsm.OverflowDrained || !ev.Rebind || ev.From != "ctx-a" || ev.To != c.wantTo {
+				t.Errorf("%s: overflow %+v, want a rebind with reason drained", c.name, ev)
+			}
+			for _, cand := range rt.Decision.Candidates {
+				if cand.Instance == "ctx-a" {
+					t.Errorf("%s: the drained instance is a candidate", c.name)
+				}
+			}
+		case rt.Action == ActionSticky && c.name != "the worker's own draining keeps its keys":
+			if rt.Reason != fsm.OverflowDrained || rt.URL != "http://ctx-a" {
+				t.Errorf("%s: sticky %+v, want reason drained", c.name, rt)
+			}
+		case rt.Action == ActionSticky && rt.Reason != 0:
+			t.Errorf("%s: sticky with reason %v", c.name, rt.Reason)
 		}
 	}
 }

@@ -230,7 +230,8 @@ func (r *Router) Condition(v *InstanceView) fsm.OverflowReason {
 // request stays. The overflow rebinds once in.Overload says the strain has
 // lasted rebind_after. When neither the bound instance nor any other can
 // take the request (all over their hard limits), it is shed. A healthy bound
-// instance that lost the prompt's cache may give the key up (cacheLost).
+// instance that lost the prompt's cache may give the key up (cacheLost). A
+// key on an instance an operator drained moves with a rebind (vacate).
 //
 // The sticky path allocates nothing.
 func (r *Router) RouteBound(req Request, b fsm.Binding, in Inputs) (Route, error) {
@@ -239,6 +240,9 @@ func (r *Router) RouteBound(req Request, b fsm.Binding, in Inputs) (Route, error
 		v = nil
 	}
 	reason := r.Condition(v)
+	if v != nil && v.Healthy && v.Drained {
+		return r.vacate(&req, b.Instance, v, &in), nil
+	}
 	if r.cfg.Overflow.Weigh && (reason == 0 || reason == fsm.OverflowSaturated) {
 		if rt, ok := r.weigh(&req, &b, v, reason, &in); ok {
 			return rt, nil
@@ -384,6 +388,29 @@ func (r *Router) weigh(req *Request, b *fsm.Binding, v *InstanceView, reason fsm
 	return rt, true
 }
 
+// vacate moves a key off its drained instance v (an operator drained it,
+// usually to remove it): to the best other instance below its hard limits,
+// those below the overflow thresholds first, with a rebind, so every edge
+// follows and the instance empties as its conversations take their next
+// turns. With no such instance the key stays (sticky, reason drained): a
+// drained instance still serves, and a drain never fails a request; a
+// drained instance over its own hard limit sheds as any other.
+func (r *Router) vacate(req *Request, bound string, v *InstanceView, in *Inputs) Route {
+	buf := getCandidates()
+	defer putCandidates(buf)
+	cands, minTier := r.eligible(req, in, bound, (*buf)[:0])
+	*buf = cands
+	if len(cands) == 0 || minTier == tierOver {
+		if r.overHard(v) {
+			return r.shed(req, cands, v)
+		}
+		return Route{Action: ActionSticky, Instance: bound, URL: v.URL, Rank: -1, Reason: fsm.OverflowDrained}
+	}
+	rt := r.choose(req, in, filterTier(cands, minTier))
+	rt.Action, rt.From, rt.Reason, rt.Rebind = ActionOverflow, bound, fsm.OverflowDrained, true
+	return rt
+}
+
 func (r *Router) leave(req *Request, bound string, v *InstanceView, reason fsm.OverflowReason, in *Inputs) (Route, error) {
 	if !req.Fleet.Valid() {
 		return Route{}, fmt.Errorf("routing: route key %q: invalid fleet %v", req.Key, req.Fleet)
@@ -477,7 +504,7 @@ func (r *Router) PlaceDegraded(req Request, instances []fsm.Instance, in Inputs)
 	var chosen option // highest weight among those not reported unhealthy
 	for i := range instances {
 		it := &instances[i]
-		if it.Fleet != req.Fleet || it.Status != fsm.InstanceUp || it.ID == "" {
+		if it.Fleet != req.Fleet || !it.TakesNewKeys() || it.ID == "" {
 			continue
 		}
 		up++

@@ -18,9 +18,14 @@ type InstanceView struct {
 	URL   string
 	// Healthy: the log has it up or draining and its telemetry is fresh.
 	Healthy bool
-	// Draining: serves its bound keys, takes no new ones.
+	// Draining: takes no new keys (the worker reported it is shutting
+	// down, or an operator drained it).
 	Draining bool
-	Ranks    int
+	// Drained: an operator drained it (the log's Instance.Drained; Draining
+	// is set too): each key bound to it moves on its next turn (RouteBound,
+	// overflow reason drained).
+	Drained bool
+	Ranks   int
 
 	QueuedRequests int
 	ActiveRequests int

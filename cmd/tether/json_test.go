@@ -62,6 +62,7 @@ func cut(tag string) (string, string, bool) {
 func TestJSONOutputIsSnakeCase(t *testing.T) {
 	for _, v := range []any{
 		operator.PeerList{}, operator.MembershipResult{}, operator.SnapshotFileInfo{}, operator.RestoreResult{},
+		operator.InstanceList{}, operator.DrainResult{},
 		operator.SnapshotReport{}, audit.Explanation{}, audit.Summary{}, audit.OutcomeMismatch{},
 		bench.Report{}, bench.E2EComparison{}, bench.AgentsReport{},
 	} {

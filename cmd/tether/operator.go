@@ -12,7 +12,7 @@ import (
 )
 
 func init() {
-	register("operator", "cluster administration through the edges' admin API: raft peers, leadership, snapshots", runOperator)
+	register("operator", "cluster administration through the edges' admin API: raft peers, leadership, instance drains, snapshots", runOperator)
 }
 
 const operatorUsage = `usage: tether operator <group> <command> [args] --edge URL[,URL...] [--admin-token T | $TETHER_ADMIN_TOKEN]
@@ -21,6 +21,9 @@ const operatorUsage = `usage: tether operator <group> <command> [args] --edge UR
   raft remove-peer ID             remove a voter (returns once the change committed)
   raft transfer-leader [ID]       hand leadership to ID (or any voter)
   raft add-voter ID ADDR          add a voter at its Raft address host:port
+  instance list                   the worker instances: log status, health, draining, drained, bindings, load
+  instance drain NAME             no new conversations on NAME; each bound one moves on its next turn (scale-down)
+  instance undrain NAME           end NAME's drain: it takes new conversations again
   snapshot save FILE              download the current state (FILE and FILE.json with index, term, hash)
   snapshot restore FILE           replace the cluster's state (runs on the leader: list several edges)
   snapshot inspect FILE           offline: index, term, hash, counts per event type and fleet
@@ -78,6 +81,7 @@ func runOperator(ctx context.Context, args []string) error {
 	want := map[string][2]int{ // min, max positional arguments
 		"raft list-peers": {0, 0}, "raft remove-peer": {1, 1}, "raft transfer-leader": {0, 1}, "raft add-voter": {2, 2},
 		"snapshot save": {1, 1}, "snapshot restore": {1, 1}, "snapshot inspect": {1, 1},
+		"instance list": {0, 0}, "instance drain": {1, 1}, "instance undrain": {1, 1},
 	}
 	n, ok := want[name]
 	if !ok {
@@ -180,6 +184,24 @@ func runOperator(ctx context.Context, args []string) error {
 			return writeJSONTo(out, res)
 		}
 		return printMembership(out, res)
+	case "instance list":
+		il, err := c.Instances(ctx)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return writeJSONTo(out, il)
+		}
+		return printInstances(out, il)
+	case "instance drain", "instance undrain":
+		res, err := c.DrainInstance(ctx, pos[0], cmd == "drain")
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return writeJSONTo(out, res)
+		}
+		return printDrain(out, res)
 	case "snapshot save":
 		info, err := c.SaveSnapshot(ctx, pos[0])
 		if err != nil {
@@ -213,6 +235,46 @@ func printMembership(w io.Writer, res operator.MembershipResult) error {
 		fmt.Fprintf(&b, "  %-20s %-28s voter=%v\n", p.ID, p.Addr, p.Voter)
 	}
 	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func printInstances(w io.Writer, il operator.InstanceList) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-24s %-10s %-10s %-8s %-9s %-8s %-9s %-7s %s\n", "ID", "FLEET", "LOG", "HEALTHY", "DRAINING", "DRAINED", "BINDINGS", "QUEUED", "URL")
+	for _, in := range il.Instances {
+		logStatus := in.LogStatus
+		if logStatus == "" {
+			logStatus = "-"
+		}
+		drained := fmt.Sprint(in.Drained)
+		if in.DrainedSince != nil {
+			drained += " (since " + in.DrainedSince.Format(time.RFC3339) + ")"
+		}
+		fmt.Fprintf(&b, "%-24s %-10s %-10s %-8v %-9v %-8s %-9d %-7d %s\n", in.ID, in.Fleet, logStatus, in.Healthy, in.Draining, drained, in.Bindings, in.QueuedRequests, in.URL)
+	}
+	if len(il.Instances) == 0 {
+		fmt.Fprintf(&b, "(no instances known to %s)\n", il.Edge)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func printDrain(w io.Writer, res operator.DrainResult) error {
+	var msg string
+	switch {
+	case res.Drained && res.Changed:
+		msg = fmt.Sprintf("drained %s (%s) via %s: no new conversations; its %d bound ones move on their next turns (log status %s, state index %d)\n",
+			res.Instance, res.Fleet, res.Edge, res.Bindings, res.LogStatus, res.StateIndex)
+	case res.Drained:
+		msg = fmt.Sprintf("%s (%s) was already drained (since %s); %d bindings left (state index %d)\n",
+			res.Instance, res.Fleet, res.DrainedSince.Format(time.RFC3339), res.Bindings, res.StateIndex)
+	case res.Changed:
+		msg = fmt.Sprintf("undrained %s (%s) via %s: it takes new conversations again (log status %s, state index %d)\n",
+			res.Instance, res.Fleet, res.Edge, res.LogStatus, res.StateIndex)
+	default:
+		msg = fmt.Sprintf("%s (%s) was not drained (state index %d)\n", res.Instance, res.Fleet, res.StateIndex)
+	}
+	_, err := io.WriteString(w, msg)
 	return err
 }
 

@@ -162,6 +162,10 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) int {
 		return get(a.cluster)
 	case path == "/instances":
 		return get(a.instances)
+	case strings.HasPrefix(path, "/instances/"):
+		return post(func(w http.ResponseWriter, r *http.Request) int {
+			return a.drain(w, r, strings.TrimPrefix(path, "/instances/"))
+		})
 	case path == "/state/hash":
 		return get(a.stateHash)
 	case path == "/snapshot":

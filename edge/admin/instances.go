@@ -2,8 +2,10 @@ package admin
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/kvindex"
 	"github.com/tether-project/tether/routing/telemetry"
 )
@@ -13,25 +15,33 @@ type InstanceInfo struct {
 	ID    string `json:"id"`
 	Fleet string `json:"fleet"`
 	// Model is the model the instance serves (configured, else reported).
-	Model              string   `json:"model,omitempty"`
-	URL                string   `json:"url"`
-	LogStatus          string   `json:"log_status"` // "" when the log has no record
-	Healthy            bool     `json:"healthy"`
-	Draining           bool     `json:"draining"`
-	Static             bool     `json:"static"`
-	Telemetry          bool     `json:"telemetry"`
-	TelemetryAgeSecond *float64 `json:"telemetry_age_seconds"`
-	Version            string   `json:"version"`
-	FeatureLevel       int      `json:"feature_level"`
-	VerifiesHints      bool     `json:"verifies_hints"`
-	Ranks              int      `json:"ranks"`
-	QueuedRequests     int      `json:"queued_requests"`
-	ActiveRequests     int      `json:"active_requests"`
-	ActivePromptTokens int64    `json:"active_prompt_tokens"`
-	HitRate            float64  `json:"hit_rate"`
-	Breaker            string   `json:"breaker"`
-	Bindings           int      `json:"bindings"`
-	KVStale            bool     `json:"kv_stale"`
+	Model     string `json:"model,omitempty"`
+	URL       string `json:"url"`
+	LogStatus string `json:"log_status"` // "" when the log has no record
+	Healthy   bool   `json:"healthy"`
+	// Draining: the instance takes no new conversations (its worker
+	// reported it is shutting down, the log records it draining, or an
+	// operator drained it).
+	Draining bool `json:"draining"`
+	// Drained: an operator drained it (POST .../drain, `tether operator
+	// instance drain`): its bound conversations move on their next turns.
+	// DrainedSince is the log time of that drain.
+	Drained            bool       `json:"drained"`
+	DrainedSince       *time.Time `json:"drained_since,omitempty"`
+	Static             bool       `json:"static"`
+	Telemetry          bool       `json:"telemetry"`
+	TelemetryAgeSecond *float64   `json:"telemetry_age_seconds"`
+	Version            string     `json:"version"`
+	FeatureLevel       int        `json:"feature_level"`
+	VerifiesHints      bool       `json:"verifies_hints"`
+	Ranks              int        `json:"ranks"`
+	QueuedRequests     int        `json:"queued_requests"`
+	ActiveRequests     int        `json:"active_requests"`
+	ActivePromptTokens int64      `json:"active_prompt_tokens"`
+	HitRate            float64    `json:"hit_rate"`
+	Breaker            string     `json:"breaker"`
+	Bindings           int        `json:"bindings"`
+	KVStale            bool       `json:"kv_stale"`
 	// TelemetryStale: the edge's NATS link is (or just was) down; the
 	// load figures are from before and health comes from probes.
 	TelemetryStale bool `json:"telemetry_stale"`
@@ -145,12 +155,15 @@ func (a *API) instances(w http.ResponseWriter, r *http.Request) int {
 		}
 		if rec, ok := st.Instance(in.ID); ok {
 			info.LogStatus = rec.Status.String()
+			info.Draining = info.Draining || rec.Status == fsm.InstanceDraining || rec.Drained
+			info.Drained, info.DrainedSince = rec.Drained, drainedSince(rec)
 		}
 		out = append(out, info)
 	}
 	for _, rec := range st.Instances() {
 		if !seen[rec.ID] {
 			out = append(out, InstanceInfo{ID: rec.ID, Fleet: rec.Fleet.String(), URL: rec.URL, LogStatus: rec.Status.String(),
+				Draining: rec.Status == fsm.InstanceDraining || rec.Drained, Drained: rec.Drained, DrainedSince: drainedSince(rec),
 				Version: rec.Version, FeatureLevel: int(rec.FeatureLevel), Ranks: int(rec.Ranks), Breaker: "closed",
 				Bindings: st.BindingCount(rec.Fleet, rec.ID), KV: kvInfo(kvindex.InstanceKV{}, false, fleetview.Instance{})})
 		}

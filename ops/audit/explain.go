@@ -381,6 +381,9 @@ func (b *binding) overflow(e *fsm.Overflow, s fsm.Status, reason string, index u
 	switch {
 	case s == fsm.StatusApplied && e.Rebind:
 		*b = binding{known: true, bound: true, instance: e.To, epoch: index}
+		if e.Reason == fsm.OverflowDrained {
+			return fmt.Sprintf("moved from %s to %s (epoch %d): an operator drained %s (tether operator instance drain), so the key left it on this turn", e.From, e.To, index, e.From)
+		}
 		return fmt.Sprintf("moved from %s to %s (epoch %d)", e.From, e.To, index)
 	case s == fsm.StatusApplied:
 		return fmt.Sprintf("served by %s; the binding stays on %s", e.To, e.From)

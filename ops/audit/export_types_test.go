@@ -19,6 +19,7 @@ var exportSamples = []fsm.Event{
 	fsm.Evict{Fleet: fsm.FleetContext, Key: "k", Reason: fsm.EvictTTL, Epoch: 7},
 	fsm.Overflow{Fleet: fsm.FleetContext, Key: "k", From: "ctx-1", To: "ctx-2", Reason: fsm.OverflowUnhealthy, Rebind: true},
 	fsm.InstanceState{Instance: "ctx-1", Fleet: fsm.FleetContext, URL: "http://x", Status: fsm.InstanceUp, Version: "v", FeatureLevel: 2, Ranks: 4},
+	fsm.InstanceDrain{Instance: "ctx-1", Drain: true, Source: "admin via edge-1"},
 	fsm.ClusterFeatures{Level: 2},
 	fsm.Link{Child: "c", Parent: "k", Root: "k", Depth: 1},
 	fsm.NodeInfo{NodeID: "edge-1", Version: "v", MaxFeatureLevel: 2},

@@ -1,7 +1,7 @@
 // Package operator is the client side of the edges' admin API (/admin/v1,
 // bearer admin token): cluster membership (list, add, remove, transfer
-// leadership), state hashes and bindings for audit, and snapshot save,
-// restore and offline inspection. `tether operator` is a thin CLI over it.
+// leadership), worker instances (list, drain, undrain), state hashes and
+// bindings for audit, and snapshot save, restore and offline inspection. `tether operator` is a thin CLI over it.
 package operator
 
 import (

@@ -121,7 +121,8 @@ type Hop struct {
 	Outcome  string
 	Policy   string
 	Reason   fsm.OverflowReason
-	Bound    bool // the key is bound (sticky, new bind, overflow, degraded)
+	From     string // the bound instance an overflow left ("" otherwise)
+	Bound    bool   // the key is bound (sticky, new bind, overflow, degraded)
 	Binding  fsm.Binding
 	Excluded []string
 }
@@ -425,6 +426,7 @@ func (d *Decider) overflow(ctx context.Context, h *Hop, router *routing.Router, 
 		return nil, &Failure{Kind: FailRejected, Fleet: h.Fleet, Key: h.Key, Instance: rt.Instance, Detail: res.Reason}
 	}
 	set(rt, OutcomeOverflow)
+	h.From = rt.From
 	h.Bound, h.Binding = true, b
 	if rt.Rebind && res.Found {
 		h.Binding = res.Binding

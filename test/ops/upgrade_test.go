@@ -337,7 +337,7 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 	lw := &levelWatch{t: t, f: f}
 	tr := f.startTraffic(6)
 	defer tr.halt()
-	oldEdge, newEdge := advert{"v1", fsm.FeatureLevelBase}, advert{"v2", fsm.FeatureLevelRanks}
+	oldEdge, newEdge := advert{"v1", fsm.FeatureLevelBase}, advert{"v2", fsm.FeatureLevelMax}
 
 	// Mixed state 0: two of three voters advertised level 1; the third
 	// has not. Under traffic the committed level stays 0.
@@ -420,7 +420,7 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 		}
 		f.waitReady(30*time.Second, legacy)
 	}
-	lw.waitLevel(fsm.FeatureLevelRanks, "after the last edge's upgrade")
+	lw.waitLevel(fsm.FeatureLevelMax, "after the last edge's upgrade")
 	tr.waitTurns(t, 10) // all edges at v2, workers legacy
 
 	// Level 2: the next sticky turn of the level-1 conversation records
