@@ -141,4 +141,14 @@ func (vllmEngine) metrics(b *strings.Builder, s *Server, figs []rankFigures) {
 	for r := range figs {
 		fmt.Fprintf(b, "vllm:prompt_tokens_total{%s} %s\n", labels(r), f(float64(figs[r].prompted)))
 	}
+	// loggers.py counter_prompt_tokens_by_source: every prompt token by
+	// where its KV came from (computed, this engine's prefix cache, a KV
+	// connector's transfer).
+	fmt.Fprintf(b, "# HELP vllm:prompt_tokens_by_source Number of prompt tokens by source.\n# TYPE vllm:prompt_tokens_by_source counter\n")
+	for r := range figs {
+		for src, name := range sourceLabels {
+			fmt.Fprintf(b, "vllm:prompt_tokens_by_source_total{%s} %s\n", promLabels(map[string]string{"engine": strconv.Itoa(r),
+				"model_name": s.opts.Model, "source": name}), f(float64(figs[r].sources[src])))
+		}
+	}
 }
