@@ -132,7 +132,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 		w.Header().Set(HeaderDepthLimited, depthLimitedValue(rq.id, e.identityCfg))
 	}
 	e.promptKeys(rq, tokens)
-	if conv := rq.id.ConversationID; conv != "" && !e.cfg.Aggregated() {
+	if conv := rq.id.ConversationID; conv != "" && !e.cfg.ContextServers.Engine.aggregatedOnly() {
 		// The workers read the same conversation id the hint signs
 		// (vLLM and SGLang read none: their body goes as the client sent it).
 		rq.setConversation(conv)
@@ -285,7 +285,10 @@ type contextResult struct {
 	promptTokens   int
 	cachedTokens   int
 	hasCached      bool // usage.prompt_tokens_details was there
-	rank           string
+	// keepCached: the context phase reported no cached tokens; the final
+	// response's figure is relayed as the worker sent it.
+	keepCached bool
+	rank       string
 }
 
 // dispatch runs the disaggregated flow: context hop (unless conditional
@@ -295,6 +298,9 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 	defer cancel()
 	if e.cfg.Aggregated() {
 		return e.dispatchEngine(ctx, w, rq, span) // vLLM, SGLang (edge/engines.go)
+	}
+	if e.cfg.pdEngine() != "" {
+		return e.dispatchPD(ctx, w, rq, span) // vLLM, SGLang prefill/decode (edge/pd.go)
 	}
 	var genHop *hop
 	if max := e.cfg.ConditionalDisagg.MaxLocalPrefillLength; max > 0 {
@@ -721,7 +727,10 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 	ctxRank := ""
 	cached := -1
 	if cres != nil {
-		ctxRank, cached = cres.rank, cres.cachedTokens
+		ctxRank = cres.rank
+		if !cres.keepCached {
+			cached = cres.cachedTokens
+		}
 	}
 	genRank := resp.Header.Get(HeaderADPRank)
 	e.routeHeaders(w, ctxHop, ctxRank, genHop, genRank)

@@ -420,7 +420,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	// One side of a prefill/decode split (pd.go): a decode reads the
 	// prompt's KV from its prefill server instead of computing it, or
 	// fails as the engine does; a prefill keeps it for its decode.
-	h, ok := s.handoff(w, r, top, req, chat, tokens, &rank, header != "")
+	h, ok := s.handoff(w, r, top, req, chat, tokens, last, &rank, header != "")
 	if !ok {
 		return
 	}

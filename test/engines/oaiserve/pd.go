@@ -2,6 +2,7 @@ package oaiserve
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -109,6 +110,7 @@ type pdState struct {
 	client *http.Client
 
 	mu        sync.Mutex
+	warnings  []string            // what the engine would log as warnings
 	engineIDs []string            // vLLM: each rank's engine id
 	held      map[string]*heldKV  // vLLM: finished prefills by request id
 	nextBlock []int               // vLLM: each rank's next block id
@@ -137,6 +139,24 @@ func (s *Server) startPD(o PDOptions) {
 		s.registerSideChannel(mux)
 	}
 	s.pd.side = httptest.NewServer(mux)
+}
+
+// warnf records a warning the engine logs.
+func (s *Server) warnf(format string, args ...any) {
+	s.pd.mu.Lock()
+	defer s.pd.mu.Unlock()
+	s.pd.warnings = append(s.pd.warnings, fmt.Sprintf(format, args...))
+}
+
+// Warnings are the warnings the engine would have logged (a handoff it
+// could not use).
+func (s *Server) Warnings() []string {
+	if s.pd == nil {
+		return nil
+	}
+	s.pd.mu.Lock()
+	defer s.pd.mu.Unlock()
+	return slices.Clone(s.pd.warnings)
 }
 
 func (s *Server) closePD() {
@@ -185,14 +205,31 @@ type handoff struct {
 
 // handoff resolves the request's part in the split: nil, true for a plain
 // request; ok=false when the engine's answer (an error) is written.
-func (s *Server) handoff(w http.ResponseWriter, r *http.Request, top map[string]json.RawMessage, req request, chat bool, tokens []uint32, rank *int, headerRank bool) (*handoff, bool) {
+func (s *Server) handoff(w http.ResponseWriter, r *http.Request, top map[string]json.RawMessage, req request, chat bool, tokens []uint32, last string, rank *int, headerRank bool) (*handoff, bool) {
 	if s.pd == nil {
 		return nil, true
 	}
+	rq := pdRequest{r: r, req: req, chat: chat, tokens: tokens, last: last}
 	if s.opts.Engine == SGLang {
-		return s.sglangHandoff(w, r, top, req, chat, tokens, rank, headerRank)
+		return s.sglangHandoff(w, rq, top, rank, headerRank)
 	}
-	return s.vllmHandoff(w, r, top, req, chat, tokens, *rank)
+	return s.vllmHandoff(w, rq, top, *rank)
+}
+
+// pdRequest is the request a split server handles.
+type pdRequest struct {
+	r      *http.Request
+	req    request
+	chat   bool
+	tokens []uint32
+	last   string
+}
+
+// recordFailed records a request that failed its handoff.
+func (s *Server) recordFailed(rq pdRequest, rank int, kind string) {
+	s.mu.Lock()
+	s.served = append(s.served, Served{Path: rq.r.URL.Path, Rank: rank, LastUser: rq.last, PromptTokens: len(rq.tokens), Stream: rq.req.Stream, Handoff: kind})
+	s.mu.Unlock()
 }
 
 func (h *handoff) received() bool { return h != nil && h.got }

@@ -168,7 +168,7 @@ func bodyRank(top map[string]json.RawMessage, keys ...string) (int, bool) {
 	return 0, false
 }
 
-func (s *Server) sglangHandoff(w http.ResponseWriter, r *http.Request, top map[string]json.RawMessage, req request, chat bool, tokens []uint32, rank *int, headerRank bool) (*handoff, bool) {
+func (s *Server) sglangHandoff(w http.ResponseWriter, rq pdRequest, top map[string]json.RawMessage, rank *int, headerRank bool) (*handoff, bool) {
 	b := readBootstrap(top)
 	if !headerRank {
 		// serving_base.py: the X-Data-Parallel-Rank header wins over
@@ -185,15 +185,15 @@ func (s *Server) sglangHandoff(w http.ResponseWriter, r *http.Request, top map[s
 		}
 	}
 	if s.pd.opts.Role == PDPrefill {
-		return s.sglangPrefill(w, r, req, b, tokens, *rank)
+		return s.sglangPrefill(w, rq, b, *rank)
 	}
-	return s.sglangDecode(w, r, top, req, chat, b, tokens, *rank)
+	return s.sglangDecode(w, rq, top, b, *rank)
 }
 
 // sglangPrefill waits in the bootstrap queue until the room's decode has
 // registered, then lets the request compute (prefilledLocked hands the KV
 // over).
-func (s *Server) sglangPrefill(w http.ResponseWriter, r *http.Request, req request, b bootstrapFields, tokens []uint32, rank int) (*handoff, bool) {
+func (s *Server) sglangPrefill(w http.ResponseWriter, rq pdRequest, b bootstrapFields, rank int) (*handoff, bool) {
 	k := roomKey{rank, b.room}
 	rm := s.pd.room(k)
 	t := time.NewTimer(s.pd.opts.BootstrapTimeout)
@@ -202,10 +202,10 @@ func (s *Server) sglangPrefill(w http.ResponseWriter, r *http.Request, req reque
 	case <-rm.connected:
 		return &handoff{kind: HandoffPrefill, room: rm, oneToken: true}, true
 	case <-t.C:
-		s.sglangFail(w, r, req, tokens, rank, HandoffPrefillFailed, fmt.Sprintf("KVTransferError(bootstrap_room=%d): Request %d timed out after %gs in KVPoll.Bootstrapping",
+		s.sglangFail(w, rq, rank, HandoffPrefillFailed, fmt.Sprintf("KVTransferError(bootstrap_room=%d): Request %d timed out after %gs in KVPoll.Bootstrapping",
 			b.room, b.room, s.pd.opts.BootstrapTimeout.Seconds()))
-	case <-r.Context().Done():
-		s.recordFailed(r, req, tokens, rank, HandoffPrefillFailed)
+	case <-rq.r.Context().Done():
+		s.recordFailed(rq, rank, HandoffPrefillFailed)
 	}
 	rm.setFailed()
 	s.pd.dropRoom(k, rm)
@@ -230,17 +230,17 @@ func (s *Server) sglangAwaitTransfer(w http.ResponseWriter, h *handoff) bool {
 
 // sglangDecode reads the prompt's KV for the request's room from the
 // prefill's bootstrap server, or fails as the KV receiver does.
-func (s *Server) sglangDecode(w http.ResponseWriter, r *http.Request, top map[string]json.RawMessage, req request, chat bool, b bootstrapFields, tokens []uint32, rank int) (*handoff, bool) {
+func (s *Server) sglangDecode(w http.ResponseWriter, rq pdRequest, top map[string]json.RawMessage, b bootstrapFields, rank int) (*handoff, bool) {
 	if hook := s.pd.opts.BeforeHandoff; hook != nil {
 		hook()
 	}
 	addr := net2addr(b.host, b.port)
 	fail := func(msg string) (*handoff, bool) {
-		s.sglangFail(w, r, req, tokens, rank, HandoffDecodeFailed, fmt.Sprintf("KVTransferError(bootstrap_room=%d): %s", b.room, msg))
+		s.sglangFail(w, rq, rank, HandoffDecodeFailed, fmt.Sprintf("KVTransferError(bootstrap_room=%d): %s", b.room, msg))
 		return nil, false
 	}
 	dead := "Failed to get kvcache from prefill instance, it might be dead"
-	ctx, cancel := context.WithTimeout(r.Context(), s.pd.opts.WaitingTimeout)
+	ctx, cancel := context.WithTimeout(rq.r.Context(), s.pd.opts.WaitingTimeout)
 	defer cancel()
 	prefillRank, ok := bodyRank(top, "disagg_prefill_dp_rank")
 	if !ok {
@@ -264,8 +264,8 @@ func (s *Server) sglangDecode(w http.ResponseWriter, r *http.Request, top map[st
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return fail(fmt.Sprintf("Request %d timed out after %gs in KVPoll.WaitingForInput", b.room, s.pd.opts.WaitingTimeout.Seconds()))
 	case err != nil:
-		if r.Context().Err() != nil {
-			s.recordFailed(r, req, tokens, rank, HandoffDecodeFailed)
+		if rq.r.Context().Err() != nil {
+			s.recordFailed(rq, rank, HandoffDecodeFailed)
 			return nil, false
 		}
 		return fail(dead)
@@ -313,9 +313,9 @@ func net2addr(host string, port int) string {
 }
 
 // sglangFail answers a request the scheduler aborted with status 500.
-func (s *Server) sglangFail(w http.ResponseWriter, r *http.Request, req request, tokens []uint32, rank int, kind, msg string) {
-	s.recordFailed(r, req, tokens, rank, kind)
-	if !req.Stream {
+func (s *Server) sglangFail(w http.ResponseWriter, rq pdRequest, rank int, kind, msg string) {
+	s.recordFailed(rq, rank, kind)
+	if !rq.req.Stream {
 		writeJSON(w, http.StatusInternalServerError, s.errorBody(http.StatusInternalServerError, "500", msg))
 		return
 	}
@@ -323,10 +323,4 @@ func (s *Server) sglangFail(w http.ResponseWriter, r *http.Request, req request,
 	w.WriteHeader(http.StatusOK)
 	b, _ := json.Marshal(map[string]any{"error": s.errorBody(http.StatusInternalServerError, "INTERNAL_SERVER_ERROR", msg)})
 	fmt.Fprintf(w, "data: %s\n\ndata: [DONE]\n\n", b)
-}
-
-func (s *Server) recordFailed(r *http.Request, req request, tokens []uint32, rank int, kind string) {
-	s.mu.Lock()
-	s.served = append(s.served, Served{Path: r.URL.Path, Rank: rank, PromptTokens: len(tokens), Stream: req.Stream, Handoff: kind})
-	s.mu.Unlock()
 }

@@ -131,6 +131,9 @@ func TestVLLMDecodeRefusesBadHandoff(t *testing.T) {
 	if sv := d.Served()[0]; sv.Handoff != HandoffDecodeInvalidParams || sv.Computed != sv.PromptTokens {
 		t.Fatalf("%+v", sv)
 	}
+	if w := d.Warnings(); len(w) != 1 || !strings.Contains(w[0], "Got invalid KVTransferParams") {
+		t.Fatalf("warnings %q", w)
+	}
 	unknown := map[string]any{"do_remote_prefill": true, "do_remote_decode": false, "remote_block_ids": [][]int{{1}},
 		"remote_engine_id": "e_dp0", "remote_request_id": "chatcmpl-nope", "remote_host": "127.0.0.1", "remote_port": 1, "tp_size": 1}
 	st, b := postJSON(t, d.URL()+"/v1/chat/completions", with(chat("y"), "kv_transfer_params", unknown, "stream", true), nil)

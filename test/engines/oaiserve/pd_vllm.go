@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log"
 	"net/http"
 	"net/url"
 	"slices"
@@ -105,7 +104,7 @@ func (s *Server) serveNIXLRead(w http.ResponseWriter, r *http.Request) {
 // vllmHandoff reads the request's kv_transfer_params as the NixlConnector
 // does: do_remote_decode makes it a prefill whose blocks are kept,
 // do_remote_prefill a decode that reads them.
-func (s *Server) vllmHandoff(w http.ResponseWriter, r *http.Request, top map[string]json.RawMessage, req request, chat bool, tokens []uint32, rank int) (*handoff, bool) {
+func (s *Server) vllmHandoff(w http.ResponseWriter, rq pdRequest, top map[string]json.RawMessage, rank int) (*handoff, bool) {
 	raw, ok := top["kv_transfer_params"]
 	if !ok || isNullJSON(raw) {
 		return nil, true
@@ -118,17 +117,17 @@ func (s *Server) vllmHandoff(w http.ResponseWriter, r *http.Request, top map[str
 	}
 	switch {
 	case truthy(params["do_remote_prefill"]):
-		return s.vllmDecode(w, r, req, chat, tokens, rank, params)
+		return s.vllmDecode(w, rq, rank, params)
 	case truthy(params["do_remote_decode"]):
 		// vLLM's request id: serving_chat.py "chatcmpl-" + the
 		// X-Request-Id header (serving_engine.py _base_request_id), else
 		// a random id.
-		base := r.Header.Get("X-Request-Id")
+		base := rq.r.Header.Get("X-Request-Id")
 		if base == "" {
 			base = hexID()
 		}
 		h := &handoff{kind: HandoffPrefill, reqID: "cmpl-" + base + "-0"}
-		if chat {
+		if rq.chat {
 			h.reqID = "chatcmpl-" + base
 		}
 		if s.pd.opts.FirstTokenEOS {
@@ -193,7 +192,7 @@ func (s *Server) vllmHoldLocked(h *handoff, rank int, tokens []uint32) {
 // _raise_if_error: "Internal server error", 500; in a stream the error
 // event after the role chunk), or computes the prompt here under
 // recompute.
-func (s *Server) vllmDecode(w http.ResponseWriter, r *http.Request, req request, chat bool, tokens []uint32, rank int, params map[string]json.RawMessage) (*handoff, bool) {
+func (s *Server) vllmDecode(w http.ResponseWriter, rq pdRequest, rank int, params map[string]json.RawMessage) (*handoff, bool) {
 	if hook := s.pd.opts.BeforeHandoff; hook != nil {
 		hook()
 	}
@@ -213,7 +212,7 @@ func (s *Server) vllmDecode(w http.ResponseWriter, r *http.Request, req request,
 		}
 	}
 	if len(groups) == 0 || len(groups[0]) == 0 || !complete {
-		log.Printf("vllm stand-in: Got invalid KVTransferParams: %s. This request will not utilize KVTransfer", compactParams(params))
+		s.warnf("Got invalid KVTransferParams: %s. This request will not utilize KVTransfer", compactParams(params))
 		return &handoff{kind: HandoffDecodeInvalidParams}, true
 	}
 	var engineID, reqID, host string
@@ -222,18 +221,16 @@ func (s *Server) vllmDecode(w http.ResponseWriter, r *http.Request, req request,
 	_ = json.Unmarshal(params["remote_request_id"], &reqID)
 	_ = json.Unmarshal(params["remote_host"], &host)
 	_ = json.Unmarshal(params["remote_port"], &port)
-	got, err := s.readRemote(r.Context(), host, port, nixlRead{EngineID: engineID, RequestID: reqID, BlockIDs: groups[0]})
+	got, err := s.readRemote(rq.r.Context(), host, port, nixlRead{EngineID: engineID, RequestID: reqID, BlockIDs: groups[0]})
 	if err == nil {
 		return &handoff{kind: HandoffDecode, got: true, recv: got}, true
 	}
-	log.Printf("vllm stand-in: KV load of request %s from %s:%d failed: %v", reqID, host, port, err)
+	s.warnf("KV load of request %s from %s:%d failed: %v", reqID, host, port, err)
 	if s.pd.opts.KVLoadFailurePolicy == "recompute" {
 		return &handoff{kind: HandoffDecodeRecomputed}, true
 	}
-	s.mu.Lock()
-	s.served = append(s.served, Served{Path: r.URL.Path, Rank: rank, PromptTokens: len(tokens), Stream: req.Stream, Handoff: HandoffDecodeFailed})
-	s.mu.Unlock()
-	s.vllmGenerationError(w, req, chat)
+	s.recordFailed(rq, rank, HandoffDecodeFailed)
+	s.vllmGenerationError(w, rq.req, rq.chat)
 	return nil, false
 }
 
