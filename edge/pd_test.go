@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -501,5 +502,50 @@ func TestPDConfigValidation(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error naming %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// Completions (streamed and not) and requests without a conversation id
+// take the split too: an unkeyed request carries no rank, the prefill
+// server places it (SGLang: by its room) and the decode finds it.
+func TestPDCompletionsAndUnkeyed(t *testing.T) {
+	for _, kind := range []EngineKind{EngineVLLM, EngineSGLang} {
+		t.Run(string(kind), func(t *testing.T) {
+			s := startPD(t, kind, pdOptions{dp: 2})
+			for i, tc := range []struct {
+				conv   string
+				stream bool
+			}{{"compl-conv", false}, {"compl-conv", true}, {"", false}, {"", true}} {
+				prompt := fmt.Sprintf("%s %s completion %d", longText("shared-prefix", 40), kind, i)
+				body := map[string]any{"model": testModel, "prompt": prompt, "max_tokens": 5}
+				if tc.stream {
+					body["stream"], body["stream_options"] = true, map[string]any{"include_usage": true}
+				}
+				b, _ := json.Marshal(body)
+				h := map[string]string{}
+				if tc.conv != "" {
+					h["x-session-id"] = tc.conv
+				}
+				r := do(t, s.c, http.MethodPost, s.ec.edge(i%3).url()+"/v1/completions", b, h)
+				if r.status != http.StatusOK {
+					t.Fatalf("%s: %d %s", prompt, r.status, r.body)
+				}
+				if tc.stream {
+					if _, done := streamUsage(t, r.body); !done {
+						t.Fatalf("%s: %s", prompt, r.body)
+					}
+				} else if txt := r.json(t)["choices"].([]any)[0].(map[string]any)["text"]; txt != "w0 w1 w2 w3 w4" {
+					t.Fatalf("%s: %s", prompt, r.body)
+				}
+				_, ps := served(t, s.prefill, prompt, oaiserve.HandoffPrefill)
+				_, ds := served(t, s.decode, prompt, oaiserve.HandoffDecode)
+				if ds.KVMismatch || ps.Path != "/v1/completions" || ds.Path != "/v1/completions" {
+					t.Fatalf("prefill %+v decode %+v", ps, ds)
+				}
+				if tc.conv == "" && (ps.Header != "" || ds.Header != "" || slices.Contains(ps.Fields, "routed_dp_rank") || slices.Contains(ds.Fields, "disagg_prefill_dp_rank")) {
+					t.Fatalf("an unkeyed request carried ranks: prefill %+v decode %+v", ps, ds)
+				}
+			}
+		})
 	}
 }
