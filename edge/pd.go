@@ -363,14 +363,15 @@ func (e *Edge) prefilled(rq *request, h *hop, rank int, u usageFigures) int {
 
 // relayDecode relays the decode's answer: the ranks the edge chose in the
 // route headers, the prefill's cached tokens in the usage (the prompt was
-// or was not recomputed there; -1: leave the decode's figure).
+// or was not recomputed there; -1: the prefill reported none, and the
+// client gets none either).
 func (e *Edge) relayDecode(w http.ResponseWriter, rq *request, resp *http.Response, ctxHop *hop, ctxRank, cached int, genHop *hop, genRank int, span trace.Span) int {
 	resp.Header.Del(HeaderADPRank)
 	if genRank >= 0 {
 		// The engines do not name their rank: relay the one the edge chose.
 		resp.Header.Set(HeaderADPRank, strconv.Itoa(genRank))
 	}
-	cres := &contextResult{cachedTokens: cached, keepCached: cached < 0}
+	cres := &contextResult{cachedTokens: cached, nullCached: cached < 0}
 	if ctxRank >= 0 {
 		cres.rank = strconv.Itoa(ctxRank)
 	}

@@ -143,8 +143,9 @@ func (vllmEngine) metrics(b *strings.Builder, s *Server, figs []rankFigures) {
 	}
 	// loggers.py counter_prompt_tokens_by_source: every prompt token by
 	// where its KV came from (computed, this engine's prefix cache, a KV
-	// connector's transfer).
-	fmt.Fprintf(b, "# HELP vllm:prompt_tokens_by_source Number of prompt tokens by source.\n# TYPE vllm:prompt_tokens_by_source counter\n")
+	// connector's transfer); prometheus_client writes a counter's HELP and
+	// TYPE under its _total name in the text format.
+	fmt.Fprintf(b, "# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.\n# TYPE vllm:prompt_tokens_by_source_total counter\n")
 	for r := range figs {
 		for src, name := range sourceLabels {
 			fmt.Fprintf(b, "vllm:prompt_tokens_by_source_total{%s} %s\n", promLabels(map[string]string{"engine": strconv.Itoa(r),
