@@ -10,6 +10,11 @@
 // behind tether workers in proxy mode (the emulated disaggregation that
 // prefills twice). Once ready it writes EDGE_URLS and ENGINE_METRICS
 // (comma-separated) to the -env file.
+//
+//	go run ./test/engines/pdstack/cmd/pdstack -summarize bin/pdbench-*.json
+//
+// prints the Markdown table of bench.sh's runs: per setup, medians and
+// ranges over the seeds.
 package main
 
 import (
@@ -30,7 +35,15 @@ func main() {
 	setup := flag.String("setup", "split", "split, aggregated or emulated")
 	envFile := flag.String("env", "", "write EDGE_URLS and ENGINE_METRICS here once ready")
 	gpuBlocks := flag.Int("gpu-blocks", 0, "KV blocks per stand-in rank (0: the stand-in's default)")
+	summarize := flag.Bool("summarize", false, "print the Markdown table of the bench replay --json files named as arguments (pdbench-<setup>-<seed>.json)")
 	flag.Parse()
+	if *summarize {
+		if err := summary(os.Stdout, flag.Args()); err != nil {
+			fmt.Fprintln(os.Stderr, "pdstack:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*example, *setup, *envFile, *gpuBlocks); err != nil {
 		fmt.Fprintln(os.Stderr, "pdstack:", err)
 		os.Exit(1)
