@@ -32,7 +32,10 @@ type pdSetup struct {
 }
 
 type pdOptions struct {
-	dp      int
+	dp int
+	// events: the prefill servers publish their KV events (block size
+	// testBlockSize), which every edge reads.
+	events  bool
 	scope   routing.Scope
 	prefill func(name string) oaiserve.PDOptions
 	decode  func(name string) oaiserve.PDOptions
@@ -44,10 +47,15 @@ func startPD(t *testing.T, kind EngineKind, o pdOptions) *pdSetup {
 	s := &pdSetup{kind: kind, prefill: map[string]*oaiserve.Server{}, decode: map[string]*oaiserve.Server{}, c: httpClient(t)}
 	start := func(name string, pd oaiserve.PDOptions, gate func(int)) *oaiserve.Server {
 		var srv *oaiserve.Server
+		var ev *oaiserve.KVEventsOptions
+		bs := 0
+		if o.events && pd.Role == oaiserve.PDPrefill {
+			ev, bs = &oaiserve.KVEventsOptions{Replay: true}, testBlockSize
+		}
 		if kind == EngineVLLM {
-			srv = vllm.Start(vllm.Options{Model: testModel, DataParallelSize: o.dp, PromptTokensDetails: true, PD: &pd, StreamGate: gate})
+			srv = vllm.Start(vllm.Options{Model: testModel, DataParallelSize: o.dp, PromptTokensDetails: true, BlockSize: bs, KVEvents: ev, PD: &pd, StreamGate: gate})
 		} else {
-			srv = sglang.Start(sglang.Options{Model: testModel, DPSize: o.dp, CacheReport: true, FastHealth: true, PD: &pd, StreamGate: gate})
+			srv = sglang.Start(sglang.Options{Model: testModel, DPSize: o.dp, CacheReport: true, FastHealth: true, PageSize: bs, KVEvents: ev, PD: &pd, StreamGate: gate})
 		}
 		t.Cleanup(srv.Close)
 		return srv
@@ -62,7 +70,12 @@ func startPD(t *testing.T, kind EngineKind, o pdOptions) *pdSetup {
 		po.Role = oaiserve.PDPrefill
 		srv := start(name, po, nil)
 		s.prefill[name] = srv
-		pURLs = append(pURLs, StaticInstance{Name: name, URL: srv.URL(), BootstrapPort: srv.BootstrapPort()})
+		si := StaticInstance{Name: name, URL: srv.URL(), BootstrapPort: srv.BootstrapPort()}
+		if o.events {
+			pub, replay := srv.KVEventsEndpoints()
+			si.KVEvents = &InstanceKVEvents{Endpoint: pub, ReplayEndpoint: replay}
+		}
+		pURLs = append(pURLs, si)
 	}
 	for i := range 2 {
 		name := fmt.Sprintf("%s-decode-%d", kind, i)
@@ -546,6 +559,59 @@ func TestPDCompletionsAndUnkeyed(t *testing.T) {
 				}
 				if tc.conv == "" && (ps.Header != "" || ds.Header != "" || slices.Contains(ps.Fields, "routed_dp_rank") || slices.Contains(ds.Fields, "disagg_prefill_dp_rank")) {
 					t.Fatalf("an unkeyed request carried ranks: prefill %+v decode %+v", ps, ds)
+				}
+			}
+		})
+	}
+}
+
+// Prefill placement is KV-aware from the prefill servers' own KV events:
+// once one conversation's system prompt is cached on a prefill server,
+// every edge's index holds it there and new conversations sharing it are
+// prefilled there, from any edge.
+func TestPDPrefillPlacementFollowsTheKVEvents(t *testing.T) {
+	for _, kind := range []EngineKind{EngineVLLM, EngineSGLang} {
+		t.Run(string(kind), func(t *testing.T) {
+			s := startPD(t, kind, pdOptions{dp: 2, events: true})
+			system := longText("shared-agent-system", 120)
+			first := postChat(t, s.c, s.ec.edge(0).url(), chatBody(t, system, []string{"plan"}, nil), map[string]string{"x-session-id": "kv-parent"})
+			if first.status != http.StatusOK {
+				t.Fatalf("%d %s", first.status, first.body)
+			}
+			home, _ := served(t, s.prefill, "plan", oaiserve.HandoffPrefill)
+			want := int64(120 / testBlockSize)
+			waitFor(t, "every edge's index to hold "+home+"'s blocks from its KV events", 15*time.Second, func() bool {
+				for _, srv := range s.prefill {
+					srv.PublishHeartbeat() // ZeroMQ's slow joiner: a late batch makes the subscriber replay
+				}
+				for i := range 3 {
+					var out struct {
+						Instances []admin.InstanceInfo `json:"instances"`
+					}
+					if json.Unmarshal(adminGet(t, s.c, s.ec.edge(i), "/admin/v1/instances").body, &out) != nil {
+						return false
+					}
+					ok := false
+					for _, in := range out.Instances {
+						if in.ID == home && in.KV.Source == admin.KVSourceEngineEvents && in.KV.Blocks >= want {
+							ok = true
+						}
+					}
+					if !ok {
+						return false
+					}
+				}
+				return true
+			})
+			for c := range 4 {
+				conv := fmt.Sprintf("kv-child-%d", c)
+				msg := "sub-task " + conv
+				r := postChat(t, s.c, s.ec.edge(1+c%2).url(), chatBody(t, system, []string{msg}, nil), map[string]string{"x-session-id": conv})
+				if r.status != http.StatusOK {
+					t.Fatalf("%s: %d %s", conv, r.status, r.body)
+				}
+				if inst, _ := served(t, s.prefill, msg, oaiserve.HandoffPrefill); inst != home {
+					t.Fatalf("%s sharing the cached prefix prefilled on %s, the prefix is cached on %s", conv, inst, home)
 				}
 			}
 		})
