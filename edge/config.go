@@ -224,6 +224,10 @@ type StaticInstance struct {
 	// itself and its KV index holds what the engine caches
 	// (edge/engines.go).
 	KVEvents *InstanceKVEvents `yaml:"kv_events"`
+	// BootstrapPort is an SGLang prefill server's
+	// --disaggregation-bootstrap-port, which its decode servers dial (0:
+	// SGLang's default, 8998; edge/pd.go).
+	BootstrapPort int `yaml:"bootstrap_port"`
 }
 
 // InstanceKVEvents is a static engine's ZeroMQ KV event publisher.
@@ -628,7 +632,7 @@ func (c *Config) validateServing(p *yamlconf.Problems) {
 	if !c.DisaggAuthFormat.Valid() {
 		bad("disagg_auth_format", "%q is not a format (want trtllm or trtllm-params)", c.DisaggAuthFormat)
 	}
-	if c.ParentHeader != "" && c.InternalRequestAuthKey == "" && !c.Aggregated() {
+	if c.ParentHeader != "" && c.InternalRequestAuthKey == "" && !c.ContextServers.Engine.aggregatedOnly() {
 		bad("internal_request_auth_key", "required when conversation_affinity_header_for_subagents is set (%s): sub-agent hints must be signed; set it or %s",
 			c.ParentHeader, EnvInternalRequestAuthKey)
 	}

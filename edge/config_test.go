@@ -191,7 +191,7 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"a tab", base + "telemetry:\n\tdown_after: 2s\n", []string{"invalid YAML: line 8", "a tab"}},
 		{"section of the wrong kind", base + "leader: 5\n", []string{`leader, line 7: want a mapping of keys, got "5"`}},
 		{"urls entry with an unknown key", strings.Replace(base, "context_servers: {urls: [http://a:1]}", "context_servers: {urls: [{url: http://a:1, weight: 2}]}", 1),
-			[]string{"context_servers.urls[0].weight, line 4: unknown key (allowed: name, url, kv_events)"}},
+			[]string{"context_servers.urls[0].weight, line 4: unknown key (allowed: name, url, kv_events, bootstrap_port)"}},
 		// NATS URL schemes as the worker accepts them.
 		{"nats url scheme", base + "nats: {urls: [\"http://n:4222\"]}\n", []string{"nats.urls[0]", "nats://, tls://, ws:// or wss://"}},
 		{"nats user without password", base + "nats: {urls: [nats://n:4222], user: edge}\n", []string{"nats.password", EnvNATSPassword}},

@@ -120,9 +120,11 @@ func (k EngineKind) metricsFormat() string {
 }
 
 // Aggregated reports whether requests are served whole by the context
-// fleet (a vLLM or SGLang fleet): no context/generation split, the
-// generation fleet is empty.
-func (c *Config) Aggregated() bool { return c.ContextServers.Engine.aggregatedOnly() }
+// fleet (a vLLM or SGLang fleet without the prefill/decode split of
+// edge/pd.go): no context/generation split, the generation fleet is empty.
+func (c *Config) Aggregated() bool {
+	return c.ContextServers.Engine.aggregatedOnly() && c.pdEngine() == ""
+}
 
 // servedFleets are the fleets requests go to: the context fleet alone when
 // aggregated, else both.
@@ -157,14 +159,21 @@ func (c *Config) validateEngine(key string, s *ServersConfig, bad complain) {
 		bad(key+".kv_shadow_blocks", "must be 0..%d (0: no shadow cache), got %d", kvshadow.MaxBlocksPerRank, s.KVShadowBlocks)
 	}
 	validateEngineEvents(key, s, kind, bad)
+	c.validatePDKeys(key, s, bad)
 	if s.DataParallelSize > 1 && !kind.aggregatedOnly() {
 		bad(key+".data_parallel_size", "only for engine vllm or sglang (the edge picks their rank); %s workers place requests on ranks themselves", kind)
 	}
 	if !kind.aggregatedOnly() {
 		return
 	}
+	if c.pdEngine() == kind {
+		// A prefill/decode split: prefill servers in the context fleet,
+		// decode servers in the generation fleet (edge/pd.go).
+		c.validatePD(key, s, kind, bad)
+		return
+	}
 	if s == &c.GenerationServers {
-		bad(key+".engine", "%s is served aggregated: configure its servers under context_servers (docs/engines.md)", kind)
+		bad(key+".engine", "%s serves the generation fleet only as the decode servers of a prefill/decode split, with context_servers.engine: %s too; to serve it aggregated configure its servers under context_servers (docs/engines.md)", kind, kind)
 		return
 	}
 	if len(s.URLs) == 0 {
@@ -172,7 +181,7 @@ func (c *Config) validateEngine(key string, s *ServersConfig, bad complain) {
 	}
 	g := &c.GenerationServers
 	if len(g.URLs) > 0 || g.NumInstances != 0 || (g.Engine != "" && g.Engine != s.Engine) {
-		bad("generation_servers", "must be empty with context_servers.engine: %s (served aggregated: the context fleet takes whole requests)", kind)
+		bad("generation_servers", "must be empty with context_servers.engine: %s (served aggregated: the context fleet takes whole requests); for prefill/decode disaggregation set generation_servers.engine: %s and its decode servers' urls", kind, kind)
 	}
 	if c.ConditionalDisagg.MaxLocalPrefillLength > 0 {
 		bad("conditional_disagg_config", "does not apply to context_servers.engine: %s (served aggregated)", kind)

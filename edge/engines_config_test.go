@@ -44,7 +44,7 @@ context_servers: {engine: tgi, urls: [http://a:1]}
 generation_servers: {urls: [http://b:1]}`, `context_servers.engine, line 5: unknown engine "tgi"`},
 		"vllm in generation": {`
 context_servers: {urls: [http://a:1]}
-generation_servers: {engine: vllm, urls: [http://b:1]}`, "generation_servers.engine, line 6: vllm is served aggregated"},
+generation_servers: {engine: vllm, urls: [http://b:1]}`, "generation_servers.engine, line 6: vllm serves the generation fleet only as the decode servers of a prefill/decode split"},
 		"generation next to sglang": {`
 context_servers: {engine: sglang, urls: [http://a:1]}
 generation_servers: {urls: [http://b:1]}`, "generation_servers, line 6: must be empty with context_servers.engine: sglang"},

@@ -130,7 +130,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 		w.Header().Set(HeaderDepthLimited, depthLimitedValue(rq.id, e.identityCfg))
 	}
 	e.promptKeys(rq, tokens)
-	if conv := rq.id.ConversationID; conv != "" && !rq.m.cfg.Aggregated() {
+	if conv := rq.id.ConversationID; conv != "" && !rq.m.cfg.ContextServers.Engine.aggregatedOnly() {
 		// The workers read the same conversation id the hint signs
 		// (vLLM and SGLang read none: their body goes as the client sent it).
 		rq.setConversation(conv)
@@ -283,7 +283,12 @@ type contextResult struct {
 	promptTokens   int
 	cachedTokens   int
 	hasCached      bool // usage.prompt_tokens_details was there
-	rank           string
+	// nullCached: the context phase reported no cached tokens, and the
+	// final response reports none either (prompt_tokens_details null):
+	// the generation worker's figure counts tokens it received, not
+	// tokens that were not recomputed.
+	nullCached bool
+	rank       string
 }
 
 // dispatch runs the disaggregated flow: context hop (unless conditional
@@ -293,6 +298,9 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 	defer cancel()
 	if rq.m.cfg.Aggregated() {
 		return e.dispatchEngine(ctx, w, rq, span) // vLLM, SGLang (edge/engines.go)
+	}
+	if e.cfg.pdEngine() != "" {
+		return e.dispatchPD(ctx, w, rq, span) // vLLM, SGLang prefill/decode (edge/pd.go)
 	}
 	var genHop *hop
 	if max := e.cfg.ConditionalDisagg.MaxLocalPrefillLength; max > 0 {
@@ -718,9 +726,9 @@ func (e *Edge) routeHeaders(w http.ResponseWriter, ctxHop *hop, ctxRank string, 
 func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ctxHop *hop, cres *contextResult, genHop *hop, span trace.Span) int {
 	defer resp.Body.Close()
 	ctxRank := ""
-	cached := -1
+	var patch func([]byte) []byte // the context phase's cached tokens into the usage
 	if cres != nil {
-		ctxRank, cached = cres.rank, cres.cachedTokens
+		ctxRank, patch = cres.rank, cres.patchUsage
 	}
 	genRank := resp.Header.Get(HeaderADPRank)
 	e.routeHeaders(w, ctxHop, ctxRank, genHop, genRank)
@@ -745,8 +753,8 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 		}
 		u := readUsage(b)
 		recordAggregated(u)
-		if cached >= 0 {
-			b = patchCachedTokens(b, cached)
+		if patch != nil {
+			b = patch(b)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusOK)
@@ -770,8 +778,8 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 			if data, ok := bytes.CutPrefix(line, []byte("data: ")); ok && bytes.Contains(data, []byte(`"usage"`)) {
 				if u := readUsage(data); u.ok {
 					recordAggregated(u)
-					if cached >= 0 {
-						patched := patchCachedTokens(bytes.TrimRight(data, "\r\n"), cached)
+					if patch != nil {
+						patched := patch(bytes.TrimRight(data, "\r\n"))
 						line = append(append([]byte("data: "), patched...), '\n')
 					}
 				}
@@ -819,6 +827,38 @@ func readUsage(b []byte) usageFigures {
 		u.cached, u.hasCached = *d.CachedTokens, true
 	}
 	return u
+}
+
+// patchUsage writes the context phase's cached tokens into a response
+// object's usage.
+func (cres *contextResult) patchUsage(b []byte) []byte {
+	if cres.nullCached {
+		return nullPromptTokensDetails(b)
+	}
+	return patchCachedTokens(b, cres.cachedTokens)
+}
+
+// nullPromptTokensDetails sets usage.prompt_tokens_details to null in a
+// response object (unchanged when it has no usage, or it is null already).
+func nullPromptTokensDetails(b []byte) []byte {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(b, &top) != nil {
+		return b
+	}
+	raw, ok := top["usage"]
+	if !ok || isNull(raw) {
+		return b
+	}
+	var usage map[string]json.RawMessage
+	if json.Unmarshal(raw, &usage) != nil {
+		return b
+	}
+	if d, ok := usage["prompt_tokens_details"]; !ok || isNull(d) {
+		return b
+	}
+	usage["prompt_tokens_details"] = json.RawMessage("null")
+	top["usage"] = mustMarshal(usage)
+	return mustMarshal(top)
 }
 
 // patchCachedTokens sets usage.prompt_tokens_details.cached_tokens in a

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -76,6 +77,7 @@ type simFlags struct {
 	rebindAfter   *time.Duration
 	cacheLost     *float64
 	cacheLostIdle *time.Duration
+	engineMetrics *string
 }
 
 // addSimFlags registers the shared flags; external adds those that point
@@ -119,6 +121,8 @@ func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks
 			"sim: routing overflow.cache_lost_below of the tether policies (0: no cache-lost rebind)"),
 		cacheLostIdle: fs.Duration("cache-lost-min-idle", routing.DefaultConfig().Overflow.CacheLostMinIdle,
 			"sim: routing overflow.cache_lost_min_idle of the tether policies (0: check at once)"),
+		engineMetrics: fs.String("engine-metrics", "",
+			"e2e with --edge-urls: comma-separated /metrics URLs of the deployment's vLLM engines; the report adds the prompt tokens they computed, found cached and received by KV transfer (vllm:prompt_tokens_by_source_total)"),
 	}
 }
 
@@ -272,10 +276,13 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 		if len(ro.Policies) != 1 {
 			return fmt.Errorf("%w: with --edge-urls the deployment's configuration decides the policy: pass exactly one --policies name to label the run", errUsage)
 		}
-		var urls []string
-		for _, u := range strings.Split(*sf.edgeURLs, ",") {
-			if u = strings.TrimSpace(u); u != "" {
-				urls = append(urls, u)
+		urls := splitList(*sf.edgeURLs)
+		metrics := splitList(*sf.engineMetrics)
+		var before bench.EngineWork
+		if len(metrics) > 0 {
+			var err error
+			if before, err = bench.ScrapeEngineWork(ctx, http.DefaultClient, metrics); err != nil {
+				return fmt.Errorf("--engine-metrics: %w", err)
 			}
 		}
 		p := bench.NewProgress(os.Stderr, "e2e "+string(ro.Policies[0]))
@@ -288,7 +295,18 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 			return err
 		}
 		out = &bench.E2EComparison{Mode: "e2e", UpperBound: bench.UpperBound(w), Policies: []bench.Summary{bench.Summarize(r)}}
+		if len(metrics) > 0 {
+			after, err := bench.ScrapeEngineWork(ctx, http.DefaultClient, metrics)
+			if err != nil {
+				return fmt.Errorf("--engine-metrics: %w", err)
+			}
+			work := after.Since(before, r)
+			out.EngineWork = &work
+		}
 	} else {
+		if *sf.engineMetrics != "" {
+			return fmt.Errorf("%w: --engine-metrics needs --edge-urls (the deployment whose engines it scrapes)", errUsage)
+		}
 		p := bench.NewProgress(os.Stderr, "e2e")
 		local := localOptions(sf, ro)
 		local.Progress = func(d, t int) { p.Update(int64(d), int64(t)) }
@@ -308,6 +326,11 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 		return err
 	}
 	fmt.Println(bench.TTFTScaleNote(ro.Base.TimeScale))
+	if out.EngineWork != nil {
+		if err := out.EngineWork.WriteText(os.Stdout); err != nil {
+			return err
+		}
+	}
 	if out.Sim != nil {
 		fmt.Println("sim (same workload and fleet shape, time scale 1):")
 		if err := out.Sim.WriteText(os.Stdout); err != nil {

@@ -21,6 +21,9 @@ type E2EComparison struct {
 	// TimeScale is the e2e deployments' wall time per engine second (0:
 	// unknown, e.g. a run against --edge-urls).
 	TimeScale float64 `json:"time_scale,omitempty"`
+	// EngineWork is the engines' prompt tokens by source over the run
+	// (e2e against --edge-urls with --engine-metrics).
+	EngineWork *EngineWork `json:"engine_work,omitempty"`
 	Ranking
 	Runs []*RunResult `json:"-"`
 }

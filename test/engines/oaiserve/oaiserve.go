@@ -18,9 +18,10 @@
 // as the engine would and the KV events say what the cache holds.
 //
 // Nothing else is served: a path the real server does not serve is a 404, a
-// header it does not read is ignored. A prefill/decode split (vLLM's
-// kv_transfer_params, SGLang's bootstrap fields) would add a role to Options
-// and its fields to the engines' request handling; the rest is shared.
+// header it does not read is ignored. With Options.PD the server is one side
+// of a prefill/decode split (pd.go): vLLM's NixlConnector handoff
+// (kv_transfer_params, pd_vllm.go) or SGLang's bootstrap rendezvous
+// (bootstrap_host/port/room, pd_sglang.go); the rest is shared.
 package oaiserve
 
 import (
@@ -98,6 +99,12 @@ type Options struct {
 	// generating health check waits for a dead scheduler before 503
 	// (default 20 s, as upstream).
 	SGLangHealthTimeout time.Duration
+	// PD makes the server one side of a prefill/decode split (pd.go);
+	// nil: aggregated.
+	PD *PDOptions
+	// StreamGate, when set, runs before each generated token of a streamed
+	// answer is written (tests: stop a server in the middle of a stream).
+	StreamGate func(token int)
 }
 
 // Served is one request the stand-in answered.
@@ -114,6 +121,15 @@ type Served struct {
 	// Fields are the body's top-level keys, sorted (the engine ignores
 	// the ones it does not know).
 	Fields []string
+	// Computed is the prompt tokens this server computed (prefill work);
+	// Transferred those it received from a prefill server instead.
+	Computed, Transferred int
+	// Handoff is the request's part in a prefill/decode split ("" none;
+	// pd.go names the others).
+	Handoff string
+	// KVMismatch: a decode received KV computed for other tokens than its
+	// prompt (the engines do not check; the answer would be garbage).
+	KVMismatch bool
 }
 
 // Server is a running stand-in.
@@ -132,7 +148,10 @@ type Server struct {
 	waiting  []int // reported on /metrics on top of what is running
 	caches   []*rankCache
 	prompted []int64
-	lora     *loraState // nil without LoRA (lora.go)
+	lora     *loraState          // nil without LoRA (lora.go)
+	sources  [][numSources]int64 // per rank: prompt tokens by source (pd.go)
+
+	pd *pdState // nil: aggregated
 }
 
 // engine is what differs between vLLM and SGLang (vllm.go, sglang.go).
@@ -178,7 +197,8 @@ func Start(opts Options) *Server {
 		opts.KVEvents = &k
 	}
 	n := opts.DataParallelSize
-	s := &Server{opts: opts, healthy: true, running: make([]int, n), waiting: make([]int, n), prompted: make([]int64, n)}
+	s := &Server{opts: opts, healthy: true, running: make([]int, n), waiting: make([]int, n), prompted: make([]int64, n),
+		sources: make([][numSources]int64, n)}
 	if opts.Engine == SGLang {
 		s.eng = sglangEngine{}
 	} else {
@@ -203,6 +223,9 @@ func Start(opts Options) *Server {
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
 	mux.HandleFunc("GET /metrics", s.metrics)
 	s.ts = httptest.NewServer(mux)
+	if opts.PD != nil {
+		s.startPD(*opts.PD)
+	}
 	return s
 }
 
@@ -212,6 +235,7 @@ func (s *Server) URL() string { return s.ts.URL }
 // Close stops the server and its publishers.
 func (s *Server) Close() {
 	s.ts.Close()
+	s.closePD()
 	for _, p := range s.pubs {
 		_ = p.Close()
 	}
@@ -407,14 +431,31 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		maxTokens = *req.MaxTokens
 	}
 	maxTokens = min(max(maxTokens, 1), 4096)
+	// One side of a prefill/decode split (pd.go): a decode reads the
+	// prompt's KV from its prefill server instead of computing it, or
+	// fails as the engine does; a prefill keeps it for its decode.
+	h, ok := s.handoff(w, r, top, req, chat, tokens, last, &rank, header != "")
+	if !ok {
+		return
+	}
 
 	s.mu.Lock()
 	s.running[rank]++
 	s.startAdapterLocked(rank, adapter)
-	cached := s.cacheLocked(rank, adapter, tokens)
+	var cached int
+	var src sources
+	if h.received() {
+		cached, src = s.receivedLocked(rank, adapter, tokens, h)
+	} else {
+		cached = s.cacheLocked(rank, adapter, tokens)
+		src = sources{cacheHit: cached, compute: len(tokens) - cached}
+	}
 	s.prompted[rank] += int64(len(tokens))
+	s.addSourcesLocked(rank, src)
 	s.served = append(s.served, Served{Path: r.URL.Path, Rank: rank, Header: header, LastUser: last,
-		PromptTokens: len(tokens), CachedTokens: cached, Stream: req.Stream, Fields: fields})
+		PromptTokens: len(tokens), CachedTokens: cached, Stream: req.Stream, Fields: fields,
+		Computed: src.compute, Transferred: src.external, Handoff: h.name(), KVMismatch: h.mismatch()})
+	h.prefilledLocked(s, rank, tokens)
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -422,17 +463,25 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		s.endAdapterLocked(rank, adapter)
 		s.mu.Unlock()
 	}()
+	if !h.awaitDecode(w, s) {
+		return
+	}
 	served := s.opts.Model
 	if adapter != "" {
 		served = adapter // vLLM answers with the adapter's name as the model
 	}
-	s.respond(w, req, chat, served, len(tokens), cached, maxTokens)
+	s.respond(w, req, chat, served, len(tokens), cached, maxTokens, h)
 }
 
 // respond writes the answer: one JSON object, or the SSE stream (a role
 // chunk first for chat, one chunk per word, the usage chunk when
 // stream_options.include_usage, then [DONE]).
-func (s *Server) respond(w http.ResponseWriter, req request, chat bool, served string, promptTokens, cached, maxTokens int) {
+func (s *Server) respond(w http.ResponseWriter, req request, chat bool, served string, promptTokens, cached, maxTokens int, h *handoff) {
+	finish := h.finishReason()
+	maxTokens = h.outputTokens(maxTokens)
+	if finish == "stop" {
+		maxTokens = 1 // the first token was EOS
+	}
 	words := make([]string, maxTokens)
 	for i := range words {
 		words[i] = fmt.Sprintf("w%d", i)
@@ -442,7 +491,7 @@ func (s *Server) respond(w http.ResponseWriter, req request, chat bool, served s
 	created := time.Now().Unix()
 	object := "text_completion"
 	if !req.Stream {
-		choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": "length"}
+		choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": finish}
 		if chat {
 			choice["message"] = s.eng.message(strings.Join(words, " "))
 			object = "chat.completion"
@@ -450,8 +499,10 @@ func (s *Server) respond(w http.ResponseWriter, req request, chat bool, served s
 			choice["text"] = strings.Join(words, " ")
 		}
 		s.eng.choiceExtras(choice, chat)
-		writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": object, "created": created, "model": served,
-			"choices": []any{choice}, "usage": usage})
+		answer := map[string]any{"id": id, "object": object, "created": created, "model": served,
+			"choices": []any{choice}, "usage": usage}
+		h.answerFields(answer)
+		writeJSON(w, http.StatusOK, answer)
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
@@ -471,19 +522,28 @@ func (s *Server) respond(w http.ResponseWriter, req request, chat bool, served s
 	if chat {
 		emit([]any{map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}}, nil)
 	}
+	rc := http.NewResponseController(w)
 	for i, word := range words {
+		if gate := s.opts.StreamGate; gate != nil {
+			// Each chunk reaches the client before the gate, as the
+			// engines' streaming responses send each as it is made.
+			if bw.Flush() != nil || rc.Flush() != nil {
+				return
+			}
+			gate(i)
+		}
 		text := word
 		if i > 0 {
 			text = " " + word
 		}
-		var finish any
+		var fr any
 		if i == len(words)-1 {
-			finish = "length"
+			fr = finish
 		}
 		if chat {
-			emit([]any{map[string]any{"index": 0, "delta": map[string]any{"content": text}, "logprobs": nil, "finish_reason": finish}}, nil)
+			emit([]any{map[string]any{"index": 0, "delta": map[string]any{"content": text}, "logprobs": nil, "finish_reason": fr}}, nil)
 		} else {
-			emit([]any{map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": finish}}, nil)
+			emit([]any{map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": fr}}, nil)
 		}
 	}
 	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
@@ -519,6 +579,7 @@ type rankFigures struct {
 	running, waiting int
 	usedBlocks       int
 	prompted         int64
+	sources          [numSources]int64
 }
 
 // metrics serves the engine's Prometheus exposition (vllm.go, sglang.go).
@@ -526,7 +587,7 @@ func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
 	figs := make([]rankFigures, s.opts.DataParallelSize)
 	for i := range figs {
-		figs[i] = rankFigures{s.running[i], s.waiting[i], s.caches[i].len(), s.prompted[i]}
+		figs[i] = rankFigures{s.running[i], s.waiting[i], s.caches[i].len(), s.prompted[i], s.sources[i]}
 	}
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

@@ -142,4 +142,15 @@ func (vllmEngine) metrics(b *strings.Builder, s *Server, figs []rankFigures) {
 		fmt.Fprintf(b, "vllm:prompt_tokens_total{%s} %s\n", labels(r), f(float64(figs[r].prompted)))
 	}
 	s.loraMetrics(b)
+	// loggers.py counter_prompt_tokens_by_source: every prompt token by
+	// where its KV came from (computed, this engine's prefix cache, a KV
+	// connector's transfer); prometheus_client writes a counter's HELP and
+	// TYPE under its _total name in the text format.
+	fmt.Fprintf(b, "# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.\n# TYPE vllm:prompt_tokens_by_source_total counter\n")
+	for r := range figs {
+		for src, name := range sourceLabels {
+			fmt.Fprintf(b, "vllm:prompt_tokens_by_source_total{%s} %s\n", promLabels(map[string]string{"engine": strconv.Itoa(r),
+				"model_name": s.opts.Model, "source": name}), f(float64(figs[r].sources[src])))
+		}
+	}
 }

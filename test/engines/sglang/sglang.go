@@ -4,8 +4,10 @@
 // (sglang:* gauges labelled dp_rank="<rank>" with data parallelism), the
 // X-Data-Parallel-Rank header as SGLang reads it (a non-integer is a 400; a
 // rank outside [0, --dp-size) is a 400) and, with KVEvents, the
-// --kv-events-config ZeroMQ publishers. The shared server and the upstream
-// each behaviour follows live in test/engines/oaiserve.
+// --kv-events-config ZeroMQ publishers and, with PD, one side of SGLang's
+// prefill/decode split (--disaggregation-mode, the bootstrap server). The
+// shared server and the upstream each behaviour follows live in
+// test/engines/oaiserve.
 package sglang
 
 import "github.com/tether-project/tether/test/engines/oaiserve"
@@ -31,6 +33,11 @@ type Options struct {
 	PageSize, GPUBlocks int
 	// KVEvents is --kv-events-config with the ZeroMQ publisher (nil: off).
 	KVEvents *oaiserve.KVEventsOptions
+	// PD is --disaggregation-mode prefill or decode (its bootstrap server
+	// on BootstrapPort; oaiserve/pd_sglang.go); nil: null (aggregated).
+	PD *oaiserve.PDOptions
+	// StreamGate runs before each streamed token (oaiserve.Options).
+	StreamGate func(token int)
 }
 
 // Server is a running stand-in.
@@ -43,5 +50,6 @@ type Served = oaiserve.Served
 func Start(o Options) *Server {
 	return oaiserve.Start(oaiserve.Options{Engine: oaiserve.SGLang, Model: o.Model,
 		DataParallelSize: o.DPSize, ReportCachedTokens: o.CacheReport, SGLangFastHealth: o.FastHealth,
-		SGLangTPSize: o.TPSize, SGLangAllSchedulers: o.AllSchedulers, BlockSize: o.PageSize, GPUBlocks: o.GPUBlocks, KVEvents: o.KVEvents})
+		SGLangTPSize: o.TPSize, SGLangAllSchedulers: o.AllSchedulers, BlockSize: o.PageSize, GPUBlocks: o.GPUBlocks, KVEvents: o.KVEvents,
+		PD: o.PD, StreamGate: o.StreamGate})
 }

@@ -3,8 +3,9 @@
 // X-Data-Parallel-Rank header as vLLM reads it (a non-integer is ignored and
 // its own balancer picks; a rank outside [0, --data-parallel-size) is a 400)
 // and, with KVEvents, the --kv-events-config ZeroMQ publishers (one per
-// data-parallel rank, on consecutive ports). The shared server and the
-// upstream each behaviour follows live in test/engines/oaiserve.
+// data-parallel rank, on consecutive ports) and, with PD, one side of
+// vLLM's prefill/decode split through the NixlConnector. The shared server
+// and the upstream each behaviour follows live in test/engines/oaiserve.
 package vllm
 
 import "github.com/tether-project/tether/test/engines/oaiserve"
@@ -32,6 +33,12 @@ type Options struct {
 	BlockSize, GPUBlocks int
 	// KVEvents is --kv-events-config with the ZeroMQ publisher (nil: off).
 	KVEvents *oaiserve.KVEventsOptions
+	// PD is --kv-transfer-config with the NixlConnector: the server is a
+	// prefill (kv_role kv_producer) or decode (kv_consumer) server of a
+	// prefill/decode split (oaiserve/pd_vllm.go); nil: none.
+	PD *oaiserve.PDOptions
+	// StreamGate runs before each streamed token (oaiserve.Options).
+	StreamGate func(token int)
 }
 
 // Server is a running stand-in.
@@ -44,6 +51,6 @@ type Served = oaiserve.Served
 func Start(o Options) *Server {
 	return oaiserve.Start(oaiserve.Options{Engine: oaiserve.VLLM, Model: o.Model,
 		DataParallelSize: o.DataParallelSize, ReportCachedTokens: o.PromptTokensDetails, VLLMZeroCachedDetails: o.ZeroCachedDetails,
-		BlockSize: o.BlockSize, GPUBlocks: o.GPUBlocks, KVEvents: o.KVEvents,
+		BlockSize: o.BlockSize, GPUBlocks: o.GPUBlocks, KVEvents: o.KVEvents, PD: o.PD, StreamGate: o.StreamGate,
 		LoRAModules: o.LoRAModules, MaxLoRAs: o.MaxLoRAs, RuntimeLoRA: o.RuntimeLoRA})
 }
