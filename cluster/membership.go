@@ -85,13 +85,16 @@ func (n *Node) onRemoved(index uint64) {
 // batch of entries, or a snapshot carries it). The check runs apart from
 // the state machine's goroutine, which must not wait on raft.
 func (n *Node) onConfigurationDropped(index uint64) {
-	if n.raft == nil {
-		n.onRemoved(index)
-		return
-	}
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
+		// The state machine applies entries while raft.NewRaft restores
+		// them, before Open has set n.raft.
+		<-n.raftSet
+		if n.raft == nil {
+			n.onRemoved(index)
+			return
+		}
 		f := n.raft.GetConfiguration()
 		if f.Error() == nil {
 			for _, s := range f.Configuration().Servers {
