@@ -47,7 +47,7 @@ func startEngines(t *testing.T, kind EngineKind, edges, instances, dp int) *engi
 	// Ranks are recorded once the cluster runs at feature level 2 (every
 	// edge has advertised it): until then the hash alone keeps edges
 	// consistent.
-	waitFor(t, "cluster feature level 2 on every edge", 15*time.Second, func() bool {
+	waitFor(t, "cluster feature level 2 on every edge", 60*time.Second, func() bool {
 		for i := range edges {
 			if s.ec.edge(i).e.node.State().FeatureLevel() < fsm.FeatureLevelRanks {
 				return false
