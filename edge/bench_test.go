@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/worker"
@@ -162,7 +163,7 @@ func BenchmarkRoutingDecision(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		rq, conv, toks, aerr := parseBody(body, true)
+		rq, conv, toks, aerr := parseBody(body, apireq.Chat)
 		if aerr != nil {
 			b.Fatal(aerr)
 		}

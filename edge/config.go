@@ -60,7 +60,10 @@ const (
 	DefaultDumpTimeout      = 2 * time.Second
 	DefaultEmbeddedNATSAddr = "127.0.0.1:4222"
 	DefaultUpstreamTimeout  = 10 * time.Minute
-	DefaultStartupGrace     = 15 * time.Second
+	// DefaultStoredResponseRetention bounds how long a response id routes
+	// (OpenAI keeps stored responses 30 days).
+	DefaultStoredResponseRetention = 30 * 24 * time.Hour
+	DefaultStartupGrace            = 15 * time.Second
 
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultReadTimeout       = 2 * time.Minute
@@ -113,6 +116,10 @@ type Config struct {
 	MaxInflightBodyBytes int64 `yaml:"max_inflight_body_bytes"`
 	// UpstreamTimeout bounds one worker hop, streaming included.
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
+	// StoredResponseRetention is how long a Responses API id the edge
+	// minted routes to its response (0: as long as the engine keeps it);
+	// an older id is answered 404 without asking the engine.
+	StoredResponseRetention time.Duration `yaml:"stored_response_retention"`
 
 	// HTTP server timeouts of the client-facing listener.
 	// ReadHeaderTimeout bounds reading a request's headers (slow clients);
@@ -441,6 +448,8 @@ func DefaultConfig() Config {
 		MaxInflightBodyBytes: DefaultMaxInflightBodyBytes,
 		UpstreamTimeout:      DefaultUpstreamTimeout,
 
+		StoredResponseRetention: DefaultStoredResponseRetention,
+
 		ReadHeaderTimeout: DefaultReadHeaderTimeout,
 		ReadTimeout:       DefaultReadTimeout,
 		IdleTimeout:       DefaultIdleTimeout,
@@ -755,6 +764,9 @@ func (c *Config) validateLimits(bad complain) {
 	}
 	if c.UpstreamTimeout <= 0 {
 		bad("upstream_timeout", "must be > 0, got %s", c.UpstreamTimeout)
+	}
+	if c.StoredResponseRetention < 0 {
+		bad("stored_response_retention", "must be >= 0 (0: no limit), got %s", c.StoredResponseRetention)
 	}
 	for _, d := range []struct {
 		key string

@@ -23,12 +23,6 @@ func depthLimitedValue(id routing.Identity, cfg routing.IdentityConfig) string {
 	return fmt.Sprintf("depth=%d; limit=%d; parent=%q", id.RequestedDepth, limit, truncate(id.Parent, 200))
 }
 
-// knownRoles are the chat roles OpenAI-compatible servers accept (the
-// workers check the same list).
-var knownRoles = map[string]bool{
-	"system": true, "developer": true, "user": true, "assistant": true, "tool": true, "function": true,
-}
-
 // handleModel is GET /v1/models/{id}: the served model, or 404 as OpenAI
 // answers an unknown one.
 func (e *Edge) handleModel(w http.ResponseWriter, r *http.Request) {

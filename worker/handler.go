@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/bodybudget"
 	"github.com/tether-project/tether/routing/convid"
 	"github.com/tether-project/tether/routing/prefix"
@@ -52,8 +53,11 @@ type route struct {
 func (s *Server) Handler() http.Handler {
 	metricsHandler := promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{ErrorLog: nil})
 	routes := map[string]route{
-		"/v1/chat/completions": {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, true) }},
-		"/v1/completions":      {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, false) }},
+		"/v1/chat/completions": {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, apireq.Chat) }},
+		"/v1/completions":      {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, apireq.Completions) }},
+		"/v1/messages":         {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, apireq.Messages) }},
+		countTokensPath:        {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, apireq.Messages) }},
+		"/v1/responses":        {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, apireq.Responses) }},
 		"/v1/models":           {[]string{http.MethodGet, http.MethodHead}, s.handleModels},
 		"/healthz":             {[]string{http.MethodGet, http.MethodHead}, s.handleHealth},
 		"/health":              {[]string{http.MethodGet, http.MethodHead}, s.handleEngineHealth},
@@ -81,10 +85,13 @@ func (s *Server) Handler() http.Handler {
 		if id, found := strings.CutPrefix(r.URL.Path, "/v1/models/"); !ok && found {
 			rt, ok = route{[]string{http.MethodGet, http.MethodHead}, func(w http.ResponseWriter, r *http.Request) { s.handleModel(w, id) }}, true
 		}
+		if rest, found := strings.CutPrefix(r.URL.Path, "/v1/responses/"); !ok && found {
+			rt, ok = s.storedResponseRoute(rest)
+		}
 		if !ok {
 			s.metrics.requests.WithLabelValues("other", "404").Inc()
 			writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
-				"unknown path %s %s (this worker serves POST /v1/chat/completions, POST /v1/completions, GET /v1/models, /health, /healthz, /readyz, /metrics)", r.Method, truncate(r.URL.Path, 200)))
+				"unknown path %s %s (this worker serves POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/messages/count_tokens, /v1/responses, GET/DELETE /v1/responses/{id}, GET /v1/models, /health, /healthz, /readyz, /metrics)", r.Method, truncate(r.URL.Path, 200)))
 			return
 		}
 		for _, m := range rt.methods {
@@ -173,15 +180,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// handleInference serves both completion endpoints.
-func (s *Server) handleInference(w http.ResponseWriter, r *http.Request, chat bool) {
-	endpoint := "completions"
-	if chat {
-		endpoint = "chat"
-	}
+// handleInference serves the create endpoints of every dialect: POST
+// /v1/chat/completions, /v1/completions, /v1/messages (and its
+// count_tokens), /v1/responses.
+func (s *Server) handleInference(w http.ResponseWriter, r *http.Request, d apireq.Dialect) {
+	endpoint := d.String()
 	if !s.enter() {
 		s.metrics.requests.WithLabelValues(endpoint, "503").Inc()
-		writeAPIError(w, newAPIError(http.StatusServiceUnavailable, "server_error", "shutting_down", "", "worker is shutting down"))
+		newAPIError(http.StatusServiceUnavailable, "server_error", "shutting_down", "", "worker is shutting down").Write(w, d)
 		return
 	}
 	defer s.handlers.Done()
@@ -191,9 +197,10 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request, chat bo
 		if n > int64(limit) {
 			// Refused before reading the body: a flood costs little.
 			s.metrics.requests.WithLabelValues(endpoint, "429").Inc()
-			w.Header().Set("Retry-After", "1")
-			writeAPIError(w, newAPIError(http.StatusTooManyRequests, "rate_limit_error", "too_many_concurrent_requests", "",
-				"this worker is serving its limit of %d concurrent requests (max_concurrent_requests); retry after 1s", limit))
+			e := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "too_many_concurrent_requests", "",
+				"this worker is serving its limit of %d concurrent requests (max_concurrent_requests); retry after 1s", limit)
+			e.RetryAfter = time.Second
+			e.Write(w, d)
 			return
 		}
 	}
@@ -207,7 +214,7 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request, chat bo
 			attribute.String("tether.instance", s.cfg.InstanceID),
 		))
 	defer span.End()
-	x := &exchange{s: s, w: w, r: r, ctx: ctx, span: span, chat: chat}
+	x := &exchange{s: s, w: w, r: r, ctx: ctx, span: span, dialect: d, chat: d == apireq.Chat}
 	status, phase := x.serve()
 	span.SetAttributes(attribute.Int("http.response.status_code", status))
 	if status >= 400 {
@@ -221,16 +228,23 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request, chat bo
 
 // exchange is one inference request/response.
 type exchange struct {
-	s    *Server
-	w    http.ResponseWriter
-	r    *http.Request
-	ctx  context.Context
-	span trace.Span
-	chat bool
+	s       *Server
+	w       http.ResponseWriter
+	r       *http.Request
+	ctx     context.Context
+	span    trace.Span
+	dialect apireq.Dialect
+	chat    bool // answered in the chat completions shape
 
-	p       *parsedRequest
+	p        *parsedRequest
+	affinity string
+	// chain places a continued response's rank when the request names
+	// no conversation (respStore's chain key).
+	chain   string
+	ans     answerer
 	id      string
 	created int64
+	seq     uint64
 	// streaming state
 	headerSent bool
 	writeErr   error
@@ -238,7 +252,7 @@ type exchange struct {
 
 func (x *exchange) fail(e *apiError) int {
 	x.span.SetAttributes(attribute.String("tether.error", e.Message))
-	writeAPIError(x.w, e)
+	e.Write(x.w, x.dialect)
 	return e.Status
 }
 
@@ -249,20 +263,47 @@ func (x *exchange) serve() (int, string) {
 	body, release, aerr := s.readBody(x.r)
 	if aerr != nil {
 		if aerr.Status == http.StatusTooManyRequests {
-			x.w.Header().Set("Retry-After", "1")
+			aerr.RetryAfter = time.Second
 		}
 		return x.fail(aerr), ""
 	}
 	defer release()
-	p, aerr := parseRequest(body, x.chat, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
+	var p *parsedRequest
+	if strings.TrimSuffix(x.r.URL.Path, "/") == countTokensPath {
+		var req *apireq.Request
+		if req, aerr = apireq.ParseCountTokens(body); aerr == nil {
+			p, aerr = parsedFrom(req, body, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
+		}
+	} else {
+		p, aerr = parseRequest(body, x.dialect, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
+	}
 	if aerr != nil {
 		return x.fail(aerr), ""
 	}
-	x.p = p
 	if p.model != s.cfg.Model {
 		return x.fail(newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
 			"the model %q does not exist on this worker (it serves %q)", truncate(p.model, 200), s.cfg.Model)), ""
 	}
+	if p.req.CountTokens {
+		writeJSON(x.w, http.StatusOK, map[string]int{"input_tokens": len(p.prompt)})
+		return http.StatusOK, ""
+	}
+	if x.dialect == apireq.Messages || x.dialect == apireq.Responses {
+		if _, ok := s.eng.(*proxy.Engine); ok {
+			return x.fail(newAPIError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
+				"this worker proxies its engine's chat completions and completions only; serve %s from the engine itself (edge engine vllm or sglang)", x.dialect.Path())), ""
+		}
+	}
+	var prev *storedResponse
+	if rf := p.req.Responses; rf != nil && rf.PreviousResponseID != "" {
+		if prev, aerr = s.previousResponse(p, body); aerr != nil {
+			return x.fail(aerr), ""
+		}
+		if p, aerr = parsedFrom(p.req, body, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens); aerr != nil {
+			return x.fail(aerr), ""
+		}
+	}
+	x.p, x.chat = p, p.chat
 	p.conversationID = convid.Resolve(p.bodyConvID, x.r.Header)
 	if aerr := s.verifyDisaggAuth(x.r.Header, p); aerr != nil {
 		return x.fail(aerr), ""
@@ -271,9 +312,45 @@ func (x *exchange) serve() (int, string) {
 	if aerr != nil {
 		return x.fail(aerr), ""
 	}
+	x.affinity = affinity
+	if prev != nil && p.conversationID == "" {
+		x.chain = prev.chain
+	}
+	x.seq = s.reqSeq.Add(1)
+	x.created = time.Now().Unix()
+	switch {
+	case x.chat || x.dialect == apireq.Completions:
+		kind := "cmpl"
+		if x.chat {
+			kind = "chatcmpl"
+		}
+		x.id = kind + "-" + randomID()
+		x.ans = chatAnswer{x}
+	case x.dialect == apireq.Messages:
+		x.id = "msg_" + randomID()
+		x.ans = &messagesAnswer{x: x}
+	default:
+		x.id = "resp_" + randomID()
+		if x.chain == "" && p.conversationID == "" {
+			x.chain = "response:" + x.id // its continuations find its rank
+		}
+		ra := s.newResponsesAnswer(x, prev)
+		x.ans = ra
+		if p.req.Responses.Background {
+			return s.startBackground(x, ra), p.phase.String()
+		}
+	}
+	return x.run(x.ctx)
+}
 
-	placeReq := adp.Request{ConversationID: p.conversationID, AffinityID: affinity, PromptTokens: len(p.prompt)}
-	if !x.chat {
+// run places the request on a rank, runs it on the engine and answers.
+func (x *exchange) run(ctx context.Context) (int, string) {
+	s, p := x.s, x.p
+	placeReq := adp.Request{ConversationID: p.conversationID, AffinityID: x.affinity, PromptTokens: len(p.prompt)}
+	if placeReq.ConversationID == "" {
+		placeReq.ConversationID = x.chain
+	}
+	if !p.dialect.HasConversation() {
 		// Spec: /v1/completions supports instance affinity only (the edge
 		// routes it by conversation); ranks are chosen by the placement
 		// policy, without conversation or sub-agent bindings.
@@ -300,13 +377,6 @@ func (x *exchange) serve() (int, string) {
 		attribute.Bool("tether.overflow", d.Overflow),
 		attribute.Int("tether.prompt_tokens", len(p.prompt)),
 	)
-	seq := s.reqSeq.Add(1)
-	kind := "cmpl"
-	if x.chat {
-		kind = "chatcmpl"
-	}
-	x.id = kind + "-" + randomID()
-	x.created = time.Now().Unix()
 	h := x.w.Header()
 	h.Set(HeaderADPRank, strconv.Itoa(d.Rank))
 	h.Set(HeaderInstance, s.cfg.InstanceID)
@@ -326,9 +396,9 @@ func (x *exchange) serve() (int, string) {
 	s.sched.Start(&d.Ticket)
 	emit := func(engine.Chunk) error { return nil }
 	if p.stream {
-		emit = x.emitChunk
+		emit = x.ans.emit
 	}
-	comp, err := s.eng.Run(x.ctx, req, emit)
+	comp, err := s.eng.Run(ctx, req, emit)
 	if err != nil {
 		return x.engineFailed(err), phase
 	}
@@ -340,9 +410,9 @@ func (x *exchange) serve() (int, string) {
 		attribute.Int("tether.transfer_tokens", comp.TransferTokens),
 	)
 	if p.stream {
-		return x.finishStream(comp), phase
+		return x.ans.finish(comp), phase
 	}
-	return x.respond(comp, seq), phase
+	return x.ans.respond(comp), phase
 }
 
 func (x *exchange) usage(c engine.Completion) *usage {
@@ -386,7 +456,8 @@ func (x *exchange) choice(text *string, finish *string, delta bool) chatChoice {
 }
 
 // respond writes a non-streaming response.
-func (x *exchange) respond(c engine.Completion, seq uint64) int {
+func (x *exchange) respond(c engine.Completion) int {
+	seq := x.seq
 	finish := c.FinishReason
 	text := c.Text
 	choice := x.choice(&text, &finish, false)
@@ -598,9 +669,7 @@ func (x *exchange) engineFailed(err error) int {
 		return x.fail(e)
 	}
 	x.span.SetAttributes(attribute.String("tether.error", e.Message))
-	if x.sendEvent(struct {
-		Error *apiError `json:"error"`
-	}{e}) != nil {
+	if x.ans.streamError(e) != nil {
 		return statusClientClosed
 	}
 	return e.Status

@@ -73,6 +73,9 @@ type Server struct {
 
 	pub *publisher // nil without NATS
 
+	// responses is the Responses API store (worker/respstore.go).
+	responses *respStore
+
 	baseCtx    context.Context // parent of every request context
 	cancelBase context.CancelFunc
 	handlers   sync.WaitGroup // in-flight inference handlers
@@ -138,6 +141,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("worker: engine reports %d ranks, scheduler has %d", len(st), s.ranks)
 	}
 	s.metrics = newMetrics(s)
+	s.responses = newRespStore(cfg.ResponsesStoreEntries, cfg.ResponsesStoreBytes, s.log, func() { s.metrics.responsesEvicted.Inc() })
 	if cfg.NATS.Enabled() {
 		s.pub = newPublisher(s)
 		s.eng.SetKVEventSink(s.pub.addKVEvent)
