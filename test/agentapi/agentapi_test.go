@@ -33,6 +33,7 @@ func startStack(t *testing.T, o devstack.Options) *devstack.Stack {
 		t.Fatalf("devstack: %v", err)
 	}
 	t.Cleanup(func() {
+		client.CloseIdleConnections()
 		cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer ccancel()
 		if err := st.Close(cctx); err != nil {
@@ -51,34 +52,47 @@ type reply struct {
 	body   []byte
 }
 
+// client is the tests' HTTP client (idle connections closed at the end,
+// for the leak check).
+var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 32}, Timeout: 60 * time.Second}
+
 func do(t *testing.T, method, url string, body any, hdr map[string]string) reply {
 	t.Helper()
+	r, err := try(method, url, body, hdr)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	return r
+}
+
+// try is do without failing the test: a transport error is returned.
+func try(method, url string, body any, hdr map[string]string) (reply, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			t.Fatal(err)
+			return reply{}, err
 		}
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequest(method, url, rd)
 	if err != nil {
-		t.Fatal(err)
+		return reply{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
+		return reply{}, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("%s %s: reading: %v", method, url, err)
+		return reply{}, fmt.Errorf("reading: %w", err)
 	}
-	return reply{resp.StatusCode, resp.Header, b}
+	return reply{resp.StatusCode, resp.Header, b}, nil
 }
 
 type sse struct {
@@ -120,27 +134,39 @@ func words(prefix string, n int) string {
 	return strings.Join(w, " ")
 }
 
-func TestSmoke(t *testing.T) {
-	st := startStack(t, devstack.Options{Edges: 3})
-	model := st.Model()
-	e := st.Edges()
-	msg := map[string]any{"model": model, "max_tokens": 8, "system": words("sys", 100),
-		"messages": []any{map[string]any{"role": "user", "content": "hello there"}}}
-	r := do(t, "POST", e[0].URL()+"/v1/messages", msg, map[string]string{"x-claude-code-session-id": "cc-1", "anthropic-version": "2023-06-01"})
-	t.Logf("messages %d %s %s", r.status, r.header.Get(edge.HeaderRoute), r.body)
-	msg["stream"] = true
-	r = do(t, "POST", e[1].URL()+"/v1/messages", msg, map[string]string{"x-claude-code-session-id": "cc-1"})
-	t.Logf("messages stream %d %s\n%s", r.status, r.header.Get(edge.HeaderRoute), r.body)
-	resp := map[string]any{"model": model, "input": "hi " + words("in", 80), "max_output_tokens": 6}
-	r = do(t, "POST", e[0].URL()+"/v1/responses", resp, nil)
-	t.Logf("responses %d %s %s", r.status, r.header.Get(edge.HeaderRoute), r.body)
-	var obj struct{ ID string }
-	_ = json.Unmarshal(r.body, &obj)
-	r = do(t, "GET", e[2].URL()+"/v1/responses/"+obj.ID, nil, nil)
-	t.Logf("get %d %s", r.status, r.body)
-	resp["previous_response_id"] = obj.ID
-	resp["input"] = "and more"
-	resp["stream"] = true
-	r = do(t, "POST", e[1].URL()+"/v1/responses", resp, nil)
-	t.Logf("chained %d %s\n%s", r.status, r.header.Get(edge.HeaderRoute), r.body)
+// route is the instances of x-tether-route ("context=ctx-1/0;
+// generation=gen-2/1", "-" for a hop that did not happen).
+func route(t *testing.T, r reply) (ctxInst, genInst string) {
+	t.Helper()
+	v := r.header.Get(edge.HeaderRoute)
+	for _, part := range strings.Split(v, ";") {
+		k, val, _ := strings.Cut(strings.TrimSpace(part), "=")
+		inst, _, _ := strings.Cut(val, "/")
+		switch k {
+		case "context":
+			ctxInst = inst
+		case "generation":
+			genInst = inst
+		}
+	}
+	if ctxInst == "" && genInst == "" {
+		t.Fatalf("no x-tether-route in %v", r.header)
+	}
+	return ctxInst, genInst
+}
+
+func decode(t *testing.T, b []byte, v any) {
+	t.Helper()
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("%v: %s", err, b)
+	}
+}
+
+// eventNames are the events' names in order.
+func eventNames(evs []sse) []string {
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.name
+	}
+	return out
 }

@@ -54,6 +54,9 @@ type Options struct {
 	BlockSize int
 	// GPUBlocks is the KV capacity per rank in blocks (default 4096).
 	GPUBlocks int
+	// ResponsesStore keeps Responses API responses (vLLM:
+	// VLLM_ENABLE_RESPONSES_API_STORE=1): agentapi.go.
+	ResponsesStore bool
 }
 
 // Served is one request the stand-in answered.
@@ -85,6 +88,7 @@ type Server struct {
 	waiting  []int // reported on /metrics on top of what is running
 	blocks   []map[uint64]bool
 	prompted []int64
+	stored   map[string]*storedResp // Responses API store (agentapi.go)
 }
 
 // Start starts a stand-in on a loopback port; Close stops it.
@@ -103,7 +107,7 @@ func Start(opts Options) *Server {
 	}
 	n := opts.DataParallelSize
 	s := &Server{opts: opts, healthy: true, running: make([]int, n), waiting: make([]int, n),
-		blocks: make([]map[uint64]bool, n), prompted: make([]int64, n)}
+		blocks: make([]map[uint64]bool, n), prompted: make([]int64, n), stored: map[string]*storedResp{}}
 	for i := range s.blocks {
 		s.blocks[i] = map[uint64]bool{}
 	}
@@ -113,6 +117,7 @@ func Start(opts Options) *Server {
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
 	mux.HandleFunc("GET /metrics", s.metrics)
+	s.agentRoutes(mux)
 	s.ts = httptest.NewServer(mux)
 	return s
 }

@@ -15,6 +15,8 @@ type Options struct {
 	// PromptTokensDetails is --enable-prompt-tokens-details: usage reports
 	// prompt_tokens_details.cached_tokens (else null).
 	PromptTokensDetails bool
+	// ResponsesStore is VLLM_ENABLE_RESPONSES_API_STORE=1.
+	ResponsesStore bool
 }
 
 // Server is a running stand-in.
@@ -26,5 +28,5 @@ type Served = oaiserve.Served
 // Start starts a stand-in on a loopback port.
 func Start(o Options) *Server {
 	return oaiserve.Start(oaiserve.Options{Engine: oaiserve.VLLM, Model: o.Model,
-		DataParallelSize: o.DataParallelSize, ReportCachedTokens: o.PromptTokensDetails})
+		DataParallelSize: o.DataParallelSize, ReportCachedTokens: o.PromptTokensDetails, ResponsesStore: o.ResponsesStore})
 }
