@@ -111,7 +111,7 @@ func TestSamplingParameterTypesRefused(t *testing.T) {
 // an instance the fleet does not have are 404 in OpenAI's shape, from the
 // edge, without reaching a worker.
 func TestStoredResponseIDsNotFound(t *testing.T) {
-	s := startStatic(t, 1, 1, func(c *Config) { c.StoredResponseRetention = time.Hour })
+	s := startStatic(t, 1, 1, func(c *Config) { c.StoredResponseRetention, c.Telemetry.StartupGrace = time.Hour, time.Millisecond })
 	e := s.te.e
 	now := e.now()
 	mint := func(c *respid.Codec, inst string, at time.Time) string {
@@ -214,5 +214,17 @@ func TestEngineAgentAPIsThroughAnyEdge(t *testing.T) {
 	r := do(t, s.c, http.MethodPost, url(1)+"/v1/responses/"+first.ID+"/cancel", nil, nil)
 	if r.status != 400 || !strings.Contains(string(r.body), "Cannot cancel a synchronous response") {
 		t.Fatalf("cancel: %d %s", r.status, r.body)
+	}
+}
+
+// An id naming an instance this edge has not heard yet, while it may
+// still hear it (its startup gate is open), is a 503 to retry, not a 404:
+// the response may well exist.
+func TestStoredResponseOnUnheardInstanceIsRetried(t *testing.T) {
+	s := startStatic(t, 1, 1, nil)
+	id := s.te.e.respIDs.Mint(respid.ID{Fleet: 2, Instance: "gen-7", Rank: -1, Upstream: "resp_x", Edge: "edge-x", Minted: s.te.e.now()})
+	r := do(t, s.c, http.MethodGet, s.te.url()+"/v1/responses/"+id, nil, nil)
+	if r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" || !strings.Contains(string(r.body), `"code":"instance_not_heard"`) {
+		t.Fatalf("GET: %d %v %s", r.status, r.header, r.body)
 	}
 }

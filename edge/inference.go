@@ -117,7 +117,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 		return fail(w, span, aerr)
 	}
 	defer release()
-	rq, bodyConv, tokens, aerr := e.parseInference(body, r.URL.Path)
+	rq, bodyConv, tokens, aerr := parseInference(body, r.URL.Path)
 	if aerr != nil {
 		return fail(w, span, aerr)
 	}
@@ -168,7 +168,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 
 // parseInference parses a body by its path's dialect (count_tokens is a
 // Messages body without max_tokens).
-func (e *Edge) parseInference(body []byte, path string) (*request, string, []uint32, *apiError) {
+func parseInference(body []byte, path string) (*request, string, []uint32, *apiError) {
 	if strings.TrimSuffix(path, "/") == countTokensPath {
 		p, aerr := apireq.ParseCountTokens(body)
 		if aerr != nil {

@@ -85,7 +85,7 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 	}, []string{"endpoint", "fleet"})
 	m.storedResponses = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_edge_stored_response_requests_total",
-		Help: "Requests naming a stored response (previous_response_id, GET/DELETE/cancel/input_items by id), by outcome (routed: sent to the instance the id names; not_minted, forged, expired, unknown_instance, restarted: answered 404 by the edge).",
+		Help: "Requests naming a stored response (previous_response_id, GET/DELETE/cancel/input_items by id), by outcome (routed: sent to the instance the id names; not_minted, forged, expired, unknown_instance, restarted: answered 404 by the edge; instance_unheard: 503 with Retry-After, the log knows the instance but this edge has not heard it yet).",
 	}, []string{"outcome"})
 	m.recorderDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_edge_recorder_dropped_total",

@@ -3,6 +3,7 @@ package edge
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/convid"
 	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/routing/prefix"
 )
 
 // apiError is an API error answer (internal/apireq), written in the shape
@@ -180,4 +182,20 @@ func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *apiError {
 	}
 	rq.priority = p
 	return nil
+}
+
+// PromptBlocks are the block keys this edge computes for an inference
+// body sent to path (/v1/chat/completions, /v1/completions, /v1/messages,
+// /v1/responses) under the words tokenizer: the request path's own parse
+// (parseInference) and tokens. Workers compute theirs with
+// worker.PromptBlocks; test/agentapi requires the two equal over a corpus.
+func PromptBlocks(path string, body []byte, blockSize int) ([]uint64, error) {
+	if _, ok := dialectOfPath(path); !ok {
+		return nil, fmt.Errorf("%s is not an inference path", path)
+	}
+	_, _, tokens, aerr := parseInference(body, path)
+	if aerr != nil {
+		return nil, aerr
+	}
+	return prefix.BlockHashes(tokens, blockSize), nil
 }

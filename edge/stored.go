@@ -67,8 +67,23 @@ func (e *Edge) resolveStored(client, param string, now time.Time) (*storedRef, *
 			truncate(client, 200), id.Minted.UTC().Format(time.RFC3339), ret)
 	}
 	in, ok := e.fleet.Instance(id.Instance, now)
-	if !ok || in.URL == "" || in.Fleet != fsm.Fleet(id.Fleet) {
+	if !ok || in.URL == "" {
+		// The log may know the instance while this edge has not heard it
+		// yet (just started, or its NATS link is back): that is not a
+		// missing response.
+		rec, inLog := e.node.State().Instance(id.Instance)
+		if (inLog && rec.Status != fsm.InstanceRemoved) || e.ready.inStartupGate(now) {
+			e.metrics.storedResponses.WithLabelValues("instance_unheard").Inc()
+			ae := newAPIError(http.StatusServiceUnavailable, "server_error", "instance_not_heard", "",
+				"the %s instance %s holding response %q has not been heard by this edge yet (it started recently, or lost its telemetry); retry shortly",
+				fsm.Fleet(id.Fleet), id.Instance, truncate(client, 200))
+			ae.RetryAfter = 500 * time.Millisecond
+			return nil, ae
+		}
 		return nil, notFound("unknown_instance", "response %q not found: the %s instance %s that stored it is not in this fleet", truncate(client, 200), fsm.Fleet(id.Fleet), id.Instance)
+	}
+	if in.Fleet != fsm.Fleet(id.Fleet) {
+		return nil, notFound("unknown_instance", "response %q not found: %s is not a %s instance", truncate(client, 200), id.Instance, fsm.Fleet(id.Fleet))
 	}
 	if id.BootID != 0 && in.BootID != 0 && in.BootID != id.BootID {
 		return nil, notFound("restarted", "response %q not found: instance %s restarted since it stored the response (boot %x, now %x), and a stored response lives in the process that made it",
@@ -143,7 +158,7 @@ func (e *Edge) minter(rq *request, h *hop, rank string) *responseIDs {
 	}
 	ids.mint = func(upstream string) string {
 		return e.respIDs.Mint(respid.ID{Fleet: uint8(h.Fleet), Instance: h.Instance, Rank: r, BootID: boot,
-			Conversation: rq.id.ConversationID, Upstream: upstream, Edge: e.nodeID, Minted: e.now()})
+			Conversation: rq.id.ConversationID, Upstream: upstream, Edge: e.nodeID, Minted: e.now(), Continued: rq.prev != nil})
 	}
 	return ids
 }

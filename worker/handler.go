@@ -505,10 +505,17 @@ func (x *exchange) extendDeadline() {
 	_ = http.NewResponseController(x.w).SetWriteDeadline(time.Now().Add(x.s.cfg.WriteTimeout))
 }
 
-// sendEvent writes one SSE event and flushes it.
-func (x *exchange) sendEvent(v any) error {
+// sendEvent writes one unnamed SSE event (chat, completions) and flushes it.
+func (x *exchange) sendEvent(v any) error { return x.sendNamed("", v) }
+
+// sendNamed writes one SSE event, named when name is not "" (Messages,
+// Responses), and flushes it; v is a value to encode or raw JSON bytes.
+func (x *exchange) sendNamed(name string, v any) error {
 	if x.writeErr != nil {
 		return x.writeErr
+	}
+	if name != "" && !x.headerSent {
+		x.sendHeaders()
 	}
 	var data []byte
 	if raw, ok := v.([]byte); ok {
@@ -521,7 +528,10 @@ func (x *exchange) sendEvent(v any) error {
 		}
 	}
 	x.extendDeadline()
-	buf := make([]byte, 0, len(data)+8)
+	buf := make([]byte, 0, len(data)+len(name)+16)
+	if name != "" {
+		buf = append(append(append(buf, "event: "...), name...), '\n')
+	}
 	buf = append(buf, "data: "...)
 	buf = append(buf, data...)
 	buf = append(buf, "\n\n"...)

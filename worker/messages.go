@@ -31,39 +31,7 @@ func (a chatAnswer) emit(c engine.Chunk) error       { return a.x.emitChunk(c) }
 func (a chatAnswer) finish(c engine.Completion) int  { return a.x.finishStream(c) }
 func (a chatAnswer) respond(c engine.Completion) int { return a.x.respond(c) }
 func (a chatAnswer) streamError(e *apiError) error {
-	return a.x.sendEvent(json.RawMessage(e.JSON(apireq.Chat)))
-}
-
-// sendNamed writes one SSE event with a name (Messages, Responses) and
-// flushes it.
-func (x *exchange) sendNamed(name string, v any) error {
-	if x.writeErr != nil {
-		return x.writeErr
-	}
-	if !x.headerSent {
-		x.sendHeaders()
-	}
-	data, err := json.Marshal(v)
-	if err != nil {
-		x.writeErr = err
-		return err
-	}
-	x.extendDeadline()
-	buf := make([]byte, 0, len(data)+len(name)+16)
-	buf = append(buf, "event: "...)
-	buf = append(buf, name...)
-	buf = append(buf, "\ndata: "...)
-	buf = append(buf, data...)
-	buf = append(buf, "\n\n"...)
-	if _, err := x.w.Write(buf); err != nil {
-		x.writeErr = err
-		return err
-	}
-	if err := http.NewResponseController(x.w).Flush(); err != nil {
-		x.writeErr = err
-		return err
-	}
-	return nil
+	return a.x.sendEvent(e.JSON(apireq.Chat))
 }
 
 // reasoningText is what the simulated model reasons when asked to
@@ -232,5 +200,5 @@ func (a *messagesAnswer) respond(c engine.Completion) int {
 }
 
 func (a *messagesAnswer) streamError(e *apiError) error {
-	return a.x.sendNamed("error", json.RawMessage(e.JSON(apireq.Messages)))
+	return a.x.sendNamed("error", e.JSON(apireq.Messages))
 }

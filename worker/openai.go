@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/tether-project/tether/internal/apireq"
+	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/worker/engine"
 )
 
@@ -345,4 +346,29 @@ type completionResponse struct {
 	// (TensorRT-LLM's disaggregated server sends them to the generation
 	// server).
 	PromptTokenIDs []uint32 `json:"prompt_token_ids,omitempty"`
+}
+
+// PromptBlocks are the block keys this worker's simulated engine caches
+// for an inference body sent to path: the request path's own parse
+// (parseRequest) and prompt. Edges compute theirs with edge.PromptBlocks;
+// test/agentapi requires the two equal over a corpus.
+func PromptBlocks(path string, body []byte, blockSize int) ([]uint64, error) {
+	var d apireq.Dialect
+	switch path {
+	case "/v1/chat/completions":
+		d = apireq.Chat
+	case "/v1/completions":
+		d = apireq.Completions
+	case "/v1/messages":
+		d = apireq.Messages
+	case "/v1/responses":
+		d = apireq.Responses
+	default:
+		return nil, fmt.Errorf("%s is not an inference path", path)
+	}
+	p, aerr := parseRequest(body, d, DefaultMaxTokensLimit, DefaultMaxTokens)
+	if aerr != nil {
+		return nil, aerr
+	}
+	return prefix.BlockHashes(p.prompt, blockSize), nil
 }

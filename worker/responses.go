@@ -119,8 +119,12 @@ func (a *responsesAnswer) usage(c engine.Completion) map[string]any {
 		"total_tokens": prompt + c.CompletionTokens}
 }
 
-func responseStatus(c engine.Completion) string {
-	if c.FinishReason == "length" {
+// status is the finished response's status: incomplete when the output
+// reached the client's max_output_tokens; without one the worker's
+// default length is where the simulated model stops on its own, as a
+// model would (completed).
+func (a *responsesAnswer) status(c engine.Completion) string {
+	if c.FinishReason == "length" && a.x.p.req.MaxTokens > 0 {
 		return "incomplete"
 	}
 	return "completed"
@@ -292,7 +296,7 @@ func (a *responsesAnswer) finish(c engine.Completion) int {
 	if a.start() != nil || a.closeItem() != nil {
 		return statusClientClosed
 	}
-	status := responseStatus(c)
+	status := a.status(c)
 	obj := a.object(status, a.items, a.usage(c))
 	a.store(c, status, obj) // before the last event: the id resolves once the client has it
 	if a.ev("response.completed", map[string]any{"response": obj}) != nil {
@@ -313,7 +317,7 @@ func (a *responsesAnswer) respond(c engine.Completion) int {
 	for _, tc := range c.ToolCalls {
 		out = append(out, callItem("fc_"+randomID(), tc.ID, tc.Name, tc.Arguments, "completed"))
 	}
-	status := responseStatus(c)
+	status := a.status(c)
 	obj := a.object(status, out, a.usage(c))
 	a.store(c, status, obj)
 	a.x.extendDeadline()

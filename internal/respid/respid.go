@@ -10,7 +10,8 @@
 // responses").
 //
 // Format: "resp_t1" + base64url(payload ‖ MAC), payload = version byte,
-// fleet byte, then uvarints rank+1, boot id, minted (Unix ms), then
+// fleet byte, flags byte (bit 0: the response continued a stored one, so
+// its instance was the previous response's), then uvarints rank+1, boot id, minted (Unix ms), then
 // length-prefixed strings instance, edge, conversation, upstream id; MAC =
 // the first 16 bytes of HMAC-SHA256(k, payload), k = HMAC-SHA256(internal
 // key, "tether response id v1"). The fields are readable by anyone who has
@@ -59,6 +60,10 @@ type ID struct {
 	// Edge is the node id of the edge that minted the id; Minted when.
 	Edge   string
 	Minted time.Time
+	// Continued: the request continued a stored response
+	// (previous_response_id), so it ran where that one was stored; else
+	// the edge placed it (the conversation's binding, or unbound).
+	Continued bool
 }
 
 // Errors of Parse.
@@ -89,7 +94,11 @@ func NewCodec(internalKey []byte) *Codec {
 // Mint encodes id.
 func (c *Codec) Mint(id ID) string {
 	p := make([]byte, 0, 32+len(id.Instance)+len(id.Edge)+len(id.Conversation)+len(id.Upstream))
-	p = append(p, version, id.Fleet)
+	var flags byte
+	if id.Continued {
+		flags |= 1
+	}
+	p = append(p, version, id.Fleet, flags)
 	p = binary.AppendUvarint(p, uint64(max(id.Rank, -1)+1))
 	p = binary.AppendUvarint(p, id.BootID)
 	p = binary.AppendUvarint(p, uint64(max(id.Minted.UnixMilli(), 0)))
@@ -139,7 +148,7 @@ func split(s string) (payload, mac []byte, err error) {
 		return nil, nil, ErrNotMinted
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(enc)
-	if err != nil || len(raw) < macLen+2 {
+	if err != nil || len(raw) < macLen+3 {
 		return nil, nil, ErrNotMinted
 	}
 	return raw[:len(raw)-macLen], raw[len(raw)-macLen:], nil
@@ -149,8 +158,11 @@ func decode(p []byte) (ID, error) {
 	if p[0] != version {
 		return ID{}, fmt.Errorf("%w: version %d", ErrNotMinted, p[0])
 	}
-	id := ID{Fleet: p[1]}
-	p = p[2:]
+	if p[2]&^1 != 0 {
+		return ID{}, ErrNotMinted
+	}
+	id := ID{Fleet: p[1], Continued: p[2]&1 != 0}
+	p = p[3:]
 	var nums [3]uint64
 	for i := range nums {
 		v, n := binary.Uvarint(p)

@@ -10,7 +10,7 @@ import (
 func TestMintParseRoundTrip(t *testing.T) {
 	c := NewCodec([]byte("cluster-key-0123456789"))
 	in := ID{Fleet: 1, Instance: "gen-2", Rank: 3, BootID: 0xdeadbeef, Conversation: "sess-é/1",
-		Upstream: "resp_abc123", Edge: "edge-3", Minted: time.UnixMilli(1_700_000_000_123)}
+		Upstream: "resp_abc123", Edge: "edge-3", Minted: time.UnixMilli(1_700_000_000_123), Continued: true}
 	s := c.Mint(in)
 	if !strings.HasPrefix(s, Prefix) || !Minted(s) {
 		t.Fatalf("id %q lacks the prefix", s)

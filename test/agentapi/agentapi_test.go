@@ -102,6 +102,15 @@ type sse struct {
 
 func events(t *testing.T, b []byte) []sse {
 	t.Helper()
+	evs, err := eventsOf(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return evs
+}
+
+// eventsOf parses an SSE body.
+func eventsOf(b []byte) ([]sse, error) {
 	var out []sse
 	var name string
 	sc := bufio.NewScanner(bytes.NewReader(b))
@@ -116,14 +125,14 @@ func events(t *testing.T, b []byte) []sse {
 			ev := sse{name: name}
 			if d != "[DONE]" {
 				if err := json.Unmarshal([]byte(d), &ev.data); err != nil {
-					t.Fatalf("event data %q: %v", d, err)
+					return out, fmt.Errorf("event data %q: %v", d, err)
 				}
 			}
 			out = append(out, ev)
 			name = ""
 		}
 	}
-	return out
+	return out, nil
 }
 
 func words(prefix string, n int) string {
@@ -138,6 +147,15 @@ func words(prefix string, n int) string {
 // generation=gen-2/1", "-" for a hop that did not happen).
 func route(t *testing.T, r reply) (ctxInst, genInst string) {
 	t.Helper()
+	ctxInst, genInst = routeOf(r)
+	if ctxInst == "" && genInst == "" {
+		t.Fatalf("no x-tether-route in %v", r.header)
+	}
+	return ctxInst, genInst
+}
+
+// routeOf is route without a test to fail ("" and "" without a header).
+func routeOf(r reply) (ctxInst, genInst string) {
 	v := r.header.Get(edge.HeaderRoute)
 	for _, part := range strings.Split(v, ";") {
 		k, val, _ := strings.Cut(strings.TrimSpace(part), "=")
@@ -148,9 +166,6 @@ func route(t *testing.T, r reply) (ctxInst, genInst string) {
 		case "generation":
 			genInst = inst
 		}
-	}
-	if ctxInst == "" && genInst == "" {
-		t.Fatalf("no x-tether-route in %v", r.header)
 	}
 	return ctxInst, genInst
 }

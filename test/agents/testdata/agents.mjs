@@ -23,7 +23,7 @@ const calls = [];
 function recordingFetch(who) {
   return async (url, init) => {
     const res = await fetch(url, init);
-    const entry = { who, status: res.status, route: res.headers.get('x-tether-route') };
+    const entry = { who, path: new URL(String(url)).pathname, status: res.status, route: res.headers.get('x-tether-route') };
     try {
       const body = await res.clone().json();
       entry.usage = body.usage ?? null;

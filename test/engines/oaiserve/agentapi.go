@@ -300,29 +300,29 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 	_ = bw.Flush()
 }
 
-func (s *Server) getResponse(w http.ResponseWriter, r *http.Request) {
+// storedOr404 returns the stored response the path names, or answers 404.
+func (s *Server) storedOr404(w http.ResponseWriter, r *http.Request) (*storedResp, bool) {
 	id := r.PathValue("id")
 	s.mu.Lock()
 	st, ok := s.stored[id]
 	s.mu.Unlock()
 	if !ok {
 		s.notFound(w, id)
-		return
 	}
-	writeJSON(w, http.StatusOK, st.object)
+	return st, ok
+}
+
+func (s *Server) getResponse(w http.ResponseWriter, r *http.Request) {
+	if st, ok := s.storedOr404(w, r); ok {
+		writeJSON(w, http.StatusOK, st.object)
+	}
 }
 
 func (s *Server) cancelResponse(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	s.mu.Lock()
-	_, ok := s.stored[id]
-	s.mu.Unlock()
-	if !ok {
-		s.notFound(w, id)
-		return
+	if _, ok := s.storedOr404(w, r); ok {
+		// Every response here ran in the foreground.
+		writeJSON(w, http.StatusBadRequest, s.errorBody(http.StatusBadRequest, "invalid_request_error", "Cannot cancel a synchronous response."))
 	}
-	// Every response here ran in the foreground.
-	writeJSON(w, http.StatusBadRequest, s.errorBody(http.StatusBadRequest, "invalid_request_error", "Cannot cancel a synchronous response."))
 }
 
 func randHex() string {
