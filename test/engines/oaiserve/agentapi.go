@@ -266,7 +266,7 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 	final := obj("incomplete", []any{item}, usage)
 	if store {
 		s.mu.Lock()
-		s.stored[id] = &storedResp{object: final, history: append(append(conv[1:len(conv):len(conv)], text))}
+		s.stored[id] = &storedResp{object: final, history: append(conv[1:len(conv):len(conv)], text)}
 		s.mu.Unlock()
 	}
 	if !req.Stream {
