@@ -72,7 +72,11 @@ func (a *answer) body(b []byte) []byte {
 	if !changed {
 		return b
 	}
-	return mustMarshal(top)
+	out := mustMarshal(top)
+	if bytes.HasSuffix(b, []byte("\n")) {
+		out = append(out, '\n') // as the worker ended it
+	}
+	return out
 }
 
 // line rewrites one line of an SSE stream.

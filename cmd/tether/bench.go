@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -49,6 +50,7 @@ Run 'tether bench <command> -h' for its flags.
 // simFlags are the fleet and harness flags shared by the bench commands.
 type simFlags struct {
 	mode          *string
+	api           *string
 	instances     *int
 	ranks         *int
 	capacity      *int
@@ -85,6 +87,7 @@ func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *
 		parallel:  fs.Int("parallel", 0, "concurrent runs in sim mode (0: one per CPU)"),
 		jsonOut:   fs.Bool("json", false, "print one JSON object instead of tables"),
 		edgeURLs:  fs.String("edge-urls", "", "e2e: comma-separated edge base URLs (default: start a local deployment)"),
+		api:       fs.String("api", "chat", "e2e: the API the requests are sent in: chat, messages (as Claude Code: its session header, the Messages shape) or responses (as Codex: prompt_cache_key)"),
 		noBreaker: fs.Bool("no-breaker", false, "sim: disable the tether policy's cache circuit breaker"),
 		model:     fs.String("model", devstack.DefaultModel, "e2e with --edge-urls: the model the deployment serves"),
 		parentHeader: fs.String("parent-header", devstack.ParentHeader,
@@ -105,6 +108,9 @@ func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *
 
 func (f *simFlags) replayOptions() (bench.ReplayOptions, error) {
 	var ro bench.ReplayOptions
+	if !slices.Contains(bench.APIs, *f.api) {
+		return ro, fmt.Errorf("%w: --api: unknown value %q (allowed: %s)", errUsage, *f.api, strings.Join(bench.APIs, ", "))
+	}
 	if *f.mode != "sim" && *f.mode != "e2e" {
 		return ro, fmt.Errorf("%w: --mode: unknown value %q (allowed: sim, e2e)", errUsage, *f.mode)
 	}
@@ -262,7 +268,7 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 		p := bench.NewProgress(os.Stderr, "e2e "+string(ro.Policies[0]))
 		r, err := bench.ReplayE2E(ctx, w, bench.E2EOptions{
 			EdgeURLs: urls, Model: *sf.model, ParentHeader: *sf.parentHeader, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed,
-			Label: ro.Policies[0], RouteHeader: "x-tether-route",
+			Label: ro.Policies[0], RouteHeader: "x-tether-route", API: *sf.api,
 			Progress: func(d, t int) { p.Update(int64(d), int64(t)) },
 		})
 		if err != nil {
@@ -303,7 +309,7 @@ func localOptions(sf *simFlags, ro bench.ReplayOptions) bench.LocalE2EOptions {
 	return bench.LocalE2EOptions{
 		Edges: ro.Edges[0], ContextWorkers: ro.Base.Instances, GenerationWorkers: *sf.genWorkers, Ranks: ro.Base.Ranks,
 		CapacityBlocks: ro.Base.CapacityBlocks, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed,
-		ADPPlacement: ro.Base.ADPPlacement, Overflow: ro.Base.Routing.Overflow,
+		ADPPlacement: ro.Base.ADPPlacement, Overflow: ro.Base.Routing.Overflow, API: *sf.api,
 	}
 }
 
