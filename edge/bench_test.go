@@ -59,9 +59,7 @@ func BenchmarkEdgeOverhead(b *testing.B) {
 	})
 	ec.waitInstances(2)
 	te := ec.edge(0)
-	tr := &http.Transport{MaxIdleConnsPerHost: 16}
-	b.Cleanup(tr.CloseIdleConnections)
-	client := &http.Client{Transport: tr}
+	post := benchPoster(b)
 	body := chatBody(b, longText("bench-system", 150), []string{"what next"}, map[string]any{"max_tokens": 4})
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
@@ -69,23 +67,6 @@ func BenchmarkEdgeOverhead(b *testing.B) {
 	}
 	top["conversation_params"] = json.RawMessage(`{"conversation_id":"bench-conv"}`)
 
-	post := func(url string, payload []byte, h http.Header) []byte {
-		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(payload))
-		if err != nil {
-			b.Fatal(err)
-		}
-		req.Header = h
-		resp, err := client.Do(req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		out, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil || resp.StatusCode != http.StatusOK {
-			b.Fatalf("%s: %d %v %s", url, resp.StatusCode, err, out)
-		}
-		return out
-	}
 	jsonHeader := http.Header{"Content-Type": {"application/json"}, "X-Session-Id": {"bench-conv"}}
 	var disaggSeq uint64
 	direct := func() {
@@ -223,23 +204,8 @@ func BenchmarkChainedFollowUp(b *testing.B) {
 }
 
 func benchFollowUp(b *testing.B, te *testEdge) {
-	tr := &http.Transport{MaxIdleConnsPerHost: 16}
-	b.Cleanup(tr.CloseIdleConnections)
-	client := &http.Client{Transport: tr}
-	post := func(path string, payload []byte, h http.Header) []byte {
-		req, _ := http.NewRequest(http.MethodPost, te.url()+path, bytes.NewReader(payload))
-		req.Header = h
-		resp, err := client.Do(req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		out, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil || resp.StatusCode != http.StatusOK {
-			b.Fatalf("%s: %d %v %s", path, resp.StatusCode, err, out)
-		}
-		return out
-	}
+	postURL := benchPoster(b)
+	post := func(path string, payload []byte, h http.Header) []byte { return postURL(te.url()+path, payload, h) }
 	system := longText("bench-system", 150)
 	h := http.Header{"Content-Type": {"application/json"}, "X-Session-Id": {"bench-conv"}}
 	chat := chatBody(b, system, []string{"what next"}, map[string]any{"max_tokens": 4})
@@ -283,4 +249,29 @@ func benchFollowUp(b *testing.B, te *testEdge) {
 	b.ReportMetric(pct(fLat, 0.5)-pct(cLat, 0.5), "p50-added-us")
 	b.ReportMetric(pct(cLat, 0.99), "p99-chat-us")
 	b.ReportMetric(pct(fLat, 0.99), "p99-followup-us")
+}
+
+// benchPoster returns a POST that fails the benchmark on any answer but
+// 200, over one pooled client closed at cleanup.
+func benchPoster(b *testing.B) func(url string, payload []byte, h http.Header) []byte {
+	tr := &http.Transport{MaxIdleConnsPerHost: 16}
+	b.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
+	return func(url string, payload []byte, h http.Header) []byte {
+		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(payload))
+		if err != nil {
+			b.Fatal(err)
+		}
+		req.Header = h
+		resp, err := client.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		out, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			b.Fatalf("%s: %d %v %s", url, resp.StatusCode, err, out)
+		}
+		return out
+	}
 }

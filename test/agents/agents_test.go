@@ -182,12 +182,12 @@ func installSDK(t *testing.T) string {
 	return dir
 }
 
-// runNode runs script (with record.mjs beside it) from testdata in the
+// runNode runs script (with record.mjs and cases.mjs beside it) from testdata in the
 // installed modules' directory, so its imports resolve there, and returns
 // its standard output.
 func runNode(t *testing.T, ctx context.Context, modules, script string, env ...string) []byte {
 	t.Helper()
-	for _, f := range []string{script, "record.mjs"} {
+	for _, f := range []string{script, "record.mjs", "cases.mjs"} {
 		src, err := os.ReadFile(filepath.Join("testdata", f))
 		if err != nil {
 			t.Fatal(err)

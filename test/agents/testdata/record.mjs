@@ -3,7 +3,8 @@
 // SDK scripts of test/agents.
 export const calls = [];
 
-export function recordingFetch(who) {
+// With chat, the answer's finish reason and tool calls are recorded too.
+export function recordingFetch(who, chat = false) {
   return async (url, init) => {
     const res = await fetch(url, init);
     const entry = { who, path: new URL(String(url)).pathname, status: res.status, route: res.headers.get('x-tether-route') };
@@ -12,6 +13,10 @@ export function recordingFetch(who) {
         const body = await res.clone().json();
         entry.id = body.id ?? null;
         entry.usage = body.usage ?? null;
+        if (chat) {
+          entry.finish = body.choices?.[0]?.finish_reason ?? null;
+          entry.tool_calls = (body.choices?.[0]?.message?.tool_calls ?? []).map((c) => c.function.name);
+        }
       } catch (e) {
         entry.error = String(e);
       }
