@@ -441,6 +441,9 @@ func apiPath(api string) string {
 // conversation (system messages become Messages' system and Responses'
 // instructions) with the same completion budget.
 func requestBody(api, model, conv string, msgs []prefix.Message, maxTokens int) ([]byte, error) {
+	if api == "" {
+		api = "chat"
+	}
 	var system []string
 	var rest []chatMessage
 	for _, m := range msgs {
