@@ -284,18 +284,16 @@ func (x *exchange) serve() (int, string) {
 		return x.fail(newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
 			"the model %q does not exist on this worker (it serves %q)", truncate(p.model, 200), s.cfg.Model)), ""
 	}
-	if p.req.CountTokens {
+	// A proxy worker relays the agents' APIs to its engine untouched
+	// (worker/passthrough.go); the simulated engine answers them here.
+	px, proxied := s.eng.(*proxy.Engine)
+	relay := proxied && (x.dialect == apireq.Messages || x.dialect == apireq.Responses) && p.phase != engine.PhaseContextOnly
+	if p.req.CountTokens && !relay {
 		writeJSON(x.w, http.StatusOK, map[string]int{"input_tokens": len(p.prompt)})
 		return http.StatusOK, ""
 	}
-	if x.dialect == apireq.Messages || x.dialect == apireq.Responses {
-		if _, ok := s.eng.(*proxy.Engine); ok {
-			return x.fail(newAPIError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
-				"this worker proxies its engine's chat completions and completions only; serve %s from the engine itself (edge engine vllm or sglang)", x.dialect.Path())), ""
-		}
-	}
 	var prev *storedResponse
-	if rf := p.req.Responses; rf != nil && rf.PreviousResponseID != "" {
+	if rf := p.req.Responses; rf != nil && rf.PreviousResponseID != "" && !relay {
 		if prev, aerr = s.previousResponse(p, body); aerr != nil {
 			return x.fail(aerr), ""
 		}
@@ -313,6 +311,9 @@ func (x *exchange) serve() (int, string) {
 		return x.fail(aerr), ""
 	}
 	x.affinity = affinity
+	if relay {
+		return x.passThrough(px)
+	}
 	if prev != nil && p.conversationID == "" {
 		x.chain = prev.chain
 	}
@@ -381,6 +382,16 @@ func (x *exchange) run(ctx context.Context) (int, string) {
 	h.Set(HeaderADPRank, strconv.Itoa(d.Rank))
 	h.Set(HeaderInstance, s.cfg.InstanceID)
 
+	path, raw := x.r.URL.Path, p.sanitizedBody
+	if _, ok := s.eng.(*proxy.Engine); ok && p.dialect != apireq.Chat && p.dialect != apireq.Completions {
+		// The context phase of a Messages or Responses request through a
+		// proxy: its emulation (the first token) asks the upstream's chat
+		// completions for the same conversation, the chat form.
+		path = "/v1/chat/completions"
+		if raw, _ = json.Marshal(p.req.Chat); raw == nil {
+			raw = p.sanitizedBody
+		}
+	}
 	req := engine.Request{
 		ID:           x.id,
 		Rank:         d.Rank,
@@ -389,8 +400,8 @@ func (x *exchange) run(ctx context.Context) (int, string) {
 		MaxTokens:    p.maxTokens,
 		Phase:        p.phase,
 		ContextState: p.contextState,
-		Raw:          p.sanitizedBody,
-		Path:         x.r.URL.Path,
+		Raw:          raw,
+		Path:         path,
 		Output:       p.output,
 	}
 	s.sched.Start(&d.Ticket)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/worker/engine"
+	"github.com/tether-project/tether/worker/proxy"
 )
 
 // The Responses API as vLLM serves it (vllm/entrypoints/openai/responses/
@@ -507,6 +508,13 @@ func (s *Server) storedResponseRoute(rest string) (route, bool) {
 	id, action, _ := strings.Cut(rest, "/")
 	if id == "" {
 		return route{}, false
+	}
+	if px, ok := s.eng.(*proxy.Engine); ok {
+		methods := map[string][]string{"": {http.MethodGet, http.MethodDelete}, "cancel": {http.MethodPost}, "input_items": {http.MethodGet}}[action]
+		if methods == nil {
+			return route{}, false
+		}
+		return route{methods, func(w http.ResponseWriter, r *http.Request) { s.relayStored(w, r, px, id, action) }}, true
 	}
 	switch action {
 	case "":
