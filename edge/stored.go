@@ -262,10 +262,12 @@ func (e *Edge) serveStoredResponse(ctx context.Context, w http.ResponseWriter, r
 	}
 	defer resp.Body.Close()
 	if e.cfg.DebugRouteHeader {
-		w.Header().Set(HeaderRoute, "context="+ref.id.Instance+"/"+strconv.Itoa(ref.id.Rank)+"; generation=-")
+		at := ref.id.Instance + "/" + strconv.Itoa(ref.id.Rank)
+		route := "context=" + at + "; generation=-"
 		if fsm.Fleet(ref.id.Fleet) == fsm.FleetGeneration {
-			w.Header().Set(HeaderRoute, "context=-; generation="+ref.id.Instance+"/"+strconv.Itoa(ref.id.Rank))
+			route = "context=-; generation=" + at
 		}
+		w.Header().Set(HeaderRoute, route)
 	}
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))

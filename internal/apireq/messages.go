@@ -65,41 +65,11 @@ func (r *Request) parseMessages(count bool) *Error {
 	if !ok {
 		return Missing("messages")
 	}
-	var in []struct {
-		Role    *string         `json:"role"`
-		Content json.RawMessage `json:"content"`
+	msgs, sys, err := anthropicMessages(raw)
+	if err != nil {
+		return err
 	}
-	if err := json.Unmarshal(raw, &in); err != nil {
-		return BadRequest("", "messages", "invalid type for \"messages\": want an array of messages with role and content, got %s", Kind(raw))
-	}
-	if len(in) == 0 {
-		return BadRequest("", "messages", "messages must contain at least one message")
-	}
-	var msgs []chatMessage
-	for i, m := range in {
-		param := fmt.Sprintf("messages[%d]", i)
-		if m.Role == nil {
-			return BadRequest("", param+".role", "%s.role is required (user or assistant)", param)
-		}
-		role := *m.Role
-		switch role {
-		case "system":
-			texts, err := anthropicSystem(m.Content, param+".content")
-			if err != nil {
-				return err
-			}
-			system = append(system, texts...)
-			continue
-		case "user", "assistant":
-		default:
-			return BadRequest("", param+".role", "%s.role %q is not a Messages role (user or assistant)", param, truncate(role, 40))
-		}
-		out, err := anthropicMessage(role, m.Content, param)
-		if err != nil {
-			return err
-		}
-		msgs = append(msgs, out...)
-	}
+	system = append(system, sys...)
 	if len(system) > 0 {
 		s := strings.Join(system, "")
 		msgs = append([]chatMessage{{Role: "system", Content: s}}, msgs...)
@@ -145,6 +115,48 @@ func (r *Request) parseMessages(count bool) *Error {
 		r.Thinking = th.Type == "enabled" || th.Type == "adaptive"
 	}
 	return r.setChatForm(msgs, fields)
+}
+
+// anthropicMessages converts the messages array: the chat messages, and
+// the text of system messages (hoisted into the system prompt, as vLLM).
+func anthropicMessages(raw json.RawMessage) ([]chatMessage, []string, *Error) {
+	var in []struct {
+		Role    *string         `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &in); err != nil {
+		return nil, nil, BadRequest("", "messages", "invalid type for \"messages\": want an array of messages with role and content, got %s", Kind(raw))
+	}
+	if len(in) == 0 {
+		return nil, nil, BadRequest("", "messages", "messages must contain at least one message")
+	}
+	var msgs []chatMessage
+	var system []string
+	for i, m := range in {
+		param := fmt.Sprintf("messages[%d]", i)
+		if m.Role == nil {
+			return nil, nil, BadRequest("", param+".role", "%s.role is required (user or assistant)", param)
+		}
+		role := *m.Role
+		switch role {
+		case "system":
+			texts, err := anthropicSystem(m.Content, param+".content")
+			if err != nil {
+				return nil, nil, err
+			}
+			system = append(system, texts...)
+			continue
+		case "user", "assistant":
+		default:
+			return nil, nil, BadRequest("", param+".role", "%s.role %q is not a Messages role (user or assistant)", param, truncate(role, 40))
+		}
+		out, err := anthropicMessage(role, m.Content, param)
+		if err != nil {
+			return nil, nil, err
+		}
+		msgs = append(msgs, out...)
+	}
+	return msgs, system, nil
 }
 
 // anthropicSystem reads a system prompt: a string or text blocks.

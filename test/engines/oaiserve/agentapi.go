@@ -273,6 +273,13 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, final)
 		return
 	}
+	streamResponse(w, obj("in_progress", []any{}, nil), final, item, words)
+}
+
+// streamResponse writes a response's events as vLLM streams them: created,
+// in_progress, one message item's events with a delta per word, completed.
+func streamResponse(w http.ResponseWriter, started, final, item map[string]any, words []string) {
+	msgID, text := item["id"], strings.Join(words, " ")
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
 	bw := bufio.NewWriter(w)
@@ -283,8 +290,8 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 		data, _ := json.Marshal(v)
 		fmt.Fprintf(bw, "event: %s\ndata: %s\n\n", name, data)
 	}
-	ev("response.created", map[string]any{"response": obj("in_progress", []any{}, nil)})
-	ev("response.in_progress", map[string]any{"response": obj("in_progress", []any{}, nil)})
+	ev("response.created", map[string]any{"response": started})
+	ev("response.in_progress", map[string]any{"response": started})
 	ev("response.output_item.added", map[string]any{"output_index": 0, "item": map[string]any{"id": msgID, "type": "message", "role": "assistant", "status": "in_progress", "content": []any{}}})
 	ev("response.content_part.added", map[string]any{"output_index": 0, "item_id": msgID, "content_index": 0, "part": map[string]any{"type": "output_text", "text": "", "annotations": []any{}}})
 	for i, word := range words {
