@@ -48,17 +48,7 @@ func startPlainWorker(tb testing.TB, id string, fleet telemetry.Fleet, role hint
 // the medians and p99s of both paths and the median added latency
 // (p50-added-us; target <= 300).
 func BenchmarkEdgeOverhead(b *testing.B) {
-	ctxW := startPlainWorker(b, "ctx-0", telemetry.FleetContext, hintauth.RoleContext)
-	genW := startPlainWorker(b, "gen-0", telemetry.FleetGeneration, hintauth.RoleGeneration)
-	ec := startEdges(b, 1, "", func(_ int, c *Config) {
-		c.Telemetry.ProbeInterval = 100 * time.Millisecond
-		c.ContextServers.URLs = []StaticInstance{{Name: "ctx-0", URL: ctxW.URL()}}
-		c.GenerationServers.URLs = []StaticInstance{{Name: "gen-0", URL: genW.URL()}}
-		c.DebugRouteHeader = false
-		c.TouchInterval = time.Second
-	})
-	ec.waitInstances(2)
-	te := ec.edge(0)
+	ctxW, genW, te := startBenchDisagg(b)
 	post := benchPoster(b)
 	body := chatBody(b, longText("bench-system", 150), []string{"what next"}, map[string]any{"max_tokens": 4})
 	var top map[string]json.RawMessage
@@ -175,17 +165,8 @@ func BenchmarkRoutingDecision(b *testing.B) {
 // fleet-view read).
 func BenchmarkChainedFollowUp(b *testing.B) {
 	b.Run("tether-workers", func(b *testing.B) {
-		ctxW := startPlainWorker(b, "ctx-0", telemetry.FleetContext, hintauth.RoleContext)
-		genW := startPlainWorker(b, "gen-0", telemetry.FleetGeneration, hintauth.RoleGeneration)
-		ec := startEdges(b, 1, "", func(_ int, c *Config) {
-			c.Telemetry.ProbeInterval = 100 * time.Millisecond
-			c.ContextServers.URLs = []StaticInstance{{Name: "ctx-0", URL: ctxW.URL()}}
-			c.GenerationServers.URLs = []StaticInstance{{Name: "gen-0", URL: genW.URL()}}
-			c.DebugRouteHeader = false
-			c.TouchInterval = time.Second
-		})
-		ec.waitInstances(2)
-		benchFollowUp(b, ec.edge(0))
+		_, _, te := startBenchDisagg(b)
+		benchFollowUp(b, te)
 	})
 	// One hop either way: what the edge itself adds shows alone.
 	b.Run("vllm", func(b *testing.B) {
@@ -274,4 +255,20 @@ func benchPoster(b *testing.B) func(url string, payload []byte, h http.Header) [
 		}
 		return out
 	}
+}
+
+// startBenchDisagg is one edge in front of a plain context and a plain
+// generation worker.
+func startBenchDisagg(b *testing.B) (ctxW, genW *worker.Server, te *testEdge) {
+	ctxW = startPlainWorker(b, "ctx-0", telemetry.FleetContext, hintauth.RoleContext)
+	genW = startPlainWorker(b, "gen-0", telemetry.FleetGeneration, hintauth.RoleGeneration)
+	ec := startEdges(b, 1, "", func(_ int, c *Config) {
+		c.Telemetry.ProbeInterval = 100 * time.Millisecond
+		c.ContextServers.URLs = []StaticInstance{{Name: "ctx-0", URL: ctxW.URL()}}
+		c.GenerationServers.URLs = []StaticInstance{{Name: "gen-0", URL: genW.URL()}}
+		c.DebugRouteHeader = false
+		c.TouchInterval = time.Second
+	})
+	ec.waitInstances(2)
+	return ctxW, genW, ec.edge(0)
 }
