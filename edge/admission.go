@@ -41,7 +41,7 @@ func (e *Edge) admission(next http.Handler) http.Handler {
 			e.metrics.requests.WithLabelValues(endpointLabel(r), "503").Inc()
 			ae := newAPIError(http.StatusServiceUnavailable, "server_error", "state_stalled", "",
 				"this edge cannot route requests correctly: its copy of the affinity log stopped following the cluster's (%s); retry on another edge", why)
-			ae.retryAfter = e.retryHint()
+			ae.RetryAfter = e.retryHint()
 			writeAPIError(w, ae)
 			return
 		}
@@ -54,7 +54,7 @@ func (e *Edge) admission(next http.Handler) http.Handler {
 			e.metrics.requests.WithLabelValues(endpointLabel(r), "429").Inc()
 			ae := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "edge_overloaded", "",
 				"this edge is saturated (%s); retry after %s", why, e.cfg.Admission.RetryAfter)
-			ae.retryAfter = e.shed.retryAfter()
+			ae.RetryAfter = e.shed.retryAfter()
 			writeAPIError(w, ae)
 			return
 		}

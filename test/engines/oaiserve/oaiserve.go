@@ -98,6 +98,9 @@ type Options struct {
 	// generating health check waits for a dead scheduler before 503
 	// (default 20 s, as upstream).
 	SGLangHealthTimeout time.Duration
+	// ResponsesStore keeps Responses API responses (vLLM:
+	// VLLM_ENABLE_RESPONSES_API_STORE=1): agentapi.go.
+	ResponsesStore bool
 }
 
 // Served is one request the stand-in answered.
@@ -132,7 +135,8 @@ type Server struct {
 	waiting  []int // reported on /metrics on top of what is running
 	caches   []*rankCache
 	prompted []int64
-	lora     *loraState // nil without LoRA (lora.go)
+	lora     *loraState             // nil without LoRA (lora.go)
+	stored   map[string]*storedResp // Responses API store (agentapi.go)
 }
 
 // engine is what differs between vLLM and SGLang (vllm.go, sglang.go).
@@ -178,7 +182,8 @@ func Start(opts Options) *Server {
 		opts.KVEvents = &k
 	}
 	n := opts.DataParallelSize
-	s := &Server{opts: opts, healthy: true, running: make([]int, n), waiting: make([]int, n), prompted: make([]int64, n)}
+	s := &Server{opts: opts, healthy: true, running: make([]int, n), waiting: make([]int, n), prompted: make([]int64, n),
+		stored: map[string]*storedResp{}}
 	if opts.Engine == SGLang {
 		s.eng = sglangEngine{}
 	} else {
@@ -202,6 +207,7 @@ func Start(opts Options) *Server {
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
 	mux.HandleFunc("GET /metrics", s.metrics)
+	s.agentRoutes(mux)
 	s.ts = httptest.NewServer(mux)
 	return s
 }

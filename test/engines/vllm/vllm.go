@@ -32,6 +32,8 @@ type Options struct {
 	BlockSize, GPUBlocks int
 	// KVEvents is --kv-events-config with the ZeroMQ publisher (nil: off).
 	KVEvents *oaiserve.KVEventsOptions
+	// ResponsesStore is VLLM_ENABLE_RESPONSES_API_STORE=1.
+	ResponsesStore bool
 }
 
 // Server is a running stand-in.
@@ -45,5 +47,5 @@ func Start(o Options) *Server {
 	return oaiserve.Start(oaiserve.Options{Engine: oaiserve.VLLM, Model: o.Model,
 		DataParallelSize: o.DataParallelSize, ReportCachedTokens: o.PromptTokensDetails, VLLMZeroCachedDetails: o.ZeroCachedDetails,
 		BlockSize: o.BlockSize, GPUBlocks: o.GPUBlocks, KVEvents: o.KVEvents,
-		LoRAModules: o.LoRAModules, MaxLoRAs: o.MaxLoRAs, RuntimeLoRA: o.RuntimeLoRA})
+		LoRAModules: o.LoRAModules, MaxLoRAs: o.MaxLoRAs, RuntimeLoRA: o.RuntimeLoRA, ResponsesStore: o.ResponsesStore})
 }
