@@ -563,9 +563,7 @@ func (s *Server) handleStoredResponse(w http.ResponseWriter, r *http.Request, id
 	}
 	_, obj, _, _ := s.responses.snapshot(st)
 	s.metrics.requests.WithLabelValues("responses_by_id", "200").Inc()
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(append(obj, '\n'))
+	writeJSON(w, http.StatusOK, json.RawMessage(obj))
 }
 
 // handleCancelResponse is POST /v1/responses/{id}/cancel.
@@ -586,9 +584,7 @@ func (s *Server) handleCancelResponse(w http.ResponseWriter, id string) {
 		writeAPIError(w, badRequest("response_id", "Cannot cancel a synchronous response."))
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(append(obj, '\n'))
+	writeJSON(w, http.StatusOK, json.RawMessage(obj))
 }
 
 // handleInputItems is GET /v1/responses/{id}/input_items (order asc or

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/routing/prefix"
 )
 
@@ -363,12 +364,9 @@ func Kind(raw json.RawMessage) string {
 	return "a number"
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
+// truncate quotes client input in a message (internal/httpjson: cut at a
+// character boundary), as the edge and the worker do.
+var truncate = httpjson.Clip
 
 // marshal encodes values built by this package (maps and slices of
 // strings, numbers and raw JSON the decoder validated), which cannot fail;

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/tether-project/tether/internal/httpjson"
 )
 
 // Error is an API error answer: its HTTP status and the fields of the
@@ -118,12 +120,10 @@ func (e *Error) JSON(d Dialect) []byte {
 // Write sends e with its status in dialect d's error shape.
 func (e *Error) Write(w http.ResponseWriter, d Dialect) {
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	if e.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(int((e.RetryAfter+time.Second-1)/time.Second)))
 		h.Set("Retry-After-Ms", strconv.FormatInt(e.RetryAfter.Milliseconds(), 10))
 	}
-	w.WriteHeader(e.Status)
-	_, _ = w.Write(append(e.JSON(d), '\n'))
+	httpjson.Write(w, e.Status, json.RawMessage(e.JSON(d)))
 }
