@@ -29,7 +29,7 @@ subcommands:
   explain  the full history of one routing key and the sub-agents linked to it
            --key KEY [--fleet context|generation] [--no-children] [--json]
            or which instance holds a stored Responses API response and why
-           --response ID [--json] (authenticated with $TETHER_INTERNAL_REQUEST_AUTH_KEY when set)
+           --response ID [--model M] [--json] (authenticated with $TETHER_INTERNAL_REQUEST_AUTH_KEY when set)
   verify   replay and compare with a live edge's state hash (exit 1 on mismatch)
            --edge URL [--admin-token T | $TETHER_ADMIN_TOKEN] [--spot-check N] [--cacert CA.pem [--cert C --key K]]
   export   one JSON object per event for external tools
@@ -137,7 +137,7 @@ func runAudit(ctx context.Context, args []string) error {
 			if v := os.Getenv(edge.EnvInternalRequestAuthKey); v != "" {
 				k = []byte(v)
 			}
-			ex, err := d.ExplainResponse(ctx, *response, k)
+			ex, err := d.ExplainResponse(ctx, *response, k, *model)
 			if err != nil {
 				return err
 			}

@@ -40,8 +40,9 @@ type ResponseExplanation struct {
 }
 
 // ExplainResponse explains the stored response id. internalKey, when
-// given, authenticates the id.
-func (d *DataDir) ExplainResponse(ctx context.Context, id string, internalKey []byte) (*ResponseExplanation, error) {
+// given, authenticates the id; model names a model other than the edge's
+// first, whose conversation keys are in its namespace.
+func (d *DataDir) ExplainResponse(ctx context.Context, id string, internalKey []byte, model string) (*ResponseExplanation, error) {
 	rid, err := respid.Decode(id)
 	if err != nil {
 		return nil, fmt.Errorf("audit: explain response: %q: %w", id, err)
@@ -80,12 +81,12 @@ func (d *DataDir) ExplainResponse(ctx context.Context, id string, internalKey []
 	if !complete {
 		ex.Notes = append(ex.Notes, horizonNote(b))
 	}
-	f := fsm.Fleet(rid.Fleet)
-	recs, err := d.archive.History(f, rid.Conversation)
+	f, k := fsm.Fleet(rid.Fleet), fsm.ModelKey(model, rid.Conversation)
+	recs, err := d.archive.History(f, k)
 	if err != nil {
 		return nil, fmt.Errorf("audit: explain response: %w", err)
 	}
-	h := buildHistory(f, rid.Conversation, recs, complete)
+	h := buildHistory(f, k, recs, complete)
 	ex.Binding = &h
 	if ex.Why != "" {
 		return ex, nil

@@ -55,7 +55,7 @@ func TestAuditExplainsStoredResponses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	ex, err := d.ExplainResponse(ctx, first.ID, []byte(key))
+	ex, err := d.ExplainResponse(ctx, first.ID, []byte(key), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestAuditExplainsStoredResponses(t *testing.T) {
 		b, _ := json.Marshal(ex)
 		t.Fatalf("first response: %s", b)
 	}
-	ex, err = d.ExplainResponse(ctx, second.ID, nil)
+	ex, err = d.ExplainResponse(ctx, second.ID, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestAuditExplainsStoredResponses(t *testing.T) {
 		b, _ := json.Marshal(ex)
 		t.Fatalf("second response: %s", b)
 	}
-	if ex, err := d.ExplainResponse(ctx, first.ID, []byte("another cluster's key")); err != nil || ex.Authenticated != "no" {
+	if ex, err := d.ExplainResponse(ctx, first.ID, []byte("another cluster's key"), ""); err != nil || ex.Authenticated != "no" {
 		t.Fatalf("with another key: %+v, %v", ex, err)
 	}
 }
