@@ -145,8 +145,11 @@ func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	rp.ModifyResponse = func(resp *http.Response) error {
-		if n := tw.cutStream.Swap(0); n > 0 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-			resp.Body = &cutBody{r: resp.Body, events: int(n)}
+		// Only a stream takes the cut (a probe's answer in between keeps it).
+		if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+			if n := tw.cutStream.Swap(0); n > 0 {
+				resp.Body = &cutBody{r: resp.Body, events: int(n)}
+			}
 		}
 		if o.legacyHandoff {
 			return toLegacyHandoff(resp)
