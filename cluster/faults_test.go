@@ -650,8 +650,9 @@ func TestRemovedWhileCutOffLearnsIt(t *testing.T) {
 	}
 }
 
-// ValidateConfig only reads: defaults are WithDefaults', and a config
-// with them validates as it is.
+// ValidateConfig only reads: defaults are WithDefaults' (1 s heartbeat,
+// election and propose timeout; last contact twice the heartbeat), and a
+// config with them validates as it is.
 func TestValidateConfigDoesNotChangeTheConfig(t *testing.T) {
 	t.Parallel()
 	c := Config{Settings: Settings{NodeID: "a", DataDir: "d", BindAddr: "127.0.0.1:0"}, AuthKey: testKey}
@@ -662,7 +663,7 @@ func TestValidateConfigDoesNotChangeTheConfig(t *testing.T) {
 	if err := ValidateConfig(d); err != nil {
 		t.Fatal(err)
 	}
-	if d.ProposeTimeout != d.Raft.ElectionTimeout || d.Raft.ElectionTimeout != 500*time.Millisecond || d.Autopilot.LastContactThreshold != time.Second {
+	if d.ProposeTimeout != d.Raft.ElectionTimeout || d.Raft.ElectionTimeout != time.Second || d.Autopilot.LastContactThreshold != 2*time.Second {
 		t.Fatalf("defaults: %+v", d.Settings)
 	}
 	errs := ConfigErrors(ValidateConfig(Config{}.WithDefaults()))
