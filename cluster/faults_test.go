@@ -650,8 +650,9 @@ func TestRemovedWhileCutOffLearnsIt(t *testing.T) {
 	}
 }
 
-// ValidateConfig only reads: defaults are WithDefaults', and a config
-// with them validates as it is.
+// ValidateConfig only reads: defaults are WithDefaults' (1 s heartbeat,
+// election and propose timeout; last contact twice the heartbeat), and a
+// config with them validates as it is.
 func TestValidateConfigDoesNotChangeTheConfig(t *testing.T) {
 	t.Parallel()
 	c := Config{Settings: Settings{NodeID: "a", DataDir: "d", BindAddr: "127.0.0.1:0"}, AuthKey: testKey}

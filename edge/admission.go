@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tether-project/tether/internal/apireq"
 )
 
 // admission is the layer in front of the edge's handlers that decides, for
@@ -41,8 +42,8 @@ func (e *Edge) admission(next http.Handler) http.Handler {
 			e.metrics.requests.WithLabelValues(endpointLabel(r), "503").Inc()
 			ae := newAPIError(http.StatusServiceUnavailable, "server_error", "state_stalled", "",
 				"this edge cannot route requests correctly: its copy of the affinity log stopped following the cluster's (%s); retry on another edge", why)
-			ae.retryAfter = e.retryHint()
-			writeAPIError(w, ae)
+			ae.RetryAfter = e.retryHint()
+			ae.Write(w, pathDialect(r))
 			return
 		}
 		if e.shed == nil {
@@ -54,8 +55,8 @@ func (e *Edge) admission(next http.Handler) http.Handler {
 			e.metrics.requests.WithLabelValues(endpointLabel(r), "429").Inc()
 			ae := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "edge_overloaded", "",
 				"this edge is saturated (%s); retry after %s", why, e.cfg.Admission.RetryAfter)
-			ae.retryAfter = e.shed.retryAfter()
-			writeAPIError(w, ae)
+			ae.RetryAfter = e.shed.retryAfter()
+			ae.Write(w, pathDialect(r))
 			return
 		}
 		defer release()
@@ -71,13 +72,22 @@ func routedRequest(r *http.Request) bool {
 
 // endpointLabel is the requests metric's endpoint label for r.
 func endpointLabel(r *http.Request) string {
-	switch r.URL.Path {
-	case "/v1/chat/completions":
-		return "chat"
-	case "/v1/completions":
-		return "completions"
+	if d, ok := dialectOfPath(r.URL.Path); ok {
+		return d.String()
+	}
+	if strings.HasPrefix(r.URL.Path, "/v1/responses/") {
+		return "responses_by_id"
 	}
 	return "other"
+}
+
+// pathDialect is the API whose error shape a refusal of r takes (a
+// Messages client reads Anthropic's; every other path OpenAI's).
+func pathDialect(r *http.Request) apireq.Dialect {
+	if d, ok := dialectOfPath(r.URL.Path); ok {
+		return d
+	}
+	return apireq.Chat
 }
 
 // defaultRetryAfter is the Retry-After of a 503 or 429 that names none:

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"encoding/json"
 	"net/http"
 	"strings"
 	"sync"
@@ -97,7 +98,24 @@ func TestShedRequestsGet429WithRetryAfter(t *testing.T) {
 		return s.te.e.shed.inflight == 1
 	})
 	r := s.chat(t, oneTurn(t, "shed"), map[string]string{"x-session-id": "shed"})
+	// A Messages client is refused in the Anthropic error shape.
+	msgStatus, msgBody, err := postRaw(t, s.c, s.te.url()+"/v1/messages", map[string]any{"model": testModel, "max_tokens": 4,
+		"messages": []any{map[string]any{"role": "user", "content": "shed"}}}, nil)
 	close(gate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var anth struct {
+		Type  string `json:"type"`
+		Error struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(msgBody, &anth) != nil || msgStatus != http.StatusTooManyRequests || anth.Type != "error" ||
+		anth.Error.Type != "rate_limit_error" || !strings.Contains(anth.Error.Message, "saturated") {
+		t.Errorf("a Messages request beyond max_inflight: %d %s, want 429 in the Anthropic shape (rate_limit_error)", msgStatus, msgBody)
+	}
 	wg.Wait()
 	if r.status != http.StatusTooManyRequests || !strings.Contains(string(r.body), "edge_overloaded") {
 		t.Fatalf("beyond max_inflight: %d %s, want 429 edge_overloaded", r.status, r.body)

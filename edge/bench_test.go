@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/test/engines/vllm"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -46,20 +48,8 @@ func startPlainWorker(tb testing.TB, id string, fleet telemetry.Fleet, role hint
 // the medians and p99s of both paths and the median added latency
 // (p50-added-us; target <= 300).
 func BenchmarkEdgeOverhead(b *testing.B) {
-	ctxW := startPlainWorker(b, "ctx-0", telemetry.FleetContext, hintauth.RoleContext)
-	genW := startPlainWorker(b, "gen-0", telemetry.FleetGeneration, hintauth.RoleGeneration)
-	ec := startEdges(b, 1, "", func(_ int, c *Config) {
-		c.Telemetry.ProbeInterval = 100 * time.Millisecond
-		c.ContextServers.URLs = []StaticInstance{{Name: "ctx-0", URL: ctxW.URL()}}
-		c.GenerationServers.URLs = []StaticInstance{{Name: "gen-0", URL: genW.URL()}}
-		c.DebugRouteHeader = false
-		c.TouchInterval = time.Second
-	})
-	ec.waitInstances(2)
-	te := ec.edge(0)
-	tr := &http.Transport{MaxIdleConnsPerHost: 16}
-	b.Cleanup(tr.CloseIdleConnections)
-	client := &http.Client{Transport: tr}
+	ctxW, genW, te := startBenchDisagg(b)
+	post := benchPoster(b)
 	body := chatBody(b, longText("bench-system", 150), []string{"what next"}, map[string]any{"max_tokens": 4})
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
@@ -67,23 +57,6 @@ func BenchmarkEdgeOverhead(b *testing.B) {
 	}
 	top["conversation_params"] = json.RawMessage(`{"conversation_id":"bench-conv"}`)
 
-	post := func(url string, payload []byte, h http.Header) []byte {
-		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(payload))
-		if err != nil {
-			b.Fatal(err)
-		}
-		req.Header = h
-		resp, err := client.Do(req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		out, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil || resp.StatusCode != http.StatusOK {
-			b.Fatalf("%s: %d %v %s", url, resp.StatusCode, err, out)
-		}
-		return out
-	}
 	jsonHeader := http.Header{"Content-Type": {"application/json"}, "X-Session-Id": {"bench-conv"}}
 	var disaggSeq uint64
 	direct := func() {
@@ -162,7 +135,7 @@ func BenchmarkRoutingDecision(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		rq, conv, toks, aerr := parseBody(body, true)
+		rq, conv, toks, aerr := parseBody(body, apireq.Chat)
 		if aerr != nil {
 			b.Fatal(aerr)
 		}
@@ -178,4 +151,124 @@ func BenchmarkRoutingDecision(b *testing.B) {
 		}
 		_ = rq.hopBody(map[string]json.RawMessage{"stream": json.RawMessage("false")})
 	}
+}
+
+// BenchmarkChainedFollowUp compares, through one edge and the same two
+// workers, alternating one for one: a sticky chat turn of a bound
+// conversation (context hop, then generation hop) and a Responses
+// follow-up chained by previous_response_id (routed by its self-routing
+// id, no decision and no log; served whole on the generation worker that
+// holds the response; on a vLLM fleet both are one hop), both JSON with
+// the same instructions and 4 output tokens. Reported: p50 and p99 of each and the p50 difference
+// (p50-added-us: follow-up minus chat turn; target <= 500), and the
+// edge's own share of a follow-up's routing (resolve-ns: MAC check and
+// fleet-view read).
+func BenchmarkChainedFollowUp(b *testing.B) {
+	b.Run("tether-workers", func(b *testing.B) {
+		_, _, te := startBenchDisagg(b)
+		benchFollowUp(b, te)
+	})
+	// One hop either way: what the edge itself adds shows alone.
+	b.Run("vllm", func(b *testing.B) {
+		srv := vllm.Start(vllm.Options{Model: testModel, PromptTokensDetails: true, ResponsesStore: true})
+		b.Cleanup(srv.Close)
+		ec := startEdges(b, 1, "", func(_ int, c *Config) {
+			c.Telemetry.ProbeInterval = 100 * time.Millisecond
+			c.ContextServers = ServersConfig{URLs: []StaticInstance{{Name: "vllm-0", URL: srv.URL()}}, Engine: EngineVLLM}
+			c.GenerationServers = ServersConfig{}
+			c.DebugRouteHeader = false
+			c.TouchInterval = time.Second
+		})
+		ec.waitInstances(1)
+		benchFollowUp(b, ec.edge(0))
+	})
+}
+
+func benchFollowUp(b *testing.B, te *testEdge) {
+	postURL := benchPoster(b)
+	post := func(path string, payload []byte, h http.Header) []byte { return postURL(te.url()+path, payload, h) }
+	system := longText("bench-system", 150)
+	h := http.Header{"Content-Type": {"application/json"}, "X-Session-Id": {"bench-conv"}}
+	chat := chatBody(b, system, []string{"what next"}, map[string]any{"max_tokens": 4})
+	first, _ := json.Marshal(map[string]any{"model": testModel, "instructions": system, "input": "start", "max_output_tokens": 4})
+	var r struct{ ID string }
+	if err := json.Unmarshal(post("/v1/responses", first, h), &r); err != nil || r.ID == "" {
+		b.Fatalf("first response: %v", err)
+	}
+	follow, _ := json.Marshal(map[string]any{"model": testModel, "instructions": system, "input": "what next",
+		"max_output_tokens": 4, "previous_response_id": r.ID, "store": false})
+	for range 20 {
+		post("/v1/chat/completions", chat, h)
+		post("/v1/responses", follow, h)
+	}
+	var cLat, fLat []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		post("/v1/chat/completions", chat, h)
+		t1 := time.Now()
+		post("/v1/responses", follow, h)
+		t2 := time.Now()
+		cLat, fLat = append(cLat, t1.Sub(t0)), append(fLat, t2.Sub(t1))
+	}
+	b.StopTimer()
+	pct := func(xs []time.Duration, p float64) float64 {
+		s := slices.Clone(xs)
+		slices.Sort(s)
+		return float64(s[min(len(s)-1, int(p*float64(len(s))))].Microseconds())
+	}
+	const n = 20000
+	t0 := time.Now()
+	for range n {
+		if _, aerr := te.e.resolveStored(r.ID, "previous_response_id", t0); aerr != nil {
+			b.Fatal(aerr)
+		}
+	}
+	b.ReportMetric(float64(time.Since(t0).Nanoseconds())/n, "resolve-ns")
+	b.ReportMetric(pct(cLat, 0.5), "p50-chat-us")
+	b.ReportMetric(pct(fLat, 0.5), "p50-followup-us")
+	b.ReportMetric(pct(fLat, 0.5)-pct(cLat, 0.5), "p50-added-us")
+	b.ReportMetric(pct(cLat, 0.99), "p99-chat-us")
+	b.ReportMetric(pct(fLat, 0.99), "p99-followup-us")
+}
+
+// benchPoster returns a POST that fails the benchmark on any answer but
+// 200, over one pooled client closed at cleanup.
+func benchPoster(b *testing.B) func(url string, payload []byte, h http.Header) []byte {
+	tr := &http.Transport{MaxIdleConnsPerHost: 16}
+	b.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
+	return func(url string, payload []byte, h http.Header) []byte {
+		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(payload))
+		if err != nil {
+			b.Fatal(err)
+		}
+		req.Header = h
+		resp, err := client.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		out, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			b.Fatalf("%s: %d %v %s", url, resp.StatusCode, err, out)
+		}
+		return out
+	}
+}
+
+// startBenchDisagg is one edge in front of a plain context and a plain
+// generation worker.
+func startBenchDisagg(b *testing.B) (ctxW, genW *worker.Server, te *testEdge) {
+	ctxW = startPlainWorker(b, "ctx-0", telemetry.FleetContext, hintauth.RoleContext)
+	genW = startPlainWorker(b, "gen-0", telemetry.FleetGeneration, hintauth.RoleGeneration)
+	ec := startEdges(b, 1, "", func(_ int, c *Config) {
+		c.Telemetry.ProbeInterval = 100 * time.Millisecond
+		c.ContextServers.URLs = []StaticInstance{{Name: "ctx-0", URL: ctxW.URL()}}
+		c.GenerationServers.URLs = []StaticInstance{{Name: "gen-0", URL: genW.URL()}}
+		c.DebugRouteHeader = false
+		c.TouchInterval = time.Second
+	})
+	ec.waitInstances(2)
+	return ctxW, genW, ec.edge(0)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/routing/telemetry"
@@ -98,7 +99,7 @@ func TestCacheLostRebind(t *testing.T) {
 
 func mustParse(t testing.TB, body []byte) (*request, []uint32, string) {
 	t.Helper()
-	rq, conv, tokens, aerr := parseBody(body, true)
+	rq, conv, tokens, aerr := parseBody(body, apireq.Chat)
 	if aerr != nil {
 		t.Fatalf("parse: %v", aerr)
 	}

@@ -61,7 +61,10 @@ const (
 	// single edge; a cluster of several sets cluster.bind_addr.
 	DefaultClusterBindAddr = "127.0.0.1:0"
 	DefaultUpstreamTimeout = 10 * time.Minute
-	DefaultStartupGrace    = 15 * time.Second
+	// DefaultStoredResponseRetention bounds how long a response id routes
+	// (OpenAI keeps stored responses 30 days).
+	DefaultStoredResponseRetention = 30 * 24 * time.Hour
+	DefaultStartupGrace            = 15 * time.Second
 
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultReadTimeout       = 2 * time.Minute
@@ -121,6 +124,10 @@ type Config struct {
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
 	// Admission: load shedding on the edge's own saturation (admission.go).
 	Admission AdmissionConfig `yaml:"admission"`
+	// StoredResponseRetention is how long a Responses API id the edge
+	// minted routes to its response (0: as long as the engine keeps it);
+	// an older id is answered 404 without asking the engine.
+	StoredResponseRetention time.Duration `yaml:"stored_response_retention"`
 
 	// HTTP server timeouts of the client-facing listener.
 	// ReadHeaderTimeout bounds reading a request's headers (slow clients);
@@ -400,6 +407,8 @@ func DefaultConfig() Config {
 		Admission:            DefaultAdmissionConfig(),
 		UpstreamTimeout:      DefaultUpstreamTimeout,
 		MetricsAccess:        MetricsPublic,
+
+		StoredResponseRetention: DefaultStoredResponseRetention,
 
 		ReadHeaderTimeout: DefaultReadHeaderTimeout,
 		ReadTimeout:       DefaultReadTimeout,
@@ -742,6 +751,9 @@ func (c *Config) validateLimits(bad complain) {
 	}
 	if c.UpstreamTimeout <= 0 {
 		bad("upstream_timeout", "must be > 0, got %s", c.UpstreamTimeout)
+	}
+	if c.StoredResponseRetention < 0 {
+		bad("stored_response_retention", "must be >= 0 (0: no limit), got %s", c.StoredResponseRetention)
 	}
 	for _, d := range []struct {
 		key string

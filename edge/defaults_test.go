@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// cluster.propose_timeout defaults to the election timeout (a fixed 50ms
-// failed proposals of a healthy cluster under load).
+// cluster.propose_timeout defaults to the election timeout (a healthy
+// cluster under load commits within it); a set value is kept.
 func TestProposeTimeoutDerivesFromRaftTiming(t *testing.T) {
 	t.Setenv(EnvInternalRequestAuthKey, "")
 	for _, c := range []struct {

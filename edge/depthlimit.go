@@ -21,9 +21,3 @@ func depthLimitedValue(id routing.Identity, cfg routing.IdentityConfig) string {
 	}
 	return fmt.Sprintf("depth=%d; limit=%d; parent=%q", id.RequestedDepth, limit, truncate(id.Parent, 200))
 }
-
-// knownRoles are the chat roles OpenAI-compatible servers accept (the
-// workers check the same list).
-var knownRoles = map[string]bool{
-	"system": true, "developer": true, "user": true, "assistant": true, "tool": true, "function": true,
-}

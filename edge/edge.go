@@ -45,8 +45,10 @@ import (
 	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/bodybudget"
 	"github.com/tether-project/tether/internal/httpjson"
+	"github.com/tether-project/tether/internal/respid"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/routing/telemetry"
@@ -86,7 +88,8 @@ type Edge struct {
 	tokenizers  [3]fleetTokenizer  // by fsm.Fleet (tokenize.go)
 	overload    *routing.OverloadTracker
 	authKey     []byte
-	tls         *edgeTLS // transport security (tls.go)
+	respIDs     *respid.Codec // mints and reads Responses ids (edge/stored.go)
+	tls         *edgeTLS      // transport security (tls.go)
 	nodeID      string
 	version     string
 
@@ -180,6 +183,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	if cfg.InternalRequestAuthKey != "" {
 		e.authKey = []byte(cfg.InternalRequestAuthKey)
 	}
+	e.respIDs = respid.NewCodec(e.authKey)
 	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
 		r, err := routing.NewRouter(cfg.RoutingConfig(f))
 		if err != nil {
@@ -590,8 +594,11 @@ func (e *Edge) stopLocked(abrupt bool) error {
 // and the admin API.
 func (e *Edge) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, true) })
-	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, false) })
+	for _, d := range []apireq.Dialect{apireq.Chat, apireq.Completions, apireq.Messages, apireq.Responses} {
+		mux.HandleFunc(d.Path(), func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, d) })
+	}
+	mux.HandleFunc(countTokensPath, func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, apireq.Messages) })
+	mux.HandleFunc("/v1/responses/", e.handleStoredResponse)
 	mux.HandleFunc("/v1/models", e.handleModels)
 	mux.HandleFunc("/v1/models/{id...}", e.handleModel)
 	mux.HandleFunc("/healthz", e.handleHealth)
@@ -611,7 +618,7 @@ func (e *Edge) Handler() http.Handler {
 		if _, pattern := mux.Handler(r); pattern == "" {
 			e.metrics.requests.WithLabelValues("other", "404").Inc()
 			writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
-				"unknown path %s %s (the edge serves POST /v1/chat/completions, POST /v1/completions, GET /v1/models, /healthz, /readyz, /metrics, /admin/v1/...)",
+				"unknown path %s %s (the edge serves POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/messages/count_tokens, /v1/responses, GET/DELETE /v1/responses/{id}, GET /v1/models, /healthz, /readyz, /metrics, /admin/v1/...)",
 				r.Method, truncate(r.URL.Path, 200)))
 			return
 		}

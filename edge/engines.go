@@ -223,12 +223,23 @@ func (e *Edge) dispatchEngine(ctx context.Context, w http.ResponseWriter, rq *re
 	if aerr != nil {
 		return fail(w, span, aerr)
 	}
+	return e.engineExchange(ctx, w, rq, h, span)
+}
+
+// engineExchange sends rq to the engine instance of h and relays the answer.
+func (e *Edge) engineExchange(ctx context.Context, w http.ResponseWriter, rq *request, h *hop, span trace.Span) int {
 	size := rq.m.cfg.dataParallelSize(fsm.FleetContext)
 	rank := -1
 	resp, done, hf := e.exchange(ctx, rq, &h, "aggregated", func(cur *hop) ([]byte, http.Header) {
-		hdr := make(http.Header, 4)
+		hdr := make(http.Header, 4+len(rq.passHeaders))
+		for k, v := range rq.passHeaders {
+			hdr[k] = v
+		}
 		hdr.Set("Content-Type", "application/json")
 		rank = engineRank(cur, size)
+		if rq.prev != nil && rq.prev.id.Rank < size {
+			rank = rq.prev.id.Rank // where the stored response was made
+		}
 		e.ensureAdapter(ctx, rq, cur) // lora.runtime_load (lora.go)
 		if rank >= 0 {
 			hdr.Set(HeaderDataParallelRank, strconv.Itoa(rank))

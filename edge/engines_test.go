@@ -24,13 +24,22 @@ type engineSetup struct {
 
 func startEngines(t *testing.T, kind EngineKind, edges, instances, dp int) *engineSetup {
 	t.Helper()
+	return startEnginesWith(t, kind, edges, instances, dp, vllm.Options{})
+}
+
+// startEnginesWith starts vLLM stand-ins with base's options (SGLang ones
+// as startEngines).
+func startEnginesWith(t *testing.T, kind EngineKind, edges, instances, dp int, base vllm.Options) *engineSetup {
+	t.Helper()
 	s := &engineSetup{servers: map[string]*oaiserve.Server{}, c: httpClient(t)}
 	var urls []StaticInstance
 	for i := range instances {
 		name := fmt.Sprintf("%s-%d", kind, i)
 		var srv *oaiserve.Server
 		if kind == EngineVLLM {
-			srv = vllm.Start(vllm.Options{Model: testModel, DataParallelSize: dp, PromptTokensDetails: true})
+			o := base
+			o.Model, o.DataParallelSize, o.PromptTokensDetails = testModel, dp, true
+			srv = vllm.Start(o)
 		} else {
 			srv = sglang.Start(sglang.Options{Model: testModel, DPSize: dp, CacheReport: true})
 		}

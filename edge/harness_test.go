@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -99,6 +100,9 @@ type testWorker struct {
 	failNext atomic.Int32
 	// gate, when set, holds inference requests until it is closed.
 	gate atomic.Pointer[chan struct{}]
+	// cutStream > 0 breaks the connection of the next stream after that
+	// many events, as a worker that dies mid-stream.
+	cutStream atomic.Int32
 }
 
 func (w *testWorker) requests() []seenRequest {
@@ -140,8 +144,17 @@ func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
 		// Cancelled hops (a test's client going away) are expected.
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
-	if o.legacyHandoff {
-		rp.ModifyResponse = toLegacyHandoff
+	rp.ModifyResponse = func(resp *http.Response) error {
+		// Only a stream takes the cut (a probe's answer in between keeps it).
+		if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+			if n := tw.cutStream.Swap(0); n > 0 {
+				resp.Body = &cutBody{r: resp.Body, events: int(n)}
+			}
+		}
+		if o.legacyHandoff {
+			return toLegacyHandoff(resp)
+		}
+		return nil
 	}
 	tw.proxy = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if slices.Contains(o.only404, r.URL.Path) {
@@ -676,3 +689,30 @@ func toLegacyHandoff(resp *http.Response) error {
 	resp.Header.Set("Content-Length", strconv.Itoa(len(b)))
 	return nil
 }
+
+// cutBody passes a stream's first events, then fails as a connection
+// reset would (the reverse proxy then aborts its answer to the edge).
+type cutBody struct {
+	r      io.ReadCloser
+	events int
+	seen   []byte
+}
+
+func (c *cutBody) Read(p []byte) (int, error) {
+	if c.events <= 0 {
+		return 0, errors.New("connection reset by the test")
+	}
+	n, err := c.r.Read(p)
+	for i := 0; i < n; i++ {
+		c.seen = append(c.seen, p[i])
+		if l := len(c.seen); l >= 2 && c.seen[l-1] == '\n' && c.seen[l-2] == '\n' {
+			c.seen = c.seen[:0]
+			if c.events--; c.events == 0 {
+				return i + 1, nil
+			}
+		}
+	}
+	return n, err
+}
+
+func (c *cutBody) Close() error { return c.r.Close() }

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/hintauth"
 )
@@ -41,33 +42,37 @@ const maxUpstreamBody = 64 << 20
 
 var traceProp = propagation.TraceContext{}
 
-// handleInference serves POST /v1/chat/completions and /v1/completions.
-func (e *Edge) handleInference(w http.ResponseWriter, r *http.Request, chat bool) {
-	endpoint := "completions"
-	if chat {
-		endpoint = "chat"
-	}
+// handleInference serves the create endpoints of every dialect: POST
+// /v1/chat/completions, /v1/completions, /v1/messages, /v1/responses.
+func (e *Edge) handleInference(w http.ResponseWriter, r *http.Request, d apireq.Dialect) {
+	endpoint := d.String()
 	if r.Method != http.MethodPost {
 		e.metrics.requests.WithLabelValues(endpoint, "405").Inc()
-		methodNotAllowed(w, r, http.MethodPost)
+		methodNotAllowed(&apiWriter{ResponseWriter: w, dialect: d}, r, http.MethodPost)
 		return
 	}
 	start := time.Now()
 	if d := e.cfg.WriteTimeout; d > 0 {
 		w = &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: d}
 	}
+	aw := &apiWriter{ResponseWriter: w, dialect: d}
 	ctx := traceProp.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 	ctx, span := e.tracer.Start(ctx, "tether.edge "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("http.route", r.URL.Path),
 			attribute.String("tether.edge", e.nodeID)))
 	defer span.End()
-	status := e.serveInference(ctx, w, r, chat, span)
+	status := e.serveInference(ctx, aw, r, d, span)
 	span.SetAttributes(attribute.Int("http.response.status_code", status))
 	if status >= 400 {
 		span.SetStatus(codes.Error, http.StatusText(status))
 	}
 	e.metrics.requests.WithLabelValues(endpoint, strconv.Itoa(status)).Inc()
 	e.metrics.requestSeconds.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+	if aw.aborted {
+		// The stream ended with an error event; the connection ends
+		// without a clean chunked end, so no client reads it as complete.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // deadlineWriter moves the connection's write deadline write_timeout ahead
@@ -99,14 +104,14 @@ func fail(w http.ResponseWriter, span trace.Span, aerr *apiError) int {
 	return aerr.Status
 }
 
-func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *http.Request, chat bool, span trace.Span) (status int) {
+func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *http.Request, d apireq.Dialect, span trace.Span) (status int) {
 	e.stripHeaders(r)
 	body, release, aerr := e.readBody(r)
 	if aerr != nil {
 		return fail(w, span, aerr)
 	}
 	defer release()
-	rq, bodyConv, tokens, aerr := parseBody(body, chat)
+	rq, bodyConv, tokens, aerr := parseInference(body, r.URL.Path)
 	if aerr != nil {
 		return fail(w, span, aerr)
 	}
@@ -118,18 +123,36 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 	rq.m, rq.adapter = m, adapter
 	span.SetAttributes(attribute.String("tether.model", m.name), attribute.String("tether.lora_adapter", adapter))
 	defer func() { e.modelMetrics.requests.WithLabelValues(m.name, adapter, strconv.Itoa(status)).Inc() }()
+	if aerr := e.dialectServed(rq.m, d); aerr != nil {
+		return fail(w, span, aerr)
+	}
 	rq.path = r.URL.Path
 	rq.hint = routing.HintForEndpoint(rq.path)
-	rq.includeUsage = includeUsage(rq.top)
 	rq.requestID = e.nodeID + "-" + strconv.FormatUint(e.reqSeq.Add(1), 10)
 	rq.now = e.now()
-	if aerr := e.identity(rq, bodyConv, r.Header); aerr != nil {
-		return fail(w, span, aerr)
+	rq.passHeaders = passThroughHeaders(d, r.Header)
+	if d == apireq.Responses {
+		if bodyConv, aerr = e.prepareResponses(rq, bodyConv); aerr != nil {
+			return fail(w, span, aerr)
+		}
+	}
+	if !rq.parsed.CountTokens {
+		if aerr := e.identity(rq, bodyConv, r.Header); aerr != nil {
+			return fail(w, span, aerr)
+		}
 	}
 	if rq.id.DepthLimited {
 		w.Header().Set(HeaderDepthLimited, depthLimitedValue(rq.id, e.identityCfg))
 	}
-	e.promptKeys(rq, tokens)
+	if rq.prev == nil && !rq.parsed.CountTokens {
+		e.promptKeys(rq, tokens)
+	} else {
+		// The prompt continues a stored response (only its instance can
+		// expand it), or nothing is generated: no keys to place by.
+		rq.prompts[fsm.FleetContext] = prompt{tokens: len(tokens)}
+		rq.prompts[fsm.FleetGeneration] = rq.prompts[fsm.FleetContext]
+		rq.promptTokens = len(tokens)
+	}
 	if conv := rq.id.ConversationID; conv != "" && !rq.m.cfg.ContextServers.Engine.aggregatedOnly() {
 		// The workers read the same conversation id the hint signs
 		// (vLLM and SGLang read none: their body goes as the client sent it).
@@ -137,18 +160,60 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 	}
 	rq.m.decider.RecordIdentity(rq.id) // a new sub-agent's link, or a use of its link
 	span.SetAttributes(attribute.String("tether.conversation_id", rq.id.ConversationID), attribute.Bool("tether.subagent", rq.id.SubAgent()),
-		attribute.Int("tether.prompt_tokens", rq.promptTokens))
+		attribute.Int("tether.prompt_tokens", rq.promptTokens), attribute.String("tether.api", d.String()))
 	return e.dispatch(ctx, w, rq, span)
 }
 
-func includeUsage(top map[string]json.RawMessage) bool {
-	var so struct {
-		IncludeUsage bool `json:"include_usage"`
+// parseInference parses a body by its path's dialect (count_tokens is a
+// Messages body without max_tokens).
+func parseInference(body []byte, path string) (*request, string, []uint32, *apiError) {
+	if strings.TrimSuffix(path, "/") == countTokensPath {
+		p, aerr := apireq.ParseCountTokens(body)
+		if aerr != nil {
+			return nil, "", nil, aerr
+		}
+		return fromParsed(p), "", p.WordTokens(), nil
 	}
-	if raw, ok := top["stream_options"]; ok {
-		_ = json.Unmarshal(raw, &so)
+	d, _ := dialectOfPath(path)
+	return parseBody(body, d)
+}
+
+// countTokensPath is the Messages API's token count.
+const countTokensPath = "/v1/messages/count_tokens"
+
+// dialectOfPath is the dialect of a create endpoint.
+func dialectOfPath(path string) (apireq.Dialect, bool) {
+	switch strings.TrimSuffix(path, "/") {
+	case "/v1/chat/completions":
+		return apireq.Chat, true
+	case "/v1/completions":
+		return apireq.Completions, true
+	case "/v1/messages", countTokensPath:
+		return apireq.Messages, true
+	case "/v1/responses":
+		return apireq.Responses, true
 	}
-	return so.IncludeUsage
+	return 0, false
+}
+
+// passThroughHeaders are the client's headers an engine reads that the
+// edge forwards on every hop: the Anthropic API version and beta flags
+// (vLLM and SGLang accept and ignore them; an engine that reads them gets
+// what the client sent).
+func passThroughHeaders(d apireq.Dialect, h http.Header) http.Header {
+	if d != apireq.Messages {
+		return nil
+	}
+	var out http.Header
+	for _, k := range []string{"Anthropic-Version", "Anthropic-Beta"} {
+		if v := h.Values(k); len(v) > 0 {
+			if out == nil {
+				out = http.Header{}
+			}
+			out[k] = append([]string(nil), v...)
+		}
+	}
+	return out
 }
 
 // setConversation writes the conversation id into the body's
@@ -296,11 +361,22 @@ type contextResult struct {
 func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.UpstreamTimeout)
 	defer cancel()
+	if rq.prev != nil {
+		return e.dispatchStored(ctx, w, rq, span) // edge/stored.go
+	}
 	if rq.m.cfg.Aggregated() {
 		return e.dispatchEngine(ctx, w, rq, span) // vLLM, SGLang (edge/engines.go)
 	}
-	if e.cfg.pdEngine() != "" {
+	if rq.m.cfg.pdEngine() != "" {
 		return e.dispatchPD(ctx, w, rq, span) // vLLM, SGLang prefill/decode (edge/pd.go)
+	}
+	if rq.parsed.CountTokens {
+		// Nothing is prefilled: any context worker counts, unbound.
+		h, aerr := e.routeFleet(ctx, rq, fsm.FleetContext, nil)
+		if aerr != nil {
+			return fail(w, span, aerr)
+		}
+		return e.aggregated(ctx, w, rq, h, span)
 	}
 	var genHop *hop
 	if max := e.cfg.ConditionalDisagg.MaxLocalPrefillLength; max > 0 {
@@ -328,7 +404,9 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 		e.shadowCorrect(rq, ctxHop, cres.cachedTokens)
 	}
 	e.observeRank(rq, ctxHop, hintauth.RoleContext, cres.rank)
-	if !cres.needsGeneration(rq.maxTokens) {
+	if !cres.needsGeneration(rq.maxTokens) && (rq.dialect == apireq.Chat || rq.dialect == apireq.Completions) {
+		// (A Messages or Responses answer always comes from the generation
+		// worker: it writes the dialect's shape and keeps what it stores.)
 		// The prefill already produced the whole answer.
 		return e.respondFromContext(w, rq, ctxHop, cres)
 	}
@@ -348,7 +426,10 @@ func (e *Edge) newDisaggID() uint64 {
 // hopHeader builds a hop's headers: content type, the trace context and,
 // when this hop carries sub-agent affinity, the signed hint.
 func (e *Edge) hopHeader(ctx context.Context, rq *request, h *hop, role hintauth.Role, typ hintauth.RequestType, disaggID string) http.Header {
-	hdr := make(http.Header, 6)
+	hdr := make(http.Header, 6+len(rq.passHeaders))
+	for k, v := range rq.passHeaders {
+		hdr[k] = v
+	}
 	hdr.Set("Content-Type", "application/json")
 	traceProp.Inject(ctx, propagation.HeaderCarrier(hdr))
 	setLogRank(hdr, h)
@@ -444,7 +525,8 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 		}
 		span.SetStatus(codes.Error, "hop failed")
 		span.End()
-		if attempt >= e.cfg.MaxRetries {
+		if attempt >= e.cfg.MaxRetries || rq.prev != nil {
+			// (No other instance holds a stored response.)
 			return nil, nil, failure
 		}
 		next, aerr := e.reroute(ctx, rq, cur)
@@ -637,7 +719,7 @@ func (rq *request) generationBody(cres *contextResult) (body []byte, params map[
 	dp["disagg_request_id"] = id
 	set := map[string]json.RawMessage{"disaggregated_params": mustMarshal(dp)}
 	if cres.promptTokenIDs != nil {
-		if rq.chat {
+		if rq.dialect.HasConversation() {
 			set["prompt_token_ids"] = cres.promptTokenIDs
 		} else {
 			set["prompt"] = cres.promptTokenIDs
@@ -719,43 +801,55 @@ func (e *Edge) routeHeaders(w http.ResponseWriter, ctxHop *hop, ctxRank string, 
 	}
 }
 
-// relay passes the final worker's response to the client: JSON as is, or
-// the SSE stream chunk by chunk. After a context hop the usage's
-// cached_tokens is the context (prefill) worker's: that is where the
-// prompt was or was not recomputed.
+// relay passes the final worker's response to the client: JSON, or the
+// SSE stream event by event, in the request's dialect (edge/dialect.go):
+// its usage feeds the breaker and the shadow, after a context hop the
+// usage's cached tokens are the context (prefill) worker's (that is where
+// the prompt was or was not recomputed), and a Responses answer's ids are
+// minted (edge/stored.go).
 func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ctxHop *hop, cres *contextResult, genHop *hop, span trace.Span) int {
 	defer resp.Body.Close()
-	ctxRank := ""
-	var patch func([]byte) []byte // the context phase's cached tokens into the usage
+	ctxRank, cached, nullCached := "", -1, false
 	if cres != nil {
-		ctxRank, patch = cres.rank, cres.patchUsage
+		ctxRank, cached, nullCached = cres.rank, cres.cachedTokens, cres.nullCached
 	}
 	genRank := resp.Header.Get(HeaderADPRank)
 	e.routeHeaders(w, ctxHop, ctxRank, genHop, genRank)
 	span.SetAttributes(attribute.String("tether.route", "context="+hopLabel(ctxHop, ctxRank)+"; generation="+hopLabel(genHop, genRank)))
-	recordAggregated := func(u usageFigures) {
-		// Only a response that reports its cached tokens says anything
-		// about the cache (vLLM without --enable-prompt-tokens-details
-		// does not: its breaker must not read that as misses).
-		if cres == nil {
-			u = e.engineUsage(genHop.Instance, u)
-		}
-		if cres == nil && u.ok && u.hasCached {
-			e.fleet.RecordUsage(genHop.Instance, int64(u.prompt), int64(u.cached), e.now())
-			e.shadowCorrect(rq, genHop, u.cached)
+	ans := &answer{d: rq.dialect, cached: cached, nullCached: nullCached}
+	if cres == nil && !rq.parsed.CountTokens {
+		ans.onUsage = func(u usageFigures) {
+			// Only a response that reports its cached tokens says
+			// anything about the cache (vLLM without
+			// --enable-prompt-tokens-details does not: its breaker must
+			// not read that as misses).
+			if u = e.engineUsage(genHop.Instance, u); u.hasCached {
+				e.fleet.RecordUsage(genHop.Instance, int64(u.prompt), int64(u.cached), e.now())
+				if rq.prev == nil {
+					e.shadowCorrect(rq, genHop, u.cached)
+				}
+			}
 		}
 	}
-	if !rq.stream {
+	if rq.dialect == apireq.Responses {
+		ans.ids = e.minter(rq, genHop, genRank)
+	}
+	return e.copyAnswer(w, resp, ans, rq.stream, genHop.Fleet, rq.dialect.String(), genHop.Instance, span)
+}
+
+// copyAnswer writes a worker's 200 answer to the client through ans. A
+// stream that ends before its last event (the worker died, the connection
+// broke) ends with an error event in the dialect's shape and an aborted
+// connection, counted in tether_edge_streams_aborted_total: never a clean
+// end a client would take for a model that stopped.
+func (e *Edge) copyAnswer(w http.ResponseWriter, resp *http.Response, ans *answer, stream bool, fleet fsm.Fleet, endpoint, instance string, span trace.Span) int {
+	if !stream {
 		b, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
 		if err != nil {
 			return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "upstream_read_failed", "",
-				"reading the response of %s: %v", genHop.Instance, err))
+				"reading the response of %s: %v", instance, err))
 		}
-		u := readUsage(b)
-		recordAggregated(u)
-		if patch != nil {
-			b = patch(b)
-		}
+		b = ans.body(b)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(b)
@@ -772,18 +866,13 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	br := bufio.NewReaderSize(resp.Body, 32<<10)
+	atBoundary := true // the last line written ended an event
 	for {
 		line, err := br.ReadBytes('\n')
-		if len(line) > 0 {
-			if data, ok := bytes.CutPrefix(line, []byte("data: ")); ok && bytes.Contains(data, []byte(`"usage"`)) {
-				if u := readUsage(data); u.ok {
-					recordAggregated(u)
-					if patch != nil {
-						patched := patch(bytes.TrimRight(data, "\r\n"))
-						line = append(append([]byte("data: "), patched...), '\n')
-					}
-				}
-			}
+		if len(line) > 0 && line[len(line)-1] == '\n' {
+			// (A partial last line is dropped: half an event is no event.)
+			line = ans.line(line)
+			atBoundary = len(bytes.TrimSpace(line)) == 0
 			if _, werr := w.Write(line); werr != nil {
 				return statusClientClosed
 			}
@@ -793,23 +882,39 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 				}
 			}
 		}
-		if err != nil {
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, io.EOF) && ans.terminal {
 			_ = rc.Flush()
-			if !errors.Is(err, io.EOF) {
-				span.SetAttributes(attribute.String("tether.error", "stream cut: "+err.Error()))
-				e.metrics.upstreamErrors.WithLabelValues(genHop.Fleet.String(), "stream_cut").Inc()
-			}
 			return http.StatusOK
 		}
+		cause := "the stream ended before its last event"
+		if !errors.Is(err, io.EOF) {
+			cause = "the stream broke: " + err.Error()
+		}
+		msg := fmt.Sprintf("%s instance %s did not finish the response: %s", fleet, instance, cause)
+		span.SetAttributes(attribute.String("tether.error", "stream cut: "+cause))
+		e.metrics.upstreamErrors.WithLabelValues(fleet.String(), "stream_cut").Inc()
+		e.metrics.streamsAborted.WithLabelValues(endpoint, fleet.String()).Inc()
+		e.log.Warn("aborting a stream the worker did not finish", "instance", instance, "cause", cause)
+		if !atBoundary {
+			_, _ = w.Write([]byte("\n")) // the error is an event of its own
+		}
+		_, _ = w.Write(ans.failEvent(msg))
+		_ = rc.Flush()
+		abortStream(w)
+		return http.StatusBadGateway
 	}
 }
 
 type usageFigures struct {
 	ok             bool
 	prompt, cached int
-	hasCached      bool // usage.prompt_tokens_details.cached_tokens was there
+	hasCached      bool // the usage reported cached tokens
 }
 
+// readUsage reads a chat or completions answer's usage.
 func readUsage(b []byte) usageFigures {
 	var v struct {
 		Usage *struct {
@@ -827,38 +932,6 @@ func readUsage(b []byte) usageFigures {
 		u.cached, u.hasCached = *d.CachedTokens, true
 	}
 	return u
-}
-
-// patchUsage writes the context phase's cached tokens into a response
-// object's usage.
-func (cres *contextResult) patchUsage(b []byte) []byte {
-	if cres.nullCached {
-		return nullPromptTokensDetails(b)
-	}
-	return patchCachedTokens(b, cres.cachedTokens)
-}
-
-// nullPromptTokensDetails sets usage.prompt_tokens_details to null in a
-// response object (unchanged when it has no usage, or it is null already).
-func nullPromptTokensDetails(b []byte) []byte {
-	var top map[string]json.RawMessage
-	if json.Unmarshal(b, &top) != nil {
-		return b
-	}
-	raw, ok := top["usage"]
-	if !ok || isNull(raw) {
-		return b
-	}
-	var usage map[string]json.RawMessage
-	if json.Unmarshal(raw, &usage) != nil {
-		return b
-	}
-	if d, ok := usage["prompt_tokens_details"]; !ok || isNull(d) {
-		return b
-	}
-	usage["prompt_tokens_details"] = json.RawMessage("null")
-	top["usage"] = mustMarshal(usage)
-	return mustMarshal(top)
 }
 
 // patchCachedTokens sets usage.prompt_tokens_details.cached_tokens in a
@@ -914,7 +987,8 @@ func (e *Edge) respondFromContext(w http.ResponseWriter, rq *request, ctxHop *ho
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	object := "text_completion"
-	if rq.chat {
+	chat := rq.dialect == apireq.Chat
+	if chat {
 		object = "chat.completion.chunk"
 	}
 	base := map[string]json.RawMessage{"object": mustMarshal(object)}
@@ -940,7 +1014,7 @@ func (e *Edge) respondFromContext(w http.ResponseWriter, rq *request, ctxHop *ho
 	}
 	finish := cres.finish
 	var events [][]byte
-	if rq.chat {
+	if chat {
 		events = append(events,
 			chunk(map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": cres.text}, "finish_reason": nil}, nil),
 			chunk(map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": finish}, nil))

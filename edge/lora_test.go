@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/test/engines/oaiserve"
 	"github.com/tether-project/tether/test/engines/vllm"
@@ -141,12 +142,12 @@ func TestLoRARuntimeLoad(t *testing.T) {
 func TestLoRABlockKeysIncludeTheAdapter(t *testing.T) {
 	e := tokenizeEdge(t, TokenizerWords, testBlockSize)
 	body := chatBody(t, longText("sys", 40), []string{"hello"}, nil)
-	base, _, words, aerr := parseBody(body, true)
+	base, _, words, aerr := parseBody(body, apireq.Chat)
 	if aerr != nil {
 		t.Fatal(aerr.Message)
 	}
 	e.promptKeys(base, words)
-	lora, _, _, _ := parseBody(body, true)
+	lora, _, _, _ := parseBody(body, apireq.Chat)
 	lora.adapter = "agent-a"
 	e.promptKeys(lora, words)
 	b, l := base.prompts[fsm.FleetContext].blocks, lora.prompts[fsm.FleetContext].blocks

@@ -31,6 +31,8 @@ type metrics struct {
 	bodyInflight    prometheus.GaugeFunc
 	routeSeconds    *prometheus.HistogramVec
 	routed          routedMetrics
+	streamsAborted  *prometheus.CounterVec
+	storedResponses *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
@@ -82,6 +84,14 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 			Help: "Failed worker hops, by fleet and kind (connect, status_5xx, bad_response).",
 		}, []string{"fleet", "kind"}),
 	}
+	m.streamsAborted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_streams_aborted_total",
+		Help: "Streams the edge could not finish (the worker's stream ended before its last event): the client got an error event in the API's streaming shape and an aborted connection, by endpoint and fleet.",
+	}, []string{"endpoint", "fleet"})
+	m.storedResponses = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_stored_response_requests_total",
+		Help: "Requests naming a stored response (previous_response_id, GET/DELETE/cancel/input_items by id), by outcome (routed: sent to the instance the id names; not_minted, forged, expired, unknown_instance, restarted: answered 404 by the edge; instance_unheard: 503 with Retry-After, the log knows the instance but this edge has not heard it yet).",
+	}, []string{"outcome"})
 	m.recorderDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_edge_recorder_dropped_total",
 		Help: "Background events (overflows, links, rank observations, degraded binds) given up before the log recorded them, by event type and reason (queue_full: the oldest made room for a new one; attempts: retried too often; closed: the edge stopped).",
@@ -103,7 +113,7 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.routeSeconds, m.routed.requests, m.routed.prefill, &opsCollector{e: e}, m.requests, m.requestSeconds, m.decisions, m.commitSeconds, m.proposals, m.retries,
 		m.degradedPending, m.degradedRecord, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
-		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight} {
+		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight, m.streamsAborted, m.storedResponses} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("edge: register metrics: %w", err)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
 )
@@ -226,7 +227,7 @@ func TestModelsHaveTheirOwnTokenizers(t *testing.T) {
 		t.Fatal(err)
 	}
 	prompt := []byte(`{"model":"mistral-model","prompt":"Hello, my dog is cute"}`)
-	rq, _, words, aerr := parseBody(prompt, false)
+	rq, _, words, aerr := parseBody(prompt, apireq.Completions)
 	if aerr != nil {
 		t.Fatal(aerr.Message)
 	}
@@ -236,7 +237,7 @@ func TestModelsHaveTheirOwnTokenizers(t *testing.T) {
 	if got := rq.prompts[fsm.FleetContext].tokens; got != 6 || len(words) != 5 {
 		t.Fatalf("mistral model: %d tokens (words %d), want Mistral's 6", got, len(words))
 	}
-	rq2, _, words2, _ := parseBody([]byte(`{"model":"words-model","prompt":"Hello, my dog is cute"}`), false)
+	rq2, _, words2, _ := parseBody([]byte(`{"model":"words-model","prompt":"Hello, my dog is cute"}`), apireq.Completions)
 	rq2.m, _, _ = e.lookupModel(rq2.model)
 	e.promptKeys(rq2, words2)
 	if got := rq2.prompts[fsm.FleetContext].tokens; got != 5 {

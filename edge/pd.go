@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 )
 
 // Prefill/decode disaggregation of vLLM and SGLang, driven by the edges: a
@@ -75,11 +76,14 @@ func (c *Config) validatePD(key string, s *ServersConfig, kind EngineKind, bad c
 	}
 }
 
-// bootstrapPort is the bootstrap port of SGLang prefill instance id.
-func (c *Config) bootstrapPort(id string) int {
-	for _, si := range c.ContextServers.URLs {
-		if si.ID() == id && si.BootstrapPort > 0 {
-			return si.BootstrapPort
+// bootstrapPort is the bootstrap port of SGLang prefill instance id, in
+// whichever model's context fleet lists it.
+func (e *Edge) bootstrapPort(id string) int {
+	for _, m := range e.models {
+		for _, si := range m.cfg.ContextServers.URLs {
+			if si.ID() == id && si.BootstrapPort > 0 {
+				return si.BootstrapPort
+			}
 		}
 	}
 	return DefaultSGLangBootstrapPort
@@ -87,7 +91,7 @@ func (c *Config) bootstrapPort(id string) int {
 
 // dispatchPD serves a request through the engines' prefill/decode split.
 func (e *Edge) dispatchPD(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
-	kind := e.cfg.pdEngine()
+	kind := rq.m.cfg.pdEngine()
 	span.SetAttributes(attribute.String("tether.engine", string(kind)))
 	if kind == EngineSGLang {
 		return e.dispatchSGLangPD(ctx, w, rq, span)
@@ -384,7 +388,7 @@ func pdBatch(rq *request) int {
 	if raw, ok := rq.top["n"]; ok && json.Unmarshal(raw, &n) == nil && n > 1 {
 		return n
 	}
-	if rq.chat {
+	if rq.dialect != apireq.Completions {
 		return 0
 	}
 	var prompts []json.RawMessage
@@ -398,5 +402,5 @@ func pdBatch(rq *request) int {
 	return 0
 }
 
-// hopRank is the data-parallel rank of h's key in fleet f (-1: none).
-func (e *Edge) hopRank(h *hop, f fsm.Fleet) int { return engineRank(h, e.cfg.dataParallelSize(f)) }
+// hopRank is the data-parallel rank of h's key in fleet f of c (-1: none).
+func hopRank(c *Config, h *hop, f fsm.Fleet) int { return engineRank(h, c.dataParallelSize(f)) }

@@ -69,7 +69,7 @@ func (e *Edge) sglangBootstrap(h *hop, batch, rank int) map[string]json.RawMessa
 	if u, err := url.Parse(h.URL); err == nil && u.Hostname() != "" {
 		host = u.Hostname() // pd_types.rs get_hostname
 	}
-	port := e.cfg.bootstrapPort(h.Instance)
+	port := e.bootstrapPort(h.Instance)
 	size := e.cfg.dataParallelSize(fsm.FleetContext)
 	if batch == 0 {
 		return map[string]json.RawMessage{"bootstrap_host": mustMarshal(host), "bootstrap_port": mustMarshal(port),
@@ -102,7 +102,7 @@ func (e *Edge) dispatchSGLangPD(ctx context.Context, w http.ResponseWriter, rq *
 	retries := e.cfg.MaxRetries
 	batch := pdBatch(rq)
 	for attempt := 0; ; attempt++ {
-		pRank, dRank := e.hopRank(ctxHop, fsm.FleetContext), e.hopRank(genHop, fsm.FleetGeneration)
+		pRank, dRank := hopRank(rq.m.cfg, ctxHop, fsm.FleetContext), hopRank(rq.m.cfg, genHop, fsm.FleetGeneration)
 		boot := e.sglangBootstrap(ctxHop, batch, pRank)
 		pset := map[string]json.RawMessage{"stream": json.RawMessage("false")}
 		dset := map[string]json.RawMessage{}
@@ -243,7 +243,7 @@ func (e *Edge) sglangBootstrapAlive(ctx context.Context, h *hop) bool {
 	}
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	addr := net.JoinHostPort(u.Hostname(), strconv.Itoa(e.cfg.bootstrapPort(h.Instance)))
+	addr := net.JoinHostPort(u.Hostname(), strconv.Itoa(e.bootstrapPort(h.Instance)))
 	req, err := http.NewRequestWithContext(hctx, http.MethodGet, "http://"+addr+"/health", nil)
 	if err != nil {
 		return false

@@ -120,7 +120,7 @@ func (e *Edge) vllmPrefillHop(ctx context.Context, rq *request, d pdDialect, h *
 	body := rq.hopBody(set, del...)
 	for attempt := 0; ; attempt++ {
 		cur := *h
-		rank := e.hopRank(cur, fsm.FleetContext)
+		rank := hopRank(rq.m.cfg, cur, fsm.FleetContext)
 		id := fmt.Sprintf("%s-%d-%d", rq.requestID, round, attempt)
 		a := e.pdSend(ctx, rq, cur, "prefill", body, pdHeader(id, rank))
 		failure := a.fail
@@ -204,7 +204,7 @@ func (e *Edge) vllmDecodeHop(ctx context.Context, rq *request, pre *vllmPrefill,
 	body := rq.hopBody(map[string]json.RawMessage{"kv_transfer_params": pre.params})
 	for {
 		cur := *h
-		rank := e.hopRank(cur, fsm.FleetGeneration)
+		rank := hopRank(rq.m.cfg, cur, fsm.FleetGeneration)
 		a := vllmDecodeAttempt{pdAttempt: e.pdSend(ctx, rq, cur, "decode", body, pdHeader(pre.id, rank))}
 		if a.fail == nil && rq.stream {
 			if err := peekStream(a.resp); err != nil {

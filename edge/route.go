@@ -137,7 +137,7 @@ func (e *Edge) failureError(f *decide.Failure) *apiError {
 	case decide.FailShed:
 		ae := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "overloaded", "",
 			"every %s instance is over its load limit; retry after %s", f.Fleet, f.RetryAfter)
-		ae.retryAfter = f.RetryAfter
+		ae.RetryAfter = f.RetryAfter
 		return ae
 	case decide.FailLog:
 		return newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
@@ -150,14 +150,14 @@ func (e *Edge) failureError(f *decide.Failure) *apiError {
 		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_state_unknown", "",
 			"the affinity log cannot commit right now and this edge cannot place %s key %q without it: %s; retry shortly (another edge, or this one once the log recovers, will place it)",
 			f.Fleet, truncate(f.Key, 200), f.Detail)
-		ae.retryAfter = e.retryHint()
+		ae.RetryAfter = e.retryHint()
 		return ae
 	case decide.FailDetourUnrecorded:
 		e.metrics.decisions.WithLabelValues(f.Fleet.String(), "bound", outcomeRefused).Inc()
 		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
 			"%s key %q must leave its unhealthy instance %s and the affinity log cannot record the move right now: %v; retry shortly",
 			f.Fleet, truncate(f.Key, 200), f.Instance, f.Err)
-		ae.retryAfter = e.retryHint()
+		ae.RetryAfter = e.retryHint()
 		return ae
 	case decide.FailNoAlternative:
 		return newAPIError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",

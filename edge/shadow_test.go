@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/edge/admin"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/test/engines/oaiserve"
 	"github.com/tether-project/tether/test/engines/sglang"
@@ -83,7 +84,7 @@ func testShadowCache(t *testing.T, kind EngineKind) {
 			extra = map[string]any{"stream": true, "stream_options": map[string]any{"include_usage": true}}
 		}
 		bodies[i] = chatBody(t, system, tt, extra)
-		_, _, toks, aerr := parseBody(bodies[i], true)
+		_, _, toks, aerr := parseBody(bodies[i], apireq.Chat)
 		if aerr != nil {
 			t.Fatal(aerr.Message)
 		}

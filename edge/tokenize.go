@@ -192,40 +192,35 @@ func readLimited(path string) ([]byte, error) {
 // the model's template, or a completions prompt string. ok is false for a
 // prompt of token ids (the engine takes them as they are).
 func (m *hfModel) promptText(rq *request) (text string, ok bool, err error) {
-	if !rq.chat {
-		raw := bytes.TrimSpace(rq.top["prompt"])
-		if len(raw) > 0 && raw[0] == '[' {
-			var one []string
-			if json.Unmarshal(raw, &one) != nil || len(one) != 1 {
-				return "", false, nil // token ids
-			}
-			return one[0], true, nil
+	p := rq.parsed
+	if !p.Dialect.HasConversation() {
+		if p.PromptIDs != nil {
+			return "", false, nil // token ids
 		}
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return "", false, fmt.Errorf("prompt: %w", err)
-		}
-		return s, true, nil
+		return p.Prompt, true, nil
 	}
 	if m.tpl == nil {
 		return "", false, errors.New("tokenizer_config.json has no chat_template")
 	}
+	// Messages and Responses render as vLLM renders them: their chat form
+	// (internal/apireq).
+	chat := p.Chat
 	addGen := true // vLLM's default for chat completions
-	if raw, ok := rq.top["add_generation_prompt"]; ok && !isNull(raw) {
+	if raw, ok := chat["add_generation_prompt"]; ok && !isNull(raw) {
 		if err := json.Unmarshal(raw, &addGen); err != nil {
 			return "", false, fmt.Errorf("add_generation_prompt: %w", err)
 		}
 	}
-	kwargs := rq.top["chat_template_kwargs"]
+	kwargs := chat["chat_template_kwargs"]
 	if isNull(kwargs) {
 		kwargs = nil
 	}
-	tools := rq.top["tools"]
+	tools := chat["tools"]
 	if isNull(tools) {
 		tools = nil
 	}
 	text, err = m.tpl.Render(chattmpl.Input{
-		Messages: rq.top["messages"], Tools: tools, AddGenerationPrompt: addGen, Kwargs: kwargs, Now: rq.now,
+		Messages: chat["messages"], Tools: tools, AddGenerationPrompt: addGen, Kwargs: kwargs, Now: rq.now,
 	})
 	return text, err == nil, err
 }

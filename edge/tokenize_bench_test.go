@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 )
 
 // agentChat is a coding agent's conversation of about n Qwen3 tokens: a
@@ -38,7 +39,7 @@ func mustBody(b *testing.B, msgs []map[string]any) []byte {
 }
 
 func chatRequest(b *testing.B, msgs []map[string]any) (*request, []uint32) {
-	rq, _, words, aerr := parseBody(mustBody(b, msgs), true)
+	rq, _, words, aerr := parseBody(mustBody(b, msgs), apireq.Chat)
 	if aerr != nil {
 		b.Fatal(aerr.Message)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/routing/hftok"
 	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/test/engines/vllm"
@@ -135,7 +136,7 @@ func goldenBody(t testing.TB, c chatGolden) []byte {
 func TestPromptKeysMatchTheReference(t *testing.T) {
 	e := tokenizeEdge(t, "hf:"+qwenDir, 16)
 	for _, c := range chatGoldens(t) {
-		rq, _, words, aerr := parseBody(goldenBody(t, c), true)
+		rq, _, words, aerr := parseBody(goldenBody(t, c), apireq.Chat)
 		if aerr != nil {
 			t.Fatalf("%s: %v", c.Name, aerr.Message)
 		}
@@ -164,7 +165,7 @@ func TestPromptKeysAcrossTurnsAndCompletions(t *testing.T) {
 		msgs = append(msgs, map[string]any{"role": "user", "content": "question " + strings.Repeat("é", turn)})
 		body, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs})
 		keys := func(e *Edge, conv string) prompt {
-			rq, _, words, aerr := parseBody(body, true)
+			rq, _, words, aerr := parseBody(body, apireq.Chat)
 			if aerr != nil {
 				t.Fatal(aerr.Message)
 			}
@@ -187,7 +188,7 @@ func TestPromptKeysAcrossTurnsAndCompletions(t *testing.T) {
 		`{"model":"m","prompt":["Hello, my dog is cute"]}`: tok.Encode("Hello, my dog is cute"),
 		`{"model":"m","prompt":[9707,11,847]}`:             {9707, 11, 847},
 	} {
-		rq, _, words, aerr := parseBody([]byte(body), false)
+		rq, _, words, aerr := parseBody([]byte(body), apireq.Completions)
 		if aerr != nil {
 			t.Fatal(aerr.Message)
 		}
@@ -203,7 +204,7 @@ func TestPromptKeysAcrossTurnsAndCompletions(t *testing.T) {
 func TestPromptKeysWhenTheTemplateFails(t *testing.T) {
 	e := tokenizeEdge(t, "hf:"+qwenDir, 16)
 	body := `{"model":"m","messages":[{"role":"assistant","content":"x","tool_calls":[{"type":"function","function":{"name":"f","arguments":"{not json"}}]}]}`
-	rq, _, words, aerr := parseBody([]byte(body), true)
+	rq, _, words, aerr := parseBody([]byte(body), apireq.Chat)
 	if aerr != nil {
 		t.Fatal(aerr.Message)
 	}
@@ -255,7 +256,7 @@ func TestPromptKeysConcurrent(t *testing.T) {
 		msgs = append(msgs, map[string]any{"role": "assistant", "content": "ok"})
 	}
 	keys := func(e *Edge, body []byte, conv string) prompt {
-		rq, _, words, aerr := parseBody(body, true)
+		rq, _, words, aerr := parseBody(body, apireq.Chat)
 		if aerr != nil {
 			panic(aerr.Message)
 		}
@@ -330,7 +331,7 @@ func TestHFTokenizerKeysReachTheKVIndex(t *testing.T) {
 			t.Fatalf("block %d of the reference's ids (%016x) is not predicted on vllm-0", i, b)
 		}
 	}
-	_, _, words, aerr := parseBody(body, true)
+	_, _, words, aerr := parseBody(body, apireq.Chat)
 	if aerr != nil {
 		t.Fatal(aerr.Message)
 	}

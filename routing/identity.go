@@ -291,9 +291,14 @@ func (id *Identity) setKeys(scope Scope) {
 }
 
 // HintForEndpoint reports whether requests on path get rank-level (ADP)
-// affinity, i.e. whether the edge forwards the signed sub-agent hint:
-// /v1/chat/completions gets instance and rank affinity; /v1/completions
-// (and anything else) gets instance affinity only.
+// affinity, i.e. whether the edge forwards the signed sub-agent hint: the
+// conversation endpoints (/v1/chat/completions, /v1/messages,
+// /v1/responses) get instance and rank affinity; /v1/completions (and
+// anything else) gets instance affinity only.
 func HintForEndpoint(path string) bool {
-	return strings.TrimSuffix(path, "/") == "/v1/chat/completions"
+	switch strings.TrimSuffix(path, "/") {
+	case "/v1/chat/completions", "/v1/messages", "/v1/responses":
+		return true
+	}
+	return false
 }

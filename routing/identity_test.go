@@ -251,11 +251,14 @@ func TestIdentityConfigValidate(t *testing.T) {
 
 func TestHintForEndpoint(t *testing.T) {
 	cases := map[string]bool{
-		"/v1/chat/completions":  true,
-		"/v1/chat/completions/": true,
-		"/v1/completions":       false,
-		"/v1/models":            false,
-		"":                      false,
+		"/v1/chat/completions":      true,
+		"/v1/chat/completions/":     true,
+		"/v1/completions":           false,
+		"/v1/messages":              true,
+		"/v1/responses":             true,
+		"/v1/messages/count_tokens": false,
+		"/v1/models":                false,
+		"":                          false,
 	}
 	for path, want := range cases {
 		if got := HintForEndpoint(path); got != want {

@@ -337,7 +337,7 @@ func TestAnswerOptionsRefusedClearly(t *testing.T) {
 		{"required without tools", agentBody(plain, `"tool_choice":"required"`), "tool_choice", "needs tools"},
 		{"response_format type", agentBody(plain, `"response_format":{"type":"yaml"}`), "response_format.type", `"yaml"`},
 		{"json_schema without name", agentBody(plain, `"response_format":{"type":"json_schema","json_schema":{"schema":{}}}`), "response_format.json_schema.name", "required"},
-		{"n", agentBody(plain, `"n":2`), "n", "only 1"},
+		{"n", agentBody(plain, `"n":2`), "n", "n must be 1"},
 		{"stop type", agentBody(plain, `"stop":5`), "stop", "string"},
 	}
 	for _, tc := range cases {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/telemetry"
 )
@@ -66,7 +67,7 @@ func BenchmarkParseRequest(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := parseRequest(body, true, 4096, 16); err != nil {
+		if _, err := parseRequest(body, apireq.Chat, 4096, 16); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/worker/engine"
 )
 
@@ -14,11 +15,6 @@ import (
 // stop, seed, logprobs). The worker validates them for every engine; the
 // simulated engine honours them (worker/engine/sim/DESIGN.md), a proxied
 // engine receives the body untouched.
-
-// knownRoles are the chat roles OpenAI-compatible servers accept.
-var knownRoles = map[string]bool{
-	"system": true, "developer": true, "user": true, "assistant": true, "tool": true, "function": true,
-}
 
 // toolNameRE is OpenAI's rule for function names.
 var toolNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -46,7 +42,7 @@ type responseFormat struct {
 
 // outputOptions parses the answer-shaping options of a request body; for
 // chat, msgs are the request's messages (roles already checked).
-func outputOptions(top map[string]json.RawMessage, chat bool, msgs []chatMessage) (*engine.OutputOptions, *apiError) {
+func outputOptions(top map[string]json.RawMessage, chat bool, msgs []prefix.Message) (*engine.OutputOptions, *apiError) {
 	o := &engine.OutputOptions{ParallelToolCalls: true}
 	if e := refuseLogprobs(top, chat); e != nil {
 		return nil, e
@@ -94,15 +90,15 @@ func outputOptions(top map[string]json.RawMessage, chat bool, msgs []chatMessage
 	}
 	last := -1
 	for i, m := range msgs {
-		if *m.Role == "user" {
+		if m.Role == "user" {
 			last = i
 		}
 	}
 	if last >= 0 {
-		o.LastUserText = string(msgs[last].Content)
+		o.LastUserText = msgs[last].Content
 	}
 	for _, m := range msgs[last+1:] {
-		if *m.Role == "tool" || *m.Role == "function" {
+		if m.Role == "tool" || m.Role == "function" {
 			o.ToolResults = true
 		}
 	}

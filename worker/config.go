@@ -80,10 +80,15 @@ type Config struct {
 	// MaxInflightBodyBytes is max_inflight_body_bytes: the request-body
 	// bytes held at once over all requests, 429 beyond (default 64 MiB,
 	// at least max_body_bytes).
-	MaxInflightBodyBytes int64         `yaml:"max_inflight_body_bytes"`
-	DefaultMaxTokens     int           `yaml:"default_max_tokens"` // (default 16)
-	MaxTokensLimit       int           `yaml:"max_tokens_limit"`   // larger requests are refused with 400 (default 4096)
-	WriteTimeout         time.Duration `yaml:"write_timeout"`      // per write (streams extend it per chunk; default 10m)
+	MaxInflightBodyBytes int64 `yaml:"max_inflight_body_bytes"`
+	DefaultMaxTokens     int   `yaml:"default_max_tokens"` // (default 16)
+	MaxTokensLimit       int   `yaml:"max_tokens_limit"`   // larger requests are refused with 400 (default 4096)
+	// ResponsesStoreEntries and ResponsesStoreBytes bound the Responses
+	// API store (stored responses live in this process; the least recently
+	// used is evicted first, and each eviction is logged).
+	ResponsesStoreEntries int           `yaml:"responses_store_entries"` // (default 10000)
+	ResponsesStoreBytes   int64         `yaml:"responses_store_bytes"`   // (default 256 MiB)
+	WriteTimeout          time.Duration `yaml:"write_timeout"`           // per write (streams extend it per chunk; default 10m)
 
 	// HTTP server limits.
 	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"` // reading a request's headers (default 10s)
@@ -195,16 +200,18 @@ type TLSConfig struct {
 
 // Defaults for omitted keys.
 const (
-	DefaultTelemetryInterval    = 100 * time.Millisecond
-	DefaultMaxBodyBytes         = 32 << 20
-	DefaultMaxInflightBodyBytes = 64 << 20
-	DefaultMaxTokens            = 16
-	DefaultMaxTokensLimit       = 4096
-	DefaultWriteTimeout         = 10 * time.Minute
-	DefaultReadHeaderTimeout    = 10 * time.Second
-	DefaultReadTimeout          = 2 * time.Minute
-	DefaultIdleTimeout          = 2 * time.Minute
-	DefaultHostname             = "127.0.0.1"
+	DefaultTelemetryInterval     = 100 * time.Millisecond
+	DefaultMaxBodyBytes          = 32 << 20
+	DefaultMaxInflightBodyBytes  = 64 << 20
+	DefaultMaxTokens             = 16
+	DefaultMaxTokensLimit        = 4096
+	DefaultResponsesStoreEntries = 10000
+	DefaultResponsesStoreBytes   = 256 << 20
+	DefaultWriteTimeout          = 10 * time.Minute
+	DefaultReadHeaderTimeout     = 10 * time.Second
+	DefaultReadTimeout           = 2 * time.Minute
+	DefaultIdleTimeout           = 2 * time.Minute
+	DefaultHostname              = "127.0.0.1"
 )
 
 // defaultConfig is the configuration before the file is applied.
@@ -217,10 +224,13 @@ func defaultConfig() Config {
 		MaxBodyBytes:      DefaultMaxBodyBytes,
 		DefaultMaxTokens:  DefaultMaxTokens,
 		MaxTokensLimit:    DefaultMaxTokensLimit,
-		WriteTimeout:      DefaultWriteTimeout,
-		ReadHeaderTimeout: DefaultReadHeaderTimeout,
-		ReadTimeout:       DefaultReadTimeout,
-		IdleTimeout:       DefaultIdleTimeout,
+
+		ResponsesStoreEntries: DefaultResponsesStoreEntries,
+		ResponsesStoreBytes:   DefaultResponsesStoreBytes,
+		WriteTimeout:          DefaultWriteTimeout,
+		ReadHeaderTimeout:     DefaultReadHeaderTimeout,
+		ReadTimeout:           DefaultReadTimeout,
+		IdleTimeout:           DefaultIdleTimeout,
 		Engine: EngineConfig{
 			Type:                    "sim",
 			BlockSize:               sd.BlockSize,
@@ -415,6 +425,12 @@ func (c *Config) validateLimits() error {
 	}
 	if c.DefaultMaxTokens < 1 || c.DefaultMaxTokens > c.MaxTokensLimit {
 		return fmt.Errorf("default_max_tokens: %d out of range (1..max_tokens_limit %d)", c.DefaultMaxTokens, c.MaxTokensLimit)
+	}
+	if c.ResponsesStoreEntries < 1 {
+		return fmt.Errorf("responses_store_entries: must be at least 1, got %d", c.ResponsesStoreEntries)
+	}
+	if c.ResponsesStoreBytes < 1<<20 {
+		return fmt.Errorf("responses_store_bytes: %d is too small (at least 1 MiB)", c.ResponsesStoreBytes)
 	}
 	if c.WriteTimeout < time.Second {
 		return fmt.Errorf("write_timeout: %v is too short (at least 1s)", c.WriteTimeout)

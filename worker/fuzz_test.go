@@ -3,6 +3,8 @@ package worker
 import (
 	"encoding/json"
 	"testing"
+
+	"github.com/tether-project/tether/internal/apireq"
 )
 
 // FuzzParseRequest: any body either parses into a usable request or yields
@@ -18,7 +20,11 @@ func FuzzParseRequest(f *testing.F) {
 	f.Add([]byte(`[]`), true)
 	f.Add([]byte(`{"model":1e400}`), false)
 	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
-		p, aerr := parseRequest(body, chat, 64, 16)
+		d := apireq.Completions
+		if chat {
+			d = apireq.Chat
+		}
+		p, aerr := parseRequest(body, d, 64, 16)
 		if aerr != nil {
 			if p != nil || aerr.Status < 400 || aerr.Status >= 500 || aerr.Message == "" || aerr.Type == "" {
 				t.Fatalf("bad error %+v for %q", aerr, body)

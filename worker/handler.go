@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/bodybudget"
 	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/routing/convid"
@@ -53,8 +54,11 @@ type route struct {
 func (s *Server) Handler() http.Handler {
 	metricsHandler := promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{ErrorLog: nil})
 	routes := map[string]route{
-		"/v1/chat/completions": {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, true) }},
-		"/v1/completions":      {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, false) }},
+		"/v1/chat/completions": {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, apireq.Chat) }},
+		"/v1/completions":      {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, apireq.Completions) }},
+		"/v1/messages":         {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, apireq.Messages) }},
+		countTokensPath:        {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, apireq.Messages) }},
+		"/v1/responses":        {[]string{http.MethodPost}, func(w http.ResponseWriter, r *http.Request) { s.handleInference(w, r, apireq.Responses) }},
 		"/v1/models":           {[]string{http.MethodGet, http.MethodHead}, s.handleModels},
 		"/healthz":             {[]string{http.MethodGet, http.MethodHead}, s.handleHealth},
 		"/health":              {[]string{http.MethodGet, http.MethodHead}, s.handleEngineHealth},
@@ -82,10 +86,13 @@ func (s *Server) Handler() http.Handler {
 		if id, found := strings.CutPrefix(r.URL.Path, "/v1/models/"); !ok && found {
 			rt, ok = route{[]string{http.MethodGet, http.MethodHead}, func(w http.ResponseWriter, r *http.Request) { s.handleModel(w, id) }}, true
 		}
+		if rest, found := strings.CutPrefix(r.URL.Path, "/v1/responses/"); !ok && found {
+			rt, ok = s.storedResponseRoute(rest)
+		}
 		if !ok {
 			s.metrics.requests.WithLabelValues("other", "404").Inc()
 			writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
-				"unknown path %s %s (this worker serves POST /v1/chat/completions, POST /v1/completions, GET /v1/models, /health, /healthz, /readyz, /metrics)", r.Method, truncate(r.URL.Path, 200)))
+				"unknown path %s %s (this worker serves POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/messages/count_tokens, /v1/responses, GET/DELETE /v1/responses/{id}, GET /v1/models, /health, /healthz, /readyz, /metrics)", r.Method, truncate(r.URL.Path, 200)))
 			return
 		}
 		for _, m := range rt.methods {
@@ -167,15 +174,14 @@ var (
 	truncate  = httpjson.Clip
 )
 
-// handleInference serves both completion endpoints.
-func (s *Server) handleInference(w http.ResponseWriter, r *http.Request, chat bool) {
-	endpoint := "completions"
-	if chat {
-		endpoint = "chat"
-	}
+// handleInference serves the create endpoints of every dialect: POST
+// /v1/chat/completions, /v1/completions, /v1/messages (and its
+// count_tokens), /v1/responses.
+func (s *Server) handleInference(w http.ResponseWriter, r *http.Request, d apireq.Dialect) {
+	endpoint := d.String()
 	if !s.enter() {
 		s.metrics.requests.WithLabelValues(endpoint, "503").Inc()
-		writeAPIError(w, newAPIError(http.StatusServiceUnavailable, "server_error", "shutting_down", "", "worker is shutting down"))
+		newAPIError(http.StatusServiceUnavailable, "server_error", "shutting_down", "", "worker is shutting down").Write(w, d)
 		return
 	}
 	defer s.handlers.Done()
@@ -185,9 +191,10 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request, chat bo
 		if n > int64(limit) {
 			// Refused before reading the body: a flood costs little.
 			s.metrics.requests.WithLabelValues(endpoint, "429").Inc()
-			w.Header().Set("Retry-After", "1")
-			writeAPIError(w, newAPIError(http.StatusTooManyRequests, "rate_limit_error", "too_many_concurrent_requests", "",
-				"this worker is serving its limit of %d concurrent requests (max_concurrent_requests); retry after 1s", limit))
+			e := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "too_many_concurrent_requests", "",
+				"this worker is serving its limit of %d concurrent requests (max_concurrent_requests); retry after 1s", limit)
+			e.RetryAfter = time.Second
+			e.Write(w, d)
 			return
 		}
 	}
@@ -201,7 +208,7 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request, chat bo
 			attribute.String("tether.instance", s.cfg.InstanceID),
 		))
 	defer span.End()
-	x := &exchange{s: s, w: w, r: r, ctx: ctx, span: span, chat: chat}
+	x := &exchange{s: s, w: w, r: r, ctx: ctx, span: span, dialect: d, chat: d == apireq.Chat}
 	status, phase := x.serve()
 	span.SetAttributes(attribute.Int("http.response.status_code", status))
 	if status >= 400 {
@@ -215,16 +222,24 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request, chat bo
 
 // exchange is one inference request/response.
 type exchange struct {
-	s    *Server
-	w    http.ResponseWriter
-	r    *http.Request
-	ctx  context.Context
-	span trace.Span
-	chat bool
+	s       *Server
+	w       http.ResponseWriter
+	r       *http.Request
+	ctx     context.Context
+	span    trace.Span
+	dialect apireq.Dialect
+	chat    bool // answered in the chat completions shape
 
-	p       *parsedRequest
+	p        *parsedRequest
+	affinity string
+	adapter  string // the LoRA adapter the request names ("" for the base model)
+	// chain places a continued response's rank when the request names
+	// no conversation (respStore's chain key).
+	chain   string
+	ans     answerer
 	id      string
 	created int64
+	seq     uint64
 	// streaming state
 	headerSent bool
 	writeErr   error
@@ -232,7 +247,7 @@ type exchange struct {
 
 func (x *exchange) fail(e *apiError) int {
 	x.span.SetAttributes(attribute.String("tether.error", e.Message))
-	writeAPIError(x.w, e)
+	e.Write(x.w, x.dialect)
 	return e.Status
 }
 
@@ -243,21 +258,46 @@ func (x *exchange) serve() (int, string) {
 	body, release, aerr := s.readBody(x.r)
 	if aerr != nil {
 		if aerr.Status == http.StatusTooManyRequests {
-			x.w.Header().Set("Retry-After", "1")
+			aerr.RetryAfter = time.Second
 		}
 		return x.fail(aerr), ""
 	}
 	defer release()
-	p, aerr := parseRequest(body, x.chat, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
+	var p *parsedRequest
+	if strings.TrimSuffix(x.r.URL.Path, "/") == countTokensPath {
+		var req *apireq.Request
+		if req, aerr = apireq.ParseCountTokens(body); aerr == nil {
+			p, aerr = parsedFrom(req, body, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
+		}
+	} else {
+		p, aerr = parseRequest(body, x.dialect, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
+	}
 	if aerr != nil {
 		return x.fail(aerr), ""
 	}
-	x.p = p
 	adapter, ok := s.servedAdapter(p.model)
 	if !ok {
 		return x.fail(newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
 			"the model %q does not exist on this worker (it serves %q)", truncate(p.model, 200), s.cfg.Model)), ""
 	}
+	// A proxy worker relays the agents' APIs to its engine untouched
+	// (worker/passthrough.go); the simulated engine answers them here.
+	px, proxied := s.eng.(*proxy.Engine)
+	relay := proxied && (x.dialect == apireq.Messages || x.dialect == apireq.Responses) && p.phase != engine.PhaseContextOnly
+	if p.req.CountTokens && !relay {
+		writeJSON(x.w, http.StatusOK, map[string]int{"input_tokens": len(p.prompt)})
+		return http.StatusOK, ""
+	}
+	var prev *storedResponse
+	if rf := p.req.Responses; rf != nil && rf.PreviousResponseID != "" && !relay {
+		if prev, aerr = s.previousResponse(p, body); aerr != nil {
+			return x.fail(aerr), ""
+		}
+		if p, aerr = parsedFrom(p.req, body, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens); aerr != nil {
+			return x.fail(aerr), ""
+		}
+	}
+	x.p, x.chat = p, p.chat
 	p.conversationID = convid.Resolve(p.bodyConvID, x.r.Header)
 	if aerr := s.verifyDisaggAuth(x.r.Header, p); aerr != nil {
 		return x.fail(aerr), ""
@@ -266,8 +306,44 @@ func (x *exchange) serve() (int, string) {
 	if aerr != nil {
 		return x.fail(aerr), ""
 	}
+	x.affinity, x.adapter = affinity, adapter
+	if relay {
+		return x.passThrough(px)
+	}
+	if prev != nil && p.conversationID == "" {
+		x.chain = prev.chain
+	}
+	x.seq = s.reqSeq.Add(1)
+	x.created = time.Now().Unix()
+	switch {
+	case x.chat || x.dialect == apireq.Completions:
+		kind := "cmpl"
+		if x.chat {
+			kind = "chatcmpl"
+		}
+		x.id = kind + "-" + randomID()
+		x.ans = chatAnswer{x}
+	case x.dialect == apireq.Messages:
+		x.id = "msg_" + randomID()
+		x.ans = &messagesAnswer{x: x}
+	default:
+		x.id = "resp_" + randomID()
+		if x.chain == "" && p.conversationID == "" {
+			x.chain = "response:" + x.id // its continuations find its rank
+		}
+		ra := s.newResponsesAnswer(x, prev)
+		x.ans = ra
+		if p.req.Responses.Background {
+			return s.startBackground(x, ra), p.phase.String()
+		}
+	}
+	return x.run(x.ctx)
+}
 
-	d := s.sched.Place(x.placeRequest(affinity, adapter))
+// run places the request on a rank, runs it on the engine and answers.
+func (x *exchange) run(ctx context.Context) (int, string) {
+	s, p := x.s, x.p
+	d := s.sched.Place(x.placeRequest())
 	defer func() {
 		s.sched.Finish(&d.Ticket)
 		s.nudgeTelemetry()
@@ -285,17 +361,20 @@ func (x *exchange) serve() (int, string) {
 		attribute.Bool("tether.overflow", d.Overflow),
 		attribute.Int("tether.prompt_tokens", len(p.prompt)),
 	)
-	seq := s.reqSeq.Add(1)
-	kind := "cmpl"
-	if x.chat {
-		kind = "chatcmpl"
-	}
-	x.id = kind + "-" + randomID()
-	x.created = time.Now().Unix()
 	h := x.w.Header()
 	h.Set(HeaderADPRank, strconv.Itoa(d.Rank))
 	h.Set(HeaderInstance, s.cfg.InstanceID)
 
+	path, raw := x.r.URL.Path, p.sanitizedBody
+	if _, ok := s.eng.(*proxy.Engine); ok && p.dialect != apireq.Chat && p.dialect != apireq.Completions {
+		// The context phase of a Messages or Responses request through a
+		// proxy: its emulation (the first token) asks the upstream's chat
+		// completions for the same conversation, the chat form.
+		path = "/v1/chat/completions"
+		if raw, _ = json.Marshal(p.req.Chat); raw == nil {
+			raw = p.sanitizedBody
+		}
+	}
 	req := engine.Request{
 		ID:           x.id,
 		Rank:         d.Rank,
@@ -304,17 +383,17 @@ func (x *exchange) serve() (int, string) {
 		MaxTokens:    p.maxTokens,
 		Phase:        p.phase,
 		ContextState: p.contextState,
-		Raw:          p.sanitizedBody,
-		Path:         x.r.URL.Path,
+		Raw:          raw,
+		Path:         path,
 		Output:       p.output,
-		Adapter:      adapter,
+		Adapter:      x.adapter,
 	}
 	s.sched.Start(&d.Ticket)
 	emit := func(engine.Chunk) error { return nil }
 	if p.stream {
-		emit = x.emitChunk
+		emit = x.ans.emit
 	}
-	comp, err := s.eng.Run(x.ctx, req, emit)
+	comp, err := s.eng.Run(ctx, req, emit)
 	if err != nil {
 		return x.engineFailed(err), phase
 	}
@@ -326,18 +405,22 @@ func (x *exchange) serve() (int, string) {
 		attribute.Int("tether.transfer_tokens", comp.TransferTokens),
 	)
 	if p.stream {
-		return x.finishStream(comp), phase
+		return x.ans.finish(comp), phase
 	}
-	return x.respond(comp, seq), phase
+	return x.ans.respond(comp), phase
 }
 
 // placeRequest is what the rank scheduler places x's request by: its
-// conversation and sub-agent affinity, the rank the log recorded, the
-// prompt's cached prefix per rank and the ranks holding its adapter.
-func (x *exchange) placeRequest(affinity, adapter string) adp.Request {
-	s, p := x.s, x.p
-	placeReq := adp.Request{ConversationID: p.conversationID, AffinityID: affinity, PromptTokens: len(p.prompt)}
-	if !x.chat {
+// conversation (or a continued response's chain) and sub-agent affinity,
+// the rank the log recorded, the prompt's cached prefix per rank and the
+// ranks holding its adapter.
+func (x *exchange) placeRequest() adp.Request {
+	s, p, adapter := x.s, x.p, x.adapter
+	placeReq := adp.Request{ConversationID: p.conversationID, AffinityID: x.affinity, PromptTokens: len(p.prompt)}
+	if placeReq.ConversationID == "" {
+		placeReq.ConversationID = x.chain
+	}
+	if !p.dialect.HasConversation() {
 		// Spec: /v1/completions supports instance affinity only (the edge
 		// routes it by conversation); ranks are chosen by the placement
 		// policy, without conversation or sub-agent bindings.
@@ -398,7 +481,8 @@ func (x *exchange) choice(text *string, finish *string, delta bool) chatChoice {
 }
 
 // respond writes a non-streaming response.
-func (x *exchange) respond(c engine.Completion, seq uint64) int {
+func (x *exchange) respond(c engine.Completion) int {
+	seq := x.seq
 	finish := c.FinishReason
 	text := c.Text
 	choice := x.choice(&text, &finish, false)
@@ -446,10 +530,17 @@ func (x *exchange) extendDeadline() {
 	_ = http.NewResponseController(x.w).SetWriteDeadline(time.Now().Add(x.s.cfg.WriteTimeout))
 }
 
-// sendEvent writes one SSE event and flushes it.
-func (x *exchange) sendEvent(v any) error {
+// sendEvent writes one unnamed SSE event (chat, completions) and flushes it.
+func (x *exchange) sendEvent(v any) error { return x.sendNamed("", v) }
+
+// sendNamed writes one SSE event, named when name is not "" (Messages,
+// Responses), and flushes it; v is a value to encode or raw JSON bytes.
+func (x *exchange) sendNamed(name string, v any) error {
 	if x.writeErr != nil {
 		return x.writeErr
+	}
+	if name != "" && !x.headerSent {
+		x.sendHeaders()
 	}
 	var data []byte
 	if raw, ok := v.([]byte); ok {
@@ -462,7 +553,10 @@ func (x *exchange) sendEvent(v any) error {
 		}
 	}
 	x.extendDeadline()
-	buf := make([]byte, 0, len(data)+8)
+	buf := make([]byte, 0, len(data)+len(name)+16)
+	if name != "" {
+		buf = append(append(append(buf, "event: "...), name...), '\n')
+	}
 	buf = append(buf, "data: "...)
 	buf = append(buf, data...)
 	buf = append(buf, "\n\n"...)
@@ -610,9 +704,7 @@ func (x *exchange) engineFailed(err error) int {
 		return x.fail(e)
 	}
 	x.span.SetAttributes(attribute.String("tether.error", e.Message))
-	if x.sendEvent(struct {
-		Error *apiError `json:"error"`
-	}{e}) != nil {
+	if x.ans.streamError(e) != nil {
 		return statusClientClosed
 	}
 	return e.Status

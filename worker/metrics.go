@@ -20,6 +20,8 @@ type metrics struct {
 	promptTokens *prometheus.CounterVec   // rank
 	cachedTokens *prometheus.CounterVec   // rank
 	publishes    *prometheus.CounterVec   // kind, result
+
+	responsesEvicted prometheus.Counter
 }
 
 func newMetrics(s *Server) *metrics {
@@ -63,6 +65,20 @@ func newMetrics(s *Server) *metrics {
 		m.promptTokens.WithLabelValues(strconv.Itoa(r))
 		m.cachedTokens.WithLabelValues(strconv.Itoa(r))
 	}
+	m.responsesEvicted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tether_worker_stored_responses_evicted_total",
+		Help: "Stored Responses API responses evicted to keep responses_store_entries and responses_store_bytes.",
+	})
+	m.registry.MustRegister(m.responsesEvicted, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tether_worker_stored_responses",
+		Help: "Responses API responses this worker process holds (a request naming one must reach this process).",
+	}, func() float64 {
+		if s.responses == nil {
+			return 0
+		}
+		n, _ := s.responses.stats()
+		return float64(n)
+	}))
 	m.registry.MustRegister(m.requests, m.duration, m.hints, m.hintFailures, m.promptTokens, m.cachedTokens, m.publishes,
 		&rankCollector{s: s},
 		&engineEventsCollector{s: s},

@@ -78,6 +78,12 @@ type Server struct {
 
 	pub *publisher // nil without NATS
 
+	// responses is the Responses API store (worker/respstore.go);
+	// respRanks, for a proxy, the rank whose upstream holds each
+	// response it relayed (worker/passthrough.go).
+	responses *respStore
+	respRanks *respRanks
+
 	baseCtx    context.Context // parent of every request context
 	cancelBase context.CancelFunc
 	handlers   sync.WaitGroup // in-flight inference handlers
@@ -146,6 +152,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("worker: engine reports %d ranks, scheduler has %d", len(st), s.ranks)
 	}
 	s.metrics = newMetrics(s)
+	s.respRanks = newRespRanks(cfg.ResponsesStoreEntries)
+	s.responses = newRespStore(cfg.ResponsesStoreEntries, cfg.ResponsesStoreBytes, s.log, func() { s.metrics.responsesEvicted.Inc() })
 	if cfg.NATS.Enabled() {
 		s.pub = newPublisher(s)
 		s.eng.SetKVEventSink(s.pub.addKVEvent)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/audit"
 	"github.com/tether-project/tether/ops/operator"
@@ -27,6 +28,8 @@ subcommands:
            [--until-index N | --until-time RFC3339] [--json]
   explain  the full history of one routing key and the sub-agents linked to it
            --key KEY [--fleet context|generation] [--no-children] [--json]
+           or which instance holds a stored Responses API response and why
+           --response ID [--model M] [--json] (authenticated with $TETHER_INTERNAL_REQUEST_AUTH_KEY when set)
   verify   replay and compare with a live edge's state hash (exit 1 on mismatch)
            --edge URL [--admin-token T | $TETHER_ADMIN_TOKEN] [--spot-check N] [--cacert CA.pem [--cert C --key K]]
   export   one JSON object per event for external tools
@@ -64,6 +67,7 @@ func runAudit(ctx context.Context, args []string) error {
 		untilTime           *string
 		key, fleet, edgeURL *string
 		model               *string
+		response            *string
 		token, format, out  *string
 		noChildren          *bool
 		spot                *int
@@ -75,7 +79,8 @@ func runAudit(ctx context.Context, args []string) error {
 		untilIndex = fs.Uint64("until-index", 0, "stop after this log index")
 		untilTime = fs.String("until-time", "", "stop before the first entry after this log time (RFC 3339)")
 	case "explain":
-		key = fs.String("key", "", "the routing key (a conversation id or a parent's root key; required)")
+		key = fs.String("key", "", "the routing key (a conversation id or a parent's root key; this or --response)")
+		response = fs.String("response", "", "a Responses API id an edge minted: which instance holds it and why")
 		fleet = fs.String("fleet", "", "context or generation (default: both)")
 		noChildren = fs.Bool("no-children", false, "skip the scan for linked sub-agents")
 		model = fs.String("model", "", "a model other than the edge's first (its keys are in the model's namespace; default: the first model)")
@@ -124,8 +129,22 @@ func runAudit(ctx context.Context, args []string) error {
 		}
 		return printReplay(stdout, res, *asJSON)
 	case "explain":
-		if *key == "" {
-			return fmt.Errorf("%w: --key is required", errUsage)
+		if (*key == "") == (*response == "") {
+			return fmt.Errorf("%w: give one of --key or --response", errUsage)
+		}
+		if *response != "" {
+			var k []byte
+			if v := os.Getenv(edge.EnvInternalRequestAuthKey); v != "" {
+				k = []byte(v)
+			}
+			ex, err := d.ExplainResponse(ctx, *response, k, *model)
+			if err != nil {
+				return err
+			}
+			if *asJSON {
+				return writeJSONTo(stdout, ex)
+			}
+			return ex.WriteText(stdout)
 		}
 		opts := audit.ExplainOptions{NoChildren: *noChildren, Model: *model}
 		if *fleet != "" {

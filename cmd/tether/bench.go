@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -57,6 +58,7 @@ Run 'tether bench <command> -h' for its flags.
 // simFlags are the fleet and harness flags shared by the bench commands.
 type simFlags struct {
 	mode          *string
+	api           *string
 	instances     *int
 	ranks         *int
 	capacity      *int
@@ -109,6 +111,7 @@ func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks
 		logKind:    fs.String("log", "virtual", "affinity log in sim mode: virtual (virtual time, commit latency measured by BenchmarkBindCommit) or sequencer (zero commit latency)"),
 		parallel:   fs.Int("parallel", 0, "concurrent runs in sim mode (0: one per CPU)"),
 		jsonOut:    fs.Bool("json", false, "print one JSON object instead of tables"),
+		api:        fs.String("api", "chat", "e2e: the API the requests are sent in: chat, messages (as Claude Code: its session header, the Messages shape) or responses (as Codex: prompt_cache_key)"),
 		noBreaker:  fs.Bool("no-breaker", false, "sim: disable the tether policy's cache circuit breaker"),
 		genWorkers: fs.Int("generation-workers", 2, "e2e local deployment: generation workers"),
 		adpPlacement: fs.String("adp-placement", "round_robin",
@@ -128,6 +131,9 @@ func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks
 
 func (f *simFlags) replayOptions() (bench.ReplayOptions, error) {
 	var ro bench.ReplayOptions
+	if !slices.Contains(bench.APIs, *f.api) {
+		return ro, fmt.Errorf("%w: --api: unknown value %q (allowed: %s)", errUsage, *f.api, strings.Join(bench.APIs, ", "))
+	}
 	if *f.mode != "sim" && *f.mode != "e2e" {
 		return ro, fmt.Errorf("%w: --mode: unknown value %q (allowed: sim, e2e)", errUsage, *f.mode)
 	}
@@ -288,7 +294,7 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 		p := bench.NewProgress(os.Stderr, "e2e "+string(ro.Policies[0]))
 		r, err := bench.ReplayE2E(ctx, w, bench.E2EOptions{
 			EdgeURLs: urls, Model: *sf.model, ParentHeader: *sf.parentHeader, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed,
-			Label: ro.Policies[0], RouteHeader: "x-tether-route",
+			Label: ro.Policies[0], RouteHeader: "x-tether-route", API: *sf.api,
 			Progress: func(d, t int) { p.Update(int64(d), int64(t)) },
 		})
 		if err != nil {
@@ -345,7 +351,7 @@ func localOptions(sf *simFlags, ro bench.ReplayOptions) bench.LocalE2EOptions {
 	return bench.LocalE2EOptions{
 		Edges: ro.Edges[0], ContextWorkers: ro.Base.Instances, GenerationWorkers: *sf.genWorkers, Ranks: ro.Base.Ranks,
 		CapacityBlocks: ro.Base.CapacityBlocks, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed,
-		ADPPlacement: ro.Base.ADPPlacement, Overflow: ro.Base.Routing.Overflow,
+		ADPPlacement: ro.Base.ADPPlacement, Overflow: ro.Base.Routing.Overflow, API: *sf.api,
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/routing/chattmpl"
 	"github.com/tether-project/tether/routing/hftok"
 	"github.com/tether-project/tether/routing/prefix"
@@ -27,7 +28,8 @@ func runTokenize(out io.Writer, args []string) error {
 	tokDir := fs.String("tokenizer", "", "Hugging Face tokenizer: a directory holding tokenizer.json (or tokenizer.json.gz), or the file; empty: the words tokenizer of tether dev and the simulator")
 	blockSize := fs.Int("block-size", prefix.DefaultBlockSize, "tokens per KV block (the engine's: vLLM 16, TensorRT-LLM tokens_per_block, SGLang page size)")
 	promptText := fs.String("prompt", "", "the prompt text")
-	chatFile := fs.String("chat", "", "a JSON file with an OpenAI chat request ({\"messages\": [...], \"tools\": [...], \"chat_template_kwargs\": {...}} or just [...] messages), rendered as the edge renders it: with --tokenizer, the model's chat_template of tokenizer_config.json beside tokenizer.json; else the words path's markers")
+	chatFile := fs.String("chat", "", "a JSON file with a request body of --api ({\"messages\": [...], \"tools\": [...], \"chat_template_kwargs\": {...}} or just [...] messages for chat), rendered as the edge renders it: with --tokenizer, the model's chat_template of tokenizer_config.json beside tokenizer.json; else the words path's markers")
+	api := fs.String("api", "chat", "the dialect of the --chat file: chat (OpenAI chat completions), messages (an Anthropic Messages body) or responses (a Responses API body), converted to the chat form as the edge converts it")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -38,17 +40,18 @@ func runTokenize(out io.Writer, args []string) error {
 		return fmt.Errorf("%w: --block-size %d out of range", errUsage, *blockSize)
 	}
 	text := *promptText
-	if *chatFile != "" && *tokDir != "" {
-		var err error
-		if text, err = renderChat(*tokDir, *chatFile); err != nil {
-			return err
-		}
-	} else if *chatFile != "" {
-		msgs, err := readChat(*chatFile)
+	if *chatFile != "" {
+		req, err := readRequest(*chatFile, *api)
 		if err != nil {
 			return err
 		}
-		text = prefix.RenderChat(msgs)
+		if *tokDir != "" {
+			if text, err = renderChat(*tokDir, *chatFile, req); err != nil {
+				return err
+			}
+		} else {
+			text = prefix.RenderChat(req.Messages)
+		}
 	}
 	var ids []uint32
 	name := "words (tether dev, simulator)"
@@ -110,53 +113,47 @@ func loadTokenizer(dirOrFile string) (*hftok.Tokenizer, string, error) {
 	return tok, path, nil
 }
 
-// readChat reads OpenAI chat messages; content is a string or text parts.
-func readChat(path string) ([]prefix.Message, error) {
+// readRequest reads a request body of dialect api with the request model
+// the edge parses it with (internal/apireq). A chat file may hold just the
+// messages array, and needs no model.
+func readRequest(path, api string) (*apireq.Request, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--chat: %w", err)
 	}
-	type msg struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
-	}
-	var wrapped struct {
-		Messages []msg `json:"messages"`
-	}
-	var list []msg
-	if err := json.Unmarshal(data, &wrapped); err == nil && wrapped.Messages != nil {
-		list = wrapped.Messages
-	} else if err := json.Unmarshal(data, &list); err != nil {
-		return nil, fmt.Errorf("--chat %s: want {\"messages\": [...]} or [...] of {role, content}: %v", path, err)
-	}
-	out := make([]prefix.Message, 0, len(list))
-	for i, m := range list {
-		var s string
-		if err := json.Unmarshal(m.Content, &s); err != nil {
-			var parts []struct {
-				Type string `json:"type"`
-				Text string `json:"text"`
-			}
-			if err := json.Unmarshal(m.Content, &parts); err != nil {
-				return nil, fmt.Errorf("--chat %s: messages[%d].content: want a string or text parts", path, i)
-			}
-			var texts []string
-			for _, p := range parts {
-				if p.Type == "text" {
-					texts = append(texts, p.Text)
-				}
-			}
-			s = strings.Join(texts, "\n") // as the edge joins text parts
+	var top map[string]json.RawMessage
+	if json.Unmarshal(data, &top) != nil {
+		if api != "chat" {
+			return nil, fmt.Errorf("--chat %s: want a JSON object (a %s request body)", path, api)
 		}
-		out = append(out, prefix.Message{Role: m.Role, Content: s})
+		top = map[string]json.RawMessage{"messages": data}
 	}
-	return out, nil
+	if _, ok := top["model"]; !ok {
+		top["model"] = json.RawMessage(`"tokenize"`)
+	}
+	body, _ := json.Marshal(top)
+	var req *apireq.Request
+	var aerr *apireq.Error
+	switch api {
+	case "chat":
+		req, aerr = apireq.Parse(apireq.Chat, body)
+	case "messages":
+		req, aerr = apireq.ParseCountTokens(body) // max_tokens does not matter here
+	case "responses":
+		req, aerr = apireq.Parse(apireq.Responses, body)
+	default:
+		return nil, fmt.Errorf("%w: --api %q is not chat, messages or responses", errUsage, api)
+	}
+	if aerr != nil {
+		return nil, fmt.Errorf("--chat %s: %s", path, aerr.Message)
+	}
+	return req, nil
 }
 
-// renderChat renders the chat request in chatFile with the chat template of
+// renderChat renders the request's chat form with the chat template of
 // the tokenizer_config.json next to the tokenizer (routing/chattmpl, as the
 // edge does for a fleet with tokenizer: hf:<dir>).
-func renderChat(tokDir, chatFile string) (string, error) {
+func renderChat(tokDir, chatFile string, req *apireq.Request) (string, error) {
 	dir := tokDir
 	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
 		dir = filepath.Dir(dir)
@@ -170,24 +167,18 @@ func renderChat(tokDir, chatFile string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("--tokenizer %s: %w", cfgPath, err)
 	}
-	data, err := os.ReadFile(chatFile)
-	if err != nil {
-		return "", fmt.Errorf("--chat: %w", err)
-	}
-	in := chattmpl.Input{AddGenerationPrompt: true, Now: time.Now()}
-	var req map[string]json.RawMessage
-	if err := json.Unmarshal(data, &req); err == nil {
-		in.Messages, in.Tools, in.Kwargs = req["messages"], req["tools"], req["chat_template_kwargs"]
-		if raw, ok := req["add_generation_prompt"]; ok {
-			if err := json.Unmarshal(raw, &in.AddGenerationPrompt); err != nil {
-				return "", fmt.Errorf("--chat %s: add_generation_prompt: %w", chatFile, err)
-			}
+	chat := req.Chat
+	in := chattmpl.Input{AddGenerationPrompt: true, Now: time.Now(), Messages: chat["messages"], Tools: chat["tools"], Kwargs: chat["chat_template_kwargs"]}
+	if raw, ok := chat["add_generation_prompt"]; ok {
+		if err := json.Unmarshal(raw, &in.AddGenerationPrompt); err != nil {
+			return "", fmt.Errorf("--chat %s: add_generation_prompt: %w", chatFile, err)
 		}
-	} else {
-		in.Messages = data
 	}
-	if string(in.Kwargs) == "null" {
+	if apireq.IsNull(in.Kwargs) {
 		in.Kwargs = nil
+	}
+	if apireq.IsNull(in.Tools) {
+		in.Tools = nil
 	}
 	text, err := tpl.Render(in)
 	if err != nil {

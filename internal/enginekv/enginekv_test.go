@@ -250,7 +250,16 @@ func TestSubscriberReplaysGapsAndResetsOnRestart(t *testing.T) {
 		}
 	}()
 	empty := enginekv.Batch{TS: 1, DPRank: -1}
-	rec.waitFor(t, "the first batch", func() { pub.Publish(empty) }, func() bool { return len(rec.seqs) > 0 })
+	published := 0 // the nudges sent (each one batch of the stream)
+	nudge := func() {
+		if pub.Publish(empty) == nil {
+			published++
+		}
+	}
+	rec.waitFor(t, "the first batch", nudge, func() bool { return len(rec.seqs) > 0 })
+	// Nudges sent before the first arrived may still be on their way: the
+	// gap below is counted from the last of them.
+	rec.waitFor(t, "every nudge", nil, func() bool { return len(rec.seqs) >= published })
 	rec.mu.Lock()
 	// Batches published before the subscription took hold were replayed:
 	// the stream is seen whole from 0.

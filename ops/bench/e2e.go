@@ -44,7 +44,15 @@ type E2EOptions struct {
 	EdgeFor func(agent string, call int) int
 	// MaxShedRetries bounds 429 retries per request (default 20).
 	MaxShedRetries int
+	// API is the dialect the requests are sent in: "chat" (default,
+	// /v1/chat/completions with x-session-id), "messages" (as Claude Code:
+	// /v1/messages with x-claude-code-session-id) or "responses" (as
+	// Codex: /v1/responses with prompt_cache_key).
+	API string
 }
+
+// APIs are the dialects the e2e replay sends.
+var APIs = []string{"chat", "messages", "responses"}
 
 // chatBody is the /v1/chat/completions request the replay sends.
 type chatBody struct {
@@ -256,14 +264,7 @@ func (r *e2eRun) send(ctx context.Context, a *Agent, req *Request, call int) err
 	// Workers refuse max_tokens above their max_tokens_limit (default
 	// 4096) with 400; a trace's longer outputs are capped there, as the
 	// workers used to clamp them.
-	body := chatBody{Model: r.o.Model, MaxTokens: min(req.OutputTokens, worker.DefaultMaxTokensLimit), Stream: true}
-	body.StreamOptions = &struct {
-		IncludeUsage bool `json:"include_usage"`
-	}{true}
-	for _, m := range msgs {
-		body.Messages = append(body.Messages, chatMessage{Role: m.Role, Content: m.Content})
-	}
-	payload, err := json.Marshal(body)
+	payload, err := requestBody(r.o.API, r.o.Model, a.ID, msgs, min(req.OutputTokens, worker.DefaultMaxTokensLimit))
 	if err != nil {
 		return fmt.Errorf("bench: e2e: %s call %d: encode: %w", a.ID, call, err)
 	}
@@ -342,13 +343,21 @@ var errContextLength = errors.New("context_length_exceeded")
 // now (429 shed, 503 no healthy instance) and should be retried after retry.
 func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (e2eResponse, time.Duration, error) {
 	var out e2eResponse
-	url := strings.TrimRight(r.o.EdgeURLs[edge], "/") + "/v1/chat/completions"
+	url := strings.TrimRight(r.o.EdgeURLs[edge], "/") + apiPath(r.o.API)
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
 	if err != nil {
 		return out, -1, err
 	}
 	hr.Header.Set("Content-Type", "application/json")
-	hr.Header.Set("x-session-id", a.ID)
+	switch r.o.API {
+	case "messages":
+		hr.Header.Set("x-claude-code-session-id", a.ID)
+		hr.Header.Set("anthropic-version", "2023-06-01")
+	case "responses":
+		// The conversation is the body's prompt_cache_key, as Codex sends it.
+	default:
+		hr.Header.Set("x-session-id", a.ID)
+	}
 	if a.Parent != nil && r.o.ParentHeader != "" {
 		hr.Header.Set(r.o.ParentHeader, a.Parent.ID)
 	}
@@ -394,33 +403,15 @@ func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (
 		if bytes.Equal(bytes.TrimSpace(data), []byte("[DONE]")) {
 			break
 		}
-		var chunk struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-			Usage *struct {
-				PromptTokens        int `json:"prompt_tokens"`
-				PromptTokensDetails struct {
-					CachedTokens int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
-			Error *struct {
-				Message string `json:"message"`
-			} `json:"error"`
+		ev, err := readEvent(r.o.API, data)
+		if err != nil {
+			return out, -1, err
 		}
-		if err := json.Unmarshal(data, &chunk); err != nil {
-			return out, -1, fmt.Errorf("malformed stream chunk %q: %w", truncateBytes(data, 200), err)
-		}
-		if chunk.Error != nil {
-			return out, -1, fmt.Errorf("stream error: %s", chunk.Error.Message)
-		}
-		if out.firstToken.IsZero() && len(chunk.Choices) > 0 && chunk.Choices[0].Delta.Content != "" {
+		if out.firstToken.IsZero() && ev.text {
 			out.firstToken = time.Now()
 		}
-		if chunk.Usage != nil {
-			out.prompt, out.cached = chunk.Usage.PromptTokens, chunk.Usage.PromptTokensDetails.CachedTokens
+		if ev.usage {
+			out.prompt, out.cached = ev.prompt, ev.cached
 			gotUsage = true
 		}
 	}
@@ -428,12 +419,123 @@ func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (
 		return out, -1, fmt.Errorf("read stream: %w", err)
 	}
 	if !gotUsage {
-		return out, -1, errors.New("stream ended without usage (stream_options.include_usage)")
+		return out, -1, errors.New("stream ended without usage")
 	}
 	if out.firstToken.IsZero() {
 		out.firstToken = time.Now()
 	}
 	return out, -1, nil
+}
+
+func apiPath(api string) string {
+	switch api {
+	case "messages":
+		return "/v1/messages"
+	case "responses":
+		return "/v1/responses"
+	}
+	return "/v1/chat/completions"
+}
+
+// requestBody is one streamed request in the dialect api: the same
+// conversation (system messages become Messages' system and Responses'
+// instructions) with the same completion budget.
+func requestBody(api, model, conv string, msgs []prefix.Message, maxTokens int) ([]byte, error) {
+	if api == "" {
+		api = "chat"
+	}
+	var system []string
+	var rest []chatMessage
+	for _, m := range msgs {
+		if m.Role == "system" && api != "chat" {
+			system = append(system, m.Content)
+			continue
+		}
+		rest = append(rest, chatMessage{Role: m.Role, Content: m.Content})
+	}
+	switch api {
+	case "messages":
+		return json.Marshal(map[string]any{"model": model, "max_tokens": maxTokens, "stream": true,
+			"system": strings.Join(system, ""), "messages": rest})
+	case "responses":
+		return json.Marshal(map[string]any{"model": model, "max_output_tokens": maxTokens, "stream": true, "store": false,
+			"instructions": strings.Join(system, ""), "input": rest, "prompt_cache_key": conv})
+	}
+	body := chatBody{Model: model, MaxTokens: maxTokens, Stream: true, Messages: rest}
+	body.StreamOptions = &struct {
+		IncludeUsage bool `json:"include_usage"`
+	}{true}
+	return json.Marshal(body)
+}
+
+// streamEvent is what the replay reads of one streamed event.
+type streamEvent struct {
+	text           bool // it carries output text
+	usage          bool
+	prompt, cached int
+}
+
+// readEvent reads one SSE data line of dialect api: chat's chunks,
+// Messages' text_delta and message_delta usage (input_tokens +
+// cache_read_input_tokens), Responses' output_text.delta and
+// response.completed usage.
+func readEvent(api string, data []byte) (streamEvent, error) {
+	var ev streamEvent
+	var v struct {
+		Type    string `json:"type"`
+		Choices []struct {
+			Delta struct {
+				Content string `json:"content"`
+			} `json:"delta"`
+		} `json:"choices"`
+		Delta json.RawMessage `json:"delta"`
+		Usage *struct {
+			PromptTokens        int `json:"prompt_tokens"`
+			PromptTokensDetails struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+			InputTokens int `json:"input_tokens"`
+			CacheRead   int `json:"cache_read_input_tokens"`
+		} `json:"usage"`
+		Response *struct {
+			Usage *struct {
+				InputTokens  int `json:"input_tokens"`
+				InputDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"input_tokens_details"`
+			} `json:"usage"`
+		} `json:"response"`
+		Error json.RawMessage `json:"error"`
+	}
+	if err := json.Unmarshal(data, &v); err != nil {
+		return ev, fmt.Errorf("malformed stream event %q: %w", truncateBytes(data, 200), err)
+	}
+	if len(v.Error) > 0 && string(v.Error) != "null" || v.Type == "error" || v.Type == "response.failed" {
+		return ev, fmt.Errorf("stream error: %s", truncateBytes(data, 300))
+	}
+	switch api {
+	case "messages":
+		var d struct{ Type, Text string }
+		_ = json.Unmarshal(v.Delta, &d)
+		ev.text = v.Type == "content_block_delta" && d.Text != ""
+		if v.Type == "message_delta" && v.Usage != nil {
+			ev.usage, ev.prompt, ev.cached = true, v.Usage.InputTokens+v.Usage.CacheRead, v.Usage.CacheRead
+		}
+	case "responses":
+		var d string
+		_ = json.Unmarshal(v.Delta, &d)
+		ev.text = v.Type == "response.output_text.delta" && d != ""
+		if v.Type == "response.completed" && v.Response != nil && v.Response.Usage != nil {
+			u := v.Response.Usage
+			ev.usage, ev.prompt, ev.cached = true, u.InputTokens, u.InputDetails.CachedTokens
+		}
+	default:
+		ev.text = len(v.Choices) > 0 && v.Choices[0].Delta.Content != ""
+		if v.Usage != nil {
+			ev.usage, ev.prompt, ev.cached = true, v.Usage.PromptTokens, v.Usage.PromptTokensDetails.CachedTokens
+		}
+	}
+	return ev, nil
 }
 
 // parseContextHop reads "context=<instance>/<rank>; generation=…".

@@ -60,6 +60,8 @@ type LocalE2EOptions struct {
 	// blocks while it decodes, so its capacity can add KV waits to the
 	// client's first token that sim mode does not have.
 	GenerationCapacityBlocks int
+	// API is the dialect of the requests (E2EOptions.API).
+	API string
 }
 
 // policyEdgeConfig sets the edge configuration that expresses p.
@@ -170,6 +172,7 @@ func ReplayLocalE2E(ctx context.Context, w *Workload, p Policy, o LocalE2EOption
 	res, err := ReplayE2E(ctx, w, E2EOptions{
 		EdgeURLs: urls, Model: stack.Model(), ParentHeader: devstack.ParentHeader, TimeScale: o.TimeScale, Seed: o.Seed,
 		Client: &http.Client{Transport: tr}, Label: p, Progress: o.Progress, RouteHeader: edge.HeaderRoute, EdgeFor: o.EdgeFor,
+		API: o.API,
 	})
 	if err != nil {
 		return nil, err

@@ -25,7 +25,7 @@ func TestGoldenFixtureReproduces(t *testing.T) {
 	gen := filepath.Join("..", "hftok", "testdata", "gen")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	dir, err := npmenv.Install(ctx, gen, "chat-golden", "package.json", "package-lock.json", "chat.mjs")
+	dir, err := npmenv.Install(ctx, gen, "chat-golden", "package.json", "package-lock.json", "chat.mjs", "render.mjs", "dialects.mjs")
 	if err != nil {
 		crosscheck.Unavailable(t, "the JavaScript reference cannot run: %v", err)
 	}

@@ -31,13 +31,10 @@ type call struct {
 	Route     string   `json:"route"`
 	Finish    string   `json:"finish"`
 	ToolCalls []string `json:"tool_calls"`
-	Usage     *struct {
-		PromptTokens        int `json:"prompt_tokens"`
-		PromptTokensDetails struct {
-			CachedTokens int `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
-	} `json:"usage"`
-	Error string `json:"error"`
+	Path      string   `json:"path"`
+	// RawUsage is the answer's usage in its API's shape.
+	RawUsage json.RawMessage `json:"usage"`
+	Error    string          `json:"error"`
 }
 
 type report struct {
@@ -70,53 +67,36 @@ func TestAgentsSDK(t *testing.T) {
 	defer cancel()
 	// Mutual TLS as tether dev runs by default: node trusts the stack's CA
 	// through NODE_EXTRA_CA_CERTS, as README says.
-	st, err := devstack.Start(ctx, devstack.Options{Edges: 1, ContextWorkers: 2, GenerationWorkers: 1, Ranks: 2, MutualTLS: true})
-	if err != nil {
-		t.Fatalf("devstack: %v", err)
-	}
-	t.Cleanup(func() {
-		cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer ccancel()
-		if err := st.Close(cctx); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
-	if err := st.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	st := startStack(t, ctx, devstack.Options{Edges: 1, ContextWorkers: 2, GenerationWorkers: 1, Ranks: 2, MutualTLS: true})
 
-	script, err := filepath.Abs(filepath.Join("testdata", "agents.mjs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The script runs from the installed modules' directory so its imports
-	// resolve there.
-	dst := filepath.Join(modules, "agents.mjs")
-	src, err := os.ReadFile(script)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(dst, src, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(ctx, "node", dst)
-	cmd.Dir = modules
-	cmd.Env = append(os.Environ(),
+	stdout := runNode(t, ctx, modules, "agents.mjs",
 		"TETHER_URL="+st.Edges()[0].URL()+"/v1",
 		"TETHER_MODEL="+st.Model(),
 		"TETHER_PARENT_HEADER="+devstack.ParentHeader,
 		"NODE_EXTRA_CA_CERTS="+st.CAFile())
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("node agents.mjs: %v\nstderr:\n%s\nstdout:\n%s", err, stderr.String(), stdout.String())
-	}
 	var r report
-	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &r); err != nil {
-		t.Fatalf("script output is not the report (%v):\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	if err := json.Unmarshal(stdout, &r); err != nil {
+		t.Fatalf("script output is not the report (%v):\n%s", err, stdout)
 	}
-	t.Logf("report: %s", stdout.String())
+	t.Logf("report: %s", stdout)
 
+	checkAgentsReport(t, r, func(c call) int {
+		var u struct {
+			Details struct {
+				Cached int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		}
+		_ = json.Unmarshal(c.RawUsage, &u)
+		return u.Details.Cached
+	})
+}
+
+// checkAgentsReport judges an Agents SDK run: the tool ran with the
+// model's arguments, the structured output parsed, the handoff happened
+// and the sub-agent's calls landed on the parent's context instance and
+// read its cache (cachedOf: a call's cached tokens in its API's usage).
+func checkAgentsReport(t *testing.T, r report, cachedOf func(call) int) {
+	t.Helper()
 	var failed []string
 	for name, e := range map[string]string{"tool": r.Tool.Error, "structured output": r.Structured.Error, "handoff": r.Handoff.Error} {
 		if e != "" {
@@ -146,7 +126,7 @@ func TestAgentsSDK(t *testing.T) {
 	parentCtx := map[string]bool{}
 	var child []call
 	for _, c := range r.Calls {
-		if c.Status != 200 || c.Usage == nil {
+		if c.Status != 200 || isNullJSON(c.RawUsage) {
 			t.Fatalf("call %+v", c)
 		}
 		inst := contextInstance(t, c.Route)
@@ -166,7 +146,7 @@ func TestAgentsSDK(t *testing.T) {
 		if inst := contextInstance(t, c.Route); !parentCtx[inst] {
 			t.Fatalf("sub-agent call on context instance %s, the parent's is %v", inst, parentCtx)
 		}
-		if c.Usage.PromptTokensDetails.CachedTokens == 0 {
+		if cachedOf(c) == 0 {
 			t.Fatalf("sub-agent call reported no cached tokens: %+v", c)
 		}
 	}
@@ -195,10 +175,57 @@ func installSDK(t *testing.T) string {
 	defer cancel()
 	dir, err := npmenv.Install(ctx, "testdata", "agents", "package.json", "package-lock.json")
 	if errors.Is(err, npmenv.ErrNoNode) || errors.Is(err, npmenv.ErrOffline) {
-		crosscheck.Unavailable(t, "the Agents SDK test needs node, npm and @openai/agents from npm: %v", err)
+		crosscheck.Unavailable(t, "the SDK tests need node, npm and the SDKs from npm: %v", err)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	return dir
 }
+
+// runNode runs script (with record.mjs and cases.mjs beside it) from testdata in the
+// installed modules' directory, so its imports resolve there, and returns
+// its standard output.
+func runNode(t *testing.T, ctx context.Context, modules, script string, env ...string) []byte {
+	t.Helper()
+	for _, f := range []string{script, "record.mjs", "cases.mjs"} {
+		src, err := os.ReadFile(filepath.Join("testdata", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(modules, f), src, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.CommandContext(ctx, "node", filepath.Join(modules, script))
+	cmd.Dir = modules
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("node %s: %v\nstderr:\n%s\nstdout:\n%s", script, err, stderr.String(), stdout.String())
+	}
+	return bytes.TrimSpace(stdout.Bytes())
+}
+
+// startStack starts a tether dev stack, ready, closed at cleanup.
+func startStack(t *testing.T, ctx context.Context, o devstack.Options) *devstack.Stack {
+	t.Helper()
+	st, err := devstack.Start(ctx, o)
+	if err != nil {
+		t.Fatalf("devstack: %v", err)
+	}
+	t.Cleanup(func() {
+		cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer ccancel()
+		if err := st.Close(cctx); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	if err := st.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func isNullJSON(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }

@@ -28,8 +28,6 @@ const MaxLines = 100
 var pending = map[string]bool{
 	"cmd/tether/audit.go:runAudit":                   true,
 	"cmd/tether/operator.go:runOperator":             true,
-	"worker/openai.go:parseRequest":                  true,
-	"edge/request.go:parseBody":                      true,
 	"test/engines/trtllm/trtllm.go:Server.inference": true,
 }
 

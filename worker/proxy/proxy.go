@@ -346,6 +346,22 @@ func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.C
 	return comp, nil
 }
 
+// Upstream is rank's upstream base URL ("" for a rank the proxy does not
+// have): the worker relays the APIs the engine serves itself (Messages,
+// Responses) there untouched.
+func (e *Engine) Upstream(rank int) string {
+	if rank < 0 || rank >= len(e.ranks) {
+		return ""
+	}
+	return e.ranks[rank].upstream
+}
+
+// Ranks is the number of upstreams (one per rank).
+func (e *Engine) Ranks() int { return len(e.ranks) }
+
+// Client is the HTTP client the proxy reaches its upstreams with.
+func (e *Engine) Client() *http.Client { return e.client }
+
 func (e *Engine) isClosed() bool {
 	select {
 	case <-e.closed:

@@ -105,6 +105,9 @@ type Options struct {
 	// StreamGate, when set, runs before each generated token of a streamed
 	// answer is written (tests: stop a server in the middle of a stream).
 	StreamGate func(token int)
+	// ResponsesStore keeps Responses API responses (vLLM:
+	// VLLM_ENABLE_RESPONSES_API_STORE=1): agentapi.go.
+	ResponsesStore bool
 }
 
 // Served is one request the stand-in answered.
@@ -148,8 +151,9 @@ type Server struct {
 	waiting  []int // reported on /metrics on top of what is running
 	caches   []*rankCache
 	prompted []int64
-	lora     *loraState          // nil without LoRA (lora.go)
-	sources  [][numSources]int64 // per rank: prompt tokens by source (pd.go)
+	lora     *loraState             // nil without LoRA (lora.go)
+	stored   map[string]*storedResp // Responses API store (agentapi.go)
+	sources  [][numSources]int64    // per rank: prompt tokens by source (pd.go)
 
 	pd *pdState // nil: aggregated
 }
@@ -198,7 +202,7 @@ func Start(opts Options) *Server {
 	}
 	n := opts.DataParallelSize
 	s := &Server{opts: opts, healthy: true, running: make([]int, n), waiting: make([]int, n), prompted: make([]int64, n),
-		sources: make([][numSources]int64, n)}
+		sources: make([][numSources]int64, n), stored: map[string]*storedResp{}}
 	if opts.Engine == SGLang {
 		s.eng = sglangEngine{}
 	} else {
@@ -222,6 +226,7 @@ func Start(opts Options) *Server {
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
 	mux.HandleFunc("GET /metrics", s.metrics)
+	s.agentRoutes(mux)
 	s.ts = httptest.NewServer(mux)
 	if opts.PD != nil {
 		s.startPD(*opts.PD)

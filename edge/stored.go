@@ -1,0 +1,321 @@
+package edge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
+	"github.com/tether-project/tether/internal/respid"
+	"github.com/tether-project/tether/routing/decide"
+)
+
+// Stored responses (hard affinity, edge/DESIGN.md "Stored responses"): a
+// Responses API response lives in the engine process that produced it, so
+// every request naming one goes there. The id the client sees is minted by
+// the edge that relayed the response (internal/respid): it names the
+// fleet, instance, rank and boot of that process and the engine's own id,
+// so any edge routes it with no state and no log lookup.
+
+// Decision labels of a request routed by a stored response.
+const (
+	outcomeStored = "stored"
+	policyStored  = "stored_response"
+)
+
+// storedRef is a request's reference to a stored response: the id the
+// client sent and what it says.
+type storedRef struct {
+	client string
+	id     respid.ID
+	url    string
+}
+
+// resolveStored reads a response id a client sent in param. Any id this
+// cluster did not mint, or that names an instance the fleet no longer has
+// (or a process that restarted since), is a 404 in OpenAI's shape: no
+// instance holds it.
+func (e *Edge) resolveStored(client, param string, now time.Time) (*storedRef, *apiError) {
+	code := "response_not_found"
+	if param == "previous_response_id" {
+		code = "previous_response_not_found"
+	}
+	notFound := func(outcome, format string, args ...any) *apiError {
+		e.metrics.storedResponses.WithLabelValues(outcome).Inc()
+		return newAPIError(http.StatusNotFound, "invalid_request_error", code, param, format, args...)
+	}
+	id, err := e.respIDs.Parse(client)
+	switch {
+	case errors.Is(err, respid.ErrForged):
+		return nil, notFound("forged", "response %q not found: its id was not issued by this tether cluster (it does not authenticate with the cluster's internal key)", truncate(client, 200))
+	case err != nil:
+		return nil, notFound("not_minted", "response %q not found: it is not a response id issued by this tether cluster", truncate(client, 200))
+	}
+	if ret := e.cfg.StoredResponseRetention; ret > 0 && now.Sub(id.Minted) > ret {
+		return nil, notFound("expired", "response %q not found: it was created at %s, beyond stored_response_retention (%s)",
+			truncate(client, 200), id.Minted.UTC().Format(time.RFC3339), ret)
+	}
+	in, ok := e.fleet.Instance(id.Instance, now)
+	if !ok || in.URL == "" {
+		// The log may know the instance while this edge has not heard it
+		// yet (just started, or its NATS link is back): that is not a
+		// missing response.
+		rec, inLog := e.node.State().Instance(id.Instance)
+		if (inLog && rec.Status != fsm.InstanceRemoved) || e.ready.inStartupGate(now) {
+			e.metrics.storedResponses.WithLabelValues("instance_unheard").Inc()
+			ae := newAPIError(http.StatusServiceUnavailable, "server_error", "instance_not_heard", "",
+				"the %s instance %s holding response %q has not been heard by this edge yet (it started recently, or lost its telemetry); retry shortly",
+				fsm.Fleet(id.Fleet), id.Instance, truncate(client, 200))
+			ae.RetryAfter = 500 * time.Millisecond
+			return nil, ae
+		}
+		return nil, notFound("unknown_instance", "response %q not found: the %s instance %s that stored it is not in this fleet", truncate(client, 200), fsm.Fleet(id.Fleet), id.Instance)
+	}
+	if in.Fleet != fsm.Fleet(id.Fleet) {
+		return nil, notFound("unknown_instance", "response %q not found: %s is not a %s instance", truncate(client, 200), id.Instance, fsm.Fleet(id.Fleet))
+	}
+	if id.BootID != 0 && in.BootID != 0 && in.BootID != id.BootID {
+		return nil, notFound("restarted", "response %q not found: instance %s restarted since it stored the response (boot %x, now %x), and a stored response lives in the process that made it",
+			truncate(client, 200), id.Instance, id.BootID, in.BootID)
+	}
+	e.metrics.storedResponses.WithLabelValues("routed").Inc()
+	return &storedRef{client: client, id: id, url: in.URL}, nil
+}
+
+// storedHop is the hop to the instance holding rq.prev: no decision, no
+// log, no retry elsewhere (no other instance holds the response).
+func (e *Edge) storedHop(rq *request) *hop {
+	ref := rq.prev
+	f := fsm.Fleet(ref.id.Fleet)
+	h := &hop{Hop: decide.Hop{Fleet: f, Key: rq.m.key(rq.id.Key(f)), Instance: ref.id.Instance, URL: ref.url, Rank: ref.id.Rank,
+		Outcome: outcomeStored, Policy: policyStored}}
+	e.metrics.decisions.WithLabelValues(f.String(), policyStored, outcomeStored).Inc()
+	return h
+}
+
+// prepareResponses reads a Responses request's previous_response_id (the
+// engine's own id goes to the engine) and returns the body's conversation
+// id as the Responses API ranks them: the conversation parameter, the
+// conversation of the previous response, conversation_params.
+func (e *Edge) prepareResponses(rq *request, bodyConv string) (string, *apiError) {
+	rf := rq.parsed.Responses
+	if rf.PreviousResponseID != "" {
+		ref, aerr := e.resolveStored(rf.PreviousResponseID, "previous_response_id", rq.now)
+		if aerr != nil {
+			return "", aerr
+		}
+		rq.prev = ref
+		rq.top["previous_response_id"] = mustMarshal(ref.id.Upstream)
+		if ref.id.Conversation != "" {
+			bodyConv = ref.id.Conversation
+		}
+	}
+	if rf.Conversation != "" {
+		bodyConv = rf.Conversation
+	}
+	return bodyConv, nil
+}
+
+// dispatchStored serves a request that continues a stored response on the
+// instance holding it: an aggregated engine gets it as any request; a
+// tether worker fleet serves it whole on that (generation) worker, which
+// alone can expand previous_response_id into the prompt and holds the
+// conversation's KV from the turn it produced.
+func (e *Edge) dispatchStored(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
+	h := e.storedHop(rq)
+	span.SetAttributes(attribute.String("tether.stored_response", rq.prev.client), attrInstance.String(h.Instance))
+	if rq.m.cfg.Aggregated() {
+		return e.engineExchange(ctx, w, rq, h, span)
+	}
+	return e.aggregated(ctx, w, rq, h, span)
+}
+
+// minter mints the ids of the responses relayed from hop h (rank: the
+// worker's or engine's rank, -1 unknown).
+func (e *Edge) minter(rq *request, h *hop, rank string) *responseIDs {
+	ids := &responseIDs{known: map[string]string{}}
+	if rq.prev != nil {
+		ids.known[rq.prev.id.Upstream] = rq.prev.client
+	}
+	r, err := strconv.Atoi(rank)
+	if err != nil {
+		r = -1
+	}
+	var boot uint64
+	if in, ok := e.fleet.Instance(h.Instance, rq.now); ok {
+		boot = in.BootID
+	}
+	ids.mint = func(upstream string) string {
+		return e.respIDs.Mint(respid.ID{Fleet: uint8(h.Fleet), Instance: h.Instance, Rank: r, BootID: boot,
+			Conversation: rq.id.ConversationID, Upstream: upstream, Edge: e.nodeID, Minted: e.now(), Continued: rq.prev != nil})
+	}
+	return ids
+}
+
+// responseIDs translates between the engine's response ids and the ones
+// the client sees, in response objects ("object": "response").
+type responseIDs struct {
+	known map[string]string // engine id → client id
+	mint  func(upstream string) string
+}
+
+func (r *responseIDs) rewrite(obj map[string]json.RawMessage) bool {
+	var object string
+	if json.Unmarshal(obj["object"], &object) != nil || object != "response" {
+		return false
+	}
+	changed := false
+	for _, k := range []string{"id", "previous_response_id"} {
+		var s string
+		if json.Unmarshal(obj[k], &s) != nil || s == "" {
+			continue
+		}
+		t, ok := r.known[s]
+		if !ok {
+			if k != "id" || r.mint == nil {
+				continue
+			}
+			t = r.mint(s)
+			r.known[s] = t
+		}
+		obj[k] = mustMarshal(t)
+		changed = true
+	}
+	return changed
+}
+
+// handleStoredResponse serves GET and DELETE /v1/responses/{id}, POST
+// /v1/responses/{id}/cancel and GET /v1/responses/{id}/input_items (with
+// GET's ?stream=true&starting_after=N): each goes to the instance the id
+// names, with the engine's own id in the path, and the answer's ids are
+// the client's again.
+func (e *Edge) handleStoredResponse(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	aw := &apiWriter{ResponseWriter: w, dialect: apireq.Responses}
+	ctx := traceProp.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx, span := e.tracer.Start(ctx, "tether.edge /v1/responses/{id}", trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("tether.edge", e.nodeID)))
+	defer span.End()
+	status := e.serveStoredResponse(ctx, aw, r, span)
+	span.SetAttributes(attribute.Int("http.response.status_code", status))
+	e.metrics.requests.WithLabelValues("responses_by_id", strconv.Itoa(status)).Inc()
+	e.metrics.requestSeconds.WithLabelValues("responses_by_id").Observe(time.Since(start).Seconds())
+	if aw.aborted {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+func (e *Edge) serveStoredResponse(ctx context.Context, w http.ResponseWriter, r *http.Request, span trace.Span) int {
+	rest := strings.TrimPrefix(r.URL.Path, "/v1/responses/")
+	id, action, _ := strings.Cut(rest, "/")
+	allowed := map[string]string{"": "GET, DELETE", "cancel": "POST", "input_items": "GET"}[action]
+	if allowed == "" || id == "" {
+		return fail(w, span, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+			"unknown path %s %s (by id: GET or DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel, GET /v1/responses/{id}/input_items)",
+			r.Method, truncate(r.URL.Path, 200)))
+	}
+	if !strings.Contains(allowed, r.Method) || (r.Method == http.MethodHead) {
+		w.Header().Set("Allow", allowed)
+		return fail(w, span, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
+			"method %s is not allowed on %s (allowed: %s)", r.Method, truncate(r.URL.Path, 200), allowed))
+	}
+	if aerr := e.byIDServed(); aerr != nil {
+		return fail(w, span, aerr)
+	}
+	ref, aerr := e.resolveStored(id, "response_id", e.now())
+	if aerr != nil {
+		return fail(w, span, aerr)
+	}
+	span.SetAttributes(attrInstance.String(ref.id.Instance), attribute.String("tether.stored_response", id))
+	target := ref.url + "/v1/responses/" + url.PathEscape(ref.id.Upstream)
+	if action != "" {
+		target += "/" + action
+	}
+	if r.URL.RawQuery != "" {
+		target += "?" + r.URL.RawQuery
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.UpstreamTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, r.Method, target, nil)
+	if err != nil {
+		return fail(w, span, newAPIError(http.StatusInternalServerError, "server_error", "internal_error", "", "building the request: %v", err))
+	}
+	traceProp.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	resp, err := e.client.Do(req)
+	if err != nil {
+		e.metrics.upstreamErrors.WithLabelValues(fsm.Fleet(ref.id.Fleet).String(), "connect").Inc()
+		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "upstream_unavailable", "",
+			"the %s instance %s holding response %q is unreachable: %v", fsm.Fleet(ref.id.Fleet), ref.id.Instance, truncate(id, 200), err)
+		ae.RetryAfter = time.Second
+		return fail(w, span, ae)
+	}
+	defer resp.Body.Close()
+	if e.cfg.DebugRouteHeader {
+		at := ref.id.Instance + "/" + strconv.Itoa(ref.id.Rank)
+		route := "context=" + at + "; generation=-"
+		if fsm.Fleet(ref.id.Fleet) == fsm.FleetGeneration {
+			route = "context=-; generation=" + at
+		}
+		w.Header().Set(HeaderRoute, route)
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		// The engine names its own id; the client knows the one it sent.
+		b = []byte(strings.ReplaceAll(string(b), ref.id.Upstream, id))
+		return (&upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}).write(w)
+	}
+	ans := &answer{d: apireq.Responses, cached: -1, ids: &responseIDs{known: map[string]string{ref.id.Upstream: id}}}
+	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	return e.copyAnswer(w, resp, ans, stream, fsm.Fleet(ref.id.Fleet), "responses_by_id", ref.id.Instance, span)
+}
+
+// dialectServed answers 501 for a dialect the fleets of model m do not
+// serve: trtllm-serve's disaggregated server serves only /v1/completions
+// and /v1/chat/completions (tensorrt_llm/serve/openai_disagg_server.py
+// register_routes), and the edge does not translate one API into another.
+func (e *Edge) dialectServed(m *servedModel, d apireq.Dialect) *apiError {
+	if d != apireq.Messages && d != apireq.Responses {
+		return nil
+	}
+	if kind := m.cfg.pdEngine(); kind != "" {
+		// The split's handoff fields (kv_transfer_params, bootstrap_*) are
+		// those of the completions APIs the engines' own proxies relay.
+		return newAPIError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
+			"the fleets of model %q are a %s prefill/decode split, which tether relays for /v1/completions and /v1/chat/completions only; the %s API (%s) is not split: send chat completions, or serve it from an aggregated fleet (docs/engines.md)",
+			truncate(m.name, 200), kind, d, d.Path())
+	}
+	if !m.trtllm() {
+		return nil
+	}
+	return newAPIError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
+		"the fleets of model %q are served by trtllm-serve in disaggregated mode, whose disaggregated server serves only /v1/completions and /v1/chat/completions; the %s API (%s) is not translated by tether: send chat completions, or serve it with engine vllm, sglang or tether workers (docs/engines.md)",
+		truncate(m.name, 200), d, d.Path())
+}
+
+// byIDServed answers 501 to a request by response id when no model's
+// fleets serve the Responses API (trtllm-serve, prefill/decode splits): no such id
+// can have been minted. Otherwise the id names the instance that holds it.
+func (e *Edge) byIDServed() *apiError {
+	for _, m := range e.models {
+		if e.dialectServed(m, apireq.Responses) == nil {
+			return nil
+		}
+	}
+	return e.dialectServed(e.models[0], apireq.Responses)
+}
+
+// trtllm: m's fleets are served by trtllm-serve's disaggregated server.
+func (m *servedModel) trtllm() bool {
+	return m.cfg.ContextServers.Engine.Kind() == EngineTRTLLM || m.cfg.GenerationServers.Engine.Kind() == EngineTRTLLM
+}

@@ -1,0 +1,210 @@
+package worker
+
+import (
+	"bufio"
+	"bytes"
+	"container/list"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/tether-project/tether/internal/apireq"
+	"github.com/tether-project/tether/worker/adp"
+	"github.com/tether-project/tether/worker/proxy"
+)
+
+// A proxy worker in front of engines that serve the Messages and Responses
+// APIs themselves (vLLM, SGLang) relays those requests untouched to the
+// upstream of the rank the scheduler picks, and their answers untouched to
+// the edge. A stored response lives in the upstream that made it: the
+// worker remembers which rank relayed each response id (bounded by
+// responses_store_entries, least recently used forgotten first), so a
+// request naming one (previous_response_id, or by id) goes to that rank.
+
+// respRanks maps the engines' response ids to the rank that holds them.
+type respRanks struct {
+	mu   sync.Mutex
+	max  int
+	lru  *list.List // of *respRank, most recent first
+	byID map[string]*list.Element
+}
+
+type respRank struct {
+	id   string
+	rank int
+}
+
+func newRespRanks(max int) *respRanks {
+	return &respRanks{max: max, lru: list.New(), byID: map[string]*list.Element{}}
+}
+
+func (m *respRanks) put(id string, rank int) {
+	if id == "" {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if el, ok := m.byID[id]; ok {
+		el.Value.(*respRank).rank = rank
+		m.lru.MoveToFront(el)
+		return
+	}
+	m.byID[id] = m.lru.PushFront(&respRank{id, rank})
+	for m.lru.Len() > m.max {
+		old := m.lru.Back()
+		m.lru.Remove(old)
+		delete(m.byID, old.Value.(*respRank).id)
+	}
+}
+
+func (m *respRanks) get(id string) (int, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	el, ok := m.byID[id]
+	if !ok {
+		return 0, false
+	}
+	m.lru.MoveToFront(el)
+	return el.Value.(*respRank).rank, true
+}
+
+// passThrough relays x's Messages or Responses request to px's upstream.
+func (x *exchange) passThrough(px *proxy.Engine) (int, string) {
+	s, p := x.s, x.p
+	rank := -1
+	if rf := p.req.Responses; rf != nil && rf.PreviousResponseID != "" {
+		r, ok := s.respRanks.get(rf.PreviousResponseID)
+		if !ok {
+			return x.fail(notFoundResponse(rf.PreviousResponseID, "previous_response_id")), ""
+		}
+		rank = r
+	}
+	placeReq := adp.Request{ConversationID: p.conversationID, AffinityID: x.affinity, PromptTokens: len(p.prompt)}
+	d := s.sched.Place(placeReq)
+	defer func() {
+		s.sched.Finish(&d.Ticket)
+		s.nudgeTelemetry()
+	}()
+	if rank < 0 {
+		rank = d.Rank
+	}
+	s.sched.Start(&d.Ticket)
+	hdr := http.Header{"Content-Type": {"application/json"}}
+	for _, k := range []string{"Anthropic-Version", "Anthropic-Beta"} {
+		if v := x.r.Header.Values(k); len(v) > 0 {
+			hdr[k] = v
+		}
+	}
+	x.w.Header().Set(HeaderADPRank, strconv.Itoa(rank))
+	x.w.Header().Set(HeaderInstance, s.cfg.InstanceID)
+	status := s.relayUpstream(x.w, x.r, px, rank, http.MethodPost, x.r.URL.Path, p.sanitizedBody, hdr, x.dialect)
+	return status, "aggregated"
+}
+
+// relayUpstream sends one request to rank's upstream and copies the answer
+// to w as it comes, learning the response ids it carries.
+func (s *Server) relayUpstream(w http.ResponseWriter, r *http.Request, px *proxy.Engine, rank int, method, path string, body []byte, hdr http.Header, d apireq.Dialect) int {
+	target := px.Upstream(rank) + path
+	if r.URL.RawQuery != "" && method == http.MethodGet {
+		target += "?" + r.URL.RawQuery
+	}
+	req, err := http.NewRequestWithContext(r.Context(), method, target, bytes.NewReader(body))
+	if err != nil {
+		e := newAPIError(http.StatusInternalServerError, "server_error", "internal_error", "", "building the upstream request: %v", err)
+		e.Write(w, d)
+		return e.Status
+	}
+	req.Header = hdr
+	propagation.TraceContext{}.Inject(r.Context(), propagation.HeaderCarrier(req.Header))
+	resp, err := px.Client().Do(req)
+	if err != nil {
+		e := newAPIError(http.StatusBadGateway, "upstream_error", "upstream_unavailable", "", "rank %d upstream %s: %v", rank, px.Upstream(rank), err)
+		e.Write(w, d)
+		return e.Status
+	}
+	defer resp.Body.Close()
+	ct := resp.Header.Get("Content-Type")
+	w.Header().Set("Content-Type", ct)
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	learn := func(b []byte) {
+		var v struct {
+			Object   string `json:"object"`
+			ID       string `json:"id"`
+			Response *struct {
+				ID string `json:"id"`
+			} `json:"response"`
+		}
+		if json.Unmarshal(b, &v) != nil {
+			return
+		}
+		if v.Object == "response" {
+			s.respRanks.put(v.ID, rank)
+		} else if v.Response != nil {
+			s.respRanks.put(v.Response.ID, rank)
+		}
+	}
+	br := bufio.NewReaderSize(resp.Body, 32<<10)
+	sse := len(ct) >= 17 && ct[:17] == "text/event-stream"
+	if !sse {
+		b, err := io.ReadAll(io.LimitReader(br, 64<<20))
+		if err == nil && resp.StatusCode == http.StatusOK {
+			learn(b)
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+		_, _ = w.Write(b)
+		if err != nil {
+			panic(http.ErrAbortHandler) // a cut answer must not read as whole
+		}
+		return resp.StatusCode
+	}
+	for {
+		line, err := br.ReadBytes('\n')
+		if data, ok := bytes.CutPrefix(line, []byte("data: ")); ok && bytes.Contains(data, []byte(`"response":{`)) {
+			learn(data)
+		}
+		if len(line) > 0 {
+			_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+			if _, werr := w.Write(line); werr != nil {
+				return statusClientClosed
+			}
+			if len(bytes.TrimSpace(line)) == 0 && rc.Flush() != nil {
+				return statusClientClosed
+			}
+		}
+		if err == io.EOF {
+			_ = rc.Flush()
+			return resp.StatusCode
+		}
+		if err != nil {
+			// The upstream broke off: so does this answer (the edge sees
+			// the cut and tells its client).
+			panic(http.ErrAbortHandler)
+		}
+	}
+}
+
+// relayStored relays a by-id request (GET/DELETE /v1/responses/{id},
+// .../cancel, .../input_items) to the rank whose upstream holds id.
+func (s *Server) relayStored(w http.ResponseWriter, r *http.Request, px *proxy.Engine, id, action string) {
+	rank, ok := s.respRanks.get(id)
+	if !ok {
+		s.metrics.requests.WithLabelValues("responses_by_id", "404").Inc()
+		writeAPIError(w, notFoundResponse(id, "response_id"))
+		return
+	}
+	path := "/v1/responses/" + url.PathEscape(id)
+	if action != "" {
+		path += "/" + action
+	}
+	w.Header().Set(HeaderADPRank, strconv.Itoa(rank))
+	w.Header().Set(HeaderInstance, s.cfg.InstanceID)
+	status := s.relayUpstream(w, r, px, rank, r.Method, path, nil, http.Header{}, apireq.Responses)
+	s.metrics.requests.WithLabelValues("responses_by_id", strconv.Itoa(status)).Inc()
+}

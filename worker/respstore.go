@@ -1,0 +1,204 @@
+package worker
+
+import (
+	"container/list"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"sync"
+)
+
+// respStore is the Responses API store of this worker process: stored
+// responses (their object, the conversation to continue from, the input
+// items), and for a background response its stream's events. A stored
+// response exists only here — as in vLLM, whose OpenAIServingResponses
+// keeps response_store, msg_store and event_store in the API server
+// process (vllm/entrypoints/openai/responses/serving.py) — so a request
+// naming it on another worker is a 404 there. Bounded in entries and bytes,
+// least recently used evicted first, each eviction logged.
+type respStore struct {
+	mu         sync.Mutex
+	maxEntries int
+	maxBytes   int64
+	bytes      int64
+	lru        *list.List // of *storedResponse, most recent at the front
+	byID       map[string]*list.Element
+	log        *slog.Logger
+	evicted    func()
+}
+
+// storedResponse is one response. Its fields change under the store's lock.
+type storedResponse struct {
+	id      string
+	status  string          // queued, in_progress, completed, incomplete, cancelled, failed
+	object  json.RawMessage // the response object as last written
+	history []json.RawMessage
+	input   []json.RawMessage // input items, with ids
+	size    int64
+	// chain is the rank-placement key of the conversation the response
+	// belongs to: its conversation id, or the first response of a chain
+	// of previous_response_ids that named none (a continuation then runs
+	// on the rank that holds the chain's KV).
+	chain string
+
+	background bool
+	cancel     context.CancelFunc // a background run's
+	// events of a background response's stream (SSE name and data), and
+	// a channel closed (and replaced) on each append; done once the last
+	// event is in.
+	events  []storedEvent
+	changed chan struct{}
+	done    bool
+}
+
+type storedEvent struct {
+	name string
+	data []byte
+}
+
+func newRespStore(maxEntries int, maxBytes int64, log *slog.Logger, evicted func()) *respStore {
+	return &respStore{maxEntries: maxEntries, maxBytes: maxBytes, lru: list.New(), byID: map[string]*list.Element{}, log: log, evicted: evicted}
+}
+
+// put stores (or replaces) r.
+func (s *respStore) put(r *storedResponse) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.putLocked(r)
+}
+
+func (s *respStore) putLocked(r *storedResponse) {
+	r.size = int64(len(r.object)) + 256
+	for _, h := range r.history {
+		r.size += int64(len(h))
+	}
+	for _, in := range r.input {
+		r.size += int64(len(in))
+	}
+	for _, ev := range r.events {
+		r.size += int64(len(ev.data))
+	}
+	if el, ok := s.byID[r.id]; ok {
+		s.bytes -= el.Value.(*storedResponse).size
+		s.lru.Remove(el)
+	}
+	s.byID[r.id] = s.lru.PushFront(r)
+	s.bytes += r.size
+	for s.lru.Len() > 1 && (s.lru.Len() > s.maxEntries || s.bytes > s.maxBytes) {
+		old := s.lru.Back().Value.(*storedResponse)
+		s.removeLocked(old.id)
+		s.log.Info("evicted a stored response (responses_store_entries / responses_store_bytes)", "response_id", old.id,
+			"status", old.status, "bytes", old.size, "entries", s.lru.Len(), "store_bytes", s.bytes)
+		if s.evicted != nil {
+			s.evicted()
+		}
+	}
+}
+
+// get returns the response and marks it used.
+func (s *respStore) get(id string) (*storedResponse, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	el, ok := s.byID[id]
+	if !ok {
+		return nil, false
+	}
+	s.lru.MoveToFront(el)
+	return el.Value.(*storedResponse), true
+}
+
+// snapshot reads r's fields under the lock.
+func (s *respStore) snapshot(r *storedResponse) (status string, object json.RawMessage, history, input []json.RawMessage) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return r.status, r.object, r.history, r.input
+}
+
+func (s *respStore) delete(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.removeLocked(id)
+}
+
+func (s *respStore) removeLocked(id string) bool {
+	el, ok := s.byID[id]
+	if !ok {
+		return false
+	}
+	r := el.Value.(*storedResponse)
+	s.lru.Remove(el)
+	delete(s.byID, id)
+	s.bytes -= r.size
+	if r.cancel != nil && !r.done {
+		r.cancel()
+	}
+	return true
+}
+
+// update changes a stored response's status and object (a no-op once
+// it was cancelled, or after it left the store).
+func (s *respStore) update(r *storedResponse, status string, object json.RawMessage, history []json.RawMessage) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.status == "cancelled" {
+		return
+	}
+	r.status, r.object = status, object
+	if history != nil {
+		r.history = history
+	}
+	if _, ok := s.byID[r.id]; ok {
+		s.putLocked(r)
+	}
+}
+
+// appendEvent adds one event of a background stream; last marks the end.
+func (s *respStore) appendEvent(r *storedResponse, name string, data []byte, last bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.done {
+		return
+	}
+	r.events = append(r.events, storedEvent{name, data})
+	r.size += int64(len(data))
+	s.bytes += int64(len(data))
+	r.done = last
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// eventsAfter returns the events from index i, whether the stream ended,
+// and a channel closed when more arrive.
+func (s *respStore) eventsAfter(r *storedResponse, i int) ([]storedEvent, bool, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []storedEvent
+	if i < len(r.events) {
+		out = append(out, r.events[i:]...)
+	}
+	return out, r.done, r.changed
+}
+
+// cancelRun cancels a queued or in-progress background response; ok false
+// when the response is neither (vLLM answers "Cannot cancel a synchronous
+// response.").
+func (s *respStore) cancelRun(r *storedResponse, object func(status string) json.RawMessage) (json.RawMessage, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !r.background || (r.status != "queued" && r.status != "in_progress") {
+		return r.object, false
+	}
+	r.status = "cancelled"
+	r.object = object("cancelled")
+	if r.cancel != nil {
+		r.cancel()
+	}
+	return r.object, true
+}
+
+// stats returns the entries and bytes held.
+func (s *respStore) stats() (int, int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lru.Len(), s.bytes
+}
