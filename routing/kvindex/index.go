@@ -139,16 +139,16 @@ type owner struct {
 }
 
 type instance struct {
-	id      string
-	idx     int     // position in Index.insts
-	ranks   []int32 // rank → slot+1 (0: none yet)
+	id    string
+	idx   int     // position in Index.insts
+	ranks []int32 // rank → slot+1 (0: none yet)
 	// offRanks: rank → the slot+1 of its offloaded tier (0: none yet).
 	offRanks []int32
-	pred    int32   // predicted slot+1 (0: none yet)
-	synced  bool    // a baseline (Seq 1 of a boot, or a dump) and no gap since
-	boot    uint64
-	seq     uint64
-	holders int64 // stored (block, rank) pairs
+	pred     int32 // predicted slot+1 (0: none yet)
+	synced   bool  // a baseline (Seq 1 of a boot, or a dump) and no gap since
+	boot     uint64
+	seq      uint64
+	holders  int64 // stored (block, rank) pairs
 	// perRank[r]: stored blocks of rank r; offPerRank[r]: of its
 	// offloaded tier.
 	perRank    []int64
