@@ -551,19 +551,19 @@ func (r *Router) PlaceDegraded(req Request, instances []fsm.Instance, in Inputs)
 
 // candidate is one instance being scored.
 type candidate struct {
-	v        *InstanceView
-	tier     tier
-	blocks   int   // leading prompt blocks held
-	rank     int   // rank holding them (-1: unknown/predicted)
-	cached   int64 // prompt tokens believed cached
+	v      *InstanceView
+	tier   tier
+	blocks int   // leading prompt blocks held
+	rank   int   // rank holding them (-1: unknown/predicted)
+	cached int64 // prompt tokens believed cached
 	// offBlocks: leading prompt blocks one rank holds in an offloaded
 	// tier, when more than blocks; offRank that rank.
 	offBlocks int
 	offRank   int
-	score    float64
-	tieKeys  bool // bindings and hrw computed
-	bindings int
-	hrw      uint64
+	score     float64
+	tieKeys   bool // bindings and hrw computed
+	bindings  int
+	hrw       uint64
 }
 
 var candidatePool = sync.Pool{New: func() any { s := make([]candidate, 0, 64); return &s }}
