@@ -129,7 +129,7 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		t.Fatalf("defaults %+v", cfg)
 	}
 	if cfg.ContextServers.HealthPath != DefaultHealthPath || cfg.GenerationServers.HealthPath != DefaultHealthPath ||
-		cfg.ContextServers.HealthCheckModel || cfg.HintSignatureFormat != hintauth.FormatTRTLLM {
+		cfg.ContextServers.HealthCheckModel || cfg.HintSignatureFormat != hintauth.FormatTRTLLM || cfg.Placement.Weights.OffloadedBlock != routing.DefaultOffloadedBlock {
 		t.Fatalf("probe and hint defaults %+v %+v", cfg.ContextServers, cfg.GenerationServers)
 	}
 }
@@ -206,6 +206,8 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"zero ttl", base + "session_ttl: 0s\n", []string{"session_ttl", "> 0"}},
 		{"bad cidr", base + "conversation_affinity_header_for_subagents: X-P\ntrusted_gateway: {enabled: true, cidrs: [10.0.0.300/8]}\n", []string{"trusted_gateway.cidrs[0]"}},
 		{"gateway without header", base + "trusted_gateway: {enabled: true, cidrs: [10.0.0.0/8]}\n", []string{"trusted_gateway", "conversation_affinity_header_for_subagents"}},
+		{"offloaded block weight above 1", base + "placement:\n  weights: {offloaded_block: 1.5}\n", []string{"placement.weights.offloaded_block, line 8: must be a fraction 0..1"}},
+		{"negative offloaded block weight", base + "placement: {weights: {offloaded_block: -1}}\n", []string{"placement.weights.offloaded_block, line 7"}},
 		{"placement overflow above shed", base + "placement: {overflow: {queued_requests: 80}, shed: {max_queued_requests: 10}}\n", []string{"placement.overflow.queued_requests"}},
 		{"bootstrap without peers", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, bootstrap: true}", 1), []string{"cluster.peers"}},
 		{"unknown suffrage", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, suffrage: observer}", 1), []string{"cluster.suffrage", "observer"}},

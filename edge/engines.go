@@ -401,7 +401,7 @@ func (e *Edge) startFleetEngineEvents(mc *Config, f fsm.Fleet) error {
 		}
 		id := si.ID()
 		src, err := enginekv.Start(cfg, func(k enginekv.RankKeys) {
-			e.fleet.ApplyEngineKV(id, kvindex.RankEvent{Rank: k.Rank, Stored: k.Stored, Removed: k.Removed})
+			e.fleet.ApplyEngineKV(id, engineRankEvents(k)...)
 		})
 		if err != nil {
 			return fmt.Errorf("%s kv_events: %w", id, err)
@@ -410,6 +410,20 @@ func (e *Edge) startFleetEngineEvents(mc *Config, f fsm.Fleet) error {
 		e.log.Info("reading the engine's KV events", "instance", id, "endpoints", cfg.Endpoints)
 	}
 	return nil
+}
+
+// engineRankEvents is one engine change as KV index events: the rank's GPU
+// tier, then its offloaded tier (kvindex RankEvent.Offloaded), when either
+// changed.
+func engineRankEvents(k enginekv.RankKeys) []kvindex.RankEvent {
+	evs := make([]kvindex.RankEvent, 0, 2)
+	if len(k.Stored)+len(k.Removed) > 0 {
+		evs = append(evs, kvindex.RankEvent{Rank: k.Rank, Stored: k.Stored, Removed: k.Removed})
+	}
+	if len(k.OffloadedStored)+len(k.OffloadedRemoved) > 0 {
+		evs = append(evs, kvindex.RankEvent{Rank: k.Rank, Stored: k.OffloadedStored, Removed: k.OffloadedRemoved, Offloaded: true})
+	}
+	return evs
 }
 
 // stopEngineEvents closes every source.
@@ -528,6 +542,9 @@ func (e *Edge) startTRTDrain(id, url string, f fsm.Fleet) (*trtDrain, error) {
 // publish shares one change: a KV batch of the instance over NATS (every
 // edge applies it, this one included), else this edge's index alone.
 func (d *trtDrain) publish(k enginekv.RankKeys) {
+	if len(k.Stored)+len(k.Removed) == 0 {
+		return // the KV batches edges share carry the GPU tier only
+	}
 	if d.e.nc == nil {
 		d.e.fleet.ApplyEngineKV(d.id, kvindex.RankEvent{Rank: k.Rank, Stored: k.Stored, Removed: k.Removed})
 		return

@@ -186,10 +186,12 @@ func PriorityFromHeader(h http.Header) (Priority, error) {
 // Weights turn cache credit and load into one score, in token-equivalents of
 // prefill work (higher is better):
 //
-//	score = Cache·cf·cachedTokens − qf·(Queue·queuedPrefillTokens + QueuedRequest·queuedRequests) − Decode·activePromptTokens
+//	score = Cache·cf·(cachedTokens + OffloadedBlock·offloadedTokens) − qf·(Queue·queuedPrefillTokens + QueuedRequest·queuedRequests) − Decode·activePromptTokens
 //
-// where cf = BackgroundCacheFactor for background requests (else 1) and qf =
-// InteractiveQueueFactor for interactive requests (else 1).
+// where cf = BackgroundCacheFactor for background requests (else 1), qf =
+// InteractiveQueueFactor for interactive requests (else 1), cachedTokens
+// the prompt's leading tokens in GPU memory and offloadedTokens the ones
+// after those that only an offloaded tier (CPU memory, disk) holds.
 type Weights struct {
 	Cache                  float64 `yaml:"cache"`
 	Queue                  float64 `yaml:"queue"`
@@ -204,7 +206,19 @@ type Weights struct {
 	// prefill (routing/lora.go).
 	LoRALoad float64 `yaml:"lora_load"`
 	LoRAFull float64 `yaml:"lora_full"`
+	// OffloadedBlock is what a prompt token held only in an offloaded
+	// tier is worth, as a fraction of one held in GPU memory (0..1; 0
+	// ignores offloaded tiers). The engine loads such blocks back over
+	// PCIe (or from disk) instead of recomputing them: cheaper than
+	// prefill, dearer than a GPU hit.
+	OffloadedBlock float64 `yaml:"offloaded_block"`
 }
+
+// DefaultOffloadedBlock credits an offloaded token at half a GPU-cached
+// one: loading a block from host memory costs a fraction of its prefill
+// on current GPUs, but the transfer competes with the engine's other
+// loads and the tier's contents are reported later than the GPU's.
+const DefaultOffloadedBlock = 0.5
 
 // OverflowConfig says when a bound key leaves its instance. Zero thresholds
 // are disabled.
@@ -293,6 +307,7 @@ func DefaultConfig() Config {
 			BackgroundCacheFactor:  2,
 			LoRALoad:               DefaultLoRALoad,
 			LoRAFull:               DefaultLoRAFull,
+			OffloadedBlock:         DefaultOffloadedBlock,
 		},
 		Overflow: OverflowConfig{
 			QueuedRequests:     8,
@@ -340,6 +355,9 @@ func (c Config) Validate() error {
 	weight("background_cache_factor", c.Weights.BackgroundCacheFactor, 1)
 	weight("lora_load", c.Weights.LoRALoad, 0)
 	weight("lora_full", c.Weights.LoRAFull, 0)
+	if v := c.Weights.OffloadedBlock; math.IsNaN(v) || v < 0 || v > 1 {
+		bad("weights.offloaded_block", "must be a fraction 0..1 (0 ignores offloaded tiers), got %g", v)
+	}
 	if c.Overflow.QueuedRequests < 0 {
 		bad("overflow.queued_requests", "must be >= 0 (0 disables), got %d", c.Overflow.QueuedRequests)
 	}

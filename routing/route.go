@@ -551,15 +551,19 @@ func (r *Router) PlaceDegraded(req Request, instances []fsm.Instance, in Inputs)
 
 // candidate is one instance being scored.
 type candidate struct {
-	v        *InstanceView
-	tier     tier
-	blocks   int   // leading prompt blocks held
-	rank     int   // rank holding them (-1: unknown/predicted)
-	cached   int64 // prompt tokens believed cached
-	score    float64
-	tieKeys  bool // bindings and hrw computed
-	bindings int
-	hrw      uint64
+	v      *InstanceView
+	tier   tier
+	blocks int   // leading prompt blocks held
+	rank   int   // rank holding them (-1: unknown/predicted)
+	cached int64 // prompt tokens believed cached
+	// offBlocks: leading prompt blocks one rank holds in an offloaded
+	// tier, when more than blocks; offRank that rank.
+	offBlocks int
+	offRank   int
+	score     float64
+	tieKeys   bool // bindings and hrw computed
+	bindings  int
+	hrw       uint64
 }
 
 var candidatePool = sync.Pool{New: func() any { s := make([]candidate, 0, 64); return &s }}
@@ -668,6 +672,9 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) Route {
 			if i < len(cands) && cands[i].v.ID == m.Instance && m.Blocks > 0 {
 				cands[i].blocks, cands[i].rank = m.Blocks, m.Rank
 			}
+			if i < len(cands) && cands[i].v.ID == m.Instance && m.Offloaded > m.Blocks {
+				cands[i].offBlocks, cands[i].offRank = m.Offloaded, m.OffloadedRank
+			}
 		}
 		*mp = matches[:0]
 		matchPool.Put(mp)
@@ -697,8 +704,8 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) Route {
 			}
 		}
 		credit := 0.0
-		if c.cached > 0 && !c.v.CacheDegraded {
-			credit = cacheWeight * float64(c.cached)
+		if tokens := float64(c.cached) + w.OffloadedBlock*float64(r.offloadedTokens(c, req)); tokens > 0 && !c.v.CacheDegraded {
+			credit = cacheWeight * tokens
 			dec.Policy = PolicyKVAware
 		}
 		c.score = credit - r.loadCost(c.v, req.Priority) - r.adapterCost(c.v, req.Adapter)
@@ -732,8 +739,25 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) Route {
 	rank := -1
 	if best.cached > 0 {
 		rank = best.rank
+	} else if r.offloadedTokens(best, req) > 0 && r.cfg.Weights.OffloadedBlock > 0 {
+		rank = best.offRank // its offloaded tier holds the prompt
 	}
 	return Route{Instance: best.v.ID, URL: best.v.URL, Rank: rank, CachedTokens: int(best.cached), Decision: dec}
+}
+
+// offloadedTokens is the prompt tokens after c's GPU-cached ones that only
+// an offloaded tier of one of c's ranks holds: the engine loads them back
+// (vLLM's offloading connector looks up the blocks that follow its GPU
+// prefix hit) rather than computing them.
+func (r *Router) offloadedTokens(c *candidate, req *Request) int64 {
+	if c.offBlocks <= c.blocks {
+		return 0
+	}
+	n := int64(c.offBlocks) * int64(r.cfg.BlockSize)
+	if req.PromptTokens > 0 {
+		n = min(n, int64(req.PromptTokens))
+	}
+	return max(n-c.cached, 0)
 }
 
 // shed builds the 429 route. Retry-After is the time the least-loaded

@@ -84,6 +84,10 @@ type InstanceKV struct {
 	// (predictions not counted).
 	Blocks int64    `json:"blocks"`
 	Ranks  []RankKV `json:"ranks"`
+	// OffloadedBlocks: blocks the index holds in the ranks' offloaded
+	// tiers (engine KV events of a medium other than the GPU), over all
+	// ranks; omitted when none.
+	OffloadedBlocks int64 `json:"offloaded_blocks,omitempty"`
 	// LastSeq is the sequence number of the last event batch (or dump)
 	// applied; 0 when none.
 	LastSeq uint64 `json:"last_seq"`
@@ -115,6 +119,9 @@ func kvInfo(kv kvindex.InstanceKV, known bool, in fleetview.Instance) InstanceKV
 	for r, n := range kv.RankBlocks {
 		out.Ranks = append(out.Ranks, RankKV{Rank: r, Blocks: n})
 		out.Blocks += n
+	}
+	for _, n := range kv.OffloadedRankBlocks {
+		out.OffloadedBlocks += n
 	}
 	return out
 }

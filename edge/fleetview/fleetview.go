@@ -732,7 +732,9 @@ func (f *View) NoteDispatch(id string, promptTokens int) (done func()) {
 // edge from the engine itself (internal/enginekv), to the KV index: exact
 // batches in this edge's own sequence for the instance. The first is a
 // baseline (the engine's replay buffer, from its sequence 0, comes first).
-func (f *View) ApplyEngineKV(id string, ev kvindex.RankEvent) {
+// evs are one change, applied as one batch (a rank's GPU tier and its
+// offloaded tier).
+func (f *View) ApplyEngineKV(id string, evs ...kvindex.RankEvent) {
 	f.mu.RLock()
 	in, ok := f.byID[id]
 	f.mu.RUnlock()
@@ -742,7 +744,7 @@ func (f *View) ApplyEngineKV(id string, ev kvindex.RankEvent) {
 	in.engineMu.Lock()
 	defer in.engineMu.Unlock()
 	in.engineSeq++
-	out, err := f.index.Apply(kvindex.Batch{Instance: id, Boot: f.engineBoot, Seq: in.engineSeq, Events: []kvindex.RankEvent{ev}})
+	out, err := f.index.Apply(kvindex.Batch{Instance: id, Boot: f.engineBoot, Seq: in.engineSeq, Events: evs})
 	if err != nil {
 		f.drop("kv", err)
 		return

@@ -47,7 +47,7 @@ func TestDecodeVLLMBothLayouts(t *testing.T) {
 		}
 		s := got.Events[0]
 		if s.Kind != enginekv.Stored || !slices.Equal(s.Hashes, in.Events[0].Hashes) || s.Parent != in.Events[0].Parent || !s.HasParent ||
-			!slices.Equal(s.Tokens, in.Events[0].Tokens) || s.BlockSize != 4 || s.Foreign || s.Offloaded {
+			!slices.Equal(s.Tokens, in.Events[0].Tokens) || s.BlockSize != 4 || s.Foreign || s.Offloaded() {
 			t.Fatalf("layout %d: stored = %+v", layout, s)
 		}
 		if got.Events[1].Kind != enginekv.Removed || got.Events[1].Hashes[0] != enginekv.IntHash(7) || got.Events[2].Kind != enginekv.Cleared {
@@ -83,7 +83,7 @@ func TestDecodeVLLMFieldOrder(t *testing.T) {
 	if b.Events[0].Foreign || b.Events[0].LoRAName != "my-lora" || b.Events[0].Parent != enginekv.BytesHash([]byte("h0")) || b.DPRank != 0 {
 		t.Fatalf("a lora_name block is keyed under its adapter: %+v", b.Events[0])
 	}
-	if !b.Events[1].Offloaded || b.Events[2].Group != 1 || b.Events[0].SpecKind != "full" {
+	if b.Events[1].Medium != "CPU" || b.Events[2].Group != 1 || b.Events[0].SpecKind != "full" {
 		t.Fatalf("medium CPU must be offloaded, group_idx and kv_cache_spec_kind read: %+v", b.Events)
 	}
 }

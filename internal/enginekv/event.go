@@ -93,10 +93,13 @@ type Event struct {
 	// (routing/prefix AdapterBlockHashes), as an edge computes them for a
 	// request naming the adapter.
 	LoRAName string
-	// Offloaded marks events about a tier other than the GPU (vLLM medium
-	// "CPU", ...): tether announces what a request can reuse without a
-	// transfer, so only GPU blocks count.
-	Offloaded bool
+	// Medium is the tier the event is about: "" for the GPU (vLLM medium
+	// absent or "GPU"), else the engine's name of an offloaded tier (vLLM
+	// vllm/v1/kv_offload/mediums.py: "CPU", "Disk"). The Mapper keeps each
+	// offloaded medium's blocks apart from the GPU's: a request reuses an
+	// offloaded block only after a transfer back, so placement credits it
+	// at a lower weight (routing Weights.OffloadedBlock).
+	Medium string
 	// Group is the KV cache group of a hybrid model (vLLM group_idx, 0
 	// when absent); SpecKind is the group's attention kind as the engine
 	// names it (vLLM kv_cache_spec_kind on stored events: full_attention,
@@ -109,6 +112,9 @@ type Event struct {
 	SpecKind string
 	Window   int
 }
+
+// Offloaded reports whether the event is about a tier other than the GPU.
+func (e Event) Offloaded() bool { return e.Medium != "" }
 
 // Batch is one engine message: events in order, and the data-parallel rank
 // that produced them when the engine says (vLLM's data_parallel_rank,

@@ -91,11 +91,15 @@ type RankStatus struct {
 }
 
 // RankKeys is one change to one engine rank's cache in tether block keys:
-// Removed applies before Stored.
+// in each tier Removed applies before Stored. OffloadedStored and
+// OffloadedRemoved are the offloaded tiers' (Mapper): a consumer that
+// cannot carry them (the workers' NATS KV batches) ignores them.
 type RankKeys struct {
-	Rank    int
-	Stored  []uint64
-	Removed []uint64
+	Rank             int
+	Stored           []uint64
+	Removed          []uint64
+	OffloadedStored  []uint64
+	OffloadedRemoved []uint64
 }
 
 // Source runs the configured subscribers or pollers and feeds the sink
@@ -230,21 +234,21 @@ func (f *feed) Batch(seq uint64, b Batch) {
 	}
 	f.mu.Lock()
 	m := f.mappers[rank]
-	var stored, removed []uint64
+	var acc Change
 	for _, ev := range b.Events {
-		s, r := m.Apply(ev)
+		c := m.ApplyTiers(ev)
 		// Keep removal-before-store order across events of one batch by
 		// emitting per event when an event removes after earlier stores.
-		if len(r) > 0 && len(stored) > 0 {
-			f.emit(rank, stored, removed)
-			stored, removed = nil, nil
+		if acc.removesAfterStore(c) {
+			f.emit(rank, acc)
+			acc = Change{}
 		}
-		stored, removed = append(stored, s...), append(removed, r...)
+		acc.add(c)
 	}
 	st := f.status[rank]
 	st.LastSeq, st.HaveSeq = seq, true
 	f.mu.Unlock()
-	f.emit(rank, stored, removed)
+	f.emit(rank, acc)
 }
 
 // Reset implements Handler: every rank of the feed forgets its blocks.
@@ -252,7 +256,7 @@ func (f *feed) Reset(reason string) {
 	f.log.Warn("kv events reset", "source", f.name, "reason", reason)
 	type out struct {
 		rank    int
-		removed []uint64
+		removed Change
 	}
 	var outs []out
 	f.mu.Lock()
@@ -265,15 +269,16 @@ func (f *feed) Reset(reason string) {
 	}
 	f.mu.Unlock()
 	for _, o := range outs {
-		f.emit(o.rank, nil, o.removed)
+		f.emit(o.rank, o.removed)
 	}
 }
 
-func (f *feed) emit(rank int, stored, removed []uint64) {
-	if len(stored) == 0 && len(removed) == 0 {
+func (f *feed) emit(rank int, c Change) {
+	if c.empty() {
 		return
 	}
-	f.sink(RankKeys{Rank: rank, Stored: stored, Removed: removed})
+	f.sink(RankKeys{Rank: rank, Stored: c.Stored, Removed: c.Removed,
+		OffloadedStored: c.OffloadedStored, OffloadedRemoved: c.OffloadedRemoved})
 }
 
 // Keys lists, per rank, the tether keys the engine holds as far as the

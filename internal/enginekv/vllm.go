@@ -111,7 +111,9 @@ func decodeVLLMEvent(raw any) (Event, error) {
 		if !ok {
 			return Event{}, fmt.Errorf("%s.medium is a %T, want a string", tag, m)
 		}
-		ev.Offloaded = s != "GPU"
+		if s != "GPU" {
+			ev.Medium = s
+		}
 	}
 	if g, ok := fields["group_idx"]; ok && g != nil {
 		n, err := asInt(g)

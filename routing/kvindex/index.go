@@ -48,11 +48,14 @@ type Config struct {
 }
 
 // RankEvent is one change to one rank's cache: Removed is applied before
-// Stored.
+// Stored. Offloaded: the change is to the rank's offloaded tier (blocks
+// the engine copied out of GPU memory, to CPU memory or disk, and loads
+// back before reuse), which the index keeps apart from its GPU blocks.
 type RankEvent struct {
-	Rank    int
-	Removed []uint64
-	Stored  []uint64
+	Rank      int
+	Removed   []uint64
+	Stored    []uint64
+	Offloaded bool
 }
 
 // Batch is one sequence-numbered batch of KV events from one worker boot.
@@ -110,6 +113,13 @@ type Match struct {
 	Blocks int
 	// Rank holds them; -1 when the match comes from a prediction only.
 	Rank int
+	// Offloaded is the number of leading prompt blocks one rank holds in
+	// its offloaded tier (0 when none); OffloadedRank is that rank (0
+	// when none).
+	// Blocks a rank holds both ways count in Blocks; placement credits
+	// the blocks beyond Blocks at a lower weight.
+	Offloaded     int
+	OffloadedRank int
 }
 
 // Stats describes the index's size.
@@ -123,21 +133,26 @@ type Stats struct {
 }
 
 type owner struct {
-	inst *instance // nil: free slot
-	rank int       // -1: the instance's predicted pseudo-rank
+	inst      *instance // nil: free slot
+	rank      int       // -1: the instance's predicted pseudo-rank
+	offloaded bool      // the rank's offloaded tier
 }
 
 type instance struct {
-	id      string
-	idx     int     // position in Index.insts
-	ranks   []int32 // rank → slot+1 (0: none yet)
-	pred    int32   // predicted slot+1 (0: none yet)
-	synced  bool    // a baseline (Seq 1 of a boot, or a dump) and no gap since
-	boot    uint64
-	seq     uint64
-	holders int64 // stored (block, rank) pairs
-	// perRank[r]: stored blocks of rank r.
-	perRank []int64
+	id    string
+	idx   int     // position in Index.insts
+	ranks []int32 // rank → slot+1 (0: none yet)
+	// offRanks: rank → the slot+1 of its offloaded tier (0: none yet).
+	offRanks []int32
+	pred     int32 // predicted slot+1 (0: none yet)
+	synced   bool  // a baseline (Seq 1 of a boot, or a dump) and no gap since
+	boot     uint64
+	seq      uint64
+	holders  int64 // stored (block, rank) pairs
+	// perRank[r]: stored blocks of rank r; offPerRank[r]: of its
+	// offloaded tier.
+	perRank    []int64
+	offPerRank []int64
 	// approx: the stored blocks come from Approximate batches.
 	approx bool
 }
@@ -150,8 +165,10 @@ type InstanceKV struct {
 	Approximate bool
 	// Boot and Seq: the last applied batch (or dump) position.
 	Boot, Seq uint64
-	// RankBlocks[r]: blocks the index holds for rank r.
-	RankBlocks []int64
+	// RankBlocks[r]: blocks the index holds for rank r;
+	// OffloadedRankBlocks[r]: for its offloaded tier.
+	RankBlocks          []int64
+	OffloadedRankBlocks []int64
 }
 
 type predRecord struct {
@@ -235,7 +252,7 @@ func (ix *Index) Apply(b Batch) (Outcome, error) {
 		return NeedsDump, nil
 	}
 	for _, ev := range b.Events {
-		s, err := ix.rankSlotLocked(in, ev.Rank)
+		s, err := ix.rankSlotLocked(in, ev.Rank, ev.Offloaded)
 		if err != nil {
 			ix.goStaleLocked(in)
 			return 0, fmt.Errorf("kvindex: apply batch %s seq %d: %w", b.Instance, b.Seq, err)
@@ -277,7 +294,7 @@ func (ix *Index) ReplaceInstance(instanceID string, boot, seq uint64, ranks [][]
 		if len(blocks) == 0 {
 			continue
 		}
-		s, err := ix.rankSlotLocked(in, r)
+		s, err := ix.rankSlotLocked(in, r, false)
 		if err != nil {
 			ix.goStaleLocked(in)
 			return fmt.Errorf("kvindex: replace instance %s: %w", instanceID, err)
@@ -301,7 +318,7 @@ func (ix *Index) RemoveInstance(instanceID string) {
 	}
 	set := make([]uint64, ix.words)
 	var slots []slot
-	for _, p := range in.ranks {
+	for _, p := range append(slices.Clip(in.ranks), in.offRanks...) {
 		if p != 0 {
 			slots = append(slots, slot(p-1))
 		}
@@ -338,7 +355,7 @@ func (ix *Index) Predict(instanceID string, blocks []uint64, now time.Time) {
 	ix.expireLocked(nowN)
 	in := ix.instanceLocked(instanceID)
 	if in.pred == 0 {
-		s, err := ix.allocSlotLocked(in, -1)
+		s, err := ix.allocSlotLocked(in, -1, false)
 		if err != nil {
 			return // no room for a prediction: placement works without it
 		}
@@ -386,7 +403,7 @@ func (ix *Index) Instance(instanceID string) (kv InstanceKV, ok bool) {
 		return InstanceKV{}, false
 	}
 	return InstanceKV{Synced: in.synced, Approximate: in.approx, Boot: in.boot, Seq: in.seq,
-		RankBlocks: slices.Clone(in.perRank)}, true
+		RankBlocks: slices.Clone(in.perRank), OffloadedRankBlocks: slices.Clone(in.offPerRank)}, true
 }
 
 // Stats returns the index's size.
@@ -515,8 +532,9 @@ func (ix *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 
 // foldMatches folds the matched depth of every slot that held the first
 // block into dst, one entry per instance: an instance's best holder wins (a
-// real rank over a prediction on ties, then the lower rank). It leaves the
-// scratch positions zeroed.
+// real rank over a prediction on ties, then the lower rank), its GPU and
+// prediction slots into Blocks, its offloaded tiers into Offloaded. It
+// leaves the scratch positions zeroed.
 func (ix *Index) foldMatches(dst []Match, sc *scratchSpace, first []uint64, matched []int32) []Match {
 	pos := sc.pos
 	for w, f := range first {
@@ -531,12 +549,17 @@ func (ix *Index) foldMatches(dst []Match, sc *scratchSpace, first []uint64, matc
 			n := int(matched[s])
 			p := pos[o.inst.idx]
 			if p == 0 {
-				dst = append(dst, Match{Instance: o.inst.id, Blocks: n, Rank: o.rank})
-				pos[o.inst.idx] = int32(len(dst))
-				continue
+				dst = append(dst, Match{Instance: o.inst.id, Rank: -1})
+				p = int32(len(dst))
+				pos[o.inst.idx] = p
 			}
 			cur := &dst[p-1]
-			if n > cur.Blocks || (n == cur.Blocks && betterRank(o.rank, cur.Rank)) {
+			switch {
+			case o.offloaded:
+				if n > cur.Offloaded || (n == cur.Offloaded && o.rank < cur.OffloadedRank) {
+					cur.Offloaded, cur.OffloadedRank = n, o.rank
+				}
+			case n > cur.Blocks || (n == cur.Blocks && betterRank(o.rank, cur.Rank)):
 				cur.Blocks, cur.Rank = n, o.rank
 			}
 		}
@@ -635,7 +658,7 @@ func (ix *Index) instanceLocked(id string) *instance {
 	return in
 }
 
-func (ix *Index) allocSlotLocked(in *instance, rank int) (slot, error) {
+func (ix *Index) allocSlotLocked(in *instance, rank int, offloaded bool) (slot, error) {
 	var s slot
 	if n := len(ix.free); n > 0 {
 		s = ix.free[n-1]
@@ -648,27 +671,41 @@ func (ix *Index) allocSlotLocked(in *instance, rank int) (slot, error) {
 		ix.owners = append(ix.owners, owner{})
 		ix.words = (len(ix.owners) + 63) / 64
 	}
-	ix.owners[s] = owner{inst: in, rank: rank}
+	ix.owners[s] = owner{inst: in, rank: rank, offloaded: offloaded}
 	return s, nil
 }
 
-func (ix *Index) rankSlotLocked(in *instance, rank int) (slot, error) {
+// rankSlotLocked is the slot of a rank's GPU blocks, or of its offloaded
+// tier, allocated on first use.
+func (ix *Index) rankSlotLocked(in *instance, rank int, offloaded bool) (slot, error) {
 	if rank < 0 || rank >= MaxRanks {
 		return 0, fmt.Errorf("instance %s: rank %d (want 0..%d): %w", in.id, rank, MaxRanks-1, ErrInvalid)
 	}
-	if rank < len(in.ranks) && in.ranks[rank] != 0 {
-		return slot(in.ranks[rank] - 1), nil
+	slots, counts := &in.ranks, &in.perRank
+	if offloaded {
+		slots, counts = &in.offRanks, &in.offPerRank
 	}
-	s, err := ix.allocSlotLocked(in, rank)
+	if rank < len(*slots) && (*slots)[rank] != 0 {
+		return slot((*slots)[rank] - 1), nil
+	}
+	s, err := ix.allocSlotLocked(in, rank, offloaded)
 	if err != nil {
 		return 0, err
 	}
-	for len(in.ranks) <= rank {
-		in.ranks = append(in.ranks, 0)
-		in.perRank = append(in.perRank, 0)
+	for len(*slots) <= rank {
+		*slots = append(*slots, 0)
+		*counts = append(*counts, 0)
 	}
-	in.ranks[rank] = int32(s) + 1
+	(*slots)[rank] = int32(s) + 1
 	return s, nil
+}
+
+// rankCount is the stored-block count of the slot's owner.
+func rankCount(in *instance, o owner) *int64 {
+	if o.offloaded {
+		return &in.offPerRank[o.rank]
+	}
+	return &in.perRank[o.rank]
 }
 
 // updateLocked applies one set operation to each block. For stored-holder
@@ -691,11 +728,11 @@ func (ix *Index) updateLocked(in *instance, blocks []uint64, op setOp) {
 		switch {
 		case op.kind == opAdd && !had:
 			in.holders++
-			in.perRank[ix.owners[op.slot].rank]++
+			*rankCount(in, ix.owners[op.slot])++
 			ix.holderBlocks++
 		case op.kind == opRemove && had:
 			in.holders--
-			in.perRank[ix.owners[op.slot].rank]--
+			*rankCount(in, ix.owners[op.slot])--
 			ix.holderBlocks--
 		}
 		ix.sets.retarget(from, to)
@@ -721,7 +758,7 @@ func (ix *Index) clearStoredLocked(in *instance) {
 		return
 	}
 	set := make([]uint64, ix.words)
-	for _, p := range in.ranks {
+	for _, p := range append(slices.Clip(in.ranks), in.offRanks...) {
 		if p != 0 {
 			s := slot(p - 1)
 			set[s/64] |= 1 << (s % 64)
@@ -731,6 +768,7 @@ func (ix *Index) clearStoredLocked(in *instance) {
 	ix.holderBlocks -= in.holders
 	in.holders = 0
 	clear(in.perRank)
+	clear(in.offPerRank)
 }
 
 func (ix *Index) purgeLocked(set []uint64) {

@@ -78,8 +78,8 @@ func encodeEvent(ev enginekv.Event, layout Layout) (any, error) {
 		hashes[i] = hashValue(h)
 	}
 	medium := "GPU"
-	if ev.Offloaded {
-		medium = "CPU"
+	if ev.Offloaded() {
+		medium = ev.Medium
 	}
 	switch ev.Kind {
 	case enginekv.Cleared:

@@ -210,6 +210,10 @@ func (e *Engine) SetKVEventSink(fn func(engine.KVEvent)) {
 		return
 	}
 	src, err := enginekv.Start(*e.cfg.KVEvents, func(k enginekv.RankKeys) {
+		// The workers' KV batches carry the GPU tier only.
+		if len(k.Stored)+len(k.Removed) == 0 {
+			return
+		}
 		fn(engine.KVEvent{Rank: k.Rank, Stored: k.Stored, Removed: k.Removed})
 	})
 	if err != nil { // validated in New: cannot happen
