@@ -102,10 +102,12 @@ type Edge struct {
 	httpSrv  *http.Server
 	ln       net.Listener
 	recorder *recorder
-	touches  *touchBatcher
-	decider  *decide.Decider // the routing decision (route.go, routing/decide)
-	fresh    *freshness      // is this edge's state current (readyz, degraded placement)
-	ready    *readiness
+	// placements are this edge's own Bind proposals (placements.go).
+	placements *placements
+	touches    *touchBatcher
+	decider    *decide.Decider // the routing decision (route.go, routing/decide)
+	fresh      *freshness      // is this edge's state current (readyz, degraded placement)
+	ready      *readiness
 
 	rr          [3]atomic.Uint64 // round-robin counters by fleet
 	disaggBase  uint64
@@ -179,7 +181,9 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	}
 	e.recorder = newRecorder(e)
 	e.touches = newTouchBatcher()
-	e.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Fleet: edgeFleet{e}, Index: edgeIndex{e}, Overload: e.overload}
+	e.placements = newPlacements(e)
+	e.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e},
+		Index: edgeIndex{e}, Overload: e.overload, CommitFirst: cfg.Placement.CommitFirst}
 	e.fresh = newFreshness(e)
 	if e.metrics, err = newMetrics(e.registry, e); err != nil {
 		return nil, err
@@ -213,6 +217,10 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	// and a counter, so ids are unique across edges and restarts in
 	// practice and stay exact in float64-based JSON parsers (< 2^53).
 	e.disaggBase = uint64(binary.BigEndian.Uint32(b[:])&0x7fffffff) << 21
+	// Request ids ("<node id>-<n>", recorded in the log's decisions) start
+	// at a random point of a 63-bit space, so an edge restarted on its data
+	// directory does not reuse the ids its previous process recorded.
+	e.reqSeq.Store(binary.BigEndian.Uint64(b[:]) >> 1 &^ (1<<32 - 1))
 	e.evictCh = make(chan kvEviction, 4096)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e, nil

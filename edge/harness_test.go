@@ -602,8 +602,15 @@ func adminGet(t testing.TB, c *http.Client, te *testEdge, path string) response 
 	return do(t, c, http.MethodGet, te.url()+path, nil, map[string]string{"Authorization": "Bearer " + testAdmin})
 }
 
+// binding reads key's binding from te's admin API, once te's own Bind
+// proposal for it (a new key is dispatched beside it) has been answered —
+// while te knows the log can commit.
 func binding(t testing.TB, c *http.Client, te *testEdge, fleet fsm.Fleet, key string) (admin.BindingInfo, bool) {
 	t.Helper()
+	waitFor(t, "the Bind proposal of "+key+" answered, or the log down", 20*time.Second, func() bool {
+		p, ok := te.e.placements.Pending(fleet, key)
+		return !ok || p.Settled || te.e.logDown()
+	})
 	r := adminGet(t, c, te, "/admin/v1/bindings/"+fleet.String()+"/"+url.PathEscape(key))
 	if r.status == http.StatusNotFound {
 		return admin.BindingInfo{}, false

@@ -131,6 +131,12 @@ func TestKVEvictedConversationsAreEvicted(t *testing.T) {
 	ec.waitInstances(2)
 	te, c := ec.edge(0), httpClient(t)
 	(&agent{session: "lru-old", system: longText("lru-a", 24)}).send(t, c, te, "one", nil)
+	// Dispatched beside its Bind: the eviction below is of a binding, so
+	// the Bind must have committed first.
+	waitFor(t, "the first conversation's binding", 10*time.Second, func() bool {
+		_, ok := te.e.Node().State().Lookup(fsm.FleetContext, "lru-old")
+		return ok
+	})
 	(&agent{session: "lru-new", system: longText("lru-b", 24)}).send(t, c, te, "one", nil)
 	waitFor(t, "the evicted conversation's binding gone", 10*time.Second, func() bool {
 		_, ok := te.e.Node().State().Lookup(fsm.FleetContext, "lru-old")

@@ -11,9 +11,10 @@ import (
 	"github.com/tether-project/tether/fsm"
 )
 
-// recorder proposes the events a request does not wait for (overflows,
-// parent links) and the Binds of degraded-mode placements, batching what
-// queued up into entries and retrying while the log cannot commit.
+// recorder proposes the events a request does not wait for (parent links,
+// rank observations) and retries the Binds of this edge's own placements
+// whose first attempt failed (placements.go), batching what queued up into
+// entries and retrying while the log cannot commit.
 //
 // Every event gets its proposal id when it is queued and keeps it for every
 // attempt: a proposal that timed out may still commit, and its retry must
@@ -22,11 +23,10 @@ type recorder struct {
 	e    *Edge
 	kick chan struct{}
 
-	mu       sync.Mutex
-	queue    []recorded
-	degraded map[fsm.FleetKey]fsm.Bind // placed without the log, not recorded yet
-	links    map[string]bool           // queued links, by child
-	ranks    map[fsm.FleetKey]uint32   // queued rank observations, by key
+	mu    sync.Mutex
+	queue []recorded
+	links map[string]bool         // queued links, by child
+	ranks map[fsm.FleetKey]uint32 // queued rank observations, by key
 }
 
 type recorded struct {
@@ -36,8 +36,8 @@ type recorded struct {
 }
 
 // maxRecorderQueue bounds the events waiting for the log; beyond it the
-// oldest are dropped (an overflow is informational, a link is re-proposed
-// by the child's next request, a degraded Bind by the key's next request)
+// oldest are dropped (a link is re-proposed by the child's next request, a
+// placement's Bind is forgotten and its key placed anew by its next request)
 // and counted in tether_edge_recorder_dropped_total{reason="queue_full"}.
 const maxRecorderQueue = 65536
 
@@ -45,12 +45,11 @@ const maxRecorderQueue = 65536
 // flush deadline stays a few log entries, whatever the backlog.
 const maxFlushEvents = 1024
 
-// maxRecordAttempts bounds retries of events other than degraded Binds.
+// maxRecordAttempts bounds retries of events other than placements' Binds.
 const maxRecordAttempts = 50
 
 func newRecorder(e *Edge) *recorder {
-	return &recorder{e: e, kick: make(chan struct{}, 1), degraded: map[fsm.FleetKey]fsm.Bind{}, links: map[string]bool{},
-		ranks: map[fsm.FleetKey]uint32{}}
+	return &recorder{e: e, kick: make(chan struct{}, 1), links: map[string]bool{}, ranks: map[fsm.FleetKey]uint32{}}
 }
 
 func (r *recorder) poke() {
@@ -79,12 +78,16 @@ func (r *recorder) add(ev fsm.Event, _ func(fsm.Result)) {
 // pushLocked queues ev under a fresh proposal id, dropping the oldest event
 // when the queue is full.
 func (r *recorder) pushLocked(ev fsm.Event) {
+	r.pushIDLocked(cluster.NewProposalID(), ev)
+}
+
+func (r *recorder) pushIDLocked(id fsm.ProposalID, ev fsm.Event) {
 	if len(r.queue) >= maxRecorderQueue {
 		r.dropLocked(r.queue[0], "queue_full")
 		r.queue[0] = recorded{}
 		r.queue = r.queue[1:]
 	}
-	r.queue = append(r.queue, recorded{id: cluster.NewProposalID(), ev: ev})
+	r.queue = append(r.queue, recorded{id: id, ev: ev})
 }
 
 func (r *recorder) queued() int {
@@ -99,8 +102,8 @@ func (r *recorder) dropLocked(x recorded, reason string) {
 	case fsm.Link:
 		delete(r.links, ev.Child)
 	case fsm.Bind:
-		delete(r.degraded, fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key})
-		r.e.metrics.degradedRecord.WithLabelValues("dropped").Inc()
+		// (Lock order: the recorder's, then the placements'.)
+		r.e.placements.drop(x.id, ev, reason)
 	case fsm.RankObserved:
 		delete(r.ranks, fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key})
 	}
@@ -121,35 +124,13 @@ func (r *recorder) addRank(ev fsm.RankObserved) {
 	r.poke()
 }
 
-// addDegraded remembers a degraded placement and queues its Bind.
-func (r *recorder) addDegraded(b fsm.Bind) {
-	k := fsm.FleetKey{Fleet: b.Fleet, Key: b.Key}
+// addBind queues a placement's Bind under the proposal id of its first
+// attempt, retried until it commits (placements.go learns its answer).
+func (r *recorder) addBind(id fsm.ProposalID, b fsm.Bind) {
 	r.mu.Lock()
-	if _, dup := r.degraded[k]; dup {
-		r.mu.Unlock()
-		return
-	}
-	r.degraded[k] = b
-	r.pushLocked(b)
+	r.pushIDLocked(id, b)
 	r.mu.Unlock()
 	r.poke()
-}
-
-// degradedBinding returns the unrecorded degraded placement of a key.
-func (r *recorder) degradedBinding(f fsm.Fleet, key string) (fsm.Binding, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	b, ok := r.degraded[fsm.FleetKey{Fleet: f, Key: key}]
-	if !ok {
-		return fsm.Binding{}, false
-	}
-	return fsm.Binding{Fleet: b.Fleet, Key: b.Key, ConversationID: b.ConversationID, Instance: b.Instance, Decision: b.Decision}, true
-}
-
-func (r *recorder) pendingDegraded() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.degraded)
 }
 
 // run proposes queued events as they arrive; after a failure it backs off.
@@ -214,7 +195,7 @@ func (r *recorder) flush(ctx context.Context) bool {
 	r.mu.Lock()
 	for i, x := range batch {
 		r.e.observeProposal(x.ev.Type(), results[i], nil, took)
-		r.settledLocked(x.ev, results[i])
+		r.settledLocked(x.id, x.ev, results[i])
 	}
 	r.mu.Unlock()
 	return true
@@ -248,7 +229,7 @@ func (r *recorder) requeue(batch []recorded, err error) {
 }
 
 // settledLocked forgets a committed event's bookkeeping.
-func (r *recorder) settledLocked(ev fsm.Event, res fsm.Result) {
+func (r *recorder) settledLocked(id fsm.ProposalID, ev fsm.Event, res fsm.Result) {
 	switch ev := ev.(type) {
 	case fsm.RankObserved:
 		if k := (fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key}); r.ranks[k] == ev.Rank {
@@ -260,17 +241,8 @@ func (r *recorder) settledLocked(ev fsm.Event, res fsm.Result) {
 			r.e.log.Info("parent link rejected", "child", ev.Child, "parent", ev.Parent, "reason", res.Reason)
 		}
 	case fsm.Bind:
-		delete(r.degraded, fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key})
-		// An earlier attempt may have committed after its deadline (the
-		// retry is then a duplicate answered with the binding in force):
-		// the binding is this one when it carries its decision. (The
-		// request's own Bind, which timed out before the degraded
-		// placement, may also commit late: first committed wins.)
-		result := "recorded"
-		if got := res.Binding.Decision; !res.Found || got.Edge != ev.Decision.Edge ||
-			got.RequestID != ev.Decision.RequestID || got.Policy != ev.Decision.Policy {
-			result = "superseded" // another edge's Bind won
-		}
-		r.e.metrics.degradedRecord.WithLabelValues(result).Inc()
+		// The answer to an earlier attempt that committed after its
+		// deadline comes back as a duplicate with the binding in force.
+		r.e.placements.settle(id, ev, res)
 	}
 }

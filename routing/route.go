@@ -100,6 +100,10 @@ type Request struct {
 	Spread         uint64   // unkeyed tie-break (SpreadFor(RequestID))
 	RoundRobin     uint64   // the edge's counter, for RouterRoundRobin
 	Now            time.Time
+	// Hard: a miss is an error (state that lives in one engine process),
+	// so the key's placement must be committed before it is served
+	// (routing/decide waits for it; the router itself ignores it).
+	Hard bool
 
 	// bound, set by the cache-lost check only, replaces the bound
 	// instance's cache credit (its best rank's) with its binding's rank's.

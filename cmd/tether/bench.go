@@ -61,6 +61,8 @@ type simFlags struct {
 	jsonOut       *bool
 	edgeURLs      *string
 	noBreaker     *bool
+	commitFirst   *bool
+	share         *string
 	model         *string
 	parentHeader  *string
 	genWorkers    *int
@@ -86,7 +88,11 @@ func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *
 		jsonOut:   fs.Bool("json", false, "print one JSON object instead of tables"),
 		edgeURLs:  fs.String("edge-urls", "", "e2e: comma-separated edge base URLs (default: start a local deployment)"),
 		noBreaker: fs.Bool("no-breaker", false, "sim: disable the tether policy's cache circuit breaker"),
-		model:     fs.String("model", devstack.DefaultModel, "e2e with --edge-urls: the model the deployment serves"),
+		share: fs.String("share", "",
+			"sim: edge-local state the edges share, ~1 ms after an edge learns it (ablation): dispatches, predictions, overload, breakers, all or none (default: the edge's shipped sharing)"),
+		commitFirst: fs.Bool("commit-first", false,
+			"sim: a new conversation's first request waits for its Bind to commit (the edge's placement.commit_first) instead of being dispatched beside it"),
+		model: fs.String("model", devstack.DefaultModel, "e2e with --edge-urls: the model the deployment serves"),
 		parentHeader: fs.String("parent-header", devstack.ParentHeader,
 			"e2e with --edge-urls: the deployment's parent-session header (conversation_affinity_header_for_subagents)"),
 		genWorkers: fs.Int("generation-workers", 2, "e2e local deployment: generation workers"),
@@ -123,6 +129,12 @@ func (f *simFlags) replayOptions() (bench.ReplayOptions, error) {
 	cfg := bench.DefaultSimConfig()
 	cfg.Instances, cfg.Ranks, cfg.CapacityBlocks = *f.instances, *f.ranks, *f.capacity
 	cfg.TimeScale, cfg.Seed, cfg.Log, cfg.NoBreaker = *f.timeScale, *f.seed, lk, *f.noBreaker
+	cfg.CommitFirst = *f.commitFirst
+	if *f.share != "" {
+		if cfg.Share, err = bench.ParseShare(*f.share); err != nil {
+			return ro, fmt.Errorf("%w: %v", errUsage, err)
+		}
+	}
 	if cfg.ADPPlacement, err = adp.ParsePlacement(*f.adpPlacement); err != nil {
 		return ro, fmt.Errorf("%w: --adp-placement: %v", errUsage, err)
 	}
