@@ -114,7 +114,8 @@ type Edge struct {
 	disaggSeq   atomic.Uint64
 	reqSeq      atomic.Uint64
 	viewsCache  atomic.Pointer[viewsEntry]
-	unavailable atomic.Int64 // unix nanos of the last ErrUnavailable
+	placedSeq   atomic.Uint64 // decisions made (route.go: the views cache)
+	unavailable atomic.Int64  // unix nanos of the last ErrUnavailable
 
 	evictCh chan kvEviction
 
@@ -312,6 +313,9 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	e.shadow = kvshadow.New(e.fleet.Index(), 1)
 	if err := e.fleet.Start(ctx); err != nil {
 		return fmt.Errorf("edge: %w", err)
+	}
+	if err := e.placements.listen(); err != nil {
+		return err
 	}
 
 	e.httpSrv = &http.Server{

@@ -19,6 +19,7 @@ type metrics struct {
 	placements        *prometheus.CounterVec
 	speculativeServed *prometheus.CounterVec
 	bindSettle        prometheus.Histogram
+	placementMsgs     *prometheus.CounterVec
 	strippedHeaders   *prometheus.CounterVec
 	touches           prometheus.Counter
 	leaderActions     *prometheus.CounterVec
@@ -72,6 +73,10 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 			Help: "Requests served on this edge's own Bind proposal before the log answered it, counted when it answers: on_binding " +
 				"(the key's binding is where they went) or off_binding (another edge's Bind won elsewhere, or the instance was rejected).",
 		}, []string{"fleet", "result"}),
+		placementMsgs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_placement_messages_total",
+			Help: "New placements told to the other edges over NATS (sent), told by them (heard), or refused as malformed (invalid).",
+		}, []string{"result"}),
 		bindSettle: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tether_edge_bind_settle_seconds",
 			Help: "From a new key's placement to this edge learning its Bind's answer from the log (retries included). " +
@@ -128,7 +133,7 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.requestSeconds, m.decisions, m.commitSeconds, m.proposals, m.retries,
-		m.placementsOpen, m.placements, m.speculativeServed, m.bindSettle, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
+		m.placementsOpen, m.placements, m.speculativeServed, m.bindSettle, m.placementMsgs, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
 		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("edge: register metrics: %w", err)

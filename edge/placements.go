@@ -3,12 +3,16 @@ package edge
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing/telemetry"
 )
 
 // placements are this edge's own Bind proposals (routing/decide.Placements):
@@ -29,6 +33,26 @@ type placements struct {
 	// front once the replica has applied their answer.
 	order     []*ownBind
 	unsettled int
+
+	// heard are the other edges' placements of new keys, as they tell them
+	// over NATS (newest per key; heardOrder bounds them, oldest first).
+	heard      map[fsm.FleetKey]heardBind
+	heardOrder []fsm.FleetKey
+	sub        *nats.Subscription
+}
+
+type heardBind struct {
+	bind fsm.Bind
+	at   time.Time // edge clock when heard
+}
+
+// maxHeard bounds the heard placements remembered.
+const maxHeard = 65536
+
+// heardTTL is how long a heard placement is followed: the other edge's
+// Bind commits, and this edge applies it, well within it.
+func (p *placements) heardTTL() time.Duration {
+	return max(4*p.e.cfg.Cluster.ProposeTimeout, 2*time.Second)
 }
 
 type ownBind struct {
@@ -54,7 +78,7 @@ type ownBind struct {
 const maxPlacements = 65536
 
 func newPlacements(e *Edge) *placements {
-	return &placements{e: e, byKey: map[fsm.FleetKey]*ownBind{}}
+	return &placements{e: e, byKey: map[fsm.FleetKey]*ownBind{}, heard: map[fsm.FleetKey]heardBind{}}
 }
 
 var _ decide.Placements = (*placements)(nil)
@@ -77,6 +101,7 @@ func (p *placements) Propose(b fsm.Bind, now time.Time) {
 	p.unsettled++
 	p.sweepLocked(st)
 	p.mu.Unlock()
+	p.announce(b)
 	if p.e.logDown() {
 		// A proposal would only wait out its timeout: the recorder
 		// retries it (same id) once the log is back.
@@ -256,6 +281,93 @@ func (p *placements) noteRank(f fsm.Fleet, key, instance string, rank uint32) (f
 		return fsm.RankObserved{Fleet: f, Key: key, Epoch: o.res.Binding.Epoch, Rank: rank}, true
 	}
 	return fsm.RankObserved{}, false
+}
+
+// listen subscribes to the other edges' placements (no NATS: nothing to
+// hear, nothing announced).
+func (p *placements) listen() error {
+	if p.e.nc == nil {
+		return nil
+	}
+	sub, err := p.e.nc.Subscribe(telemetry.PlacementSubjectAll, p.onPlacement)
+	if err != nil {
+		return fmt.Errorf("edge: subscribe %s: %w", telemetry.PlacementSubjectAll, err)
+	}
+	p.sub = sub
+	return nil
+}
+
+// announce tells the other edges where this edge placed a new key, the
+// moment it dispatches it (a publish: no wait).
+func (p *placements) announce(b fsm.Bind) {
+	if p.e.nc == nil || !p.e.nc.IsConnected() {
+		return
+	}
+	data, err := telemetry.EncodePlacement(telemetry.Placement{Edge: p.e.nodeID, Fleet: telemetryFleet(b.Fleet), Key: b.Key,
+		ConversationID: b.ConversationID, Instance: b.Instance, RequestID: b.Decision.RequestID})
+	if err != nil {
+		return // an id NATS subjects cannot carry: the log alone tells
+	}
+	if err := p.e.nc.Publish(telemetry.PlacementSubject(p.e.nodeID), data); err == nil {
+		p.e.metrics.placementMsgs.WithLabelValues("sent").Inc()
+	}
+}
+
+func (p *placements) onPlacement(m *nats.Msg) {
+	pl, err := telemetry.DecodePlacement(m.Subject, m.Data)
+	if err != nil {
+		p.e.metrics.placementMsgs.WithLabelValues("invalid").Inc()
+		return
+	}
+	if pl.Edge == p.e.nodeID {
+		return
+	}
+	f := fsm.FleetContext
+	if pl.Fleet == telemetry.FleetGeneration {
+		f = fsm.FleetGeneration
+	}
+	k := fsm.FleetKey{Fleet: f, Key: pl.Key}
+	p.e.metrics.placementMsgs.WithLabelValues("heard").Inc()
+	now := p.e.now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.heard[k]; !ok {
+		p.heardOrder = append(p.heardOrder, k)
+	}
+	p.heard[k] = heardBind{bind: fsm.Bind{Fleet: f, Key: pl.Key, ConversationID: pl.ConversationID, Instance: pl.Instance,
+		Decision: fsm.Decision{Edge: pl.Edge, RequestID: pl.RequestID}}, at: now}
+	// Forget, from the oldest, what is past its time or beyond the bound.
+	ttl := p.heardTTL()
+	for len(p.heardOrder) > 0 {
+		old := p.heardOrder[0]
+		hb, ok := p.heard[old]
+		if ok && len(p.heard) <= maxHeard && now.Sub(hb.at) < ttl {
+			break
+		}
+		if ok && (len(p.heard) > maxHeard || now.Sub(hb.at) >= ttl) {
+			delete(p.heard, old)
+		}
+		p.heardOrder = p.heardOrder[1:]
+	}
+}
+
+// Heard returns another edge's placement of the key heard within
+// heardTTL.
+func (p *placements) Heard(f fsm.Fleet, key string) (fsm.Bind, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	hb, ok := p.heard[fsm.FleetKey{Fleet: f, Key: key}]
+	if !ok || p.e.now().Sub(hb.at) >= p.heardTTL() {
+		return fsm.Bind{}, false
+	}
+	return hb.bind, true
+}
+
+func telemetryFleet(f fsm.Fleet) telemetry.Fleet {
+	if f == fsm.FleetGeneration {
+		return telemetry.FleetGeneration
+	}
+	return telemetry.FleetContext
 }
 
 // inFlight counts proposals whose answer this edge does not know yet.

@@ -43,10 +43,12 @@ func (e *Edge) retryHint() time.Duration {
 }
 
 // viewsEntry caches the routing views until the fleet view or the log
-// changes, or viewsMaxAge passes (health depends on time).
+// changes, this edge places a request (its dispatches count in the views),
+// or viewsMaxAge passes (health depends on time).
 type viewsEntry struct {
 	version uint64
 	state   *fsm.State
+	placed  uint64
 	built   time.Time
 	views   *routing.Views
 }
@@ -59,8 +61,10 @@ const viewsMaxAge = 20 * time.Millisecond
 func (e *Edge) views(now time.Time, exclude []string) *routing.Views {
 	st := e.node.State()
 	ver := e.fleet.Version()
+	placed := e.placedSeq.Load()
 	if len(exclude) == 0 {
-		if c := e.viewsCache.Load(); c != nil && c.version == ver && c.state == st && now.Sub(c.built) < viewsMaxAge && !now.Before(c.built) {
+		if c := e.viewsCache.Load(); c != nil && c.version == ver && c.state == st && c.placed == placed &&
+			now.Sub(c.built) < viewsMaxAge && !now.Before(c.built) {
 			return c.views
 		}
 	}
@@ -70,14 +74,14 @@ func (e *Edge) views(now time.Time, exclude []string) *routing.Views {
 		if rec, ok := st.Instance(v.ID); ok {
 			switch rec.Status {
 			case fsm.InstanceDown, fsm.InstanceRemoved:
-				v.Healthy = false
+				v.Healthy, v.Silent = false, false
 			case fsm.InstanceDraining:
 				v.Draining = true
 			}
 		}
 		for _, x := range exclude {
 			if x == v.ID {
-				v.Healthy = false
+				v.Healthy, v.Silent = false, false
 			}
 		}
 		if len(exclude) == 0 {
@@ -92,7 +96,7 @@ func (e *Edge) views(now time.Time, exclude []string) *routing.Views {
 		views, _ = routing.NewViews(nil)
 	}
 	if len(exclude) == 0 {
-		e.viewsCache.Store(&viewsEntry{version: ver, state: st, built: now, views: views})
+		e.viewsCache.Store(&viewsEntry{version: ver, state: st, placed: placed, built: now, views: views})
 	}
 	return views
 }
@@ -215,6 +219,10 @@ func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) 
 	if d.Speculative {
 		e.placements.served(d.Fleet, d.Key)
 	}
+	// The request is about to be dispatched: the next decision's views
+	// must count it (a new key no longer waits for a commit, which used
+	// to renew them).
+	e.placedSeq.Add(1)
 	return hopOf(d, rq.requestID), nil
 }
 
@@ -230,6 +238,7 @@ func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *ap
 	if fail != nil {
 		return nil, e.failureError(fail)
 	}
+	e.placedSeq.Add(1)
 	out := hopOf(d, rq.requestID)
 	e.metrics.decisions.WithLabelValues(failed.Fleet.String(), out.Policy, out.Outcome).Inc()
 	return out, nil
@@ -336,9 +345,14 @@ func routeEvidence(ctxHop, genHop *hop) string {
 	for _, x := range []struct {
 		name string
 		h    *hop
-	}{{"context_state", ctxHop}, {"generation_state", genHop}} {
+	}{{"context", ctxHop}, {"generation", genHop}} {
 		if x.h != nil {
-			b.WriteString("; " + x.name + "=" + strconv.FormatUint(x.h.StateIndex, 10))
+			b.WriteString("; " + x.name + "_state=" + strconv.FormatUint(x.h.StateIndex, 10))
+			if x.h.OwnKey {
+				// A sub-agent routed by its own conversation id, not its
+				// parent's root.
+				b.WriteString("; " + x.name + "_key=own")
+			}
 		}
 	}
 	return b.String()

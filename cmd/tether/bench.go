@@ -71,6 +71,7 @@ type simFlags struct {
 	rebindAfter   *time.Duration
 	cacheLost     *float64
 	cacheLostIdle *time.Duration
+	subagentOwn   *bool
 }
 
 func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *simFlags {
@@ -89,7 +90,7 @@ func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *
 		edgeURLs:  fs.String("edge-urls", "", "e2e: comma-separated edge base URLs (default: start a local deployment)"),
 		noBreaker: fs.Bool("no-breaker", false, "sim: disable the tether policy's cache circuit breaker"),
 		share: fs.String("share", "",
-			"sim: edge-local state the edges share, ~1 ms after an edge learns it (ablation): dispatches, predictions, overload, breakers, all or none (default: the edge's shipped sharing)"),
+			"sim: edge-local state the edges share, ~1 ms after an edge learns it: placements (shipped), dispatches, predictions, overload, breakers (ablations), all or none (default: placements)"),
 		commitFirst: fs.Bool("commit-first", false,
 			"sim: a new conversation's first request waits for its Bind to commit (the edge's placement.commit_first) instead of being dispatched beside it"),
 		model: fs.String("model", devstack.DefaultModel, "e2e with --edge-urls: the model the deployment serves"),
@@ -106,6 +107,8 @@ func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) *
 			"sim: routing overflow.cache_lost_below of the tether policies (0: no cache-lost rebind)"),
 		cacheLostIdle: fs.Duration("cache-lost-min-idle", routing.DefaultConfig().Overflow.CacheLostMinIdle,
 			"sim: routing overflow.cache_lost_min_idle of the tether policies (0: check at once)"),
+		subagentOwn: fs.Bool("subagent-cache-lost", routing.DefaultConfig().Overflow.SubAgentCacheLost,
+			"sim: routing overflow.subagent_cache_lost of the tether policies (a sub-agent whose context its parent's instance lost is placed on its own)"),
 	}
 }
 
@@ -140,6 +143,7 @@ func (f *simFlags) replayOptions() (bench.ReplayOptions, error) {
 	}
 	cfg.Routing.Overflow.QueuedRequests, cfg.Routing.Overflow.RebindAfter = *f.ovfQueued, *f.rebindAfter
 	cfg.Routing.Overflow.CacheLostBelow, cfg.Routing.Overflow.CacheLostMinIdle = *f.cacheLost, *f.cacheLostIdle
+	cfg.Routing.Overflow.SubAgentCacheLost = *f.subagentOwn
 	if err := cfg.Routing.Validate(); err != nil {
 		return ro, fmt.Errorf("%w: %v", errUsage, err)
 	}

@@ -22,10 +22,11 @@ import (
 // second line (routing/telemetry DESIGN.md).
 
 // EdgePermissions are an edge's: read every worker's telemetry, ask any
-// worker for a KV dump and read the replies.
+// worker for a KV dump and read the replies, publish and read the edges'
+// placements.
 func EdgePermissions() *natsserver.Permissions {
 	return &natsserver.Permissions{
-		Publish:   &natsserver.SubjectPermission{Allow: []string{telemetry.KVDumpSubject("*")}},
+		Publish:   &natsserver.SubjectPermission{Allow: []string{telemetry.KVDumpSubject("*"), telemetry.PlacementSubjectAll}},
 		Subscribe: &natsserver.SubjectPermission{Allow: []string{"tether.v1.>", "_INBOX.>"}},
 	}
 }

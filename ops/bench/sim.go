@@ -104,23 +104,30 @@ type SimConfig struct {
 	Progress func(done, total int)
 }
 
-// Share names the pieces of edge-local state the edges share: the
-// requests dispatched since each instance's last load report (its queued
-// requests and prefill tokens), the KV predictions made after placing, the
-// overload trackers and the cache circuit breakers.
+// Share names the pieces of edge-local state the edges share: the new
+// placements an edge dispatches beside their Binds (the edge tells the
+// others over NATS: shipped), the requests dispatched since each
+// instance's last load report (its queued requests and prefill tokens),
+// the KV predictions made after placing, the overload trackers and the
+// cache circuit breakers (ablations).
 type Share struct {
-	Dispatches, Predictions, Overload, Breakers bool
+	Placements, Dispatches, Predictions, Overload, Breakers bool
 }
 
-// ParseShare parses --share: a comma-separated subset of dispatches,
-// predictions, overload, breakers, or all / none.
+// ShippedShare is what edges share as shipped: their new placements.
+var ShippedShare = Share{Placements: true}
+
+// ParseShare parses --share: a comma-separated subset of placements,
+// dispatches, predictions, overload, breakers, or all / none.
 func ParseShare(s string) (Share, error) {
 	var sh Share
 	for _, f := range strings.Split(s, ",") {
 		switch strings.TrimSpace(f) {
 		case "", "none":
 		case "all":
-			sh = Share{true, true, true, true}
+			sh = Share{true, true, true, true, true}
+		case "placements":
+			sh.Placements = true
 		case "dispatches":
 			sh.Dispatches = true
 		case "predictions":
@@ -130,7 +137,7 @@ func ParseShare(s string) (Share, error) {
 		case "breakers":
 			sh.Breakers = true
 		default:
-			return Share{}, fmt.Errorf("bench: --share: unknown piece %q (allowed: dispatches, predictions, overload, breakers, all, none)", f)
+			return Share{}, fmt.Errorf("bench: --share: unknown piece %q (allowed: placements, dispatches, predictions, overload, breakers, all, none)", f)
 		}
 	}
 	return sh, nil
@@ -141,7 +148,7 @@ func (sh Share) String() string {
 	for _, x := range []struct {
 		on   bool
 		name string
-	}{{sh.Dispatches, "dispatches"}, {sh.Predictions, "predictions"}, {sh.Overload, "overload"}, {sh.Breakers, "breakers"}} {
+	}{{sh.Placements, "placements"}, {sh.Dispatches, "dispatches"}, {sh.Predictions, "predictions"}, {sh.Overload, "overload"}, {sh.Breakers, "breakers"}} {
 		if x.on {
 			out = append(out, x.name)
 		}
@@ -169,6 +176,7 @@ func DefaultSimConfig() SimConfig {
 		KVFlushInterval:   100 * time.Millisecond,
 		TouchInterval:     time.Second,
 		TelemetryInterval: 100 * time.Millisecond,
+		Share:             ShippedShare,
 		ShareLatency:      time.Millisecond,
 		SessionTTL:        10 * time.Minute,
 		Engine:            sim.DefaultConfig(),

@@ -157,6 +157,24 @@ func (p simPlacements) Pending(f fsm.Fleet, key string) (decide.Pending, bool) {
 	return decide.Pending{Bind: o.bind, At: epoch.Add(o.at)}, true
 }
 
+// Heard: another edge's proposal of the key in flight, heard
+// ShareLatency after that edge placed it (with shared placements).
+func (p simPlacements) Heard(f fsm.Fleet, key string) (fsm.Bind, bool) {
+	if !p.s.cfg.Share.Placements {
+		return fsm.Bind{}, false
+	}
+	k := fsm.FleetKey{Fleet: f, Key: key}
+	for _, o := range p.s.edges {
+		if o == p.e {
+			continue
+		}
+		if x, ok := o.proposals[k]; ok && x.at+p.s.cfg.ShareLatency <= p.s.now && p.s.now < x.commitAt {
+			return x.bind, true
+		}
+	}
+	return fsm.Bind{}, false
+}
+
 // Await: the request waits until the proposal commits (a simulated
 // proposal never times out).
 func (p simPlacements) Await(_ context.Context, f fsm.Fleet, key string) (decide.Pending, bool) {

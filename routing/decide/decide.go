@@ -44,6 +44,14 @@ const (
 // proposal before its replica applied the log's answer.
 const PolicyPending = "pending"
 
+// PolicyFollowed is the policy of a new key placed where another edge's
+// placement, heard before the log committed it, put it.
+const PolicyFollowed = "followed"
+
+// PolicySubAgentOwn is the policy of a sub-agent placed under its own
+// conversation id after its parent's instance lost its context (escape).
+const PolicySubAgentOwn = "subagent_own"
+
 // ErrUnavailable is what Log.Propose wraps when the log cannot commit now
 // (no quorum, no leader, or the proposal timed out).
 var ErrUnavailable = errors.New("affinity log unavailable")
@@ -85,6 +93,10 @@ type Placements interface {
 	// Await waits until the key's proposal is settled, at most the
 	// caller's propose timeout (or ctx), and returns it as Pending does.
 	Await(ctx context.Context, f fsm.Fleet, key string) (Pending, bool)
+	// Heard returns another edge's recent placement of the key, heard
+	// before this edge's replica has the key's binding (the edges tell
+	// each other their new placements as they dispatch them).
+	Heard(f fsm.Fleet, key string) (fsm.Bind, bool)
 }
 
 // Pending is one of this edge's Bind proposals.
@@ -171,6 +183,10 @@ type Hop struct {
 	// Speculative: the key's placement is this edge's own Bind proposal,
 	// not yet known committed (Binding has epoch 0).
 	Speculative bool
+	// OwnKey: a sub-agent's request routed by its own conversation id
+	// (Key), not its parent's root: its context left the parent's
+	// instance (Decider.escape).
+	OwnKey bool
 }
 
 // FailureKind classifies a request the decision could not place.
@@ -192,9 +208,9 @@ const (
 	FailStateUnknown
 	// FailNoAlternative: a hop failed and no other instance can take it (502).
 	FailNoAlternative
-	// FailDetourUnrecorded: a bound key must leave its unhealthy instance
-	// and the log cannot record the overflow now (503, RetryAfter set by
-	// the edge). Instance is the bound instance.
+	// FailDetourUnrecorded: a bound key's instance failed this request and
+	// the log cannot record a detour now (503, RetryAfter set by the
+	// edge). Instance is the bound instance.
 	FailDetourUnrecorded
 )
 
@@ -285,6 +301,8 @@ type decision struct {
 	detour *routing.Route
 	// placedLast: the last resort placed the key anew.
 	placedLast bool
+	// woken: silent instances count as healthy (wake).
+	woken bool
 }
 
 // maxMoves bounds how many times one decision follows a binding other
@@ -321,14 +339,72 @@ func (d *Decider) Decide(ctx context.Context, router *routing.Router, req routin
 // replica's binding, else this edge's own proposal (or the log's answer to
 // it), else a new placement.
 func (x *decision) keyed() (*Hop, *Failure) {
+	if x.subAgent() {
+		// A sub-agent that left its parent's instance (escape) follows its
+		// own placement from then on.
+		if b, ok := x.st.Lookup(x.h.Fleet, x.req.ConversationID); ok {
+			x.asOwn()
+			return x.bound(b)
+		}
+		if _, ok := x.d.Placements.Pending(x.h.Fleet, x.req.ConversationID); ok {
+			x.asOwn()
+			return x.unbound()
+		}
+	}
 	if b, ok := x.st.Lookup(x.h.Fleet, x.h.Key); ok {
 		return x.bound(b)
 	}
 	return x.unbound()
 }
 
+// subAgent reports whether the request is a sub-agent's routed by its
+// parent's key.
+func (x *decision) subAgent() bool {
+	return x.req.ConversationID != "" && x.req.ConversationID != x.req.Key
+}
+
+// asOwn routes the rest of the decision by the sub-agent's own
+// conversation id.
+func (x *decision) asOwn() {
+	x.req.Key = x.req.ConversationID
+	x.h.Key, x.h.OwnKey = x.req.Key, true
+}
+
+// escape is where a sub-agent whose own context its parent's instance no
+// longer holds goes instead, placed under its own conversation id (its own
+// binding from then on). Siblings share their parent's instance while its
+// cache holds their contexts; when they compete for it and evict each
+// other, each child whose blocks are gone is placed by the cache-lost rule
+// as a conversation of its own: it moves only to an instance that scores
+// strictly better for its prompt (its cached prefix, the queue ahead), and
+// otherwise stays with its parent. A child's first request always follows
+// the parent (it has no context of its own yet: no committed parent link).
+func (x *decision) escape(b fsm.Binding) (routing.Route, bool) {
+	if !x.subAgent() || b.Epoch == 0 || !x.router.Config().Overflow.SubAgentCacheLost {
+		return routing.Route{}, false
+	}
+	link, ok := x.st.Link(x.req.ConversationID)
+	if !ok || link.Root != x.req.Key {
+		return routing.Route{}, false
+	}
+	own := x.req
+	own.Key = own.ConversationID
+	mine := fsm.Binding{Fleet: b.Fleet, Key: own.Key, ConversationID: own.Key, Instance: b.Instance, Epoch: b.Epoch,
+		BoundAt: link.CreatedAt, LastUsed: link.LastUsed, Rank: b.Rank, HasRank: b.HasRank}
+	rt, err := x.router.RouteBound(own, mine, x.in)
+	if err != nil || rt.Action != routing.ActionOverflow || rt.Reason != fsm.OverflowCacheLost {
+		return routing.Route{}, false
+	}
+	x.req = own
+	x.h.Key, x.h.OwnKey = own.Key, true
+	rt.Action, rt.From, rt.Rebind, rt.Reason = routing.ActionBind, "", false, 0
+	rt.Decision.Policy = PolicySubAgentOwn
+	return rt, true
+}
+
 // unbound routes a key the log does not bind (as far as this edge knows):
-// on this edge's own proposal or the log's answer to it, else anew.
+// on this edge's own proposal or the log's answer to it, else where
+// another edge just placed it, else anew.
 func (x *decision) unbound() (*Hop, *Failure) {
 	if p, ok := x.pending(); ok {
 		if p.Settled {
@@ -338,7 +414,30 @@ func (x *decision) unbound() (*Hop, *Failure) {
 		}
 		return x.ownProposal(p)
 	}
+	if rt, ok := x.heard(); ok {
+		return x.placeOn(rt)
+	}
 	return x.place()
+}
+
+// heard is the route to another edge's heard placement of the key, if its
+// instance can take the request here: the key's request that reaches this
+// edge before its replica has the Bind joins that placement (and proposes
+// it too) instead of racing it with a placement of its own.
+func (x *decision) heard() (routing.Route, bool) {
+	if x.answeredUnbound {
+		return routing.Route{}, false // the log since said the key is unbound
+	}
+	b, ok := x.d.Placements.Heard(x.h.Fleet, x.h.Key)
+	if !ok || b.Fleet != x.h.Fleet {
+		return routing.Route{}, false
+	}
+	v, ok := x.in.Views.Lookup(b.Instance)
+	if !ok || !v.Healthy || v.Fleet != x.h.Fleet {
+		return routing.Route{}, false
+	}
+	return routing.Route{Action: routing.ActionBind, Instance: b.Instance, URL: v.URL, Rank: -1,
+		Decision: fsm.Decision{Edge: x.req.Edge, Policy: PolicyFollowed, RequestID: x.req.RequestID}}, true
 }
 
 // pending is this edge's own proposal for the key while it still says
@@ -367,6 +466,9 @@ func (x *decision) pending() (Pending, bool) {
 // at most its own cache hit, and the key's next request follows the log.
 func (x *decision) place() (*Hop, *Failure) {
 	rt, err := x.router.Place(x.req, x.in)
+	if errors.Is(err, routing.ErrNoInstances) && x.wake() {
+		rt, err = x.router.Place(x.req, x.in)
+	}
 	if err != nil || rt.Action == routing.ActionShed {
 		return nil, routeFailure(x.h.Fleet, x.h.Key, rt, err)
 	}
@@ -374,6 +476,12 @@ func (x *decision) place() (*Hop, *Failure) {
 		x.set(rt, OutcomeUnbound)
 		return x.h, nil
 	}
+	return x.placeOn(rt)
+}
+
+// placeOn proposes the Bind of route rt and serves it (soft affinity) or
+// waits for the log's answer (commit_first, hard affinity).
+func (x *decision) placeOn(rt routing.Route) (*Hop, *Failure) {
 	current, why := x.current()
 	if x.req.Hard && !current {
 		return nil, &Failure{Kind: FailStateUnknown, Fleet: x.h.Fleet, Key: x.h.Key, Detail: why}
@@ -451,8 +559,42 @@ func (x *decision) ownProposal(p Pending) (*Hop, *Failure) {
 	return x.bound(b)
 }
 
+// wake counts the silent instances (unhealthy only because their
+// telemetry is late) as healthy for the rest of the decision, when no
+// instance is healthy: on a starved host every worker's reports can be late
+// at once, and a soft-affinity request is better placed among workers that
+// are probably alive than refused. The decision is then degraded. It
+// reports false when nothing changed (hard affinity, or none silent).
+func (x *decision) wake() bool {
+	if x.req.Hard || x.woken {
+		return false
+	}
+	var all []routing.InstanceView
+	woke := false
+	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+		for _, v := range x.in.Views.Fleet(f) {
+			if !v.Healthy && v.Silent && !slices.Contains(x.h.Excluded, v.ID) {
+				v.Healthy, woke = true, true
+			}
+			all = append(all, v)
+		}
+	}
+	if !woke {
+		return false
+	}
+	views, err := routing.NewViews(all)
+	if err != nil {
+		return false
+	}
+	x.in.Views, x.woken = views, true
+	return true
+}
+
 // current reports whether this edge can know the committed placement now.
 func (x *decision) current() (bool, string) {
+	if x.woken {
+		return false, "every instance's telemetry is late"
+	}
 	if x.d.Log.Down(x.req.Now) {
 		return false, "the affinity log cannot commit right now"
 	}
@@ -492,6 +634,9 @@ func (x *decision) bound(b fsm.Binding) (*Hop, *Failure) {
 		return x.stay(b, ""), nil
 	}
 	rt, err := x.router.RouteBound(x.req, b, x.in)
+	if errors.Is(err, routing.ErrNoInstances) && x.wake() {
+		rt, err = x.router.RouteBound(x.req, b, x.in)
+	}
 	if err != nil || rt.Action == routing.ActionShed {
 		return nil, routeFailure(h.Fleet, h.Key, rt, err)
 	}
@@ -502,8 +647,14 @@ func (x *decision) bound(b fsm.Binding) (*Hop, *Failure) {
 		}
 		return x.overflow(b, rt)
 	}
+	if esc, ok := x.escape(b); ok {
+		return x.placeOn(esc)
+	}
 	h.Bound, h.Binding = true, b
 	x.set(rt, OutcomeSticky)
+	if x.woken {
+		h.Outcome = OutcomeDegraded
+	}
 	if h.Policy == "" {
 		h.Policy = "bound"
 	}
@@ -638,11 +789,29 @@ func (d *Decider) propose(ctx context.Context, ev fsm.Event) (fsm.Result, error)
 	return res, err
 }
 
-// unrecorded is the decision when an overflow cannot be committed: stay on
-// a healthy bound instance, else refuse.
+// unrecorded is the decision when an overflow cannot be committed: the
+// key stays on its bound instance — a healthy one because only its load or
+// cache made it leave; an unhealthy one, counted degraded, because this
+// edge's view of it (stale telemetry on a starved host, often) is a guess
+// and a refusal is certain, and if it is really gone the hop fails and the
+// retry detours once the log can record it. Only an instance that already
+// failed this request is refused with a retry hint rather than detoured
+// unrecorded.
 func (x *decision) unrecorded(b fsm.Binding, err error) (*Hop, *Failure) {
-	if v, ok := x.in.Views.Lookup(b.Instance); ok && v.Healthy {
+	v, ok := x.in.Views.Lookup(b.Instance)
+	if ok && v.Healthy {
 		return x.stay(b, v.URL), nil
+	}
+	if !slices.Contains(x.h.Excluded, b.Instance) {
+		url := ""
+		if ok {
+			url = v.URL
+		}
+		h := x.stay(b, url)
+		if h.URL != "" {
+			h.Outcome = OutcomeDegraded
+			return h, nil
+		}
 	}
 	return nil, &Failure{Kind: FailDetourUnrecorded, Fleet: x.h.Fleet, Key: x.h.Key, Instance: b.Instance, Err: err}
 }

@@ -144,6 +144,7 @@ type ownPlacements struct {
 	hold  bool
 	props map[string]*ownProp
 	made  []fsm.Bind
+	heard map[string]fsm.Bind // other edges' placements heard
 }
 
 type ownProp struct {
@@ -189,6 +190,11 @@ func (o *ownPlacements) Pending(_ fsm.Fleet, key string) (Pending, bool) {
 
 func (o *ownPlacements) Await(ctx context.Context, f fsm.Fleet, key string) (Pending, bool) {
 	return o.Pending(f, key)
+}
+
+func (o *ownPlacements) Heard(_ fsm.Fleet, key string) (fsm.Bind, bool) {
+	b, ok := o.heard[key]
+	return b, ok
 }
 
 type rig struct {
@@ -413,6 +419,37 @@ func TestCommitFirstTimedOutServesTheProposal(t *testing.T) {
 	}
 }
 
+// Another edge's placement of a new key, heard before this replica has its
+// Bind: the key's request here joins it (and proposes the same instance)
+// rather than racing it with a placement of its own; a heard instance
+// that cannot take the request is ignored.
+func TestHeardPlacementIsFollowed(t *testing.T) {
+	probe := newRig(t)
+	h, _ := probe.d.Route(context.Background(), probe.router, req("conv"), nil)
+	other := "a"
+	if h.Instance == "a" {
+		other = "b"
+	}
+	r := newRig(t)
+	r.own.hold = true
+	r.own.heard = map[string]fsm.Bind{"conv": {Fleet: fsm.FleetContext, Key: "conv", Instance: other}}
+	got, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil || got.Instance != other || got.Policy != PolicyFollowed || got.Outcome != OutcomeNewBind ||
+		len(r.own.made) != 1 || r.own.made[0].Instance != other || r.own.made[0].Decision.Policy != PolicyFollowed {
+		t.Fatalf("got %+v %v, proposals %v: want the heard placement on %s followed and proposed", got, fail, r.own.made, other)
+	}
+	r2 := newRig(t)
+	r2.own.heard = map[string]fsm.Bind{"conv": {Fleet: fsm.FleetContext, Key: "conv", Instance: other}}
+	for i := range r2.fleet.views {
+		if r2.fleet.views[i].ID == other {
+			r2.fleet.views[i].Healthy = false
+		}
+	}
+	if got, fail := r2.d.Route(context.Background(), r2.router, req("conv"), nil); fail != nil || got.Instance == other {
+		t.Fatalf("heard placement on an unhealthy instance: %+v %v", got, fail)
+	}
+}
+
 // A rebind of a key the log evicted between this edge's lookup and the
 // overflow's commit is placed anew, not an error (with sub-agent affinity
 // off, the trace replay hit it: 'overflow: context key … is not bound').
@@ -501,8 +538,9 @@ func TestUnhealthyDetourIsCommittedBeforeServing(t *testing.T) {
 }
 
 // When the log cannot commit the overflow (no quorum, or the proposal timed
-// out), an unhealthy bound instance's key is refused, not detoured
-// unrecorded; a saturated (healthy) one stays where it is bound.
+// out), a key is not detoured unrecorded: an unhealthy bound instance is
+// tried all the same (counted degraded), and refused only once it failed
+// the request; a saturated (healthy) one stays where it is bound.
 func TestOverflowTheLogCannotCommit(t *testing.T) {
 	for _, mode := range []string{"down", "timed out"} {
 		t.Run(mode, func(t *testing.T) {
@@ -510,13 +548,18 @@ func TestOverflowTheLogCannotCommit(t *testing.T) {
 			r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
 			r.log.down, r.log.late = mode == "down", mode == "timed out"
 			r.fleet.views[0].Healthy = false
-			if h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil); fail == nil || fail.Kind != FailDetourUnrecorded ||
+			h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+			if fail != nil || h.Instance != "a" || h.Outcome != OutcomeDegraded {
+				t.Fatalf("unhealthy bound instance: hop %+v, failure %+v; want a degraded stay on a", h, fail)
+			}
+			// The hop to a failed: the retry has nowhere to go unrecorded.
+			if h, fail := r.d.Reroute(context.Background(), r.router, req("conv"), h); fail == nil || fail.Kind != FailDetourUnrecorded ||
 				fail.Instance != "a" || !errors.Is(fail.Err, ErrUnavailable) {
-				t.Fatalf("unhealthy bound instance: hop %+v, failure %+v; want FailDetourUnrecorded naming a", h, fail)
+				t.Fatalf("retry after a failed hop: hop %+v, failure %+v; want FailDetourUnrecorded naming a", h, fail)
 			}
 			r.log.pending = nil
 			r.fleet.views[0].Healthy, r.fleet.views[0].QueuedRequests = true, 100
-			h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+			h, fail = r.d.Route(context.Background(), r.router, req("conv"), nil)
 			if fail != nil || h.Instance != "a" || h.Outcome != OutcomeSticky || len(r.rec.queued) != 0 {
 				t.Fatalf("saturated bound instance: hop %+v, failure %v, queued %v; want sticky on a", h, fail, r.rec.queued)
 			}
@@ -554,5 +597,36 @@ func TestRecordIdentity(t *testing.T) {
 	r.d.RecordIdentity(routing.Identity{ConversationID: "child", NewLink: true, Link: fsm.Link{Child: "child", Parent: "p", Root: "p"}})
 	if len(r.rec.queued) != 1 {
 		t.Fatalf("new link: queued %v", r.rec.queued)
+	}
+}
+
+// Every instance unhealthy only because its telemetry is late (a starved
+// host): soft affinity is placed among them, counted degraded, and a bound
+// key stays on its instance; hard affinity and instances with evidence of
+// failure are not.
+func TestSilentInstancesAreUsedWhenNoneIsHealthy(t *testing.T) {
+	r := newRig(t)
+	for i := range r.fleet.views {
+		r.fleet.views[i].Healthy, r.fleet.views[i].Silent = false, true
+	}
+	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil || h.Outcome != OutcomeDegraded {
+		t.Fatalf("new key: %+v %v, want a degraded placement", h, fail)
+	}
+	r.own.settle("conv")
+	again, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil || again.Instance != h.Instance || again.Outcome != OutcomeDegraded {
+		t.Fatalf("bound key: %+v %v, want a degraded stay on %s", again, fail, h.Instance)
+	}
+	hard := req("stored")
+	hard.Hard = true
+	if _, fail := r.d.Route(context.Background(), r.router, hard, nil); fail == nil || fail.Kind != FailNoInstances {
+		t.Fatalf("hard affinity: %v, want FailNoInstances", fail)
+	}
+	for i := range r.fleet.views {
+		r.fleet.views[i].Silent = false
+	}
+	if _, fail := r.d.Route(context.Background(), r.router, req("other"), nil); fail == nil || fail.Kind != FailNoInstances {
+		t.Fatalf("no silent instance: %v, want FailNoInstances", fail)
 	}
 }

@@ -31,6 +31,7 @@ type world struct {
 	// Binds) named and the binding the log answered each with.
 	answered map[string][]string
 	own      map[string]*ownProp
+	heard    map[string]fsm.Bind // other edges' placements, heard
 	made     int
 	views    []routing.InstanceView
 	fresh    bool
@@ -48,7 +49,7 @@ var worldInstances = []string{"a", "b", "c", "d"}
 func newWorld(t *testing.T, seed uint64) *world {
 	w := &world{t: t, rng: rand.New(rand.NewPCG(seed, 7)), leader: fsm.NewMachine(), replica: fsm.NewMachine(),
 		history: map[string][]placementAt{}, answered: map[string][]string{},
-		own: map[string]*ownProp{}, views: idle(worldInstances...), fresh: true, now: t0}
+		own: map[string]*ownProp{}, heard: map[string]fsm.Bind{}, views: idle(worldInstances...), fresh: true, now: t0}
 	for _, id := range worldInstances {
 		w.commit(fsm.InstanceState{Instance: id, Fleet: fsm.FleetContext, URL: "http://" + id, Status: fsm.InstanceUp,
 			FeatureLevel: fsm.FeatureLevelMax, Ranks: 1})
@@ -183,7 +184,13 @@ func (w *world) other(key string) {
 		w.commit(fsm.InstanceState{Instance: inst, Fleet: fsm.FleetContext, URL: "http://" + inst, Status: status,
 			FeatureLevel: fsm.FeatureLevelMax, Ranks: 1})
 	case !bound || n == 0:
-		w.commit(fsm.Bind{Fleet: fsm.FleetContext, Key: key, ConversationID: key, Instance: inst, Decision: dec})
+		b := fsm.Bind{Fleet: fsm.FleetContext, Key: key, ConversationID: key, Instance: inst, Decision: dec}
+		// Heard as that edge dispatches it; committed now, or never (the
+		// edge died first).
+		w.heard[key] = b
+		if w.rng.IntN(4) != 0 {
+			w.commit(b)
+		}
 	case n == 1 && inst != b.Instance:
 		w.commit(fsm.Overflow{Fleet: fsm.FleetContext, Key: key, From: b.Instance, To: inst, Reason: fsm.OverflowSaturated, Rebind: true, Decision: dec})
 	case n == 2:
@@ -232,6 +239,11 @@ func (p worldPlacements) Propose(b fsm.Bind, now time.Time) {
 	}
 	p.w.made++
 	p.w.own[b.Key] = &ownProp{p: Pending{Bind: b, At: now}}
+}
+
+func (p worldPlacements) Heard(_ fsm.Fleet, key string) (fsm.Bind, bool) {
+	b, ok := p.w.heard[key]
+	return b, ok
 }
 
 func (p worldPlacements) Pending(_ fsm.Fleet, key string) (Pending, bool) {

@@ -67,6 +67,7 @@ const (
 	kindKV               = "kv"
 	kindEvict            = "evict"
 	kindKVDump           = "kvdump"
+	kindPlacement        = "placement"
 	subjectTokenWildcard = "*"
 )
 
@@ -195,6 +196,9 @@ const (
 	SubjectKV     SubjectKind = kindKV
 	SubjectEvict  SubjectKind = kindEvict
 	SubjectKVDump SubjectKind = kindKVDump
+	// SubjectPlacement: an edge's new placements (Instance is the edge's
+	// node id), heard by the other edges (placement.go).
+	SubjectPlacement SubjectKind = kindPlacement
 )
 
 // Subject is a parsed telemetry subject.
@@ -221,7 +225,7 @@ func ParseSubject(subject string) (Subject, error) {
 		if !s.Fleet.Valid() {
 			return Subject{}, decodeErr(ErrBadSubject, subject, "", "fleet %q (want context or generation)", toks[1])
 		}
-	case SubjectKV, SubjectEvict, SubjectKVDump:
+	case SubjectKV, SubjectEvict, SubjectKVDump, SubjectPlacement:
 		if len(toks) != 2 {
 			return Subject{}, decodeErr(ErrBadSubject, subject, "", "want tether.v1.%s.<instance>", toks[0])
 		}

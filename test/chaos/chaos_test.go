@@ -86,6 +86,34 @@ func startLoad(v *env, prefix string, conversations, workers int) *load {
 	return l
 }
 
+// startSessions drives short sessions until stopped: each client runs
+// conversations of turns requests (a parent, its turns sent to random
+// edges), then starts a new one, so new keys keep arriving.
+func startSessions(v *env, prefix string, clients, turns int) *load {
+	tr := v.transport(clients)
+	l := &load{v: v, prefix: prefix, rng: rand.New(rand.NewSource(time.Now().UnixNano())),
+		client: &http.Client{Transport: tr, Timeout: 2 * time.Second}, stop: make(chan struct{})}
+	for w := range clients {
+		rng := rand.New(rand.NewSource(int64(w) + time.Now().UnixNano()))
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for n := 0; ; n++ {
+				conv := fmt.Sprintf("%s-%d-%d", prefix, w, n)
+				for turn := range turns {
+					select {
+					case <-l.stop:
+						return
+					default:
+					}
+					l.request(rng, conv, conv, "", turn)
+				}
+			}
+		}()
+	}
+	return l
+}
+
 func (l *load) request(rng *rand.Rand, root, conv, parent string, turn int) {
 	body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 2,
 		"messages": []map[string]string{{"role": "user", "content": fmt.Sprintf("%s turn %d", conv, turn)}}})
@@ -249,19 +277,20 @@ func (v *env) checkRoutes(samples []sample, restarts map[string][]time.Time) ver
 		if !s.ok {
 			continue
 		}
-		if !s.route.HasState || s.route.RequestID == "" {
-			v.t.Fatalf("answer without the route evidence the checker needs: %+v", s.route)
-		}
 		acked[s.root] = true
+		ctxKey := s.root
+		if s.route.ContextOwn {
+			ctxKey = s.conv
+		}
 		for _, c := range []struct {
 			fleet, key, inst string
 			state            uint64
-		}{{"context", s.root, s.route.Context, s.route.ContextState}, {"generation", s.conv, s.route.Generation, s.route.GenerationState}} {
+		}{{"context", ctxKey, s.route.Context, s.route.ContextState}, {"generation", s.conv, s.route.Generation, s.route.GenerationState}} {
 			if c.inst == "" || c.inst == "-" {
 				continue
 			}
-			a := routecheck.Answer{Fleet: c.fleet, Key: c.key, Instance: c.inst, Edge: routecheck.EdgeOfRequest(s.route.RequestID),
-				RequestID: s.route.RequestID, State: c.state, End: s.end}
+			a := routecheck.Answer{Fleet: c.fleet, Key: c.key, Instance: c.inst, Edge: s.edge,
+				RequestID: s.route.RequestID, State: c.state, Start: s.start, End: s.end}
 			k, why := routecheck.Judge(a, get(c.fleet, c.key))
 			out.Add(k, why, killedAfter(s.edge, s.start))
 		}

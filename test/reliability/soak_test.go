@@ -413,20 +413,21 @@ func checkSoakRoutes(t *testing.T, ctx context.Context, st *devstack.Stack, samp
 		if !s.ok {
 			continue
 		}
-		if !s.route.HasState || s.route.RequestID == "" {
-			t.Fatalf("answer without the route evidence the checker needs: %+v", s.route)
+		ctxKey := s.key
+		if s.route.ContextOwn {
+			ctxKey = s.conv
 		}
 		for _, c := range []struct {
 			f     fsm.Fleet
 			key   string
 			inst  string
 			state uint64
-		}{{fsm.FleetContext, s.key, s.route.Context, s.route.ContextState}, {fsm.FleetGeneration, s.conv, s.route.Generation, s.route.GenerationState}} {
+		}{{fsm.FleetContext, ctxKey, s.route.Context, s.route.ContextState}, {fsm.FleetGeneration, s.conv, s.route.Generation, s.route.GenerationState}} {
 			if c.inst == "" || c.inst == "-" {
 				continue
 			}
 			a := routecheck.Answer{Fleet: c.f.String(), Key: c.key, Instance: c.inst, Edge: routecheck.EdgeOfRequest(s.route.RequestID),
-				RequestID: s.route.RequestID, State: c.state, End: s.end}
+				RequestID: s.route.RequestID, State: c.state, Start: s.start, End: s.end}
 			k, why := routecheck.Judge(a, history(c.f, c.key))
 			vd.Add(k, why, killedAfter(s.edge, s.start))
 		}

@@ -25,6 +25,13 @@
 // E after A and none of this request is unrecorded: its edge served a new
 // placement whose proposal never reached the log (the edge died first);
 // the suites excuse it only for an edge killed after the request began.
+//
+// An edge older than the route evidence (no request id, no state index:
+// the comparison runs against an earlier build) is judged by time with
+// zero margin instead: A is the last entry appended before the request
+// began, a detour is any applied Overflow to I appended while it ran, and
+// a key unbound at A may be served where the first Bind after A, or a Bind
+// of its edge, placed it.
 package routecheck
 
 import (
@@ -62,10 +69,13 @@ type Route struct {
 	RequestID                     string
 	ContextState, GenerationState uint64
 	HasState                      bool // the header carried state indexes
+	// ContextOwn, GenerationOwn: a sub-agent's hop routed by its own
+	// conversation id, not its parent's root.
+	ContextOwn, GenerationOwn bool
 }
 
 // ParseRoute reads "context=<inst>/<rank>; generation=<inst>/<rank>;
-// request=<id>; context_state=<n>; generation_state=<n>".
+// request=<id>; context_state=<n>[; context_key=own]; generation_state=<n>".
 func ParseRoute(h string) Route {
 	var r Route
 	for _, part := range strings.Split(h, ";") {
@@ -87,6 +97,10 @@ func ParseRoute(h string) Route {
 		case "generation_state":
 			r.GenerationState, _ = strconv.ParseUint(v, 10, 64)
 			r.HasState = true
+		case "context_key":
+			r.ContextOwn = v == "own"
+		case "generation_key":
+			r.GenerationOwn = v == "own"
 		}
 	}
 	return r
@@ -99,7 +113,7 @@ type Answer struct {
 	Edge       string // the serving edge's node id (Decision.Edge; EdgeOfRequest)
 	RequestID  string
 	State      uint64
-	End        time.Time
+	Start, End time.Time
 }
 
 // Kind is how an answer was judged.
@@ -186,6 +200,9 @@ func at(tl []change, index uint64) string {
 
 // Judge judges one answer against its key's history.
 func Judge(a Answer, evs []Event) (Kind, string) {
+	if a.RequestID == "" {
+		return judgeByTime(a, evs)
+	}
 	tl := timeline(evs)
 	inForce := at(tl, a.State)
 	if inForce != "" && a.Instance == inForce {
@@ -233,6 +250,40 @@ func Judge(a Answer, evs []Event) (Kind, string) {
 	}
 	return Wrong, fmt.Sprintf("%s key %q placed on %q at state %d, served on %s by %s (request %s, ended %s)",
 		a.Fleet, a.Key, inForce, a.State, a.Instance, a.Edge, a.RequestID, a.End.Format(time.RFC3339Nano))
+}
+
+// judgeByTime judges an answer that carries no route evidence.
+func judgeByTime(a Answer, evs []Event) (Kind, string) {
+	tl := timeline(evs)
+	var state uint64
+	for _, ev := range evs {
+		if ev.Time.Before(a.Start) {
+			state = ev.Index
+		}
+	}
+	inForce := at(tl, state)
+	if inForce != "" && a.Instance == inForce {
+		return OnBinding, ""
+	}
+	for _, ev := range evs {
+		if ev.Type == "Overflow" && ev.Status == "applied" && ev.Event["to"] == a.Instance && !ev.Time.Before(a.Start) && !ev.Time.After(a.End) {
+			return Detoured, ""
+		}
+	}
+	if inForce == "" {
+		first := true
+		for _, ev := range evs {
+			if ev.Type != "Bind" || ev.Index <= state {
+				continue
+			}
+			if ev.Event["instance"] == a.Instance && (first || (ev.Decision != nil && ev.Decision.Edge == a.Edge)) {
+				return NewPlacement, ""
+			}
+			first = false
+		}
+	}
+	return Wrong, fmt.Sprintf("%s key %q placed on %q when the request began (%s), served on %s by %s, ended %s",
+		a.Fleet, a.Key, inForce, a.Start.Format(time.RFC3339Nano), a.Instance, a.Edge, a.End.Format(time.RFC3339Nano))
 }
 
 // Verdict counts a suite's answers by kind.
