@@ -119,7 +119,9 @@ func BenchmarkBindCommit(b *testing.B) {
 		reportRun(b, time.Since(start), samples, failed.Load(), nodes[0].Status().StateIndex-index0)
 		slices.Sort(agreed)
 		if len(agreed) > 0 {
-			pct := func(p float64) float64 { return float64(agreed[int(p*float64(len(agreed)-1))]) / float64(time.Millisecond) }
+			pct := func(p float64) float64 {
+				return float64(agreed[int(p*float64(len(agreed)-1))]) / float64(time.Millisecond)
+			}
 			b.ReportMetric(pct(0.50), "agree-p50-ms")
 			b.ReportMetric(pct(0.99), "agree-p99-ms")
 		}
