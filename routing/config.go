@@ -232,7 +232,9 @@ type OverflowConfig struct {
 	// once its parent link is committed) is placed under its own
 	// conversation id when another instance scores strictly better for it,
 	// and follows that binding from then on (routing/decide: escape). Off:
-	// sub-agents always follow their parent's binding.
+	// sub-agents always follow their parent's binding (the default: on the
+	// trace benchmark's tuning half it raised the sub-agent hit rate but
+	// lowered the hit rate; BENCHMARKS.md).
 	SubAgentCacheLost bool `yaml:"subagent_cache_lost"`
 	// Weigh (experimental, not a configuration key; the trace benchmark's
 	// tether_weigh): a healthy bound instance, saturated or not, is
@@ -298,7 +300,6 @@ func DefaultConfig() Config {
 			RebindAfter:        30 * time.Second,
 			CacheLostBelow:     0.5,
 			CacheLostMinIdle:   5 * time.Second,
-			SubAgentCacheLost:  true,
 		},
 		Shed: ShedConfig{
 			MaxQueuedRequests:      64,

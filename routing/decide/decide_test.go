@@ -9,6 +9,7 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/kvindex"
 )
 
 var t0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -628,5 +629,67 @@ func TestSilentInstancesAreUsedWhenNoneIsHealthy(t *testing.T) {
 	}
 	if _, fail := r.d.Route(context.Background(), r.router, req("other"), nil); fail == nil || fail.Kind != FailNoInstances {
 		t.Fatalf("no silent instance: %v, want FailNoInstances", fail)
+	}
+}
+
+// heldIndex is a KV index where only the listed instances hold the prompt
+// (every block), with a trusted baseline everywhere.
+type heldIndex struct{ held map[string]bool }
+
+func (x heldIndex) Match(blocks []uint64, _ time.Time, dst []kvindex.Match) []kvindex.Match {
+	for inst := range x.held {
+		dst = append(dst, kvindex.Match{Instance: inst, Blocks: len(blocks), Rank: 0})
+	}
+	return dst
+}
+func (x heldIndex) Holds(instance string, _ int, _ uint64, _ time.Time) (bool, bool) {
+	return x.held[instance], true
+}
+func (heldIndex) Predict(string, []uint64, time.Time) {}
+
+// With overflow.subagent_cache_lost, a sub-agent (routed by its parent's
+// root) whose own context the root's instance no longer holds, while
+// another instance holds it, is placed under its own conversation id there
+// and follows that binding from then on; its first request (no committed
+// link) always follows the parent. Off, it always follows the parent.
+func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		cfg := routing.DefaultConfig()
+		cfg.Type = routing.RouterConversation
+		cfg.BlockSize = 4
+		cfg.Overflow.CacheLostMinIdle = 0
+		cfg.Overflow.SubAgentCacheLost = on
+		router, err := routing.NewRouter(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := newRig(t)
+		r.router = router
+		r.d.Index = heldIndex{held: map[string]bool{"b": true}}
+		r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "root", ConversationID: "root", Instance: "a"})
+		child := routing.Request{Fleet: fsm.FleetContext, Key: "root", ConversationID: "child", RequestID: "child#1", Edge: "e1",
+			Now: t0.Add(time.Minute), PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}}
+		first, fail := r.d.Route(context.Background(), r.router, child, nil)
+		if fail != nil || first.Instance != "a" || first.OwnKey {
+			t.Fatalf("on=%v first request %+v %v: want the parent's a", on, first, fail)
+		}
+		r.log.commit(t, fsm.Link{Child: "child", Parent: "root", Root: "root", Depth: 1})
+		child.RequestID = "child#2"
+		got, fail := r.d.Route(context.Background(), r.router, child, nil)
+		switch {
+		case fail != nil:
+			t.Fatal(fail)
+		case on && (got.Instance != "b" || !got.OwnKey || got.Key != "child" || got.Policy != PolicySubAgentOwn):
+			t.Fatalf("escape on: %+v, want the child placed on b under its own id", got)
+		case !on && (got.Instance != "a" || got.OwnKey):
+			t.Fatalf("escape off: %+v, want the parent's a", got)
+		}
+		if on {
+			child.RequestID = "child#3"
+			again, fail := r.d.Route(context.Background(), r.router, child, nil)
+			if fail != nil || again.Instance != "b" || !again.OwnKey || again.Outcome != OutcomeSticky {
+				t.Fatalf("after the escape: %+v %v, want sticky on its own binding on b", again, fail)
+			}
+		}
 	}
 }
