@@ -18,6 +18,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/tether-project/tether/edge"
 )
 
 // Pacing of BenchmarkNewVsBoundConversation (issue 15; its figures are in
@@ -55,6 +57,11 @@ func BenchmarkNewVsBoundConversation(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var o Options
+	if os.Getenv("BENCH_COMMIT_FIRST") == "1" {
+		// The edges' placement.commit_first: a new conversation waits for
+		// its Bind (the behaviour before placement left the request path).
+		o.EdgeConfig = func(_ int, c *edge.Config) { c.Placement.CommitFirst = true }
+	}
 	if os.Getenv("BENCH_LOG") != "" { // the stack's warnings on stderr, to tell why a run failed
 		o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
