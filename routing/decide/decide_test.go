@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -107,12 +108,15 @@ type staticFleet struct {
 
 func (f *staticFleet) Views(_ time.Time, exclude []string) *routing.Views {
 	f.excluded = append(f.excluded, exclude)
-	vs := append([]routing.InstanceView(nil), f.views...)
+	return viewsOf(f.views, func(v *routing.InstanceView) bool { return slices.Contains(exclude, v.ID) })
+}
+
+// viewsOf is views with the instances down marks unhealthy.
+func viewsOf(views []routing.InstanceView, down func(*routing.InstanceView) bool) *routing.Views {
+	vs := append([]routing.InstanceView(nil), views...)
 	for i := range vs {
-		for _, x := range exclude {
-			if vs[i].ID == x {
-				vs[i].Healthy = false
-			}
+		if down(&vs[i]) {
+			vs[i].Healthy = false
 		}
 	}
 	v, err := routing.NewViews(vs)

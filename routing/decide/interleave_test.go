@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -277,23 +278,12 @@ func (w *world) settle(key string) {
 type worldFleet struct{ w *world }
 
 func (f worldFleet) Views(_ time.Time, exclude []string) *routing.Views {
-	vs := append([]routing.InstanceView(nil), f.w.views...)
 	st := f.w.replica.State()
-	for i := range vs {
-		if in, ok := st.Instance(vs[i].ID); ok && in.Status == fsm.InstanceDown {
-			vs[i].Healthy = false // as the edge merges the log's records
-		}
-		for _, x := range exclude {
-			if vs[i].ID == x {
-				vs[i].Healthy = false
-			}
-		}
-	}
-	v, err := routing.NewViews(vs)
-	if err != nil {
-		panic(err)
-	}
-	return v
+	return viewsOf(f.w.views, func(v *routing.InstanceView) bool {
+		// As the edge merges the log's records.
+		in, ok := st.Instance(v.ID)
+		return ok && in.Status == fsm.InstanceDown || slices.Contains(exclude, v.ID)
+	})
 }
 func (f worldFleet) UnheardAtStartup(time.Time, string) bool { return false }
 func (f worldFleet) StateCurrent(time.Time) (bool, string) {
