@@ -662,7 +662,7 @@ func TestValidateConfigDoesNotChangeTheConfig(t *testing.T) {
 	if err := ValidateConfig(d); err != nil {
 		t.Fatal(err)
 	}
-	if d.ProposeTimeout != d.Raft.ElectionTimeout || d.Raft.ElectionTimeout != 500*time.Millisecond || d.Autopilot.LastContactThreshold != time.Second {
+	if d.ProposeTimeout != d.Raft.ElectionTimeout || d.Raft.ElectionTimeout != time.Second || d.Autopilot.LastContactThreshold != 2*time.Second {
 		t.Fatalf("defaults: %+v", d.Settings)
 	}
 	errs := ConfigErrors(ValidateConfig(Config{}.WithDefaults()))

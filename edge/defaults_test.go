@@ -16,7 +16,7 @@ func TestProposeTimeoutDerivesFromRaftTiming(t *testing.T) {
 		{"", time.Second},
 		{", raft: {election_timeout: 2s}", 2 * time.Second},
 		{", raft: {heartbeat_timeout: 1s}", time.Second},
-		{", raft: {election_timeout: 800ms}, propose_timeout: 300ms", 300 * time.Millisecond},
+		{", raft: {heartbeat_timeout: 500ms, election_timeout: 800ms}, propose_timeout: 300ms", 300 * time.Millisecond},
 	} {
 		cfg, err := ParseConfig([]byte(`
 model: m
