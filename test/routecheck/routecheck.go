@@ -35,6 +35,7 @@
 package routecheck
 
 import (
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -45,18 +46,42 @@ import (
 
 // Event is one entry of GET /admin/v1/bindings/{fleet}/{key}/history.
 type Event struct {
-	Index    uint64         `json:"index"`
-	Time     time.Time      `json:"time"`
-	Type     string         `json:"type"`
-	Status   string         `json:"status"`
-	Event    map[string]any `json:"event"`
-	Decision *struct {
-		Edge      string `json:"edge"`
-		RequestID string `json:"request_id"`
-	} `json:"decision"`
-	Evicted *struct {
+	Index  uint64         `json:"index"`
+	Time   time.Time      `json:"time"`
+	Type   string         `json:"type"`
+	Status string         `json:"status"`
+	Event  map[string]any `json:"event"`
+	// Decision is the placement decision a Bind or Overflow carries
+	// (the event's "decision"); nil for other events.
+	Decision *Decision `json:"-"`
+	Evicted  *struct {
 		Instance string `json:"instance"`
 	} `json:"evicted"`
+}
+
+// Decision is who placed an event's key: the edge and the request id the
+// edge's route evidence names.
+type Decision struct {
+	Edge      string `json:"edge"`
+	RequestID string `json:"request_id"`
+}
+
+// UnmarshalJSON reads an entry and its event's decision.
+func (ev *Event) UnmarshalJSON(b []byte) error {
+	type plain Event
+	if err := json.Unmarshal(b, (*plain)(ev)); err != nil {
+		return err
+	}
+	var d struct {
+		Event struct {
+			Decision *Decision `json:"decision"`
+		} `json:"event"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		return err
+	}
+	ev.Decision = d.Event.Decision
+	return nil
 }
 
 // History is a key's events as the admin API returns them.
