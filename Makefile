@@ -74,8 +74,11 @@ fuzz:
 	done
 
 # Long reliability runs: >= 100 seeded schedules per fault type with the
-# porcupine check, then the multi-process chaos and soak tests in long mode,
-# and the agent APIs across five edges under a nemesis (test/agentapi).
+# porcupine check, then the multi-process chaos and soak tests in long mode
+# (among them 60 agents x 8 calls beside six busy loops, ten runs, and the
+# short-session divergence run with leader cuts, both judged with zero
+# margin), and the agent APIs across five edges under a nemesis
+# (test/agentapi).
 # SOAK_SEED replays a run (printed on failure); SOAK_RUNS overrides the count.
 SOAK_SEED ?= 0
 SOAK_RUNS ?= 0
@@ -83,7 +86,7 @@ SOAK_LOG  ?= /tmp/tether-soak.log
 soak:
 	@echo "soak: full log in $(SOAK_LOG)"
 	@RELIABILITY_LONG=1 RELIABILITY_SEED=$(SOAK_SEED) RELIABILITY_RUNS=$(SOAK_RUNS) \
-		$(GO) test -count=1 -timeout 120m -v -run 'Linearizability|Soak|Chaos|WorkerHTTPBadInput|AgentAPIsAcrossEdges' ./test/reliability/ ./test/agentapi/ $$(ls -d ./test/chaos 2>/dev/null) >$(SOAK_LOG) 2>&1; \
+		$(GO) test -count=1 -timeout 180m -v -run 'Linearizability|Soak|Chaos|WorkerHTTPBadInput|AgentAPIsAcrossEdges' ./test/reliability/ ./test/agentapi/ $$(ls -d ./test/chaos 2>/dev/null) ./test/e2e/ >$(SOAK_LOG) 2>&1; \
 		rc=$$?; grep -E 'FIGURES|^(--- |ok|FAIL)|replay' $(SOAK_LOG); exit $$rc
 
 fmt:

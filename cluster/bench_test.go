@@ -22,7 +22,9 @@ import (
 //     latency percentiles, binds per log entry and time per entry.
 //   - idle-leader, idle-follower: one bind at a time on a quiet cluster.
 //   - paced-5000: open-loop load at 5,000 binds/s; latency is measured from
-//     each bind's scheduled start (so queueing behind a slow commit counts).
+//     each bind's scheduled start (so queueing behind a slow commit counts),
+//     and so is the agreement lag (agree-p50-ms, agree-p99-ms): until every
+//     node has applied the Bind's entry.
 func BenchmarkBindCommit(b *testing.B) {
 	newBenchCluster := func(b *testing.B, proposeTimeout time.Duration) *testCluster {
 		benchRegs = nil
@@ -75,6 +77,7 @@ func BenchmarkBindCommit(b *testing.B) {
 			failed  atomic.Int64
 			mu      sync.Mutex
 			samples = make([]time.Duration, 0, b.N)
+			agreed  = make([]time.Duration, 0, b.N)
 			wg      sync.WaitGroup
 			slots   = make(chan struct{}, 1024) // bounds goroutines if the cluster falls behind
 		)
@@ -92,18 +95,36 @@ func BenchmarkBindCommit(b *testing.B) {
 				defer wg.Done()
 				defer func() { <-slots }()
 				n := nodes[i%len(nodes)]
-				if _, err := n.Propose(context.Background(), bindEv(fmt.Sprintf("paced-%d", i), "w1")); err != nil {
+				res, err := n.Propose(context.Background(), bindEv(fmt.Sprintf("paced-%d", i), "w1"))
+				if err != nil {
 					failed.Add(1)
 					return
 				}
 				lat := time.Since(scheduled)
+				// Agreement: every node has applied the Bind's entry.
+				idx := n.State().EpochIndex(res.Binding.Epoch)
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				for _, o := range nodes {
+					_ = o.WaitApplied(ctx, idx)
+				}
+				cancel()
+				agree := time.Since(scheduled)
 				mu.Lock()
 				samples = append(samples, lat)
+				agreed = append(agreed, agree)
 				mu.Unlock()
 			}()
 		}
 		wg.Wait()
 		reportRun(b, time.Since(start), samples, failed.Load(), nodes[0].Status().StateIndex-index0)
+		slices.Sort(agreed)
+		if len(agreed) > 0 {
+			pct := func(p float64) float64 {
+				return float64(agreed[int(p*float64(len(agreed)-1))]) / float64(time.Millisecond)
+			}
+			b.ReportMetric(pct(0.50), "agree-p50-ms")
+			b.ReportMetric(pct(0.99), "agree-p99-ms")
+		}
 	})
 }
 

@@ -180,6 +180,10 @@ func (f *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		}
 	}
 	f.publish(next)
+	applied := time.Now()
+	for i := range results {
+		f.metrics.observeApplied(logs[positions[i]].AppendedAt, applied)
+	}
 	f.deliver(logs, resp)
 	// Archive what was applied (one bbolt transaction per batch, or per
 	// several when the archiver is behind), after the answers went out.

@@ -21,6 +21,7 @@ type metrics struct {
 	forwarded    prometheus.Counter
 	isLeader     prometheus.Gauge
 	appliedIndex prometheus.Gauge
+	applyLag     prometheus.Histogram
 	authFailures prometheus.Counter
 }
 
@@ -72,6 +73,14 @@ func newMetrics(reg prometheus.Registerer, nodeID string) (*metrics, error) {
 			Help:        "Last Raft log index applied by this node's state machine.",
 			ConstLabels: labels,
 		}),
+		applyLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tether_cluster_apply_lag_seconds",
+			Help: "Time from the leader appending a command entry to this node applying it (the leader's clock against this node's; " +
+				"entries replayed more than a minute after they were appended are not counted). Across the edges, its largest value " +
+				"for an entry is how long the cluster took to agree on it after the leader had it.",
+			ConstLabels: labels,
+			Buckets:     []float64{.0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}),
 		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name:        "tether_cluster_auth_failures_total",
 			Help:        "Inter-node connections (forwarding and Raft) refused: a wrong internal key, or a TLS certificate that does not name the node the peer claims to be.",
@@ -90,7 +99,7 @@ func newMetrics(reg prometheus.Registerer, nodeID string) (*metrics, error) {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.commit, m.stage, m.proposals, m.batchSize, m.forwarded, m.isLeader, m.appliedIndex, m.authFailures}
+	return []prometheus.Collector{m.commit, m.stage, m.proposals, m.batchSize, m.forwarded, m.isLeader, m.appliedIndex, m.applyLag, m.authFailures}
 }
 
 // unregister removes the node's series (a node reopened in the same
@@ -111,6 +120,20 @@ func (m *metrics) observeResults(rs []fsm.Result, seconds float64) {
 	m.commit.Observe(seconds)
 	for _, r := range rs {
 		m.proposals.WithLabelValues(r.Status.String()).Inc()
+	}
+}
+
+// maxApplyLag: entries applied later than this after their append are a
+// replay (a restart, a snapshot catch-up), not replication lag.
+const maxApplyLag = time.Minute
+
+// observeApplied records how long after its append an entry was applied.
+func (m *metrics) observeApplied(appended, now time.Time) {
+	if m == nil || appended.IsZero() {
+		return
+	}
+	if lag := now.Sub(appended); lag >= 0 && lag <= maxApplyLag {
+		m.applyLag.Observe(lag.Seconds())
 	}
 }
 

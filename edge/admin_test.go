@@ -166,6 +166,9 @@ func TestLeaderSweepsIdleBindings(t *testing.T) {
 	s := startStatic(t, 1, 1, func(c *Config) { c.SessionTTL = 400 * time.Millisecond })
 	a := &agent{session: "ttl-conv", system: longText("ttl", 24)}
 	a.send(t, s.c, s.te, "one", nil)
+	// Dispatched beside its Bind: the sweep evicts a binding, so the Bind
+	// must have been answered first.
+	waitFor(t, "the conversation's Bind answered", 10*time.Second, func() bool { return s.te.e.placements.inFlight() == 0 })
 	waitFor(t, "the idle binding evicted", 10*time.Second, func() bool {
 		_, ok := binding(t, s.c, s.te, fsm.FleetContext, "ttl-conv")
 		return !ok

@@ -309,6 +309,12 @@ type PlacementConfig struct {
 	Overflow   routing.OverflowConfig `yaml:"overflow"`
 	Shed       routing.ShedConfig     `yaml:"shed"`
 	Breaker    routing.BreakerConfig  `yaml:"circuit_breaker"`
+	// CommitFirst makes a new conversation's first request wait for its
+	// Bind to commit before it is dispatched. Off (the default), the edge
+	// dispatches at once and proposes the Bind beside it: the first
+	// committed Bind still decides the binding, and a request that raced
+	// and lost costs at most its own cache hit (routing/DESIGN.md §7).
+	CommitFirst bool `yaml:"commit_first"`
 }
 
 // TelemetryConfig tunes how the edge judges workers from their telemetry.

@@ -107,11 +107,13 @@ type Edge struct {
 	httpSrv  *http.Server
 	ln       net.Listener
 	recorder *recorder
-	touches  *touchBatcher
-	decider  *decide.Decider // the routing decision (route.go, routing/decide)
-	fresh    *freshness      // is this edge's state current (readyz, degraded placement)
-	ready    *readiness
-	shed     *shedder // load shedding on the edge's own saturation (admission.go)
+	// placements are this edge's own Bind proposals (placements.go).
+	placements *placements
+	touches    *touchBatcher
+	decider    *decide.Decider // the routing decision (route.go, routing/decide)
+	fresh      *freshness      // is this edge's state current (readyz, degraded placement)
+	ready      *readiness
+	shed       *shedder // load shedding on the edge's own saturation (admission.go)
 
 	// The catalogue (models.go): the first model (the fields above) and
 	// the others, by name; adapters by name to their model.
@@ -130,7 +132,8 @@ type Edge struct {
 	// engineKV reads the engines' own KV events (edge/engines.go).
 	engineKV    engineKVSources
 	reqSeq      atomic.Uint64
-	unavailable atomic.Int64 // unix nanos of the last ErrUnavailable
+	placedSeq   atomic.Uint64 // decisions made (route.go: the views cache)
+	unavailable atomic.Int64  // unix nanos of the last ErrUnavailable
 
 	evictCh chan kvEviction
 
@@ -202,7 +205,9 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	}
 	e.recorder = newRecorder(e)
 	e.touches = newTouchBatcher()
-	e.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Fleet: edgeFleet{e: e}, Index: edgeIndex{e}, Overload: e.overload}
+	e.placements = newPlacements(e)
+	e.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e: e},
+		Index: edgeIndex{e}, Overload: e.overload, CommitFirst: cfg.Placement.CommitFirst}
 	if err := e.buildCatalogue(); err != nil {
 		return nil, fmt.Errorf("edge: %w", err)
 	}
@@ -242,6 +247,10 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	e.disaggBase = disaggIDBase(binary.BigEndian.Uint32(b[:]))
+	// Request ids ("<node id>-<n>", recorded in the log's decisions) start
+	// at a random point of a 63-bit space, so an edge restarted on its data
+	// directory does not reuse the ids its previous process recorded.
+	e.reqSeq.Store(binary.BigEndian.Uint64(b[:]) >> 1 &^ (1<<32 - 1))
 	e.evictCh = make(chan kvEviction, 4096)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e, nil
@@ -288,6 +297,9 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	}
 
 	if err := e.startFleetView(ctx); err != nil {
+		return err
+	}
+	if err := e.placements.listen(); err != nil {
 		return err
 	}
 

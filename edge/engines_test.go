@@ -140,6 +140,18 @@ func TestEngineConversationAndSubagentsKeepInstanceAndRank(t *testing.T) {
 					}
 					if wantRank < 0 {
 						wantInst, wantRank = inst, rank
+						// The first turn was dispatched beside its Bind: later
+						// turns follow the committed binding, so they are sent
+						// once every edge has it (a turn racing the commit to
+						// another edge costs at most its own cache hit).
+						waitFor(t, "the conversation's binding on every edge", 10*time.Second, func() bool {
+							for i := range 3 {
+								if b, ok := s.ec.edge(i).e.node.State().Lookup(fsm.FleetContext, parent); !ok || b.Instance != inst {
+									return false
+								}
+							}
+							return true
+						})
 						continue
 					}
 					if inst != wantInst || rank != wantRank {

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/tether-project/tether/cluster"
 )
 
 // freshness knows whether this edge's copy of the replicated state is
@@ -15,17 +13,17 @@ import (
 //   - /readyz stays false after a (re)start until the state has caught up
 //     with a leader's, so a load balancer does not send traffic to an edge
 //     that would read old bindings;
-//   - degraded placement (the log cannot commit) is a guess that every edge
-//     makes alike only if their states agree; an edge that lags (restarted,
-//     or a follower that lost its leader before applying the last commits)
-//     could place a key the log already bound elsewhere.
+//   - a new key placed while this edge cannot know the committed placement
+//     (no leader within the window, not caught up since start, or lagging
+//     the leader's state by more than the window) is counted degraded, and
+//     hard affinity is refused: such an edge could place a key the log
+//     already bound elsewhere.
 //
 // A background poll asks the leader for its Status (state index) every
-// freshnessPoll; while no leader is known it asks the peers for their log
-// ends instead. Everything is in-memory and reset at start.
+// freshnessPoll. Everything is in-memory and reset at start.
 type freshness struct {
 	e      *Edge
-	window time.Duration // degraded placement: the longest silence from a leader
+	window time.Duration // the longest silence from a leader, and the lag bound
 
 	mu          sync.Mutex
 	leaderState uint64    // the state index a ready leader last reported (this node's own while it leads)
@@ -33,8 +31,14 @@ type freshness struct {
 	target      uint64    // a leader's state index this node must reach to count as caught up
 	caughtUp    bool      // the state reached target once since start
 	caughtUpAt  time.Time
-	peersLog    uint64 // without a leader: the highest log index a reachable peer holds
-	peersAt     time.Time
+	// seen are the leader's state indexes of recent polls, oldest first
+	// (the lag bound: the state must have reached the one a window ago).
+	seen []leaderSample
+}
+
+type leaderSample struct {
+	index uint64
+	at    time.Time
 }
 
 const (
@@ -83,7 +87,7 @@ func (f *freshness) run() {
 	}
 }
 
-// poll does one round: the leader's state index, or the peers' log ends.
+// poll does one round: the leader's state index.
 func (f *freshness) poll() {
 	n := f.e.node
 	start := f.e.now()
@@ -97,10 +101,8 @@ func (f *freshness) poll() {
 		cancel()
 		if err == nil && ps.IsLeader {
 			f.noteLeader(ps.StateIndex, start)
-			return
 		}
 	}
-	f.pollPeers(n.Status())
 }
 
 // noteLeader records a ready leader's state index seen at (or after) at.
@@ -115,7 +117,12 @@ func (f *freshness) noteLeader(stateIndex uint64, at time.Time) {
 	if at.After(f.leaderSeen) {
 		f.leaderSeen = at
 	}
-	f.peersLog, f.peersAt = 0, time.Time{}
+	f.seen = append(f.seen, leaderSample{index: stateIndex, at: at})
+	// Keep one sample older than the window (the one the lag is judged
+	// against) and the newer ones.
+	for len(f.seen) > 1 && at.Sub(f.seen[1].at) > f.window {
+		f.seen = f.seen[1:]
+	}
 	if f.target == 0 {
 		// Caught up = reached where a leader was at some poll; comparing
 		// with the leader's latest index would chase a moving target on
@@ -130,39 +137,6 @@ func (f *freshness) checkCaughtUpLocked(own uint64) {
 		f.caughtUp, f.caughtUpAt = true, f.e.now()
 		f.e.log.Info("state caught up with the leader", "state_index", own, "leader_state_index", f.target)
 	}
-}
-
-// pollPeers asks every other voter how far its log goes (without a leader,
-// a peer holding entries this node lacks means this node's state may miss
-// committed bindings).
-func (f *freshness) pollPeers(s cluster.Status) {
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		high uint64
-	)
-	start := f.e.now()
-	for _, p := range s.Peers {
-		if p.ID == s.ID || p.Addr == "" {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(f.e.ctx, freshnessCallTimeout)
-			ps, err := f.e.node.PeerStatus(ctx, p.Addr)
-			cancel()
-			if err == nil {
-				mu.Lock()
-				high = max(high, ps.LastLogIndex)
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	f.mu.Lock()
-	f.peersLog, f.peersAt = high, start
-	f.mu.Unlock()
 }
 
 // caughtUpSinceStart reports whether the state reached a leader's once
@@ -181,31 +155,32 @@ func (f *freshness) caughtUpSinceStart() (bool, string) {
 	return false, fmt.Sprintf("catching up with the leader: state index %d of %d", own, f.target)
 }
 
-// degradedAllowed reports whether this edge may place a new key without
-// the log (degraded rendezvous), and otherwise why not. It may when its
-// state is known to be current: it caught up with a leader since it
-// started, heard from a leader within the window, has applied every log
-// entry it holds (the last of them may have been committed by a leader
-// that then died, before this node learned so), is not behind the
-// leader's last reported state, and no reachable peer holds entries it
-// lacks.
-func (f *freshness) degradedAllowed(now time.Time) (bool, string) {
-	s := f.e.node.Status()
+// stateCurrent reports whether this edge can know the committed
+// placement of a key from its own state, and otherwise why not: it caught
+// up with a leader since it started, heard from a leader within the window,
+// and its state has reached the leader's state index of a window ago. A
+// state a few entries behind the leader's latest is the normal case of a
+// follower under load (an entry commits before followers apply it) and
+// counts as current; a leader's Bind older than the window that this edge
+// has not applied does not.
+func (f *freshness) stateCurrent(now time.Time) (bool, string) {
+	if f.e.node.IsLeader() {
+		return true, "" // a ready leader has applied every committed entry
+	}
+	own := f.e.node.State().Index()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.checkCaughtUpLocked(s.StateIndex)
+	f.checkCaughtUpLocked(own)
 	switch {
 	case !f.caughtUp:
 		return false, "this edge has not caught up with a leader since it started"
 	case now.Sub(f.leaderSeen) > f.window:
 		return false, fmt.Sprintf("no contact with a leader for %s (more than cluster.degraded_placement_window %s)",
 			now.Sub(f.leaderSeen).Round(time.Millisecond), f.window)
-	case s.StateIndex < f.leaderState:
-		return false, fmt.Sprintf("state index %d is behind the leader's %d", s.StateIndex, f.leaderState)
-	case s.AppliedIndex < max(s.CommitIndex, s.LastLogIndex):
-		return false, fmt.Sprintf("log entries up to %d are not applied yet (applied %d)", max(s.CommitIndex, s.LastLogIndex), s.AppliedIndex)
-	case f.peersLog > s.AppliedIndex && now.Sub(f.peersAt) <= 3*freshnessPoll+freshnessCallTimeout:
-		return false, fmt.Sprintf("a peer holds log entries up to %d, this edge applied %d", f.peersLog, s.AppliedIndex)
+	}
+	if len(f.seen) > 0 && now.Sub(f.seen[0].at) > f.window && own < f.seen[0].index {
+		return false, fmt.Sprintf("state index %d is behind the leader's %d of %s ago (more than cluster.degraded_placement_window %s)",
+			own, f.seen[0].index, now.Sub(f.seen[0].at).Round(time.Millisecond), f.window)
 	}
 	return true, ""
 }

@@ -594,8 +594,12 @@ func adminGet(t testing.TB, c *http.Client, te *testEdge, path string) response 
 	return do(t, c, http.MethodGet, te.url()+path, nil, map[string]string{"Authorization": "Bearer " + testAdmin})
 }
 
+// binding reads key's binding from te's admin API, once te's own Bind
+// proposal for it (a new key is dispatched beside it) has been answered —
+// while te knows the log can commit.
 func binding(t testing.TB, c *http.Client, te *testEdge, fleet fsm.Fleet, key string) (admin.BindingInfo, bool) {
 	t.Helper()
+	awaitOwnBind(t, te, fleet, key)
 	r := adminGet(t, c, te, "/admin/v1/bindings/"+fleet.String()+"/"+url.PathEscape(key))
 	if r.status == http.StatusNotFound {
 		return admin.BindingInfo{}, false
@@ -608,6 +612,16 @@ func binding(t testing.TB, c *http.Client, te *testEdge, fleet fsm.Fleet, key st
 		t.Fatal(err)
 	}
 	return b, true
+}
+
+// awaitOwnBind waits until te's own Bind proposal for key (in its model's
+// namespace) has been answered, or te knows the log cannot commit.
+func awaitOwnBind(t testing.TB, te *testEdge, fleet fsm.Fleet, key string) {
+	t.Helper()
+	waitFor(t, "the Bind proposal of "+key+" answered, or the log down", 20*time.Second, func() bool {
+		p, ok := te.e.placements.Pending(fleet, key)
+		return !ok || p.Settled || te.e.logDown()
+	})
 }
 
 // staticSetup is one edge in front of workers configured by URL (no NATS:

@@ -142,7 +142,7 @@ func TestConversationIDAsTRTLLM(t *testing.T) {
 		if r.status != http.StatusOK {
 			t.Fatalf("%s: %d %s", c.name, r.status, r.body)
 		}
-		if _, ok := s.te.e.Node().State().Lookup(fsm.FleetContext, c.want); !ok {
+		if _, ok := binding(t, s.c, s.te, fsm.FleetContext, c.want); !ok {
 			t.Fatalf("%s: no context binding for %q", c.name, c.want)
 		}
 		reqs := s.ctx[0].requests()

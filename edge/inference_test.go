@@ -132,6 +132,12 @@ func TestKVEvictedConversationsAreEvicted(t *testing.T) {
 	ec.waitInstances(2)
 	te, c := ec.edge(0), httpClient(t)
 	(&agent{session: "lru-old", system: longText("lru-a", 24)}).send(t, c, te, "one", nil)
+	// Dispatched beside its Bind: the eviction below is of a binding, so
+	// the Bind must have committed first.
+	waitFor(t, "the first conversation's binding", 10*time.Second, func() bool {
+		_, ok := te.e.Node().State().Lookup(fsm.FleetContext, "lru-old")
+		return ok
+	})
 	(&agent{session: "lru-new", system: longText("lru-b", 24)}).send(t, c, te, "one", nil)
 	waitFor(t, "the evicted conversation's binding gone", 10*time.Second, func() bool {
 		_, ok := te.e.Node().State().Lookup(fsm.FleetContext, "lru-old")
@@ -170,7 +176,13 @@ func TestParseRoute(t *testing.T) {
 	if err != nil || r != (Route{ContextInstance: "ctx-1", ContextRank: "3"}) {
 		t.Fatalf("%+v %v", r, err)
 	}
-	for _, bad := range []string{"context", "prefill=a/1"} {
+	r, err = ParseRoute("context=ctx-1/0; generation=gen-2/1; request=edge-1-7; context_state=12; context_key=own; generation_state=14")
+	want := Route{ContextInstance: "ctx-1", ContextRank: "0", GenerationInstance: "gen-2", GenerationRank: "1", RequestID: "edge-1-7",
+		ContextState: 12, GenerationState: 14, HasState: true, ContextOwnKey: true}
+	if err != nil || r != want {
+		t.Fatalf("%+v %v, want %+v", r, err, want)
+	}
+	for _, bad := range []string{"context", "prefill=a/1", "context=a/1; context_state=x", "context=a/1; context_key=parent"} {
 		if _, err := ParseRoute(bad); err == nil {
 			t.Errorf("%q parsed", bad)
 		}

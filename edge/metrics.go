@@ -12,27 +12,30 @@ import (
 // metrics are the edge's tether_edge_* series (fleetview adds the
 // telemetry and per-instance ones, cluster the tether_cluster_* ones).
 type metrics struct {
-	requests        *prometheus.CounterVec
-	requestSeconds  *prometheus.HistogramVec
-	decisions       *prometheus.CounterVec
-	commitSeconds   prometheus.Histogram
-	proposals       *prometheus.CounterVec
-	retries         *prometheus.CounterVec
-	degradedPending prometheus.GaugeFunc
-	degradedRecord  *prometheus.CounterVec
-	strippedHeaders *prometheus.CounterVec
-	touches         prometheus.Counter
-	leaderActions   *prometheus.CounterVec
-	bindings        prometheus.GaugeFunc
-	upstreamErrors  *prometheus.CounterVec
-	recorderQueued  prometheus.GaugeFunc
-	recorderDropped *prometheus.CounterVec
-	bodyRefused     prometheus.Counter
-	bodyInflight    prometheus.GaugeFunc
-	routeSeconds    *prometheus.HistogramVec
-	routed          routedMetrics
-	streamsAborted  *prometheus.CounterVec
-	storedResponses *prometheus.CounterVec
+	requests          *prometheus.CounterVec
+	requestSeconds    *prometheus.HistogramVec
+	decisions         *prometheus.CounterVec
+	commitSeconds     prometheus.Histogram
+	proposals         *prometheus.CounterVec
+	retries           *prometheus.CounterVec
+	placementsOpen    prometheus.GaugeFunc
+	placements        *prometheus.CounterVec
+	speculativeServed *prometheus.CounterVec
+	bindSettle        prometheus.Histogram
+	placementMsgs     *prometheus.CounterVec
+	strippedHeaders   *prometheus.CounterVec
+	touches           prometheus.Counter
+	leaderActions     *prometheus.CounterVec
+	bindings          prometheus.GaugeFunc
+	upstreamErrors    *prometheus.CounterVec
+	recorderQueued    prometheus.GaugeFunc
+	recorderDropped   *prometheus.CounterVec
+	bodyRefused       prometheus.Counter
+	bodyInflight      prometheus.GaugeFunc
+	routeSeconds      *prometheus.HistogramVec
+	routed            routedMetrics
+	streamsAborted    *prometheus.CounterVec
+	storedResponses   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
@@ -48,7 +51,10 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 		}, []string{"endpoint"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_edge_routing_decisions_total",
-			Help: "Routing decisions by fleet, placement policy and outcome (sticky, new_bind, overflow, degraded, shed, unbound).",
+			Help: "Routing decisions by fleet, placement policy and outcome (sticky, new_bind, overflow, degraded, shed, unbound, refused). " +
+				"new_bind: a new key dispatched beside its Bind proposal; degraded: placed or served on this edge's own decision while it " +
+				"could not know the committed placement (the log could not commit, or its state was not known current); policy pending: " +
+				"served on this edge's own Bind proposal before the log answered it.",
 		}, []string{"fleet", "policy", "outcome"}),
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tether_edge_affinity_commit_seconds",
@@ -63,10 +69,27 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 			Name: "tether_edge_retries_total",
 			Help: "Worker hops retried on another instance, by fleet.",
 		}, []string{"fleet"}),
-		degradedRecord: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_edge_degraded_binds_total",
-			Help: "Degraded-mode placements once the log was back, by result (recorded: the Bind committed).",
+		placements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_placements_total",
+			Help: "This edge's Bind proposals for new keys by the log's answer: won (it created the binding), agreed (another edge's Bind " +
+				"won, naming the same instance), lost (another edge's Bind won, naming another instance), rejected (the instance was down), " +
+				"dropped (forgotten unanswered: the edge stopped, or too many were in flight).",
+		}, []string{"fleet", "result"}),
+		speculativeServed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_speculative_requests_total",
+			Help: "Requests served on this edge's own Bind proposal before the log answered it, counted when it answers: on_binding " +
+				"(the key's binding is where they went) or off_binding (another edge's Bind won elsewhere, or the instance was rejected).",
+		}, []string{"fleet", "result"}),
+		placementMsgs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_placement_messages_total",
+			Help: "New placements told to the other edges over NATS (sent), told by them (heard), or refused as malformed (invalid).",
 		}, []string{"result"}),
+		bindSettle: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tether_edge_bind_settle_seconds",
+			Help: "From a new key's placement to this edge learning its Bind's answer from the log (retries included). " +
+				"The other edges agree tether_cluster_apply_lag_seconds after the leader appended it.",
+			Buckets: []float64{.0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}),
 		strippedHeaders: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_edge_stripped_headers_total",
 			Help: "Client-supplied internal or untrusted headers removed at the trust boundary, by header.",
@@ -94,7 +117,7 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 	}, []string{"outcome"})
 	m.recorderDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_edge_recorder_dropped_total",
-		Help: "Background events (overflows, links, rank observations, degraded binds) given up before the log recorded them, by event type and reason (queue_full: the oldest made room for a new one; attempts: retried too often; closed: the edge stopped).",
+		Help: "Background events (overflows, links, rank observations, evidence, placements' Binds) given up before the log recorded them, by event type and reason (queue_full: the oldest made room for a new one; attempts: retried too often; closed: the edge stopped).",
 	}, []string{"type", "reason"})
 	m.bodyRefused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tether_edge_body_budget_refused_total",
@@ -112,7 +135,7 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.routeSeconds, m.routed.requests, m.routed.prefill, &opsCollector{e: e}, m.requests, m.requestSeconds, m.decisions, m.commitSeconds, m.proposals, m.retries,
-		m.degradedPending, m.degradedRecord, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
+		m.placementsOpen, m.placements, m.speculativeServed, m.bindSettle, m.placementMsgs, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
 		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight, m.streamsAborted, m.storedResponses} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("edge: register metrics: %w", err)
@@ -131,10 +154,10 @@ func (m *metrics) addGauges(e *Edge) {
 		Name: "tether_edge_recorder_queued",
 		Help: "Background events waiting for the affinity log (bounded; beyond the bound the oldest are dropped).",
 	}, func() float64 { return float64(e.recorder.queued()) })
-	m.degradedPending = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "tether_edge_degraded_pending",
-		Help: "Degraded-mode placements waiting to be recorded in the log.",
-	}, func() float64 { return float64(e.recorder.pendingDegraded()) })
+	m.placementsOpen = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tether_edge_placements_in_flight",
+		Help: "This edge's Bind proposals the log has not answered yet (their keys are served where this edge proposed).",
+	}, func() float64 { return float64(e.placements.inFlight()) })
 	m.bindings = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tether_edge_bindings",
 		Help: "Live bindings in the replicated state (all fleets).",

@@ -249,7 +249,8 @@ func (e *Edge) buildCatalogue() error {
 			e.adapterModel[a] = m
 		}
 		if m.decider == nil {
-			m.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Fleet: edgeFleet{e, m}, Index: edgeIndex{e}, Overload: e.overload}
+			m.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e, m},
+				Index: edgeIndex{e}, Overload: e.overload, CommitFirst: m.cfg.Placement.CommitFirst}
 		}
 	}
 	return nil

@@ -63,6 +63,11 @@ func TestTwoModelsRouteToTheirOwnFleets(t *testing.T) {
 			}
 		}
 	}
+	for _, m := range te.e.models {
+		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+			awaitOwnBind(t, te, f, m.key("shared-session"))
+		}
+	}
 	a, okA := binding(t, c, te, fsm.FleetContext, "shared-session")
 	b, okB := adminBindingOf(t, c, te, "context", "shared-session", secondModel)
 	if !okA || !okB || a.Instance != "ctx-a" || b.Instance != "ctx-b" {
@@ -84,6 +89,11 @@ func TestTwoModelsRouteToTheirOwnFleets(t *testing.T) {
 // adminBindingOf is GET /admin/v1/bindings/{fleet}/{key}?model=.
 func adminBindingOf(t *testing.T, c *http.Client, te *testEdge, fleet, key, model string) (admin.BindingInfo, bool) {
 	t.Helper()
+	f := fsm.FleetContext
+	if fleet == fsm.FleetGeneration.String() {
+		f = fsm.FleetGeneration
+	}
+	awaitOwnBind(t, te, f, te.e.modelByName[model].key(key))
 	r := adminGet(t, c, te, "/admin/v1/bindings/"+fleet+"/"+url.PathEscape(key)+"?model="+url.QueryEscape(model))
 	if r.status == http.StatusNotFound {
 		return admin.BindingInfo{}, false

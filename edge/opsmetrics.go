@@ -7,6 +7,7 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/decide"
 )
 
 // ActiveWindow is how recently (log time) a binding or parent link must have
@@ -202,10 +203,12 @@ func (m *metrics) observeRoute(f fsm.Fleet, start time.Time) {
 // sticky turns are touches and cost nothing more.
 func (e *Edge) recordEvidence(rq *request, f fsm.Fleet, h *hop) {
 	var rule, bound string
-	switch h.Outcome {
-	case outcomeNewBind, outcomeDegraded:
+	switch {
+	case h.Policy == decide.PolicyPending:
+		return // served on an earlier request's placement: no new decision
+	case h.Outcome == outcomeNewBind || h.Outcome == outcomeDegraded:
 		rule = h.Policy
-	case outcomeOverflow:
+	case h.Outcome == outcomeOverflow:
 		// The instance the key left (a rebind's binding is already the
 		// new one).
 		rule, bound = "overflow:"+h.Reason.String(), h.From
@@ -220,6 +223,9 @@ func (e *Edge) recordEvidence(rq *request, f fsm.Fleet, h *hop) {
 	}
 	ev := evidenceOf(f, h.Key, rq.requestID, rule, h.Instance, bound, h.Binding.Decision.Candidates,
 		views, rq.m.tokenizers[f].blockSize)
+	if e.placements.holdEvidence(ev) {
+		return // proposed once the placement's Bind is answered
+	}
 	e.recorder.add(ev, nil)
 }
 
@@ -282,7 +288,7 @@ func evidenceOf(f fsm.Fleet, key, requestID, rule, chosen, bound string, cands [
 }
 
 // BackgroundPending is how many background events (overflows, links, rank
-// observations, evidence, degraded binds) this edge has not yet seen
-// through the log: queued or being proposed. Tests wait for 0 before they
-// take a quiet log's index.
-func (e *Edge) BackgroundPending() int { return e.recorder.pending() }
+// observations, evidence) and own placements' Binds this edge has not yet
+// seen through the log: queued or being proposed. Tests wait for 0 before
+// they take a quiet log's index.
+func (e *Edge) BackgroundPending() int { return e.recorder.pending() + e.placements.inFlight() }

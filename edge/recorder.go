@@ -12,8 +12,10 @@ import (
 )
 
 // recorder proposes the events a request does not wait for (overflows,
-// parent links) and the Binds of degraded-mode placements, batching what
-// queued up into entries and retrying while the log cannot commit.
+// parent links, rank observations, evidence) and retries the Binds of this
+// edge's own placements whose first attempt failed (placements.go),
+// batching what queued up into entries and retrying while the log cannot
+// commit.
 //
 // Every event gets its proposal id when it is queued and keeps it for every
 // attempt: a proposal that timed out may still commit, and its retry must
@@ -24,27 +26,28 @@ type recorder struct {
 
 	mu       sync.Mutex
 	queue    []recorded
-	degraded map[fsm.FleetKey]fsm.Bind // placed without the log, not recorded yet
-	links    map[string]bool           // queued links, by child
-	ranks    map[fsm.FleetKey]uint32   // queued rank observations, by key
-	inflight int                       // events of the batch flush is proposing
+	links    map[string]bool         // queued links, by child
+	ranks    map[fsm.FleetKey]uint32 // queued rank observations, by key
+	inflight int                     // events of the batch flush is proposing
 }
 
 type recorded struct {
 	id       fsm.ProposalID
 	ev       fsm.Event
 	attempts int
-	// untilCommitted: retried without an attempt limit (a degraded Bind:
-	// its placement stays unrecorded until it commits).
+	// untilCommitted: retried without an attempt limit (a placement's
+	// Bind: the key follows this edge's proposal until the log answers).
 	untilCommitted bool
 	// done forgets the event's bookkeeping, with its result once it
-	// committed or nil when it was dropped; called with r.mu held.
-	done func(res *fsm.Result)
+	// committed, or nil and the reason when it was dropped; called with
+	// r.mu held.
+	done func(res *fsm.Result, dropped string)
 }
 
 // maxRecorderQueue bounds the events waiting for the log; beyond it the
 // oldest are dropped (an overflow is informational, a link is re-proposed
-// by the child's next request, a degraded Bind by the key's next request)
+// by the child's next request, a placement's Bind is forgotten and its key
+// placed anew by its next request)
 // and counted in tether_edge_recorder_dropped_total{reason="queue_full"}.
 const maxRecorderQueue = 65536
 
@@ -52,12 +55,11 @@ const maxRecorderQueue = 65536
 // flush deadline stays a few log entries, whatever the backlog.
 const maxFlushEvents = 1024
 
-// maxRecordAttempts bounds retries of events other than degraded Binds.
+// maxRecordAttempts bounds retries of events other than placements' Binds.
 const maxRecordAttempts = 50
 
 func newRecorder(e *Edge) *recorder {
-	return &recorder{e: e, kick: make(chan struct{}, 1), degraded: map[fsm.FleetKey]fsm.Bind{}, links: map[string]bool{},
-		ranks: map[fsm.FleetKey]uint32{}}
+	return &recorder{e: e, kick: make(chan struct{}, 1), links: map[string]bool{}, ranks: map[fsm.FleetKey]uint32{}}
 }
 
 func (r *recorder) poke() {
@@ -78,7 +80,7 @@ func (r *recorder) add(ev fsm.Event, _ func(fsm.Result)) {
 			return
 		}
 		r.links[l.Child] = true
-		x.done = func(res *fsm.Result) {
+		x.done = func(res *fsm.Result, _ string) {
 			delete(r.links, l.Child)
 			if res != nil && res.Status == fsm.StatusRejected {
 				r.e.log.Info("parent link rejected", "child", l.Child, "parent", l.Parent, "reason", res.Reason)
@@ -93,12 +95,17 @@ func (r *recorder) add(ev fsm.Event, _ func(fsm.Result)) {
 // pushLocked queues x under a fresh proposal id, dropping the oldest event
 // when the queue is full.
 func (r *recorder) pushLocked(x recorded) {
+	x.id = cluster.NewProposalID()
+	r.pushIDLocked(x)
+}
+
+// pushIDLocked queues x under its own proposal id.
+func (r *recorder) pushIDLocked(x recorded) {
 	if len(r.queue) >= maxRecorderQueue {
 		r.dropLocked(r.queue[0], "queue_full")
 		r.queue[0] = recorded{}
 		r.queue = r.queue[1:]
 	}
-	x.id = cluster.NewProposalID()
 	r.queue = append(r.queue, x)
 }
 
@@ -118,7 +125,7 @@ func (r *recorder) pending() int {
 func (r *recorder) dropLocked(x recorded, reason string) {
 	r.e.metrics.recorderDropped.WithLabelValues(x.ev.Type().String(), reason).Inc()
 	if x.done != nil {
-		x.done(nil)
+		x.done(nil, reason)
 	}
 }
 
@@ -132,7 +139,7 @@ func (r *recorder) addRank(ev fsm.RankObserved) {
 		return
 	}
 	r.ranks[k] = ev.Rank
-	r.pushLocked(recorded{ev: ev, done: func(*fsm.Result) {
+	r.pushLocked(recorded{ev: ev, done: func(*fsm.Result, string) {
 		if r.ranks[k] == ev.Rank { // not replaced by a newer observation
 			delete(r.ranks, k)
 		}
@@ -141,38 +148,22 @@ func (r *recorder) addRank(ev fsm.RankObserved) {
 	r.poke()
 }
 
-// addDegraded remembers a degraded placement and queues its Bind.
-func (r *recorder) addDegraded(b fsm.Bind) {
-	k := fsm.FleetKey{Fleet: b.Fleet, Key: b.Key}
+// addBind queues a placement's Bind under the proposal id of its first
+// attempt, retried until it commits (placements.go learns its answer).
+func (r *recorder) addBind(id fsm.ProposalID, b fsm.Bind) {
 	r.mu.Lock()
-	if _, dup := r.degraded[k]; dup {
-		r.mu.Unlock()
-		return
-	}
-	r.degraded[k] = b
-	r.pushLocked(recorded{ev: b, untilCommitted: true, done: func(res *fsm.Result) {
-		delete(r.degraded, k)
-		r.e.metrics.degradedRecord.WithLabelValues(degradedOutcome(b, res)).Inc()
+	r.pushIDLocked(recorded{id: id, ev: b, untilCommitted: true, done: func(res *fsm.Result, dropped string) {
+		// (Lock order: the recorder's, then the placements'.)
+		if res == nil {
+			r.e.placements.drop(id, b, dropped)
+			return
+		}
+		// The answer to an earlier attempt that committed after its
+		// deadline comes back as a duplicate with the binding in force.
+		r.e.placements.settle(id, b, *res)
 	}})
 	r.mu.Unlock()
 	r.poke()
-}
-
-// degradedBinding returns the unrecorded degraded placement of a key.
-func (r *recorder) degradedBinding(f fsm.Fleet, key string) (fsm.Binding, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	b, ok := r.degraded[fsm.FleetKey{Fleet: f, Key: key}]
-	if !ok {
-		return fsm.Binding{}, false
-	}
-	return fsm.Binding{Fleet: b.Fleet, Key: b.Key, ConversationID: b.ConversationID, Instance: b.Instance, Decision: b.Decision}, true
-}
-
-func (r *recorder) pendingDegraded() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.degraded)
 }
 
 // run proposes queued events as they arrive; after a failure it backs off.
@@ -244,7 +235,7 @@ func (r *recorder) flush(ctx context.Context) bool {
 	for i, x := range batch {
 		r.e.observeProposal(x.ev.Type(), results[i], nil, took)
 		if x.done != nil {
-			x.done(&results[i])
+			x.done(&results[i], "")
 		}
 	}
 	r.mu.Unlock()
@@ -275,22 +266,4 @@ func (r *recorder) requeue(batch []recorded, err error) {
 		keep = keep[1:]
 	}
 	r.queue = keep
-}
-
-// degradedOutcome labels what became of a degraded placement's Bind:
-// dropped (res nil), recorded, or superseded by another edge's Bind.
-func degradedOutcome(b fsm.Bind, res *fsm.Result) string {
-	if res == nil {
-		return "dropped"
-	}
-	// An earlier attempt may have committed after its deadline (the retry
-	// is then a duplicate answered with the binding in force): the binding
-	// is this one when it carries its decision. (The request's own Bind,
-	// which timed out before the degraded placement, may also commit late:
-	// first committed wins.)
-	if got := res.Binding.Decision; !res.Found || got.Edge != b.Decision.Edge ||
-		got.RequestID != b.Decision.RequestID || got.Policy != b.Decision.Policy {
-		return "superseded" // another edge's Bind won
-	}
-	return "recorded"
 }

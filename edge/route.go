@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -38,10 +39,12 @@ func (e *Edge) retryHint() time.Duration {
 }
 
 // viewsEntry caches the routing views until the fleet view or the log
-// changes, or viewsMaxAge passes (health depends on time).
+// changes, this edge places a request (its dispatches count in the views),
+// or viewsMaxAge passes (health depends on time).
 type viewsEntry struct {
 	version uint64
 	state   *fsm.State
+	placed  uint64
 	built   time.Time
 	views   *routing.Views
 }
@@ -61,8 +64,10 @@ func (e *Edge) views(m *servedModel, now time.Time, exclude []string) *routing.V
 	}
 	st := e.node.State()
 	ver := e.fleet.Version()
+	placed := e.placedSeq.Load()
 	if len(exclude) == 0 {
-		if c := m.viewsCache.Load(); c != nil && c.version == ver && c.state == st && now.Sub(c.built) < viewsMaxAge && !now.Before(c.built) {
+		if c := m.viewsCache.Load(); c != nil && c.version == ver && c.state == st && c.placed == placed &&
+			now.Sub(c.built) < viewsMaxAge && !now.Before(c.built) {
 			return c.views
 		}
 	}
@@ -76,7 +81,7 @@ func (e *Edge) views(m *servedModel, now time.Time, exclude []string) *routing.V
 		if rec, ok := st.Instance(v.ID); ok {
 			switch rec.Status {
 			case fsm.InstanceDown, fsm.InstanceRemoved:
-				v.Healthy = false
+				v.Healthy, v.Silent = false, false
 			case fsm.InstanceDraining:
 				v.Draining = true
 			}
@@ -86,7 +91,7 @@ func (e *Edge) views(m *servedModel, now time.Time, exclude []string) *routing.V
 		}
 		for _, x := range exclude {
 			if x == v.ID {
-				v.Healthy = false
+				v.Healthy, v.Silent = false, false
 			}
 		}
 		if len(exclude) == 0 {
@@ -101,7 +106,7 @@ func (e *Edge) views(m *servedModel, now time.Time, exclude []string) *routing.V
 		views, _ = routing.NewViews(nil)
 	}
 	if len(exclude) == 0 {
-		m.viewsCache.Store(&viewsEntry{version: ver, state: st, built: now, views: views})
+		m.viewsCache.Store(&viewsEntry{version: ver, state: st, placed: placed, built: now, views: views})
 	}
 	return views
 }
@@ -113,9 +118,11 @@ type hop struct {
 	// shadow: where the prompt was modelled in a static engine's shadow
 	// cache (edge/shadow.go; nil: not modelled).
 	shadow *kvshadow.Placement
+	// requestID is the request's id in the log's decisions.
+	requestID string
 }
 
-func hopOf(d *decide.Hop) *hop { return &hop{Hop: *d} }
+func hopOf(d *decide.Hop, requestID string) *hop { return &hop{Hop: *d, requestID: requestID} }
 
 // decided is a copy of h's decision, for the decider to re-route from.
 func (h *hop) decided() *decide.Hop {
@@ -146,9 +153,9 @@ func (e *Edge) failureError(f *decide.Failure) *apiError {
 		return newAPIError(http.StatusServiceUnavailable, "server_error", "placement_rejected", "",
 			"the affinity log rejected placing %s key %q on %s: %s", f.Fleet, f.Key, f.Instance, f.Detail)
 	case decide.FailStateUnknown:
-		e.metrics.decisions.WithLabelValues(f.Fleet.String(), routing.PolicyDegraded, outcomeRefused).Inc()
+		e.metrics.decisions.WithLabelValues(f.Fleet.String(), decide.PolicyPending, outcomeRefused).Inc()
 		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_state_unknown", "",
-			"the affinity log cannot commit right now and this edge cannot place %s key %q without it: %s; retry shortly (another edge, or this one once the log recovers, will place it)",
+			"%s key %q needs its placement committed in the affinity log, which this edge cannot confirm right now: %s; retry shortly",
 			f.Fleet, truncate(f.Key, 200), f.Detail)
 		ae.RetryAfter = e.retryHint()
 		return ae
@@ -225,7 +232,14 @@ func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) 
 	if fail != nil {
 		return nil, e.failureError(fail)
 	}
-	return hopOf(d), nil
+	if d.Speculative {
+		e.placements.served(d.Fleet, d.Key)
+	}
+	// The request is about to be dispatched: the next decision's views
+	// must count it (a new key no longer waits for a commit, which used
+	// to renew them).
+	e.placedSeq.Add(1)
+	return hopOf(d, rq.requestID), nil
 }
 
 // reroute picks another instance after a failed hop: a bound key overflows
@@ -240,7 +254,8 @@ func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *ap
 	if fail != nil {
 		return nil, e.failureError(fail)
 	}
-	out := hopOf(d)
+	e.placedSeq.Add(1)
+	out := hopOf(d, rq.requestID)
 	e.metrics.decisions.WithLabelValues(failed.Fleet.String(), out.Policy, out.Outcome).Inc()
 	e.recordEvidence(rq, failed.Fleet, out)
 	return out, nil
@@ -264,32 +279,11 @@ func (l edgeLog) Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) 
 
 func (l edgeLog) Down(time.Time) bool { return l.e.logDown() }
 
-// AwaitCommitted waits (at most propose_timeout) until this edge applied the
-// entries its node knows committed; entries held but not known committed
-// (no quorum) may never be, so they are not waited for.
-func (l edgeLog) AwaitCommitted(ctx context.Context) {
-	s := l.e.node.Status()
-	if target := s.CommitIndex; target > s.AppliedIndex {
-		wctx, cancel := context.WithTimeout(ctx, l.e.cfg.Cluster.ProposeTimeout)
-		_ = l.e.node.WaitApplied(wctx, target)
-		cancel()
-	}
-}
-
 // edgeRecorder is the recorder and touch batcher (recorder.go, touches.go) as the
 // decision uses them (routing/decide.Recorder).
 type edgeRecorder struct{ e *Edge }
 
 func (r edgeRecorder) Record(ev fsm.Event) { r.e.recorder.add(ev, nil) }
-
-func (r edgeRecorder) RecordDegraded(b fsm.Bind) {
-	r.e.recorder.addDegraded(b)
-	r.e.log.Debug("degraded placement", "fleet", b.Fleet, "key", b.Key, "instance", b.Instance)
-}
-
-func (r edgeRecorder) DegradedBinding(f fsm.Fleet, key string) (fsm.Binding, bool) {
-	return r.e.recorder.degradedBinding(f, key)
-}
 
 func (r edgeRecorder) Touch(k fsm.FleetKey)   { r.e.touches.add(k) }
 func (r edgeRecorder) TouchLink(child string) { r.e.touches.addLink(child) }
@@ -312,10 +306,10 @@ func (f edgeFleet) UnheardAtStartup(now time.Time, inst string) bool {
 	return f.e.ready.inStartupGate(now)
 }
 
-// DegradedAllowed judges freshness at the edge's clock, as before the
-// decision moved (the request's Now may be a little older).
-func (f edgeFleet) DegradedAllowed(time.Time) (bool, string) {
-	return f.e.fresh.degradedAllowed(f.e.now())
+// StateCurrent judges freshness at the edge's clock (the request's Now may
+// be a little older).
+func (f edgeFleet) StateCurrent(time.Time) (bool, string) {
+	return f.e.fresh.stateCurrent(f.e.now())
 }
 
 // observeRank records, off the request path, the attention-DP rank a worker
@@ -325,8 +319,8 @@ func (f edgeFleet) DegradedAllowed(time.Time) (bool, string) {
 // count, and only when the rank belongs to the key: the key's own
 // conversation, or a sub-agent whose hint put it on its parent's rank.
 func (e *Edge) observeRank(rq *request, h *hop, role hintauth.Role, rankHeader string) {
-	if h == nil || !h.Bound || !rq.hint || h.Binding.Epoch == 0 || h.Instance != h.Binding.Instance ||
-		(h.Outcome != outcomeSticky && h.Outcome != outcomeNewBind) {
+	if h == nil || !h.Bound || !rq.hint || h.Instance != h.Binding.Instance ||
+		(h.Outcome != outcomeSticky && h.Outcome != outcomeNewBind && h.Outcome != outcomeDegraded) {
 		return
 	}
 	if rq.m.key(rq.id.ConversationID) != h.Key && !e.sendHint(rq, h, role) {
@@ -343,11 +337,45 @@ func (e *Edge) observeRank(rq *request, h *hop, role hintauth.Role, rankHeader s
 	if err != nil {
 		return
 	}
+	if h.Binding.Epoch == 0 {
+		// Served on this edge's own proposal: recorded once the log
+		// answers it with this placement (placements.settle).
+		if ev, now := e.placements.noteRank(h.Fleet, h.Key, h.Instance, uint32(rank)); now {
+			e.recorder.addRank(ev)
+		}
+		return
+	}
 	b, ok := st.Lookup(h.Fleet, h.Key)
 	if !ok || b.Epoch != h.Binding.Epoch || b.Instance != h.Instance || (b.HasRank && b.Rank == uint32(rank)) {
 		return
 	}
 	e.recorder.addRank(fsm.RankObserved{Fleet: h.Fleet, Key: h.Key, Epoch: b.Epoch, Rank: uint32(rank)})
+}
+
+// routeEvidence renders the request id and the state indexes of the hops'
+// decisions for x-tether-route.
+func routeEvidence(ctxHop, genHop *hop) string {
+	var b strings.Builder
+	for _, h := range []*hop{ctxHop, genHop} {
+		if h != nil && h.requestID != "" {
+			b.WriteString("; request=" + h.requestID)
+			break
+		}
+	}
+	for _, x := range []struct {
+		name string
+		h    *hop
+	}{{"context", ctxHop}, {"generation", genHop}} {
+		if x.h != nil {
+			b.WriteString("; " + x.name + "_state=" + strconv.FormatUint(x.h.StateIndex, 10))
+			if x.h.OwnKey {
+				// A sub-agent routed by its own conversation id, not its
+				// parent's root.
+				b.WriteString("; " + x.name + "_key=own")
+			}
+		}
+	}
+	return b.String()
 }
 
 // hopLabel renders a hop for x-tether-route.

@@ -446,9 +446,15 @@ func (tx *txn) bind(e Bind) Result {
 	}
 	if rec, ok := s.bindings.get(uint8(e.Fleet), e.Key); ok {
 		// First committed binding wins; LastUsed is not advanced (a Bind
-		// that lost is a no-op; use is recorded by Touch).
+		// that lost is a no-op; use is recorded by Touch). From level 2 it
+		// is answered (and archived) as superseded; a level-1 log answers
+		// as the level-1 release did.
 		s.counters.scalars[cBindsExisting]++
-		return Result{Status: StatusApplied, Binding: rec.Binding, Found: true}
+		status := StatusApplied
+		if s.featureLevel >= FeatureLevelRanks {
+			status = StatusSuperseded
+		}
+		return Result{Status: status, Binding: rec.Binding, Found: true}
 	}
 	if i, ok := findInstance(s.instances, e.Instance); ok && s.instances[i].Status == InstanceDown {
 		return rejected("bind: instance %q is down", e.Instance)

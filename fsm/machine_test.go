@@ -92,6 +92,13 @@ func TestBindFirstWins(t *testing.T) {
 	if !ok || b.Instance != "ctx-0" || b.LastUsed != 100 {
 		t.Fatalf("Lookup = %+v %v; want ctx-0 with LastUsed 100 (a losing bind does not touch)", b, ok)
 	}
+	// From level 2 the losing Bind is answered superseded.
+	h.one(250, ClusterFeatures{Level: FeatureLevelRanks})
+	r = h.one(300, bindEv(FleetContext, "conv-1", "ctx-1"))
+	wantStatus(t, "second bind at level 2", r, StatusSuperseded)
+	if r.Created || !r.Found || r.Binding.Instance != "ctx-0" {
+		t.Fatalf("superseded bind should return the first binding, got %+v", r)
+	}
 	// Same key, other fleet: an independent binding.
 	r = h.one(300, bindEv(FleetGeneration, "conv-1", "gen-0"))
 	if !r.Created {
@@ -102,7 +109,7 @@ func TestBindFirstWins(t *testing.T) {
 		t.Fatalf("Len %d, counts wrong", s.Len())
 	}
 	c := s.Counters()
-	if c.BindsCreated != 2 || c.BindsExisting != 1 {
+	if c.BindsCreated != 2 || c.BindsExisting != 2 {
 		t.Fatalf("counters %+v", c)
 	}
 }

@@ -104,8 +104,8 @@ type Proposal struct {
 type Status uint8
 
 const (
-	// StatusApplied: the event changed the state (or was a valid no-op
-	// such as a Bind on a bound key; see Result.Created).
+	// StatusApplied: the event changed the state (or was a valid no-op,
+	// such as a Touch of keys no longer bound).
 	StatusApplied Status = 1
 	// StatusDuplicate: the proposal id was applied before; nothing changed.
 	StatusDuplicate Status = 2
@@ -117,6 +117,11 @@ const (
 	StatusConditionFailed Status = 4
 	// StatusSkipped: an unknown optional event, skipped and counted.
 	StatusSkipped Status = 5
+	// StatusSuperseded: a Bind of a key already bound lost to the binding
+	// in force (first committed wins): nothing changed, and the result
+	// carries that binding (Found). From feature level 2; a level-1 log,
+	// and archives written before this status, answer such Binds applied.
+	StatusSuperseded Status = 6
 )
 
 func (s Status) String() string {
@@ -131,6 +136,8 @@ func (s Status) String() string {
 		return "condition_failed"
 	case StatusSkipped:
 		return "skipped"
+	case StatusSuperseded:
+		return "superseded"
 	}
 	return "status(?)"
 }

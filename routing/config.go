@@ -248,6 +248,15 @@ type OverflowConfig struct {
 	// request stored at its next telemetry flush, and a conversation's next
 	// turn can reach another edge first. 0 checks at once.
 	CacheLostMinIdle time.Duration `yaml:"cache_lost_min_idle"`
+	// SubAgentCacheLost: a sub-agent whose own context its parent's
+	// instance no longer holds (the cache-lost check on the child's prompt,
+	// once its parent link is committed) is placed under its own
+	// conversation id when another instance scores strictly better for it,
+	// and follows that binding from then on (routing/decide: escape). Off:
+	// sub-agents always follow their parent's binding (the default: on the
+	// trace benchmark's tuning half it raised the sub-agent hit rate but
+	// lowered the hit rate; BENCHMARKS.md).
+	SubAgentCacheLost bool `yaml:"subagent_cache_lost"`
 	// Weigh (experimental, not a configuration key; the trace benchmark's
 	// tether_weigh): a healthy bound instance, saturated or not, is
 	// weighed against the others per request — each candidate's score is

@@ -104,6 +104,10 @@ type Request struct {
 	// Adapter is the request's LoRA adapter ("" the base model): an
 	// instance that must load it costs Weights.LoRALoad (routing/lora.go).
 	Adapter string
+	// Hard: a miss is an error (state that lives in one engine process),
+	// so the key's placement must be committed before it is served
+	// (routing/decide waits for it; the router itself ignores it).
+	Hard bool
 
 	// bound, set by the cache-lost check only, replaces the bound
 	// instance's cache credit (its best rank's) with its binding's rank's.

@@ -18,6 +18,12 @@ type InstanceView struct {
 	URL   string
 	// Healthy: the log has it up or draining and its telemetry is fresh.
 	Healthy bool
+	// Silent: not healthy only because its telemetry is late — it
+	// reported before and nothing since says it failed (no failed probe
+	// or hop, the log has it up). On a starved host every worker can be
+	// silent at once; a soft-affinity request is then placed among them
+	// rather than refused (routing/decide).
+	Silent bool
 	// Draining: takes no new keys (the worker reported it is shutting
 	// down, or an operator drained it).
 	Draining bool

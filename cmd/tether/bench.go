@@ -71,6 +71,8 @@ type simFlags struct {
 	jsonOut       *bool
 	edgeURLs      *string
 	noBreaker     *bool
+	commitFirst   *bool
+	share         *string
 	model         *string
 	parentHeader  *string
 	genWorkers    *int
@@ -80,6 +82,7 @@ type simFlags struct {
 	cacheLost     *float64
 	cacheLostIdle *time.Duration
 	engineMetrics *string
+	subagentOwn   *bool
 }
 
 // addSimFlags registers the shared flags; external adds those that point
@@ -100,19 +103,23 @@ func addSimFlags(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int, e
 
 func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks int) {
 	*sf = simFlags{edgeURLs: sf.edgeURLs, model: sf.model, parentHeader: sf.parentHeader,
-		mode:       fs.String("mode", "sim", "sim (virtual time, in-process) or e2e (HTTP against a running deployment)"),
-		instances:  fs.Int("instances", 8, "worker instances (sim)"),
-		ranks:      fs.Int("ranks", defRanks, "ADP ranks per instance (sim)"),
-		capacity:   fs.Int("capacity-blocks", defCapacity, "KV blocks per instance, split evenly over its ranks (sim)"),
-		edges:      fs.String("edges", defEdges, "edge counts, comma-separated (e.g. 1,3,5)"),
-		policies:   fs.String("policies", "all", "policies, comma-separated: random, round_robin, least_loaded, session_local, session, prefix, tether (or all)"),
-		timeScale:  fs.Float64("time-scale", 1, "multiply the workload's timing (0.5 = twice as fast)"),
-		seed:       fs.Uint64("seed", 1, "seed for the load balancer's edge choice and the random policy"),
-		logKind:    fs.String("log", "virtual", "affinity log in sim mode: virtual (virtual time, commit latency measured by BenchmarkBindCommit) or sequencer (zero commit latency)"),
-		parallel:   fs.Int("parallel", 0, "concurrent runs in sim mode (0: one per CPU)"),
-		jsonOut:    fs.Bool("json", false, "print one JSON object instead of tables"),
-		api:        fs.String("api", "chat", "e2e: the API the requests are sent in: chat, messages (as Claude Code: its session header, the Messages shape) or responses (as Codex: prompt_cache_key)"),
-		noBreaker:  fs.Bool("no-breaker", false, "sim: disable the tether policy's cache circuit breaker"),
+		mode:      fs.String("mode", "sim", "sim (virtual time, in-process) or e2e (HTTP against a running deployment)"),
+		instances: fs.Int("instances", 8, "worker instances (sim)"),
+		ranks:     fs.Int("ranks", defRanks, "ADP ranks per instance (sim)"),
+		capacity:  fs.Int("capacity-blocks", defCapacity, "KV blocks per instance, split evenly over its ranks (sim)"),
+		edges:     fs.String("edges", defEdges, "edge counts, comma-separated (e.g. 1,3,5)"),
+		policies:  fs.String("policies", "all", "policies, comma-separated: random, round_robin, least_loaded, session_local, session, prefix, tether (or all)"),
+		timeScale: fs.Float64("time-scale", 1, "multiply the workload's timing (0.5 = twice as fast)"),
+		seed:      fs.Uint64("seed", 1, "seed for the load balancer's edge choice and the random policy"),
+		logKind:   fs.String("log", "virtual", "affinity log in sim mode: virtual (virtual time, commit latency measured by BenchmarkBindCommit) or sequencer (zero commit latency)"),
+		parallel:  fs.Int("parallel", 0, "concurrent runs in sim mode (0: one per CPU)"),
+		jsonOut:   fs.Bool("json", false, "print one JSON object instead of tables"),
+		api:       fs.String("api", "chat", "e2e: the API the requests are sent in: chat, messages (as Claude Code: its session header, the Messages shape) or responses (as Codex: prompt_cache_key)"),
+		noBreaker: fs.Bool("no-breaker", false, "sim: disable the tether policy's cache circuit breaker"),
+		share: fs.String("share", "",
+			"sim: edge-local state the edges share, ~1 ms after an edge learns it: placements (shipped), dispatches, predictions, overload, breakers (ablations), all or none (default: placements)"),
+		commitFirst: fs.Bool("commit-first", false,
+			"sim: a new conversation's first request waits for its Bind to commit (the edge's placement.commit_first) instead of being dispatched beside it"),
 		genWorkers: fs.Int("generation-workers", 2, "e2e local deployment: generation workers"),
 		adpPlacement: fs.String("adp-placement", "round_robin",
 			"workers' kv_cache_routing_new_conv_placement: round_robin, least_tokens or least_queued"),
@@ -126,6 +133,8 @@ func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks
 			"sim: routing overflow.cache_lost_min_idle of the tether policies (0: check at once)"),
 		engineMetrics: fs.String("engine-metrics", "",
 			"e2e with --edge-urls: comma-separated /metrics URLs of the deployment's vLLM engines; the report adds the prompt tokens they computed, found cached and received by KV transfer (vllm:prompt_tokens_by_source_total)"),
+		subagentOwn: fs.Bool("subagent-cache-lost", routing.DefaultConfig().Overflow.SubAgentCacheLost,
+			"sim: routing overflow.subagent_cache_lost of the tether policies (a sub-agent whose context its parent's instance lost is placed on its own)"),
 	}
 }
 
@@ -152,11 +161,18 @@ func (f *simFlags) replayOptions() (bench.ReplayOptions, error) {
 	cfg := bench.DefaultSimConfig()
 	cfg.Instances, cfg.Ranks, cfg.CapacityBlocks = *f.instances, *f.ranks, *f.capacity
 	cfg.TimeScale, cfg.Seed, cfg.Log, cfg.NoBreaker = *f.timeScale, *f.seed, lk, *f.noBreaker
+	cfg.CommitFirst = *f.commitFirst
+	if *f.share != "" {
+		if cfg.Share, err = bench.ParseShare(*f.share); err != nil {
+			return ro, fmt.Errorf("%w: %v", errUsage, err)
+		}
+	}
 	if cfg.ADPPlacement, err = adp.ParsePlacement(*f.adpPlacement); err != nil {
 		return ro, fmt.Errorf("%w: --adp-placement: %v", errUsage, err)
 	}
 	cfg.Routing.Overflow.QueuedRequests, cfg.Routing.Overflow.RebindAfter = *f.ovfQueued, *f.rebindAfter
 	cfg.Routing.Overflow.CacheLostBelow, cfg.Routing.Overflow.CacheLostMinIdle = *f.cacheLost, *f.cacheLostIdle
+	cfg.Routing.Overflow.SubAgentCacheLost = *f.subagentOwn
 	if err := cfg.Routing.Validate(); err != nil {
 		return ro, fmt.Errorf("%w: %v", errUsage, err)
 	}

@@ -647,9 +647,12 @@ func (f *View) Views(now time.Time, dst []routing.InstanceView) []routing.Instan
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	for _, in := range f.byID {
+		healthy := f.healthyLocked(in, now)
 		v := routing.InstanceView{
 			ID: in.id, Fleet: in.fleet, URL: in.url,
-			Healthy:             f.healthyLocked(in, now),
+			Healthy: healthy,
+			// Late telemetry, no failed probe since the last report.
+			Silent:              !healthy && in.hasReport && (!in.probedAt.After(in.lastReport) || in.probeOK),
 			QueuedRequests:      in.queued + int(in.pendingReq.Load()+in.inflightReq.Load()),
 			ActiveRequests:      in.active,
 			QueuedPrefillTokens: in.pendingTok.Load() + in.inflightTok.Load(),

@@ -24,10 +24,11 @@ import (
 // EdgePermissions are an edge's: read every worker's telemetry, ask any
 // worker for a KV dump and read the replies; and, for the trtllm-serve
 // instances whose /kv_cache_events the leader edge drains, publish their KV
-// batches and answer dump requests for them (edge/engines.go).
+// batches and answer dump requests for them (edge/engines.go); publish and
+// read the edges' placements.
 func EdgePermissions() *natsserver.Permissions {
 	return &natsserver.Permissions{
-		Publish:   &natsserver.SubjectPermission{Allow: []string{telemetry.KVDumpSubject("*"), telemetry.KVSubject("*")}},
+		Publish:   &natsserver.SubjectPermission{Allow: []string{telemetry.KVDumpSubject("*"), telemetry.KVSubject("*"), telemetry.PlacementSubjectAll}},
 		Subscribe: &natsserver.SubjectPermission{Allow: []string{"tether.v1.>", "_INBOX.>"}},
 		Response:  &natsserver.ResponsePermission{MaxMsgs: maxDumpReplyParts, Expires: time.Minute},
 	}

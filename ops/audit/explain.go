@@ -332,6 +332,11 @@ func placementOf(items []Item, requestID string) *Item {
 
 func (b *binding) bind(s fsm.Status, reason, instance string, index uint64) string {
 	switch s {
+	case fsm.StatusSuperseded:
+		if b.bound {
+			return fmt.Sprintf("superseded: already bound to %s (epoch %d); the first committed binding wins", b.instance, b.epoch)
+		}
+		return "superseded: the key was already bound; the first committed binding wins"
 	case fsm.StatusApplied:
 		if b.bound {
 			return fmt.Sprintf("no-op: already bound to %s (epoch %d); the first committed binding wins", b.instance, b.epoch)

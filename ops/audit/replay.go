@@ -344,6 +344,11 @@ func compareOutcomes(res *Result, index uint64, archived []archive.Outcome, repl
 	// An archived list shorter than the entry belongs to a node that
 	// halted part-way through it; compare what both have.
 	for i := range min(len(archived), len(replayed)) {
+		if archived[i].Status == fsm.StatusApplied && replayed[i].Status == fsm.StatusSuperseded {
+			// Archived before the status existed: a losing Bind was
+			// recorded as applied (a no-op either way).
+			archived[i].Status = fsm.StatusSuperseded
+		}
 		a := describeOutcome(archived[i].Status, archived[i].Reason, archived[i].Evicted)
 		r := describeOutcome(replayed[i].Status, replayed[i].Reason, replayed[i].Evicted)
 		if a == r {

@@ -37,6 +37,7 @@ type Summary struct {
 	Oversized     int     `json:"oversized"`
 	LocalWrites   int     `json:"local_writes,omitempty"`
 	TTLEvictions  int     `json:"ttl_evictions"`
+	LostBinds     int     `json:"lost_binds"`
 	// SubagentFirstCallHitRate: sub-agents' first requests only (their
 	// shared prefix with siblings).
 	SubagentFirstCallHitRate float64 `json:"subagent_first_call_hit_rate"`
@@ -51,7 +52,7 @@ type Summary struct {
 // Summarize computes a run's figures.
 func Summarize(r *RunResult) Summary {
 	s := Summary{Name: string(r.Policy), Edges: r.Edges, Overflows: r.Overflows, Commits: r.Commits,
-		Rebinds: r.Rebinds, RankOverflows: r.RankOverflows, Shed: r.Shed, LocalWrites: r.LocalWrites, TTLEvictions: r.TTLEvictions,
+		Rebinds: r.Rebinds, RankOverflows: r.RankOverflows, Shed: r.Shed, LocalWrites: r.LocalWrites, TTLEvictions: r.TTLEvictions, LostBinds: r.LostBinds,
 		Requests: len(r.Records), WallMs: ms(r.Wall)}
 	var cached, subPrompt, subCached, firstPrompt, firstCached int64
 	ttfts := make([]time.Duration, 0, len(r.Records))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tether-project/tether/fsm"
@@ -88,11 +89,74 @@ type SimConfig struct {
 	// CommitLatency is the affinity log's commit latency with --log
 	// virtual (default MeasuredCommitLatency).
 	CommitLatency CommitLatency
+	// CommitFirst makes a new key's first request wait for its Bind to
+	// commit (the edge's placement.commit_first); the default dispatches
+	// it at once beside the proposal, as the edge does.
+	CommitFirst bool
+	// Share makes the edges see what the others learned, ShareLatency
+	// after they learned it (the ablation of edge-local state).
+	Share        Share
+	ShareLatency time.Duration
 	// InstanceIDs names the simulated instances (default worker-00, …);
 	// a deployment's names make rendezvous tie-breaks the same as its.
 	InstanceIDs []string
 	// Progress, when set, is called as requests complete.
 	Progress func(done, total int)
+}
+
+// Share names the pieces of edge-local state the edges share: the new
+// placements an edge dispatches beside their Binds (the edge tells the
+// others over NATS: shipped), the requests dispatched since each
+// instance's last load report (its queued requests and prefill tokens),
+// the KV predictions made after placing, the overload trackers and the
+// cache circuit breakers (ablations).
+type Share struct {
+	Placements, Dispatches, Predictions, Overload, Breakers bool
+}
+
+// ShippedShare is what edges share as shipped: their new placements.
+var ShippedShare = Share{Placements: true}
+
+// ParseShare parses --share: a comma-separated subset of placements,
+// dispatches, predictions, overload, breakers, or all / none.
+func ParseShare(s string) (Share, error) {
+	var sh Share
+	for _, f := range strings.Split(s, ",") {
+		switch strings.TrimSpace(f) {
+		case "", "none":
+		case "all":
+			sh = Share{true, true, true, true, true}
+		case "placements":
+			sh.Placements = true
+		case "dispatches":
+			sh.Dispatches = true
+		case "predictions":
+			sh.Predictions = true
+		case "overload":
+			sh.Overload = true
+		case "breakers":
+			sh.Breakers = true
+		default:
+			return Share{}, fmt.Errorf("bench: --share: unknown piece %q (allowed: placements, dispatches, predictions, overload, breakers, all, none)", f)
+		}
+	}
+	return sh, nil
+}
+
+func (sh Share) String() string {
+	var out []string
+	for _, x := range []struct {
+		on   bool
+		name string
+	}{{sh.Placements, "placements"}, {sh.Dispatches, "dispatches"}, {sh.Predictions, "predictions"}, {sh.Overload, "overload"}, {sh.Breakers, "breakers"}} {
+		if x.on {
+			out = append(out, x.name)
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ",")
 }
 
 // DefaultSimConfig is the reference setup: 8 instances, 1 rank, 6,000 KV
@@ -112,6 +176,8 @@ func DefaultSimConfig() SimConfig {
 		KVFlushInterval:   100 * time.Millisecond,
 		TouchInterval:     time.Second,
 		TelemetryInterval: 100 * time.Millisecond,
+		Share:             ShippedShare,
+		ShareLatency:      time.Millisecond,
 		SessionTTL:        10 * time.Minute,
 		Engine:            sim.DefaultConfig(),
 		Routing:           routing.DefaultConfig(),
@@ -150,6 +216,9 @@ func (c *SimConfig) validate() error {
 	}
 	if n := len(c.InstanceIDs); n > 0 && n != c.Instances {
 		errs = append(errs, fmt.Errorf("instance ids: %d names for %d instances", n, c.Instances))
+	}
+	if c.ShareLatency < 0 {
+		errs = append(errs, fmt.Errorf("share latency must be >= 0, got %v", c.ShareLatency))
 	}
 	if c.TelemetryInterval <= 0 {
 		errs = append(errs, fmt.Errorf("telemetry interval must be > 0, got %v", c.TelemetryInterval))
@@ -210,12 +279,15 @@ type RunResult struct {
 	Rebinds               int
 	RankOverflows         int // worker ADP overflows (a bound rank saturated)
 	Shed                  int // 429s (the client retried after Retry-After)
-	Commits               int // affinity-log events committed during the replay
-	LocalWrites           int // session_local: events applied to the edges' own tables
-	TTLEvictions          int // bindings evicted as idle for session_ttl
-	VirtualEnd            time.Duration
-	Makespan              time.Duration // the last response's end
-	Wall                  time.Duration
+	// LostBinds counts Bind proposals that lost to another edge's Bind
+	// naming another instance (the race a speculative placement can lose).
+	LostBinds    int
+	Commits      int // affinity-log events committed during the replay
+	LocalWrites  int // session_local: events applied to the edges' own tables
+	TTLEvictions int // bindings evicted as idle for session_ttl
+	VirtualEnd   time.Duration
+	Makespan     time.Duration // the last response's end
+	Wall         time.Duration
 }
 
 // Simulate replays w under cfg in virtual time.
@@ -271,10 +343,12 @@ type pendingBatch struct {
 }
 
 // dispatch is a request an edge sent to an instance: it counts in the
-// edge's view until the instance's next report includes it.
+// edge's view from visible (its own: at once; another edge's, shared:
+// ShareLatency later) until the instance's next report includes it.
 type dispatch struct {
-	at     time.Duration
-	tokens int
+	at      time.Duration
+	visible time.Duration
+	tokens  int
 }
 
 type inflight struct {
@@ -304,6 +378,8 @@ type simEdge struct {
 	breakers *routing.CacheBreakers
 	overload *routing.OverloadTracker // the edge's own (edge/route.go views)
 	dec      *decide.Decider
+	// proposals are the edge's own Bind proposals until they commit.
+	proposals map[fsm.FleetKey]*simProposal
 	// waitUntil: the virtual time the current decision's synchronous
 	// proposals committed (the request waits for them).
 	waitUntil time.Duration
@@ -493,12 +569,15 @@ func (s *simulator) newInstances() (err error) {
 // newEdges builds the simulated edges, each with what a real edge has.
 func (s *simulator) newEdges(rc routing.Config) (err error) {
 	cfg := s.cfg
+	sharedOverload := routing.NewOverloadTracker()
+	var sharedBreakers *routing.CacheBreakers
 	for e := 0; e < cfg.Edges; e++ {
 		// Edges have been running: their round-robin counters stand at
 		// arbitrary positions (all at 0 would send every edge's first
 		// request to the same instance).
 		ed := &simEdge{num: e, id: fmt.Sprintf("edge-%d", e), touchPending: map[string]bool{}, rr: s.lbRand.Uint64() % uint64(cfg.Instances),
-			pending: make([][]dispatch, cfg.Instances), overload: routing.NewOverloadTracker()}
+			pending: make([][]dispatch, cfg.Instances), overload: routing.NewOverloadTracker(),
+			proposals: map[fsm.FleetKey]*simProposal{}}
 		if cfg.Policy.usesKVIndex() {
 			ed.index = kvindex.New(kvindex.Config{PredictTTL: rc.PredictTTL})
 		}
@@ -509,6 +588,15 @@ func (s *simulator) newEdges(rc routing.Config) (err error) {
 			if ed.breakers, err = routing.NewCacheBreakers(rc.Breaker); err != nil {
 				return fmt.Errorf("bench: %w", err)
 			}
+			if cfg.Share.Breakers {
+				if sharedBreakers == nil {
+					sharedBreakers = ed.breakers
+				}
+				ed.breakers = sharedBreakers
+			}
+		}
+		if cfg.Share.Overload {
+			ed.overload = sharedOverload
 		}
 		ed.dec = s.decider(ed)
 		s.edges = append(s.edges, ed)
@@ -727,8 +815,15 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 		Prompt: req.PromptTokens, Cached: res.CachedTokens, Oversized: oversized,
 		Adapter: req.Adapter, AdapterLoaded: res.LoadedAdapter,
 	})
-	if p := &s.edges[edge].pending[instIdx]; true {
-		*p = append(*p, dispatch{at: s.now, tokens: req.PromptTokens})
+	for _, e := range s.edges {
+		d := dispatch{at: s.now, visible: s.now, tokens: req.PromptTokens}
+		if e.num != edge {
+			if !s.cfg.Share.Dispatches {
+				continue
+			}
+			d.visible += s.cfg.ShareLatency
+		}
+		e.pending[instIdx] = append(e.pending[instIdx], d)
 	}
 	fl := &inflight{
 		arrival: s.now, agent: ar, record: len(s.res.Records) - 1, instance: instIdx, edge: edge, ticket: d.Ticket,
@@ -800,9 +895,12 @@ func (s *simulator) views(e *simEdge) (*routing.Views, error) {
 		e.pending[i] = pend
 		v := routing.InstanceView{ID: in.id, Fleet: fsm.FleetContext, URL: "sim://" + in.id, Healthy: true,
 			Ranks: len(in.ranks), VerifiesHints: true, Version: "sim",
-			QueuedRequests: in.repQueued + len(pend), ActiveRequests: in.repActive, ActivePromptTokens: in.repActiveTok}
+			QueuedRequests: in.repQueued, ActiveRequests: in.repActive, ActivePromptTokens: in.repActiveTok}
 		for _, d := range pend {
-			v.QueuedPrefillTokens += int64(d.tokens)
+			if d.visible <= s.now {
+				v.QueuedRequests++
+				v.QueuedPrefillTokens += int64(d.tokens)
+			}
 		}
 		if e.breakers != nil {
 			v.CacheDegraded = e.breakers.Open(in.id, now)

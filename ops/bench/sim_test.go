@@ -135,14 +135,16 @@ func TestVirtualLogRacingBindsFirstCommittedWins(t *testing.T) {
 	}
 }
 
-// TestCommitLatencyDelaysNewBindsOnly: with commit latency a new key's
-// first request waits for its Bind; the same replay with a zero-latency log
-// has no such wait, and sticky turns never wait.
+// TestCommitLatencyDelaysNewBindsOnly: with commit_first and commit
+// latency a new key's first request waits for its Bind; the same replay
+// with a zero-latency log has no such wait, and neither has the shipped
+// speculative placement, which dispatches beside the proposal.
 func TestCommitLatencyDelaysNewBindsOnly(t *testing.T) {
 	w := smallTraces(t)
 	ctx := context.Background()
 	cfg := testConfig()
 	cfg.Edges = 1
+	cfg.CommitFirst = true
 	zero, err := Simulate(ctx, w, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -150,6 +152,11 @@ func TestCommitLatencyDelaysNewBindsOnly(t *testing.T) {
 	cfg.Log = LogVirtual
 	cfg.CommitLatency = CommitLatency{P50: 50 * time.Millisecond, P99: 50 * time.Millisecond}
 	lat, err := Simulate(ctx, w, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.CommitFirst = false
+	spec, err := Simulate(ctx, w, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,6 +170,9 @@ func TestCommitLatencyDelaysNewBindsOnly(t *testing.T) {
 	}
 	if d := first(lat) - first(zero); d < 50*time.Millisecond {
 		t.Fatalf("a new key's first request waited %v more with 50 ms commits, want >= 50ms", d)
+	}
+	if d := first(spec) - first(zero); d != 0 {
+		t.Fatalf("dispatched beside its Bind, a new key's first request waited %v more with 50 ms commits, want 0", d)
 	}
 }
 

@@ -20,11 +20,40 @@ import (
 
 // decider builds edge e's decision over the simulator's state.
 func (s *simulator) decider(e *simEdge) *decide.Decider {
-	d := &decide.Decider{Log: simLog{s, e}, Recorder: simRecorder{s, e}, Fleet: simFleet{s, e}, Overload: e.overload}
+	d := &decide.Decider{Log: simLog{s, e}, Recorder: simRecorder{s, e}, Placements: simPlacements{s, e}, Fleet: simFleet{s, e},
+		Overload: e.overload, CommitFirst: s.cfg.CommitFirst}
 	if e.index != nil {
-		d.Index = e.index
+		d.Index = simIndex{s, e}
 	}
 	return d
+}
+
+// simIndex is edge e's KV index; with shared predictions, a prediction
+// made after placing reaches every edge's index.
+type simIndex struct {
+	s *simulator
+	e *simEdge
+}
+
+func (x simIndex) Match(blocks []uint64, now time.Time, dst []kvindex.Match) []kvindex.Match {
+	return x.e.index.Match(blocks, now, dst)
+}
+
+func (x simIndex) Holds(instance string, rank int, block uint64, now time.Time) (bool, bool) {
+	return x.e.index.Holds(instance, rank, block, now)
+}
+
+func (x simIndex) Predict(instance string, blocks []uint64, now time.Time) {
+	x.e.index.Predict(instance, blocks, now)
+	if !x.s.cfg.Share.Predictions {
+		return
+	}
+	// Heard ShareLatency later; the prediction's lifetime counts from then.
+	for _, o := range x.s.edges {
+		if o != x.e && o.index != nil {
+			o.index.Predict(instance, blocks, now.Add(x.s.cfg.ShareLatency))
+		}
+	}
 }
 
 // simLog is edge e's view of the affinity log.
@@ -74,12 +103,88 @@ func (l simLog) Propose(_ context.Context, ev fsm.Event) (fsm.Result, error) {
 	return rs[0], nil
 }
 
-// Down: the simulated log always commits (degraded placement is not
-// modelled).
+// Down: the simulated log always commits (partitions are not modelled).
 func (simLog) Down(time.Time) bool { return false }
 
-// AwaitCommitted: a simulated proposal never times out.
-func (simLog) AwaitCommitted(context.Context) {}
+// simPlacements are edge e's own Bind proposals: each goes to the log when
+// the request is placed and commits after the log's latency, when the
+// edge learns its answer (its replica applies the entry at the same
+// virtual time).
+type simPlacements struct {
+	s *simulator
+	e *simEdge
+}
+
+type simProposal struct {
+	bind     fsm.Bind
+	at       time.Duration // placed
+	commitAt time.Duration
+	res      fsm.Result
+}
+
+func (p simPlacements) Propose(b fsm.Bind, _ time.Time) {
+	k := fsm.FleetKey{Fleet: b.Fleet, Key: b.Key}
+	if old, ok := p.e.proposals[k]; ok && p.s.now < old.commitAt {
+		return
+	}
+	lg, _ := simLog(p).log()
+	if lg == nil {
+		p.s.fail(errors.New("bench: this policy has no affinity log"))
+		return
+	}
+	rs, at, err := lg.Propose(p.s.now, []fsm.Event{b})
+	if err != nil {
+		p.s.fail(err)
+		return
+	}
+	p.e.proposals[k] = &simProposal{bind: b, at: p.s.now, commitAt: at, res: rs[0]}
+	if rs[0].Found && rs[0].Binding.Instance != b.Instance {
+		p.s.res.LostBinds++
+	}
+}
+
+func (p simPlacements) Pending(f fsm.Fleet, key string) (decide.Pending, bool) {
+	k := fsm.FleetKey{Fleet: f, Key: key}
+	o, ok := p.e.proposals[k]
+	if !ok {
+		return decide.Pending{}, false
+	}
+	if p.s.now >= o.commitAt {
+		// Answered, and applied by this edge's replica at the same time.
+		delete(p.e.proposals, k)
+		return decide.Pending{Bind: o.bind, At: epoch.Add(o.at), Settled: true, Result: o.res}, true
+	}
+	return decide.Pending{Bind: o.bind, At: epoch.Add(o.at)}, true
+}
+
+// Heard: another edge's proposal of the key in flight, heard
+// ShareLatency after that edge placed it (with shared placements).
+func (p simPlacements) Heard(f fsm.Fleet, key string) (fsm.Bind, bool) {
+	if !p.s.cfg.Share.Placements {
+		return fsm.Bind{}, false
+	}
+	k := fsm.FleetKey{Fleet: f, Key: key}
+	for _, o := range p.s.edges {
+		if o == p.e {
+			continue
+		}
+		if x, ok := o.proposals[k]; ok && x.at+p.s.cfg.ShareLatency <= p.s.now && p.s.now < x.commitAt {
+			return x.bind, true
+		}
+	}
+	return fsm.Bind{}, false
+}
+
+// Await: the request waits until the proposal commits (a simulated
+// proposal never times out).
+func (p simPlacements) Await(_ context.Context, f fsm.Fleet, key string) (decide.Pending, bool) {
+	o, ok := p.e.proposals[fsm.FleetKey{Fleet: f, Key: key}]
+	if !ok {
+		return decide.Pending{}, false
+	}
+	p.e.waitUntil = max(p.e.waitUntil, o.commitAt)
+	return decide.Pending{Bind: o.bind, At: epoch.Add(o.at), Settled: true, Result: o.res}, true
+}
 
 // simRecorder commits what the edge's recorder would, when it would: the
 // proposal goes out now and commits after the log's latency; nothing waits.
@@ -96,11 +201,6 @@ func (r simRecorder) Record(ev fsm.Event) {
 	if _, _, err := lg.Propose(r.s.now, []fsm.Event{ev}); err != nil {
 		r.s.fail(err)
 	}
-}
-
-func (simRecorder) RecordDegraded(fsm.Bind) {}
-func (simRecorder) DegradedBinding(fsm.Fleet, string) (fsm.Binding, bool) {
-	return fsm.Binding{}, false
 }
 
 func (r simRecorder) Touch(k fsm.FleetKey) { r.s.touch(r.e, k.Key, "") }
@@ -123,8 +223,8 @@ func (f simFleet) Views(time.Time, []string) *routing.Views {
 	return v
 }
 
-func (simFleet) UnheardAtStartup(time.Time, string) bool  { return false }
-func (simFleet) DegradedAllowed(time.Time) (bool, string) { return true, "" }
+func (simFleet) UnheardAtStartup(time.Time, string) bool { return false }
+func (simFleet) StateCurrent(time.Time) (bool, string)   { return true, "" }
 
 // fail keeps the first error an adapter met; the event loop returns it.
 func (s *simulator) fail(err error) {

@@ -141,15 +141,26 @@ func contextHop(t *testing.T, route string) (instance, rank string) {
 	return "", ""
 }
 
+// binding reads key's binding from n once n has applied it: a new key's
+// Bind commits beside its first request, which may be answered before
+// (not found: none within the deadline).
 func binding(t *testing.T, n *EdgeNode, fleet fsm.Fleet, key string) (admin.BindingInfo, bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, ok, err := n.Binding(ctx, fleet, key)
-	if err != nil {
-		t.Fatal(err)
+	for {
+		b, ok, err := n.Binding(ctx, fleet, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok || ctx.Err() != nil {
+			return b, ok
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	return b, ok
 }
 
 // The stack serves a parent and a sub-agent through different edges onto one

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/tether-project/tether/edge"
 )
 
 // Pacing of BenchmarkNewVsBoundConversation (its figures are in
@@ -43,10 +45,11 @@ func newPerSecond() int {
 // a bound one, end to end through a 3-edge deployment with the shipped
 // defaults (plaintext, instant simulated engine, fsync on). A pool of
 // conversations is bound first; then, in one open-loop run, 1,000 new
-// conversations/s (each commits a Bind through the affinity log before it
-// is routed; two of three arrive at a follower, which forwards the
-// proposal to the leader) are interleaved with 1,000 turns/s on the bound
-// conversations (a local lookup), both spread over all three edges.
+// conversations/s (each placed at once, its Bind proposed beside the
+// dispatch; with placement.commit_first it commits through the affinity log
+// before the request is routed, two of three forwarded by a follower to the
+// leader) are interleaved with 1,000 turns/s on the bound conversations (a
+// local lookup), both spread over all three edges.
 // Metrics: p50/p99 ms of each kind, and the added latency (new minus bound)
 // at p50 and p99; achieved rates and new_bind decisions per new
 // conversation show that the traffic was what it claims.
@@ -54,6 +57,11 @@ func BenchmarkNewVsBoundConversation(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var o Options
+	if os.Getenv("BENCH_COMMIT_FIRST") == "1" {
+		// The edges' placement.commit_first: a new conversation waits for
+		// its Bind (the behaviour before placement left the request path).
+		o.EdgeConfig = func(_ int, c *edge.Config) { c.Placement.CommitFirst = true }
+	}
 	if os.Getenv("BENCH_LOG") != "" { // the stack's warnings on stderr, to tell why a run failed
 		o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}

@@ -1,12 +1,14 @@
 package devstack
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tether-project/tether/fsm"
 )
@@ -45,6 +47,14 @@ func TestREADMEMatchesTheDevStack(t *testing.T) {
 
 	st := startStack(t, Options{})
 	c := stackClient(t, st)
+	// The README's epoch is of feature level 2, which the new cluster's
+	// leader commits right after its election (a new key placed before
+	// that gets a level-1 epoch).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	waitUntil(t, ctx, "feature level 2", func() bool {
+		return st.Edges()[0].Edge().Node().State().FeatureLevel() >= fsm.FeatureLevelRanks
+	})
 	chat(t, c, st, st.Edges()[0], "parent-1", "", "plan the work")
 	bi, ok := binding(t, st.Edges()[2], fsm.FleetContext, "parent-1")
 	if !ok {

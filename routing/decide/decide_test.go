@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/kvindex"
 )
 
 var t0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -21,8 +23,8 @@ type machineLog struct {
 	index uint64
 	down  bool
 	race  fsm.Event // committed just before the next proposal
-	// late: a proposal times out (ErrUnavailable) but commits after all;
-	// AwaitCommitted applies it.
+	// late: a proposal times out (ErrUnavailable) but commits after all,
+	// kept in pending until commitPending.
 	late    bool
 	pending fsm.Event
 	// committedLate: proposals commit, but Propose reports that this
@@ -65,13 +67,7 @@ func (l *machineLog) apply(ev fsm.Event) (fsm.Result, error) {
 }
 
 func (l *machineLog) State() *fsm.State   { return l.m.State() }
-func (l *machineLog) Down(time.Time) bool { return false }
-func (l *machineLog) AwaitCommitted(context.Context) {
-	if l.pending != nil {
-		_, _ = l.apply(l.pending)
-		l.pending = nil
-	}
-}
+func (l *machineLog) Down(time.Time) bool { return l.down }
 func (l *machineLog) Propose(_ context.Context, ev fsm.Event) (fsm.Result, error) {
 	if l.down {
 		return fsm.Result{}, fmt.Errorf("propose: %w", ErrUnavailable)
@@ -95,23 +91,12 @@ func (l *machineLog) Propose(_ context.Context, ev fsm.Event) (fsm.Result, error
 
 // queueRecorder keeps what the edge's recorder would queue.
 type queueRecorder struct {
-	queued   []fsm.Event
-	degraded map[string]fsm.Bind
-	touched  []string
-	links    []string
+	queued  []fsm.Event
+	touched []string
+	links   []string
 }
 
-func (r *queueRecorder) Record(ev fsm.Event) { r.queued = append(r.queued, ev) }
-func (r *queueRecorder) RecordDegraded(b fsm.Bind) {
-	if r.degraded == nil {
-		r.degraded = map[string]fsm.Bind{}
-	}
-	r.degraded[b.Key] = b
-}
-func (r *queueRecorder) DegradedBinding(_ fsm.Fleet, key string) (fsm.Binding, bool) {
-	b, ok := r.degraded[key]
-	return fsm.Binding{Fleet: b.Fleet, Key: b.Key, Instance: b.Instance}, ok
-}
+func (r *queueRecorder) Record(ev fsm.Event)    { r.queued = append(r.queued, ev) }
 func (r *queueRecorder) Touch(k fsm.FleetKey)   { r.touched = append(r.touched, k.Key) }
 func (r *queueRecorder) TouchLink(child string) { r.links = append(r.links, child) }
 
@@ -123,12 +108,15 @@ type staticFleet struct {
 
 func (f *staticFleet) Views(_ time.Time, exclude []string) *routing.Views {
 	f.excluded = append(f.excluded, exclude)
-	vs := append([]routing.InstanceView(nil), f.views...)
+	return viewsOf(f.views, func(v *routing.InstanceView) bool { return slices.Contains(exclude, v.ID) })
+}
+
+// viewsOf is views with the instances down marks unhealthy.
+func viewsOf(views []routing.InstanceView, down func(*routing.InstanceView) bool) *routing.Views {
+	vs := append([]routing.InstanceView(nil), views...)
 	for i := range vs {
-		for _, x := range exclude {
-			if vs[i].ID == x {
-				vs[i].Healthy = false
-			}
+		if down(&vs[i]) {
+			vs[i].Healthy = false
 		}
 	}
 	v, err := routing.NewViews(vs)
@@ -138,7 +126,7 @@ func (f *staticFleet) Views(_ time.Time, exclude []string) *routing.Views {
 	return v
 }
 func (f *staticFleet) UnheardAtStartup(time.Time, string) bool { return false }
-func (f *staticFleet) DegradedAllowed(time.Time) (bool, string) {
+func (f *staticFleet) StateCurrent(time.Time) (bool, string) {
 	if f.fresh {
 		return true, ""
 	}
@@ -153,9 +141,71 @@ func idle(ids ...string) []routing.InstanceView {
 	return out
 }
 
+// ownPlacements are an edge's own Bind proposals over a machineLog: with
+// hold set a proposal stays in flight until settle; otherwise it commits
+// (through the log's Propose, races and all) when made.
+type ownPlacements struct {
+	log   *machineLog
+	hold  bool
+	props map[string]*ownProp
+	made  []fsm.Bind
+	heard map[string]fsm.Bind // other edges' placements heard
+}
+
+type ownProp struct {
+	p   Pending
+	err error
+}
+
+func (o *ownPlacements) Propose(b fsm.Bind, now time.Time) {
+	if o.props == nil {
+		o.props = map[string]*ownProp{}
+	}
+	if x, ok := o.props[b.Key]; ok && !x.p.Settled {
+		return
+	}
+	o.made = append(o.made, b)
+	x := &ownProp{p: Pending{Bind: b, At: now}}
+	o.props[b.Key] = x
+	if !o.hold {
+		o.settle(b.Key)
+	}
+}
+
+// settle commits the key's proposal (unless the log is down or late).
+func (o *ownPlacements) settle(key string) {
+	x := o.props[key]
+	res, err := o.log.Propose(context.Background(), x.p.Bind)
+	if errors.Is(err, ErrCommitted) {
+		err = nil
+	}
+	if err == nil {
+		x.p.Settled, x.p.Result = true, res
+	}
+	x.err = err
+}
+
+func (o *ownPlacements) Pending(_ fsm.Fleet, key string) (Pending, bool) {
+	x, ok := o.props[key]
+	if !ok {
+		return Pending{}, false
+	}
+	return x.p, true
+}
+
+func (o *ownPlacements) Await(ctx context.Context, f fsm.Fleet, key string) (Pending, bool) {
+	return o.Pending(f, key)
+}
+
+func (o *ownPlacements) Heard(_ fsm.Fleet, key string) (fsm.Bind, bool) {
+	b, ok := o.heard[key]
+	return b, ok
+}
+
 type rig struct {
 	log    *machineLog
 	rec    *queueRecorder
+	own    *ownPlacements
 	fleet  *staticFleet
 	d      *Decider
 	router *routing.Router
@@ -170,7 +220,8 @@ func newRig(t *testing.T) *rig {
 		t.Fatal(err)
 	}
 	r := &rig{log: newMachineLog(t, "a", "b", "c"), rec: &queueRecorder{}, fleet: &staticFleet{views: idle("a", "b", "c"), fresh: true}, router: router}
-	r.d = &Decider{Log: r.log, Recorder: r.rec, Fleet: r.fleet, Overload: routing.NewOverloadTracker()}
+	r.own = &ownPlacements{log: r.log}
+	r.d = &Decider{Log: r.log, Recorder: r.rec, Placements: r.own, Fleet: r.fleet, Overload: routing.NewOverloadTracker()}
 	return r
 }
 
@@ -197,11 +248,11 @@ func TestNewKeyBindsThenSticks(t *testing.T) {
 	}
 }
 
-// Another edge's Bind commits first: the request goes where the log says.
+// Another edge's Bind commits first. Dispatched at once, the request goes
+// where this edge placed it (the race costs at most its cache hit) and the
+// key's next request follows the log's winner; with commit_first the
+// request itself waits and goes to the winner.
 func TestRacingBindUsesTheCommittedWinner(t *testing.T) {
-	r := newRig(t)
-	// Find where this edge would place the key, then let another edge bind
-	// it elsewhere first.
 	probe := newRig(t)
 	h, fail := probe.d.Route(context.Background(), probe.router, req("conv"), nil)
 	if fail != nil {
@@ -211,13 +262,221 @@ func TestRacingBindUsesTheCommittedWinner(t *testing.T) {
 	if h.Instance == "a" {
 		other = "b"
 	}
-	r.log.race = fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: other}
-	got, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	for _, commitFirst := range []bool{false, true} {
+		r := newRig(t)
+		r.d.CommitFirst = commitFirst
+		r.log.race = fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: other}
+		got, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+		if fail != nil {
+			t.Fatal(fail)
+		}
+		switch {
+		case commitFirst && (got.Instance != other || got.Outcome != OutcomeSticky || !got.Bound || got.Speculative):
+			t.Fatalf("commit first: got %+v, want sticky on the winner %s", got, other)
+		case !commitFirst && (got.Instance != h.Instance || got.Outcome != OutcomeNewBind || !got.Speculative):
+			t.Fatalf("speculative: got %+v, want a new bind on %s dispatched at once", got, h.Instance)
+		}
+		next, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+		if fail != nil || next.Instance != other || next.Outcome != OutcomeSticky {
+			t.Fatalf("next request %+v %v, want sticky on the winner %s", next, fail, other)
+		}
+	}
+}
+
+// A new key is dispatched before its Bind commits; while the proposal is in
+// flight the key's requests go where it proposed, whatever a new placement
+// would say now: an edge never contradicts its own proposal. Once the log
+// answers, the answer rules, before the replica applies it.
+func TestOwnProposalIsNeverContradicted(t *testing.T) {
+	r := newRig(t)
+	r.own.hold = true
+	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
 	if fail != nil {
 		t.Fatal(fail)
 	}
-	if got.Instance != other || got.Outcome != OutcomeSticky || !got.Bound {
-		t.Fatalf("got %+v, want sticky on the winner %s", got, other)
+	if h.Outcome != OutcomeNewBind || !h.Speculative || !h.Bound || h.Binding.Epoch != 0 || len(r.own.made) != 1 ||
+		r.own.made[0].Instance != h.Instance || len(r.log.events) != 0 {
+		t.Fatalf("got %+v, proposals %v, log %v: want a dispatch beside an uncommitted Bind", h, r.own.made, r.log.events)
+	}
+	// The proposed instance now looks worst: a fresh placement would go
+	// elsewhere, the key does not.
+	for i := range r.fleet.views {
+		if r.fleet.views[i].ID == h.Instance {
+			r.fleet.views[i].QueuedRequests = 5
+		}
+	}
+	again, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil || again.Instance != h.Instance || again.Policy != PolicyPending || !again.Speculative || len(r.own.made) != 1 {
+		t.Fatalf("second request %+v %v, proposals %v: want it on the proposal %s", again, fail, r.own.made, h.Instance)
+	}
+	// Another edge's Bind commits first; this edge's proposal is answered
+	// with it (the replica here has applied it too).
+	other := "a"
+	if h.Instance == "a" {
+		other = "b"
+	}
+	r.log.race = fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: other}
+	r.own.settle("conv")
+	third, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil || third.Instance != other || third.Outcome != OutcomeSticky || third.Speculative {
+		t.Fatalf("after the answer: %+v %v, want sticky on the winner %s", third, fail, other)
+	}
+}
+
+// The log answered this edge's Bind (another edge won) but this replica
+// has not applied it: the answer, not the proposal, places the request.
+func TestSettledAnswerRulesBeforeTheReplicaApplies(t *testing.T) {
+	r := newRig(t)
+	r.own.hold = true
+	h, _ := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	other := "a"
+	if h.Instance == "a" {
+		other = "b"
+	}
+	x := r.own.props["conv"]
+	x.p.Settled = true
+	x.p.Result = fsm.Result{Status: fsm.StatusSuperseded, Found: true,
+		Binding: fsm.Binding{Fleet: fsm.FleetContext, Key: "conv", Instance: other, Epoch: fsm.MakeEpoch(r.log.index+5, 0)}}
+	got, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil || got.Instance != other || got.Outcome != OutcomeSticky {
+		t.Fatalf("got %+v %v, want sticky on the log's answer %s", got, fail, other)
+	}
+}
+
+// A proposal's instance becomes unhealthy before the log answered: the
+// request leaves it through a committed Overflow (not a rebind: nothing is
+// bound yet), never by a silent new guess.
+func TestOwnProposalUnhealthyDetoursThroughTheLog(t *testing.T) {
+	r := newRig(t)
+	r.own.hold = true
+	h, _ := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	for i := range r.fleet.views {
+		if r.fleet.views[i].ID == h.Instance {
+			r.fleet.views[i].Healthy = false
+		}
+	}
+	got, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil || got.Instance == h.Instance || got.Outcome != OutcomeOverflow {
+		t.Fatalf("got %+v %v, want an overflow away from %s", got, fail, h.Instance)
+	}
+	if ov := lastOverflow(t, r.log); ov.From != h.Instance || ov.To != got.Instance || ov.Rebind {
+		t.Fatalf("committed %+v", ov)
+	}
+}
+
+// The log cannot commit, or this edge's state is not known current: a new
+// key is still placed by the edge's own decision (counted degraded), never
+// refused; the key's next request stays on it. Hard affinity is refused.
+func TestDegradedPlacement(t *testing.T) {
+	for _, why := range []string{"log down", "state not current"} {
+		t.Run(why, func(t *testing.T) {
+			r := newRig(t)
+			r.own.hold = true
+			r.log.down = why == "log down"
+			r.fleet.fresh = why != "state not current"
+			h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+			if fail != nil {
+				t.Fatal(fail)
+			}
+			if h.Outcome != OutcomeDegraded || !h.Speculative || len(r.own.made) != 1 || r.own.made[0].Instance != h.Instance ||
+				r.own.made[0].Decision.Policy == routing.PolicyDegraded {
+				t.Fatalf("got %+v, proposals %v", h, r.own.made)
+			}
+			again, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+			if fail != nil || again.Instance != h.Instance || again.Outcome != OutcomeDegraded {
+				t.Fatalf("second request %+v %v", again, fail)
+			}
+			hard := req("stored")
+			hard.Hard = true
+			if _, fail := r.d.Route(context.Background(), r.router, hard, nil); fail == nil || fail.Kind != FailStateUnknown {
+				t.Fatalf("hard affinity: %v, want FailStateUnknown", fail)
+			}
+		})
+	}
+}
+
+// commit_first: the request waits for its Bind. A Bind whose answer does
+// not come in time is served where it was proposed, counted degraded —
+// never on a second guess — and the key's next request stays there until
+// the log answers; a late commit then rules.
+func TestCommitFirstTimedOutServesTheProposal(t *testing.T) {
+	r := newRig(t)
+	r.d.CommitFirst = true
+	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil || h.Outcome != OutcomeNewBind || h.Speculative || h.Binding.Epoch == 0 {
+		t.Fatalf("committed in time: %+v %v", h, fail)
+	}
+	r2 := newRig(t)
+	r2.d.CommitFirst = true
+	r2.own.hold = true
+	h, fail = r2.d.Route(context.Background(), r2.router, req("conv"), nil)
+	if fail != nil || h.Outcome != OutcomeDegraded || !h.Speculative || r2.own.made[0].Instance != h.Instance {
+		t.Fatalf("timed out: %+v %v, proposals %v", h, fail, r2.own.made)
+	}
+	again, fail := r2.d.Route(context.Background(), r2.router, req("conv"), nil)
+	if fail != nil || again.Instance != h.Instance || len(r2.own.made) != 1 {
+		t.Fatalf("next request %+v %v, proposals %v", again, fail, r2.own.made)
+	}
+	r2.own.settle("conv")
+	third, fail := r2.d.Route(context.Background(), r2.router, req("conv"), nil)
+	if fail != nil || third.Instance != h.Instance || third.Outcome != OutcomeSticky {
+		t.Fatalf("after the late commit %+v %v", third, fail)
+	}
+}
+
+// Another edge's placement of a new key, heard before this replica has its
+// Bind: the key's request here joins it (and proposes the same instance)
+// rather than racing it with a placement of its own; a heard instance
+// that cannot take the request is ignored.
+func TestHeardPlacementIsFollowed(t *testing.T) {
+	probe := newRig(t)
+	h, _ := probe.d.Route(context.Background(), probe.router, req("conv"), nil)
+	other := "a"
+	if h.Instance == "a" {
+		other = "b"
+	}
+	r := newRig(t)
+	r.own.hold = true
+	r.own.heard = map[string]fsm.Bind{"conv": {Fleet: fsm.FleetContext, Key: "conv", Instance: other}}
+	got, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil || got.Instance != other || got.Policy != PolicyFollowed || got.Outcome != OutcomeNewBind ||
+		len(r.own.made) != 1 || r.own.made[0].Instance != other || r.own.made[0].Decision.Policy != PolicyFollowed {
+		t.Fatalf("got %+v %v, proposals %v: want the heard placement on %s followed and proposed", got, fail, r.own.made, other)
+	}
+	r2 := newRig(t)
+	r2.own.heard = map[string]fsm.Bind{"conv": {Fleet: fsm.FleetContext, Key: "conv", Instance: other}}
+	for i := range r2.fleet.views {
+		if r2.fleet.views[i].ID == other {
+			r2.fleet.views[i].Healthy = false
+		}
+	}
+	if got, fail := r2.d.Route(context.Background(), r2.router, req("conv"), nil); fail != nil || got.Instance == other {
+		t.Fatalf("heard placement on an unhealthy instance: %+v %v", got, fail)
+	}
+}
+
+// A rebind of a key the log evicted between this edge's lookup and the
+// overflow's commit is placed anew, not an error (with sub-agent affinity
+// off, the trace replay hit it: 'overflow: context key … is not bound').
+func TestRebindOfAnEvictedKeyIsPlacedAnew(t *testing.T) {
+	r := newRig(t)
+	r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
+	b, _ := r.log.State().Lookup(fsm.FleetContext, "conv")
+	r.fleet.views[0].QueuedRequests = 100
+	ov := routing.NewOverloadTracker()
+	ov.Observe("a", true, t0.Add(-time.Hour))
+	ov.Observe("a", true, t0)
+	r.d.Overload = ov
+	r.log.race = fsm.Evict{Fleet: fsm.FleetContext, Key: "conv", Reason: fsm.EvictTTL, Epoch: b.Epoch}
+	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil {
+		t.Fatalf("failed: %+v", fail)
+	}
+	if h.Outcome != OutcomeNewBind || h.Instance == "a" || len(r.own.made) != 1 || r.own.made[0].Instance != h.Instance {
+		t.Fatalf("got %+v, proposals %v: want a new placement", h, r.own.made)
+	}
+	if got, ok := r.log.State().Lookup(fsm.FleetContext, "conv"); !ok || got.Instance != h.Instance {
+		t.Fatalf("binding %+v %v", got, ok)
 	}
 }
 
@@ -284,8 +543,9 @@ func TestUnhealthyDetourIsCommittedBeforeServing(t *testing.T) {
 }
 
 // When the log cannot commit the overflow (no quorum, or the proposal timed
-// out), an unhealthy bound instance's key is refused, not detoured
-// unrecorded; a saturated (healthy) one stays where it is bound.
+// out), a key is not detoured unrecorded: an unhealthy bound instance is
+// tried all the same (counted degraded), and refused only once it failed
+// the request; a saturated (healthy) one stays where it is bound.
 func TestOverflowTheLogCannotCommit(t *testing.T) {
 	for _, mode := range []string{"down", "timed out"} {
 		t.Run(mode, func(t *testing.T) {
@@ -293,13 +553,18 @@ func TestOverflowTheLogCannotCommit(t *testing.T) {
 			r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
 			r.log.down, r.log.late = mode == "down", mode == "timed out"
 			r.fleet.views[0].Healthy = false
-			if h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil); fail == nil || fail.Kind != FailDetourUnrecorded ||
+			h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+			if fail != nil || h.Instance != "a" || h.Outcome != OutcomeDegraded {
+				t.Fatalf("unhealthy bound instance: hop %+v, failure %+v; want a degraded stay on a", h, fail)
+			}
+			// The hop to a failed: the retry has nowhere to go unrecorded.
+			if h, fail := r.d.Reroute(context.Background(), r.router, req("conv"), h); fail == nil || fail.Kind != FailDetourUnrecorded ||
 				fail.Instance != "a" || !errors.Is(fail.Err, ErrUnavailable) {
-				t.Fatalf("unhealthy bound instance: hop %+v, failure %+v; want FailDetourUnrecorded naming a", h, fail)
+				t.Fatalf("retry after a failed hop: hop %+v, failure %+v; want FailDetourUnrecorded naming a", h, fail)
 			}
 			r.log.pending = nil
 			r.fleet.views[0].Healthy, r.fleet.views[0].QueuedRequests = true, 100
-			h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+			h, fail = r.d.Route(context.Background(), r.router, req("conv"), nil)
 			if fail != nil || h.Instance != "a" || h.Outcome != OutcomeSticky || len(r.rec.queued) != 0 {
 				t.Fatalf("saturated bound instance: hop %+v, failure %v, queued %v; want sticky on a", h, fail, r.rec.queued)
 			}
@@ -323,60 +588,6 @@ func TestOverflowFollowsABindingMovedMeanwhile(t *testing.T) {
 	}
 }
 
-// The log cannot commit: a fresh edge places by rendezvous and remembers the
-// Bind; the key's next request follows it; a lagging edge refuses.
-func TestDegradedPlacement(t *testing.T) {
-	r := newRig(t)
-	r.log.down = true
-	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
-	if fail != nil {
-		t.Fatal(fail)
-	}
-	if h.Outcome != OutcomeDegraded || r.rec.degraded["conv"].Instance != h.Instance {
-		t.Fatalf("got %+v, degraded %v", h, r.rec.degraded)
-	}
-	again, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
-	if fail != nil || again.Instance != h.Instance || again.Outcome != OutcomeDegraded {
-		t.Fatalf("second request %+v %v", again, fail)
-	}
-	r2 := newRig(t)
-	r2.log.down, r2.fleet.fresh = true, false
-	if _, fail := r2.d.Route(context.Background(), r2.router, req("conv"), nil); fail == nil || fail.Kind != FailStateUnknown {
-		t.Fatalf("lagging edge: %v, want FailStateUnknown", fail)
-	}
-}
-
-// A Bind that timed out but commits after all (the common case under load,
-// issue 13 D1): the request is served from the committed binding, sticky,
-// not placed degraded beside it.
-func TestTimedOutBindThatCommitsIsServedFromTheLog(t *testing.T) {
-	r := newRig(t)
-	r.log.late = true
-	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
-	if fail != nil {
-		t.Fatal(fail)
-	}
-	b, ok := r.log.State().Lookup(fsm.FleetContext, "conv")
-	if !ok || h.Outcome != OutcomeSticky || h.Instance != b.Instance || len(r.rec.degraded) != 0 {
-		t.Fatalf("got %+v (binding %+v, %v), degraded %v: want sticky on the committed binding", h, b, ok, r.rec.degraded)
-	}
-}
-
-// A Bind that committed while this replica had not applied it by the
-// deadline (a loaded follower): the leader's result is valid, so the request
-// is served as a new bind, not refused as if the log could not commit.
-func TestCommittedBindServedBeforeThisReplicaApplies(t *testing.T) {
-	r := newRig(t)
-	r.log.committedLate = true
-	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
-	if fail != nil {
-		t.Fatalf("refused: %v", fail)
-	}
-	if h.Outcome != OutcomeNewBind || !h.Bound || h.Binding.Instance != h.Instance || len(r.rec.degraded) != 0 {
-		t.Fatalf("got %+v, degraded %v: want a new bind from the committed result", h, r.rec.degraded)
-	}
-}
-
 func TestFailuresAreClassified(t *testing.T) {
 	r := newRig(t)
 	r.fleet.views = nil
@@ -391,5 +602,98 @@ func TestRecordIdentity(t *testing.T) {
 	r.d.RecordIdentity(routing.Identity{ConversationID: "child", NewLink: true, Link: fsm.Link{Child: "child", Parent: "p", Root: "p"}})
 	if len(r.rec.queued) != 1 {
 		t.Fatalf("new link: queued %v", r.rec.queued)
+	}
+}
+
+// Every instance unhealthy only because its telemetry is late (a starved
+// host): soft affinity is placed among them, counted degraded, and a bound
+// key stays on its instance; hard affinity and instances with evidence of
+// failure are not.
+func TestSilentInstancesAreUsedWhenNoneIsHealthy(t *testing.T) {
+	r := newRig(t)
+	for i := range r.fleet.views {
+		r.fleet.views[i].Healthy, r.fleet.views[i].Silent = false, true
+	}
+	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil || h.Outcome != OutcomeDegraded {
+		t.Fatalf("new key: %+v %v, want a degraded placement", h, fail)
+	}
+	r.own.settle("conv")
+	again, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	if fail != nil || again.Instance != h.Instance || again.Outcome != OutcomeDegraded {
+		t.Fatalf("bound key: %+v %v, want a degraded stay on %s", again, fail, h.Instance)
+	}
+	hard := req("stored")
+	hard.Hard = true
+	if _, fail := r.d.Route(context.Background(), r.router, hard, nil); fail == nil || fail.Kind != FailNoInstances {
+		t.Fatalf("hard affinity: %v, want FailNoInstances", fail)
+	}
+	for i := range r.fleet.views {
+		r.fleet.views[i].Silent = false
+	}
+	if _, fail := r.d.Route(context.Background(), r.router, req("other"), nil); fail == nil || fail.Kind != FailNoInstances {
+		t.Fatalf("no silent instance: %v, want FailNoInstances", fail)
+	}
+}
+
+// heldIndex is a KV index where only the listed instances hold the prompt
+// (every block), with a trusted baseline everywhere.
+type heldIndex struct{ held map[string]bool }
+
+func (x heldIndex) Match(blocks []uint64, _ time.Time, dst []kvindex.Match) []kvindex.Match {
+	for inst := range x.held {
+		dst = append(dst, kvindex.Match{Instance: inst, Blocks: len(blocks), Rank: 0})
+	}
+	return dst
+}
+func (x heldIndex) Holds(instance string, _ int, _ uint64, _ time.Time) (bool, bool) {
+	return x.held[instance], true
+}
+func (heldIndex) Predict(string, []uint64, time.Time) {}
+
+// With overflow.subagent_cache_lost, a sub-agent (routed by its parent's
+// root) whose own context the root's instance no longer holds, while
+// another instance holds it, is placed under its own conversation id there
+// and follows that binding from then on; its first request (no committed
+// link) always follows the parent. Off, it always follows the parent.
+func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		cfg := routing.DefaultConfig()
+		cfg.Type = routing.RouterConversation
+		cfg.BlockSize = 4
+		cfg.Overflow.CacheLostMinIdle = 0
+		cfg.Overflow.SubAgentCacheLost = on
+		router, err := routing.NewRouter(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := newRig(t)
+		r.router = router
+		r.d.Index = heldIndex{held: map[string]bool{"b": true}}
+		r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "root", ConversationID: "root", Instance: "a"})
+		child := routing.Request{Fleet: fsm.FleetContext, Key: "root", ConversationID: "child", RequestID: "child#1", Edge: "e1",
+			Now: t0.Add(time.Minute), PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}}
+		first, fail := r.d.Route(context.Background(), r.router, child, nil)
+		if fail != nil || first.Instance != "a" || first.OwnKey {
+			t.Fatalf("on=%v first request %+v %v: want the parent's a", on, first, fail)
+		}
+		r.log.commit(t, fsm.Link{Child: "child", Parent: "root", Root: "root", Depth: 1})
+		child.RequestID = "child#2"
+		got, fail := r.d.Route(context.Background(), r.router, child, nil)
+		switch {
+		case fail != nil:
+			t.Fatal(fail)
+		case on && (got.Instance != "b" || !got.OwnKey || got.Key != "child" || got.Policy != PolicySubAgentOwn):
+			t.Fatalf("escape on: %+v, want the child placed on b under its own id", got)
+		case !on && (got.Instance != "a" || got.OwnKey):
+			t.Fatalf("escape off: %+v, want the parent's a", got)
+		}
+		if on {
+			child.RequestID = "child#3"
+			again, fail := r.d.Route(context.Background(), r.router, child, nil)
+			if fail != nil || again.Instance != "b" || !again.OwnKey || again.Outcome != OutcomeSticky {
+				t.Fatalf("after the escape: %+v %v, want sticky on its own binding on b", again, fail)
+			}
+		}
 	}
 }

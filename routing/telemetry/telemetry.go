@@ -68,6 +68,7 @@ const (
 	kindKV               = "kv"
 	kindEvict            = "evict"
 	kindKVDump           = "kvdump"
+	kindPlacement        = "placement"
 	subjectTokenWildcard = "*"
 )
 
@@ -191,6 +192,9 @@ const (
 	SubjectKV     SubjectKind = kindKV
 	SubjectEvict  SubjectKind = kindEvict
 	SubjectKVDump SubjectKind = kindKVDump
+	// SubjectPlacement: an edge's new placements (Instance is the edge's
+	// node id), heard by the other edges (placement.go).
+	SubjectPlacement SubjectKind = kindPlacement
 )
 
 // Subject is a parsed telemetry subject.
@@ -217,7 +221,7 @@ func ParseSubject(subject string) (Subject, error) {
 		if !s.Fleet.Valid() {
 			return Subject{}, decodeErr(ErrBadSubject, subject, "", "fleet %q (want context or generation)", toks[1])
 		}
-	case SubjectKV, SubjectEvict, SubjectKVDump:
+	case SubjectKV, SubjectEvict, SubjectKVDump, SubjectPlacement:
 		if len(toks) != 2 {
 			return Subject{}, decodeErr(ErrBadSubject, subject, "", "want tether.v1.%s.<instance>", toks[0])
 		}

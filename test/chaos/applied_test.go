@@ -78,6 +78,13 @@ func (v *env) archiveApplied(e *edgeProc) appliedCounts {
 // proposalsApplied sums tether_edge_proposals_total{result="applied"} over
 // e's /metrics: the proposals the edge saw applied.
 func (v *env) proposalsApplied(ctx context.Context, e *edgeProc) (int, error) {
+	n, err := v.metricSum(ctx, e, "tether_edge_proposals_total", `result="applied"`)
+	return int(n), err
+}
+
+// metricSum sums the samples of a series of e's /metrics whose labels
+// contain every one of match (`name="value"`).
+func (v *env) metricSum(ctx context.Context, e *edgeProc, name string, match ...string) (float64, error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", e.url()+"/metrics", nil)
 	if err != nil {
 		return 0, err
@@ -92,19 +99,25 @@ func (v *env) proposalsApplied(ctx context.Context, e *edgeProc) (int, error) {
 		b, _ := io.ReadAll(resp.Body)
 		return 0, fmt.Errorf("%s /metrics: HTTP %d: %s", e.id, resp.StatusCode, b)
 	}
-	n := 0
+	n := 0.0
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
+scan:
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "tether_edge_proposals_total{") || !strings.Contains(line, `result="applied"`) {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
 			continue
+		}
+		for _, m := range match {
+			if !strings.Contains(line, m) {
+				continue scan
+			}
 		}
 		f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
 		if err != nil {
 			return 0, fmt.Errorf("%s /metrics: %q: %w", e.id, line, err)
 		}
-		n += int(f)
+		n += f
 	}
 	return n, sc.Err()
 }

@@ -19,16 +19,17 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/test/routecheck"
 )
 
 // sample is one client request.
 type sample struct {
-	root, conv       string
-	edge             string
-	start, end       time.Time
-	ctxInst, genInst string
-	ok               bool
-	lastErr          string // of the last failed attempt
+	root, conv string
+	edge       string
+	start, end time.Time
+	route      routecheck.Route // x-tether-route of the answer
+	ok         bool
+	lastErr    string // of the last failed attempt
 }
 
 // load drives conversations with sub-agents through the running edges until
@@ -79,6 +80,34 @@ func startLoad(v *env, prefix string, conversations, workers int) *load {
 					}
 					c := convs[i]
 					l.request(rng, c.root, c.conv, c.parent, turn)
+				}
+			}
+		}()
+	}
+	return l
+}
+
+// startSessions drives short sessions until stopped: each client runs
+// conversations of turns requests (a parent, its turns sent to random
+// edges), then starts a new one, so new keys keep arriving.
+func startSessions(v *env, prefix string, clients, turns int) *load {
+	tr := v.transport(clients)
+	l := &load{v: v, prefix: prefix, rng: rand.New(rand.NewSource(time.Now().UnixNano())),
+		client: &http.Client{Transport: tr, Timeout: 2 * time.Second}, stop: make(chan struct{})}
+	for w := range clients {
+		rng := rand.New(rand.NewSource(int64(w) + time.Now().UnixNano()))
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for n := 0; ; n++ {
+				conv := fmt.Sprintf("%s-%d-%d", prefix, w, n)
+				for turn := range turns {
+					select {
+					case <-l.stop:
+						return
+					default:
+					}
+					l.request(rng, conv, conv, "", turn)
 				}
 			}
 		}()
@@ -142,7 +171,7 @@ func (l *load) request(rng *rand.Rand, root, conv, parent string, turn int) {
 			continue
 		}
 		s.ok, s.edge = true, e.id
-		s.ctxInst, s.genInst = parseRoute(resp.Header.Get("x-tether-route"))
+		s.route = routecheck.ParseRoute(resp.Header.Get("x-tether-route"))
 	}
 	s.end = time.Now()
 	if !s.ok {
@@ -190,164 +219,110 @@ func parseRoute(h string) (ctxInst, genInst string) {
 	return r.ContextInstance, r.GenerationInstance
 }
 
-// placement is one binding's life: (key, epoch) → instance over [from, to).
-type placement struct {
-	instance string
-	from, to time.Time
-}
-
-type historyEvent struct {
-	Time    time.Time      `json:"time"`
-	Type    string         `json:"type"`
-	Status  string         `json:"status"`
-	Event   map[string]any `json:"event"`
-	Evicted *struct {
-		Instance string `json:"instance"`
-	} `json:"evicted"`
-}
-
-// placements rebuilds a key's placements from its archived history.
-func (v *env) placements(e *edgeProc, fleet, key string) ([]placement, []historyEvent) {
+// history reads a key's archived history from e, once the archive holds
+// everything e has applied.
+func (v *env) history(e *edgeProc, fleet, key string) []routecheck.Event {
 	v.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var h struct {
-		Events []historyEvent `json:"events"`
-	}
-	if err := v.admin(ctx, e, "bindings/"+fleet+"/"+key+"/history", &h); err != nil {
-		v.t.Fatalf("history %s/%s: %v", fleet, key, err)
-	}
-	var out []placement
-	open := -1
-	for _, ev := range h.Events {
-		if ev.Evicted != nil && open >= 0 {
-			out[open].to = ev.Time
-			open = -1
-		}
-		switch {
-		case ev.Type == "Bind" && ev.Status == "applied" && open < 0:
-			inst, _ := ev.Event["instance"].(string)
-			out = append(out, placement{instance: inst, from: ev.Time})
-			open = len(out) - 1
-		case ev.Type == "Overflow" && ev.Status == "applied" && ev.Event["rebind"] == true && open >= 0:
-			out[open].to = ev.Time
-			to, _ := ev.Event["to"].(string)
-			out = append(out, placement{instance: to, from: ev.Time})
-			open = len(out) - 1
-		}
-	}
-	return out, h.Events
+	var h routecheck.History
+	waitFor(v.t, 20*time.Second, "the archived history of "+fleet+"/"+key, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		h = routecheck.History{}
+		return v.admin(ctx, e, "bindings/"+fleet+"/"+key+"/history", &h) == nil && !h.ArchiveBehind
+	})
+	return h.Events
 }
-
-// commitMargin: a request that started this long after a placement's log
-// time was routed knowing it (see test/reliability's soak).
-const commitMargin = time.Second
-
-// restartWindow: wrong answers by an edge this soon after its (re)start,
-// or after any edge kill, are counted apart (the former B3 window); they
-// fail the test like any other.
-const restartWindow = 3 * time.Second
 
 type verdict struct {
-	checked, wrong, afterRestart, overflowed, lost, evicted int
+	routecheck.Verdict
+	lost, evicted int
 }
 
-// checkRoutes compares every successful request with the placements of its
-// keys, and checks that every acknowledged key is still bound or was
-// evicted with a recorded reason.
+// checkRoutes judges every answered request, both hops, with zero margin
+// (test/routecheck): against the key's placement in the state the serving
+// edge had applied when it decided, the detours and Binds the request
+// itself committed, and — for a key unbound there — the edge's own Bind
+// in flight. An answer whose new placement never reached the log is
+// excused only when its edge was killed after the request began. It also
+// checks that every acknowledged key is bound, or left with a recorded
+// reason.
 func (v *env) checkRoutes(samples []sample, restarts map[string][]time.Time) verdict {
 	v.t.Helper()
+	// Judged once the log has answered every edge's own proposals (a
+	// restarted edge retries those its first attempt could not commit).
+	waitFor(v.t, 30*time.Second, "every edge's Bind proposals answered", func() bool {
+		for _, e := range v.edges {
+			ci, err := v.cluster(e)
+			if err != nil || ci.DegradedPending != 0 {
+				return false
+			}
+		}
+		return true
+	})
 	reader := v.waitLeader(20 * time.Second)
 	var out verdict
-	cache := map[string][]placement{}
-	events := map[string][]historyEvent{}
-	get := func(fleet, key string) []placement {
+	cache := map[string][]routecheck.Event{}
+	get := func(fleet, key string) []routecheck.Event {
 		k := fleet + "/" + key
-		if p, ok := cache[k]; ok {
-			return p
+		if h, ok := cache[k]; ok {
+			return h
 		}
-		p, evs := v.placements(reader, fleet, key)
-		cache[k], events[k] = p, evs
-		return p
+		h := v.history(reader, fleet, key)
+		cache[k] = h
+		return h
 	}
-	// An Overflow to inst excuses a request served by inst only when it
-	// belongs to the placement in force (committed at or after p.from and
-	// before the next binding change) and was appended to the log before
-	// the request ended: an edge commits every overflow before serving it
-	// (routing/decide). Before, any Overflow to the instance at any time
-	// excused it, then (issue 13) one committed up to 2 s after the request
-	// ended, while edges recorded detours off the request path (F7).
-	overflowTo := func(fleet, key, inst string, p placement, s sample) bool {
-		for _, ev := range events[fleet+"/"+key] {
-			if ev.Type != "Overflow" || ev.Status != "applied" || ev.Event["to"] != inst {
-				continue
-			}
-			if ev.Time.Before(p.from) || (!p.to.IsZero() && !ev.Time.Before(p.to)) {
-				continue
-			}
-			if ev.Time.After(s.end) {
-				continue
-			}
-			return true
-		}
-		return false
-	}
-	soonAfterRestart := func(s sample) bool {
-		for _, r := range append(append([]time.Time(nil), restarts[s.edge]...), restarts["*"]...) {
-			if !s.start.Before(r) && s.start.Sub(r) < restartWindow {
+	killedAfter := func(edgeID string, t time.Time) bool {
+		for _, r := range append(append([]time.Time(nil), restarts[edgeID]...), restarts["*"]...) {
+			if r.After(t) {
 				return true
 			}
 		}
 		return false
 	}
-	reported := 0
 	acked := map[string]bool{}
 	for _, s := range samples {
 		if !s.ok {
 			continue
 		}
 		acked[s.root] = true
-		for _, c := range []struct{ fleet, key, inst string }{{"context", s.root, s.ctxInst}, {"generation", s.conv, s.genInst}} {
+		ctxKey := s.root
+		if s.route.ContextOwn {
+			ctxKey = s.conv
+		}
+		for _, c := range []struct {
+			fleet, key, inst string
+			state            uint64
+		}{{"context", ctxKey, s.route.Context, s.route.ContextState}, {"generation", s.conv, s.route.Generation, s.route.GenerationState}} {
 			if c.inst == "" || c.inst == "-" {
 				continue
 			}
-			for _, p := range get(c.fleet, c.key) {
-				if s.start.Before(p.from.Add(commitMargin)) || (!p.to.IsZero() && s.end.After(p.to)) {
-					continue
-				}
-				out.checked++
-				switch {
-				case c.inst == p.instance:
-				case overflowTo(c.fleet, c.key, c.inst, p, s):
-					out.overflowed++
-				default:
-					// Counted apart to show where they happen (the former
-					// B3 window); both fail the test.
-					if soonAfterRestart(s) {
-						out.afterRestart++
-					} else {
-						out.wrong++
-					}
-					if reported < 5 {
-						reported++
-						v.t.Errorf("%s key %s placed on %s since %s, but a request started %s later was served by %s (edge %s)",
-							c.fleet, c.key, p.instance, p.from.Format(time.RFC3339Nano), s.start.Sub(p.from), c.inst, s.edge)
-					}
-				}
-			}
+			a := routecheck.Answer{Fleet: c.fleet, Key: c.key, Instance: c.inst, Edge: s.edge,
+				RequestID: s.route.RequestID, State: c.state, Start: s.start, End: s.end}
+			k, why := routecheck.Judge(a, get(c.fleet, c.key))
+			out.Add(k, why, killedAfter(s.edge, s.start))
 		}
+	}
+	for _, r := range out.Reports {
+		v.t.Errorf("wrong answer: %s", r)
 	}
 	// No acknowledged binding lost: every key that got an answer is bound,
 	// or its history records why it left.
 	for root := range acked {
-		ps := get("context", root)
-		if len(ps) == 0 {
+		tl := get("context", root)
+		bound, left := false, false
+		for _, ev := range tl {
+			if ev.Type == "Bind" && (ev.Status == "applied" || ev.Status == "superseded") {
+				bound = true
+			}
+			if ev.Evicted != nil {
+				left = true
+			}
+		}
+		switch {
+		case !bound:
 			out.lost++
 			v.t.Errorf("context key %s was answered but the log has no placement for it", root)
-			continue
-		}
-		if last := ps[len(ps)-1]; !last.to.IsZero() {
-			// Evicted with a recorded reason (instance down): not lost.
+		case left:
 			out.evicted++
 		}
 	}
@@ -548,19 +523,14 @@ func TestChaos(t *testing.T) {
 					okCount++
 				}
 			}
-			t.Logf("FIGURES chaos nemesis=%s requests=%d sent=%d succeeded=%d retried=%d failed=%d checked=%d wrong_instance=%d wrong_after_edge_restart=%d recorded_overflows=%d lost_bindings=%d evicted=%d fault_and_recovery=%s state_index=%d hash=%s… failures=%v",
-				nem.name, len(samples), ld.sent.Load(), okCount, ld.retried.Load(), ld.failed.Load(), vd.checked, vd.wrong, vd.afterRestart, vd.overflowed, vd.lost, vd.evicted,
+			t.Logf("FIGURES chaos nemesis=%s requests=%d sent=%d succeeded=%d retried=%d failed=%d %s lost_bindings=%d evicted=%d fault_and_recovery=%s state_index=%d hash=%s… failures=%v",
+				nem.name, len(samples), ld.sent.Load(), okCount, ld.retried.Load(), ld.failed.Load(), vd.Verdict, vd.lost, vd.evicted,
 				time.Since(start).Round(time.Millisecond), index, hash[:12], failureReasons(samples))
-			if vd.wrong != 0 {
-				t.Errorf("%d wrong-instance routings", vd.wrong)
+			if vd.Wrong != 0 {
+				t.Errorf("%d wrong answers", vd.Wrong)
 			}
 			if vd.evicted != 0 && !nem.evicts {
 				t.Errorf("%d acknowledged keys were evicted by a fault that should evict nothing", vd.evicted)
-			}
-			if vd.afterRestart != 0 {
-				// Was B3: a lagging edge placed bound keys by degraded
-				// rendezvous; edges now refuse (503, Retry-After) instead.
-				t.Errorf("%d wrong-instance routings within %s of an edge kill or restart", vd.afterRestart, restartWindow)
 			}
 			if nem.noUnhealthy {
 				// Was F1: a NATS outage made every worker unhealthy.

@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -9,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -197,11 +195,11 @@ func TestChaosImpersonatedWorker(t *testing.T) {
 	}
 	refused := 0
 	for _, e := range v.edges {
-		refused += int(v.metricSum(e, "tether_edge_telemetry_dropped_total", `reason="address_refused"`))
+		refused += int(v.metric(e, "tether_edge_telemetry_dropped_total", `reason="address_refused"`))
 	}
 	addrFailed := 0
 	for _, e := range v.edges {
-		addrFailed += int(v.metricSum(e, "tether_edge_worker_address_refused_total", ""))
+		addrFailed += int(v.metric(e, "tether_edge_worker_address_refused_total"))
 	}
 	hits, sample := imp.seen()
 	t.Logf("FIGURES impersonation forge_seconds=%.0f forged_reports=%d requests=%d answered_200=%d served_by_ctx1=%d other=%v impostor_requests=%d reports_refused=%d address_checks_failed=%d",
@@ -313,37 +311,16 @@ func chatOnce(c *http.Client, e *edgeProc, conv string, turn int) (int, string, 
 	return resp.StatusCode, resp.Header.Get("x-tether-route"), nil
 }
 
-// metricSum sums the samples of metric on e's /metrics whose labels
-// contain match (every sample when match is ""); -1 when unreadable.
-func (v *env) metricSum(e *edgeProc, metric, match string) float64 {
+// metric sums the samples of a series of e's /metrics whose labels
+// contain every one of match (metricSum); -1 when unreadable.
+func (v *env) metric(e *edgeProc, name string, match ...string) float64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "GET", e.url()+"/metrics", nil)
+	n, err := v.metricSum(ctx, e, name, match...)
 	if err != nil {
 		return -1
 	}
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := v.client.Do(req)
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
-	sum := 0.0
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		name, _, _ := strings.Cut(line, " ")
-		name, _, _ = strings.Cut(name, "{")
-		if name != metric || (match != "" && !strings.Contains(line, match)) {
-			continue
-		}
-		f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		if err == nil {
-			sum += f
-		}
-	}
-	return sum
+	return n
 }
 
 // instanceURL is the address e routes instance id to (admin instances).

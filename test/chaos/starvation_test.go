@@ -101,8 +101,8 @@ sampling:
 			var parts []string
 			for _, e := range v.edges {
 				parts = append(parts, fmt.Sprintf("%s:lim=%.0f,in=%.0f,p99=%.0fms", e.id,
-					v.metricSum(e, "tether_edge_admission_limit", ""), v.metricSum(e, "tether_edge_admission_inflight", ""),
-					1000*v.metricSum(e, "tether_edge_scheduling_latency_p99_seconds", "")))
+					v.metric(e, "tether_edge_admission_limit"), v.metric(e, "tether_edge_admission_inflight"),
+					1000*v.metric(e, "tether_edge_scheduling_latency_p99_seconds")))
 			}
 			timeline = append(timeline, fmt.Sprintf("t=%.0fs %s", time.Since(start).Seconds(), strings.Join(parts, " ")))
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/test/testhttp"
+	"github.com/tether-project/tether/test/waitfor"
 )
 
 // Deadlines: generous because the machine running the suite may be loaded.
@@ -394,6 +395,21 @@ func (a *agent) mustSend(t *testing.T, c *http.Client, baseURL, model, user stri
 
 // adminBinding calls GET /admin/v1/bindings/{fleet}/{key}; found is false
 // on 404.
+// awaitBinding waits until every edge of p has key bound on fleet to inst:
+// a new key is dispatched beside its Bind, and a later request follows the
+// committed binding once its edge has applied it.
+func awaitBinding(t *testing.T, c *http.Client, p *devProc, fleet, key, inst string) {
+	t.Helper()
+	waitfor.Reason(t, 15*time.Second, fleet+" binding of "+key+" on every edge", func() string {
+		for i := range 3 {
+			if b, ok := adminBinding(t, c, p.edge(i), p.token, fleet, key); !ok || b.Instance != inst {
+				return fmt.Sprintf("edge-%d: %+v (found %v), want %s", i+1, b, ok, inst)
+			}
+		}
+		return ""
+	})
+}
+
 func adminBinding(t *testing.T, c *http.Client, baseURL, token, fleet, key string) (admin.BindingInfo, bool) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, baseURL+"/admin/v1/bindings/"+fleet+"/"+key, nil)

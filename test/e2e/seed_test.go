@@ -42,6 +42,13 @@ func TestSeedTableThroughTetherDev(t *testing.T) {
 			childB := &agent{session: "child-b", parent: "parent-1", system: explore}
 
 			p1 := parent.mustSend(t, c, p.edge(0), model, "plan the refactoring of package routing")
+			// The parent's first call was dispatched beside its Binds; its
+			// sub-agents follow the committed binding once their edges have
+			// it (a child racing the commit costs at most its cache hit).
+			awaitBinding(t, c, p, "context", "parent-1", p1.ctxInst)
+			if scope == "both" {
+				awaitBinding(t, c, p, "generation", "parent-1", p1.genInst)
+			}
 			a1 := childA.mustSend(t, c, p.edge(1), model, "find every caller of routing.Place")
 			b1 := childB.mustSend(t, c, p.edge(2), model, "list the tests of package routing")
 
@@ -82,6 +89,7 @@ func TestSeedTableThroughTetherDev(t *testing.T) {
 					conv string
 					tr   turn
 				}{{"child-a", a1}, {"child-b", b1}} {
+					awaitBinding(t, c, p, "generation", x.conv, x.tr.genInst)
 					for i := range 3 {
 						b, ok := adminBinding(t, c, p.edge(i), p.token, "generation", x.conv)
 						if !ok || b.Instance != x.tr.genInst || b.ConversationID != x.conv {

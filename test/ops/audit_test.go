@@ -147,10 +147,16 @@ func checkParentExplanation(t *testing.T, ex *audit.Explanation, parent string) 
 	if len(ex.Children) != 2 {
 		t.Fatalf("children of %s: %d, want 2:\n%s", parent, len(ex.Children), text.String())
 	}
-	for i, want := range []string{parent + "-child-a", parent + "-child-b"} {
-		c := ex.Children[i]
+	// Children in the order their links committed: the two sub-agents'
+	// links are recorded in the background, by the edges that served them.
+	children := map[string]audit.Child{}
+	for _, c := range ex.Children {
+		children[c.Child] = c
+	}
+	for _, want := range []string{parent + "-child-a", parent + "-child-b"} {
+		c := children[want]
 		if c.Child != want || c.Parent != parent || c.Status != "applied" {
-			t.Errorf("child %d: %+v, want %s", i, c, want)
+			t.Errorf("child %s: %+v", want, c)
 		}
 		var gen *audit.KeyHistory
 		for j := range c.Histories {

@@ -415,7 +415,8 @@ func doBind(n *cluster.Node, key, inst string) (opOutput, *fsm.Binding) {
 	switch {
 	case err != nil:
 		return opOutput{outcome: outIndefinite}, nil
-	case res.Status == fsm.StatusApplied && res.Found:
+	case (res.Status == fsm.StatusApplied || res.Status == fsm.StatusSuperseded) && res.Found:
+		// Created, or (superseded) the binding in force, which it carries.
 		return opOutput{outcome: outOK, value: res.Binding.Instance}, &res.Binding
 	case res.Status == fsm.StatusDuplicate:
 		// Applied once before an internal retry; the carried binding is

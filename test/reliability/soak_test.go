@@ -22,6 +22,7 @@ import (
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/devstack"
+	"github.com/tether-project/tether/test/routecheck"
 )
 
 // soakConfig sizes the soak. Short (make test): a few hundred requests
@@ -52,9 +53,8 @@ type sample struct {
 	key        string // the binding key of the context hop (the root conversation)
 	conv       string // the conversation itself (generation fleet key)
 	start, end time.Time
-	ctxInst    string
-	genInst    string
-	phase      int // 0 before faults, 1 during, 2 after
+	route      routecheck.Route // x-tether-route of the answer
+	phase      int              // 0 before faults, 1 during, 2 after
 	ok         bool
 	retries    int
 	edge       string // the edge that answered
@@ -181,7 +181,7 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 			}
 			s.ok = true
 			s.edge = e.ID
-			s.ctxInst, s.genInst = parseRoute(resp.Header.Get("x-tether-route"))
+			s.route = routecheck.ParseRoute(resp.Header.Get("x-tether-route"))
 		}
 		s.end = time.Now()
 		if s.ok {
@@ -280,10 +280,7 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 	if err := st.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// One more turn for every conversation, started more than commitMargin
-	// after every binding was made: each of these is checked against its
-	// committed bindings. (Pacing the workload, not waiting for a result.)
-	time.Sleep(commitMargin)
+	// One more turn for every conversation, with every edge up.
 	afterPassFlag.Store(true)
 	for _, w := range convs {
 		work <- w
@@ -316,18 +313,12 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 	})
 	checkEqual(t, hashes)
 
-	// Bound keys were never served elsewhere after their bind committed.
+	// Every answer, judged with zero margin (test/routecheck).
 	restartsMu.Lock()
-	wrong, afterRestart, overflowed, checked := checkSoakRoutes(t, ctx, st, samples, restarts)
+	vd := checkSoakRoutes(t, ctx, st, samples, restarts)
 	restartsMu.Unlock()
-	if wrong != 0 {
-		t.Errorf("%d wrong-instance routings for bound keys after commit", wrong)
-	}
-	if afterRestart != 0 {
-		// Was B3: an edge whose state lagged placed bound keys by
-		// degraded rendezvous. Edges now refuse (503, Retry-After) unless
-		// their state is known current.
-		t.Errorf("%d wrong-instance routings within %s of an edge kill or restart", afterRestart, restartWindow)
+	if vd.Wrong != 0 {
+		t.Errorf("%d wrong answers", vd.Wrong)
 	}
 	// An archive replays to the live hash.
 	checkArchiveReplay(t, st)
@@ -348,8 +339,8 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 		}
 		return fmt.Sprintf("n=%d p50=%s p90=%s p99=%s max=%s", len(ds), q(0.5), q(0.9), q(0.99), ds[len(ds)-1].Round(time.Millisecond))
 	}
-	t.Logf("FIGURES soak seed=%d conversations=%d (with %d sub-agents each) turns=%d requests=%d sent=%d succeeded=%d retried=%d failed=%d wrong_instance=%d wrong_after_edge_restart=%d recorded_overflows=%d checked=%d faults=%d elapsed=%s",
-		seed, cfg.conversations, cfg.subagents, cfg.turns, len(samples), sent.Load(), ok.Load(), retried.Load(), failed.Load(), wrong, afterRestart, overflowed, checked, len(faults), elapsed.Round(time.Millisecond))
+	t.Logf("FIGURES soak seed=%d conversations=%d (with %d sub-agents each) turns=%d requests=%d sent=%d succeeded=%d retried=%d failed=%d %s faults=%d elapsed=%s",
+		seed, cfg.conversations, cfg.subagents, cfg.turns, len(samples), sent.Load(), ok.Load(), retried.Load(), failed.Load(), vd, len(faults), elapsed.Round(time.Millisecond))
 	t.Logf("FIGURES soak latency before faults: %s", lat(0))
 	t.Logf("FIGURES soak latency during faults: %s", lat(1))
 	t.Logf("FIGURES soak latency after faults:  %s", lat(2))
@@ -370,164 +361,86 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 	}
 }
 
-// parseRoute reads x-tether-route's instances (edge.ParseRoute).
-func parseRoute(h string) (ctxInst, genInst string) {
-	r, _ := edge.ParseRoute(h)
-	return r.ContextInstance, r.GenerationInstance
-}
-
-// commitMargin is how long after a binding's log time (the leader's
-// AppendedAt) a request may still have been placed without knowing it:
-// a request that started before the commit is allowed to have been routed
-// in degraded mode.
-const commitMargin = time.Second
-
-// checkSoakRoutes compares every successful request with the bindings of
-// its keys (context fleet: the root conversation; generation fleet: the
-// conversation itself). It returns the wrong-instance count and how many
-// requests were checked.
-// soakPlacement is one binding's life: instance over [from, to) (to zero:
-// still in force), rebuilt from the key's archived history.
-type soakPlacement struct {
-	inst     string
-	from, to time.Time
-}
-
-type soakEvent struct {
-	Time    time.Time      `json:"time"`
-	Type    string         `json:"type"`
-	Status  string         `json:"status"`
-	Event   map[string]any `json:"event"`
-	Evicted *struct {
-		Instance string `json:"instance"`
-	} `json:"evicted"`
-}
-
-// checkSoakRoutes checks every successful request against the placement in
-// force when it was served, rebuilt from the key's history (Bind, eviction,
-// rebinding Overflow), for requests started at least commitMargin after
-// that placement's log time. A detour is excused only by an Overflow to
-// the serving instance that belongs to that placement (committed at or
-// after it, before the next binding change) and appended to the log before
-// the request ended: an edge commits every overflow before serving it
-// (routing/decide). Before (issue 13), each request was compared with the
-// key's final binding only, requests before its last rebind were skipped,
-// and any Overflow to the instance at any time excused a detour; then one
-// committed up to 2 s after the request ended did (F7).
-func checkSoakRoutes(t *testing.T, ctx context.Context, st *devstack.Stack, samples []sample, restarts map[string][]time.Time) (wrong, afterRestart, overflowed, checked int) {
+// checkSoakRoutes judges every successful request's hops (context fleet:
+// the root conversation; generation fleet: the conversation itself) with
+// zero margin against the keys' archived histories and the state index the
+// serving edge decided on (test/routecheck). A new placement whose Bind
+// never reached the log is excused only for an edge killed after the
+// request began.
+func checkSoakRoutes(t *testing.T, ctx context.Context, st *devstack.Stack, samples []sample, restarts map[string][]time.Time) routecheck.Verdict {
 	t.Helper()
+	// Judged once the log has answered every edge's own proposals (a
+	// restarted edge retries those its first attempt could not commit).
+	waitFor(t, 30*time.Second, "every edge's Bind proposals answered", func() bool {
+		for _, e := range st.Edges() {
+			var ci struct {
+				Pending int `json:"degraded_pending"`
+			}
+			if err := e.AdminGet(ctx, "cluster", &ci); err != nil || ci.Pending != 0 {
+				return false
+			}
+		}
+		return true
+	})
 	leader := st.Leader()
 	if leader == nil {
 		t.Fatal("no leader to read bindings from")
 	}
-	type keyHistory struct {
-		placements []soakPlacement
-		events     []soakEvent
-	}
-	cache := map[string]keyHistory{}
-	history := func(f fsm.Fleet, key string) keyHistory {
+	cache := map[string][]routecheck.Event{}
+	history := func(f fsm.Fleet, key string) []routecheck.Event {
 		ck := f.String() + "/" + key
 		if h, ok := cache[ck]; ok {
 			return h
 		}
-		var hist struct {
-			Events []soakEvent `json:"events"`
-		}
-		if err := leader.AdminGet(ctx, "bindings/"+ck+"/history", &hist); err != nil {
-			t.Fatalf("history of %s: %v", ck, err)
-		}
-		var out keyHistory
-		out.events = hist.Events
-		open := -1
-		for _, ev := range hist.Events {
-			if ev.Evicted != nil && open >= 0 {
-				out.placements[open].to = ev.Time
-				open = -1
-			}
-			switch {
-			case ev.Type == "Bind" && ev.Status == "applied" && open < 0:
-				inst, _ := ev.Event["instance"].(string)
-				out.placements = append(out.placements, soakPlacement{inst: inst, from: ev.Time})
-				open = len(out.placements) - 1
-			case ev.Type == "Overflow" && ev.Status == "applied" && ev.Event["rebind"] == true && open >= 0:
-				out.placements[open].to = ev.Time
-				to, _ := ev.Event["to"].(string)
-				out.placements = append(out.placements, soakPlacement{inst: to, from: ev.Time})
-				open = len(out.placements) - 1
-			}
-		}
-		cache[ck] = out
-		return out
+		var hist routecheck.History
+		waitFor(t, 20*time.Second, "the archived history of "+ck, func() bool {
+			hist = routecheck.History{}
+			return leader.AdminGet(ctx, "bindings/"+ck+"/history", &hist) == nil && !hist.ArchiveBehind
+		})
+		cache[ck] = hist.Events
+		return hist.Events
 	}
-	excused := func(h keyHistory, p soakPlacement, inst string, s sample) bool {
-		for _, ev := range h.events {
-			if ev.Type != "Overflow" || ev.Status != "applied" || ev.Event["to"] != inst {
-				continue
+	killedAfter := func(edgeID string, t time.Time) bool {
+		for _, r := range append(append([]time.Time(nil), restarts[edgeID]...), restarts["*"]...) {
+			if r.After(t) {
+				return true
 			}
-			if ev.Time.Before(p.from) || (!p.to.IsZero() && !ev.Time.Before(p.to)) || ev.Time.After(s.end) {
-				continue
-			}
-			return true
 		}
 		return false
 	}
-	reported := 0
+	var vd routecheck.Verdict
 	for _, s := range samples {
 		if !s.ok {
 			continue
 		}
+		ctxKey := s.key
+		if s.route.ContextOwn {
+			ctxKey = s.conv
+		}
 		for _, c := range []struct {
-			f    fsm.Fleet
-			key  string
-			inst string
-		}{{fsm.FleetContext, s.key, s.ctxInst}, {fsm.FleetGeneration, s.conv, s.genInst}} {
+			f     fsm.Fleet
+			key   string
+			inst  string
+			state uint64
+		}{{fsm.FleetContext, ctxKey, s.route.Context, s.route.ContextState}, {fsm.FleetGeneration, s.conv, s.route.Generation, s.route.GenerationState}} {
 			if c.inst == "" || c.inst == "-" {
 				continue
 			}
-			h := history(c.f, c.key)
-			for _, p := range h.placements {
-				// The placement in force for the whole request, known to
-				// every edge by its start.
-				if s.start.Before(p.from.Add(commitMargin)) || (!p.to.IsZero() && s.end.After(p.to)) {
-					continue
-				}
-				checked++
-				if c.inst == p.inst {
-					continue
-				}
-				if excused(h, p, c.inst, s) {
-					overflowed++
-					continue
-				}
-				// Counted apart to show where they happen; both are
-				// violations (B3, degraded guesses by lagging edges, is
-				// fixed).
-				if servedSoonAfterRestart(s, restarts[s.edge]) || servedSoonAfterRestart(s, restarts["*"]) {
-					afterRestart++
-				} else {
-					wrong++
-				}
-				if reported < 5 {
-					reported++
-					hj, _ := json.Marshal(h.events)
-					t.Errorf("%s key %s placed on %s since %s, but a request started %s later was served by %s (edge %s); history: %s",
-						c.f, c.key, p.inst, p.from.Format(time.RFC3339Nano), s.start.Sub(p.from), c.inst, s.edge, hj)
-				}
-			}
+			a := routecheck.Answer{Fleet: c.f.String(), Key: c.key, Instance: c.inst, Edge: routecheck.EdgeOfRequest(s.route.RequestID),
+				RequestID: s.route.RequestID, State: c.state, Start: s.start, End: s.end}
+			k, why := routecheck.Judge(a, history(c.f, c.key))
+			vd.Add(k, why, killedAfter(s.edge, s.start))
 		}
 	}
-	return wrong, afterRestart, overflowed, checked
+	for _, r := range vd.Reports {
+		t.Errorf("wrong answer: %s", r)
+	}
+	return vd
 }
 
 // refusalPatience is how long a soak client keeps retrying a request the
 // edges keep refusing with Retry-After (its HTTP timeout).
 const refusalPatience = 30 * time.Second
-
-// restartWindow is how long after an edge kill (any edge) or restart (that
-// edge) a wrong-instance answer is counted as wrong_after_edge_restart (the
-// former B3 window) rather than wrong_instance; both fail the test.
-// Requests of the after-fault pass are never in such a window.
-const restartWindow = 3 * time.Second
 
 // honorRetryAfter waits as an OpenAI SDK client does before retrying an
 // answer that says when to (retry-after-ms, else Retry-After), capped at
@@ -555,15 +468,6 @@ func backoff(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
-}
-
-func servedSoonAfterRestart(s sample, restarts []time.Time) bool {
-	for _, r := range restarts {
-		if !s.start.Before(r) && s.start.Sub(r) < restartWindow {
-			return true
-		}
-	}
-	return false
 }
 
 // checkArchiveReplay replays the archive of an edge that never installed a

@@ -24,9 +24,14 @@ var (
 // Tether returns the path of the tether binary, building it on the first
 // call (only the tests that run it pay for the build). go test puts its own
 // go command first on PATH; the package path builds from any directory of
-// the module.
+// the module. TETHER_TEST_BINARY names a prebuilt binary instead (to run a
+// suite against another build, e.g. to show a test fails before a fix).
 func Tether() (string, error) {
 	once.Do(func() {
+		if p := os.Getenv("TETHER_TEST_BINARY"); p != "" {
+			path = p
+			return
+		}
 		if dir, err = os.MkdirTemp("", "tether-bin-*"); err != nil {
 			return
 		}

@@ -1,0 +1,358 @@
+// Package routecheck judges every answer of a deployment with zero margin
+// against the affinity log's history and what the serving edge had applied
+// when it answered: the rule the chaos, soak, e2e and reliability suites
+// share.
+//
+// An edge reports, in x-tether-route (debug_route_header), the request's id
+// as the log's decisions record it and, per hop, the index of the replica
+// state its decision read. An answer served on instance I for key K by edge
+// E, with state index A, is right when
+//
+//  1. K was placed on I in the log at A (the placement in force: a created
+//     Bind or a rebinding Overflow, until an eviction); or
+//  2. the request itself committed it: an applied Overflow of this request
+//     to I, appended before the answer ended (an edge commits every detour
+//     before serving it), or this request's own Bind naming I (a new key
+//     dispatched beside its proposal); or the log answered one of this
+//     request's commits with a placement on I; or
+//  3. K was unbound at A (or the log answered one of this request's commits
+//     with K unbound) and I is where E's own Bind in flight at A proposed
+//     it — the first Bind committed after A by E's process (SameProcess) —
+//     or the placement the log answered that Bind with: an edge never
+//     contradicts its own proposal.
+//
+// Anything else is wrong. An answer for a key unbound at A with no Bind of
+// E after A and none of this request is unrecorded: its edge served a new
+// placement whose proposal never reached the log (the edge died first);
+// the suites excuse it only for an edge killed after the request began.
+//
+// An edge older than the route evidence (no request id, no state index:
+// the comparison runs against an earlier build) is judged by time with
+// zero margin instead: A is the last entry appended before the request
+// began, a detour is any applied Overflow to I appended while it ran, and
+// a key unbound at A may be served where the first Bind after A, or a Bind
+// of its edge, placed it.
+package routecheck
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tether-project/tether/edge"
+)
+
+// Event is one entry of GET /admin/v1/bindings/{fleet}/{key}/history.
+type Event struct {
+	Index  uint64         `json:"index"`
+	Time   time.Time      `json:"time"`
+	Type   string         `json:"type"`
+	Status string         `json:"status"`
+	Event  map[string]any `json:"event"`
+	// Decision is the placement decision a Bind or Overflow carries
+	// (the event's "decision"); nil for other events.
+	Decision *Decision `json:"-"`
+	Evicted  *struct {
+		Instance string `json:"instance"`
+	} `json:"evicted"`
+}
+
+// Decision is who placed an event's key: the edge and the request id the
+// edge's route evidence names.
+type Decision struct {
+	Edge      string `json:"edge"`
+	RequestID string `json:"request_id"`
+}
+
+// UnmarshalJSON reads an entry and its event's decision.
+func (ev *Event) UnmarshalJSON(b []byte) error {
+	type plain Event
+	if err := json.Unmarshal(b, (*plain)(ev)); err != nil {
+		return err
+	}
+	var d struct {
+		Event struct {
+			Decision *Decision `json:"decision"`
+		} `json:"event"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		return err
+	}
+	ev.Decision = d.Event.Decision
+	return nil
+}
+
+// History is a key's events as the admin API returns them.
+type History struct {
+	Events        []Event `json:"events"`
+	ArchiveBehind bool    `json:"archive_behind"`
+}
+
+// Route is what x-tether-route says about one answer.
+type Route struct {
+	Context, Generation           string // instances ("" or "-": no hop)
+	RequestID                     string
+	ContextState, GenerationState uint64
+	HasState                      bool // the header carried state indexes
+	// ContextOwn, GenerationOwn: a sub-agent's hop routed by its own
+	// conversation id, not its parent's root.
+	ContextOwn, GenerationOwn bool
+}
+
+// ParseRoute reads x-tether-route (edge.ParseRoute); a header it cannot
+// read gives an empty Route.
+func ParseRoute(h string) Route {
+	r, _ := edge.ParseRoute(h)
+	return Route{Context: r.ContextInstance, Generation: r.GenerationInstance, RequestID: r.RequestID,
+		ContextState: r.ContextState, GenerationState: r.GenerationState, HasState: r.HasState,
+		ContextOwn: r.ContextOwnKey, GenerationOwn: r.GenerationOwnKey}
+}
+
+// Answer is one hop of one answered request.
+type Answer struct {
+	Fleet, Key string
+	Instance   string
+	Edge       string // the serving edge's node id (Decision.Edge; EdgeOfRequest)
+	RequestID  string
+	State      uint64
+	Start, End time.Time
+}
+
+// Kind is how an answer was judged.
+type Kind int
+
+const (
+	// OnBinding: the placement in force at the decision's state, or the
+	// one the log answered this request's commits with.
+	OnBinding Kind = iota + 1
+	// Detoured: a committed Overflow of this request.
+	Detoured
+	// NewPlacement: this request's own Bind, or its edge's own proposal in
+	// flight (or the log's answer to it) for a key unbound at its state.
+	NewPlacement
+	// Unrecorded: a key unbound at its state, served without any Bind of
+	// its edge or request in the log.
+	Unrecorded
+	// Wrong: none of the above.
+	Wrong
+)
+
+func (k Kind) String() string {
+	switch k {
+	case OnBinding:
+		return "on_binding"
+	case Detoured:
+		return "detoured"
+	case NewPlacement:
+		return "new_placement"
+	case Unrecorded:
+		return "unrecorded"
+	case Wrong:
+		return "wrong"
+	}
+	return "kind(?)"
+}
+
+// change is the placement in force from index on ("" = unbound).
+type change struct {
+	index    uint64
+	instance string
+}
+
+// timeline rebuilds a key's placements from its history: a Bind that
+// created the binding, a rebinding Overflow that moved it, an eviction.
+func timeline(evs []Event) []change {
+	var out []change
+	cur := ""
+	set := func(idx uint64, inst string) {
+		cur = inst
+		if n := len(out); n > 0 && out[n-1].index == idx {
+			out[n-1].instance = inst
+			return
+		}
+		out = append(out, change{index: idx, instance: inst})
+	}
+	for _, ev := range evs {
+		if ev.Evicted != nil && cur != "" {
+			set(ev.Index, "")
+		}
+		switch {
+		case ev.Type == "Bind" && ev.Status == "applied" && cur == "":
+			inst, _ := ev.Event["instance"].(string)
+			set(ev.Index, inst)
+		case ev.Type == "Overflow" && ev.Status == "applied" && ev.Event["rebind"] == true && cur != "":
+			to, _ := ev.Event["to"].(string)
+			set(ev.Index, to)
+		}
+	}
+	return out
+}
+
+// at is the placement in force after index.
+func at(tl []change, index uint64) string {
+	inst := ""
+	for _, c := range tl {
+		if c.index > index {
+			break
+		}
+		inst = c.instance
+	}
+	return inst
+}
+
+// Judge judges one answer against its key's history.
+func Judge(a Answer, evs []Event) (Kind, string) {
+	if a.RequestID == "" {
+		return judgeByTime(a, evs)
+	}
+	tl := timeline(evs)
+	inForce := at(tl, a.State)
+	if inForce != "" && a.Instance == inForce {
+		return OnBinding, ""
+	}
+	unbound := inForce == ""
+	mine := func(ev Event) bool {
+		return ev.Decision != nil && a.RequestID != "" && ev.Decision.RequestID == a.RequestID && ev.Decision.Edge == a.Edge
+	}
+	for _, ev := range evs {
+		if !mine(ev) {
+			continue
+		}
+		switch {
+		case ev.Type == "Overflow" && ev.Status == "applied" && ev.Event["to"] == a.Instance && !ev.Time.After(a.End):
+			return Detoured, ""
+		case ev.Type == "Bind" && ev.Event["instance"] == a.Instance:
+			return NewPlacement, ""
+		}
+		if ev.Type == "Bind" || ev.Type == "Overflow" {
+			ans := at(tl, ev.Index)
+			if ans == a.Instance {
+				return OnBinding, ""
+			}
+			unbound = unbound || ans == ""
+		}
+	}
+	ownSeen := false
+	if unbound {
+		for _, ev := range evs {
+			if ev.Type != "Bind" || ev.Index <= a.State || ev.Decision == nil || ev.Decision.Edge != a.Edge ||
+				!SameProcess(ev.Decision.RequestID, a.RequestID) {
+				continue
+			}
+			ownSeen = true
+			if ev.Event["instance"] == a.Instance || at(tl, ev.Index) == a.Instance {
+				return NewPlacement, ""
+			}
+			break // only the first: the one in flight at the decision
+		}
+		if !ownSeen {
+			return Unrecorded, fmt.Sprintf("%s key %q unbound at state %d, served on %s by %s (request %s) with no Bind of that edge after it",
+				a.Fleet, a.Key, a.State, a.Instance, a.Edge, a.RequestID)
+		}
+	}
+	return Wrong, fmt.Sprintf("%s key %q placed on %q at state %d, served on %s by %s (request %s, ended %s)",
+		a.Fleet, a.Key, inForce, a.State, a.Instance, a.Edge, a.RequestID, a.End.Format(time.RFC3339Nano))
+}
+
+// judgeByTime judges an answer that carries no route evidence.
+func judgeByTime(a Answer, evs []Event) (Kind, string) {
+	tl := timeline(evs)
+	var state uint64
+	for _, ev := range evs {
+		if ev.Time.Before(a.Start) {
+			state = ev.Index
+		}
+	}
+	inForce := at(tl, state)
+	if inForce != "" && a.Instance == inForce {
+		return OnBinding, ""
+	}
+	for _, ev := range evs {
+		if ev.Type == "Overflow" && ev.Status == "applied" && ev.Event["to"] == a.Instance && !ev.Time.Before(a.Start) && !ev.Time.After(a.End) {
+			return Detoured, ""
+		}
+	}
+	if inForce == "" {
+		first := true
+		for _, ev := range evs {
+			if ev.Type != "Bind" || ev.Index <= state {
+				continue
+			}
+			if ev.Event["instance"] == a.Instance && (first || (ev.Decision != nil && ev.Decision.Edge == a.Edge)) {
+				return NewPlacement, ""
+			}
+			first = false
+		}
+	}
+	return Wrong, fmt.Sprintf("%s key %q placed on %q when the request began (%s), served on %s by %s, ended %s",
+		a.Fleet, a.Key, inForce, a.Start.Format(time.RFC3339Nano), a.Instance, a.Edge, a.End.Format(time.RFC3339Nano))
+}
+
+// Verdict counts a suite's answers by kind.
+type Verdict struct {
+	Judged                                        int
+	OnBinding, Detoured, NewPlacement, Unrecorded int
+	Wrong                                         int
+	Reports                                       []string // the first few wrong and unrecorded answers
+}
+
+// Add counts one judged answer; excuse reports whether an unrecorded one
+// is excused (its edge was killed after the request began).
+func (v *Verdict) Add(k Kind, why string, excused bool) {
+	v.Judged++
+	switch k {
+	case OnBinding:
+		v.OnBinding++
+		return
+	case Detoured:
+		v.Detoured++
+		return
+	case NewPlacement:
+		v.NewPlacement++
+		return
+	case Unrecorded:
+		if excused {
+			v.Unrecorded++
+			return
+		}
+	}
+	v.Wrong++
+	if len(v.Reports) < 8 {
+		v.Reports = append(v.Reports, why)
+	}
+}
+
+// SameProcess reports whether two request ids were made by one edge
+// process: an edge numbers its requests from a random point chosen at
+// start (the high 31 bits of "<node id>-<n>"), so a restarted edge's ids
+// differ from its previous process's.
+func SameProcess(a, b string) bool {
+	na, sa, ok1 := splitRequest(a)
+	nb, sb, ok2 := splitRequest(b)
+	return ok1 && ok2 && na == nb && sa>>32 == sb>>32
+}
+
+func splitRequest(id string) (string, uint64, bool) {
+	i := strings.LastIndexByte(id, '-')
+	if i <= 0 {
+		return "", 0, false
+	}
+	n, err := strconv.ParseUint(id[i+1:], 10, 64)
+	return id[:i], n, err == nil
+}
+
+// EdgeOfRequest is the node id of the edge that made a request id
+// ("<node id>-<sequence>").
+func EdgeOfRequest(id string) string {
+	if i := strings.LastIndexByte(id, '-'); i > 0 {
+		return id[:i]
+	}
+	return ""
+}
+
+func (v Verdict) String() string {
+	return fmt.Sprintf("judged=%d on_binding=%d detoured=%d new_placement=%d unrecorded_after_kill=%d wrong=%d",
+		v.Judged, v.OnBinding, v.Detoured, v.NewPlacement, v.Unrecorded, v.Wrong)
+}
