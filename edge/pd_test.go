@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"slices"
@@ -17,6 +19,7 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/test/engines/oaiserve"
@@ -371,20 +374,25 @@ func TestPDDecodeKilledMidStream(t *testing.T) {
 			s.send(t, pdTurn{0, conv, "", conv + " turn 1", false}, nil)
 			armed.Store(true)
 			var wg sync.WaitGroup
-			var cut response
+			var status int
+			var cut []byte
+			var cutErr error
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				h := map[string]string{"x-session-id": conv}
 				body := chatBody(t, longText("sys-"+conv, 60), []string{conv + " turn 2"}, map[string]any{"stream": true, "max_tokens": 8})
-				cut = do(t, s.c, http.MethodPost, s.ec.edge(1).url()+"/v1/chat/completions", body, h)
+				status, cut, cutErr = postRaw(t, s.c, s.ec.edge(1).url()+"/v1/chat/completions", json.RawMessage(body), h)
 			}()
 			victim := <-hit
 			s.decode[victim].Kill()
 			close(release)
 			wg.Wait()
-			if cut.status != http.StatusOK || bytes.Contains(cut.body, []byte("[DONE]")) || !bytes.Contains(cut.body, []byte(`" w1"`)) {
-				t.Fatalf("the killed stream: %d %s", cut.status, cut.body)
+			// The relayed tokens, then an error chunk and an aborted
+			// connection: never a clean end.
+			if status != http.StatusOK || bytes.Contains(cut, []byte("[DONE]")) || !bytes.Contains(cut, []byte(`" w1"`)) ||
+				!bytes.Contains(cut, []byte(`"error"`)) || !errors.Is(cutErr, io.ErrUnexpectedEOF) {
+				t.Fatalf("the killed stream: %d %v %s", status, cutErr, cut)
 			}
 			r := s.send(t, pdTurn{2, conv, "", conv + " turn 3", true}, nil)
 			if _, done := streamUsage(t, r.body); !done {
@@ -640,6 +648,7 @@ func TestSGLangBootstrapFields(t *testing.T) {
 	e := &Edge{cfg: DefaultConfig()}
 	e.cfg.ContextServers = ServersConfig{Engine: EngineSGLang, DataParallelSize: 4,
 		URLs: []StaticInstance{{Name: "p0", URL: "http://prefill-0.internal:30000", BootstrapPort: 9001}, {Name: "p1", URL: "http://10.0.0.7:30000"}}}
+	e.models = []*servedModel{{cfg: &e.cfg}}
 	one := e.sglangBootstrap(&hop{Hop: decide.Hop{Instance: "p0", URL: "http://prefill-0.internal:30000"}}, 0, 3)
 	var room uint64
 	if string(one["bootstrap_host"]) != `"prefill-0.internal"` || string(one["bootstrap_port"]) != "9001" || json.Unmarshal(one["bootstrap_room"], &room) != nil || room%4 != 3 {
@@ -661,7 +670,7 @@ func TestSGLangBootstrapFields(t *testing.T) {
 	}{{`{"prompt":"a"}`, 0}, {`{"prompt":[1,2,3]}`, 0}, {`{"prompt":["a","b"]}`, 2}, {`{"prompt":[[1],[2],[3]]}`, 3}, {`{"prompt":"a","n":4}`, 4}, {`{"n":1}`, 0}} {
 		var top map[string]json.RawMessage
 		_ = json.Unmarshal([]byte(tc.body), &top)
-		if got := pdBatch(&request{top: top}); got != tc.n {
+		if got := pdBatch(&request{top: top, dialect: apireq.Completions}); got != tc.n {
 			t.Errorf("%s: batch %d, want %d", tc.body, got, tc.n)
 		}
 	}
