@@ -519,10 +519,10 @@ func TestOverflowIsCommittedBeforeItIsServed(t *testing.T) {
 	}
 }
 
-// RELIABILITY.md F7: an edge that sees a bound key's instance unhealthy
-// detours it, and the log holds that Overflow before the request is
-// served (it was queued for the recorder, and committed seconds after the
-// answer, so nothing in the log said why the key was served elsewhere).
+// An edge that sees a bound key's instance unhealthy detours it, and the
+// log holds that Overflow before the request is served (queued for the
+// recorder, it would commit seconds after the answer, and nothing in the
+// log would say why the key was served elsewhere).
 func TestUnhealthyDetourIsCommittedBeforeServing(t *testing.T) {
 	r := newRig(t)
 	r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})

@@ -533,7 +533,7 @@ func TestChaos(t *testing.T) {
 				t.Errorf("%d acknowledged keys were evicted by a fault that should evict nothing", vd.evicted)
 			}
 			if nem.noUnhealthy {
-				// Was F1: a NATS outage made every worker unhealthy.
+				// A NATS outage must not make every worker unhealthy.
 				for _, s := range samples {
 					if !s.ok && strings.Contains(s.lastErr, "no_healthy_instance") {
 						t.Errorf("a request failed with no_healthy_instance during %s although every worker was up (%s)", nem.name, s.lastErr)
