@@ -268,8 +268,8 @@ func (e *Edge) engineExchange(ctx context.Context, w http.ResponseWriter, rq *re
 // placement — instance and rank — and every edge keeps using that rank
 // even if data_parallel_size or the hash inputs change later.
 func (e *Edge) recordEngineRank(h *hop, rank int) {
-	if !h.Bound || h.Binding.Epoch == 0 || h.Instance != h.Binding.Instance ||
-		(h.Outcome != outcomeSticky && h.Outcome != outcomeNewBind) {
+	if !h.Bound || h.Instance != h.Binding.Instance ||
+		(h.Outcome != outcomeSticky && h.Outcome != outcomeNewBind && h.Outcome != outcomeDegraded) {
 		return
 	}
 	if e.featureLevel() < fsm.FeatureLevelRanks {
@@ -278,6 +278,14 @@ func (e *Edge) recordEngineRank(h *hop, rank int) {
 	st := e.node.State()
 	if st.FeatureLevel() < fsm.FeatureLevelRanks {
 		return // an older edge may still be a voter: it could not apply the event
+	}
+	if h.Binding.Epoch == 0 {
+		// Served on this edge's own proposal: recorded once the log
+		// answers it with this placement (placements.settle).
+		if ev, now := e.placements.noteRank(h.Fleet, h.Key, h.Instance, uint32(rank)); now {
+			e.recorder.addRank(ev)
+		}
+		return
 	}
 	b, ok := st.Lookup(h.Fleet, h.Key)
 	if !ok || b.Epoch != h.Binding.Epoch || b.Instance != h.Instance || b.HasRank {

@@ -730,3 +730,27 @@ func (c *cutBody) Read(p []byte) (int, error) {
 }
 
 func (c *cutBody) Close() error { return c.r.Close() }
+
+// awaitPlacementsApplied waits until edge i has the log's answer to every
+// Bind it proposed and each edge has applied as far as edge i: the next
+// request, through any edge, finds the placements committed. (Edges
+// without NATS hear no placement of another edge before its commit.)
+func awaitPlacementsApplied(t testing.TB, ec *edgeCluster, i int) {
+	t.Helper()
+	p := ec.edge(i).e.placements
+	waitFor(t, fmt.Sprintf("edge-%d's Bind proposals answered", i+1), 20*time.Second, func() bool {
+		return p.inFlight() == 0
+	})
+	want := ec.edge(i).e.node.State().Index()
+	ec.mu.Lock()
+	n := len(ec.edges)
+	ec.mu.Unlock()
+	waitFor(t, fmt.Sprintf("every edge applied up to edge-%d's index %d", i+1, want), 20*time.Second, func() bool {
+		for j := range n {
+			if ec.edge(j).e.node.State().Index() < want {
+				return false
+			}
+		}
+		return true
+	})
+}
