@@ -48,12 +48,16 @@ func (s *stringList) Set(v string) error {
 
 // operatorCommand is one "group command" of tether operator: how many
 // positional arguments it takes and how it runs. An offline command reads
-// local files; every other one runs against the edges through c.
+// local files; every other one runs against the edges.
 type operatorCommand struct {
 	minArgs, maxArgs int
 	offline          func(pos []string, out io.Writer, asJSON bool) error
-	run              func(ctx context.Context, c *operator.Client, pos []string, out io.Writer, asJSON bool) error
+	run              operatorRun
 }
+
+// operatorRun runs a command against the edges through c, with its
+// positional arguments pos, writing its answer to out.
+type operatorRun func(ctx context.Context, c *operator.Client, pos []string, out io.Writer, asJSON bool) error
 
 // operatorCommands registers each operator command under "group command".
 var operatorCommands = map[string]operatorCommand{
@@ -247,7 +251,7 @@ func operatorListInstances(ctx context.Context, c *operator.Client, _ []string, 
 
 // operatorDrain is "instance drain NAME" (drain true) or "instance undrain
 // NAME" (drain false).
-func operatorDrain(drain bool) func(ctx context.Context, c *operator.Client, pos []string, out io.Writer, asJSON bool) error {
+func operatorDrain(drain bool) operatorRun {
 	return func(ctx context.Context, c *operator.Client, pos []string, out io.Writer, asJSON bool) error {
 		res, err := c.DrainInstance(ctx, pos[0], drain)
 		if err != nil {
