@@ -46,6 +46,19 @@ var errNotFound = errors.New("not found")
 // errVerifyFailed marks a completed verification that found a mismatch.
 var errVerifyFailed = errors.New("verification failed")
 
+// auditRun runs one audit subcommand on the opened data directory once its
+// flags are parsed, writing its answer to out.
+type auditRun func(ctx context.Context, d *audit.DataDir, out io.Writer, asJSON bool) error
+
+// auditCommands registers each audit subcommand: the function adds the
+// subcommand's own flags to fs and returns the step that runs it.
+var auditCommands = map[string]func(fs *flag.FlagSet) auditRun{
+	"replay":  auditReplay,
+	"explain": auditExplain,
+	"verify":  auditVerify,
+	"export":  auditExport,
+}
+
 func runAudit(ctx context.Context, args []string) error {
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, auditUsage)
@@ -62,42 +75,12 @@ func runAudit(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print JSON instead of text")
 	noRaft := fs.Bool("no-raft-log", false, "ignore raft.db (archive and snapshots only)")
 	lockTimeout := fs.Duration("lock-timeout", audit.DefaultLockTimeout, "how long to wait for a file lock before concluding a node is running on the directory")
-	var (
-		untilIndex          *uint64
-		untilTime           *string
-		key, fleet, edgeURL *string
-		model               *string
-		response            *string
-		token, format, out  *string
-		noChildren          *bool
-		spot                *int
-		from, to            *uint64
-		tlsFlags            adminTLSFlags
-	)
-	switch sub {
-	case "replay":
-		untilIndex = fs.Uint64("until-index", 0, "stop after this log index")
-		untilTime = fs.String("until-time", "", "stop before the first entry after this log time (RFC 3339)")
-	case "explain":
-		key = fs.String("key", "", "the routing key (a conversation id or a parent's root key; this or --response)")
-		response = fs.String("response", "", "a Responses API id an edge minted: which instance holds it and why")
-		fleet = fs.String("fleet", "", "context or generation (default: both)")
-		noChildren = fs.Bool("no-children", false, "skip the scan for linked sub-agents")
-		model = fs.String("model", "", "a model other than the edge's first (its keys are in the model's namespace; default: the first model)")
-	case "verify":
-		edgeURL = fs.String("edge", "", "the live edge's base URL, e.g. http://10.0.0.1:8000 (required)")
-		token = fs.String("admin-token", "", "admin API bearer token (default $"+operator.EnvAdminToken+")")
-		tlsFlags = addAdminTLSFlags(fs)
-		spot = fs.Int("spot-check", 1000, "bindings compared one by one when the edge moved past the copy")
-	case "export":
-		format = fs.String("format", "ndjson", "output format (ndjson)")
-		from = fs.Uint64("from", 0, "first log index")
-		to = fs.Uint64("to", 0, "last log index (0: the end)")
-		out = fs.String("out", "", "write to this file instead of standard output")
-	default:
+	command, ok := auditCommands[sub]
+	if !ok {
 		fmt.Fprint(os.Stderr, auditUsage)
 		return fmt.Errorf("%w: unknown audit subcommand %q", errUsage, sub)
 	}
+	run := command(fs)
 	if err := parseFlags(fs, rest); err != nil {
 		return err
 	}
@@ -109,9 +92,15 @@ func runAudit(ctx context.Context, args []string) error {
 		return err
 	}
 	defer d.Close()
-	stdout := os.Stdout
-	switch sub {
-	case "replay":
+	return run(ctx, d, os.Stdout, *asJSON)
+}
+
+// auditReplay is "audit replay": the state rebuilt up to an index or a log
+// time, and its summary.
+func auditReplay(fs *flag.FlagSet) auditRun {
+	untilIndex := fs.Uint64("until-index", 0, "stop after this log index")
+	untilTime := fs.String("until-time", "", "stop before the first entry after this log time (RFC 3339)")
+	return func(ctx context.Context, d *audit.DataDir, out io.Writer, asJSON bool) error {
 		opts := audit.ReplayOptions{UntilIndex: *untilIndex, Progress: audit.NewProgress(os.Stderr, "replay")}
 		if *untilTime != "" {
 			if *untilIndex != 0 {
@@ -127,24 +116,24 @@ func runAudit(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		return printReplay(stdout, res, *asJSON)
-	case "explain":
+		return printReplay(out, res, asJSON)
+	}
+}
+
+// auditExplain is "audit explain": one routing key's history (--key) or
+// where a stored response lives (--response).
+func auditExplain(fs *flag.FlagSet) auditRun {
+	key := fs.String("key", "", "the routing key (a conversation id or a parent's root key; this or --response)")
+	response := fs.String("response", "", "a Responses API id an edge minted: which instance holds it and why")
+	fleet := fs.String("fleet", "", "context or generation (default: both)")
+	noChildren := fs.Bool("no-children", false, "skip the scan for linked sub-agents")
+	model := fs.String("model", "", "a model other than the edge's first (its keys are in the model's namespace; default: the first model)")
+	return func(ctx context.Context, d *audit.DataDir, out io.Writer, asJSON bool) error {
 		if (*key == "") == (*response == "") {
 			return fmt.Errorf("%w: give one of --key or --response", errUsage)
 		}
 		if *response != "" {
-			var k []byte
-			if v := os.Getenv(edge.EnvInternalRequestAuthKey); v != "" {
-				k = []byte(v)
-			}
-			ex, err := d.ExplainResponse(ctx, *response, k, *model)
-			if err != nil {
-				return err
-			}
-			if *asJSON {
-				return writeJSONTo(stdout, ex)
-			}
-			return ex.WriteText(stdout)
+			return explainResponse(ctx, d, out, *response, *model, asJSON)
 		}
 		opts := audit.ExplainOptions{NoChildren: *noChildren, Model: *model}
 		if *fleet != "" {
@@ -158,16 +147,44 @@ func runAudit(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		if *asJSON {
-			err = writeJSONTo(stdout, ex)
+		if asJSON {
+			err = writeJSONTo(out, ex)
 		} else {
-			err = ex.WriteText(stdout)
+			err = ex.WriteText(out)
 		}
 		if err == nil && !ex.Found() {
 			err = fmt.Errorf("%w: key %q: nothing in this data directory's log (no bind, touch, overflow, eviction or linked sub-agent); check the key and --fleet", errNotFound, *key)
 		}
 		return err
-	case "verify":
+	}
+}
+
+// explainResponse answers "audit explain --response": which instance holds
+// the stored response and why, authenticated with the internal request key
+// when the environment sets one.
+func explainResponse(ctx context.Context, d *audit.DataDir, out io.Writer, response, model string, asJSON bool) error {
+	var k []byte
+	if v := os.Getenv(edge.EnvInternalRequestAuthKey); v != "" {
+		k = []byte(v)
+	}
+	ex, err := d.ExplainResponse(ctx, response, k, model)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSONTo(out, ex)
+	}
+	return ex.WriteText(out)
+}
+
+// auditVerify is "audit verify": the replayed state compared with a live
+// edge's.
+func auditVerify(fs *flag.FlagSet) auditRun {
+	edgeURL := fs.String("edge", "", "the live edge's base URL, e.g. http://10.0.0.1:8000 (required)")
+	token := fs.String("admin-token", "", "admin API bearer token (default $"+operator.EnvAdminToken+")")
+	tlsFlags := addAdminTLSFlags(fs)
+	spot := fs.Int("spot-check", 1000, "bindings compared one by one when the edge moved past the copy")
+	return func(ctx context.Context, d *audit.DataDir, out io.Writer, asJSON bool) error {
 		if *edgeURL == "" {
 			return fmt.Errorf("%w: --edge is required", errUsage)
 		}
@@ -188,35 +205,51 @@ func runAudit(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		if *asJSON {
-			if err := writeJSONTo(stdout, struct {
-				OK         bool     `json:"ok"`
-				Mode       string   `json:"mode"`
-				Index      uint64   `json:"index"`
-				ReplayHash string   `json:"replay_hash"`
-				LiveIndex  uint64   `json:"live_index"`
-				LiveHash   string   `json:"live_hash"`
-				NodeID     string   `json:"node_id"`
-				Message    string   `json:"message"`
-				Notes      []string `json:"notes"`
-			}{rep.OK, rep.Mode, rep.Index, rep.ReplayHash, rep.LiveIndex, rep.LiveHash, rep.NodeID, rep.Message, rep.Replay.Notes}); err != nil {
-				return err
-			}
-		} else {
-			for _, n := range rep.Replay.Notes {
-				fmt.Fprintf(stdout, "note: %s\n", n)
-			}
-			fmt.Fprintln(stdout, rep.Message)
+		if err := printVerify(out, rep, asJSON); err != nil {
+			return err
 		}
 		if !rep.OK {
 			return fmt.Errorf("%w: %s", errVerifyFailed, rep.Message)
 		}
 		return nil
-	case "export":
+	}
+}
+
+// printVerify writes a verification's report: a JSON object, or its notes
+// and its message.
+func printVerify(out io.Writer, rep *audit.VerifyReport, asJSON bool) error {
+	if asJSON {
+		return writeJSONTo(out, struct {
+			OK         bool     `json:"ok"`
+			Mode       string   `json:"mode"`
+			Index      uint64   `json:"index"`
+			ReplayHash string   `json:"replay_hash"`
+			LiveIndex  uint64   `json:"live_index"`
+			LiveHash   string   `json:"live_hash"`
+			NodeID     string   `json:"node_id"`
+			Message    string   `json:"message"`
+			Notes      []string `json:"notes"`
+		}{rep.OK, rep.Mode, rep.Index, rep.ReplayHash, rep.LiveIndex, rep.LiveHash, rep.NodeID, rep.Message, rep.Replay.Notes})
+	}
+	for _, n := range rep.Replay.Notes {
+		fmt.Fprintf(out, "note: %s\n", n)
+	}
+	fmt.Fprintln(out, rep.Message)
+	return nil
+}
+
+// auditExport is "audit export": one JSON object per event, to standard
+// output or a file.
+func auditExport(fs *flag.FlagSet) auditRun {
+	format := fs.String("format", "ndjson", "output format (ndjson)")
+	from := fs.Uint64("from", 0, "first log index")
+	to := fs.Uint64("to", 0, "last log index (0: the end)")
+	out := fs.String("out", "", "write to this file instead of standard output")
+	return func(ctx context.Context, d *audit.DataDir, stdout io.Writer, _ bool) error {
 		if *format != "ndjson" {
 			return fmt.Errorf("%w: --format %q: only ndjson is supported", errUsage, *format)
 		}
-		w := io.Writer(stdout)
+		w := stdout
 		if *out != "" {
 			f, err := os.Create(*out)
 			if err != nil {
@@ -232,7 +265,6 @@ func runAudit(ctx context.Context, args []string) error {
 		fmt.Fprintf(os.Stderr, "exported %d events\n", n)
 		return nil
 	}
-	return nil
 }
 
 func printReplay(w io.Writer, res *audit.Result, asJSON bool) error {

@@ -46,6 +46,33 @@ func (s *stringList) Set(v string) error {
 	return nil
 }
 
+// operatorCommand is one "group command" of tether operator: how many
+// positional arguments it takes and how it runs. An offline command reads
+// local files; every other one runs against the edges.
+type operatorCommand struct {
+	minArgs, maxArgs int
+	offline          func(pos []string, out io.Writer, asJSON bool) error
+	run              operatorRun
+}
+
+// operatorRun runs a command against the edges through c, with its
+// positional arguments pos, writing its answer to out.
+type operatorRun func(ctx context.Context, c *operator.Client, pos []string, out io.Writer, asJSON bool) error
+
+// operatorCommands registers each operator command under "group command".
+var operatorCommands = map[string]operatorCommand{
+	"raft list-peers":      {0, 0, nil, operatorListPeers},
+	"raft remove-peer":     {1, 1, nil, operatorRemovePeer},
+	"raft transfer-leader": {0, 1, nil, operatorTransferLeader},
+	"raft add-voter":       {2, 2, nil, operatorAddVoter},
+	"snapshot save":        {1, 1, nil, operatorSaveSnapshot},
+	"snapshot restore":     {1, 1, nil, operatorRestoreSnapshot},
+	"snapshot inspect":     {1, 1, operatorInspectSnapshot, nil},
+	"instance list":        {0, 0, nil, operatorListInstances},
+	"instance drain":       {1, 1, nil, operatorDrain(true)},
+	"instance undrain":     {1, 1, nil, operatorDrain(false)},
+}
+
 func runOperator(ctx context.Context, args []string) error {
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, operatorUsage)
@@ -78,29 +105,17 @@ func runOperator(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	want := map[string][2]int{ // min, max positional arguments
-		"raft list-peers": {0, 0}, "raft remove-peer": {1, 1}, "raft transfer-leader": {0, 1}, "raft add-voter": {2, 2},
-		"snapshot save": {1, 1}, "snapshot restore": {1, 1}, "snapshot inspect": {1, 1},
-		"instance list": {0, 0}, "instance drain": {1, 1}, "instance undrain": {1, 1},
-	}
-	n, ok := want[name]
+	command, ok := operatorCommands[name]
 	if !ok {
 		fmt.Fprint(os.Stderr, operatorUsage)
 		return fmt.Errorf("%w: unknown operator command %q", errUsage, name)
 	}
-	if len(pos) < n[0] || len(pos) > n[1] {
-		return fmt.Errorf("%w: operator %s takes %d..%d arguments, got %d (%s)", errUsage, name, n[0], n[1], len(pos), strings.Join(pos, " "))
+	if len(pos) < command.minArgs || len(pos) > command.maxArgs {
+		return fmt.Errorf("%w: operator %s takes %d..%d arguments, got %d (%s)", errUsage, name, command.minArgs, command.maxArgs, len(pos), strings.Join(pos, " "))
 	}
 	out := os.Stdout
-	if name == "snapshot inspect" { // offline: no edge needed
-		rep, err := operator.InspectSnapshot(pos[0])
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			return writeJSONTo(out, rep)
-		}
-		return rep.WriteText(out)
+	if command.offline != nil { // no edge needed
+		return command.offline(pos, out, *asJSON)
 	}
 	tok := *token
 	if tok == "" {
@@ -115,117 +130,162 @@ func runOperator(ctx context.Context, args []string) error {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	defer c.Close()
-	d := *timeout
-	if d <= 0 {
-		d = 30 * time.Second
-		if group == "snapshot" {
-			d = 10 * time.Minute
-		}
-	}
-	ctx, cancel := context.WithTimeout(ctx, d)
+	ctx, cancel := context.WithTimeout(ctx, operatorTimeout(*timeout, group))
 	defer cancel()
-	switch name {
-	case "raft list-peers":
-		pl, err := c.ListPeers(ctx)
-		if err != nil {
-			return err
+	return command.run(ctx, c, pos, out, *asJSON)
+}
+
+// operatorTimeout is --timeout, or when unset 30s (10m for the snapshot
+// commands, which move the whole state).
+func operatorTimeout(set time.Duration, group string) time.Duration {
+	if set > 0 {
+		return set
+	}
+	if group == "snapshot" {
+		return 10 * time.Minute
+	}
+	return 30 * time.Second
+}
+
+// printResult writes v as JSON, or as text with text.
+func printResult(out io.Writer, asJSON bool, v any, text func() error) error {
+	if asJSON {
+		return writeJSONTo(out, v)
+	}
+	return text()
+}
+
+// operatorInspectSnapshot is "snapshot inspect FILE", offline.
+func operatorInspectSnapshot(pos []string, out io.Writer, asJSON bool) error {
+	rep, err := operator.InspectSnapshot(pos[0])
+	if err != nil {
+		return err
+	}
+	return printResult(out, asJSON, rep, func() error { return rep.WriteText(out) })
+}
+
+// operatorListPeers is "raft list-peers": a table of the Raft configuration
+// with each member's health.
+func operatorListPeers(ctx context.Context, c *operator.Client, _ []string, out io.Writer, asJSON bool) error {
+	pl, err := c.ListPeers(ctx)
+	if err != nil {
+		return err
+	}
+	return printResult(out, asJSON, pl, func() error { return printPeers(out, pl) })
+}
+
+// printPeers writes the peer table of "raft list-peers".
+func printPeers(out io.Writer, pl operator.PeerList) error {
+	fmt.Fprintf(out, "%-20s %-28s %-8s %-8s %-8s %-12s %-8s %-6s %s\n", "ID", "ADDRESS", "VOTER", "LEADER", "HEALTHY", "LAST_CONTACT", "LAG", "TERM", "SUFFRAGE")
+	for _, p := range pl.Peers {
+		lead := ""
+		if p.ID == pl.Leader {
+			lead = "leader"
 		}
-		if *asJSON {
-			return writeJSONTo(out, pl)
+		suffrage := "voter"
+		if !p.Voter {
+			suffrage = "nonvoter"
 		}
-		fmt.Fprintf(out, "%-20s %-28s %-8s %-8s %-8s %-12s %-8s %-6s %s\n", "ID", "ADDRESS", "VOTER", "LEADER", "HEALTHY", "LAST_CONTACT", "LAG", "TERM", "SUFFRAGE")
-		for _, p := range pl.Peers {
-			lead := ""
-			if p.ID == pl.Leader {
-				lead = "leader"
+		healthy, contact, lag, term := "?", "?", "?", "?"
+		if h := p.Health; h != nil {
+			healthy, lag, term = fmt.Sprint(h.Healthy), fmt.Sprint(h.Lag), fmt.Sprint(h.LastTerm)
+			if h.Suffrage != "" {
+				suffrage = h.Suffrage
 			}
-			suffrage := "voter"
-			if !p.Voter {
-				suffrage = "nonvoter"
+			contact = "never"
+			if h.LastContactMS >= 0 {
+				contact = fmt.Sprintf("%.0fms", h.LastContactMS)
 			}
-			healthy, contact, lag, term := "?", "?", "?", "?"
-			if h := p.Health; h != nil {
-				healthy, lag, term = fmt.Sprint(h.Healthy), fmt.Sprint(h.Lag), fmt.Sprint(h.LastTerm)
-				if h.Suffrage != "" {
-					suffrage = h.Suffrage
-				}
-				contact = "never"
-				if h.LastContactMS >= 0 {
-					contact = fmt.Sprintf("%.0fms", h.LastContactMS)
-				}
-				if h.Status != "alive" {
-					healthy = h.Status
-				}
+			if h.Status != "alive" {
+				healthy = h.Status
 			}
-			fmt.Fprintf(out, "%-20s %-28s %-8v %-8s %-8s %-12s %-8s %-6s %s\n", p.ID, p.Addr, p.Voter, lead, healthy, contact, lag, term, suffrage)
 		}
-		if pl.Leader == "" {
-			fmt.Fprintf(out, "(no leader known to %s)\n", pl.Edge)
-		}
-		return nil
-	case "raft remove-peer", "raft add-voter", "raft transfer-leader":
-		var res operator.MembershipResult
-		switch cmd {
-		case "remove-peer":
-			res, err = c.RemovePeer(ctx, pos[0])
-		case "add-voter":
-			res, err = c.AddVoter(ctx, pos[0], pos[1])
-		default:
-			id := ""
-			if len(pos) == 1 {
-				id = pos[0]
-			}
-			res, err = c.TransferLeader(ctx, id)
-		}
+		fmt.Fprintf(out, "%-20s %-28s %-8v %-8s %-8s %-12s %-8s %-6s %s\n", p.ID, p.Addr, p.Voter, lead, healthy, contact, lag, term, suffrage)
+	}
+	if pl.Leader == "" {
+		fmt.Fprintf(out, "(no leader known to %s)\n", pl.Edge)
+	}
+	return nil
+}
+
+// operatorRemovePeer is "raft remove-peer ID".
+func operatorRemovePeer(ctx context.Context, c *operator.Client, pos []string, out io.Writer, asJSON bool) error {
+	res, err := c.RemovePeer(ctx, pos[0])
+	return printMembershipResult(out, asJSON, res, err)
+}
+
+// operatorAddVoter is "raft add-voter ID ADDR".
+func operatorAddVoter(ctx context.Context, c *operator.Client, pos []string, out io.Writer, asJSON bool) error {
+	res, err := c.AddVoter(ctx, pos[0], pos[1])
+	return printMembershipResult(out, asJSON, res, err)
+}
+
+// operatorTransferLeader is "raft transfer-leader [ID]": to ID, or to any
+// voter.
+func operatorTransferLeader(ctx context.Context, c *operator.Client, pos []string, out io.Writer, asJSON bool) error {
+	id := ""
+	if len(pos) == 1 {
+		id = pos[0]
+	}
+	res, err := c.TransferLeader(ctx, id)
+	return printMembershipResult(out, asJSON, res, err)
+}
+
+// printMembershipResult writes a committed membership change, or returns
+// the error that kept it from committing.
+func printMembershipResult(out io.Writer, asJSON bool, res operator.MembershipResult, err error) error {
+	if err != nil {
+		return err
+	}
+	return printResult(out, asJSON, res, func() error { return printMembership(out, res) })
+}
+
+// operatorListInstances is "instance list".
+func operatorListInstances(ctx context.Context, c *operator.Client, _ []string, out io.Writer, asJSON bool) error {
+	il, err := c.Instances(ctx)
+	if err != nil {
+		return err
+	}
+	return printResult(out, asJSON, il, func() error { return printInstances(out, il) })
+}
+
+// operatorDrain is "instance drain NAME" (drain true) or "instance undrain
+// NAME" (drain false).
+func operatorDrain(drain bool) operatorRun {
+	return func(ctx context.Context, c *operator.Client, pos []string, out io.Writer, asJSON bool) error {
+		res, err := c.DrainInstance(ctx, pos[0], drain)
 		if err != nil {
 			return err
 		}
-		if *asJSON {
-			return writeJSONTo(out, res)
-		}
-		return printMembership(out, res)
-	case "instance list":
-		il, err := c.Instances(ctx)
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			return writeJSONTo(out, il)
-		}
-		return printInstances(out, il)
-	case "instance drain", "instance undrain":
-		res, err := c.DrainInstance(ctx, pos[0], cmd == "drain")
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			return writeJSONTo(out, res)
-		}
-		return printDrain(out, res)
-	case "snapshot save":
-		info, err := c.SaveSnapshot(ctx, pos[0])
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			return writeJSONTo(out, info)
-		}
+		return printResult(out, asJSON, res, func() error { return printDrain(out, res) })
+	}
+}
+
+// operatorSaveSnapshot is "snapshot save FILE": the state and its metadata
+// sidecar.
+func operatorSaveSnapshot(ctx context.Context, c *operator.Client, pos []string, out io.Writer, asJSON bool) error {
+	info, err := c.SaveSnapshot(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	return printResult(out, asJSON, info, func() error {
 		fmt.Fprintf(out, "saved %s (%d bytes) from %s: index %d, term %d, %d bindings, state hash %s (metadata in %s)\n",
 			pos[0], info.Size, info.Edge, info.Index, info.Term, info.Bindings, info.Hash, operator.SidecarPath(pos[0]))
 		return nil
-	case "snapshot restore":
-		res, err := c.RestoreSnapshot(ctx, pos[0])
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			return writeJSONTo(out, res)
-		}
+	})
+}
+
+// operatorRestoreSnapshot is "snapshot restore FILE", run on the leader.
+func operatorRestoreSnapshot(ctx context.Context, c *operator.Client, pos []string, out io.Writer, asJSON bool) error {
+	res, err := c.RestoreSnapshot(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	return printResult(out, asJSON, res, func() error {
 		fmt.Fprintf(out, "restored %s through %s: the cluster's state is at index %d, %d bindings, state hash %s\n",
 			pos[0], res.Edge, res.Index, res.Bindings, res.Hash)
 		return nil
-	}
-	return nil
+	})
 }
 
 func printMembership(w io.Writer, res operator.MembershipResult) error {

@@ -275,152 +275,219 @@ type state struct {
 // computes the prompt and its first token and answers the handoff, a
 // generation_only request continues from encoded_opaque_state.
 func (s *Server) inference(w http.ResponseWriter, r *http.Request, chat bool) {
+	q, ok := parseInference(w, r, chat)
+	if !ok || !s.checkRouting(w, r, q) {
+		return
+	}
+	q.n = s.seq.Add(1)
+	q.id = fmt.Sprintf("%s-%s-%d", map[bool]string{true: "chatcmpl", false: "cmpl"}[chat], s.cfg.Name, q.n)
+	if !s.parseGeneration(w, q) {
+		return
+	}
+	out := make([]string, 0, q.limit)
+	switch q.reqType {
+	case "context_only":
+		s.contextPhase(w, q)
+		return
+	case "generation_only":
+		first, ok := generationPhase(w, q)
+		if !ok {
+			return
+		}
+		out = append(out, first)
+	default:
+		q.seen.CachedTokens = s.cache(q.tokens)
+	}
+	s.record(q.seen)
+	s.answer(w, q, out)
+}
+
+// inferenceRequest is one inference request as its steps parse, check and
+// serve it.
+type inferenceRequest struct {
+	body    map[string]json.RawMessage
+	chat    bool
+	model   string
+	tokens  []uint32
+	dp      disaggParams
+	reqType string
+	seen    Seen
+
+	// Set once the request passed its checks.
+	n            int64  // the request's sequence number
+	id           string // the response id
+	stream       bool
+	includeUsage bool
+	ph           uint64 // hash of the prompt tokens
+	limit        int    // words to answer
+	finish       string // the finish reason after limit words
+}
+
+// parseInference reads and validates the request body: a JSON object with
+// a model, a prompt and, when present, disaggregated_params with a
+// request_type. It answers the error itself and returns false on bad input.
+func parseInference(w http.ResponseWriter, r *http.Request, chat bool) (*inferenceRequest, bool) {
 	b, err := io.ReadAll(io.LimitReader(r.Body, 32<<20))
 	if err != nil {
 		badRequest(w, err.Error())
-		return
+		return nil, false
 	}
-	var body map[string]json.RawMessage
-	if err := json.Unmarshal(b, &body); err != nil || body == nil {
+	q := &inferenceRequest{chat: chat}
+	if err := json.Unmarshal(b, &q.body); err != nil || q.body == nil {
 		apiError(w, http.StatusUnprocessableEntity, "BadRequestError", "request body is not a JSON object")
-		return
+		return nil, false
 	}
-	var model string
-	if json.Unmarshal(body["model"], &model) != nil || model == "" {
+	if json.Unmarshal(q.body["model"], &q.model) != nil || q.model == "" {
 		badRequest(w, "model is required")
-		return
+		return nil, false
 	}
-	tokens, words, err := promptTokens(body, chat)
+	q.tokens, _, err = promptTokens(q.body, chat)
 	if err != nil {
 		badRequest(w, err.Error())
-		return
+		return nil, false
 	}
-	var dp disaggParams
-	if !isNull(body["disaggregated_params"]) {
-		if err := json.Unmarshal(body["disaggregated_params"], &dp); err != nil {
+	if !isNull(q.body["disaggregated_params"]) {
+		if err := json.Unmarshal(q.body["disaggregated_params"], &q.dp); err != nil {
 			badRequest(w, "disaggregated_params: "+err.Error())
-			return
+			return nil, false
 		}
-		if _, ok := dp.str("request_type"); !ok {
+		if _, ok := q.dp.str("request_type"); !ok {
 			apiError(w, http.StatusUnprocessableEntity, "BadRequestError", "disaggregated_params.request_type: field required")
-			return
+			return nil, false
 		}
 	}
-	reqType, _ := dp.str("request_type")
-	conv, convNull, msg := resolveConversation(body, r.Header)
-	if msg != "" {
-		badRequest(w, msg)
-		return
-	}
-	seen := Seen{Path: r.URL.Path, RequestType: reqType, ConversationID: conv}
+	q.reqType, _ = q.dp.str("request_type")
+	return q, true
+}
 
-	affinity, msg := s.checkHint(r.Header, model, conv, convNull, dp)
+// checkRouting resolves the conversation id and checks the sub-agent hint
+// and, for a generation_only request, the KV-transfer signature, noting
+// each in q.seen. It answers the error itself and returns false when one
+// fails.
+func (s *Server) checkRouting(w http.ResponseWriter, r *http.Request, q *inferenceRequest) bool {
+	conv, convNull, msg := resolveConversation(q.body, r.Header)
 	if msg != "" {
 		badRequest(w, msg)
-		return
+		return false
 	}
-	seen.Affinity = affinity
-	if reqType == "generation_only" {
-		need, msg := s.checkDisaggAuth(r.Header, dp)
+	q.seen = Seen{Path: r.URL.Path, RequestType: q.reqType, ConversationID: conv}
+
+	affinity, msg := s.checkHint(r.Header, q.model, conv, convNull, q.dp)
+	if msg != "" {
+		badRequest(w, msg)
+		return false
+	}
+	q.seen.Affinity = affinity
+	if q.reqType == "generation_only" {
+		need, msg := s.checkDisaggAuth(r.Header, q.dp)
 		if msg != "" {
 			badRequest(w, msg)
-			return
+			return false
 		}
-		seen.DisaggAuth = need
+		q.seen.DisaggAuth = need
 	}
+	return true
+}
 
-	n := s.seq.Add(1)
-	id := fmt.Sprintf("%s-%s-%d", map[bool]string{true: "chatcmpl", false: "cmpl"}[chat], s.cfg.Name, n)
+// parseGeneration reads the sampling and streaming parameters (max_tokens,
+// stream, stream_options) and sets how many words the answer has and why it
+// ends. It answers the error itself and returns false on bad input.
+func (s *Server) parseGeneration(w http.ResponseWriter, q *inferenceRequest) bool {
 	maxTokens := 16
-	if raw, ok := body["max_tokens"]; ok && !isNull(raw) {
+	if raw, ok := q.body["max_tokens"]; ok && !isNull(raw) {
 		if json.Unmarshal(raw, &maxTokens) != nil || maxTokens < 1 {
 			badRequest(w, "max_tokens must be a positive integer")
-			return
+			return false
 		}
 	}
-	stream := false
-	_ = json.Unmarshal(body["stream"], &stream)
-	includeUsage := false
-	if !isNull(body["stream_options"]) {
+	_ = json.Unmarshal(q.body["stream"], &q.stream)
+	if !isNull(q.body["stream_options"]) {
 		var so struct {
 			IncludeUsage bool `json:"include_usage"`
 		}
-		_ = json.Unmarshal(body["stream_options"], &so)
-		includeUsage = so.IncludeUsage
+		_ = json.Unmarshal(q.body["stream_options"], &so)
+		q.includeUsage = so.IncludeUsage
 	}
-	ph := hashTokens(tokens)
+	q.ph = hashTokens(q.tokens)
 	// The answer: maxTokens words, or fewer when the toy model emits EOS.
-	limit, finish := maxTokens, "length"
+	q.limit, q.finish = maxTokens, "length"
 	if s.cfg.EOSAt > 0 && s.cfg.EOSAt <= maxTokens {
-		limit, finish = s.cfg.EOSAt-1, "stop"
+		q.limit, q.finish = s.cfg.EOSAt-1, "stop"
 	}
-	out := make([]string, 0, limit)
-	switch reqType {
-	case "context_only":
-		// The context phase computes the prompt and its first token
-		// (openai_server.py with a context_only request; the response's
-		// disaggregated_params come from to_disaggregated_params of the
-		// result's context phase params).
-		seen.CachedTokens = s.cache(tokens)
-		s.record(seen)
-		if limit == 0 {
-			// The first token ended the request: the executor returns no
-			// context phase params, so ctx_request_id and the opaque state
-			// are null and nothing is left for a generation server.
-			handoff := map[string]any{
-				"request_type": "context_only", "first_gen_tokens": []uint32{eosID}, "ctx_request_id": nil,
-				"encoded_opaque_state": nil, "draft_tokens": nil,
-				"disagg_request_id": json.RawMessage(orNull(dp["disagg_request_id"])), "ctx_dp_rank": 0, "ctx_info_endpoint": nil,
-				"schedule_style": nil,
-			}
-			s.respond(w, id, model, chat, nil, "stop", len(tokens), seen.CachedTokens, handoff, tokens)
-			return
-		}
-		first := word(ph, 0)
-		st, _ := json.Marshal(state{Server: s.cfg.Name, CtxID: n, Prompt: ph, FirstWord: first})
+	return true
+}
+
+// contextPhase serves a context_only request.
+func (s *Server) contextPhase(w http.ResponseWriter, q *inferenceRequest) {
+	// The context phase computes the prompt and its first token
+	// (openai_server.py with a context_only request; the response's
+	// disaggregated_params come from to_disaggregated_params of the
+	// result's context phase params).
+	q.seen.CachedTokens = s.cache(q.tokens)
+	s.record(q.seen)
+	if q.limit == 0 {
+		// The first token ended the request: the executor returns no
+		// context phase params, so ctx_request_id and the opaque state
+		// are null and nothing is left for a generation server.
 		handoff := map[string]any{
-			"request_type":         "context_only",
-			"first_gen_tokens":     []uint32{tokenID(first)},
-			"ctx_request_id":       n,
-			"encoded_opaque_state": base64.StdEncoding.EncodeToString(st),
-			"draft_tokens":         nil,
-			"disagg_request_id":    json.RawMessage(orNull(dp["disagg_request_id"])),
-			"ctx_dp_rank":          0,
-			"ctx_info_endpoint":    "tcp://" + s.cfg.Name + ":5555",
-			"schedule_style":       nil,
+			"request_type": "context_only", "first_gen_tokens": []uint32{eosID}, "ctx_request_id": nil,
+			"encoded_opaque_state": nil, "draft_tokens": nil,
+			"disagg_request_id": json.RawMessage(orNull(q.dp["disagg_request_id"])), "ctx_dp_rank": 0, "ctx_info_endpoint": nil,
+			"schedule_style": nil,
 		}
-		ctxFinish := "length"
-		if limit == 1 && finish == "stop" {
-			ctxFinish = "stop"
-		}
-		s.respond(w, id, model, chat, []string{first}, ctxFinish, len(tokens), seen.CachedTokens, handoff, tokens)
-		return
-	case "generation_only":
-		raw, _ := dp.str("encoded_opaque_state")
-		sb, err := base64.StdEncoding.DecodeString(raw)
-		var st state
-		if err != nil || json.Unmarshal(sb, &st) != nil || st.Server == "" {
-			badRequest(w, "disaggregated_params.encoded_opaque_state is not a context state")
-			return
-		}
-		if st.Prompt != ph {
-			badRequest(w, "the prompt differs from the context phase's")
-			return
-		}
-		out = append(out, st.FirstWord)
-	default:
-		seen.CachedTokens = s.cache(tokens)
-	}
-	s.record(seen)
-	for i := len(out); i < limit; i++ {
-		out = append(out, word(ph, i))
-	}
-	_ = words
-	if stream {
-		s.stream(w, id, model, chat, out, finish, len(tokens), seen.CachedTokens, includeUsage)
+		s.respond(w, q.id, q.model, q.chat, nil, "stop", len(q.tokens), q.seen.CachedTokens, handoff, q.tokens)
 		return
 	}
-	s.respond(w, id, model, chat, out, finish, len(tokens), seen.CachedTokens, nil, nil)
+	first := word(q.ph, 0)
+	st, _ := json.Marshal(state{Server: s.cfg.Name, CtxID: q.n, Prompt: q.ph, FirstWord: first})
+	handoff := map[string]any{
+		"request_type":         "context_only",
+		"first_gen_tokens":     []uint32{tokenID(first)},
+		"ctx_request_id":       q.n,
+		"encoded_opaque_state": base64.StdEncoding.EncodeToString(st),
+		"draft_tokens":         nil,
+		"disagg_request_id":    json.RawMessage(orNull(q.dp["disagg_request_id"])),
+		"ctx_dp_rank":          0,
+		"ctx_info_endpoint":    "tcp://" + s.cfg.Name + ":5555",
+		"schedule_style":       nil,
+	}
+	ctxFinish := "length"
+	if q.limit == 1 && q.finish == "stop" {
+		ctxFinish = "stop"
+	}
+	s.respond(w, q.id, q.model, q.chat, []string{first}, ctxFinish, len(q.tokens), q.seen.CachedTokens, handoff, q.tokens)
+}
+
+// generationPhase opens a generation_only request's encoded_opaque_state
+// and returns the first word the context phase generated. It answers the
+// error itself and returns false when the state is not this prompt's
+// context state.
+func generationPhase(w http.ResponseWriter, q *inferenceRequest) (string, bool) {
+	raw, _ := q.dp.str("encoded_opaque_state")
+	sb, err := base64.StdEncoding.DecodeString(raw)
+	var st state
+	if err != nil || json.Unmarshal(sb, &st) != nil || st.Server == "" {
+		badRequest(w, "disaggregated_params.encoded_opaque_state is not a context state")
+		return "", false
+	}
+	if st.Prompt != q.ph {
+		badRequest(w, "the prompt differs from the context phase's")
+		return "", false
+	}
+	return st.FirstWord, true
+}
+
+// answer completes out to the request's word limit and writes the
+// completion, streamed or whole.
+func (s *Server) answer(w http.ResponseWriter, q *inferenceRequest, out []string) {
+	for i := len(out); i < q.limit; i++ {
+		out = append(out, word(q.ph, i))
+	}
+	if q.stream {
+		s.stream(w, q.id, q.model, q.chat, out, q.finish, len(q.tokens), q.seen.CachedTokens, q.includeUsage)
+		return
+	}
+	s.respond(w, q.id, q.model, q.chat, out, q.finish, len(q.tokens), q.seen.CachedTokens, nil, nil)
 }
 
 // eosID is the toy model's end-of-sequence token.
