@@ -23,7 +23,7 @@ import (
 )
 
 // Pacing of BenchmarkNewVsBoundConversation (its figures are in
-// BENCHMARKS.md, "Non-voters and the latency of a new conversation's Bind").
+// BENCHMARKS.md, "The log off the request path").
 const (
 	defaultNewPerSecond = 1000            // offered rate of new conversations (and of bound turns)
 	newVsBoundPhase     = 3 * time.Second // paced traffic per benchmark iteration
