@@ -69,27 +69,6 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 			Name: "tether_edge_retries_total",
 			Help: "Worker hops retried on another instance, by fleet.",
 		}, []string{"fleet"}),
-		placements: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_edge_placements_total",
-			Help: "This edge's Bind proposals for new keys by the log's answer: won (it created the binding), agreed (another edge's Bind " +
-				"won, naming the same instance), lost (another edge's Bind won, naming another instance), rejected (the instance was down), " +
-				"dropped (forgotten unanswered: the edge stopped, or too many were in flight).",
-		}, []string{"fleet", "result"}),
-		speculativeServed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_edge_speculative_requests_total",
-			Help: "Requests served on this edge's own Bind proposal before the log answered it, counted when it answers: on_binding " +
-				"(the key's binding is where they went) or off_binding (another edge's Bind won elsewhere, or the instance was rejected).",
-		}, []string{"fleet", "result"}),
-		placementMsgs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_edge_placement_messages_total",
-			Help: "New placements told to the other edges over NATS (sent), told by them (heard), or refused as malformed (invalid).",
-		}, []string{"result"}),
-		bindSettle: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "tether_edge_bind_settle_seconds",
-			Help: "From a new key's placement to this edge learning its Bind's answer from the log (retries included). " +
-				"The other edges agree tether_cluster_apply_lag_seconds after the leader appended it.",
-			Buckets: []float64{.0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
-		}),
 		strippedHeaders: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_edge_stripped_headers_total",
 			Help: "Client-supplied internal or untrusted headers removed at the trust boundary, by header.",
@@ -104,7 +83,7 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 		}, []string{"kind"}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_edge_upstream_errors_total",
-			Help: "Failed worker hops, by fleet and kind (connect, status_5xx, bad_response).",
+			Help: "Failed worker hops, by fleet and kind (connect, status_5xx, bad_response, stream_cut, transfer_lost).",
 		}, []string{"fleet", "kind"}),
 	}
 	m.streamsAborted = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -123,6 +102,7 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 		Name: "tether_edge_body_budget_refused_total",
 		Help: "Requests refused (429) because max_inflight_body_bytes of request bodies were already held.",
 	})
+	m.addPlacementMetrics()
 	m.addGauges(e)
 	m.routeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "tether_edge_route_seconds",
@@ -134,14 +114,48 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
+	if err := m.register(reg, e); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers every metric with reg.
+func (m *metrics) register(reg prometheus.Registerer, e *Edge) error {
 	for _, c := range []prometheus.Collector{m.routeSeconds, m.routed.requests, m.routed.prefill, &opsCollector{e: e}, m.requests, m.requestSeconds, m.decisions, m.commitSeconds, m.proposals, m.retries,
 		m.placementsOpen, m.placements, m.speculativeServed, m.bindSettle, m.placementMsgs, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
 		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight, m.streamsAborted, m.storedResponses} {
 		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("edge: register metrics: %w", err)
+			return fmt.Errorf("edge: register metrics: %w", err)
 		}
 	}
-	return m, nil
+	return nil
+}
+
+// addPlacementMetrics adds the metrics of this edge's own Bind proposals
+// and of the placements the edges tell each other.
+func (m *metrics) addPlacementMetrics() {
+	m.placements = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_placements_total",
+		Help: "This edge's Bind proposals for new keys by the log's answer: won (it created the binding), agreed (another edge's Bind " +
+			"won, naming the same instance), lost (another edge's Bind won, naming another instance), rejected (the instance was down), " +
+			"dropped (forgotten unanswered: the edge stopped, or too many were in flight).",
+	}, []string{"fleet", "result"})
+	m.speculativeServed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_speculative_requests_total",
+		Help: "Requests served on this edge's own Bind proposal before the log answered it, counted when it answers: on_binding " +
+			"(the key's binding is where they went) or off_binding (another edge's Bind won elsewhere, or the instance was rejected).",
+	}, []string{"fleet", "result"})
+	m.placementMsgs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_placement_messages_total",
+		Help: "New placements told to the other edges over NATS (sent), told by them (heard), or refused as malformed (invalid).",
+	}, []string{"result"})
+	m.bindSettle = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "tether_edge_bind_settle_seconds",
+		Help: "From a new key's placement to this edge learning its Bind's answer from the log (retries included). " +
+			"The other edges agree tether_cluster_apply_lag_seconds after the leader appended it.",
+		Buckets: []float64{.0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	})
 }
 
 // addGauges adds the gauges that read e's state when scraped.
