@@ -36,6 +36,7 @@ import (
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/test/engines/oaiserve"
+	"github.com/tether-project/tether/test/engines/pdstack"
 	"github.com/tether-project/tether/test/engines/sglang"
 	"github.com/tether-project/tether/test/engines/trtllm"
 	"github.com/tether-project/tether/test/engines/vllm"
@@ -133,9 +134,9 @@ func runExample(t *testing.T, text string) {
 	if err := yaml.Unmarshal([]byte(text), &m); err != nil {
 		t.Fatal(err)
 	}
-	peers := checkComplete(t, m)
-	if t.Failed() {
-		return
+	peers, err := pdstack.CheckComplete(m)
+	if err != nil {
+		t.Fatal(err)
 	}
 	backends := startBackends(t, m)
 	lns := make([]net.Listener, 3)
@@ -152,7 +153,7 @@ func runExample(t *testing.T, text string) {
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
 	for i := range 3 {
-		c := deepCopy(m).(map[string]any)
+		c := pdstack.DeepCopy(m).(map[string]any)
 		set(c, "hostname", "127.0.0.1")
 		set(c, "port", 0)
 		cl := c["cluster"].(map[string]any)
@@ -243,43 +244,6 @@ func runExample(t *testing.T, text string) {
 			t.Fatalf("edge %d: %d %s", i+1, status, answer)
 		}
 	}
-}
-
-// checkComplete: the example names its listener, its Raft bind and
-// advertised addresses, three peers with its own address among them. It
-// returns the peers' ids.
-func checkComplete(t *testing.T, m map[string]any) []string {
-	t.Helper()
-	if _, ok := m["hostname"]; !ok {
-		t.Error("no hostname: the edge would listen on loopback only")
-	}
-	cl, _ := m["cluster"].(map[string]any)
-	if cl == nil {
-		t.Fatal("no cluster section")
-	}
-	for _, k := range []string{"bind_addr", "advertise_addr", "node_id", "data_dir"} {
-		if s, _ := cl[k].(string); s == "" {
-			t.Errorf("no cluster.%s", k)
-		}
-	}
-	ps, _ := cl["peers"].([]any)
-	var ids []string
-	own := false
-	for _, p := range ps {
-		pm, _ := p.(map[string]any)
-		id, _ := pm["id"].(string)
-		ids = append(ids, id)
-		if id == cl["node_id"] && pm["addr"] == cl["advertise_addr"] {
-			own = true
-		}
-	}
-	if len(ids) != 3 {
-		t.Errorf("%d peers, want the three edges", len(ids))
-	}
-	if !own {
-		t.Error("cluster.advertise_addr is not this edge's address in cluster.peers")
-	}
-	return ids
 }
 
 // backends are the stand-ins of the example's engines, by instance name.
@@ -507,21 +471,3 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 }
 
 func set(m map[string]any, k string, v any) { m[k] = v }
-
-func deepCopy(v any) any {
-	switch x := v.(type) {
-	case map[string]any:
-		out := make(map[string]any, len(x))
-		for k, e := range x {
-			out[k] = deepCopy(e)
-		}
-		return out
-	case []any:
-		out := make([]any, len(x))
-		for i, e := range x {
-			out[i] = deepCopy(e)
-		}
-		return out
-	}
-	return v
-}

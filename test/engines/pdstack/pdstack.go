@@ -316,7 +316,7 @@ func (s *Stack) startEdges(ctx context.Context, m map[string]any, peers []string
 	}
 	s.Edges = make([]*edge.Edge, 3)
 	for i := range 3 {
-		c := deepCopy(m).(map[string]any)
+		c := DeepCopy(m).(map[string]any)
 		c["hostname"], c["port"] = "127.0.0.1", 0
 		cl := c["cluster"].(map[string]any)
 		cl["node_id"] = peers[i]
@@ -442,7 +442,7 @@ func Aggregated(text string) (string, error) {
 	for i := range gen.urls {
 		um, _ := entry(gen, i)
 		if events != nil {
-			um["kv_events"] = deepCopy(events)
+			um["kv_events"] = DeepCopy(events)
 		}
 		ctx.urls = append(ctx.urls, um)
 	}
@@ -552,18 +552,19 @@ func StartEmulated(ctx context.Context, text string, o Options) (*Stack, error) 
 	return s, nil
 }
 
-func deepCopy(v any) any {
+// DeepCopy copies a decoded YAML value (maps and lists all the way down).
+func DeepCopy(v any) any {
 	switch x := v.(type) {
 	case map[string]any:
 		out := make(map[string]any, len(x))
 		for k, e := range x {
-			out[k] = deepCopy(e)
+			out[k] = DeepCopy(e)
 		}
 		return out
 	case []any:
 		out := make([]any, len(x))
 		for i, e := range x {
-			out[i] = deepCopy(e)
+			out[i] = DeepCopy(e)
 		}
 		return out
 	}
