@@ -283,11 +283,14 @@ func (f *fleet) startEdgeOn(i int, httpLn, raftLn net.Listener, mutate func(*edg
 // one healthy worker per fleet, and an edge that has not heard the
 // instance a conversation is bound to serves that turn elsewhere (an
 // overflow). Readiness that waits for every instance the log holds as up
-// is requested of the edge.
+// is requested of the edge. As deploy/kubernetes' readiness probes
+// (failureThreshold 3), an edge leaves the rotation after three failed
+// probes in a row, not one slow answer on a loaded host.
 func (f *fleet) healthLoop() {
 	defer f.wg.Done()
 	t := time.NewTicker(25 * time.Millisecond)
 	defer t.Stop()
+	failed := map[*edge.Edge]int{} // consecutive failed probes per edge process
 	for {
 		select {
 		case <-f.stopHealth:
@@ -311,12 +314,21 @@ func (f *fleet) healthLoop() {
 				resp.Body.Close()
 			}
 			cancel()
-			if s.edge() == e && e != nil {
+			if ok {
+				delete(failed, e)
+			} else {
+				failed[e]++
+			}
+			if s.edge() == e && e != nil && (ok || failed[e] >= readinessFailureThreshold) {
 				s.ready.Store(ok)
 			}
 		}
 	}
 }
+
+// readinessFailureThreshold is the failed probes in a row that take an
+// edge out of the rotation.
+const readinessFailureThreshold = 3
 
 // hearsAllWorkers reports whether edge s sees every worker healthy through
 // its telemetry.
