@@ -93,14 +93,24 @@ func (d *DataDir) ExplainResponse(ctx context.Context, id string, internalKey []
 	}
 	// The binding in force when the response was made: the last applied
 	// placement (bind or overflow) logged before it.
-	var last *Item
+	var last, own *Item
 	for i := range h.Items {
 		it := &h.Items[i]
 		if (it.Kind == "bind" || it.Kind == "overflow") && it.Status == fsm.StatusApplied.String() && !it.Time.After(rid.Minted) {
 			last = it
 		}
+		// A new conversation is served at once and its Bind committed beside
+		// it: the first applied Bind, by the minting edge, naming this
+		// instance, recorded this very placement.
+		if own == nil && it.Kind == "bind" && it.Status == fsm.StatusApplied.String() && it.Time.After(rid.Minted) &&
+			it.Instance == rid.Instance && it.Decision != nil && it.Decision.Edge == rid.Edge {
+			own = it
+		}
 	}
 	switch {
+	case last == nil && own != nil:
+		ex.Why = fmt.Sprintf("conversation %q was new: edge %s placed it on the %s at once and proposed its Bind beside the request; log entry #%d (%s) recorded that placement",
+			rid.Conversation, rid.Edge, where, own.Index, own.Time.Format(time.RFC3339Nano))
 	case last == nil:
 		ex.Why = fmt.Sprintf("conversation %q had no binding in the %s fleet's log before %s: edge %s placed it on the %s without one (a degraded or not yet recorded placement)",
 			rid.Conversation, ex.Fleet, ex.Minted.Format(time.RFC3339Nano), rid.Edge, where)

@@ -3,12 +3,14 @@ package ops
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/operator"
 )
 
@@ -36,6 +38,16 @@ func TestInstanceDrainCLI(t *testing.T) {
 		return string(out), err
 	}
 
+	// A drain needs the cluster at feature level 3, which the leader
+	// commits once every voter has announced it.
+	waitFor(t, 30*time.Second, "feature level 3 committed on every edge", func() string {
+		for _, s := range f.running() {
+			if lvl := s.edge().Node().State().FeatureLevel(); lvl < fsm.FeatureLevelDrain {
+				return fmt.Sprintf("%s at level %d", s.id, lvl)
+			}
+		}
+		return ""
+	})
 	first, err := f.chat(0, "drain-a", "", "plan the work")
 	if err != nil {
 		t.Fatal(err)
