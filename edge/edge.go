@@ -495,7 +495,7 @@ func (e *Edge) Registry() *prometheus.Registry { return e.registry }
 
 // Close shuts the edge down gracefully: stop accepting requests and let
 // in-flight ones finish (until ctx is done), flush the pending touches and
-// degraded placements, hand leadership over and close the node, NATS and
+// background events and await the answers to its Bind proposals, hand leadership over and close the node, NATS and
 // the fleet view. Idempotent.
 func (e *Edge) Close(ctx context.Context) error {
 	e.mu.Lock()
@@ -514,12 +514,31 @@ func (e *Edge) Close(ctx context.Context) error {
 		fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		e.flushTouches(fctx)
 		e.recorder.flush(fctx)
+		e.awaitPlacements(fctx)
 		cancel()
 	}
 	if err := e.stopLocked(false); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// awaitPlacements waits, until ctx is done, for the log's answer to the
+// Bind proposals this edge has in flight: a graceful stop keeps the
+// placements of the requests it served.
+func (e *Edge) awaitPlacements(ctx context.Context) {
+	if e.placements == nil {
+		return
+	}
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for e.placements.inFlight() > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // SkipLeadershipHandoff makes Close stop the Raft node without handing
