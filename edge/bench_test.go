@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/internal/apireq"
-	"github.com/tether-project/tether/routing/hintauth"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/engines/vllm"
 	"github.com/tether-project/tether/worker"
 )

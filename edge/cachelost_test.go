@@ -9,9 +9,9 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
-	"github.com/tether-project/tether/routing/hintauth"
-	"github.com/tether-project/tether/routing/prefix"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/prefix"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/natstest"
 )
 

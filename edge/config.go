@@ -15,9 +15,9 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/yamlconf"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/hintauth"
 )
 
 // Environment variables that override secrets from the configuration file,
@@ -192,7 +192,7 @@ type ServersConfig struct {
 	// telemetry.probe_interval).
 	HealthTimeout time.Duration `yaml:"health_timeout"`
 	// Tokenizer is how the edge turns this fleet's prompts into tokens
-	// for block keys (edge/tokenize.go): "words" (routing/prefix, what
+	// for block keys (edge/tokenize.go): "words" (internal/prefix, what
 	// tether's simulated workers use) or "hf:<dir>" (the model's
 	// tokenizer.json and chat template, as a real engine renders and
 	// tokenizes).

@@ -11,8 +11,8 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/hintauth"
 )
 
 // validYAML is a complete configuration: the TensorRT-LLM keys plus

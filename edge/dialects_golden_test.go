@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/test/npmenv"
 )
 

@@ -4,7 +4,7 @@
 // of the cluster's fsm.State), places new keys and proposes the placement
 // through the log (the committed winner is used), sends the prefill to a
 // context worker and the decode to a generation worker, and signs the
-// sub-agent hint for each hop (routing/hintauth). Because every edge reads
+// sub-agent hint for each hop (internal/hintauth). Because every edge reads
 // the same log, a parent on one edge and its sub-agents on others share one
 // context instance. See DESIGN.md.
 //
@@ -49,9 +49,9 @@ import (
 	"github.com/tether-project/tether/internal/bodybudget"
 	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/internal/respid"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
-	"github.com/tether-project/tether/routing/telemetry"
 )
 
 // Deps are the edge's in-process collaborators; every field is optional.

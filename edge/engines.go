@@ -20,8 +20,8 @@ import (
 	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/enginekv"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing/kvindex"
-	"github.com/tether-project/tether/routing/telemetry"
 )
 
 // EngineKind is what serves a fleet (context_servers.engine,
@@ -452,7 +452,7 @@ const trtllmRanks = 64
 
 // trtDrain is the leader's drain of one trtllm-serve's /kv_cache_events.
 // The endpoint hands each event out once, so one edge drains; it shares the
-// blocks over NATS as KV batches of the instance (routing/telemetry), and
+// blocks over NATS as KV batches of the instance (internal/telemetry), and
 // answers the instance's dump requests from what it mapped, so every edge's
 // KV index follows (fleetview, Static.SharedEvents). Without NATS only the
 // draining edge's index learns them.

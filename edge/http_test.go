@@ -15,8 +15,8 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/hintauth"
 )
 
 func oneTurn(t testing.TB, tag string) []byte {

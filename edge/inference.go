@@ -20,8 +20,8 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
+	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/hintauth"
 )
 
 // Response headers.

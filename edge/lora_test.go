@@ -10,7 +10,7 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/test/engines/oaiserve"
 	"github.com/tether-project/tether/test/engines/vllm"
 )

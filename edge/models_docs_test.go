@@ -15,7 +15,7 @@ import (
 // The configuration of several models with LoRA adapters that README.md
 // and docs/engines.md show starts and serves: vLLM stand-ins at its servers' addresses (review-agent
 // not among the stand-in's --lora-modules, so the edge loads it at
-// runtime), routing/hftok's Mistral and Qwen3 fixtures at its tokenizer
+// runtime), internal/hftok's Mistral and Qwen3 fixtures at its tokenizer
 // directories, the test cluster's section for its own. Every model and
 // adapter is listed and answered by its model's servers.
 func TestModelsDocExampleStarts(t *testing.T) {
@@ -52,7 +52,7 @@ func startModelsExample(t *testing.T, text string) {
 	t.Cleanup(q0.Close)
 	for from, to := range map[string]string{
 		"http://10.0.4.1:8000": m0.URL(), "http://10.0.4.2:8000": m1.URL(), "http://10.0.5.1:8000": q0.URL(),
-		"hf:/models/mistral-7b-instruct": "hf:../routing/hftok/testdata/mistral", "hf:/models/qwen3-8b": "hf:../routing/hftok/testdata/qwen3",
+		"hf:/models/mistral-7b-instruct": "hf:../internal/hftok/testdata/mistral", "hf:/models/qwen3-8b": "hf:../internal/hftok/testdata/qwen3",
 	} {
 		if !strings.Contains(text, from) {
 			t.Fatalf("the example no longer names %s", from)

@@ -11,8 +11,8 @@ import (
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
-	"github.com/tether-project/tether/routing/hintauth"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/telemetry"
 )
 
 const secondModel = "test-model-b"
@@ -217,14 +217,14 @@ models:
 }
 
 // Each model's tokenizer is its own: a second model whose fleets run a
-// SentencePiece-style tokenizer (Mistral's, routing/hftok) gets its block
+// SentencePiece-style tokenizer (Mistral's, internal/hftok) gets its block
 // keys from it, the first model from the words tokenizer.
 func TestModelsHaveTheirOwnTokenizers(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Model = "words-model"
 	d := DefaultConfig()
 	m := ModelConfig{Name: "mistral-model", ContextServers: d.ContextServers, GenerationServers: d.GenerationServers}
-	m.ContextServers.Tokenizer, m.ContextServers.BlockSize = "hf:../routing/hftok/testdata/mistral", 16
+	m.ContextServers.Tokenizer, m.ContextServers.BlockSize = "hf:../internal/hftok/testdata/mistral", 16
 	m.GenerationServers.Tokenizer, m.GenerationServers.BlockSize = m.ContextServers.Tokenizer, 16
 	cfg.Models = []ModelConfig{m}
 	cfg.normalize()
@@ -243,7 +243,7 @@ func TestModelsHaveTheirOwnTokenizers(t *testing.T) {
 	}
 	rq.m, _, _ = e.lookupModel(rq.model)
 	e.promptKeys(rq, words)
-	// The Metaspace golden of routing/hftok for this prompt.
+	// The Metaspace golden of internal/hftok for this prompt.
 	if got := rq.prompts[fsm.FleetContext].tokens; got != 6 || len(words) != 5 {
 		t.Fatalf("mistral model: %d tokens (words %d), want Mistral's 6", got, len(words))
 	}

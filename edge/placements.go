@@ -11,8 +11,8 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing/decide"
-	"github.com/tether-project/tether/routing/telemetry"
 )
 
 // placements are this edge's own Bind proposals (routing/decide.Placements):

@@ -7,8 +7,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing/decide"
-	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/test/natstest"
 )
 

@@ -11,10 +11,10 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/bodybudget"
+	"github.com/tether-project/tether/internal/convid"
+	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/convid"
-	"github.com/tether-project/tether/routing/hintauth"
-	"github.com/tether-project/tether/routing/prefix"
 )
 
 // apiError is an API error answer (internal/apireq), written in the shape

@@ -15,9 +15,9 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
-	"github.com/tether-project/tether/routing/hintauth"
 	"github.com/tether-project/tether/routing/kvindex"
 )
 

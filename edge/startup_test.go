@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/routing/hintauth"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/natstest"
 )
 

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tether-project/tether/cluster/pki"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/worker"
 )

@@ -14,14 +14,14 @@ import (
 	"sync"
 
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/routing/chattmpl"
-	"github.com/tether-project/tether/routing/hftok"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/chattmpl"
+	"github.com/tether-project/tether/internal/hftok"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 // Fleet tokenizers (context_servers.tokenizer, generation_servers.tokenizer).
 const (
-	// TokenizerWords is routing/prefix's whitespace tokenizer and chat
+	// TokenizerWords is internal/prefix's whitespace tokenizer and chat
 	// markers: what tether's simulated workers cut their blocks over.
 	TokenizerWords = "words"
 	// TokenizerHFPrefix names a directory with the model's tokenizer.json

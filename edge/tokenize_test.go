@@ -14,14 +14,14 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
-	"github.com/tether-project/tether/routing/hftok"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/hftok"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/test/engines/vllm"
 )
 
-// The Qwen3 tokenizer.json.gz and tokenizer_config.json of routing/hftok's
-// test data (Apache-2.0, routing/hftok/testdata/NOTICE).
-const qwenDir = "../routing/hftok/testdata/qwen3"
+// The Qwen3 tokenizer.json.gz and tokenizer_config.json of internal/hftok's
+// test data (Apache-2.0, internal/hftok/testdata/NOTICE).
+const qwenDir = "../internal/hftok/testdata/qwen3"
 
 func TestTokenizerConfig(t *testing.T) {
 	cfg, err := ParseConfig([]byte(engineYAMLBase + `
@@ -100,7 +100,7 @@ type chatGolden struct {
 
 func chatGoldens(t testing.TB) []chatGolden {
 	t.Helper()
-	data, err := os.ReadFile("../routing/chattmpl/testdata/qwen3_chat_golden.json")
+	data, err := os.ReadFile("../internal/chattmpl/testdata/qwen3_chat_golden.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func goldenBody(t testing.TB, c chatGolden) []byte {
 
 // With hf:<dir>, the edge's block keys for a chat request are the chained
 // hashes of the JavaScript reference's token ids (template and tokenizer),
-// cut at the fleet's block size; the words fleet keeps routing/prefix's.
+// cut at the fleet's block size; the words fleet keeps internal/prefix's.
 func TestPromptKeysMatchTheReference(t *testing.T) {
 	e := tokenizeEdge(t, "hf:"+qwenDir, 16)
 	for _, c := range chatGoldens(t) {

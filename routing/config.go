@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tether-project/tether/routing/convid"
+	"github.com/tether-project/tether/internal/convid"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/routing/kvindex"
-	"github.com/tether-project/tether/routing/prefix"
 )
 
 // RouterType is a fleet's router (config key router.type). The zero value

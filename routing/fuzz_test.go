@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/routing/convid"
+	"github.com/tether-project/tether/internal/convid"
 )
 
 // FuzzResolveIdentity feeds arbitrary body ids, session and parent header

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/routing/convid"
+	"github.com/tether-project/tether/internal/convid"
 )
 
 // DefaultMaxDepth is the default sub-agent nesting limit (a direct child of a

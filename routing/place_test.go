@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/routing/kvindex"
-	"github.com/tether-project/tether/routing/prefix"
 	"go.uber.org/goleak"
 )
 

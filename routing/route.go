@@ -97,7 +97,7 @@ type Request struct {
 	Edge           string // deciding edge's node id, for the log
 	Priority       Priority
 	PromptTokens   int      // prompt length; caps cache credit (0: unknown)
-	Blocks         []uint64 // the prompt's chained block hashes (routing/prefix)
+	Blocks         []uint64 // the prompt's chained block hashes (internal/prefix)
 	Spread         uint64   // unkeyed tie-break (SpreadFor(RequestID))
 	RoundRobin     uint64   // the edge's counter, for RouterRoundRobin
 	Now            time.Time

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/internal/apireq"
-	"github.com/tether-project/tether/routing/hintauth"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/telemetry"
 )
 
 // BenchmarkChatRoundTrip is one non-streaming chat request over real HTTP

@@ -7,7 +7,7 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/worker/engine"
 )
 

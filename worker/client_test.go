@@ -16,8 +16,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/tether-project/tether/routing/hintauth"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/telemetry"
 )
 
 // The official OpenAI Go client talks to the worker, streaming and not.

@@ -12,9 +12,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/internal/enginekv"
+	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/internal/yamlconf"
-	"github.com/tether-project/tether/routing/hintauth"
-	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/worker/adp"
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/engine/sim"

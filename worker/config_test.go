@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/routing/hintauth"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/worker/adp"
 )
 

@@ -19,9 +19,9 @@ import (
 
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/bodybudget"
+	"github.com/tether-project/tether/internal/convid"
 	"github.com/tether-project/tether/internal/httpjson"
-	"github.com/tether-project/tether/routing/convid"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/worker/adp"
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/engine/sim"

@@ -3,7 +3,7 @@ package worker
 import (
 	"testing"
 
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/telemetry"
 )
 
 // The load report says what the worker's KV events reflect, so the edge's

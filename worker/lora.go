@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/worker/engine"
 )
 

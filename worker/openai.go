@@ -10,7 +10,7 @@ import (
 	"strconv"
 
 	"github.com/tether-project/tether/internal/apireq"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/worker/engine"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/worker/engine"
 )
 
@@ -22,7 +22,7 @@ import (
 // rather than an interval later.
 const queueJump = 4
 
-// publisher sends the worker's telemetry over NATS (routing/telemetry
+// publisher sends the worker's telemetry over NATS (internal/telemetry
 // subjects and codecs). Request serving never waits for it: the engine's KV
 // sink and the scheduler's eviction callback only append to buffers under a
 // mutex; one goroutine encodes and publishes every interval.

@@ -1,7 +1,7 @@
 // Package worker is `tether worker`: an OpenAI-compatible HTTP server in
 // front of an engine (simulated, or a proxy to a real inference server) with
 // attention-DP rank scheduling (worker/adp), sub-agent hint verification
-// (routing/hintauth) and telemetry over NATS (routing/telemetry).
+// (internal/hintauth) and telemetry over NATS (internal/telemetry).
 //
 // A request goes: parse → verify the sub-agent hint → adp.Place →
 // engine.Run on the chosen rank → respond (JSON or SSE). See DESIGN.md.
@@ -33,7 +33,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/internal/bodybudget"
-	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/worker/adp"
 	"github.com/tether-project/tether/worker/engine"
 )

@@ -13,8 +13,8 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/tether-project/tether/routing/prefix"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/prefix"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/natstest"
 )
 

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"net/http"
 
-	"github.com/tether-project/tether/routing/convid"
-	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/internal/convid"
+	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/worker/engine"
 )
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/test/crosscheck"
 )
 
@@ -282,7 +282,7 @@ func TestTRTLLMFormatHints(t *testing.T) {
 		t.Fatal("python3 is not installed, and CI requires the hint to be signed by it")
 	}
 	if !fromPython {
-		t.Log("python3 not installed: signing with routing/hintauth (checked against python3's output by the committed vectors)")
+		t.Log("python3 not installed: signing with internal/hintauth (checked against python3's output by the committed vectors)")
 		var err error
 		sig, err = hintauth.SignTRTLLM([]byte(testKey), hintauth.Fields{Role: hintauth.RoleContext, Model: "test-model",
 			ConversationID: conv, AffinityID: parent, RequestType: hintauth.RequestContextOnly, DisaggRequestID: "7"})

@@ -17,7 +17,7 @@ import (
 	"strings"
 
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/telemetry"
 )
 
 // command is one subcommand. run receives the arguments after the

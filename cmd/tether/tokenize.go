@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/internal/apireq"
-	"github.com/tether-project/tether/routing/chattmpl"
-	"github.com/tether-project/tether/routing/hftok"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/chattmpl"
+	"github.com/tether-project/tether/internal/hftok"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 func init() {
@@ -151,7 +151,7 @@ func readRequest(path, api string) (*apireq.Request, error) {
 }
 
 // renderChat renders the request's chat form with the chat template of
-// the tokenizer_config.json next to the tokenizer (routing/chattmpl, as the
+// the tokenizer_config.json next to the tokenizer (internal/chattmpl, as the
 // edge does for a fleet with tokenizer: hf:<dir>).
 func renderChat(tokDir, chatFile string, req *apireq.Request) (string, error) {
 	dir := tokDir

@@ -11,11 +11,11 @@ import (
 
 func TestTokenizePrintsIDsAndBlockKeys(t *testing.T) {
 	var out bytes.Buffer
-	if err := runTokenize(&out, []string{"--tokenizer", "../../routing/hftok/testdata/qwen3", "--block-size", "4", "--prompt", "Hello, my dog is cute"}); err != nil {
+	if err := runTokenize(&out, []string{"--tokenizer", "../../internal/hftok/testdata/qwen3", "--block-size", "4", "--prompt", "Hello, my dog is cute"}); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	// The ids the JavaScript reference gives (routing/hftok/testdata).
+	// The ids the JavaScript reference gives (internal/hftok/testdata).
 	if last := lines[len(lines)-1]; last != "[9707,11,847,5562,374,18838]" {
 		t.Fatalf("last line %q, want the token ids", last)
 	}
@@ -35,7 +35,7 @@ func TestTokenizePrintsIDsAndBlockKeys(t *testing.T) {
 	// With the model's tokenizer, the chat template renders the chat, as
 	// the edge does for a fleet with tokenizer: hf:<dir>.
 	out.Reset()
-	if err := runTokenize(&out, []string{"--tokenizer", "../../routing/hftok/testdata/qwen3", "--chat", chat, "--block-size", "16"}); err != nil {
+	if err := runTokenize(&out, []string{"--tokenizer", "../../internal/hftok/testdata/qwen3", "--chat", chat, "--block-size", "16"}); err != nil {
 		t.Fatal(err)
 	}
 	if want := `"<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"`; !strings.Contains(out.String(), want) {

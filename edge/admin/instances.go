@@ -6,8 +6,8 @@ import (
 
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing/kvindex"
-	"github.com/tether-project/tether/routing/telemetry"
 )
 
 // InstanceInfo is one element of GET /admin/v1/instances.

@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing/kvindex"
-	"github.com/tether-project/tether/routing/telemetry"
 )
 
 // Where an instance's KV knowledge comes from, as /admin/v1/instances

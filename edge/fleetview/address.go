@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/telemetry"
 )
 
 // Address trust. A worker that registers through telemetry says where it

@@ -33,9 +33,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/kvindex"
-	"github.com/tether-project/tether/routing/telemetry"
 )
 
 // Static is a worker configured by URL (context_servers.urls or

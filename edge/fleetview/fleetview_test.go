@@ -22,9 +22,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/prefix"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/prefix"
-	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"

@@ -11,8 +11,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tether-project/tether/internal/enginemetrics"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/telemetry"
 )
 
 // LoRAState is what an engine says of its LoRA adapters: a tether worker's

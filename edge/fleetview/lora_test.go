@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/telemetry"
 )
 
 // vLLM keeps one vllm:lora_requests_info series per label set it has

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/routing/kvindex"
-	"github.com/tether-project/tether/routing/prefix"
 )
 
 var t0 = time.Unix(1_700_000_000, 0)

@@ -11,7 +11,7 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
 	"github.com/tether-project/tether/cluster/pki"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/telemetry"
 )
 
 // Who may say what on an embedded NATS server (the edge's nats.embedded,
@@ -19,7 +19,7 @@ import (
 // telemetry and answer dump requests addressed to it, so one compromised
 // worker cannot register, report load or cache contents for another; the
 // edges' decoders check the payload's instance against the subject as a
-// second line (routing/telemetry DESIGN.md).
+// second line (internal/telemetry DESIGN.md).
 
 // EdgePermissions are an edge's: read every worker's telemetry, ask any
 // worker for a KV dump and read the replies; and, for the trtllm-serve

@@ -22,7 +22,7 @@ import (
 	"strings"
 
 	"github.com/tether-project/tether/internal/httpjson"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 // Dialect is the API a request body is written in.
@@ -290,7 +290,7 @@ func (r *Request) maxTokens(name string) *Error {
 }
 
 // WordTokens are the prompt's tokens by the words tokenizer
-// (routing/prefix): the chat form's messages rendered with role markers, or
+// (internal/prefix): the chat form's messages rendered with role markers, or
 // the completions prompt.
 func (r *Request) WordTokens() []uint32 {
 	if r.Dialect == Completions {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 func mustParse(t *testing.T, d Dialect, body string) *Request {

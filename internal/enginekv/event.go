@@ -1,5 +1,5 @@
 // Package enginekv reads the KV cache events inference engines publish and
-// turns them into tether block keys (routing/prefix chained hashes over
+// turns them into tether block keys (internal/prefix chained hashes over
 // token ids, the keys an edge computes from a request), per engine rank. It
 // is the one mapping from engine events to keys: a `tether worker` in proxy
 // mode announces them over NATS (worker/proxy), and an edge fed by the
@@ -90,7 +90,7 @@ type Event struct {
 	Foreign bool
 	// LoRAName is the adapter the blocks were computed under (vLLM's
 	// lora_name; "" the base model): their keys are the adapter's
-	// (routing/prefix AdapterBlockHashes), as an edge computes them for a
+	// (internal/prefix AdapterBlockHashes), as an edge computes them for a
 	// request naming the adapter.
 	LoRAName string
 	// Medium is the tier the event is about: "" for the GPU (vLLM medium

@@ -7,7 +7,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/tether-project/tether/internal/enginekv"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/worker/kvevents"
 )
 

@@ -1,7 +1,7 @@
 package enginekv
 
 import (
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 // DefaultMaxBlocks bounds the blocks a Mapper tracks for one rank (far
@@ -21,7 +21,7 @@ type MapperStats struct {
 }
 
 // Mapper translates one engine rank's block events into tether block keys
-// (routing/prefix chained hashes over token ids). It remembers each cached
+// (internal/prefix chained hashes over token ids). It remembers each cached
 // engine block's tether key so a later event can name a parent or a removal
 // by engine hash only. Not safe for concurrent use.
 //

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/tether-project/tether/internal/enginekv"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 // Offloaded tiers are tracked beside the GPU's: the OffloadingConnector's

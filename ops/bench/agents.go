@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 // Pattern is one of the agent workload patterns of docs/agent-workloads.md.
@@ -73,7 +73,7 @@ var SpecReAct = struct {
 }{3750, 1107}
 
 // Agents builds the pattern's workload. Prompts are real chat messages,
-// rendered and tokenized by routing/prefix exactly as an edge and a worker
+// rendered and tokenized by internal/prefix exactly as an edge and a worker
 // do, so the same workload replays in e2e mode.
 func Agents(opts AgentOptions) (*Workload, error) {
 	if opts.Executions == 0 {

@@ -16,7 +16,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/worker"
 	"github.com/tether-project/tether/worker/engine/sim"
 )
@@ -72,7 +72,7 @@ type chatMessage struct {
 
 // PromptMessages returns the chat messages a request is sent as: its own
 // messages (synthetic workloads), or one user message synthesised from its
-// block keys — 64 whitespace words per block (routing/prefix: one word, one
+// block keys — 64 whitespace words per block (internal/prefix: one word, one
 // token), each word derived from the block's namespaced key, so equal keys
 // give equal token blocks and prompts share exactly their key prefix. The
 // last block gets the words that bring the prompt to PromptTokens.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 func TestPromptMessagesSynthesiseEqualBlocksFromEqualKeys(t *testing.T) {

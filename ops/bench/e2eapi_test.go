@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/tether-project/tether/internal/apireq"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 // The replay sends one conversation in every dialect with the same words:

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/prefix"
 	"github.com/tether-project/tether/worker/engine/sim"
 )
 

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 // A small LoRA run: tether loads adapters less often than the LoRA-blind

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/internal/hash64"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 // Workload is a set of root agents (conversations) replayed together, all
@@ -192,7 +192,7 @@ func (w *Workload) Validate() error {
 }
 
 // ChainBlocks returns the chained hashes of block keys: block i's hash
-// depends on keys 0..i (routing/prefix.ChainHash over the key's two 32-bit
+// depends on keys 0..i (internal/prefix.ChainHash over the key's two 32-bit
 // halves), so two prompts share hashes exactly as long as they share a key
 // prefix, as real KV block hashes do.
 func ChainBlocks(keys []uint64) []uint64 {

@@ -35,9 +35,9 @@ import (
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/hintauth"
-	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/worker"
 )
 

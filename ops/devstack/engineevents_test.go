@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 // engineEventsOutcome is what one stack did with the same three requests.

@@ -36,7 +36,7 @@ func TestREADMEMatchesTheDevStack(t *testing.T) {
 	if !strings.Contains(readme, strconv.FormatUint(doc>>16, 10)+" << 16 | "+strconv.FormatUint(doc&0xffff, 10)) {
 		t.Errorf("README does not explain its epoch %d as %d << 16 | %d", doc, doc>>16, doc&0xffff)
 	}
-	for _, want := range []string{"callanjfox/kv-cache-tester", "routing/hftok/testdata/qwen3/tokenizer.json.gz"} {
+	for _, want := range []string{"callanjfox/kv-cache-tester", "internal/hftok/testdata/qwen3/tokenizer.json.gz"} {
 		if !strings.Contains(readme, want) {
 			t.Errorf("README does not mention %s", want)
 		}

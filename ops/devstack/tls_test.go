@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tether-project/tether/cluster/pki"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/telemetry"
 )
 
 // A MutualTLS stack: HTTPS edges whose certificates chain to CAFile,

@@ -1,5 +1,5 @@
 // Package kvindex is the edge's index of which KV blocks each worker instance
-// (and attention-DP rank) holds, keyed by routing/prefix chained block hashes.
+// (and attention-DP rank) holds, keyed by internal/prefix chained block hashes.
 // It answers one question fast: for a prompt's block hashes, how many leading
 // blocks does each instance already hold?
 //

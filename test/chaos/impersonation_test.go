@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tether-project/tether/cluster/pki"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/telemetry"
 )
 
 // TestChaosImpersonatedWorker: a worker's address is trusted only from the

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/internal/enginekv"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/worker/kvevents"
 )

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/test/crosscheck"
 	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/test/npmenv"

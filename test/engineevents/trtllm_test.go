@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/internal/enginekv"
-	"github.com/tether-project/tether/routing/prefix"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/prefix"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/worker"
 )

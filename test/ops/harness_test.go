@@ -24,10 +24,10 @@ import (
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/ops/operator"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/hintauth"
-	"github.com/tether-project/tether/routing/telemetry"
 	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"
 )

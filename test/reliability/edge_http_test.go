@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/ops/devstack"
-	"github.com/tether-project/tether/routing/hintauth"
 )
 
 func smallStack(t *testing.T) *devstack.Stack {

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/routing/hintauth"
+	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/worker"
 )

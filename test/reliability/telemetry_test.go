@@ -11,7 +11,7 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/worker"
 )

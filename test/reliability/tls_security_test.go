@@ -27,7 +27,7 @@ import (
 	"github.com/tether-project/tether/cluster/pki"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"

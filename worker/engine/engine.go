@@ -40,7 +40,7 @@ type Request struct {
 	ID        string // worker-unique request id
 	Rank      int    // ADP rank chosen by the scheduler
 	Model     string
-	Prompt    []uint32 // prompt token ids (routing/prefix tokenizer)
+	Prompt    []uint32 // prompt token ids (internal/prefix tokenizer)
 	MaxTokens int      // completion tokens to produce (>= 1)
 	Phase     Phase
 	// ContextState is the opaque state returned by a context-only run,
@@ -57,7 +57,7 @@ type Request struct {
 	// upstream reads the same options from Raw.
 	Output *OutputOptions
 	// Adapter is the LoRA adapter the request runs under ("" the base
-	// model): the engine keys its blocks by it (routing/prefix
+	// model): the engine keys its blocks by it (internal/prefix
 	// AdapterBlockHashes) and holds it in a slot while it runs.
 	Adapter string
 }
@@ -153,7 +153,7 @@ type RankStats struct {
 // KVEvent reports blocks stored in or removed from a rank's cache.
 type KVEvent struct {
 	Rank    int
-	Stored  []uint64 // chained block hashes (routing/prefix)
+	Stored  []uint64 // chained block hashes (internal/prefix)
 	Removed []uint64
 }
 

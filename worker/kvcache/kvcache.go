@@ -1,5 +1,5 @@
 // Package kvcache is one attention-DP rank's paged prefix cache: fixed-size
-// token blocks named by chained block hashes (routing/prefix), a fixed
+// token blocks named by chained block hashes (internal/prefix), a fixed
 // capacity in blocks, reference counts while requests run, and LRU eviction of
 // unreferenced blocks only.
 //

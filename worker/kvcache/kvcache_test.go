@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 // chain returns n distinct chained hashes derived from seed, as a prompt's

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/internal/enginekv"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/engine/sim"
 )

@@ -18,8 +18,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.uber.org/goleak"
 
-	"github.com/tether-project/tether/routing/hintauth"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/worker"
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/proxy"

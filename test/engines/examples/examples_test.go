@@ -34,7 +34,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/tether-project/tether/edge"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/engines/oaiserve"
 	"github.com/tether-project/tether/test/engines/pdstack"
 	"github.com/tether-project/tether/test/engines/sglang"

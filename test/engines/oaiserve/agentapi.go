@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 // The agents' APIs as the engines serve them:

@@ -10,7 +10,7 @@
 // Each behaviour that differs between the engines lives in the engine's
 // file (vllm.go, sglang.go) beside a comment naming the upstream file and
 // function it follows; what both share is here. The model is a toy: the
-// prompt is rendered as tether's words template (routing/prefix RenderChat,
+// prompt is rendered as tether's words template (internal/prefix RenderChat,
 // content parts joined with "\n" as vLLM joins text parts) and tokenized by
 // words, so an edge with `tokenizer: words` computes the same block keys;
 // the answer is max_tokens words "w0 w1 ...". Each rank keeps a paged
@@ -38,7 +38,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/worker/kvevents"
 )
 
@@ -360,7 +360,7 @@ func (s *Server) rankFor(w http.ResponseWriter, r *http.Request) (int, string, b
 }
 
 // promptOf renders and tokenizes the prompt: chat messages with the toy
-// template (routing/prefix RenderChat), a completions prompt as text or
+// template (internal/prefix RenderChat), a completions prompt as text or
 // token ids. last is what tests name the request by.
 func promptOf(req request, chat bool) (tokens []uint32, last string, errMsg string) {
 	if chat {

@@ -6,7 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 	"io"
 	"net/http"
 	"strings"

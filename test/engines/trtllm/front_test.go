@@ -18,15 +18,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/routing/hintauth"
-	"github.com/tether-project/tether/routing/telemetry"
+	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/worker"
 )
 
 // pySign is TensorRT-LLM's signature for payloads whose strings are ASCII
 // without <, > and &: there encoding/json's sorted compact output is the
 // same bytes as Python's json.dumps(sort_keys=True, separators=(",", ":")).
-// It is this test's own, independent of routing/hintauth.
+// It is this test's own, independent of internal/hintauth.
 func pySign(t *testing.T, key string, payload map[string]any) string {
 	t.Helper()
 	m, err := json.Marshal(payload)

@@ -22,7 +22,7 @@
 //     CONVERSATION_ID_HEADERS;
 //   - signatures (disagg_auth.py): x-trtllm-subagent-affinity-auth and
 //     x-trtllm-disagg-auth are checked by verify.py, a python3-stdlib
-//     implementation independent of tether's routing/hintauth. Without
+//     implementation independent of tether's internal/hintauth. Without
 //     python3 the checks are skipped and counted (Unverified), so a test
 //     can say so.
 package trtllm
@@ -47,7 +47,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 // ConversationIDHeaders is TensorRT-LLM's CONVERSATION_ID_HEADERS.
@@ -871,7 +871,7 @@ func promptTokens(body map[string]json.RawMessage, chat bool) ([]uint32, []strin
 }
 
 // tokenID is the toy model's token of one word (tether's words tokenizer:
-// routing/prefix, so an edge with `tokenizer: words` cuts the same blocks).
+// internal/prefix, so an edge with `tokenizer: words` cuts the same blocks).
 func tokenID(w string) uint32 { return prefix.Tokenize(w)[0] }
 
 func hashTokens(ids []uint32) uint64 {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """TensorRT-LLM's signature checks, stdlib only, for the trtllm-serve stand-in.
 
-Independent of tether's Go implementation (routing/hintauth): the payloads are
+Independent of tether's Go implementation (internal/hintauth): the payloads are
 built as tensorrt_llm/serve/disagg_auth.py builds them
 (_sign_subagent_affinity, _auth_payload) and compared with
 hmac.compare_digest. One JSON request per stdin line, one JSON answer per

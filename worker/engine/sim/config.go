@@ -14,7 +14,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 )
 
 // Defaults of the timing model; DESIGN.md says where they come from.

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/worker/engine"
 )
 

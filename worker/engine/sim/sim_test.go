@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/tether-project/tether/routing/prefix"
+	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/worker/engine"
 )
 

@@ -13,7 +13,7 @@ import (
 // VirtualRequest is one request for a VirtualRank.
 type VirtualRequest struct {
 	Phase engine.Phase
-	// Hashes are the prompt's chained block hashes (routing/prefix, or a
+	// Hashes are the prompt's chained block hashes (internal/prefix, or a
 	// trace's namespaced hash ids), one per cached block. The rank keeps
 	// the slice until the request is released: do not modify it.
 	Hashes       []uint64

@@ -27,7 +27,7 @@ type LoadReport struct {
 	KVSeq         uint64 `json:"kv_seq"`       // last KV event batch sequence published (0: none yet)
 	SentUnixMilli int64  `json:"sent_unix_ms"` // worker wall clock, informational
 	IntervalMilli int64  `json:"interval_ms"`  // the worker's telemetry interval
-	BlockSize     int    `json:"block_size"`   // tokens per KV block (routing/prefix hashes)
+	BlockSize     int    `json:"block_size"`   // tokens per KV block (internal/prefix hashes)
 	// KVSource says where the worker's KV events come from: "" its own
 	// cache (the simulated engine), KVSourceEngineEvents the upstream
 	// engine's events translated by the proxy, KVSourceNone a proxy that

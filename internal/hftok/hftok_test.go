@@ -106,7 +106,7 @@ func BenchmarkQwen3Encode32k(b *testing.B) {
 	tok := qwen3(b)
 	var buf bytes.Buffer
 	for buf.Len() < 140_000 {
-		buf.WriteString("You are a careful coding agent. Call tools when needed; report what changed in package routing/prefix.\n")
+		buf.WriteString("You are a careful coding agent. Call tools when needed; report what changed in package internal/prefix.\n")
 		buf.WriteString("func (t *Tokenizer) Encode(text string) []uint32 { return t.Append(nil, text) }\n")
 	}
 	text := buf.String()

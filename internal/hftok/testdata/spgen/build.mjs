@@ -1,4 +1,4 @@
-// Writes the SentencePiece-style fixtures of routing/hftok:
+// Writes the SentencePiece-style fixtures of internal/hftok:
 //
 //   ../mistral/tokenizer.json.gz         Metaspace pre-tokenizer (prepend_scheme
 //                                        "first", no split), byte-fallback BPE:

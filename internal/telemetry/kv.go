@@ -8,7 +8,7 @@ import (
 )
 
 // KVEvent is one change to one rank's prefix cache: Removed blocks are
-// applied before Stored blocks. Hashes are routing/prefix chained block
+// applied before Stored blocks. Hashes are internal/prefix chained block
 // hashes (never 0).
 type KVEvent struct {
 	Rank    int
