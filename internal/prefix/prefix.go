@@ -13,6 +13,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/tether-project/tether/internal/hash64"
 )
 
 // DefaultBlockSize is the number of tokens per KV block.
@@ -140,11 +142,7 @@ func AdapterSeed(name string) uint64 {
 	if name == "" {
 		return 0
 	}
-	h := uint64(0xcbf29ce484222325) // FNV-1a over "lora\x00" + name
-	for _, c := range []byte("lora\x00" + name) {
-		h ^= uint64(c)
-		h *= 0x100000001b3
-	}
+	h := hash64.FNV1a("lora\x00" + name) // then murmur3's 64-bit finalizer
 	h ^= h >> 33
 	h *= 0xff51afd7ed558ccd
 	h ^= h >> 33

@@ -111,3 +111,13 @@ func TestAdapterBlockHashesAreTheAdaptersOwn(t *testing.T) {
 		t.Fatal("not deterministic")
 	}
 }
+
+// An adapter's seed is part of every block key an edge and a worker compute
+// for its prompts: its value must never change.
+func TestAdapterSeedIsStable(t *testing.T) {
+	for name, want := range map[string]uint64{"": 0, "a": 0x10e91edc00a96c16, "sql-lora": 0xd796efd8732bb71e} {
+		if got := AdapterSeed(name); got != want {
+			t.Errorf("AdapterSeed(%q) = %#x, want %#x", name, got, want)
+		}
+	}
+}
