@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -13,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/tether-project/tether/cluster/pki"
 	"github.com/tether-project/tether/edge"
@@ -607,5 +608,52 @@ func waitPermissionViolation(t *testing.T, errs <-chan error, what string) {
 		case <-deadline:
 			t.Fatalf("no permissions violation for %s", what)
 		}
+	}
+}
+
+// `tether worker --advertise-url` (how a StatefulSet pod advertises its
+// DNS name while listening on its pod IP): the binary's load reports carry
+// the flag's URL, and --instance-id's id on its subject.
+func TestWorkerAdvertiseURLFlag(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the tether binary")
+	}
+	bin := tetherBin(t)
+	ns := natstest.Start(t, nil)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	const id = "tether-context-workers-3"
+	const url = "https://tether-context-workers-3.tether-context-workers.tether.svc.cluster.local:9000"
+	reports, err := nc.SubscribeSync(telemetry.LoadSubject(telemetry.FleetContext, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "worker.yaml")
+	if err := os.WriteFile(cfg, []byte("instance_id: placeholder\nfleet: context\nserver_role: context\nmodel: m\ntls: {mode: plaintext}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "worker", "--config", cfg, "--port", "0", "--instance-id", id, "--advertise-url", url, "--nats", ns.ClientURL())
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+	}()
+	msg, err := reports.NextMsg(30 * time.Second)
+	if err != nil {
+		t.Fatalf("no load report from the worker: %v\n%s", err, stderr.String())
+	}
+	r, err := telemetry.DecodeLoad(msg.Subject, msg.Data)
+	if err != nil || r.URL != url {
+		t.Fatalf("load report %+v (%v): want url %s", r, err, url)
 	}
 }
