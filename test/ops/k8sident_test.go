@@ -129,7 +129,8 @@ func workerConfigOf(t *testing.T, m manifest, c any, args []string, byKind map[s
 // csi-driver certificate whose only URI SAN is
 // spiffe://tether/worker/${POD_NAME}, the instance id the worker reports
 // (--instance-id $(POD_NAME)), and whose DNS names cover the URL it
-// advertises; its NATS identity is that certificate. No edge configuration
+// advertises; its NATS identity is that certificate; the pods mount no
+// service account token. No edge configuration
 // sets tls.worker_server_name (which would accept one shared certificate
 // for every instance), and no Secret holds a worker certificate or nkey.
 func TestKubernetesPerPodWorkerIdentity(t *testing.T) {
@@ -191,6 +192,9 @@ func checkWorkerPodIdentity(t *testing.T, m manifest, byKind map[string]map[stri
 	if sel, _ := dig(svc.doc, "spec", "selector").(map[string]any); svc.doc == nil || str(svc.doc, "spec", "clusterIP") != "None" ||
 		dig(svc.doc, "spec", "publishNotReadyAddresses") != true || !subset(sel, labels) {
 		t.Errorf("%s: serviceName %q must be a headless Service of its pods publishing not-ready addresses (edges dial a worker once it reports)", where, svcName)
+	}
+	if dig(m.doc, "spec", "template", "spec", "automountServiceAccountToken") != false {
+		t.Errorf("%s: the pods mount a service account token; a worker needs no Kubernetes API access (automountServiceAccountToken: false)", where)
 	}
 	c, args := tetherContainer(m)
 	if id := flagValue(args, "--instance-id"); id != "$(POD_NAME)" {
@@ -398,7 +402,7 @@ func TestKubernetesNATSAuthorization(t *testing.T) {
 			if s.role == pki.RoleWorker {
 				checkWorkerNATSUser(t, id, u.Permissions)
 			} else if !reflect.DeepEqual(u.Permissions, natsembed.EdgePermissions()) {
-				t.Errorf("user %s: permissions %+v, want natsembed.EdgePermissions", name, u.Permissions)
+				t.Errorf("user %s: permissions %s, want natsembed.EdgePermissions %s", name, permString(u.Permissions), permString(natsembed.EdgePermissions()))
 			}
 		}
 	}
@@ -423,7 +427,7 @@ func TestKubernetesNATSAuthorization(t *testing.T) {
 func checkWorkerNATSUser(t *testing.T, id string, p *natsserver.Permissions) {
 	t.Helper()
 	if p == nil || p.Publish == nil || p.Subscribe == nil || p.Response == nil {
-		t.Errorf("worker %s: permissions %+v: want publish, subscribe and response permissions", id, p)
+		t.Errorf("worker %s: permissions %s: want publish, subscribe and response permissions", id, permString(p))
 		return
 	}
 	pub := []string{telemetry.LoadSubject(telemetry.FleetContext, id), telemetry.LoadSubject(telemetry.FleetGeneration, id), telemetry.KVSubject(id), telemetry.EvictSubject(id)}
@@ -434,7 +438,7 @@ func checkWorkerNATSUser(t *testing.T, id string, p *natsserver.Permissions) {
 		t.Errorf("worker %s may subscribe to %v: want only %s", id, p.Subscribe.Allow, telemetry.KVDumpSubject(id))
 	}
 	if !reflect.DeepEqual(p, natsembed.WorkerPermissions(id)) {
-		t.Errorf("worker %s: permissions %+v differ from the embedded server's (natsembed.WorkerPermissions)", id, p)
+		t.Errorf("worker %s: permissions %s differ from the embedded server's (natsembed.WorkerPermissions) %s", id, permString(p), permString(natsembed.WorkerPermissions(id)))
 	}
 }
 
@@ -656,4 +660,22 @@ func TestWorkerAdvertiseURLFlag(t *testing.T) {
 	if err != nil || r.URL != url {
 		t.Fatalf("load report %+v (%v): want url %s", r, err, url)
 	}
+}
+
+// permString shows permissions by value (they are pointers).
+func permString(p *natsserver.Permissions) string {
+	if p == nil {
+		return "none"
+	}
+	var b strings.Builder
+	if p.Publish != nil {
+		fmt.Fprintf(&b, "publish allow %v deny %v; ", p.Publish.Allow, p.Publish.Deny)
+	}
+	if p.Subscribe != nil {
+		fmt.Fprintf(&b, "subscribe allow %v deny %v; ", p.Subscribe.Allow, p.Subscribe.Deny)
+	}
+	if p.Response != nil {
+		fmt.Fprintf(&b, "responses %d within %v", p.Response.MaxMsgs, p.Response.Expires)
+	}
+	return b.String()
 }
