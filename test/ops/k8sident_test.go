@@ -292,6 +292,7 @@ func natsIdentitySets(t *testing.T) []identitySet {
 			t.Errorf("StatefulSet %s: annotation %s %q: want a count of at least %d (its replicas and any autoscaler's maximum): pods beyond it cannot reach NATS",
 				m.name(), natsIdentitiesAnnotation, str(m.doc, "metadata", "annotations", natsIdentitiesAnnotation), maxReplicas[m.name()])
 		}
+		checkPodsPresentTheirIdentity(t, m, role, replicas, ms)
 		sets = append(sets, identitySet{set: m.name(), role: role, count: max(n, 0)})
 	}
 	slices.SortFunc(sets, func(a, b identitySet) int { return strings.Compare(a.set, b.set) })
@@ -678,4 +679,49 @@ func permString(p *natsserver.Permissions) string {
 		fmt.Fprintf(&b, "responses %d within %v", p.Response.MaxMsgs, p.Response.Expires)
 	}
 	return b.String()
+}
+
+// checkPodsPresentTheirIdentity: the certificate each pod of set m mounts
+// (a csi-driver volume, or cert-manager Certificates behind a projected
+// Secret volume) names the identity the NATS authorization lists for it,
+// spiffe://tether/<role>/<pod name>.
+func checkPodsPresentTheirIdentity(t *testing.T, m manifest, role pki.Role, replicas int, ms []manifest) {
+	t.Helper()
+	c, _ := tetherContainer(m)
+	tlsDir := ""
+	for _, vm := range list(c, "volumeMounts") {
+		if str(vm, "name") == "tls" {
+			tlsDir = str(vm, "mountPath")
+		}
+	}
+	attrs := csiAttributes(m, c, tlsDir)
+	secretURIs := map[string]bool{} // URIs of the Certificates behind the projected volume
+	for _, v := range list(m.doc, "spec", "template", "spec", "volumes") {
+		if str(v, "name") != "tls" {
+			continue
+		}
+		for _, src := range list(v, "projected", "sources") {
+			for _, cert := range ms {
+				if cert.kind() == "Certificate" && str(cert.doc, "spec", "secretName") == str(src, "secret", "name") {
+					for _, u := range list(cert.doc, "spec", "uris") {
+						s, _ := u.(string)
+						secretURIs[s] = true
+					}
+				}
+			}
+		}
+	}
+	ns := str(m.doc, "metadata", "namespace")
+	for i := range replicas {
+		pod := fmt.Sprintf("%s-%d", m.name(), i)
+		want := pki.IdentityURI(role, pod)
+		if attrs != nil {
+			got, _ := attrs["csi.cert-manager.io/uri-sans"].(string)
+			if got = strings.NewReplacer("${POD_NAME}", pod, "${POD_NAMESPACE}", ns).Replace(got); got != want {
+				t.Errorf("StatefulSet %s: pod %s's certificate names %q, not its NATS user %s", m.name(), pod, got, want)
+			}
+		} else if !secretURIs[want] {
+			t.Errorf("StatefulSet %s: no certificate mounted by pod %s names its NATS user %s", m.name(), pod, want)
+		}
+	}
 }
