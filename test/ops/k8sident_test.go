@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"context"
 	"crypto/tls"
 	"flag"
 	"fmt"
@@ -508,24 +509,7 @@ func natsClient(t *testing.T, ns *natsserver.Server, ca *pki.CA, role pki.Role, 
 // the file does not list, or with no tether identity, cannot connect; an
 // edge's certificate reads the telemetry.
 func TestKubernetesNATSAuthorizationOnARealServer(t *testing.T) {
-	dir := t.TempDir()
-	_, ca := writeNATSTLSConf(t, dir)
-	auth, err := os.ReadFile(k8sNATSAuthFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "kubernetes-auth.conf"), auth, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	main := filepath.Join(dir, "nats.conf")
-	if err := os.WriteFile(main, []byte("include ./kubernetes-tls.conf\ninclude ./kubernetes-auth.conf\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := natsserver.ProcessConfigFile(main)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns := natstest.Start(t, opts)
+	ns, ca, _ := startShippedK8sNATS(t)
 
 	const self, other = "tether-context-workers-0", "tether-context-workers-1"
 	edgeErrs := make(chan error, 8)
@@ -723,5 +707,116 @@ func checkPodsPresentTheirIdentity(t *testing.T, m manifest, role pki.Role, repl
 		} else if !secretURIs[want] {
 			t.Errorf("StatefulSet %s: no certificate mounted by pod %s names its NATS user %s", m.name(), pod, want)
 		}
+	}
+}
+
+// startShippedK8sNATS runs a real nats-server with kubernetes-tls.conf
+// (test certificates) and kubernetes-auth.conf as shipped; it returns the
+// server, the test CA and the directory holding its files.
+func startShippedK8sNATS(t *testing.T) (*natsserver.Server, *pki.CA, string) {
+	t.Helper()
+	dir := t.TempDir()
+	_, ca := writeNATSTLSConf(t, dir)
+	auth, err := os.ReadFile(k8sNATSAuthFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kubernetes-auth.conf"), auth, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	main := filepath.Join(dir, "nats.conf")
+	if err := os.WriteFile(main, []byte("include ./kubernetes-tls.conf\ninclude ./kubernetes-auth.conf\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := natsserver.ProcessConfigFile(main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return natstest.Start(t, opts), ca, dir
+}
+
+// The shipped context worker configuration (20-worker-config.yaml, its
+// engine replaced by the simulated one, addresses and certificate files by
+// the test's) runs as pod tether-context-workers-0 against the shipped
+// Kubernetes NATS configuration: with only its pod certificate for NATS
+// credentials it registers on its own subject with the URL it advertises,
+// and answers an edge's KV dump request (a reply the server lets through
+// as a response to a request it received).
+func TestKubernetesWorkerRegistersWithItsCertificate(t *testing.T) {
+	setSecretEnv(t)
+	ns, ca, dir := startShippedK8sNATS(t)
+	const pod = "tether-context-workers-0"
+	var cm manifest
+	for _, m := range loadManifests(t) {
+		if m.kind() == "ConfigMap" && m.name() == "tether-worker-config" {
+			cm = m
+		}
+	}
+	cfg, err := worker.ParseConfig([]byte(keysOf(cm)["context.yaml"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pod, pki.IssueOptions{Role: pki.RoleWorker, Hosts: []string{"127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := ca.WriteFiles(dir, pod, leaf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NATS.TLS.CertFile != cfg.TLS.CertFile || cfg.NATS.NKeySeedFile != "" {
+		t.Fatalf("context.yaml: the NATS identity is not the pod certificate: %+v", cfg.NATS)
+	}
+	cfg.InstanceID, cfg.Hostname, cfg.Port = pod, "127.0.0.1", 0
+	cfg.Engine = worker.DefaultConfig().Engine
+	cfg.Engine.EmulateDisaggregation = false
+	cfg.TLS.CAFile, cfg.TLS.CertFile, cfg.TLS.KeyFile = files.CA, files.Cert, files.Key
+	cfg.NATS.TLS.CAFile, cfg.NATS.TLS.CertFile, cfg.NATS.TLS.KeyFile = files.CA, files.Cert, files.Key
+	cfg.NATS.URLs = []string{strings.Replace(ns.ClientURL(), "nats://", "tls://", 1)}
+	cfg.AdvertiseURL = "https://" + pod + ".tether-context-workers.tether.svc.cluster.local:9000"
+	cfg.Logger = quietLogger()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+
+	edgeConn, err := natsClient(t, ns, ca, pki.RoleEdge, "tether-edge-0", make(chan error, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reports, err := edgeConn.SubscribeSync(telemetry.LoadSubject(telemetry.FleetContext, pod))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := edgeConn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := worker.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer ccancel()
+		_ = srv.Close(cctx)
+	}()
+	msg, err := reports.NextMsg(30 * time.Second)
+	if err != nil {
+		t.Fatalf("no load report from %s: %v", pod, err)
+	}
+	r, err := telemetry.DecodeLoad(msg.Subject, msg.Data)
+	if err != nil || r.Instance != pod || r.URL != cfg.AdvertiseURL {
+		t.Fatalf("load report %+v (%v): want instance %s at %s", r, err, pod, cfg.AdvertiseURL)
+	}
+	reply, err := edgeConn.Request(telemetry.KVDumpSubject(pod), nil, 30*time.Second)
+	if err != nil {
+		t.Fatalf("KV dump request to %s: %v", pod, err)
+	}
+	if _, err := telemetry.DecodeKVDump(telemetry.KVDumpSubject(pod), reply.Data); err != nil {
+		t.Fatalf("KV dump reply from %s: %v", pod, err)
 	}
 }
