@@ -129,11 +129,25 @@ func (p *placements) send(o *ownBind) {
 	switch {
 	case len(rs) == 1 && (err == nil || errors.Is(err, cluster.ErrNotApplied)):
 		p.settle(o.id, o.bind, res)
-	case errors.Is(err, cluster.ErrClosed) || p.e.ctx.Err() != nil:
+	case closedHere(err) || p.e.ctx.Err() != nil:
 		p.drop(o.id, o.bind, "closed")
 	default:
 		p.e.recorder.addBind(o.id, o.bind)
 	}
+}
+
+// closedHere reports whether a proposal failed because this edge's own
+// node is closed, after which nothing can retry it. A leader that answered
+// a forwarded proposal "closed" while it shut down (a RemoteError wrapping
+// ErrClosed, which the node's retries end on when no new leader took over
+// within the propose timeout) leaves the proposal to the next leader: it is
+// retried like any proposal the log could not commit, never dropped.
+func closedHere(err error) bool {
+	if !errors.Is(err, cluster.ErrClosed) {
+		return false
+	}
+	var remote *cluster.RemoteError
+	return !errors.As(err, &remote) || !errors.Is(remote, cluster.ErrClosed)
 }
 
 // settle records the log's answer to proposal id.
