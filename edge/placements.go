@@ -367,13 +367,21 @@ func (p *placements) onPlacement(m *nats.Msg) {
 	now := p.e.now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, ok := p.heard[k]; !ok {
+	ttl := p.heardTTL()
+	old, ok := p.heard[k]
+	if !ok {
 		p.heardOrder = append(p.heardOrder, k)
 	}
-	p.heard[k] = heardBind{bind: fsm.Bind{Fleet: f, Key: pl.Key, ConversationID: pl.ConversationID, Instance: pl.Instance,
-		Decision: fsm.Decision{Edge: pl.Edge, RequestID: pl.RequestID}}, at: now}
+	// The first placement heard stands for its time: it was proposed
+	// first, so its Bind most likely commits first, and an edge that placed
+	// the key again without having heard it (the two raced) does not pull
+	// the edges that heard both after its own placement. Another edge
+	// following the same instance renews it.
+	if !ok || now.Sub(old.at) >= ttl || old.bind.Instance == pl.Instance {
+		p.heard[k] = heardBind{bind: fsm.Bind{Fleet: f, Key: pl.Key, ConversationID: pl.ConversationID, Instance: pl.Instance,
+			Decision: fsm.Decision{Edge: pl.Edge, RequestID: pl.RequestID}}, at: now}
+	}
 	// Forget, from the oldest, what is past its time or beyond the bound.
-	ttl := p.heardTTL()
 	for len(p.heardOrder) > 0 {
 		old := p.heardOrder[0]
 		hb, ok := p.heard[old]
