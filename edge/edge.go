@@ -43,13 +43,13 @@ import (
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/kvshadow"
+	"github.com/tether-project/tether/edge/leader"
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/bodybudget"
 	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/internal/respid"
-	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
 )
@@ -117,9 +117,10 @@ type Edge struct {
 	modelMetrics *modelMetrics
 	lora         loraState
 
-	// The cluster node and the leader's duties while it leads (leader.go).
-	node    *cluster.Node
-	evictCh chan kvEviction
+	// The cluster node and the leader's duties while it leads (leader.go,
+	// edge/leader).
+	node   *cluster.Node
+	duties *leader.Duties
 
 	// What the edge knows of the workers: the fleet view, and what it
 	// learns of the engines beside it (their KV events, shadows of static
@@ -202,12 +203,6 @@ type httpServing struct {
 	srv      *http.Server
 	ln       net.Listener
 	serveErr chan error
-}
-
-type kvEviction struct {
-	instance string
-	fleet    fsm.Fleet
-	conv     string
 }
 
 // New validates cfg and prepares an edge; Start opens the cluster node,
@@ -305,7 +300,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	// at a random point of a 63-bit space, so an edge restarted on its data
 	// directory does not reuse the ids its previous process recorded.
 	e.reqSeq.Store(binary.BigEndian.Uint64(b[:]) >> 1 &^ (1<<32 - 1))
-	e.evictCh = make(chan kvEviction, 4096)
+	e.duties = e.newLeaderDuties()
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e, nil
 }
@@ -422,7 +417,10 @@ func (e *Edge) startBackground() {
 	go e.fresh.run()
 	go e.recorder.run()
 	go e.touchLoop()
-	go e.leaderWatch()
+	go func() {
+		defer e.wg.Done()
+		e.duties.Run(e.ctx)
+	}()
 	go e.advertise()
 }
 
@@ -456,7 +454,7 @@ func (e *Edge) startFleetView(ctx context.Context) error {
 		Static: e.staticInstances(), Conn: e.nats.conn, PredictTTL: e.cfg.Placement.PredictTTL, Breaker: e.cfg.Placement.Breaker, BlockSize: e.cfg.Placement.BlockSize,
 		StaleIntervals: t.StaleIntervals, MinStaleAfter: t.MinStaleAfter, ProbeInterval: t.ProbeInterval,
 		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
-		OnEvictions: e.onWorkerEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
+		OnEvictions: e.duties.QueueEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
 		ProbeClient:   &http.Client{Transport: e.client.Transport},
 		VerifyAddress: e.addressVerifier(),
 	}); err != nil {
@@ -815,21 +813,6 @@ func findNode(st *fsm.State, id string) (fsm.Edge, bool) {
 		}
 	}
 	return fsm.Edge{}, false
-}
-
-// onWorkerEvictions queues conversations a worker's scheduler evicted for
-// the leader (only the leader acts on them; others drop them).
-func (e *Edge) onWorkerEvictions(instance string, fleet fsm.Fleet, evs []telemetry.Eviction) {
-	if e.node == nil || !e.node.IsLeader() {
-		return
-	}
-	for _, ev := range evs {
-		select {
-		case e.evictCh <- kvEviction{instance: instance, fleet: fleet, conv: ev.ConversationID}:
-		default:
-			return // the leader is behind; the bindings age out by TTL instead
-		}
-	}
 }
 
 // propose commits one event through the log and records its latency and
