@@ -134,14 +134,16 @@ type Edge struct {
 	metrics  *metrics
 	tracing  spanTracing
 
+	// The HTTP API's server (serve).
 	http httpServing
 
-	// The background goroutines (the fleet view's, the duties') run until
-	// ctx is cancelled; wg awaits them.
+	// The edge's own loops (startBackground, the shedder, the engines'
+	// drains) run until ctx is cancelled; wg awaits them.
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// mu orders Start, Close and Kill.
 	mu      sync.Mutex
 	started bool
 	stopped bool
@@ -336,9 +338,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	if err := e.placements.listen(); err != nil {
 		return err
 	}
-	// Before serving: requests read it (route.go unheardAtStartup).
-	e.ready = newReadiness(e, e.now())
-	if err := e.startShedder(); err != nil {
+	if err := e.startAdmission(); err != nil {
 		return err
 	}
 	e.serve()
@@ -381,6 +381,14 @@ func (e *Edge) openNode(ctx context.Context) error {
 	}
 	e.node = n
 	return nil
+}
+
+// startAdmission prepares what decides whether the edge takes a request
+// (admission.go): its readiness, which requests read from the first one
+// on (route.go unheardAtStartup), and the shedder.
+func (e *Edge) startAdmission() error {
+	e.ready = newReadiness(e, e.now())
+	return e.startShedder()
 }
 
 // serve serves the HTTP API on the listener; stopLocked awaits the
