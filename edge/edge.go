@@ -128,6 +128,9 @@ type Edge struct {
 	fleet   *fleetview.View
 	engines engineState
 	nats    natsLink
+	// dispatches: the requests this edge sends, told to the others, and
+	// theirs it counts (dispatches.go).
+	dispatches dispatchShare
 
 	// Observability.
 	registry *prometheus.Registry
@@ -336,6 +339,9 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		return err
 	}
 	if err := e.placements.listen(); err != nil {
+		return err
+	}
+	if err := e.listenDispatches(); err != nil {
 		return err
 	}
 	if err := e.startAdmission(); err != nil {

@@ -498,7 +498,7 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 		body, hdr := build(cur)
 		// The hop's span is the worker span's parent.
 		traceProp.Inject(hctx, propagation.HeaderCarrier(hdr))
-		done := e.fleet.NoteDispatch(cur.Instance, rq.promptTokens)
+		done := e.noteDispatch(cur.Fleet, cur.Instance, rq.promptTokens)
 		resp, err := e.post(e.fleet.ExpectIdentity(hctx, cur.Instance), cur.URL+rq.path, body, hdr)
 		if err != nil || resp.StatusCode != http.StatusOK {
 			done()

@@ -23,6 +23,7 @@ type metrics struct {
 	speculativeServed *prometheus.CounterVec
 	bindSettle        prometheus.Histogram
 	placementMsgs     *prometheus.CounterVec
+	dispatchMsgs      *prometheus.CounterVec
 	strippedHeaders   *prometheus.CounterVec
 	touches           prometheus.Counter
 	leaderActions     *prometheus.CounterVec
@@ -123,7 +124,7 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 // register registers every metric with reg.
 func (m *metrics) register(reg prometheus.Registerer, e *Edge) error {
 	for _, c := range []prometheus.Collector{m.routeSeconds, m.routed.requests, m.routed.prefill, &opsCollector{e: e}, m.requests, m.requestSeconds, m.decisions, m.commitSeconds, m.proposals, m.retries,
-		m.placementsOpen, m.placements, m.speculativeServed, m.bindSettle, m.placementMsgs, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
+		m.placementsOpen, m.placements, m.speculativeServed, m.bindSettle, m.placementMsgs, m.dispatchMsgs, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
 		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight, m.streamsAborted, m.storedResponses} {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("edge: register metrics: %w", err)
@@ -149,6 +150,10 @@ func (m *metrics) addPlacementMetrics() {
 	m.placementMsgs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_edge_placement_messages_total",
 		Help: "New placements told to the other edges over NATS (sent), told by them (heard), or refused as malformed (invalid).",
+	}, []string{"result"})
+	m.dispatchMsgs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_dispatch_messages_total",
+		Help: "Requests sent to workers told to the other edges over NATS (sent), told by them (heard), or refused as malformed (invalid).",
 	}, []string{"result"})
 	m.bindSettle = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "tether_edge_bind_settle_seconds",

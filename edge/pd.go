@@ -197,7 +197,7 @@ func (e *Edge) pdSend(ctx context.Context, rq *request, h *hop, phase string, bo
 		trace.WithAttributes(attrInstance.String(h.Instance), attrFleet.String(h.Fleet.String())))
 	defer span.End()
 	traceProp.Inject(hctx, propagation.HeaderCarrier(hdr))
-	done := e.fleet.NoteDispatch(h.Instance, rq.promptTokens)
+	done := e.noteDispatch(h.Fleet, h.Instance, rq.promptTokens)
 	resp, err := e.post(hctx, h.URL+rq.path, body, hdr)
 	if err != nil {
 		done()

@@ -698,27 +698,7 @@ func (f *View) NoteDispatch(id string, promptTokens int) (done func()) {
 	case !ok:
 		return func() {}
 	case reported:
-		// Counted until the worker's next report includes it, or until it
-		// ends, whichever comes first: a hop that finished before the next
-		// report must not keep its instance looking busy (back-to-back
-		// turns on a fast engine would otherwise overflow bound keys).
-		gen := in.reportGen.Load()
-		in.pendingReq.Add(1)
-		in.pendingTok.Add(int64(promptTokens))
-		var once sync.Once
-		return func() {
-			once.Do(func() {
-				if in.reportGen.Load() != gen {
-					return
-				}
-				if in.pendingReq.Add(-1) < 0 {
-					in.pendingReq.Store(0)
-				}
-				if in.pendingTok.Add(-int64(promptTokens)) < 0 {
-					in.pendingTok.Store(0)
-				}
-			})
-		}
+		return in.countPending(promptTokens)
 	}
 	in.inflightReq.Add(1)
 	in.inflightTok.Add(int64(promptTokens))
@@ -727,6 +707,50 @@ func (f *View) NoteDispatch(id string, promptTokens int) (done func()) {
 		once.Do(func() {
 			in.inflightReq.Add(-1)
 			in.inflightTok.Add(-int64(promptTokens))
+		})
+	}
+}
+
+// NoteHeardDispatch counts a request another edge sent to instance id (it
+// said so over NATS) as NoteDispatch counts this edge's own: queued on the
+// instance until its next load report, which then includes it, or until
+// done is called (the other edge said the request ended), whichever comes
+// first. Every edge's view then holds what all edges dispatched since the
+// last report. An instance without reports or scrapes (whose own
+// dispatches count only while in flight, as this edge cannot hear how
+// long another's are) is left as it is.
+func (f *View) NoteHeardDispatch(id string, promptTokens int) (done func()) {
+	f.mu.RLock()
+	in, ok := f.byID[id]
+	reported := ok && (in.hasReport || in.scraped)
+	f.mu.RUnlock()
+	if !reported {
+		return func() {}
+	}
+	return in.countPending(promptTokens)
+}
+
+// countPending counts a request as queued on the instance until its next
+// report includes it, or until the returned done is called, whichever comes
+// first: a hop that finished before the next report must not keep its
+// instance looking busy (back-to-back turns on a fast engine would
+// otherwise overflow bound keys).
+func (in *instance) countPending(promptTokens int) (done func()) {
+	gen := in.reportGen.Load()
+	in.pendingReq.Add(1)
+	in.pendingTok.Add(int64(promptTokens))
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			if in.reportGen.Load() != gen {
+				return
+			}
+			if in.pendingReq.Add(-1) < 0 {
+				in.pendingReq.Store(0)
+			}
+			if in.pendingTok.Add(-int64(promptTokens)) < 0 {
+				in.pendingTok.Store(0)
+			}
 		})
 	}
 }

@@ -28,7 +28,7 @@ import (
 // read the edges' placements.
 func EdgePermissions() *natsserver.Permissions {
 	return &natsserver.Permissions{
-		Publish:   &natsserver.SubjectPermission{Allow: []string{telemetry.KVDumpSubject("*"), telemetry.KVSubject("*"), telemetry.PlacementSubjectAll}},
+		Publish:   &natsserver.SubjectPermission{Allow: []string{telemetry.KVDumpSubject("*"), telemetry.KVSubject("*"), telemetry.PlacementSubjectAll, telemetry.DispatchSubjectAll}},
 		Subscribe: &natsserver.SubjectPermission{Allow: []string{"tether.v1.>", "_INBOX.>"}},
 		Response:  &natsserver.ResponsePermission{MaxMsgs: maxDumpReplyParts, Expires: time.Minute},
 	}

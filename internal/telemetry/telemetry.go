@@ -69,6 +69,7 @@ const (
 	kindEvict            = "evict"
 	kindKVDump           = "kvdump"
 	kindPlacement        = "placement"
+	kindDispatch         = "dispatch"
 	subjectTokenWildcard = "*"
 )
 
@@ -195,6 +196,9 @@ const (
 	// SubjectPlacement: an edge's new placements (Instance is the edge's
 	// node id), heard by the other edges (placement.go).
 	SubjectPlacement SubjectKind = kindPlacement
+	// SubjectDispatch: the requests an edge sends to workers (Instance is
+	// the edge's node id), counted by the other edges (dispatch.go).
+	SubjectDispatch SubjectKind = kindDispatch
 )
 
 // Subject is a parsed telemetry subject.
@@ -221,7 +225,7 @@ func ParseSubject(subject string) (Subject, error) {
 		if !s.Fleet.Valid() {
 			return Subject{}, decodeErr(ErrBadSubject, subject, "", "fleet %q (want context or generation)", toks[1])
 		}
-	case SubjectKV, SubjectEvict, SubjectKVDump, SubjectPlacement:
+	case SubjectKV, SubjectEvict, SubjectKVDump, SubjectPlacement, SubjectDispatch:
 		if len(toks) != 2 {
 			return Subject{}, decodeErr(ErrBadSubject, subject, "", "want tether.v1.%s.<instance>", toks[0])
 		}

@@ -105,17 +105,20 @@ type SimConfig struct {
 }
 
 // Share names the pieces of edge-local state the edges share: the new
-// placements an edge dispatches beside their Binds (the edge tells the
-// others over NATS: shipped), the requests dispatched since each
-// instance's last load report (its queued requests and prefill tokens),
-// the KV predictions made after placing, the overload trackers and the
-// cache circuit breakers (ablations).
+// placements an edge dispatches beside their Binds and the requests
+// dispatched since each instance's last load report (its queued requests
+// and prefill tokens) — both told over NATS as shipped (edge/placements.go,
+// edge/dispatches.go), so only among the edges of one affinity log
+// (Policy.usesSharedLog): independent routers do not share them —, and as
+// ablations the KV predictions made after
+// placing, the overload trackers and the cache circuit breakers.
 type Share struct {
 	Placements, Dispatches, Predictions, Overload, Breakers bool
 }
 
-// ShippedShare is what edges share as shipped: their new placements.
-var ShippedShare = Share{Placements: true}
+// ShippedShare is what edges share as shipped: their new placements and
+// their dispatches.
+var ShippedShare = Share{Placements: true, Dispatches: true}
 
 // ParseShare parses --share: a comma-separated subset of placements,
 // dispatches, predictions, overload, breakers, or all / none.
@@ -818,7 +821,9 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 	for _, e := range s.edges {
 		d := dispatch{at: s.now, visible: s.now, tokens: req.PromptTokens}
 		if e.num != edge {
-			if !s.cfg.Share.Dispatches {
+			// Edges of one affinity log tell each other their dispatches;
+			// independent routers (the other policies) do not.
+			if !s.cfg.Share.Dispatches || !s.cfg.Policy.usesSharedLog() {
 				continue
 			}
 			d.visible += s.cfg.ShareLatency

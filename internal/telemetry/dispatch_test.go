@@ -1,0 +1,41 @@
+package telemetry
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+)
+
+func TestDispatchRoundTripAndRejects(t *testing.T) {
+	d := Dispatch{Edge: "edge-1", ID: 7, Fleet: FleetGeneration, Instance: "gen-0", PromptTokens: 2048, Done: true}
+	data, err := EncodeDispatch(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeDispatch(DispatchSubject("edge-1"), data)
+	d.V = Version
+	if err != nil || !reflect.DeepEqual(got, d) {
+		t.Fatalf("round trip = %+v, %v; want %+v", got, err, d)
+	}
+	if _, err := EncodeDispatch(Dispatch{Edge: "edge.1", Fleet: FleetContext, Instance: "ctx-0"}); err == nil {
+		t.Fatal("an edge id a subject cannot carry was encoded")
+	}
+	bad := []struct {
+		name, subject, data string
+		kind                error
+	}{
+		{"another edge's subject", DispatchSubject("edge-2"), string(data), ErrSubjectMismatch},
+		{"version", DispatchSubject("edge-1"), `{"v":9}`, ErrUnknownVersion},
+		{"fleet", DispatchSubject("edge-1"), `{"v":1,"edge":"edge-1","fleet":"x","instance":"ctx-0"}`, ErrOutOfRange},
+		{"instance", DispatchSubject("edge-1"), `{"v":1,"edge":"edge-1","fleet":"context","instance":"a b"}`, ErrOutOfRange},
+		{"negative tokens", DispatchSubject("edge-1"), `{"v":1,"edge":"edge-1","fleet":"context","instance":"ctx-0","prompt_tokens":-1}`, ErrOutOfRange},
+		{"too many tokens", DispatchSubject("edge-1"), `{"v":1,"edge":"edge-1","fleet":"context","instance":"ctx-0","prompt_tokens":1073741825}`, ErrOutOfRange},
+		{"malformed", DispatchSubject("edge-1"), `{"v":1,"edge":7}`, ErrMalformed},
+		{"a placement's subject", PlacementSubject("edge-1"), string(data), ErrBadSubject},
+	}
+	for _, c := range bad {
+		if _, err := DecodeDispatch(c.subject, []byte(c.data)); !errors.Is(err, c.kind) {
+			t.Errorf("%s: DecodeDispatch = %v, want %v", c.name, err, c.kind)
+		}
+	}
+}
