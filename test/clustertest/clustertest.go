@@ -65,10 +65,10 @@ type OpenFunc[N Node] func(i int, ln net.Listener) (N, error)
 
 // Group is a set of members, each running or down.
 type Group[N Node] struct {
-	t       testing.TB
-	o       Options
-	base    string
-	open    OpenFunc[N]
+	t    testing.TB
+	o    Options
+	base string
+	open OpenFunc[N]
 
 	mu       sync.Mutex
 	members  []Member
