@@ -61,6 +61,10 @@ type Options struct {
 	Logger *slog.Logger
 	// ReadyTimeout bounds the start (default 60 s).
 	ReadyTimeout time.Duration
+	// EdgeConfig, when set, adjusts each edge's configuration (the decoded
+	// YAML) after the stack set its addresses, data directory and
+	// tokenizer.
+	EdgeConfig func(c map[string]any)
 }
 
 // Stack is a running deployment.
@@ -294,6 +298,21 @@ func (s *Stack) startServer(engine, name string, dp, bs int, events bool, pd *oa
 	return srv, nil
 }
 
+// StartEdges starts three edges from the example m as published (peers:
+// its peers' ids, from CheckComplete) on loopback addresses and waits until
+// they form one Raft group of three voters with a leader and every edge is
+// ready; the example's engines are the caller's (o.EdgeConfig points the
+// edges at them). Close stops the edges.
+func StartEdges(ctx context.Context, m map[string]any, peers []string, o Options) (*Stack, error) {
+	s := &Stack{Servers: map[string]*oaiserve.Server{}}
+	s.Model, _ = m["model"].(string)
+	if err := s.startEdges(ctx, m, peers, o); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
 // startEdges starts three edges from m with loopback addresses.
 func (s *Stack) startEdges(ctx context.Context, m map[string]any, peers []string, o Options) error {
 	lns := make([]net.Listener, 3)
@@ -337,6 +356,9 @@ func (s *Stack) startEdges(ctx context.Context, m map[string]any, peers []string
 				// edge/tokenize_test.go).
 				f.m["tokenizer"] = "words"
 			}
+		}
+		if o.EdgeConfig != nil {
+			o.EdgeConfig(c)
 		}
 		b, err := yaml.Marshal(c)
 		if err != nil {
