@@ -2,7 +2,6 @@ package trtllm
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -22,6 +21,7 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/test/clustertest"
 	"github.com/tether-project/tether/test/crosscheck"
+	"github.com/tether-project/tether/test/edgetest"
 	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/test/waitfor"
@@ -63,12 +63,9 @@ func startStandInWith(t *testing.T, cfg Config) *standIn {
 // (probe /health, TensorRT-LLM signatures), sub-agent affinity on.
 func startEdges(t *testing.T, n int, ctx, gen []*standIn, mutate ...func(*edge.Config)) []*edge.Edge {
 	t.Helper()
-	g := clustertest.New[edgeMember](t, clustertest.Options{N: n, ID: func(i int) string { return fmt.Sprintf("edge-%d", i+1) }, ParallelClose: true})
+	g := clustertest.New[edgetest.Member](t, clustertest.Options{N: n, ID: func(i int) string { return fmt.Sprintf("edge-%d", i+1) }, ParallelClose: true})
 	ms := g.Members()
-	peers := make([]cluster.Peer, n)
-	for i, m := range ms {
-		peers[i] = cluster.Peer{ID: m.ID, Addr: m.Addr}
-	}
+	peers := edgetest.Peers(ms)
 	cfgs := make([]edge.Config, n)
 	for i, m := range ms {
 		cfg := edge.DefaultConfig()
@@ -96,26 +93,11 @@ func startEdges(t *testing.T, n int, ctx, gen []*standIn, mutate ...func(*edge.C
 		}
 		cfgs[i] = cfg
 	}
-	g.StartAll(func(i int, ln net.Listener) (edgeMember, error) {
-		e, err := edge.New(cfgs[i], edge.Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(), ClusterListener: ln, Version: "test"})
-		if err != nil {
-			ln.Close()
-			return edgeMember{}, err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		if err := e.Start(ctx); err != nil {
-			cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer ccancel()
-			_ = e.Close(cctx)
-			return edgeMember{}, err
-		}
-		return edgeMember{e}, nil
+	g.StartAll(func(i int, ln net.Listener) (edgetest.Member, error) {
+		deps := edge.Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(), Version: "test"}
+		return edgetest.Start(cfgs[i], deps, ln, 20*time.Second)
 	})
-	edges := make([]*edge.Edge, n)
-	for i := range n {
-		edges[i] = g.Node(i).Edge
-	}
+	edges := edgetest.Edges(g)
 	waitFor(t, "a leader and every stand-in healthy on every edge", 20*time.Second, func() bool {
 		leader := false
 		for _, e := range edges {
@@ -147,16 +129,6 @@ func startEdges(t *testing.T, n int, ctx, gen []*standIn, mutate ...func(*edge.C
 		return true
 	})
 	return edges
-}
-
-// edgeMember is an edge as a member of a clustertest group.
-type edgeMember struct{ *edge.Edge }
-
-func (m edgeMember) IsLeader() bool { return m.Node().IsLeader() }
-
-func (m edgeMember) Kill() error {
-	m.Edge.Kill()
-	return nil
 }
 
 func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
