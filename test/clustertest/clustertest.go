@@ -151,8 +151,10 @@ func (g *Group[N]) Len() int {
 // for a leader.
 func (g *Group[N]) StartAll(open OpenFunc[N]) {
 	g.t.Helper()
+	g.mu.Lock()
 	g.open = open
-	n := g.Len()
+	n := len(g.members)
+	g.mu.Unlock()
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for i := range n {
@@ -280,15 +282,17 @@ func (g *Group[N]) Close(i int) error {
 func (g *Group[N]) Start(i int) (N, error) {
 	var zero N
 	g.mu.Lock()
-	m, ln, up, n := g.members[i], g.reserved[i], g.up[i], g.nodes[i]
-	g.reserved[i] = nil
-	g.mu.Unlock()
+	m, ln, up, n, open := g.members[i], g.reserved[i], g.up[i], g.nodes[i], g.open
 	if up {
+		g.mu.Unlock()
 		return n, nil
 	}
-	if g.open == nil {
+	if open == nil {
+		g.mu.Unlock()
 		return zero, fmt.Errorf("start %s: StartAll has not run", m.ID)
 	}
+	g.reserved[i] = nil
+	g.mu.Unlock()
 	if ln == nil {
 		err := waitfor.Err(10*time.Second, func() error {
 			var err error
@@ -299,7 +303,7 @@ func (g *Group[N]) Start(i int) (N, error) {
 			return zero, fmt.Errorf("start %s: listen on %s: %w", m.ID, m.Addr, err)
 		}
 	}
-	n, err := g.open(i, ln)
+	n, err := open(i, ln)
 	if err != nil {
 		return zero, fmt.Errorf("start %s: %w", m.ID, err)
 	}
