@@ -129,11 +129,25 @@ func (p *placements) send(o *ownBind) {
 	switch {
 	case len(rs) == 1 && (err == nil || errors.Is(err, cluster.ErrNotApplied)):
 		p.settle(o.id, o.bind, res)
-	case errors.Is(err, cluster.ErrClosed) || p.e.ctx.Err() != nil:
+	case closedHere(err) || p.e.ctx.Err() != nil:
 		p.drop(o.id, o.bind, "closed")
 	default:
 		p.e.recorder.addBind(o.id, o.bind)
 	}
+}
+
+// closedHere reports whether a proposal failed because this edge's own
+// node is closed, after which nothing can retry it. A leader that answered
+// a forwarded proposal "closed" while it shut down (a RemoteError wrapping
+// ErrClosed, which the node's retries end on when no new leader took over
+// within the propose timeout) leaves the proposal to the next leader: it is
+// retried like any proposal the log could not commit, never dropped.
+func closedHere(err error) bool {
+	if !errors.Is(err, cluster.ErrClosed) {
+		return false
+	}
+	var remote *cluster.RemoteError
+	return !errors.As(err, &remote) || !errors.Is(remote, cluster.ErrClosed)
 }
 
 // settle records the log's answer to proposal id.
@@ -353,13 +367,21 @@ func (p *placements) onPlacement(m *nats.Msg) {
 	now := p.e.now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, ok := p.heard[k]; !ok {
+	ttl := p.heardTTL()
+	old, ok := p.heard[k]
+	if !ok {
 		p.heardOrder = append(p.heardOrder, k)
 	}
-	p.heard[k] = heardBind{bind: fsm.Bind{Fleet: f, Key: pl.Key, ConversationID: pl.ConversationID, Instance: pl.Instance,
-		Decision: fsm.Decision{Edge: pl.Edge, RequestID: pl.RequestID}}, at: now}
+	// The first placement heard stands for its time: it was proposed
+	// first, so its Bind most likely commits first, and an edge that placed
+	// the key again without having heard it (the two raced) does not pull
+	// the edges that heard both after its own placement. Another edge
+	// following the same instance renews it.
+	if !ok || now.Sub(old.at) >= ttl || old.bind.Instance == pl.Instance {
+		p.heard[k] = heardBind{bind: fsm.Bind{Fleet: f, Key: pl.Key, ConversationID: pl.ConversationID, Instance: pl.Instance,
+			Decision: fsm.Decision{Edge: pl.Edge, RequestID: pl.RequestID}}, at: now}
+	}
 	// Forget, from the oldest, what is past its time or beyond the bound.
-	ttl := p.heardTTL()
 	for len(p.heardOrder) > 0 {
 		old := p.heardOrder[0]
 		hb, ok := p.heard[old]

@@ -2,7 +2,6 @@ package edge
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -245,7 +244,7 @@ func (r *recorder) flush(ctx context.Context) bool {
 // requeue puts a failed batch back at the head of the queue, same ids,
 // except what has been tried too often or cannot be tried any more.
 func (r *recorder) requeue(batch []recorded, err error) {
-	closed := errors.Is(err, cluster.ErrClosed)
+	closed := closedHere(err)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	keep := make([]recorded, 0, len(batch)+len(r.queue))

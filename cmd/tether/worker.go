@@ -22,6 +22,7 @@ func runWorker(ctx context.Context, args []string) error {
 	fs := newFlagSet("worker")
 	df := addDaemonFlags(fs, "nats.url")
 	instanceID := fs.String("instance-id", "", "override instance_id")
+	advertiseURL := fs.String("advertise-url", "", "override advertise_url (e.g. https://$(POD_NAME).<service>.<namespace>.svc.cluster.local:9000 for a StatefulSet pod)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -37,6 +38,7 @@ func runWorker(ctx context.Context, args []string) error {
 		{*df.port >= 0, func() { cfg.Port = *df.port }},
 		{*instanceID != "", func() { cfg.InstanceID = *instanceID }},
 		{*df.hostname != "", func() { cfg.Hostname = *df.hostname }},
+		{*advertiseURL != "", func() { cfg.AdvertiseURL = *advertiseURL }},
 		{*df.nats != "", func() { cfg.NATS.URLs = df.natsURLs() }},
 	}) {
 		if err := cfg.Validate(); err != nil {

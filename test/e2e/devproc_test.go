@@ -254,6 +254,7 @@ type turn struct {
 	genInst, genRank string
 	prompt, cached   int
 	via              string // the edge URL that answered
+	route            string // its x-tether-route
 }
 
 // errTransport marks a request that never got an HTTP answer (the edge
@@ -375,6 +376,7 @@ func parseRoute(h string, tr *turn) error {
 		return err
 	}
 	tr.ctxInst, tr.ctxRank, tr.genInst, tr.genRank = r.ContextInstance, r.ContextRank, r.GenerationInstance, r.GenerationRank
+	tr.route = h
 	if tr.ctxInst == "" || tr.genInst == "" {
 		return fmt.Errorf("%s header %q does not name both hops", edge.HeaderRoute, h)
 	}

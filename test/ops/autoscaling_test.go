@@ -59,13 +59,13 @@ func checkRecordedQuery(t *testing.T, where, q string, records map[string]bool) 
 }
 
 // The autoscaling examples parse; the KEDA ScaledObject and the HPA scale a
-// Deployment of the base manifests on queries of series the shipped rules
+// StatefulSet of the base manifests on queries of series the shipped rules
 // record, and the HPA's external metrics are the ones the Prometheus
 // adapter's rules define.
 func TestKubernetesAutoscalingExamples(t *testing.T) {
 	base := map[string]manifest{}
 	for _, m := range loadManifests(t) {
-		if m.kind() == "Deployment" {
+		if m.kind() == "StatefulSet" {
 			base[m.name()] = m
 		}
 	}
@@ -97,10 +97,10 @@ func TestKubernetesAutoscalingExamples(t *testing.T) {
 	target := func(m manifest) {
 		ref := dig(m.doc, "spec", "scaleTargetRef")
 		d, ok := base[str(ref, "name")]
-		if str(ref, "kind") != "Deployment" || !ok {
-			t.Errorf("%s %s: scales %s/%s, not a Deployment of deploy/kubernetes", m.file, m.kind(), str(ref, "kind"), str(ref, "name"))
+		if str(ref, "kind") != "StatefulSet" || !ok {
+			t.Errorf("%s %s: scales %s/%s, not a StatefulSet of deploy/kubernetes", m.file, m.kind(), str(ref, "kind"), str(ref, "name"))
 		} else if str(d.doc, "metadata", "namespace") != str(m.doc, "metadata", "namespace") {
-			t.Errorf("%s: namespace %s, the Deployment's is %s", m.file, str(m.doc, "metadata", "namespace"), str(d.doc, "metadata", "namespace"))
+			t.Errorf("%s: namespace %s, the StatefulSet's is %s", m.file, str(m.doc, "metadata", "namespace"), str(d.doc, "metadata", "namespace"))
 		}
 	}
 	if len(byKind["ScaledObject"]) != 1 || len(byKind["HorizontalPodAutoscaler"]) != 1 || len(byKind["ConfigMap"]) != 1 {

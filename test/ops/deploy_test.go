@@ -232,32 +232,40 @@ func loadManifests(t *testing.T) []manifest {
 	t.Helper()
 	var out []manifest
 	for _, path := range globDeploy(t, "kubernetes/*.yaml") {
-		b, err := os.ReadFile(path)
+		out = append(out, loadManifestFile(t, path)...)
+	}
+	return out
+}
+
+// loadManifestFile parses the YAML documents of one manifest file.
+func loadManifestFile(t *testing.T, path string) []manifest {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []manifest
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	for i := 0; ; i++ {
+		var doc map[string]any
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			break
+		}
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s document %d: %v", path, i, err)
 		}
-		dec := yaml.NewDecoder(bytes.NewReader(b))
-		for i := 0; ; i++ {
-			var doc map[string]any
-			err := dec.Decode(&doc)
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("%s document %d: %v", path, i, err)
-			}
-			if doc == nil {
-				continue
-			}
-			m := manifest{file: filepath.Base(path), doc: doc}
-			if str(doc, "apiVersion") == "" || m.kind() == "" {
-				t.Fatalf("%s document %d: no apiVersion or kind", path, i)
-			}
-			if m.kind() != "Kustomization" && m.name() == "" {
-				t.Fatalf("%s document %d (%s): no metadata.name", path, i, m.kind())
-			}
-			out = append(out, m)
+		if doc == nil {
+			continue
 		}
+		m := manifest{file: filepath.Base(path), doc: doc}
+		if str(doc, "apiVersion") == "" || m.kind() == "" {
+			t.Fatalf("%s document %d: no apiVersion or kind", path, i)
+		}
+		if m.kind() != "Kustomization" && m.name() == "" {
+			t.Fatalf("%s document %d (%s): no metadata.name", path, i, m.kind())
+		}
+		out = append(out, m)
 	}
 	return out
 }
@@ -386,15 +394,15 @@ func TestKubernetesManifests(t *testing.T) {
 				if p := str(c, "livenessProbe", "httpGet", "path"); p != "/healthz" {
 					t.Errorf("%s/%s: liveness probe on %q, want /healthz", where, cname, p)
 				}
-				switch kind {
-				case "StatefulSet":
-					if slices.Contains(args, "--node-id") {
-						checkNonvoterStatefulSet(t, m, c, args, byKind)
-					} else {
-						checkEdgeStatefulSet(t, m, c, args, byKind)
-					}
-				case "Deployment":
-					checkWorkerDeployment(t, m, c, args, tmpl, configMaps, secrets)
+				switch {
+				case len(args) > 0 && args[0] == "worker":
+					checkWorkerSet(t, m, c, args, tmpl, configMaps)
+				case kind != "StatefulSet":
+					t.Errorf("%s: an edge runs in a StatefulSet (its node id is its pod name)", where)
+				case slices.Contains(args, "--node-id"):
+					checkNonvoterStatefulSet(t, m, c, args, byKind)
+				default:
+					checkEdgeStatefulSet(t, m, c, args, byKind)
 				}
 			}
 			if tetherContainers != 1 {
@@ -403,7 +411,7 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 	}
 	if workloads != 4 {
-		t.Errorf("%d workloads, want the voting and non-voting edge StatefulSets and two worker Deployments", workloads)
+		t.Errorf("%d workloads, want the voting and non-voting edge StatefulSets and two worker StatefulSets", workloads)
 	}
 	for _, kind := range []string{"Service", "PodDisruptionBudget", "NetworkPolicy"} {
 		for name, m := range byKind[kind] {
@@ -604,9 +612,9 @@ func portOf(c any, name string) int {
 	return 0
 }
 
-func checkWorkerDeployment(t *testing.T, d manifest, c any, args []string, tmpl any, configMaps, secrets map[string]manifest) {
+func checkWorkerSet(t *testing.T, d manifest, c any, args []string, tmpl any, configMaps map[string]manifest) {
 	t.Helper()
-	name := d.name()
+	name := d.kind() + " " + d.name()
 	cfgPath := args[slices.Index(args, "--config")+1]
 	mounts := map[string]string{} // mount path → volume name
 	for _, vm := range list(c, "volumeMounts") {
@@ -619,29 +627,24 @@ func checkWorkerDeployment(t *testing.T, d manifest, c any, args []string, tmpl 
 	cm := configMaps[str(vols[mounts[filepath.Dir(cfgPath)]], "configMap", "name")]
 	data, ok := keysOf(cm)[filepath.Base(cfgPath)]
 	if !ok {
-		t.Fatalf("Deployment %s: --config %s is not a key of a mounted ConfigMap", name, cfgPath)
+		t.Fatalf("%s: --config %s is not a key of a mounted ConfigMap", name, cfgPath)
 	}
 	cfg, err := worker.ParseConfig([]byte(data))
 	if err != nil {
-		t.Fatalf("Deployment %s: %s: %v", name, cfgPath, err)
+		t.Fatalf("%s: %s: %v", name, cfgPath, err)
 	}
 	if want := strings.TrimSuffix(filepath.Base(cfgPath), ".yaml"); string(cfg.Fleet) != want {
-		t.Errorf("Deployment %s: %s configures fleet %s", name, cfgPath, cfg.Fleet)
+		t.Errorf("%s: %s configures fleet %s", name, cfgPath, cfg.Fleet)
 	}
 	if !slices.Contains(args, "--instance-id") || !slices.Contains(args, "--hostname") {
-		t.Errorf("Deployment %s: args %v must set --instance-id (the pod name) and --hostname (the pod IP the worker advertises)", name, args)
+		t.Errorf("%s: args %v must set --instance-id (the pod name) and --hostname (the pod IP the worker listens on)", name, args)
 	}
 	if cfg.Port != portOf(c, "http") {
-		t.Errorf("Deployment %s: worker port %d, container http port %d", name, cfg.Port, portOf(c, "http"))
-	}
-	seed := cfg.NATS.NKeySeedFile
-	sec := secrets[str(vols[mounts[filepath.Dir(seed)]], "secret", "secretName")]
-	if _, ok := keysOf(sec)[filepath.Base(seed)]; !ok {
-		t.Errorf("Deployment %s: nkey_seed_file %s is not a key of a mounted Secret", name, seed)
+		t.Errorf("%s: worker port %d, container http port %d", name, cfg.Port, portOf(c, "http"))
 	}
 	// Proxy mode: the engine container listens where the upstreams point.
 	if cfg.Engine.Type != "proxy" {
-		t.Fatalf("Deployment %s: engine type %s, want proxy", name, cfg.Engine.Type)
+		t.Fatalf("%s: engine type %s, want proxy", name, cfg.Engine.Type)
 	}
 	enginePorts := map[string]bool{}
 	for _, ec := range list(tmpl, "spec", "containers") {
@@ -655,7 +658,7 @@ func checkWorkerDeployment(t *testing.T, d manifest, c any, args []string, tmpl 
 	for _, u := range cfg.Engine.Upstreams {
 		port := u[strings.LastIndex(u, ":")+1:]
 		if !strings.HasPrefix(u, "http://127.0.0.1:") || !enginePorts[port] {
-			t.Errorf("Deployment %s: upstream %s is not an engine container beside the worker (ports %v)", name, u, enginePorts)
+			t.Errorf("%s: upstream %s is not an engine container beside the worker (ports %v)", name, u, enginePorts)
 		}
 	}
 }

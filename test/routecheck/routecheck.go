@@ -290,6 +290,67 @@ func judgeByTime(a Answer, evs []Event) (Kind, string) {
 		a.Fleet, a.Key, inForce, a.Start.Format(time.RFC3339Nano), a.Instance, a.Edge, a.End.Format(time.RFC3339Nano))
 }
 
+// Placement is how an acknowledged key's history accounts for the key.
+type Placement int
+
+const (
+	// Placed: a Bind of the key committed (it created the binding, or
+	// lost to the binding in force).
+	Placed Placement = iota + 1
+	// PlacedThenLeft: placed, and since evicted (its history says why).
+	PlacedThenLeft
+	// ServedUnbound: no Bind of the key committed, and every answer of it
+	// was served on a new placement whose Bind never reached the log, by
+	// an edge killed with that Bind in flight (Unrecorded, excused). Soft
+	// affinity allows it: the key's next request is placed anew (or
+	// follows the placement another edge heard) and proposed by a live
+	// edge; no such request came.
+	ServedUnbound
+	// Lost: no Bind of the key committed, although some answer of it was
+	// served on a placement the log should hold.
+	Lost
+)
+
+func (p Placement) String() string {
+	switch p {
+	case Placed:
+		return "placed"
+	case PlacedThenLeft:
+		return "placed_then_left"
+	case ServedUnbound:
+		return "served_unbound"
+	case Lost:
+		return "lost"
+	}
+	return "placement(?)"
+}
+
+// AckedPlacement judges an acknowledged key by its history (the context
+// fleet's, for a conversation's root). unrecordedOnly reports that the key
+// had answers and every one was judged Unrecorded and excused (Judge,
+// Verdict.Add): only then is a key with no committed Bind ServedUnbound
+// rather than Lost.
+func AckedPlacement(evs []Event, unrecordedOnly bool) Placement {
+	bound, left := false, false
+	for _, ev := range evs {
+		if ev.Type == "Bind" && (ev.Status == "applied" || ev.Status == "superseded") {
+			bound = true
+		}
+		if ev.Evicted != nil {
+			left = true
+		}
+	}
+	switch {
+	case !bound && unrecordedOnly:
+		return ServedUnbound
+	case !bound:
+		return Lost
+	case left:
+		return PlacedThenLeft
+	}
+	return Placed
+}
+
 // Verdict counts a suite's answers by kind.
 type Verdict struct {
 	Judged                                        int
