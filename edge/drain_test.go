@@ -114,13 +114,20 @@ func TestOperatorDrain(t *testing.T) {
 		}
 	}
 
-	// Each conversation on it moves on its next turn, for every edge.
+	// Each conversation on it moves on its next turn, for every edge. A
+	// move is an overflow committed before the turn is served; when the log
+	// cannot commit it in time (a starved host), the drained instance keeps
+	// the turn, as a drain never fails a request, and a later turn moves.
 	moved := map[string]string{}
 	for _, i := range onHome {
 		a := agents[i]
 		r := a.send(t, c, ec.edge((i+1)%3), "next", nil)
-		if r.ctxInst == home {
-			t.Fatalf("%s stayed on the drained %s", a.session, home)
+		for try := 1; r.ctxInst == home; try++ {
+			if try == 5 {
+				t.Fatalf("%s stayed on the drained %s for %d turns", a.session, home, try)
+			}
+			t.Logf("%s: turn %d stayed on the drained %s (its overflow did not commit in time)", a.session, try, home)
+			r = a.send(t, c, ec.edge((i+1)%3), "next", nil)
 		}
 		moved[a.session] = r.ctxInst
 		for j := range 3 {

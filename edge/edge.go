@@ -43,13 +43,13 @@ import (
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/kvshadow"
+	"github.com/tether-project/tether/edge/leader"
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/bodybudget"
 	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/internal/respid"
-	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
 )
@@ -79,82 +79,132 @@ type Deps struct {
 
 // Edge is one edge node. Start it, serve, then Close (or Kill in tests).
 type Edge struct {
-	cfg         Config
-	deps        Deps
-	log         *slog.Logger
-	now         func() time.Time
-	identityCfg routing.IdentityConfig
-	routers     [3]*routing.Router // by fsm.Fleet
-	tokenizers  [3]fleetTokenizer  // by fsm.Fleet (tokenize.go)
-	overload    *routing.OverloadTracker
-	authKey     []byte
-	respIDs     *respid.Codec // mints and reads Responses ids (edge/stored.go)
-	tls         *edgeTLS      // transport security (tls.go)
-	nodeID      string
-	version     string
+	cfg     Config
+	deps    Deps
+	log     *slog.Logger
+	now     func() time.Time
+	nodeID  string
+	version string
+	authKey []byte
+	respIDs *respid.Codec // mints and reads Responses ids (edge/stored.go)
+	tls     *edgeTLS      // transport security (tls.go)
 
-	registry *prometheus.Registry
-	metrics  *metrics
-	tracer   trace.Tracer
-	tpClose  func(context.Context) error
-
-	node     *cluster.Node
-	fleet    *fleetview.View
-	shadow   *kvshadow.Shadows // static engines' shadow KV caches (shadow.go)
-	natsSrv  *natsserver.Server
-	nc       *nats.Conn
-	client   *http.Client
-	httpSrv  *http.Server
-	ln       net.Listener
-	recorder *recorder
+	// The request path: a request's routing keys and placement, the
+	// hops' client, what the edge proposes, batches and records for the
+	// log, and whether it takes the request at all.
+	tokenizers [3]fleetTokenizer // by fsm.Fleet (tokenize.go)
+	route      routeState
+	client     *http.Client
 	// placements are this edge's own Bind proposals (placements.go).
 	placements *placements
 	touches    *touchBatcher
-	decider    *decide.Decider // the routing decision (route.go, routing/decide)
-	fresh      *freshness      // is this edge's state current (readyz, degraded placement)
+	recorder   *recorder
+	fresh      *freshness // is this edge's state current (readyz, degraded placement)
 	ready      *readiness
 	shed       *shedder // load shedding on the edge's own saturation (admission.go)
+	// bodies bounds the request-body bytes held at once.
+	bodies *bodybudget.Budget
+	disagg disaggIDs
+	reqSeq atomic.Uint64
+	// unavailable is the unix nanos of the last ErrUnavailable (logDown).
+	unavailable atomic.Int64
 
-	// The catalogue (models.go): the first model (the fields above) and
-	// the others, by name; adapters by name to their model.
+	// The catalogue (models.go): the first model and the others, by name;
+	// adapters by name to their model.
 	models       []*servedModel
 	modelByName  map[string]*servedModel
 	adapterModel map[string]*servedModel
 	modelMetrics *modelMetrics
-	loraMetrics  *loraMetrics
-	loraLoads    runtimeLoads // adapters loaded at runtime (lora.go)
+	lora         loraState
 
-	disaggBase uint64
-	disaggSeq  atomic.Uint64
-	// cacheReporters: engine instances seen reporting cached tokens
-	// (edge/engines.go engineUsage).
-	cacheReporters sync.Map
-	// engineKV reads the engines' own KV events (edge/engines.go).
-	engineKV    engineKVSources
-	reqSeq      atomic.Uint64
-	placedSeq   atomic.Uint64 // decisions made (route.go: the views cache)
-	unavailable atomic.Int64  // unix nanos of the last ErrUnavailable
+	// The cluster node and the leader's duties while it leads (leader.go,
+	// edge/leader).
+	node   *cluster.Node
+	duties *leader.Duties
 
-	evictCh chan kvEviction
+	// What the edge knows of the workers: the fleet view, and what it
+	// learns of the engines beside it (their KV events, shadows of static
+	// engines' caches).
+	fleet   *fleetview.View
+	engines engineState
+	nats    natsLink
 
+	// Observability.
+	registry *prometheus.Registry
+	metrics  *metrics
+	tracing  spanTracing
+
+	// The HTTP API's server (serve).
+	http httpServing
+
+	// The edge's own loops (startBackground, the shedder, the engines'
+	// drains) run until ctx is cancelled; wg awaits them.
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// mu orders Start, Close and Kill.
 	mu      sync.Mutex
 	started bool
 	stopped bool
-	// bodies bounds the request-body bytes held at once.
-	bodies *bodybudget.Budget
 	// noHandoff: Close skips the Raft leadership transfer.
 	noHandoff atomic.Bool
-	serveErr  chan error
 }
 
-type kvEviction struct {
-	instance string
-	fleet    fsm.Fleet
-	conv     string
+// routeState is the routing decision's pieces for the first model (the
+// others hold their own in servedModel) and what all models share.
+type routeState struct {
+	identity routing.IdentityConfig
+	routers  [3]*routing.Router // by fsm.Fleet
+	decider  *decide.Decider    // the routing decision (route.go, routing/decide)
+	overload *routing.OverloadTracker
+	placed   atomic.Uint64 // decisions made (route.go: the views cache)
+}
+
+// engineState is what the edge reads of the engines outside the fleet
+// view.
+type engineState struct {
+	shadow *kvshadow.Shadows // static engines' shadow KV caches (shadow.go)
+	// kv reads the engines' own KV events (edge/engines.go).
+	kv engineKVSources
+	// cacheReporters: engine instances seen reporting cached tokens
+	// (edge/engines.go engineUsage).
+	cacheReporters sync.Map
+}
+
+// loraState is the adapters' metrics and runtime loads (lora.go).
+type loraState struct {
+	metrics *loraMetrics
+	loads   runtimeLoads // adapters loaded at runtime
+}
+
+// disaggIDs mints the ids of disaggregated requests (inference.go
+// disaggID): a random base and a sequence.
+type disaggIDs struct {
+	base uint64
+	seq  atomic.Uint64
+}
+
+// natsLink is the edge's NATS: the embedded server when configured, and
+// the connection.
+type natsLink struct {
+	srv  *natsserver.Server
+	conn *nats.Conn
+}
+
+// spanTracing is the edge's tracer and, when the edge made its provider,
+// the provider's shutdown.
+type spanTracing struct {
+	tracer   trace.Tracer
+	shutdown func(context.Context) error
+}
+
+// httpServing is the HTTP API's server, its listener and the server's
+// exit.
+type httpServing struct {
+	srv      *http.Server
+	ln       net.Listener
+	serveErr chan error
 }
 
 // New validates cfg and prepares an edge; Start opens the cluster node,
@@ -164,7 +214,8 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("edge: config: %w", err)
 	}
-	e := &Edge{cfg: cfg, deps: deps, identityCfg: cfg.IdentityConfig(), overload: routing.NewOverloadTracker()}
+	e := &Edge{cfg: cfg, deps: deps}
+	e.route.identity, e.route.overload = cfg.IdentityConfig(), routing.NewOverloadTracker()
 	e.bodies = bodybudget.New(cfg.MaxInflightBodyBytes)
 	e.log = deps.Logger
 	if e.log == nil {
@@ -192,7 +243,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		if err != nil {
 			return nil, fmt.Errorf("edge: %s router: %w", f, err)
 		}
-		e.routers[f] = r
+		e.route.routers[f] = r
 	}
 	var err error
 	if e.tokenizers, err = loadFleetTokenizers(&cfg); err != nil {
@@ -206,8 +257,8 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	e.recorder = newRecorder(e)
 	e.touches = newTouchBatcher()
 	e.placements = newPlacements(e)
-	e.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e: e},
-		Index: edgeIndex{e}, Overload: e.overload, CommitFirst: cfg.Placement.CommitFirst}
+	e.route.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e: e},
+		Index: edgeIndex{e}, Overload: e.route.overload, CommitFirst: cfg.Placement.CommitFirst}
 	if err := e.buildCatalogue(); err != nil {
 		return nil, fmt.Errorf("edge: %w", err)
 	}
@@ -218,16 +269,16 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	if e.modelMetrics, err = newModelMetrics(e.registry); err != nil {
 		return nil, err
 	}
-	if e.loraMetrics, err = newLoRAMetrics(e.registry); err != nil {
+	if e.lora.metrics, err = newLoRAMetrics(e.registry); err != nil {
 		return nil, err
 	}
 	tp := deps.TracerProvider
 	if tp == nil {
-		if tp, e.tpClose, err = tracerProvider(cfg.Tracing, cfg.Cluster.NodeID, os.Stdout); err != nil {
+		if tp, e.tracing.shutdown, err = tracerProvider(cfg.Tracing, cfg.Cluster.NodeID, os.Stdout); err != nil {
 			return nil, fmt.Errorf("edge: %w", err)
 		}
 	}
-	e.tracer = tp.Tracer("github.com/tether-project/tether/edge")
+	e.tracing.tracer = tp.Tracer("github.com/tether-project/tether/edge")
 	if e.tls, err = loadTLS(&cfg); err != nil {
 		return nil, fmt.Errorf("edge: %w", err)
 	}
@@ -246,19 +297,20 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	e.client = &http.Client{Transport: e.tls.guardHops(transport, e.log, e.registry)}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	e.disaggBase = disaggIDBase(binary.BigEndian.Uint32(b[:]))
+	e.disagg.base = disaggIDBase(binary.BigEndian.Uint32(b[:]))
 	// Request ids ("<node id>-<n>", recorded in the log's decisions) start
 	// at a random point of a 63-bit space, so an edge restarted on its data
 	// directory does not reuse the ids its previous process recorded.
 	e.reqSeq.Store(binary.BigEndian.Uint64(b[:]) >> 1 &^ (1<<32 - 1))
-	e.evictCh = make(chan kvEviction, 4096)
+	e.duties = e.newLeaderDuties()
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e, nil
 }
 
 // Start opens the cluster node, starts NATS (embedded or client), the
-// fleet view, the background duties and the HTTP server. On error
-// everything started is stopped.
+// fleet view, the background duties and the HTTP server. Each step leaves
+// what it started where stopLocked releases it, so on error everything
+// started is stopped.
 func (e *Edge) Start(ctx context.Context) (err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -271,10 +323,39 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 			e.stopLocked(false)
 		}
 	}()
+	if err := e.listen(ctx); err != nil {
+		return err
+	}
+	if err := e.startNATS(); err != nil {
+		return err
+	}
+	if err := e.openNode(ctx); err != nil {
+		return err
+	}
+	if err := e.startFleetView(ctx); err != nil {
+		return err
+	}
+	if err := e.placements.listen(); err != nil {
+		return err
+	}
+	if err := e.startAdmission(); err != nil {
+		return err
+	}
+	e.serve()
+	e.startBackground()
+	e.log.Info("edge serving", "url", e.URL(), "tls", e.TLSMode(), "raft", e.node.Addr(), "nats", e.natsURL())
+	return nil
+}
+
+// listen takes the HTTP listener (Deps.HTTPListener, or hostname:port),
+// behind TLS when configured and answering header-level errors in the
+// API's shape (headererrors.go). stopLocked closes it until serve owns it.
+func (e *Edge) listen(ctx context.Context) error {
 	ln := e.deps.HTTPListener
 	if ln == nil {
 		addr := net.JoinHostPort(e.cfg.Hostname, strconv.Itoa(e.cfg.Port))
 		var lc net.ListenConfig
+		var err error
 		if ln, err = lc.Listen(ctx, "tcp", addr); err != nil {
 			return fmt.Errorf("edge: listen %s: %w", addr, err)
 		}
@@ -282,28 +363,38 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	for _, w := range e.tls.warnings(&e.cfg) {
 		e.log.Warn(w)
 	}
-	ln = apiErrorListener{e.tls.listener(ln)} // header-level errors in the API's shape (headererrors.go)
-	e.ln = ln
+	e.http.ln = apiErrorListener{e.tls.listener(ln)}
+	return nil
+}
 
-	if err := e.startNATS(); err != nil {
-		return err
-	}
+// openNode opens the cluster node on the edge's cluster settings, its
+// metrics and TLS. The node owns Deps.ClusterListener from here on (it
+// closes it when Open fails).
+func (e *Edge) openNode(ctx context.Context) error {
 	ccfg := e.cfg.nodeConfig()
 	ccfg.Version, ccfg.Listener, ccfg.TLS = e.version, e.deps.ClusterListener, e.tls.cluster
 	ccfg.Registerer, ccfg.Logger = e.registry, e.log
-	e.deps.ClusterListener = nil // owned by the node from here on
-	if e.node, err = cluster.Open(ctx, ccfg); err != nil {
+	e.deps.ClusterListener = nil
+	n, err := cluster.Open(ctx, ccfg)
+	if err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
+	e.node = n
+	return nil
+}
 
-	if err := e.startFleetView(ctx); err != nil {
-		return err
-	}
-	if err := e.placements.listen(); err != nil {
-		return err
-	}
+// startAdmission prepares what decides whether the edge takes a request
+// (admission.go): its readiness, which requests read from the first one
+// on (route.go unheardAtStartup), and the shedder.
+func (e *Edge) startAdmission() error {
+	e.ready = newReadiness(e, e.now())
+	return e.startShedder()
+}
 
-	e.httpSrv = &http.Server{
+// serve serves the HTTP API on the listener; stopLocked awaits the
+// server's exit.
+func (e *Edge) serve() {
+	srv := &http.Server{
 		Handler:           e.Handler(),
 		ReadHeaderTimeout: e.cfg.ReadHeaderTimeout,
 		ReadTimeout:       e.cfg.ReadTimeout,  // bodies up to max_body_bytes
@@ -313,28 +404,32 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		ConnContext:       connContext,
 		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelWarn),
 	}
-	// Before serving: requests read it (route.go unheardAtStartup).
-	e.ready = newReadiness(e, e.now())
-	if err := e.startShedder(); err != nil {
-		return err
-	}
-	e.serveErr = make(chan error, 1)
-	srv := e.httpSrv
+	e.http.srv = srv
+	done := make(chan error, 1)
+	e.http.serveErr = done
+	ln := e.http.ln
 	go func() {
 		err := srv.Serve(ln)
 		if errors.Is(err, http.ErrServerClosed) {
 			err = nil
 		}
-		e.serveErr <- err
+		done <- err
 	}()
+}
+
+// startBackground starts the edge's own loops, which run until e.ctx is
+// cancelled: freshness, the recorder, touch batching, the leader's duties
+// while this node leads, and advertising this edge's NodeInfo.
+func (e *Edge) startBackground() {
 	e.wg.Add(5)
 	go e.fresh.run()
 	go e.recorder.run()
 	go e.touchLoop()
-	go e.leaderWatch()
+	go func() {
+		defer e.wg.Done()
+		e.duties.Run(e.ctx)
+	}()
 	go e.advertise()
-	e.log.Info("edge serving", "url", e.URL(), "tls", e.TLSMode(), "raft", e.node.Addr(), "nats", e.natsURL())
-	return nil
 }
 
 // staticInstances are the configured workers of every model's fleets, as
@@ -364,16 +459,16 @@ func (e *Edge) startFleetView(ctx context.Context) error {
 	t := e.cfg.Telemetry
 	var err error
 	if e.fleet, err = fleetview.New(fleetview.Config{
-		Static: e.staticInstances(), Conn: e.nc, PredictTTL: e.cfg.Placement.PredictTTL, Breaker: e.cfg.Placement.Breaker, BlockSize: e.cfg.Placement.BlockSize,
+		Static: e.staticInstances(), Conn: e.nats.conn, PredictTTL: e.cfg.Placement.PredictTTL, Breaker: e.cfg.Placement.Breaker, BlockSize: e.cfg.Placement.BlockSize,
 		StaleIntervals: t.StaleIntervals, MinStaleAfter: t.MinStaleAfter, ProbeInterval: t.ProbeInterval,
 		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
-		OnEvictions: e.onWorkerEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
+		OnEvictions: e.duties.QueueEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
 		ProbeClient:   &http.Client{Transport: e.client.Transport},
 		VerifyAddress: e.addressVerifier(),
 	}); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
-	e.shadow = kvshadow.New(e.fleet.Index(), 1)
+	e.engines.shadow = kvshadow.New(e.fleet.Index(), 1)
 	if err := e.fleet.Start(ctx); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
@@ -412,7 +507,7 @@ func (e *Edge) startNATS() error {
 		if err != nil {
 			return fmt.Errorf("edge: embedded %w", err)
 		}
-		e.natsSrv = srv
+		e.nats.srv = srv
 		urls = []string{srv.ClientURL()}
 	}
 	opts := []nats.Option{
@@ -454,34 +549,34 @@ func (e *Edge) startNATS() error {
 	if err != nil {
 		return fmt.Errorf("edge: nats connect %s: %w", joined, err)
 	}
-	e.nc = nc
+	e.nats.conn = nc
 	return nil
 }
 
 func (e *Edge) natsURL() string {
-	if e.natsSrv != nil {
-		return e.natsSrv.ClientURL()
+	if e.nats.srv != nil {
+		return e.nats.srv.ClientURL()
 	}
-	if e.nc != nil {
-		return e.nc.ConnectedUrlRedacted()
+	if e.nats.conn != nil {
+		return e.nats.conn.ConnectedUrlRedacted()
 	}
 	return ""
 }
 
 // NATSURL is the embedded NATS server's client URL ("" when not embedded).
 func (e *Edge) NATSURL() string {
-	if e.natsSrv != nil {
-		return e.natsSrv.ClientURL()
+	if e.nats.srv != nil {
+		return e.nats.srv.ClientURL()
 	}
 	return ""
 }
 
 // Addr is the HTTP listen address (host:port).
 func (e *Edge) Addr() string {
-	if e.ln == nil {
+	if e.http.ln == nil {
 		return ""
 	}
-	return e.ln.Addr().String()
+	return e.http.ln.Addr().String()
 }
 
 // Node is the edge's cluster node (read-only use).
@@ -504,10 +599,10 @@ func (e *Edge) Close(ctx context.Context) error {
 		return nil
 	}
 	var errs []error
-	if e.httpSrv != nil {
-		if err := e.httpSrv.Shutdown(ctx); err != nil {
+	if e.http.srv != nil {
+		if err := e.http.srv.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("edge: http shutdown: %w", err))
-			e.httpSrv.Close()
+			e.http.srv.Close()
 		}
 	}
 	if e.node != nil {
@@ -563,8 +658,8 @@ func (e *Edge) Kill() {
 	if e.stopped {
 		return
 	}
-	if e.httpSrv != nil {
-		e.httpSrv.Close()
+	if e.http.srv != nil {
+		e.http.srv.Close()
 	}
 	_ = e.stopLocked(true)
 }
@@ -573,8 +668,8 @@ func (e *Edge) Kill() {
 func (e *Edge) stopLocked(abrupt bool) error {
 	e.stopped = true
 	var errs []error
-	if e.httpSrv == nil && e.ln != nil {
-		e.ln.Close() // Start failed before serving
+	if e.http.srv == nil && e.http.ln != nil {
+		e.http.ln.Close() // Start failed before serving
 	}
 	e.cancel()
 	e.wg.Wait()
@@ -600,22 +695,22 @@ func (e *Edge) stopLocked(abrupt bool) error {
 	} else if e.deps.ClusterListener != nil {
 		e.deps.ClusterListener.Close()
 	}
-	if e.nc != nil {
-		e.nc.Close()
+	if e.nats.conn != nil {
+		e.nats.conn.Close()
 	}
-	if e.natsSrv != nil {
-		e.natsSrv.Shutdown()
-		e.natsSrv.WaitForShutdown()
+	if e.nats.srv != nil {
+		e.nats.srv.Shutdown()
+		e.nats.srv.WaitForShutdown()
 	}
-	if e.serveErr != nil {
-		if err := <-e.serveErr; err != nil {
+	if e.http.serveErr != nil {
+		if err := <-e.http.serveErr; err != nil {
 			errs = append(errs, fmt.Errorf("edge: http serve: %w", err))
 		}
 	}
 	e.client.CloseIdleConnections() // reaches through the hop guard
-	if e.tpClose != nil {
+	if e.tracing.shutdown != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = e.tpClose(cctx)
+		_ = e.tracing.shutdown(cctx)
 		cancel()
 	}
 	return errors.Join(errs...)
@@ -726,21 +821,6 @@ func findNode(st *fsm.State, id string) (fsm.Edge, bool) {
 		}
 	}
 	return fsm.Edge{}, false
-}
-
-// onWorkerEvictions queues conversations a worker's scheduler evicted for
-// the leader (only the leader acts on them; others drop them).
-func (e *Edge) onWorkerEvictions(instance string, fleet fsm.Fleet, evs []telemetry.Eviction) {
-	if e.node == nil || !e.node.IsLeader() {
-		return
-	}
-	for _, ev := range evs {
-		select {
-		case e.evictCh <- kvEviction{instance: instance, fleet: fleet, conv: ev.ConversationID}:
-		default:
-			return // the leader is behind; the bindings age out by TTL instead
-		}
-	}
 }
 
 // propose commits one event through the log and records its latency and

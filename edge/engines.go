@@ -306,10 +306,10 @@ func (e *Edge) engineUsage(instance string, u usageFigures) usageFigures {
 		return u
 	}
 	if u.hasCached {
-		e.cacheReporters.Store(instance, true)
+		e.engines.cacheReporters.Store(instance, true)
 		return u
 	}
-	if _, ok := e.cacheReporters.Load(instance); ok {
+	if _, ok := e.engines.cacheReporters.Load(instance); ok {
 		u.cached, u.hasCached = 0, true
 	}
 	return u
@@ -366,8 +366,8 @@ type engineKVSources struct {
 // engines offset it. Each change becomes an exact batch of the instance in
 // this edge's KV index.
 func (e *Edge) startEngineEvents() error {
-	e.engineKV.mu.Lock()
-	defer e.engineKV.mu.Unlock()
+	e.engines.kv.mu.Lock()
+	defer e.engines.kv.mu.Unlock()
 	for _, m := range e.models {
 		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
 			if err := e.startFleetEngineEvents(m.cfg, f); err != nil {
@@ -381,7 +381,7 @@ func (e *Edge) startEngineEvents() error {
 }
 
 // startFleetEngineEvents subscribes to the publishers of one model's fleet
-// (e.engineKV.mu held).
+// (e.engines.kv.mu held).
 func (e *Edge) startFleetEngineEvents(mc *Config, f fsm.Fleet) error {
 	sc := mc.servers(f)
 	kind := sc.Engine.Kind()
@@ -414,7 +414,7 @@ func (e *Edge) startFleetEngineEvents(mc *Config, f fsm.Fleet) error {
 		if err != nil {
 			return fmt.Errorf("%s kv_events: %w", id, err)
 		}
-		e.engineKV.sources = append(e.engineKV.sources, src)
+		e.engines.kv.sources = append(e.engines.kv.sources, src)
 		e.log.Info("reading the engine's KV events", "instance", id, "endpoints", cfg.Endpoints)
 	}
 	return nil
@@ -436,10 +436,10 @@ func engineRankEvents(k enginekv.RankKeys) []kvindex.RankEvent {
 
 // stopEngineEvents closes every source.
 func (e *Edge) stopEngineEvents() {
-	e.engineKV.mu.Lock()
-	srcs := e.engineKV.sources
-	e.engineKV.sources = nil
-	e.engineKV.mu.Unlock()
+	e.engines.kv.mu.Lock()
+	srcs := e.engines.kv.sources
+	e.engines.kv.sources = nil
+	e.engines.kv.mu.Unlock()
 	for _, s := range srcs {
 		s.Close()
 	}
@@ -528,8 +528,8 @@ func (e *Edge) startTRTDrain(id, url string, f fsm.Fleet) (*trtDrain, error) {
 	d := &trtDrain{e: e, id: id, boot: rand.Uint64() | 1}
 	cfg := enginekv.Config{Format: enginekv.FormatTRTLLM, URLs: []string{url}, Ranks: trtllmRanks,
 		BlockSize: e.cfg.RoutingConfig(f).BlockSize, Log: e.log.With("instance", id)}
-	if e.nc != nil {
-		sub, err := e.nc.Subscribe(telemetry.KVDumpSubject(id), d.answerDump)
+	if e.nats.conn != nil {
+		sub, err := e.nats.conn.Subscribe(telemetry.KVDumpSubject(id), d.answerDump)
 		if err != nil {
 			return nil, err
 		}
@@ -553,7 +553,7 @@ func (d *trtDrain) publish(k enginekv.RankKeys) {
 	if len(k.Stored)+len(k.Removed) == 0 {
 		return // the KV batches edges share carry the GPU tier only
 	}
-	if d.e.nc == nil {
+	if d.e.nats.conn == nil {
 		d.e.fleet.ApplyEngineKV(d.id, kvindex.RankEvent{Rank: k.Rank, Stored: k.Stored, Removed: k.Removed})
 		return
 	}
@@ -563,7 +563,7 @@ func (d *trtDrain) publish(k enginekv.RankKeys) {
 	data, err := telemetry.AppendKVEvents(nil, telemetry.KVEventBatch{Instance: d.id, BootID: d.boot, Seq: d.seq,
 		Events: []telemetry.KVEvent{{Rank: k.Rank, Removed: k.Removed, Stored: k.Stored}}})
 	if err == nil {
-		err = d.e.nc.Publish(telemetry.KVSubject(d.id), data)
+		err = d.e.nats.conn.Publish(telemetry.KVSubject(d.id), data)
 	}
 	if err != nil {
 		d.e.log.Warn("sharing trtllm-serve KV events failed (the edges resync by dump)", "instance", d.id, "err", err)
@@ -585,13 +585,13 @@ func (d *trtDrain) answerDump(m *nats.Msg) {
 	d.mu.Unlock()
 	slices.SortFunc(dump.Ranks, func(a, b telemetry.RankBlocks) int { return a.Rank - b.Rank })
 	limit := int64(1 << 20)
-	if mp := d.e.nc.MaxPayload(); mp > 0 {
+	if mp := d.e.nats.conn.MaxPayload(); mp > 0 {
 		limit = mp
 	}
 	for _, part := range telemetry.SplitKVDump(dump, int(max((limit-4096)/12, 1))) {
 		data, err := telemetry.EncodeKVDump(part)
 		if err == nil {
-			err = d.e.nc.Publish(m.Reply, data)
+			err = d.e.nats.conn.Publish(m.Reply, data)
 		}
 		if err != nil {
 			d.e.log.Warn("answering a KV dump request failed", "instance", d.id, "err", err)

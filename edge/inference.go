@@ -63,7 +63,7 @@ func (e *Edge) handleInference(w http.ResponseWriter, r *http.Request, d apireq.
 	}
 	aw := &apiWriter{ResponseWriter: w, dialect: d}
 	ctx := traceProp.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	ctx, span := e.tracer.Start(ctx, "tether.edge "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer),
+	ctx, span := e.tracing.tracer.Start(ctx, "tether.edge "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("http.route", r.URL.Path),
 			attribute.String("tether.edge", e.nodeID)))
 	defer span.End()
@@ -148,7 +148,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 		}
 	}
 	if rq.id.DepthLimited {
-		w.Header().Set(HeaderDepthLimited, depthLimitedValue(rq.id, e.identityCfg))
+		w.Header().Set(HeaderDepthLimited, depthLimitedValue(rq.id, e.route.identity))
 	}
 	if rq.prev == nil && !rq.parsed.CountTokens {
 		e.promptKeys(rq, tokens)
@@ -426,7 +426,7 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 }
 
 func (e *Edge) newDisaggID() uint64 {
-	return e.disaggBase | (e.disaggSeq.Add(1) & (1<<disaggIDSeqBits - 1))
+	return e.disagg.base | (e.disagg.seq.Add(1) & (1<<disaggIDSeqBits - 1))
 }
 
 // hopHeader builds a hop's headers: content type, the trace context and,
@@ -493,7 +493,7 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 	build func(h *hop) (body []byte, hdr http.Header)) (*http.Response, func(), *hopFailure) {
 	for attempt := 0; ; attempt++ {
 		cur := *h
-		hctx, span := e.tracer.Start(ctx, "tether.edge "+phase+" hop", trace.WithSpanKind(trace.SpanKindClient),
+		hctx, span := e.tracing.tracer.Start(ctx, "tether.edge "+phase+" hop", trace.WithSpanKind(trace.SpanKindClient),
 			trace.WithAttributes(attrInstance.String(cur.Instance), attrFleet.String(cur.Fleet.String()), attribute.Int("tether.attempt", attempt)))
 		body, hdr := build(cur)
 		// The hop's span is the worker span's parent.

@@ -26,7 +26,7 @@ func (e *Edge) adapterPlaced(rq *request, h *hop) {
 	if in, ok := e.fleet.Instance(h.Instance, rq.now); ok && in.LoRA.Holds(rq.adapter) {
 		loaded = "true"
 	}
-	e.loraMetrics.placements.WithLabelValues(rq.m.name, rq.adapter, h.Fleet.String(), loaded).Inc()
+	e.lora.metrics.placements.WithLabelValues(rq.m.name, rq.adapter, h.Fleet.String(), loaded).Inc()
 	e.fleet.NoteAdapter(h.Instance, rq.adapter, rq.now)
 }
 
@@ -102,7 +102,7 @@ func (e *Edge) ensureAdapter(ctx context.Context, rq *request, cur *hop) {
 	}
 	key := cur.Instance + "\x00" + rq.adapter
 	now := e.now()
-	if e.loraLoads.fresh(key, now) {
+	if e.lora.loads.fresh(key, now) {
 		return
 	}
 	path := rq.m.adapters[rq.adapter].Path
@@ -127,11 +127,11 @@ func (e *Edge) ensureAdapter(ctx context.Context, rq *request, cur *hop) {
 	} else {
 		detail = err.Error()
 	}
-	e.loraMetrics.loads.WithLabelValues(rq.m.name, rq.adapter, result).Inc()
+	e.lora.metrics.loads.WithLabelValues(rq.m.name, rq.adapter, result).Inc()
 	if result == "failed" {
 		e.log.Warn("loading a LoRA adapter at runtime failed (the request goes on; the engine answers it)",
 			"instance", cur.Instance, "adapter", rq.adapter, "path", path, "err", detail)
 		return
 	}
-	e.loraLoads.confirm(key, e.now())
+	e.lora.loads.confirm(key, e.now())
 }

@@ -221,7 +221,7 @@ func (m *servedModel) key(k string) string { return fsm.ModelKey(m.ns, k) }
 // buildCatalogue prepares every model after the first (which New sets up
 // in the edge's own fields) and indexes models and adapters by name.
 func (e *Edge) buildCatalogue() error {
-	first := &servedModel{name: e.cfg.Model, cfg: &e.cfg, routers: e.routers, tokenizers: e.tokenizers, decider: e.decider}
+	first := &servedModel{name: e.cfg.Model, cfg: &e.cfg, routers: e.route.routers, tokenizers: e.tokenizers, decider: e.route.decider}
 	first.setAdapters(e.cfg.LoRA)
 	e.models = []*servedModel{first}
 	for i := 1; i < e.cfg.modelCount(); i++ {
@@ -250,7 +250,7 @@ func (e *Edge) buildCatalogue() error {
 		}
 		if m.decider == nil {
 			m.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e, m},
-				Index: edgeIndex{e}, Overload: e.overload, CommitFirst: m.cfg.Placement.CommitFirst}
+				Index: edgeIndex{e}, Overload: e.route.overload, CommitFirst: m.cfg.Placement.CommitFirst}
 		}
 	}
 	return nil
@@ -260,7 +260,7 @@ func (e *Edge) buildCatalogue() error {
 // New, as some tests do, gets one over its own fields).
 func (e *Edge) firstModel() *servedModel {
 	if len(e.models) == 0 {
-		return &servedModel{name: e.cfg.Model, cfg: &e.cfg, routers: e.routers, tokenizers: e.tokenizers, decider: e.decider}
+		return &servedModel{name: e.cfg.Model, cfg: &e.cfg, routers: e.route.routers, tokenizers: e.tokenizers, decider: e.route.decider}
 	}
 	return e.models[0]
 }

@@ -193,7 +193,7 @@ func (a *pdAttempt) retryable() bool { return a.unreachable || a.status >= 500 }
 
 // pdSend sends one attempt of a hop to h.
 func (e *Edge) pdSend(ctx context.Context, rq *request, h *hop, phase string, body []byte, hdr http.Header) pdAttempt {
-	hctx, span := e.tracer.Start(ctx, "tether.edge "+phase+" hop", trace.WithSpanKind(trace.SpanKindClient),
+	hctx, span := e.tracing.tracer.Start(ctx, "tether.edge "+phase+" hop", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attrInstance.String(h.Instance), attrFleet.String(h.Fleet.String())))
 	defer span.End()
 	traceProp.Inject(hctx, propagation.HeaderCarrier(hdr))

@@ -322,10 +322,10 @@ func (p *placements) noteRank(f fsm.Fleet, key, instance string, rank uint32) (f
 // listen subscribes to the other edges' placements (no NATS: nothing to
 // hear, nothing announced).
 func (p *placements) listen() error {
-	if p.e.nc == nil {
+	if p.e.nats.conn == nil {
 		return nil
 	}
-	sub, err := p.e.nc.Subscribe(telemetry.PlacementSubjectAll, p.onPlacement)
+	sub, err := p.e.nats.conn.Subscribe(telemetry.PlacementSubjectAll, p.onPlacement)
 	if err != nil {
 		return fmt.Errorf("edge: subscribe %s: %w", telemetry.PlacementSubjectAll, err)
 	}
@@ -336,7 +336,7 @@ func (p *placements) listen() error {
 // announce tells the other edges where this edge placed a new key, the
 // moment it dispatches it (a publish: no wait).
 func (p *placements) announce(b fsm.Bind) {
-	if p.e.nc == nil || !p.e.nc.IsConnected() {
+	if p.e.nats.conn == nil || !p.e.nats.conn.IsConnected() {
 		return
 	}
 	data, err := telemetry.EncodePlacement(telemetry.Placement{Edge: p.e.nodeID, Fleet: telemetryFleet(b.Fleet), Key: b.Key,
@@ -344,7 +344,7 @@ func (p *placements) announce(b fsm.Bind) {
 	if err != nil {
 		return // an id NATS subjects cannot carry: the log alone tells
 	}
-	if err := p.e.nc.Publish(telemetry.PlacementSubject(p.e.nodeID), data); err == nil {
+	if err := p.e.nats.conn.Publish(telemetry.PlacementSubject(p.e.nodeID), data); err == nil {
 		p.e.metrics.placementMsgs.WithLabelValues("sent").Inc()
 	}
 }

@@ -162,7 +162,7 @@ func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *apiError {
 		// Last, as TensorRT-LLM: a client-native body field (Codex).
 		bodyConv = convid.FromClientFields(rq.top)
 	}
-	id, err := routing.ResolveIdentity(e.identityCfg, bodyConv, h, e.node.State())
+	id, err := routing.ResolveIdentity(e.route.identity, bodyConv, h, e.node.State())
 	if err != nil {
 		var ie *routing.IdentityError
 		if errors.As(err, &ie) {

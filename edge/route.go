@@ -64,7 +64,7 @@ func (e *Edge) views(m *servedModel, now time.Time, exclude []string) *routing.V
 	}
 	st := e.node.State()
 	ver := e.fleet.Version()
-	placed := e.placedSeq.Load()
+	placed := e.route.placed.Load()
 	if len(exclude) == 0 {
 		if c := m.viewsCache.Load(); c != nil && c.version == ver && c.state == st && c.placed == placed &&
 			now.Sub(c.built) < viewsMaxAge && !now.Before(c.built) {
@@ -95,7 +95,7 @@ func (e *Edge) views(m *servedModel, now time.Time, exclude []string) *routing.V
 			}
 		}
 		if len(exclude) == 0 {
-			e.overload.Observe(v.ID, m.routers[v.Fleet].Condition(v) != 0, now)
+			e.route.overload.Observe(v.ID, m.routers[v.Fleet].Condition(v) != 0, now)
 		}
 	}
 	views, err := routing.NewViews(vs)
@@ -178,7 +178,7 @@ func (e *Edge) failureError(f *decide.Failure) *apiError {
 // through the log, a degraded placement when the log cannot commit, or an
 // unbound placement), and predicts the prompt there.
 func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *apiError) {
-	ctx, span := e.tracer.Start(ctx, "tether.edge route "+f.String(), trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, span := e.tracing.tracer.Start(ctx, "tether.edge route "+f.String(), trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
 	defer e.metrics.observeRoute(f, time.Now())
 	h, aerr := e.decide(ctx, rq, f, prev)
@@ -238,7 +238,7 @@ func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) 
 	// The request is about to be dispatched: the next decision's views
 	// must count it (a new key no longer waits for a commit, which used
 	// to renew them).
-	e.placedSeq.Add(1)
+	e.route.placed.Add(1)
 	return hopOf(d, rq.requestID), nil
 }
 
@@ -254,7 +254,7 @@ func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *ap
 	if fail != nil {
 		return nil, e.failureError(fail)
 	}
-	e.placedSeq.Add(1)
+	e.route.placed.Add(1)
 	out := hopOf(d, rq.requestID)
 	e.metrics.decisions.WithLabelValues(failed.Fleet.String(), out.Policy, out.Outcome).Inc()
 	e.recordEvidence(rq, failed.Fleet, out)

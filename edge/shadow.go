@@ -18,7 +18,7 @@ const DefaultKVShadowBlocks = 4096
 // request was pinned to (-1: none). The placement is kept on h for the
 // response's correction (shadowCorrect).
 func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
-	if e.shadow == nil || h == nil || len(rq.prompts[h.Fleet].blocks) == 0 {
+	if e.engines.shadow == nil || h == nil || len(rq.prompts[h.Fleet].blocks) == 0 {
 		return
 	}
 	sc := rq.m.cfg.servers(h.Fleet)
@@ -35,14 +35,14 @@ func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
 		// A worker that reports over NATS, or an engine whose own KV
 		// events the edge reads: they (or their absence) are the truth,
 		// never a model.
-		e.shadow.Forget(h.Instance)
+		e.engines.shadow.Forget(h.Instance)
 		return
 	}
 	capacity := sc.KVShadowBlocks
 	if bs := int64(rq.m.cfg.RoutingConfig(h.Fleet).BlockSize); in.RankKVTokens > 0 && bs > 0 {
 		capacity = int(min(in.RankKVTokens/bs, kvshadow.MaxBlocksPerRank))
 	}
-	p, ok, err := e.shadow.Route(h.Instance, rank, rq.m.cfg.dataParallelSize(h.Fleet), capacity, rq.prompts[h.Fleet].blocks)
+	p, ok, err := e.engines.shadow.Route(h.Instance, rank, rq.m.cfg.dataParallelSize(h.Fleet), capacity, rq.prompts[h.Fleet].blocks)
 	if err != nil {
 		e.log.Warn("shadow KV cache update failed (it starts over)", "instance", h.Instance, "err", err)
 		return
@@ -57,14 +57,14 @@ func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
 // shadow predicted evict the prompt's chain beyond them.
 func (e *Edge) shadowCorrect(rq *request, h *hop, cachedTokens int) {
 	bs := rq.m.cfg.RoutingConfig(h.Fleet).BlockSize
-	if e.shadow == nil || h == nil || h.shadow == nil || bs <= 0 {
+	if e.engines.shadow == nil || h == nil || h.shadow == nil || bs <= 0 {
 		return
 	}
 	if in, ok := e.fleet.Instance(h.Instance, rq.now); ok && in.Telemetry {
-		e.shadow.Forget(h.Instance) // its own reports took over meanwhile
+		e.engines.shadow.Forget(h.Instance) // its own reports took over meanwhile
 		return
 	}
-	if err := e.shadow.Correct(*h.shadow, rq.prompts[h.Fleet].blocks, cachedTokens/bs); err != nil {
+	if err := e.engines.shadow.Correct(*h.shadow, rq.prompts[h.Fleet].blocks, cachedTokens/bs); err != nil {
 		e.log.Warn("shadow KV cache correction failed (it starts over)", "instance", h.Instance, "err", err)
 	}
 }

@@ -204,7 +204,7 @@ func (e *Edge) handleStoredResponse(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	aw := &apiWriter{ResponseWriter: w, dialect: apireq.Responses}
 	ctx := traceProp.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	ctx, span := e.tracer.Start(ctx, "tether.edge /v1/responses/{id}", trace.WithSpanKind(trace.SpanKindServer),
+	ctx, span := e.tracing.tracer.Start(ctx, "tether.edge /v1/responses/{id}", trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("tether.edge", e.nodeID)))
 	defer span.End()
 	status := e.serveStoredResponse(ctx, aw, r, span)

@@ -303,10 +303,10 @@ func (t *edgeTLS) scheme() string {
 // URL is the edge's base URL (https://host:port with TLS), "" before
 // Start.
 func (e *Edge) URL() string {
-	if e.ln == nil {
+	if e.http.ln == nil {
 		return ""
 	}
-	return e.tls.scheme() + "://" + e.ln.Addr().String()
+	return e.tls.scheme() + "://" + e.http.ln.Addr().String()
 }
 
 // TLSMode is the transport security the edge runs: mutual or plaintext.

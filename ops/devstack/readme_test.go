@@ -41,7 +41,7 @@ func TestREADMEMatchesTheDevStack(t *testing.T) {
 			t.Errorf("README does not mention %s", want)
 		}
 	}
-	if _, err := os.Stat(filepath.Join("..", "..", "routing", "hftok", "testdata", "qwen3", "tokenizer.json.gz")); err != nil {
+	if _, err := os.Stat(filepath.Join("..", "..", "internal", "hftok", "testdata", "qwen3", "tokenizer.json.gz")); err != nil {
 		t.Errorf("the tokenizer file the README names: %v", err)
 	}
 
