@@ -3,8 +3,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"net"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -18,28 +16,9 @@ import (
 var fastPilot = AutopilotConfig{Voters: 3, Interval: 100 * time.Millisecond, StabilizationTime: 300 * time.Millisecond, DeadServerTimeout: 6 * time.Second}
 
 // joinNode opens a new node that joins through via with the given suffrage.
-func (tc *testCluster) joinNode(ctx context.Context, id, via string, s Suffrage, ap AutopilotConfig) *Node {
+func (tc *testCluster) joinNode(id, via string, s Suffrage, ap AutopilotConfig) *Node {
 	tc.t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tc.t.Fatal(err)
-	}
-	cfg := Config{
-		Settings: Settings{NodeID: id, DataDir: filepath.Join(tc.t.TempDir(), id), Join: []string{via}, Suffrage: s, ProposeTimeout: 5 * time.Second, Raft: testTiming, Autopilot: ap},
-		Listener: ln,
-		AuthKey:  testKey,
-		Logger:   testLogger(tc.t),
-		Version:  "test",
-	}
-	n, err := Open(ctx, cfg)
-	if err != nil {
-		tc.t.Fatalf("join %s: %v", id, err)
-	}
-	tc.mu.Lock()
-	tc.nodes = append(tc.nodes, n)
-	tc.cfgs = append(tc.cfgs, cfg)
-	tc.mu.Unlock()
-	return n
+	return tc.join(id, func(c *Config) { c.Join, c.Suffrage, c.Autopilot = []string{via}, s, ap })
 }
 
 // suffrages is the latest configuration as id → voter, seen from n.
@@ -74,9 +53,9 @@ func TestNonvotersAndAutopilot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	nv1 := tc.joinNode(ctx, "nv1", tc.follower().Addr(), SuffrageNonvoter, fastPilot)
-	nv2 := tc.joinNode(ctx, "nv2", tc.leader(10*time.Second).Addr(), SuffrageNonvoter, fastPilot)
-	tc.joinNode(ctx, "spare", nv1.Addr(), SuffrageVoter, fastPilot) // via a non-voter
+	nv1 := tc.joinNode("nv1", tc.follower().Addr(), SuffrageNonvoter, fastPilot)
+	nv2 := tc.joinNode("nv2", tc.leader(10*time.Second).Addr(), SuffrageNonvoter, fastPilot)
+	tc.joinNode("spare", nv1.Addr(), SuffrageVoter, fastPilot) // via a non-voter
 	conf := suffrages(tc.leader(10 * time.Second))
 	if len(conf) != 6 || countVoters(conf) != 3 || conf["nv1"] || conf["nv2"] || conf["spare"] {
 		t.Fatalf("configuration after joins: %v; want n0-n2 voting, nv1, nv2, spare not", conf)

@@ -273,7 +273,7 @@ func BenchmarkNonvoters(b *testing.B) {
 	defer cancel()
 	var nonvoters []*Node
 	for k := range 12 {
-		nonvoters = append(nonvoters, tc.joinNode(ctx, fmt.Sprintf("nv%d", k), tc.leader(10*time.Second).Addr(), SuffrageNonvoter, AutopilotConfig{}))
+		nonvoters = append(nonvoters, tc.joinNode(fmt.Sprintf("nv%d", k), tc.leader(10*time.Second).Addr(), SuffrageNonvoter, AutopilotConfig{}))
 	}
 	tc.sync(30 * time.Second)
 	nodes := tc.running()

@@ -334,25 +334,8 @@ func TestJoinAndRemove(t *testing.T) {
 		}
 	}
 	// Join through a follower: it forwards the request to the leader.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "n3")
-	cfg := Config{
-		Settings: Settings{NodeID: "n3", DataDir: dir, Join: []string{tc.follower().Addr()}, ProposeTimeout: 5 * time.Second, Raft: testTiming, Autopilot: AutopilotConfig{Voters: 4}},
-		Listener: ln,
-		AuthKey:  testKey,
-		Logger:   testLogger(t),
-	}
-	joined, err := Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc.mu.Lock()
-	tc.nodes = append(tc.nodes, joined)
-	tc.cfgs = append(tc.cfgs, cfg)
-	tc.mu.Unlock()
+	via := tc.follower().Addr()
+	joined := tc.join("n3", func(c *Config) { c.Join, c.Autopilot = []string{via}, AutopilotConfig{Voters: 4} })
 	tc.sync(10 * time.Second)
 	assertSameState(t, tc)
 	voters := 0
@@ -388,12 +371,7 @@ func TestJoinAndRemove(t *testing.T) {
 		t.Fatal("removed node never learned of its removal")
 	}
 	tc.stop(3, false)
-	ln2, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Listener = ln2
-	_, err = Open(ctx, cfg)
+	_, err := tc.g.Start(3) // on its data dir again
 	if err == nil || !errors.Is(err, ErrRemoved) || !strings.Contains(err.Error(), "was removed from the cluster at index") || !strings.Contains(err.Error(), "wipe DataDir") {
 		t.Fatalf("reopening a removed node: %v", err)
 	}

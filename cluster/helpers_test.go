@@ -2,16 +2,15 @@ package cluster
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/test/clustertest"
 	"github.com/tether-project/tether/test/leakcheck"
 	"github.com/tether-project/tether/test/waitfor"
 )
@@ -37,121 +36,86 @@ func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-// testCluster is a set of nodes on loopback TCP with bbolt files in temp dirs.
+// testCluster is a set of nodes on loopback TCP with bbolt files in temp
+// dirs (test/clustertest), each opened from its config.
 type testCluster struct {
-	t     testing.TB
-	mu    sync.Mutex
-	nodes []*Node // index = member number; nil while stopped
-	cfgs  []Config
+	t    testing.TB
+	g    *clustertest.Group[*Node]
+	mu   sync.Mutex
+	cfgs []Config // index = member number
 }
 
 // newTestCluster bootstraps n nodes; tweak may adjust every node's config.
 func newTestCluster(t testing.TB, n int, tweak func(i int, c *Config)) *testCluster {
 	t.Helper()
-	tc := &testCluster{t: t, nodes: make([]*Node, n), cfgs: make([]Config, n)}
-	lns := make([]net.Listener, n)
+	tc := &testCluster{t: t, g: clustertest.New[*Node](t, clustertest.Options{N: n})}
+	ms := tc.g.Members()
 	peers := make([]Peer, n)
-	for i := range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns[i] = ln
-		peers[i] = Peer{ID: fmt.Sprintf("n%d", i), Addr: ln.Addr().String()}
+	for i, m := range ms {
+		peers[i] = Peer{ID: m.ID, Addr: m.Addr}
 	}
-	base := t.TempDir()
-	for i := range n {
-		cfg := Config{
-			Settings: Settings{NodeID: peers[i].ID, DataDir: filepath.Join(base, peers[i].ID), BindAddr: peers[i].Addr, Bootstrap: true, Peers: peers, ProposeTimeout: 5 * time.Second, Raft: testTiming},
-			Listener: lns[i],
-			AuthKey:  testKey,
-			Logger:   testLogger(t),
-			Version:  "test",
-		}
+	for i, m := range ms {
+		cfg := tc.config(m)
+		cfg.BindAddr, cfg.Bootstrap, cfg.Peers = m.Addr, true, peers
 		if tweak != nil {
 			tweak(i, &cfg)
 		}
-		tc.cfgs[i] = cfg
+		tc.cfgs = append(tc.cfgs, cfg)
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tc.nodes[i], errs[i] = Open(context.Background(), tc.cfgs[i])
-		}()
-	}
-	wg.Wait()
-	t.Cleanup(tc.closeAll)
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("open node %d: %v", i, err)
-		}
-	}
+	tc.g.StartAll(tc.open)
 	tc.leader(10 * time.Second)
 	return tc
 }
 
-func (tc *testCluster) node(i int) *Node {
-	tc.mu.Lock()
-	defer tc.mu.Unlock()
-	return tc.nodes[i]
-}
-
-func (tc *testCluster) running() []*Node {
-	tc.mu.Lock()
-	defer tc.mu.Unlock()
-	var out []*Node
-	for _, n := range tc.nodes {
-		if n != nil {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
-func (tc *testCluster) closeAll() {
-	for i := range tc.nodes {
-		if n := tc.node(i); n != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if err := n.Close(ctx); err != nil {
-				tc.t.Errorf("close node %d: %v", i, err)
-			}
-			cancel()
-			tc.mu.Lock()
-			tc.nodes[i] = nil
-			tc.mu.Unlock()
-		}
+// config is member m's configuration before the cluster's own settings.
+func (tc *testCluster) config(m clustertest.Member) Config {
+	return Config{
+		Settings: Settings{NodeID: m.ID, DataDir: m.DataDir, ProposeTimeout: 5 * time.Second, Raft: testTiming},
+		AuthKey:  testKey,
+		Logger:   testLogger(tc.t),
+		Version:  "test",
 	}
 }
+
+// open opens member i from its config on ln.
+func (tc *testCluster) open(i int, ln net.Listener) (*Node, error) {
+	tc.mu.Lock()
+	cfg := tc.cfgs[i]
+	tc.mu.Unlock()
+	cfg.Listener = ln
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return Open(ctx, cfg)
+}
+
+// join opens one more node, id, whose config settings adjusts (its Join,
+// Suffrage, Autopilot), and makes it a member of the test cluster.
+func (tc *testCluster) join(id string, settings func(c *Config)) *Node {
+	tc.t.Helper()
+	i, m := tc.g.Add(id)
+	cfg := tc.config(m)
+	settings(&cfg)
+	tc.mu.Lock()
+	tc.cfgs = append(tc.cfgs, cfg)
+	tc.mu.Unlock()
+	n, err := tc.g.Start(i)
+	if err != nil {
+		tc.t.Fatalf("join %s: %v", id, err)
+	}
+	return n
+}
+
+func (tc *testCluster) node(i int) *Node { return tc.g.Node(i) }
+
+func (tc *testCluster) running() []*Node { return tc.g.Running() }
 
 // leader waits for a ready leader among the running nodes.
 func (tc *testCluster) leader(timeout time.Duration) *Node {
 	tc.t.Helper()
-	var found *Node
-	waitFor(tc.t, timeout, "a ready leader", func() bool {
-		for _, n := range tc.running() {
-			if n.IsLeader() {
-				found = n
-				return true
-			}
-		}
-		return false
-	})
-	return found
+	return tc.node(tc.g.WaitLeader(timeout))
 }
 
-func (tc *testCluster) index(n *Node) int {
-	tc.mu.Lock()
-	defer tc.mu.Unlock()
-	for i, m := range tc.nodes {
-		if m == n {
-			return i
-		}
-	}
-	return -1
-}
+func (tc *testCluster) index(n *Node) int { return tc.g.Index(n) }
 
 // follower returns a running non-leader.
 func (tc *testCluster) follower() *Node {
@@ -167,43 +131,22 @@ func (tc *testCluster) follower() *Node {
 // stop stops node i (Kill or Close) and forgets it.
 func (tc *testCluster) stop(i int, kill bool) {
 	tc.t.Helper()
-	n := tc.node(i)
-	var err error
+	stop := tc.g.Close
 	if kill {
-		err = n.Kill()
-	} else {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err = n.Close(ctx)
-		cancel()
+		stop = tc.g.Kill
 	}
-	if err != nil {
-		tc.t.Fatalf("stop node %d: %v", i, err)
+	if err := stop(i); err != nil {
+		tc.t.Fatal(err)
 	}
-	tc.mu.Lock()
-	tc.nodes[i] = nil
-	tc.mu.Unlock()
 }
 
 // restart reopens node i on its data dir and address.
 func (tc *testCluster) restart(i int) *Node {
 	tc.t.Helper()
-	cfg := tc.cfgs[i]
-	var ln net.Listener
-	// The old port was just released; rebinding it can race with the
-	// kernel's cleanup, so retry briefly.
-	waitFor(tc.t, 5*time.Second, "rebinding "+cfg.BindAddr, func() bool {
-		var err error
-		ln, err = net.Listen("tcp", cfg.BindAddr)
-		return err == nil
-	})
-	cfg.Listener = ln
-	n, err := Open(context.Background(), cfg)
+	n, err := tc.g.Start(i)
 	if err != nil {
-		tc.t.Fatalf("restart node %d: %v", i, err)
+		tc.t.Fatal(err)
 	}
-	tc.mu.Lock()
-	tc.nodes[i] = n
-	tc.mu.Unlock()
 	return n
 }
 

@@ -219,7 +219,7 @@ func TestOperatorDrain(t *testing.T) {
 	})
 	restarted := old
 	ec.kill(restarted)
-	if err := ec.start(restarted, nil); err != nil {
+	if err := ec.start(restarted); err != nil {
 		t.Fatal(err)
 	}
 	ec.waitInstances(4)

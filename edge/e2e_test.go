@@ -372,7 +372,7 @@ func TestDegradedModeWithoutQuorum(t *testing.T) {
 	}
 	// Quorum back: the edges restart on their data directories.
 	for _, i := range dead {
-		if err := ec.start(i, nil); err != nil {
+		if err := ec.start(i); err != nil {
 			t.Fatalf("restart edge %d: %v", i+1, err)
 		}
 	}

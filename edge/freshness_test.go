@@ -69,7 +69,7 @@ func TestLaggingEdgeDoesNotGuessBoundKeys(t *testing.T) {
 
 	ec.kill(leader)
 	ec.kill(other)
-	if err := ec.start(lagging, nil); err != nil {
+	if err := ec.start(lagging); err != nil {
 		t.Fatalf("restart the lagging edge: %v", err)
 	}
 	te := ec.edge(lagging)
@@ -100,7 +100,7 @@ func TestLaggingEdgeDoesNotGuessBoundKeys(t *testing.T) {
 	// with the bindings the log held, and each key's next request goes to
 	// its binding.
 	for _, i := range []int{leader, other} {
-		if err := ec.start(i, nil); err != nil {
+		if err := ec.start(i); err != nil {
 			t.Fatalf("restart edge %d: %v", i+1, err)
 		}
 	}

@@ -15,7 +15,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,6 +33,7 @@ import (
 	"github.com/tether-project/tether/internal/convid"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
+	"github.com/tether-project/tether/test/clustertest"
 	"github.com/tether-project/tether/test/leakcheck"
 	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/test/waitfor"
@@ -246,12 +246,23 @@ type testEdge struct {
 
 func (te *testEdge) url() string { return "http://" + te.httpAddr }
 
-// cluster of edges over loopback TCP.
+// edgeCluster is a group of edges over loopback TCP (test/clustertest).
 type edgeCluster struct {
 	t     testing.TB
+	g     *clustertest.Group[edgeMember]
 	mu    sync.Mutex
 	edges []*testEdge
 	deps  func(i int) Deps
+}
+
+// edgeMember is an edge as a member of a clustertest group.
+type edgeMember struct{ *Edge }
+
+func (m edgeMember) IsLeader() bool { return m.Node().IsLeader() }
+
+func (m edgeMember) Kill() error {
+	m.Edge.Kill()
+	return nil
 }
 
 // baseConfig is one edge's configuration in a test cluster.
@@ -290,76 +301,73 @@ func startEdges(t testing.TB, n int, natsURL string, mutate func(i int, c *Confi
 // startEdgesDeferred is startEdges with per-edge dependencies.
 func startEdgesDeferred(t testing.TB, n int, natsURL string, mutate func(i int, c *Config), deps func(i int) Deps) *edgeCluster {
 	t.Helper()
-	ec := &edgeCluster{t: t, edges: make([]*testEdge, n), deps: deps}
-	lns := make([]net.Listener, n)
+	ec := &edgeCluster{t: t, deps: deps}
+	ec.g = clustertest.New[edgeMember](t, clustertest.Options{N: n, ID: func(i int) string { return fmt.Sprintf("edge-%d", i+1) }, ParallelClose: true})
+	ms := ec.g.Members()
 	peers := make([]cluster.Peer, n)
-	for i := range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns[i] = ln
-		peers[i] = cluster.Peer{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()}
+	for i, m := range ms {
+		peers[i] = cluster.Peer{ID: m.ID, Addr: m.Addr}
 	}
-	base := t.TempDir()
-	for i := range n {
-		cfg := baseConfig(t, peers[i].ID, filepath.Join(base, peers[i].ID), natsURL, peers)
-		cfg.Cluster.BindAddr = peers[i].Addr
+	for i, m := range ms {
+		cfg := baseConfig(t, m.ID, m.DataDir, natsURL, peers)
+		cfg.Cluster.BindAddr = m.Addr
 		if mutate != nil {
 			mutate(i, &cfg)
 		}
-		ec.edges[i] = &testEdge{cfg: cfg, raftAddr: peers[i].Addr}
+		ec.edges = append(ec.edges, &testEdge{cfg: cfg, raftAddr: m.Addr})
 	}
-	t.Cleanup(ec.closeAll)
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = ec.start(i, lns[i])
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("start edge %d: %v", i+1, err)
-		}
-	}
+	ec.g.StartAll(ec.open)
 	ec.leader(15 * time.Second)
 	return ec
 }
 
-// start (re)starts edge i; ln may be nil (then it listens on its raft
-// address again, as a restarted process would).
-func (ec *edgeCluster) start(i int, ln net.Listener) error {
-	te := ec.edges[i]
+// add makes one more edge, id, a member (its Raft port reserved) with the
+// configuration config returns for it, and starts it.
+func (ec *edgeCluster) add(id string, config func(m clustertest.Member) Config) {
+	ec.t.Helper()
+	i, m := ec.g.Add(id)
+	ec.mu.Lock()
+	ec.edges = append(ec.edges, &testEdge{cfg: config(m), raftAddr: m.Addr})
+	ec.mu.Unlock()
+	if err := ec.start(i); err != nil {
+		ec.t.Fatalf("start %s: %v", id, err)
+	}
+}
+
+// open starts edge i from its configuration on ln, its Raft port.
+func (ec *edgeCluster) open(i int, ln net.Listener) (edgeMember, error) {
+	te := ec.edge(i)
 	reg := prometheus.NewRegistry()
-	deps := Deps{Logger: testLogger(ec.t).With("edge", te.cfg.Cluster.NodeID), Registry: reg, Version: "test"}
+	deps := Deps{Logger: testLogger(ec.t).With("edge", te.cfg.Cluster.NodeID), Registry: reg, Version: "test", ClusterListener: ln}
 	if ec.deps != nil {
 		d := ec.deps(i)
 		deps.TracerProvider = d.TracerProvider
 		deps.Transport = d.Transport
 	}
-	if ln != nil {
-		deps.ClusterListener = ln
-	}
 	e, err := New(te.cfg, deps)
 	if err != nil {
-		if ln != nil {
-			ln.Close()
-		}
-		return err
+		ln.Close()
+		return edgeMember{}, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	if err := e.Start(ctx); err != nil {
-		return err
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer ccancel()
+		_ = e.Close(cctx)
+		return edgeMember{}, err
 	}
 	ec.mu.Lock()
 	te.e, te.registry, te.httpAddr = e, reg, e.Addr()
 	ec.mu.Unlock()
-	return nil
+	return edgeMember{e}, nil
+}
+
+// start (re)starts edge i on its Raft address, as a restarted process
+// would.
+func (ec *edgeCluster) start(i int) error {
+	_, err := ec.g.Start(i)
+	return err
 }
 
 func (ec *edgeCluster) edge(i int) *testEdge {
@@ -368,54 +376,34 @@ func (ec *edgeCluster) edge(i int) *testEdge {
 	return ec.edges[i]
 }
 
+// down forgets edge i's process (nil while it is down).
+func (ec *edgeCluster) down(i int) {
+	ec.mu.Lock()
+	defer ec.mu.Unlock()
+	ec.edges[i].e = nil
+}
+
 func (ec *edgeCluster) closeAll() {
-	var wg sync.WaitGroup
-	for _, te := range ec.edges {
-		ec.mu.Lock()
-		e := te.e
-		te.e = nil
-		ec.mu.Unlock()
-		if e == nil {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = e.Close(ctx)
-		}()
+	ec.mu.Lock()
+	n := len(ec.edges)
+	ec.mu.Unlock()
+	for i := range n {
+		ec.down(i)
 	}
-	wg.Wait()
+	ec.g.CloseAll()
 }
 
 // kill stops edge i abruptly.
 func (ec *edgeCluster) kill(i int) {
-	ec.mu.Lock()
-	e := ec.edges[i].e
-	ec.edges[i].e = nil
-	ec.mu.Unlock()
-	if e != nil {
-		e.Kill()
-	}
+	ec.down(i)
+	_ = ec.g.Kill(i)
 }
 
 // leader waits for a ready leader among the running edges and returns its
 // index.
 func (ec *edgeCluster) leader(timeout time.Duration) int {
 	ec.t.Helper()
-	found := -1
-	waitFor(ec.t, "a cluster leader", timeout, func() bool {
-		for i := range ec.edges {
-			te := ec.edge(i)
-			if te.e != nil && te.e.Node().IsLeader() {
-				found = i
-				return true
-			}
-		}
-		return false
-	})
-	return found
+	return ec.g.WaitLeader(timeout)
 }
 
 // waitInstances waits until every running edge sees n healthy instances

@@ -3,8 +3,6 @@ package edge
 import (
 	"encoding/json"
 	"fmt"
-	"net"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +11,7 @@ import (
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/test/clustertest"
 	"github.com/tether-project/tether/test/natstest"
 )
 
@@ -29,26 +28,16 @@ func (ec *edgeCluster) addNonvoters(n int, natsURL string, mutate func(c *Config
 	for _, te := range ec.edges {
 		join = append(join, te.raftAddr)
 	}
-	base := ec.t.TempDir()
 	for k := range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			ec.t.Fatal(err)
-		}
-		id := fmt.Sprintf("nonvoter-%d", k+1)
-		cfg := baseConfig(ec.t, id, filepath.Join(base, id), natsURL, nil)
-		cfg.Cluster.Bootstrap, cfg.Cluster.Join, cfg.Cluster.Suffrage = false, join, "nonvoter"
-		cfg.Cluster.BindAddr = ln.Addr().String()
-		if mutate != nil {
-			mutate(&cfg)
-		}
-		ec.mu.Lock()
-		ec.edges = append(ec.edges, &testEdge{cfg: cfg, raftAddr: cfg.Cluster.BindAddr})
-		i := len(ec.edges) - 1
-		ec.mu.Unlock()
-		if err := ec.start(i, ln); err != nil {
-			ec.t.Fatalf("start %s: %v", id, err)
-		}
+		ec.add(fmt.Sprintf("nonvoter-%d", k+1), func(m clustertest.Member) Config {
+			cfg := baseConfig(ec.t, m.ID, m.DataDir, natsURL, nil)
+			cfg.Cluster.Bootstrap, cfg.Cluster.Join, cfg.Cluster.Suffrage = false, join, "nonvoter"
+			cfg.Cluster.BindAddr = m.Addr
+			if mutate != nil {
+				mutate(&cfg)
+			}
+			return cfg
+		})
 	}
 }
 

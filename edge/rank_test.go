@@ -82,7 +82,7 @@ func TestRankObservedOnlyAtFeatureLevel2(t *testing.T) {
 	// Upgrade edge-3: restarted at this build's level.
 	ec.kill(2)
 	ec.edges[2].cfg.Cluster.FeatureLevel = 0
-	if err := ec.start(2, nil); err != nil {
+	if err := ec.start(2); err != nil {
 		t.Fatal(err)
 	}
 	// Every edge must have applied the raised level: the edge that serves

@@ -41,7 +41,7 @@ func TestRestartedEdgeTrustsTheLogForUnheardBoundInstances(t *testing.T) {
 	ec.kill(restarted)
 	ec.edges[restarted].cfg.NATS.URLs = []string{empty.ClientURL()}
 	ec.edges[restarted].cfg.Telemetry.StartupGrace = time.Hour
-	if err := ec.start(restarted, nil); err != nil {
+	if err := ec.start(restarted); err != nil {
 		t.Fatal(err)
 	}
 	te := ec.edge(restarted)

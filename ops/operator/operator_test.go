@@ -16,6 +16,8 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/test/clustertest"
+	"github.com/tether-project/tether/test/edgetest"
 	"github.com/tether-project/tether/test/leakcheck"
 )
 
@@ -28,10 +30,8 @@ const testToken = "operator-test-admin-token-0123"
 // static URLs nobody serves: the admin API does not need them.
 func startEdge(t *testing.T) *edge.Edge {
 	t.Helper()
-	raftLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := clustertest.New[edgetest.Member](t, clustertest.Options{N: 1, ID: func(int) string { return "edge-1" }})
+	m := g.Member(0)
 	cfg := edge.DefaultConfig()
 	cfg.Model = "m"
 	cfg.Port = 0
@@ -41,30 +41,13 @@ func startEdge(t *testing.T) *edge.Edge {
 	cfg.GenerationServers.URLs = []edge.StaticInstance{{Name: "gen-1", URL: "http://127.0.0.1:7"}}
 	cfg.Leader.Interval = 20 * time.Millisecond
 	cfg.Cluster = edge.ClusterConfig{
-		Settings: cluster.Settings{NodeID: "edge-1", DataDir: t.TempDir(), Bootstrap: true, ProposeTimeout: 2 * time.Second, Peers: []cluster.Peer{{ID: "edge-1", Addr: raftLn.Addr().String()}}, Raft: cluster.RaftTiming{HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond, LeaderLeaseTimeout: 50 * time.Millisecond}},
+		Settings: cluster.Settings{NodeID: m.ID, DataDir: m.DataDir, Bootstrap: true, ProposeTimeout: 2 * time.Second, Peers: edgetest.Peers(g.Members()), Raft: cluster.RaftTiming{HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond, LeaderLeaseTimeout: 50 * time.Millisecond}},
 	}
-	e, err := edge.New(cfg, edge.Deps{Logger: slog.New(slog.DiscardHandler), ClusterListener: raftLn, Version: "v-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.Close(cctx)
+	g.StartAll(func(_ int, ln net.Listener) (edgetest.Member, error) {
+		return edgetest.Start(cfg, edge.Deps{Logger: slog.New(slog.DiscardHandler), Version: "v-test"}, ln, 20*time.Second)
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for !e.Node().IsLeader() {
-		if time.Now().After(deadline) {
-			t.Fatal("the single edge did not become leader")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return e
+	g.WaitLeader(10 * time.Second)
+	return g.Node(0).Edge
 }
 
 func newClient(t *testing.T, token string, urls ...string) *Client {

@@ -2,18 +2,16 @@ package reliability
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
+	"net"
 	"os"
-	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/cluster/faultnet"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/test/clustertest"
 	"github.com/tether-project/tether/test/waitfor"
 )
 
@@ -35,153 +33,84 @@ func logger() *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-// faultCluster is a bootstrapped cluster whose every node listens and dials
-// through one faultnet.Network.
+// faultCluster is a bootstrapped cluster (test/clustertest) whose every
+// node listens and dials through one faultnet.Network.
 type faultCluster struct {
 	t    testing.TB
 	net  *faultnet.Network
 	ids  []string
 	cfgs []cluster.Config
-
-	mu    sync.Mutex
-	nodes []*cluster.Node // nil while a node is down
+	g    *clustertest.Group[*cluster.Node]
 }
 
 func newFaultCluster(t testing.TB, size int, seed int64, tweak func(*cluster.Config)) *faultCluster {
 	t.Helper()
-	fc := &faultCluster{t: t, net: faultnet.New(seed), nodes: make([]*cluster.Node, size)}
-	base := t.TempDir()
+	fc := &faultCluster{t: t, net: faultnet.New(seed)}
+	fc.g = clustertest.New[*cluster.Node](t, clustertest.Options{N: size, Listen: fc.listen, ParallelClose: true})
+	t.Cleanup(fc.net.Heal) // before the nodes close (cleanups run last first)
+	ms := fc.g.Members()
 	peers := make([]cluster.Peer, size)
-	for i := range size {
-		id := fmt.Sprintf("n%d", i)
-		ln, err := fc.net.Listen(id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fc.ids = append(fc.ids, id)
-		peers[i] = cluster.Peer{ID: id, Addr: ln.Addr().String()}
-		fc.cfgs = append(fc.cfgs, cluster.Config{
-			Settings: cluster.Settings{NodeID: id, DataDir: filepath.Join(base, id), BindAddr: peers[i].Addr, Bootstrap: true, ProposeTimeout: time.Second, Raft: timing},
-			Listener: ln,
-			Dial:     fc.net.Dialer(id),
+	for i, m := range ms {
+		peers[i] = cluster.Peer{ID: m.ID, Addr: m.Addr}
+	}
+	for _, m := range ms {
+		fc.ids = append(fc.ids, m.ID)
+		cfg := cluster.Config{
+			Settings: cluster.Settings{NodeID: m.ID, DataDir: m.DataDir, BindAddr: m.Addr, Bootstrap: true, Peers: peers, ProposeTimeout: time.Second, Raft: timing},
+			Dial:     fc.net.Dialer(m.ID),
 			AuthKey:  authKey,
-			Logger:   logger().With("node", id),
+			Logger:   logger().With("node", m.ID),
 			Version:  "reliability",
-		})
-	}
-	for i := range fc.cfgs {
-		fc.cfgs[i].Peers = peers
-		if tweak != nil {
-			tweak(&fc.cfgs[i])
 		}
+		if tweak != nil {
+			tweak(&cfg)
+		}
+		fc.cfgs = append(fc.cfgs, cfg)
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, size)
-	for i := range size {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			fc.nodes[i], errs[i] = cluster.Open(context.Background(), fc.cfgs[i])
-		}()
-	}
-	wg.Wait()
-	t.Cleanup(fc.closeAll)
-	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("open cluster: %v", err)
-	}
+	fc.g.StartAll(func(i int, ln net.Listener) (*cluster.Node, error) {
+		cfg := fc.cfgs[i]
+		cfg.Listener = ln
+		return cluster.Open(context.Background(), cfg)
+	})
 	return fc
 }
 
-func (fc *faultCluster) node(i int) *cluster.Node {
-	fc.mu.Lock()
-	defer fc.mu.Unlock()
-	return fc.nodes[i]
+// listen opens node id's port on the fault network.
+func (fc *faultCluster) listen(id, addr string) (net.Listener, error) {
+	if addr == "" {
+		return fc.net.Listen(id)
+	}
+	return fc.net.ListenAt(id, addr)
 }
 
+// closeAll heals the network and closes every running node.
 func (fc *faultCluster) closeAll() {
 	fc.net.Heal()
-	var wg sync.WaitGroup
-	for i := range fc.nodes {
-		if n := fc.node(i); n != nil {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				if err := n.Close(ctx); err != nil {
-					fc.t.Errorf("close %s: %v", n.ID(), err)
-				}
-			}()
-		}
-	}
-	wg.Wait()
-	fc.mu.Lock()
-	clear(fc.nodes)
-	fc.mu.Unlock()
+	fc.g.CloseAll()
 }
 
+func (fc *faultCluster) node(i int) *cluster.Node { return fc.g.Node(i) }
+
 // leaderIndex is the member number of a ready leader, or -1.
-func (fc *faultCluster) leaderIndex() int {
-	for i := range fc.nodes {
-		if n := fc.node(i); n != nil && n.IsLeader() {
-			return i
-		}
-	}
-	return -1
-}
+func (fc *faultCluster) leaderIndex() int { return fc.g.LeaderIndex() }
 
 // waitLeader waits for a ready leader among running nodes.
 func (fc *faultCluster) waitLeader(timeout time.Duration) int {
 	fc.t.Helper()
-	idx := -1
-	waitFor(fc.t, timeout, "a ready leader", func() bool {
-		idx = fc.leaderIndex()
-		return idx >= 0
-	})
-	return idx
+	return fc.g.WaitLeader(timeout)
 }
 
 // kill stops node i abruptly (connections drop, no leadership transfer).
 func (fc *faultCluster) kill(i int) {
-	fc.mu.Lock()
-	n := fc.nodes[i]
-	fc.nodes[i] = nil
-	fc.mu.Unlock()
-	if n == nil {
-		return
-	}
-	if err := n.Kill(); err != nil {
-		fc.t.Errorf("kill %s: %v", n.ID(), err)
+	if err := fc.g.Kill(i); err != nil {
+		fc.t.Error(err)
 	}
 }
 
 // restart reopens node i on its data dir and address.
 func (fc *faultCluster) restart(i int) error {
-	if fc.node(i) != nil {
-		return nil
-	}
-	cfg := fc.cfgs[i]
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ln, err := fc.net.ListenAt(cfg.NodeID, cfg.BindAddr)
-		if err == nil {
-			cfg.Listener = ln
-			break
-		}
-		// The killed node's port is released asynchronously by the kernel.
-		if time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	n, err := cluster.Open(context.Background(), cfg)
-	if err != nil {
-		return fmt.Errorf("restart %s: %w", cfg.NodeID, err)
-	}
-	fc.mu.Lock()
-	fc.nodes[i] = n
-	fc.mu.Unlock()
-	return nil
+	_, err := fc.g.Start(i)
+	return err
 }
 
 // converge heals the network, restarts stopped nodes, commits a marker and
@@ -190,7 +119,7 @@ func (fc *faultCluster) restart(i int) error {
 func (fc *faultCluster) converge(timeout time.Duration) map[string]string {
 	fc.t.Helper()
 	fc.net.Heal()
-	for i := range fc.nodes {
+	for i := range fc.ids {
 		if err := fc.restart(i); err != nil {
 			fc.t.Fatal(err)
 		}
@@ -217,7 +146,7 @@ func (fc *faultCluster) converge(timeout time.Duration) map[string]string {
 	waitFor(fc.t, timeout, "all nodes at one index past the marker", func() bool {
 		hashes = map[string]string{}
 		var at uint64
-		for i := range fc.nodes {
+		for i := range fc.ids {
 			st := fc.node(i).Status()
 			if st.StateIndex < idx || (at != 0 && st.StateIndex != at) {
 				return false

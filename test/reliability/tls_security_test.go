@@ -28,6 +28,8 @@ import (
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/telemetry"
+	"github.com/tether-project/tether/test/clustertest"
+	"github.com/tether-project/tether/test/edgetest"
 	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"
@@ -135,23 +137,12 @@ func startSecureEdgesLogged(t *testing.T, trustCA, certCA *secureCA, n int, work
 	if logs != nil {
 		lg = logs.logger()
 	}
-	lns := make([]net.Listener, n)
-	var peers []cluster.Peer
-	for i := range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns[i] = ln
-		peers = append(peers, cluster.Peer{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()})
-	}
-	base := t.TempDir()
-	out := make([]secureEdge, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		id := peers[i].ID
-		f := certCA.files(t, id, pki.RoleEdge)
+	g := clustertest.New[edgetest.Member](t, clustertest.Options{N: n, ID: func(i int) string { return fmt.Sprintf("edge-%d", i+1) }})
+	ms := g.Members()
+	peers := edgetest.Peers(ms)
+	cfgs := make([]edge.Config, n)
+	for i, m := range ms {
+		f := certCA.files(t, m.ID, pki.RoleEdge)
 		f.CA = filepath.Join(trustCA.dir, "ca.pem")
 		if _, err := trustCA.WriteCA(trustCA.dir); err != nil {
 			t.Fatal(err)
@@ -166,39 +157,24 @@ func startSecureEdgesLogged(t *testing.T, trustCA, certCA *secureCA, n int, work
 		cfg.GenerationServers.URLs = []edge.StaticInstance{{Name: workers[telemetry.FleetGeneration].InstanceID(), URL: workers[telemetry.FleetGeneration].URL()}}
 		cfg.Telemetry.ProbeInterval = 100 * time.Millisecond
 		cfg.Cluster = edge.ClusterConfig{
-			Settings: cluster.Settings{NodeID: id, DataDir: filepath.Join(base, id), BindAddr: peers[i].Addr, Bootstrap: true, Peers: peers, ProposeTimeout: 2 * time.Second, Raft: cluster.RaftTiming{HeartbeatTimeout: timing.HeartbeatTimeout, ElectionTimeout: timing.ElectionTimeout,
+			Settings: cluster.Settings{NodeID: m.ID, DataDir: m.DataDir, BindAddr: m.Addr, Bootstrap: true, Peers: peers, ProposeTimeout: 2 * time.Second, Raft: cluster.RaftTiming{HeartbeatTimeout: timing.HeartbeatTimeout, ElectionTimeout: timing.ElectionTimeout,
 				LeaderLeaseTimeout: timing.LeaderLeaseTimeout, CommitTimeout: timing.CommitTimeout}},
 		}
 		cfg.TLS = edge.TLSConfig{Mode: edge.TLSModeMutual, CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key}
 		if tweak != nil {
 			tweak(&cfg)
 		}
-		reg := prometheus.NewRegistry()
-		e, err := edge.New(cfg, edge.Deps{Logger: lg.With("edge", id), Registry: reg, ClusterListener: lns[i], Version: "reliability"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[i] = secureEdge{e: e, reg: reg}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			errs[i] = e.Start(ctx)
-		}()
+		cfgs[i] = cfg
 	}
-	wg.Wait()
-	t.Cleanup(func() {
-		for _, se := range out {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if err := se.e.Close(ctx); err != nil {
-				t.Errorf("close edge: %v", err)
-			}
-			cancel()
-		}
+	regs := make([]*prometheus.Registry, n)
+	g.StartAll(func(i int, ln net.Listener) (edgetest.Member, error) {
+		regs[i] = prometheus.NewRegistry()
+		deps := edge.Deps{Logger: lg.With("edge", ms[i].ID), Registry: regs[i], Version: "reliability"}
+		return edgetest.Start(cfgs[i], deps, ln, 30*time.Second)
 	})
-	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("start edges: %v", err)
+	out := make([]secureEdge, n)
+	for i := range n {
+		out[i] = secureEdge{e: g.Node(i).Edge, reg: regs[i]}
 	}
 	return out
 }

@@ -18,19 +18,16 @@ package examples
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
-	"github.com/prometheus/client_golang/prometheus"
 	"gopkg.in/yaml.v3"
 
 	"github.com/tether-project/tether/edge"
@@ -41,6 +38,7 @@ import (
 	"github.com/tether-project/tether/test/engines/trtllm"
 	"github.com/tether-project/tether/test/engines/vllm"
 	"github.com/tether-project/tether/test/natstest"
+	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -139,109 +137,21 @@ func runExample(t *testing.T, text string) {
 		t.Fatal(err)
 	}
 	backends := startBackends(t, m)
-	lns := make([]net.Listener, 3)
-	addrs := make([]string, 3)
-	for i := range lns {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns[i], addrs[i] = ln, ln.Addr().String()
-	}
-	dir := t.TempDir()
-	edges := make([]*edge.Edge, 3)
-	var wg sync.WaitGroup
-	errs := make([]error, 3)
-	for i := range 3 {
-		c := pdstack.DeepCopy(m).(map[string]any)
-		set(c, "hostname", "127.0.0.1")
-		set(c, "port", 0)
-		cl := c["cluster"].(map[string]any)
-		cl["node_id"] = peers[i]
-		cl["bind_addr"], cl["advertise_addr"] = addrs[i], addrs[i]
-		cl["data_dir"] = filepath.Join(dir, peers[i])
-		var ps []any
-		for j := range 3 {
-			ps = append(ps, map[string]any{"id": peers[j], "addr": addrs[j]})
-		}
-		cl["peers"] = ps
-		if tg, ok := c["trusted_gateway"].(map[string]any); ok {
-			tg["cidrs"] = []any{"127.0.0.0/8"}
-		}
-		backends.substitute(t, c)
-		b, err := yaml.Marshal(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := edge.ParseConfig(b)
-		if err != nil {
-			t.Fatalf("edge %d from the example: %v\n%s", i+1, err, b)
-		}
-		cfg.Telemetry.ProbeInterval = min(cfg.Telemetry.ProbeInterval, 200*time.Millisecond)
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := edge.New(cfg, edge.Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(),
-			HTTPListener: ln, ClusterListener: lns[i], Version: "examples"})
-		if err != nil {
-			t.Fatalf("edge %d: %v", i+1, err)
-		}
-		edges[i] = e
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			errs[i] = e.Start(ctx)
-		}()
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		var cw sync.WaitGroup
-		for _, e := range edges {
-			cw.Add(1)
-			go func() {
-				defer cw.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				_ = e.Close(ctx)
-			}()
-		}
-		cw.Wait()
+	s, err := pdstack.StartEdges(context.Background(), m, peers, pdstack.Options{
+		EdgeConfig:   func(c map[string]any) { backends.substitute(t, c) },
+		ReadyTimeout: 30 * time.Second,
 	})
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("edge %d start: %v", i+1, err)
-		}
+	if err != nil {
+		t.Fatal(err)
 	}
-	waitFor(t, "one Raft group of three voters with a leader, every edge ready", 30*time.Second, func() bool {
-		leaders := 0
-		for _, e := range edges {
-			st := e.Node().Status()
-			if st.IsLeader {
-				leaders++
-			}
-			if st.Leader == "" || len(st.Peers) != 3 || !st.Voter {
-				return false
-			}
-			resp, err := http.Get("http://" + e.Addr() + "/readyz")
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return false
-			}
-		}
-		return leaders == 1
-	})
+	t.Cleanup(s.Close)
+	edges := s.Edges
 	model, _ := m["model"].(string)
 	for i, e := range edges {
 		body := fmt.Sprintf(`{"model":%q,"max_tokens":3,"messages":[{"role":"user","content":"hello from edge %d"}]}`, model, i+1)
-		status, answer := postRetrying(t, "http://"+e.Addr()+"/v1/chat/completions", body, fmt.Sprintf("example-conv-%d", i))
-		if status != http.StatusOK {
-			t.Fatalf("edge %d: %d %s", i+1, status, answer)
+		a := testhttp.PostRetrying(t, nil, "http://"+e.Addr()+"/v1/chat/completions", []byte(body), map[string]string{"x-session-id": fmt.Sprintf("example-conv-%d", i)})
+		if a.Status != http.StatusOK {
+			t.Fatalf("edge %d: %d %s", i+1, a.Status, a.Body)
 		}
 	}
 }
@@ -436,38 +346,3 @@ func httptestServer(t *testing.T, h http.Handler) string {
 	t.Cleanup(func() { _ = srv.Close() })
 	return "http://" + ln.Addr().String()
 }
-
-// postRetrying sends one chat request, retried while the edge answers 503
-// with Retry-After (the log settling after the group formed), as a client
-// following the API's contract does.
-func postRetrying(t *testing.T, url, body, conv string) (int, string) {
-	t.Helper()
-	for attempt := 0; ; attempt++ {
-		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("x-session-id", conv)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || attempt >= 40 {
-			return resp.StatusCode, string(b)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-}
-
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func set(m map[string]any, k string, v any) { m[k] = v }

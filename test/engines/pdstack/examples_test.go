@@ -4,16 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/test/engines/oaiserve"
+	"github.com/tether-project/tether/test/testhttp"
 )
 
 var root = filepath.Join("..", "..", "..")
@@ -67,26 +66,12 @@ func chat(t *testing.T, url, model, conv, parent, msg string) (int, string) {
 	t.Helper()
 	body := fmt.Sprintf(`{"model":%q,"max_tokens":3,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`,
 		model, strings.Repeat("a shared system prompt ", 30), msg)
-	for attempt := 0; ; attempt++ {
-		req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("x-session-id", conv)
-		if parent != "" {
-			req.Header.Set("X-Dynamo-Parent-Session-ID", parent)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		// A 503 with Retry-After: the log settling after the group
-		// formed, which a client following the API retries.
-		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || attempt >= 40 {
-			return resp.StatusCode, string(b)
-		}
-		time.Sleep(250 * time.Millisecond)
+	h := map[string]string{"x-session-id": conv}
+	if parent != "" {
+		h["X-Dynamo-Parent-Session-ID"] = parent
 	}
+	a := testhttp.PostRetrying(t, nil, url+"/v1/chat/completions", []byte(body), h)
+	return a.Status, string(a.Body)
 }
 
 // Every published prefill/decode example runs as written: three edges form

@@ -61,6 +61,10 @@ type Options struct {
 	Logger *slog.Logger
 	// ReadyTimeout bounds the start (default 60 s).
 	ReadyTimeout time.Duration
+	// EdgeConfig, when set, adjusts each edge's configuration (the decoded
+	// YAML) after the stack set its addresses, data directory and
+	// tokenizer.
+	EdgeConfig func(c map[string]any)
 }
 
 // Stack is a running deployment.
@@ -212,19 +216,34 @@ func entry(f fleet, i int) (map[string]any, string) {
 	return um, name
 }
 
-// StartExample starts the example's engines as stand-ins and three edges
-// from it.
-func StartExample(ctx context.Context, text string, o Options) (*Stack, error) {
+// parseStack reads and checks an example: the stack to start for it, the
+// example and its peers' ids.
+func parseStack(text string) (*Stack, map[string]any, []string, error) {
 	m, err := ParseExample(text)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	peers, err := CheckComplete(m)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
+	return stackFor(m), m, peers, nil
+}
+
+// stackFor is the empty stack of example m.
+func stackFor(m map[string]any) *Stack {
 	s := &Stack{Servers: map[string]*oaiserve.Server{}}
 	s.Model, _ = m["model"].(string)
+	return s
+}
+
+// StartExample starts the example's engines as stand-ins and three edges
+// from it.
+func StartExample(ctx context.Context, text string, o Options) (*Stack, error) {
+	s, m, peers, err := parseStack(text)
+	if err != nil {
+		return nil, err
+	}
 	fs := fleets(m)
 	split := len(fs) == 2 && fs[0].engine != "" && fs[0].engine == fs[1].engine && (fs[0].engine == "vllm" || fs[0].engine == "sglang")
 	for _, f := range fs {
@@ -294,6 +313,20 @@ func (s *Stack) startServer(engine, name string, dp, bs int, events bool, pd *oa
 	return srv, nil
 }
 
+// StartEdges starts three edges from the example m as published (peers:
+// its peers' ids, from CheckComplete) on loopback addresses and waits until
+// they form one Raft group of three voters with a leader and every edge is
+// ready; the example's engines are the caller's (o.EdgeConfig points the
+// edges at them). Close stops the edges.
+func StartEdges(ctx context.Context, m map[string]any, peers []string, o Options) (*Stack, error) {
+	s := stackFor(m)
+	if err := s.startEdges(ctx, m, peers, o); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
 // startEdges starts three edges from m with loopback addresses.
 func (s *Stack) startEdges(ctx context.Context, m map[string]any, peers []string, o Options) error {
 	lns := make([]net.Listener, 3)
@@ -337,6 +370,9 @@ func (s *Stack) startEdges(ctx context.Context, m map[string]any, peers []string
 				// edge/tokenize_test.go).
 				f.m["tokenizer"] = "words"
 			}
+		}
+		if o.EdgeConfig != nil {
+			o.EdgeConfig(c)
 		}
 		b, err := yaml.Marshal(c)
 		if err != nil {
@@ -465,16 +501,10 @@ const internalKey = "pdstack-internal-key-0123456789abcdef"
 // edges of engine tether: the proxy's emulated disaggregation, which
 // computes every prompt twice.
 func StartEmulated(ctx context.Context, text string, o Options) (*Stack, error) {
-	m, err := ParseExample(text)
+	s, m, peers, err := parseStack(text)
 	if err != nil {
 		return nil, err
 	}
-	peers, err := CheckComplete(m)
-	if err != nil {
-		return nil, err
-	}
-	s := &Stack{Servers: map[string]*oaiserve.Server{}}
-	s.Model, _ = m["model"].(string)
 	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
 	if err != nil {
 		return nil, err

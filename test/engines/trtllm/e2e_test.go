@@ -2,10 +2,8 @@ package trtllm
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,8 +19,12 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/test/clustertest"
 	"github.com/tether-project/tether/test/crosscheck"
+	"github.com/tether-project/tether/test/edgetest"
 	"github.com/tether-project/tether/test/natstest"
+	"github.com/tether-project/tether/test/testhttp"
+	"github.com/tether-project/tether/test/waitfor"
 )
 
 const (
@@ -62,21 +63,11 @@ func startStandInWith(t *testing.T, cfg Config) *standIn {
 // (probe /health, TensorRT-LLM signatures), sub-agent affinity on.
 func startEdges(t *testing.T, n int, ctx, gen []*standIn, mutate ...func(*edge.Config)) []*edge.Edge {
 	t.Helper()
-	lns := make([]net.Listener, n)
-	peers := make([]cluster.Peer, n)
-	for i := range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns[i] = ln
-		peers[i] = cluster.Peer{ID: fmt.Sprintf("edge-%d", i+1), Addr: ln.Addr().String()}
-	}
-	dir := t.TempDir()
-	edges := make([]*edge.Edge, n)
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for i := range n {
+	g := clustertest.New[edgetest.Member](t, clustertest.Options{N: n, ID: func(i int) string { return fmt.Sprintf("edge-%d", i+1) }, ParallelClose: true})
+	ms := g.Members()
+	peers := edgetest.Peers(ms)
+	cfgs := make([]edge.Config, n)
+	for i, m := range ms {
 		cfg := edge.DefaultConfig()
 		cfg.Model = testModel
 		cfg.Hostname, cfg.Port = "127.0.0.1", 0
@@ -92,7 +83,7 @@ func startEdges(t *testing.T, n int, ctx, gen []*standIn, mutate ...func(*edge.C
 			cfg.GenerationServers.URLs = append(cfg.GenerationServers.URLs, edge.StaticInstance{Name: s.name, URL: s.url})
 		}
 		cfg.Cluster = edge.ClusterConfig{
-			Settings: cluster.Settings{NodeID: peers[i].ID, DataDir: filepath.Join(dir, peers[i].ID), Bootstrap: true, Peers: peers, BindAddr: peers[i].Addr, ProposeTimeout: 2 * time.Second},
+			Settings: cluster.Settings{NodeID: m.ID, DataDir: m.DataDir, Bootstrap: true, Peers: peers, BindAddr: m.Addr, ProposeTimeout: 2 * time.Second},
 		}
 		for _, m := range mutate {
 			m(&cfg)
@@ -100,38 +91,13 @@ func startEdges(t *testing.T, n int, ctx, gen []*standIn, mutate ...func(*edge.C
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		e, err := edge.New(cfg, edge.Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(), ClusterListener: lns[i], Version: "test"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		edges[i] = e
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			errs[i] = e.Start(ctx)
-		}()
+		cfgs[i] = cfg
 	}
-	wg.Wait()
-	t.Cleanup(func() {
-		var cw sync.WaitGroup
-		for _, e := range edges {
-			cw.Add(1)
-			go func() {
-				defer cw.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				_ = e.Close(ctx)
-			}()
-		}
-		cw.Wait()
+	g.StartAll(func(i int, ln net.Listener) (edgetest.Member, error) {
+		deps := edge.Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(), Version: "test"}
+		return edgetest.Start(cfgs[i], deps, ln, 20*time.Second)
 	})
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("edge %d: %v", i+1, err)
-		}
-	}
+	edges := edgetest.Edges(g)
 	waitFor(t, "a leader and every stand-in healthy on every edge", 20*time.Second, func() bool {
 		leader := false
 		for _, e := range edges {
@@ -167,13 +133,7 @@ func startEdges(t *testing.T, n int, ctx, gen []*standIn, mutate ...func(*edge.C
 
 func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitfor.True(t, d, what, cond)
 }
 
 type answer struct {
@@ -182,30 +142,16 @@ type answer struct {
 	body   []byte
 }
 
-// post sends one request as a client following the API's contract: a 503
-// with Retry-After (the affinity log briefly unable to commit, e.g. while
-// the group settles after starting) is retried, a bounded number of times.
+// post sends one JSON request, retried while the edge answers 503 with
+// Retry-After (testhttp.PostRetrying).
 func post(t *testing.T, url string, body any, hdr map[string]string) answer {
 	t.Helper()
-	b, _ := json.Marshal(body)
-	for attempt := 0; ; attempt++ {
-		req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
-		req.Header.Set("Content-Type", "application/json")
-		for k, v := range hdr {
-			req.Header.Set(k, v)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rb, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		a := answer{resp.StatusCode, resp.Header, rb}
-		if a.status != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || attempt >= 20 {
-			return a
-		}
-		time.Sleep(250 * time.Millisecond) // Retry-After is in whole seconds; the log settles sooner
+	b, err := json.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
 	}
+	a := testhttp.PostRetrying(t, nil, url, b, hdr)
+	return answer{a.Status, a.Header, a.Body}
 }
 
 // route parses x-tether-route: "context=ctx-1/-; generation=gen-0/-".
