@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/respid"
 	"github.com/tether-project/tether/test/engines/vllm"
 )
@@ -173,6 +174,13 @@ func TestEngineAgentAPIsThroughAnyEdge(t *testing.T) {
 		t.Fatalf("messages: %d %s", status, body)
 	}
 	inst1, rank1 := s.whereServed(t, "msg-turn-1")
+	// Edges without NATS hear no placement of another edge: the next turn
+	// through edge 2 follows the binding (and its rank) once edge 2 has
+	// applied them.
+	waitFor(t, "the session's binding and rank on edge 2", 20*time.Second, func() bool {
+		b, ok := binding(t, s.c, s.ec.edge(1), fsm.FleetContext, "cc-sess")
+		return ok && b.Instance == inst1 && b.Rank != nil && int(*b.Rank) == rank1
+	})
 	msg["messages"] = []any{map[string]any{"role": "user", "content": "msg-turn-1"}, map[string]any{"role": "assistant", "content": "ok"},
 		map[string]any{"role": "user", "content": "msg-turn-2"}}
 	msg["stream"] = true
