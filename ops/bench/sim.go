@@ -107,11 +107,11 @@ type SimConfig struct {
 // Share names the pieces of edge-local state the edges share: the new
 // placements an edge dispatches beside their Binds and the requests
 // dispatched since each instance's last load report (its queued requests
-// and prefill tokens) — both told over NATS as shipped (edge/placements.go,
-// edge/dispatches.go), so only among the edges of one affinity log
-// (Policy.usesSharedLog): independent routers do not share them —, and as
-// ablations the KV predictions made after
-// placing, the overload trackers and the cache circuit breakers.
+// and prefill tokens), both told over NATS as shipped (edge/placements.go,
+// edge/dispatches.go) and so only among the edges of one affinity log
+// (Policy.usesSharedLog; independent routers do not share them); and, as
+// ablations, the KV predictions made after placing, the overload trackers
+// and the cache circuit breakers.
 type Share struct {
 	Placements, Dispatches, Predictions, Overload, Breakers bool
 }
