@@ -62,7 +62,7 @@ func TestDialectsFixtureReproduces(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs npm and node")
 	}
-	gen := filepath.Join("..", "routing", "hftok", "testdata", "gen")
+	gen := filepath.Join("..", "internal", "hftok", "testdata", "gen")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	dir, err := npmenv.Install(ctx, gen, "chat-golden", "package.json", "package-lock.json", "chat.mjs", "render.mjs", "dialects.mjs")
@@ -72,7 +72,7 @@ func TestDialectsFixtureReproduces(t *testing.T) {
 		}
 		t.Skipf("the JavaScript reference cannot run: %v", err)
 	}
-	cfg, err := filepath.Abs(filepath.Join("..", "routing", "hftok", "testdata", "qwen3", "tokenizer_config.json"))
+	cfg, err := filepath.Abs(filepath.Join("..", "internal", "hftok", "testdata", "qwen3", "tokenizer_config.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
