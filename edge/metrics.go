@@ -15,6 +15,7 @@ type metrics struct {
 	requests          *prometheus.CounterVec
 	requestSeconds    *prometheus.HistogramVec
 	decisions         *prometheus.CounterVec
+	degraded          *prometheus.CounterVec
 	commitSeconds     prometheus.Histogram
 	proposals         *prometheus.CounterVec
 	retries           *prometheus.CounterVec
@@ -57,6 +58,13 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 				"could not know the committed placement (the log could not commit, or its state was not known current); policy pending: " +
 				"served on this edge's own Bind proposal before the log answered it.",
 		}, []string{"fleet", "policy", "outcome"}),
+		degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_degraded_decisions_total",
+			Help: "Degraded routing decisions by fleet and cause: telemetry_late (every instance's reports late, the silent ones counted healthy), " +
+				"log_down (no leader after a failed proposal), state_not_current (not caught up, no leader contact or lagging beyond " +
+				"cluster.degraded_placement_window), commit_timeout (commit_first: the Bind's fate unknown by the propose timeout), " +
+				"overflow_unrecorded (an overflow could not commit; the key stayed on an instance the views call unhealthy).",
+		}, []string{"fleet", "cause"}),
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tether_edge_affinity_commit_seconds",
 			Help:    "Time to commit a proposal through the affinity log, as the request path sees it.",
@@ -123,7 +131,7 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 
 // register registers every metric with reg.
 func (m *metrics) register(reg prometheus.Registerer, e *Edge) error {
-	for _, c := range []prometheus.Collector{m.routeSeconds, m.routed.requests, m.routed.prefill, &opsCollector{e: e}, m.requests, m.requestSeconds, m.decisions, m.commitSeconds, m.proposals, m.retries,
+	for _, c := range []prometheus.Collector{m.routeSeconds, m.routed.requests, m.routed.prefill, &opsCollector{e: e}, m.requests, m.requestSeconds, m.decisions, m.degraded, m.commitSeconds, m.proposals, m.retries,
 		m.placementsOpen, m.placements, m.speculativeServed, m.bindSettle, m.placementMsgs, m.dispatchMsgs, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
 		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight, m.streamsAborted, m.storedResponses} {
 		if err := reg.Register(c); err != nil {

@@ -40,6 +40,25 @@ const (
 	OutcomeRefused = "refused"
 )
 
+// Why a decision was degraded (Hop.Degraded; the edge's metric label).
+const (
+	// DegradedTelemetryLate: every instance's telemetry was late, and the
+	// silent ones were counted healthy rather than refusing the request.
+	DegradedTelemetryLate = "telemetry_late"
+	// DegradedLogDown: no leader, and a proposal just failed for it.
+	DegradedLogDown = "log_down"
+	// DegradedStateNotCurrent: this edge's replica was not known current
+	// (not caught up since start, no leader contact within the window, or
+	// lagging the leader beyond it).
+	DegradedStateNotCurrent = "state_not_current"
+	// DegradedCommitTimeout: commit_first, and the Bind's fate was not
+	// known by the propose timeout.
+	DegradedCommitTimeout = "commit_timeout"
+	// DegradedOverflowUnrecorded: an overflow could not be committed and
+	// the key stayed on a bound instance this edge's views call unhealthy.
+	DegradedOverflowUnrecorded = "overflow_unrecorded"
+)
+
 // PolicyPending is the policy of a request served on this edge's own Bind
 // proposal before its replica applied the log's answer.
 const PolicyPending = "pending"
@@ -172,6 +191,8 @@ type Hop struct {
 	Rank     int // believed rank (-1 unknown); the worker's answer wins
 	Cached   int // prompt tokens believed cached on the instance
 	Outcome  string
+	// Degraded says why, when Outcome is OutcomeDegraded.
+	Degraded string
 	Policy   string
 	Reason   fsm.OverflowReason
 	From     string // the bound instance an overflow left ("" otherwise)
@@ -483,8 +504,8 @@ func (x *decision) place() (*Hop, *Failure) {
 // placeOn proposes the Bind of route rt and serves it (soft affinity) or
 // waits for the log's answer (commit_first, hard affinity).
 func (x *decision) placeOn(rt routing.Route) (*Hop, *Failure) {
-	current, why := x.current()
-	if x.req.Hard && !current {
+	degraded, why := x.current()
+	if x.req.Hard && degraded != "" {
 		return nil, &Failure{Kind: FailStateUnknown, Fleet: x.h.Fleet, Key: x.h.Key, Detail: why}
 	}
 	bind := rt.BindEvent(x.req)
@@ -497,13 +518,10 @@ func (x *decision) placeOn(rt routing.Route) (*Hop, *Failure) {
 			return nil, &Failure{Kind: FailStateUnknown, Fleet: x.h.Fleet, Key: x.h.Key,
 				Detail: "the key's Bind did not commit within the propose timeout"}
 		}
-		current = false // its fate unknown: served where it was proposed
+		degraded = DegradedCommitTimeout // its fate unknown: served where it was proposed
 	}
-	outcome := OutcomeNewBind
-	if !current {
-		outcome = OutcomeDegraded
-	}
-	x.set(rt, outcome)
+	x.set(rt, OutcomeNewBind)
+	x.degrade(degraded)
 	x.h.Bound, x.h.Speculative, x.h.Binding = true, true, proposed(bind, x.req.Now)
 	return x.h, nil
 }
@@ -549,11 +567,9 @@ func (x *decision) ownProposal(p Pending) (*Hop, *Failure) {
 	}
 	b := proposed(p.Bind, p.At)
 	if v, ok := x.in.Views.Lookup(b.Instance); ok && v.Healthy {
-		outcome := OutcomeSticky
-		if cur, _ := x.current(); !cur {
-			outcome = OutcomeDegraded
-		}
-		x.set(routing.Route{Action: routing.ActionSticky, Instance: b.Instance, URL: v.URL, Rank: -1}, outcome)
+		x.set(routing.Route{Action: routing.ActionSticky, Instance: b.Instance, URL: v.URL, Rank: -1}, OutcomeSticky)
+		degraded, _ := x.current()
+		x.degrade(degraded)
 		x.h.Policy, x.h.Bound, x.h.Speculative, x.h.Binding = PolicyPending, true, true, b
 		return x.h, nil
 	}
@@ -591,15 +607,26 @@ func (x *decision) wake() bool {
 	return true
 }
 
-// current reports whether this edge can know the committed placement now.
-func (x *decision) current() (bool, string) {
+// current reports why this edge cannot know the committed placement now
+// (a Degraded* cause and a sentence), or "" when it can.
+func (x *decision) current() (string, string) {
 	if x.woken {
-		return false, "every instance's telemetry is late"
+		return DegradedTelemetryLate, "every instance's telemetry is late"
 	}
 	if x.d.Log.Down(x.req.Now) {
-		return false, "the affinity log cannot commit right now"
+		return DegradedLogDown, "the affinity log cannot commit right now"
 	}
-	return x.d.Fleet.StateCurrent(x.req.Now)
+	if ok, why := x.d.Fleet.StateCurrent(x.req.Now); !ok {
+		return DegradedStateNotCurrent, why
+	}
+	return "", ""
+}
+
+// degrade marks the hop degraded for cause (nothing when cause is "").
+func (x *decision) degrade(cause string) {
+	if cause != "" {
+		x.h.Outcome, x.h.Degraded = OutcomeDegraded, cause
+	}
 }
 
 // proposed is the binding a Bind proposal stands for until it commits
@@ -614,6 +641,7 @@ func proposed(b fsm.Bind, at time.Time) fsm.Binding {
 func (x *decision) set(rt routing.Route, outcome string) {
 	h := x.h
 	h.Instance, h.URL, h.Rank, h.Cached, h.Outcome = rt.Instance, rt.URL, rt.Rank, rt.CachedTokens, outcome
+	h.Degraded = ""
 	h.Policy = rt.Decision.Policy
 	h.Reason = rt.Reason
 	h.Speculative = false
@@ -658,7 +686,7 @@ func (x *decision) bound(b fsm.Binding) (*Hop, *Failure) {
 	h.Bound, h.Binding = true, b
 	x.set(rt, OutcomeSticky)
 	if x.woken {
-		h.Outcome = OutcomeDegraded
+		x.degrade(DegradedTelemetryLate)
 	}
 	if h.Policy == "" {
 		h.Policy = "bound"
@@ -814,7 +842,7 @@ func (x *decision) unrecorded(b fsm.Binding, err error) (*Hop, *Failure) {
 		}
 		h := x.stay(b, url)
 		if h.URL != "" {
-			h.Outcome = OutcomeDegraded
+			h.Outcome, h.Degraded = OutcomeDegraded, DegradedOverflowUnrecorded
 			return h, nil
 		}
 	}

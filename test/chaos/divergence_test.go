@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/test/routecheck"
 )
 
@@ -64,6 +65,19 @@ func (v *env) sumMetric(name string, match ...string) float64 {
 	return total
 }
 
+// degradedCauses is tether_edge_degraded_decisions_total by cause, summed
+// over the running edges (causes with none left out).
+func (v *env) degradedCauses() map[string]float64 {
+	out := map[string]float64{}
+	for _, c := range []string{decide.DegradedTelemetryLate, decide.DegradedLogDown, decide.DegradedStateNotCurrent,
+		decide.DegradedCommitTimeout, decide.DegradedOverflowUnrecorded} {
+		if n := v.sumMetric("tether_edge_degraded_decisions_total", fmt.Sprintf("cause=%q", c)); n != 0 {
+			out[c] = n
+		}
+	}
+	return out
+}
+
 // term is the highest Raft term a running edge reports.
 func (v *env) term() uint64 {
 	var t uint64
@@ -102,6 +116,7 @@ func TestChaosShortSessionsJudgedWithZeroMargin(t *testing.T) {
 	q := time.NewTimer(quiet)
 	<-q.C // the no-fault phase (schedule)
 	degradedQuiet := v.sumMetric("tether_edge_routing_decisions_total", `outcome="degraded"`)
+	causesQuiet := v.degradedCauses()
 	termQuiet := v.term()
 	for range cuts {
 		l := v.waitLeader(20 * time.Second)
@@ -126,14 +141,14 @@ func TestChaosShortSessionsJudgedWithZeroMargin(t *testing.T) {
 	lost := v.sumMetric("tether_edge_placements_total", `result="lost"`)
 	placed := v.sumMetric("tether_edge_placements_total")
 	off := v.sumMetric("tether_edge_speculative_requests_total", `result="off_binding"`)
-	t.Logf("FIGURES divergence clients=%d busy_loops=%d quiet=%s cuts=%dx%s requests=%d succeeded=%d failed=%d %s degraded_while_quiet=%v term=%d→%d→%d placements=%v lost_races=%v served_off_binding=%v failures=%v",
-		clients, busy, quiet, cuts, hold, len(samples), ok, ld.failed.Load(), vd.Verdict, degradedQuiet, termBefore, termQuiet, v.term(),
+	t.Logf("FIGURES divergence clients=%d busy_loops=%d quiet=%s cuts=%dx%s requests=%d succeeded=%d failed=%d %s degraded_while_quiet=%v%v term=%d→%d→%d placements=%v lost_races=%v served_off_binding=%v failures=%v",
+		clients, busy, quiet, cuts, hold, len(samples), ok, ld.failed.Load(), vd.Verdict, degradedQuiet, causesQuiet, termBefore, termQuiet, v.term(),
 		placed, lost, off, failureReasons(samples))
 	if vd.Wrong != 0 {
 		t.Errorf("%d wrong answers", vd.Wrong)
 	}
 	if termQuiet == termBefore && degradedQuiet != 0 {
-		t.Errorf("%v degraded decisions with no fault and no leader change", degradedQuiet)
+		t.Errorf("%v degraded decisions with no fault and no leader change (by cause: %v)", degradedQuiet, causesQuiet)
 	}
 }
 
