@@ -199,10 +199,7 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 		}
 		return nil, aerr
 	}
-	e.metrics.decisions.WithLabelValues(f.String(), h.Policy, h.Outcome).Inc()
-	if h.Degraded != "" {
-		e.metrics.degraded.WithLabelValues(f.String(), h.Degraded).Inc()
-	}
+	e.countDecision(f, h)
 	e.observeRouted(rq, f, h)
 	e.recordEvidence(rq, f, h)
 	span.SetAttributes(attrPolicy.String(h.Policy), attrOutcome.String(h.Outcome), attrInstance.String(h.Instance),
@@ -259,12 +256,17 @@ func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *ap
 	}
 	e.route.placed.Add(1)
 	out := hopOf(d, rq.requestID)
-	e.metrics.decisions.WithLabelValues(failed.Fleet.String(), out.Policy, out.Outcome).Inc()
-	if out.Degraded != "" {
-		e.metrics.degraded.WithLabelValues(failed.Fleet.String(), out.Degraded).Inc()
-	}
+	e.countDecision(failed.Fleet, out)
 	e.recordEvidence(rq, failed.Fleet, out)
 	return out, nil
+}
+
+// countDecision counts a routed hop's decision (and, degraded, its cause).
+func (e *Edge) countDecision(f fsm.Fleet, h *hop) {
+	e.metrics.decisions.WithLabelValues(f.String(), h.Policy, h.Outcome).Inc()
+	if h.Degraded != "" {
+		e.metrics.degraded.WithLabelValues(f.String(), h.Degraded).Inc()
+	}
 }
 
 // edgeLog is the affinity log as the decision reads it (routing/decide.Log).
