@@ -478,3 +478,23 @@ func TestSessionTTLJudgesCommittedLastUse(t *testing.T) {
 		}
 	}
 }
+
+// A simulated edge follows the first placement it heard of a key, as the
+// edge does, whatever the order of the edges that proposed it.
+func TestSimHeardFollowsTheFirstPlacement(t *testing.T) {
+	k := fsm.FleetKey{Fleet: fsm.FleetContext, Key: "conv"}
+	bind := func(inst string) fsm.Bind { return fsm.Bind{Fleet: k.Fleet, Key: k.Key, Instance: inst} }
+	s := &simulator{cfg: SimConfig{Share: Share{Placements: true}, ShareLatency: time.Millisecond}, now: 10 * time.Millisecond}
+	listener := &simEdge{proposals: map[fsm.FleetKey]*simProposal{}}
+	later := &simEdge{proposals: map[fsm.FleetKey]*simProposal{k: {bind: bind("ctx-1"), at: 5 * time.Millisecond, commitAt: 20 * time.Millisecond}}}
+	earlier := &simEdge{proposals: map[fsm.FleetKey]*simProposal{k: {bind: bind("ctx-2"), at: 2 * time.Millisecond, commitAt: 20 * time.Millisecond}}}
+	s.edges = []*simEdge{listener, later, earlier}
+	b, ok := simPlacements{s: s, e: listener}.Heard(k.Fleet, k.Key)
+	if !ok || b.Instance != "ctx-2" {
+		t.Fatalf("heard %v (%v), want the first placement, on ctx-2", b, ok)
+	}
+	s.now = 20 * time.Millisecond // both committed: nothing in flight to hear
+	if b, ok := (simPlacements{s: s, e: listener}).Heard(k.Fleet, k.Key); ok {
+		t.Fatalf("heard %v after the commits", b)
+	}
+}

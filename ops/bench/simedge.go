@@ -158,21 +158,27 @@ func (p simPlacements) Pending(f fsm.Fleet, key string) (decide.Pending, bool) {
 }
 
 // Heard: another edge's proposal of the key in flight, heard
-// ShareLatency after that edge placed it (with shared placements).
+// ShareLatency after that edge placed it (with shared placements). Of
+// several, the first heard (the earliest placed), as the edge keeps it.
 func (p simPlacements) Heard(f fsm.Fleet, key string) (fsm.Bind, bool) {
 	if !p.s.cfg.Share.Placements {
 		return fsm.Bind{}, false
 	}
 	k := fsm.FleetKey{Fleet: f, Key: key}
+	var first *simProposal
 	for _, o := range p.s.edges {
 		if o == p.e {
 			continue
 		}
-		if x, ok := o.proposals[k]; ok && x.at+p.s.cfg.ShareLatency <= p.s.now && p.s.now < x.commitAt {
-			return x.bind, true
+		x, ok := o.proposals[k]
+		if ok && x.at+p.s.cfg.ShareLatency <= p.s.now && p.s.now < x.commitAt && (first == nil || x.at < first.at) {
+			first = x
 		}
 	}
-	return fsm.Bind{}, false
+	if first == nil {
+		return fsm.Bind{}, false
+	}
+	return first.bind, true
 }
 
 // Await: the request waits until the proposal commits (a simulated
