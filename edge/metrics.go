@@ -55,7 +55,8 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 			Name: "tether_edge_routing_decisions_total",
 			Help: "Routing decisions by fleet, placement policy and outcome (sticky, new_bind, overflow, degraded, shed, unbound, refused). " +
 				"new_bind: a new key dispatched beside its Bind proposal; degraded: placed or served on this edge's own decision while it " +
-				"could not know the committed placement (the log could not commit, or its state was not known current); policy pending: " +
+				"could not know the committed placement (the log could not commit, or its state was not known current), or among instances whose " +
+				"telemetry was all late (tether_edge_degraded_decisions_total says which); policy pending: " +
 				"served on this edge's own Bind proposal before the log answered it.",
 		}, []string{"fleet", "policy", "outcome"}),
 		degraded: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -100,7 +100,8 @@ func (v *env) term() uint64 {
 // proposal. Before the log left the request path, a Bind that timed out was
 // followed by a degraded rendezvous guess that ignored the instance just
 // proposed, and the guess was served while the proposal committed
-// elsewhere. With no leader change, nothing is placed degraded.
+// elsewhere. With no leader change, nothing is placed degraded for a
+// reason of the log.
 func TestChaosShortSessionsJudgedWithZeroMargin(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process load: not in -short")
@@ -115,8 +116,11 @@ func TestChaosShortSessionsJudgedWithZeroMargin(t *testing.T) {
 	ld := startSessions(v, fmt.Sprintf("div-%d", time.Now().UnixNano()%1e6), clients, 3)
 	q := time.NewTimer(quiet)
 	<-q.C // the no-fault phase (schedule)
-	degradedQuiet := v.sumMetric("tether_edge_routing_decisions_total", `outcome="degraded"`)
 	causesQuiet := v.degradedCauses()
+	degradedQuiet := 0.0
+	for _, n := range causesQuiet {
+		degradedQuiet += n
+	}
 	termQuiet := v.term()
 	for range cuts {
 		l := v.waitLeader(20 * time.Second)
@@ -147,8 +151,20 @@ func TestChaosShortSessionsJudgedWithZeroMargin(t *testing.T) {
 	if vd.Wrong != 0 {
 		t.Errorf("%d wrong answers", vd.Wrong)
 	}
-	if termQuiet == termBefore && degradedQuiet != 0 {
-		t.Errorf("%v degraded decisions with no fault and no leader change (by cause: %v)", degradedQuiet, causesQuiet)
+	// Every degraded decision names its cause.
+	attributed := 0.0
+	for _, n := range v.degradedCauses() {
+		attributed += n
+	}
+	if all := v.sumMetric("tether_edge_routing_decisions_total", `outcome="degraded"`); all != attributed {
+		t.Errorf("%v degraded decisions, %v of them by cause", all, attributed)
+	}
+	// With no leader change nothing is placed degraded for the log's sake.
+	// A decision made while every instance's telemetry was late (a host
+	// starved enough to delay every report past its staleness bound) knew
+	// the committed placement; it is counted, not judged here.
+	if logCaused := degradedQuiet - causesQuiet[decide.DegradedTelemetryLate]; termQuiet == termBefore && logCaused != 0 {
+		t.Errorf("%v degraded decisions with no fault and no leader change (by cause: %v)", logCaused, causesQuiet)
 	}
 }
 
