@@ -90,11 +90,23 @@ func (d *Duties) votersFeatureLevel(st *fsm.State) (uint32, bool) {
 // on apply). tenure is how long this node has been leader: a new leader
 // gives instances it has not heard from yet that long before declaring
 // them down.
+//
+// A silence every instance the view knows shares (none heard within
+// DownAfter) is this edge's — its telemetry link, or the process itself
+// stalled on a starved host — not evidence against any one of them: it
+// declares none of them down.
 func (d *Duties) instanceStateChanges(st *fsm.State, now time.Time, tenure time.Duration) []fsm.Event {
 	downAfter := d.cfg.DownAfter
 	var out []fsm.Event
 	seen := map[string]bool{}
-	for _, in := range d.edge.Fleet().Instances(now) {
+	instances := d.edge.Fleet().Instances(now)
+	heardAny := false
+	for _, in := range instances {
+		if !in.LastSeen.IsZero() && now.Sub(in.LastSeen) < downAfter {
+			heardAny = true
+		}
+	}
+	for _, in := range instances {
 		seen[in.ID] = true
 		rec, inLog := st.Instance(in.ID)
 		var want fsm.InstanceStatus
@@ -103,7 +115,7 @@ func (d *Duties) instanceStateChanges(st *fsm.State, now time.Time, tenure time.
 			want = fsm.InstanceDraining
 		case in.Healthy:
 			want = fsm.InstanceUp
-		case inLog && rec.Status != fsm.InstanceDown && tenure >= downAfter &&
+		case inLog && rec.Status != fsm.InstanceDown && tenure >= downAfter && heardAny &&
 			(in.LastSeen.IsZero() || now.Sub(in.LastSeen) >= downAfter):
 			want = fsm.InstanceDown
 		default:

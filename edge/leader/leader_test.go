@@ -8,11 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/leader"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/telemetry"
+	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/test/waitfor"
 )
 
@@ -48,6 +51,13 @@ const maxBindings = 1234
 // ctx-1 and a binding of conversation key on it, until the test ends.
 func startDuties(t *testing.T, key string, cfg leader.Config) (*testEdge, *leader.Duties) {
 	t.Helper()
+	return startDutiesHearing(t, key, cfg, nil)
+}
+
+// startDutiesHearing is startDuties with a fleet view hearing telemetry
+// on nc (nil: none), on the test's clock.
+func startDutiesHearing(t *testing.T, key string, cfg leader.Config, nc *nats.Conn) (*testEdge, *leader.Duties) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -64,11 +74,17 @@ func startDuties(t *testing.T, key string, cfg leader.Config) (*testEdge, *leade
 		cancel()
 		t.Fatal(err)
 	}
-	fleet, err := fleetview.New(fleetview.Config{})
+	e := &testEdge{node: node, acted: map[string]int{}}
+	fleet, err := fleetview.New(fleetview.Config{Conn: nc, Now: e.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &testEdge{node: node, fleet: fleet, acted: map[string]int{}}
+	e.fleet = fleet
+	if nc != nil {
+		if err := fleet.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cfg.NodeID, cfg.Interval, cfg.SweepBatch, cfg.MaxBindings = "edge-1", 10*time.Millisecond, 16, maxBindings
 	cfg.Acted = func(kind string, n int) {
 		e.mu.Lock()
@@ -148,5 +164,57 @@ func TestQueuedEvictionsEvictTheBindingOnThatInstance(t *testing.T) {
 	waitFor(t, "the eviction counted", func() bool { return e.actions("kv_evict") >= 1 })
 	if n := e.actions("kv_evict"); n != 1 {
 		t.Errorf("kv_evict actions = %d, want 1 (the eviction on ctx-9 does not apply)", n)
+	}
+}
+
+// Silence that every instance the view knows shares is this edge's (its
+// link, or the process stalled), not the workers': the leader declares
+// none of them down. Once another instance is heard again, the one still
+// silent past down_after is declared down.
+func TestSharedSilenceDeclaresNoInstanceDown(t *testing.T) {
+	ns := natstest.Start(t, nil)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	e, _ := startDutiesHearing(t, "conv-1", leader.Config{SessionTTL: 24 * time.Hour, DownAfter: time.Minute}, nc)
+	publish := func(id string, seq uint64) {
+		b, err := telemetry.EncodeLoad(telemetry.LoadReport{Instance: id, Fleet: telemetry.FleetContext, URL: "http://" + id,
+			Model: "m", Version: "v", FeatureLevel: 1, BootID: 1, Seq: seq, IntervalMilli: 100, BlockSize: 4,
+			Ranks: []telemetry.RankLoad{{Rank: 0, KVBlocksTotal: 10}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Publish(telemetry.LoadSubject(telemetry.FleetContext, id), b); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish("ctx-1", 1)
+	publish("ctx-2", 1)
+	waitFor(t, "both instances up in the log", func() bool {
+		a, _ := e.node.State().Instance("ctx-1")
+		b, _ := e.node.State().Instance("ctx-2")
+		return a.Status == fsm.InstanceUp && b.Status == fsm.InstanceUp && a.URL == "http://ctx-1"
+	})
+	e.offset.Store(int64(2 * time.Minute)) // every instance silent for twice down_after
+	settled := e.actions("instance_state")
+	time.Sleep(200 * time.Millisecond) // duty rounds every 10 ms (schedule, not a wait for a result)
+	if rec, _ := e.node.State().Instance("ctx-1"); rec.Status != fsm.InstanceUp || e.actions("instance_state") != settled {
+		t.Fatalf("ctx-1 is %v after a silence every instance shares (instance_state actions %d → %d)", rec.Status, settled, e.actions("instance_state"))
+	}
+	if !bound(e, "conv-1") {
+		t.Fatal("a shared silence evicted a binding")
+	}
+	publish("ctx-2", 2)
+	waitFor(t, "ctx-1, still silent while ctx-2 is heard, declared down", func() bool {
+		rec, _ := e.node.State().Instance("ctx-1")
+		return rec.Status == fsm.InstanceDown
+	})
+	if b, _ := e.node.State().Instance("ctx-2"); b.Status != fsm.InstanceUp {
+		t.Fatalf("ctx-2 is %v", b.Status)
 	}
 }

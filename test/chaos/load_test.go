@@ -76,7 +76,9 @@ func TestLoadAtShippedDefaults(t *testing.T) {
 	}
 	if !killLeader {
 		// No fault: every edge knows the committed placement whenever it
-		// places, so nothing is placed or served degraded.
+		// places, so nothing is placed or served degraded for a reason of
+		// the log (degradedForTheLog), and every degraded decision names
+		// its cause.
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		for _, e := range v.edges {
@@ -84,8 +86,17 @@ func TestLoadAtShippedDefaults(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if n != 0 {
-				t.Errorf("%s made %v degraded decisions without a fault", e.id, n)
+			causes := v.degradedCausesOn(e)
+			attributed := 0.0
+			for _, k := range causes {
+				attributed += k
+			}
+			t.Logf("FIGURES load degraded edge=%s decisions=%v by_cause=%v", e.id, n, causes)
+			if n != attributed {
+				t.Errorf("%s made %v degraded decisions, %v of them by cause", e.id, n, attributed)
+			}
+			if k := degradedForTheLog(causes); k != 0 {
+				t.Errorf("%s made %v degraded decisions for a reason of the log without a fault (%v)", e.id, k, causes)
 			}
 		}
 	}
