@@ -219,6 +219,19 @@ func parseRoute(h string) (ctxInst, genInst string) {
 	return r.ContextInstance, r.GenerationInstance
 }
 
+// leftBy names the last entry of a key's history: its type and, when it
+// has one, its reason (an eviction's ttl, instance_down, kv_evicted …).
+func leftBy(events []routecheck.Event) string {
+	if len(events) == 0 {
+		return "none"
+	}
+	last := events[len(events)-1]
+	if r, ok := last.Event["reason"]; ok {
+		return fmt.Sprintf("%s/%v", last.Type, r)
+	}
+	return last.Type
+}
+
 // history reads a key's archived history from e, once the archive holds
 // everything e has applied.
 func (v *env) history(e *edgeProc, fleet, key string) []routecheck.Event {
@@ -236,6 +249,8 @@ func (v *env) history(e *edgeProc, fleet, key string) []routecheck.Event {
 type verdict struct {
 	routecheck.Verdict
 	lost, evicted int
+	// evictedBy counts the evicted keys by the entry that removed each.
+	evictedBy map[string]int
 	// servedUnbound: acknowledged keys whose every answer was served on a
 	// placement its killed edge never recorded (routecheck.ServedUnbound).
 	servedUnbound int
@@ -334,6 +349,10 @@ func (v *env) checkRoutes(samples []sample, restarts map[string][]time.Time) ver
 			out.servedUnbound++
 		case routecheck.PlacedThenLeft:
 			out.evicted++
+			if out.evictedBy == nil {
+				out.evictedBy = map[string]int{}
+			}
+			out.evictedBy[leftBy(get("context", root))]++
 		}
 	}
 	return out
@@ -540,7 +559,7 @@ func TestChaos(t *testing.T) {
 				t.Errorf("%d wrong answers", vd.Wrong)
 			}
 			if vd.evicted != 0 && !nem.evicts {
-				t.Errorf("%d acknowledged keys were evicted by a fault that should evict nothing", vd.evicted)
+				t.Errorf("%d acknowledged keys were evicted by a fault that should evict nothing (by the entry that removed them: %v)", vd.evicted, vd.evictedBy)
 			}
 			if nem.noUnhealthy {
 				// A NATS outage must not make every worker unhealthy.
