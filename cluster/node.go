@@ -792,6 +792,10 @@ func (n *Node) Kill() error {
 	return n.closeErr
 }
 
+// raftHandlerGrace bounds how long closing waits for Raft's connection
+// handlers before it closes the stores.
+const raftHandlerGrace = 5 * time.Second
+
 func (n *Node) shutdown(abrupt bool) error {
 	n.raft.DeregisterObserver(n.observer)
 	n.cancel()
@@ -813,6 +817,12 @@ func (n *Node) shutdown(abrupt bool) error {
 	if err := n.transport.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("transport: %w", err))
 	}
+	// A heartbeat handled while raft shut down may still write the term.
+	hctx, hcancel := context.WithTimeout(context.Background(), raftHandlerGrace)
+	if !n.net.WaitRaftHandlers(hctx) {
+		n.log.Warn("cluster: Raft connection handlers still running at close", "waited", raftHandlerGrace)
+	}
+	hcancel()
 	// Raft (the only producer) has stopped: flush and stop — or, for Kill,
 	// drop the queue as a crash would; raft replays those entries on restart.
 	if abrupt {

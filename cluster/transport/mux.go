@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -73,6 +74,9 @@ type mux struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
+	// raftServing counts the accepted connections handed to Raft that its
+	// handlers have not closed yet (trackedConn.served).
+	raftServing sync.WaitGroup
 }
 
 func newMux(ln net.Listener, advertise string, tlsConf *tls.Config, dial DialFunc, auth muxAuth, logger *slog.Logger) *mux {
@@ -197,6 +201,12 @@ func (m *mux) route(c net.Conn) {
 		}
 		_ = c.SetDeadline(time.Time{})
 		conn = authed
+		if tc, ok := c.(*trackedConn); ok {
+			// Raft's handler closes it when it returns (or this goroutine
+			// does, below, when Raft takes no more connections).
+			m.raftServing.Add(1)
+			tc.served.Store(true)
+		}
 		select {
 		case m.raftConns <- conn:
 		case <-m.raftClosed:
@@ -328,9 +338,34 @@ func (m *mux) close() {
 	m.mu.Unlock()
 	m.ln.Close()
 	for _, c := range conns {
-		c.Close()
+		// The connection itself, not its owner's Close: a connection
+		// served to Raft counts as released only when Raft's handler
+		// returns and closes it (waitRaftHandlers).
+		if tc, ok := c.(*trackedConn); ok {
+			tc.Conn.Close()
+		} else {
+			c.Close()
+		}
 	}
 	m.wg.Wait()
+}
+
+// waitRaftHandlers waits until Raft's handlers of accepted connections
+// have returned, or ctx ends (false). Raft handles a heartbeat on the
+// transport's goroutine, writing the term to the stable store: the store
+// must stay open until those handlers are done.
+func (m *mux) waitRaftHandlers(ctx context.Context) bool {
+	done := make(chan struct{})
+	go func() {
+		m.raftServing.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // trackedConn forgets itself on Close.
@@ -338,11 +373,18 @@ type trackedConn struct {
 	net.Conn
 	m    *mux
 	once sync.Once
+	// served: handed to Raft, whose handler closes it when it returns.
+	served atomic.Bool
 }
 
 func (c *trackedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { c.m.untrack(c) })
+	c.once.Do(func() {
+		c.m.untrack(c)
+		if c.served.Load() {
+			c.m.raftServing.Done()
+		}
+	})
 	return err
 }
 

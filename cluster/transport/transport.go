@@ -91,6 +91,11 @@ func (t *Transport) Client() *Client { return t.client }
 // at once (a crash-like stop; Close after it is still needed).
 func (t *Transport) CloseConns() { t.mux.close() }
 
+// WaitRaftHandlers waits, after Close and the Raft transport's own Close,
+// until Raft's handlers of accepted connections have returned, or ctx
+// ends (false): until then one may still write to the stores.
+func (t *Transport) WaitRaftHandlers(ctx context.Context) bool { return t.mux.waitRaftHandlers(ctx) }
+
 // Close closes the forwarding client, then the listener and every
 // connection. Idempotent.
 func (t *Transport) Close() {

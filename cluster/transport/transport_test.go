@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/test/leakcheck"
 )
@@ -156,5 +158,46 @@ func TestForwardingThroughTheHandler(t *testing.T) {
 	stranger := newTransport(t, "n9", []byte("another-key-0123456789abcdef")).Client()
 	if _, err := stranger.Status(cctx, addr); !errors.Is(err, ErrAuth) {
 		t.Fatalf("wrong key: %v, want ErrAuth", err)
+	}
+}
+
+// Close returns with Raft's handlers of accepted connections still
+// running; WaitRaftHandlers waits until each has closed its connection
+// (the stores stay open until then).
+func TestWaitRaftHandlersWaitsForTheHandlerToClose(t *testing.T) {
+	server := newTransport(t, "n0", testKey)
+	sctx, scancel := context.WithCancel(context.Background())
+	defer scancel()
+	server.Serve(sctx, &leaderHandler{})
+	client := newTransport(t, "n1", testKey)
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := server.StreamLayer().Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	out, err := client.StreamLayer().Dial(raft.ServerAddress(server.StreamLayer().Addr().String()), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	handler, ok := <-accepted
+	if !ok {
+		t.Fatal("no connection accepted")
+	}
+	server.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	waited := server.WaitRaftHandlers(ctx)
+	cancel()
+	if waited {
+		t.Fatal("WaitRaftHandlers returned while the handler still held its connection")
+	}
+	handler.Close() // the handler returns
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if !server.WaitRaftHandlers(ctx) {
+		t.Fatal("WaitRaftHandlers did not return after the handler closed its connection")
 	}
 }
