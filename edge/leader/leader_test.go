@@ -202,7 +202,7 @@ func TestSharedSilenceDeclaresNoInstanceDown(t *testing.T) {
 		return a.Status == fsm.InstanceUp && b.Status == fsm.InstanceUp && a.URL == "http://ctx-1"
 	})
 	e.offset.Store(int64(2 * time.Minute)) // every instance silent for twice down_after
-	time.Sleep(200 * time.Millisecond) // duty rounds every 10 ms (schedule, not a wait for a result)
+	time.Sleep(200 * time.Millisecond)     // duty rounds every 10 ms (schedule, not a wait for a result)
 	for _, id := range []string{"ctx-1", "ctx-2"} {
 		if rec, _ := e.node.State().Instance(id); rec.Status != fsm.InstanceUp {
 			t.Fatalf("%s is %v after a silence every instance shares", id, rec.Status)
