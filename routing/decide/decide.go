@@ -59,6 +59,10 @@ const (
 	DegradedOverflowUnrecorded = "overflow_unrecorded"
 )
 
+// DegradedCauses lists every Degraded* cause.
+var DegradedCauses = []string{DegradedTelemetryLate, DegradedLogDown, DegradedStateNotCurrent,
+	DegradedCommitTimeout, DegradedOverflowUnrecorded}
+
 // PolicyPending is the policy of a request served on this edge's own Bind
 // proposal before its replica applied the log's answer.
 const PolicyPending = "pending"

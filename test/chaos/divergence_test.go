@@ -85,8 +85,7 @@ func (v *env) degradedCausesOn(e *edgeProc) map[string]float64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	out := map[string]float64{}
-	for _, c := range []string{decide.DegradedTelemetryLate, decide.DegradedLogDown, decide.DegradedStateNotCurrent,
-		decide.DegradedCommitTimeout, decide.DegradedOverflowUnrecorded} {
+	for _, c := range decide.DegradedCauses {
 		n, err := v.metricSum(ctx, e, "tether_edge_degraded_decisions_total", fmt.Sprintf("cause=%q", c))
 		if err != nil {
 			v.t.Fatal(err)
@@ -96,6 +95,15 @@ func (v *env) degradedCausesOn(e *edgeProc) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// sumCauses is how many degraded decisions causes counts.
+func sumCauses(causes map[string]float64) float64 {
+	n := 0.0
+	for _, k := range causes {
+		n += k
+	}
+	return n
 }
 
 // degradedForTheLog is how many of causes are for a reason of the log:
@@ -150,10 +158,7 @@ func TestChaosShortSessionsJudgedWithZeroMargin(t *testing.T) {
 	q := time.NewTimer(quiet)
 	<-q.C // the no-fault phase (schedule)
 	causesQuiet := v.degradedCauses()
-	degradedQuiet := 0.0
-	for _, n := range causesQuiet {
-		degradedQuiet += n
-	}
+	degradedQuiet := sumCauses(causesQuiet)
 	termQuiet := v.term()
 	for range cuts {
 		l := v.waitLeader(20 * time.Second)
@@ -185,10 +190,7 @@ func TestChaosShortSessionsJudgedWithZeroMargin(t *testing.T) {
 		t.Errorf("%d wrong answers", vd.Wrong)
 	}
 	// Every degraded decision names its cause.
-	attributed := 0.0
-	for _, n := range v.degradedCauses() {
-		attributed += n
-	}
+	attributed := sumCauses(v.degradedCauses())
 	if all := v.sumMetric("tether_edge_routing_decisions_total", `outcome="degraded"`); all != attributed {
 		t.Errorf("%v degraded decisions, %v of them by cause", all, attributed)
 	}

@@ -87,10 +87,7 @@ func TestLoadAtShippedDefaults(t *testing.T) {
 				t.Fatal(err)
 			}
 			causes := v.degradedCausesOn(e)
-			attributed := 0.0
-			for _, k := range causes {
-				attributed += k
-			}
+			attributed := sumCauses(causes)
 			t.Logf("FIGURES load degraded edge=%s decisions=%v by_cause=%v", e.id, n, causes)
 			if n != attributed {
 				t.Errorf("%s made %v degraded decisions, %v of them by cause", e.id, n, attributed)
