@@ -61,7 +61,7 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 		}, []string{"fleet", "policy", "outcome"}),
 		degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_edge_degraded_decisions_total",
-			Help: "Degraded routing decisions by fleet and cause: telemetry_late (every instance's reports late, the silent ones counted healthy), " +
+			Help: "Degraded routing decisions by fleet and cause: telemetry_late (every candidate's reports late while others' arrive, the silent ones counted healthy), " +
 				"log_down (no leader after a failed proposal), state_not_current (not caught up, no leader contact or lagging beyond " +
 				"cluster.degraded_placement_window), commit_timeout (commit_first: the Bind's fate unknown by the propose timeout), " +
 				"overflow_unrecorded (an overflow could not commit; the key stayed on an instance the views call unhealthy).",

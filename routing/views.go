@@ -20,9 +20,10 @@ type InstanceView struct {
 	Healthy bool
 	// Silent: not healthy only because its telemetry is late — it
 	// reported before and nothing since says it failed (no failed probe
-	// or hop, the log has it up). On a starved host every worker can be
-	// silent at once; a soft-affinity request is then placed among them
-	// rather than refused (routing/decide).
+	// or hop, the log has it up). When every candidate of a fleet is
+	// silent while the edge hears other instances (a silence the edge
+	// itself shares keeps them healthy: edge/fleetview), a soft-affinity
+	// request is placed among them rather than refused (routing/decide).
 	Silent bool
 	// Draining: takes no new keys (the worker reported it is shutting
 	// down, or an operator drained it).

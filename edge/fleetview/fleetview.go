@@ -289,6 +289,10 @@ type View struct {
 	// linkBackAt.
 	linkDownAt time.Time
 	linkBackAt time.Time
+	// lastHeard is when this edge last took a load report from any
+	// instance (under mu): the reference a silence every instance shares
+	// is judged against (sharedSilenceLocked).
+	lastHeard time.Time
 
 	subs   []*nats.Subscription
 	ctx    context.Context
@@ -500,7 +504,27 @@ func (f *View) healthyLocked(in *instance, now time.Time) bool {
 		return in.hasReport && f.linkDownAt.Sub(in.lastReport) <= f.staleAfter(in.interval) ||
 			in.static && f.probeFreshLocked(in, f.linkDownAt)
 	}
+	if f.sharedSilenceLocked(in, now) {
+		return true
+	}
 	return in.static && f.probeFreshLocked(in, now)
+}
+
+// sharedSilenceLocked reports whether in is late only because this edge
+// has heard no instance at all for longer than in's staleness window: the
+// silence is the edge's own (its process was not scheduled, or its
+// subscription fell behind), not the instance's. in keeps the health it
+// had when the edge last heard anyone: it is healthy if its report was
+// current then and no probe failed since. An instance that stops while
+// others go on reporting is late by their reports. As the leader's rule
+// (edge/leader), the trade is that instances that all stop at once stay
+// healthy until a probe, a failed hop or the log's down record says
+// otherwise.
+func (f *View) sharedSilenceLocked(in *instance, now time.Time) bool {
+	window := f.staleAfter(in.interval)
+	return in.hasReport && now.Sub(f.lastHeard) > window &&
+		f.lastHeard.Sub(in.lastReport) <= window &&
+		(!in.probedAt.After(in.lastReport) || in.probeOK)
 }
 
 // probeFreshLocked: a probe succeeded recently enough at now. A probe
@@ -842,6 +866,7 @@ func (f *View) onLoad(m *nats.Msg) {
 	first := !in.hasReport
 	in.hasReport = true
 	in.lastReport = now
+	f.lastHeard = now
 	in.interval = time.Duration(r.IntervalMilli) * time.Millisecond
 	in.queued, in.active, in.activeTok, in.kvUsed, in.kvTotal, in.lookup, in.hit = 0, 0, 0, 0, 0, 0, 0
 	for _, rl := range r.Ranks {

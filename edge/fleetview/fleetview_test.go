@@ -327,15 +327,80 @@ func TestHealthFromHeartbeatAge(t *testing.T) {
 		t.Fatalf("telemetry age %v, want 0.25", age)
 	}
 	clk.advance(100 * time.Millisecond)
-	if f.Views(clk.now(), nil)[0].Healthy {
+	// Another instance reports meanwhile: w1's silence is its own.
+	publishLoad(t, nc, report("w2", telemetry.FleetGeneration, 1, 1, 0))
+	waitFor(t, "w2's registration", 5*time.Second, func() bool { _, ok := f.Instance("w2", clk.now()); return ok })
+	if viewOf(t, f, "w1", clk.now()).Healthy {
 		t.Fatal("healthy after 3 missed intervals")
 	}
 	r := report("w1", telemetry.FleetGeneration, 1, 2, 0)
 	r.Draining = true
 	publishLoad(t, nc, r)
-	waitFor(t, "the draining report", 5*time.Second, func() bool { v := f.Views(clk.now(), nil)[0]; return v.Healthy && v.Draining })
-	if v := f.Views(clk.now(), nil)[0]; v.QueuedRequests != 2 || v.QueuedPrefillTokens != 0 {
+	waitFor(t, "the draining report", 5*time.Second, func() bool { v := viewOf(t, f, "w1", clk.now()); return v.Healthy && v.Draining })
+	if v := viewOf(t, f, "w1", clk.now()); v.QueuedRequests != 2 || v.QueuedPrefillTokens != 0 {
 		t.Fatalf("the report did not absorb the dispatch: %+v", v)
+	}
+}
+
+// viewOf is instance id's routing view at now.
+func viewOf(t *testing.T, f *View, id string, now time.Time) routing.InstanceView {
+	t.Helper()
+	for _, v := range f.Views(now, nil) {
+		if v.ID == id {
+			return v
+		}
+	}
+	t.Fatalf("no view of %s", id)
+	return routing.InstanceView{}
+}
+
+// A silence every instance shares is the edge's own (its process or its
+// subscription stalled): the instances keep the health they had when the
+// edge last heard anyone. Once the edge hears one of them again, the
+// others are late by that report; a failed probe since an instance's last
+// report ends the benefit of the doubt.
+func TestSharedSilenceKeepsHealth(t *testing.T) {
+	ns := natstest.Start(t, nil)
+	nc := connect(t, ns.ClientURL())
+	clk := &clock{}
+	clk.advance(time.Hour)
+	f, _ := newFleet(t, Config{Conn: connect(t, ns.ClientURL()), StaleIntervals: 3, MinStaleAfter: 200 * time.Millisecond, Now: clk.now})
+	publishLoad(t, nc, report("w1", telemetry.FleetContext, 1, 1, 0))
+	publishLoad(t, nc, report("w2", telemetry.FleetGeneration, 1, 1, 0))
+	waitFor(t, "registration", 5*time.Second, func() bool {
+		_, ok1 := f.Instance("w1", clk.now())
+		_, ok2 := f.Instance("w2", clk.now())
+		return ok1 && ok2
+	})
+	clk.advance(5 * time.Second) // the edge heard nobody: far past the 300 ms window
+	for _, id := range []string{"w1", "w2"} {
+		if v := viewOf(t, f, id, clk.now()); !v.Healthy || v.Silent {
+			t.Fatalf("%s after a silence every instance shares: healthy %v, silent %v", id, v.Healthy, v.Silent)
+		}
+		if in, _ := f.Instance(id, clk.now()); !in.Healthy {
+			t.Fatalf("%s's instance record unhealthy after a shared silence", id)
+		}
+	}
+	publishLoad(t, nc, report("w2", telemetry.FleetGeneration, 1, 2, 0))
+	waitFor(t, "w2 heard again", 5*time.Second, func() bool { return !viewOf(t, f, "w1", clk.now()).Healthy })
+	if v := viewOf(t, f, "w1", clk.now()); !v.Silent {
+		t.Fatalf("w1 late by w2's report should be silent (no failed probe): %+v", v)
+	}
+	if !viewOf(t, f, "w2", clk.now()).Healthy {
+		t.Fatal("w2 unhealthy after its own report")
+	}
+	// A failed probe since w2's last report: a shared silence no longer
+	// keeps it healthy.
+	clk.advance(5 * time.Second)
+	if !viewOf(t, f, "w2", clk.now()).Healthy {
+		t.Fatal("w2 unhealthy in a shared silence")
+	}
+	f.mu.Lock()
+	in := f.byID["w2"]
+	in.probedAt, in.probeOK = clk.now(), false
+	f.mu.Unlock()
+	if viewOf(t, f, "w2", clk.now()).Healthy {
+		t.Fatal("w2 healthy after a failed probe")
 	}
 }
 

@@ -42,8 +42,9 @@ const (
 
 // Why a decision was degraded (Hop.Degraded; the edge's metric label).
 const (
-	// DegradedTelemetryLate: every instance's telemetry was late, and the
-	// silent ones were counted healthy rather than refusing the request.
+	// DegradedTelemetryLate: every candidate's telemetry was late while
+	// the edge heard other instances, and the silent candidates were
+	// counted healthy rather than refusing the request.
 	DegradedTelemetryLate = "telemetry_late"
 	// DegradedLogDown: no leader, and a proposal just failed for it.
 	DegradedLogDown = "log_down"
@@ -615,7 +616,7 @@ func (x *decision) wake() bool {
 // (a Degraded* cause and a sentence), or "" when it can.
 func (x *decision) current() (string, string) {
 	if x.woken {
-		return DegradedTelemetryLate, "every instance's telemetry is late"
+		return DegradedTelemetryLate, "every candidate's telemetry is late"
 	}
 	if x.d.Log.Down(x.req.Now) {
 		return DegradedLogDown, "the affinity log cannot commit right now"
