@@ -297,11 +297,7 @@ func TestFreshViewRebuildsFromRealWorker(t *testing.T) {
 // (and at least min_stale_after); a draining report marks the instance
 // draining; dispatches count as queued until the next report.
 func TestHealthFromHeartbeatAge(t *testing.T) {
-	ns := natstest.Start(t, nil)
-	nc := connect(t, ns.ClientURL())
-	clk := &clock{}
-	clk.advance(time.Hour)
-	f, reg := newFleet(t, Config{Conn: connect(t, ns.ClientURL()), StaleIntervals: 3, MinStaleAfter: 200 * time.Millisecond, Now: clk.now})
+	f, reg, nc, clk := clockedFleet(t)
 	publishLoad(t, nc, report("w1", telemetry.FleetGeneration, 1, 1, 0))
 	waitFor(t, "registration", 5*time.Second, func() bool { _, ok := f.Instance("w1", clk.now()); return ok })
 	views := f.Views(clk.now(), nil)
@@ -342,6 +338,17 @@ func TestHealthFromHeartbeatAge(t *testing.T) {
 	}
 }
 
+// clockedFleet is a view on a fake clock (an hour past zero), stale after 3
+// intervals and at least 200 ms, with a publisher's NATS connection.
+func clockedFleet(t *testing.T) (*View, *prometheus.Registry, *nats.Conn, *clock) {
+	t.Helper()
+	ns := natstest.Start(t, nil)
+	clk := &clock{}
+	clk.advance(time.Hour)
+	f, reg := newFleet(t, Config{Conn: connect(t, ns.ClientURL()), StaleIntervals: 3, MinStaleAfter: 200 * time.Millisecond, Now: clk.now})
+	return f, reg, connect(t, ns.ClientURL()), clk
+}
+
 // viewOf is instance id's routing view at now.
 func viewOf(t *testing.T, f *View, id string, now time.Time) routing.InstanceView {
 	t.Helper()
@@ -360,11 +367,7 @@ func viewOf(t *testing.T, f *View, id string, now time.Time) routing.InstanceVie
 // others are late by that report; a failed probe since an instance's last
 // report ends the benefit of the doubt.
 func TestSharedSilenceKeepsHealth(t *testing.T) {
-	ns := natstest.Start(t, nil)
-	nc := connect(t, ns.ClientURL())
-	clk := &clock{}
-	clk.advance(time.Hour)
-	f, _ := newFleet(t, Config{Conn: connect(t, ns.ClientURL()), StaleIntervals: 3, MinStaleAfter: 200 * time.Millisecond, Now: clk.now})
+	f, _, nc, clk := clockedFleet(t)
 	publishLoad(t, nc, report("w1", telemetry.FleetContext, 1, 1, 0))
 	publishLoad(t, nc, report("w2", telemetry.FleetGeneration, 1, 1, 0))
 	waitFor(t, "registration", 5*time.Second, func() bool {

@@ -5,17 +5,12 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/internal/telemetry"
-	"github.com/tether-project/tether/test/natstest"
 )
 
 // Another edge's dispatch counts as queued on its instance until it ends or
 // the next load report absorbs it; an unknown instance is left alone.
 func TestHeardDispatchCountsUntilTheNextReport(t *testing.T) {
-	ns := natstest.Start(t, nil)
-	nc := connect(t, ns.ClientURL())
-	clk := &clock{}
-	clk.advance(time.Hour)
-	f, _ := newFleet(t, Config{Conn: connect(t, ns.ClientURL()), StaleIntervals: 3, MinStaleAfter: 200 * time.Millisecond, Now: clk.now})
+	f, _, nc, clk := clockedFleet(t)
 	publishLoad(t, nc, report("w1", telemetry.FleetContext, 1, 1, 0))
 	waitFor(t, "registration", 5*time.Second, func() bool { _, ok := f.Instance("w1", clk.now()); return ok })
 	base := f.Views(clk.now(), nil)[0].QueuedRequests
