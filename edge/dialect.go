@@ -174,10 +174,10 @@ func (a *answer) object(obj map[string]json.RawMessage, stream bool) bool {
 		return false
 	}
 	u := readUsageOf(a.d, usage)
-	if a.onUsage != nil && u.ok {
+	if a.onUsage != nil && u.OK {
 		a.onUsage(u)
 	}
-	if a.nullCached && u.ok {
+	if a.nullCached && u.OK {
 		if d, ok := usage["prompt_tokens_details"]; !ok || isNull(d) {
 			return false
 		}
@@ -185,7 +185,7 @@ func (a *answer) object(obj map[string]json.RawMessage, stream bool) bool {
 		obj["usage"] = mustMarshal(usage)
 		return true
 	}
-	if a.cached < 0 || !u.ok {
+	if a.cached < 0 || !u.OK {
 		return false
 	}
 	patchUsage(a.d, usage, u, a.cached)
@@ -216,15 +216,15 @@ func readUsageOf(d apireq.Dialect, usage map[string]json.RawMessage) usageFigure
 		in, ok := num(usage, "input_tokens")
 		read, hasRead := num(usage, "cache_read_input_tokens")
 		created, _ := num(usage, "cache_creation_input_tokens")
-		u = usageFigures{ok: ok, prompt: in + read + created, cached: read, hasCached: hasRead}
+		u = usageFigures{OK: ok, Prompt: in + read + created, Cached: read, HasCached: hasRead}
 	case apireq.Responses:
 		in, ok := num(usage, "input_tokens")
 		cached, has := num(sub("input_tokens_details"), "cached_tokens")
-		u = usageFigures{ok: ok, prompt: in, cached: cached, hasCached: has}
+		u = usageFigures{OK: ok, Prompt: in, Cached: cached, HasCached: has}
 	default:
 		in, ok := num(usage, "prompt_tokens")
 		cached, has := num(sub("prompt_tokens_details"), "cached_tokens")
-		u = usageFigures{ok: ok, prompt: in, cached: cached, hasCached: has}
+		u = usageFigures{OK: ok, Prompt: in, Cached: cached, HasCached: has}
 	}
 	return u
 }
@@ -246,7 +246,7 @@ func patchUsage(d apireq.Dialect, usage map[string]json.RawMessage, u usageFigur
 			_ = json.Unmarshal(raw, &created)
 		}
 		usage["cache_read_input_tokens"] = json.RawMessage(strconv.Itoa(cached))
-		usage["input_tokens"] = json.RawMessage(strconv.Itoa(max(u.prompt-cached-created, 0)))
+		usage["input_tokens"] = json.RawMessage(strconv.Itoa(max(u.Prompt-cached-created, 0)))
 	case apireq.Responses:
 		set("input_tokens_details", "cached_tokens")
 	default:

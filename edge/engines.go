@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/fsm"
@@ -42,12 +43,8 @@ const (
 )
 
 // HeaderDataParallelRank pins a request to one data-parallel rank of a vLLM
-// or SGLang server. Both read it case-insensitively and parse it as an
-// integer (vLLM: serving's _get_data_parallel_rank, a non-integer is
-// ignored and its own balancer picks; SGLang: serving_base's
-// extract_routed_dp_rank_from_header, a non-integer is a 400); a rank
-// outside [0, data-parallel size) is refused with 400 by both.
-const HeaderDataParallelRank = "X-Data-Parallel-Rank"
+// or SGLang server (edge/disagg, which documents how each engine reads it).
+const HeaderDataParallelRank = disagg.HeaderDataParallelRank
 
 // maxDataParallelSize bounds data_parallel_size (vLLM and SGLang
 // deployments run a few dozen ranks at most).
@@ -302,15 +299,15 @@ func (e *Edge) recordEngineRank(h *hop, rank int) {
 // is on there, so a later null means none were: the shadow cache and the
 // circuit breaker learn of the miss.
 func (e *Edge) engineUsage(instance string, u usageFigures) usageFigures {
-	if !u.ok {
+	if !u.OK {
 		return u
 	}
-	if u.hasCached {
+	if u.HasCached {
 		e.engines.cacheReporters.Store(instance, true)
 		return u
 	}
 	if _, ok := e.engines.cacheReporters.Load(instance); ok {
-		u.cached, u.hasCached = 0, true
+		u.Cached, u.HasCached = 0, true
 	}
 	return u
 }

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
@@ -632,7 +633,7 @@ func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, er
 	}
 	wantID := strconv.FormatUint(disaggID, 10)
 	switch {
-	case !finishPending(res.finish):
+	case !disagg.FinishPending(res.finish):
 		// The context phase already finished the request (the model
 		// stopped on its first token): nothing is handed off, so the
 		// worker leaves ctx_request_id and the opaque state null, and the
@@ -686,13 +687,8 @@ func isNullOrAbsent(raw json.RawMessage) bool { return len(bytes.TrimSpace(raw))
 // finished); any other finish reason, or a one-token request, makes the
 // context response the answer.
 func (cres *contextResult) needsGeneration(maxTokens int) bool {
-	return maxTokens != 1 && finishPending(cres.finish)
+	return maxTokens != 1 && disagg.FinishPending(cres.finish)
 }
-
-// finishPending: a context phase that ended with this finish reason leaves
-// the request to a generation phase (TensorRT-LLM's "length" and
-// "not_finished").
-func finishPending(finish string) bool { return finish == "length" || finish == "not_finished" }
 
 // generationBody is the generation hop's body. TensorRT-LLM protocol: the
 // context's choices[0].disaggregated_params with request_type
@@ -829,10 +825,10 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 			// anything about the cache (vLLM without
 			// --enable-prompt-tokens-details does not: its breaker must
 			// not read that as misses).
-			if u = e.engineUsage(genHop.Instance, u); u.hasCached {
-				e.fleet.RecordUsage(genHop.Instance, int64(u.prompt), int64(u.cached), e.now())
+			if u = e.engineUsage(genHop.Instance, u); u.HasCached {
+				e.fleet.RecordUsage(genHop.Instance, int64(u.Prompt), int64(u.Cached), e.now())
 				if rq.prev == nil {
-					e.shadowCorrect(rq, genHop, u.cached)
+					e.shadowCorrect(rq, genHop, u.Cached)
 				}
 			}
 		}
@@ -914,56 +910,8 @@ func (e *Edge) copyAnswer(w http.ResponseWriter, resp *http.Response, ans *answe
 	}
 }
 
-type usageFigures struct {
-	ok             bool
-	prompt, cached int
-	hasCached      bool // the usage reported cached tokens
-}
-
-// readUsage reads a chat or completions answer's usage.
-func readUsage(b []byte) usageFigures {
-	var v struct {
-		Usage *struct {
-			PromptTokens        int `json:"prompt_tokens"`
-			PromptTokensDetails *struct {
-				CachedTokens *int `json:"cached_tokens"`
-			} `json:"prompt_tokens_details"`
-		} `json:"usage"`
-	}
-	if json.Unmarshal(b, &v) != nil || v.Usage == nil {
-		return usageFigures{}
-	}
-	u := usageFigures{ok: true, prompt: v.Usage.PromptTokens}
-	if d := v.Usage.PromptTokensDetails; d != nil && d.CachedTokens != nil {
-		u.cached, u.hasCached = *d.CachedTokens, true
-	}
-	return u
-}
-
-// patchCachedTokens sets usage.prompt_tokens_details.cached_tokens in a
-// response object (unchanged when it has no usage).
-func patchCachedTokens(b []byte, cached int) []byte {
-	var top map[string]json.RawMessage
-	if json.Unmarshal(b, &top) != nil {
-		return b
-	}
-	raw, ok := top["usage"]
-	if !ok || isNull(raw) {
-		return b
-	}
-	var usage map[string]json.RawMessage
-	if json.Unmarshal(raw, &usage) != nil {
-		return b
-	}
-	details := map[string]json.RawMessage{}
-	if d, ok := usage["prompt_tokens_details"]; ok && !isNull(d) {
-		_ = json.Unmarshal(d, &details)
-	}
-	details["cached_tokens"] = json.RawMessage(strconv.Itoa(cached))
-	usage["prompt_tokens_details"] = mustMarshal(details)
-	top["usage"] = mustMarshal(usage)
-	return mustMarshal(top)
-}
+// usageFigures is what an answer's usage says of its prompt.
+type usageFigures = disagg.Usage
 
 // respondFromContext answers with the context phase's result when it is
 // already complete (max_tokens 1, or the model stopped): as JSON, or as an
