@@ -63,7 +63,7 @@ func TestAdminAPI(t *testing.T) {
 	}
 	// A sticky turn is touched through the log: last_used advances.
 	a.send(t, s.c, s.te, "two", nil)
-	waitFor(t, "last_used to advance", 5*time.Second, func() bool {
+	waitFor(t, "last_used to advance", 30*time.Second, func() bool {
 		nb, _ := binding(t, s.c, s.te, fsm.FleetContext, "admin-conv")
 		return nb.LastUsed.After(b.LastUsed)
 	})
@@ -91,7 +91,7 @@ func TestAdminAPI(t *testing.T) {
 		hist.Events[0].Index == 0 || hist.Events[0].Time.IsZero() || !types["Touch"] {
 		t.Fatalf("history %+v", hist.Events)
 	}
-	waitFor(t, "the binding's rank", 5*time.Second, func() bool {
+	waitFor(t, "the binding's rank", 30*time.Second, func() bool {
 		nb, _ := binding(t, s.c, s.te, fsm.FleetContext, "admin-conv")
 		return nb.Rank != nil
 	})
@@ -99,7 +99,7 @@ func TestAdminAPI(t *testing.T) {
 	var inst struct {
 		Instances []admin.InstanceInfo `json:"instances"`
 	}
-	waitFor(t, "instances up in the log", 5*time.Second, func() bool {
+	waitFor(t, "instances up in the log", 30*time.Second, func() bool {
 		if err := json.Unmarshal(adminGet(t, s.c, s.te, "/admin/v1/instances").body, &inst); err != nil {
 			t.Fatal(err)
 		}

@@ -135,7 +135,7 @@ func TestSeedTableAcrossThreeEdges(t *testing.T) {
 			// Every edge's admin API reports the same binding of the root
 			// (once the entry replicated to it).
 			for i := range 3 {
-				waitFor(t, fmt.Sprintf("edge %d to report parent-1 on %s", i+1, p1.ctxInst), 5*time.Second, func() bool {
+				waitFor(t, fmt.Sprintf("edge %d to report parent-1 on %s", i+1, p1.ctxInst), 30*time.Second, func() bool {
 					b, ok := binding(t, c, ec.edge(i), fsm.FleetContext, "parent-1")
 					return ok && b.Instance == p1.ctxInst && b.ConversationID == "parent-1"
 				})
@@ -158,7 +158,7 @@ func TestSeedTableAcrossThreeEdges(t *testing.T) {
 					conv string
 					res  turnResult
 				}{{"child-a", a1}, {"child-b", b1}} {
-					waitFor(t, "scope context: the generation binding of "+r.conv+" on edge 1", 5*time.Second, func() bool {
+					waitFor(t, "scope context: the generation binding of "+r.conv+" on edge 1", 30*time.Second, func() bool {
 						b, ok := binding(t, c, ec.edge(0), fsm.FleetGeneration, r.conv)
 						return ok && b.Instance == r.res.gen && b.ConversationID == r.conv
 					})

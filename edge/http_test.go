@@ -389,7 +389,7 @@ func TestContextRetryOnAnotherInstance(t *testing.T) {
 	if n := counter(t, s.te.registry, "tether_edge_retries_total", map[string]string{"fleet": "context"}); n != 1 {
 		t.Fatalf("context retries %v", n)
 	}
-	waitFor(t, "the overflow in the log", 5*time.Second, func() bool {
+	waitFor(t, "the overflow in the log", 30*time.Second, func() bool {
 		return s.te.e.Node().State().Counters().Overflows[fsm.OverflowUnhealthy] >= 1
 	})
 }

@@ -442,7 +442,7 @@ func TestPDPrefillKilledBetweenHops(t *testing.T) {
 					}}
 				}})
 				s.send(t, pdTurn{0, conv, "", conv + " turn 1", false}, nil)
-				waitFor(t, "the prefill binding on edge-1", 5*time.Second, func() bool {
+				waitFor(t, "the prefill binding on edge-1", 30*time.Second, func() bool {
 					_, ok := s.ec.edge(0).e.node.State().Lookup(fsm.FleetContext, conv)
 					return ok
 				})
