@@ -337,12 +337,11 @@ func (f *fleet) stopEdge(i int) {
 	}
 }
 
-// leader is the running edge that is the ready Raft leader, or nil.
+// leader waits for a ready Raft leader among the running edges (one may
+// be elected anew after a membership change) and returns it.
 func (f *fleet) leader() *fleetEdge {
-	if i := f.edges.LeaderIndex(); i >= 0 {
-		return f.edges.Node(i)
-	}
-	return nil
+	f.t.Helper()
+	return f.edges.Node(f.edges.WaitLeader(15 * time.Second))
 }
 
 // startWorker starts (or replaces, under the same instance id) a worker.
