@@ -1,9 +1,11 @@
 // Package clustertest runs a group of Raft members in one test process: it
-// reserves every member's port first (so each knows its peers before any
-// starts), gives each a data directory, opens the members concurrently,
-// waits for a ready leader, kills, closes and restarts a member on its data
-// directory and address, and stops whatever is still running when the test
-// ends, before the test's leak check.
+// reserves every member's ports first (so each knows its peers before any
+// starts; besides its Raft port a member may have others, such as an edge's
+// HTTP port), gives each a data directory, opens the members concurrently
+// (all, or some while the others start later), waits for a ready leader,
+// kills, closes and restarts a member on its data directory and addresses,
+// and stops whatever is still running when the test ends (one after the
+// other, leader first, or all at once), before the test's leak check.
 //
 // It is generic over the member: a bare *cluster.Node (the cluster
 // package's own tests, test/reliability) or a whole edge behind a small
@@ -39,6 +41,8 @@ type Member struct {
 	ID string
 	// Addr is the address of the member's port (its Raft address).
 	Addr string
+	// Extra are the addresses of its other ports (Options.ExtraPorts).
+	Extra []string
 	// DataDir is the member's own directory below the test's temp dir
 	// (not created).
 	DataDir string
@@ -53,10 +57,15 @@ type Options struct {
 	// Listen opens member id's port at addr, or at a new address when addr
 	// is "" (nil: TCP on 127.0.0.1).
 	Listen func(id, addr string) (net.Listener, error)
+	// ExtraPorts is the number of other ports each member has besides the
+	// one Listen opens (an edge's HTTP port): TCP on 127.0.0.1, reserved
+	// with it and kept across restarts like it; open takes them with
+	// Group.Listener.
+	ExtraPorts int
 	// CloseTimeout bounds each member's Close (0: 10 s).
 	CloseTimeout time.Duration
 	// ParallelClose closes the members at the end of the test all at once
-	// instead of one after the other.
+	// instead of one after the other (a ready leader first each time).
 	ParallelClose bool
 }
 
@@ -72,7 +81,7 @@ type Group[N Node] struct {
 
 	mu       sync.Mutex
 	members  []Member
-	reserved []net.Listener // ports not handed to a member yet
+	reserved [][]net.Listener // by member: ports not handed to it yet, its Raft port first
 	nodes    []N
 	up       []bool
 }
@@ -105,21 +114,35 @@ func New[N Node](t testing.TB, o Options) *Group[N] {
 	return g
 }
 
-// Add reserves a port and names the data directory of one more member,
+// Add reserves the ports and names the data directory of one more member,
 // id (one that joins the group later); Start opens it. It returns the
 // member's number.
 func (g *Group[N]) Add(id string) (int, Member) {
 	g.t.Helper()
-	ln, err := g.o.Listen(id, "")
-	if err != nil {
-		g.t.Fatalf("clustertest: listen for %s: %v", id, err)
+	lns := make([]net.Listener, 1+g.o.ExtraPorts)
+	var err error
+	for p := range lns {
+		if p == 0 {
+			lns[p], err = g.o.Listen(id, "")
+		} else {
+			lns[p], err = listenTCP(id, "")
+		}
+		if err != nil {
+			for _, ln := range lns[:p] {
+				ln.Close()
+			}
+			g.t.Fatalf("clustertest: listen for %s: %v", id, err)
+		}
 	}
-	m := Member{ID: id, Addr: ln.Addr().String(), DataDir: filepath.Join(g.base, id)}
+	m := Member{ID: id, Addr: lns[0].Addr().String(), DataDir: filepath.Join(g.base, id)}
+	for _, ln := range lns[1:] {
+		m.Extra = append(m.Extra, ln.Addr().String())
+	}
 	var zero N
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.members = append(g.members, m)
-	g.reserved = append(g.reserved, ln)
+	g.reserved = append(g.reserved, lns)
 	g.nodes = append(g.nodes, zero)
 	g.up = append(g.up, false)
 	return len(g.members) - 1, m
@@ -151,17 +174,28 @@ func (g *Group[N]) Len() int {
 // for a leader.
 func (g *Group[N]) StartAll(open OpenFunc[N]) {
 	g.t.Helper()
+	all := make([]int, g.Len())
+	for i := range all {
+		all[i] = i
+	}
+	g.StartSome(open, all...)
+}
+
+// StartSome is StartAll for the members numbered in which; the others keep
+// their reserved ports until Start opens them (a bootstrap voter that
+// starts later than its peers).
+func (g *Group[N]) StartSome(open OpenFunc[N], which ...int) {
+	g.t.Helper()
 	g.mu.Lock()
 	g.open = open
-	n := len(g.members)
 	g.mu.Unlock()
 	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for i := range n {
+	errs := make([]error, len(which))
+	for k, i := range which {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = g.Start(i)
+			_, errs[k] = g.Start(i)
 		}()
 	}
 	wg.Wait()
@@ -274,36 +308,26 @@ func (g *Group[N]) Close(i int) error {
 	return nil
 }
 
-// Start opens member i with StartAll's function: the first time on the
-// port reserved for it, after it stopped on its data directory and address
-// again, as a restarted process would. A running member is returned as it
-// is. The address of a member just stopped is released by the kernel
-// asynchronously, so binding it again is retried for a while.
+// Start opens member i with the function StartAll or StartSome got: the
+// first time on the port reserved for it, after it stopped on its data
+// directory and address again, as a restarted process would. A running
+// member is returned as it is.
 func (g *Group[N]) Start(i int) (N, error) {
 	var zero N
 	g.mu.Lock()
-	m, ln, up, n, open := g.members[i], g.reserved[i], g.up[i], g.nodes[i], g.open
+	m, up, n, open := g.members[i], g.up[i], g.nodes[i], g.open
+	g.mu.Unlock()
 	if up {
-		g.mu.Unlock()
 		return n, nil
 	}
 	if open == nil {
-		g.mu.Unlock()
-		return zero, fmt.Errorf("start %s: StartAll has not run", m.ID)
+		return zero, fmt.Errorf("start %s: neither StartAll nor StartSome has run", m.ID)
 	}
-	g.reserved[i] = nil
-	g.mu.Unlock()
-	if ln == nil {
-		err := waitfor.Err(10*time.Second, func() error {
-			var err error
-			ln, err = g.o.Listen(m.ID, m.Addr)
-			return err
-		})
-		if err != nil {
-			return zero, fmt.Errorf("start %s: listen on %s: %w", m.ID, m.Addr, err)
-		}
+	ln, err := g.listener(i, 0)
+	if err != nil {
+		return zero, fmt.Errorf("start %s: %w", m.ID, err)
 	}
-	n, err := open(i, ln)
+	n, err = open(i, ln)
 	if err != nil {
 		return zero, fmt.Errorf("start %s: %w", m.ID, err)
 	}
@@ -311,25 +335,65 @@ func (g *Group[N]) Start(i int) (N, error) {
 	return n, nil
 }
 
+// Listener is member i's extra port k (Options.ExtraPorts) for open to
+// serve: the port reserved for it the first time, after that its address
+// bound again. The listener is the caller's.
+func (g *Group[N]) Listener(i, k int) (net.Listener, error) {
+	return g.listener(i, 1+k)
+}
+
+// listener hands out member i's port p (0: the one Listen opens): the
+// reserved one if it was not handed out yet, else its address bound again.
+// The address of a member just stopped is released by the kernel
+// asynchronously, so binding it again is retried for a while.
+func (g *Group[N]) listener(i, p int) (net.Listener, error) {
+	g.mu.Lock()
+	m, ln := g.members[i], g.reserved[i][p]
+	g.reserved[i][p] = nil
+	g.mu.Unlock()
+	if ln != nil {
+		return ln, nil
+	}
+	addr, listen := m.Addr, g.o.Listen
+	if p > 0 {
+		addr, listen = m.Extra[p-1], listenTCP
+	}
+	err := waitfor.Err(10*time.Second, func() error {
+		var err error
+		ln, err = listen(m.ID, addr)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	return ln, nil
+}
+
 // CloseAll stops every running member gracefully and releases the ports
-// not handed out; the test's cleanup calls it.
+// not handed out; the test's cleanup calls it. One after the other, it
+// closes a ready leader first each time, so that each close hands
+// leadership to a member still up.
 func (g *Group[N]) CloseAll() {
 	g.mu.Lock()
-	for i, ln := range g.reserved {
-		if ln != nil {
-			ln.Close()
-			g.reserved[i] = nil
+	for _, lns := range g.reserved {
+		for p, ln := range lns {
+			if ln != nil {
+				ln.Close()
+				lns[p] = nil
+			}
 		}
 	}
 	g.mu.Unlock()
-	var wg sync.WaitGroup
-	for i := range g.Len() {
-		if !g.o.ParallelClose {
+	if !g.o.ParallelClose {
+		for i := g.nextToClose(); i >= 0; i = g.nextToClose() {
 			if err := g.Close(i); err != nil {
 				g.t.Errorf("clustertest: %v", err)
 			}
-			continue
 		}
+		return
+	}
+	var wg sync.WaitGroup
+	for i := range g.Len() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -339,4 +403,18 @@ func (g *Group[N]) CloseAll() {
 		}()
 	}
 	wg.Wait()
+}
+
+// nextToClose is the member number of a running ready leader, else of the
+// first running member, or -1.
+func (g *Group[N]) nextToClose() int {
+	if i := g.LeaderIndex(); i >= 0 {
+		return i
+	}
+	for i := range g.Len() {
+		if g.Up(i) {
+			return i
+		}
+	}
+	return -1
 }

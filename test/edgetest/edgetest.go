@@ -37,12 +37,15 @@ func Peers(ms []clustertest.Member) []cluster.Peer {
 
 // Start runs an edge from cfg with ln as its Raft port (deps.ClusterListener)
 // and waits at most timeout for it to start; an edge that does not start is
-// closed again.
+// closed again, and so are its listeners.
 func Start(cfg edge.Config, deps edge.Deps, ln net.Listener, timeout time.Duration) (Member, error) {
 	deps.ClusterListener = ln
 	e, err := edge.New(cfg, deps)
 	if err != nil {
 		ln.Close()
+		if deps.HTTPListener != nil {
+			deps.HTTPListener.Close()
+		}
 		return Member{}, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)

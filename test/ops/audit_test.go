@@ -54,7 +54,7 @@ func TestAuditCopyOfALiveEdge(t *testing.T) {
 	agentWorkload(t, f, 4, 2)
 	idx := f.quiesce()
 
-	src := f.edges[1] // a copy of any edge works; take a follower's or the leader's
+	src := f.edges.Node(1) // a copy of any edge works; take a follower's or the leader's
 	copyDst := filepath.Join(t.TempDir(), "edge-copy")
 	copyDir(t, src.dataDir, copyDst)
 
@@ -75,7 +75,7 @@ func TestAuditCopyOfALiveEdge(t *testing.T) {
 	if res.Index != idx {
 		t.Fatalf("replay reached index %d, the cluster is at %d", res.Index, idx)
 	}
-	for _, s := range f.running() {
+	for _, s := range f.edges.Running() {
 		st := s.state()
 		if h := st.Hash(); st.Index() != idx || h != res.Hash {
 			t.Fatalf("%s at index %d has hash %x; the replay of %s's copy gives %x", s.id, st.Index(), h, src.id, res.Hash)
@@ -235,15 +235,16 @@ func TestAuditCLI(t *testing.T) {
 	agentWorkload(t, f, 2, 1)
 	f.quiesce()
 	dir := filepath.Join(t.TempDir(), "copy")
-	copyDir(t, f.edges[0].dataDir, dir)
-	live := f.edges[0].state()
+	e := f.edges.Node(0)
+	copyDir(t, e.dataDir, dir)
+	live := e.state()
 	h := live.Hash()
 
 	out, err := exec.Command(bin, "audit", "replay", "--data-dir", dir).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "state hash:     "+hex.EncodeToString(h[:])) {
 		t.Fatalf("audit replay: %v\n%s", err, out)
 	}
-	cmd := exec.Command(bin, "audit", "verify", "--data-dir", dir, "--edge", f.edges[0].url())
+	cmd := exec.Command(bin, "audit", "verify", "--data-dir", dir, "--edge", e.url())
 	cmd.Env = append(cmd.Environ(), "TETHER_ADMIN_TOKEN="+adminToken)
 	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "OK: state hash at index") {
 		t.Fatalf("audit verify: %v\n%s", err, out)
@@ -267,13 +268,13 @@ func TestAuditCLI(t *testing.T) {
 	if err != nil || bytes.Count(out, []byte("\n")) < 10 || !bytes.Contains(out, []byte(`"type":"Bind"`)) {
 		t.Fatalf("audit export: %v\n%s", err, out)
 	}
-	if out, err := exec.Command(bin, "audit", "replay", "--data-dir", f.edges[0].dataDir, "--lock-timeout", "100ms").CombinedOutput(); err == nil ||
+	if out, err := exec.Command(bin, "audit", "replay", "--data-dir", e.dataDir, "--lock-timeout", "100ms").CombinedOutput(); err == nil ||
 		!strings.Contains(string(out), "copy the data directory first") {
 		t.Fatalf("audit replay on the live dir: %v\n%s", err, out)
 	}
 
 	corruptOneBind(t, filepath.Join(dir, audit.ArchiveFile))
-	cmd = exec.Command(bin, "audit", "verify", "--data-dir", dir, "--edge", f.edges[0].url(), "--admin-token", adminToken)
+	cmd = exec.Command(bin, "audit", "verify", "--data-dir", dir, "--edge", e.url(), "--admin-token", adminToken)
 	out, err = cmd.CombinedOutput()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "MISMATCH at index") {

@@ -27,10 +27,7 @@ func TestInstanceDrainCLI(t *testing.T) {
 	bin := tetherBin(t)
 	f := startFleet(t, fleetOptions{ctxWorkers: 2, genWorkers: 1})
 	f.waitReady(30*time.Second, nil)
-	var urls []string
-	for _, s := range f.edges {
-		urls = append(urls, s.url())
-	}
+	urls := f.urls()
 	operatorCmd := func(args ...string) (string, error) {
 		cmd := exec.Command(bin, append(append([]string{"operator"}, args...), "--edge", strings.Join(urls, ","))...)
 		cmd.Env = append(cmd.Environ(), "TETHER_ADMIN_TOKEN="+adminToken)
@@ -41,8 +38,8 @@ func TestInstanceDrainCLI(t *testing.T) {
 	// A drain needs the cluster at feature level 3, which the leader
 	// commits once every voter has announced it.
 	waitFor(t, 30*time.Second, "feature level 3 committed on every edge", func() string {
-		for _, s := range f.running() {
-			if lvl := s.edge().Node().State().FeatureLevel(); lvl < fsm.FeatureLevelDrain {
+		for _, s := range f.edges.Running() {
+			if lvl := s.state().FeatureLevel(); lvl < fsm.FeatureLevelDrain {
 				return fmt.Sprintf("%s at level %d", s.id, lvl)
 			}
 		}
@@ -87,7 +84,7 @@ func TestInstanceDrainCLI(t *testing.T) {
 
 	f.quiesce()
 	dir := filepath.Join(t.TempDir(), "copy")
-	copyDir(t, f.edges[0].dataDir, dir)
+	copyDir(t, f.edges.Member(0).DataDir, dir)
 	expl, err := exec.Command(bin, "audit", "explain", "--data-dir", dir, "--key", "drain-a", "--fleet", "context").CombinedOutput()
 	t.Logf("explain drain-a:\n%s", expl)
 	if err != nil {

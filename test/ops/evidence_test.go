@@ -52,7 +52,7 @@ func TestExplainShowsPlacementEvidence(t *testing.T) {
 	}
 	f.quiesce()
 	dir := filepath.Join(t.TempDir(), "copy")
-	copyDir(t, f.edges[0].dataDir, dir)
+	copyDir(t, f.edges.Member(0).DataDir, dir)
 
 	out, err := exec.Command(bin, "audit", "explain", "--data-dir", dir, "--key", "conv-a", "--fleet", "context").CombinedOutput()
 	t.Logf("explain conv-a:\n%s", out)

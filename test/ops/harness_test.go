@@ -28,6 +28,8 @@ import (
 	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/ops/operator"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/test/clustertest"
+	"github.com/tether-project/tether/test/edgetest"
 	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"
 )
@@ -41,21 +43,23 @@ const (
 
 // fleet is an in-process deployment built from the real parts: an embedded
 // NATS server, edges (edge.New: Raft over loopback TCP, raft-boltdb and the
-// bbolt archive in per-edge data dirs) and simulated workers (worker.New:
-// real HTTP servers publishing telemetry). Unlike ops/devstack it lets a
-// test restart an edge as another version, replace a worker by one with
-// another configuration under the same instance id, and start a subset of
-// the bootstrap voters.
+// bbolt archive in per-edge data dirs) as the members of a test/clustertest
+// group, and simulated workers (worker.New: real HTTP servers publishing
+// telemetry). Unlike ops/devstack it lets a test restart an edge as another
+// version, replace a worker by one with another configuration under the
+// same instance id, and start a subset of the bootstrap voters.
 type fleet struct {
 	t       *testing.T
-	dir     string
 	nats    *natsserver.Server
-	edges   []*edgeSlot
+	edges   *clustertest.Group[*fleetEdge]
 	client  *http.Client
 	mu      sync.Mutex
 	workers map[string]*worker.Server
 	order   []string
-	opts    fleetOptions
+	// versions are the versions startEdge last started edges as, by id
+	// (the others run opts.version).
+	versions map[string]string
+	opts     fleetOptions
 
 	wg         sync.WaitGroup
 	stopHealth chan struct{}
@@ -75,31 +79,26 @@ type fleetOptions struct {
 	version      string // initial edge and worker version (default "v1")
 }
 
-// edgeSlot is one edge's identity; its *edge.Edge changes across restarts.
-type edgeSlot struct {
-	i        int
-	id       string
-	raftAddr string
-	httpAddr string
-	dataDir  string
-	version  string
-
-	mu sync.Mutex
-	e  *edge.Edge
-	// ready: in the load balancer's rotation (see healthLoop; cleared
-	// before it stops). admitted: it has heard every worker once since it
-	// started.
+// fleetEdge is one edge process: a member of the fleet's group while it
+// runs. Its HTTP port, the group's extra port, is kept across restarts.
+type fleetEdge struct {
+	edgetest.Member
+	i                               int // member number
+	id, dataDir, raftAddr, httpAddr string
+	version                         string
+	// ready: in the load balancer's rotation (see healthLoop). admitted:
+	// it has heard every worker once since it started.
 	ready    atomic.Bool
 	admitted atomic.Bool
 }
 
-func (s *edgeSlot) edge() *edge.Edge {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.e
-}
+func (e *fleetEdge) url() string { return "http://" + e.httpAddr }
 
-func (s *edgeSlot) url() string { return "http://" + s.httpAddr }
+// state is the edge's current replicated state.
+func (e *fleetEdge) state() *fsm.State { return e.Node().State() }
+
+// memberURL is a member's HTTP URL, whether it runs or not.
+func memberURL(m clustertest.Member) string { return "http://" + m.Extra[0] }
 
 func quietLogger() *slog.Logger {
 	if os.Getenv("OPS_TEST_LOG") != "" {
@@ -122,7 +121,7 @@ func startFleet(t *testing.T, o fleetOptions) *fleet {
 	if o.version == "" {
 		o.version = "v1"
 	}
-	f := &fleet{t: t, dir: t.TempDir(), workers: map[string]*worker.Server{}, opts: o}
+	f := &fleet{t: t, workers: map[string]*worker.Server{}, versions: map[string]string{}, opts: o}
 	tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 32, IdleConnTimeout: 10 * time.Second}
 	f.client = &http.Client{Transport: tr, Timeout: 20 * time.Second}
 	t.Cleanup(f.close)
@@ -144,65 +143,25 @@ func startFleet(t *testing.T, o fleetOptions) *fleet {
 		f.startWorker(fmt.Sprintf("gen-%d", i+1), telemetry.FleetGeneration, o.version, nil)
 	}
 
-	// Bind every edge's ports first so each knows its peers; ports of edges
-	// started later are released and bound again when they start.
-	raftLns := make([]net.Listener, o.edges)
-	httpLns := make([]net.Listener, o.edges)
-	for i := range o.edges {
-		for _, ln := range []*net.Listener{&raftLns[i], &httpLns[i]} {
-			if *ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
-				t.Fatal(err)
-			}
-		}
-		f.edges = append(f.edges, &edgeSlot{i: i, id: fmt.Sprintf("edge-%d", i+1), raftAddr: raftLns[i].Addr().String(),
-			httpAddr: httpLns[i].Addr().String(), dataDir: filepath.Join(f.dir, fmt.Sprintf("edge-%d", i+1)), version: o.version})
-	}
+	// Registered after f.close, the group's cleanup closes the edges
+	// before f.close stops the workers and NATS.
+	f.edges = clustertest.New[*fleetEdge](t, clustertest.Options{N: o.edges, ExtraPorts: 1, CloseTimeout: 20 * time.Second,
+		ID: func(i int) string { return fmt.Sprintf("edge-%d", i+1) }})
 	f.stopHealth = make(chan struct{})
 	f.wg.Add(1)
 	go f.healthLoop()
-	start := o.start
-	if start == nil {
-		for i := range o.edges {
-			start = append(start, i)
-		}
-	}
-	starting := map[int]bool{}
-	for _, i := range start {
-		starting[i] = true
-	}
-	for i := range o.edges {
-		if !starting[i] {
-			raftLns[i].Close()
-			httpLns[i].Close()
-		}
-	}
-	var wg sync.WaitGroup
-	errs := make([]error, o.edges)
-	for _, i := range start {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = f.startEdgeOn(i, httpLns[i], raftLns[i], nil)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
+	if o.start == nil {
+		f.edges.StartAll(f.open)
+	} else {
+		f.edges.StartSome(f.open, o.start...)
 	}
 	return f
 }
 
-func (f *fleet) peers() []cluster.Peer {
-	var ps []cluster.Peer
-	for _, s := range f.edges {
-		ps = append(ps, cluster.Peer{ID: s.id, Addr: s.raftAddr})
-	}
-	return ps
-}
-
-// edgeConfig is edge i's configuration: every edge a bootstrap voter.
-func (f *fleet) edgeConfig(i int) edge.Config {
-	s := f.edges[i]
+// edgeConfig is the configuration of edge m, member i, as version: the
+// first opts.edges edges are the bootstrap voters; an edge added later
+// joins no cluster by itself (it waits for an operator's add-voter).
+func (f *fleet) edgeConfig(i int, m clustertest.Member, version string) edge.Config {
 	cfg := edge.DefaultConfig()
 	cfg.Model = testModel
 	cfg.Hostname = "127.0.0.1"
@@ -227,53 +186,47 @@ func (f *fleet) edgeConfig(i int) edge.Config {
 	cfg.Leader.Interval = 50 * time.Millisecond
 	cfg.NATS.URLs = []string{f.nats.ClientURL()}
 	cfg.Cluster = edge.ClusterConfig{Settings: cluster.Settings{
-		NodeID: s.id, DataDir: s.dataDir, BindAddr: s.raftAddr, Bootstrap: true, Peers: f.peers(), ProposeTimeout: 2 * time.Second,
+		NodeID: m.ID, DataDir: m.DataDir, BindAddr: m.Addr, ProposeTimeout: 2 * time.Second,
 		// Timeouts generous enough for a race build on a loaded machine
 		// (a user restore stalls the leader's loop while it installs).
 		Raft: cluster.RaftTiming{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second,
 			LeaderLeaseTimeout: 500 * time.Millisecond, CommitTimeout: 2 * time.Millisecond},
 	}}
+	if i < f.opts.edges {
+		cfg.Cluster.Bootstrap, cfg.Cluster.Peers = true, edgetest.Peers(f.edges.Members()[:f.opts.edges])
+	}
 	if f.opts.edgeConfig != nil {
-		f.opts.edgeConfig(i, s.version, &cfg)
+		f.opts.edgeConfig(i, version, &cfg)
 	}
 	return cfg
 }
 
-// startEdgeOn starts edge i on the given listeners (nil: bind its recorded
-// addresses, as a restarted process would). mutate adjusts the config.
-func (f *fleet) startEdgeOn(i int, httpLn, raftLn net.Listener, mutate func(*edge.Config)) error {
-	s := f.edges[i]
-	var err error
-	if raftLn == nil {
-		if raftLn, err = net.Listen("tcp", s.raftAddr); err != nil {
-			return fmt.Errorf("%s: raft listen: %w", s.id, err)
-		}
+// version is the version edge id was last started as, or starts as.
+func (f *fleet) version(id string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if v, ok := f.versions[id]; ok {
+		return v
 	}
-	if httpLn == nil {
-		if httpLn, err = net.Listen("tcp", s.httpAddr); err != nil {
-			raftLn.Close()
-			return fmt.Errorf("%s: http listen: %w", s.id, err)
-		}
-	}
-	cfg := f.edgeConfig(i)
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	e, err := edge.New(cfg, edge.Deps{Logger: quietLogger().With("edge", s.id), HTTPListener: httpLn, ClusterListener: raftLn, Version: s.version})
+	return f.opts.version
+}
+
+// open starts member i, on ln (its Raft port) and its HTTP port, as the
+// version it is to run: the group's open function.
+func (f *fleet) open(i int, ln net.Listener) (*fleetEdge, error) {
+	m := f.edges.Member(i)
+	httpLn, err := f.edges.Listener(i, 0)
 	if err != nil {
-		httpLn.Close()
-		raftLn.Close()
-		return fmt.Errorf("%s: %w", s.id, err)
+		ln.Close()
+		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := e.Start(ctx); err != nil {
-		return fmt.Errorf("%s: %w", s.id, err)
+	version := f.version(m.ID)
+	deps := edge.Deps{Logger: quietLogger().With("edge", m.ID), HTTPListener: httpLn, Version: version}
+	e, err := edgetest.Start(f.edgeConfig(i, m, version), deps, ln, 30*time.Second)
+	if err != nil {
+		return nil, err
 	}
-	s.mu.Lock()
-	s.e = e
-	s.mu.Unlock()
-	return nil
+	return &fleetEdge{Member: e, i: i, id: m.ID, dataDir: m.DataDir, raftAddr: m.Addr, httpAddr: m.Extra[0], version: version}, nil
 }
 
 // healthLoop keeps each running edge's place in the traffic's rotation
@@ -285,30 +238,29 @@ func (f *fleet) startEdgeOn(i int, httpLn, raftLn net.Listener, mutate func(*edg
 // overflow). Readiness that waits for every instance the log holds as up
 // is requested of the edge. As deploy/kubernetes' readiness probes
 // (failureThreshold 3), an edge leaves the rotation after three failed
-// probes in a row, not one slow answer on a loaded host.
+// probes in a row, not one slow answer on a loaded host. An edge leaves it
+// at once when it stops: the group no longer counts it as running.
 func (f *fleet) healthLoop() {
 	defer f.wg.Done()
 	t := time.NewTicker(25 * time.Millisecond)
 	defer t.Stop()
-	failed := map[*edge.Edge]int{} // consecutive failed probes per edge process
+	failed := map[*fleetEdge]int{} // consecutive failed probes per edge process
 	for {
 		select {
 		case <-f.stopHealth:
 			return
 		case <-t.C:
 		}
-		for _, s := range f.running() {
-			e := s.edge()
-			if !s.admitted.Load() {
-				if f.hearsAllWorkers(s) && s.edge() == e {
-					s.admitted.Store(true)
-				} else {
+		for _, e := range f.edges.Running() {
+			if !e.admitted.Load() {
+				if !f.hearsAllWorkers(e) {
 					continue
 				}
+				e.admitted.Store(true)
 			}
 			ok := false
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.url()+"/readyz", nil)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.url()+"/readyz", nil)
 			if resp, err := f.client.Do(req); err == nil {
 				ok = resp.StatusCode == http.StatusOK
 				resp.Body.Close()
@@ -319,8 +271,8 @@ func (f *fleet) healthLoop() {
 			} else {
 				failed[e]++
 			}
-			if s.edge() == e && e != nil && (ok || failed[e] >= readinessFailureThreshold) {
-				s.ready.Store(ok)
+			if ok || failed[e] >= readinessFailureThreshold {
+				e.ready.Store(ok)
 			}
 		}
 	}
@@ -330,15 +282,15 @@ func (f *fleet) healthLoop() {
 // edge out of the rotation.
 const readinessFailureThreshold = 3
 
-// hearsAllWorkers reports whether edge s sees every worker healthy through
+// hearsAllWorkers reports whether edge e sees every worker healthy through
 // its telemetry.
-func (f *fleet) hearsAllWorkers(s *edgeSlot) bool {
+func (f *fleet) hearsAllWorkers(e *fleetEdge) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	var ans struct {
 		Instances []admin.InstanceInfo `json:"instances"`
 	}
-	if f.admin(ctx, s, "instances", &ans) != nil {
+	if f.admin(ctx, e, "instances", &ans) != nil {
 		return false
 	}
 	healthy := map[string]bool{}
@@ -356,11 +308,11 @@ func (f *fleet) hearsAllWorkers(s *edgeSlot) bool {
 }
 
 // serving are the edges in the traffic's rotation.
-func (f *fleet) serving() []*edgeSlot {
-	var out []*edgeSlot
-	for _, s := range f.running() {
-		if s.ready.Load() {
-			out = append(out, s)
+func (f *fleet) serving() []*fleetEdge {
+	var out []*fleetEdge
+	for _, e := range f.edges.Running() {
+		if e.ready.Load() {
+			out = append(out, e)
 		}
 	}
 	return out
@@ -369,8 +321,10 @@ func (f *fleet) serving() []*edgeSlot {
 // startEdge (re)starts edge i as version.
 func (f *fleet) startEdge(i int, version string) {
 	f.t.Helper()
-	f.edges[i].version = version
-	if err := f.startEdgeOn(i, nil, nil, nil); err != nil {
+	f.mu.Lock()
+	f.versions[f.edges.Member(i).ID] = version
+	f.mu.Unlock()
+	if _, err := f.edges.Start(i); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -378,45 +332,16 @@ func (f *fleet) startEdge(i int, version string) {
 // stopEdge closes edge i gracefully (in-flight requests finish, a leader
 // hands over).
 func (f *fleet) stopEdge(i int) {
+	if err := f.edges.Close(i); err != nil {
+		f.t.Log(err)
+	}
+}
+
+// leader waits for a ready Raft leader among the running edges (one may
+// be elected anew after a membership change) and returns it.
+func (f *fleet) leader() *fleetEdge {
 	f.t.Helper()
-	s := f.edges[i]
-	s.ready.Store(false) // out of the rotation first
-	s.admitted.Store(false)
-	s.mu.Lock()
-	e := s.e
-	s.e = nil
-	s.mu.Unlock()
-	if e == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := e.Close(ctx); err != nil {
-		f.t.Logf("close %s: %v", s.id, err)
-	}
-}
-
-func (f *fleet) running() []*edgeSlot {
-	f.mu.Lock()
-	all := append([]*edgeSlot(nil), f.edges...)
-	f.mu.Unlock()
-	var out []*edgeSlot
-	for _, s := range all {
-		if s.edge() != nil {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-// leader is the running edge that is the ready Raft leader, or nil.
-func (f *fleet) leader() *edgeSlot {
-	for _, s := range f.running() {
-		if s.edge().Node().IsLeader() {
-			return s
-		}
-	}
-	return nil
+	return f.edges.Node(f.edges.WaitLeader(15 * time.Second))
 }
 
 // startWorker starts (or replaces, under the same instance id) a worker.
@@ -486,7 +411,7 @@ func (f *fleet) worker(id string) *worker.Server {
 // worker's telemetry (version, hint support) as wanted, and the log
 // recording it up.
 func (f *fleet) notReady(wantWorker func(id string, in admin.InstanceInfo) string) string {
-	if f.leader() == nil {
+	if f.edges.LeaderIndex() < 0 {
 		return "no leader"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -494,8 +419,8 @@ func (f *fleet) notReady(wantWorker func(id string, in admin.InstanceInfo) strin
 	f.mu.Lock()
 	ids := append([]string(nil), f.order...)
 	f.mu.Unlock()
-	for _, s := range f.running() {
-		if id, _ := s.edge().Node().Leader(); id == "" {
+	for _, s := range f.edges.Running() {
+		if id, _ := s.Node().Leader(); id == "" {
 			return s.id + " knows no leader"
 		}
 		if !s.ready.Load() {
@@ -534,7 +459,7 @@ func (f *fleet) waitReady(d time.Duration, wantWorker func(id string, in admin.I
 // waitFor polls cond (returning "" when satisfied, else why not) until d.
 var waitFor = waitfor.Reason
 
-func (f *fleet) admin(ctx context.Context, s *edgeSlot, path string, out any) error {
+func (f *fleet) admin(ctx context.Context, s *fleetEdge, path string, out any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url()+"/admin/v1/"+path, nil)
 	if err != nil {
 		return err
@@ -552,15 +477,25 @@ func (f *fleet) admin(ctx context.Context, s *edgeSlot, path string, out any) er
 	return json.Unmarshal(b, out)
 }
 
-// operatorClient is an ops/operator client for the given edges.
-func (f *fleet) operatorClient(slots ...*edgeSlot) *operator.Client {
-	f.t.Helper()
-	if len(slots) == 0 {
-		slots = f.edges
-	}
+// urls are the HTTP URLs of every edge, running or not.
+func (f *fleet) urls() []string {
 	var urls []string
-	for _, s := range slots {
-		urls = append(urls, s.url())
+	for _, m := range f.edges.Members() {
+		urls = append(urls, memberURL(m))
+	}
+	return urls
+}
+
+// operatorClient is an ops/operator client for the given edges (none:
+// every edge, running or not).
+func (f *fleet) operatorClient(edges ...*fleetEdge) *operator.Client {
+	f.t.Helper()
+	urls := f.urls()
+	if len(edges) > 0 {
+		urls = nil
+		for _, e := range edges {
+			urls = append(urls, e.url())
+		}
 	}
 	c, err := operator.New(urls, adminToken, nil)
 	if err != nil {
@@ -720,12 +655,12 @@ func (f *fleet) quiesce() uint64 {
 	stable := 0
 	waitFor(f.t, 30*time.Second, "the log to settle", func() string {
 		var indexes []uint64
-		for _, s := range f.running() {
-			if n := s.edge().BackgroundPending(); n > 0 {
+		for _, s := range f.edges.Running() {
+			if n := s.BackgroundPending(); n > 0 {
 				stable = 0
 				return fmt.Sprintf("%s has %d background events to record", s.id, n)
 			}
-			indexes = append(indexes, s.edge().Node().State().Index())
+			indexes = append(indexes, s.state().Index())
 		}
 		for _, x := range indexes[1:] {
 			if x != indexes[0] {
@@ -745,8 +680,8 @@ func (f *fleet) quiesce() uint64 {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for _, s := range f.running() {
-		if err := s.edge().Node().WaitArchived(ctx, idx); err != nil {
+	for _, s := range f.edges.Running() {
+		if err := s.Node().WaitArchived(ctx, idx); err != nil {
 			f.t.Fatal(err)
 		}
 	}
@@ -793,31 +728,17 @@ func (f *fleet) closeWorkers() {
 	}
 }
 
+// close stops what the group does not: the health loop, the workers and
+// NATS (the group has closed the edges by then).
 func (f *fleet) close() {
 	if f.stopHealth != nil {
 		close(f.stopHealth)
 		f.wg.Wait()
 	}
 	f.closeWorkers()
-	// Leader first, then the next leader: each close hands leadership to
-	// a peer that is still up (as ops/devstack does).
-	for {
-		run := f.running()
-		if len(run) == 0 {
-			break
-		}
-		next := run[0]
-		if l := f.leader(); l != nil {
-			next = l
-		}
-		f.stopEdge(next.i)
-	}
 	if f.nats != nil {
 		f.nats.Shutdown()
 		f.nats.WaitForShutdown()
 	}
 	f.client.CloseIdleConnections()
 }
-
-// state is edge s's current replicated state.
-func (s *edgeSlot) state() *fsm.State { return s.edge().Node().State() }

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,31 +12,10 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/cluster"
-	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/audit"
 	"github.com/tether-project/tether/ops/operator"
 )
-
-// addSlot adds an edge identity (new ports and data dir) that joins no
-// cluster by itself: it waits for an operator's add-voter.
-func (f *fleet) addSlot(id string) *edgeSlot {
-	f.t.Helper()
-	var addrs [2]string
-	for i := range addrs {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			f.t.Fatal(err)
-		}
-		addrs[i] = ln.Addr().String()
-		ln.Close()
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s := &edgeSlot{i: len(f.edges), id: id, raftAddr: addrs[0], httpAddr: addrs[1], dataDir: filepath.Join(f.dir, id), version: f.opts.version}
-	f.edges = append(f.edges, s)
-	return s
-}
 
 // Transfer-leader, remove-peer and add-voter through the admin API while
 // agents keep talking to the edges: nothing fails beyond a client retry,
@@ -57,7 +35,7 @@ func TestMembershipChangesUnderLoad(t *testing.T) {
 
 	// transfer-leader to a named follower, then to any.
 	old := f.leader()
-	target := f.edges[(old.i+1)%3]
+	target := f.edges.Node((old.i + 1) % 3)
 	res, err := c.TransferLeader(ctx, target.id)
 	if err != nil {
 		t.Fatal(err)
@@ -93,8 +71,8 @@ func TestMembershipChangesUnderLoad(t *testing.T) {
 	// remove-peer a follower; the change has committed when the call
 	// returns: the leader's configuration no longer lists it.
 	leader := f.leader()
-	var victim *edgeSlot
-	for _, s := range f.edges {
+	var victim *fleetEdge
+	for _, s := range f.edges.Running() {
 		if s != leader {
 			victim = s
 			break
@@ -110,7 +88,7 @@ func TestMembershipChangesUnderLoad(t *testing.T) {
 	// The removed node learns it, records its tombstone and halts; like
 	// `tether edge` on a fatal error, the process then exits.
 	waitFor(t, 10*time.Second, victim.id+" to halt", func() string {
-		if err := victim.edge().Node().FatalError(); !errors.Is(err, cluster.ErrRemoved) {
+		if err := victim.Node().FatalError(); !errors.Is(err, cluster.ErrRemoved) {
 			return fmt.Sprintf("fatal error %v", err)
 		}
 		return ""
@@ -119,7 +97,7 @@ func TestMembershipChangesUnderLoad(t *testing.T) {
 	tr.waitTurns(t, 15)
 
 	// Restarted on its old data, the removed node refuses to start.
-	err = f.startEdgeOn(victim.i, nil, nil, nil)
+	_, err = f.edges.Start(victim.i)
 	if !errors.Is(err, cluster.ErrRemoved) || !strings.Contains(err.Error(), "was removed from the cluster at index") ||
 		!strings.Contains(err.Error(), "wipe DataDir") {
 		t.Fatalf("restarting the removed %s: %v, want a refusal that explains the removal", victim.id, err)
@@ -138,12 +116,11 @@ func TestMembershipChangesUnderLoad(t *testing.T) {
 		t.Fatalf("after the refused add-voter the leader lists %+v (%v)", info.Peers, err)
 	}
 
-	// add-voter: a fresh edge (empty data dir, neither bootstrap nor join)
-	// is added by the operator and catches up.
-	fresh := f.addSlot("edge-4")
-	if err := f.startEdgeOn(fresh.i, nil, nil, func(cfg *edge.Config) {
-		cfg.Cluster.Bootstrap, cfg.Cluster.Peers = false, nil
-	}); err != nil {
+	// add-voter: a fresh edge (empty data dir, neither bootstrap nor join:
+	// an edge added to the fleet) is added by the operator and catches up.
+	i, _ := f.edges.Add("edge-4")
+	fresh, err := f.edges.Start(i)
+	if err != nil {
 		t.Fatal(err)
 	}
 	res, err = c.AddVoter(ctx, fresh.id, fresh.raftAddr)
@@ -245,9 +222,9 @@ func TestSnapshotSaveInspectRestore(t *testing.T) {
 
 	// Restore through followers first: they refuse (not the leader) and
 	// the client moves on to the leader.
-	var order []*edgeSlot
+	var order []*fleetEdge
 	leader := f.leader()
-	for _, s := range f.edges {
+	for _, s := range f.edges.Running() {
 		if s != leader {
 			order = append(order, s)
 		}
@@ -261,7 +238,7 @@ func TestSnapshotSaveInspectRestore(t *testing.T) {
 		t.Fatalf("restore went through %s, want the leader %s", res.Edge, leader.url())
 	}
 	waitFor(t, 20*time.Second, "every edge to hold the restored state", func() string {
-		for _, s := range f.running() {
+		for _, s := range f.edges.Running() {
 			st := s.state()
 			if _, late := st.Lookup(fsm.FleetContext, "late-0"); late {
 				return s.id + " still binds late-0"
@@ -282,7 +259,7 @@ func TestSnapshotSaveInspectRestore(t *testing.T) {
 		}
 	}
 	now := f.quiesce()
-	src := f.edges[0]
+	src := f.edges.Node(0)
 	dst := filepath.Join(t.TempDir(), "copy")
 	copyDir(t, src.dataDir, dst)
 	d, err := audit.Open(dst, audit.Options{})
@@ -314,16 +291,14 @@ func TestNodeRemovedWhileDownRefusesToServe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	leader := f.leader()
-	victim := f.edges[(leader.i+1)%3]
-	e := victim.edge()
-	victim.mu.Lock()
-	victim.e = nil
-	victim.mu.Unlock()
-	e.Kill()
+	victim := f.edges.Node((leader.i + 1) % 3)
+	if err := f.edges.Kill(victim.i); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := f.operatorClient().RemovePeer(ctx, victim.id); err != nil {
 		t.Fatal(err)
 	}
-	err := f.startEdgeOn(victim.i, nil, nil, nil)
+	restarted, err := f.edges.Start(victim.i)
 	if errors.Is(err, cluster.ErrRemoved) {
 		return // refused at start
 	}
@@ -331,8 +306,8 @@ func TestNodeRemovedWhileDownRefusesToServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, "the removed node to learn of its removal", func() string {
-		if ferr := victim.edge().Node().FatalError(); !errors.Is(ferr, cluster.ErrRemoved) {
-			st := victim.edge().Node().Status()
+		if ferr := restarted.Node().FatalError(); !errors.Is(ferr, cluster.ErrRemoved) {
+			st := restarted.Node().Status()
 			return fmt.Sprintf("still %s, halted %q, config %+v", st.RaftState, st.Halted, st.Peers)
 		}
 		return ""

@@ -41,7 +41,7 @@ func (w *levelWatch) waitLevel(want uint32, why string) {
 	w.t.Helper()
 	waitFor(w.t, 15*time.Second, fmt.Sprintf("the level to rise to %d %s", want, why), func() string {
 		w.check()
-		for _, s := range w.f.running() {
+		for _, s := range w.f.edges.Running() {
 			if lvl := s.state().FeatureLevel(); lvl != want {
 				return fmt.Sprintf("%s at level %d", s.id, lvl)
 			}
@@ -60,13 +60,9 @@ func edgeLevel(version string) uint32 {
 
 func (w *levelWatch) check() uint32 {
 	w.t.Helper()
-	versions := map[string]string{}
-	for _, s := range w.f.edges {
-		versions[s.id] = s.version
-	}
 	var lvl uint32
-	for i, s := range w.f.running() {
-		ns := s.edge().Node().Status()
+	for i, s := range w.f.edges.Running() {
+		ns := s.Node().Status()
 		if ns.Halted != "" {
 			w.t.Fatalf("%s (%s) halted: %s", s.id, s.version, ns.Halted)
 		}
@@ -76,7 +72,7 @@ func (w *levelWatch) check() uint32 {
 		// Leader before the state is read: a ready leader's state holds
 		// everything committed (read first, the state may predate its
 		// catching up).
-		leader := s.edge().Node().IsLeader()
+		leader := s.IsLeader()
 		st := s.state()
 		advertised := map[string]uint32{}
 		for _, n := range st.Edges() {
@@ -86,7 +82,7 @@ func (w *levelWatch) check() uint32 {
 		for _, p := range ns.Peers {
 			if p.Voter {
 				minVoters = min(minVoters, advertised[p.ID])
-				if versions[p.ID] == "v1" {
+				if w.f.version(p.ID) == "v1" {
 					oldVoter = p.ID
 				}
 			}
@@ -131,7 +127,7 @@ func (w *levelWatch) check() uint32 {
 // proposes one only after its state reached level 2, which never falls).
 func (w *levelWatch) noRankProposals() {
 	w.t.Helper()
-	for _, s := range w.f.running() {
+	for _, s := range w.f.edges.Running() {
 		n := rankProposals(w.t, w.f.client, s)
 		if lvl := s.state().FeatureLevel(); lvl < fsm.FeatureLevelRanks && n != 0 {
 			w.t.Fatalf("%s (%s) proposed %v RankObserved events at cluster level %d", s.id, s.version, n, lvl)
@@ -157,7 +153,7 @@ func nodeAdverts(st *fsm.State) map[string]advert {
 
 // rankProposals reads an edge's tether_edge_proposals_total for
 // RankObserved (every result) from its /metrics.
-func rankProposals(t *testing.T, c *http.Client, s *edgeSlot) float64 {
+func rankProposals(t *testing.T, c *http.Client, s *fleetEdge) float64 {
 	t.Helper()
 	resp, err := c.Get(s.url() + "/metrics")
 	if err != nil {
@@ -186,7 +182,7 @@ func rankProposals(t *testing.T, c *http.Client, s *edgeSlot) float64 {
 }
 
 // contextHistory is the admin history of a context-fleet key on edge s.
-func contextHistory(t *testing.T, f *fleet, s *edgeSlot, key string) []admin.HistoryEntry {
+func contextHistory(t *testing.T, f *fleet, s *fleetEdge, key string) []admin.HistoryEntry {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -232,7 +228,7 @@ func rankEvents(hist []admin.HistoryEntry, epoch uint64) (all, applied int) {
 }
 
 // contextBinding is edge s's context-fleet binding of key.
-func contextBinding(t *testing.T, s *edgeSlot, key string) fsm.Binding {
+func contextBinding(t *testing.T, s *fleetEdge, key string) fsm.Binding {
 	t.Helper()
 	b, ok := s.state().Lookup(fsm.FleetContext, key)
 	if !ok {
@@ -250,7 +246,7 @@ func waitRank(t *testing.T, f *fleet, key, instance, rank string) fsm.Binding {
 		t.Fatalf("%s: no rank in the route (%q): %v", key, rank, err)
 	}
 	waitFor(t, 15*time.Second, "the rank of "+key+" recorded on every edge", func() string {
-		for _, s := range f.running() {
+		for _, s := range f.edges.Running() {
 			b, ok := s.state().Lookup(fsm.FleetContext, key)
 			if !ok || b.Instance != instance || !b.HasRank || b.Rank != uint32(want) {
 				return fmt.Sprintf("%s sees %+v (found %v), want rank %d on %s", s.id, b, ok, want, instance)
@@ -342,7 +338,7 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 	// Mixed state 0: two of three voters advertised level 1; the third
 	// has not. Under traffic the committed level stays 0.
 	waitFor(t, 10*time.Second, "edge-1 and edge-2 to advertise v1 at level 1", func() string {
-		if v := nodeAdverts(f.edges[0].state()); v["edge-1"] != oldEdge || v["edge-2"] != oldEdge {
+		if v := nodeAdverts(f.edges.Node(0).state()); v["edge-1"] != oldEdge || v["edge-2"] != oldEdge {
 			return fmt.Sprintf("%v", v)
 		}
 		return ""
@@ -367,16 +363,17 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 	oldHome := first.contextInstance()
 
 	// Edges first, one at a time: v1 → v2.
-	for i := range f.edges {
-		s := f.edges[i]
-		last := i == len(f.edges)-1
+	n := f.edges.Len()
+	for i := range n {
+		s := f.edges.Node(i)
+		last := i == n-1
 		f.stopEdge(i)
 		tr.waitTurns(t, 10) // mixed: this edge down, the others serve
 		if lvl := lw.check(); lvl != fsm.FeatureLevelBase {
 			t.Fatalf("cluster level %d while v1 voter %s is down", lvl, s.id)
 		}
 		lw.noRankProposals()
-		if v := nodeAdverts(f.running()[0].state()); v[s.id] != oldEdge {
+		if v := nodeAdverts(f.edges.Running()[0].state()); v[s.id] != oldEdge {
 			t.Fatalf("while %s is down the log should still hold its v1 NodeInfo at level 1: %v", s.id, v)
 		}
 		if last {
@@ -391,7 +388,7 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 			}
 			lw.check()
 			lw.noRankProposals()
-			run := f.running()[0]
+			run := f.edges.Running()[0]
 			hist := contextHistory(t, f, run, oldKey)
 			b := contextBinding(t, run, oldKey)
 			if all, _ := rankEvents(hist, b.Epoch); all != 0 || b.HasRank {
@@ -404,7 +401,7 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 		f.startEdge(i, "v2")
 		waitFor(t, 15*time.Second, s.id+" to advertise v2 at level 2", func() string {
 			lw.check()
-			for _, r := range f.running() {
+			for _, r := range f.edges.Running() {
 				if v := nodeAdverts(r.state()); v[s.id] != newEdge {
 					return fmt.Sprintf("%s sees %v", r.id, v)
 				}
@@ -414,7 +411,7 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 		if !last {
 			tr.waitTurns(t, 10) // mixed: i+1 edges at v2, the others v1
 			if got := lw.check(); got != fsm.FeatureLevelBase {
-				t.Fatalf("cluster level %d after %s rejoined with %d v1 edges left", got, s.id, len(f.edges)-1-i)
+				t.Fatalf("cluster level %d after %s rejoined with %d v1 edges left", got, s.id, n-1-i)
 			}
 			lw.noRankProposals()
 		}
@@ -440,7 +437,7 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitRank(t, f, newKey, nt.contextInstance(), func() string { _, r := nt.contextHop(); return r }())
-	run := f.running()[0]
+	run := f.edges.Running()[0]
 	for _, key := range []string{oldKey, newKey} {
 		b := contextBinding(t, run, key)
 		var hist []admin.HistoryEntry
