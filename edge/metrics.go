@@ -16,6 +16,7 @@ type metrics struct {
 	requestSeconds    *prometheus.HistogramVec
 	decisions         *prometheus.CounterVec
 	degraded          *prometheus.CounterVec
+	telemetryLate     *prometheus.CounterVec
 	commitSeconds     prometheus.Histogram
 	proposals         *prometheus.CounterVec
 	retries           *prometheus.CounterVec
@@ -55,17 +56,22 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 			Name: "tether_edge_routing_decisions_total",
 			Help: "Routing decisions by fleet, placement policy and outcome (sticky, new_bind, overflow, degraded, shed, unbound, refused). " +
 				"new_bind: a new key dispatched beside its Bind proposal; degraded: placed or served on this edge's own decision while it " +
-				"could not know the committed placement (the log could not commit, or its state was not known current), or among instances whose " +
-				"telemetry was all late (tether_edge_degraded_decisions_total says which); policy pending: " +
+				"could not know the committed placement (the log could not commit, or its state was not known current; " +
+				"tether_edge_degraded_decisions_total says which); policy pending: " +
 				"served on this edge's own Bind proposal before the log answered it.",
 		}, []string{"fleet", "policy", "outcome"}),
 		degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_edge_degraded_decisions_total",
-			Help: "Degraded routing decisions by fleet and cause: telemetry_late (every candidate's reports late while others' arrive, the silent ones counted healthy), " +
-				"log_down (no leader after a failed proposal), state_not_current (not caught up, no leader contact or lagging beyond " +
+			Help: "Degraded routing decisions by fleet and cause: log_down (no leader after a failed proposal), state_not_current (not caught up, no leader contact or lagging beyond " +
 				"cluster.degraded_placement_window), commit_timeout (commit_first: the Bind's fate unknown by the propose timeout), " +
 				"overflow_unrecorded (an overflow could not commit; the key stayed on an instance the views call unhealthy).",
 		}, []string{"fleet", "cause"}),
+		telemetryLate: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_telemetry_late_decisions_total",
+			Help: "Routing decisions by fleet made while no candidate's telemetry was fresh: instances silent past their staleness bound " +
+				"(with no failed probe) were counted healthy rather than refusing the request, while this edge heard other instances. " +
+				"The decision followed the log as usual; a silence every instance shares is the edge's own and keeps their health.",
+		}, []string{"fleet"}),
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tether_edge_affinity_commit_seconds",
 			Help:    "Time to commit a proposal through the affinity log, as the request path sees it.",
@@ -132,7 +138,7 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 
 // register registers every metric with reg.
 func (m *metrics) register(reg prometheus.Registerer, e *Edge) error {
-	for _, c := range []prometheus.Collector{m.routeSeconds, m.routed.requests, m.routed.prefill, &opsCollector{e: e}, m.requests, m.requestSeconds, m.decisions, m.degraded, m.commitSeconds, m.proposals, m.retries,
+	for _, c := range []prometheus.Collector{m.routeSeconds, m.routed.requests, m.routed.prefill, &opsCollector{e: e}, m.requests, m.requestSeconds, m.decisions, m.degraded, m.telemetryLate, m.commitSeconds, m.proposals, m.retries,
 		m.placementsOpen, m.placements, m.speculativeServed, m.bindSettle, m.placementMsgs, m.dispatchMsgs, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
 		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight, m.streamsAborted, m.storedResponses} {
 		if err := reg.Register(c); err != nil {

@@ -261,11 +261,15 @@ func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *ap
 	return out, nil
 }
 
-// countDecision counts a routed hop's decision (and, degraded, its cause).
+// countDecision counts a routed hop's decision (degraded, its cause; made
+// among instances whose telemetry was late, that too).
 func (e *Edge) countDecision(f fsm.Fleet, h *hop) {
 	e.metrics.decisions.WithLabelValues(f.String(), h.Policy, h.Outcome).Inc()
 	if h.Degraded != "" {
 		e.metrics.degraded.WithLabelValues(f.String(), h.Degraded).Inc()
+	}
+	if h.TelemetryLate {
+		e.metrics.telemetryLate.WithLabelValues(f.String()).Inc()
 	}
 }
 

@@ -42,10 +42,6 @@ const (
 
 // Why a decision was degraded (Hop.Degraded; the edge's metric label).
 const (
-	// DegradedTelemetryLate: every candidate's telemetry was late while
-	// the edge heard other instances, and the silent candidates were
-	// counted healthy rather than refusing the request.
-	DegradedTelemetryLate = "telemetry_late"
 	// DegradedLogDown: no leader, and a proposal just failed for it.
 	DegradedLogDown = "log_down"
 	// DegradedStateNotCurrent: this edge's replica was not known current
@@ -61,8 +57,8 @@ const (
 )
 
 // DegradedCauses lists every Degraded* cause.
-var DegradedCauses = []string{DegradedTelemetryLate, DegradedLogDown, DegradedStateNotCurrent,
-	DegradedCommitTimeout, DegradedOverflowUnrecorded}
+var DegradedCauses = []string{DegradedLogDown, DegradedStateNotCurrent, DegradedCommitTimeout,
+	DegradedOverflowUnrecorded}
 
 // PolicyPending is the policy of a request served on this edge's own Bind
 // proposal before its replica applied the log's answer.
@@ -214,6 +210,12 @@ type Hop struct {
 	// (Key), not its parent's root: its context left the parent's
 	// instance (Decider.escape).
 	OwnKey bool
+	// TelemetryLate: no candidate was healthy, and the silent ones (late
+	// telemetry, no evidence of failure) were counted healthy for this
+	// decision (wake). It says nothing of the log: the decision followed
+	// the committed placement as it would have with fresh telemetry, so it
+	// is not degraded.
+	TelemetryLate bool
 }
 
 // FailureKind classifies a request the decision could not place.
@@ -583,10 +585,11 @@ func (x *decision) ownProposal(p Pending) (*Hop, *Failure) {
 
 // wake counts the silent instances (unhealthy only because their
 // telemetry is late) as healthy for the rest of the decision, when no
-// instance is healthy: on a starved host every worker's reports can be late
-// at once, and a soft-affinity request is better placed among workers that
-// are probably alive than refused. The decision is then degraded. It
-// reports false when nothing changed (hard affinity, or none silent).
+// instance is healthy: a fleet's workers can all report late at once (their
+// processes starved), and a soft-affinity request is better placed among
+// workers that are probably alive than refused. The hop says so
+// (Hop.TelemetryLate). It reports false when nothing changed (hard
+// affinity, or none silent).
 func (x *decision) wake() bool {
 	if x.req.Hard || x.woken {
 		return false
@@ -609,15 +612,13 @@ func (x *decision) wake() bool {
 		return false
 	}
 	x.in.Views, x.woken = views, true
+	x.h.TelemetryLate = true
 	return true
 }
 
 // current reports why this edge cannot know the committed placement now
 // (a Degraded* cause and a sentence), or "" when it can.
 func (x *decision) current() (string, string) {
-	if x.woken {
-		return DegradedTelemetryLate, "every candidate's telemetry is late"
-	}
 	if x.d.Log.Down(x.req.Now) {
 		return DegradedLogDown, "the affinity log cannot commit right now"
 	}
@@ -690,9 +691,6 @@ func (x *decision) bound(b fsm.Binding) (*Hop, *Failure) {
 	}
 	h.Bound, h.Binding = true, b
 	x.set(rt, OutcomeSticky)
-	if x.woken {
-		x.degrade(DegradedTelemetryLate)
-	}
 	if h.Policy == "" {
 		h.Policy = "bound"
 	}

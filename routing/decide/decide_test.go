@@ -605,23 +605,24 @@ func TestRecordIdentity(t *testing.T) {
 	}
 }
 
-// Every instance unhealthy only because its telemetry is late (a starved
-// host): soft affinity is placed among them, counted degraded, and a bound
-// key stays on its instance; hard affinity and instances with evidence of
-// failure are not.
+// Every instance unhealthy only because its telemetry is late (starved
+// workers): soft affinity is placed among them as it would be with fresh
+// telemetry (the hop marked TelemetryLate, not degraded: the log's
+// placement is known), and a bound key stays on its instance; hard
+// affinity and instances with evidence of failure are not.
 func TestSilentInstancesAreUsedWhenNoneIsHealthy(t *testing.T) {
 	r := newRig(t)
 	for i := range r.fleet.views {
 		r.fleet.views[i].Healthy, r.fleet.views[i].Silent = false, true
 	}
 	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
-	if fail != nil || h.Outcome != OutcomeDegraded {
-		t.Fatalf("new key: %+v %v, want a degraded placement", h, fail)
+	if fail != nil || h.Outcome != OutcomeNewBind || h.Degraded != "" || !h.TelemetryLate {
+		t.Fatalf("new key: %+v %v, want a new placement among the silent instances, not degraded", h, fail)
 	}
 	r.own.settle("conv")
 	again, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
-	if fail != nil || again.Instance != h.Instance || again.Outcome != OutcomeDegraded {
-		t.Fatalf("bound key: %+v %v, want a degraded stay on %s", again, fail, h.Instance)
+	if fail != nil || again.Instance != h.Instance || again.Outcome != OutcomeSticky || again.Degraded != "" || !again.TelemetryLate {
+		t.Fatalf("bound key: %+v %v, want a sticky stay on %s marked telemetry-late", again, fail, h.Instance)
 	}
 	hard := req("stored")
 	hard.Hard = true
