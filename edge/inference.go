@@ -641,14 +641,14 @@ func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, er
 		// handoff only when a generation phase is pending, as _need_gen).
 	case c.DP != nil:
 		dp := c.DP
-		if isNullOrAbsent(dp["ctx_request_id"]) {
+		if isNull(dp["ctx_request_id"]) {
 			return nil, errors.New("choices[0].disaggregated_params.ctx_request_id is missing")
 		}
 		if got := strings.Trim(string(bytes.TrimSpace(dp["disagg_request_id"])), `"`); got != wantID {
 			return nil, fmt.Errorf("choices[0].disaggregated_params.disagg_request_id %s, want %d", dp["disagg_request_id"], disaggID)
 		}
 		res.handoff = dp
-		if !isNullOrAbsent(body.PromptTokenIDs) {
+		if !isNull(body.PromptTokenIDs) {
 			res.promptTokenIDs = body.PromptTokenIDs
 		}
 	case body.DP != nil:
@@ -679,8 +679,6 @@ func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, er
 	}
 	return res, nil
 }
-
-func isNullOrAbsent(raw json.RawMessage) bool { return len(bytes.TrimSpace(raw)) == 0 || isNull(raw) }
 
 // needsGeneration: as TensorRT-LLM's disaggregated server (_need_gen), the
 // generation hop runs when the context phase stopped for length (or is not
