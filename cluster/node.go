@@ -107,7 +107,6 @@ type Node struct {
 	raftSet chan struct{}
 
 	observer *raft.Observer
-	pressure proposePressure // how recent proposals fared (pressure.go)
 
 	closeMu  sync.Mutex
 	closed   bool

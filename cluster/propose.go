@@ -154,13 +154,9 @@ func (n *Node) ProposeIdempotent(ctx context.Context, props []fsm.Proposal) ([]f
 
 // proposeAll gets props committed (split into chunks of MaxBatch) and waits
 // until this node applied them.
-func (n *Node) proposeAll(ctx context.Context, props []fsm.Proposal) (_ []fsm.Result, err error) {
+func (n *Node) proposeAll(ctx context.Context, props []fsm.Proposal) ([]fsm.Result, error) {
 	evCount := len(props)
 	start := time.Now()
-	defer func() {
-		// ProposePressure (pressure.go): slow or not committed in time.
-		n.pressure.note(time.Now(), errors.Is(err, ErrUnavailable) || time.Since(start) > n.cfg.ProposeTimeout/2)
-	}()
 	deadline := start.Add(n.cfg.ProposeTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d

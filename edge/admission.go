@@ -134,11 +134,11 @@ func (w *retryAfterWriter) Unwrap() http.ResponseWriter { return w.ResponseWrite
 type AdmissionConfig struct {
 	// MaxSchedulingLatency: when the 99th percentile of the time this
 	// process's goroutines wait to run, over the last half second, exceeds
-	// it — or more than a tenth of the last second's placements took over
-	// half of cluster.propose_timeout or did not commit — the edge admits
-	// fewer routed requests at once (down to MinInflight) until both fall
-	// back; requests beyond are shed (429). Raft's heartbeats wait in the
-	// same queues, so shedding keeps them ahead of the request work.
+	// it, the edge admits fewer routed requests at once (down to
+	// MinInflight) until it falls back; requests beyond are shed (429).
+	// Raft's heartbeats wait in the same queues, so shedding keeps them
+	// ahead of the request work. 0: a fifth of
+	// cluster.raft.leader_lease_timeout (200 ms at the shipped 1 s).
 	// Negative: no shedding on saturation.
 	MaxSchedulingLatency time.Duration `yaml:"max_scheduling_latency"`
 	// MaxInflight bounds the routed requests in progress at once, streams
@@ -153,24 +153,30 @@ type AdmissionConfig struct {
 
 // Admission defaults.
 const (
-	DefaultMaxSchedulingLatency = 50 * time.Millisecond
-	DefaultMaxInflight          = 4096
-	DefaultMinInflight          = 8
-	DefaultAdmissionRetryAfter  = time.Second
+	DefaultMaxInflight         = 4096
+	DefaultMinInflight         = 8
+	DefaultAdmissionRetryAfter = time.Second
+	// SchedulingLatencyLeaseShare: admission.max_scheduling_latency's
+	// default is the leader lease divided by it. A goroutine wait of a
+	// fifth of the lease leaves the leader four more heartbeat rounds
+	// before it would step down; the starvation runs in RELIABILITY.md
+	// measured it at the 250 ms and the 1 s lease.
+	SchedulingLatencyLeaseShare = 5
 )
 
-// DefaultAdmissionConfig is what an edge sheds with unless configured.
+// DefaultAdmissionConfig is what an edge sheds with unless configured
+// (MaxSchedulingLatency 0: it follows the leader lease, withDefaults).
 func DefaultAdmissionConfig() AdmissionConfig {
-	return AdmissionConfig{MaxSchedulingLatency: DefaultMaxSchedulingLatency, MaxInflight: DefaultMaxInflight,
-		MinInflight: DefaultMinInflight, RetryAfter: DefaultAdmissionRetryAfter}
+	return AdmissionConfig{MaxInflight: DefaultMaxInflight, MinInflight: DefaultMinInflight, RetryAfter: DefaultAdmissionRetryAfter}
 }
 
 // withDefaults fills the zero keys with DefaultAdmissionConfig's values
-// (min_inflight at most max_inflight).
-func (a *AdmissionConfig) withDefaults() {
+// (min_inflight at most max_inflight) and max_scheduling_latency from the
+// leader lease.
+func (a *AdmissionConfig) withDefaults(leaderLease time.Duration) {
 	d := DefaultAdmissionConfig()
 	if a.MaxSchedulingLatency == 0 {
-		a.MaxSchedulingLatency = d.MaxSchedulingLatency
+		a.MaxSchedulingLatency = leaderLease / SchedulingLatencyLeaseShare
 	}
 	if a.MaxInflight == 0 {
 		a.MaxInflight = d.MaxInflight
@@ -211,12 +217,6 @@ const (
 	shedIncrease = 0.10
 	// shedCutEvery: ticks between two cuts of the limit.
 	shedCutEvery = 3
-	// shedSlowShare of the last second's placements (at least
-	// shedMinProposals of them) slow or uncommitted also mean saturated:
-	// the log's hosts cannot keep up, and the next placements would be
-	// refused (503) for want of a commit.
-	shedSlowShare    = 0.1
-	shedMinProposals = 10
 )
 
 // shedder is the adaptive limit on routed requests in flight: it falls
@@ -231,9 +231,6 @@ type shedder struct {
 	p99      time.Duration // the last window's scheduling latency percentile
 	sinceCut int           // ticks since the limit was last cut
 	why      string        // the last saturation's cause
-	// pressure reports the node's proposals of the last second: total,
-	// and how many were slow or did not commit (cluster.ProposePressure).
-	pressure func(time.Time) (total, slow int)
 
 	// runtime/metrics state (the ticker goroutine only)
 	sample  []rtmetrics.Sample
@@ -326,22 +323,20 @@ func (s *shedder) run(done <-chan struct{}) {
 
 func (s *shedder) tick() {
 	p99, n := s.schedulingLatency()
-	var total, slow int
-	if s.pressure != nil {
-		total, slow = s.pressure(time.Now())
-	}
-	s.update(p99, n, total, slow)
+	s.update(p99, n)
 }
 
 // update moves the limit given the window's scheduling latency p99 (over
-// n wake-ups) and the last second's placements (total, slow).
-func (s *shedder) update(p99 time.Duration, n uint64, total, slow int) {
+// n wake-ups).
+//
+// Slow commits are not a cause: with placement off the request path a
+// slow commit delays only the other edges' agreement, and on a host that
+// other processes starve the commits are slow whatever this edge admits;
+// shedding then fails requests and frees nothing.
+func (s *shedder) update(p99 time.Duration, n uint64) {
 	why := ""
 	if s.cfg.MaxSchedulingLatency > 0 && n >= shedMinSamples && p99 > s.cfg.MaxSchedulingLatency {
 		why = fmt.Sprintf("goroutines wait %s to run (p99, bound admission.max_scheduling_latency %s)", p99.Round(time.Millisecond), s.cfg.MaxSchedulingLatency)
-	}
-	if s.cfg.MaxSchedulingLatency > 0 && total >= shedMinProposals && float64(slow) > shedSlowShare*float64(total) {
-		why = fmt.Sprintf("%d of the last second's %d placements took more than half of cluster.propose_timeout or did not commit", slow, total)
 	}
 	saturated := why != ""
 	s.mu.Lock()
@@ -425,7 +420,6 @@ func (e *Edge) startShedder() error {
 	if err != nil {
 		return err
 	}
-	s.pressure = e.node.ProposePressure
 	e.shed = s
 	e.wg.Add(1)
 	go func() {

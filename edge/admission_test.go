@@ -10,10 +10,11 @@ import (
 )
 
 // The adaptive limit falls while the process is saturated (scheduling
-// latency beyond the bound, or slow placements) and recovers after;
-// requests beyond it are refused, never below the floor.
+// latency beyond the bound) and recovers after; requests beyond it are
+// refused, never below the floor.
 func TestShedderLimitFollowsSaturation(t *testing.T) {
 	cfg := DefaultAdmissionConfig()
+	cfg.MaxSchedulingLatency = 100 * time.Millisecond
 	s, err := newShedder(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -28,34 +29,31 @@ func TestShedderLimitFollowsSaturation(t *testing.T) {
 	}
 	// Saturated: cut to 3/4 of what is in flight, at most every
 	// shedCutEvery ticks.
-	s.update(200*time.Millisecond, 10*shedMinSamples, 0, 0)
+	s.update(200*time.Millisecond, 10*shedMinSamples)
 	if got := s.limit; got != 75 {
 		t.Fatalf("limit after a saturated tick %v, want 75", got)
 	}
 	if rel, why := s.admit(); rel != nil || !strings.Contains(why, "goroutines wait") {
 		t.Fatalf("admitted beyond the limit (why %q)", why)
 	}
-	s.update(200*time.Millisecond, 10*shedMinSamples, 0, 0)
+	s.update(200*time.Millisecond, 10*shedMinSamples)
 	if s.limit != 75 {
 		t.Fatalf("cut again within %d ticks: %v", shedCutEvery, s.limit)
 	}
-	// Few wake-ups say nothing; slow placements do.
+	// Few wake-ups say nothing, nor does a wait within the bound.
 	for range shedCutEvery {
-		s.update(200*time.Millisecond, shedMinSamples-1, 0, 0)
+		s.update(200*time.Millisecond, shedMinSamples-1)
 	}
 	if s.limit != 75+7.5+8.25+9.075 {
 		t.Fatalf("limit %v after unsaturated ticks", s.limit)
 	}
-	s.update(0, 0, 20, 5)
-	if s.limit >= 75 {
-		t.Fatalf("slow placements did not cut the limit: %v", s.limit)
-	}
-	if _, why := s.admit(); !strings.Contains(why, "placements") {
-		t.Fatalf("shed reason %q does not name the slow placements", why)
+	s.update(cfg.MaxSchedulingLatency, 10*shedMinSamples)
+	if s.limit <= 75+7.5+8.25+9.075 {
+		t.Fatalf("a wait at the bound cut the limit: %v", s.limit)
 	}
 	// The floor.
 	for range 100 {
-		s.update(time.Second, 10*shedMinSamples, 0, 0)
+		s.update(time.Second, 10*shedMinSamples)
 	}
 	if s.limit != float64(cfg.MinInflight) {
 		t.Fatalf("limit %v, want the floor %d", s.limit, cfg.MinInflight)
@@ -69,7 +67,7 @@ func TestShedderLimitFollowsSaturation(t *testing.T) {
 	}
 	// Recovery to max_inflight.
 	for range 200 {
-		s.update(time.Millisecond, 10*shedMinSamples, 0, 0)
+		s.update(time.Millisecond, 10*shedMinSamples)
 	}
 	if s.limit != float64(cfg.MaxInflight) {
 		t.Fatalf("limit %v after recovery, want %d", s.limit, cfg.MaxInflight)
@@ -148,7 +146,26 @@ func TestAdmissionConfigErrorsNameTheKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Admission != DefaultAdmissionConfig() {
-		t.Errorf("defaults %+v, want %+v", cfg.Admission, DefaultAdmissionConfig())
+	want := DefaultAdmissionConfig()
+	want.MaxSchedulingLatency = cfg.Cluster.Raft.LeaderLeaseTimeout / SchedulingLatencyLeaseShare
+	if cfg.Admission != want || want.MaxSchedulingLatency != 200*time.Millisecond {
+		t.Errorf("defaults %+v, want %+v (a fifth of the shipped 1 s lease)", cfg.Admission, want)
+	}
+	// The bound follows a lease the file sets; a bound the file sets stays.
+	for _, c := range []struct {
+		yaml string
+		want time.Duration
+	}{
+		{"cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789, raft: {heartbeat_timeout: 500ms, leader_lease_timeout: 250ms}}\n", 50 * time.Millisecond},
+		{"cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}\nadmission: {max_scheduling_latency: 30ms}\n", 30 * time.Millisecond},
+	} {
+		y := strings.Replace(base, "cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}\n", c.yaml, 1)
+		cfg, err := ParseConfig([]byte(y))
+		if err != nil {
+			t.Fatalf("%s: %v", c.yaml, err)
+		}
+		if cfg.Admission.MaxSchedulingLatency != c.want {
+			t.Errorf("%s: max_scheduling_latency %s, want %s", c.yaml, cfg.Admission.MaxSchedulingLatency, c.want)
+		}
 	}
 }

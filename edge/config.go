@@ -599,7 +599,7 @@ func (c *Config) normalize() {
 	if c.Cluster.BindAddr == "" {
 		c.Cluster.BindAddr = DefaultClusterBindAddr // (unused when Deps bring a listener)
 	}
-	c.Admission.withDefaults()
+	c.Admission.withDefaults(c.Cluster.Raft.LeaderLeaseTimeout)
 	for _, s := range []*ServersConfig{&c.ContextServers, &c.GenerationServers} {
 		s.withDefaults()
 	}

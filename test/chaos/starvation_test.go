@@ -58,6 +58,14 @@ func TestChaosStarvation(t *testing.T) {
 		}
 		o.edge = map[string]any{"cluster.raft.heartbeat_timeout": p[0], "cluster.raft.election_timeout": p[1], "cluster.raft.leader_lease_timeout": p[2]}
 	}
+	// CHAOS_STARVE_MAX_SCHED (e.g. 50ms, or -1ms: no shedding) measures
+	// another admission.max_scheduling_latency than the shipped one.
+	if a := os.Getenv("CHAOS_STARVE_MAX_SCHED"); a != "" {
+		if o.edge == nil {
+			o.edge = map[string]any{}
+		}
+		o.edge["admission.max_scheduling_latency"] = a
+	}
 	v := newEnvWith(t, o)
 	before := v.raftEvents()
 	terms0 := v.terms()
@@ -135,8 +143,8 @@ sampling:
 	if total > 0 {
 		share = 100 * float64(good) / float64(total)
 	}
-	t.Logf("FIGURES starvation raft=%q clients=%d words=%d seconds=%.0f attempts=%d turns_done=%d answered_200_or_429=%.2f%% statuses=%v p50_200=%s p99_200=%s missing_retry_after=%d term_changes=%d raft=%s heartbeat_rtt=[%s] leader_contact_age=[%s] cpu_seconds=[%s]",
-		os.Getenv("CHAOS_STARVE_RAFT"), clients, words, elapsed.Seconds(), total, st.codes["200"], share, st.codes, pct(0.5).Round(time.Millisecond), pct(0.99).Round(time.Millisecond),
+	t.Logf("FIGURES starvation raft=%q max_sched=%q clients=%d words=%d seconds=%.0f attempts=%d turns_done=%d answered_200_or_429=%.2f%% statuses=%v p50_200=%s p99_200=%s missing_retry_after=%d term_changes=%d raft=%s heartbeat_rtt=[%s] leader_contact_age=[%s] cpu_seconds=[%s]",
+		os.Getenv("CHAOS_STARVE_RAFT"), os.Getenv("CHAOS_STARVE_MAX_SCHED"), clients, words, elapsed.Seconds(), total, st.codes["200"], share, st.codes, pct(0.5).Round(time.Millisecond), pct(0.99).Round(time.Millisecond),
 		st.noRetryAfter, elections, after.sub(before), hb, age, cpu)
 	t.Logf("admission timeline:\n%s", strings.Join(timeline, "\n"))
 	if st.noRetryAfter != 0 {
