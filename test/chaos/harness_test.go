@@ -71,15 +71,35 @@ const (
 	parentHdr   = "X-Dynamo-Parent-Session-ID"
 )
 
-// freePort reserves a loopback port by binding and releasing it.
+// handedOut holds every port freePort returned in this test binary: the
+// kernel may give a released port to the next bind(0), and two members of
+// one deployment on one port fail its bootstrap ("duplicate address").
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// freePort reserves a loopback port by binding and releasing it, never one
+// it returned before.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		handedOut.Lock()
+		seen := handedOut.ports[port]
+		handedOut.ports[port] = true
+		handedOut.Unlock()
+		if !seen {
+			return port
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatal("no loopback port that was not handed out before")
+	return 0
 }
 
 // proc is one tether process.
