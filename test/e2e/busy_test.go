@@ -52,6 +52,13 @@ func TestSoakAgentsBesideBusyLoops(t *testing.T) {
 	if totalLog != 0 {
 		t.Errorf("%d requests failed for log reasons", totalLog)
 	}
+	// The long form judges every cause: an agent with retries off beside
+	// busy loops loses no call, the edges' own admission included (its
+	// bound follows the leader lease; other processes' load is not the
+	// edge's saturation).
+	if os.Getenv("RELIABILITY_LONG") == "1" && totalFailed != 0 {
+		t.Errorf("%d of %d requests failed", totalFailed, totalRequests)
+	}
 }
 
 type busyResult struct {
