@@ -147,6 +147,9 @@ sampling:
 		os.Getenv("CHAOS_STARVE_RAFT"), os.Getenv("CHAOS_STARVE_MAX_SCHED"), clients, words, elapsed.Seconds(), total, st.codes["200"], share, st.codes, pct(0.5).Round(time.Millisecond), pct(0.99).Round(time.Millisecond),
 		st.noRetryAfter, elections, after.sub(before), hb, age, cpu)
 	t.Logf("admission timeline:\n%s", strings.Join(timeline, "\n"))
+	for k, msg := range st.firstErr {
+		t.Logf("first %s: %s", k, msg)
+	}
 	if st.noRetryAfter != 0 {
 		t.Errorf("%d answers 429 or 503 without Retry-After", st.noRetryAfter)
 	}
@@ -166,6 +169,7 @@ type starveStats struct {
 	codes        map[string]int // status (and error code for non-200s)
 	noRetryAfter int
 	okLatency    []time.Duration
+	firstErr     map[string]string // transport error class → its first message
 }
 
 // turn sends one turn of conv until it is answered 200 (waiting what a
@@ -193,7 +197,7 @@ func (s *starveStats) turn(c *http.Client, v *env, rng *rand.Rand, conv, prefix 
 		t0 := time.Now()
 		resp, err := c.Do(req)
 		if err != nil {
-			s.record("transport:"+errClass(err), 0, false)
+			s.recordTransport(err)
 			continue
 		}
 		b, _ := io.ReadAll(resp.Body)
@@ -231,6 +235,21 @@ func (s *starveStats) turn(c *http.Client, v *env, rng *rand.Rand, conv, prefix 
 		}
 	}
 	return true
+}
+
+// recordTransport counts a transport error by class and keeps the first
+// full message of each class (logged with the figures).
+func (s *starveStats) recordTransport(err error) {
+	key := "transport:" + errClass(err)
+	s.mu.Lock()
+	if s.firstErr == nil {
+		s.firstErr = map[string]string{}
+	}
+	if _, ok := s.firstErr[key]; !ok {
+		s.firstErr[key] = err.Error()
+	}
+	s.mu.Unlock()
+	s.record(key, 0, false)
 }
 
 func (s *starveStats) record(key string, lat time.Duration, noRetryAfter bool) {
