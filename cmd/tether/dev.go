@@ -203,9 +203,22 @@ func printStack(out io.Writer, st *devstack.Stack) {
 		}
 		line("models", strings.Join(ms, ", "))
 	}
-	tokenNote := "  (random, kept in the data dir; --admin-token or $" + edge.EnvAdminToken + " wins)"
-	line("admin token", st.AdminToken()+tokenNote)
+	line("admin token", st.AdminToken()+adminTokenNote(st.AdminTokenSource(), st.TemporaryDataDir()))
 	fmt.Fprint(out, banner(st.Edges(), st.Model(), st.CAFile(), st.AdminToken()))
+}
+
+// adminTokenNote says where the printed admin token came from (source as
+// devstack.Stack.AdminTokenSource) and whether it outlives this run.
+func adminTokenNote(source string, tempDir bool) string {
+	switch {
+	case source == "given":
+		return "  (from --admin-token or $" + edge.EnvAdminToken + "; not stored)"
+	case tempDir:
+		return "  (random, for this run: the temporary data dir is removed on exit; --admin-token or $" + edge.EnvAdminToken + " sets one)"
+	case source == "kept":
+		return "  (kept in the data dir from an earlier run; --admin-token or $" + edge.EnvAdminToken + " wins)"
+	}
+	return "  (random, kept in the data dir for the next start; --admin-token or $" + edge.EnvAdminToken + " wins)"
 }
 
 // plural is "1 edge", "3 edges".

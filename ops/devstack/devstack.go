@@ -242,6 +242,9 @@ type Stack struct {
 	dataDir     string
 	tempDir     bool
 	adminToken  string
+	// adminTokenFrom is where the admin token came from: given (flag or
+	// environment), kept (the data dir's) or generated (and stored there).
+	adminTokenFrom string
 	internalKey string
 	peers       []cluster.Peer
 	pki         *devPKI // nil: plaintext
@@ -298,13 +301,13 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		}
 	}()
 
-	if s.internalKey = opts.InternalKey; s.internalKey == "" {
-		s.internalKey = randomSecret()
-	}
 	if err := s.prepareDataDir(); err != nil {
 		return nil, err
 	}
-	if s.adminToken, err = adminToken(s.dataDir, opts.AdminToken); err != nil {
+	if s.internalKey, _, err = secret(s.dataDir, internalKeyName, opts.InternalKey); err != nil {
+		return nil, err
+	}
+	if s.adminToken, s.adminTokenFrom, err = secret(s.dataDir, adminTokenName, opts.AdminToken); err != nil {
 		return nil, err
 	}
 	if err := s.preparePKI(); err != nil {
@@ -746,6 +749,11 @@ func (s *Stack) TemporaryDataDir() bool { return s.tempDir }
 
 // AdminToken is the edges' admin bearer token.
 func (s *Stack) AdminToken() string { return s.adminToken }
+
+// AdminTokenSource says where the admin token came from: "given" (flag or
+// environment, not stored), "kept" (the data dir's) or "generated" (new,
+// stored in the data dir).
+func (s *Stack) AdminTokenSource() string { return s.adminTokenFrom }
 
 // InternalKey is the shared internal_request_auth_key.
 func (s *Stack) InternalKey() string { return s.internalKey }

@@ -194,6 +194,7 @@ func TestRestartOnDataDirKeepsBindings(t *testing.T) {
 	for _, n := range edges {
 		raftAddrs = append(raftAddrs, n.RaftAddr)
 	}
+	respID := storeResponse(t, c, st, edges[0])
 	closeStack(t, st)
 	if _, err := os.Stat(filepath.Join(dir, manifestName)); err != nil {
 		t.Fatalf("manifest: %v", err)
@@ -204,6 +205,15 @@ func TestRestartOnDataDirKeepsBindings(t *testing.T) {
 	// restart before, while the CA was kept).
 	if st2.AdminToken() != st.AdminToken() {
 		t.Fatalf("admin token %q after restart, was %q", st2.AdminToken(), st.AdminToken())
+	}
+	// So is the internal key: the response id minted before the restart
+	// still authenticates, and the edge says why its response is gone (its
+	// worker restarted), not that another cluster issued the id.
+	if st2.InternalKey() != st.InternalKey() {
+		t.Fatalf("internal key changed across the restart")
+	}
+	if status, body := getResponse(t, c, st2.Edges()[1], respID); status != http.StatusNotFound || !strings.Contains(body, "restarted since it stored the response") {
+		t.Fatalf("GET a response stored before the restart: %d %s", status, body)
 	}
 	for i, n := range st2.Edges() {
 		if n.RaftAddr != raftAddrs[i] {
@@ -225,6 +235,38 @@ func TestRestartOnDataDirKeepsBindings(t *testing.T) {
 	if _, err := Start(ctx, Options{DataDir: dir, Edges: 5}); err == nil || !strings.Contains(err.Error(), "3-edge cluster") {
 		t.Fatalf("start with 5 edges on a 3-edge data dir: %v", err)
 	}
+}
+
+// storeResponse creates a stored Responses response through n and returns
+// its id.
+func storeResponse(t *testing.T, c *http.Client, st *Stack, n *EdgeNode) string {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"model": st.Model(), "input": "remember this", "max_output_tokens": 4})
+	resp, err := c.Post(n.URL()+"/v1/responses", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var obj struct {
+		ID string `json:"id"`
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &obj) != nil || obj.ID == "" {
+		t.Fatalf("POST /v1/responses: %d %s", resp.StatusCode, b)
+	}
+	return obj.ID
+}
+
+// getResponse is GET /v1/responses/{id} through n.
+func getResponse(t *testing.T, c *http.Client, n *EdgeNode, id string) (int, string) {
+	t.Helper()
+	resp, err := c.Get(n.URL() + "/v1/responses/" + id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 // Killing the leader: a survivor takes over, bound conversations stay, the
@@ -329,37 +371,37 @@ func TestDataDirWithRaftStateButNoManifest(t *testing.T) {
 	}
 }
 
-// The admin token: a given one wins and is not stored; else the data dir's;
-// else a new one, stored with mode 0600.
-func TestAdminTokenKeptInDataDir(t *testing.T) {
-	dir := t.TempDir()
-	tok, err := adminToken(dir, "")
-	if err != nil || len(tok) < 16 {
-		t.Fatalf("generated %q: %v", tok, err)
-	}
-	fi, err := os.Stat(filepath.Join(dir, adminTokenName))
-	if err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("stored token file: %v %v", fi, err)
-	}
-	if again, err := adminToken(dir, ""); err != nil || again != tok {
-		t.Fatalf("second start: %q %v, want %q", again, err, tok)
-	}
-	if given, err := adminToken(dir, "given-token-0123456789"); err != nil || given != "given-token-0123456789" {
-		t.Fatalf("given: %q %v", given, err)
-	}
-	if again, _ := adminToken(dir, ""); again != tok {
-		t.Fatalf("a given token replaced the stored one: %q", again)
-	}
-	if err := os.WriteFile(filepath.Join(dir, adminTokenName), []byte("short\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := adminToken(dir, ""); err == nil || !strings.Contains(err.Error(), adminTokenName) {
-		t.Fatalf("short stored token: %v", err)
+// The admin token and the internal key: a given one wins and is not
+// stored; else the data dir's; else a new one, stored with mode 0600.
+func TestSecretsKeptInDataDir(t *testing.T) {
+	for _, name := range []string{adminTokenName, internalKeyName} {
+		dir := t.TempDir()
+		v, from, err := secret(dir, name, "")
+		if err != nil || len(v) < 16 || from != secretGenerated {
+			t.Fatalf("%s: generated %q (%s): %v", name, v, from, err)
+		}
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: stored file: %v %v", name, fi, err)
+		}
+		if again, from, err := secret(dir, name, ""); err != nil || again != v || from != secretKept {
+			t.Fatalf("%s: second start: %q (%s) %v, want %q", name, again, from, err, v)
+		}
+		if given, from, err := secret(dir, name, "given-token-0123456789"); err != nil || given != "given-token-0123456789" || from != secretGiven {
+			t.Fatalf("%s: given: %q (%s) %v", name, given, from, err)
+		}
+		if again, _, _ := secret(dir, name, ""); again != v {
+			t.Fatalf("%s: a given value replaced the stored one: %q", name, again)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("short\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := secret(dir, name, ""); err == nil || !strings.Contains(err.Error(), name) {
+			t.Fatalf("%s: short stored value: %v", name, err)
+		}
 	}
 }
 
-// A healthy idle worker has an empty cache the edge knows from its reports:
-// not kv_stale (before, every instance was until traffic arrived).
 func TestIdleInstancesAreNotKVStale(t *testing.T) {
 	st := startStack(t, Options{Edges: 1, ContextWorkers: 1, GenerationWorkers: 1, Ranks: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -98,33 +98,45 @@ func writeManifest(dir string, peers []cluster.Peer) error {
 	return nil
 }
 
-// adminTokenName is the file in the data directory keeping the generated
-// admin token, so a restart on the same data dir keeps clients' $TOKEN
-// working (as the CA in tls/ keeps their trust).
-const adminTokenName = "admin-token"
+// adminTokenName and internalKeyName are the files in the data directory
+// keeping the generated admin token and internal_request_auth_key, so a
+// restart on the same data dir keeps clients' $TOKEN working (as the CA in
+// tls/ keeps their trust) and the ids the edges minted before it (stored
+// responses, conversations) authenticating.
+const (
+	adminTokenName  = "admin-token"
+	internalKeyName = "internal-key"
+)
 
-// adminToken returns the token to use: the given one (flag or environment:
-// it wins and is not stored), else the data dir's, else a new random one,
-// stored (mode 0600) for the next start.
-func adminToken(dir, given string) (string, error) {
+// Where a secret came from, for the banner.
+const (
+	secretGiven     = "given"     // flag or environment: not stored
+	secretKept      = "kept"      // read from the data dir
+	secretGenerated = "generated" // new, stored in the data dir
+)
+
+// secret returns the secret to use and where it came from: the given one
+// (flag or environment: it wins and is not stored), else the data dir's
+// file name, else a new random one, stored (mode 0600) for the next start.
+func secret(dir, name, given string) (string, string, error) {
 	if given != "" {
-		return given, nil
+		return given, secretGiven, nil
 	}
-	path := filepath.Join(dir, adminTokenName)
+	path := filepath.Join(dir, name)
 	data, err := os.ReadFile(path)
 	switch {
 	case err == nil:
-		tok := string(bytes.TrimSpace(data))
-		if len(tok) < 16 {
-			return "", fmt.Errorf("devstack: %s holds no admin token of at least 16 bytes; remove it to generate one", path)
+		v := string(bytes.TrimSpace(data))
+		if len(v) < 16 {
+			return "", "", fmt.Errorf("devstack: %s holds no secret of at least 16 bytes; remove it to generate one", path)
 		}
-		return tok, nil
+		return v, secretKept, nil
 	case !errors.Is(err, fs.ErrNotExist):
-		return "", fmt.Errorf("devstack: admin token: %w", err)
+		return "", "", fmt.Errorf("devstack: %s: %w", name, err)
 	}
-	tok := randomSecret()
-	if err := os.WriteFile(path, []byte(tok+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("devstack: admin token: %w", err)
+	v := randomSecret()
+	if err := os.WriteFile(path, []byte(v+"\n"), 0o600); err != nil {
+		return "", "", fmt.Errorf("devstack: %s: %w", name, err)
 	}
-	return tok, nil
+	return v, secretGenerated, nil
 }
