@@ -236,23 +236,23 @@ func (o *Options) Normalize() error {
 
 // Stack is a running local deployment.
 type Stack struct {
-	opts        Options
-	rejoin      map[string]bool // edges that join the others as new members (settleRemoved)
-	log         *slog.Logger
-	dataDir     string
-	tempDir     bool
-	adminToken  string
+	opts       Options
+	rejoin     map[string]bool // edges that join the others as new members (settleRemoved)
+	log        *slog.Logger
+	dataDir    string
+	tempDir    bool
+	adminToken string
 	// adminTokenFrom is where the admin token came from: given (flag or
 	// environment), kept (the data dir's) or generated (and stored there).
 	adminTokenFrom string
-	internalKey string
-	peers       []cluster.Peer
-	pki         *devPKI // nil: plaintext
-	nats        *natsserver.Server
-	edges       []*EdgeNode
-	workers     []*WorkerNode
-	engines     []*worker.Server // simulated engines behind proxy workers (EngineEvents)
-	client      *http.Client
+	internalKey    string
+	peers          []cluster.Peer
+	pki            *devPKI // nil: plaintext
+	nats           *natsserver.Server
+	edges          []*EdgeNode
+	workers        []*WorkerNode
+	engines        []*worker.Server // simulated engines behind proxy workers (EngineEvents)
+	client         *http.Client
 
 	closeOnce sync.Once
 	closeErr  error
