@@ -30,6 +30,14 @@ var ErrOffline = errors.New("npm could not reach its registry")
 // returns the directory. Errors: ErrNoNode, ErrOffline (wrapped, with
 // npm's output), or another install failure with npm's output.
 func Install(ctx context.Context, src, name string, files ...string) (string, error) {
+	return InstallTrusting(ctx, src, name, nil, files...)
+}
+
+// InstallTrusting is Install that then runs the install scripts of the
+// packages named in trusted (`npm rebuild`): a package whose postinstall
+// puts its real program in place (Claude Code copies its platform's native
+// binary over a placeholder) works only after it.
+func InstallTrusting(ctx context.Context, src, name string, trusted []string, files ...string) (string, error) {
 	for _, tool := range []string{"node", "npm"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return "", fmt.Errorf("%w: %s: %v", ErrNoNode, tool, err)
@@ -45,6 +53,9 @@ func Install(ctx context.Context, src, name string, files ...string) (string, er
 		contents[f] = data
 		fmt.Fprintf(h, "%s\x00%d\x00", f, len(data))
 		h.Write(data)
+	}
+	for _, p := range trusted {
+		fmt.Fprintf(h, "trusted\x00%s\x00", p)
 	}
 	base, err := os.UserCacheDir()
 	if err != nil {
@@ -63,18 +74,33 @@ func Install(ctx context.Context, src, name string, files ...string) (string, er
 			return "", err
 		}
 	}
-	cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error")
-	cmd.Dir = dir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		msg := tail(string(out), 4000)
-		for _, offline := range []string{"ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ETIMEDOUT", "ECONNRESET", "network", "fetch failed"} {
-			if strings.Contains(msg, offline) {
-				return "", fmt.Errorf("%w: npm ci in %s: %v\n%s", ErrOffline, dir, err, msg)
-			}
+	if err := npm(ctx, dir, "ci", "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error"); err != nil {
+		return "", err
+	}
+	if len(trusted) > 0 {
+		if err := npm(ctx, dir, append([]string{"rebuild", "--loglevel=error"}, trusted...)...); err != nil {
+			return "", err
 		}
-		return "", fmt.Errorf("npm ci in %s: %v\n%s", dir, err, msg)
 	}
 	return dir, os.WriteFile(marker, nil, 0o644)
+}
+
+// npm runs npm with args in dir; a failure to reach the registry wraps
+// ErrOffline.
+func npm(ctx context.Context, dir string, args ...string) error {
+	cmd := exec.CommandContext(ctx, "npm", args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		return nil
+	}
+	msg := tail(string(out), 4000)
+	for _, offline := range []string{"ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ETIMEDOUT", "ECONNRESET", "network", "fetch failed"} {
+		if strings.Contains(msg, offline) {
+			return fmt.Errorf("%w: npm %s in %s: %v\n%s", ErrOffline, args[0], dir, err, msg)
+		}
+	}
+	return fmt.Errorf("npm %s in %s: %v\n%s", args[0], dir, err, msg)
 }
 
 func tail(s string, n int) string {
