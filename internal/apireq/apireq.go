@@ -137,6 +137,11 @@ type ResponsesFields struct {
 	// response's history can go between them (WithHistory).
 	instr []chatMessage
 	input []chatMessage
+	// history is the previous response's conversation (WithHistory).
+	history []json.RawMessage
+	// namespaced maps the chat-form name of each namespace tool's function
+	// to its namespace and name (CallName).
+	namespaced map[string]ToolName
 }
 
 // knownRoles are the chat roles OpenAI-compatible servers accept.
