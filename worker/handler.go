@@ -289,8 +289,8 @@ func (x *exchange) serve() (int, string) {
 		return http.StatusOK, ""
 	}
 	var prev *storedResponse
-	if rf := p.req.Responses; rf != nil && rf.PreviousResponseID != "" && !relay {
-		if prev, aerr = s.previousResponse(p, body); aerr != nil {
+	if rf := p.req.Responses; rf != nil && !relay && (rf.PreviousResponseID != "" || len(rf.ItemReferences()) > 0) {
+		if prev, aerr = s.expandResponses(p); aerr != nil {
 			return x.fail(aerr), ""
 		}
 		if p, aerr = parsedFrom(p.req, body, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens); aerr != nil {
