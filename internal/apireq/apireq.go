@@ -116,6 +116,10 @@ type Request struct {
 	// CountTokens: a Messages count_tokens body (no max_tokens, nothing is
 	// generated).
 	CountTokens bool
+
+	// anthropic is a Messages request's chat form source (WithInlineSystem
+	// rebuilds the chat form from it).
+	anthropic *anthropicForm
 }
 
 // ResponsesFields are the Responses API fields beyond the chat form.

@@ -38,7 +38,7 @@ func TestMessagesToChatForm(t *testing.T) {
 		"tools":[{"name":"Bash","description":"run","input_schema":{"type":"object","properties":{"command":{"type":"string"}}}}],
 		"metadata":{"user_id":"u"},"temperature":0.5}`)
 	want := `[{"content":"You are Claude Code.","role":"system"},{"content":"list files","role":"user"},` +
-		`{"content":"Running ls.","reasoning":"use ls","role":"assistant","tool_calls":[{"function":{"arguments":"{\"command\":\"ls\"}","name":"Bash"},"id":"toolu_1","type":"function"}]},` +
+		`{"content":"Running ls.","reasoning":"use ls","role":"assistant","tool_calls":[{"function":{"arguments":"{\"command\": \"ls\"}","name":"Bash"},"id":"toolu_1","type":"function"}]},` +
 		`{"content":"a.go\nb.go","role":"tool","tool_call_id":"toolu_1"},{"content":"now read a.go","role":"user"}]`
 	if got := chatMessages(t, r); got != want {
 		t.Fatalf("chat messages:\n got %s\nwant %s", got, want)
