@@ -204,3 +204,34 @@ func TestClientFixturesServed(t *testing.T) {
 		}
 	}
 }
+
+// anthropic_inline_system: fold merges an inline system message into the
+// user turn before it, as an engine folding it renders the prompt (one
+// role marker fewer than preserve, the default); a mode that is neither is
+// refused at start.
+func TestWorkerInlineSystemSetting(t *testing.T) {
+	body := `{"model":"test-model","max_tokens":4,"system":"sys","messages":[{"role":"user","content":"q1"},{"role":"system","content":"reminder"}]}`
+	inputTokens := func(setting string) int {
+		cfg := testConfig("w-inline-" + setting)
+		cfg.AnthropicInlineSystem = setting
+		s := startServer(t, cfg)
+		r := post(t, testClient(t), s.URL()+"/v1/messages", body, nil)
+		var m struct {
+			Usage struct {
+				InputTokens int `json:"input_tokens"`
+			} `json:"usage"`
+		}
+		if r.status != 200 || json.Unmarshal(r.body, &m) != nil {
+			t.Fatalf("%q: %d %s", setting, r.status, r.body)
+		}
+		return m.Usage.InputTokens
+	}
+	if p, f := inputTokens("preserve"), inputTokens("fold"); f != p-1 {
+		t.Fatalf("input tokens: preserve %d, fold %d (want one role marker fewer)", p, f)
+	}
+	cfg := testConfig("w-inline-bad")
+	cfg.AnthropicInlineSystem = "hoist"
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "anthropic_inline_system") {
+		t.Fatalf("a bad mode: %v", err)
+	}
+}
