@@ -188,7 +188,6 @@ type responseItem struct {
 	Summary   []struct {
 		Text string `json:"text"`
 	} `json:"summary"`
-	EncryptedContent *string `json:"encrypted_content"`
 }
 
 // unrenderedItems are the input item types of OpenAI's union
@@ -332,10 +331,13 @@ func (c *inputConverter) message(it *responseItem, param string) *Error {
 	return nil
 }
 
+// reasoning renders a reasoning item's text (its content, else its first
+// summary). Its encrypted_content, which Codex sends back whenever it asks
+// for it (include: ["reasoning.encrypted_content"]), is opaque to every
+// engine but the one that wrote it: it is accepted and not rendered (vLLM
+// refuses such an item, which would end a Codex session on its second
+// turn).
 func (c *inputConverter) reasoning(it *responseItem, param string) *Error {
-	if it.EncryptedContent != nil && *it.EncryptedContent != "" {
-		return BadRequest("", param+".encrypted_content", "%s: encrypted reasoning content is not supported", param)
-	}
 	texts, err := responsesContent(it.Content, param+".content")
 	if err != nil {
 		return err

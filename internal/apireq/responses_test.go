@@ -71,13 +71,14 @@ func TestResponsesInputItemKinds(t *testing.T) {
 		{"type":"web_search_call","id":"ws_1","status":"completed","action":{"type":"search","query":"q"}},
 		{"type":"local_shell_call","call_id":"c3","status":"completed","action":{"type":"exec","command":["ls"]}},
 		{"type":"tool_search_call","arguments":{"query":"x"}},{"type":"compaction","encrypted_content":"opaque"},
+		{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"gAAAA-opaque"},
 		{"type":"item_reference","id":"msg_1"},{"id":"msg_2"},
 		{"role":"user","content":"next"}]}`)
 	want := `[{"content":"go","role":"user"},` +
 		`{"content":null,"role":"assistant","tool_calls":[{"function":{"arguments":"{}","name":"multi_agent_v1__spawn_agent"},"id":"c1","type":"function"}]},` +
 		`{"content":"spawned","role":"tool","tool_call_id":"c1"},` +
 		`{"content":null,"role":"assistant","tool_calls":[{"function":{"arguments":"*** Begin Patch","name":"apply_patch"},"id":"c2","type":"function"}]},` +
-		`{"content":"Done","role":"tool","tool_call_id":"c2"},{"content":"next","role":"user"}]`
+		`{"content":"Done","role":"tool","tool_call_id":"c2"},{"content":null,"reasoning":"","role":"assistant"},{"content":"next","role":"user"}]`
 	if got := chatMessages(t, r); got != want {
 		t.Fatalf("chat messages:\n got %s\nwant %s", got, want)
 	}
@@ -94,11 +95,11 @@ func TestResponsesInputItemKinds(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if got := chatMessages(t, r); !strings.HasSuffix(got, `{"content":"Done","role":"tool","tool_call_id":"c2"},{"content":"earlier answer","role":"assistant"},{"content":"earlier question","role":"user"},{"content":"next","role":"user"}]`) {
+	if got := chatMessages(t, r); !strings.HasSuffix(got, `{"content":"Done","role":"tool","tool_call_id":"c2"},{"content":"earlier answer","reasoning":"","role":"assistant"},{"content":"earlier question","role":"user"},{"content":"next","role":"user"}]`) {
 		t.Fatalf("resolved: %s", got)
 	}
 	err := r.ResolveItems(func(string) (json.RawMessage, bool) { return nil, false })
-	if err == nil || err.Status != 400 || err.Param != "input[9].id" || !strings.Contains(err.Message, `"msg_1"`) {
+	if err == nil || err.Status != 400 || err.Param != "input[10].id" || !strings.Contains(err.Message, `"msg_1"`) {
 		t.Fatalf("unresolved reference: %+v", err)
 	}
 }
