@@ -15,6 +15,7 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/yamlconf"
 	"github.com/tether-project/tether/routing"
@@ -81,6 +82,12 @@ type Config struct {
 	Model             string        `yaml:"model"`
 	ContextServers    ServersConfig `yaml:"context_servers"`
 	GenerationServers ServersConfig `yaml:"generation_servers"`
+	// AnthropicInlineSystem is the first model's anthropic_inline_system:
+	// where a Messages request's inline role "system" messages go in the
+	// prompt the edge keys, preserve (default) or fold, as the model's
+	// engine places them (internal/apireq inline_system.go;
+	// docs/engines.md). A tether worker reads the same key.
+	AnthropicInlineSystem string `yaml:"anthropic_inline_system"`
 
 	// ParentHeader is conversation_affinity_header_for_subagents ("" = off).
 	ParentHeader string `yaml:"conversation_affinity_header_for_subagents"`
@@ -982,3 +989,9 @@ const (
 	MetricsPublic     = "public"
 	MetricsAdminToken = "admin_token"
 )
+
+// inlineSystem is the model's anthropic_inline_system mode (validated).
+func (c *Config) inlineSystem() apireq.InlineSystem {
+	m, _ := apireq.ParseInlineSystem(c.AnthropicInlineSystem)
+	return m
+}

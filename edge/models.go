@@ -11,6 +11,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/yamlconf"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
@@ -26,6 +27,8 @@ type ModelConfig struct {
 	ContextServers    ServersConfig `yaml:"context_servers"`
 	GenerationServers ServersConfig `yaml:"generation_servers"`
 	LoRA              LoRAConfig    `yaml:"lora"`
+	// AnthropicInlineSystem: as the top-level key, for this model.
+	AnthropicInlineSystem string `yaml:"anthropic_inline_system"`
 }
 
 // UnmarshalYAML decodes an entry over the fleet defaults the top-level
@@ -96,6 +99,7 @@ func (c *Config) modelConfig(i int) *Config {
 	m := c.Models[i-1]
 	mc := *c
 	mc.Model, mc.ContextServers, mc.GenerationServers, mc.LoRA, mc.Models = m.Name, m.ContextServers, m.GenerationServers, m.LoRA, nil
+	mc.AnthropicInlineSystem = m.AnthropicInlineSystem
 	return &mc
 }
 
@@ -155,6 +159,9 @@ func (c *Config) validateModels(p *yamlconf.Problems) {
 				}
 				ids[si.ID()], urls[trimSlash(si.URL)] = key, key
 			}
+		}
+		if _, err := apireq.ParseInlineSystem(mc.AnthropicInlineSystem); err != nil {
+			bad(prefix+"anthropic_inline_system", "%v", err)
 		}
 		l := mc.LoRA
 		if l.MaxLoRAs < 0 || l.MaxLoRAs > maxLoRAs {

@@ -11,6 +11,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
@@ -81,8 +82,15 @@ type Config struct {
 	// bytes held at once over all requests, 429 beyond (default 64 MiB,
 	// at least max_body_bytes).
 	MaxInflightBodyBytes int64 `yaml:"max_inflight_body_bytes"`
-	DefaultMaxTokens     int   `yaml:"default_max_tokens"` // (default 16)
-	MaxTokensLimit       int   `yaml:"max_tokens_limit"`   // larger requests are refused with 400 (default 4096)
+	// AnthropicInlineSystem is anthropic_inline_system: where the inline
+	// role "system" messages of a Messages request go in the prompt,
+	// preserve (default: kept in place) or fold (merged into the
+	// neighbouring user turn), as vLLM's Anthropic endpoint places them
+	// (internal/apireq inline_system.go). The edges' setting for this
+	// model must be the same (docs/engines.md).
+	AnthropicInlineSystem string `yaml:"anthropic_inline_system"`
+	DefaultMaxTokens      int    `yaml:"default_max_tokens"` // (default 16)
+	MaxTokensLimit        int    `yaml:"max_tokens_limit"`   // larger requests are refused with 400 (default 4096)
 	// ResponsesStoreEntries and ResponsesStoreBytes bound the Responses
 	// API store (stored responses live in this process; the least recently
 	// used is evicted first, and each eviction is logged).
@@ -423,6 +431,9 @@ func (c *Config) validateLimits() error {
 	if c.MaxTokensLimit < 1 {
 		return fmt.Errorf("max_tokens_limit: must be at least 1, got %d", c.MaxTokensLimit)
 	}
+	if _, err := apireq.ParseInlineSystem(c.AnthropicInlineSystem); err != nil {
+		return fmt.Errorf("anthropic_inline_system: %v", err)
+	}
 	if c.DefaultMaxTokens < 1 || c.DefaultMaxTokens > c.MaxTokensLimit {
 		return fmt.Errorf("default_max_tokens: %d out of range (1..max_tokens_limit %d)", c.DefaultMaxTokens, c.MaxTokensLimit)
 	}
@@ -698,4 +709,10 @@ func (c Config) acceptsTetherV1() bool {
 		}
 	}
 	return false
+}
+
+// inlineSystem is the anthropic_inline_system mode (validated).
+func (c *Config) inlineSystem() apireq.InlineSystem {
+	m, _ := apireq.ParseInlineSystem(c.AnthropicInlineSystem)
+	return m
 }

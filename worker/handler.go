@@ -251,6 +251,26 @@ func (x *exchange) fail(e *apiError) int {
 	return e.Status
 }
 
+// parse reads an inference body of x's dialect (count_tokens: a Messages
+// body without max_tokens), a Messages request's inline system messages
+// placed as anthropic_inline_system says.
+func (s *Server) parse(x *exchange, body []byte) (*parsedRequest, *apiError) {
+	var req *apireq.Request
+	var aerr *apiError
+	if strings.TrimSuffix(x.r.URL.Path, "/") == countTokensPath {
+		req, aerr = apireq.ParseCountTokens(body)
+	} else {
+		req, aerr = apireq.Parse(x.dialect, body)
+	}
+	if aerr == nil {
+		aerr = req.WithInlineSystem(s.cfg.inlineSystem())
+	}
+	if aerr != nil {
+		return nil, aerr
+	}
+	return parsedFrom(req, body, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
+}
+
 // serve runs the request and returns the HTTP status it answered (or 499
 // when the client went away) and the phase it ran ("" if it never ran).
 func (x *exchange) serve() (int, string) {
@@ -263,15 +283,7 @@ func (x *exchange) serve() (int, string) {
 		return x.fail(aerr), ""
 	}
 	defer release()
-	var p *parsedRequest
-	if strings.TrimSuffix(x.r.URL.Path, "/") == countTokensPath {
-		var req *apireq.Request
-		if req, aerr = apireq.ParseCountTokens(body); aerr == nil {
-			p, aerr = parsedFrom(req, body, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
-		}
-	} else {
-		p, aerr = parseRequest(body, x.dialect, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
-	}
+	p, aerr := s.parse(x, body)
 	if aerr != nil {
 		return x.fail(aerr), ""
 	}
@@ -289,8 +301,8 @@ func (x *exchange) serve() (int, string) {
 		return http.StatusOK, ""
 	}
 	var prev *storedResponse
-	if rf := p.req.Responses; rf != nil && rf.PreviousResponseID != "" && !relay {
-		if prev, aerr = s.previousResponse(p, body); aerr != nil {
+	if rf := p.req.Responses; rf != nil && !relay && (rf.PreviousResponseID != "" || len(rf.ItemReferences()) > 0) {
+		if prev, aerr = s.expandResponses(p); aerr != nil {
 			return x.fail(aerr), ""
 		}
 		if p, aerr = parsedFrom(p.req, body, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens); aerr != nil {

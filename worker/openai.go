@@ -168,7 +168,7 @@ func parsedFrom(req *apireq.Request, body []byte, limit, defaultMax int) (*parse
 	if form == nil {
 		form = req.Top
 	}
-	out, aerr := outputOptions(form, d.HasConversation(), req.Messages)
+	out, aerr := outputOptions(form, d.HasConversation(), req.Messages, toolNameLimit(d))
 	if aerr != nil {
 		return nil, aerr
 	}
