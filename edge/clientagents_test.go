@@ -159,3 +159,34 @@ func TestClientSubagentHeadersOffAndGateway(t *testing.T) {
 		})
 	}
 }
+
+// TestHandoffContinuingTheParentsChain: an agent framework's handoff (the
+// Agents SDK with previousResponseId) sends the new agent's parent header
+// with a previous_response_id of the parent's own chain. It is served on
+// the instance holding that response, as the parent's conversation (no
+// hint, no link), instead of being refused as a conversation naming itself
+// as its parent.
+func TestHandoffContinuingTheParentsChain(t *testing.T) {
+	s := startStatic(t, 1, 1, nil)
+	first := map[string]any{"model": testModel, "max_tokens": 8, "input": "triage " + longText("h", 30)}
+	status, body, _ := postRaw(t, s.c, s.te.url()+"/v1/responses", first, map[string]string{"x-session-id": "parent-1"})
+	var r1 struct{ ID string }
+	if status != http.StatusOK || json.Unmarshal(body, &r1) != nil || r1.ID == "" {
+		t.Fatalf("parent's response: %d %s", status, body)
+	}
+	gen := s.gen[0]
+	before := len(gen.requests())
+	handoff := map[string]any{"model": testModel, "max_tokens": 8, "input": "billing question", "previous_response_id": r1.ID}
+	status, body, _ = postRaw(t, s.c, s.te.url()+"/v1/responses", handoff,
+		map[string]string{"x-session-id": "child-a", parentHeader: "parent-1"})
+	if status != http.StatusOK {
+		t.Fatalf("handoff continuing the parent's chain: %d %s", status, body)
+	}
+	reqs := gen.requests()[before:]
+	if len(reqs) != 1 || reqs[0].conversationID() != "parent-1" || reqs[0].header.Get(hintauth.HeaderAffinityID) != "" {
+		t.Fatalf("the worker saw %d requests (%+v), want one of conversation parent-1 without a hint", len(reqs), reqs)
+	}
+	if _, ok := s.te.e.Node().State().Link("parent-1"); ok {
+		t.Fatal("parent-1 was linked as a sub-agent")
+	}
+}
