@@ -194,3 +194,40 @@ func TestResolveContinuing(t *testing.T) {
 		t.Fatalf("self parent without a chain: %v", err)
 	}
 }
+
+// FuzzClientSubAgentHeaders: arbitrary Claude Code and Codex header values
+// never panic, refusals are typed, and an accepted sub-agent routes by a
+// root other than itself.
+func FuzzClientSubAgentHeaders(f *testing.F) {
+	f.Add("", session, "a1", "", "", "")
+	f.Add("", session, "a2", "a1", "", "")
+	f.Add("", session, "a1", "a1", "", "")
+	f.Add("t2", "", "", "", "t1", "t2")
+	f.Add("", "", "", "", "t1", "t1")
+	f.Fuzz(func(t *testing.T, body, sess, agent, parentAgent, codexParent, thread string) {
+		h := http.Header{}
+		for k, v := range map[string]string{HeaderClaudeCodeSession: sess, HeaderClaudeCodeAgent: agent,
+			HeaderClaudeCodeParentAgent: parentAgent, HeaderCodexParentThread: codexParent, HeaderCodexThread: thread} {
+			h.Set(k, v)
+		}
+		links := linkTable{}
+		if a := strings.TrimSpace(parentAgent); a != "" {
+			c := ClaudeCodeAgentConversation(strings.TrimSpace(sess), a)
+			links[c] = fsm.ParentLink{Child: c, Parent: strings.TrimSpace(sess), Root: strings.TrimSpace(sess), Depth: 1}
+		}
+		id, err := ResolveIdentity(clientCfg(), body, h, links)
+		if err != nil {
+			var ie *IdentityError
+			if !errors.As(err, &ie) || err.Error() == "" {
+				t.Fatalf("untyped refusal: %v", err)
+			}
+			return
+		}
+		if id.SubAgent() && (id.Root == "" || id.Root == id.ConversationID || id.Key(fsm.FleetContext) != id.Root) {
+			t.Fatalf("sub-agent %+v", id)
+		}
+		if id.NewLink && (id.Link.Child != id.ConversationID || id.Link.Child == id.Link.Parent || id.Link.Child == id.Link.Root) {
+			t.Fatalf("link %+v", id.Link)
+		}
+	})
+}
