@@ -91,6 +91,12 @@ type Config struct {
 
 	// ParentHeader is conversation_affinity_header_for_subagents ("" = off).
 	ParentHeader string `yaml:"conversation_affinity_header_for_subagents"`
+	// ClientSubagentHeaders is client_subagent_headers (default true):
+	// read the sub-agent headers Claude Code and Codex send
+	// (x-claude-code-agent-id, x-claude-code-parent-agent-id,
+	// x-codex-parent-thread-id; docs/subagent-routing.md) as the parent
+	// header is read. false routes those requests by their session alone.
+	ClientSubagentHeaders bool `yaml:"client_subagent_headers"`
 	// Scope is subagent_affinity_scope: context (default) or both.
 	Scope routing.Scope `yaml:"subagent_affinity_scope"`
 	// InternalRequestAuthKey signs sub-agent hints (env
@@ -421,6 +427,8 @@ func DefaultConfig() Config {
 		UpstreamTimeout:      DefaultUpstreamTimeout,
 		MetricsAccess:        MetricsPublic,
 
+		ClientSubagentHeaders: true,
+
 		StoredResponseRetention: DefaultStoredResponseRetention,
 
 		ReadHeaderTimeout: DefaultReadHeaderTimeout,
@@ -555,7 +563,8 @@ func (c *Config) servers(f fsm.Fleet) *ServersConfig {
 
 // IdentityConfig is the sub-agent identity configuration routing uses.
 func (c *Config) IdentityConfig() routing.IdentityConfig {
-	return routing.IdentityConfig{ParentHeader: c.ParentHeader, Scope: c.Scope, MaxDepth: c.MaxSubagentDepth}
+	return routing.IdentityConfig{ParentHeader: c.ParentHeader, Scope: c.Scope, MaxDepth: c.MaxSubagentDepth,
+		ClientHeaders: c.ClientSubagentHeaders}
 }
 
 // clusterAuthKey is the key inter-edge RPCs use.
@@ -806,8 +815,8 @@ func (c *Config) validateGateway(bad complain) {
 	if g.Enabled && len(g.CIDRs) == 0 && g.Token == "" {
 		bad("trusted_gateway", "enabled without cidrs or a token: no request could carry the parent-session header")
 	}
-	if g.Enabled && c.ParentHeader == "" {
-		bad("trusted_gateway", "enabled but conversation_affinity_header_for_subagents is not set: there is no header to guard")
+	if g.Enabled && c.ParentHeader == "" && !c.ClientSubagentHeaders {
+		bad("trusted_gateway", "enabled but neither conversation_affinity_header_for_subagents nor client_subagent_headers is set: there is no header to guard")
 	}
 }
 

@@ -423,7 +423,8 @@ func (x *exchange) run(ctx context.Context) (int, string) {
 }
 
 // placeRequest is what the rank scheduler places x's request by: its
-// conversation (or a continued response's chain) and sub-agent affinity,
+// conversation (or a continued response's chain) and sub-agent affinity
+// (without either, its prompt, which may continue a recent one's),
 // the rank the log recorded, the prompt's cached prefix per rank and the
 // ranks holding its adapter.
 func (x *exchange) placeRequest() adp.Request {
@@ -437,6 +438,9 @@ func (x *exchange) placeRequest() adp.Request {
 		// routes it by conversation); ranks are chosen by the placement
 		// policy, without conversation or sub-agent bindings.
 		placeReq.ConversationID, placeReq.AffinityID = "", ""
+	} else if placeReq.ConversationID == "" && placeReq.AffinityID == "" {
+		// No key: a prompt continuing a recent one follows its rank.
+		placeReq.Prompt = p.prompt
 	}
 	if v := x.r.Header.Get(HeaderLogRank); v != "" && placeReq.ConversationID+placeReq.AffinityID != "" {
 		if r, err := strconv.Atoi(v); err == nil && r >= 0 {
