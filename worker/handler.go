@@ -121,8 +121,17 @@ func (s *Server) handleModel(w http.ResponseWriter, id string) {
 			return
 		}
 	}
-	writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-		"the model %q does not exist on this worker (it serves %q)", truncate(id, 200), s.cfg.Model))
+	writeAPIError(w, s.modelNotFound(id))
+}
+
+// modelNotFound is OpenAI's answer to a model this worker does not serve.
+func (s *Server) modelNotFound(name string) *apiError {
+	served := make([]string, 0, 1+len(s.cfg.ModelAliases))
+	for _, n := range s.modelNames() {
+		served = append(served, strconv.Quote(n))
+	}
+	return newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+		"the model %q does not exist on this worker (it serves %s)", truncate(name, 200), strings.Join(served, ", "))
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
@@ -267,18 +276,17 @@ func (x *exchange) serve() (int, string) {
 	if strings.TrimSuffix(x.r.URL.Path, "/") == countTokensPath {
 		var req *apireq.Request
 		if req, aerr = apireq.ParseCountTokens(body); aerr == nil {
-			p, aerr = parsedFrom(req, body, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
+			p, aerr = parsedFrom(req, body, s.rules())
 		}
 	} else {
-		p, aerr = parseRequest(body, x.dialect, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
+		p, aerr = parseRequest(body, x.dialect, s.rules())
 	}
 	if aerr != nil {
 		return x.fail(aerr), ""
 	}
 	adapter, ok := s.servedAdapter(p.model)
 	if !ok {
-		return x.fail(newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-			"the model %q does not exist on this worker (it serves %q)", truncate(p.model, 200), s.cfg.Model)), ""
+		return x.fail(s.modelNotFound(p.model)), ""
 	}
 	// A proxy worker relays the agents' APIs to its engine untouched
 	// (worker/passthrough.go); the simulated engine answers them here.
@@ -293,7 +301,7 @@ func (x *exchange) serve() (int, string) {
 		if prev, aerr = s.previousResponse(p, body); aerr != nil {
 			return x.fail(aerr), ""
 		}
-		if p, aerr = parsedFrom(p.req, body, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens); aerr != nil {
+		if p, aerr = parsedFrom(p.req, body, s.rules()); aerr != nil {
 			return x.fail(aerr), ""
 		}
 	}
