@@ -77,9 +77,14 @@ const (
 // are tether's. Load it with LoadConfig/ParseConfig (which apply defaults and
 // validate) or fill it in code and call Validate.
 type Config struct {
-	Hostname          string        `yaml:"hostname"`
-	Port              int           `yaml:"port"`
-	Model             string        `yaml:"model"`
+	Hostname string `yaml:"hostname"`
+	Port     int    `yaml:"port"`
+	Model    string `yaml:"model"`
+	// ModelAliases are more names of the first model (model_aliases):
+	// requests may give any of them and route as the model (its fleets,
+	// its routing keys); GET /v1/models lists them, as vLLM lists every
+	// --served-model-name. The fleets' engines must serve them too.
+	ModelAliases      []string      `yaml:"model_aliases"`
 	ContextServers    ServersConfig `yaml:"context_servers"`
 	GenerationServers ServersConfig `yaml:"generation_servers"`
 	// AnthropicInlineSystem is the first model's anthropic_inline_system:

@@ -104,14 +104,17 @@ func outputOptions(top map[string]json.RawMessage, chat bool, msgs []prefix.Mess
 	if e := checkToolChoice(o); e != nil {
 		return nil, e
 	}
+	// The last user turn is the last user message with text the user
+	// wrote: agent harnesses add user messages (and spans of them) of
+	// their own context (userturn.go).
 	last := -1
 	for i, m := range msgs {
-		if m.Role == "user" {
-			last = i
+		if m.Role != "user" {
+			continue
 		}
-	}
-	if last >= 0 {
-		o.LastUserText = msgs[last].Content
+		if text := userText(m.Content); text != "" {
+			last, o.LastUserText = i, text
+		}
 	}
 	for _, m := range msgs[last+1:] {
 		if m.Role == "tool" || m.Role == "function" {

@@ -121,8 +121,17 @@ func (s *Server) handleModel(w http.ResponseWriter, id string) {
 			return
 		}
 	}
-	writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-		"the model %q does not exist on this worker (it serves %q)", truncate(id, 200), s.cfg.Model))
+	writeAPIError(w, s.modelNotFound(id))
+}
+
+// modelNotFound is OpenAI's answer to a model this worker does not serve.
+func (s *Server) modelNotFound(name string) *apiError {
+	served := make([]string, 0, 1+len(s.cfg.ModelAliases))
+	for _, n := range s.modelNames() {
+		served = append(served, strconv.Quote(n))
+	}
+	return newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+		"the model %q does not exist on this worker (it serves %s)", truncate(name, 200), strings.Join(served, ", "))
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
@@ -268,7 +277,7 @@ func (s *Server) parse(x *exchange, body []byte) (*parsedRequest, *apiError) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	return parsedFrom(req, body, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
+	return parsedFrom(req, body, s.rules())
 }
 
 // serve runs the request and returns the HTTP status it answered (or 499
@@ -289,8 +298,7 @@ func (x *exchange) serve() (int, string) {
 	}
 	adapter, ok := s.servedAdapter(p.model)
 	if !ok {
-		return x.fail(newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-			"the model %q does not exist on this worker (it serves %q)", truncate(p.model, 200), s.cfg.Model)), ""
+		return x.fail(s.modelNotFound(p.model)), ""
 	}
 	// A proxy worker relays the agents' APIs to its engine untouched
 	// (worker/passthrough.go); the simulated engine answers them here.
@@ -305,7 +313,7 @@ func (x *exchange) serve() (int, string) {
 		if prev, aerr = s.expandResponses(p); aerr != nil {
 			return x.fail(aerr), ""
 		}
-		if p, aerr = parsedFrom(p.req, body, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens); aerr != nil {
+		if p, aerr = parsedFrom(p.req, body, s.rules()); aerr != nil {
 			return x.fail(aerr), ""
 		}
 	}

@@ -121,11 +121,11 @@ func (a *responsesAnswer) usage(c engine.Completion) map[string]any {
 }
 
 // status is the finished response's status: incomplete when the output
-// reached the client's max_output_tokens; without one the worker's
-// default length is where the simulated model stops on its own, as a
-// model would (completed).
+// was cut at its bound (the client's max_output_tokens, else what is left
+// of the context or default_max_tokens), completed when the model
+// stopped on its own or called tools.
 func (a *responsesAnswer) status(c engine.Completion) string {
-	if c.FinishReason == "length" && a.x.p.req.MaxTokens > 0 {
+	if c.FinishReason == "length" {
 		return "incomplete"
 	}
 	return "completed"
