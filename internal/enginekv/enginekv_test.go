@@ -89,20 +89,38 @@ func TestDecodeVLLMFieldOrder(t *testing.T) {
 }
 
 func TestDecodeVLLMRejectsGarbage(t *testing.T) {
+	// Messages that are no batch at all are an error.
 	bad := [][]byte{
 		nil,
 		{0xc1},
 		mustMsgpack(t, "hello"),
 		mustMsgpack(t, []any{1.0}),
-		mustMsgpack(t, []any{1.0, []any{[]any{"Nope"}}}),
-		mustMsgpack(t, []any{1.0, []any{[]any{"BlockStored", []any{1.5}, nil, []any{}, 1, nil}}}),
-		mustMsgpack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{-1}, 1, nil}}}),
-		mustMsgpack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{1}, 0, nil}}}),
-		mustMsgpack(t, map[string]any{"ts": 1.0, "events": []any{map[string]any{"block_hashes": []any{}}}}),
 	}
 	for i, data := range bad {
 		if _, err := enginekv.DecodeVLLM(data); err == nil {
 			t.Errorf("case %d: want an error", i)
+		}
+	}
+	// An event that does not decode is skipped with its reason; the
+	// batch's other events decode.
+	good := []any{"BlockRemoved", []any{7}}
+	events := []struct {
+		ev     any
+		reason string
+	}{
+		{[]any{"Nope"}, enginekv.SkipUnknownEvent},
+		{[]any{"BlockStored", []any{1.5}, nil, []any{}, 1, nil}, enginekv.SkipMalformedEvent},
+		{[]any{"BlockStored", []any{1}, nil, []any{-1}, 1, nil}, enginekv.SkipMalformedEvent},
+		{[]any{"BlockStored", []any{1}, nil, []any{1}, 0, nil}, enginekv.SkipMalformedEvent},
+		{map[string]any{"block_hashes": []any{}}, enginekv.SkipMalformedEvent},
+	}
+	for i, c := range events {
+		b, err := enginekv.DecodeVLLM(mustMsgpack(t, []any{1.0, []any{good, c.ev, good}}))
+		if err != nil {
+			t.Fatalf("event case %d: %v", i, err)
+		}
+		if len(b.Events) != 2 || len(b.Skipped) != 1 || b.Skipped[0].Index != 1 || b.Skipped[0].Reason != c.reason {
+			t.Errorf("event case %d: events %+v, skipped %+v (want the two good ones, event 1 skipped as %s)", i, b.Events, b.Skipped, c.reason)
 		}
 	}
 }
