@@ -348,8 +348,20 @@ func TestPollerDrainsTRTLLMEvents(t *testing.T) {
 	push(`{"event_id":0,"data":{"type":"created","num_blocks_per_cache_level":[100,0]},"window_size":64}`,
 		`{"event_id":1,"data":{"type":"stored","parent_hash":null,"blocks":[{"type":"stored_block","block_hash":18446744073709551615,"tokens":`+tok(1, 2)+`,"cache_level":0,"priority":35}]},"window_size":64}`,
 		`{"event_id":2,"data":{"type":"stored","parent_hash":18446744073709551615,"blocks":[{"type":"stored_block","block_hash":5,"tokens":`+tok(3, 4)+`,"cache_level":0,"priority":35}]},"window_size":64,"attention_dp_rank":0}`,
-		`{"event_id":3,"data":{"type":"updated","block_hash":5,"cache_level":{"type":"event_diff","new_value":1,"old_value":0},"priority":null},"window_size":64}`)
+		`{"event_id":3,"data":{"type":"updated","block_hash":5,"cache_level":null,"priority":{"type":"event_diff","new_value":50,"old_value":35}},"window_size":64}`)
 	var got []enginekv.RankKeys
+	offloaded := func() map[uint64]bool {
+		held := map[uint64]bool{}
+		for _, ev := range got {
+			for _, h := range ev.OffloadedRemoved {
+				delete(held, h)
+			}
+			for _, h := range ev.OffloadedStored {
+				held[h] = true
+			}
+		}
+		return held
+	}
 	var gotMu sync.Mutex
 	changed := make(chan struct{}, 1)
 	src, err := enginekv.Start(enginekv.Config{Format: enginekv.FormatTRTLLM, URLs: []string{srv.URL}, PollInterval: 10 * time.Millisecond, Ranks: 1, BlockSize: 2, Log: testLog(t)}, func(ev enginekv.RankKeys) {
@@ -399,15 +411,49 @@ func TestPollerDrainsTRTLLMEvents(t *testing.T) {
 	sorted := slices.Clone(want)
 	slices.Sort(sorted)
 	wait("both blocks", func(k []uint64) bool { return slices.Equal(k, sorted) })
-	push(`{"event_id":4,"data":{"type":"removed","block_hashes":[5]},"window_size":64}`)
+	// A block offloaded to the host level (KVCacheUpdatedData cache_level
+	// 0 → 1) leaves the GPU tier for the offloaded one; back (1 → 0), it
+	// returns.
+	level := func(id, from, to int) string {
+		return fmt.Sprintf(`{"event_id":%d,"data":{"type":"updated","block_hash":5,"cache_level":{"type":"event_diff","new_value":%d,"old_value":%d},"priority":null},"window_size":64}`, id, to, from)
+	}
+	push(level(4, 0, 1))
+	wait("the offload", func(k []uint64) bool {
+		gotMu.Lock()
+		defer gotMu.Unlock()
+		return slices.Equal(k, want[:1]) && offloaded()[want[1]]
+	})
+	push(level(5, 1, 0))
+	wait("the onboard", func(k []uint64) bool {
+		gotMu.Lock()
+		defer gotMu.Unlock()
+		return slices.Equal(k, sorted) && len(offloaded()) == 0
+	})
+	push(level(6, 0, 1), `{"event_id":7,"data":{"type":"removed","block_hashes":[5]},"window_size":64}`)
+	wait("the removal", func(k []uint64) bool {
+		gotMu.Lock()
+		defer gotMu.Unlock()
+		return slices.Equal(k, want[:1]) && len(offloaded()) == 0
+	})
+	// Elements that do not decode are skipped and counted; the rest of the
+	// answer applies and nothing is reset.
+	push(`{"event_id":8,"data":{"type":"stored","parent_hash":null,"blocks":[{"block_hash":"not a number","tokens":[]}]},"window_size":64}`,
+		`{"event_id":9,"data":{"type":"teleported"},"window_size":64}`,
+		`"not an event"`,
+		`{"event_id":11,"data":{"type":"stored","parent_hash":18446744073709551615,"blocks":[{"type":"stored_block","block_hash":5,"tokens":`+tok(3, 4)+`,"cache_level":0,"priority":35}]},"window_size":64}`)
+	wait("the store after the undecodable elements", func(k []uint64) bool { return slices.Equal(k, sorted) })
+	if st := src.Status()[0]; st.Resets != 0 || st.Undecodable[enginekv.SkipMalformedEvent] != 2 || st.Undecodable[enginekv.SkipUnknownEvent] != 1 {
+		t.Fatalf("status %+v: want no reset, 2 malformed and 1 unknown event", st)
+	}
+	push(`{"event_id":12,"data":{"type":"removed","block_hashes":[5]},"window_size":64}`)
 	wait("the removal", func(k []uint64) bool { return slices.Equal(k, want[:1]) })
 	// An id gap (events lost) resets the rank.
-	push(`{"event_id":9,"data":{"type":"removed","block_hashes":[]},"window_size":64}`)
+	push(`{"event_id":19,"data":{"type":"removed","block_hashes":[]},"window_size":64}`)
 	wait("the reset", func(k []uint64) bool { return len(k) == 0 })
 	// The reset is delivered before the batch that revealed the gap.
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		st := src.Status()
-		if len(st) == 1 && st[0].Resets == 1 && st[0].LastSeq == 9 && st[0].HaveSeq {
+		if len(st) == 1 && st[0].Resets == 1 && st[0].LastSeq == 19 && st[0].HaveSeq {
 			break
 		}
 		if time.Now().After(deadline) {

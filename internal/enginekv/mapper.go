@@ -251,10 +251,12 @@ func (m *Mapper) lookup(pool int, medium string, h Hash) (uint64, bool) {
 // BlockStored(block_hashes, parent_block_hash=None, token_ids=[], ...,
 // medium=event.medium)); their hashes are the GPU blocks' they were copied
 // from, so their keys are looked up, not computed (Orphans when the
-// Mapper never saw the block).
+// Mapper never saw the block). A GPU store without token ids or a block
+// size (a block TensorRT-LLM moved back from its host level) is looked up
+// the same way in the offloaded mediums.
 func (m *Mapper) store(ev Event, pool int) (stored, removed []uint64) {
 	n := uint64(len(ev.Hashes))
-	if ev.Offloaded() && len(ev.Tokens) == 0 && !ev.HasParent {
+	if len(ev.Tokens) == 0 && !ev.HasParent && (ev.Offloaded() || ev.BlockSize == 0) {
 		if ev.BlockSize != 0 && ev.BlockSize != m.blockSize {
 			m.stats.SizeMismatch += n
 			return nil, nil

@@ -268,8 +268,11 @@ func (f *feed) Batch(seq uint64, b Batch) {
 		}
 		acc.add(c)
 	}
-	st := f.status[rank]
-	st.LastSeq, st.HaveSeq = seq, true
+	if len(b.Events) > 0 || len(b.Skipped) == 0 {
+		// (A record of skipped elements alone may carry no sequence.)
+		st := f.status[rank]
+		st.LastSeq, st.HaveSeq = seq, true
+	}
 	f.mu.Unlock()
 	f.emit(rank, acc)
 }
