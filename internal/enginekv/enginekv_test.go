@@ -491,35 +491,57 @@ func TestOffsetEndpoint(t *testing.T) {
 }
 
 // A hybrid model's pools have their own hashes: only the full-attention
-// pool is announced, wherever vLLM puts it among its groups, and a
-// sliding-window pool evicting a block it shares with the full-attention
-// pool (same engine hash in another group) removes nothing. Before, group
-// 0 was announced whatever its kind, so a sliding-window group 0 erased
-// blocks the full-attention group still held.
-func TestMapperTracksFullAttentionPoolsOnly(t *testing.T) {
+// pool's blocks are announced, wherever vLLM puts it among its groups, and
+// only as far as a prefix hit can end (vLLM's HybridKVCacheCoordinator
+// needs every group to hit): a block the sliding-window pool holds too is
+// an end, and the blocks before an end lead to it. A sliding-window
+// eviction of an older block keeps the chain (it still leads to the end);
+// one of the end withdraws the chain; the full-attention pool's eviction
+// of the end withdraws what led only to it.
+func TestMapperAnnouncesWhereAHybridHitCanEnd(t *testing.T) {
 	const bs = 2
 	m := enginekv.NewMapper(bs, 0)
 	h := []enginekv.Hash{enginekv.IntHash(1), enginekv.IntHash(2)}
 	toks := []uint32{1, 2, 3, 4}
-	stored := func(group int, kind string) enginekv.Event {
-		return enginekv.Event{Kind: enginekv.Stored, Hashes: h, Tokens: toks, BlockSize: bs, Group: group, SpecKind: kind}
+	keys := prefix.BlockHashes(toks, bs)
+	stored := func(group int, kind string, hs []enginekv.Hash, tk []uint32, parent bool) enginekv.Event {
+		ev := enginekv.Event{Kind: enginekv.Stored, Hashes: hs, Tokens: tk, BlockSize: bs, Group: group, SpecKind: kind}
+		if parent {
+			ev.Parent, ev.HasParent = h[0], true
+		}
+		return ev
 	}
-	if s, _ := m.Apply(stored(0, "sliding_window")); len(s) != 0 {
+	removed := func(group int, hs ...enginekv.Hash) enginekv.Event {
+		return enginekv.Event{Kind: enginekv.Removed, Hashes: hs, Group: group}
+	}
+	sorted := func(k []uint64) []uint64 { k = slices.Clone(k); slices.Sort(k); return k }
+	if s, _ := m.Apply(stored(0, "sliding_window", h, toks, false)); len(s) != 0 {
 		t.Fatalf("a sliding-window group announced %v", s)
 	}
-	s, _ := m.Apply(stored(1, "full_attention"))
-	if len(s) != 2 {
-		t.Fatalf("the full-attention group announced %v, want 2 keys", s)
+	if s, _ := m.Apply(stored(1, "full_attention", h, toks, false)); !slices.Equal(sorted(s), sorted(keys)) {
+		t.Fatalf("the full-attention group announced %v, want %v", s, keys)
 	}
-	if _, r := m.Apply(enginekv.Event{Kind: enginekv.Removed, Hashes: h, Group: 0}); len(r) != 0 {
-		t.Fatalf("the sliding window's eviction removed %v", r)
+	if _, r := m.Apply(removed(0, h[0])); len(r) != 0 {
+		t.Fatalf("the window's older block left and %v was withdrawn; the chain still ends at block 2", r)
 	}
-	if _, r := m.Apply(enginekv.Event{Kind: enginekv.Removed, Hashes: h[1:], Group: 1}); len(r) != 1 || r[0] != s[1] {
-		t.Fatalf("the full-attention eviction removed %v, want %v", r, s[1:])
+	if _, r := m.Apply(removed(0, h[1])); !slices.Equal(sorted(r), sorted(keys)) {
+		t.Fatalf("the window's end left: withdrawn %v, want %v (no hit can end in the chain)", r, keys)
+	}
+	if s, _ := m.Apply(stored(0, "sliding_window", h[1:], toks[bs:], true)); !slices.Equal(sorted(s), sorted(keys)) {
+		t.Fatalf("the end is back: announced %v, want %v", s, keys)
+	}
+	if _, r := m.Apply(removed(1, h[1])); !slices.Equal(sorted(r), sorted(keys)) {
+		t.Fatalf("the full-attention pool evicted the end: withdrawn %v, want %v", r, keys)
+	}
+	// A mamba pool gates as well: its state at a block makes it an end.
+	m2 := enginekv.NewMapper(bs, 0)
+	m2.Apply(stored(1, "mamba", h[1:], toks[bs:], false))
+	if s, _ := m2.Apply(stored(0, "full_attention", h, toks, false)); !slices.Equal(sorted(s), sorted(keys)) {
+		t.Fatalf("a chain ending where the mamba state is: announced %v, want %v", s, keys)
 	}
 	// Engines that state no kind (one group): group 0 is announced.
 	old := enginekv.NewMapper(bs, 0)
-	if s, _ := old.Apply(stored(0, "")); len(s) != 2 {
+	if s, _ := old.Apply(stored(0, "", h, toks, false)); len(s) != 2 {
 		t.Fatalf("group 0 without a kind announced %v", s)
 	}
 }

@@ -29,8 +29,8 @@ func u32(l []any) []uint32 {
 // unknown type and a message that is not msgpack. The source skips and
 // counts those three, applies everything else, and never resets: its keys
 // are every block an edge can compute (a salted block's hash covers the
-// salt: counted foreign; the sliding-window and mamba components are not
-// the full-attention pool).
+// salt: counted foreign), each chain as far as a hit can end (where the
+// sliding-window and mamba components are too).
 func TestSGLangStreamOfEveryLayoutSurvivesGarbage(t *testing.T) {
 	const bs = 4
 	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
@@ -64,13 +64,16 @@ func TestSGLangStreamOfEveryLayoutSurvivesGarbage(t *testing.T) {
 			[]any{"BlockStored", []any{int64(11)}, nil, chainB, bs, nil, "GPU", omap{{"session_id", "conv-1"}}},
 			[]any{"BlockStored", []any{int64(12)}, nil, chainB, bs, nil, "GPU", salt},
 		}, 0},
-		// Component types: a full chain, its swa and mamba components.
+		// Component types (a hybrid model): a full chain, its swa and
+		// mamba components at its end, a mamba state dropped and kept
+		// again.
 		[]any{3.0, []any{
 			[]any{"BlockStored", []any{int64(21)}, nil, chainC[:4], bs, nil, "GPU", "full"},
 			[]any{"BlockStored", []any{int64(22)}, int64(21), chainC[4:], bs, nil, "GPU", "full"},
 			[]any{"BlockStored", []any{int64(22)}, nil, chainC[4:], bs, nil, "GPU", "swa"},
 			[]any{"BlockStored", []any{int64(22)}, nil, chainC[4:], bs, nil, "GPU", "mamba"},
 			[]any{"BlockRemoved", []any{int64(22)}, "GPU", "mamba"},
+			[]any{"BlockStored", []any{int64(22)}, nil, chainC[4:], bs, nil, "GPU", "mamba"},
 		}, 0},
 		// An EAGLE model's bigram page.
 		[]any{4.0, []any{
@@ -91,7 +94,16 @@ func TestSGLangStreamOfEveryLayoutSurvivesGarbage(t *testing.T) {
 	if err := pub.PublishRaw([]byte{0xc1, 0xff, 0x00}); err != nil {
 		t.Fatal(err)
 	}
-	last := mustMsgpack(t, []any{6.0, []any{[]any{"BlockRemoved", []any{int64(11)}, "GPU"}}, 0})
+	// The hybrid model's other components where the other chains end
+	// (their blocks are a hit only up to where every component is), and
+	// a removal.
+	var tails []any
+	for _, h := range []int64{3, 31, 41} {
+		for _, comp := range []string{"swa", "mamba"} {
+			tails = append(tails, []any{"BlockStored", []any{h}, nil, chainA[:4], bs, nil, "GPU", comp})
+		}
+	}
+	last := mustMsgpack(t, []any{6.0, append(tails, []any{"BlockRemoved", []any{int64(11)}, "GPU"}), 0})
 	if err := pub.PublishRaw(last); err != nil {
 		t.Fatal(err)
 	}
