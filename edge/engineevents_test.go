@@ -7,6 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/test/engines/oaiserve"
 	"github.com/tether-project/tether/test/engines/sglang"
@@ -84,6 +88,9 @@ func TestEdgesReadEngineKVEventsDirectly(t *testing.T) {
 				}
 				return true
 			})
+			if kind == EngineSGLang {
+				engineEventsSurviveGarbage(t, servers[home], home, ec, want, kvOf)
+			}
 			for c := range 4 {
 				conv := fmt.Sprintf("ev-child-%d", c)
 				r := postChat(t, hc, ec.edge(1+c%2).url(), chatBody(t, system, []string{"sub-task " + conv}, nil), map[string]string{"x-session-id": conv})
@@ -96,4 +103,51 @@ func TestEdgesReadEngineKVEventsDirectly(t *testing.T) {
 			}
 		})
 	}
+}
+
+// engineEventsSurviveGarbage puts into every rank's stream of srv a batch
+// with an event that does not decode between two that do, and a message
+// that is not msgpack: every edge skips and counts them
+// (tether_edge_kv_events_undecodable_total) and its index keeps the
+// instance's blocks (no reset), while the good events of the batch apply.
+func engineEventsSurviveGarbage(t *testing.T, srv *oaiserve.Server, home string, ec *edgeCluster, want int64, kvOf func(int) admin.InstanceKV) {
+	t.Helper()
+	for r := range 2 {
+		bad, err := msgpack.Marshal([]any{1.0, []any{
+			[]any{"BlockRemoved", []any{int64(-1)}, "GPU"},
+			[]any{"BlockStored", "not a list of hashes", nil, []any{1}, 1, nil, "GPU"},
+			[]any{"BlockStored", []any{int64(-2)}, nil, []any{1, 2, 3, 4}, testBlockSize, nil, "GPU", map[string]any{"cache_salt": "s"}},
+		}, r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, payload := range [][]byte{bad, {0xc1}} {
+			if err := srv.PublishRaw(r, payload); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitFor(t, "every edge to count the undecodable event and message of both ranks", 15*time.Second, func() bool {
+		srv.PublishHeartbeat()
+		for i := range 3 {
+			m := ec.edge(i).e.metrics.kvUndecodable
+			if counterValue(m.WithLabelValues(home, "malformed_event")) < 2 || counterValue(m.WithLabelValues(home, "malformed_batch")) < 2 {
+				return false
+			}
+		}
+		return true
+	})
+	for i := range 3 {
+		if kv := kvOf(i); kv.Blocks < want {
+			t.Fatalf("edge %d holds %d blocks of %s after the undecodable events, want %d (no reset)", i, kv.Blocks, home, want)
+		}
+	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if c.Write(&m) != nil || m.Counter == nil {
+		return 0
+	}
+	return m.Counter.GetValue()
 }

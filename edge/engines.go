@@ -389,7 +389,7 @@ func (e *Edge) startFleetEngineEvents(mc *Config, f fsm.Fleet) error {
 			continue
 		}
 		cfg := enginekv.Config{Format: string(kind), Topic: ev.Topic, Ranks: size,
-			BlockSize: mc.RoutingConfig(f).BlockSize, Log: e.log.With("instance", si.ID())}
+			BlockSize: mc.RoutingConfig(f).BlockSize, Log: e.log.With("instance", si.ID()), Undecodable: e.countUndecodable(si.ID())}
 		for r := range size {
 			ep, err := enginekv.OffsetEndpoint(ev.Endpoint, r)
 			if err != nil {
@@ -415,6 +415,16 @@ func (e *Edge) startFleetEngineEvents(mc *Config, f fsm.Fleet) error {
 		e.log.Info("reading the engine's KV events", "instance", id, "endpoints", cfg.Endpoints)
 	}
 	return nil
+}
+
+// countUndecodable counts the engine KV events of instance id that did
+// not decode (tether_edge_kv_events_undecodable_total).
+func (e *Edge) countUndecodable(id string) func(string) {
+	return func(reason string) {
+		if e.metrics != nil {
+			e.metrics.kvUndecodable.WithLabelValues(id, reason).Inc()
+		}
+	}
 }
 
 // engineRankEvents is one engine change as KV index events: the rank's GPU
@@ -524,7 +534,7 @@ func (e *Edge) runTRTLLMDrains() {
 func (e *Edge) startTRTDrain(id, url string, f fsm.Fleet) (*trtDrain, error) {
 	d := &trtDrain{e: e, id: id, boot: rand.Uint64() | 1}
 	cfg := enginekv.Config{Format: enginekv.FormatTRTLLM, URLs: []string{url}, Ranks: trtllmRanks,
-		BlockSize: e.cfg.RoutingConfig(f).BlockSize, Log: e.log.With("instance", id)}
+		BlockSize: e.cfg.RoutingConfig(f).BlockSize, Log: e.log.With("instance", id), Undecodable: e.countUndecodable(id)}
 	if e.nats.conn != nil {
 		sub, err := e.nats.conn.Subscribe(telemetry.KVDumpSubject(id), d.answerDump)
 		if err != nil {

@@ -128,6 +128,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 		return fail(w, span, e.modelNotFound(rq.model))
 	}
 	rq.m, rq.adapter = m, adapter
+	e.engineAdapter(rq)
 	span.SetAttributes(attribute.String("tether.model", m.name), attribute.String("tether.lora_adapter", adapter))
 	defer func() { e.modelMetrics.requests.WithLabelValues(m.name, adapter, strconv.Itoa(status)).Inc() }()
 	if aerr := e.dialectServed(rq.m, d); aerr != nil {

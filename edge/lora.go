@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-project/tether/fsm"
 )
 
 // adapterPlaced counts where a LoRA request went (an instance the edge
@@ -28,6 +30,29 @@ func (e *Edge) adapterPlaced(rq *request, h *hop) {
 	}
 	e.lora.metrics.placements.WithLabelValues(rq.m.name, rq.adapter, h.Fleet.String(), loaded).Inc()
 	e.fleet.NoteAdapter(h.Instance, rq.adapter, rq.now)
+}
+
+// engineAdapter names rq's adapter to the engine the way the engine reads
+// it. vLLM (and a tether worker) select an adapter by the request's model
+// naming it, as the client sent it. SGLang reads the model only for a
+// "<base>:<adapter>" form and otherwise an explicit lora_path, and serves
+// a model naming an adapter alone on the base model
+// (python/sglang/srt/entrypoints/openai/serving_base.py; docs
+// advanced_features/lora.md): for an SGLang fleet the edge sends
+// model "<model>:<adapter>" and lora_path "<adapter>" (the lora_path, which
+// SGLang prefers, also serves releases before the model syntax). A
+// client's own lora_path never reaches an SGLang fleet: the edge places by
+// the adapter it resolved.
+func (e *Edge) engineAdapter(rq *request) {
+	if rq.m.cfg.servers(fsm.FleetContext).Engine.Kind() != EngineSGLang {
+		return
+	}
+	delete(rq.top, "lora_path")
+	if rq.adapter == "" {
+		return
+	}
+	rq.top["model"] = mustMarshal(rq.m.name + ":" + rq.adapter)
+	rq.top["lora_path"] = mustMarshal(rq.adapter)
 }
 
 // loraMetrics are the LoRA series.

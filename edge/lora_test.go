@@ -12,6 +12,7 @@ import (
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/test/engines/oaiserve"
+	"github.com/tether-project/tether/test/engines/sglang"
 	"github.com/tether-project/tether/test/engines/vllm"
 )
 
@@ -153,5 +154,37 @@ func TestLoRABlockKeysIncludeTheAdapter(t *testing.T) {
 	b, l := base.prompts[fsm.FleetContext].blocks, lora.prompts[fsm.FleetContext].blocks
 	if len(b) == 0 || !slices.Equal(l, prefix.AdapterBlockHashes("agent-a", words, testBlockSize)) || slices.Contains(b, l[0]) {
 		t.Fatalf("base %x, adapter %x", b, l)
+	}
+}
+
+// An SGLang fleet selects an adapter by model "<base>:<adapter>" or a body
+// lora_path, and runs a model naming the adapter alone on the base model
+// (python/sglang/srt/entrypoints/openai/serving_base.py): the edge names
+// the adapter the client asked for as SGLang reads it, and a client's own
+// lora_path does not pick another adapter behind the edge's placement.
+func TestLoRAOnSGLangNamesTheAdapterAsSGLangReadsIt(t *testing.T) {
+	srv := sglang.Start(sglang.Options{Model: testModel, CacheReport: true, FastHealth: true,
+		LoRAPaths: []string{"agent-a=/adapters/agent-a", "agent-b=/adapters/agent-b"}, MaxLoRAsPerBatch: 1})
+	t.Cleanup(srv.Close)
+	ec := startEdges(t, 1, "", func(_ int, c *Config) {
+		c.Telemetry.ProbeInterval = 100 * time.Millisecond
+		c.ContextServers = ServersConfig{URLs: []StaticInstance{{Name: "sglang-0", URL: srv.URL()}}, Engine: EngineSGLang}
+		c.GenerationServers = ServersConfig{}
+		c.LoRA.Adapters = []AdapterConfig{{Name: "agent-a", Path: "/adapters/agent-a"}, {Name: "agent-b", Path: "/adapters/agent-b"}}
+	})
+	ec.waitInstances(1)
+	c := httpClient(t)
+	body := chatBody(t, "system", []string{"sql please"}, map[string]any{"model": "agent-a", "lora_path": "agent-b"})
+	r := postChat(t, c, ec.edge(0).url(), body, map[string]string{"x-session-id": "lora-sglang"})
+	if r.status != http.StatusOK {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if !srv.HoldsAdapter(0, "agent-a") || srv.HoldsAdapter(0, "agent-b") {
+		t.Fatalf("SGLang ran the request under agent-a: %v, agent-b: %v; want agent-a only", srv.HoldsAdapter(0, "agent-a"), srv.HoldsAdapter(0, "agent-b"))
+	}
+	// The base model's requests carry no adapter.
+	r = postChat(t, c, ec.edge(0).url(), chatBody(t, "system", []string{"plain"}, map[string]any{"lora_path": "agent-b"}), nil)
+	if r.status != http.StatusOK || srv.HoldsAdapter(0, "agent-b") {
+		t.Fatalf("a base-model request with a client lora_path: %d %s (agent-b loaded: %v)", r.status, r.body, srv.HoldsAdapter(0, "agent-b"))
 	}
 }

@@ -39,6 +39,7 @@ type metrics struct {
 	routed            routedMetrics
 	streamsAborted    *prometheus.CounterVec
 	storedResponses   *prometheus.CounterVec
+	kvUndecodable     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
@@ -114,6 +115,12 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 		Name: "tether_edge_recorder_dropped_total",
 		Help: "Background events (overflows, links, rank observations, evidence, placements' Binds) given up before the log recorded them, by event type and reason (queue_full: the oldest made room for a new one; attempts: retried too often; closed: the edge stopped).",
 	}, []string{"type", "reason"})
+	m.kvUndecodable = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_kv_events_undecodable_total",
+		Help: "Engine KV cache events this edge read (vLLM/SGLang ZeroMQ publishers, trtllm-serve /kv_cache_events) that did not decode and were skipped, by instance and reason " +
+			"(malformed_batch: the whole message; unknown_event: an event type the decoder does not know; malformed_event: a known type whose fields do not decode). " +
+			"The rest of the batch applies and the instance's KV index is not reset for them.",
+	}, []string{"instance", "reason"})
 	m.bodyRefused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tether_edge_body_budget_refused_total",
 		Help: "Requests refused (429) because max_inflight_body_bytes of request bodies were already held.",
@@ -140,7 +147,7 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 func (m *metrics) register(reg prometheus.Registerer, e *Edge) error {
 	for _, c := range []prometheus.Collector{m.routeSeconds, m.routed.requests, m.routed.prefill, &opsCollector{e: e}, m.requests, m.requestSeconds, m.decisions, m.degraded, m.telemetryLate, m.commitSeconds, m.proposals, m.retries,
 		m.placementsOpen, m.placements, m.speculativeServed, m.bindSettle, m.placementMsgs, m.dispatchMsgs, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
-		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight, m.streamsAborted, m.storedResponses} {
+		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight, m.streamsAborted, m.storedResponses, m.kvUndecodable} {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("edge: register metrics: %w", err)
 		}

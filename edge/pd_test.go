@@ -472,23 +472,39 @@ func TestPDPrefillKilledBetweenHops(t *testing.T) {
 	}
 }
 
-// A vLLM prefill whose one token is EOS hands nothing off: its answer is
-// the client's (JSON or as stream chunks) and no decode server is asked.
+// A vLLM prefill the model stops on its first token (EOS) hands its blocks
+// off as any other (request_finished keeps them for FINISHED_STOPPED too,
+// nixl/pull_scheduler.py), and vLLM's proxy always asks the decode: the
+// edge sends the decode server the handoff, which frees the prefill
+// server's blocks, and the client's min_tokens, which the decode honours.
 // A one-token request is the prefill server's alone.
-func TestVLLMPrefillFinishingIsTheAnswer(t *testing.T) {
-	s := startPD(t, EngineVLLM, pdOptions{dp: 1, prefill: func(string) oaiserve.PDOptions { return oaiserve.PDOptions{FirstTokenEOS: true} }})
+func TestVLLMPrefillStoppingStillReachesTheDecode(t *testing.T) {
+	eos := func(string) oaiserve.PDOptions { return oaiserve.PDOptions{FirstTokenEOS: true} }
+	s := startPD(t, EngineVLLM, pdOptions{dp: 1, prefill: eos, decode: eos})
 	for _, stream := range []bool{false, true} {
 		msg := fmt.Sprintf("eos stream=%v", stream)
 		r := s.send(t, pdTurn{0, "eos", "", msg, stream}, nil)
-		if stream {
-			if _, done := streamUsage(t, r.body); !done || !bytes.Contains(r.body, []byte(`"finish_reason":"stop"`)) {
-				t.Fatalf("%s", r.body)
-			}
-		} else if m := r.json(t); m["choices"].([]any)[0].(map[string]any)["finish_reason"] != "stop" || m["kv_transfer_params"] != nil {
-			t.Fatalf("%s", r.body)
+		if r.status != http.StatusOK || !bytes.Contains(r.body, []byte(`"finish_reason":"stop"`)) || bytes.Contains(r.body, []byte("kv_transfer_params")) {
+			t.Fatalf("%s: %d %s", msg, r.status, r.body)
 		}
-		if _, ok := m(r)["kv_transfer_params"]; ok && !stream {
-			t.Fatalf("the handoff was relayed: %s", r.body)
+		served(t, s.decode, msg, oaiserve.HandoffDecode)
+		// min_tokens: the decode server gets it and generates past the
+		// stop token.
+		msg = fmt.Sprintf("eos min_tokens stream=%v", stream)
+		r = s.send(t, pdTurn{0, "eos-min", "", msg, stream}, map[string]any{"min_tokens": 4, "max_tokens": 6})
+		if r.status != http.StatusOK || !bytes.Contains(r.body, []byte(`"finish_reason":"length"`)) {
+			t.Fatalf("%s: %d %s", msg, r.status, r.body)
+		}
+		if _, sv := served(t, s.decode, msg, oaiserve.HandoffDecode); !slices.Contains(sv.Fields, "min_tokens") {
+			t.Fatalf("%s: the decode request lacks min_tokens: %v", msg, sv.Fields)
+		}
+		if _, sv := served(t, s.prefill, msg, oaiserve.HandoffPrefill); slices.Contains(sv.Fields, "min_tokens") {
+			t.Fatalf("%s: the prefill request carries min_tokens: %v", msg, sv.Fields)
+		}
+	}
+	for name, srv := range s.prefill {
+		if n := srv.HeldTransfers(); n != 0 {
+			t.Fatalf("prefill server %s still holds %d handoffs: the decode never read them", name, n)
 		}
 	}
 	r := s.send(t, pdTurn{0, "one", "", "one token", false}, map[string]any{"max_tokens": 1})
@@ -500,8 +516,49 @@ func TestVLLMPrefillFinishingIsTheAnswer(t *testing.T) {
 		t.Fatalf("%+v", sv)
 	}
 	for _, srv := range s.decode {
-		if n := len(srv.Served()); n != 0 {
-			t.Fatalf("a decode server served %d requests", n)
+		for _, sv := range srv.Served() {
+			if sv.LastUser == "one token" {
+				t.Fatalf("a decode server served the one-token request")
+			}
+		}
+	}
+}
+
+// Releases whose request_finished handed off length-capped requests only
+// (LegacyNIXL) answer a stopped prefill with kv_transfer_params null: that
+// answer is the client's (JSON or stream chunks) and no decode server is
+// asked, unless the client asked for min_tokens above 1, whose request the
+// decode server computes whole.
+func TestVLLMLegacyPrefillStoppingIsTheAnswer(t *testing.T) {
+	legacy := func(string) oaiserve.PDOptions { return oaiserve.PDOptions{FirstTokenEOS: true, LegacyNIXL: true} }
+	s := startPD(t, EngineVLLM, pdOptions{dp: 1, prefill: legacy, decode: legacy})
+	for _, stream := range []bool{false, true} {
+		msg := fmt.Sprintf("eos stream=%v", stream)
+		r := s.send(t, pdTurn{0, "eos", "", msg, stream}, nil)
+		if stream {
+			if _, done := streamUsage(t, r.body); !done || !bytes.Contains(r.body, []byte(`"finish_reason":"stop"`)) {
+				t.Fatalf("%s", r.body)
+			}
+		} else if m := r.json(t); m["choices"].([]any)[0].(map[string]any)["finish_reason"] != "stop" {
+			t.Fatalf("%s", r.body)
+		}
+		if _, ok := m(r)["kv_transfer_params"]; ok && !stream {
+			t.Fatalf("the handoff was relayed: %s", r.body)
+		}
+		msg = fmt.Sprintf("eos min_tokens stream=%v", stream)
+		r = s.send(t, pdTurn{0, "eos-min", "", msg, stream}, map[string]any{"min_tokens": 3, "max_tokens": 5})
+		if r.status != http.StatusOK || !bytes.Contains(r.body, []byte(`"finish_reason":"length"`)) {
+			t.Fatalf("%s: %d %s", msg, r.status, r.body)
+		}
+		if _, sv := served(t, s.decode, msg, ""); !slices.Contains(sv.Fields, "min_tokens") || slices.Contains(sv.Fields, "kv_transfer_params") || sv.Transferred != 0 {
+			t.Fatalf("%s: the decode server must compute the request whole: %+v", msg, sv)
+		}
+	}
+	for _, srv := range s.decode {
+		for _, sv := range srv.Served() {
+			if strings.HasPrefix(sv.LastUser, "eos stream") {
+				t.Fatalf("a decode server served %q", sv.LastUser)
+			}
 		}
 	}
 }

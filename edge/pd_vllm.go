@@ -51,7 +51,7 @@ func (e *Edge) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, rq *re
 			return hf.write(w, span)
 		}
 		cached := e.prefilled(rq, ctxHop, pre.Rank, pre.Answer.Usage)
-		if pre.Finished {
+		if pre.Finished && !disagg.MustDecode(rq.top) {
 			return e.vllmAnswerFromPrefill(w, rq, ctxHop, pre, cached)
 		}
 		if genHop == nil {
@@ -109,7 +109,8 @@ func (e *Edge) vllmPrefillHop(ctx context.Context, rq *request, d disagg.Dialect
 }
 
 // vllmAnswerFromPrefill answers with the prefill's own result: the model
-// stopped on the one token the prefill generated.
+// stopped on the one token the prefill generated, and the server handed
+// nothing off (disagg.VLLMPrefill.Finished).
 func (e *Edge) vllmAnswerFromPrefill(w http.ResponseWriter, rq *request, h *hop, pre *disagg.VLLMPrefill, cached int) int {
 	cres := &contextResult{raw: pre.Answer.Raw, text: pre.Answer.Text, finish: pre.Answer.Finish}
 	if pre.Rank >= 0 {

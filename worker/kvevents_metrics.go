@@ -25,8 +25,12 @@ var (
 			"foreign: LoRA or extra keys; offloaded: non-GPU tier; skipped: other KV cache group; malformed; overflow).", []string{"rank", "reason"}, nil)
 )
 
+var descEngineUndecodable = prometheus.NewDesc("tether_worker_engine_kv_events_undecodable_total",
+	"Engine KV events that did not decode and were skipped (the rest of their batch applied, the rank not reset), by reason "+
+		"(malformed_batch, unknown_event, malformed_event).", []string{"rank", "reason"}, nil)
+
 func (c *engineEventsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEngineBlocks, descEngineSeq, descEngineResets, descEngineUnmapped} {
+	for _, d := range []*prometheus.Desc{descEngineBlocks, descEngineSeq, descEngineResets, descEngineUnmapped, descEngineUndecodable} {
 		ch <- d
 	}
 }
@@ -43,6 +47,9 @@ func (c *engineEventsCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descEngineSeq, prometheus.GaugeValue, float64(st.LastSeq), rank)
 		}
 		ch <- prometheus.MustNewConstMetric(descEngineResets, prometheus.CounterValue, float64(st.Resets), rank)
+		for _, reason := range []string{enginekv.SkipBatch, enginekv.SkipUnknownEvent, enginekv.SkipMalformedEvent} {
+			ch <- prometheus.MustNewConstMetric(descEngineUndecodable, prometheus.CounterValue, float64(st.Undecodable[reason]), rank, reason)
+		}
 		for _, u := range []struct {
 			reason string
 			n      uint64

@@ -12,21 +12,37 @@ import (
 )
 
 // vLLM's prefill/decode split through a KV connector (the NixlConnector,
-// vllm/distributed/kv_transfer/kv_connector/v1/nixl/scheduler.py), spoken
-// as vLLM's own proxy speaks it
+// vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py and
+// push_scheduler.py), spoken as vLLM's own proxy speaks it
 // (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py, and the
 // nixlv2 connector of llm-d's routing sidecar):
 //
 //  1. the prefill server gets the request for one token, not streamed,
-//     with kv_transfer_params {do_remote_decode: true, do_remote_prefill:
-//     false, remote_*: null}; it computes the prompt and keeps its blocks
-//     (for VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s);
+//     without min_tokens and min_completion_tokens, with kv_transfer_params
+//     {do_remote_decode: true, do_remote_prefill: false, remote_*: null};
+//     it computes the prompt and keeps its blocks for the decode (for
+//     kv_lease_duration, 30 s by default, renewed by the decode's
+//     heartbeats; VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s, in releases
+//     before the lease);
 //  2. its answer's kv_transfer_params (do_remote_prefill true,
 //     remote_block_ids, remote_engine_id, remote_request_id, remote_host,
-//     remote_port, tp_size: NixlConnectorScheduler.request_finished) go,
-//     as the server wrote them, into the client's request to the decode
-//     server, which reads the blocks and generates; its answer (streamed or
-//     not) is relayed.
+//     remote_port, tp_size, and what newer releases add:
+//     request_finished) go, as the server wrote them, into the client's
+//     request — min_tokens and all — to the decode server, which reads the
+//     blocks (freeing them on the prefill server) and generates; its
+//     answer (streamed or not) is relayed.
+//
+// The prefill hands its blocks off whether its one token was length-capped
+// or the model stopped (request_finished keeps them for
+// FINISHED_LENGTH_CAPPED and FINISHED_STOPPED alike), and the proxy always
+// asks the decode, so a model that stops on its first token still goes to
+// the decode server: it frees the blocks, and the decode honours the
+// client's min_tokens the prefill could not. Releases whose
+// request_finished handed off length-capped requests only answer a stopped
+// prefill with kv_transfer_params null, having kept nothing: that answer is
+// the client's, unless the client asked for more tokens (min_tokens or
+// min_completion_tokens above 1), whose request the decode server then
+// computes whole.
 //
 // Both hops carry the same X-Request-Id and each the X-Data-Parallel-Rank
 // of its key (Header).
@@ -67,8 +83,9 @@ type VLLMPrefill struct {
 	Answer *Answer
 	// Params is the answer's kv_transfer_params, for the decode.
 	Params json.RawMessage
-	// Finished: the prefill's one token ended the request (EOS: vLLM
-	// hands nothing off): the answer is the client's.
+	// Finished: the prefill's one token ended the request and the server
+	// handed nothing off (vLLM releases that keep blocks for length-capped
+	// requests only): the answer is the client's unless MustDecode.
 	Finished bool
 	// Rank is the prefill's data-parallel rank (-1: none), set by the
 	// caller.
@@ -78,15 +95,35 @@ type VLLMPrefill struct {
 }
 
 // DecodeFields are the decode request's fields: the client's body with
-// the prefill's kv_transfer_params as the server wrote them.
+// the prefill's kv_transfer_params as the server wrote them; for a
+// prefill that handed nothing off (Finished), the client's body alone (the
+// decode server computes the prompt).
 func (p *VLLMPrefill) DecodeFields() Fields {
+	if p.Finished {
+		return Fields{Set: map[string]json.RawMessage{}, Del: VLLMOwnedFields}
+	}
 	return Fields{Set: map[string]json.RawMessage{"kv_transfer_params": p.Params}}
 }
 
+// MustDecode reports whether a request whose prefill finished without a
+// handoff still needs the decode server: the client asked for more than
+// the one token the prefill could give (min_tokens or
+// min_completion_tokens above 1, which the prefill request does not carry).
+func MustDecode(top map[string]json.RawMessage) bool {
+	for _, k := range []string{"min_tokens", "min_completion_tokens"} {
+		var n int
+		if raw, ok := top[k]; ok && json.Unmarshal(raw, &n) == nil && n > 1 {
+			return true
+		}
+	}
+	return false
+}
+
 // ReadVLLMPrefill reads a prefill answer (at most limit bytes of it, the
-// body closed): one choice, and for a request still pending (finish_reason
-// length: the one token it was allowed) the kv_transfer_params naming its
-// blocks.
+// body closed): one choice, and the kv_transfer_params naming its blocks —
+// required of a request still pending (finish_reason length: the one token
+// it was allowed); a request the model stopped is handed off when the
+// server names its blocks, else Finished.
 func ReadVLLMPrefill(resp *http.Response, limit int64, d Dialect) (*VLLMPrefill, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, limit))
@@ -102,19 +139,21 @@ func ReadVLLMPrefill(resp *http.Response, limit int64, d Dialect) (*VLLMPrefill,
 	}
 	pre := &VLLMPrefill{Answer: a, Params: a.Raw["kv_transfer_params"]}
 	delete(a.Raw, "kv_transfer_params")
-	if !FinishPending(a.Finish) {
-		// The model stopped on its first token: request_finished hands
-		// nothing off for a request that did not finish length-capped.
-		pre.Finished = true
-		return pre, nil
-	}
 	var params struct {
 		DoRemotePrefill bool `json:"do_remote_prefill"`
 	}
-	if apireq.IsNull(pre.Params) || json.Unmarshal(pre.Params, &params) != nil || !params.DoRemotePrefill {
-		return nil, errors.New("no kv_transfer_params with do_remote_prefill: is the server started with --kv-transfer-config (kv_connector NixlConnector, kv_role kv_producer or kv_both)?")
+	handoff := !apireq.IsNull(pre.Params) && json.Unmarshal(pre.Params, &params) == nil && params.DoRemotePrefill
+	switch {
+	case handoff:
+		return pre, nil
+	case !FinishPending(a.Finish):
+		// The model stopped on its first token and the server kept
+		// nothing (request_finished of releases that hand off
+		// FINISHED_LENGTH_CAPPED only).
+		pre.Finished = true
+		return pre, nil
 	}
-	return pre, nil
+	return nil, errors.New("no kv_transfer_params with do_remote_prefill: is the server started with --kv-transfer-config (kv_connector NixlConnector, kv_role kv_producer or kv_both)?")
 }
 
 // PatchUsageCached sets usage.prompt_tokens_details.cached_tokens.

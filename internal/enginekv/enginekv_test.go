@@ -89,20 +89,38 @@ func TestDecodeVLLMFieldOrder(t *testing.T) {
 }
 
 func TestDecodeVLLMRejectsGarbage(t *testing.T) {
+	// Messages that are no batch at all are an error.
 	bad := [][]byte{
 		nil,
 		{0xc1},
 		mustMsgpack(t, "hello"),
 		mustMsgpack(t, []any{1.0}),
-		mustMsgpack(t, []any{1.0, []any{[]any{"Nope"}}}),
-		mustMsgpack(t, []any{1.0, []any{[]any{"BlockStored", []any{1.5}, nil, []any{}, 1, nil}}}),
-		mustMsgpack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{-1}, 1, nil}}}),
-		mustMsgpack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{1}, 0, nil}}}),
-		mustMsgpack(t, map[string]any{"ts": 1.0, "events": []any{map[string]any{"block_hashes": []any{}}}}),
 	}
 	for i, data := range bad {
 		if _, err := enginekv.DecodeVLLM(data); err == nil {
 			t.Errorf("case %d: want an error", i)
+		}
+	}
+	// An event that does not decode is skipped with its reason; the
+	// batch's other events decode.
+	good := []any{"BlockRemoved", []any{7}}
+	events := []struct {
+		ev     any
+		reason string
+	}{
+		{[]any{"Nope"}, enginekv.SkipUnknownEvent},
+		{[]any{"BlockStored", []any{1.5}, nil, []any{}, 1, nil}, enginekv.SkipMalformedEvent},
+		{[]any{"BlockStored", []any{1}, nil, []any{-1}, 1, nil}, enginekv.SkipMalformedEvent},
+		{[]any{"BlockStored", []any{1}, nil, []any{1}, 0, nil}, enginekv.SkipMalformedEvent},
+		{map[string]any{"block_hashes": []any{}}, enginekv.SkipMalformedEvent},
+	}
+	for i, c := range events {
+		b, err := enginekv.DecodeVLLM(mustMsgpack(t, []any{1.0, []any{good, c.ev, good}}))
+		if err != nil {
+			t.Fatalf("event case %d: %v", i, err)
+		}
+		if len(b.Events) != 2 || len(b.Skipped) != 1 || b.Skipped[0].Index != 1 || b.Skipped[0].Reason != c.reason {
+			t.Errorf("event case %d: events %+v, skipped %+v (want the two good ones, event 1 skipped as %s)", i, b.Events, b.Skipped, c.reason)
 		}
 	}
 }
@@ -330,8 +348,20 @@ func TestPollerDrainsTRTLLMEvents(t *testing.T) {
 	push(`{"event_id":0,"data":{"type":"created","num_blocks_per_cache_level":[100,0]},"window_size":64}`,
 		`{"event_id":1,"data":{"type":"stored","parent_hash":null,"blocks":[{"type":"stored_block","block_hash":18446744073709551615,"tokens":`+tok(1, 2)+`,"cache_level":0,"priority":35}]},"window_size":64}`,
 		`{"event_id":2,"data":{"type":"stored","parent_hash":18446744073709551615,"blocks":[{"type":"stored_block","block_hash":5,"tokens":`+tok(3, 4)+`,"cache_level":0,"priority":35}]},"window_size":64,"attention_dp_rank":0}`,
-		`{"event_id":3,"data":{"type":"updated","block_hash":5,"cache_level":{"type":"event_diff","new_value":1,"old_value":0},"priority":null},"window_size":64}`)
+		`{"event_id":3,"data":{"type":"updated","block_hash":5,"cache_level":null,"priority":{"type":"event_diff","new_value":50,"old_value":35}},"window_size":64}`)
 	var got []enginekv.RankKeys
+	offloaded := func() map[uint64]bool {
+		held := map[uint64]bool{}
+		for _, ev := range got {
+			for _, h := range ev.OffloadedRemoved {
+				delete(held, h)
+			}
+			for _, h := range ev.OffloadedStored {
+				held[h] = true
+			}
+		}
+		return held
+	}
 	var gotMu sync.Mutex
 	changed := make(chan struct{}, 1)
 	src, err := enginekv.Start(enginekv.Config{Format: enginekv.FormatTRTLLM, URLs: []string{srv.URL}, PollInterval: 10 * time.Millisecond, Ranks: 1, BlockSize: 2, Log: testLog(t)}, func(ev enginekv.RankKeys) {
@@ -381,15 +411,49 @@ func TestPollerDrainsTRTLLMEvents(t *testing.T) {
 	sorted := slices.Clone(want)
 	slices.Sort(sorted)
 	wait("both blocks", func(k []uint64) bool { return slices.Equal(k, sorted) })
-	push(`{"event_id":4,"data":{"type":"removed","block_hashes":[5]},"window_size":64}`)
+	// A block offloaded to the host level (KVCacheUpdatedData cache_level
+	// 0 → 1) leaves the GPU tier for the offloaded one; back (1 → 0), it
+	// returns.
+	level := func(id, from, to int) string {
+		return fmt.Sprintf(`{"event_id":%d,"data":{"type":"updated","block_hash":5,"cache_level":{"type":"event_diff","new_value":%d,"old_value":%d},"priority":null},"window_size":64}`, id, to, from)
+	}
+	push(level(4, 0, 1))
+	wait("the offload", func(k []uint64) bool {
+		gotMu.Lock()
+		defer gotMu.Unlock()
+		return slices.Equal(k, want[:1]) && offloaded()[want[1]]
+	})
+	push(level(5, 1, 0))
+	wait("the onboard", func(k []uint64) bool {
+		gotMu.Lock()
+		defer gotMu.Unlock()
+		return slices.Equal(k, sorted) && len(offloaded()) == 0
+	})
+	push(level(6, 0, 1), `{"event_id":7,"data":{"type":"removed","block_hashes":[5]},"window_size":64}`)
+	wait("the removal", func(k []uint64) bool {
+		gotMu.Lock()
+		defer gotMu.Unlock()
+		return slices.Equal(k, want[:1]) && len(offloaded()) == 0
+	})
+	// Elements that do not decode are skipped and counted; the rest of the
+	// answer applies and nothing is reset.
+	push(`{"event_id":8,"data":{"type":"stored","parent_hash":null,"blocks":[{"block_hash":"not a number","tokens":[]}]},"window_size":64}`,
+		`{"event_id":9,"data":{"type":"teleported"},"window_size":64}`,
+		`"not an event"`,
+		`{"event_id":11,"data":{"type":"stored","parent_hash":18446744073709551615,"blocks":[{"type":"stored_block","block_hash":5,"tokens":`+tok(3, 4)+`,"cache_level":0,"priority":35}]},"window_size":64}`)
+	wait("the store after the undecodable elements", func(k []uint64) bool { return slices.Equal(k, sorted) })
+	if st := src.Status()[0]; st.Resets != 0 || st.Undecodable[enginekv.SkipMalformedEvent] != 2 || st.Undecodable[enginekv.SkipUnknownEvent] != 1 {
+		t.Fatalf("status %+v: want no reset, 2 malformed and 1 unknown event", st)
+	}
+	push(`{"event_id":12,"data":{"type":"removed","block_hashes":[5]},"window_size":64}`)
 	wait("the removal", func(k []uint64) bool { return slices.Equal(k, want[:1]) })
 	// An id gap (events lost) resets the rank.
-	push(`{"event_id":9,"data":{"type":"removed","block_hashes":[]},"window_size":64}`)
+	push(`{"event_id":19,"data":{"type":"removed","block_hashes":[]},"window_size":64}`)
 	wait("the reset", func(k []uint64) bool { return len(k) == 0 })
 	// The reset is delivered before the batch that revealed the gap.
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		st := src.Status()
-		if len(st) == 1 && st[0].Resets == 1 && st[0].LastSeq == 9 && st[0].HaveSeq {
+		if len(st) == 1 && st[0].Resets == 1 && st[0].LastSeq == 19 && st[0].HaveSeq {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -427,35 +491,57 @@ func TestOffsetEndpoint(t *testing.T) {
 }
 
 // A hybrid model's pools have their own hashes: only the full-attention
-// pool is announced, wherever vLLM puts it among its groups, and a
-// sliding-window pool evicting a block it shares with the full-attention
-// pool (same engine hash in another group) removes nothing. Before, group
-// 0 was announced whatever its kind, so a sliding-window group 0 erased
-// blocks the full-attention group still held.
-func TestMapperTracksFullAttentionPoolsOnly(t *testing.T) {
+// pool's blocks are announced, wherever vLLM puts it among its groups, and
+// only as far as a prefix hit can end (vLLM's HybridKVCacheCoordinator
+// needs every group to hit): a block the sliding-window pool holds too is
+// an end, and the blocks before an end lead to it. A sliding-window
+// eviction of an older block keeps the chain (it still leads to the end);
+// one of the end withdraws the chain; the full-attention pool's eviction
+// of the end withdraws what led only to it.
+func TestMapperAnnouncesWhereAHybridHitCanEnd(t *testing.T) {
 	const bs = 2
 	m := enginekv.NewMapper(bs, 0)
 	h := []enginekv.Hash{enginekv.IntHash(1), enginekv.IntHash(2)}
 	toks := []uint32{1, 2, 3, 4}
-	stored := func(group int, kind string) enginekv.Event {
-		return enginekv.Event{Kind: enginekv.Stored, Hashes: h, Tokens: toks, BlockSize: bs, Group: group, SpecKind: kind}
+	keys := prefix.BlockHashes(toks, bs)
+	stored := func(group int, kind string, hs []enginekv.Hash, tk []uint32, parent bool) enginekv.Event {
+		ev := enginekv.Event{Kind: enginekv.Stored, Hashes: hs, Tokens: tk, BlockSize: bs, Group: group, SpecKind: kind}
+		if parent {
+			ev.Parent, ev.HasParent = h[0], true
+		}
+		return ev
 	}
-	if s, _ := m.Apply(stored(0, "sliding_window")); len(s) != 0 {
+	removed := func(group int, hs ...enginekv.Hash) enginekv.Event {
+		return enginekv.Event{Kind: enginekv.Removed, Hashes: hs, Group: group}
+	}
+	sorted := func(k []uint64) []uint64 { k = slices.Clone(k); slices.Sort(k); return k }
+	if s, _ := m.Apply(stored(0, "sliding_window", h, toks, false)); len(s) != 0 {
 		t.Fatalf("a sliding-window group announced %v", s)
 	}
-	s, _ := m.Apply(stored(1, "full_attention"))
-	if len(s) != 2 {
-		t.Fatalf("the full-attention group announced %v, want 2 keys", s)
+	if s, _ := m.Apply(stored(1, "full_attention", h, toks, false)); !slices.Equal(sorted(s), sorted(keys)) {
+		t.Fatalf("the full-attention group announced %v, want %v", s, keys)
 	}
-	if _, r := m.Apply(enginekv.Event{Kind: enginekv.Removed, Hashes: h, Group: 0}); len(r) != 0 {
-		t.Fatalf("the sliding window's eviction removed %v", r)
+	if _, r := m.Apply(removed(0, h[0])); len(r) != 0 {
+		t.Fatalf("the window's older block left and %v was withdrawn; the chain still ends at block 2", r)
 	}
-	if _, r := m.Apply(enginekv.Event{Kind: enginekv.Removed, Hashes: h[1:], Group: 1}); len(r) != 1 || r[0] != s[1] {
-		t.Fatalf("the full-attention eviction removed %v, want %v", r, s[1:])
+	if _, r := m.Apply(removed(0, h[1])); !slices.Equal(sorted(r), sorted(keys)) {
+		t.Fatalf("the window's end left: withdrawn %v, want %v (no hit can end in the chain)", r, keys)
+	}
+	if s, _ := m.Apply(stored(0, "sliding_window", h[1:], toks[bs:], true)); !slices.Equal(sorted(s), sorted(keys)) {
+		t.Fatalf("the end is back: announced %v, want %v", s, keys)
+	}
+	if _, r := m.Apply(removed(1, h[1])); !slices.Equal(sorted(r), sorted(keys)) {
+		t.Fatalf("the full-attention pool evicted the end: withdrawn %v, want %v", r, keys)
+	}
+	// A mamba pool gates as well: its state at a block makes it an end.
+	m2 := enginekv.NewMapper(bs, 0)
+	m2.Apply(stored(1, "mamba", h[1:], toks[bs:], false))
+	if s, _ := m2.Apply(stored(0, "full_attention", h, toks, false)); !slices.Equal(sorted(s), sorted(keys)) {
+		t.Fatalf("a chain ending where the mamba state is: announced %v, want %v", s, keys)
 	}
 	// Engines that state no kind (one group): group 0 is announced.
 	old := enginekv.NewMapper(bs, 0)
-	if s, _ := old.Apply(stored(0, "")); len(s) != 2 {
+	if s, _ := old.Apply(stored(0, "", h, toks, false)); len(s) != 2 {
 		t.Fatalf("group 0 without a kind announced %v", s)
 	}
 }

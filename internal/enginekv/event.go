@@ -111,6 +111,9 @@ type Event struct {
 	Group    int
 	SpecKind string
 	Window   int
+	// SlidingWindow is a sliding-window group's window in tokens (vLLM
+	// kv_cache_spec_sliding_window on stored events; 0 when not stated).
+	SlidingWindow int
 }
 
 // Offloaded reports whether the event is about a tier other than the GPU.
@@ -123,4 +126,7 @@ type Batch struct {
 	TS     float64
 	DPRank int
 	Events []Event
+	// Skipped lists the events that did not decode (left out of Events),
+	// or the whole message (SkippedBatch).
+	Skipped []Skip
 }

@@ -48,6 +48,11 @@ type Mapper struct {
 	kinds     map[int]string      // group → its kv_cache_spec_kind, once stated
 	window    int                 // the largest window_size seen (the announced pool)
 	stats     MapperStats
+	// The announced pools' GPU blocks in their chains, and what the
+	// gating pools of a hybrid model hold (hybrid.go).
+	nodes map[poolHash]*chainNode
+	gates map[int]map[Hash]struct{} // gating pool → GPU hashes held
+	pools map[int]bool              // announced pools seen
 }
 
 // poolHash is an engine block: its pool (group or window), its medium
@@ -103,7 +108,8 @@ func NewMapper(blockSize, maxBlocks int) *Mapper {
 	if maxBlocks <= 0 {
 		maxBlocks = DefaultMaxBlocks
 	}
-	return &Mapper{blockSize: blockSize, maxBlocks: maxBlocks, keys: map[poolHash]uint64{}, refs: map[tierKey]int{}, kinds: map[int]string{}}
+	return &Mapper{blockSize: blockSize, maxBlocks: maxBlocks, keys: map[poolHash]uint64{}, refs: map[tierKey]int{}, kinds: map[int]string{},
+		nodes: map[poolHash]*chainNode{}, gates: map[int]map[Hash]struct{}{}, pools: map[int]bool{}}
 }
 
 // Len is the number of engine blocks tracked.
@@ -178,15 +184,19 @@ func (m *Mapper) ApplyTiers(ev Event) Change {
 	pool := m.poolOf(ev)
 	off := ev.Offloaded()
 	switch {
+	case !ok && !off && m.window == 0 && gatingKinds[m.kinds[ev.Group]] && (ev.Kind == Stored || ev.Kind == Removed):
+		// A pool a prefix hit needs beside the full-attention ones.
+		m.stats.Skipped++
+		g := m.gate(ev)
+		c.Stored, c.Removed = g.Stored, append(c.Removed, g.Removed...)
+		return c
 	case !ok || (off && !m.knowMedium(ev.Medium)):
 		m.stats.Skipped++
 		return c
 	case ev.Kind == Removed:
 		var gone []uint64
 		for _, h := range ev.Hashes {
-			if k, ok := m.drop(poolHash{pool, ev.Medium, h}); ok {
-				gone = append(gone, k)
-			}
+			gone = m.drop(poolHash{pool, ev.Medium, h}, gone)
 		}
 		m.stats.Removed += uint64(len(gone))
 		if off {
@@ -251,10 +261,12 @@ func (m *Mapper) lookup(pool int, medium string, h Hash) (uint64, bool) {
 // BlockStored(block_hashes, parent_block_hash=None, token_ids=[], ...,
 // medium=event.medium)); their hashes are the GPU blocks' they were copied
 // from, so their keys are looked up, not computed (Orphans when the
-// Mapper never saw the block).
+// Mapper never saw the block). A GPU store without token ids or a block
+// size (a block TensorRT-LLM moved back from its host level) is looked up
+// the same way in the offloaded mediums.
 func (m *Mapper) store(ev Event, pool int) (stored, removed []uint64) {
 	n := uint64(len(ev.Hashes))
-	if ev.Offloaded() && len(ev.Tokens) == 0 && !ev.HasParent {
+	if len(ev.Tokens) == 0 && !ev.HasParent && (ev.Offloaded() || ev.BlockSize == 0) {
 		if ev.BlockSize != 0 && ev.BlockSize != m.blockSize {
 			m.stats.SizeMismatch += n
 			return nil, nil
@@ -266,7 +278,7 @@ func (m *Mapper) store(ev Event, pool int) (stored, removed []uint64) {
 				continue
 			}
 			var full bool
-			if stored, removed, full = m.put(poolHash{pool, ev.Medium, h}, key, stored, removed); full {
+			if stored, removed, full = m.put(poolHash{pool, ev.Medium, h}, key, chainLink{}, stored, removed); full {
 				m.stats.Overflow += n - uint64(i)
 				break
 			}
@@ -293,11 +305,15 @@ func (m *Mapper) store(ev Event, pool int) (stored, removed []uint64) {
 		}
 		prev = k
 	}
+	link := chainLink{parent: ev.Parent, has: ev.HasParent}
 	for i, h := range ev.Hashes {
 		key := prefix.ChainHash(prev, ev.Tokens[i*ev.BlockSize:(i+1)*ev.BlockSize])
 		prev = key
+		if i > 0 {
+			link = chainLink{parent: ev.Hashes[i-1], has: true}
+		}
 		var full bool
-		if stored, removed, full = m.put(poolHash{pool, ev.Medium, h}, key, stored, removed); full {
+		if stored, removed, full = m.put(poolHash{pool, ev.Medium, h}, key, link, stored, removed); full {
 			m.stats.Overflow += n - uint64(i)
 			break
 		}
@@ -305,23 +321,33 @@ func (m *Mapper) store(ev Event, pool int) (stored, removed []uint64) {
 	return stored, removed
 }
 
+// chainLink is a stored block's parent in its chain (has false: the chain
+// starts with it, or unknown).
+type chainLink struct {
+	parent Hash
+	has    bool
+}
+
 // put maps engine block ph to key, appending to stored a key that became
 // present in ph's tier and to removed one a remapping took away; full is
-// true (and nothing changes) at the MaxBlocks bound.
-func (m *Mapper) put(ph poolHash, key uint64, stored, removed []uint64) (_, _ []uint64, full bool) {
+// true (and nothing changes) at the MaxBlocks bound. A GPU block joins its
+// chain (hybrid.go), announced when a hit may end at it or beyond.
+func (m *Mapper) put(ph poolHash, key uint64, link chainLink, stored, removed []uint64) (_, _ []uint64, full bool) {
 	if old, ok := m.keys[ph]; ok {
 		if old == key {
 			return stored, removed, false // re-announced (replay overlap): nothing changes
 		}
-		if k, gone := m.drop(ph); gone {
-			removed = append(removed, k)
-		}
+		removed = m.drop(ph, removed)
 	}
 	if len(m.keys) >= m.maxBlocks {
 		return stored, removed, true
 	}
 	m.keys[ph] = key
-	tk := tierKey{ph.medium != "", key}
+	if ph.medium == "" {
+		stored, removed = m.link(ph, link.parent, link.has, stored, removed)
+		return stored, removed, false
+	}
+	tk := tierKey{true, key}
 	m.refs[tk]++
 	if m.refs[tk] == 1 {
 		stored = append(stored, key)
@@ -335,29 +361,33 @@ func (m *Mapper) clearPool(pool int) []uint64 {
 	var out []uint64
 	for ph := range m.keys {
 		if ph.pool == pool && ph.medium == "" {
-			if k, gone := m.drop(ph); gone {
-				out = append(out, k)
-			}
+			out = m.drop(ph, out)
 		}
 	}
 	return out
 }
 
-// drop forgets engine block h; it returns h's tether key and true when no
-// other engine block maps to that key any more.
-func (m *Mapper) drop(h poolHash) (uint64, bool) {
+// drop forgets engine block h, appending to removed the tether keys no
+// engine block announces any more (h's, and in a hybrid model ancestors
+// that led only to it).
+func (m *Mapper) drop(h poolHash, removed []uint64) []uint64 {
 	k, ok := m.keys[h]
 	if !ok {
-		return 0, false
+		return removed
+	}
+	if h.medium == "" {
+		removed = m.unlink(h, removed)
+		delete(m.keys, h)
+		return removed
 	}
 	delete(m.keys, h)
-	tk := tierKey{h.medium != "", k}
+	tk := tierKey{true, k}
 	if m.refs[tk] <= 1 {
 		delete(m.refs, tk)
-		return k, true
+		return append(removed, k)
 	}
 	m.refs[tk]--
-	return 0, false
+	return removed
 }
 
 // clearTier forgets the blocks of one tier and returns their keys.
@@ -372,6 +402,13 @@ func (m *Mapper) clearTier(offloaded bool) []uint64 {
 	for ph := range m.keys {
 		if (ph.medium != "") == offloaded {
 			delete(m.keys, ph)
+		}
+	}
+	if !offloaded {
+		// The GPU block pool's reset clears every group.
+		clear(m.nodes)
+		for _, held := range m.gates {
+			clear(held)
 		}
 	}
 	m.stats.Removed += uint64(len(out))

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -30,6 +32,11 @@ type Config struct {
 	// (attention_dp_rank picks the rank).
 	URLs         []string
 	PollInterval time.Duration
+	// Undecodable, when set, is called once for each engine event (or
+	// whole message) that did not decode and was skipped, with its reason
+	// (SkipBatch, SkipUnknownEvent, SkipMalformedEvent). It is called from
+	// the feeds' goroutines.
+	Undecodable func(reason string)
 	// Ranks is the number of tether ADP ranks; BlockSize tether's (and the
 	// engine's) tokens per block.
 	Ranks     int
@@ -88,6 +95,10 @@ type RankStatus struct {
 	Resets    uint64
 	LastReset string
 	Stats     MapperStats
+	// Undecodable counts the events (and whole messages) of the rank's
+	// stream skipped because they did not decode, by reason (Skip.Reason);
+	// a message whose rank is unknown counts on the feed's first rank.
+	Undecodable map[string]uint64
 }
 
 // RankKeys is one change to one engine rank's cache in tether block keys:
@@ -116,6 +127,8 @@ type feed struct {
 	sink  func(RankKeys)
 	ranks []int // tether ranks this feed can address; one entry: fixed rank
 	log   *slog.Logger
+	// undecodable is Config.Undecodable (nil: not reported).
+	undecodable func(reason string)
 
 	mu      sync.Mutex
 	mappers map[int]*Mapper
@@ -139,7 +152,7 @@ func Start(cfg Config, sink func(RankKeys)) (*Source, error) {
 		names = cfg.URLs
 	}
 	for i, name := range names {
-		f := &feed{name: name, sink: sink, log: log, mappers: map[int]*Mapper{}, status: map[int]*RankStatus{}}
+		f := &feed{name: name, sink: sink, log: log, undecodable: cfg.Undecodable, mappers: map[int]*Mapper{}, status: map[int]*RankStatus{}}
 		if len(names) == cfg.Ranks {
 			f.ranks = []int{i}
 		} else {
@@ -160,7 +173,10 @@ func Start(cfg Config, sink func(RankKeys)) (*Source, error) {
 			}
 			run = p.Run
 		} else {
-			sc := SubscriberConfig{Endpoint: name, Topic: cfg.Topic, Log: log}
+			sc := SubscriberConfig{Endpoint: name, Topic: cfg.Topic, Log: log, Decode: DecodeVLLM}
+			if cfg.Format == FormatSGLang {
+				sc.Decode = DecodeSGLang
+			}
 			if len(cfg.ReplayEndpoints) > 0 {
 				sc.ReplayEndpoint = cfg.ReplayEndpoints[i]
 			}
@@ -202,6 +218,7 @@ func (s *Source) Status() []RankStatus {
 		f.mu.Lock()
 		for _, r := range f.ranks {
 			st := *f.status[r]
+			st.Undecodable = maps.Clone(st.Undecodable)
 			st.Blocks = f.mappers[r].Len()
 			st.Stats = f.mappers[r].Stats()
 			out = append(out, st)
@@ -225,9 +242,15 @@ func (f *feed) rankOf(dp int) (int, bool) {
 	return f.ranks[dp], true
 }
 
-// Batch implements Handler.
+// Batch implements Handler. The events that decoded are applied; those
+// that did not are counted and logged, and change nothing: the rank's
+// blocks are reset only by the engine's own AllBlocksCleared or a lost
+// stretch of the stream (Reset).
 func (f *feed) Batch(seq uint64, b Batch) {
 	rank, ok := f.rankOf(b.DPRank)
+	if len(b.Skipped) > 0 {
+		f.skipped(seq, rank, ok, b.Skipped)
+	}
 	if !ok {
 		f.log.Warn("kv events for an unknown data-parallel rank", "source", f.name, "dp_rank", b.DPRank, "ranks", len(f.ranks))
 		return
@@ -245,10 +268,46 @@ func (f *feed) Batch(seq uint64, b Batch) {
 		}
 		acc.add(c)
 	}
-	st := f.status[rank]
-	st.LastSeq, st.HaveSeq = seq, true
+	if len(b.Events) > 0 || len(b.Skipped) == 0 {
+		// (A record of skipped elements alone may carry no sequence.)
+		st := f.status[rank]
+		st.LastSeq, st.HaveSeq = seq, true
+	}
 	f.mu.Unlock()
 	f.emit(rank, acc)
+}
+
+// skipped counts a batch's undecodable events on its rank (the feed's
+// first when the rank is unknown) and logs them: the first of each reason
+// as a warning, later ones at debug level.
+func (f *feed) skipped(seq uint64, rank int, known bool, skips []Skip) {
+	if !known {
+		rank = f.ranks[0]
+	}
+	f.mu.Lock()
+	st := f.status[rank]
+	if st.Undecodable == nil {
+		st.Undecodable = map[string]uint64{}
+	}
+	var first []Skip
+	for _, sk := range skips {
+		if st.Undecodable[sk.Reason] == 0 {
+			first = append(first, sk)
+		}
+		st.Undecodable[sk.Reason]++
+	}
+	f.mu.Unlock()
+	for _, sk := range skips {
+		level := slog.LevelDebug
+		if slices.Contains(first, sk) {
+			level = slog.LevelWarn
+		}
+		f.log.Log(context.Background(), level, "kv events: skipped an event that does not decode (the rest of its batch applies)",
+			"source", f.name, "seq", seq, "rank", rank, "event", sk.Index, "reason", sk.Reason, "err", sk.Err)
+		if f.undecodable != nil {
+			f.undecodable(sk.Reason)
+		}
+	}
 }
 
 // Reset implements Handler: every rank of the feed forgets its blocks.

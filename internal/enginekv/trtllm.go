@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,57 +17,96 @@ import (
 // DecodeTRTLLM decodes the JSON array trtllm-serve answers on
 // POST /kv_cache_events (tensorrt_llm/_utils.py KVCacheEventSerializer):
 // [{"event_id": n, "data": {"type": "created"|"stored"|"removed"|"updated", …},
-// "window_size": n, "attention_dp_rank": n?}, …]. It returns one Batch per
-// event with the event id, so the caller can check continuity per rank.
+// "window_size": n, "attention_dp_rank": n?}, …]. It returns one TRTEvent
+// per element, in order, so the caller can check continuity per rank. An
+// element that does not decode is returned with Skip set (and its id when
+// that much was readable): the others are kept. An error means the answer
+// is not a JSON array at all.
 func DecodeTRTLLM(body []byte) ([]TRTEvent, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber() // block hashes are 64-bit: float64 would round them
-	var raw []struct {
-		EventID json.Number     `json:"event_id"`
-		Data    json.RawMessage `json:"data"`
-		Window  *json.Number    `json:"window_size"`
-		DPRank  *json.Number    `json:"attention_dp_rank"`
-	}
-	if err := dec.Decode(&raw); err != nil {
+	var raw []json.RawMessage
+	if err := json.Unmarshal(body, &raw); err != nil {
 		return nil, fmt.Errorf("enginekv: trtllm events: %w", err)
 	}
 	out := make([]TRTEvent, 0, len(raw))
 	for i, r := range raw {
-		id, err := strconv.ParseUint(r.EventID.String(), 10, 64)
+		te, err := decodeTRTEvent(r)
 		if err != nil {
-			return nil, fmt.Errorf("enginekv: trtllm events[%d].event_id: %w", i, err)
-		}
-		te := TRTEvent{ID: id, DPRank: -1}
-		if r.DPRank != nil {
-			n, err := strconv.Atoi(r.DPRank.String())
-			if err != nil || n < 0 || n > 1<<16 {
-				return nil, fmt.Errorf("enginekv: trtllm events[%d].attention_dp_rank: %q", i, r.DPRank.String())
-			}
-			te.DPRank = n
-		}
-		if te.Event, te.Created, err = decodeTRTData(r.Data); err != nil {
-			return nil, fmt.Errorf("enginekv: trtllm events[%d] (id %d): %w", i, id, err)
-		}
-		if r.Window != nil {
-			w, err := strconv.ParseInt(r.Window.String(), 10, 64)
-			if err != nil || w < 0 || w > 1<<40 {
-				return nil, fmt.Errorf("enginekv: trtllm events[%d].window_size: %q", i, r.Window.String())
-			}
-			te.Event.Window = int(w)
+			te.Skip = &Skip{Index: i, Reason: skipReason(err), Err: fmt.Sprintf("events[%d]: %v", i, err)}
 		}
 		out = append(out, te)
 	}
 	return out, nil
 }
 
-// TRTEvent is one TensorRT-LLM event. Created events (a new KV cache)
-// reset the rank; updated events (priority, cache level) change nothing
-// tether tracks and come back with Event.Kind 0.
+// decodeTRTEvent decodes one element; on error the returned TRTEvent still
+// carries the id (HasID) and rank when they were readable.
+func decodeTRTEvent(r json.RawMessage) (TRTEvent, error) {
+	te := TRTEvent{DPRank: -1}
+	dec := json.NewDecoder(bytes.NewReader(r))
+	dec.UseNumber() // block hashes are 64-bit: float64 would round them
+	var ev struct {
+		EventID json.Number     `json:"event_id"`
+		Data    json.RawMessage `json:"data"`
+		Window  *json.Number    `json:"window_size"`
+		DPRank  *json.Number    `json:"attention_dp_rank"`
+	}
+	if err := dec.Decode(&ev); err != nil {
+		return te, err
+	}
+	id, err := strconv.ParseUint(ev.EventID.String(), 10, 64)
+	if err != nil {
+		return te, fmt.Errorf("event_id: %w", err)
+	}
+	te.ID, te.HasID = id, true
+	if ev.DPRank != nil {
+		n, err := strconv.Atoi(ev.DPRank.String())
+		if err != nil || n < 0 || n > 1<<16 {
+			return te, fmt.Errorf("attention_dp_rank: %q", ev.DPRank.String())
+		}
+		te.DPRank = n
+	}
+	if te.Events, te.Created, err = decodeTRTData(ev.Data); err != nil {
+		return te, fmt.Errorf("(id %d) %w", id, err)
+	}
+	if ev.Window != nil {
+		w, err := strconv.ParseInt(ev.Window.String(), 10, 64)
+		if err != nil || w < 0 || w > 1<<40 {
+			return te, fmt.Errorf("window_size: %q", ev.Window.String())
+		}
+		for i := range te.Events {
+			te.Events[i].Window = int(w)
+		}
+	}
+	return te, nil
+}
+
+// TRTEvent is one TensorRT-LLM event as engine-neutral events: created (a
+// new KV cache) resets the rank; stored and removed are one event each; an
+// updated event moving a block between cache levels is a store in the
+// level it reached and a removal from the one it left (TRTLevelMedium), and
+// one changing only its priority is none.
 type TRTEvent struct {
 	ID      uint64
+	HasID   bool // false: the element was unreadable before its event_id
 	DPRank  int
 	Created bool
-	Event   Event
+	Events  []Event
+	// Skip is set when the element did not decode (Events empty).
+	Skip *Skip
+}
+
+// TRTLevelMedium is the Event.Medium of a block in TensorRT-LLM's cache
+// level n: level 0 is the GPU (primary) pool (""), level 1 the secondary
+// pool in host memory that block offloading fills
+// (kv_cache_config.host_cache_size).
+func TRTLevelMedium(level int64) string {
+	if level <= 0 {
+		return ""
+	}
+	if level == 1 {
+		return "host"
+	}
+	return "level" + strconv.FormatInt(level, 10)
 }
 
 func parseTRTHash(n json.Number) (Hash, error) {
@@ -80,56 +120,72 @@ func parseTRTHash(n json.Number) (Hash, error) {
 	return "", fmt.Errorf("block hash %q is not a 64-bit integer", s)
 }
 
-func decodeTRTData(data json.RawMessage) (Event, bool, error) {
+func decodeTRTData(data json.RawMessage) ([]Event, bool, error) {
 	var d struct {
 		Type        string        `json:"type"`
 		ParentHash  *json.Number  `json:"parent_hash"`
 		BlockHashes []json.Number `json:"block_hashes"`
-		Blocks      []struct {
+		BlockHash   *json.Number  `json:"block_hash"`
+		CacheLevel  *struct {
+			New *json.Number `json:"new_value"`
+			Old *json.Number `json:"old_value"`
+		} `json:"cache_level"`
+		Blocks []struct {
 			BlockHash json.Number `json:"block_hash"`
 			Tokens    []struct {
 				TokenID      json.Number `json:"token_id"`
 				TokenExtraID json.Number `json:"token_extra_id"`
 			} `json:"tokens"`
-			LoraID *json.Number `json:"lora_id"`
+			LoraID     *json.Number `json:"lora_id"`
+			CacheLevel *json.Number `json:"cache_level"`
 		} `json:"blocks"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	if err := dec.Decode(&d); err != nil {
-		return Event{}, false, fmt.Errorf("data: %w", err)
+		return nil, false, fmt.Errorf("data: %w", err)
 	}
 	switch d.Type {
 	case "created":
-		return Event{Kind: Cleared}, true, nil
+		return []Event{{Kind: Cleared}}, true, nil
 	case "updated":
-		return Event{}, false, nil
+		return decodeTRTUpdated(d.BlockHash, d.CacheLevel)
 	case "removed":
+		// A removed block left the cache, whichever level held it.
 		ev := Event{Kind: Removed}
 		for j, n := range d.BlockHashes {
 			h, err := parseTRTHash(n)
 			if err != nil {
-				return Event{}, false, fmt.Errorf("block_hashes[%d]: %w", j, err)
+				return nil, false, fmt.Errorf("block_hashes[%d]: %w", j, err)
 			}
 			ev.Hashes = append(ev.Hashes, h)
 		}
-		return ev, false, nil
+		host := ev
+		host.Medium = TRTLevelMedium(1)
+		return []Event{ev, host}, false, nil
 	case "stored":
 		ev := Event{Kind: Stored}
 		if d.ParentHash != nil {
 			h, err := parseTRTHash(*d.ParentHash)
 			if err != nil {
-				return Event{}, false, fmt.Errorf("parent_hash: %w", err)
+				return nil, false, fmt.Errorf("parent_hash: %w", err)
 			}
 			ev.Parent, ev.HasParent = h, true
 		}
 		for j, b := range d.Blocks {
 			h, err := parseTRTHash(b.BlockHash)
 			if err != nil {
-				return Event{}, false, fmt.Errorf("blocks[%d].block_hash: %w", j, err)
+				return nil, false, fmt.Errorf("blocks[%d].block_hash: %w", j, err)
 			}
 			if j == 0 {
 				ev.BlockSize = len(b.Tokens)
+				if b.CacheLevel != nil {
+					level, err := b.CacheLevel.Int64()
+					if err != nil {
+						return nil, false, fmt.Errorf("blocks[%d].cache_level: %w", j, err)
+					}
+					ev.Medium = TRTLevelMedium(level)
+				}
 			} else if len(b.Tokens) != ev.BlockSize {
 				ev.BlockSize = -1 // uneven blocks: Mapper counts them malformed
 			}
@@ -140,7 +196,7 @@ func decodeTRTData(data json.RawMessage) (Event, bool, error) {
 			for k, t := range b.Tokens {
 				id, err := strconv.ParseUint(t.TokenID.String(), 10, 32)
 				if err != nil {
-					return Event{}, false, fmt.Errorf("blocks[%d].tokens[%d].token_id: %w", j, k, err)
+					return nil, false, fmt.Errorf("blocks[%d].tokens[%d].token_id: %w", j, k, err)
 				}
 				if x := t.TokenExtraID.String(); x != "" && x != "0" {
 					ev.Foreign = true // multimodal / prompt-table tokens
@@ -148,9 +204,42 @@ func decodeTRTData(data json.RawMessage) (Event, bool, error) {
 				ev.Tokens = append(ev.Tokens, uint32(id))
 			}
 		}
-		return ev, false, nil
+		return []Event{ev}, false, nil
 	}
-	return Event{}, false, fmt.Errorf("unknown event type %q", d.Type)
+	return nil, false, unknownEvent(d.Type)
+}
+
+// decodeTRTUpdated reads an updated event (KVCacheUpdatedData: block_hash,
+// cache_level and priority as event_diff {new_value, old_value}): a block
+// that changed cache level is stored in the new level, by its hash (its
+// key is the one it had in the old), then removed from the old. A priority
+// change alone changes nothing tether tracks.
+func decodeTRTUpdated(hash *json.Number, level *struct {
+	New *json.Number `json:"new_value"`
+	Old *json.Number `json:"old_value"`
+}) ([]Event, bool, error) {
+	if level == nil || level.New == nil || level.Old == nil {
+		return nil, false, nil
+	}
+	to, err1 := level.New.Int64()
+	from, err2 := level.Old.Int64()
+	if err1 != nil || err2 != nil {
+		return nil, false, fmt.Errorf("cache_level: want integer new_value and old_value")
+	}
+	if to == from {
+		return nil, false, nil
+	}
+	if hash == nil {
+		return nil, false, errors.New("updated event without block_hash")
+	}
+	h, err := parseTRTHash(*hash)
+	if err != nil {
+		return nil, false, fmt.Errorf("block_hash: %w", err)
+	}
+	return []Event{
+		{Kind: Stored, Hashes: []Hash{h}, Medium: TRTLevelMedium(to)},
+		{Kind: Removed, Hashes: []Hash{h}, Medium: TRTLevelMedium(from)},
+	}, false, nil
 }
 
 // PollerConfig configures a Poller.
@@ -231,6 +320,38 @@ func (p *Poller) Poll(ctx context.Context) ([]TRTEvent, error) {
 	return DecodeTRTLLM(body)
 }
 
+// deliver hands one answer's events to h in order. Continuity is checked
+// per rank on event ids; an element that did not decode is a batch of no
+// events that says so (its id, when readable, keeps the sequence; an
+// unreadable one may account for one missing id of the answer), never a
+// reset.
+func (p *Poller) deliver(evs []TRTEvent, next map[int]uint64, h Handler) {
+	unread := 0 // elements of this answer whose id could not be read
+	for _, te := range evs {
+		if te.Skip != nil && !te.HasID {
+			unread++
+			h.Batch(0, Batch{DPRank: te.DPRank, Skipped: []Skip{*te.Skip}})
+			continue
+		}
+		dp := max(te.DPRank, 0) // absent without attention DP
+		if want, ok := next[dp]; ok && te.ID != want && !te.Created {
+			if te.ID > want && te.ID-want <= uint64(unread) {
+				unread -= int(te.ID - want)
+			} else {
+				h.Reset(fmt.Sprintf("trtllm event id %d, want %d", te.ID, want))
+			}
+		}
+		next[dp] = te.ID + 1
+		b := Batch{DPRank: te.DPRank, Events: te.Events}
+		if te.Skip != nil {
+			b.Skipped = []Skip{*te.Skip}
+		}
+		if len(b.Events)+len(b.Skipped) > 0 {
+			h.Batch(te.ID, b)
+		}
+	}
+}
+
 // Run polls until ctx is done, delivering events as one-event batches
 // (sequence = event id) with the attention-DP rank, and Reset on a created
 // event or an id gap.
@@ -251,17 +372,7 @@ func (p *Poller) Run(ctx context.Context, h Handler) error {
 			failing = true
 		default:
 			failing = false
-			for _, te := range evs {
-				dp := max(te.DPRank, 0) // absent without attention DP
-				if want, ok := next[dp]; ok && te.ID != want && !te.Created {
-					h.Reset(fmt.Sprintf("trtllm event id %d, want %d", te.ID, want))
-				}
-				next[dp] = te.ID + 1
-				if te.Event.Kind == 0 {
-					continue
-				}
-				h.Batch(te.ID, Batch{DPRank: te.DPRank, Events: []Event{te.Event}})
-			}
+			p.deliver(evs, next, h)
 		}
 		select {
 		case <-ctx.Done():

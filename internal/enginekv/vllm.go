@@ -18,17 +18,30 @@ const (
 	maxBlocksPerEvent = 1 << 20
 	maxTokensPerEvent = 1 << 26
 	maxGroups         = 1 << 10 // KV cache groups of one model
+	maxEventsPerBatch = 1 << 20
 )
 
-// DecodeVLLM decodes one msgpack KVEventBatch as published by vLLM's and
-// SGLang's ZmqEventPublisher. Both msgspec layouts are accepted: array_like
-// structs (SGLang, vLLM up to mid-2025: [ts, events, dp_rank?], each event
-// [tag, field...]) and maps (current vLLM: {"ts":…, "events":…,
-// "data_parallel_rank":…}, each event {"type": tag, field: …}). Field order
-// for the array layout follows vllm/distributed/kv_events.py (see DESIGN.md).
+// DecodeVLLM decodes one msgpack KVEventBatch as published by vLLM's
+// ZmqEventPublisher (vllm/distributed/kv_events.py). Both msgspec layouts
+// are accepted: array_like structs (vLLM up to mid-2025: [ts, events,
+// dp_rank?], each event [tag, field...]) and maps (current vLLM: {"ts":…,
+// "events":…, "data_parallel_rank":…}, each event {"type": tag, field: …}).
+//
+// An error means the batch as a whole is unreadable (not msgpack, not a
+// batch). An event that does not decode is left out of Events and listed in
+// Skipped with its reason; the others are returned (see DESIGN.md).
 func DecodeVLLM(payload []byte) (Batch, error) {
+	return decodeBatch(payload, decodeVLLMEvent)
+}
+
+// decodeBatch reads the KVEventBatch envelope both engines share and
+// decodes each event with decodeEvent, skipping those that fail.
+func decodeBatch(payload []byte, decodeEvent func(any) (Event, error)) (Batch, error) {
 	if len(payload) > MaxPayloadBytes {
 		return Batch{}, fmt.Errorf("enginekv: payload of %d bytes (max %d)", len(payload), MaxPayloadBytes)
+	}
+	if err := checkMsgpack(payload); err != nil {
+		return Batch{}, fmt.Errorf("enginekv: %w", err)
 	}
 	dec := msgpack.NewDecoder(bytes.NewReader(payload))
 	v, err := dec.DecodeInterfaceLoose()
@@ -60,19 +73,27 @@ func DecodeVLLM(payload []byte) (Batch, error) {
 		if events, err = asList(t["events"]); err != nil {
 			return Batch{}, fmt.Errorf("enginekv: batch events: %w", err)
 		}
-		if r, ok := t["data_parallel_rank"]; ok && r != nil {
-			if b.DPRank, err = asRank(r); err != nil {
-				return Batch{}, fmt.Errorf("enginekv: batch data_parallel_rank: %w", err)
+		// vLLM names the rank data_parallel_rank, SGLang attn_dp_rank.
+		for _, k := range []string{"data_parallel_rank", "attn_dp_rank"} {
+			if r, ok := t[k]; ok && r != nil {
+				if b.DPRank, err = asRank(r); err != nil {
+					return Batch{}, fmt.Errorf("enginekv: batch %s: %w", k, err)
+				}
+				break
 			}
 		}
 	default:
 		return Batch{}, fmt.Errorf("enginekv: batch is a %T, want an array or a map", v)
 	}
+	if len(events) > maxEventsPerBatch {
+		return Batch{}, fmt.Errorf("enginekv: %d events in one batch (max %d)", len(events), maxEventsPerBatch)
+	}
 	b.Events = make([]Event, 0, len(events))
 	for i, raw := range events {
-		ev, err := decodeVLLMEvent(raw)
+		ev, err := decodeEvent(raw)
 		if err != nil {
-			return Batch{}, fmt.Errorf("enginekv: events[%d]: %w", i, err)
+			b.Skipped = append(b.Skipped, Skip{Index: i, Reason: skipReason(err), Err: err.Error()})
+			continue
 		}
 		b.Events = append(b.Events, ev)
 	}
@@ -94,6 +115,13 @@ func decodeVLLMEvent(raw any) (Event, error) {
 	if err != nil {
 		return Event{}, err
 	}
+	return eventFromFields(tag, fields)
+}
+
+// eventFromFields reads an event of a known tag from its fields by vLLM's
+// names (SGLang's are normalized to them first).
+func eventFromFields(tag string, fields map[string]any) (Event, error) {
+	var err error
 	var ev Event
 	switch tag {
 	case "AllBlocksCleared":
@@ -129,6 +157,13 @@ func decodeVLLMEvent(raw any) (Event, error) {
 		}
 		ev.SpecKind = s
 	}
+	if w, ok := fields["kv_cache_spec_sliding_window"]; ok && w != nil {
+		n, err := asInt(w)
+		if err != nil || n < 0 || n > 1<<30 {
+			return Event{}, fmt.Errorf("%s.kv_cache_spec_sliding_window: want a window in tokens, got %v", tag, w)
+		}
+		ev.SlidingWindow = int(n)
+	}
 	if ev.Kind == Removed {
 		return ev, nil
 	}
@@ -155,7 +190,7 @@ func vllmEventFields(raw any) (string, map[string]any, error) {
 		tag = s
 		names, ok := vllmFields[tag]
 		if !ok {
-			return "", nil, fmt.Errorf("unknown event type %q", tag)
+			return "", nil, unknownEvent(tag)
 		}
 		// Newer engines may append fields we do not know: ignore them.
 		for i, v := range t[1:] {
@@ -170,7 +205,7 @@ func vllmEventFields(raw any) (string, map[string]any, error) {
 		}
 		tag, fields = s, t
 		if _, ok := vllmFields[tag]; !ok {
-			return "", nil, fmt.Errorf("unknown event type %q", tag)
+			return "", nil, unknownEvent(tag)
 		}
 	default:
 		return "", nil, fmt.Errorf("event is a %T, want an array or a map", raw)
@@ -188,26 +223,16 @@ func decodeVLLMStored(ev *Event, fields map[string]any) error {
 		}
 		ev.HasParent = true
 	}
-	toks, err := asList(fields["token_ids"])
-	if err != nil {
+	if ev.Tokens, err = asTokens(fields["token_ids"]); err != nil {
 		return fmt.Errorf("BlockStored.token_ids: %w", err)
 	}
-	if len(toks) > maxTokensPerEvent {
-		return fmt.Errorf("BlockStored.token_ids: %d tokens (max %d)", len(toks), maxTokensPerEvent)
+	// vLLM's OffloadingConnector announces an offloaded copy with no token
+	// ids and block_size 0 (offloading_connector.py take_events).
+	if len(ev.Tokens) == 0 && isZero(fields["block_size"]) {
+		ev.BlockSize = 0
+	} else if ev.BlockSize, err = asBlockSize(fields["block_size"]); err != nil {
+		return fmt.Errorf("BlockStored.block_size: %w", err)
 	}
-	ev.Tokens = make([]uint32, len(toks))
-	for i, t := range toks {
-		n, err := asInt(t)
-		if err != nil || n < 0 || n > math.MaxUint32 {
-			return fmt.Errorf("BlockStored.token_ids[%d]: not a token id (%v)", i, t)
-		}
-		ev.Tokens[i] = uint32(n)
-	}
-	bs, err := asInt(fields["block_size"])
-	if err != nil || bs <= 0 || bs > 1<<20 {
-		return fmt.Errorf("BlockStored.block_size: want a positive integer, got %v", fields["block_size"])
-	}
-	ev.BlockSize = int(bs)
 	// A block computed under a LoRA adapter is keyed by the adapter's name
 	// (vLLM hashes lora_name into every block: its extra keys); one named
 	// by lora_id alone (SGLang, older vLLM) cannot be keyed.

@@ -115,16 +115,20 @@ func (s *Subscriber) session(ctx context.Context, tr *tracker, h Handler) error 
 			continue
 		}
 		seq := binary.BigEndian.Uint64(msg.Frames[1])
-		b, err := s.cfg.Decode(msg.Frames[2])
-		if err != nil {
-			// The batch is lost to us: the same as a gap.
-			s.log.Warn("kv events: undecodable batch", "seq", seq, "err", err)
-			h.Reset(fmt.Sprintf("undecodable batch %d: %v", seq, err))
-			tr.next, tr.started, tr.resync = seq+1, true, false
-			continue
-		}
-		s.deliver(ctx, tr, seq, b, h)
+		s.deliver(ctx, tr, seq, s.decode(msg.Frames[2]), h)
 	}
+}
+
+// decode decodes a payload; a message that does not decode is a batch of
+// no events that says so (SkippedBatch): it takes its sequence number like
+// any other, so the stream goes on without a reset (the engine's blocks
+// known so far stay; what the message said is lost, as a skipped event's).
+func (s *Subscriber) decode(payload []byte) Batch {
+	b, err := s.cfg.Decode(payload)
+	if err != nil {
+		return SkippedBatch(err)
+	}
+	return b
 }
 
 // tracker is a stream's sequence state.
@@ -232,11 +236,7 @@ func (s *Subscriber) replay(ctx context.Context, from, to uint64) ([]replayed, e
 			// keep what it has (exact for the blocks it covers).
 			trimmed = fmt.Errorf("replay starts at %d, want %d (buffer trimmed)", seq, next)
 		}
-		b, err := s.cfg.Decode(frames[1])
-		if err != nil {
-			return out, fmt.Errorf("replay batch %d: %w", seq, err)
-		}
-		out = append(out, replayed{seq, b})
+		out = append(out, replayed{seq, s.decode(frames[1])})
 		next = seq + 1
 	}
 	return out, errors.New("replay too long")

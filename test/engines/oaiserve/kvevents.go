@@ -20,18 +20,26 @@ const (
 	// hashes as bytes; group_idx and kv_cache_spec_kind on stored events).
 	LayoutMap Layout = iota + 1
 	// LayoutArray: array_like structs ([tag, field, ...], trailing
-	// defaults omitted; integer block hashes), as SGLang's
-	// python/sglang/srt/disaggregation/kv_events.py and vLLM releases up
-	// to mid-2025 encode them: BlockStored(block_hashes, parent_block_hash,
-	// token_ids, block_size, lora_id), BlockRemoved(block_hashes).
+	// defaults omitted; integer block hashes), as vLLM releases up to
+	// mid-2025 (and SGLang's kv_events.py of 2025) encode them:
+	// BlockStored(block_hashes, parent_block_hash, token_ids, block_size,
+	// lora_id[, medium, lora_name]), BlockRemoved(block_hashes).
 	LayoutArray
+	// LayoutSGLang: SGLang today (python/sglang/srt/disaggregation/
+	// kv_events.py with the events python/sglang/srt/mem_cache/events.py
+	// KVCacheEventRecorder records): array_like structs without
+	// omit_defaults, BlockStored(block_hashes, parent_block_hash,
+	// token_ids, block_size, lora_id=None, medium="GPU"),
+	// BlockRemoved(block_hashes, medium="GPU"), the batch's attn_dp_rank;
+	// integer hashes. The recorder never names an adapter (lora_id None).
+	LayoutSGLang
 )
 
 // KVEventsOptions configure the KV event publishers (--kv-events-config
 // '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
 // "tcp://*:P", "replay_endpoint": "tcp://*:R"}').
 type KVEventsOptions struct {
-	// Layout: 0 is the engine's own (vLLM LayoutMap, SGLang LayoutArray).
+	// Layout: 0 is the engine's own (vLLM LayoutMap, SGLang LayoutSGLang).
 	Layout Layout
 	// Replay opens the ROUTER replay sockets.
 	Replay bool
@@ -87,6 +95,15 @@ func (s *Server) KVEventsEndpoints() (pub, replay string) {
 	return s.pubs[0].Endpoint(), s.pubs[0].ReplayEndpoint()
 }
 
+// PublishRaw publishes payload as rank's next message, whatever it holds:
+// tests use it to put what an engine should not send (an event that does
+// not decode) into the stream.
+func (s *Server) PublishRaw(rank int, payload []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pubs[rank].PublishRaw(payload)
+}
+
 // PublishHeartbeat publishes an empty batch on every rank (a subscriber
 // that joined after the last change learns the sequence and replays what
 // it missed).
@@ -112,9 +129,12 @@ func (s *Server) publishLocked(rank int, stored []storedRun, removed []blockHash
 	}
 	if len(removed) > 0 {
 		hs := hashValues(layout, removed)
-		if layout == LayoutArray {
+		switch layout {
+		case LayoutArray:
 			events = append(events, []any{"BlockRemoved", hs})
-		} else {
+		case LayoutSGLang:
+			events = append(events, []any{"BlockRemoved", hs, "GPU"})
+		default:
 			events = append(events, tagged(layout, "BlockRemoved", [][2]any{{"block_hashes", hs}, {"medium", "GPU"}, {"group_idx", 0}}))
 		}
 	}
@@ -131,6 +151,10 @@ func (s *Server) publishLocked(rank int, stored []storedRun, removed []blockHash
 		var loraID, loraName any
 		if run.adapter != "" {
 			loraID, loraName = s.loraIDLocked(run.adapter), run.adapter
+		}
+		if layout == LayoutSGLang {
+			events = append(events, []any{"BlockStored", hs, parent, toks, s.opts.BlockSize, nil, "GPU"})
+			continue
 		}
 		if layout == LayoutArray {
 			a := []any{"BlockStored", hs, parent, toks, s.opts.BlockSize, loraID}
@@ -156,7 +180,7 @@ func (s *Server) sendLocked(rank int, events []any) {
 		events = []any{}
 	}
 	var batch any
-	if s.opts.KVEvents.Layout == LayoutArray {
+	if l := s.opts.KVEvents.Layout; l == LayoutArray || l == LayoutSGLang {
 		batch = []any{ts, events, rank}
 	} else {
 		batch = orderedMap{{"ts", ts}, {"events", events}, {"data_parallel_rank", rank}}
@@ -168,9 +192,16 @@ func (s *Server) sendLocked(rank int, events []any) {
 	_ = s.pubs[rank].PublishRaw(b) // a lost batch is a gap the subscriber replays
 }
 
-// tagged is a tag=True struct in map form: "type" first, then the fields
-// in declaration order.
-func tagged(_ Layout, tag string, fields [][2]any) any {
+// tagged is a tag=True struct: in map form "type" first, then the fields
+// in declaration order; array_like, the tag then the fields' values.
+func tagged(layout Layout, tag string, fields [][2]any) any {
+	if layout == LayoutArray || layout == LayoutSGLang {
+		a := []any{tag}
+		for _, f := range fields {
+			a = append(a, f[1])
+		}
+		return a
+	}
 	if fields == nil {
 		return orderedMap{{"type", tag}}
 	}
@@ -178,11 +209,12 @@ func tagged(_ Layout, tag string, fields [][2]any) any {
 }
 
 // hashValues are the blocks' ExternalBlockHash: bytes in the map layout,
-// the hash's first 8 bytes as a signed integer in the array layout.
+// the hash's first 8 bytes as a signed integer in the array layouts
+// (SGLang's hash_str_to_int64).
 func hashValues(layout Layout, hs []blockHash) []any {
 	out := make([]any, len(hs))
 	for i, h := range hs {
-		if layout == LayoutArray {
+		if layout == LayoutArray || layout == LayoutSGLang {
 			out[i] = int64(binary.BigEndian.Uint64(h[:8]))
 		} else {
 			out[i] = append([]byte(nil), h[:]...)

@@ -75,6 +75,37 @@ func (s *Server) adapterOf(model string) (string, bool) {
 	return model, ok
 }
 
+// sglangAdapter resolves a request's adapter as SGLang does
+// (python/sglang/srt/entrypoints/openai/serving_base.py
+// _parse_model_parameter and _resolve_lora_path; examples/runtime/lora.py;
+// docs advanced_features/lora.md): a body lora_path names the adapter and
+// takes precedence; else a model "<base>:<adapter>" names it after its
+// first colon; a model without one is the base model whatever its name
+// (SGLang does not check it: a model naming an adapter alone runs on the
+// base model). An adapter it does not hold fails the request
+// (tokenizer_manager.py: the LoRA registry's "not loaded"), as msg.
+func (s *Server) sglangAdapter(model string, top map[string]json.RawMessage) (adapter, msg string) {
+	if raw, ok := top["lora_path"]; ok && !isNullJSON(raw) {
+		if err := json.Unmarshal(raw, &adapter); err != nil {
+			return "", "lora_path: Input should be a valid string"
+		}
+	} else if _, name, ok := strings.Cut(model, ":"); ok {
+		adapter = name
+	}
+	if adapter == "" {
+		return "", ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lora == nil {
+		return "", "LoRA is not enabled. Please set `--enable-lora` to use LoRA adapters."
+	}
+	if _, ok := s.lora.paths[adapter]; !ok {
+		return "", fmt.Sprintf("The following requested LoRA adapters are not loaded: %s", adapter)
+	}
+	return adapter, ""
+}
+
 // startAdapterLocked puts adapter in a slot of rank (a load when it was
 // not there) and counts it running.
 func (s *Server) startAdapterLocked(rank int, adapter string) {
@@ -157,8 +188,12 @@ func (s *Server) loraCards(created int64) []any {
 		return nil
 	}
 	var out []any
+	owner := "vllm"
+	if s.opts.Engine == SGLang {
+		owner = "sglang"
+	}
 	for _, a := range s.lora.order {
-		out = append(out, map[string]any{"id": a, "object": "model", "created": created, "owned_by": "vllm",
+		out = append(out, map[string]any{"id": a, "object": "model", "created": created, "owned_by": owner,
 			"root": s.lora.paths[a], "parent": s.opts.Model, "max_model_len": nil, "permission": []any{}})
 	}
 	return out

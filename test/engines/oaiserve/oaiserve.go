@@ -68,8 +68,9 @@ type Options struct {
 	BlockSize int
 	// GPUBlocks is the KV capacity per rank in blocks (default 4096).
 	GPUBlocks int
-	// LoRA (vLLM, lora.go): LoRAModules is --lora-modules (name=path or
-	// name), MaxLoRAs --max-loras (default 1), RuntimeLoRA
+	// LoRA (lora.go): LoRAModules is vLLM's --lora-modules or SGLang's
+	// --lora-paths (name=path or name), MaxLoRAs vLLM's --max-loras
+	// (default 1) or SGLang's --max-loras-per-batch, RuntimeLoRA vLLM's
 	// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (POST /v1/load_lora_adapter).
 	LoRAModules []string
 	MaxLoRAs    int
@@ -414,7 +415,13 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	adapter, known := s.adapterOf(req.Model)
-	if s.opts.Engine == VLLM && !known {
+	if s.opts.Engine == SGLang {
+		var msg string
+		if adapter, msg = s.sglangAdapter(req.Model, top); msg != "" {
+			s.badRequest(w, msg)
+			return
+		}
+	} else if !known {
 		// vllm/entrypoints/openai/serving_engine.py _check_model.
 		writeJSON(w, http.StatusNotFound, s.errorBody(http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model)))
 		return
@@ -472,7 +479,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	served := s.opts.Model
-	if adapter != "" {
+	switch {
+	case s.opts.Engine == SGLang && req.Model != "":
+		served = req.Model // SGLang answers with the request's model as given
+	case adapter != "":
 		served = adapter // vLLM answers with the adapter's name as the model
 	}
 	s.respond(w, req, chat, served, len(tokens), cached, maxTokens, h)

@@ -51,17 +51,29 @@ type PDOptions struct {
 	// "fail" (the default, vllm/config/kv_transfer.py) ends a request
 	// whose KV cannot be read with an error; "recompute" computes it.
 	KVLoadFailurePolicy string
-	// AbortRequestTimeout is VLLM_NIXL_ABORT_REQUEST_TIMEOUT (prefill,
-	// default 480 s): how long a finished prefill keeps its blocks for the
-	// decode that never read them.
-	AbortRequestTimeout time.Duration
+	// KVLeaseDuration is the NixlConnector's kv_lease_duration
+	// (kv_connector_extra_config; prefill, default 30 s,
+	// nixl/base_scheduler.py): how long a finished prefill keeps its blocks
+	// for a decode that never reads them (the decode's heartbeats renew it;
+	// the stand-in's decode reads at once). With LegacyNIXL it stands for
+	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT (default 480 s).
+	KVLeaseDuration time.Duration
+	// LegacyNIXL is a vLLM release whose NixlConnectorScheduler.request_finished
+	// hands off FINISHED_LENGTH_CAPPED requests only: a prefill the model
+	// stopped on its first token frees its blocks at once and answers
+	// kv_transfer_params null. Current releases (nixl/pull_scheduler.py,
+	// push_scheduler.py) hand off FINISHED_STOPPED too.
+	LegacyNIXL bool
 	// BootstrapTimeout is SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
 	// (prefill, default 300 s): how long a prefill waits for its decode to
 	// connect; WaitingTimeout is SGLANG_DISAGGREGATION_WAITING_TIMEOUT
 	// (decode, default 300 s): how long a decode waits for the KV.
 	BootstrapTimeout, WaitingTimeout time.Duration
-	// FirstTokenEOS makes a prefill's one token the model's EOS: the
-	// request finishes with finish_reason stop and nothing is handed off.
+	// FirstTokenEOS makes the model's first token EOS: the request
+	// finishes with finish_reason stop after one token unless it asks for
+	// min_tokens above 1 (vLLM masks the stop tokens until min_tokens are
+	// out: MinTokensLogitsProcessor). On a prefill server the stopped
+	// request is handed off as any other (LegacyNIXL: nothing is).
 	FirstTokenEOS bool
 	// BeforeHandoff, when set, runs on a decode server when a request
 	// arrives, before it reads the prompt's KV (tests: stop the prefill
@@ -121,8 +133,11 @@ func (s *Server) startPD(o PDOptions) {
 	if o.KVLoadFailurePolicy == "" {
 		o.KVLoadFailurePolicy = "fail"
 	}
-	if o.AbortRequestTimeout <= 0 {
-		o.AbortRequestTimeout = 480 * time.Second
+	if o.KVLeaseDuration <= 0 {
+		o.KVLeaseDuration = 30 * time.Second
+		if o.LegacyNIXL {
+			o.KVLeaseDuration = 480 * time.Second
+		}
 	}
 	if o.BootstrapTimeout <= 0 {
 		o.BootstrapTimeout = 300 * time.Second

@@ -169,7 +169,7 @@ func TestVLLMDecodeRefusesBadHandoff(t *testing.T) {
 // A prefill whose blocks were never read frees them after
 // VLLM_NIXL_ABORT_REQUEST_TIMEOUT: a late decode fails.
 func TestVLLMHeldBlocksExpire(t *testing.T) {
-	p := Start(Options{Engine: VLLM, Model: "m", PD: &PDOptions{Role: PDPrefill, AbortRequestTimeout: time.Nanosecond}})
+	p := Start(Options{Engine: VLLM, Model: "m", PD: &PDOptions{Role: PDPrefill, KVLeaseDuration: time.Nanosecond}})
 	defer p.Close()
 	d := Start(Options{Engine: VLLM, Model: "m", PD: &PDOptions{Role: PDDecode}})
 	defer d.Close()

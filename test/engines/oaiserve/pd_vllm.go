@@ -33,8 +33,16 @@ import (
 // the agent metadata, then NIXL reads, then a notification that frees them)
 // and generates.
 //
+// request_finished keeps the blocks of a prefill that finished
+// FINISHED_LENGTH_CAPPED or FINISHED_STOPPED (the model's EOS as its one
+// token) for the decode (nixl/pull_scheduler.py and push_scheduler.py
+// request_finished), for kv_lease_duration; the proxy sends the decode in
+// both cases, with the client's min_tokens (the copy it stripped them from
+// was the prefill's). Releases before the lease handed off length-capped
+// requests only (PDOptions.LegacyNIXL).
+//
 // The stand-in keeps a finished prefill's blocks under its request id for
-// AbortRequestTimeout and serves them on its side channel (an HTTP listener
+// KVLeaseDuration and serves them on its side channel (an HTTP listener
 // here: POST /nixl/read stands for the handshake, the reads and the
 // notification in one exchange); remote_host and remote_port name it.
 
@@ -72,8 +80,8 @@ func (s *Server) registerSideChannel(mux *http.ServeMux) {
 // them (the decode's notification, NixlConnectorWorker._read_blocks with
 // send_notif). An engine id that is not the one holding the request fails
 // as NIXL's handshake does ("Remote NIXL agent engine ID mismatch"); a
-// request it no longer holds (read already, or freed after
-// VLLM_NIXL_ABORT_REQUEST_TIMEOUT) fails the read.
+// request it no longer holds (read already, or freed when its lease ran
+// out) fails the read.
 func (s *Server) serveNIXLRead(w http.ResponseWriter, r *http.Request) {
 	var rd nixlRead
 	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&rd); err != nil {
@@ -115,9 +123,14 @@ func (s *Server) vllmHandoff(w http.ResponseWriter, rq pdRequest, top map[string
 		s.badRequest(w, "kv_transfer_params: Input should be a valid dictionary")
 		return nil, false
 	}
+	eos := s.pd.opts.FirstTokenEOS && !minTokensAbove1(top)
 	switch {
 	case truthy(params["do_remote_prefill"]):
-		return s.vllmDecode(w, rq, rank, params)
+		h, ok := s.vllmDecode(w, rq, rank, params)
+		if ok && eos {
+			h.finish = "stop"
+		}
+		return h, ok
 	case truthy(params["do_remote_decode"]):
 		// vLLM's request id: serving_chat.py "chatcmpl-" + the
 		// X-Request-Id header (serving_engine.py _base_request_id), else
@@ -130,7 +143,7 @@ func (s *Server) vllmHandoff(w http.ResponseWriter, rq pdRequest, top map[string
 		if rq.chat {
 			h.reqID = "chatcmpl-" + base
 		}
-		if s.pd.opts.FirstTokenEOS {
+		if eos {
 			h.finish = "stop"
 		}
 		return h, true
@@ -139,13 +152,13 @@ func (s *Server) vllmHandoff(w http.ResponseWriter, rq pdRequest, top map[string
 }
 
 // vllmHoldLocked keeps a finished prefill's blocks for its decode and names
-// them in the answer's kv_transfer_params, as
-// NixlConnectorScheduler.request_finished does for a request that
-// finished FINISHED_LENGTH_CAPPED; one that finished otherwise (EOS as its
-// first token) keeps nothing and answers kv_transfer_params null.
+// them in the answer's kv_transfer_params, as request_finished does for a
+// request that finished FINISHED_LENGTH_CAPPED or FINISHED_STOPPED
+// (nixl/pull_scheduler.py); under LegacyNIXL one the model stopped keeps
+// nothing and answers kv_transfer_params null.
 func (s *Server) vllmHoldLocked(h *handoff, rank int, tokens []uint32) {
 	h.fields = map[string]any{"kv_transfer_params": nil}
-	if h.finish == "stop" {
+	if h.finish == "stop" && s.pd.opts.LegacyNIXL {
 		return
 	}
 	p := s.pd
@@ -165,7 +178,7 @@ func (s *Server) vllmHoldLocked(h *handoff, rank int, tokens []uint32) {
 		p.nextBlock[rank]++
 	}
 	p.held[h.reqID] = &heldKV{rank: rank, engineID: p.engineIDs[rank], blockIDs: ids, tokens: slices.Clone(tokens),
-		expires: now.Add(p.opts.AbortRequestTimeout)}
+		expires: now.Add(p.opts.KVLeaseDuration)}
 	u, _ := url.Parse(p.side.URL)
 	port, _ := strconv.Atoi(u.Port())
 	h.fields["kv_transfer_params"] = map[string]any{
@@ -180,6 +193,34 @@ func (s *Server) vllmHoldLocked(h *handoff, rank int, tokens []uint32) {
 		"remote_port":       port,
 		"tp_size":           1,
 	}
+}
+
+// minTokensAbove1 reports whether the request asks for more than one
+// token before a stop token may end it (min_tokens; chat's
+// min_completion_tokens likewise).
+func minTokensAbove1(top map[string]json.RawMessage) bool {
+	for _, k := range []string{"min_tokens", "min_completion_tokens"} {
+		var n int
+		if raw, ok := top[k]; ok && json.Unmarshal(raw, &n) == nil && n > 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// HeldTransfers is how many finished prefills' blocks this server keeps
+// for a decode that has not read them (nor let their lease run out).
+func (s *Server) HeldTransfers() int {
+	p := s.pd
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, h := range p.held {
+		if time.Now().Before(h.expires) {
+			n++
+		}
+	}
+	return n
 }
 
 // vllmDecode is a decode request. NixlConnectorScheduler.update_state_after_alloc

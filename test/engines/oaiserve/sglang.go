@@ -127,9 +127,9 @@ func (sglangEngine) modelCard(model string) map[string]any {
 		"max_model_len": 32768}
 }
 
-// eventLayout: SGLang's kv_events.py keeps the array_like structs vLLM
-// first published.
-func (sglangEngine) eventLayout() Layout { return LayoutArray }
+// eventLayout: SGLang's kv_events.py keeps array_like structs, with its
+// own fields after lora_id (LayoutSGLang).
+func (sglangEngine) eventLayout() Layout { return LayoutSGLang }
 
 // metrics follows python/sglang/srt/metrics/collector.py
 // SchedulerMetricsCollector, labels from scheduler_metrics_mixin.py

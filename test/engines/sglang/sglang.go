@@ -38,6 +38,11 @@ type Options struct {
 	PD *oaiserve.PDOptions
 	// StreamGate runs before each streamed token (oaiserve.Options).
 	StreamGate func(token int)
+	// LoRAPaths is --enable-lora --lora-paths (name=path, or name);
+	// MaxLoRAsPerBatch --max-loras-per-batch (oaiserve/lora.go: a request
+	// names its adapter by lora_path or model "<base>:<adapter>").
+	LoRAPaths        []string
+	MaxLoRAsPerBatch int
 }
 
 // Server is a running stand-in.
@@ -51,5 +56,5 @@ func Start(o Options) *Server {
 	return oaiserve.Start(oaiserve.Options{Engine: oaiserve.SGLang, Model: o.Model,
 		DataParallelSize: o.DPSize, ReportCachedTokens: o.CacheReport, SGLangFastHealth: o.FastHealth,
 		SGLangTPSize: o.TPSize, SGLangAllSchedulers: o.AllSchedulers, BlockSize: o.PageSize, GPUBlocks: o.GPUBlocks, KVEvents: o.KVEvents,
-		PD: o.PD, StreamGate: o.StreamGate})
+		PD: o.PD, StreamGate: o.StreamGate, LoRAModules: o.LoRAPaths, MaxLoRAs: o.MaxLoRAsPerBatch})
 }

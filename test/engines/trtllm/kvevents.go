@@ -12,8 +12,10 @@ import (
 // KVCacheEventSerializer): {"event_id", "data", "window_size"}, data one of
 // created {num_blocks_per_cache_level}, stored {parent_hash, blocks:
 // [{type: stored_block, block_hash, tokens: [{type: unique_token,
-// token_id, token_extra_id}], lora_id, cache_level, priority}]}, removed
-// {block_hashes}. At most event_buffer_max_size are kept, the oldest
+// token_id, token_extra_id}], cache_level, priority}]} (the serializer
+// leaves lora_id out: "TODO enable serialization of lora_id"), removed
+// {block_hashes}, updated {block_hash, cache_level, priority} with each an
+// event_diff {new_value, old_value} or null. At most event_buffer_max_size are kept, the oldest
 // dropped (the consumer sees the gap in event ids); each is handed out
 // once.
 type kvEvents struct {
@@ -66,7 +68,7 @@ func (e *kvEvents) stored(parent uint64, hasParent bool, blocks []storedBlock) {
 		for i, t := range b.tokens {
 			toks[i] = map[string]any{"type": "unique_token", "token_id": t, "token_extra_id": 0}
 		}
-		out = append(out, map[string]any{"type": "stored_block", "block_hash": b.hash, "tokens": toks, "lora_id": nil,
+		out = append(out, map[string]any{"type": "stored_block", "block_hash": b.hash, "tokens": toks,
 			"cache_level": 0, "priority": 35})
 	}
 	e.add(map[string]any{"type": "stored", "parent_hash": p, "blocks": out})
