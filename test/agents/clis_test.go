@@ -226,9 +226,7 @@ func TestClaudeCodeFinishesATask(t *testing.T) {
 	work, notes := taskDir(t, marker)
 	home := t.TempDir()
 	settings := func(edge string) []string {
-		// README: "Claude Code" row.
-		return cliEnv(t, home, "ANTHROPIC_BASE_URL="+edge, "ANTHROPIC_AUTH_TOKEN=unused",
-			"NODE_EXTRA_CA_CERTS="+st.CAFile(), "ANTHROPIC_MODEL="+st.Model())
+		return cliEnv(t, home, exports(t, readmeBlock(t, st, edge, "readme-claude-code"))...)
 	}
 	prompt := "Use the Read tool on `" + notes + "` and tell me what it says."
 	first := parseClaude(t, runCLI(t, ctx, work, settings(edges[0].URL()), bins.claude, "-p", "--output-format", "stream-json", "--verbose", prompt))
@@ -331,20 +329,11 @@ func TestCodexFinishesATask(t *testing.T) {
 	if err := os.MkdirAll(codexHome, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	// README: "Codex CLI" row, as written there.
-	config := fmt.Sprintf(`model = %q
-model_provider = "tether"
-
-[model_providers.tether]
-name = "tether"
-base_url = "%s/v1"
-wire_api = "responses"
-env_key = "TETHER_API_KEY"
-`, st.Model(), edges[0].URL())
+	config := readmeBlock(t, st, edges[0].URL(), "readme-codex-config")
 	if err := os.WriteFile(filepath.Join(codexHome, "config.toml"), []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	env := cliEnv(t, home, "TETHER_API_KEY=unused", "SSL_CERT_FILE="+st.CAFile())
+	env := cliEnv(t, home, exports(t, readmeBlock(t, st, edges[0].URL(), "readme-codex-env"))...)
 	prompt := "Use exec_command to run `cat notes.txt` and tell me what it says."
 	out := runCLI(t, ctx, work, env, bins.codex, "exec", "--json", prompt)
 	first := parseCodex(t, out)
@@ -405,5 +394,37 @@ func assertOnePlacement(t *testing.T, st *devstack.Stack, key string) {
 	if placements != 1 {
 		b, _ := json.Marshal(hist)
 		t.Errorf("the session's context placements: %d, want 1; history %s", placements, b)
+	}
+}
+
+// README's example commands for Claude Code and Codex run as written
+// (bash, the CLIs on PATH, Codex's config.toml from README in ~/.codex) in
+// a directory holding a README.md, and exit 0.
+func TestReadmeClientExamples(t *testing.T) {
+	bins := installCLIs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	st := startStack(t, ctx, devstack.Options{MutualTLS: true})
+	edge := st.Edges()[0].URL()
+	work, _ := taskDir(t, "readme")
+	if err := os.WriteFile(filepath.Join(work, "README.md"), []byte("# a project\nIt prints hello.\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("git", "-C", work, "init", "-q").CombinedOutput(); err != nil {
+		t.Fatalf("git init: %v %s", err, out)
+	}
+	home := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(home, ".codex"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(home, ".codex", "config.toml"), []byte(readmeBlock(t, st, edge, "readme-codex-config")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := "PATH=" + filepath.Dir(bins.claude) + string(os.PathListSeparator) + os.Getenv("PATH")
+	for _, marker := range []string{"readme-claude-code", "readme-codex-env"} {
+		out := runCLI(t, ctx, work, cliEnv(t, home, path), "bash", "-euo", "pipefail", "-c", readmeBlock(t, st, edge, marker))
+		if strings.TrimSpace(string(out)) == "" {
+			t.Errorf("%s: the example printed nothing", marker)
+		}
 	}
 }
