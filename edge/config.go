@@ -15,6 +15,7 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/yamlconf"
 	"github.com/tether-project/tether/routing"
@@ -76,14 +77,31 @@ const (
 // are tether's. Load it with LoadConfig/ParseConfig (which apply defaults and
 // validate) or fill it in code and call Validate.
 type Config struct {
-	Hostname          string        `yaml:"hostname"`
-	Port              int           `yaml:"port"`
-	Model             string        `yaml:"model"`
+	Hostname string `yaml:"hostname"`
+	Port     int    `yaml:"port"`
+	Model    string `yaml:"model"`
+	// ModelAliases are more names of the first model (model_aliases):
+	// requests may give any of them and route as the model (its fleets,
+	// its routing keys); GET /v1/models lists them, as vLLM lists every
+	// --served-model-name. The fleets' engines must serve them too.
+	ModelAliases      []string      `yaml:"model_aliases"`
 	ContextServers    ServersConfig `yaml:"context_servers"`
 	GenerationServers ServersConfig `yaml:"generation_servers"`
+	// AnthropicInlineSystem is the first model's anthropic_inline_system:
+	// where a Messages request's inline role "system" messages go in the
+	// prompt the edge keys, preserve (default) or fold, as the model's
+	// engine places them (internal/apireq inline_system.go;
+	// docs/engines.md). A tether worker reads the same key.
+	AnthropicInlineSystem string `yaml:"anthropic_inline_system"`
 
 	// ParentHeader is conversation_affinity_header_for_subagents ("" = off).
 	ParentHeader string `yaml:"conversation_affinity_header_for_subagents"`
+	// ClientSubagentHeaders is client_subagent_headers (default true):
+	// read the sub-agent headers Claude Code and Codex send
+	// (x-claude-code-agent-id, x-claude-code-parent-agent-id,
+	// x-codex-parent-thread-id; docs/subagent-routing.md) as the parent
+	// header is read. false routes those requests by their session alone.
+	ClientSubagentHeaders bool `yaml:"client_subagent_headers"`
 	// Scope is subagent_affinity_scope: context (default) or both.
 	Scope routing.Scope `yaml:"subagent_affinity_scope"`
 	// InternalRequestAuthKey signs sub-agent hints (env
@@ -414,6 +432,8 @@ func DefaultConfig() Config {
 		UpstreamTimeout:      DefaultUpstreamTimeout,
 		MetricsAccess:        MetricsPublic,
 
+		ClientSubagentHeaders: true,
+
 		StoredResponseRetention: DefaultStoredResponseRetention,
 
 		ReadHeaderTimeout: DefaultReadHeaderTimeout,
@@ -548,7 +568,8 @@ func (c *Config) servers(f fsm.Fleet) *ServersConfig {
 
 // IdentityConfig is the sub-agent identity configuration routing uses.
 func (c *Config) IdentityConfig() routing.IdentityConfig {
-	return routing.IdentityConfig{ParentHeader: c.ParentHeader, Scope: c.Scope, MaxDepth: c.MaxSubagentDepth}
+	return routing.IdentityConfig{ParentHeader: c.ParentHeader, Scope: c.Scope, MaxDepth: c.MaxSubagentDepth,
+		ClientHeaders: c.ClientSubagentHeaders}
 }
 
 // clusterAuthKey is the key inter-edge RPCs use.
@@ -799,8 +820,8 @@ func (c *Config) validateGateway(bad complain) {
 	if g.Enabled && len(g.CIDRs) == 0 && g.Token == "" {
 		bad("trusted_gateway", "enabled without cidrs or a token: no request could carry the parent-session header")
 	}
-	if g.Enabled && c.ParentHeader == "" {
-		bad("trusted_gateway", "enabled but conversation_affinity_header_for_subagents is not set: there is no header to guard")
+	if g.Enabled && c.ParentHeader == "" && !c.ClientSubagentHeaders {
+		bad("trusted_gateway", "enabled but neither conversation_affinity_header_for_subagents nor client_subagent_headers is set: there is no header to guard")
 	}
 }
 
@@ -982,3 +1003,9 @@ const (
 	MetricsPublic     = "public"
 	MetricsAdminToken = "admin_token"
 )
+
+// inlineSystem is the model's anthropic_inline_system mode (validated).
+func (c *Config) inlineSystem() apireq.InlineSystem {
+	m, _ := apireq.ParseInlineSystem(c.AnthropicInlineSystem)
+	return m
+}

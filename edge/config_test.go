@@ -205,7 +205,7 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"compat level above this build", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, compat_feature_level: 99}", 1), []string{"cluster.compat_feature_level", "99"}},
 		{"zero ttl", base + "session_ttl: 0s\n", []string{"session_ttl", "> 0"}},
 		{"bad cidr", base + "conversation_affinity_header_for_subagents: X-P\ntrusted_gateway: {enabled: true, cidrs: [10.0.0.300/8]}\n", []string{"trusted_gateway.cidrs[0]"}},
-		{"gateway without header", base + "trusted_gateway: {enabled: true, cidrs: [10.0.0.0/8]}\n", []string{"trusted_gateway", "conversation_affinity_header_for_subagents"}},
+		{"gateway without header", base + "client_subagent_headers: false\ntrusted_gateway: {enabled: true, cidrs: [10.0.0.0/8]}\n", []string{"trusted_gateway", "conversation_affinity_header_for_subagents", "client_subagent_headers"}},
 		{"offloaded block weight above 1", base + "placement:\n  weights: {offloaded_block: 1.5}\n", []string{"placement.weights.offloaded_block, line 8: must be a fraction 0..1"}},
 		{"negative offloaded block weight", base + "placement: {weights: {offloaded_block: -1}}\n", []string{"placement.weights.offloaded_block, line 7"}},
 		{"placement overflow above shed", base + "placement: {overflow: {queued_requests: 80}, shed: {max_queued_requests: 10}}\n", []string{"placement.overflow.queued_requests"}},

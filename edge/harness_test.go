@@ -124,8 +124,10 @@ type workerOpts struct {
 	// only404 makes the proxy answer 404 to these paths, as an engine
 	// that does not serve them (trtllm-serve has no /readyz).
 	only404 []string
-	// model overrides the served model (default testModel).
-	model string
+	// model overrides the served model (default testModel); aliases
+	// are its other names.
+	model   string
+	aliases []string
 	// legacyHandoff makes the worker answer context_only as releases
 	// before the trtllm protocol did: a top-level disaggregated_params
 	// with opaque_state.
@@ -191,6 +193,7 @@ func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
 	if o.model != "" {
 		cfg.Model = o.model
 	}
+	cfg.ModelAliases = o.aliases
 	cfg.InternalRequestAuthKey = testKey
 	cfg.ADP.EnableAttentionDP = true
 	cfg.ADP.AttentionDP.ConversationAffinity = true

@@ -133,6 +133,9 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 	if aerr := e.dialectServed(rq.m, d); aerr != nil {
 		return fail(w, span, aerr)
 	}
+	if tokens, aerr = rq.placeInlineSystem(tokens); aerr != nil {
+		return fail(w, span, aerr)
+	}
 	rq.path = r.URL.Path
 	rq.hint = routing.HintForEndpoint(rq.path)
 	rq.requestID = e.nodeID + "-" + strconv.FormatUint(e.reqSeq.Add(1), 10)
@@ -169,6 +172,21 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 	span.SetAttributes(attribute.String("tether.conversation_id", rq.id.ConversationID), attribute.Bool("tether.subagent", rq.id.SubAgent()),
 		attribute.Int("tether.prompt_tokens", rq.promptTokens), attribute.String("tether.api", d.String()))
 	return e.dispatch(ctx, w, rq, span)
+}
+
+// placeInlineSystem places a Messages request's inline system messages as
+// its model's anthropic_inline_system says (the engine's placement: the
+// prompt keyed is the one it renders) and returns the prompt's words
+// tokens; other requests keep theirs.
+func (rq *request) placeInlineSystem(tokens []uint32) ([]uint32, *apiError) {
+	mode := rq.m.cfg.inlineSystem()
+	if rq.dialect != apireq.Messages || mode == apireq.InlineSystemPreserve {
+		return tokens, nil
+	}
+	if aerr := rq.parsed.WithInlineSystem(mode); aerr != nil {
+		return nil, aerr
+	}
+	return rq.parsed.WordTokens(), nil
 }
 
 // parseInference parses a body by its path's dialect (count_tokens is a

@@ -11,6 +11,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/yamlconf"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
@@ -22,10 +23,15 @@ import (
 // top-level model, context_servers, generation_servers and lora keys are
 // the first model; a configuration without models serves that one alone.
 type ModelConfig struct {
-	Name              string        `yaml:"name"`
+	Name string `yaml:"name"`
+	// Aliases are more names of the model (as the top-level
+	// model_aliases are of the first).
+	Aliases           []string      `yaml:"aliases"`
 	ContextServers    ServersConfig `yaml:"context_servers"`
 	GenerationServers ServersConfig `yaml:"generation_servers"`
 	LoRA              LoRAConfig    `yaml:"lora"`
+	// AnthropicInlineSystem: as the top-level key, for this model.
+	AnthropicInlineSystem string `yaml:"anthropic_inline_system"`
 }
 
 // UnmarshalYAML decodes an entry over the fleet defaults the top-level
@@ -95,7 +101,8 @@ func (c *Config) modelConfig(i int) *Config {
 	}
 	m := c.Models[i-1]
 	mc := *c
-	mc.Model, mc.ContextServers, mc.GenerationServers, mc.LoRA, mc.Models = m.Name, m.ContextServers, m.GenerationServers, m.LoRA, nil
+	mc.Model, mc.ModelAliases, mc.ContextServers, mc.GenerationServers, mc.LoRA, mc.Models = m.Name, m.Aliases, m.ContextServers, m.GenerationServers, m.LoRA, nil
+	mc.AnthropicInlineSystem = m.AnthropicInlineSystem
 	return &mc
 }
 
@@ -156,6 +163,21 @@ func (c *Config) validateModels(p *yamlconf.Problems) {
 				ids[si.ID()], urls[trimSlash(si.URL)] = key, key
 			}
 		}
+		if _, err := apireq.ParseInlineSystem(mc.AnthropicInlineSystem); err != nil {
+			bad(prefix+"anthropic_inline_system", "%v", err)
+		}
+		aliasKey := "model_aliases"
+		if i > 0 {
+			aliasKey = prefix + "aliases"
+		}
+		for j, a := range mc.ModelAliases {
+			key := fmt.Sprintf("%s[%d]", aliasKey, j)
+			if strings.TrimSpace(a) == "" || len(a) > 256 || strings.ContainsAny(a, fsm.ModelKeySep+"\r\n") {
+				bad(key, "%q must be 1..256 bytes without control characters", truncate(a, 40))
+				continue
+			}
+			claim(key, a)
+		}
 		l := mc.LoRA
 		if l.MaxLoRAs < 0 || l.MaxLoRAs > maxLoRAs {
 			bad(prefix+"lora.max_loras", "must be 0 (the engine's report) or 1..%d, got %d", maxLoRAs, l.MaxLoRAs)
@@ -201,7 +223,8 @@ func (c *Config) validateModelServing(bad complain) {
 // servedModel is one model of the edge's catalogue: its configuration,
 // the routers, tokenizers and decision of its fleets, and its adapters.
 type servedModel struct {
-	name string
+	name    string
+	aliases []string // more names requests may give
 	// ns is the routing-key namespace of the model's bindings
 	// (fsm.ModelKey): "" for the first model, its name for the others.
 	ns         string
@@ -221,12 +244,12 @@ func (m *servedModel) key(k string) string { return fsm.ModelKey(m.ns, k) }
 // buildCatalogue prepares every model after the first (which New sets up
 // in the edge's own fields) and indexes models and adapters by name.
 func (e *Edge) buildCatalogue() error {
-	first := &servedModel{name: e.cfg.Model, cfg: &e.cfg, routers: e.route.routers, tokenizers: e.tokenizers, decider: e.route.decider}
+	first := &servedModel{name: e.cfg.Model, aliases: e.cfg.ModelAliases, cfg: &e.cfg, routers: e.route.routers, tokenizers: e.tokenizers, decider: e.route.decider}
 	first.setAdapters(e.cfg.LoRA)
 	e.models = []*servedModel{first}
 	for i := 1; i < e.cfg.modelCount(); i++ {
 		mc := e.cfg.modelConfig(i)
-		m := &servedModel{name: mc.Model, ns: mc.Model, cfg: mc}
+		m := &servedModel{name: mc.Model, aliases: mc.ModelAliases, ns: mc.Model, cfg: mc}
 		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
 			r, err := routing.NewRouter(mc.RoutingConfig(f))
 			if err != nil {
@@ -245,6 +268,9 @@ func (e *Edge) buildCatalogue() error {
 	e.adapterModel = map[string]*servedModel{}
 	for _, m := range e.models {
 		e.modelByName[m.name] = m
+		for _, a := range m.aliases {
+			e.modelByName[a] = m
+		}
 		for _, a := range m.order {
 			e.adapterModel[a] = m
 		}
@@ -260,7 +286,7 @@ func (e *Edge) buildCatalogue() error {
 // New, as some tests do, gets one over its own fields).
 func (e *Edge) firstModel() *servedModel {
 	if len(e.models) == 0 {
-		return &servedModel{name: e.cfg.Model, cfg: &e.cfg, routers: e.route.routers, tokenizers: e.tokenizers, decider: e.route.decider}
+		return &servedModel{name: e.cfg.Model, aliases: e.cfg.ModelAliases, cfg: &e.cfg, routers: e.route.routers, tokenizers: e.tokenizers, decider: e.route.decider}
 	}
 	return e.models[0]
 }
@@ -273,8 +299,8 @@ func (m *servedModel) setAdapters(l LoRAConfig) {
 	}
 }
 
-// lookupModel resolves a request's model: a model of the catalogue, or
-// one of its adapters (adapter is then its name).
+// lookupModel resolves a request's model: a model of the catalogue (by
+// any of its names), or one of its adapters (adapter is then its name).
 func (e *Edge) lookupModel(name string) (m *servedModel, adapter string, ok bool) {
 	if m, ok := e.modelByName[name]; ok {
 		return m, "", true
@@ -290,6 +316,9 @@ func (e *Edge) modelNotFound(name string) *apiError {
 	served := make([]string, 0, len(e.models))
 	for _, m := range e.models {
 		served = append(served, fmt.Sprintf("%q", m.name))
+		for _, a := range m.aliases {
+			served = append(served, fmt.Sprintf("%q (a name of %s)", a, m.name))
+		}
 		for _, a := range m.order {
 			served = append(served, fmt.Sprintf("%q (adapter of %s)", a, m.name))
 		}
@@ -303,7 +332,8 @@ func (e *Edge) modelNotFound(name string) *apiError {
 
 // modelCard is one entry of GET /v1/models in vLLM's shape
 // (vllm/entrypoints/openai/protocol.py ModelCard; serving_models.py lists
-// each LoRA adapter with root = its path and parent = its base model).
+// each served model name with the same root, and each LoRA adapter with
+// root = its path and parent = its base model).
 type modelCard struct {
 	ID      string  `json:"id"`
 	Object  string  `json:"object"`
@@ -318,6 +348,9 @@ func (e *Edge) modelCards() []modelCard {
 	for _, m := range e.models {
 		name := m.name
 		out = append(out, modelCard{ID: name, Object: "model", OwnedBy: "tether", Root: &name})
+		for _, a := range m.aliases {
+			out = append(out, modelCard{ID: a, Object: "model", OwnedBy: "tether", Root: &name})
+		}
 		for _, a := range m.order {
 			root := m.adapters[a].Path
 			if root == "" {

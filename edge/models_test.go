@@ -208,6 +208,9 @@ models:
 		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9003\"], engine: nope}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].context_servers.engine, line 10: unknown engine"},
 		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n    lora: {runtime_load: true}\n", "models[0].lora.runtime_load, line 12: only vLLM"},
 		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n    colour: red\n", "models[0].colour"},
+		{"model_aliases: [m1-alias, a1]\n", `lora.adapters[0].name, line 7: "a1" is also model_aliases[1]`},
+		{"model_aliases: [\"\"]\n", `model_aliases[0], line 8: "" must be 1..256 bytes`},
+		{"models:\n  - name: m2\n    aliases: [m1]\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", `models[0].aliases[0], line 10: "m1" is also model`},
 	} {
 		_, err := ParseConfig([]byte(base + c.yaml))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -252,5 +255,76 @@ func TestModelsHaveTheirOwnTokenizers(t *testing.T) {
 	e.promptKeys(rq2, words2)
 	if got := rq2.prompts[fsm.FleetContext].tokens; got != 5 {
 		t.Fatalf("words model: %d tokens, want 5", got)
+	}
+}
+
+// A model served under several names (model_aliases, as vLLM's
+// --served-model-name) is one model: each name routes to its fleets under
+// the same routing key, GET /v1/models lists every name with the model as
+// root, and the answer names the model as the request did. Before, any
+// name but model was a 404 (the Agents SDK's default model name among
+// them).
+func TestModelAliasesAreOneModel(t *testing.T) {
+	const alias = "gpt-5.6-luna"
+	aliases := []string{alias}
+	ctx := startWorker(t, "ctx-a", workerOpts{fleet: telemetry.FleetContext, role: hintauth.RoleContext, aliases: aliases})
+	gen := startWorker(t, "gen-a", workerOpts{fleet: telemetry.FleetGeneration, role: hintauth.RoleGeneration, aliases: aliases})
+	ec := startEdges(t, 1, "", func(_ int, c *Config) {
+		c.Telemetry.ProbeInterval = 100 * time.Millisecond
+		c.ModelAliases = aliases
+		c.ContextServers.URLs = []StaticInstance{{Name: "ctx-a", URL: ctx.proxy.URL}}
+		c.GenerationServers.URLs = []StaticInstance{{Name: "gen-a", URL: gen.proxy.URL}}
+	})
+	ec.waitInstances(2)
+	te := ec.edge(0)
+	c := httpClient(t)
+	for turn, model := range []string{testModel, alias} {
+		body := chatBody(t, longText("sys", 40), []string{"turn " + string(rune('0'+turn))}, map[string]any{"model": model})
+		r := do(t, c, http.MethodPost, te.url()+"/v1/chat/completions", body, map[string]string{"x-session-id": "aliased-session"})
+		if r.status != http.StatusOK || !strings.Contains(string(r.body), `"model":"`+model+`"`) {
+			t.Fatalf("%s: %d %s", model, r.status, r.body)
+		}
+	}
+	awaitOwnBind(t, te, fsm.FleetContext, "aliased-session")
+	awaitOwnBind(t, te, fsm.FleetGeneration, "aliased-session")
+	if st := te.e.node.State(); st.Len() != 2 {
+		t.Fatalf("%d bindings, want 2 (one key, two fleets)", st.Len())
+	}
+	r := do(t, c, http.MethodGet, te.url()+"/v1/models", nil, nil)
+	var list struct {
+		Data []struct {
+			ID   string `json:"id"`
+			Root string `json:"root"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(r.body, &list); err != nil || len(list.Data) != 2 || list.Data[0].ID != testModel || list.Data[1].ID != alias || list.Data[1].Root != testModel {
+		t.Fatalf("GET /v1/models: %s", r.body)
+	}
+	if one := do(t, c, http.MethodGet, te.url()+"/v1/models/"+alias, nil, nil); one.status != http.StatusOK {
+		t.Fatalf("GET /v1/models/%s: %d %s", alias, one.status, one.body)
+	}
+}
+
+// With several models an alias routes to its own model's fleets and keys.
+func TestAliasOfASecondModelIsThatModel(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Model = "first"
+	d := DefaultConfig()
+	cfg.Models = []ModelConfig{{Name: "second", Aliases: []string{"second-alias"}, ContextServers: d.ContextServers, GenerationServers: d.GenerationServers}}
+	cfg.normalize()
+	fts, err := loadFleetTokenizers(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &Edge{cfg: cfg, tokenizers: fts, log: testLogger(t)}
+	if err := e.buildCatalogue(); err != nil {
+		t.Fatal(err)
+	}
+	m, adapter, ok := e.lookupModel("second-alias")
+	if !ok || adapter != "" || m.name != "second" || m.key("k") != fsm.ModelKey("second", "k") {
+		t.Fatalf("second-alias resolves to %+v %q %v", m, adapter, ok)
+	}
+	if !strings.Contains(e.modelNotFound("nope").Message, `"second-alias" (a name of second)`) {
+		t.Fatalf("404 does not list the alias: %s", e.modelNotFound("nope").Message)
 	}
 }

@@ -61,6 +61,9 @@ type request struct {
 	// prev is the stored response a Responses request continues (its
 	// previous_response_id): the request goes to the instance holding it.
 	prev *storedRef
+	// continued is the conversation of prev when it is the request's
+	// conversation ("" none): routing.ResolveContinuing resolves it.
+	continued string
 }
 
 // internalBodyFields never come from a client: the edge owns
@@ -130,7 +133,9 @@ func isNull(raw json.RawMessage) bool { return apireq.IsNull(raw) }
 
 // stripHeaders enforces the gateway trust boundary on the incoming headers:
 // the internal hint headers are always removed (only the edge signs
-// hints); the parent-session header is removed unless the request comes
+// hints); the headers that make a request a sub-agent — the parent-session
+// header and, when client_subagent_headers is on, the agent CLIs' own
+// (routing.ClientParentHeaders) — are removed unless the request comes
 // from a trusted gateway (when trusted_gateway is enabled).
 func (e *Edge) stripHeaders(r *http.Request) {
 	h := r.Header
@@ -141,7 +146,17 @@ func (e *Edge) stripHeaders(r *http.Request) {
 		}
 	}
 	g := &e.cfg.TrustedGateway
-	if e.cfg.ParentHeader == "" || !g.Enabled {
+	if !g.Enabled {
+		return
+	}
+	guarded := make([]string, 0, 1+len(routing.ClientParentHeaders))
+	if e.cfg.ParentHeader != "" {
+		guarded = append(guarded, e.cfg.ParentHeader)
+	}
+	if e.cfg.ClientSubagentHeaders {
+		guarded = append(guarded, routing.ClientParentHeaders...)
+	}
+	if len(guarded) == 0 {
 		return
 	}
 	token := ""
@@ -149,9 +164,18 @@ func (e *Edge) stripHeaders(r *http.Request) {
 		token = h.Get(g.TokenHeader)
 		h.Del(g.TokenHeader) // a shared secret never travels further
 	}
-	if h.Get(e.cfg.ParentHeader) != "" && !g.trusted(r.RemoteAddr, token) {
-		h.Del(e.cfg.ParentHeader)
-		e.metrics.strippedHeaders.WithLabelValues(strings.ToLower(e.cfg.ParentHeader)).Inc()
+	trusted, judged := false, false
+	for _, name := range guarded {
+		if h.Get(name) == "" {
+			continue
+		}
+		if !judged {
+			trusted, judged = g.trusted(r.RemoteAddr, token), true
+		}
+		if !trusted {
+			h.Del(name)
+			e.metrics.strippedHeaders.WithLabelValues(strings.ToLower(name)).Inc()
+		}
 	}
 }
 
@@ -162,7 +186,14 @@ func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *apiError {
 		// Last, as TensorRT-LLM: a client-native body field (Codex).
 		bodyConv = convid.FromClientFields(rq.top)
 	}
-	id, err := routing.ResolveIdentity(e.route.identity, bodyConv, h, e.node.State())
+	var id routing.Identity
+	var err error
+	if rq.continued != "" && bodyConv == rq.continued {
+		// The conversation of the stored response the request continues.
+		id, err = routing.ResolveContinuing(e.route.identity, bodyConv, h, e.node.State())
+	} else {
+		id, err = routing.ResolveIdentity(e.route.identity, bodyConv, h, e.node.State())
+	}
 	if err != nil {
 		var ie *routing.IdentityError
 		if errors.As(err, &ie) {
@@ -174,7 +205,7 @@ func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *apiError {
 			case errors.Is(err, routing.ErrIDTooLong):
 				return badRequest("invalid_header", ie.Header, "%v", err)
 			}
-			return badRequest("invalid_subagent_affinity", e.cfg.ParentHeader, "%v", err)
+			return badRequest("invalid_subagent_affinity", ie.Header, "%v", err)
 		}
 		return badRequest("", "", "%v", err)
 	}

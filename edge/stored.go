@@ -119,10 +119,11 @@ func (e *Edge) prepareResponses(rq *request, bodyConv string) (string, *apiError
 		rq.top["previous_response_id"] = mustMarshal(ref.id.Upstream)
 		if ref.id.Conversation != "" {
 			bodyConv = ref.id.Conversation
+			rq.continued = bodyConv
 		}
 	}
 	if rf.Conversation != "" {
-		bodyConv = rf.Conversation
+		bodyConv, rq.continued = rf.Conversation, ""
 	}
 	return bodyConv, nil
 }

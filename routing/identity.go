@@ -27,6 +27,9 @@ type IdentityConfig struct {
 	Scope Scope `yaml:"subagent_affinity_scope"`
 	// MaxDepth is subagent_max_depth; 0 means DefaultMaxDepth.
 	MaxDepth int `yaml:"subagent_max_depth"`
+	// ClientHeaders reads the sub-agent headers Claude Code and Codex
+	// send (clientagents.go) when the request carries no ParentHeader.
+	ClientHeaders bool `yaml:"client_subagent_headers"`
 }
 
 // Validate checks the configuration and names the offending key.
@@ -113,6 +116,9 @@ func (e *IdentityError) Error() string {
 		return fmt.Sprintf("%s: conversation %q names parent %q in header %s, but %q is itself rooted at %q",
 			e.Err, e.Child, e.Parent, e.Header, e.Parent, e.Root)
 	case ErrIDTooLong:
+		if e.Child != "" {
+			return fmt.Sprintf("%s: the conversation id header %s makes is longer than %d bytes", e.Err, e.Header, MaxIDBytes)
+		}
 		if e.SessionHeader != "" {
 			return fmt.Sprintf("%s: header %s value is longer than %d bytes", e.Err, e.SessionHeader, MaxIDBytes)
 		}
@@ -178,7 +184,13 @@ const (
 // ResolveIdentity extracts a request's identity: its conversation id (body
 // conversation_params.conversation_id, then the session headers) and, when
 // cfg.ParentHeader is set and the request carries it (case-insensitive name,
-// non-blank value), its parent. A sub-agent's context-fleet key is its
+// non-blank value), its parent. Without that header, and with
+// cfg.ClientHeaders, the sub-agent headers of Claude Code and Codex name
+// the conversation and the parent (clientagents.go): a Claude Code agent's
+// conversation is ClaudeCodeAgentConversation(session, agent id), its parent
+// the agent its parent-agent header names or else the session, its root the
+// session; a Codex thread's parent is the thread x-codex-parent-thread-id
+// names. A sub-agent's context-fleet key is its
 // parent's root; its generation-fleet key is the root with ScopeBoth and its
 // own conversation id with ScopeContext. links may be nil (no links known).
 //
@@ -210,24 +222,40 @@ func ResolveIdentity(cfg IdentityConfig, bodyConversationID string, h http.Heade
 		}
 		return Identity{}, ie
 	}
-	var parent string
+	var parent, header, knownRoot string
 	if cfg.ParentHeader != "" {
-		parent = convid.Header(h, cfg.ParentHeader)
+		parent, header = convid.Header(h, cfg.ParentHeader), cfg.ParentHeader
+	}
+	if parent == "" && cfg.ClientHeaders {
+		if ca, ok := clientSubAgent(bodyConversationID, conv, h); ok {
+			if len(ca.conv) > MaxIDBytes {
+				return Identity{}, &IdentityError{Err: ErrIDTooLong, Header: ca.header, Child: ca.conv}
+			}
+			conv, parent, header, knownRoot = ca.conv, ca.parent, ca.header, ca.root
+		}
 	}
 	if parent == "" {
 		return Identity{ConversationID: conv, contextKey: conv, generationKey: conv}, nil
 	}
 	if len(parent) > MaxIDBytes {
-		return Identity{}, &IdentityError{Err: ErrIDTooLong, Header: cfg.ParentHeader}
+		return Identity{}, &IdentityError{Err: ErrIDTooLong, Header: header}
 	}
+	return resolveChild(cfg, conv, parent, header, knownRoot, links)
+}
+
+// resolveChild is ResolveIdentity for a request naming parent in header.
+// knownRoot is the root the request's headers name ("" when only the
+// recorded links can tell): it stands in for a parent link not recorded
+// (yet), so a nested sub-agent keeps the root's placement.
+func resolveChild(cfg IdentityConfig, conv, parent, header, knownRoot string, links LinkReader) (Identity, error) {
 	if parent == conv {
-		return Identity{}, &IdentityError{Err: ErrAffinityCycle, Header: cfg.ParentHeader, Child: conv, Parent: parent, Root: parent}
+		return Identity{}, &IdentityError{Err: ErrAffinityCycle, Header: header, Child: conv, Parent: parent, Root: parent}
 	}
 	id := Identity{ConversationID: conv, HeaderParent: parent}
 	if conv != "" && links != nil {
 		if l, ok := links.Link(conv); ok && l.Root != "" {
 			if l.Root == conv {
-				return Identity{}, &IdentityError{Err: ErrAffinityCycle, Header: cfg.ParentHeader, Child: conv, Parent: l.Parent, Root: l.Root}
+				return Identity{}, &IdentityError{Err: ErrAffinityCycle, Header: header, Child: conv, Parent: l.Parent, Root: l.Root}
 			}
 			id.Parent, id.Root, id.Depth = l.Parent, l.Root, max(int(l.Depth), 1)
 			id.ParentMismatch = l.Parent != parent
@@ -240,13 +268,17 @@ func ResolveIdentity(cfg IdentityConfig, bodyConversationID string, h http.Heade
 		}
 	}
 	root, depth := parent, 1
+	if knownRoot != "" && knownRoot != parent {
+		// The parent is itself a sub-agent of knownRoot: at least depth 2.
+		root, depth = knownRoot, 2
+	}
 	if links != nil {
 		if pl, ok := links.Link(parent); ok && pl.Root != "" && pl.Root != parent {
 			root, depth = pl.Root, int(pl.Depth)+1
 		}
 	}
 	if conv != "" && root == conv {
-		return Identity{}, &IdentityError{Err: ErrAffinityCycle, Header: cfg.ParentHeader, Child: conv, Parent: parent, Root: root}
+		return Identity{}, &IdentityError{Err: ErrAffinityCycle, Header: header, Child: conv, Parent: parent, Root: root}
 	}
 	if max := cfg.maxDepth(); depth > max {
 		// Beyond the limit an agent framework still needs a route: the
@@ -262,6 +294,28 @@ func ResolveIdentity(cfg IdentityConfig, bodyConversationID string, h http.Heade
 	}
 	id.setKeys(cfg.Scope)
 	return id, nil
+}
+
+// ResolveContinuing is ResolveIdentity for a request that continues
+// conversation continued (the conversation of the stored response a
+// Responses request names in previous_response_id), which takes the place
+// of the body's conversation id. A request whose parent is that very
+// conversation, or a sub-agent of it, is not a sub-agent of itself: an
+// agent framework handing a conversation over to another agent (the
+// Agents SDK's handoff with previousResponseId) sends the new agent's
+// parent header while continuing the parent's own chain. Such a request
+// continues the conversation as the conversation itself: its prompt is the
+// conversation's, held on the conversation's instance and rank, and the
+// responses it makes stay in the conversation's chain. No link is recorded.
+func ResolveContinuing(cfg IdentityConfig, continued string, h http.Header, links LinkReader) (Identity, error) {
+	id, err := ResolveIdentity(cfg, continued, h, links)
+	var ie *IdentityError
+	if errors.As(err, &ie) && ie.Err == ErrAffinityCycle && ie.Child == strings.TrimSpace(continued) {
+		own := cfg
+		own.ParentHeader, own.ClientHeaders = "", false
+		return ResolveIdentity(own, continued, h, links)
+	}
+	return id, err
 }
 
 // ancestorAtDepth walks up the recorded links from node (at depth) to its

@@ -121,8 +121,14 @@ func TestToolChoiceModes(t *testing.T) {
 	if n := names(`"tool_choice":"none"`); len(n) != 0 {
 		t.Fatalf("none: calls %v", n)
 	}
-	if n := names(`"tool_choice":"auto"`); len(n) != 1 || n[0] != "get_weather" {
-		t.Fatalf("auto, no tool named: calls %v, want the first tool", n)
+	// auto with no tool named answers in text (calling the first tool
+	// made agents loop: Claude Code's first tool spawns a sub-agent);
+	// required calls one anyway.
+	if n := names(`"tool_choice":"auto"`); len(n) != 0 {
+		t.Fatalf("auto, no tool named: calls %v, want a text answer", n)
+	}
+	if n := names(`"tool_choice":"required"`); len(n) != 1 || n[0] != "get_weather" {
+		t.Fatalf("required, no tool named: calls %v, want the first tool", n)
 	}
 	if n := names(`"tool_choice":{"type":"function","function":{"name":"get_time"}}`); len(n) != 1 || n[0] != "get_time" {
 		t.Fatalf("named get_time: calls %v", n)

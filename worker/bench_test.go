@@ -67,7 +67,7 @@ func BenchmarkParseRequest(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := parseRequest(body, apireq.Chat, 4096, 16); err != nil {
+		if _, err := parseRequest(body, apireq.Chat, requestRules{maxModelLen: DefaultMaxModelLen}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/worker/engine"
 )
@@ -16,8 +17,23 @@ import (
 // simulated engine honours them (worker/engine/sim/DESIGN.md), a proxied
 // engine receives the body untouched.
 
-// toolNameRE is OpenAI's rule for function names.
-var toolNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+// toolNameRE is OpenAI's rule for function names' characters; their
+// length is bounded per dialect (toolNameLimit).
+var toolNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// toolNameLimit is the longest function name of a dialect's chat form:
+// OpenAI's 64 for chat, Anthropic's 128 for Messages (Claude Code's MCP
+// tools are named mcp__<server>__<tool>), and for Responses a namespace's
+// function under its flat name (namespace__name, internal/apireq).
+func toolNameLimit(d apireq.Dialect) int {
+	switch d {
+	case apireq.Messages:
+		return 128
+	case apireq.Responses:
+		return 64 + 2 + 64
+	}
+	return 64
+}
 
 const (
 	maxTools         = 128
@@ -42,7 +58,7 @@ type responseFormat struct {
 
 // outputOptions parses the answer-shaping options of a request body; for
 // chat, msgs are the request's messages (roles already checked).
-func outputOptions(top map[string]json.RawMessage, chat bool, msgs []prefix.Message) (*engine.OutputOptions, *apiError) {
+func outputOptions(top map[string]json.RawMessage, chat bool, msgs []prefix.Message, nameLimit int) (*engine.OutputOptions, *apiError) {
 	o := &engine.OutputOptions{ParallelToolCalls: true}
 	if e := refuseLogprobs(top, chat); e != nil {
 		return nil, e
@@ -71,7 +87,7 @@ func outputOptions(top map[string]json.RawMessage, chat bool, msgs []prefix.Mess
 		var e *apiError
 		switch k {
 		case "tools":
-			e = parseTools(top[k], o)
+			e = parseTools(top[k], o, nameLimit)
 		case "tool_choice":
 			e = parseToolChoice(top[k], o)
 		case "parallel_tool_calls":
@@ -88,14 +104,17 @@ func outputOptions(top map[string]json.RawMessage, chat bool, msgs []prefix.Mess
 	if e := checkToolChoice(o); e != nil {
 		return nil, e
 	}
+	// The last user turn is the last user message with text the user
+	// wrote: agent harnesses add user messages (and spans of them) of
+	// their own context (userturn.go).
 	last := -1
 	for i, m := range msgs {
-		if m.Role == "user" {
-			last = i
+		if m.Role != "user" {
+			continue
 		}
-	}
-	if last >= 0 {
-		o.LastUserText = msgs[last].Content
+		if text := userText(m.Content); text != "" {
+			last, o.LastUserText = i, text
+		}
 	}
 	for _, m := range msgs[last+1:] {
 		if m.Role == "tool" || m.Role == "function" {
@@ -159,7 +178,7 @@ func parseStop(raw json.RawMessage) ([]string, *apiError) {
 	return out, nil
 }
 
-func parseTools(raw json.RawMessage, o *engine.OutputOptions) *apiError {
+func parseTools(raw json.RawMessage, o *engine.OutputOptions, nameLimit int) *apiError {
 	var tools []toolSpec
 	if err := json.Unmarshal(raw, &tools); err != nil {
 		return badRequest("tools", "tools must be an array of {\"type\":\"function\",\"function\":{\"name\":…,\"parameters\":…}}: %v", err)
@@ -180,8 +199,8 @@ func parseTools(raw json.RawMessage, o *engine.OutputOptions) *apiError {
 			return newAPIError(400, "invalid_request_error", "missing_required_parameter", fmt.Sprintf("tools[%d].function.name", i), "tools[%d].function.name is required", i)
 		}
 		name := *t.Function.Name
-		if !toolNameRE.MatchString(name) {
-			return badRequest(fmt.Sprintf("tools[%d].function.name", i), "tools[%d].function.name %q must match ^[a-zA-Z0-9_-]{1,64}$", i, truncate(name, 80))
+		if !toolNameRE.MatchString(name) || len(name) > nameLimit {
+			return badRequest(fmt.Sprintf("tools[%d].function.name", i), "tools[%d].function.name %q must match ^[a-zA-Z0-9_-]{1,%d}$", i, truncate(name, 80), nameLimit)
 		}
 		if seen[name] {
 			return badRequest(fmt.Sprintf("tools[%d].function.name", i), "tools[%d].function.name %q is a duplicate", i, name)

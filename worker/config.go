@@ -11,6 +11,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
@@ -49,6 +50,10 @@ type Config struct {
 	Port         int           `yaml:"port"`          // listen port (0 = any free port)
 	AdvertiseURL string        `yaml:"advertise_url"` // the URL published in telemetry (default http://hostname:port)
 	Model        string        `yaml:"model"`         // required
+	// ModelAliases are more names of the model (model_aliases): requests
+	// may give any of them, GET /v1/models lists them all, as vLLM's
+	// --served-model-name takes several names; telemetry reports Model.
+	ModelAliases []string `yaml:"model_aliases"`
 
 	InternalRequestAuthKey          string   `yaml:"internal_request_auth_key"`           // (or env TETHER_INTERNAL_REQUEST_AUTH_KEY)
 	PreviousInternalRequestAuthKeys []string `yaml:"previous_internal_request_auth_keys"` // still accepted during a rotation
@@ -81,8 +86,26 @@ type Config struct {
 	// bytes held at once over all requests, 429 beyond (default 64 MiB,
 	// at least max_body_bytes).
 	MaxInflightBodyBytes int64 `yaml:"max_inflight_body_bytes"`
-	DefaultMaxTokens     int   `yaml:"default_max_tokens"` // (default 16)
-	MaxTokensLimit       int   `yaml:"max_tokens_limit"`   // larger requests are refused with 400 (default 4096)
+	// AnthropicInlineSystem is anthropic_inline_system: where the inline
+	// role "system" messages of a Messages request go in the prompt,
+	// preserve (default: kept in place) or fold (merged into the
+	// neighbouring user turn), as vLLM's Anthropic endpoint places them
+	// (internal/apireq inline_system.go). The edges' setting for this
+	// model must be the same (docs/engines.md).
+	AnthropicInlineSystem string `yaml:"anthropic_inline_system"`
+	// MaxModelLen is max_model_len, the model's context length (vLLM
+	// --max-model-len): a request whose prompt plus max_tokens exceeds it
+	// is refused with vLLM's 400; without max_tokens the answer may run
+	// to max_model_len − prompt. Checked for the simulated engine (a
+	// proxied engine checks its own, with its own tokenizer).
+	MaxModelLen int `yaml:"max_model_len"` // (default 1048576)
+	// DefaultMaxTokens is default_max_tokens: the bound of an answer
+	// whose request sets no max tokens, as a model's generation config
+	// (max_new_tokens) gives vLLM one; 0 (default): max_model_len − prompt.
+	DefaultMaxTokens int `yaml:"default_max_tokens"`
+	// MaxTokensLimit is the former max_tokens_limit, read and ignored
+	// with a deprecation warning: max_model_len bounds prompt plus output.
+	MaxTokensLimit int `yaml:"max_tokens_limit"`
 	// ResponsesStoreEntries and ResponsesStoreBytes bound the Responses
 	// API store (stored responses live in this process; the least recently
 	// used is evicted first, and each eviction is logged).
@@ -123,6 +146,11 @@ type EngineConfig struct {
 	Type string `yaml:"type"` // sim | proxy (default sim)
 
 	// Simulated engine (type sim); defaults are worker/engine/sim's.
+	// SubagentTools are the tools that start sub-agents
+	// (engine.subagent_tools, default DefaultSubagentTools): the
+	// simulated model calls one only when the last user turn names it
+	// exactly, never as a fallback (worker/engine/sim/DESIGN.md).
+	SubagentTools           []string      `yaml:"subagent_tools"`
 	BlockSize               int           `yaml:"block_size"`                 // tokens per KV block (default 64)
 	CapacityBlocks          int           `yaml:"capacity_blocks"`            // KV blocks per rank
 	PrefillTokensPerSecond  float64       `yaml:"prefill_tokens_per_second"`  // uncached prompt tokens per second
@@ -203,8 +231,8 @@ const (
 	DefaultTelemetryInterval     = 100 * time.Millisecond
 	DefaultMaxBodyBytes          = 32 << 20
 	DefaultMaxInflightBodyBytes  = 64 << 20
-	DefaultMaxTokens             = 16
-	DefaultMaxTokensLimit        = 4096
+	DefaultMaxTokens             = 0       // max_model_len − prompt
+	DefaultMaxModelLen           = 1 << 20 // a whole simulated rank: 16384 blocks of 64 tokens
 	DefaultResponsesStoreEntries = 10000
 	DefaultResponsesStoreBytes   = 256 << 20
 	DefaultWriteTimeout          = 10 * time.Minute
@@ -213,6 +241,14 @@ const (
 	DefaultIdleTimeout           = 2 * time.Minute
 	DefaultHostname              = "127.0.0.1"
 )
+
+// maxModelLenLimit bounds max_model_len (apireq caps max tokens there too).
+const maxModelLenLimit = 1 << 30
+
+// DefaultSubagentTools are the tools of the agent clients tether serves
+// that start sub-agents: Claude Code's Agent (formerly Task) and Codex's
+// spawn_agent (in its multi_agent_v1 namespace).
+var DefaultSubagentTools = []string{"Agent", "Task", "spawn_agent"}
 
 // defaultConfig is the configuration before the file is applied.
 func defaultConfig() Config {
@@ -223,7 +259,7 @@ func defaultConfig() Config {
 		TelemetryInterval: DefaultTelemetryInterval,
 		MaxBodyBytes:      DefaultMaxBodyBytes,
 		DefaultMaxTokens:  DefaultMaxTokens,
-		MaxTokensLimit:    DefaultMaxTokensLimit,
+		MaxModelLen:       DefaultMaxModelLen,
 
 		ResponsesStoreEntries: DefaultResponsesStoreEntries,
 		ResponsesStoreBytes:   DefaultResponsesStoreBytes,
@@ -242,6 +278,7 @@ func defaultConfig() Config {
 			TransferTokensPerSecond: sd.KVTransferTokensPerSec,
 			StatsWindow:             sd.StatsWindow,
 			TimeScale:               sd.TimeScale,
+			SubagentTools:           append([]string(nil), DefaultSubagentTools...),
 			UpstreamTimeout:         10 * time.Minute,
 			KVEvents:                KVEventsConfig{PollInterval: 200 * time.Millisecond},
 		},
@@ -339,10 +376,16 @@ func (c *Config) Validate() error {
 	return p.Err()
 }
 
-// Deprecated lists the former spellings of keys the file used, as
-// warnings to log.
+// Deprecated lists the former spellings of keys the file used, and the
+// keys it still has that are no longer read, as warnings to log.
 func (c *Config) Deprecated() []string {
-	return c.doc.Warnings()
+	out := c.doc.Warnings()
+	if line := c.doc.Line("max_tokens_limit"); line > 0 {
+		e := yamlconf.Error{Path: "max_tokens_limit", Line: line, Msg: fmt.Sprintf(
+			"deprecated and ignored: a request is refused only when its prompt plus max_tokens exceeds max_model_len (%d), as vLLM refuses it; remove the key", c.MaxModelLen)}
+		out = append(out, e.Error())
+	}
+	return out
 }
 
 // validateIdentity: who the worker is, where it listens, what it serves.
@@ -369,6 +412,16 @@ func (c *Config) validateIdentity() error {
 	}
 	if len(c.Model) > telemetry.MaxStringLen {
 		return fmt.Errorf("model: %d bytes is too long (max %d)", len(c.Model), telemetry.MaxStringLen)
+	}
+	seen := map[string]bool{c.Model: true}
+	for i, a := range c.ModelAliases {
+		switch {
+		case strings.TrimSpace(a) == "" || len(a) > telemetry.MaxStringLen:
+			return fmt.Errorf("model_aliases[%d]: %q must be a name of 1..%d bytes", i, a, telemetry.MaxStringLen)
+		case seen[a]:
+			return fmt.Errorf("model_aliases[%d]: %q is named twice (model and its aliases are distinct names)", i, a)
+		}
+		seen[a] = true
 	}
 	return nil
 }
@@ -420,11 +473,14 @@ func (c *Config) validateLimits() error {
 	if c.MaxInflightBodyBytes != 0 && c.MaxInflightBodyBytes < c.MaxBodyBytes {
 		return fmt.Errorf("max_inflight_body_bytes: %d is below max_body_bytes (%d): a body at the limit could never be read", c.MaxInflightBodyBytes, c.MaxBodyBytes)
 	}
-	if c.MaxTokensLimit < 1 {
-		return fmt.Errorf("max_tokens_limit: must be at least 1, got %d", c.MaxTokensLimit)
+	if c.MaxModelLen < 2 || c.MaxModelLen > maxModelLenLimit {
+		return fmt.Errorf("max_model_len: %d out of range (2..%d)", c.MaxModelLen, maxModelLenLimit)
 	}
-	if c.DefaultMaxTokens < 1 || c.DefaultMaxTokens > c.MaxTokensLimit {
-		return fmt.Errorf("default_max_tokens: %d out of range (1..max_tokens_limit %d)", c.DefaultMaxTokens, c.MaxTokensLimit)
+	if _, err := apireq.ParseInlineSystem(c.AnthropicInlineSystem); err != nil {
+		return fmt.Errorf("anthropic_inline_system: %v", err)
+	}
+	if c.DefaultMaxTokens < 0 || c.DefaultMaxTokens >= c.MaxModelLen {
+		return fmt.Errorf("default_max_tokens: %d out of range (0 for max_model_len − prompt, or 1..max_model_len %d − 1)", c.DefaultMaxTokens, c.MaxModelLen)
 	}
 	if c.ResponsesStoreEntries < 1 {
 		return fmt.Errorf("responses_store_entries: must be at least 1, got %d", c.ResponsesStoreEntries)
@@ -555,6 +611,11 @@ func (e *EngineConfig) validate(ranks int) error {
 	case "sim":
 		if len(e.Upstreams) > 0 || len(e.UpstreamMetrics) > 0 {
 			return errors.New("engine.upstreams: only for engine.type proxy")
+		}
+		for i, name := range e.SubagentTools {
+			if !toolNameRE.MatchString(name) {
+				return fmt.Errorf("engine.subagent_tools[%d]: %q is not a function name (^[a-zA-Z0-9_-]{1,64}$)", i, truncate(name, 80))
+			}
 		}
 	case "proxy":
 		if len(e.Upstreams) != ranks {
@@ -698,4 +759,10 @@ func (c Config) acceptsTetherV1() bool {
 		}
 	}
 	return false
+}
+
+// inlineSystem is the anthropic_inline_system mode (validated).
+func (c *Config) inlineSystem() apireq.InlineSystem {
+	m, _ := apireq.ParseInlineSystem(c.AnthropicInlineSystem)
+	return m
 }

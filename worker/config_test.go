@@ -49,7 +49,7 @@ telemetry_interval: 50ms
 legacy_mode: false
 max_body_bytes: 1048576
 default_max_tokens: 32
-max_tokens_limit: 1024
+max_model_len: 131072
 write_timeout: 5m
 read_header_timeout: 5s
 read_timeout: 1m
@@ -94,7 +94,7 @@ func TestParseFullConfig(t *testing.T) {
 		{"interval", cfg.TelemetryInterval, 50 * time.Millisecond},
 		{"body", cfg.MaxBodyBytes, int64(1 << 20)},
 		{"default max", cfg.DefaultMaxTokens, 32},
-		{"limit", cfg.MaxTokensLimit, 1024},
+		{"context length", cfg.MaxModelLen, 131072},
 		{"write", cfg.WriteTimeout, 5 * time.Minute},
 		{"read header", cfg.ReadHeaderTimeout, 5 * time.Second},
 		{"read", cfg.ReadTimeout, time.Minute},
@@ -112,13 +112,30 @@ func TestParseFullConfig(t *testing.T) {
 	}
 }
 
+// A configuration written for max_tokens_limit still loads: the key is
+// read, ignored and reported as deprecated at its line (max_model_len
+// bounds a request now, as vLLM bounds it).
+func TestMaxTokensLimitIsDeprecated(t *testing.T) {
+	cfg, err := ParseConfig([]byte("instance_id: w1\nmodel: m\nmax_tokens_limit: 4096\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := cfg.Deprecated()
+	if len(w) != 1 || !strings.HasPrefix(w[0], "max_tokens_limit, line 3: deprecated and ignored") || !strings.Contains(w[0], "max_model_len (1048576)") {
+		t.Fatalf("warnings %q", w)
+	}
+	if cfg, _ := ParseConfig([]byte("instance_id: w1\nmodel: m\n")); len(cfg.Deprecated()) != 0 {
+		t.Fatalf("warnings without the key: %q", cfg.Deprecated())
+	}
+}
+
 func TestMinimalConfigDefaults(t *testing.T) {
 	cfg, err := ParseConfig([]byte("instance_id: w1\nmodel: m\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Fleet != telemetry.FleetContext || cfg.ServerRole != "" || cfg.RankCount() != 1 ||
-		cfg.TelemetryInterval != 100*time.Millisecond || cfg.MaxBodyBytes != 32<<20 || cfg.DefaultMaxTokens != 16 ||
+		cfg.TelemetryInterval != 100*time.Millisecond || cfg.MaxBodyBytes != 32<<20 || cfg.DefaultMaxTokens != 0 || cfg.MaxModelLen != DefaultMaxModelLen ||
 		cfg.Engine.Type != "sim" || cfg.NATS.Enabled() || cfg.Hostname != "127.0.0.1" ||
 		cfg.ReadHeaderTimeout != 10*time.Second || cfg.ReadTimeout != 2*time.Minute || cfg.IdleTimeout != 2*time.Minute ||
 		cfg.MaxConcurrentRequests != 0 {
@@ -176,7 +193,11 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"nats auth without url", base + "nats:\n  user: u\n  password: p\n", "nats.urls, line 3: credentials or TLS given without a server URL"},
 		{"advertise url", base + "advertise_url: ctx-0:8001\n", `advertise_url, line 3: "ctx-0:8001" is not an absolute http(s) URL`},
 		{"body limit", base + "max_body_bytes: 10\n", "max_body_bytes, line 3: 10 is too small"},
-		{"default above limit", base + "default_max_tokens: 50\nmax_tokens_limit: 10\n", "default_max_tokens, line 3: 50 out of range"},
+		{"default above context", base + "default_max_tokens: 50\nmax_model_len: 10\n", "default_max_tokens, line 3: 50 out of range"},
+		{"context length", base + "max_model_len: 1\n", "max_model_len, line 3: 1 out of range"},
+		{"alias is the model", base + "model_aliases: [x, m]\n", `model_aliases[1], line 3: "m" is named twice`},
+		{"alias is an adapter", base + "model_aliases: [x]\nlora:\n  adapters: [x]\n", `lora.adapters[0], line 5: "x" is named twice`},
+		{"subagent tool name", base + "engine:\n  subagent_tools: [Agent, \"not a name\"]\n", `engine.subagent_tools[1], line 4: "not a name" is not a function name`},
 		{"negative concurrency", base + "max_concurrent_requests: -1\n", "max_concurrent_requests, line 3: must be 0 (no limit) or more"},
 		{"concurrency type", base + "max_concurrent_requests: many\n", `max_concurrent_requests, line 3: want an integer, got "many"`},
 		{"read header timeout", base + "read_header_timeout: 1ms\n", "read_header_timeout, line 3: 1ms is too short"},

@@ -24,7 +24,7 @@ func FuzzParseRequest(f *testing.F) {
 		if chat {
 			d = apireq.Chat
 		}
-		p, aerr := parseRequest(body, d, 64, 16)
+		p, aerr := parseRequest(body, d, requestRules{maxModelLen: 64})
 		if aerr != nil {
 			if p != nil || aerr.Status < 400 || aerr.Status >= 500 || aerr.Message == "" || aerr.Type == "" {
 				t.Fatalf("bad error %+v for %q", aerr, body)

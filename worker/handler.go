@@ -121,8 +121,17 @@ func (s *Server) handleModel(w http.ResponseWriter, id string) {
 			return
 		}
 	}
-	writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-		"the model %q does not exist on this worker (it serves %q)", truncate(id, 200), s.cfg.Model))
+	writeAPIError(w, s.modelNotFound(id))
+}
+
+// modelNotFound is OpenAI's answer to a model this worker does not serve.
+func (s *Server) modelNotFound(name string) *apiError {
+	served := make([]string, 0, 1+len(s.cfg.ModelAliases))
+	for _, n := range s.modelNames() {
+		served = append(served, strconv.Quote(n))
+	}
+	return newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+		"the model %q does not exist on this worker (it serves %s)", truncate(name, 200), strings.Join(served, ", "))
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
@@ -251,6 +260,26 @@ func (x *exchange) fail(e *apiError) int {
 	return e.Status
 }
 
+// parse reads an inference body of x's dialect (count_tokens: a Messages
+// body without max_tokens), a Messages request's inline system messages
+// placed as anthropic_inline_system says.
+func (s *Server) parse(x *exchange, body []byte) (*parsedRequest, *apiError) {
+	var req *apireq.Request
+	var aerr *apiError
+	if strings.TrimSuffix(x.r.URL.Path, "/") == countTokensPath {
+		req, aerr = apireq.ParseCountTokens(body)
+	} else {
+		req, aerr = apireq.Parse(x.dialect, body)
+	}
+	if aerr == nil {
+		aerr = req.WithInlineSystem(s.cfg.inlineSystem())
+	}
+	if aerr != nil {
+		return nil, aerr
+	}
+	return parsedFrom(req, body, s.rules())
+}
+
 // serve runs the request and returns the HTTP status it answered (or 499
 // when the client went away) and the phase it ran ("" if it never ran).
 func (x *exchange) serve() (int, string) {
@@ -263,22 +292,13 @@ func (x *exchange) serve() (int, string) {
 		return x.fail(aerr), ""
 	}
 	defer release()
-	var p *parsedRequest
-	if strings.TrimSuffix(x.r.URL.Path, "/") == countTokensPath {
-		var req *apireq.Request
-		if req, aerr = apireq.ParseCountTokens(body); aerr == nil {
-			p, aerr = parsedFrom(req, body, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
-		}
-	} else {
-		p, aerr = parseRequest(body, x.dialect, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens)
-	}
+	p, aerr := s.parse(x, body)
 	if aerr != nil {
 		return x.fail(aerr), ""
 	}
 	adapter, ok := s.servedAdapter(p.model)
 	if !ok {
-		return x.fail(newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-			"the model %q does not exist on this worker (it serves %q)", truncate(p.model, 200), s.cfg.Model)), ""
+		return x.fail(s.modelNotFound(p.model)), ""
 	}
 	// A proxy worker relays the agents' APIs to its engine untouched
 	// (worker/passthrough.go); the simulated engine answers them here.
@@ -289,11 +309,11 @@ func (x *exchange) serve() (int, string) {
 		return http.StatusOK, ""
 	}
 	var prev *storedResponse
-	if rf := p.req.Responses; rf != nil && rf.PreviousResponseID != "" && !relay {
-		if prev, aerr = s.previousResponse(p, body); aerr != nil {
+	if rf := p.req.Responses; rf != nil && !relay && (rf.PreviousResponseID != "" || len(rf.ItemReferences()) > 0) {
+		if prev, aerr = s.expandResponses(p); aerr != nil {
 			return x.fail(aerr), ""
 		}
-		if p, aerr = parsedFrom(p.req, body, s.cfg.MaxTokensLimit, s.cfg.DefaultMaxTokens); aerr != nil {
+		if p, aerr = parsedFrom(p.req, body, s.rules()); aerr != nil {
 			return x.fail(aerr), ""
 		}
 	}
@@ -411,7 +431,8 @@ func (x *exchange) run(ctx context.Context) (int, string) {
 }
 
 // placeRequest is what the rank scheduler places x's request by: its
-// conversation (or a continued response's chain) and sub-agent affinity,
+// conversation (or a continued response's chain) and sub-agent affinity
+// (without either, its prompt, which may continue a recent one's),
 // the rank the log recorded, the prompt's cached prefix per rank and the
 // ranks holding its adapter.
 func (x *exchange) placeRequest() adp.Request {
@@ -425,6 +446,9 @@ func (x *exchange) placeRequest() adp.Request {
 		// routes it by conversation); ranks are chosen by the placement
 		// policy, without conversation or sub-agent bindings.
 		placeReq.ConversationID, placeReq.AffinityID = "", ""
+	} else if placeReq.ConversationID == "" && placeReq.AffinityID == "" {
+		// No key: a prompt continuing a recent one follows its rank.
+		placeReq.Prompt = p.prompt
 	}
 	if v := x.r.Header.Get(HeaderLogRank); v != "" && placeReq.ConversationID+placeReq.AffinityID != "" {
 		if r, err := strconv.Atoi(v); err == nil && r >= 0 {

@@ -323,34 +323,6 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-// max_tokens beyond max_tokens_limit is refused naming the parameter, as
-// vLLM refuses max_tokens beyond its context length (before, it was
-// silently clamped).
-func TestMaxTokensBeyondLimitRefused(t *testing.T) {
-	cfg := testConfig("w0")
-	cfg.MaxTokensLimit = 8
-	cfg.DefaultMaxTokens = 3
-	s := startServer(t, cfg)
-	for _, name := range []string{"max_tokens", "max_completion_tokens"} {
-		r := post(t, testClient(t), s.URL()+"/v1/chat/completions", chatBody("too long", `"`+name+`":100000`), nil)
-		if r.status != 400 {
-			t.Fatalf("%s 100000: status %d: %s", name, r.status, r.body)
-		}
-		e := r.json(t)["error"].(map[string]any)
-		if e["param"] != name || !strings.Contains(e["message"].(string), "8") {
-			t.Fatalf("%s 100000: error %v, want param %s and the limit 8", name, e, name)
-		}
-	}
-	r := post(t, testClient(t), s.URL()+"/v1/chat/completions", chatBody("at the limit", `"max_tokens":8`), nil)
-	if _, completion, _ := usageOf(t, r.json(t)); completion != 8 {
-		t.Fatalf("completion tokens %d, want the limit 8", completion)
-	}
-	r = post(t, testClient(t), s.URL()+"/v1/chat/completions", chatBody("default", ""), nil)
-	if _, completion, _ := usageOf(t, r.json(t)); completion != 3 {
-		t.Fatalf("default completion tokens %d, want default_max_tokens 3", completion)
-	}
-}
-
 // Spec: /v1/completions has instance affinity only; ADP-rank affinity is a
 // chat feature. The same session id sticks to a rank on chat, and follows
 // the placement policy (round robin here) on completions.

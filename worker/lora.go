@@ -36,12 +36,15 @@ func (l LoRAConfig) maxLoRAs() int {
 func (c *Config) validateLoRA() error {
 	l := c.LoRA
 	seen := map[string]bool{c.Model: true}
+	for _, a := range c.ModelAliases {
+		seen[a] = true
+	}
 	for i, a := range l.Adapters {
 		switch {
 		case strings.TrimSpace(a) == "" || len(a) > 256 || strings.ContainsAny(a, "\x1f\r\n,"):
 			return fmt.Errorf("lora.adapters[%d]: %q must be 1..256 bytes without commas or control characters", i, truncate(a, 40))
 		case seen[a]:
-			return fmt.Errorf("lora.adapters[%d]: %q is named twice (or is the model)", i, a)
+			return fmt.Errorf("lora.adapters[%d]: %q is named twice (or is a name of the model)", i, a)
 		}
 		seen[a] = true
 	}
@@ -54,10 +57,10 @@ func (c *Config) validateLoRA() error {
 	return nil
 }
 
-// servedAdapter resolves a request's model: the worker's model ("") or
-// one of its adapters.
+// servedAdapter resolves a request's model: a name of the worker's model
+// ("") or one of its adapters.
 func (s *Server) servedAdapter(model string) (adapter string, ok bool) {
-	if model == s.cfg.Model {
+	if model == s.cfg.Model || slices.Contains(s.cfg.ModelAliases, model) {
 		return "", true
 	}
 	if slices.Contains(s.cfg.LoRA.Adapters, model) {
@@ -66,15 +69,24 @@ func (s *Server) servedAdapter(model string) (adapter string, ok bool) {
 	return "", false
 }
 
-// modelCards are GET /v1/models: the model, then each adapter with its
+// modelCards are GET /v1/models: each name of the model (the same root,
+// as vLLM lists every --served-model-name), then each adapter with its
 // parent, as vLLM lists --lora-modules (serving_models.py).
 func (s *Server) modelCards() []map[string]any {
 	created := s.bootTime.Unix()
-	out := []map[string]any{{"id": s.cfg.Model, "object": "model", "created": created, "owned_by": "tether", "root": s.cfg.Model, "parent": nil}}
+	var out []map[string]any
+	for _, name := range s.modelNames() {
+		out = append(out, map[string]any{"id": name, "object": "model", "created": created, "owned_by": "tether", "root": s.cfg.Model, "parent": nil})
+	}
 	for _, a := range s.cfg.LoRA.Adapters {
 		out = append(out, map[string]any{"id": a, "object": "model", "created": created, "owned_by": "tether", "root": a, "parent": s.cfg.Model})
 	}
 	return out
+}
+
+// modelNames are the names the model is served under, the first first.
+func (s *Server) modelNames() []string {
+	return append([]string{s.cfg.Model}, s.cfg.ModelAliases...)
 }
 
 // reportedMaxLoRAs is the load report's max_loras: the adapter slots of

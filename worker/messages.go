@@ -35,10 +35,14 @@ func (a chatAnswer) streamError(e *apiError) error {
 }
 
 // reasoningText is what the simulated model reasons when asked to
-// (Messages thinking, Responses reasoning): a fixed sentence over the last
-// user message's first words.
+// (Messages thinking, Responses reasoning): a fixed sentence over the
+// first words of the last user turn (what the user wrote, never a
+// harness's reminder: OutputOptions.LastUserText).
 func reasoningText(o *engine.OutputOptions) string {
 	words := strings.Fields(o.LastUserText)
+	if len(words) == 0 {
+		return "The conversation goes on. I answer it."
+	}
 	if len(words) > 8 {
 		words = words[:8]
 	}

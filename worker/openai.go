@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/worker/engine"
+	"github.com/tether-project/tether/worker/proxy"
 )
 
 // apiError is an API error answer (internal/apireq, the request model the
@@ -123,21 +125,43 @@ var internalBodyFields = []string{
 	"prompt_token_ids",
 }
 
+// requestRules are what the worker's configuration brings to a request's
+// parse: the context length it checks, the bound of an answer without max
+// tokens, and the tools that start sub-agents.
+type requestRules struct {
+	// maxModelLen is max_model_len; 0: not checked here (a proxied engine
+	// checks its own context, with its own tokenizer).
+	maxModelLen int
+	// defaultMax is default_max_tokens; 0: max_model_len − prompt (when
+	// maxModelLen is 0 as well: the engine's own default).
+	defaultMax    int
+	subagentTools []string
+}
+
+// rules are this worker's request rules.
+func (s *Server) rules() requestRules {
+	r := requestRules{defaultMax: s.cfg.DefaultMaxTokens, subagentTools: s.cfg.Engine.SubagentTools}
+	if _, proxied := s.eng.(*proxy.Engine); !proxied {
+		r.maxModelLen = s.cfg.MaxModelLen
+	}
+	return r
+}
+
 // parseRequest decodes and validates an inference request body of dialect
 // d with the request model edges share (internal/apireq), then what only
-// a worker reads: its max_tokens_limit, the answer-shaping options and the
+// a worker reads: the token budget, the answer-shaping options and the
 // disaggregated phase.
-func parseRequest(body []byte, d apireq.Dialect, limit, defaultMax int) (*parsedRequest, *apiError) {
+func parseRequest(body []byte, d apireq.Dialect, rules requestRules) (*parsedRequest, *apiError) {
 	req, aerr := apireq.Parse(d, body)
 	if aerr != nil {
 		return nil, aerr
 	}
-	return parsedFrom(req, body, limit, defaultMax)
+	return parsedFrom(req, body, rules)
 }
 
 // parsedFrom completes a parsed request (also after a Responses history
 // was put before its input: the prompt is recomputed).
-func parsedFrom(req *apireq.Request, body []byte, limit, defaultMax int) (*parsedRequest, *apiError) {
+func parsedFrom(req *apireq.Request, body []byte, rules requestRules) (*parsedRequest, *apiError) {
 	d := req.Dialect
 	p := &parsedRequest{dialect: d, req: req, chat: d == apireq.Chat, model: req.Model,
 		stream: req.Stream, includeUsage: req.IncludeUsage, prompt: req.WordTokens()}
@@ -148,34 +172,23 @@ func parsedFrom(req *apireq.Request, body []byte, limit, defaultMax int) (*parse
 		}
 		return nil, badRequest(param, "the prompt is empty (no tokens)")
 	}
-	p.maxTokens = defaultMax
-	if req.MaxTokens > 0 {
-		// Beyond the limit is refused, as vLLM refuses max_tokens beyond
-		// its context length: a silent clamp hides the client's mistake.
-		if req.MaxTokens > limit {
-			name := map[apireq.Dialect]string{apireq.Responses: "max_output_tokens"}[d]
-			if name == "" {
-				name = "max_tokens"
-				if _, ok := req.Present("max_completion_tokens"); ok && d != apireq.Messages {
-					name = "max_completion_tokens"
-				}
-			}
-			return nil, badRequest(name, "%s is too large: %d; this worker produces at most %d completion tokens per request (max_tokens_limit)", name, req.MaxTokens, limit)
-		}
-		p.maxTokens = req.MaxTokens
+	var aerr *apiError
+	if p.maxTokens, aerr = rules.budget(req, len(p.prompt)); aerr != nil {
+		return nil, aerr
 	}
 	form := req.Chat
 	if form == nil {
 		form = req.Top
 	}
-	out, aerr := outputOptions(form, d.HasConversation(), req.Messages)
+	out, aerr := outputOptions(form, d.HasConversation(), req.Messages, toolNameLimit(d))
 	if aerr != nil {
 		return nil, aerr
 	}
-	if req.MaxTokens == 0 {
-		// The default bounds free text only; tool calls and JSON are
-		// produced whole up to the limit, as a model stops on its own.
-		out.StructuredMaxTokens = limit
+	if aerr := vllmSampling(req.Top, out, p.maxTokens); aerr != nil {
+		return nil, aerr
+	}
+	for i := range out.Tools {
+		out.Tools[i].Subagent = slices.Contains(rules.subagentTools, out.Tools[i].Name)
 	}
 	p.output = out
 	p.convParams, p.bodyConvID = req.ConversationParams, req.ConversationID
@@ -359,7 +372,7 @@ func PromptBlocks(path string, body []byte, blockSize int) ([]uint64, error) {
 	default:
 		return nil, fmt.Errorf("%s is not an inference path", path)
 	}
-	p, aerr := parseRequest(body, d, DefaultMaxTokensLimit, DefaultMaxTokens)
+	p, aerr := parseRequest(body, d, requestRules{})
 	if aerr != nil {
 		return nil, aerr
 	}

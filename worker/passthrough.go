@@ -86,6 +86,9 @@ func (x *exchange) passThrough(px *proxy.Engine) (int, string) {
 		rank = r
 	}
 	placeReq := adp.Request{ConversationID: p.conversationID, AffinityID: x.affinity, PromptTokens: len(p.prompt)}
+	if placeReq.ConversationID == "" && placeReq.AffinityID == "" && p.dialect.HasConversation() {
+		placeReq.Prompt = p.prompt // a prompt continuing a recent one follows its rank
+	}
 	d := s.sched.Place(placeReq)
 	defer func() {
 		s.sched.Finish(&d.Ticket)

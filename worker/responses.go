@@ -54,7 +54,7 @@ type respItem struct {
 	kind   string // message, function_call
 	id     string
 	callID string
-	name   string
+	name   apireq.ToolName
 	text   strings.Builder
 }
 
@@ -121,11 +121,11 @@ func (a *responsesAnswer) usage(c engine.Completion) map[string]any {
 }
 
 // status is the finished response's status: incomplete when the output
-// reached the client's max_output_tokens; without one the worker's
-// default length is where the simulated model stops on its own, as a
-// model would (completed).
+// was cut at its bound (the client's max_output_tokens, else what is left
+// of the context or default_max_tokens), completed when the model
+// stopped on its own or called tools.
 func (a *responsesAnswer) status(c engine.Completion) string {
-	if c.FinishReason == "length" && a.x.p.req.MaxTokens > 0 {
+	if c.FinishReason == "length" {
 		return "incomplete"
 	}
 	return "completed"
@@ -183,8 +183,16 @@ func messageItem(id, text, status string) map[string]any {
 	return map[string]any{"type": "message", "id": id, "role": "assistant", "status": status, "content": content}
 }
 
-func callItem(id, callID, name, args, status string) map[string]any {
-	return map[string]any{"type": "function_call", "id": id, "call_id": callID, "name": name, "arguments": args, "status": status}
+// callItem is a function_call output item. A namespace tool's function is
+// named by its own name with its namespace (OpenAI's
+// ResponseFunctionToolCall.namespace; vLLM's build_response_output_items),
+// as Codex reads the call back (codex-rs/protocol/src/tool_name.rs).
+func callItem(id, callID string, name apireq.ToolName, args, status string) map[string]any {
+	item := map[string]any{"type": "function_call", "id": id, "call_id": callID, "name": name.Name, "arguments": args, "status": status}
+	if name.Namespace != "" {
+		item["namespace"] = name.Namespace
+	}
+	return item
 }
 
 func (a *responsesAnswer) ev(name string, fields map[string]any) error {
@@ -192,7 +200,7 @@ func (a *responsesAnswer) ev(name string, fields map[string]any) error {
 	return a.send(name, fields)
 }
 
-func (a *responsesAnswer) open(kind, callID, name string) error {
+func (a *responsesAnswer) open(kind, callID string, name apireq.ToolName) error {
 	if err := a.closeItem(); err != nil {
 		return err
 	}
@@ -232,7 +240,8 @@ func (a *responsesAnswer) closeItem() error {
 		}
 	} else {
 		item = callItem(it.id, it.callID, it.name, text, "completed")
-		if err := a.ev("response.function_call_arguments.done", map[string]any{"output_index": i, "item_id": it.id, "arguments": text}); err != nil {
+		// OpenAI's ResponseFunctionCallArgumentsDoneEvent carries the name.
+		if err := a.ev("response.function_call_arguments.done", map[string]any{"output_index": i, "item_id": it.id, "name": it.name.Name, "arguments": text}); err != nil {
 			return err
 		}
 	}
@@ -246,7 +255,7 @@ func (a *responsesAnswer) emit(c engine.Chunk) error {
 	}
 	if tc := c.ToolCall; tc != nil {
 		if tc.ID != "" {
-			if err := a.open("function_call", tc.ID, tc.Name); err != nil {
+			if err := a.open("function_call", tc.ID, a.x.p.req.Responses.CallName(tc.Name)); err != nil {
 				return err
 			}
 		}
@@ -260,7 +269,7 @@ func (a *responsesAnswer) emit(c engine.Chunk) error {
 		return nil
 	}
 	if a.cur == nil || a.cur.kind != "message" {
-		if err := a.open("message", "", ""); err != nil {
+		if err := a.open("message", "", apireq.ToolName{}); err != nil {
 			return err
 		}
 	}
@@ -316,7 +325,7 @@ func (a *responsesAnswer) respond(c engine.Completion) int {
 		out = append(out, messageItem("msg_"+randomID(), c.Text, "completed"))
 	}
 	for _, tc := range c.ToolCalls {
-		out = append(out, callItem("fc_"+randomID(), tc.ID, tc.Name, tc.Arguments, "completed"))
+		out = append(out, callItem("fc_"+randomID(), tc.ID, p.req.Responses.CallName(tc.Name), tc.Arguments, "completed"))
 	}
 	status := a.status(c)
 	obj := a.object(status, out, a.usage(c))
@@ -380,17 +389,26 @@ func inputItems(in []json.RawMessage) []json.RawMessage {
 	return out
 }
 
-// previousResponse puts the stored conversation of previous_response_id
-// before the request's input.
-func (s *Server) previousResponse(p *parsedRequest, body []byte) (*storedResponse, *apiError) {
-	id := p.req.Responses.PreviousResponseID
-	st, ok := s.responses.get(id)
-	if !ok {
-		return nil, notFoundResponse(id, "previous_response_id")
+// expandResponses puts the stored conversation of previous_response_id
+// before the request's input, and renders each item_reference as the
+// stored item it names (an input or output item of a response this
+// process stores).
+func (s *Server) expandResponses(p *parsedRequest) (*storedResponse, *apiError) {
+	var st *storedResponse
+	if id := p.req.Responses.PreviousResponseID; id != "" {
+		var ok bool
+		if st, ok = s.responses.get(id); !ok {
+			return nil, notFoundResponse(id, "previous_response_id")
+		}
+		_, _, history, _ := s.responses.snapshot(st)
+		if aerr := p.req.WithHistory(history); aerr != nil {
+			return nil, aerr
+		}
 	}
-	_, _, history, _ := s.responses.snapshot(st)
-	if aerr := p.req.WithHistory(history); aerr != nil {
-		return nil, aerr
+	if len(p.req.Responses.ItemReferences()) > 0 {
+		if aerr := p.req.ResolveItems(s.responses.item); aerr != nil {
+			return nil, aerr
+		}
 	}
 	return st, nil
 }

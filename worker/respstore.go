@@ -196,6 +196,37 @@ func (s *respStore) cancelRun(r *storedResponse, object func(status string) json
 	return r.object, true
 }
 
+// item finds an input or output item of a stored response by its id (an
+// item_reference), most recently used response first.
+func (s *respStore) item(id string) (json.RawMessage, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	hasID := func(raw json.RawMessage) bool {
+		var v struct {
+			ID string `json:"id"`
+		}
+		return json.Unmarshal(raw, &v) == nil && v.ID == id
+	}
+	for el := s.lru.Front(); el != nil; el = el.Next() {
+		r := el.Value.(*storedResponse)
+		for _, in := range r.input {
+			if hasID(in) {
+				return in, true
+			}
+		}
+		var obj struct {
+			Output []json.RawMessage `json:"output"`
+		}
+		_ = json.Unmarshal(r.object, &obj)
+		for _, out := range obj.Output {
+			if hasID(out) {
+				return out, true
+			}
+		}
+	}
+	return nil, false
+}
+
 // stats returns the entries and bytes held.
 func (s *respStore) stats() (int, int64) {
 	s.mu.Lock()

@@ -13,6 +13,7 @@ import (
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/worker"
 )
 
 func init() {
@@ -40,8 +41,10 @@ func runDev(ctx context.Context, args []string) error {
 	scope := fs.String("scope", "context", "subagent_affinity_scope: context or both")
 	timeScale := fs.Float64("time-scale", 0.1, "simulated engine wall time per engine second (1 real time, 0 instant)")
 	debugRoute := fs.Bool("debug-route-header", true, "answer with the x-tether-route header naming the instances and ranks used")
-	model := fs.String("model", devstack.DefaultModel, "model name the stack serves")
-	models := fs.String("models", "", "comma-separated models the stack serves, each on its own context and generation workers (the first replaces --model)")
+	model := fs.String("model", strings.Join(append([]string{devstack.DefaultModel}, devstack.DefaultModelAliases...), ","),
+		"the model the stack serves: its name, or several names of it separated by commas (the first is its name, the others aliases requests may give, as vLLM's --served-model-name); the default's second name is the OpenAI Agents SDK's default model")
+	models := fs.String("models", "", "comma-separated models the stack serves, each on its own context and generation workers (the first replaces --model, names and all)")
+	maxModelLen := fs.Int("max-model-len", worker.DefaultMaxModelLen, "the simulated workers' context length (max_model_len, vLLM's --max-model-len): prompt plus max_tokens beyond it is refused as vLLM refuses it")
 	loraAdapters := fs.String("lora-adapters", "", "comma-separated LoRA adapters as model:adapter (e.g. tether-sim:agent-a); the model's workers serve them")
 	maxLoRAs := fs.Int("max-loras", 2, "LoRA adapter slots per ADP rank of the simulated engine (vLLM --max-loras)")
 	readyTimeout := fs.Duration("ready-timeout", 60*time.Second, "give up if the stack is not ready within this long")
@@ -51,7 +54,10 @@ func runDev(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	var extraModels []string
+	names, extraModels, err := devModels(*model, *models)
+	if err != nil {
+		return err
+	}
 	sc, err := routing.ParseScope(*scope)
 	if err != nil {
 		return fmt.Errorf("%w: --scope: %v", errUsage, err)
@@ -67,13 +73,8 @@ func runDev(ctx context.Context, args []string) error {
 	if token == "" {
 		token = os.Getenv(edge.EnvAdminToken)
 	}
-	if *models != "" {
-		list := splitList(*models)
-		if len(list) == 0 {
-			return fmt.Errorf("%w: --models names no model", errUsage)
-		}
-		*model = list[0]
-		extraModels = list[1:]
+	if *maxModelLen < 2 {
+		return fmt.Errorf("%w: --max-model-len must be at least 2, got %d", errUsage, *maxModelLen)
 	}
 	adapters, err := parseAdapters(*loraAdapters)
 	if err != nil {
@@ -84,7 +85,7 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	opts := devstack.Options{
 		Edges: *edges, ContextWorkers: *ctxWorkers, GenerationWorkers: *genWorkers, Ranks: *ranks,
-		Port: *port, NATSPort: *natsPort, DataDir: *dataDir, AdminToken: token, Model: *model,
+		Port: *port, NATSPort: *natsPort, DataDir: *dataDir, AdminToken: token, Model: names[0], ModelAliases: names[1:], MaxModelLen: *maxModelLen,
 		Scope: sc, TimeScale: *timeScale, HideRouteHeader: !*debugRoute, Version: version, MutualTLS: !*plaintext,
 		EngineEvents: *engineEvents, ExtraModels: extraModels, Adapters: adapters, MaxLoRAs: *maxLoRAs,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
@@ -121,6 +122,23 @@ func runDev(ctx context.Context, args []string) error {
 	printStack(out, st)
 
 	return serveStack(ctx, out, st, *readyTimeout)
+}
+
+// devModels reads --model (the first model's names) and --models (every
+// model, one name each; the first replaces --model).
+func devModels(model, models string) (names, extra []string, err error) {
+	names = splitList(model)
+	if len(names) == 0 {
+		return nil, nil, fmt.Errorf("%w: --model names no model", errUsage)
+	}
+	if models == "" {
+		return names, nil, nil
+	}
+	list := splitList(models)
+	if len(list) == 0 {
+		return nil, nil, fmt.Errorf("%w: --models names no model", errUsage)
+	}
+	return list[:1], list[1:], nil
 }
 
 // parseAdapters reads --lora-adapters: model:adapter items, by model.
@@ -192,6 +210,9 @@ func printStack(out io.Writer, st *devstack.Stack) {
 	}
 	for _, w := range st.Workers() {
 		line(w.ID, w.URL()+"  "+w.Fleet.String()+" worker of "+w.Model)
+	}
+	if as := st.ModelAliases(); len(as) > 0 {
+		line("model", st.Model()+"  (also served as "+strings.Join(as, ", ")+")")
 	}
 	if o := st.Options(); len(st.Models()) > 1 || len(o.Adapters) > 0 {
 		var ms []string

@@ -1,9 +1,35 @@
 package main
 
 import (
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
+
+// --model takes several names of one model (the first its name, as vLLM's
+// --served-model-name); --models replaces it, one name per model.
+func TestDevModelFlags(t *testing.T) {
+	for _, tc := range []struct {
+		model, models string
+		names, extra  []string
+	}{
+		{"tether-sim,gpt-5.6-luna", "", []string{"tether-sim", "gpt-5.6-luna"}, nil},
+		{"m", "", []string{"m"}, nil},
+		{" a , b ,", "", []string{"a", "b"}, nil},
+		{"tether-sim,gpt-5.6-luna", "x,y", []string{"x"}, []string{"y"}},
+	} {
+		names, extra, err := devModels(tc.model, tc.models)
+		if err != nil || !slices.Equal(names, tc.names) || !slices.Equal(extra, tc.extra) {
+			t.Errorf("--model %q --models %q: %v %v %v", tc.model, tc.models, names, extra, err)
+		}
+	}
+	for _, bad := range [][2]string{{"", ""}, {",", ""}, {"m", ","}} {
+		if _, _, err := devModels(bad[0], bad[1]); !errors.Is(err, errUsage) {
+			t.Errorf("--model %q --models %q: %v, want a usage error", bad[0], bad[1], err)
+		}
+	}
+}
 
 // The banner's note on the admin token says where it came from: a given
 // token is not stored, a temporary data dir does not outlive the run.

@@ -116,6 +116,10 @@ type Request struct {
 	// CountTokens: a Messages count_tokens body (no max_tokens, nothing is
 	// generated).
 	CountTokens bool
+
+	// anthropic is a Messages request's chat form source (WithInlineSystem
+	// rebuilds the chat form from it).
+	anthropic *anthropicForm
 }
 
 // ResponsesFields are the Responses API fields beyond the chat form.
@@ -137,6 +141,11 @@ type ResponsesFields struct {
 	// response's history can go between them (WithHistory).
 	instr []chatMessage
 	input []chatMessage
+	// history is the previous response's conversation (WithHistory).
+	history []json.RawMessage
+	// namespaced maps the chat-form name of each namespace tool's function
+	// to its namespace and name (CallName).
+	namespaced map[string]ToolName
 }
 
 // knownRoles are the chat roles OpenAI-compatible servers accept.

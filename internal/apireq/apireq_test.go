@@ -38,7 +38,7 @@ func TestMessagesToChatForm(t *testing.T) {
 		"tools":[{"name":"Bash","description":"run","input_schema":{"type":"object","properties":{"command":{"type":"string"}}}}],
 		"metadata":{"user_id":"u"},"temperature":0.5}`)
 	want := `[{"content":"You are Claude Code.","role":"system"},{"content":"list files","role":"user"},` +
-		`{"content":"Running ls.","reasoning":"use ls","role":"assistant","tool_calls":[{"function":{"arguments":"{\"command\":\"ls\"}","name":"Bash"},"id":"toolu_1","type":"function"}]},` +
+		`{"content":"Running ls.","reasoning":"use ls","role":"assistant","tool_calls":[{"function":{"arguments":"{\"command\": \"ls\"}","name":"Bash"},"id":"toolu_1","type":"function"}]},` +
 		`{"content":"a.go\nb.go","role":"tool","tool_call_id":"toolu_1"},{"content":"now read a.go","role":"user"}]`
 	if got := chatMessages(t, r); got != want {
 		t.Fatalf("chat messages:\n got %s\nwant %s", got, want)
@@ -141,8 +141,12 @@ func TestRefusals(t *testing.T) {
 		{Responses, `{"model":"m","input":"x","temperature":"hot"}`, "temperature", "want a number"},
 		{Responses, `{"model":"m"}`, "input", "input is required"},
 		{Responses, `{"model":"m","input":"x","background":true,"store":false}`, "background", "needs store"},
-		{Responses, `{"model":"m","input":[{"type":"item_reference","id":"x"}]}`, "input[0].type", "not supported"},
-		{Responses, `{"model":"m","input":"x","tools":[{"type":"web_search"}]}`, "tools[0].type", "only function tools"},
+		{Responses, `{"model":"m","input":[{"type":"item_referense","id":"x"}]}`, "input[0].type", "not an input item type"},
+		{Responses, `{"model":"m","input":[{"type":"item_reference"}]}`, "input[0].id", "id is required"},
+		{Responses, `{"model":"m","input":"x","tools":[{"name":"f"}]}`, "tools[0].type", "type is required"},
+		{Responses, `{"model":"m","input":"x","tools":[{"type":"namespace","tools":[]}]}`, "tools[0].name", "name is required"},
+		{Responses, `{"model":"m","input":"x","tools":[{"type":"namespace","name":"n","tools":[{"type":"function"}]}]}`, "tools[0].tools[0].name", "name is required"},
+		{Responses, `{"model":"m","input":"x","tool_choice":{"type":"function"}}`, "tool_choice.name", "name is required"},
 		{Responses, `{"model":"m","input":"x","previous_response_id":"a","conversation":"c"}`, "previous_response_id", "cannot be used together"},
 		{Responses, `{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}]}`, "input[0].content[0].type", "not supported"},
 	}

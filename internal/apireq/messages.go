@@ -9,17 +9,19 @@ import (
 
 // Anthropic Messages API (https://docs.anthropic.com/en/api/messages),
 // converted to the chat form as vLLM converts it
-// (vllm/entrypoints/anthropic/serving.py _convert_anthropic_to_openai_request):
-// the system prompt (a string, or text blocks concatenated, Claude Code's
-// x-anthropic-billing-header block dropped) and system messages become one
-// system message; text blocks become the message's content; thinking
-// blocks its reasoning; tool_use blocks assistant tool calls with the input
-// as JSON arguments; each tool_result block a tool message placed where the
-// block was, before the rest of its user message; redacted_thinking and
-// tool_reference blocks are dropped. Tools become function tools,
-// tool_choice auto/any/none/tool auto/required/none/the named function,
-// output_config.format json_schema the response_format, stop_sequences
-// the stop sequences.
+// (vllm/entrypoints/anthropic/serving.py to_chat_completion_request): the
+// system prompt (a string, or text blocks concatenated, Claude Code's
+// x-anthropic-billing-header block dropped) becomes the system message,
+// followed by the text of the system messages leading messages; the other
+// inline system messages are kept in place or folded into their
+// neighbours (inline_system.go); text blocks become the message's content;
+// thinking blocks its reasoning; tool_use blocks assistant tool calls with
+// the input as JSON arguments; each tool_result block a tool message
+// placed where the block was, before the rest of its user message;
+// redacted_thinking and tool_reference blocks are dropped. Tools become
+// function tools, tool_choice auto/any/none/tool auto/required/none/the
+// named function, output_config.format json_schema the response_format,
+// stop_sequences the stop sequences.
 
 // anthropicBlock is one content block.
 type anthropicBlock struct {
@@ -53,34 +55,39 @@ func (r *Request) parseMessages(count bool) *Error {
 		r.MaxTokens = int(min(v, 1<<30))
 	}
 	r.IncludeUsage = r.Stream
-	var system []string
+	a := &anthropicForm{}
 	if raw, ok := r.Present("system"); ok {
 		texts, err := anthropicSystem(raw, "system")
 		if err != nil {
 			return err
 		}
-		system = append(system, texts...)
+		a.system = strings.Join(texts, "")
 	}
 	raw, ok := r.Present("messages")
 	if !ok {
 		return Missing("messages")
 	}
-	msgs, sys, err := anthropicMessages(raw)
-	if err != nil {
+	var err *Error
+	if a.msgs, err = anthropicMessages(raw); err != nil {
 		return err
-	}
-	system = append(system, sys...)
-	if len(system) > 0 {
-		s := strings.Join(system, "")
-		msgs = append([]chatMessage{{Role: "system", Content: s}}, msgs...)
-	}
-	if len(msgs) == 0 {
-		return BadRequest("", "messages", "messages hold no content to send")
 	}
 	fields := map[string]json.RawMessage{}
 	if err := r.anthropicTools(fields); err != nil {
 		return err
 	}
+	if err := r.anthropicOutput(fields); err != nil {
+		return err
+	}
+	a.fields = fields
+	r.anthropic = a
+	return r.messagesChatForm(InlineSystemPreserve)
+}
+
+// anthropicOutput converts stop_sequences, output_config.format and
+// thinking; output_config.effort, thinking.display and the fields an
+// engine alone reads (metadata, context_management, service_tier, ...)
+// are accepted and left to the engine.
+func (r *Request) anthropicOutput(fields map[string]json.RawMessage) *Error {
 	if raw, ok := r.Present("stop_sequences"); ok {
 		var stop []string
 		if json.Unmarshal(raw, &stop) != nil {
@@ -114,49 +121,84 @@ func (r *Request) parseMessages(count bool) *Error {
 		}
 		r.Thinking = th.Type == "enabled" || th.Type == "adaptive"
 	}
-	return r.setChatForm(msgs, fields)
+	return nil
 }
 
-// anthropicMessages converts the messages array: the chat messages, and
-// the text of system messages (hoisted into the system prompt, as vLLM).
-func anthropicMessages(raw json.RawMessage) ([]chatMessage, []string, *Error) {
+// messagesChatForm builds the chat form with the inline system messages
+// placed by mode (inline_system.go): the system message first (the system
+// prompt and the text of the system messages leading messages, joined by
+// a blank line, as vLLM's _convert_system_message), then the messages.
+func (r *Request) messagesChatForm(mode InlineSystem) *Error {
+	a := r.anthropic
+	leading, rest, err := normalizeInlineSystem(a.system, a.msgs, mode)
+	if err != nil {
+		return err
+	}
+	var msgs []chatMessage
+	if s := joinText(a.system, leading); s != "" {
+		msgs = append(msgs, chatMessage{Role: "system", Content: s})
+	}
+	for _, m := range rest {
+		if m.role == "system" {
+			text, err := systemText(m)
+			if err != nil {
+				return err
+			}
+			if text != "" {
+				msgs = append(msgs, chatMessage{Role: "system", Content: text})
+			}
+			continue
+		}
+		out, err := anthropicMessage(m.role, m.content, m.param)
+		if err != nil {
+			return err
+		}
+		msgs = append(msgs, out...)
+	}
+	if len(msgs) == 0 {
+		return BadRequest("", "messages", "messages hold no content to send")
+	}
+	a.mode = mode
+	return r.setChatForm(msgs, a.fields)
+}
+
+// anthropicMessages reads the messages array: each message's role and
+// content, checked as far as placing system messages needs.
+func anthropicMessages(raw json.RawMessage) ([]anthropicMsg, *Error) {
 	var in []struct {
 		Role    *string         `json:"role"`
 		Content json.RawMessage `json:"content"`
 	}
 	if err := json.Unmarshal(raw, &in); err != nil {
-		return nil, nil, BadRequest("", "messages", "invalid type for \"messages\": want an array of messages with role and content, got %s", Kind(raw))
+		return nil, BadRequest("", "messages", "invalid type for \"messages\": want an array of messages with role and content, got %s", Kind(raw))
 	}
 	if len(in) == 0 {
-		return nil, nil, BadRequest("", "messages", "messages must contain at least one message")
+		return nil, BadRequest("", "messages", "messages must contain at least one message")
 	}
-	var msgs []chatMessage
-	var system []string
+	msgs := make([]anthropicMsg, len(in))
 	for i, m := range in {
 		param := fmt.Sprintf("messages[%d]", i)
 		if m.Role == nil {
-			return nil, nil, BadRequest("", param+".role", "%s.role is required (user or assistant)", param)
+			return nil, BadRequest("", param+".role", "%s.role is required (user or assistant)", param)
 		}
 		role := *m.Role
 		switch role {
-		case "system":
-			texts, err := anthropicSystem(m.Content, param+".content")
-			if err != nil {
-				return nil, nil, err
-			}
-			system = append(system, texts...)
-			continue
-		case "user", "assistant":
+		case "system", "user", "assistant":
 		default:
-			return nil, nil, BadRequest("", param+".role", "%s.role %q is not a Messages role (user or assistant)", param, truncate(role, 40))
+			return nil, BadRequest("", param+".role", "%s.role %q is not a Messages role (user or assistant)", param, truncate(role, 40))
 		}
-		out, err := anthropicMessage(role, m.Content, param)
-		if err != nil {
-			return nil, nil, err
+		msgs[i] = anthropicMsg{role: role, content: bytes.TrimSpace(m.Content), param: param}
+		if role == "system" {
+			if _, err := systemText(msgs[i]); err != nil {
+				return nil, err
+			}
+			continue
 		}
-		msgs = append(msgs, out...)
+		if c := msgs[i].content; len(c) == 0 || (c[0] != '"' && c[0] != '[') {
+			return nil, BadRequest("", param+".content", "invalid type for \"%s.content\": want a string or an array of content blocks, got %s", param, Kind(c))
+		}
 	}
-	return msgs, system, nil
+	return msgs, nil
 }
 
 // anthropicSystem reads a system prompt: a string or text blocks.
@@ -232,7 +274,7 @@ func anthropicMessage(role string, raw json.RawMessage, param string) ([]chatMes
 				if !isObject(b.Input) {
 					return nil, BadRequest("", bp+".input", "%s.input must be an object", bp)
 				}
-				args = string(compact(b.Input))
+				args = pythonJSON(b.Input)
 			}
 			calls = append(calls, chatToolCall{ID: *b.ID, Type: "function", Function: chatToolFunction{Name: *b.Name, Arguments: args}})
 		case "tool_result":
@@ -365,12 +407,4 @@ func (r *Request) anthropicTools(fields map[string]json.RawMessage) *Error {
 func isObject(raw json.RawMessage) bool {
 	raw = bytes.TrimSpace(raw)
 	return len(raw) > 0 && raw[0] == '{' && json.Valid(raw)
-}
-
-func compact(raw json.RawMessage) json.RawMessage {
-	var b bytes.Buffer
-	if json.Compact(&b, raw) != nil {
-		return raw
-	}
-	return b.Bytes()
 }

@@ -13,13 +13,19 @@ import (
 // instructions become a system message; a string input one user message;
 // input items in order — a message item a chat message (its text parts
 // joined), a function_call item a tool call of the assistant message
-// before it (or of a new one), a function_call_output item a tool message,
-// a reasoning item the reasoning of the assistant message before it (or of
-// a new one); function tools become chat function tools, text.format the
-// response_format, max_output_tokens the completion budget. A previous
-// response's history goes between the instructions and the input
-// (WithHistory), without its system messages: instructions do not carry
-// over.
+// before it (or of a new one), named by its flat name when it has a
+// namespace (FlatToolName), a function_call_output item a tool message, a
+// reasoning item the reasoning of the assistant message before it (or of
+// a new one); a custom tool's call and output as a function's; an
+// item_reference once resolved (ResolveItems); the items of hosted tools
+// are accepted and not rendered (unrenderedItems). Function tools and the
+// functions of namespace tools become chat function tools (responsesTools),
+// text.format the response_format, max_output_tokens the completion budget.
+// A previous response's history goes between the instructions and the
+// input (WithHistory), without its system messages: instructions do not
+// carry over. Fields the chat form has no use for (include, metadata,
+// prompt_cache_key, client_metadata, reasoning.summary, truncation, user,
+// service_tier, ...) are accepted and left to the engine.
 
 func (r *Request) parseResponses() *Error {
 	rf := &ResponsesFields{Store: true}
@@ -112,7 +118,7 @@ func (r *Request) parseResponses() *Error {
 		return err
 	}
 	r.Chat = fields
-	return r.rebuildResponses(nil)
+	return r.rebuildResponses()
 }
 
 // WithHistory puts a previous response's conversation (chat messages, as
@@ -121,7 +127,8 @@ func (r *Request) WithHistory(history []json.RawMessage) *Error {
 	if r.Responses == nil {
 		return BadRequest("", "", "not a Responses request")
 	}
-	return r.rebuildResponses(history)
+	r.Responses.history = history
+	return r.rebuildResponses()
 }
 
 // History is this request's conversation in the chat form without its
@@ -138,8 +145,9 @@ func (r *Request) History() []json.RawMessage {
 	return msgs
 }
 
-func (r *Request) rebuildResponses(history []json.RawMessage) *Error {
+func (r *Request) rebuildResponses() *Error {
 	rf := r.Responses
+	history := rf.history
 	msgs := make([]any, 0, len(rf.instr)+len(history)+len(rf.input))
 	for _, m := range rf.instr {
 		msgs = append(msgs, m)
@@ -166,112 +174,245 @@ func (r *Request) rebuildResponses(history []json.RawMessage) *Error {
 // responseItem is one input item.
 type responseItem struct {
 	Type      *string         `json:"type"`
+	ID        *string         `json:"id"`
 	Role      *string         `json:"role"`
 	Content   json.RawMessage `json:"content"`
 	CallID    *string         `json:"call_id"`
 	Name      *string         `json:"name"`
 	Namespace *string         `json:"namespace"`
-	Arguments *string         `json:"arguments"`
+	// Arguments and Input are strings in the items rendered (a function's
+	// and a custom tool's call); other items have other shapes there.
+	Arguments json.RawMessage `json:"arguments"`
+	Input     json.RawMessage `json:"input"`
 	Output    json.RawMessage `json:"output"`
 	Summary   []struct {
 		Text string `json:"text"`
 	} `json:"summary"`
-	EncryptedContent *string `json:"encrypted_content"`
+}
+
+// unrenderedItems are the input item types of OpenAI's union
+// (openai-python src/openai/types/responses/response_input_item_param.py)
+// that are accepted and left out of the chat form: the calls and outputs
+// of hosted tools, tool search, additional tools, compaction and programs.
+// vLLM's chat path converts none of them (vllm/entrypoints/openai/
+// responses/utils.py _construct_message_from_response_item hands them to
+// the renderer as they are, which takes no message without a role); an
+// engine that serves them gets them in the body it is sent.
+var unrenderedItems = map[string]bool{
+	"file_search_call": true, "computer_call": true, "computer_call_output": true, "web_search_call": true,
+	"tool_search_call": true, "tool_search_output": true, "additional_tools": true, "image_generation_call": true,
+	"code_interpreter_call": true, "local_shell_call": true, "local_shell_call_output": true,
+	"shell_call": true, "shell_call_output": true, "apply_patch_call": true, "apply_patch_call_output": true,
+	"mcp_list_tools": true, "mcp_approval_request": true, "mcp_approval_response": true, "mcp_call": true,
+	"compaction": true, "compaction_trigger": true, "program": true, "program_output": true,
+}
+
+// itemType is an input item's type: its type field, else an item
+// reference when it has an id and no role (OpenAI's ItemReference has an
+// optional type), else a message.
+func (it *responseItem) itemType() string {
+	switch {
+	case it.Type != nil:
+		return *it.Type
+	case it.Role == nil && it.ID != nil:
+		return "item_reference"
+	}
+	return "message"
 }
 
 // responsesInput converts input items to chat messages.
 func responsesInput(items []json.RawMessage) ([]chatMessage, *Error) {
-	var out []chatMessage
-	lastAssistant := func() *chatMessage {
-		if n := len(out); n > 0 && out[n-1].Role == "assistant" {
-			return &out[n-1]
-		}
-		return nil
-	}
+	c := inputConverter{}
 	for i, raw := range items {
 		param := fmt.Sprintf("input[%d]", i)
 		var it responseItem
 		if json.Unmarshal(raw, &it) != nil {
 			return nil, BadRequest("", param, "%s must be an object", param)
 		}
-		typ := "message"
-		if it.Type != nil {
-			typ = *it.Type
-		}
-		switch typ {
-		case "message":
-			if it.Role == nil {
-				return nil, BadRequest("", param+".role", "%s.role is required", param)
-			}
-			role := *it.Role
-			if role != "user" && role != "assistant" && role != "system" && role != "developer" {
-				return nil, BadRequest("", param+".role", "%s.role %q is not user, assistant, system or developer", param, truncate(role, 40))
-			}
-			texts, err := responsesContent(it.Content, param+".content")
-			if err != nil {
-				return nil, err
-			}
-			if role == "assistant" {
-				text := strings.Join(texts, "")
-				if prev := lastAssistant(); prev != nil && prev.Content == nil {
-					prev.Content = text
-					continue
-				}
-				out = append(out, chatMessage{Role: "assistant", Content: text})
-				continue
-			}
-			out = append(out, chatMessage{Role: role, Content: contentOf(texts)})
-			if out[len(out)-1].Content == nil {
-				out[len(out)-1].Content = ""
-			}
-		case "function_call":
-			if it.CallID == nil || it.Name == nil || it.Arguments == nil {
-				return nil, BadRequest("", param, "%s: a function_call item needs call_id, name and arguments", param)
-			}
-			name := *it.Name
-			if it.Namespace != nil && *it.Namespace != "" {
-				name = *it.Namespace + "." + name
-			}
-			call := chatToolCall{ID: *it.CallID, Type: "function", Function: chatToolFunction{Name: name, Arguments: *it.Arguments}}
-			if prev := lastAssistant(); prev != nil {
-				prev.ToolCalls = append(prev.ToolCalls, call)
-				continue
-			}
-			out = append(out, chatMessage{Role: "assistant", ToolCalls: []chatToolCall{call}})
-		case "function_call_output":
-			if it.CallID == nil {
-				return nil, BadRequest("", param+".call_id", "%s.call_id is required", param)
-			}
-			texts, err := responsesContent(it.Output, param+".output")
-			if err != nil {
-				return nil, err
-			}
-			id := *it.CallID
-			out = append(out, chatMessage{Role: "tool", ToolCallID: &id, Content: strings.Join(texts, "\n")})
-		case "reasoning":
-			if it.EncryptedContent != nil && *it.EncryptedContent != "" {
-				return nil, BadRequest("", param+".encrypted_content", "%s: encrypted reasoning content is not supported", param)
-			}
-			texts, err := responsesContent(it.Content, param+".content")
-			if err != nil {
-				return nil, err
-			}
-			text := ""
-			if len(texts) > 0 {
-				text = texts[0]
-			} else if len(it.Summary) > 0 {
-				text = it.Summary[0].Text
-			}
-			if prev := lastAssistant(); prev != nil && prev.Reasoning == nil {
-				prev.Reasoning = &text
-				continue
-			}
-			out = append(out, chatMessage{Role: "assistant", Reasoning: &text})
-		default:
-			return nil, BadRequest("", param+".type", "%s: input item type %q is not supported (message, function_call, function_call_output, reasoning)", param, truncate(typ, 40))
+		if err := c.item(&it, param); err != nil {
+			return nil, err
 		}
 	}
-	return out, nil
+	return c.out, nil
+}
+
+// inputConverter builds the chat messages of input items in order.
+type inputConverter struct{ out []chatMessage }
+
+// lastAssistant is the last message if it is an assistant's.
+func (c *inputConverter) lastAssistant() *chatMessage {
+	if n := len(c.out); n > 0 && c.out[n-1].Role == "assistant" {
+		return &c.out[n-1]
+	}
+	return nil
+}
+
+// call adds a tool call to the assistant message before it, or to a new
+// one.
+func (c *inputConverter) call(call chatToolCall) {
+	if prev := c.lastAssistant(); prev != nil {
+		prev.ToolCalls = append(prev.ToolCalls, call)
+		return
+	}
+	c.out = append(c.out, chatMessage{Role: "assistant", ToolCalls: []chatToolCall{call}})
+}
+
+func (c *inputConverter) item(it *responseItem, param string) *Error {
+	switch typ := it.itemType(); typ {
+	case "message":
+		return c.message(it, param)
+	case "function_call":
+		args, ok := stringOf(it.Arguments)
+		if it.CallID == nil || it.Name == nil || !ok {
+			return BadRequest("", param, "%s: a function_call item needs call_id, name and arguments (a string)", param)
+		}
+		c.call(chatToolCall{ID: *it.CallID, Type: "function", Function: chatToolFunction{Name: FlatToolName(deref(it.Namespace), *it.Name), Arguments: args}})
+	case "custom_tool_call":
+		// vLLM's chat path has no conversion for it; here a custom tool's
+		// call renders as a function call whose arguments are its
+		// free-form input, so the template sees the turn.
+		input, ok := stringOf(it.Input)
+		if it.CallID == nil || it.Name == nil || !ok {
+			return BadRequest("", param, "%s: a custom_tool_call item needs call_id, name and input (a string)", param)
+		}
+		c.call(chatToolCall{ID: *it.CallID, Type: "function", Function: chatToolFunction{Name: FlatToolName(deref(it.Namespace), *it.Name), Arguments: input}})
+	case "function_call_output", "custom_tool_call_output":
+		if it.CallID == nil {
+			return BadRequest("missing_required_parameter", param+".call_id", "%s.call_id is required", param)
+		}
+		texts, err := responsesContent(it.Output, param+".output")
+		if err != nil {
+			return err
+		}
+		id := *it.CallID
+		c.out = append(c.out, chatMessage{Role: "tool", ToolCallID: &id, Content: strings.Join(texts, "\n")})
+	case "reasoning":
+		return c.reasoning(it, param)
+	case "item_reference":
+		// Rendered once resolved (ResolveItems): the edge, which stores
+		// no items, keys the prompt without it.
+		if it.ID == nil || *it.ID == "" {
+			return BadRequest("missing_required_parameter", param+".id", "%s.id is required (the id of the item referenced)", param)
+		}
+	default:
+		if !unrenderedItems[typ] {
+			return BadRequest("", param+".type", "%s: input item type %q is not an input item type of the Responses API", param, truncate(typ, 40))
+		}
+	}
+	return nil
+}
+
+func (c *inputConverter) message(it *responseItem, param string) *Error {
+	if it.Role == nil {
+		return BadRequest("", param+".role", "%s.role is required", param)
+	}
+	role := *it.Role
+	if role != "user" && role != "assistant" && role != "system" && role != "developer" {
+		return BadRequest("", param+".role", "%s.role %q is not user, assistant, system or developer", param, truncate(role, 40))
+	}
+	texts, err := responsesContent(it.Content, param+".content")
+	if err != nil {
+		return err
+	}
+	if role == "assistant" {
+		text := strings.Join(texts, "")
+		if prev := c.lastAssistant(); prev != nil && prev.Content == nil {
+			prev.Content = text
+			return nil
+		}
+		c.out = append(c.out, chatMessage{Role: "assistant", Content: text})
+		return nil
+	}
+	m := chatMessage{Role: role, Content: contentOf(texts)}
+	if m.Content == nil {
+		m.Content = ""
+	}
+	c.out = append(c.out, m)
+	return nil
+}
+
+// reasoning renders a reasoning item's text (its content, else its first
+// summary). Its encrypted_content, which Codex sends back whenever it asks
+// for it (include: ["reasoning.encrypted_content"]), is opaque to every
+// engine but the one that wrote it: it is accepted and not rendered (vLLM
+// refuses such an item, which would end a Codex session on its second
+// turn).
+func (c *inputConverter) reasoning(it *responseItem, param string) *Error {
+	texts, err := responsesContent(it.Content, param+".content")
+	if err != nil {
+		return err
+	}
+	text := ""
+	if len(texts) > 0 {
+		text = texts[0]
+	} else if len(it.Summary) > 0 {
+		text = it.Summary[0].Text
+	}
+	if prev := c.lastAssistant(); prev != nil && prev.Reasoning == nil {
+		prev.Reasoning = &text
+		return nil
+	}
+	c.out = append(c.out, chatMessage{Role: "assistant", Reasoning: &text})
+	return nil
+}
+
+// stringOf reads a JSON string.
+func stringOf(raw json.RawMessage) (string, bool) {
+	var s string
+	if IsNull(raw) || json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// ItemReferences are the ids the input's item_reference items name, in
+// order.
+func (rf *ResponsesFields) ItemReferences() []string {
+	var ids []string
+	for _, raw := range rf.Input {
+		var it responseItem
+		if json.Unmarshal(raw, &it) == nil && it.itemType() == "item_reference" && it.ID != nil {
+			ids = append(ids, *it.ID)
+		}
+	}
+	return ids
+}
+
+// ResolveItems renders each item_reference of the input as the item
+// lookup finds for its id (an input or output item of a stored response),
+// and refuses one it does not find.
+func (r *Request) ResolveItems(lookup func(id string) (json.RawMessage, bool)) *Error {
+	rf := r.Responses
+	if rf == nil {
+		return BadRequest("", "", "not a Responses request")
+	}
+	items := make([]json.RawMessage, len(rf.Input))
+	for i, raw := range rf.Input {
+		items[i] = raw
+		var it responseItem
+		if json.Unmarshal(raw, &it) != nil || it.itemType() != "item_reference" || it.ID == nil {
+			continue
+		}
+		found, ok := lookup(*it.ID)
+		var ref responseItem
+		if !ok || json.Unmarshal(found, &ref) != nil || ref.itemType() == "item_reference" {
+			return BadRequest("item_not_found", fmt.Sprintf("input[%d].id", i), "input[%d]: item_reference %q: no stored response holds an item with that id (items are kept with the responses stored on the instance that made them)", i, truncate(*it.ID, 200))
+		}
+		items[i] = found
+	}
+	in, err := responsesInput(items)
+	if err != nil {
+		return err
+	}
+	rf.input = in
+	return r.rebuildResponses()
 }
 
 // responsesContent reads a message's (or a function output's) content as
@@ -313,32 +454,30 @@ func responsesContent(raw json.RawMessage, param string) ([]string, *Error) {
 	return texts, nil
 }
 
-// responsesTools converts function tools and tool_choice.
+// responsesTools converts the tools and tool_choice. Every type of
+// OpenAI's tool union is accepted (openai-python
+// src/openai/types/responses/tool_param.py); the chat form holds the
+// function tools, as vLLM renders them
+// (vllm/tool_parsers/utils.py iter_response_function_tool_dicts): each
+// function tool, and each function of a namespace tool under its flat name
+// (FlatToolName), the namespace kept to name its calls (CallName). Hosted
+// tools (web_search, file_search, mcp, shell, ...), custom tools and the
+// custom tools inside a namespace are not rendered, as vLLM renders none:
+// an engine that serves them gets them in the body it is sent, and a model
+// that does not sees no such tool and never calls it.
 func (r *Request) responsesTools(fields map[string]json.RawMessage) *Error {
+	rf := r.Responses
 	if raw, ok := r.Present("tools"); ok {
-		var tools []struct {
-			Type        string          `json:"type"`
-			Name        *string         `json:"name"`
-			Description *string         `json:"description"`
-			Parameters  json.RawMessage `json:"parameters"`
-			Strict      *bool           `json:"strict"`
-		}
+		var tools []json.RawMessage
 		if json.Unmarshal(raw, &tools) != nil {
 			return BadRequest("", "tools", "invalid type for \"tools\": want an array of tools, got %s", Kind(raw))
 		}
 		out := make([]chatTool, 0, len(tools))
-		for i, t := range tools {
-			if t.Type != "function" {
-				return BadRequest("", fmt.Sprintf("tools[%d].type", i), "tools[%d]: tool type %q is not supported (only function tools)", i, truncate(t.Type, 40))
+		for i, raw := range tools {
+			var err *Error
+			if out, err = rf.responsesTool(out, raw, fmt.Sprintf("tools[%d]", i)); err != nil {
+				return err
 			}
-			if t.Name == nil || *t.Name == "" {
-				return BadRequest("", fmt.Sprintf("tools[%d].name", i), "tools[%d].name is required", i)
-			}
-			params := t.Parameters
-			if IsNull(params) {
-				params = nil
-			}
-			out = append(out, chatTool{Type: "function", Function: chatFunctionDef{Name: *t.Name, Description: t.Description, Parameters: params, Strict: t.Strict}})
 		}
 		fields["tools"] = marshal(out)
 	}
@@ -355,14 +494,156 @@ func (r *Request) responsesTools(fields map[string]json.RawMessage) *Error {
 		return nil
 	}
 	var tc struct {
-		Type string  `json:"type"`
+		Type *string `json:"type"`
 		Name *string `json:"name"`
 	}
-	if json.Unmarshal(raw, &tc) != nil || tc.Type != "function" || tc.Name == nil {
-		return BadRequest("", "tool_choice", "tool_choice must be auto, none, required or {\"type\": \"function\", \"name\": ...}")
+	if json.Unmarshal(raw, &tc) != nil || tc.Type == nil {
+		return BadRequest("", "tool_choice", "tool_choice must be auto, none, required or an object with a type ({\"type\": \"function\", \"name\": ...}, allowed_tools, a hosted tool type)")
 	}
-	fields["tool_choice"] = marshal(map[string]any{"type": "function", "function": map[string]string{"name": *tc.Name}})
+	if *tc.Type != "function" {
+		// allowed_tools, a hosted tool, custom, mcp, shell, apply_patch:
+		// vLLM constrains none of them (vllm/tool_parsers/utils.py
+		// get_json_schema_from_tools), so the model chooses as under auto.
+		fields["tool_choice"] = json.RawMessage(`"auto"`)
+		return nil
+	}
+	if tc.Name == nil || *tc.Name == "" {
+		return BadRequest("", "tool_choice.name", "tool_choice.name is required when type is \"function\"")
+	}
+	name := *tc.Name
+	if !toolNamed(fields["tools"], name) {
+		name = rf.chosenTool(name)
+	}
+	fields["tool_choice"] = marshal(map[string]any{"type": "function", "function": map[string]string{"name": name}})
 	return nil
+}
+
+// toolNamed reports whether the chat form's tools have a function name.
+func toolNamed(tools json.RawMessage, name string) bool {
+	var ts []chatTool
+	_ = json.Unmarshal(tools, &ts)
+	for _, t := range ts {
+		if t.Function.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// responsesTool adds one tool's chat function tools to out.
+func (rf *ResponsesFields) responsesTool(out []chatTool, raw json.RawMessage, param string) ([]chatTool, *Error) {
+	var t struct {
+		Type        *string           `json:"type"`
+		Name        *string           `json:"name"`
+		Description *string           `json:"description"`
+		Parameters  json.RawMessage   `json:"parameters"`
+		Strict      *bool             `json:"strict"`
+		Tools       []json.RawMessage `json:"tools"`
+	}
+	if json.Unmarshal(raw, &t) != nil {
+		return nil, BadRequest("", param, "%s must be a tool object", param)
+	}
+	if t.Type == nil || *t.Type == "" {
+		return nil, BadRequest("missing_required_parameter", param+".type", "%s.type is required", param)
+	}
+	switch *t.Type {
+	case "function":
+		if t.Name == nil || *t.Name == "" {
+			return nil, BadRequest("missing_required_parameter", param+".name", "%s.name is required", param)
+		}
+		return append(out, functionTool(*t.Name, t.Description, t.Parameters, t.Strict)), nil
+	case "namespace":
+		if t.Name == nil || *t.Name == "" {
+			return nil, BadRequest("missing_required_parameter", param+".name", "%s.name is required (the namespace)", param)
+		}
+		ns := *t.Name
+		for j, inner := range t.Tools {
+			ip := fmt.Sprintf("%s.tools[%d]", param, j)
+			var f struct {
+				Type        *string         `json:"type"`
+				Name        *string         `json:"name"`
+				Description *string         `json:"description"`
+				Parameters  json.RawMessage `json:"parameters"`
+				Strict      *bool           `json:"strict"`
+			}
+			if json.Unmarshal(inner, &f) != nil || f.Type == nil {
+				return nil, BadRequest("", ip, "%s must be a function or custom tool", ip)
+			}
+			if f.Name == nil || *f.Name == "" {
+				return nil, BadRequest("missing_required_parameter", ip+".name", "%s.name is required", ip)
+			}
+			if *f.Type != "function" {
+				continue // a custom tool of the namespace: not rendered, as vLLM
+			}
+			flat := FlatToolName(ns, *f.Name)
+			if rf.namespaced == nil {
+				rf.namespaced = map[string]ToolName{}
+			}
+			rf.namespaced[flat] = ToolName{Namespace: ns, Name: *f.Name}
+			out = append(out, functionTool(flat, f.Description, f.Parameters, f.Strict))
+		}
+	}
+	return out, nil
+}
+
+func functionTool(name string, description *string, params json.RawMessage, strict *bool) chatTool {
+	if IsNull(params) {
+		params = nil
+	}
+	return chatTool{Type: "function", Function: chatFunctionDef{Name: name, Description: description, Parameters: params, Strict: strict}}
+}
+
+// namespaceSep joins a namespace and a function name in the flat name the
+// chat form gives a namespace's function: vLLM's
+// (vllm/tool_parsers/utils.py flat_namespace_tool_name) and Codex's
+// (codex-rs/protocol/src/tool_name.rs canonical_flat_name) "__".
+const namespaceSep = "__"
+
+// ToolName is a function's name as the Responses API names it: the
+// namespace tool it belongs to ("" none) and its name there.
+type ToolName struct {
+	Namespace, Name string
+}
+
+// FlatToolName is the name a namespace's function has in the chat form, the
+// one a model renders and calls.
+func FlatToolName(namespace, name string) string {
+	if namespace == "" {
+		return name
+	}
+	return namespace + namespaceSep + name
+}
+
+// CallName is the Responses name of a function the model called by its
+// chat-form name: a namespace's function is named with its namespace, as
+// vLLM answers it (vllm/tool_parsers/utils.py
+// resolve_responses_tool_call_name), and as Codex reads a function_call
+// item (codex-rs/protocol/src/tool_name.rs ToolName).
+func (rf *ResponsesFields) CallName(flat string) ToolName {
+	if t, ok := rf.namespaced[flat]; ok {
+		return t
+	}
+	return ToolName{Name: flat}
+}
+
+// chosenTool is the chat-form name of a function tool_choice names that no
+// tool has as its chat-form name: a namespace's function named by its own
+// name, as vLLM accepts it (vllm/tool_parsers/utils.py
+// get_json_schema_from_tools), when one namespace alone has it.
+func (rf *ResponsesFields) chosenTool(name string) string {
+	match := ""
+	for flat, t := range rf.namespaced {
+		if t.Name == name {
+			if match != "" {
+				return name
+			}
+			match = flat
+		}
+	}
+	if match == "" {
+		return name
+	}
+	return match
 }
 
 // responsesFormat converts text.format.

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/internal/prefix"
-	"github.com/tether-project/tether/worker"
 	"github.com/tether-project/tether/worker/engine/sim"
 )
 
@@ -59,6 +58,7 @@ type chatBody struct {
 	Model         string        `json:"model"`
 	Messages      []chatMessage `json:"messages"`
 	MaxTokens     int           `json:"max_tokens"`
+	IgnoreEOS     bool          `json:"ignore_eos"`
 	Stream        bool          `json:"stream"`
 	StreamOptions *struct {
 		IncludeUsage bool `json:"include_usage"`
@@ -261,10 +261,7 @@ func sleepUntil(ctx context.Context, at time.Time) bool {
 // send posts one request (retrying 429s after Retry-After) and records it.
 func (r *e2eRun) send(ctx context.Context, a *Agent, req *Request, call int) error {
 	msgs := PromptMessages(req, r.w.BlockSize)
-	// Workers refuse max_tokens above their max_tokens_limit (default
-	// 4096) with 400; a trace's longer outputs are capped there, as the
-	// workers used to clamp them.
-	payload, err := requestBody(r.o.API, r.o.Model, a.ID, msgs, min(req.OutputTokens, worker.DefaultMaxTokensLimit))
+	payload, err := requestBody(r.o.API, r.o.Model, a.ID, msgs, min(req.OutputTokens, e2eMaxOutputTokens))
 	if err != nil {
 		return fmt.Errorf("bench: e2e: %s call %d: encode: %w", a.ID, call, err)
 	}
@@ -453,20 +450,29 @@ func requestBody(api, model, conv string, msgs []prefix.Message, maxTokens int) 
 		}
 		rest = append(rest, chatMessage{Role: m.Role, Content: m.Content})
 	}
+	// ignore_eos (vLLM's sampling extension, which tether's simulated
+	// model honours in every dialect): the answer has the trace's output
+	// length instead of stopping on its own.
 	switch api {
 	case "messages":
-		return json.Marshal(map[string]any{"model": model, "max_tokens": maxTokens, "stream": true,
+		return json.Marshal(map[string]any{"model": model, "max_tokens": maxTokens, "stream": true, "ignore_eos": true,
 			"system": strings.Join(system, ""), "messages": rest})
 	case "responses":
-		return json.Marshal(map[string]any{"model": model, "max_output_tokens": maxTokens, "stream": true, "store": false,
+		return json.Marshal(map[string]any{"model": model, "max_output_tokens": maxTokens, "stream": true, "store": false, "ignore_eos": true,
 			"instructions": strings.Join(system, ""), "input": rest, "prompt_cache_key": conv})
 	}
-	body := chatBody{Model: model, MaxTokens: maxTokens, Stream: true, Messages: rest}
+	body := chatBody{Model: model, MaxTokens: maxTokens, IgnoreEOS: true, Stream: true, Messages: rest}
 	body.StreamOptions = &struct {
 		IncludeUsage bool `json:"include_usage"`
 	}{true}
 	return json.Marshal(body)
 }
+
+// e2eMaxOutputTokens caps a trace's output tokens in e2e mode: the
+// published e2e figures were measured with this cap (workers refused
+// more before they took a context length, max_model_len), and keeping it
+// keeps new runs comparable with them.
+const e2eMaxOutputTokens = 4096
 
 // streamEvent is what the replay reads of one streamed event.
 type streamEvent struct {

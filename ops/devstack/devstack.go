@@ -49,6 +49,16 @@ const ParentHeader = "X-Dynamo-Parent-Session-ID"
 // says otherwise.
 const DefaultModel = "tether-sim"
 
+// AgentsSDKDefaultModel is the model the OpenAI Agents SDK asks for when
+// an agent names none (@openai/agents-core 0.20.0, getDefaultModel in
+// dist/defaultModel.js, without OPENAI_DEFAULT_MODEL).
+const AgentsSDKDefaultModel = "gpt-5.6-luna"
+
+// DefaultModelAliases are the other names of DefaultModel a stack serves
+// when Options.Model is not given: the Agents SDK's default, so an agent
+// built without a model runs against the stack as it is.
+var DefaultModelAliases = []string{AgentsSDKDefaultModel}
+
 // Defaults applied to zero Options fields.
 const (
 	DefaultEdges             = 3
@@ -94,8 +104,16 @@ type Options struct {
 	// hints with it, workers verify; it also authenticates the edges to
 	// each other); "" generates one.
 	InternalKey string
-	// Model is the served model name (default DefaultModel).
+	// Model is the served model name (default DefaultModel, then with
+	// DefaultModelAliases unless ModelAliases is set).
 	Model string
+	// ModelAliases are more names of Model: requests may give any of
+	// them (edges' model_aliases, workers' model_aliases), as vLLM's
+	// --served-model-name takes several names.
+	ModelAliases []string
+	// MaxModelLen is the simulated workers' context length
+	// (max_model_len; 0: the worker's default).
+	MaxModelLen int
 	// ExtraModels are models served besides Model, each on its own
 	// ContextWorkers + GenerationWorkers workers (ids m2-ctx-1, …): the
 	// edges' models entries (edge/models.go).
@@ -162,6 +180,9 @@ func (o *Options) Normalize() error {
 	}
 	if o.Model == "" {
 		o.Model = DefaultModel
+		if o.ModelAliases == nil {
+			o.ModelAliases = append([]string(nil), DefaultModelAliases...)
+		}
 	}
 	if o.Version == "" {
 		o.Version = "dev"
@@ -196,7 +217,41 @@ func (o *Options) Normalize() error {
 	if !(o.TimeScale >= 0) || o.TimeScale > 1e6 {
 		errs = append(errs, fmt.Errorf("time scale: must be 0 (instant) or more, got %v", o.TimeScale))
 	}
+	errs = append(errs, o.checkNames()...)
+	if o.MaxLoRAs == 0 && len(o.Adapters) > 0 {
+		o.MaxLoRAs = 2
+	}
+	if o.MaxLoRAs < 0 || o.LoRALoadTime < 0 {
+		errs = append(errs, fmt.Errorf("lora: max loras %d and load time %s must be >= 0", o.MaxLoRAs, o.LoRALoadTime))
+	}
+	if n := 1 + len(o.ExtraModels); n*(o.ContextWorkers+o.GenerationWorkers) > 4*MaxNodes {
+		errs = append(errs, fmt.Errorf("models: %d models × %d workers is more than a local stack runs (%d)", n, o.ContextWorkers+o.GenerationWorkers, 4*MaxNodes))
+	}
+	if o.MaxModelLen < 0 || o.MaxModelLen == 1 {
+		errs = append(errs, fmt.Errorf("max model len: must be 0 (the workers' default) or at least 2, got %d", o.MaxModelLen))
+	}
+	if o.Scope != routing.ScopeContext && o.Scope != routing.ScopeBoth {
+		errs = append(errs, fmt.Errorf("scope: unknown value %s (allowed: context, both)", o.Scope))
+	}
+	for _, s := range []struct{ name, v string }{{"admin token", o.AdminToken}, {"internal key", o.InternalKey}} {
+		if s.v != "" && len(s.v) < edge.MinSecretLen {
+			errs = append(errs, fmt.Errorf("%s: %d bytes is too short (want at least %d)", s.name, len(s.v), edge.MinSecretLen))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkNames checks that the model names, aliases and adapters are
+// distinct and that adapters name a model of the stack.
+func (o *Options) checkNames() []error {
+	var errs []error
 	seenModel := map[string]bool{o.Model: true}
+	for _, m := range o.ModelAliases {
+		if m == "" || seenModel[m] {
+			errs = append(errs, fmt.Errorf("model aliases: %q is empty or named twice", m))
+		}
+		seenModel[m] = true
+	}
 	for _, m := range o.ExtraModels {
 		if m == "" || seenModel[m] {
 			errs = append(errs, fmt.Errorf("models: %q is empty or named twice", m))
@@ -214,24 +269,7 @@ func (o *Options) Normalize() error {
 			seenModel[a] = true
 		}
 	}
-	if o.MaxLoRAs == 0 && len(o.Adapters) > 0 {
-		o.MaxLoRAs = 2
-	}
-	if o.MaxLoRAs < 0 || o.LoRALoadTime < 0 {
-		errs = append(errs, fmt.Errorf("lora: max loras %d and load time %s must be >= 0", o.MaxLoRAs, o.LoRALoadTime))
-	}
-	if n := 1 + len(o.ExtraModels); n*(o.ContextWorkers+o.GenerationWorkers) > 4*MaxNodes {
-		errs = append(errs, fmt.Errorf("models: %d models × %d workers is more than a local stack runs (%d)", n, o.ContextWorkers+o.GenerationWorkers, 4*MaxNodes))
-	}
-	if o.Scope != routing.ScopeContext && o.Scope != routing.ScopeBoth {
-		errs = append(errs, fmt.Errorf("scope: unknown value %s (allowed: context, both)", o.Scope))
-	}
-	for _, s := range []struct{ name, v string }{{"admin token", o.AdminToken}, {"internal key", o.InternalKey}} {
-		if s.v != "" && len(s.v) < edge.MinSecretLen {
-			errs = append(errs, fmt.Errorf("%s: %d bytes is too short (want at least %d)", s.name, len(s.v), edge.MinSecretLen))
-		}
-	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // Stack is a running local deployment.
@@ -473,6 +511,12 @@ func (s *Stack) startWorkers(ctx context.Context) error {
 		cfg.Hostname = o.Host
 		cfg.Port = 0
 		cfg.Model = sp.model
+		if sp.model == o.Model {
+			cfg.ModelAliases = append([]string(nil), o.ModelAliases...)
+		}
+		if o.MaxModelLen > 0 {
+			cfg.MaxModelLen = o.MaxModelLen
+		}
 		if as := o.Adapters[sp.model]; len(as) > 0 {
 			cfg.LoRA = worker.LoRAConfig{Adapters: as, MaxLoRAs: o.MaxLoRAs, LoadTime: o.LoRALoadTime}
 		}
@@ -592,6 +636,7 @@ func (s *Stack) EdgeConfig(i int) edge.Config {
 	cfg.Hostname = o.Host
 	cfg.Port = 0 // the stack passes the bound listener
 	cfg.Model = o.Model
+	cfg.ModelAliases = append([]string(nil), o.ModelAliases...)
 	cfg.ParentHeader = ParentHeader
 	cfg.Scope = o.Scope
 	cfg.InternalRequestAuthKey = s.internalKey
@@ -760,6 +805,9 @@ func (s *Stack) InternalKey() string { return s.internalKey }
 
 // Model is the served model name (the first model).
 func (s *Stack) Model() string { return s.opts.Model }
+
+// ModelAliases are the other names of Model.
+func (s *Stack) ModelAliases() []string { return append([]string(nil), s.opts.ModelAliases...) }
 
 // Models are every model the stack serves, Model first.
 func (s *Stack) Models() []string { return s.opts.models() }

@@ -338,6 +338,8 @@ func TestOptionErrorsNameTheOption(t *testing.T) {
 		{Options{AdminToken: "short"}, "admin token: 5 bytes is too short"},
 		{Options{TimeScale: -1}, "time scale"},
 		{Options{Scope: 7}, "scope"},
+		{Options{Model: "m", ModelAliases: []string{"m"}}, `model aliases: "m" is empty or named twice`},
+		{Options{MaxModelLen: 1}, "max model len"},
 	} {
 		st, err := Start(ctx, c.o)
 		if err == nil {
@@ -600,5 +602,44 @@ func TestRestartRestoresWorkerRanks(t *testing.T) {
 		if got := contextRank(t, chat(t, c, st2, st2.Edges()[1], conv, "", "next").route); got != ranks[conv] {
 			t.Errorf("%s after the restart on rank %s, the log records %s", conv, got, ranks[conv])
 		}
+	}
+}
+
+// A stack started without a model serves tether-sim and the Agents SDK's
+// default model name as one model (an agent built without a model runs
+// against it as it is), and its workers take MaxModelLen as their context
+// length. Before, the SDK's default name was a 404 and every max_tokens
+// above 4096 a 400.
+func TestStackServesTheAgentsSDKDefaultModelAndAContextLength(t *testing.T) {
+	st := startStack(t, Options{Edges: 1, ContextWorkers: 1, GenerationWorkers: 1, Ranks: 1, MaxModelLen: 4000})
+	if st.Model() != DefaultModel || len(st.ModelAliases()) != 1 || st.ModelAliases()[0] != AgentsSDKDefaultModel {
+		t.Fatalf("model %s, aliases %v", st.Model(), st.ModelAliases())
+	}
+	c := stackClient(t, st)
+	n := st.Edges()[0]
+	resp, err := c.Get(n.URL() + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `"id":"`+DefaultModel+`"`) || !strings.Contains(string(b), `"id":"`+AgentsSDKDefaultModel+`"`) {
+		t.Fatalf("GET /v1/models: %s", b)
+	}
+	post := func(body string) (int, string) {
+		resp, err := c.Post(n.URL()+"/v1/responses", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, b := post(`{"model":"` + AgentsSDKDefaultModel + `","input":"hello","reasoning":{"effort":"none"},"text":{"verbosity":"low"}}`); code != 200 || !strings.Contains(b, `"status":"completed"`) {
+		t.Fatalf("the SDK's default model: %d %s", code, b)
+	}
+	if code, b := post(`{"model":"` + DefaultModel + `","input":"hello","max_output_tokens":4001}`); code != 400 ||
+		!strings.Contains(b, "max_output_tokens=4001 cannot be greater than max_model_len=4000") {
+		t.Fatalf("beyond the context: %d %s", code, b)
 	}
 }

@@ -53,6 +53,7 @@ func (s *Stack) proxyToEngines(ctx context.Context, id string, cfg *worker.Confi
 		}
 		ecfg := worker.DefaultConfig()
 		ecfg.InstanceID, ecfg.Model, ecfg.LoRA = engID, cfg.Model, cfg.LoRA
+		ecfg.ModelAliases, ecfg.MaxModelLen = cfg.ModelAliases, cfg.MaxModelLen
 		ecfg.Hostname, ecfg.Port = o.Host, 0
 		ecfg.Engine.BlockSize = blockSize
 		ecfg.EngineOverride = eng // the worker closes it

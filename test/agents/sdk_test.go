@@ -78,7 +78,9 @@ func num2(m any, k string) any {
 	return v
 }
 
-// The OpenAI Agents SDK with its default model (the Responses API):
+// The OpenAI Agents SDK with its default model (the Responses API), its
+// agents naming no model: the SDK asks for its default model name, which
+// a stack serves as a name of tether-sim (devstack.DefaultModelAliases);
 // a function tool, a structured output, and a handoff whose sub-agent
 // carries the parent header, lands on the parent's context instance and
 // reports cached tokens there.
@@ -88,7 +90,7 @@ func TestAgentsSDKDefaultModel(t *testing.T) {
 	defer cancel()
 	st := startStack(t, ctx, devstack.Options{Edges: 1, ContextWorkers: 2, GenerationWorkers: 1, Ranks: 2, MutualTLS: true})
 	out := runNode(t, ctx, modules, "agents_responses.mjs",
-		"TETHER_URL="+st.Edges()[0].URL()+"/v1", "TETHER_MODEL="+st.Model(),
+		"TETHER_URL="+st.Edges()[0].URL()+"/v1", "TETHER_MODEL=",
 		"TETHER_PARENT_HEADER="+devstack.ParentHeader, "NODE_EXTRA_CA_CERTS="+st.CAFile())
 	t.Logf("report: %s", out)
 	var r report

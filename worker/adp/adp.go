@@ -60,6 +60,11 @@ type Request struct {
 	// the scheduler holds wins; an out-of-range rank is ignored.
 	LogRank    int
 	HasLogRank bool
+	// Prompt is the request's prompt tokens, read only when the request
+	// has no key (no conversation, no affinity) and affinity is on: a
+	// prompt that begins with a recent unkeyed request's whole prompt runs
+	// on that request's rank (continuation.go). nil: placed by the policy.
+	Prompt []uint32
 }
 
 // Reason says how a decision's home rank was found.
@@ -74,6 +79,9 @@ const (
 	// ReasonBound: the key's existing binding (a returning conversation,
 	// or a sub-agent joining its parent).
 	ReasonBound
+	// ReasonContinues: no key, and the prompt continues a recent unkeyed
+	// request's prompt: that request's rank, not bound.
+	ReasonContinues
 )
 
 func (r Reason) String() string {
@@ -84,6 +92,8 @@ func (r Reason) String() string {
 		return "new"
 	case ReasonBound:
 		return "bound"
+	case ReasonContinues:
+		return "continues"
 	}
 	return fmt.Sprintf("reason(%d)", uint8(r))
 }
@@ -127,6 +137,7 @@ type Counters struct {
 	AllSaturated    int64 // decisions made while every rank was saturated
 	BindingsEvicted int64 // bindings evicted to respect MaxSessions
 	Restored        int64 // bindings created on the rank the affinity log records (LogRank)
+	Continuations   int64 // unkeyed requests placed on the rank of the prompt they continue
 	Bindings        int   // bindings held now
 }
 
@@ -142,7 +153,9 @@ type Scheduler struct {
 	// adapterRanks: the request being placed: ranks holding its adapter.
 	adapterRanks []bool
 	bindings     bindingLRU
-	counters     Counters
+	// conts: recent unkeyed prompts and their ranks (continuation.go).
+	conts    continuationIndex
+	counters Counters
 }
 
 // New returns a scheduler, or an error naming the invalid option.
@@ -166,6 +179,7 @@ func New(opts Options) (*Scheduler, error) {
 		s.loads[i].Rank = i
 	}
 	s.bindings = newBindingLRU(min(s.maxSessions, 1024))
+	s.conts = newContinuationIndex()
 	return s, nil
 }
 
@@ -180,11 +194,22 @@ func (s *Scheduler) Placement() Placement { return s.opts.Placement }
 // it). Call Start and Finish with the returned ticket.
 func (s *Scheduler) Place(req Request) Decision {
 	var evicted [1]evictedBinding
+	ph := s.promptHashes(&req)
 	s.mu.Lock()
-	d, n := s.placeLocked(req, evicted[:0])
+	d, n := s.placeLocked(req, ph, evicted[:0])
 	s.mu.Unlock()
+	ph.release()
 	s.report(n)
 	return d
+}
+
+// promptHashes hashes the prompt of a request the continuation index
+// reads (nil for any other).
+func (s *Scheduler) promptHashes(req *Request) *promptHashes {
+	if !s.opts.ConversationAffinity || req.ConversationID != "" || req.AffinityID != "" || req.Prompt == nil {
+		return nil
+	}
+	return hashPrompt(req.Prompt)
 }
 
 // PlaceBatch places requests that arrived together, in order; each
@@ -192,11 +217,18 @@ func (s *Scheduler) Place(req Request) Decision {
 func (s *Scheduler) PlaceBatch(reqs []Request) []Decision {
 	out := make([]Decision, len(reqs))
 	var evicted []evictedBinding
+	hs := make([]*promptHashes, len(reqs))
+	for i := range reqs {
+		hs[i] = s.promptHashes(&reqs[i])
+	}
 	s.mu.Lock()
 	for i, r := range reqs {
-		out[i], evicted = s.placeLocked(r, evicted)
+		out[i], evicted = s.placeLocked(r, hs[i], evicted)
 	}
 	s.mu.Unlock()
+	for _, ph := range hs {
+		ph.release()
+	}
 	s.report(evicted)
 	return out
 }
@@ -283,7 +315,7 @@ func (s *Scheduler) report(evicted []evictedBinding) {
 	}
 }
 
-func (s *Scheduler) placeLocked(req Request, evicted []evictedBinding) (Decision, []evictedBinding) {
+func (s *Scheduler) placeLocked(req Request, ph *promptHashes, evicted []evictedBinding) (Decision, []evictedBinding) {
 	s.counters.Placements++
 	s.cached = req.CachedTokens
 	s.adapterRanks = req.AdapterRanks
@@ -297,6 +329,8 @@ func (s *Scheduler) placeLocked(req Request, evicted []evictedBinding) (Decision
 		key, subagent = req.AffinityID, true
 	}
 	switch {
+	case ph != nil:
+		s.placeUnkeyed(&d, req.Prompt, ph)
 	case !s.opts.ConversationAffinity || key == "":
 		d.Rank = s.choose(-1)
 		d.Reason = ReasonUnbound
@@ -334,6 +368,27 @@ func (s *Scheduler) placeLocked(req Request, evicted []evictedBinding) (Decision
 	}
 	d.Ticket = s.enqueueLocked(d.Rank, req.PromptTokens)
 	return d, evicted
+}
+
+// placeUnkeyed places a request without a key whose prompt hashes are
+// ph: on the rank of the recent unkeyed prompt it continues (its home,
+// overflowing as a bound key's when saturated), else by the policy; then
+// remembers its prompt on the rank it runs on.
+func (s *Scheduler) placeUnkeyed(d *Decision, prompt []uint32, ph *promptHashes) {
+	if home, ok := s.conts.lookup(prompt, ph); ok && home < len(s.loads) {
+		d.Reason, d.HomeRank, d.Rank = ReasonContinues, home, home
+		s.counters.Continuations++
+		if s.saturated(home) {
+			if r := s.choose(home); r != home {
+				d.Rank, d.Overflow = r, true
+				s.counters.Overflows++
+			}
+		}
+	} else {
+		d.Rank, d.Reason = s.choose(-1), ReasonUnbound
+		s.counters.Unbound++
+	}
+	s.conts.remember(ph, d.Rank, s.maxSessions)
 }
 
 func (s *Scheduler) enqueueLocked(rank, promptTokens int) Ticket {

@@ -37,11 +37,14 @@ func (p Phase) String() string {
 // Request is one inference request after the worker has parsed, verified
 // and scheduled it. Engines never see routing hints.
 type Request struct {
-	ID        string // worker-unique request id
-	Rank      int    // ADP rank chosen by the scheduler
-	Model     string
-	Prompt    []uint32 // prompt token ids (internal/prefix tokenizer)
-	MaxTokens int      // completion tokens to produce (>= 1)
+	ID     string // worker-unique request id
+	Rank   int    // ADP rank chosen by the scheduler
+	Model  string
+	Prompt []uint32 // prompt token ids (internal/prefix tokenizer)
+	// MaxTokens bounds the completion tokens (the client's max_tokens, or
+	// what the worker decided without one). The simulated engine needs it
+	// (>= 1); 0 lets a proxied engine apply its own default.
+	MaxTokens int
 	Phase     Phase
 	// ContextState is the opaque state returned by a context-only run,
 	// given back to the generation side (PhaseGenerationOnly).
@@ -79,20 +82,26 @@ type OutputOptions struct {
 	Stop           []string
 	// Seed, when set, varies the deterministic output.
 	Seed *int64
-	// LastUserText is the text of the last user message; ToolResults is
-	// true when a tool message follows it (the tools already ran).
+	// IgnoreEOS and MinTokens are vLLM's sampling extensions: free text
+	// runs to MaxTokens, or at least MinTokens before it may stop.
+	IgnoreEOS bool
+	MinTokens int
+	// LastUserText is what the user wrote in the last user turn (without
+	// the context agent harnesses add to user messages: worker/chatopts.go);
+	// ToolResults is true when a tool message follows it (the tools
+	// already ran).
 	LastUserText string
 	ToolResults  bool
-	// StructuredMaxTokens bounds tool calls and JSON answers when the
-	// client did not set max tokens (MaxTokens is then only the default
-	// length of free text); 0: MaxTokens bounds them too.
-	StructuredMaxTokens int
 }
 
 // Tool is a function the model may call.
 type Tool struct {
 	Name       string
 	Parameters []byte // JSON schema of the arguments (may be empty)
+	// Subagent marks a tool that starts a sub-agent (the worker's
+	// engine.subagent_tools): the simulated model calls it only when the
+	// user names it exactly, never as a fallback.
+	Subagent bool
 }
 
 // ToolCall is one function call of an answer.

@@ -384,7 +384,8 @@ type contextState struct {
 
 // upstreamBody rewrites the request body for the upstream: always streamed
 // with usage (to learn cached tokens), max_tokens set to what the worker
-// decided (1 for a context-only run).
+// decided (1 for a context-only run; left to the engine, its context
+// length minus the prompt, when the worker decided none).
 func upstreamBody(req engine.Request) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if len(req.Raw) == 0 {
@@ -397,16 +398,13 @@ func upstreamBody(req engine.Request) ([]byte, error) {
 		return nil, errors.New("request body is not a JSON object")
 	}
 	maxTokens := req.MaxTokens
-	if o := req.Output; o != nil && o.StructuredMaxTokens > maxTokens && (len(o.Tools) > 0 || o.ResponseFormat == "json_object" || o.ResponseFormat == "json_schema") {
-		// The client set no max tokens: the worker's default is for free
-		// text; a tool call or JSON answer must not be cut at it.
-		maxTokens = o.StructuredMaxTokens
-	}
 	if req.Phase == engine.PhaseContextOnly {
 		maxTokens = 1
 	}
-	delete(m, "max_completion_tokens")
-	m["max_tokens"] = json.RawMessage(fmt.Sprint(maxTokens))
+	if maxTokens > 0 {
+		delete(m, "max_completion_tokens")
+		m["max_tokens"] = json.RawMessage(fmt.Sprint(maxTokens))
+	}
 	m["stream"] = json.RawMessage("true")
 	m["stream_options"] = json.RawMessage(`{"include_usage":true}`)
 	return json.Marshal(m)

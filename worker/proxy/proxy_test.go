@@ -349,15 +349,17 @@ func TestWorkerWithProxyEngineSanitizesAndPropagates(t *testing.T) {
 }
 
 // An upstream's tool calls pass through the proxy, streamed piece by piece
-// and whole in the completion; the default max tokens does not cut them.
+// and whole in the completion; without max tokens from the worker the
+// upstream bounds them by its own default (its context), so they come
+// whole.
 func TestProxyRelaysToolCalls(t *testing.T) {
 	up := simWorker(t)
 	e := newProxy(t, proxy.Config{Upstreams: []string{up.URL()}})
 	body := `{"model":"m","messages":[{"role":"user","content":"call lookup"}],
 	 "tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object","properties":{"query":{"type":"string"},"limit":{"type":"integer","minimum":5}},"required":["query","limit"]}}}]}`
-	req := engine.Request{ID: "t1", MaxTokens: 2, Path: "/v1/chat/completions", Raw: []byte(body),
+	req := engine.Request{ID: "t1", Path: "/v1/chat/completions", Raw: []byte(body),
 		Prompt: prefix.Tokenize(prefix.RenderChat([]prefix.Message{{Role: "user", Content: "call lookup"}})),
-		Output: &engine.OutputOptions{Tools: []engine.Tool{{Name: "lookup"}}, StructuredMaxTokens: 4096}}
+		Output: &engine.OutputOptions{Tools: []engine.Tool{{Name: "lookup"}}}}
 	var args strings.Builder
 	var name string
 	c, err := e.Run(context.Background(), req, func(ch engine.Chunk) error {

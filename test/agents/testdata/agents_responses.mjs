@@ -2,16 +2,17 @@
 // (OpenAIResponsesModel) over the default client — against a tether edge:
 // the cases of cases.mjs. Prints one JSON report on stdout.
 //
-// Environment: TETHER_URL (the edge's base URL with /v1), TETHER_MODEL,
-// TETHER_PARENT_HEADER.
-import { setTracingDisabled, setDefaultOpenAIClient, OpenAIResponsesModel } from '@openai/agents';
+// Environment: TETHER_URL (the edge's base URL with /v1), TETHER_MODEL (unset
+// or empty: the agents name no model and run on the SDK's default model
+// name), TETHER_PARENT_HEADER.
+import { setTracingDisabled, setDefaultOpenAIClient, OpenAIResponsesModel, getDefaultModel } from '@openai/agents';
 import OpenAI from 'openai';
 import { calls, recordingFetch } from './record.mjs';
 import { runCases } from './cases.mjs';
 
 setTracingDisabled(true);
 const baseURL = process.env.TETHER_URL;
-const model = process.env.TETHER_MODEL ?? 'tether-sim';
+const model = process.env.TETHER_MODEL || undefined;
 const parentHeader = process.env.TETHER_PARENT_HEADER ?? 'X-Dynamo-Parent-Session-ID';
 
 function client(who, headers) {
@@ -22,7 +23,7 @@ function client(who, headers) {
 setDefaultOpenAIClient(client('parent', { 'x-session-id': 'agents-responses-parent' }));
 // The sub-agent's calls go out with the parent header: the same model
 // class over its own client.
-const childModel = new OpenAIResponsesModel(client('child', { 'x-session-id': 'agents-responses-child', [parentHeader]: 'agents-responses-parent' }), model);
+const childModel = new OpenAIResponsesModel(client('child', { 'x-session-id': 'agents-responses-child', [parentHeader]: 'agents-responses-parent' }), model ?? getDefaultModel());
 const out = {};
 await runCases(out, model, childModel);
 out.calls = calls;

@@ -212,8 +212,11 @@ func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.C
 	rd.mu.Unlock()
 
 	c.Text = outputText(seed, res.CompletionTokens)
-	if plan != nil && plan.words == 0 {
-		c.Text, c.ToolCalls, c.FinishReason = plan.text, plan.calls, plan.finish
+	if plan != nil {
+		c.FinishReason = plan.finish
+		if plan.words == 0 {
+			c.Text, c.ToolCalls = plan.text, plan.calls
+		}
 	}
 	if req.Phase == engine.PhaseContextOnly {
 		c.ContextState = contextState{

@@ -51,32 +51,32 @@ func mixSeed(seed uint64, o *engine.OutputOptions) uint64 {
 }
 
 // planOutput decides the answer (see DESIGN.md, "What the model answers").
+// Without options (nil) the answer is maxTokens words of free text, as a
+// request with vLLM's ignore_eos.
 func planOutput(seed uint64, maxTokens int, o *engine.OutputOptions) outputPlan {
 	if o == nil {
-		return textPlan(seed, maxTokens, nil)
-	}
-	if len(o.Tools) == 0 && o.ResponseFormat != "json_object" && o.ResponseFormat != "json_schema" && len(o.Stop) == 0 {
 		return outputPlan{words: maxTokens, finish: "length"} // text made at the end
 	}
-	limit := maxTokens
-	if o.StructuredMaxTokens > limit {
-		limit = o.StructuredMaxTokens
-	}
-	if tools := chooseTools(o); len(tools) > 0 {
-		return toolPlan(seed, limit, tools)
+	spans, asked := codeSpans(o.LastUserText)
+	if tools := chooseTools(o, asked); len(tools) > 0 {
+		return toolPlan(seed, maxTokens, tools, spans)
 	}
 	switch o.ResponseFormat {
 	case "json_object":
-		return jsonPlan(limit, `{"response":"`+outputText(seed, 4)+`"}`)
+		return jsonPlan(maxTokens, `{"response":"`+outputText(seed, 4)+`"}`)
 	case "json_schema":
-		return jsonPlan(limit, schemaInstance(o.Schema, seed))
+		return jsonPlan(maxTokens, schemaInstance(o.Schema, seed))
 	}
-	return textPlan(seed, maxTokens, o.Stop)
+	return textPlan(seed, maxTokens, o)
 }
 
 // chooseTools is the tool policy: which functions the answer calls (none:
-// the answer is content).
-func chooseTools(o *engine.OutputOptions) []engine.Tool {
+// the answer is content). Under auto the model calls the tools the user
+// names (in asked: the last user turn outside its backquoted spans, which
+// are arguments), and answers in text when it names none or the tools
+// already ran; required falls back to the first tool that starts no
+// sub-agent.
+func chooseTools(o *engine.OutputOptions, asked string) []engine.Tool {
 	if len(o.Tools) == 0 {
 		return nil
 	}
@@ -96,34 +96,51 @@ func chooseTools(o *engine.OutputOptions) []engine.Tool {
 			return nil // the tools ran: answer with their results
 		}
 	}
-	// Prefer the tools the user named; else the first one.
 	var named []engine.Tool
-	lower := strings.ToLower(o.LastUserText)
 	for _, t := range o.Tools {
-		if t.Name != "" && strings.Contains(lower, strings.ToLower(t.Name)) {
+		if t.Name != "" && mentions(asked, t.Name, t.Subagent) {
 			named = append(named, t)
 		}
 	}
-	if len(named) == 0 {
-		named = o.Tools[:1]
+	if len(named) == 0 && o.ToolChoice == "required" {
+		named = []engine.Tool{fallbackTool(o.Tools)}
 	}
-	if !o.ParallelToolCalls {
+	if len(named) > 1 && !o.ParallelToolCalls {
 		named = named[:1]
 	}
 	return named
 }
 
-// textPlan is free text: words of the vocabulary, cut before the first
-// stop sequence (finish "stop") or at maxTokens (finish "length").
-func textPlan(seed uint64, maxTokens int, stop []string) outputPlan {
-	if len(stop) == 0 {
-		return outputPlan{words: maxTokens, finish: "length"} // text made at the end
+// fallbackTool is what tool_choice required calls when the user named no
+// tool: the first tool that starts no sub-agent (a sub-agent spawning
+// more sub-agents would never end), else the first tool.
+func fallbackTool(tools []engine.Tool) engine.Tool {
+	for _, t := range tools {
+		if !t.Subagent {
+			return t
+		}
 	}
-	p := outputPlan{finish: "length"}
+	return tools[0]
+}
+
+// textPlan is free text: words of the vocabulary up to where the model
+// stops on its own (answerLength, finish "stop"), cut before the first
+// stop sequence (finish "stop") or at maxTokens (finish "length").
+func textPlan(seed uint64, maxTokens int, o *engine.OutputOptions) outputPlan {
+	n, finish := maxTokens, "length"
+	if !o.IgnoreEOS {
+		if own := max(answerLength(seed, o.LastUserText), o.MinTokens); own < maxTokens {
+			n, finish = own, "stop"
+		}
+	}
+	if len(o.Stop) == 0 {
+		return outputPlan{words: n, finish: finish} // text made at the end
+	}
+	p := outputPlan{finish: finish}
 	var b strings.Builder
-	for i := 0; i < maxTokens; i++ {
+	for i := 0; i < n; i++ {
 		piece := outputChunk(seed, i)
-		if cut, ok := stopCut(b.String(), piece, stop); ok {
+		if cut, ok := stopCut(b.String(), piece, o.Stop); ok {
 			if cut != "" {
 				p.chunks = append(p.chunks, engine.Chunk{Text: cut})
 				b.WriteString(cut)
@@ -200,9 +217,11 @@ func jsonPlan(limit int, doc string) outputPlan {
 }
 
 // toolPlan is an answer of tool calls: per call one token for its id and
-// name, then its arguments (a minimal instance of the parameters schema)
-// piece by piece; finish "tool_calls", or "length" when limit cuts it.
-func toolPlan(seed uint64, limit int, tools []engine.Tool) outputPlan {
+// name, then its arguments (a minimal instance of the parameters schema,
+// its required string properties filled from spans, the user's backquoted
+// text, in order over the calls) piece by piece; finish "tool_calls", or
+// "length" when limit cuts it.
+func toolPlan(seed uint64, limit int, tools []engine.Tool, spans []string) outputPlan {
 	p := outputPlan{finish: "tool_calls"}
 	for i, t := range tools {
 		if len(p.chunks) == limit {
@@ -211,8 +230,10 @@ func toolPlan(seed uint64, limit int, tools []engine.Tool) outputPlan {
 		}
 		call := engine.ToolCall{ID: callID(seed, i), Name: t.Name}
 		p.chunks = append(p.chunks, engine.Chunk{ToolIndex: i, ToolCall: &engine.ToolCall{ID: call.ID, Name: call.Name}})
+		doc, used := argumentsInstance(t.Parameters, seed+uint64(i), spans)
+		spans = spans[used:]
 		var args strings.Builder
-		for _, s := range pieces(schemaInstance(t.Parameters, seed+uint64(i))) {
+		for _, s := range pieces(doc) {
 			if len(p.chunks) == limit {
 				p.finish = "length"
 				break

@@ -51,12 +51,12 @@ func TestPlanHonoursStopAndToolLimit(t *testing.T) {
 		t.Fatalf("chunks %q do not add up to %q", cat.String(), p.text)
 	}
 	tools := []engine.Tool{{Name: "a", Parameters: []byte(`{"type":"object","properties":{"q":{"type":"string"}},"required":["q"]}`)}}
-	p = planOutput(7, 2, &engine.OutputOptions{Tools: tools, ParallelToolCalls: true})
+	p = planOutput(7, 2, &engine.OutputOptions{Tools: tools, ParallelToolCalls: true, ToolChoice: "required"})
 	if p.finish != "length" || len(p.chunks) != 2 || len(p.calls) != 1 {
 		t.Fatalf("max 2 tokens: %+v", p)
 	}
-	p = planOutput(7, 2, &engine.OutputOptions{Tools: tools, ParallelToolCalls: true, StructuredMaxTokens: 4096})
+	p = planOutput(7, 4096, &engine.OutputOptions{Tools: tools, ParallelToolCalls: true, ToolChoice: "required"})
 	if p.finish != "tool_calls" || !json.Valid([]byte(p.calls[0].Arguments)) {
-		t.Fatalf("default max tokens: %+v", p)
+		t.Fatalf("max 4096 tokens: %+v", p)
 	}
 }

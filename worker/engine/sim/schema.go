@@ -19,25 +19,39 @@ const maxSchemaDepth = 32
 // vocabulary chosen by seed; formats date-time, date, time, email, uri and
 // uuid get fixed valid values; pattern is not honoured.
 func schemaInstance(raw []byte, seed uint64) string {
+	doc, _ := argumentsInstance(raw, seed, nil)
+	return doc
+}
+
+// argumentsInstance is schemaInstance whose top-level object takes fill's
+// strings, in order, as the values of its required string properties
+// (those without enum or const), in required order; used is how many it
+// took.
+func argumentsInstance(raw []byte, seed uint64, fill []string) (doc string, used int) {
 	var root any
 	d := json.NewDecoder(bytes.NewReader(raw))
 	d.UseNumber()
 	if len(bytes.TrimSpace(raw)) == 0 || d.Decode(&root) != nil {
-		return "{}"
+		return "{}", 0
 	}
 	if m, ok := root.(map[string]any); ok && len(m) == 0 {
-		return "{}"
+		return "{}", 0
 	}
-	g := &schemaGen{root: root, seed: seed}
+	g := &schemaGen{root: root, seed: seed, fill: fill, top: true}
 	var b strings.Builder
 	g.write(&b, root, 0)
-	return b.String()
+	return b.String(), g.used
 }
 
 type schemaGen struct {
 	root  any
 	seed  uint64
 	words int
+	// fill are the strings the top-level object's required string
+	// properties take; top is true until that object is written.
+	fill []string
+	used int
+	top  bool
 }
 
 func (g *schemaGen) word() string {
@@ -188,6 +202,8 @@ func mergeAll(m map[string]any, all []any) map[string]any {
 func (g *schemaGen) writeObject(b *strings.Builder, m map[string]any, depth int) {
 	props, _ := m["properties"].(map[string]any)
 	req, _ := m["required"].([]any)
+	fillable := g.top
+	g.top = false
 	b.WriteByte('{')
 	seen := map[string]bool{}
 	n := 0
@@ -207,9 +223,34 @@ func (g *schemaGen) writeObject(b *strings.Builder, m map[string]any, depth int)
 		if !ok {
 			ps = m["additionalProperties"]
 		}
+		if fillable && g.used < len(g.fill) && g.plainString(ps) {
+			b.WriteString(jsonString(g.fill[g.used]))
+			g.used++
+			continue
+		}
 		g.write(b, ps, depth+1)
 	}
 	b.WriteByte('}')
+}
+
+// plainString reports whether s (through local $refs) is a string
+// schema any string satisfies as far as the simulated model honours
+// schemas: type string, no enum or const.
+func (g *schemaGen) plainString(s any) bool {
+	for range maxSchemaDepth {
+		m, ok := s.(map[string]any)
+		if !ok {
+			return false
+		}
+		ref, isRef := m["$ref"].(string)
+		if !isRef {
+			_, hasEnum := m["enum"]
+			_, hasConst := m["const"]
+			return schemaType(m) == "string" && !hasEnum && !hasConst
+		}
+		s = g.resolve(ref)
+	}
+	return false
 }
 
 func (g *schemaGen) writeArray(b *strings.Builder, m map[string]any, depth int) {

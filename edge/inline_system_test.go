@@ -1,0 +1,52 @@
+package edge
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tether-project/tether/internal/apireq"
+)
+
+// A model's anthropic_inline_system places a Messages request's inline
+// system messages in the prompt the edge keys: fold merges them into the
+// user turn as an engine folding them renders it; preserve (the default)
+// keeps them in place.
+func TestAnthropicInlineSystemSetting(t *testing.T) {
+	body := `{"model":"m","max_tokens":8,"system":"sys","messages":[{"role":"user","content":"q1"},{"role":"system","content":"reminder"}]}`
+	want := func(mode apireq.InlineSystem) []uint32 {
+		p, aerr := apireq.Parse(apireq.Messages, []byte(body))
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		if aerr := p.WithInlineSystem(mode); aerr != nil {
+			t.Fatal(aerr)
+		}
+		return p.WordTokens()
+	}
+	for _, setting := range []string{"", "preserve", "fold"} {
+		rq, _, tokens, aerr := parseBody([]byte(body), apireq.Messages)
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		rq.m = &servedModel{cfg: &Config{AnthropicInlineSystem: setting}}
+		got, aerr := rq.placeInlineSystem(tokens)
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		mode, _ := apireq.ParseInlineSystem(setting)
+		if w := want(mode); len(got) != len(w) {
+			t.Fatalf("%q: %d tokens, want %d", setting, len(got), len(w))
+		}
+	}
+	if a, b := want(apireq.InlineSystemPreserve), want(apireq.InlineSystemFold); len(a) == len(b) {
+		t.Fatalf("the modes key alike (%d tokens): the test shows nothing", len(a))
+	}
+	_, err := ParseConfig([]byte(strings.Replace(validYAML, "model: llama-3.1-70b\n", "model: llama-3.1-70b\nanthropic_inline_system: hoist\n", 1)))
+	if err == nil || !strings.Contains(err.Error(), `anthropic_inline_system`) || !strings.Contains(err.Error(), `"hoist" is not preserve or fold`) {
+		t.Fatalf("a bad mode: %v", err)
+	}
+	cfg, err := ParseConfig([]byte(strings.Replace(validYAML, "model: llama-3.1-70b\n", "model: llama-3.1-70b\nanthropic_inline_system: fold\n", 1)))
+	if err != nil || cfg.inlineSystem() != apireq.InlineSystemFold {
+		t.Fatalf("fold: %v", err)
+	}
+}
