@@ -381,18 +381,27 @@ func sessionInstance(t *testing.T, st *devstack.Stack, key string) string {
 // never moved it (no rebind, no overflow) while the CLI ran.
 func assertOnePlacement(t *testing.T, st *devstack.Stack, key string) {
 	t.Helper()
-	var hist []admin.HistoryEntry
-	if err := st.Edges()[0].AdminGet(context.Background(), "bindings/context/"+url.PathEscape(key)+"/history", &hist); err != nil {
-		t.Fatal(err)
+	var hist struct {
+		Events        []admin.HistoryEntry `json:"events"`
+		ArchiveBehind bool                 `json:"archive_behind"`
 	}
+	waitfor.Reason(t, 30*time.Second, "edge-1's archive holds "+key+"'s history", func() string {
+		if err := st.Edges()[0].AdminGet(context.Background(), "bindings/context/"+url.PathEscape(key)+"/history", &hist); err != nil {
+			return err.Error()
+		}
+		if hist.ArchiveBehind {
+			return "the archive is behind the state"
+		}
+		return ""
+	})
 	placements := 0
-	for _, h := range hist {
+	for _, h := range hist.Events {
 		if (h.Type == fsm.TypeBind.String() || h.Type == fsm.TypeOverflow.String()) && h.Status == "applied" {
 			placements++
 		}
 	}
 	if placements != 1 {
-		b, _ := json.Marshal(hist)
+		b, _ := json.Marshal(hist.Events)
 		t.Errorf("the session's context placements: %d, want 1; history %s", placements, b)
 	}
 }
