@@ -17,6 +17,7 @@ import (
 
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/ops/audit"
 	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/test/crosscheck"
 	"github.com/tether-project/tether/test/npmenv"
@@ -436,4 +437,105 @@ func TestReadmeClientExamples(t *testing.T) {
 			t.Errorf("%s: the example printed nothing", marker)
 		}
 	}
+}
+
+// Claude Code's Task sub-agents are sub-agents in tether: `claude -p`
+// asked to use its Agent tool spawns one (x-claude-code-agent-id under the
+// session), which reads the file with its own Read tool and reports back;
+// the parent answers. In the log the sub-agent is a child of the session
+// (`tether audit explain` lists it), it ran on the session's context
+// instance and has a generation binding of its own.
+func TestClaudeCodeSubAgents(t *testing.T) {
+	bins := installCLIs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	dataDir := t.TempDir()
+	st := startStack(t, ctx, devstack.Options{MutualTLS: true, DataDir: dataDir})
+	edges := st.Edges()
+	const marker = "tether-c2d8"
+	work, notes := taskDir(t, marker)
+	env := cliEnv(t, t.TempDir(), exports(t, readmeBlock(t, st, edges[2].URL(), "readme-claude-code"))...)
+	prompt := "Use the Agent tool: `read the notes` ``Use the Read tool on `" + notes + "` and report what it says.``"
+	out := runCLI(t, ctx, work, env, bins.claude, "-p", "--output-format", "stream-json", "--verbose", prompt)
+	r := parseClaude(t, out)
+	spawned := false
+	for _, u := range r.toolUses {
+		if u["name"] == "Agent" || u["name"] == "Task" {
+			spawned = true
+		}
+	}
+	if !spawned || r.subagents == 0 {
+		t.Fatalf("no sub-agent ran (tool calls %v, %d sub-agent messages):\n%s", r.toolUses, r.subagents, tailOf(string(out), 8000))
+	}
+	if !strings.Contains(string(out), marker) {
+		t.Errorf("the sub-agent's Read result (the marker %s) is not in the transcript", marker)
+	}
+	if r.final["subtype"] != "success" || r.final["is_error"] != false {
+		t.Errorf("the run did not end in a successful answer: %v", r.final)
+	}
+	inst := sessionInstance(t, st, r.session)
+
+	// The log: the session's children, on every edge; each has its own
+	// generation binding and no context binding of its own (it routes by
+	// the session's).
+	var children []string
+	waitfor.Reason(t, 30*time.Second, "every edge holds the sub-agent's link", func() string {
+		for _, n := range edges {
+			children = n.Edge().Node().State().Children(r.session)
+			if len(children) == 0 {
+				return n.ID + " holds no child of " + r.session
+			}
+		}
+		return ""
+	})
+	for _, c := range children {
+		if !strings.HasPrefix(c, r.session+"/agent/") {
+			t.Errorf("child %q: want %s/agent/<id>", c, r.session)
+		}
+		if _, found, err := edges[0].Binding(ctx, fsm.FleetGeneration, c); err != nil || !found {
+			t.Errorf("no generation binding of the sub-agent %s (%v)", c, err)
+		}
+		if b, found, _ := edges[0].Binding(ctx, fsm.FleetContext, c); found {
+			t.Errorf("the sub-agent %s has a context binding of its own (%s): it must route by its session", c, b.Instance)
+		}
+	}
+	// `tether audit explain` of the session (edge-1 stopped: its files
+	// are the audit's to open) lists them, at depth 1, and their context
+	// steps on the session's instance.
+	if err := edges[0].Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ex := explain(t, st, dataDir, r.session)
+	t.Logf("sub-agents of %s: %q; %d sub-agent messages in the transcript", r.session, children, r.subagents)
+	if len(ex.Children) != len(children) {
+		t.Errorf("audit explain lists %d children of the session, the state %d", len(ex.Children), len(children))
+	}
+	for _, c := range ex.Children {
+		if c.Depth != 1 || c.Parent != r.session {
+			t.Errorf("audit explain: child %q of %q at depth %d, want a child of %s at depth 1", c.Child, c.Parent, c.Depth, r.session)
+		}
+		for _, h := range c.Histories {
+			for _, it := range h.Items {
+				if h.Fleet == "context" && it.Instance != "" && it.Instance != inst {
+					t.Errorf("sub-agent %s's context step on %s, the session's instance is %s", c.Child, it.Instance, inst)
+				}
+			}
+		}
+	}
+}
+
+// explain is `tether audit explain` of key over edge-1's data directory
+// (the edge stopped).
+func explain(t *testing.T, st *devstack.Stack, dataDir, key string) *audit.Explanation {
+	t.Helper()
+	d, err := audit.Open(filepath.Join(dataDir, st.Edges()[0].ID), audit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ex, err := d.Explain(context.Background(), key, audit.ExplainOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ex
 }
