@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -207,6 +208,7 @@ func (g *schemaGen) writeObject(b *strings.Builder, m map[string]any, depth int)
 	b.WriteByte('{')
 	seen := map[string]bool{}
 	n := 0
+	requiresString := false
 	for _, r := range req {
 		name, ok := r.(string)
 		if !ok || seen[name] {
@@ -223,12 +225,39 @@ func (g *schemaGen) writeObject(b *strings.Builder, m map[string]any, depth int)
 		if !ok {
 			ps = m["additionalProperties"]
 		}
-		if fillable && g.used < len(g.fill) && g.plainString(ps) {
-			b.WriteString(jsonString(g.fill[g.used]))
-			g.used++
-			continue
+		if fillable && g.plainString(ps) {
+			fillable = fillable && g.used < len(g.fill)
+			requiresString = true
+			if fillable {
+				b.WriteString(jsonString(g.fill[g.used]))
+				g.used++
+				continue
+			}
 		}
 		g.write(b, ps, depth+1)
+	}
+	// A tool that requires no string (Codex's spawn_agent: message or
+	// items, neither required) takes the first span in its first optional
+	// string property by name.
+	if fillable && !requiresString && g.used < len(g.fill) {
+		names := make([]string, 0, len(props))
+		for name := range props {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			if seen[name] || !g.plainString(props[name]) {
+				continue
+			}
+			if n > 0 {
+				b.WriteByte(',')
+			}
+			writeValue(b, name)
+			b.WriteByte(':')
+			b.WriteString(jsonString(g.fill[g.used]))
+			g.used++
+			break
+		}
 	}
 	b.WriteByte('}')
 }

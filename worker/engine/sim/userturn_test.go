@@ -91,6 +91,26 @@ func TestArgumentsTakeSpansInRequiredOrder(t *testing.T) {
 	}
 }
 
+// A tool that requires no string property (Codex's spawn_agent: message
+// or items, neither required) takes the first span in its first optional
+// string property by name; its other properties stay out.
+func TestArgumentsOfAToolRequiringNoString(t *testing.T) {
+	schema := []byte(`{"type":"object","properties":{"fork_context":{"type":"boolean"},"items":{"type":"array","items":{"type":"object"}},
+	 "message":{"type":"string"},"model":{"type":"string"},"reasoning_effort":{"type":"string"}},"additionalProperties":false}`)
+	doc, used := argumentsInstance(schema, 1, []string{"read the notes", "extra"})
+	if doc != `{"message":"read the notes"}` || used != 1 {
+		t.Fatalf("%s (%d used)", doc, used)
+	}
+	if doc, used := argumentsInstance(schema, 1, nil); doc != `{}` || used != 0 {
+		t.Fatalf("no span: %s (%d used)", doc, used)
+	}
+	// A tool that requires a string fills only what it requires.
+	req := []byte(`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"}},"required":["a"]}`)
+	if doc, used := argumentsInstance(req, 1, []string{"x", "y"}); doc != `{"a":"x"}` || used != 1 {
+		t.Fatalf("required a: %s (%d used)", doc, used)
+	}
+}
+
 // tool_choice required with no tool named never falls back on a tool that
 // starts a sub-agent.
 func TestRequiredFallbackSkipsSubagentTools(t *testing.T) {
