@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"strconv"
 	"testing"
 )
 
@@ -233,5 +234,43 @@ func TestWorkerInlineSystemSetting(t *testing.T) {
 	cfg.AnthropicInlineSystem = "hoist"
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "anthropic_inline_system") {
 		t.Fatalf("a bad mode: %v", err)
+	}
+}
+
+// Under tool_choice auto, a namespace's function is named by its own name:
+// the user turn "Use spawn_agent …" calls multi_agent_v1's spawn_agent (a
+// sub-agent tool, named exactly), its message from the backquoted span;
+// its flat name alone names nothing.
+func TestResponsesNamespaceFunctionNamedByItsOwnName(t *testing.T) {
+	s := startServer(t, testConfig("w-ns-auto"))
+	c := testClient(t)
+	for input, want := range map[string]string{
+		"Use spawn_agent: `check the notes`": `{"message":"check the notes"}`,
+		"Use Spawn_Agent: `check the notes`": "",
+		"delegate this to a helper":          "",
+	} {
+		body := `{"model":"test-model","input":` + strconv.Quote(input) + `,` + codexTools + `}`
+		r := post(t, c, s.URL()+"/v1/responses", body, nil)
+		if r.status != 200 {
+			t.Fatalf("%q: status %d: %s", input, r.status, r.body)
+		}
+		var obj struct {
+			Output []map[string]any `json:"output"`
+		}
+		if err := json.Unmarshal(r.body, &obj); err != nil {
+			t.Fatal(err)
+		}
+		var call map[string]any
+		for _, it := range obj.Output {
+			if it["type"] == "function_call" {
+				call = it
+			}
+		}
+		switch {
+		case want == "" && call != nil:
+			t.Errorf("%q called %v", input, call)
+		case want != "" && (call == nil || call["name"] != "spawn_agent" || call["namespace"] != "multi_agent_v1" || call["arguments"] != want):
+			t.Errorf("%q: call %v, want spawn_agent in multi_agent_v1 with %s", input, call, want)
+		}
 	}
 }

@@ -188,7 +188,13 @@ func parsedFrom(req *apireq.Request, body []byte, rules requestRules) (*parsedRe
 		return nil, aerr
 	}
 	for i := range out.Tools {
-		out.Tools[i].Subagent = slices.Contains(rules.subagentTools, out.Tools[i].Name)
+		t := &out.Tools[i]
+		if rf := req.Responses; rf != nil {
+			if own := rf.CallName(t.Name); own.Namespace != "" {
+				t.Own = own.Name
+			}
+		}
+		t.Subagent = slices.Contains(rules.subagentTools, t.Mention())
 	}
 	p.output = out
 	p.convParams, p.bodyConvID = req.ConversationParams, req.ConversationID

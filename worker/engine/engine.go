@@ -98,10 +98,22 @@ type OutputOptions struct {
 type Tool struct {
 	Name       string
 	Parameters []byte // JSON schema of the arguments (may be empty)
+	// Own is the name a user names the tool by when it differs from Name:
+	// a Responses namespace's function's own name (Name is the
+	// namespace__name an engine renders).
+	Own string
 	// Subagent marks a tool that starts a sub-agent (the worker's
 	// engine.subagent_tools): the simulated model calls it only when the
 	// user names it exactly, never as a fallback.
 	Subagent bool
+}
+
+// Mention is the name a user names the tool by: Own, else Name.
+func (t Tool) Mention() string {
+	if t.Own != "" {
+		return t.Own
+	}
+	return t.Name
 }
 
 // ToolCall is one function call of an answer.

@@ -98,7 +98,7 @@ func chooseTools(o *engine.OutputOptions, asked string) []engine.Tool {
 	}
 	var named []engine.Tool
 	for _, t := range o.Tools {
-		if t.Name != "" && mentions(asked, t.Name, t.Subagent) {
+		if t.Name != "" && mentions(asked, t.Mention(), t.Subagent) {
 			named = append(named, t)
 		}
 	}
