@@ -15,9 +15,10 @@ import (
 // main agent), that agent's id in x-claude-code-parent-agent-id. Agent ids
 // are short and unique within a session only.
 //
-// Codex (codex-rs): a spawned thread's requests carry its own thread id as
-// prompt_cache_key and in the thread-id header
-// (codex-rs/codex-api/src/requests/headers.rs, build_session_headers), the
+// Codex (codex-rs): a spawned thread's requests carry its own thread id in
+// the thread-id header (codex-rs/codex-api/src/requests/headers.rs,
+// build_session_headers) and the session's prompt_cache_key, which is the
+// spawning thread's (Codex 0.169.0's requests, as captured), the
 // spawning thread's id in x-codex-parent-thread-id and its kind in
 // x-openai-subagent (collab_spawn for a spawned agent; review, compact,
 // memory_consolidation or a label for Codex's internal ones;
@@ -85,9 +86,11 @@ func clientSubAgent(bodyConversationID, conv string, h http.Header) (clientAgent
 		}
 	}
 	if parent := convid.Header(h, HeaderCodexParentThread); parent != "" {
-		own := conv
+		// The thread-id header is the thread's own; prompt_cache_key (conv)
+		// is the session's, shared with the spawning thread.
+		own := convid.Header(h, HeaderCodexThread)
 		if own == "" {
-			own = convid.Header(h, HeaderCodexThread)
+			own = conv
 		}
 		if own == parent {
 			// A request of the parent thread itself (Codex runs some of its

@@ -146,6 +146,18 @@ func TestCodexSubAgents(t *testing.T) {
 	if err != nil || id.ConversationID != child || id.Link != want {
 		t.Fatalf("thread-id header: %+v %v", id, err)
 	}
+	// As Codex 0.169.0 sends it: the spawned thread's prompt_cache_key is
+	// the session's (its parent's thread id); its thread-id header is its
+	// own.
+	id, err = ResolveIdentity(clientCfg(), parent, h, nil)
+	if err != nil || id.ConversationID != child || id.Key(fsm.FleetGeneration) != child || id.Link != want {
+		t.Fatalf("prompt_cache_key of the parent: %+v %v, want the thread %s, link %+v", id, err, child, want)
+	}
+	// Without a thread-id header, prompt_cache_key names it.
+	id, err = ResolveIdentity(clientCfg(), child, hdr(HeaderCodexParentThread, parent), nil)
+	if err != nil || id.ConversationID != child || id.Link != want {
+		t.Fatalf("no thread-id header: %+v %v", id, err)
+	}
 	// A parent that is itself a spawned thread: the link's root rules.
 	links := linkTable{child: {Child: child, Parent: parent, Root: parent, Depth: 1}}
 	id, err = ResolveIdentity(clientCfg(), "grandchild", hdr(HeaderCodexParentThread, child), links)
