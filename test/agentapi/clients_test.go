@@ -18,9 +18,9 @@ import (
 
 // capture is one request a real CLI sent (testdata/clients).
 type capture struct {
-	Path    string            `json:"path"`
+	Path    string              `json:"path"`
 	Headers map[string][]string `json:"headers"`
-	Body    json.RawMessage   `json:"body"`
+	Body    json.RawMessage     `json:"body"`
 }
 
 func readCapture(t *testing.T, file string) capture {
@@ -128,7 +128,7 @@ func TestClientCapturesAcrossEdges(t *testing.T) {
 		ccAgent("0006.json"): {Parent: session, Root: session, Depth: 1},
 		ccAgent("0008.json"): {Parent: ccAgent("0006.json"), Root: session, Depth: 2},
 		ccAgent("0011.json"): {Parent: ccAgent("0008.json"), Root: session, Depth: 3},
-		childThread: {Parent: parentThread, Root: parentThread, Depth: 1},
+		childThread:          {Parent: parentThread, Root: parentThread, Depth: 1},
 	}
 	for _, n := range edges {
 		waitfor.Reason(t, 30*time.Second, n.ID+" holds every sub-agent's link", func() string {
