@@ -17,9 +17,11 @@ import (
 // a reasoning item the reasoning of the assistant message before it (or of
 // a new one); function tools become chat function tools, text.format the
 // response_format, max_output_tokens the completion budget. A previous
-// response's history goes between the instructions and the input
-// (WithHistory), without its system messages: instructions do not carry
-// over.
+// response's history (or a conversation's items) goes between the
+// instructions and the input (WithHistory): the previous request's input
+// items carry over, system and developer messages among them; its
+// instructions do not (History leaves them out), as OpenAI's
+// Response.instructions says.
 
 func (r *Request) parseResponses() *Error {
 	rf := &ResponsesFields{Store: true}
@@ -84,18 +86,15 @@ func (r *Request) parseResponses() *Error {
 		if len(rf.Input) == 0 {
 			return BadRequest("", "input", "input must contain at least one item")
 		}
-		if rf.input, err = responsesInput(rf.Input); err != nil {
+		if rf.input, err = responsesItems(rf.Input, "input"); err != nil {
 			return err
 		}
 	}
-	if raw, ok := r.Present("reasoning"); ok {
-		var re struct {
-			Effort *string `json:"effort"`
-		}
-		if json.Unmarshal(raw, &re) != nil {
-			return BadRequest("", "reasoning", "invalid reasoning: want an object")
-		}
-		r.Thinking = re.Effort != nil && *re.Effort != "none" && *re.Effort != "minimal"
+	if err := r.parseReasoning(rf); err != nil {
+		return err
+	}
+	if err := r.parseInclude(rf); err != nil {
+		return err
 	}
 	fields := map[string]json.RawMessage{}
 	if err := r.responsesTools(fields); err != nil {
@@ -145,12 +144,6 @@ func (r *Request) rebuildResponses(history []json.RawMessage) *Error {
 		msgs = append(msgs, m)
 	}
 	for _, h := range history {
-		var role struct {
-			Role string `json:"role"`
-		}
-		if json.Unmarshal(h, &role) == nil && role.Role == "system" {
-			continue
-		}
 		msgs = append(msgs, h)
 	}
 	for _, m := range rf.input {
