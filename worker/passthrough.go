@@ -81,7 +81,7 @@ func (x *exchange) passThrough(px *proxy.Engine) (int, string) {
 	if rf := p.req.Responses; rf != nil && rf.PreviousResponseID != "" {
 		r, ok := s.respRanks.get(rf.PreviousResponseID)
 		if !ok {
-			return x.fail(notFoundResponse(rf.PreviousResponseID, "previous_response_id")), ""
+			return x.fail(previousNotFound(rf.PreviousResponseID)), ""
 		}
 		rank = r
 	}
