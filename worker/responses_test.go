@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tether-project/tether/internal/apireq"
+	"github.com/tether-project/tether/test/engines/vllm"
 	"github.com/tether-project/tether/test/waitfor"
 )
 
@@ -394,4 +396,45 @@ func counterValue(t *testing.T, s *Server, name string) float64 {
 	}
 	t.Fatalf("no counter %s", name)
 	return 0
+}
+
+// A proxy worker in front of vLLM (which serves no Conversations API)
+// holds the conversation itself: its engine gets the conversation's items
+// and the request's input as one input, the answer names the
+// conversation, and the turn joins it (streamed and not).
+func TestProxyWorkerHoldsConversations(t *testing.T) {
+	up := vllm.Start(vllm.Options{Model: "test-model", ResponsesStore: true})
+	t.Cleanup(up.Close)
+	cfg := testConfig("px")
+	cfg.Ranks = 1
+	cfg.Engine = DefaultConfig().Engine
+	cfg.Engine.Type = "proxy"
+	cfg.Engine.Upstreams = []string{up.URL()}
+	s := startServer(t, cfg)
+	a := convAPI{t, testClient(t), s.URL()}
+	id := a.call("POST", "/v1/conversations", map[string]any{"items": []any{map[string]any{"role": "user", "content": words(120)}}}, 200)["id"].(string)
+	in := func(o map[string]any) float64 { return o["usage"].(map[string]any)["input_tokens"].(float64) }
+	first := a.call("POST", "/v1/responses", map[string]any{"model": "test-model", "conversation": id, "input": "go on", "max_output_tokens": 4}, 200)
+	if first["conversation"].(map[string]any)["id"] != id || in(first) < 120 {
+		t.Fatalf("first turn: the engine must get the conversation's items: %v", first)
+	}
+	r := post(t, a.c, s.URL()+"/v1/responses", mustJSON(t, map[string]any{"model": "test-model", "conversation": map[string]string{"id": id}, "input": "and then", "max_output_tokens": 4, "stream": true}), nil)
+	evs := namedEvents(t, r.body)
+	second := evs[len(evs)-1].data["response"].(map[string]any)
+	if r.status != 200 || second["conversation"].(map[string]any)["id"] != id || in(second) <= in(first) {
+		t.Fatalf("second turn (its prompt holds the first): %d %v", r.status, second)
+	}
+	items := a.call("GET", "/v1/conversations/"+id+"/items?order=asc", nil, 200)["data"].([]any)
+	if len(items) != 5 || items[1].(map[string]any)["role"] != "user" || items[2].(map[string]any)["role"] != "assistant" {
+		t.Fatalf("conversation items: %v", items)
+	}
+	a.call("POST", "/v1/responses", map[string]any{"model": "test-model", "conversation": "conv_nope", "input": "x"}, 404)
+}
+
+func words(n int) string {
+	w := make([]string, n)
+	for i := range w {
+		w[i] = "w" + strconv.Itoa(i)
+	}
+	return strings.Join(w, " ")
 }
