@@ -61,6 +61,9 @@ type request struct {
 	// prev is the stored response a Responses request continues (its
 	// previous_response_id): the request goes to the instance holding it.
 	prev *storedRef
+	// conv is the conversation a Responses request names (its
+	// conversation parameter): the request goes to the instance holding it.
+	conv *storedRef
 }
 
 // internalBodyFields never come from a client: the edge owns
