@@ -170,6 +170,15 @@ func Decode(s string) (ID, error) {
 	return decode(payload)
 }
 
+// DecodeConversation reads a conversation id without authenticating it.
+func DecodeConversation(s string) (ID, error) {
+	payload, _, err := split(ConversationPrefix, s)
+	if err != nil {
+		return ID{}, err
+	}
+	return decode(payload)
+}
+
 // Minted reports whether s has this package's format (it may still fail
 // to parse or authenticate).
 func Minted(s string) bool { return strings.HasPrefix(s, Prefix) }

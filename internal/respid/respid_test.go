@@ -88,6 +88,9 @@ func TestConversationIDs(t *testing.T) {
 	if got, err := c.ParseConversation(s); err != nil || got != in {
 		t.Fatalf("got %+v, %v, want %+v", got, err, in)
 	}
+	if got, err := DecodeConversation(s); err != nil || got != in {
+		t.Fatalf("DecodeConversation: %+v, %v", got, err)
+	}
 	if _, err := c.Parse(s); !errors.Is(err, ErrNotMinted) {
 		t.Fatalf("a conversation id parsed as a response id: %v", err)
 	}
