@@ -138,7 +138,7 @@ func TestStreamedEventsNameTheClientsIDs(t *testing.T) {
 	ids := &responseIDs{known: map[string]string{"resp_inner": "resp_t1client", "conv_inner": "conv_t1client"}}
 	a := &answer{d: apireq.Responses, cached: -1, ids: ids}
 	for in, want := range map[string]string{
-		`data: {"type":"error","code":"server_error","message":"response resp_inner failed","param":null,"sequence_number":3}` + "\n": "response resp_t1client failed",
+		`data: {"type":"error","code":"server_error","message":"response resp_inner failed","param":null,"sequence_number":3}` + "\n":                        "response resp_t1client failed",
 		`data: {"type":"response.created","response":{"object":"response","id":"resp_inner","conversation":{"id":"conv_inner"}},"sequence_number":0}` + "\n": `"conversation":{"id":"conv_t1client"}`,
 	} {
 		out := string(a.line([]byte(in)))

@@ -25,7 +25,9 @@ func TestSameConversationSameCachedTokens(t *testing.T) {
 	type figures struct{ prompt, cached []int }
 	instructions := func(w string) string { return "You are agent " + w + ". " + words(w+"-instr", 150) }
 	system := func(w string) string { return "Project rules " + w + ". " + words(w+"-rule", 90) }
-	user := func(w string, turn int) string { return fmt.Sprintf("turn %d: %s", turn, words(fmt.Sprintf("%s-q%d", w, turn), 37)) }
+	user := func(w string, turn int) string {
+		return fmt.Sprintf("turn %d: %s", turn, words(fmt.Sprintf("%s-q%d", w, turn), 37))
+	}
 	usageOf := func(b []byte) (int, int) {
 		var o struct {
 			Usage struct {
