@@ -96,6 +96,9 @@ func (r *Request) parseResponses() *Error {
 	if err := r.parseInclude(rf); err != nil {
 		return err
 	}
+	if err := r.parseEchoed(); err != nil {
+		return err
+	}
 	fields := map[string]json.RawMessage{}
 	if err := r.responsesTools(fields); err != nil {
 		return err

@@ -52,6 +52,26 @@ func readReasoningBlob(blob string) (string, bool) {
 	return string(b), true
 }
 
+// parseEchoed checks the request fields a response object repeats as sent
+// (the worker echoes them): user, safety_identifier, prompt_cache_key and
+// service_tier are strings; truncation is auto or disabled (OpenAI's
+// Response.truncation).
+func (r *Request) parseEchoed() *Error {
+	for _, name := range []string{"user", "safety_identifier", "prompt_cache_key", "service_tier", "prompt_cache_retention"} {
+		if _, _, err := r.String(name); err != nil {
+			return err
+		}
+	}
+	t, ok, err := r.String("truncation")
+	if err != nil {
+		return err
+	}
+	if ok && t != "auto" && t != "disabled" {
+		return BadRequest("", "truncation", "Invalid value: '%s'. Supported values are: 'auto' and 'disabled'.", truncate(t, 40))
+	}
+	return nil
+}
+
 // parseInclude reads include: an array of strings (values this server has
 // nothing to add for are accepted and ignored, as future OpenAI values
 // would be).

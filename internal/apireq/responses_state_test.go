@@ -77,6 +77,9 @@ func TestEncryptedReasoningAndSummary(t *testing.T) {
 		`{"model":"m","input":"x","include":"reasoning.encrypted_content"}`:                             "include",
 		`{"model":"m","input":"x","include":[7]}`:                                                       "include[0]",
 		`{"model":"m","input":"x","reasoning":{"summary":"bogus"}}`:                                     "reasoning.summary",
+		`{"model":"m","input":"x","truncation":"bogus"}`:                                                "truncation",
+		`{"model":"m","input":"x","user":{"a":1}}`:                                                      "user",
+		`{"model":"m","input":"x","prompt_cache_key":7}`:                                                "prompt_cache_key",
 	} {
 		_, err := Parse(Responses, []byte(body))
 		if err == nil || err.Param != param || err.Status != 400 {
