@@ -61,6 +61,10 @@ func TestConversationsThroughTheEdge(t *testing.T) {
 	if u := resp["usage"].(map[string]any)["input_tokens"].(float64); u < 80 {
 		t.Fatalf("the conversation's items are not in the prompt: %v input tokens", u)
 	}
+	// Read back by id, the response names the client's conversation id.
+	if got := call("GET", "/v1/responses/"+resp["id"].(string), nil, 200); got["conversation"].(map[string]any)["id"] != id {
+		t.Fatalf("GET the response: %v", got)
+	}
 	items := call("GET", "/v1/conversations/"+id+"/items?order=asc", nil, 200)
 	if data := items["data"].([]any); len(data) != 3 {
 		t.Fatalf("items %v", items)

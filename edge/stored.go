@@ -374,7 +374,12 @@ func (e *Edge) serveStoredResponse(ctx context.Context, w http.ResponseWriter, r
 		b = []byte(strings.ReplaceAll(string(b), ref.id.Upstream, id))
 		return (&upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}).write(w)
 	}
-	ans := &answer{d: apireq.Responses, cached: -1, ids: &responseIDs{known: map[string]string{ref.id.Upstream: id}}}
+	known := map[string]string{ref.id.Upstream: id}
+	if conv, err := respid.DecodeConversation(ref.id.Conversation); err == nil {
+		// A response made in a conversation names it by the worker's id.
+		known[conv.Upstream] = ref.id.Conversation
+	}
+	ans := &answer{d: apireq.Responses, cached: -1, ids: &responseIDs{known: known}}
 	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	return e.copyAnswer(w, resp, ans, stream, fsm.Fleet(ref.id.Fleet), "responses_by_id", ref.id.Instance, span)
 }

@@ -162,6 +162,12 @@ func TestResponsesAPIThroughTetherDev(t *testing.T) {
 	if evs := events(t, r.body); r.status != 200 || evs[len(evs)-1].name != "response.failed" {
 		t.Fatalf("the cancelled stream: %d %v", r.status, eventNames(evs))
 	}
+	// Cancelled again: the response as it is, as OpenAI answers.
+	r = do(t, "POST", e[2].URL()+"/v1/responses/"+long.ID+"/cancel", nil, nil)
+	decode(t, r.body, &cancelled)
+	if r.status != 200 || cancelled.Status != "cancelled" || cancelled.ID != long.ID {
+		t.Fatalf("second cancel: %d %s", r.status, r.body)
+	}
 	// A finished response cannot be cancelled.
 	if r := do(t, "POST", e[2].URL()+"/v1/responses/"+r2.ID+"/cancel", nil, nil); r.status != 400 {
 		t.Fatalf("cancel of a finished response: %d %s", r.status, r.body)
