@@ -142,7 +142,7 @@ func (e *Edge) resolveRef(client string, kind refKind, id respid.ID, err error, 
 	return &storedRef{client: client, id: id, url: in.URL}, nil
 }
 
-// pinned is the stored response or conversation rq names ("" none): the
+// pinned is the stored response or conversation rq names (nil none): the
 // instance that holds it serves rq.
 func (rq *request) pinned() *storedRef {
 	if rq.prev != nil {

@@ -193,19 +193,15 @@ func (a *responsesAnswer) start() error {
 	}
 	for j, sum := range item["summary"].([]any) {
 		st := sum.(map[string]string)["text"]
-		at := map[string]any{"output_index": i, "item_id": id, "summary_index": j}
-		with := func(k string, v any) map[string]any {
-			m := map[string]any{k: v}
-			for k, v := range at {
-				m[k] = v
-			}
-			return m
+		// Each summary part's events name the item and the part.
+		at := func(k string, v any) map[string]any {
+			return map[string]any{"output_index": i, "item_id": id, "summary_index": j, k: v}
 		}
 		evs = append(evs,
-			event{"response.reasoning_summary_part.added", with("part", map[string]string{"type": "summary_text", "text": ""})},
-			event{"response.reasoning_summary_text.delta", with("delta", st)},
-			event{"response.reasoning_summary_text.done", with("text", st)},
-			event{"response.reasoning_summary_part.done", with("part", map[string]string{"type": "summary_text", "text": st})})
+			event{"response.reasoning_summary_part.added", at("part", map[string]string{"type": "summary_text", "text": ""})},
+			event{"response.reasoning_summary_text.delta", at("delta", st)},
+			event{"response.reasoning_summary_text.done", at("text", st)},
+			event{"response.reasoning_summary_part.done", at("part", map[string]string{"type": "summary_text", "text": st})})
 	}
 	evs = append(evs, event{"response.output_item.done", map[string]any{"output_index": i, "item": item}})
 	for _, ev := range evs {
