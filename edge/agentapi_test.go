@@ -109,8 +109,9 @@ func TestSamplingParameterTypesRefused(t *testing.T) {
 }
 
 // Ids the cluster did not mint, forged ones, expired ones and ids naming
-// an instance the fleet does not have are 404 in OpenAI's shape, from the
-// edge, without reaching a worker.
+// an instance the fleet does not have are answered in OpenAI's shape, from
+// the edge, without reaching a worker: 404 by id, 400
+// previous_response_not_found as previous_response_id.
 func TestStoredResponseIDsNotFound(t *testing.T) {
 	s := startStatic(t, 1, 1, func(c *Config) { c.StoredResponseRetention, c.Telemetry.StartupGrace = time.Hour, time.Millisecond })
 	e := s.te.e
@@ -129,8 +130,14 @@ func TestStoredResponseIDsNotFound(t *testing.T) {
 		if r.status != 404 || !strings.Contains(string(r.body), want) || !strings.Contains(string(r.body), `"param":"response_id"`) {
 			t.Errorf("GET %s: %d %s, want 404 with %q", id, r.status, r.body, want)
 		}
+		if !strings.Contains(string(r.body), `"message":"Response with id '`+id+`' not found. `) {
+			t.Errorf("GET %s: %s, want OpenAI's sentence first", id, r.body)
+		}
+		// OpenAI answers an unknown previous_response_id 400 (a by-id
+		// path 404).
 		status, body, _ := postRaw(t, s.c, s.te.url()+"/v1/responses", map[string]any{"model": testModel, "input": "x", "previous_response_id": id}, nil)
-		if status != 404 || !strings.Contains(string(body), `"code":"previous_response_not_found"`) {
+		if status != 400 || !strings.Contains(string(body), `"code":"previous_response_not_found"`) || !strings.Contains(string(body), `"param":"previous_response_id"`) ||
+			!strings.Contains(string(body), `"message":"Previous response with id '`+id+`' not found. `) || !strings.Contains(string(body), want) {
 			t.Errorf("previous_response_id %s: %d %s", id, status, body)
 		}
 	}
@@ -217,6 +224,15 @@ func TestEngineAgentAPIsThroughAnyEdge(t *testing.T) {
 		if r.status != 200 || !strings.Contains(string(r.body), `"id":"`+first.ID+`"`) {
 			t.Fatalf("GET through edge-%d: %d %s", i+1, r.status, r.body)
 		}
+	}
+	// A previous_response_id the engine no longer holds: vLLM's 404
+	// becomes OpenAI's 400 previous_response_not_found, naming the id the
+	// client sent.
+	gone := s.ec.edge(0).e.respIDs.Mint(respid.ID{Fleet: uint8(fsm.FleetContext), Instance: instR, Rank: rankR, Upstream: "resp_gone0123",
+		Edge: "edge-x", Minted: s.ec.edge(0).e.now()})
+	status, body, _ = postRaw(t, s.c, url(1)+"/v1/responses", map[string]any{"model": testModel, "input": "x", "previous_response_id": gone}, nil)
+	if status != 400 || !strings.Contains(string(body), `"code":"previous_response_not_found"`) || !strings.Contains(string(body), gone) || strings.Contains(string(body), "resp_gone0123") {
+		t.Fatalf("a response the engine lost: %d %s", status, body)
 	}
 	// The engine's own 404 names the id the client sent.
 	r := do(t, s.c, http.MethodPost, url(1)+"/v1/responses/"+first.ID+"/cancel", nil, nil)

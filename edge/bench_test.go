@@ -220,7 +220,7 @@ func benchFollowUp(b *testing.B, te *testEdge) {
 	const n = 20000
 	t0 := time.Now()
 	for range n {
-		if _, aerr := te.e.resolveStored(r.ID, "previous_response_id", t0); aerr != nil {
+		if _, aerr := te.e.resolveStored(r.ID, refPrevious, t0); aerr != nil {
 			b.Fatal(aerr)
 		}
 	}

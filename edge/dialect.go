@@ -74,13 +74,13 @@ func (a *answer) body(b []byte) []byte {
 		changed = true
 	}
 	if !changed {
-		return b
+		return a.ids.text(b)
 	}
 	out := mustMarshal(top)
 	if bytes.HasSuffix(b, []byte("\n")) {
 		out = append(out, '\n') // as the worker ended it
 	}
-	return out
+	return a.ids.text(out)
 }
 
 // line rewrites one line of an SSE stream.
@@ -147,9 +147,9 @@ func (a *answer) line(line []byte) []byte {
 		changed = true
 	}
 	if !changed {
-		return line
+		return a.ids.text(line)
 	}
-	return append(append([]byte("data: "), mustMarshal(ev)...), '\n')
+	return a.ids.text(append(append([]byte("data: "), mustMarshal(ev)...), '\n'))
 }
 
 // object reads (and patches) the usage of one answer object; in a stream,

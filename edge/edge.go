@@ -731,6 +731,8 @@ func (e *Edge) Handler() http.Handler {
 	}
 	mux.HandleFunc(countTokensPath, func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, apireq.Messages) })
 	mux.HandleFunc("/v1/responses/", e.handleStoredResponse)
+	mux.HandleFunc("/v1/conversations", e.handleConversations)
+	mux.HandleFunc("/v1/conversations/", e.handleConversations)
 	mux.HandleFunc("/v1/models", e.handleModels)
 	mux.HandleFunc("/v1/models/{id...}", e.handleModel)
 	mux.HandleFunc("/healthz", e.handleHealth)
@@ -750,7 +752,7 @@ func (e *Edge) Handler() http.Handler {
 		if _, pattern := mux.Handler(r); pattern == "" {
 			e.metrics.requests.WithLabelValues("other", "404").Inc()
 			writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
-				"unknown path %s %s (the edge serves POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/messages/count_tokens, /v1/responses, GET/DELETE /v1/responses/{id}, GET /v1/models, /healthz, /readyz, /metrics, /admin/v1/...)",
+				"unknown path %s %s (the edge serves POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/messages/count_tokens, /v1/responses, GET/DELETE /v1/responses/{id}, /v1/conversations[/{id}[/items[/{item_id}]]], GET /v1/models, /healthz, /readyz, /metrics, /admin/v1/...)",
 				r.Method, truncate(r.URL.Path, 200)))
 			return
 		}

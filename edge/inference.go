@@ -155,11 +155,12 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 	if rq.id.DepthLimited {
 		w.Header().Set(HeaderDepthLimited, depthLimitedValue(rq.id, e.route.identity))
 	}
-	if rq.prev == nil && !rq.parsed.CountTokens {
+	if rq.pinned() == nil && !rq.parsed.CountTokens {
 		e.promptKeys(rq, tokens)
 	} else {
-		// The prompt continues a stored response (only its instance can
-		// expand it), or nothing is generated: no keys to place by.
+		// The prompt continues a stored response or a conversation (only
+		// the instance holding it can expand it), or nothing is
+		// generated: no keys to place by.
 		rq.prompts[fsm.FleetContext] = prompt{tokens: len(tokens)}
 		rq.prompts[fsm.FleetGeneration] = rq.prompts[fsm.FleetContext]
 		rq.promptTokens = len(tokens)
@@ -340,6 +341,27 @@ func (u *upstreamAnswer) write(w http.ResponseWriter) int {
 	return u.status
 }
 
+// clientAnswer is a worker's (or engine's) answer other than 200 as the
+// client reads it: the ids it names are the ones the client sent, never
+// the engine's own (a stored response's, a conversation's), and an
+// engine's 404 for the previous_response_id (vLLM's answer: its store no
+// longer holds it) is OpenAI's 400 previous_response_not_found.
+func (rq *request) clientAnswer(status int, header http.Header, b []byte) *upstreamAnswer {
+	for _, ref := range []*storedRef{rq.prev, rq.conv} {
+		if ref != nil {
+			b = bytes.ReplaceAll(b, []byte(ref.id.Upstream), []byte(ref.client))
+		}
+	}
+	if rq.prev != nil && status == http.StatusNotFound && bytes.Contains(b, []byte(rq.prev.client)) {
+		aerr := refPrevious.notFound(rq.prev.client, "The %s instance %s that stored it no longer holds it (evicted, deleted, or its engine restarted).",
+			fsm.Fleet(rq.prev.id.Fleet), rq.prev.id.Instance)
+		h := header.Clone()
+		h.Set("Content-Type", "application/json")
+		return &upstreamAnswer{status: aerr.Status, header: h, body: aerr.JSON(apireq.Responses)}
+	}
+	return &upstreamAnswer{status: status, header: header, body: b}
+}
+
 // hopFailure is why a hop ended without a usable response: either an
 // error the edge reports, or the worker's own answer passed through.
 type hopFailure struct {
@@ -387,7 +409,7 @@ type contextResult struct {
 func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.UpstreamTimeout)
 	defer cancel()
-	if rq.prev != nil {
+	if rq.pinned() != nil {
 		return e.dispatchStored(ctx, w, rq, span) // edge/stored.go
 	}
 	if rq.m.cfg.Aggregated() {
@@ -537,13 +559,13 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 			resp.Body.Close()
 			e.metrics.upstreamErrors.WithLabelValues(cur.Fleet.String(), "status_5xx").Inc()
-			failure = &hopFailure{pass: &upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}}
+			failure = &hopFailure{pass: rq.clientAnswer(resp.StatusCode, resp.Header, b)}
 		case resp.StatusCode != http.StatusOK:
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 			resp.Body.Close()
 			span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
 			span.End()
-			return nil, nil, &hopFailure{pass: &upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}}
+			return nil, nil, &hopFailure{pass: rq.clientAnswer(resp.StatusCode, resp.Header, b)}
 		default:
 			span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode), attrRank.String(resp.Header.Get(HeaderADPRank)))
 			span.End()
@@ -551,8 +573,8 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 		}
 		span.SetStatus(codes.Error, "hop failed")
 		span.End()
-		if attempt >= e.cfg.MaxRetries || rq.prev != nil {
-			// (No other instance holds a stored response.)
+		if attempt >= e.cfg.MaxRetries || rq.pinned() != nil {
+			// (No other instance holds a stored response or a conversation.)
 			return nil, nil, failure
 		}
 		next, aerr := e.reroute(ctx, rq, cur)
@@ -844,7 +866,7 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 			// not read that as misses).
 			if u = e.engineUsage(genHop.Instance, u); u.HasCached {
 				e.fleet.RecordUsage(genHop.Instance, int64(u.Prompt), int64(u.Cached), e.now())
-				if rq.prev == nil {
+				if rq.pinned() == nil {
 					e.shadowCorrect(rq, genHop, u.Cached)
 				}
 			}

@@ -40,6 +40,7 @@ type metrics struct {
 	streamsAborted    *prometheus.CounterVec
 	storedResponses   *prometheus.CounterVec
 	kvUndecodable     *prometheus.CounterVec
+	conversations     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
@@ -111,6 +112,10 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 		Name: "tether_edge_stored_response_requests_total",
 		Help: "Requests naming a stored response (previous_response_id, GET/DELETE/cancel/input_items by id), by outcome (routed: sent to the instance the id names; not_minted, forged, expired, unknown_instance, restarted: answered 404 by the edge; instance_unheard: 503 with Retry-After, the log knows the instance but this edge has not heard it yet).",
 	}, []string{"outcome"})
+	m.conversations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_conversation_requests_total",
+		Help: "Requests naming a conversation (the conversation parameter of /v1/responses, /v1/conversations/{id}...), by outcome (as tether_edge_stored_response_requests_total's; created: a new conversation placed).",
+	}, []string{"outcome"})
 	m.recorderDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_edge_recorder_dropped_total",
 		Help: "Background events (overflows, links, rank observations, evidence, placements' Binds) given up before the log recorded them, by event type and reason (queue_full: the oldest made room for a new one; attempts: retried too often; closed: the edge stopped).",
@@ -147,7 +152,7 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 func (m *metrics) register(reg prometheus.Registerer, e *Edge) error {
 	for _, c := range []prometheus.Collector{m.routeSeconds, m.routed.requests, m.routed.prefill, &opsCollector{e: e}, m.requests, m.requestSeconds, m.decisions, m.degraded, m.telemetryLate, m.commitSeconds, m.proposals, m.retries,
 		m.placementsOpen, m.placements, m.speculativeServed, m.bindSettle, m.placementMsgs, m.dispatchMsgs, m.strippedHeaders, m.touches, m.leaderActions, m.bindings, m.upstreamErrors,
-		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight, m.streamsAborted, m.storedResponses, m.kvUndecodable} {
+		m.recorderQueued, m.recorderDropped, m.bodyRefused, m.bodyInflight, m.streamsAborted, m.storedResponses, m.kvUndecodable, m.conversations} {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("edge: register metrics: %w", err)
 		}

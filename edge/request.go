@@ -64,6 +64,9 @@ type request struct {
 	// continued is the conversation of prev when it is the request's
 	// conversation ("" none): routing.ResolveContinuing resolves it.
 	continued string
+	// conv is the conversation a Responses request names (its
+	// conversation parameter): the request goes to the instance holding it.
+	conv *storedRef
 }
 
 // internalBodyFields never come from a client: the edge owns

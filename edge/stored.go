@@ -1,9 +1,11 @@
 package edge
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -34,37 +36,84 @@ const (
 	policyStored  = "stored_response"
 )
 
-// storedRef is a request's reference to a stored response: the id the
-// client sent and what it says.
+// storedRef is a request's reference to a stored response or a
+// conversation: the id the client sent and what it says.
 type storedRef struct {
 	client string
 	id     respid.ID
 	url    string
 }
 
-// resolveStored reads a response id a client sent in param. Any id this
-// cluster did not mint, or that names an instance the fleet no longer has
-// (or a process that restarted since), is a 404 in OpenAI's shape: no
-// instance holds it.
-func (e *Edge) resolveStored(client, param string, now time.Time) (*storedRef, *apiError) {
-	code := "response_not_found"
-	if param == "previous_response_id" {
-		code = "previous_response_not_found"
+// refKind is what a client's id names, and so how a miss is answered.
+type refKind int
+
+const (
+	refResponse     refKind = iota // a response id in the path
+	refPrevious                    // previous_response_id
+	refConversation                // a conversation id (path, or the conversation parameter)
+)
+
+// notFound is OpenAI's answer to an id it does not hold, with the reason
+// tether knows after OpenAI's sentence: previous_response_id 400
+// previous_response_not_found ("Previous response with id '…' not
+// found."); a response id in the path 404 ("Response with id '…' not
+// found.", code response_not_found); a conversation 404 ("Conversation with
+// id '…' not found.", no param or code, as OpenAI answers it).
+func (k refKind) notFound(client, reason string, args ...any) *apiError {
+	why := fmt.Sprintf(reason, args...)
+	id := truncate(client, 200)
+	switch k {
+	case refPrevious:
+		return newAPIError(http.StatusBadRequest, "invalid_request_error", "previous_response_not_found", "previous_response_id",
+			"Previous response with id '%s' not found. %s", id, why)
+	case refConversation:
+		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "", "Conversation with id '%s' not found. %s", id, why)
 	}
-	notFound := func(outcome, format string, args ...any) *apiError {
-		e.metrics.storedResponses.WithLabelValues(outcome).Inc()
-		return newAPIError(http.StatusNotFound, "invalid_request_error", code, param, format, args...)
+	return newAPIError(http.StatusNotFound, "invalid_request_error", "response_not_found", "response_id", "Response with id '%s' not found. %s", id, why)
+}
+
+// noun is what the id names, in messages.
+func (k refKind) noun() string {
+	if k == refConversation {
+		return "conversation"
 	}
+	return "response"
+}
+
+// resolveStored reads a response id a client sent (kind refResponse or
+// refPrevious). Any id this cluster did not mint, or that names an
+// instance the fleet no longer has (or a process that restarted since), is
+// answered in OpenAI's shape: no instance holds it.
+func (e *Edge) resolveStored(client string, kind refKind, now time.Time) (*storedRef, *apiError) {
+	count := func(outcome string) { e.metrics.storedResponses.WithLabelValues(outcome).Inc() }
 	id, err := e.respIDs.Parse(client)
+	if err == nil {
+		if ret := e.cfg.StoredResponseRetention; ret > 0 && now.Sub(id.Minted) > ret {
+			count("expired")
+			return nil, kind.notFound(client, "It was created at %s, beyond stored_response_retention (%s).", id.Minted.UTC().Format(time.RFC3339), ret)
+		}
+	}
+	return e.resolveRef(client, kind, id, err, now, count)
+}
+
+// resolveConversation reads a conversation id a client sent.
+func (e *Edge) resolveConversation(client string, now time.Time) (*storedRef, *apiError) {
+	id, err := e.respIDs.ParseConversation(client)
+	return e.resolveRef(client, refConversation, id, err, now, func(outcome string) { e.metrics.conversations.WithLabelValues(outcome).Inc() })
+}
+
+// resolveRef finds the instance a parsed id names (err: why it did not
+// parse).
+func (e *Edge) resolveRef(client string, kind refKind, id respid.ID, err error, now time.Time, count func(outcome string)) (*storedRef, *apiError) {
+	notFound := func(outcome, reason string, args ...any) *apiError {
+		count(outcome)
+		return kind.notFound(client, reason, args...)
+	}
 	switch {
 	case errors.Is(err, respid.ErrForged):
-		return nil, notFound("forged", "response %q not found: its id was not issued by this tether cluster (it does not authenticate with the cluster's internal key)", truncate(client, 200))
+		return nil, notFound("forged", "Its id was not issued by this tether cluster (it does not authenticate with the cluster's internal key).")
 	case err != nil:
-		return nil, notFound("not_minted", "response %q not found: it is not a response id issued by this tether cluster", truncate(client, 200))
-	}
-	if ret := e.cfg.StoredResponseRetention; ret > 0 && now.Sub(id.Minted) > ret {
-		return nil, notFound("expired", "response %q not found: it was created at %s, beyond stored_response_retention (%s)",
-			truncate(client, 200), id.Minted.UTC().Format(time.RFC3339), ret)
+		return nil, notFound("not_minted", "It is not a %s id issued by this tether cluster.", kind.noun())
 	}
 	in, ok := e.fleet.Instance(id.Instance, now)
 	if !ok || in.URL == "" {
@@ -73,30 +122,40 @@ func (e *Edge) resolveStored(client, param string, now time.Time) (*storedRef, *
 		// missing response.
 		rec, inLog := e.node.State().Instance(id.Instance)
 		if (inLog && rec.Status != fsm.InstanceRemoved) || e.ready.inStartupGate(now) {
-			e.metrics.storedResponses.WithLabelValues("instance_unheard").Inc()
+			count("instance_unheard")
 			ae := newAPIError(http.StatusServiceUnavailable, "server_error", "instance_not_heard", "",
-				"the %s instance %s holding response %q has not been heard by this edge yet (it started recently, or lost its telemetry); retry shortly",
-				fsm.Fleet(id.Fleet), id.Instance, truncate(client, 200))
+				"the %s instance %s holding %s %q has not been heard by this edge yet (it started recently, or lost its telemetry); retry shortly",
+				fsm.Fleet(id.Fleet), id.Instance, kind.noun(), truncate(client, 200))
 			ae.RetryAfter = 500 * time.Millisecond
 			return nil, ae
 		}
-		return nil, notFound("unknown_instance", "response %q not found: the %s instance %s that stored it is not in this fleet", truncate(client, 200), fsm.Fleet(id.Fleet), id.Instance)
+		return nil, notFound("unknown_instance", "The %s instance %s that stored it is not in this fleet.", fsm.Fleet(id.Fleet), id.Instance)
 	}
 	if in.Fleet != fsm.Fleet(id.Fleet) {
-		return nil, notFound("unknown_instance", "response %q not found: %s is not a %s instance", truncate(client, 200), id.Instance, fsm.Fleet(id.Fleet))
+		return nil, notFound("unknown_instance", "%s is not a %s instance.", id.Instance, fsm.Fleet(id.Fleet))
 	}
 	if id.BootID != 0 && in.BootID != 0 && in.BootID != id.BootID {
-		return nil, notFound("restarted", "response %q not found: instance %s restarted since it stored the response (boot %x, now %x), and a stored response lives in the process that made it",
-			truncate(client, 200), id.Instance, id.BootID, in.BootID)
+		return nil, notFound("restarted", "Instance %s restarted since it stored the %s (boot %x, now %x), and a stored %s lives in the process that made it.",
+			id.Instance, kind.noun(), id.BootID, in.BootID, kind.noun())
 	}
-	e.metrics.storedResponses.WithLabelValues("routed").Inc()
+	count("routed")
 	return &storedRef{client: client, id: id, url: in.URL}, nil
 }
 
-// storedHop is the hop to the instance holding rq.prev: no decision, no
-// log, no retry elsewhere (no other instance holds the response).
+// pinned is the stored response or conversation rq names (nil none): the
+// instance that holds it serves rq.
+func (rq *request) pinned() *storedRef {
+	if rq.prev != nil {
+		return rq.prev
+	}
+	return rq.conv
+}
+
+// storedHop is the hop to the instance holding rq's stored response or
+// conversation: no decision, no log, no retry elsewhere (no other instance
+// holds it).
 func (e *Edge) storedHop(rq *request) *hop {
-	ref := rq.prev
+	ref := rq.pinned()
 	f := fsm.Fleet(ref.id.Fleet)
 	h := &hop{Hop: decide.Hop{Fleet: f, Key: rq.m.key(rq.id.Key(f)), Instance: ref.id.Instance, URL: ref.url, Rank: ref.id.Rank,
 		Outcome: outcomeStored, Policy: policyStored}}
@@ -111,7 +170,7 @@ func (e *Edge) storedHop(rq *request) *hop {
 func (e *Edge) prepareResponses(rq *request, bodyConv string) (string, *apiError) {
 	rf := rq.parsed.Responses
 	if rf.PreviousResponseID != "" {
-		ref, aerr := e.resolveStored(rf.PreviousResponseID, "previous_response_id", rq.now)
+		ref, aerr := e.resolveStored(rf.PreviousResponseID, refPrevious, rq.now)
 		if aerr != nil {
 			return "", aerr
 		}
@@ -123,6 +182,14 @@ func (e *Edge) prepareResponses(rq *request, bodyConv string) (string, *apiError
 		}
 	}
 	if rf.Conversation != "" {
+		// The conversation lives on the instance that holds it, which
+		// reads it by its own id.
+		ref, aerr := e.resolveConversation(rf.Conversation, rq.now)
+		if aerr != nil {
+			return "", aerr
+		}
+		rq.conv = ref
+		rq.top["conversation"] = mustMarshal(ref.id.Upstream)
 		bodyConv, rq.continued = rf.Conversation, ""
 	}
 	return bodyConv, nil
@@ -135,7 +202,12 @@ func (e *Edge) prepareResponses(rq *request, bodyConv string) (string, *apiError
 // conversation's KV from the turn it produced.
 func (e *Edge) dispatchStored(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
 	h := e.storedHop(rq)
-	span.SetAttributes(attribute.String("tether.stored_response", rq.prev.client), attrInstance.String(h.Instance))
+	if rq.prev != nil {
+		span.SetAttributes(attribute.String("tether.stored_response", rq.prev.client))
+	} else {
+		span.SetAttributes(attribute.String("tether.conversation", rq.conv.client))
+	}
+	span.SetAttributes(attrInstance.String(h.Instance))
 	if rq.m.cfg.Aggregated() {
 		return e.engineExchange(ctx, w, rq, h, span)
 	}
@@ -148,6 +220,9 @@ func (e *Edge) minter(rq *request, h *hop, rank string) *responseIDs {
 	ids := &responseIDs{known: map[string]string{}}
 	if rq.prev != nil {
 		ids.known[rq.prev.id.Upstream] = rq.prev.client
+	}
+	if rq.conv != nil {
+		ids.known[rq.conv.id.Upstream] = rq.conv.client
 	}
 	r, err := strconv.Atoi(rank)
 	if err != nil {
@@ -177,6 +252,15 @@ func (r *responseIDs) rewrite(obj map[string]json.RawMessage) bool {
 		return false
 	}
 	changed := false
+	var conv struct {
+		ID string `json:"id"`
+	}
+	if raw, ok := obj["conversation"]; ok && json.Unmarshal(raw, &conv) == nil && conv.ID != "" {
+		if t, ok := r.known[conv.ID]; ok {
+			obj["conversation"] = mustMarshal(map[string]string{"id": t})
+			changed = true
+		}
+	}
 	for _, k := range []string{"id", "previous_response_id"} {
 		var s string
 		if json.Unmarshal(obj[k], &s) != nil || s == "" {
@@ -194,6 +278,21 @@ func (r *responseIDs) rewrite(obj map[string]json.RawMessage) bool {
 		changed = true
 	}
 	return changed
+}
+
+// text replaces, in an answer's bytes, every engine id r knows that is
+// still there (an error event's message, an item naming it) with the
+// client's (r nil: none).
+func (r *responseIDs) text(b []byte) []byte {
+	if r == nil {
+		return b
+	}
+	for up, client := range r.known {
+		if up != "" && bytes.Contains(b, []byte(up)) {
+			b = bytes.ReplaceAll(b, []byte(up), []byte(client))
+		}
+	}
+	return b
 }
 
 // handleStoredResponse serves GET and DELETE /v1/responses/{id}, POST
@@ -234,7 +333,7 @@ func (e *Edge) serveStoredResponse(ctx context.Context, w http.ResponseWriter, r
 	if aerr := e.byIDServed(); aerr != nil {
 		return fail(w, span, aerr)
 	}
-	ref, aerr := e.resolveStored(id, "response_id", e.now())
+	ref, aerr := e.resolveStored(id, refResponse, e.now())
 	if aerr != nil {
 		return fail(w, span, aerr)
 	}
@@ -276,7 +375,12 @@ func (e *Edge) serveStoredResponse(ctx context.Context, w http.ResponseWriter, r
 		b = []byte(strings.ReplaceAll(string(b), ref.id.Upstream, id))
 		return (&upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}).write(w)
 	}
-	ans := &answer{d: apireq.Responses, cached: -1, ids: &responseIDs{known: map[string]string{ref.id.Upstream: id}}}
+	known := map[string]string{ref.id.Upstream: id}
+	if conv, err := respid.DecodeConversation(ref.id.Conversation); err == nil {
+		// A response made in a conversation names it by the worker's id.
+		known[conv.Upstream] = ref.id.Conversation
+	}
+	ans := &answer{d: apireq.Responses, cached: -1, ids: &responseIDs{known: known}}
 	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	return e.copyAnswer(w, resp, ans, stream, fsm.Fleet(ref.id.Fleet), "responses_by_id", ref.id.Instance, span)
 }

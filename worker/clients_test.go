@@ -45,7 +45,7 @@ func TestResponsesNamespaceCall(t *testing.T) {
 		t.Fatalf("stream status %d: %s", r.status, r.body)
 	}
 	var added, done, argsDone bool
-	for _, data := range namedEvents(t, r.body) {
+	for _, data := range sseData(t, r.body) {
 		var ev struct {
 			Type string         `json:"type"`
 			Name string         `json:"name"`
@@ -129,7 +129,7 @@ func TestResponsesItemReference(t *testing.T) {
 
 // namedEvents are the data payloads of an SSE body whose events may be
 // named (event: lines).
-func namedEvents(t *testing.T, body []byte) []string {
+func sseData(t *testing.T, body []byte) []string {
 	t.Helper()
 	var out []string
 	for _, block := range strings.Split(string(body), "\n\n") {
@@ -195,7 +195,7 @@ func TestClientFixturesServed(t *testing.T) {
 			continue
 		}
 		last := map[string]string{"/v1/messages": "message_stop", "/v1/responses": "response.completed"}[path]
-		events := namedEvents(t, r.body)
+		events := sseData(t, r.body)
 		if len(events) == 0 || !strings.Contains(events[len(events)-1], `"type":"`+last+`"`) {
 			tail := ""
 			if len(events) > 0 {

@@ -89,10 +89,13 @@ func (s *Server) Handler() http.Handler {
 		if rest, found := strings.CutPrefix(r.URL.Path, "/v1/responses/"); !ok && found {
 			rt, ok = s.storedResponseRoute(rest)
 		}
+		if rest, found := strings.CutPrefix(r.URL.Path, "/v1/conversations"); !ok && found && (rest == "" || rest[0] == '/') {
+			rt, ok = s.conversationRoute(strings.TrimPrefix(rest, "/"))
+		}
 		if !ok {
 			s.metrics.requests.WithLabelValues("other", "404").Inc()
 			writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
-				"unknown path %s %s (this worker serves POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/messages/count_tokens, /v1/responses, GET/DELETE /v1/responses/{id}, GET /v1/models, /health, /healthz, /readyz, /metrics)", r.Method, truncate(r.URL.Path, 200)))
+				"unknown path %s %s (this worker serves POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/messages/count_tokens, /v1/responses, GET/DELETE /v1/responses/{id}, /v1/conversations[/{id}[/items[/{item_id}]]], GET /v1/models, /health, /healthz, /readyz, /metrics)", r.Method, truncate(r.URL.Path, 200)))
 			return
 		}
 		for _, m := range rt.methods {
@@ -317,8 +320,19 @@ func (x *exchange) serve() (int, string) {
 			return x.fail(aerr), ""
 		}
 	}
+	if rf := p.req.Responses; rf != nil && rf.Conversation != "" && !relay {
+		if aerr = s.conversationInput(p); aerr != nil {
+			return x.fail(aerr), ""
+		}
+		if p, aerr = parsedFrom(p.req, body, s.rules()); aerr != nil {
+			return x.fail(aerr), ""
+		}
+	}
 	x.p, x.chat = p, p.chat
 	p.conversationID = convid.Resolve(p.bodyConvID, x.r.Header)
+	if rf := p.req.Responses; p.conversationID == "" && rf != nil && rf.Conversation != "" {
+		p.conversationID = rf.Conversation // (an edge names it in conversation_params)
+	}
 	if aerr := s.verifyDisaggAuth(x.r.Header, p); aerr != nil {
 		return x.fail(aerr), ""
 	}

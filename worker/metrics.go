@@ -21,7 +21,8 @@ type metrics struct {
 	cachedTokens *prometheus.CounterVec   // rank
 	publishes    *prometheus.CounterVec   // kind, result
 
-	responsesEvicted prometheus.Counter
+	responsesEvicted     prometheus.Counter
+	conversationsEvicted prometheus.Counter
 }
 
 func newMetrics(s *Server) *metrics {
@@ -77,6 +78,20 @@ func newMetrics(s *Server) *metrics {
 			return 0
 		}
 		n, _ := s.responses.stats()
+		return float64(n)
+	}))
+	m.conversationsEvicted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tether_worker_conversations_evicted_total",
+		Help: "Conversations API conversations evicted to keep responses_store_entries and responses_store_bytes.",
+	})
+	m.registry.MustRegister(m.conversationsEvicted, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tether_worker_conversations",
+		Help: "Conversations this worker process holds (a request naming one must reach this process).",
+	}, func() float64 {
+		if s.conversations == nil {
+			return 0
+		}
+		n, _ := s.conversations.stats()
 		return float64(n)
 	}))
 	m.registry.MustRegister(m.requests, m.duration, m.hints, m.hintFailures, m.promptTokens, m.cachedTokens, m.publishes,

@@ -78,12 +78,19 @@ func (m *respRanks) get(id string) (int, bool) {
 func (x *exchange) passThrough(px *proxy.Engine) (int, string) {
 	s, p := x.s, x.p
 	rank := -1
+	body := p.sanitizedBody
+	var tap *convTap
 	if rf := p.req.Responses; rf != nil && rf.PreviousResponseID != "" {
 		r, ok := s.respRanks.get(rf.PreviousResponseID)
 		if !ok {
-			return x.fail(notFoundResponse(rf.PreviousResponseID, "previous_response_id")), ""
+			return x.fail(previousNotFound(rf.PreviousResponseID)), ""
 		}
 		rank = r
+	} else if rf != nil && rf.Conversation != "" {
+		var aerr *apiError
+		if body, tap, aerr = s.expandConversation(p); aerr != nil {
+			return x.fail(aerr), ""
+		}
 	}
 	placeReq := adp.Request{ConversationID: p.conversationID, AffinityID: x.affinity, PromptTokens: len(p.prompt)}
 	if placeReq.ConversationID == "" && placeReq.AffinityID == "" && p.dialect.HasConversation() {
@@ -106,13 +113,89 @@ func (x *exchange) passThrough(px *proxy.Engine) (int, string) {
 	}
 	x.w.Header().Set(HeaderADPRank, strconv.Itoa(rank))
 	x.w.Header().Set(HeaderInstance, s.cfg.InstanceID)
-	status := s.relayUpstream(x.w, x.r, px, rank, http.MethodPost, x.r.URL.Path, p.sanitizedBody, hdr, x.dialect)
+	status := s.relayUpstream(x.w, x.r, px, rank, http.MethodPost, x.r.URL.Path, body, hdr, x.dialect, tap)
 	return status, "aggregated"
+}
+
+// convTap follows a relayed Responses answer for the conversation the
+// request named: every response object gets the conversation's id, and
+// the finished response's input and output items join the conversation.
+type convTap struct {
+	s     *Server
+	conv  string
+	input []json.RawMessage
+	done  bool
+}
+
+// expandConversation is the body the engine gets for a request naming a
+// conversation (vLLM and SGLang have no Conversations API): the
+// conversation's items, then the request's input, as its input; no
+// conversation field.
+func (s *Server) expandConversation(p *parsedRequest) ([]byte, *convTap, *apiError) {
+	rf := p.req.Responses
+	c, ok := s.conversations.get(rf.Conversation)
+	if !ok {
+		return nil, nil, convNotFound(rf.Conversation)
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(p.sanitizedBody, &top); err != nil {
+		return nil, nil, newAPIError(http.StatusInternalServerError, "server_error", "", "", "re-reading the request: %v", err)
+	}
+	tap := &convTap{s: s, conv: rf.Conversation, input: inputItems(rf.Input)}
+	delete(top, "conversation")
+	top["input"], _ = json.Marshal(append(append([]json.RawMessage(nil), c.items...), tap.input...))
+	body, err := json.Marshal(top)
+	if err != nil {
+		return nil, nil, newAPIError(http.StatusInternalServerError, "server_error", "", "", "re-encoding the request: %v", err)
+	}
+	return body, tap, nil
+}
+
+// object rewrites one response object of the answer (ok false: leave the
+// bytes as they are).
+func (t *convTap) object(resp map[string]json.RawMessage) bool {
+	resp["conversation"], _ = json.Marshal(map[string]string{"id": t.conv})
+	var status string
+	_ = json.Unmarshal(resp["status"], &status)
+	if !t.done && (status == "completed" || status == "incomplete") {
+		t.done = true
+		var output []json.RawMessage
+		_ = json.Unmarshal(resp["output"], &output)
+		t.s.conversations.appendItems(t.conv, append(t.input, output...))
+	}
+	return true
+}
+
+// rewrite passes one JSON answer (or one event's data) through t: a
+// response object, or an event carrying one.
+func (t *convTap) rewrite(b []byte) []byte {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(b, &top) != nil {
+		return b
+	}
+	var object string
+	_ = json.Unmarshal(top["object"], &object)
+	if object == "response" {
+		t.object(top)
+	} else if raw, ok := top["response"]; ok {
+		var resp map[string]json.RawMessage
+		if json.Unmarshal(raw, &resp) != nil || !t.object(resp) {
+			return b
+		}
+		top["response"], _ = json.Marshal(resp)
+	} else {
+		return b
+	}
+	out, err := json.Marshal(top)
+	if err != nil {
+		return b
+	}
+	return out
 }
 
 // relayUpstream sends one request to rank's upstream and copies the answer
 // to w as it comes, learning the response ids it carries.
-func (s *Server) relayUpstream(w http.ResponseWriter, r *http.Request, px *proxy.Engine, rank int, method, path string, body []byte, hdr http.Header, d apireq.Dialect) int {
+func (s *Server) relayUpstream(w http.ResponseWriter, r *http.Request, px *proxy.Engine, rank int, method, path string, body []byte, hdr http.Header, d apireq.Dialect, tap *convTap) int {
 	target := px.Upstream(rank) + path
 	if r.URL.RawQuery != "" && method == http.MethodGet {
 		target += "?" + r.URL.RawQuery
@@ -159,6 +242,9 @@ func (s *Server) relayUpstream(w http.ResponseWriter, r *http.Request, px *proxy
 		b, err := io.ReadAll(io.LimitReader(br, 64<<20))
 		if err == nil && resp.StatusCode == http.StatusOK {
 			learn(b)
+			if tap != nil {
+				b = tap.rewrite(b)
+			}
 		}
 		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 		_, _ = w.Write(b)
@@ -171,6 +257,9 @@ func (s *Server) relayUpstream(w http.ResponseWriter, r *http.Request, px *proxy
 		line, err := br.ReadBytes('\n')
 		if data, ok := bytes.CutPrefix(line, []byte("data: ")); ok && bytes.Contains(data, []byte(`"response":{`)) {
 			learn(data)
+			if tap != nil {
+				line = append(append([]byte("data: "), tap.rewrite(bytes.TrimRight(data, "\r\n"))...), '\n')
+			}
 		}
 		if len(line) > 0 {
 			_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
@@ -208,6 +297,6 @@ func (s *Server) relayStored(w http.ResponseWriter, r *http.Request, px *proxy.E
 	}
 	w.Header().Set(HeaderADPRank, strconv.Itoa(rank))
 	w.Header().Set(HeaderInstance, s.cfg.InstanceID)
-	status := s.relayUpstream(w, r, px, rank, r.Method, path, nil, http.Header{}, apireq.Responses)
+	status := s.relayUpstream(w, r, px, rank, r.Method, path, nil, http.Header{}, apireq.Responses, nil)
 	s.metrics.requests.WithLabelValues("responses_by_id", strconv.Itoa(status)).Inc()
 }

@@ -47,6 +47,17 @@ type responsesAnswer struct {
 	cur      *respItem
 	items    []any
 	outIndex int
+	// input are the request's input items as stored (inputs).
+	input []json.RawMessage
+}
+
+// inputs are the request's input items with their ids, the same for the
+// stored response and its conversation.
+func (a *responsesAnswer) inputs() []json.RawMessage {
+	if a.input == nil {
+		a.input = inputItems(a.x.p.req.Responses.Input)
+	}
+	return a.input
 }
 
 // respItem is an output item being streamed.
@@ -78,11 +89,27 @@ func rawOr(top map[string]json.RawMessage, k string, def any) any {
 	return def
 }
 
+// echoed are the request fields a response object repeats as the request
+// sent them, with the value it shows when the request did not (OpenAI's
+// Response, openai-python types/responses/response.py).
+var echoed = []struct {
+	name string
+	def  any
+}{
+	{"tools", []any{}}, {"tool_choice", "auto"}, {"parallel_tool_calls", true},
+	{"temperature", 1.0}, {"top_p", 1.0}, {"max_output_tokens", nil}, {"max_tool_calls", nil},
+	{"text", map[string]any{"format": map[string]string{"type": "text"}}},
+	{"reasoning", map[string]any{"effort": nil, "summary": nil}},
+	{"truncation", "disabled"}, {"metadata", map[string]any{}}, {"user", nil}, {"safety_identifier", nil},
+	{"prompt_cache_key", nil}, {"prompt_cache_retention", nil}, {"service_tier", "default"}, {"top_logprobs", 0},
+	{"prompt", nil},
+}
+
 // object is the response object in a status.
 func (a *responsesAnswer) object(status string, output []any, usage any) map[string]any {
 	p := a.x.p
 	rf, top := p.req.Responses, p.req.Top
-	var prev, instr, incomplete any
+	var prev, instr, incomplete, conv, completed any
 	if a.prevID != "" {
 		prev = a.prevID
 	}
@@ -92,22 +119,25 @@ func (a *responsesAnswer) object(status string, output []any, usage any) map[str
 	if status == "incomplete" {
 		incomplete = map[string]string{"reason": "max_output_tokens"}
 	}
+	if status == "completed" {
+		completed = time.Now().Unix()
+	}
+	if rf.Conversation != "" {
+		conv = map[string]string{"id": rf.Conversation}
+	}
 	if output == nil {
 		output = []any{}
 	}
-	return map[string]any{
+	obj := map[string]any{
 		"id": a.x.id, "object": "response", "created_at": a.x.created, "model": p.model, "status": status,
 		"output": output, "usage": usage, "error": nil, "incomplete_details": incomplete,
-		"instructions": instr, "previous_response_id": prev,
-		"tools": rawOr(top, "tools", []any{}), "tool_choice": rawOr(top, "tool_choice", "auto"),
-		"parallel_tool_calls": rawOr(top, "parallel_tool_calls", true),
-		"temperature":         rawOr(top, "temperature", 1.0), "top_p": rawOr(top, "top_p", 1.0),
-		"max_output_tokens": rawOr(top, "max_output_tokens", nil),
-		"store":             rf.Store, "background": rf.Background,
-		"text":       rawOr(top, "text", map[string]any{"format": map[string]string{"type": "text"}}),
-		"reasoning":  rawOr(top, "reasoning", map[string]any{"effort": nil, "summary": nil}),
-		"truncation": "disabled", "metadata": rawOr(top, "metadata", map[string]any{}), "user": nil,
+		"instructions": instr, "previous_response_id": prev, "conversation": conv, "completed_at": completed,
+		"store": rf.Store, "background": rf.Background,
 	}
+	for _, f := range echoed {
+		obj[f.name] = rawOr(top, f.name, f.def)
+	}
+	return obj
 }
 
 func (a *responsesAnswer) usage(c engine.Completion) map[string]any {
@@ -147,20 +177,34 @@ func (a *responsesAnswer) start() error {
 		return nil
 	}
 	text := reasoningText(a.x.p.output)
-	item := reasoningItem(text)
+	item := a.reasoningItem(text)
 	id := item["id"]
 	i := a.outIndex
 	a.outIndex++
 	added := map[string]any{"type": "reasoning", "id": id, "summary": []any{}, "content": []any{}, "status": "in_progress"}
-	for _, ev := range []struct {
+	type event struct {
 		name string
 		v    map[string]any
-	}{
+	}
+	evs := []event{
 		{"response.output_item.added", map[string]any{"output_index": i, "item": added}},
 		{"response.reasoning_text.delta", map[string]any{"output_index": i, "item_id": id, "content_index": 0, "delta": text}},
 		{"response.reasoning_text.done", map[string]any{"output_index": i, "item_id": id, "content_index": 0, "text": text}},
-		{"response.output_item.done", map[string]any{"output_index": i, "item": item}},
-	} {
+	}
+	for j, sum := range item["summary"].([]any) {
+		st := sum.(map[string]string)["text"]
+		// Each summary part's events name the item and the part.
+		at := func(k string, v any) map[string]any {
+			return map[string]any{"output_index": i, "item_id": id, "summary_index": j, k: v}
+		}
+		evs = append(evs,
+			event{"response.reasoning_summary_part.added", at("part", map[string]string{"type": "summary_text", "text": ""})},
+			event{"response.reasoning_summary_text.delta", at("delta", st)},
+			event{"response.reasoning_summary_text.done", at("text", st)},
+			event{"response.reasoning_summary_part.done", at("part", map[string]string{"type": "summary_text", "text": st})})
+	}
+	evs = append(evs, event{"response.output_item.done", map[string]any{"output_index": i, "item": item}})
+	for _, ev := range evs {
 		ev.v["type"] = ev.name
 		if err := a.send(ev.name, ev.v); err != nil {
 			return err
@@ -170,9 +214,29 @@ func (a *responsesAnswer) start() error {
 	return nil
 }
 
-func reasoningItem(text string) map[string]any {
-	return map[string]any{"type": "reasoning", "id": "rs_" + randomID(), "summary": []any{},
+// reasoningItem is the reasoning output item of text: its summary when the
+// request asked for one (reasoning.summary: detailed the whole text,
+// concise and auto its first sentence), its encrypted_content when
+// include asked for it (apireq.ReasoningBlob: the next turn reads it
+// back).
+func (a *responsesAnswer) reasoningItem(text string) map[string]any {
+	rf := a.x.p.req.Responses
+	summary := []any{}
+	if rf.ReasoningSummary != "" {
+		st := text
+		if rf.ReasoningSummary != "detailed" {
+			if i := strings.Index(text, ". "); i >= 0 {
+				st = text[:i+1]
+			}
+		}
+		summary = append(summary, map[string]string{"type": "summary_text", "text": st})
+	}
+	item := map[string]any{"type": "reasoning", "id": "rs_" + randomID(), "summary": summary,
 		"content": []any{map[string]string{"type": "reasoning_text", "text": text}}, "status": "completed"}
+	if rf.EncryptedReasoning {
+		item["encrypted_content"] = apireq.ReasoningBlob(text)
+	}
+	return item
 }
 
 func messageItem(id, text, status string) map[string]any {
@@ -281,6 +345,9 @@ func (a *responsesAnswer) emit(c engine.Chunk) error {
 // continue from, its input) when the request asked to store it.
 func (a *responsesAnswer) store(c engine.Completion, status string, obj map[string]any) {
 	p := a.x.p
+	if conv := p.req.Responses.Conversation; conv != "" {
+		a.s.appendTurn(conv, a.inputs(), obj["output"])
+	}
 	if !p.req.Responses.Store {
 		return
 	}
@@ -299,7 +366,7 @@ func (a *responsesAnswer) store(c engine.Completion, status string, obj map[stri
 		return
 	}
 	a.s.responses.put(&storedResponse{id: a.x.id, status: status, object: raw, history: history,
-		input: inputItems(p.req.Responses.Input), chain: a.x.chainKey()})
+		input: a.inputs(), chain: a.x.chainKey()})
 }
 
 func (a *responsesAnswer) finish(c engine.Completion) int {
@@ -309,7 +376,14 @@ func (a *responsesAnswer) finish(c engine.Completion) int {
 	status := a.status(c)
 	obj := a.object(status, a.items, a.usage(c))
 	a.store(c, status, obj) // before the last event: the id resolves once the client has it
-	if a.ev("response.completed", map[string]any{"response": obj}) != nil {
+	// OpenAI ends a cut-off answer with response.incomplete
+	// (types/responses/response_incomplete_event.py); vLLM's serving.py
+	// sends response.completed whatever the status.
+	last := "response.completed"
+	if status == "incomplete" {
+		last = "response.incomplete"
+	}
+	if a.ev(last, map[string]any{"response": obj}) != nil {
 		return statusClientClosed
 	}
 	return http.StatusOK
@@ -319,7 +393,7 @@ func (a *responsesAnswer) respond(c engine.Completion) int {
 	p := a.x.p
 	var out []any
 	if p.req.Thinking {
-		out = append(out, reasoningItem(reasoningText(p.output)))
+		out = append(out, a.reasoningItem(reasoningText(p.output)))
 	}
 	if c.Text != "" {
 		out = append(out, messageItem("msg_"+randomID(), c.Text, "completed"))
@@ -358,7 +432,10 @@ func (x *exchange) chainKey() string {
 	return x.chain
 }
 
-// inputItems are a request's input items as stored: each with an id.
+// inputItems are a request's input items as stored (a response's
+// input_items, a conversation's items): each with an id and a type, a
+// message's string content as its one text part and its status completed,
+// as OpenAI lists them.
 func inputItems(in []json.RawMessage) []json.RawMessage {
 	out := make([]json.RawMessage, 0, len(in))
 	for _, raw := range in {
@@ -366,22 +443,33 @@ func inputItems(in []json.RawMessage) []json.RawMessage {
 		if json.Unmarshal(raw, &item) != nil {
 			continue
 		}
+		var typ string
+		_ = json.Unmarshal(item["type"], &typ)
+		if typ == "" {
+			typ = "message"
+			item["type"] = json.RawMessage(`"message"`)
+		}
 		if _, ok := item["id"]; !ok {
-			prefix := "msg_"
-			var typ string
-			_ = json.Unmarshal(item["type"], &typ)
-			switch typ {
-			case "function_call":
-				prefix = "fc_"
-			case "function_call_output":
-				prefix = "fco_"
-			case "reasoning":
-				prefix = "rs_"
+			prefix := map[string]string{"function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}[typ]
+			if prefix == "" {
+				prefix = "msg_"
 			}
 			item["id"] = json.RawMessage(strconv.Quote(prefix + randomID()))
 		}
-		if _, ok := item["type"]; !ok {
-			item["type"] = json.RawMessage(`"message"`)
+		if typ == "message" {
+			var text string
+			if json.Unmarshal(item["content"], &text) == nil {
+				var role string
+				_ = json.Unmarshal(item["role"], &role)
+				part := "input_text"
+				if role == "assistant" {
+					part = "output_text"
+				}
+				item["content"], _ = json.Marshal([]map[string]any{{"type": part, "text": text}})
+			}
+			if _, ok := item["status"]; !ok {
+				item["status"] = json.RawMessage(`"completed"`)
+			}
 		}
 		b, _ := json.Marshal(item)
 		out = append(out, b)
@@ -398,7 +486,7 @@ func (s *Server) expandResponses(p *parsedRequest) (*storedResponse, *apiError) 
 	if id := p.req.Responses.PreviousResponseID; id != "" {
 		var ok bool
 		if st, ok = s.responses.get(id); !ok {
-			return nil, notFoundResponse(id, "previous_response_id")
+			return nil, previousNotFound(id)
 		}
 		_, _, history, _ := s.responses.snapshot(st)
 		if aerr := p.req.WithHistory(history); aerr != nil {
@@ -413,8 +501,15 @@ func (s *Server) expandResponses(p *parsedRequest) (*storedResponse, *apiError) 
 	return st, nil
 }
 
+// previousNotFound is OpenAI's answer to a previous_response_id it does
+// not hold: 400, code previous_response_not_found (vLLM answers 404 as
+// for an id in the path).
+func previousNotFound(id string) *apiError {
+	return apireq.BadRequest("previous_response_not_found", "previous_response_id", "Previous response with id '%s' not found.", truncate(id, 200))
+}
+
 // notFoundResponse is vLLM's answer to an id its store does not hold
-// (serving.py _make_not_found_error).
+// (serving.py _make_not_found_error), and OpenAI's to an id in the path.
 func notFoundResponse(id, param string) *apiError {
 	return newAPIError(http.StatusNotFound, "invalid_request_error", "", param, "Response with id '%s' not found.", truncate(id, 200))
 }
@@ -424,7 +519,7 @@ func notFoundResponse(id, param string) *apiError {
 func (s *Server) startBackground(x *exchange, a *responsesAnswer) int {
 	ctx, cancel := context.WithCancel(s.baseCtx)
 	st := &storedResponse{id: x.id, status: "queued", background: true, cancel: cancel, changed: make(chan struct{}),
-		input: inputItems(x.p.req.Responses.Input), chain: x.chainKey()}
+		input: a.inputs(), chain: x.chainKey()}
 	queued := a.object("queued", nil, nil)
 	st.object, _ = json.Marshal(queued)
 	s.responses.put(st)
@@ -445,7 +540,7 @@ func (s *Server) startBackground(x *exchange, a *responsesAnswer) int {
 		if err != nil {
 			return err
 		}
-		last := name == "response.completed" || name == "response.failed"
+		last := name == "response.completed" || name == "response.incomplete" || name == "response.failed"
 		if name == "response.in_progress" {
 			raw, _ := json.Marshal(ev["response"])
 			s.responses.update(st, "in_progress", raw, nil)
@@ -599,6 +694,7 @@ func (s *Server) handleCancelResponse(w http.ResponseWriter, id string) {
 		return b
 	})
 	if !ok {
+		// A response that did not run in the background (vLLM's words).
 		writeAPIError(w, badRequest("response_id", "Cannot cancel a synchronous response."))
 		return
 	}
@@ -614,47 +710,7 @@ func (s *Server) handleInputItems(w http.ResponseWriter, r *http.Request, id str
 		return
 	}
 	_, _, _, items := s.responses.snapshot(st)
-	q := r.URL.Query()
-	limit := 20
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 100 {
-			writeAPIError(w, badRequest("limit", "limit must be an integer 1..100, got %q", truncate(v, 40)))
-			return
-		}
-		limit = n
-	}
-	list := append([]json.RawMessage(nil), items...)
-	if q.Get("order") != "asc" {
-		for i, j := 0, len(list)-1; i < j; i, j = i+1, j-1 {
-			list[i], list[j] = list[j], list[i]
-		}
-	}
-	if after := q.Get("after"); after != "" {
-		for i, it := range list {
-			var v struct {
-				ID string `json:"id"`
-			}
-			if json.Unmarshal(it, &v) == nil && v.ID == after {
-				list = list[i+1:]
-				break
-			}
-		}
-	}
-	more := len(list) > limit
-	if more {
-		list = list[:limit]
-	}
-	var first, last any
-	if len(list) > 0 {
-		var f, l struct {
-			ID string `json:"id"`
-		}
-		_ = json.Unmarshal(list[0], &f)
-		_ = json.Unmarshal(list[len(list)-1], &l)
-		first, last = f.ID, l.ID
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": list, "first_id": first, "last_id": last, "has_more": more})
+	writeItemPage(w, r, items)
 }
 
 // discardWriter is where a background run's HTTP answer goes: its events

@@ -179,14 +179,19 @@ func (s *respStore) eventsAfter(r *storedResponse, i int) ([]storedEvent, bool, 
 	return out, r.done, r.changed
 }
 
-// cancelRun cancels a queued or in-progress background response; ok false
-// when the response is neither (vLLM answers "Cannot cancel a synchronous
-// response.").
+// cancelRun cancels a queued or in-progress background response and
+// returns its object; a background response that already ended (finished,
+// failed or cancelled before) is returned as it is, as OpenAI answers a
+// second cancel. ok is false for a response that did not run in the
+// background, which no cancel applies to.
 func (s *respStore) cancelRun(r *storedResponse, object func(status string) json.RawMessage) (json.RawMessage, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !r.background || (r.status != "queued" && r.status != "in_progress") {
-		return r.object, false
+	if !r.background {
+		return nil, false
+	}
+	if r.status != "queued" && r.status != "in_progress" {
+		return r.object, true
 	}
 	r.status = "cancelled"
 	r.object = object("cancelled")

@@ -82,7 +82,9 @@ type Server struct {
 	// respRanks, for a proxy, the rank whose upstream holds each
 	// response it relayed (worker/passthrough.go).
 	responses *respStore
-	respRanks *respRanks
+	// conversations is the Conversations API store (worker/convstore.go).
+	conversations *convStore
+	respRanks     *respRanks
 
 	baseCtx    context.Context // parent of every request context
 	cancelBase context.CancelFunc
@@ -154,6 +156,7 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(s)
 	s.respRanks = newRespRanks(cfg.ResponsesStoreEntries)
 	s.responses = newRespStore(cfg.ResponsesStoreEntries, cfg.ResponsesStoreBytes, s.log, func() { s.metrics.responsesEvicted.Inc() })
+	s.conversations = newConvStore(cfg.ResponsesStoreEntries, cfg.ResponsesStoreBytes, s.log, func() { s.metrics.conversationsEvicted.Inc() })
 	if cfg.NATS.Enabled() {
 		s.pub = newPublisher(s)
 		s.eng.SetKVEventSink(s.pub.addKVEvent)

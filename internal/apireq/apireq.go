@@ -137,6 +137,12 @@ type ResponsesFields struct {
 	// Input is the request's input as items (a string input is one user
 	// message item).
 	Input []json.RawMessage
+	// EncryptedReasoning: include asks reasoning items to carry
+	// encrypted_content (ReasoningBlob).
+	EncryptedReasoning bool
+	// ReasoningSummary is reasoning.summary: auto, concise, detailed or ""
+	// (no summary).
+	ReasoningSummary string
 	// input and instructions in the chat form, kept apart so a previous
 	// response's history can go between them (WithHistory).
 	instr []chatMessage

@@ -87,17 +87,17 @@ func TestResponsesToChatForm(t *testing.T) {
 	if !strings.Contains(string(r.Chat["response_format"]), `"json_schema"`) || !strings.Contains(string(r.Chat["tool_choice"]), `"name":"get_weather"`) {
 		t.Fatalf("format %s choice %s", r.Chat["response_format"], r.Chat["tool_choice"])
 	}
-	// A previous response's history goes after the instructions, its
-	// own system message dropped.
+	// A previous response's history goes after the instructions, the
+	// system messages of its input kept (History holds no instructions).
 	hist := []json.RawMessage{json.RawMessage(`{"role":"system","content":"old"}`), json.RawMessage(`{"role":"user","content":"hi"}`),
 		AssistantMessage("hello", "", nil)}
 	if err := r.WithHistory(hist); err != nil {
 		t.Fatal(err)
 	}
-	if got := chatMessages(t, r); !strings.HasPrefix(got, `[{"content":"Be brief.","role":"system"},{"content":"hi","role":"user"},{"content":"hello","role":"assistant"},{"content":"weather in Paris?"`) {
+	if got := chatMessages(t, r); !strings.HasPrefix(got, `[{"content":"Be brief.","role":"system"},{"content":"old","role":"system"},{"content":"hi","role":"user"},{"content":"hello","role":"assistant"},{"content":"weather in Paris?"`) {
 		t.Fatalf("with history: %s", got)
 	}
-	if h := r.History(); len(h) != 6 || !strings.Contains(string(h[0]), `"hi"`) {
+	if h := r.History(); len(h) != 7 || !strings.Contains(string(h[0]), `"old"`) {
 		t.Fatalf("history %d %s", len(h), h)
 	}
 	s := mustParse(t, Responses, `{"model":"m","input":"hello","stream":true}`)

@@ -21,11 +21,13 @@ import (
 // are accepted and not rendered (unrenderedItems). Function tools and the
 // functions of namespace tools become chat function tools (responsesTools),
 // text.format the response_format, max_output_tokens the completion budget.
-// A previous response's history goes between the instructions and the
-// input (WithHistory), without its system messages: instructions do not
-// carry over. Fields the chat form has no use for (include, metadata,
-// prompt_cache_key, client_metadata, reasoning.summary, truncation, user,
-// service_tier, ...) are accepted and left to the engine.
+// A previous response's history (or a conversation's items) goes between
+// the instructions and the input (WithHistory): the previous request's
+// input items carry over, system and developer messages among them; its
+// instructions do not (History leaves them out), as OpenAI's
+// Response.instructions says. Fields the chat form has no use for
+// (metadata, prompt_cache_key, client_metadata, service_tier, ...) are
+// accepted and left to the engine.
 
 func (r *Request) parseResponses() *Error {
 	rf := &ResponsesFields{Store: true}
@@ -90,18 +92,18 @@ func (r *Request) parseResponses() *Error {
 		if len(rf.Input) == 0 {
 			return BadRequest("", "input", "input must contain at least one item")
 		}
-		if rf.input, err = responsesInput(rf.Input); err != nil {
+		if rf.input, err = responsesItems(rf.Input, "input"); err != nil {
 			return err
 		}
 	}
-	if raw, ok := r.Present("reasoning"); ok {
-		var re struct {
-			Effort *string `json:"effort"`
-		}
-		if json.Unmarshal(raw, &re) != nil {
-			return BadRequest("", "reasoning", "invalid reasoning: want an object")
-		}
-		r.Thinking = re.Effort != nil && *re.Effort != "none" && *re.Effort != "minimal"
+	if err := r.parseReasoning(rf); err != nil {
+		return err
+	}
+	if err := r.parseInclude(rf); err != nil {
+		return err
+	}
+	if err := r.parseEchoed(); err != nil {
+		return err
 	}
 	fields := map[string]json.RawMessage{}
 	if err := r.responsesTools(fields); err != nil {
@@ -153,12 +155,6 @@ func (r *Request) rebuildResponses() *Error {
 		msgs = append(msgs, m)
 	}
 	for _, h := range history {
-		var role struct {
-			Role string `json:"role"`
-		}
-		if json.Unmarshal(h, &role) == nil && role.Role == "system" {
-			continue
-		}
 		msgs = append(msgs, h)
 	}
 	for _, m := range rf.input {

@@ -76,23 +76,55 @@ var (
 	ErrForged = errors.New("response id not authenticated by this cluster's internal key")
 )
 
+// ConversationPrefix starts every conversation id an edge mints (OpenAI's
+// "conv_", then the format's version). A conversation of the
+// Conversations API lives in the worker process that holds it, as a stored
+// response does, and its id carries the way there in the same format
+// (Upstream: the worker's own id of the conversation; Conversation unused),
+// authenticated under a key of its own, so that no response id passes for
+// a conversation id or the other way round.
+const ConversationPrefix = "conv_t1"
+
 // Codec mints and reads ids with one cluster key.
 type Codec struct {
-	key []byte
+	key, convKey []byte
 }
 
-// NewCodec derives the MAC key from the cluster's internal key (nil or
+// NewCodec derives the MAC keys from the cluster's internal key (nil or
 // empty: ids are checked against a fixed key, which proves nothing
 // against a client that forges one; edges without an internal key say so
 // at start).
 func NewCodec(internalKey []byte) *Codec {
-	m := hmac.New(sha256.New, internalKey)
-	m.Write([]byte("tether response id v1"))
-	return &Codec{key: m.Sum(nil)}
+	derive := func(label string) []byte {
+		m := hmac.New(sha256.New, internalKey)
+		m.Write([]byte(label))
+		return m.Sum(nil)
+	}
+	return &Codec{key: derive("tether response id v1"), convKey: derive("tether conversation id v1")}
+}
+
+// MintConversation encodes the id of a conversation.
+func (c *Codec) MintConversation(id ID) string {
+	id.Conversation, id.Continued = "", false
+	return mint(ConversationPrefix, c.convKey, id)
+}
+
+// ParseConversation reads and authenticates a conversation id.
+func (c *Codec) ParseConversation(s string) (ID, error) {
+	payload, mac, err := split(ConversationPrefix, s)
+	if err != nil {
+		return ID{}, err
+	}
+	if !hmac.Equal(mac, sign(c.convKey, payload)) {
+		return ID{}, ErrForged
+	}
+	return decode(payload)
 }
 
 // Mint encodes id.
-func (c *Codec) Mint(id ID) string {
+func (c *Codec) Mint(id ID) string { return mint(Prefix, c.key, id) }
+
+func mint(prefix string, key []byte, id ID) string {
 	p := make([]byte, 0, 32+len(id.Instance)+len(id.Edge)+len(id.Conversation)+len(id.Upstream))
 	var flags byte
 	if id.Continued {
@@ -106,23 +138,23 @@ func (c *Codec) Mint(id ID) string {
 		p = binary.AppendUvarint(p, uint64(len(s)))
 		p = append(p, s...)
 	}
-	p = append(p, c.mac(p)...)
-	return Prefix + base64.RawURLEncoding.EncodeToString(p)
+	p = append(p, sign(key, p)...)
+	return prefix + base64.RawURLEncoding.EncodeToString(p)
 }
 
-func (c *Codec) mac(payload []byte) []byte {
-	m := hmac.New(sha256.New, c.key)
+func sign(key, payload []byte) []byte {
+	m := hmac.New(sha256.New, key)
 	m.Write(payload)
 	return m.Sum(nil)[:macLen]
 }
 
 // Parse reads and authenticates an id.
 func (c *Codec) Parse(s string) (ID, error) {
-	payload, mac, err := split(s)
+	payload, mac, err := split(Prefix, s)
 	if err != nil {
 		return ID{}, err
 	}
-	if !hmac.Equal(mac, c.mac(payload)) {
+	if !hmac.Equal(mac, sign(c.key, payload)) {
 		return ID{}, ErrForged
 	}
 	return decode(payload)
@@ -131,7 +163,16 @@ func (c *Codec) Parse(s string) (ID, error) {
 // Decode reads an id without authenticating it (tether audit explain,
 // which may not hold the key): every field is as the id says, not proven.
 func Decode(s string) (ID, error) {
-	payload, _, err := split(s)
+	payload, _, err := split(Prefix, s)
+	if err != nil {
+		return ID{}, err
+	}
+	return decode(payload)
+}
+
+// DecodeConversation reads a conversation id without authenticating it.
+func DecodeConversation(s string) (ID, error) {
+	payload, _, err := split(ConversationPrefix, s)
 	if err != nil {
 		return ID{}, err
 	}
@@ -142,8 +183,8 @@ func Decode(s string) (ID, error) {
 // to parse or authenticate).
 func Minted(s string) bool { return strings.HasPrefix(s, Prefix) }
 
-func split(s string) (payload, mac []byte, err error) {
-	enc, ok := strings.CutPrefix(s, Prefix)
+func split(prefix, s string) (payload, mac []byte, err error) {
+	enc, ok := strings.CutPrefix(s, prefix)
 	if !ok || len(s) > MaxLen {
 		return nil, nil, ErrNotMinted
 	}

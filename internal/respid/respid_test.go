@@ -74,3 +74,39 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// Conversation ids: conv_ and the format's version, read back whole, and
+// no response id passes for one (nor the other way round): each kind has
+// its own key.
+func TestConversationIDs(t *testing.T) {
+	c := NewCodec([]byte("cluster-key-0123456789"))
+	in := ID{Fleet: 2, Instance: "gen-1", Rank: 1, BootID: 7, Upstream: "conv_abc", Edge: "edge-1", Minted: time.UnixMilli(1_700_000_000_000)}
+	s := c.MintConversation(in)
+	if !strings.HasPrefix(s, "conv_") || !strings.HasPrefix(s, ConversationPrefix) {
+		t.Fatalf("conversation id %q", s)
+	}
+	if got, err := c.ParseConversation(s); err != nil || got != in {
+		t.Fatalf("got %+v, %v, want %+v", got, err, in)
+	}
+	if got, err := DecodeConversation(s); err != nil || got != in {
+		t.Fatalf("DecodeConversation: %+v, %v", got, err)
+	}
+	if _, err := c.Parse(s); !errors.Is(err, ErrNotMinted) {
+		t.Fatalf("a conversation id parsed as a response id: %v", err)
+	}
+	resp := c.Mint(in)
+	if _, err := c.ParseConversation(resp); !errors.Is(err, ErrNotMinted) {
+		t.Fatalf("a response id parsed as a conversation id: %v", err)
+	}
+	// Same payload under the response key, conversation prefix: forged.
+	forged := ConversationPrefix + strings.TrimPrefix(resp, Prefix)
+	if _, err := c.ParseConversation(forged); !errors.Is(err, ErrForged) {
+		t.Fatalf("a response id's MAC under the conversation prefix: %v", err)
+	}
+	if _, err := NewCodec([]byte("other")).ParseConversation(s); !errors.Is(err, ErrForged) {
+		t.Fatalf("another cluster's conversation id: %v", err)
+	}
+	if _, err := c.ParseConversation("conv_68b1"); !errors.Is(err, ErrNotMinted) {
+		t.Fatalf("OpenAI's id: %v", err)
+	}
+}

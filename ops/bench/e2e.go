@@ -483,8 +483,8 @@ type streamEvent struct {
 
 // readEvent reads one SSE data line of dialect api: chat's chunks,
 // Messages' text_delta and message_delta usage (input_tokens +
-// cache_read_input_tokens), Responses' output_text.delta and
-// response.completed usage.
+// cache_read_input_tokens), Responses' output_text.delta and the usage of
+// response.completed (or response.incomplete, a cut-off answer's end).
 func readEvent(api string, data []byte) (streamEvent, error) {
 	var ev streamEvent
 	var v struct {
@@ -531,7 +531,7 @@ func readEvent(api string, data []byte) (streamEvent, error) {
 		var d string
 		_ = json.Unmarshal(v.Delta, &d)
 		ev.text = v.Type == "response.output_text.delta" && d != ""
-		if v.Type == "response.completed" && v.Response != nil && v.Response.Usage != nil {
+		if (v.Type == "response.completed" || v.Type == "response.incomplete") && v.Response != nil && v.Response.Usage != nil {
 			u := v.Response.Usage
 			ev.usage, ev.prompt, ev.cached = true, u.InputTokens, u.InputDetails.CachedTokens
 		}

@@ -41,6 +41,7 @@ func TestRequestBodiesKeyAlike(t *testing.T) {
 		{"messages", `{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"input_tokens":10,"cache_read_input_tokens":64,"output_tokens":8}}`, false, true, 74, 64},
 		{"responses", `{"type":"response.output_text.delta","delta":"hi","sequence_number":4}`, true, false, 0, 0},
 		{"responses", `{"type":"response.completed","response":{"usage":{"input_tokens":74,"input_tokens_details":{"cached_tokens":64}}}}`, false, true, 74, 64},
+		{"responses", `{"type":"response.incomplete","response":{"usage":{"input_tokens":74,"input_tokens_details":{"cached_tokens":64}}}}`, false, true, 74, 64},
 		{"chat", `{"choices":[],"usage":{"prompt_tokens":74,"prompt_tokens_details":{"cached_tokens":64}}}`, false, true, 74, 64},
 	} {
 		ev, err := readEvent(c.api, []byte(c.data))

@@ -88,7 +88,7 @@ func TestResponsesAPIThroughTetherDev(t *testing.T) {
 	}
 	evs := events(t, r.body)
 	names := eventNames(evs)
-	if names[0] != "response.created" || names[1] != "response.in_progress" || names[len(names)-1] != "response.completed" {
+	if names[0] != "response.created" || names[1] != "response.in_progress" || !lastEventOfStatus(evs) {
 		t.Fatalf("turn 2 events: %v", names)
 	}
 	for i, ev := range evs {
@@ -141,7 +141,7 @@ func TestResponsesAPIThroughTetherDev(t *testing.T) {
 	// Its events, resumed after sequence number 2 through another edge.
 	r = do(t, "GET", e[2].URL()+"/v1/responses/"+bg.ID+"?stream=true&starting_after=2", nil, nil)
 	evs = events(t, r.body)
-	if r.status != 200 || len(evs) < 3 || evs[0].data["sequence_number"].(float64) != 3 || evs[len(evs)-1].name != "response.completed" {
+	if r.status != 200 || len(evs) < 3 || evs[0].data["sequence_number"].(float64) != 3 || !lastEventOfStatus(evs) {
 		t.Fatalf("resumed stream: %d %v", r.status, eventNames(evs))
 	}
 	if got := evs[len(evs)-1].data["response"].(map[string]any)["id"]; got != bg.ID {
@@ -161,6 +161,12 @@ func TestResponsesAPIThroughTetherDev(t *testing.T) {
 	r = do(t, "GET", e[2].URL()+"/v1/responses/"+long.ID+"?stream=true", nil, nil)
 	if evs := events(t, r.body); r.status != 200 || evs[len(evs)-1].name != "response.failed" {
 		t.Fatalf("the cancelled stream: %d %v", r.status, eventNames(evs))
+	}
+	// Cancelled again: the response as it is, as OpenAI answers.
+	r = do(t, "POST", e[2].URL()+"/v1/responses/"+long.ID+"/cancel", nil, nil)
+	decode(t, r.body, &cancelled)
+	if r.status != 200 || cancelled.Status != "cancelled" || cancelled.ID != long.ID {
+		t.Fatalf("second cancel: %d %s", r.status, r.body)
 	}
 	// A finished response cannot be cancelled.
 	if r := do(t, "POST", e[2].URL()+"/v1/responses/"+r2.ID+"/cancel", nil, nil); r.status != 400 {
@@ -193,4 +199,24 @@ func TestResponsesAPIThroughTetherDev(t *testing.T) {
 	if r := do(t, "GET", e[1].URL()+"/v1/responses/"+ns.ID, nil, nil); r.status != 404 {
 		t.Fatalf("an unstored response: %d %s", r.status, r.body)
 	}
+}
+
+// lastEventOfStatus: a Responses stream ends with the event of its
+// response's status, as OpenAI streams them: response.completed, or
+// response.incomplete for an answer cut off at max_output_tokens (with its
+// incomplete_details).
+func lastEventOfStatus(evs []sse) bool {
+	if len(evs) == 0 {
+		return false
+	}
+	last := evs[len(evs)-1]
+	resp, _ := last.data["response"].(map[string]any)
+	switch resp["status"] {
+	case "completed":
+		return last.name == "response.completed"
+	case "incomplete":
+		details, _ := resp["incomplete_details"].(map[string]any)
+		return last.name == "response.incomplete" && details["reason"] == "max_output_tokens"
+	}
+	return false
 }

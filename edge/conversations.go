@@ -1,0 +1,212 @@
+package edge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
+	"github.com/tether-project/tether/internal/respid"
+)
+
+// Conversations (edge/DESIGN.md "Conversations"): a conversation of the
+// Conversations API lives in the worker process that holds it, as a stored
+// response does, and its id is minted by the edge that created it
+// (respid.MintConversation: conv_t1…), naming the instance, so every edge
+// routes a request naming it there with no state and no log lookup. A new
+// conversation goes to the fleet that serves whole Responses requests on
+// a tether worker fleet, the generation fleet (a request naming the
+// conversation runs there whole, as a continuation of a stored response
+// does: dispatchStored), placed as an unkeyed request is (no binding, no
+// commit).
+
+// handleConversations serves /v1/conversations and below.
+func (e *Edge) handleConversations(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	aw := &apiWriter{ResponseWriter: w, dialect: apireq.Responses}
+	ctx := traceProp.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx, span := e.tracing.tracer.Start(ctx, "tether.edge /v1/conversations", trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("tether.edge", e.nodeID)))
+	defer span.End()
+	status := e.serveConversations(ctx, aw, r, span)
+	span.SetAttributes(attribute.Int("http.response.status_code", status))
+	e.metrics.requests.WithLabelValues("conversations", strconv.Itoa(status)).Inc()
+	e.metrics.requestSeconds.WithLabelValues("conversations").Observe(time.Since(start).Seconds())
+}
+
+// conversationMethods are the methods of each path under a conversation
+// ("" the conversation, "items", "items/{item_id}").
+func conversationMethods(sub string) string {
+	switch {
+	case sub == "":
+		return "GET, POST, DELETE"
+	case sub == "items":
+		return "GET, POST"
+	case strings.HasPrefix(sub, "items/") && len(sub) > len("items/") && !strings.Contains(sub[len("items/"):], "/"):
+		return "GET, DELETE"
+	}
+	return ""
+}
+
+func (e *Edge) serveConversations(ctx context.Context, w http.ResponseWriter, r *http.Request, span trace.Span) int {
+	rest := strings.TrimPrefix(strings.TrimPrefix(r.URL.Path, "/v1/conversations"), "/")
+	id, sub, _ := strings.Cut(rest, "/")
+	allowed := "POST"
+	if rest != "" {
+		allowed = conversationMethods(sub)
+	}
+	if allowed == "" || (rest != "" && id == "") {
+		return fail(w, span, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+			"unknown path %s %s (conversations: POST /v1/conversations; GET, POST or DELETE /v1/conversations/{id}; GET or POST .../items; GET or DELETE .../items/{item_id})",
+			r.Method, truncate(r.URL.Path, 200)))
+	}
+	if !strings.Contains(allowed, r.Method) || r.Method == http.MethodHead {
+		w.Header().Set("Allow", allowed)
+		return fail(w, span, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
+			"method %s is not allowed on %s (allowed: %s)", r.Method, truncate(r.URL.Path, 200), allowed))
+	}
+	var body []byte
+	if r.Method == http.MethodPost {
+		b, release, aerr := e.readBody(r)
+		if aerr != nil {
+			return fail(w, span, aerr)
+		}
+		defer release()
+		body = b
+	}
+	if rest == "" {
+		return e.createConversation(ctx, w, body, span)
+	}
+	ref, aerr := e.resolveConversation(id, e.now())
+	if aerr != nil {
+		return fail(w, span, aerr)
+	}
+	span.SetAttributes(attrInstance.String(ref.id.Instance), attribute.String("tether.conversation", id))
+	target := ref.url + "/v1/conversations/" + url.PathEscape(ref.id.Upstream)
+	if sub != "" {
+		target += "/" + sub
+	}
+	if r.URL.RawQuery != "" {
+		target += "?" + r.URL.RawQuery
+	}
+	return e.conversationHop(ctx, w, r.Method, target, body, ref, nil, span)
+}
+
+// conversationHop sends one request to the instance holding a
+// conversation and relays its answer with the client's ids; for a create
+// (ref nil), mint gives the new conversation's id.
+func (e *Edge) conversationHop(ctx context.Context, w http.ResponseWriter, method, target string, body []byte, ref *storedRef,
+	mint func(upstream string) string, span trace.Span) int {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.UpstreamTimeout)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, rd)
+	if err != nil {
+		return fail(w, span, newAPIError(http.StatusInternalServerError, "server_error", "internal_error", "", "building the request: %v", err))
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	traceProp.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	resp, err := e.client.Do(req)
+	if err != nil {
+		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "upstream_unavailable", "", "the instance holding the conversation is unreachable: %v", err)
+		ae.RetryAfter = time.Second
+		return fail(w, span, ae)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
+	if err != nil {
+		return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "upstream_error", "", "reading the instance's answer: %v", err))
+	}
+	if mint != nil && resp.StatusCode == http.StatusOK {
+		var obj struct {
+			ID string `json:"id"`
+		}
+		if json.Unmarshal(b, &obj) != nil || obj.ID == "" {
+			return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "upstream_error", "", "the instance answered a conversation without an id: %s", truncate(string(b), 200)))
+		}
+		ref = &storedRef{client: mint(obj.ID), id: respid.ID{Upstream: obj.ID}}
+		e.metrics.conversations.WithLabelValues("created").Inc()
+	}
+	if ref != nil {
+		// The worker names its own id; the client knows the one it got.
+		b = bytes.ReplaceAll(b, []byte(ref.id.Upstream), []byte(ref.client))
+	}
+	return (&upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}).write(w)
+}
+
+// createConversation serves POST /v1/conversations: the conversation goes
+// to an instance of the generation fleet of the model the body names
+// (model: a tether extension, OpenAI's conversations have none; default
+// the first model served), placed as an unkeyed request.
+func (e *Edge) createConversation(ctx context.Context, w http.ResponseWriter, body []byte, span trace.Span) int {
+	top := map[string]json.RawMessage{}
+	if len(bytes.TrimSpace(body)) > 0 {
+		if err := json.Unmarshal(body, &top); err != nil || top == nil {
+			return fail(w, span, badRequest("", "", "the request body must be a JSON object"))
+		}
+	}
+	m := e.models[0]
+	if raw, ok := top["model"]; ok {
+		var name string
+		if json.Unmarshal(raw, &name) != nil {
+			return fail(w, span, badRequest("invalid_type", "model", "invalid type for \"model\": want a string, got %s", apireq.Kind(raw)))
+		}
+		var found bool
+		if m, _, found = e.lookupModel(name); !found {
+			return fail(w, span, e.modelNotFound(name))
+		}
+		delete(top, "model")
+		body = mustMarshal(top)
+	}
+	if aerr := e.conversationsServed(m); aerr != nil {
+		return fail(w, span, aerr)
+	}
+	rq := &request{dialect: apireq.Responses, m: m, model: m.name, path: "/v1/conversations", top: top,
+		requestID: e.nodeID + "-" + strconv.FormatUint(e.reqSeq.Add(1), 10), now: e.now()}
+	h, aerr := e.routeFleet(ctx, rq, fsm.FleetGeneration, nil)
+	if aerr != nil {
+		return fail(w, span, aerr)
+	}
+	span.SetAttributes(attrInstance.String(h.Instance), attribute.String("tether.model", m.name))
+	var boot uint64
+	if in, ok := e.fleet.Instance(h.Instance, rq.now); ok {
+		boot = in.BootID
+	}
+	mint := func(upstream string) string {
+		return e.respIDs.MintConversation(respid.ID{Fleet: uint8(fsm.FleetGeneration), Instance: h.Instance, Rank: -1, BootID: boot,
+			Upstream: upstream, Edge: e.nodeID, Minted: e.now()})
+	}
+	return e.conversationHop(ctx, w, http.MethodPost, h.URL+"/v1/conversations", body, nil, mint, span)
+}
+
+// conversationsServed answers 501 for a model whose fleets are engines the
+// edge relays to directly (vLLM, SGLang, trtllm-serve, prefill/decode
+// splits): they serve no Conversations API, and no tether worker is there
+// to hold one (a proxy worker in front of them does: engine.type proxy).
+func (e *Edge) conversationsServed(m *servedModel) *apiError {
+	if aerr := e.dialectServed(m, apireq.Responses); aerr != nil {
+		return aerr
+	}
+	if m.cfg.Aggregated() {
+		return newAPIError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
+			"the fleets of model %q are %s engines, which serve no Conversations API: run tether workers in front of them (engine.type: proxy) to hold conversations (docs/engines.md)",
+			truncate(m.name, 200), m.cfg.ContextServers.Engine.Kind())
+	}
+	return nil
+}
