@@ -104,6 +104,32 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 			Help: "Failed worker hops, by fleet and kind (connect, status_5xx, bad_response, stream_cut, transfer_lost).",
 		}, []string{"fleet", "kind"}),
 	}
+	m.addAnswerMetrics()
+	m.bodyRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tether_edge_body_budget_refused_total",
+		Help: "Requests refused (429) because max_inflight_body_bytes of request bodies were already held.",
+	})
+	m.addPlacementMetrics()
+	m.addGauges(e)
+	m.routeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "tether_edge_route_seconds",
+		Help:    "Time the edge spends placing one hop of a request (the routing decision, the log commit of a new placement included): what routing adds to time to first token, by fleet.",
+		Buckets: []float64{.0001, .00025, .0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1},
+	}, []string{"fleet"})
+	m.routed = newRoutedMetrics()
+	m.precreateSeries()
+	if reg == nil {
+		return m, nil
+	}
+	if err := m.register(reg, e); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// addAnswerMetrics creates the counters of answers the edge could not
+// finish or route by an id, and of background work given up.
+func (m *metrics) addAnswerMetrics() {
 	m.streamsAborted = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_edge_streams_aborted_total",
 		Help: "Streams the edge could not finish (the worker's stream ended before its last event): the client got an error event in the API's streaming shape and an aborted connection, by endpoint and fleet.",
@@ -126,26 +152,6 @@ func newMetrics(reg prometheus.Registerer, e *Edge) (*metrics, error) {
 			"(malformed_batch: the whole message; unknown_event: an event type the decoder does not know; malformed_event: a known type whose fields do not decode). " +
 			"The rest of the batch applies and the instance's KV index is not reset for them.",
 	}, []string{"instance", "reason"})
-	m.bodyRefused = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "tether_edge_body_budget_refused_total",
-		Help: "Requests refused (429) because max_inflight_body_bytes of request bodies were already held.",
-	})
-	m.addPlacementMetrics()
-	m.addGauges(e)
-	m.routeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "tether_edge_route_seconds",
-		Help:    "Time the edge spends placing one hop of a request (the routing decision, the log commit of a new placement included): what routing adds to time to first token, by fleet.",
-		Buckets: []float64{.0001, .00025, .0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1},
-	}, []string{"fleet"})
-	m.routed = newRoutedMetrics()
-	m.precreateSeries()
-	if reg == nil {
-		return m, nil
-	}
-	if err := m.register(reg, e); err != nil {
-		return nil, err
-	}
-	return m, nil
 }
 
 // register registers every metric with reg.

@@ -207,9 +207,14 @@ func TestEncryptedReasoningRoundTrip(t *testing.T) {
 	if r := turn(map[string]any{"type": "reasoning", "id": item["id"], "summary": summary, "encrypted_content": blob}); r.status != 200 {
 		t.Fatalf("the reasoning handed back: %d %s", r.status, r.body)
 	}
-	r := turn(map[string]any{"type": "reasoning", "id": item["id"], "summary": summary, "encrypted_content": "gAAAAB-not-ours"})
-	if r.status != 400 || !strings.Contains(string(r.body), `"code":"invalid_encrypted_content"`) {
+	// Another provider's blob (a session begun there) is accepted; a
+	// damaged one of tether's is OpenAI's invalid_encrypted_content.
+	if r := turn(map[string]any{"type": "reasoning", "id": item["id"], "summary": summary, "encrypted_content": "gAAAAB-not-ours"}); r.status != 200 {
 		t.Fatalf("a foreign encrypted_content: %d %s", r.status, r.body)
+	}
+	r := turn(map[string]any{"type": "reasoning", "id": item["id"], "summary": summary, "encrypted_content": blob[:len(blob)-3] + "!!!"})
+	if r.status != 400 || !strings.Contains(string(r.body), `"code":"invalid_encrypted_content"`) {
+		t.Fatalf("a damaged encrypted_content: %d %s", r.status, r.body)
 	}
 	// Streamed: the summary's events, in OpenAI's order.
 	r = post(t, c, s.URL()+"/v1/responses", `{"model":"test-model","input":"x","stream":true,"reasoning":{"summary":"detailed"},"include":["reasoning.encrypted_content"],"max_output_tokens":4}`, nil)

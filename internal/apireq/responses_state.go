@@ -136,8 +136,10 @@ func (r *Request) parseReasoning(rf *ResponsesFields) *Error {
 // read back: an item with content keeps its content (the blob is not
 // needed), one without gets the blob's text as its content; either way the
 // encrypted_content field is gone, so the conversion reads the item as any
-// reasoning item. A blob this package did not write is a 400 in OpenAI's
-// shape (invalid_encrypted_content): its reasoning cannot be restored.
+// reasoning item. A blob of another provider's (a session begun there) is
+// accepted and not read: the item's summary is its text, as vLLM renders
+// no encrypted reasoning. A damaged blob of this package's is a 400 in
+// OpenAI's shape (invalid_encrypted_content).
 // items is not modified; param names the list ("input").
 func openReasoning(items []json.RawMessage, param string) ([]json.RawMessage, *Error) {
 	var out []json.RawMessage
@@ -157,10 +159,13 @@ func openReasoning(items []json.RawMessage, param string) ([]json.RawMessage, *E
 		delete(it, "encrypted_content")
 		if content := it["content"]; IsNull(content) || bytes.Equal(bytes.TrimSpace(content), []byte("[]")) {
 			text, ok := readReasoningBlob(blob)
-			if !ok && blob != "" {
+			// Another provider's blob (a session begun elsewhere) cannot be
+			// read back: the item stays, its summary its only text. One
+			// of tether's own that does not decode was damaged.
+			if !ok && strings.HasPrefix(blob, reasoningBlobPrefix) {
 				p := fmt.Sprintf("%s[%d].encrypted_content", param, i)
 				return nil, BadRequest("invalid_encrypted_content", p,
-					"The encrypted content for item %s[%d] could not be verified: it is not reasoning this tether deployment wrote (want the encrypted_content of a reasoning item it returned)", param, i)
+					"The encrypted content for item %s[%d] could not be verified: it is not a reasoning blob as tether wrote it (want the encrypted_content of a reasoning item it returned, unchanged)", param, i)
 			}
 			if ok {
 				it["content"] = marshal([]textPart{{Type: "reasoning_text", Text: text}})

@@ -37,7 +37,8 @@ func TestChainedHistoryKeepsSystemInputItems(t *testing.T) {
 // include: ["reasoning.encrypted_content"] and reasoning.summary are read;
 // a reasoning item handed back with only its encrypted_content (as Codex
 // does with store: false) has its reasoning in the prompt again; a blob
-// this package did not write is OpenAI's invalid_encrypted_content.
+// of another provider's is accepted and not read; a damaged one of
+// tether's is OpenAI's invalid_encrypted_content.
 func TestEncryptedReasoningAndSummary(t *testing.T) {
 	r := mustParse(t, Responses, `{"model":"m","input":"x","include":["reasoning.encrypted_content","message.output_text.logprobs"],"reasoning":{"effort":"low","summary":"auto"}}`)
 	if !r.Responses.EncryptedReasoning || r.Responses.ReasoningSummary != "auto" || !r.Thinking {
@@ -71,8 +72,12 @@ func TestEncryptedReasoningAndSummary(t *testing.T) {
 	if !strings.Contains(chatMessages(t, both), `"reasoning":"mine"`) {
 		t.Fatalf("content and blob: %s", chatMessages(t, both))
 	}
+	// Another provider's blob: accepted, its summary the reasoning.
+	foreign := mustParse(t, Responses, `{"model":"m","input":[{"role":"user","content":"go"},{"type":"reasoning","summary":[{"type":"summary_text","text":"Plan."}],"encrypted_content":"gAAAAforeign"}]}`)
+	if strings.Contains(chatMessages(t, foreign), "gAAAA") {
+		t.Fatalf("a foreign blob rendered: %s", chatMessages(t, foreign))
+	}
 	for body, param := range map[string]string{
-		`{"model":"m","input":[{"type":"reasoning","summary":[],"encrypted_content":"gAAAAforeign"}]}`:  "input[0].encrypted_content",
 		`{"model":"m","input":[{"type":"reasoning","summary":[],"encrypted_content":"tether-rs1.!!"}]}`: "input[0].encrypted_content",
 		`{"model":"m","input":"x","include":"reasoning.encrypted_content"}`:                             "include",
 		`{"model":"m","input":"x","include":[7]}`:                                                       "include[0]",
