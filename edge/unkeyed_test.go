@@ -36,13 +36,16 @@ func TestUnkeyedAgentLoopKeepsInstanceAndRank(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, fmt.Sprintf("edge %d to hold call %d's prompt on %s", call%2+1, call, first.ContextInstance), 10*time.Second, func() bool {
+			// Both hops: the generation worker's cache holds the
+			// prompt too (its KV arrived from the context side).
+			waitFor(t, fmt.Sprintf("edge %d to hold call %d's prompt on %s and %s", call%2+1, call, first.ContextInstance, first.GenerationInstance), 30*time.Second, func() bool {
+				held := map[string]bool{}
 				for _, m := range te.e.Fleet().Index().Match(blocks, time.Now(), nil) {
-					if m.Instance == first.ContextInstance && m.Blocks >= len(blocks)-1 && m.Rank >= 0 {
-						return true
+					if m.Blocks >= len(blocks)-1 && m.Rank >= 0 {
+						held[m.Instance] = true
 					}
 				}
-				return false
+				return held[first.ContextInstance] && held[first.GenerationInstance]
 			})
 		}
 		r := postChat(t, c, te.url(), body, nil)
