@@ -3,10 +3,10 @@ package apireq
 import (
 	"bytes"
 	"encoding/json"
-	"math"
 	"strconv"
 	"strings"
-	"unicode/utf16"
+
+	"github.com/tether-project/tether/internal/pyjson"
 )
 
 // pythonJSON writes a JSON value as Python's json.dumps writes it with its
@@ -48,7 +48,7 @@ func pythonJSON(raw json.RawMessage) string {
 					b.WriteString(", ")
 				}
 				top.any, top.key = true, false
-				pythonString(&b, t.(string))
+				pyjson.WriteString(&b, t.(string), true)
 				b.WriteString(": ")
 				continue
 			case top.object:
@@ -69,86 +69,9 @@ func pythonJSON(raw json.RawMessage) string {
 		case bool:
 			b.WriteString(strconv.FormatBool(x))
 		case json.Number:
-			b.WriteString(pythonNumber(string(x)))
+			b.WriteString(pyjson.Number(string(x)))
 		case string:
-			pythonString(&b, x)
+			pyjson.WriteString(&b, x, true)
 		}
 	}
-}
-
-func pythonString(b *strings.Builder, s string) {
-	const hex = "0123456789abcdef"
-	b.WriteByte('"')
-	for _, r := range s {
-		switch {
-		case r == '"':
-			b.WriteString(`\"`)
-		case r == '\\':
-			b.WriteString(`\\`)
-		case r == '\n':
-			b.WriteString(`\n`)
-		case r == '\r':
-			b.WriteString(`\r`)
-		case r == '\t':
-			b.WriteString(`\t`)
-		case r == '\b':
-			b.WriteString(`\b`)
-		case r == '\f':
-			b.WriteString(`\f`)
-		case r < 0x20 || r > 0x7e:
-			units := []uint16{uint16(r)}
-			if r > 0xffff {
-				r1, r2 := utf16.EncodeRune(r)
-				units = []uint16{uint16(r1), uint16(r2)}
-			}
-			for _, u := range units {
-				b.WriteString(`\u`)
-				b.WriteByte(hex[u>>12&0xf])
-				b.WriteByte(hex[u>>8&0xf])
-				b.WriteByte(hex[u>>4&0xf])
-				b.WriteByte(hex[u&0xf])
-			}
-		default:
-			b.WriteRune(r)
-		}
-	}
-	b.WriteByte('"')
-}
-
-// pythonNumber is a JSON number as Python writes it back: an integer as
-// it is, a float as its repr (shortest round trip; fixed notation with a
-// ".0" when its exponent is in [-4, 16), else d.ddde±XX).
-func pythonNumber(n string) string {
-	if !strings.ContainsAny(n, ".eE") {
-		return n
-	}
-	f, err := strconv.ParseFloat(n, 64)
-	if err != nil {
-		return n
-	}
-	switch {
-	case math.IsInf(f, 1):
-		return "Infinity"
-	case math.IsInf(f, -1):
-		return "-Infinity"
-	}
-	e := strconv.FormatFloat(f, 'e', -1, 64) // d.ddde±XX
-	mant, expStr, _ := strings.Cut(e, "e")
-	exp, _ := strconv.Atoi(expStr)
-	if exp >= -4 && exp < 16 {
-		s := strconv.FormatFloat(f, 'f', -1, 64)
-		if !strings.Contains(s, ".") {
-			s += ".0"
-		}
-		return s
-	}
-	sign := "+"
-	if exp < 0 {
-		sign, exp = "-", -exp
-	}
-	es := strconv.Itoa(exp)
-	if len(es) < 2 {
-		es = "0" + es
-	}
-	return mant + "e" + sign + es
 }
