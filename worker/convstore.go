@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"container/list"
 	"encoding/json"
 	"log/slog"
 	"sync"
@@ -16,14 +15,8 @@ import (
 // responses_store_bytes of their items, least recently used evicted
 // first, each eviction logged and counted.
 type convStore struct {
-	mu         sync.Mutex
-	maxEntries int
-	maxBytes   int64
-	bytes      int64
-	lru        *list.List // of *conversation, most recent at the front
-	byID       map[string]*list.Element
-	log        *slog.Logger
-	evicted    func()
+	mu  sync.Mutex
+	lru *sizedLRU[*conversation]
 }
 
 // conversation is one conversation; its fields change under the store's
@@ -45,7 +38,15 @@ type convSnapshot struct {
 }
 
 func newConvStore(maxEntries int, maxBytes int64, log *slog.Logger, evicted func()) *convStore {
-	return &convStore{maxEntries: maxEntries, maxBytes: maxBytes, lru: list.New(), byID: map[string]*list.Element{}, log: log, evicted: evicted}
+	s := &convStore{}
+	s.lru = newSizedLRU(maxEntries, maxBytes, func(id string, c *conversation, size int64) {
+		log.Info("evicted a conversation (responses_store_entries / responses_store_bytes)", "conversation_id", id,
+			"items", len(c.items), "bytes", size, "conversations", s.lru.len(), "store_bytes", s.lru.size())
+		if evicted != nil {
+			evicted()
+		}
+	})
+	return s
 }
 
 func (c *conversation) resize() {
@@ -65,37 +66,9 @@ func (s *convStore) create(id string, created int64, metadata json.RawMessage, i
 	c.resize()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.byID[id] = s.lru.PushFront(c)
-	s.bytes += c.size
-	s.evictLocked()
-	return c.snapshot()
-}
-
-// evictLocked drops the least recently used conversations beyond the
-// bounds (never the last one: a single conversation over the byte bound
-// stays, as the response store keeps its last response).
-func (s *convStore) evictLocked() {
-	for s.lru.Len() > 1 && (s.lru.Len() > s.maxEntries || s.bytes > s.maxBytes) {
-		old := s.lru.Back().Value.(*conversation)
-		s.removeLocked(old.id)
-		s.log.Info("evicted a conversation (responses_store_entries / responses_store_bytes)", "conversation_id", old.id,
-			"items", len(old.items), "bytes", old.size, "conversations", s.lru.Len(), "store_bytes", s.bytes)
-		if s.evicted != nil {
-			s.evicted()
-		}
-	}
-}
-
-func (s *convStore) removeLocked(id string) bool {
-	el, ok := s.byID[id]
-	if !ok {
-		return false
-	}
-	c := el.Value.(*conversation)
-	s.lru.Remove(el)
-	delete(s.byID, id)
-	s.bytes -= c.size
-	return true
+	snap := c.snapshot()
+	s.lru.put(id, c, c.size)
+	return snap
 }
 
 // with runs f on conversation id (marked used) under the lock and
@@ -104,19 +77,15 @@ func (s *convStore) removeLocked(id string) bool {
 func (s *convStore) with(id string, f func(c *conversation)) (convSnapshot, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	el, ok := s.byID[id]
+	c, ok := s.lru.get(id)
 	if !ok {
 		return convSnapshot{}, false
 	}
-	s.lru.MoveToFront(el)
-	c := el.Value.(*conversation)
 	if f != nil {
-		before := c.size
 		f(c)
 		c.resize()
-		s.bytes += c.size - before
 		snap := c.snapshot()
-		s.evictLocked()
+		s.lru.resize(id, c.size)
 		return snap, true
 	}
 	return c.snapshot(), true
@@ -155,14 +124,15 @@ func (s *convStore) deleteItem(id, itemID string) (snap convSnapshot, ok, found 
 func (s *convStore) delete(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.removeLocked(id)
+	_, ok := s.lru.remove(id)
+	return ok
 }
 
 // stats returns the conversations and bytes held.
 func (s *convStore) stats() (int, int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.lru.Len(), s.bytes
+	return s.lru.len(), s.lru.size()
 }
 
 // itemIDOf is an item's id ("" none).

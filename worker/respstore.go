@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"container/list"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -17,14 +16,11 @@ import (
 // naming it on another worker is a 404 there. Bounded in entries and bytes,
 // least recently used evicted first, each eviction logged.
 type respStore struct {
-	mu         sync.Mutex
-	maxEntries int
-	maxBytes   int64
-	bytes      int64
-	lru        *list.List // of *storedResponse, most recent at the front
-	byID       map[string]*list.Element
-	log        *slog.Logger
-	evicted    func()
+	mu  sync.Mutex
+	lru *sizedLRU[*storedResponse]
+	// items maps the id of each input and output item of a stored
+	// response to the response (item_reference resolves by it).
+	items map[string]string
 }
 
 // storedResponse is one response. Its fields change under the store's lock.
@@ -35,6 +31,8 @@ type storedResponse struct {
 	history []json.RawMessage
 	input   []json.RawMessage // input items, with ids
 	size    int64
+	// itemIDs are the item ids the store indexed r under (itemIDs).
+	itemIDs []string
 	// chain is the rank-placement key of the conversation the response
 	// belongs to: its conversation id, or the first response of a chain
 	// of previous_response_ids that named none (a continuation then runs
@@ -57,7 +55,16 @@ type storedEvent struct {
 }
 
 func newRespStore(maxEntries int, maxBytes int64, log *slog.Logger, evicted func()) *respStore {
-	return &respStore{maxEntries: maxEntries, maxBytes: maxBytes, lru: list.New(), byID: map[string]*list.Element{}, log: log, evicted: evicted}
+	s := &respStore{items: map[string]string{}}
+	s.lru = newSizedLRU(maxEntries, maxBytes, func(id string, r *storedResponse, size int64) {
+		s.forget(r)
+		log.Info("evicted a stored response (responses_store_entries / responses_store_bytes)", "response_id", id,
+			"status", r.status, "bytes", size, "entries", s.lru.len(), "store_bytes", s.lru.size())
+		if evicted != nil {
+			evicted()
+		}
+	})
+	return s
 }
 
 // put stores (or replaces) r.
@@ -78,33 +85,51 @@ func (s *respStore) putLocked(r *storedResponse) {
 	for _, ev := range r.events {
 		r.size += int64(len(ev.data))
 	}
-	if el, ok := s.byID[r.id]; ok {
-		s.bytes -= el.Value.(*storedResponse).size
-		s.lru.Remove(el)
+	if old, ok := s.lru.get(r.id); ok {
+		s.forget(old)
 	}
-	s.byID[r.id] = s.lru.PushFront(r)
-	s.bytes += r.size
-	for s.lru.Len() > 1 && (s.lru.Len() > s.maxEntries || s.bytes > s.maxBytes) {
-		old := s.lru.Back().Value.(*storedResponse)
-		s.removeLocked(old.id)
-		s.log.Info("evicted a stored response (responses_store_entries / responses_store_bytes)", "response_id", old.id,
-			"status", old.status, "bytes", old.size, "entries", s.lru.Len(), "store_bytes", s.bytes)
-		if s.evicted != nil {
-			s.evicted()
+	r.itemIDs = itemIDs(r)
+	for _, id := range r.itemIDs {
+		s.items[id] = r.id
+	}
+	s.lru.put(r.id, r, r.size)
+}
+
+// forget drops r's items from the index (r left the store, or is being
+// replaced).
+func (s *respStore) forget(r *storedResponse) {
+	for _, id := range r.itemIDs {
+		if s.items[id] == r.id {
+			delete(s.items, id)
 		}
 	}
+}
+
+// itemIDs are the ids of r's input items and of its object's output items.
+func itemIDs(r *storedResponse) []string {
+	var ids []string
+	for _, in := range r.input {
+		if id := itemIDOf(in); id != "" {
+			ids = append(ids, id)
+		}
+	}
+	var obj struct {
+		Output []json.RawMessage `json:"output"`
+	}
+	_ = json.Unmarshal(r.object, &obj)
+	for _, out := range obj.Output {
+		if id := itemIDOf(out); id != "" {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // get returns the response and marks it used.
 func (s *respStore) get(id string) (*storedResponse, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	el, ok := s.byID[id]
-	if !ok {
-		return nil, false
-	}
-	s.lru.MoveToFront(el)
-	return el.Value.(*storedResponse), true
+	return s.lru.get(id)
 }
 
 // snapshot reads r's fields under the lock.
@@ -121,14 +146,11 @@ func (s *respStore) delete(id string) bool {
 }
 
 func (s *respStore) removeLocked(id string) bool {
-	el, ok := s.byID[id]
+	r, ok := s.lru.remove(id)
 	if !ok {
 		return false
 	}
-	r := el.Value.(*storedResponse)
-	s.lru.Remove(el)
-	delete(s.byID, id)
-	s.bytes -= r.size
+	s.forget(r)
 	if r.cancel != nil && !r.done {
 		r.cancel()
 	}
@@ -147,7 +169,7 @@ func (s *respStore) update(r *storedResponse, status string, object json.RawMess
 	if history != nil {
 		r.history = history
 	}
-	if _, ok := s.byID[r.id]; ok {
+	if cur, ok := s.lru.get(r.id); ok && cur == r {
 		s.putLocked(r)
 	}
 }
@@ -161,7 +183,7 @@ func (s *respStore) appendEvent(r *storedResponse, name string, data []byte, las
 	}
 	r.events = append(r.events, storedEvent{name, data})
 	r.size += int64(len(data))
-	s.bytes += int64(len(data))
+	s.lru.grow(r.id, int64(len(data)))
 	r.done = last
 	close(r.changed)
 	r.changed = make(chan struct{})
@@ -202,31 +224,26 @@ func (s *respStore) cancelRun(r *storedResponse, object func(status string) json
 }
 
 // item finds an input or output item of a stored response by its id (an
-// item_reference), most recently used response first.
+// item_reference).
 func (s *respStore) item(id string) (json.RawMessage, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	hasID := func(raw json.RawMessage) bool {
-		var v struct {
-			ID string `json:"id"`
-		}
-		return json.Unmarshal(raw, &v) == nil && v.ID == id
+	r, ok := s.lru.get(s.items[id])
+	if !ok {
+		return nil, false
 	}
-	for el := s.lru.Front(); el != nil; el = el.Next() {
-		r := el.Value.(*storedResponse)
-		for _, in := range r.input {
-			if hasID(in) {
-				return in, true
-			}
+	for _, in := range r.input {
+		if itemIDOf(in) == id {
+			return in, true
 		}
-		var obj struct {
-			Output []json.RawMessage `json:"output"`
-		}
-		_ = json.Unmarshal(r.object, &obj)
-		for _, out := range obj.Output {
-			if hasID(out) {
-				return out, true
-			}
+	}
+	var obj struct {
+		Output []json.RawMessage `json:"output"`
+	}
+	_ = json.Unmarshal(r.object, &obj)
+	for _, out := range obj.Output {
+		if itemIDOf(out) == id {
+			return out, true
 		}
 	}
 	return nil, false
@@ -236,5 +253,5 @@ func (s *respStore) item(id string) (json.RawMessage, bool) {
 func (s *respStore) stats() (int, int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.lru.Len(), s.bytes
+	return s.lru.len(), s.lru.size()
 }
