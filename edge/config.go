@@ -188,6 +188,11 @@ type ServersConfig struct {
 	// Engine is what serves the fleet (edge/engines.go): tether workers
 	// (the default), trtllm-serve, vLLM or SGLang.
 	Engine EngineKind `yaml:"engine"`
+	// Aggregated (context_servers only): the fleet's tether workers serve
+	// whole requests, prefill and decode on one worker, as aggregated vLLM
+	// and SGLang fleets do (those without the key); generation_servers
+	// stays empty (edge/engines.go).
+	Aggregated bool `yaml:"aggregated"`
 	// DataParallelSize is the number of data-parallel ranks behind each
 	// URL of a vLLM or SGLang fleet (0 or 1: none); the edge picks a
 	// conversation's rank and sends it as X-Data-Parallel-Rank.

@@ -179,7 +179,11 @@ func (e *Edge) createConversation(ctx context.Context, w http.ResponseWriter, bo
 	}
 	rq := &request{dialect: apireq.Responses, m: m, model: m.name, path: "/v1/conversations", top: top,
 		requestID: e.nodeID + "-" + strconv.FormatUint(e.reqSeq.Add(1), 10), now: e.now()}
-	h, aerr := e.routeFleet(ctx, rq, fsm.FleetGeneration, nil)
+	f := fsm.FleetGeneration // the fleet that answers Responses requests
+	if m.cfg.Aggregated() {
+		f = fsm.FleetContext
+	}
+	h, aerr := e.routeFleet(ctx, rq, f, nil)
 	if aerr != nil {
 		return fail(w, span, aerr)
 	}
@@ -189,7 +193,7 @@ func (e *Edge) createConversation(ctx context.Context, w http.ResponseWriter, bo
 		boot = in.BootID
 	}
 	mint := func(upstream string) string {
-		return e.respIDs.MintConversation(respid.ID{Fleet: uint8(fsm.FleetGeneration), Instance: h.Instance, Rank: -1, BootID: boot,
+		return e.respIDs.MintConversation(respid.ID{Fleet: uint8(f), Instance: h.Instance, Rank: -1, BootID: boot,
 			Upstream: upstream, Edge: e.nodeID, Minted: e.now()})
 	}
 	return e.conversationHop(ctx, w, http.MethodPost, h.URL+"/v1/conversations", body, nil, mint, span)
@@ -203,7 +207,7 @@ func (e *Edge) conversationsServed(m *servedModel) *apiError {
 	if aerr := e.dialectServed(m, apireq.Responses); aerr != nil {
 		return aerr
 	}
-	if m.cfg.Aggregated() {
+	if m.cfg.engineAggregated() {
 		return newAPIError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
 			"the fleets of model %q are %s engines, which serve no Conversations API: run tether workers in front of them (engine.type: proxy) to hold conversations (docs/engines.md)",
 			truncate(m.name, 200), m.cfg.ContextServers.Engine.Kind())

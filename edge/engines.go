@@ -118,9 +118,17 @@ func (k EngineKind) metricsFormat() string {
 
 // Aggregated reports whether requests are served whole by the context
 // fleet (a vLLM or SGLang fleet without the prefill/decode split of
-// edge/pd.go): no context/generation split, the generation fleet is empty.
+// edge/pd.go, or tether workers with context_servers.aggregated): no
+// context/generation split, the generation fleet is empty.
 func (c *Config) Aggregated() bool {
-	return c.ContextServers.Engine.aggregatedOnly() && c.pdEngine() == ""
+	return c.ContextServers.Aggregated || (c.ContextServers.Engine.aggregatedOnly() && c.pdEngine() == "")
+}
+
+// engineAggregated: an aggregated vLLM or SGLang fleet, which the edge
+// relays to directly (no hints, the edge picks the rank, no Conversations
+// API).
+func (c *Config) engineAggregated() bool {
+	return c.Aggregated() && c.ContextServers.Engine.aggregatedOnly()
 }
 
 // servedFleets are the fleets requests go to: the context fleet alone when
@@ -157,6 +165,9 @@ func (c *Config) validateEngine(key string, s *ServersConfig, bad complain) {
 	}
 	validateEngineEvents(key, s, kind, bad)
 	c.validatePDKeys(key, s, bad)
+	if s.Aggregated {
+		c.validateAggregated(key, s, kind, bad)
+	}
 	if s.DataParallelSize > 1 && !kind.aggregatedOnly() {
 		bad(key+".data_parallel_size", "only for engine vllm or sglang (the edge picks their rank); %s workers place requests on ranks themselves", kind)
 	}
@@ -182,6 +193,23 @@ func (c *Config) validateEngine(key string, s *ServersConfig, bad complain) {
 	}
 	if c.ConditionalDisagg.MaxLocalPrefillLength > 0 {
 		bad("conditional_disagg_config", "does not apply to context_servers.engine: %s (served aggregated)", kind)
+	}
+}
+
+// validateAggregated checks a fleet's aggregated key: tether workers of
+// the context fleet, the generation fleet empty (vLLM and SGLang fleets are
+// checked above).
+func (c *Config) validateAggregated(key string, s *ServersConfig, kind EngineKind, bad complain) {
+	g := &c.GenerationServers
+	switch {
+	case s != &c.ContextServers:
+		bad(key+".aggregated", "only context_servers serves whole requests")
+	case kind == EngineTRTLLM || c.pdEngine() != "":
+		bad(key+".aggregated", "a %s fleet with generation_servers is served disaggregated; remove the key", kind)
+	case kind == EngineTether && (len(g.URLs) > 0 || g.NumInstances != 0 || g.Engine.Kind() != EngineTether):
+		bad("generation_servers", "must be empty with context_servers.aggregated (the context fleet's workers serve whole requests)")
+	case c.ConditionalDisagg.MaxLocalPrefillLength > 0:
+		bad("conditional_disagg_config", "does not apply to context_servers.aggregated (no context hop to skip)")
 	}
 }
 
@@ -219,6 +247,9 @@ func (e *Edge) dispatchEngine(ctx context.Context, w http.ResponseWriter, rq *re
 	h, aerr := e.routeFleet(ctx, rq, fsm.FleetContext, nil)
 	if aerr != nil {
 		return fail(w, span, aerr)
+	}
+	if !rq.m.cfg.engineAggregated() {
+		return e.aggregated(ctx, w, rq, h, span) // tether workers: hints, their scheduler's rank
 	}
 	return e.engineExchange(ctx, w, rq, h, span)
 }

@@ -208,7 +208,7 @@ func (e *Edge) dispatchStored(ctx context.Context, w http.ResponseWriter, rq *re
 		span.SetAttributes(attribute.String("tether.conversation", rq.conv.client))
 	}
 	span.SetAttributes(attrInstance.String(h.Instance))
-	if rq.m.cfg.Aggregated() {
+	if rq.m.cfg.engineAggregated() {
 		return e.engineExchange(ctx, w, rq, h, span)
 	}
 	return e.aggregated(ctx, w, rq, h, span)

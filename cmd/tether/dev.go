@@ -31,8 +31,8 @@ const devShutdownGrace = 30 * time.Second
 func runDev(ctx context.Context, args []string) error {
 	fs := newFlagSet("dev")
 	edges := fs.Int("edges", devstack.DefaultEdges, "number of edges (Raft voters)")
-	ctxWorkers := fs.Int("context-workers", devstack.DefaultContextWorkers, "number of context (prefill) workers")
-	genWorkers := fs.Int("generation-workers", devstack.DefaultGenerationWorkers, "number of generation (decode) workers")
+	ctxWorkers := fs.Int("context-workers", devstack.DefaultContextWorkers, "number of context (prefill) workers; with --generation-workers 0, the aggregated workers")
+	genWorkers := fs.Int("generation-workers", devstack.DefaultGenerationWorkers, "number of generation (decode) workers; 0: one aggregated fleet (the context workers serve whole requests, prefill and decode on one worker, as aggregated vLLM and SGLang servers do)")
 	ranks := fs.Int("ranks", devstack.DefaultRanks, "attention-DP ranks per worker")
 	port := fs.Int("port", edge.DefaultPort, "first edge's HTTP port; the others follow (0: free ports for all)")
 	natsPort := fs.Int("nats-port", 0, "embedded NATS server's port (0: a free port)")
@@ -84,21 +84,25 @@ func runDev(ctx context.Context, args []string) error {
 		return fmt.Errorf("%w: --max-loras must be at least 1, got %d", errUsage, *maxLoRAs)
 	}
 	opts := devstack.Options{
-		Edges: *edges, ContextWorkers: *ctxWorkers, GenerationWorkers: *genWorkers, Ranks: *ranks,
+		Edges: *edges, ContextWorkers: *ctxWorkers, GenerationWorkers: *genWorkers, Ranks: *ranks, Aggregated: *genWorkers == 0,
 		Port: *port, NATSPort: *natsPort, DataDir: *dataDir, AdminToken: token, Model: names[0], ModelAliases: names[1:], MaxModelLen: *maxModelLen,
 		Scope: sc, TimeScale: *timeScale, HideRouteHeader: !*debugRoute, Version: version, MutualTLS: !*plaintext,
 		EngineEvents: *engineEvents, ExtraModels: extraModels, Adapters: adapters, MaxLoRAs: *maxLoRAs,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}
 	// Zero counts would silently mean "default" to devstack; on the
-	// command line they are mistakes.
+	// command line they are mistakes (--generation-workers 0 asks for the
+	// aggregated fleet).
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"edges", *edges}, {"context-workers", *ctxWorkers}, {"generation-workers", *genWorkers}, {"ranks", *ranks}} {
+	}{{"edges", *edges}, {"context-workers", *ctxWorkers}, {"ranks", *ranks}} {
 		if f.v < 1 {
 			return fmt.Errorf("%w: --%s must be at least 1, got %d", errUsage, f.name, f.v)
 		}
+	}
+	if *genWorkers < 0 {
+		return fmt.Errorf("%w: --generation-workers must be 0 (an aggregated fleet) or more, got %d", errUsage, *genWorkers)
 	}
 	if err := opts.Normalize(); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
@@ -109,8 +113,8 @@ func runDev(ctx context.Context, args []string) error {
 		security = "PLAINTEXT"
 		opts.Logger.Warn("tether dev --plaintext: Raft, the HTTP and admin API, worker hops and NATS are unencrypted and unauthenticated by certificate")
 	}
-	fmt.Fprintf(out, "tether dev: starting %s, %d context + %d generation workers (%s each), scope %s, engine time scale %g, %s\n",
-		plural(opts.Edges, "edge"), opts.ContextWorkers, opts.GenerationWorkers, plural(opts.Ranks, "ADP rank"), sc, opts.TimeScale, security)
+	fmt.Fprintf(out, "tether dev: starting %s, %s, scope %s, engine time scale %g, %s\n",
+		plural(opts.Edges, "edge"), topology(opts), sc, opts.TimeScale, security)
 
 	st, err := devstack.Start(ctx, opts)
 	if err != nil {
@@ -122,6 +126,20 @@ func runDev(ctx context.Context, args []string) error {
 	printStack(out, st)
 
 	return serveStack(ctx, out, st, *readyTimeout)
+}
+
+// topology names the stack's workers for the banner: "2 context + 2
+// generation workers (4 ADP ranks each)", "2 aggregated workers serving
+// whole requests (…)".
+func topology(o devstack.Options) string {
+	each := plural(o.Ranks, "ADP rank") + " each"
+	if o.EngineEvents != "" {
+		each += "; proxies in front of simulated engines publishing " + o.EngineEvents + " KV events"
+	}
+	if o.Aggregated {
+		return fmt.Sprintf("%s serving whole requests (%s)", plural(o.ContextWorkers, "aggregated worker"), each)
+	}
+	return fmt.Sprintf("%d context + %d generation workers (%s)", o.ContextWorkers, o.GenerationWorkers, each)
 }
 
 // devModels reads --model (the first model's names) and --models (every
@@ -209,7 +227,11 @@ func printStack(out io.Writer, st *devstack.Stack) {
 		line(n.ID, n.URL()+"  raft "+n.RaftAddr)
 	}
 	for _, w := range st.Workers() {
-		line(w.ID, w.URL()+"  "+w.Fleet.String()+" worker of "+w.Model)
+		role := w.Fleet.String() + " worker"
+		if st.Options().Aggregated {
+			role = "aggregated worker (the context fleet)"
+		}
+		line(w.ID, w.URL()+"  "+role+" of "+w.Model)
 	}
 	if as := st.ModelAliases(); len(as) > 0 {
 		line("model", st.Model()+"  (also served as "+strings.Join(as, ", ")+")")
@@ -225,7 +247,7 @@ func printStack(out io.Writer, st *devstack.Stack) {
 		line("models", strings.Join(ms, ", "))
 	}
 	line("admin token", st.AdminToken()+adminTokenNote(st.AdminTokenSource(), st.TemporaryDataDir()))
-	fmt.Fprint(out, banner(st.Edges(), st.Model(), st.CAFile(), st.AdminToken()))
+	fmt.Fprint(out, banner(st.Edges(), st.Model(), st.CAFile(), st.AdminToken(), st.Options().Aggregated))
 }
 
 // adminTokenNote says where the printed admin token came from (source as
@@ -253,9 +275,10 @@ func plural(n int, what string) string {
 // banner is the example printed at startup: a parent conversation, then
 // its sub-agent re-sending the same 300-token system prompt (4 whole
 // 64-token blocks), so the second answer shows the cache hit on the
-// parent's context instance. With several edges the sub-agent goes to
-// another edge, which routes it the same way.
-func banner(edges []*devstack.EdgeNode, model, caFile, token string) string {
+// parent's context instance (aggregated: the one instance that serves the
+// whole request). With several edges the sub-agent goes to another edge,
+// which routes it the same way.
+func banner(edges []*devstack.EdgeNode, model, caFile, token string, aggregated bool) string {
 	first, second := edges[0], edges[0]
 	where := "on " + first.ID + ", then its sub-agent on the same edge"
 	if len(edges) > 1 {
@@ -266,8 +289,14 @@ func banner(edges []*devstack.EdgeNode, model, caFile, token string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nA parent conversation %s.\n", where)
 	fmt.Fprintf(&b, "The sub-agent re-sends the parent's 300-token system prompt: it lands on the same\n")
-	fmt.Fprintf(&b, "context instance (x-tether-route) and its usage reports cached_tokens for the\n")
-	fmt.Fprintf(&b, "prompt's whole 64-token blocks:\n\n")
+	if aggregated {
+		fmt.Fprintf(&b, "instance (x-tether-route: context=<instance/rank>; generation=-, one hop to the\n")
+		fmt.Fprintf(&b, "aggregated fleet) and its usage reports cached_tokens for the prompt's whole\n")
+		fmt.Fprintf(&b, "64-token blocks:\n\n")
+	} else {
+		fmt.Fprintf(&b, "context instance (x-tether-route) and its usage reports cached_tokens for the\n")
+		fmt.Fprintf(&b, "prompt's whole 64-token blocks:\n\n")
+	}
 	if caFile != "" {
 		fmt.Fprintf(&b, "  CA=%s\n", caFile)
 		cacert = "--cacert $CA "
