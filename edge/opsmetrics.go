@@ -7,7 +7,6 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
 )
 
 // ActiveWindow is how recently (log time) a binding or parent link must have
@@ -204,7 +203,7 @@ func (m *metrics) observeRoute(f fsm.Fleet, start time.Time) {
 func (e *Edge) recordEvidence(rq *request, f fsm.Fleet, h *hop) {
 	var rule, bound string
 	switch {
-	case h.Policy == decide.PolicyPending:
+	case h.Policy == routing.PolicyPending:
 		return // served on an earlier request's placement: no new decision
 	case h.Outcome == outcomeNewBind || h.Outcome == outcomeDegraded:
 		rule = h.Policy
