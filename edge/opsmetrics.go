@@ -287,7 +287,9 @@ func evidenceOf(f fsm.Fleet, key, requestID, rule, chosen, bound string, cands [
 }
 
 // BackgroundPending is how many background events (overflows, links, rank
-// observations, evidence) and own placements' Binds this edge has not yet
-// seen through the log: queued or being proposed. Tests wait for 0 before
-// they take a quiet log's index.
-func (e *Edge) BackgroundPending() int { return e.recorder.pending() + e.placements.inFlight() }
+// observations, evidence), used keys and links of the touch batch, and own
+// placements' Binds this edge has not yet seen through the log: queued or
+// being proposed. Tests wait for 0 before they take a quiet log's index.
+func (e *Edge) BackgroundPending() int {
+	return e.recorder.pending() + e.touches.pending() + e.placements.inFlight()
+}

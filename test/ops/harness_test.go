@@ -647,8 +647,25 @@ func (tr *traffic) failures() []string {
 	return append([]string(nil), tr.failed...)
 }
 
-// quiesce waits until every running edge applied and archived the same
-// index (no traffic and no leader duty left to propose) and returns it.
+// waitBound waits until every running edge's replica holds key's binding
+// on fleet fl.
+func (f *fleet) waitBound(fl fsm.Fleet, key string, d time.Duration) {
+	f.t.Helper()
+	waitFor(f.t, d, fmt.Sprintf("%s key %q bound on every edge", fl, key), func() string {
+		for _, s := range f.edges.Running() {
+			if _, ok := s.state().Lookup(fl, key); !ok {
+				return s.id + " has not applied its binding"
+			}
+		}
+		return ""
+	})
+}
+
+// quiesce waits until every running edge has recorded everything it owes
+// the log (BackgroundPending: background events, the touch batch, its own
+// Binds) and applied and archived the same index, and returns that index.
+// The index must also hold across several polls: a leader duty proposes on
+// its own schedule.
 func (f *fleet) quiesce() uint64 {
 	f.t.Helper()
 	var idx uint64
