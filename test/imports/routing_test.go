@@ -30,9 +30,9 @@ import (
 // function may call functions of its own layer or of a layer below it.
 var routingLayers = [][]string{
 	{"doc.go", "decide.go", "identity.go", "clientagents.go"}, // the entry points and the walk
-	{"stay.go"},                                              // stay or move
-	{"place.go", "lora.go"},                                  // which instance
-	{"router.go", "decider.go", "views.go", "config.go"},     // the types every layer reads
+	{"stay.go"},             // stay or move
+	{"place.go", "lora.go"}, // which instance
+	{"router.go", "decider.go", "views.go", "config.go"}, // the types every layer reads
 }
 
 // deterministicCore are the packages (with those below them) that do no

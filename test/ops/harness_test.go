@@ -185,16 +185,16 @@ func (f *fleet) edgeConfig(i int, m clustertest.Member, version string) edge.Con
 	cfg.Telemetry.DownAfter = 10 * time.Second
 	cfg.Leader.Interval = 50 * time.Millisecond
 	cfg.NATS.URLs = []string{f.nats.ClientURL()}
-	cfg.Cluster = edge.ClusterConfig{Settings: cluster.Settings{
-		NodeID: m.ID, DataDir: m.DataDir, BindAddr: m.Addr, ProposeTimeout: 2 * time.Second,
-		// Timeouts generous enough for a race build on a loaded machine
-		// (a user restore stalls the leader's loop while it installs).
-		Raft: cluster.RaftTiming{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second,
-			LeaderLeaseTimeout: 500 * time.Millisecond, CommitTimeout: 2 * time.Millisecond},
-	}}
+	cfg.Cluster.ProposeTimeout = 2 * time.Second
+	// Timeouts generous enough for a race build on a loaded machine (a
+	// user restore stalls the leader's loop while it installs).
+	cfg.Cluster.Raft = cluster.RaftTiming{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second,
+		LeaderLeaseTimeout: 500 * time.Millisecond, CommitTimeout: 2 * time.Millisecond}
+	var voters []clustertest.Member // the bootstrap voters; an edge added later joins none
 	if i < f.opts.edges {
-		cfg.Cluster.Bootstrap, cfg.Cluster.Peers = true, edgetest.Peers(f.edges.Members()[:f.opts.edges])
+		voters = f.edges.Members()[:f.opts.edges]
 	}
+	edgetest.Place(&cfg, m, voters)
 	if f.opts.edgeConfig != nil {
 		f.opts.edgeConfig(i, version, &cfg)
 	}
