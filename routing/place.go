@@ -188,39 +188,67 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) route {
 		dec.Candidates = []fsm.Candidate{{Instance: c.v.ID, LoadTokens: loadTokens(c.v)}}
 		return route{Instance: c.v.ID, URL: c.v.URL, Rank: -1, Decision: dec}
 	}
-	dec.Policy = PolicyLeastLoaded
 	if r.cfg.Type.usesCache() && in.Prefix != nil && len(req.Blocks) > 0 {
-		mp := matchPool.Get().(*[]kvindex.Match)
-		matches := in.Prefix.Match(req.Blocks, req.Now, (*mp)[:0])
-		for _, m := range matches {
-			// cands are in id order: binary search.
-			i := sort.Search(len(cands), func(i int) bool { return cands[i].v.ID >= m.Instance })
-			if i < len(cands) && cands[i].v.ID == m.Instance && m.Blocks > 0 {
-				cands[i].blocks, cands[i].rank = m.Blocks, m.Rank
-			}
-			if i < len(cands) && cands[i].v.ID == m.Instance && m.Offloaded > m.Blocks {
-				cands[i].offBlocks, cands[i].offRank = m.Offloaded, m.OffloadedRank
-			}
-		}
-		*mp = matches[:0]
-		matchPool.Put(mp)
-		if bc := req.bound; bc != nil {
-			i := sort.Search(len(cands), func(i int) bool { return cands[i].v.ID >= bc.instance })
-			if i < len(cands) && cands[i].v.ID == bc.instance {
-				cands[i].blocks, cands[i].rank = bc.blocks, bc.rank
-			}
-		}
+		creditCache(req, in, cands)
 	}
-	w := &r.cfg.Weights
-	cacheWeight := w.Cache
-	if req.Priority == PriorityBackground {
-		cacheWeight *= w.BackgroundCacheFactor
-	}
+	dec.Policy = r.score(req, cands)
 	rk := ranker{in: in, fleet: req.Fleet, keyHash: hash64.Mix64(req.Spread)}
 	if req.Key != "" {
 		rk.keyHash = rendezvous.KeyHash(req.Key)
 		rk.useBindings = r.cfg.Type.Binds() && in.Bindings != nil
 	}
+	top, n := rk.top(cands)
+	dec.Candidates = make([]fsm.Candidate, n)
+	for i := 0; i < n; i++ {
+		c := top[i]
+		dec.Candidates[i] = fsm.Candidate{Instance: c.v.ID, Score: c.score, CachedTokens: clampU32(c.cached), LoadTokens: loadTokens(c.v)}
+	}
+	best := top[0]
+	rank := -1
+	if best.cached > 0 {
+		rank = best.rank
+	} else if r.offloadedTokens(best, req) > 0 && r.cfg.Weights.OffloadedBlock > 0 {
+		rank = best.offRank // its offloaded tier holds the prompt
+	}
+	return route{Instance: best.v.ID, URL: best.v.URL, Rank: rank, CachedTokens: int(best.cached), Decision: dec}
+}
+
+// creditCache sets each candidate's leading prompt blocks held (and the
+// rank holding them, and what an offloaded tier holds beyond them) from the
+// KV index; a bound key's instance is credited its binding's rank's
+// (Request.bound).
+func creditCache(req *Request, in *Inputs, cands []candidate) {
+	mp := matchPool.Get().(*[]kvindex.Match)
+	matches := in.Prefix.Match(req.Blocks, req.Now, (*mp)[:0])
+	for _, m := range matches {
+		// cands are in id order: binary search.
+		i := sort.Search(len(cands), func(i int) bool { return cands[i].v.ID >= m.Instance })
+		if i < len(cands) && cands[i].v.ID == m.Instance && m.Blocks > 0 {
+			cands[i].blocks, cands[i].rank = m.Blocks, m.Rank
+		}
+		if i < len(cands) && cands[i].v.ID == m.Instance && m.Offloaded > m.Blocks {
+			cands[i].offBlocks, cands[i].offRank = m.Offloaded, m.OffloadedRank
+		}
+	}
+	*mp = matches[:0]
+	matchPool.Put(mp)
+	if bc := req.bound; bc != nil {
+		i := sort.Search(len(cands), func(i int) bool { return cands[i].v.ID >= bc.instance })
+		if i < len(cands) && cands[i].v.ID == bc.instance {
+			cands[i].blocks, cands[i].rank = bc.blocks, bc.rank
+		}
+	}
+}
+
+// score sets each candidate's cached tokens and score (Weights) and
+// returns the decision's policy: kv_aware when some cache was credited.
+func (r *Router) score(req *Request, cands []candidate) string {
+	w := &r.cfg.Weights
+	cacheWeight := w.Cache
+	if req.Priority == PriorityBackground {
+		cacheWeight *= w.BackgroundCacheFactor
+	}
+	policy := PolicyLeastLoaded
 	for i := range cands {
 		c := &cands[i]
 		if c.blocks > 0 {
@@ -232,11 +260,16 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) route {
 		credit := 0.0
 		if tokens := float64(c.cached) + w.OffloadedBlock*float64(r.offloadedTokens(c, req)); tokens > 0 && !c.v.CacheDegraded {
 			credit = cacheWeight * tokens
-			dec.Policy = PolicyKVAware
+			policy = PolicyKVAware
 		}
 		c.score = credit - r.loadCost(c.v, req.Priority) - r.adapterCost(c.v, req.Adapter)
 	}
-	// The best MaxCandidates, best first, by insertion.
+	return policy
+}
+
+// top returns the best fsm.MaxCandidates of cands, best first, and how many
+// there are.
+func (rk *ranker) top(cands []candidate) ([fsm.MaxCandidates]*candidate, int) {
 	var top [fsm.MaxCandidates]*candidate
 	n := 0
 	for i := range cands {
@@ -256,19 +289,7 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) route {
 		}
 		top[j] = c
 	}
-	dec.Candidates = make([]fsm.Candidate, n)
-	for i := 0; i < n; i++ {
-		c := top[i]
-		dec.Candidates[i] = fsm.Candidate{Instance: c.v.ID, Score: c.score, CachedTokens: clampU32(c.cached), LoadTokens: loadTokens(c.v)}
-	}
-	best := top[0]
-	rank := -1
-	if best.cached > 0 {
-		rank = best.rank
-	} else if r.offloadedTokens(best, req) > 0 && r.cfg.Weights.OffloadedBlock > 0 {
-		rank = best.offRank // its offloaded tier holds the prompt
-	}
-	return route{Instance: best.v.ID, URL: best.v.URL, Rank: rank, CachedTokens: int(best.cached), Decision: dec}
+	return top, n
 }
 
 // offloadedTokens is the prompt tokens after c's GPU-cached ones that only
