@@ -19,6 +19,7 @@ import (
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/yamlconf"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/breaker"
 )
 
 // Environment variables that override secrets from the configuration file,
@@ -331,7 +332,7 @@ type PlacementConfig struct {
 	Weights    routing.Weights        `yaml:"weights"`
 	Overflow   routing.OverflowConfig `yaml:"overflow"`
 	Shed       routing.ShedConfig     `yaml:"shed"`
-	Breaker    routing.BreakerConfig  `yaml:"circuit_breaker"`
+	Breaker    breaker.Config         `yaml:"circuit_breaker"`
 	// CommitFirst makes a new conversation's first request wait for its
 	// Bind to commit before it is dispatched. Off (the default), the edge
 	// dispatches at once and proposes the Bind beside it: the first

@@ -51,7 +51,7 @@ import (
 	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/internal/respid"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing/overload"
 )
 
 // Deps are the edge's in-process collaborators; every field is optional.
@@ -159,8 +159,8 @@ type Edge struct {
 type routeState struct {
 	identity routing.IdentityConfig
 	routers  [3]*routing.Router // by fsm.Fleet
-	decider  *decide.Decider    // the routing decision (route.go, routing/decide)
-	overload *routing.OverloadTracker
+	decider  *routing.Decider   // the routing decision (route.go, routing.Decider)
+	overload *overload.Tracker
 	placed   atomic.Uint64 // decisions made (route.go: the views cache)
 }
 
@@ -218,7 +218,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		return nil, fmt.Errorf("edge: config: %w", err)
 	}
 	e := &Edge{cfg: cfg, deps: deps}
-	e.route.identity, e.route.overload = cfg.IdentityConfig(), routing.NewOverloadTracker()
+	e.route.identity, e.route.overload = cfg.IdentityConfig(), overload.NewTracker()
 	e.bodies = bodybudget.New(cfg.MaxInflightBodyBytes)
 	e.log = deps.Logger
 	if e.log == nil {
@@ -260,7 +260,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	e.recorder = newRecorder(e)
 	e.touches = newTouchBatcher()
 	e.placements = newPlacements(e)
-	e.route.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e: e},
+	e.route.decider = &routing.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e: e},
 		Index: edgeIndex{e}, Overload: e.route.overload, CommitFirst: cfg.Placement.CommitFirst}
 	if err := e.buildCatalogue(); err != nil {
 		return nil, fmt.Errorf("edge: %w", err)

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/test/natstest"
 )
 
@@ -92,7 +92,7 @@ func TestLaggingEdgeDoesNotGuessBoundKeys(t *testing.T) {
 	if n := counter(t, te.registry, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "outcome": outcomeDegraded}); n < float64(len(keys)) {
 		t.Fatalf("degraded context decisions = %v, want >= %d", n, len(keys))
 	}
-	if n := counter(t, te.registry, "tether_edge_degraded_decisions_total", map[string]string{"fleet": "context", "cause": decide.DegradedStateNotCurrent}); n < float64(len(keys)) {
+	if n := counter(t, te.registry, "tether_edge_degraded_decisions_total", map[string]string{"fleet": "context", "cause": routing.DegradedStateNotCurrent}); n < float64(len(keys)) {
 		t.Fatalf("context decisions degraded for a state not current = %v, want >= %d", n, len(keys))
 	}
 	rr := do(t, c, http.MethodGet, te.url()+"/readyz", nil, nil)

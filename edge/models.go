@@ -14,7 +14,6 @@ import (
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/yamlconf"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
 )
 
 // ModelConfig is one more model the edge serves (an entry of models):
@@ -231,7 +230,7 @@ type servedModel struct {
 	cfg        *Config
 	routers    [3]*routing.Router // by fsm.Fleet
 	tokenizers [3]fleetTokenizer  // by fsm.Fleet (tokenize.go)
-	decider    *decide.Decider
+	decider    *routing.Decider
 	rr         [3]atomic.Uint64 // round-robin counters by fleet
 	viewsCache atomic.Pointer[viewsEntry]
 	adapters   map[string]AdapterConfig
@@ -275,7 +274,7 @@ func (e *Edge) buildCatalogue() error {
 			e.adapterModel[a] = m
 		}
 		if m.decider == nil {
-			m.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e, m},
+			m.decider = &routing.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e, m},
 				Index: edgeIndex{e}, Overload: e.route.overload, CommitFirst: m.cfg.Placement.CommitFirst}
 		}
 	}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
 )
 
 // ActiveWindow is how recently (log time) a binding or parent link must have
@@ -204,7 +203,7 @@ func (m *metrics) observeRoute(f fsm.Fleet, start time.Time) {
 func (e *Edge) recordEvidence(rq *request, f fsm.Fleet, h *hop) {
 	var rule, bound string
 	switch {
-	case h.Policy == decide.PolicyPending:
+	case h.Policy == routing.PolicyPending:
 		return // served on an earlier request's placement: no new decision
 	case h.Outcome == outcomeNewBind || h.Outcome == outcomeDegraded:
 		rule = h.Policy
@@ -288,7 +287,9 @@ func evidenceOf(f fsm.Fleet, key, requestID, rule, chosen, bound string, cands [
 }
 
 // BackgroundPending is how many background events (overflows, links, rank
-// observations, evidence) and own placements' Binds this edge has not yet
-// seen through the log: queued or being proposed. Tests wait for 0 before
-// they take a quiet log's index.
-func (e *Edge) BackgroundPending() int { return e.recorder.pending() + e.placements.inFlight() }
+// observations, evidence), used keys and links of the touch batch, and own
+// placements' Binds this edge has not yet seen through the log: queued or
+// being proposed. Tests wait for 0 before they take a quiet log's index.
+func (e *Edge) BackgroundPending() int {
+	return e.recorder.pending() + e.touches.pending() + e.placements.inFlight()
+}

@@ -21,7 +21,6 @@ import (
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/test/engines/oaiserve"
 	"github.com/tether-project/tether/test/engines/sglang"
 	"github.com/tether-project/tether/test/engines/vllm"
@@ -712,12 +711,12 @@ func TestSGLangBootstrapFields(t *testing.T) {
 	e.cfg.ContextServers = ServersConfig{Engine: EngineSGLang, DataParallelSize: 4,
 		URLs: []StaticInstance{{Name: "p0", URL: "http://prefill-0.internal:30000", BootstrapPort: 9001}, {Name: "p1", URL: "http://10.0.0.7:30000"}}}
 	e.models = []*servedModel{{cfg: &e.cfg}}
-	one := e.sglangBootstrap(&hop{Hop: decide.Hop{Instance: "p0", URL: "http://prefill-0.internal:30000"}}, 0, 3)
+	one := e.sglangBootstrap(&hop{Hop: routing.Hop{Instance: "p0", URL: "http://prefill-0.internal:30000"}}, 0, 3)
 	var room uint64
 	if string(one["bootstrap_host"]) != `"prefill-0.internal"` || string(one["bootstrap_port"]) != "9001" || json.Unmarshal(one["bootstrap_room"], &room) != nil || room%4 != 3 {
 		t.Fatalf("%s", mustMarshal(one))
 	}
-	batch := e.sglangBootstrap(&hop{Hop: decide.Hop{Instance: "p1", URL: "http://10.0.0.7:30000"}}, 3, 1)
+	batch := e.sglangBootstrap(&hop{Hop: routing.Hop{Instance: "p1", URL: "http://10.0.0.7:30000"}}, 3, 1)
 	var hosts []string
 	var ports []int
 	var rooms []uint64

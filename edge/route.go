@@ -17,19 +17,18 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/routing/kvindex"
 )
 
-// Decision outcomes (metric label and span attribute; routing/decide).
+// Decision outcomes (metric label and span attribute; routing).
 const (
-	outcomeSticky   = decide.OutcomeSticky
-	outcomeNewBind  = decide.OutcomeNewBind
-	outcomeOverflow = decide.OutcomeOverflow
-	outcomeDegraded = decide.OutcomeDegraded
-	outcomeShed     = decide.OutcomeShed
-	outcomeUnbound  = decide.OutcomeUnbound
-	outcomeRefused  = decide.OutcomeRefused
+	outcomeSticky   = routing.OutcomeSticky
+	outcomeNewBind  = routing.OutcomeNewBind
+	outcomeOverflow = routing.OutcomeOverflow
+	outcomeDegraded = routing.OutcomeDegraded
+	outcomeShed     = routing.OutcomeShed
+	outcomeUnbound  = routing.OutcomeUnbound
+	outcomeRefused  = routing.OutcomeRefused
 )
 
 // retryHint is the Retry-After of a request refused because the log could
@@ -112,9 +111,9 @@ func (e *Edge) views(m *servedModel, now time.Time, exclude []string) *routing.V
 }
 
 // hop is where one fleet's part of a request goes: the decision's
-// (routing/decide.Hop) and what the request path adds to it.
+// (routing.Hop) and what the request path adds to it.
 type hop struct {
-	decide.Hop
+	routing.Hop
 	// shadow: where the prompt was modelled in a static engine's shadow
 	// cache (edge/shadow.go; nil: not modelled).
 	shadow *kvshadow.Placement
@@ -122,10 +121,10 @@ type hop struct {
 	requestID string
 }
 
-func hopOf(d *decide.Hop, requestID string) *hop { return &hop{Hop: *d, requestID: requestID} }
+func hopOf(d *routing.Hop, requestID string) *hop { return &hop{Hop: *d, requestID: requestID} }
 
 // decided is a copy of h's decision, for the decider to re-route from.
-func (h *hop) decided() *decide.Hop {
+func (h *hop) decided() *routing.Hop {
 	if h == nil {
 		return nil
 	}
@@ -134,49 +133,49 @@ func (h *hop) decided() *decide.Hop {
 }
 
 // failureError turns a decision's failure into the client's answer.
-func (e *Edge) failureError(f *decide.Failure) *apiError {
+func (e *Edge) failureError(f *routing.Failure) *apiError {
 	switch f.Kind {
-	case decide.FailNoInstances:
+	case routing.FailNoInstances:
 		return newAPIError(http.StatusServiceUnavailable, "server_error", "no_healthy_instance", "",
 			"no healthy %s instance is available: %v", f.Fleet, f.Err)
-	case decide.FailRouting:
+	case routing.FailRouting:
 		return newAPIError(http.StatusServiceUnavailable, "server_error", "routing_failed", "", "%s routing failed: %v", f.Fleet, f.Err)
-	case decide.FailShed:
+	case routing.FailShed:
 		ae := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "overloaded", "",
 			"every %s instance is over its load limit; retry after %s", f.Fleet, f.RetryAfter)
 		ae.RetryAfter = f.RetryAfter
 		return ae
-	case decide.FailLog:
+	case routing.FailLog:
 		return newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
 			"recording the %s placement of %q failed: %v", f.Fleet, f.Key, f.Err)
-	case decide.FailRejected:
+	case routing.FailRejected:
 		return newAPIError(http.StatusServiceUnavailable, "server_error", "placement_rejected", "",
 			"the affinity log rejected placing %s key %q on %s: %s", f.Fleet, f.Key, f.Instance, f.Detail)
-	case decide.FailStateUnknown:
-		e.metrics.decisions.WithLabelValues(f.Fleet.String(), decide.PolicyPending, outcomeRefused).Inc()
+	case routing.FailStateUnknown:
+		e.metrics.decisions.WithLabelValues(f.Fleet.String(), routing.PolicyPending, outcomeRefused).Inc()
 		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_state_unknown", "",
 			"%s key %q needs its placement committed in the affinity log, which this edge cannot confirm right now: %s; retry shortly",
 			f.Fleet, truncate(f.Key, 200), f.Detail)
 		ae.RetryAfter = e.retryHint()
 		return ae
-	case decide.FailDetourUnrecorded:
+	case routing.FailDetourUnrecorded:
 		e.metrics.decisions.WithLabelValues(f.Fleet.String(), "bound", outcomeRefused).Inc()
 		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
 			"%s key %q must leave its unhealthy instance %s and the affinity log cannot record the move right now: %v; retry shortly",
 			f.Fleet, truncate(f.Key, 200), f.Instance, f.Err)
 		ae.RetryAfter = e.retryHint()
 		return ae
-	case decide.FailNoAlternative:
+	case routing.FailNoAlternative:
 		return newAPIError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
 			"%s instance %s failed and no other instance can take the request", f.Fleet, f.Instance)
 	}
 	return newAPIError(http.StatusServiceUnavailable, "server_error", "routing_failed", "", "%s routing failed: %v", f.Fleet, f)
 }
 
-// routeFleet decides where fleet f's part of rq goes (routing/decide: sticky
+// routeFleet decides where fleet f's part of rq goes (routing.Decider: sticky
 // to the key's committed binding or an overflow, a new placement proposed
 // through the log, a degraded placement when the log cannot commit, or an
-// unbound placement), and predicts the prompt there.
+// unbound placement; the decision predicts the prompt there).
 func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *apiError) {
 	ctx, span := e.tracing.tracer.Start(ctx, "tether.edge route "+f.String(), trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
@@ -207,10 +206,7 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 	if h.Reason != 0 {
 		span.SetAttributes(attrOverflow.String(h.Reason.String()))
 	}
-	// The prompt now counts as cached there until the worker's own KV
-	// event arrives, so a burst sharing the prefix lands together.
-	e.fleet.Index().Predict(h.Instance, rq.prompts[f].blocks, rq.now)
-	e.adapterPlaced(rq, h) // and the adapter as loaded (lora.go)
+	e.adapterPlaced(rq, h) // the adapter counts as loaded there (lora.go)
 	return h, nil
 }
 
@@ -225,7 +221,7 @@ func (e *Edge) routingRequest(rq *request, f fsm.Fleet, rr uint64) routing.Reque
 	}
 }
 
-// decide is the shared decision (routing/decide) for fleet f's part of rq.
+// decide is the shared decision (routing.Decider) for fleet f's part of rq.
 func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *apiError) {
 	req := e.routingRequest(rq, f, rq.m.rr[f].Add(1)-1)
 	d, fail := rq.m.decider.Decide(ctx, rq.m.routers[f], req, prev.decided())
@@ -250,7 +246,7 @@ func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *ap
 	if !failed.Bound {
 		return e.routeFleet(ctx, rq, failed.Fleet, failed)
 	}
-	d, fail := rq.m.decider.Reroute(ctx, rq.m.routers[failed.Fleet], e.routingRequest(rq, failed.Fleet, 0), failed.decided())
+	d, fail := rq.m.decider.Decide(ctx, rq.m.routers[failed.Fleet], e.routingRequest(rq, failed.Fleet, 0), failed.decided())
 	if fail != nil {
 		return nil, e.failureError(fail)
 	}
@@ -273,7 +269,7 @@ func (e *Edge) countDecision(f fsm.Fleet, h *hop) {
 	}
 }
 
-// edgeLog is the affinity log as the decision reads it (routing/decide.Log).
+// edgeLog is the affinity log as the decision reads it (routing.Log).
 type edgeLog struct{ e *Edge }
 
 func (l edgeLog) State() *fsm.State { return l.e.node.State() }
@@ -282,9 +278,9 @@ func (l edgeLog) Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) 
 	res, err := l.e.propose(ctx, ev)
 	switch {
 	case errors.Is(err, cluster.ErrNotApplied):
-		err = fmt.Errorf("%w: %w", decide.ErrCommitted, err)
+		err = fmt.Errorf("%w: %w", routing.ErrCommitted, err)
 	case errors.Is(err, cluster.ErrUnavailable):
-		err = fmt.Errorf("%w: %w", decide.ErrUnavailable, err)
+		err = fmt.Errorf("%w: %w", routing.ErrUnavailable, err)
 	}
 	return res, err
 }
@@ -292,7 +288,7 @@ func (l edgeLog) Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) 
 func (l edgeLog) Down(time.Time) bool { return l.e.logDown() }
 
 // edgeRecorder is the recorder and touch batcher (recorder.go, touches.go) as the
-// decision uses them (routing/decide.Recorder).
+// decision uses them (routing.Recorder).
 type edgeRecorder struct{ e *Edge }
 
 func (r edgeRecorder) Record(ev fsm.Event) { r.e.recorder.add(ev, nil) }
@@ -301,7 +297,7 @@ func (r edgeRecorder) Touch(k fsm.FleetKey)   { r.e.touches.add(k) }
 func (r edgeRecorder) TouchLink(child string) { r.e.touches.addLink(child) }
 
 // edgeFleet is this edge's fleet view of model m's fleets (nil: the
-// first model's) as the decision reads it (routing/decide.FleetView).
+// first model's) as the decision reads it (routing.FleetView).
 type edgeFleet struct {
 	e *Edge
 	m *servedModel
@@ -401,7 +397,7 @@ func hopLabel(h *hop, rank string) string {
 	return fmt.Sprintf("%s/%s", h.Instance, rank)
 }
 
-// edgeIndex is the fleet view's KV index (routing/decide.Index); the fleet
+// edgeIndex is the fleet view's KV index (routing.Index); the fleet
 // view exists from Start on.
 type edgeIndex struct{ e *Edge }
 

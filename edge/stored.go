@@ -20,7 +20,7 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/respid"
-	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing"
 )
 
 // Stored responses (hard affinity, edge/DESIGN.md "Stored responses"): a
@@ -157,7 +157,7 @@ func (rq *request) pinned() *storedRef {
 func (e *Edge) storedHop(rq *request) *hop {
 	ref := rq.pinned()
 	f := fsm.Fleet(ref.id.Fleet)
-	h := &hop{Hop: decide.Hop{Fleet: f, Key: rq.m.key(rq.id.Key(f)), Instance: ref.id.Instance, URL: ref.url, Rank: ref.id.Rank,
+	h := &hop{Hop: routing.Hop{Fleet: f, Key: rq.m.key(rq.id.Key(f)), Instance: ref.id.Instance, URL: ref.url, Rank: ref.id.Rank,
 		Outcome: outcomeStored, Policy: policyStored}}
 	e.metrics.decisions.WithLabelValues(f.String(), policyStored, outcomeStored).Inc()
 	return h

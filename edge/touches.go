@@ -14,6 +14,9 @@ type touchBatcher struct {
 	mu    sync.Mutex
 	keys  map[fsm.FleetKey]struct{}
 	links map[string]struct{}
+	// proposing counts the keys and links of the batch taken for a
+	// proposal that has not returned yet.
+	proposing int
 }
 
 func newTouchBatcher() *touchBatcher {
@@ -50,7 +53,24 @@ func (t *touchBatcher) take() fsm.Touch {
 	}
 	clear(t.keys)
 	clear(t.links)
+	t.proposing += len(ev.Keys) + len(ev.Links)
 	return ev
+}
+
+// proposed ends the proposal of a batch take returned (after putBack when
+// it failed).
+func (t *touchBatcher) proposed(ev fsm.Touch) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.proposing -= len(ev.Keys) + len(ev.Links)
+}
+
+// pending is how many used keys and links are not yet in the log: waiting
+// for the next flush, or in a proposal.
+func (t *touchBatcher) pending() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.keys) + len(t.links) + t.proposing
 }
 
 // putBack merges an unflushed batch back.
@@ -90,6 +110,7 @@ func (e *Edge) flushTouches(ctx context.Context) {
 	if len(ev.Keys) == 0 && len(ev.Links) == 0 {
 		return
 	}
+	defer e.touches.proposed(ev)
 	var evs []fsm.Event
 	for len(ev.Keys) > maxTouchKeys || len(ev.Links) > maxTouchKeys {
 		part := fsm.Touch{Keys: ev.Keys[:min(len(ev.Keys), maxTouchKeys)], Links: ev.Links[:min(len(ev.Links), maxTouchKeys)]}

@@ -15,8 +15,10 @@ import (
 // responses_store_bytes of their items, least recently used evicted
 // first, each eviction logged and counted.
 type convStore struct {
-	mu  sync.Mutex
-	lru *sizedLRU[*conversation]
+	mu      sync.Mutex
+	convs   *lruMap[*conversation]
+	log     *slog.Logger
+	evicted func()
 }
 
 // conversation is one conversation; its fields change under the store's
@@ -26,7 +28,6 @@ type conversation struct {
 	created  int64
 	metadata json.RawMessage // an object
 	items    []json.RawMessage
-	size     int64
 }
 
 // convSnapshot is a conversation as read at one moment.
@@ -38,22 +39,16 @@ type convSnapshot struct {
 }
 
 func newConvStore(maxEntries int, maxBytes int64, log *slog.Logger, evicted func()) *convStore {
-	s := &convStore{}
-	s.lru = newSizedLRU(maxEntries, maxBytes, func(id string, c *conversation, size int64) {
-		log.Info("evicted a conversation (responses_store_entries / responses_store_bytes)", "conversation_id", id,
-			"items", len(c.items), "bytes", size, "conversations", s.lru.len(), "store_bytes", s.lru.size())
-		if evicted != nil {
-			evicted()
-		}
-	})
-	return s
+	return &convStore{convs: newLRUMap[*conversation](maxEntries, maxBytes), log: log, evicted: evicted}
 }
 
-func (c *conversation) resize() {
-	c.size = int64(len(c.metadata)) + 128
+// size is what the conversation counts against responses_store_bytes.
+func (c *conversation) size() int64 {
+	n := int64(len(c.metadata)) + 128
 	for _, it := range c.items {
-		c.size += int64(len(it))
+		n += int64(len(it))
 	}
+	return n
 }
 
 func (c *conversation) snapshot() convSnapshot {
@@ -63,12 +58,24 @@ func (c *conversation) snapshot() convSnapshot {
 // create stores a new conversation.
 func (s *convStore) create(id string, created int64, metadata json.RawMessage, items []json.RawMessage) convSnapshot {
 	c := &conversation{id: id, created: created, metadata: metadata, items: items}
-	c.resize()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	snap := c.snapshot()
-	s.lru.put(id, c, c.size)
-	return snap
+	s.convs.put(id, c, c.size())
+	s.evictLocked()
+	return c.snapshot()
+}
+
+// evictLocked drops the least recently used conversations beyond the
+// bounds (never the last one: a single conversation over the byte bound
+// stays, as the response store keeps its last response).
+func (s *convStore) evictLocked() {
+	s.convs.evict(1, func(old *conversation, size int64) {
+		s.log.Info("evicted a conversation (responses_store_entries / responses_store_bytes)", "conversation_id", old.id,
+			"items", len(old.items), "bytes", size, "conversations", s.convs.len(), "store_bytes", s.convs.bytes)
+		if s.evicted != nil {
+			s.evicted()
+		}
+	})
 }
 
 // with runs f on conversation id (marked used) under the lock and
@@ -77,15 +84,15 @@ func (s *convStore) create(id string, created int64, metadata json.RawMessage, i
 func (s *convStore) with(id string, f func(c *conversation)) (convSnapshot, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c, ok := s.lru.get(id)
+	c, ok := s.convs.get(id)
 	if !ok {
 		return convSnapshot{}, false
 	}
 	if f != nil {
 		f(c)
-		c.resize()
+		s.convs.resize(id, c.size())
 		snap := c.snapshot()
-		s.lru.resize(id, c.size)
+		s.evictLocked()
 		return snap, true
 	}
 	return c.snapshot(), true
@@ -124,7 +131,7 @@ func (s *convStore) deleteItem(id, itemID string) (snap convSnapshot, ok, found 
 func (s *convStore) delete(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.lru.remove(id)
+	_, ok := s.convs.remove(id)
 	return ok
 }
 
@@ -132,7 +139,7 @@ func (s *convStore) delete(id string) bool {
 func (s *convStore) stats() (int, int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.lru.len(), s.lru.size()
+	return s.convs.len(), s.convs.bytes
 }
 
 // itemIDOf is an item's id ("" none).

@@ -16,11 +16,13 @@ import (
 // naming it on another worker is a 404 there. Bounded in entries and bytes,
 // least recently used evicted first, each eviction logged.
 type respStore struct {
-	mu  sync.Mutex
-	lru *sizedLRU[*storedResponse]
+	mu    sync.Mutex
+	resps *lruMap[*storedResponse]
 	// items maps the id of each input and output item of a stored
-	// response to the response (item_reference resolves by it).
-	items map[string]string
+	// response to the response (an item_reference resolves by it).
+	items   map[string]string
+	log     *slog.Logger
+	evicted func()
 }
 
 // storedResponse is one response. Its fields change under the store's lock.
@@ -29,10 +31,9 @@ type storedResponse struct {
 	status  string          // queued, in_progress, completed, incomplete, cancelled, failed
 	object  json.RawMessage // the response object as last written
 	history []json.RawMessage
-	input   []json.RawMessage // input items, with ids
-	size    int64
-	// itemIDs are the item ids the store indexed r under (itemIDs).
+	// itemIDs are the item ids the store indexed it under (itemIDs).
 	itemIDs []string
+	input   []json.RawMessage // input items, with ids
 	// chain is the rank-placement key of the conversation the response
 	// belongs to: its conversation id, or the first response of a chain
 	// of previous_response_ids that named none (a continuation then runs
@@ -55,16 +56,7 @@ type storedEvent struct {
 }
 
 func newRespStore(maxEntries int, maxBytes int64, log *slog.Logger, evicted func()) *respStore {
-	s := &respStore{items: map[string]string{}}
-	s.lru = newSizedLRU(maxEntries, maxBytes, func(id string, r *storedResponse, size int64) {
-		s.forget(r)
-		log.Info("evicted a stored response (responses_store_entries / responses_store_bytes)", "response_id", id,
-			"status", r.status, "bytes", size, "entries", s.lru.len(), "store_bytes", s.lru.size())
-		if evicted != nil {
-			evicted()
-		}
-	})
-	return s
+	return &respStore{resps: newLRUMap[*storedResponse](maxEntries, maxBytes), items: map[string]string{}, log: log, evicted: evicted}
 }
 
 // put stores (or replaces) r.
@@ -75,24 +67,23 @@ func (s *respStore) put(r *storedResponse) {
 }
 
 func (s *respStore) putLocked(r *storedResponse) {
-	r.size = int64(len(r.object)) + 256
-	for _, h := range r.history {
-		r.size += int64(len(h))
-	}
-	for _, in := range r.input {
-		r.size += int64(len(in))
-	}
-	for _, ev := range r.events {
-		r.size += int64(len(ev.data))
-	}
-	if old, ok := s.lru.get(r.id); ok {
+	if old, ok := s.resps.get(r.id); ok {
 		s.forget(old)
 	}
 	r.itemIDs = itemIDs(r)
 	for _, id := range r.itemIDs {
 		s.items[id] = r.id
 	}
-	s.lru.put(r.id, r, r.size)
+	s.resps.put(r.id, r, r.storeSize())
+	s.resps.evict(1, func(old *storedResponse, size int64) {
+		s.forget(old)
+		old.stop()
+		s.log.Info("evicted a stored response (responses_store_entries / responses_store_bytes)", "response_id", old.id,
+			"status", old.status, "bytes", size, "entries", s.resps.len(), "store_bytes", s.resps.bytes)
+		if s.evicted != nil {
+			s.evicted()
+		}
+	})
 }
 
 // forget drops r's items from the index (r left the store, or is being
@@ -125,11 +116,34 @@ func itemIDs(r *storedResponse) []string {
 	return ids
 }
 
+// storeSize is what the response counts against responses_store_bytes.
+func (r *storedResponse) storeSize() int64 {
+	n := int64(len(r.object)) + 256
+	for _, h := range r.history {
+		n += int64(len(h))
+	}
+	for _, in := range r.input {
+		n += int64(len(in))
+	}
+	for _, ev := range r.events {
+		n += int64(len(ev.data))
+	}
+	return n
+}
+
+// stop cancels a background run that has not ended: its response left
+// the store.
+func (r *storedResponse) stop() {
+	if r.cancel != nil && !r.done {
+		r.cancel()
+	}
+}
+
 // get returns the response and marks it used.
 func (s *respStore) get(id string) (*storedResponse, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.lru.get(id)
+	return s.resps.get(id)
 }
 
 // snapshot reads r's fields under the lock.
@@ -142,19 +156,12 @@ func (s *respStore) snapshot(r *storedResponse) (status string, object json.RawM
 func (s *respStore) delete(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.removeLocked(id)
-}
-
-func (s *respStore) removeLocked(id string) bool {
-	r, ok := s.lru.remove(id)
-	if !ok {
-		return false
+	r, ok := s.resps.remove(id)
+	if ok {
+		s.forget(r)
+		r.stop()
 	}
-	s.forget(r)
-	if r.cancel != nil && !r.done {
-		r.cancel()
-	}
-	return true
+	return ok
 }
 
 // update changes a stored response's status and object (a no-op once
@@ -169,7 +176,7 @@ func (s *respStore) update(r *storedResponse, status string, object json.RawMess
 	if history != nil {
 		r.history = history
 	}
-	if cur, ok := s.lru.get(r.id); ok && cur == r {
+	if _, ok := s.resps.get(r.id); ok {
 		s.putLocked(r)
 	}
 }
@@ -182,8 +189,7 @@ func (s *respStore) appendEvent(r *storedResponse, name string, data []byte, las
 		return
 	}
 	r.events = append(r.events, storedEvent{name, data})
-	r.size += int64(len(data))
-	s.lru.grow(r.id, int64(len(data)))
+	s.resps.resize(r.id, r.storeSize())
 	r.done = last
 	close(r.changed)
 	r.changed = make(chan struct{})
@@ -224,11 +230,11 @@ func (s *respStore) cancelRun(r *storedResponse, object func(status string) json
 }
 
 // item finds an input or output item of a stored response by its id (an
-// item_reference).
+// item_reference), through the index of item ids.
 func (s *respStore) item(id string) (json.RawMessage, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, ok := s.lru.get(s.items[id])
+	r, ok := s.resps.get(s.items[id])
 	if !ok {
 		return nil, false
 	}
@@ -253,5 +259,5 @@ func (s *respStore) item(id string) (json.RawMessage, bool) {
 func (s *respStore) stats() (int, int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.lru.len(), s.lru.size()
+	return s.resps.len(), s.resps.bytes
 }

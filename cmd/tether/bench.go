@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-project/tether/internal/progress"
 	"github.com/tether-project/tether/ops/bench"
 	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/routing"
@@ -22,13 +23,7 @@ func init() {
 	register("bench", "replay agentic traces and the agent patterns of docs/agent-workloads.md; compare routing policies and edge counts", runBench)
 }
 
-func runBench(ctx context.Context, args []string) error {
-	if len(args) == 0 || helpArg(args[0]) {
-		out := os.Stdout
-		if len(args) == 0 {
-			out = os.Stderr
-		}
-		fmt.Fprint(out, `usage: tether bench <replay|agents|report> [flags]
+const benchUsage = `usage: tether bench <replay|agents|report> [flags]
 
   replay   replay trace files (sim: virtual time; e2e: a running deployment)
   agents   the agent patterns of docs/agent-workloads.md (react, supervisor, fanout, retry, tag)
@@ -36,11 +31,11 @@ func runBench(ctx context.Context, args []string) error {
   report   see tether-bench report (make bench-report): everything BENCHMARKS.md publishes
 
 Run 'tether bench <command> -h' for its flags.
-`)
-		if len(args) == 0 {
-			return fmt.Errorf("%w: missing bench command", errUsage)
-		}
-		return nil
+`
+
+func runBench(ctx context.Context, args []string) error {
+	if done, err := groupUsage(args, benchUsage, "missing bench command"); done {
+		return err
 	}
 	switch args[0] {
 	case "replay":
@@ -244,8 +239,7 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	if !*sf.jsonOut {
 		bench.Describe(os.Stdout, w, ro.Base)
 	}
-	p := bench.NewProgress(os.Stderr, "replay")
-	ro.Progress = p.Update
+	ro.Progress = progress.New(os.Stderr, "replay").Count
 	rep, err := bench.Replay(ctx, w, ro)
 	if err != nil {
 		return err
@@ -307,11 +301,11 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 				return fmt.Errorf("--engine-metrics: %w", err)
 			}
 		}
-		p := bench.NewProgress(os.Stderr, "e2e "+string(ro.Policies[0]))
+		p := progress.New(os.Stderr, "e2e "+string(ro.Policies[0]))
 		r, err := bench.ReplayE2E(ctx, w, bench.E2EOptions{
 			EdgeURLs: urls, Model: *sf.model, ParentHeader: *sf.parentHeader, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed,
 			Label: ro.Policies[0], RouteHeader: "x-tether-route", API: *sf.api,
-			Progress: func(d, t int) { p.Update(int64(d), int64(t)) },
+			Progress: func(d, t int) { p.Count(int64(d), int64(t)) },
 		})
 		if err != nil {
 			return err
@@ -329,9 +323,9 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 		if *sf.engineMetrics != "" {
 			return fmt.Errorf("%w: --engine-metrics needs --edge-urls (the deployment whose engines it scrapes)", errUsage)
 		}
-		p := bench.NewProgress(os.Stderr, "e2e")
+		p := progress.New(os.Stderr, "e2e")
 		local := localOptions(sf, ro)
-		local.Progress = func(d, t int) { p.Update(int64(d), int64(t)) }
+		local.Progress = func(d, t int) { p.Count(int64(d), int64(t)) }
 		var err error
 		if out, err = bench.CompareE2E(ctx, w, ro.Policies, local, ro); err != nil {
 			return err

@@ -283,7 +283,7 @@ func writeJSON(b *strings.Builder, v any, o *jsonOpts, depth int) error {
 	case bool:
 		b.WriteString(strconv.FormatBool(x))
 	case string:
-		pyjson.WriteString(b, x, o.ensureASCII)
+		pyjson.Quote(b, x, o.ensureASCII)
 	case int:
 		b.WriteString(strconv.Itoa(x))
 	case int64:
@@ -363,7 +363,7 @@ func writeObject(b *strings.Builder, pairs []*exec.Pair, o *jsonOpts, depth int)
 			b.WriteString(o.itemSep)
 		}
 		o.newline(b, depth+1)
-		pyjson.WriteString(b, p.Key.String(), o.ensureASCII)
+		pyjson.Quote(b, p.Key.String(), o.ensureASCII)
 		b.WriteString(o.keySep)
 		if err := writeJSON(b, p.Value, o, depth+1); err != nil {
 			return err

@@ -1,45 +1,109 @@
-// Package pyjson writes JSON values as Python's json.dumps writes them:
-// the strings vLLM and Hugging Face chat templates render (a tool call's
-// arguments, the tojson filter) are Python's, not Go's encoding/json's.
-// Shared by internal/apireq (tool_use input as vLLM's json.dumps) and
-// internal/chattmpl (transformers' tojson). Standard library only.
+// Package pyjson writes JSON as Python's json.dumps writes it: its quoting
+// of strings (ensure_ascii on or off) and its repr of floats. The engines'
+// servers are Python: what they write, the edge and the workers must write
+// byte for byte (vLLM's tool call arguments, a chat template's tojson).
 package pyjson
 
 import (
+	"bytes"
+	"encoding/json"
 	"math"
 	"strconv"
 	"strings"
 	"unicode/utf16"
 )
 
-// WriteString quotes s as json.dumps does: the short escapes for \" \\ \n
-// \r \t \b \f, \u00XX for other control characters, and with ensureASCII
-// (json.dumps' default) every character outside space..tilde as \uXXXX
-// (surrogate pairs above the BMP), DEL included.
-func WriteString(b *strings.Builder, s string, ensureASCII bool) {
+// Dumps writes a JSON value as Python's json.dumps writes it with its
+// defaults: ", " and ": " separators, every character beyond ASCII
+// escaped (\uXXXX, surrogate pairs beyond the BMP), floats as Python's
+// repr. vLLM's Anthropic endpoint writes a tool_use block's input so as
+// the arguments of the chat form's tool call
+// (vllm/entrypoints/anthropic/serving.py _convert_tool_use_block:
+// json.dumps(block.input)), and a chat template renders that string, so
+// the chat form carries the same bytes. raw must be valid JSON.
+func Dumps(raw json.RawMessage) string {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var b strings.Builder
+	// Per open array or object: whether a value was written in it, and
+	// for an object whether the next string is a key.
+	type level struct {
+		object, any, key bool
+	}
+	var stack []level
+	for {
+		t, err := dec.Token()
+		if err != nil {
+			if b.Len() == 0 {
+				return string(raw)
+			}
+			return b.String()
+		}
+		if d, ok := t.(json.Delim); ok && (d == '}' || d == ']') {
+			stack = stack[:len(stack)-1]
+			b.WriteRune(rune(d))
+			continue
+		}
+		if n := len(stack); n > 0 {
+			top := &stack[n-1]
+			switch {
+			case top.object && top.key:
+				if top.any {
+					b.WriteString(", ")
+				}
+				top.any, top.key = true, false
+				Quote(&b, t.(string), true)
+				b.WriteString(": ")
+				continue
+			case top.object:
+				top.key = true
+			default:
+				if top.any {
+					b.WriteString(", ")
+				}
+				top.any = true
+			}
+		}
+		switch x := t.(type) {
+		case json.Delim:
+			b.WriteRune(rune(x))
+			stack = append(stack, level{object: x == '{', key: x == '{'})
+		case nil:
+			b.WriteString("null")
+		case bool:
+			b.WriteString(strconv.FormatBool(x))
+		case json.Number:
+			b.WriteString(Number(string(x)))
+		case string:
+			Quote(&b, x, true)
+		}
+	}
+}
+
+// Quote quotes s as json.dumps does: the short escapes for \" \\ \n \r
+// \t \b \f, \u00XX for other control characters, and with ensureASCII
+// every character outside printable ASCII (DEL and beyond) as \uXXXX, a
+// surrogate pair above the BMP.
+func Quote(b *strings.Builder, s string, ensureASCII bool) {
 	const hex = "0123456789abcdef"
 	b.WriteByte('"')
 	for _, r := range s {
-		switch r {
-		case '"':
+		switch {
+		case r == '"':
 			b.WriteString(`\"`)
-		case '\\':
+		case r == '\\':
 			b.WriteString(`\\`)
-		case '\n':
+		case r == '\n':
 			b.WriteString(`\n`)
-		case '\r':
+		case r == '\r':
 			b.WriteString(`\r`)
-		case '\t':
+		case r == '\t':
 			b.WriteString(`\t`)
-		case '\b':
+		case r == '\b':
 			b.WriteString(`\b`)
-		case '\f':
+		case r == '\f':
 			b.WriteString(`\f`)
-		default:
-			if r >= 0x20 && (!ensureASCII || r <= 0x7e) {
-				b.WriteRune(r)
-				continue
-			}
+		case r < 0x20 || (ensureASCII && r > 0x7e):
 			units := []uint16{uint16(r)}
 			if r > 0xffff {
 				r1, r2 := utf16.EncodeRune(r)
@@ -52,15 +116,29 @@ func WriteString(b *strings.Builder, s string, ensureASCII bool) {
 				b.WriteByte(hex[u>>4&0xf])
 				b.WriteByte(hex[u&0xf])
 			}
+		default:
+			b.WriteRune(r)
 		}
 	}
 	b.WriteByte('"')
 }
 
-// Float formats f as Python's float repr: the shortest digits that round
-// trip, fixed notation for exponents in [-4, 16) with a ".0" on integral
-// values, "d.ddde±XX" otherwise; NaN and ±Infinity as json.dumps writes
-// them.
+// Number is a JSON number as Python writes it back: an integer as it is, a
+// float as its repr (Float).
+func Number(n string) string {
+	if !strings.ContainsAny(n, ".eE") {
+		return n
+	}
+	f, err := strconv.ParseFloat(n, 64)
+	if err != nil && !math.IsInf(f, 0) {
+		return n
+	}
+	return Float(f)
+}
+
+// Float is Python's repr of f: the shortest digits that round trip, fixed
+// notation with a ".0" on integral values when the exponent is in [-4, 16),
+// else d.ddde±XX; NaN, Infinity and -Infinity as json.dumps writes them.
 func Float(f float64) string {
 	switch {
 	case math.IsNaN(f):
@@ -89,17 +167,4 @@ func Float(f float64) string {
 		es = "0" + es
 	}
 	return mant + "e" + sign + es
-}
-
-// Number is a JSON number as Python reads and writes it back: an integer
-// as it is, a float as its repr (Float).
-func Number(n string) string {
-	if !strings.ContainsAny(n, ".eE") {
-		return n
-	}
-	f, err := strconv.ParseFloat(n, 64)
-	if err != nil {
-		return n
-	}
-	return Float(f)
 }

@@ -1,49 +1,41 @@
 package pyjson
 
 import (
-	"math"
+	"encoding/json"
 	"strings"
 	"testing"
 )
 
-// Each case is what Python 3's json.dumps(value) and
-// json.dumps(value, ensure_ascii=False) print.
-func TestWriteString(t *testing.T) {
-	for _, c := range []struct{ in, ascii, raw string }{
-		{"plain", `"plain"`, `"plain"`},
-		{"a\"b\\c\n\r\t\b\f", `"a\"b\\c\n\r\t\b\f"`, `"a\"b\\c\n\r\t\b\f"`},
-		{"\x01\x1f", `"\u0001\u001f"`, `"\u0001\u001f"`},
-		{"del\x7f", `"del\u007f"`, "\"del\x7f\""},
-		{"é", `"\u00e9"`, `"é"`},
-		{"😀", `"\ud83d\ude00"`, `"😀"`},
+// Tool call arguments carry the bytes vLLM's json.dumps writes (outputs of
+// Python 3's json.dumps(json.loads(in))).
+func TestDumps(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"b":1,"a":[1.0,2.5e-7,1e16,100000.0,123456789012345678.0,0.0001,-0.0],"c":{"z":null,"y":true},"u":"hé € 😀 \n\t\u0001\u007f/<>&"}`: `{"b": 1, "a": [1.0, 2.5e-07, 1e+16, 100000.0, 1.2345678901234568e+17, 0.0001, -0.0], "c": {"z": null, "y": true}, "u": "h\u00e9 \u20ac \ud83d\ude00 \n\t\u0001\u007f/<>&"}`,
+		`{}`: `{}`, `[]`: `[]`, `{"k":{}}`: `{"k": {}}`, `{"file_path":"passes"}`: `{"file_path": "passes"}`,
+		// Beyond a float64, Python reads infinities.
+		`{"x":1e999,"y":-1e999,"z":1e-999}`: `{"x": Infinity, "y": -Infinity, "z": 0.0}`,
 	} {
-		for _, m := range []struct {
-			ensure bool
-			want   string
-		}{{true, c.ascii}, {false, c.raw}} {
-			var b strings.Builder
-			WriteString(&b, c.in, m.ensure)
-			if b.String() != m.want {
-				t.Errorf("WriteString(%q, ensure_ascii=%v) = %s, want %s", c.in, m.ensure, b.String(), m.want)
-			}
+		if got := Dumps(json.RawMessage(in)); got != want {
+			t.Errorf("Dumps(%s)\n got %s\nwant %s", in, got, want)
 		}
 	}
 }
 
-// Python's repr of floats.
-func TestFloat(t *testing.T) {
-	for f, want := range map[float64]string{1: "1.0", 0.1: "0.1", 1e16: "1e+16", 1e15: "1000000000000000.0", 1e-5: "1e-05",
-		0.0001: "0.0001", 1.5e300: "1.5e+300", math.Inf(1): "Infinity", math.Inf(-1): "-Infinity"} {
-		if got := Float(f); got != want {
-			t.Errorf("Float(%v) = %s, want %s", f, got, want)
-		}
-	}
-	if Float(math.NaN()) != "NaN" {
-		t.Error("NaN")
-	}
-	for n, want := range map[string]string{"7": "7", "-3": "-3", "2.50": "2.5", "1E3": "1000.0"} {
-		if got := Number(n); got != want {
-			t.Errorf("Number(%s) = %s, want %s", n, got, want)
+// json.dumps(s, ensure_ascii=False) escapes only the control characters,
+// the quote and the backslash; ensure_ascii escapes DEL too.
+func TestQuote(t *testing.T) {
+	for _, c := range []struct {
+		in    string
+		ascii bool
+		want  string
+	}{
+		{"h\u00e9\x7f\x01", false, "\"h\u00e9\x7f\\u0001\""},
+		{"h\u00e9\x7f\x01", true, `"h\u00e9\u007f\u0001"`},
+	} {
+		var b strings.Builder
+		Quote(&b, c.in, c.ascii)
+		if b.String() != c.want {
+			t.Errorf("Quote(%q, ensure_ascii=%v) = %s, want %s", c.in, c.ascii, b.String(), c.want)
 		}
 	}
 }

@@ -340,10 +340,31 @@ var errContextLength = errors.New("context_length_exceeded")
 // now (429 shed, 503 no healthy instance) and should be retried after retry.
 func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (e2eResponse, time.Duration, error) {
 	var out e2eResponse
+	hr, err := r.request(ctx, edge, a, payload)
+	if err != nil {
+		return out, -1, err
+	}
+	resp, err := r.o.Client.Do(hr)
+	if err != nil {
+		return out, -1, err
+	}
+	defer resp.Body.Close()
+	if retry, err := refusal(resp); retry >= 0 || err != nil {
+		return out, retry, err
+	}
+	if r.o.RouteHeader != "" {
+		out.route = resp.Header.Get(r.o.RouteHeader)
+	}
+	return out, -1, r.readStream(resp.Body, &out)
+}
+
+// request is the HTTP request of payload to edge for agent a, with the
+// headers its API's clients send.
+func (r *e2eRun) request(ctx context.Context, edge int, a *Agent, payload []byte) (*http.Request, error) {
 	url := strings.TrimRight(r.o.EdgeURLs[edge], "/") + apiPath(r.o.API)
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
 	if err != nil {
-		return out, -1, err
+		return nil, err
 	}
 	hr.Header.Set("Content-Type", "application/json")
 	switch r.o.API {
@@ -358,38 +379,43 @@ func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (
 	if a.Parent != nil && r.o.ParentHeader != "" {
 		hr.Header.Set(r.o.ParentHeader, a.Parent.ID)
 	}
-	resp, err := r.o.Client.Do(hr)
-	if err != nil {
-		return out, -1, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusTooManyRequests {
+	return hr, nil
+}
+
+// refusal reads an answer other than 200: a retry delay for a refusal for
+// now (429 with its Retry-After; 503, no healthy instance), else an error
+// (errContextLength for a prompt over a rank's capacity). -1 and nil for
+// a 200.
+func refusal(resp *http.Response) (time.Duration, error) {
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return -1, nil
+	case http.StatusTooManyRequests:
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 		secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
-		return out, time.Duration(max(secs, 0)) * time.Second, nil
-	}
-	if resp.StatusCode == http.StatusServiceUnavailable {
+		return time.Duration(max(secs, 0)) * time.Second, nil
+	case http.StatusServiceUnavailable:
 		// No healthy instance for now (stale telemetry on a loaded
 		// machine): a client backs off and retries.
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		return out, 100 * time.Millisecond, nil
+		return 100 * time.Millisecond, nil
 	}
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-		var e struct {
-			Error struct {
-				Code string `json:"code"`
-			} `json:"error"`
-		}
-		if resp.StatusCode == http.StatusBadRequest && json.Unmarshal(b, &e) == nil && e.Error.Code == "context_length_exceeded" {
-			return out, -1, errContextLength
-		}
-		return out, -1, fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
 	}
-	if r.o.RouteHeader != "" {
-		out.route = resp.Header.Get(r.o.RouteHeader)
+	if resp.StatusCode == http.StatusBadRequest && json.Unmarshal(b, &e) == nil && e.Error.Code == "context_length_exceeded" {
+		return -1, errContextLength
 	}
-	sc := bufio.NewScanner(resp.Body)
+	return -1, fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
+}
+
+// readStream reads a streamed answer into out: when its first text came,
+// and its usage (prompt and cached tokens), which it must carry.
+func (r *e2eRun) readStream(body io.Reader, out *e2eResponse) error {
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	gotUsage := false
 	for sc.Scan() {
@@ -402,7 +428,7 @@ func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (
 		}
 		ev, err := readEvent(r.o.API, data)
 		if err != nil {
-			return out, -1, err
+			return err
 		}
 		if out.firstToken.IsZero() && ev.text {
 			out.firstToken = time.Now()
@@ -413,15 +439,15 @@ func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return out, -1, fmt.Errorf("read stream: %w", err)
+		return fmt.Errorf("read stream: %w", err)
 	}
 	if !gotUsage {
-		return out, -1, errors.New("stream ended without usage")
+		return errors.New("stream ended without usage")
 	}
 	if out.firstToken.IsZero() {
 		out.firstToken = time.Now()
 	}
-	return out, -1, nil
+	return nil
 }
 
 func apiPath(api string) string {

@@ -163,25 +163,7 @@ func CoV(xs []int64) float64 {
 // With chained block hashes every distinct block misses exactly once, so
 // the figure does not depend on the order in which requests ran, and no
 // policy (finite caches, any placement) can beat it.
-func UpperBound(w *Workload) float64 {
-	seen := map[uint64]struct{}{}
-	var prompt, hit int64
-	w.WalkRequests(func(_ *Agent, r *Request) {
-		n := 0
-		for n < len(r.Blocks) {
-			if _, ok := seen[r.Blocks[n]]; !ok {
-				break
-			}
-			n++
-		}
-		for _, b := range r.Blocks[n:] {
-			seen[b] = struct{}{}
-		}
-		prompt += int64(r.PromptTokens)
-		hit += int64(min(n*w.BlockSize, r.PromptTokens))
-	})
-	return ratio(hit, prompt)
-}
+func UpperBound(w *Workload) float64 { return UpperBoundFitting(w, math.MaxInt) }
 
 // UpperBoundFitting is UpperBound crediting nothing to prompts longer than
 // maxBlocks (an instance's, or a rank's, cache): no placement can cache

@@ -13,8 +13,9 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing/breaker"
 	"github.com/tether-project/tether/routing/kvindex"
+	"github.com/tether-project/tether/routing/overload"
 	"github.com/tether-project/tether/worker/adp"
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/engine/sim"
@@ -378,9 +379,9 @@ type simEdge struct {
 	index    *kvindex.Index
 	local    *virtualLog // session_local: this edge's own binding table
 	rr       uint64
-	breakers *routing.CacheBreakers
-	overload *routing.OverloadTracker // the edge's own (edge/route.go views)
-	dec      *decide.Decider
+	breakers *breaker.Set
+	overload *overload.Tracker // the edge's own (edge/route.go views)
+	dec      *routing.Decider
 	// proposals are the edge's own Bind proposals until they commit.
 	proposals map[fsm.FleetKey]*simProposal
 	// waitUntil: the virtual time the current decision's synchronous
@@ -572,14 +573,14 @@ func (s *simulator) newInstances() (err error) {
 // newEdges builds the simulated edges, each with what a real edge has.
 func (s *simulator) newEdges(rc routing.Config) (err error) {
 	cfg := s.cfg
-	sharedOverload := routing.NewOverloadTracker()
-	var sharedBreakers *routing.CacheBreakers
+	sharedOverload := overload.NewTracker()
+	var sharedBreakers *breaker.Set
 	for e := 0; e < cfg.Edges; e++ {
 		// Edges have been running: their round-robin counters stand at
 		// arbitrary positions (all at 0 would send every edge's first
 		// request to the same instance).
 		ed := &simEdge{num: e, id: fmt.Sprintf("edge-%d", e), touchPending: map[string]bool{}, rr: s.lbRand.Uint64() % uint64(cfg.Instances),
-			pending: make([][]dispatch, cfg.Instances), overload: routing.NewOverloadTracker(),
+			pending: make([][]dispatch, cfg.Instances), overload: overload.NewTracker(),
 			proposals: map[fsm.FleetKey]*simProposal{}}
 		if cfg.Policy.usesKVIndex() {
 			ed.index = kvindex.New(kvindex.Config{PredictTTL: rc.PredictTTL})
@@ -588,7 +589,7 @@ func (s *simulator) newEdges(rc routing.Config) (err error) {
 			ed.local = newVirtualLog(1, CommitLatency{}, 0) // the edge's own table: no commit wait
 		}
 		if cfg.Policy.isTether() && !cfg.NoBreaker {
-			if ed.breakers, err = routing.NewCacheBreakers(rc.Breaker); err != nil {
+			if ed.breakers, err = breaker.NewSet(rc.Breaker); err != nil {
 				return fmt.Errorf("bench: %w", err)
 			}
 			if cfg.Share.Breakers {

@@ -9,18 +9,17 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/routing/kvindex"
 )
 
-// A simulated edge runs the edge's decision (routing/decide) over what a
+// A simulated edge runs the edge's decision (routing.Decider) over what a
 // real edge has: its own replica of the log (committed entries only), its
 // own fleet view and KV index, its own overload tracker and breakers, and a
 // recorder whose events commit later. The types below are those inputs.
 
 // decider builds edge e's decision over the simulator's state.
-func (s *simulator) decider(e *simEdge) *decide.Decider {
-	d := &decide.Decider{Log: simLog{s, e}, Recorder: simRecorder{s, e}, Placements: simPlacements{s, e}, Fleet: simFleet{s, e},
+func (s *simulator) decider(e *simEdge) *routing.Decider {
+	d := &routing.Decider{Log: simLog{s, e}, Recorder: simRecorder{s, e}, Placements: simPlacements{s, e}, Fleet: simFleet{s, e},
 		Overload: e.overload, CommitFirst: s.cfg.CommitFirst}
 	if e.index != nil {
 		d.Index = simIndex{s, e}
@@ -143,18 +142,18 @@ func (p simPlacements) Propose(b fsm.Bind, _ time.Time) {
 	}
 }
 
-func (p simPlacements) Pending(f fsm.Fleet, key string) (decide.Pending, bool) {
+func (p simPlacements) Pending(f fsm.Fleet, key string) (routing.Pending, bool) {
 	k := fsm.FleetKey{Fleet: f, Key: key}
 	o, ok := p.e.proposals[k]
 	if !ok {
-		return decide.Pending{}, false
+		return routing.Pending{}, false
 	}
 	if p.s.now >= o.commitAt {
 		// Answered, and applied by this edge's replica at the same time.
 		delete(p.e.proposals, k)
-		return decide.Pending{Bind: o.bind, At: epoch.Add(o.at), Settled: true, Result: o.res}, true
+		return routing.Pending{Bind: o.bind, At: epoch.Add(o.at), Settled: true, Result: o.res}, true
 	}
-	return decide.Pending{Bind: o.bind, At: epoch.Add(o.at)}, true
+	return routing.Pending{Bind: o.bind, At: epoch.Add(o.at)}, true
 }
 
 // Heard: another edge's proposal of the key in flight, heard
@@ -183,13 +182,13 @@ func (p simPlacements) Heard(f fsm.Fleet, key string) (fsm.Bind, bool) {
 
 // Await: the request waits until the proposal commits (a simulated
 // proposal never times out).
-func (p simPlacements) Await(_ context.Context, f fsm.Fleet, key string) (decide.Pending, bool) {
+func (p simPlacements) Await(_ context.Context, f fsm.Fleet, key string) (routing.Pending, bool) {
 	o, ok := p.e.proposals[fsm.FleetKey{Fleet: f, Key: key}]
 	if !ok {
-		return decide.Pending{}, false
+		return routing.Pending{}, false
 	}
 	p.e.waitUntil = max(p.e.waitUntil, o.commitAt)
-	return decide.Pending{Bind: o.bind, At: epoch.Add(o.at), Settled: true, Result: o.res}, true
+	return routing.Pending{Bind: o.bind, At: epoch.Add(o.at), Settled: true, Result: o.res}, true
 }
 
 // simRecorder commits what the edge's recorder would, when it would: the
@@ -276,17 +275,17 @@ func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst 
 		e.dec.RecordIdentity(id)
 		s.sweep(e, rreq.Key)
 	}
-	hop, fail := e.dec.Route(s.ctx, s.router, rreq, nil)
+	hop, fail := e.dec.Decide(s.ctx, s.router, rreq, nil)
 	if s.err != nil {
 		return 0, "", 0, s.err
 	}
 	if fail != nil {
-		if fail.Kind == decide.FailShed {
+		if fail.Kind == routing.FailShed {
 			return -1, "", fail.RetryAfter, nil
 		}
 		return 0, "", 0, fail
 	}
-	if hop.Outcome == decide.OutcomeOverflow && hop.Binding.Instance == hop.Instance {
+	if hop.Outcome == routing.OutcomeOverflow && hop.Binding.Instance == hop.Instance {
 		s.res.Rebinds++
 	}
 	idx, ok := s.byID[hop.Instance]
