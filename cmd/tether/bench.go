@@ -83,6 +83,8 @@ type simFlags struct {
 	cacheLostIdle *time.Duration
 	engineMetrics *string
 	subagentOwn   *bool
+	kvEvents      *string
+	edgeRestarts  *int
 }
 
 // addSimFlags registers the shared flags; external adds those that point
@@ -135,6 +137,10 @@ func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks
 			"e2e with --edge-urls: comma-separated /metrics URLs of the deployment's vLLM engines; the report adds the prompt tokens they computed, found cached and received by KV transfer (vllm:prompt_tokens_by_source_total)"),
 		subagentOwn: fs.Bool("subagent-cache-lost", routing.DefaultConfig().Overflow.SubAgentCacheLost,
 			"sim: routing overflow.subagent_cache_lost of the tether policies (a sub-agent whose context its parent's instance lost is placed on its own)"),
+		kvEvents: fs.String("kv-events", "exact",
+			"sim: what the edges hear of the workers' caches, for every policy alike: exact, lag=DUR (each batch DUR late) or none (no engine events)"),
+		edgeRestarts: fs.Int("edge-restarts", 0,
+			"sim: restart edges N times, spread over the replay; a restarted edge keeps only what its policy persists"),
 	}
 }
 
@@ -176,6 +182,13 @@ func (f *simFlags) replayOptions() (bench.ReplayOptions, error) {
 	if err := cfg.Routing.Validate(); err != nil {
 		return ro, fmt.Errorf("%w: %v", errUsage, err)
 	}
+	if cfg.KVEvents, err = bench.ParseKVEvents(*f.kvEvents); err != nil {
+		return ro, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if *f.edgeRestarts < 0 || *f.edgeRestarts > 1000 {
+		return ro, fmt.Errorf("%w: --edge-restarts must be 0..1000, got %d", errUsage, *f.edgeRestarts)
+	}
+	cfg.EdgeRestarts = *f.edgeRestarts
 	if *f.parallel < 0 {
 		return ro, fmt.Errorf("%w: --parallel must be >= 0, got %d", errUsage, *f.parallel)
 	}
@@ -216,6 +229,11 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	maxDuration := fs.Duration("max-duration", 0, "replay only traces whose last request starts within this long (0: all)")
 	stagger := fs.Duration("stagger", 0, "start each conversation at an offset in [0, stagger) derived from its trace id (0: all at once)")
 	half := fs.String("half", "", "keep one half of the traces: tuning or validation (sorted by id, alternating; empty: all)")
+	arrangements := fs.Int("arrangements", 0,
+		"sim: run every policy on arrangements 1..N of the workload (start offsets within --stagger and sub-agent jitter drawn from each; paired) and report medians with intervals (0: one run, offsets from the trace ids)")
+	burst := fs.Bool("burst", false, "sibling sub-agents start within 10 ms of each other, their first requests through different edges")
+	markdown := fs.Bool("markdown", false, "with --arrangements: print the Markdown tables BENCHMARKS.md uses")
+	logCheck := fs.Bool("log-check", false, "with --arrangements: also run tether with the sequencer log at every edge count (the log's latency, paired)")
 	sf := addSimFlags(fs, "3", 6000, 1, true)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: tether bench replay --traces DIR [flags]\n\ne2e mode scales the workload's timing and the simulated workers' engine time by --time-scale alike\n(e.g. --time-scale 0.05); the sim comparison it prints runs at scale 1.\n\nflags:")
@@ -227,14 +245,28 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	if *traces == "" {
 		return fmt.Errorf("%w: --traces is required", errUsage)
 	}
-	if *limit < 0 || *shared < 0 || *smallest < 0 || *maxDuration < 0 || *stagger < 0 {
-		return fmt.Errorf("%w: --limit, --smallest, --max-duration, --stagger and --shared-prefix-blocks must be >= 0", errUsage)
+	if *limit < 0 || *shared < 0 || *smallest < 0 || *maxDuration < 0 || *stagger < 0 || *arrangements < 0 || *arrangements > 1000 {
+		return fmt.Errorf("%w: --limit, --smallest, --max-duration, --stagger and --shared-prefix-blocks must be >= 0, --arrangements 0..1000", errUsage)
 	}
 	ro, err := sf.replayOptions()
 	if err != nil {
 		return err
 	}
-	w, err := bench.LoadTraces(*traces, bench.TraceOptions{SharedPrefixBlocks: *shared, Limit: *limit, Smallest: *smallest, MaxDuration: *maxDuration, Stagger: *stagger, Half: *half})
+	topts := bench.TraceOptions{SharedPrefixBlocks: *shared, Limit: *limit, Smallest: *smallest, MaxDuration: *maxDuration, Half: *half}
+	load := func(arr uint64) (*bench.Workload, error) {
+		w, err := bench.LoadTraces(*traces, topts)
+		if err != nil {
+			return nil, err
+		}
+		return w, bench.Arrangement{Seed: arr, Stagger: *stagger, Burst: *burst}.Arrange(w)
+	}
+	if *arrangements > 0 {
+		if *sf.mode != "sim" {
+			return fmt.Errorf("%w: --arrangements is a sim-mode comparison", errUsage)
+		}
+		return runArranged(ctx, load, ro, *arrangements, *logCheck, *sf.jsonOut, *markdown)
+	}
+	w, err := load(0)
 	if err != nil {
 		return err
 	}
@@ -252,6 +284,27 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	}
 	if *sf.jsonOut {
 		return printJSON(rep)
+	}
+	return rep.WriteText(os.Stdout)
+}
+
+func runArranged(ctx context.Context, load func(uint64) (*bench.Workload, error), ro bench.ReplayOptions, n int, logCheck, jsonOut, markdown bool) error {
+	arrs := make([]uint64, n)
+	for i := range arrs {
+		arrs[i] = uint64(i + 1)
+	}
+	label := fmt.Sprintf("kv-events %s, edge restarts %d", ro.Base.KVEvents, ro.Base.EdgeRestarts)
+	p := bench.NewProgress(os.Stderr, "replay")
+	ro.Progress = p.Update
+	rep, err := bench.ReplayArranged(ctx, bench.ArrangedOptions{Replay: ro, Load: load, Arrangements: arrs, Label: label, LogCheck: logCheck})
+	if err != nil {
+		return err
+	}
+	switch {
+	case jsonOut:
+		return printJSON(rep)
+	case markdown:
+		return rep.WriteMarkdown(os.Stdout)
 	}
 	return rep.WriteText(os.Stdout)
 }

@@ -130,17 +130,38 @@ func (s *simulator) restartEdge(i int) error {
 	}
 	if e.index != nil {
 		e.index = kvindex.New(kvindex.Config{PredictTTL: e.predictTTL})
-		if s.cfg.KVEvents.Mode != KVEventsNone && s.peerKeepsIndex() {
-			for _, b := range s.kvLog {
-				if _, err := e.index.Apply(b); err != nil {
-					return fmt.Errorf("bench: %s: resync: %w", e.id, err)
-				}
-			}
+		if err := s.resync(e); err != nil {
+			return err
 		}
 	}
 	if s.peer != nil {
 		s.peer.restart(s, i)
 	}
 	e.dec = s.decider(e)
+	return nil
+}
+
+// resync refills a restarted edge's fresh KV index: with events, every
+// batch published so far (a dump of the workers' caches) — or, for a policy
+// that does not resync (llm-d), nothing but the position of each instance's
+// stream, so it fills from the next events on.
+func (s *simulator) resync(e *simEdge) error {
+	if s.cfg.KVEvents.Mode == KVEventsNone {
+		return nil
+	}
+	if !s.peerKeepsIndex() {
+		for id, seq := range e.heard {
+			in := s.instances[s.byID[id]]
+			if err := e.index.ReplaceInstance(id, 1, seq, make([][]uint64, len(in.ranks))); err != nil {
+				return fmt.Errorf("bench: %s: restart: %w", e.id, err)
+			}
+		}
+		return nil
+	}
+	for _, b := range s.kvLog {
+		if out, err := e.index.Apply(b); err != nil || out != kvindex.Applied {
+			return fmt.Errorf("bench: %s: resync batch %d of %s: outcome %v (err %v)", e.id, b.Seq, b.Instance, out, err)
+		}
+	}
 	return nil
 }

@@ -392,7 +392,8 @@ type simEdge struct {
 	pending    [][]dispatch // per instance, since its last report
 	index      *kvindex.Index
 	predictTTL time.Duration
-	local      *virtualLog // session_local: this edge's own binding table
+	heard      map[string]uint64 // the last KV batch heard per instance
+	local      *virtualLog       // session_local: this edge's own binding table
 	rr         uint64
 	breakers   *routing.CacheBreakers
 	overload   *routing.OverloadTracker // the edge's own (edge/route.go views)

@@ -377,8 +377,12 @@ func (s *simulator) hearKV(batches []kvindex.Batch) error {
 				continue
 			}
 			if out, err := e.index.Apply(batch); err != nil || (out != kvindex.Applied && out != kvindex.Duplicate) {
-				return fmt.Errorf("bench: %s: kv batch %d of %s: outcome %v: %w", e.id, batch.Seq, batch.Instance, out, err)
+				return fmt.Errorf("bench: %s: kv batch %d of %s: outcome %v (err %v)", e.id, batch.Seq, batch.Instance, out, err)
 			}
+			if e.heard == nil {
+				e.heard = map[string]uint64{}
+			}
+			e.heard[batch.Instance] = max(e.heard[batch.Instance], batch.Seq)
 		}
 	}
 	return nil
