@@ -385,6 +385,7 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 		p := bench.NewProgress(os.Stderr, "e2e")
 		local := localOptions(sf, ro)
 		local.Progress = func(d, t int) { p.Update(int64(d), int64(t)) }
+		local.Stage = p.Stage
 		var err error
 		if out, err = bench.CompareE2E(ctx, w, ro.Policies, local, ro); err != nil {
 			return err

@@ -69,3 +69,19 @@ func (p *Progress) Update(done, total int64) {
 		p.finished = true
 	}
 }
+
+// Stage starts a new stage: it prints what the run now waits for and
+// reports the next run's progress afresh (a finished bar stays silent
+// otherwise).
+func (p *Progress) Stage(what string) {
+	if p == nil || p.w == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.tty && !p.finished && p.lastPct >= 0 {
+		fmt.Fprintln(p.w)
+	}
+	p.finished, p.lastPct, p.started = false, -1, time.Now()
+	fmt.Fprintf(p.w, "%s: %s\n", p.label, what)
+}
