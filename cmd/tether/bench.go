@@ -33,6 +33,7 @@ func runBench(ctx context.Context, args []string) error {
   replay   replay trace files (sim: virtual time; e2e: a running deployment)
   agents   the agent patterns of docs/agent-workloads.md (react, supervisor, fanout, retry, tag)
   lora     agent types on their own LoRA adapters over a fleet with a few adapter slots per instance
+  sessions a closed loop of multi-turn sessions (Dynamo's session-routing replay: 2,200 × 20 turns at concurrency 1,024)
   report   see tether-bench report (make bench-report): everything BENCHMARKS.md publishes
 
 Run 'tether bench <command> -h' for its flags.
@@ -49,6 +50,8 @@ Run 'tether bench <command> -h' for its flags.
 		return runBenchAgents(ctx, args[1:])
 	case "lora":
 		return runBenchLoRA(ctx, args[1:])
+	case "sessions":
+		return runBenchSessions(ctx, args[1:])
 	case "report":
 		return fmt.Errorf("%w: the report is built by its own binary, which links the plotting libraries this one does not: make bench-report (or go run ./cmd/tether-bench)", errUsage)
 	}
@@ -307,6 +310,46 @@ func runArranged(ctx context.Context, load func(uint64) (*bench.Workload, error)
 		return rep.WriteMarkdown(os.Stdout)
 	}
 	return rep.WriteText(os.Stdout)
+}
+
+func runBenchSessions(ctx context.Context, args []string) error {
+	fs := newFlagSet("bench sessions")
+	d := bench.DynamoSessionOptions
+	sessions := fs.Int("sessions", d.Sessions, "conversations")
+	turns := fs.Int("turns", d.Turns, "turns per conversation")
+	conc := fs.Int("concurrency", d.Concurrency, "conversations at once (a closed loop: each client starts its next when one ends)")
+	in := fs.Int("input-tokens", d.InputTokens, "new tokens each turn (the conversation so far is resent)")
+	out := fs.Int("output-tokens", d.OutputTokens, "tokens answered each turn")
+	sys := fs.Int("shared-prefix-tokens", 0, "a system prompt common to every session")
+	sf := addSimFlags(fs, "3", 6000, 1, false)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *sf.mode != "sim" {
+		return fmt.Errorf("%w: bench sessions runs in sim mode only", errUsage)
+	}
+	ro, err := sf.replayOptions()
+	if err != nil {
+		return err
+	}
+	w, err := bench.SessionWorkload(bench.SessionOptions{Sessions: *sessions, Turns: *turns, Concurrency: *conc,
+		InputTokens: *in, OutputTokens: *out, BlockSize: d.BlockSize, SharedPrefixTokens: *sys})
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if !*sf.jsonOut {
+		bench.Describe(os.Stdout, w, ro.Base)
+	}
+	p := bench.NewProgress(os.Stderr, "sessions")
+	ro.Progress = p.Update
+	rep, err := bench.Replay(ctx, w, ro)
+	if err != nil {
+		return err
+	}
+	if *sf.jsonOut {
+		return printJSON(rep)
+	}
+	return bench.WriteSessionTable(os.Stdout, rep)
 }
 
 func runBenchAgents(ctx context.Context, args []string) error {

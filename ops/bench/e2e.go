@@ -122,6 +122,11 @@ func ReplayE2E(ctx context.Context, w *Workload, o E2EOptions) (*RunResult, erro
 	if err := w.Validate(); err != nil {
 		return nil, err
 	}
+	for _, a := range w.Agents {
+		if a.Chained || a.Next != nil {
+			return nil, fmt.Errorf("bench: e2e: workload %s chains conversations (a closed loop), which only sim mode replays", w.Name)
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r := &e2eRun{o: o, w: w, start: time.Now(), rng: rand.New(rand.NewPCG(o.Seed, 0x6532)), instances: map[string]int64{}}

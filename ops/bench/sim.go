@@ -421,6 +421,7 @@ type agentRun struct {
 	next        int // next step to launch
 	outstanding int // steps of the current group not finished
 	calls       int // requests launched
+	chainDone   bool
 }
 
 type eventKind uint8
@@ -680,7 +681,9 @@ func (s *simulator) scaled(d time.Duration) time.Duration {
 
 func (s *simulator) run(ctx context.Context) error {
 	for _, a := range s.w.Agents {
-		s.advance(&agentRun{agent: a, start: a.Start}, a.Start)
+		if !a.Chained {
+			s.advance(&agentRun{agent: a, start: a.Start}, a.Start)
+		}
 	}
 	s.scheduleRestarts()
 	n := 0
@@ -744,6 +747,11 @@ func (s *simulator) advance(ar *agentRun, now time.Duration) {
 		if p := ar.parent; p != nil {
 			p.outstanding--
 			s.advance(p, now)
+		} else if n := ar.agent.Next; n != nil && !ar.chainDone {
+			// A closed loop: the next conversation of this client starts
+			// when this one ended.
+			ar.chainDone = true
+			s.advance(&agentRun{agent: n, start: now}, now)
 		}
 		return
 	}

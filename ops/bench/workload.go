@@ -37,6 +37,11 @@ type Agent struct {
 	// Start delays a root agent's start (sub-agents start when launched).
 	Start time.Duration
 	Steps []Step
+	// Next, for a root conversation, is the one its client starts when it
+	// ends (a closed loop: SessionWorkload); Chained marks a conversation
+	// started that way rather than at Start.
+	Next    *Agent
+	Chained bool
 	// BurstSibling is the sub-agent's 1-based place among the siblings it
 	// was launched with, under Arrangement.Burst (0 otherwise).
 	BurstSibling int
