@@ -321,9 +321,13 @@ func runBenchSessions(ctx context.Context, args []string) error {
 	in := fs.Int("input-tokens", d.InputTokens, "new tokens each turn (the conversation so far is resent)")
 	out := fs.Int("output-tokens", d.OutputTokens, "tokens answered each turn")
 	sys := fs.Int("shared-prefix-tokens", 0, "a system prompt common to every session")
+	prefill := fs.Float64("prefill-tokens-per-sec", 0, "the simulated engines' prefill speed (0: the simulator's default, 5,500 tokens/s)")
 	sf := addSimFlags(fs, "3", 6000, 1, false)
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *prefill < 0 || *prefill > 1e9 {
+		return fmt.Errorf("%w: --prefill-tokens-per-sec must be in [0, 1e9], got %v", errUsage, *prefill)
 	}
 	if *sf.mode != "sim" {
 		return fmt.Errorf("%w: bench sessions runs in sim mode only", errUsage)
@@ -331,6 +335,9 @@ func runBenchSessions(ctx context.Context, args []string) error {
 	ro, err := sf.replayOptions()
 	if err != nil {
 		return err
+	}
+	if *prefill > 0 {
+		ro.Base.Engine.PrefillTokensPerSec = *prefill
 	}
 	w, err := bench.SessionWorkload(bench.SessionOptions{Sessions: *sessions, Turns: *turns, Concurrency: *conc,
 		InputTokens: *in, OutputTokens: *out, BlockSize: d.BlockSize, SharedPrefixTokens: *sys})
