@@ -113,7 +113,7 @@ func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks
 		ranks:     fs.Int("ranks", defRanks, "ADP ranks per instance (sim)"),
 		capacity:  fs.Int("capacity-blocks", defCapacity, "KV blocks per instance, split evenly over its ranks (sim)"),
 		edges:     fs.String("edges", defEdges, "edge counts, comma-separated (e.g. 1,3,5)"),
-		policies:  fs.String("policies", "all", "policies, comma-separated: random, round_robin, least_loaded, session_local, session, prefix, tether (or all)"),
+		policies:  fs.String("policies", "all", "policies, comma-separated: random, round_robin, least_loaded, session_local, session, prefix, dynamo, dynamo_kv, llmd, smg, trtllm_conversation, tether_local, tether, the tether_* ablations (all: every one but dynamo_kv and the ablations)"),
 		timeScale: fs.Float64("time-scale", 1, "multiply the workload's timing (0.5 = twice as fast)"),
 		seed:      fs.Uint64("seed", 1, "seed for the load balancer's edge choice and the random policy"),
 		logKind:   fs.String("log", "virtual", "affinity log in sim mode: virtual (virtual time, commit latency measured by BenchmarkBindCommit) or sequencer (zero commit latency)"),
