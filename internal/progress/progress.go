@@ -106,6 +106,20 @@ func (p *Bar) Count(done, total int64) {
 	}
 }
 
+// Stage starts a new stage of a run made of several (tether bench's e2e
+// comparison: a deployment per policy, then its replay): it ends a bar
+// being drawn, prints what the run waits for now, and the next Count
+// starts a new operation.
+func (p *Bar) Stage(what string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.tty && p.printed && p.drawn < p.total {
+		fmt.Fprintln(p.w)
+	}
+	p.total, p.done, p.started, p.printed, p.drawn = 0, 0, time.Time{}, false, 0
+	fmt.Fprintf(p.w, "%s: %s\n", p.label, what)
+}
+
 func (p *Bar) draw(final bool) {
 	p.drawn = p.done
 	frac := 1.0

@@ -53,3 +53,24 @@ func TestCount(t *testing.T) {
 		t.Fatalf("counted progress lines:\n%s", buf.String())
 	}
 }
+
+// Stage: after one run's last line, a stage says what the run waits for
+// and the next run is reported afresh.
+func TestStage(t *testing.T) {
+	var buf bytes.Buffer
+	clock := time.Unix(0, 0)
+	p := plain(&buf, &clock)
+	run := func() {
+		for i := int64(1); i <= 4; i++ {
+			clock = clock.Add(time.Second)
+			p.Count(i*5, 20)
+		}
+	}
+	run()
+	p.Stage("starting a deployment for prefix")
+	run()
+	out := buf.String()
+	if strings.Count(out, "replay: 20/20 (100%)") != 2 || !strings.Contains(out, "replay: starting a deployment for prefix\n") {
+		t.Fatalf("progress output:\n%s", out)
+	}
+}

@@ -122,10 +122,19 @@ func ReplayE2E(ctx context.Context, w *Workload, o E2EOptions) (*RunResult, erro
 	if err := w.Validate(); err != nil {
 		return nil, err
 	}
+	for _, a := range w.Agents {
+		if a.Chained || a.Next != nil {
+			return nil, fmt.Errorf("bench: e2e: workload %s chains conversations (a closed loop), which only sim mode replays", w.Name)
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r := &e2eRun{o: o, w: w, start: time.Now(), rng: rand.New(rand.NewPCG(o.Seed, 0x6532)), instances: map[string]int64{}}
 	w.WalkRequests(func(*Agent, *Request) { r.total++ })
+	r.allDone, r.cancel = make(chan struct{}), cancel
+	if r.total == 0 {
+		close(r.allDone)
+	}
 	var wg sync.WaitGroup
 	for _, a := range w.Agents {
 		wg.Add(1)
@@ -138,8 +147,14 @@ func ReplayE2E(ctx context.Context, w *Workload, o E2EOptions) (*RunResult, erro
 	if r.err != nil {
 		return nil, r.err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("bench: e2e: %w", err)
+	select {
+	case <-r.allDone:
+		// Every request completed: the replay is over, whatever timers
+		// were left (they could send nothing).
+	default:
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("bench: e2e: %d of %d requests completed: %w", r.done, r.total, err)
+		}
 	}
 	res := &RunResult{Policy: o.Label, Edges: len(o.EdgeURLs), Records: r.records, Shed: r.shed, Wall: time.Since(r.start)}
 	ids := make([]string, 0, len(r.instances))
@@ -173,6 +188,10 @@ type e2eRun struct {
 	shed       int
 	done       int
 	err        error
+	// allDone closes when the last request completed; cancel then ends
+	// every wait left.
+	allDone chan struct{}
+	cancel  context.CancelFunc
 }
 
 func (r *e2eRun) fail(cancel context.CancelFunc, err error) {
@@ -211,6 +230,9 @@ func (r *e2eRun) runAgent(ctx context.Context, cancel context.CancelFunc, a *Age
 		var wg sync.WaitGroup
 		for k := i; k < end; k++ {
 			st := a.Steps[k]
+			if !st.sends() {
+				continue // nothing to wait for
+			}
 			at := start.Add(r.scaled(st.At))
 			if at.Before(groupStart) {
 				at = groupStart
@@ -241,6 +263,23 @@ func (r *e2eRun) runAgent(ctx context.Context, cancel context.CancelFunc, a *Age
 		}
 		i = end
 	}
+}
+
+// sends reports whether the step sends a request: a request, or a
+// sub-agent with one somewhere in its script.
+func (st Step) sends() bool {
+	if st.Request != nil {
+		return true
+	}
+	if st.SubAgent == nil {
+		return false
+	}
+	for _, s := range st.SubAgent.Steps {
+		if s.sends() {
+			return true
+		}
+	}
+	return false
 }
 
 func sleepUntil(ctx context.Context, at time.Time) bool {
@@ -317,6 +356,10 @@ func (r *e2eRun) send(ctx context.Context, a *Agent, req *Request, call int) err
 		}
 		r.done++
 		done := r.done
+		if done == r.total {
+			close(r.allDone)
+			r.cancel()
+		}
 		r.mu.Unlock()
 		if r.o.Progress != nil {
 			r.o.Progress(done, r.total)

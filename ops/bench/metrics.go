@@ -18,6 +18,7 @@ type Summary struct {
 	PrefillTokens   int64   `json:"prefill_tokens"`
 	TTFTP50Ms       float64 `json:"ttft_p50_ms"`
 	TTFTP90Ms       float64 `json:"ttft_p90_ms"`
+	TTFTP95Ms       float64 `json:"ttft_p95_ms"`
 	TTFTP99Ms       float64 `json:"ttft_p99_ms"`
 	// MakespanMs: first arrival to the last response's end.
 	MakespanMs float64 `json:"makespan_ms"`
@@ -81,6 +82,7 @@ func Summarize(r *RunResult) Summary {
 	slices.Sort(ttfts)
 	s.TTFTP50Ms = ms(Percentile(ttfts, 0.50))
 	s.TTFTP90Ms = ms(Percentile(ttfts, 0.90))
+	s.TTFTP95Ms = ms(Percentile(ttfts, 0.95))
 	s.TTFTP99Ms = ms(Percentile(ttfts, 0.99))
 	s.MakespanMs = ms(r.Makespan)
 	if n := len(r.InstancePrefillTokens); n > 0 && r.Makespan > 0 {

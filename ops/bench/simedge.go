@@ -248,6 +248,11 @@ func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst 
 	if s.cfg.Policy == PolicyRandom {
 		return s.pickRand.IntN(len(s.instances)), "", 0, nil
 	}
+	if s.cfg.Policy.isPeer() {
+		inst, wait, err := s.routePeer(edge, ar, req)
+		e.waitUntil = wait
+		return inst, "", 0, err
+	}
 	now := epoch.Add(s.now)
 	requestID := fmt.Sprintf("%s#%d", ar.agent.ID, call)
 	rreq := routing.Request{
@@ -362,6 +367,26 @@ func (s *simulator) flushTouches(edge int) error {
 	return nil
 }
 
+// hearKV applies published batches to every edge's index. A batch a
+// restarted edge already has from its resync is a duplicate and ignored.
+func (s *simulator) hearKV(batches []kvindex.Batch) error {
+	for _, batch := range batches {
+		for _, e := range s.edges {
+			if e.index == nil {
+				continue
+			}
+			if out, err := e.index.Apply(batch); err != nil || (out != kvindex.Applied && out != kvindex.Duplicate) {
+				return fmt.Errorf("bench: %s: kv batch %d of %s: outcome %v (err %v)", e.id, batch.Seq, batch.Instance, out, err)
+			}
+			if e.heard == nil {
+				e.heard = map[string]uint64{}
+			}
+			e.heard[batch.Instance] = max(e.heard[batch.Instance], batch.Seq)
+		}
+	}
+	return nil
+}
+
 // armKVFlush schedules instance i's next KV flush: the first flush tick
 // (a multiple of KVFlushInterval) at or after its oldest batch is ready.
 func (s *simulator) armKVFlush(i int) {
@@ -382,19 +407,26 @@ func (s *simulator) flushKV(i int) error {
 	in := s.instances[i]
 	in.kvArmed = false
 	k := 0
+	var ready []kvindex.Batch
 	for k < len(in.kvPending) && in.kvPending[k].ready <= s.now {
-		batch := in.kvPending[k].batch
-		for _, e := range s.edges {
-			if e.index == nil {
-				continue
-			}
-			if out, err := e.index.Apply(batch); err != nil || out != kvindex.Applied {
-				return fmt.Errorf("bench: %s: kv batch %d of %s: outcome %v: %w", e.id, batch.Seq, in.id, out, err)
-			}
-		}
+		ready = append(ready, in.kvPending[k].batch)
 		k++
 	}
 	in.kvPending = in.kvPending[k:]
+	if s.cfg.EdgeRestarts > 0 && s.cfg.KVEvents.Mode != KVEventsNone {
+		s.kvLog = append(s.kvLog, ready...)
+	}
+	switch s.cfg.KVEvents.Mode {
+	case KVEventsNone:
+	case KVEventsLag:
+		if len(ready) > 0 {
+			s.push(&event{at: s.now + s.cfg.KVEvents.Lag, kind: evKVHear, batches: ready})
+		}
+	default:
+		if err := s.hearKV(ready); err != nil {
+			return err
+		}
+	}
 	s.armKVFlush(i)
 	return nil
 }
