@@ -60,7 +60,89 @@ func (r *Router) stayOrMove(req Request, b fsm.Binding, in Inputs) (route, error
 		}
 		return route{Action: actionSticky, Instance: b.Instance, URL: v.URL, Rank: -1}, nil
 	}
+	if reason == fsm.OverflowSaturated && !r.overHard(v) {
+		if rt, ok := r.relieve(&req, &b, v, &in); ok {
+			return rt, nil
+		}
+	}
 	return r.leave(&req, b.Instance, v, reason, &in)
+}
+
+// relieve decides for a key whose healthy bound instance v is saturated
+// but below its hard limits: the bound instance and every other below
+// its hard limits are scored as for a new placement — the prompt tokens
+// each holds of the prompt against the prefill work queued ahead there
+// (backlog) — and the key moves with its binding (a rebind) only to one
+// that scores strictly better; otherwise it stays (sticky, reason
+// saturated). A conversation whose cache on a busy instance saves more
+// than the queue there costs stays; one queued behind more work than
+// rebuilding its cache elsewhere takes moves, and its next turns find
+// their cache where it went. It reports false when it cannot weigh (no KV
+// index or prompt blocks, a router without cache, a sub-agent's request
+// routed by its parent's key), leaving the threshold rule (leave) to
+// decide.
+func (r *Router) relieve(req *Request, b *fsm.Binding, v *InstanceView, in *Inputs) (route, bool) {
+	if in.Prefix == nil || len(req.Blocks) == 0 || !r.cfg.Type.usesCache() || !req.Fleet.Valid() {
+		return route{}, false
+	}
+	if req.ConversationID != "" && req.ConversationID != req.Key {
+		return route{}, false
+	}
+	bound := b.Instance
+	if b.HasRank {
+		q := *req
+		q.bound = &boundCredit{instance: bound, rank: int(b.Rank), blocks: rankPrefix(in, bound, int(b.Rank), req)}
+		req = &q
+	}
+	buf := getCandidates()
+	defer putCandidates(buf)
+	cands, minTier := r.eligible(req, in, "", (*buf)[:0])
+	*buf = cands
+	if len(cands) == 0 || minTier == tierOver {
+		return route{}, false
+	}
+	out := cands[:0]
+	for _, c := range cands {
+		if c.v.ID == bound || (c.tier != tierOver && (r.exp("room") == 0 || r.kvRoom(c.v, req.PromptTokens))) {
+			out = append(out, c)
+		}
+	}
+	cands = out
+	stay := route{Action: actionSticky, Instance: bound, URL: v.URL, Rank: -1, Reason: fsm.OverflowSaturated}
+	rt := r.choose(req, in, cands)
+	if rt.Instance == bound {
+		return stay, true
+	}
+	for i := range cands {
+		if cands[i].v.ID == bound && cands[i].score >= rt.Decision.Candidates[0].Score {
+			return stay, true
+		}
+	}
+	rt.Action, rt.From, rt.Reason, rt.Rebind = actionOverflow, bound, fsm.OverflowSaturated, true
+	return rt, true
+}
+
+// kvRoom reports whether v's KV cache has room for a prompt of tokens
+// beside the prompts queued and running there (always, when v reports no
+// capacity).
+func (r *Router) kvRoom(v *InstanceView, tokens int) bool {
+	if v.KVTotalBlocks <= 0 {
+		return true
+	}
+	return max(v.ActivePromptTokens, 0)+max(v.QueuedPrefillTokens, 0)+int64(max(tokens, 0)) <= v.KVTotalBlocks*int64(r.cfg.BlockSize)
+}
+
+// rankPrefix is the number of leading prompt blocks the KV index says
+// rank of instance holds.
+func rankPrefix(in *Inputs, instance string, rank int, req *Request) int {
+	n := 0
+	for n < len(req.Blocks) {
+		if h, _ := in.Prefix.Holds(instance, rank, req.Blocks[n], req.Now); !h {
+			break
+		}
+		n++
+	}
+	return n
 }
 
 // cacheLost is the cache-lost rebind (overflow.cache_lost_below): when the
