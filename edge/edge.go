@@ -19,7 +19,6 @@ package edge
 import (
 	"context"
 	"crypto/rand"
-	"crypto/subtle"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -41,6 +40,7 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/admin"
+	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/edge/leader"
@@ -213,7 +213,7 @@ type httpServing struct {
 // New validates cfg and prepares an edge; Start opens the cluster node,
 // connects to NATS and listens.
 func New(cfg Config, deps Deps) (*Edge, error) {
-	cfg.normalize()
+	cfg.Normalize()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("edge: config: %w", err)
 	}
@@ -377,7 +377,7 @@ func (e *Edge) listen(ctx context.Context) error {
 // metrics and TLS. The node owns Deps.ClusterListener from here on (it
 // closes it when Open fails).
 func (e *Edge) openNode(ctx context.Context) error {
-	ccfg := e.cfg.nodeConfig()
+	ccfg := e.cfg.NodeConfig()
 	ccfg.Version, ccfg.Listener, ccfg.TLS = e.version, e.deps.ClusterListener, e.tls.cluster
 	ccfg.Registerer, ccfg.Logger = e.registry, e.log
 	e.deps.ClusterListener = nil
@@ -444,15 +444,15 @@ func (e *Edge) staticInstances() []fleetview.Static {
 	var static []fleetview.Static
 	for _, m := range e.models {
 		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-			sc := m.cfg.servers(f)
+			sc := m.cfg.Servers(f)
 			model := ""
 			if sc.HealthCheckModel {
 				model = m.name
 			}
 			for _, si := range sc.URLs {
 				static = append(static, fleetview.Static{ID: si.ID(), URL: trimSlash(si.URL), Fleet: f, HealthPath: sc.HealthPath, Model: model,
-					Served: m.name, MaxLoRAs: m.cfg.LoRA.MaxLoRAs, Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize,
-					ProbeTimeout: sc.healthTimeout(e.cfg.Telemetry.ProbeInterval), EngineEvents: si.KVEvents != nil, SharedEvents: sc.KVCacheEvents})
+					Served: m.name, MaxLoRAs: m.cfg.LoRA.MaxLoRAs, Metrics: metricsFormat(sc.Engine.Kind()), Ranks: sc.DataParallelSize,
+					ProbeTimeout: sc.ProbeTimeout(e.cfg.Telemetry.ProbeInterval), EngineEvents: si.KVEvents != nil, SharedEvents: sc.KVCacheEvents})
 			}
 		}
 	}
@@ -764,7 +764,7 @@ func (e *Edge) Handler() http.Handler {
 // metrics_access is admin_token (docs/security.md).
 func (e *Edge) metricsHandler() http.Handler {
 	h := promhttp.HandlerFor(e.registry, promhttp.HandlerOpts{})
-	if e.cfg.MetricsAccess != MetricsAdminToken {
+	if e.cfg.MetricsAccess != config.MetricsAdminToken {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -870,8 +870,4 @@ func (e *Edge) logDown() bool {
 	}
 	leader, _ := e.node.Leader()
 	return leader == ""
-}
-
-func constantTimeEqual(a, b string) bool {
-	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
 }

@@ -165,7 +165,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 		rq.prompts[fsm.FleetGeneration] = rq.prompts[fsm.FleetContext]
 		rq.promptTokens = len(tokens)
 	}
-	if conv := rq.id.ConversationID; conv != "" && !rq.m.cfg.ContextServers.Engine.aggregatedOnly() {
+	if conv := rq.id.ConversationID; conv != "" && !rq.m.cfg.ContextServers.Engine.AggregatedOnly() {
 		// The workers read the same conversation id the hint signs
 		// (vLLM and SGLang read none: their body goes as the client sent it).
 		rq.setConversation(conv)
@@ -181,7 +181,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 // prompt keyed is the one it renders) and returns the prompt's words
 // tokens; other requests keep theirs.
 func (rq *request) placeInlineSystem(tokens []uint32) ([]uint32, *apiError) {
-	mode := rq.m.cfg.inlineSystem()
+	mode := rq.m.cfg.InlineSystem()
 	if rq.dialect != apireq.Messages || mode == apireq.InlineSystemPreserve {
 		return tokens, nil
 	}
@@ -415,7 +415,7 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 	if rq.m.cfg.Aggregated() {
 		return e.dispatchEngine(ctx, w, rq, span) // vLLM, SGLang (edge/engines.go)
 	}
-	if rq.m.cfg.pdEngine() != "" {
+	if rq.m.cfg.PDEngine() != "" {
 		return e.dispatchPD(ctx, w, rq, span) // vLLM, SGLang prefill/decode (edge/pd.go)
 	}
 	if rq.parsed.CountTokens {

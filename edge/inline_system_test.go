@@ -1,7 +1,6 @@
 package edge
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/tether-project/tether/internal/apireq"
@@ -40,13 +39,5 @@ func TestAnthropicInlineSystemSetting(t *testing.T) {
 	}
 	if a, b := want(apireq.InlineSystemPreserve), want(apireq.InlineSystemFold); len(a) == len(b) {
 		t.Fatalf("the modes key alike (%d tokens): the test shows nothing", len(a))
-	}
-	_, err := ParseConfig([]byte(strings.Replace(validYAML, "model: llama-3.1-70b\n", "model: llama-3.1-70b\nanthropic_inline_system: hoist\n", 1)))
-	if err == nil || !strings.Contains(err.Error(), `anthropic_inline_system`) || !strings.Contains(err.Error(), `"hoist" is not preserve or fold`) {
-		t.Fatalf("a bad mode: %v", err)
-	}
-	cfg, err := ParseConfig([]byte(strings.Replace(validYAML, "model: llama-3.1-70b\n", "model: llama-3.1-70b\nanthropic_inline_system: fold\n", 1)))
-	if err != nil || cfg.inlineSystem() != apireq.InlineSystemFold {
-		t.Fatalf("fold: %v", err)
 	}
 }

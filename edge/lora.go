@@ -44,7 +44,7 @@ func (e *Edge) adapterPlaced(rq *request, h *hop) {
 // client's own lora_path never reaches an SGLang fleet: the edge places by
 // the adapter it resolved.
 func (e *Edge) engineAdapter(rq *request) {
-	if rq.m.cfg.servers(fsm.FleetContext).Engine.Kind() != EngineSGLang {
+	if rq.m.cfg.Servers(fsm.FleetContext).Engine.Kind() != EngineSGLang {
 		return
 	}
 	delete(rq.top, "lora_path")

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/prefix"
@@ -141,7 +142,7 @@ func TestLoRARuntimeLoad(t *testing.T) {
 // An adapter request's block keys are the adapter's (vLLM keys its blocks
 // by lora_name): the base model's cached prefix is not credited to it.
 func TestLoRABlockKeysIncludeTheAdapter(t *testing.T) {
-	e := tokenizeEdge(t, TokenizerWords, testBlockSize)
+	e := tokenizeEdge(t, config.TokenizerWords, testBlockSize)
 	body := chatBody(t, longText("sys", 40), []string{"hello"}, nil)
 	base, _, words, aerr := parseBody(body, apireq.Chat)
 	if aerr != nil {

@@ -2,7 +2,6 @@ package edge
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -26,48 +25,6 @@ import (
 // protocol (edge/disagg): vLLM's KV connector handoff (driven in
 // pd_vllm.go) or SGLang's bootstrap rendezvous (driven in pd_sglang.go).
 
-// pdEngine is the engine whose prefill/decode split the edge drives: vllm
-// or sglang when both fleets name it, else "".
-func (c *Config) pdEngine() EngineKind {
-	k := c.ContextServers.Engine.Kind()
-	if k.aggregatedOnly() && c.GenerationServers.Engine.Kind() == k {
-		return k
-	}
-	return ""
-}
-
-// validatePDKeys checks the keys only a prefill/decode split takes:
-// bootstrap_port names an SGLang prefill server's bootstrap port.
-func (c *Config) validatePDKeys(key string, s *ServersConfig, bad complain) {
-	sglangPrefill := s == &c.ContextServers && c.pdEngine() == EngineSGLang
-	for i, si := range s.URLs {
-		k := fmt.Sprintf("%s.urls[%d].bootstrap_port", key, i)
-		switch {
-		case si.BootstrapPort == 0:
-		case !sglangPrefill:
-			bad(k, "only for the prefill servers of an SGLang prefill/decode split (context_servers and generation_servers both engine: sglang)")
-		case si.BootstrapPort < 0 || si.BootstrapPort > 65535:
-			bad(k, "must be a port, 1..65535 (0: SGLang's default, %d), got %d", disagg.DefaultSGLangBootstrapPort, si.BootstrapPort)
-		}
-	}
-}
-
-// validatePD checks a prefill/decode split of engine kind: both fleets
-// list their servers and conditional disaggregation (a trtllm-serve
-// feature) is off.
-func (c *Config) validatePD(key string, s *ServersConfig, kind EngineKind, bad complain) {
-	if len(s.URLs) == 0 {
-		what := "prefill"
-		if s == &c.GenerationServers {
-			what = "decode"
-		}
-		bad(key+".urls", "a %s prefill/decode split needs its %s servers' URLs (they do not register over NATS)", kind, what)
-	}
-	if s == &c.ContextServers && c.ConditionalDisagg.MaxLocalPrefillLength > 0 {
-		bad("conditional_disagg_config", "does not apply to a %s prefill/decode split (every request is prefilled on the context fleet)", kind)
-	}
-}
-
 // bootstrapPort is the bootstrap port of SGLang prefill instance id, in
 // whichever model's context fleet lists it.
 func (e *Edge) bootstrapPort(id string) int {
@@ -83,7 +40,7 @@ func (e *Edge) bootstrapPort(id string) int {
 
 // dispatchPD serves a request through the engines' prefill/decode split.
 func (e *Edge) dispatchPD(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
-	kind := rq.m.cfg.pdEngine()
+	kind := rq.m.cfg.PDEngine()
 	span.SetAttributes(attribute.String("tether.engine", string(kind)))
 	if kind == EngineSGLang {
 		return e.dispatchSGLangPD(ctx, w, rq, span)
@@ -198,4 +155,4 @@ func (e *Edge) relayDecode(w http.ResponseWriter, rq *request, resp *http.Respon
 }
 
 // hopRank is the data-parallel rank of h's key in fleet f of c (-1: none).
-func hopRank(c *Config, h *hop, f fsm.Fleet) int { return engineRank(h, c.dataParallelSize(f)) }
+func hopRank(c *Config, h *hop, f fsm.Fleet) int { return engineRank(h, c.DataParallelSize(f)) }

@@ -31,7 +31,7 @@ import (
 // sglangBootstrap is the bootstrap fields for a request going to prefill
 // instance h: one set, or arrays of batch sets.
 func (e *Edge) sglangBootstrap(h *hop, batch, rank int) map[string]json.RawMessage {
-	return disagg.SGLangBootstrap(h.URL, e.bootstrapPort(h.Instance), e.cfg.dataParallelSize(fsm.FleetContext), batch, rank)
+	return disagg.SGLangBootstrap(h.URL, e.bootstrapPort(h.Instance), e.cfg.DataParallelSize(fsm.FleetContext), batch, rank)
 }
 
 // sglangPrefillResult is the prefill request's outcome.

@@ -155,7 +155,7 @@ func (r *readiness) check(now time.Time) []string {
 			healthy[in.Fleet]++
 		}
 	}
-	for _, f := range e.cfg.servedFleets() {
+	for _, f := range e.cfg.ServedFleets() {
 		if healthy[f] == 0 {
 			reasons = append(reasons, fmt.Sprintf("no healthy %s instance", f))
 		}
@@ -196,7 +196,7 @@ func (r *readiness) startupInstances(now time.Time, caughtUp bool, healthy map[f
 	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
 		want := 0
 		for _, m := range e.models {
-			want += m.cfg.servers(f).NumInstances
+			want += m.cfg.Servers(f).NumInstances
 		}
 		if healthy[f] < want {
 			short = append(short, fmt.Sprintf("%d of %d %s instances healthy (num_instances)", healthy[f], want, f))

@@ -173,7 +173,7 @@ func (e *Edge) stripHeaders(r *http.Request) {
 			continue
 		}
 		if !judged {
-			trusted, judged = g.trusted(r.RemoteAddr, token), true
+			trusted, judged = g.Trusted(r.RemoteAddr, token), true
 		}
 		if !trusted {
 			h.Del(name)

@@ -4,13 +4,6 @@ import (
 	"github.com/tether-project/tether/edge/kvshadow"
 )
 
-// DefaultKVShadowBlocks is the default kv_shadow_blocks: the size, in
-// blocks per rank, of the shadow cache of a static engine that does not
-// report its KV capacity (65,536 tokens at the default block size: a small
-// GPU's cache, so the shadow errs toward forgetting, and corrections from
-// cached_tokens do the rest).
-const DefaultKVShadowBlocks = 4096
-
 // shadowRoute models rq's prompt in the shadow cache of h's instance when
 // that instance is a static engine without KV events (no telemetry): the
 // edge's KV index then credits the next request sharing the prefix
@@ -21,7 +14,7 @@ func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
 	if e.engines.shadow == nil || h == nil || len(rq.prompts[h.Fleet].blocks) == 0 {
 		return
 	}
-	sc := rq.m.cfg.servers(h.Fleet)
+	sc := rq.m.cfg.Servers(h.Fleet)
 	if sc.KVShadowBlocks <= 0 || sc.Engine.Kind() == EngineTether {
 		// tether workers publish their KV events over NATS: one
 		// configured by URL without NATS is a test or dev setup.
@@ -42,7 +35,7 @@ func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
 	if bs := int64(rq.m.cfg.RoutingConfig(h.Fleet).BlockSize); in.RankKVTokens > 0 && bs > 0 {
 		capacity = int(min(in.RankKVTokens/bs, kvshadow.MaxBlocksPerRank))
 	}
-	p, ok, err := e.engines.shadow.Route(h.Instance, rank, rq.m.cfg.dataParallelSize(h.Fleet), capacity, rq.prompts[h.Fleet].blocks)
+	p, ok, err := e.engines.shadow.Route(h.Instance, rank, rq.m.cfg.DataParallelSize(h.Fleet), capacity, rq.prompts[h.Fleet].blocks)
 	if err != nil {
 		e.log.Warn("shadow KV cache update failed (it starts over)", "instance", h.Instance, "err", err)
 		return

@@ -393,7 +393,7 @@ func (e *Edge) dialectServed(m *servedModel, d apireq.Dialect) *apiError {
 	if d != apireq.Messages && d != apireq.Responses {
 		return nil
 	}
-	if kind := m.cfg.pdEngine(); kind != "" {
+	if kind := m.cfg.PDEngine(); kind != "" {
 		// The split's handoff fields (kv_transfer_params, bootstrap_*) are
 		// those of the completions APIs the engines' own proxies relay.
 		return newAPIError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",

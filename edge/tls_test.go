@@ -68,7 +68,7 @@ cluster: {node_id: e1, data_dir: /tmp/tether-never-opened, bootstrap: true, peer
 	if err != nil {
 		t.Fatalf("mutual: %v", err)
 	}
-	if !cfg.TLS.mutual() || !cfg.TLS.httpTLS() {
+	if !cfg.TLS.Mutual() || !cfg.TLS.HTTPTLS() {
 		t.Fatalf("mutual config: %+v", cfg.TLS)
 	}
 	// No tls section: plaintext, with a warning at startup.

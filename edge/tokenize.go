@@ -13,20 +13,11 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/chattmpl"
 	"github.com/tether-project/tether/internal/hftok"
 	"github.com/tether-project/tether/internal/prefix"
-)
-
-// Fleet tokenizers (context_servers.tokenizer, generation_servers.tokenizer).
-const (
-	// TokenizerWords is internal/prefix's whitespace tokenizer and chat
-	// markers: what tether's simulated workers cut their blocks over.
-	TokenizerWords = "words"
-	// TokenizerHFPrefix names a directory with the model's tokenizer.json
-	// (or tokenizer.json.gz) and tokenizer_config.json.
-	TokenizerHFPrefix = "hf:"
 )
 
 // DefaultTokenizeCacheBytes bounds the per-conversation tokenize cache of
@@ -37,23 +28,6 @@ const DefaultTokenizeCacheBytes = 64 << 20
 // maxTokenizerFile bounds what the edge reads of a tokenizer file
 // (Qwen3's tokenizer.json is 11 MB).
 const maxTokenizerFile = 256 << 20
-
-// validateTokenizer checks a fleet's tokenizer and block_size keys; the
-// files are read when the edge starts (loadFleetTokenizers).
-func validateTokenizer(key string, s *ServersConfig, bad complain) {
-	switch {
-	case s.Tokenizer == TokenizerWords:
-	case strings.HasPrefix(s.Tokenizer, TokenizerHFPrefix):
-		if strings.TrimSpace(strings.TrimPrefix(s.Tokenizer, TokenizerHFPrefix)) == "" {
-			bad(key+".tokenizer", "%q names no directory (want hf:<dir with tokenizer.json and tokenizer_config.json>)", s.Tokenizer)
-		}
-	default:
-		bad(key+".tokenizer", "%q is not %q or %q<dir>", s.Tokenizer, TokenizerWords, TokenizerHFPrefix)
-	}
-	if s.BlockSize < 0 || s.BlockSize > 1<<20 {
-		bad(key+".block_size", "must be 0 (placement.block_size) or 1..1048576 tokens, got %d", s.BlockSize)
-	}
-}
 
 // fleetTokenizer turns one fleet's prompts into tokens and block keys the
 // way that fleet's engine does.
@@ -68,9 +42,9 @@ func loadFleetTokenizers(cfg *Config) ([3]fleetTokenizer, error) {
 	var out [3]fleetTokenizer
 	loaded := map[string]*hfModel{}
 	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-		s := cfg.servers(f)
+		s := cfg.Servers(f)
 		out[f].blockSize = cfg.RoutingConfig(f).BlockSize
-		dir, ok := strings.CutPrefix(s.Tokenizer, TokenizerHFPrefix)
+		dir, ok := strings.CutPrefix(s.Tokenizer, config.TokenizerHFPrefix)
 		if !ok {
 			continue
 		}

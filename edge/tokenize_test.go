@@ -23,40 +23,6 @@ import (
 // test data (Apache-2.0, internal/hftok/testdata/NOTICE).
 const qwenDir = "../internal/hftok/testdata/qwen3"
 
-func TestTokenizerConfig(t *testing.T) {
-	cfg, err := ParseConfig([]byte(engineYAMLBase + `
-placement: {block_size: 64}
-context_servers: {engine: vllm, tokenizer: "hf:/models/qwen3", block_size: 16, urls: [http://10.0.0.1:8000]}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.ContextServers.Tokenizer != "hf:/models/qwen3" || cfg.RoutingConfig(fsm.FleetContext).BlockSize != 16 {
-		t.Fatalf("tokenizer %q, block size %d", cfg.ContextServers.Tokenizer, cfg.RoutingConfig(fsm.FleetContext).BlockSize)
-	}
-	if cfg.GenerationServers.Tokenizer != TokenizerWords || cfg.RoutingConfig(fsm.FleetGeneration).BlockSize != 64 {
-		t.Fatalf("generation fleet: tokenizer %q, block size %d (want words, placement's 64)",
-			cfg.GenerationServers.Tokenizer, cfg.RoutingConfig(fsm.FleetGeneration).BlockSize)
-	}
-	d := DefaultConfig()
-	d.normalize()
-	if d.ContextServers.Tokenizer != TokenizerWords || d.ContextServers.BlockSize != 0 {
-		t.Fatalf("defaults: %q %d", d.ContextServers.Tokenizer, d.ContextServers.BlockSize)
-	}
-	for name, tc := range map[string]struct{ yaml, want string }{
-		"unknown":    {`context_servers: {engine: vllm, tokenizer: sentencepiece, urls: [http://a:1]}`, `context_servers.tokenizer, line 4: "sentencepiece" is not "words" or "hf:"<dir>`},
-		"empty dir":  {`context_servers: {engine: vllm, tokenizer: "hf:", urls: [http://a:1]}`, `context_servers.tokenizer, line 4: "hf:" names no directory`},
-		"block size": {`context_servers: {engine: vllm, block_size: -1, urls: [http://a:1]}`, "context_servers.block_size, line 4: must be 0"},
-		"too big": {`context_servers: {urls: [http://a:1]}
-generation_servers: {block_size: 2000000, urls: [http://b:1]}`, "generation_servers.block_size"},
-	} {
-		_, err := ParseConfig([]byte(engineYAMLBase + tc.yaml))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: err = %v, want %q", name, err, tc.want)
-		}
-	}
-}
-
 func TestLoadFleetTokenizersNamesTheKey(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.GenerationServers.Tokenizer = "hf:" + t.TempDir()

@@ -5,10 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/url"
 	"sync"
 	"time"
 
+	"github.com/tether-project/tether/edge/config"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -27,7 +27,7 @@ func tracerProvider(cfg TracingConfig, nodeID string, out io.Writer) (trace.Trac
 		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(&jsonLinesExporter{w: out}), sdktrace.WithResource(res))
 		return tp, tp.Shutdown, nil
 	case "otlp":
-		u, err := otlpTracesURL(cfg.Endpoint)
+		u, err := config.OTLPTracesURL(cfg.Endpoint)
 		if err != nil {
 			return nil, nil, fmt.Errorf("tracing.endpoint: %w", err)
 		}
@@ -42,22 +42,6 @@ func tracerProvider(cfg TracingConfig, nodeID string, out io.Writer) (trace.Trac
 		return tp, tp.Shutdown, nil
 	}
 	return noop.NewTracerProvider(), nil, nil
-}
-
-// otlpTracesURL checks an OTLP/HTTP endpoint and completes it: an http(s)
-// URL; without a path, the standard /v1/traces.
-func otlpTracesURL(endpoint string) (*url.URL, error) {
-	u, err := url.Parse(endpoint)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("%q is not an OTLP/HTTP URL (e.g. http://otel-collector:4318)", endpoint)
-	}
-	if u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("%q: an OTLP endpoint takes no query or fragment", endpoint)
-	}
-	if u.Path == "" || u.Path == "/" {
-		u.Path = "/v1/traces"
-	}
-	return u, nil
 }
 
 // jsonLinesExporter writes one JSON object per span. The otel stdout

@@ -183,16 +183,8 @@ func (e *Edge) verifyWorkerAddress(ctx context.Context, workerID, url string) er
 // addressVerifier is fleetview's VerifyAddress: nil unless the edge can
 // check worker identities.
 func (e *Edge) addressVerifier() func(context.Context, string, string) error {
-	if !e.cfg.TLS.checksWorkerIdentity() {
+	if !e.cfg.TLS.ChecksWorkerIdentity() {
 		return nil
 	}
 	return e.verifyWorkerAddress
-}
-
-// checksWorkerIdentity: hops and probes to discovered workers must reach
-// a server whose certificate names the instance (mutual TLS with a
-// certificate per worker; tls.worker_server_name declares one shared by
-// all workers, which names no instance).
-func (t TLSConfig) checksWorkerIdentity() bool {
-	return t.mutual() && t.WorkerServerName == ""
 }

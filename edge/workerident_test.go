@@ -95,7 +95,7 @@ func TestWorkerIdentityCheckedOnlyWithPerWorkerCertificates(t *testing.T) {
 		{TLSConfig{Mode: TLSModeMutual, WorkerServerName: "tether-worker"}, false},
 		{TLSConfig{Mode: TLSModePlaintext}, false},
 	} {
-		if got := c.tls.checksWorkerIdentity(); got != c.want {
+		if got := c.tls.ChecksWorkerIdentity(); got != c.want {
 			t.Errorf("%+v: checks worker identity %v, want %v", c.tls, got, c.want)
 		}
 	}

@@ -1,8 +1,10 @@
-package edge
+package config
 
 import (
 	"strings"
 	"testing"
+
+	"github.com/tether-project/tether/fsm"
 )
 
 const engineYAMLBase = `
@@ -21,8 +23,8 @@ conversation_affinity_header_for_subagents: X-Dynamo-Parent-Session-ID
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !cfg.Aggregated() || cfg.dataParallelSize(0) != 4 || cfg.ContextServers.Engine.Kind().metricsFormat() != "vllm" {
-		t.Fatalf("aggregated %v, dp %d", cfg.Aggregated(), cfg.dataParallelSize(0))
+	if !cfg.Aggregated() || cfg.DataParallelSize(0) != 4 || cfg.ContextServers.Engine.Kind() != EngineVLLM {
+		t.Fatalf("aggregated %v, dp %d", cfg.Aggregated(), cfg.DataParallelSize(0))
 	}
 	// Without the key: tether workers by default.
 	cfg, err = ParseConfig([]byte(engineYAMLBase + `
@@ -86,22 +88,62 @@ conditional_disagg_config: {max_local_prefill_length: 100}`, "conditional_disagg
 	}
 }
 
-// Every disaggregated request id the edge can draw lies in TensorRT-LLM's
-// global id range [2^40, 2^63) (disagg_utils.py MIN_GLOBAL_ID: below it
-// are a worker's local request ids) and stays exact in float64 JSON
-// parsers (< 2^53), whatever the random prefix. Before, a prefix below
-// 2^19 (one edge start in 4,096) gave ids under 2^40.
-func TestDisaggIDsInTRTLLMGlobalRange(t *testing.T) {
-	for _, r := range []uint32{0, 1, 1 << 18, 0x7fffffff, 0xffffffff} {
-		base := disaggIDBase(r)
-		for _, seq := range []uint64{0, 1, 1<<disaggIDSeqBits - 1} {
-			id := base | seq
-			if id < 1<<40 || id >= 1<<53 {
-				t.Errorf("prefix %#x, counter %d: id %d outside [2^40, 2^53)", r, seq, id)
-			}
+func TestKVShadowBlocksConfig(t *testing.T) {
+	t.Setenv(EnvInternalRequestAuthKey, "")
+	parse := func(extra string) (Config, error) {
+		return ParseConfig([]byte(`
+model: m
+context_servers: {engine: vllm, urls: [http://a:1]` + extra + `}
+cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
+`))
+	}
+	cfg, err := parse("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ContextServers.KVShadowBlocks != DefaultKVShadowBlocks || cfg.GenerationServers.KVShadowBlocks != DefaultKVShadowBlocks {
+		t.Fatalf("default kv_shadow_blocks %d/%d, want %d", cfg.ContextServers.KVShadowBlocks, cfg.GenerationServers.KVShadowBlocks, DefaultKVShadowBlocks)
+	}
+	if cfg, err = parse(", kv_shadow_blocks: 0"); err != nil || cfg.ContextServers.KVShadowBlocks != 0 {
+		t.Fatalf("kv_shadow_blocks: 0 (off): %v, %d", err, cfg.ContextServers.KVShadowBlocks)
+	}
+	for _, bad := range []string{", kv_shadow_blocks: -1", ", kv_shadow_blocks: 99999999"} {
+		if _, err := parse(bad); err == nil || !strings.Contains(err.Error(), "context_servers.kv_shadow_blocks") {
+			t.Errorf("%s: %v, want an error naming context_servers.kv_shadow_blocks", bad, err)
 		}
 	}
-	if disaggIDBase(1) == disaggIDBase(2) {
-		t.Error("distinct prefixes give one base")
+}
+
+func TestTokenizerConfig(t *testing.T) {
+	cfg, err := ParseConfig([]byte(engineYAMLBase + `
+placement: {block_size: 64}
+context_servers: {engine: vllm, tokenizer: "hf:/models/qwen3", block_size: 16, urls: [http://10.0.0.1:8000]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ContextServers.Tokenizer != "hf:/models/qwen3" || cfg.RoutingConfig(fsm.FleetContext).BlockSize != 16 {
+		t.Fatalf("tokenizer %q, block size %d", cfg.ContextServers.Tokenizer, cfg.RoutingConfig(fsm.FleetContext).BlockSize)
+	}
+	if cfg.GenerationServers.Tokenizer != TokenizerWords || cfg.RoutingConfig(fsm.FleetGeneration).BlockSize != 64 {
+		t.Fatalf("generation fleet: tokenizer %q, block size %d (want words, placement's 64)",
+			cfg.GenerationServers.Tokenizer, cfg.RoutingConfig(fsm.FleetGeneration).BlockSize)
+	}
+	d := DefaultConfig()
+	d.Normalize()
+	if d.ContextServers.Tokenizer != TokenizerWords || d.ContextServers.BlockSize != 0 {
+		t.Fatalf("defaults: %q %d", d.ContextServers.Tokenizer, d.ContextServers.BlockSize)
+	}
+	for name, tc := range map[string]struct{ yaml, want string }{
+		"unknown":    {`context_servers: {engine: vllm, tokenizer: sentencepiece, urls: [http://a:1]}`, `context_servers.tokenizer, line 4: "sentencepiece" is not "words" or "hf:"<dir>`},
+		"empty dir":  {`context_servers: {engine: vllm, tokenizer: "hf:", urls: [http://a:1]}`, `context_servers.tokenizer, line 4: "hf:" names no directory`},
+		"block size": {`context_servers: {engine: vllm, block_size: -1, urls: [http://a:1]}`, "context_servers.block_size, line 4: must be 0"},
+		"too big": {`context_servers: {urls: [http://a:1]}
+generation_servers: {block_size: 2000000, urls: [http://b:1]}`, "generation_servers.block_size"},
+	} {
+		_, err := ParseConfig([]byte(engineYAMLBase + tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want %q", name, err, tc.want)
+		}
 	}
 }
