@@ -19,7 +19,7 @@ func (e *Edge) adminAPI() http.Handler {
 		DataDir: e.cfg.Cluster.DataDir,
 		Models:  e.catalogueNames(),
 		Answered: func(status int) {
-			e.metrics.requests.WithLabelValues("admin", strconv.Itoa(status)).Inc()
+			e.metrics.Requests.WithLabelValues("admin", strconv.Itoa(status)).Inc()
 		},
 	})
 }

@@ -39,7 +39,7 @@ func (e *Edge) admission(next http.Handler) http.Handler {
 			return
 		}
 		if why := e.ready.stalled(e.now()); why != "" {
-			e.metrics.requests.WithLabelValues(endpointLabel(r), "503").Inc()
+			e.metrics.Requests.WithLabelValues(endpointLabel(r), "503").Inc()
 			ae := newAPIError(http.StatusServiceUnavailable, "server_error", "state_stalled", "",
 				"this edge cannot route requests correctly: its copy of the affinity log stopped following the cluster's (%s); retry on another edge", why)
 			ae.RetryAfter = e.retryHint()
@@ -52,7 +52,7 @@ func (e *Edge) admission(next http.Handler) http.Handler {
 		}
 		release, why := e.shed.admit()
 		if release == nil {
-			e.metrics.requests.WithLabelValues(endpointLabel(r), "429").Inc()
+			e.metrics.Requests.WithLabelValues(endpointLabel(r), "429").Inc()
 			ae := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "edge_overloaded", "",
 				"this edge is saturated (%s); retry after %s", why, e.cfg.Admission.RetryAfter)
 			ae.RetryAfter = e.shed.retryAfter()

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/respid"
@@ -41,8 +42,8 @@ func (e *Edge) handleConversations(w http.ResponseWriter, r *http.Request) {
 	defer span.End()
 	status := e.serveConversations(ctx, aw, r, span)
 	span.SetAttributes(attribute.Int("http.response.status_code", status))
-	e.metrics.requests.WithLabelValues("conversations", strconv.Itoa(status)).Inc()
-	e.metrics.requestSeconds.WithLabelValues("conversations").Observe(time.Since(start).Seconds())
+	e.metrics.Requests.WithLabelValues("conversations", strconv.Itoa(status)).Inc()
+	e.metrics.RequestSeconds.WithLabelValues("conversations").Observe(time.Since(start).Seconds())
 }
 
 // conversationMethods are the methods of each path under a conversation
@@ -92,7 +93,7 @@ func (e *Edge) serveConversations(ctx context.Context, w http.ResponseWriter, r 
 	if aerr != nil {
 		return fail(w, span, aerr)
 	}
-	span.SetAttributes(attrInstance.String(ref.id.Instance), attribute.String("tether.conversation", id))
+	span.SetAttributes(observe.AttrInstance.String(ref.id.Instance), attribute.String("tether.conversation", id))
 	target := ref.url + "/v1/conversations/" + url.PathEscape(ref.id.Upstream)
 	if sub != "" {
 		target += "/" + sub
@@ -141,7 +142,7 @@ func (e *Edge) conversationHop(ctx context.Context, w http.ResponseWriter, metho
 			return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "upstream_error", "", "the instance answered a conversation without an id: %s", truncate(string(b), 200)))
 		}
 		ref = &storedRef{client: mint(obj.ID), id: respid.ID{Upstream: obj.ID}}
-		e.metrics.conversations.WithLabelValues("created").Inc()
+		e.metrics.Conversations.WithLabelValues("created").Inc()
 	}
 	if ref != nil {
 		// The worker names its own id; the client knows the one it got.
@@ -183,7 +184,7 @@ func (e *Edge) createConversation(ctx context.Context, w http.ResponseWriter, bo
 	if aerr != nil {
 		return fail(w, span, aerr)
 	}
-	span.SetAttributes(attrInstance.String(h.Instance), attribute.String("tether.model", m.name))
+	span.SetAttributes(observe.AttrInstance.String(h.Instance), attribute.String("tether.model", m.name))
 	var boot uint64
 	if in, ok := e.fleet.Instance(h.Instance, rq.now); ok {
 		boot = in.BootID

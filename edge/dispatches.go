@@ -77,7 +77,7 @@ func (e *Edge) announceDispatch(d telemetry.Dispatch) {
 		return // an id NATS subjects cannot carry
 	}
 	if conn.Publish(telemetry.DispatchSubject(e.nodeID), data) == nil {
-		e.metrics.dispatchMsgs.WithLabelValues("sent").Inc()
+		e.metrics.DispatchMsgs.WithLabelValues("sent").Inc()
 	}
 }
 
@@ -97,13 +97,13 @@ func (e *Edge) listenDispatches() error {
 func (e *Edge) onDispatch(m *nats.Msg) {
 	d, err := telemetry.DecodeDispatch(m.Subject, m.Data)
 	if err != nil {
-		e.metrics.dispatchMsgs.WithLabelValues("invalid").Inc()
+		e.metrics.DispatchMsgs.WithLabelValues("invalid").Inc()
 		return
 	}
 	if d.Edge == e.nodeID {
 		return
 	}
-	e.metrics.dispatchMsgs.WithLabelValues("heard").Inc()
+	e.metrics.DispatchMsgs.WithLabelValues("heard").Inc()
 	e.dispatches.hear(d, e.fleet.NoteHeardDispatch)
 }
 

@@ -45,6 +45,7 @@ import (
 	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/edge/leader"
 	"github.com/tether-project/tether/edge/natsembed"
+	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/bodybudget"
@@ -114,7 +115,6 @@ type Edge struct {
 	models       []*servedModel
 	modelByName  map[string]*servedModel
 	adapterModel map[string]*servedModel
-	modelMetrics *modelMetrics
 	lora         loraState
 
 	// The cluster node and the leader's duties while it leads (leader.go,
@@ -134,7 +134,7 @@ type Edge struct {
 
 	// Observability.
 	registry *prometheus.Registry
-	metrics  *metrics
+	metrics  *observe.Metrics
 	tracing  spanTracing
 
 	// The HTTP API's server (serve).
@@ -175,10 +175,9 @@ type engineState struct {
 	cacheReporters sync.Map
 }
 
-// loraState is the adapters' metrics and runtime loads (lora.go).
+// loraState is the adapters loaded at runtime (lora.go).
 type loraState struct {
-	metrics *loraMetrics
-	loads   runtimeLoads // adapters loaded at runtime
+	loads runtimeLoads
 }
 
 // disaggIDs mints the ids of disaggregated requests (inference.go
@@ -266,18 +265,12 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		return nil, fmt.Errorf("edge: %w", err)
 	}
 	e.fresh = newFreshness(e)
-	if e.metrics, err = newMetrics(e.registry, e); err != nil {
-		return nil, err
-	}
-	if e.modelMetrics, err = newModelMetrics(e.registry); err != nil {
-		return nil, err
-	}
-	if e.lora.metrics, err = newLoRAMetrics(e.registry); err != nil {
+	if e.metrics, err = observe.New(e.registry, observeSource{e}); err != nil {
 		return nil, err
 	}
 	tp := deps.TracerProvider
 	if tp == nil {
-		if tp, e.tracing.shutdown, err = tracerProvider(cfg.Tracing, cfg.Cluster.NodeID, os.Stdout); err != nil {
+		if tp, e.tracing.shutdown, err = observe.TracerProvider(cfg.Tracing, cfg.Cluster.NodeID, os.Stdout); err != nil {
 			return nil, fmt.Errorf("edge: %w", err)
 		}
 	}
@@ -750,7 +743,7 @@ func (e *Edge) Handler() http.Handler {
 			}
 		}()
 		if _, pattern := mux.Handler(r); pattern == "" {
-			e.metrics.requests.WithLabelValues("other", "404").Inc()
+			e.metrics.Requests.WithLabelValues("other", "404").Inc()
 			writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
 				"unknown path %s %s (the edge serves POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/messages/count_tokens, /v1/responses, GET/DELETE /v1/responses/{id}, /v1/conversations[/{id}[/items[/{item_id}]]], GET /v1/models, /healthz, /readyz, /metrics, /admin/v1/...)",
 				r.Method, truncate(r.URL.Path, 200)))
@@ -854,10 +847,10 @@ func (e *Edge) observeProposal(t fsm.EventType, res fsm.Result, err error, took 
 	default:
 		e.commitObserve(took)
 	}
-	e.metrics.proposals.WithLabelValues(t.String(), result).Inc()
+	e.metrics.Proposals.WithLabelValues(t.String(), result).Inc()
 }
 
-func (e *Edge) commitObserve(d time.Duration) { e.metrics.commitSeconds.Observe(d.Seconds()) }
+func (e *Edge) commitObserve(d time.Duration) { e.metrics.CommitSeconds.Observe(d.Seconds()) }
 
 // logDown reports whether the log is known to be unable to commit right
 // now: a recent proposal failed for lack of quorum and no leader is known.

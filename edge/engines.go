@@ -17,6 +17,7 @@ import (
 
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/enginekv"
 	"github.com/tether-project/tether/internal/telemetry"
@@ -120,7 +121,7 @@ func (e *Edge) engineExchange(ctx context.Context, w http.ResponseWriter, rq *re
 	}
 	defer done()
 	if rank >= 0 {
-		span.SetAttributes(attrRank.Int(rank))
+		span.SetAttributes(observe.AttrRank.Int(rank))
 		e.recordEngineRank(h, rank)
 		// The engine does not name its rank: relay the one the edge chose.
 		resp.Header.Set(HeaderADPRank, strconv.Itoa(rank))
@@ -256,7 +257,7 @@ func (e *Edge) startFleetEngineEvents(mc *Config, f fsm.Fleet) error {
 func (e *Edge) countUndecodable(id string) func(string) {
 	return func(reason string) {
 		if e.metrics != nil {
-			e.metrics.kvUndecodable.WithLabelValues(id, reason).Inc()
+			e.metrics.KVUndecodable.WithLabelValues(id, reason).Inc()
 		}
 	}
 }

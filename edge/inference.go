@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/edge/disagg"
+	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
@@ -54,7 +55,7 @@ var traceProp = propagation.TraceContext{}
 func (e *Edge) handleInference(w http.ResponseWriter, r *http.Request, d apireq.Dialect) {
 	endpoint := d.String()
 	if r.Method != http.MethodPost {
-		e.metrics.requests.WithLabelValues(endpoint, "405").Inc()
+		e.metrics.Requests.WithLabelValues(endpoint, "405").Inc()
 		methodNotAllowed(&apiWriter{ResponseWriter: w, dialect: d}, r, http.MethodPost)
 		return
 	}
@@ -73,8 +74,8 @@ func (e *Edge) handleInference(w http.ResponseWriter, r *http.Request, d apireq.
 	if status >= 400 {
 		span.SetStatus(codes.Error, http.StatusText(status))
 	}
-	e.metrics.requests.WithLabelValues(endpoint, strconv.Itoa(status)).Inc()
-	e.metrics.requestSeconds.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+	e.metrics.Requests.WithLabelValues(endpoint, strconv.Itoa(status)).Inc()
+	e.metrics.RequestSeconds.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
 	if aw.aborted {
 		// The stream ended with an error event; the connection ends
 		// without a clean chunked end, so no client reads it as complete.
@@ -130,7 +131,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 	rq.m, rq.adapter = m, adapter
 	e.engineAdapter(rq)
 	span.SetAttributes(attribute.String("tether.model", m.name), attribute.String("tether.lora_adapter", adapter))
-	defer func() { e.modelMetrics.requests.WithLabelValues(m.name, adapter, strconv.Itoa(status)).Inc() }()
+	defer func() { e.metrics.ModelRequests.WithLabelValues(m.name, adapter, strconv.Itoa(status)).Inc() }()
 	if aerr := e.dialectServed(rq.m, d); aerr != nil {
 		return fail(w, span, aerr)
 	}
@@ -536,7 +537,7 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 	for attempt := 0; ; attempt++ {
 		cur := *h
 		hctx, span := e.tracing.tracer.Start(ctx, "tether.edge "+phase+" hop", trace.WithSpanKind(trace.SpanKindClient),
-			trace.WithAttributes(attrInstance.String(cur.Instance), attrFleet.String(cur.Fleet.String()), attribute.Int("tether.attempt", attempt)))
+			trace.WithAttributes(observe.AttrInstance.String(cur.Instance), observe.AttrFleet.String(cur.Fleet.String()), attribute.Int("tether.attempt", attempt)))
 		body, hdr := build(cur)
 		// The hop's span is the worker span's parent.
 		traceProp.Inject(hctx, propagation.HeaderCarrier(hdr))
@@ -552,13 +553,13 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 				span.End()
 				return nil, nil, &hopFailure{err: newAPIError(statusClientClosed, "server_error", "cancelled", "", "request cancelled: %v", ctx.Err())}
 			}
-			e.metrics.upstreamErrors.WithLabelValues(cur.Fleet.String(), "connect").Inc()
+			e.metrics.UpstreamErrors.WithLabelValues(cur.Fleet.String(), "connect").Inc()
 			failure = &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
 				"%s instance %s (%s) failed: %v", cur.Fleet, cur.Instance, cur.URL, err)}
 		case resp.StatusCode >= 500:
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 			resp.Body.Close()
-			e.metrics.upstreamErrors.WithLabelValues(cur.Fleet.String(), "status_5xx").Inc()
+			e.metrics.UpstreamErrors.WithLabelValues(cur.Fleet.String(), "status_5xx").Inc()
 			failure = &hopFailure{pass: rq.clientAnswer(resp.StatusCode, resp.Header, b)}
 		case resp.StatusCode != http.StatusOK:
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -567,7 +568,7 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 			span.End()
 			return nil, nil, &hopFailure{pass: rq.clientAnswer(resp.StatusCode, resp.Header, b)}
 		default:
-			span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode), attrRank.String(resp.Header.Get(HeaderADPRank)))
+			span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode), observe.AttrRank.String(resp.Header.Get(HeaderADPRank)))
 			span.End()
 			return resp, done, nil
 		}
@@ -581,7 +582,7 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 		if aerr != nil {
 			return nil, nil, failure
 		}
-		e.metrics.retries.WithLabelValues(cur.Fleet.String()).Inc()
+		e.metrics.Retries.WithLabelValues(cur.Fleet.String()).Inc()
 		e.log.Info("retrying a failed hop on another instance", "fleet", cur.Fleet, "from", cur.Instance, "to", next.Instance)
 		*h = next
 	}
@@ -608,7 +609,7 @@ func (e *Edge) contextHop(ctx context.Context, rq *request, h **hop) (*contextRe
 		if err == nil {
 			return res, nil
 		}
-		e.metrics.upstreamErrors.WithLabelValues("context", "bad_response").Inc()
+		e.metrics.UpstreamErrors.WithLabelValues("context", "bad_response").Inc()
 		cur := *h
 		failure := &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
 			"context instance %s answered an unusable context phase: %v", cur.Instance, err)}
@@ -619,7 +620,7 @@ func (e *Edge) contextHop(ctx context.Context, rq *request, h **hop) (*contextRe
 		if aerr != nil {
 			return nil, failure
 		}
-		e.metrics.retries.WithLabelValues("context").Inc()
+		e.metrics.Retries.WithLabelValues("context").Inc()
 		*h = next
 	}
 }
@@ -782,7 +783,7 @@ func (e *Edge) generationHop(ctx context.Context, w http.ResponseWriter, rq *req
 		// payload of the workers' release (disagg_auth_format).
 		var err error
 		if disaggAuth, err = hintauth.SignDisaggAs(e.cfg.DisaggAuthFormat, e.authKey, params); err != nil {
-			e.metrics.upstreamErrors.WithLabelValues("context", "bad_response").Inc()
+			e.metrics.UpstreamErrors.WithLabelValues("context", "bad_response").Inc()
 			return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
 				"context instance %s answered disaggregated_params that cannot be signed: %v", ctxHop.Instance, err))
 		}
@@ -936,8 +937,8 @@ func (e *Edge) copyAnswer(w http.ResponseWriter, resp *http.Response, ans *answe
 		}
 		msg := fmt.Sprintf("%s instance %s did not finish the response: %s", fleet, instance, cause)
 		span.SetAttributes(attribute.String("tether.error", "stream cut: "+cause))
-		e.metrics.upstreamErrors.WithLabelValues(fleet.String(), "stream_cut").Inc()
-		e.metrics.streamsAborted.WithLabelValues(endpoint, fleet.String()).Inc()
+		e.metrics.UpstreamErrors.WithLabelValues(fleet.String(), "stream_cut").Inc()
+		e.metrics.StreamsAborted.WithLabelValues(endpoint, fleet.String()).Inc()
 		e.log.Warn("aborting a stream the worker did not finish", "instance", instance, "cause", cause)
 		if !atBoundary {
 			_, _ = w.Write([]byte("\n")) // the error is an event of its own

@@ -23,7 +23,7 @@ func (e *Edge) newLeaderDuties() *leader.Duties {
 		DownAfter:      e.cfg.Telemetry.DownAfter,
 		ProposeTimeout: e.cfg.Cluster.ProposeTimeout,
 		Acted: func(kind string, n int) {
-			e.metrics.leaderActions.WithLabelValues(kind).Add(float64(n))
+			e.metrics.LeaderActions.WithLabelValues(kind).Add(float64(n))
 		},
 		Logger: e.log,
 	})

@@ -11,8 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -28,7 +26,7 @@ func (e *Edge) adapterPlaced(rq *request, h *hop) {
 	if in, ok := e.fleet.Instance(h.Instance, rq.now); ok && in.LoRA.Holds(rq.adapter) {
 		loaded = "true"
 	}
-	e.lora.metrics.placements.WithLabelValues(rq.m.name, rq.adapter, h.Fleet.String(), loaded).Inc()
+	e.metrics.LoRAPlacements.WithLabelValues(rq.m.name, rq.adapter, h.Fleet.String(), loaded).Inc()
 	e.fleet.NoteAdapter(h.Instance, rq.adapter, rq.now)
 }
 
@@ -53,31 +51,6 @@ func (e *Edge) engineAdapter(rq *request) {
 	}
 	rq.top["model"] = mustMarshal(rq.m.name + ":" + rq.adapter)
 	rq.top["lora_path"] = mustMarshal(rq.adapter)
-}
-
-// loraMetrics are the LoRA series.
-type loraMetrics struct {
-	placements *prometheus.CounterVec
-	loads      *prometheus.CounterVec
-}
-
-func newLoRAMetrics(reg prometheus.Registerer) (*loraMetrics, error) {
-	m := &loraMetrics{
-		placements: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_edge_lora_placements_total",
-			Help: "LoRA requests placed, by model, adapter, fleet and whether the chosen instance was believed to hold the adapter (loaded=true) or had to load it.",
-		}, []string{"model", "adapter", "fleet", "loaded"}),
-		loads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_edge_lora_runtime_loads_total",
-			Help: "POST /v1/load_lora_adapter calls the edge made (lora.runtime_load), by model, adapter and result (loaded, already_loaded, failed).",
-		}, []string{"model", "adapter", "result"}),
-	}
-	for _, c := range []prometheus.Collector{m.placements, m.loads} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("edge: metrics: %w", err)
-		}
-	}
-	return m, nil
 }
 
 // runtimeLoadTTL is how long the edge trusts that an instance holds an
@@ -152,7 +125,7 @@ func (e *Edge) ensureAdapter(ctx context.Context, rq *request, cur *hop) {
 	} else {
 		detail = err.Error()
 	}
-	e.lora.metrics.loads.WithLabelValues(rq.m.name, rq.adapter, result).Inc()
+	e.metrics.LoRALoads.WithLabelValues(rq.m.name, rq.adapter, result).Inc()
 	if result == "failed" {
 		e.log.Warn("loading a LoRA adapter at runtime failed (the request goes on; the engine answers it)",
 			"instance", cur.Instance, "adapter", rq.adapter, "path", path, "err", detail)

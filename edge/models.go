@@ -7,8 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
@@ -165,7 +163,7 @@ func (e *Edge) handleModels(w http.ResponseWriter, r *http.Request) {
 		Object string      `json:"object"`
 		Data   []modelCard `json:"data"`
 	}{"list", e.modelCards()})
-	e.metrics.requests.WithLabelValues("models", "200").Inc()
+	e.metrics.Requests.WithLabelValues("models", "200").Inc()
 }
 
 // handleModel is GET /v1/models/{id}: a model's or an adapter's card, or
@@ -179,11 +177,11 @@ func (e *Edge) handleModel(w http.ResponseWriter, r *http.Request) {
 	for _, c := range e.modelCards() {
 		if c.ID == id {
 			writeJSON(w, http.StatusOK, c)
-			e.metrics.requests.WithLabelValues("models", "200").Inc()
+			e.metrics.Requests.WithLabelValues("models", "200").Inc()
 			return
 		}
 	}
-	e.metrics.requests.WithLabelValues("models", "404").Inc()
+	e.metrics.Requests.WithLabelValues("models", "404").Inc()
 	writeAPIError(w, e.modelNotFound(id))
 }
 
@@ -225,24 +223,6 @@ func (e *Edge) catalogueNames() []string {
 		out[i] = m.name
 	}
 	return out
-}
-
-// modelMetrics are the per-model series.
-type modelMetrics struct {
-	requests *prometheus.CounterVec
-}
-
-func newModelMetrics(reg prometheus.Registerer) (*modelMetrics, error) {
-	m := &modelMetrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_edge_model_requests_total",
-			Help: "Inference requests by model, LoRA adapter (\"\" for the base model) and status code.",
-		}, []string{"model", "adapter", "status"}),
-	}
-	if err := reg.Register(m.requests); err != nil {
-		return nil, fmt.Errorf("edge: metrics: %w", err)
-	}
-	return m, nil
 }
 
 // modelsUnready is /readyz's check of a catalogue of several models:

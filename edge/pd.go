@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/edge/disagg"
+	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -68,7 +69,7 @@ func (a *pdAttempt) retryable() bool { return a.unreachable || a.status >= 500 }
 // pdSend sends one attempt of a hop to h.
 func (e *Edge) pdSend(ctx context.Context, rq *request, h *hop, phase string, body []byte, hdr http.Header) pdAttempt {
 	hctx, span := e.tracing.tracer.Start(ctx, "tether.edge "+phase+" hop", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attrInstance.String(h.Instance), attrFleet.String(h.Fleet.String())))
+		trace.WithAttributes(observe.AttrInstance.String(h.Instance), observe.AttrFleet.String(h.Fleet.String())))
 	defer span.End()
 	traceProp.Inject(hctx, propagation.HeaderCarrier(hdr))
 	done := e.noteDispatch(h.Fleet, h.Instance, rq.promptTokens)
@@ -79,7 +80,7 @@ func (e *Edge) pdSend(ctx context.Context, rq *request, h *hop, phase string, bo
 			return pdAttempt{fail: &hopFailure{err: newAPIError(statusClientClosed, "server_error", "cancelled", "", "request cancelled: %v", ctx.Err())}}
 		}
 		span.SetStatus(codes.Error, "hop failed")
-		e.metrics.upstreamErrors.WithLabelValues(h.Fleet.String(), "connect").Inc()
+		e.metrics.UpstreamErrors.WithLabelValues(h.Fleet.String(), "connect").Inc()
 		return pdAttempt{unreachable: true, fail: &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
 			"%s instance %s (%s) failed: %v", h.Fleet, h.Instance, h.URL, err)}}
 	}
@@ -92,7 +93,7 @@ func (e *Edge) pdSend(ctx context.Context, rq *request, h *hop, phase string, bo
 	resp.Body.Close()
 	if resp.StatusCode >= 500 {
 		span.SetStatus(codes.Error, "hop failed")
-		e.metrics.upstreamErrors.WithLabelValues(h.Fleet.String(), "status_5xx").Inc()
+		e.metrics.UpstreamErrors.WithLabelValues(h.Fleet.String(), "status_5xx").Inc()
 	}
 	return pdAttempt{status: resp.StatusCode, fail: &hopFailure{pass: &upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}}}
 }
@@ -110,7 +111,7 @@ func (e *Edge) pdRetry(ctx context.Context, rq *request, h **hop, retries *int) 
 		return false
 	}
 	*retries--
-	e.metrics.retries.WithLabelValues((*h).Fleet.String()).Inc()
+	e.metrics.Retries.WithLabelValues((*h).Fleet.String()).Inc()
 	e.log.Info("retrying a failed hop on another instance", "fleet", (*h).Fleet, "from", (*h).Instance, "to", next.Instance)
 	*h = next
 	return true

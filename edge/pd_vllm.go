@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/edge/disagg"
+	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -70,8 +71,8 @@ func (e *Edge) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, rq *re
 		}
 		// The decode server could not read the blocks: prefill again,
 		// elsewhere (the prefill server that held them is the suspect).
-		e.metrics.upstreamErrors.WithLabelValues(fsm.FleetGeneration.String(), "transfer_lost").Inc()
-		span.AddEvent("tether.kv_transfer_lost", trace.WithAttributes(attrInstance.String(ctxHop.Instance)))
+		e.metrics.UpstreamErrors.WithLabelValues(fsm.FleetGeneration.String(), "transfer_lost").Inc()
+		span.AddEvent("tether.kv_transfer_lost", trace.WithAttributes(observe.AttrInstance.String(ctxHop.Instance)))
 		if !e.pdRetry(ctx, rq, &ctxHop, &retries) {
 			return a.fail.write(w, span)
 		}
@@ -96,7 +97,7 @@ func (e *Edge) vllmPrefillHop(ctx context.Context, rq *request, d disagg.Dialect
 				pre.Rank, pre.ID = rank, id
 				return pre, nil
 			}
-			e.metrics.upstreamErrors.WithLabelValues(fsm.FleetContext.String(), "bad_response").Inc()
+			e.metrics.UpstreamErrors.WithLabelValues(fsm.FleetContext.String(), "bad_response").Inc()
 			failure = &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
 				"prefill instance %s answered an unusable prefill: %v", cur.Instance, err)}
 		} else if !a.retryable() {

@@ -171,7 +171,7 @@ func (p *placements) settle(id fsm.ProposalID, b fsm.Bind, res fsm.Result) {
 	}
 
 	m := p.e.metrics
-	m.bindSettle.Observe(time.Since(o.sent).Seconds())
+	m.BindSettle.Observe(time.Since(o.sent).Seconds())
 	result := "lost"
 	switch {
 	case res.Status == fsm.StatusRejected || !res.Found:
@@ -181,7 +181,7 @@ func (p *placements) settle(id fsm.ProposalID, b fsm.Bind, res fsm.Result) {
 	case res.Binding.Instance == b.Instance:
 		result = "agreed"
 	}
-	m.placements.WithLabelValues(b.Fleet.String(), result).Inc()
+	m.Placements.WithLabelValues(b.Fleet.String(), result).Inc()
 	if hasRank && (result == "won" || result == "agreed") {
 		// Queued apart: settle may run under the recorder's lock.
 		ev := fsm.RankObserved{Fleet: b.Fleet, Key: b.Key, Epoch: res.Binding.Epoch, Rank: rank}
@@ -192,7 +192,7 @@ func (p *placements) settle(id fsm.ProposalID, b fsm.Bind, res fsm.Result) {
 		if result == "lost" || result == "rejected" {
 			on = "off_binding"
 		}
-		m.speculativeServed.WithLabelValues(b.Fleet.String(), on).Add(float64(served))
+		m.SpeculativeServed.WithLabelValues(b.Fleet.String(), on).Add(float64(served))
 	}
 }
 
@@ -221,7 +221,7 @@ func (p *placements) drop(id fsm.ProposalID, b fsm.Bind, reason string) {
 	}
 	p.forgetLocked(o)
 	p.mu.Unlock()
-	p.e.metrics.placements.WithLabelValues(b.Fleet.String(), "dropped").Inc()
+	p.e.metrics.Placements.WithLabelValues(b.Fleet.String(), "dropped").Inc()
 	p.e.log.Debug("placement dropped", "fleet", b.Fleet, "key", b.Key, "reason", reason)
 }
 
@@ -244,7 +244,7 @@ func (p *placements) sweepLocked(st *fsm.State) {
 		case o.gone:
 		case len(p.order)-n > maxPlacements:
 			if !o.settled {
-				p.e.metrics.placements.WithLabelValues(o.key.Fleet.String(), "dropped").Inc()
+				p.e.metrics.Placements.WithLabelValues(o.key.Fleet.String(), "dropped").Inc()
 			}
 			p.forgetLocked(o)
 		case o.settled && (!o.res.Found || st.EpochIndex(o.res.Binding.Epoch) <= st.Index()):
@@ -345,14 +345,14 @@ func (p *placements) announce(b fsm.Bind) {
 		return // an id NATS subjects cannot carry: the log alone tells
 	}
 	if err := p.e.nats.conn.Publish(telemetry.PlacementSubject(p.e.nodeID), data); err == nil {
-		p.e.metrics.placementMsgs.WithLabelValues("sent").Inc()
+		p.e.metrics.PlacementMsgs.WithLabelValues("sent").Inc()
 	}
 }
 
 func (p *placements) onPlacement(m *nats.Msg) {
 	pl, err := telemetry.DecodePlacement(m.Subject, m.Data)
 	if err != nil {
-		p.e.metrics.placementMsgs.WithLabelValues("invalid").Inc()
+		p.e.metrics.PlacementMsgs.WithLabelValues("invalid").Inc()
 		return
 	}
 	if pl.Edge == p.e.nodeID {
@@ -363,7 +363,7 @@ func (p *placements) onPlacement(m *nats.Msg) {
 		f = fsm.FleetGeneration
 	}
 	k := fsm.FleetKey{Fleet: f, Key: pl.Key}
-	p.e.metrics.placementMsgs.WithLabelValues("heard").Inc()
+	p.e.metrics.PlacementMsgs.WithLabelValues("heard").Inc()
 	now := p.e.now()
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-project/tether/cluster"
+	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -38,7 +39,7 @@ func TestRemoteLeaderClosingDoesNotDropOwnProposals(t *testing.T) {
 	}
 
 	e := &Edge{}
-	m, err := newMetrics(prometheus.NewRegistry(), e)
+	m, err := observe.New(prometheus.NewRegistry(), observeSource{e})
 	if err != nil {
 		t.Fatal(err)
 	}

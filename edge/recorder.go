@@ -122,7 +122,7 @@ func (r *recorder) pending() int {
 }
 
 func (r *recorder) dropLocked(x recorded, reason string) {
-	r.e.metrics.recorderDropped.WithLabelValues(x.ev.Type().String(), reason).Inc()
+	r.e.metrics.RecorderDropped.WithLabelValues(x.ev.Type().String(), reason).Inc()
 	if x.done != nil {
 		x.done(nil, reason)
 	}

@@ -91,7 +91,7 @@ func (e *Edge) readBody(r *http.Request) (body []byte, release func(), aerr *api
 		return nil, nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "",
 			"request body exceeds the limit of %d bytes (max_body_bytes)", limit)
 	case errors.Is(err, bodybudget.ErrExceeded):
-		e.metrics.bodyRefused.Inc()
+		e.metrics.BodyRefused.Inc()
 		aerr := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "request_body_budget_exhausted", "",
 			"this edge holds its limit of %d request-body bytes in flight (max_inflight_body_bytes); retry after 1s", e.bodies.Limit())
 		aerr.RetryAfter = time.Second
@@ -145,7 +145,7 @@ func (e *Edge) stripHeaders(r *http.Request) {
 	for _, name := range []string{hintauth.HeaderAffinityID, hintauth.HeaderAffinityAuth} {
 		if _, ok := h[http.CanonicalHeaderKey(name)]; ok {
 			h.Del(name)
-			e.metrics.strippedHeaders.WithLabelValues(name).Inc()
+			e.metrics.StrippedHeaders.WithLabelValues(name).Inc()
 		}
 	}
 	g := &e.cfg.TrustedGateway
@@ -177,7 +177,7 @@ func (e *Edge) stripHeaders(r *http.Request) {
 		}
 		if !trusted {
 			h.Del(name)
-			e.metrics.strippedHeaders.WithLabelValues(strings.ToLower(name)).Inc()
+			e.metrics.StrippedHeaders.WithLabelValues(strings.ToLower(name)).Inc()
 		}
 	}
 }

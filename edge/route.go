@@ -14,6 +14,7 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/kvshadow"
+	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/routing"
@@ -153,14 +154,14 @@ func (e *Edge) failureError(f *decide.Failure) *apiError {
 		return newAPIError(http.StatusServiceUnavailable, "server_error", "placement_rejected", "",
 			"the affinity log rejected placing %s key %q on %s: %s", f.Fleet, f.Key, f.Instance, f.Detail)
 	case decide.FailStateUnknown:
-		e.metrics.decisions.WithLabelValues(f.Fleet.String(), decide.PolicyPending, outcomeRefused).Inc()
+		e.metrics.Decisions.WithLabelValues(f.Fleet.String(), decide.PolicyPending, outcomeRefused).Inc()
 		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_state_unknown", "",
 			"%s key %q needs its placement committed in the affinity log, which this edge cannot confirm right now: %s; retry shortly",
 			f.Fleet, truncate(f.Key, 200), f.Detail)
 		ae.RetryAfter = e.retryHint()
 		return ae
 	case decide.FailDetourUnrecorded:
-		e.metrics.decisions.WithLabelValues(f.Fleet.String(), "bound", outcomeRefused).Inc()
+		e.metrics.Decisions.WithLabelValues(f.Fleet.String(), "bound", outcomeRefused).Inc()
 		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
 			"%s key %q must leave its unhealthy instance %s and the affinity log cannot record the move right now: %v; retry shortly",
 			f.Fleet, truncate(f.Key, 200), f.Instance, f.Err)
@@ -180,7 +181,7 @@ func (e *Edge) failureError(f *decide.Failure) *apiError {
 func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *apiError) {
 	ctx, span := e.tracing.tracer.Start(ctx, "tether.edge route "+f.String(), trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
-	defer e.metrics.observeRoute(f, time.Now())
+	defer e.metrics.ObserveRoute(f, time.Now())
 	h, aerr := e.decide(ctx, rq, f, prev)
 	keyKind := "none"
 	switch {
@@ -190,22 +191,22 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 	default:
 		keyKind = "conversation"
 	}
-	span.SetAttributes(attrFleet.String(f.String()), attrKeyKind.String(keyKind))
+	span.SetAttributes(observe.AttrFleet.String(f.String()), observe.AttrKeyKind.String(keyKind))
 	if aerr != nil {
 		span.SetAttributes(attribute.String("tether.error", aerr.Message))
 		if aerr.Status == http.StatusTooManyRequests {
-			e.metrics.decisions.WithLabelValues(f.String(), routing.PolicyShed, outcomeShed).Inc()
-			span.SetAttributes(attrOutcome.String(outcomeShed))
+			e.metrics.Decisions.WithLabelValues(f.String(), routing.PolicyShed, outcomeShed).Inc()
+			span.SetAttributes(observe.AttrOutcome.String(outcomeShed))
 		}
 		return nil, aerr
 	}
 	e.countDecision(f, h)
 	e.observeRouted(rq, f, h)
 	e.recordEvidence(rq, f, h)
-	span.SetAttributes(attrPolicy.String(h.Policy), attrOutcome.String(h.Outcome), attrInstance.String(h.Instance),
-		attrRank.Int(h.Rank), attrCachedTokens.Int(h.Cached))
+	span.SetAttributes(observe.AttrPolicy.String(h.Policy), observe.AttrOutcome.String(h.Outcome), observe.AttrInstance.String(h.Instance),
+		observe.AttrRank.Int(h.Rank), observe.AttrCachedTokens.Int(h.Cached))
 	if h.Reason != 0 {
-		span.SetAttributes(attrOverflow.String(h.Reason.String()))
+		span.SetAttributes(observe.AttrOverflow.String(h.Reason.String()))
 	}
 	// The prompt now counts as cached there until the worker's own KV
 	// event arrives, so a burst sharing the prefix lands together.
@@ -264,12 +265,12 @@ func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *ap
 // countDecision counts a routed hop's decision (degraded, its cause; made
 // among instances whose telemetry was late, that too).
 func (e *Edge) countDecision(f fsm.Fleet, h *hop) {
-	e.metrics.decisions.WithLabelValues(f.String(), h.Policy, h.Outcome).Inc()
+	e.metrics.Decisions.WithLabelValues(f.String(), h.Policy, h.Outcome).Inc()
 	if h.Degraded != "" {
-		e.metrics.degraded.WithLabelValues(f.String(), h.Degraded).Inc()
+		e.metrics.Degraded.WithLabelValues(f.String(), h.Degraded).Inc()
 	}
 	if h.TelemetryLate {
-		e.metrics.telemetryLate.WithLabelValues(f.String()).Inc()
+		e.metrics.TelemetryLate.WithLabelValues(f.String()).Inc()
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/respid"
@@ -85,7 +86,7 @@ func (k refKind) noun() string {
 // instance the fleet no longer has (or a process that restarted since), is
 // answered in OpenAI's shape: no instance holds it.
 func (e *Edge) resolveStored(client string, kind refKind, now time.Time) (*storedRef, *apiError) {
-	count := func(outcome string) { e.metrics.storedResponses.WithLabelValues(outcome).Inc() }
+	count := func(outcome string) { e.metrics.StoredResponses.WithLabelValues(outcome).Inc() }
 	id, err := e.respIDs.Parse(client)
 	if err == nil {
 		if ret := e.cfg.StoredResponseRetention; ret > 0 && now.Sub(id.Minted) > ret {
@@ -99,7 +100,7 @@ func (e *Edge) resolveStored(client string, kind refKind, now time.Time) (*store
 // resolveConversation reads a conversation id a client sent.
 func (e *Edge) resolveConversation(client string, now time.Time) (*storedRef, *apiError) {
 	id, err := e.respIDs.ParseConversation(client)
-	return e.resolveRef(client, refConversation, id, err, now, func(outcome string) { e.metrics.conversations.WithLabelValues(outcome).Inc() })
+	return e.resolveRef(client, refConversation, id, err, now, func(outcome string) { e.metrics.Conversations.WithLabelValues(outcome).Inc() })
 }
 
 // resolveRef finds the instance a parsed id names (err: why it did not
@@ -159,7 +160,7 @@ func (e *Edge) storedHop(rq *request) *hop {
 	f := fsm.Fleet(ref.id.Fleet)
 	h := &hop{Hop: decide.Hop{Fleet: f, Key: rq.m.key(rq.id.Key(f)), Instance: ref.id.Instance, URL: ref.url, Rank: ref.id.Rank,
 		Outcome: outcomeStored, Policy: policyStored}}
-	e.metrics.decisions.WithLabelValues(f.String(), policyStored, outcomeStored).Inc()
+	e.metrics.Decisions.WithLabelValues(f.String(), policyStored, outcomeStored).Inc()
 	return h
 }
 
@@ -207,7 +208,7 @@ func (e *Edge) dispatchStored(ctx context.Context, w http.ResponseWriter, rq *re
 	} else {
 		span.SetAttributes(attribute.String("tether.conversation", rq.conv.client))
 	}
-	span.SetAttributes(attrInstance.String(h.Instance))
+	span.SetAttributes(observe.AttrInstance.String(h.Instance))
 	if rq.m.cfg.Aggregated() {
 		return e.engineExchange(ctx, w, rq, h, span)
 	}
@@ -309,8 +310,8 @@ func (e *Edge) handleStoredResponse(w http.ResponseWriter, r *http.Request) {
 	defer span.End()
 	status := e.serveStoredResponse(ctx, aw, r, span)
 	span.SetAttributes(attribute.Int("http.response.status_code", status))
-	e.metrics.requests.WithLabelValues("responses_by_id", strconv.Itoa(status)).Inc()
-	e.metrics.requestSeconds.WithLabelValues("responses_by_id").Observe(time.Since(start).Seconds())
+	e.metrics.Requests.WithLabelValues("responses_by_id", strconv.Itoa(status)).Inc()
+	e.metrics.RequestSeconds.WithLabelValues("responses_by_id").Observe(time.Since(start).Seconds())
 	if aw.aborted {
 		panic(http.ErrAbortHandler)
 	}
@@ -337,7 +338,7 @@ func (e *Edge) serveStoredResponse(ctx context.Context, w http.ResponseWriter, r
 	if aerr != nil {
 		return fail(w, span, aerr)
 	}
-	span.SetAttributes(attrInstance.String(ref.id.Instance), attribute.String("tether.stored_response", id))
+	span.SetAttributes(observe.AttrInstance.String(ref.id.Instance), attribute.String("tether.stored_response", id))
 	target := ref.url + "/v1/responses/" + url.PathEscape(ref.id.Upstream)
 	if action != "" {
 		target += "/" + action
@@ -354,7 +355,7 @@ func (e *Edge) serveStoredResponse(ctx context.Context, w http.ResponseWriter, r
 	traceProp.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := e.client.Do(req)
 	if err != nil {
-		e.metrics.upstreamErrors.WithLabelValues(fsm.Fleet(ref.id.Fleet).String(), "connect").Inc()
+		e.metrics.UpstreamErrors.WithLabelValues(fsm.Fleet(ref.id.Fleet).String(), "connect").Inc()
 		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "upstream_unavailable", "",
 			"the %s instance %s holding response %q is unreachable: %v", fsm.Fleet(ref.id.Fleet), ref.id.Instance, truncate(id, 200), err)
 		ae.RetryAfter = time.Second

@@ -106,5 +106,5 @@ func (e *Edge) flushTouches(ctx context.Context) {
 		}
 		return
 	}
-	e.metrics.touches.Add(float64(len(evs)))
+	e.metrics.Touches.Add(float64(len(evs)))
 }

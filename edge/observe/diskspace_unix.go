@@ -1,6 +1,6 @@
 //go:build unix
 
-package edge
+package observe
 
 import "golang.org/x/sys/unix"
 

@@ -1,4 +1,4 @@
-package edge
+package observe
 
 import (
 	"context"
@@ -17,10 +17,10 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 )
 
-// tracerProvider builds the provider for tracing.exporter when the embedder
+// TracerProvider builds the provider for tracing.exporter when the embedder
 // gave none. It returns a shutdown function (nil for none) that flushes
 // the spans still batched.
-func tracerProvider(cfg TracingConfig, nodeID string, out io.Writer) (trace.TracerProvider, func(context.Context) error, error) {
+func TracerProvider(cfg config.TracingConfig, nodeID string, out io.Writer) (trace.TracerProvider, func(context.Context) error, error) {
 	res := resource.NewSchemaless(attribute.String("service.name", "tether-edge"), attribute.String("service.instance.id", nodeID))
 	switch cfg.Exporter {
 	case "stdout":
@@ -93,12 +93,12 @@ func (x *jsonLinesExporter) Shutdown(context.Context) error { return nil }
 
 // Span attribute keys of the routing-decision span.
 const (
-	attrKeyKind      = attribute.Key("tether.routing_key.kind")
-	attrPolicy       = attribute.Key("tether.policy")
-	attrOutcome      = attribute.Key("tether.outcome")
-	attrCachedTokens = attribute.Key("tether.cached_tokens")
-	attrInstance     = attribute.Key("tether.instance")
-	attrRank         = attribute.Key("tether.rank")
-	attrOverflow     = attribute.Key("tether.overflow_reason")
-	attrFleet        = attribute.Key("tether.fleet")
+	AttrKeyKind      = attribute.Key("tether.routing_key.kind")
+	AttrPolicy       = attribute.Key("tether.policy")
+	AttrOutcome      = attribute.Key("tether.outcome")
+	AttrCachedTokens = attribute.Key("tether.cached_tokens")
+	AttrInstance     = attribute.Key("tether.instance")
+	AttrRank         = attribute.Key("tether.rank")
+	AttrOverflow     = attribute.Key("tether.overflow_reason")
+	AttrFleet        = attribute.Key("tether.fleet")
 )
