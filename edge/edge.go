@@ -41,6 +41,7 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/edge/config"
+	"github.com/tether-project/tether/edge/edgetls"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/edge/leader"
@@ -88,7 +89,7 @@ type Edge struct {
 	version string
 	authKey []byte
 	respIDs *respid.Codec // mints and reads Responses ids (edge/stored.go)
-	tls     *edgeTLS      // transport security (tls.go)
+	tls     *edgetls.TLS  // transport security (edge/edgetls)
 
 	// The request path: a request's routing keys and placement, the
 	// hops' client, what the edge proposes, batches and records for the
@@ -275,7 +276,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		}
 	}
 	e.tracing.tracer = tp.Tracer("github.com/tether-project/tether/edge")
-	if e.tls, err = loadTLS(&cfg); err != nil {
+	if e.tls, err = edgetls.Load(&cfg); err != nil {
 		return nil, fmt.Errorf("edge: %w", err)
 	}
 	transport := deps.Transport
@@ -287,10 +288,10 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 			MaxIdleConnsPerHost: 256,
 			IdleConnTimeout:     90 * time.Second,
 			ForceAttemptHTTP2:   false,
-			TLSClientConfig:     e.tls.worker,
+			TLSClientConfig:     e.tls.Worker,
 		}
 	}
-	e.client = &http.Client{Transport: e.tls.guardHops(transport, e.log, e.registry)}
+	e.client = &http.Client{Transport: e.tls.GuardHops(transport, e.log, e.registry)}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	e.disagg.base = disaggIDBase(binary.BigEndian.Uint32(b[:]))
@@ -359,10 +360,10 @@ func (e *Edge) listen(ctx context.Context) error {
 			return fmt.Errorf("edge: listen %s: %w", addr, err)
 		}
 	}
-	for _, w := range e.tls.warnings(&e.cfg) {
+	for _, w := range e.tls.Warnings(&e.cfg) {
 		e.log.Warn(w)
 	}
-	e.http.ln = apiErrorListener{e.tls.listener(ln)}
+	e.http.ln = apiErrorListener{e.tls.Listener(ln)}
 	return nil
 }
 
@@ -371,7 +372,7 @@ func (e *Edge) listen(ctx context.Context) error {
 // closes it when Open fails).
 func (e *Edge) openNode(ctx context.Context) error {
 	ccfg := e.cfg.NodeConfig()
-	ccfg.Version, ccfg.Listener, ccfg.TLS = e.version, e.deps.ClusterListener, e.tls.cluster
+	ccfg.Version, ccfg.Listener, ccfg.TLS = e.version, e.deps.ClusterListener, e.tls.Cluster
 	ccfg.Registerer, ccfg.Logger = e.registry, e.log
 	e.deps.ClusterListener = nil
 	n, err := cluster.Open(ctx, ccfg)
@@ -463,7 +464,7 @@ func (e *Edge) startFleetView(ctx context.Context) error {
 		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
 		OnEvictions: e.duties.QueueEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
 		ProbeClient:   &http.Client{Transport: e.client.Transport},
-		VerifyAddress: e.addressVerifier(),
+		VerifyAddress: edgetls.AddressVerifier(e.cfg.TLS, e.client),
 	}); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
@@ -501,7 +502,7 @@ func (e *Edge) startNATS() error {
 			port = natsembed.RandomPort
 		}
 		opts := &natsserver.Options{Host: host, Port: port, Username: n.User, Password: n.Password, Authorization: n.Token}
-		e.embeddedNATSAuth(opts)
+		e.tls.NATSServerAuth(opts, n, e.log)
 		srv, err := natsembed.Start(opts)
 		if err != nil {
 			return fmt.Errorf("edge: embedded %w", err)
@@ -536,7 +537,7 @@ func (e *Edge) startNATS() error {
 	case n.CredsFile != "":
 		opts = append(opts, nats.UserCredentials(n.CredsFile))
 	}
-	opts = append(opts, e.tls.natsClientOptions()...)
+	opts = append(opts, e.tls.NATSClientOptions()...)
 	joined := ""
 	for i, u := range urls {
 		if i > 0 {

@@ -1,4 +1,4 @@
-package edge
+package edgetls
 
 import (
 	"context"
@@ -80,23 +80,5 @@ func TestHopsReachOnlyTheExpectedWorker(t *testing.T) {
 	// Static instances (no expectation) keep ordinary verification.
 	if err := get(""); err != nil {
 		t.Errorf("a hop without an expectation: %v", err)
-	}
-}
-
-// With tls.worker_server_name (one certificate shared by all workers)
-// there is no per-instance identity to check; in plaintext there is no
-// TLS at all.
-func TestWorkerIdentityCheckedOnlyWithPerWorkerCertificates(t *testing.T) {
-	for _, c := range []struct {
-		tls  TLSConfig
-		want bool
-	}{
-		{TLSConfig{Mode: TLSModeMutual}, true},
-		{TLSConfig{Mode: TLSModeMutual, WorkerServerName: "tether-worker"}, false},
-		{TLSConfig{Mode: TLSModePlaintext}, false},
-	} {
-		if got := c.tls.ChecksWorkerIdentity(); got != c.want {
-			t.Errorf("%+v: checks worker identity %v, want %v", c.tls, got, c.want)
-		}
 	}
 }

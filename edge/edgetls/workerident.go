@@ -1,4 +1,4 @@
-package edge
+package edgetls
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-project/tether/cluster/pki"
+	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/edge/fleetview"
 )
 
@@ -163,15 +164,15 @@ func (g *identityGuard) CloseIdleConnections() {
 	}
 }
 
-// verifyWorkerAddress is fleetview's address check: GET url/healthz with
-// the worker's identity expected (ctx carries it), through the hop client.
-// Any HTTP answer proves the identity: the handshake checked it.
-func (e *Edge) verifyWorkerAddress(ctx context.Context, workerID, url string) error {
+// verifyWorkerAddress is the fleet view's address check through client (the
+// hop client): GET url/healthz with the worker's identity expected (ctx
+// carries it). Any HTTP answer proves the identity: the handshake checked it.
+func verifyWorkerAddress(ctx context.Context, client *http.Client, workerID, url string) error {
 	req, err := http.NewRequestWithContext(fleetview.ExpectWorker(ctx, workerID), http.MethodGet, url+"/healthz", nil)
 	if err != nil {
 		return err
 	}
-	resp, err := e.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
@@ -180,11 +181,13 @@ func (e *Edge) verifyWorkerAddress(ctx context.Context, workerID, url string) er
 	return nil
 }
 
-// addressVerifier is fleetview's VerifyAddress: nil unless the edge can
-// check worker identities.
-func (e *Edge) addressVerifier() func(context.Context, string, string) error {
-	if !e.cfg.TLS.ChecksWorkerIdentity() {
+// AddressVerifier is the fleet view's VerifyAddress, through the hop
+// client: nil unless the edge checks worker identities (cfg).
+func AddressVerifier(cfg config.TLSConfig, client *http.Client) func(ctx context.Context, workerID, url string) error {
+	if !cfg.ChecksWorkerIdentity() {
 		return nil
 	}
-	return e.verifyWorkerAddress
+	return func(ctx context.Context, workerID, url string) error {
+		return verifyWorkerAddress(ctx, client, workerID, url)
+	}
 }
