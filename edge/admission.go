@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/tether-project/tether/internal/apireq"
+	"github.com/tether-project/tether/edge/api"
 )
 
 // admission is the layer in front of the edge's handlers that decides, for
@@ -32,18 +32,18 @@ import (
 // one (defaultRetryAfter), so a client always knows when to come back.
 func (e *Edge) admission(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		restoreTLS(r)
+		api.RestoreTLS(r)
 		w = &retryAfterWriter{ResponseWriter: w}
 		if !routedRequest(r) {
 			next.ServeHTTP(w, r)
 			return
 		}
 		if why := e.ready.stalled(e.now()); why != "" {
-			e.metrics.Requests.WithLabelValues(endpointLabel(r), "503").Inc()
-			ae := newAPIError(http.StatusServiceUnavailable, "server_error", "state_stalled", "",
+			e.metrics.Requests.WithLabelValues(api.EndpointLabel(r), "503").Inc()
+			ae := api.NewError(http.StatusServiceUnavailable, "server_error", "state_stalled", "",
 				"this edge cannot route requests correctly: its copy of the affinity log stopped following the cluster's (%s); retry on another edge", why)
 			ae.RetryAfter = e.retryHint()
-			ae.Write(w, pathDialect(r))
+			ae.Write(w, api.PathDialect(r))
 			return
 		}
 		if e.shed == nil {
@@ -52,11 +52,11 @@ func (e *Edge) admission(next http.Handler) http.Handler {
 		}
 		release, why := e.shed.admit()
 		if release == nil {
-			e.metrics.Requests.WithLabelValues(endpointLabel(r), "429").Inc()
-			ae := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "edge_overloaded", "",
+			e.metrics.Requests.WithLabelValues(api.EndpointLabel(r), "429").Inc()
+			ae := api.NewError(http.StatusTooManyRequests, "rate_limit_error", "edge_overloaded", "",
 				"this edge is saturated (%s); retry after %s", why, e.cfg.Admission.RetryAfter)
 			ae.RetryAfter = e.shed.retryAfter()
-			ae.Write(w, pathDialect(r))
+			ae.Write(w, api.PathDialect(r))
 			return
 		}
 		defer release()
@@ -68,26 +68,6 @@ func (e *Edge) admission(next http.Handler) http.Handler {
 // /v1/ except the model list, which the edge answers itself).
 func routedRequest(r *http.Request) bool {
 	return r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/v1/") && !strings.HasPrefix(r.URL.Path, "/v1/models")
-}
-
-// endpointLabel is the requests metric's endpoint label for r.
-func endpointLabel(r *http.Request) string {
-	if d, ok := dialectOfPath(r.URL.Path); ok {
-		return d.String()
-	}
-	if strings.HasPrefix(r.URL.Path, "/v1/responses/") {
-		return "responses_by_id"
-	}
-	return "other"
-}
-
-// pathDialect is the API whose error shape a refusal of r takes (a
-// Messages client reads Anthropic's; every other path OpenAI's).
-func pathDialect(r *http.Request) apireq.Dialect {
-	if d, ok := dialectOfPath(r.URL.Path); ok {
-		return d
-	}
-	return apireq.Chat
 }
 
 // defaultRetryAfter is the Retry-After of a 503 or 429 that names none:

@@ -15,9 +15,11 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
+	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/internal/respid"
 )
 
@@ -35,8 +37,8 @@ import (
 // handleConversations serves /v1/conversations and below.
 func (e *Edge) handleConversations(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	aw := &apiWriter{ResponseWriter: w, dialect: apireq.Responses}
-	ctx := traceProp.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	aw := api.NewWriter(w, apireq.Responses)
+	ctx := observe.TraceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 	ctx, span := e.tracing.tracer.Start(ctx, "tether.edge /v1/conversations", trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("tether.edge", e.nodeID)))
 	defer span.End()
@@ -68,20 +70,20 @@ func (e *Edge) serveConversations(ctx context.Context, w http.ResponseWriter, r 
 		allowed = conversationMethods(sub)
 	}
 	if allowed == "" || (rest != "" && id == "") {
-		return fail(w, span, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+		return api.Fail(w, span, api.NewError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
 			"unknown path %s %s (conversations: POST /v1/conversations; GET, POST or DELETE /v1/conversations/{id}; GET or POST .../items; GET or DELETE .../items/{item_id})",
-			r.Method, truncate(r.URL.Path, 200)))
+			r.Method, httpjson.Clip(r.URL.Path, 200)))
 	}
 	if !strings.Contains(allowed, r.Method) || r.Method == http.MethodHead {
 		w.Header().Set("Allow", allowed)
-		return fail(w, span, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
-			"method %s is not allowed on %s (allowed: %s)", r.Method, truncate(r.URL.Path, 200), allowed))
+		return api.Fail(w, span, api.NewError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
+			"method %s is not allowed on %s (allowed: %s)", r.Method, httpjson.Clip(r.URL.Path, 200), allowed))
 	}
 	var body []byte
 	if r.Method == http.MethodPost {
 		b, release, aerr := e.readBody(r)
 		if aerr != nil {
-			return fail(w, span, aerr)
+			return api.Fail(w, span, aerr)
 		}
 		defer release()
 		body = b
@@ -91,7 +93,7 @@ func (e *Edge) serveConversations(ctx context.Context, w http.ResponseWriter, r 
 	}
 	ref, aerr := e.resolveConversation(id, e.now())
 	if aerr != nil {
-		return fail(w, span, aerr)
+		return api.Fail(w, span, aerr)
 	}
 	span.SetAttributes(observe.AttrInstance.String(ref.id.Instance), attribute.String("tether.conversation", id))
 	target := ref.url + "/v1/conversations/" + url.PathEscape(ref.id.Upstream)
@@ -117,29 +119,29 @@ func (e *Edge) conversationHop(ctx context.Context, w http.ResponseWriter, metho
 	}
 	req, err := http.NewRequestWithContext(ctx, method, target, rd)
 	if err != nil {
-		return fail(w, span, newAPIError(http.StatusInternalServerError, "server_error", "internal_error", "", "building the request: %v", err))
+		return api.Fail(w, span, api.NewError(http.StatusInternalServerError, "server_error", "internal_error", "", "building the request: %v", err))
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	traceProp.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	observe.TraceContext.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := e.client.Do(req)
 	if err != nil {
-		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "upstream_unavailable", "", "the instance holding the conversation is unreachable: %v", err)
+		ae := api.NewError(http.StatusServiceUnavailable, "server_error", "upstream_unavailable", "", "the instance holding the conversation is unreachable: %v", err)
 		ae.RetryAfter = time.Second
-		return fail(w, span, ae)
+		return api.Fail(w, span, ae)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, api.MaxUpstreamBody))
 	if err != nil {
-		return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "upstream_error", "", "reading the instance's answer: %v", err))
+		return api.Fail(w, span, api.NewError(http.StatusBadGateway, "server_error", "upstream_error", "", "reading the instance's answer: %v", err))
 	}
 	if mint != nil && resp.StatusCode == http.StatusOK {
 		var obj struct {
 			ID string `json:"id"`
 		}
 		if json.Unmarshal(b, &obj) != nil || obj.ID == "" {
-			return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "upstream_error", "", "the instance answered a conversation without an id: %s", truncate(string(b), 200)))
+			return api.Fail(w, span, api.NewError(http.StatusBadGateway, "server_error", "upstream_error", "", "the instance answered a conversation without an id: %s", httpjson.Clip(string(b), 200)))
 		}
 		ref = &storedRef{client: mint(obj.ID), id: respid.ID{Upstream: obj.ID}}
 		e.metrics.Conversations.WithLabelValues("created").Inc()
@@ -148,7 +150,7 @@ func (e *Edge) conversationHop(ctx context.Context, w http.ResponseWriter, metho
 		// The worker names its own id; the client knows the one it got.
 		b = bytes.ReplaceAll(b, []byte(ref.id.Upstream), []byte(ref.client))
 	}
-	return (&upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}).write(w)
+	return (&api.UpstreamAnswer{Status: resp.StatusCode, Header: resp.Header, Body: b}).Write(w)
 }
 
 // createConversation serves POST /v1/conversations: the conversation goes
@@ -159,30 +161,30 @@ func (e *Edge) createConversation(ctx context.Context, w http.ResponseWriter, bo
 	top := map[string]json.RawMessage{}
 	if len(bytes.TrimSpace(body)) > 0 {
 		if err := json.Unmarshal(body, &top); err != nil || top == nil {
-			return fail(w, span, badRequest("", "", "the request body must be a JSON object"))
+			return api.Fail(w, span, api.BadRequest("", "", "the request body must be a JSON object"))
 		}
 	}
 	m := e.models[0]
 	if raw, ok := top["model"]; ok {
 		var name string
 		if json.Unmarshal(raw, &name) != nil {
-			return fail(w, span, badRequest("invalid_type", "model", "invalid type for \"model\": want a string, got %s", apireq.Kind(raw)))
+			return api.Fail(w, span, api.BadRequest("invalid_type", "model", "invalid type for \"model\": want a string, got %s", apireq.Kind(raw)))
 		}
 		var found bool
 		if m, _, found = e.lookupModel(name); !found {
-			return fail(w, span, e.modelNotFound(name))
+			return api.Fail(w, span, e.modelNotFound(name))
 		}
 		delete(top, "model")
-		body = mustMarshal(top)
+		body = api.MustMarshal(top)
 	}
 	if aerr := e.conversationsServed(m); aerr != nil {
-		return fail(w, span, aerr)
+		return api.Fail(w, span, aerr)
 	}
 	rq := &request{dialect: apireq.Responses, m: m, model: m.name, path: "/v1/conversations", top: top,
 		requestID: e.nodeID + "-" + strconv.FormatUint(e.reqSeq.Add(1), 10), now: e.now()}
 	h, aerr := e.routeFleet(ctx, rq, fsm.FleetGeneration, nil)
 	if aerr != nil {
-		return fail(w, span, aerr)
+		return api.Fail(w, span, aerr)
 	}
 	span.SetAttributes(observe.AttrInstance.String(h.Instance), attribute.String("tether.model", m.name))
 	var boot uint64
@@ -200,14 +202,14 @@ func (e *Edge) createConversation(ctx context.Context, w http.ResponseWriter, bo
 // edge relays to directly (vLLM, SGLang, trtllm-serve, prefill/decode
 // splits): they serve no Conversations API, and no tether worker is there
 // to hold one (a proxy worker in front of them does: engine.type proxy).
-func (e *Edge) conversationsServed(m *servedModel) *apiError {
+func (e *Edge) conversationsServed(m *servedModel) *api.Error {
 	if aerr := e.dialectServed(m, apireq.Responses); aerr != nil {
 		return aerr
 	}
 	if m.cfg.Aggregated() {
-		return newAPIError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
+		return api.NewError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
 			"the fleets of model %q are %s engines, which serve no Conversations API: run tether workers in front of them (engine.type: proxy) to hold conversations (docs/engines.md)",
-			truncate(m.name, 200), m.cfg.ContextServers.Engine.Kind())
+			httpjson.Clip(m.name, 200), m.cfg.ContextServers.Engine.Kind())
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package edge
 import (
 	"fmt"
 
+	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/routing"
 )
 
@@ -19,5 +20,5 @@ func depthLimitedValue(id routing.Identity, cfg routing.IdentityConfig) string {
 	if limit <= 0 {
 		limit = routing.DefaultMaxDepth
 	}
-	return fmt.Sprintf("depth=%d; limit=%d; parent=%q", id.RequestedDepth, limit, truncate(id.Parent, 200))
+	return fmt.Sprintf("depth=%d; limit=%d; parent=%q", id.RequestedDepth, limit, httpjson.Clip(id.Parent, 200))
 }

@@ -27,7 +27,6 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +39,7 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/admin"
+	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/edge/edgetls"
 	"github.com/tether-project/tether/edge/fleetview"
@@ -136,6 +136,7 @@ type Edge struct {
 	// Observability.
 	registry *prometheus.Registry
 	metrics  *observe.Metrics
+	answers  api.Relayer // passes workers' answers to clients
 	tracing  spanTracing
 
 	// The HTTP API's server (serve).
@@ -269,6 +270,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	if e.metrics, err = observe.New(e.registry, observeSource{e}); err != nil {
 		return nil, err
 	}
+	e.answers = api.Relayer{Metrics: e.metrics, Log: e.log}
 	tp := deps.TracerProvider
 	if tp == nil {
 		if tp, e.tracing.shutdown, err = observe.TracerProvider(cfg.Tracing, cfg.Cluster.NodeID, os.Stdout); err != nil {
@@ -363,7 +365,7 @@ func (e *Edge) listen(ctx context.Context) error {
 	for _, w := range e.tls.Warnings(&e.cfg) {
 		e.log.Warn(w)
 	}
-	e.http.ln = apiErrorListener{e.tls.Listener(ln)}
+	e.http.ln = api.Listener{Listener: e.tls.Listener(ln)}
 	return nil
 }
 
@@ -394,16 +396,7 @@ func (e *Edge) startAdmission() error {
 // serve serves the HTTP API on the listener; stopLocked awaits the
 // server's exit.
 func (e *Edge) serve() {
-	srv := &http.Server{
-		Handler:           e.Handler(),
-		ReadHeaderTimeout: e.cfg.ReadHeaderTimeout,
-		ReadTimeout:       e.cfg.ReadTimeout,  // bodies up to max_body_bytes
-		WriteTimeout:      e.cfg.WriteTimeout, // 0: none; streams extend it per chunk (relay)
-		IdleTimeout:       e.cfg.IdleTimeout,
-		MaxHeaderBytes:    1 << 20,
-		ConnContext:       connContext,
-		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelWarn),
-	}
+	srv := api.NewServer(e.Handler(), &e.cfg, slog.NewLogLogger(e.log.Handler(), slog.LevelWarn))
 	e.http.srv = srv
 	done := make(chan error, 1)
 	e.http.serveErr = done
@@ -723,7 +716,7 @@ func (e *Edge) Handler() http.Handler {
 	for _, d := range []apireq.Dialect{apireq.Chat, apireq.Completions, apireq.Messages, apireq.Responses} {
 		mux.HandleFunc(d.Path(), func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, d) })
 	}
-	mux.HandleFunc(countTokensPath, func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, apireq.Messages) })
+	mux.HandleFunc(api.CountTokensPath, func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, apireq.Messages) })
 	mux.HandleFunc("/v1/responses/", e.handleStoredResponse)
 	mux.HandleFunc("/v1/conversations", e.handleConversations)
 	mux.HandleFunc("/v1/conversations/", e.handleConversations)
@@ -740,14 +733,14 @@ func (e *Edge) Handler() http.Handler {
 					panic(v)
 				}
 				e.log.Error("handler panic", "path", r.URL.Path, "panic", v)
-				writeAPIError(w, newAPIError(http.StatusInternalServerError, "server_error", "internal_error", "", "internal error"))
+				api.WriteError(w, api.NewError(http.StatusInternalServerError, "server_error", "internal_error", "", "internal error"))
 			}
 		}()
 		if _, pattern := mux.Handler(r); pattern == "" {
 			e.metrics.Requests.WithLabelValues("other", "404").Inc()
-			writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+			api.WriteError(w, api.NewError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
 				"unknown path %s %s (the edge serves POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/messages/count_tokens, /v1/responses, GET/DELETE /v1/responses/{id}, /v1/conversations[/{id}[/items[/{item_id}]]], GET /v1/models, /healthz, /readyz, /metrics, /admin/v1/...)",
-				r.Method, truncate(r.URL.Path, 200)))
+				r.Method, httpjson.Clip(r.URL.Path, 200)))
 			return
 		}
 		mux.ServeHTTP(w, r)
@@ -771,20 +764,8 @@ func (e *Edge) metricsHandler() http.Handler {
 	})
 }
 
-// writeJSON and truncate are the shared JSON answer and message quoting.
-var (
-	writeJSON = httpjson.Write
-	truncate  = httpjson.Clip
-)
-
-func methodNotAllowed(w http.ResponseWriter, r *http.Request, allowed ...string) {
-	w.Header().Set("Allow", strings.Join(allowed, ", "))
-	writeAPIError(w, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
-		"method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allowed, ", ")))
-}
-
 func (e *Edge) handleHealth(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	httpjson.Write(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 // advertise proposes this edge's NodeInfo until it commits (the leader

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/observe"
@@ -91,7 +92,7 @@ func engineRank(h *hop, size int) int {
 func (e *Edge) dispatchEngine(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
 	h, aerr := e.routeFleet(ctx, rq, fsm.FleetContext, nil)
 	if aerr != nil {
-		return fail(w, span, aerr)
+		return api.Fail(w, span, aerr)
 	}
 	return e.engineExchange(ctx, w, rq, h, span)
 }
@@ -171,7 +172,7 @@ func (e *Edge) recordEngineRank(h *hop, rank int) {
 // reporting is off. Once an instance has reported cached tokens, reporting
 // is on there, so a later null means none were: the shadow cache and the
 // circuit breaker learn of the miss.
-func (e *Edge) engineUsage(instance string, u usageFigures) usageFigures {
+func (e *Edge) engineUsage(instance string, u disagg.Usage) disagg.Usage {
 	if !u.OK {
 		return u
 	}

@@ -1,7 +1,6 @@
 package edge
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -18,37 +17,15 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/routing"
 )
-
-// Response headers.
-const (
-	// HeaderRoute names the instances and ranks of both hops
-	// ("context=<instance>/<rank>; generation=<instance>/<rank>", "-" for
-	// a hop that did not happen) when debug_route_header is on, then the
-	// request's id as the log records it in its decisions
-	// ("; request=<id>") and, per hop, the index of the replica state its
-	// decision read ("; context_state=<n>; generation_state=<n>"), and
-	// "; context_key=own" for a sub-agent's hop routed by its own
-	// conversation id rather than its parent's root: what a checker judges
-	// the answer against.
-	HeaderRoute = "x-tether-route"
-	// HeaderADPRank relays the final worker's attention-DP rank.
-	HeaderADPRank = "x-tether-adp-rank"
-)
-
-// statusClientClosed is recorded (never sent) when the client went away.
-const statusClientClosed = 499
-
-// maxUpstreamBody bounds a non-streaming worker response the edge reads.
-const maxUpstreamBody = 64 << 20
-
-var traceProp = propagation.TraceContext{}
 
 // handleInference serves the create endpoints of every dialect: POST
 // /v1/chat/completions, /v1/completions, /v1/messages, /v1/responses.
@@ -56,15 +33,15 @@ func (e *Edge) handleInference(w http.ResponseWriter, r *http.Request, d apireq.
 	endpoint := d.String()
 	if r.Method != http.MethodPost {
 		e.metrics.Requests.WithLabelValues(endpoint, "405").Inc()
-		methodNotAllowed(&apiWriter{ResponseWriter: w, dialect: d}, r, http.MethodPost)
+		api.MethodNotAllowed(api.NewWriter(w, d), r, http.MethodPost)
 		return
 	}
 	start := time.Now()
 	if d := e.cfg.WriteTimeout; d > 0 {
-		w = &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: d}
+		w = api.NewDeadlineWriter(w, d)
 	}
-	aw := &apiWriter{ResponseWriter: w, dialect: d}
-	ctx := traceProp.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	aw := api.NewWriter(w, d)
+	ctx := observe.TraceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 	ctx, span := e.tracing.tracer.Start(ctx, "tether.edge "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("http.route", r.URL.Path),
 			attribute.String("tether.edge", e.nodeID)))
@@ -76,81 +53,52 @@ func (e *Edge) handleInference(w http.ResponseWriter, r *http.Request, d apireq.
 	}
 	e.metrics.Requests.WithLabelValues(endpoint, strconv.Itoa(status)).Inc()
 	e.metrics.RequestSeconds.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
-	if aw.aborted {
+	if aw.Aborted() {
 		// The stream ended with an error event; the connection ends
 		// without a clean chunked end, so no client reads it as complete.
 		panic(http.ErrAbortHandler)
 	}
 }
 
-// deadlineWriter moves the connection's write deadline write_timeout ahead
-// before every write: the limit is on a stalled client, not on a long
-// generation or stream (http.Server.WriteTimeout alone would count the
-// time spent waiting for the workers).
-type deadlineWriter struct {
-	http.ResponseWriter
-	rc *http.ResponseController
-	d  time.Duration
-}
-
-func (w *deadlineWriter) WriteHeader(status int) {
-	_ = w.rc.SetWriteDeadline(time.Now().Add(w.d))
-	w.ResponseWriter.WriteHeader(status)
-}
-
-func (w *deadlineWriter) Write(b []byte) (int, error) {
-	_ = w.rc.SetWriteDeadline(time.Now().Add(w.d))
-	return w.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the connection (Flush).
-func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-func fail(w http.ResponseWriter, span trace.Span, aerr *apiError) int {
-	span.SetAttributes(attribute.String("tether.error", aerr.Message))
-	writeAPIError(w, aerr)
-	return aerr.Status
-}
-
 func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *http.Request, d apireq.Dialect, span trace.Span) (status int) {
 	e.stripHeaders(r)
 	body, release, aerr := e.readBody(r)
 	if aerr != nil {
-		return fail(w, span, aerr)
+		return api.Fail(w, span, aerr)
 	}
 	defer release()
 	rq, bodyConv, tokens, aerr := parseInference(body, r.URL.Path)
 	if aerr != nil {
-		return fail(w, span, aerr)
+		return api.Fail(w, span, aerr)
 	}
 	// The request's model selects its fleets (a model, or an adapter of one).
 	m, adapter, ok := e.lookupModel(rq.model)
 	if !ok {
-		return fail(w, span, e.modelNotFound(rq.model))
+		return api.Fail(w, span, e.modelNotFound(rq.model))
 	}
 	rq.m, rq.adapter = m, adapter
 	e.engineAdapter(rq)
 	span.SetAttributes(attribute.String("tether.model", m.name), attribute.String("tether.lora_adapter", adapter))
 	defer func() { e.metrics.ModelRequests.WithLabelValues(m.name, adapter, strconv.Itoa(status)).Inc() }()
 	if aerr := e.dialectServed(rq.m, d); aerr != nil {
-		return fail(w, span, aerr)
+		return api.Fail(w, span, aerr)
 	}
 	if tokens, aerr = rq.placeInlineSystem(tokens); aerr != nil {
-		return fail(w, span, aerr)
+		return api.Fail(w, span, aerr)
 	}
 	rq.path = r.URL.Path
 	rq.hint = routing.HintForEndpoint(rq.path)
 	rq.requestID = e.nodeID + "-" + strconv.FormatUint(e.reqSeq.Add(1), 10)
 	rq.now = e.now()
-	rq.passHeaders = passThroughHeaders(d, r.Header)
+	rq.passHeaders = api.PassThroughHeaders(d, r.Header)
 	if d == apireq.Responses {
 		if bodyConv, aerr = e.prepareResponses(rq, bodyConv); aerr != nil {
-			return fail(w, span, aerr)
+			return api.Fail(w, span, aerr)
 		}
 	}
 	if !rq.parsed.CountTokens {
 		if aerr := e.identity(rq, bodyConv, r.Header); aerr != nil {
-			return fail(w, span, aerr)
+			return api.Fail(w, span, aerr)
 		}
 	}
 	if rq.id.DepthLimited {
@@ -181,7 +129,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 // its model's anthropic_inline_system says (the engine's placement: the
 // prompt keyed is the one it renders) and returns the prompt's words
 // tokens; other requests keep theirs.
-func (rq *request) placeInlineSystem(tokens []uint32) ([]uint32, *apiError) {
+func (rq *request) placeInlineSystem(tokens []uint32) ([]uint32, *api.Error) {
 	mode := rq.m.cfg.InlineSystem()
 	if rq.dialect != apireq.Messages || mode == apireq.InlineSystemPreserve {
 		return tokens, nil
@@ -193,153 +141,35 @@ func (rq *request) placeInlineSystem(tokens []uint32) ([]uint32, *apiError) {
 }
 
 // parseInference parses a body by its path's dialect (count_tokens is a
-// Messages body without max_tokens).
-func parseInference(body []byte, path string) (*request, string, []uint32, *apiError) {
-	if strings.TrimSuffix(path, "/") == countTokensPath {
-		p, aerr := apireq.ParseCountTokens(body)
-		if aerr != nil {
-			return nil, "", nil, aerr
-		}
-		return fromParsed(p), "", p.WordTokens(), nil
+// Messages body without max_tokens, and names no conversation).
+func parseInference(body []byte, path string) (*request, string, []uint32, *api.Error) {
+	p, aerr := api.Parse(body, path)
+	if aerr != nil {
+		return nil, "", nil, aerr
 	}
-	d, _ := dialectOfPath(path)
-	return parseBody(body, d)
-}
-
-// countTokensPath is the Messages API's token count.
-const countTokensPath = "/v1/messages/count_tokens"
-
-// dialectOfPath is the dialect of a create endpoint.
-func dialectOfPath(path string) (apireq.Dialect, bool) {
-	switch strings.TrimSuffix(path, "/") {
-	case "/v1/chat/completions":
-		return apireq.Chat, true
-	case "/v1/completions":
-		return apireq.Completions, true
-	case "/v1/messages", countTokensPath:
-		return apireq.Messages, true
-	case "/v1/responses":
-		return apireq.Responses, true
+	bodyConv := p.ConversationID
+	if p.CountTokens {
+		bodyConv = ""
 	}
-	return 0, false
-}
-
-// passThroughHeaders are the client's headers an engine reads that the
-// edge forwards on every hop: the Anthropic API version and beta flags
-// (vLLM and SGLang accept and ignore them; an engine that reads them gets
-// what the client sent).
-func passThroughHeaders(d apireq.Dialect, h http.Header) http.Header {
-	if d != apireq.Messages {
-		return nil
-	}
-	var out http.Header
-	for _, k := range []string{"Anthropic-Version", "Anthropic-Beta"} {
-		if v := h.Values(k); len(v) > 0 {
-			if out == nil {
-				out = http.Header{}
-			}
-			out[k] = append([]string(nil), v...)
-		}
-	}
-	return out
+	return fromParsed(p), bodyConv, p.WordTokens(), nil
 }
 
 // setConversation writes the conversation id into the body's
 // conversation_params (keeping other fields).
 func (rq *request) setConversation(conv string) {
 	cp := map[string]json.RawMessage{}
-	if raw, ok := rq.top["conversation_params"]; ok && !isNull(raw) {
+	if raw, ok := rq.top["conversation_params"]; ok && !apireq.IsNull(raw) {
 		_ = json.Unmarshal(raw, &cp)
 	}
 	v, _ := json.Marshal(conv)
 	cp["conversation_id"] = v
-	rq.top["conversation_params"] = mustMarshal(cp)
-}
-
-func mustMarshal(v any) json.RawMessage {
-	b, err := json.Marshal(v)
-	if err != nil {
-		// Only maps of raw JSON and plain values are marshalled here.
-		return json.RawMessage("null")
-	}
-	return b
+	rq.top["conversation_params"] = api.MustMarshal(cp)
 }
 
 // hopBody is the request body for one hop: the client's body with fields
-// set or removed. Values are copied as the decoder validated them (no
-// re-encoding: the prompt is the bulk of the body and is written once).
+// set or removed (api.HopBody).
 func (rq *request) hopBody(set map[string]json.RawMessage, del ...string) []byte {
-	n := 2
-	for k, v := range rq.top {
-		n += len(k) + len(v) + 4
-	}
-	for k, v := range set {
-		n += len(k) + len(v) + 4
-	}
-	b := make([]byte, 0, n+16)
-	b = append(b, '{')
-	first := true
-	write := func(k string, v json.RawMessage) {
-		if !first {
-			b = append(b, ',')
-		}
-		first = false
-		b = appendJSONString(b, k)
-		b = append(b, ':')
-		b = append(b, v...)
-	}
-outer:
-	for k, v := range rq.top {
-		if _, replaced := set[k]; replaced {
-			continue
-		}
-		for _, d := range del {
-			if k == d {
-				continue outer
-			}
-		}
-		write(k, v)
-	}
-	for k, v := range set {
-		write(k, v)
-	}
-	return append(b, '}')
-}
-
-// appendJSONString appends s as a JSON string (keys of a decoded object:
-// any valid UTF-8, escaped as encoding/json would).
-func appendJSONString(b []byte, s string) []byte {
-	simple := true
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 || c == '<' || c == '>' || c == '&' {
-			simple = false
-			break
-		}
-	}
-	if simple {
-		b = append(b, '"')
-		b = append(b, s...)
-		return append(b, '"')
-	}
-	return append(b, mustMarshal(s)...)
-}
-
-// upstreamAnswer is a worker's non-success answer passed to the client.
-type upstreamAnswer struct {
-	status int
-	header http.Header
-	body   []byte
-}
-
-func (u *upstreamAnswer) write(w http.ResponseWriter) int {
-	ct := u.header.Get("Content-Type")
-	if ct == "" {
-		ct = "application/json"
-	}
-	w.Header().Set("Content-Type", ct)
-	w.WriteHeader(u.status)
-	_, _ = w.Write(u.body)
-	return u.status
+	return api.HopBody(rq.top, set, del...)
 }
 
 // clientAnswer is a worker's (or engine's) answer other than 200 as the
@@ -347,7 +177,7 @@ func (u *upstreamAnswer) write(w http.ResponseWriter) int {
 // the engine's own (a stored response's, a conversation's), and an
 // engine's 404 for the previous_response_id (vLLM's answer: its store no
 // longer holds it) is OpenAI's 400 previous_response_not_found.
-func (rq *request) clientAnswer(status int, header http.Header, b []byte) *upstreamAnswer {
+func (rq *request) clientAnswer(status int, header http.Header, b []byte) *api.UpstreamAnswer {
 	for _, ref := range []*storedRef{rq.prev, rq.conv} {
 		if ref != nil {
 			b = bytes.ReplaceAll(b, []byte(ref.id.Upstream), []byte(ref.client))
@@ -358,24 +188,24 @@ func (rq *request) clientAnswer(status int, header http.Header, b []byte) *upstr
 			fsm.Fleet(rq.prev.id.Fleet), rq.prev.id.Instance)
 		h := header.Clone()
 		h.Set("Content-Type", "application/json")
-		return &upstreamAnswer{status: aerr.Status, header: h, body: aerr.JSON(apireq.Responses)}
+		return &api.UpstreamAnswer{Status: aerr.Status, Header: h, Body: aerr.JSON(apireq.Responses)}
 	}
-	return &upstreamAnswer{status: status, header: header, body: b}
+	return &api.UpstreamAnswer{Status: status, Header: header, Body: b}
 }
 
 // hopFailure is why a hop ended without a usable response: either an
 // error the edge reports, or the worker's own answer passed through.
 type hopFailure struct {
-	err  *apiError
-	pass *upstreamAnswer
+	err  *api.Error
+	pass *api.UpstreamAnswer
 }
 
 func (f *hopFailure) write(w http.ResponseWriter, span trace.Span) int {
 	if f.pass != nil {
-		span.SetAttributes(attribute.Int("tether.upstream_status", f.pass.status))
-		return f.pass.write(w)
+		span.SetAttributes(attribute.Int("tether.upstream_status", f.pass.Status))
+		return f.pass.Write(w)
 	}
-	return fail(w, span, f.err)
+	return api.Fail(w, span, f.err)
 }
 
 // contextResult is a verified context-phase response.
@@ -423,7 +253,7 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 		// Nothing is prefilled: any context worker counts, unbound.
 		h, aerr := e.routeFleet(ctx, rq, fsm.FleetContext, nil)
 		if aerr != nil {
-			return fail(w, span, aerr)
+			return api.Fail(w, span, aerr)
 		}
 		return e.aggregated(ctx, w, rq, h, span)
 	}
@@ -431,7 +261,7 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 	if max := e.cfg.ConditionalDisagg.MaxLocalPrefillLength; max > 0 {
 		h, aerr := e.routeFleet(ctx, rq, fsm.FleetGeneration, nil)
 		if aerr != nil {
-			return fail(w, span, aerr)
+			return api.Fail(w, span, aerr)
 		}
 		genHop = h
 		if uncached := rq.promptTokens - h.Cached; uncached < max {
@@ -441,7 +271,7 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 	}
 	ctxHop, aerr := e.routeFleet(ctx, rq, fsm.FleetContext, nil)
 	if aerr != nil {
-		return fail(w, span, aerr)
+		return api.Fail(w, span, aerr)
 	}
 	cres, hf := e.contextHop(ctx, rq, &ctxHop)
 	if hf != nil {
@@ -462,7 +292,7 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 	if genHop == nil {
 		rq.now = e.now()
 		if genHop, aerr = e.routeFleet(ctx, rq, fsm.FleetGeneration, nil); aerr != nil {
-			return fail(w, span, aerr)
+			return api.Fail(w, span, aerr)
 		}
 	}
 	return e.generationHop(ctx, w, rq, ctxHop, cres, genHop, span)
@@ -480,7 +310,7 @@ func (e *Edge) hopHeader(ctx context.Context, rq *request, h *hop, role hintauth
 		hdr[k] = v
 	}
 	hdr.Set("Content-Type", "application/json")
-	traceProp.Inject(ctx, propagation.HeaderCarrier(hdr))
+	observe.TraceContext.Inject(ctx, propagation.HeaderCarrier(hdr))
 	setLogRank(hdr, h)
 	if e.sendHint(rq, h, role) {
 		sig, err := hintauth.SignAs(e.cfg.HintSignatureFormat, e.authKey, hintauth.Fields{
@@ -540,7 +370,7 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 			trace.WithAttributes(observe.AttrInstance.String(cur.Instance), observe.AttrFleet.String(cur.Fleet.String()), attribute.Int("tether.attempt", attempt)))
 		body, hdr := build(cur)
 		// The hop's span is the worker span's parent.
-		traceProp.Inject(hctx, propagation.HeaderCarrier(hdr))
+		observe.TraceContext.Inject(hctx, propagation.HeaderCarrier(hdr))
 		done := e.noteDispatch(cur.Fleet, cur.Instance, rq.promptTokens)
 		resp, err := e.post(e.fleet.ExpectIdentity(hctx, cur.Instance), cur.URL+rq.path, body, hdr)
 		if err != nil || resp.StatusCode != http.StatusOK {
@@ -551,10 +381,10 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 		case err != nil:
 			if ctx.Err() != nil {
 				span.End()
-				return nil, nil, &hopFailure{err: newAPIError(statusClientClosed, "server_error", "cancelled", "", "request cancelled: %v", ctx.Err())}
+				return nil, nil, &hopFailure{err: api.NewError(api.StatusClientClosed, "server_error", "cancelled", "", "request cancelled: %v", ctx.Err())}
 			}
 			e.metrics.UpstreamErrors.WithLabelValues(cur.Fleet.String(), "connect").Inc()
-			failure = &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
+			failure = &hopFailure{err: api.NewError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
 				"%s instance %s (%s) failed: %v", cur.Fleet, cur.Instance, cur.URL, err)}
 		case resp.StatusCode >= 500:
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -597,7 +427,7 @@ func (e *Edge) contextHop(ctx context.Context, rq *request, h **hop) (*contextRe
 		resp, done, hf := e.exchange(ctx, rq, h, "context", func(cur *hop) ([]byte, http.Header) {
 			disaggID = e.newDisaggID()
 			id := strconv.FormatUint(disaggID, 10)
-			dp := mustMarshal(map[string]any{"request_type": "context_only", "disagg_request_id": disaggID})
+			dp := api.MustMarshal(map[string]any{"request_type": "context_only", "disagg_request_id": disaggID})
 			body := rq.hopBody(map[string]json.RawMessage{"disaggregated_params": dp, "stream": json.RawMessage("false")}, "stream_options")
 			return body, e.hopHeader(ctx, rq, cur, hintauth.RoleContext, hintauth.RequestContextOnly, id)
 		})
@@ -611,7 +441,7 @@ func (e *Edge) contextHop(ctx context.Context, rq *request, h **hop) (*contextRe
 		}
 		e.metrics.UpstreamErrors.WithLabelValues("context", "bad_response").Inc()
 		cur := *h
-		failure := &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
+		failure := &hopFailure{err: api.NewError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
 			"context instance %s answered an unusable context phase: %v", cur.Instance, err)}
 		if attempt >= e.cfg.MaxRetries {
 			return nil, failure
@@ -633,7 +463,7 @@ func (e *Edge) contextHop(ctx context.Context, rq *request, h **hop) (*contextRe
 // opaque_state; it is still understood (rolling upgrades).
 func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, error) {
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, api.MaxUpstreamBody))
 	if err != nil {
 		return nil, fmt.Errorf("reading the response: %w", err)
 	}
@@ -683,14 +513,14 @@ func readContextResult(resp *http.Response, disaggID uint64) (*contextResult, er
 		// handoff only when a generation phase is pending, as _need_gen).
 	case c.DP != nil:
 		dp := c.DP
-		if isNull(dp["ctx_request_id"]) {
+		if apireq.IsNull(dp["ctx_request_id"]) {
 			return nil, errors.New("choices[0].disaggregated_params.ctx_request_id is missing")
 		}
 		if got := strings.Trim(string(bytes.TrimSpace(dp["disagg_request_id"])), `"`); got != wantID {
 			return nil, fmt.Errorf("choices[0].disaggregated_params.disagg_request_id %s, want %d", dp["disagg_request_id"], disaggID)
 		}
 		res.handoff = dp
-		if !isNull(body.PromptTokenIDs) {
+		if !apireq.IsNull(body.PromptTokenIDs) {
 			res.promptTokenIDs = body.PromptTokenIDs
 		}
 	case body.DP != nil:
@@ -743,15 +573,15 @@ func (rq *request) generationBody(cres *contextResult) (body []byte, params map[
 		dp := map[string]json.RawMessage{
 			"request_type":      json.RawMessage(`"generation_only"`),
 			"disagg_request_id": id,
-			"opaque_state":      mustMarshal(cres.opaqueState),
+			"opaque_state":      api.MustMarshal(cres.opaqueState),
 		}
 		if len(cres.ctxRequestID) > 0 {
 			dp["ctx_request_id"] = cres.ctxRequestID
 		}
-		if len(cres.firstTokens) > 0 && !isNull(cres.firstTokens) {
+		if len(cres.firstTokens) > 0 && !apireq.IsNull(cres.firstTokens) {
 			dp["first_gen_tokens"] = cres.firstTokens
 		}
-		return rq.hopBody(map[string]json.RawMessage{"disaggregated_params": mustMarshal(dp)}), nil
+		return rq.hopBody(map[string]json.RawMessage{"disaggregated_params": api.MustMarshal(dp)}), nil
 	}
 	dp := make(map[string]json.RawMessage, len(cres.handoff)+2)
 	for k, v := range cres.handoff {
@@ -759,7 +589,7 @@ func (rq *request) generationBody(cres *contextResult) (body []byte, params map[
 	}
 	dp["request_type"] = json.RawMessage(`"generation_only"`)
 	dp["disagg_request_id"] = id
-	set := map[string]json.RawMessage{"disaggregated_params": mustMarshal(dp)}
+	set := map[string]json.RawMessage{"disaggregated_params": api.MustMarshal(dp)}
 	if cres.promptTokenIDs != nil {
 		if rq.dialect.HasConversation() {
 			set["prompt_token_ids"] = cres.promptTokenIDs
@@ -784,7 +614,7 @@ func (e *Edge) generationHop(ctx context.Context, w http.ResponseWriter, rq *req
 		var err error
 		if disaggAuth, err = hintauth.SignDisaggAs(e.cfg.DisaggAuthFormat, e.authKey, params); err != nil {
 			e.metrics.UpstreamErrors.WithLabelValues("context", "bad_response").Inc()
-			return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
+			return api.Fail(w, span, api.NewError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
 				"context instance %s answered disaggregated_params that cannot be signed: %v", ctxHop.Instance, err))
 		}
 	}
@@ -858,9 +688,9 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 	genRank := resp.Header.Get(HeaderADPRank)
 	e.routeHeaders(w, ctxHop, ctxRank, genHop, genRank)
 	span.SetAttributes(attribute.String("tether.route", "context="+hopLabel(ctxHop, ctxRank)+"; generation="+hopLabel(genHop, genRank)))
-	ans := &answer{d: rq.dialect, cached: cached, nullCached: nullCached}
+	ans := &api.Answer{Dialect: rq.dialect, Cached: cached, NullCached: nullCached}
 	if cres == nil && !rq.parsed.CountTokens {
-		ans.onUsage = func(u usageFigures) {
+		ans.OnUsage = func(u disagg.Usage) {
 			// Only a response that reports its cached tokens says
 			// anything about the cache (vLLM without
 			// --enable-prompt-tokens-details does not: its breaker must
@@ -874,84 +704,10 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 		}
 	}
 	if rq.dialect == apireq.Responses {
-		ans.ids = e.minter(rq, genHop, genRank)
+		ans.IDs = e.minter(rq, genHop, genRank)
 	}
-	return e.copyAnswer(w, resp, ans, rq.stream, genHop.Fleet, rq.dialect.String(), genHop.Instance, span)
+	return e.answers.Copy(w, resp, ans, rq.stream, genHop.Fleet, rq.dialect.String(), genHop.Instance, span)
 }
-
-// copyAnswer writes a worker's 200 answer to the client through ans. A
-// stream that ends before its last event (the worker died, the connection
-// broke) ends with an error event in the dialect's shape and an aborted
-// connection, counted in tether_edge_streams_aborted_total: never a clean
-// end a client would take for a model that stopped.
-func (e *Edge) copyAnswer(w http.ResponseWriter, resp *http.Response, ans *answer, stream bool, fleet fsm.Fleet, endpoint, instance string, span trace.Span) int {
-	if !stream {
-		b, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
-		if err != nil {
-			return fail(w, span, newAPIError(http.StatusBadGateway, "server_error", "upstream_read_failed", "",
-				"reading the response of %s: %v", instance, err))
-		}
-		b = ans.body(b)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(b)
-		return http.StatusOK
-	}
-	h := w.Header()
-	ct := resp.Header.Get("Content-Type")
-	if ct == "" {
-		ct = "text/event-stream"
-	}
-	h.Set("Content-Type", ct)
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	br := bufio.NewReaderSize(resp.Body, 32<<10)
-	atBoundary := true // the last line written ended an event
-	for {
-		line, err := br.ReadBytes('\n')
-		if len(line) > 0 && line[len(line)-1] == '\n' {
-			// (A partial last line is dropped: half an event is no event.)
-			line = ans.line(line)
-			atBoundary = len(bytes.TrimSpace(line)) == 0
-			if _, werr := w.Write(line); werr != nil {
-				return statusClientClosed
-			}
-			if len(bytes.TrimSpace(line)) == 0 {
-				if rc.Flush() != nil {
-					return statusClientClosed
-				}
-			}
-		}
-		if err == nil {
-			continue
-		}
-		if errors.Is(err, io.EOF) && ans.terminal {
-			_ = rc.Flush()
-			return http.StatusOK
-		}
-		cause := "the stream ended before its last event"
-		if !errors.Is(err, io.EOF) {
-			cause = "the stream broke: " + err.Error()
-		}
-		msg := fmt.Sprintf("%s instance %s did not finish the response: %s", fleet, instance, cause)
-		span.SetAttributes(attribute.String("tether.error", "stream cut: "+cause))
-		e.metrics.UpstreamErrors.WithLabelValues(fleet.String(), "stream_cut").Inc()
-		e.metrics.StreamsAborted.WithLabelValues(endpoint, fleet.String()).Inc()
-		e.log.Warn("aborting a stream the worker did not finish", "instance", instance, "cause", cause)
-		if !atBoundary {
-			_, _ = w.Write([]byte("\n")) // the error is an event of its own
-		}
-		_, _ = w.Write(ans.failEvent(msg))
-		_ = rc.Flush()
-		abortStream(w)
-		return http.StatusBadGateway
-	}
-}
-
-// usageFigures is what an answer's usage says of its prompt.
-type usageFigures = disagg.Usage
 
 // respondFromContext answers with the context phase's result when it is
 // already complete (max_tokens 1, or the model stopped): as JSON, or as an
@@ -970,10 +726,10 @@ func (e *Edge) respondFromContext(w http.ResponseWriter, rq *request, ctxHop *ho
 		for _, c := range choices {
 			delete(c, "disaggregated_params")
 		}
-		out["choices"] = mustMarshal(choices)
+		out["choices"] = api.MustMarshal(choices)
 	}
 	if !rq.stream {
-		writeJSON(w, http.StatusOK, out)
+		httpjson.Write(w, http.StatusOK, out)
 		return http.StatusOK
 	}
 	h := w.Header()
@@ -985,7 +741,7 @@ func (e *Edge) respondFromContext(w http.ResponseWriter, rq *request, ctxHop *ho
 	if chat {
 		object = "chat.completion.chunk"
 	}
-	base := map[string]json.RawMessage{"object": mustMarshal(object)}
+	base := map[string]json.RawMessage{"object": api.MustMarshal(object)}
 	for _, k := range []string{"id", "created", "model"} {
 		if v, ok := cres.raw[k]; ok {
 			base[k] = v
@@ -997,14 +753,14 @@ func (e *Edge) respondFromContext(w http.ResponseWriter, rq *request, ctxHop *ho
 			m[k] = v
 		}
 		if choice != nil {
-			m["choices"] = mustMarshal([]any{choice})
+			m["choices"] = api.MustMarshal([]any{choice})
 		} else {
 			m["choices"] = json.RawMessage("[]")
 		}
 		if usage != nil {
 			m["usage"] = usage
 		}
-		return mustMarshal(m)
+		return api.MustMarshal(m)
 	}
 	finish := cres.finish
 	var events [][]byte
@@ -1023,7 +779,7 @@ func (e *Edge) respondFromContext(w http.ResponseWriter, rq *request, ctxHop *ho
 	events = append(events, []byte("[DONE]"))
 	for _, ev := range events {
 		if _, err := fmt.Fprintf(w, "data: %s\n\n", ev); err != nil {
-			return statusClientClosed
+			return api.StatusClientClosed
 		}
 	}
 	_ = http.NewResponseController(w).Flush()

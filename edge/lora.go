@@ -11,7 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/httpjson"
 )
 
 // adapterPlaced counts where a LoRA request went (an instance the edge
@@ -49,8 +51,8 @@ func (e *Edge) engineAdapter(rq *request) {
 	if rq.adapter == "" {
 		return
 	}
-	rq.top["model"] = mustMarshal(rq.m.name + ":" + rq.adapter)
-	rq.top["lora_path"] = mustMarshal(rq.adapter)
+	rq.top["model"] = api.MustMarshal(rq.m.name + ":" + rq.adapter)
+	rq.top["lora_path"] = api.MustMarshal(rq.adapter)
 }
 
 // runtimeLoadTTL is how long the edge trusts that an instance holds an
@@ -120,7 +122,7 @@ func (e *Edge) ensureAdapter(ctx context.Context, rq *request, cur *hop) {
 		case resp.StatusCode == http.StatusBadRequest && bytes.Contains(b, []byte("already been loaded")):
 			result = "already_loaded"
 		default:
-			detail = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(truncate(string(b), 200)))
+			detail = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(httpjson.Clip(string(b), 200)))
 		}
 	} else {
 		detail = err.Error()

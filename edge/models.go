@@ -7,7 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
 )
@@ -104,7 +106,7 @@ func (e *Edge) lookupModel(name string) (m *servedModel, adapter string, ok bool
 }
 
 // modelNotFound is OpenAI's answer to an unknown model or adapter.
-func (e *Edge) modelNotFound(name string) *apiError {
+func (e *Edge) modelNotFound(name string) *api.Error {
 	served := make([]string, 0, len(e.models))
 	for _, m := range e.models {
 		served = append(served, fmt.Sprintf("%q", m.name))
@@ -118,8 +120,8 @@ func (e *Edge) modelNotFound(name string) *apiError {
 	if len(served) > 12 {
 		served = append(served[:12], fmt.Sprintf("and %d more (GET /v1/models)", len(served)-12))
 	}
-	return newAPIError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-		"the model %q does not exist (this edge serves %s)", truncate(name, 200), strings.Join(served, ", "))
+	return api.NewError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+		"the model %q does not exist (this edge serves %s)", httpjson.Clip(name, 200), strings.Join(served, ", "))
 }
 
 // modelCard is one entry of GET /v1/models in vLLM's shape
@@ -156,10 +158,10 @@ func (e *Edge) modelCards() []modelCard {
 
 func (e *Edge) handleModels(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		methodNotAllowed(w, r, http.MethodGet)
+		api.MethodNotAllowed(w, r, http.MethodGet)
 		return
 	}
-	writeJSON(w, http.StatusOK, struct {
+	httpjson.Write(w, http.StatusOK, struct {
 		Object string      `json:"object"`
 		Data   []modelCard `json:"data"`
 	}{"list", e.modelCards()})
@@ -170,19 +172,19 @@ func (e *Edge) handleModels(w http.ResponseWriter, r *http.Request) {
 // 404 as OpenAI answers an unknown one.
 func (e *Edge) handleModel(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		methodNotAllowed(w, r, http.MethodGet)
+		api.MethodNotAllowed(w, r, http.MethodGet)
 		return
 	}
 	id := r.PathValue("id")
 	for _, c := range e.modelCards() {
 		if c.ID == id {
-			writeJSON(w, http.StatusOK, c)
+			httpjson.Write(w, http.StatusOK, c)
 			e.metrics.Requests.WithLabelValues("models", "200").Inc()
 			return
 		}
 	}
 	e.metrics.Requests.WithLabelValues("models", "404").Inc()
-	writeAPIError(w, e.modelNotFound(id))
+	api.WriteError(w, e.modelNotFound(id))
 }
 
 // instanceModel is the model whose fleets instance v belongs to: the

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
@@ -71,17 +72,17 @@ func (e *Edge) pdSend(ctx context.Context, rq *request, h *hop, phase string, bo
 	hctx, span := e.tracing.tracer.Start(ctx, "tether.edge "+phase+" hop", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(observe.AttrInstance.String(h.Instance), observe.AttrFleet.String(h.Fleet.String())))
 	defer span.End()
-	traceProp.Inject(hctx, propagation.HeaderCarrier(hdr))
+	observe.TraceContext.Inject(hctx, propagation.HeaderCarrier(hdr))
 	done := e.noteDispatch(h.Fleet, h.Instance, rq.promptTokens)
 	resp, err := e.post(hctx, h.URL+rq.path, body, hdr)
 	if err != nil {
 		done()
 		if ctx.Err() != nil {
-			return pdAttempt{fail: &hopFailure{err: newAPIError(statusClientClosed, "server_error", "cancelled", "", "request cancelled: %v", ctx.Err())}}
+			return pdAttempt{fail: &hopFailure{err: api.NewError(api.StatusClientClosed, "server_error", "cancelled", "", "request cancelled: %v", ctx.Err())}}
 		}
 		span.SetStatus(codes.Error, "hop failed")
 		e.metrics.UpstreamErrors.WithLabelValues(h.Fleet.String(), "connect").Inc()
-		return pdAttempt{unreachable: true, fail: &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
+		return pdAttempt{unreachable: true, fail: &hopFailure{err: api.NewError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
 			"%s instance %s (%s) failed: %v", h.Fleet, h.Instance, h.URL, err)}}
 	}
 	span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
@@ -95,7 +96,7 @@ func (e *Edge) pdSend(ctx context.Context, rq *request, h *hop, phase string, bo
 		span.SetStatus(codes.Error, "hop failed")
 		e.metrics.UpstreamErrors.WithLabelValues(h.Fleet.String(), "status_5xx").Inc()
 	}
-	return pdAttempt{status: resp.StatusCode, fail: &hopFailure{pass: &upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}}}
+	return pdAttempt{status: resp.StatusCode, fail: &hopFailure{pass: &api.UpstreamAnswer{Status: resp.StatusCode, Header: resp.Header, Body: b}}}
 }
 
 // pdRetry moves a failed hop to another instance when retries are left
@@ -121,7 +122,7 @@ func (e *Edge) pdRetry(ctx context.Context, rq *request, h **hop, retries *int) 
 // the instance's cache breaker and the shadow of its cache, and the rank
 // the edge chose joins the binding in the log. It returns the cached
 // tokens to report to the client (-1: the prefill reported none).
-func (e *Edge) prefilled(rq *request, h *hop, rank int, u usageFigures) int {
+func (e *Edge) prefilled(rq *request, h *hop, rank int, u disagg.Usage) int {
 	u = e.engineUsage(h.Instance, u)
 	e.shadowRoute(rq, h, rank)
 	if rank >= 0 {

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/fsm"
 )
@@ -37,18 +38,18 @@ func (e *Edge) sglangBootstrap(h *hop, batch, rank int) map[string]json.RawMessa
 // sglangPrefillResult is the prefill request's outcome.
 type sglangPrefillResult struct {
 	pdAttempt
-	usage usageFigures
+	usage disagg.Usage
 }
 
 func (e *Edge) dispatchSGLangPD(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
 	ctxHop, aerr := e.routeFleet(ctx, rq, fsm.FleetContext, nil)
 	if aerr != nil {
-		return fail(w, span, aerr)
+		return api.Fail(w, span, aerr)
 	}
 	rq.now = e.now()
 	genHop, aerr := e.routeFleet(ctx, rq, fsm.FleetGeneration, nil)
 	if aerr != nil {
-		return fail(w, span, aerr)
+		return api.Fail(w, span, aerr)
 	}
 	retries := e.cfg.MaxRetries
 	batch := disagg.Batch(rq.top, rq.dialect)
@@ -71,7 +72,7 @@ func (e *Edge) dispatchSGLangPD(ctx context.Context, w http.ResponseWriter, rq *
 				if err := disagg.PeekStream(a.resp); err != nil {
 					a.resp.Body.Close()
 					a.done()
-					a = pdAttempt{status: http.StatusBadGateway, fail: &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error",
+					a = pdAttempt{status: http.StatusBadGateway, fail: &hopFailure{err: api.NewError(http.StatusBadGateway, "server_error",
 						"upstream_failed", "", "decode instance %s failed the request: %v", h.Instance, err)}}
 				}
 			}
@@ -174,13 +175,13 @@ func (e *Edge) sglangPrefillHop(ctx context.Context, rq *request, h *hop, body [
 	if a.fail != nil {
 		return res
 	}
-	b, err := io.ReadAll(io.LimitReader(a.resp.Body, maxUpstreamBody))
+	b, err := io.ReadAll(io.LimitReader(a.resp.Body, api.MaxUpstreamBody))
 	a.resp.Body.Close()
 	a.done()
 	res.resp = nil
 	if err != nil {
 		res.unreachable = true
-		res.fail = &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
+		res.fail = &hopFailure{err: api.NewError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
 			"prefill instance %s failed: %v", h.Instance, err)}
 		return res
 	}

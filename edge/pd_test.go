@@ -18,6 +18,7 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/admin"
+	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
@@ -715,7 +716,7 @@ func TestSGLangBootstrapFields(t *testing.T) {
 	one := e.sglangBootstrap(&hop{Hop: decide.Hop{Instance: "p0", URL: "http://prefill-0.internal:30000"}}, 0, 3)
 	var room uint64
 	if string(one["bootstrap_host"]) != `"prefill-0.internal"` || string(one["bootstrap_port"]) != "9001" || json.Unmarshal(one["bootstrap_room"], &room) != nil || room%4 != 3 {
-		t.Fatalf("%s", mustMarshal(one))
+		t.Fatalf("%s", api.MustMarshal(one))
 	}
 	batch := e.sglangBootstrap(&hop{Hop: decide.Hop{Instance: "p1", URL: "http://10.0.0.7:30000"}}, 3, 1)
 	var hosts []string
@@ -725,7 +726,7 @@ func TestSGLangBootstrapFields(t *testing.T) {
 	_ = json.Unmarshal(batch["bootstrap_port"], &ports)
 	_ = json.Unmarshal(batch["bootstrap_room"], &rooms)
 	if len(hosts) != 3 || hosts[2] != "10.0.0.7" || len(ports) != 3 || ports[0] != disagg.DefaultSGLangBootstrapPort || len(rooms) != 3 || rooms[0] == rooms[1] || rooms[1]%4 != 1 {
-		t.Fatalf("%s", mustMarshal(batch))
+		t.Fatalf("%s", api.MustMarshal(batch))
 	}
 }
 

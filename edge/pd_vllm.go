@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
@@ -42,7 +43,7 @@ func (e *Edge) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, rq *re
 	}
 	ctxHop, aerr := e.routeFleet(ctx, rq, fsm.FleetContext, nil)
 	if aerr != nil {
-		return fail(w, span, aerr)
+		return api.Fail(w, span, aerr)
 	}
 	retries := e.cfg.MaxRetries
 	var genHop *hop
@@ -58,7 +59,7 @@ func (e *Edge) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, rq *re
 		if genHop == nil {
 			rq.now = e.now()
 			if genHop, aerr = e.routeFleet(ctx, rq, fsm.FleetGeneration, nil); aerr != nil {
-				return fail(w, span, aerr)
+				return api.Fail(w, span, aerr)
 			}
 		}
 		a, rank := e.vllmDecodeHop(ctx, rq, pre, &genHop, &retries)
@@ -91,14 +92,14 @@ func (e *Edge) vllmPrefillHop(ctx context.Context, rq *request, d disagg.Dialect
 		a := e.pdSend(ctx, rq, cur, "prefill", body, disagg.Header(id, rank))
 		failure := a.fail
 		if failure == nil {
-			pre, err := disagg.ReadVLLMPrefill(a.resp, maxUpstreamBody, d)
+			pre, err := disagg.ReadVLLMPrefill(a.resp, api.MaxUpstreamBody, d)
 			a.done()
 			if err == nil {
 				pre.Rank, pre.ID = rank, id
 				return pre, nil
 			}
 			e.metrics.UpstreamErrors.WithLabelValues(fsm.FleetContext.String(), "bad_response").Inc()
-			failure = &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
+			failure = &hopFailure{err: api.NewError(http.StatusBadGateway, "server_error", "bad_upstream_response", "",
 				"prefill instance %s answered an unusable prefill: %v", cur.Instance, err)}
 		} else if !a.retryable() {
 			return nil, failure
@@ -146,7 +147,7 @@ func (e *Edge) vllmDecodeHop(ctx context.Context, rq *request, pre *disagg.VLLMP
 				a.resp.Body.Close()
 				a.done()
 				a.resp, a.status = nil, http.StatusBadGateway
-				a.fail = &hopFailure{err: newAPIError(http.StatusBadGateway, "server_error", "upstream_failed", "",
+				a.fail = &hopFailure{err: api.NewError(http.StatusBadGateway, "server_error", "upstream_failed", "",
 					"decode instance %s failed the request: %v", cur.Instance, err)}
 			}
 		}

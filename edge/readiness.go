@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/httpjson"
 )
 
 // readiness is what /readyz answers. Always: a leader is known, the node
@@ -231,8 +232,8 @@ func (r *readiness) inStartupGate(now time.Time) bool {
 // reasons.
 func (e *Edge) handleReady(w http.ResponseWriter, r *http.Request) {
 	if reasons := e.ready.check(e.now()); len(reasons) > 0 {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "reasons": reasons})
+		httpjson.Write(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "reasons": reasons})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	httpjson.Write(w, http.StatusOK, map[string]string{"status": "ready"})
 }

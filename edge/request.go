@@ -8,32 +8,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
-	"github.com/tether-project/tether/internal/bodybudget"
 	"github.com/tether-project/tether/internal/convid"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/routing"
 )
-
-// apiError is an API error answer (internal/apireq), written in the shape
-// of the endpoint's dialect.
-type apiError = apireq.Error
-
-func newAPIError(status int, typ, code, param, format string, args ...any) *apiError {
-	return apireq.NewError(status, typ, code, param, format, args...)
-}
-
-func badRequest(code, param, format string, args ...any) *apiError {
-	return apireq.BadRequest(code, param, format, args...)
-}
-
-// writeAPIError writes e in the shape of the dialect of the endpoint w
-// serves (apiWriter; OpenAI's when w is not one).
-func writeAPIError(w http.ResponseWriter, e *apiError) {
-	e.Write(w, dialectOf(w))
-}
 
 // request is one inference request after parsing: its sanitized body, its
 // identity and the prompt's block hashes.
@@ -69,70 +51,29 @@ type request struct {
 	conv *storedRef
 }
 
-// internalBodyFields never come from a client: the edge owns
-// disaggregation and the affinity hint (docs/subagent-routing.md: "the internal affinity
-// field is excluded from the serialized request body").
-var internalBodyFields = []string{"disaggregated_params", "subagent_affinity_id", "subagent_affinity_auth"}
-
-// readBody reads at most max_body_bytes (413 beyond), held against the
-// edge's max_inflight_body_bytes until release (429 with Retry-After when
-// the budget is exhausted).
-func (e *Edge) readBody(r *http.Request) (body []byte, release func(), aerr *apiError) {
-	limit := e.cfg.MaxBodyBytes
-	body, release, err := e.bodies.Read(r.Body, r.ContentLength, limit)
-	switch {
-	case err == nil:
-		return body, release, nil
-	case errors.Is(err, bodybudget.ErrTooLarge):
-		if r.ContentLength > limit {
-			return nil, nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "",
-				"request body of %d bytes exceeds the limit of %d bytes (max_body_bytes)", r.ContentLength, limit)
-		}
-		return nil, nil, newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "",
-			"request body exceeds the limit of %d bytes (max_body_bytes)", limit)
-	case errors.Is(err, bodybudget.ErrExceeded):
-		e.metrics.BodyRefused.Inc()
-		aerr := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "request_body_budget_exhausted", "",
-			"this edge holds its limit of %d request-body bytes in flight (max_inflight_body_bytes); retry after 1s", e.bodies.Limit())
-		aerr.RetryAfter = time.Second
-		return nil, nil, aerr
-	}
-	return nil, nil, badRequest("", "", "reading the request body: %v", err)
+// readBody reads the request's body (max_body_bytes, held against
+// max_inflight_body_bytes until release: api.ReadBody).
+func (e *Edge) readBody(r *http.Request) (body []byte, release func(), aerr *api.Error) {
+	return api.ReadBody(r, e.bodies, e.cfg.MaxBodyBytes, e.metrics.BodyRefused)
 }
 
 // parseBody validates an inference body of dialect d (internal/apireq,
 // the request model workers share) and extracts what routing needs: model,
 // stream, max tokens, the conversation id in the body, and the prompt's
 // tokens by the words tokenizer. Internal fields are removed from top.
-func parseBody(body []byte, d apireq.Dialect) (rq *request, bodyConv string, tokens []uint32, aerr *apiError) {
-	p, aerr := apireq.Parse(d, body)
+func parseBody(body []byte, d apireq.Dialect) (rq *request, bodyConv string, tokens []uint32, aerr *api.Error) {
+	p, aerr := api.ParseDialect(body, d)
 	if aerr != nil {
 		return nil, "", nil, aerr
 	}
 	return fromParsed(p), p.ConversationID, p.WordTokens(), nil
 }
 
-// fromParsed is the edge's request for a parsed body.
+// fromParsed is the edge's request for a parsed body (api.Parse).
 func fromParsed(p *apireq.Request) *request {
-	top := p.Top
-	for _, k := range internalBodyFields {
-		delete(top, k)
-	}
-	if raw, ok := top["scheduling_params"]; ok && !apireq.IsNull(raw) {
-		// The affinity id may also hide in scheduling_params: drop it there.
-		var sp map[string]json.RawMessage
-		if json.Unmarshal(raw, &sp) == nil {
-			if _, ok := sp["subagent_affinity_id"]; ok {
-				delete(sp, "subagent_affinity_id")
-				top["scheduling_params"] = mustMarshal(sp)
-			}
-		}
-	}
-	return &request{dialect: p.Dialect, parsed: p, top: top, model: p.Model, stream: p.Stream,
+	return &request{dialect: p.Dialect, parsed: p, top: p.Top, model: p.Model, stream: p.Stream,
 		includeUsage: p.IncludeUsage, maxTokens: p.MaxTokens}
 }
-
-func isNull(raw json.RawMessage) bool { return apireq.IsNull(raw) }
 
 // stripHeaders enforces the gateway trust boundary on the incoming headers:
 // the internal hint headers are always removed (only the edge signs
@@ -184,7 +125,7 @@ func (e *Edge) stripHeaders(r *http.Request) {
 
 // identity resolves the request's conversation id, routing keys and parent
 // link against the replicated state.
-func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *apiError {
+func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *api.Error {
 	if strings.TrimSpace(bodyConv) == "" && convid.Resolve("", h) == "" {
 		// Last, as TensorRT-LLM: a client-native body field (Codex).
 		bodyConv = convid.FromClientFields(rq.top)
@@ -202,25 +143,25 @@ func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *apiError {
 		if errors.As(err, &ie) {
 			switch {
 			case errors.Is(err, routing.ErrIDTooLong) && ie.SessionHeader != "":
-				return badRequest("invalid_header", ie.SessionHeader, "%v", err)
+				return api.BadRequest("invalid_header", ie.SessionHeader, "%v", err)
 			case errors.Is(err, routing.ErrIDTooLong) && ie.Header == "":
-				return badRequest("invalid_value", "conversation_params.conversation_id", "%v", err)
+				return api.BadRequest("invalid_value", "conversation_params.conversation_id", "%v", err)
 			case errors.Is(err, routing.ErrIDTooLong):
-				return badRequest("invalid_header", ie.Header, "%v", err)
+				return api.BadRequest("invalid_header", ie.Header, "%v", err)
 			}
-			return badRequest("invalid_subagent_affinity", ie.Header, "%v", err)
+			return api.BadRequest("invalid_subagent_affinity", ie.Header, "%v", err)
 		}
-		return badRequest("", "", "%v", err)
+		return api.BadRequest("", "", "%v", err)
 	}
 	if strings.Contains(id.ConversationID, fsm.ModelKeySep) || strings.Contains(id.Root, fsm.ModelKeySep) {
 		// The separator of a model's routing-key namespace (fsm.ModelKey):
 		// a key holding it could name another model's binding.
-		return badRequest("invalid_value", "conversation_params.conversation_id", "conversation ids must not contain U+001F")
+		return api.BadRequest("invalid_value", "conversation_params.conversation_id", "conversation ids must not contain U+001F")
 	}
 	rq.id = id
 	p, err := routing.PriorityFromHeader(h)
 	if err != nil {
-		return badRequest("", routing.PriorityHeader, "%v", err)
+		return api.BadRequest("", routing.PriorityHeader, "%v", err)
 	}
 	rq.priority = p
 	return nil
@@ -232,7 +173,7 @@ func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *apiError {
 // (parseInference) and tokens. Workers compute theirs with
 // worker.PromptBlocks; test/agentapi requires the two equal over a corpus.
 func PromptBlocks(path string, body []byte, blockSize int) ([]uint64, error) {
-	if _, ok := dialectOfPath(path); !ok {
+	if _, ok := api.DialectOfPath(path); !ok {
 		return nil, fmt.Errorf("%s is not an inference path", path)
 	}
 	_, _, tokens, aerr := parseInference(body, path)

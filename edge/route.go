@@ -13,10 +13,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/cluster"
+	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/hintauth"
+	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/routing/kvindex"
@@ -135,50 +137,50 @@ func (h *hop) decided() *decide.Hop {
 }
 
 // failureError turns a decision's failure into the client's answer.
-func (e *Edge) failureError(f *decide.Failure) *apiError {
+func (e *Edge) failureError(f *decide.Failure) *api.Error {
 	switch f.Kind {
 	case decide.FailNoInstances:
-		return newAPIError(http.StatusServiceUnavailable, "server_error", "no_healthy_instance", "",
+		return api.NewError(http.StatusServiceUnavailable, "server_error", "no_healthy_instance", "",
 			"no healthy %s instance is available: %v", f.Fleet, f.Err)
 	case decide.FailRouting:
-		return newAPIError(http.StatusServiceUnavailable, "server_error", "routing_failed", "", "%s routing failed: %v", f.Fleet, f.Err)
+		return api.NewError(http.StatusServiceUnavailable, "server_error", "routing_failed", "", "%s routing failed: %v", f.Fleet, f.Err)
 	case decide.FailShed:
-		ae := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "overloaded", "",
+		ae := api.NewError(http.StatusTooManyRequests, "rate_limit_error", "overloaded", "",
 			"every %s instance is over its load limit; retry after %s", f.Fleet, f.RetryAfter)
 		ae.RetryAfter = f.RetryAfter
 		return ae
 	case decide.FailLog:
-		return newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
+		return api.NewError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
 			"recording the %s placement of %q failed: %v", f.Fleet, f.Key, f.Err)
 	case decide.FailRejected:
-		return newAPIError(http.StatusServiceUnavailable, "server_error", "placement_rejected", "",
+		return api.NewError(http.StatusServiceUnavailable, "server_error", "placement_rejected", "",
 			"the affinity log rejected placing %s key %q on %s: %s", f.Fleet, f.Key, f.Instance, f.Detail)
 	case decide.FailStateUnknown:
 		e.metrics.Decisions.WithLabelValues(f.Fleet.String(), decide.PolicyPending, outcomeRefused).Inc()
-		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_state_unknown", "",
+		ae := api.NewError(http.StatusServiceUnavailable, "server_error", "affinity_state_unknown", "",
 			"%s key %q needs its placement committed in the affinity log, which this edge cannot confirm right now: %s; retry shortly",
-			f.Fleet, truncate(f.Key, 200), f.Detail)
+			f.Fleet, httpjson.Clip(f.Key, 200), f.Detail)
 		ae.RetryAfter = e.retryHint()
 		return ae
 	case decide.FailDetourUnrecorded:
 		e.metrics.Decisions.WithLabelValues(f.Fleet.String(), "bound", outcomeRefused).Inc()
-		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
+		ae := api.NewError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
 			"%s key %q must leave its unhealthy instance %s and the affinity log cannot record the move right now: %v; retry shortly",
-			f.Fleet, truncate(f.Key, 200), f.Instance, f.Err)
+			f.Fleet, httpjson.Clip(f.Key, 200), f.Instance, f.Err)
 		ae.RetryAfter = e.retryHint()
 		return ae
 	case decide.FailNoAlternative:
-		return newAPIError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
+		return api.NewError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
 			"%s instance %s failed and no other instance can take the request", f.Fleet, f.Instance)
 	}
-	return newAPIError(http.StatusServiceUnavailable, "server_error", "routing_failed", "", "%s routing failed: %v", f.Fleet, f)
+	return api.NewError(http.StatusServiceUnavailable, "server_error", "routing_failed", "", "%s routing failed: %v", f.Fleet, f)
 }
 
 // routeFleet decides where fleet f's part of rq goes (routing/decide: sticky
 // to the key's committed binding or an overflow, a new placement proposed
 // through the log, a degraded placement when the log cannot commit, or an
 // unbound placement), and predicts the prompt there.
-func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *apiError) {
+func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *api.Error) {
 	ctx, span := e.tracing.tracer.Start(ctx, "tether.edge route "+f.String(), trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
 	defer e.metrics.ObserveRoute(f, time.Now())
@@ -227,7 +229,7 @@ func (e *Edge) routingRequest(rq *request, f fsm.Fleet, rr uint64) routing.Reque
 }
 
 // decide is the shared decision (routing/decide) for fleet f's part of rq.
-func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *apiError) {
+func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *api.Error) {
 	req := e.routingRequest(rq, f, rq.m.rr[f].Add(1)-1)
 	d, fail := rq.m.decider.Decide(ctx, rq.m.routers[f], req, prev.decided())
 	if fail != nil {
@@ -246,7 +248,7 @@ func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) 
 // reroute picks another instance after a failed hop: a bound key overflows
 // (recorded as unhealthy), an unbound request is placed again, both
 // excluding every instance that failed.
-func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *apiError) {
+func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *api.Error) {
 	rq.now = e.now()
 	if !failed.Bound {
 		return e.routeFleet(ctx, rq, failed.Fleet, failed)

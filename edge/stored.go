@@ -17,9 +17,11 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
+	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/internal/respid"
 	"github.com/tether-project/tether/routing/decide"
 )
@@ -60,17 +62,17 @@ const (
 // found."); a response id in the path 404 ("Response with id '…' not
 // found.", code response_not_found); a conversation 404 ("Conversation with
 // id '…' not found.", no param or code, as OpenAI answers it).
-func (k refKind) notFound(client, reason string, args ...any) *apiError {
+func (k refKind) notFound(client, reason string, args ...any) *api.Error {
 	why := fmt.Sprintf(reason, args...)
-	id := truncate(client, 200)
+	id := httpjson.Clip(client, 200)
 	switch k {
 	case refPrevious:
-		return newAPIError(http.StatusBadRequest, "invalid_request_error", "previous_response_not_found", "previous_response_id",
+		return api.NewError(http.StatusBadRequest, "invalid_request_error", "previous_response_not_found", "previous_response_id",
 			"Previous response with id '%s' not found. %s", id, why)
 	case refConversation:
-		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "", "Conversation with id '%s' not found. %s", id, why)
+		return api.NewError(http.StatusNotFound, "invalid_request_error", "", "", "Conversation with id '%s' not found. %s", id, why)
 	}
-	return newAPIError(http.StatusNotFound, "invalid_request_error", "response_not_found", "response_id", "Response with id '%s' not found. %s", id, why)
+	return api.NewError(http.StatusNotFound, "invalid_request_error", "response_not_found", "response_id", "Response with id '%s' not found. %s", id, why)
 }
 
 // noun is what the id names, in messages.
@@ -85,7 +87,7 @@ func (k refKind) noun() string {
 // refPrevious). Any id this cluster did not mint, or that names an
 // instance the fleet no longer has (or a process that restarted since), is
 // answered in OpenAI's shape: no instance holds it.
-func (e *Edge) resolveStored(client string, kind refKind, now time.Time) (*storedRef, *apiError) {
+func (e *Edge) resolveStored(client string, kind refKind, now time.Time) (*storedRef, *api.Error) {
 	count := func(outcome string) { e.metrics.StoredResponses.WithLabelValues(outcome).Inc() }
 	id, err := e.respIDs.Parse(client)
 	if err == nil {
@@ -98,15 +100,15 @@ func (e *Edge) resolveStored(client string, kind refKind, now time.Time) (*store
 }
 
 // resolveConversation reads a conversation id a client sent.
-func (e *Edge) resolveConversation(client string, now time.Time) (*storedRef, *apiError) {
+func (e *Edge) resolveConversation(client string, now time.Time) (*storedRef, *api.Error) {
 	id, err := e.respIDs.ParseConversation(client)
 	return e.resolveRef(client, refConversation, id, err, now, func(outcome string) { e.metrics.Conversations.WithLabelValues(outcome).Inc() })
 }
 
 // resolveRef finds the instance a parsed id names (err: why it did not
 // parse).
-func (e *Edge) resolveRef(client string, kind refKind, id respid.ID, err error, now time.Time, count func(outcome string)) (*storedRef, *apiError) {
-	notFound := func(outcome, reason string, args ...any) *apiError {
+func (e *Edge) resolveRef(client string, kind refKind, id respid.ID, err error, now time.Time, count func(outcome string)) (*storedRef, *api.Error) {
+	notFound := func(outcome, reason string, args ...any) *api.Error {
 		count(outcome)
 		return kind.notFound(client, reason, args...)
 	}
@@ -124,9 +126,9 @@ func (e *Edge) resolveRef(client string, kind refKind, id respid.ID, err error, 
 		rec, inLog := e.node.State().Instance(id.Instance)
 		if (inLog && rec.Status != fsm.InstanceRemoved) || e.ready.inStartupGate(now) {
 			count("instance_unheard")
-			ae := newAPIError(http.StatusServiceUnavailable, "server_error", "instance_not_heard", "",
+			ae := api.NewError(http.StatusServiceUnavailable, "server_error", "instance_not_heard", "",
 				"the %s instance %s holding %s %q has not been heard by this edge yet (it started recently, or lost its telemetry); retry shortly",
-				fsm.Fleet(id.Fleet), id.Instance, kind.noun(), truncate(client, 200))
+				fsm.Fleet(id.Fleet), id.Instance, kind.noun(), httpjson.Clip(client, 200))
 			ae.RetryAfter = 500 * time.Millisecond
 			return nil, ae
 		}
@@ -168,7 +170,7 @@ func (e *Edge) storedHop(rq *request) *hop {
 // engine's own id goes to the engine) and returns the body's conversation
 // id as the Responses API ranks them: the conversation parameter, the
 // conversation of the previous response, conversation_params.
-func (e *Edge) prepareResponses(rq *request, bodyConv string) (string, *apiError) {
+func (e *Edge) prepareResponses(rq *request, bodyConv string) (string, *api.Error) {
 	rf := rq.parsed.Responses
 	if rf.PreviousResponseID != "" {
 		ref, aerr := e.resolveStored(rf.PreviousResponseID, refPrevious, rq.now)
@@ -176,7 +178,7 @@ func (e *Edge) prepareResponses(rq *request, bodyConv string) (string, *apiError
 			return "", aerr
 		}
 		rq.prev = ref
-		rq.top["previous_response_id"] = mustMarshal(ref.id.Upstream)
+		rq.top["previous_response_id"] = api.MustMarshal(ref.id.Upstream)
 		if ref.id.Conversation != "" {
 			bodyConv = ref.id.Conversation
 			rq.continued = bodyConv
@@ -190,7 +192,7 @@ func (e *Edge) prepareResponses(rq *request, bodyConv string) (string, *apiError
 			return "", aerr
 		}
 		rq.conv = ref
-		rq.top["conversation"] = mustMarshal(ref.id.Upstream)
+		rq.top["conversation"] = api.MustMarshal(ref.id.Upstream)
 		bodyConv, rq.continued = rf.Conversation, ""
 	}
 	return bodyConv, nil
@@ -247,7 +249,8 @@ type responseIDs struct {
 	mint  func(upstream string) string
 }
 
-func (r *responseIDs) rewrite(obj map[string]json.RawMessage) bool {
+// Rewrite rewrites the ids of a response object (api.IDs).
+func (r *responseIDs) Rewrite(obj map[string]json.RawMessage) bool {
 	var object string
 	if json.Unmarshal(obj["object"], &object) != nil || object != "response" {
 		return false
@@ -258,7 +261,7 @@ func (r *responseIDs) rewrite(obj map[string]json.RawMessage) bool {
 	}
 	if raw, ok := obj["conversation"]; ok && json.Unmarshal(raw, &conv) == nil && conv.ID != "" {
 		if t, ok := r.known[conv.ID]; ok {
-			obj["conversation"] = mustMarshal(map[string]string{"id": t})
+			obj["conversation"] = api.MustMarshal(map[string]string{"id": t})
 			changed = true
 		}
 	}
@@ -275,16 +278,16 @@ func (r *responseIDs) rewrite(obj map[string]json.RawMessage) bool {
 			t = r.mint(s)
 			r.known[s] = t
 		}
-		obj[k] = mustMarshal(t)
+		obj[k] = api.MustMarshal(t)
 		changed = true
 	}
 	return changed
 }
 
-// text replaces, in an answer's bytes, every engine id r knows that is
+// Text replaces, in an answer's bytes, every engine id r knows that is
 // still there (an error event's message, an item naming it) with the
 // client's (r nil: none).
-func (r *responseIDs) text(b []byte) []byte {
+func (r *responseIDs) Text(b []byte) []byte {
 	if r == nil {
 		return b
 	}
@@ -303,8 +306,8 @@ func (r *responseIDs) text(b []byte) []byte {
 // the client's again.
 func (e *Edge) handleStoredResponse(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	aw := &apiWriter{ResponseWriter: w, dialect: apireq.Responses}
-	ctx := traceProp.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	aw := api.NewWriter(w, apireq.Responses)
+	ctx := observe.TraceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 	ctx, span := e.tracing.tracer.Start(ctx, "tether.edge /v1/responses/{id}", trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("tether.edge", e.nodeID)))
 	defer span.End()
@@ -312,7 +315,7 @@ func (e *Edge) handleStoredResponse(w http.ResponseWriter, r *http.Request) {
 	span.SetAttributes(attribute.Int("http.response.status_code", status))
 	e.metrics.Requests.WithLabelValues("responses_by_id", strconv.Itoa(status)).Inc()
 	e.metrics.RequestSeconds.WithLabelValues("responses_by_id").Observe(time.Since(start).Seconds())
-	if aw.aborted {
+	if aw.Aborted() {
 		panic(http.ErrAbortHandler)
 	}
 }
@@ -322,21 +325,21 @@ func (e *Edge) serveStoredResponse(ctx context.Context, w http.ResponseWriter, r
 	id, action, _ := strings.Cut(rest, "/")
 	allowed := map[string]string{"": "GET, DELETE", "cancel": "POST", "input_items": "GET"}[action]
 	if allowed == "" || id == "" {
-		return fail(w, span, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+		return api.Fail(w, span, api.NewError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
 			"unknown path %s %s (by id: GET or DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel, GET /v1/responses/{id}/input_items)",
-			r.Method, truncate(r.URL.Path, 200)))
+			r.Method, httpjson.Clip(r.URL.Path, 200)))
 	}
 	if !strings.Contains(allowed, r.Method) || (r.Method == http.MethodHead) {
 		w.Header().Set("Allow", allowed)
-		return fail(w, span, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
-			"method %s is not allowed on %s (allowed: %s)", r.Method, truncate(r.URL.Path, 200), allowed))
+		return api.Fail(w, span, api.NewError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
+			"method %s is not allowed on %s (allowed: %s)", r.Method, httpjson.Clip(r.URL.Path, 200), allowed))
 	}
 	if aerr := e.byIDServed(); aerr != nil {
-		return fail(w, span, aerr)
+		return api.Fail(w, span, aerr)
 	}
 	ref, aerr := e.resolveStored(id, refResponse, e.now())
 	if aerr != nil {
-		return fail(w, span, aerr)
+		return api.Fail(w, span, aerr)
 	}
 	span.SetAttributes(observe.AttrInstance.String(ref.id.Instance), attribute.String("tether.stored_response", id))
 	target := ref.url + "/v1/responses/" + url.PathEscape(ref.id.Upstream)
@@ -350,16 +353,16 @@ func (e *Edge) serveStoredResponse(ctx context.Context, w http.ResponseWriter, r
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, r.Method, target, nil)
 	if err != nil {
-		return fail(w, span, newAPIError(http.StatusInternalServerError, "server_error", "internal_error", "", "building the request: %v", err))
+		return api.Fail(w, span, api.NewError(http.StatusInternalServerError, "server_error", "internal_error", "", "building the request: %v", err))
 	}
-	traceProp.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	observe.TraceContext.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := e.client.Do(req)
 	if err != nil {
 		e.metrics.UpstreamErrors.WithLabelValues(fsm.Fleet(ref.id.Fleet).String(), "connect").Inc()
-		ae := newAPIError(http.StatusServiceUnavailable, "server_error", "upstream_unavailable", "",
-			"the %s instance %s holding response %q is unreachable: %v", fsm.Fleet(ref.id.Fleet), ref.id.Instance, truncate(id, 200), err)
+		ae := api.NewError(http.StatusServiceUnavailable, "server_error", "upstream_unavailable", "",
+			"the %s instance %s holding response %q is unreachable: %v", fsm.Fleet(ref.id.Fleet), ref.id.Instance, httpjson.Clip(id, 200), err)
 		ae.RetryAfter = time.Second
-		return fail(w, span, ae)
+		return api.Fail(w, span, ae)
 	}
 	defer resp.Body.Close()
 	if e.cfg.DebugRouteHeader {
@@ -374,45 +377,45 @@ func (e *Edge) serveStoredResponse(ctx context.Context, w http.ResponseWriter, r
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		// The engine names its own id; the client knows the one it sent.
 		b = []byte(strings.ReplaceAll(string(b), ref.id.Upstream, id))
-		return (&upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: b}).write(w)
+		return (&api.UpstreamAnswer{Status: resp.StatusCode, Header: resp.Header, Body: b}).Write(w)
 	}
 	known := map[string]string{ref.id.Upstream: id}
 	if conv, err := respid.DecodeConversation(ref.id.Conversation); err == nil {
 		// A response made in a conversation names it by the worker's id.
 		known[conv.Upstream] = ref.id.Conversation
 	}
-	ans := &answer{d: apireq.Responses, cached: -1, ids: &responseIDs{known: known}}
+	ans := &api.Answer{Dialect: apireq.Responses, Cached: -1, IDs: &responseIDs{known: known}}
 	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	return e.copyAnswer(w, resp, ans, stream, fsm.Fleet(ref.id.Fleet), "responses_by_id", ref.id.Instance, span)
+	return e.answers.Copy(w, resp, ans, stream, fsm.Fleet(ref.id.Fleet), "responses_by_id", ref.id.Instance, span)
 }
 
 // dialectServed answers 501 for a dialect the fleets of model m do not
 // serve: trtllm-serve's disaggregated server serves only /v1/completions
 // and /v1/chat/completions (tensorrt_llm/serve/openai_disagg_server.py
 // register_routes), and the edge does not translate one API into another.
-func (e *Edge) dialectServed(m *servedModel, d apireq.Dialect) *apiError {
+func (e *Edge) dialectServed(m *servedModel, d apireq.Dialect) *api.Error {
 	if d != apireq.Messages && d != apireq.Responses {
 		return nil
 	}
 	if kind := m.cfg.PDEngine(); kind != "" {
 		// The split's handoff fields (kv_transfer_params, bootstrap_*) are
 		// those of the completions APIs the engines' own proxies relay.
-		return newAPIError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
+		return api.NewError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
 			"the fleets of model %q are a %s prefill/decode split, which tether relays for /v1/completions and /v1/chat/completions only; the %s API (%s) is not split: send chat completions, or serve it from an aggregated fleet (docs/engines.md)",
-			truncate(m.name, 200), kind, d, d.Path())
+			httpjson.Clip(m.name, 200), kind, d, d.Path())
 	}
 	if !m.trtllm() {
 		return nil
 	}
-	return newAPIError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
+	return api.NewError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
 		"the fleets of model %q are served by trtllm-serve in disaggregated mode, whose disaggregated server serves only /v1/completions and /v1/chat/completions; the %s API (%s) is not translated by tether: send chat completions, or serve it with engine vllm, sglang or tether workers (docs/engines.md)",
-		truncate(m.name, 200), d, d.Path())
+		httpjson.Clip(m.name, 200), d, d.Path())
 }
 
 // byIDServed answers 501 to a request by response id when no model's
 // fleets serve the Responses API (trtllm-serve, prefill/decode splits): no such id
 // can have been minted. Otherwise the id names the instance that holds it.
-func (e *Edge) byIDServed() *apiError {
+func (e *Edge) byIDServed() *api.Error {
 	for _, m := range e.models {
 		if e.dialectServed(m, apireq.Responses) == nil {
 			return nil

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/chattmpl"
 	"github.com/tether-project/tether/internal/hftok"
 	"github.com/tether-project/tether/internal/prefix"
@@ -180,17 +181,17 @@ func (m *hfModel) promptText(rq *request) (text string, ok bool, err error) {
 	// (internal/apireq).
 	chat := p.Chat
 	addGen := true // vLLM's default for chat completions
-	if raw, ok := chat["add_generation_prompt"]; ok && !isNull(raw) {
+	if raw, ok := chat["add_generation_prompt"]; ok && !apireq.IsNull(raw) {
 		if err := json.Unmarshal(raw, &addGen); err != nil {
 			return "", false, fmt.Errorf("add_generation_prompt: %w", err)
 		}
 	}
 	kwargs := chat["chat_template_kwargs"]
-	if isNull(kwargs) {
+	if apireq.IsNull(kwargs) {
 		kwargs = nil
 	}
 	tools := chat["tools"]
-	if isNull(tools) {
+	if apireq.IsNull(tools) {
 		tools = nil
 	}
 	text, err = m.tpl.Render(chattmpl.Input{

@@ -11,6 +11,7 @@ import (
 	"github.com/tether-project/tether/edge/config"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -102,3 +103,7 @@ const (
 	AttrOverflow     = attribute.Key("tether.overflow_reason")
 	AttrFleet        = attribute.Key("tether.fleet")
 )
+
+// TraceContext carries the W3C trace context (traceparent) in and out of
+// the edge's HTTP requests.
+var TraceContext = propagation.TraceContext{}

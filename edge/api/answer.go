@@ -1,4 +1,15 @@
-package edge
+// Package api is the edge's HTTP API surface, the vocabulary its handlers
+// speak: the dialects by path (chat completions, completions, Anthropic
+// Messages, Responses), the request body as the request model workers share
+// parses it (internal/apireq) with the internal fields removed and each
+// hop's body built from it, error answers in each dialect's shape (and the
+// requests net/http rejects before a handler runs, rewritten into that shape
+// on the connection), the response writer that knows its dialect and when a
+// stream must end by aborting, the relay of a worker's answer (usage read
+// and patched, Responses ids rewritten, a stream cut short ended with an
+// error event in the dialect's shape), and the route headers (x-tether-route
+// and the rank) with their reader. It routes nothing and knows no edge.
+package api
 
 import (
 	"bytes"
@@ -6,55 +17,39 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/internal/apireq"
 )
 
-// apiWriter is the response writer of one API request: it knows the
-// endpoint's dialect (errors are written in its shape) and whether the
-// answer must end by aborting the connection (a stream the edge could not
-// finish: the client must not read a clean end).
-type apiWriter struct {
-	http.ResponseWriter
-	dialect apireq.Dialect
-	aborted bool
+// IDs rewrites the ids of the response objects an answer names (a
+// Responses answer: the engine's ids become the ones the client sees,
+// edge/stored).
+type IDs interface {
+	// Rewrite rewrites the ids of one response object ("object":
+	// "response"); it reports whether it changed one.
+	Rewrite(obj map[string]json.RawMessage) bool
+	// Text replaces, in an answer's bytes, every engine id it knows that
+	// is still there with the client's.
+	Text(b []byte) []byte
 }
 
-// Unwrap lets http.ResponseController reach the connection.
-func (w *apiWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-func dialectOf(w http.ResponseWriter) apireq.Dialect {
-	if a, ok := w.(*apiWriter); ok {
-		return a.dialect
-	}
-	return apireq.Chat
-}
-
-// abortStream marks w's connection for an abort once the handler has
-// recorded its metrics (handleInference panics with http.ErrAbortHandler:
-// net/http then closes the connection without the chunked terminator).
-func abortStream(w http.ResponseWriter) {
-	if a, ok := w.(*apiWriter); ok {
-		a.aborted = true
-	}
-}
-
-// answer reads and rewrites a worker's answer on its way to the client, in
+// Answer reads and rewrites a worker's answer on its way to the client, in
 // the request's dialect: the usage it reports (for the breaker and the
 // shadow), the context phase's cached tokens written into it, Responses
-// ids minted (stored.go), and whether a stream reached its last event.
-type answer struct {
-	d apireq.Dialect
-	// cached >= 0 replaces the usage's cached tokens (after a context hop
+// ids rewritten, and whether a stream reached its last event.
+type Answer struct {
+	Dialect apireq.Dialect
+	// Cached >= 0 replaces the usage's cached tokens (after a context hop
 	// the prefill worker's figure is the one that counts).
-	cached int
-	// nullCached: the context phase reported no cached tokens, so the
+	Cached int
+	// NullCached: the context phase reported no cached tokens, so the
 	// answer reports none either (prompt_tokens_details null): the
 	// generation worker's figure counts the tokens it received.
-	nullCached bool
-	// ids rewrites Responses ids (nil: none to rewrite).
-	ids *responseIDs
-	// onUsage receives each usage the answer reports.
-	onUsage func(usageFigures)
+	NullCached bool
+	// IDs rewrites Responses ids (nil: none to rewrite).
+	IDs IDs
+	// OnUsage receives each usage the answer reports.
+	OnUsage func(disagg.Usage)
 
 	// stream state
 	event    string // the current SSE event's name
@@ -63,28 +58,36 @@ type answer struct {
 	lastResp map[string]json.RawMessage
 }
 
-// body rewrites a whole (non-streamed) answer.
-func (a *answer) body(b []byte) []byte {
+// text is b with the engine ids IDs knows replaced.
+func (a *Answer) text(b []byte) []byte {
+	if a.IDs == nil {
+		return b
+	}
+	return a.IDs.Text(b)
+}
+
+// Body rewrites a whole (non-streamed) answer.
+func (a *Answer) Body(b []byte) []byte {
 	var top map[string]json.RawMessage
 	if json.Unmarshal(b, &top) != nil {
 		return b
 	}
 	changed := a.object(top, false)
-	if a.ids != nil && a.ids.rewrite(top) {
+	if a.IDs != nil && a.IDs.Rewrite(top) {
 		changed = true
 	}
 	if !changed {
-		return a.ids.text(b)
+		return a.text(b)
 	}
-	out := mustMarshal(top)
+	out := MustMarshal(top)
 	if bytes.HasSuffix(b, []byte("\n")) {
 		out = append(out, '\n') // as the worker ended it
 	}
-	return a.ids.text(out)
+	return a.text(out)
 }
 
-// line rewrites one line of an SSE stream.
-func (a *answer) line(line []byte) []byte {
+// Line rewrites one line of an SSE stream.
+func (a *Answer) Line(line []byte) []byte {
 	trimmed := bytes.TrimRight(line, "\r\n")
 	if ev, ok := bytes.CutPrefix(trimmed, []byte("event:")); ok {
 		a.event = string(bytes.TrimSpace(ev))
@@ -99,7 +102,7 @@ func (a *answer) line(line []byte) []byte {
 		a.terminal = true
 		return line
 	}
-	switch a.d {
+	switch a.Dialect {
 	case apireq.Messages:
 		if a.event == "message_stop" || a.event == "error" {
 			a.terminal = true
@@ -110,7 +113,7 @@ func (a *answer) line(line []byte) []byte {
 		}
 	}
 	needUsage := bytes.Contains(data, []byte(`"usage"`))
-	needResp := a.d == apireq.Responses
+	needResp := a.Dialect == apireq.Responses
 	if !needUsage && !needResp {
 		return line
 	}
@@ -119,7 +122,7 @@ func (a *answer) line(line []byte) []byte {
 		return line
 	}
 	changed := false
-	if a.d == apireq.Responses {
+	if a.Dialect == apireq.Responses {
 		var typ string
 		_ = json.Unmarshal(ev["type"], &typ)
 		switch typ {
@@ -133,12 +136,12 @@ func (a *answer) line(line []byte) []byte {
 			var resp map[string]json.RawMessage
 			if json.Unmarshal(raw, &resp) == nil {
 				c := a.object(resp, true)
-				if a.ids != nil && a.ids.rewrite(resp) {
+				if a.IDs != nil && a.IDs.Rewrite(resp) {
 					c = true
 				}
 				a.lastResp = resp
 				if c {
-					ev["response"] = mustMarshal(resp)
+					ev["response"] = MustMarshal(resp)
 					changed = true
 				}
 			}
@@ -147,49 +150,49 @@ func (a *answer) line(line []byte) []byte {
 		changed = true
 	}
 	if !changed {
-		return a.ids.text(line)
+		return a.text(line)
 	}
-	return a.ids.text(append(append([]byte("data: "), mustMarshal(ev)...), '\n'))
+	return a.text(append(append([]byte("data: "), MustMarshal(ev)...), '\n'))
 }
 
 // object reads (and patches) the usage of one answer object; in a stream,
 // Messages carries it in message_start's message and in message_delta.
-func (a *answer) object(obj map[string]json.RawMessage, stream bool) bool {
-	if a.d == apireq.Messages && stream {
+func (a *Answer) object(obj map[string]json.RawMessage, stream bool) bool {
+	if a.Dialect == apireq.Messages && stream {
 		if raw, ok := obj["message"]; ok {
 			var msg map[string]json.RawMessage
 			if json.Unmarshal(raw, &msg) == nil && a.object(msg, false) {
-				obj["message"] = mustMarshal(msg)
+				obj["message"] = MustMarshal(msg)
 				return true
 			}
 			return false
 		}
 	}
 	raw, ok := obj["usage"]
-	if !ok || isNull(raw) {
+	if !ok || apireq.IsNull(raw) {
 		return false
 	}
 	var usage map[string]json.RawMessage
 	if json.Unmarshal(raw, &usage) != nil {
 		return false
 	}
-	u := readUsageOf(a.d, usage)
-	if a.onUsage != nil && u.OK {
-		a.onUsage(u)
+	u := readUsageOf(a.Dialect, usage)
+	if a.OnUsage != nil && u.OK {
+		a.OnUsage(u)
 	}
-	if a.nullCached && u.OK {
-		if d, ok := usage["prompt_tokens_details"]; !ok || isNull(d) {
+	if a.NullCached && u.OK {
+		if d, ok := usage["prompt_tokens_details"]; !ok || apireq.IsNull(d) {
 			return false
 		}
 		usage["prompt_tokens_details"] = json.RawMessage("null")
-		obj["usage"] = mustMarshal(usage)
+		obj["usage"] = MustMarshal(usage)
 		return true
 	}
-	if a.cached < 0 || !u.OK {
+	if a.Cached < 0 || !u.OK {
 		return false
 	}
-	patchUsage(a.d, usage, u, a.cached)
-	obj["usage"] = mustMarshal(usage)
+	patchUsage(a.Dialect, usage, u, a.Cached)
+	obj["usage"] = MustMarshal(usage)
 	return true
 }
 
@@ -197,7 +200,7 @@ func (a *answer) object(obj map[string]json.RawMessage, stream bool) bool {
 // prompt_tokens_details.cached_tokens; Messages input_tokens plus
 // cache_read_input_tokens (the cached part) and cache_creation_input_tokens;
 // Responses input_tokens and input_tokens_details.cached_tokens.
-func readUsageOf(d apireq.Dialect, usage map[string]json.RawMessage) usageFigures {
+func readUsageOf(d apireq.Dialect, usage map[string]json.RawMessage) disagg.Usage {
 	num := func(m map[string]json.RawMessage, k string) (int, bool) {
 		var v *int
 		if raw, ok := m[k]; !ok || json.Unmarshal(raw, &v) != nil || v == nil {
@@ -210,34 +213,34 @@ func readUsageOf(d apireq.Dialect, usage map[string]json.RawMessage) usageFigure
 		_ = json.Unmarshal(usage[k], &m)
 		return m
 	}
-	var u usageFigures
+	var u disagg.Usage
 	switch d {
 	case apireq.Messages:
 		in, ok := num(usage, "input_tokens")
 		read, hasRead := num(usage, "cache_read_input_tokens")
 		created, _ := num(usage, "cache_creation_input_tokens")
-		u = usageFigures{OK: ok, Prompt: in + read + created, Cached: read, HasCached: hasRead}
+		u = disagg.Usage{OK: ok, Prompt: in + read + created, Cached: read, HasCached: hasRead}
 	case apireq.Responses:
 		in, ok := num(usage, "input_tokens")
 		cached, has := num(sub("input_tokens_details"), "cached_tokens")
-		u = usageFigures{OK: ok, Prompt: in, Cached: cached, HasCached: has}
+		u = disagg.Usage{OK: ok, Prompt: in, Cached: cached, HasCached: has}
 	default:
 		in, ok := num(usage, "prompt_tokens")
 		cached, has := num(sub("prompt_tokens_details"), "cached_tokens")
-		u = usageFigures{OK: ok, Prompt: in, Cached: cached, HasCached: has}
+		u = disagg.Usage{OK: ok, Prompt: in, Cached: cached, HasCached: has}
 	}
 	return u
 }
 
 // patchUsage writes cached as the usage's cached tokens.
-func patchUsage(d apireq.Dialect, usage map[string]json.RawMessage, u usageFigures, cached int) {
+func patchUsage(d apireq.Dialect, usage map[string]json.RawMessage, u disagg.Usage, cached int) {
 	set := func(k string, field string) {
 		details := map[string]json.RawMessage{}
-		if raw, ok := usage[k]; ok && !isNull(raw) {
+		if raw, ok := usage[k]; ok && !apireq.IsNull(raw) {
 			_ = json.Unmarshal(raw, &details)
 		}
 		details[field] = json.RawMessage(strconv.Itoa(cached))
-		usage[k] = mustMarshal(details)
+		usage[k] = MustMarshal(details)
 	}
 	switch d {
 	case apireq.Messages:
@@ -261,22 +264,22 @@ func patchUsage(d apireq.Dialect, usage map[string]json.RawMessage, u usageFigur
 // an `error` event and, when the stream's response is known,
 // `response.failed` with that response, status failed and the error (the
 // event types of openai-node's ResponseStreamEvent).
-func (a *answer) failEvent(msg string) []byte {
-	e := newAPIError(http.StatusBadGateway, "server_error", "stream_interrupted", "", "%s", msg)
-	switch a.d {
+func (a *Answer) failEvent(msg string) []byte {
+	e := NewError(http.StatusBadGateway, "server_error", "stream_interrupted", "", "%s", msg)
+	switch a.Dialect {
 	case apireq.Messages:
 		return append(append([]byte("event: error\ndata: "), e.JSON(apireq.Messages)...), "\n\n"...)
 	case apireq.Responses:
 		var b []byte
 		a.seq++
 		errEv := map[string]any{"type": "error", "code": "server_error", "message": msg, "param": nil, "sequence_number": a.seq}
-		b = append(append(append(b, "event: error\ndata: "...), mustMarshal(errEv)...), "\n\n"...)
+		b = append(append(append(b, "event: error\ndata: "...), MustMarshal(errEv)...), "\n\n"...)
 		if a.lastResp != nil {
 			a.seq++
 			a.lastResp["status"] = json.RawMessage(`"failed"`)
-			a.lastResp["error"] = mustMarshal(map[string]string{"code": "server_error", "message": msg})
+			a.lastResp["error"] = MustMarshal(map[string]string{"code": "server_error", "message": msg})
 			ev := map[string]any{"type": "response.failed", "sequence_number": a.seq, "response": a.lastResp}
-			b = append(append(append(b, "event: response.failed\ndata: "...), mustMarshal(ev)...), "\n\n"...)
+			b = append(append(append(b, "event: response.failed\ndata: "...), MustMarshal(ev)...), "\n\n"...)
 		}
 		return b
 	}

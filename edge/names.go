@@ -1,9 +1,13 @@
 package edge
 
-import "github.com/tether-project/tether/edge/config"
+import (
+	"github.com/tether-project/tether/edge/api"
+	"github.com/tether-project/tether/edge/config"
+)
 
-// The edge's configuration is edge/config's: the names below are the ones
-// the edge's embedders (cmd/tether, ops/devstack, the tests) use with New.
+// The names the edge's embedders (cmd/tether, ops/devstack, the tests)
+// use with New: the configuration's (edge/config) and the response
+// headers' (edge/api).
 
 // Config is an edge's configuration (config.Config).
 type (
@@ -63,3 +67,16 @@ func ParseConfig(data []byte) (Config, error) { return config.ParseConfig(data) 
 
 // DecodeConfig is ParseConfig without the validation (config.DecodeConfig).
 func DecodeConfig(data []byte) (Config, error) { return config.DecodeConfig(data) }
+
+// Response headers (edge/api).
+const (
+	HeaderRoute   = api.HeaderRoute
+	HeaderADPRank = api.HeaderADPRank
+)
+
+// Route is an x-tether-route header read back (api.Route).
+type Route = api.Route
+
+// ParseRoute reads an x-tether-route header as the edge writes it
+// (api.ParseRoute).
+func ParseRoute(h string) (Route, error) { return api.ParseRoute(h) }

@@ -1,4 +1,4 @@
-package edge
+package api
 
 import (
 	"bytes"
@@ -6,11 +6,14 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"log"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/tether-project/tether/edge/config"
 )
 
 // Requests net/http cannot parse — a control character (NUL, a bare CR)
@@ -29,17 +32,18 @@ import (
 // The connection the server sees is the wrapper, not the *tls.Conn: the
 // handshake happens on the first read, under the header read deadline (as
 // the server's own handshake does), a plain-HTTP request to the TLS port
-// is answered in the same JSON shape, and ConnContext/restoreTLS give the
+// is answered in the same JSON shape, and ConnContext/RestoreTLS give the
 // handlers back their r.TLS.
 
 // serverErrorHeaders is what net/http writes between its error status line
 // and its error text (net/http server.go, conn.serve).
 const serverErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
-// apiErrorListener wraps every accepted connection in an apiErrorConn.
-type apiErrorListener struct{ net.Listener }
+// Listener wraps every accepted connection of the API's listener in an
+// apiErrorConn.
+type Listener struct{ net.Listener }
 
-func (l apiErrorListener) Accept() (net.Conn, error) {
+func (l Listener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
@@ -155,8 +159,8 @@ func serverErrorJSON(status int, text string) []byte {
 // invalid_request_error; the connection closes after it.
 func apiErrorResponse(status int, code, msg string) []byte {
 	body, _ := json.Marshal(struct {
-		Error apiError `json:"error"`
-	}{apiError{Message: msg, Type: "invalid_request_error", Code: code}})
+		Error Error `json:"error"`
+	}{Error{Message: msg, Type: "invalid_request_error", Code: code}})
 	body = append(body, '\n')
 	var b bytes.Buffer
 	b.WriteString("HTTP/1.1 " + strconv.Itoa(status) + " " + http.StatusText(status) + "\r\n")
@@ -170,23 +174,44 @@ func apiErrorResponse(status int, code, msg string) []byte {
 // connKey is the context key of the connection a request arrived on.
 type connKey struct{}
 
-// connContext is the HTTP server's ConnContext: it remembers the
-// connection, so restoreTLS can fill r.TLS.
-func connContext(ctx context.Context, c net.Conn) context.Context {
+// ConnContext is the HTTP server's ConnContext: it remembers the
+// connection, so RestoreTLS can fill r.TLS.
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
 	if ac, ok := c.(*apiErrorConn); ok && ac.tls != nil {
 		return context.WithValue(ctx, connKey{}, ac.tls)
 	}
 	return ctx
 }
 
-// restoreTLS sets r.TLS from the request's TLS connection (the server does
+// RestoreTLS sets r.TLS from the request's TLS connection (the server does
 // not see it as one behind apiErrorConn).
-func restoreTLS(r *http.Request) {
+func RestoreTLS(r *http.Request) {
 	if r.TLS != nil {
 		return
 	}
 	if tc, ok := r.Context().Value(connKey{}).(*tls.Conn); ok {
 		cs := tc.ConnectionState()
 		r.TLS = &cs
+	}
+}
+
+// MaxHeaderBytes bounds a request's header block (431 beyond, in the API's
+// error shape).
+const MaxHeaderBytes = 1 << 20
+
+// NewServer is the API's HTTP server for h, to serve on a Listener: the
+// listener's timeouts (read_header_timeout, read_timeout, write_timeout,
+// idle_timeout), the header limit, and r.TLS restored for the handlers
+// (RestoreTLS).
+func NewServer(h http.Handler, cfg *config.Config, errorLog *log.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,  // bodies up to max_body_bytes
+		WriteTimeout:      cfg.WriteTimeout, // 0: none; streams extend it per chunk (DeadlineWriter)
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    MaxHeaderBytes,
+		ConnContext:       ConnContext,
+		ErrorLog:          errorLog,
 	}
 }

@@ -1,4 +1,4 @@
-package edge
+package api
 
 import (
 	"fmt"
@@ -84,3 +84,19 @@ func (r *Route) set(k, v string) error {
 	}
 	return nil
 }
+
+// Response headers.
+const (
+	// HeaderRoute names the instances and ranks of both hops
+	// ("context=<instance>/<rank>; generation=<instance>/<rank>", "-" for
+	// a hop that did not happen) when debug_route_header is on, then the
+	// request's id as the log records it in its decisions
+	// ("; request=<id>") and, per hop, the index of the replica state its
+	// decision read ("; context_state=<n>; generation_state=<n>"), and
+	// "; context_key=own" for a sub-agent's hop routed by its own
+	// conversation id rather than its parent's root: what a checker judges
+	// the answer against.
+	HeaderRoute = "x-tether-route"
+	// HeaderADPRank relays the final worker's attention-DP rank.
+	HeaderADPRank = "x-tether-adp-rank"
+)
