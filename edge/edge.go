@@ -47,6 +47,7 @@ import (
 	"github.com/tether-project/tether/edge/leader"
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/edge/observe"
+	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/bodybudget"
@@ -94,7 +95,7 @@ type Edge struct {
 	// The request path: a request's routing keys and placement, the
 	// hops' client, what the edge proposes, batches and records for the
 	// log, and whether it takes the request at all.
-	tokenizers [3]fleetTokenizer // by fsm.Fleet (tokenize.go)
+	tokenizers tokenize.Fleets // by fsm.Fleet (tokenize.go)
 	route      routeState
 	client     *http.Client
 	// placements are this edge's own Bind proposals (placements.go).
@@ -250,7 +251,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		e.route.routers[f] = r
 	}
 	var err error
-	if e.tokenizers, err = loadFleetTokenizers(&cfg); err != nil {
+	if e.tokenizers, err = tokenize.Load(&cfg); err != nil {
 		return nil, fmt.Errorf("edge: %w", err)
 	}
 	e.logTokenizers()

@@ -20,6 +20,7 @@ import (
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/observe"
+	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
@@ -110,7 +111,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 		// The prompt continues a stored response or a conversation (only
 		// the instance holding it can expand it), or nothing is
 		// generated: no keys to place by.
-		rq.prompts[fsm.FleetContext] = prompt{tokens: len(tokens)}
+		rq.prompts[fsm.FleetContext] = tokenize.Prompt{Tokens: len(tokens)}
 		rq.prompts[fsm.FleetGeneration] = rq.prompts[fsm.FleetContext]
 		rq.promptTokens = len(tokens)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/edge/api"
+	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/routing"
@@ -24,7 +25,7 @@ type servedModel struct {
 	ns         string
 	cfg        *Config
 	routers    [3]*routing.Router // by fsm.Fleet
-	tokenizers [3]fleetTokenizer  // by fsm.Fleet (tokenize.go)
+	tokenizers tokenize.Fleets    // by fsm.Fleet (tokenize.go)
 	decider    *decide.Decider
 	rr         [3]atomic.Uint64 // round-robin counters by fleet
 	viewsCache atomic.Pointer[viewsEntry]
@@ -52,7 +53,7 @@ func (e *Edge) buildCatalogue() error {
 			m.routers[f] = r
 		}
 		var err error
-		if m.tokenizers, err = loadFleetTokenizers(mc); err != nil {
+		if m.tokenizers, err = tokenize.Load(mc); err != nil {
 			return fmt.Errorf("models[%d]: %w", i-1, err)
 		}
 		m.setAdapters(mc.LoRA)

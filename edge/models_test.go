@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/edge/admin"
+	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
@@ -185,7 +186,7 @@ func TestModelsHaveTheirOwnTokenizers(t *testing.T) {
 	m.GenerationServers.Tokenizer, m.GenerationServers.BlockSize = m.ContextServers.Tokenizer, 16
 	cfg.Models = []ModelConfig{m}
 	cfg.Normalize()
-	fts, err := loadFleetTokenizers(&cfg)
+	fts, err := tokenize.Load(&cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,13 +202,13 @@ func TestModelsHaveTheirOwnTokenizers(t *testing.T) {
 	rq.m, _, _ = e.lookupModel(rq.model)
 	e.promptKeys(rq, words)
 	// The Metaspace golden of internal/hftok for this prompt.
-	if got := rq.prompts[fsm.FleetContext].tokens; got != 6 || len(words) != 5 {
+	if got := rq.prompts[fsm.FleetContext].Tokens; got != 6 || len(words) != 5 {
 		t.Fatalf("mistral model: %d tokens (words %d), want Mistral's 6", got, len(words))
 	}
 	rq2, _, words2, _ := parseBody([]byte(`{"model":"words-model","prompt":"Hello, my dog is cute"}`), apireq.Completions)
 	rq2.m, _, _ = e.lookupModel(rq2.model)
 	e.promptKeys(rq2, words2)
-	if got := rq2.prompts[fsm.FleetContext].tokens; got != 5 {
+	if got := rq2.prompts[fsm.FleetContext].Tokens; got != 5 {
 		t.Fatalf("words model: %d tokens, want 5", got)
 	}
 }
@@ -266,7 +267,7 @@ func TestAliasOfASecondModelIsThatModel(t *testing.T) {
 	d := DefaultConfig()
 	cfg.Models = []ModelConfig{{Name: "second", Aliases: []string{"second-alias"}, ContextServers: d.ContextServers, GenerationServers: d.GenerationServers}}
 	cfg.Normalize()
-	fts, err := loadFleetTokenizers(&cfg)
+	fts, err := tokenize.Load(&cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

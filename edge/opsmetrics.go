@@ -13,7 +13,7 @@ func (e *Edge) observeRouted(rq *request, f fsm.Fleet, h *hop) {
 		kind = "subagent"
 	}
 	e.metrics.Routed.Requests.WithLabelValues(f.String(), h.Instance, kind).Inc()
-	if prefill := rq.prompts[f].tokens - h.Cached; prefill > 0 {
+	if prefill := rq.prompts[f].Tokens - h.Cached; prefill > 0 {
 		e.metrics.Routed.Prefill.WithLabelValues(f.String(), h.Instance).Add(float64(prefill))
 	}
 }
@@ -45,7 +45,7 @@ func (e *Edge) recordEvidence(rq *request, f fsm.Fleet, h *hop) {
 		views = c.views.Fleet(f)
 	}
 	ev := evidenceOf(f, h.Key, rq.requestID, rule, h.Instance, bound, h.Binding.Decision.Candidates,
-		views, rq.m.tokenizers[f].blockSize)
+		views, rq.m.tokenizers[f].BlockSize())
 	if e.placements.holdEvidence(ev) {
 		return // proposed once the placement's Bind is answered
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/edge/api"
+	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/convid"
@@ -33,8 +34,8 @@ type request struct {
 
 	id           routing.Identity
 	priority     routing.Priority
-	promptTokens int       // the context fleet's
-	prompts      [3]prompt // by fsm.Fleet: tokens and block keys (tokenize.go)
+	promptTokens int                // the context fleet's
+	prompts      [3]tokenize.Prompt // by fsm.Fleet: tokens and block keys (tokenize.go)
 	requestID    string
 	now          time.Time
 	hint         bool // the endpoint gets rank affinity (signed hint) when a sub-agent

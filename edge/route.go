@@ -212,7 +212,7 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 	}
 	// The prompt now counts as cached there until the worker's own KV
 	// event arrives, so a burst sharing the prefix lands together.
-	e.fleet.Index().Predict(h.Instance, rq.prompts[f].blocks, rq.now)
+	e.fleet.Index().Predict(h.Instance, rq.prompts[f].Blocks, rq.now)
 	e.adapterPlaced(rq, h) // and the adapter as loaded (lora.go)
 	return h, nil
 }
@@ -223,7 +223,7 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 func (e *Edge) routingRequest(rq *request, f fsm.Fleet, rr uint64) routing.Request {
 	return routing.Request{
 		Fleet: f, Key: rq.m.key(rq.id.Key(f)), ConversationID: rq.m.key(rq.id.ConversationID), RequestID: rq.requestID, Edge: e.nodeID,
-		Priority: rq.priority, PromptTokens: rq.prompts[f].tokens, Blocks: rq.prompts[f].blocks,
+		Priority: rq.priority, PromptTokens: rq.prompts[f].Tokens, Blocks: rq.prompts[f].Blocks,
 		Spread: routing.SpreadFor(rq.requestID), RoundRobin: rr, Now: rq.now, Adapter: rq.adapter,
 	}
 }

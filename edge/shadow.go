@@ -11,7 +11,7 @@ import (
 // request was pinned to (-1: none). The placement is kept on h for the
 // response's correction (shadowCorrect).
 func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
-	if e.engines.shadow == nil || h == nil || len(rq.prompts[h.Fleet].blocks) == 0 {
+	if e.engines.shadow == nil || h == nil || len(rq.prompts[h.Fleet].Blocks) == 0 {
 		return
 	}
 	sc := rq.m.cfg.Servers(h.Fleet)
@@ -35,7 +35,7 @@ func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
 	if bs := int64(rq.m.cfg.RoutingConfig(h.Fleet).BlockSize); in.RankKVTokens > 0 && bs > 0 {
 		capacity = int(min(in.RankKVTokens/bs, kvshadow.MaxBlocksPerRank))
 	}
-	p, ok, err := e.engines.shadow.Route(h.Instance, rank, rq.m.cfg.DataParallelSize(h.Fleet), capacity, rq.prompts[h.Fleet].blocks)
+	p, ok, err := e.engines.shadow.Route(h.Instance, rank, rq.m.cfg.DataParallelSize(h.Fleet), capacity, rq.prompts[h.Fleet].Blocks)
 	if err != nil {
 		e.log.Warn("shadow KV cache update failed (it starts over)", "instance", h.Instance, "err", err)
 		return
@@ -57,7 +57,7 @@ func (e *Edge) shadowCorrect(rq *request, h *hop, cachedTokens int) {
 		e.engines.shadow.Forget(h.Instance) // its own reports took over meanwhile
 		return
 	}
-	if err := e.engines.shadow.Correct(*h.shadow, rq.prompts[h.Fleet].blocks, cachedTokens/bs); err != nil {
+	if err := e.engines.shadow.Correct(*h.shadow, rq.prompts[h.Fleet].Blocks, cachedTokens/bs); err != nil {
 		e.log.Warn("shadow KV cache correction failed (it starts over)", "instance", h.Instance, "err", err)
 	}
 }

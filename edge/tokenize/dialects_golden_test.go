@@ -1,4 +1,4 @@
-package edge
+package tokenize
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/test/npmenv"
@@ -38,17 +39,15 @@ func TestDialectKeysMatchTheReference(t *testing.T) {
 	if err := json.Unmarshal(data, &file); err != nil {
 		t.Fatal(err)
 	}
-	e := tokenizeEdge(t, "hf:"+qwenDir, 16)
+	fs := contextFleet(t, "hf:"+qwenDir, 16)
 	for _, c := range file.Cases {
-		rq, _, words, aerr := parseInference(c.Body, c.Path)
+		p, aerr := api.Parse(c.Body, c.Path)
 		if aerr != nil {
 			t.Fatalf("%s: %v", c.Name, aerr.Message)
 		}
-		rq.id.ConversationID = "conv-" + c.Name
-		e.promptKeys(rq, words)
-		got := rq.prompts[fsm.FleetContext]
-		if got.tokens != len(c.IDs) || !slices.Equal(got.blocks, prefix.BlockHashes(c.IDs, 16)) {
-			t.Errorf("%s: %d tokens, %d blocks; the reference %d tokens", c.Name, got.tokens, len(got.blocks), len(c.IDs))
+		got := keysOf(fs, p, "conv-"+c.Name)[fsm.FleetContext]
+		if got.Tokens != len(c.IDs) || !slices.Equal(got.Blocks, prefix.BlockHashes(c.IDs, 16)) {
+			t.Errorf("%s: %d tokens, %d blocks; the reference %d tokens", c.Name, got.Tokens, len(got.Blocks), len(c.IDs))
 		}
 	}
 	if len(file.Cases) < 6 {
@@ -62,7 +61,7 @@ func TestDialectsFixtureReproduces(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs npm and node")
 	}
-	gen := filepath.Join("..", "internal", "hftok", "testdata", "gen")
+	gen := filepath.Join("..", "..", "internal", "hftok", "testdata", "gen")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	dir, err := npmenv.Install(ctx, gen, "chat-golden", "package.json", "package-lock.json", "chat.mjs", "render.mjs", "dialects.mjs")
@@ -72,7 +71,7 @@ func TestDialectsFixtureReproduces(t *testing.T) {
 		}
 		t.Skipf("the JavaScript reference cannot run: %v", err)
 	}
-	cfg, err := filepath.Abs(filepath.Join("..", "internal", "hftok", "testdata", "qwen3", "tokenizer_config.json"))
+	cfg, err := filepath.Abs(filepath.Join("..", "..", "internal", "hftok", "testdata", "qwen3", "tokenizer_config.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,9 @@
-package edge
+package tokenize
 
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strings"
 	"testing"
@@ -38,12 +39,9 @@ func mustBody(b *testing.B, msgs []map[string]any) []byte {
 	return body
 }
 
-func chatRequest(b *testing.B, msgs []map[string]any) (*request, []uint32) {
-	rq, _, words, aerr := parseBody(mustBody(b, msgs), apireq.Chat)
-	if aerr != nil {
-		b.Fatal(aerr.Message)
-	}
-	return rq, words
+func chatRequest(b *testing.B, msgs []map[string]any) Request {
+	p := parse(b, mustBody(b, msgs), apireq.Chat)
+	return Request{Parsed: p, Words: p.WordTokens()}
 }
 
 // BenchmarkPromptKeys32k: one request's prompt keys with hf:<Qwen3> and
@@ -54,30 +52,29 @@ func chatRequest(b *testing.B, msgs []map[string]any) (*request, []uint32) {
 // tail is tokenized; cold-process: a freshly loaded tokenizer (empty word
 // cache, the first request after a start); render and encode, encode-cached: the parts (the chat
 // template alone, the tokenizer alone, the tokenizer resuming from the
-// previous turn). The parse of the body (parseBody) is not included.
+// previous turn). The parse of the body is not included.
 func BenchmarkPromptKeys32k(b *testing.B) {
-	e := tokenizeEdge(b, "hf:"+qwenDir, 16)
-	m := e.tokenizers[fsm.FleetContext].model
+	fs := contextFleet(b, "hf:"+qwenDir, 16)
+	log := slog.New(slog.DiscardHandler)
+	m := fs[fsm.FleetContext].model
 	const turns = 84
-	prev, _ := chatRequest(b, agentChat(turns))
+	prev := chatRequest(b, agentChat(turns))
 	msgs := agentChat(turns + 1)
 	msgs = msgs[:len(msgs)-1] // the new turn ends with the tool output
-	next, words := chatRequest(b, msgs)
-	e.promptKeys(next, words)
-	tokens := next.prompts[fsm.FleetContext].tokens
+	next := chatRequest(b, msgs)
+	tokens := fs.Keys(next, false, log)[fsm.FleetContext].Tokens
 	if tokens < 30_000 || tokens > 36_000 {
 		b.Fatalf("%d tokens, want about 32k", tokens)
 	}
-	prevText, _, err := m.promptText(prev)
+	prevText, _, err := m.promptText(prev.Parsed, prev.Now)
 	if err != nil {
 		b.Fatal(err)
 	}
-	_, prevWords := chatRequest(b, agentChat(turns))
 	b.Run("cold", func(b *testing.B) {
 		runtime.GC() // not the setup\'s garbage (b.Loop starts the timer)
+		next.Conversation = ""
 		for b.Loop() {
-			next.id.ConversationID = ""
-			e.promptKeys(next, words)
+			fs.Keys(next, false, log)
 		}
 		b.ReportMetric(float64(tokens), "tokens/op")
 	})
@@ -86,13 +83,13 @@ func BenchmarkPromptKeys32k(b *testing.B) {
 		// One conversation alternating between two consecutive turns: each
 		// request finds the other turn in the cache and tokenizes only its
 		// own tail (no untimed setup, so GC work is counted).
-		prev.id.ConversationID, next.id.ConversationID = "conv", "conv"
+		prev.Conversation, next.Conversation = "conv", "conv"
 		i := 0
 		for b.Loop() {
 			if i++; i%2 == 0 {
-				e.promptKeys(prev, prevWords)
+				fs.Keys(prev, false, log)
 			} else {
-				e.promptKeys(next, words)
+				fs.Keys(next, false, log)
 			}
 		}
 		b.ReportMetric(float64(tokens), "tokens/op")
@@ -101,27 +98,23 @@ func BenchmarkPromptKeys32k(b *testing.B) {
 		runtime.GC() // not the setup\'s garbage (b.Loop starts the timer)
 		// A freshly loaded tokenizer: its word cache is empty too (the
 		// first request after an edge starts).
-		next.id.ConversationID = ""
+		next.Conversation = ""
 		for b.Loop() {
 			b.StopTimer()
-			fresh, err := loadFleetTokenizers(&e.cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			e2 := &Edge{cfg: e.cfg, tokenizers: fresh, log: e.log}
+			fresh := contextFleet(b, "hf:"+qwenDir, 16)
 			b.StartTimer()
-			e2.promptKeys(next, words)
+			fresh.Keys(next, false, log)
 		}
 	})
 	b.Run("render", func(b *testing.B) {
 		runtime.GC() // not the setup\'s garbage (b.Loop starts the timer)
 		for b.Loop() {
-			if _, _, err := m.promptText(next); err != nil {
+			if _, _, err := m.promptText(next.Parsed, next.Now); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
-	text, _, _ := m.promptText(next)
+	text, _, _ := m.promptText(next.Parsed, next.Now)
 	b.Run("encode", func(b *testing.B) {
 		runtime.GC() // not the setup\'s garbage (b.Loop starts the timer)
 		for b.Loop() {
