@@ -38,7 +38,7 @@ func (e *Edge) admission(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if why := e.ready.stalled(e.now()); why != "" {
+		if why := e.ready.Stalled(e.now()); why != "" {
 			e.metrics.Requests.WithLabelValues(api.EndpointLabel(r), "503").Inc()
 			ae := api.NewError(http.StatusServiceUnavailable, "server_error", "state_stalled", "",
 				"this edge cannot route requests correctly: its copy of the affinity log stopped following the cluster's (%s); retry on another edge", why)

@@ -47,6 +47,7 @@ import (
 	"github.com/tether-project/tether/edge/leader"
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/edge/observe"
+	"github.com/tether-project/tether/edge/readiness"
 	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
@@ -102,8 +103,8 @@ type Edge struct {
 	placements *placements
 	touches    *touchBatcher
 	recorder   *recorder
-	fresh      *freshness // is this edge's state current (readyz, degraded placement)
-	ready      *readiness
+	fresh      *readiness.Freshness // is this edge's state current (readyz, degraded placement)
+	ready      *readiness.Readiness
 	shed       *shedder // load shedding on the edge's own saturation (admission.go)
 	// bodies bounds the request-body bytes held at once.
 	bodies *bodybudget.Budget
@@ -267,7 +268,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	if err := e.buildCatalogue(); err != nil {
 		return nil, fmt.Errorf("edge: %w", err)
 	}
-	e.fresh = newFreshness(e)
+	e.fresh = readiness.NewFreshness(readinessEdge{e}, cfg.Cluster, e.log)
 	if e.metrics, err = observe.New(e.registry, observeSource{e}); err != nil {
 		return nil, err
 	}
@@ -390,7 +391,7 @@ func (e *Edge) openNode(ctx context.Context) error {
 // (admission.go): its readiness, which requests read from the first one
 // on (route.go unheardAtStartup), and the shedder.
 func (e *Edge) startAdmission() error {
-	e.ready = newReadiness(e, e.now())
+	e.ready = readiness.New(readinessEdge{e}, e.fresh, e.readinessConfig(), e.now())
 	return e.startShedder()
 }
 
@@ -416,7 +417,10 @@ func (e *Edge) serve() {
 // while this node leads, and advertising this edge's NodeInfo.
 func (e *Edge) startBackground() {
 	e.wg.Add(5)
-	go e.fresh.run()
+	go func() {
+		defer e.wg.Done()
+		e.fresh.Run(e.ctx)
+	}()
 	go e.recorder.run()
 	go e.touchLoop()
 	go func() {
@@ -724,7 +728,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("/v1/models", e.handleModels)
 	mux.HandleFunc("/v1/models/{id...}", e.handleModel)
 	mux.HandleFunc("/healthz", e.handleHealth)
-	mux.HandleFunc("/readyz", e.handleReady)
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) { e.ready.ServeHTTP(w, r) })
 	mux.Handle("/metrics", e.metricsHandler())
 	mux.Handle(admin.Prefix, e.adminAPI())
 	return e.admission(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -318,13 +318,13 @@ func (f edgeFleet) UnheardAtStartup(now time.Time, inst string) bool {
 	if seen, ok := f.e.fleet.Instance(inst, now); ok && !seen.LastSeen.IsZero() {
 		return false
 	}
-	return f.e.ready.inStartupGate(now)
+	return f.e.ready.InStartupGate(now)
 }
 
 // StateCurrent judges freshness at the edge's clock (the request's Now may
 // be a little older).
 func (f edgeFleet) StateCurrent(time.Time) (bool, string) {
-	return f.e.fresh.stateCurrent(f.e.now())
+	return f.e.fresh.StateCurrent(f.e.now())
 }
 
 // observeRank records, off the request path, the attention-DP rank a worker

@@ -124,7 +124,7 @@ func (e *Edge) resolveRef(client string, kind refKind, id respid.ID, err error, 
 		// yet (just started, or its NATS link is back): that is not a
 		// missing response.
 		rec, inLog := e.node.State().Instance(id.Instance)
-		if (inLog && rec.Status != fsm.InstanceRemoved) || e.ready.inStartupGate(now) {
+		if (inLog && rec.Status != fsm.InstanceRemoved) || e.ready.InStartupGate(now) {
 			count("instance_unheard")
 			ae := api.NewError(http.StatusServiceUnavailable, "server_error", "instance_not_heard", "",
 				"the %s instance %s holding %s %q has not been heard by this edge yet (it started recently, or lost its telemetry); retry shortly",

@@ -1,13 +1,16 @@
-package edge
+package readiness
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/tether-project/tether/edge/config"
 )
 
-// freshness knows whether this edge's copy of the replicated state is
+// Freshness knows whether this edge's copy of the replicated state is
 // current. Two decisions depend on it:
 //
 //   - /readyz stays false after a (re)start until the state has caught up
@@ -21,9 +24,13 @@ import (
 //
 // A background poll asks the leader for its Status (state index) every
 // freshnessPoll. Everything is in-memory and reset at start.
-type freshness struct {
-	e      *Edge
+type Freshness struct {
+	edge   Edge
+	log    *slog.Logger
 	window time.Duration // the longest silence from a leader, and the lag bound
+	// lag is the leader reports this node had not reached when they came
+	// (the stall rule's, Readiness.Stalled).
+	lag stateLag
 
 	mu          sync.Mutex
 	leaderState uint64    // the state index a ready leader last reported (this node's own while it leads)
@@ -50,15 +57,17 @@ const (
 	freshnessCallTimeout = 500 * time.Millisecond
 )
 
-func newFreshness(e *Edge) *freshness {
-	return &freshness{e: e, window: degradedWindow(e.cfg.Cluster)}
+// NewFreshness judges e's state by the edge's cluster section (its
+// degraded_placement_window).
+func NewFreshness(e Edge, cl config.ClusterConfig, log *slog.Logger) *Freshness {
+	return &Freshness{edge: e, log: log, window: degradedWindow(cl)}
 }
 
 // degradedWindow is cluster.degraded_placement_window, or 5 election
 // timeouts (raft's defaults when unset): long enough to bridge an
 // election, short enough that a partitioned minority stops guessing while
 // the majority goes on binding new keys.
-func degradedWindow(cl ClusterConfig) time.Duration {
+func degradedWindow(cl config.ClusterConfig) time.Duration {
 	if cl.DegradedPlacementWindow > 0 {
 		return cl.DegradedPlacementWindow
 	}
@@ -72,15 +81,14 @@ func degradedWindow(cl ClusterConfig) time.Duration {
 	return 5 * et
 }
 
-// run polls until the edge stops.
-func (f *freshness) run() {
-	defer f.e.wg.Done()
+// Run polls until ctx is done.
+func (f *Freshness) Run(ctx context.Context) {
 	t := time.NewTicker(freshnessPoll)
 	defer t.Stop()
 	for {
-		f.poll()
+		f.poll(ctx)
 		select {
-		case <-f.e.ctx.Done():
+		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -88,16 +96,16 @@ func (f *freshness) run() {
 }
 
 // poll does one round: the leader's state index.
-func (f *freshness) poll() {
-	n := f.e.node
-	start := f.e.now()
+func (f *Freshness) poll(ctx context.Context) {
+	n := f.edge.Node()
+	start := f.edge.Now()
 	if n.IsLeader() {
 		f.noteLeader(n.State().Index(), start)
 		return
 	}
 	if _, addr := n.Leader(); addr != "" {
-		ctx, cancel := context.WithTimeout(f.e.ctx, freshnessCallTimeout)
-		ps, err := n.PeerStatus(ctx, addr)
+		cctx, cancel := context.WithTimeout(ctx, freshnessCallTimeout)
+		ps, err := n.PeerStatus(cctx, addr)
 		cancel()
 		if err == nil && ps.IsLeader {
 			f.noteLeader(ps.StateIndex, start)
@@ -106,9 +114,9 @@ func (f *freshness) poll() {
 }
 
 // noteLeader records a ready leader's state index seen at (or after) at.
-func (f *freshness) noteLeader(stateIndex uint64, at time.Time) {
-	own := f.e.node.State().Index()
-	f.e.ready.lag.observe(at, stateIndex, own)
+func (f *Freshness) noteLeader(stateIndex uint64, at time.Time) {
+	own := f.edge.Node().State().Index()
+	f.lag.observe(at, stateIndex, own)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	// The latest report, not the highest: an operator's snapshot restore
@@ -132,17 +140,17 @@ func (f *freshness) noteLeader(stateIndex uint64, at time.Time) {
 	f.checkCaughtUpLocked(own)
 }
 
-func (f *freshness) checkCaughtUpLocked(own uint64) {
+func (f *Freshness) checkCaughtUpLocked(own uint64) {
 	if !f.caughtUp && f.target > 0 && own >= f.target {
-		f.caughtUp, f.caughtUpAt = true, f.e.now()
-		f.e.log.Info("state caught up with the leader", "state_index", own, "leader_state_index", f.target)
+		f.caughtUp, f.caughtUpAt = true, f.edge.Now()
+		f.log.Info("state caught up with the leader", "state_index", own, "leader_state_index", f.target)
 	}
 }
 
-// caughtUpSinceStart reports whether the state reached a leader's once
+// CaughtUpSinceStart reports whether the state reached a leader's once
 // since this edge started, and otherwise why not (for /readyz).
-func (f *freshness) caughtUpSinceStart() (bool, string) {
-	own := f.e.node.State().Index()
+func (f *Freshness) CaughtUpSinceStart() (bool, string) {
+	own := f.edge.Node().State().Index()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.checkCaughtUpLocked(own)
@@ -155,7 +163,7 @@ func (f *freshness) caughtUpSinceStart() (bool, string) {
 	return false, fmt.Sprintf("catching up with the leader: state index %d of %d", own, f.target)
 }
 
-// stateCurrent reports whether this edge can know the committed
+// StateCurrent reports whether this edge can know the committed
 // placement of a key from its own state, and otherwise why not: it caught
 // up with a leader since it started, heard from a leader within the window,
 // and its state has reached the leader's state index of a window ago. A
@@ -163,11 +171,12 @@ func (f *freshness) caughtUpSinceStart() (bool, string) {
 // follower under load (an entry commits before followers apply it) and
 // counts as current; a leader's Bind older than the window that this edge
 // has not applied does not.
-func (f *freshness) stateCurrent(now time.Time) (bool, string) {
-	if f.e.node.IsLeader() {
+func (f *Freshness) StateCurrent(now time.Time) (bool, string) {
+	n := f.edge.Node()
+	if n.IsLeader() {
 		return true, "" // a ready leader has applied every committed entry
 	}
-	own := f.e.node.State().Index()
+	own := n.State().Index()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.checkCaughtUpLocked(own)
