@@ -39,6 +39,7 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/admin"
+	"github.com/tether-project/tether/edge/admission"
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/edge/edgetls"
@@ -105,7 +106,7 @@ type Edge struct {
 	recorder   *recorder
 	fresh      *readiness.Freshness // is this edge's state current (readyz, degraded placement)
 	ready      *readiness.Readiness
-	shed       *shedder // load shedding on the edge's own saturation (admission.go)
+	admission  *admission.Layer // stalled or saturated: the request is refused (edge/admission)
 	// bodies bounds the request-body bytes held at once.
 	bodies *bodybudget.Budget
 	disagg disaggIDs
@@ -273,6 +274,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		return nil, err
 	}
 	e.answers = api.Relayer{Metrics: e.metrics, Log: e.log}
+	e.admission = admission.New(admissionEdge{e}, cfg.Admission, e.metrics)
 	tp := deps.TracerProvider
 	if tp == nil {
 		if tp, e.tracing.shutdown, err = observe.TracerProvider(cfg.Tracing, cfg.Cluster.NodeID, os.Stdout); err != nil {
@@ -387,12 +389,21 @@ func (e *Edge) openNode(ctx context.Context) error {
 	return nil
 }
 
-// startAdmission prepares what decides whether the edge takes a request
-// (admission.go): its readiness, which requests read from the first one
-// on (route.go unheardAtStartup), and the shedder.
+// startAdmission prepares what decides whether the edge takes a request:
+// its readiness (edge/readiness), which requests read from the first one on
+// (route.go unheardAtStartup), and the shedder (edge/admission).
 func (e *Edge) startAdmission() error {
 	e.ready = readiness.New(readinessEdge{e}, e.fresh, e.readinessConfig(), e.now())
-	return e.startShedder()
+	run, err := e.admission.Start(e.registry)
+	if err != nil {
+		return err
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		run(e.ctx.Done())
+	}()
+	return nil
 }
 
 // serve serves the HTTP API on the listener; stopLocked awaits the
@@ -731,7 +742,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) { e.ready.ServeHTTP(w, r) })
 	mux.Handle("/metrics", e.metricsHandler())
 	mux.Handle(admin.Prefix, e.adminAPI())
-	return e.admission(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return e.admission.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			if v := recover(); v != nil {
 				if v == http.ErrAbortHandler {

@@ -29,3 +29,11 @@ func (e *Edge) readinessConfig() readiness.Config {
 	}
 	return rc
 }
+
+// admissionEdge is the edge as its admission layer reads it
+// (admission.Edge).
+type admissionEdge struct{ e *Edge }
+
+func (a admissionEdge) Stalled(now time.Time) string { return a.e.ready.Stalled(now) }
+func (a admissionEdge) RetryHint() time.Duration     { return a.e.retryHint() }
+func (a admissionEdge) Now() time.Time               { return a.e.now() }

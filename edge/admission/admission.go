@@ -1,4 +1,12 @@
-package edge
+// Package admission is the layer in front of an edge's handlers that
+// decides whether the edge takes a routed request at all, before its body
+// is read: a stalled edge refuses it (503 state_stalled), a saturated one
+// sheds it (429 edge_overloaded: an adaptive limit on requests in flight
+// that falls while the Go scheduler's latency p99 exceeds
+// admission.max_scheduling_latency and recovers after); and every 503 or 429
+// leaves with a Retry-After. See edge/DESIGN.md "Load shedding on the edge's
+// own saturation".
+package admission
 
 import (
 	"fmt"
@@ -13,13 +21,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tether-project/tether/edge/api"
+	"github.com/tether-project/tether/edge/config"
+	"github.com/tether-project/tether/edge/observe"
 )
 
-// admission is the layer in front of the edge's handlers that decides, for
-// each routed request (POST /v1/..., the inference API), whether this edge
-// takes it at all, before any of its body is read:
+// Layer is the admission layer in front of the edge's handlers: it
+// decides, for each routed request (POST /v1/..., the inference API),
+// whether this edge takes it at all, before any of its body is read:
 //
-//   - a stalled edge (readiness.go: its state stopped following the
+//   - a stalled edge (edge/readiness: its state stopped following the
 //     leader's) refuses it: 503 state_stalled with Retry-After, so the
 //     client, or the load balancer that /readyz already took the edge out
 //     of, goes to another edge;
@@ -30,7 +40,55 @@ import (
 // And for every response, whoever writes it (a handler, a refusal, a
 // worker's answer passed through): a 503 or 429 without Retry-After gets
 // one (defaultRetryAfter), so a client always knows when to come back.
-func (e *Edge) admission(next http.Handler) http.Handler {
+type Layer struct {
+	edge    Edge
+	cfg     config.AdmissionConfig
+	metrics *observe.Metrics
+	shed    *shedder // nil until Start
+}
+
+// Edge is what the admission layer asks of the edge, per request (from
+// Start on).
+type Edge interface {
+	// Stalled is why the edge's state stopped following its leader's (""
+	// when it has not: edge/readiness).
+	Stalled(now time.Time) string
+	// RetryHint is the Retry-After of a refusal the log causes: about one
+	// election.
+	RetryHint() time.Duration
+	// Now is the edge's clock.
+	Now() time.Time
+}
+
+// New is the admission layer of edge under the admission section; it
+// counts its refusals in tether_edge_requests_total.
+func New(edge Edge, cfg config.AdmissionConfig, m *observe.Metrics) *Layer {
+	return &Layer{edge: edge, cfg: cfg, metrics: m}
+}
+
+// Start creates the shedder (its series registered with reg) and returns
+// its loop, which moves the limit until done closes; the edge runs it.
+func (l *Layer) Start(reg prometheus.Registerer) (run func(done <-chan struct{}), err error) {
+	s, err := newShedder(l.cfg, reg)
+	if err != nil {
+		return nil, err
+	}
+	l.shed = s
+	return s.run, nil
+}
+
+// InFlight is the routed requests admitted and not finished.
+func (l *Layer) InFlight() int {
+	if l.shed == nil {
+		return 0
+	}
+	l.shed.mu.Lock()
+	defer l.shed.mu.Unlock()
+	return l.shed.inflight
+}
+
+// Wrap puts the layer in front of next.
+func (l *Layer) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		api.RestoreTLS(r)
 		w = &retryAfterWriter{ResponseWriter: w}
@@ -38,24 +96,24 @@ func (e *Edge) admission(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if why := e.ready.Stalled(e.now()); why != "" {
-			e.metrics.Requests.WithLabelValues(api.EndpointLabel(r), "503").Inc()
+		if why := l.edge.Stalled(l.edge.Now()); why != "" {
+			l.metrics.Requests.WithLabelValues(api.EndpointLabel(r), "503").Inc()
 			ae := api.NewError(http.StatusServiceUnavailable, "server_error", "state_stalled", "",
 				"this edge cannot route requests correctly: its copy of the affinity log stopped following the cluster's (%s); retry on another edge", why)
-			ae.RetryAfter = e.retryHint()
+			ae.RetryAfter = l.edge.RetryHint()
 			ae.Write(w, api.PathDialect(r))
 			return
 		}
-		if e.shed == nil {
+		if l.shed == nil {
 			next.ServeHTTP(w, r)
 			return
 		}
-		release, why := e.shed.admit()
+		release, why := l.shed.admit()
 		if release == nil {
-			e.metrics.Requests.WithLabelValues(api.EndpointLabel(r), "429").Inc()
+			l.metrics.Requests.WithLabelValues(api.EndpointLabel(r), "429").Inc()
 			ae := api.NewError(http.StatusTooManyRequests, "rate_limit_error", "edge_overloaded", "",
-				"this edge is saturated (%s); retry after %s", why, e.cfg.Admission.RetryAfter)
-			ae.RetryAfter = e.shed.retryAfter()
+				"this edge is saturated (%s); retry after %s", why, l.cfg.RetryAfter)
+			ae.RetryAfter = l.shed.retryAfter()
 			ae.Write(w, api.PathDialect(r))
 			return
 		}
@@ -130,7 +188,7 @@ const (
 // (multiplicatively) while the Go scheduler's latency is beyond the bound
 // and recovers (additively, by a share) once it is back.
 type shedder struct {
-	cfg AdmissionConfig
+	cfg config.AdmissionConfig
 
 	mu       sync.Mutex
 	inflight int
@@ -151,7 +209,7 @@ type shedder struct {
 	mShed     *prometheus.CounterVec
 }
 
-func newShedder(cfg AdmissionConfig, reg prometheus.Registerer) (*shedder, error) {
+func newShedder(cfg config.AdmissionConfig, reg prometheus.Registerer) (*shedder, error) {
 	s := &shedder{cfg: cfg, limit: float64(cfg.MaxInflight), sinceCut: shedCutEvery,
 		sample: []rtmetrics.Sample{{Name: "/sched/latencies:seconds"}}}
 	s.mInflight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tether_edge_admission_inflight",
@@ -319,19 +377,4 @@ func (s *shedder) schedulingLatency() (time.Duration, uint64) {
 		}
 	}
 	return 0, total
-}
-
-// startShedder starts the admission shedder (Start).
-func (e *Edge) startShedder() error {
-	s, err := newShedder(e.cfg.Admission, e.registry)
-	if err != nil {
-		return err
-	}
-	e.shed = s
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		s.run(e.ctx.Done())
-	}()
-	return nil
 }
