@@ -168,7 +168,7 @@ func TestLeaderSweepsIdleBindings(t *testing.T) {
 	a.send(t, s.c, s.te, "one", nil)
 	// Dispatched beside its Bind: the sweep evicts a binding, so the Bind
 	// must have been answered first.
-	waitFor(t, "the conversation's Bind answered", 10*time.Second, func() bool { return s.te.e.placements.inFlight() == 0 })
+	waitFor(t, "the conversation's Bind answered", 10*time.Second, func() bool { return s.te.e.placements.InFlight() == 0 })
 	waitFor(t, "the idle binding evicted", 10*time.Second, func() bool {
 		_, ok := binding(t, s.c, s.te, fsm.FleetContext, "ttl-conv")
 		return !ok

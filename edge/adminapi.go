@@ -33,4 +33,4 @@ var _ admin.Edge = adminEdge{}
 func (a adminEdge) Node() *cluster.Node    { return a.e.node }
 func (a adminEdge) Fleet() *fleetview.View { return a.e.fleet }
 func (a adminEdge) Now() time.Time         { return a.e.now() }
-func (a adminEdge) DegradedPending() int   { return a.e.placements.inFlight() }
+func (a adminEdge) DegradedPending() int   { return a.e.placements.InFlight() }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/telemetry"
 )
@@ -52,7 +53,7 @@ const maxHeardDispatches = 65536
 // ends.
 func (e *Edge) noteDispatch(f fsm.Fleet, instance string, promptTokens int) (done func()) {
 	release := e.fleet.NoteDispatch(instance, promptTokens)
-	d := telemetry.Dispatch{Edge: e.nodeID, ID: e.dispatches.seq.Add(1), Fleet: telemetryFleet(f), Instance: instance,
+	d := telemetry.Dispatch{Edge: e.nodeID, ID: e.dispatches.seq.Add(1), Fleet: fleetview.TelemetryFleet(f), Instance: instance,
 		PromptTokens: min(max(promptTokens, 0), telemetry.MaxDispatchPromptTokens)}
 	e.announceDispatch(d)
 	var once sync.Once

@@ -359,7 +359,7 @@ func TestDegradedModeWithoutQuorum(t *testing.T) {
 	reg := ec.edge(survivor).registry
 	// Its Bind cannot commit: once the survivor knows the log is down, the
 	// key's requests are served on its proposal and counted degraded.
-	waitFor(t, "the survivor to know the log cannot commit", 20*time.Second, func() bool { return ec.edge(survivor).e.logDown() })
+	waitFor(t, "the survivor to know the log cannot commit", 20*time.Second, func() bool { return ec.edge(survivor).e.proposer.Down() })
 	// A second turn while still degraded stays on the same instance.
 	r2 := a.send(t, c, ec.edge(survivor), "again", nil)
 	if r2.ctxInst != r.ctxInst {

@@ -48,6 +48,7 @@ import (
 	"github.com/tether-project/tether/edge/leader"
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/edge/observe"
+	"github.com/tether-project/tether/edge/proposals"
 	"github.com/tether-project/tether/edge/readiness"
 	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
@@ -100,10 +101,13 @@ type Edge struct {
 	tokenizers tokenize.Fleets // by fsm.Fleet (tokenize.go)
 	route      routeState
 	client     *http.Client
-	// placements are this edge's own Bind proposals (placements.go).
-	placements *placements
-	touches    *touchBatcher
-	recorder   *recorder
+	// What the edge proposes to the log beside its requests (edge/proposals):
+	// every proposal (proposer), its own Bind proposals (placements), the
+	// recorder's background events and the touch batches.
+	proposer   *proposals.Proposer
+	placements *proposals.Placements
+	touches    *proposals.Touches
+	recorder   *proposals.Recorder
 	fresh      *readiness.Freshness // is this edge's state current (readyz, degraded placement)
 	ready      *readiness.Readiness
 	admission  *admission.Layer // stalled or saturated: the request is refused (edge/admission)
@@ -111,8 +115,6 @@ type Edge struct {
 	bodies *bodybudget.Budget
 	disagg disaggIDs
 	reqSeq atomic.Uint64
-	// unavailable is the unix nanos of the last ErrUnavailable (logDown).
-	unavailable atomic.Int64
 
 	// The catalogue (models.go): the first model and the others, by name;
 	// adapters by name to their model.
@@ -222,6 +224,22 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		return nil, fmt.Errorf("edge: config: %w", err)
 	}
 	e := &Edge{cfg: cfg, deps: deps}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.setUp()
+	for _, step := range []func() error{e.newObservability, e.newLogSide, e.newRouting, e.newHops} {
+		if err := step(); err != nil {
+			e.cancel()
+			return nil, err
+		}
+	}
+	e.duties = e.newLeaderDuties()
+	return e, nil
+}
+
+// setUp fills what every part of the edge reads: its logger, clock, node
+// id, version, keys, body budget and metrics registry.
+func (e *Edge) setUp() {
+	cfg, deps := &e.cfg, e.deps
 	e.route.identity, e.route.overload = cfg.IdentityConfig(), routing.NewOverloadTracker()
 	e.bodies = bodybudget.New(cfg.MaxInflightBodyBytes)
 	e.log = deps.Logger
@@ -245,47 +263,75 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		e.authKey = []byte(cfg.InternalRequestAuthKey)
 	}
 	e.respIDs = respid.NewCodec(e.authKey)
-	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-		r, err := routing.NewRouter(cfg.RoutingConfig(f))
-		if err != nil {
-			return nil, fmt.Errorf("edge: %s router: %w", f, err)
-		}
-		e.route.routers[f] = r
-	}
-	var err error
-	if e.tokenizers, err = tokenize.Load(&cfg); err != nil {
-		return nil, fmt.Errorf("edge: %w", err)
-	}
-	e.logTokenizers()
 	e.registry = deps.Registry
 	if e.registry == nil {
 		e.registry = prometheus.NewRegistry()
 	}
-	e.recorder = newRecorder(e)
-	e.touches = newTouchBatcher()
-	e.placements = newPlacements(e)
-	e.route.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e: e},
-		Index: edgeIndex{e}, Overload: e.route.overload, CommitFirst: cfg.Placement.CommitFirst}
-	if err := e.buildCatalogue(); err != nil {
-		return nil, fmt.Errorf("edge: %w", err)
-	}
-	e.fresh = readiness.NewFreshness(readinessEdge{e}, cfg.Cluster, e.log)
+}
+
+// newObservability creates the edge's series (edge/observe), the relay
+// that counts the answers it cannot finish, and the tracer.
+func (e *Edge) newObservability() error {
+	var err error
 	if e.metrics, err = observe.New(e.registry, observeSource{e}); err != nil {
-		return nil, err
+		return err
 	}
 	e.answers = api.Relayer{Metrics: e.metrics, Log: e.log}
-	e.admission = admission.New(admissionEdge{e}, cfg.Admission, e.metrics)
-	tp := deps.TracerProvider
+	tp := e.deps.TracerProvider
 	if tp == nil {
-		if tp, e.tracing.shutdown, err = observe.TracerProvider(cfg.Tracing, cfg.Cluster.NodeID, os.Stdout); err != nil {
-			return nil, fmt.Errorf("edge: %w", err)
+		if tp, e.tracing.shutdown, err = observe.TracerProvider(e.cfg.Tracing, e.cfg.Cluster.NodeID, os.Stdout); err != nil {
+			return fmt.Errorf("edge: %w", err)
 		}
 	}
 	e.tracing.tracer = tp.Tracer("github.com/tether-project/tether/edge")
-	if e.tls, err = edgetls.Load(&cfg); err != nil {
-		return nil, fmt.Errorf("edge: %w", err)
+	return nil
+}
+
+// newLogSide prepares the edge's side of the affinity log: its proposals
+// (edge/proposals), its freshness (edge/readiness) and the admission layer
+// that refuses requests while its state is stalled (edge/admission).
+func (e *Edge) newLogSide() error {
+	p := proposals.New(e.ctx, proposalsEdge{e}, proposals.Config{NodeID: e.nodeID, ProposeTimeout: e.cfg.Cluster.ProposeTimeout,
+		TouchInterval: e.cfg.TouchInterval, Metrics: e.metrics, Logger: e.log, Now: e.now})
+	e.proposer, e.placements, e.recorder, e.touches = p.Proposer, p.Placements, p.Recorder, p.Touches
+	e.fresh = readiness.NewFreshness(readinessEdge{e}, e.cfg.Cluster, e.log)
+	e.admission = admission.New(admissionEdge{e}, e.cfg.Admission, e.metrics)
+	return nil
+}
+
+// newRouting prepares the first model's routers, tokenizers and decision
+// and the rest of the catalogue.
+func (e *Edge) newRouting() error {
+	cfg := &e.cfg
+	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+		r, err := routing.NewRouter(cfg.RoutingConfig(f))
+		if err != nil {
+			return fmt.Errorf("edge: %s router: %w", f, err)
+		}
+		e.route.routers[f] = r
 	}
-	transport := deps.Transport
+	var err error
+	if e.tokenizers, err = tokenize.Load(cfg); err != nil {
+		return fmt.Errorf("edge: %w", err)
+	}
+	e.logTokenizers()
+	e.route.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e: e},
+		Index: edgeIndex{e}, Overload: e.route.overload, CommitFirst: cfg.Placement.CommitFirst}
+	if err := e.buildCatalogue(); err != nil {
+		return fmt.Errorf("edge: %w", err)
+	}
+	return nil
+}
+
+// newHops prepares the hops to workers: the transport security of every
+// link (edge/edgetls), the hops' client behind its guard, and the ids of
+// disaggregated requests and of the requests the log records.
+func (e *Edge) newHops() error {
+	var err error
+	if e.tls, err = edgetls.Load(&e.cfg); err != nil {
+		return fmt.Errorf("edge: %w", err)
+	}
+	transport := e.deps.Transport
 	if transport == nil {
 		transport = &http.Transport{
 			Proxy:               nil,
@@ -305,9 +351,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	// at a random point of a 63-bit space, so an edge restarted on its data
 	// directory does not reuse the ids its previous process recorded.
 	e.reqSeq.Store(binary.BigEndian.Uint64(b[:]) >> 1 &^ (1<<32 - 1))
-	e.duties = e.newLeaderDuties()
-	e.ctx, e.cancel = context.WithCancel(context.Background())
-	return e, nil
+	return nil
 }
 
 // Start opens the cluster node, starts NATS (embedded or client), the
@@ -338,7 +382,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	if err := e.startFleetView(ctx); err != nil {
 		return err
 	}
-	if err := e.placements.listen(); err != nil {
+	if err := e.placements.Listen(); err != nil {
 		return err
 	}
 	if err := e.listenDispatches(); err != nil {
@@ -432,8 +476,14 @@ func (e *Edge) startBackground() {
 		defer e.wg.Done()
 		e.fresh.Run(e.ctx)
 	}()
-	go e.recorder.run()
-	go e.touchLoop()
+	go func() {
+		defer e.wg.Done()
+		e.recorder.Run(e.ctx)
+	}()
+	go func() {
+		defer e.wg.Done()
+		e.touches.Run(e.ctx)
+	}()
 	go func() {
 		defer e.wg.Done()
 		e.duties.Run(e.ctx)
@@ -616,8 +666,8 @@ func (e *Edge) Close(ctx context.Context) error {
 	}
 	if e.node != nil {
 		fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		e.flushTouches(fctx)
-		e.recorder.flush(fctx)
+		e.touches.Flush(fctx)
+		e.recorder.Flush(fctx)
 		e.awaitPlacements(fctx)
 		cancel()
 	}
@@ -636,7 +686,7 @@ func (e *Edge) awaitPlacements(ctx context.Context) {
 	}
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
-	for e.placements.inFlight() > 0 {
+	for e.placements.InFlight() > 0 {
 		select {
 		case <-ctx.Done():
 			return
@@ -795,7 +845,7 @@ func (e *Edge) advertise() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(e.ctx, time.Second)
-		_, err := e.propose(ctx, ev)
+		_, err := e.proposer.Propose(ctx, ev)
 		cancel()
 		if err == nil {
 			return
@@ -820,45 +870,4 @@ func findNode(st *fsm.State, id string) (fsm.Edge, bool) {
 		}
 	}
 	return fsm.Edge{}, false
-}
-
-// propose commits one event through the log and records its latency and
-// result.
-func (e *Edge) propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) {
-	start := time.Now()
-	res, err := e.node.Propose(ctx, ev)
-	e.observeProposal(ev.Type(), res, err, time.Since(start))
-	return res, err
-}
-
-func (e *Edge) observeProposal(t fsm.EventType, res fsm.Result, err error, took time.Duration) {
-	result := res.Status.String()
-	switch {
-	case errors.Is(err, cluster.ErrNotApplied):
-		// Committed (res is the leader's result); this replica lags. Not
-		// a log that cannot commit: no degraded mode.
-	case errors.Is(err, cluster.ErrUnavailable):
-		result = "unavailable"
-		e.unavailable.Store(e.now().UnixNano())
-	case err != nil:
-		result = "error"
-	default:
-		e.commitObserve(took)
-	}
-	e.metrics.Proposals.WithLabelValues(t.String(), result).Inc()
-}
-
-func (e *Edge) commitObserve(d time.Duration) { e.metrics.CommitSeconds.Observe(d.Seconds()) }
-
-// logDown reports whether the log is known to be unable to commit right
-// now: a recent proposal failed for lack of quorum and no leader is known.
-// Requests then go straight to degraded placement instead of waiting out
-// propose_timeout each.
-func (e *Edge) logDown() bool {
-	last := e.unavailable.Load()
-	if last == 0 || e.now().UnixNano()-last > int64(5*time.Second) {
-		return false
-	}
-	leader, _ := e.node.Leader()
-	return leader == ""
 }

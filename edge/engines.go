@@ -153,8 +153,8 @@ func (e *Edge) recordEngineRank(h *hop, rank int) {
 	if h.Binding.Epoch == 0 {
 		// Served on this edge's own proposal: recorded once the log
 		// answers it with this placement (placements.settle).
-		if ev, now := e.placements.noteRank(h.Fleet, h.Key, h.Instance, uint32(rank)); now {
-			e.recorder.addRank(ev)
+		if ev, now := e.placements.NoteRank(h.Fleet, h.Key, h.Instance, uint32(rank)); now {
+			e.recorder.AddRank(ev)
 		}
 		return
 	}
@@ -162,7 +162,7 @@ func (e *Edge) recordEngineRank(h *hop, rank int) {
 	if !ok || b.Epoch != h.Binding.Epoch || b.Instance != h.Instance || b.HasRank {
 		return
 	}
-	e.recorder.addRank(fsm.RankObserved{Fleet: h.Fleet, Key: h.Key, Epoch: b.Epoch, Rank: uint32(rank)})
+	e.recorder.AddRank(fsm.RankObserved{Fleet: h.Fleet, Key: h.Key, Epoch: b.Epoch, Rank: uint32(rank)})
 }
 
 // engineUsage completes a response's usage as the engine means it: vLLM

@@ -122,7 +122,7 @@ func TestLaggingEdgeDoesNotGuessBoundKeys(t *testing.T) {
 		}
 	}
 	waitFor(t, "the lagging edge's proposals answered", 20*time.Second, func() bool {
-		return te.e.placements.inFlight() == 0
+		return te.e.placements.InFlight() == 0
 	})
 	off := 0
 	for _, k := range keys {

@@ -611,7 +611,7 @@ func awaitOwnBind(t testing.TB, te *testEdge, fleet fsm.Fleet, key string) {
 	t.Helper()
 	waitFor(t, "the Bind proposal of "+key+" answered, or the log down", 20*time.Second, func() bool {
 		p, ok := te.e.placements.Pending(fleet, key)
-		return !ok || p.Settled || te.e.logDown()
+		return !ok || p.Settled || te.e.proposer.Down()
 	})
 }
 
@@ -730,7 +730,7 @@ func awaitPlacementsApplied(t testing.TB, ec *edgeCluster, i int) {
 	t.Helper()
 	p := ec.edge(i).e.placements
 	waitFor(t, fmt.Sprintf("edge-%d's Bind proposals answered", i+1), 20*time.Second, func() bool {
-		return p.inFlight() == 0
+		return p.InFlight() == 0
 	})
 	want := ec.edge(i).e.node.State().Index()
 	ec.mu.Lock()

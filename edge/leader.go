@@ -40,11 +40,11 @@ func (l leaderEdge) Fleet() *fleetview.View { return l.e.fleet }
 func (l leaderEdge) Now() time.Time         { return l.e.now() }
 
 func (l leaderEdge) Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) {
-	return l.e.propose(ctx, ev)
+	return l.e.proposer.Propose(ctx, ev)
 }
 
 func (l leaderEdge) ObserveProposal(t fsm.EventType, res fsm.Result, err error, took time.Duration) {
-	l.e.observeProposal(t, res, err, took)
+	l.e.proposer.Observe(t, res, err, took)
 }
 
 func (l leaderEdge) ConversationKey(instance, conv string) (string, bool) {

@@ -46,10 +46,10 @@ func (e *Edge) recordEvidence(rq *request, f fsm.Fleet, h *hop) {
 	}
 	ev := evidenceOf(f, h.Key, rq.requestID, rule, h.Instance, bound, h.Binding.Decision.Candidates,
 		views, rq.m.tokenizers[f].BlockSize())
-	if e.placements.holdEvidence(ev) {
+	if e.placements.HoldEvidence(ev) {
 		return // proposed once the placement's Bind is answered
 	}
-	e.recorder.add(ev, nil)
+	e.recorder.Add(ev, nil)
 }
 
 // evidenceOf builds a placement's Evidence from the decision's candidates
@@ -114,4 +114,4 @@ func evidenceOf(f fsm.Fleet, key, requestID, rule, chosen, bound string, cands [
 // observations, evidence) and own placements' Binds this edge has not yet
 // seen through the log: queued or being proposed. Tests wait for 0 before
 // they take a quiet log's index.
-func (e *Edge) BackgroundPending() int { return e.recorder.pending() + e.placements.inFlight() }
+func (e *Edge) BackgroundPending() int { return e.recorder.Pending() + e.placements.InFlight() }

@@ -236,7 +236,7 @@ func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) 
 		return nil, e.failureError(fail)
 	}
 	if d.Speculative {
-		e.placements.served(d.Fleet, d.Key)
+		e.placements.Served(d.Fleet, d.Key)
 	}
 	// The request is about to be dispatched: the next decision's views
 	// must count it (a new key no longer waits for a commit, which used
@@ -282,7 +282,7 @@ type edgeLog struct{ e *Edge }
 func (l edgeLog) State() *fsm.State { return l.e.node.State() }
 
 func (l edgeLog) Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) {
-	res, err := l.e.propose(ctx, ev)
+	res, err := l.e.proposer.Propose(ctx, ev)
 	switch {
 	case errors.Is(err, cluster.ErrNotApplied):
 		err = fmt.Errorf("%w: %w", decide.ErrCommitted, err)
@@ -292,16 +292,16 @@ func (l edgeLog) Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) 
 	return res, err
 }
 
-func (l edgeLog) Down(time.Time) bool { return l.e.logDown() }
+func (l edgeLog) Down(time.Time) bool { return l.e.proposer.Down() }
 
 // edgeRecorder is the recorder and touch batcher (recorder.go, touches.go) as the
 // decision uses them (routing/decide.Recorder).
 type edgeRecorder struct{ e *Edge }
 
-func (r edgeRecorder) Record(ev fsm.Event) { r.e.recorder.add(ev, nil) }
+func (r edgeRecorder) Record(ev fsm.Event) { r.e.recorder.Add(ev, nil) }
 
-func (r edgeRecorder) Touch(k fsm.FleetKey)   { r.e.touches.add(k) }
-func (r edgeRecorder) TouchLink(child string) { r.e.touches.addLink(child) }
+func (r edgeRecorder) Touch(k fsm.FleetKey)   { r.e.touches.Add(k) }
+func (r edgeRecorder) TouchLink(child string) { r.e.touches.AddLink(child) }
 
 // edgeFleet is this edge's fleet view of model m's fleets (nil: the
 // first model's) as the decision reads it (routing/decide.FleetView).
@@ -355,8 +355,8 @@ func (e *Edge) observeRank(rq *request, h *hop, role hintauth.Role, rankHeader s
 	if h.Binding.Epoch == 0 {
 		// Served on this edge's own proposal: recorded once the log
 		// answers it with this placement (placements.settle).
-		if ev, now := e.placements.noteRank(h.Fleet, h.Key, h.Instance, uint32(rank)); now {
-			e.recorder.addRank(ev)
+		if ev, now := e.placements.NoteRank(h.Fleet, h.Key, h.Instance, uint32(rank)); now {
+			e.recorder.AddRank(ev)
 		}
 		return
 	}
@@ -364,7 +364,7 @@ func (e *Edge) observeRank(rq *request, h *hop, role hintauth.Role, rankHeader s
 	if !ok || b.Epoch != h.Binding.Epoch || b.Instance != h.Instance || (b.HasRank && b.Rank == uint32(rank)) {
 		return
 	}
-	e.recorder.addRank(fsm.RankObserved{Fleet: h.Fleet, Key: h.Key, Epoch: b.Epoch, Rank: uint32(rank)})
+	e.recorder.AddRank(fsm.RankObserved{Fleet: h.Fleet, Key: h.Key, Epoch: b.Epoch, Rank: uint32(rank)})
 }
 
 // routeEvidence renders the request id and the state indexes of the hops'

@@ -841,11 +841,21 @@ func (f *View) drop(kind string, err error) {
 	f.log.Debug("telemetry message dropped", "kind", kind, "reason", reason, "err", err)
 }
 
-func toFleet(tf telemetry.Fleet) fsm.Fleet {
+// FleetOf is the log's fleet of a telemetry fleet (the one the subjects and
+// payloads name).
+func FleetOf(tf telemetry.Fleet) fsm.Fleet {
 	if tf == telemetry.FleetGeneration {
 		return fsm.FleetGeneration
 	}
 	return fsm.FleetContext
+}
+
+// TelemetryFleet is the telemetry fleet of one of the log's.
+func TelemetryFleet(f fsm.Fleet) telemetry.Fleet {
+	if f == fsm.FleetGeneration {
+		return telemetry.FleetGeneration
+	}
+	return telemetry.FleetContext
 }
 
 // onLoad handles a load report: registration, heartbeat and load.
@@ -884,7 +894,7 @@ func (f *View) onLoad(m *nats.Msg) {
 	in.report = r
 	if !in.static {
 		in.url = r.URL
-		in.fleet = toFleet(r.Fleet)
+		in.fleet = FleetOf(r.Fleet)
 	}
 	in.reportGen.Add(1)
 	in.pendingReq.Store(0)
@@ -938,7 +948,7 @@ func (f *View) resolveLocked(r telemetry.LoadReport) *instance {
 			return in
 		}
 	}
-	in := &instance{id: r.Instance, workerID: r.Instance, fleet: toFleet(r.Fleet), url: r.URL}
+	in := &instance{id: r.Instance, workerID: r.Instance, fleet: FleetOf(r.Fleet), url: r.URL}
 	f.byID[in.id] = in
 	f.log.Info("worker registered", "instance", in.id, "fleet", in.fleet, "url", r.URL)
 	return in

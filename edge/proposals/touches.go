@@ -1,4 +1,4 @@
-package edge
+package proposals
 
 import (
 	"context"
@@ -8,32 +8,35 @@ import (
 	"github.com/tether-project/tether/fsm"
 )
 
-// touchBatcher collects the bound keys (and parent links) requests used
-// since the last flush; every touch_interval they become one Touch event.
-type touchBatcher struct {
+// Touches collects the bound keys (and parent links) requests used since
+// the last flush; every touch_interval they become one Touch event.
+type Touches struct {
+	e     *env
 	mu    sync.Mutex
 	keys  map[fsm.FleetKey]struct{}
 	links map[string]struct{}
 }
 
-func newTouchBatcher() *touchBatcher {
-	return &touchBatcher{keys: map[fsm.FleetKey]struct{}{}, links: map[string]struct{}{}}
+func newTouches(e *env) *Touches {
+	return &Touches{e: e, keys: map[fsm.FleetKey]struct{}{}, links: map[string]struct{}{}}
 }
 
-func (t *touchBatcher) add(k fsm.FleetKey) {
+// Add queues a bound key's use for the next Touch.
+func (t *Touches) Add(k fsm.FleetKey) {
 	t.mu.Lock()
 	t.keys[k] = struct{}{}
 	t.mu.Unlock()
 }
 
-func (t *touchBatcher) addLink(child string) {
+// AddLink queues a used parent link (by its child) for the next Touch.
+func (t *Touches) AddLink(child string) {
 	t.mu.Lock()
 	t.links[child] = struct{}{}
 	t.mu.Unlock()
 }
 
 // take empties the batch.
-func (t *touchBatcher) take() fsm.Touch {
+func (t *Touches) take() fsm.Touch {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var ev fsm.Touch
@@ -54,7 +57,7 @@ func (t *touchBatcher) take() fsm.Touch {
 }
 
 // putBack merges an unflushed batch back.
-func (t *touchBatcher) putBack(ev fsm.Touch) {
+func (t *Touches) putBack(ev fsm.Touch) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, k := range ev.Keys {
@@ -68,25 +71,25 @@ func (t *touchBatcher) putBack(ev fsm.Touch) {
 // maxTouchKeys bounds one Touch event; larger batches are split.
 const maxTouchKeys = 8192
 
-func (e *Edge) touchLoop() {
-	defer e.wg.Done()
-	t := time.NewTicker(e.cfg.TouchInterval)
-	defer t.Stop()
+// Run flushes the used keys every touch_interval until ctx is done.
+func (t *Touches) Run(ctx context.Context) {
+	tick := time.NewTicker(t.e.cfg.TouchInterval)
+	defer tick.Stop()
 	for {
 		select {
-		case <-e.ctx.Done():
+		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-tick.C:
 		}
-		ctx, cancel := context.WithTimeout(e.ctx, max(e.cfg.TouchInterval, time.Second))
-		e.flushTouches(ctx)
+		fctx, cancel := context.WithTimeout(ctx, max(t.e.cfg.TouchInterval, time.Second))
+		t.Flush(fctx)
 		cancel()
 	}
 }
 
-// flushTouches proposes the used keys as one Touch (split when huge).
-func (e *Edge) flushTouches(ctx context.Context) {
-	ev := e.touches.take()
+// Flush proposes the used keys as one Touch (split when huge).
+func (t *Touches) Flush(ctx context.Context) {
+	ev := t.take()
 	if len(ev.Keys) == 0 && len(ev.Links) == 0 {
 		return
 	}
@@ -98,13 +101,13 @@ func (e *Edge) flushTouches(ctx context.Context) {
 	}
 	evs = append(evs, ev)
 	start := time.Now()
-	_, err := e.node.ProposeBatch(ctx, evs)
-	e.observeProposal(fsm.TypeTouch, fsm.Result{Status: fsm.StatusApplied}, err, time.Since(start))
+	_, err := t.e.edge.Node().ProposeBatch(ctx, evs)
+	t.e.proposer.Observe(fsm.TypeTouch, fsm.Result{Status: fsm.StatusApplied}, err, time.Since(start))
 	if err != nil {
 		for _, x := range evs {
-			e.touches.putBack(x.(fsm.Touch))
+			t.putBack(x.(fsm.Touch))
 		}
 		return
 	}
-	e.metrics.Touches.Add(float64(len(evs)))
+	t.e.metrics.Touches.Add(float64(len(evs)))
 }

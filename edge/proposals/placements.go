@@ -1,4 +1,4 @@
-package edge
+package proposals
 
 import (
 	"context"
@@ -10,12 +10,13 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tether-project/tether/cluster"
+	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing/decide"
 )
 
-// placements are this edge's own Bind proposals (routing/decide.Placements):
+// Placements are this edge's own Bind proposals (routing/decide.Placements):
 // from the request that placed a new key until this edge's replica has
 // applied the log's answer. A new key's request is dispatched at once; its
 // Bind goes to the log beside it, with one proposal id for every attempt,
@@ -24,8 +25,8 @@ import (
 // unknown the key's requests through this edge go where it proposed (an
 // edge never contradicts its own proposal); once the answer is known they
 // go where the log says, even before the replica applies it.
-type placements struct {
-	e *Edge
+type Placements struct {
+	e *env
 
 	mu    sync.Mutex
 	byKey map[fsm.FleetKey]*ownBind
@@ -51,8 +52,8 @@ const maxHeard = 65536
 
 // heardTTL is how long a heard placement is followed: the other edge's
 // Bind commits, and this edge applies it, well within it.
-func (p *placements) heardTTL() time.Duration {
-	return max(4*p.e.cfg.Cluster.ProposeTimeout, 2*time.Second)
+func (p *Placements) heardTTL() time.Duration {
+	return max(4*p.e.cfg.ProposeTimeout, 2*time.Second)
 }
 
 type ownBind struct {
@@ -61,10 +62,10 @@ type ownBind struct {
 	bind fsm.Bind
 	at   time.Time // the placement (the request's time)
 	sent time.Time // wall clock of the first attempt
-	// served counts requests served on the proposal before it settled.
+	// Served counts requests served on the proposal before it settled.
 	served int
 	// rank is the attention-DP rank a worker reported for a request
-	// served on the proposal (hasRank), recorded once the Bind wins.
+	// Served on the proposal (hasRank), recorded once the Bind wins.
 	rank    uint32
 	hasRank bool
 	settled bool
@@ -80,17 +81,17 @@ type ownBind struct {
 // forgotten (counted dropped) and their keys' next requests placed anew.
 const maxPlacements = 65536
 
-func newPlacements(e *Edge) *placements {
-	return &placements{e: e, byKey: map[fsm.FleetKey]*ownBind{}, heard: map[fsm.FleetKey]heardBind{}}
+func newPlacements(e *env) *Placements {
+	return &Placements{e: e, byKey: map[fsm.FleetKey]*ownBind{}, heard: map[fsm.FleetKey]heardBind{}}
 }
 
-var _ decide.Placements = (*placements)(nil)
+var _ decide.Placements = (*Placements)(nil)
 
 // Propose sends b to the log unless a proposal of the key is in flight.
-func (p *placements) Propose(b fsm.Bind, now time.Time) {
+func (p *Placements) Propose(b fsm.Bind, now time.Time) {
 	k := fsm.FleetKey{Fleet: b.Fleet, Key: b.Key}
 	o := &ownBind{key: k, id: cluster.NewProposalID(), bind: b, at: now, sent: time.Now(), done: make(chan struct{})}
-	st := p.e.node.State()
+	st := p.e.edge.Node().State()
 	p.mu.Lock()
 	if old, ok := p.byKey[k]; ok {
 		if !old.settled {
@@ -105,7 +106,7 @@ func (p *placements) Propose(b fsm.Bind, now time.Time) {
 	p.sweepLocked(st)
 	p.mu.Unlock()
 	p.announce(b)
-	if p.e.logDown() {
+	if p.e.proposer.Down() {
 		// A proposal would only wait out its timeout: the recorder
 		// retries it (same id) once the log is back.
 		p.e.recorder.addBind(o.id, o.bind)
@@ -116,16 +117,16 @@ func (p *placements) Propose(b fsm.Bind, now time.Time) {
 
 // send is a proposal's first attempt; a failure leaves it to the
 // recorder's retries.
-func (p *placements) send(o *ownBind) {
-	ctx, cancel := context.WithTimeout(p.e.ctx, p.e.cfg.Cluster.ProposeTimeout)
+func (p *Placements) send(o *ownBind) {
+	ctx, cancel := context.WithTimeout(p.e.ctx, p.e.cfg.ProposeTimeout)
 	start := time.Now()
-	rs, err := p.e.node.ProposeIdempotent(ctx, []fsm.Proposal{{ID: o.id, Event: o.bind}})
+	rs, err := p.e.edge.Node().ProposeIdempotent(ctx, []fsm.Proposal{{ID: o.id, Event: o.bind}})
 	cancel()
 	var res fsm.Result
 	if len(rs) == 1 {
 		res = rs[0]
 	}
-	p.e.observeProposal(fsm.TypeBind, res, err, time.Since(start))
+	p.e.proposer.Observe(fsm.TypeBind, res, err, time.Since(start))
 	switch {
 	case len(rs) == 1 && (err == nil || errors.Is(err, cluster.ErrNotApplied)):
 		p.settle(o.id, o.bind, res)
@@ -151,7 +152,7 @@ func closedHere(err error) bool {
 }
 
 // settle records the log's answer to proposal id.
-func (p *placements) settle(id fsm.ProposalID, b fsm.Bind, res fsm.Result) {
+func (p *Placements) settle(id fsm.ProposalID, b fsm.Bind, res fsm.Result) {
 	k := fsm.FleetKey{Fleet: b.Fleet, Key: b.Key}
 	p.mu.Lock()
 	o, ok := p.byKey[k]
@@ -167,7 +168,7 @@ func (p *placements) settle(id fsm.ProposalID, b fsm.Bind, res fsm.Result) {
 	p.mu.Unlock()
 	if evidence != nil {
 		// Queued apart: settle may run under the recorder's lock.
-		go p.e.recorder.add(*evidence, nil)
+		go p.e.recorder.Add(*evidence, nil)
 	}
 
 	m := p.e.metrics
@@ -185,7 +186,7 @@ func (p *placements) settle(id fsm.ProposalID, b fsm.Bind, res fsm.Result) {
 	if hasRank && (result == "won" || result == "agreed") {
 		// Queued apart: settle may run under the recorder's lock.
 		ev := fsm.RankObserved{Fleet: b.Fleet, Key: b.Key, Epoch: res.Binding.Epoch, Rank: rank}
-		go p.e.recorder.addRank(ev)
+		go p.e.recorder.AddRank(ev)
 	}
 	if served > 0 {
 		on := "on_binding"
@@ -196,10 +197,10 @@ func (p *placements) settle(id fsm.ProposalID, b fsm.Bind, res fsm.Result) {
 	}
 }
 
-// holdEvidence keeps ev, the Evidence of a placement whose Bind is still in
+// HoldEvidence keeps ev, the Evidence of a placement whose Bind is still in
 // flight, for settle to queue; it reports false when there is no such
 // Bind (the caller queues ev itself).
-func (p *placements) holdEvidence(ev fsm.Evidence) bool {
+func (p *Placements) HoldEvidence(ev fsm.Evidence) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	o, ok := p.byKey[fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key}]
@@ -211,7 +212,7 @@ func (p *placements) holdEvidence(ev fsm.Evidence) bool {
 }
 
 // drop forgets proposal id (the recorder gave it up, or the edge stops).
-func (p *placements) drop(id fsm.ProposalID, b fsm.Bind, reason string) {
+func (p *Placements) drop(id fsm.ProposalID, b fsm.Bind, reason string) {
 	k := fsm.FleetKey{Fleet: b.Fleet, Key: b.Key}
 	p.mu.Lock()
 	o, ok := p.byKey[k]
@@ -225,7 +226,7 @@ func (p *placements) drop(id fsm.ProposalID, b fsm.Bind, reason string) {
 	p.e.log.Debug("placement dropped", "fleet", b.Fleet, "key", b.Key, "reason", reason)
 }
 
-func (p *placements) forgetLocked(o *ownBind) {
+func (p *Placements) forgetLocked(o *ownBind) {
 	if !o.settled {
 		p.unsettled--
 		close(o.done)
@@ -236,7 +237,7 @@ func (p *placements) forgetLocked(o *ownBind) {
 
 // sweepLocked forgets, from the oldest, proposals whose answer the replica
 // has applied (and any beyond maxPlacements).
-func (p *placements) sweepLocked(st *fsm.State) {
+func (p *Placements) sweepLocked(st *fsm.State) {
 	n := 0
 	for n < len(p.order) {
 		o := p.order[n]
@@ -264,7 +265,7 @@ func (o *ownBind) pending() decide.Pending {
 }
 
 // Pending returns the key's proposal.
-func (p *placements) Pending(f fsm.Fleet, key string) (decide.Pending, bool) {
+func (p *Placements) Pending(f fsm.Fleet, key string) (decide.Pending, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	o, ok := p.byKey[fsm.FleetKey{Fleet: f, Key: key}]
@@ -275,14 +276,14 @@ func (p *placements) Pending(f fsm.Fleet, key string) (decide.Pending, bool) {
 }
 
 // Await waits up to propose_timeout for the key's proposal to settle.
-func (p *placements) Await(ctx context.Context, f fsm.Fleet, key string) (decide.Pending, bool) {
+func (p *Placements) Await(ctx context.Context, f fsm.Fleet, key string) (decide.Pending, bool) {
 	p.mu.Lock()
 	o, ok := p.byKey[fsm.FleetKey{Fleet: f, Key: key}]
 	p.mu.Unlock()
 	if !ok {
 		return decide.Pending{}, false
 	}
-	t := time.NewTimer(p.e.cfg.Cluster.ProposeTimeout)
+	t := time.NewTimer(p.e.cfg.ProposeTimeout)
 	defer t.Stop()
 	select {
 	case <-o.done:
@@ -292,9 +293,9 @@ func (p *placements) Await(ctx context.Context, f fsm.Fleet, key string) (decide
 	return p.Pending(f, key)
 }
 
-// served counts a request served on the key's proposal before it settled
+// Served counts a request served on the key's proposal before it settled
 // (tether_edge_speculative_requests_total, judged when it settles).
-func (p *placements) served(f fsm.Fleet, key string) {
+func (p *Placements) Served(f fsm.Fleet, key string) {
 	p.mu.Lock()
 	if o, ok := p.byKey[fsm.FleetKey{Fleet: f, Key: key}]; ok && !o.settled {
 		o.served++
@@ -302,10 +303,10 @@ func (p *placements) served(f fsm.Fleet, key string) {
 	p.mu.Unlock()
 }
 
-// noteRank takes the rank a worker reported for a request served on the
+// NoteRank takes the rank a worker reported for a request served on the
 // key's proposal on instance: remembered until the log answers it, or, if
 // it already did with this placement, returned for recording now.
-func (p *placements) noteRank(f fsm.Fleet, key, instance string, rank uint32) (fsm.RankObserved, bool) {
+func (p *Placements) NoteRank(f fsm.Fleet, key, instance string, rank uint32) (fsm.RankObserved, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	o, ok := p.byKey[fsm.FleetKey{Fleet: f, Key: key}]
@@ -319,13 +320,13 @@ func (p *placements) noteRank(f fsm.Fleet, key, instance string, rank uint32) (f
 	return fsm.RankObserved{}, false
 }
 
-// listen subscribes to the other edges' placements (no NATS: nothing to
+// Listen subscribes to the other edges' placements (no NATS: nothing to
 // hear, nothing announced).
-func (p *placements) listen() error {
-	if p.e.nats.conn == nil {
+func (p *Placements) Listen() error {
+	if p.e.edge.NATS() == nil {
 		return nil
 	}
-	sub, err := p.e.nats.conn.Subscribe(telemetry.PlacementSubjectAll, p.onPlacement)
+	sub, err := p.e.edge.NATS().Subscribe(telemetry.PlacementSubjectAll, p.onPlacement)
 	if err != nil {
 		return fmt.Errorf("edge: subscribe %s: %w", telemetry.PlacementSubjectAll, err)
 	}
@@ -335,36 +336,33 @@ func (p *placements) listen() error {
 
 // announce tells the other edges where this edge placed a new key, the
 // moment it dispatches it (a publish: no wait).
-func (p *placements) announce(b fsm.Bind) {
-	if p.e.nats.conn == nil || !p.e.nats.conn.IsConnected() {
+func (p *Placements) announce(b fsm.Bind) {
+	if p.e.edge.NATS() == nil || !p.e.edge.NATS().IsConnected() {
 		return
 	}
-	data, err := telemetry.EncodePlacement(telemetry.Placement{Edge: p.e.nodeID, Fleet: telemetryFleet(b.Fleet), Key: b.Key,
+	data, err := telemetry.EncodePlacement(telemetry.Placement{Edge: p.e.cfg.NodeID, Fleet: fleetview.TelemetryFleet(b.Fleet), Key: b.Key,
 		ConversationID: b.ConversationID, Instance: b.Instance, RequestID: b.Decision.RequestID})
 	if err != nil {
 		return // an id NATS subjects cannot carry: the log alone tells
 	}
-	if err := p.e.nats.conn.Publish(telemetry.PlacementSubject(p.e.nodeID), data); err == nil {
+	if err := p.e.edge.NATS().Publish(telemetry.PlacementSubject(p.e.cfg.NodeID), data); err == nil {
 		p.e.metrics.PlacementMsgs.WithLabelValues("sent").Inc()
 	}
 }
 
-func (p *placements) onPlacement(m *nats.Msg) {
+func (p *Placements) onPlacement(m *nats.Msg) {
 	pl, err := telemetry.DecodePlacement(m.Subject, m.Data)
 	if err != nil {
 		p.e.metrics.PlacementMsgs.WithLabelValues("invalid").Inc()
 		return
 	}
-	if pl.Edge == p.e.nodeID {
+	if pl.Edge == p.e.cfg.NodeID {
 		return
 	}
-	f := fsm.FleetContext
-	if pl.Fleet == telemetry.FleetGeneration {
-		f = fsm.FleetGeneration
-	}
+	f := fleetview.FleetOf(pl.Fleet)
 	k := fsm.FleetKey{Fleet: f, Key: pl.Key}
 	p.e.metrics.PlacementMsgs.WithLabelValues("heard").Inc()
-	now := p.e.now()
+	now := p.e.cfg.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ttl := p.heardTTL()
@@ -397,25 +395,18 @@ func (p *placements) onPlacement(m *nats.Msg) {
 
 // Heard returns another edge's placement of the key heard within
 // heardTTL.
-func (p *placements) Heard(f fsm.Fleet, key string) (fsm.Bind, bool) {
+func (p *Placements) Heard(f fsm.Fleet, key string) (fsm.Bind, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	hb, ok := p.heard[fsm.FleetKey{Fleet: f, Key: key}]
-	if !ok || p.e.now().Sub(hb.at) >= p.heardTTL() {
+	if !ok || p.e.cfg.Now().Sub(hb.at) >= p.heardTTL() {
 		return fsm.Bind{}, false
 	}
 	return hb.bind, true
 }
 
-func telemetryFleet(f fsm.Fleet) telemetry.Fleet {
-	if f == fsm.FleetGeneration {
-		return telemetry.FleetGeneration
-	}
-	return telemetry.FleetContext
-}
-
-// inFlight counts proposals whose answer this edge does not know yet.
-func (p *placements) inFlight() int {
+// InFlight counts proposals whose answer this edge does not know yet.
+func (p *Placements) InFlight() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.unsettled

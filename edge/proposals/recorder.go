@@ -1,4 +1,4 @@
-package edge
+package proposals
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/tether-project/tether/fsm"
 )
 
-// recorder proposes the events a request does not wait for (overflows,
+// Recorder proposes the events a request does not wait for (overflows,
 // parent links, rank observations, evidence) and retries the Binds of this
 // edge's own placements whose first attempt failed (placements.go),
 // batching what queued up into entries and retrying while the log cannot
@@ -19,14 +19,14 @@ import (
 // Every event gets its proposal id when it is queued and keeps it for every
 // attempt: a proposal that timed out may still commit, and its retry must
 // then be the fsm's duplicate (fsm/dedup.go), not a second application.
-type recorder struct {
-	e    *Edge
+type Recorder struct {
+	e    *env
 	kick chan struct{}
 
 	mu       sync.Mutex
 	queue    []recorded
-	links    map[string]bool         // queued links, by child
-	ranks    map[fsm.FleetKey]uint32 // queued rank observations, by key
+	links    map[string]bool         // Queued links, by child
+	ranks    map[fsm.FleetKey]uint32 // Queued rank observations, by key
 	inflight int                     // events of the batch flush is proposing
 }
 
@@ -51,26 +51,26 @@ type recorded struct {
 const maxRecorderQueue = 65536
 
 // maxFlushEvents bounds one attempt: a batch that must commit within the
-// flush deadline stays a few log entries, whatever the backlog.
+// Flush deadline stays a few log entries, whatever the backlog.
 const maxFlushEvents = 1024
 
 // maxRecordAttempts bounds retries of events other than placements' Binds.
 const maxRecordAttempts = 50
 
-func newRecorder(e *Edge) *recorder {
-	return &recorder{e: e, kick: make(chan struct{}, 1), links: map[string]bool{}, ranks: map[fsm.FleetKey]uint32{}}
+func newRecorder(e *env) *Recorder {
+	return &Recorder{e: e, kick: make(chan struct{}, 1), links: map[string]bool{}, ranks: map[fsm.FleetKey]uint32{}}
 }
 
-func (r *recorder) poke() {
+func (r *Recorder) poke() {
 	select {
 	case r.kick <- struct{}{}:
 	default:
 	}
 }
 
-// add queues an event; done, if set, is called with its result once it
+// Add queues an event; done, if set, is called with its result once it
 // committed.
-func (r *recorder) add(ev fsm.Event, _ func(fsm.Result)) {
+func (r *Recorder) Add(ev fsm.Event, _ func(fsm.Result)) {
 	x := recorded{ev: ev}
 	r.mu.Lock()
 	if l, ok := ev.(fsm.Link); ok {
@@ -93,13 +93,13 @@ func (r *recorder) add(ev fsm.Event, _ func(fsm.Result)) {
 
 // pushLocked queues x under a fresh proposal id, dropping the oldest event
 // when the queue is full.
-func (r *recorder) pushLocked(x recorded) {
+func (r *Recorder) pushLocked(x recorded) {
 	x.id = cluster.NewProposalID()
 	r.pushIDLocked(x)
 }
 
 // pushIDLocked queues x under its own proposal id.
-func (r *recorder) pushIDLocked(x recorded) {
+func (r *Recorder) pushIDLocked(x recorded) {
 	if len(r.queue) >= maxRecorderQueue {
 		r.dropLocked(r.queue[0], "queue_full")
 		r.queue[0] = recorded{}
@@ -108,29 +108,36 @@ func (r *recorder) pushIDLocked(x recorded) {
 	r.queue = append(r.queue, x)
 }
 
-func (r *recorder) queued() int {
+func (r *Recorder) Queued() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.queue)
 }
 
-// pending is queued plus the events of a batch being proposed now.
-func (r *recorder) pending() int {
+// QueuedRanks is the rank observations waiting for the log.
+func (r *Recorder) QueuedRanks() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.ranks)
+}
+
+// Pending is queued plus the events of a batch being proposed now.
+func (r *Recorder) Pending() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.queue) + r.inflight
 }
 
-func (r *recorder) dropLocked(x recorded, reason string) {
+func (r *Recorder) dropLocked(x recorded, reason string) {
 	r.e.metrics.RecorderDropped.WithLabelValues(x.ev.Type().String(), reason).Inc()
 	if x.done != nil {
 		x.done(nil, reason)
 	}
 }
 
-// addRank queues a rank observation unless the same one is queued (a busy
+// AddRank queues a rank observation unless the same one is queued (a busy
 // conversation reports its rank on every turn; one event records it).
-func (r *recorder) addRank(ev fsm.RankObserved) {
+func (r *Recorder) AddRank(ev fsm.RankObserved) {
 	k := fsm.FleetKey{Fleet: ev.Fleet, Key: ev.Key}
 	r.mu.Lock()
 	if rank, queued := r.ranks[k]; queued && rank == ev.Rank {
@@ -149,7 +156,7 @@ func (r *recorder) addRank(ev fsm.RankObserved) {
 
 // addBind queues a placement's Bind under the proposal id of its first
 // attempt, retried until it commits (placements.go learns its answer).
-func (r *recorder) addBind(id fsm.ProposalID, b fsm.Bind) {
+func (r *Recorder) addBind(id fsm.ProposalID, b fsm.Bind) {
 	r.mu.Lock()
 	r.pushIDLocked(recorded{id: id, ev: b, untilCommitted: true, done: func(res *fsm.Result, dropped string) {
 		// (Lock order: the recorder's, then the placements'.)
@@ -165,9 +172,9 @@ func (r *recorder) addBind(id fsm.ProposalID, b fsm.Bind) {
 	r.poke()
 }
 
-// run proposes queued events as they arrive; after a failure it backs off.
-func (r *recorder) run() {
-	defer r.e.wg.Done()
+// Run proposes queued events as they arrive until ctx is done; after a
+// failure it backs off.
+func (r *Recorder) Run(ctx context.Context) {
 	backoff := time.Duration(0)
 	for {
 		var wait <-chan time.Time
@@ -175,7 +182,7 @@ func (r *recorder) run() {
 			wait = time.After(backoff)
 		}
 		select {
-		case <-r.e.ctx.Done():
+		case <-ctx.Done():
 			return
 		case <-r.kick:
 			if backoff > 0 {
@@ -183,12 +190,12 @@ func (r *recorder) run() {
 			}
 		case <-wait:
 		}
-		ctx, cancel := context.WithTimeout(r.e.ctx, max(r.e.cfg.Cluster.ProposeTimeout*4, 200*time.Millisecond))
-		ok := r.flush(ctx)
+		fctx, cancel := context.WithTimeout(ctx, max(r.e.cfg.ProposeTimeout*4, 200*time.Millisecond))
+		ok := r.Flush(fctx)
 		cancel()
 		if ok {
 			backoff = 0
-			if r.queued() > 0 {
+			if r.Queued() > 0 {
 				r.poke() // the rest of a backlog larger than one flush
 			}
 		} else {
@@ -197,10 +204,10 @@ func (r *recorder) run() {
 	}
 }
 
-// flush proposes up to maxFlushEvents of the oldest queued events. It
+// Flush proposes up to maxFlushEvents of the oldest queued events. It
 // reports false when the log could not commit; the events then stay queued,
 // in order, with their proposal ids.
-func (r *recorder) flush(ctx context.Context) bool {
+func (r *Recorder) Flush(ctx context.Context) bool {
 	r.mu.Lock()
 	n := min(len(r.queue), maxFlushEvents)
 	batch := slices.Clone(r.queue[:n])
@@ -221,18 +228,18 @@ func (r *recorder) flush(ctx context.Context) bool {
 		props[i] = fsm.Proposal{ID: x.id, Event: x.ev}
 	}
 	start := time.Now()
-	results, err := r.e.node.ProposeIdempotent(ctx, props)
+	results, err := r.e.edge.Node().ProposeIdempotent(ctx, props)
 	took := time.Since(start)
 	if err != nil && len(results) != len(props) {
 		for _, p := range props {
-			r.e.observeProposal(p.Event.Type(), fsm.Result{}, err, took)
+			r.e.proposer.Observe(p.Event.Type(), fsm.Result{}, err, took)
 		}
 		r.requeue(batch, err)
 		return false
 	}
 	r.mu.Lock()
 	for i, x := range batch {
-		r.e.observeProposal(x.ev.Type(), results[i], nil, took)
+		r.e.proposer.Observe(x.ev.Type(), results[i], nil, took)
 		if x.done != nil {
 			x.done(&results[i], "")
 		}
@@ -243,7 +250,7 @@ func (r *recorder) flush(ctx context.Context) bool {
 
 // requeue puts a failed batch back at the head of the queue, same ids,
 // except what has been tried too often or cannot be tried any more.
-func (r *recorder) requeue(batch []recorded, err error) {
+func (r *Recorder) requeue(batch []recorded, err error) {
 	closed := closedHere(err)
 	r.mu.Lock()
 	defer r.mu.Unlock()

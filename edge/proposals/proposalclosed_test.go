@@ -1,12 +1,11 @@
-package edge
+package proposals
 
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/observe"
@@ -38,12 +37,11 @@ func TestRemoteLeaderClosingDoesNotDropOwnProposals(t *testing.T) {
 		}
 	}
 
-	e := &Edge{}
-	m, err := observe.New(prometheus.NewRegistry(), observeSource{e})
+	m, err := observe.New(nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.metrics = m
+	e := &env{metrics: m, log: slog.New(slog.DiscardHandler)}
 	r := newRecorder(e)
 	dropped := ""
 	bind := recorded{id: cluster.NewProposalID(), untilCommitted: true,
@@ -54,12 +52,12 @@ func TestRemoteLeaderClosingDoesNotDropOwnProposals(t *testing.T) {
 			}
 		}}
 	r.requeue([]recorded{bind}, leaderClosing)
-	if dropped != "" || r.queued() != 1 {
-		t.Fatalf("after the leader answered closed: dropped %q, %d queued; want the Bind kept for the next leader", dropped, r.queued())
+	if dropped != "" || r.Queued() != 1 {
+		t.Fatalf("after the leader answered closed: dropped %q, %d queued; want the Bind kept for the next leader", dropped, r.Queued())
 	}
 	r.queue = nil
 	r.requeue([]recorded{bind}, cluster.ErrClosed)
-	if dropped != "closed" || r.queued() != 0 {
-		t.Fatalf("after this node closed: dropped %q, %d queued; want it dropped as closed", dropped, r.queued())
+	if dropped != "closed" || r.Queued() != 0 {
+		t.Fatalf("after this node closed: dropped %q, %d queued; want it dropped as closed", dropped, r.Queued())
 	}
 }
