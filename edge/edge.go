@@ -43,6 +43,7 @@ import (
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/edge/edgetls"
+	"github.com/tether-project/tether/edge/engineevents"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/edge/leader"
@@ -175,8 +176,8 @@ type routeState struct {
 // view.
 type engineState struct {
 	shadow *kvshadow.Shadows // static engines' shadow KV caches (shadow.go)
-	// kv reads the engines' own KV events (edge/engines.go).
-	kv engineKVSources
+	// events reads the engines' own KV events (edge/engineevents).
+	events *engineevents.Reader
 	// cacheReporters: engine instances seen reporting cached tokens
 	// (edge/engines.go engineUsage).
 	cacheReporters sync.Map
@@ -732,7 +733,9 @@ func (e *Edge) stopLocked(abrupt bool) error {
 	}
 	e.cancel()
 	e.wg.Wait()
-	e.stopEngineEvents()
+	if e.engines.events != nil {
+		e.engines.events.Close()
+	}
 	if e.fleet != nil {
 		e.fleet.Close()
 	}
