@@ -17,7 +17,7 @@ func (e *Edge) adminAPI() http.Handler {
 		Token:   e.cfg.AdminToken,
 		NodeID:  e.nodeID,
 		DataDir: e.cfg.Cluster.DataDir,
-		Models:  e.catalogueNames(),
+		Models:  e.catalogue.Names(),
 		Answered: func(status int) {
 			e.metrics.Requests.WithLabelValues("admin", strconv.Itoa(status)).Inc()
 		},

@@ -164,29 +164,29 @@ func (e *Edge) createConversation(ctx context.Context, w http.ResponseWriter, bo
 			return api.Fail(w, span, api.BadRequest("", "", "the request body must be a JSON object"))
 		}
 	}
-	m := e.models[0]
+	m := e.catalogue.First()
 	if raw, ok := top["model"]; ok {
 		var name string
 		if json.Unmarshal(raw, &name) != nil {
 			return api.Fail(w, span, api.BadRequest("invalid_type", "model", "invalid type for \"model\": want a string, got %s", apireq.Kind(raw)))
 		}
 		var found bool
-		if m, _, found = e.lookupModel(name); !found {
-			return api.Fail(w, span, e.modelNotFound(name))
+		if m, _, found = e.catalogue.Lookup(name); !found {
+			return api.Fail(w, span, e.catalogue.NotFound(name))
 		}
 		delete(top, "model")
 		body = api.MustMarshal(top)
 	}
-	if aerr := e.conversationsServed(m); aerr != nil {
+	if aerr := m.ServesConversations(); aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
-	rq := &request{dialect: apireq.Responses, m: m, model: m.name, path: "/v1/conversations", top: top,
+	rq := &request{dialect: apireq.Responses, m: m, model: m.Name, path: "/v1/conversations", top: top,
 		requestID: e.nodeID + "-" + strconv.FormatUint(e.reqSeq.Add(1), 10), now: e.now()}
 	h, aerr := e.routeFleet(ctx, rq, fsm.FleetGeneration, nil)
 	if aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
-	span.SetAttributes(observe.AttrInstance.String(h.Instance), attribute.String("tether.model", m.name))
+	span.SetAttributes(observe.AttrInstance.String(h.Instance), attribute.String("tether.model", m.Name))
 	var boot uint64
 	if in, ok := e.fleet.Instance(h.Instance, rq.now); ok {
 		boot = in.BootID
@@ -196,20 +196,4 @@ func (e *Edge) createConversation(ctx context.Context, w http.ResponseWriter, bo
 			Upstream: upstream, Edge: e.nodeID, Minted: e.now()})
 	}
 	return e.conversationHop(ctx, w, http.MethodPost, h.URL+"/v1/conversations", body, nil, mint, span)
-}
-
-// conversationsServed answers 501 for a model whose fleets are engines the
-// edge relays to directly (vLLM, SGLang, trtllm-serve, prefill/decode
-// splits): they serve no Conversations API, and no tether worker is there
-// to hold one (a proxy worker in front of them does: engine.type proxy).
-func (e *Edge) conversationsServed(m *servedModel) *api.Error {
-	if aerr := e.dialectServed(m, apireq.Responses); aerr != nil {
-		return aerr
-	}
-	if m.cfg.Aggregated() {
-		return api.NewError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
-			"the fleets of model %q are %s engines, which serve no Conversations API: run tether workers in front of them (engine.type: proxy) to hold conversations (docs/engines.md)",
-			httpjson.Clip(m.name, 200), m.cfg.ContextServers.Engine.Kind())
-	}
-	return nil
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/edge/admission"
 	"github.com/tether-project/tether/edge/api"
+	"github.com/tether-project/tether/edge/catalog"
 	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/edge/edgetls"
 	"github.com/tether-project/tether/edge/engineevents"
@@ -117,12 +118,9 @@ type Edge struct {
 	disagg disaggIDs
 	reqSeq atomic.Uint64
 
-	// The catalogue (models.go): the first model and the others, by name;
-	// adapters by name to their model.
-	models       []*servedModel
-	modelByName  map[string]*servedModel
-	adapterModel map[string]*servedModel
-	lora         loraState
+	// The catalogue (edge/catalog): the models, each on its own fleets,
+	// and their LoRA adapters.
+	catalogue *catalog.Catalogue
 
 	// The cluster node and the leader's duties while it leads (leader.go,
 	// edge/leader).
@@ -162,12 +160,9 @@ type Edge struct {
 	noHandoff atomic.Bool
 }
 
-// routeState is the routing decision's pieces for the first model (the
-// others hold their own in servedModel) and what all models share.
+// routeState is what the routing decisions of all models share.
 type routeState struct {
 	identity routing.IdentityConfig
-	routers  [3]*routing.Router // by fsm.Fleet
-	decider  *decide.Decider    // the routing decision (route.go, routing/decide)
 	overload *routing.OverloadTracker
 	placed   atomic.Uint64 // decisions made (route.go: the views cache)
 }
@@ -181,11 +176,6 @@ type engineState struct {
 	// cacheReporters: engine instances seen reporting cached tokens
 	// (edge/engines.go engineUsage).
 	cacheReporters sync.Map
-}
-
-// loraState is the adapters loaded at runtime (lora.go).
-type loraState struct {
-	loads runtimeLoads
 }
 
 // disaggIDs mints the ids of disaggregated requests (inference.go
@@ -300,27 +290,18 @@ func (e *Edge) newLogSide() error {
 	return nil
 }
 
-// newRouting prepares the first model's routers, tokenizers and decision
-// and the rest of the catalogue.
+// newRouting prepares the catalogue (edge/catalog): each model's routers,
+// tokenizers and decision.
 func (e *Edge) newRouting() error {
-	cfg := &e.cfg
-	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-		r, err := routing.NewRouter(cfg.RoutingConfig(f))
-		if err != nil {
-			return fmt.Errorf("edge: %s router: %w", f, err)
-		}
-		e.route.routers[f] = r
-	}
-	var err error
-	if e.tokenizers, err = tokenize.Load(cfg); err != nil {
+	cat, err := catalog.New(&e.cfg, catalogueEdge{e}, e.metrics, e.log, func(m *catalog.Model) *decide.Decider {
+		return &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e, m},
+			Index: edgeIndex{e}, Overload: e.route.overload, CommitFirst: m.Cfg.Placement.CommitFirst}
+	})
+	if err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
+	e.catalogue = cat
 	e.logTokenizers()
-	e.route.decider = &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e: e},
-		Index: edgeIndex{e}, Overload: e.route.overload, CommitFirst: cfg.Placement.CommitFirst}
-	if err := e.buildCatalogue(); err != nil {
-		return fmt.Errorf("edge: %w", err)
-	}
 	return nil
 }
 
@@ -496,16 +477,16 @@ func (e *Edge) startBackground() {
 // the fleet view takes them.
 func (e *Edge) staticInstances() []fleetview.Static {
 	var static []fleetview.Static
-	for _, m := range e.models {
+	for _, m := range e.catalogue.Models() {
 		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-			sc := m.cfg.Servers(f)
+			sc := m.Cfg.Servers(f)
 			model := ""
 			if sc.HealthCheckModel {
-				model = m.name
+				model = m.Name
 			}
 			for _, si := range sc.URLs {
 				static = append(static, fleetview.Static{ID: si.ID(), URL: trimSlash(si.URL), Fleet: f, HealthPath: sc.HealthPath, Model: model,
-					Served: m.name, MaxLoRAs: m.cfg.LoRA.MaxLoRAs, Metrics: metricsFormat(sc.Engine.Kind()), Ranks: sc.DataParallelSize,
+					Served: m.Name, MaxLoRAs: m.Cfg.LoRA.MaxLoRAs, Metrics: metricsFormat(sc.Engine.Kind()), Ranks: sc.DataParallelSize,
 					ProbeTimeout: sc.ProbeTimeout(e.cfg.Telemetry.ProbeInterval), EngineEvents: si.KVEvents != nil, SharedEvents: sc.KVCacheEvents})
 			}
 		}
@@ -789,8 +770,8 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("/v1/responses/", e.handleStoredResponse)
 	mux.HandleFunc("/v1/conversations", e.handleConversations)
 	mux.HandleFunc("/v1/conversations/", e.handleConversations)
-	mux.HandleFunc("/v1/models", e.handleModels)
-	mux.HandleFunc("/v1/models/{id...}", e.handleModel)
+	mux.HandleFunc("/v1/models", e.catalogue.ServeModels)
+	mux.HandleFunc("/v1/models/{id...}", e.catalogue.ServeModel)
 	mux.HandleFunc("/healthz", e.handleHealth)
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) { e.ready.ServeHTTP(w, r) })
 	mux.Handle("/metrics", e.metricsHandler())

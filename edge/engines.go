@@ -93,7 +93,7 @@ func (e *Edge) dispatchEngine(ctx context.Context, w http.ResponseWriter, rq *re
 
 // engineExchange sends rq to the engine instance of h and relays the answer.
 func (e *Edge) engineExchange(ctx context.Context, w http.ResponseWriter, rq *request, h *hop, span trace.Span) int {
-	size := rq.m.cfg.DataParallelSize(fsm.FleetContext)
+	size := rq.m.Cfg.DataParallelSize(fsm.FleetContext)
 	rank := -1
 	resp, done, hf := e.exchange(ctx, rq, &h, "aggregated", func(cur *hop) ([]byte, http.Header) {
 		hdr := make(http.Header, 4+len(rq.passHeaders))
@@ -105,7 +105,7 @@ func (e *Edge) engineExchange(ctx context.Context, w http.ResponseWriter, rq *re
 		if rq.prev != nil && rq.prev.id.Rank < size {
 			rank = rq.prev.id.Rank // where the stored response was made
 		}
-		e.ensureAdapter(ctx, rq, cur) // lora.runtime_load (lora.go)
+		e.catalogue.EnsureAdapter(ctx, rq.m, rq.adapter, cur.Instance, cur.URL) // lora.runtime_load (lora.go)
 		if rank >= 0 {
 			hdr.Set(HeaderDataParallelRank, strconv.Itoa(rank))
 		}
@@ -123,7 +123,7 @@ func (e *Edge) engineExchange(ctx context.Context, w http.ResponseWriter, rq *re
 	} else {
 		resp.Header.Del(HeaderADPRank)
 	}
-	span.SetAttributes(attribute.String("tether.engine", string(rq.m.cfg.ContextServers.Engine.Kind())))
+	span.SetAttributes(attribute.String("tether.engine", string(rq.m.Cfg.ContextServers.Engine.Kind())))
 	e.shadowRoute(rq, h, rank)
 	return e.relay(w, rq, resp, nil, nil, h, span)
 }
@@ -184,9 +184,9 @@ func (e *Edge) engineUsage(instance string, u disagg.Usage) disagg.Usage {
 // leader's drains of trtllm-serve's (edge/engineevents) until the edge
 // stops.
 func (e *Edge) startEngineEvents() error {
-	models := make([]*Config, len(e.models))
-	for i, m := range e.models {
-		models[i] = m.cfg
+	models := make([]*Config, len(e.catalogue.Models()))
+	for i, m := range e.catalogue.Models() {
+		models[i] = m.Cfg
 	}
 	e.engines.events = engineevents.New(engineEventsEdge{e}, engineevents.Config{Models: models,
 		LeaderInterval: e.cfg.Leader.Interval, Metrics: e.metrics, Logger: e.log})

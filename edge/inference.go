@@ -73,15 +73,15 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 		return api.Fail(w, span, aerr)
 	}
 	// The request's model selects its fleets (a model, or an adapter of one).
-	m, adapter, ok := e.lookupModel(rq.model)
+	m, adapter, ok := e.catalogue.Lookup(rq.model)
 	if !ok {
-		return api.Fail(w, span, e.modelNotFound(rq.model))
+		return api.Fail(w, span, e.catalogue.NotFound(rq.model))
 	}
 	rq.m, rq.adapter = m, adapter
-	e.engineAdapter(rq)
-	span.SetAttributes(attribute.String("tether.model", m.name), attribute.String("tether.lora_adapter", adapter))
-	defer func() { e.metrics.ModelRequests.WithLabelValues(m.name, adapter, strconv.Itoa(status)).Inc() }()
-	if aerr := e.dialectServed(rq.m, d); aerr != nil {
+	rq.m.EngineAdapter(rq.adapter, rq.top)
+	span.SetAttributes(attribute.String("tether.model", m.Name), attribute.String("tether.lora_adapter", adapter))
+	defer func() { e.metrics.ModelRequests.WithLabelValues(m.Name, adapter, strconv.Itoa(status)).Inc() }()
+	if aerr := rq.m.Serves(d); aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
 	if tokens, aerr = rq.placeInlineSystem(tokens); aerr != nil {
@@ -115,12 +115,12 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 		rq.prompts[fsm.FleetGeneration] = rq.prompts[fsm.FleetContext]
 		rq.promptTokens = len(tokens)
 	}
-	if conv := rq.id.ConversationID; conv != "" && !rq.m.cfg.ContextServers.Engine.AggregatedOnly() {
+	if conv := rq.id.ConversationID; conv != "" && !rq.m.Cfg.ContextServers.Engine.AggregatedOnly() {
 		// The workers read the same conversation id the hint signs
 		// (vLLM and SGLang read none: their body goes as the client sent it).
 		rq.setConversation(conv)
 	}
-	rq.m.decider.RecordIdentity(rq.id) // a new sub-agent's link, or a use of its link
+	rq.m.Decider.RecordIdentity(rq.id) // a new sub-agent's link, or a use of its link
 	span.SetAttributes(attribute.String("tether.conversation_id", rq.id.ConversationID), attribute.Bool("tether.subagent", rq.id.SubAgent()),
 		attribute.Int("tether.prompt_tokens", rq.promptTokens), attribute.String("tether.api", d.String()))
 	return e.dispatch(ctx, w, rq, span)
@@ -131,7 +131,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 // prompt keyed is the one it renders) and returns the prompt's words
 // tokens; other requests keep theirs.
 func (rq *request) placeInlineSystem(tokens []uint32) ([]uint32, *api.Error) {
-	mode := rq.m.cfg.InlineSystem()
+	mode := rq.m.Cfg.InlineSystem()
 	if rq.dialect != apireq.Messages || mode == apireq.InlineSystemPreserve {
 		return tokens, nil
 	}
@@ -244,10 +244,10 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 	if rq.pinned() != nil {
 		return e.dispatchStored(ctx, w, rq, span) // edge/stored.go
 	}
-	if rq.m.cfg.Aggregated() {
+	if rq.m.Cfg.Aggregated() {
 		return e.dispatchEngine(ctx, w, rq, span) // vLLM, SGLang (edge/engines.go)
 	}
-	if rq.m.cfg.PDEngine() != "" {
+	if rq.m.Cfg.PDEngine() != "" {
 		return e.dispatchPD(ctx, w, rq, span) // vLLM, SGLang prefill/decode (edge/pd.go)
 	}
 	if rq.parsed.CountTokens {

@@ -3,6 +3,7 @@ package edge
 import (
 	"testing"
 
+	"github.com/tether-project/tether/edge/catalog"
 	"github.com/tether-project/tether/internal/apireq"
 )
 
@@ -27,7 +28,7 @@ func TestAnthropicInlineSystemSetting(t *testing.T) {
 		if aerr != nil {
 			t.Fatal(aerr)
 		}
-		rq.m = &servedModel{cfg: &Config{AnthropicInlineSystem: setting}}
+		rq.m = &catalog.Model{Cfg: &Config{AnthropicInlineSystem: setting}}
 		got, aerr := rq.placeInlineSystem(tokens)
 		if aerr != nil {
 			t.Fatal(aerr)

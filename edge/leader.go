@@ -48,9 +48,9 @@ func (l leaderEdge) ObserveProposal(t fsm.EventType, res fsm.Result, err error, 
 }
 
 func (l leaderEdge) ConversationKey(instance, conv string) (string, bool) {
-	m := l.e.modelOfInstance(instance, l.e.now())
+	m := l.e.catalogue.ModelOfInstance(instance, l.e.now())
 	if m == nil {
 		return "", false
 	}
-	return m.key(conv), true
+	return m.Key(conv), true
 }

@@ -9,9 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/edge/admin"
-	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
 )
@@ -64,9 +62,9 @@ func TestTwoModelsRouteToTheirOwnFleets(t *testing.T) {
 			}
 		}
 	}
-	for _, m := range te.e.models {
+	for _, m := range te.e.catalogue.Models() {
 		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-			awaitOwnBind(t, te, f, m.key("shared-session"))
+			awaitOwnBind(t, te, f, m.Key("shared-session"))
 		}
 	}
 	a, okA := binding(t, c, te, fsm.FleetContext, "shared-session")
@@ -94,7 +92,8 @@ func adminBindingOf(t *testing.T, c *http.Client, te *testEdge, fleet, key, mode
 	if fleet == fsm.FleetGeneration.String() {
 		f = fsm.FleetGeneration
 	}
-	awaitOwnBind(t, te, f, te.e.modelByName[model].key(key))
+	m, _, _ := te.e.catalogue.Lookup(model)
+	awaitOwnBind(t, te, f, m.Key(key))
 	r := adminGet(t, c, te, "/admin/v1/bindings/"+fleet+"/"+url.PathEscape(key)+"?model="+url.QueryEscape(model))
 	if r.status == http.StatusNotFound {
 		return admin.BindingInfo{}, false
@@ -174,45 +173,6 @@ func checkModelNotFound(t *testing.T, r response) {
 	}
 }
 
-// Each model's tokenizer is its own: a second model whose fleets run a
-// SentencePiece-style tokenizer (Mistral's, internal/hftok) gets its block
-// keys from it, the first model from the words tokenizer.
-func TestModelsHaveTheirOwnTokenizers(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Model = "words-model"
-	d := DefaultConfig()
-	m := ModelConfig{Name: "mistral-model", ContextServers: d.ContextServers, GenerationServers: d.GenerationServers}
-	m.ContextServers.Tokenizer, m.ContextServers.BlockSize = "hf:../internal/hftok/testdata/mistral", 16
-	m.GenerationServers.Tokenizer, m.GenerationServers.BlockSize = m.ContextServers.Tokenizer, 16
-	cfg.Models = []ModelConfig{m}
-	cfg.Normalize()
-	fts, err := tokenize.Load(&cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &Edge{cfg: cfg, tokenizers: fts, log: testLogger(t)}
-	if err := e.buildCatalogue(); err != nil {
-		t.Fatal(err)
-	}
-	prompt := []byte(`{"model":"mistral-model","prompt":"Hello, my dog is cute"}`)
-	rq, _, words, aerr := parseBody(prompt, apireq.Completions)
-	if aerr != nil {
-		t.Fatal(aerr.Message)
-	}
-	rq.m, _, _ = e.lookupModel(rq.model)
-	e.promptKeys(rq, words)
-	// The Metaspace golden of internal/hftok for this prompt.
-	if got := rq.prompts[fsm.FleetContext].Tokens; got != 6 || len(words) != 5 {
-		t.Fatalf("mistral model: %d tokens (words %d), want Mistral's 6", got, len(words))
-	}
-	rq2, _, words2, _ := parseBody([]byte(`{"model":"words-model","prompt":"Hello, my dog is cute"}`), apireq.Completions)
-	rq2.m, _, _ = e.lookupModel(rq2.model)
-	e.promptKeys(rq2, words2)
-	if got := rq2.prompts[fsm.FleetContext].Tokens; got != 5 {
-		t.Fatalf("words model: %d tokens, want 5", got)
-	}
-}
-
 // A model served under several names (model_aliases, as vLLM's
 // --served-model-name) is one model: each name routes to its fleets under
 // the same routing key, GET /v1/models lists every name with the model as
@@ -257,29 +217,5 @@ func TestModelAliasesAreOneModel(t *testing.T) {
 	}
 	if one := do(t, c, http.MethodGet, te.url()+"/v1/models/"+alias, nil, nil); one.status != http.StatusOK {
 		t.Fatalf("GET /v1/models/%s: %d %s", alias, one.status, one.body)
-	}
-}
-
-// With several models an alias routes to its own model's fleets and keys.
-func TestAliasOfASecondModelIsThatModel(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Model = "first"
-	d := DefaultConfig()
-	cfg.Models = []ModelConfig{{Name: "second", Aliases: []string{"second-alias"}, ContextServers: d.ContextServers, GenerationServers: d.GenerationServers}}
-	cfg.Normalize()
-	fts, err := tokenize.Load(&cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &Edge{cfg: cfg, tokenizers: fts, log: testLogger(t)}
-	if err := e.buildCatalogue(); err != nil {
-		t.Fatal(err)
-	}
-	m, adapter, ok := e.lookupModel("second-alias")
-	if !ok || adapter != "" || m.name != "second" || m.key("k") != fsm.ModelKey("second", "k") {
-		t.Fatalf("second-alias resolves to %+v %q %v", m, adapter, ok)
-	}
-	if !strings.Contains(e.modelNotFound("nope").Message, `"second-alias" (a name of second)`) {
-		t.Fatalf("404 does not list the alias: %s", e.modelNotFound("nope").Message)
 	}
 }

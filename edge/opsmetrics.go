@@ -41,11 +41,11 @@ func (e *Edge) recordEvidence(rq *request, f fsm.Fleet, h *hop) {
 	// The views the decision read (cached by views(); read here without
 	// rebuilding them, which would feed the overload tracker again).
 	var views []routing.InstanceView
-	if c := rq.m.viewsCache.Load(); c != nil {
-		views = c.views.Fleet(f)
+	if c := rq.m.Views.Load(); c != nil {
+		views = c.Views.Fleet(f)
 	}
 	ev := evidenceOf(f, h.Key, rq.requestID, rule, h.Instance, bound, h.Binding.Decision.Candidates,
-		views, rq.m.tokenizers[f].BlockSize())
+		views, rq.m.Tokenizers[f].BlockSize())
 	if e.placements.HoldEvidence(ev) {
 		return // proposed once the placement's Bind is answered
 	}

@@ -27,22 +27,9 @@ import (
 // protocol (edge/disagg): vLLM's KV connector handoff (driven in
 // pd_vllm.go) or SGLang's bootstrap rendezvous (driven in pd_sglang.go).
 
-// bootstrapPort is the bootstrap port of SGLang prefill instance id, in
-// whichever model's context fleet lists it.
-func (e *Edge) bootstrapPort(id string) int {
-	for _, m := range e.models {
-		for _, si := range m.cfg.ContextServers.URLs {
-			if si.ID() == id && si.BootstrapPort > 0 {
-				return si.BootstrapPort
-			}
-		}
-	}
-	return disagg.DefaultSGLangBootstrapPort
-}
-
 // dispatchPD serves a request through the engines' prefill/decode split.
 func (e *Edge) dispatchPD(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
-	kind := rq.m.cfg.PDEngine()
+	kind := rq.m.Cfg.PDEngine()
 	span.SetAttributes(attribute.String("tether.engine", string(kind)))
 	if kind == EngineSGLang {
 		return e.dispatchSGLangPD(ctx, w, rq, span)

@@ -32,7 +32,7 @@ import (
 // sglangBootstrap is the bootstrap fields for a request going to prefill
 // instance h: one set, or arrays of batch sets.
 func (e *Edge) sglangBootstrap(h *hop, batch, rank int) map[string]json.RawMessage {
-	return disagg.SGLangBootstrap(h.URL, e.bootstrapPort(h.Instance), e.cfg.DataParallelSize(fsm.FleetContext), batch, rank)
+	return disagg.SGLangBootstrap(h.URL, e.catalogue.BootstrapPort(h.Instance), e.cfg.DataParallelSize(fsm.FleetContext), batch, rank)
 }
 
 // sglangPrefillResult is the prefill request's outcome.
@@ -54,7 +54,7 @@ func (e *Edge) dispatchSGLangPD(ctx context.Context, w http.ResponseWriter, rq *
 	retries := e.cfg.MaxRetries
 	batch := disagg.Batch(rq.top, rq.dialect)
 	for attempt := 0; ; attempt++ {
-		pRank, dRank := hopRank(rq.m.cfg, ctxHop, fsm.FleetContext), hopRank(rq.m.cfg, genHop, fsm.FleetGeneration)
+		pRank, dRank := hopRank(rq.m.Cfg, ctxHop, fsm.FleetContext), hopRank(rq.m.Cfg, genHop, fsm.FleetGeneration)
 		boot := e.sglangBootstrap(ctxHop, batch, pRank)
 		pf, df := disagg.SGLangHopFields(boot, pRank, dRank)
 		pbody := rq.hopBody(pf.Set, pf.Del...)
@@ -162,7 +162,7 @@ func (e *Edge) sglangBlame(ctx context.Context, ctxHop, genHop **hop, pre *sglan
 		return dec.fail, ctxHop
 	case dec.unreachable:
 		return dec.fail, genHop
-	case ctx.Err() == nil && !disagg.SGLangBootstrapAlive(ctx, (*ctxHop).URL, e.bootstrapPort((*ctxHop).Instance)):
+	case ctx.Err() == nil && !disagg.SGLangBootstrapAlive(ctx, (*ctxHop).URL, e.catalogue.BootstrapPort((*ctxHop).Instance)):
 		return dec.fail, ctxHop
 	}
 	return dec.fail, genHop

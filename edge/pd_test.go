@@ -19,6 +19,7 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/edge/api"
+	"github.com/tether-project/tether/edge/catalog"
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
@@ -712,7 +713,11 @@ func TestSGLangBootstrapFields(t *testing.T) {
 	e := &Edge{cfg: DefaultConfig()}
 	e.cfg.ContextServers = ServersConfig{Engine: EngineSGLang, DataParallelSize: 4,
 		URLs: []StaticInstance{{Name: "p0", URL: "http://prefill-0.internal:30000", BootstrapPort: 9001}, {Name: "p1", URL: "http://10.0.0.7:30000"}}}
-	e.models = []*servedModel{{cfg: &e.cfg}}
+	cat, err := catalog.New(&e.cfg, nil, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.catalogue = cat
 	one := e.sglangBootstrap(&hop{Hop: decide.Hop{Instance: "p0", URL: "http://prefill-0.internal:30000"}}, 0, 3)
 	var room uint64
 	if string(one["bootstrap_host"]) != `"prefill-0.internal"` || string(one["bootstrap_port"]) != "9001" || json.Unmarshal(one["bootstrap_room"], &room) != nil || room%4 != 3 {

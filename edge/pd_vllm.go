@@ -87,7 +87,7 @@ func (e *Edge) vllmPrefillHop(ctx context.Context, rq *request, d disagg.Dialect
 	body := rq.hopBody(f.Set, f.Del...)
 	for attempt := 0; ; attempt++ {
 		cur := *h
-		rank := hopRank(rq.m.cfg, cur, fsm.FleetContext)
+		rank := hopRank(rq.m.Cfg, cur, fsm.FleetContext)
 		id := fmt.Sprintf("%s-%d-%d", rq.requestID, round, attempt)
 		a := e.pdSend(ctx, rq, cur, "prefill", body, disagg.Header(id, rank))
 		failure := a.fail
@@ -140,7 +140,7 @@ func (e *Edge) vllmDecodeHop(ctx context.Context, rq *request, pre *disagg.VLLMP
 	body := rq.hopBody(f.Set, f.Del...)
 	for {
 		cur := *h
-		rank := hopRank(rq.m.cfg, cur, fsm.FleetGeneration)
+		rank := hopRank(rq.m.Cfg, cur, fsm.FleetGeneration)
 		a := vllmDecodeAttempt{pdAttempt: e.pdSend(ctx, rq, cur, "decode", body, disagg.Header(pre.ID, rank))}
 		if a.fail == nil && rq.stream {
 			if err := disagg.PeekStream(a.resp); err != nil {

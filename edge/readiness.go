@@ -22,9 +22,9 @@ func (r readinessEdge) ModelsUnready(now time.Time) []string { return r.e.models
 // at startup (num_instances, summed over the models).
 func (e *Edge) readinessConfig() readiness.Config {
 	rc := readiness.Config{StartupGrace: e.cfg.Telemetry.StartupGrace, ServedFleets: e.cfg.ServedFleets()}
-	for _, m := range e.models {
+	for _, m := range e.catalogue.Models() {
 		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-			rc.NumInstances[f] += m.cfg.Servers(f).NumInstances
+			rc.NumInstances[f] += m.Cfg.Servers(f).NumInstances
 		}
 	}
 	return rc

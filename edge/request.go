@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/edge/api"
+	"github.com/tether-project/tether/edge/catalog"
 	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
@@ -26,8 +27,8 @@ type request struct {
 	path         string
 	top          map[string]json.RawMessage // the body, without internal fields
 	model        string
-	m            *servedModel // the model's fleets (models.go)
-	adapter      string       // the LoRA adapter the model names ("" the base model)
+	m            *catalog.Model // the model's fleets (models.go)
+	adapter      string         // the LoRA adapter the model names ("" the base model)
 	stream       bool
 	includeUsage bool
 	maxTokens    int // requested completion tokens (0: not given)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/api"
+	"github.com/tether-project/tether/edge/catalog"
 	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
@@ -41,17 +42,8 @@ func (e *Edge) retryHint() time.Duration {
 	return max(e.cfg.Cluster.Raft.ElectionTimeout, 250*time.Millisecond)
 }
 
-// viewsEntry caches the routing views until the fleet view or the log
-// changes, this edge places a request (its dispatches count in the views),
-// or viewsMaxAge passes (health depends on time).
-type viewsEntry struct {
-	version uint64
-	state   *fsm.State
-	placed  uint64
-	built   time.Time
-	views   *routing.Views
-}
-
+// viewsMaxAge bounds how long a model's routing views are cached
+// (catalog.Model.Views): health depends on time.
 const viewsMaxAge = 20 * time.Millisecond
 
 // views returns the routing views at now: the fleet view's instances merged
@@ -61,23 +53,23 @@ const viewsMaxAge = 20 * time.Millisecond
 // With several models the views are model m's (nil: the first): other
 // models' instances are unhealthy in them, so no decision — placement,
 // overflow or degraded rendezvous over the log's records — picks one.
-func (e *Edge) views(m *servedModel, now time.Time, exclude []string) *routing.Views {
+func (e *Edge) views(m *catalog.Model, now time.Time, exclude []string) *routing.Views {
 	if m == nil {
-		m = e.firstModel()
+		m = e.catalogue.First()
 	}
 	st := e.node.State()
 	ver := e.fleet.Version()
 	placed := e.route.placed.Load()
 	if len(exclude) == 0 {
-		if c := m.viewsCache.Load(); c != nil && c.version == ver && c.state == st && c.placed == placed &&
-			now.Sub(c.built) < viewsMaxAge && !now.Before(c.built) {
-			return c.views
+		if c := m.Views.Load(); c != nil && c.Version == ver && c.State == st && c.Placed == placed &&
+			now.Sub(c.Built) < viewsMaxAge && !now.Before(c.Built) {
+			return c.Views
 		}
 	}
 	vs := e.fleet.Views(now, make([]routing.InstanceView, 0, 16))
 	for i := range vs {
 		v := &vs[i]
-		if e.instanceModel(v) != m {
+		if e.catalogue.InstanceModel(v) != m {
 			v.Healthy = false
 			continue
 		}
@@ -98,7 +90,7 @@ func (e *Edge) views(m *servedModel, now time.Time, exclude []string) *routing.V
 			}
 		}
 		if len(exclude) == 0 {
-			e.route.overload.Observe(v.ID, m.routers[v.Fleet].Condition(v) != 0, now)
+			e.route.overload.Observe(v.ID, m.Routers[v.Fleet].Condition(v) != 0, now)
 		}
 	}
 	views, err := routing.NewViews(vs)
@@ -109,7 +101,7 @@ func (e *Edge) views(m *servedModel, now time.Time, exclude []string) *routing.V
 		views, _ = routing.NewViews(nil)
 	}
 	if len(exclude) == 0 {
-		m.viewsCache.Store(&viewsEntry{version: ver, state: st, placed: placed, built: now, views: views})
+		m.Views.Store(&catalog.CachedViews{Version: ver, State: st, Placed: placed, Built: now, Views: views})
 	}
 	return views
 }
@@ -213,7 +205,7 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 	// The prompt now counts as cached there until the worker's own KV
 	// event arrives, so a burst sharing the prefix lands together.
 	e.fleet.Index().Predict(h.Instance, rq.prompts[f].Blocks, rq.now)
-	e.adapterPlaced(rq, h) // and the adapter as loaded (lora.go)
+	e.catalogue.AdapterPlaced(rq.m, rq.adapter, h.Fleet, h.Instance, rq.now) // and the adapter as loaded (lora.go)
 	return h, nil
 }
 
@@ -222,7 +214,7 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 // tell a key's own conversation from a sub-agent routed by its parent's).
 func (e *Edge) routingRequest(rq *request, f fsm.Fleet, rr uint64) routing.Request {
 	return routing.Request{
-		Fleet: f, Key: rq.m.key(rq.id.Key(f)), ConversationID: rq.m.key(rq.id.ConversationID), RequestID: rq.requestID, Edge: e.nodeID,
+		Fleet: f, Key: rq.m.Key(rq.id.Key(f)), ConversationID: rq.m.Key(rq.id.ConversationID), RequestID: rq.requestID, Edge: e.nodeID,
 		Priority: rq.priority, PromptTokens: rq.prompts[f].Tokens, Blocks: rq.prompts[f].Blocks,
 		Spread: routing.SpreadFor(rq.requestID), RoundRobin: rr, Now: rq.now, Adapter: rq.adapter,
 	}
@@ -230,8 +222,8 @@ func (e *Edge) routingRequest(rq *request, f fsm.Fleet, rr uint64) routing.Reque
 
 // decide is the shared decision (routing/decide) for fleet f's part of rq.
 func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *api.Error) {
-	req := e.routingRequest(rq, f, rq.m.rr[f].Add(1)-1)
-	d, fail := rq.m.decider.Decide(ctx, rq.m.routers[f], req, prev.decided())
+	req := e.routingRequest(rq, f, rq.m.RR[f].Add(1)-1)
+	d, fail := rq.m.Decider.Decide(ctx, rq.m.Routers[f], req, prev.decided())
 	if fail != nil {
 		return nil, e.failureError(fail)
 	}
@@ -253,7 +245,7 @@ func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *ap
 	if !failed.Bound {
 		return e.routeFleet(ctx, rq, failed.Fleet, failed)
 	}
-	d, fail := rq.m.decider.Reroute(ctx, rq.m.routers[failed.Fleet], e.routingRequest(rq, failed.Fleet, 0), failed.decided())
+	d, fail := rq.m.Decider.Reroute(ctx, rq.m.Routers[failed.Fleet], e.routingRequest(rq, failed.Fleet, 0), failed.decided())
 	if fail != nil {
 		return nil, e.failureError(fail)
 	}
@@ -307,7 +299,7 @@ func (r edgeRecorder) TouchLink(child string) { r.e.touches.AddLink(child) }
 // first model's) as the decision reads it (routing/decide.FleetView).
 type edgeFleet struct {
 	e *Edge
-	m *servedModel
+	m *catalog.Model
 }
 
 func (f edgeFleet) Views(now time.Time, exclude []string) *routing.Views {
@@ -338,7 +330,7 @@ func (e *Edge) observeRank(rq *request, h *hop, role hintauth.Role, rankHeader s
 		(h.Outcome != outcomeSticky && h.Outcome != outcomeNewBind && h.Outcome != outcomeDegraded) {
 		return
 	}
-	if rq.m.key(rq.id.ConversationID) != h.Key && !e.sendHint(rq, h, role) {
+	if rq.m.Key(rq.id.ConversationID) != h.Key && !e.sendHint(rq, h, role) {
 		return
 	}
 	if e.featureLevel() < fsm.FeatureLevelRanks {

@@ -14,7 +14,7 @@ func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
 	if e.engines.shadow == nil || h == nil || len(rq.prompts[h.Fleet].Blocks) == 0 {
 		return
 	}
-	sc := rq.m.cfg.Servers(h.Fleet)
+	sc := rq.m.Cfg.Servers(h.Fleet)
 	if sc.KVShadowBlocks <= 0 || sc.Engine.Kind() == EngineTether {
 		// tether workers publish their KV events over NATS: one
 		// configured by URL without NATS is a test or dev setup.
@@ -32,10 +32,10 @@ func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
 		return
 	}
 	capacity := sc.KVShadowBlocks
-	if bs := int64(rq.m.cfg.RoutingConfig(h.Fleet).BlockSize); in.RankKVTokens > 0 && bs > 0 {
+	if bs := int64(rq.m.Cfg.RoutingConfig(h.Fleet).BlockSize); in.RankKVTokens > 0 && bs > 0 {
 		capacity = int(min(in.RankKVTokens/bs, kvshadow.MaxBlocksPerRank))
 	}
-	p, ok, err := e.engines.shadow.Route(h.Instance, rank, rq.m.cfg.DataParallelSize(h.Fleet), capacity, rq.prompts[h.Fleet].Blocks)
+	p, ok, err := e.engines.shadow.Route(h.Instance, rank, rq.m.Cfg.DataParallelSize(h.Fleet), capacity, rq.prompts[h.Fleet].Blocks)
 	if err != nil {
 		e.log.Warn("shadow KV cache update failed (it starts over)", "instance", h.Instance, "err", err)
 		return
@@ -49,7 +49,7 @@ func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
 // to the shadow the request was modelled in: fewer cached tokens than the
 // shadow predicted evict the prompt's chain beyond them.
 func (e *Edge) shadowCorrect(rq *request, h *hop, cachedTokens int) {
-	bs := rq.m.cfg.RoutingConfig(h.Fleet).BlockSize
+	bs := rq.m.Cfg.RoutingConfig(h.Fleet).BlockSize
 	if e.engines.shadow == nil || h == nil || h.shadow == nil || bs <= 0 {
 		return
 	}

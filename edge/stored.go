@@ -160,7 +160,7 @@ func (rq *request) pinned() *storedRef {
 func (e *Edge) storedHop(rq *request) *hop {
 	ref := rq.pinned()
 	f := fsm.Fleet(ref.id.Fleet)
-	h := &hop{Hop: decide.Hop{Fleet: f, Key: rq.m.key(rq.id.Key(f)), Instance: ref.id.Instance, URL: ref.url, Rank: ref.id.Rank,
+	h := &hop{Hop: decide.Hop{Fleet: f, Key: rq.m.Key(rq.id.Key(f)), Instance: ref.id.Instance, URL: ref.url, Rank: ref.id.Rank,
 		Outcome: outcomeStored, Policy: policyStored}}
 	e.metrics.Decisions.WithLabelValues(f.String(), policyStored, outcomeStored).Inc()
 	return h
@@ -211,7 +211,7 @@ func (e *Edge) dispatchStored(ctx context.Context, w http.ResponseWriter, rq *re
 		span.SetAttributes(attribute.String("tether.conversation", rq.conv.client))
 	}
 	span.SetAttributes(observe.AttrInstance.String(h.Instance))
-	if rq.m.cfg.Aggregated() {
+	if rq.m.Cfg.Aggregated() {
 		return e.engineExchange(ctx, w, rq, h, span)
 	}
 	return e.aggregated(ctx, w, rq, h, span)
@@ -334,7 +334,7 @@ func (e *Edge) serveStoredResponse(ctx context.Context, w http.ResponseWriter, r
 		return api.Fail(w, span, api.NewError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
 			"method %s is not allowed on %s (allowed: %s)", r.Method, httpjson.Clip(r.URL.Path, 200), allowed))
 	}
-	if aerr := e.byIDServed(); aerr != nil {
+	if aerr := e.catalogue.ByIDServed(); aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
 	ref, aerr := e.resolveStored(id, refResponse, e.now())
@@ -387,44 +387,4 @@ func (e *Edge) serveStoredResponse(ctx context.Context, w http.ResponseWriter, r
 	ans := &api.Answer{Dialect: apireq.Responses, Cached: -1, IDs: &responseIDs{known: known}}
 	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	return e.answers.Copy(w, resp, ans, stream, fsm.Fleet(ref.id.Fleet), "responses_by_id", ref.id.Instance, span)
-}
-
-// dialectServed answers 501 for a dialect the fleets of model m do not
-// serve: trtllm-serve's disaggregated server serves only /v1/completions
-// and /v1/chat/completions (tensorrt_llm/serve/openai_disagg_server.py
-// register_routes), and the edge does not translate one API into another.
-func (e *Edge) dialectServed(m *servedModel, d apireq.Dialect) *api.Error {
-	if d != apireq.Messages && d != apireq.Responses {
-		return nil
-	}
-	if kind := m.cfg.PDEngine(); kind != "" {
-		// The split's handoff fields (kv_transfer_params, bootstrap_*) are
-		// those of the completions APIs the engines' own proxies relay.
-		return api.NewError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
-			"the fleets of model %q are a %s prefill/decode split, which tether relays for /v1/completions and /v1/chat/completions only; the %s API (%s) is not split: send chat completions, or serve it from an aggregated fleet (docs/engines.md)",
-			httpjson.Clip(m.name, 200), kind, d, d.Path())
-	}
-	if !m.trtllm() {
-		return nil
-	}
-	return api.NewError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
-		"the fleets of model %q are served by trtllm-serve in disaggregated mode, whose disaggregated server serves only /v1/completions and /v1/chat/completions; the %s API (%s) is not translated by tether: send chat completions, or serve it with engine vllm, sglang or tether workers (docs/engines.md)",
-		httpjson.Clip(m.name, 200), d, d.Path())
-}
-
-// byIDServed answers 501 to a request by response id when no model's
-// fleets serve the Responses API (trtllm-serve, prefill/decode splits): no such id
-// can have been minted. Otherwise the id names the instance that holds it.
-func (e *Edge) byIDServed() *api.Error {
-	for _, m := range e.models {
-		if e.dialectServed(m, apireq.Responses) == nil {
-			return nil
-		}
-	}
-	return e.dialectServed(e.models[0], apireq.Responses)
-}
-
-// trtllm: m's fleets are served by trtllm-serve's disaggregated server.
-func (m *servedModel) trtllm() bool {
-	return m.cfg.ContextServers.Engine.Kind() == EngineTRTLLM || m.cfg.GenerationServers.Engine.Kind() == EngineTRTLLM
 }

@@ -8,7 +8,7 @@ import (
 // logTokenizers says at start how each fleet's block keys are computed.
 func (e *Edge) logTokenizers() {
 	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-		ft := e.tokenizers[f]
+		ft := e.catalogue.First().Tokenizers[f]
 		dir, chatTemplate, ok := ft.Model()
 		if !ok {
 			continue // words: as every tether dev and simulator run
@@ -25,9 +25,9 @@ func (e *Edge) logTokenizers() {
 // (edge/tokenize); words are the words tokenizer's tokens (parseBody).
 func (e *Edge) promptKeys(rq *request, words []uint32) {
 	if rq.m == nil {
-		rq.m = e.firstModel()
+		rq.m = e.catalogue.First()
 	}
-	rq.prompts = rq.m.tokenizers.Keys(tokenize.Request{Parsed: rq.parsed, Words: words, Conversation: rq.id.ConversationID,
-		Adapter: rq.adapter, Now: rq.now}, rq.m.cfg.Aggregated(), e.log)
+	rq.prompts = rq.m.Tokenizers.Keys(tokenize.Request{Parsed: rq.parsed, Words: words, Conversation: rq.id.ConversationID,
+		Adapter: rq.adapter, Now: rq.now}, rq.m.Cfg.Aggregated(), e.log)
 	rq.promptTokens = rq.prompts[fsm.FleetContext].Tokens
 }

@@ -1,4 +1,4 @@
-package edge
+package catalog
 
 import (
 	"bytes"
@@ -12,27 +12,30 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/edge/api"
+	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/httpjson"
 )
 
-// adapterPlaced counts where a LoRA request went (an instance the edge
-// believed to hold its adapter, or one that must load it) and notes the
-// adapter there, so the next requests for it follow before the engine's
-// own report does (fleetview.NoteAdapter).
-func (e *Edge) adapterPlaced(rq *request, h *hop) {
-	if rq.adapter == "" {
+// AdapterPlaced counts where a LoRA request of model m went (instance of
+// fleet f: one the edge believed to hold its adapter, or one that must load
+// it) and notes the adapter there, so the next requests for it follow
+// before the engine's own report does (fleetview.NoteAdapter). No adapter:
+// nothing.
+func (e *Catalogue) AdapterPlaced(m *Model, adapter string, f fsm.Fleet, instance string, now time.Time) {
+	if adapter == "" {
 		return
 	}
+	fleet := e.edge.Fleet()
 	loaded := "false"
-	if in, ok := e.fleet.Instance(h.Instance, rq.now); ok && in.LoRA.Holds(rq.adapter) {
+	if in, ok := fleet.Instance(instance, now); ok && in.LoRA.Holds(adapter) {
 		loaded = "true"
 	}
-	e.metrics.LoRAPlacements.WithLabelValues(rq.m.name, rq.adapter, h.Fleet.String(), loaded).Inc()
-	e.fleet.NoteAdapter(h.Instance, rq.adapter, rq.now)
+	e.metrics.LoRAPlacements.WithLabelValues(m.Name, adapter, f.String(), loaded).Inc()
+	fleet.NoteAdapter(instance, adapter, now)
 }
 
-// engineAdapter names rq's adapter to the engine the way the engine reads
+// EngineAdapter names a request's adapter to m's engine, in its body top, the way the engine reads
 // it. vLLM (and a tether worker) select an adapter by the request's model
 // naming it, as the client sent it. SGLang reads the model only for a
 // "<base>:<adapter>" form and otherwise an explicit lora_path, and serves
@@ -43,16 +46,16 @@ func (e *Edge) adapterPlaced(rq *request, h *hop) {
 // SGLang prefers, also serves releases before the model syntax). A
 // client's own lora_path never reaches an SGLang fleet: the edge places by
 // the adapter it resolved.
-func (e *Edge) engineAdapter(rq *request) {
-	if rq.m.cfg.Servers(fsm.FleetContext).Engine.Kind() != EngineSGLang {
+func (m *Model) EngineAdapter(adapter string, top map[string]json.RawMessage) {
+	if m.Cfg.Servers(fsm.FleetContext).Engine.Kind() != config.EngineSGLang {
 		return
 	}
-	delete(rq.top, "lora_path")
-	if rq.adapter == "" {
+	delete(top, "lora_path")
+	if adapter == "" {
 		return
 	}
-	rq.top["model"] = api.MustMarshal(rq.m.name + ":" + rq.adapter)
-	rq.top["lora_path"] = api.MustMarshal(rq.adapter)
+	top["model"] = api.MustMarshal(m.Name + ":" + adapter)
+	top["lora_path"] = api.MustMarshal(adapter)
 }
 
 // runtimeLoadTTL is how long the edge trusts that an instance holds an
@@ -88,29 +91,33 @@ func (r *runtimeLoads) confirm(key string, now time.Time) {
 	r.done[key] = now
 }
 
-// ensureAdapter loads rq's adapter on instance cur before the hop, when
-// the model loads adapters at runtime (lora.runtime_load, vLLM): POST
+// EnsureAdapter loads a request's adapter of model m on instance (at url)
+// before the hop, when the model loads adapters at runtime (lora.runtime_load, vLLM): POST
 // /v1/load_lora_adapter {lora_name, lora_path}. vLLM answers 200 with
 // "Success: LoRA adapter '…' added successfully." and 400 "The lora adapter
 // '…' has already been loaded." when it holds it
 // (vllm/entrypoints/openai/serving_models.py); both confirm the adapter.
 // A failure is logged and counted, and the request goes on: the engine
 // then answers it itself (404 for an adapter it does not know).
-func (e *Edge) ensureAdapter(ctx context.Context, rq *request, cur *hop) {
-	if rq.adapter == "" || !rq.m.cfg.LoRA.RuntimeLoad {
+func (e *Catalogue) EnsureAdapter(ctx context.Context, m *Model, adapter, instance, url string) {
+	if adapter == "" || !m.Cfg.LoRA.RuntimeLoad {
 		return
 	}
-	key := cur.Instance + "\x00" + rq.adapter
-	now := e.now()
-	if e.lora.loads.fresh(key, now) {
+	key := instance + "\x00" + adapter
+	now := e.edge.Now()
+	if e.loads.fresh(key, now) {
 		return
 	}
-	path := rq.m.adapters[rq.adapter].Path
-	body, _ := json.Marshal(map[string]string{"lora_name": rq.adapter, "lora_path": path})
-	hdr := http.Header{"Content-Type": {"application/json"}}
+	path := m.adapters[adapter].Path
+	body, _ := json.Marshal(map[string]string{"lora_name": adapter, "lora_path": path})
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	resp, err := e.post(lctx, cur.URL+"/v1/load_lora_adapter", body, hdr)
+	req, err := http.NewRequestWithContext(lctx, http.MethodPost, url+"/v1/load_lora_adapter", bytes.NewReader(body))
+	var resp *http.Response
+	if err == nil {
+		req.Header = http.Header{"Content-Type": {"application/json"}}
+		resp, err = e.edge.Client().Do(req)
+	}
 	result := "failed"
 	var detail string
 	if err == nil {
@@ -127,11 +134,11 @@ func (e *Edge) ensureAdapter(ctx context.Context, rq *request, cur *hop) {
 	} else {
 		detail = err.Error()
 	}
-	e.metrics.LoRALoads.WithLabelValues(rq.m.name, rq.adapter, result).Inc()
+	e.metrics.LoRALoads.WithLabelValues(m.Name, adapter, result).Inc()
 	if result == "failed" {
 		e.log.Warn("loading a LoRA adapter at runtime failed (the request goes on; the engine answers it)",
-			"instance", cur.Instance, "adapter", rq.adapter, "path", path, "err", detail)
+			"instance", instance, "adapter", adapter, "path", path, "err", detail)
 		return
 	}
-	e.lora.loads.confirm(key, e.now())
+	e.loads.confirm(key, e.edge.Now())
 }
