@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/edge/stored"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
@@ -220,7 +221,7 @@ func benchFollowUp(b *testing.B, te *testEdge) {
 	const n = 20000
 	t0 := time.Now()
 	for range n {
-		if _, aerr := te.e.resolveStored(r.ID, refPrevious, t0); aerr != nil {
+		if _, aerr := te.e.stored.Resolve(r.ID, stored.Previous, t0); aerr != nil {
 			b.Fatal(aerr)
 		}
 	}

@@ -52,6 +52,7 @@ import (
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/edge/proposals"
 	"github.com/tether-project/tether/edge/readiness"
+	"github.com/tether-project/tether/edge/stored"
 	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
@@ -94,8 +95,9 @@ type Edge struct {
 	nodeID  string
 	version string
 	authKey []byte
-	respIDs *respid.Codec // mints and reads Responses ids (edge/stored.go)
-	tls     *edgetls.TLS  // transport security (edge/edgetls)
+	respIDs *respid.Codec   // mints and reads Responses ids (edge/stored)
+	stored  *stored.Service // stored responses and conversations (edge/stored)
+	tls     *edgetls.TLS    // transport security (edge/edgetls)
 
 	// The request path: a request's routing keys and placement, the
 	// hops' client, what the edge proposes, batches and records for the
@@ -217,7 +219,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	e := &Edge{cfg: cfg, deps: deps}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.setUp()
-	for _, step := range []func() error{e.newObservability, e.newLogSide, e.newRouting, e.newHops} {
+	for _, step := range []func() error{e.newObservability, e.newLogSide, e.newRouting, e.newHops, e.newStored} {
 		if err := step(); err != nil {
 			e.cancel()
 			return nil, err
@@ -302,6 +304,15 @@ func (e *Edge) newRouting() error {
 	}
 	e.catalogue = cat
 	e.logTokenizers()
+	return nil
+}
+
+// newStored prepares the stored responses and conversations (edge/stored).
+func (e *Edge) newStored() error {
+	e.stored = stored.New(storedEdge{e}, stored.Config{NodeID: e.nodeID, Codec: e.respIDs, Retention: e.cfg.StoredResponseRetention,
+		UpstreamTimeout: e.cfg.UpstreamTimeout, DebugRouteHeader: e.cfg.DebugRouteHeader, Catalogue: e.catalogue,
+		Bodies: e.bodies, MaxBodyBytes: e.cfg.MaxBodyBytes, Client: e.client, Answers: e.answers, Metrics: e.metrics,
+		Tracer: e.tracing.tracer, Now: e.now})
 	return nil
 }
 
@@ -767,9 +778,9 @@ func (e *Edge) Handler() http.Handler {
 		mux.HandleFunc(d.Path(), func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, d) })
 	}
 	mux.HandleFunc(api.CountTokensPath, func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, apireq.Messages) })
-	mux.HandleFunc("/v1/responses/", e.handleStoredResponse)
-	mux.HandleFunc("/v1/conversations", e.handleConversations)
-	mux.HandleFunc("/v1/conversations/", e.handleConversations)
+	mux.HandleFunc("/v1/responses/", e.stored.ServeByID)
+	mux.HandleFunc("/v1/conversations", e.stored.ServeConversations)
+	mux.HandleFunc("/v1/conversations/", e.stored.ServeConversations)
 	mux.HandleFunc("/v1/models", e.catalogue.ServeModels)
 	mux.HandleFunc("/v1/models/{id...}", e.catalogue.ServeModel)
 	mux.HandleFunc("/healthz", e.handleHealth)

@@ -102,8 +102,8 @@ func (e *Edge) engineExchange(ctx context.Context, w http.ResponseWriter, rq *re
 		}
 		hdr.Set("Content-Type", "application/json")
 		rank = engineRank(cur, size)
-		if rq.prev != nil && rq.prev.id.Rank < size {
-			rank = rq.prev.id.Rank // where the stored response was made
+		if rq.refs.Prev != nil && rq.refs.Prev.ID.Rank < size {
+			rank = rq.refs.Prev.ID.Rank // where the stored response was made
 		}
 		e.catalogue.EnsureAdapter(ctx, rq.m, rq.adapter, cur.Instance, cur.URL) // lora.runtime_load (lora.go)
 		if rank >= 0 {

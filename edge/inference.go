@@ -20,6 +20,7 @@ import (
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/observe"
+	"github.com/tether-project/tether/edge/stored"
 	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
@@ -93,7 +94,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 	rq.now = e.now()
 	rq.passHeaders = api.PassThroughHeaders(d, r.Header)
 	if d == apireq.Responses {
-		if bodyConv, aerr = e.prepareResponses(rq, bodyConv); aerr != nil {
+		if rq.refs, bodyConv, aerr = e.stored.Prepare(rq.parsed.Responses, rq.top, bodyConv, rq.now); aerr != nil {
 			return api.Fail(w, span, aerr)
 		}
 	}
@@ -171,27 +172,6 @@ func (rq *request) setConversation(conv string) {
 // set or removed (api.HopBody).
 func (rq *request) hopBody(set map[string]json.RawMessage, del ...string) []byte {
 	return api.HopBody(rq.top, set, del...)
-}
-
-// clientAnswer is a worker's (or engine's) answer other than 200 as the
-// client reads it: the ids it names are the ones the client sent, never
-// the engine's own (a stored response's, a conversation's), and an
-// engine's 404 for the previous_response_id (vLLM's answer: its store no
-// longer holds it) is OpenAI's 400 previous_response_not_found.
-func (rq *request) clientAnswer(status int, header http.Header, b []byte) *api.UpstreamAnswer {
-	for _, ref := range []*storedRef{rq.prev, rq.conv} {
-		if ref != nil {
-			b = bytes.ReplaceAll(b, []byte(ref.id.Upstream), []byte(ref.client))
-		}
-	}
-	if rq.prev != nil && status == http.StatusNotFound && bytes.Contains(b, []byte(rq.prev.client)) {
-		aerr := refPrevious.notFound(rq.prev.client, "The %s instance %s that stored it no longer holds it (evicted, deleted, or its engine restarted).",
-			fsm.Fleet(rq.prev.id.Fleet), rq.prev.id.Instance)
-		h := header.Clone()
-		h.Set("Content-Type", "application/json")
-		return &api.UpstreamAnswer{Status: aerr.Status, Header: h, Body: aerr.JSON(apireq.Responses)}
-	}
-	return &api.UpstreamAnswer{Status: status, Header: header, Body: b}
 }
 
 // hopFailure is why a hop ended without a usable response: either an
@@ -391,13 +371,13 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 			resp.Body.Close()
 			e.metrics.UpstreamErrors.WithLabelValues(cur.Fleet.String(), "status_5xx").Inc()
-			failure = &hopFailure{pass: rq.clientAnswer(resp.StatusCode, resp.Header, b)}
+			failure = &hopFailure{pass: stored.ClientAnswer(rq.refs, resp.StatusCode, resp.Header, b)}
 		case resp.StatusCode != http.StatusOK:
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 			resp.Body.Close()
 			span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
 			span.End()
-			return nil, nil, &hopFailure{pass: rq.clientAnswer(resp.StatusCode, resp.Header, b)}
+			return nil, nil, &hopFailure{pass: stored.ClientAnswer(rq.refs, resp.StatusCode, resp.Header, b)}
 		default:
 			span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode), observe.AttrRank.String(resp.Header.Get(HeaderADPRank)))
 			span.End()
@@ -705,7 +685,7 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 		}
 	}
 	if rq.dialect == apireq.Responses {
-		ans.IDs = e.minter(rq, genHop, genRank)
+		ans.IDs = e.stored.Minter(rq.refs, stored.Holder{Fleet: genHop.Fleet, Instance: genHop.Instance, Rank: genRank}, rq.id.ConversationID, rq.now)
 	}
 	return e.answers.Copy(w, resp, ans, rq.stream, genHop.Fleet, rq.dialect.String(), genHop.Instance, span)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/catalog"
+	"github.com/tether-project/tether/edge/stored"
 	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
@@ -42,15 +43,10 @@ type request struct {
 	hint         bool // the endpoint gets rank affinity (signed hint) when a sub-agent
 	// passHeaders are client headers every hop forwards (Anthropic's).
 	passHeaders http.Header
-	// prev is the stored response a Responses request continues (its
-	// previous_response_id): the request goes to the instance holding it.
-	prev *storedRef
-	// continued is the conversation of prev when it is the request's
-	// conversation ("" none): routing.ResolveContinuing resolves it.
-	continued string
-	// conv is the conversation a Responses request names (its
-	// conversation parameter): the request goes to the instance holding it.
-	conv *storedRef
+	// refs are the stored response and the conversation a Responses
+	// request names (edge/stored): the request goes to the instance
+	// holding them.
+	refs stored.Prepared
 }
 
 // readBody reads the request's body (max_body_bytes, held against
@@ -134,7 +130,7 @@ func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *api.Error 
 	}
 	var id routing.Identity
 	var err error
-	if rq.continued != "" && bodyConv == rq.continued {
+	if rq.refs.Continued != "" && bodyConv == rq.refs.Continued {
 		// The conversation of the stored response the request continues.
 		id, err = routing.ResolveContinuing(e.route.identity, bodyConv, h, e.node.State())
 	} else {

@@ -1,4 +1,4 @@
-package edge
+package stored
 
 import (
 	"bytes"
@@ -34,18 +34,18 @@ import (
 // does: dispatchStored), placed as an unkeyed request is (no binding, no
 // commit).
 
-// handleConversations serves /v1/conversations and below.
-func (e *Edge) handleConversations(w http.ResponseWriter, r *http.Request) {
+// ServeConversations serves /v1/conversations and below.
+func (e *Service) ServeConversations(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	aw := api.NewWriter(w, apireq.Responses)
 	ctx := observe.TraceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	ctx, span := e.tracing.tracer.Start(ctx, "tether.edge /v1/conversations", trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("tether.edge", e.nodeID)))
+	ctx, span := e.cfg.Tracer.Start(ctx, "tether.edge /v1/conversations", trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("tether.edge", e.cfg.NodeID)))
 	defer span.End()
 	status := e.serveConversations(ctx, aw, r, span)
 	span.SetAttributes(attribute.Int("http.response.status_code", status))
-	e.metrics.Requests.WithLabelValues("conversations", strconv.Itoa(status)).Inc()
-	e.metrics.RequestSeconds.WithLabelValues("conversations").Observe(time.Since(start).Seconds())
+	e.cfg.Metrics.Requests.WithLabelValues("conversations", strconv.Itoa(status)).Inc()
+	e.cfg.Metrics.RequestSeconds.WithLabelValues("conversations").Observe(time.Since(start).Seconds())
 }
 
 // conversationMethods are the methods of each path under a conversation
@@ -62,7 +62,7 @@ func conversationMethods(sub string) string {
 	return ""
 }
 
-func (e *Edge) serveConversations(ctx context.Context, w http.ResponseWriter, r *http.Request, span trace.Span) int {
+func (e *Service) serveConversations(ctx context.Context, w http.ResponseWriter, r *http.Request, span trace.Span) int {
 	rest := strings.TrimPrefix(strings.TrimPrefix(r.URL.Path, "/v1/conversations"), "/")
 	id, sub, _ := strings.Cut(rest, "/")
 	allowed := "POST"
@@ -81,7 +81,7 @@ func (e *Edge) serveConversations(ctx context.Context, w http.ResponseWriter, r 
 	}
 	var body []byte
 	if r.Method == http.MethodPost {
-		b, release, aerr := e.readBody(r)
+		b, release, aerr := api.ReadBody(r, e.cfg.Bodies, e.cfg.MaxBodyBytes, e.cfg.Metrics.BodyRefused)
 		if aerr != nil {
 			return api.Fail(w, span, aerr)
 		}
@@ -91,12 +91,12 @@ func (e *Edge) serveConversations(ctx context.Context, w http.ResponseWriter, r 
 	if rest == "" {
 		return e.createConversation(ctx, w, body, span)
 	}
-	ref, aerr := e.resolveConversation(id, e.now())
+	ref, aerr := e.ResolveConversation(id, e.cfg.Now())
 	if aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
-	span.SetAttributes(observe.AttrInstance.String(ref.id.Instance), attribute.String("tether.conversation", id))
-	target := ref.url + "/v1/conversations/" + url.PathEscape(ref.id.Upstream)
+	span.SetAttributes(observe.AttrInstance.String(ref.ID.Instance), attribute.String("tether.conversation", id))
+	target := ref.URL + "/v1/conversations/" + url.PathEscape(ref.ID.Upstream)
 	if sub != "" {
 		target += "/" + sub
 	}
@@ -109,7 +109,7 @@ func (e *Edge) serveConversations(ctx context.Context, w http.ResponseWriter, r 
 // conversationHop sends one request to the instance holding a
 // conversation and relays its answer with the client's ids; for a create
 // (ref nil), mint gives the new conversation's id.
-func (e *Edge) conversationHop(ctx context.Context, w http.ResponseWriter, method, target string, body []byte, ref *storedRef,
+func (e *Service) conversationHop(ctx context.Context, w http.ResponseWriter, method, target string, body []byte, ref *Ref,
 	mint func(upstream string) string, span trace.Span) int {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.UpstreamTimeout)
 	defer cancel()
@@ -125,7 +125,7 @@ func (e *Edge) conversationHop(ctx context.Context, w http.ResponseWriter, metho
 		req.Header.Set("Content-Type", "application/json")
 	}
 	observe.TraceContext.Inject(ctx, propagation.HeaderCarrier(req.Header))
-	resp, err := e.client.Do(req)
+	resp, err := e.cfg.Client.Do(req)
 	if err != nil {
 		ae := api.NewError(http.StatusServiceUnavailable, "server_error", "upstream_unavailable", "", "the instance holding the conversation is unreachable: %v", err)
 		ae.RetryAfter = time.Second
@@ -143,12 +143,12 @@ func (e *Edge) conversationHop(ctx context.Context, w http.ResponseWriter, metho
 		if json.Unmarshal(b, &obj) != nil || obj.ID == "" {
 			return api.Fail(w, span, api.NewError(http.StatusBadGateway, "server_error", "upstream_error", "", "the instance answered a conversation without an id: %s", httpjson.Clip(string(b), 200)))
 		}
-		ref = &storedRef{client: mint(obj.ID), id: respid.ID{Upstream: obj.ID}}
-		e.metrics.Conversations.WithLabelValues("created").Inc()
+		ref = &Ref{Client: mint(obj.ID), ID: respid.ID{Upstream: obj.ID}}
+		e.cfg.Metrics.Conversations.WithLabelValues("created").Inc()
 	}
 	if ref != nil {
 		// The worker names its own id; the client knows the one it got.
-		b = bytes.ReplaceAll(b, []byte(ref.id.Upstream), []byte(ref.client))
+		b = bytes.ReplaceAll(b, []byte(ref.ID.Upstream), []byte(ref.Client))
 	}
 	return (&api.UpstreamAnswer{Status: resp.StatusCode, Header: resp.Header, Body: b}).Write(w)
 }
@@ -157,22 +157,22 @@ func (e *Edge) conversationHop(ctx context.Context, w http.ResponseWriter, metho
 // to an instance of the generation fleet of the model the body names
 // (model: a tether extension, OpenAI's conversations have none; default
 // the first model served), placed as an unkeyed request.
-func (e *Edge) createConversation(ctx context.Context, w http.ResponseWriter, body []byte, span trace.Span) int {
+func (e *Service) createConversation(ctx context.Context, w http.ResponseWriter, body []byte, span trace.Span) int {
 	top := map[string]json.RawMessage{}
 	if len(bytes.TrimSpace(body)) > 0 {
 		if err := json.Unmarshal(body, &top); err != nil || top == nil {
 			return api.Fail(w, span, api.BadRequest("", "", "the request body must be a JSON object"))
 		}
 	}
-	m := e.catalogue.First()
+	m := e.cfg.Catalogue.First()
 	if raw, ok := top["model"]; ok {
 		var name string
 		if json.Unmarshal(raw, &name) != nil {
 			return api.Fail(w, span, api.BadRequest("invalid_type", "model", "invalid type for \"model\": want a string, got %s", apireq.Kind(raw)))
 		}
 		var found bool
-		if m, _, found = e.catalogue.Lookup(name); !found {
-			return api.Fail(w, span, e.catalogue.NotFound(name))
+		if m, _, found = e.cfg.Catalogue.Lookup(name); !found {
+			return api.Fail(w, span, e.cfg.Catalogue.NotFound(name))
 		}
 		delete(top, "model")
 		body = api.MustMarshal(top)
@@ -180,20 +180,18 @@ func (e *Edge) createConversation(ctx context.Context, w http.ResponseWriter, bo
 	if aerr := m.ServesConversations(); aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
-	rq := &request{dialect: apireq.Responses, m: m, model: m.Name, path: "/v1/conversations", top: top,
-		requestID: e.nodeID + "-" + strconv.FormatUint(e.reqSeq.Add(1), 10), now: e.now()}
-	h, aerr := e.routeFleet(ctx, rq, fsm.FleetGeneration, nil)
+	inst, url, aerr := e.edge.PlaceConversation(ctx, m)
 	if aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
-	span.SetAttributes(observe.AttrInstance.String(h.Instance), attribute.String("tether.model", m.Name))
+	span.SetAttributes(observe.AttrInstance.String(inst), attribute.String("tether.model", m.Name))
 	var boot uint64
-	if in, ok := e.fleet.Instance(h.Instance, rq.now); ok {
+	if in, ok := e.edge.Fleet().Instance(inst, e.cfg.Now()); ok {
 		boot = in.BootID
 	}
 	mint := func(upstream string) string {
-		return e.respIDs.MintConversation(respid.ID{Fleet: uint8(fsm.FleetGeneration), Instance: h.Instance, Rank: -1, BootID: boot,
-			Upstream: upstream, Edge: e.nodeID, Minted: e.now()})
+		return e.cfg.Codec.MintConversation(respid.ID{Fleet: uint8(fsm.FleetGeneration), Instance: inst, Rank: -1, BootID: boot,
+			Upstream: upstream, Edge: e.cfg.NodeID, Minted: e.cfg.Now()})
 	}
-	return e.conversationHop(ctx, w, http.MethodPost, h.URL+"/v1/conversations", body, nil, mint, span)
+	return e.conversationHop(ctx, w, http.MethodPost, url+"/v1/conversations", body, nil, mint, span)
 }
