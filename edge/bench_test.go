@@ -15,6 +15,7 @@ import (
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
+	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/test/engines/vllm"
 	"github.com/tether-project/tether/worker"
 )
@@ -140,17 +141,17 @@ func BenchmarkRoutingDecision(b *testing.B) {
 		if aerr != nil {
 			b.Fatal(aerr)
 		}
-		rq.requestID, rq.now, rq.hint = "bench", time.Now(), true
+		rq.RequestID, rq.Now, rq.Hint, rq.Model = "bench", time.Now(), true, e.catalogue.First()
 		if aerr := e.identity(rq, conv, h); aerr != nil {
 			b.Fatal(aerr)
 		}
-		rq.promptTokens = len(toks)
-		rq.setConversation(rq.id.ConversationID)
-		hp, aerr := e.decide(ctx, rq, 1, nil)
-		if aerr != nil || hp.Outcome != outcomeSticky {
+		rq.PromptTokens = len(toks)
+		rq.SetConversation(rq.ID.ConversationID)
+		hp, aerr := e.router.Route(ctx, rq, 1, nil)
+		if aerr != nil || hp.Outcome != decide.OutcomeSticky {
 			b.Fatalf("%+v %v", hp, aerr)
 		}
-		_ = rq.hopBody(map[string]json.RawMessage{"stream": json.RawMessage("false")})
+		_ = rq.HopBody(map[string]json.RawMessage{"stream": json.RawMessage("false")})
 	}
 }
 

@@ -365,7 +365,7 @@ func TestDegradedModeWithoutQuorum(t *testing.T) {
 	if r2.ctxInst != r.ctxInst {
 		t.Fatalf("degraded key moved from %s to %s", r.ctxInst, r2.ctxInst)
 	}
-	if n := counter(t, reg, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "outcome": outcomeDegraded}); n < 1 {
+	if n := counter(t, reg, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "outcome": decide.OutcomeDegraded}); n < 1 {
 		t.Fatalf("degraded context decisions = %v, want >= 1", n)
 	}
 	if n := counter(t, reg, "tether_edge_degraded_decisions_total", map[string]string{"fleet": "context", "cause": decide.DegradedLogDown}); n < 1 {

@@ -52,6 +52,7 @@ import (
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/edge/proposals"
 	"github.com/tether-project/tether/edge/readiness"
+	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/edge/stored"
 	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
@@ -60,7 +61,6 @@ import (
 	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/internal/respid"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
 )
 
 // Deps are the edge's in-process collaborators; every field is optional.
@@ -102,9 +102,10 @@ type Edge struct {
 	// The request path: a request's routing keys and placement, the
 	// hops' client, what the edge proposes, batches and records for the
 	// log, and whether it takes the request at all.
-	tokenizers tokenize.Fleets // by fsm.Fleet (tokenize.go)
-	route      routeState
-	client     *http.Client
+	tokenizers     tokenize.Fleets        // by fsm.Fleet (tokenize.go)
+	identityConfig routing.IdentityConfig // the sub-agent identity routing resolves
+	router         *route.Router          // where each fleet's part of a request goes (edge/route)
+	client         *http.Client
 	// What the edge proposes to the log beside its requests (edge/proposals):
 	// every proposal (proposer), its own Bind proposals (placements), the
 	// recorder's background events and the touch batches.
@@ -160,13 +161,6 @@ type Edge struct {
 	stopped bool
 	// noHandoff: Close skips the Raft leadership transfer.
 	noHandoff atomic.Bool
-}
-
-// routeState is what the routing decisions of all models share.
-type routeState struct {
-	identity routing.IdentityConfig
-	overload *routing.OverloadTracker
-	placed   atomic.Uint64 // decisions made (route.go: the views cache)
 }
 
 // engineState is what the edge reads of the engines outside the fleet
@@ -233,7 +227,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 // id, version, keys, body budget and metrics registry.
 func (e *Edge) setUp() {
 	cfg, deps := &e.cfg, e.deps
-	e.route.identity, e.route.overload = cfg.IdentityConfig(), routing.NewOverloadTracker()
+	e.identityConfig = cfg.IdentityConfig()
 	e.bodies = bodybudget.New(cfg.MaxInflightBodyBytes)
 	e.log = deps.Logger
 	if e.log == nil {
@@ -292,18 +286,19 @@ func (e *Edge) newLogSide() error {
 	return nil
 }
 
-// newRouting prepares the catalogue (edge/catalog): each model's routers,
-// tokenizers and decision.
+// newRouting prepares the catalogue (edge/catalog: each model's routers
+// and tokenizers) and the router (edge/route), which makes each model's
+// decision.
 func (e *Edge) newRouting() error {
-	cat, err := catalog.New(&e.cfg, catalogueEdge{e}, e.metrics, e.log, func(m *catalog.Model) *decide.Decider {
-		return &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e, m},
-			Index: edgeIndex{e}, Overload: e.route.overload, CommitFirst: m.Cfg.Placement.CommitFirst}
-	})
+	cat, err := catalog.New(&e.cfg, catalogueEdge{e}, e.metrics, e.log)
 	if err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
 	e.catalogue = cat
 	e.logTokenizers()
+	e.router = route.New(routeEdge{e}, route.Config{Edge: &e.cfg, NodeID: e.nodeID, Catalogue: cat,
+		Proposals: &proposals.Proposals{Proposer: e.proposer, Placements: e.placements, Recorder: e.recorder, Touches: e.touches},
+		Fresh:     e.fresh, Metrics: e.metrics, Tracer: e.tracing.tracer, Logger: e.log, Now: e.now})
 	return nil
 }
 

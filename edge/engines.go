@@ -16,6 +16,7 @@ import (
 	"github.com/tether-project/tether/edge/engineevents"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/observe"
+	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -59,7 +60,7 @@ func metricsFormat(k EngineKind) string {
 // picks the same rank before the first RankObserved is applied. -1 when the
 // fleet has no ranks or the request has no key (the engine's own balancer
 // picks).
-func engineRank(h *hop, size int) int {
+func engineRank(h *route.Hop, size int) int {
 	if size <= 1 || h.Key == "" {
 		return -1
 	}
@@ -83,8 +84,8 @@ func engineRank(h *hop, size int) int {
 // dispatchEngine serves a request on an aggregated engine fleet (vLLM,
 // SGLang): one hop to the context fleet's instance, pinned to the key's
 // data-parallel rank, the answer relayed as is.
-func (e *Edge) dispatchEngine(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
-	h, aerr := e.routeFleet(ctx, rq, fsm.FleetContext, nil)
+func (e *Edge) dispatchEngine(ctx context.Context, w http.ResponseWriter, rq *route.Request, span trace.Span) int {
+	h, aerr := e.router.Route(ctx, rq, fsm.FleetContext, nil)
 	if aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
@@ -92,24 +93,24 @@ func (e *Edge) dispatchEngine(ctx context.Context, w http.ResponseWriter, rq *re
 }
 
 // engineExchange sends rq to the engine instance of h and relays the answer.
-func (e *Edge) engineExchange(ctx context.Context, w http.ResponseWriter, rq *request, h *hop, span trace.Span) int {
-	size := rq.m.Cfg.DataParallelSize(fsm.FleetContext)
+func (e *Edge) engineExchange(ctx context.Context, w http.ResponseWriter, rq *route.Request, h *route.Hop, span trace.Span) int {
+	size := rq.Model.Cfg.DataParallelSize(fsm.FleetContext)
 	rank := -1
-	resp, done, hf := e.exchange(ctx, rq, &h, "aggregated", func(cur *hop) ([]byte, http.Header) {
-		hdr := make(http.Header, 4+len(rq.passHeaders))
-		for k, v := range rq.passHeaders {
+	resp, done, hf := e.exchange(ctx, rq, &h, "aggregated", func(cur *route.Hop) ([]byte, http.Header) {
+		hdr := make(http.Header, 4+len(rq.PassHeaders))
+		for k, v := range rq.PassHeaders {
 			hdr[k] = v
 		}
 		hdr.Set("Content-Type", "application/json")
 		rank = engineRank(cur, size)
-		if rq.refs.Prev != nil && rq.refs.Prev.ID.Rank < size {
-			rank = rq.refs.Prev.ID.Rank // where the stored response was made
+		if rq.Refs.Prev != nil && rq.Refs.Prev.ID.Rank < size {
+			rank = rq.Refs.Prev.ID.Rank // where the stored response was made
 		}
-		e.catalogue.EnsureAdapter(ctx, rq.m, rq.adapter, cur.Instance, cur.URL) // lora.runtime_load (lora.go)
+		e.catalogue.EnsureAdapter(ctx, rq.Model, rq.Adapter, cur.Instance, cur.URL) // lora.runtime_load (lora.go)
 		if rank >= 0 {
 			hdr.Set(HeaderDataParallelRank, strconv.Itoa(rank))
 		}
-		return rq.hopBody(nil), hdr
+		return rq.HopBody(nil), hdr
 	})
 	if hf != nil {
 		return hf.write(w, span)
@@ -117,46 +118,15 @@ func (e *Edge) engineExchange(ctx context.Context, w http.ResponseWriter, rq *re
 	defer done()
 	if rank >= 0 {
 		span.SetAttributes(observe.AttrRank.Int(rank))
-		e.recordEngineRank(h, rank)
+		e.router.RecordRank(h, uint32(rank), false)
 		// The engine does not name its rank: relay the one the edge chose.
 		resp.Header.Set(HeaderADPRank, strconv.Itoa(rank))
 	} else {
 		resp.Header.Del(HeaderADPRank)
 	}
-	span.SetAttributes(attribute.String("tether.engine", string(rq.m.Cfg.ContextServers.Engine.Kind())))
+	span.SetAttributes(attribute.String("tether.engine", string(rq.Model.Cfg.ContextServers.Engine.Kind())))
 	e.shadowRoute(rq, h, rank)
 	return e.relay(w, rq, resp, nil, nil, h, span)
-}
-
-// recordEngineRank records the rank the edge chose for a binding that has
-// none yet (RankObserved, feature level 2), so the log holds the whole
-// placement — instance and rank — and every edge keeps using that rank
-// even if data_parallel_size or the hash inputs change later.
-func (e *Edge) recordEngineRank(h *hop, rank int) {
-	if !h.Bound || h.Instance != h.Binding.Instance ||
-		(h.Outcome != outcomeSticky && h.Outcome != outcomeNewBind && h.Outcome != outcomeDegraded) {
-		return
-	}
-	if e.featureLevel() < fsm.FeatureLevelRanks {
-		return
-	}
-	st := e.node.State()
-	if st.FeatureLevel() < fsm.FeatureLevelRanks {
-		return // an older edge may still be a voter: it could not apply the event
-	}
-	if h.Binding.Epoch == 0 {
-		// Served on this edge's own proposal: recorded once the log
-		// answers it with this placement (placements.settle).
-		if ev, now := e.placements.NoteRank(h.Fleet, h.Key, h.Instance, uint32(rank)); now {
-			e.recorder.AddRank(ev)
-		}
-		return
-	}
-	b, ok := st.Lookup(h.Fleet, h.Key)
-	if !ok || b.Epoch != h.Binding.Epoch || b.Instance != h.Instance || b.HasRank {
-		return
-	}
-	e.recorder.AddRank(fsm.RankObserved{Fleet: h.Fleet, Key: h.Key, Epoch: b.Epoch, Rank: uint32(rank)})
 }
 
 // engineUsage completes a response's usage as the engine means it: vLLM

@@ -89,7 +89,7 @@ func TestLaggingEdgeDoesNotGuessBoundKeys(t *testing.T) {
 		}
 		served[k], _ = routeOf(t, r)
 	}
-	if n := counter(t, te.registry, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "outcome": outcomeDegraded}); n < float64(len(keys)) {
+	if n := counter(t, te.registry, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "outcome": decide.OutcomeDegraded}); n < float64(len(keys)) {
 		t.Fatalf("degraded context decisions = %v, want >= %d", n, len(keys))
 	}
 	if n := counter(t, te.registry, "tether_edge_degraded_decisions_total", map[string]string{"fleet": "context", "cause": decide.DegradedStateNotCurrent}); n < float64(len(keys)) {

@@ -20,6 +20,7 @@ import (
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/observe"
+	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/edge/stored"
 	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
@@ -74,77 +75,77 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 		return api.Fail(w, span, aerr)
 	}
 	// The request's model selects its fleets (a model, or an adapter of one).
-	m, adapter, ok := e.catalogue.Lookup(rq.model)
+	m, adapter, ok := e.catalogue.Lookup(rq.ModelName)
 	if !ok {
-		return api.Fail(w, span, e.catalogue.NotFound(rq.model))
+		return api.Fail(w, span, e.catalogue.NotFound(rq.ModelName))
 	}
-	rq.m, rq.adapter = m, adapter
-	rq.m.EngineAdapter(rq.adapter, rq.top)
+	rq.Model, rq.Adapter = m, adapter
+	rq.Model.EngineAdapter(rq.Adapter, rq.Top)
 	span.SetAttributes(attribute.String("tether.model", m.Name), attribute.String("tether.lora_adapter", adapter))
 	defer func() { e.metrics.ModelRequests.WithLabelValues(m.Name, adapter, strconv.Itoa(status)).Inc() }()
-	if aerr := rq.m.Serves(d); aerr != nil {
+	if aerr := rq.Model.Serves(d); aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
-	if tokens, aerr = rq.placeInlineSystem(tokens); aerr != nil {
+	if tokens, aerr = placeInlineSystem(rq, tokens); aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
-	rq.path = r.URL.Path
-	rq.hint = routing.HintForEndpoint(rq.path)
-	rq.requestID = e.nodeID + "-" + strconv.FormatUint(e.reqSeq.Add(1), 10)
-	rq.now = e.now()
-	rq.passHeaders = api.PassThroughHeaders(d, r.Header)
+	rq.Path = r.URL.Path
+	rq.Hint = routing.HintForEndpoint(rq.Path)
+	rq.RequestID = e.nodeID + "-" + strconv.FormatUint(e.reqSeq.Add(1), 10)
+	rq.Now = e.now()
+	rq.PassHeaders = api.PassThroughHeaders(d, r.Header)
 	if d == apireq.Responses {
-		if rq.refs, bodyConv, aerr = e.stored.Prepare(rq.parsed.Responses, rq.top, bodyConv, rq.now); aerr != nil {
+		if rq.Refs, bodyConv, aerr = e.stored.Prepare(rq.Parsed.Responses, rq.Top, bodyConv, rq.Now); aerr != nil {
 			return api.Fail(w, span, aerr)
 		}
 	}
-	if !rq.parsed.CountTokens {
+	if !rq.Parsed.CountTokens {
 		if aerr := e.identity(rq, bodyConv, r.Header); aerr != nil {
 			return api.Fail(w, span, aerr)
 		}
 	}
-	if rq.id.DepthLimited {
-		w.Header().Set(HeaderDepthLimited, depthLimitedValue(rq.id, e.route.identity))
+	if rq.ID.DepthLimited {
+		w.Header().Set(HeaderDepthLimited, depthLimitedValue(rq.ID, e.identityConfig))
 	}
-	if rq.pinned() == nil && !rq.parsed.CountTokens {
+	if rq.Pinned() == nil && !rq.Parsed.CountTokens {
 		e.promptKeys(rq, tokens)
 	} else {
 		// The prompt continues a stored response or a conversation (only
 		// the instance holding it can expand it), or nothing is
 		// generated: no keys to place by.
-		rq.prompts[fsm.FleetContext] = tokenize.Prompt{Tokens: len(tokens)}
-		rq.prompts[fsm.FleetGeneration] = rq.prompts[fsm.FleetContext]
-		rq.promptTokens = len(tokens)
+		rq.Prompts[fsm.FleetContext] = tokenize.Prompt{Tokens: len(tokens)}
+		rq.Prompts[fsm.FleetGeneration] = rq.Prompts[fsm.FleetContext]
+		rq.PromptTokens = len(tokens)
 	}
-	if conv := rq.id.ConversationID; conv != "" && !rq.m.Cfg.ContextServers.Engine.AggregatedOnly() {
+	if conv := rq.ID.ConversationID; conv != "" && !rq.Model.Cfg.ContextServers.Engine.AggregatedOnly() {
 		// The workers read the same conversation id the hint signs
 		// (vLLM and SGLang read none: their body goes as the client sent it).
-		rq.setConversation(conv)
+		rq.SetConversation(conv)
 	}
-	rq.m.Decider.RecordIdentity(rq.id) // a new sub-agent's link, or a use of its link
-	span.SetAttributes(attribute.String("tether.conversation_id", rq.id.ConversationID), attribute.Bool("tether.subagent", rq.id.SubAgent()),
-		attribute.Int("tether.prompt_tokens", rq.promptTokens), attribute.String("tether.api", d.String()))
+	rq.Model.Decider.RecordIdentity(rq.ID) // a new sub-agent's link, or a use of its link
+	span.SetAttributes(attribute.String("tether.conversation_id", rq.ID.ConversationID), attribute.Bool("tether.subagent", rq.ID.SubAgent()),
+		attribute.Int("tether.prompt_tokens", rq.PromptTokens), attribute.String("tether.api", d.String()))
 	return e.dispatch(ctx, w, rq, span)
 }
 
-// placeInlineSystem places a Messages request's inline system messages as
+// placeInlineSystem places a Messages request rq's inline system messages as
 // its model's anthropic_inline_system says (the engine's placement: the
 // prompt keyed is the one it renders) and returns the prompt's words
 // tokens; other requests keep theirs.
-func (rq *request) placeInlineSystem(tokens []uint32) ([]uint32, *api.Error) {
-	mode := rq.m.Cfg.InlineSystem()
-	if rq.dialect != apireq.Messages || mode == apireq.InlineSystemPreserve {
+func placeInlineSystem(rq *route.Request, tokens []uint32) ([]uint32, *api.Error) {
+	mode := rq.Model.Cfg.InlineSystem()
+	if rq.Dialect != apireq.Messages || mode == apireq.InlineSystemPreserve {
 		return tokens, nil
 	}
-	if aerr := rq.parsed.WithInlineSystem(mode); aerr != nil {
+	if aerr := rq.Parsed.WithInlineSystem(mode); aerr != nil {
 		return nil, aerr
 	}
-	return rq.parsed.WordTokens(), nil
+	return rq.Parsed.WordTokens(), nil
 }
 
 // parseInference parses a body by its path's dialect (count_tokens is a
 // Messages body without max_tokens, and names no conversation).
-func parseInference(body []byte, path string) (*request, string, []uint32, *api.Error) {
+func parseInference(body []byte, path string) (*route.Request, string, []uint32, *api.Error) {
 	p, aerr := api.Parse(body, path)
 	if aerr != nil {
 		return nil, "", nil, aerr
@@ -154,24 +155,6 @@ func parseInference(body []byte, path string) (*request, string, []uint32, *api.
 		bodyConv = ""
 	}
 	return fromParsed(p), bodyConv, p.WordTokens(), nil
-}
-
-// setConversation writes the conversation id into the body's
-// conversation_params (keeping other fields).
-func (rq *request) setConversation(conv string) {
-	cp := map[string]json.RawMessage{}
-	if raw, ok := rq.top["conversation_params"]; ok && !apireq.IsNull(raw) {
-		_ = json.Unmarshal(raw, &cp)
-	}
-	v, _ := json.Marshal(conv)
-	cp["conversation_id"] = v
-	rq.top["conversation_params"] = api.MustMarshal(cp)
-}
-
-// hopBody is the request body for one hop: the client's body with fields
-// set or removed (api.HopBody).
-func (rq *request) hopBody(set map[string]json.RawMessage, del ...string) []byte {
-	return api.HopBody(rq.top, set, del...)
 }
 
 // hopFailure is why a hop ended without a usable response: either an
@@ -218,39 +201,39 @@ type contextResult struct {
 
 // dispatch runs the disaggregated flow: context hop (unless conditional
 // disaggregation skips it) then generation hop, streaming the answer back.
-func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
+func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *route.Request, span trace.Span) int {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.UpstreamTimeout)
 	defer cancel()
-	if rq.pinned() != nil {
+	if rq.Pinned() != nil {
 		return e.dispatchStored(ctx, w, rq, span) // edge/stored.go
 	}
-	if rq.m.Cfg.Aggregated() {
+	if rq.Model.Cfg.Aggregated() {
 		return e.dispatchEngine(ctx, w, rq, span) // vLLM, SGLang (edge/engines.go)
 	}
-	if rq.m.Cfg.PDEngine() != "" {
+	if rq.Model.Cfg.PDEngine() != "" {
 		return e.dispatchPD(ctx, w, rq, span) // vLLM, SGLang prefill/decode (edge/pd.go)
 	}
-	if rq.parsed.CountTokens {
+	if rq.Parsed.CountTokens {
 		// Nothing is prefilled: any context worker counts, unbound.
-		h, aerr := e.routeFleet(ctx, rq, fsm.FleetContext, nil)
+		h, aerr := e.router.Route(ctx, rq, fsm.FleetContext, nil)
 		if aerr != nil {
 			return api.Fail(w, span, aerr)
 		}
 		return e.aggregated(ctx, w, rq, h, span)
 	}
-	var genHop *hop
+	var genHop *route.Hop
 	if max := e.cfg.ConditionalDisagg.MaxLocalPrefillLength; max > 0 {
-		h, aerr := e.routeFleet(ctx, rq, fsm.FleetGeneration, nil)
+		h, aerr := e.router.Route(ctx, rq, fsm.FleetGeneration, nil)
 		if aerr != nil {
 			return api.Fail(w, span, aerr)
 		}
 		genHop = h
-		if uncached := rq.promptTokens - h.Cached; uncached < max {
+		if uncached := rq.PromptTokens - h.Cached; uncached < max {
 			span.SetAttributes(attribute.Bool("tether.context_skipped", true), attribute.Int("tether.uncached_tokens", uncached))
 			return e.aggregated(ctx, w, rq, genHop, span)
 		}
 	}
-	ctxHop, aerr := e.routeFleet(ctx, rq, fsm.FleetContext, nil)
+	ctxHop, aerr := e.router.Route(ctx, rq, fsm.FleetContext, nil)
 	if aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
@@ -264,15 +247,15 @@ func (e *Edge) dispatch(ctx context.Context, w http.ResponseWriter, rq *request,
 		e.shadowCorrect(rq, ctxHop, cres.cachedTokens)
 	}
 	e.observeRank(rq, ctxHop, hintauth.RoleContext, cres.rank)
-	if !cres.needsGeneration(rq.maxTokens) && (rq.dialect == apireq.Chat || rq.dialect == apireq.Completions) {
+	if !cres.needsGeneration(rq.MaxTokens) && (rq.Dialect == apireq.Chat || rq.Dialect == apireq.Completions) {
 		// (A Messages or Responses answer always comes from the generation
 		// worker: it writes the dialect's shape and keeps what it stores.)
 		// The prefill already produced the whole answer.
 		return e.respondFromContext(w, rq, ctxHop, cres)
 	}
 	if genHop == nil {
-		rq.now = e.now()
-		if genHop, aerr = e.routeFleet(ctx, rq, fsm.FleetGeneration, nil); aerr != nil {
+		rq.Now = e.now()
+		if genHop, aerr = e.router.Route(ctx, rq, fsm.FleetGeneration, nil); aerr != nil {
 			return api.Fail(w, span, aerr)
 		}
 	}
@@ -285,9 +268,9 @@ func (e *Edge) newDisaggID() uint64 {
 
 // hopHeader builds a hop's headers: content type, the trace context and,
 // when this hop carries sub-agent affinity, the signed hint.
-func (e *Edge) hopHeader(ctx context.Context, rq *request, h *hop, role hintauth.Role, typ hintauth.RequestType, disaggID string) http.Header {
-	hdr := make(http.Header, 6+len(rq.passHeaders))
-	for k, v := range rq.passHeaders {
+func (e *Edge) hopHeader(ctx context.Context, rq *route.Request, h *route.Hop, role hintauth.Role, typ hintauth.RequestType, disaggID string) http.Header {
+	hdr := make(http.Header, 6+len(rq.PassHeaders))
+	for k, v := range rq.PassHeaders {
 		hdr[k] = v
 	}
 	hdr.Set("Content-Type", "application/json")
@@ -295,7 +278,7 @@ func (e *Edge) hopHeader(ctx context.Context, rq *request, h *hop, role hintauth
 	setLogRank(hdr, h)
 	if e.sendHint(rq, h, role) {
 		sig, err := hintauth.SignAs(e.cfg.HintSignatureFormat, e.authKey, hintauth.Fields{
-			Role: role, Model: rq.model, ConversationID: rq.id.ConversationID, AffinityID: rq.id.Root,
+			Role: role, Model: rq.ModelName, ConversationID: rq.ID.ConversationID, AffinityID: rq.ID.Root,
 			RequestType: typ, DisaggRequestID: disaggID,
 		})
 		if err != nil {
@@ -304,10 +287,29 @@ func (e *Edge) hopHeader(ctx context.Context, rq *request, h *hop, role hintauth
 			e.log.Warn("cannot sign the sub-agent hint", "error", err)
 			return hdr
 		}
-		hdr.Set(hintauth.HeaderAffinityID, rq.id.Root)
+		hdr.Set(hintauth.HeaderAffinityID, rq.ID.Root)
 		hdr.Set(hintauth.HeaderAffinityAuth, sig)
 	}
 	return hdr
+}
+
+// observeRank records, off the request path, the attention-DP rank a
+// worker reported (x-tether-adp-rank) for the binding hop h followed, when
+// the rank belongs to the key: the key's own conversation, or a sub-agent
+// whose hint put it on its parent's rank (route.Router.RecordRank records
+// it when the log says another).
+func (e *Edge) observeRank(rq *route.Request, h *route.Hop, role hintauth.Role, rankHeader string) {
+	if h == nil || !rq.Hint {
+		return
+	}
+	if rq.Model.Key(rq.ID.ConversationID) != h.Key && !e.sendHint(rq, h, role) {
+		return
+	}
+	rank, err := strconv.ParseUint(rankHeader, 10, 32)
+	if err != nil {
+		return
+	}
+	e.router.RecordRank(h, uint32(rank), true)
 }
 
 // sendHint decides whether a hop carries the sub-agent hint: only for a
@@ -316,14 +318,14 @@ func (e *Edge) hopHeader(ctx context.Context, rq *request, h *hop, role hintauth
 // generation fleet only with scope both, and never to a worker whose
 // telemetry says it cannot verify hints (a legacy worker; instance
 // affinity still applies).
-func (e *Edge) sendHint(rq *request, h *hop, role hintauth.Role) bool {
-	if !rq.hint || e.authKey == nil || !rq.id.SubAgent() || role == "" {
+func (e *Edge) sendHint(rq *route.Request, h *route.Hop, role hintauth.Role) bool {
+	if !rq.Hint || e.authKey == nil || !rq.ID.SubAgent() || role == "" {
 		return false
 	}
 	if role == hintauth.RoleGeneration && e.cfg.Scope != routing.ScopeBoth {
 		return false
 	}
-	if in, ok := e.fleet.Instance(h.Instance, rq.now); ok && in.Telemetry && !in.VerifiesHints {
+	if in, ok := e.fleet.Instance(h.Instance, rq.Now); ok && in.Telemetry && !in.VerifiesHints {
 		return false
 	}
 	return true
@@ -343,8 +345,8 @@ func (e *Edge) post(ctx context.Context, url string, body []byte, hdr http.Heade
 // use), retrying connection errors and 5xx answers on another instance up
 // to max_retries times. It returns the worker's 200 response (body open);
 // any other answer is a hopFailure.
-func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
-	build func(h *hop) (body []byte, hdr http.Header)) (*http.Response, func(), *hopFailure) {
+func (e *Edge) exchange(ctx context.Context, rq *route.Request, h **route.Hop, phase string,
+	build func(h *route.Hop) (body []byte, hdr http.Header)) (*http.Response, func(), *hopFailure) {
 	for attempt := 0; ; attempt++ {
 		cur := *h
 		hctx, span := e.tracing.tracer.Start(ctx, "tether.edge "+phase+" hop", trace.WithSpanKind(trace.SpanKindClient),
@@ -352,8 +354,8 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 		body, hdr := build(cur)
 		// The hop's span is the worker span's parent.
 		observe.TraceContext.Inject(hctx, propagation.HeaderCarrier(hdr))
-		done := e.noteDispatch(cur.Fleet, cur.Instance, rq.promptTokens)
-		resp, err := e.post(e.fleet.ExpectIdentity(hctx, cur.Instance), cur.URL+rq.path, body, hdr)
+		done := e.noteDispatch(cur.Fleet, cur.Instance, rq.PromptTokens)
+		resp, err := e.post(e.fleet.ExpectIdentity(hctx, cur.Instance), cur.URL+rq.Path, body, hdr)
 		if err != nil || resp.StatusCode != http.StatusOK {
 			done()
 		}
@@ -371,13 +373,13 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 			resp.Body.Close()
 			e.metrics.UpstreamErrors.WithLabelValues(cur.Fleet.String(), "status_5xx").Inc()
-			failure = &hopFailure{pass: stored.ClientAnswer(rq.refs, resp.StatusCode, resp.Header, b)}
+			failure = &hopFailure{pass: stored.ClientAnswer(rq.Refs, resp.StatusCode, resp.Header, b)}
 		case resp.StatusCode != http.StatusOK:
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 			resp.Body.Close()
 			span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
 			span.End()
-			return nil, nil, &hopFailure{pass: stored.ClientAnswer(rq.refs, resp.StatusCode, resp.Header, b)}
+			return nil, nil, &hopFailure{pass: stored.ClientAnswer(rq.Refs, resp.StatusCode, resp.Header, b)}
 		default:
 			span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode), observe.AttrRank.String(resp.Header.Get(HeaderADPRank)))
 			span.End()
@@ -385,11 +387,11 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 		}
 		span.SetStatus(codes.Error, "hop failed")
 		span.End()
-		if attempt >= e.cfg.MaxRetries || rq.pinned() != nil {
+		if attempt >= e.cfg.MaxRetries || rq.Pinned() != nil {
 			// (No other instance holds a stored response or a conversation.)
 			return nil, nil, failure
 		}
-		next, aerr := e.reroute(ctx, rq, cur)
+		next, aerr := e.router.Reroute(ctx, rq, cur)
 		if aerr != nil {
 			return nil, nil, failure
 		}
@@ -402,14 +404,14 @@ func (e *Edge) exchange(ctx context.Context, rq *request, h **hop, phase string,
 // contextHop runs the prefill on the context worker and verifies its
 // answer. Each attempt gets a fresh disaggregated request id (and so a
 // fresh signature).
-func (e *Edge) contextHop(ctx context.Context, rq *request, h **hop) (*contextResult, *hopFailure) {
+func (e *Edge) contextHop(ctx context.Context, rq *route.Request, h **route.Hop) (*contextResult, *hopFailure) {
 	for attempt := 0; ; attempt++ {
 		var disaggID uint64
-		resp, done, hf := e.exchange(ctx, rq, h, "context", func(cur *hop) ([]byte, http.Header) {
+		resp, done, hf := e.exchange(ctx, rq, h, "context", func(cur *route.Hop) ([]byte, http.Header) {
 			disaggID = e.newDisaggID()
 			id := strconv.FormatUint(disaggID, 10)
 			dp := api.MustMarshal(map[string]any{"request_type": "context_only", "disagg_request_id": disaggID})
-			body := rq.hopBody(map[string]json.RawMessage{"disaggregated_params": dp, "stream": json.RawMessage("false")}, "stream_options")
+			body := rq.HopBody(map[string]json.RawMessage{"disaggregated_params": dp, "stream": json.RawMessage("false")}, "stream_options")
 			return body, e.hopHeader(ctx, rq, cur, hintauth.RoleContext, hintauth.RequestContextOnly, id)
 		})
 		if hf != nil {
@@ -427,7 +429,7 @@ func (e *Edge) contextHop(ctx context.Context, rq *request, h **hop) (*contextRe
 		if attempt >= e.cfg.MaxRetries {
 			return nil, failure
 		}
-		next, aerr := e.reroute(ctx, rq, cur)
+		next, aerr := e.router.Reroute(ctx, rq, cur)
 		if aerr != nil {
 			return nil, failure
 		}
@@ -548,7 +550,7 @@ func (cres *contextResult) needsGeneration(maxTokens int) bool {
 // prompt_token_ids; completions: the prompt). It also returns the
 // disaggregated_params it sends (what x-trtllm-disagg-auth signs; nil for a
 // worker predating the protocol).
-func (rq *request) generationBody(cres *contextResult) (body []byte, params map[string]json.RawMessage) {
+func generationBody(rq *route.Request, cres *contextResult) (body []byte, params map[string]json.RawMessage) {
 	id := json.RawMessage(strconv.FormatUint(cres.disaggID, 10))
 	if cres.handoff == nil {
 		dp := map[string]json.RawMessage{
@@ -562,7 +564,7 @@ func (rq *request) generationBody(cres *contextResult) (body []byte, params map[
 		if len(cres.firstTokens) > 0 && !apireq.IsNull(cres.firstTokens) {
 			dp["first_gen_tokens"] = cres.firstTokens
 		}
-		return rq.hopBody(map[string]json.RawMessage{"disaggregated_params": api.MustMarshal(dp)}), nil
+		return rq.HopBody(map[string]json.RawMessage{"disaggregated_params": api.MustMarshal(dp)}), nil
 	}
 	dp := make(map[string]json.RawMessage, len(cres.handoff)+2)
 	for k, v := range cres.handoff {
@@ -572,21 +574,21 @@ func (rq *request) generationBody(cres *contextResult) (body []byte, params map[
 	dp["disagg_request_id"] = id
 	set := map[string]json.RawMessage{"disaggregated_params": api.MustMarshal(dp)}
 	if cres.promptTokenIDs != nil {
-		if rq.dialect.HasConversation() {
+		if rq.Dialect.HasConversation() {
 			set["prompt_token_ids"] = cres.promptTokenIDs
 		} else {
 			set["prompt"] = cres.promptTokenIDs
 		}
 	}
-	return rq.hopBody(set), dp
+	return rq.HopBody(set), dp
 }
 
 // generationHop continues on the generation worker with the context's
 // state. A retry keeps the disaggregated request id (the state is bound to
 // it).
-func (e *Edge) generationHop(ctx context.Context, w http.ResponseWriter, rq *request, ctxHop *hop, cres *contextResult, genHop *hop, span trace.Span) int {
+func (e *Edge) generationHop(ctx context.Context, w http.ResponseWriter, rq *route.Request, ctxHop *route.Hop, cres *contextResult, genHop *route.Hop, span trace.Span) int {
 	id := strconv.FormatUint(cres.disaggID, 10)
-	body, params := rq.generationBody(cres)
+	body, params := generationBody(rq, cres)
 	var disaggAuth string
 	if e.authKey != nil && params != nil {
 		// Protects the KV-transfer fields as TensorRT-LLM does
@@ -599,7 +601,7 @@ func (e *Edge) generationHop(ctx context.Context, w http.ResponseWriter, rq *req
 				"context instance %s answered disaggregated_params that cannot be signed: %v", ctxHop.Instance, err))
 		}
 	}
-	resp, done, hf := e.exchange(ctx, rq, &genHop, "generation", func(cur *hop) ([]byte, http.Header) {
+	resp, done, hf := e.exchange(ctx, rq, &genHop, "generation", func(cur *route.Hop) ([]byte, http.Header) {
 		hdr := e.hopHeader(ctx, rq, cur, hintauth.RoleGeneration, hintauth.RequestGenerationOnly, id)
 		if disaggAuth != "" {
 			hdr.Set(hintauth.HeaderDisaggAuth, disaggAuth)
@@ -616,28 +618,28 @@ func (e *Edge) generationHop(ctx context.Context, w http.ResponseWriter, rq *req
 
 // aggregated sends the whole request to the generation worker (conditional
 // disaggregation: it already holds enough of the prompt).
-func (e *Edge) aggregated(ctx context.Context, w http.ResponseWriter, rq *request, genHop *hop, span trace.Span) int {
-	resp, done, hf := e.exchange(ctx, rq, &genHop, "aggregated", func(cur *hop) ([]byte, http.Header) {
+func (e *Edge) aggregated(ctx context.Context, w http.ResponseWriter, rq *route.Request, genHop *route.Hop, span trace.Span) int {
+	resp, done, hf := e.exchange(ctx, rq, &genHop, "aggregated", func(cur *route.Hop) ([]byte, http.Header) {
 		role := hintauth.Role("")
-		if in, ok := e.fleet.Instance(cur.Instance, rq.now); ok {
+		if in, ok := e.fleet.Instance(cur.Instance, rq.Now); ok {
 			// A worker without a configured role ignores hints on
 			// aggregated requests; one with a role verifies them as it.
 			role = hintauth.Role(in.Role)
 		}
-		return rq.hopBody(nil), e.hopHeader(ctx, rq, cur, role, hintauth.RequestAggregated, "")
+		return rq.HopBody(nil), e.hopHeader(ctx, rq, cur, role, hintauth.RequestAggregated, "")
 	})
 	if hf != nil {
 		return hf.write(w, span)
 	}
 	defer done()
-	if in, ok := e.fleet.Instance(genHop.Instance, rq.now); ok {
+	if in, ok := e.fleet.Instance(genHop.Instance, rq.Now); ok {
 		e.observeRank(rq, genHop, hintauth.Role(in.Role), resp.Header.Get(HeaderADPRank))
 	}
 	return e.relay(w, rq, resp, nil, nil, genHop, span)
 }
 
 // routeHeaders sets the debug route header and relays the worker's rank.
-func (e *Edge) routeHeaders(w http.ResponseWriter, ctxHop *hop, ctxRank string, genHop *hop, genRank string) {
+func (e *Edge) routeHeaders(w http.ResponseWriter, ctxHop *route.Hop, ctxRank string, genHop *route.Hop, genRank string) {
 	if ctxHop == nil && genHop != nil && genHop.Fleet == fsm.FleetContext {
 		// An aggregated engine fleet (edge/engines.go): its one hop is
 		// the context fleet's.
@@ -650,7 +652,7 @@ func (e *Edge) routeHeaders(w http.ResponseWriter, ctxHop *hop, ctxRank string, 
 		h.Set(HeaderADPRank, ctxRank)
 	}
 	if e.cfg.DebugRouteHeader {
-		h.Set(HeaderRoute, "context="+hopLabel(ctxHop, ctxRank)+"; generation="+hopLabel(genHop, genRank)+routeEvidence(ctxHop, genHop))
+		h.Set(HeaderRoute, "context="+route.Label(ctxHop, ctxRank)+"; generation="+route.Label(genHop, genRank)+route.Evidence(ctxHop, genHop))
 	}
 }
 
@@ -660,7 +662,7 @@ func (e *Edge) routeHeaders(w http.ResponseWriter, ctxHop *hop, ctxRank string, 
 // usage's cached tokens are the context (prefill) worker's (that is where
 // the prompt was or was not recomputed), and a Responses answer's ids are
 // minted (edge/stored.go).
-func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ctxHop *hop, cres *contextResult, genHop *hop, span trace.Span) int {
+func (e *Edge) relay(w http.ResponseWriter, rq *route.Request, resp *http.Response, ctxHop *route.Hop, cres *contextResult, genHop *route.Hop, span trace.Span) int {
 	defer resp.Body.Close()
 	ctxRank, cached, nullCached := "", -1, false
 	if cres != nil {
@@ -668,9 +670,9 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 	}
 	genRank := resp.Header.Get(HeaderADPRank)
 	e.routeHeaders(w, ctxHop, ctxRank, genHop, genRank)
-	span.SetAttributes(attribute.String("tether.route", "context="+hopLabel(ctxHop, ctxRank)+"; generation="+hopLabel(genHop, genRank)))
-	ans := &api.Answer{Dialect: rq.dialect, Cached: cached, NullCached: nullCached}
-	if cres == nil && !rq.parsed.CountTokens {
+	span.SetAttributes(attribute.String("tether.route", "context="+route.Label(ctxHop, ctxRank)+"; generation="+route.Label(genHop, genRank)))
+	ans := &api.Answer{Dialect: rq.Dialect, Cached: cached, NullCached: nullCached}
+	if cres == nil && !rq.Parsed.CountTokens {
 		ans.OnUsage = func(u disagg.Usage) {
 			// Only a response that reports its cached tokens says
 			// anything about the cache (vLLM without
@@ -678,22 +680,22 @@ func (e *Edge) relay(w http.ResponseWriter, rq *request, resp *http.Response, ct
 			// not read that as misses).
 			if u = e.engineUsage(genHop.Instance, u); u.HasCached {
 				e.fleet.RecordUsage(genHop.Instance, int64(u.Prompt), int64(u.Cached), e.now())
-				if rq.pinned() == nil {
+				if rq.Pinned() == nil {
 					e.shadowCorrect(rq, genHop, u.Cached)
 				}
 			}
 		}
 	}
-	if rq.dialect == apireq.Responses {
-		ans.IDs = e.stored.Minter(rq.refs, stored.Holder{Fleet: genHop.Fleet, Instance: genHop.Instance, Rank: genRank}, rq.id.ConversationID, rq.now)
+	if rq.Dialect == apireq.Responses {
+		ans.IDs = e.stored.Minter(rq.Refs, stored.Holder{Fleet: genHop.Fleet, Instance: genHop.Instance, Rank: genRank}, rq.ID.ConversationID, rq.Now)
 	}
-	return e.answers.Copy(w, resp, ans, rq.stream, genHop.Fleet, rq.dialect.String(), genHop.Instance, span)
+	return e.answers.Copy(w, resp, ans, rq.Stream, genHop.Fleet, rq.Dialect.String(), genHop.Instance, span)
 }
 
 // respondFromContext answers with the context phase's result when it is
 // already complete (max_tokens 1, or the model stopped): as JSON, or as an
 // SSE stream in the OpenAI chunk format.
-func (e *Edge) respondFromContext(w http.ResponseWriter, rq *request, ctxHop *hop, cres *contextResult) int {
+func (e *Edge) respondFromContext(w http.ResponseWriter, rq *route.Request, ctxHop *route.Hop, cres *contextResult) int {
 	e.routeHeaders(w, ctxHop, cres.rank, nil, "")
 	out := make(map[string]json.RawMessage, len(cres.raw))
 	for k, v := range cres.raw {
@@ -709,7 +711,7 @@ func (e *Edge) respondFromContext(w http.ResponseWriter, rq *request, ctxHop *ho
 		}
 		out["choices"] = api.MustMarshal(choices)
 	}
-	if !rq.stream {
+	if !rq.Stream {
 		httpjson.Write(w, http.StatusOK, out)
 		return http.StatusOK
 	}
@@ -718,7 +720,7 @@ func (e *Edge) respondFromContext(w http.ResponseWriter, rq *request, ctxHop *ho
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	object := "text_completion"
-	chat := rq.dialect == apireq.Chat
+	chat := rq.Dialect == apireq.Chat
 	if chat {
 		object = "chat.completion.chunk"
 	}
@@ -754,7 +756,7 @@ func (e *Edge) respondFromContext(w http.ResponseWriter, rq *request, ctxHop *ho
 			chunk(map[string]any{"index": 0, "text": cres.text, "finish_reason": nil}, nil),
 			chunk(map[string]any{"index": 0, "text": "", "finish_reason": finish}, nil))
 	}
-	if u, ok := cres.raw["usage"]; ok && rq.includeUsage {
+	if u, ok := cres.raw["usage"]; ok && rq.IncludeUsage {
 		events = append(events, chunk(nil, u))
 	}
 	events = append(events, []byte("[DONE]"))

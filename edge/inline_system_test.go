@@ -28,8 +28,8 @@ func TestAnthropicInlineSystemSetting(t *testing.T) {
 		if aerr != nil {
 			t.Fatal(aerr)
 		}
-		rq.m = &catalog.Model{Cfg: &Config{AnthropicInlineSystem: setting}}
-		got, aerr := rq.placeInlineSystem(tokens)
+		rq.Model = &catalog.Model{Cfg: &Config{AnthropicInlineSystem: setting}}
+		got, aerr := placeInlineSystem(rq, tokens)
 		if aerr != nil {
 			t.Fatal(aerr)
 		}

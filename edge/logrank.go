@@ -3,6 +3,8 @@ package edge
 import (
 	"net/http"
 	"strconv"
+
+	"github.com/tether-project/tether/edge/route"
 )
 
 // HeaderLogRank tells a worker the ADP rank the affinity log records for the
@@ -12,7 +14,7 @@ const HeaderLogRank = "x-tether-log-rank"
 
 // setLogRank adds HeaderLogRank to a hop that follows its key's binding to
 // the bound instance, when the log records the placement's rank.
-func setLogRank(hdr http.Header, h *hop) {
+func setLogRank(hdr http.Header, h *route.Hop) {
 	if b := &h.Binding; h.Bound && b.HasRank && b.Instance == h.Instance && b.Key == h.Key {
 		hdr.Set(HeaderLogRank, strconv.FormatUint(uint64(b.Rank), 10))
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/observe"
+	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -28,8 +29,8 @@ import (
 // pd_vllm.go) or SGLang's bootstrap rendezvous (driven in pd_sglang.go).
 
 // dispatchPD serves a request through the engines' prefill/decode split.
-func (e *Edge) dispatchPD(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
-	kind := rq.m.Cfg.PDEngine()
+func (e *Edge) dispatchPD(ctx context.Context, w http.ResponseWriter, rq *route.Request, span trace.Span) int {
+	kind := rq.Model.Cfg.PDEngine()
 	span.SetAttributes(attribute.String("tether.engine", string(kind)))
 	if kind == EngineSGLang {
 		return e.dispatchSGLangPD(ctx, w, rq, span)
@@ -55,13 +56,13 @@ type pdAttempt struct {
 func (a *pdAttempt) retryable() bool { return a.unreachable || a.status >= 500 }
 
 // pdSend sends one attempt of a hop to h.
-func (e *Edge) pdSend(ctx context.Context, rq *request, h *hop, phase string, body []byte, hdr http.Header) pdAttempt {
+func (e *Edge) pdSend(ctx context.Context, rq *route.Request, h *route.Hop, phase string, body []byte, hdr http.Header) pdAttempt {
 	hctx, span := e.tracing.tracer.Start(ctx, "tether.edge "+phase+" hop", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(observe.AttrInstance.String(h.Instance), observe.AttrFleet.String(h.Fleet.String())))
 	defer span.End()
 	observe.TraceContext.Inject(hctx, propagation.HeaderCarrier(hdr))
-	done := e.noteDispatch(h.Fleet, h.Instance, rq.promptTokens)
-	resp, err := e.post(hctx, h.URL+rq.path, body, hdr)
+	done := e.noteDispatch(h.Fleet, h.Instance, rq.PromptTokens)
+	resp, err := e.post(hctx, h.URL+rq.Path, body, hdr)
 	if err != nil {
 		done()
 		if ctx.Err() != nil {
@@ -90,11 +91,11 @@ func (e *Edge) pdSend(ctx context.Context, rq *request, h *hop, phase string, bo
 // (max_retries counts every retry of the request, on either fleet): a
 // bound key overflows (recorded as unhealthy), an unbound request is
 // placed again.
-func (e *Edge) pdRetry(ctx context.Context, rq *request, h **hop, retries *int) bool {
+func (e *Edge) pdRetry(ctx context.Context, rq *route.Request, h **route.Hop, retries *int) bool {
 	if *retries <= 0 {
 		return false
 	}
-	next, aerr := e.reroute(ctx, rq, *h)
+	next, aerr := e.router.Reroute(ctx, rq, *h)
 	if aerr != nil {
 		return false
 	}
@@ -109,11 +110,11 @@ func (e *Edge) pdRetry(ctx context.Context, rq *request, h **hop, retries *int) 
 // the instance's cache breaker and the shadow of its cache, and the rank
 // the edge chose joins the binding in the log. It returns the cached
 // tokens to report to the client (-1: the prefill reported none).
-func (e *Edge) prefilled(rq *request, h *hop, rank int, u disagg.Usage) int {
+func (e *Edge) prefilled(rq *route.Request, h *route.Hop, rank int, u disagg.Usage) int {
 	u = e.engineUsage(h.Instance, u)
 	e.shadowRoute(rq, h, rank)
 	if rank >= 0 {
-		e.recordEngineRank(h, rank)
+		e.router.RecordRank(h, uint32(rank), false)
 	}
 	if !u.OK || !u.HasCached {
 		return -1
@@ -127,7 +128,7 @@ func (e *Edge) prefilled(rq *request, h *hop, rank int, u disagg.Usage) int {
 // route headers, the prefill's cached tokens in the usage (the prompt was
 // or was not recomputed there; -1: the prefill reported none, and the
 // client gets none either).
-func (e *Edge) relayDecode(w http.ResponseWriter, rq *request, resp *http.Response, ctxHop *hop, ctxRank, cached int, genHop *hop, genRank int, span trace.Span) int {
+func (e *Edge) relayDecode(w http.ResponseWriter, rq *route.Request, resp *http.Response, ctxHop *route.Hop, ctxRank, cached int, genHop *route.Hop, genRank int, span trace.Span) int {
 	resp.Header.Del(HeaderADPRank)
 	if genRank >= 0 {
 		// The engines do not name their rank: relay the one the edge chose.
@@ -138,10 +139,10 @@ func (e *Edge) relayDecode(w http.ResponseWriter, rq *request, resp *http.Respon
 		cres.rank = strconv.Itoa(ctxRank)
 	}
 	if genRank >= 0 {
-		e.recordEngineRank(genHop, genRank)
+		e.router.RecordRank(genHop, uint32(genRank), false)
 	}
 	return e.relay(w, rq, resp, ctxHop, cres, genHop, span)
 }
 
 // hopRank is the data-parallel rank of h's key in fleet f of c (-1: none).
-func hopRank(c *Config, h *hop, f fsm.Fleet) int { return engineRank(h, c.DataParallelSize(f)) }
+func hopRank(c *Config, h *route.Hop, f fsm.Fleet) int { return engineRank(h, c.DataParallelSize(f)) }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/disagg"
+	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -31,7 +32,7 @@ import (
 
 // sglangBootstrap is the bootstrap fields for a request going to prefill
 // instance h: one set, or arrays of batch sets.
-func (e *Edge) sglangBootstrap(h *hop, batch, rank int) map[string]json.RawMessage {
+func (e *Edge) sglangBootstrap(h *route.Hop, batch, rank int) map[string]json.RawMessage {
 	return disagg.SGLangBootstrap(h.URL, e.catalogue.BootstrapPort(h.Instance), e.cfg.DataParallelSize(fsm.FleetContext), batch, rank)
 }
 
@@ -41,34 +42,34 @@ type sglangPrefillResult struct {
 	usage disagg.Usage
 }
 
-func (e *Edge) dispatchSGLangPD(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
-	ctxHop, aerr := e.routeFleet(ctx, rq, fsm.FleetContext, nil)
+func (e *Edge) dispatchSGLangPD(ctx context.Context, w http.ResponseWriter, rq *route.Request, span trace.Span) int {
+	ctxHop, aerr := e.router.Route(ctx, rq, fsm.FleetContext, nil)
 	if aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
-	rq.now = e.now()
-	genHop, aerr := e.routeFleet(ctx, rq, fsm.FleetGeneration, nil)
+	rq.Now = e.now()
+	genHop, aerr := e.router.Route(ctx, rq, fsm.FleetGeneration, nil)
 	if aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
 	retries := e.cfg.MaxRetries
-	batch := disagg.Batch(rq.top, rq.dialect)
+	batch := disagg.Batch(rq.Top, rq.Dialect)
 	for attempt := 0; ; attempt++ {
-		pRank, dRank := hopRank(rq.m.Cfg, ctxHop, fsm.FleetContext), hopRank(rq.m.Cfg, genHop, fsm.FleetGeneration)
+		pRank, dRank := hopRank(rq.Model.Cfg, ctxHop, fsm.FleetContext), hopRank(rq.Model.Cfg, genHop, fsm.FleetGeneration)
 		boot := e.sglangBootstrap(ctxHop, batch, pRank)
 		pf, df := disagg.SGLangHopFields(boot, pRank, dRank)
-		pbody := rq.hopBody(pf.Set, pf.Del...)
-		dbody := rq.hopBody(df.Set, df.Del...)
-		id := rq.requestID + "-" + strconv.Itoa(attempt)
+		pbody := rq.HopBody(pf.Set, pf.Del...)
+		dbody := rq.HopBody(df.Set, df.Del...)
+		id := rq.RequestID + "-" + strconv.Itoa(attempt)
 		span.SetAttributes(attribute.String("tether.bootstrap_room", string(boot["bootstrap_room"])))
 
 		actx, cancel := context.WithCancel(ctx)
 		pch := make(chan sglangPrefillResult, 1)
 		dch := make(chan pdAttempt, 1)
-		go func(h *hop) { pch <- e.sglangPrefillHop(actx, rq, h, pbody, id) }(ctxHop)
-		go func(h *hop) {
+		go func(h *route.Hop) { pch <- e.sglangPrefillHop(actx, rq, h, pbody, id) }(ctxHop)
+		go func(h *route.Hop) {
 			a := e.pdSend(actx, rq, h, "decode", dbody, disagg.Header(id, dRank))
-			if a.fail == nil && rq.stream {
+			if a.fail == nil && rq.Stream {
 				if err := disagg.PeekStream(a.resp); err != nil {
 					a.resp.Body.Close()
 					a.done()
@@ -148,7 +149,7 @@ func (e *Edge) awaitPrefill(pch <-chan sglangPrefillResult) *sglangPrefillResult
 // prefill's bootstrap server alive; none for the client's own errors (4xx)
 // and cancellation. The failure is the one the client gets if no retry is
 // left.
-func (e *Edge) sglangBlame(ctx context.Context, ctxHop, genHop **hop, pre *sglangPrefillResult, dec *pdAttempt, decodeFirst, prefillBefore bool) (*hopFailure, **hop) {
+func (e *Edge) sglangBlame(ctx context.Context, ctxHop, genHop **route.Hop, pre *sglangPrefillResult, dec *pdAttempt, decodeFirst, prefillBefore bool) (*hopFailure, **route.Hop) {
 	if !decodeFirst {
 		if !pre.retryable() {
 			return pre.fail, nil
@@ -169,7 +170,7 @@ func (e *Edge) sglangBlame(ctx context.Context, ctxHop, genHop **hop, pre *sglan
 }
 
 // sglangPrefillHop sends the prefill request and reads its answer's usage.
-func (e *Edge) sglangPrefillHop(ctx context.Context, rq *request, h *hop, body []byte, id string) sglangPrefillResult {
+func (e *Edge) sglangPrefillHop(ctx context.Context, rq *route.Request, h *route.Hop, body []byte, id string) sglangPrefillResult {
 	a := e.pdSend(ctx, rq, h, "prefill", body, disagg.Header(id, -1))
 	res := sglangPrefillResult{pdAttempt: a}
 	if a.fail != nil {

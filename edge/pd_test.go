@@ -21,6 +21,7 @@ import (
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/catalog"
 	"github.com/tether-project/tether/edge/disagg"
+	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
@@ -713,17 +714,17 @@ func TestSGLangBootstrapFields(t *testing.T) {
 	e := &Edge{cfg: DefaultConfig()}
 	e.cfg.ContextServers = ServersConfig{Engine: EngineSGLang, DataParallelSize: 4,
 		URLs: []StaticInstance{{Name: "p0", URL: "http://prefill-0.internal:30000", BootstrapPort: 9001}, {Name: "p1", URL: "http://10.0.0.7:30000"}}}
-	cat, err := catalog.New(&e.cfg, nil, nil, nil, nil)
+	cat, err := catalog.New(&e.cfg, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.catalogue = cat
-	one := e.sglangBootstrap(&hop{Hop: decide.Hop{Instance: "p0", URL: "http://prefill-0.internal:30000"}}, 0, 3)
+	one := e.sglangBootstrap(&route.Hop{Hop: decide.Hop{Instance: "p0", URL: "http://prefill-0.internal:30000"}}, 0, 3)
 	var room uint64
 	if string(one["bootstrap_host"]) != `"prefill-0.internal"` || string(one["bootstrap_port"]) != "9001" || json.Unmarshal(one["bootstrap_room"], &room) != nil || room%4 != 3 {
 		t.Fatalf("%s", api.MustMarshal(one))
 	}
-	batch := e.sglangBootstrap(&hop{Hop: decide.Hop{Instance: "p1", URL: "http://10.0.0.7:30000"}}, 3, 1)
+	batch := e.sglangBootstrap(&route.Hop{Hop: decide.Hop{Instance: "p1", URL: "http://10.0.0.7:30000"}}, 3, 1)
 	var hosts []string
 	var ports []int
 	var rooms []uint64

@@ -12,6 +12,7 @@ import (
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/observe"
+	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
 )
 
@@ -30,35 +31,35 @@ import (
 // is prefilled again on another prefill server and handed to the same
 // decode server.
 
-func (e *Edge) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, rq *request, span trace.Span) int {
-	d, ok := disagg.VLLMHandoff(rq.path, rq.maxTokens, rq.top, rq.dialect)
+func (e *Edge) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, rq *route.Request, span trace.Span) int {
+	d, ok := disagg.VLLMHandoff(rq.Path, rq.MaxTokens, rq.Top, rq.Dialect)
 	if !ok {
 		// Nothing to hand off, or a request the handoff cannot carry:
 		// the prefill server answers it whole.
 		span.SetAttributes(attribute.Bool("tether.context_only", true))
 		for _, f := range disagg.VLLMOwnedFields {
-			delete(rq.top, f)
+			delete(rq.Top, f)
 		}
 		return e.dispatchEngine(ctx, w, rq, span)
 	}
-	ctxHop, aerr := e.routeFleet(ctx, rq, fsm.FleetContext, nil)
+	ctxHop, aerr := e.router.Route(ctx, rq, fsm.FleetContext, nil)
 	if aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
 	retries := e.cfg.MaxRetries
-	var genHop *hop
+	var genHop *route.Hop
 	for round := 0; ; round++ {
 		pre, hf := e.vllmPrefillHop(ctx, rq, d, &ctxHop, &retries, round)
 		if hf != nil {
 			return hf.write(w, span)
 		}
 		cached := e.prefilled(rq, ctxHop, pre.Rank, pre.Answer.Usage)
-		if pre.Finished && !disagg.MustDecode(rq.top) {
+		if pre.Finished && !disagg.MustDecode(rq.Top) {
 			return e.vllmAnswerFromPrefill(w, rq, ctxHop, pre, cached)
 		}
 		if genHop == nil {
-			rq.now = e.now()
-			if genHop, aerr = e.routeFleet(ctx, rq, fsm.FleetGeneration, nil); aerr != nil {
+			rq.Now = e.now()
+			if genHop, aerr = e.router.Route(ctx, rq, fsm.FleetGeneration, nil); aerr != nil {
 				return api.Fail(w, span, aerr)
 			}
 		}
@@ -82,13 +83,13 @@ func (e *Edge) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, rq *re
 
 // vllmPrefillHop sends the prefill request and verifies its answer, each
 // retry a fresh prefill (a new request id) on another prefill server.
-func (e *Edge) vllmPrefillHop(ctx context.Context, rq *request, d disagg.Dialect, h **hop, retries *int, round int) (*disagg.VLLMPrefill, *hopFailure) {
-	f := disagg.VLLMPrefillFields(d, rq.top)
-	body := rq.hopBody(f.Set, f.Del...)
+func (e *Edge) vllmPrefillHop(ctx context.Context, rq *route.Request, d disagg.Dialect, h **route.Hop, retries *int, round int) (*disagg.VLLMPrefill, *hopFailure) {
+	f := disagg.VLLMPrefillFields(d, rq.Top)
+	body := rq.HopBody(f.Set, f.Del...)
 	for attempt := 0; ; attempt++ {
 		cur := *h
-		rank := hopRank(rq.m.Cfg, cur, fsm.FleetContext)
-		id := fmt.Sprintf("%s-%d-%d", rq.requestID, round, attempt)
+		rank := hopRank(rq.Model.Cfg, cur, fsm.FleetContext)
+		id := fmt.Sprintf("%s-%d-%d", rq.RequestID, round, attempt)
 		a := e.pdSend(ctx, rq, cur, "prefill", body, disagg.Header(id, rank))
 		failure := a.fail
 		if failure == nil {
@@ -113,7 +114,7 @@ func (e *Edge) vllmPrefillHop(ctx context.Context, rq *request, d disagg.Dialect
 // vllmAnswerFromPrefill answers with the prefill's own result: the model
 // stopped on the one token the prefill generated, and the server handed
 // nothing off (disagg.VLLMPrefill.Finished).
-func (e *Edge) vllmAnswerFromPrefill(w http.ResponseWriter, rq *request, h *hop, pre *disagg.VLLMPrefill, cached int) int {
+func (e *Edge) vllmAnswerFromPrefill(w http.ResponseWriter, rq *route.Request, h *route.Hop, pre *disagg.VLLMPrefill, cached int) int {
 	cres := &contextResult{raw: pre.Answer.Raw, text: pre.Answer.Text, finish: pre.Answer.Finish}
 	if pre.Rank >= 0 {
 		cres.rank = strconv.Itoa(pre.Rank)
@@ -135,14 +136,14 @@ type vllmDecodeAttempt struct {
 // the decode fleet: a server that does not answer gets the same handoff on
 // another decode server; an answer that shows the blocks could not be read
 // (5xx, or an error event before the first token of a stream) is lost.
-func (e *Edge) vllmDecodeHop(ctx context.Context, rq *request, pre *disagg.VLLMPrefill, h **hop, retries *int) (vllmDecodeAttempt, int) {
+func (e *Edge) vllmDecodeHop(ctx context.Context, rq *route.Request, pre *disagg.VLLMPrefill, h **route.Hop, retries *int) (vllmDecodeAttempt, int) {
 	f := pre.DecodeFields()
-	body := rq.hopBody(f.Set, f.Del...)
+	body := rq.HopBody(f.Set, f.Del...)
 	for {
 		cur := *h
-		rank := hopRank(rq.m.Cfg, cur, fsm.FleetGeneration)
+		rank := hopRank(rq.Model.Cfg, cur, fsm.FleetGeneration)
 		a := vllmDecodeAttempt{pdAttempt: e.pdSend(ctx, rq, cur, "decode", body, disagg.Header(pre.ID, rank))}
-		if a.fail == nil && rq.stream {
+		if a.fail == nil && rq.Stream {
 			if err := disagg.PeekStream(a.resp); err != nil {
 				a.resp.Body.Close()
 				a.done()

@@ -1,17 +1,13 @@
 package edge
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/tether-project/tether/edge/api"
-	"github.com/tether-project/tether/edge/catalog"
-	"github.com/tether-project/tether/edge/stored"
-	"github.com/tether-project/tether/edge/tokenize"
+	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/convid"
@@ -19,35 +15,6 @@ import (
 	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/routing"
 )
-
-// request is one inference request after parsing: its sanitized body, its
-// identity and the prompt's block hashes.
-type request struct {
-	dialect      apireq.Dialect
-	parsed       *apireq.Request
-	path         string
-	top          map[string]json.RawMessage // the body, without internal fields
-	model        string
-	m            *catalog.Model // the model's fleets (models.go)
-	adapter      string         // the LoRA adapter the model names ("" the base model)
-	stream       bool
-	includeUsage bool
-	maxTokens    int // requested completion tokens (0: not given)
-
-	id           routing.Identity
-	priority     routing.Priority
-	promptTokens int                // the context fleet's
-	prompts      [3]tokenize.Prompt // by fsm.Fleet: tokens and block keys (tokenize.go)
-	requestID    string
-	now          time.Time
-	hint         bool // the endpoint gets rank affinity (signed hint) when a sub-agent
-	// passHeaders are client headers every hop forwards (Anthropic's).
-	passHeaders http.Header
-	// refs are the stored response and the conversation a Responses
-	// request names (edge/stored): the request goes to the instance
-	// holding them.
-	refs stored.Prepared
-}
 
 // readBody reads the request's body (max_body_bytes, held against
 // max_inflight_body_bytes until release: api.ReadBody).
@@ -59,7 +26,7 @@ func (e *Edge) readBody(r *http.Request) (body []byte, release func(), aerr *api
 // the request model workers share) and extracts what routing needs: model,
 // stream, max tokens, the conversation id in the body, and the prompt's
 // tokens by the words tokenizer. Internal fields are removed from top.
-func parseBody(body []byte, d apireq.Dialect) (rq *request, bodyConv string, tokens []uint32, aerr *api.Error) {
+func parseBody(body []byte, d apireq.Dialect) (rq *route.Request, bodyConv string, tokens []uint32, aerr *api.Error) {
 	p, aerr := api.ParseDialect(body, d)
 	if aerr != nil {
 		return nil, "", nil, aerr
@@ -68,9 +35,9 @@ func parseBody(body []byte, d apireq.Dialect) (rq *request, bodyConv string, tok
 }
 
 // fromParsed is the edge's request for a parsed body (api.Parse).
-func fromParsed(p *apireq.Request) *request {
-	return &request{dialect: p.Dialect, parsed: p, top: p.Top, model: p.Model, stream: p.Stream,
-		includeUsage: p.IncludeUsage, maxTokens: p.MaxTokens}
+func fromParsed(p *apireq.Request) *route.Request {
+	return &route.Request{Dialect: p.Dialect, Parsed: p, Top: p.Top, ModelName: p.Model, Stream: p.Stream,
+		IncludeUsage: p.IncludeUsage, MaxTokens: p.MaxTokens}
 }
 
 // stripHeaders enforces the gateway trust boundary on the incoming headers:
@@ -123,18 +90,18 @@ func (e *Edge) stripHeaders(r *http.Request) {
 
 // identity resolves the request's conversation id, routing keys and parent
 // link against the replicated state.
-func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *api.Error {
+func (e *Edge) identity(rq *route.Request, bodyConv string, h http.Header) *api.Error {
 	if strings.TrimSpace(bodyConv) == "" && convid.Resolve("", h) == "" {
 		// Last, as TensorRT-LLM: a client-native body field (Codex).
-		bodyConv = convid.FromClientFields(rq.top)
+		bodyConv = convid.FromClientFields(rq.Top)
 	}
 	var id routing.Identity
 	var err error
-	if rq.refs.Continued != "" && bodyConv == rq.refs.Continued {
+	if rq.Refs.Continued != "" && bodyConv == rq.Refs.Continued {
 		// The conversation of the stored response the request continues.
-		id, err = routing.ResolveContinuing(e.route.identity, bodyConv, h, e.node.State())
+		id, err = routing.ResolveContinuing(e.identityConfig, bodyConv, h, e.node.State())
 	} else {
-		id, err = routing.ResolveIdentity(e.route.identity, bodyConv, h, e.node.State())
+		id, err = routing.ResolveIdentity(e.identityConfig, bodyConv, h, e.node.State())
 	}
 	if err != nil {
 		var ie *routing.IdentityError
@@ -156,12 +123,12 @@ func (e *Edge) identity(rq *request, bodyConv string, h http.Header) *api.Error 
 		// a key holding it could name another model's binding.
 		return api.BadRequest("invalid_value", "conversation_params.conversation_id", "conversation ids must not contain U+001F")
 	}
-	rq.id = id
+	rq.ID = id
 	p, err := routing.PriorityFromHeader(h)
 	if err != nil {
 		return api.BadRequest("", routing.PriorityHeader, "%v", err)
 	}
-	rq.priority = p
+	rq.Priority = p
 	return nil
 }
 

@@ -2,6 +2,7 @@ package edge
 
 import (
 	"github.com/tether-project/tether/edge/kvshadow"
+	"github.com/tether-project/tether/edge/route"
 )
 
 // shadowRoute models rq's prompt in the shadow cache of h's instance when
@@ -10,17 +11,17 @@ import (
 // (edge/kvshadow, docs/engines.md). rank is the data-parallel rank the
 // request was pinned to (-1: none). The placement is kept on h for the
 // response's correction (shadowCorrect).
-func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
-	if e.engines.shadow == nil || h == nil || len(rq.prompts[h.Fleet].Blocks) == 0 {
+func (e *Edge) shadowRoute(rq *route.Request, h *route.Hop, rank int) {
+	if e.engines.shadow == nil || h == nil || len(rq.Prompts[h.Fleet].Blocks) == 0 {
 		return
 	}
-	sc := rq.m.Cfg.Servers(h.Fleet)
+	sc := rq.Model.Cfg.Servers(h.Fleet)
 	if sc.KVShadowBlocks <= 0 || sc.Engine.Kind() == EngineTether {
 		// tether workers publish their KV events over NATS: one
 		// configured by URL without NATS is a test or dev setup.
 		return
 	}
-	in, ok := e.fleet.Instance(h.Instance, rq.now)
+	in, ok := e.fleet.Instance(h.Instance, rq.Now)
 	if !ok || !in.Static {
 		return
 	}
@@ -32,32 +33,32 @@ func (e *Edge) shadowRoute(rq *request, h *hop, rank int) {
 		return
 	}
 	capacity := sc.KVShadowBlocks
-	if bs := int64(rq.m.Cfg.RoutingConfig(h.Fleet).BlockSize); in.RankKVTokens > 0 && bs > 0 {
+	if bs := int64(rq.Model.Cfg.RoutingConfig(h.Fleet).BlockSize); in.RankKVTokens > 0 && bs > 0 {
 		capacity = int(min(in.RankKVTokens/bs, kvshadow.MaxBlocksPerRank))
 	}
-	p, ok, err := e.engines.shadow.Route(h.Instance, rank, rq.m.Cfg.DataParallelSize(h.Fleet), capacity, rq.prompts[h.Fleet].Blocks)
+	p, ok, err := e.engines.shadow.Route(h.Instance, rank, rq.Model.Cfg.DataParallelSize(h.Fleet), capacity, rq.Prompts[h.Fleet].Blocks)
 	if err != nil {
 		e.log.Warn("shadow KV cache update failed (it starts over)", "instance", h.Instance, "err", err)
 		return
 	}
 	if ok {
-		h.shadow = &p
+		h.Shadow = &p
 	}
 }
 
 // shadowCorrect applies a response's usage.prompt_tokens_details.cached_tokens
 // to the shadow the request was modelled in: fewer cached tokens than the
 // shadow predicted evict the prompt's chain beyond them.
-func (e *Edge) shadowCorrect(rq *request, h *hop, cachedTokens int) {
-	bs := rq.m.Cfg.RoutingConfig(h.Fleet).BlockSize
-	if e.engines.shadow == nil || h == nil || h.shadow == nil || bs <= 0 {
+func (e *Edge) shadowCorrect(rq *route.Request, h *route.Hop, cachedTokens int) {
+	bs := rq.Model.Cfg.RoutingConfig(h.Fleet).BlockSize
+	if e.engines.shadow == nil || h == nil || h.Shadow == nil || bs <= 0 {
 		return
 	}
-	if in, ok := e.fleet.Instance(h.Instance, rq.now); ok && in.Telemetry {
+	if in, ok := e.fleet.Instance(h.Instance, rq.Now); ok && in.Telemetry {
 		e.engines.shadow.Forget(h.Instance) // its own reports took over meanwhile
 		return
 	}
-	if err := e.engines.shadow.Correct(*h.shadow, rq.prompts[h.Fleet].Blocks, cachedTokens/bs); err != nil {
+	if err := e.engines.shadow.Correct(*h.Shadow, rq.Prompts[h.Fleet].Blocks, cachedTokens/bs); err != nil {
 		e.log.Warn("shadow KV cache correction failed (it starts over)", "instance", h.Instance, "err", err)
 	}
 }

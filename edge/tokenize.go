@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
 )
@@ -23,11 +24,11 @@ func (e *Edge) logTokenizers() {
 
 // promptKeys computes each fleet's prompt tokens and block keys of rq
 // (edge/tokenize); words are the words tokenizer's tokens (parseBody).
-func (e *Edge) promptKeys(rq *request, words []uint32) {
-	if rq.m == nil {
-		rq.m = e.catalogue.First()
+func (e *Edge) promptKeys(rq *route.Request, words []uint32) {
+	if rq.Model == nil {
+		rq.Model = e.catalogue.First()
 	}
-	rq.prompts = rq.m.Tokenizers.Keys(tokenize.Request{Parsed: rq.parsed, Words: words, Conversation: rq.id.ConversationID,
-		Adapter: rq.adapter, Now: rq.now}, rq.m.Cfg.Aggregated(), e.log)
-	rq.promptTokens = rq.prompts[fsm.FleetContext].Tokens
+	rq.Prompts = rq.Model.Tokenizers.Keys(tokenize.Request{Parsed: rq.Parsed, Words: words, Conversation: rq.ID.ConversationID,
+		Adapter: rq.Adapter, Now: rq.Now}, rq.Model.Cfg.Aggregated(), e.log)
+	rq.PromptTokens = rq.Prompts[fsm.FleetContext].Tokens
 }

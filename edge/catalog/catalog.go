@@ -90,8 +90,9 @@ type Edge interface {
 }
 
 // New builds the catalogue of cfg: each model's routers and tokenizers
-// (their files read once), and its decision from newDecider (nil: none).
-func New(cfg *config.Config, edge Edge, m *observe.Metrics, log *slog.Logger, newDecider func(*Model) *decide.Decider) (*Catalogue, error) {
+// (their files read once). Its decision is the router's to make
+// (edge/route).
+func New(cfg *config.Config, edge Edge, m *observe.Metrics, log *slog.Logger) (*Catalogue, error) {
 	c := &Catalogue{edge: edge, metrics: m, log: log, modelByName: map[string]*Model{}, adapterModel: map[string]*Model{}}
 	for i := 0; i < cfg.ModelCount(); i++ {
 		m, err := newModel(cfg, i)
@@ -107,9 +108,6 @@ func New(cfg *config.Config, edge Edge, m *observe.Metrics, log *slog.Logger, ne
 		}
 		for _, a := range m.order {
 			c.adapterModel[a] = m
-		}
-		if newDecider != nil {
-			m.Decider = newDecider(m)
 		}
 	}
 	return c, nil

@@ -23,7 +23,7 @@ func TestModelsHaveTheirOwnTokenizers(t *testing.T) {
 	m.GenerationServers.Tokenizer, m.GenerationServers.BlockSize = m.ContextServers.Tokenizer, 16
 	cfg.Models = []config.ModelConfig{m}
 	cfg.Normalize()
-	cat, err := New(&cfg, nil, nil, nil, nil)
+	cat, err := New(&cfg, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestAliasOfASecondModelIsThatModel(t *testing.T) {
 	d := config.DefaultConfig()
 	cfg.Models = []config.ModelConfig{{Name: "second", Aliases: []string{"second-alias"}, ContextServers: d.ContextServers, GenerationServers: d.GenerationServers}}
 	cfg.Normalize()
-	cat, err := New(&cfg, nil, nil, nil, nil)
+	cat, err := New(&cfg, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package edge
+package route
 
 import (
 	"context"
@@ -18,7 +18,6 @@ import (
 	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/decide"
@@ -36,9 +35,9 @@ const (
 	outcomeRefused  = decide.OutcomeRefused
 )
 
-// retryHint is the Retry-After of a request refused because the log could
+// RetryHint is the Retry-After of a request refused because the log could
 // not commit: about one election.
-func (e *Edge) retryHint() time.Duration {
+func (e *Router) RetryHint() time.Duration {
 	return max(e.cfg.Cluster.Raft.ElectionTimeout, 250*time.Millisecond)
 }
 
@@ -53,20 +52,20 @@ const viewsMaxAge = 20 * time.Millisecond
 // With several models the views are model m's (nil: the first): other
 // models' instances are unhealthy in them, so no decision — placement,
 // overflow or degraded rendezvous over the log's records — picks one.
-func (e *Edge) views(m *catalog.Model, now time.Time, exclude []string) *routing.Views {
+func (e *Router) views(m *catalog.Model, now time.Time, exclude []string) *routing.Views {
 	if m == nil {
 		m = e.catalogue.First()
 	}
-	st := e.node.State()
-	ver := e.fleet.Version()
-	placed := e.route.placed.Load()
+	st := e.edge.Node().State()
+	ver := e.edge.Fleet().Version()
+	placed := e.placed.Load()
 	if len(exclude) == 0 {
 		if c := m.Views.Load(); c != nil && c.Version == ver && c.State == st && c.Placed == placed &&
 			now.Sub(c.Built) < viewsMaxAge && !now.Before(c.Built) {
 			return c.Views
 		}
 	}
-	vs := e.fleet.Views(now, make([]routing.InstanceView, 0, 16))
+	vs := e.edge.Fleet().Views(now, make([]routing.InstanceView, 0, 16))
 	for i := range vs {
 		v := &vs[i]
 		if e.catalogue.InstanceModel(v) != m {
@@ -90,7 +89,7 @@ func (e *Edge) views(m *catalog.Model, now time.Time, exclude []string) *routing
 			}
 		}
 		if len(exclude) == 0 {
-			e.route.overload.Observe(v.ID, m.Routers[v.Fleet].Condition(v) != 0, now)
+			e.overload.Observe(v.ID, m.Routers[v.Fleet].Condition(v) != 0, now)
 		}
 	}
 	views, err := routing.NewViews(vs)
@@ -106,21 +105,21 @@ func (e *Edge) views(m *catalog.Model, now time.Time, exclude []string) *routing
 	return views
 }
 
-// hop is where one fleet's part of a request goes: the decision's
+// Hop is where one fleet's part of a request goes: the decision's
 // (routing/decide.Hop) and what the request path adds to it.
-type hop struct {
+type Hop struct {
 	decide.Hop
-	// shadow: where the prompt was modelled in a static engine's shadow
-	// cache (edge/shadow.go; nil: not modelled).
-	shadow *kvshadow.Placement
-	// requestID is the request's id in the log's decisions.
-	requestID string
+	// Shadow: where the prompt was modelled in a static engine's Shadow
+	// cache (edge/Shadow.go; nil: not modelled).
+	Shadow *kvshadow.Placement
+	// RequestID is the request's id in the log's decisions.
+	RequestID string
 }
 
-func hopOf(d *decide.Hop, requestID string) *hop { return &hop{Hop: *d, requestID: requestID} }
+func hopOf(d *decide.Hop, requestID string) *Hop { return &Hop{Hop: *d, RequestID: requestID} }
 
-// decided is a copy of h's decision, for the decider to re-route from.
-func (h *hop) decided() *decide.Hop {
+// Decided is a copy of h's decision, for the decider to re-route from.
+func (h *Hop) Decided() *decide.Hop {
 	if h == nil {
 		return nil
 	}
@@ -129,7 +128,7 @@ func (h *hop) decided() *decide.Hop {
 }
 
 // failureError turns a decision's failure into the client's answer.
-func (e *Edge) failureError(f *decide.Failure) *api.Error {
+func (e *Router) failureError(f *decide.Failure) *api.Error {
 	switch f.Kind {
 	case decide.FailNoInstances:
 		return api.NewError(http.StatusServiceUnavailable, "server_error", "no_healthy_instance", "",
@@ -152,14 +151,14 @@ func (e *Edge) failureError(f *decide.Failure) *api.Error {
 		ae := api.NewError(http.StatusServiceUnavailable, "server_error", "affinity_state_unknown", "",
 			"%s key %q needs its placement committed in the affinity log, which this edge cannot confirm right now: %s; retry shortly",
 			f.Fleet, httpjson.Clip(f.Key, 200), f.Detail)
-		ae.RetryAfter = e.retryHint()
+		ae.RetryAfter = e.RetryHint()
 		return ae
 	case decide.FailDetourUnrecorded:
 		e.metrics.Decisions.WithLabelValues(f.Fleet.String(), "bound", outcomeRefused).Inc()
 		ae := api.NewError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
 			"%s key %q must leave its unhealthy instance %s and the affinity log cannot record the move right now: %v; retry shortly",
 			f.Fleet, httpjson.Clip(f.Key, 200), f.Instance, f.Err)
-		ae.RetryAfter = e.retryHint()
+		ae.RetryAfter = e.RetryHint()
 		return ae
 	case decide.FailNoAlternative:
 		return api.NewError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
@@ -168,19 +167,19 @@ func (e *Edge) failureError(f *decide.Failure) *api.Error {
 	return api.NewError(http.StatusServiceUnavailable, "server_error", "routing_failed", "", "%s routing failed: %v", f.Fleet, f)
 }
 
-// routeFleet decides where fleet f's part of rq goes (routing/decide: sticky
+// Route decides where fleet f's part of rq goes (routing/decide: sticky
 // to the key's committed binding or an overflow, a new placement proposed
 // through the log, a degraded placement when the log cannot commit, or an
 // unbound placement), and predicts the prompt there.
-func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *api.Error) {
-	ctx, span := e.tracing.tracer.Start(ctx, "tether.edge route "+f.String(), trace.WithSpanKind(trace.SpanKindInternal))
+func (e *Router) Route(ctx context.Context, rq *Request, f fsm.Fleet, prev *Hop) (*Hop, *api.Error) {
+	ctx, span := e.tracer.Start(ctx, "tether.edge route "+f.String(), trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
 	defer e.metrics.ObserveRoute(f, time.Now())
 	h, aerr := e.decide(ctx, rq, f, prev)
 	keyKind := "none"
 	switch {
-	case rq.id.Key(f) == "":
-	case rq.id.SubAgent() && rq.id.Key(f) == rq.id.Root:
+	case rq.ID.Key(f) == "":
+	case rq.ID.SubAgent() && rq.ID.Key(f) == rq.ID.Root:
 		keyKind = "parent_root"
 	default:
 		keyKind = "conversation"
@@ -204,26 +203,26 @@ func (e *Edge) routeFleet(ctx context.Context, rq *request, f fsm.Fleet, prev *h
 	}
 	// The prompt now counts as cached there until the worker's own KV
 	// event arrives, so a burst sharing the prefix lands together.
-	e.fleet.Index().Predict(h.Instance, rq.prompts[f].Blocks, rq.now)
-	e.catalogue.AdapterPlaced(rq.m, rq.adapter, h.Fleet, h.Instance, rq.now) // and the adapter as loaded (lora.go)
+	e.edge.Fleet().Index().Predict(h.Instance, rq.Prompts[f].Blocks, rq.Now)
+	e.catalogue.AdapterPlaced(rq.Model, rq.Adapter, h.Fleet, h.Instance, rq.Now) // and the adapter as loaded (lora.go)
 	return h, nil
 }
 
 // routingRequest is rq as routing sees it on fleet f: its keys, and its
 // conversation id, in its model's namespace (routing compares the two to
 // tell a key's own conversation from a sub-agent routed by its parent's).
-func (e *Edge) routingRequest(rq *request, f fsm.Fleet, rr uint64) routing.Request {
+func (e *Router) routingRequest(rq *Request, f fsm.Fleet, rr uint64) routing.Request {
 	return routing.Request{
-		Fleet: f, Key: rq.m.Key(rq.id.Key(f)), ConversationID: rq.m.Key(rq.id.ConversationID), RequestID: rq.requestID, Edge: e.nodeID,
-		Priority: rq.priority, PromptTokens: rq.prompts[f].Tokens, Blocks: rq.prompts[f].Blocks,
-		Spread: routing.SpreadFor(rq.requestID), RoundRobin: rr, Now: rq.now, Adapter: rq.adapter,
+		Fleet: f, Key: rq.Model.Key(rq.ID.Key(f)), ConversationID: rq.Model.Key(rq.ID.ConversationID), RequestID: rq.RequestID, Edge: e.nodeID,
+		Priority: rq.Priority, PromptTokens: rq.Prompts[f].Tokens, Blocks: rq.Prompts[f].Blocks,
+		Spread: routing.SpreadFor(rq.RequestID), RoundRobin: rr, Now: rq.Now, Adapter: rq.Adapter,
 	}
 }
 
 // decide is the shared decision (routing/decide) for fleet f's part of rq.
-func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) (*hop, *api.Error) {
-	req := e.routingRequest(rq, f, rq.m.RR[f].Add(1)-1)
-	d, fail := rq.m.Decider.Decide(ctx, rq.m.Routers[f], req, prev.decided())
+func (e *Router) decide(ctx context.Context, rq *Request, f fsm.Fleet, prev *Hop) (*Hop, *api.Error) {
+	req := e.routingRequest(rq, f, rq.Model.RR[f].Add(1)-1)
+	d, fail := rq.Model.Decider.Decide(ctx, rq.Model.Routers[f], req, prev.Decided())
 	if fail != nil {
 		return nil, e.failureError(fail)
 	}
@@ -233,24 +232,24 @@ func (e *Edge) decide(ctx context.Context, rq *request, f fsm.Fleet, prev *hop) 
 	// The request is about to be dispatched: the next decision's views
 	// must count it (a new key no longer waits for a commit, which used
 	// to renew them).
-	e.route.placed.Add(1)
-	return hopOf(d, rq.requestID), nil
+	e.placed.Add(1)
+	return hopOf(d, rq.RequestID), nil
 }
 
-// reroute picks another instance after a failed hop: a bound key overflows
+// Reroute picks another instance after a failed hop: a bound key overflows
 // (recorded as unhealthy), an unbound request is placed again, both
 // excluding every instance that failed.
-func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *api.Error) {
-	rq.now = e.now()
+func (e *Router) Reroute(ctx context.Context, rq *Request, failed *Hop) (*Hop, *api.Error) {
+	rq.Now = e.now()
 	if !failed.Bound {
-		return e.routeFleet(ctx, rq, failed.Fleet, failed)
+		return e.Route(ctx, rq, failed.Fleet, failed)
 	}
-	d, fail := rq.m.Decider.Reroute(ctx, rq.m.Routers[failed.Fleet], e.routingRequest(rq, failed.Fleet, 0), failed.decided())
+	d, fail := rq.Model.Decider.Reroute(ctx, rq.Model.Routers[failed.Fleet], e.routingRequest(rq, failed.Fleet, 0), failed.Decided())
 	if fail != nil {
 		return nil, e.failureError(fail)
 	}
-	e.route.placed.Add(1)
-	out := hopOf(d, rq.requestID)
+	e.placed.Add(1)
+	out := hopOf(d, rq.RequestID)
 	e.countDecision(failed.Fleet, out)
 	e.recordEvidence(rq, failed.Fleet, out)
 	return out, nil
@@ -258,7 +257,7 @@ func (e *Edge) reroute(ctx context.Context, rq *request, failed *hop) (*hop, *ap
 
 // countDecision counts a routed hop's decision (degraded, its cause; made
 // among instances whose telemetry was late, that too).
-func (e *Edge) countDecision(f fsm.Fleet, h *hop) {
+func (e *Router) countDecision(f fsm.Fleet, h *Hop) {
 	e.metrics.Decisions.WithLabelValues(f.String(), h.Policy, h.Outcome).Inc()
 	if h.Degraded != "" {
 		e.metrics.Degraded.WithLabelValues(f.String(), h.Degraded).Inc()
@@ -269,9 +268,9 @@ func (e *Edge) countDecision(f fsm.Fleet, h *hop) {
 }
 
 // edgeLog is the affinity log as the decision reads it (routing/decide.Log).
-type edgeLog struct{ e *Edge }
+type edgeLog struct{ e *Router }
 
-func (l edgeLog) State() *fsm.State { return l.e.node.State() }
+func (l edgeLog) State() *fsm.State { return l.e.edge.Node().State() }
 
 func (l edgeLog) Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) {
 	res, err := l.e.proposer.Propose(ctx, ev)
@@ -288,7 +287,7 @@ func (l edgeLog) Down(time.Time) bool { return l.e.proposer.Down() }
 
 // edgeRecorder is the recorder and touch batcher (recorder.go, touches.go) as the
 // decision uses them (routing/decide.Recorder).
-type edgeRecorder struct{ e *Edge }
+type edgeRecorder struct{ e *Router }
 
 func (r edgeRecorder) Record(ev fsm.Event) { r.e.recorder.Add(ev, nil) }
 
@@ -298,7 +297,7 @@ func (r edgeRecorder) TouchLink(child string) { r.e.touches.AddLink(child) }
 // edgeFleet is this edge's fleet view of model m's fleets (nil: the
 // first model's) as the decision reads it (routing/decide.FleetView).
 type edgeFleet struct {
-	e *Edge
+	e *Router
 	m *catalog.Model
 }
 
@@ -307,10 +306,10 @@ func (f edgeFleet) Views(now time.Time, exclude []string) *routing.Views {
 }
 
 func (f edgeFleet) UnheardAtStartup(now time.Time, inst string) bool {
-	if seen, ok := f.e.fleet.Instance(inst, now); ok && !seen.LastSeen.IsZero() {
+	if seen, ok := f.e.edge.Fleet().Instance(inst, now); ok && !seen.LastSeen.IsZero() {
 		return false
 	}
-	return f.e.ready.InStartupGate(now)
+	return f.e.edge.InStartupGate(now)
 }
 
 // StateCurrent judges freshness at the edge's clock (the request's Now may
@@ -319,59 +318,19 @@ func (f edgeFleet) StateCurrent(time.Time) (bool, string) {
 	return f.e.fresh.StateCurrent(f.e.now())
 }
 
-// observeRank records, off the request path, the attention-DP rank a worker
-// reported (x-tether-adp-rank) for the binding a hop followed, once the
-// cluster runs feature level 2 (RankObserved) and only when the log does
-// not already say so. Only hops that went to the binding's own instance
-// count, and only when the rank belongs to the key: the key's own
-// conversation, or a sub-agent whose hint put it on its parent's rank.
-func (e *Edge) observeRank(rq *request, h *hop, role hintauth.Role, rankHeader string) {
-	if h == nil || !h.Bound || !rq.hint || h.Instance != h.Binding.Instance ||
-		(h.Outcome != outcomeSticky && h.Outcome != outcomeNewBind && h.Outcome != outcomeDegraded) {
-		return
-	}
-	if rq.m.Key(rq.id.ConversationID) != h.Key && !e.sendHint(rq, h, role) {
-		return
-	}
-	if e.featureLevel() < fsm.FeatureLevelRanks {
-		return
-	}
-	st := e.node.State()
-	if st.FeatureLevel() < fsm.FeatureLevelRanks {
-		return // an older edge may still be a voter: it could not apply the event
-	}
-	rank, err := strconv.ParseUint(rankHeader, 10, 32)
-	if err != nil {
-		return
-	}
-	if h.Binding.Epoch == 0 {
-		// Served on this edge's own proposal: recorded once the log
-		// answers it with this placement (placements.settle).
-		if ev, now := e.placements.NoteRank(h.Fleet, h.Key, h.Instance, uint32(rank)); now {
-			e.recorder.AddRank(ev)
-		}
-		return
-	}
-	b, ok := st.Lookup(h.Fleet, h.Key)
-	if !ok || b.Epoch != h.Binding.Epoch || b.Instance != h.Instance || (b.HasRank && b.Rank == uint32(rank)) {
-		return
-	}
-	e.recorder.AddRank(fsm.RankObserved{Fleet: h.Fleet, Key: h.Key, Epoch: b.Epoch, Rank: uint32(rank)})
-}
-
-// routeEvidence renders the request id and the state indexes of the hops'
+// Evidence renders the request id and the state indexes of the hops'
 // decisions for x-tether-route.
-func routeEvidence(ctxHop, genHop *hop) string {
+func Evidence(ctxHop, genHop *Hop) string {
 	var b strings.Builder
-	for _, h := range []*hop{ctxHop, genHop} {
-		if h != nil && h.requestID != "" {
-			b.WriteString("; request=" + h.requestID)
+	for _, h := range []*Hop{ctxHop, genHop} {
+		if h != nil && h.RequestID != "" {
+			b.WriteString("; request=" + h.RequestID)
 			break
 		}
 	}
 	for _, x := range []struct {
 		name string
-		h    *hop
+		h    *Hop
 	}{{"context", ctxHop}, {"generation", genHop}} {
 		if x.h != nil {
 			b.WriteString("; " + x.name + "_state=" + strconv.FormatUint(x.h.StateIndex, 10))
@@ -385,8 +344,8 @@ func routeEvidence(ctxHop, genHop *hop) string {
 	return b.String()
 }
 
-// hopLabel renders a hop for x-tether-route.
-func hopLabel(h *hop, rank string) string {
+// Label renders a hop for x-tether-route.
+func Label(h *Hop, rank string) string {
 	if h == nil {
 		return "-"
 	}
@@ -398,16 +357,56 @@ func hopLabel(h *hop, rank string) string {
 
 // edgeIndex is the fleet view's KV index (routing/decide.Index); the fleet
 // view exists from Start on.
-type edgeIndex struct{ e *Edge }
+type edgeIndex struct{ e *Router }
 
 func (x edgeIndex) Match(blocks []uint64, now time.Time, dst []kvindex.Match) []kvindex.Match {
-	return x.e.fleet.Index().Match(blocks, now, dst)
+	return x.e.edge.Fleet().Index().Match(blocks, now, dst)
 }
 
 func (x edgeIndex) Holds(instance string, rank int, block uint64, now time.Time) (bool, bool) {
-	return x.e.fleet.Index().Holds(instance, rank, block, now)
+	return x.e.edge.Fleet().Index().Holds(instance, rank, block, now)
 }
 
 func (x edgeIndex) Predict(instance string, blocks []uint64, now time.Time) {
-	x.e.fleet.Index().Predict(instance, blocks, now)
+	x.e.edge.Fleet().Index().Predict(instance, blocks, now)
+}
+
+// Decision labels of a request routed by a stored response.
+const (
+	outcomeStored = "stored"
+	policyStored  = "stored_response"
+)
+
+// PinnedHop is the hop to the instance holding rq's stored response or
+// conversation: no decision, no log, no retry elsewhere (no other instance
+// holds it).
+func (e *Router) PinnedHop(rq *Request) *Hop {
+	ref := rq.Pinned()
+	f := fsm.Fleet(ref.ID.Fleet)
+	h := &Hop{Hop: decide.Hop{Fleet: f, Key: rq.Model.Key(rq.ID.Key(f)), Instance: ref.ID.Instance, URL: ref.URL, Rank: ref.ID.Rank,
+		Outcome: outcomeStored, Policy: policyStored}}
+	e.metrics.Decisions.WithLabelValues(f.String(), policyStored, outcomeStored).Inc()
+	return h
+}
+
+// ModelsUnready is /readyz's check of a catalogue of several models:
+// each has a healthy instance in each fleet it serves.
+func (e *Router) ModelsUnready(now time.Time) []string {
+	if len(e.catalogue.Models()) == 1 {
+		return nil
+	}
+	var reasons []string
+	for _, m := range e.catalogue.Models() {
+		vs := e.views(m, now, nil)
+		for _, f := range m.Cfg.ServedFleets() {
+			healthy := false
+			for _, v := range vs.Fleet(f) {
+				healthy = healthy || v.Healthy
+			}
+			if !healthy {
+				reasons = append(reasons, fmt.Sprintf("no healthy %s instance of model %s", f, m.Name))
+			}
+		}
+	}
+	return reasons
 }
