@@ -43,10 +43,11 @@ import (
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/catalog"
 	"github.com/tether-project/tether/edge/config"
+	"github.com/tether-project/tether/edge/disagg"
+	"github.com/tether-project/tether/edge/dispatch"
 	"github.com/tether-project/tether/edge/edgetls"
 	"github.com/tether-project/tether/edge/engineevents"
 	"github.com/tether-project/tether/edge/fleetview"
-	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/edge/leader"
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/edge/observe"
@@ -105,6 +106,7 @@ type Edge struct {
 	tokenizers     tokenize.Fleets        // by fsm.Fleet (tokenize.go)
 	identityConfig routing.IdentityConfig // the sub-agent identity routing resolves
 	router         *route.Router          // where each fleet's part of a request goes (edge/route)
+	dispatcher     *dispatch.Dispatcher   // sends the hops (edge/dispatch)
 	client         *http.Client
 	// What the edge proposes to the log beside its requests (edge/proposals):
 	// every proposal (proposer), its own Bind proposals (placements), the
@@ -118,7 +120,6 @@ type Edge struct {
 	admission  *admission.Layer // stalled or saturated: the request is refused (edge/admission)
 	// bodies bounds the request-body bytes held at once.
 	bodies *bodybudget.Budget
-	disagg disaggIDs
 	reqSeq atomic.Uint64
 
 	// The catalogue (edge/catalog): the models, each on its own fleets,
@@ -133,12 +134,10 @@ type Edge struct {
 	// What the edge knows of the workers: the fleet view, and what it
 	// learns of the engines beside it (their KV events, shadows of static
 	// engines' caches).
-	fleet   *fleetview.View
-	engines engineState
-	nats    natsLink
-	// dispatches: the requests this edge sends, told to the others, and
-	// theirs it counts (dispatches.go).
-	dispatches dispatchShare
+	fleet *fleetview.View
+	// engineEvents reads the engines' own KV events (edge/engineevents).
+	engineEvents *engineevents.Reader
+	nats         natsLink
 
 	// Observability.
 	registry *prometheus.Registry
@@ -161,24 +160,6 @@ type Edge struct {
 	stopped bool
 	// noHandoff: Close skips the Raft leadership transfer.
 	noHandoff atomic.Bool
-}
-
-// engineState is what the edge reads of the engines outside the fleet
-// view.
-type engineState struct {
-	shadow *kvshadow.Shadows // static engines' shadow KV caches (shadow.go)
-	// events reads the engines' own KV events (edge/engineevents).
-	events *engineevents.Reader
-	// cacheReporters: engine instances seen reporting cached tokens
-	// (edge/engines.go engineUsage).
-	cacheReporters sync.Map
-}
-
-// disaggIDs mints the ids of disaggregated requests (inference.go
-// disaggID): a random base and a sequence.
-type disaggIDs struct {
-	base uint64
-	seq  atomic.Uint64
 }
 
 // natsLink is the edge's NATS: the embedded server when configured, and
@@ -213,7 +194,7 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 	e := &Edge{cfg: cfg, deps: deps}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.setUp()
-	for _, step := range []func() error{e.newObservability, e.newLogSide, e.newRouting, e.newHops, e.newStored} {
+	for _, step := range []func() error{e.newObservability, e.newLogSide, e.newRouting, e.newHops, e.newStored, e.newDispatch} {
 		if err := step(); err != nil {
 			e.cancel()
 			return nil, err
@@ -302,6 +283,17 @@ func (e *Edge) newRouting() error {
 	return nil
 }
 
+// newDispatch prepares what sends the hops (edge/dispatch), with this
+// process's disaggregated request id prefix.
+func (e *Edge) newDispatch() error {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	e.dispatcher = dispatch.New(dispatchEdge{e}, dispatch.Config{Edge: &e.cfg, NodeID: e.nodeID, AuthKey: e.authKey, Router: e.router,
+		Catalogue: e.catalogue, Stored: e.stored, Client: e.client, Answers: e.answers, Metrics: e.metrics, Tracer: e.tracing.tracer,
+		Logger: e.log, Now: e.now, DisaggBase: disagg.TRTLLMIDBase(binary.BigEndian.Uint32(b[:]))})
+	return nil
+}
+
 // newStored prepares the stored responses and conversations (edge/stored).
 func (e *Edge) newStored() error {
 	e.stored = stored.New(storedEdge{e}, stored.Config{NodeID: e.nodeID, Codec: e.respIDs, Retention: e.cfg.StoredResponseRetention,
@@ -313,7 +305,7 @@ func (e *Edge) newStored() error {
 
 // newHops prepares the hops to workers: the transport security of every
 // link (edge/edgetls), the hops' client behind its guard, and the ids of
-// disaggregated requests and of the requests the log records.
+// the requests the log records.
 func (e *Edge) newHops() error {
 	var err error
 	if e.tls, err = edgetls.Load(&e.cfg); err != nil {
@@ -334,7 +326,6 @@ func (e *Edge) newHops() error {
 	e.client = &http.Client{Transport: e.tls.GuardHops(transport, e.log, e.registry)}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	e.disagg.base = disaggIDBase(binary.BigEndian.Uint32(b[:]))
 	// Request ids ("<node id>-<n>", recorded in the log's decisions) start
 	// at a random point of a 63-bit space, so an edge restarted on its data
 	// directory does not reuse the ids its previous process recorded.
@@ -373,7 +364,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	if err := e.placements.Listen(); err != nil {
 		return err
 	}
-	if err := e.listenDispatches(); err != nil {
+	if err := e.dispatcher.Start(); err != nil {
 		return err
 	}
 	if err := e.startAdmission(); err != nil {
@@ -515,7 +506,6 @@ func (e *Edge) startFleetView(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
-	e.engines.shadow = kvshadow.New(e.fleet.Index(), 1)
 	if err := e.fleet.Start(ctx); err != nil {
 		return fmt.Errorf("edge: %w", err)
 	}
@@ -720,8 +710,8 @@ func (e *Edge) stopLocked(abrupt bool) error {
 	}
 	e.cancel()
 	e.wg.Wait()
-	if e.engines.events != nil {
-		e.engines.events.Close()
+	if e.engineEvents != nil {
+		e.engineEvents.Close()
 	}
 	if e.fleet != nil {
 		e.fleet.Close()

@@ -2,19 +2,15 @@ package edge
 
 import (
 	"context"
-	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/catalog"
 	"github.com/tether-project/tether/edge/fleetview"
-	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // storedEdge is the edge as its stored responses and conversations ask it
@@ -42,23 +38,4 @@ func (s storedEdge) PlaceConversation(ctx context.Context, m *catalog.Model) (st
 		return "", "", aerr
 	}
 	return h.Instance, h.URL, nil
-}
-
-// dispatchStored serves a request that continues a stored response on the
-// instance holding it: an aggregated engine gets it as any request; a
-// tether worker fleet serves it whole on that (generation) worker, which
-// alone can expand previous_response_id into the prompt and holds the
-// conversation's KV from the turn it produced.
-func (e *Edge) dispatchStored(ctx context.Context, w http.ResponseWriter, rq *route.Request, span trace.Span) int {
-	h := e.router.PinnedHop(rq)
-	if rq.Refs.Prev != nil {
-		span.SetAttributes(attribute.String("tether.stored_response", rq.Refs.Prev.Client))
-	} else {
-		span.SetAttributes(attribute.String("tether.conversation", rq.Refs.Conv.Client))
-	}
-	span.SetAttributes(observe.AttrInstance.String(h.Instance))
-	if rq.Model.Cfg.Aggregated() {
-		return e.engineExchange(ctx, w, rq, h, span)
-	}
-	return e.aggregated(ctx, w, rq, h, span)
 }

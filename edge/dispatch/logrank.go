@@ -1,4 +1,4 @@
-package edge
+package dispatch
 
 import (
 	"net/http"

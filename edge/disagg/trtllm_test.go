@@ -1,4 +1,4 @@
-package edge
+package disagg
 
 import "testing"
 
@@ -9,15 +9,15 @@ import "testing"
 // 2^19 (one edge start in 4,096) gave ids under 2^40.
 func TestDisaggIDsInTRTLLMGlobalRange(t *testing.T) {
 	for _, r := range []uint32{0, 1, 1 << 18, 0x7fffffff, 0xffffffff} {
-		base := disaggIDBase(r)
-		for _, seq := range []uint64{0, 1, 1<<disaggIDSeqBits - 1} {
+		base := TRTLLMIDBase(r)
+		for _, seq := range []uint64{0, 1, 1<<TRTLLMIDSeqBits - 1} {
 			id := base | seq
 			if id < 1<<40 || id >= 1<<53 {
 				t.Errorf("prefix %#x, counter %d: id %d outside [2^40, 2^53)", r, seq, id)
 			}
 		}
 	}
-	if disaggIDBase(1) == disaggIDBase(2) {
+	if TRTLLMIDBase(1) == TRTLLMIDBase(2) {
 		t.Error("distinct prefixes give one base")
 	}
 }

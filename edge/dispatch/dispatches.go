@@ -1,4 +1,4 @@
-package edge
+package dispatch
 
 import (
 	"fmt"
@@ -51,8 +51,8 @@ const maxHeardDispatches = 65536
 // noteDispatch counts a request this edge sends to instance on its fleet
 // view and tells the other edges; done (idempotent) ends both when the hop
 // ends.
-func (e *Edge) noteDispatch(f fsm.Fleet, instance string, promptTokens int) (done func()) {
-	release := e.fleet.NoteDispatch(instance, promptTokens)
+func (e *Dispatcher) noteDispatch(f fsm.Fleet, instance string, promptTokens int) (done func()) {
+	release := e.edge.Fleet().NoteDispatch(instance, promptTokens)
 	d := telemetry.Dispatch{Edge: e.nodeID, ID: e.dispatches.seq.Add(1), Fleet: fleetview.TelemetryFleet(f), Instance: instance,
 		PromptTokens: min(max(promptTokens, 0), telemetry.MaxDispatchPromptTokens)}
 	e.announceDispatch(d)
@@ -68,8 +68,8 @@ func (e *Edge) noteDispatch(f fsm.Fleet, instance string, promptTokens int) (don
 
 // announceDispatch publishes d (no wait; nothing when NATS is not
 // connected: the others then count only their own).
-func (e *Edge) announceDispatch(d telemetry.Dispatch) {
-	conn := e.nats.conn
+func (e *Dispatcher) announceDispatch(d telemetry.Dispatch) {
+	conn := e.edge.NATS()
 	if conn == nil || !conn.IsConnected() {
 		return
 	}
@@ -84,18 +84,18 @@ func (e *Edge) announceDispatch(d telemetry.Dispatch) {
 
 // listenDispatches subscribes to the other edges' dispatches (no NATS:
 // nothing to hear).
-func (e *Edge) listenDispatches() error {
-	if e.nats.conn == nil {
+func (e *Dispatcher) listenDispatches() error {
+	if e.edge.NATS() == nil {
 		return nil
 	}
 	e.dispatches.heard = map[heardDispatch]func(){}
-	if _, err := e.nats.conn.Subscribe(telemetry.DispatchSubjectAll, e.onDispatch); err != nil {
+	if _, err := e.edge.NATS().Subscribe(telemetry.DispatchSubjectAll, e.onDispatch); err != nil {
 		return fmt.Errorf("edge: subscribe %s: %w", telemetry.DispatchSubjectAll, err)
 	}
 	return nil
 }
 
-func (e *Edge) onDispatch(m *nats.Msg) {
+func (e *Dispatcher) onDispatch(m *nats.Msg) {
 	d, err := telemetry.DecodeDispatch(m.Subject, m.Data)
 	if err != nil {
 		e.metrics.DispatchMsgs.WithLabelValues("invalid").Inc()
@@ -105,7 +105,7 @@ func (e *Edge) onDispatch(m *nats.Msg) {
 		return
 	}
 	e.metrics.DispatchMsgs.WithLabelValues("heard").Inc()
-	e.dispatches.hear(d, e.fleet.NoteHeardDispatch)
+	e.dispatches.hear(d, e.edge.Fleet().NoteHeardDispatch)
 }
 
 // hear counts another edge's dispatch through note, or releases its count

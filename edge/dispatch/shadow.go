@@ -1,6 +1,7 @@
-package edge
+package dispatch
 
 import (
+	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/edge/route"
 )
@@ -11,17 +12,17 @@ import (
 // (edge/kvshadow, docs/engines.md). rank is the data-parallel rank the
 // request was pinned to (-1: none). The placement is kept on h for the
 // response's correction (shadowCorrect).
-func (e *Edge) shadowRoute(rq *route.Request, h *route.Hop, rank int) {
-	if e.engines.shadow == nil || h == nil || len(rq.Prompts[h.Fleet].Blocks) == 0 {
+func (e *Dispatcher) shadowRoute(rq *route.Request, h *route.Hop, rank int) {
+	if e.shadow == nil || h == nil || len(rq.Prompts[h.Fleet].Blocks) == 0 {
 		return
 	}
 	sc := rq.Model.Cfg.Servers(h.Fleet)
-	if sc.KVShadowBlocks <= 0 || sc.Engine.Kind() == EngineTether {
+	if sc.KVShadowBlocks <= 0 || sc.Engine.Kind() == config.EngineTether {
 		// tether workers publish their KV events over NATS: one
 		// configured by URL without NATS is a test or dev setup.
 		return
 	}
-	in, ok := e.fleet.Instance(h.Instance, rq.Now)
+	in, ok := e.edge.Fleet().Instance(h.Instance, rq.Now)
 	if !ok || !in.Static {
 		return
 	}
@@ -29,14 +30,14 @@ func (e *Edge) shadowRoute(rq *route.Request, h *route.Hop, rank int) {
 		// A worker that reports over NATS, or an engine whose own KV
 		// events the edge reads: they (or their absence) are the truth,
 		// never a model.
-		e.engines.shadow.Forget(h.Instance)
+		e.shadow.Forget(h.Instance)
 		return
 	}
 	capacity := sc.KVShadowBlocks
 	if bs := int64(rq.Model.Cfg.RoutingConfig(h.Fleet).BlockSize); in.RankKVTokens > 0 && bs > 0 {
 		capacity = int(min(in.RankKVTokens/bs, kvshadow.MaxBlocksPerRank))
 	}
-	p, ok, err := e.engines.shadow.Route(h.Instance, rank, rq.Model.Cfg.DataParallelSize(h.Fleet), capacity, rq.Prompts[h.Fleet].Blocks)
+	p, ok, err := e.shadow.Route(h.Instance, rank, rq.Model.Cfg.DataParallelSize(h.Fleet), capacity, rq.Prompts[h.Fleet].Blocks)
 	if err != nil {
 		e.log.Warn("shadow KV cache update failed (it starts over)", "instance", h.Instance, "err", err)
 		return
@@ -49,16 +50,16 @@ func (e *Edge) shadowRoute(rq *route.Request, h *route.Hop, rank int) {
 // shadowCorrect applies a response's usage.prompt_tokens_details.cached_tokens
 // to the shadow the request was modelled in: fewer cached tokens than the
 // shadow predicted evict the prompt's chain beyond them.
-func (e *Edge) shadowCorrect(rq *route.Request, h *route.Hop, cachedTokens int) {
+func (e *Dispatcher) shadowCorrect(rq *route.Request, h *route.Hop, cachedTokens int) {
 	bs := rq.Model.Cfg.RoutingConfig(h.Fleet).BlockSize
-	if e.engines.shadow == nil || h == nil || h.Shadow == nil || bs <= 0 {
+	if e.shadow == nil || h == nil || h.Shadow == nil || bs <= 0 {
 		return
 	}
-	if in, ok := e.fleet.Instance(h.Instance, rq.Now); ok && in.Telemetry {
-		e.engines.shadow.Forget(h.Instance) // its own reports took over meanwhile
+	if in, ok := e.edge.Fleet().Instance(h.Instance, rq.Now); ok && in.Telemetry {
+		e.shadow.Forget(h.Instance) // its own reports took over meanwhile
 		return
 	}
-	if err := e.engines.shadow.Correct(*h.Shadow, rq.Prompts[h.Fleet].Blocks, cachedTokens/bs); err != nil {
+	if err := e.shadow.Correct(*h.Shadow, rq.Prompts[h.Fleet].Blocks, cachedTokens/bs); err != nil {
 		e.log.Warn("shadow KV cache correction failed (it starts over)", "instance", h.Instance, "err", err)
 	}
 }

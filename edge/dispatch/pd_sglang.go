@@ -1,4 +1,4 @@
-package edge
+package dispatch
 
 import (
 	"context"
@@ -32,7 +32,7 @@ import (
 
 // sglangBootstrap is the bootstrap fields for a request going to prefill
 // instance h: one set, or arrays of batch sets.
-func (e *Edge) sglangBootstrap(h *route.Hop, batch, rank int) map[string]json.RawMessage {
+func (e *Dispatcher) sglangBootstrap(h *route.Hop, batch, rank int) map[string]json.RawMessage {
 	return disagg.SGLangBootstrap(h.URL, e.catalogue.BootstrapPort(h.Instance), e.cfg.DataParallelSize(fsm.FleetContext), batch, rank)
 }
 
@@ -42,7 +42,7 @@ type sglangPrefillResult struct {
 	usage disagg.Usage
 }
 
-func (e *Edge) dispatchSGLangPD(ctx context.Context, w http.ResponseWriter, rq *route.Request, span trace.Span) int {
+func (e *Dispatcher) dispatchSGLangPD(ctx context.Context, w http.ResponseWriter, rq *route.Request, span trace.Span) int {
 	ctxHop, aerr := e.router.Route(ctx, rq, fsm.FleetContext, nil)
 	if aerr != nil {
 		return api.Fail(w, span, aerr)
@@ -131,7 +131,7 @@ func (e *Edge) dispatchSGLangPD(ctx context.Context, w http.ResponseWriter, rq *
 // streams: SGLang's prefill request finishes when its KV is sent, which is
 // before the decode's first token; an answer that takes longer is not
 // waited for (its usage is then not known).
-func (e *Edge) awaitPrefill(pch <-chan sglangPrefillResult) *sglangPrefillResult {
+func (e *Dispatcher) awaitPrefill(pch <-chan sglangPrefillResult) *sglangPrefillResult {
 	t := time.NewTimer(2 * time.Second)
 	defer t.Stop()
 	select {
@@ -149,7 +149,7 @@ func (e *Edge) awaitPrefill(pch <-chan sglangPrefillResult) *sglangPrefillResult
 // prefill's bootstrap server alive; none for the client's own errors (4xx)
 // and cancellation. The failure is the one the client gets if no retry is
 // left.
-func (e *Edge) sglangBlame(ctx context.Context, ctxHop, genHop **route.Hop, pre *sglangPrefillResult, dec *pdAttempt, decodeFirst, prefillBefore bool) (*hopFailure, **route.Hop) {
+func (e *Dispatcher) sglangBlame(ctx context.Context, ctxHop, genHop **route.Hop, pre *sglangPrefillResult, dec *pdAttempt, decodeFirst, prefillBefore bool) (*hopFailure, **route.Hop) {
 	if !decodeFirst {
 		if !pre.retryable() {
 			return pre.fail, nil
@@ -170,7 +170,7 @@ func (e *Edge) sglangBlame(ctx context.Context, ctxHop, genHop **route.Hop, pre 
 }
 
 // sglangPrefillHop sends the prefill request and reads its answer's usage.
-func (e *Edge) sglangPrefillHop(ctx context.Context, rq *route.Request, h *route.Hop, body []byte, id string) sglangPrefillResult {
+func (e *Dispatcher) sglangPrefillHop(ctx context.Context, rq *route.Request, h *route.Hop, body []byte, id string) sglangPrefillResult {
 	a := e.pdSend(ctx, rq, h, "prefill", body, disagg.Header(id, -1))
 	res := sglangPrefillResult{pdAttempt: a}
 	if a.fail != nil {

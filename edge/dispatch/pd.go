@@ -1,4 +1,4 @@
-package edge
+package dispatch
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/edge/api"
+	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/edge/route"
@@ -29,10 +30,10 @@ import (
 // pd_vllm.go) or SGLang's bootstrap rendezvous (driven in pd_sglang.go).
 
 // dispatchPD serves a request through the engines' prefill/decode split.
-func (e *Edge) dispatchPD(ctx context.Context, w http.ResponseWriter, rq *route.Request, span trace.Span) int {
+func (e *Dispatcher) dispatchPD(ctx context.Context, w http.ResponseWriter, rq *route.Request, span trace.Span) int {
 	kind := rq.Model.Cfg.PDEngine()
 	span.SetAttributes(attribute.String("tether.engine", string(kind)))
-	if kind == EngineSGLang {
+	if kind == config.EngineSGLang {
 		return e.dispatchSGLangPD(ctx, w, rq, span)
 	}
 	return e.dispatchVLLMPD(ctx, w, rq, span)
@@ -56,8 +57,8 @@ type pdAttempt struct {
 func (a *pdAttempt) retryable() bool { return a.unreachable || a.status >= 500 }
 
 // pdSend sends one attempt of a hop to h.
-func (e *Edge) pdSend(ctx context.Context, rq *route.Request, h *route.Hop, phase string, body []byte, hdr http.Header) pdAttempt {
-	hctx, span := e.tracing.tracer.Start(ctx, "tether.edge "+phase+" hop", trace.WithSpanKind(trace.SpanKindClient),
+func (e *Dispatcher) pdSend(ctx context.Context, rq *route.Request, h *route.Hop, phase string, body []byte, hdr http.Header) pdAttempt {
+	hctx, span := e.tracer.Start(ctx, "tether.edge "+phase+" hop", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(observe.AttrInstance.String(h.Instance), observe.AttrFleet.String(h.Fleet.String())))
 	defer span.End()
 	observe.TraceContext.Inject(hctx, propagation.HeaderCarrier(hdr))
@@ -91,7 +92,7 @@ func (e *Edge) pdSend(ctx context.Context, rq *route.Request, h *route.Hop, phas
 // (max_retries counts every retry of the request, on either fleet): a
 // bound key overflows (recorded as unhealthy), an unbound request is
 // placed again.
-func (e *Edge) pdRetry(ctx context.Context, rq *route.Request, h **route.Hop, retries *int) bool {
+func (e *Dispatcher) pdRetry(ctx context.Context, rq *route.Request, h **route.Hop, retries *int) bool {
 	if *retries <= 0 {
 		return false
 	}
@@ -110,7 +111,7 @@ func (e *Edge) pdRetry(ctx context.Context, rq *route.Request, h **route.Hop, re
 // the instance's cache breaker and the shadow of its cache, and the rank
 // the edge chose joins the binding in the log. It returns the cached
 // tokens to report to the client (-1: the prefill reported none).
-func (e *Edge) prefilled(rq *route.Request, h *route.Hop, rank int, u disagg.Usage) int {
+func (e *Dispatcher) prefilled(rq *route.Request, h *route.Hop, rank int, u disagg.Usage) int {
 	u = e.engineUsage(h.Instance, u)
 	e.shadowRoute(rq, h, rank)
 	if rank >= 0 {
@@ -119,7 +120,7 @@ func (e *Edge) prefilled(rq *route.Request, h *route.Hop, rank int, u disagg.Usa
 	if !u.OK || !u.HasCached {
 		return -1
 	}
-	e.fleet.RecordUsage(h.Instance, int64(u.Prompt), int64(u.Cached), e.now())
+	e.edge.Fleet().RecordUsage(h.Instance, int64(u.Prompt), int64(u.Cached), e.now())
 	e.shadowCorrect(rq, h, u.Cached)
 	return u.Cached
 }
@@ -128,11 +129,11 @@ func (e *Edge) prefilled(rq *route.Request, h *route.Hop, rank int, u disagg.Usa
 // route headers, the prefill's cached tokens in the usage (the prompt was
 // or was not recomputed there; -1: the prefill reported none, and the
 // client gets none either).
-func (e *Edge) relayDecode(w http.ResponseWriter, rq *route.Request, resp *http.Response, ctxHop *route.Hop, ctxRank, cached int, genHop *route.Hop, genRank int, span trace.Span) int {
-	resp.Header.Del(HeaderADPRank)
+func (e *Dispatcher) relayDecode(w http.ResponseWriter, rq *route.Request, resp *http.Response, ctxHop *route.Hop, ctxRank, cached int, genHop *route.Hop, genRank int, span trace.Span) int {
+	resp.Header.Del(api.HeaderADPRank)
 	if genRank >= 0 {
 		// The engines do not name their rank: relay the one the edge chose.
-		resp.Header.Set(HeaderADPRank, strconv.Itoa(genRank))
+		resp.Header.Set(api.HeaderADPRank, strconv.Itoa(genRank))
 	}
 	cres := &contextResult{cachedTokens: cached, nullCached: cached < 0}
 	if ctxRank >= 0 {
@@ -145,4 +146,6 @@ func (e *Edge) relayDecode(w http.ResponseWriter, rq *route.Request, resp *http.
 }
 
 // hopRank is the data-parallel rank of h's key in fleet f of c (-1: none).
-func hopRank(c *Config, h *route.Hop, f fsm.Fleet) int { return engineRank(h, c.DataParallelSize(f)) }
+func hopRank(c *config.Config, h *route.Hop, f fsm.Fleet) int {
+	return engineRank(h, c.DataParallelSize(f))
+}

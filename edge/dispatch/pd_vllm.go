@@ -1,4 +1,4 @@
-package edge
+package dispatch
 
 import (
 	"context"
@@ -31,7 +31,7 @@ import (
 // is prefilled again on another prefill server and handed to the same
 // decode server.
 
-func (e *Edge) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, rq *route.Request, span trace.Span) int {
+func (e *Dispatcher) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, rq *route.Request, span trace.Span) int {
 	d, ok := disagg.VLLMHandoff(rq.Path, rq.MaxTokens, rq.Top, rq.Dialect)
 	if !ok {
 		// Nothing to hand off, or a request the handoff cannot carry:
@@ -83,7 +83,7 @@ func (e *Edge) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, rq *ro
 
 // vllmPrefillHop sends the prefill request and verifies its answer, each
 // retry a fresh prefill (a new request id) on another prefill server.
-func (e *Edge) vllmPrefillHop(ctx context.Context, rq *route.Request, d disagg.Dialect, h **route.Hop, retries *int, round int) (*disagg.VLLMPrefill, *hopFailure) {
+func (e *Dispatcher) vllmPrefillHop(ctx context.Context, rq *route.Request, d disagg.Dialect, h **route.Hop, retries *int, round int) (*disagg.VLLMPrefill, *hopFailure) {
 	f := disagg.VLLMPrefillFields(d, rq.Top)
 	body := rq.HopBody(f.Set, f.Del...)
 	for attempt := 0; ; attempt++ {
@@ -114,7 +114,7 @@ func (e *Edge) vllmPrefillHop(ctx context.Context, rq *route.Request, d disagg.D
 // vllmAnswerFromPrefill answers with the prefill's own result: the model
 // stopped on the one token the prefill generated, and the server handed
 // nothing off (disagg.VLLMPrefill.Finished).
-func (e *Edge) vllmAnswerFromPrefill(w http.ResponseWriter, rq *route.Request, h *route.Hop, pre *disagg.VLLMPrefill, cached int) int {
+func (e *Dispatcher) vllmAnswerFromPrefill(w http.ResponseWriter, rq *route.Request, h *route.Hop, pre *disagg.VLLMPrefill, cached int) int {
 	cres := &contextResult{raw: pre.Answer.Raw, text: pre.Answer.Text, finish: pre.Answer.Finish}
 	if pre.Rank >= 0 {
 		cres.rank = strconv.Itoa(pre.Rank)
@@ -136,7 +136,7 @@ type vllmDecodeAttempt struct {
 // the decode fleet: a server that does not answer gets the same handoff on
 // another decode server; an answer that shows the blocks could not be read
 // (5xx, or an error event before the first token of a stream) is lost.
-func (e *Edge) vllmDecodeHop(ctx context.Context, rq *route.Request, pre *disagg.VLLMPrefill, h **route.Hop, retries *int) (vllmDecodeAttempt, int) {
+func (e *Dispatcher) vllmDecodeHop(ctx context.Context, rq *route.Request, pre *disagg.VLLMPrefill, h **route.Hop, retries *int) (vllmDecodeAttempt, int) {
 	f := pre.DecodeFields()
 	body := rq.HopBody(f.Set, f.Del...)
 	for {
