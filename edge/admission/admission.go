@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/edge/observe"

@@ -9,10 +9,11 @@ import (
 	"log/slog"
 	"net/http"
 
-	"github.com/tether-project/tether/edge/observe"
-	"github.com/tether-project/tether/fsm"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tether-project/tether/edge/observe"
+	"github.com/tether-project/tether/fsm"
 )
 
 // MaxUpstreamBody bounds a non-streaming worker response the edge reads.

@@ -4,12 +4,13 @@ import (
 	"fmt"
 	"strings"
 
+	"gopkg.in/yaml.v3"
+
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/internal/yamlconf"
 	"github.com/tether-project/tether/routing"
-	"gopkg.in/yaml.v3"
 )
 
 // ModelConfig is one more model the edge serves (an entry of models):

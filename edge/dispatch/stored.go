@@ -4,10 +4,11 @@ import (
 	"context"
 	"net/http"
 
-	"github.com/tether-project/tether/edge/observe"
-	"github.com/tether-project/tether/edge/route"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tether-project/tether/edge/observe"
+	"github.com/tether-project/tether/edge/route"
 )
 
 // dispatchStored serves a request that continues a stored response on the

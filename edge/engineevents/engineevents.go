@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/edge/fleetview"

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tether-project/tether/edge/config"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
@@ -16,6 +15,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/tether-project/tether/edge/config"
 )
 
 // TracerProvider builds the provider for tracing.exporter when the embedder
