@@ -111,92 +111,120 @@ func (c *Config) ModelCount() int { return 1 + len(c.Models) }
 // URLs unique across all models, and the fleet rules sub-agent affinity
 // and conditional disaggregation impose.
 func (c *Config) validateModels(p *yamlconf.Problems) {
-	bad := p.Add
-	names := map[string]string{}
-	claim := func(key, name string) {
-		if prev, dup := names[name]; dup {
-			bad(key, "%q is also %s: model and adapter names must be unique (a request's model names one)", name, prev)
-			return
-		}
-		names[name] = key
-	}
+	k := &catalogueCheck{bad: p.Add, names: map[string]string{}, ids: map[string]string{}, urls: map[string]string{}}
 	if strings.TrimSpace(c.Model) != "" {
-		claim("model", c.Model)
+		k.claim("model", c.Model)
 	}
-	ids, urls := map[string]string{}, map[string]string{}
 	for i := 0; i < c.ModelCount(); i++ {
 		mc := c.ModelAt(i)
 		prefix := ""
 		if i > 0 {
 			prefix = fmt.Sprintf("models[%d].", i-1)
-			if strings.TrimSpace(mc.Model) == "" {
-				bad(prefix+"name", "required: the model name requests ask for")
-			} else {
-				claim(prefix+"name", mc.Model)
-			}
-			// The entry's fleets are checked as the top-level ones, and
-			// their problems placed under models[i].
-			sub := yamlconf.NewProblems(nil)
-			mc.validateFleets(sub)
-			mc.validateModelServing(sub.Add)
-			p.AddError(strings.TrimSuffix(prefix, "."), sub.Err())
+			k.entry(p, mc, prefix)
 		}
-		for _, fl := range []struct {
-			key string
-			s   *ServersConfig
-		}{{"context_servers", &mc.ContextServers}, {"generation_servers", &mc.GenerationServers}} {
-			for j, si := range fl.s.URLs {
-				key := fmt.Sprintf("%s%s.urls[%d]", prefix, fl.key, j)
-				if i > 0 {
-					// Within one model validateFleets names duplicates.
-					if prev, dup := ids[si.ID()]; dup && !strings.HasPrefix(prev, prefix) {
-						bad(key, "duplicate instance id %q (also %s): an instance serves one model", si.ID(), prev)
-					}
-					if prev, dup := urls[strings.TrimRight(si.URL, "/")]; dup && !strings.HasPrefix(prev, prefix) {
-						bad(key, "duplicate URL %s (also %s): an instance serves one model", si.URL, prev)
-					}
-				}
-				ids[si.ID()], urls[strings.TrimRight(si.URL, "/")] = key, key
-			}
-		}
+		k.instances(mc, i > 0, prefix)
 		if _, err := apireq.ParseInlineSystem(mc.AnthropicInlineSystem); err != nil {
-			bad(prefix+"anthropic_inline_system", "%v", err)
+			k.bad(prefix+"anthropic_inline_system", "%v", err)
 		}
 		aliasKey := "model_aliases"
 		if i > 0 {
 			aliasKey = prefix + "aliases"
 		}
-		for j, a := range mc.ModelAliases {
-			key := fmt.Sprintf("%s[%d]", aliasKey, j)
-			if strings.TrimSpace(a) == "" || len(a) > 256 || strings.ContainsAny(a, fsm.ModelKeySep+"\r\n") {
-				bad(key, "%q must be 1..256 bytes without control characters", httpjson.Clip(a, 40))
-				continue
-			}
-			claim(key, a)
-		}
-		l := mc.LoRA
-		if l.MaxLoRAs < 0 || l.MaxLoRAs > maxLoRAs {
-			bad(prefix+"lora.max_loras", "must be 0 (the engine's report) or 1..%d, got %d", maxLoRAs, l.MaxLoRAs)
-		}
-		if l.RuntimeLoad && mc.ContextServers.Engine.Kind() != EngineVLLM {
-			bad(prefix+"lora.runtime_load", "only vLLM loads adapters at runtime (POST /v1/load_lora_adapter); context_servers.engine is %s", mc.ContextServers.Engine.Kind())
-		}
-		for j, a := range l.Adapters {
-			key := fmt.Sprintf("%slora.adapters[%d]", prefix, j)
-			switch {
-			case strings.TrimSpace(a.Name) == "":
-				bad(key+".name", "required: the name requests give as their model")
-			case len(a.Name) > 256 || strings.ContainsAny(a.Name, fsm.ModelKeySep+"\r\n"):
-				bad(key+".name", "%q must be at most 256 bytes without control characters", httpjson.Clip(a.Name, 40))
-			default:
-				claim(key+".name", a.Name)
-			}
-			if l.RuntimeLoad && a.Path == "" {
-				bad(key+".path", "required with lora.runtime_load: where the engine loads %q from", a.Name)
-			}
-		}
+		k.aliases(mc.ModelAliases, aliasKey)
+		k.lora(mc, prefix)
 		if strings.Contains(mc.Model, fsm.ModelKeySep) {
-			bad(prefix+"name", "must not contain U+001F (it separates the model from the key in routing keys)")
+			k.bad(prefix+"name", "must not contain U+001F (it separates the model from the key in routing keys)")
+		}
+	}
+}
+
+// catalogueCheck is what validateModels keeps across the models: the
+// model and adapter names claimed, and the instances' ids and URLs, each
+// with the key that named it first.
+type catalogueCheck struct {
+	bad              complain
+	names, ids, urls map[string]string
+}
+
+// claim takes name for key: model and adapter names are unique together.
+func (k *catalogueCheck) claim(key, name string) {
+	if prev, dup := k.names[name]; dup {
+		k.bad(key, "%q is also %s: model and adapter names must be unique (a request's model names one)", name, prev)
+		return
+	}
+	k.names[name] = key
+}
+
+// entry checks a models entry's name and its fleets as the top-level ones
+// are checked, their problems placed under the entry (prefix).
+func (k *catalogueCheck) entry(p *yamlconf.Problems, mc *Config, prefix string) {
+	if strings.TrimSpace(mc.Model) == "" {
+		k.bad(prefix+"name", "required: the model name requests ask for")
+	} else {
+		k.claim(prefix+"name", mc.Model)
+	}
+	sub := yamlconf.NewProblems(nil)
+	mc.validateFleets(sub)
+	mc.validateModelServing(sub.Add)
+	p.AddError(strings.TrimSuffix(prefix, "."), sub.Err())
+}
+
+// instances checks that an instance serves one model: its id and URL are
+// named by no other model (within one model validateFleets names
+// duplicates).
+func (k *catalogueCheck) instances(mc *Config, another bool, prefix string) {
+	for _, fl := range []struct {
+		key string
+		s   *ServersConfig
+	}{{"context_servers", &mc.ContextServers}, {"generation_servers", &mc.GenerationServers}} {
+		for j, si := range fl.s.URLs {
+			key := fmt.Sprintf("%s%s.urls[%d]", prefix, fl.key, j)
+			if another {
+				if prev, dup := k.ids[si.ID()]; dup && !strings.HasPrefix(prev, prefix) {
+					k.bad(key, "duplicate instance id %q (also %s): an instance serves one model", si.ID(), prev)
+				}
+				if prev, dup := k.urls[strings.TrimRight(si.URL, "/")]; dup && !strings.HasPrefix(prev, prefix) {
+					k.bad(key, "duplicate URL %s (also %s): an instance serves one model", si.URL, prev)
+				}
+			}
+			k.ids[si.ID()], k.urls[strings.TrimRight(si.URL, "/")] = key, key
+		}
+	}
+}
+
+// aliases checks and claims a model's other names (under key).
+func (k *catalogueCheck) aliases(aliases []string, key string) {
+	for j, a := range aliases {
+		key := fmt.Sprintf("%s[%d]", key, j)
+		if strings.TrimSpace(a) == "" || len(a) > 256 || strings.ContainsAny(a, fsm.ModelKeySep+"\r\n") {
+			k.bad(key, "%q must be 1..256 bytes without control characters", httpjson.Clip(a, 40))
+			continue
+		}
+		k.claim(key, a)
+	}
+}
+
+// lora checks a model's lora section and claims its adapters' names.
+func (k *catalogueCheck) lora(mc *Config, prefix string) {
+	l := mc.LoRA
+	if l.MaxLoRAs < 0 || l.MaxLoRAs > maxLoRAs {
+		k.bad(prefix+"lora.max_loras", "must be 0 (the engine's report) or 1..%d, got %d", maxLoRAs, l.MaxLoRAs)
+	}
+	if l.RuntimeLoad && mc.ContextServers.Engine.Kind() != EngineVLLM {
+		k.bad(prefix+"lora.runtime_load", "only vLLM loads adapters at runtime (POST /v1/load_lora_adapter); context_servers.engine is %s", mc.ContextServers.Engine.Kind())
+	}
+	for j, a := range l.Adapters {
+		key := fmt.Sprintf("%slora.adapters[%d]", prefix, j)
+		switch {
+		case strings.TrimSpace(a.Name) == "":
+			k.bad(key+".name", "required: the name requests give as their model")
+		case len(a.Name) > 256 || strings.ContainsAny(a.Name, fsm.ModelKeySep+"\r\n"):
+			k.bad(key+".name", "%q must be at most 256 bytes without control characters", httpjson.Clip(a.Name, 40))
+		default:
+			k.claim(key+".name", a.Name)
+		}
+		if l.RuntimeLoad && a.Path == "" {
+			k.bad(key+".path", "required with lora.runtime_load: where the engine loads %q from", a.Name)
 		}
 	}
 }

@@ -137,6 +137,12 @@ func (c *Config) validateTLS(bad func(key, format string, args ...any)) {
 		}
 	}
 
+	c.validateNATSTLS(bad)
+}
+
+// validateNATSTLS checks nats.tls (TLS toward an external server) and
+// nats.worker_users (the embedded server's accounts).
+func (c *Config) validateNATSTLS(bad func(key, format string, args ...any)) {
 	n := c.NATS
 	nt := n.TLS
 	if nt.Set() {
@@ -151,32 +157,39 @@ func (c *Config) validateTLS(bad func(key, format string, args ...any)) {
 		}
 	}
 	if len(n.WorkerUsers) > 0 {
-		switch {
-		case !n.Embedded:
-			bad("nats.worker_users", "accounts of the embedded NATS server: set nats.embedded")
-		case t.Mutual():
-			bad("nats.worker_users", "not used with tls.mode: mutual (the embedded server identifies workers by their certificates)")
-		case n.User == "":
-			bad("nats.user", "required with nats.worker_users (the edge's own account; without it the server would accept anyone)")
+		c.validateWorkerUsers(bad)
+	}
+}
+
+// validateWorkerUsers checks nats.worker_users: the embedded server's
+// per-worker accounts (plaintext mode only).
+func (c *Config) validateWorkerUsers(bad func(key, format string, args ...any)) {
+	n, t := c.NATS, c.TLS
+	switch {
+	case !n.Embedded:
+		bad("nats.worker_users", "accounts of the embedded NATS server: set nats.embedded")
+	case t.Mutual():
+		bad("nats.worker_users", "not used with tls.mode: mutual (the embedded server identifies workers by their certificates)")
+	case n.User == "":
+		bad("nats.user", "required with nats.worker_users (the edge's own account; without it the server would accept anyone)")
+	}
+	seen := map[string]bool{}
+	for i, u := range n.WorkerUsers {
+		key := fmt.Sprintf("nats.worker_users[%d]", i)
+		if !validInstanceName(u.Instance) {
+			bad(key+".instance", "%q must be 1..128 characters of [A-Za-z0-9_-] (the worker's instance_id)", u.Instance)
 		}
-		seen := map[string]bool{}
-		for i, u := range n.WorkerUsers {
-			key := fmt.Sprintf("nats.worker_users[%d]", i)
-			if !validInstanceName(u.Instance) {
-				bad(key+".instance", "%q must be 1..128 characters of [A-Za-z0-9_-] (the worker's instance_id)", u.Instance)
-			}
-			if seen[u.Instance] || u.Instance == n.User {
-				bad(key+".instance", "duplicate user %q", u.Instance)
-			}
-			seen[u.Instance] = true
-			if len(u.Password) < MinSecretLen {
-				bad(key+".password", "%d bytes is too short (want at least %d)", len(u.Password), MinSecretLen)
-			}
+		if seen[u.Instance] || u.Instance == n.User {
+			bad(key+".instance", "duplicate user %q", u.Instance)
+		}
+		seen[u.Instance] = true
+		if len(u.Password) < MinSecretLen {
+			bad(key+".password", "%d bytes is too short (want at least %d)", len(u.Password), MinSecretLen)
 		}
 	}
 }
 
-// checksWorkerIdentity: hops and probes to discovered workers must reach
+// ChecksWorkerIdentity: hops and probes to discovered workers must reach
 // a server whose certificate names the instance (mutual TLS with a
 // certificate per worker; tls.worker_server_name declares one shared by
 // all workers, which names no instance).

@@ -88,6 +88,23 @@ func (e *Dispatcher) pdSend(ctx context.Context, rq *route.Request, h *route.Hop
 	return pdAttempt{status: resp.StatusCode, fail: &hopFailure{pass: &api.UpstreamAnswer{Status: resp.StatusCode, Header: resp.Header, Body: b}}}
 }
 
+// decodeSend sends one attempt of a decode hop to h: a stream is read up
+// to its first output (disagg.PeekStream), so a failed handoff (an error
+// event, or the end before any output) is still a failure that can be
+// retried rather than an answer.
+func (e *Dispatcher) decodeSend(ctx context.Context, rq *route.Request, h *route.Hop, body []byte, hdr http.Header) pdAttempt {
+	a := e.pdSend(ctx, rq, h, "decode", body, hdr)
+	if a.fail == nil && rq.Stream {
+		if err := disagg.PeekStream(a.resp); err != nil {
+			a.resp.Body.Close()
+			a.done()
+			return pdAttempt{status: http.StatusBadGateway, fail: &hopFailure{err: api.NewError(http.StatusBadGateway, "server_error",
+				"upstream_failed", "", "decode instance %s failed the request: %v", h.Instance, err)}}
+		}
+	}
+	return a
+}
+
 // pdRetry moves a failed hop to another instance when retries are left
 // (max_retries counts every retry of the request, on either fleet): a
 // bound key overflows (recorded as unhealthy), an unbound request is

@@ -55,65 +55,32 @@ func (e *Dispatcher) dispatchSGLangPD(ctx context.Context, w http.ResponseWriter
 	retries := e.cfg.MaxRetries
 	batch := disagg.Batch(rq.Top, rq.Dialect)
 	for attempt := 0; ; attempt++ {
-		pRank, dRank := hopRank(rq.Model.Cfg, ctxHop, fsm.FleetContext), hopRank(rq.Model.Cfg, genHop, fsm.FleetGeneration)
-		boot := e.sglangBootstrap(ctxHop, batch, pRank)
-		pf, df := disagg.SGLangHopFields(boot, pRank, dRank)
-		pbody := rq.HopBody(pf.Set, pf.Del...)
-		dbody := rq.HopBody(df.Set, df.Del...)
-		id := rq.RequestID + "-" + strconv.Itoa(attempt)
-		span.SetAttributes(attribute.String("tether.bootstrap_room", string(boot["bootstrap_room"])))
-
-		actx, cancel := context.WithCancel(ctx)
-		pch := make(chan sglangPrefillResult, 1)
-		dch := make(chan pdAttempt, 1)
-		go func(h *route.Hop) { pch <- e.sglangPrefillHop(actx, rq, h, pbody, id) }(ctxHop)
-		go func(h *route.Hop) {
-			a := e.pdSend(actx, rq, h, "decode", dbody, disagg.Header(id, dRank))
-			if a.fail == nil && rq.Stream {
-				if err := disagg.PeekStream(a.resp); err != nil {
-					a.resp.Body.Close()
-					a.done()
-					a = pdAttempt{status: http.StatusBadGateway, fail: &hopFailure{err: api.NewError(http.StatusBadGateway, "server_error",
-						"upstream_failed", "", "decode instance %s failed the request: %v", h.Instance, err)}}
-				}
-			}
-			dch <- a
-		}(genHop)
-
-		var pre *sglangPrefillResult
-		var dec *pdAttempt
-		for dec == nil && (pre == nil || pre.fail == nil) {
-			select {
-			case p := <-pch:
-				pre = &p
-			case d := <-dch:
-				dec = &d
-			}
-		}
+		r := e.sglangSend(ctx, rq, ctxHop, genHop, batch, attempt, span)
+		pre, dec := r.pre, r.dec
 		if dec != nil && dec.fail == nil {
 			// The decode has the KV (its first output is in): the
 			// prefill's answer, with its usage, follows the transfer.
 			if pre == nil {
-				pre = e.awaitPrefill(pch)
+				pre = e.awaitPrefill(r.pch)
 			}
 			cached := -1
 			if pre != nil && pre.fail == nil {
-				cached = e.prefilled(rq, ctxHop, pRank, pre.usage)
+				cached = e.prefilled(rq, ctxHop, r.pRank, pre.usage)
 			}
-			defer cancel()
+			defer r.cancel()
 			defer dec.done()
-			return e.relayDecode(w, rq, dec.resp, ctxHop, pRank, cached, genHop, dRank, span)
+			return e.relayDecode(w, rq, dec.resp, ctxHop, r.pRank, cached, genHop, r.dRank, span)
 		}
 		// One of them failed before the client saw any output: stop the
 		// other, and retry the pair with a new room.
-		cancel()
+		r.cancel()
 		decodeFirst, prefillBefore := dec != nil, pre != nil
 		if pre == nil {
-			p := <-pch
+			p := <-r.pch
 			pre = &p
 		}
 		if dec == nil {
-			d := <-dch
+			d := <-r.dch
 			dec = &d
 		}
 		if dec.fail == nil {
@@ -125,6 +92,46 @@ func (e *Dispatcher) dispatchSGLangPD(ctx context.Context, w http.ResponseWriter
 			return failure.write(w, span)
 		}
 	}
+}
+
+// sglangRound is one attempt of an SGLang pair: the ranks of its hops, the
+// answers as they come (pre, dec: nil until they do), and the cancellation
+// of both requests.
+type sglangRound struct {
+	pRank, dRank int
+	pch          chan sglangPrefillResult
+	dch          chan pdAttempt
+	cancel       context.CancelFunc
+	pre          *sglangPrefillResult
+	dec          *pdAttempt
+}
+
+// sglangSend sends attempt's pair (the prefill to ctxHop with its
+// bootstrap fields and a new room, the decode to genHop) at once and waits
+// until the decode streams or either fails.
+func (e *Dispatcher) sglangSend(ctx context.Context, rq *route.Request, ctxHop, genHop *route.Hop, batch, attempt int, span trace.Span) *sglangRound {
+	r := &sglangRound{pRank: hopRank(rq.Model.Cfg, ctxHop, fsm.FleetContext), dRank: hopRank(rq.Model.Cfg, genHop, fsm.FleetGeneration),
+		pch: make(chan sglangPrefillResult, 1), dch: make(chan pdAttempt, 1)}
+	boot := e.sglangBootstrap(ctxHop, batch, r.pRank)
+	pf, df := disagg.SGLangHopFields(boot, r.pRank, r.dRank)
+	pbody := rq.HopBody(pf.Set, pf.Del...)
+	dbody := rq.HopBody(df.Set, df.Del...)
+	id := rq.RequestID + "-" + strconv.Itoa(attempt)
+	span.SetAttributes(attribute.String("tether.bootstrap_room", string(boot["bootstrap_room"])))
+
+	actx, cancel := context.WithCancel(ctx)
+	r.cancel = cancel
+	go func(h *route.Hop) { r.pch <- e.sglangPrefillHop(actx, rq, h, pbody, id) }(ctxHop)
+	go func(h *route.Hop) { r.dch <- e.decodeSend(actx, rq, h, dbody, disagg.Header(id, r.dRank)) }(genHop)
+	for r.dec == nil && (r.pre == nil || r.pre.fail == nil) {
+		select {
+		case p := <-r.pch:
+			r.pre = &p
+		case d := <-r.dch:
+			r.dec = &d
+		}
+	}
+	return r
 }
 
 // awaitPrefill waits briefly for the prefill's answer once the decode

@@ -142,16 +142,7 @@ func (e *Dispatcher) vllmDecodeHop(ctx context.Context, rq *route.Request, pre *
 	for {
 		cur := *h
 		rank := hopRank(rq.Model.Cfg, cur, fsm.FleetGeneration)
-		a := vllmDecodeAttempt{pdAttempt: e.pdSend(ctx, rq, cur, "decode", body, disagg.Header(pre.ID, rank))}
-		if a.fail == nil && rq.Stream {
-			if err := disagg.PeekStream(a.resp); err != nil {
-				a.resp.Body.Close()
-				a.done()
-				a.resp, a.status = nil, http.StatusBadGateway
-				a.fail = &hopFailure{err: api.NewError(http.StatusBadGateway, "server_error", "upstream_failed", "",
-					"decode instance %s failed the request: %v", cur.Instance, err)}
-			}
-		}
+		a := vllmDecodeAttempt{pdAttempt: e.decodeSend(ctx, rq, cur, body, disagg.Header(pre.ID, rank))}
 		switch {
 		case a.fail == nil:
 			return a, rank

@@ -87,26 +87,6 @@ func New(reg prometheus.Registerer, src Source) (*Metrics, error) {
 			Help:    "Time to the response's end, by endpoint.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
 		}, []string{"endpoint"}),
-		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_edge_routing_decisions_total",
-			Help: "Routing decisions by fleet, placement policy and outcome (sticky, new_bind, overflow, degraded, shed, unbound, refused). " +
-				"new_bind: a new key dispatched beside its Bind proposal; degraded: placed or served on this edge's own decision while it " +
-				"could not know the committed placement (the log could not commit, or its state was not known current; " +
-				"tether_edge_degraded_decisions_total says which); policy pending: " +
-				"served on this edge's own Bind proposal before the log answered it.",
-		}, []string{"fleet", "policy", "outcome"}),
-		Degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_edge_degraded_decisions_total",
-			Help: "Degraded routing decisions by fleet and cause: log_down (no leader after a failed proposal), state_not_current (not caught up, no leader contact or lagging beyond " +
-				"cluster.degraded_placement_window), commit_timeout (commit_first: the Bind's fate unknown by the propose timeout), " +
-				"overflow_unrecorded (an overflow could not commit; the key stayed on an instance the views call unhealthy).",
-		}, []string{"fleet", "cause"}),
-		TelemetryLate: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_edge_telemetry_late_decisions_total",
-			Help: "Routing decisions by fleet made while no candidate's telemetry was fresh: instances silent past their staleness bound " +
-				"(with no failed probe) were counted healthy rather than refusing the request, while this edge heard other instances. " +
-				"The decision followed the log as usual; a silence every instance shares is the edge's own and keeps their health.",
-		}, []string{"fleet"}),
 		CommitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tether_edge_affinity_commit_seconds",
 			Help:    "Time to commit a proposal through the affinity log, as the request path sees it.",
@@ -137,6 +117,7 @@ func New(reg prometheus.Registerer, src Source) (*Metrics, error) {
 			Help: "Failed worker hops, by fleet and kind (connect, status_5xx, bad_response, stream_cut, transfer_lost).",
 		}, []string{"fleet", "kind"}),
 	}
+	m.addDecisionMetrics()
 	m.addAnswerMetrics()
 	m.BodyRefused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tether_edge_body_budget_refused_total",
@@ -188,6 +169,31 @@ func (m *Metrics) registerCatalogue(reg prometheus.Registerer) error {
 		}
 	}
 	return nil
+}
+
+// addDecisionMetrics creates the counters of routing decisions: by
+// outcome, degraded by cause, and made while telemetry was late.
+func (m *Metrics) addDecisionMetrics() {
+	m.Decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_routing_decisions_total",
+		Help: "Routing decisions by fleet, placement policy and outcome (sticky, new_bind, overflow, degraded, shed, unbound, refused). " +
+			"new_bind: a new key dispatched beside its Bind proposal; degraded: placed or served on this edge's own decision while it " +
+			"could not know the committed placement (the log could not commit, or its state was not known current; " +
+			"tether_edge_degraded_decisions_total says which); policy pending: " +
+			"served on this edge's own Bind proposal before the log answered it.",
+	}, []string{"fleet", "policy", "outcome"})
+	m.Degraded = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_degraded_decisions_total",
+		Help: "Degraded routing decisions by fleet and cause: log_down (no leader after a failed proposal), state_not_current (not caught up, no leader contact or lagging beyond " +
+			"cluster.degraded_placement_window), commit_timeout (commit_first: the Bind's fate unknown by the propose timeout), " +
+			"overflow_unrecorded (an overflow could not commit; the key stayed on an instance the views call unhealthy).",
+	}, []string{"fleet", "cause"})
+	m.TelemetryLate = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_telemetry_late_decisions_total",
+		Help: "Routing decisions by fleet made while no candidate's telemetry was fresh: instances silent past their staleness bound " +
+			"(with no failed probe) were counted healthy rather than refusing the request, while this edge heard other instances. " +
+			"The decision followed the log as usual; a silence every instance shares is the edge's own and keeps their health.",
+	}, []string{"fleet"})
 }
 
 // addAnswerMetrics creates the counters of answers the edge could not
