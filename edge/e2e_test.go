@@ -64,6 +64,15 @@ type agent struct {
 	turns           []string // user and assistant messages so far
 }
 
+// seedAgents are the seed table's agents: a parent session and two
+// sub-agents of it sharing its tool definitions.
+func seedAgents() (parent, childA, childB *agent) {
+	shared := longText("shared-tools", 40)
+	return &agent{session: "parent-1", system: "parent " + shared},
+		&agent{session: "child-a", parent: "parent-1", system: "explore " + shared},
+		&agent{session: "child-b", parent: "parent-1", system: "explore " + shared}
+}
+
 func (a *agent) send(t *testing.T, c *http.Client, te *testEdge, user string, extra map[string]any) turnResult {
 	t.Helper()
 	a.turns = append(a.turns, user)
@@ -120,10 +129,7 @@ func TestSeedTableAcrossThreeEdges(t *testing.T) {
 			ec.waitInstances(4)
 			c := httpClient(t)
 
-			shared := longText("shared-tools", 40)
-			parent := &agent{session: "parent-1", system: "parent " + shared}
-			childA := &agent{session: "child-a", parent: "parent-1", system: "explore " + shared}
-			childB := &agent{session: "child-b", parent: "parent-1", system: "explore " + shared}
+			parent, childA, childB := seedAgents()
 
 			p1 := parent.send(t, c, ec.edge(0), "plan the work", nil)
 			a1 := childA.send(t, c, ec.edge(1), "look at package a", nil)

@@ -139,6 +139,7 @@ type Edge struct {
 	registry *prometheus.Registry
 	metrics  *observe.Metrics
 	answers  api.Relayer // passes workers' answers to clients
+	served   api.Served  // traces and counts the endpoints
 	tracing  spanTracing
 
 	// The HTTP API's server (serve).
@@ -248,6 +249,7 @@ func (e *Edge) newObservability() error {
 		}
 	}
 	e.tracing.tracer = tp.Tracer("github.com/tether-project/tether/edge")
+	e.served = api.Served{Tracer: e.tracing.tracer, Metrics: e.metrics, NodeID: e.nodeID}
 	return nil
 }
 
@@ -295,7 +297,7 @@ func (e *Edge) newStored() error {
 	e.stored = stored.New(storedEdge{e}, stored.Config{NodeID: e.nodeID, Codec: e.respIDs, Retention: e.cfg.StoredResponseRetention,
 		UpstreamTimeout: e.cfg.UpstreamTimeout, DebugRouteHeader: e.cfg.DebugRouteHeader, Catalogue: e.catalogue,
 		Bodies: e.bodies, MaxBodyBytes: e.cfg.MaxBodyBytes, Client: e.client, Answers: e.answers, Metrics: e.metrics,
-		Tracer: e.tracing.tracer, Now: e.now})
+		Served: e.served, Now: e.now})
 	return nil
 }
 

@@ -24,7 +24,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/cluster"
@@ -35,6 +34,7 @@ import (
 	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/clustertest"
 	"github.com/tether-project/tether/test/leakcheck"
+	"github.com/tether-project/tether/test/metricstest"
 	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"
@@ -540,43 +540,10 @@ func promptTokensOf(t testing.TB, m map[string]any) int {
 	return int(n)
 }
 
-// counter sums a counter metric's series whose labels include want.
+// counter sums a counter's (or gauge's) series whose labels include want.
 func counter(t testing.TB, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if labelsMatch(m, want) {
-				switch {
-				case m.Counter != nil:
-					total += m.GetCounter().GetValue()
-				case m.Gauge != nil:
-					total += m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return total
-}
-
-func labelsMatch(m *dto.Metric, want map[string]string) bool {
-	have := map[string]string{}
-	for _, l := range m.GetLabel() {
-		have[l.GetName()] = l.GetValue()
-	}
-	for k, v := range want {
-		if have[k] != v {
-			return false
-		}
-	}
-	return true
+	return metricstest.Sum(t, reg, name, want)
 }
 
 // adminGet calls the admin API.

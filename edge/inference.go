@@ -7,15 +7,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/edge/api"
-	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
@@ -43,28 +39,13 @@ func (e *Edge) handleInference(w http.ResponseWriter, r *http.Request, d apireq.
 		api.MethodNotAllowed(api.NewWriter(w, d), r, http.MethodPost)
 		return
 	}
-	start := time.Now()
 	if d := e.cfg.WriteTimeout; d > 0 {
 		w = api.NewDeadlineWriter(w, d)
 	}
-	aw := api.NewWriter(w, d)
-	ctx := observe.TraceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	ctx, span := e.tracing.tracer.Start(ctx, "tether.edge "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("http.route", r.URL.Path),
-			attribute.String("tether.edge", e.nodeID)))
-	defer span.End()
-	status := e.serveInference(ctx, aw, r, d, span)
-	span.SetAttributes(attribute.Int("http.response.status_code", status))
-	if status >= 400 {
-		span.SetStatus(codes.Error, http.StatusText(status))
-	}
-	e.metrics.Requests.WithLabelValues(endpoint, strconv.Itoa(status)).Inc()
-	e.metrics.RequestSeconds.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
-	if aw.Aborted() {
-		// The stream ended with an error event; the connection ends
-		// without a clean chunked end, so no client reads it as complete.
-		panic(http.ErrAbortHandler)
-	}
+	e.served.Serve(w, r, api.Endpoint{Label: endpoint, Span: "tether.edge " + r.URL.Path, Dialect: d, Route: true},
+		func(ctx context.Context, w http.ResponseWriter, span trace.Span) int {
+			return e.serveInference(ctx, w, r, d, span)
+		})
 }
 
 func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *http.Request, d apireq.Dialect, span trace.Span) (status int) {

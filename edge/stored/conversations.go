@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -36,16 +34,10 @@ import (
 
 // ServeConversations serves /v1/conversations and below.
 func (e *Service) ServeConversations(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	aw := api.NewWriter(w, apireq.Responses)
-	ctx := observe.TraceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	ctx, span := e.cfg.Tracer.Start(ctx, "tether.edge /v1/conversations", trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("tether.edge", e.cfg.NodeID)))
-	defer span.End()
-	status := e.serveConversations(ctx, aw, r, span)
-	span.SetAttributes(attribute.Int("http.response.status_code", status))
-	e.cfg.Metrics.Requests.WithLabelValues("conversations", strconv.Itoa(status)).Inc()
-	e.cfg.Metrics.RequestSeconds.WithLabelValues("conversations").Observe(time.Since(start).Seconds())
+	e.cfg.Served.Serve(w, r, api.Endpoint{Label: "conversations", Span: "tether.edge /v1/conversations", Dialect: apireq.Responses},
+		func(ctx context.Context, w http.ResponseWriter, span trace.Span) int {
+			return e.serveConversations(ctx, w, r, span)
+		})
 }
 
 // conversationMethods are the methods of each path under a conversation
@@ -96,14 +88,7 @@ func (e *Service) serveConversations(ctx context.Context, w http.ResponseWriter,
 		return api.Fail(w, span, aerr)
 	}
 	span.SetAttributes(observe.AttrInstance.String(ref.ID.Instance), attribute.String("tether.conversation", id))
-	target := ref.URL + "/v1/conversations/" + url.PathEscape(ref.ID.Upstream)
-	if sub != "" {
-		target += "/" + sub
-	}
-	if r.URL.RawQuery != "" {
-		target += "?" + r.URL.RawQuery
-	}
-	return e.conversationHop(ctx, w, r.Method, target, body, ref, nil, span)
+	return e.conversationHop(ctx, w, r.Method, ref.target("/v1/conversations/", sub, r.URL.RawQuery), body, ref, nil, span)
 }
 
 // conversationHop sends one request to the instance holding a

@@ -49,6 +49,20 @@ type Ref struct {
 	URL    string
 }
 
+// target is the URL at the instance holding ref of the path below
+// collection that the client named by its id: the engine's (or worker's)
+// own id in its place, then /sub and ?query when given.
+func (ref *Ref) target(collection, sub, query string) string {
+	t := ref.URL + collection + url.PathEscape(ref.ID.Upstream)
+	if sub != "" {
+		t += "/" + sub
+	}
+	if query != "" {
+		t += "?" + query
+	}
+	return t
+}
+
 // Kind is what a client's id names, and so how a miss is answered.
 type Kind int
 
@@ -101,7 +115,8 @@ type Config struct {
 	Client       *http.Client
 	Answers      api.Relayer
 	Metrics      *observe.Metrics
-	Tracer       trace.Tracer
+	// Served traces and counts the service's endpoints.
+	Served api.Served
 	// Now is the edge's clock.
 	Now func() time.Time
 }
@@ -336,19 +351,10 @@ func (r *IDs) Text(b []byte) []byte {
 // names, with the engine's own id in the path, and the answer's ids are
 // the client's again.
 func (e *Service) ServeByID(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	aw := api.NewWriter(w, apireq.Responses)
-	ctx := observe.TraceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	ctx, span := e.cfg.Tracer.Start(ctx, "tether.edge /v1/responses/{id}", trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("tether.edge", e.cfg.NodeID)))
-	defer span.End()
-	status := e.serveByID(ctx, aw, r, span)
-	span.SetAttributes(attribute.Int("http.response.status_code", status))
-	e.cfg.Metrics.Requests.WithLabelValues("responses_by_id", strconv.Itoa(status)).Inc()
-	e.cfg.Metrics.RequestSeconds.WithLabelValues("responses_by_id").Observe(time.Since(start).Seconds())
-	if aw.Aborted() {
-		panic(http.ErrAbortHandler)
-	}
+	e.cfg.Served.Serve(w, r, api.Endpoint{Label: "responses_by_id", Span: "tether.edge /v1/responses/{id}", Dialect: apireq.Responses},
+		func(ctx context.Context, w http.ResponseWriter, span trace.Span) int {
+			return e.serveByID(ctx, w, r, span)
+		})
 }
 
 func (e *Service) serveByID(ctx context.Context, w http.ResponseWriter, r *http.Request, span trace.Span) int {
@@ -373,13 +379,7 @@ func (e *Service) serveByID(ctx context.Context, w http.ResponseWriter, r *http.
 		return api.Fail(w, span, aerr)
 	}
 	span.SetAttributes(observe.AttrInstance.String(ref.ID.Instance), attribute.String("tether.stored_response", id))
-	target := ref.URL + "/v1/responses/" + url.PathEscape(ref.ID.Upstream)
-	if action != "" {
-		target += "/" + action
-	}
-	if r.URL.RawQuery != "" {
-		target += "?" + r.URL.RawQuery
-	}
+	target := ref.target("/v1/responses/", action, r.URL.RawQuery)
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.UpstreamTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, r.Method, target, nil)
