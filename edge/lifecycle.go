@@ -104,7 +104,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 
 // listen takes the HTTP listener (Deps.HTTPListener, or hostname:port),
 // behind TLS when configured and answering header-level errors in the
-// API's shape (headererrors.go). stopLocked closes it until serve owns it.
+// API's shape (edge/api). stopLocked closes it until serve owns it.
 func (e *Edge) listen(ctx context.Context) error {
 	ln := e.deps.HTTPListener
 	if ln == nil {
@@ -140,7 +140,7 @@ func (e *Edge) openNode(ctx context.Context) error {
 
 // startAdmission prepares what decides whether the edge takes a request:
 // its readiness (edge/readiness), which requests read from the first one on
-// (route.go unheardAtStartup), and the shedder (edge/admission).
+// (edge/route unheardAtStartup), and the shedder (edge/admission).
 func (e *Edge) startAdmission() error {
 	e.ready = readiness.New(readinessEdge{e}, e.fresh, e.readinessConfig(), e.now())
 	run, err := e.admission.Start(e.registry)

@@ -148,7 +148,7 @@ type Config struct {
 	MaxInflightBodyBytes int64 `yaml:"max_inflight_body_bytes"`
 	// UpstreamTimeout bounds one worker hop, streaming included.
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
-	// Admission: load shedding on the edge's own saturation (admission.go).
+	// Admission: load shedding on the edge's own saturation (edge/admission).
 	Admission AdmissionConfig `yaml:"admission"`
 	// StoredResponseRetention is how long a Responses API id the edge
 	// minted routes to its response (0: as long as the engine keeps it);
@@ -172,11 +172,11 @@ type Config struct {
 	Cluster   ClusterConfig   `yaml:"cluster"`
 	NATS      NATSConfig      `yaml:"nats"`
 	Tracing   TracingConfig   `yaml:"tracing"`
-	// TLS is transport security for every link (edge/tls.go).
+	// TLS is transport security for every link (edge/edgetls).
 	TLS TLSConfig `yaml:"tls"`
 
 	// LoRA is the first model's LoRA adapters; Models are the models
-	// served besides the first, each on its own fleets (edge/models.go).
+	// served besides the first, each on its own fleets (edge/catalog).
 	LoRA   LoRAConfig    `yaml:"lora"`
 	Models []ModelConfig `yaml:"models"`
 
@@ -193,7 +193,7 @@ type ServersConfig struct {
 	NumInstances int              `yaml:"num_instances"`
 	URLs         []StaticInstance `yaml:"urls"`
 	Router       RouterConfig     `yaml:"router"`
-	// Engine is what serves the fleet (edge/engines.go): tether workers
+	// Engine is what serves the fleet (edge/dispatch/engines.go): tether workers
 	// (the default), trtllm-serve, vLLM or SGLang.
 	Engine EngineKind `yaml:"engine"`
 	// DataParallelSize is the number of data-parallel ranks behind each
@@ -213,12 +213,12 @@ type ServersConfig struct {
 	// worker's GET /v1/models list.
 	HealthCheckModel bool `yaml:"health_check_model"`
 	// HealthTimeout bounds one readiness probe (0: the engine's default,
-	// edge/engines.go: SGLang's /health runs a one-token generation and
+	// engines.go: SGLang's /health runs a one-token generation and
 	// answers after at least a second; the others answer at once and get
 	// telemetry.probe_interval).
 	HealthTimeout time.Duration `yaml:"health_timeout"`
 	// Tokenizer is how the edge turns this fleet's prompts into tokens
-	// for block keys (edge/tokenize.go): "words" (internal/prefix, what
+	// for block keys (edge/tokenize): "words" (internal/prefix, what
 	// tether's simulated workers use) or "hf:<dir>" (the model's
 	// tokenizer.json and chat template, as a real engine renders and
 	// tokenizes).
@@ -226,7 +226,7 @@ type ServersConfig struct {
 	// KVCacheEvents (engine trtllm): the leader edge drains each
 	// server's POST /kv_cache_events (start trtllm-serve with
 	// kv_cache_config.event_buffer_max_size > 0) and shares the blocks with
-	// every edge over NATS (edge/engines.go).
+	// every edge over NATS (edge/engineevents).
 	KVCacheEvents bool `yaml:"kv_cache_events"`
 	// BlockSize is the engine's KV block size in tokens (vLLM 16,
 	// trtllm-serve tokens_per_block 32, SGLang page size); 0 takes
@@ -255,11 +255,11 @@ type StaticInstance struct {
 	// KVEvents names the engine's KV event publisher (vLLM and SGLang
 	// --kv-events-config with the zmq publisher): the edge subscribes
 	// itself and its KV index holds what the engine caches
-	// (edge/engines.go).
+	// (edge/engineevents).
 	KVEvents *InstanceKVEvents `yaml:"kv_events"`
 	// BootstrapPort is an SGLang prefill server's
 	// --disaggregation-bootstrap-port, which its decode servers dial (0:
-	// SGLang's default, 8998; edge/pd.go).
+	// SGLang's default, 8998; edge/dispatch/pd_sglang.go).
 	BootstrapPort int `yaml:"bootstrap_port"`
 }
 
@@ -406,7 +406,7 @@ type NATSConfig struct {
 	NKeySeedFile string   `yaml:"nkey_seed_file"`
 	CredsFile    string   `yaml:"creds_file" was:"creds"`
 	// TLS toward an external server; WorkerUsers are accounts of the
-	// embedded server (edge/tls.go).
+	// embedded server (edge/edgetls).
 	TLS         NATSTLSConfig    `yaml:"tls"`
 	WorkerUsers []NATSWorkerUser `yaml:"worker_users"`
 }

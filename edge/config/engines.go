@@ -70,7 +70,8 @@ func (k EngineKind) AggregatedOnly() bool {
 
 // Aggregated reports whether requests are served whole by the context
 // fleet (a vLLM or SGLang fleet without the prefill/decode split of
-// edge/pd.go): no context/generation split, the generation fleet is empty.
+// edge/dispatch/pd.go): no context/generation split, the generation fleet
+// is empty.
 func (c *Config) Aggregated() bool {
 	return c.ContextServers.Engine.AggregatedOnly() && c.PDEngine() == ""
 }
@@ -117,7 +118,7 @@ func (c *Config) validateEngine(key string, s *ServersConfig, bad complain) {
 	}
 	if c.PDEngine() == kind {
 		// A prefill/decode split: prefill servers in the context fleet,
-		// decode servers in the generation fleet (edge/pd.go).
+		// decode servers in the generation fleet (edge/dispatch/pd.go).
 		c.validatePD(key, s, kind, bad)
 		return
 	}

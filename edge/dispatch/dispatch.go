@@ -176,7 +176,7 @@ func (e *Dispatcher) exchange(ctx context.Context, rq *route.Request, h **route.
 // routeHeaders sets the debug route header and relays the worker's rank.
 func (e *Dispatcher) routeHeaders(w http.ResponseWriter, ctxHop *route.Hop, ctxRank string, genHop *route.Hop, genRank string) {
 	if ctxHop == nil && genHop != nil && genHop.Fleet == fsm.FleetContext {
-		// An aggregated engine fleet (edge/engines.go): its one hop is
+		// An aggregated engine fleet (engines.go): its one hop is
 		// the context fleet's.
 		ctxHop, ctxRank, genHop, genRank = genHop, genRank, nil, ""
 	}
@@ -192,11 +192,11 @@ func (e *Dispatcher) routeHeaders(w http.ResponseWriter, ctxHop *route.Hop, ctxR
 }
 
 // relay passes the final worker's response to the client: JSON, or the
-// SSE stream event by event, in the request's dialect (edge/dialect.go):
+// SSE stream event by event, in the request's dialect (edge/api):
 // its usage feeds the breaker and the shadow, after a context hop the
 // usage's cached tokens are the context (prefill) worker's (that is where
 // the prompt was or was not recomputed), and a Responses answer's ids are
-// minted (edge/stored.go).
+// minted (edge/stored).
 func (e *Dispatcher) relay(w http.ResponseWriter, rq *route.Request, resp *http.Response, ctxHop *route.Hop, cres *contextResult, genHop *route.Hop, span trace.Span) int {
 	defer resp.Body.Close()
 	ctxRank, cached, nullCached := "", -1, false

@@ -68,7 +68,7 @@ func (e *Dispatcher) engineExchange(ctx context.Context, w http.ResponseWriter, 
 		if rq.Refs.Prev != nil && rq.Refs.Prev.ID.Rank < size {
 			rank = rq.Refs.Prev.ID.Rank // where the stored response was made
 		}
-		e.catalogue.EnsureAdapter(ctx, rq.Model, rq.Adapter, cur.Instance, cur.URL) // lora.runtime_load (lora.go)
+		e.catalogue.EnsureAdapter(ctx, rq.Model, rq.Adapter, cur.Instance, cur.URL) // lora.runtime_load (edge/catalog)
 		if rank >= 0 {
 			hdr.Set(disagg.HeaderDataParallelRank, strconv.Itoa(rank))
 		}

@@ -204,7 +204,7 @@ func (e *Router) Route(ctx context.Context, rq *Request, f fsm.Fleet, prev *Hop)
 	// The prompt now counts as cached there until the worker's own KV
 	// event arrives, so a burst sharing the prefix lands together.
 	e.edge.Fleet().Index().Predict(h.Instance, rq.Prompts[f].Blocks, rq.Now)
-	e.catalogue.AdapterPlaced(rq.Model, rq.Adapter, h.Fleet, h.Instance, rq.Now) // and the adapter as loaded (lora.go)
+	e.catalogue.AdapterPlaced(rq.Model, rq.Adapter, h.Fleet, h.Instance, rq.Now) // and the adapter as loaded (edge/catalog)
 	return h, nil
 }
 
@@ -285,7 +285,7 @@ func (l edgeLog) Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) 
 
 func (l edgeLog) Down(time.Time) bool { return l.e.proposer.Down() }
 
-// edgeRecorder is the recorder and touch batcher (recorder.go, touches.go) as the
+// edgeRecorder is the recorder and touch batcher (edge/proposals) as the
 // decision uses them (routing/decide.Recorder).
 type edgeRecorder struct{ e *Router }
 

@@ -116,7 +116,7 @@ type Options struct {
 	MaxModelLen int
 	// ExtraModels are models served besides Model, each on its own
 	// ContextWorkers + GenerationWorkers workers (ids m2-ctx-1, …): the
-	// edges' models entries (edge/models.go).
+	// edges' models entries (edge/catalog).
 	ExtraModels []string
 	// Adapters are the LoRA adapters of each model (by model name): the
 	// model's workers serve them with MaxLoRAs slots per rank (default 2)

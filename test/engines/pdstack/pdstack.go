@@ -367,7 +367,7 @@ func (s *Stack) startEdges(ctx context.Context, m map[string]any, peers []string
 			if tok, _ := f.m["tokenizer"].(string); strings.HasPrefix(tok, "hf:") {
 				// The model's directory is not here; the words
 				// tokenizer stands in (hf: tokenizers are tested by
-				// edge/tokenize_test.go).
+				// edge/tokenize/tokenize_test.go).
 				f.m["tokenizer"] = "words"
 			}
 		}
