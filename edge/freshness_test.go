@@ -144,14 +144,3 @@ func upInstances(e *Edge, f fsm.Fleet) []string {
 	}
 	return out
 }
-
-// requestsFor is what w received for conversation conv.
-func requestsFor(w *testWorker, conv string) []seenRequest {
-	var out []seenRequest
-	for _, r := range w.requests() {
-		if r.conversationID() == conv {
-			out = append(out, r)
-		}
-	}
-	return out
-}

@@ -28,7 +28,10 @@ import (
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/admin"
+	"github.com/tether-project/tether/edge/api"
+	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/convid"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
@@ -711,4 +714,15 @@ func awaitPlacementsApplied(t testing.TB, ec *edgeCluster, i int) {
 		}
 		return true
 	})
+}
+
+// parseBody is an inference body of dialect d as the request path parses
+// it (api.Parse: internal fields removed): the edge's request, the body's
+// conversation id and the prompt's words tokens.
+func parseBody(body []byte, d apireq.Dialect) (rq *route.Request, bodyConv string, tokens []uint32, aerr *api.Error) {
+	p, aerr := api.Parse(body, d.Path())
+	if aerr != nil {
+		return nil, "", nil, aerr
+	}
+	return fromParsed(p), p.ConversationID, p.WordTokens(), nil
 }

@@ -148,18 +148,6 @@ func (e *Edge) readBody(r *http.Request) (body []byte, release func(), aerr *api
 	return api.ReadBody(r, e.bodies, e.cfg.MaxBodyBytes, e.metrics.BodyRefused)
 }
 
-// parseBody validates an inference body of dialect d (internal/apireq,
-// the request model workers share) and extracts what routing needs: model,
-// stream, max tokens, the conversation id in the body, and the prompt's
-// tokens by the words tokenizer. Internal fields are removed from top.
-func parseBody(body []byte, d apireq.Dialect) (rq *route.Request, bodyConv string, tokens []uint32, aerr *api.Error) {
-	p, aerr := api.ParseDialect(body, d)
-	if aerr != nil {
-		return nil, "", nil, aerr
-	}
-	return fromParsed(p), p.ConversationID, p.WordTokens(), nil
-}
-
 // fromParsed is the edge's request for a parsed body (api.Parse).
 func fromParsed(p *apireq.Request) *route.Request {
 	return &route.Request{Dialect: p.Dialect, Parsed: p, Top: p.Top, ModelName: p.Model, Stream: p.Stream,
@@ -291,7 +279,7 @@ func depthLimitedValue(id routing.Identity, cfg routing.IdentityConfig) string {
 }
 
 // promptKeys computes each fleet's prompt tokens and block keys of rq
-// (edge/tokenize); words are the words tokenizer's tokens (parseBody).
+// (edge/tokenize); words are the words tokenizer's tokens of its body.
 func (e *Edge) promptKeys(rq *route.Request, words []uint32) {
 	if rq.Model == nil {
 		rq.Model = e.catalogue.First()

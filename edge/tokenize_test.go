@@ -37,7 +37,7 @@ func TestHFTokenizerKeysReachTheKVIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, aerr := api.ParseDialect(body, apireq.Chat)
+	p, aerr := api.Parse(body, apireq.Chat.Path())
 	if aerr != nil {
 		t.Fatal(aerr.Message)
 	}

@@ -67,16 +67,6 @@ func Parse(body []byte, path string) (*apireq.Request, *Error) {
 	return p, nil
 }
 
-// ParseDialect is Parse for a body of dialect d.
-func ParseDialect(body []byte, d apireq.Dialect) (*apireq.Request, *Error) {
-	p, aerr := apireq.Parse(d, body)
-	if aerr != nil {
-		return nil, aerr
-	}
-	stripInternal(p.Top)
-	return p, nil
-}
-
 // stripInternal removes the internal fields from a body's top level.
 func stripInternal(top map[string]json.RawMessage) {
 	for _, k := range internalBodyFields {
