@@ -188,21 +188,8 @@ func TestTLSPeerMustBeTheNodeItClaims(t *testing.T) {
 	}
 
 	t.Run("join under another name", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		n, err := Open(ctx, Config{
-			Settings: Settings{NodeID: "n7", DataDir: t.TempDir(), Join: []string{target.Addr()}, Raft: testTiming},
-			Listener: ln,
-			AuthKey:  testKey,
-			TLS:      other,
-			Logger:   testLogger(t),
-		})
+		err := tryJoin(t, "n7", target.Addr(), 10*time.Second, func(c *Config) { c.TLS = other })
 		if err == nil {
-			n.Close(ctx)
 			t.Fatal("a node joined as n7 with n9's certificate")
 		}
 		if !strings.Contains(err.Error(), "does not name node") {

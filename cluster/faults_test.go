@@ -297,18 +297,7 @@ func TestForwardingRejectsWrongKey(t *testing.T) {
 	}
 
 	// A join with the wrong key is refused: Open fails, naming the reason.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	jctx, jcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer jcancel()
-	_, err = Open(jctx, Config{
-		Settings: Settings{NodeID: "mallory", DataDir: filepath.Join(t.TempDir(), "m"), Join: []string{target.Addr()}, Raft: testTiming},
-		Listener: ln,
-		AuthKey:  []byte("the-wrong-key-0123456789"),
-		Logger:   testLogger(t),
-	})
+	err = tryJoin(t, "mallory", target.Addr(), 10*time.Second, func(c *Config) { c.AuthKey = []byte("the-wrong-key-0123456789") })
 	if err == nil || !errors.Is(err, transport.ErrAuth) {
 		t.Fatalf("join with a wrong key: %v, want a refused handshake", err)
 	}

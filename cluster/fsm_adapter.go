@@ -126,7 +126,45 @@ func (f *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		f.deliver(logs, resp)
 		return resp
 	}
+	entries, positions := commandEntries(logs)
+	var (
+		results  [][]fsm.Result
+		hashes   [][32]byte
+		applyErr error
+	)
+	if len(entries) > 0 {
+		results, hashes, applyErr = f.machine.ApplyBatchHashed(entries)
+		for i, h := range hashes {
+			f.hashes.add(entries[i].Index, h)
+		}
+	}
+	next := f.respond(logs, resp, prev, entries, positions, results, applyErr)
+	f.publish(next)
+	applied := time.Now()
+	for i := range results {
+		f.metrics.observeApplied(logs[positions[i]].AppendedAt, applied)
+	}
+	f.deliver(logs, resp)
+	// Archive what was applied (one bbolt transaction per batch, or per
+	// several when the archiver is behind), after the answers went out.
+	if len(results) > 0 {
+		recs := make([]archive.Record, len(results))
+		for i, rs := range results {
+			e := entries[i]
+			recs[i] = archive.Record{Index: e.Index, Time: e.Time, Data: e.Data, Outcomes: archive.OutcomesFromResults(rs)}
+		}
+		f.archiver.enqueue(recs)
+	}
+	if applyErr != nil {
+		f.halt.CompareAndSwap(nil, &applyErr)
+		f.onHalt(applyErr)
+	}
+	return resp
+}
 
+// commandEntries are the machine entries of the command logs, and each
+// one's position in logs.
+func commandEntries(logs []*raft.Log) ([]fsm.Entry, []int) {
 	entries := make([]fsm.Entry, 0, len(logs))
 	positions := make([]int, 0, len(logs))
 	for i, l := range logs {
@@ -140,28 +178,22 @@ func (f *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		entries = append(entries, fsm.Entry{Index: l.Index, Time: t, Data: l.Data})
 		positions = append(positions, i)
 	}
+	return entries, positions
+}
 
-	var (
-		results  [][]fsm.Result
-		hashes   [][32]byte
-		applyErr error
-	)
-	if len(entries) > 0 {
-		results, hashes, applyErr = f.machine.ApplyBatchHashed(entries)
-		for i, h := range hashes {
-			f.hashes.add(entries[i].Index, h)
-		}
-	}
-
+// respond fills resp, one response per log, from the machine's results
+// (a command it did not apply answers applyErr), feeds configuration logs
+// to membership tracking, and returns the view to publish: the last index
+// processed (nothing at or after the first command the machine did not
+// apply) and the term of the last command applied.
+func (f *raftFSM) respond(logs []*raft.Log, resp []interface{}, prev *appliedView, entries []fsm.Entry, positions []int,
+	results [][]fsm.Result, applyErr error) *appliedView {
 	next := &appliedView{state: f.machine.State(), index: prev.index, commandTerm: prev.commandTerm}
 	for i, rs := range results {
 		l := logs[positions[i]]
 		resp[positions[i]] = &applyResponse{index: l.Index, results: rs}
 		next.commandTerm = l.Term
 	}
-	halted := applyErr != nil
-	// Nothing at or after the first command the machine did not apply
-	// counts as processed.
 	stopAt := uint64(1<<64 - 1)
 	if len(results) < len(entries) {
 		stopAt = entries[len(results)].Index
@@ -179,27 +211,7 @@ func (f *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			next.index = max(next.index, l.Index)
 		}
 	}
-	f.publish(next)
-	applied := time.Now()
-	for i := range results {
-		f.metrics.observeApplied(logs[positions[i]].AppendedAt, applied)
-	}
-	f.deliver(logs, resp)
-	// Archive what was applied (one bbolt transaction per batch, or per
-	// several when the archiver is behind), after the answers went out.
-	if len(results) > 0 {
-		recs := make([]archive.Record, len(results))
-		for i, rs := range results {
-			e := entries[i]
-			recs[i] = archive.Record{Index: e.Index, Time: e.Time, Data: e.Data, Outcomes: archive.OutcomesFromResults(rs)}
-		}
-		f.archiver.enqueue(recs)
-	}
-	if halted {
-		f.halt.CompareAndSwap(nil, &applyErr)
-		f.onHalt(applyErr)
-	}
-	return resp
+	return next
 }
 
 // deliver hands command responses to their waiting proposers.

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -171,6 +172,35 @@ func (tc *testCluster) sync(timeout time.Duration) uint64 {
 		}
 	}
 	return idx
+}
+
+// tryJoin opens a would-be member, id, that joins through target with its
+// config adjusted by tweak, within timeout, and returns Open's error; a
+// node that opened is closed again (the callers expect a refusal).
+func tryJoin(t testing.TB, id, target string, timeout time.Duration, tweak func(c *Config)) error {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cfg := Config{
+		Settings: Settings{NodeID: id, DataDir: filepath.Join(t.TempDir(), id), Join: []string{target}, Raft: testTiming},
+		Listener: ln,
+		AuthKey:  testKey,
+		Logger:   testLogger(t),
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	n, err := Open(ctx, cfg)
+	if err == nil {
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer ccancel()
+		_ = n.Close(cctx)
+	}
+	return err
 }
 
 // waitFor polls cond until it holds or the deadline passes.

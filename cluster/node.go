@@ -753,11 +753,9 @@ func (n *Node) WaitArchived(ctx context.Context, index uint64) error {
 func (n *Node) Close(ctx context.Context) error {
 	n.closeMu.Lock()
 	defer n.closeMu.Unlock()
-	if n.closed {
+	if !n.beginClose() {
 		return n.closeErr
 	}
-	n.closed = true
-	n.stopping.Store(true)
 	if n.raft.State() == raft.Leader && n.hasOtherVoters() && !n.noTransfer.Load() {
 		if err := waitFuture(ctx, n.raft.LeadershipTransfer()); err != nil {
 			n.log.Warn("cluster: leadership transfer on close failed", "err", err)
@@ -782,13 +780,22 @@ func (n *Node) SkipLeadershipTransfer() {
 func (n *Node) Kill() error {
 	n.closeMu.Lock()
 	defer n.closeMu.Unlock()
-	if n.closed {
+	if !n.beginClose() {
 		return n.closeErr
+	}
+	n.closeErr = n.shutdown(true)
+	return n.closeErr
+}
+
+// beginClose marks the node closed and stopping; false when it was closed
+// already (then closeErr is the first close's). closeMu is held.
+func (n *Node) beginClose() bool {
+	if n.closed {
+		return false
 	}
 	n.closed = true
 	n.stopping.Store(true)
-	n.closeErr = n.shutdown(true)
-	return n.closeErr
+	return true
 }
 
 // raftHandlerGrace bounds how long closing waits for Raft's connection

@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -128,19 +127,7 @@ func TestMutualTLS(t *testing.T) {
 	// A node whose certificate another CA signed cannot join, even with the
 	// right internal key.
 	rogue := newTestCA(t, "rogue-ca")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	jctx, jcancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
-	defer jcancel()
-	_, err = Open(jctx, Config{
-		Settings: Settings{NodeID: "rogue", DataDir: filepath.Join(t.TempDir(), "rogue"), Join: []string{tc.node(0).Addr()}, Raft: testTiming},
-		Listener: ln,
-		AuthKey:  testKey,
-		TLS:      rogue.mutualTLS(t, "rogue"),
-		Logger:   testLogger(t),
-	})
+	err = tryJoin(t, "rogue", tc.node(0).Addr(), 1500*time.Millisecond, func(c *Config) { c.TLS = rogue.mutualTLS(t, "rogue") })
 	if err == nil {
 		t.Fatal("a node with an untrusted certificate joined")
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
-	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/test/natstest"
 )
 
@@ -298,7 +298,7 @@ func TestTraceSpansAcrossHops(t *testing.T) {
 	}
 	attrs := spanAttrs(route)
 	if attrs["tether.instance"] != "ctx-0" || attrs["tether.policy"] == "" || attrs["tether.routing_key.kind"] != "conversation" ||
-		attrs["tether.outcome"] != decide.OutcomeNewBind || attrs["tether.cached_tokens"] == "" || attrs["tether.rank"] == "" {
+		attrs["tether.outcome"] != routing.OutcomeNewBind || attrs["tether.cached_tokens"] == "" || attrs["tether.rank"] == "" {
 		t.Fatalf("routing span attributes %v", attrs)
 	}
 	for _, w := range []sdktrace.ReadOnlySpan{workerCtx, workerGen} {

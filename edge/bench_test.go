@@ -15,7 +15,7 @@ import (
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
-	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/test/engines/vllm"
 	"github.com/tether-project/tether/worker"
 )
@@ -148,7 +148,7 @@ func BenchmarkRoutingDecision(b *testing.B) {
 		rq.PromptTokens = len(toks)
 		rq.SetConversation(rq.ID.ConversationID)
 		hp, aerr := e.router.Route(ctx, rq, 1, nil)
-		if aerr != nil || hp.Outcome != decide.OutcomeSticky {
+		if aerr != nil || hp.Outcome != routing.OutcomeSticky {
 			b.Fatalf("%+v %v", hp, aerr)
 		}
 		_ = rq.HopBody(map[string]json.RawMessage{"stream": json.RawMessage("false")})

@@ -14,7 +14,6 @@ import (
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/test/natstest"
 )
 
@@ -371,10 +370,10 @@ func TestDegradedModeWithoutQuorum(t *testing.T) {
 	if r2.ctxInst != r.ctxInst {
 		t.Fatalf("degraded key moved from %s to %s", r.ctxInst, r2.ctxInst)
 	}
-	if n := counter(t, reg, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "outcome": decide.OutcomeDegraded}); n < 1 {
+	if n := counter(t, reg, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "outcome": routing.OutcomeDegraded}); n < 1 {
 		t.Fatalf("degraded context decisions = %v, want >= 1", n)
 	}
-	if n := counter(t, reg, "tether_edge_degraded_decisions_total", map[string]string{"fleet": "context", "cause": decide.DegradedLogDown}); n < 1 {
+	if n := counter(t, reg, "tether_edge_degraded_decisions_total", map[string]string{"fleet": "context", "cause": routing.DegradedLogDown}); n < 1 {
 		t.Fatalf("context decisions degraded because the log is down = %v, want >= 1", n)
 	}
 	if _, ok := binding(t, c, ec.edge(survivor), fsm.FleetContext, "degraded-conv"); ok {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/test/natstest"
 )
 
@@ -89,10 +89,10 @@ func TestLaggingEdgeDoesNotGuessBoundKeys(t *testing.T) {
 		}
 		served[k], _ = routeOf(t, r)
 	}
-	if n := counter(t, te.registry, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "outcome": decide.OutcomeDegraded}); n < float64(len(keys)) {
+	if n := counter(t, te.registry, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "outcome": routing.OutcomeDegraded}); n < float64(len(keys)) {
 		t.Fatalf("degraded context decisions = %v, want >= %d", n, len(keys))
 	}
-	if n := counter(t, te.registry, "tether_edge_degraded_decisions_total", map[string]string{"fleet": "context", "cause": decide.DegradedStateNotCurrent}); n < float64(len(keys)) {
+	if n := counter(t, te.registry, "tether_edge_degraded_decisions_total", map[string]string{"fleet": "context", "cause": routing.DegradedStateNotCurrent}); n < float64(len(keys)) {
 		t.Fatalf("context decisions degraded for a state not current = %v, want >= %d", n, len(keys))
 	}
 	rr := do(t, c, http.MethodGet, te.url()+"/readyz", nil, nil)

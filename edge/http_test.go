@@ -17,7 +17,6 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
 )
 
 func oneTurn(t testing.TB, tag string) []byte {
@@ -186,7 +185,7 @@ func TestShedWhenEveryInstanceIsOverItsLimit(t *testing.T) {
 	if f := <-first; f.status != http.StatusOK {
 		t.Fatalf("first request: %d %s", f.status, f.body)
 	}
-	if n := counter(t, s.te.registry, "tether_edge_routing_decisions_total", map[string]string{"outcome": decide.OutcomeShed}); n != 1 {
+	if n := counter(t, s.te.registry, "tether_edge_routing_decisions_total", map[string]string{"outcome": routing.OutcomeShed}); n != 1 {
 		t.Fatalf("shed decisions %v", n)
 	}
 }

@@ -191,7 +191,7 @@ func (s storedEdge) PlaceConversation(ctx context.Context, m *catalog.Model) (st
 	e := s.e
 	rq := &route.Request{Dialect: apireq.Responses, Model: m, ModelName: m.Name, Path: "/v1/conversations",
 		RequestID: e.nodeID + "-" + strconv.FormatUint(e.reqSeq.Add(1), 10), Now: e.now()}
-	h, aerr := e.router.Route(ctx, rq, fsm.FleetGeneration, nil)
+	h, aerr := e.router.Route(ctx, rq, m.Cfg.AnswerFleet(), nil)
 	if aerr != nil {
 		return "", "", aerr
 	}

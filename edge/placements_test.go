@@ -8,7 +8,7 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/telemetry"
-	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/test/natstest"
 )
 
@@ -56,11 +56,11 @@ func TestHeardPlacementIsFollowed(t *testing.T) {
 	if r.ctxInst != other {
 		t.Fatalf("served on %s, want the heard placement's %s (alone the edge picked %s for a fresh key)", r.ctxInst, other, probe.ctxInst)
 	}
-	if n := counter(t, te.registry, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "policy": decide.PolicyFollowed}); n != 1 {
+	if n := counter(t, te.registry, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "policy": routing.PolicyFollowed}); n != 1 {
 		t.Fatalf("followed decisions = %v, want 1", n)
 	}
 	b, ok := binding(t, c, te, fsm.FleetContext, "heard-conv")
-	if !ok || b.Instance != other || b.Policy != decide.PolicyFollowed {
+	if !ok || b.Instance != other || b.Policy != routing.PolicyFollowed {
 		t.Fatalf("binding %+v (found %v), want this edge's own Bind of the heard %s", b, ok, other)
 	}
 }

@@ -27,8 +27,8 @@ func TestCacheLostNeverTrustsAShadowsNo(t *testing.T) {
 		b.LastUsed = t0.Add(-time.Hour).UnixNano()
 		rt := routeBound(t, r, Request{ConversationID: "conv-1", Blocks: prompt, PromptTokens: 6400, Now: t0},
 			b, Inputs{Views: mustViews(t, idle("ctx-a", "ctx-b")), Prefix: ix})
-		moved := rt.Action == ActionOverflow && rt.Rebind && rt.Instance == "ctx-b"
-		if moved == approx || (!moved && rt.Action != ActionSticky) {
+		moved := rt.Action == actionOverflow && rt.Rebind && rt.Instance == "ctx-b"
+		if moved == approx || (!moved && rt.Action != actionSticky) {
 			t.Errorf("approximate=%v: %v to %s; want moved=%v", approx, rt.Action, rt.Instance, !approx)
 		}
 	}

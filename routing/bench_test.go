@@ -3,10 +3,10 @@ package routing
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/kvindex"
+	"github.com/tether-project/tether/routing/overload"
 )
 
 // fleet64 is a 64-instance context fleet under moderate, uneven load.
@@ -32,17 +32,17 @@ func fleet64(tb testing.TB) (*Views, bindingCounts) {
 func BenchmarkRouteSticky(b *testing.B) {
 	r := mustRouter(b, nil)
 	views, _ := fleet64(b)
-	in := Inputs{Views: views, Overload: NewOverloadTracker()}
+	in := Inputs{Views: views, Overload: overload.NewTracker()}
 	bnd := fsm.Binding{Fleet: fsm.FleetContext, Key: "conv-123", Instance: "ctx-17", Epoch: 42}
 	req := Request{Fleet: fsm.FleetContext, Key: "conv-123", ConversationID: "conv-123", RequestID: "req-1", Edge: "edge-1", Now: t0}
-	if rt, err := r.RouteBound(req, bnd, in); err != nil || rt.Action != ActionSticky {
+	if rt, err := r.stayOrMove(req, bnd, in); err != nil || rt.Action != actionSticky {
 		b.Fatalf("setup: %+v %v", rt, err)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
-	var rt Route
+	var rt route
 	for b.Loop() {
-		rt, _ = r.RouteBound(req, bnd, in)
+		rt, _ = r.stayOrMove(req, bnd, in)
 	}
 	if rt.Instance != "ctx-17" {
 		b.Fatal(rt.Instance)
@@ -71,19 +71,19 @@ func BenchmarkRouteStickyWarm(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	in := Inputs{Views: views, Prefix: ix, Overload: NewOverloadTracker()}
+	in := Inputs{Views: views, Prefix: ix, Overload: overload.NewTracker()}
 	bnd := fsm.Binding{Fleet: fsm.FleetContext, Key: "conv-123", Instance: "ctx-17", Epoch: 42}
 	req := Request{Fleet: fsm.FleetContext, Key: "conv-123", ConversationID: "conv-123", RequestID: "req-1", Edge: "edge-1", Now: t0,
 		Blocks: prompt, PromptTokens: 400 * 64}
-	if rt, err := r.RouteBound(req, bnd, in); err != nil || rt.Action != ActionSticky {
+	if rt, err := r.stayOrMove(req, bnd, in); err != nil || rt.Action != actionSticky {
 		b.Fatalf("setup: %+v %v", rt, err)
 	}
 	b.ReportAllocs()
-	var rt Route
+	var rt route
 	for b.Loop() {
-		rt, _ = r.RouteBound(req, bnd, in)
+		rt, _ = r.stayOrMove(req, bnd, in)
 	}
-	if rt.Instance != "ctx-17" || rt.Action != ActionSticky {
+	if rt.Instance != "ctx-17" || rt.Action != actionSticky {
 		b.Fatal(rt.Instance)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/decision")
@@ -140,32 +140,16 @@ func BenchmarkPlaceNew(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			req := Request{Fleet: fsm.FleetContext, Key: "new-conversation", ConversationID: "new-conversation",
 				RequestID: "req-1", Edge: "edge-1", Blocks: c.prompt, PromptTokens: 2000 * 64, Now: t0}
-			rt, err := r.Place(req, in)
+			rt, err := r.place(req, in)
 			if err != nil || rt.Decision.Policy != c.policy {
 				b.Fatalf("setup: %+v %v", rt.Decision, err)
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				rt, _ = r.Place(req, in)
+				rt, _ = r.place(req, in)
 			}
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/decision")
 		})
-	}
-}
-
-// BenchmarkPlaceDegraded: a new key by rendezvous over 64 up instances.
-func BenchmarkPlaceDegraded(b *testing.B) {
-	r := mustRouter(b, nil)
-	recs := make([]fsm.Instance, 64)
-	for i := range recs {
-		recs[i] = fsm.Instance{ID: fmt.Sprintf("ctx-%02d", i), Fleet: fsm.FleetContext, Status: fsm.InstanceUp}
-	}
-	req := Request{Fleet: fsm.FleetContext, Key: "conv-9", Now: time.Unix(0, 0)}
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := r.PlaceDegraded(req, recs, Inputs{}); err != nil {
-			b.Fatal(err)
-		}
 	}
 }

@@ -1,7 +1,6 @@
 package routing
 
 import (
-	"net/http"
 	"strings"
 
 	"github.com/tether-project/tether/internal/convid"
@@ -68,7 +67,7 @@ type clientAgent struct {
 // conv is the request's conversation id as resolved from the body and the
 // session headers. ok is false when the request is not a client sub-agent
 // (then it resolves as any request).
-func clientSubAgent(bodyConversationID, conv string, h http.Header) (clientAgent, bool) {
+func clientSubAgent(bodyConversationID, conv string, h map[string][]string) (clientAgent, bool) {
 	if h == nil {
 		return clientAgent{}, false
 	}

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing/breaker"
 	"github.com/tether-project/tether/routing/kvindex"
+	"github.com/tether-project/tether/routing/overload"
 )
 
 // TestConcurrentDecisions runs decisions from several goroutines while the
@@ -16,8 +18,8 @@ import (
 func TestConcurrentDecisions(t *testing.T) {
 	r := mustRouter(t, nil)
 	ix := kvindex.New(kvindex.Config{})
-	tracker := NewOverloadTracker()
-	breakers, err := NewCacheBreakers(DefaultBreakerConfig())
+	tracker := overload.NewTracker()
+	breakers, err := breaker.NewSet(breaker.DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,14 +54,14 @@ func TestConcurrentDecisions(t *testing.T) {
 				now := t0.Add(time.Duration(i) * time.Millisecond)
 				in := Inputs{Views: views, Prefix: ix, Overload: tracker}
 				req := Request{Fleet: fsm.FleetContext, Key: fmt.Sprintf("g%d-k%d", g, i), Blocks: prompt, Now: now}
-				rt, err := r.Place(req, in)
+				rt, err := r.place(req, in)
 				if err != nil || rt.Instance == "" {
 					t.Errorf("place: %+v %v", rt, err)
 					return
 				}
 				ix.Predict(rt.Instance, prompt, now)
 				b := fsm.Binding{Fleet: fsm.FleetContext, Key: req.Key, Instance: "ctx-b"}
-				if rt, err := r.RouteBound(req, b, in); err != nil || rt.Action != ActionOverflow || rt.Instance == "ctx-b" {
+				if rt, err := r.stayOrMove(req, b, in); err != nil || rt.Action != actionOverflow || rt.Instance == "ctx-b" {
 					t.Errorf("route bound: %+v %v", rt, err)
 					return
 				}

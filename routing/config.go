@@ -4,12 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/http"
 	"strings"
 	"time"
 
 	"github.com/tether-project/tether/internal/convid"
 	"github.com/tether-project/tether/internal/prefix"
+	"github.com/tether-project/tether/routing/breaker"
 	"github.com/tether-project/tether/routing/kvindex"
 )
 
@@ -174,8 +174,10 @@ func ParsePriority(s string) (Priority, error) {
 	return PriorityNormal, fmt.Errorf("%w %q (allowed: interactive, background)", ErrUnknownPriority, s)
 }
 
-// PriorityFromHeader parses the PriorityHeader of h (first non-blank value).
-func PriorityFromHeader(h http.Header) (Priority, error) {
+// PriorityFromHeader parses the PriorityHeader of h (first non-blank value),
+// the request's header as net/http keeps it (an http.Header; routing does no
+// I/O and imports no network package).
+func PriorityFromHeader(h map[string][]string) (Priority, error) {
 	p, err := ParsePriority(convid.Header(h, PriorityHeader))
 	if err != nil {
 		return p, fmt.Errorf("header %s: %w", PriorityHeader, err)
@@ -252,7 +254,7 @@ type OverflowConfig struct {
 	// instance no longer holds (the cache-lost check on the child's prompt,
 	// once its parent link is committed) is placed under its own
 	// conversation id when another instance scores strictly better for it,
-	// and follows that binding from then on (routing/decide: escape). Off:
+	// and follows that binding from then on (decide.go: escape). Off:
 	// sub-agents always follow their parent's binding (the default: on the
 	// trace benchmark's tuning half it raised the sub-agent hit rate but
 	// lowered the hit rate; BENCHMARKS.md).
@@ -260,7 +262,7 @@ type OverflowConfig struct {
 	// Weigh (experimental, not a configuration key; the trace benchmark's
 	// tether_weigh): a healthy bound instance, saturated or not, is
 	// weighed against the others per request — each candidate's score is
-	// its cached prompt tokens minus the prefill queued ahead (the Place
+	// its cached prompt tokens minus the prefill queued ahead (the placement
 	// score, bound instance included) — and the key moves (Rebind) when
 	// another instance scores strictly better, instead of the saturation
 	// thresholds and the cache-lost fraction deciding. The binding must have
@@ -292,7 +294,7 @@ type Config struct {
 	Weights    Weights        `yaml:"weights"`
 	Overflow   OverflowConfig `yaml:"overflow"`
 	Shed       ShedConfig     `yaml:"shed"`
-	Breaker    BreakerConfig  `yaml:"circuit_breaker"`
+	Breaker    breaker.Config `yaml:"circuit_breaker"`
 }
 
 // DefaultConfig returns the defaults. The weights make one cached token worth
@@ -331,7 +333,7 @@ func DefaultConfig() Config {
 			RetryAfterMin:          time.Second,
 			RetryAfterMax:          30 * time.Second,
 		},
-		Breaker: DefaultBreakerConfig(),
+		Breaker: breaker.DefaultConfig(),
 	}
 }
 

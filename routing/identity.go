@@ -3,7 +3,6 @@ package routing
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 
 	"github.com/tether-project/tether/fsm"
@@ -182,7 +181,8 @@ const (
 )
 
 // ResolveIdentity extracts a request's identity: its conversation id (body
-// conversation_params.conversation_id, then the session headers) and, when
+// conversation_params.conversation_id, then the session headers of h, the
+// request's header as net/http keeps it: an http.Header) and, when
 // cfg.ParentHeader is set and the request carries it (case-insensitive name,
 // non-blank value), its parent. Without that header, and with
 // cfg.ClientHeaders, the sub-agent headers of Claude Code and Codex name
@@ -208,7 +208,7 @@ const (
 // parent's root on the context fleet (the client asked for that placement)
 // but records no link, and is unkeyed on the generation fleet with
 // ScopeContext.
-func ResolveIdentity(cfg IdentityConfig, bodyConversationID string, h http.Header, links LinkReader) (Identity, error) {
+func ResolveIdentity(cfg IdentityConfig, bodyConversationID string, h map[string][]string, links LinkReader) (Identity, error) {
 	conv := convid.Resolve(bodyConversationID, h)
 	if len(conv) > MaxIDBytes {
 		ie := &IdentityError{Err: ErrIDTooLong}
@@ -307,7 +307,7 @@ func resolveChild(cfg IdentityConfig, conv, parent, header, knownRoot string, li
 // continues the conversation as the conversation itself: its prompt is the
 // conversation's, held on the conversation's instance and rank, and the
 // responses it makes stay in the conversation's chain. No link is recorded.
-func ResolveContinuing(cfg IdentityConfig, continued string, h http.Header, links LinkReader) (Identity, error) {
+func ResolveContinuing(cfg IdentityConfig, continued string, h map[string][]string, links LinkReader) (Identity, error) {
 	id, err := ResolveIdentity(cfg, continued, h, links)
 	var ie *IdentityError
 	if errors.As(err, &ie) && ie.Err == ErrAffinityCycle && ie.Child == strings.TrimSpace(continued) {

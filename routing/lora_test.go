@@ -21,7 +21,7 @@ func TestAdapterCostInPlacement(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rt, err := r.Place(Request{Fleet: fsm.FleetContext, RequestID: "r", Adapter: adapter, Now: time.Unix(1, 0)}, Inputs{Views: vs})
+		rt, err := r.place(Request{Fleet: fsm.FleetContext, RequestID: "r", Adapter: adapter, Now: time.Unix(1, 0)}, Inputs{Views: vs})
 		if err != nil {
 			t.Fatal(err)
 		}

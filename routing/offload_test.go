@@ -17,7 +17,7 @@ func TestPlaceCreditsOffloadedBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := Request{RequestID: "r", Edge: "edge-1", Blocks: prompt, PromptTokens: 40 * 64}
-	score := func(rt Route, id string) float64 {
+	score := func(rt route, id string) float64 {
 		for _, c := range rt.Decision.Candidates {
 			if c.Instance == id {
 				return c.Score

@@ -53,7 +53,7 @@ func mustRouter(t testing.TB, mutate func(*Config)) *Router {
 	return r
 }
 
-func place(t testing.TB, r *Router, req Request, in Inputs) Route {
+func place(t testing.TB, r *Router, req Request, in Inputs) route {
 	t.Helper()
 	if req.Fleet == 0 {
 		req.Fleet = fsm.FleetContext
@@ -61,7 +61,7 @@ func place(t testing.TB, r *Router, req Request, in Inputs) Route {
 	if req.Now.IsZero() {
 		req.Now = t0
 	}
-	rt, err := r.Place(req, in)
+	rt, err := r.place(req, in)
 	if err != nil {
 		t.Fatalf("place %q: %v", req.Key, err)
 	}
@@ -76,7 +76,7 @@ func TestPlaceIdleFleetSpreadsNewKeys(t *testing.T) {
 	counts := map[string]int{}
 	for i := 0; i < 1000; i++ {
 		rt := place(t, r, Request{Key: fmt.Sprintf("conv-%d", i)}, in)
-		if rt.Action != ActionBind {
+		if rt.Action != actionBind {
 			t.Fatalf("new key: action %v, want bind", rt.Action)
 		}
 		counts[rt.Instance]++
@@ -138,11 +138,11 @@ func TestPlaceExcludesDrainingAndUnhealthy(t *testing.T) {
 		}
 	}
 	vs[2].Healthy = false
-	_, err := r.Place(Request{Fleet: fsm.FleetContext, Key: "k", Now: t0}, Inputs{Views: mustViews(t, vs)})
+	_, err := r.place(Request{Fleet: fsm.FleetContext, Key: "k", Now: t0}, Inputs{Views: mustViews(t, vs)})
 	if !errors.Is(err, ErrNoInstances) {
 		t.Fatalf("no candidates: err %v, want ErrNoInstances", err)
 	}
-	if _, err := r.Place(Request{Fleet: 9, Key: "k"}, in); err == nil {
+	if _, err := r.place(Request{Fleet: 9, Key: "k"}, in); err == nil {
 		t.Fatal("invalid fleet accepted")
 	}
 }
@@ -183,7 +183,7 @@ func TestPlaceUnkeyedSpreadsWithoutBinding(t *testing.T) {
 	for i := 0; i < 300; i++ {
 		req := Request{RequestID: fmt.Sprintf("req-%d", i), Spread: SpreadFor(fmt.Sprintf("req-%d", i))}
 		rt := place(t, r, req, in)
-		if rt.Action != ActionServe {
+		if rt.Action != actionServe {
 			t.Fatalf("unkeyed request: action %v, want serve", rt.Action)
 		}
 		if again := place(t, r, req, in); again.Instance != rt.Instance {
@@ -204,13 +204,13 @@ func TestPlaceActionByRouterType(t *testing.T) {
 	cases := []struct {
 		typ  RouterType
 		key  string
-		want Action
+		want action
 	}{
-		{RouterConversation, "k", ActionBind},
-		{RouterConversation, "", ActionServe},
-		{RouterKVCacheAware, "k", ActionServe},
-		{RouterLoadBalancing, "k", ActionServe},
-		{RouterRoundRobin, "k", ActionServe},
+		{RouterConversation, "k", actionBind},
+		{RouterConversation, "", actionServe},
+		{RouterKVCacheAware, "k", actionServe},
+		{RouterLoadBalancing, "k", actionServe},
+		{RouterRoundRobin, "k", actionServe},
 	}
 	for _, c := range cases {
 		r := mustRouter(t, func(cfg *Config) { cfg.Type = c.typ })
@@ -423,12 +423,12 @@ func TestPlaceShedsWhenAllOverHardLimit(t *testing.T) {
 		queued  [2]int
 		tokens  [2]int64
 		want    time.Duration
-		wantAct Action
+		wantAct action
 	}{
-		{"one below the limit takes it", [2]int{64, 10}, [2]int64{0, 0}, 0, ActionBind},
-		{"drain estimate from tokens", [2]int{70, 80}, [2]int64{70 * 5500, 80 * 5500}, 7 * time.Second, ActionShed},
-		{"no token figures: minimum", [2]int{64, 64}, [2]int64{0, 0}, time.Second, ActionShed},
-		{"bounded above", [2]int{1000, 2000}, [2]int64{1000 * 5500, 2000 * 5500}, 30 * time.Second, ActionShed},
+		{"one below the limit takes it", [2]int{64, 10}, [2]int64{0, 0}, 0, actionBind},
+		{"drain estimate from tokens", [2]int{70, 80}, [2]int64{70 * 5500, 80 * 5500}, 7 * time.Second, actionShed},
+		{"no token figures: minimum", [2]int{64, 64}, [2]int64{0, 0}, time.Second, actionShed},
+		{"bounded above", [2]int{1000, 2000}, [2]int64{1000 * 5500, 2000 * 5500}, 30 * time.Second, actionShed},
 	}
 	for _, c := range cases {
 		vs := idle("ctx-a", "ctx-b")
@@ -440,7 +440,7 @@ func TestPlaceShedsWhenAllOverHardLimit(t *testing.T) {
 			t.Errorf("%s: action %v, want %v", c.name, rt.Action, c.wantAct)
 			continue
 		}
-		if c.wantAct == ActionShed && (rt.RetryAfter != c.want || rt.Instance != "") {
+		if c.wantAct == actionShed && (rt.RetryAfter != c.want || rt.Instance != "") {
 			t.Errorf("%s: Retry-After %v, want %v", c.name, rt.RetryAfter, c.want)
 		}
 	}

@@ -23,13 +23,13 @@ type InstanceView struct {
 	// or hop, the log has it up). When every candidate of a fleet is
 	// silent while the edge hears other instances (a silence the edge
 	// itself shares keeps them healthy: edge/fleetview), a soft-affinity
-	// request is placed among them rather than refused (routing/decide).
+	// request is placed among them rather than refused (decide.go: wake).
 	Silent bool
 	// Draining: takes no new keys (the worker reported it is shutting
 	// down, or an operator drained it).
 	Draining bool
 	// Drained: an operator drained it (the log's Instance.Drained; Draining
-	// is set too): each key bound to it moves on its next turn (RouteBound,
+	// is set too): each key bound to it moves on its next turn (stayOrMove,
 	// overflow reason drained).
 	Drained bool
 	Ranks   int

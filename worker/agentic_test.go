@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/tether-project/tether/test/workertest"
 )
 
 // The simulated engine answers like a model an agent framework can drive
@@ -59,7 +61,7 @@ func decodeChat(t *testing.T, r response) chatOut {
 }
 
 func TestToolChoiceAutoCallsTheNamedToolThenAnswers(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	url := s.URL() + "/v1/chat/completions"
 	r := post(t, c, url, agentBody(userAsks, weatherTools), nil)
@@ -106,7 +108,7 @@ func TestToolChoiceAutoCallsTheNamedToolThenAnswers(t *testing.T) {
 }
 
 func TestToolChoiceModes(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	url := s.URL() + "/v1/chat/completions"
 	plain := `[{"role":"user","content":"hello"}]`
@@ -156,7 +158,7 @@ func TestToolChoiceModes(t *testing.T) {
 // argument pieces by index; then finish_reason tool_calls; the pieces
 // concatenate to the non-streamed arguments.
 func TestStreamedToolCallDeltas(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	url := s.URL() + "/v1/chat/completions"
 	both := `[{"role":"user","content":"call get_weather and get_time"}]`
@@ -239,7 +241,7 @@ func TestStreamedToolCallDeltas(t *testing.T) {
 }
 
 func TestResponseFormatJSON(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	url := s.URL() + "/v1/chat/completions"
 	plain := `[{"role":"user","content":"summarize"}]`
@@ -285,7 +287,7 @@ func TestResponseFormatJSON(t *testing.T) {
 }
 
 func TestStopSequences(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	url := s.URL() + "/v1/chat/completions"
 	body := chatBody("tell me more", `"max_tokens":12`)
@@ -329,7 +331,7 @@ func TestStopSequences(t *testing.T) {
 }
 
 func TestAnswerOptionsRefusedClearly(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	url := s.URL() + "/v1/chat/completions"
 	plain := `[{"role":"user","content":"hi"}]`
@@ -367,7 +369,7 @@ func TestAnswerOptionsRefusedClearly(t *testing.T) {
 func TestCompletionIDsDoNotRepeatAcrossRestarts(t *testing.T) {
 	seen := map[string]bool{}
 	for i := 0; i < 2; i++ {
-		s := startServer(t, testConfig("w0"))
+		s := workertest.Start(t, New, testConfig("w0"))
 		for j := 0; j < 2; j++ {
 			id, _ := post(t, testClient(t), s.URL()+"/v1/chat/completions", chatBody("hello", ""), nil).json(t)["id"].(string)
 			if !strings.HasPrefix(id, "chatcmpl-") || len(id) != len("chatcmpl-")+24 || seen[id] {
@@ -380,7 +382,7 @@ func TestCompletionIDsDoNotRepeatAcrossRestarts(t *testing.T) {
 
 // GET /v1/models/{id}: the served model, 404 model_not_found otherwise.
 func TestModelRetrieve(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	if r := do(t, c, "GET", s.URL()+"/v1/models/test-model", "", nil); r.status != 200 || r.json(t)["id"] != "test-model" {
 		t.Fatalf("served model: %d %s", r.status, r.body)

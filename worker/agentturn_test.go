@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/tether-project/tether/test/workertest"
 )
 
 // The simulated model lets agents finish (worker/engine/sim/DESIGN.md,
@@ -90,7 +92,7 @@ func jsonQuote(s string) string {
 }
 
 func TestToolChoiceReadsWhatTheUserWrote(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	url := s.URL() + "/v1/messages"
 	cases := []struct{ user, want string }{
@@ -130,7 +132,7 @@ func TestToolChoiceReadsWhatTheUserWrote(t *testing.T) {
 // text blocks (reminders): the tools ran, the model answers in text and
 // ends its turn.
 func TestAfterToolResultsWithRemindersTheModelAnswers(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	url := s.URL() + "/v1/messages"
 	user := "Use the Read tool on `/abs/path/notes.txt`"
@@ -162,7 +164,7 @@ func TestAfterToolResultsWithRemindersTheModelAnswers(t *testing.T) {
 // end_turn, Responses completed), a length drawn from the prompt and the
 // request's seed, or the length the user asks for; max_tokens still cuts.
 func TestFreeTextEndsOnItsOwn(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	chat := s.URL() + "/v1/chat/completions"
 	finish := func(extra, user string) (string, int) {
@@ -209,7 +211,7 @@ func TestFreeTextEndsOnItsOwn(t *testing.T) {
 // Codex: its context messages (environment context) are not the user's
 // turn; a backquoted span is the command it asks to run.
 func TestCodexTurnRunsTheCommandAsked(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	tools := `"tools":[{"type":"function","name":"exec_command","strict":false,"parameters":{"type":"object","properties":{"cmd":{"type":"string"},"workdir":{"type":"string"},"yield_time_ms":{"type":"number"}},"required":["cmd"],"additionalProperties":false}},
 	 {"type":"function","name":"view_image","parameters":{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}}]`

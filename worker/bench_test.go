@@ -11,6 +11,7 @@ import (
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
+	"github.com/tether-project/tether/test/workertest"
 )
 
 // BenchmarkChatRoundTrip is one non-streaming chat request over real HTTP
@@ -26,7 +27,7 @@ func BenchmarkChatRoundTrip(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			cfg := testConfig("bench")
 			cfg.ServerRole = hintauth.RoleContext
-			s := startServer(b, cfg)
+			s := workertest.Start(b, New, cfg)
 			c := testClient(b)
 			body := chatBody(longPrompt("bench", 400), `"max_tokens":4`)
 			hdr := http.Header{"Content-Type": {"application/json"}, "X-Session-Id": {"child-a"}}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tether-project/tether/test/workertest"
 )
 
 // max_inflight_body_bytes: while one large body holds the budget (its
@@ -16,7 +18,7 @@ import (
 func TestInflightBodyBudgetRefusesWith429(t *testing.T) {
 	cfg := testConfig("ctx-bodies")
 	cfg.MaxBodyBytes, cfg.MaxInflightBodyBytes = 64<<10, 100<<10
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	c := testClient(t)
 	body := chatBody(strings.Repeat("word ", 12_000), `"max_tokens":1`)
 	if len(body) <= 50<<10 || len(body) > 64<<10 {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/tether-project/tether/internal/apireq"
+	"github.com/tether-project/tether/test/workertest"
 )
 
 // A request is refused only when it does not fit the model's context
@@ -17,7 +18,7 @@ import (
 func TestMaxTokensBeyondContextRefused(t *testing.T) {
 	cfg := testConfig("w0")
 	cfg.MaxModelLen = 64
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	c := testClient(t)
 	chat := s.URL() + "/v1/chat/completions"
 	prompt := len(promptOf(t, chatBody("too long", "")))
@@ -63,7 +64,7 @@ func TestMaxTokensBeyondContextRefused(t *testing.T) {
 func TestDefaultMaxTokensBoundsAnswersWithoutMaxTokens(t *testing.T) {
 	cfg := testConfig("w0")
 	cfg.DefaultMaxTokens = 3
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	r := post(t, testClient(t), s.URL()+"/v1/chat/completions", chatBody("default", `"ignore_eos":true`), nil)
 	if _, completion, _ := usageOf(t, r.json(t)); completion != 3 {
 		t.Fatalf("completion tokens %d, want default_max_tokens 3", completion)
@@ -73,7 +74,7 @@ func TestDefaultMaxTokensBoundsAnswersWithoutMaxTokens(t *testing.T) {
 // Claude Code asks for max_tokens 32000, and 128000 after "Output token
 // limit hit": both fit the default context and are served.
 func TestClaudeCodeMaxTokensServed(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	for _, n := range []int{32000, 128000} {
 		body := fmt.Sprintf(`{"model":"test-model","max_tokens":%d,"messages":[{"role":"user","content":"hello"}]}`, n)
 		if r := post(t, testClient(t), s.URL()+"/v1/messages", body, nil); r.status != 200 {
@@ -85,7 +86,7 @@ func TestClaudeCodeMaxTokensServed(t *testing.T) {
 // vLLM's min_tokens and ignore_eos are checked as its SamplingParams
 // checks them.
 func TestSamplingExtensionsChecked(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	chat := s.URL() + "/v1/chat/completions"
 	for _, tc := range []struct{ extra, param, msg string }{
 		{`"ignore_eos":"yes"`, "ignore_eos", "ignore_eos must be a boolean"},

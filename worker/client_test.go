@@ -18,11 +18,12 @@ import (
 
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
+	"github.com/tether-project/tether/test/workertest"
 )
 
 // The official OpenAI Go client talks to the worker, streaming and not.
 func TestOpenAIClient(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	hc := testClient(t)
 	client := openai.NewClient(option.WithBaseURL(s.URL()+"/v1/"), option.WithAPIKey("unused"), option.WithHTTPClient(hc), option.WithMaxRetries(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -80,7 +81,7 @@ func TestContextThenGenerationOnTwoWorkers(t *testing.T) {
 	ctxCfg.ServerRole = hintauth.RoleContext
 	genCfg := testConfig("gen-0")
 	genCfg.Fleet, genCfg.ServerRole = telemetry.FleetGeneration, hintauth.RoleGeneration
-	ctxW, genW := startServer(t, ctxCfg), startServer(t, genCfg)
+	ctxW, genW := workertest.Start(t, New, ctxCfg), workertest.Start(t, New, genCfg)
 	c := testClient(t)
 	prompt := longPrompt("ctx", 30)
 
@@ -184,7 +185,7 @@ func TestServerSpanContinuesIncomingTrace(t *testing.T) {
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	cfg := testConfig("w-trace")
 	cfg.TracerProvider = tp
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 
 	edgeCtx, edgeSpan := tp.Tracer("edge").Start(context.Background(), "edge request")
 	hdr := map[string]string{"x-session-id": "traced-conv"}

@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"strings"
 	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/tether-project/tether/test/workertest"
 )
 
 // The Responses shapes Codex sends (codex-rs: namespace tools, hosted
@@ -24,7 +26,7 @@ const codexTools = `"tools":[
 // A call of a namespace's function is a function_call item named by the
 // function's own name with its namespace, streamed and whole.
 func TestResponsesNamespaceCall(t *testing.T) {
-	s := startServer(t, testConfig("w-ns"))
+	s := workertest.Start(t, New, testConfig("w-ns"))
 	c := testClient(t)
 	body := `{"model":"test-model","input":"delegate this to a helper",` + codexTools + `,"tool_choice":{"type":"function","name":"spawn_agent"}`
 	r := post(t, c, s.URL()+"/v1/responses", body+`}`, nil)
@@ -75,7 +77,7 @@ func TestResponsesNamespaceCall(t *testing.T) {
 // Under auto the simulated model calls a function the user names, never
 // a hosted or custom tool, even when the user names one.
 func TestResponsesHostedToolsNeverCalled(t *testing.T) {
-	s := startServer(t, testConfig("w-hosted"))
+	s := workertest.Start(t, New, testConfig("w-hosted"))
 	c := testClient(t)
 	r := post(t, c, s.URL()+"/v1/responses", `{"model":"test-model","input":"use web_search and apply_patch",`+
 		`"tools":[{"type":"web_search"},{"type":"custom","name":"apply_patch"},{"type":"local_shell"},{"type":"mcp","server_label":"x"}],"tool_choice":"auto","max_output_tokens":8}`, nil)
@@ -90,7 +92,7 @@ func TestResponsesHostedToolsNeverCalled(t *testing.T) {
 // An item_reference names an item of a response this worker stores: it
 // renders as that item; an id no stored response holds is refused by name.
 func TestResponsesItemReference(t *testing.T) {
-	s := startServer(t, testConfig("w-ref"))
+	s := workertest.Start(t, New, testConfig("w-ref"))
 	c := testClient(t)
 	r := post(t, c, s.URL()+"/v1/responses", `{"model":"test-model","input":[{"type":"message","id":"msg_q1","role":"user","content":"first question"}],"max_output_tokens":4}`, nil)
 	if r.status != 200 {
@@ -180,7 +182,7 @@ func clientFixtures(t *testing.T) map[string]clientRequest {
 func TestClientFixturesServed(t *testing.T) {
 	cfg := testConfig("w-clients")
 	cfg.MaxTokensLimit = 131072
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	c := testClient(t)
 	for name, cr := range clientFixtures(t) {
 		var body map[string]json.RawMessage
@@ -215,7 +217,7 @@ func TestWorkerInlineSystemSetting(t *testing.T) {
 	inputTokens := func(setting string) int {
 		cfg := testConfig("w-inline-" + setting)
 		cfg.AnthropicInlineSystem = setting
-		s := startServer(t, cfg)
+		s := workertest.Start(t, New, cfg)
 		r := post(t, testClient(t), s.URL()+"/v1/messages", body, nil)
 		var m struct {
 			Usage struct {
@@ -242,7 +244,7 @@ func TestWorkerInlineSystemSetting(t *testing.T) {
 // sub-agent tool, named exactly), its message from the backquoted span;
 // its flat name alone names nothing.
 func TestResponsesNamespaceFunctionNamedByItsOwnName(t *testing.T) {
-	s := startServer(t, testConfig("w-ns-auto"))
+	s := workertest.Start(t, New, testConfig("w-ns-auto"))
 	c := testClient(t)
 	for input, want := range map[string]string{
 		"Use spawn_agent: `check the notes`": `{"message":"check the notes"}`,

@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"container/list"
 	"encoding/json"
 	"log/slog"
 	"sync"
@@ -16,14 +15,10 @@ import (
 // responses_store_bytes of their items, least recently used evicted
 // first, each eviction logged and counted.
 type convStore struct {
-	mu         sync.Mutex
-	maxEntries int
-	maxBytes   int64
-	bytes      int64
-	lru        *list.List // of *conversation, most recent at the front
-	byID       map[string]*list.Element
-	log        *slog.Logger
-	evicted    func()
+	mu      sync.Mutex
+	convs   *lruMap[*conversation]
+	log     *slog.Logger
+	evicted func()
 }
 
 // conversation is one conversation; its fields change under the store's
@@ -33,7 +28,6 @@ type conversation struct {
 	created  int64
 	metadata json.RawMessage // an object
 	items    []json.RawMessage
-	size     int64
 }
 
 // convSnapshot is a conversation as read at one moment.
@@ -45,14 +39,16 @@ type convSnapshot struct {
 }
 
 func newConvStore(maxEntries int, maxBytes int64, log *slog.Logger, evicted func()) *convStore {
-	return &convStore{maxEntries: maxEntries, maxBytes: maxBytes, lru: list.New(), byID: map[string]*list.Element{}, log: log, evicted: evicted}
+	return &convStore{convs: newLRUMap[*conversation](maxEntries, maxBytes), log: log, evicted: evicted}
 }
 
-func (c *conversation) resize() {
-	c.size = int64(len(c.metadata)) + 128
+// size is what the conversation counts against responses_store_bytes.
+func (c *conversation) size() int64 {
+	n := int64(len(c.metadata)) + 128
 	for _, it := range c.items {
-		c.size += int64(len(it))
+		n += int64(len(it))
 	}
+	return n
 }
 
 func (c *conversation) snapshot() convSnapshot {
@@ -62,11 +58,9 @@ func (c *conversation) snapshot() convSnapshot {
 // create stores a new conversation.
 func (s *convStore) create(id string, created int64, metadata json.RawMessage, items []json.RawMessage) convSnapshot {
 	c := &conversation{id: id, created: created, metadata: metadata, items: items}
-	c.resize()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.byID[id] = s.lru.PushFront(c)
-	s.bytes += c.size
+	s.convs.put(id, c, c.size())
 	s.evictLocked()
 	return c.snapshot()
 }
@@ -75,27 +69,13 @@ func (s *convStore) create(id string, created int64, metadata json.RawMessage, i
 // bounds (never the last one: a single conversation over the byte bound
 // stays, as the response store keeps its last response).
 func (s *convStore) evictLocked() {
-	for s.lru.Len() > 1 && (s.lru.Len() > s.maxEntries || s.bytes > s.maxBytes) {
-		old := s.lru.Back().Value.(*conversation)
-		s.removeLocked(old.id)
+	s.convs.evict(1, func(old *conversation, size int64) {
 		s.log.Info("evicted a conversation (responses_store_entries / responses_store_bytes)", "conversation_id", old.id,
-			"items", len(old.items), "bytes", old.size, "conversations", s.lru.Len(), "store_bytes", s.bytes)
+			"items", len(old.items), "bytes", size, "conversations", s.convs.len(), "store_bytes", s.convs.bytes)
 		if s.evicted != nil {
 			s.evicted()
 		}
-	}
-}
-
-func (s *convStore) removeLocked(id string) bool {
-	el, ok := s.byID[id]
-	if !ok {
-		return false
-	}
-	c := el.Value.(*conversation)
-	s.lru.Remove(el)
-	delete(s.byID, id)
-	s.bytes -= c.size
-	return true
+	})
 }
 
 // with runs f on conversation id (marked used) under the lock and
@@ -104,17 +84,13 @@ func (s *convStore) removeLocked(id string) bool {
 func (s *convStore) with(id string, f func(c *conversation)) (convSnapshot, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	el, ok := s.byID[id]
+	c, ok := s.convs.get(id)
 	if !ok {
 		return convSnapshot{}, false
 	}
-	s.lru.MoveToFront(el)
-	c := el.Value.(*conversation)
 	if f != nil {
-		before := c.size
 		f(c)
-		c.resize()
-		s.bytes += c.size - before
+		s.convs.resize(id, c.size())
 		snap := c.snapshot()
 		s.evictLocked()
 		return snap, true
@@ -155,14 +131,15 @@ func (s *convStore) deleteItem(id, itemID string) (snap convSnapshot, ok, found 
 func (s *convStore) delete(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.removeLocked(id)
+	_, ok := s.convs.remove(id)
+	return ok
 }
 
 // stats returns the conversations and bytes held.
 func (s *convStore) stats() (int, int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.lru.Len(), s.bytes
+	return s.convs.len(), s.convs.bytes
 }
 
 // itemIDOf is an item's id ("" none).

@@ -312,19 +312,8 @@ func (x *exchange) serve() (int, string) {
 		return http.StatusOK, ""
 	}
 	var prev *storedResponse
-	if rf := p.req.Responses; rf != nil && !relay && (rf.PreviousResponseID != "" || len(rf.ItemReferences()) > 0) {
-		if prev, aerr = s.expandResponses(p); aerr != nil {
-			return x.fail(aerr), ""
-		}
-		if p, aerr = parsedFrom(p.req, body, s.rules()); aerr != nil {
-			return x.fail(aerr), ""
-		}
-	}
-	if rf := p.req.Responses; rf != nil && rf.Conversation != "" && !relay {
-		if aerr = s.conversationInput(p); aerr != nil {
-			return x.fail(aerr), ""
-		}
-		if p, aerr = parsedFrom(p.req, body, s.rules()); aerr != nil {
+	if !relay {
+		if p, prev, aerr = s.expandStored(p, body); aerr != nil {
 			return x.fail(aerr), ""
 		}
 	}
@@ -349,6 +338,41 @@ func (x *exchange) serve() (int, string) {
 	}
 	x.seq = s.reqSeq.Add(1)
 	x.created = time.Now().Unix()
+	if ra := x.answer(prev); ra != nil && p.req.Responses.Background {
+		return s.startBackground(x, ra), p.phase.String()
+	}
+	return x.run(x.ctx)
+}
+
+// expandStored puts into a Responses request what it refers to: the stored
+// responses and items it names (previous_response_id, item references),
+// then its conversation's items, and parses it again. It returns the
+// request and the previous response (nil when none).
+func (s *Server) expandStored(p *parsedRequest, body []byte) (*parsedRequest, *storedResponse, *apiError) {
+	var prev *storedResponse
+	var aerr *apiError
+	if rf := p.req.Responses; rf != nil && (rf.PreviousResponseID != "" || len(rf.ItemReferences()) > 0) {
+		if prev, aerr = s.expandResponses(p); aerr != nil {
+			return nil, nil, aerr
+		}
+		if p, aerr = parsedFrom(p.req, body, s.rules()); aerr != nil {
+			return nil, nil, aerr
+		}
+	}
+	if rf := p.req.Responses; rf != nil && rf.Conversation != "" {
+		if aerr = s.conversationInput(p); aerr != nil {
+			return nil, nil, aerr
+		}
+		if p, aerr = parsedFrom(p.req, body, s.rules()); aerr != nil {
+			return nil, nil, aerr
+		}
+	}
+	return p, prev, nil
+}
+
+// answer gives the exchange its id and the answer of its dialect; for a
+// Responses request it returns that answer (nil otherwise).
+func (x *exchange) answer(prev *storedResponse) *responsesAnswer {
 	switch {
 	case x.chat || x.dialect == apireq.Completions:
 		kind := "cmpl"
@@ -362,16 +386,14 @@ func (x *exchange) serve() (int, string) {
 		x.ans = &messagesAnswer{x: x}
 	default:
 		x.id = "resp_" + randomID()
-		if x.chain == "" && p.conversationID == "" {
+		if x.chain == "" && x.p.conversationID == "" {
 			x.chain = "response:" + x.id // its continuations find its rank
 		}
-		ra := s.newResponsesAnswer(x, prev)
+		ra := x.s.newResponsesAnswer(x, prev)
 		x.ans = ra
-		if p.req.Responses.Background {
-			return s.startBackground(x, ra), p.phase.String()
-		}
+		return ra
 	}
-	return x.run(x.ctx)
+	return nil
 }
 
 // run places the request on a rank, runs it on the engine and answers.

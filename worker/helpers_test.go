@@ -2,7 +2,6 @@ package worker
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
@@ -38,28 +36,6 @@ func testConfig(id string) Config {
 	cfg.Engine.CapacityBlocks = 4096
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	return cfg
-}
-
-// startServer starts a worker on 127.0.0.1:0 and closes it at cleanup.
-func startServer(t testing.TB, cfg Config) *Server {
-	t.Helper()
-	s, err := New(cfg)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.Start(ctx); err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.Close(ctx); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	})
-	return s
 }
 
 func testClient(t testing.TB) *http.Client { return testhttp.Client(t, nil) }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/tether-project/tether/test/workertest"
 )
 
 // longPrompt is a prompt of n distinct words (n/4 full blocks at block size 4).
@@ -46,7 +48,7 @@ func usageOf(t *testing.T, m map[string]any) (prompt, completion, cached int) {
 }
 
 func TestChatNonStreamingAndCachedTokens(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	body := chatBody(longPrompt("a", 40), `"max_tokens":5`)
 	hdr := map[string]string{"x-session-id": "conv-1"}
@@ -87,7 +89,7 @@ func TestChatNonStreamingAndCachedTokens(t *testing.T) {
 }
 
 func TestStreamingChatAndCompletions(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	for _, tc := range []struct {
 		name, path, body, object string
@@ -149,7 +151,7 @@ func TestStreamingChatAndCompletions(t *testing.T) {
 }
 
 func TestCompletionsPromptForms(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	for _, prompt := range []string{`"one two three four five"`, `["one two three four five"]`, `[11, 12, 13, 14, 15]`} {
 		r := post(t, c, s.URL()+"/v1/completions", `{"model":"test-model","max_tokens":2,"prompt":`+prompt+`}`, nil)
@@ -170,7 +172,7 @@ func TestCompletionsPromptForms(t *testing.T) {
 }
 
 func TestContentParts(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	asString := post(t, c, s.URL()+"/v1/chat/completions",
 		`{"model":"test-model","max_tokens":1,"messages":[{"role":"user","content":"alpha beta\ngamma"}]}`, nil)
@@ -187,7 +189,7 @@ func TestContentParts(t *testing.T) {
 }
 
 func TestModelsHealthReadyMetrics(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	r := do(t, c, http.MethodGet, s.URL()+"/v1/models", "", nil)
 	if r.status != 200 || !strings.Contains(string(r.body), `"id":"test-model"`) {
@@ -227,7 +229,7 @@ func TestModelsHealthReadyMetrics(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	cfg := testConfig("w0")
 	cfg.MaxBodyBytes = 4096
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	c := testClient(t)
 	chat, cmpl := s.URL()+"/v1/chat/completions", s.URL()+"/v1/completions"
 	cases := []struct {
@@ -327,7 +329,7 @@ func TestBadInput(t *testing.T) {
 // chat feature. The same session id sticks to a rank on chat, and follows
 // the placement policy (round robin here) on completions.
 func TestRankAffinityIsForChatOnly(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	hdr := map[string]string{"x-session-id": "conv-x"}
 	var chatRanks, cmplRanks []string
@@ -346,7 +348,7 @@ func TestRankAffinityIsForChatOnly(t *testing.T) {
 func TestPromptLargerThanRankIsAClientError(t *testing.T) {
 	cfg := testConfig("w0")
 	cfg.Engine.CapacityBlocks = 4 // 16 tokens at block size 4
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	r := post(t, testClient(t), s.URL()+"/v1/completions", `{"model":"test-model","prompt":"`+longPrompt("w", 40)+`"}`, nil)
 	if r.status != 400 || !strings.Contains(string(r.body), `"code":"context_length_exceeded"`) || !strings.Contains(string(r.body), `"param":"prompt"`) {
 		t.Fatalf("%d %s", r.status, r.body)

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"testing"
+
+	"github.com/tether-project/tether/test/workertest"
 )
 
 // New conversations sharing a long system prompt: with kv_aware rank
@@ -18,7 +20,7 @@ func TestKVAwareRankPlacementFindsTheSharedPrompt(t *testing.T) {
 		cfg := testConfig("w0")
 		cfg.Ranks = 4
 		cfg.ADP.AttentionDP.NewConvPlacement = placement
-		s := startServer(t, cfg)
+		s := workertest.Start(t, New, cfg)
 		c := testClient(t)
 		for i := 0; i < 4; i++ {
 			body := `{"model":"test-model","max_tokens":1,"messages":[{"role":"system","content":` + strconv.Quote(system) +

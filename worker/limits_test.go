@@ -14,6 +14,7 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
 	"github.com/tether-project/tether/test/natstest"
+	"github.com/tether-project/tether/test/workertest"
 )
 
 // max_concurrent_requests: requests beyond the limit get 429 with
@@ -26,7 +27,7 @@ func TestConcurrencyLimitRefusesWith429(t *testing.T) {
 	// client goes away.
 	cfg.Engine.TimeScale = 1
 	cfg.Engine.DecodeTokenTime = 50 * time.Millisecond
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	c := testClient(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -90,7 +91,7 @@ func TestConcurrencyLimitRefusesWith429(t *testing.T) {
 func TestReadHeaderTimeoutIsConfigurable(t *testing.T) {
 	cfg := testConfig("ctx-slow")
 	cfg.ReadHeaderTimeout = 200 * time.Millisecond
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	if got := s.httpSrv.ReadHeaderTimeout; got != 200*time.Millisecond {
 		t.Fatalf("http.Server.ReadHeaderTimeout = %v", got)
 	}
@@ -124,14 +125,14 @@ func TestNATSTokenFromEnvironmentConnects(t *testing.T) {
 		}
 		return ""
 	})
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	waitReady(t, testClient(t), s.URL(), http.StatusOK) // /readyz needs the NATS connection
 
 	// The same worker with a wrong token is refused by the server.
 	bad := testConfig("ctx-badtoken")
 	bad.NATS.URLs = []string{ns.ClientURL()}
 	bad.NATS.Token = "wrong-token"
-	b := startServer(t, bad)
+	b := workertest.Start(t, New, bad)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		err := b.pub.nc.LastError()

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tether-project/tether/test/workertest"
 )
 
 // A worker with adapters serves each as a model (404 for any other), lists
@@ -15,7 +17,7 @@ import (
 func TestWorkerServesLoRAAdapters(t *testing.T) {
 	cfg := testConfig("lora-1")
 	cfg.LoRA = LoRAConfig{Adapters: []string{"agent-a", "agent-b"}, MaxLoRAs: 1}
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	c := testClient(t)
 	base := "http://" + s.Addr().String()
 	models := do(t, c, http.MethodGet, base+"/v1/models", "", nil)

@@ -3,7 +3,6 @@ package worker
 import (
 	"bufio"
 	"bytes"
-	"container/list"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -29,19 +28,12 @@ import (
 
 // respRanks maps the engines' response ids to the rank that holds them.
 type respRanks struct {
-	mu   sync.Mutex
-	max  int
-	lru  *list.List // of *respRank, most recent first
-	byID map[string]*list.Element
-}
-
-type respRank struct {
-	id   string
-	rank int
+	mu    sync.Mutex
+	ranks *lruMap[int]
 }
 
 func newRespRanks(max int) *respRanks {
-	return &respRanks{max: max, lru: list.New(), byID: map[string]*list.Element{}}
+	return &respRanks{ranks: newLRUMap[int](max, 0)}
 }
 
 func (m *respRanks) put(id string, rank int) {
@@ -50,28 +42,14 @@ func (m *respRanks) put(id string, rank int) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if el, ok := m.byID[id]; ok {
-		el.Value.(*respRank).rank = rank
-		m.lru.MoveToFront(el)
-		return
-	}
-	m.byID[id] = m.lru.PushFront(&respRank{id, rank})
-	for m.lru.Len() > m.max {
-		old := m.lru.Back()
-		m.lru.Remove(old)
-		delete(m.byID, old.Value.(*respRank).id)
-	}
+	m.ranks.put(id, rank, 0)
+	m.ranks.evict(0, nil)
 }
 
 func (m *respRanks) get(id string) (int, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	el, ok := m.byID[id]
-	if !ok {
-		return 0, false
-	}
-	m.lru.MoveToFront(el)
-	return el.Value.(*respRank).rank, true
+	return m.ranks.get(id)
 }
 
 // passThrough relays x's Messages or Responses request to px's upstream.
@@ -218,61 +196,83 @@ func (s *Server) relayUpstream(w http.ResponseWriter, r *http.Request, px *proxy
 	ct := resp.Header.Get("Content-Type")
 	w.Header().Set("Content-Type", ct)
 	w.WriteHeader(resp.StatusCode)
-	rc := http.NewResponseController(w)
-	learn := func(b []byte) {
-		var v struct {
-			Object   string `json:"object"`
-			ID       string `json:"id"`
-			Response *struct {
-				ID string `json:"id"`
-			} `json:"response"`
-		}
-		if json.Unmarshal(b, &v) != nil {
-			return
-		}
-		if v.Object == "response" {
-			s.respRanks.put(v.ID, rank)
-		} else if v.Response != nil {
-			s.respRanks.put(v.Response.ID, rank)
-		}
-	}
+	rl := &upstreamRelay{s: s, w: w, rc: http.NewResponseController(w), rank: rank, tap: tap}
 	br := bufio.NewReaderSize(resp.Body, 32<<10)
-	sse := len(ct) >= 17 && ct[:17] == "text/event-stream"
-	if !sse {
-		b, err := io.ReadAll(io.LimitReader(br, 64<<20))
-		if err == nil && resp.StatusCode == http.StatusOK {
-			learn(b)
-			if tap != nil {
-				b = tap.rewrite(b)
-			}
-		}
-		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
-		_, _ = w.Write(b)
-		if err != nil {
-			panic(http.ErrAbortHandler) // a cut answer must not read as whole
-		}
-		return resp.StatusCode
+	if len(ct) >= 17 && ct[:17] == "text/event-stream" {
+		return rl.stream(br, resp.StatusCode)
 	}
+	return rl.whole(br, resp.StatusCode)
+}
+
+// upstreamRelay copies one upstream answer to the client, learning the response
+// ids it carries (their rank) and rewriting them for a conversation (tap).
+type upstreamRelay struct {
+	s    *Server
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	rank int
+	tap  *convTap
+}
+
+// learn records the rank of the response id an answer or event carries.
+func (rl *upstreamRelay) learn(b []byte) {
+	var v struct {
+		Object   string `json:"object"`
+		ID       string `json:"id"`
+		Response *struct {
+			ID string `json:"id"`
+		} `json:"response"`
+	}
+	if json.Unmarshal(b, &v) != nil {
+		return
+	}
+	if v.Object == "response" {
+		rl.s.respRanks.put(v.ID, rl.rank)
+	} else if v.Response != nil {
+		rl.s.respRanks.put(v.Response.ID, rl.rank)
+	}
+}
+
+// whole relays an answer that is not a stream.
+func (rl *upstreamRelay) whole(br *bufio.Reader, status int) int {
+	b, err := io.ReadAll(io.LimitReader(br, 64<<20))
+	if err == nil && status == http.StatusOK {
+		rl.learn(b)
+		if rl.tap != nil {
+			b = rl.tap.rewrite(b)
+		}
+	}
+	_ = rl.rc.SetWriteDeadline(time.Now().Add(rl.s.cfg.WriteTimeout))
+	_, _ = rl.w.Write(b)
+	if err != nil {
+		panic(http.ErrAbortHandler) // a cut answer must not read as whole
+	}
+	return status
+}
+
+// stream relays a server-sent event stream line by line, flushing at the
+// end of each event.
+func (rl *upstreamRelay) stream(br *bufio.Reader, status int) int {
 	for {
 		line, err := br.ReadBytes('\n')
 		if data, ok := bytes.CutPrefix(line, []byte("data: ")); ok && bytes.Contains(data, []byte(`"response":{`)) {
-			learn(data)
-			if tap != nil {
-				line = append(append([]byte("data: "), tap.rewrite(bytes.TrimRight(data, "\r\n"))...), '\n')
+			rl.learn(data)
+			if rl.tap != nil {
+				line = append(append([]byte("data: "), rl.tap.rewrite(bytes.TrimRight(data, "\r\n"))...), '\n')
 			}
 		}
 		if len(line) > 0 {
-			_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
-			if _, werr := w.Write(line); werr != nil {
+			_ = rl.rc.SetWriteDeadline(time.Now().Add(rl.s.cfg.WriteTimeout))
+			if _, werr := rl.w.Write(line); werr != nil {
 				return statusClientClosed
 			}
-			if len(bytes.TrimSpace(line)) == 0 && rc.Flush() != nil {
+			if len(bytes.TrimSpace(line)) == 0 && rl.rc.Flush() != nil {
 				return statusClientClosed
 			}
 		}
 		if err == io.EOF {
-			_ = rc.Flush()
-			return resp.StatusCode
+			_ = rl.rc.Flush()
+			return status
 		}
 		if err != nil {
 			// The upstream broke off: so does this answer (the edge sees

@@ -12,6 +12,7 @@ import (
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/test/engines/vllm"
 	"github.com/tether-project/tether/test/waitfor"
+	"github.com/tether-project/tether/test/workertest"
 )
 
 type sseEvent struct {
@@ -55,7 +56,7 @@ func eventNamesOf(evs []sseEvent) []string {
 // id from a background run alike. A whole answer ends with
 // response.completed.
 func TestCutOffResponseStreamsResponseIncomplete(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	r := post(t, c, s.URL()+"/v1/responses", `{"model":"test-model","input":"write a long story","max_output_tokens":8,"stream":true}`, nil)
 	evs := namedEvents(t, r.body)
@@ -88,7 +89,7 @@ func TestCutOffResponseStreamsResponseIncomplete(t *testing.T) {
 // An unknown previous_response_id is OpenAI's 400
 // previous_response_not_found naming the id (vLLM answers 404).
 func TestUnknownPreviousResponseIs400(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	r := post(t, testClient(t), s.URL()+"/v1/responses", `{"model":"test-model","input":"x","previous_response_id":"resp_nope"}`, nil)
 	want := `{"error":{"message":"Previous response with id 'resp_nope' not found.","type":"invalid_request_error","param":"previous_response_id","code":"previous_response_not_found"}}`
 	if r.status != 400 || strings.TrimSpace(string(r.body)) != want {
@@ -103,7 +104,7 @@ func TestUnknownPreviousResponseIs400(t *testing.T) {
 func TestCancelEndedBackgroundResponse(t *testing.T) {
 	cfg := testConfig("w0")
 	cfg.Engine.TimeScale = 1 // a long answer takes long
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	c := testClient(t)
 	long := post(t, c, s.URL()+"/v1/responses", `{"model":"test-model","input":"a very long answer","background":true,"max_output_tokens":4000}`, nil).json(t)["id"].(string)
 	for i := range 2 {
@@ -113,7 +114,7 @@ func TestCancelEndedBackgroundResponse(t *testing.T) {
 		}
 	}
 	cfg.Engine.TimeScale = 0
-	fast := startServer(t, cfg)
+	fast := workertest.Start(t, New, cfg)
 	done := post(t, c, fast.URL()+"/v1/responses", `{"model":"test-model","input":"short","background":true,"max_output_tokens":4}`, nil).json(t)["id"].(string)
 	waitfor.Reason(t, 10*time.Second, "the background response to end", func() string {
 		if st := do(t, c, "GET", fast.URL()+"/v1/responses/"+done, "", nil).json(t)["status"]; st == "queued" || st == "in_progress" {
@@ -136,7 +137,7 @@ func TestCancelEndedBackgroundResponse(t *testing.T) {
 // prompt_cache_retention, service_tier, top_logprobs, max_tool_calls,
 // metadata, ...), and their defaults when the request has none.
 func TestResponseEchoesRequestFields(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	sent := map[string]any{"truncation": "auto", "user": "user-1234", "safety_identifier": "safety-1", "prompt_cache_key": "thread-9",
 		"prompt_cache_retention": "24h", "service_tier": "flex", "top_logprobs": float64(3), "max_tool_calls": float64(2),
@@ -182,7 +183,7 @@ func TestResponseEchoesRequestFields(t *testing.T) {
 // handing the item back with only its summary and encrypted_content
 // prompts as if it had sent the reasoning text.
 func TestEncryptedReasoningRoundTrip(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	first := post(t, c, s.URL()+"/v1/responses", `{"model":"test-model","store":false,"input":"plan the trip to Paris",
 		"reasoning":{"effort":"medium","summary":"auto"},"include":["reasoning.encrypted_content"],"max_output_tokens":8}`, nil).json(t)
@@ -231,7 +232,7 @@ func TestEncryptedReasoningRoundTrip(t *testing.T) {
 // whole: the first turn's role: system input item stays in the prompt
 // (only instructions do not carry over).
 func TestChainPromptsAsTheWholeConversation(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	c := testClient(t)
 	sys := strings.Repeat("policy ", 300)
 	first := post(t, c, s.URL()+"/v1/responses", mustJSON(t, map[string]any{"model": "test-model", "max_output_tokens": 4,
@@ -273,7 +274,7 @@ func (a convAPI) call(method, path string, body any, wantStatus int) map[string]
 // a Responses request naming the conversation gets its items before its
 // input and appends its input and output; unknown ids are OpenAI's 404s.
 func TestConversationsAPI(t *testing.T) {
-	s := startServer(t, testConfig("w0"))
+	s := workertest.Start(t, New, testConfig("w0"))
 	a := convAPI{t, testClient(t), s.URL()}
 	conv := a.call("POST", "/v1/conversations", map[string]any{"metadata": map[string]string{"topic": "trip"},
 		"items": []any{map[string]any{"type": "message", "role": "system", "content": "You are a travel agent. " + strings.Repeat("rule ", 200)}}}, 200)
@@ -374,7 +375,7 @@ func TestConversationsAPI(t *testing.T) {
 func TestConversationStoreBounded(t *testing.T) {
 	cfg := testConfig("w0")
 	cfg.ResponsesStoreEntries = 2
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	a := convAPI{t, testClient(t), s.URL()}
 	var ids []string
 	for range 3 {
@@ -415,7 +416,7 @@ func TestProxyWorkerHoldsConversations(t *testing.T) {
 	cfg.Engine = DefaultConfig().Engine
 	cfg.Engine.Type = "proxy"
 	cfg.Engine.Upstreams = []string{up.URL()}
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	a := convAPI{t, testClient(t), s.URL()}
 	id := a.call("POST", "/v1/conversations", map[string]any{"items": []any{map[string]any{"role": "user", "content": words(120)}}}, 200)["id"].(string)
 	in := func(o map[string]any) float64 { return o["usage"].(map[string]any)["input_tokens"].(float64) }

@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"container/list"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -17,14 +16,13 @@ import (
 // naming it on another worker is a 404 there. Bounded in entries and bytes,
 // least recently used evicted first, each eviction logged.
 type respStore struct {
-	mu         sync.Mutex
-	maxEntries int
-	maxBytes   int64
-	bytes      int64
-	lru        *list.List // of *storedResponse, most recent at the front
-	byID       map[string]*list.Element
-	log        *slog.Logger
-	evicted    func()
+	mu    sync.Mutex
+	resps *lruMap[*storedResponse]
+	// items maps the id of each input and output item of a stored
+	// response to the response (an item_reference resolves by it).
+	items   map[string]string
+	log     *slog.Logger
+	evicted func()
 }
 
 // storedResponse is one response. Its fields change under the store's lock.
@@ -33,8 +31,9 @@ type storedResponse struct {
 	status  string          // queued, in_progress, completed, incomplete, cancelled, failed
 	object  json.RawMessage // the response object as last written
 	history []json.RawMessage
+	// itemIDs are the item ids the store indexed it under (itemIDs).
+	itemIDs []string
 	input   []json.RawMessage // input items, with ids
-	size    int64
 	// chain is the rank-placement key of the conversation the response
 	// belongs to: its conversation id, or the first response of a chain
 	// of previous_response_ids that named none (a continuation then runs
@@ -57,7 +56,7 @@ type storedEvent struct {
 }
 
 func newRespStore(maxEntries int, maxBytes int64, log *slog.Logger, evicted func()) *respStore {
-	return &respStore{maxEntries: maxEntries, maxBytes: maxBytes, lru: list.New(), byID: map[string]*list.Element{}, log: log, evicted: evicted}
+	return &respStore{resps: newLRUMap[*storedResponse](maxEntries, maxBytes), items: map[string]string{}, log: log, evicted: evicted}
 }
 
 // put stores (or replaces) r.
@@ -68,30 +67,75 @@ func (s *respStore) put(r *storedResponse) {
 }
 
 func (s *respStore) putLocked(r *storedResponse) {
-	r.size = int64(len(r.object)) + 256
-	for _, h := range r.history {
-		r.size += int64(len(h))
+	if old, ok := s.resps.get(r.id); ok {
+		s.forget(old)
 	}
-	for _, in := range r.input {
-		r.size += int64(len(in))
+	r.itemIDs = itemIDs(r)
+	for _, id := range r.itemIDs {
+		s.items[id] = r.id
 	}
-	for _, ev := range r.events {
-		r.size += int64(len(ev.data))
-	}
-	if el, ok := s.byID[r.id]; ok {
-		s.bytes -= el.Value.(*storedResponse).size
-		s.lru.Remove(el)
-	}
-	s.byID[r.id] = s.lru.PushFront(r)
-	s.bytes += r.size
-	for s.lru.Len() > 1 && (s.lru.Len() > s.maxEntries || s.bytes > s.maxBytes) {
-		old := s.lru.Back().Value.(*storedResponse)
-		s.removeLocked(old.id)
+	s.resps.put(r.id, r, r.storeSize())
+	s.resps.evict(1, func(old *storedResponse, size int64) {
+		s.forget(old)
+		old.stop()
 		s.log.Info("evicted a stored response (responses_store_entries / responses_store_bytes)", "response_id", old.id,
-			"status", old.status, "bytes", old.size, "entries", s.lru.Len(), "store_bytes", s.bytes)
+			"status", old.status, "bytes", size, "entries", s.resps.len(), "store_bytes", s.resps.bytes)
 		if s.evicted != nil {
 			s.evicted()
 		}
+	})
+}
+
+// forget drops r's items from the index (r left the store, or is being
+// replaced).
+func (s *respStore) forget(r *storedResponse) {
+	for _, id := range r.itemIDs {
+		if s.items[id] == r.id {
+			delete(s.items, id)
+		}
+	}
+}
+
+// itemIDs are the ids of r's input items and of its object's output items.
+func itemIDs(r *storedResponse) []string {
+	var ids []string
+	for _, in := range r.input {
+		if id := itemIDOf(in); id != "" {
+			ids = append(ids, id)
+		}
+	}
+	var obj struct {
+		Output []json.RawMessage `json:"output"`
+	}
+	_ = json.Unmarshal(r.object, &obj)
+	for _, out := range obj.Output {
+		if id := itemIDOf(out); id != "" {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// storeSize is what the response counts against responses_store_bytes.
+func (r *storedResponse) storeSize() int64 {
+	n := int64(len(r.object)) + 256
+	for _, h := range r.history {
+		n += int64(len(h))
+	}
+	for _, in := range r.input {
+		n += int64(len(in))
+	}
+	for _, ev := range r.events {
+		n += int64(len(ev.data))
+	}
+	return n
+}
+
+// stop cancels a background run that has not ended: its response left
+// the store.
+func (r *storedResponse) stop() {
+	if r.cancel != nil && !r.done {
+		r.cancel()
 	}
 }
 
@@ -99,12 +143,7 @@ func (s *respStore) putLocked(r *storedResponse) {
 func (s *respStore) get(id string) (*storedResponse, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	el, ok := s.byID[id]
-	if !ok {
-		return nil, false
-	}
-	s.lru.MoveToFront(el)
-	return el.Value.(*storedResponse), true
+	return s.resps.get(id)
 }
 
 // snapshot reads r's fields under the lock.
@@ -117,22 +156,12 @@ func (s *respStore) snapshot(r *storedResponse) (status string, object json.RawM
 func (s *respStore) delete(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.removeLocked(id)
-}
-
-func (s *respStore) removeLocked(id string) bool {
-	el, ok := s.byID[id]
-	if !ok {
-		return false
+	r, ok := s.resps.remove(id)
+	if ok {
+		s.forget(r)
+		r.stop()
 	}
-	r := el.Value.(*storedResponse)
-	s.lru.Remove(el)
-	delete(s.byID, id)
-	s.bytes -= r.size
-	if r.cancel != nil && !r.done {
-		r.cancel()
-	}
-	return true
+	return ok
 }
 
 // update changes a stored response's status and object (a no-op once
@@ -147,7 +176,7 @@ func (s *respStore) update(r *storedResponse, status string, object json.RawMess
 	if history != nil {
 		r.history = history
 	}
-	if _, ok := s.byID[r.id]; ok {
+	if _, ok := s.resps.get(r.id); ok {
 		s.putLocked(r)
 	}
 }
@@ -160,8 +189,7 @@ func (s *respStore) appendEvent(r *storedResponse, name string, data []byte, las
 		return
 	}
 	r.events = append(r.events, storedEvent{name, data})
-	r.size += int64(len(data))
-	s.bytes += int64(len(data))
+	s.resps.resize(r.id, r.storeSize())
 	r.done = last
 	close(r.changed)
 	r.changed = make(chan struct{})
@@ -202,31 +230,26 @@ func (s *respStore) cancelRun(r *storedResponse, object func(status string) json
 }
 
 // item finds an input or output item of a stored response by its id (an
-// item_reference), most recently used response first.
+// item_reference), through the index of item ids.
 func (s *respStore) item(id string) (json.RawMessage, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	hasID := func(raw json.RawMessage) bool {
-		var v struct {
-			ID string `json:"id"`
-		}
-		return json.Unmarshal(raw, &v) == nil && v.ID == id
+	r, ok := s.resps.get(s.items[id])
+	if !ok {
+		return nil, false
 	}
-	for el := s.lru.Front(); el != nil; el = el.Next() {
-		r := el.Value.(*storedResponse)
-		for _, in := range r.input {
-			if hasID(in) {
-				return in, true
-			}
+	for _, in := range r.input {
+		if itemIDOf(in) == id {
+			return in, true
 		}
-		var obj struct {
-			Output []json.RawMessage `json:"output"`
-		}
-		_ = json.Unmarshal(r.object, &obj)
-		for _, out := range obj.Output {
-			if hasID(out) {
-				return out, true
-			}
+	}
+	var obj struct {
+		Output []json.RawMessage `json:"output"`
+	}
+	_ = json.Unmarshal(r.object, &obj)
+	for _, out := range obj.Output {
+		if itemIDOf(out) == id {
+			return out, true
 		}
 	}
 	return nil, false
@@ -236,5 +259,5 @@ func (s *respStore) item(id string) (json.RawMessage, bool) {
 func (s *respStore) stats() (int, int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.lru.Len(), s.bytes
+	return s.resps.len(), s.resps.bytes
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/natstest"
+	"github.com/tether-project/tether/test/workertest"
 )
 
 func startNATS(t *testing.T, port int) *natsserver.Server {
@@ -128,7 +129,7 @@ func TestTelemetryOverNATS(t *testing.T) {
 	cfg.Engine.TimeScale = 1
 	cfg.Engine.DecodeTokenTime = 20 * time.Millisecond
 	cfg.Engine.PrefillOverhead = time.Millisecond
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 
 	// Registration/heartbeat: identity and capabilities.
 	first := edge.waitLoad("identity", func(r telemetry.LoadReport) bool { return r.Instance == "ctx-7" })
@@ -362,7 +363,7 @@ func TestNATSOutageAndReconnect(t *testing.T) {
 	cfg := testConfig("ctx-r")
 	cfg.NATS.URLs = []string{addr}
 	cfg.TelemetryInterval = 20 * time.Millisecond
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	c := testClient(t)
 	waitReady(t, c, s.URL(), http.StatusOK)
 
@@ -409,7 +410,7 @@ func TestQueueJumpTriggersImmediateLoadReport(t *testing.T) {
 	cfg := slowConfig("ctx-burst")
 	cfg.NATS.URLs = []string{ns.ClientURL()}
 	cfg.TelemetryInterval = time.Hour
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	c := testClient(t)
 	waitReady(t, c, s.URL(), http.StatusOK)
 	// The report sent on connecting to NATS runs on nats.go's callback

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tether-project/tether/cluster/pki"
 	"github.com/tether-project/tether/test/testhttp"
+	"github.com/tether-project/tether/test/workertest"
 )
 
 type tlsFixture struct {
@@ -111,7 +112,7 @@ func startTLSServer(t *testing.T, f *tlsFixture, auth string, allowed ...string)
 	_, files := f.issue(t, "w1", pki.RoleWorker)
 	cfg := testConfig("w1")
 	cfg.TLS = ServerTLSConfig{Mode: TLSModeMutual, CAFile: files.CA, CertFile: files.Cert, KeyFile: files.Key, HTTPClientAuth: auth, AllowedClients: allowed}
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	if !strings.HasPrefix(s.URL(), "https://") || s.TLSMode() != TLSModeMutual {
 		t.Fatalf("URL %s, mode %s", s.URL(), s.TLSMode())
 	}

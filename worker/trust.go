@@ -43,7 +43,26 @@ func (s *Server) verifyHint(h http.Header, p *parsedRequest) (string, *apiError)
 		s.metrics.hints.WithLabelValues(hintIgnored).Inc()
 		return "", nil
 	}
-	role := s.cfg.ServerRole
+	role, reqType := s.hintRole(p)
+	if role == "" {
+		s.metrics.hints.WithLabelValues(hintIgnored).Inc()
+		return "", nil
+	}
+	err := hintauth.VerifyAny(s.hintFormats, s.keys, signedFields(p, role, reqType, affinity, sig), sig)
+	if err == nil {
+		s.metrics.hints.WithLabelValues(hintVerified).Inc()
+		return affinity, nil
+	}
+	outcome, e := hintRefusal(err, affinity, sig, role, reqType)
+	s.metrics.hints.WithLabelValues(outcome).Inc()
+	s.metrics.hintFailures.WithLabelValues(outcome).Inc()
+	return "", e
+}
+
+// hintRole is the role whose signature a hinted request must carry, and its
+// request type: server_role, else the one the request type implies (""
+// for an aggregated request: the hint is ignored).
+func (s *Server) hintRole(p *parsedRequest) (hintauth.Role, hintauth.RequestType) {
 	reqType := hintauth.RequestAggregated
 	switch p.phase {
 	case engine.PhaseContextOnly:
@@ -51,17 +70,21 @@ func (s *Server) verifyHint(h http.Header, p *parsedRequest) (string, *apiError)
 	case engine.PhaseGenerationOnly:
 		reqType = hintauth.RequestGenerationOnly
 	}
-	if role == "" {
-		switch reqType {
-		case hintauth.RequestContextOnly:
-			role = hintauth.RoleContext
-		case hintauth.RequestGenerationOnly:
-			role = hintauth.RoleGeneration
-		default:
-			s.metrics.hints.WithLabelValues(hintIgnored).Inc()
-			return "", nil
-		}
+	if role := s.cfg.ServerRole; role != "" {
+		return role, reqType
 	}
+	switch reqType {
+	case hintauth.RequestContextOnly:
+		return hintauth.RoleContext, reqType
+	case hintauth.RequestGenerationOnly:
+		return hintauth.RoleGeneration, reqType
+	}
+	return "", reqType
+}
+
+// signedFields are the values a hint's signature covers, as the format of
+// sig signs them.
+func signedFields(p *parsedRequest, role hintauth.Role, reqType hintauth.RequestType, affinity, sig string) hintauth.Fields {
 	var disaggID string
 	if p.disagg != nil {
 		disaggID = p.disagg.DisaggRequestID.text
@@ -88,45 +111,34 @@ func (s *Server) verifyHint(h http.Header, p *parsedRequest) (string, *apiError)
 			f.RequestType = hintauth.RequestType(p.disagg.RequestType)
 		}
 	}
-	err := hintauth.VerifyAny(s.hintFormats, s.keys, f, sig)
-	if err == nil {
-		s.metrics.hints.WithLabelValues(hintVerified).Inc()
-		return affinity, nil
-	}
+	return f
+}
+
+// hintRefusal is the metric outcome and the client's error of a hint whose
+// signature did not verify (err).
+func hintRefusal(err error, affinity, sig string, role hintauth.Role, reqType hintauth.RequestType) (string, *apiError) {
 	const code = "invalid_subagent_affinity_signature"
-	var outcome string
-	var e *apiError
 	switch {
 	case errors.Is(err, hintauth.ErrMissing):
-		outcome = hintMissing
-		e = newAPIError(http.StatusUnauthorized, "authentication_error", "missing_subagent_affinity_signature", hintauth.HeaderAffinityAuth,
+		return hintMissing, newAPIError(http.StatusUnauthorized, "authentication_error", "missing_subagent_affinity_signature", hintauth.HeaderAffinityAuth,
 			"%s is set but %s is missing: sub-agent affinity must be signed by the edge", hintauth.HeaderAffinityID, hintauth.HeaderAffinityAuth)
 	case errors.Is(err, hintauth.ErrMalformed), errors.Is(err, hintauth.ErrFormatNotAccepted):
-		outcome = hintMalformed
-		e = newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityAuth,
+		return hintMalformed, newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityAuth,
 			"malformed sub-agent affinity signature: %v", err)
 	case errors.Is(err, hintauth.ErrBadFields):
-		outcome = hintBadFields
 		msg := "sub-agent affinity signature cannot be verified: %v"
 		if affinity == "" {
 			msg = "%s is set without " + hintauth.HeaderAffinityID + " (%v)"
-			e = newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityID, msg, hintauth.HeaderAffinityAuth, err)
-		} else {
-			e = newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityAuth, msg, err)
+			return hintBadFields, newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityID, msg, hintauth.HeaderAffinityAuth, err)
 		}
+		return hintBadFields, newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityAuth, msg, err)
 	case errors.Is(err, hintauth.ErrNoKey):
-		outcome = hintNoKey
-		e = newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityAuth,
+		return hintNoKey, newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityAuth,
 			"this worker has no internal_request_auth_key, so it cannot accept sub-agent affinity hints")
-	default:
-		outcome = hintInvalid
-		e = newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityAuth,
-			"invalid sub-agent affinity signature (%s format) for role %s, request type %s: not signed with this worker's internal_request_auth_key for this request's model, conversation and disaggregated request id",
-			hintauth.SignatureFormat(sig), role, reqType)
 	}
-	s.metrics.hints.WithLabelValues(outcome).Inc()
-	s.metrics.hintFailures.WithLabelValues(outcome).Inc()
-	return "", e
+	return hintInvalid, newAPIError(http.StatusForbidden, "permission_error", code, hintauth.HeaderAffinityAuth,
+		"invalid sub-agent affinity signature (%s format) for role %s, request type %s: not signed with this worker's internal_request_auth_key for this request's model, conversation and disaggregated request id",
+		hintauth.SignatureFormat(sig), role, reqType)
 }
 
 // verifyDisaggAuth checks x-trtllm-disagg-auth on a generation_only

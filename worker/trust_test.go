@@ -9,6 +9,7 @@ import (
 
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/test/crosscheck"
+	"github.com/tether-project/tether/test/workertest"
 )
 
 const (
@@ -21,7 +22,7 @@ const (
 // its opaque state, so generation-only requests in the table are valid.
 func contextState(t *testing.T, prompt string) string {
 	t.Helper()
-	s := startServer(t, testConfig("state-src"))
+	s := workertest.Start(t, New, testConfig("state-src"))
 	r := post(t, testClient(t), s.URL()+"/v1/chat/completions",
 		chatBody(prompt, `"disaggregated_params":{"request_type":"context_only","disagg_request_id":"req-7"}`), nil)
 	if r.status != 200 {
@@ -112,7 +113,7 @@ func TestHintSignatureCases(t *testing.T) {
 			cfg.InternalRequestAuthKey = tc.key
 			cfg.PreviousInternalRequestAuthKeys = tc.prevKeys
 			cfg.IgnoreSubagentHints = tc.legacy
-			s := startServer(t, cfg)
+			s := workertest.Start(t, New, cfg)
 			extra := `"max_tokens":2`
 			switch tc.reqType {
 			case "context_only":
@@ -186,7 +187,7 @@ func TestVerifiedSubagentsLandOnParentRank(t *testing.T) {
 	cfg := testConfig("ctx-0")
 	cfg.Ranks = 4
 	cfg.ServerRole = hintauth.RoleContext
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	c := testClient(t)
 	url := s.URL() + "/v1/chat/completions"
 	ctxOnly := func(id string) string {
@@ -221,7 +222,7 @@ func TestVerifiedSubagentsLandOnParentRank(t *testing.T) {
 func TestAggregatedWithoutRoleRoutesByOwnConversation(t *testing.T) {
 	cfg := testConfig("agg-0")
 	cfg.Ranks = 2
-	s := startServer(t, cfg)
+	s := workertest.Start(t, New, cfg)
 	c := testClient(t)
 	url := s.URL() + "/v1/chat/completions"
 	own := post(t, c, url, chatBody("first turn", ""), map[string]string{"x-session-id": "child-a"})
@@ -296,7 +297,7 @@ func TestTRTLLMFormatHints(t *testing.T) {
 			map[string]string{hintauth.HeaderAffinityID: parent, hintauth.HeaderAffinityAuth: sig})
 	}
 	const dp = `{"request_type":"context_only","disagg_request_id":7}`
-	s := startServer(t, testConfig("w-trtllm"))
+	s := workertest.Start(t, New, testConfig("w-trtllm"))
 	if r := send(t, s, dp, sig); r.status != 200 {
 		t.Fatalf("TensorRT-LLM-signed hint: %d %s", r.status, r.body)
 	}
@@ -317,7 +318,7 @@ func TestTRTLLMFormatHints(t *testing.T) {
 	}
 	cfg := testConfig("w-v1-only")
 	cfg.HintSignatureFormats = []string{"tether-v1"}
-	s1 := startServer(t, cfg)
+	s1 := workertest.Start(t, New, cfg)
 	r := send(t, s1, dp, sig)
 	if r.status != 403 || !strings.Contains(string(r.body), "not accepted") {
 		t.Fatalf("trtllm hint on a tether-v1-only worker: %d %s", r.status, r.body)

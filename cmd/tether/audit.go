@@ -13,6 +13,7 @@ import (
 
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/progress"
 	"github.com/tether-project/tether/ops/audit"
 	"github.com/tether-project/tether/ops/operator"
 )
@@ -60,13 +61,8 @@ var auditCommands = map[string]func(fs *flag.FlagSet) auditRun{
 }
 
 func runAudit(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(os.Stderr, auditUsage)
-		return fmt.Errorf("%w: a subcommand is required", errUsage)
-	}
-	if helpArg(args[0]) {
-		fmt.Fprint(os.Stdout, auditUsage)
-		return nil
+	if done, err := groupUsage(args, auditUsage, "a subcommand is required"); done {
+		return err
 	}
 	sub, rest := args[0], args[1:]
 	fs := newFlagSet("audit " + sub)
@@ -101,7 +97,7 @@ func auditReplay(fs *flag.FlagSet) auditRun {
 	untilIndex := fs.Uint64("until-index", 0, "stop after this log index")
 	untilTime := fs.String("until-time", "", "stop before the first entry after this log time (RFC 3339)")
 	return func(ctx context.Context, d *audit.DataDir, out io.Writer, asJSON bool) error {
-		opts := audit.ReplayOptions{UntilIndex: *untilIndex, Progress: audit.NewProgress(os.Stderr, "replay")}
+		opts := audit.ReplayOptions{UntilIndex: *untilIndex, Progress: progress.New(os.Stderr, "replay")}
 		if *untilTime != "" {
 			if *untilIndex != 0 {
 				return fmt.Errorf("%w: --until-index and --until-time are exclusive", errUsage)
@@ -188,20 +184,12 @@ func auditVerify(fs *flag.FlagSet) auditRun {
 		if *edgeURL == "" {
 			return fmt.Errorf("%w: --edge is required", errUsage)
 		}
-		tok := *token
-		if tok == "" {
-			tok = os.Getenv(operator.EnvAdminToken)
-		}
-		hc, err := tlsFlags.client()
+		c, err := tlsFlags.adminClient([]string{*edgeURL}, *token)
 		if err != nil {
 			return err
 		}
-		c, err := operator.New([]string{*edgeURL}, tok, hc)
-		if err != nil {
-			return fmt.Errorf("%w: %v", errUsage, err)
-		}
 		defer c.Close()
-		rep, err := audit.Verify(ctx, d, c, audit.VerifyOptions{SpotCheck: *spot, Replay: audit.ReplayOptions{Progress: audit.NewProgress(os.Stderr, "replay")}})
+		rep, err := audit.Verify(ctx, d, c, audit.VerifyOptions{SpotCheck: *spot, Replay: audit.ReplayOptions{Progress: progress.New(os.Stderr, "replay")}})
 		if err != nil {
 			return err
 		}
@@ -258,7 +246,7 @@ func auditExport(fs *flag.FlagSet) auditRun {
 			defer f.Close()
 			w = f
 		}
-		n, err := d.Export(ctx, w, audit.ExportOptions{From: *from, To: *to, Progress: audit.NewProgress(os.Stderr, "export")})
+		n, err := d.Export(ctx, w, audit.ExportOptions{From: *from, To: *to, Progress: progress.New(os.Stderr, "export")})
 		if err != nil {
 			return err
 		}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-project/tether/internal/progress"
 	"github.com/tether-project/tether/ops/bench"
 	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/routing"
@@ -22,25 +23,20 @@ func init() {
 	register("bench", "replay agentic traces and the agent patterns of docs/agent-workloads.md; compare routing policies and edge counts", runBench)
 }
 
-func runBench(ctx context.Context, args []string) error {
-	if len(args) == 0 || helpArg(args[0]) {
-		out := os.Stdout
-		if len(args) == 0 {
-			out = os.Stderr
-		}
-		fmt.Fprint(out, `usage: tether bench <replay|agents|report> [flags]
+const benchUsage = `usage: tether bench <replay|agents|report> [flags]
 
   replay   replay trace files (sim: virtual time; e2e: a running deployment)
   agents   the agent patterns of docs/agent-workloads.md (react, supervisor, fanout, retry, tag)
   lora     agent types on their own LoRA adapters over a fleet with a few adapter slots per instance
+  sessions a closed loop of multi-turn sessions (Dynamo's session-routing replay: 2,200 × 20 turns at concurrency 1,024)
   report   see tether-bench report (make bench-report): everything BENCHMARKS.md publishes
 
 Run 'tether bench <command> -h' for its flags.
-`)
-		if len(args) == 0 {
-			return fmt.Errorf("%w: missing bench command", errUsage)
-		}
-		return nil
+`
+
+func runBench(ctx context.Context, args []string) error {
+	if done, err := groupUsage(args, benchUsage, "missing bench command"); done {
+		return err
 	}
 	switch args[0] {
 	case "replay":
@@ -49,6 +45,8 @@ Run 'tether bench <command> -h' for its flags.
 		return runBenchAgents(ctx, args[1:])
 	case "lora":
 		return runBenchLoRA(ctx, args[1:])
+	case "sessions":
+		return runBenchSessions(ctx, args[1:])
 	case "report":
 		return fmt.Errorf("%w: the report is built by its own binary, which links the plotting libraries this one does not: make bench-report (or go run ./cmd/tether-bench)", errUsage)
 	}
@@ -83,6 +81,8 @@ type simFlags struct {
 	cacheLostIdle *time.Duration
 	engineMetrics *string
 	subagentOwn   *bool
+	kvEvents      *string
+	edgeRestarts  *int
 }
 
 // addSimFlags registers the shared flags; external adds those that point
@@ -108,7 +108,7 @@ func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks
 		ranks:     fs.Int("ranks", defRanks, "ADP ranks per instance (sim)"),
 		capacity:  fs.Int("capacity-blocks", defCapacity, "KV blocks per instance, split evenly over its ranks (sim)"),
 		edges:     fs.String("edges", defEdges, "edge counts, comma-separated (e.g. 1,3,5)"),
-		policies:  fs.String("policies", "all", "policies, comma-separated: random, round_robin, least_loaded, session_local, session, prefix, tether (or all)"),
+		policies:  fs.String("policies", "all", "policies, comma-separated: random, round_robin, least_loaded, session_local, session, prefix, dynamo, dynamo_kv, llmd, smg, trtllm_conversation, tether_local, tether, the tether_* ablations (all: every one but dynamo_kv and the ablations)"),
 		timeScale: fs.Float64("time-scale", 1, "multiply the workload's timing (0.5 = twice as fast)"),
 		seed:      fs.Uint64("seed", 1, "seed for the load balancer's edge choice and the random policy"),
 		logKind:   fs.String("log", "virtual", "affinity log in sim mode: virtual (virtual time, commit latency measured by BenchmarkBindCommit) or sequencer (zero commit latency)"),
@@ -135,6 +135,10 @@ func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks
 			"e2e with --edge-urls: comma-separated /metrics URLs of the deployment's vLLM engines; the report adds the prompt tokens they computed, found cached and received by KV transfer (vllm:prompt_tokens_by_source_total)"),
 		subagentOwn: fs.Bool("subagent-cache-lost", routing.DefaultConfig().Overflow.SubAgentCacheLost,
 			"sim: routing overflow.subagent_cache_lost of the tether policies (a sub-agent whose context its parent's instance lost is placed on its own)"),
+		kvEvents: fs.String("kv-events", "exact",
+			"sim: what the edges hear of the workers' caches, for every policy alike: exact, lag=DUR (each batch DUR late) or none (no engine events)"),
+		edgeRestarts: fs.Int("edge-restarts", 0,
+			"sim: restart edges N times, spread over the replay; a restarted edge keeps only what its policy persists"),
 	}
 }
 
@@ -176,6 +180,13 @@ func (f *simFlags) replayOptions() (bench.ReplayOptions, error) {
 	if err := cfg.Routing.Validate(); err != nil {
 		return ro, fmt.Errorf("%w: %v", errUsage, err)
 	}
+	if cfg.KVEvents, err = bench.ParseKVEvents(*f.kvEvents); err != nil {
+		return ro, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if *f.edgeRestarts < 0 || *f.edgeRestarts > 1000 {
+		return ro, fmt.Errorf("%w: --edge-restarts must be 0..1000, got %d", errUsage, *f.edgeRestarts)
+	}
+	cfg.EdgeRestarts = *f.edgeRestarts
 	if *f.parallel < 0 {
 		return ro, fmt.Errorf("%w: --parallel must be >= 0, got %d", errUsage, *f.parallel)
 	}
@@ -216,6 +227,11 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	maxDuration := fs.Duration("max-duration", 0, "replay only traces whose last request starts within this long (0: all)")
 	stagger := fs.Duration("stagger", 0, "start each conversation at an offset in [0, stagger) derived from its trace id (0: all at once)")
 	half := fs.String("half", "", "keep one half of the traces: tuning or validation (sorted by id, alternating; empty: all)")
+	arrangements := fs.Int("arrangements", 0,
+		"sim: run every policy on arrangements 1..N of the workload (start offsets within --stagger and sub-agent jitter drawn from each; paired) and report medians with intervals (0: one run, offsets from the trace ids)")
+	burst := fs.Bool("burst", false, "sibling sub-agents start within 10 ms of each other, their first requests through different edges")
+	markdown := fs.Bool("markdown", false, "with --arrangements: print the Markdown tables BENCHMARKS.md uses")
+	logCheck := fs.Bool("log-check", false, "with --arrangements: also run tether with the sequencer log at every edge count (the log's latency, paired)")
 	sf := addSimFlags(fs, "3", 6000, 1, true)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: tether bench replay --traces DIR [flags]\n\ne2e mode scales the workload's timing and the simulated workers' engine time by --time-scale alike\n(e.g. --time-scale 0.05); the sim comparison it prints runs at scale 1.\n\nflags:")
@@ -227,14 +243,28 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	if *traces == "" {
 		return fmt.Errorf("%w: --traces is required", errUsage)
 	}
-	if *limit < 0 || *shared < 0 || *smallest < 0 || *maxDuration < 0 || *stagger < 0 {
-		return fmt.Errorf("%w: --limit, --smallest, --max-duration, --stagger and --shared-prefix-blocks must be >= 0", errUsage)
+	if *limit < 0 || *shared < 0 || *smallest < 0 || *maxDuration < 0 || *stagger < 0 || *arrangements < 0 || *arrangements > 1000 {
+		return fmt.Errorf("%w: --limit, --smallest, --max-duration, --stagger and --shared-prefix-blocks must be >= 0, --arrangements 0..1000", errUsage)
 	}
 	ro, err := sf.replayOptions()
 	if err != nil {
 		return err
 	}
-	w, err := bench.LoadTraces(*traces, bench.TraceOptions{SharedPrefixBlocks: *shared, Limit: *limit, Smallest: *smallest, MaxDuration: *maxDuration, Stagger: *stagger, Half: *half})
+	topts := bench.TraceOptions{SharedPrefixBlocks: *shared, Limit: *limit, Smallest: *smallest, MaxDuration: *maxDuration, Half: *half}
+	load := func(arr uint64) (*bench.Workload, error) {
+		w, err := bench.LoadTraces(*traces, topts)
+		if err != nil {
+			return nil, err
+		}
+		return w, bench.Arrangement{Seed: arr, Stagger: *stagger, Burst: *burst}.Arrange(w)
+	}
+	if *arrangements > 0 {
+		if *sf.mode != "sim" {
+			return fmt.Errorf("%w: --arrangements is a sim-mode comparison", errUsage)
+		}
+		return runArranged(ctx, load, ro, *arrangements, *logCheck, *sf.jsonOut, *markdown)
+	}
+	w, err := load(0)
 	if err != nil {
 		return err
 	}
@@ -244,8 +274,7 @@ func runBenchReplay(ctx context.Context, args []string) error {
 	if !*sf.jsonOut {
 		bench.Describe(os.Stdout, w, ro.Base)
 	}
-	p := bench.NewProgress(os.Stderr, "replay")
-	ro.Progress = p.Update
+	ro.Progress = progress.New(os.Stderr, "replay").Count
 	rep, err := bench.Replay(ctx, w, ro)
 	if err != nil {
 		return err
@@ -254,6 +283,74 @@ func runBenchReplay(ctx context.Context, args []string) error {
 		return printJSON(rep)
 	}
 	return rep.WriteText(os.Stdout)
+}
+
+func runArranged(ctx context.Context, load func(uint64) (*bench.Workload, error), ro bench.ReplayOptions, n int, logCheck, jsonOut, markdown bool) error {
+	arrs := make([]uint64, n)
+	for i := range arrs {
+		arrs[i] = uint64(i + 1)
+	}
+	label := fmt.Sprintf("kv-events %s, edge restarts %d", ro.Base.KVEvents, ro.Base.EdgeRestarts)
+	p := progress.New(os.Stderr, "replay")
+	ro.Progress = p.Count
+	rep, err := bench.ReplayArranged(ctx, bench.ArrangedOptions{Replay: ro, Load: load, Arrangements: arrs, Label: label, LogCheck: logCheck})
+	if err != nil {
+		return err
+	}
+	switch {
+	case jsonOut:
+		return printJSON(rep)
+	case markdown:
+		return rep.WriteMarkdown(os.Stdout)
+	}
+	return rep.WriteText(os.Stdout)
+}
+
+func runBenchSessions(ctx context.Context, args []string) error {
+	fs := newFlagSet("bench sessions")
+	d := bench.DynamoSessionOptions
+	sessions := fs.Int("sessions", d.Sessions, "conversations")
+	turns := fs.Int("turns", d.Turns, "turns per conversation")
+	conc := fs.Int("concurrency", d.Concurrency, "conversations at once (a closed loop: each client starts its next when one ends)")
+	in := fs.Int("input-tokens", d.InputTokens, "new tokens each turn (the conversation so far is resent)")
+	out := fs.Int("output-tokens", d.OutputTokens, "tokens answered each turn")
+	sys := fs.Int("shared-prefix-tokens", 0, "a system prompt common to every session")
+	prefill := fs.Float64("prefill-tokens-per-sec", 0, "the simulated engines' prefill speed (0: the simulator's default, 5,500 tokens/s)")
+	sf := addSimFlags(fs, "3", 6000, 1, false)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *prefill < 0 || *prefill > 1e9 {
+		return fmt.Errorf("%w: --prefill-tokens-per-sec must be in [0, 1e9], got %v", errUsage, *prefill)
+	}
+	if *sf.mode != "sim" {
+		return fmt.Errorf("%w: bench sessions runs in sim mode only", errUsage)
+	}
+	ro, err := sf.replayOptions()
+	if err != nil {
+		return err
+	}
+	if *prefill > 0 {
+		ro.Base.Engine.PrefillTokensPerSec = *prefill
+	}
+	w, err := bench.SessionWorkload(bench.SessionOptions{Sessions: *sessions, Turns: *turns, Concurrency: *conc,
+		InputTokens: *in, OutputTokens: *out, BlockSize: d.BlockSize, SharedPrefixTokens: *sys})
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if !*sf.jsonOut {
+		bench.Describe(os.Stdout, w, ro.Base)
+	}
+	p := progress.New(os.Stderr, "sessions")
+	ro.Progress = p.Count
+	rep, err := bench.Replay(ctx, w, ro)
+	if err != nil {
+		return err
+	}
+	if *sf.jsonOut {
+		return printJSON(rep)
+	}
+	return bench.WriteSessionTable(os.Stdout, rep)
 }
 
 func runBenchAgents(ctx context.Context, args []string) error {
@@ -307,11 +404,11 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 				return fmt.Errorf("--engine-metrics: %w", err)
 			}
 		}
-		p := bench.NewProgress(os.Stderr, "e2e "+string(ro.Policies[0]))
+		p := progress.New(os.Stderr, "e2e "+string(ro.Policies[0]))
 		r, err := bench.ReplayE2E(ctx, w, bench.E2EOptions{
 			EdgeURLs: urls, Model: *sf.model, ParentHeader: *sf.parentHeader, TimeScale: ro.Base.TimeScale, Seed: ro.Base.Seed,
 			Label: ro.Policies[0], RouteHeader: "x-tether-route", API: *sf.api,
-			Progress: func(d, t int) { p.Update(int64(d), int64(t)) },
+			Progress: func(d, t int) { p.Count(int64(d), int64(t)) },
 		})
 		if err != nil {
 			return err
@@ -329,9 +426,10 @@ func runReplayE2E(ctx context.Context, w *bench.Workload, sf *simFlags, ro bench
 		if *sf.engineMetrics != "" {
 			return fmt.Errorf("%w: --engine-metrics needs --edge-urls (the deployment whose engines it scrapes)", errUsage)
 		}
-		p := bench.NewProgress(os.Stderr, "e2e")
+		p := progress.New(os.Stderr, "e2e")
 		local := localOptions(sf, ro)
-		local.Progress = func(d, t int) { p.Update(int64(d), int64(t)) }
+		local.Progress = func(d, t int) { p.Count(int64(d), int64(t)) }
+		local.Stage = p.Stage
 		var err error
 		if out, err = bench.CompareE2E(ctx, w, ro.Policies, local, ro); err != nil {
 			return err

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -30,87 +31,22 @@ const devShutdownGrace = 30 * time.Second
 // "ready" once the stack is ready. Logs go to standard error.
 func runDev(ctx context.Context, args []string) error {
 	fs := newFlagSet("dev")
-	edges := fs.Int("edges", devstack.DefaultEdges, "number of edges (Raft voters)")
-	ctxWorkers := fs.Int("context-workers", devstack.DefaultContextWorkers, "number of context (prefill) workers")
-	genWorkers := fs.Int("generation-workers", devstack.DefaultGenerationWorkers, "number of generation (decode) workers")
-	ranks := fs.Int("ranks", devstack.DefaultRanks, "attention-DP ranks per worker")
-	port := fs.Int("port", edge.DefaultPort, "first edge's HTTP port; the others follow (0: free ports for all)")
-	natsPort := fs.Int("nats-port", 0, "embedded NATS server's port (0: a free port)")
-	dataDir := fs.String("data-dir", "", "keep Raft logs, snapshots and archives here across runs (default: a temporary directory removed on exit)")
-	adminToken := fs.String("admin-token", "", "admin API bearer token (default: $"+edge.EnvAdminToken+", else random)")
-	scope := fs.String("scope", "context", "subagent_affinity_scope: context or both")
-	timeScale := fs.Float64("time-scale", 0.1, "simulated engine wall time per engine second (1 real time, 0 instant)")
-	debugRoute := fs.Bool("debug-route-header", true, "answer with the x-tether-route header naming the instances and ranks used")
-	model := fs.String("model", strings.Join(append([]string{devstack.DefaultModel}, devstack.DefaultModelAliases...), ","),
-		"the model the stack serves: its name, or several names of it separated by commas (the first is its name, the others aliases requests may give, as vLLM's --served-model-name); the default's second name is the OpenAI Agents SDK's default model")
-	models := fs.String("models", "", "comma-separated models the stack serves, each on its own context and generation workers (the first replaces --model, names and all)")
-	maxModelLen := fs.Int("max-model-len", worker.DefaultMaxModelLen, "the simulated workers' context length (max_model_len, vLLM's --max-model-len): prompt plus max_tokens beyond it is refused as vLLM refuses it")
-	loraAdapters := fs.String("lora-adapters", "", "comma-separated LoRA adapters as model:adapter (e.g. tether-sim:agent-a); the model's workers serve them")
-	maxLoRAs := fs.Int("max-loras", 2, "LoRA adapter slots per ADP rank of the simulated engine (vLLM --max-loras)")
-	readyTimeout := fs.Duration("ready-timeout", 60*time.Second, "give up if the stack is not ready within this long")
-	logLevel := fs.String("log-level", "warn", "log level on standard error: debug, info, warn or error")
-	plaintext := fs.Bool("plaintext", false, "run without TLS (default: mutual TLS everywhere with an ephemeral CA in the data dir)")
-	engineEvents := fs.String("engine-events", "", "vllm: run the workers as proxies in front of simulated engines publishing vLLM-format ZeroMQ KV events (the real-engine path); empty: the simulated engine in each worker")
+	f := newDevFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	names, extraModels, err := devModels(*model, *models)
+	opts, err := f.options()
 	if err != nil {
 		return err
-	}
-	sc, err := routing.ParseScope(*scope)
-	if err != nil {
-		return fmt.Errorf("%w: --scope: %v", errUsage, err)
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("%w: --log-level: %v", errUsage, err)
-	}
-	if *readyTimeout <= 0 {
-		return fmt.Errorf("%w: --ready-timeout must be positive, got %s", errUsage, *readyTimeout)
-	}
-	token := *adminToken
-	if token == "" {
-		token = os.Getenv(edge.EnvAdminToken)
-	}
-	if *maxModelLen < 2 {
-		return fmt.Errorf("%w: --max-model-len must be at least 2, got %d", errUsage, *maxModelLen)
-	}
-	adapters, err := parseAdapters(*loraAdapters)
-	if err != nil {
-		return err
-	}
-	if *maxLoRAs < 1 {
-		return fmt.Errorf("%w: --max-loras must be at least 1, got %d", errUsage, *maxLoRAs)
-	}
-	opts := devstack.Options{
-		Edges: *edges, ContextWorkers: *ctxWorkers, GenerationWorkers: *genWorkers, Ranks: *ranks,
-		Port: *port, NATSPort: *natsPort, DataDir: *dataDir, AdminToken: token, Model: names[0], ModelAliases: names[1:], MaxModelLen: *maxModelLen,
-		Scope: sc, TimeScale: *timeScale, HideRouteHeader: !*debugRoute, Version: version, MutualTLS: !*plaintext,
-		EngineEvents: *engineEvents, ExtraModels: extraModels, Adapters: adapters, MaxLoRAs: *maxLoRAs,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
-	}
-	// Zero counts would silently mean "default" to devstack; on the
-	// command line they are mistakes.
-	for _, f := range []struct {
-		name string
-		v    int
-	}{{"edges", *edges}, {"context-workers", *ctxWorkers}, {"generation-workers", *genWorkers}, {"ranks", *ranks}} {
-		if f.v < 1 {
-			return fmt.Errorf("%w: --%s must be at least 1, got %d", errUsage, f.name, f.v)
-		}
-	}
-	if err := opts.Normalize(); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	out := os.Stdout
 	security := "mutual TLS (ephemeral CA)"
-	if *plaintext {
+	if *f.plaintext {
 		security = "PLAINTEXT"
 		opts.Logger.Warn("tether dev --plaintext: Raft, the HTTP and admin API, worker hops and NATS are unencrypted and unauthenticated by certificate")
 	}
-	fmt.Fprintf(out, "tether dev: starting %s, %d context + %d generation workers (%s each), scope %s, engine time scale %g, %s\n",
-		plural(opts.Edges, "edge"), opts.ContextWorkers, opts.GenerationWorkers, plural(opts.Ranks, "ADP rank"), sc, opts.TimeScale, security)
+	fmt.Fprintf(out, "tether dev: starting %s, %s, scope %s, engine time scale %g, %s\n",
+		plural(opts.Edges, "edge"), topology(opts), opts.Scope, opts.TimeScale, security)
 
 	st, err := devstack.Start(ctx, opts)
 	if err != nil {
@@ -121,7 +57,114 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	printStack(out, st)
 
-	return serveStack(ctx, out, st, *readyTimeout)
+	return serveStack(ctx, out, st, *f.readyTimeout)
+}
+
+// devFlags are the flags of tether dev.
+type devFlags struct {
+	edges, ctxWorkers, genWorkers, ranks, port, natsPort, maxModelLen, maxLoRAs     *int
+	dataDir, adminToken, scope, model, models, loraAdapters, logLevel, engineEvents *string
+	timeScale                                                                       *float64
+	debugRoute, plaintext                                                           *bool
+	readyTimeout                                                                    *time.Duration
+}
+
+func newDevFlags(fs *flag.FlagSet) *devFlags {
+	return &devFlags{
+		edges:      fs.Int("edges", devstack.DefaultEdges, "number of edges (Raft voters)"),
+		ctxWorkers: fs.Int("context-workers", devstack.DefaultContextWorkers, "number of context (prefill) workers; with --generation-workers 0, the aggregated workers"),
+		genWorkers: fs.Int("generation-workers", devstack.DefaultGenerationWorkers, "number of generation (decode) workers; 0: one aggregated fleet (the context workers serve whole requests, prefill and decode on one worker, as aggregated vLLM and SGLang servers do)"),
+		ranks:      fs.Int("ranks", devstack.DefaultRanks, "attention-DP ranks per worker"),
+		port:       fs.Int("port", edge.DefaultPort, "first edge's HTTP port; the others follow (0: free ports for all)"),
+		natsPort:   fs.Int("nats-port", 0, "embedded NATS server's port (0: a free port)"),
+		dataDir:    fs.String("data-dir", "", "keep Raft logs, snapshots and archives here across runs (default: a temporary directory removed on exit)"),
+		adminToken: fs.String("admin-token", "", "admin API bearer token (default: $"+edge.EnvAdminToken+", else random)"),
+		scope:      fs.String("scope", "context", "subagent_affinity_scope: context or both"),
+		timeScale:  fs.Float64("time-scale", 0.1, "simulated engine wall time per engine second (1 real time, 0 instant)"),
+		debugRoute: fs.Bool("debug-route-header", true, "answer with the x-tether-route header naming the instances and ranks used"),
+		model: fs.String("model", strings.Join(append([]string{devstack.DefaultModel}, devstack.DefaultModelAliases...), ","),
+			"the model the stack serves: its name, or several names of it separated by commas (the first is its name, the others aliases requests may give, as vLLM's --served-model-name); the default's second name is the OpenAI Agents SDK's default model"),
+		models:       fs.String("models", "", "comma-separated models the stack serves, each on its own context and generation workers (the first replaces --model, names and all)"),
+		maxModelLen:  fs.Int("max-model-len", worker.DefaultMaxModelLen, "the simulated workers' context length (max_model_len, vLLM's --max-model-len): prompt plus max_tokens beyond it is refused as vLLM refuses it"),
+		loraAdapters: fs.String("lora-adapters", "", "comma-separated LoRA adapters as model:adapter (e.g. tether-sim:agent-a); the model's workers serve them"),
+		maxLoRAs:     fs.Int("max-loras", 2, "LoRA adapter slots per ADP rank of the simulated engine (vLLM --max-loras)"),
+		readyTimeout: fs.Duration("ready-timeout", 60*time.Second, "give up if the stack is not ready within this long"),
+		logLevel:     fs.String("log-level", "warn", "log level on standard error: debug, info, warn or error"),
+		plaintext:    fs.Bool("plaintext", false, "run without TLS (default: mutual TLS everywhere with an ephemeral CA in the data dir)"),
+		engineEvents: fs.String("engine-events", "", "vllm: run the workers as proxies in front of simulated engines publishing vLLM-format ZeroMQ KV events (the real-engine path); empty: the simulated engine in each worker"),
+	}
+}
+
+// options checks the flags and returns the stack they describe.
+func (f *devFlags) options() (devstack.Options, error) {
+	names, extraModels, err := devModels(*f.model, *f.models)
+	if err != nil {
+		return devstack.Options{}, err
+	}
+	sc, err := routing.ParseScope(*f.scope)
+	if err != nil {
+		return devstack.Options{}, fmt.Errorf("%w: --scope: %v", errUsage, err)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*f.logLevel)); err != nil {
+		return devstack.Options{}, fmt.Errorf("%w: --log-level: %v", errUsage, err)
+	}
+	if *f.readyTimeout <= 0 {
+		return devstack.Options{}, fmt.Errorf("%w: --ready-timeout must be positive, got %s", errUsage, *f.readyTimeout)
+	}
+	token := *f.adminToken
+	if token == "" {
+		token = os.Getenv(edge.EnvAdminToken)
+	}
+	if *f.maxModelLen < 2 {
+		return devstack.Options{}, fmt.Errorf("%w: --max-model-len must be at least 2, got %d", errUsage, *f.maxModelLen)
+	}
+	adapters, err := parseAdapters(*f.loraAdapters)
+	if err != nil {
+		return devstack.Options{}, err
+	}
+	if *f.maxLoRAs < 1 {
+		return devstack.Options{}, fmt.Errorf("%w: --max-loras must be at least 1, got %d", errUsage, *f.maxLoRAs)
+	}
+	opts := devstack.Options{
+		Edges: *f.edges, ContextWorkers: *f.ctxWorkers, GenerationWorkers: *f.genWorkers, Ranks: *f.ranks, Aggregated: *f.genWorkers == 0,
+		Port: *f.port, NATSPort: *f.natsPort, DataDir: *f.dataDir, AdminToken: token, Model: names[0], ModelAliases: names[1:], MaxModelLen: *f.maxModelLen,
+		Scope: sc, TimeScale: *f.timeScale, HideRouteHeader: !*f.debugRoute, Version: version, MutualTLS: !*f.plaintext,
+		EngineEvents: *f.engineEvents, ExtraModels: extraModels, Adapters: adapters, MaxLoRAs: *f.maxLoRAs,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+	}
+	// Zero counts would silently mean "default" to devstack; on the
+	// command line they are mistakes (--generation-workers 0 asks for the
+	// aggregated fleet).
+	for _, c := range []struct {
+		name string
+		v    int
+	}{{"edges", *f.edges}, {"context-workers", *f.ctxWorkers}, {"ranks", *f.ranks}} {
+		if c.v < 1 {
+			return devstack.Options{}, fmt.Errorf("%w: --%s must be at least 1, got %d", errUsage, c.name, c.v)
+		}
+	}
+	if *f.genWorkers < 0 {
+		return devstack.Options{}, fmt.Errorf("%w: --generation-workers must be 0 (an aggregated fleet) or more, got %d", errUsage, *f.genWorkers)
+	}
+	if err := opts.Normalize(); err != nil {
+		return devstack.Options{}, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return opts, nil
+}
+
+// topology names the stack's workers for the banner: "2 context + 2
+// generation workers (4 ADP ranks each)", "2 aggregated workers serving
+// whole requests (…)".
+func topology(o devstack.Options) string {
+	each := plural(o.Ranks, "ADP rank") + " each"
+	if o.EngineEvents != "" {
+		each += "; proxies in front of simulated engines publishing " + o.EngineEvents + " KV events"
+	}
+	if o.Aggregated {
+		return fmt.Sprintf("%s serving whole requests (%s)", plural(o.ContextWorkers, "aggregated worker"), each)
+	}
+	return fmt.Sprintf("%d context + %d generation workers (%s)", o.ContextWorkers, o.GenerationWorkers, each)
 }
 
 // devModels reads --model (the first model's names) and --models (every
@@ -209,7 +252,11 @@ func printStack(out io.Writer, st *devstack.Stack) {
 		line(n.ID, n.URL()+"  raft "+n.RaftAddr)
 	}
 	for _, w := range st.Workers() {
-		line(w.ID, w.URL()+"  "+w.Fleet.String()+" worker of "+w.Model)
+		role := w.Fleet.String() + " worker"
+		if st.Options().Aggregated {
+			role = "aggregated worker (the context fleet)"
+		}
+		line(w.ID, w.URL()+"  "+role+" of "+w.Model)
 	}
 	if as := st.ModelAliases(); len(as) > 0 {
 		line("model", st.Model()+"  (also served as "+strings.Join(as, ", ")+")")
@@ -225,7 +272,7 @@ func printStack(out io.Writer, st *devstack.Stack) {
 		line("models", strings.Join(ms, ", "))
 	}
 	line("admin token", st.AdminToken()+adminTokenNote(st.AdminTokenSource(), st.TemporaryDataDir()))
-	fmt.Fprint(out, banner(st.Edges(), st.Model(), st.CAFile(), st.AdminToken()))
+	fmt.Fprint(out, banner(st.Edges(), st.Model(), st.CAFile(), st.AdminToken(), st.Options().Aggregated))
 }
 
 // adminTokenNote says where the printed admin token came from (source as
@@ -253,9 +300,10 @@ func plural(n int, what string) string {
 // banner is the example printed at startup: a parent conversation, then
 // its sub-agent re-sending the same 300-token system prompt (4 whole
 // 64-token blocks), so the second answer shows the cache hit on the
-// parent's context instance. With several edges the sub-agent goes to
-// another edge, which routes it the same way.
-func banner(edges []*devstack.EdgeNode, model, caFile, token string) string {
+// parent's context instance (aggregated: the one instance that serves the
+// whole request). With several edges the sub-agent goes to another edge,
+// which routes it the same way.
+func banner(edges []*devstack.EdgeNode, model, caFile, token string, aggregated bool) string {
 	first, second := edges[0], edges[0]
 	where := "on " + first.ID + ", then its sub-agent on the same edge"
 	if len(edges) > 1 {
@@ -266,8 +314,14 @@ func banner(edges []*devstack.EdgeNode, model, caFile, token string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nA parent conversation %s.\n", where)
 	fmt.Fprintf(&b, "The sub-agent re-sends the parent's 300-token system prompt: it lands on the same\n")
-	fmt.Fprintf(&b, "context instance (x-tether-route) and its usage reports cached_tokens for the\n")
-	fmt.Fprintf(&b, "prompt's whole 64-token blocks:\n\n")
+	if aggregated {
+		fmt.Fprintf(&b, "instance (x-tether-route: context=<instance/rank>; generation=-, one hop to the\n")
+		fmt.Fprintf(&b, "aggregated fleet) and its usage reports cached_tokens for the prompt's whole\n")
+		fmt.Fprintf(&b, "64-token blocks:\n\n")
+	} else {
+		fmt.Fprintf(&b, "context instance (x-tether-route) and its usage reports cached_tokens for the\n")
+		fmt.Fprintf(&b, "prompt's whole 64-token blocks:\n\n")
+	}
 	if caFile != "" {
 		fmt.Fprintf(&b, "  CA=%s\n", caFile)
 		cacert = "--cacert $CA "

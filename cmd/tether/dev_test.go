@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tether-project/tether/ops/devstack"
 )
 
 // --model takes several names of one model (the first its name, as vLLM's
@@ -47,6 +49,23 @@ func TestAdminTokenNote(t *testing.T) {
 	} {
 		if got := adminTokenNote(c.source, c.temp); !strings.Contains(got, c.want) {
 			t.Errorf("source %s, temporary dir %v: %q, want it to say %q", c.source, c.temp, got, c.want)
+		}
+	}
+}
+
+// The banner's first line names the topology each flag combination gives.
+func TestDevTopologyLine(t *testing.T) {
+	for _, c := range []struct {
+		o    devstack.Options
+		want string
+	}{
+		{devstack.Options{ContextWorkers: 2, GenerationWorkers: 2, Ranks: 4}, "2 context + 2 generation workers (4 ADP ranks each)"},
+		{devstack.Options{ContextWorkers: 2, Ranks: 1, Aggregated: true}, "2 aggregated workers serving whole requests (1 ADP rank each)"},
+		{devstack.Options{ContextWorkers: 1, Ranks: 2, Aggregated: true, EngineEvents: devstack.EngineEventsVLLM},
+			"1 aggregated worker serving whole requests (2 ADP ranks each; proxies in front of simulated engines publishing vllm KV events)"},
+	} {
+		if got := topology(c.o); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.o, got, c.want)
 		}
 	}
 }

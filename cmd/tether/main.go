@@ -126,6 +126,22 @@ func parseHelpful(fs *flag.FlagSet, args []string) error {
 	return err
 }
 
+// groupUsage answers a command group (audit, operator, bench) called
+// without its command (usage on standard error, a usage error saying what
+// is missing) or with a help argument (usage on standard output); done
+// reports that it answered.
+func groupUsage(args []string, usage, missing string) (done bool, err error) {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return true, fmt.Errorf("%w: %s", errUsage, missing)
+	}
+	if helpArg(args[0]) {
+		fmt.Fprint(os.Stdout, usage)
+		return true, nil
+	}
+	return false, nil
+}
+
 // helpArg reports whether arg asks for help.
 func helpArg(arg string) bool {
 	switch arg {

@@ -74,13 +74,8 @@ var operatorCommands = map[string]operatorCommand{
 }
 
 func runOperator(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(os.Stderr, operatorUsage)
-		return fmt.Errorf("%w: a command is required", errUsage)
-	}
-	if helpArg(args[0]) {
-		fmt.Fprint(os.Stdout, operatorUsage)
-		return nil
+	if done, err := groupUsage(args, operatorUsage, "a command is required"); done {
+		return err
 	}
 	if len(args) < 2 {
 		fmt.Fprint(os.Stderr, operatorUsage)
@@ -117,17 +112,9 @@ func runOperator(ctx context.Context, args []string) error {
 	if command.offline != nil { // no edge needed
 		return command.offline(pos, out, *asJSON)
 	}
-	tok := *token
-	if tok == "" {
-		tok = os.Getenv(operator.EnvAdminToken)
-	}
-	hc, err := tlsFlags.client()
+	c, err := tlsFlags.adminClient(edges, *token)
 	if err != nil {
 		return err
-	}
-	c, err := operator.New(edges, tok, hc)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(ctx, operatorTimeout(*timeout, group))

@@ -5,9 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/tether-project/tether/cluster/pki"
+	"github.com/tether-project/tether/ops/operator"
 )
 
 // adminTLSFlags are the TLS options of the commands that call an edge's
@@ -49,4 +51,21 @@ func (f adminTLSFlags) client() (*http.Client, error) {
 		tc.GetClientCertificate = kp.GetClientCertificate
 	}
 	return &http.Client{Transport: &http.Transport{Proxy: nil, IdleConnTimeout: 30 * time.Second, TLSClientConfig: tc}}, nil
+}
+
+// adminClient is an operator client of the edges' admin API at urls: with
+// token, else $TETHER_ADMIN_TOKEN, over the TLS the flags describe.
+func (f adminTLSFlags) adminClient(urls []string, token string) (*operator.Client, error) {
+	if token == "" {
+		token = os.Getenv(operator.EnvAdminToken)
+	}
+	hc, err := f.client()
+	if err != nil {
+		return nil, err
+	}
+	c, err := operator.New(urls, token, hc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return c, nil
 }

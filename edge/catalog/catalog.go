@@ -25,7 +25,6 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
 )
 
 // Model is one model of the edge's catalogue: its configuration, the
@@ -39,7 +38,7 @@ type Model struct {
 	Cfg        *config.Config     // the model's whole configuration (config.Config.ModelAt)
 	Routers    [3]*routing.Router // by fsm.Fleet
 	Tokenizers tokenize.Fleets
-	Decider    *decide.Decider
+	Decider    *routing.Decider
 	RR         [3]atomic.Uint64 // round-robin counters by fleet
 	// Views caches the model's routing views (edge/route).
 	Views    atomic.Pointer[CachedViews]

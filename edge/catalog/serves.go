@@ -61,7 +61,7 @@ func (m *Model) ServesConversations() *api.Error {
 	if aerr := m.Serves(apireq.Responses); aerr != nil {
 		return aerr
 	}
-	if m.Cfg.Aggregated() {
+	if m.Cfg.EngineAggregated() {
 		return api.NewError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
 			"the fleets of model %q are %s engines, which serve no Conversations API: run tether workers in front of them (engine.type: proxy) to hold conversations (docs/engines.md)",
 			httpjson.Clip(m.Name, 200), m.Cfg.ContextServers.Engine.Kind())

@@ -27,6 +27,7 @@ import (
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/yamlconf"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/breaker"
 )
 
 // Environment variables that override secrets from the configuration file,
@@ -196,6 +197,11 @@ type ServersConfig struct {
 	// Engine is what serves the fleet (edge/dispatch/engines.go): tether workers
 	// (the default), trtllm-serve, vLLM or SGLang.
 	Engine EngineKind `yaml:"engine"`
+	// Aggregated (context_servers only): the fleet's tether workers serve
+	// whole requests, prefill and decode on one worker, as aggregated vLLM
+	// and SGLang fleets do (those without the key); generation_servers
+	// stays empty (edge/config/engines.go).
+	Aggregated bool `yaml:"aggregated"`
 	// DataParallelSize is the number of data-parallel ranks behind each
 	// URL of a vLLM or SGLang fleet (0 or 1: none); the edge picks a
 	// conversation's rank and sends it as X-Data-Parallel-Rank.
@@ -334,7 +340,7 @@ type PlacementConfig struct {
 	Weights    routing.Weights        `yaml:"weights"`
 	Overflow   routing.OverflowConfig `yaml:"overflow"`
 	Shed       routing.ShedConfig     `yaml:"shed"`
-	Breaker    routing.BreakerConfig  `yaml:"circuit_breaker"`
+	Breaker    breaker.Config         `yaml:"circuit_breaker"`
 	// CommitFirst makes a new conversation's first request wait for its
 	// Bind to commit before it is dispatched. Off (the default), the edge
 	// dispatches at once and proposes the Bind beside it: the first

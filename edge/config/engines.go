@@ -70,10 +70,27 @@ func (k EngineKind) AggregatedOnly() bool {
 
 // Aggregated reports whether requests are served whole by the context
 // fleet (a vLLM or SGLang fleet without the prefill/decode split of
-// edge/dispatch/pd.go): no context/generation split, the generation fleet
-// is empty.
+// edge/dispatch/pd.go, or tether workers with context_servers.aggregated):
+// no context/generation split, the generation fleet is empty.
 func (c *Config) Aggregated() bool {
-	return c.ContextServers.Engine.AggregatedOnly() && c.PDEngine() == ""
+	return c.ContextServers.Aggregated || (c.ContextServers.Engine.AggregatedOnly() && c.PDEngine() == "")
+}
+
+// EngineAggregated: an aggregated vLLM or SGLang fleet, which the edge
+// relays to directly (no hints, the edge picks the rank, no Conversations
+// API).
+func (c *Config) EngineAggregated() bool {
+	return c.Aggregated() && c.ContextServers.Engine.AggregatedOnly()
+}
+
+// AnswerFleet is the fleet whose instance answers a whole request (and
+// holds its stored response or conversation): the generation fleet, or the
+// context fleet when aggregated.
+func (c *Config) AnswerFleet() fsm.Fleet {
+	if c.Aggregated() {
+		return fsm.FleetContext
+	}
+	return fsm.FleetGeneration
 }
 
 // servedFleets are the fleets requests go to: the context fleet alone when
@@ -110,6 +127,9 @@ func (c *Config) validateEngine(key string, s *ServersConfig, bad complain) {
 	}
 	validateEngineEvents(key, s, kind, bad)
 	c.validatePDKeys(key, s, bad)
+	if s.Aggregated {
+		c.validateAggregated(key, s, kind, bad)
+	}
 	if s.DataParallelSize > 1 && !kind.AggregatedOnly() {
 		bad(key+".data_parallel_size", "only for engine vllm or sglang (the edge picks their rank); %s workers place requests on ranks themselves", kind)
 	}
@@ -215,5 +235,22 @@ func (c *Config) validatePD(key string, s *ServersConfig, kind EngineKind, bad c
 	}
 	if s == &c.ContextServers && c.ConditionalDisagg.MaxLocalPrefillLength > 0 {
 		bad("conditional_disagg_config", "does not apply to a %s prefill/decode split (every request is prefilled on the context fleet)", kind)
+	}
+}
+
+// validateAggregated checks a fleet's aggregated key: tether workers of
+// the context fleet, the generation fleet empty (vLLM and SGLang fleets are
+// checked above).
+func (c *Config) validateAggregated(key string, s *ServersConfig, kind EngineKind, bad complain) {
+	g := &c.GenerationServers
+	switch {
+	case s != &c.ContextServers:
+		bad(key+".aggregated", "only context_servers serves whole requests")
+	case kind == EngineTRTLLM || c.PDEngine() != "":
+		bad(key+".aggregated", "a %s fleet with generation_servers is served disaggregated; remove the key", kind)
+	case kind == EngineTether && (len(g.URLs) > 0 || g.NumInstances != 0 || g.Engine.Kind() != EngineTether):
+		bad("generation_servers", "must be empty with context_servers.aggregated (the context fleet's workers serve whole requests)")
+	case c.ConditionalDisagg.MaxLocalPrefillLength > 0:
+		bad("conditional_disagg_config", "does not apply to context_servers.aggregated (no context hop to skip)")
 	}
 }

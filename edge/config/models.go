@@ -232,7 +232,7 @@ func (k *catalogueCheck) lora(mc *Config, prefix string) {
 // validateModelServing checks the serving rules that depend on a model's
 // fleets (validateServing checks them for the first model).
 func (c *Config) validateModelServing(bad complain) {
-	if c.ParentHeader != "" && c.InternalRequestAuthKey == "" && !c.Aggregated() {
+	if c.ParentHeader != "" && c.InternalRequestAuthKey == "" && !c.EngineAggregated() {
 		bad("internal_request_auth_key", "required when conversation_affinity_header_for_subagents is set (%s): sub-agent hints must be signed; set it or %s",
 			c.ParentHeader, EnvInternalRequestAuthKey)
 	}

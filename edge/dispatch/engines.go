@@ -51,6 +51,9 @@ func (e *Dispatcher) dispatchEngine(ctx context.Context, w http.ResponseWriter, 
 	if aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
+	if !rq.Model.Cfg.EngineAggregated() {
+		return e.aggregated(ctx, w, rq, h, span) // tether workers: hints, their scheduler's rank
+	}
 	return e.engineExchange(ctx, w, rq, h, span)
 }
 

@@ -9,7 +9,7 @@ import (
 	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/route"
-	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing"
 )
 
 // The edge's bootstrap fields name a prefill instance's configured
@@ -25,12 +25,12 @@ func TestSGLangBootstrapFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := New(nil, Config{Edge: &cfg, Catalogue: cat})
-	one := e.sglangBootstrap(&route.Hop{Hop: decide.Hop{Instance: "p0", URL: "http://prefill-0.internal:30000"}}, 0, 3)
+	one := e.sglangBootstrap(&route.Hop{Hop: routing.Hop{Instance: "p0", URL: "http://prefill-0.internal:30000"}}, 0, 3)
 	var room uint64
 	if string(one["bootstrap_host"]) != `"prefill-0.internal"` || string(one["bootstrap_port"]) != "9001" || json.Unmarshal(one["bootstrap_room"], &room) != nil || room%4 != 3 {
 		t.Fatalf("%s", api.MustMarshal(one))
 	}
-	batch := e.sglangBootstrap(&route.Hop{Hop: decide.Hop{Instance: "p1", URL: "http://10.0.0.7:30000"}}, 3, 1)
+	batch := e.sglangBootstrap(&route.Hop{Hop: routing.Hop{Instance: "p1", URL: "http://10.0.0.7:30000"}}, 3, 1)
 	var hosts []string
 	var ports []int
 	var rooms []uint64

@@ -24,7 +24,7 @@ func (e *Dispatcher) dispatchStored(ctx context.Context, w http.ResponseWriter, 
 		span.SetAttributes(attribute.String("tether.conversation", rq.Refs.Conv.Client))
 	}
 	span.SetAttributes(observe.AttrInstance.String(h.Instance))
-	if rq.Model.Cfg.Aggregated() {
+	if rq.Model.Cfg.EngineAggregated() {
 		return e.engineExchange(ctx, w, rq, h, span)
 	}
 	return e.aggregated(ctx, w, rq, h, span)

@@ -35,6 +35,7 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/breaker"
 	"github.com/tether-project/tether/routing/kvindex"
 )
 
@@ -93,7 +94,7 @@ type Config struct {
 	Conn *nats.Conn
 	// PredictTTL is the KV index's prediction lifetime (kvindex.Config).
 	PredictTTL time.Duration
-	Breaker    routing.BreakerConfig
+	Breaker    breaker.Config
 	// BlockSize is the KV block size in tokens (placement.block_size): a
 	// prompt shorter than one block can never hit a prefix cache, so its
 	// usage is no evidence for the circuit breaker (0: every prompt counts).
@@ -183,7 +184,7 @@ type Instance struct {
 	// Dispatched since its last report by this edge.
 	PendingRequests int64
 	PendingTokens   int64
-	Breaker         routing.BreakerState
+	Breaker         breaker.State
 	// LoRA: its adapters as routing sees them (lora.go; nil: unknown).
 	LoRA *routing.LoRAView
 }
@@ -275,7 +276,7 @@ type View struct {
 	cfg      Config
 	log      *slog.Logger
 	index    *kvindex.Index
-	breakers *routing.CacheBreakers
+	breakers *breaker.Set
 	nc       *nats.Conn
 	client   *http.Client
 
@@ -314,7 +315,7 @@ type View struct {
 // New builds a View; Start subscribes and starts the probes.
 func New(cfg Config) (*View, error) {
 	cfg.withDefaults()
-	breakers, err := routing.NewCacheBreakers(cfg.Breaker)
+	breakers, err := breaker.NewSet(cfg.Breaker)
 	if err != nil {
 		return nil, fmt.Errorf("fleetview: %w", err)
 	}
@@ -372,8 +373,8 @@ func (cfg *Config) withDefaults() {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Breaker == (routing.BreakerConfig{}) {
-		cfg.Breaker = routing.DefaultBreakerConfig()
+	if cfg.Breaker == (breaker.Config{}) {
+		cfg.Breaker = breaker.DefaultConfig()
 	}
 }
 
@@ -487,7 +488,7 @@ func (f *View) Index() *kvindex.Index { return f.index }
 
 // Breakers are the per-instance cache circuit breakers; the edge records
 // response usage into them with RecordUsage.
-func (f *View) Breakers() *routing.CacheBreakers { return f.breakers }
+func (f *View) Breakers() *breaker.Set { return f.breakers }
 
 // Version changes whenever what Views returns may have changed for a
 // reason other than time passing.

@@ -26,6 +26,7 @@ import (
 	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/test/metricstest"
+	"github.com/tether-project/tether/routing/breaker"
 	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"
@@ -521,21 +522,21 @@ func TestTelemetryOutageKeepsHealthAndProbes(t *testing.T) {
 func TestBreakerCountsOnlyPromptsThatCouldHit(t *testing.T) {
 	var clk clock
 	clk.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-	cfg := routing.DefaultBreakerConfig()
+	cfg := breaker.DefaultConfig()
 	cfg.MinLookups, cfg.MinLookupTokens = 5, 0
 	f, _ := newFleet(t, Config{Breaker: cfg, BlockSize: 16, Now: clk.now})
 	for range 50 {
 		f.RecordUsage("w-short", 15, 0, clk.now())
 		clk.advance(10 * time.Millisecond)
 	}
-	if st := f.Breakers().State("w-short", clk.now()); st != routing.BreakerClosed {
+	if st := f.Breakers().State("w-short", clk.now()); st != breaker.Closed {
 		t.Fatalf("50 misses of prompts shorter than a block: breaker %s, want closed", st)
 	}
 	for range 50 {
 		f.RecordUsage("w-long", 64, 0, clk.now())
 		clk.advance(10 * time.Millisecond)
 	}
-	if st := f.Breakers().State("w-long", clk.now()); st != routing.BreakerOpen {
+	if st := f.Breakers().State("w-long", clk.now()); st != breaker.Open {
 		t.Fatalf("50 misses of 4-block prompts: breaker %s, want open", st)
 	}
 }

@@ -4,8 +4,7 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/breaker"
 )
 
 // metrics are fleetview's tether_edge_* series. Without a Registerer they
@@ -109,6 +108,6 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, b2f(in.Healthy), fleet, in.ID)
 		ch <- prometheus.MustNewConstMetric(descHitRate, prometheus.GaugeValue, in.HitRate(), fleet, in.ID)
 		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(in.QueuedRequests)+float64(in.PendingRequests), fleet, in.ID)
-		ch <- prometheus.MustNewConstMetric(descBreaker, prometheus.GaugeValue, b2f(in.Breaker == routing.BreakerOpen), fleet, in.ID)
+		ch <- prometheus.MustNewConstMetric(descBreaker, prometheus.GaugeValue, b2f(in.Breaker == breaker.Open), fleet, in.ID)
 	}
 }

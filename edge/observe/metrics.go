@@ -16,7 +16,6 @@ import (
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
 )
 
 // Metrics are the edge's tether_edge_* series (fleetview adds the
@@ -295,7 +294,7 @@ func (m *Metrics) addGauges(src Source) {
 // divide or alert on, so they read 0 rather than absent on a healthy edge.
 func (m *Metrics) precreateSeries() {
 	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-		m.Decisions.WithLabelValues(f.String(), routing.PolicyShed, decide.OutcomeShed)
+		m.Decisions.WithLabelValues(f.String(), routing.PolicyShed, routing.OutcomeShed)
 		m.RouteSeconds.WithLabelValues(f.String())
 		m.Retries.WithLabelValues(f.String())
 	}

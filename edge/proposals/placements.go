@@ -13,10 +13,10 @@ import (
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/telemetry"
-	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing"
 )
 
-// Placements are this edge's own Bind proposals (routing/decide.Placements):
+// Placements are this edge's own Bind proposals (routing/routing.Placements):
 // from the request that placed a new key until this edge's replica has
 // applied the log's answer. A new key's request is dispatched at once; its
 // Bind goes to the log beside it, with one proposal id for every attempt,
@@ -85,7 +85,7 @@ func newPlacements(e *env) *Placements {
 	return &Placements{e: e, byKey: map[fsm.FleetKey]*ownBind{}, heard: map[fsm.FleetKey]heardBind{}}
 }
 
-var _ decide.Placements = (*Placements)(nil)
+var _ routing.Placements = (*Placements)(nil)
 
 // Propose sends b to the log unless a proposal of the key is in flight.
 func (p *Placements) Propose(b fsm.Bind, now time.Time) {
@@ -260,28 +260,28 @@ func (p *Placements) sweepLocked(st *fsm.State) {
 	p.order = p.order[:0]
 }
 
-func (o *ownBind) pending() decide.Pending {
-	return decide.Pending{Bind: o.bind, At: o.at, Settled: o.settled, Result: o.res}
+func (o *ownBind) pending() routing.Pending {
+	return routing.Pending{Bind: o.bind, At: o.at, Settled: o.settled, Result: o.res}
 }
 
 // Pending returns the key's proposal.
-func (p *Placements) Pending(f fsm.Fleet, key string) (decide.Pending, bool) {
+func (p *Placements) Pending(f fsm.Fleet, key string) (routing.Pending, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	o, ok := p.byKey[fsm.FleetKey{Fleet: f, Key: key}]
 	if !ok {
-		return decide.Pending{}, false
+		return routing.Pending{}, false
 	}
 	return o.pending(), true
 }
 
 // Await waits up to propose_timeout for the key's proposal to settle.
-func (p *Placements) Await(ctx context.Context, f fsm.Fleet, key string) (decide.Pending, bool) {
+func (p *Placements) Await(ctx context.Context, f fsm.Fleet, key string) (routing.Pending, bool) {
 	p.mu.Lock()
 	o, ok := p.byKey[fsm.FleetKey{Fleet: f, Key: key}]
 	p.mu.Unlock()
 	if !ok {
-		return decide.Pending{}, false
+		return routing.Pending{}, false
 	}
 	t := time.NewTimer(p.e.cfg.ProposeTimeout)
 	defer t.Stop()

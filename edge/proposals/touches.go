@@ -15,6 +15,9 @@ type Touches struct {
 	mu    sync.Mutex
 	keys  map[fsm.FleetKey]struct{}
 	links map[string]struct{}
+	// proposing counts the keys and links of the batch taken for a
+	// proposal that has not returned yet.
+	proposing int
 }
 
 func newTouches(e *env) *Touches {
@@ -53,7 +56,24 @@ func (t *Touches) take() fsm.Touch {
 	}
 	clear(t.keys)
 	clear(t.links)
+	t.proposing += len(ev.Keys) + len(ev.Links)
 	return ev
+}
+
+// proposed ends the proposal of a batch take returned (after putBack when
+// it failed).
+func (t *Touches) proposed(ev fsm.Touch) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.proposing -= len(ev.Keys) + len(ev.Links)
+}
+
+// Pending is how many used keys and links are not yet in the log: waiting
+// for the next flush, or in a proposal.
+func (t *Touches) Pending() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.keys) + len(t.links) + t.proposing
 }
 
 // putBack merges an unflushed batch back.
@@ -93,6 +113,7 @@ func (t *Touches) Flush(ctx context.Context) {
 	if len(ev.Keys) == 0 && len(ev.Links) == 0 {
 		return
 	}
+	defer t.proposed(ev)
 	var evs []fsm.Event
 	for len(ev.Keys) > maxTouchKeys || len(ev.Links) > maxTouchKeys {
 		part := fsm.Touch{Keys: ev.Keys[:min(len(ev.Keys), maxTouchKeys)], Links: ev.Links[:min(len(ev.Links), maxTouchKeys)]}

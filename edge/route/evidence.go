@@ -3,7 +3,6 @@ package route
 import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
 )
 
 // observeRouted counts a placed hop of rq on fleet f.
@@ -27,7 +26,7 @@ func (e *Router) observeRouted(rq *Request, f fsm.Fleet, h *Hop) {
 func (e *Router) recordEvidence(rq *Request, f fsm.Fleet, h *Hop) {
 	var rule, bound string
 	switch {
-	case h.Policy == decide.PolicyPending:
+	case h.Policy == routing.PolicyPending:
 		return // served on an earlier request's placement: no new decision
 	case h.Outcome == outcomeNewBind || h.Outcome == outcomeDegraded:
 		rule = h.Policy

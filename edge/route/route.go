@@ -20,19 +20,18 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/routing/kvindex"
 )
 
 // Decision outcomes (metric label and span attribute; routing/decide).
 const (
-	outcomeSticky   = decide.OutcomeSticky
-	outcomeNewBind  = decide.OutcomeNewBind
-	outcomeOverflow = decide.OutcomeOverflow
-	outcomeDegraded = decide.OutcomeDegraded
-	outcomeShed     = decide.OutcomeShed
-	outcomeUnbound  = decide.OutcomeUnbound
-	outcomeRefused  = decide.OutcomeRefused
+	outcomeSticky   = routing.OutcomeSticky
+	outcomeNewBind  = routing.OutcomeNewBind
+	outcomeOverflow = routing.OutcomeOverflow
+	outcomeDegraded = routing.OutcomeDegraded
+	outcomeShed     = routing.OutcomeShed
+	outcomeUnbound  = routing.OutcomeUnbound
+	outcomeRefused  = routing.OutcomeRefused
 )
 
 // RetryHint is the Retry-After of a request refused because the log could
@@ -106,9 +105,9 @@ func (e *Router) views(m *catalog.Model, now time.Time, exclude []string) *routi
 }
 
 // Hop is where one fleet's part of a request goes: the decision's
-// (routing/decide.Hop) and what the request path adds to it.
+// (routing/routing.Hop) and what the request path adds to it.
 type Hop struct {
-	decide.Hop
+	routing.Hop
 	// Shadow: where the prompt was modelled in a static engine's Shadow
 	// cache (edge/Shadow.go; nil: not modelled).
 	Shadow *kvshadow.Placement
@@ -116,10 +115,10 @@ type Hop struct {
 	RequestID string
 }
 
-func hopOf(d *decide.Hop, requestID string) *Hop { return &Hop{Hop: *d, RequestID: requestID} }
+func hopOf(d *routing.Hop, requestID string) *Hop { return &Hop{Hop: *d, RequestID: requestID} }
 
 // Decided is a copy of h's decision, for the decider to re-route from.
-func (h *Hop) Decided() *decide.Hop {
+func (h *Hop) Decided() *routing.Hop {
 	if h == nil {
 		return nil
 	}
@@ -128,49 +127,49 @@ func (h *Hop) Decided() *decide.Hop {
 }
 
 // failureError turns a decision's failure into the client's answer.
-func (e *Router) failureError(f *decide.Failure) *api.Error {
+func (e *Router) failureError(f *routing.Failure) *api.Error {
 	switch f.Kind {
-	case decide.FailNoInstances:
+	case routing.FailNoInstances:
 		return api.NewError(http.StatusServiceUnavailable, "server_error", "no_healthy_instance", "",
 			"no healthy %s instance is available: %v", f.Fleet, f.Err)
-	case decide.FailRouting:
+	case routing.FailRouting:
 		return api.NewError(http.StatusServiceUnavailable, "server_error", "routing_failed", "", "%s routing failed: %v", f.Fleet, f.Err)
-	case decide.FailShed:
+	case routing.FailShed:
 		ae := api.NewError(http.StatusTooManyRequests, "rate_limit_error", "overloaded", "",
 			"every %s instance is over its load limit; retry after %s", f.Fleet, f.RetryAfter)
 		ae.RetryAfter = f.RetryAfter
 		return ae
-	case decide.FailLog:
+	case routing.FailLog:
 		return api.NewError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
 			"recording the %s placement of %q failed: %v", f.Fleet, f.Key, f.Err)
-	case decide.FailRejected:
+	case routing.FailRejected:
 		return api.NewError(http.StatusServiceUnavailable, "server_error", "placement_rejected", "",
 			"the affinity log rejected placing %s key %q on %s: %s", f.Fleet, f.Key, f.Instance, f.Detail)
-	case decide.FailStateUnknown:
-		e.metrics.Decisions.WithLabelValues(f.Fleet.String(), decide.PolicyPending, outcomeRefused).Inc()
+	case routing.FailStateUnknown:
+		e.metrics.Decisions.WithLabelValues(f.Fleet.String(), routing.PolicyPending, outcomeRefused).Inc()
 		ae := api.NewError(http.StatusServiceUnavailable, "server_error", "affinity_state_unknown", "",
 			"%s key %q needs its placement committed in the affinity log, which this edge cannot confirm right now: %s; retry shortly",
 			f.Fleet, httpjson.Clip(f.Key, 200), f.Detail)
 		ae.RetryAfter = e.RetryHint()
 		return ae
-	case decide.FailDetourUnrecorded:
+	case routing.FailDetourUnrecorded:
 		e.metrics.Decisions.WithLabelValues(f.Fleet.String(), "bound", outcomeRefused).Inc()
 		ae := api.NewError(http.StatusServiceUnavailable, "server_error", "affinity_log_unavailable", "",
 			"%s key %q must leave its unhealthy instance %s and the affinity log cannot record the move right now: %v; retry shortly",
 			f.Fleet, httpjson.Clip(f.Key, 200), f.Instance, f.Err)
 		ae.RetryAfter = e.RetryHint()
 		return ae
-	case decide.FailNoAlternative:
+	case routing.FailNoAlternative:
 		return api.NewError(http.StatusBadGateway, "server_error", "upstream_unavailable", "",
 			"%s instance %s failed and no other instance can take the request", f.Fleet, f.Instance)
 	}
 	return api.NewError(http.StatusServiceUnavailable, "server_error", "routing_failed", "", "%s routing failed: %v", f.Fleet, f)
 }
 
-// Route decides where fleet f's part of rq goes (routing/decide: sticky
+// Route decides where fleet f's part of rq goes (routing.Decider: sticky
 // to the key's committed binding or an overflow, a new placement proposed
 // through the log, a degraded placement when the log cannot commit, or an
-// unbound placement), and predicts the prompt there.
+// unbound placement; the decision predicts the prompt there).
 func (e *Router) Route(ctx context.Context, rq *Request, f fsm.Fleet, prev *Hop) (*Hop, *api.Error) {
 	ctx, span := e.tracer.Start(ctx, "tether.edge route "+f.String(), trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
@@ -201,10 +200,7 @@ func (e *Router) Route(ctx context.Context, rq *Request, f fsm.Fleet, prev *Hop)
 	if h.Reason != 0 {
 		span.SetAttributes(observe.AttrOverflow.String(h.Reason.String()))
 	}
-	// The prompt now counts as cached there until the worker's own KV
-	// event arrives, so a burst sharing the prefix lands together.
-	e.edge.Fleet().Index().Predict(h.Instance, rq.Prompts[f].Blocks, rq.Now)
-	e.catalogue.AdapterPlaced(rq.Model, rq.Adapter, h.Fleet, h.Instance, rq.Now) // and the adapter as loaded (edge/catalog)
+	e.catalogue.AdapterPlaced(rq.Model, rq.Adapter, h.Fleet, h.Instance, rq.Now) // the adapter counts as loaded there (edge/catalog)
 	return h, nil
 }
 
@@ -219,7 +215,7 @@ func (e *Router) routingRequest(rq *Request, f fsm.Fleet, rr uint64) routing.Req
 	}
 }
 
-// decide is the shared decision (routing/decide) for fleet f's part of rq.
+// decide is the shared decision (routing) for fleet f's part of rq.
 func (e *Router) decide(ctx context.Context, rq *Request, f fsm.Fleet, prev *Hop) (*Hop, *api.Error) {
 	req := e.routingRequest(rq, f, rq.Model.RR[f].Add(1)-1)
 	d, fail := rq.Model.Decider.Decide(ctx, rq.Model.Routers[f], req, prev.Decided())
@@ -244,7 +240,7 @@ func (e *Router) Reroute(ctx context.Context, rq *Request, failed *Hop) (*Hop, *
 	if !failed.Bound {
 		return e.Route(ctx, rq, failed.Fleet, failed)
 	}
-	d, fail := rq.Model.Decider.Reroute(ctx, rq.Model.Routers[failed.Fleet], e.routingRequest(rq, failed.Fleet, 0), failed.Decided())
+	d, fail := rq.Model.Decider.Decide(ctx, rq.Model.Routers[failed.Fleet], e.routingRequest(rq, failed.Fleet, 0), failed.Decided())
 	if fail != nil {
 		return nil, e.failureError(fail)
 	}
@@ -267,7 +263,7 @@ func (e *Router) countDecision(f fsm.Fleet, h *Hop) {
 	}
 }
 
-// edgeLog is the affinity log as the decision reads it (routing/decide.Log).
+// edgeLog is the affinity log as the decision reads it (routing/routing.Log).
 type edgeLog struct{ e *Router }
 
 func (l edgeLog) State() *fsm.State { return l.e.edge.Node().State() }
@@ -276,9 +272,9 @@ func (l edgeLog) Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) 
 	res, err := l.e.proposer.Propose(ctx, ev)
 	switch {
 	case errors.Is(err, cluster.ErrNotApplied):
-		err = fmt.Errorf("%w: %w", decide.ErrCommitted, err)
+		err = fmt.Errorf("%w: %w", routing.ErrCommitted, err)
 	case errors.Is(err, cluster.ErrUnavailable):
-		err = fmt.Errorf("%w: %w", decide.ErrUnavailable, err)
+		err = fmt.Errorf("%w: %w", routing.ErrUnavailable, err)
 	}
 	return res, err
 }
@@ -286,7 +282,7 @@ func (l edgeLog) Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) 
 func (l edgeLog) Down(time.Time) bool { return l.e.proposer.Down() }
 
 // edgeRecorder is the recorder and touch batcher (edge/proposals) as the
-// decision uses them (routing/decide.Recorder).
+// decision uses them (routing/routing.Recorder).
 type edgeRecorder struct{ e *Router }
 
 func (r edgeRecorder) Record(ev fsm.Event) { r.e.recorder.Add(ev, nil) }
@@ -295,7 +291,7 @@ func (r edgeRecorder) Touch(k fsm.FleetKey)   { r.e.touches.Add(k) }
 func (r edgeRecorder) TouchLink(child string) { r.e.touches.AddLink(child) }
 
 // edgeFleet is this edge's fleet view of model m's fleets (nil: the
-// first model's) as the decision reads it (routing/decide.FleetView).
+// first model's) as the decision reads it (routing/routing.FleetView).
 type edgeFleet struct {
 	e *Router
 	m *catalog.Model
@@ -355,7 +351,7 @@ func Label(h *Hop, rank string) string {
 	return fmt.Sprintf("%s/%s", h.Instance, rank)
 }
 
-// edgeIndex is the fleet view's KV index (routing/decide.Index); the fleet
+// edgeIndex is the fleet view's KV index (routing/routing.Index); the fleet
 // view exists from Start on.
 type edgeIndex struct{ e *Router }
 
@@ -383,7 +379,7 @@ const (
 func (e *Router) PinnedHop(rq *Request) *Hop {
 	ref := rq.Pinned()
 	f := fsm.Fleet(ref.ID.Fleet)
-	h := &Hop{Hop: decide.Hop{Fleet: f, Key: rq.Model.Key(rq.ID.Key(f)), Instance: ref.ID.Instance, URL: ref.URL, Rank: ref.ID.Rank,
+	h := &Hop{Hop: routing.Hop{Fleet: f, Key: rq.Model.Key(rq.ID.Key(f)), Instance: ref.ID.Instance, URL: ref.URL, Rank: ref.ID.Rank,
 		Outcome: outcomeStored, Policy: policyStored}}
 	e.metrics.Decisions.WithLabelValues(f.String(), policyStored, outcomeStored).Inc()
 	return h

@@ -2,7 +2,7 @@
 // as the path carries it (its parsed body, the model it names, its
 // identity and each fleet's prompt keys, the stored response or
 // conversation it names), and the Router, which runs the routing decision
-// (routing/decide: sticky to the key's committed binding or an overflow, a
+// (routing.Decider: sticky to the key's committed binding or an overflow, a
 // new placement proposed through the log, degraded while the log cannot
 // commit, unbound) over this edge's views, log, proposals and KV index,
 // predicts the prompt on the chosen instance, counts and traces the
@@ -26,7 +26,7 @@ import (
 	"github.com/tether-project/tether/edge/proposals"
 	"github.com/tether-project/tether/edge/readiness"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing/overload"
 )
 
 // Router decides where each fleet's part of a request goes.
@@ -44,7 +44,7 @@ type Router struct {
 	tracer     trace.Tracer
 	log        *slog.Logger
 	now        func() time.Time
-	overload   *routing.OverloadTracker
+	overload   *overload.Tracker
 	placed     atomic.Uint64 // decisions made (views: the views cache)
 }
 
@@ -82,7 +82,7 @@ func New(edge Edge, cfg Config) *Router {
 	p := cfg.Proposals
 	r := &Router{edge: edge, cfg: cfg.Edge, nodeID: cfg.NodeID, catalogue: cfg.Catalogue, proposer: p.Proposer, placements: p.Placements,
 		recorder: p.Recorder, touches: p.Touches, fresh: cfg.Fresh, metrics: cfg.Metrics, tracer: cfg.Tracer, log: cfg.Logger,
-		now: cfg.Now, overload: routing.NewOverloadTracker()}
+		now: cfg.Now, overload: overload.NewTracker()}
 	for _, m := range cfg.Catalogue.Models() {
 		m.Decider = r.newDecider(m)
 	}
@@ -91,7 +91,7 @@ func New(edge Edge, cfg Config) *Router {
 
 // newDecider is model m's routing decision over this edge's log, recorder,
 // proposals, fleet view (m's instances) and KV index.
-func (e *Router) newDecider(m *catalog.Model) *decide.Decider {
-	return &decide.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e, m},
+func (e *Router) newDecider(m *catalog.Model) *routing.Decider {
+	return &routing.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e, m},
 		Index: edgeIndex{e}, Overload: e.overload, CommitFirst: m.Cfg.Placement.CommitFirst}
 }

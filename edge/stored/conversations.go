@@ -15,7 +15,6 @@ import (
 
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/observe"
-	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/internal/respid"
@@ -175,7 +174,7 @@ func (e *Service) createConversation(ctx context.Context, w http.ResponseWriter,
 		boot = in.BootID
 	}
 	mint := func(upstream string) string {
-		return e.cfg.Codec.MintConversation(respid.ID{Fleet: uint8(fsm.FleetGeneration), Instance: inst, Rank: -1, BootID: boot,
+		return e.cfg.Codec.MintConversation(respid.ID{Fleet: uint8(m.Cfg.AnswerFleet()), Instance: inst, Rank: -1, BootID: boot,
 			Upstream: upstream, Edge: e.cfg.NodeID, Minted: e.cfg.Now()})
 	}
 	return e.conversationHop(ctx, w, http.MethodPost, url+"/v1/conversations", body, nil, mint, span)

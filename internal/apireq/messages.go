@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+
+	"github.com/tether-project/tether/internal/pyjson"
 )
 
 // Anthropic Messages API (https://docs.anthropic.com/en/api/messages),
@@ -274,7 +276,7 @@ func anthropicMessage(role string, raw json.RawMessage, param string) ([]chatMes
 				if !isObject(b.Input) {
 					return nil, BadRequest("", bp+".input", "%s.input must be an object", bp)
 				}
-				args = pythonJSON(b.Input)
+				args = pyjson.Dumps(b.Input)
 			}
 			calls = append(calls, chatToolCall{ID: *b.ID, Type: "function", Function: chatToolFunction{Name: *b.Name, Arguments: args}})
 		case "tool_result":

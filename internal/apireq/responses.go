@@ -36,65 +36,18 @@ func (r *Request) parseResponses() *Error {
 	if err := r.maxTokens("max_output_tokens"); err != nil {
 		return err
 	}
+	if err := r.parseStorage(rf); err != nil {
+		return err
+	}
 	var err *Error
-	var ok bool
-	if v, set, e := r.Bool("store"); e != nil {
-		return e
-	} else if set {
-		rf.Store = v
-	}
-	if rf.Background, _, err = r.Bool("background"); err != nil {
-		return err
-	}
-	if rf.Background && !rf.Store {
-		return BadRequest("", "background", "background mode needs store: true (a background response is retrieved by id)")
-	}
-	if rf.PreviousResponseID, ok, err = r.String("previous_response_id"); err != nil {
-		return err
-	} else if ok && strings.TrimSpace(rf.PreviousResponseID) == "" {
-		return BadRequest("", "previous_response_id", "previous_response_id must not be empty")
-	}
-	if raw, ok := r.Present("conversation"); ok {
-		var id string
-		if json.Unmarshal(raw, &id) != nil {
-			var obj struct {
-				ID *string `json:"id"`
-			}
-			if json.Unmarshal(raw, &obj) != nil || obj.ID == nil {
-				return BadRequest("", "conversation", "invalid conversation: want a conversation id or {\"id\": ...}")
-			}
-			id = *obj.ID
-		}
-		rf.Conversation = strings.TrimSpace(id)
-		if rf.PreviousResponseID != "" && rf.Conversation != "" {
-			return BadRequest("", "previous_response_id", "previous_response_id and conversation cannot be used together")
-		}
-	}
 	if rf.Instructions, _, err = r.String("instructions"); err != nil {
 		return err
 	}
 	if rf.Instructions != "" {
 		rf.instr = []chatMessage{{Role: "system", Content: rf.Instructions}}
 	}
-	raw, ok := r.Present("input")
-	if !ok {
-		return Missing("input")
-	}
-	if raw[0] == '"' {
-		var s string
-		_ = json.Unmarshal(raw, &s)
-		rf.Input = []json.RawMessage{marshal(map[string]any{"type": "message", "role": "user", "content": s})}
-		rf.input = []chatMessage{{Role: "user", Content: s}}
-	} else {
-		if json.Unmarshal(raw, &rf.Input) != nil {
-			return BadRequest("", "input", "invalid type for \"input\": want a string or an array of input items, got %s", Kind(raw))
-		}
-		if len(rf.Input) == 0 {
-			return BadRequest("", "input", "input must contain at least one item")
-		}
-		if rf.input, err = responsesItems(rf.Input, "input"); err != nil {
-			return err
-		}
+	if err := r.parseInput(rf); err != nil {
+		return err
 	}
 	if err := r.parseReasoning(rf); err != nil {
 		return err
@@ -121,6 +74,72 @@ func (r *Request) parseResponses() *Error {
 	}
 	r.Chat = fields
 	return r.rebuildResponses()
+}
+
+// parseStorage reads what the request stores and continues: store,
+// background, previous_response_id and conversation.
+func (r *Request) parseStorage(rf *ResponsesFields) *Error {
+	var err *Error
+	var ok bool
+	if v, set, e := r.Bool("store"); e != nil {
+		return e
+	} else if set {
+		rf.Store = v
+	}
+	if rf.Background, _, err = r.Bool("background"); err != nil {
+		return err
+	}
+	if rf.Background && !rf.Store {
+		return BadRequest("", "background", "background mode needs store: true (a background response is retrieved by id)")
+	}
+	if rf.PreviousResponseID, ok, err = r.String("previous_response_id"); err != nil {
+		return err
+	} else if ok && strings.TrimSpace(rf.PreviousResponseID) == "" {
+		return BadRequest("", "previous_response_id", "previous_response_id must not be empty")
+	}
+	raw, ok := r.Present("conversation")
+	if !ok {
+		return nil
+	}
+	var id string
+	if json.Unmarshal(raw, &id) != nil {
+		var obj struct {
+			ID *string `json:"id"`
+		}
+		if json.Unmarshal(raw, &obj) != nil || obj.ID == nil {
+			return BadRequest("", "conversation", "invalid conversation: want a conversation id or {\"id\": ...}")
+		}
+		id = *obj.ID
+	}
+	rf.Conversation = strings.TrimSpace(id)
+	if rf.PreviousResponseID != "" && rf.Conversation != "" {
+		return BadRequest("", "previous_response_id", "previous_response_id and conversation cannot be used together")
+	}
+	return nil
+}
+
+// parseInput reads input: a string (one user message) or input items.
+func (r *Request) parseInput(rf *ResponsesFields) *Error {
+	raw, ok := r.Present("input")
+	if !ok {
+		return Missing("input")
+	}
+	if raw[0] == '"' {
+		var s string
+		_ = json.Unmarshal(raw, &s)
+		rf.Input = []json.RawMessage{marshal(map[string]any{"type": "message", "role": "user", "content": s})}
+		rf.input = []chatMessage{{Role: "user", Content: s}}
+		return nil
+	}
+	if json.Unmarshal(raw, &rf.Input) != nil {
+		return BadRequest("", "input", "invalid type for \"input\": want a string or an array of input items, got %s", Kind(raw))
+	}
+	if len(rf.Input) == 0 {
+		return BadRequest("", "input", "input must contain at least one item")
+	}
+	var err *Error
+	rf.input, err = responsesItems(rf.Input, "input")
+	return err
 }
 
 // WithHistory puts a previous response's conversation (chat messages, as

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"math"
 	"reflect"
 	"sort"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/nikolalohinski/gonja/v2/exec"
+	"github.com/tether-project/tether/internal/pyjson"
 )
 
 // maxDepth bounds the nesting of request JSON handed to a template: the
@@ -283,13 +283,13 @@ func writeJSON(b *strings.Builder, v any, o *jsonOpts, depth int) error {
 	case bool:
 		b.WriteString(strconv.FormatBool(x))
 	case string:
-		writePyString(b, x, o.ensureASCII)
+		pyjson.Quote(b, x, o.ensureASCII)
 	case int:
 		b.WriteString(strconv.Itoa(x))
 	case int64:
 		b.WriteString(strconv.FormatInt(x, 10))
 	case float64:
-		b.WriteString(pyFloat(x))
+		b.WriteString(pyjson.Float(x))
 	case exec.Dict:
 		return writeObject(b, x.Pairs, o, depth)
 	case *exec.Dict:
@@ -317,7 +317,7 @@ func writeReflect(b *strings.Builder, rv reflect.Value, o *jsonOpts, depth int) 
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		b.WriteString(strconv.FormatUint(rv.Uint(), 10))
 	case reflect.Float32:
-		b.WriteString(pyFloat(rv.Float()))
+		b.WriteString(pyjson.Float(rv.Float()))
 	case reflect.Slice, reflect.Array:
 		return writeArray(b, rv.Len(), func(i int) any { return rv.Index(i).Interface() }, o, depth)
 	case reflect.Map:
@@ -363,7 +363,7 @@ func writeObject(b *strings.Builder, pairs []*exec.Pair, o *jsonOpts, depth int)
 			b.WriteString(o.itemSep)
 		}
 		o.newline(b, depth+1)
-		writePyString(b, p.Key.String(), o.ensureASCII)
+		pyjson.Quote(b, p.Key.String(), o.ensureASCII)
 		b.WriteString(o.keySep)
 		if err := writeJSON(b, p.Value, o, depth+1); err != nil {
 			return err
@@ -384,74 +384,6 @@ func (o *jsonOpts) newline(b *strings.Builder, depth int) {
 	for range depth {
 		b.WriteString(o.indent)
 	}
-}
-
-// writePyString quotes s as json.dumps does: the short escapes for \" \\
-// \n \r \t \b \f, \u00XX for other control characters, and with
-// ensure_ascii every non-ASCII character as \uXXXX (surrogate pairs above
-// the BMP).
-func writePyString(b *strings.Builder, s string, ensureASCII bool) {
-	b.WriteByte('"')
-	for _, r := range s {
-		switch r {
-		case '"':
-			b.WriteString(`\"`)
-		case '\\':
-			b.WriteString(`\\`)
-		case '\n':
-			b.WriteString(`\n`)
-		case '\r':
-			b.WriteString(`\r`)
-		case '\t':
-			b.WriteString(`\t`)
-		case '\b':
-			b.WriteString(`\b`)
-		case '\f':
-			b.WriteString(`\f`)
-		default:
-			switch {
-			case r < 0x20:
-				fmt.Fprintf(b, `\u%04x`, r)
-			case r < utf8.RuneSelf || !ensureASCII:
-				b.WriteRune(r)
-			case r > 0xFFFF:
-				r -= 0x10000
-				fmt.Fprintf(b, `\u%04x\u%04x`, 0xD800+(r>>10), 0xDC00+(r&0x3FF))
-			default:
-				fmt.Fprintf(b, `\u%04x`, r)
-			}
-		}
-	}
-	b.WriteByte('"')
-}
-
-// pyFloat formats f as Python's float repr: the shortest digits that round
-// trip, fixed notation for exponents in [-4, 16), always a ".0" on integral
-// values, and "e+XX"/"e-XX" otherwise.
-func pyFloat(f float64) string {
-	switch {
-	case math.IsNaN(f):
-		return "NaN"
-	case math.IsInf(f, 1):
-		return "Infinity"
-	case math.IsInf(f, -1):
-		return "-Infinity"
-	}
-	e := strconv.FormatFloat(f, 'e', -1, 64) // d.ddde±XX
-	mant, expStr, _ := strings.Cut(e, "e")
-	exp, _ := strconv.Atoi(expStr)
-	if exp < -4 || exp >= 16 {
-		sign := "+"
-		if exp < 0 {
-			sign, exp = "-", -exp
-		}
-		return fmt.Sprintf("%se%s%02d", mant, sign, exp)
-	}
-	s := strconv.FormatFloat(f, 'f', -1, 64)
-	if !strings.Contains(s, ".") {
-		s += ".0"
-	}
-	return s
 }
 
 // unescape decodes the escapes of a valid UTF-8 JSON string body; ok false

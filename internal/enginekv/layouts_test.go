@@ -12,25 +12,11 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/tether-project/tether/internal/enginekv"
+	"github.com/tether-project/tether/test/engines/oaiserve"
 )
 
 // omap is a msgspec struct in map form: its keys in declaration order.
-type omap [][2]any
-
-func (m omap) EncodeMsgpack(e *msgpack.Encoder) error {
-	if err := e.EncodeMapLen(len(m)); err != nil {
-		return err
-	}
-	for _, kv := range m {
-		if err := e.EncodeString(kv[0].(string)); err != nil {
-			return err
-		}
-		if err := e.Encode(kv[1]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+type omap = oaiserve.OrderedMap
 
 // A block of 4 tokens and its successors, for the fixtures.
 func tokList(base, n int) []any {

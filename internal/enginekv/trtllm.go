@@ -120,6 +120,17 @@ func parseTRTHash(n json.Number) (Hash, error) {
 	return "", fmt.Errorf("block hash %q is not a 64-bit integer", s)
 }
 
+// trtBlock is one block of a stored event.
+type trtBlock struct {
+	BlockHash json.Number `json:"block_hash"`
+	Tokens    []struct {
+		TokenID      json.Number `json:"token_id"`
+		TokenExtraID json.Number `json:"token_extra_id"`
+	} `json:"tokens"`
+	LoraID     *json.Number `json:"lora_id"`
+	CacheLevel *json.Number `json:"cache_level"`
+}
+
 func decodeTRTData(data json.RawMessage) ([]Event, bool, error) {
 	var d struct {
 		Type        string        `json:"type"`
@@ -130,15 +141,7 @@ func decodeTRTData(data json.RawMessage) ([]Event, bool, error) {
 			New *json.Number `json:"new_value"`
 			Old *json.Number `json:"old_value"`
 		} `json:"cache_level"`
-		Blocks []struct {
-			BlockHash json.Number `json:"block_hash"`
-			Tokens    []struct {
-				TokenID      json.Number `json:"token_id"`
-				TokenExtraID json.Number `json:"token_extra_id"`
-			} `json:"tokens"`
-			LoraID     *json.Number `json:"lora_id"`
-			CacheLevel *json.Number `json:"cache_level"`
-		} `json:"blocks"`
+		Blocks []trtBlock `json:"blocks"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
@@ -164,49 +167,62 @@ func decodeTRTData(data json.RawMessage) ([]Event, bool, error) {
 		host.Medium = TRTLevelMedium(1)
 		return []Event{ev, host}, false, nil
 	case "stored":
-		ev := Event{Kind: Stored}
-		if d.ParentHash != nil {
-			h, err := parseTRTHash(*d.ParentHash)
-			if err != nil {
-				return nil, false, fmt.Errorf("parent_hash: %w", err)
-			}
-			ev.Parent, ev.HasParent = h, true
-		}
-		for j, b := range d.Blocks {
-			h, err := parseTRTHash(b.BlockHash)
-			if err != nil {
-				return nil, false, fmt.Errorf("blocks[%d].block_hash: %w", j, err)
-			}
-			if j == 0 {
-				ev.BlockSize = len(b.Tokens)
-				if b.CacheLevel != nil {
-					level, err := b.CacheLevel.Int64()
-					if err != nil {
-						return nil, false, fmt.Errorf("blocks[%d].cache_level: %w", j, err)
-					}
-					ev.Medium = TRTLevelMedium(level)
-				}
-			} else if len(b.Tokens) != ev.BlockSize {
-				ev.BlockSize = -1 // uneven blocks: Mapper counts them malformed
-			}
-			ev.Hashes = append(ev.Hashes, h)
-			if b.LoraID != nil && b.LoraID.String() != "0" {
-				ev.Foreign = true
-			}
-			for k, t := range b.Tokens {
-				id, err := strconv.ParseUint(t.TokenID.String(), 10, 32)
-				if err != nil {
-					return nil, false, fmt.Errorf("blocks[%d].tokens[%d].token_id: %w", j, k, err)
-				}
-				if x := t.TokenExtraID.String(); x != "" && x != "0" {
-					ev.Foreign = true // multimodal / prompt-table tokens
-				}
-				ev.Tokens = append(ev.Tokens, uint32(id))
-			}
+		ev, err := decodeTRTStored(d.ParentHash, d.Blocks)
+		if err != nil {
+			return nil, false, err
 		}
 		return []Event{ev}, false, nil
 	}
 	return nil, false, unknownEvent(d.Type)
+}
+
+// decodeTRTStored reads a stored event (KVCacheStoredData: parent_hash and
+// blocks): the blocks' hashes and tokens, the block size (the first
+// block's; -1 for uneven blocks), the medium (the first block's cache
+// level), and whether a block is not plain text of the base model (a LoRA
+// id, multimodal or prompt-table tokens).
+func decodeTRTStored(parent *json.Number, blocks []trtBlock) (Event, error) {
+	ev := Event{Kind: Stored}
+	if parent != nil {
+		h, err := parseTRTHash(*parent)
+		if err != nil {
+			return ev, fmt.Errorf("parent_hash: %w", err)
+		}
+		ev.Parent, ev.HasParent = h, true
+	}
+	for j, b := range blocks {
+		h, err := parseTRTHash(b.BlockHash)
+		if err != nil {
+			return ev, fmt.Errorf("blocks[%d].block_hash: %w", j, err)
+		}
+		if j == 0 {
+			ev.BlockSize = len(b.Tokens)
+			if b.CacheLevel != nil {
+				level, err := b.CacheLevel.Int64()
+				if err != nil {
+					return ev, fmt.Errorf("blocks[%d].cache_level: %w", j, err)
+				}
+				ev.Medium = TRTLevelMedium(level)
+			}
+		} else if len(b.Tokens) != ev.BlockSize {
+			ev.BlockSize = -1 // uneven blocks: Mapper counts them malformed
+		}
+		ev.Hashes = append(ev.Hashes, h)
+		if b.LoraID != nil && b.LoraID.String() != "0" {
+			ev.Foreign = true
+		}
+		for k, t := range b.Tokens {
+			id, err := strconv.ParseUint(t.TokenID.String(), 10, 32)
+			if err != nil {
+				return ev, fmt.Errorf("blocks[%d].tokens[%d].token_id: %w", j, k, err)
+			}
+			if x := t.TokenExtraID.String(); x != "" && x != "0" {
+				ev.Foreign = true // multimodal / prompt-table tokens
+			}
+			ev.Tokens = append(ev.Tokens, uint32(id))
+		}
+	}
+	return ev, nil
 }
 
 // decodeTRTUpdated reads an updated event (KVCacheUpdatedData: block_hash,

@@ -152,49 +152,57 @@ func (r *LoadReport) validate(subject string) error {
 	if len(r.Ranks) < 1 || len(r.Ranks) > MaxRanks {
 		return decodeErr(ErrOutOfRange, subject, "ranks", "%d ranks (want 1..%d)", len(r.Ranks), MaxRanks)
 	}
-	for i, rk := range r.Ranks {
-		field := func(name string) string { return fmt.Sprintf("ranks[%d].%s", i, name) }
-		if rk.Rank != i {
-			return decodeErr(ErrOutOfRange, subject, field("rank"), "%d at index %d (ranks are listed in order from 0)", rk.Rank, i)
+	for i := range r.Ranks {
+		if err := r.Ranks[i].validate(subject, i); err != nil {
+			return err
 		}
-		for _, c := range []struct {
-			name string
-			v    int64
-			max  int64
-		}{
-			{"active_prompt_tokens", rk.ActivePromptTokens, MaxTokens},
-			{"active_requests", rk.ActiveRequests, MaxRequestsPerRank},
-			{"queued_requests", rk.QueuedRequests, MaxRequestsPerRank},
-			{"kv_blocks_used", rk.KVBlocksUsed, MaxBlocks},
-			{"kv_blocks_total", rk.KVBlocksTotal, MaxBlocks},
-			{"window_lookup_tokens", rk.WindowLookupTokens, MaxCounter},
-			{"window_hit_tokens", rk.WindowHitTokens, MaxCounter},
-			{"overflows", rk.Overflows, MaxCounter},
-			{"evictions", rk.Evictions, MaxCounter},
-		} {
-			if c.v < 0 || c.v > c.max {
-				return decodeErr(ErrOutOfRange, subject, field(c.name), "%d (want 0..%d)", c.v, c.max)
+	}
+	return nil
+}
+
+// validate checks the figures of rank i of a report.
+func (rk *RankLoad) validate(subject string, i int) error {
+	field := func(name string) string { return fmt.Sprintf("ranks[%d].%s", i, name) }
+	if rk.Rank != i {
+		return decodeErr(ErrOutOfRange, subject, field("rank"), "%d at index %d (ranks are listed in order from 0)", rk.Rank, i)
+	}
+	for _, c := range []struct {
+		name string
+		v    int64
+		max  int64
+	}{
+		{"active_prompt_tokens", rk.ActivePromptTokens, MaxTokens},
+		{"active_requests", rk.ActiveRequests, MaxRequestsPerRank},
+		{"queued_requests", rk.QueuedRequests, MaxRequestsPerRank},
+		{"kv_blocks_used", rk.KVBlocksUsed, MaxBlocks},
+		{"kv_blocks_total", rk.KVBlocksTotal, MaxBlocks},
+		{"window_lookup_tokens", rk.WindowLookupTokens, MaxCounter},
+		{"window_hit_tokens", rk.WindowHitTokens, MaxCounter},
+		{"overflows", rk.Overflows, MaxCounter},
+		{"evictions", rk.Evictions, MaxCounter},
+	} {
+		if c.v < 0 || c.v > c.max {
+			return decodeErr(ErrOutOfRange, subject, field(c.name), "%d (want 0..%d)", c.v, c.max)
+		}
+	}
+	if rk.KVBlocksUsed > rk.KVBlocksTotal {
+		return decodeErr(ErrOutOfRange, subject, field("kv_blocks_used"), "%d exceeds kv_blocks_total %d", rk.KVBlocksUsed, rk.KVBlocksTotal)
+	}
+	for _, l := range []struct {
+		name  string
+		names []string
+	}{{"lora_adapters", rk.LoRAAdapters}, {"lora_running", rk.LoRARunning}} {
+		if len(l.names) > MaxLoRAs {
+			return decodeErr(ErrOutOfRange, subject, field(l.name), "%d adapters (max %d)", len(l.names), MaxLoRAs)
+		}
+		for _, n := range l.names {
+			if n == "" || len(n) > MaxStringLen {
+				return decodeErr(ErrOutOfRange, subject, field(l.name), "adapter name of %d bytes (want 1..%d)", len(n), MaxStringLen)
 			}
 		}
-		if rk.KVBlocksUsed > rk.KVBlocksTotal {
-			return decodeErr(ErrOutOfRange, subject, field("kv_blocks_used"), "%d exceeds kv_blocks_total %d", rk.KVBlocksUsed, rk.KVBlocksTotal)
-		}
-		for _, l := range []struct {
-			name  string
-			names []string
-		}{{"lora_adapters", rk.LoRAAdapters}, {"lora_running", rk.LoRARunning}} {
-			if len(l.names) > MaxLoRAs {
-				return decodeErr(ErrOutOfRange, subject, field(l.name), "%d adapters (max %d)", len(l.names), MaxLoRAs)
-			}
-			for _, n := range l.names {
-				if n == "" || len(n) > MaxStringLen {
-					return decodeErr(ErrOutOfRange, subject, field(l.name), "adapter name of %d bytes (want 1..%d)", len(n), MaxStringLen)
-				}
-			}
-		}
-		if rk.WindowHitTokens > rk.WindowLookupTokens {
-			return decodeErr(ErrOutOfRange, subject, field("window_hit_tokens"), "%d exceeds window_lookup_tokens %d", rk.WindowHitTokens, rk.WindowLookupTokens)
-		}
+	}
+	if rk.WindowHitTokens > rk.WindowLookupTokens {
+		return decodeErr(ErrOutOfRange, subject, field("window_hit_tokens"), "%d exceeds window_lookup_tokens %d", rk.WindowHitTokens, rk.WindowLookupTokens)
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tether-project/tether/cluster/archive"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/progress"
 	"github.com/tether-project/tether/test/leakcheck"
 )
 
@@ -41,8 +42,8 @@ func TestReplayFullArchiveReproducesTheHash(t *testing.T) {
 	lb.writeArchive(archive.Options{}, 0)
 	lb.writeRaftLog(1)
 
-	var progress bytes.Buffer
-	res, err := lb.open().Replay(context.Background(), ReplayOptions{Progress: NewProgress(&progress, "replay")})
+	var progressOut bytes.Buffer
+	res, err := lb.open().Replay(context.Background(), ReplayOptions{Progress: progress.New(&progressOut, "replay")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -491,33 +492,6 @@ func (f forgedLive) Binding(ctx context.Context, fl fsm.Fleet, key string) (Live
 		b.Epoch, b.BoundAt = f.epoch, time.Time{}
 	}
 	return b, ok, err
-}
-
-func TestProgressPlainLines(t *testing.T) {
-	var buf bytes.Buffer
-	clock := time.Unix(0, 0)
-	p := &textProgress{w: &buf, label: "replay", every: 2 * time.Second, now: func() time.Time { return clock }}
-	p.Start(1000)
-	for i := uint64(1); i <= 10; i++ {
-		clock = clock.Add(time.Second)
-		p.Update(i * 100)
-	}
-	p.Done()
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 5 || !strings.HasPrefix(lines[0], "replay: 200/1000 (20%)") || !strings.HasPrefix(lines[4], "replay: 1000/1000 (100%)") {
-		t.Fatalf("plain progress lines:\n%s", buf.String())
-	}
-	if strings.Contains(buf.String(), "\r") {
-		t.Fatal("plain progress must not redraw with carriage returns")
-	}
-	// A run shorter than the interval prints nothing.
-	buf.Reset()
-	p.Start(10)
-	p.Update(10)
-	p.Done()
-	if buf.Len() != 0 {
-		t.Fatalf("a short run printed %q", buf.String())
-	}
 }
 
 func itoa(v uint64) string { return strconv.FormatUint(v, 10) }

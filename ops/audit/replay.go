@@ -12,6 +12,14 @@ import (
 	"github.com/tether-project/tether/fsm"
 )
 
+// Progress is told how far a long operation got, in abstract units (log
+// indexes for a replay); internal/progress's Bar draws it.
+type Progress interface {
+	Start(total uint64)
+	Update(done uint64)
+	Done()
+}
+
 // ReplayOptions bound a replay.
 type ReplayOptions struct {
 	// UntilIndex stops after the last entry at or below it (0: the end).

@@ -91,8 +91,14 @@ func (d *DataDir) ExplainResponse(ctx context.Context, id string, internalKey []
 	if ex.Why != "" {
 		return ex, nil
 	}
-	// The binding in force when the response was made: the last applied
-	// placement (bind or overflow) logged before it.
+	ex.Why = bindingWhy(rid, h, ex.Fleet, where)
+	return ex, nil
+}
+
+// bindingWhy explains a response of a conversation by the binding in force
+// when it was made: the last applied placement (bind or overflow) logged
+// before it, or the Bind the minting edge proposed beside it.
+func bindingWhy(rid respid.ID, h KeyHistory, fleet, where string) string {
 	var last, own *Item
 	for i := range h.Items {
 		it := &h.Items[i]
@@ -109,23 +115,21 @@ func (d *DataDir) ExplainResponse(ctx context.Context, id string, internalKey []
 	}
 	switch {
 	case last == nil && own != nil:
-		ex.Why = fmt.Sprintf("conversation %q was new: edge %s placed it on the %s at once and proposed its Bind beside the request; log entry #%d (%s) recorded that placement",
+		return fmt.Sprintf("conversation %q was new: edge %s placed it on the %s at once and proposed its Bind beside the request; log entry #%d (%s) recorded that placement",
 			rid.Conversation, rid.Edge, where, own.Index, own.Time.Format(time.RFC3339Nano))
 	case last == nil:
-		ex.Why = fmt.Sprintf("conversation %q had no binding in the %s fleet's log before %s: edge %s placed it on the %s without one (a degraded or not yet recorded placement)",
-			rid.Conversation, ex.Fleet, ex.Minted.Format(time.RFC3339Nano), rid.Edge, where)
+		return fmt.Sprintf("conversation %q had no binding in the %s fleet's log before %s: edge %s placed it on the %s without one (a degraded or not yet recorded placement)",
+			rid.Conversation, fleet, rid.Minted.UTC().Format(time.RFC3339Nano), rid.Edge, where)
 	case last.Kind == "bind" && last.Instance == rid.Instance, last.Kind == "overflow" && last.To == rid.Instance:
-		ex.Why = fmt.Sprintf("conversation %q was bound to %s by log entry #%d (%s, %s): edge %s served it there, on the %s",
+		return fmt.Sprintf("conversation %q was bound to %s by log entry #%d (%s, %s): edge %s served it there, on the %s",
 			rid.Conversation, rid.Instance, last.Index, last.Kind, last.Outcome, rid.Edge, where)
-	default:
-		to := last.Instance
-		if last.Kind == "overflow" {
-			to = last.To
-		}
-		ex.Why = fmt.Sprintf("conversation %q was bound to %s (log entry #%d) but edge %s served it on the %s: a failed hop retried elsewhere, or a placement the log had not recorded yet",
-			rid.Conversation, to, last.Index, rid.Edge, where)
 	}
-	return ex, nil
+	to := last.Instance
+	if last.Kind == "overflow" {
+		to = last.To
+	}
+	return fmt.Sprintf("conversation %q was bound to %s (log entry #%d) but edge %s served it on the %s: a failed hop retried elsewhere, or a placement the log had not recorded yet",
+		rid.Conversation, to, last.Index, rid.Edge, where)
 }
 
 // WriteText prints the explanation for people.

@@ -122,10 +122,19 @@ func ReplayE2E(ctx context.Context, w *Workload, o E2EOptions) (*RunResult, erro
 	if err := w.Validate(); err != nil {
 		return nil, err
 	}
+	for _, a := range w.Agents {
+		if a.Chained || a.Next != nil {
+			return nil, fmt.Errorf("bench: e2e: workload %s chains conversations (a closed loop), which only sim mode replays", w.Name)
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r := &e2eRun{o: o, w: w, start: time.Now(), rng: rand.New(rand.NewPCG(o.Seed, 0x6532)), instances: map[string]int64{}}
 	w.WalkRequests(func(*Agent, *Request) { r.total++ })
+	r.allDone, r.cancel = make(chan struct{}), cancel
+	if r.total == 0 {
+		close(r.allDone)
+	}
 	var wg sync.WaitGroup
 	for _, a := range w.Agents {
 		wg.Add(1)
@@ -138,8 +147,14 @@ func ReplayE2E(ctx context.Context, w *Workload, o E2EOptions) (*RunResult, erro
 	if r.err != nil {
 		return nil, r.err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("bench: e2e: %w", err)
+	select {
+	case <-r.allDone:
+		// Every request completed: the replay is over, whatever timers
+		// were left (they could send nothing).
+	default:
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("bench: e2e: %d of %d requests completed: %w", r.done, r.total, err)
+		}
 	}
 	res := &RunResult{Policy: o.Label, Edges: len(o.EdgeURLs), Records: r.records, Shed: r.shed, Wall: time.Since(r.start)}
 	ids := make([]string, 0, len(r.instances))
@@ -173,6 +188,10 @@ type e2eRun struct {
 	shed       int
 	done       int
 	err        error
+	// allDone closes when the last request completed; cancel then ends
+	// every wait left.
+	allDone chan struct{}
+	cancel  context.CancelFunc
 }
 
 func (r *e2eRun) fail(cancel context.CancelFunc, err error) {
@@ -211,6 +230,9 @@ func (r *e2eRun) runAgent(ctx context.Context, cancel context.CancelFunc, a *Age
 		var wg sync.WaitGroup
 		for k := i; k < end; k++ {
 			st := a.Steps[k]
+			if !st.sends() {
+				continue // nothing to wait for
+			}
 			at := start.Add(r.scaled(st.At))
 			if at.Before(groupStart) {
 				at = groupStart
@@ -241,6 +263,23 @@ func (r *e2eRun) runAgent(ctx context.Context, cancel context.CancelFunc, a *Age
 		}
 		i = end
 	}
+}
+
+// sends reports whether the step sends a request: a request, or a
+// sub-agent with one somewhere in its script.
+func (st Step) sends() bool {
+	if st.Request != nil {
+		return true
+	}
+	if st.SubAgent == nil {
+		return false
+	}
+	for _, s := range st.SubAgent.Steps {
+		if s.sends() {
+			return true
+		}
+	}
+	return false
 }
 
 func sleepUntil(ctx context.Context, at time.Time) bool {
@@ -317,6 +356,10 @@ func (r *e2eRun) send(ctx context.Context, a *Agent, req *Request, call int) err
 		}
 		r.done++
 		done := r.done
+		if done == r.total {
+			close(r.allDone)
+			r.cancel()
+		}
 		r.mu.Unlock()
 		if r.o.Progress != nil {
 			r.o.Progress(done, r.total)
@@ -340,10 +383,31 @@ var errContextLength = errors.New("context_length_exceeded")
 // now (429 shed, 503 no healthy instance) and should be retried after retry.
 func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (e2eResponse, time.Duration, error) {
 	var out e2eResponse
+	hr, err := r.request(ctx, edge, a, payload)
+	if err != nil {
+		return out, -1, err
+	}
+	resp, err := r.o.Client.Do(hr)
+	if err != nil {
+		return out, -1, err
+	}
+	defer resp.Body.Close()
+	if retry, err := refusal(resp); retry >= 0 || err != nil {
+		return out, retry, err
+	}
+	if r.o.RouteHeader != "" {
+		out.route = resp.Header.Get(r.o.RouteHeader)
+	}
+	return out, -1, r.readStream(resp.Body, &out)
+}
+
+// request is the HTTP request of payload to edge for agent a, with the
+// headers its API's clients send.
+func (r *e2eRun) request(ctx context.Context, edge int, a *Agent, payload []byte) (*http.Request, error) {
 	url := strings.TrimRight(r.o.EdgeURLs[edge], "/") + apiPath(r.o.API)
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
 	if err != nil {
-		return out, -1, err
+		return nil, err
 	}
 	hr.Header.Set("Content-Type", "application/json")
 	switch r.o.API {
@@ -358,38 +422,43 @@ func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (
 	if a.Parent != nil && r.o.ParentHeader != "" {
 		hr.Header.Set(r.o.ParentHeader, a.Parent.ID)
 	}
-	resp, err := r.o.Client.Do(hr)
-	if err != nil {
-		return out, -1, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusTooManyRequests {
+	return hr, nil
+}
+
+// refusal reads an answer other than 200: a retry delay for a refusal for
+// now (429 with its Retry-After; 503, no healthy instance), else an error
+// (errContextLength for a prompt over a rank's capacity). -1 and nil for
+// a 200.
+func refusal(resp *http.Response) (time.Duration, error) {
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return -1, nil
+	case http.StatusTooManyRequests:
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 		secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
-		return out, time.Duration(max(secs, 0)) * time.Second, nil
-	}
-	if resp.StatusCode == http.StatusServiceUnavailable {
+		return time.Duration(max(secs, 0)) * time.Second, nil
+	case http.StatusServiceUnavailable:
 		// No healthy instance for now (stale telemetry on a loaded
 		// machine): a client backs off and retries.
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		return out, 100 * time.Millisecond, nil
+		return 100 * time.Millisecond, nil
 	}
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-		var e struct {
-			Error struct {
-				Code string `json:"code"`
-			} `json:"error"`
-		}
-		if resp.StatusCode == http.StatusBadRequest && json.Unmarshal(b, &e) == nil && e.Error.Code == "context_length_exceeded" {
-			return out, -1, errContextLength
-		}
-		return out, -1, fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
 	}
-	if r.o.RouteHeader != "" {
-		out.route = resp.Header.Get(r.o.RouteHeader)
+	if resp.StatusCode == http.StatusBadRequest && json.Unmarshal(b, &e) == nil && e.Error.Code == "context_length_exceeded" {
+		return -1, errContextLength
 	}
-	sc := bufio.NewScanner(resp.Body)
+	return -1, fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
+}
+
+// readStream reads a streamed answer into out: when its first text came,
+// and its usage (prompt and cached tokens), which it must carry.
+func (r *e2eRun) readStream(body io.Reader, out *e2eResponse) error {
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	gotUsage := false
 	for sc.Scan() {
@@ -402,7 +471,7 @@ func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (
 		}
 		ev, err := readEvent(r.o.API, data)
 		if err != nil {
-			return out, -1, err
+			return err
 		}
 		if out.firstToken.IsZero() && ev.text {
 			out.firstToken = time.Now()
@@ -413,15 +482,15 @@ func (r *e2eRun) post(ctx context.Context, edge int, a *Agent, payload []byte) (
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return out, -1, fmt.Errorf("read stream: %w", err)
+		return fmt.Errorf("read stream: %w", err)
 	}
 	if !gotUsage {
-		return out, -1, errors.New("stream ended without usage")
+		return errors.New("stream ended without usage")
 	}
 	if out.firstToken.IsZero() {
 		out.firstToken = time.Now()
 	}
-	return out, -1, nil
+	return nil
 }
 
 func apiPath(api string) string {

@@ -105,7 +105,7 @@ func TestE2EAgainstLocalDeployments(t *testing.T) {
 // (ops/devstack: edges on loopback Raft, NATS, simulated workers over HTTP)
 // and through the simulator, each request through the same edge, and
 // checks that every request reached the same context instance: both run
-// the same decision (routing/decide).
+// the same decision (routing.Decider).
 func TestSimPlacesLikeALocalDeployment(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a local deployment")

@@ -41,6 +41,7 @@ func CompareE2E(ctx context.Context, w *Workload, policies []Policy, local Local
 			out.Skipped = append(out.Skipped, string(p))
 			continue
 		}
+		local.stage(fmt.Sprintf("starting a deployment for %s", p))
 		r, err := ReplayLocalE2E(ctx, w, p, local)
 		if err != nil {
 			return nil, err
@@ -52,6 +53,7 @@ func CompareE2E(ctx context.Context, w *Workload, policies []Policy, local Local
 	if len(ran) == 0 {
 		return out, nil
 	}
+	local.stage("running the sim comparison")
 	sim.Policies = ran
 	sim.Edges = []int{local.Edges}
 	sim.Base.Instances, sim.Base.Ranks, sim.Base.CapacityBlocks = local.ContextWorkers, local.Ranks, local.CapacityBlocks

@@ -31,6 +31,12 @@ func ExpressibleE2E(p Policy) bool {
 	return false
 }
 
+func (o LocalE2EOptions) stage(what string) {
+	if o.Stage != nil {
+		o.Stage(what)
+	}
+}
+
 // LocalE2EOptions configure e2e runs against local deployments started by
 // the harness (ops/devstack: embedded NATS, edges on loopback Raft,
 // simulated context and generation workers), one per policy.
@@ -47,6 +53,10 @@ type LocalE2EOptions struct {
 	// (zero: the edge's default).
 	Overflow routing.OverflowConfig
 	Progress func(done, total int)
+	// Stage, when set, is told what the harness does between replays
+	// (starting a deployment, replaying, stopping it), so a progress
+	// display says what it waits for.
+	Stage func(what string)
 	// EdgeFor, when set, picks each request's edge (E2EOptions.EdgeFor).
 	EdgeFor func(agent string, call int) int
 	// ReadyTimeout bounds the deployment's start (default 60s).
@@ -153,6 +163,8 @@ func ReplayLocalE2E(ctx context.Context, w *Workload, p Policy, o LocalE2EOption
 		defer cancel()
 		err = errors.Join(err, stack.Close(cctx))
 	}()
+	o.stage(fmt.Sprintf("waiting for the %s deployment to be ready", p))
+	defer o.stage(fmt.Sprintf("stopping the %s deployment", p))
 	rctx, cancel := context.WithTimeout(ctx, o.ReadyTimeout)
 	err = stack.WaitReady(rctx)
 	cancel()
@@ -169,6 +181,7 @@ func ReplayLocalE2E(ctx context.Context, w *Workload, p Policy, o LocalE2EOption
 	}
 	tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64}
 	defer tr.CloseIdleConnections()
+	o.stage(fmt.Sprintf("replaying through the %s deployment", p))
 	res, err := ReplayE2E(ctx, w, E2EOptions{
 		EdgeURLs: urls, Model: stack.Model(), ParentHeader: devstack.ParentHeader, TimeScale: o.TimeScale, Seed: o.Seed,
 		Client: &http.Client{Transport: tr}, Label: p, Progress: o.Progress, RouteHeader: edge.HeaderRoute, EdgeFor: o.EdgeFor,

@@ -18,6 +18,7 @@ type Summary struct {
 	PrefillTokens   int64   `json:"prefill_tokens"`
 	TTFTP50Ms       float64 `json:"ttft_p50_ms"`
 	TTFTP90Ms       float64 `json:"ttft_p90_ms"`
+	TTFTP95Ms       float64 `json:"ttft_p95_ms"`
 	TTFTP99Ms       float64 `json:"ttft_p99_ms"`
 	// MakespanMs: first arrival to the last response's end.
 	MakespanMs float64 `json:"makespan_ms"`
@@ -81,6 +82,7 @@ func Summarize(r *RunResult) Summary {
 	slices.Sort(ttfts)
 	s.TTFTP50Ms = ms(Percentile(ttfts, 0.50))
 	s.TTFTP90Ms = ms(Percentile(ttfts, 0.90))
+	s.TTFTP95Ms = ms(Percentile(ttfts, 0.95))
 	s.TTFTP99Ms = ms(Percentile(ttfts, 0.99))
 	s.MakespanMs = ms(r.Makespan)
 	if n := len(r.InstancePrefillTokens); n > 0 && r.Makespan > 0 {
@@ -163,25 +165,7 @@ func CoV(xs []int64) float64 {
 // With chained block hashes every distinct block misses exactly once, so
 // the figure does not depend on the order in which requests ran, and no
 // policy (finite caches, any placement) can beat it.
-func UpperBound(w *Workload) float64 {
-	seen := map[uint64]struct{}{}
-	var prompt, hit int64
-	w.WalkRequests(func(_ *Agent, r *Request) {
-		n := 0
-		for n < len(r.Blocks) {
-			if _, ok := seen[r.Blocks[n]]; !ok {
-				break
-			}
-			n++
-		}
-		for _, b := range r.Blocks[n:] {
-			seen[b] = struct{}{}
-		}
-		prompt += int64(r.PromptTokens)
-		hit += int64(min(n*w.BlockSize, r.PromptTokens))
-	})
-	return ratio(hit, prompt)
-}
+func UpperBound(w *Workload) float64 { return UpperBoundFitting(w, math.MaxInt) }
 
 // UpperBoundFitting is UpperBound crediting nothing to prompts longer than
 // maxBlocks (an instance's, or a rank's, cache): no placement can cache

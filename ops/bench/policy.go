@@ -75,7 +75,8 @@ func (p Policy) isTether() bool {
 }
 
 // AllPolicies lists every policy in report order.
-var AllPolicies = []Policy{PolicyRandom, PolicyRoundRobin, PolicyLeastLoaded, PolicySessionLocal, PolicySession, PolicyPrefix, PolicyTetherLocal, PolicyTether}
+var AllPolicies = []Policy{PolicyRandom, PolicyRoundRobin, PolicyLeastLoaded, PolicySessionLocal, PolicySession, PolicyPrefix,
+	PolicyDynamo, PolicyLLMD, PolicySMG, PolicyTRTLLMConversation, PolicyTetherLocal, PolicyTether}
 
 // usesSharedLog reports whether the policy keeps bindings in the shared
 // affinity log (its commits are counted).
@@ -90,7 +91,9 @@ func (p Policy) local() bool { return p == PolicySessionLocal || p == PolicyTeth
 func (p Policy) binds() bool { return p == PolicySession || p == PolicySessionLocal || p.isTether() }
 
 // usesKVIndex reports whether edges keep a KV index for the policy.
-func (p Policy) usesKVIndex() bool { return p == PolicyPrefix || p.isTether() }
+func (p Policy) usesKVIndex() bool {
+	return p == PolicyPrefix || p.isTether() || p == PolicyDynamo || p == PolicyDynamoKV || p == PolicyLLMD
+}
 
 // ParsePolicies parses a comma-separated policy list; "all" stands for
 // every policy of AllPolicies (the ablations are named explicitly).
@@ -112,7 +115,7 @@ func ParsePolicies(list string) ([]Policy, error) {
 			continue
 		}
 		known := false
-		all := slices.Concat(AllPolicies, TetherVariants)
+		all := slices.Concat(AllPolicies, TetherVariants, PeerPolicies)
 		for _, p := range all {
 			known = known || p == name
 		}

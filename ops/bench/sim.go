@@ -13,8 +13,9 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing/breaker"
 	"github.com/tether-project/tether/routing/kvindex"
+	"github.com/tether-project/tether/routing/overload"
 	"github.com/tether-project/tether/worker/adp"
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/engine/sim"
@@ -100,6 +101,14 @@ type SimConfig struct {
 	// InstanceIDs names the simulated instances (default worker-00, …);
 	// a deployment's names make rendezvous tie-breaks the same as its.
 	InstanceIDs []string
+	// KVEvents is what the edges hear of the workers' caches: every
+	// batch at the worker's flush (exact), each a fixed delay later
+	// (lag), or nothing (none: each edge knows only its own predictions).
+	KVEvents KVEvents
+	// EdgeRestarts restarts edges this many times, spread evenly over the
+	// workload's span (edge k mod Edges at the k-th): the restarted edge
+	// keeps only what its policy persists (restart.go).
+	EdgeRestarts int
 	// Progress, when set, is called as requests complete.
 	Progress func(done, total int)
 }
@@ -226,8 +235,14 @@ func (c *SimConfig) validate() error {
 	if c.TelemetryInterval <= 0 {
 		errs = append(errs, fmt.Errorf("telemetry interval must be > 0, got %v", c.TelemetryInterval))
 	}
+	if err := c.KVEvents.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.EdgeRestarts < 0 || c.EdgeRestarts > 1000 {
+		errs = append(errs, fmt.Errorf("edge restarts must be 0..1000, got %d", c.EdgeRestarts))
+	}
 	known := false
-	for _, p := range slices.Concat(AllPolicies, TetherVariants) {
+	for _, p := range slices.Concat(AllPolicies, TetherVariants, PeerPolicies) {
 		known = known || p == c.Policy
 	}
 	if !known {
@@ -285,6 +300,7 @@ type RunResult struct {
 	// LostBinds counts Bind proposals that lost to another edge's Bind
 	// naming another instance (the race a speculative placement can lose).
 	LostBinds    int
+	Restarts     int // edge restarts (EdgeRestarts)
 	Commits      int // affinity-log events committed during the replay
 	LocalWrites  int // session_local: events applied to the edges' own tables
 	TTLEvictions int // bindings evicted as idle for session_ttl
@@ -372,15 +388,17 @@ type inflight struct {
 }
 
 type simEdge struct {
-	num      int
-	id       string
-	pending  [][]dispatch // per instance, since its last report
-	index    *kvindex.Index
-	local    *virtualLog // session_local: this edge's own binding table
-	rr       uint64
-	breakers *routing.CacheBreakers
-	overload *routing.OverloadTracker // the edge's own (edge/route/route.go views)
-	dec      *decide.Decider
+	num        int
+	id         string
+	pending    [][]dispatch // per instance, since its last report
+	index      *kvindex.Index
+	predictTTL time.Duration
+	heard      map[string]uint64 // the last KV batch heard per instance
+	local      *virtualLog       // session_local: this edge's own binding table
+	rr         uint64
+	breakers   *breaker.Set
+	overload   *overload.Tracker // the edge's own (edge/route/route.go views)
+	dec        *routing.Decider
 	// proposals are the edge's own Bind proposals until they commit.
 	proposals map[fsm.FleetKey]*simProposal
 	// waitUntil: the virtual time the current decision's synchronous
@@ -404,6 +422,7 @@ type agentRun struct {
 	next        int // next step to launch
 	outstanding int // steps of the current group not finished
 	calls       int // requests launched
+	chainDone   bool
 }
 
 type eventKind uint8
@@ -416,6 +435,8 @@ const (
 	evTouchFlush
 	evAdmit   // a request whose placement waited for a commit reaches its worker
 	evKVFlush // a worker publishes its ready KV batches
+	evKVHear  // lagged KV batches reach the edges (KVEvents lag)
+	evRestart // an edge restarts
 )
 
 type event struct {
@@ -432,6 +453,8 @@ type event struct {
 	// evAdmit: the placement; evKVFlush: the instance.
 	inst     int
 	affinity string
+	// evKVHear: the batches heard.
+	batches []kvindex.Batch
 }
 
 type eventQueue []*event
@@ -475,6 +498,10 @@ type simulator struct {
 	setupLogs int
 	emptyLog  *fsm.Machine // the state policies without a log read
 	err       error        // the first error a decision adapter met
+	// kvLog: every batch the workers published, in order, for a restarted
+	// edge's resync (with EdgeRestarts and KV events on).
+	kvLog []kvindex.Batch
+	peer  *peerState // the peers' policies (peers.go)
 }
 
 func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator, err error) {
@@ -502,6 +529,9 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 	}
 	if err := s.newEdges(rc); err != nil {
 		return nil, err
+	}
+	if cfg.Policy.isPeer() {
+		s.peer = newPeerState(s)
 	}
 	if cfg.Policy.usesSharedLog() {
 		if err := s.registerWorkers(); err != nil {
@@ -572,23 +602,27 @@ func (s *simulator) newInstances() (err error) {
 // newEdges builds the simulated edges, each with what a real edge has.
 func (s *simulator) newEdges(rc routing.Config) (err error) {
 	cfg := s.cfg
-	sharedOverload := routing.NewOverloadTracker()
-	var sharedBreakers *routing.CacheBreakers
+	sharedOverload := overload.NewTracker()
+	var sharedBreakers *breaker.Set
 	for e := 0; e < cfg.Edges; e++ {
 		// Edges have been running: their round-robin counters stand at
 		// arbitrary positions (all at 0 would send every edge's first
 		// request to the same instance).
 		ed := &simEdge{num: e, id: fmt.Sprintf("edge-%d", e), touchPending: map[string]bool{}, rr: s.lbRand.Uint64() % uint64(cfg.Instances),
-			pending: make([][]dispatch, cfg.Instances), overload: routing.NewOverloadTracker(),
+			pending: make([][]dispatch, cfg.Instances), overload: overload.NewTracker(),
 			proposals: map[fsm.FleetKey]*simProposal{}}
 		if cfg.Policy.usesKVIndex() {
-			ed.index = kvindex.New(kvindex.Config{PredictTTL: rc.PredictTTL})
+			ed.predictTTL = rc.PredictTTL
+			if cfg.Policy.isPeer() && cfg.KVEvents.Mode == KVEventsNone {
+				ed.predictTTL = dynamoApproxTTL
+			}
+			ed.index = kvindex.New(kvindex.Config{PredictTTL: ed.predictTTL})
 		}
 		if cfg.Policy.local() {
 			ed.local = newVirtualLog(1, CommitLatency{}, 0) // the edge's own table: no commit wait
 		}
 		if cfg.Policy.isTether() && !cfg.NoBreaker {
-			if ed.breakers, err = routing.NewCacheBreakers(rc.Breaker); err != nil {
+			if ed.breakers, err = breaker.NewSet(rc.Breaker); err != nil {
 				return fmt.Errorf("bench: %w", err)
 			}
 			if cfg.Share.Breakers {
@@ -648,8 +682,11 @@ func (s *simulator) scaled(d time.Duration) time.Duration {
 
 func (s *simulator) run(ctx context.Context) error {
 	for _, a := range s.w.Agents {
-		s.advance(&agentRun{agent: a, start: a.Start}, a.Start)
+		if !a.Chained {
+			s.advance(&agentRun{agent: a, start: a.Start}, a.Start)
+		}
 	}
+	s.scheduleRestarts()
 	n := 0
 	for s.queue.Len() > 0 {
 		if n++; n%1024 == 0 {
@@ -676,6 +713,10 @@ func (s *simulator) run(ctx context.Context) error {
 			err = s.admit(ev.agent, req, ev.call, ev.edge, ev.inst, ev.affinity, ev.firstArrival)
 		case evKVFlush:
 			err = s.flushKV(ev.inst)
+		case evKVHear:
+			err = s.hearKV(ev.batches)
+		case evRestart:
+			err = s.restartEdge(ev.edge)
 		}
 		if err != nil {
 			return err
@@ -707,6 +748,11 @@ func (s *simulator) advance(ar *agentRun, now time.Duration) {
 		if p := ar.parent; p != nil {
 			p.outstanding--
 			s.advance(p, now)
+		} else if n := ar.agent.Next; n != nil && !ar.chainDone {
+			// A closed loop: the next conversation of this client starts
+			// when this one ended.
+			ar.chainDone = true
+			s.advance(&agentRun{agent: n, start: now}, now)
 		}
 		return
 	}
@@ -748,6 +794,10 @@ func (s *simulator) dispatch(ar *agentRun, step, call int, firstArrival time.Dur
 	case s.cfg.EdgeRoundRobin:
 		edge = int(s.edgeTurn % uint64(len(s.edges)))
 		s.edgeTurn++
+	case ar.agent.BurstSibling > 0 && call == 0:
+		// A fan-out burst: sibling k's first request through the k-th
+		// edge after the root's.
+		edge = int((stringHash(ar.agent.Root().ID) + uint64(ar.agent.BurstSibling)) % uint64(len(s.edges)))
 	default:
 		edge = s.lbRand.IntN(len(s.edges))
 	}
@@ -841,6 +891,10 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 	if !s.cfg.Aggregated {
 		// The generation hop streams the remaining tokens.
 		complete = res.FirstTokenAt + time.Duration(max(req.OutputTokens-1, 0))*res.TokenTime
+	}
+	if s.peer != nil {
+		s.peer.note(edge, instIdx, peerFlight{at: s.now, firstToken: res.FirstTokenAt, done: res.DoneAt, finish: complete,
+			tokens: req.PromptTokens, blocks: len(req.Blocks)})
 	}
 	s.push(&event{at: complete, kind: evComplete, fl: fl})
 	return nil

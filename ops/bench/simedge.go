@@ -9,18 +9,17 @@ import (
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/decide"
 	"github.com/tether-project/tether/routing/kvindex"
 )
 
-// A simulated edge runs the edge's decision (routing/decide) over what a
+// A simulated edge runs the edge's decision (routing.Decider) over what a
 // real edge has: its own replica of the log (committed entries only), its
 // own fleet view and KV index, its own overload tracker and breakers, and a
 // recorder whose events commit later. The types below are those inputs.
 
 // decider builds edge e's decision over the simulator's state.
-func (s *simulator) decider(e *simEdge) *decide.Decider {
-	d := &decide.Decider{Log: simLog{s, e}, Recorder: simRecorder{s, e}, Placements: simPlacements{s, e}, Fleet: simFleet{s, e},
+func (s *simulator) decider(e *simEdge) *routing.Decider {
+	d := &routing.Decider{Log: simLog{s, e}, Recorder: simRecorder{s, e}, Placements: simPlacements{s, e}, Fleet: simFleet{s, e},
 		Overload: e.overload, CommitFirst: s.cfg.CommitFirst}
 	if e.index != nil {
 		d.Index = simIndex{s, e}
@@ -143,18 +142,18 @@ func (p simPlacements) Propose(b fsm.Bind, _ time.Time) {
 	}
 }
 
-func (p simPlacements) Pending(f fsm.Fleet, key string) (decide.Pending, bool) {
+func (p simPlacements) Pending(f fsm.Fleet, key string) (routing.Pending, bool) {
 	k := fsm.FleetKey{Fleet: f, Key: key}
 	o, ok := p.e.proposals[k]
 	if !ok {
-		return decide.Pending{}, false
+		return routing.Pending{}, false
 	}
 	if p.s.now >= o.commitAt {
 		// Answered, and applied by this edge's replica at the same time.
 		delete(p.e.proposals, k)
-		return decide.Pending{Bind: o.bind, At: epoch.Add(o.at), Settled: true, Result: o.res}, true
+		return routing.Pending{Bind: o.bind, At: epoch.Add(o.at), Settled: true, Result: o.res}, true
 	}
-	return decide.Pending{Bind: o.bind, At: epoch.Add(o.at)}, true
+	return routing.Pending{Bind: o.bind, At: epoch.Add(o.at)}, true
 }
 
 // Heard: another edge's proposal of the key in flight, heard
@@ -183,13 +182,13 @@ func (p simPlacements) Heard(f fsm.Fleet, key string) (fsm.Bind, bool) {
 
 // Await: the request waits until the proposal commits (a simulated
 // proposal never times out).
-func (p simPlacements) Await(_ context.Context, f fsm.Fleet, key string) (decide.Pending, bool) {
+func (p simPlacements) Await(_ context.Context, f fsm.Fleet, key string) (routing.Pending, bool) {
 	o, ok := p.e.proposals[fsm.FleetKey{Fleet: f, Key: key}]
 	if !ok {
-		return decide.Pending{}, false
+		return routing.Pending{}, false
 	}
 	p.e.waitUntil = max(p.e.waitUntil, o.commitAt)
-	return decide.Pending{Bind: o.bind, At: epoch.Add(o.at), Settled: true, Result: o.res}, true
+	return routing.Pending{Bind: o.bind, At: epoch.Add(o.at), Settled: true, Result: o.res}, true
 }
 
 // simRecorder commits what the edge's recorder would, when it would: the
@@ -249,6 +248,11 @@ func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst 
 	if s.cfg.Policy == PolicyRandom {
 		return s.pickRand.IntN(len(s.instances)), "", 0, nil
 	}
+	if s.cfg.Policy.isPeer() {
+		inst, wait, err := s.routePeer(edge, ar, req)
+		e.waitUntil = wait
+		return inst, "", 0, err
+	}
 	now := epoch.Add(s.now)
 	requestID := fmt.Sprintf("%s#%d", ar.agent.ID, call)
 	rreq := routing.Request{
@@ -276,17 +280,17 @@ func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst 
 		e.dec.RecordIdentity(id)
 		s.sweep(e, rreq.Key)
 	}
-	hop, fail := e.dec.Route(s.ctx, s.router, rreq, nil)
+	hop, fail := e.dec.Decide(s.ctx, s.router, rreq, nil)
 	if s.err != nil {
 		return 0, "", 0, s.err
 	}
 	if fail != nil {
-		if fail.Kind == decide.FailShed {
+		if fail.Kind == routing.FailShed {
 			return -1, "", fail.RetryAfter, nil
 		}
 		return 0, "", 0, fail
 	}
-	if hop.Outcome == decide.OutcomeOverflow && hop.Binding.Instance == hop.Instance {
+	if hop.Outcome == routing.OutcomeOverflow && hop.Binding.Instance == hop.Instance {
 		s.res.Rebinds++
 	}
 	idx, ok := s.byID[hop.Instance]
@@ -363,6 +367,26 @@ func (s *simulator) flushTouches(edge int) error {
 	return nil
 }
 
+// hearKV applies published batches to every edge's index. A batch a
+// restarted edge already has from its resync is a duplicate and ignored.
+func (s *simulator) hearKV(batches []kvindex.Batch) error {
+	for _, batch := range batches {
+		for _, e := range s.edges {
+			if e.index == nil {
+				continue
+			}
+			if out, err := e.index.Apply(batch); err != nil || (out != kvindex.Applied && out != kvindex.Duplicate) {
+				return fmt.Errorf("bench: %s: kv batch %d of %s: outcome %v (err %v)", e.id, batch.Seq, batch.Instance, out, err)
+			}
+			if e.heard == nil {
+				e.heard = map[string]uint64{}
+			}
+			e.heard[batch.Instance] = max(e.heard[batch.Instance], batch.Seq)
+		}
+	}
+	return nil
+}
+
 // armKVFlush schedules instance i's next KV flush: the first flush tick
 // (a multiple of KVFlushInterval) at or after its oldest batch is ready.
 func (s *simulator) armKVFlush(i int) {
@@ -383,19 +407,26 @@ func (s *simulator) flushKV(i int) error {
 	in := s.instances[i]
 	in.kvArmed = false
 	k := 0
+	var ready []kvindex.Batch
 	for k < len(in.kvPending) && in.kvPending[k].ready <= s.now {
-		batch := in.kvPending[k].batch
-		for _, e := range s.edges {
-			if e.index == nil {
-				continue
-			}
-			if out, err := e.index.Apply(batch); err != nil || out != kvindex.Applied {
-				return fmt.Errorf("bench: %s: kv batch %d of %s: outcome %v: %w", e.id, batch.Seq, in.id, out, err)
-			}
-		}
+		ready = append(ready, in.kvPending[k].batch)
 		k++
 	}
 	in.kvPending = in.kvPending[k:]
+	if s.cfg.EdgeRestarts > 0 && s.cfg.KVEvents.Mode != KVEventsNone {
+		s.kvLog = append(s.kvLog, ready...)
+	}
+	switch s.cfg.KVEvents.Mode {
+	case KVEventsNone:
+	case KVEventsLag:
+		if len(ready) > 0 {
+			s.push(&event{at: s.now + s.cfg.KVEvents.Lag, kind: evKVHear, batches: ready})
+		}
+	default:
+		if err := s.hearKV(ready); err != nil {
+			return err
+		}
+	}
 	s.armKVFlush(i)
 	return nil
 }

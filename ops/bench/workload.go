@@ -23,6 +23,9 @@ type Workload struct {
 	Name      string
 	BlockSize int // tokens per KV block; every Request.Blocks uses it
 	Agents    []*Agent
+	// Burst: sibling sub-agents start together and their first requests
+	// go through different edges (Arrangement.Burst).
+	Burst bool
 }
 
 // Agent is one conversation with its own session id: a root conversation or
@@ -34,6 +37,14 @@ type Agent struct {
 	// Start delays a root agent's start (sub-agents start when launched).
 	Start time.Duration
 	Steps []Step
+	// Next, for a root conversation, is the one its client starts when it
+	// ends (a closed loop: SessionWorkload); Chained marks a conversation
+	// started that way rather than at Start.
+	Next    *Agent
+	Chained bool
+	// BurstSibling is the sub-agent's 1-based place among the siblings it
+	// was launched with, under Arrangement.Burst (0 otherwise).
+	BurstSibling int
 }
 
 // Step is one item of an agent's script: a request or a sub-agent launch.

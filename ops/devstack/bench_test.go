@@ -21,6 +21,10 @@ func BenchmarkStartToReady(b *testing.B) { benchStartToReady(b, Options{}) }
 // (tether dev's default): CA and certificates issued, every link over TLS.
 func BenchmarkStartToReadyMutualTLS(b *testing.B) { benchStartToReady(b, Options{MutualTLS: true}) }
 
+// BenchmarkStartToReadyAggregated is BenchmarkStartToReady with one
+// aggregated fleet (tether dev --generation-workers 0): 3 edges, 2 workers.
+func BenchmarkStartToReadyAggregated(b *testing.B) { benchStartToReady(b, Options{Aggregated: true}) }
+
 func benchStartToReady(b *testing.B, o Options) {
 	var ready, closed []float64
 	for b.Loop() {
@@ -58,6 +62,10 @@ func BenchmarkBoundTurn(b *testing.B) { benchBoundTurn(b, Options{}) }
 // client → edge, edge → worker (both hops) and NATS links are TLS (kept
 // alive, so the figure is encryption, not handshakes).
 func BenchmarkBoundTurnMutualTLS(b *testing.B) { benchBoundTurn(b, Options{MutualTLS: true}) }
+
+// BenchmarkBoundTurnAggregated is BenchmarkBoundTurn on an aggregated
+// fleet: one hop per turn, to the bound worker.
+func BenchmarkBoundTurnAggregated(b *testing.B) { benchBoundTurn(b, Options{Aggregated: true}) }
 
 func benchBoundTurn(b *testing.B, o Options) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -1,9 +1,10 @@
 // Package devstack runs a complete local tether deployment in one process:
 // an embedded NATS server, N edges forming the Raft group on loopback (real
 // cluster nodes, real bbolt files in the data directory) and simulated
-// context and generation workers with attention-DP ranks, wired for
-// sub-agent affinity. `tether dev` is a thin command over it; end-to-end,
-// audit, soak and benchmark tests reuse it in-process.
+// context and generation workers with attention-DP ranks (or one aggregated
+// fleet: Options.Aggregated), wired for sub-agent affinity. `tether dev` is
+// a thin command over it; end-to-end, audit, soak and benchmark tests reuse
+// it in-process.
 //
 //	st, err := devstack.Start(ctx, devstack.Options{}) // zero Options: a test stack on free ports
 //	defer st.Close(ctx)
@@ -81,8 +82,16 @@ const MaxNodes = 16
 type Options struct {
 	Edges             int // default 3
 	ContextWorkers    int // default 2
-	GenerationWorkers int // default 2
+	GenerationWorkers int // default 2 (0 and no other with Aggregated)
 	Ranks             int // ADP ranks per worker, default 4
+
+	// Aggregated runs one fleet of workers serving whole requests, prefill
+	// and decode on one worker, as aggregated vLLM and SGLang servers do:
+	// the ContextWorkers workers, no generation fleet (GenerationWorkers
+	// stays 0), the edges' context_servers.aggregated. The default is
+	// TensorRT-LLM's split: a context hop, then a generation hop.
+	// tether dev --generation-workers 0.
+	Aggregated bool
 
 	// Host is the loopback address everything listens on (default
 	// 127.0.0.1).
@@ -169,7 +178,7 @@ func (o *Options) Normalize() error {
 	if o.ContextWorkers == 0 {
 		o.ContextWorkers = DefaultContextWorkers
 	}
-	if o.GenerationWorkers == 0 {
+	if o.GenerationWorkers == 0 && !o.Aggregated {
 		o.GenerationWorkers = DefaultGenerationWorkers
 	}
 	if o.Ranks == 0 {
@@ -195,10 +204,14 @@ func (o *Options) Normalize() error {
 		name string
 		v    int
 	}{{"edges", o.Edges}, {"context workers", o.ContextWorkers}, {"generation workers", o.GenerationWorkers}} {
+		if c.name == "generation workers" && o.Aggregated {
+			continue // checkAggregated
+		}
 		if c.v < 1 || c.v > MaxNodes {
 			errs = append(errs, fmt.Errorf("%s: must be 1..%d, got %d", c.name, MaxNodes, c.v))
 		}
 	}
+	errs = append(errs, o.checkAggregated()...)
 	if o.EngineEvents != "" && o.EngineEvents != EngineEventsVLLM {
 		errs = append(errs, fmt.Errorf("engine events: want %q or nothing, got %q", EngineEventsVLLM, o.EngineEvents))
 	}
@@ -239,6 +252,21 @@ func (o *Options) Normalize() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkAggregated checks the options an aggregated stack rules out.
+func (o *Options) checkAggregated() []error {
+	if !o.Aggregated {
+		return nil
+	}
+	var errs []error
+	if o.GenerationWorkers != 0 {
+		errs = append(errs, fmt.Errorf("generation workers: an aggregated stack has none (its %d context workers serve whole requests), got %d", o.ContextWorkers, o.GenerationWorkers))
+	}
+	if o.Scope == routing.ScopeBoth {
+		errs = append(errs, fmt.Errorf("scope: both makes sub-agents follow their parent on the generation fleet too, which an aggregated stack does not have (use context)"))
+	}
+	return errs
 }
 
 // checkNames checks that the model names, aliases and adapters are
@@ -312,7 +340,9 @@ type EdgeNode struct {
 
 // WorkerNode is one simulated worker of the stack.
 type WorkerNode struct {
-	ID     string // instance id: ctx-1, …, gen-1, … (m2-ctx-1, … for the second model)
+	ID string // instance id: ctx-1, …, gen-1, … (m2-ctx-1, … for the second model)
+	// Fleet is the worker's fleet; an aggregated stack's workers are the
+	// context fleet, serving whole requests.
 	Fleet  fsm.Fleet
 	Model  string // the model it serves
 	Server *worker.Server
@@ -643,6 +673,7 @@ func (s *Stack) EdgeConfig(i int) edge.Config {
 	cfg.AdminToken = s.adminToken
 	cfg.DebugRouteHeader = !o.HideRouteHeader
 	cfg.ContextServers.NumInstances = o.ContextWorkers
+	cfg.ContextServers.Aggregated = o.Aggregated
 	cfg.GenerationServers.NumInstances = o.GenerationWorkers
 	cfg.ContextServers.Router.Type = routing.RouterConversation
 	cfg.GenerationServers.Router.Type = routing.RouterConversation

@@ -79,8 +79,10 @@ func (s *Stack) proxyToEngines(ctx context.Context, id string, cfg *worker.Confi
 	cfg.Engine.Type = "proxy"
 	cfg.Engine.Upstreams = upstreams
 	// tether dev's disaggregated fleets through proxies: emulated (each
-	// hop's simulated engine prefills on its own), named so.
-	cfg.Engine.EmulateDisaggregation = true
+	// hop's simulated engine prefills on its own), named so. An aggregated
+	// stack's proxies get whole requests only, as in front of an
+	// aggregated vLLM server.
+	cfg.Engine.EmulateDisaggregation = !o.Aggregated
 	cfg.Engine.KVEvents.Format = enginekv.FormatVLLM
 	cfg.Engine.KVEvents.Endpoints = endpoints
 	cfg.Engine.KVEvents.ReplayEndpoints = replays

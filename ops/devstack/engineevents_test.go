@@ -18,8 +18,12 @@ type engineEventsOutcome struct {
 // holds the parent's system-prompt blocks from worker telemetry (not from
 // the edge's own short-lived predictions), then a sub-agent and an
 // unrelated conversation re-sending the same system prompt.
-func runSharedPrefixScenario(t *testing.T, mode string) engineEventsOutcome {
-	st := startStack(t, Options{Edges: 1, ContextWorkers: 2, GenerationWorkers: 1, Ranks: 2, EngineEvents: mode})
+func runSharedPrefixScenario(t *testing.T, mode string, aggregated bool) engineEventsOutcome {
+	o := Options{Edges: 1, ContextWorkers: 2, GenerationWorkers: 1, Ranks: 2, EngineEvents: mode}
+	if aggregated {
+		o.Aggregated, o.GenerationWorkers = true, 0
+	}
+	st := startStack(t, o)
 	c := stackClient(t, st)
 	n := st.Edges()[0]
 	parent := chat(t, c, st, n, "parent-1", "", "plan the work")
@@ -58,18 +62,21 @@ func runSharedPrefixScenario(t *testing.T, mode string) engineEventsOutcome {
 
 // With simulated engines publishing vLLM-format KV events behind proxy
 // workers, sub-agent affinity, KV-aware placement of a new conversation
-// and the cached_tokens clients see are exactly those of the native mode.
+// and the cached_tokens clients see are exactly those of the native mode,
+// on split fleets and on an aggregated one.
 func TestEngineEventsModeMatchesNative(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts two stacks")
+		t.Skip("starts four stacks")
 	}
-	native := runSharedPrefixScenario(t, "")
-	viaEvents := runSharedPrefixScenario(t, EngineEventsVLLM)
-	t.Logf("native %+v; vllm engine events %+v", native, viaEvents)
-	if !native.childSameCtx || native.childCached == 0 {
-		t.Fatalf("native mode: %+v, want the sub-agent on the parent's instance with cached tokens", native)
-	}
-	if viaEvents != native {
-		t.Fatalf("vllm engine-events mode %+v, native mode %+v: want the same placements and cached tokens", viaEvents, native)
+	for _, aggregated := range []bool{false, true} {
+		native := runSharedPrefixScenario(t, "", aggregated)
+		viaEvents := runSharedPrefixScenario(t, EngineEventsVLLM, aggregated)
+		t.Logf("aggregated %v: native %+v; vllm engine events %+v", aggregated, native, viaEvents)
+		if !native.childSameCtx || native.childCached == 0 {
+			t.Fatalf("aggregated %v, native mode: %+v, want the sub-agent on the parent's instance with cached tokens", aggregated, native)
+		}
+		if viaEvents != native {
+			t.Fatalf("aggregated %v: vllm engine-events mode %+v, native mode %+v: want the same placements and cached tokens", aggregated, viaEvents, native)
+		}
 	}
 }

@@ -65,3 +65,57 @@ func TestREADMEMatchesTheDevStack(t *testing.T) {
 	}
 	t.Logf("README epoch %d; served %d (entry %d, proposal %d)", doc, bi.Epoch, bi.Epoch>>16, bi.Epoch&0xffff-1)
 }
+
+// readmeTopologyRow is a row of the README's table of tether dev
+// topologies: its flags and the x-tether-route it shows.
+var readmeTopologyRow = regexp.MustCompile("(?m)^\\| (\\(default\\)|`[^`|]*`) \\| [^|]+ \\| `(context=[^`]*)` \\|$")
+
+// routeShape is the hops of a route header without instance numbers and
+// ranks: "context=ctx-N/R; generation=-".
+func routeShape(route string) string {
+	parts := strings.SplitN(route, ";", 3)
+	if len(parts) > 2 {
+		parts = parts[:2]
+	}
+	return regexp.MustCompile(`-\d+/\d+`).ReplaceAllString(strings.Join(parts, ";"), "-N/R")
+}
+
+// Each row of the README's topology table (tether dev's worker flags) is
+// the stack those flags build: a request's x-tether-route has the hops the
+// row shows.
+func TestREADMETopologies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a stack per topology")
+	}
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := readmeTopologyRow.FindAllStringSubmatch(string(b), -1)
+	if len(rows) != 4 {
+		t.Fatalf("README's topology table has %d rows, want 4 (default, --generation-workers 0, --engine-events vllm, both)", len(rows))
+	}
+	for _, row := range rows {
+		o := Options{Edges: 1, ContextWorkers: 1, GenerationWorkers: 1, Ranks: 1}
+		flags := strings.Fields(strings.Trim(row[1], "`"))
+		if row[1] == "(default)" {
+			flags = nil
+		}
+		for i := 0; i+1 < len(flags); i += 2 {
+			switch flag, v := flags[i], flags[i+1]; {
+			case flag == "--generation-workers" && v == "0":
+				o.Aggregated, o.GenerationWorkers = true, 0
+			case flag == "--engine-events":
+				o.EngineEvents = v
+			default:
+				t.Fatalf("README topology row %q: flag %s %s is not one this test builds", row[1], flag, v)
+			}
+		}
+		st := startStack(t, o)
+		got := chat(t, stackClient(t, st), st, st.Edges()[0], "topology", "", "hello")
+		if routeShape(got.route) != routeShape(row[2]) {
+			t.Errorf("README topology %s shows %q; the stack answered %q", row[1], row[2], got.route)
+		}
+		closeStack(t, st)
+	}
+}

@@ -30,23 +30,27 @@ const testToken = "operator-test-admin-token-0123"
 // static URLs nobody serves: the admin API does not need them.
 func startEdge(t *testing.T) *edge.Edge {
 	t.Helper()
-	g := clustertest.New[edgetest.Member](t, clustertest.Options{N: 1, ID: func(int) string { return "edge-1" }})
-	m := g.Member(0)
-	cfg := edge.DefaultConfig()
-	cfg.Model = "m"
-	cfg.Port = 0
-	cfg.AdminToken = testToken
-	cfg.InternalRequestAuthKey = "operator-test-internal-key-0123"
-	cfg.ContextServers.URLs = []edge.StaticInstance{{Name: "ctx-1", URL: "http://127.0.0.1:9"}}
-	cfg.GenerationServers.URLs = []edge.StaticInstance{{Name: "gen-1", URL: "http://127.0.0.1:7"}}
-	cfg.Leader.Interval = 20 * time.Millisecond
-	cfg.Cluster = edge.ClusterConfig{
-		Settings: cluster.Settings{NodeID: m.ID, DataDir: m.DataDir, Bootstrap: true, ProposeTimeout: 2 * time.Second, Peers: edgetest.Peers(g.Members()), Raft: cluster.RaftTiming{HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond, LeaderLeaseTimeout: 50 * time.Millisecond}},
-	}
-	g.StartAll(func(_ int, ln net.Listener) (edgetest.Member, error) {
-		return edgetest.Start(cfg, edge.Deps{Logger: slog.New(slog.DiscardHandler), Version: "v-test"}, ln, 20*time.Second)
+	g := edgetest.StartGroup(t, edgetest.GroupOptions{
+		Options: clustertest.Options{N: 1, ID: func(int) string { return "edge-1" }},
+		Config: func(int, clustertest.Member) edge.Config {
+			cfg := edge.DefaultConfig()
+			cfg.Model = "m"
+			cfg.Port = 0
+			cfg.AdminToken = testToken
+			cfg.InternalRequestAuthKey = "operator-test-internal-key-0123"
+			cfg.ContextServers.URLs = []edge.StaticInstance{{Name: "ctx-1", URL: "http://127.0.0.1:9"}}
+			cfg.GenerationServers.URLs = []edge.StaticInstance{{Name: "gen-1", URL: "http://127.0.0.1:7"}}
+			cfg.Leader.Interval = 20 * time.Millisecond
+			cfg.Cluster.ProposeTimeout = 2 * time.Second
+			cfg.Cluster.Raft = cluster.RaftTiming{HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond, LeaderLeaseTimeout: 50 * time.Millisecond}
+			return cfg
+		},
+		Deps: func(int, clustertest.Member) edge.Deps {
+			return edge.Deps{Logger: slog.New(slog.DiscardHandler), Version: "v-test"}
+		},
+		StartTimeout:  20 * time.Second,
+		LeaderTimeout: 10 * time.Second,
 	})
-	g.WaitLeader(10 * time.Second)
 	return g.Node(0).Edge
 }
 

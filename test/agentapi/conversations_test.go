@@ -35,8 +35,9 @@ func conversationAcrossEdges(t *testing.T, st *devstack.Stack) {
 		if r.status != 200 {
 			t.Fatalf("turn %d through edge 2: %d %s", turn, r.status, r.body)
 		}
-		if _, gen := route(t, r); gen != id.Instance {
-			t.Fatalf("turn %d served by %s; the conversation is on %s", turn, gen, id.Instance)
+		served := answeredBy(t, r)
+		if served != id.Instance {
+			t.Fatalf("turn %d served by %s; the conversation is on %s", turn, served, id.Instance)
 		}
 		body := r.body
 		if stream {
@@ -92,6 +93,23 @@ func conversationAcrossEdges(t *testing.T, st *devstack.Stack) {
 // simulated workers.
 func TestConversationsAcrossEdges(t *testing.T) {
 	conversationAcrossEdges(t, startStack(t, devstack.Options{Edges: 3}))
+}
+
+// The same on one aggregated fleet (tether dev --generation-workers 0):
+// the context worker that answers holds the conversation.
+func TestConversationsAcrossEdgesOnAnAggregatedFleet(t *testing.T) {
+	conversationAcrossEdges(t, startStack(t, devstack.Options{Edges: 3, Aggregated: true}))
+}
+
+// answeredBy is the instance that answered r: the generation hop's, or the one
+// hop of an aggregated fleet ("context=ctx-1/0; generation=-").
+func answeredBy(t *testing.T, r reply) string {
+	t.Helper()
+	ctxInst, genInst := route(t, r)
+	if genInst == "-" {
+		return ctxInst
+	}
+	return genInst
 }
 
 // The same through proxy workers in front of engines that serve no

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/routing/decide"
+	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/test/routecheck"
 )
 
@@ -85,7 +85,7 @@ func (v *env) degradedCausesOn(e *edgeProc) map[string]float64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	out := map[string]float64{}
-	for _, c := range decide.DegradedCauses {
+	for _, c := range routing.DegradedCauses {
 		n, err := v.metricSum(ctx, e, "tether_edge_degraded_decisions_total", fmt.Sprintf("cause=%q", c))
 		if err != nil {
 			v.t.Fatal(err)

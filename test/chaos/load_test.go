@@ -75,9 +75,13 @@ func TestLoadAtShippedDefaults(t *testing.T) {
 		t.Errorf("%d wrong answers", vd.Wrong)
 	}
 	if !killLeader {
-		// No fault: every edge knows the committed placement whenever it
-		// places and hears the workers, so nothing is placed or served
-		// degraded, and every degraded decision names its cause.
+		// Every degraded decision names its cause. No fault: every edge
+		// knows the committed placement whenever it places and hears the
+		// workers, so nothing is placed or served degraded; asserted on
+		// the long run, as the 503 bar is: on a starved machine (the short
+		// run beside other work) a proposal can outlast its timeout and an
+		// election can start, and the edges then say so (log_down,
+		// overflow_unrecorded, commit_timeout, state_not_current).
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		for _, e := range v.edges {
@@ -91,7 +95,7 @@ func TestLoadAtShippedDefaults(t *testing.T) {
 			if n != attributed {
 				t.Errorf("%s made %v degraded decisions, %v of them by cause", e.id, n, attributed)
 			}
-			if attributed != 0 {
+			if attributed != 0 && longMode() {
 				t.Errorf("%s made %v degraded decisions without a fault (%v)", e.id, attributed, causes)
 			}
 		}

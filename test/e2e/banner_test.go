@@ -13,14 +13,24 @@ import (
 // reports cached tokens. With one edge it does not talk of "another edge"
 // or "1 edges". Before, its prompt was too short for a whole 64-token block
 // (cached_tokens 0) and it read "starting 1 edges"; every start warned about
-// raft's first election.
+// raft's first election. The same for the aggregated fleet
+// (--generation-workers 0), whose answers come from one hop.
 func TestDevBannerExampleShowsACacheHit(t *testing.T) {
 	for _, tool := range []string{"bash", "curl"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("%s is not installed: the banner's example is a shell script with curl", tool)
 		}
 	}
-	p := startDev(t, "--edges", "1")
+	t.Run("disaggregated", func(t *testing.T) { bannerShowsACacheHit(t, false) })
+	t.Run("aggregated", func(t *testing.T) { bannerShowsACacheHit(t, true) })
+}
+
+func bannerShowsACacheHit(t *testing.T, aggregated bool) {
+	args := []string{"--edges", "1"}
+	if aggregated {
+		args = append(args, "--generation-workers", "0")
+	}
+	p := startDev(t, args...)
 	// A healthy start is quiet at the default log level (before: a WARN
 	// about raft's first election every time).
 	if e := p.stderr.String(); strings.Contains(e, "level=WARN") || strings.Contains(e, "level=ERROR") {
@@ -50,13 +60,18 @@ func TestDevBannerExampleShowsACacheHit(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the example failed: %v\nscript:\n%s\noutput:\n%s", err, strings.Join(script, "\n"), res)
 	}
-	routes := regexp.MustCompile(`(?i)x-tether-route: context=([a-z0-9-]+)/`).FindAllStringSubmatch(string(res), -1)
+	routes := regexp.MustCompile(`(?i)x-tether-route: context=([a-z0-9-]+)/[0-9]+; generation=(-|[a-z0-9-]+/)`).FindAllStringSubmatch(string(res), -1)
 	cached := regexp.MustCompile(`"prompt_tokens_details":\{"cached_tokens":(\d+)`).FindAllStringSubmatch(string(res), -1)
 	if len(routes) != 2 || len(cached) != 2 {
 		t.Fatalf("want two answers with routes and usage:\n%s", res)
 	}
 	if routes[0][1] != routes[1][1] {
 		t.Fatalf("sub-agent on %s, parent on %s:\n%s", routes[1][1], routes[0][1], res)
+	}
+	for _, r := range routes {
+		if oneHop := r[2] == "-"; oneHop != aggregated {
+			t.Fatalf("route %q in a stack with aggregated %v:\n%s", r[0], aggregated, res)
+		}
 	}
 	if n, _ := strconv.Atoi(cached[1][1]); n < 256 {
 		t.Fatalf("sub-agent cached_tokens %d, want the prompt's whole blocks (256):\n%s", n, res)

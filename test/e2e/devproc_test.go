@@ -241,11 +241,13 @@ func (p *devProc) client(t *testing.T) *http.Client {
 }
 
 // agent is one conversation: its session, optional parent, system prompt
-// and the messages so far.
+// and the messages so far. aggregated: its answers come from one hop to
+// the aggregated fleet (tether dev --generation-workers 0).
 type agent struct {
 	session, parent string
 	system          string
 	turns           []string
+	aggregated      bool
 }
 
 // turn is what one request returned.
@@ -319,7 +321,7 @@ func (a *agent) send(ctx context.Context, c *http.Client, baseURL, model, user s
 		return turn{}, fmt.Errorf("%s: bad completion (%v): %s", a.session, err, b)
 	}
 	tr := turn{prompt: out.Usage.Prompt, cached: out.Usage.Details.Cached, via: baseURL}
-	if err := parseRoute(resp.Header.Get(edge.HeaderRoute), &tr); err != nil {
+	if err := readRoute(resp.Header.Get(edge.HeaderRoute), &tr, a.aggregated); err != nil {
 		return turn{}, fmt.Errorf("%s: %w", a.session, err)
 	}
 	a.turns = append(pending, out.Choices[0].Message.Content)
@@ -370,14 +372,21 @@ func (a *agent) sendHonoringRetryAfter(ctx context.Context, c *http.Client, base
 }
 
 // parseRoute reads "context=ctx-1/2; generation=gen-2/0" (edge.ParseRoute).
-func parseRoute(h string, tr *turn) error {
+func parseRoute(h string, tr *turn) error { return readRoute(h, tr, false) }
+
+// readRoute is parseRoute; aggregated, it wants the one hop of an
+// aggregated fleet: "context=ctx-1/2; generation=-".
+func readRoute(h string, tr *turn, aggregated bool) error {
 	r, err := edge.ParseRoute(h)
 	if err != nil {
 		return err
 	}
 	tr.ctxInst, tr.ctxRank, tr.genInst, tr.genRank = r.ContextInstance, r.ContextRank, r.GenerationInstance, r.GenerationRank
 	tr.route = h
-	if tr.ctxInst == "" || tr.genInst == "" {
+	switch {
+	case aggregated && (tr.ctxInst == "" || tr.genInst != ""):
+		return fmt.Errorf("%s header %q is not one hop to the aggregated fleet", edge.HeaderRoute, h)
+	case !aggregated && (tr.ctxInst == "" || tr.genInst == ""):
 		return fmt.Errorf("%s header %q does not name both hops", edge.HeaderRoute, h)
 	}
 	return nil

@@ -60,10 +60,15 @@ func TestTwoModelsThroughTetherDev(t *testing.T) {
 			if model != "tether-sim" {
 				q = "?model=" + url.QueryEscape(model)
 			}
-			b, ok := adminBinding(t, c, p.edge(i), p.token, "context", "parent-1"+q)
-			if !ok || b.Instance != p1.ctxInst || b.Model != model || b.ModelKey != "parent-1" {
-				t.Fatalf("edge-%d: context binding of parent-1 on %s = %+v (found %v), want %s", i+1, model, b, ok, p1.ctxInst)
-			}
+			// Placements commit beside the requests: wait until each
+			// edge applied it.
+			waitfor.Reason(t, 30*time.Second, fmt.Sprintf("edge-%d's context binding of parent-1 on %s", i+1, model), func() string {
+				b, ok := adminBinding(t, c, p.edge(i), p.token, "context", "parent-1"+q)
+				if !ok || b.Instance != p1.ctxInst || b.Model != model || b.ModelKey != "parent-1" {
+					return fmt.Sprintf("%+v (found %v), want %s", b, ok, p1.ctxInst)
+				}
+				return ""
+			})
 		}
 	}
 	for _, x := range []struct{ adapter, prefix string }{{"agent-a", "ctx-"}, {"agent-b", "ctx-"}, {"agent-c", "m2-ctx-"}} {

@@ -12,8 +12,14 @@ import (
 // README's "Claude Code, Codex and the Agents SDK through tether" shows
 // curl commands; they run as written against `tether dev` (its edges'
 // addresses in place of localhost:8000..8002) and answer what the comments
-// after them say.
+// after them say, on the default split fleets and on the aggregated fleet
+// (--generation-workers 0).
 func TestReadmeAgentAPIs(t *testing.T) {
+	t.Run("disaggregated", func(t *testing.T) { readmeAgentAPIs(t) })
+	t.Run("aggregated", func(t *testing.T) { readmeAgentAPIs(t, "--generation-workers", "0") })
+}
+
+func readmeAgentAPIs(t *testing.T, args ...string) {
 	raw, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
 	if err != nil {
 		t.Fatal(err)
@@ -26,7 +32,7 @@ func TestReadmeAgentAPIs(t *testing.T) {
 	if !ok {
 		t.Fatal("the readme-agent-apis block does not end")
 	}
-	p := startDev(t)
+	p := startDev(t, args...)
 	for i := 0; i < 3; i++ {
 		script = strings.ReplaceAll(script, "https://localhost:800"+string(rune('0'+i)), p.edge(i))
 	}

@@ -68,6 +68,8 @@ func TestDevRejectsBadFlags(t *testing.T) {
 		{[]string{"--scope", "sideways"}, "subagent_affinity_scope: unknown value \"sideways\""},
 		{[]string{"--edges", "0"}, "--edges must be at least 1"},
 		{[]string{"--ranks", "-1"}, "--ranks must be at least 1"},
+		{[]string{"--generation-workers", "-1"}, "--generation-workers must be 0 (an aggregated fleet) or more"},
+		{[]string{"--generation-workers", "0", "--scope", "both"}, "scope: both makes sub-agents follow their parent on the generation fleet too"},
 		{[]string{"--log-level", "loud"}, "--log-level"},
 		{[]string{"--no-such-flag"}, "no-such-flag"},
 		{[]string{"--port", "65534"}, "port: edges need ports 65534..65536"},

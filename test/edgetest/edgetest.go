@@ -6,7 +6,9 @@ package edgetest
 
 import (
 	"context"
+	"log/slog"
 	"net"
+	"testing"
 	"time"
 
 	"github.com/tether-project/tether/cluster"
@@ -66,4 +68,60 @@ func Edges(g *clustertest.Group[Member]) []*edge.Edge {
 		out = append(out, m.Edge)
 	}
 	return out
+}
+
+// Place gives c member m's place in its group: its node id, data directory
+// and Raft address, and, with voters, the group they bootstrap (an edge
+// without voters joins no group by itself).
+func Place(c *edge.Config, m clustertest.Member, voters []clustertest.Member) {
+	s := &c.Cluster.Settings
+	s.NodeID, s.DataDir, s.BindAddr = m.ID, m.DataDir, m.Addr
+	s.Bootstrap, s.Peers = len(voters) > 0, Peers(voters)
+}
+
+// GroupOptions shape a group of edges that bootstrap one Raft group.
+type GroupOptions struct {
+	clustertest.Options
+	// Config is member i's configuration; StartGroup places it in the
+	// group (Place) and validates it.
+	Config func(i int, m clustertest.Member) edge.Config
+	// Deps are member i's dependencies, each time it starts (nil: a
+	// logger that discards).
+	Deps func(i int, m clustertest.Member) edge.Deps
+	// StartTimeout bounds each edge's start (0: 30 s).
+	StartTimeout time.Duration
+	// LeaderTimeout bounds the wait for a ready leader (0: 20 s).
+	LeaderTimeout time.Duration
+}
+
+// StartGroup starts o.N edges, every one a bootstrap voter of one Raft
+// group, concurrently, and waits for a ready leader. The group stops them
+// when the test ends.
+func StartGroup(t testing.TB, o GroupOptions) *clustertest.Group[Member] {
+	t.Helper()
+	if o.StartTimeout <= 0 {
+		o.StartTimeout = 30 * time.Second
+	}
+	if o.LeaderTimeout <= 0 {
+		o.LeaderTimeout = 20 * time.Second
+	}
+	g := clustertest.New[Member](t, o.Options)
+	ms := g.Members()
+	cfgs := make([]edge.Config, len(ms))
+	for i, m := range ms {
+		cfgs[i] = o.Config(i, m)
+		Place(&cfgs[i], m, ms)
+		if err := cfgs[i].Validate(); err != nil {
+			t.Fatalf("edgetest: edge %s: %v", m.ID, err)
+		}
+	}
+	g.StartAll(func(i int, ln net.Listener) (Member, error) {
+		deps := edge.Deps{Logger: slog.New(slog.DiscardHandler)}
+		if o.Deps != nil {
+			deps = o.Deps(i, ms[i])
+		}
+		return Start(cfgs[i], deps, ln, o.StartTimeout)
+	})
+	g.WaitLeader(o.LeaderTimeout)
+	return g
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/internal/enginekv"
+	"github.com/tether-project/tether/test/workertest"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -45,15 +46,7 @@ func startWorker(t *testing.T, ns *natsserver.Server, cfg worker.Config) *worker
 		cfg.NATS.URLs = []string{ns.ClientURL()}
 	}
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	w, err := worker.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Close(context.Background()) })
-	return w
+	return workertest.Start(t, worker.New, cfg)
 }
 
 // newFleet starts an edge's view of the workers (NATS subscriptions, KV

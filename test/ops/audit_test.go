@@ -16,12 +16,18 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/tether-project/tether/cluster/archive"
+	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/audit"
 )
 
 // agentWorkload runs parents with two sub-agents each, through different
 // edges, and checks each sub-agent shares its parent's context instance.
+// A sub-agent starts once every edge's replica holds its parent's binding:
+// a sub-agent reaching an edge that has neither applied nor heard its
+// parent's placement is placed by that edge's own decision (a race the
+// product allows and the log settles), which is not what this workload
+// checks.
 func agentWorkload(t *testing.T, f *fleet, parents, rounds int) {
 	t.Helper()
 	for r := range rounds {
@@ -31,6 +37,7 @@ func agentWorkload(t *testing.T, f *fleet, parents, rounds int) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			f.waitBound(fsm.FleetContext, parent, 20*time.Second)
 			for c, child := range []string{parent + "-child-a", parent + "-child-b"} {
 				ct, err := f.chat(p+c+1, child, parent, fmt.Sprintf("round %d: sub-task %d", r, c))
 				if err != nil {
@@ -279,5 +286,36 @@ func TestAuditCLI(t *testing.T) {
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "MISMATCH at index") {
 		t.Fatalf("audit verify after corruption: %v\n%s", err, out)
+	}
+}
+
+// A sticky turn's touch waits in its edge's batch until the next
+// touch_interval: the edge counts it as background work still owed to the
+// log, so quiesce does not take the index before the Touch is in it.
+func TestQuiesceWaitsForTheTouchBatch(t *testing.T) {
+	f := startFleet(t, fleetOptions{edges: 1, edgeConfig: func(_ int, _ string, c *edge.Config) {
+		c.TouchInterval = time.Hour // the batch flushes when the edge closes
+	}})
+	f.waitReady(30*time.Second, nil)
+	if _, err := f.chat(0, "touched", "", "first turn"); err != nil {
+		t.Fatal(err)
+	}
+	f.waitBound(fsm.FleetContext, "touched", 20*time.Second)
+	e := f.edges.Node(0)
+	waitFor(t, 20*time.Second, "the first turn's background work recorded", func() string {
+		if n := e.BackgroundPending(); n > 0 {
+			return fmt.Sprintf("%d pending", n)
+		}
+		return ""
+	})
+	if _, err := f.chat(0, "touched", "", "second turn"); err != nil {
+		t.Fatal(err)
+	}
+	b, ok := e.state().Lookup(fsm.FleetContext, "touched")
+	if !ok || b.LastUsed != b.BoundAt {
+		t.Fatalf("binding %+v (%v): want it bound and not touched yet", b, ok)
+	}
+	if n := e.BackgroundPending(); n == 0 {
+		t.Fatal("the sticky turn's touch is waiting in the batch, yet the edge owes the log nothing")
 	}
 }

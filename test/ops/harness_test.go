@@ -185,16 +185,16 @@ func (f *fleet) edgeConfig(i int, m clustertest.Member, version string) edge.Con
 	cfg.Telemetry.DownAfter = 10 * time.Second
 	cfg.Leader.Interval = 50 * time.Millisecond
 	cfg.NATS.URLs = []string{f.nats.ClientURL()}
-	cfg.Cluster = edge.ClusterConfig{Settings: cluster.Settings{
-		NodeID: m.ID, DataDir: m.DataDir, BindAddr: m.Addr, ProposeTimeout: 2 * time.Second,
-		// Timeouts generous enough for a race build on a loaded machine
-		// (a user restore stalls the leader's loop while it installs).
-		Raft: cluster.RaftTiming{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second,
-			LeaderLeaseTimeout: 500 * time.Millisecond, CommitTimeout: 2 * time.Millisecond},
-	}}
+	cfg.Cluster.ProposeTimeout = 2 * time.Second
+	// Timeouts generous enough for a race build on a loaded machine (a
+	// user restore stalls the leader's loop while it installs).
+	cfg.Cluster.Raft = cluster.RaftTiming{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second,
+		LeaderLeaseTimeout: 500 * time.Millisecond, CommitTimeout: 2 * time.Millisecond}
+	var voters []clustertest.Member // the bootstrap voters; an edge added later joins none
 	if i < f.opts.edges {
-		cfg.Cluster.Bootstrap, cfg.Cluster.Peers = true, edgetest.Peers(f.edges.Members()[:f.opts.edges])
+		voters = f.edges.Members()[:f.opts.edges]
 	}
+	edgetest.Place(&cfg, m, voters)
 	if f.opts.edgeConfig != nil {
 		f.opts.edgeConfig(i, version, &cfg)
 	}
@@ -647,8 +647,25 @@ func (tr *traffic) failures() []string {
 	return append([]string(nil), tr.failed...)
 }
 
-// quiesce waits until every running edge applied and archived the same
-// index (no traffic and no leader duty left to propose) and returns it.
+// waitBound waits until every running edge's replica holds key's binding
+// on fleet fl.
+func (f *fleet) waitBound(fl fsm.Fleet, key string, d time.Duration) {
+	f.t.Helper()
+	waitFor(f.t, d, fmt.Sprintf("%s key %q bound on every edge", fl, key), func() string {
+		for _, s := range f.edges.Running() {
+			if _, ok := s.state().Lookup(fl, key); !ok {
+				return s.id + " has not applied its binding"
+			}
+		}
+		return ""
+	})
+}
+
+// quiesce waits until every running edge has recorded everything it owes
+// the log (BackgroundPending: background events, the touch batch, its own
+// Binds) and applied and archived the same index, and returns that index.
+// The index must also hold across several polls: a leader duty proposes on
+// its own schedule.
 func (f *fleet) quiesce() uint64 {
 	f.t.Helper()
 	var idx uint64

@@ -1,7 +1,6 @@
 package ops
 
 import (
-	"context"
 	"crypto/tls"
 	"flag"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 	"github.com/tether-project/tether/edge/natsembed"
 	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/natstest"
+	"github.com/tether-project/tether/test/workertest"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -790,20 +790,7 @@ func TestKubernetesWorkerRegistersWithItsCertificate(t *testing.T) {
 	if err := edgeConn.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := worker.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := srv.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer ccancel()
-		_ = srv.Close(cctx)
-	}()
+	workertest.Start(t, worker.New, cfg)
 	msg, err := reports.NextMsg(30 * time.Second)
 	if err != nil {
 		t.Fatalf("no load report from %s: %v", pod, err)

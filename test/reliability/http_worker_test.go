@@ -3,7 +3,6 @@ package reliability
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,32 +16,11 @@ import (
 
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/test/testhttp"
+	"github.com/tether-project/tether/test/workertest"
 	"github.com/tether-project/tether/worker"
 )
 
 const workerKey = "reliability-worker-key-0123456789"
-
-// runWorker starts a worker and stops it when the test ends.
-func runWorker(t *testing.T, cfg worker.Config) *worker.Server {
-	t.Helper()
-	s, err := worker.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.Close(ctx); err != nil {
-			t.Errorf("close worker %s: %v", cfg.InstanceID, err)
-		}
-	})
-	return s
-}
 
 func standaloneWorker(t *testing.T, mut func(*worker.Config)) *worker.Server {
 	t.Helper()
@@ -57,7 +35,7 @@ func standaloneWorker(t *testing.T, mut func(*worker.Config)) *worker.Server {
 	if mut != nil {
 		mut(&cfg)
 	}
-	return runWorker(t, cfg)
+	return workertest.Start(t, worker.New, cfg)
 }
 
 func httpClient(t *testing.T) *http.Client { return testhttp.Client(t, nil) }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/natstest"
+	"github.com/tether-project/tether/test/workertest"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -54,7 +55,7 @@ func startWorker(t *testing.T, id, url, user, password string) *worker.Server {
 	cfg.NATS.URLs = []string{url}
 	cfg.NATS.User, cfg.NATS.Password = user, password
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	return runWorker(t, cfg)
+	return workertest.Start(t, worker.New, cfg)
 }
 
 // A worker that publishes telemetry for another instance id is refused by

@@ -32,6 +32,7 @@ import (
 	"github.com/tether-project/tether/test/edgetest"
 	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/test/waitfor"
+	"github.com/tether-project/tether/test/workertest"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -112,7 +113,7 @@ func startSecureWorkerLogged(t *testing.T, ca *secureCA, id string, fleet teleme
 	}
 	cfg.TLS = worker.ServerTLSConfig{Mode: worker.TLSModeMutual, CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key,
 		HTTPClientAuth: worker.ClientAuthRequire, AllowedClients: []string{pki.IdentityURI(pki.RoleEdge, "*")}}
-	return runWorker(t, cfg)
+	return workertest.Start(t, worker.New, cfg)
 }
 
 // secureEdge is a running edge and its registry.
@@ -137,40 +138,37 @@ func startSecureEdgesLogged(t *testing.T, trustCA, certCA *secureCA, n int, work
 	if logs != nil {
 		lg = logs.logger()
 	}
-	g := clustertest.New[edgetest.Member](t, clustertest.Options{N: n, ID: func(i int) string { return fmt.Sprintf("edge-%d", i+1) }})
-	ms := g.Members()
-	peers := edgetest.Peers(ms)
-	cfgs := make([]edge.Config, n)
-	for i, m := range ms {
-		f := certCA.files(t, m.ID, pki.RoleEdge)
-		f.CA = filepath.Join(trustCA.dir, "ca.pem")
-		if _, err := trustCA.WriteCA(trustCA.dir); err != nil {
-			t.Fatal(err)
-		}
-		cfg := edge.DefaultConfig()
-		cfg.Model = "test-model"
-		cfg.Port = 0
-		cfg.InternalRequestAuthKey = secureKey
-		cfg.AdminToken = "reliability-admin-token-0123456789"
-		cfg.DebugRouteHeader = true
-		cfg.ContextServers.URLs = []edge.StaticInstance{{Name: workers[telemetry.FleetContext].InstanceID(), URL: workers[telemetry.FleetContext].URL()}}
-		cfg.GenerationServers.URLs = []edge.StaticInstance{{Name: workers[telemetry.FleetGeneration].InstanceID(), URL: workers[telemetry.FleetGeneration].URL()}}
-		cfg.Telemetry.ProbeInterval = 100 * time.Millisecond
-		cfg.Cluster = edge.ClusterConfig{
-			Settings: cluster.Settings{NodeID: m.ID, DataDir: m.DataDir, BindAddr: m.Addr, Bootstrap: true, Peers: peers, ProposeTimeout: 2 * time.Second, Raft: cluster.RaftTiming{HeartbeatTimeout: timing.HeartbeatTimeout, ElectionTimeout: timing.ElectionTimeout,
-				LeaderLeaseTimeout: timing.LeaderLeaseTimeout, CommitTimeout: timing.CommitTimeout}},
-		}
-		cfg.TLS = edge.TLSConfig{Mode: edge.TLSModeMutual, CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key}
-		if tweak != nil {
-			tweak(&cfg)
-		}
-		cfgs[i] = cfg
+	if _, err := trustCA.WriteCA(trustCA.dir); err != nil {
+		t.Fatal(err)
 	}
 	regs := make([]*prometheus.Registry, n)
-	g.StartAll(func(i int, ln net.Listener) (edgetest.Member, error) {
-		regs[i] = prometheus.NewRegistry()
-		deps := edge.Deps{Logger: lg.With("edge", ms[i].ID), Registry: regs[i], Version: "reliability"}
-		return edgetest.Start(cfgs[i], deps, ln, 30*time.Second)
+	g := edgetest.StartGroup(t, edgetest.GroupOptions{
+		Options: clustertest.Options{N: n, ID: func(i int) string { return fmt.Sprintf("edge-%d", i+1) }},
+		Config: func(_ int, m clustertest.Member) edge.Config {
+			f := certCA.files(t, m.ID, pki.RoleEdge)
+			f.CA = filepath.Join(trustCA.dir, "ca.pem")
+			cfg := edge.DefaultConfig()
+			cfg.Model = "test-model"
+			cfg.Port = 0
+			cfg.InternalRequestAuthKey = secureKey
+			cfg.AdminToken = "reliability-admin-token-0123456789"
+			cfg.DebugRouteHeader = true
+			cfg.ContextServers.URLs = []edge.StaticInstance{{Name: workers[telemetry.FleetContext].InstanceID(), URL: workers[telemetry.FleetContext].URL()}}
+			cfg.GenerationServers.URLs = []edge.StaticInstance{{Name: workers[telemetry.FleetGeneration].InstanceID(), URL: workers[telemetry.FleetGeneration].URL()}}
+			cfg.Telemetry.ProbeInterval = 100 * time.Millisecond
+			cfg.Cluster.ProposeTimeout = 2 * time.Second
+			cfg.Cluster.Raft = cluster.RaftTiming{HeartbeatTimeout: timing.HeartbeatTimeout, ElectionTimeout: timing.ElectionTimeout,
+				LeaderLeaseTimeout: timing.LeaderLeaseTimeout, CommitTimeout: timing.CommitTimeout}
+			cfg.TLS = edge.TLSConfig{Mode: edge.TLSModeMutual, CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key}
+			if tweak != nil {
+				tweak(&cfg)
+			}
+			return cfg
+		},
+		Deps: func(i int, m clustertest.Member) edge.Deps {
+			regs[i] = prometheus.NewRegistry()
+			return edge.Deps{Logger: lg.With("edge", m.ID), Registry: regs[i], Version: "reliability"}
+		},
 	})
 	out := make([]secureEdge, n)
 	for i := range n {
@@ -782,7 +780,7 @@ func TestEmbeddedNATSBindsTelemetryToTheCertificate(t *testing.T) {
 		wc.TLS = worker.ServerTLSConfig{Mode: worker.TLSModeMutual, CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key}
 		wc.NATS.URLs = []string{e.NATSURL()}
 		wc.NATS.TLS = worker.TLSConfig{CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key}
-		runWorker(t, wc)
+		workertest.Start(t, worker.New, wc)
 	}
 	start("ctx-1", ctx1)
 	start("ctx-2", ctx1)

@@ -474,14 +474,12 @@ type streamChunk struct {
 
 // readStream consumes the upstream's SSE stream.
 func readStream(r io.Reader, req engine.Request, emit func(engine.Chunk) error, target string) (engine.Completion, error) {
-	var comp engine.Completion
-	var text strings.Builder
+	sr := &streamReader{req: req, emit: emit, target: target}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 8<<20)
 	done := false
 	for sc.Scan() {
-		line := sc.Bytes()
-		data, ok := bytes.CutPrefix(line, []byte("data:"))
+		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
 		if !ok {
 			continue // comments, event:, id:, blank separators
 		}
@@ -492,74 +490,103 @@ func readStream(r io.Reader, req engine.Request, emit func(engine.Chunk) error, 
 		}
 		var ch streamChunk
 		if err := json.Unmarshal(data, &ch); err != nil {
-			return comp, fmt.Errorf("proxy: rank %d upstream %s: bad stream chunk %q: %w", req.Rank, target, truncate(string(data), 120), err)
+			return sr.comp, fmt.Errorf("proxy: rank %d upstream %s: bad stream chunk %q: %w", req.Rank, target, truncate(string(data), 120), err)
 		}
 		if len(ch.Error) > 0 && string(ch.Error) != "null" {
-			return comp, &UpstreamError{Rank: req.Rank, URL: target, Message: errorMessage(bytes.NewReader(data))}
+			return sr.comp, &UpstreamError{Rank: req.Rank, URL: target, Message: errorMessage(bytes.NewReader(data))}
 		}
-		for _, c := range ch.Choices {
-			if c.Delta != nil {
-				// Tool calls pass through: the upstream model decided them.
-				for _, tc := range c.Delta.ToolCalls {
-					if tc.Index < 0 || tc.Index > 1024 {
-						return comp, fmt.Errorf("proxy: rank %d upstream %s: tool call index %d out of range", req.Rank, target, tc.Index)
-					}
-					for len(comp.ToolCalls) <= tc.Index {
-						comp.ToolCalls = append(comp.ToolCalls, engine.ToolCall{})
-					}
-					call := &comp.ToolCalls[tc.Index]
-					if tc.ID != "" {
-						call.ID = tc.ID
-					}
-					call.Name += tc.Function.Name
-					call.Arguments += tc.Function.Arguments
-					if emit != nil {
-						piece := engine.ToolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments}
-						if err := emit(engine.Chunk{ToolCall: &piece, ToolIndex: tc.Index}); err != nil {
-							return comp, fmt.Errorf("proxy: emit: %w", err)
-						}
-					}
-				}
-			}
-			var piece string
-			if c.Delta != nil && c.Delta.Content != nil {
-				piece = *c.Delta.Content
-			} else if c.Text != nil {
-				piece = *c.Text
-			}
-			if piece != "" {
-				text.WriteString(piece)
-				comp.CompletionTokens++ // refined by usage when reported
-				if emit != nil {
-					if err := emit(engine.Chunk{Text: piece}); err != nil {
-						return comp, fmt.Errorf("proxy: emit: %w", err)
-					}
-				}
-			}
-			if c.FinishReason != nil && *c.FinishReason != "" {
-				comp.FinishReason = *c.FinishReason
-			}
-		}
-		if u := ch.Usage; u != nil {
-			comp.PromptTokens = u.PromptTokens
-			comp.CompletionTokens = u.CompletionTokens
-			if u.PromptTokensDetails != nil {
-				comp.CachedTokens = u.PromptTokensDetails.CachedTokens
-			}
+		if err := sr.chunk(&ch); err != nil {
+			return sr.comp, err
 		}
 	}
+	comp := sr.comp
 	if err := sc.Err(); err != nil {
 		return comp, fmt.Errorf("proxy: rank %d upstream %s: reading stream: %w", req.Rank, target, err)
 	}
 	if !done {
 		return comp, fmt.Errorf("proxy: rank %d upstream %s: stream ended without [DONE]", req.Rank, target)
 	}
-	comp.Text = text.String()
+	comp.Text = sr.text.String()
 	if comp.FinishReason == "" {
 		comp.FinishReason = "stop"
 	}
 	comp.CachedTokens = min(max(comp.CachedTokens, 0), max(comp.PromptTokens, len(req.Prompt)))
 	return comp, nil
+}
+
+// streamReader builds a completion from the upstream's stream chunks and
+// emits their pieces as they come.
+type streamReader struct {
+	req    engine.Request
+	emit   func(engine.Chunk) error
+	target string
+	comp   engine.Completion
+	text   strings.Builder
+}
+
+// chunk takes one stream chunk: its text, tool call pieces, finish reason
+// and usage.
+func (sr *streamReader) chunk(ch *streamChunk) error {
+	for _, c := range ch.Choices {
+		if c.Delta != nil {
+			// Tool calls pass through: the upstream model decided them.
+			for _, tc := range c.Delta.ToolCalls {
+				if err := sr.toolCall(tc.Index, tc.ID, tc.Function.Name, tc.Function.Arguments); err != nil {
+					return err
+				}
+			}
+		}
+		var piece string
+		if c.Delta != nil && c.Delta.Content != nil {
+			piece = *c.Delta.Content
+		} else if c.Text != nil {
+			piece = *c.Text
+		}
+		if piece != "" {
+			sr.text.WriteString(piece)
+			sr.comp.CompletionTokens++ // refined by usage when reported
+			if sr.emit != nil {
+				if err := sr.emit(engine.Chunk{Text: piece}); err != nil {
+					return fmt.Errorf("proxy: emit: %w", err)
+				}
+			}
+		}
+		if c.FinishReason != nil && *c.FinishReason != "" {
+			sr.comp.FinishReason = *c.FinishReason
+		}
+	}
+	if u := ch.Usage; u != nil {
+		sr.comp.PromptTokens = u.PromptTokens
+		sr.comp.CompletionTokens = u.CompletionTokens
+		if u.PromptTokensDetails != nil {
+			sr.comp.CachedTokens = u.PromptTokensDetails.CachedTokens
+		}
+	}
+	return nil
+}
+
+// toolCall adds one piece of tool call index to the completion and emits
+// it.
+func (sr *streamReader) toolCall(index int, id, name, args string) error {
+	if index < 0 || index > 1024 {
+		return fmt.Errorf("proxy: rank %d upstream %s: tool call index %d out of range", sr.req.Rank, sr.target, index)
+	}
+	for len(sr.comp.ToolCalls) <= index {
+		sr.comp.ToolCalls = append(sr.comp.ToolCalls, engine.ToolCall{})
+	}
+	call := &sr.comp.ToolCalls[index]
+	if id != "" {
+		call.ID = id
+	}
+	call.Name += name
+	call.Arguments += args
+	if sr.emit != nil {
+		piece := engine.ToolCall{ID: id, Name: name, Arguments: args}
+		if err := sr.emit(engine.Chunk{ToolCall: &piece, ToolIndex: index}); err != nil {
+			return fmt.Errorf("proxy: emit: %w", err)
+		}
+	}
+	return nil
 }
 
 var truncate = httpjson.Clip // the shared message quoting

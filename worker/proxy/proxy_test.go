@@ -20,6 +20,7 @@ import (
 
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/prefix"
+	"github.com/tether-project/tether/test/workertest"
 	"github.com/tether-project/tether/worker"
 	"github.com/tether-project/tether/worker/engine"
 	"github.com/tether-project/tether/worker/proxy"
@@ -36,15 +37,7 @@ func simWorker(t *testing.T) *worker.Server {
 	cfg.Engine.TimeScale = 0
 	cfg.Engine.BlockSize = 4
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := worker.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close(context.Background()) })
-	return s
+	return workertest.Start(t, worker.New, cfg)
 }
 
 func newProxy(t *testing.T, cfg proxy.Config) *proxy.Engine {

@@ -64,7 +64,10 @@ await attempt(out, 'responses', async () => {
 });
 
 await attempt(out, 'background_cancel', async () => {
-  const bg = await openai.responses.create({ model, input: 'a very long essay', background: true, max_output_tokens: 2000 });
+  // An essay of 20,000 words takes the simulated engine half a minute at
+  // the test's time scale: the cancel reaches it running, however slowly
+  // this process is scheduled.
+  const bg = await openai.responses.create({ model, input: 'write a very long essay of 20000 words', background: true, max_output_tokens: 20000 });
   const cancelled = await openai.responses.cancel(bg.id);
   const after = await openai.responses.retrieve(bg.id);
   return { created_status: bg.status, cancel_status: cancelled.status, retrieved_status: after.status, id: bg.id, cancelled_id: cancelled.id };

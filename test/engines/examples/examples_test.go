@@ -39,6 +39,7 @@ import (
 	"github.com/tether-project/tether/test/engines/vllm"
 	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/test/testhttp"
+	"github.com/tether-project/tether/test/workertest"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -280,14 +281,7 @@ func (b *backends) startWorker(t *testing.T, m map[string]any, fleet string) {
 	cfg.TelemetryInterval = 50 * time.Millisecond
 	cfg.Engine.TimeScale = 0
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	w, err := worker.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	workertest.Start(t, worker.New, cfg)
 }
 
 // substitute points the example's engine URLs, KV event endpoints, NATS

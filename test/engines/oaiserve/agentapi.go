@@ -229,16 +229,7 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 		}
 		history = prev.history
 	}
-	input := texts(req.Input)
-	if len(input) == 0 {
-		var items []struct {
-			Content json.RawMessage `json:"content"`
-		}
-		_ = json.Unmarshal(req.Input, &items)
-		for _, it := range items {
-			input = append(input, texts(it.Content)...)
-		}
-	}
+	input := inputTexts(req.Input)
 	conv := append(append([]string{req.Instructions}, history...), input...)
 	maxTokens := 16
 	if req.MaxOutput != nil {
@@ -276,6 +267,23 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	streamResponse(w, obj("in_progress", []any{}, nil), final, item, words)
+}
+
+// inputTexts are the texts of a Responses input: a string, or the content
+// of its items.
+func inputTexts(raw json.RawMessage) []string {
+	if input := texts(raw); len(input) > 0 {
+		return input
+	}
+	var items []struct {
+		Content json.RawMessage `json:"content"`
+	}
+	_ = json.Unmarshal(raw, &items)
+	var input []string
+	for _, it := range items {
+		input = append(input, texts(it.Content)...)
+	}
+	return input
 }
 
 // streamResponse writes a response's events as vLLM streams them: created,

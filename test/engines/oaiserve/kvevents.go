@@ -183,7 +183,7 @@ func (s *Server) sendLocked(rank int, events []any) {
 	if l := s.opts.KVEvents.Layout; l == LayoutArray || l == LayoutSGLang {
 		batch = []any{ts, events, rank}
 	} else {
-		batch = orderedMap{{"ts", ts}, {"events", events}, {"data_parallel_rank", rank}}
+		batch = OrderedMap{{"ts", ts}, {"events", events}, {"data_parallel_rank", rank}}
 	}
 	b, err := msgpack.Marshal(batch)
 	if err != nil {
@@ -203,9 +203,9 @@ func tagged(layout Layout, tag string, fields [][2]any) any {
 		return a
 	}
 	if fields == nil {
-		return orderedMap{{"type", tag}}
+		return OrderedMap{{"type", tag}}
 	}
-	return append(orderedMap{{"type", tag}}, fields...)
+	return append(OrderedMap{{"type", tag}}, fields...)
 }
 
 // hashValues are the blocks' ExternalBlockHash: bytes in the map layout,
@@ -223,12 +223,12 @@ func hashValues(layout Layout, hs []blockHash) []any {
 	return out
 }
 
-// orderedMap encodes as a msgpack map with its keys in this order, as
+// OrderedMap encodes as a msgpack map with its keys in this order, as
 // msgspec writes a struct's fields.
-type orderedMap [][2]any
+type OrderedMap [][2]any
 
 // EncodeMsgpack implements msgpack.CustomEncoder.
-func (m orderedMap) EncodeMsgpack(e *msgpack.Encoder) error {
+func (m OrderedMap) EncodeMsgpack(e *msgpack.Encoder) error {
 	if err := e.EncodeMapLen(len(m)); err != nil {
 		return err
 	}

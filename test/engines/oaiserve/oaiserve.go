@@ -394,36 +394,8 @@ func (s *Server) badRequest(w http.ResponseWriter, msg string) {
 }
 
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 32<<20))
-	if err != nil {
-		s.badRequest(w, err.Error())
-		return
-	}
-	var req request
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
-		s.badRequest(w, "invalid JSON: "+err.Error())
-		return
-	}
-	fields := make([]string, 0, len(top))
-	for k := range top {
-		fields = append(fields, k)
-	}
-	sort.Strings(fields)
-	if err := json.Unmarshal(body, &req); err != nil {
-		s.badRequest(w, "invalid JSON: "+err.Error())
-		return
-	}
-	adapter, known := s.adapterOf(req.Model)
-	if s.opts.Engine == SGLang {
-		var msg string
-		if adapter, msg = s.sglangAdapter(req.Model, top); msg != "" {
-			s.badRequest(w, msg)
-			return
-		}
-	} else if !known {
-		// vllm/entrypoints/openai/serving_engine.py _check_model.
-		writeJSON(w, http.StatusNotFound, s.errorBody(http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model)))
+	req, top, fields, adapter, ok := s.decode(w, r)
+	if !ok {
 		return
 	}
 	tokens, last, msg := promptOf(req, chat)
@@ -450,25 +422,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	if !ok {
 		return
 	}
-
-	s.mu.Lock()
-	s.running[rank]++
-	s.startAdapterLocked(rank, adapter)
-	var cached int
-	var src sources
-	if h.received() {
-		cached, src = s.receivedLocked(rank, adapter, tokens, h)
-	} else {
-		cached = s.cacheLocked(rank, adapter, tokens)
-		src = sources{cacheHit: cached, compute: len(tokens) - cached}
-	}
-	s.prompted[rank] += int64(len(tokens))
-	s.addSourcesLocked(rank, src)
-	s.served = append(s.served, Served{Path: r.URL.Path, Rank: rank, Header: header, LastUser: last,
-		PromptTokens: len(tokens), CachedTokens: cached, Stream: req.Stream, Fields: fields,
-		Computed: src.compute, Transferred: src.external, Handoff: h.name(), KVMismatch: h.mismatch()})
-	h.prefilledLocked(s, rank, tokens)
-	s.mu.Unlock()
+	cached := s.admit(r, req, rank, header, adapter, last, tokens, fields, h)
 	defer func() {
 		s.mu.Lock()
 		s.running[rank]--
@@ -486,6 +440,69 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		served = adapter // vLLM answers with the adapter's name as the model
 	}
 	s.respond(w, req, chat, served, len(tokens), cached, maxTokens, h)
+}
+
+// decode reads a completions or chat request: its body, its top-level
+// fields (sorted names), and the adapter its model names; ok is false when
+// it answered an error (a bad body, an unknown model).
+func (s *Server) decode(w http.ResponseWriter, r *http.Request) (req request, top map[string]json.RawMessage, fields []string, adapter string, ok bool) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 32<<20))
+	if err != nil {
+		s.badRequest(w, err.Error())
+		return req, nil, nil, "", false
+	}
+	if err := json.Unmarshal(body, &top); err != nil {
+		s.badRequest(w, "invalid JSON: "+err.Error())
+		return req, nil, nil, "", false
+	}
+	fields = make([]string, 0, len(top))
+	for k := range top {
+		fields = append(fields, k)
+	}
+	sort.Strings(fields)
+	if err := json.Unmarshal(body, &req); err != nil {
+		s.badRequest(w, "invalid JSON: "+err.Error())
+		return req, nil, nil, "", false
+	}
+	adapter, known := s.adapterOf(req.Model)
+	if s.opts.Engine == SGLang {
+		var msg string
+		if adapter, msg = s.sglangAdapter(req.Model, top); msg != "" {
+			s.badRequest(w, msg)
+			return req, nil, nil, "", false
+		}
+	} else if !known {
+		// vllm/entrypoints/openai/serving_engine.py _check_model.
+		writeJSON(w, http.StatusNotFound, s.errorBody(http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model)))
+		return req, nil, nil, "", false
+	}
+	return req, top, fields, adapter, true
+}
+
+// admit runs the request on rank: counts it running (the caller ends it),
+// takes its prompt's cached tokens (or those its prefill server handed
+// over), records what it computed and how it was served, and returns the
+// cached tokens.
+func (s *Server) admit(r *http.Request, req request, rank int, header, adapter, last string, tokens []uint32, fields []string, h *handoff) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.running[rank]++
+	s.startAdapterLocked(rank, adapter)
+	var cached int
+	var src sources
+	if h.received() {
+		cached, src = s.receivedLocked(rank, adapter, tokens, h)
+	} else {
+		cached = s.cacheLocked(rank, adapter, tokens)
+		src = sources{cacheHit: cached, compute: len(tokens) - cached}
+	}
+	s.prompted[rank] += int64(len(tokens))
+	s.addSourcesLocked(rank, src)
+	s.served = append(s.served, Served{Path: r.URL.Path, Rank: rank, Header: header, LastUser: last,
+		PromptTokens: len(tokens), CachedTokens: cached, Stream: req.Stream, Fields: fields,
+		Computed: src.compute, Transferred: src.external, Handoff: h.name(), KVMismatch: h.mismatch()})
+	h.prefilledLocked(s, rank, tokens)
+	return cached
 }
 
 // respond writes the answer: one JSON object, or the SSE stream (a role

@@ -349,40 +349,10 @@ func (s *Stack) startEdges(ctx context.Context, m map[string]any, peers []string
 	}
 	s.Edges = make([]*edge.Edge, 3)
 	for i := range 3 {
-		c := DeepCopy(m).(map[string]any)
-		c["hostname"], c["port"] = "127.0.0.1", 0
-		cl := c["cluster"].(map[string]any)
-		cl["node_id"] = peers[i]
-		cl["bind_addr"], cl["advertise_addr"] = addrs[i], addrs[i]
-		cl["data_dir"] = filepath.Join(dir, peers[i])
-		var ps []any
-		for j := range 3 {
-			ps = append(ps, map[string]any{"id": peers[j], "addr": addrs[j]})
-		}
-		cl["peers"] = ps
-		if tg, ok := c["trusted_gateway"].(map[string]any); ok {
-			tg["cidrs"] = []any{"127.0.0.0/8"}
-		}
-		for _, f := range fleets(c) {
-			if tok, _ := f.m["tokenizer"].(string); strings.HasPrefix(tok, "hf:") {
-				// The model's directory is not here; the words
-				// tokenizer stands in (hf: tokenizers are tested by
-				// edge/tokenize/tokenize_test.go).
-				f.m["tokenizer"] = "words"
-			}
-		}
-		if o.EdgeConfig != nil {
-			o.EdgeConfig(c)
-		}
-		b, err := yaml.Marshal(c)
+		cfg, err := edgeConfig(m, i, peers, addrs, dir, o)
 		if err != nil {
 			return err
 		}
-		cfg, err := edge.ParseConfig(b)
-		if err != nil {
-			return fmt.Errorf("edge %d from the example: %w\n%s", i+1, err, b)
-		}
-		cfg.Telemetry.ProbeInterval = min(cfg.Telemetry.ProbeInterval, 200*time.Millisecond)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return err
@@ -414,6 +384,46 @@ func (s *Stack) startEdges(ctx context.Context, m map[string]any, peers []string
 		timeout = 60 * time.Second
 	}
 	return s.waitReady(ctx, timeout)
+}
+
+// edgeConfig is edge i's configuration: the example m with its cluster
+// section on loopback (peers at addrs, its data dir below dir), the
+// trusted gateway on loopback, the words tokenizer for a model's own
+// tokenizer (its directory is not here), and the caller's EdgeConfig.
+func edgeConfig(m map[string]any, i int, peers, addrs []string, dir string, o Options) (edge.Config, error) {
+	c := DeepCopy(m).(map[string]any)
+	c["hostname"], c["port"] = "127.0.0.1", 0
+	cl := c["cluster"].(map[string]any)
+	cl["node_id"] = peers[i]
+	cl["bind_addr"], cl["advertise_addr"] = addrs[i], addrs[i]
+	cl["data_dir"] = filepath.Join(dir, peers[i])
+	var ps []any
+	for j := range peers {
+		ps = append(ps, map[string]any{"id": peers[j], "addr": addrs[j]})
+	}
+	cl["peers"] = ps
+	if tg, ok := c["trusted_gateway"].(map[string]any); ok {
+		tg["cidrs"] = []any{"127.0.0.0/8"}
+	}
+	for _, f := range fleets(c) {
+		if tok, _ := f.m["tokenizer"].(string); strings.HasPrefix(tok, "hf:") {
+			// hf: tokenizers are tested by edge/tokenize/tokenize_test.go.
+			f.m["tokenizer"] = "words"
+		}
+	}
+	if o.EdgeConfig != nil {
+		o.EdgeConfig(c)
+	}
+	b, err := yaml.Marshal(c)
+	if err != nil {
+		return edge.Config{}, err
+	}
+	cfg, err := edge.ParseConfig(b)
+	if err != nil {
+		return edge.Config{}, fmt.Errorf("edge %d from the example: %w\n%s", i+1, err, b)
+	}
+	cfg.Telemetry.ProbeInterval = min(cfg.Telemetry.ProbeInterval, 200*time.Millisecond)
+	return cfg, nil
 }
 
 // waitReady waits for one Raft group of three voters with a leader and
@@ -517,53 +527,11 @@ func StartEmulated(ctx context.Context, text string, o Options) (*Stack, error) 
 	s.nats = ns
 	fs := fleets(m)
 	for _, f := range fs {
-		fleetName := telemetry.FleetContext
-		if f.key == "generation_servers" {
-			fleetName = telemetry.FleetGeneration
-		}
-		ranks := max(f.dp, 1)
 		for i := range f.urls {
-			_, name := entry(f, i)
-			wc := worker.DefaultConfig()
-			wc.InstanceID, wc.Model, wc.Fleet = name, s.Model, fleetName
-			wc.InternalRequestAuthKey = internalKey
-			wc.Hostname, wc.Port = "127.0.0.1", 0
-			wc.NATS.URLs = []string{ns.ClientURL()}
-			wc.TelemetryInterval = 100 * time.Millisecond
-			wc.Ranks = ranks
-			wc.ADP.EnableAttentionDP = ranks > 1
-			wc.ADP.AttentionDP.ConversationAffinity = true
-			wc.Engine.Type = "proxy"
-			wc.Engine.EmulateDisaggregation = true
-			wc.Engine.BlockSize = max(f.bs, 1)
-			var pubs, replays []string
-			for r := range ranks {
-				srv, err := s.startServer(f.engine, fmt.Sprintf("%s-rank-%d", name, r), 1, f.bs, true, nil, o)
-				if err != nil {
-					s.Close()
-					return nil, err
-				}
-				wc.Engine.Upstreams = append(wc.Engine.Upstreams, srv.URL())
-				wc.Engine.UpstreamMetrics = append(wc.Engine.UpstreamMetrics, srv.URL()+"/metrics")
-				pub, replay := srv.KVEventsEndpoints()
-				pubs, replays = append(pubs, pub), append(replays, replay)
-			}
-			wc.Engine.KVEvents = worker.KVEventsConfig{Format: f.engine, Endpoints: pubs, ReplayEndpoints: replays, PollInterval: wc.Engine.KVEvents.PollInterval}
-			if o.Logger != nil {
-				wc.Logger = o.Logger.With("worker", name)
-			} else {
-				wc.Logger = slog.New(slog.DiscardHandler)
-			}
-			w, err := worker.New(wc)
-			if err != nil {
+			if err := s.startProxyWorker(ctx, f, i, o); err != nil {
 				s.Close()
-				return nil, fmt.Errorf("worker %s: %w", name, err)
+				return nil, err
 			}
-			if err := w.Start(ctx); err != nil {
-				s.Close()
-				return nil, fmt.Errorf("worker %s: %w", name, err)
-			}
-			s.workers = append(s.workers, w)
 		}
 		// The edges find the workers over NATS: tether workers, no URLs.
 		f.m["engine"] = "tether"
@@ -580,6 +548,55 @@ func StartEmulated(ctx context.Context, text string, o Options) (*Stack, error) 
 		return nil, err
 	}
 	return s, nil
+}
+
+// startProxyWorker starts the tether worker in proxy mode that stands for
+// server i of fleet f: one emulated engine server per data-parallel rank as
+// its upstreams, their KV events read, registered over the stack's NATS.
+func (s *Stack) startProxyWorker(ctx context.Context, f fleet, i int, o Options) error {
+	fleetName := telemetry.FleetContext
+	if f.key == "generation_servers" {
+		fleetName = telemetry.FleetGeneration
+	}
+	ranks := max(f.dp, 1)
+	_, name := entry(f, i)
+	wc := worker.DefaultConfig()
+	wc.InstanceID, wc.Model, wc.Fleet = name, s.Model, fleetName
+	wc.InternalRequestAuthKey = internalKey
+	wc.Hostname, wc.Port = "127.0.0.1", 0
+	wc.NATS.URLs = []string{s.nats.ClientURL()}
+	wc.TelemetryInterval = 100 * time.Millisecond
+	wc.Ranks = ranks
+	wc.ADP.EnableAttentionDP = ranks > 1
+	wc.ADP.AttentionDP.ConversationAffinity = true
+	wc.Engine.Type = "proxy"
+	wc.Engine.EmulateDisaggregation = true
+	wc.Engine.BlockSize = max(f.bs, 1)
+	var pubs, replays []string
+	for r := range ranks {
+		srv, err := s.startServer(f.engine, fmt.Sprintf("%s-rank-%d", name, r), 1, f.bs, true, nil, o)
+		if err != nil {
+			return err
+		}
+		wc.Engine.Upstreams = append(wc.Engine.Upstreams, srv.URL())
+		wc.Engine.UpstreamMetrics = append(wc.Engine.UpstreamMetrics, srv.URL()+"/metrics")
+		pub, replay := srv.KVEventsEndpoints()
+		pubs, replays = append(pubs, pub), append(replays, replay)
+	}
+	wc.Engine.KVEvents = worker.KVEventsConfig{Format: f.engine, Endpoints: pubs, ReplayEndpoints: replays, PollInterval: wc.Engine.KVEvents.PollInterval}
+	wc.Logger = slog.New(slog.DiscardHandler)
+	if o.Logger != nil {
+		wc.Logger = o.Logger.With("worker", name)
+	}
+	w, err := worker.New(wc)
+	if err != nil {
+		return fmt.Errorf("worker %s: %w", name, err)
+	}
+	if err := w.Start(ctx); err != nil {
+		return fmt.Errorf("worker %s: %w", name, err)
+	}
+	s.workers = append(s.workers, w)
+	return nil
 }
 
 // DeepCopy copies a decoded YAML value (maps and lists all the way down).

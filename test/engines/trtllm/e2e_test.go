@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/test/clustertest"
@@ -63,39 +61,33 @@ func startStandInWith(t *testing.T, cfg Config) *standIn {
 // (probe /health, TensorRT-LLM signatures), sub-agent affinity on.
 func startEdges(t *testing.T, n int, ctx, gen []*standIn, mutate ...func(*edge.Config)) []*edge.Edge {
 	t.Helper()
-	g := clustertest.New[edgetest.Member](t, clustertest.Options{N: n, ID: func(i int) string { return fmt.Sprintf("edge-%d", i+1) }, ParallelClose: true})
-	ms := g.Members()
-	peers := edgetest.Peers(ms)
-	cfgs := make([]edge.Config, n)
-	for i, m := range ms {
-		cfg := edge.DefaultConfig()
-		cfg.Model = testModel
-		cfg.Hostname, cfg.Port = "127.0.0.1", 0
-		cfg.ParentHeader = parentHeader
-		cfg.InternalRequestAuthKey = testKey
-		cfg.DebugRouteHeader = true
-		cfg.Telemetry.ProbeInterval = 100 * time.Millisecond
-		cfg.ContextServers.Engine, cfg.GenerationServers.Engine = edge.EngineTRTLLM, edge.EngineTRTLLM
-		for _, s := range ctx {
-			cfg.ContextServers.URLs = append(cfg.ContextServers.URLs, edge.StaticInstance{Name: s.name, URL: s.url})
-		}
-		for _, s := range gen {
-			cfg.GenerationServers.URLs = append(cfg.GenerationServers.URLs, edge.StaticInstance{Name: s.name, URL: s.url})
-		}
-		cfg.Cluster = edge.ClusterConfig{
-			Settings: cluster.Settings{NodeID: m.ID, DataDir: m.DataDir, Bootstrap: true, Peers: peers, BindAddr: m.Addr, ProposeTimeout: 2 * time.Second},
-		}
-		for _, m := range mutate {
-			m(&cfg)
-		}
-		if err := cfg.Validate(); err != nil {
-			t.Fatal(err)
-		}
-		cfgs[i] = cfg
-	}
-	g.StartAll(func(i int, ln net.Listener) (edgetest.Member, error) {
-		deps := edge.Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(), Version: "test"}
-		return edgetest.Start(cfgs[i], deps, ln, 20*time.Second)
+	g := edgetest.StartGroup(t, edgetest.GroupOptions{
+		Options: clustertest.Options{N: n, ID: func(i int) string { return fmt.Sprintf("edge-%d", i+1) }, ParallelClose: true},
+		Config: func(int, clustertest.Member) edge.Config {
+			cfg := edge.DefaultConfig()
+			cfg.Model = testModel
+			cfg.Hostname, cfg.Port = "127.0.0.1", 0
+			cfg.ParentHeader = parentHeader
+			cfg.InternalRequestAuthKey = testKey
+			cfg.DebugRouteHeader = true
+			cfg.Telemetry.ProbeInterval = 100 * time.Millisecond
+			cfg.ContextServers.Engine, cfg.GenerationServers.Engine = edge.EngineTRTLLM, edge.EngineTRTLLM
+			for _, s := range ctx {
+				cfg.ContextServers.URLs = append(cfg.ContextServers.URLs, edge.StaticInstance{Name: s.name, URL: s.url})
+			}
+			for _, s := range gen {
+				cfg.GenerationServers.URLs = append(cfg.GenerationServers.URLs, edge.StaticInstance{Name: s.name, URL: s.url})
+			}
+			cfg.Cluster.ProposeTimeout = 2 * time.Second
+			for _, m := range mutate {
+				m(&cfg)
+			}
+			return cfg
+		},
+		Deps: func(int, clustertest.Member) edge.Deps {
+			return edge.Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(), Version: "test"}
+		},
+		StartTimeout: 20 * time.Second,
 	})
 	edges := edgetest.Edges(g)
 	waitFor(t, "a leader and every stand-in healthy on every edge", 20*time.Second, func() bool {

@@ -2,7 +2,6 @@ package trtllm
 
 import (
 	"bytes"
-	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -16,10 +15,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
+	"github.com/tether-project/tether/test/workertest"
 	"github.com/tether-project/tether/worker"
 )
 
@@ -159,21 +158,7 @@ func startTetherWorker(t *testing.T, id string, fleet telemetry.Fleet, role hint
 	cfg.Ranks = 4
 	cfg.Engine.TimeScale = 0
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := worker.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.Close(ctx)
-	})
-	return s
+	return workertest.Start(t, worker.New, cfg)
 }
 
 // A TensorRT-LLM-style disaggregated server in front of tether workers:

@@ -141,21 +141,8 @@ func (e *Engine) Close() error {
 
 // Run executes req; see engine.Engine.
 func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.Chunk) error) (engine.Completion, error) {
-	select {
-	case <-e.closed:
-		return engine.Completion{}, ErrClosed
-	default:
-	}
-	if err := ctx.Err(); err != nil {
+	if err := e.check(ctx, req); err != nil {
 		return engine.Completion{}, err
-	}
-	if req.Rank < 0 || req.Rank >= len(e.ranks) {
-		return engine.Completion{}, fmt.Errorf("sim: request %s: rank %d, the engine has ranks 0..%d: %w",
-			req.ID, req.Rank, len(e.ranks)-1, ErrInvalidRequest)
-	}
-	if req.MaxTokens < 1 {
-		return engine.Completion{}, fmt.Errorf("sim: request %s: max tokens must be at least 1, got %d: %w",
-			req.ID, req.MaxTokens, ErrInvalidRequest)
 	}
 	vreq, seed, err := e.prepare(req)
 	if err != nil {
@@ -170,25 +157,11 @@ func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.C
 		plan = &pl
 		vreq.OutputTokens = pl.tokens()
 	}
-
 	rd := e.ranks[req.Rank]
-	rd.mu.Lock()
-	res, err := rd.vr.Admit(e.now(), vreq)
+	res, err := e.admit(rd, req.Rank, vreq)
 	if err != nil {
-		rd.mu.Unlock()
 		return engine.Completion{}, fmt.Errorf("sim: request %s: %w", req.ID, err)
 	}
-	hasEvent := len(res.Stored) > 0 || len(res.Removed) > 0
-	var eventSeq uint64
-	if hasEvent {
-		eventSeq = rd.nextEvent
-		rd.nextEvent++
-	}
-	rd.mu.Unlock()
-	if hasEvent {
-		rd.publish(eventSeq, e.sink.Load(), engine.KVEvent{Rank: req.Rank, Stored: res.Stored, Removed: res.Removed})
-	}
-
 	c := engine.Completion{
 		PromptTokens:     vreq.PromptTokens,
 		CachedTokens:     res.CachedTokens,
@@ -224,6 +197,50 @@ func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.C
 		}.encode()
 	}
 	return c, nil
+}
+
+// check refuses a request the engine cannot run: closed, cancelled, on a
+// rank it does not have, or asking for no token.
+func (e *Engine) check(ctx context.Context, req engine.Request) error {
+	select {
+	case <-e.closed:
+		return ErrClosed
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if req.Rank < 0 || req.Rank >= len(e.ranks) {
+		return fmt.Errorf("sim: request %s: rank %d, the engine has ranks 0..%d: %w",
+			req.ID, req.Rank, len(e.ranks)-1, ErrInvalidRequest)
+	}
+	if req.MaxTokens < 1 {
+		return fmt.Errorf("sim: request %s: max tokens must be at least 1, got %d: %w",
+			req.ID, req.MaxTokens, ErrInvalidRequest)
+	}
+	return nil
+}
+
+// admit schedules vreq on rank rd and publishes the KV event its admission
+// makes (blocks stored and evicted), in the rank's event order.
+func (e *Engine) admit(rd *rankDriver, rank int, vreq VirtualRequest) (VirtualResult, error) {
+	rd.mu.Lock()
+	res, err := rd.vr.Admit(e.now(), vreq)
+	if err != nil {
+		rd.mu.Unlock()
+		return res, err
+	}
+	hasEvent := len(res.Stored) > 0 || len(res.Removed) > 0
+	var eventSeq uint64
+	if hasEvent {
+		eventSeq = rd.nextEvent
+		rd.nextEvent++
+	}
+	rd.mu.Unlock()
+	if hasEvent {
+		rd.publish(eventSeq, e.sink.Load(), engine.KVEvent{Rank: rank, Stored: res.Stored, Removed: res.Removed})
+	}
+	return res, nil
 }
 
 // publish delivers event number seq of the rank after all earlier ones.

@@ -118,25 +118,10 @@ func (r *VirtualRank) Admit(now time.Duration, req VirtualRequest) (VirtualResul
 	if start, loaded = r.acquireAdapter(req.Adapter, start); loaded {
 		start += r.cfg.LoRALoadTime // the load holds the rank before the prefill
 	}
-	var (
-		hit             int
-		stored, removed []uint64
-		err             error
-	)
-	for {
-		hit, stored, removed, err = r.cache.Acquire(req.Hashes)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, kvcache.ErrNoSpace) || len(r.pending) == 0 {
-			return VirtualResult{}, fmt.Errorf("rank %d: acquire: %w", r.rank, err)
-		}
-		// Wait for the next running request to finish and free its blocks.
-		next := heap.Pop(&r.pending).(*admitted)
-		r.release(next)
-		start = max(start, next.doneAt)
+	hit, stored, removed, start, err := r.acquire(req.Hashes, start)
+	if err != nil {
+		return VirtualResult{}, err
 	}
-
 	res := VirtualResult{ArrivalAt: now, StartAt: start, Stored: stored, Removed: removed, LoadedAdapter: loaded}
 	if loaded {
 		res.AdapterLoad = r.cfg.LoRALoadTime
@@ -144,6 +129,44 @@ func (r *VirtualRank) Admit(now time.Duration, req VirtualRequest) (VirtualResul
 	res.CachedTokens = min(hit*r.cfg.BlockSize, req.PromptTokens)
 	occupancy := float64(r.cache.Used()) / float64(r.cache.Capacity())
 	res.TokenTime = r.cfg.tokenTime(occupancy)
+	r.times(&res, req, start)
+	if usesPrefill {
+		r.prefillFreeAt = res.FirstTokenAt
+	}
+	r.window.record(start, int64(req.PromptTokens), int64(res.CachedTokens))
+	r.seq++
+	res.id = r.seq
+	heap.Push(&r.pending, &admitted{
+		id: r.seq, doneAt: res.DoneAt, startAt: start, firstTokenAt: res.FirstTokenAt,
+		promptTokens: req.PromptTokens, hashes: req.Hashes, usesPrefill: usesPrefill, adapter: req.Adapter,
+	})
+	r.lora.hold(req.Adapter)
+	return res, nil
+}
+
+// acquire takes the KV blocks of a prompt from start on: when the rank has
+// no space, it waits for the running requests to finish one by one, in the
+// order they end, and frees their blocks. It returns the blocks hit, the
+// blocks stored and evicted, and when the request can start.
+func (r *VirtualRank) acquire(hashes []uint64, start time.Duration) (hit int, stored, removed []uint64, at time.Duration, err error) {
+	for {
+		hit, stored, removed, err = r.cache.Acquire(hashes)
+		if err == nil {
+			return hit, stored, removed, start, nil
+		}
+		if !errors.Is(err, kvcache.ErrNoSpace) || len(r.pending) == 0 {
+			return 0, nil, nil, start, fmt.Errorf("rank %d: acquire: %w", r.rank, err)
+		}
+		// Wait for the next running request to finish and free its blocks.
+		next := heap.Pop(&r.pending).(*admitted)
+		r.release(next)
+		start = max(start, next.doneAt)
+	}
+}
+
+// times fills res's phases for req starting at start: the transfer or the
+// prefill to the first token, then one decode step per further token.
+func (r *VirtualRank) times(res *VirtualResult, req VirtualRequest, start time.Duration) {
 	switch req.Phase {
 	case engine.PhaseGenerationOnly:
 		res.TransferTokens = req.PromptTokens - res.CachedTokens
@@ -159,25 +182,12 @@ func (r *VirtualRank) Admit(now time.Duration, req VirtualRequest) (VirtualResul
 		res.FirstTokenAt = start + res.Prefill
 		res.CompletionTokens = req.OutputTokens
 	}
-	if usesPrefill {
-		r.prefillFreeAt = res.FirstTokenAt
-	}
 	// The first token comes out of prefill (or, generation-only, from the
 	// context side); each further token is one decode step.
 	res.Decode = time.Duration(res.CompletionTokens-1) * res.TokenTime
 	res.DoneAt = res.FirstTokenAt + res.Decode
-	res.Queue = start - now
-	res.TTFT = res.FirstTokenAt - now
-
-	r.window.record(start, int64(req.PromptTokens), int64(res.CachedTokens))
-	r.seq++
-	res.id = r.seq
-	heap.Push(&r.pending, &admitted{
-		id: r.seq, doneAt: res.DoneAt, startAt: start, firstTokenAt: res.FirstTokenAt,
-		promptTokens: req.PromptTokens, hashes: req.Hashes, usesPrefill: usesPrefill, adapter: req.Adapter,
-	})
-	r.lora.hold(req.Adapter)
-	return res, nil
+	res.Queue = start - res.ArrivalAt
+	res.TTFT = res.FirstTokenAt - res.ArrivalAt
 }
 
 func validateVirtual(req VirtualRequest) error {

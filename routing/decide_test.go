@@ -1,4 +1,4 @@
-package decide
+package routing
 
 import (
 	"context"
@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/kvindex"
+	"github.com/tether-project/tether/routing/overload"
 )
 
-var t0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+var tDecide = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // machineLog is a log of one fsm.Machine: proposals commit at once (or fail
 // with ErrUnavailable while down). Another edge's Bind can be slipped in
@@ -58,7 +58,7 @@ func (l *machineLog) apply(ev fsm.Event) (fsm.Result, error) {
 		return fsm.Result{}, err
 	}
 	l.index++
-	rs, err := l.m.Apply(fsm.Entry{Index: l.index, Time: t0.UnixNano(), Data: data})
+	rs, err := l.m.Apply(fsm.Entry{Index: l.index, Time: tDecide.UnixNano(), Data: data})
 	if err != nil {
 		return fsm.Result{}, err
 	}
@@ -101,25 +101,25 @@ func (r *queueRecorder) Touch(k fsm.FleetKey)   { r.touched = append(r.touched, 
 func (r *queueRecorder) TouchLink(child string) { r.links = append(r.links, child) }
 
 type staticFleet struct {
-	views    []routing.InstanceView
+	views    []InstanceView
 	fresh    bool
 	excluded [][]string
 }
 
-func (f *staticFleet) Views(_ time.Time, exclude []string) *routing.Views {
+func (f *staticFleet) Views(_ time.Time, exclude []string) *Views {
 	f.excluded = append(f.excluded, exclude)
-	return viewsOf(f.views, func(v *routing.InstanceView) bool { return slices.Contains(exclude, v.ID) })
+	return viewsOf(f.views, func(v *InstanceView) bool { return slices.Contains(exclude, v.ID) })
 }
 
 // viewsOf is views with the instances down marks unhealthy.
-func viewsOf(views []routing.InstanceView, down func(*routing.InstanceView) bool) *routing.Views {
-	vs := append([]routing.InstanceView(nil), views...)
+func viewsOf(views []InstanceView, down func(*InstanceView) bool) *Views {
+	vs := append([]InstanceView(nil), views...)
 	for i := range vs {
 		if down(&vs[i]) {
 			vs[i].Healthy = false
 		}
 	}
-	v, err := routing.NewViews(vs)
+	v, err := NewViews(vs)
 	if err != nil {
 		panic(err)
 	}
@@ -133,10 +133,10 @@ func (f *staticFleet) StateCurrent(time.Time) (bool, string) {
 	return false, "state not known current"
 }
 
-func idle(ids ...string) []routing.InstanceView {
-	out := make([]routing.InstanceView, len(ids))
+func idleViews(ids ...string) []InstanceView {
+	out := make([]InstanceView, len(ids))
 	for i, id := range ids {
-		out[i] = routing.InstanceView{ID: id, Fleet: fsm.FleetContext, URL: "http://" + id, Healthy: true, Ranks: 1, VerifiesHints: true}
+		out[i] = InstanceView{ID: id, Fleet: fsm.FleetContext, URL: "http://" + id, Healthy: true, Ranks: 1, VerifiesHints: true}
 	}
 	return out
 }
@@ -208,38 +208,38 @@ type rig struct {
 	own    *ownPlacements
 	fleet  *staticFleet
 	d      *Decider
-	router *routing.Router
+	router *Router
 }
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
-	cfg := routing.DefaultConfig()
-	cfg.Type = routing.RouterConversation
-	router, err := routing.NewRouter(cfg)
+	cfg := DefaultConfig()
+	cfg.Type = RouterConversation
+	router, err := NewRouter(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{log: newMachineLog(t, "a", "b", "c"), rec: &queueRecorder{}, fleet: &staticFleet{views: idle("a", "b", "c"), fresh: true}, router: router}
+	r := &rig{log: newMachineLog(t, "a", "b", "c"), rec: &queueRecorder{}, fleet: &staticFleet{views: idleViews("a", "b", "c"), fresh: true}, router: router}
 	r.own = &ownPlacements{log: r.log}
-	r.d = &Decider{Log: r.log, Recorder: r.rec, Placements: r.own, Fleet: r.fleet, Overload: routing.NewOverloadTracker()}
+	r.d = &Decider{Log: r.log, Recorder: r.rec, Placements: r.own, Fleet: r.fleet, Overload: overload.NewTracker()}
 	return r
 }
 
-func req(key string) routing.Request {
-	return routing.Request{Fleet: fsm.FleetContext, Key: key, ConversationID: key, RequestID: key + "#1", Edge: "e1", Now: t0,
-		Spread: routing.SpreadFor(key + "#1")}
+func req(key string) Request {
+	return Request{Fleet: fsm.FleetContext, Key: key, ConversationID: key, RequestID: key + "#1", Edge: "e1", Now: tDecide,
+		Spread: SpreadFor(key + "#1")}
 }
 
 func TestNewKeyBindsThenSticks(t *testing.T) {
 	r := newRig(t)
-	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	h, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil {
 		t.Fatal(fail)
 	}
 	if h.Outcome != OutcomeNewBind || !h.Bound || h.Binding.Instance != h.Instance || len(r.log.events) != 1 {
 		t.Fatalf("first request: %+v, log %v", h, r.log.events)
 	}
-	again, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	again, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil {
 		t.Fatal(fail)
 	}
@@ -254,7 +254,7 @@ func TestNewKeyBindsThenSticks(t *testing.T) {
 // request itself waits and goes to the winner.
 func TestRacingBindUsesTheCommittedWinner(t *testing.T) {
 	probe := newRig(t)
-	h, fail := probe.d.Route(context.Background(), probe.router, req("conv"), nil)
+	h, fail := probe.d.Decide(context.Background(), probe.router, req("conv"), nil)
 	if fail != nil {
 		t.Fatal(fail)
 	}
@@ -266,7 +266,7 @@ func TestRacingBindUsesTheCommittedWinner(t *testing.T) {
 		r := newRig(t)
 		r.d.CommitFirst = commitFirst
 		r.log.race = fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: other}
-		got, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+		got, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 		if fail != nil {
 			t.Fatal(fail)
 		}
@@ -276,7 +276,7 @@ func TestRacingBindUsesTheCommittedWinner(t *testing.T) {
 		case !commitFirst && (got.Instance != h.Instance || got.Outcome != OutcomeNewBind || !got.Speculative):
 			t.Fatalf("speculative: got %+v, want a new bind on %s dispatched at once", got, h.Instance)
 		}
-		next, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+		next, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 		if fail != nil || next.Instance != other || next.Outcome != OutcomeSticky {
 			t.Fatalf("next request %+v %v, want sticky on the winner %s", next, fail, other)
 		}
@@ -290,7 +290,7 @@ func TestRacingBindUsesTheCommittedWinner(t *testing.T) {
 func TestOwnProposalIsNeverContradicted(t *testing.T) {
 	r := newRig(t)
 	r.own.hold = true
-	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	h, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil {
 		t.Fatal(fail)
 	}
@@ -305,7 +305,7 @@ func TestOwnProposalIsNeverContradicted(t *testing.T) {
 			r.fleet.views[i].QueuedRequests = 5
 		}
 	}
-	again, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	again, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil || again.Instance != h.Instance || again.Policy != PolicyPending || !again.Speculative || len(r.own.made) != 1 {
 		t.Fatalf("second request %+v %v, proposals %v: want it on the proposal %s", again, fail, r.own.made, h.Instance)
 	}
@@ -317,7 +317,7 @@ func TestOwnProposalIsNeverContradicted(t *testing.T) {
 	}
 	r.log.race = fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: other}
 	r.own.settle("conv")
-	third, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	third, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil || third.Instance != other || third.Outcome != OutcomeSticky || third.Speculative {
 		t.Fatalf("after the answer: %+v %v, want sticky on the winner %s", third, fail, other)
 	}
@@ -328,7 +328,7 @@ func TestOwnProposalIsNeverContradicted(t *testing.T) {
 func TestSettledAnswerRulesBeforeTheReplicaApplies(t *testing.T) {
 	r := newRig(t)
 	r.own.hold = true
-	h, _ := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	h, _ := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	other := "a"
 	if h.Instance == "a" {
 		other = "b"
@@ -337,7 +337,7 @@ func TestSettledAnswerRulesBeforeTheReplicaApplies(t *testing.T) {
 	x.p.Settled = true
 	x.p.Result = fsm.Result{Status: fsm.StatusSuperseded, Found: true,
 		Binding: fsm.Binding{Fleet: fsm.FleetContext, Key: "conv", Instance: other, Epoch: fsm.MakeEpoch(r.log.index+5, 0)}}
-	got, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	got, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil || got.Instance != other || got.Outcome != OutcomeSticky {
 		t.Fatalf("got %+v %v, want sticky on the log's answer %s", got, fail, other)
 	}
@@ -349,13 +349,13 @@ func TestSettledAnswerRulesBeforeTheReplicaApplies(t *testing.T) {
 func TestOwnProposalUnhealthyDetoursThroughTheLog(t *testing.T) {
 	r := newRig(t)
 	r.own.hold = true
-	h, _ := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	h, _ := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	for i := range r.fleet.views {
 		if r.fleet.views[i].ID == h.Instance {
 			r.fleet.views[i].Healthy = false
 		}
 	}
-	got, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	got, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil || got.Instance == h.Instance || got.Outcome != OutcomeOverflow {
 		t.Fatalf("got %+v %v, want an overflow away from %s", got, fail, h.Instance)
 	}
@@ -374,21 +374,21 @@ func TestDegradedPlacement(t *testing.T) {
 			r.own.hold = true
 			r.log.down = why == "log down"
 			r.fleet.fresh = why != "state not current"
-			h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+			h, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 			if fail != nil {
 				t.Fatal(fail)
 			}
 			if h.Outcome != OutcomeDegraded || !h.Speculative || len(r.own.made) != 1 || r.own.made[0].Instance != h.Instance ||
-				r.own.made[0].Decision.Policy == routing.PolicyDegraded {
+				r.own.made[0].Decision.Policy == PolicyDegraded {
 				t.Fatalf("got %+v, proposals %v", h, r.own.made)
 			}
-			again, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+			again, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 			if fail != nil || again.Instance != h.Instance || again.Outcome != OutcomeDegraded {
 				t.Fatalf("second request %+v %v", again, fail)
 			}
 			hard := req("stored")
 			hard.Hard = true
-			if _, fail := r.d.Route(context.Background(), r.router, hard, nil); fail == nil || fail.Kind != FailStateUnknown {
+			if _, fail := r.d.Decide(context.Background(), r.router, hard, nil); fail == nil || fail.Kind != FailStateUnknown {
 				t.Fatalf("hard affinity: %v, want FailStateUnknown", fail)
 			}
 		})
@@ -402,23 +402,23 @@ func TestDegradedPlacement(t *testing.T) {
 func TestCommitFirstTimedOutServesTheProposal(t *testing.T) {
 	r := newRig(t)
 	r.d.CommitFirst = true
-	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	h, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil || h.Outcome != OutcomeNewBind || h.Speculative || h.Binding.Epoch == 0 {
 		t.Fatalf("committed in time: %+v %v", h, fail)
 	}
 	r2 := newRig(t)
 	r2.d.CommitFirst = true
 	r2.own.hold = true
-	h, fail = r2.d.Route(context.Background(), r2.router, req("conv"), nil)
+	h, fail = r2.d.Decide(context.Background(), r2.router, req("conv"), nil)
 	if fail != nil || h.Outcome != OutcomeDegraded || !h.Speculative || r2.own.made[0].Instance != h.Instance {
 		t.Fatalf("timed out: %+v %v, proposals %v", h, fail, r2.own.made)
 	}
-	again, fail := r2.d.Route(context.Background(), r2.router, req("conv"), nil)
+	again, fail := r2.d.Decide(context.Background(), r2.router, req("conv"), nil)
 	if fail != nil || again.Instance != h.Instance || len(r2.own.made) != 1 {
 		t.Fatalf("next request %+v %v, proposals %v", again, fail, r2.own.made)
 	}
 	r2.own.settle("conv")
-	third, fail := r2.d.Route(context.Background(), r2.router, req("conv"), nil)
+	third, fail := r2.d.Decide(context.Background(), r2.router, req("conv"), nil)
 	if fail != nil || third.Instance != h.Instance || third.Outcome != OutcomeSticky {
 		t.Fatalf("after the late commit %+v %v", third, fail)
 	}
@@ -430,7 +430,7 @@ func TestCommitFirstTimedOutServesTheProposal(t *testing.T) {
 // that cannot take the request is ignored.
 func TestHeardPlacementIsFollowed(t *testing.T) {
 	probe := newRig(t)
-	h, _ := probe.d.Route(context.Background(), probe.router, req("conv"), nil)
+	h, _ := probe.d.Decide(context.Background(), probe.router, req("conv"), nil)
 	other := "a"
 	if h.Instance == "a" {
 		other = "b"
@@ -438,7 +438,7 @@ func TestHeardPlacementIsFollowed(t *testing.T) {
 	r := newRig(t)
 	r.own.hold = true
 	r.own.heard = map[string]fsm.Bind{"conv": {Fleet: fsm.FleetContext, Key: "conv", Instance: other}}
-	got, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	got, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil || got.Instance != other || got.Policy != PolicyFollowed || got.Outcome != OutcomeNewBind ||
 		len(r.own.made) != 1 || r.own.made[0].Instance != other || r.own.made[0].Decision.Policy != PolicyFollowed {
 		t.Fatalf("got %+v %v, proposals %v: want the heard placement on %s followed and proposed", got, fail, r.own.made, other)
@@ -450,7 +450,7 @@ func TestHeardPlacementIsFollowed(t *testing.T) {
 			r2.fleet.views[i].Healthy = false
 		}
 	}
-	if got, fail := r2.d.Route(context.Background(), r2.router, req("conv"), nil); fail != nil || got.Instance == other {
+	if got, fail := r2.d.Decide(context.Background(), r2.router, req("conv"), nil); fail != nil || got.Instance == other {
 		t.Fatalf("heard placement on an unhealthy instance: %+v %v", got, fail)
 	}
 }
@@ -463,12 +463,12 @@ func TestRebindOfAnEvictedKeyIsPlacedAnew(t *testing.T) {
 	r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
 	b, _ := r.log.State().Lookup(fsm.FleetContext, "conv")
 	r.fleet.views[0].QueuedRequests = 100
-	ov := routing.NewOverloadTracker()
-	ov.Observe("a", true, t0.Add(-time.Hour))
-	ov.Observe("a", true, t0)
+	ov := overload.NewTracker()
+	ov.Observe("a", true, tDecide.Add(-time.Hour))
+	ov.Observe("a", true, tDecide)
 	r.d.Overload = ov
 	r.log.race = fsm.Evict{Fleet: fsm.FleetContext, Key: "conv", Reason: fsm.EvictTTL, Epoch: b.Epoch}
-	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	h, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil {
 		t.Fatalf("failed: %+v", fail)
 	}
@@ -499,7 +499,7 @@ func TestOverflowIsCommittedBeforeItIsServed(t *testing.T) {
 	r := newRig(t)
 	r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
 	r.fleet.views[0].QueuedRequests = 100
-	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	h, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil {
 		t.Fatal(fail)
 	}
@@ -510,7 +510,7 @@ func TestOverflowIsCommittedBeforeItIsServed(t *testing.T) {
 		t.Fatalf("committed %+v, want a→%s saturated", ov, h.Instance)
 	}
 	// The hop failed: the retry excludes it and commits before sending.
-	again, fail := r.d.Reroute(context.Background(), r.router, req("conv"), h)
+	again, fail := r.d.Decide(context.Background(), r.router, req("conv"), h)
 	if fail != nil {
 		t.Fatal(fail)
 	}
@@ -527,7 +527,7 @@ func TestUnhealthyDetourIsCommittedBeforeServing(t *testing.T) {
 	r := newRig(t)
 	r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
 	r.fleet.views[0].Healthy = false
-	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	h, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil {
 		t.Fatal(fail)
 	}
@@ -553,18 +553,18 @@ func TestOverflowTheLogCannotCommit(t *testing.T) {
 			r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
 			r.log.down, r.log.late = mode == "down", mode == "timed out"
 			r.fleet.views[0].Healthy = false
-			h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+			h, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 			if fail != nil || h.Instance != "a" || h.Outcome != OutcomeDegraded {
 				t.Fatalf("unhealthy bound instance: hop %+v, failure %+v; want a degraded stay on a", h, fail)
 			}
 			// The hop to a failed: the retry has nowhere to go unrecorded.
-			if h, fail := r.d.Reroute(context.Background(), r.router, req("conv"), h); fail == nil || fail.Kind != FailDetourUnrecorded ||
+			if h, fail := r.d.Decide(context.Background(), r.router, req("conv"), h); fail == nil || fail.Kind != FailDetourUnrecorded ||
 				fail.Instance != "a" || !errors.Is(fail.Err, ErrUnavailable) {
 				t.Fatalf("retry after a failed hop: hop %+v, failure %+v; want FailDetourUnrecorded naming a", h, fail)
 			}
 			r.log.pending = nil
 			r.fleet.views[0].Healthy, r.fleet.views[0].QueuedRequests = true, 100
-			h, fail = r.d.Route(context.Background(), r.router, req("conv"), nil)
+			h, fail = r.d.Decide(context.Background(), r.router, req("conv"), nil)
 			if fail != nil || h.Instance != "a" || h.Outcome != OutcomeSticky || len(r.rec.queued) != 0 {
 				t.Fatalf("saturated bound instance: hop %+v, failure %v, queued %v; want sticky on a", h, fail, r.rec.queued)
 			}
@@ -579,7 +579,7 @@ func TestOverflowFollowsABindingMovedMeanwhile(t *testing.T) {
 	r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
 	r.fleet.views[0].Healthy = false
 	r.log.race = fsm.Overflow{Fleet: fsm.FleetContext, Key: "conv", From: "a", To: "c", Reason: fsm.OverflowUnhealthy, Rebind: true}
-	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	h, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil {
 		t.Fatal(fail)
 	}
@@ -591,15 +591,15 @@ func TestOverflowFollowsABindingMovedMeanwhile(t *testing.T) {
 func TestFailuresAreClassified(t *testing.T) {
 	r := newRig(t)
 	r.fleet.views = nil
-	_, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
-	if fail == nil || fail.Kind != FailNoInstances || !errors.Is(fail.Err, routing.ErrNoInstances) {
+	_, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
+	if fail == nil || fail.Kind != FailNoInstances || !errors.Is(fail.Err, ErrNoInstances) {
 		t.Fatalf("empty fleet: %+v", fail)
 	}
 }
 
 func TestRecordIdentity(t *testing.T) {
 	r := newRig(t)
-	r.d.RecordIdentity(routing.Identity{ConversationID: "child", NewLink: true, Link: fsm.Link{Child: "child", Parent: "p", Root: "p"}})
+	r.d.RecordIdentity(Identity{ConversationID: "child", NewLink: true, Link: fsm.Link{Child: "child", Parent: "p", Root: "p"}})
 	if len(r.rec.queued) != 1 {
 		t.Fatalf("new link: queued %v", r.rec.queued)
 	}
@@ -615,24 +615,24 @@ func TestSilentInstancesAreUsedWhenNoneIsHealthy(t *testing.T) {
 	for i := range r.fleet.views {
 		r.fleet.views[i].Healthy, r.fleet.views[i].Silent = false, true
 	}
-	h, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	h, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil || h.Outcome != OutcomeNewBind || h.Degraded != "" || !h.TelemetryLate {
 		t.Fatalf("new key: %+v %v, want a new placement among the silent instances, not degraded", h, fail)
 	}
 	r.own.settle("conv")
-	again, fail := r.d.Route(context.Background(), r.router, req("conv"), nil)
+	again, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil || again.Instance != h.Instance || again.Outcome != OutcomeSticky || again.Degraded != "" || !again.TelemetryLate {
 		t.Fatalf("bound key: %+v %v, want a sticky stay on %s marked telemetry-late", again, fail, h.Instance)
 	}
 	hard := req("stored")
 	hard.Hard = true
-	if _, fail := r.d.Route(context.Background(), r.router, hard, nil); fail == nil || fail.Kind != FailNoInstances {
+	if _, fail := r.d.Decide(context.Background(), r.router, hard, nil); fail == nil || fail.Kind != FailNoInstances {
 		t.Fatalf("hard affinity: %v, want FailNoInstances", fail)
 	}
 	for i := range r.fleet.views {
 		r.fleet.views[i].Silent = false
 	}
-	if _, fail := r.d.Route(context.Background(), r.router, req("other"), nil); fail == nil || fail.Kind != FailNoInstances {
+	if _, fail := r.d.Decide(context.Background(), r.router, req("other"), nil); fail == nil || fail.Kind != FailNoInstances {
 		t.Fatalf("no silent instance: %v, want FailNoInstances", fail)
 	}
 }
@@ -659,12 +659,12 @@ func (heldIndex) Predict(string, []uint64, time.Time) {}
 // link) always follows the parent. Off, it always follows the parent.
 func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
 	for _, on := range []bool{true, false} {
-		cfg := routing.DefaultConfig()
-		cfg.Type = routing.RouterConversation
+		cfg := DefaultConfig()
+		cfg.Type = RouterConversation
 		cfg.BlockSize = 4
 		cfg.Overflow.CacheLostMinIdle = 0
 		cfg.Overflow.SubAgentCacheLost = on
-		router, err := routing.NewRouter(cfg)
+		router, err := NewRouter(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -672,15 +672,15 @@ func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
 		r.router = router
 		r.d.Index = heldIndex{held: map[string]bool{"b": true}}
 		r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "root", ConversationID: "root", Instance: "a"})
-		child := routing.Request{Fleet: fsm.FleetContext, Key: "root", ConversationID: "child", RequestID: "child#1", Edge: "e1",
-			Now: t0.Add(time.Minute), PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}}
-		first, fail := r.d.Route(context.Background(), r.router, child, nil)
+		child := Request{Fleet: fsm.FleetContext, Key: "root", ConversationID: "child", RequestID: "child#1", Edge: "e1",
+			Now: tDecide.Add(time.Minute), PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}}
+		first, fail := r.d.Decide(context.Background(), r.router, child, nil)
 		if fail != nil || first.Instance != "a" || first.OwnKey {
 			t.Fatalf("on=%v first request %+v %v: want the parent's a", on, first, fail)
 		}
 		r.log.commit(t, fsm.Link{Child: "child", Parent: "root", Root: "root", Depth: 1})
 		child.RequestID = "child#2"
-		got, fail := r.d.Route(context.Background(), r.router, child, nil)
+		got, fail := r.d.Decide(context.Background(), r.router, child, nil)
 		switch {
 		case fail != nil:
 			t.Fatal(fail)
@@ -691,7 +691,7 @@ func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
 		}
 		if on {
 			child.RequestID = "child#3"
-			again, fail := r.d.Route(context.Background(), r.router, child, nil)
+			again, fail := r.d.Decide(context.Background(), r.router, child, nil)
 			if fail != nil || again.Instance != "b" || !again.OwnKey || again.Outcome != OutcomeSticky {
 				t.Fatalf("after the escape: %+v %v, want sticky on its own binding on b", again, fail)
 			}

@@ -1,4 +1,4 @@
-package routing
+package breaker
 
 import (
 	"errors"
@@ -7,11 +7,13 @@ import (
 	"time"
 )
 
-func newBreaker(t *testing.T) *CircuitBreaker {
+var t0 = time.Unix(1_700_000_000, 0)
+
+func newBreaker(t *testing.T) *Breaker {
 	t.Helper()
-	cfg := DefaultBreakerConfig()
+	cfg := DefaultConfig()
 	cfg.MinLookups, cfg.MinLookupTokens = 10, 10_000
-	b, err := NewCircuitBreaker(cfg)
+	b, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -20,7 +22,7 @@ func newBreaker(t *testing.T) *CircuitBreaker {
 
 // feed records n requests of 1,000 prompt tokens with the given hit rate,
 // one per second starting at start; it returns the time after the last.
-func feed(t *testing.T, b *CircuitBreaker, n int, rate float64, start time.Time) time.Time {
+func feed(t *testing.T, b *Breaker, n int, rate float64, start time.Time) time.Time {
 	t.Helper()
 	at := start
 	for i := 0; i < n; i++ {
@@ -46,7 +48,7 @@ func TestBreakerOpensBelowThresholdWithVolume(t *testing.T) {
 	// Exactly at the open threshold does not open ("below 40%").
 	b2 := newBreaker(t)
 	at = feed(t, b2, 20, 0.40, t0)
-	if b2.State(at) != BreakerClosed {
+	if b2.State(at) != Closed {
 		t.Fatal("opened at exactly 40%")
 	}
 	feed(t, b2, 20, 0.30, at) // window average 35%
@@ -78,13 +80,13 @@ func TestBreakerClosesAboveRecoveryThreshold(t *testing.T) {
 	// Hysteresis: a window between 40% and 60% keeps it open. Window now
 	// holds 20×20% + 20×80% = 50%.
 	at = feed(t, b, 20, 0.8, at)
-	if st := b.State(at); st != BreakerOpen {
+	if st := b.State(at); st != Open {
 		t.Fatalf("window at 50%%: state %v, want open (hysteresis)", st)
 	}
 	// The bad samples age out of the 60 s window (12 slots of 5 s): at
 	// t0+69s it holds samples 10..69, 10 at 20% and 50 at 80%: 70%.
 	at = feed(t, b, 30, 0.8, at)
-	if st := b.State(at); st != BreakerClosed {
+	if st := b.State(at); st != Closed {
 		lk, hit, n := b.Window(at)
 		t.Fatalf("window %d/%d over %d lookups: state %v, want closed", hit, lk, n, st)
 	}
@@ -98,18 +100,18 @@ func TestBreakerHalfOpenAfterCooldown(t *testing.T) {
 		t.Fatal("closed before the cooldown")
 	}
 	half := openedAt.Add(60 * time.Second)
-	if b.State(half) != BreakerHalfOpen || b.Open(half) {
+	if b.State(half) != HalfOpen || b.Open(half) {
 		t.Fatalf("after cooldown: %v, want half-open (affinity flows)", b.State(half))
 	}
 	// Half-open measures afresh: old 0% samples do not reopen it at once.
-	if st, _ := b.Record(1000, 700, half); st != BreakerHalfOpen {
+	if st, _ := b.Record(1000, 700, half); st != HalfOpen {
 		t.Fatalf("first half-open sample: %v", st)
 	}
 	if lk, _, n := b.Window(half); lk != 1000 || n != 1 {
 		t.Fatalf("half-open window not fresh: %d tokens over %d lookups", lk, n)
 	}
 	at := feed(t, b, 9, 0.7, half.Add(time.Second))
-	if st := b.State(at); st != BreakerClosed {
+	if st := b.State(at); st != Closed {
 		t.Fatalf("good half-open window: %v, want closed", st)
 	}
 	// A bad half-open window reopens.
@@ -142,9 +144,9 @@ func TestBreakerRejectsImpossibleSamples(t *testing.T) {
 }
 
 func TestCacheBreakersPerInstance(t *testing.T) {
-	cfg := DefaultBreakerConfig()
+	cfg := DefaultConfig()
 	cfg.MinLookups, cfg.MinLookupTokens = 1, 0
-	cb, err := NewCacheBreakers(cfg)
+	cb, err := NewSet(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,24 +170,24 @@ func TestCacheBreakersPerInstance(t *testing.T) {
 
 func TestBreakerConfigValidate(t *testing.T) {
 	cases := []struct {
-		mutate  func(*BreakerConfig)
+		mutate  func(*Config)
 		wantKey string
 	}{
-		{func(c *BreakerConfig) { c.Window = 0 }, "circuit_breaker.window"},
-		{func(c *BreakerConfig) { c.Buckets = 0 }, "circuit_breaker.buckets"},
-		{func(c *BreakerConfig) { c.OpenBelow = 1.5 }, "circuit_breaker.open_below"},
-		{func(c *BreakerConfig) { c.CloseAbove = 0.2 }, "circuit_breaker.close_above"},
-		{func(c *BreakerConfig) { c.MinLookups = 0 }, "circuit_breaker.min_lookups"},
-		{func(c *BreakerConfig) { c.Cooldown = -1 }, "circuit_breaker.cooldown"},
+		{func(c *Config) { c.Window = 0 }, "circuit_breaker.window"},
+		{func(c *Config) { c.Buckets = 0 }, "circuit_breaker.buckets"},
+		{func(c *Config) { c.OpenBelow = 1.5 }, "circuit_breaker.open_below"},
+		{func(c *Config) { c.CloseAbove = 0.2 }, "circuit_breaker.close_above"},
+		{func(c *Config) { c.MinLookups = 0 }, "circuit_breaker.min_lookups"},
+		{func(c *Config) { c.Cooldown = -1 }, "circuit_breaker.cooldown"},
 	}
 	for _, c := range cases {
-		cfg := DefaultBreakerConfig()
+		cfg := DefaultConfig()
 		c.mutate(&cfg)
 		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.wantKey) {
 			t.Errorf("want error naming %s, got %v", c.wantKey, err)
 		}
-		if _, err := NewCircuitBreaker(cfg); err == nil {
-			t.Errorf("%s: NewCircuitBreaker accepted an invalid config", c.wantKey)
+		if _, err := New(cfg); err == nil {
+			t.Errorf("%s: New accepted an invalid config", c.wantKey)
 		}
 	}
 }

@@ -1,4 +1,10 @@
-package routing
+// Package breaker is the per-instance cache circuit breaker: a
+// deterministic state machine over a ring of time slots, fed with the
+// prompt tokens looked up and hit per response. It has no clock (time is a
+// parameter) and knows nothing of routing: the edge sets an instance view's
+// CacheDegraded from it, and placement stops crediting that instance's
+// cache (routing/DESIGN.md §4).
+package breaker
 
 import (
 	"errors"
@@ -8,14 +14,14 @@ import (
 	"time"
 )
 
-// BreakerConfig configures the per-instance cache circuit breaker. An
+// Config configures the per-instance cache circuit breaker. An
 // instance whose prefix-cache hit rate falls below OpenBelow over Window
 // (with at least MinLookups lookups and MinLookupTokens tokens looked up) is
-// cache-degraded: placement stops crediting its cache and bound keys
-// overflow away from it. It recovers when the rate rises above CloseAbove,
+// cache-degraded: placement stops crediting its cache (a bound key does not
+// move for it). It recovers when the rate rises above CloseAbove,
 // or, after Cooldown, goes half-open: affinity flows again and a fresh
 // window decides.
-type BreakerConfig struct {
+type Config struct {
 	Window          time.Duration `yaml:"window"`
 	Buckets         int           `yaml:"buckets"` // window resolution
 	OpenBelow       float64       `yaml:"open_below"`
@@ -25,11 +31,11 @@ type BreakerConfig struct {
 	Cooldown        time.Duration `yaml:"cooldown"`
 }
 
-// DefaultBreakerConfig: open below 40% over 60 s, close above 60%, at least
+// DefaultConfig: open below 40% over 60 s, close above 60%, at least
 // 20 lookups and 50,000 tokens looked up (a handful of agentic prompts), a
 // 60 s cooldown before a half-open retry.
-func DefaultBreakerConfig() BreakerConfig {
-	return BreakerConfig{
+func DefaultConfig() Config {
+	return Config{
 		Window:          60 * time.Second,
 		Buckets:         12,
 		OpenBelow:       0.40,
@@ -41,7 +47,7 @@ func DefaultBreakerConfig() BreakerConfig {
 }
 
 // Validate checks the fields, naming the key (under circuit_breaker.).
-func (c BreakerConfig) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("circuit_breaker.%s: %s", key, fmt.Sprintf(format, args...)))
@@ -76,25 +82,25 @@ func (c BreakerConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// BreakerState is a cache circuit breaker's state.
-type BreakerState uint8
+// State is a cache circuit breaker's state.
+type State uint8
 
 const (
-	BreakerClosed BreakerState = iota
-	// BreakerOpen: cache-degraded; no affinity to this instance.
-	BreakerOpen
-	// BreakerHalfOpen: cooldown over; affinity flows while a fresh
+	Closed State = iota
+	// Open: cache-degraded; no affinity to this instance.
+	Open
+	// HalfOpen: cooldown over; affinity flows while a fresh
 	// window measures the hit rate.
-	BreakerHalfOpen
+	HalfOpen
 )
 
-func (s BreakerState) String() string {
+func (s State) String() string {
 	switch s {
-	case BreakerClosed:
+	case Closed:
 		return "closed"
-	case BreakerOpen:
+	case Open:
 		return "open"
-	case BreakerHalfOpen:
+	case HalfOpen:
 		return "half_open"
 	}
 	return fmt.Sprintf("breaker_state(%d)", uint8(s))
@@ -110,25 +116,25 @@ type bucket struct {
 	records       int
 }
 
-// CircuitBreaker is one instance's cache circuit breaker: a deterministic
+// Breaker is one instance's cache circuit breaker: a deterministic
 // state machine fed with (lookup tokens, hit tokens, now). It has no clock;
-// it is not safe for concurrent use (CacheBreakers is).
-type CircuitBreaker struct {
-	cfg      BreakerConfig
+// it is not safe for concurrent use (Set is).
+type Breaker struct {
+	cfg      Config
 	width    int64 // bucket width, ns
 	ring     []bucket
 	newest   int64
 	hasData  bool
-	state    BreakerState
+	state    State
 	openedAt int64
 }
 
-// NewCircuitBreaker returns a closed breaker.
-func NewCircuitBreaker(cfg BreakerConfig) (*CircuitBreaker, error) {
+// New returns a closed breaker.
+func New(cfg Config) (*Breaker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &CircuitBreaker{
+	return &Breaker{
 		cfg:   cfg,
 		width: int64(cfg.Window / time.Duration(cfg.Buckets)),
 		ring:  make([]bucket, cfg.Buckets),
@@ -141,14 +147,14 @@ func NewCircuitBreaker(cfg BreakerConfig) (*CircuitBreaker, error) {
 // sample older than the newest one counts in the newest slot. It returns
 // the state after the sample; impossible figures (negative, or more hits
 // than lookups) are refused with an error wrapping ErrBadSample.
-func (b *CircuitBreaker) Record(lookupTokens, hitTokens int64, now time.Time) (BreakerState, error) {
+func (b *Breaker) Record(lookupTokens, hitTokens int64, now time.Time) (State, error) {
 	if lookupTokens < 0 || hitTokens < 0 || hitTokens > lookupTokens {
 		return b.State(now), fmt.Errorf("circuit breaker: %d hit tokens of %d looked up: %w", hitTokens, lookupTokens, ErrBadSample)
 	}
 	n := now.UnixNano()
-	if b.state == BreakerOpen && n >= b.openedAt+int64(b.cfg.Cooldown) {
+	if b.state == Open && n >= b.openedAt+int64(b.cfg.Cooldown) {
 		// Half-open: measure afresh, without the degraded period's data.
-		b.state = BreakerHalfOpen
+		b.state = HalfOpen
 		clear(b.ring)
 		b.hasData = false
 	}
@@ -170,21 +176,21 @@ func (b *CircuitBreaker) Record(lookupTokens, hitTokens int64, now time.Time) (B
 	return b.state, nil
 }
 
-func (b *CircuitBreaker) evaluate(idx, now int64) {
+func (b *Breaker) evaluate(idx, now int64) {
 	lookups, hits, records := b.sum(idx)
 	if records < b.cfg.MinLookups || lookups < b.cfg.MinLookupTokens || lookups == 0 {
 		return
 	}
 	rate := float64(hits) / float64(lookups)
 	switch {
-	case rate < b.cfg.OpenBelow && b.state != BreakerOpen:
-		b.state, b.openedAt = BreakerOpen, now
-	case rate > b.cfg.CloseAbove && b.state != BreakerClosed:
-		b.state = BreakerClosed
+	case rate < b.cfg.OpenBelow && b.state != Open:
+		b.state, b.openedAt = Open, now
+	case rate > b.cfg.CloseAbove && b.state != Closed:
+		b.state = Closed
 	}
 }
 
-func (b *CircuitBreaker) sum(idx int64) (lookups, hits int64, records int) {
+func (b *Breaker) sum(idx int64) (lookups, hits int64, records int) {
 	oldest := idx - int64(len(b.ring)) + 1
 	for _, bk := range b.ring {
 		if bk.valid && bk.id >= oldest && bk.id <= idx {
@@ -198,19 +204,19 @@ func (b *CircuitBreaker) sum(idx int64) (lookups, hits int64, records int) {
 
 // State returns the state at now: an open breaker reads as half-open once
 // its cooldown has passed (the next Record makes it so).
-func (b *CircuitBreaker) State(now time.Time) BreakerState {
-	if b.state == BreakerOpen && now.UnixNano() >= b.openedAt+int64(b.cfg.Cooldown) {
-		return BreakerHalfOpen
+func (b *Breaker) State(now time.Time) State {
+	if b.state == Open && now.UnixNano() >= b.openedAt+int64(b.cfg.Cooldown) {
+		return HalfOpen
 	}
 	return b.state
 }
 
 // Open reports whether the instance is cache-degraded at now.
-func (b *CircuitBreaker) Open(now time.Time) bool { return b.State(now) == BreakerOpen }
+func (b *Breaker) Open(now time.Time) bool { return b.State(now) == Open }
 
 // Window returns the tokens looked up and hit, and the number of lookups,
 // in the window ending at now.
-func (b *CircuitBreaker) Window(now time.Time) (lookupTokens, hitTokens int64, lookups int) {
+func (b *Breaker) Window(now time.Time) (lookupTokens, hitTokens int64, lookups int) {
 	idx := floorDiv(now.UnixNano(), b.width)
 	if b.hasData && idx < b.newest {
 		idx = b.newest
@@ -234,30 +240,30 @@ func mod(a, b int64) int64 {
 	return m
 }
 
-// CacheBreakers holds one CircuitBreaker per instance; safe for concurrent
+// Set holds one Breaker per instance; safe for concurrent
 // use. The edge records samples as responses complete and sets
 // InstanceView.CacheDegraded from Open.
-type CacheBreakers struct {
-	cfg BreakerConfig
+type Set struct {
+	cfg Config
 	mu  sync.Mutex
-	m   map[string]*CircuitBreaker
+	m   map[string]*Breaker
 }
 
-// NewCacheBreakers validates cfg and returns an empty set.
-func NewCacheBreakers(cfg BreakerConfig) (*CacheBreakers, error) {
+// NewSet validates cfg and returns an empty set.
+func NewSet(cfg Config) (*Set, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &CacheBreakers{cfg: cfg, m: make(map[string]*CircuitBreaker)}, nil
+	return &Set{cfg: cfg, m: make(map[string]*Breaker)}, nil
 }
 
-// Record feeds instance's breaker (see CircuitBreaker.Record).
-func (c *CacheBreakers) Record(instance string, lookupTokens, hitTokens int64, now time.Time) (BreakerState, error) {
+// Record feeds instance's breaker (see Breaker.Record).
+func (c *Set) Record(instance string, lookupTokens, hitTokens int64, now time.Time) (State, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b, ok := c.m[instance]
 	if !ok {
-		b = &CircuitBreaker{
+		b = &Breaker{
 			cfg:   c.cfg,
 			width: int64(c.cfg.Window / time.Duration(c.cfg.Buckets)),
 			ring:  make([]bucket, c.cfg.Buckets),
@@ -272,22 +278,22 @@ func (c *CacheBreakers) Record(instance string, lookupTokens, hitTokens int64, n
 }
 
 // State returns instance's breaker state at now (closed when unknown).
-func (c *CacheBreakers) State(instance string, now time.Time) BreakerState {
+func (c *Set) State(instance string, now time.Time) State {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if b, ok := c.m[instance]; ok {
 		return b.State(now)
 	}
-	return BreakerClosed
+	return Closed
 }
 
 // Open reports whether instance is cache-degraded at now.
-func (c *CacheBreakers) Open(instance string, now time.Time) bool {
-	return c.State(instance, now) == BreakerOpen
+func (c *Set) Open(instance string, now time.Time) bool {
+	return c.State(instance, now) == Open
 }
 
 // Forget drops instance's breaker (the instance left the fleet).
-func (c *CacheBreakers) Forget(instance string) {
+func (c *Set) Forget(instance string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.m, instance)

@@ -1,4 +1,4 @@
-package decide
+package routing
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/routing/overload"
 )
 
 // world is a log shared by one edge under test and "other edges" whose
@@ -34,7 +34,7 @@ type world struct {
 	own      map[string]*ownProp
 	heard    map[string]fsm.Bind // other edges' placements, heard
 	made     int
-	views    []routing.InstanceView
+	views    []InstanceView
 	fresh    bool
 	now      time.Time
 }
@@ -50,7 +50,7 @@ var worldInstances = []string{"a", "b", "c", "d"}
 func newWorld(t *testing.T, seed uint64) *world {
 	w := &world{t: t, rng: rand.New(rand.NewPCG(seed, 7)), leader: fsm.NewMachine(), replica: fsm.NewMachine(),
 		history: map[string][]placementAt{}, answered: map[string][]string{},
-		own: map[string]*ownProp{}, heard: map[string]fsm.Bind{}, views: idle(worldInstances...), fresh: true, now: t0}
+		own: map[string]*ownProp{}, heard: map[string]fsm.Bind{}, views: idleViews(worldInstances...), fresh: true, now: tDecide}
 	for _, id := range worldInstances {
 		w.commit(fsm.InstanceState{Instance: id, Fleet: fsm.FleetContext, URL: "http://" + id, Status: fsm.InstanceUp,
 			FeatureLevel: fsm.FeatureLevelMax, Ranks: 1})
@@ -277,9 +277,9 @@ func (w *world) settle(key string) {
 
 type worldFleet struct{ w *world }
 
-func (f worldFleet) Views(_ time.Time, exclude []string) *routing.Views {
+func (f worldFleet) Views(_ time.Time, exclude []string) *Views {
 	st := f.w.replica.State()
-	return viewsOf(f.w.views, func(v *routing.InstanceView) bool {
+	return viewsOf(f.w.views, func(v *InstanceView) bool {
 		// As the edge merges the log's records.
 		in, ok := st.Instance(v.ID)
 		return ok && in.Status == fsm.InstanceDown || slices.Contains(exclude, v.ID)
@@ -299,7 +299,7 @@ func (f worldFleet) StateCurrent(time.Time) (bool, string) {
 // binding in force); or — the key unbound there, or in the log's answer
 // to one of this request's commits — on this edge's own proposal or the
 // log's answer to it.
-func (w *world) judge(rq routing.Request, h *Hop, own Pending, hadOwn bool) error {
+func (w *world) judge(rq Request, h *Hop, own Pending, hadOwn bool) error {
 	p := w.at(rq.Key, h.StateIndex)
 	switch {
 	case p.instance != "" && h.Instance == p.instance:
@@ -330,10 +330,10 @@ func (w *world) judge(rq routing.Request, h *Hop, own Pending, hadOwn bool) erro
 // replicas, slow answers to this edge's own proposals, unhealthy and
 // saturated instances, and retries after failed hops.
 func TestDecisionOverRandomInterleavings(t *testing.T) {
-	cfg := routing.DefaultConfig()
-	cfg.Type = routing.RouterConversation
+	cfg := DefaultConfig()
+	cfg.Type = RouterConversation
 	cfg.Overflow.RebindAfter = time.Second
-	router, err := routing.NewRouter(cfg)
+	router, err := NewRouter(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +344,7 @@ func TestDecisionOverRandomInterleavings(t *testing.T) {
 	keys := []string{"k0", "k1", "k2"}
 	for seed := range seeds {
 		w := newWorld(t, uint64(seed))
-		overload := routing.NewOverloadTracker()
+		overload := overload.NewTracker()
 		d := &Decider{Log: worldLog{w}, Recorder: &queueRecorder{}, Placements: worldPlacements{w}, Fleet: worldFleet{w},
 			Overload: overload, CommitFirst: seed%3 == 0}
 		for step := range 80 {
@@ -381,7 +381,7 @@ func TestDecisionOverRandomInterleavings(t *testing.T) {
 			rq.RequestID = fmt.Sprintf("%s#%d", key, step)
 			rq.Now = w.now
 			own, hadOwn := worldPlacements{w}.Pending(fsm.FleetContext, key)
-			h, fail := d.Route(context.Background(), router, rq, nil)
+			h, fail := d.Decide(context.Background(), router, rq, nil)
 			if fail != nil && fail.Kind == FailNoInstances && w.noneUsable() {
 				continue // every healthy instance went down in the log meanwhile
 			}
@@ -394,7 +394,7 @@ func TestDecisionOverRandomInterleavings(t *testing.T) {
 			if w.rng.IntN(4) == 0 {
 				// The hop failed: the retry goes elsewhere, by the same rule.
 				own, hadOwn = worldPlacements{w}.Pending(fsm.FleetContext, key)
-				again, fail := d.Reroute(context.Background(), router, rq, h)
+				again, fail := d.Decide(context.Background(), router, rq, h)
 				if fail != nil {
 					if fail.Kind == FailNoAlternative || fail.Kind == FailNoInstances {
 						continue

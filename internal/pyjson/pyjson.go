@@ -1,4 +1,8 @@
-package apireq
+// Package pyjson writes JSON as Python's json.dumps writes it: its quoting
+// of strings (ensure_ascii on or off) and its repr of floats. The engines'
+// servers are Python: what they write, the edge and the workers must write
+// byte for byte (vLLM's tool call arguments, a chat template's tojson).
+package pyjson
 
 import (
 	"bytes"
@@ -9,7 +13,7 @@ import (
 	"unicode/utf16"
 )
 
-// pythonJSON writes a JSON value as Python's json.dumps writes it with its
+// Dumps writes a JSON value as Python's json.dumps writes it with its
 // defaults: ", " and ": " separators, every character beyond ASCII
 // escaped (\uXXXX, surrogate pairs beyond the BMP), floats as Python's
 // repr. vLLM's Anthropic endpoint writes a tool_use block's input so as
@@ -17,7 +21,7 @@ import (
 // (vllm/entrypoints/anthropic/serving.py _convert_tool_use_block:
 // json.dumps(block.input)), and a chat template renders that string, so
 // the chat form carries the same bytes. raw must be valid JSON.
-func pythonJSON(raw json.RawMessage) string {
+func Dumps(raw json.RawMessage) string {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var b strings.Builder
@@ -48,7 +52,7 @@ func pythonJSON(raw json.RawMessage) string {
 					b.WriteString(", ")
 				}
 				top.any, top.key = true, false
-				pythonString(&b, t.(string))
+				Quote(&b, t.(string), true)
 				b.WriteString(": ")
 				continue
 			case top.object:
@@ -69,14 +73,18 @@ func pythonJSON(raw json.RawMessage) string {
 		case bool:
 			b.WriteString(strconv.FormatBool(x))
 		case json.Number:
-			b.WriteString(pythonNumber(string(x)))
+			b.WriteString(Number(string(x)))
 		case string:
-			pythonString(&b, x)
+			Quote(&b, x, true)
 		}
 	}
 }
 
-func pythonString(b *strings.Builder, s string) {
+// Quote quotes s as json.dumps does: the short escapes for \" \\ \n \r
+// \t \b \f, \u00XX for other control characters, and with ensureASCII
+// every character outside printable ASCII (DEL and beyond) as \uXXXX, a
+// surrogate pair above the BMP.
+func Quote(b *strings.Builder, s string, ensureASCII bool) {
 	const hex = "0123456789abcdef"
 	b.WriteByte('"')
 	for _, r := range s {
@@ -95,7 +103,7 @@ func pythonString(b *strings.Builder, s string) {
 			b.WriteString(`\b`)
 		case r == '\f':
 			b.WriteString(`\f`)
-		case r < 0x20 || r > 0x7e:
+		case r < 0x20 || (ensureASCII && r > 0x7e):
 			units := []uint16{uint16(r)}
 			if r > 0xffff {
 				r1, r2 := utf16.EncodeRune(r)
@@ -115,18 +123,26 @@ func pythonString(b *strings.Builder, s string) {
 	b.WriteByte('"')
 }
 
-// pythonNumber is a JSON number as Python writes it back: an integer as
-// it is, a float as its repr (shortest round trip; fixed notation with a
-// ".0" when its exponent is in [-4, 16), else d.ddde±XX).
-func pythonNumber(n string) string {
+// Number is a JSON number as Python writes it back: an integer as it is, a
+// float as its repr (Float).
+func Number(n string) string {
 	if !strings.ContainsAny(n, ".eE") {
 		return n
 	}
 	f, err := strconv.ParseFloat(n, 64)
-	if err != nil {
+	if err != nil && !math.IsInf(f, 0) {
 		return n
 	}
+	return Float(f)
+}
+
+// Float is Python's repr of f: the shortest digits that round trip, fixed
+// notation with a ".0" on integral values when the exponent is in [-4, 16),
+// else d.ddde±XX; NaN, Infinity and -Infinity as json.dumps writes them.
+func Float(f float64) string {
 	switch {
+	case math.IsNaN(f):
+		return "NaN"
 	case math.IsInf(f, 1):
 		return "Infinity"
 	case math.IsInf(f, -1):

@@ -2,20 +2,20 @@ package routing
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/kvindex"
+	"github.com/tether-project/tether/routing/overload"
 )
 
 func binding(key, inst string) fsm.Binding {
 	return fsm.Binding{Fleet: fsm.FleetContext, Key: key, ConversationID: key, Instance: inst, Epoch: 7}
 }
 
-func routeBound(t testing.TB, r *Router, req Request, b fsm.Binding, in Inputs) Route {
+func routeBound(t testing.TB, r *Router, req Request, b fsm.Binding, in Inputs) route {
 	t.Helper()
 	if req.Fleet == 0 {
 		req.Fleet = fsm.FleetContext
@@ -26,31 +26,31 @@ func routeBound(t testing.TB, r *Router, req Request, b fsm.Binding, in Inputs) 
 	if req.Key == "" {
 		req.Key = b.Key
 	}
-	rt, err := r.RouteBound(req, b, in)
+	rt, err := r.stayOrMove(req, b, in)
 	if err != nil {
 		t.Fatalf("route bound %q: %v", b.Key, err)
 	}
 	return rt
 }
 
-func TestRouteBoundConditions(t *testing.T) {
+func TestStayOrMoveConditions(t *testing.T) {
 	r := mustRouter(t, nil) // overflow at 8 queued or 2M active prompt tokens
 	cases := []struct {
 		name       string
 		bound      func(v *InstanceView)
 		missing    bool
-		wantAction Action
+		wantAction action
 		wantReason fsm.OverflowReason
 	}{
-		{"healthy and below thresholds", func(v *InstanceView) { v.QueuedRequests = 7 }, false, ActionSticky, 0},
-		{"draining still serves its keys", func(v *InstanceView) { v.Draining = true }, false, ActionSticky, 0},
-		{"queue at threshold", func(v *InstanceView) { v.QueuedRequests = 8 }, false, ActionOverflow, fsm.OverflowSaturated},
-		{"active prompt tokens at threshold", func(v *InstanceView) { v.ActivePromptTokens = 2_000_000 }, false, ActionOverflow, fsm.OverflowSaturated},
-		{"unhealthy", func(v *InstanceView) { v.Healthy = false }, false, ActionOverflow, fsm.OverflowUnhealthy},
-		{"unknown to this edge", nil, true, ActionOverflow, fsm.OverflowUnhealthy},
+		{"healthy and below thresholds", func(v *InstanceView) { v.QueuedRequests = 7 }, false, actionSticky, 0},
+		{"draining still serves its keys", func(v *InstanceView) { v.Draining = true }, false, actionSticky, 0},
+		{"queue at threshold", func(v *InstanceView) { v.QueuedRequests = 8 }, false, actionOverflow, fsm.OverflowSaturated},
+		{"active prompt tokens at threshold", func(v *InstanceView) { v.ActivePromptTokens = 2_000_000 }, false, actionOverflow, fsm.OverflowSaturated},
+		{"unhealthy", func(v *InstanceView) { v.Healthy = false }, false, actionOverflow, fsm.OverflowUnhealthy},
+		{"unknown to this edge", nil, true, actionOverflow, fsm.OverflowUnhealthy},
 		// An open breaker stops crediting the cache; it never moves a
 		// bound key by itself.
-		{"circuit open stays", func(v *InstanceView) { v.CacheDegraded = true }, false, ActionSticky, 0},
+		{"circuit open stays", func(v *InstanceView) { v.CacheDegraded = true }, false, actionSticky, 0},
 	}
 	for _, c := range cases {
 		vs := idle("ctx-a", "ctx-b", "ctx-c")
@@ -67,11 +67,11 @@ func TestRouteBoundConditions(t *testing.T) {
 			continue
 		}
 		switch rt.Action {
-		case ActionSticky:
+		case actionSticky:
 			if rt.Instance != "ctx-a" || rt.URL != "http://ctx-a" || len(rt.Decision.Candidates) != 0 {
 				t.Errorf("%s: sticky route %+v", c.name, rt)
 			}
-		case ActionOverflow:
+		case actionOverflow:
 			ev := rt.OverflowEvent(Request{Fleet: fsm.FleetContext, Key: "conv-1"})
 			want := fsm.Overflow{Fleet: fsm.FleetContext, Key: "conv-1", From: "ctx-a", To: "ctx-b", Reason: c.wantReason, Decision: rt.Decision}
 			if rt.Instance != "ctx-b" || ev.From != want.From || ev.To != want.To || ev.Reason != want.Reason || ev.Rebind ||
@@ -87,7 +87,7 @@ func TestRouteBoundConditions(t *testing.T) {
 	}
 }
 
-func TestRouteBoundOverflowUsesKVScore(t *testing.T) {
+func TestStayOrMoveOverflowUsesKVScore(t *testing.T) {
 	r := mustRouter(t, nil)
 	ix := kvindex.New(kvindex.Config{})
 	prompt := blocks(3, 40)
@@ -95,62 +95,62 @@ func TestRouteBoundOverflowUsesKVScore(t *testing.T) {
 	vs := idle("ctx-a", "ctx-b", "ctx-c")
 	vs[0].QueuedRequests = 9
 	rt := routeBound(t, r, Request{Blocks: prompt}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs), Prefix: ix})
-	if rt.Action != ActionOverflow || rt.Instance != "ctx-c" || rt.CachedTokens != 40*64 {
+	if rt.Action != actionOverflow || rt.Instance != "ctx-c" || rt.CachedTokens != 40*64 {
 		t.Fatalf("overflow should go where the prefix is: %+v", rt)
 	}
 }
 
-func TestRouteBoundStaysWhenNoBetterInstance(t *testing.T) {
+func TestStayOrMoveStaysWhenNoBetterInstance(t *testing.T) {
 	r := mustRouter(t, nil)
 	vs := idle("ctx-a", "ctx-b")
 	vs[0].QueuedRequests = 10 // bound: saturated, below the hard limit
 	vs[1].QueuedRequests = 9  // the only alternative is saturated too
 	rt := routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)})
-	if rt.Action != ActionSticky || rt.Instance != "ctx-a" || rt.Reason != fsm.OverflowSaturated {
+	if rt.Action != actionSticky || rt.Instance != "ctx-a" || rt.Reason != fsm.OverflowSaturated {
 		t.Fatalf("saturated everywhere: %+v, want sticky with reason saturated", rt)
 	}
 	vs[0].QueuedRequests, vs[0].CacheDegraded = 0, true
 	rt = routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)})
-	if rt.Action != ActionSticky || rt.Reason != 0 {
+	if rt.Action != actionSticky || rt.Reason != 0 {
 		t.Fatalf("circuit open, alternative saturated: %+v, want sticky", rt)
 	}
 	// Alone in the fleet: stays.
 	rt = routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs[:1])})
-	if rt.Action != ActionSticky {
+	if rt.Action != actionSticky {
 		t.Fatalf("only instance: %+v", rt)
 	}
 }
 
-func TestRouteBoundShedsWhenEverythingIsOverHardLimit(t *testing.T) {
+func TestStayOrMoveShedsWhenEverythingIsOverHardLimit(t *testing.T) {
 	r := mustRouter(t, nil)
 	vs := idle("ctx-a", "ctx-b")
 	vs[0].QueuedRequests, vs[0].QueuedPrefillTokens = 66, 66*11000 // 3 over → 6s
 	vs[1].QueuedRequests, vs[1].QueuedPrefillTokens = 64, 64*55000 // 1 over → 10s
 	rt := routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)})
-	if rt.Action != ActionShed || rt.RetryAfter != 6*time.Second {
+	if rt.Action != actionShed || rt.RetryAfter != 6*time.Second {
 		t.Fatalf("all over the hard limit: %+v, want shed with Retry-After 6s", rt)
 	}
 	// One alternative below the thresholds: overflow instead.
 	vs[1].QueuedRequests, vs[1].QueuedPrefillTokens = 0, 0
-	if rt := routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)}); rt.Action != ActionOverflow || rt.Instance != "ctx-b" {
+	if rt := routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)}); rt.Action != actionOverflow || rt.Instance != "ctx-b" {
 		t.Fatalf("alternative available: %+v", rt)
 	}
 	// Unhealthy bound and every other instance over the limit: shed.
 	vs[0].Healthy = false
 	vs[1].QueuedRequests = 100
-	if rt := routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)}); rt.Action != ActionShed {
+	if rt := routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)}); rt.Action != actionShed {
 		t.Fatalf("unhealthy bound, rest over limit: %+v", rt)
 	}
 	// Unhealthy bound and nobody else: no instance.
-	_, err := r.RouteBound(Request{Fleet: fsm.FleetContext, Key: "k", Now: t0}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs[:1])})
+	_, err := r.stayOrMove(Request{Fleet: fsm.FleetContext, Key: "k", Now: t0}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs[:1])})
 	if !errors.Is(err, ErrNoInstances) {
 		t.Fatalf("nowhere to go: %v", err)
 	}
 }
 
-func TestRouteBoundRebindsAfterPersistentOverload(t *testing.T) {
+func TestStayOrMoveRebindsAfterPersistentOverload(t *testing.T) {
 	r := mustRouter(t, func(c *Config) { c.Overflow.RebindAfter = 30 * time.Second })
-	tracker := NewOverloadTracker()
+	tracker := overload.NewTracker()
 	vs := idle("ctx-a", "ctx-b")
 	vs[0].QueuedRequests = 12
 	views := mustViews(t, vs)
@@ -168,7 +168,7 @@ func TestRouteBoundRebindsAfterPersistentOverload(t *testing.T) {
 	for _, c := range cases {
 		observe(t0.Add(c.after))
 		rt := routeBound(t, r, Request{Now: t0.Add(c.after)}, binding("k", "ctx-a"), in)
-		if rt.Action != ActionOverflow || rt.Rebind != c.rebind {
+		if rt.Action != actionOverflow || rt.Rebind != c.rebind {
 			t.Errorf("after %v: %v rebind=%v, want overflow rebind=%v", c.after, rt.Action, rt.Rebind, c.rebind)
 		}
 		if ev := rt.OverflowEvent(Request{Fleet: fsm.FleetContext, Key: "k"}); ev.Rebind != c.rebind {
@@ -191,128 +191,7 @@ func TestRouteBoundRebindsAfterPersistentOverload(t *testing.T) {
 	}
 }
 
-func TestOverloadTracker(t *testing.T) {
-	tr := NewOverloadTracker()
-	if _, ok := tr.OverloadedSince("a"); ok {
-		t.Fatal("unknown instance overloaded")
-	}
-	tr.Observe("a", true, t0)
-	tr.Observe("a", true, t0.Add(time.Minute))
-	if s, ok := tr.OverloadedSince("a"); !ok || !s.Equal(t0) {
-		t.Fatalf("since %v %v, want %v (first overloaded observation)", s, ok, t0)
-	}
-	tr.Observe("a", false, t0.Add(2*time.Minute))
-	if _, ok := tr.OverloadedSince("a"); ok {
-		t.Fatal("healthy observation did not reset")
-	}
-	tr.Observe("b", true, t0)
-	tr.Forget("b")
-	if _, ok := tr.OverloadedSince("b"); ok {
-		t.Fatal("forgotten instance still tracked")
-	}
-}
-
-func TestPlaceDegradedRendezvous(t *testing.T) {
-	r := mustRouter(t, nil)
-	records := func(ids ...string) []fsm.Instance {
-		out := make([]fsm.Instance, len(ids))
-		for i, id := range ids {
-			out[i] = fsm.Instance{ID: id, Fleet: fsm.FleetContext, URL: "http://" + id, Status: fsm.InstanceUp}
-		}
-		return out
-	}
-	edge1 := records("ctx-a", "ctx-b", "ctx-c", "ctx-d")
-	edge2 := records("ctx-d", "ctx-b", "ctx-a", "ctx-c") // another edge, another order
-	// Records the log does not have up, or drained by an operator, or of
-	// the other fleet, never count.
-	extra := append(records("ctx-e", "ctx-f", "gen-a", "ctx-g"), fsm.Instance{})
-	extra[0].Status, extra[1].Status, extra[2].Fleet, extra[3].Drained = fsm.InstanceDraining, fsm.InstanceDown, fsm.FleetGeneration, true
-	edge2 = append(edge2, extra...)
-
-	before := map[string]string{}
-	share := map[string]int{}
-	for i := 0; i < 1000; i++ {
-		key := fmt.Sprintf("conv-%d", i)
-		req := Request{Fleet: fsm.FleetContext, Key: key, Now: t0, Edge: "edge-1"}
-		a, err := r.PlaceDegraded(req, edge1, Inputs{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := r.PlaceDegraded(req, edge2, Inputs{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if a.Instance != b.Instance {
-			t.Fatalf("%s: edges disagree: %s vs %s", key, a.Instance, b.Instance)
-		}
-		if !a.Degraded || a.Action != ActionBind || a.Decision.Policy != PolicyDegraded || a.Decision.Candidates[0].Instance != a.Instance {
-			t.Fatalf("%s: degraded route %+v", key, a)
-		}
-		before[key] = a.Instance
-		share[a.Instance]++
-	}
-	for id, n := range share {
-		if n < 200 || n > 300 {
-			t.Errorf("degraded spread: %s got %d of 1000: %v", id, n, share)
-		}
-	}
-	// Adding an instance moves only the keys it now wins (~1/5), all to it.
-	grown := records("ctx-a", "ctx-b", "ctx-c", "ctx-d", "ctx-new")
-	moved := 0
-	for key, old := range before {
-		rt, err := r.PlaceDegraded(Request{Fleet: fsm.FleetContext, Key: key}, grown, Inputs{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rt.Instance != old {
-			moved++
-			if rt.Instance != "ctx-new" {
-				t.Fatalf("%s moved %s → %s, not to the new instance", key, old, rt.Instance)
-			}
-		}
-	}
-	if moved < 150 || moved > 250 {
-		t.Fatalf("%d of 1000 keys moved on adding a 5th instance, want about 200", moved)
-	}
-	// An instance this edge sees as unhealthy is skipped in rendezvous order.
-	var key, winner string
-	for k, inst := range before {
-		key, winner = k, inst
-		break
-	}
-	vs := idle("ctx-a", "ctx-b", "ctx-c", "ctx-d")
-	for i := range vs {
-		if vs[i].ID == winner {
-			vs[i].Healthy = false
-		}
-	}
-	rt, err := r.PlaceDegraded(Request{Fleet: fsm.FleetContext, Key: key}, edge1, Inputs{Views: mustViews(t, vs)})
-	if err != nil || rt.Instance == winner || rt.Decision.Candidates[0].Instance != rt.Instance {
-		t.Fatalf("unhealthy winner %s: %+v %v", winner, rt, err)
-	}
-	if _, err := r.PlaceDegraded(Request{Fleet: fsm.FleetContext, Key: key}, extra, Inputs{}); !errors.Is(err, ErrNoInstances) {
-		t.Fatalf("no up instance: %v", err)
-	}
-}
-
-func TestRendezvousHelper(t *testing.T) {
-	if Rendezvous("k", nil) != "" {
-		t.Fatal("empty set")
-	}
-	ids := []string{"a", "b", "c"}
-	got := Rendezvous("k", ids)
-	if got != Rendezvous("k", []string{"c", "a", "b"}) {
-		t.Fatal("order-dependent")
-	}
-	r := mustRouter(t, nil)
-	recs := []fsm.Instance{{ID: "a", Fleet: fsm.FleetContext, Status: fsm.InstanceUp}, {ID: "b", Fleet: fsm.FleetContext, Status: fsm.InstanceUp}, {ID: "c", Fleet: fsm.FleetContext, Status: fsm.InstanceUp}}
-	rt, _ := r.PlaceDegraded(Request{Fleet: fsm.FleetContext, Key: "k"}, recs, Inputs{})
-	if rt.Instance != got {
-		t.Fatalf("Rendezvous %s and PlaceDegraded %s disagree", got, rt.Instance)
-	}
-}
-
-func TestRouteBoundCacheLost(t *testing.T) {
+func TestStayOrMoveCacheLost(t *testing.T) {
 	prompt := blocks(4, 100)
 	subAgent := false      // set by a case: the request is a sub-agent's under the key
 	other := blocks(9, 10) // something a holds, so the index knows it
@@ -379,13 +258,13 @@ func TestRouteBoundCacheLost(t *testing.T) {
 		rt := routeBound(t, r, Request{RequestID: "req-3", Edge: "edge-1", ConversationID: conv, Blocks: prompt, PromptTokens: 6400},
 			binding("conv-1", "ctx-a"), Inputs{Views: mustViews(t, vs), Prefix: ix})
 		if c.wantTo == "" {
-			if rt.Action != ActionSticky || rt.Instance != "ctx-a" || rt.Reason != 0 {
+			if rt.Action != actionSticky || rt.Instance != "ctx-a" || rt.Reason != 0 {
 				t.Errorf("%s: %v to %s (%v), want sticky on ctx-a", c.name, rt.Action, rt.Instance, rt.Reason)
 			}
 			continue
 		}
 		ev := rt.OverflowEvent(Request{Fleet: fsm.FleetContext, Key: "conv-1"})
-		if rt.Action != ActionOverflow || !rt.Rebind || ev.Reason != fsm.OverflowCacheLost || ev.From != "ctx-a" || ev.To != c.wantTo ||
+		if rt.Action != actionOverflow || !rt.Rebind || ev.Reason != fsm.OverflowCacheLost || ev.From != "ctx-a" || ev.To != c.wantTo ||
 			rt.Rank != c.wantRank || rt.Decision.Edge != "edge-1" || rt.Decision.RequestID != "req-3" || len(rt.Decision.Candidates) == 0 {
 			t.Errorf("%s: %v rebind=%v event %+v rank %d, want a cache_lost rebind to %s (rank %d)", c.name, rt.Action, rt.Rebind, ev, rt.Rank, c.wantTo, c.wantRank)
 		}
@@ -414,7 +293,7 @@ func TestCacheLostWaitsForMinIdle(t *testing.T) {
 		b.LastUsed = t0.Add(-c.idle).UnixNano()
 		rt := routeBound(t, r, Request{ConversationID: "conv-1", Blocks: prompt, PromptTokens: 6400, Now: t0},
 			b, Inputs{Views: mustViews(t, idle("ctx-a", "ctx-b")), Prefix: ix})
-		if moved := rt.Action == ActionOverflow && rt.Rebind && rt.Instance == "ctx-b"; moved != c.move {
+		if moved := rt.Action == actionOverflow && rt.Rebind && rt.Instance == "ctx-b"; moved != c.move {
 			t.Errorf("idle %s: %v to %s, want moved=%v", c.idle, rt.Action, rt.Instance, c.move)
 		}
 	}
@@ -457,8 +336,8 @@ func TestWeighMovesOnlyWhenAnotherScoresBetter(t *testing.T) {
 		b.LastUsed = t0.Add(-time.Hour).UnixNano()
 		rt := routeBound(t, r, Request{ConversationID: "conv-1", Blocks: prompt, PromptTokens: 6400, Now: t0},
 			b, Inputs{Views: mustViews(t, vs), Prefix: ix})
-		moved := rt.Action == ActionOverflow && rt.Rebind && rt.Instance == "ctx-b"
-		if moved != c.move || (!moved && rt.Action != ActionSticky) {
+		moved := rt.Action == actionOverflow && rt.Rebind && rt.Instance == "ctx-b"
+		if moved != c.move || (!moved && rt.Action != actionSticky) {
 			t.Errorf("%s: %v to %s, want moved=%v", c.name, rt.Action, rt.Instance, c.move)
 		}
 	}
@@ -488,7 +367,7 @@ func TestCacheLostJudgesTheBindingsRank(t *testing.T) {
 		b.Rank, b.HasRank = c.rank, c.hasRank
 		rt := routeBound(t, r, Request{ConversationID: "conv-1", Blocks: prompt, PromptTokens: 6400, Now: t0},
 			b, Inputs{Views: mustViews(t, idle("ctx-a", "ctx-b")), Prefix: ix})
-		if moved := rt.Action == ActionOverflow && rt.Rebind && rt.Instance == "ctx-b"; moved != c.move {
+		if moved := rt.Action == actionOverflow && rt.Rebind && rt.Instance == "ctx-b"; moved != c.move {
 			t.Errorf("%s: %v to %s, want moved=%v", c.name, rt.Action, rt.Instance, c.move)
 		}
 	}
@@ -500,14 +379,14 @@ func TestCacheLostJudgesTheBindingsRank(t *testing.T) {
 // turn routed by its parent's key moves the family. With nowhere to go it
 // stays (a drained instance still serves). A worker's own draining report
 // (Draining without Drained) keeps its keys until it goes down.
-func TestRouteBoundDrained(t *testing.T) {
+func TestStayOrMoveDrained(t *testing.T) {
 	r := mustRouter(t, nil) // overflow at 8 queued, shed at 64
 	drained := func(v *InstanceView) { v.Draining, v.Drained = true, true }
 	cases := []struct {
 		name       string
 		views      func() []InstanceView
 		req        Request
-		wantAction Action
+		wantAction action
 		wantTo     string
 	}{
 		{"moves to the best other", func() []InstanceView {
@@ -515,46 +394,46 @@ func TestRouteBoundDrained(t *testing.T) {
 			drained(&vs[0])
 			vs[2].QueuedRequests = 1
 			return vs
-		}, Request{}, ActionOverflow, "ctx-b"},
+		}, Request{}, actionOverflow, "ctx-b"},
 		{"a sub-agent's turn moves the family", func() []InstanceView {
 			vs := idle("ctx-a", "ctx-b")
 			drained(&vs[0])
 			return vs
-		}, Request{ConversationID: "child-1"}, ActionOverflow, "ctx-b"},
+		}, Request{ConversationID: "child-1"}, actionOverflow, "ctx-b"},
 		{"to a saturated one rather than stay", func() []InstanceView {
 			vs := idle("ctx-a", "ctx-b")
 			drained(&vs[0])
 			vs[1].QueuedRequests = 9
 			return vs
-		}, Request{}, ActionOverflow, "ctx-b"},
+		}, Request{}, actionOverflow, "ctx-b"},
 		{"saturated and drained", func() []InstanceView {
 			vs := idle("ctx-a", "ctx-b")
 			drained(&vs[0])
 			vs[0].QueuedRequests = 9
 			return vs
-		}, Request{}, ActionOverflow, "ctx-b"},
+		}, Request{}, actionOverflow, "ctx-b"},
 		{"nowhere else: stays", func() []InstanceView {
 			vs := idle("ctx-a")
 			drained(&vs[0])
 			return vs
-		}, Request{}, ActionSticky, "ctx-a"},
+		}, Request{}, actionSticky, "ctx-a"},
 		{"every other over its hard limit: stays", func() []InstanceView {
 			vs := idle("ctx-a", "ctx-b")
 			drained(&vs[0])
 			vs[1].QueuedRequests = 64
 			return vs
-		}, Request{}, ActionSticky, "ctx-a"},
+		}, Request{}, actionSticky, "ctx-a"},
 		{"everything over its hard limit: shed", func() []InstanceView {
 			vs := idle("ctx-a", "ctx-b")
 			drained(&vs[0])
 			vs[0].QueuedRequests, vs[1].QueuedRequests = 64, 64
 			return vs
-		}, Request{}, ActionShed, ""},
+		}, Request{}, actionShed, ""},
 		{"the worker's own draining keeps its keys", func() []InstanceView {
 			vs := idle("ctx-a", "ctx-b")
 			vs[0].Draining = true
 			return vs
-		}, Request{}, ActionSticky, "ctx-a"},
+		}, Request{}, actionSticky, "ctx-a"},
 	}
 	for _, c := range cases {
 		rt := routeBound(t, r, c.req, binding("conv-1", "ctx-a"), Inputs{Views: mustViews(t, c.views())})
@@ -563,7 +442,7 @@ func TestRouteBoundDrained(t *testing.T) {
 			continue
 		}
 		switch {
-		case rt.Action == ActionOverflow:
+		case rt.Action == actionOverflow:
 			ev := rt.OverflowEvent(Request{Fleet: fsm.FleetContext, Key: "conv-1"})
 			if ev.Reason != fsm.OverflowDrained || !ev.Rebind || ev.From != "ctx-a" || ev.To != c.wantTo {
 				t.Errorf("%s: overflow %+v, want a rebind with reason drained", c.name, ev)
@@ -573,11 +452,11 @@ func TestRouteBoundDrained(t *testing.T) {
 					t.Errorf("%s: the drained instance is a candidate", c.name)
 				}
 			}
-		case rt.Action == ActionSticky && c.name != "the worker's own draining keeps its keys":
+		case rt.Action == actionSticky && c.name != "the worker's own draining keeps its keys":
 			if rt.Reason != fsm.OverflowDrained || rt.URL != "http://ctx-a" {
 				t.Errorf("%s: sticky %+v, want reason drained", c.name, rt)
 			}
-		case rt.Action == ActionSticky && rt.Reason != 0:
+		case rt.Action == actionSticky && rt.Reason != 0:
 			t.Errorf("%s: sticky with reason %v", c.name, rt.Reason)
 		}
 	}

@@ -1,18 +1,4 @@
-// Package decide is the edge's routing decision for one fleet's part of a
-// request: sticky to a committed binding, an overflow or rebind committed
-// in the log before it is served, a new placement dispatched at once while
-// its Bind is proposed beside it (the first committed Bind decides the
-// binding; later requests follow it), an unbound placement for unkeyed
-// requests, and what each records.
-//
-// The edge (edge/route.go) runs it in production and the trace benchmark
-// (ops/bench) runs it in virtual time: both call Decider.Decide and
-// Decider.Reroute, so the benchmark measures the product's decision. The
-// package does no I/O itself and reads no clock (time is the request's Now):
-// the log, the recorder, this edge's own Bind proposals, the fleet views
-// and the KV index are small interfaces the caller implements
-// (routing/DESIGN.md §7).
-package decide
+package routing
 
 import (
 	"context"
@@ -21,249 +7,41 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/routing"
 )
 
-// Outcomes (the edge's metric label and span attribute).
-const (
-	OutcomeSticky   = "sticky"
-	OutcomeNewBind  = "new_bind"
-	OutcomeOverflow = "overflow"
-	// OutcomeDegraded: a new key placed by this edge's own decision while
-	// it cannot know the committed placement (the log cannot commit, or
-	// its state is not known current), or a key served on this edge's own
-	// Bind proposal whose fate it could not learn in time.
-	OutcomeDegraded = "degraded"
-	OutcomeShed     = "shed"
-	OutcomeUnbound  = "unbound"
-	// OutcomeRefused: hard affinity the log could not confirm (503, retry).
-	OutcomeRefused = "refused"
-)
-
-// Why a decision was degraded (Hop.Degraded; the edge's metric label).
-const (
-	// DegradedLogDown: no leader, and a proposal just failed for it.
-	DegradedLogDown = "log_down"
-	// DegradedStateNotCurrent: this edge's replica was not known current
-	// (not caught up since start, no leader contact within the window, or
-	// lagging the leader beyond it).
-	DegradedStateNotCurrent = "state_not_current"
-	// DegradedCommitTimeout: commit_first, and the Bind's fate was not
-	// known by the propose timeout.
-	DegradedCommitTimeout = "commit_timeout"
-	// DegradedOverflowUnrecorded: an overflow could not be committed and
-	// the key stayed on a bound instance this edge's views call unhealthy.
-	DegradedOverflowUnrecorded = "overflow_unrecorded"
-)
-
-// DegradedCauses lists every Degraded* cause.
-var DegradedCauses = []string{DegradedLogDown, DegradedStateNotCurrent, DegradedCommitTimeout,
-	DegradedOverflowUnrecorded}
-
-// PolicyPending is the policy of a request served on this edge's own Bind
-// proposal before its replica applied the log's answer.
-const PolicyPending = "pending"
-
-// PolicyFollowed is the policy of a new key placed where another edge's
-// placement, heard before the log committed it, put it.
-const PolicyFollowed = "followed"
-
-// PolicySubAgentOwn is the policy of a sub-agent placed under its own
-// conversation id after its parent's instance lost its context (escape).
-const PolicySubAgentOwn = "subagent_own"
-
-// ErrUnavailable is what Log.Propose wraps when the log cannot commit now
-// (no quorum, no leader, or the proposal timed out).
-var ErrUnavailable = errors.New("affinity log unavailable")
-
-// ErrCommitted is what Log.Propose wraps when the event committed (its
-// result is valid and returned) but this edge's replica has not applied it
-// yet: the decision uses the result, which the log holds for every edge,
-// instead of treating the log as unable to commit.
-var ErrCommitted = errors.New("affinity log committed the event; this replica has not applied it yet")
-
-// Log is the affinity log as one edge sees it: its replica's state and a
-// proposal that returns once the event committed.
-type Log interface {
-	// State is this edge's replica (what it has applied).
-	State() *fsm.State
-	// Propose commits ev and returns its result. An error wrapping
-	// ErrUnavailable means the log cannot commit right now; one wrapping
-	// ErrCommitted comes with a valid result.
-	Propose(ctx context.Context, ev fsm.Event) (fsm.Result, error)
-	// Down reports that the log is known unable to commit (a proposal
-	// would only wait for its timeout).
-	Down(now time.Time) bool
-}
-
-// Placements are this edge's own Bind proposals, from the moment the
-// decision makes one until this edge's replica has applied the log's
-// answer to it. The edge proposes each with one proposal id and retries it
-// (same id) while the log cannot commit; a Bind that loses to another
-// edge's is answered with the binding in force.
-type Placements interface {
-	// Propose sends b to the log now and returns at once; now is when the
-	// request was placed (the dispatch the agreement lag is measured
-	// from). A key with a proposal of this edge in flight is not proposed
-	// again.
-	Propose(b fsm.Bind, now time.Time)
-	// Pending returns this edge's proposal for the key, and the log's
-	// answer once it is known.
-	Pending(f fsm.Fleet, key string) (Pending, bool)
-	// Await waits until the key's proposal is settled, at most the
-	// caller's propose timeout (or ctx), and returns it as Pending does.
-	Await(ctx context.Context, f fsm.Fleet, key string) (Pending, bool)
-	// Heard returns another edge's recent placement of the key, heard
-	// before this edge's replica has the key's binding (the edges tell
-	// each other their new placements as they dispatch them).
-	Heard(f fsm.Fleet, key string) (fsm.Bind, bool)
-}
-
-// Pending is one of this edge's Bind proposals.
-type Pending struct {
-	Bind fsm.Bind
-	// At is when the request that proposed it was placed.
-	At time.Time
-	// Settled: the proposal committed and Result is the log's answer: a
-	// Bind that created the binding (Created), lost to the binding in
-	// force (Found, another Decision), or was rejected.
-	Settled bool
-	Result  fsm.Result
-}
-
-// Recorder records what a request does not wait for, as the edge's
-// recorder and touch batcher do: events are committed later, in batches.
-type Recorder interface {
-	// Record queues ev (a parent link) for the log. Overflows are not
-	// recorded here: they are committed through Log.Propose before the
-	// request is served (Decider.overflow).
-	Record(ev fsm.Event)
-	// Touch marks a bound key used (one Touch batch per interval);
-	// TouchLink a sub-agent's parent link.
-	Touch(k fsm.FleetKey)
-	TouchLink(child string)
-}
-
-// FleetView is this edge's view of the workers.
-type FleetView interface {
-	// Views are the routing views at now, with the excluded instances
-	// (failed hops) unhealthy. Feeding the edge's overload tracker is the
-	// fleet's part.
-	Views(now time.Time, exclude []string) *routing.Views
-	// UnheardAtStartup reports that this edge has not heard from inst
-	// since it started and its startup gate is open (edge/readiness.go).
-	UnheardAtStartup(now time.Time, inst string) bool
-	// StateCurrent reports whether this edge's replica is known to be
-	// current (caught up since start, in contact with a leader, not
-	// lagging beyond its bound), and if not, why. A new key placed while
-	// it is not is counted degraded; hard affinity is refused.
-	StateCurrent(now time.Time) (bool, string)
-}
-
-// Index is the edge's KV index: prefix matches, and the prediction that a
-// prompt sent somewhere will be cached there.
-type Index interface {
-	routing.PrefixMatcher
-	Predict(instance string, blocks []uint64, now time.Time)
-}
-
-// Decider holds one edge's decision inputs. Index and Overload may be nil.
-type Decider struct {
-	Log        Log
-	Recorder   Recorder
-	Placements Placements
-	Fleet      FleetView
-	Index      Index
-	Overload   routing.OverloadHistory
-	// CommitFirst makes a new key's first request wait for its Bind to
-	// commit before it is dispatched (placement.commit_first), instead of
-	// dispatching at once beside the proposal. A proposal whose fate is
-	// not known by the propose timeout is then served where it proposed,
-	// counted degraded. Hard affinity always waits.
-	CommitFirst bool
-}
-
-// Hop is where one fleet's part of a request goes.
-type Hop struct {
-	Fleet    fsm.Fleet
-	Key      string
-	Instance string
-	URL      string
-	Rank     int // believed rank (-1 unknown); the worker's answer wins
-	Cached   int // prompt tokens believed cached on the instance
-	Outcome  string
-	// Degraded says why, when Outcome is OutcomeDegraded.
-	Degraded string
-	Policy   string
-	Reason   fsm.OverflowReason
-	From     string // the bound instance an overflow left ("" otherwise)
-	Bound    bool   // the key is bound (sticky, new bind, overflow, degraded)
-	Binding  fsm.Binding
-	Excluded []string
-	// StateIndex is the index of this edge's replica state the decision
-	// read: the checkers judge the hop against the key's placement there.
-	StateIndex uint64
-	// Speculative: the key's placement is this edge's own Bind proposal,
-	// not yet known committed (Binding has epoch 0).
-	Speculative bool
-	// OwnKey: a sub-agent's request routed by its own conversation id
-	// (Key), not its parent's root: its context left the parent's
-	// instance (Decider.escape).
-	OwnKey bool
-	// TelemetryLate: no candidate was healthy, and the silent ones (late
-	// telemetry, no evidence of failure) were counted healthy for this
-	// decision (wake). It says nothing of the log: the decision followed
-	// the committed placement as it would have with fresh telemetry, so it
-	// is not degraded.
-	TelemetryLate bool
-}
-
-// FailureKind classifies a request the decision could not place.
-type FailureKind uint8
-
-const (
-	// FailNoInstances: no healthy instance in the fleet (503).
-	FailNoInstances FailureKind = iota + 1
-	// FailRouting: the router failed otherwise (503).
-	FailRouting
-	// FailShed: every instance is over its hard limits (429, RetryAfter).
-	FailShed
-	// FailLog: recording a placement failed (503).
-	FailLog
-	// FailRejected: the log refused the placement and has no binding (503).
-	FailRejected
-	// FailStateUnknown: hard affinity, and the log cannot confirm the
-	// key's placement now (503, RetryAfter set by the edge).
-	FailStateUnknown
-	// FailNoAlternative: a hop failed and no other instance can take it (502).
-	FailNoAlternative
-	// FailDetourUnrecorded: a bound key's instance failed this request and
-	// the log cannot record a detour now (503, RetryAfter set by the
-	// edge). Instance is the bound instance.
-	FailDetourUnrecorded
-)
-
-// Failure is why a request was not placed; the edge renders it.
-type Failure struct {
-	Kind       FailureKind
-	Fleet      fsm.Fleet
-	Key        string
-	Instance   string
-	RetryAfter time.Duration // FailShed
-	Err        error
-	Detail     string // the log's reason, or why the state is not known current
-}
-
-func (f *Failure) Error() string {
-	if f.Err != nil {
-		return f.Err.Error()
+// Decide decides where fleet req.Fleet's part of a request goes (req's
+// Fleet, Key and Now set) under router, the fleet's rules: the first
+// attempt (prev nil), or another instance after the hop prev failed — a
+// bound key then overflows (recorded before it is sent), an unbound request
+// is placed again, both excluding every instance that failed. It predicts
+// the prompt on the chosen instance, so a burst sharing the prefix lands
+// together until the worker's own KV event arrives.
+//
+// Decide is the decision's one entry point; its walk goes down: this
+// file's steps (the key's placement in the log, this edge's proposals, a
+// committed overflow), the stay-or-move rules of a bound key (stay.go),
+// placement (place.go), the mechanisms below (routing/kvindex,
+// routing/overload, routing/rendezvous).
+func (d *Decider) Decide(ctx context.Context, router *Router, req Request, prev *Hop) (*Hop, *Failure) {
+	var h *Hop
+	var fail *Failure
+	if prev != nil && prev.Bound {
+		h, fail = d.reroute(ctx, router, req, prev)
+	} else {
+		h, fail = d.decide(ctx, router, req, prev)
 	}
-	return f.Detail
+	if fail != nil {
+		return nil, fail
+	}
+	if d.Index != nil {
+		d.Index.Predict(h.Instance, req.Blocks, req.Now)
+	}
+	return h, nil
 }
 
-func routeFailure(f fsm.Fleet, key string, rt routing.Route, err error) *Failure {
+func routeFailure(f fsm.Fleet, key string, rt route, err error) *Failure {
 	switch {
-	case err != nil && errors.Is(err, routing.ErrNoInstances):
+	case err != nil && errors.Is(err, ErrNoInstances):
 		return &Failure{Kind: FailNoInstances, Fleet: f, Key: key, Err: err}
 	case err != nil:
 		return &Failure{Kind: FailRouting, Fleet: f, Key: key, Err: err}
@@ -274,7 +52,7 @@ func routeFailure(f fsm.Fleet, key string, rt routing.Route, err error) *Failure
 // RecordIdentity records what a request's identity asks for: a new
 // sub-agent's parent link (off the request path), or a use of an existing
 // one.
-func (d *Decider) RecordIdentity(id routing.Identity) {
+func (d *Decider) RecordIdentity(id Identity) {
 	switch {
 	case id.NewLink:
 		d.Recorder.Record(id.Link)
@@ -283,41 +61,22 @@ func (d *Decider) RecordIdentity(id routing.Identity) {
 	}
 }
 
-// Route decides where req (its Fleet, Key and Now set) goes with router,
-// after the hop prev failed (nil for a first attempt), and predicts the
-// prompt on the chosen instance so a burst sharing the prefix lands
-// together until the worker's own KV event arrives.
-func (d *Decider) Route(ctx context.Context, router *routing.Router, req routing.Request, prev *Hop) (*Hop, *Failure) {
-	h, fail := d.Decide(ctx, router, req, prev)
-	if fail != nil {
-		return nil, fail
-	}
-	d.predict(h.Instance, req)
-	return h, nil
-}
-
-func (d *Decider) predict(instance string, req routing.Request) {
-	if d.Index != nil {
-		d.Index.Predict(instance, req.Blocks, req.Now)
-	}
-}
-
-func (d *Decider) inputs(views *routing.Views, st *fsm.State) routing.Inputs {
-	in := routing.Inputs{Views: views, Bindings: st, Overload: d.Overload}
+func (d *Decider) inputs(views *Views, st *fsm.State) Inputs {
+	in := Inputs{Views: views, Bindings: st, Overload: d.Overload}
 	if d.Index != nil {
 		in.Prefix = d.Index
 	}
 	return in
 }
 
-// decision is one Decide or Reroute call's working state.
+// decision is one Decide call's working state.
 type decision struct {
 	d      *Decider
 	ctx    context.Context
-	router *routing.Router
-	req    routing.Request
+	router *Router
+	req    Request
 	h      *Hop
-	in     routing.Inputs
+	in     Inputs
 	st     *fsm.State
 	// moves counts how often the decision followed a binding that moved
 	// (or vanished) while it was recording an overflow.
@@ -327,7 +86,7 @@ type decision struct {
 	answeredUnbound bool
 	// detour is the last detour this decision committed (a recorded
 	// Overflow it did not serve because the key had moved meanwhile).
-	detour *routing.Route
+	detour *route
 	// placedLast: the last resort placed the key anew.
 	placedLast bool
 	// woken: silent instances count as healthy (wake).
@@ -338,15 +97,16 @@ type decision struct {
 // edges moved, evicted or re-placed while it was recording its overflow.
 const maxMoves = 3
 
-func (d *Decider) start(ctx context.Context, router *routing.Router, req routing.Request, h *Hop) *decision {
+func (d *Decider) start(ctx context.Context, router *Router, req Request, h *Hop) *decision {
 	views := d.Fleet.Views(req.Now, h.Excluded)
 	st := d.Log.State()
 	h.StateIndex = st.Index()
 	return &decision{d: d, ctx: ctx, router: router, req: req, h: h, in: d.inputs(views, st), st: st}
 }
 
-// Decide is Route without the prediction.
-func (d *Decider) Decide(ctx context.Context, router *routing.Router, req routing.Request, prev *Hop) (*Hop, *Failure) {
+// decide is a first decision (prev nil), or one after the unbound hop prev
+// failed: the whole decision over the views without the failed instances.
+func (d *Decider) decide(ctx context.Context, router *Router, req Request, prev *Hop) (*Hop, *Failure) {
 	h := &Hop{Fleet: req.Fleet, Key: req.Key, Rank: -1}
 	if prev != nil {
 		h.Excluded = append(h.Excluded, prev.Excluded...)
@@ -354,8 +114,8 @@ func (d *Decider) Decide(ctx context.Context, router *routing.Router, req routin
 	}
 	x := d.start(ctx, router, req, h)
 	if h.Key == "" || !router.Config().Type.Binds() {
-		rt, err := router.Place(req, x.in)
-		if err != nil || rt.Action == routing.ActionShed {
+		rt, err := router.place(req, x.in)
+		if err != nil || rt.Action == actionShed {
 			return nil, routeFailure(h.Fleet, h.Key, rt, err)
 		}
 		x.set(rt, OutcomeUnbound)
@@ -408,25 +168,25 @@ func (x *decision) asOwn() {
 // strictly better for its prompt (its cached prefix, the queue ahead), and
 // otherwise stays with its parent. A child's first request always follows
 // the parent (it has no context of its own yet: no committed parent link).
-func (x *decision) escape(b fsm.Binding) (routing.Route, bool) {
+func (x *decision) escape(b fsm.Binding) (route, bool) {
 	if !x.subAgent() || b.Epoch == 0 || !x.router.Config().Overflow.SubAgentCacheLost {
-		return routing.Route{}, false
+		return route{}, false
 	}
 	link, ok := x.st.Link(x.req.ConversationID)
 	if !ok || link.Root != x.req.Key {
-		return routing.Route{}, false
+		return route{}, false
 	}
 	own := x.req
 	own.Key = own.ConversationID
 	mine := fsm.Binding{Fleet: b.Fleet, Key: own.Key, ConversationID: own.Key, Instance: b.Instance, Epoch: b.Epoch,
 		BoundAt: link.CreatedAt, LastUsed: link.LastUsed, Rank: b.Rank, HasRank: b.HasRank}
-	rt, err := x.router.RouteBound(own, mine, x.in)
-	if err != nil || rt.Action != routing.ActionOverflow || rt.Reason != fsm.OverflowCacheLost {
-		return routing.Route{}, false
+	rt, err := x.router.stayOrMove(own, mine, x.in)
+	if err != nil || rt.Action != actionOverflow || rt.Reason != fsm.OverflowCacheLost {
+		return route{}, false
 	}
 	x.req = own
 	x.h.Key, x.h.OwnKey = own.Key, true
-	rt.Action, rt.From, rt.Rebind, rt.Reason = routing.ActionBind, "", false, 0
+	rt.Action, rt.From, rt.Rebind, rt.Reason = actionBind, "", false, 0
 	rt.Decision.Policy = PolicySubAgentOwn
 	return rt, true
 }
@@ -453,19 +213,19 @@ func (x *decision) unbound() (*Hop, *Failure) {
 // instance can take the request here: the key's request that reaches this
 // edge before its replica has the Bind joins that placement (and proposes
 // it too) instead of racing it with a placement of its own.
-func (x *decision) heard() (routing.Route, bool) {
+func (x *decision) heard() (route, bool) {
 	if x.answeredUnbound {
-		return routing.Route{}, false // the log since said the key is unbound
+		return route{}, false // the log since said the key is unbound
 	}
 	b, ok := x.d.Placements.Heard(x.h.Fleet, x.h.Key)
 	if !ok || b.Fleet != x.h.Fleet {
-		return routing.Route{}, false
+		return route{}, false
 	}
 	v, ok := x.in.Views.Lookup(b.Instance)
 	if !ok || !v.Healthy || v.Fleet != x.h.Fleet {
-		return routing.Route{}, false
+		return route{}, false
 	}
-	return routing.Route{Action: routing.ActionBind, Instance: b.Instance, URL: v.URL, Rank: -1,
+	return route{Action: actionBind, Instance: b.Instance, URL: v.URL, Rank: -1,
 		Decision: fsm.Decision{Edge: x.req.Edge, Policy: PolicyFollowed, RequestID: x.req.RequestID}}, true
 }
 
@@ -494,14 +254,14 @@ func (x *decision) pending() (Pending, bool) {
 // committed Bind decides the binding; a request that raced and lost costs
 // at most its own cache hit, and the key's next request follows the log.
 func (x *decision) place() (*Hop, *Failure) {
-	rt, err := x.router.Place(x.req, x.in)
-	if errors.Is(err, routing.ErrNoInstances) && x.wake() {
-		rt, err = x.router.Place(x.req, x.in)
+	rt, err := x.router.place(x.req, x.in)
+	if errors.Is(err, ErrNoInstances) && x.wake() {
+		rt, err = x.router.place(x.req, x.in)
 	}
-	if err != nil || rt.Action == routing.ActionShed {
+	if err != nil || rt.Action == actionShed {
 		return nil, routeFailure(x.h.Fleet, x.h.Key, rt, err)
 	}
-	if rt.Action != routing.ActionBind {
+	if rt.Action != actionBind {
 		x.set(rt, OutcomeUnbound)
 		return x.h, nil
 	}
@@ -510,7 +270,7 @@ func (x *decision) place() (*Hop, *Failure) {
 
 // placeOn proposes the Bind of route rt and serves it (soft affinity) or
 // waits for the log's answer (commit_first, hard affinity).
-func (x *decision) placeOn(rt routing.Route) (*Hop, *Failure) {
+func (x *decision) placeOn(rt route) (*Hop, *Failure) {
 	degraded, why := x.current()
 	if x.req.Hard && degraded != "" {
 		return nil, &Failure{Kind: FailStateUnknown, Fleet: x.h.Fleet, Key: x.h.Key, Detail: why}
@@ -534,7 +294,7 @@ func (x *decision) placeOn(rt routing.Route) (*Hop, *Failure) {
 }
 
 // settled routes by the log's answer to this edge's Bind of rt.
-func (x *decision) settled(rt routing.Route, p Pending) (*Hop, *Failure) {
+func (x *decision) settled(rt route, p Pending) (*Hop, *Failure) {
 	res := p.Result
 	switch {
 	case res.Found && res.Binding.Instance == rt.Instance && res.Created:
@@ -574,7 +334,7 @@ func (x *decision) ownProposal(p Pending) (*Hop, *Failure) {
 	}
 	b := proposed(p.Bind, p.At)
 	if v, ok := x.in.Views.Lookup(b.Instance); ok && v.Healthy {
-		x.set(routing.Route{Action: routing.ActionSticky, Instance: b.Instance, URL: v.URL, Rank: -1}, OutcomeSticky)
+		x.set(route{Action: actionSticky, Instance: b.Instance, URL: v.URL, Rank: -1}, OutcomeSticky)
 		degraded, _ := x.current()
 		x.degrade(degraded)
 		x.h.Policy, x.h.Bound, x.h.Speculative, x.h.Binding = PolicyPending, true, true, b
@@ -594,7 +354,7 @@ func (x *decision) wake() bool {
 	if x.req.Hard || x.woken {
 		return false
 	}
-	var all []routing.InstanceView
+	var all []InstanceView
 	woke := false
 	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
 		for _, v := range x.in.Views.Fleet(f) {
@@ -607,7 +367,7 @@ func (x *decision) wake() bool {
 	if !woke {
 		return false
 	}
-	views, err := routing.NewViews(all)
+	views, err := NewViews(all)
 	if err != nil {
 		return false
 	}
@@ -644,7 +404,7 @@ func proposed(b fsm.Bind, at time.Time) fsm.Binding {
 
 // set fills the hop from a route; a route without a URL (sticky to an
 // instance the views do not list) takes the log's.
-func (x *decision) set(rt routing.Route, outcome string) {
+func (x *decision) set(rt route, outcome string) {
 	h := x.h
 	h.Instance, h.URL, h.Rank, h.Cached, h.Outcome = rt.Instance, rt.URL, rt.Rank, rt.CachedTokens, outcome
 	h.Degraded = ""
@@ -672,14 +432,14 @@ func (x *decision) bound(b fsm.Binding) (*Hop, *Failure) {
 	if x.d.unheardAtStartup(x.req.Now, h.Fleet, b.Instance, h.Excluded, x.in.Views) {
 		return x.stay(b, ""), nil
 	}
-	rt, err := x.router.RouteBound(x.req, b, x.in)
-	if errors.Is(err, routing.ErrNoInstances) && x.wake() {
-		rt, err = x.router.RouteBound(x.req, b, x.in)
+	rt, err := x.router.stayOrMove(x.req, b, x.in)
+	if errors.Is(err, ErrNoInstances) && x.wake() {
+		rt, err = x.router.stayOrMove(x.req, b, x.in)
 	}
-	if err != nil || rt.Action == routing.ActionShed {
+	if err != nil || rt.Action == actionShed {
 		return nil, routeFailure(h.Fleet, h.Key, rt, err)
 	}
-	if rt.Action == routing.ActionOverflow {
+	if rt.Action == actionOverflow {
 		if b.Epoch == 0 {
 			// Not a placement of the log yet: nothing to move.
 			rt.Rebind = false
@@ -701,7 +461,7 @@ func (x *decision) bound(b fsm.Binding) (*Hop, *Failure) {
 // stay serves a bound key on its own instance (url "" takes the views' or
 // the log's).
 func (x *decision) stay(b fsm.Binding, url string) *Hop {
-	x.set(routing.Route{Action: routing.ActionSticky, Instance: b.Instance, URL: url, Rank: -1}, OutcomeSticky)
+	x.set(route{Action: actionSticky, Instance: b.Instance, URL: url, Rank: -1}, OutcomeSticky)
 	x.h.Policy, x.h.Bound, x.h.Binding = "bound", true, b
 	x.h.Speculative = b.Epoch == 0
 	x.d.Recorder.Touch(fsm.FleetKey{Fleet: x.h.Fleet, Key: x.h.Key})
@@ -717,7 +477,7 @@ func (x *decision) stay(b fsm.Binding, url string) *Hop {
 // refused with a retry hint rather than detoured unrecorded. Whatever
 // other edges did to the key meanwhile — moved it, evicted it, or rebound
 // it — the decision follows the log's answer instead of failing.
-func (x *decision) overflow(b fsm.Binding, rt routing.Route) (*Hop, *Failure) {
+func (x *decision) overflow(b fsm.Binding, rt route) (*Hop, *Failure) {
 	h := x.h
 	ev := rt.OverflowEvent(x.req)
 	if ev.Reason == fsm.OverflowCacheLost && x.d.Log.State().FeatureLevel() < fsm.FeatureLevelRanks {
@@ -861,7 +621,7 @@ func (x *decision) unrecorded(b fsm.Binding, err error) (*Hop, *Failure) {
 // conversation it served, and lost the detours' records when it was killed
 // again (the soak caught it). An instance that is really gone fails the
 // hop, and the retry overflows as usual, recorded before it is sent.
-func (d *Decider) unheardAtStartup(now time.Time, f fsm.Fleet, inst string, excluded []string, views *routing.Views) bool {
+func (d *Decider) unheardAtStartup(now time.Time, f fsm.Fleet, inst string, excluded []string, views *Views) bool {
 	if slices.Contains(excluded, inst) {
 		return false
 	}
@@ -877,14 +637,10 @@ func (d *Decider) unheardAtStartup(now time.Time, f fsm.Fleet, inst string, excl
 	return ok && rec.Fleet == f && rec.Status == fsm.InstanceUp && rec.URL != ""
 }
 
-// Reroute picks another instance after the hop failed: a bound key
-// overflows (recorded before it is sent), an unbound request is placed
-// again, both excluding every instance that failed. req carries the retry's
-// Now; its RoundRobin is not used for a bound key.
-func (d *Decider) Reroute(ctx context.Context, router *routing.Router, req routing.Request, failed *Hop) (*Hop, *Failure) {
-	if !failed.Bound {
-		return d.Route(ctx, router, req, failed)
-	}
+// reroute moves a bound key off the instance of the hop that failed: an
+// overflow, recorded before it is sent, excluding every instance that
+// failed. req carries the retry's Now; its RoundRobin is not used.
+func (d *Decider) reroute(ctx context.Context, router *Router, req Request, failed *Hop) (*Hop, *Failure) {
 	excluded := append(append([]string(nil), failed.Excluded...), failed.Instance)
 	req.Fleet, req.Key, req.RoundRobin = failed.Fleet, failed.Key, 0
 	h := &Hop{Fleet: failed.Fleet, Key: failed.Key, Rank: -1, Excluded: excluded}
@@ -898,6 +654,5 @@ func (d *Decider) Reroute(ctx context.Context, router *routing.Router, req routi
 	if out.Instance == failed.Instance {
 		return nil, &Failure{Kind: FailNoAlternative, Fleet: failed.Fleet, Key: failed.Key, Instance: failed.Instance}
 	}
-	d.predict(out.Instance, req)
 	return out, nil
 }

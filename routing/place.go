@@ -1,0 +1,363 @@
+package routing
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/hash64"
+	"github.com/tether-project/tether/routing/kvindex"
+	"github.com/tether-project/tether/routing/rendezvous"
+)
+
+type tier uint8
+
+const (
+	tierOK        tier = iota // below the overflow thresholds
+	tierSaturated             // at or above an overflow threshold
+	tierOver                  // at or above a hard (shed) limit
+)
+
+func (r *Router) saturated(v *InstanceView) bool {
+	o := r.cfg.Overflow
+	return (o.QueuedRequests > 0 && v.QueuedRequests >= o.QueuedRequests) ||
+		(o.ActivePromptTokens > 0 && v.ActivePromptTokens >= o.ActivePromptTokens)
+}
+
+func (r *Router) overHard(v *InstanceView) bool {
+	s := r.cfg.Shed
+	return (s.MaxQueuedRequests > 0 && v.QueuedRequests >= s.MaxQueuedRequests) ||
+		(s.MaxQueuedPrefillTokens > 0 && v.QueuedPrefillTokens >= s.MaxQueuedPrefillTokens)
+}
+
+func (r *Router) tierOf(v *InstanceView) tier {
+	switch {
+	case r.overHard(v):
+		return tierOver
+	case r.saturated(v):
+		return tierSaturated
+	}
+	return tierOK
+}
+
+// place places a new key, or an unkeyed request, on req.Fleet. Candidates
+// are the fleet's healthy, non-draining instances; those below the overflow
+// thresholds are preferred, then those below the hard limits; when every
+// candidate is over its hard limit the request is shed. Among the preferred,
+// RouterRoundRobin takes the counter's turn; the other routers take the best
+// score (see Weights; RouterLoadBalancing gives no cache credit, nor does an
+// instance whose circuit is open), then the fewest live bindings (binding
+// routers, keyed requests), then the highest rendezvous weight of the key
+// (or of req.Spread), then the smaller id. The result depends only on the
+// inputs, never on the order of the views.
+func (r *Router) place(req Request, in Inputs) (route, error) {
+	if !req.Fleet.Valid() {
+		return route{}, fmt.Errorf("routing: place key %q: invalid fleet %v", req.Key, req.Fleet)
+	}
+	buf := getCandidates()
+	defer putCandidates(buf)
+	cands, minTier := r.eligible(&req, &in, "", (*buf)[:0])
+	*buf = cands
+	if len(cands) == 0 {
+		return route{}, fmt.Errorf("routing: place %s key %q: %w", req.Fleet, req.Key, ErrNoInstances)
+	}
+	if minTier == tierOver {
+		return r.shed(&req, cands, nil), nil
+	}
+	rt := r.choose(&req, &in, filterTier(cands, minTier))
+	rt.Action = actionServe
+	if req.Key != "" && r.cfg.Type.Binds() {
+		rt.Action = actionBind
+	}
+	return rt, nil
+}
+
+// candidate is one instance being scored.
+type candidate struct {
+	v      *InstanceView
+	tier   tier
+	blocks int   // leading prompt blocks held
+	rank   int   // rank holding them (-1: unknown/predicted)
+	cached int64 // prompt tokens believed cached
+	// offBlocks: leading prompt blocks one rank holds in an offloaded
+	// tier, when more than blocks; offRank that rank.
+	offBlocks int
+	offRank   int
+	score     float64
+	tieKeys   bool // bindings and hrw computed
+	bindings  int
+	hrw       uint64
+}
+
+var candidatePool = sync.Pool{New: func() any { s := make([]candidate, 0, 64); return &s }}
+var matchPool = sync.Pool{New: func() any { s := make([]kvindex.Match, 0, 64); return &s }}
+
+func getCandidates() *[]candidate { return candidatePool.Get().(*[]candidate) }
+func putCandidates(p *[]candidate) {
+	clear(*p) // drop view pointers
+	*p = (*p)[:0]
+	candidatePool.Put(p)
+}
+
+// eligible appends the fleet's healthy, non-draining instances other than
+// exclude, with their tiers, in id order.
+func (r *Router) eligible(req *Request, in *Inputs, exclude string, dst []candidate) ([]candidate, tier) {
+	minTier := tierOver
+	views := in.Views.Fleet(req.Fleet)
+	for i := range views {
+		v := &views[i]
+		if !v.Healthy || v.Draining || v.ID == exclude {
+			continue
+		}
+		t := r.tierOf(v)
+		minTier = min(minTier, t)
+		dst = append(dst, candidate{v: v, tier: t, rank: -1})
+	}
+	return dst, minTier
+}
+
+// filterTier keeps the candidates of tier t, in place.
+func filterTier(cands []candidate, t tier) []candidate {
+	out := cands[:0]
+	for _, c := range cands {
+		if c.tier == t {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (r *Router) loadCost(v *InstanceView, p Priority) float64 {
+	w := &r.cfg.Weights
+	qf := 1.0
+	if p == PriorityInteractive {
+		qf = w.InteractiveQueueFactor
+	}
+	return qf*(w.Queue*float64(v.QueuedPrefillTokens)+w.QueuedRequest*float64(v.QueuedRequests)) +
+		w.Decode*float64(v.ActivePromptTokens)
+}
+
+// ranker orders candidates: score, then (binding routers, keyed requests)
+// fewest live bindings, then highest rendezvous weight, then smaller id. The
+// tie-break keys cost a map lookup and a hash each, so they are computed only
+// when two scores tie.
+type ranker struct {
+	in          *Inputs
+	fleet       fsm.Fleet
+	keyHash     uint64
+	useBindings bool
+}
+
+func (rk *ranker) tieKeys(c *candidate) {
+	if c.tieKeys {
+		return
+	}
+	c.tieKeys = true
+	c.hrw = rendezvous.Weight(rk.keyHash, c.v.ID)
+	if rk.useBindings {
+		c.bindings = rk.in.Bindings.BindingCount(rk.fleet, c.v.ID)
+	}
+}
+
+// better reports whether a ranks before b.
+func (rk *ranker) better(a, b *candidate) bool {
+	if a.score != b.score {
+		return a.score > b.score
+	}
+	rk.tieKeys(a)
+	rk.tieKeys(b)
+	if rk.useBindings && a.bindings != b.bindings {
+		return a.bindings < b.bindings
+	}
+	if a.hrw != b.hrw {
+		return a.hrw > b.hrw
+	}
+	return a.v.ID < b.v.ID
+}
+
+// choose picks among cands (non-empty, in id order) and fills the route and
+// its decision.
+func (r *Router) choose(req *Request, in *Inputs, cands []candidate) route {
+	dec := fsm.Decision{Edge: req.Edge, RequestID: req.RequestID}
+	if r.cfg.Type == RouterRoundRobin {
+		c := &cands[req.RoundRobin%uint64(len(cands))]
+		dec.Policy = PolicyRoundRobin
+		dec.Candidates = []fsm.Candidate{{Instance: c.v.ID, LoadTokens: loadTokens(c.v)}}
+		return route{Instance: c.v.ID, URL: c.v.URL, Rank: -1, Decision: dec}
+	}
+	if r.cfg.Type.usesCache() && in.Prefix != nil && len(req.Blocks) > 0 {
+		creditCache(req, in, cands)
+	}
+	dec.Policy = r.score(req, cands)
+	rk := ranker{in: in, fleet: req.Fleet, keyHash: hash64.Mix64(req.Spread)}
+	if req.Key != "" {
+		rk.keyHash = rendezvous.KeyHash(req.Key)
+		rk.useBindings = r.cfg.Type.Binds() && in.Bindings != nil
+	}
+	top, n := rk.top(cands)
+	dec.Candidates = make([]fsm.Candidate, n)
+	for i := 0; i < n; i++ {
+		c := top[i]
+		dec.Candidates[i] = fsm.Candidate{Instance: c.v.ID, Score: c.score, CachedTokens: clampU32(c.cached), LoadTokens: loadTokens(c.v)}
+	}
+	best := top[0]
+	rank := -1
+	if best.cached > 0 {
+		rank = best.rank
+	} else if r.offloadedTokens(best, req) > 0 && r.cfg.Weights.OffloadedBlock > 0 {
+		rank = best.offRank // its offloaded tier holds the prompt
+	}
+	return route{Instance: best.v.ID, URL: best.v.URL, Rank: rank, CachedTokens: int(best.cached), Decision: dec}
+}
+
+// creditCache sets each candidate's leading prompt blocks held (and the
+// rank holding them, and what an offloaded tier holds beyond them) from the
+// KV index; a bound key's instance is credited its binding's rank's
+// (Request.bound).
+func creditCache(req *Request, in *Inputs, cands []candidate) {
+	mp := matchPool.Get().(*[]kvindex.Match)
+	matches := in.Prefix.Match(req.Blocks, req.Now, (*mp)[:0])
+	for _, m := range matches {
+		// cands are in id order: binary search.
+		i := sort.Search(len(cands), func(i int) bool { return cands[i].v.ID >= m.Instance })
+		if i < len(cands) && cands[i].v.ID == m.Instance && m.Blocks > 0 {
+			cands[i].blocks, cands[i].rank = m.Blocks, m.Rank
+		}
+		if i < len(cands) && cands[i].v.ID == m.Instance && m.Offloaded > m.Blocks {
+			cands[i].offBlocks, cands[i].offRank = m.Offloaded, m.OffloadedRank
+		}
+	}
+	*mp = matches[:0]
+	matchPool.Put(mp)
+	if bc := req.bound; bc != nil {
+		i := sort.Search(len(cands), func(i int) bool { return cands[i].v.ID >= bc.instance })
+		if i < len(cands) && cands[i].v.ID == bc.instance {
+			cands[i].blocks, cands[i].rank = bc.blocks, bc.rank
+		}
+	}
+}
+
+// score sets each candidate's cached tokens and score (Weights) and
+// returns the decision's policy: kv_aware when some cache was credited.
+func (r *Router) score(req *Request, cands []candidate) string {
+	w := &r.cfg.Weights
+	cacheWeight := w.Cache
+	if req.Priority == PriorityBackground {
+		cacheWeight *= w.BackgroundCacheFactor
+	}
+	policy := PolicyLeastLoaded
+	for i := range cands {
+		c := &cands[i]
+		if c.blocks > 0 {
+			c.cached = int64(c.blocks) * int64(r.cfg.BlockSize)
+			if req.PromptTokens > 0 {
+				c.cached = min(c.cached, int64(req.PromptTokens))
+			}
+		}
+		credit := 0.0
+		if tokens := float64(c.cached) + w.OffloadedBlock*float64(r.offloadedTokens(c, req)); tokens > 0 && !c.v.CacheDegraded {
+			credit = cacheWeight * tokens
+			policy = PolicyKVAware
+		}
+		c.score = credit - r.loadCost(c.v, req.Priority) - r.adapterCost(c.v, req.Adapter)
+	}
+	return policy
+}
+
+// top returns the best fsm.MaxCandidates of cands, best first, and how many
+// there are.
+func (rk *ranker) top(cands []candidate) ([fsm.MaxCandidates]*candidate, int) {
+	var top [fsm.MaxCandidates]*candidate
+	n := 0
+	for i := range cands {
+		c := &cands[i]
+		j := n
+		if j == len(top) {
+			if !rk.better(c, top[j-1]) {
+				continue
+			}
+			j--
+		} else {
+			n++
+		}
+		for j > 0 && rk.better(c, top[j-1]) {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = c
+	}
+	return top, n
+}
+
+// offloadedTokens is the prompt tokens after c's GPU-cached ones that only
+// an offloaded tier of one of c's ranks holds: the engine loads them back
+// (vLLM's offloading connector looks up the blocks that follow its GPU
+// prefix hit) rather than computing them.
+func (r *Router) offloadedTokens(c *candidate, req *Request) int64 {
+	if c.offBlocks <= c.blocks {
+		return 0
+	}
+	n := int64(c.offBlocks) * int64(r.cfg.BlockSize)
+	if req.PromptTokens > 0 {
+		n = min(n, int64(req.PromptTokens))
+	}
+	return max(n-c.cached, 0)
+}
+
+// shed builds the 429 route. Retry-After is the time the least-loaded
+// candidate (bound included, when given) needs to drain below its hard
+// limits at the configured prefill rate, rounded up to whole seconds and
+// bounded by shed.retry_after_min/max.
+func (r *Router) shed(req *Request, cands []candidate, bound *InstanceView) route {
+	wait := math.Inf(1)
+	for i := range cands {
+		wait = math.Min(wait, r.drainSeconds(cands[i].v))
+	}
+	if bound != nil {
+		wait = math.Min(wait, r.drainSeconds(bound))
+	}
+	s := r.cfg.Shed
+	d := s.RetryAfterMin
+	if !math.IsInf(wait, 1) && !math.IsNaN(wait) {
+		if secs := math.Ceil(wait); secs >= s.RetryAfterMax.Seconds() {
+			d = s.RetryAfterMax
+		} else {
+			d = max(d, time.Duration(secs)*time.Second)
+		}
+	}
+	return route{Action: actionShed, Rank: -1, RetryAfter: d, Decision: fsm.Decision{Edge: req.Edge, Policy: PolicyShed, RequestID: req.RequestID}}
+}
+
+// drainSeconds estimates how long v needs to get below its hard limits.
+func (r *Router) drainSeconds(v *InstanceView) float64 {
+	s := r.cfg.Shed
+	need := 0.0 // prefill tokens to drain
+	if s.MaxQueuedRequests > 0 && v.QueuedRequests >= s.MaxQueuedRequests {
+		perRequest := r.cfg.Weights.QueuedRequest
+		if v.QueuedRequests > 0 && v.QueuedPrefillTokens > 0 {
+			perRequest = float64(v.QueuedPrefillTokens) / float64(v.QueuedRequests)
+		}
+		need = math.Max(need, float64(v.QueuedRequests-s.MaxQueuedRequests+1)*perRequest)
+	}
+	if s.MaxQueuedPrefillTokens > 0 && v.QueuedPrefillTokens >= s.MaxQueuedPrefillTokens {
+		need = math.Max(need, float64(v.QueuedPrefillTokens-s.MaxQueuedPrefillTokens+1))
+	}
+	return need / s.PrefillTokensPerSecond
+}
+
+func loadTokens(v *InstanceView) uint32 {
+	return clampU32(max(v.QueuedPrefillTokens, 0) + max(v.ActivePromptTokens, 0))
+}
+
+func clampU32(x int64) uint32 {
+	switch {
+	case x <= 0:
+		return 0
+	case x > math.MaxUint32:
+		return math.MaxUint32
+	}
+	return uint32(x)
+}
