@@ -16,6 +16,8 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/respid"
 	"github.com/tether-project/tether/ops/devstack"
+	"github.com/tether-project/tether/test/routecheck"
+	"github.com/tether-project/tether/test/waitfor"
 )
 
 // longMode: the soak's long form (make soak sets RELIABILITY_LONG=1).
@@ -63,6 +65,7 @@ func TestAgentAPIsAcrossEdges(t *testing.T) {
 		byID     atomic.Int64 // requests naming a stored response
 		retried  atomic.Int64
 		killed   []*devstack.EdgeNode
+		kills    killTimes
 	)
 	fail := func(format string, args ...any) {
 		mu.Lock()
@@ -157,56 +160,30 @@ func TestAgentAPIsAcrossEdges(t *testing.T) {
 			done.Add(1)
 		}
 	}
-	var guesses atomic.Int64 // Messages turns served off the binding the log committed later
+	// Every Messages turn is judged after the run by what its edge knew
+	// (test/routecheck): both hops against the placement in force at the
+	// state index each decision read.
+	var judged []judgedTurn
 	messages := func(rng *rand.Rand, c int) {
 		session := fmt.Sprintf("cc-session-%d", c)
 		hdr := map[string]string{"x-claude-code-session-id": session, "anthropic-version": "2023-06-01"}
 		history := []any{}
-		served := make([]string, 0, load.turns)
 		for turn := 0; turn < load.turns; turn++ {
 			history = append(history, map[string]any{"role": "user", "content": fmt.Sprintf("c%d turn %d", c, turn)})
 			body := map[string]any{"model": model, "max_tokens": 4, "system": fmt.Sprintf("cc %d %s", c, words("sys", 80)),
 				"messages": history, "stream": turn%2 == 0}
+			start := time.Now()
 			r, via := send(rng, "POST", "/v1/messages", body, hdr, "")
 			if r.status != 200 {
 				fail("messages c%d turn %d via %s: %d %s", c, turn, via, r.status, r.body)
 				return
 			}
-			ctxInst, _ := routeOf(r)
-			served = append(served, ctxInst)
+			mu.Lock()
+			judged = append(judged, judgedTurn{key: session, reply: r, start: start, end: time.Now()})
+			mu.Unlock()
 			history = append(history, map[string]any{"role": "assistant", "content": "ok"})
 			done.Add(1)
 		}
-		// Every turn from the first one the log's binding served on is on
-		// the binding. Turns before it were placed while the log could
-		// not commit (an election): soft affinity lets an edge guess
-		// then, and the committed binding ends the guess at the next turn.
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		bound := ""
-		for bound == "" && ctx.Err() == nil {
-			for _, n := range edges {
-				if b, ok, err := n.Binding(ctx, fsm.FleetContext, session); n.Running() && err == nil && ok {
-					bound = b.Instance
-					break
-				}
-			}
-		}
-		first := -1
-		for i, inst := range served {
-			if inst == bound && first < 0 {
-				first = i
-			}
-			if first >= 0 && inst != bound {
-				fail("messages c%d turn %d: context instance %s after turn %d was on the binding %s (turns: %v)", c, i, inst, first, bound, served)
-				return
-			}
-		}
-		if first < 0 {
-			fail("messages c%d: no turn on the log's binding %q (turns: %v)", c, bound, served)
-			return
-		}
-		guesses.Add(int64(first))
 	}
 
 	total := int64(2 * load.conversations * load.turns)
@@ -255,12 +232,14 @@ func TestAgentAPIsAcrossEdges(t *testing.T) {
 			case step%3 == 1:
 				if n := edges[voters+step%2]; n.Running() {
 					t.Logf("nemesis: killing the non-voter %s after %d of %d turns", n.ID, done.Load(), total)
+					kills.mark(n.ID)
 					n.Kill()
 					killed = append(killed, n)
 				}
 			default:
 				if l := st.Leader(); l != nil {
 					t.Logf("nemesis: killing the leader %s after %d of %d turns", l.ID, done.Load(), total)
+					kills.mark(l.ID)
 					l.Kill()
 					killed = append(killed, l)
 				}
@@ -286,8 +265,12 @@ func TestAgentAPIsAcrossEdges(t *testing.T) {
 	wg.Wait()
 	close(workersDone)
 	<-nemesisDone
-	t.Logf("FIGURES agent APIs across edges: %d conversations x %d turns per API, %d turns done, %d requests naming a stored response (0 not found allowed), %d retried (killed edge or election), %d Messages turns placed before their binding committed, %d failures",
-		load.conversations, load.turns, done.Load(), byID.Load(), retried.Load(), guesses.Load(), len(failures))
+	vd := judgeMessagesTurns(t, st, judged, &kills)
+	t.Logf("FIGURES agent APIs across edges: %d conversations x %d turns per API, %d turns done, %d requests naming a stored response (0 not found allowed), %d retried (killed edge or election), Messages hops %s, %d failures",
+		load.conversations, load.turns, done.Load(), byID.Load(), retried.Load(), vd, len(failures))
+	if vd.Wrong != 0 {
+		t.Errorf("%d Messages hops wrong by what their edge knew: %v", vd.Wrong, vd.Reports)
+	}
 	for _, f := range failures {
 		t.Error(f)
 	}
@@ -300,4 +283,127 @@ func TestAgentAPIsAcrossEdges(t *testing.T) {
 	for _, n := range killed {
 		_ = n.Restart(ctx)
 	}
+}
+
+// judgedTurn is one answered Messages turn of a session.
+type judgedTurn struct {
+	key        string
+	reply      reply
+	start, end time.Time
+}
+
+// killTimes records when each edge was killed.
+type killTimes struct {
+	mu sync.Mutex
+	at map[string][]time.Time
+}
+
+func (k *killTimes) mark(id string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.at == nil {
+		k.at = map[string][]time.Time{}
+	}
+	k.at[id] = append(k.at[id], time.Now())
+}
+
+// after reports whether edge id was killed at or after t.
+func (k *killTimes) after(id string, t time.Time) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, at := range k.at[id] {
+		if !at.Before(t) {
+			return true
+		}
+	}
+	return false
+}
+
+// judgeMessagesTurns judges both hops of every Messages turn with zero
+// margin (test/routecheck), once every running edge's Bind proposals are
+// answered, against the histories a running edge's archive holds. A new
+// placement whose Bind never reached the log is excused only for an edge
+// killed after the turn began.
+func judgeMessagesTurns(t *testing.T, st *devstack.Stack, turns []judgedTurn, kills *killTimes) routecheck.Verdict {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var reader *devstack.EdgeNode
+	waitfor.True(t, 30*time.Second, "every running edge's Bind proposals answered", func() bool {
+		for _, n := range st.Edges() {
+			if !n.Running() {
+				continue
+			}
+			ci, err := n.Cluster(ctx)
+			if err != nil || ci.DegradedPending != 0 {
+				return false
+			}
+			reader = n
+		}
+		return reader != nil
+	})
+	hist := map[string][]routecheck.Event{}
+	history := func(fleet, key string) []routecheck.Event {
+		k := fleet + "/" + key
+		if h, ok := hist[k]; ok {
+			return h
+		}
+		var h routecheck.History
+		waitfor.True(t, 20*time.Second, "the archived history of "+k, func() bool {
+			h = routecheck.History{}
+			return reader.AdminGet(ctx, "bindings/"+k+"/history", &h) == nil && !h.ArchiveBehind
+		})
+		hist[k] = h.Events
+		return h.Events
+	}
+	var vd routecheck.Verdict
+	for _, tr := range turns {
+		r := routecheck.ParseRoute(tr.reply.header.Get(edge.HeaderRoute))
+		if r.RequestID == "" || !r.HasState {
+			t.Errorf("%s: x-tether-route %q carries no route evidence", tr.key, tr.reply.header.Get(edge.HeaderRoute))
+			continue
+		}
+		edgeID := routecheck.EdgeOfRequest(r.RequestID)
+		for _, hop := range []struct {
+			fleet, inst string
+			state       uint64
+		}{{"context", r.Context, r.ContextState}, {"generation", r.Generation, r.GenerationState}} {
+			if hop.inst == "" || hop.inst == "-" {
+				continue
+			}
+			a := routecheck.Answer{Fleet: hop.fleet, Key: tr.key, Instance: hop.inst, Edge: edgeID, RequestID: r.RequestID,
+				State: hop.state, Start: tr.start, End: tr.end, PromptTokens: messagesPrompt(tr.reply.body)}
+			vd.Judge(a, history(hop.fleet, tr.key), kills.after(edgeID, tr.start))
+		}
+	}
+	return vd
+}
+
+// messagesPrompt is a Messages answer's prompt as its usage counts it
+// (input_tokens with the cache reads and writes), from the JSON body or a
+// stream's message_start.
+func messagesPrompt(body []byte) int {
+	type usage struct {
+		Input         int `json:"input_tokens"`
+		CacheRead     int `json:"cache_read_input_tokens"`
+		CacheCreation int `json:"cache_creation_input_tokens"`
+	}
+	sum := func(u usage) int { return u.Input + u.CacheRead + u.CacheCreation }
+	var m struct {
+		Usage usage `json:"usage"`
+	}
+	if json.Unmarshal(body, &m) == nil {
+		return sum(m.Usage)
+	}
+	evs, _ := eventsOf(body)
+	for _, ev := range evs {
+		if ev.name != "message_start" {
+			continue
+		}
+		b, _ := json.Marshal(ev.data["message"])
+		if json.Unmarshal(b, &m) == nil {
+			return sum(m.Usage)
+		}
+	}
+	return 0
 }

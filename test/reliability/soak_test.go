@@ -54,6 +54,7 @@ type sample struct {
 	conv       string // the conversation itself (generation fleet key)
 	start, end time.Time
 	route      routecheck.Route // x-tether-route of the answer
+	prompt     int              // the answer's usage.prompt_tokens
 	phase      int              // 0 before faults, 1 during, 2 after
 	ok         bool
 	retries    int
@@ -182,6 +183,13 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 			s.ok = true
 			s.edge = e.ID
 			s.route = routecheck.ParseRoute(resp.Header.Get("x-tether-route"))
+			var u struct {
+				Usage struct {
+					PromptTokens int `json:"prompt_tokens"`
+				} `json:"usage"`
+			}
+			_ = json.Unmarshal(b, &u)
+			s.prompt = u.Usage.PromptTokens
 		}
 		s.end = time.Now()
 		if s.ok {
@@ -427,9 +435,8 @@ func checkSoakRoutes(t *testing.T, ctx context.Context, st *devstack.Stack, samp
 				continue
 			}
 			a := routecheck.Answer{Fleet: c.f.String(), Key: c.key, Instance: c.inst, Edge: routecheck.EdgeOfRequest(s.route.RequestID),
-				RequestID: s.route.RequestID, State: c.state, Start: s.start, End: s.end}
-			k, why := routecheck.Judge(a, history(c.f, c.key))
-			vd.Add(k, why, killedAfter(s.edge, s.start))
+				RequestID: s.route.RequestID, State: c.state, Start: s.start, End: s.end, PromptTokens: s.prompt}
+			vd.Judge(a, history(c.f, c.key), killedAfter(s.edge, s.start))
 		}
 	}
 	for _, r := range vd.Reports {
