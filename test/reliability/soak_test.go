@@ -72,7 +72,13 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 	cfg := soakSize()
 	seed := baseSeed(t)
 	rng := rand.New(rand.NewSource(seed))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	// The whole run's bound: the long form under the race detector on a
+	// busy 2-core host runs its load for many minutes.
+	bound := 10 * time.Minute
+	if longMode() {
+		bound = 150 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	st, err := devstack.Start(ctx, devstack.Options{Edges: 3, ContextWorkers: 2, GenerationWorkers: 2, Ranks: 2, Logger: logger(),
 		EdgeConfig: func(_ int, c *edge.Config) {
