@@ -38,6 +38,11 @@ func longMode() bool { return *longFlag || os.Getenv("RELIABILITY_LONG") == "1" 
 var tetherBin string
 
 func TestMain(m *testing.M) {
+	if conf := os.Getenv(natsChildEnv); conf != "" {
+		// This binary started as the deployment's NATS server in a
+		// network namespace of its own (netnsEnv).
+		os.Exit(serveNATS(conf))
+	}
 	flag.Parse()
 	if testing.Short() {
 		fmt.Println("chaos: skipped in -short mode")
@@ -109,6 +114,7 @@ type proc struct {
 	env     []string // added to the test's environment (secrets, as deploy/README.md says)
 	logPath string
 	prefix  []string // e.g. prlimit --fsize=N --
+	bin     string   // the program (tetherBin when empty)
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -125,7 +131,11 @@ func (p *proc) start(t *testing.T) {
 		t.Fatal(err)
 	}
 	fmt.Fprintf(logf, "\n==== start %s %v\n", time.Now().Format(time.RFC3339Nano), p.args)
-	argv := append(append([]string(nil), p.prefix...), tetherBin)
+	bin := p.bin
+	if bin == "" {
+		bin = tetherBin
+	}
+	argv := append(append([]string(nil), p.prefix...), bin)
 	argv = append(argv, p.args...)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -240,6 +250,11 @@ type env struct {
 	natsOpts *natsserver.Options
 	natsURL  string
 	natsPort int
+	// natsProc, when set, is the NATS server as a process of its own (in
+	// its network namespace) instead of in the test process; natsReady
+	// reports when it accepts connections.
+	natsProc  *proc
+	natsReady func() bool
 	// nkeys are the workers' NATS identities (deploy/nats/auth.conf pins
 	// each to its instance id).
 	nkeys   map[string]nkeys.KeyPair
@@ -279,6 +294,11 @@ func (v *env) startNATS() {
 	v.t.Helper()
 	v.natsMu.Lock()
 	defer v.natsMu.Unlock()
+	if v.natsProc != nil {
+		v.natsProc.start(v.t)
+		waitFor(v.t, 20*time.Second, "the NATS process to accept connections", v.natsReady)
+		return
+	}
 	var ns *natsserver.Server
 	waitFor(v.t, 10*time.Second, "NATS to listen on its port", func() bool {
 		var err error
@@ -300,6 +320,10 @@ func (v *env) startNATS() {
 func (v *env) stopNATS() {
 	v.natsMu.Lock()
 	defer v.natsMu.Unlock()
+	if v.natsProc != nil {
+		_ = v.natsProc.stop(syscall.SIGTERM, 10*time.Second)
+		return
+	}
 	if v.nats != nil {
 		v.nats.Shutdown()
 		v.nats.WaitForShutdown()
@@ -318,7 +342,7 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 	v.natsPort = freePort(t)
 	v.natsURL = fmt.Sprintf("nats://127.0.0.1:%d", v.natsPort)
 	v.nkeys = workerNKeys(t, []string{"ctx-1", "ctx-2", "gen-1", "gen-2"})
-	v.natsOpts = natsOptions(t, v.dir, v.natsPort, v.nkeys)
+	v.natsOpts = natsOptions(t, v.dir, fmt.Sprintf("127.0.0.1:%d", v.natsPort), v.nkeys)
 	v.startNATS()
 	t.Cleanup(func() {
 		for _, e := range v.edges {

@@ -385,17 +385,19 @@ func checkSoakRoutes(t *testing.T, ctx context.Context, st *devstack.Stack, samp
 	t.Helper()
 	// Judged once the log has answered every edge's own proposals (a
 	// restarted edge retries those its first attempt could not commit).
-	waitFor(t, 30*time.Second, "every edge's Bind proposals answered", func() bool {
+	// Proposals still unanswered at the deadline are reported with each
+	// edge's recorder and proposal counters, and the answers judged
+	// anyway.
+	wait := 30 * time.Second
+	if longMode() {
+		wait = 3 * time.Minute
+	}
+	if why := pendingProposals(ctx, st, wait); why != "" {
+		t.Errorf("Bind proposals still unanswered %s after the load: %s", wait, why)
 		for _, e := range st.Edges() {
-			var ci struct {
-				Pending int `json:"degraded_pending"`
-			}
-			if err := e.AdminGet(ctx, "cluster", &ci); err != nil || ci.Pending != 0 {
-				return false
-			}
+			t.Logf("%s counters: %s", e.ID, edgeCounters(ctx, st, e, "tether_edge_recorder", "tether_edge_proposals", "tether_edge_placements", "tether_cluster_"))
 		}
-		return true
-	})
+	}
 	leader := st.Leader()
 	if leader == nil {
 		t.Fatal("no leader to read bindings from")
@@ -449,6 +451,58 @@ func checkSoakRoutes(t *testing.T, ctx context.Context, st *devstack.Stack, samp
 		t.Errorf("wrong answer: %s", r)
 	}
 	return vd
+}
+
+// pendingProposals waits up to timeout until no edge has a Bind proposal
+// the log has not answered, and returns "" or what each edge still holds.
+func pendingProposals(ctx context.Context, st *devstack.Stack, timeout time.Duration) string {
+	deadline := time.Now().Add(timeout)
+	for {
+		var parts []string
+		for _, e := range st.Edges() {
+			var ci struct {
+				Pending int `json:"degraded_pending"`
+			}
+			if err := e.AdminGet(ctx, "cluster", &ci); err != nil {
+				parts = append(parts, fmt.Sprintf("%s: %v", e.ID, err))
+			} else if ci.Pending != 0 {
+				parts = append(parts, fmt.Sprintf("%s: %d pending", e.ID, ci.Pending))
+			}
+		}
+		if len(parts) == 0 {
+			return ""
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return strings.Join(parts, "; ")
+		}
+		backoff(ctx, 50*time.Millisecond)
+	}
+}
+
+// edgeCounters is e's /metrics lines whose names start with one of
+// prefixes (a diagnosis).
+func edgeCounters(ctx context.Context, st *devstack.Stack, e *devstack.EdgeNode, prefixes ...string) string {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.URL()+"/metrics", nil)
+	if err != nil {
+		return err.Error()
+	}
+	req.Header.Set("Authorization", "Bearer "+st.AdminToken())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, p := range prefixes {
+			if strings.HasPrefix(line, p) {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // refusalPatience is how long a soak client keeps retrying a request the
