@@ -227,6 +227,13 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 		}()
 	}
 
+	// A restarted edge catches up within readyBound: under the race
+	// detector on a busy host the long form's catch-up (a log of
+	// thousands of entries, applied and archived 5× slower) outlasted 30 s.
+	readyBound := 30 * time.Second
+	if longMode() {
+		readyBound = 3 * time.Minute
+	}
 	// The nemesis: after a quiet start, kill an edge (the leader half the
 	// time) every faultEvery, restart it after faultHold; never two down.
 	nemesisDone := make(chan struct{})
@@ -271,7 +278,7 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 			// answers /readyz, as a rolling restart gated by a readiness
 			// probe would. On a loaded machine the catch-up can outlast
 			// faultEvery, and a second kill then took the quorum with it.
-			if err := waitEdgeReady(ctx, victim.URL(), 30*time.Second); err != nil {
+			if err := waitEdgeReady(ctx, victim.URL(), readyBound); err != nil {
 				firstErr.CompareAndSwap(nil, "restarted "+victim.ID+" not ready: "+err.Error())
 				return
 			}

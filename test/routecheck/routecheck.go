@@ -94,10 +94,36 @@ func (ev *Event) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// History is a key's events as the admin API returns them.
+// History is a key's events as the admin API returns them, keeping only
+// the events that place or remove the key (Placing): the others (Touch
+// batches listing thousands of keys, Evidence, RankObserved) change no
+// judgement, and a suite that caches every key's history would hold
+// gigabytes of them (a long soak's key histories reached 5 MB each).
 type History struct {
 	Events        []Event `json:"events"`
 	ArchiveBehind bool    `json:"archive_behind"`
+}
+
+// UnmarshalJSON reads a history and keeps its placing events.
+func (h *History) UnmarshalJSON(b []byte) error {
+	type plain History
+	if err := json.Unmarshal(b, (*plain)(h)); err != nil {
+		return err
+	}
+	h.Events = Placing(h.Events)
+	return nil
+}
+
+// Placing returns the events of evs that place or remove a key: Binds,
+// Overflows and evictions (in place: evs is reused).
+func Placing(evs []Event) []Event {
+	out := evs[:0]
+	for _, ev := range evs {
+		if ev.Type == "Bind" || ev.Type == "Overflow" || ev.Evicted != nil {
+			out = append(out, ev)
+		}
+	}
+	return out
 }
 
 // Route is what x-tether-route says about one answer.

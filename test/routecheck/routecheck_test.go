@@ -1,6 +1,8 @@
 package routecheck
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 )
@@ -133,5 +135,37 @@ func TestJudgedByTheStateTheDecisionRead(t *testing.T) {
 	sum.Merge(v)
 	if sum.Judged != 2*v.Judged || sum.LostRacePrefill != 400 || sum.ApplyLag != 2 || len(sum.Reports) != 2 {
 		t.Errorf("merged %s (%d reports)", sum, len(sum.Reports))
+	}
+}
+
+// A history keeps only the events that place or remove its key: a Touch
+// batch naming thousands of keys is not held for every key it names (a
+// long soak's cached histories grew its test process past 19 GB), and the
+// judgement is the same without it.
+func TestHistoryKeepsThePlacingEvents(t *testing.T) {
+	raw := `{"events":[
+		{"index":3,"type":"Bind","status":"applied","event":{"instance":"ctx-1","decision":{"edge":"edge-1","request_id":"edge-1-1"}}},
+		{"index":4,"type":"Touch","status":"applied","event":{"keys":[{"fleet":"context","key":"k"},{"fleet":"context","key":"other"}]}},
+		{"index":5,"type":"Evidence","status":"applied","event":{"rule":"least_loaded"}},
+		{"index":6,"type":"Overflow","status":"applied","event":{"to":"ctx-2","rebind":true}},
+		{"index":7,"type":"Evict","status":"applied","event":{"reason":"ttl"},"evicted":{"instance":"ctx-2"}}
+	],"archive_behind":false}`
+	var h History
+	if err := json.Unmarshal([]byte(raw), &h); err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, ev := range h.Events {
+		types = append(types, ev.Type)
+	}
+	if strings.Join(types, ",") != "Bind,Overflow,Evict" {
+		t.Fatalf("kept %v, want Bind, Overflow, Evict", types)
+	}
+	if h.Events[0].Decision == nil || h.Events[0].Decision.RequestID != "edge-1-1" {
+		t.Fatalf("the Bind's decision was lost: %+v", h.Events[0])
+	}
+	a := Answer{Fleet: "context", Key: "k", Instance: "ctx-2", Edge: "edge-2", RequestID: "edge-2-4", State: 6}
+	if k, why := Judge(a, h.Events); k != OnBinding {
+		t.Fatalf("on the rebinding Overflow's placement: %s (%s)", k, why)
 	}
 }
