@@ -268,6 +268,8 @@ type env struct {
 type envOptions struct {
 	// edge: dotted config path → value, applied after the deploy file.
 	edge map[string]any
+	// worker: the same for every worker (after the harness's own values).
+	worker map[string]any
 }
 
 // nemesisOverrides are TestChaos's departures from deploy's edge configs:
@@ -372,7 +374,7 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 			t.Fatal(err)
 		}
 		path := filepath.Join(v.dir, id+".yaml")
-		writeDeployConfig(t, "config/worker-"+fleet+".yaml", path, map[string]any{
+		set := map[string]any{
 			"instance_id":         id,
 			"hostname":            "127.0.0.1",
 			"port":                port,
@@ -384,7 +386,11 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 			"tls.key_file":        files.Key,
 			"nats.urls":           []string{v.natsURL},
 			"nats.nkey_seed_file": seed,
-		})
+		}
+		for k, val := range o.worker {
+			set[k] = val
+		}
+		writeDeployConfig(t, "config/worker-"+fleet+".yaml", path, set)
 		w := &workerProc{id: id, fleet: fleet, addr: fmt.Sprintf("127.0.0.1:%d", port)}
 		w.name, w.args, w.logPath = id, []string{"worker", "--config", path}, filepath.Join(v.dir, id+".log")
 		w.env = secretsEnv()
