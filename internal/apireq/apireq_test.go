@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tether-project/tether/internal/prefix"
 )
@@ -263,5 +264,24 @@ func TestResponsesToolTypesAndEffortsOfTheAPI(t *testing.T) {
 		if _, err := Parse(Responses, []byte(`{"model":"m","input":"x","reasoning":{"effort":`+v+`}}`)); err != nil {
 			t.Errorf("effort %s: %v", e, err)
 		}
+	}
+}
+
+// An Error marshalled into a JSON answer is OpenAI's error object, never
+// its Go field names: an edge writing {"error": <Error>} for a header
+// net/http refused answered {"error":{"Status":0,"Type":…,"RetryAfter":0}}.
+func TestErrorMarshalsAsOpenAIsObject(t *testing.T) {
+	b, err := json.Marshal(struct {
+		Error Error `json:"error"`
+	}{Error{Status: 400, Type: "invalid_request_error", Code: "malformed_request", Message: "bad header", RetryAfter: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != `{"error":{"message":"bad header","type":"invalid_request_error","param":null,"code":"malformed_request"}}` {
+		t.Fatalf("%s", b)
+	}
+	e := BadRequest("", "tools[0].type", "x")
+	if got := string(e.JSON(Responses)); got != `{"error":{"message":"x","type":"invalid_request_error","param":"tools[0].type","code":"invalid_value"}}` {
+		t.Fatalf("JSON(Responses) = %s", got)
 	}
 }
