@@ -104,20 +104,42 @@ type History struct {
 	ArchiveBehind bool    `json:"archive_behind"`
 }
 
-// UnmarshalJSON reads a history and keeps its placing events.
+// UnmarshalJSON reads a history and keeps its placing events, decoding
+// only those in full.
 func (h *History) UnmarshalJSON(b []byte) error {
-	type plain History
-	if err := json.Unmarshal(b, (*plain)(h)); err != nil {
+	var raw struct {
+		Events        []json.RawMessage `json:"events"`
+		ArchiveBehind bool              `json:"archive_behind"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
 		return err
 	}
-	h.Events = Placing(h.Events)
+	h.ArchiveBehind, h.Events = raw.ArchiveBehind, nil
+	for _, r := range raw.Events {
+		var head struct {
+			Type    string          `json:"type"`
+			Evicted json.RawMessage `json:"evicted"`
+		}
+		if err := json.Unmarshal(r, &head); err != nil {
+			return err
+		}
+		if head.Type != "Bind" && head.Type != "Overflow" && (len(head.Evicted) == 0 || string(head.Evicted) == "null") {
+			continue
+		}
+		var ev Event
+		if err := json.Unmarshal(r, &ev); err != nil {
+			return err
+		}
+		h.Events = append(h.Events, ev)
+	}
 	return nil
 }
 
 // Placing returns the events of evs that place or remove a key: Binds,
-// Overflows and evictions (in place: evs is reused).
+// Overflows and evictions, in a slice of their own (evs's others, and
+// their decoded events, are left to the garbage collector).
 func Placing(evs []Event) []Event {
-	out := evs[:0]
+	var out []Event
 	for _, ev := range evs {
 		if ev.Type == "Bind" || ev.Type == "Overflow" || ev.Evicted != nil {
 			out = append(out, ev)
