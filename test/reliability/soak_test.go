@@ -20,6 +20,7 @@ import (
 
 	"github.com/tether-project/tether/cluster/archive"
 	"github.com/tether-project/tether/edge"
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/test/routecheck"
@@ -409,19 +410,39 @@ func checkSoakRoutes(t *testing.T, ctx context.Context, st *devstack.Stack, samp
 	if leader == nil {
 		t.Fatal("no leader to read bindings from")
 	}
-	cache := map[string][]routecheck.Event{}
-	history := func(f fsm.Fleet, key string) []routecheck.Event {
-		ck := f.String() + "/" + key
-		if h, ok := cache[ck]; ok {
-			return h
-		}
+	// Every key's placing events from one pass over a complete archive
+	// (the admin API's per-key history carries every Touch batch naming
+	// the key: megabytes per key in the long form, hours to read under
+	// the race detector); the admin API when no archive is complete.
+	cache, complete := archiveHistories(t, ctx, st)
+	fromAdmin := func(ck string) []routecheck.Event {
 		var hist routecheck.History
 		waitFor(t, 20*time.Second, "the archived history of "+ck, func() bool {
 			hist = routecheck.History{}
 			return leader.AdminGet(ctx, "bindings/"+ck+"/history", &hist) == nil && !hist.ArchiveBehind
 		})
-		cache[ck] = hist.Events
 		return hist.Events
+	}
+	compared := map[string]bool{}
+	history := func(f fsm.Fleet, key string) []routecheck.Event {
+		ck := f.String() + "/" + key
+		h, ok := cache[ck]
+		if !complete {
+			if !ok {
+				h = fromAdmin(ck)
+				cache[ck] = h
+			}
+			return h
+		}
+		// The short form checks the one-pass reading against the admin
+		// API, key by key.
+		if !longMode() && !compared[ck] {
+			compared[ck] = true
+			if a, b := placingSummary(h), placingSummary(fromAdmin(ck)); a != b {
+				t.Errorf("%s: the archive pass read %s, the admin API %s", ck, a, b)
+			}
+		}
+		return h
 	}
 	killedAfter := func(edgeID string, t time.Time) bool {
 		for _, r := range append(append([]time.Time(nil), restarts[edgeID]...), restarts["*"]...) {
@@ -458,6 +479,128 @@ func checkSoakRoutes(t *testing.T, ctx context.Context, st *devstack.Stack, samp
 		t.Errorf("wrong answer: %s", r)
 	}
 	return vd
+}
+
+// archiveHistories reads every key's placing events (Binds, Overflows,
+// evictions: what routecheck judges by) from one pass over the archive of
+// an edge whose archive is complete (it never restored a snapshot and was
+// never trimmed), in the admin API's history form ("fleet/key" → events).
+// complete is false when no edge's archive is: the caller asks the admin
+// API then.
+func archiveHistories(t *testing.T, ctx context.Context, st *devstack.Stack) (map[string][]routecheck.Event, bool) {
+	t.Helper()
+	for _, e := range st.Edges() {
+		ed := e.Edge()
+		if ed == nil {
+			continue
+		}
+		node := ed.Node()
+		a := node.Archive()
+		restores, err := a.Restores()
+		if err != nil || len(restores) > 0 {
+			continue
+		}
+		if from, to, err := a.Trimmed(); err != nil || to > from {
+			continue
+		}
+		idx := node.State().Index()
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err = node.WaitArchived(wctx, idx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		out := map[string][]routecheck.Event{}
+		err = a.Range(0, idx, func(r archive.Record) error {
+			props, err := r.Proposals()
+			if err != nil {
+				return fmt.Errorf("record %d: %w", r.Index, err)
+			}
+			for i, p := range props {
+				var oc archive.Outcome
+				if i < len(r.Outcomes) {
+					oc = r.Outcomes[i]
+				}
+				for key, ev := range placingEvents(r, p, oc) {
+					out[key] = append(out[key], ev)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("reading %s's archive: %v", e.ID, err)
+		}
+		t.Logf("judged against %s's archive (indexes 1..%d, %d keys placed)", e.ID, idx, len(out))
+		return out, true
+	}
+	return map[string][]routecheck.Event{}, false
+}
+
+// placingEvents are the history entries one proposal makes, per key
+// ("fleet/key"), as the admin API writes them: a Bind or Overflow for the
+// keys it names, and an eviction for every binding its apply removed.
+func placingEvents(r archive.Record, p fsm.RawProposal, oc archive.Outcome) map[string]routecheck.Event {
+	out := map[string]routecheck.Event{}
+	entry := func() admin.HistoryEntry {
+		return admin.HistoryEntry{Index: r.Index, Time: time.Unix(0, r.Time).UTC(), Type: p.Type.String(),
+			Status: oc.Status.String(), Reason: oc.Reason, Event: fsm.Describe(p)}
+	}
+	entries := map[string]admin.HistoryEntry{}
+	if (p.Type == fsm.TypeBind || p.Type == fsm.TypeOverflow) && p.Event != nil {
+		for _, k := range fsm.EventKeys(p.Event) {
+			entries[k.Fleet.String()+"/"+k.Key] = entry()
+		}
+	}
+	for _, ev := range oc.Evicted {
+		key := ev.Fleet.String() + "/" + ev.Key
+		h, ok := entries[key]
+		if !ok {
+			h = entry()
+		}
+		h.Evicted = &admin.EvictedRecord{Instance: ev.Instance, Epoch: ev.Epoch, Reason: ev.Reason.String()}
+		entries[key] = h
+	}
+	for key, h := range entries {
+		b, err := json.Marshal(h)
+		var ev routecheck.Event
+		if err == nil && json.Unmarshal(b, &ev) == nil {
+			out[key] = ev
+		}
+	}
+	return out
+}
+
+// placingSummary is a history's events as index, type, status, instance
+// and eviction, to compare two readings of it.
+func placingSummary(evs []routecheck.Event) string {
+	var parts []string
+	for _, ev := range evs {
+		ev := ev
+		ev.Time = time.Time{}
+		b, _ := json.Marshal(struct {
+			Index           uint64
+			Type, Status    string
+			Instance, To    any
+			Evicted         any
+			Edge, RequestID string
+		}{ev.Index, ev.Type, ev.Status, ev.Event["instance"], ev.Event["to"], ev.Evicted, decisionEdge(ev), decisionRequest(ev)})
+		parts = append(parts, string(b))
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
+
+func decisionEdge(ev routecheck.Event) string {
+	if ev.Decision == nil {
+		return ""
+	}
+	return ev.Decision.Edge
+}
+
+func decisionRequest(ev routecheck.Event) string {
+	if ev.Decision == nil {
+		return ""
+	}
+	return ev.Decision.RequestID
 }
 
 // pendingProposals waits up to timeout until no edge has a Bind proposal
