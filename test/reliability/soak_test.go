@@ -400,7 +400,10 @@ func checkSoakRoutes(t *testing.T, ctx context.Context, st *devstack.Stack, samp
 	if longMode() {
 		wait = 3 * time.Minute
 	}
-	if why := pendingProposals(ctx, st, wait); why != "" {
+	drainStart := time.Now()
+	why := pendingProposals(ctx, st, wait)
+	t.Logf("FIGURES soak Bind proposals all answered %s after the load ended", time.Since(drainStart).Round(time.Millisecond))
+	if why != "" {
 		t.Errorf("Bind proposals still unanswered %s after the load: %s", wait, why)
 		for _, e := range st.Edges() {
 			t.Logf("%s counters: %s", e.ID, edgeCounters(ctx, st, e, "tether_edge_recorder", "tether_edge_proposals", "tether_edge_placements", "tether_cluster_"))
