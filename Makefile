@@ -5,7 +5,7 @@ BIN     := bin/tether
 # Each fuzz target runs this long under `make fuzz`.
 FUZZTIME ?= 30s
 
-.PHONY: all build build-static image run test test-short bench bench-report fuzz soak vet fmt lint clean
+.PHONY: all build build-static image run test test-short bench bench-report fuzz soak soak-race vet fmt lint clean
 
 all: build
 
@@ -88,6 +88,15 @@ soak:
 	@RELIABILITY_LONG=1 RELIABILITY_SEED=$(SOAK_SEED) RELIABILITY_RUNS=$(SOAK_RUNS) \
 		$(GO) test -count=1 -timeout 180m -v -run 'Linearizability|Soak|Chaos|WorkerHTTPBadInput|AgentAPIsAcrossEdges' ./test/reliability/ ./test/agentapi/ $$(ls -d ./test/chaos 2>/dev/null) ./test/e2e/ >$(SOAK_LOG) 2>&1; \
 		rc=$$?; grep -E 'FIGURES|^(--- |ok|FAIL)|replay' $(SOAK_LOG); exit $$rc
+
+# The long soak under the race detector (about 5x slower: half an hour or
+# more on a busy 2-core host); its figures are in RELIABILITY.md.
+SOAK_RACE_LOG ?= /tmp/tether-soak-race.log
+soak-race:
+	@echo "soak-race: full log in $(SOAK_RACE_LOG)"
+	@RELIABILITY_LONG=1 RELIABILITY_SEED=$(SOAK_SEED) \
+		$(GO) test -race -count=1 -timeout 180m -v -run 'TestSoak' ./test/reliability/ >$(SOAK_RACE_LOG) 2>&1; \
+		rc=$$?; grep -E 'FIGURES|^(--- |ok|FAIL)|replay|soak_test' $(SOAK_RACE_LOG); exit $$rc
 
 fmt:
 	gofmt -l -w .

@@ -5,13 +5,14 @@ import (
 	"testing"
 
 	"github.com/tether-project/tether/edge/admin"
+	"github.com/tether-project/tether/edge/config"
 )
 
 // The Bearer scheme is case-insensitive; operator mistakes on
 // the Raft admin endpoints are 404s naming the id, not 500 or 200; and
 // metrics_access: admin_token puts /metrics behind the admin token.
 func TestAdminOperatorErrorsAndMetricsAccess(t *testing.T) {
-	s := startStatic(t, 1, 1, func(c *Config) { c.MetricsAccess = MetricsAdminToken })
+	s := startStatic(t, 1, 1, func(c *Config) { c.MetricsAccess = config.MetricsAdminToken })
 	for _, scheme := range []string{"Bearer", "bearer", "BEARER"} {
 		r := do(t, s.c, http.MethodGet, s.te.url()+"/admin/v1/cluster", nil, map[string]string{"Authorization": scheme + " " + testAdmin})
 		if r.status != http.StatusOK {

@@ -18,6 +18,7 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
+	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/test/natstest"
 )
 
@@ -168,7 +169,7 @@ func TestLeaderSweepsIdleBindings(t *testing.T) {
 	a.send(t, s.c, s.te, "one", nil)
 	// Dispatched beside its Bind: the sweep evicts a binding, so the Bind
 	// must have been answered first.
-	waitFor(t, "the conversation's Bind answered", 10*time.Second, func() bool { return s.te.e.placements.inFlight() == 0 })
+	waitFor(t, "the conversation's Bind answered", 10*time.Second, func() bool { return s.te.e.placements.InFlight() == 0 })
 	waitFor(t, "the idle binding evicted", 10*time.Second, func() bool {
 		_, ok := binding(t, s.c, s.te, fsm.FleetContext, "ttl-conv")
 		return !ok
@@ -297,7 +298,7 @@ func TestTraceSpansAcrossHops(t *testing.T) {
 	}
 	attrs := spanAttrs(route)
 	if attrs["tether.instance"] != "ctx-0" || attrs["tether.policy"] == "" || attrs["tether.routing_key.kind"] != "conversation" ||
-		attrs["tether.outcome"] != outcomeNewBind || attrs["tether.cached_tokens"] == "" || attrs["tether.rank"] == "" {
+		attrs["tether.outcome"] != routing.OutcomeNewBind || attrs["tether.cached_tokens"] == "" || attrs["tether.rank"] == "" {
 		t.Fatalf("routing span attributes %v", attrs)
 	}
 	for _, w := range []sdktrace.ReadOnlySpan{workerCtx, workerGen} {

@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/edge/stored"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
+	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/test/engines/vllm"
 	"github.com/tether-project/tether/worker"
 )
@@ -139,17 +141,17 @@ func BenchmarkRoutingDecision(b *testing.B) {
 		if aerr != nil {
 			b.Fatal(aerr)
 		}
-		rq.requestID, rq.now, rq.hint = "bench", time.Now(), true
+		rq.RequestID, rq.Now, rq.Hint, rq.Model = "bench", time.Now(), true, e.catalogue.First()
 		if aerr := e.identity(rq, conv, h); aerr != nil {
 			b.Fatal(aerr)
 		}
-		rq.promptTokens = len(toks)
-		rq.setConversation(rq.id.ConversationID)
-		hp, aerr := e.decide(ctx, rq, 1, nil)
-		if aerr != nil || hp.Outcome != outcomeSticky {
+		rq.PromptTokens = len(toks)
+		rq.SetConversation(rq.ID.ConversationID)
+		hp, aerr := e.router.Route(ctx, rq, 1, nil)
+		if aerr != nil || hp.Outcome != routing.OutcomeSticky {
 			b.Fatalf("%+v %v", hp, aerr)
 		}
-		_ = rq.hopBody(map[string]json.RawMessage{"stream": json.RawMessage("false")})
+		_ = rq.HopBody(map[string]json.RawMessage{"stream": json.RawMessage("false")})
 	}
 }
 
@@ -220,7 +222,7 @@ func benchFollowUp(b *testing.B, te *testEdge) {
 	const n = 20000
 	t0 := time.Now()
 	for range n {
-		if _, aerr := te.e.resolveStored(r.ID, refPrevious, t0); aerr != nil {
+		if _, aerr := te.e.stored.Resolve(r.ID, stored.Previous, t0); aerr != nil {
 			b.Fatal(aerr)
 		}
 	}

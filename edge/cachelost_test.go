@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
@@ -97,7 +98,7 @@ func TestCacheLostRebind(t *testing.T) {
 	}
 }
 
-func mustParse(t testing.TB, body []byte) (*request, []uint32, string) {
+func mustParse(t testing.TB, body []byte) (*route.Request, []uint32, string) {
 	t.Helper()
 	rq, conv, tokens, aerr := parseBody(body, apireq.Chat)
 	if aerr != nil {

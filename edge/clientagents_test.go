@@ -134,7 +134,7 @@ func TestClientSubagentHeadersOffAndGateway(t *testing.T) {
 		{"off", func(c *Config) { c.ClientSubagentHeaders = false }},
 		{"untrusted", func(c *Config) {
 			c.TrustedGateway = TrustedGatewayConfig{Enabled: true, CIDRs: []string{"192.0.2.0/24"}}
-			c.normalize()
+			c.Normalize()
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -188,27 +188,5 @@ func TestHandoffContinuingTheParentsChain(t *testing.T) {
 	}
 	if _, ok := s.te.e.Node().State().Link("parent-1"); ok {
 		t.Fatal("parent-1 was linked as a sub-agent")
-	}
-}
-
-// The clients' sub-agent headers are read by default, and an edge without
-// internal_request_auth_key still starts with them (its client sub-agents
-// get no signed hint); a file turns them off.
-func TestClientSubagentHeadersConfig(t *testing.T) {
-	const noKey = "model: m\ncontext_servers: {urls: [http://a:1]}\ngeneration_servers: {urls: [http://b:1]}\ncluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789abcdef}\n"
-	cfg, err := ParseConfig([]byte(noKey))
-	if err != nil {
-		t.Fatalf("no key, no parent header: %v", err)
-	}
-	if !cfg.ClientSubagentHeaders || !cfg.IdentityConfig().ClientHeaders {
-		t.Fatalf("client_subagent_headers is off by default")
-	}
-	cfg, err = ParseConfig([]byte(noKey + "client_subagent_headers: false\n"))
-	if err != nil || cfg.IdentityConfig().ClientHeaders {
-		t.Fatalf("client_subagent_headers: false: %v %+v", err, cfg.IdentityConfig())
-	}
-	// A trusted gateway guarding only the clients' headers is accepted.
-	if _, err := ParseConfig([]byte(noKey + "trusted_gateway: {enabled: true, cidrs: [10.0.0.0/8]}\n")); err != nil {
-		t.Fatalf("gateway guarding the clients' headers: %v", err)
 	}
 }

@@ -63,6 +63,15 @@ type agent struct {
 	turns           []string // user and assistant messages so far
 }
 
+// seedAgents are the seed table's agents: a parent session and two
+// sub-agents of it sharing its tool definitions.
+func seedAgents() (parent, childA, childB *agent) {
+	shared := longText("shared-tools", 40)
+	return &agent{session: "parent-1", system: "parent " + shared},
+		&agent{session: "child-a", parent: "parent-1", system: "explore " + shared},
+		&agent{session: "child-b", parent: "parent-1", system: "explore " + shared}
+}
+
 func (a *agent) send(t *testing.T, c *http.Client, te *testEdge, user string, extra map[string]any) turnResult {
 	t.Helper()
 	a.turns = append(a.turns, user)
@@ -119,10 +128,7 @@ func TestSeedTableAcrossThreeEdges(t *testing.T) {
 			ec.waitInstances(4)
 			c := httpClient(t)
 
-			shared := longText("shared-tools", 40)
-			parent := &agent{session: "parent-1", system: "parent " + shared}
-			childA := &agent{session: "child-a", parent: "parent-1", system: "explore " + shared}
-			childB := &agent{session: "child-b", parent: "parent-1", system: "explore " + shared}
+			parent, childA, childB := seedAgents()
 
 			p1 := parent.send(t, c, ec.edge(0), "plan the work", nil)
 			a1 := childA.send(t, c, ec.edge(1), "look at package a", nil)
@@ -358,13 +364,13 @@ func TestDegradedModeWithoutQuorum(t *testing.T) {
 	reg := ec.edge(survivor).registry
 	// Its Bind cannot commit: once the survivor knows the log is down, the
 	// key's requests are served on its proposal and counted degraded.
-	waitFor(t, "the survivor to know the log cannot commit", 20*time.Second, func() bool { return ec.edge(survivor).e.logDown() })
+	waitFor(t, "the survivor to know the log cannot commit", 20*time.Second, func() bool { return ec.edge(survivor).e.proposer.Down() })
 	// A second turn while still degraded stays on the same instance.
 	r2 := a.send(t, c, ec.edge(survivor), "again", nil)
 	if r2.ctxInst != r.ctxInst {
 		t.Fatalf("degraded key moved from %s to %s", r.ctxInst, r2.ctxInst)
 	}
-	if n := counter(t, reg, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "outcome": outcomeDegraded}); n < 1 {
+	if n := counter(t, reg, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "outcome": routing.OutcomeDegraded}); n < 1 {
 		t.Fatalf("degraded context decisions = %v, want >= 1", n)
 	}
 	if n := counter(t, reg, "tether_edge_degraded_decisions_total", map[string]string{"fleet": "context", "cause": routing.DegradedLogDown}); n < 1 {

@@ -1,12 +1,24 @@
 // Package edge is `tether edge`: the OpenAI-compatible front door over the
-// replicated affinity log. It turns each request into routing keys
-// (routing), reads where a key lives from the replicated state (a local read
-// of the cluster's fsm.State), places new keys and proposes the placement
-// through the log (the committed winner is used), sends the prefill to a
-// context worker and the decode to a generation worker, and signs the
-// sub-agent hint for each hop (internal/hintauth). Because every edge reads
-// the same log, a parent on one edge and its sub-agents on others share one
-// context instance. See DESIGN.md.
+// replicated affinity log, and the composition root of its parts. An edge
+// turns each request into routing keys, reads where a key lives from the
+// replicated state (a local read of the cluster's fsm.State), places new
+// keys and proposes the placement through the log, sends the prefill to a
+// context worker and the decode to a generation worker with the sub-agent
+// hint signed for each hop. Because every edge reads the same log, a parent
+// on one edge and its sub-agents on others share one context instance.
+//
+// This package builds the parts and wires them (New, Start, Close), serves
+// the HTTP API's mux and assembles each inference request (inference.go);
+// each part is a package of its own with a small interface the edge
+// implements (parts.go): the configuration (edge/config), the HTTP surface
+// (edge/api), admission (edge/admission), readiness (edge/readiness), the
+// models (edge/catalog), tokenization (edge/tokenize), stored responses and
+// conversations (edge/stored), routing each hop (edge/route), sending it in
+// each engine's flow (edge/dispatch, over edge/disagg's wire protocols),
+// the proposals beside the requests (edge/proposals), the engines' KV events
+// (edge/engineevents), transport security (edge/edgetls), metrics and
+// tracing (edge/observe), the leader's duties (edge/leader) and the admin
+// API (edge/admin). See DESIGN.md.
 //
 // Embedding:
 //
@@ -19,16 +31,12 @@ package edge
 import (
 	"context"
 	"crypto/rand"
-	"crypto/subtle"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,22 +44,27 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/cluster"
-	"github.com/tether-project/tether/edge/admin"
+	"github.com/tether-project/tether/edge/admission"
+	"github.com/tether-project/tether/edge/api"
+	"github.com/tether-project/tether/edge/catalog"
+	"github.com/tether-project/tether/edge/disagg"
+	"github.com/tether-project/tether/edge/dispatch"
+	"github.com/tether-project/tether/edge/edgetls"
+	"github.com/tether-project/tether/edge/engineevents"
 	"github.com/tether-project/tether/edge/fleetview"
-	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/edge/leader"
-	"github.com/tether-project/tether/edge/natsembed"
+	"github.com/tether-project/tether/edge/observe"
+	"github.com/tether-project/tether/edge/proposals"
+	"github.com/tether-project/tether/edge/readiness"
+	"github.com/tether-project/tether/edge/route"
+	"github.com/tether-project/tether/edge/stored"
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/bodybudget"
-	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/internal/respid"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/routing/overload"
 )
 
 // Deps are the edge's in-process collaborators; every field is optional.
@@ -86,55 +99,47 @@ type Edge struct {
 	nodeID  string
 	version string
 	authKey []byte
-	respIDs *respid.Codec // mints and reads Responses ids (edge/stored.go)
-	tls     *edgeTLS      // transport security (tls.go)
+	respIDs *respid.Codec // mints and reads the self-routing ids (edge/stored)
 
-	// The request path: a request's routing keys and placement, the
-	// hops' client, what the edge proposes, batches and records for the
-	// log, and whether it takes the request at all.
-	tokenizers [3]fleetTokenizer // by fsm.Fleet (tokenize.go)
-	route      routeState
-	client     *http.Client
-	// placements are this edge's own Bind proposals (placements.go).
-	placements *placements
-	touches    *touchBatcher
-	recorder   *recorder
-	fresh      *freshness // is this edge's state current (readyz, degraded placement)
-	ready      *readiness
-	shed       *shedder // load shedding on the edge's own saturation (admission.go)
-	// bodies bounds the request-body bytes held at once.
-	bodies *bodybudget.Budget
-	disagg disaggIDs
-	reqSeq atomic.Uint64
-	// unavailable is the unix nanos of the last ErrUnavailable (logDown).
-	unavailable atomic.Int64
+	// The request path: whether the edge takes a request (admission,
+	// readiness), the model it names (catalogue), its identity, where each
+	// fleet's hop goes (router) and how it is sent (dispatcher, client),
+	// stored responses and conversations (stored).
+	admission      *admission.Layer
+	fresh          *readiness.Freshness // is this edge's state current (readyz, degraded placement)
+	ready          *readiness.Readiness
+	catalogue      *catalog.Catalogue
+	identityConfig routing.IdentityConfig // the sub-agent identity routing resolves
+	router         *route.Router
+	dispatcher     *dispatch.Dispatcher
+	client         *http.Client // the hops' (behind the TLS hop guard)
+	stored         *stored.Service
+	bodies         *bodybudget.Budget // the request-body bytes held at once
+	reqSeq         atomic.Uint64      // request ids ("<node id>-<n>")
 
-	// The catalogue (models.go): the first model and the others, by name;
-	// adapters by name to their model.
-	models       []*servedModel
-	modelByName  map[string]*servedModel
-	adapterModel map[string]*servedModel
-	modelMetrics *modelMetrics
-	lora         loraState
+	// The log: the cluster node, what the edge proposes beside its
+	// requests (edge/proposals: every proposal, its own Bind proposals,
+	// the recorder's background events, the touch batches), and the
+	// leader's duties while it leads (edge/leader).
+	node       *cluster.Node
+	proposer   *proposals.Proposer
+	placements *proposals.Placements
+	recorder   *proposals.Recorder
+	touches    *proposals.Touches
+	duties     *leader.Duties
 
-	// The cluster node and the leader's duties while it leads (leader.go,
-	// edge/leader).
-	node   *cluster.Node
-	duties *leader.Duties
+	// The workers: the fleet view, the engines' own KV events, NATS, and
+	// the transport security of every link.
+	fleet        *fleetview.View
+	engineEvents *engineevents.Reader
+	nats         natsLink
+	tls          *edgetls.TLS
 
-	// What the edge knows of the workers: the fleet view, and what it
-	// learns of the engines beside it (their KV events, shadows of static
-	// engines' caches).
-	fleet   *fleetview.View
-	engines engineState
-	nats    natsLink
-	// dispatches: the requests this edge sends, told to the others, and
-	// theirs it counts (dispatches.go).
-	dispatches dispatchShare
-
-	// Observability.
+	// Observability (edge/observe).
 	registry *prometheus.Registry
-	metrics  *metrics
+	metrics  *observe.Metrics
+	answers  api.Relayer // passes workers' answers to clients
+	served   api.Served  // traces and counts the endpoints
 	tracing  spanTracing
 
 	// The HTTP API's server (serve).
@@ -152,40 +157,6 @@ type Edge struct {
 	stopped bool
 	// noHandoff: Close skips the Raft leadership transfer.
 	noHandoff atomic.Bool
-}
-
-// routeState is the routing decision's pieces for the first model (the
-// others hold their own in servedModel) and what all models share.
-type routeState struct {
-	identity routing.IdentityConfig
-	routers  [3]*routing.Router // by fsm.Fleet
-	decider  *routing.Decider   // the routing decision (route.go, routing.Decider)
-	overload *overload.Tracker
-	placed   atomic.Uint64 // decisions made (route.go: the views cache)
-}
-
-// engineState is what the edge reads of the engines outside the fleet
-// view.
-type engineState struct {
-	shadow *kvshadow.Shadows // static engines' shadow KV caches (shadow.go)
-	// kv reads the engines' own KV events (edge/engines.go).
-	kv engineKVSources
-	// cacheReporters: engine instances seen reporting cached tokens
-	// (edge/engines.go engineUsage).
-	cacheReporters sync.Map
-}
-
-// loraState is the adapters' metrics and runtime loads (lora.go).
-type loraState struct {
-	metrics *loraMetrics
-	loads   runtimeLoads // adapters loaded at runtime
-}
-
-// disaggIDs mints the ids of disaggregated requests (inference.go
-// disaggID): a random base and a sequence.
-type disaggIDs struct {
-	base uint64
-	seq  atomic.Uint64
 }
 
 // natsLink is the edge's NATS: the embedded server when configured, and
@@ -213,12 +184,28 @@ type httpServing struct {
 // New validates cfg and prepares an edge; Start opens the cluster node,
 // connects to NATS and listens.
 func New(cfg Config, deps Deps) (*Edge, error) {
-	cfg.normalize()
+	cfg.Normalize()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("edge: config: %w", err)
 	}
 	e := &Edge{cfg: cfg, deps: deps}
-	e.route.identity, e.route.overload = cfg.IdentityConfig(), overload.NewTracker()
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.setUp()
+	for _, step := range []func() error{e.newObservability, e.newLogSide, e.newRouting, e.newHops, e.newStored, e.newDispatch} {
+		if err := step(); err != nil {
+			e.cancel()
+			return nil, err
+		}
+	}
+	e.duties = e.newLeaderDuties()
+	return e, nil
+}
+
+// setUp fills what every part of the edge reads: its logger, clock, node
+// id, version, keys, body budget and metrics registry.
+func (e *Edge) setUp() {
+	cfg, deps := &e.cfg, e.deps
+	e.identityConfig = cfg.IdentityConfig()
 	e.bodies = bodybudget.New(cfg.MaxInflightBodyBytes)
 	e.log = deps.Logger
 	if e.log == nil {
@@ -241,51 +228,88 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 		e.authKey = []byte(cfg.InternalRequestAuthKey)
 	}
 	e.respIDs = respid.NewCodec(e.authKey)
-	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-		r, err := routing.NewRouter(cfg.RoutingConfig(f))
-		if err != nil {
-			return nil, fmt.Errorf("edge: %s router: %w", f, err)
-		}
-		e.route.routers[f] = r
-	}
-	var err error
-	if e.tokenizers, err = loadFleetTokenizers(&cfg); err != nil {
-		return nil, fmt.Errorf("edge: %w", err)
-	}
-	e.logTokenizers()
 	e.registry = deps.Registry
 	if e.registry == nil {
 		e.registry = prometheus.NewRegistry()
 	}
-	e.recorder = newRecorder(e)
-	e.touches = newTouchBatcher()
-	e.placements = newPlacements(e)
-	e.route.decider = &routing.Decider{Log: edgeLog{e}, Recorder: edgeRecorder{e}, Placements: e.placements, Fleet: edgeFleet{e: e},
-		Index: edgeIndex{e}, Overload: e.route.overload, CommitFirst: cfg.Placement.CommitFirst}
-	if err := e.buildCatalogue(); err != nil {
-		return nil, fmt.Errorf("edge: %w", err)
+}
+
+// newObservability creates the edge's series (edge/observe), the relay
+// that counts the answers it cannot finish, and the tracer.
+func (e *Edge) newObservability() error {
+	var err error
+	if e.metrics, err = observe.New(e.registry, observeSource{e}); err != nil {
+		return err
 	}
-	e.fresh = newFreshness(e)
-	if e.metrics, err = newMetrics(e.registry, e); err != nil {
-		return nil, err
-	}
-	if e.modelMetrics, err = newModelMetrics(e.registry); err != nil {
-		return nil, err
-	}
-	if e.lora.metrics, err = newLoRAMetrics(e.registry); err != nil {
-		return nil, err
-	}
-	tp := deps.TracerProvider
+	e.answers = api.Relayer{Metrics: e.metrics, Log: e.log}
+	tp := e.deps.TracerProvider
 	if tp == nil {
-		if tp, e.tracing.shutdown, err = tracerProvider(cfg.Tracing, cfg.Cluster.NodeID, os.Stdout); err != nil {
-			return nil, fmt.Errorf("edge: %w", err)
+		if tp, e.tracing.shutdown, err = observe.TracerProvider(e.cfg.Tracing, e.cfg.Cluster.NodeID, os.Stdout); err != nil {
+			return fmt.Errorf("edge: %w", err)
 		}
 	}
 	e.tracing.tracer = tp.Tracer("github.com/tether-project/tether/edge")
-	if e.tls, err = loadTLS(&cfg); err != nil {
-		return nil, fmt.Errorf("edge: %w", err)
+	e.served = api.Served{Tracer: e.tracing.tracer, Metrics: e.metrics, NodeID: e.nodeID}
+	return nil
+}
+
+// newLogSide prepares the edge's side of the affinity log: its proposals
+// (edge/proposals), its freshness (edge/readiness) and the admission layer
+// that refuses requests while its state is stalled (edge/admission).
+func (e *Edge) newLogSide() error {
+	p := proposals.New(e.ctx, proposalsEdge{e}, proposals.Config{NodeID: e.nodeID, ProposeTimeout: e.cfg.Cluster.ProposeTimeout,
+		TouchInterval: e.cfg.TouchInterval, Metrics: e.metrics, Logger: e.log, Now: e.now})
+	e.proposer, e.placements, e.recorder, e.touches = p.Proposer, p.Placements, p.Recorder, p.Touches
+	e.fresh = readiness.NewFreshness(readinessEdge{e}, e.cfg.Cluster, e.log)
+	e.admission = admission.New(admissionEdge{e}, e.cfg.Admission, e.metrics)
+	return nil
+}
+
+// newRouting prepares the catalogue (edge/catalog: each model's routers
+// and tokenizers) and the router (edge/route), which makes each model's
+// decision.
+func (e *Edge) newRouting() error {
+	cat, err := catalog.New(&e.cfg, catalogueEdge{e}, e.metrics, e.log)
+	if err != nil {
+		return fmt.Errorf("edge: %w", err)
 	}
-	transport := deps.Transport
+	e.catalogue = cat
+	e.logTokenizers()
+	e.router = route.New(routeEdge{e}, route.Config{Edge: &e.cfg, NodeID: e.nodeID, Catalogue: cat,
+		Proposals: &proposals.Proposals{Proposer: e.proposer, Placements: e.placements, Recorder: e.recorder, Touches: e.touches},
+		Fresh:     e.fresh, Metrics: e.metrics, Tracer: e.tracing.tracer, Logger: e.log, Now: e.now})
+	return nil
+}
+
+// newDispatch prepares what sends the hops (edge/dispatch), with this
+// process's disaggregated request id prefix.
+func (e *Edge) newDispatch() error {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	e.dispatcher = dispatch.New(dispatchEdge{e}, dispatch.Config{Edge: &e.cfg, NodeID: e.nodeID, AuthKey: e.authKey, Router: e.router,
+		Catalogue: e.catalogue, Stored: e.stored, Client: e.client, Answers: e.answers, Metrics: e.metrics, Tracer: e.tracing.tracer,
+		Logger: e.log, Now: e.now, DisaggBase: disagg.TRTLLMIDBase(binary.BigEndian.Uint32(b[:]))})
+	return nil
+}
+
+// newStored prepares the stored responses and conversations (edge/stored).
+func (e *Edge) newStored() error {
+	e.stored = stored.New(storedEdge{e}, stored.Config{NodeID: e.nodeID, Codec: e.respIDs, Retention: e.cfg.StoredResponseRetention,
+		UpstreamTimeout: e.cfg.UpstreamTimeout, DebugRouteHeader: e.cfg.DebugRouteHeader, Catalogue: e.catalogue,
+		Bodies: e.bodies, MaxBodyBytes: e.cfg.MaxBodyBytes, Client: e.client, Answers: e.answers, Metrics: e.metrics,
+		Served: e.served, Now: e.now})
+	return nil
+}
+
+// newHops prepares the hops to workers: the transport security of every
+// link (edge/edgetls), the hops' client behind its guard, and the ids of
+// the requests the log records.
+func (e *Edge) newHops() error {
+	var err error
+	if e.tls, err = edgetls.Load(&e.cfg); err != nil {
+		return fmt.Errorf("edge: %w", err)
+	}
+	transport := e.deps.Transport
 	if transport == nil {
 		transport = &http.Transport{
 			Proxy:               nil,
@@ -294,584 +318,31 @@ func New(cfg Config, deps Deps) (*Edge, error) {
 			MaxIdleConnsPerHost: 256,
 			IdleConnTimeout:     90 * time.Second,
 			ForceAttemptHTTP2:   false,
-			TLSClientConfig:     e.tls.worker,
+			TLSClientConfig:     e.tls.Worker,
 		}
 	}
-	e.client = &http.Client{Transport: e.tls.guardHops(transport, e.log, e.registry)}
+	e.client = &http.Client{Transport: e.tls.GuardHops(transport, e.log, e.registry)}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	e.disagg.base = disaggIDBase(binary.BigEndian.Uint32(b[:]))
 	// Request ids ("<node id>-<n>", recorded in the log's decisions) start
 	// at a random point of a 63-bit space, so an edge restarted on its data
 	// directory does not reuse the ids its previous process recorded.
 	e.reqSeq.Store(binary.BigEndian.Uint64(b[:]) >> 1 &^ (1<<32 - 1))
-	e.duties = e.newLeaderDuties()
-	e.ctx, e.cancel = context.WithCancel(context.Background())
-	return e, nil
-}
-
-// Start opens the cluster node, starts NATS (embedded or client), the
-// fleet view, the background duties and the HTTP server. Each step leaves
-// what it started where stopLocked releases it, so on error everything
-// started is stopped.
-func (e *Edge) Start(ctx context.Context) (err error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.started || e.stopped {
-		return errors.New("edge: Start called twice or after Close")
-	}
-	e.started = true
-	defer func() {
-		if err != nil {
-			e.stopLocked(false)
-		}
-	}()
-	if err := e.listen(ctx); err != nil {
-		return err
-	}
-	if err := e.startNATS(); err != nil {
-		return err
-	}
-	if err := e.openNode(ctx); err != nil {
-		return err
-	}
-	if err := e.startFleetView(ctx); err != nil {
-		return err
-	}
-	if err := e.placements.listen(); err != nil {
-		return err
-	}
-	if err := e.listenDispatches(); err != nil {
-		return err
-	}
-	if err := e.startAdmission(); err != nil {
-		return err
-	}
-	e.serve()
-	e.startBackground()
-	e.log.Info("edge serving", "url", e.URL(), "tls", e.TLSMode(), "raft", e.node.Addr(), "nats", e.natsURL())
 	return nil
 }
 
-// listen takes the HTTP listener (Deps.HTTPListener, or hostname:port),
-// behind TLS when configured and answering header-level errors in the
-// API's shape (headererrors.go). stopLocked closes it until serve owns it.
-func (e *Edge) listen(ctx context.Context) error {
-	ln := e.deps.HTTPListener
-	if ln == nil {
-		addr := net.JoinHostPort(e.cfg.Hostname, strconv.Itoa(e.cfg.Port))
-		var lc net.ListenConfig
-		var err error
-		if ln, err = lc.Listen(ctx, "tcp", addr); err != nil {
-			return fmt.Errorf("edge: listen %s: %w", addr, err)
+// logTokenizers says at start how each fleet's block keys are computed.
+func (e *Edge) logTokenizers() {
+	for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
+		ft := e.catalogue.First().Tokenizers[f]
+		dir, chatTemplate, ok := ft.Model()
+		if !ok {
+			continue // words: as every tether dev and simulator run
+		}
+		e.log.Info("fleet block keys from the model's tokenizer", "fleet", f.String(), "dir", dir,
+			"block_size", ft.BlockSize(), "chat_template", chatTemplate)
+		if !chatTemplate {
+			e.log.Warn("the model's tokenizer_config.json has no chat_template: chat requests get no block keys", "fleet", f.String(), "dir", dir)
 		}
 	}
-	for _, w := range e.tls.warnings(&e.cfg) {
-		e.log.Warn(w)
-	}
-	e.http.ln = apiErrorListener{e.tls.listener(ln)}
-	return nil
-}
-
-// openNode opens the cluster node on the edge's cluster settings, its
-// metrics and TLS. The node owns Deps.ClusterListener from here on (it
-// closes it when Open fails).
-func (e *Edge) openNode(ctx context.Context) error {
-	ccfg := e.cfg.nodeConfig()
-	ccfg.Version, ccfg.Listener, ccfg.TLS = e.version, e.deps.ClusterListener, e.tls.cluster
-	ccfg.Registerer, ccfg.Logger = e.registry, e.log
-	e.deps.ClusterListener = nil
-	n, err := cluster.Open(ctx, ccfg)
-	if err != nil {
-		return fmt.Errorf("edge: %w", err)
-	}
-	e.node = n
-	return nil
-}
-
-// startAdmission prepares what decides whether the edge takes a request
-// (admission.go): its readiness, which requests read from the first one
-// on (route.go unheardAtStartup), and the shedder.
-func (e *Edge) startAdmission() error {
-	e.ready = newReadiness(e, e.now())
-	return e.startShedder()
-}
-
-// serve serves the HTTP API on the listener; stopLocked awaits the
-// server's exit.
-func (e *Edge) serve() {
-	srv := &http.Server{
-		Handler:           e.Handler(),
-		ReadHeaderTimeout: e.cfg.ReadHeaderTimeout,
-		ReadTimeout:       e.cfg.ReadTimeout,  // bodies up to max_body_bytes
-		WriteTimeout:      e.cfg.WriteTimeout, // 0: none; streams extend it per chunk (relay)
-		IdleTimeout:       e.cfg.IdleTimeout,
-		MaxHeaderBytes:    1 << 20,
-		ConnContext:       connContext,
-		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelWarn),
-	}
-	e.http.srv = srv
-	done := make(chan error, 1)
-	e.http.serveErr = done
-	ln := e.http.ln
-	go func() {
-		err := srv.Serve(ln)
-		if errors.Is(err, http.ErrServerClosed) {
-			err = nil
-		}
-		done <- err
-	}()
-}
-
-// startBackground starts the edge's own loops, which run until e.ctx is
-// cancelled: freshness, the recorder, touch batching, the leader's duties
-// while this node leads, and advertising this edge's NodeInfo.
-func (e *Edge) startBackground() {
-	e.wg.Add(5)
-	go e.fresh.run()
-	go e.recorder.run()
-	go e.touchLoop()
-	go func() {
-		defer e.wg.Done()
-		e.duties.Run(e.ctx)
-	}()
-	go e.advertise()
-}
-
-// staticInstances are the configured workers of every model's fleets, as
-// the fleet view takes them.
-func (e *Edge) staticInstances() []fleetview.Static {
-	var static []fleetview.Static
-	for _, m := range e.models {
-		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-			sc := m.cfg.servers(f)
-			model := ""
-			if sc.HealthCheckModel {
-				model = m.name
-			}
-			for _, si := range sc.URLs {
-				static = append(static, fleetview.Static{ID: si.ID(), URL: trimSlash(si.URL), Fleet: f, HealthPath: sc.HealthPath, Model: model,
-					Served: m.name, MaxLoRAs: m.cfg.LoRA.MaxLoRAs, Metrics: sc.Engine.Kind().metricsFormat(), Ranks: sc.DataParallelSize,
-					ProbeTimeout: sc.healthTimeout(e.cfg.Telemetry.ProbeInterval), EngineEvents: si.KVEvents != nil, SharedEvents: sc.KVCacheEvents})
-			}
-		}
-	}
-	return static
-}
-
-// startFleetView builds and starts the view of the workers (static ones,
-// NATS telemetry, probes) and subscribes to the engines' own KV events.
-func (e *Edge) startFleetView(ctx context.Context) error {
-	t := e.cfg.Telemetry
-	var err error
-	if e.fleet, err = fleetview.New(fleetview.Config{
-		Static: e.staticInstances(), Conn: e.nats.conn, PredictTTL: e.cfg.Placement.PredictTTL, Breaker: e.cfg.Placement.Breaker, BlockSize: e.cfg.Placement.BlockSize,
-		StaleIntervals: t.StaleIntervals, MinStaleAfter: t.MinStaleAfter, ProbeInterval: t.ProbeInterval,
-		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
-		OnEvictions: e.duties.QueueEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
-		ProbeClient:   &http.Client{Transport: e.client.Transport},
-		VerifyAddress: e.addressVerifier(),
-	}); err != nil {
-		return fmt.Errorf("edge: %w", err)
-	}
-	e.engines.shadow = kvshadow.New(e.fleet.Index(), 1)
-	if err := e.fleet.Start(ctx); err != nil {
-		return fmt.Errorf("edge: %w", err)
-	}
-	if err := e.startEngineEvents(); err != nil {
-		return fmt.Errorf("edge: %w", err)
-	}
-	return nil
-}
-
-func trimSlash(s string) string {
-	for len(s) > 0 && s[len(s)-1] == '/' {
-		s = s[:len(s)-1]
-	}
-	return s
-}
-
-// startNATS starts the embedded server when configured and connects.
-func (e *Edge) startNATS() error {
-	n := e.cfg.NATS
-	if !n.Enabled() {
-		return nil
-	}
-	urls := n.URLs
-	if n.Embedded {
-		host, portStr, _ := net.SplitHostPort(n.Listen)
-		port, err := strconv.Atoi(portStr)
-		if err != nil {
-			return fmt.Errorf("edge: nats.listen %q: %w", n.Listen, err)
-		}
-		if port == 0 {
-			port = natsembed.RandomPort
-		}
-		opts := &natsserver.Options{Host: host, Port: port, Username: n.User, Password: n.Password, Authorization: n.Token}
-		e.embeddedNATSAuth(opts)
-		srv, err := natsembed.Start(opts)
-		if err != nil {
-			return fmt.Errorf("edge: embedded %w", err)
-		}
-		e.nats.srv = srv
-		urls = []string{srv.ClientURL()}
-	}
-	opts := []nats.Option{
-		nats.Name("tether-edge-" + e.cfg.Cluster.NodeID),
-		nats.MaxReconnects(-1),
-		nats.RetryOnFailedConnect(true),
-		nats.ReconnectWait(250 * time.Millisecond),
-		nats.NoCallbacksAfterClientClose(),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				e.log.Warn("nats disconnected", "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { e.log.Info("nats reconnected", "server", c.ConnectedUrlRedacted()) }),
-	}
-	switch {
-	case n.User != "":
-		opts = append(opts, nats.UserInfo(n.User, n.Password))
-	case n.Token != "":
-		opts = append(opts, nats.Token(n.Token))
-	case n.NKeySeedFile != "":
-		o, err := nats.NkeyOptionFromSeed(n.NKeySeedFile)
-		if err != nil {
-			return fmt.Errorf("edge: nats.nkey_seed_file: %w", err)
-		}
-		opts = append(opts, o)
-	case n.CredsFile != "":
-		opts = append(opts, nats.UserCredentials(n.CredsFile))
-	}
-	opts = append(opts, e.tls.natsClientOptions()...)
-	joined := ""
-	for i, u := range urls {
-		if i > 0 {
-			joined += ","
-		}
-		joined += u
-	}
-	nc, err := nats.Connect(joined, opts...)
-	if err != nil {
-		return fmt.Errorf("edge: nats connect %s: %w", joined, err)
-	}
-	e.nats.conn = nc
-	return nil
-}
-
-func (e *Edge) natsURL() string {
-	if e.nats.srv != nil {
-		return e.nats.srv.ClientURL()
-	}
-	if e.nats.conn != nil {
-		return e.nats.conn.ConnectedUrlRedacted()
-	}
-	return ""
-}
-
-// NATSURL is the embedded NATS server's client URL ("" when not embedded).
-func (e *Edge) NATSURL() string {
-	if e.nats.srv != nil {
-		return e.nats.srv.ClientURL()
-	}
-	return ""
-}
-
-// Addr is the HTTP listen address (host:port).
-func (e *Edge) Addr() string {
-	if e.http.ln == nil {
-		return ""
-	}
-	return e.http.ln.Addr().String()
-}
-
-// Node is the edge's cluster node (read-only use).
-func (e *Edge) Node() *cluster.Node { return e.node }
-
-// Fleet is the edge's view of the workers.
-func (e *Edge) Fleet() *fleetview.View { return e.fleet }
-
-// Registry is the edge's metrics registry.
-func (e *Edge) Registry() *prometheus.Registry { return e.registry }
-
-// Close shuts the edge down gracefully: stop accepting requests and let
-// in-flight ones finish (until ctx is done), flush the pending touches and
-// background events and await the answers to its Bind proposals, hand leadership over and close the node, NATS and
-// the fleet view. Idempotent.
-func (e *Edge) Close(ctx context.Context) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.stopped {
-		return nil
-	}
-	var errs []error
-	if e.http.srv != nil {
-		if err := e.http.srv.Shutdown(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("edge: http shutdown: %w", err))
-			e.http.srv.Close()
-		}
-	}
-	if e.node != nil {
-		fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		e.flushTouches(fctx)
-		e.recorder.flush(fctx)
-		e.awaitPlacements(fctx)
-		cancel()
-	}
-	if err := e.stopLocked(false); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
-}
-
-// awaitPlacements waits, until ctx is done, for the log's answer to the
-// Bind proposals this edge has in flight: a graceful stop keeps the
-// placements of the requests it served.
-func (e *Edge) awaitPlacements(ctx context.Context) {
-	if e.placements == nil {
-		return
-	}
-	t := time.NewTicker(5 * time.Millisecond)
-	defer t.Stop()
-	for e.placements.inFlight() > 0 {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// SkipLeadershipHandoff makes Close stop the Raft node without handing
-// leadership to another edge: for a deployment stopping every edge
-// (ops/devstack), where the edge taking over would be stopping too.
-func (e *Edge) SkipLeadershipHandoff() {
-	e.noHandoff.Store(true)
-	e.mu.Lock()
-	n := e.node
-	e.mu.Unlock()
-	if n != nil {
-		n.SkipLeadershipTransfer()
-	}
-}
-
-// Kill stops the edge abruptly, as a crash would: connections drop, the
-// Raft node dies without a leadership transfer, nothing is flushed. Tests
-// use it to kill a leader.
-func (e *Edge) Kill() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.stopped {
-		return
-	}
-	if e.http.srv != nil {
-		e.http.srv.Close()
-	}
-	_ = e.stopLocked(true)
-}
-
-// stopLocked stops everything started (under e.mu).
-func (e *Edge) stopLocked(abrupt bool) error {
-	e.stopped = true
-	var errs []error
-	if e.http.srv == nil && e.http.ln != nil {
-		e.http.ln.Close() // Start failed before serving
-	}
-	e.cancel()
-	e.wg.Wait()
-	e.stopEngineEvents()
-	if e.fleet != nil {
-		e.fleet.Close()
-	}
-	if e.node != nil {
-		var err error
-		if abrupt {
-			err = e.node.Kill()
-		} else {
-			if e.noHandoff.Load() {
-				e.node.SkipLeadershipTransfer()
-			}
-			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			err = e.node.Close(cctx)
-			cancel()
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
-	} else if e.deps.ClusterListener != nil {
-		e.deps.ClusterListener.Close()
-	}
-	if e.nats.conn != nil {
-		e.nats.conn.Close()
-	}
-	if e.nats.srv != nil {
-		e.nats.srv.Shutdown()
-		e.nats.srv.WaitForShutdown()
-	}
-	if e.http.serveErr != nil {
-		if err := <-e.http.serveErr; err != nil {
-			errs = append(errs, fmt.Errorf("edge: http serve: %w", err))
-		}
-	}
-	e.client.CloseIdleConnections() // reaches through the hop guard
-	if e.tracing.shutdown != nil {
-		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = e.tracing.shutdown(cctx)
-		cancel()
-	}
-	return errors.Join(errs...)
-}
-
-// Handler is the edge's HTTP API: the OpenAI endpoints, health, metrics
-// and the admin API.
-func (e *Edge) Handler() http.Handler {
-	mux := http.NewServeMux()
-	for _, d := range []apireq.Dialect{apireq.Chat, apireq.Completions, apireq.Messages, apireq.Responses} {
-		mux.HandleFunc(d.Path(), func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, d) })
-	}
-	mux.HandleFunc(countTokensPath, func(w http.ResponseWriter, r *http.Request) { e.handleInference(w, r, apireq.Messages) })
-	mux.HandleFunc("/v1/responses/", e.handleStoredResponse)
-	mux.HandleFunc("/v1/conversations", e.handleConversations)
-	mux.HandleFunc("/v1/conversations/", e.handleConversations)
-	mux.HandleFunc("/v1/models", e.handleModels)
-	mux.HandleFunc("/v1/models/{id...}", e.handleModel)
-	mux.HandleFunc("/healthz", e.handleHealth)
-	mux.HandleFunc("/readyz", e.handleReady)
-	mux.Handle("/metrics", e.metricsHandler())
-	mux.Handle(admin.Prefix, e.adminAPI())
-	return e.admission(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() {
-			if v := recover(); v != nil {
-				if v == http.ErrAbortHandler {
-					panic(v)
-				}
-				e.log.Error("handler panic", "path", r.URL.Path, "panic", v)
-				writeAPIError(w, newAPIError(http.StatusInternalServerError, "server_error", "internal_error", "", "internal error"))
-			}
-		}()
-		if _, pattern := mux.Handler(r); pattern == "" {
-			e.metrics.requests.WithLabelValues("other", "404").Inc()
-			writeAPIError(w, newAPIError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
-				"unknown path %s %s (the edge serves POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/messages/count_tokens, /v1/responses, GET/DELETE /v1/responses/{id}, /v1/conversations[/{id}[/items[/{item_id}]]], GET /v1/models, /healthz, /readyz, /metrics, /admin/v1/...)",
-				r.Method, truncate(r.URL.Path, 200)))
-			return
-		}
-		mux.ServeHTTP(w, r)
-	}))
-}
-
-// metricsHandler serves /metrics, behind the admin token when
-// metrics_access is admin_token (docs/security.md).
-func (e *Edge) metricsHandler() http.Handler {
-	h := promhttp.HandlerFor(e.registry, promhttp.HandlerOpts{})
-	if e.cfg.MetricsAccess != MetricsAdminToken {
-		return h
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !admin.Authorized(r, e.cfg.AdminToken) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="tether-metrics"`)
-			admin.Error(w, http.StatusUnauthorized, "unauthorized", "/metrics needs Authorization: Bearer <admin_token> (metrics_access: admin_token)")
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
-}
-
-// writeJSON and truncate are the shared JSON answer and message quoting.
-var (
-	writeJSON = httpjson.Write
-	truncate  = httpjson.Clip
-)
-
-func methodNotAllowed(w http.ResponseWriter, r *http.Request, allowed ...string) {
-	w.Header().Set("Allow", strings.Join(allowed, ", "))
-	writeAPIError(w, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
-		"method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allowed, ", ")))
-}
-
-func (e *Edge) handleHealth(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-}
-
-// advertise proposes this edge's NodeInfo until it commits (the leader
-// raises the cluster feature level from these).
-func (e *Edge) advertise() {
-	defer e.wg.Done()
-	ev := fsm.NodeInfo{NodeID: e.nodeID, Version: e.version, MaxFeatureLevel: e.featureLevel()}
-	backoff := 50 * time.Millisecond
-	for {
-		if n, ok := findNode(e.node.State(), e.nodeID); ok && n.Version == ev.Version && n.MaxFeatureLevel == ev.MaxFeatureLevel {
-			return
-		}
-		ctx, cancel := context.WithTimeout(e.ctx, time.Second)
-		_, err := e.propose(ctx, ev)
-		cancel()
-		if err == nil {
-			return
-		}
-		select {
-		case <-e.ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 2*time.Second)
-	}
-}
-
-// featureLevel is the highest fsm feature level this edge advertises and
-// uses: cluster.compat_feature_level (its default: this build's maximum).
-func (e *Edge) featureLevel() uint32 { return e.cfg.Cluster.FeatureLevel }
-
-func findNode(st *fsm.State, id string) (fsm.Edge, bool) {
-	for _, n := range st.Edges() {
-		if n.ID == id {
-			return n, true
-		}
-	}
-	return fsm.Edge{}, false
-}
-
-// propose commits one event through the log and records its latency and
-// result.
-func (e *Edge) propose(ctx context.Context, ev fsm.Event) (fsm.Result, error) {
-	start := time.Now()
-	res, err := e.node.Propose(ctx, ev)
-	e.observeProposal(ev.Type(), res, err, time.Since(start))
-	return res, err
-}
-
-func (e *Edge) observeProposal(t fsm.EventType, res fsm.Result, err error, took time.Duration) {
-	result := res.Status.String()
-	switch {
-	case errors.Is(err, cluster.ErrNotApplied):
-		// Committed (res is the leader's result); this replica lags. Not
-		// a log that cannot commit: no degraded mode.
-	case errors.Is(err, cluster.ErrUnavailable):
-		result = "unavailable"
-		e.unavailable.Store(e.now().UnixNano())
-	case err != nil:
-		result = "error"
-	default:
-		e.commitObserve(took)
-	}
-	e.metrics.proposals.WithLabelValues(t.String(), result).Inc()
-}
-
-func (e *Edge) commitObserve(d time.Duration) { e.metrics.commitSeconds.Observe(d.Seconds()) }
-
-// logDown reports whether the log is known to be unable to commit right
-// now: a recent proposal failed for lack of quorum and no leader is known.
-// Requests then go straight to degraded placement instead of waiting out
-// propose_timeout each.
-func (e *Edge) logDown() bool {
-	last := e.unavailable.Load()
-	if last == 0 || e.now().UnixNano()-last > int64(5*time.Second) {
-		return false
-	}
-	leader, _ := e.node.Leader()
-	return leader == ""
-}
-
-func constantTimeEqual(a, b string) bool {
-	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
 }

@@ -130,7 +130,7 @@ func engineEventsSurviveGarbage(t *testing.T, srv *oaiserve.Server, home string,
 	waitFor(t, "every edge to count the undecodable event and message of both ranks", 15*time.Second, func() bool {
 		srv.PublishHeartbeat()
 		for i := range 3 {
-			m := ec.edge(i).e.metrics.kvUndecodable
+			m := ec.edge(i).e.metrics.KVUndecodable
 			if counterValue(m.WithLabelValues(home, "malformed_event")) < 2 || counterValue(m.WithLabelValues(home, "malformed_batch")) < 2 {
 				return false
 			}

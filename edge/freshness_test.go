@@ -89,7 +89,7 @@ func TestLaggingEdgeDoesNotGuessBoundKeys(t *testing.T) {
 		}
 		served[k], _ = routeOf(t, r)
 	}
-	if n := counter(t, te.registry, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "outcome": outcomeDegraded}); n < float64(len(keys)) {
+	if n := counter(t, te.registry, "tether_edge_routing_decisions_total", map[string]string{"fleet": "context", "outcome": routing.OutcomeDegraded}); n < float64(len(keys)) {
 		t.Fatalf("degraded context decisions = %v, want >= %d", n, len(keys))
 	}
 	if n := counter(t, te.registry, "tether_edge_degraded_decisions_total", map[string]string{"fleet": "context", "cause": routing.DegradedStateNotCurrent}); n < float64(len(keys)) {
@@ -122,7 +122,7 @@ func TestLaggingEdgeDoesNotGuessBoundKeys(t *testing.T) {
 		}
 	}
 	waitFor(t, "the lagging edge's proposals answered", 20*time.Second, func() bool {
-		return te.e.placements.inFlight() == 0
+		return te.e.placements.InFlight() == 0
 	})
 	off := 0
 	for _, k := range keys {
@@ -140,17 +140,6 @@ func upInstances(e *Edge, f fsm.Fleet) []string {
 	for _, in := range e.Node().State().Instances() {
 		if in.Fleet == f && in.Status == fsm.InstanceUp {
 			out = append(out, in.ID)
-		}
-	}
-	return out
-}
-
-// requestsFor is what w received for conversation conv.
-func requestsFor(w *testWorker, conv string) []seenRequest {
-	var out []seenRequest
-	for _, r := range w.requests() {
-		if r.conversationID() == conv {
-			out = append(out, r)
 		}
 	}
 	return out

@@ -24,17 +24,20 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/cluster"
 	"github.com/tether-project/tether/edge/admin"
+	"github.com/tether-project/tether/edge/api"
+	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/convid"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/clustertest"
 	"github.com/tether-project/tether/test/leakcheck"
+	"github.com/tether-project/tether/test/metricstest"
 	"github.com/tether-project/tether/test/testhttp"
 	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"
@@ -540,43 +543,10 @@ func promptTokensOf(t testing.TB, m map[string]any) int {
 	return int(n)
 }
 
-// counter sums a counter metric's series whose labels include want.
+// counter sums a counter's (or gauge's) series whose labels include want.
 func counter(t testing.TB, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if labelsMatch(m, want) {
-				switch {
-				case m.Counter != nil:
-					total += m.GetCounter().GetValue()
-				case m.Gauge != nil:
-					total += m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return total
-}
-
-func labelsMatch(m *dto.Metric, want map[string]string) bool {
-	have := map[string]string{}
-	for _, l := range m.GetLabel() {
-		have[l.GetName()] = l.GetValue()
-	}
-	for k, v := range want {
-		if have[k] != v {
-			return false
-		}
-	}
-	return true
+	return metricstest.Sum(t, reg, name, want)
 }
 
 // adminGet calls the admin API.
@@ -611,7 +581,7 @@ func awaitOwnBind(t testing.TB, te *testEdge, fleet fsm.Fleet, key string) {
 	t.Helper()
 	waitFor(t, "the Bind proposal of "+key+" answered, or the log down", 20*time.Second, func() bool {
 		p, ok := te.e.placements.Pending(fleet, key)
-		return !ok || p.Settled || te.e.logDown()
+		return !ok || p.Settled || te.e.proposer.Down()
 	})
 }
 
@@ -730,7 +700,7 @@ func awaitPlacementsApplied(t testing.TB, ec *edgeCluster, i int) {
 	t.Helper()
 	p := ec.edge(i).e.placements
 	waitFor(t, fmt.Sprintf("edge-%d's Bind proposals answered", i+1), 20*time.Second, func() bool {
-		return p.inFlight() == 0
+		return p.InFlight() == 0
 	})
 	want := ec.edge(i).e.node.State().Index()
 	ec.mu.Lock()
@@ -744,4 +714,15 @@ func awaitPlacementsApplied(t testing.TB, ec *edgeCluster, i int) {
 		}
 		return true
 	})
+}
+
+// parseBody is an inference body of dialect d as the request path parses
+// it (api.Parse: internal fields removed): the edge's request, the body's
+// conversation id and the prompt's words tokens.
+func parseBody(body []byte, d apireq.Dialect) (rq *route.Request, bodyConv string, tokens []uint32, aerr *api.Error) {
+	p, aerr := api.Parse(body, d.Path())
+	if aerr != nil {
+		return nil, "", nil, aerr
+	}
+	return fromParsed(p), p.ConversationID, p.WordTokens(), nil
 }

@@ -185,7 +185,7 @@ func TestShedWhenEveryInstanceIsOverItsLimit(t *testing.T) {
 	if f := <-first; f.status != http.StatusOK {
 		t.Fatalf("first request: %d %s", f.status, f.body)
 	}
-	if n := counter(t, s.te.registry, "tether_edge_routing_decisions_total", map[string]string{"outcome": outcomeShed}); n != 1 {
+	if n := counter(t, s.te.registry, "tether_edge_routing_decisions_total", map[string]string{"outcome": routing.OutcomeShed}); n != 1 {
 		t.Fatalf("shed decisions %v", n)
 	}
 }

@@ -1,9 +1,9 @@
 package edge
 
 import (
-	"strings"
 	"testing"
 
+	"github.com/tether-project/tether/edge/catalog"
 	"github.com/tether-project/tether/internal/apireq"
 )
 
@@ -28,8 +28,8 @@ func TestAnthropicInlineSystemSetting(t *testing.T) {
 		if aerr != nil {
 			t.Fatal(aerr)
 		}
-		rq.m = &servedModel{cfg: &Config{AnthropicInlineSystem: setting}}
-		got, aerr := rq.placeInlineSystem(tokens)
+		rq.Model = &catalog.Model{Cfg: &Config{AnthropicInlineSystem: setting}}
+		got, aerr := placeInlineSystem(rq, tokens)
 		if aerr != nil {
 			t.Fatal(aerr)
 		}
@@ -40,13 +40,5 @@ func TestAnthropicInlineSystemSetting(t *testing.T) {
 	}
 	if a, b := want(apireq.InlineSystemPreserve), want(apireq.InlineSystemFold); len(a) == len(b) {
 		t.Fatalf("the modes key alike (%d tokens): the test shows nothing", len(a))
-	}
-	_, err := ParseConfig([]byte(strings.Replace(validYAML, "model: llama-3.1-70b\n", "model: llama-3.1-70b\nanthropic_inline_system: hoist\n", 1)))
-	if err == nil || !strings.Contains(err.Error(), `anthropic_inline_system`) || !strings.Contains(err.Error(), `"hoist" is not preserve or fold`) {
-		t.Fatalf("a bad mode: %v", err)
-	}
-	cfg, err := ParseConfig([]byte(strings.Replace(validYAML, "model: llama-3.1-70b\n", "model: llama-3.1-70b\nanthropic_inline_system: fold\n", 1)))
-	if err != nil || cfg.inlineSystem() != apireq.InlineSystemFold {
-		t.Fatalf("fold: %v", err)
 	}
 }

@@ -8,9 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/internal/apireq"
-	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/test/engines/oaiserve"
 	"github.com/tether-project/tether/test/engines/sglang"
 	"github.com/tether-project/tether/test/engines/vllm"
@@ -135,25 +132,6 @@ func TestLoRARuntimeLoad(t *testing.T) {
 	}
 	if n := counter(t, te.registry, "tether_edge_lora_runtime_loads_total", map[string]string{"adapter": "agent-a", "result": "already_loaded"}); n != 1 {
 		t.Fatalf("agent-a load answered %v times already_loaded, want 1", n)
-	}
-}
-
-// An adapter request's block keys are the adapter's (vLLM keys its blocks
-// by lora_name): the base model's cached prefix is not credited to it.
-func TestLoRABlockKeysIncludeTheAdapter(t *testing.T) {
-	e := tokenizeEdge(t, TokenizerWords, testBlockSize)
-	body := chatBody(t, longText("sys", 40), []string{"hello"}, nil)
-	base, _, words, aerr := parseBody(body, apireq.Chat)
-	if aerr != nil {
-		t.Fatal(aerr.Message)
-	}
-	e.promptKeys(base, words)
-	lora, _, _, _ := parseBody(body, apireq.Chat)
-	lora.adapter = "agent-a"
-	e.promptKeys(lora, words)
-	b, l := base.prompts[fsm.FleetContext].blocks, lora.prompts[fsm.FleetContext].blocks
-	if len(b) == 0 || !slices.Equal(l, prefix.AdapterBlockHashes("agent-a", words, testBlockSize)) || slices.Contains(b, l[0]) {
-		t.Fatalf("base %x, adapter %x", b, l)
 	}
 }
 

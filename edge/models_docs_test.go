@@ -10,6 +10,7 @@ import (
 
 	"github.com/tether-project/tether/test/engines/oaiserve"
 	"github.com/tether-project/tether/test/engines/vllm"
+	"github.com/tether-project/tether/test/repo"
 )
 
 // The configuration of several models with LoRA adapters that README.md
@@ -28,9 +29,9 @@ func TestModelsDocExampleStarts(t *testing.T) {
 			t.Fatal(err)
 		}
 		var text string
-		for _, b := range yamlBlocks(string(doc)) {
-			if strings.Contains(b.text, "\nmodels:") && strings.Contains(b.text, "lora:") {
-				text = b.text
+		for _, b := range repo.YAMLBlocks(string(doc)) {
+			if strings.Contains(b.Text, "\nmodels:") && strings.Contains(b.Text, "lora:") {
+				text = b.Text
 			}
 		}
 		if text == "" {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/telemetry"
 )
@@ -63,9 +62,9 @@ func TestTwoModelsRouteToTheirOwnFleets(t *testing.T) {
 			}
 		}
 	}
-	for _, m := range te.e.models {
+	for _, m := range te.e.catalogue.Models() {
 		for _, f := range []fsm.Fleet{fsm.FleetContext, fsm.FleetGeneration} {
-			awaitOwnBind(t, te, f, m.key("shared-session"))
+			awaitOwnBind(t, te, f, m.Key("shared-session"))
 		}
 	}
 	a, okA := binding(t, c, te, fsm.FleetContext, "shared-session")
@@ -93,7 +92,8 @@ func adminBindingOf(t *testing.T, c *http.Client, te *testEdge, fleet, key, mode
 	if fleet == fsm.FleetGeneration.String() {
 		f = fsm.FleetGeneration
 	}
-	awaitOwnBind(t, te, f, te.e.modelByName[model].key(key))
+	m, _, _ := te.e.catalogue.Lookup(model)
+	awaitOwnBind(t, te, f, m.Key(key))
 	r := adminGet(t, c, te, "/admin/v1/bindings/"+fleet+"/"+url.PathEscape(key)+"?model="+url.QueryEscape(model))
 	if r.status == http.StatusNotFound {
 		return admin.BindingInfo{}, false
@@ -173,91 +173,6 @@ func checkModelNotFound(t *testing.T, r response) {
 	}
 }
 
-// A models entry is checked like the top-level fleets, its errors named
-// under models[i]; names are unique across models and adapters; instances
-// serve one model.
-func TestModelsConfigValidation(t *testing.T) {
-	base := `
-model: m1
-context_servers: {urls: ["http://127.0.0.1:9001"]}
-generation_servers: {urls: ["http://127.0.0.1:9002"]}
-internal_request_auth_key: k0123456789abcdef
-cluster: {node_id: e1, data_dir: /tmp/x, bootstrap: true, peers: [{id: e1, addr: "127.0.0.1:7000"}]}
-lora: {adapters: [a1, {name: a2, path: /p/a2}], max_loras: 2}
-`
-	cfg, err := ParseConfig([]byte(base + `
-models:
-  - name: m2
-    context_servers: {urls: ["http://127.0.0.1:9003"]}
-    generation_servers: {urls: ["http://127.0.0.1:9004"]}
-    lora: {adapters: [b1]}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(cfg.Models) != 1 || cfg.Models[0].ContextServers.HealthPath != DefaultHealthPath || cfg.Models[0].ContextServers.Tokenizer != TokenizerWords ||
-		cfg.LoRA.Adapters[0].Name != "a1" || cfg.LoRA.Adapters[1].Path != "/p/a2" || cfg.LoRA.MaxLoRAs != 2 {
-		t.Fatalf("parsed %+v %+v", cfg.Models, cfg.LoRA)
-	}
-	for _, c := range []struct{ yaml, want string }{
-		{"models:\n  - context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].name, line 9: required"},
-		{"models:\n  - name: m1\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", `models[0].name, line 9: "m1" is also model`},
-		{"models:\n  - name: a1\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", `"a1" is also`},
-		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9001\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].context_servers.urls[0], line 10: duplicate URL"},
-		{"models:\n  - name: m2\n    context_servers: {urls: [\"ftp://x\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].context_servers.urls[0], line 10:"},
-		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9003\"], engine: nope}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", "models[0].context_servers.engine, line 10: unknown engine"},
-		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n    lora: {runtime_load: true}\n", "models[0].lora.runtime_load, line 12: only vLLM"},
-		{"models:\n  - name: m2\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n    colour: red\n", "models[0].colour"},
-		{"model_aliases: [m1-alias, a1]\n", `lora.adapters[0].name, line 7: "a1" is also model_aliases[1]`},
-		{"model_aliases: [\"\"]\n", `model_aliases[0], line 8: "" must be 1..256 bytes`},
-		{"models:\n  - name: m2\n    aliases: [m1]\n    context_servers: {urls: [\"http://127.0.0.1:9003\"]}\n    generation_servers: {urls: [\"http://127.0.0.1:9004\"]}\n", `models[0].aliases[0], line 10: "m1" is also model`},
-	} {
-		_, err := ParseConfig([]byte(base + c.yaml))
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%q: got %v, want an error containing %q", c.yaml, err, c.want)
-		}
-	}
-}
-
-// Each model's tokenizer is its own: a second model whose fleets run a
-// SentencePiece-style tokenizer (Mistral's, internal/hftok) gets its block
-// keys from it, the first model from the words tokenizer.
-func TestModelsHaveTheirOwnTokenizers(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Model = "words-model"
-	d := DefaultConfig()
-	m := ModelConfig{Name: "mistral-model", ContextServers: d.ContextServers, GenerationServers: d.GenerationServers}
-	m.ContextServers.Tokenizer, m.ContextServers.BlockSize = "hf:../internal/hftok/testdata/mistral", 16
-	m.GenerationServers.Tokenizer, m.GenerationServers.BlockSize = m.ContextServers.Tokenizer, 16
-	cfg.Models = []ModelConfig{m}
-	cfg.normalize()
-	fts, err := loadFleetTokenizers(&cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &Edge{cfg: cfg, tokenizers: fts, log: testLogger(t)}
-	if err := e.buildCatalogue(); err != nil {
-		t.Fatal(err)
-	}
-	prompt := []byte(`{"model":"mistral-model","prompt":"Hello, my dog is cute"}`)
-	rq, _, words, aerr := parseBody(prompt, apireq.Completions)
-	if aerr != nil {
-		t.Fatal(aerr.Message)
-	}
-	rq.m, _, _ = e.lookupModel(rq.model)
-	e.promptKeys(rq, words)
-	// The Metaspace golden of internal/hftok for this prompt.
-	if got := rq.prompts[fsm.FleetContext].tokens; got != 6 || len(words) != 5 {
-		t.Fatalf("mistral model: %d tokens (words %d), want Mistral's 6", got, len(words))
-	}
-	rq2, _, words2, _ := parseBody([]byte(`{"model":"words-model","prompt":"Hello, my dog is cute"}`), apireq.Completions)
-	rq2.m, _, _ = e.lookupModel(rq2.model)
-	e.promptKeys(rq2, words2)
-	if got := rq2.prompts[fsm.FleetContext].tokens; got != 5 {
-		t.Fatalf("words model: %d tokens, want 5", got)
-	}
-}
-
 // A model served under several names (model_aliases, as vLLM's
 // --served-model-name) is one model: each name routes to its fleets under
 // the same routing key, GET /v1/models lists every name with the model as
@@ -302,29 +217,5 @@ func TestModelAliasesAreOneModel(t *testing.T) {
 	}
 	if one := do(t, c, http.MethodGet, te.url()+"/v1/models/"+alias, nil, nil); one.status != http.StatusOK {
 		t.Fatalf("GET /v1/models/%s: %d %s", alias, one.status, one.body)
-	}
-}
-
-// With several models an alias routes to its own model's fleets and keys.
-func TestAliasOfASecondModelIsThatModel(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Model = "first"
-	d := DefaultConfig()
-	cfg.Models = []ModelConfig{{Name: "second", Aliases: []string{"second-alias"}, ContextServers: d.ContextServers, GenerationServers: d.GenerationServers}}
-	cfg.normalize()
-	fts, err := loadFleetTokenizers(&cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &Edge{cfg: cfg, tokenizers: fts, log: testLogger(t)}
-	if err := e.buildCatalogue(); err != nil {
-		t.Fatal(err)
-	}
-	m, adapter, ok := e.lookupModel("second-alias")
-	if !ok || adapter != "" || m.name != "second" || m.key("k") != fsm.ModelKey("second", "k") {
-		t.Fatalf("second-alias resolves to %+v %q %v", m, adapter, ok)
-	}
-	if !strings.Contains(e.modelNotFound("nope").Message, `"second-alias" (a name of second)`) {
-		t.Fatalf("404 does not list the alias: %s", e.modelNotFound("nope").Message)
 	}
 }

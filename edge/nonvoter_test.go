@@ -92,10 +92,7 @@ func TestSeedTableWithNonvoters(t *testing.T) {
 	ec.waitInstances(4)
 	c := httpClient(t)
 
-	shared := longText("shared-tools", 40)
-	parent := &agent{session: "parent-1", system: "parent " + shared}
-	childA := &agent{session: "child-a", parent: "parent-1", system: "explore " + shared}
-	childB := &agent{session: "child-b", parent: "parent-1", system: "explore " + shared}
+	parent, childA, childB := seedAgents()
 	p1 := parent.send(t, c, ec.edge(0), "plan the work", nil)
 	a1 := childA.send(t, c, ec.edge(3), "look at package a", nil) // non-voter
 	b1 := childB.send(t, c, ec.edge(8), "look at package b", nil) // non-voter
@@ -182,7 +179,7 @@ func TestSeedTableWithNonvoters(t *testing.T) {
 	})
 	phase("promoted")
 	checkTable("after the promotion")
-	childC := &agent{session: "child-c", parent: "parent-1", system: "explore " + shared}
+	childC := &agent{session: "child-c", parent: "parent-1", system: childA.system}
 	agents = append(agents, childC)
 	for i := range ec.edges {
 		if ec.edge(i).e == nil {

@@ -68,10 +68,7 @@ func TestRankObservedOnlyAtFeatureLevel2(t *testing.T) {
 	}
 	for i := range 3 {
 		e := ec.edge(i).e
-		e.recorder.mu.Lock()
-		queued := len(e.recorder.ranks)
-		e.recorder.mu.Unlock()
-		if queued != 0 || counter(t, ec.edge(i).registry, "tether_edge_proposals_total", map[string]string{"type": "RankObserved"}) != 0 {
+		if queued := e.recorder.QueuedRanks(); queued != 0 || counter(t, ec.edge(i).registry, "tether_edge_proposals_total", map[string]string{"type": "RankObserved"}) != 0 {
 			t.Fatalf("edge-%d emitted RankObserved at cluster level 1", i+1)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/cluster/archive"
+	"github.com/tether-project/tether/edge/proposals"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/test/natstest"
 )
@@ -24,21 +25,23 @@ func TestRecorderRetriesApplyEachEventOnce(t *testing.T) {
 	ec := startEdges(t, 3, ns.ClientURL(), nil)
 	lead := ec.leader(15 * time.Second)
 	fol := ec.edge((lead + 1) % 3).e
-	r := newRecorder(fol)
+	// A recorder of its own over the follower's node and metrics.
+	r := proposals.New(context.Background(), proposalsEdge{fol}, proposals.Config{NodeID: fol.nodeID,
+		ProposeTimeout: fol.cfg.Cluster.ProposeTimeout, TouchInterval: fol.cfg.TouchInterval, Metrics: fol.metrics, Logger: fol.log, Now: fol.now}).Recorder
 
 	const events = 3000
 	for i := range events {
-		r.add(fsm.Overflow{Fleet: fsm.FleetContext, Key: fmt.Sprintf("d2-%d", i), From: "w-a", To: "w-b",
+		r.Add(fsm.Overflow{Fleet: fsm.FleetContext, Key: fmt.Sprintf("d2-%d", i), From: "w-a", To: "w-b",
 			Reason: fsm.OverflowSaturated, Decision: fsm.Decision{Edge: fol.nodeID, RequestID: fmt.Sprintf("r-%d", i)}}, nil)
 	}
 	failures, timeout := 0, time.Millisecond
 	deadline := time.Now().Add(60 * time.Second)
-	for r.queued() > 0 {
+	for r.Queued() > 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("recorder still holds %d events after 60 s (%d failed attempts)", r.queued(), failures)
+			t.Fatalf("recorder still holds %d events after 60 s (%d failed attempts)", r.Queued(), failures)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		ok := r.flush(ctx)
+		ok := r.Flush(ctx)
 		cancel()
 		if ok {
 			timeout = time.Millisecond

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/edge/admin"
+	"github.com/tether-project/tether/edge/config"
 	"github.com/tether-project/tether/internal/apireq"
 	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/test/engines/oaiserve"
@@ -46,7 +47,7 @@ func testShadowCache(t *testing.T, kind EngineKind) {
 	ec := startEdges(t, 1, "", func(_ int, c *Config) {
 		c.Telemetry.ProbeInterval = 100 * time.Millisecond
 		c.Placement.BlockSize = blockSize
-		c.ContextServers = ServersConfig{URLs: urls, Engine: kind, KVShadowBlocks: DefaultKVShadowBlocks}
+		c.ContextServers = ServersConfig{URLs: urls, Engine: kind, KVShadowBlocks: config.DefaultKVShadowBlocks}
 		c.GenerationServers = ServersConfig{}
 	})
 	ec.waitInstances(2)
@@ -236,31 +237,5 @@ func TestAdminInstancesShowTetherWorkerKV(t *testing.T) {
 	}
 	if got.Approximate || sum != got.Blocks {
 		t.Fatalf("kv of %s: %+v (ranks must add up; events are exact)", first.ctxInst, got)
-	}
-}
-
-func TestKVShadowBlocksConfig(t *testing.T) {
-	t.Setenv(EnvInternalRequestAuthKey, "")
-	parse := func(extra string) (Config, error) {
-		return ParseConfig([]byte(`
-model: m
-context_servers: {engine: vllm, urls: [http://a:1]` + extra + `}
-cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
-`))
-	}
-	cfg, err := parse("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.ContextServers.KVShadowBlocks != DefaultKVShadowBlocks || cfg.GenerationServers.KVShadowBlocks != DefaultKVShadowBlocks {
-		t.Fatalf("default kv_shadow_blocks %d/%d, want %d", cfg.ContextServers.KVShadowBlocks, cfg.GenerationServers.KVShadowBlocks, DefaultKVShadowBlocks)
-	}
-	if cfg, err = parse(", kv_shadow_blocks: 0"); err != nil || cfg.ContextServers.KVShadowBlocks != 0 {
-		t.Fatalf("kv_shadow_blocks: 0 (off): %v, %d", err, cfg.ContextServers.KVShadowBlocks)
-	}
-	for _, bad := range []string{", kv_shadow_blocks: -1", ", kv_shadow_blocks: 99999999"} {
-		if _, err := parse(bad); err == nil || !strings.Contains(err.Error(), "context_servers.kv_shadow_blocks") {
-			t.Errorf("%s: %v, want an error naming context_servers.kv_shadow_blocks", bad, err)
-		}
 	}
 }

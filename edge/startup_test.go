@@ -46,7 +46,7 @@ func TestRestartedEdgeTrustsTheLogForUnheardBoundInstances(t *testing.T) {
 	}
 	te := ec.edge(restarted)
 	waitFor(t, "the restarted edge to catch up", 10*time.Second, func() bool {
-		ok, _ := te.e.fresh.caughtUpSinceStart()
+		ok, _ := te.e.fresh.CaughtUpSinceStart()
 		return ok
 	})
 	if _, ok := te.e.Fleet().Instance(first.ctxInst, time.Now()); ok {

@@ -1,13 +1,11 @@
 package worker
 
 import (
-	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/tether-project/tether/internal/apireq"
 )
@@ -25,10 +23,6 @@ import (
 // id '…' not found.", "Item with id '…' not found.", param and code null).
 // vLLM and SGLang serve no Conversations API: a proxy worker holds its
 // conversations itself and sends its engine the whole input.
-
-// maxItemsPerCall bounds the items one create adds (OpenAI's "up to 20
-// items at a time").
-const maxItemsPerCall = 20
 
 // conversationRoute is the route of /v1/conversations and what follows.
 func (s *Server) conversationRoute(rest string) (route, bool) {
@@ -70,95 +64,32 @@ func (s *Server) convAnswer(w http.ResponseWriter, status int, v any) {
 	writeJSON(w, status, v)
 }
 
-// convBody reads a request body as a JSON object (an empty body is {}).
-func (s *Server) convBody(r *http.Request) (map[string]json.RawMessage, *apiError) {
+// convBody reads and validates a Conversations body of op
+// (apireq.ParseConversation); its items get ids (inputItems).
+func (s *Server) convBody(r *http.Request, op apireq.ConversationOp) (*apireq.ConversationBody, *apiError) {
 	body, release, aerr := s.readBody(r)
 	if aerr != nil {
 		return nil, aerr
 	}
 	defer release()
-	top := map[string]json.RawMessage{}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return top, nil
-	}
-	if json.Unmarshal(body, &top) != nil || top == nil {
-		return nil, badRequest("", "the request body must be a JSON object")
-	}
-	return top, nil
-}
-
-// convMetadata validates metadata as OpenAI does: an object of at most 16
-// string values, keys of at most 64 characters, values of at most 512
-// (null or absent: {}).
-func convMetadata(raw json.RawMessage) (json.RawMessage, *apiError) {
-	if apireq.IsNull(raw) {
-		return json.RawMessage("{}"), nil
-	}
-	var m map[string]json.RawMessage
-	if json.Unmarshal(raw, &m) != nil || m == nil {
-		return nil, apireq.BadRequest("invalid_type", "metadata", "Invalid type for 'metadata': expected a metadata object, but got %s instead.", apireq.Kind(raw))
-	}
-	if len(m) > 16 {
-		return nil, apireq.BadRequest("object_above_max_properties", "metadata",
-			"Invalid 'metadata': too many properties. Expected an object with at most 16 properties, but got an object with %d properties instead.", len(m))
-	}
-	for k, v := range m {
-		var s string
-		switch {
-		case utf8.RuneCountInString(k) > 64:
-			return nil, apireq.BadRequest("", "metadata", "Invalid 'metadata': key %q is longer than 64 characters.", truncate(k, 80))
-		case json.Unmarshal(v, &s) != nil:
-			return nil, apireq.BadRequest("invalid_type", "metadata."+truncate(k, 64), "Invalid type for 'metadata.%s': expected a string, but got %s instead.", truncate(k, 64), apireq.Kind(v))
-		case utf8.RuneCountInString(s) > 512:
-			return nil, apireq.BadRequest("string_above_max_length", "metadata."+truncate(k, 64), "Invalid 'metadata.%s': string too long. Expected a string with maximum length 512.", truncate(k, 64))
-		}
-	}
-	out, _ := json.Marshal(m)
-	return out, nil
-}
-
-// convItems validates a body's items (required or not): at most 20 input
-// items the Responses API takes, returned with ids (inputItems).
-func convItems(top map[string]json.RawMessage, required bool) ([]json.RawMessage, *apiError) {
-	raw, ok := top["items"]
-	if !ok || apireq.IsNull(raw) {
-		if required {
-			return nil, apireq.Missing("items")
-		}
-		return nil, nil
-	}
-	var items []json.RawMessage
-	if json.Unmarshal(raw, &items) != nil {
-		return nil, apireq.BadRequest("invalid_type", "items", "Invalid type for 'items': expected an array of input items, but got %s instead.", apireq.Kind(raw))
-	}
-	if len(items) > maxItemsPerCall {
-		return nil, apireq.BadRequest("array_above_max_length", "items",
-			"Invalid 'items': array too long. Expected an array with maximum length %d, but got an array with length %d instead.", maxItemsPerCall, len(items))
-	}
-	if _, aerr := apireq.ItemsHistory(items, "items"); aerr != nil {
+	cb, aerr := apireq.ParseConversation(op, body)
+	if aerr != nil {
 		return nil, aerr
 	}
-	return inputItems(items), nil
+	if cb.Items != nil {
+		cb.Items = inputItems(cb.Items)
+	}
+	return cb, nil
 }
 
 // handleCreateConversation is POST /v1/conversations.
 func (s *Server) handleCreateConversation(w http.ResponseWriter, r *http.Request) {
-	top, aerr := s.convBody(r)
+	cb, aerr := s.convBody(r, apireq.ConversationCreate)
 	if aerr != nil {
 		s.convAnswer(w, aerr.Status, aerr)
 		return
 	}
-	meta, aerr := convMetadata(top["metadata"])
-	if aerr != nil {
-		s.convAnswer(w, aerr.Status, aerr)
-		return
-	}
-	items, aerr := convItems(top, false)
-	if aerr != nil {
-		s.convAnswer(w, aerr.Status, aerr)
-		return
-	}
-	c := s.conversations.create("conv_"+randomID(), time.Now().Unix(), meta, items)
+	c := s.conversations.create("conv_"+randomID(), time.Now().Unix(), cb.Metadata, cb.Items)
 	s.convAnswer(w, http.StatusOK, conversationObject(c))
 }
 
@@ -173,21 +104,12 @@ func (s *Server) handleConversation(w http.ResponseWriter, r *http.Request, id s
 		}
 		s.convAnswer(w, http.StatusOK, map[string]any{"id": id, "object": "conversation.deleted", "deleted": true})
 	case http.MethodPost:
-		top, aerr := s.convBody(r)
-		if aerr == nil {
-			if _, ok := top["metadata"]; !ok {
-				aerr = apireq.Missing("metadata")
-			}
-		}
-		var meta json.RawMessage
-		if aerr == nil {
-			meta, aerr = convMetadata(top["metadata"])
-		}
+		cb, aerr := s.convBody(r, apireq.ConversationUpdate)
 		if aerr != nil {
 			s.convAnswer(w, aerr.Status, aerr)
 			return
 		}
-		c, ok := s.conversations.setMetadata(id, meta)
+		c, ok := s.conversations.setMetadata(id, cb.Metadata)
 		if !ok {
 			s.convAnswer(w, http.StatusNotFound, convNotFound(id))
 			return
@@ -216,20 +138,16 @@ func (s *Server) handleConversationItems(w http.ResponseWriter, r *http.Request,
 		writeItemPage(w, r, c.items)
 		return
 	}
-	top, aerr := s.convBody(r)
-	var items []json.RawMessage
-	if aerr == nil {
-		items, aerr = convItems(top, true)
-	}
+	cb, aerr := s.convBody(r, apireq.ConversationAddItems)
 	if aerr != nil {
 		s.convAnswer(w, aerr.Status, aerr)
 		return
 	}
-	if !s.conversations.appendItems(id, items) {
+	if !s.conversations.appendItems(id, cb.Items) {
 		s.convAnswer(w, http.StatusNotFound, convNotFound(id))
 		return
 	}
-	s.convAnswer(w, http.StatusOK, itemList(items, false))
+	s.convAnswer(w, http.StatusOK, itemList(cb.Items, false))
 }
 
 // handleConversationItem is GET and DELETE

@@ -1,9 +1,11 @@
-// Package disagg is the engines' own prefill/decode handoff protocols, as an
-// edge speaks them to a vLLM or SGLang split: the fields each hop's request
-// sets and removes, the reading of a prefill's answer, the first events of a
-// decode's stream, and the usage the prefill reports. The edge drives the
-// flow (placement, retries, relaying); this package holds what crosses the
-// wire. See DESIGN.md.
+// Package disagg is the engines' own disaggregation protocols, as an edge
+// speaks them: trtllm-serve's context and generation requests (TensorRT-LLM's
+// disaggregated server protocol) and the prefill/decode handoffs of a vLLM
+// or SGLang split — the fields each hop's request sets and removes, the
+// reading and checking of a context or prefill answer, the first events of
+// a decode's stream, and the usage a prefill reports. edge/dispatch drives
+// the flows (placement, retries, relaying); this package holds what crosses
+// the wire. See DESIGN.md.
 package disagg
 
 import (

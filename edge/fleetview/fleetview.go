@@ -314,6 +314,41 @@ type View struct {
 
 // New builds a View; Start subscribes and starts the probes.
 func New(cfg Config) (*View, error) {
+	cfg.withDefaults()
+	breakers, err := breaker.NewSet(cfg.Breaker)
+	if err != nil {
+		return nil, fmt.Errorf("fleetview: %w", err)
+	}
+	f := &View{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "fleetview"),
+		index:    kvindex.New(kvindex.Config{PredictTTL: cfg.PredictTTL}),
+		breakers: breakers,
+		nc:       cfg.Conn,
+		client:   cfg.ProbeClient,
+		byID:     make(map[string]*instance),
+		alias:    make(map[string]string),
+		addrs:    addresses{byID: make(map[string]*addressState)},
+	}
+	if f.client == nil {
+		f.client = &http.Client{}
+	}
+	f.probeSlots = make(chan struct{}, maxParallelProbes)
+	f.engineBoot = rand.Uint64() | 1
+	for _, s := range cfg.Static {
+		if err := f.addStatic(s); err != nil {
+			return nil, err
+		}
+	}
+	if f.metrics, err = newMetrics(cfg.Registerer, f); err != nil {
+		return nil, err
+	}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
+	return f, nil
+}
+
+// withDefaults fills the zero settings.
+func (cfg *Config) withDefaults() {
 	if cfg.StaleIntervals <= 0 {
 		cfg.StaleIntervals = 5
 	}
@@ -341,60 +376,38 @@ func New(cfg Config) (*View, error) {
 	if cfg.Breaker == (breaker.Config{}) {
 		cfg.Breaker = breaker.DefaultConfig()
 	}
-	breakers, err := breaker.NewSet(cfg.Breaker)
-	if err != nil {
-		return nil, fmt.Errorf("fleetview: %w", err)
+}
+
+// addStatic adds a configured instance.
+func (f *View) addStatic(s Static) error {
+	if s.ID == "" || s.URL == "" || !s.Fleet.Valid() {
+		return fmt.Errorf("fleetview: static instance %q (%s, %v): id, url and fleet are required", s.ID, s.URL, s.Fleet)
 	}
-	f := &View{
-		cfg:      cfg,
-		log:      cfg.Logger.With("component", "fleetview"),
-		index:    kvindex.New(kvindex.Config{PredictTTL: cfg.PredictTTL}),
-		breakers: breakers,
-		nc:       cfg.Conn,
-		client:   cfg.ProbeClient,
-		byID:     make(map[string]*instance),
-		alias:    make(map[string]string),
-		addrs:    addresses{byID: make(map[string]*addressState)},
+	if _, dup := f.byID[s.ID]; dup {
+		return fmt.Errorf("fleetview: static instance %q configured twice", s.ID)
 	}
-	if f.client == nil {
-		f.client = &http.Client{}
+	if s.Metrics != "" && s.Metrics != MetricsVLLM && s.Metrics != MetricsSGLang {
+		return fmt.Errorf("fleetview: static instance %q: unknown metrics format %q", s.ID, s.Metrics)
 	}
-	f.probeSlots = make(chan struct{}, maxParallelProbes)
-	f.engineBoot = rand.Uint64() | 1
-	for _, s := range cfg.Static {
-		if s.ID == "" || s.URL == "" || !s.Fleet.Valid() {
-			return nil, fmt.Errorf("fleetview: static instance %q (%s, %v): id, url and fleet are required", s.ID, s.URL, s.Fleet)
-		}
-		if _, dup := f.byID[s.ID]; dup {
-			return nil, fmt.Errorf("fleetview: static instance %q configured twice", s.ID)
-		}
-		if s.Metrics != "" && s.Metrics != MetricsVLLM && s.Metrics != MetricsSGLang {
-			return nil, fmt.Errorf("fleetview: static instance %q: unknown metrics format %q", s.ID, s.Metrics)
-		}
-		hp := s.HealthPath
-		if hp == "" {
-			hp = DefaultHealthPath
-		}
-		if !strings.HasPrefix(hp, "/") {
-			return nil, fmt.Errorf("fleetview: static instance %q: health path %q must start with /", s.ID, hp)
-		}
-		pt := s.ProbeTimeout
-		if pt <= 0 {
-			pt = cfg.ProbeInterval
-		}
-		in := &instance{id: s.ID, fleet: s.Fleet, url: s.URL, static: true, healthPath: hp, probeModel: s.Model,
-			probeTimeout: pt, served: s.Served, maxLoRAs: s.MaxLoRAs, metricsFormat: s.Metrics, ranks: s.Ranks, engineEvents: s.EngineEvents || s.SharedEvents}
-		if s.SharedEvents {
-			// Batches and dumps travel under the instance's id.
-			in.workerID = s.ID
-		}
-		f.byID[s.ID] = in
+	hp := s.HealthPath
+	if hp == "" {
+		hp = DefaultHealthPath
 	}
-	if f.metrics, err = newMetrics(cfg.Registerer, f); err != nil {
-		return nil, err
+	if !strings.HasPrefix(hp, "/") {
+		return fmt.Errorf("fleetview: static instance %q: health path %q must start with /", s.ID, hp)
 	}
-	f.ctx, f.cancel = context.WithCancel(context.Background())
-	return f, nil
+	pt := s.ProbeTimeout
+	if pt <= 0 {
+		pt = f.cfg.ProbeInterval
+	}
+	in := &instance{id: s.ID, fleet: s.Fleet, url: s.URL, static: true, healthPath: hp, probeModel: s.Model,
+		probeTimeout: pt, served: s.Served, maxLoRAs: s.MaxLoRAs, metricsFormat: s.Metrics, ranks: s.Ranks, engineEvents: s.EngineEvents || s.SharedEvents}
+	if s.SharedEvents {
+		// Batches and dumps travel under the instance's id.
+		in.workerID = s.ID
+	}
+	f.byID[s.ID] = in
+	return nil
 }
 
 // Start subscribes to the telemetry subjects (when a connection is
@@ -842,11 +855,21 @@ func (f *View) drop(kind string, err error) {
 	f.log.Debug("telemetry message dropped", "kind", kind, "reason", reason, "err", err)
 }
 
-func toFleet(tf telemetry.Fleet) fsm.Fleet {
+// FleetOf is the log's fleet of a telemetry fleet (the one the subjects and
+// payloads name).
+func FleetOf(tf telemetry.Fleet) fsm.Fleet {
 	if tf == telemetry.FleetGeneration {
 		return fsm.FleetGeneration
 	}
 	return fsm.FleetContext
+}
+
+// TelemetryFleet is the telemetry fleet of one of the log's.
+func TelemetryFleet(f fsm.Fleet) telemetry.Fleet {
+	if f == fsm.FleetGeneration {
+		return telemetry.FleetGeneration
+	}
+	return telemetry.FleetContext
 }
 
 // onLoad handles a load report: registration, heartbeat and load.
@@ -885,7 +908,7 @@ func (f *View) onLoad(m *nats.Msg) {
 	in.report = r
 	if !in.static {
 		in.url = r.URL
-		in.fleet = toFleet(r.Fleet)
+		in.fleet = FleetOf(r.Fleet)
 	}
 	in.reportGen.Add(1)
 	in.pendingReq.Store(0)
@@ -939,7 +962,7 @@ func (f *View) resolveLocked(r telemetry.LoadReport) *instance {
 			return in
 		}
 	}
-	in := &instance{id: r.Instance, workerID: r.Instance, fleet: toFleet(r.Fleet), url: r.URL}
+	in := &instance{id: r.Instance, workerID: r.Instance, fleet: FleetOf(r.Fleet), url: r.URL}
 	f.byID[in.id] = in
 	f.log.Info("worker registered", "instance", in.id, "fleet", in.fleet, "url", r.URL)
 	return in

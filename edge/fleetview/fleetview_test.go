@@ -25,6 +25,7 @@ import (
 	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing"
+	"github.com/tether-project/tether/test/metricstest"
 	"github.com/tether-project/tether/routing/breaker"
 	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/test/waitfor"
@@ -74,34 +75,7 @@ func newFleet(t testing.TB, cfg Config) (*View, *prometheus.Registry) {
 
 func metric(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue next
-				}
-			}
-			if m.Counter != nil {
-				total += m.GetCounter().GetValue()
-			} else if m.Gauge != nil {
-				total += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return total
+	return metricstest.Sum(t, reg, name, labels)
 }
 
 func report(id string, fleet telemetry.Fleet, boot, seq, kvSeq uint64) telemetry.LoadReport {
@@ -256,22 +230,10 @@ func TestGapTriggersDumpAndRebuild(t *testing.T) {
 // dumps at once (a real worker: its own dump handler and codecs).
 func TestFreshViewRebuildsFromRealWorker(t *testing.T) {
 	ns := natstest.Start(t, nil)
-	cfg := worker.DefaultConfig()
-	cfg.InstanceID, cfg.Model = "w-real", "m"
-	cfg.Ranks = 2
-	cfg.ADP.EnableAttentionDP = true
-	cfg.Engine.TimeScale, cfg.Engine.BlockSize = 0, 4
-	cfg.TelemetryInterval = 20 * time.Millisecond
-	cfg.NATS.URLs = []string{ns.ClientURL()}
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	w, err := worker.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	w := startRealWorker(t, "w-real", ns.ClientURL(), func(cfg *worker.Config) {
+		cfg.Ranks = 2
+		cfg.ADP.EnableAttentionDP = true
+	})
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
 	text := strings.Repeat("alpha beta gamma delta ", 20)
@@ -488,24 +450,8 @@ func TestTelemetryOutageKeepsHealthAndProbes(t *testing.T) {
 	url := ns.ClientURL()
 	port := ns.Addr().(*net.TCPAddr).Port
 
-	startRealWorker := func(id string) *worker.Server {
-		cfg := worker.DefaultConfig()
-		cfg.InstanceID, cfg.Model = id, "m"
-		cfg.Engine.TimeScale, cfg.Engine.BlockSize = 0, 4
-		cfg.TelemetryInterval = 20 * time.Millisecond
-		cfg.NATS.URLs = []string{url}
-		cfg.Logger = slog.New(slog.DiscardHandler)
-		w, err := worker.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = w.Close(context.Background()) })
-		return w
-	}
-	wa, wb := startRealWorker("w-a"), startRealWorker("w-b")
+	start := func(id string) *worker.Server { return startRealWorker(t, id, url, nil) }
+	wa, wb := start("w-a"), start("w-b")
 
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
 	if err != nil {
@@ -593,4 +539,29 @@ func TestBreakerCountsOnlyPromptsThatCouldHit(t *testing.T) {
 	if st := f.Breakers().State("w-long", clk.now()); st != breaker.Open {
 		t.Fatalf("50 misses of 4-block prompts: breaker %s, want open", st)
 	}
+}
+
+// startRealWorker starts a real worker (simulated engine, TimeScale 0,
+// blocks of 4 tokens) reporting every 20 ms to the NATS server at natsURL;
+// mutate, when set, changes its configuration first.
+func startRealWorker(t *testing.T, id, natsURL string, mutate func(*worker.Config)) *worker.Server {
+	t.Helper()
+	cfg := worker.DefaultConfig()
+	cfg.InstanceID, cfg.Model = id, "m"
+	cfg.Engine.TimeScale, cfg.Engine.BlockSize = 0, 4
+	cfg.TelemetryInterval = 20 * time.Millisecond
+	cfg.NATS.URLs = []string{natsURL}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	w, err := worker.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	return w
 }

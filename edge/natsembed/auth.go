@@ -24,7 +24,7 @@ import (
 // EdgePermissions are an edge's: read every worker's telemetry, ask any
 // worker for a KV dump and read the replies; and, for the trtllm-serve
 // instances whose /kv_cache_events the leader edge drains, publish their KV
-// batches and answer dump requests for them (edge/engines.go); publish and
+// batches and answer dump requests for them (edge/engineevents); publish and
 // read the edges' placements.
 func EdgePermissions() *natsserver.Permissions {
 	return &natsserver.Permissions{

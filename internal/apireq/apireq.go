@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/tether-project/tether/internal/httpjson"
 	"github.com/tether-project/tether/internal/prefix"
@@ -204,8 +205,15 @@ func ParseCountTokens(body []byte) (*Request, *Error) {
 	return r, nil
 }
 
-// decodeObject decodes a body that must be one JSON object.
+// decodeObject decodes a body that must be one JSON object, in UTF-8 (RFC
+// 8259 section 8.1: JSON text exchanged between systems is UTF-8; the
+// FastAPI servers of vLLM and SGLang refuse any other body with a 400 where
+// Go's decoder would read invalid bytes as U+FFFD and serve a prompt the
+// client never wrote).
 func decodeObject(body []byte) (map[string]json.RawMessage, *Error) {
+	if !utf8.Valid(body) {
+		return nil, BadRequest("invalid_json", "", "request body is not valid JSON: it is not UTF-8 (an invalid byte at offset %d; JSON text must be UTF-8)", invalidUTF8At(body))
+	}
 	var top map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&top); err != nil {
@@ -227,6 +235,19 @@ func decodeObject(body []byte) (map[string]json.RawMessage, *Error) {
 		return nil, BadRequest("invalid_json", "", "request body holds more than one JSON value")
 	}
 	return top, nil
+}
+
+// invalidUTF8At is the offset of the first byte of b that starts no valid
+// UTF-8 sequence.
+func invalidUTF8At(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return i
+		}
+		i += n
+	}
+	return len(b)
 }
 
 // parseCommon reads the fields every dialect shares: model, stream,

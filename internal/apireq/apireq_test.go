@@ -2,9 +2,11 @@ package apireq
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tether-project/tether/internal/prefix"
 )
@@ -199,4 +201,87 @@ func FuzzParse(f *testing.F) {
 			_ = r.WordTokens()
 		}
 	})
+}
+
+// A body that is not UTF-8 is not JSON (RFC 8259 section 8.1), in any
+// dialect: it is refused with a 400 naming the offset, where the decoder
+// would otherwise read the bytes as U+FFFD and serve a prompt the client
+// never wrote (a Messages prompt with \xff\xfe was answered 200).
+func TestBodyNotUTF8IsRefused(t *testing.T) {
+	bodies := map[Dialect]string{
+		Chat:        `{"model":"m","messages":[{"role":"user","content":"hi X"}]}`,
+		Completions: `{"model":"m","prompt":"hi X"}`,
+		Messages:    `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi X"}]}`,
+		Responses:   `{"model":"m","input":"hi X"}`,
+	}
+	for d, body := range bodies {
+		if _, err := Parse(d, []byte(body)); err != nil {
+			t.Fatalf("%s: the valid body: %v", d, err)
+		}
+		bad := strings.Replace(body, "X", "\xff\xfe", 1)
+		_, err := Parse(d, []byte(bad))
+		if err == nil || err.Status != 400 || err.Type != "invalid_request_error" || !strings.Contains(err.Message, "not UTF-8") ||
+			!strings.Contains(err.Message, fmt.Sprintf("offset %d", strings.Index(bad, "\xff"))) {
+			t.Errorf("%s with invalid UTF-8: %+v", d, err)
+		}
+	}
+	if _, err := ParseCountTokens([]byte("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\"}]}")); err == nil || !strings.Contains(err.Message, "not UTF-8") {
+		t.Errorf("count_tokens with a truncated UTF-8 sequence: %+v", err)
+	}
+	// Valid multi-byte text stays valid.
+	if _, err := Parse(Messages, []byte(`{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"héllo 世界 🙂"}]}`)); err != nil {
+		t.Errorf("valid UTF-8: %v", err)
+	}
+}
+
+// A Responses tool of a type outside the API's tool union, and a reasoning
+// effort outside the API's efforts, are refused in OpenAI's words
+// ("Invalid value: 'x'. Supported values are: …", code invalid_value, the
+// param named); every type of the union (openai-python
+// types/responses/tool_param.py) is accepted.
+func TestResponsesToolTypesAndEffortsOfTheAPI(t *testing.T) {
+	_, err := Parse(Responses, []byte(`{"model":"m","input":"x","tools":[{"type":"function","name":"f"},{"type":"bogus"}]}`))
+	if err == nil || err.Status != 400 || err.Code != "invalid_value" || err.Param != "tools[1].type" ||
+		!strings.HasPrefix(err.Message, "Invalid value: 'bogus'. Supported values are: 'function', ") || !strings.HasSuffix(err.Message, ", and 'apply_patch'.") {
+		t.Errorf("unknown tool type: %+v", err)
+	}
+	for _, typ := range toolTypes {
+		tool := fmt.Sprintf(`{"type":%q,"name":"n"}`, typ)
+		if _, err := Parse(Responses, []byte(`{"model":"m","input":"x","tools":[`+tool+`]}`)); err != nil {
+			t.Errorf("tool type %s: %v", typ, err)
+		}
+	}
+	_, err = Parse(Responses, []byte(`{"model":"m","input":"x","reasoning":{"effort":"extreme"}}`))
+	if err == nil || err.Status != 400 || err.Code != "invalid_value" || err.Param != "reasoning.effort" ||
+		err.Message != "Invalid value: 'extreme'. Supported values are: 'none', 'minimal', 'low', 'medium', 'high', 'xhigh', and 'max'." {
+		t.Errorf("unknown effort: %+v", err)
+	}
+	for _, e := range append(append([]string(nil), reasoningEfforts...), "null") {
+		v := `"` + e + `"`
+		if e == "null" {
+			v = e
+		}
+		if _, err := Parse(Responses, []byte(`{"model":"m","input":"x","reasoning":{"effort":`+v+`}}`)); err != nil {
+			t.Errorf("effort %s: %v", e, err)
+		}
+	}
+}
+
+// An Error marshalled into a JSON answer is OpenAI's error object, never
+// its Go field names: an edge writing {"error": <Error>} for a header
+// net/http refused answered {"error":{"Status":0,"Type":…,"RetryAfter":0}}.
+func TestErrorMarshalsAsOpenAIsObject(t *testing.T) {
+	b, err := json.Marshal(struct {
+		Error Error `json:"error"`
+	}{Error{Status: 400, Type: "invalid_request_error", Code: "malformed_request", Message: "bad header", RetryAfter: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != `{"error":{"message":"bad header","type":"invalid_request_error","param":null,"code":"malformed_request"}}` {
+		t.Fatalf("%s", b)
+	}
+	e := BadRequest("", "tools[0].type", "x")
+	if got := string(e.JSON(Responses)); got != `{"error":{"message":"x","type":"invalid_request_error","param":"tools[0].type","code":"invalid_value"}}` {
+		t.Fatalf("JSON(Responses) = %s", got)
+	}
 }

@@ -90,6 +90,24 @@ func AnthropicType(status int) string {
 	return "invalid_request_error"
 }
 
+// MarshalJSON writes e as OpenAI's error object ({"message", "type",
+// "param", "code"}, param and code null when empty): an Error embedded in
+// a JSON answer is never its Go field names (an edge's answer to a header
+// net/http refused read {"Status":0,"Type":…,"RetryAfter":0}).
+func (e Error) MarshalJSON() ([]byte, error) {
+	var b openAIBody
+	b.Error.Message, b.Error.Type = e.Message, e.Type
+	if e.Param != "" {
+		p := e.Param
+		b.Error.Param = &p
+	}
+	if e.Code != "" {
+		c := e.Code
+		b.Error.Code = &c
+	}
+	return json.Marshal(b.Error)
+}
+
 // JSON is e's body in dialect d's error shape (Messages: Anthropic's,
 // every other dialect: OpenAI's).
 func (e *Error) JSON(d Dialect) []byte {
@@ -101,17 +119,9 @@ func (e *Error) JSON(d Dialect) []byte {
 		b.Error.Message = e.Message
 		v = b
 	} else {
-		var b openAIBody
-		b.Error.Message, b.Error.Type = e.Message, e.Type
-		if e.Param != "" {
-			p := e.Param
-			b.Error.Param = &p
-		}
-		if e.Code != "" {
-			c := e.Code
-			b.Error.Code = &c
-		}
-		v = b
+		v = struct {
+			Error Error `json:"error"`
+		}{*e}
 	}
 	out, _ := json.Marshal(v) // strings and pointers only: cannot fail
 	return out

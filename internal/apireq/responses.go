@@ -561,6 +561,9 @@ func (rf *ResponsesFields) responsesTool(out []chatTool, raw json.RawMessage, pa
 	if t.Type == nil || *t.Type == "" {
 		return nil, BadRequest("missing_required_parameter", param+".type", "%s.type is required", param)
 	}
+	if !knownTool(*t.Type) {
+		return nil, BadRequest("invalid_value", param+".type", "Invalid value: '%s'. Supported values are: %s.", truncate(*t.Type, 40), toolTypeList)
+	}
 	switch *t.Type {
 	case "function":
 		if t.Name == nil || *t.Name == "" {
@@ -599,6 +602,43 @@ func (rf *ResponsesFields) responsesTool(out []chatTool, raw json.RawMessage, pa
 		}
 	}
 	return out, nil
+}
+
+// toolTypes are the tool types of the Responses API's tool union
+// (openai-python types/responses/tool_param.py ToolParam: function,
+// file_search, computer, computer_use_preview, web_search, mcp,
+// code_interpreter, programmatic_tool_calling, image_generation,
+// local_shell, shell, custom, namespace, tool_search, web_search_preview,
+// apply_patch, with their dated variants). Only function tools (and a
+// namespace's functions) reach the chat form; the others are accepted and
+// not rendered, as vLLM renders them not.
+var toolTypes = []string{"function", "file_search", "computer", "computer_use_preview", "web_search", "web_search_2025_08_26",
+	"mcp", "code_interpreter", "programmatic_tool_calling", "image_generation", "local_shell", "shell", "custom", "namespace",
+	"tool_search", "web_search_preview", "web_search_preview_2025_03_11", "apply_patch"}
+
+// toolTypeList is toolTypes as OpenAI's "Supported values" sentence lists
+// them.
+var toolTypeList = quotedList(toolTypes)
+
+func knownTool(typ string) bool {
+	for _, t := range toolTypes {
+		if t == typ {
+			return true
+		}
+	}
+	return false
+}
+
+// quotedList is 'a', 'b', and 'c'.
+func quotedList(vs []string) string {
+	q := make([]string, len(vs))
+	for i, v := range vs {
+		q[i] = "'" + v + "'"
+	}
+	if len(q) < 2 {
+		return strings.Join(q, "")
+	}
+	return strings.Join(q[:len(q)-1], ", ") + ", and " + q[len(q)-1]
 }
 
 func functionTool(name string, description *string, params json.RawMessage, strict *bool) chatTool {

@@ -123,6 +123,9 @@ func (r *Request) parseReasoning(rf *ResponsesFields) *Error {
 		}
 		rf.ReasoningSummary = s
 	}
+	if re.Effort != nil && !knownEffort(*re.Effort) {
+		return BadRequest("invalid_value", "reasoning.effort", "Invalid value: '%s'. Supported values are: %s.", truncate(*re.Effort, 40), quotedList(reasoningEfforts))
+	}
 	switch {
 	case re.Effort != nil:
 		r.Thinking = *re.Effort != "none" && *re.Effort != "minimal"
@@ -130,6 +133,19 @@ func (r *Request) parseReasoning(rf *ResponsesFields) *Error {
 		r.Thinking = rf.ReasoningSummary != ""
 	}
 	return nil
+}
+
+// reasoningEfforts are the efforts a reasoning parameter may name
+// (openai-python types/shared/reasoning_effort.py); null is none named.
+var reasoningEfforts = []string{"none", "minimal", "low", "medium", "high", "xhigh", "max"}
+
+func knownEffort(e string) bool {
+	for _, x := range reasoningEfforts {
+		if x == e {
+			return true
+		}
+	}
+	return false
 }
 
 // openReasoning returns items with every reasoning item's encrypted_content

@@ -3,7 +3,7 @@
 // token ids, the keys an edge computes from a request), per engine rank. It
 // is the one mapping from engine events to keys: a `tether worker` in proxy
 // mode announces them over NATS (worker/proxy), and an edge fed by the
-// engines directly applies them to its KV index (edge/engines.go).
+// engines directly applies them to its KV index (edge/engineevents).
 //
 // Sources:
 //   - vLLM and SGLang: a ZeroMQ SUB socket on the engine's

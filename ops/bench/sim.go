@@ -116,8 +116,8 @@ type SimConfig struct {
 // Share names the pieces of edge-local state the edges share: the new
 // placements an edge dispatches beside their Binds and the requests
 // dispatched since each instance's last load report (its queued requests
-// and prefill tokens), both told over NATS as shipped (edge/placements.go,
-// edge/dispatches.go) and so only among the edges of one affinity log
+// and prefill tokens), both told over NATS as shipped (edge/proposals/placements.go,
+// edge/dispatch/dispatches.go) and so only among the edges of one affinity log
 // (Policy.usesSharedLog; independent routers do not share them); and, as
 // ablations, the KV predictions made after placing, the overload trackers
 // and the cache circuit breakers.
@@ -409,7 +409,7 @@ type simEdge struct {
 	local      *virtualLog       // session_local: this edge's own binding table
 	rr         uint64
 	breakers   *breaker.Set
-	overload   *overload.Tracker // the edge's own (edge/route.go views)
+	overload   *overload.Tracker // the edge's own (edge/route/route.go views)
 	dec        *routing.Decider
 	// proposals are the edge's own Bind proposals until they commit.
 	proposals map[fsm.FleetKey]*simProposal

@@ -125,7 +125,7 @@ type Options struct {
 	MaxModelLen int
 	// ExtraModels are models served besides Model, each on its own
 	// ContextWorkers + GenerationWorkers workers (ids m2-ctx-1, …): the
-	// edges' models entries (edge/models.go).
+	// edges' models entries (edge/catalog).
 	ExtraModels []string
 	// Adapters are the LoRA adapters of each model (by model name): the
 	// model's workers serve them with MaxLoRAs slots per rank (default 2)
@@ -199,6 +199,14 @@ func (o *Options) Normalize() error {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.MaxLoRAs == 0 && len(o.Adapters) > 0 {
+		o.MaxLoRAs = 2
+	}
+	return errors.Join(append(o.checkSizes(), o.checkRest()...)...)
+}
+
+// checkSizes checks the counts of nodes and ranks and the ports they need.
+func (o *Options) checkSizes() []error {
 	var errs []error
 	for _, c := range []struct {
 		name string
@@ -227,13 +235,16 @@ func (o *Options) Normalize() error {
 	if ip := net.ParseIP(o.Host); ip == nil || !ip.IsLoopback() {
 		errs = append(errs, fmt.Errorf("host: %q is not a loopback IP address (a development stack has no authentication between its parts beyond shared secrets; keep it on loopback)", o.Host))
 	}
+	return errs
+}
+
+// checkRest checks the options but sizes.
+func (o *Options) checkRest() []error {
+	var errs []error
 	if !(o.TimeScale >= 0) || o.TimeScale > 1e6 {
 		errs = append(errs, fmt.Errorf("time scale: must be 0 (instant) or more, got %v", o.TimeScale))
 	}
 	errs = append(errs, o.checkNames()...)
-	if o.MaxLoRAs == 0 && len(o.Adapters) > 0 {
-		o.MaxLoRAs = 2
-	}
 	if o.MaxLoRAs < 0 || o.LoRALoadTime < 0 {
 		errs = append(errs, fmt.Errorf("lora: max loras %d and load time %s must be >= 0", o.MaxLoRAs, o.LoRALoadTime))
 	}
@@ -251,7 +262,7 @@ func (o *Options) Normalize() error {
 			errs = append(errs, fmt.Errorf("%s: %d bytes is too short (want at least %d)", s.name, len(s.v), edge.MinSecretLen))
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // checkAggregated checks the options an aggregated stack rules out.

@@ -65,10 +65,7 @@ func TestAgentAPIsAcrossEdges(t *testing.T) {
 		byID     atomic.Int64 // requests naming a stored response
 		retried  atomic.Int64
 		killed   []*devstack.EdgeNode
-		// killedAt: when the nemesis killed each edge; msgTurns: each
-		// Messages conversation's answered turns (both under mu).
-		killedAt = map[string][]time.Time{}
-		msgTurns = map[string][]msgTurn{}
+		kills    killTimes
 	)
 	fail := func(format string, args ...any) {
 		mu.Lock()
@@ -163,11 +160,14 @@ func TestAgentAPIsAcrossEdges(t *testing.T) {
 			done.Add(1)
 		}
 	}
+	// Every Messages turn is judged after the run by what its edge knew
+	// (test/routecheck): both hops against the placement in force at the
+	// state index each decision read.
+	var judged []judgedTurn
 	messages := func(rng *rand.Rand, c int) {
 		session := fmt.Sprintf("cc-session-%d", c)
 		hdr := map[string]string{"x-claude-code-session-id": session, "anthropic-version": "2023-06-01"}
 		history := []any{}
-		turns := make([]msgTurn, 0, load.turns)
 		for turn := 0; turn < load.turns; turn++ {
 			history = append(history, map[string]any{"role": "user", "content": fmt.Sprintf("c%d turn %d", c, turn)})
 			body := map[string]any{"model": model, "max_tokens": 4, "system": fmt.Sprintf("cc %d %s", c, words("sys", 80)),
@@ -178,13 +178,12 @@ func TestAgentAPIsAcrossEdges(t *testing.T) {
 				fail("messages c%d turn %d via %s: %d %s", c, turn, via, r.status, r.body)
 				return
 			}
-			turns = append(turns, msgTurn{n: turn, via: via, route: r.header.Get(edge.HeaderRoute), start: start, end: time.Now()})
+			mu.Lock()
+			judged = append(judged, judgedTurn{key: session, reply: r, start: start, end: time.Now()})
+			mu.Unlock()
 			history = append(history, map[string]any{"role": "assistant", "content": "ok"})
 			done.Add(1)
 		}
-		mu.Lock()
-		msgTurns[session] = turns
-		mu.Unlock()
 	}
 
 	total := int64(2 * load.conversations * load.turns)
@@ -233,18 +232,14 @@ func TestAgentAPIsAcrossEdges(t *testing.T) {
 			case step%3 == 1:
 				if n := edges[voters+step%2]; n.Running() {
 					t.Logf("nemesis: killing the non-voter %s after %d of %d turns", n.ID, done.Load(), total)
-					mu.Lock()
-					killedAt[n.ID] = append(killedAt[n.ID], time.Now())
-					mu.Unlock()
+					kills.mark(n.ID)
 					n.Kill()
 					killed = append(killed, n)
 				}
 			default:
 				if l := st.Leader(); l != nil {
 					t.Logf("nemesis: killing the leader %s after %d of %d turns", l.ID, done.Load(), total)
-					mu.Lock()
-					killedAt[l.ID] = append(killedAt[l.ID], time.Now())
-					mu.Unlock()
+					kills.mark(l.ID)
 					l.Kill()
 					killed = append(killed, l)
 				}
@@ -270,9 +265,12 @@ func TestAgentAPIsAcrossEdges(t *testing.T) {
 	wg.Wait()
 	close(workersDone)
 	<-nemesisDone
-	verdict := judgeMessages(t, edges, msgTurns, killedAt)
-	t.Logf("FIGURES agent APIs across edges: %d conversations x %d turns per API, %d turns done, %d requests naming a stored response (0 not found allowed), %d retried (killed edge or election), Messages turns judged with zero margin: %s, %d failures",
-		load.conversations, load.turns, done.Load(), byID.Load(), retried.Load(), verdict, len(failures))
+	vd := judgeMessagesTurns(t, st, judged, &kills)
+	t.Logf("FIGURES agent APIs across edges: %d conversations x %d turns per API, %d turns done, %d requests naming a stored response (0 not found allowed), %d retried (killed edge or election), Messages hops %s, %d failures",
+		load.conversations, load.turns, done.Load(), byID.Load(), retried.Load(), vd, len(failures))
+	if vd.Wrong != 0 {
+		t.Errorf("%d Messages hops wrong by what their edge knew: %v", vd.Wrong, vd.Reports)
+	}
 	for _, f := range failures {
 		t.Error(f)
 	}
@@ -287,80 +285,125 @@ func TestAgentAPIsAcrossEdges(t *testing.T) {
 	}
 }
 
-// msgTurn is one answered turn of a Messages conversation.
-type msgTurn struct {
-	n          int
-	via        string
-	route      string // x-tether-route
+// judgedTurn is one answered Messages turn of a session.
+type judgedTurn struct {
+	key        string
+	reply      reply
 	start, end time.Time
 }
 
-// judgeMessages judges the context hop of every Messages turn with zero
-// margin (test/routecheck), against the key's history a running edge's
-// archive holds once the running edges' Bind proposals are answered: a
-// turn is served on the placement in force at the state its edge's
-// decision read, on a detour or placement the request itself committed,
-// or on its edge's own proposal for a key unbound there. A placement that
-// never reached the log is excused only when its edge was killed after the
-// turn began. Elections and telemetry late on a busy machine make edges
-// place, detour and follow other edges' placements; the log says which.
-func judgeMessages(t *testing.T, edges []*devstack.EdgeNode, convs map[string][]msgTurn, killedAt map[string][]time.Time) routecheck.Verdict {
+// killTimes records when each edge was killed.
+type killTimes struct {
+	mu sync.Mutex
+	at map[string][]time.Time
+}
+
+func (k *killTimes) mark(id string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.at == nil {
+		k.at = map[string][]time.Time{}
+	}
+	k.at[id] = append(k.at[id], time.Now())
+}
+
+// after reports whether edge id was killed at or after t.
+func (k *killTimes) after(id string, t time.Time) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, at := range k.at[id] {
+		if !at.Before(t) {
+			return true
+		}
+	}
+	return false
+}
+
+// judgeMessagesTurns judges both hops of every Messages turn with zero
+// margin (test/routecheck), once every running edge's Bind proposals are
+// answered, against the histories a running edge's archive holds. A new
+// placement whose Bind never reached the log is excused only for an edge
+// killed after the turn began.
+func judgeMessagesTurns(t *testing.T, st *devstack.Stack, turns []judgedTurn, kills *killTimes) routecheck.Verdict {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var reader *devstack.EdgeNode
-	for _, n := range edges {
-		if n.Running() {
-			reader = n
-			break
-		}
-	}
-	if reader == nil {
-		t.Fatal("no running edge to read the log from")
-	}
-	waitfor.True(t, 30*time.Second, "the running edges' Bind proposals answered", func() bool {
-		for _, n := range edges {
+	waitfor.True(t, 30*time.Second, "every running edge's Bind proposals answered", func() bool {
+		for _, n := range st.Edges() {
 			if !n.Running() {
 				continue
 			}
-			if ci, err := n.Cluster(ctx); err != nil || ci.DegradedPending != 0 {
+			ci, err := n.Cluster(ctx)
+			if err != nil || ci.DegradedPending != 0 {
 				return false
 			}
+			reader = n
 		}
-		return true
+		return reader != nil
 	})
-	killedSince := func(id string, start time.Time) bool {
-		for _, at := range killedAt[id] {
-			if !at.Before(start) {
-				return true
-			}
+	hist := map[string][]routecheck.Event{}
+	history := func(fleet, key string) []routecheck.Event {
+		k := fleet + "/" + key
+		if h, ok := hist[k]; ok {
+			return h
 		}
-		return false
-	}
-	var v routecheck.Verdict
-	for key, turns := range convs {
 		var h routecheck.History
-		waitfor.True(t, 20*time.Second, "the archived history of context/"+key, func() bool {
+		waitfor.True(t, 20*time.Second, "the archived history of "+k, func() bool {
 			h = routecheck.History{}
-			return reader.AdminGet(ctx, "bindings/context/"+key+"/history", &h) == nil && !h.ArchiveBehind
+			return reader.AdminGet(ctx, "bindings/"+k+"/history", &h) == nil && !h.ArchiveBehind
 		})
-		for _, tr := range turns {
-			r := routecheck.ParseRoute(tr.route)
-			if r.RequestID == "" || !r.HasState {
-				t.Errorf("%s turn %d via %s: x-tether-route %q carries no route evidence", key, tr.n, tr.via, tr.route)
+		hist[k] = h.Events
+		return h.Events
+	}
+	var vd routecheck.Verdict
+	for _, tr := range turns {
+		r := routecheck.ParseRoute(tr.reply.header.Get(edge.HeaderRoute))
+		if r.RequestID == "" || !r.HasState {
+			t.Errorf("%s: x-tether-route %q carries no route evidence", tr.key, tr.reply.header.Get(edge.HeaderRoute))
+			continue
+		}
+		edgeID := routecheck.EdgeOfRequest(r.RequestID)
+		for _, hop := range []struct {
+			fleet, inst string
+			state       uint64
+		}{{"context", r.Context, r.ContextState}, {"generation", r.Generation, r.GenerationState}} {
+			if hop.inst == "" || hop.inst == "-" {
 				continue
 			}
-			a := routecheck.Answer{Fleet: "context", Key: key, Instance: r.Context, Edge: routecheck.EdgeOfRequest(r.RequestID),
-				RequestID: r.RequestID, State: r.ContextState, Start: tr.start, End: tr.end}
-			k, why := routecheck.Judge(a, h.Events)
-			if why != "" {
-				why = fmt.Sprintf("messages %s turn %d via %s: %s", key, tr.n, tr.via, why)
-			}
-			v.Add(k, why, killedSince(a.Edge, tr.start))
+			a := routecheck.Answer{Fleet: hop.fleet, Key: tr.key, Instance: hop.inst, Edge: edgeID, RequestID: r.RequestID,
+				State: hop.state, Start: tr.start, End: tr.end, PromptTokens: messagesPrompt(tr.reply.body)}
+			vd.Judge(a, history(hop.fleet, tr.key), kills.after(edgeID, tr.start))
 		}
 	}
-	for _, r := range v.Reports {
-		t.Errorf("wrong answer: %s", r)
+	return vd
+}
+
+// messagesPrompt is a Messages answer's prompt as its usage counts it
+// (input_tokens with the cache reads and writes), from the JSON body or a
+// stream's message_start.
+func messagesPrompt(body []byte) int {
+	type usage struct {
+		Input         int `json:"input_tokens"`
+		CacheRead     int `json:"cache_read_input_tokens"`
+		CacheCreation int `json:"cache_creation_input_tokens"`
 	}
-	return v
+	sum := func(u usage) int { return u.Input + u.CacheRead + u.CacheCreation }
+	var m struct {
+		Usage usage `json:"usage"`
+	}
+	if json.Unmarshal(body, &m) == nil {
+		return sum(m.Usage)
+	}
+	evs, _ := eventsOf(body)
+	for _, ev := range evs {
+		if ev.name != "message_start" {
+			continue
+		}
+		b, _ := json.Marshal(ev.data["message"])
+		if json.Unmarshal(b, &m) == nil {
+			return sum(m.Usage)
+		}
+	}
+	return 0
 }

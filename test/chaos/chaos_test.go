@@ -28,6 +28,7 @@ type sample struct {
 	edge       string
 	start, end time.Time
 	route      routecheck.Route // x-tether-route of the answer
+	prompt     int              // the answer's usage.prompt_tokens
 	ok         bool
 	lastErr    string // of the last failed attempt
 }
@@ -172,6 +173,7 @@ func (l *load) request(rng *rand.Rand, root, conv, parent string, turn int) {
 		}
 		s.ok, s.edge = true, e.id
 		s.route = routecheck.ParseRoute(resp.Header.Get("x-tether-route"))
+		s.prompt = promptTokens(b)
 	}
 	s.end = time.Now()
 	if !s.ok {
@@ -189,6 +191,24 @@ func (l *load) finish() []sample {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.samples
+}
+
+// promptTokens is the prompt size an answer's usage reports, in any of the
+// APIs' shapes (chat's prompt_tokens; Messages' input_tokens plus its
+// cache reads and writes; Responses' input_tokens), 0 when it has none.
+func promptTokens(body []byte) int {
+	var u struct {
+		Usage struct {
+			PromptTokens  int `json:"prompt_tokens"`
+			InputTokens   int `json:"input_tokens"`
+			CacheRead     int `json:"cache_read_input_tokens"`
+			CacheCreation int `json:"cache_creation_input_tokens"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(body, &u) != nil {
+		return 0
+	}
+	return u.Usage.PromptTokens + u.Usage.InputTokens + u.Usage.CacheRead + u.Usage.CacheCreation
 }
 
 // errClass shortens a transport error to its kind.
@@ -319,10 +339,9 @@ func (v *env) checkRoutes(samples []sample, restarts map[string][]time.Time) ver
 				continue
 			}
 			a := routecheck.Answer{Fleet: c.fleet, Key: c.key, Instance: c.inst, Edge: s.edge,
-				RequestID: s.route.RequestID, State: c.state, Start: s.start, End: s.end}
-			k, why := routecheck.Judge(a, get(c.fleet, c.key))
+				RequestID: s.route.RequestID, State: c.state, Start: s.start, End: s.end, PromptTokens: s.prompt}
 			excused := killedAfter(s.edge, s.start)
-			out.Add(k, why, excused)
+			k, _ := out.Judge(a, get(c.fleet, c.key), excused)
 			if c.fleet == "context" && c.key == s.root {
 				rootAnswers[s.root]++
 				if k == routecheck.Unrecorded && excused {

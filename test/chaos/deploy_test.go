@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"crypto/tls"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -190,10 +189,11 @@ func newTestPKI(t *testing.T, dir string) *testPKI {
 	return &testPKI{ca: ca, dir: dir, caFile: caFile}
 }
 
-// issue writes id's certificate in role (loopback hosts) and returns its files.
-func (p *testPKI) issue(t *testing.T, id string, role pki.Role) pki.Files {
+// issue writes id's certificate in role (loopback hosts and any others
+// given) and returns its files.
+func (p *testPKI) issue(t *testing.T, id string, role pki.Role, hosts ...string) pki.Files {
 	t.Helper()
-	leaf, err := p.ca.Issue(id, pki.IssueOptions{Role: role, Hosts: []string{"127.0.0.1", "localhost"}})
+	leaf, err := p.ca.Issue(id, pki.IssueOptions{Role: role, Hosts: append([]string{"127.0.0.1", "localhost"}, hosts...)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,11 +211,12 @@ func (p *testPKI) clientTLS() *tls.Config {
 }
 
 // natsOptions builds the NATS server's options from deploy/nats/nats-1.conf
-// and auth.conf: one server on a loopback port (no cluster routes, no
-// monitoring port), the shipped users and permissions with the test's edge
-// password and each worker's nkey (workers: id → key pair; every id must
-// be one auth.conf pins).
-func natsOptions(t *testing.T, dir string, port int, workers map[string]nkeys.KeyPair) *natsserver.Options {
+// and auth.conf: one server listening on listen (host:port; no cluster
+// routes, no monitoring port), the shipped users and permissions with the
+// test's edge password and each worker's nkey (workers: id → key pair;
+// every id must be one auth.conf pins). The files are written to
+// <dir>/nats (nats.conf, auth.conf).
+func natsOptions(t *testing.T, dir string, listen string, workers map[string]nkeys.KeyPair) *natsserver.Options {
 	t.Helper()
 	dst := filepath.Join(dir, "nats")
 	if err := os.MkdirAll(dst, 0o700); err != nil {
@@ -248,11 +249,11 @@ func natsOptions(t *testing.T, dir string, port int, workers map[string]nkeys.Ke
 		auth = strings.ReplaceAll(auth, r.from, r.to)
 	}
 	conf := read("nats-1.conf")
-	listen := regexp.MustCompile(`(?m)^listen: .*$`)
-	if !listen.MatchString(conf) {
+	listenLine := regexp.MustCompile(`(?m)^listen: .*$`)
+	if !listenLine.MatchString(conf) {
 		t.Fatal("deploy/nats/nats-1.conf has no listen line")
 	}
-	conf = listen.ReplaceAllString(conf, fmt.Sprintf("listen: 127.0.0.1:%d", port))
+	conf = listenLine.ReplaceAllString(conf, "listen: "+listen)
 	conf = regexp.MustCompile(`(?m)^http: .*$`).ReplaceAllString(conf, "")
 	conf = regexp.MustCompile(`(?s)\ncluster \{.*?\n\}\n`).ReplaceAllString(conf, "\n")
 	for name, text := range map[string]string{"auth.conf": auth, "nats.conf": conf} {

@@ -286,6 +286,7 @@ func (l *load) once(rng *rand.Rand, conv string, turn int) {
 		if resp.StatusCode == http.StatusOK {
 			s.ok, s.edge = true, e.id
 			s.route = routecheck.ParseRoute(resp.Header.Get("x-tether-route"))
+			s.prompt = promptTokens(b)
 		} else {
 			var eb struct {
 				Error struct {

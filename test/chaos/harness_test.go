@@ -38,6 +38,11 @@ func longMode() bool { return *longFlag || os.Getenv("RELIABILITY_LONG") == "1" 
 var tetherBin string
 
 func TestMain(m *testing.M) {
+	if conf := os.Getenv(natsChildEnv); conf != "" {
+		// This binary started as the deployment's NATS server in a
+		// network namespace of its own (netnsEnv).
+		os.Exit(serveNATS(conf))
+	}
 	flag.Parse()
 	if testing.Short() {
 		fmt.Println("chaos: skipped in -short mode")
@@ -109,6 +114,7 @@ type proc struct {
 	env     []string // added to the test's environment (secrets, as deploy/README.md says)
 	logPath string
 	prefix  []string // e.g. prlimit --fsize=N --
+	bin     string   // the program (tetherBin when empty)
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -125,7 +131,11 @@ func (p *proc) start(t *testing.T) {
 		t.Fatal(err)
 	}
 	fmt.Fprintf(logf, "\n==== start %s %v\n", time.Now().Format(time.RFC3339Nano), p.args)
-	argv := append(append([]string(nil), p.prefix...), tetherBin)
+	bin := p.bin
+	if bin == "" {
+		bin = tetherBin
+	}
+	argv := append(append([]string(nil), p.prefix...), bin)
 	argv = append(argv, p.args...)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -240,6 +250,11 @@ type env struct {
 	natsOpts *natsserver.Options
 	natsURL  string
 	natsPort int
+	// natsProc, when set, is the NATS server as a process of its own (in
+	// its network namespace) instead of in the test process; natsReady
+	// reports when it accepts connections.
+	natsProc  *proc
+	natsReady func() bool
 	// nkeys are the workers' NATS identities (deploy/nats/auth.conf pins
 	// each to its instance id).
 	nkeys   map[string]nkeys.KeyPair
@@ -253,6 +268,8 @@ type env struct {
 type envOptions struct {
 	// edge: dotted config path → value, applied after the deploy file.
 	edge map[string]any
+	// worker: the same for every worker (after the harness's own values).
+	worker map[string]any
 }
 
 // nemesisOverrides are TestChaos's departures from deploy's edge configs:
@@ -279,6 +296,11 @@ func (v *env) startNATS() {
 	v.t.Helper()
 	v.natsMu.Lock()
 	defer v.natsMu.Unlock()
+	if v.natsProc != nil {
+		v.natsProc.start(v.t)
+		waitFor(v.t, 20*time.Second, "the NATS process to accept connections", v.natsReady)
+		return
+	}
 	var ns *natsserver.Server
 	waitFor(v.t, 10*time.Second, "NATS to listen on its port", func() bool {
 		var err error
@@ -300,6 +322,10 @@ func (v *env) startNATS() {
 func (v *env) stopNATS() {
 	v.natsMu.Lock()
 	defer v.natsMu.Unlock()
+	if v.natsProc != nil {
+		_ = v.natsProc.stop(syscall.SIGTERM, 10*time.Second)
+		return
+	}
 	if v.nats != nil {
 		v.nats.Shutdown()
 		v.nats.WaitForShutdown()
@@ -318,7 +344,7 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 	v.natsPort = freePort(t)
 	v.natsURL = fmt.Sprintf("nats://127.0.0.1:%d", v.natsPort)
 	v.nkeys = workerNKeys(t, []string{"ctx-1", "ctx-2", "gen-1", "gen-2"})
-	v.natsOpts = natsOptions(t, v.dir, v.natsPort, v.nkeys)
+	v.natsOpts = natsOptions(t, v.dir, fmt.Sprintf("127.0.0.1:%d", v.natsPort), v.nkeys)
 	v.startNATS()
 	t.Cleanup(func() {
 		for _, e := range v.edges {
@@ -348,7 +374,7 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 			t.Fatal(err)
 		}
 		path := filepath.Join(v.dir, id+".yaml")
-		writeDeployConfig(t, "config/worker-"+fleet+".yaml", path, map[string]any{
+		set := map[string]any{
 			"instance_id":         id,
 			"hostname":            "127.0.0.1",
 			"port":                port,
@@ -360,7 +386,11 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 			"tls.key_file":        files.Key,
 			"nats.urls":           []string{v.natsURL},
 			"nats.nkey_seed_file": seed,
-		})
+		}
+		for k, val := range o.worker {
+			set[k] = val
+		}
+		writeDeployConfig(t, "config/worker-"+fleet+".yaml", path, set)
 		w := &workerProc{id: id, fleet: fleet, addr: fmt.Sprintf("127.0.0.1:%d", port)}
 		w.name, w.args, w.logPath = id, []string{"worker", "--config", path}, filepath.Join(v.dir, id+".log")
 		w.env = secretsEnv()

@@ -93,6 +93,7 @@ func agentsBesideBusyLoops(t *testing.T, run, agents, calls, loops int) busyResu
 		status     int
 		code       string
 		route      routecheck.Route
+		prompt     int // usage.prompt_tokens
 		start, end time.Time
 	}
 	var (
@@ -143,10 +144,14 @@ func agentsBesideBusyLoops(t *testing.T, run, agents, calls, loops int) busyResu
 									Content string `json:"content"`
 								} `json:"message"`
 							} `json:"choices"`
+							Usage struct {
+								PromptTokens int `json:"prompt_tokens"`
+							} `json:"usage"`
 						}
 						if json.Unmarshal(b, &out) == nil && len(out.Choices) == 1 {
 							history = append(history, map[string]string{"role": "assistant", "content": out.Choices[0].Message.Content})
 						}
+						an.prompt = out.Usage.PromptTokens
 					}
 				}
 				an.end = time.Now()
@@ -224,10 +229,9 @@ func agentsBesideBusyLoops(t *testing.T, run, agents, calls, loops int) busyResu
 				evs = h.Events
 				hist[k] = evs
 			}
-			kind, why := routecheck.Judge(routecheck.Answer{Fleet: hop.fleet, Key: an.session, Instance: hop.inst,
+			vd.Judge(routecheck.Answer{Fleet: hop.fleet, Key: an.session, Instance: hop.inst,
 				Edge: routecheck.EdgeOfRequest(an.route.RequestID), RequestID: an.route.RequestID, State: hop.state,
-				Start: an.start, End: an.end}, evs)
-			vd.Add(kind, why, false)
+				Start: an.start, End: an.end, PromptTokens: an.prompt}, evs, false)
 		}
 	}
 	for _, r := range vd.Reports {

@@ -44,12 +44,12 @@ func judgeTurns(key string, turns []answeredTurn, hist map[string][]routecheck.E
 			state       uint64
 		}{{"context", r.Context, r.ContextState}, {"generation", r.Generation, r.GenerationState}} {
 			a := routecheck.Answer{Fleet: h.fleet, Key: key, Instance: h.inst, Edge: edgeID, RequestID: r.RequestID,
-				State: h.state, Start: at.start, End: at.end}
-			k, why := routecheck.Judge(a, hist[h.fleet])
-			if why != "" {
-				why = fmt.Sprintf("turn %d via %s: %s", at.n, at.tr.via, why)
+				State: h.state, Start: at.start, End: at.end, PromptTokens: at.tr.prompt}
+			var one routecheck.Verdict
+			if _, why := one.Judge(a, hist[h.fleet], edgeID == killed && !killedAt.Before(at.start)); len(one.Reports) > 0 {
+				one.Reports = []string{fmt.Sprintf("turn %d via %s: %s", at.n, at.tr.via, why)}
 			}
-			v.Add(k, why, edgeID == killed && !killedAt.Before(at.start))
+			v.Merge(one)
 		}
 	}
 	return v, nil
@@ -92,12 +92,7 @@ func judgeConversations(ctx context.Context, t *testing.T, st *devstack.Stack, s
 		if v.Wrong != 0 {
 			t.Errorf("%s: %s", key, diagnose(ctx, st, key))
 		}
-		total.Judged += v.Judged
-		total.OnBinding += v.OnBinding
-		total.Detoured += v.Detoured
-		total.NewPlacement += v.NewPlacement
-		total.Unrecorded += v.Unrecorded
-		total.Wrong += v.Wrong
+		total.Merge(v)
 	}
 	t.Logf("turns judged with zero margin: %s", total)
 }

@@ -145,6 +145,124 @@ func TestViolationsAreFound(t *testing.T) {
 	}
 }
 
+// Inside edge/ the imports also run one way: docs/ARCHITECTURE.md lists
+// edge/'s packages in layers, top to bottom ("Layers inside edge/"), and a
+// package there may import, of edge/'s packages, only those of a lower
+// layer. Every package of edge/ needs a layer.
+func TestEdgeImportsRunDownItsLayers(t *testing.T) {
+	root := repo.Root(t)
+	layers, err := parseLayers(filepath.Join(root, "docs", "ARCHITECTURE.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range listPackages(t, root, "./edge/...") {
+		for _, v := range layerViolations(layers, p) {
+			t.Error(v)
+		}
+	}
+}
+
+// The layers check fails on an upward import inside edge/ and on one
+// between two packages of the same layer; a downward one, or one outside
+// edge/, passes.
+func TestUpwardEdgeImportIsFound(t *testing.T) {
+	layers, err := parseLayerLines([]string{"edge", "edge/dispatch", "edge/route edge/stored", "edge/api"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		pkg, imp string
+		want     string // "" for allowed
+	}{
+		{"edge/api", module + "/edge/route", "edge/api imports edge/route, which is not in a layer below edge/api's"},
+		{"edge/route", module + "/edge/stored", "edge/route imports edge/stored, which is not in a layer below"},
+		{"edge/route", module + "/edge/api", ""},
+		{"edge", module + "/edge/dispatch", ""},
+		{"edge/dispatch", module + "/fsm", ""},
+		{"edge/dispatch", module + "/edge/tokenize", "edge/tokenize has no layer"},
+	} {
+		got := layerViolations(layers, goPackage{ImportPath: module + "/" + c.pkg, Imports: []string{c.imp}})
+		switch {
+		case c.want == "" && len(got) != 0:
+			t.Errorf("%s → %s: refused: %v", c.pkg, c.imp, got)
+		case c.want != "" && (len(got) != 1 || !strings.Contains(got[0], c.want)):
+			t.Errorf("%s → %s: %v, want a violation containing %q", c.pkg, c.imp, got, c.want)
+		}
+	}
+	if v := layerViolations(layers, goPackage{ImportPath: module + "/edge/newpart"}); len(v) != 1 || !strings.Contains(v[0], "edge/newpart has no layer") {
+		t.Errorf("a package of edge/ without a layer: %v", v)
+	}
+}
+
+// layers maps each package of edge/ to its layer (0: the top).
+type layers map[string]int
+
+// layerViolations lists p's imports inside edge/ that do not run down the
+// layers.
+func layerViolations(ls layers, p goPackage) []string {
+	rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+	if rel != "edge" && !strings.HasPrefix(rel, "edge/") {
+		return nil
+	}
+	at, ok := ls[rel]
+	if !ok {
+		return []string{fmt.Sprintf("%s has no layer in docs/ARCHITECTURE.md's \"Layers inside edge/\": add it to the one it belongs to", rel)}
+	}
+	var out []string
+	for _, imp := range p.Imports {
+		dep, ok := strings.CutPrefix(imp, module+"/")
+		if !ok || (dep != "edge" && !strings.HasPrefix(dep, "edge/")) {
+			continue
+		}
+		switch l, ok := ls[dep]; {
+		case !ok:
+			out = append(out, fmt.Sprintf("%s imports %s, and %s has no layer in docs/ARCHITECTURE.md's \"Layers inside edge/\"", rel, dep, dep))
+		case l <= at:
+			out = append(out, fmt.Sprintf("%s imports %s, which is not in a layer below %s's (docs/ARCHITECTURE.md, \"Layers inside edge/\"): imports inside edge/ run down the layers", rel, dep, rel))
+		}
+	}
+	return out
+}
+
+// parseLayers reads the fenced block under "### Layers inside edge/": one
+// layer a line, top first, its packages separated by spaces.
+func parseLayers(path string) (layers, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var lines []string
+	in, fenced := false, false
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "### Layers inside edge/"):
+			in = true
+		case in && strings.HasPrefix(line, "```") && fenced:
+			return parseLayerLines(lines)
+		case in && strings.HasPrefix(line, "```"):
+			fenced = true
+		case in && fenced:
+			lines = append(lines, line)
+		}
+	}
+	return nil, fmt.Errorf("%s: no fenced block under \"### Layers inside edge/\"", path)
+}
+
+func parseLayerLines(lines []string) (layers, error) {
+	ls := layers{}
+	for i, line := range lines {
+		for _, pkg := range strings.Fields(line) {
+			if _, dup := ls[pkg]; dup {
+				return nil, fmt.Errorf("edge/ layers: %s is in two layers", pkg)
+			}
+			ls[pkg] = i
+		}
+	}
+	return ls, nil
+}
+
 func TestBinaryDoesNotLinkReportPlots(t *testing.T) {
 	root := repo.Root(t)
 	for _, p := range listPackages(t, root, "./cmd/tether") {

@@ -21,10 +21,20 @@
 //     or the placement the log answered that Bind with: an edge never
 //     contradicts its own proposal.
 //
-// Anything else is wrong. An answer for a key unbound at A with no Bind of
+// Anything else is wrong: in particular any answer on another instance than
+// the placement in force at A (the latest at or below A) that is not a
+// committed Overflow of its own request. An answer for a key unbound at A with no Bind of
 // E after A and none of this request is unrecorded: its edge served a new
 // placement whose proposal never reached the log (the edge died first);
 // the suites excuse it only for an edge killed after the request began.
+//
+// A right answer may still be on another instance than the placement the
+// log settled on, at the price of the key's cache (Divergence): a lost
+// race (the edge served its own proposal for a key unbound at A, and a
+// Bind appended after the request began won) or apply lag (the log had
+// placed the key elsewhere before the request began, and the edge's state
+// at A did not hold it yet). Verdict counts both apart, with the prompt
+// tokens those answers prefilled away from the key's cache.
 //
 // An edge older than the route evidence (no request id, no state index:
 // the comparison runs against an earlier build) is judged by time with
@@ -84,10 +94,58 @@ func (ev *Event) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// History is a key's events as the admin API returns them.
+// History is a key's events as the admin API returns them, keeping only
+// the events that place or remove the key (Placing): the others (Touch
+// batches listing thousands of keys, Evidence, RankObserved) change no
+// judgement, and a suite that caches every key's history would hold
+// gigabytes of them (a long soak's key histories reached 5 MB each).
 type History struct {
 	Events        []Event `json:"events"`
 	ArchiveBehind bool    `json:"archive_behind"`
+}
+
+// UnmarshalJSON reads a history and keeps its placing events, decoding
+// only those in full.
+func (h *History) UnmarshalJSON(b []byte) error {
+	var raw struct {
+		Events        []json.RawMessage `json:"events"`
+		ArchiveBehind bool              `json:"archive_behind"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	h.ArchiveBehind, h.Events = raw.ArchiveBehind, nil
+	for _, r := range raw.Events {
+		var head struct {
+			Type    string          `json:"type"`
+			Evicted json.RawMessage `json:"evicted"`
+		}
+		if err := json.Unmarshal(r, &head); err != nil {
+			return err
+		}
+		if head.Type != "Bind" && head.Type != "Overflow" && (len(head.Evicted) == 0 || string(head.Evicted) == "null") {
+			continue
+		}
+		var ev Event
+		if err := json.Unmarshal(r, &ev); err != nil {
+			return err
+		}
+		h.Events = append(h.Events, ev)
+	}
+	return nil
+}
+
+// Placing returns the events of evs that place or remove a key: Binds,
+// Overflows and evictions, in a slice of their own (evs's others, and
+// their decoded events, are left to the garbage collector).
+func Placing(evs []Event) []Event {
+	var out []Event
+	for _, ev := range evs {
+		if ev.Type == "Bind" || ev.Type == "Overflow" || ev.Evicted != nil {
+			out = append(out, ev)
+		}
+	}
+	return out
 }
 
 // Route is what x-tether-route says about one answer.
@@ -118,6 +176,9 @@ type Answer struct {
 	RequestID  string
 	State      uint64
 	Start, End time.Time
+	// PromptTokens is the answer's prompt as its usage counts it: what it
+	// prefilled away from its key's cache when it diverged (Divergence).
+	PromptTokens int
 }
 
 // Kind is how an answer was judged.
@@ -204,17 +265,25 @@ func at(tl []change, index uint64) string {
 
 // Judge judges one answer against its key's history.
 func Judge(a Answer, evs []Event) (Kind, string) {
+	k, why, _ := judge(a, evs)
+	return k, why
+}
+
+// judge is Judge, with the index of the Bind a NewPlacement answer followed
+// (this request's own, or its edge's in flight).
+func judge(a Answer, evs []Event) (Kind, string, uint64) {
 	if a.RequestID == "" {
-		return judgeByTime(a, evs)
+		k, why := judgeByTime(a, evs)
+		return k, why, 0
 	}
 	tl := timeline(evs)
 	inForce := at(tl, a.State)
 	if inForce != "" && a.Instance == inForce {
-		return OnBinding, ""
+		return OnBinding, "", 0
 	}
 	unbound := inForce == ""
 	mine := func(ev Event) bool {
-		return ev.Decision != nil && a.RequestID != "" && ev.Decision.RequestID == a.RequestID && ev.Decision.Edge == a.Edge
+		return ev.Decision != nil && ev.Decision.RequestID == a.RequestID && ev.Decision.Edge == a.Edge
 	}
 	for _, ev := range evs {
 		if !mine(ev) {
@@ -222,14 +291,16 @@ func Judge(a Answer, evs []Event) (Kind, string) {
 		}
 		switch {
 		case ev.Type == "Overflow" && ev.Status == "applied" && ev.Event["to"] == a.Instance && !ev.Time.After(a.End):
-			return Detoured, ""
-		case ev.Type == "Bind" && ev.Event["instance"] == a.Instance:
-			return NewPlacement, ""
+			return Detoured, "", 0
+		case ev.Type == "Bind" && ev.Event["instance"] == a.Instance && inForce == "":
+			// A new placement only for a key the edge's state did not
+			// bind: a bound key leaves its placement only by an Overflow.
+			return NewPlacement, "", ev.Index
 		}
 		if ev.Type == "Bind" || ev.Type == "Overflow" {
 			ans := at(tl, ev.Index)
 			if ans == a.Instance {
-				return OnBinding, ""
+				return OnBinding, "", 0
 			}
 			unbound = unbound || ans == ""
 		}
@@ -243,17 +314,76 @@ func Judge(a Answer, evs []Event) (Kind, string) {
 			}
 			ownSeen = true
 			if ev.Event["instance"] == a.Instance || at(tl, ev.Index) == a.Instance {
-				return NewPlacement, ""
+				return NewPlacement, "", ev.Index
 			}
 			break // only the first: the one in flight at the decision
 		}
 		if !ownSeen {
 			return Unrecorded, fmt.Sprintf("%s key %q unbound at state %d, served on %s by %s (request %s) with no Bind of that edge after it",
-				a.Fleet, a.Key, a.State, a.Instance, a.Edge, a.RequestID)
+				a.Fleet, a.Key, a.State, a.Instance, a.Edge, a.RequestID), 0
 		}
 	}
 	return Wrong, fmt.Sprintf("%s key %q placed on %q at state %d, served on %s by %s (request %s, ended %s)",
-		a.Fleet, a.Key, inForce, a.State, a.Instance, a.Edge, a.RequestID, a.End.Format(time.RFC3339Nano))
+		a.Fleet, a.Key, inForce, a.State, a.Instance, a.Edge, a.RequestID, a.End.Format(time.RFC3339Nano)), 0
+}
+
+// Divergence is why a right answer (OnBinding or NewPlacement) was served
+// elsewhere than the key's placement in the log: what it cost is the
+// cache of its prompt.
+type Divergence int
+
+const (
+	// Converged: on the placement the log settled on (or a detour the
+	// request committed).
+	Converged Divergence = iota
+	// LostRace: on its edge's own proposal for a key unbound in the state
+	// the decision read, and another edge's Bind, appended after the
+	// request began, won: proposals racing each other.
+	LostRace
+	// ApplyLag: the log had placed the key on another instance before the
+	// request began (appended before its start), and the state the
+	// decision read did not hold that placement yet.
+	ApplyLag
+)
+
+func (d Divergence) String() string {
+	switch d {
+	case Converged:
+		return "converged"
+	case LostRace:
+		return "lost_race"
+	case ApplyLag:
+		return "apply_lag"
+	}
+	return "divergence(?)"
+}
+
+// Diverged classifies a right answer by where the log placed its key:
+// apply lag when the placement in force when the request began (by the
+// log's append times) is another instance, else a lost race when the Bind
+// a new placement followed (bind, its index) was settled on another
+// instance. Detours, unrecorded and wrong answers are Converged here:
+// Verdict counts them apart.
+func Diverged(a Answer, evs []Event, k Kind, bind uint64) Divergence {
+	if k != OnBinding && k != NewPlacement {
+		return Converged
+	}
+	tl := timeline(evs)
+	var before uint64
+	for _, ev := range evs {
+		if ev.Time.Before(a.Start) {
+			before = ev.Index
+		}
+	}
+	if inst := at(tl, before); before > 0 && inst != "" && inst != a.Instance {
+		return ApplyLag
+	}
+	if k == NewPlacement && bind > 0 {
+		if won := at(tl, bind); won != "" && won != a.Instance {
+			return LostRace
+		}
+	}
+	return Converged
 }
 
 // judgeByTime judges an answer that carries no route evidence.
@@ -351,12 +481,52 @@ func AckedPlacement(evs []Event, unrecordedOnly bool) Placement {
 	return Placed
 }
 
-// Verdict counts a suite's answers by kind.
+// Verdict counts a suite's answers by kind, and the right ones that
+// diverged from their key's placement in the log by cause, with the prompt
+// tokens they prefilled away from the key's cache.
 type Verdict struct {
 	Judged                                        int
 	OnBinding, Detoured, NewPlacement, Unrecorded int
 	Wrong                                         int
 	Reports                                       []string // the first few wrong and unrecorded answers
+	LostRace, ApplyLag                            int
+	LostRacePrefill, ApplyLagPrefill              int64 // prompt tokens of those answers
+}
+
+// Judge judges a against its key's history, counts it (Add) and, when it
+// is right but diverged from the log's placement, counts the divergence
+// and its prefill.
+func (v *Verdict) Judge(a Answer, evs []Event, excused bool) (Kind, string) {
+	k, why, bind := judge(a, evs)
+	v.Add(k, why, excused)
+	switch Diverged(a, evs, k, bind) {
+	case LostRace:
+		v.LostRace++
+		v.LostRacePrefill += int64(a.PromptTokens)
+	case ApplyLag:
+		v.ApplyLag++
+		v.ApplyLagPrefill += int64(a.PromptTokens)
+	}
+	return k, why
+}
+
+// Merge adds o's counts to v (its reports while v holds fewer than 8).
+func (v *Verdict) Merge(o Verdict) {
+	v.Judged += o.Judged
+	v.OnBinding += o.OnBinding
+	v.Detoured += o.Detoured
+	v.NewPlacement += o.NewPlacement
+	v.Unrecorded += o.Unrecorded
+	v.Wrong += o.Wrong
+	v.LostRace += o.LostRace
+	v.ApplyLag += o.ApplyLag
+	v.LostRacePrefill += o.LostRacePrefill
+	v.ApplyLagPrefill += o.ApplyLagPrefill
+	for _, r := range o.Reports {
+		if len(v.Reports) < 8 {
+			v.Reports = append(v.Reports, r)
+		}
+	}
 }
 
 // Add counts one judged answer; excuse reports whether an unrecorded one
@@ -414,6 +584,6 @@ func EdgeOfRequest(id string) string {
 }
 
 func (v Verdict) String() string {
-	return fmt.Sprintf("judged=%d on_binding=%d detoured=%d new_placement=%d unrecorded_after_kill=%d wrong=%d",
-		v.Judged, v.OnBinding, v.Detoured, v.NewPlacement, v.Unrecorded, v.Wrong)
+	return fmt.Sprintf("judged=%d on_binding=%d detoured=%d new_placement=%d unrecorded_after_kill=%d wrong=%d lost_races=%d (prefill %d tokens) apply_lag=%d (prefill %d tokens)",
+		v.Judged, v.OnBinding, v.Detoured, v.NewPlacement, v.Unrecorded, v.Wrong, v.LostRace, v.LostRacePrefill, v.ApplyLag, v.ApplyLagPrefill)
 }

@@ -1,6 +1,8 @@
 package routecheck
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 )
@@ -68,5 +70,102 @@ func TestKeyServedOnlyByAKilledEdgesUnrecordedPlacement(t *testing.T) {
 	}
 	if p := AckedPlacement([]Event{bind(22, "ctx-2", "edge-3-1", "superseded")}, true); p != Placed {
 		t.Fatalf("a superseded Bind: %s, want placed", p)
+	}
+}
+
+// Every answer is judged by what its edge knew: the state index its
+// decision read (x-tether-route). An answer on another instance than the
+// placement in force at that index is wrong unless the request committed
+// an Overflow to it; right answers that diverged from the log's placement
+// are counted by cause, lost race or apply lag, with their prompts'
+// prefill.
+func TestJudgedByTheStateTheDecisionRead(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	timed := func(ev Event, ms int) Event { ev.Time = at(ms); return ev }
+	// edge-1's Bind of ctx-1 committed at index 10 (appended at 100 ms);
+	// edge-2's racing Bind of ctx-2 lost (index 11, superseded).
+	hist := []Event{timed(bind(10, "ctx-1", "edge-1-5", "applied"), 100), timed(bind(11, "ctx-2", "edge-2-7", "superseded"), 110)}
+	answer := func(inst, request string, state uint64, startMs, prompt int) Answer {
+		return Answer{Fleet: "context", Key: "k", Instance: inst, Edge: EdgeOfRequest(request), RequestID: request,
+			State: state, Start: at(startMs), End: at(startMs + 5), PromptTokens: prompt}
+	}
+	cases := []struct {
+		name string
+		a    Answer
+		kind Kind
+		div  Divergence
+	}{
+		{"the winner's own first request", answer("ctx-1", "edge-1-5", 8, 90, 100), NewPlacement, Converged},
+		{"the loser's request, begun before the winner was appended", answer("ctx-2", "edge-2-7", 8, 95, 200), NewPlacement, LostRace},
+		{"the loser's next request on its own proposal in flight, begun after the winner was appended", answer("ctx-2", "edge-2-8", 9, 105, 400), NewPlacement, ApplyLag},
+		{"a request on the binding its state held", answer("ctx-1", "edge-3-1", 10, 200, 50), OnBinding, Converged},
+		{"a request on another instance than the binding its state held", answer("ctx-2", "edge-2-9", 10, 200, 50), Wrong, Converged},
+	}
+	var v Verdict
+	for _, c := range cases {
+		k, why := v.Judge(c.a, hist, false)
+		if k != c.kind {
+			t.Errorf("%s: %s (%s), want %s", c.name, k, why, c.kind)
+		}
+		_, _, b := judge(c.a, hist)
+		if d := Diverged(c.a, hist, k, b); d != c.div {
+			t.Errorf("%s: %s, want %s", c.name, d, c.div)
+		}
+	}
+	if v.Wrong != 1 || v.LostRace != 1 || v.LostRacePrefill != 200 || v.ApplyLag != 1 || v.ApplyLagPrefill != 400 {
+		t.Errorf("verdict %s", v)
+	}
+
+	// A request's own Bind naming an instance does not excuse an answer
+	// there when the state its decision read bound the key elsewhere: a
+	// bound key leaves its placement only by a committed Overflow.
+	bound := []Event{bind(10, "ctx-1", "edge-1-5", "applied"), bind(12, "ctx-2", "edge-2-9", "superseded")}
+	if k, _ := Judge(answer("ctx-2", "edge-2-9", 10, 200, 1), bound); k != Wrong {
+		t.Errorf("served on its own Bind although its state bound the key elsewhere: %s, want wrong", k)
+	}
+	moved := append(append([]Event(nil), bound...), Event{Index: 13, Type: "Overflow", Status: "applied",
+		Event: map[string]any{"to": "ctx-2", "rebind": false}, Decision: &Decision{Edge: "edge-2", RequestID: "edge-2-9"}})
+	if k, _ := Judge(answer("ctx-2", "edge-2-9", 10, 200, 1), moved); k != Detoured {
+		t.Errorf("served on its own committed Overflow: %s, want detoured", k)
+	}
+
+	var sum Verdict
+	sum.Merge(v)
+	sum.Merge(v)
+	if sum.Judged != 2*v.Judged || sum.LostRacePrefill != 400 || sum.ApplyLag != 2 || len(sum.Reports) != 2 {
+		t.Errorf("merged %s (%d reports)", sum, len(sum.Reports))
+	}
+}
+
+// A history keeps only the events that place or remove its key: a Touch
+// batch naming thousands of keys is not held for every key it names (a
+// long soak's cached histories grew its test process past 19 GB), and the
+// judgement is the same without it.
+func TestHistoryKeepsThePlacingEvents(t *testing.T) {
+	raw := `{"events":[
+		{"index":3,"type":"Bind","status":"applied","event":{"instance":"ctx-1","decision":{"edge":"edge-1","request_id":"edge-1-1"}}},
+		{"index":4,"type":"Touch","status":"applied","event":{"keys":[{"fleet":"context","key":"k"},{"fleet":"context","key":"other"}]}},
+		{"index":5,"type":"Evidence","status":"applied","event":{"rule":"least_loaded"}},
+		{"index":6,"type":"Overflow","status":"applied","event":{"to":"ctx-2","rebind":true}},
+		{"index":7,"type":"Evict","status":"applied","event":{"reason":"ttl"},"evicted":{"instance":"ctx-2"}}
+	],"archive_behind":false}`
+	var h History
+	if err := json.Unmarshal([]byte(raw), &h); err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, ev := range h.Events {
+		types = append(types, ev.Type)
+	}
+	if strings.Join(types, ",") != "Bind,Overflow,Evict" {
+		t.Fatalf("kept %v, want Bind, Overflow, Evict", types)
+	}
+	if h.Events[0].Decision == nil || h.Events[0].Decision.RequestID != "edge-1-1" {
+		t.Fatalf("the Bind's decision was lost: %+v", h.Events[0])
+	}
+	a := Answer{Fleet: "context", Key: "k", Instance: "ctx-2", Edge: "edge-2", RequestID: "edge-2-4", State: 6}
+	if k, why := Judge(a, h.Events); k != OnBinding {
+		t.Fatalf("on the rebinding Overflow's placement: %s (%s)", k, why)
 	}
 }

@@ -305,7 +305,7 @@ func (b *backends) substituteFleets(c map[string]any) {
 		}
 		if tok, _ := sc["tokenizer"].(string); strings.HasPrefix(tok, "hf:") {
 			// The model's directory is not here; the words tokenizer
-			// stands in (hf: tokenizers are tested by edge/tokenize_test.go
+			// stands in (hf: tokenizers are tested by edge/tokenize/tokenize_test.go
 			// against the committed Qwen3 tokenizer, whose 150k-token
 			// vocabulary three edges per example would each load).
 			sc["tokenizer"] = "words"

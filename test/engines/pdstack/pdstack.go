@@ -407,7 +407,7 @@ func edgeConfig(m map[string]any, i int, peers, addrs []string, dir string, o Op
 	}
 	for _, f := range fleets(c) {
 		if tok, _ := f.m["tokenizer"].(string); strings.HasPrefix(tok, "hf:") {
-			// hf: tokenizers are tested by edge/tokenize_test.go.
+			// hf: tokenizers are tested by edge/tokenize/tokenize_test.go.
 			f.m["tokenizer"] = "words"
 		}
 	}

@@ -1,0 +1,133 @@
+package dispatch
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/telemetry"
+)
+
+// Dispatches shared over NATS. A worker's load report counts the requests
+// it received before the report; each edge adds what it dispatched since,
+// so that back-to-back placements do not all see the same idle instance.
+// With several edges, each would see only its own dispatches, and edges
+// would place by views that differ by what the others sent since the last
+// report. So every edge tells the others each request it sends
+// (tether.v1.dispatch.<edge>: instance and prompt tokens) and again when it
+// ended, and counts theirs as it counts its own: until the instance's next
+// report or the request's end (fleetview's NoteHeardDispatch). The trace
+// replay measured it (BENCHMARKS.md, "Sharing edge state"): with five edges
+// and heavy load, per-edge counts made edges place conversations
+// differently from one edge; with shared counts they place as one edge
+// does.
+
+// dispatchShare is this edge's side: the ids of its own dispatches, and
+// the other edges' dispatches it counts until they end.
+type dispatchShare struct {
+	seq atomic.Uint64
+
+	mu sync.Mutex
+	// heard maps another edge's dispatch to the release of its count;
+	// order bounds them (oldest first): one whose end is never heard
+	// counts until the instance's next report, then its entry is only
+	// memory, dropped once maxHeardDispatches newer ones came.
+	heard map[heardDispatch]func()
+	order []heardDispatch
+}
+
+type heardDispatch struct {
+	edge string
+	id   uint64
+}
+
+// maxHeardDispatches bounds the other edges' dispatches remembered.
+const maxHeardDispatches = 65536
+
+// noteDispatch counts a request this edge sends to instance on its fleet
+// view and tells the other edges; done (idempotent) ends both when the hop
+// ends.
+func (e *Dispatcher) noteDispatch(f fsm.Fleet, instance string, promptTokens int) (done func()) {
+	release := e.edge.Fleet().NoteDispatch(instance, promptTokens)
+	d := telemetry.Dispatch{Edge: e.nodeID, ID: e.dispatches.seq.Add(1), Fleet: fleetview.TelemetryFleet(f), Instance: instance,
+		PromptTokens: min(max(promptTokens, 0), telemetry.MaxDispatchPromptTokens)}
+	e.announceDispatch(d)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			release()
+			d.Done = true
+			e.announceDispatch(d)
+		})
+	}
+}
+
+// announceDispatch publishes d (no wait; nothing when NATS is not
+// connected: the others then count only their own).
+func (e *Dispatcher) announceDispatch(d telemetry.Dispatch) {
+	conn := e.edge.NATS()
+	if conn == nil || !conn.IsConnected() {
+		return
+	}
+	data, err := telemetry.EncodeDispatch(d)
+	if err != nil {
+		return // an id NATS subjects cannot carry
+	}
+	if conn.Publish(telemetry.DispatchSubject(e.nodeID), data) == nil {
+		e.metrics.DispatchMsgs.WithLabelValues("sent").Inc()
+	}
+}
+
+// listenDispatches subscribes to the other edges' dispatches (no NATS:
+// nothing to hear).
+func (e *Dispatcher) listenDispatches() error {
+	if e.edge.NATS() == nil {
+		return nil
+	}
+	e.dispatches.heard = map[heardDispatch]func(){}
+	if _, err := e.edge.NATS().Subscribe(telemetry.DispatchSubjectAll, e.onDispatch); err != nil {
+		return fmt.Errorf("edge: subscribe %s: %w", telemetry.DispatchSubjectAll, err)
+	}
+	return nil
+}
+
+func (e *Dispatcher) onDispatch(m *nats.Msg) {
+	d, err := telemetry.DecodeDispatch(m.Subject, m.Data)
+	if err != nil {
+		e.metrics.DispatchMsgs.WithLabelValues("invalid").Inc()
+		return
+	}
+	if d.Edge == e.nodeID {
+		return
+	}
+	e.metrics.DispatchMsgs.WithLabelValues("heard").Inc()
+	e.dispatches.hear(d, e.edge.Fleet().NoteHeardDispatch)
+}
+
+// hear counts another edge's dispatch through note, or releases its count
+// when d says it ended.
+func (s *dispatchShare) hear(d telemetry.Dispatch, note func(instance string, promptTokens int) func()) {
+	k := heardDispatch{edge: d.Edge, id: d.ID}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d.Done {
+		if release, ok := s.heard[k]; ok {
+			delete(s.heard, k)
+			release()
+		}
+		return
+	}
+	if _, ok := s.heard[k]; ok {
+		return // a repeat
+	}
+	for len(s.order) > 0 && (len(s.heard) >= maxHeardDispatches || len(s.order) >= 2*maxHeardDispatches) {
+		delete(s.heard, s.order[0])
+		s.order = s.order[1:]
+	}
+	s.heard[k] = note(d.Instance, d.PromptTokens)
+	s.order = append(s.order, k)
+}
