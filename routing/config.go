@@ -228,12 +228,6 @@ type OverflowConfig struct {
 	// QueuedRequests: the bound instance is saturated at or above this
 	// many queued requests.
 	QueuedRequests int `yaml:"queued_requests"`
-	// QueuedPrefillTokens: ... or when the prefill work waiting on it
-	// (its backlog: the prompt tokens it reported unfinished, discounted by
-	// its hit rate, plus this edge's dispatches since) is at or above this
-	// many tokens. A saturated instance keeps a bound key whose cache there
-	// outweighs the work queued ahead of it (Router.relieve).
-	QueuedPrefillTokens int64 `yaml:"queued_prefill_tokens"`
 	// ActivePromptTokens: ... or at or above this many active prompt
 	// tokens.
 	ActivePromptTokens int64 `yaml:"active_prompt_tokens"`
@@ -276,10 +270,6 @@ type OverflowConfig struct {
 	Weigh bool `yaml:"-"`
 }
 
-// DefaultQueuedPrefillTokens is overflow.queued_prefill_tokens: about
-// twelve seconds of prefill at the default 5,500 tokens/s.
-const DefaultQueuedPrefillTokens = 65_536
-
 // ShedConfig says when a request is refused (429). Zero limits are
 // disabled. A candidate at or above a limit is "over its hard limit"; when
 // every candidate is, the request is shed.
@@ -300,12 +290,11 @@ type Config struct {
 	BlockSize int        `yaml:"block_size"` // tokens per KV block
 	// PredictTTL is how long a placed prompt counts as cached on its
 	// instance before the worker's stored event (kvindex.Config).
-	PredictTTL time.Duration      `yaml:"predict_ttl"`
-	Weights    Weights            `yaml:"weights"`
-	Overflow   OverflowConfig     `yaml:"overflow"`
-	Shed       ShedConfig         `yaml:"shed"`
-	Breaker    breaker.Config     `yaml:"circuit_breaker"`
-	Exp        map[string]float64 `yaml:"-"`
+	PredictTTL time.Duration  `yaml:"predict_ttl"`
+	Weights    Weights        `yaml:"weights"`
+	Overflow   OverflowConfig `yaml:"overflow"`
+	Shed       ShedConfig     `yaml:"shed"`
+	Breaker    breaker.Config `yaml:"circuit_breaker"`
 }
 
 // DefaultConfig returns the defaults. The weights make one cached token worth
@@ -332,12 +321,11 @@ func DefaultConfig() Config {
 			OffloadedBlock:         DefaultOffloadedBlock,
 		},
 		Overflow: OverflowConfig{
-			QueuedRequests:      8,
-			QueuedPrefillTokens: DefaultQueuedPrefillTokens,
-			ActivePromptTokens:  2_000_000,
-			RebindAfter:         30 * time.Second,
-			CacheLostBelow:      0.5,
-			CacheLostMinIdle:    5 * time.Second,
+			QueuedRequests:     8,
+			ActivePromptTokens: 2_000_000,
+			RebindAfter:        30 * time.Second,
+			CacheLostBelow:     0.5,
+			CacheLostMinIdle:   5 * time.Second,
 		},
 		Shed: ShedConfig{
 			MaxQueuedRequests:      64,
@@ -383,9 +371,6 @@ func (c Config) Validate() error {
 	}
 	if c.Overflow.QueuedRequests < 0 {
 		bad("overflow.queued_requests", "must be >= 0 (0 disables), got %d", c.Overflow.QueuedRequests)
-	}
-	if c.Overflow.QueuedPrefillTokens < 0 {
-		bad("overflow.queued_prefill_tokens", "must be >= 0 (0 disables), got %d", c.Overflow.QueuedPrefillTokens)
 	}
 	if c.Overflow.ActivePromptTokens < 0 {
 		bad("overflow.active_prompt_tokens", "must be >= 0 (0 disables), got %d", c.Overflow.ActivePromptTokens)

@@ -36,23 +36,7 @@ func (d *Decider) Decide(ctx context.Context, router *Router, req Request, prev 
 	if d.Index != nil {
 		d.Index.Predict(h.Instance, req.Blocks, req.Now)
 	}
-	if conv := workKey(req.Fleet, req.ConversationID, h.Key); conv != "" {
-		d.workSet().Note(conv, h.Instance, len(req.Blocks), req.Now)
-	}
 	return h, nil
-}
-
-// workKey names a conversation in the working sets: its own id (a
-// sub-agent's, not its parent's root), else its routing key, per fleet;
-// "" for an unkeyed request.
-func workKey(f fsm.Fleet, conversation, key string) string {
-	if conversation == "" {
-		conversation = key
-	}
-	if conversation == "" {
-		return ""
-	}
-	return string(rune('0'+f)) + conversation
 }
 
 func routeFailure(f fsm.Fleet, key string, rt route, err error) *Failure {
@@ -78,7 +62,7 @@ func (d *Decider) RecordIdentity(id Identity) {
 }
 
 func (d *Decider) inputs(views *Views, st *fsm.State) Inputs {
-	in := Inputs{Views: views, Bindings: st, Overload: d.Overload, Work: d.workSet()}
+	in := Inputs{Views: views, Bindings: st, Overload: d.Overload}
 	if d.Index != nil {
 		in.Prefix = d.Index
 	}
@@ -155,34 +139,11 @@ func (x *decision) keyed() (*Hop, *Failure) {
 			x.asOwn()
 			return x.unbound()
 		}
-		if x.router.exp("subown") > 0 {
-			root := x.req.Key
-			x.req.tree = x.treeMembers(root)
-			x.asOwn()
-			return x.unbound()
-		}
 	}
 	if b, ok := x.st.Lookup(x.h.Fleet, x.h.Key); ok {
 		return x.bound(b)
 	}
 	return x.unbound()
-}
-
-func (x *decision) treeMembers(root string) map[string]int {
-	m := map[string]int{}
-	win := int64(x.router.exp("treewin") * 1e9)
-	if b, ok := x.st.Lookup(x.h.Fleet, root); ok && (win == 0 || x.req.Now.UnixNano()-b.LastUsed < win) {
-		m[b.Instance]++
-	}
-	for _, c := range x.st.Children(root) {
-		if c == x.req.ConversationID {
-			continue
-		}
-		if b, ok := x.st.Lookup(x.h.Fleet, c); ok && (win == 0 || x.req.Now.UnixNano()-b.LastUsed < win) {
-			m[b.Instance]++
-		}
-	}
-	return m
 }
 
 // subAgent reports whether the request is a sub-agent's routed by its

@@ -3,12 +3,10 @@ package routing
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/overload"
-	"github.com/tether-project/tether/routing/workset"
 )
 
 // Outcomes (the edge's metric label and span attribute).
@@ -168,18 +166,6 @@ type Decider struct {
 	// not known by the propose timeout is then served where it proposed,
 	// counted degraded. Hard affinity always waits.
 	CommitFirst bool
-
-	// work remembers what this edge routed lately (routing/workset):
-	// each conversation's instance and prompt length, the working set
-	// per instance. Created on first use.
-	workOnce sync.Once
-	work     *workset.Set
-}
-
-// workSet returns the decider's working sets.
-func (d *Decider) workSet() *workset.Set {
-	d.workOnce.Do(func() { d.work = workset.New(workset.Config{}) })
-	return d.work
 }
 
 // Hop is where one fleet's part of a request goes.

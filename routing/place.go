@@ -24,25 +24,7 @@ const (
 func (r *Router) saturated(v *InstanceView) bool {
 	o := r.cfg.Overflow
 	return (o.QueuedRequests > 0 && v.QueuedRequests >= o.QueuedRequests) ||
-		(o.QueuedPrefillTokens > 0 && backlog(v) >= float64(o.QueuedPrefillTokens)) ||
-		(r.exp("overkv") > 0 && v.KVTotalBlocks > 0 && v.ActivePromptTokens+v.QueuedPrefillTokens > v.KVTotalBlocks*int64(r.cfg.BlockSize)) ||
 		(o.ActivePromptTokens > 0 && v.ActivePromptTokens >= o.ActivePromptTokens)
-}
-
-// backlog estimates the prefill work waiting on v, in prompt tokens: what
-// this edge dispatched there since the instance's last report, plus the
-// prompt tokens the instance reported admitted and unfinished times the
-// share of prompt tokens it recently had to compute (1 − its window hit
-// rate; all of them when it reports no hit rate). A worker's active prompt
-// tokens count its queued requests' whole prompts, cached or not: two
-// prompts larger than its cache weigh their full length, a queue of
-// conversations' turns that its cache serves weighs what it computes.
-func backlog(v *InstanceView) float64 {
-	miss := 1.0
-	if h := v.HitRate; h > 0 && h <= 1 {
-		miss = 1 - h
-	}
-	return float64(max(v.QueuedPrefillTokens, 0)) + miss*float64(max(v.ActivePromptTokens, 0))
 }
 
 func (r *Router) overHard(v *InstanceView) bool {
@@ -85,7 +67,6 @@ func (r *Router) place(req Request, in Inputs) (route, error) {
 	if minTier == tierOver {
 		return r.shed(&req, cands, nil), nil
 	}
-	req.placing = true
 	rt := r.choose(&req, &in, filterTier(cands, minTier))
 	rt.Action = actionServe
 	if req.Key != "" && r.cfg.Type.Binds() {
@@ -155,12 +136,8 @@ func (r *Router) loadCost(v *InstanceView, p Priority) float64 {
 	if p == PriorityInteractive {
 		qf = w.InteractiveQueueFactor
 	}
-	kv := 0.0
-	if r.exp("kvw") > 0 && v.KVTotalBlocks > 0 {
-		kv = r.exp("kvw") * max(0, float64(v.ActivePromptTokens+v.QueuedPrefillTokens-v.KVTotalBlocks*int64(r.cfg.BlockSize)))
-	}
-	return qf*(w.Queue*backlog(v)+w.QueuedRequest*float64(v.QueuedRequests)) +
-		w.Decode*float64(v.ActivePromptTokens) + kv
+	return qf*(w.Queue*float64(v.QueuedPrefillTokens)+w.QueuedRequest*float64(v.QueuedRequests)) +
+		w.Decode*float64(v.ActivePromptTokens)
 }
 
 // ranker orders candidates: score, then (binding routers, keyed requests)
@@ -214,24 +191,11 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) route {
 	if r.cfg.Type.usesCache() && in.Prefix != nil && len(req.Blocks) > 0 {
 		creditCache(req, in, cands)
 	}
-	dec.Policy = r.score(req, in, cands)
+	dec.Policy = r.score(req, cands)
 	rk := ranker{in: in, fleet: req.Fleet, keyHash: hash64.Mix64(req.Spread)}
 	if req.Key != "" {
 		rk.keyHash = rendezvous.KeyHash(req.Key)
 		rk.useBindings = r.cfg.Type.Binds() && in.Bindings != nil
-	}
-	if bw := r.exp("bindw"); bw > 0 && rk.useBindings && req.placing {
-		for i := range cands {
-			rk.tieKeys(&cands[i])
-			cands[i].score -= bw * float64(cands[i].bindings)
-		}
-	}
-	if r.exp("debug") > 0 && req.placing && req.Now.Sub(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)) >= 80*time.Second && req.Now.Sub(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)) < 200*time.Second {
-		for i := range cands {
-			c := &cands[i]
-			rk.tieKeys(c)
-			fmt.Printf("DBG %s %s %s score=%.0f q=%d qpt=%d act=%d h=%.2f bl=%.0f b=%d tier=%d\n", req.Now.Format("15:04:05.000"), req.Key, c.v.ID, c.score, c.v.QueuedRequests, c.v.QueuedPrefillTokens, c.v.ActivePromptTokens, c.v.HitRate, backlog(c.v), c.bindings, c.tier)
-		}
 	}
 	top, n := rk.top(cands)
 	dec.Candidates = make([]fsm.Candidate, n)
@@ -240,19 +204,6 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) route {
 		dec.Candidates[i] = fsm.Candidate{Instance: c.v.ID, Score: c.score, CachedTokens: clampU32(c.cached), LoadTokens: loadTokens(c.v)}
 	}
 	best := top[0]
-	if band := r.exp("band"); band > 0 && rk.useBindings && req.placing {
-		for i := range cands {
-			c := &cands[i]
-			if c == best || c.score < best.score-band {
-				continue
-			}
-			rk.tieKeys(c)
-			rk.tieKeys(best)
-			if c.bindings < best.bindings || (c.bindings == best.bindings && rk.better(c, best)) {
-				best = c
-			}
-		}
-	}
 	rank := -1
 	if best.cached > 0 {
 		rank = best.rank
@@ -291,7 +242,7 @@ func creditCache(req *Request, in *Inputs, cands []candidate) {
 
 // score sets each candidate's cached tokens and score (Weights) and
 // returns the decision's policy: kv_aware when some cache was credited.
-func (r *Router) score(req *Request, in *Inputs, cands []candidate) string {
+func (r *Router) score(req *Request, cands []candidate) string {
 	w := &r.cfg.Weights
 	cacheWeight := w.Cache
 	if req.Priority == PriorityBackground {
@@ -312,31 +263,8 @@ func (r *Router) score(req *Request, in *Inputs, cands []candidate) string {
 			policy = PolicyKVAware
 		}
 		c.score = credit - r.loadCost(c.v, req.Priority) - r.adapterCost(c.v, req.Adapter)
-		if req.tree != nil {
-			c.score -= r.exp("treepen") * float64(req.tree[c.v.ID])
-		}
-		if in.Work != nil && (r.exp("actw") > 0 || r.exp("kvbud") > 0) {
-			c.score -= r.workCost(req, in, c.v)
-		}
 	}
 	return policy
-}
-
-func (r *Router) workCost(req *Request, in *Inputs, v *InstanceView) float64 {
-	l := in.Work.Load(v.ID, req.Now)
-	conv := workKey(req.Fleet, req.ConversationID, req.Key)
-	if inst, blocks, ok := in.Work.Key(conv, req.Now); ok && inst == v.ID {
-		l.Keys--
-		l.Blocks -= int64(blocks)
-	}
-	cost := r.exp("actw") * float64(max(l.Keys, 0))
-	if v.KVTotalBlocks > 0 && r.exp("kvbud") > 0 {
-		over := l.Blocks + int64(len(req.Blocks)) - v.KVTotalBlocks
-		if over > 0 {
-			cost += r.exp("kvbud") * float64(over) * float64(r.cfg.BlockSize)
-		}
-	}
-	return cost
 }
 
 // top returns the best fsm.MaxCandidates of cands, best first, and how many

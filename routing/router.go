@@ -9,7 +9,6 @@ import (
 	"github.com/tether-project/tether/routing/kvindex"
 	"github.com/tether-project/tether/routing/overload"
 	"github.com/tether-project/tether/routing/rendezvous"
-	"github.com/tether-project/tether/routing/workset"
 )
 
 // action says what the decision does with a request.
@@ -84,9 +83,6 @@ type Inputs struct {
 	Bindings BindingCounter
 	Prefix   PrefixMatcher
 	Overload overload.History
-	// Work is what this edge routed lately per instance: the
-	// conversations and their prompts' blocks (nil: unknown).
-	Work *workset.Set
 }
 
 // Request is one request as routing sees it.
@@ -113,10 +109,6 @@ type Request struct {
 	// bound, set by the cache-lost check only, replaces the bound
 	// instance's cache credit (its best rank's) with its binding's rank's.
 	bound *boundCredit
-	// tree, set for a sub-agent placed on its own, counts the agent tree's
-	// other live members per instance.
-	tree map[string]int
-	placing bool
 }
 
 // boundCredit is the cache a bound key can use on its instance: the
