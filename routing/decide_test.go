@@ -698,3 +698,52 @@ func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
 		}
 	}
 }
+
+// With overflow.subagent_tree_budget, a sub-agent whose agent tree (its
+// parent and siblings as this edge routed them there, plus its prompt) does
+// not fit its parent's instance's KV cache is placed under its own id and
+// follows that binding from then on; one that fits follows the parent.
+func TestSubAgentGoesItsOwnWayWhenItsTreeDoesNotFit(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		cfg := DefaultConfig()
+		cfg.Overflow.SubAgentTreeBudget = on
+		router, err := NewRouter(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := newRig(t)
+		r.router = router
+		for i := range r.fleet.views {
+			r.fleet.views[i].KVTotalBlocks = 100
+		}
+		r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "root", ConversationID: "root", Instance: "a"})
+		r.log.commit(t, fsm.Link{Child: "sib", Parent: "root", Root: "root", Depth: 1})
+		// This edge sent the parent's last prompt (50 blocks) and a
+		// sibling's (40) to a.
+		r.d.workSet(r.router).Note(workKey(fsm.FleetContext, "root", ""), "a", 50, tDecide.Add(-time.Second))
+		r.d.workSet(r.router).Note(workKey(fsm.FleetContext, "sib", ""), "a", 40, tDecide.Add(-time.Second))
+		child := Request{Fleet: fsm.FleetContext, Key: "root", ConversationID: "child", RequestID: "child#1", Edge: "e1",
+			Now: tDecide, PromptTokens: 5 * 64, Blocks: blocks(3, 5)}
+		fits, fail := r.d.Decide(context.Background(), r.router, child, nil)
+		if fail != nil || fits.Instance != "a" || fits.OwnKey {
+			t.Fatalf("on=%v: 95 of 100 blocks: %+v %v, want the parent's a", on, fits, fail)
+		}
+		child.ConversationID, child.RequestID, child.Blocks = "big", "big#1", blocks(4, 20)
+		got, fail := r.d.Decide(context.Background(), r.router, child, nil)
+		switch {
+		case fail != nil:
+			t.Fatal(fail)
+		case on && (got.Instance == "a" || !got.OwnKey || got.Key != "big" || got.Policy != PolicySubAgentOwn):
+			t.Fatalf("budget on, 110 of 100 blocks: %+v, want big placed off a under its own id", got)
+		case !on && (got.Instance != "a" || got.OwnKey):
+			t.Fatalf("budget off: %+v, want the parent's a", got)
+		}
+		if on {
+			child.RequestID = "big#2"
+			again, fail := r.d.Decide(context.Background(), r.router, child, nil)
+			if fail != nil || again.Instance != got.Instance || !again.OwnKey || again.Outcome != OutcomeSticky {
+				t.Fatalf("after going its own way: %+v %v, want sticky on its own binding on %s", again, fail, got.Instance)
+			}
+		}
+	}
+}

@@ -557,6 +557,11 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 func routerConfig(cfg SimConfig, blockSize int) routing.Config {
 	rc := cfg.Routing
 	rc.BlockSize = blockSize
+	if !cfg.Policy.isTether() {
+		// The baselines place by cache and load only: no working sets,
+		// no live-binding spread.
+		rc.Weights.Evict, rc.Weights.LiveBinding = 0, 0
+	}
 	switch cfg.Policy {
 	case PolicyRoundRobin:
 		rc.Type = routing.RouterRoundRobin
@@ -570,16 +575,29 @@ func routerConfig(cfg SimConfig, blockSize int) routing.Config {
 		rc.Overflow = routing.OverflowConfig{}
 	default:
 		rc.Type = routing.RouterConversation
-		switch cfg.Policy {
-		case PolicyTetherNoOverflow:
-			rc.Overflow = routing.OverflowConfig{}
-		case PolicyTetherNoCacheRebind:
-			rc.Overflow.CacheLostBelow = 0
-		case PolicyTetherWeigh:
-			rc.Overflow.Weigh = true
-		}
+		tetherVariant(cfg.Policy, &rc)
 	}
 	return rc
+}
+
+// tetherVariant sets what an ablation of tether turns off.
+func tetherVariant(p Policy, rc *routing.Config) {
+	switch p {
+	case PolicyTetherNoOverflow:
+		rc.Overflow = routing.OverflowConfig{}
+	case PolicyTetherNoCacheRebind:
+		rc.Overflow.CacheLostBelow = 0
+	case PolicyTetherWeigh:
+		rc.Overflow.Weigh = true
+	case PolicyTetherNoRelief:
+		rc.Overflow.ReliefFactor = 0
+	case PolicyTetherTreeBudget:
+		rc.Overflow.SubAgentTreeBudget = true
+	case PolicyTetherNoWorkingSet:
+		rc.Weights.Evict = 0
+	case PolicyTetherNoSpread:
+		rc.Weights.LiveBinding = 0
+	}
 }
 
 // newInstances builds the simulated workers: each a rank scheduler over
