@@ -143,7 +143,7 @@ func (x *decision) keyed() (*Hop, *Failure) {
 			x.asOwn()
 			return x.unbound()
 		}
-		if !x.treeFits() {
+		if x.ownAfterFirst() || !x.treeFits() {
 			x.asOwn()
 			x.treeOwn = true
 			return x.unbound()
@@ -161,6 +161,24 @@ func (x *decision) subAgent() bool {
 	return x.req.ConversationID != "" && x.req.ConversationID != x.req.Key
 }
 
+// ownAfterFirst reports whether a sub-agent routed by its parent's key
+// is past its first request (overflow.subagent_first_with_parent: its
+// parent link is committed in this edge's replica), on the context fleet
+// (the generation fleet's binding keeps the tree's decode state). Its first request went
+// with its parent, where its siblings' shared prefix is; from its second it
+// is placed under its own id — credited its own context where that first
+// request left it, charged the prefill queued and the cache its prompt
+// would evict from each instance's working set — and is sticky there. Long
+// siblings on their parent's instance evict each other's contexts and the
+// parent's; placed each on its own, only the ones that fit stay together.
+func (x *decision) ownAfterFirst() bool {
+	if !x.router.cfg.Overflow.SubAgentFirstWithParent || x.h.Fleet != fsm.FleetContext {
+		return false
+	}
+	link, ok := x.st.Link(x.req.ConversationID)
+	return ok && link.Root == x.req.Key
+}
+
 // treeFits reports whether a sub-agent following its parent's binding fits
 // its parent's instance (overflow.subagent_tree_budget): the prompts of the
 // agent tree's members last routed there within the working-set window
@@ -174,7 +192,7 @@ func (x *decision) subAgent() bool {
 // parent is not bound (it is placed by the parent's key) or the instance
 // reports no capacity.
 func (x *decision) treeFits() bool {
-	if !x.router.cfg.Overflow.SubAgentTreeBudget || x.in.Work == nil {
+	if !x.router.cfg.Overflow.SubAgentTreeBudget || x.in.Work == nil || x.h.Fleet != fsm.FleetContext {
 		return true
 	}
 	b, ok := x.st.Lookup(x.h.Fleet, x.h.Key)

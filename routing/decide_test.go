@@ -664,6 +664,7 @@ func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
 		cfg.BlockSize = 4
 		cfg.Overflow.CacheLostMinIdle = 0
 		cfg.Overflow.SubAgentCacheLost = on
+		cfg.Overflow.SubAgentFirstWithParent = false
 		router, err := NewRouter(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -707,6 +708,7 @@ func TestSubAgentGoesItsOwnWayWhenItsTreeDoesNotFit(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		cfg := DefaultConfig()
 		cfg.Overflow.SubAgentTreeBudget = on
+		cfg.Overflow.SubAgentFirstWithParent = false
 		router, err := NewRouter(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -743,6 +745,52 @@ func TestSubAgentGoesItsOwnWayWhenItsTreeDoesNotFit(t *testing.T) {
 			again, fail := r.d.Decide(context.Background(), r.router, child, nil)
 			if fail != nil || again.Instance != got.Instance || !again.OwnKey || again.Outcome != OutcomeSticky {
 				t.Fatalf("after going its own way: %+v %v, want sticky on its own binding on %s", again, fail, got.Instance)
+			}
+		}
+	}
+}
+
+// With overflow.subagent_first_with_parent (the default), a sub-agent's
+// first request follows its parent's binding; once its parent link is
+// committed, its requests are placed under its own id — where its own
+// context is cached — and stick to that binding. Off, every request
+// follows the parent.
+func TestSubAgentFollowsItsParentOnItsFirstRequestOnly(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		cfg := DefaultConfig()
+		cfg.Overflow.SubAgentFirstWithParent = on
+		router, err := NewRouter(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := newRig(t)
+		r.router = router
+		r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "root", ConversationID: "root", Instance: "a"})
+		child := Request{Fleet: fsm.FleetContext, Key: "root", ConversationID: "child", RequestID: "child#1", Edge: "e1",
+			Now: tDecide, PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}}
+		first, fail := r.d.Decide(context.Background(), r.router, child, nil)
+		if fail != nil || first.Instance != "a" || first.OwnKey {
+			t.Fatalf("on=%v: first request %+v %v, want the parent's a", on, first, fail)
+		}
+		r.log.commit(t, fsm.Link{Child: "child", Parent: "root", Root: "root", Depth: 1})
+		// Its context is cached on b now (say the parent's instance
+		// evicted it); the parent stays on a.
+		r.d.Index = heldIndex{held: map[string]bool{"b": true}}
+		child.RequestID, child.Now = "child#2", tDecide.Add(time.Minute)
+		got, fail := r.d.Decide(context.Background(), r.router, child, nil)
+		switch {
+		case fail != nil:
+			t.Fatal(fail)
+		case on && (got.Instance != "b" || !got.OwnKey || got.Key != "child" || got.Policy != PolicySubAgentOwn || got.Outcome != OutcomeNewBind):
+			t.Fatalf("on: second request %+v, want a new binding of child on b", got)
+		case !on && (got.Instance != "a" || got.OwnKey):
+			t.Fatalf("off: second request %+v, want the parent's a", got)
+		}
+		if on {
+			child.RequestID, child.Now = "child#3", tDecide.Add(2*time.Minute)
+			again, fail := r.d.Decide(context.Background(), r.router, child, nil)
+			if fail != nil || again.Instance != "b" || !again.OwnKey || again.Outcome != OutcomeSticky {
+				t.Fatalf("on: third request %+v %v, want sticky on its own binding on b", again, fail)
 			}
 		}
 	}

@@ -85,35 +85,35 @@ func (r *Router) noneBelowHard(req *Request, in *Inputs, bound string) bool {
 	return true
 }
 
-// relieve moves a key off its healthy bound instance v when waiting there
+// relieve moves a key off its healthy bound instance v when the wait there
 // costs more than overflow.relief_factor times moving, both in prefill
-// tokens: staying costs the prefill queued ahead on v (backlog) plus the
-// prompt tokens v's cache lacks (on the binding's rank); moving costs the
-// same on the best other instance below its hard limits (by placement
-// score) plus the cached tokens of other conversations the prompt evicts
-// there (Router.evicted). A conversation whose cache saves more than the
-// queue ahead of it costs stays, however long that queue; one stuck behind
-// more work than rebuilding its cache elsewhere moves with its binding (a
-// rebind, reason saturated), and its next turns find their cache where it
-// went. The factor covers what a move costs beyond this request: the fleet
-// computes the conversation again, and the reports the comparison reads
-// are up to a telemetry interval old (every edge may move keys to the same
-// idle-looking instance). Only the key's own conversation is weighed (a
-// sub-agent routed by its parent's key follows the parent); ok is false
-// when the key stays.
+// tokens: the wait is the prefill queued ahead on v (backlog); moving costs
+// the prefill of the prompt's part the best other instance below its hard
+// limits (by placement score) lacks, the prefill queued there, and the
+// cached tokens of other conversations the prompt evicts there
+// (Router.evicted). A conversation queued behind less than that stays,
+// however many requests queue ahead of it; one stuck behind more work than
+// rebuilding its cache elsewhere moves with its binding (a rebind, reason
+// saturated), and its next turns find their cache where it went. The
+// factor covers what a move costs beyond this request: the fleet computes
+// the conversation again, and the reports the comparison reads are up to a
+// telemetry interval old (every edge may move keys to the same idle-looking
+// instance). ok is false when the key stays.
 func (r *Router) relieve(req *Request, b *fsm.Binding, v *InstanceView, in *Inputs) (route, bool) {
 	if !r.weighs(req, in) {
 		return route{}, false
 	}
 	rho := r.cfg.Overflow.ReliefFactor
-	p := float64(max(req.PromptTokens, len(req.Blocks)*r.cfg.BlockSize))
-	heldB, heldOther := r.held(req, b, in)
-	stay := backlog(v, req.PromptTokens) + p - min(float64(heldB*r.cfg.BlockSize), p)
+	wait := backlog(v, req.PromptTokens)
+	if wait <= 0 {
+		return route{}, false
+	}
 	// No move costs less than the least backlog elsewhere plus the
 	// prompt's part the best other holder lacks: most requests stop here,
 	// before scoring anything.
+	p := float64(max(req.PromptTokens, len(req.Blocks)*r.cfg.BlockSize))
 	least, ok := r.leastBacklog(req, in, b.Instance)
-	if !ok || stay <= rho*(least+p-min(float64(heldOther*r.cfg.BlockSize), p)) {
+	if !ok || wait <= rho*(least+p-min(float64(r.heldElsewhere(req, b, in)*r.cfg.BlockSize), p)) {
 		return route{}, false
 	}
 	buf := getCandidates()
@@ -130,7 +130,7 @@ func (r *Router) relieve(req *Request, b *fsm.Binding, v *InstanceView, in *Inpu
 			move = backlog(c.v, req.PromptTokens) + p - float64(c.cached) + r.cfg.Weights.Evict*r.evicted(req, in, c)
 		}
 	}
-	if stay <= rho*move {
+	if wait <= rho*move {
 		return route{}, false
 	}
 	rt.Action, rt.From, rt.Reason, rt.Rebind = actionOverflow, b.Instance, fsm.OverflowSaturated, true
@@ -139,32 +139,30 @@ func (r *Router) relieve(req *Request, b *fsm.Binding, v *InstanceView, in *Inpu
 
 // weighs reports whether the relief rule can weigh req's bound instance:
 // it is on, the router uses the cache and has a KV index, the prompt's
-// blocks are known, and the request is its key's own conversation's (a
-// sub-agent routed by its parent's key follows the parent).
+// blocks are known, the fleet is the context fleet (a generation worker's
+// prompt blocks arrive by transfer each turn, and its binding keeps the
+// conversation's decode state), and the request is its key's own
+// conversation's (a sub-agent routed by its parent's key follows the
+// parent).
 func (r *Router) weighs(req *Request, in *Inputs) bool {
 	return r.cfg.Overflow.ReliefFactor > 0 && in.Prefix != nil && len(req.Blocks) > 0 && r.cfg.Type.usesCache() &&
-		req.Fleet.Valid() && (req.ConversationID == "" || req.ConversationID == req.Key)
+		req.Fleet == fsm.FleetContext && (req.ConversationID == "" || req.ConversationID == req.Key)
 }
 
-// held is the leading prompt blocks the KV index says the key's bound
-// instance holds (on the binding's rank once the worker reported it), and
-// the most any other instance holds.
-func (r *Router) held(req *Request, b *fsm.Binding, in *Inputs) (bound, other int) {
+// heldElsewhere is the most leading prompt blocks the KV index says an
+// instance other than the key's bound one holds.
+func (r *Router) heldElsewhere(req *Request, b *fsm.Binding, in *Inputs) int {
 	mp := matchPool.Get().(*[]kvindex.Match)
 	matches := in.Prefix.Match(req.Blocks, req.Now, (*mp)[:0])
+	other := 0
 	for _, m := range matches {
-		if m.Instance == b.Instance {
-			bound = m.Blocks
-		} else {
+		if m.Instance != b.Instance {
 			other = max(other, m.Blocks)
 		}
 	}
 	*mp = matches[:0]
 	matchPool.Put(mp)
-	if b.HasRank {
-		bound = rankPrefix(in, b.Instance, int(b.Rank), req)
-	}
-	return bound, other
+	return other
 }
 
 // leastBacklog is the least backlog among the fleet's healthy instances
@@ -182,19 +180,6 @@ func (r *Router) leastBacklog(req *Request, in *Inputs, bound string) (float64, 
 		}
 	}
 	return least, ok
-}
-
-// rankPrefix is the number of leading prompt blocks the KV index says
-// rank of instance holds (-1: any rank).
-func rankPrefix(in *Inputs, instance string, rank int, req *Request) int {
-	n := 0
-	for n < len(req.Blocks) {
-		if h, _ := in.Prefix.Holds(instance, rank, req.Blocks[n], req.Now); !h {
-			break
-		}
-		n++
-	}
-	return n
 }
 
 // cacheLost is the cache-lost rebind (overflow.cache_lost_below): when the

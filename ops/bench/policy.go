@@ -81,11 +81,17 @@ const (
 	// PolicyTetherNoSpread: tether without the live-binding cost of a new
 	// key's placement (weights.live_binding 0).
 	PolicyTetherNoSpread Policy = "tether_no_spread"
+	// PolicyTetherFirstWithParent: tether with sub-agents following their
+	// parent's binding on their first request only, then bound under
+	// their own ids (routing's overflow.subagent_first_with_parent, off by
+	// default) — tether_parent_first's effect decided by the router
+	// instead of the gateway.
+	PolicyTetherFirstWithParent Policy = "tether_first_with_parent"
 )
 
 // TetherVariants are the ablations.
 var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind, PolicyTetherWeigh,
-	PolicyTetherNoRelief, PolicyTetherTreeBudget, PolicyTetherNoWorkingSet, PolicyTetherNoSpread}
+	PolicyTetherNoRelief, PolicyTetherTreeBudget, PolicyTetherNoWorkingSet, PolicyTetherNoSpread, PolicyTetherFirstWithParent}
 
 func (p Policy) isTether() bool {
 	return p == PolicyTether || p == PolicyTetherLocal || slices.Contains(TetherVariants, p)

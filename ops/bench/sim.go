@@ -597,6 +597,8 @@ func tetherVariant(p Policy, rc *routing.Config) {
 		rc.Weights.Evict = 0
 	case PolicyTetherNoSpread:
 		rc.Weights.LiveBinding = 0
+	case PolicyTetherFirstWithParent:
+		rc.Overflow.SubAgentFirstWithParent = true
 	}
 }
 
