@@ -371,8 +371,11 @@ const DefaultReliefFactor = 5
 // decoding prompt token slows prefill a tenth as much; a queued request costs
 // 256 tokens on top of its tokens (scheduling and the signal when a worker
 // does not report token figures). Interactive requests count queueing twice,
-// background requests count cache twice. 5,500 prefill tokens/s is a
-// 70B-class model on one GPU.
+// background requests count cache twice. A prompt token that evicts another
+// conversation's working set costs the prefill it will redo; a live binding
+// costs a new conversation about a turn's prompt. A bound key moves for its
+// queue only when waiting costs five times moving. 5,500 prefill tokens/s
+// is a 70B-class model on one GPU.
 func DefaultConfig() Config {
 	return Config{
 		Type:             RouterConversation,
