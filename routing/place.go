@@ -32,8 +32,9 @@ func (r *Router) saturated(v *InstanceView) bool {
 // queued requests times the prompt tokens it holds per admitted request
 // (its active prompt tokens over its queued and active requests), less the
 // share its cache serves (its window hit rate). A worker that reports no
-// token figures is taken to queue prompts the size of this one.
-func backlog(v *InstanceView, promptTokens int) float64 {
+// token figures (an engine scraped for request counts) is taken to queue
+// requests of unknown tokens each (Router.unknownRequest).
+func backlog(v *InstanceView, unknown float64) float64 {
 	miss := 1.0
 	if h := v.HitRate; h > 0 && h <= 1 {
 		miss = 1 - h
@@ -44,9 +45,16 @@ func backlog(v *InstanceView, promptTokens int) float64 {
 	case v.ActivePromptTokens > 0 && n > 0:
 		per = float64(v.ActivePromptTokens) / float64(n)
 	case v.QueuedPrefillTokens <= 0:
-		per = float64(max(promptTokens, 0))
+		per = max(unknown, 0)
 	}
 	return float64(max(v.QueuedPrefillTokens, 0)) + miss*per*float64(q)
+}
+
+// unknownRequest is what a queued request whose size its worker does not
+// report counts in the backlog: a conversation's turn, as a live binding
+// counts (weights.live_binding), or this prompt when it is longer.
+func (r *Router) unknownRequest(req *Request) float64 {
+	return max(float64(req.PromptTokens), r.cfg.Weights.LiveBinding)
 }
 
 func (r *Router) overHard(v *InstanceView) bool {
@@ -159,7 +167,7 @@ func (r *Router) loadCost(v *InstanceView, req *Request) float64 {
 	if req.Priority == PriorityInteractive {
 		qf = w.InteractiveQueueFactor
 	}
-	return qf*(w.Queue*backlog(v, req.PromptTokens)+w.QueuedRequest*float64(v.QueuedRequests)) +
+	return qf*(w.Queue*backlog(v, r.unknownRequest(req))+w.QueuedRequest*float64(v.QueuedRequests)) +
 		w.Decode*float64(v.ActivePromptTokens)
 }
 

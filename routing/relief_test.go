@@ -29,12 +29,18 @@ func TestPlacementWeighsTheReportedQueue(t *testing.T) {
 	if rt := place(t, r, Request{Key: "k"}, Inputs{Views: mustViews(t, vs)}); rt.Instance != "ctx-a" {
 		t.Fatalf("placed on %s, want ctx-a (5,000 tokens of prefill ahead against 40,000)", rt.Instance)
 	}
-	// A worker that reports only request counts queues prompts the size
-	// of this one.
+	// A worker that reports only request counts queues requests of
+	// unknown size: a turn's worth each (weights.live_binding), or the
+	// prompt being placed when it is longer.
 	bare := idle("ctx-c")[0]
 	bare.QueuedRequests = 3
-	if got := backlog(&bare, 1000); got != 3000 {
-		t.Fatalf("counts only: backlog %v, want 3 × the 1,000-token prompt", got)
+	def := mustRouter(t, nil)
+	want := 3 * def.Config().Weights.LiveBinding
+	if got := backlog(&bare, def.unknownRequest(&Request{PromptTokens: 1000})); got != want {
+		t.Fatalf("counts only: backlog %v, want 3 × %v", got, def.Config().Weights.LiveBinding)
+	}
+	if got := backlog(&bare, def.unknownRequest(&Request{PromptTokens: 90_000})); got != 270_000 {
+		t.Fatalf("counts only, a 90,000-token prompt: backlog %v, want 270,000", got)
 	}
 }
 
