@@ -155,6 +155,8 @@ type Edge struct {
 	mu      sync.Mutex
 	started bool
 	stopped bool
+	// settled: Settle ran (no more requests; the log flushed).
+	settled bool
 	// noHandoff: Close skips the Raft leadership transfer.
 	noHandoff atomic.Bool
 }

@@ -319,34 +319,61 @@ func (e *Edge) natsURL() string {
 	return ""
 }
 
-// Close shuts the edge down gracefully: stop accepting requests and let
-// in-flight ones finish (until ctx is done), flush the pending touches and
-// background events and await the answers to its Bind proposals, hand leadership over and close the node, NATS and
-// the fleet view. Idempotent.
+// Close shuts the edge down gracefully: Settle (stop accepting requests,
+// let in-flight ones finish, flush what they left for the log and await
+// the answers to its Bind proposals), then hand leadership over and close
+// the node, NATS and the fleet view. Idempotent.
 func (e *Edge) Close(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.stopped {
 		return nil
 	}
-	var errs []error
+	err := e.settleLocked(ctx)
+	return errors.Join(err, e.stopLocked(false))
+}
+
+// settleBound bounds how long Settle waits for the log after the requests
+// have finished: the pending touches, background events and the answers
+// to the edge's own Bind proposals.
+const settleBound = 10 * time.Second
+
+// Settle stops the edge accepting requests, lets in-flight ones finish
+// (until ctx is done), then flushes the pending touches and background
+// events and awaits the answers to its Bind proposals (within
+// settleBound), so that a stop keeps the placements of the requests it
+// served. The node keeps running: a deployment stopping every edge settles
+// them all before it closes any, as a Bind needs its leader. Idempotent;
+// Close settles an edge not settled yet.
+func (e *Edge) Settle(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stopped {
+		return nil
+	}
+	return e.settleLocked(ctx)
+}
+
+func (e *Edge) settleLocked(ctx context.Context) error {
+	if e.settled {
+		return nil
+	}
+	e.settled = true
+	var err error
 	if e.http.srv != nil {
-		if err := e.http.srv.Shutdown(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("edge: http shutdown: %w", err))
+		if err = e.http.srv.Shutdown(ctx); err != nil {
+			err = fmt.Errorf("edge: http shutdown: %w", err)
 			e.http.srv.Close()
 		}
 	}
 	if e.node != nil {
-		fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		fctx, cancel := context.WithTimeout(ctx, settleBound)
 		e.touches.Flush(fctx)
 		e.recorder.Flush(fctx)
 		e.awaitPlacements(fctx)
 		cancel()
 	}
-	if err := e.stopLocked(false); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return err
 }
 
 // awaitPlacements waits, until ctx is done, for the log's answer to the
