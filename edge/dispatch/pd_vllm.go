@@ -40,7 +40,11 @@ func (e *Dispatcher) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, 
 		for _, f := range disagg.VLLMOwnedFields {
 			delete(rq.Top, f)
 		}
-		return e.dispatchEngine(ctx, w, rq, span)
+		h, aerr := e.router.Route(ctx, rq, fsm.FleetContext, nil)
+		if aerr != nil {
+			return api.Fail(w, span, aerr)
+		}
+		return e.engineExchange(ctx, w, rq, h, span)
 	}
 	ctxHop, aerr := e.router.Route(ctx, rq, fsm.FleetContext, nil)
 	if aerr != nil {
@@ -54,8 +58,14 @@ func (e *Dispatcher) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, 
 			return hf.write(w, span)
 		}
 		cached := e.prefilled(rq, ctxHop, pre.Rank, pre.Answer.Usage)
-		if pre.Finished && !disagg.MustDecode(rq.Top) {
+		if pre.Relayed(rq.Top) {
 			return e.vllmAnswerFromPrefill(w, rq, ctxHop, pre, cached)
+		}
+		if pre.Params == nil && !pre.Finished {
+			// (An agent API of a release that carries no handoff on it.)
+			span.AddEvent("tether.no_handoff", trace.WithAttributes(observe.AttrInstance.String(ctxHop.Instance)))
+			e.log.Warn("the prefill server handed nothing off: the decode server computes the request whole (a vLLM release whose API predates kv_transfer_params?)",
+				"instance", ctxHop.Instance, "path", rq.Path)
 		}
 		if genHop == nil {
 			rq.Now = e.now()
@@ -113,7 +123,7 @@ func (e *Dispatcher) vllmPrefillHop(ctx context.Context, rq *route.Request, d di
 
 // vllmAnswerFromPrefill answers with the prefill's own result: the model
 // stopped on the one token the prefill generated, and the server handed
-// nothing off (disagg.VLLMPrefill.Finished).
+// nothing off (disagg.VLLMPrefill.Relayed).
 func (e *Dispatcher) vllmAnswerFromPrefill(w http.ResponseWriter, rq *route.Request, h *route.Hop, pre *disagg.VLLMPrefill, cached int) int {
 	cres := &contextResult{raw: pre.Answer.Raw, text: pre.Answer.Text, finish: pre.Answer.Finish}
 	if pre.Rank >= 0 {
