@@ -703,4 +703,3 @@ func TestPDPrefillPlacementFollowsTheKVEvents(t *testing.T) {
 		})
 	}
 }
-

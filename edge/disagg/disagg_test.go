@@ -420,7 +420,7 @@ func TestReadVLLMPrefillAgentAPIs(t *testing.T) {
 		usage      Usage
 	}{
 		{name: "message handoff", d: messagesDialect{}, handoff: true, text: "w0",
-			body: `{"id":"chatcmpl-1","type":"message","role":"assistant","content":[{"type":"text","text":"w0"}],"stop_reason":"max_tokens","usage":{"input_tokens":40,"output_tokens":1},"kv_transfer_params":` + params + `}`,
+			body:  `{"id":"chatcmpl-1","type":"message","role":"assistant","content":[{"type":"text","text":"w0"}],"stop_reason":"max_tokens","usage":{"input_tokens":40,"output_tokens":1},"kv_transfer_params":` + params + `}`,
 			usage: Usage{OK: true, Prompt: 40}},
 		{name: "message with cache fields", d: messagesDialect{}, handoff: true,
 			body:  `{"type":"message","content":[],"stop_reason":"max_tokens","usage":{"input_tokens":8,"cache_read_input_tokens":32,"output_tokens":1},"kv_transfer_params":` + params + `}`,
@@ -431,7 +431,7 @@ func TestReadVLLMPrefillAgentAPIs(t *testing.T) {
 			body: `{"type":"message","content":[],"stop_reason":"end_turn"}`},
 		{name: "not a message", d: messagesDialect{}, body: `{"type":"error","error":{"type":"x","message":"y"}}`, err: "want a message"},
 		{name: "response handoff", d: responsesDialect{}, handoff: true, text: "w0",
-			body: `{"id":"resp_1","object":"response","status":"incomplete","output":[{"type":"message","content":[{"type":"output_text","text":"w0"}]}],"usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":16}},"kv_transfer_params":` + params + `}`,
+			body:  `{"id":"resp_1","object":"response","status":"incomplete","output":[{"type":"message","content":[{"type":"output_text","text":"w0"}]}],"usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":16}},"kv_transfer_params":` + params + `}`,
 			usage: Usage{OK: true, Prompt: 40, Cached: 16, HasCached: true}},
 		{name: "response without the field", d: responsesDialect{},
 			body: `{"object":"response","status":"incomplete","output":[],"kv_transfer_params":null}`},
