@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"time"
@@ -222,11 +223,10 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 	}
 	input := inputTexts(req.Input)
 	conv := append(append([]string{req.Instructions}, history...), input...)
-	maxTokens := 16
+	maxTokens, last := 16, ""
 	if req.MaxOutput != nil {
 		maxTokens = *req.MaxOutput
 	}
-	last := ""
 	if len(input) > 0 {
 		last = input[len(input)-1]
 	}
@@ -256,11 +256,8 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 	}
 	if !req.Stream {
-		answer := map[string]any{}
-		for k, v := range final {
-			answer[k] = v
-		}
-		t.h.answerFields(answer) // kv_transfer_params
+		answer := maps.Clone(final) // (the stored object has no handoff)
+		t.h.answerFields(answer)    // kv_transfer_params
 		writeJSON(w, http.StatusOK, answer)
 		return
 	}
