@@ -165,6 +165,9 @@ func TestPDAgentAPIsThroughVLLMSplit(t *testing.T) {
 	if count.status != http.StatusOK || count.json(t)["input_tokens"] == nil {
 		t.Fatalf("count_tokens: %d %s", count.status, count.body)
 	}
+	if r := do(t, s.c, http.MethodPost, s.ec.edge(0).url()+"/v1/conversations", []byte(`{}`), nil); r.status != http.StatusNotImplemented {
+		t.Fatalf("a conversation on a split (vLLM serves no Conversations API): %d %s", r.status, r.body)
+	}
 	for _, c := range []struct{ path, body, shape string }{
 		{"/v1/messages", `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`, `"type":"error"`},
 		{"/v1/responses", `{"model":"test-model","input":5}`, `"error":{`},

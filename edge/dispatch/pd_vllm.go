@@ -64,8 +64,10 @@ func (e *Dispatcher) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, 
 		if pre.Params == nil && !pre.Finished {
 			// (An agent API of a release that carries no handoff on it.)
 			span.AddEvent("tether.no_handoff", trace.WithAttributes(observe.AttrInstance.String(ctxHop.Instance)))
-			e.log.Warn("the prefill server handed nothing off: the decode server computes the request whole (a vLLM release whose API predates kv_transfer_params?)",
-				"instance", ctxHop.Instance, "path", rq.Path)
+			if _, warned := e.noHandoff.LoadOrStore(ctxHop.Instance+" "+rq.Path, true); !warned {
+				e.log.Warn("the prefill server handed nothing off: the decode server computes such requests whole (a vLLM release whose API predates kv_transfer_params?)",
+					"instance", ctxHop.Instance, "path", rq.Path)
+			}
 		}
 		if genHop == nil {
 			rq.Now = e.now()
