@@ -20,7 +20,10 @@ import (
 // driven as vLLM's own proxy drives it
 // (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py, and the
 // nixlv2 connector of llm-d's routing sidecar); the handoff itself (the
-// prefill's fields, its answer, the decode's fields) is edge/disagg's.
+// prefill's fields, its answer, the decode's fields) is edge/disagg's. The
+// Messages and Responses APIs go to both servers in their own API, as
+// SGLang's gateway sends them (disagg agentapis.go); their answer always
+// comes from the decode server.
 //
 // Retries: a prefill that fails (no answer, 5xx, an answer without the
 // handoff) is sent again, fresh, to another prefill server; a decode
