@@ -247,6 +247,7 @@ func TestPDAgentAPIsPrefillKilledBetweenHops(t *testing.T) {
 				_, ok := s.ec.edge(0).e.node.State().Lookup(fsm.FleetContext, conv)
 				return ok
 			})
+			awaitPlacementsApplied(t, s.ec, 0) // edge-2 routes turn 2 by the same binding
 			armed.Store(true)
 			msg := conv + " turn 2"
 			agentAnswer(t, path, true, do(t, s.c, http.MethodPost, s.ec.edge(1).url()+path, agentBody(t, path, msg, true, nil), h))
