@@ -75,13 +75,12 @@ func (messagesDialect) ReadAnswer(b []byte) (*Answer, error) {
 		}
 	}
 	a.Text = text.String()
-	if u := body.Usage; u != nil {
+	if u := body.Usage; u != nil && u.CacheReadTokens != nil {
 		// input_tokens are the uncached part where the cache is reported.
-		a.Usage = Usage{OK: true, Prompt: u.InputTokens}
-		if u.CacheReadTokens != nil {
-			a.Usage.Prompt += *u.CacheReadTokens
-			a.Usage.Cached, a.Usage.HasCached = *u.CacheReadTokens, true
-		}
+		// vLLM's usage has input and output tokens only
+		// (messages_full_converter): it says nothing of the cache, and is
+		// not read as a miss.
+		a.Usage = Usage{OK: true, Prompt: u.InputTokens + *u.CacheReadTokens, Cached: *u.CacheReadTokens, HasCached: true}
 	}
 	return a, nil
 }

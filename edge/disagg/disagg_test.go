@@ -420,13 +420,12 @@ func TestReadVLLMPrefillAgentAPIs(t *testing.T) {
 		usage      Usage
 	}{
 		{name: "message handoff", d: messagesDialect{}, handoff: true, text: "w0",
-			body:  `{"id":"chatcmpl-1","type":"message","role":"assistant","content":[{"type":"text","text":"w0"}],"stop_reason":"max_tokens","usage":{"input_tokens":40,"output_tokens":1},"kv_transfer_params":` + params + `}`,
-			usage: Usage{OK: true, Prompt: 40}},
+			body: `{"id":"chatcmpl-1","type":"message","role":"assistant","content":[{"type":"text","text":"w0"}],"stop_reason":"max_tokens","usage":{"input_tokens":40,"output_tokens":1},"kv_transfer_params":` + params + `}`},
 		{name: "message with cache fields", d: messagesDialect{}, handoff: true,
 			body:  `{"type":"message","content":[],"stop_reason":"max_tokens","usage":{"input_tokens":8,"cache_read_input_tokens":32,"output_tokens":1},"kv_transfer_params":` + params + `}`,
 			usage: Usage{OK: true, Prompt: 40, Cached: 32, HasCached: true}},
 		{name: "message without the field", d: messagesDialect{}, text: "w0",
-			body: `{"type":"message","content":[{"type":"text","text":"w0"}],"stop_reason":"max_tokens","usage":{"input_tokens":40,"output_tokens":1}}`, usage: Usage{OK: true, Prompt: 40}},
+			body: `{"type":"message","content":[{"type":"text","text":"w0"}],"stop_reason":"max_tokens","usage":{"input_tokens":40,"output_tokens":1}}`},
 		{name: "message stopped", d: messagesDialect{}, finished: true,
 			body: `{"type":"message","content":[],"stop_reason":"end_turn"}`},
 		{name: "not a message", d: messagesDialect{}, body: `{"type":"error","error":{"type":"x","message":"y"}}`, err: "want a message"},
