@@ -212,13 +212,8 @@ func (e *Dispatcher) relay(w http.ResponseWriter, rq *route.Request, resp *http.
 			// Only a response that reports its cached tokens says
 			// anything about the cache (vLLM without
 			// --enable-prompt-tokens-details does not: its breaker must
-			// not read that as misses; nor do the engines' Messages
-			// answers, whose usage has no cache fields whatever the
-			// server reports on chat: serving.py messages_full_converter).
-			if rq.Dialect != apireq.Messages {
-				u = e.engineUsage(genHop.Instance, u)
-			}
-			if u.HasCached {
+			// not read that as misses).
+			if u = e.engineUsage(genHop.Instance, u); u.HasCached {
 				e.edge.Fleet().RecordUsage(genHop.Instance, int64(u.Prompt), int64(u.Cached), e.now())
 				if rq.Pinned() == nil {
 					e.shadowCorrect(rq, genHop, u.Cached)
