@@ -68,7 +68,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 	rq.Model.EngineAdapter(rq.Adapter, rq.Top)
 	span.SetAttributes(attribute.String("tether.model", m.Name), attribute.String("tether.lora_adapter", adapter))
 	defer func() { e.metrics.ModelRequests.WithLabelValues(m.Name, adapter, strconv.Itoa(status)).Inc() }()
-	if aerr := rq.Model.Serves(d); aerr != nil {
+	if aerr := rq.Model.ServesRequest(rq.Parsed); aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
 	if tokens, aerr = placeInlineSystem(rq, tokens); aerr != nil {

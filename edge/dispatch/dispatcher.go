@@ -105,6 +105,9 @@ type Dispatcher struct {
 	// cacheReporters: engine instances seen reporting cached tokens
 	// (engines.go engineUsage).
 	cacheReporters sync.Map
+	// noHandoff: prefill instances whose agent API answered without a
+	// handoff, warned about once (pd_vllm.go).
+	noHandoff sync.Map
 }
 
 // disaggIDs mints the ids of disaggregated requests: a random base and a

@@ -59,7 +59,7 @@ func (e *Dispatcher) dispatchEngine(ctx context.Context, w http.ResponseWriter, 
 
 // engineExchange sends rq to the engine instance of h and relays the answer.
 func (e *Dispatcher) engineExchange(ctx context.Context, w http.ResponseWriter, rq *route.Request, h *route.Hop, span trace.Span) int {
-	size := rq.Model.Cfg.DataParallelSize(fsm.FleetContext)
+	size := rq.Model.Cfg.DataParallelSize(h.Fleet)
 	rank := -1
 	resp, done, hf := e.exchange(ctx, rq, &h, "aggregated", func(cur *route.Hop) ([]byte, http.Header) {
 		hdr := make(http.Header, 4+len(rq.PassHeaders))

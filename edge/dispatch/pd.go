@@ -30,9 +30,19 @@ import (
 // pd_vllm.go) or SGLang's bootstrap rendezvous (driven in pd_sglang.go).
 
 // dispatchPD serves a request through the engines' prefill/decode split.
+// A Messages count_tokens request generates nothing: any prefill server
+// counts it, unbound (both engines serve /v1/messages/count_tokens on
+// every server).
 func (e *Dispatcher) dispatchPD(ctx context.Context, w http.ResponseWriter, rq *route.Request, span trace.Span) int {
 	kind := rq.Model.Cfg.PDEngine()
 	span.SetAttributes(attribute.String("tether.engine", string(kind)))
+	if rq.Parsed.CountTokens {
+		h, aerr := e.router.Route(ctx, rq, fsm.FleetContext, nil)
+		if aerr != nil {
+			return api.Fail(w, span, aerr)
+		}
+		return e.engineExchange(ctx, w, rq, h, span)
+	}
 	if kind == config.EngineSGLang {
 		return e.dispatchSGLangPD(ctx, w, rq, span)
 	}
