@@ -213,7 +213,7 @@ func (e *Dispatcher) relay(w http.ResponseWriter, rq *route.Request, resp *http.
 			// anything about the cache (vLLM without
 			// --enable-prompt-tokens-details does not: its breaker must
 			// not read that as misses).
-			if u = e.engineUsage(genHop.Instance, u); u.HasCached {
+			if u = e.engineUsage(genHop.Instance, rq.Dialect, u); u.HasCached {
 				e.edge.Fleet().RecordUsage(genHop.Instance, int64(u.Prompt), int64(u.Cached), e.now())
 				if rq.Pinned() == nil {
 					e.shadowCorrect(rq, genHop, u.Cached)

@@ -102,8 +102,8 @@ type Dispatcher struct {
 	// theirs it counts (dispatches.go).
 	dispatches dispatchShare
 	shadow     *kvshadow.Shadows // static engines' shadow KV caches (shadow.go)
-	// cacheReporters: engine instances seen reporting cached tokens
-	// (engines.go engineUsage).
+	// cacheReporters: engine instances seen reporting cached tokens, by
+	// dialect (engines.go engineUsage).
 	cacheReporters sync.Map
 	// noHandoff: prefill instances whose agent API answered without a
 	// handoff, warned about once (pd_vllm.go).

@@ -139,7 +139,7 @@ func (e *Dispatcher) pdRetry(ctx context.Context, rq *route.Request, h **route.H
 // the edge chose joins the binding in the log. It returns the cached
 // tokens to report to the client (-1: the prefill reported none).
 func (e *Dispatcher) prefilled(rq *route.Request, h *route.Hop, rank int, u disagg.Usage) int {
-	u = e.engineUsage(h.Instance, u)
+	u = e.engineUsage(h.Instance, rq.Dialect, u)
 	e.shadowRoute(rq, h, rank)
 	if rank >= 0 {
 		e.router.RecordRank(h, uint32(rank), false)
