@@ -106,13 +106,7 @@ sampling:
 		case <-run.C: // the load's schedule
 			break sampling
 		case <-tick.C:
-			var parts []string
-			for _, e := range v.edges {
-				parts = append(parts, fmt.Sprintf("%s:lim=%.0f,in=%.0f,p99=%.0fms", e.id,
-					v.metric(e, "tether_edge_admission_limit"), v.metric(e, "tether_edge_admission_inflight"),
-					1000*v.metric(e, "tether_edge_scheduling_latency_p99_seconds")))
-			}
-			timeline = append(timeline, fmt.Sprintf("t=%.0fs %s", time.Since(start).Seconds(), strings.Join(parts, " ")))
+			timeline = append(timeline, fmt.Sprintf("t=%.0fs %s", time.Since(start).Seconds(), v.admissionState()))
 		}
 	}
 	tick.Stop()
