@@ -66,6 +66,18 @@ func TestChaosStarvation(t *testing.T) {
 		}
 		o.edge["admission.max_scheduling_latency"] = a
 	}
+	// CHAOS_STARVE_MIN_CPU_SHARE (e.g. 0.25, or -1: the scheduling latency
+	// alone sheds) measures another admission.min_cpu_share.
+	if a := os.Getenv("CHAOS_STARVE_MIN_CPU_SHARE"); a != "" {
+		f, err := strconv.ParseFloat(a, 64)
+		if err != nil {
+			t.Fatalf("CHAOS_STARVE_MIN_CPU_SHARE=%q: %v", a, err)
+		}
+		if o.edge == nil {
+			o.edge = map[string]any{}
+		}
+		o.edge["admission.min_cpu_share"] = f
+	}
 	v := newEnvWith(t, o)
 	before := v.raftEvents()
 	terms0 := v.terms()
@@ -137,8 +149,8 @@ sampling:
 	if total > 0 {
 		share = 100 * float64(good) / float64(total)
 	}
-	t.Logf("FIGURES starvation raft=%q max_sched=%q clients=%d words=%d seconds=%.0f attempts=%d turns_done=%d answered_200_or_429=%.2f%% statuses=%v p50_200=%s p99_200=%s missing_retry_after=%d term_changes=%d raft=%s heartbeat_rtt=[%s] leader_contact_age=[%s] cpu_seconds=[%s]",
-		os.Getenv("CHAOS_STARVE_RAFT"), os.Getenv("CHAOS_STARVE_MAX_SCHED"), clients, words, elapsed.Seconds(), total, st.codes["200"], share, st.codes, pct(0.5).Round(time.Millisecond), pct(0.99).Round(time.Millisecond),
+	t.Logf("FIGURES starvation raft=%q max_sched=%q min_cpu_share=%q clients=%d words=%d seconds=%.0f attempts=%d turns_done=%d answered_200_or_429=%.2f%% statuses=%v p50_200=%s p99_200=%s missing_retry_after=%d term_changes=%d raft=%s heartbeat_rtt=[%s] leader_contact_age=[%s] cpu_seconds=[%s]",
+		os.Getenv("CHAOS_STARVE_RAFT"), os.Getenv("CHAOS_STARVE_MAX_SCHED"), os.Getenv("CHAOS_STARVE_MIN_CPU_SHARE"), clients, words, elapsed.Seconds(), total, st.codes["200"], share, st.codes, pct(0.5).Round(time.Millisecond), pct(0.99).Round(time.Millisecond),
 		st.noRetryAfter, elections, after.sub(before), hb, age, cpu)
 	t.Logf("admission timeline:\n%s", strings.Join(timeline, "\n"))
 	for k, msg := range st.firstErr {
