@@ -106,6 +106,13 @@ func (s *shedder) admit() (release func(), why string) {
 	}, ""
 }
 
+// currentLimit is the adaptive limit now.
+func (s *shedder) currentLimit() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.limit
+}
+
 // retryAfter is a shed request's Retry-After: admission.retry_after,
 // spread over ±50 % so the shed clients do not all come back at once.
 func (s *shedder) retryAfter() time.Duration {
