@@ -135,6 +135,7 @@ func TestChaosNoFaultBesideNeighbours(t *testing.T) {
 		o.edge = map[string]any{"admission.min_cpu_share": f}
 	}
 	v := newEnvWith(t, o)
+	raft0, terms0 := v.raftEvents(), v.terms()
 	stop := startNeighbours(t, nb)
 	ld := startSessions(v, fmt.Sprintf("nb-%d", time.Now().UnixNano()%1e6), clients, 3)
 	var timeline []string
@@ -153,6 +154,10 @@ sampling:
 	tick.Stop()
 	samples := ld.finish()
 	stop()
+	raft, elections := v.raftEvents().sub(raft0), 0
+	for id, t1 := range v.terms() {
+		elections = max(elections, int(t1-terms0[id]))
+	}
 	ok := 0
 	for _, s := range samples {
 		if s.ok {
@@ -166,11 +171,15 @@ sampling:
 	}
 	ld.mu.Lock()
 	refusals := fmt.Sprint(ld.refusals)
+	transport := sent - int64(ok)
+	for _, n := range ld.refusals {
+		transport -= int64(n)
+	}
 	ld.mu.Unlock()
 	v.converge(60 * time.Second)
 	vd := v.checkRoutes(samples, map[string][]time.Time{})
-	t.Logf("FIGURES neighbours %s min_cpu_share=%q clients=%d seconds=%d requests=%d attempts=%d answered_200=%.2f%% refusals=%s failed=%d %s own_load_windows=%v busy_host_windows=%v",
-		nb, os.Getenv("CHAOS_NEIGHBOURS_MIN_CPU_SHARE"), clients, seconds, len(samples), sent, share, refusals, ld.failed.Load(), vd.Verdict,
+	t.Logf("FIGURES neighbours %s min_cpu_share=%q clients=%d seconds=%d requests=%d attempts=%d answered_200=%.2f%% refusals=%s transport_errors=%d failed=%d %s term_changes=%d raft=%s own_load_windows=%v busy_host_windows=%v",
+		nb, os.Getenv("CHAOS_NEIGHBOURS_MIN_CPU_SHARE"), clients, seconds, len(samples), sent, share, refusals, transport, ld.failed.Load(), vd.Verdict, elections, raft,
 		v.sumMetric("tether_edge_admission_slow_scheduling_windows_total", `verdict="own_load"`),
 		v.sumMetric("tether_edge_admission_slow_scheduling_windows_total", `verdict="busy_host"`))
 	t.Logf("admission timeline:\n%s", strings.Join(timeline, "\n"))
