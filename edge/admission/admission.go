@@ -1,11 +1,12 @@
 // Package admission is the layer in front of an edge's handlers that
 // decides whether the edge takes a routed request at all, before its body
-// is read: a stalled edge refuses it (503 state_stalled), a saturated one
-// sheds it (429 edge_overloaded: an adaptive limit on requests in flight
-// that falls while the Go scheduler's latency p99 exceeds
-// admission.max_scheduling_latency and recovers after); and every 503 or 429
-// leaves with a Retry-After. See edge/DESIGN.md "Load shedding on the edge's
-// own saturation".
+// is read: a stalled edge refuses it (503 state_stalled), one saturated by
+// its own work sheds it (429 edge_overloaded: an adaptive limit on requests
+// in flight that falls while the Go scheduler's latency p99 exceeds
+// admission.max_scheduling_latency and the edge's own CPU use is at least
+// admission.min_cpu_share of the CPUs it may use, and recovers after); and
+// every 503 or 429 leaves with a Retry-After. See edge/DESIGN.md "Load
+// shedding on the edge's own saturation".
 package admission
 
 import (
@@ -29,9 +30,9 @@ import (
 //     leader's) refuses it: 503 state_stalled with Retry-After, so the
 //     client, or the load balancer that /readyz already took the edge out
 //     of, goes to another edge;
-//   - a saturated edge sheds it: 429 edge_overloaded with Retry-After
-//     (shedder, below), before the request's work can crowd out the edge's
-//     own Raft traffic.
+//   - an edge saturated by its own work sheds it: 429 edge_overloaded with
+//     Retry-After (shedder), before the request's work can crowd out the
+//     edge's own Raft traffic.
 //
 // And for every response, whoever writes it (a handler, a refusal, a
 // worker's answer passed through): a 503 or 429 without Retry-After gets

@@ -10,8 +10,9 @@ import (
 type AdmissionConfig struct {
 	// MaxSchedulingLatency: when the 99th percentile of the time this
 	// process's goroutines wait to run, over the last half second, exceeds
-	// it, the edge admits fewer routed requests at once (down to
-	// MinInflight) until it falls back; requests beyond are shed (429).
+	// it while the edge's own CPU use is at least MinCPUShare, the edge
+	// admits fewer routed requests at once (down to MinInflight) until it
+	// falls back; requests beyond are shed (429).
 	// Raft's heartbeats wait in the same queues, so shedding keeps them
 	// ahead of the request work. 0: a fifth of
 	// cluster.raft.leader_lease_timeout (200 ms at the shipped 1 s).

@@ -20,11 +20,11 @@ import (
 
 // TestChaosStarvation: many clients with long prompts at the same CPU
 // priority as the deployment, on this 2-core machine (3 edges, 4 workers
-// and the load generator compete for it). The edges must shed their own
-// saturation (429 with Retry-After) before Raft loses its heartbeats:
-// no election, and at least 99 % of the answers 200 or 429. Before, 400
-// such clients made the leader step down three times ("failed to contact
-// quorum of nodes") and ~9 % of the requests were 503.
+// and the load generator compete for it). Raft must keep its leader: no
+// election, and at least 99 % of the answers 200 or 429 (an edge sheds
+// with Retry-After while its own work saturates it). Before the edges
+// shed at all, 400 such clients made the leader step down three times
+// ("failed to contact quorum of nodes") and ~9 % of the requests were 503.
 //
 // Long (make soak): CHAOS_STARVE_CLIENTS (400) clients with
 // CHAOS_STARVE_WORDS (2,000)-word prompts for CHAOS_STARVE_SECONDS (60), and
