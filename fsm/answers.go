@@ -24,8 +24,8 @@ type CacheAnswers struct {
 type CacheAnswer struct {
 	Fleet    Fleet
 	Instance string
-	// ConversationID is the request's conversation ("" none), namespaced
-	// by its model as routing keys are.
+	// ConversationID is the request's conversation ("" none), as Link
+	// events name conversations.
 	ConversationID string
 	Source         KVSource
 	// AtUnixMilli is when the answer arrived, by the edge's clock.
