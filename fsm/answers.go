@@ -34,9 +34,11 @@ type CacheAnswer struct {
 	PromptTokens    uint32
 	PredictedTokens uint32 // what the edge's KV index said the instance held
 	CachedTokens    uint32 // what the engine said it held (usage cached_tokens)
-	// Prefix fingerprints the prompt: the low 32 bits of its chained block
-	// hash at each of AnswerPrefixPositions(blocks), so two answers share
-	// exactly the fingerprints of the positions their prompts share.
+	// Blocks is the prompt's whole blocks as the edge cut them; Prefix
+	// fingerprints the prompt: the low 32 bits of its chained block hash at
+	// each of AnswerPrefixPositions(Blocks), so two answers share exactly
+	// the fingerprints of the positions their prompts share.
+	Blocks uint32
 	Prefix []uint32
 }
 
@@ -125,6 +127,7 @@ func encodeCacheAnswers(w *fieldWriter, e CacheAnswers) {
 		w.uvarint(uint64(a.PromptTokens))
 		w.uvarint(uint64(a.PredictedTokens))
 		w.uvarint(uint64(a.CachedTokens))
+		w.uvarint(uint64(a.Blocks))
 		if len(a.Prefix) > MaxAnswerPrefix && w.err == nil {
 			w.err = fmt.Errorf("fsm: encode %v: %d prefix fingerprints, the limit is %d", e.Type(), len(a.Prefix), MaxAnswerPrefix)
 		}
@@ -153,6 +156,7 @@ func decodeCacheAnswers(r *reader) (e CacheAnswers) {
 		a.PromptTokens = r.Uint32("CacheAnswers.PromptTokens")
 		a.PredictedTokens = r.Uint32("CacheAnswers.PredictedTokens")
 		a.CachedTokens = r.Uint32("CacheAnswers.CachedTokens")
+		a.Blocks = r.Uint32("CacheAnswers.Blocks")
 		if m := r.Count("CacheAnswers.Prefix count", MaxAnswerPrefix, 4); m > 0 {
 			a.Prefix = make([]uint32, m)
 			for j := range a.Prefix {
@@ -182,6 +186,7 @@ type CacheAnswerJSON struct {
 	PromptTokens    uint32   `json:"prompt_tokens"`
 	PredictedTokens uint32   `json:"predicted_tokens"`
 	CachedTokens    uint32   `json:"cached_tokens"`
+	Blocks          uint32   `json:"blocks"`
 	Prefix          []uint32 `json:"prefix"`
 }
 
@@ -199,7 +204,7 @@ func describeCacheAnswers(e CacheAnswers) any {
 		}
 		out.Answers[i] = CacheAnswerJSON{Fleet: a.Fleet.String(), Instance: a.Instance, ConversationID: a.ConversationID,
 			Source: a.Source.String(), AtUnixMilli: a.AtUnixMilli, BlockSize: a.BlockSize, PromptTokens: a.PromptTokens,
-			PredictedTokens: a.PredictedTokens, CachedTokens: a.CachedTokens, Prefix: p}
+			PredictedTokens: a.PredictedTokens, CachedTokens: a.CachedTokens, Blocks: a.Blocks, Prefix: p}
 	}
 	return out
 }

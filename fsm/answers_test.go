@@ -10,7 +10,7 @@ import (
 func sampleAnswers() CacheAnswers {
 	return CacheAnswers{Edge: "edge-1", Answers: []CacheAnswer{
 		{Fleet: FleetContext, Instance: "w1", ConversationID: "conv-a", Source: KVSourceEngineEvents, AtUnixMilli: 1_700_000_000_123,
-			BlockSize: 16, PromptTokens: 1000, PredictedTokens: 992, CachedTokens: 976, Prefix: []uint32{7, 8, 0xffffffff}},
+			BlockSize: 16, PromptTokens: 1000, PredictedTokens: 992, CachedTokens: 976, Blocks: 62, Prefix: []uint32{7, 8, 0xffffffff}},
 		{Fleet: FleetGeneration, Instance: "w2", Source: KVSourcePredictionsOnly, AtUnixMilli: -5, BlockSize: 64, PromptTokens: 10},
 	}}
 }
@@ -32,7 +32,7 @@ func TestCacheAnswersRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"source":"engine_events"`, `"predicted_tokens":992`, `"cached_tokens":976`, `"prefix":[7,8,4294967295]`,
+	for _, want := range []string{`"source":"engine_events"`, `"predicted_tokens":992`, `"cached_tokens":976`, `"blocks":62,"prefix":[7,8,4294967295]`,
 		`"source":"predictions_only"`, `"prefix":[]`, `"edge":"edge-1"`} {
 		if !strings.Contains(string(js), want) {
 			t.Errorf("description %s lacks %s", js, want)

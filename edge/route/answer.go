@@ -33,7 +33,8 @@ func (e *Router) RecordAnswer(rq *Request, h *Hop, promptTokens, cachedTokens in
 	}
 	e.recorder.AddAnswer(fsm.CacheAnswer{Fleet: h.Fleet, Instance: h.Instance, ConversationID: rq.ID.ConversationID, Source: a.Source,
 		AtUnixMilli: now.UnixMilli(), BlockSize: clampU32(a.BlockSize), PromptTokens: clampU32(a.PromptTokens),
-		PredictedTokens: clampU32(a.PredictedTokens), CachedTokens: clampU32(min(a.CachedTokens, a.PromptTokens)), Prefix: prefix})
+		PredictedTokens: clampU32(a.PredictedTokens), CachedTokens: clampU32(min(a.CachedTokens, a.PromptTokens)),
+		Blocks: clampU32(int64(len(blocks))), Prefix: prefix})
 	return a, true
 }
 
