@@ -64,8 +64,10 @@ type Report struct {
 	SubAgents     int      `json:"subagents"`
 	Instances     []string `json:"instances"`
 	Edges         int      `json:"edges"`
-	// ProductionHitRate is the engines' own hit rate on these requests;
-	// the replays' are lower (the prompts are rebuilt from fingerprints).
+	// ProductionHitRate is the engines' own hit rate on these requests.
+	// The replays' figures are the simulator's (prompts rebuilt from
+	// fingerprints, simulated engines): compare configurations with each
+	// other, the base the reference, not with production's.
 	ProductionHitRate float64 `json:"production_hit_rate"`
 	// Scores, best first; the base configuration is "shipped".
 	Scores []Score `json:"scores"`
@@ -229,8 +231,8 @@ func DefaultCandidates(base routing.Config) []Candidate {
 func (rep *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(w, "replayed %d requests (%d conversations, %d sub-agents) from the log on %d instances (%s) behind %d edge(s);\n",
 		rep.Requests, rep.Conversations, rep.SubAgents, len(rep.Instances), strings.Join(rep.Instances, ", "), rep.Edges)
-	fmt.Fprintf(w, "the engines' own hit rate on them was %.1f%%; the replay rebuilds prompts from fingerprints and scores lower, alike for every configuration\n\n",
-		100*rep.ProductionHitRate)
+	fmt.Fprintf(w, "the engines' own hit rate on them was %.1f%%; the replays rebuild the prompts from fingerprints and run simulated engines:\n"+
+		"compare the configurations with each other (%s is the reference), not with production's figures\n\n", 100*rep.ProductionHitRate, BaseName)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "RANK\tCONFIGURATION\tHIT RATE\tLOAD COV\tBUSIEST\tTTFT MEAN\tTTFT P50\tTTFT P99\tOVERFLOWS\tSHED")
 	for _, s := range rep.Scores {

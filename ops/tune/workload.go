@@ -40,8 +40,8 @@ type Recorded struct {
 // request without a conversation is an agent of its own), each request at
 // its answer's offset from the first, its prompt's blocks synthesised from
 // its fingerprints so that prompts share blocks up to the last fingerprint
-// they share (at least two thirds of what they shared: the replay's hit
-// rates are below production's, alike for every candidate). At most
+// they share (at least two thirds of what they shared, alike for every
+// candidate). At most
 // maxRequests (0: all) of the earliest answers are used; each request
 // generates outputTokens.
 func Rebuild(log *audit.AnswerLog, f fsm.Fleet, outputTokens, maxRequests int) (*Recorded, error) {
