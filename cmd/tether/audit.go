@@ -39,7 +39,7 @@ subcommands:
            [--since RFC3339] [--until RFC3339] [--json]
   tune     the log's requests replayed in the simulator under other weights and thresholds, ranked
            [--set key=v1,v2 ...] [--config edge.yaml] [--fleet context|generation] [--since/--until]
-           [--capacity-blocks N] [--ranks N] [--output-tokens N] [--max-requests N] [--json]
+           [--capacity-blocks N] [--ranks N] [--time-scale X] [--output-tokens N] [--max-requests N] [--json]
 
 Audit reads a COPY of the data directory: a running edge holds its files locked
 (cp -r the directory, or take 'tether operator snapshot save' for the state alone).

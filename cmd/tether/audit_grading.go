@@ -90,6 +90,7 @@ func auditTune(fs *flag.FlagSet) auditRun {
 	outputTokens := fs.Int("output-tokens", 64, "tokens each replayed request generates (the log does not record them)")
 	maxRequests := fs.Int("max-requests", 20000, "replay at most this many of the window's earliest requests (0: all)")
 	seed := fs.Uint64("seed", 1, "the simulated load balancer's seed")
+	timeScale := fs.Float64("time-scale", 1, "multiply the recorded arrival offsets (10 for a tether dev run at --time-scale 0.1: its engines ran ten times faster than the simulator's)")
 	return func(ctx context.Context, d *audit.DataDir, out io.Writer, asJSON bool) error {
 		opts, err := window.options()
 		if err != nil {
@@ -119,7 +120,10 @@ func auditTune(fs *flag.FlagSet) auditRun {
 		if err != nil {
 			return err
 		}
-		rep, err := tune.Run(ctx, rec, tune.Options{Base: base, Candidates: cands, CapacityBlocks: *capacity, Ranks: *ranks, Seed: *seed,
+		if !(*timeScale > 0) {
+			return fmt.Errorf("%w: --time-scale must be > 0", errUsage)
+		}
+		rep, err := tune.Run(ctx, rec, tune.Options{Base: base, Candidates: cands, CapacityBlocks: *capacity, Ranks: *ranks, Seed: *seed, TimeScale: *timeScale,
 			Progress: func(done, total int) { fmt.Fprintf(os.Stderr, "replayed %d/%d configurations\n", done, total) }})
 		if err != nil {
 			return err

@@ -32,7 +32,11 @@ type Options struct {
 	// CapacityBlocks and Ranks describe each simulated instance (0: the
 	// simulated engine's defaults, what `tether dev` workers run).
 	CapacityBlocks, Ranks int
-	Seed                  uint64
+	// TimeScale multiplies the recorded offsets (0: 1). A `tether dev`
+	// run at engine time scale 0.1 replays at 10: its engines ran ten
+	// times faster than the simulator's.
+	TimeScale float64
+	Seed      uint64
 	// Progress, when set, is told of each finished replay.
 	Progress func(done, total int)
 }
@@ -98,6 +102,9 @@ func Run(ctx context.Context, rec *Recorded, opts Options) (*Report, error) {
 		}
 		if opts.Ranks > 0 {
 			cfg.Ranks = opts.Ranks
+		}
+		if opts.TimeScale > 0 {
+			cfg.TimeScale = opts.TimeScale
 		}
 		res, err := bench.Simulate(ctx, rec.Workload, cfg)
 		if err != nil {
