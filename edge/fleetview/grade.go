@@ -73,9 +73,10 @@ func (a Answer) Gradable() bool {
 
 // RecordAnswer grades a: it feeds the instance's breaker and accuracy
 // figures. own says this edge served it (its counters count only those;
-// the others' answers arrive over NATS). It reports whether a was graded.
+// the others' answers arrive over NATS). It reports whether a was graded
+// (not: nothing to grade, or an instance this view does not know).
 func (f *View) RecordAnswer(a Answer, own bool, now time.Time) bool {
-	if !a.Gradable() {
+	if !a.Gradable() || !f.knows(a.Instance) {
 		return false
 	}
 	cached := min(a.CachedTokens, a.PromptTokens)
@@ -95,6 +96,15 @@ func (f *View) RecordAnswer(a Answer, own bool, now time.Time) bool {
 		f.bump()
 	}
 	return true
+}
+
+// knows reports whether id is an instance of this view (an answer another
+// edge tells of an instance this one never heard of makes no breaker).
+func (f *View) knows(id string) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	_, ok := f.byID[id]
+	return ok
 }
 
 // BreakerWindow is the window of the breakers' figures.

@@ -76,6 +76,7 @@ func TestAnswersGradeTheIndex(t *testing.T) {
 		{Fleet: fsm.FleetContext, Instance: "w1", BlockSize: 0, PromptTokens: 100},
 		{Fleet: fsm.FleetContext, Instance: "w1", BlockSize: 16, PromptTokens: 100, CachedTokens: -1},
 		{Fleet: 0, Instance: "w1", BlockSize: 16, PromptTokens: 100},
+		{Fleet: fsm.FleetContext, Instance: "unknown", BlockSize: 16, PromptTokens: 100},
 	} {
 		if f.RecordAnswer(a, true, clk.now()) {
 			t.Errorf("graded %+v", a)
