@@ -16,8 +16,9 @@ type answers struct {
 	batch []fsm.CacheAnswer
 }
 
-// maxAnswersPerEvent bounds one CacheAnswers event (about 150 bytes an
-// answer: a few tens of KiB an entry).
+// maxAnswersPerEvent bounds one CacheAnswers event (65 bytes an answer
+// in a tether dev run, up to about 150 with long conversation ids and
+// prompts: at most a few tens of KiB an entry).
 const maxAnswersPerEvent = 256
 
 // AddAnswer queues an engine's answer for the log (off the request path).
