@@ -215,6 +215,7 @@ func (e *Dispatcher) relay(w http.ResponseWriter, rq *route.Request, resp *http.
 			// not read that as misses).
 			if u = e.engineUsage(genHop.Instance, rq.Dialect, u); u.HasCached {
 				e.edge.Fleet().RecordUsage(genHop.Instance, int64(u.Prompt), int64(u.Cached), e.now())
+				e.grade(rq, genHop, u.Prompt, u.Cached)
 				if rq.Pinned() == nil {
 					e.shadowCorrect(rq, genHop, u.Cached)
 				}

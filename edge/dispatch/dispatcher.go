@@ -49,6 +49,10 @@ type Router interface {
 	// RecordRank records the rank of the binding h followed (replace: a
 	// worker's report; else the edge's choice for an engine).
 	RecordRank(h *route.Hop, rank uint32, replace bool)
+	// RecordAnswer grades h's KV index claim against the engine's answer
+	// (this edge's breaker and figures, the log) and returns the answer
+	// for the other edges (ok false: nothing graded).
+	RecordAnswer(rq *route.Request, h *route.Hop, promptTokens, cachedTokens int) (fleetview.Answer, bool)
 }
 
 // Edge is what the dispatcher uses of the edge (from its Start on).

@@ -148,6 +148,7 @@ func (e *Dispatcher) prefilled(rq *route.Request, h *route.Hop, rank int, u disa
 		return -1
 	}
 	e.edge.Fleet().RecordUsage(h.Instance, int64(u.Prompt), int64(u.Cached), e.now())
+	e.grade(rq, h, u.Prompt, u.Cached)
 	e.shadowCorrect(rq, h, u.Cached)
 	return u.Cached
 }

@@ -185,6 +185,10 @@ type Instance struct {
 	PendingRequests int64
 	PendingTokens   int64
 	Breaker         breaker.State
+	// BreakerReason is why the breaker is open or half-open (grade.go);
+	// Accuracy the instance's graded answers over its window.
+	BreakerReason breaker.Reason
+	Accuracy      breaker.Accuracy
 	// LoRA: its adapters as routing sees them (lora.go; nil: unknown).
 	LoRA *routing.LoRAView
 }
@@ -627,8 +631,9 @@ func (f *View) snapshotLocked(in *instance, now time.Time) Instance {
 		LastSeen: f.lastSeenLocked(in), Healthy: f.healthyLocked(in, now),
 		TelemetryStale:  in.hasReport && f.blindLocked(in, now) && now.Sub(in.lastReport) > f.staleAfter(in.interval),
 		PendingRequests: in.pendingReq.Load() + in.inflightReq.Load(), PendingTokens: in.pendingTok.Load() + in.inflightTok.Load(),
-		Breaker: f.breakers.State(in.id, now), LoRA: f.loraViewLocked(in, now),
+		LoRA: f.loraViewLocked(in, now), Accuracy: f.breakers.Accuracy(in.id, now),
 	}
+	out.Breaker, out.BreakerReason = f.breakers.Status(in.id, now)
 	if in.hasReport {
 		r := &in.report
 		out.Role, out.Model, out.Version = r.Role, r.Model, r.Version

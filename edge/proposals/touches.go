@@ -107,8 +107,11 @@ func (t *Touches) Run(ctx context.Context) {
 	}
 }
 
-// Flush proposes the used keys as one Touch (split when huge).
+// Flush proposes the used keys as one Touch (split when huge). It also
+// hands the recorder the engines' answers gathered since the last flush
+// (one CacheAnswers event: answers.go).
 func (t *Touches) Flush(ctx context.Context) {
+	t.e.recorder.flushAnswers()
 	ev := t.take()
 	if len(ev.Keys) == 0 && len(ev.Links) == 0 {
 		return
