@@ -118,7 +118,7 @@ func (e *Edge) listen(ctx context.Context) error {
 	for _, w := range e.tls.Warnings(&e.cfg) {
 		e.log.Warn(w)
 	}
-	e.http.ln = api.Listener{Listener: e.tls.Listener(ln)}
+	e.http.ln = api.Listener{Listener: ln, TLS: e.tls.HTTP}
 	return nil
 }
 
