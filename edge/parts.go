@@ -152,6 +152,8 @@ type admissionEdge struct{ e *Edge }
 
 func (a admissionEdge) Stalled(now time.Time) string { return a.e.ready.Stalled(now) }
 
+func (a admissionEdge) Isolated(now time.Time) string { return a.e.ready.Isolated(now) }
+
 func (a admissionEdge) RetryHint() time.Duration { return a.e.router.RetryHint() }
 
 func (a admissionEdge) Now() time.Time { return a.e.now() }
