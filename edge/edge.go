@@ -56,6 +56,7 @@ import (
 	"github.com/tether-project/tether/edge/engineevents"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/leader"
+	"github.com/tether-project/tether/edge/natspub"
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/edge/proposals"
 	"github.com/tether-project/tether/edge/readiness"
@@ -161,11 +162,12 @@ type Edge struct {
 	noHandoff atomic.Bool
 }
 
-// natsLink is the edge's NATS: the embedded server when configured, and
-// the connection.
+// natsLink is the edge's NATS: the embedded server when configured, the
+// connection, and the publisher of the edge's own messages on it.
 type natsLink struct {
 	srv  *natsserver.Server
 	conn *nats.Conn
+	pub  *natspub.Publisher
 }
 
 // spanTracing is the edge's tracer and, when the edge made its provider,

@@ -20,6 +20,7 @@ import (
 	"github.com/tether-project/tether/edge/engineevents"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/natsembed"
+	"github.com/tether-project/tether/edge/natspub"
 	"github.com/tether-project/tether/edge/readiness"
 	"github.com/tether-project/tether/fsm"
 )
@@ -118,7 +119,7 @@ func (e *Edge) listen(ctx context.Context) error {
 	for _, w := range e.tls.Warnings(&e.cfg) {
 		e.log.Warn(w)
 	}
-	e.http.ln = api.Listener{Listener: e.tls.Listener(ln)}
+	e.http.ln = api.Listener{Listener: ln, TLS: e.tls.HTTP}
 	return nil
 }
 
@@ -271,6 +272,12 @@ func (e *Edge) startNATS() error {
 		nats.MaxReconnects(-1),
 		nats.RetryOnFailedConnect(true),
 		nats.ReconnectWait(250 * time.Millisecond),
+		// A write the server does not take within a second (its peer cut
+		// off, the socket open) ends the connection and reconnects,
+		// instead of holding the connection's lock for nats.go's default
+		// minute (the fleet view then probes the workers over HTTP).
+		nats.FlusherTimeout(natsFlusherTimeout),
+		nats.ReconnectOnFlusherError(),
 		nats.NoCallbacksAfterClientClose(),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
@@ -306,8 +313,13 @@ func (e *Edge) startNATS() error {
 		return fmt.Errorf("edge: nats connect %s: %w", joined, err)
 	}
 	e.nats.conn = nc
+	e.nats.pub = natspub.New(nc, natspub.QueueSize)
+	e.nats.pub.Start()
 	return nil
 }
+
+// natsFlusherTimeout bounds one write to the NATS server.
+const natsFlusherTimeout = time.Second
 
 func (e *Edge) natsURL() string {
 	if e.nats.srv != nil {
@@ -455,6 +467,7 @@ func (e *Edge) stopLocked(abrupt bool) error {
 	} else if e.deps.ClusterListener != nil {
 		e.deps.ClusterListener.Close()
 	}
+	e.nats.pub.Close()
 	if e.nats.conn != nil {
 		e.nats.conn.Close()
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/tether-project/tether/edge/catalog"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/leader"
+	"github.com/tether-project/tether/edge/natspub"
 	"github.com/tether-project/tether/edge/readiness"
 	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
@@ -119,6 +120,8 @@ func (p proposalsEdge) Node() *cluster.Node { return p.e.node }
 
 func (p proposalsEdge) NATS() *nats.Conn { return p.e.nats.conn }
 
+func (p proposalsEdge) Publisher() *natspub.Publisher { return p.e.nats.pub }
+
 // readinessEdge is the edge as its readiness reads it (readiness.Edge).
 type readinessEdge struct{ e *Edge }
 
@@ -148,6 +151,8 @@ func (e *Edge) readinessConfig() readiness.Config {
 type admissionEdge struct{ e *Edge }
 
 func (a admissionEdge) Stalled(now time.Time) string { return a.e.ready.Stalled(now) }
+
+func (a admissionEdge) Isolated(now time.Time) string { return a.e.ready.Isolated(now) }
 
 func (a admissionEdge) RetryHint() time.Duration { return a.e.router.RetryHint() }
 
@@ -214,3 +219,5 @@ type dispatchEdge struct{ e *Edge }
 func (d dispatchEdge) Fleet() *fleetview.View { return d.e.fleet }
 
 func (d dispatchEdge) NATS() *nats.Conn { return d.e.nats.conn }
+
+func (d dispatchEdge) Publisher() *natspub.Publisher { return d.e.nats.pub }

@@ -1,12 +1,14 @@
 // Package admission is the layer in front of an edge's handlers that
 // decides whether the edge takes a routed request at all, before its body
-// is read: a stalled edge refuses it (503 state_stalled), one saturated by
-// its own work sheds it (429 edge_overloaded: an adaptive limit on requests
-// in flight that falls while the Go scheduler's latency p99 exceeds
-// admission.max_scheduling_latency and the edge's own CPU use is at least
-// admission.min_cpu_share of the CPUs it may use, and recovers after); and
-// every 503 or 429 leaves with a Retry-After. See edge/DESIGN.md "Load
-// shedding on the edge's own saturation".
+// is read: an isolated edge refuses it and every other request bound for a
+// worker (503 edge_isolated), a stalled edge refuses it (503
+// state_stalled), one saturated by its own work sheds it (429
+// edge_overloaded: an adaptive limit on requests in flight that falls while
+// the Go scheduler's latency p99 exceeds admission.max_scheduling_latency
+// and the edge's own CPU use is at least admission.min_cpu_share of the
+// CPUs it may use, and recovers after); and every 503 or 429 leaves with a
+// Retry-After. See edge/DESIGN.md "An isolated edge", "A stalled edge" and
+// "Load shedding on the edge's own saturation".
 package admission
 
 import (
@@ -26,6 +28,11 @@ import (
 // decides, for each routed request (POST /v1/..., the inference API),
 // whether this edge takes it at all, before any of its body is read:
 //
+//   - an isolated edge (edge/readiness: no leader known and no worker
+//     heard) refuses it, and any other request bound for a worker (by-id
+//     reads of stored responses and conversations): 503 edge_isolated with
+//     Retry-After, where a routed request would wait on a worker the edge
+//     cannot reach;
 //   - a stalled edge (edge/readiness: its state stopped following the
 //     leader's) refuses it: 503 state_stalled with Retry-After, so the
 //     client, or the load balancer that /readyz already took the edge out
@@ -50,6 +57,9 @@ type Edge interface {
 	// Stalled is why the edge's state stopped following its leader's (""
 	// when it has not: edge/readiness).
 	Stalled(now time.Time) string
+	// Isolated is why the edge is cut off: no leader known and no worker
+	// heard ("" when it is not: edge/readiness).
+	Isolated(now time.Time) string
 	// RetryHint is the Retry-After of a refusal the log causes: about one
 	// election.
 	RetryHint() time.Duration
@@ -89,6 +99,16 @@ func (l *Layer) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		api.RestoreTLS(r)
 		w = &retryAfterWriter{ResponseWriter: w}
+		if workerRequest(r) {
+			if why := l.edge.Isolated(l.edge.Now()); why != "" {
+				l.metrics.Requests.WithLabelValues(api.EndpointLabel(r), "503").Inc()
+				ae := api.NewError(http.StatusServiceUnavailable, "server_error", "edge_isolated", "",
+					"this edge is cut off from its cluster and its workers (%s): a request would wait on a worker it cannot reach; retry on another edge", why)
+				ae.RetryAfter = l.edge.RetryHint()
+				ae.Write(w, api.PathDialect(r))
+				return
+			}
+		}
 		if !routedRequest(r) {
 			next.ServeHTTP(w, r)
 			return
@@ -123,6 +143,13 @@ func (l *Layer) Wrap(next http.Handler) http.Handler {
 // /v1/ except the model list, which the edge answers itself).
 func routedRequest(r *http.Request) bool {
 	return r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/v1/") && !strings.HasPrefix(r.URL.Path, "/v1/models")
+}
+
+// workerRequest: r goes to a worker (every request under /v1/ but the
+// model list): routed requests, and those naming a stored response or a
+// conversation, which go to the instance holding it.
+func workerRequest(r *http.Request) bool {
+	return strings.HasPrefix(r.URL.Path, "/v1/") && !strings.HasPrefix(r.URL.Path, "/v1/models")
 }
 
 // defaultRetryAfter is the Retry-After of a 503 or 429 that names none:

@@ -159,8 +159,15 @@ func (e *Dispatcher) exchange(ctx context.Context, rq *route.Request, h **route.
 		}
 		span.SetStatus(codes.Error, "hop failed")
 		span.End()
-		if attempt >= e.cfg.MaxRetries || rq.Pinned() != nil {
-			// (No other instance holds a stored response or a conversation.)
+		if rq.Pinned() != nil {
+			// No other instance holds a stored response or a conversation:
+			// unreached, the client is told so naming its id.
+			if err != nil {
+				failure = &hopFailure{err: rq.Refs.Unreachable(err)}
+			}
+			return nil, nil, failure
+		}
+		if attempt >= e.cfg.MaxRetries {
 			return nil, nil, failure
 		}
 		next, aerr := e.router.Reroute(ctx, rq, cur)

@@ -31,6 +31,7 @@ import (
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/kvshadow"
+	"github.com/tether-project/tether/edge/natspub"
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/edge/stored"
@@ -61,6 +62,9 @@ type Edge interface {
 	Fleet() *fleetview.View
 	// NATS is the edge's connection (nil: dispatches are not shared).
 	NATS() *nats.Conn
+	// Publisher sends the edge's own NATS messages off the request path
+	// (nil without NATS).
+	Publisher() *natspub.Publisher
 }
 
 // Config is what the dispatcher takes from the edge.

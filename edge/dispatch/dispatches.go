@@ -67,19 +67,27 @@ func (e *Dispatcher) noteDispatch(f fsm.Fleet, instance string, promptTokens int
 	}
 }
 
-// announceDispatch publishes d (no wait; nothing when NATS is not
-// connected: the others then count only their own).
+// announceDispatch queues d for the other edges (the edge's publisher
+// sends it off the request path; dropped when its queue is full or NATS is
+// not connected: the others then count only their own).
 func (e *Dispatcher) announceDispatch(d telemetry.Dispatch) {
-	conn := e.edge.NATS()
-	if conn == nil || !conn.IsConnected() {
+	pub := e.edge.Publisher()
+	if pub == nil {
 		return
 	}
 	data, err := telemetry.EncodeDispatch(d)
 	if err != nil {
 		return // an id NATS subjects cannot carry
 	}
-	if conn.Publish(telemetry.DispatchSubject(e.nodeID), data) == nil {
+	pub.Publish(telemetry.DispatchSubject(e.nodeID), data, e.dispatchTold)
+}
+
+// dispatchTold counts a dispatch message's fate.
+func (e *Dispatcher) dispatchTold(sent bool) {
+	if sent {
 		e.metrics.DispatchMsgs.WithLabelValues("sent").Inc()
+	} else {
+		e.metrics.DispatchMsgs.WithLabelValues("dropped").Inc()
 	}
 }
 

@@ -283,11 +283,11 @@ func (m *Metrics) addPlacementMetrics() {
 	}, []string{"fleet", "result"})
 	m.PlacementMsgs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_edge_placement_messages_total",
-		Help: "New placements told to the other edges over NATS (sent), told by them (heard), or refused as malformed (invalid).",
+		Help: "New placements told to the other edges over NATS (sent; dropped when the edge's publish queue was full or NATS not connected), told by them (heard), or refused as malformed (invalid).",
 	}, []string{"result"})
 	m.DispatchMsgs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_edge_dispatch_messages_total",
-		Help: "Requests sent to workers told to the other edges over NATS (sent), told by them (heard), or refused as malformed (invalid).",
+		Help: "Requests sent to workers told to the other edges over NATS (sent; dropped when the edge's publish queue was full or NATS not connected), told by them (heard), or refused as malformed (invalid).",
 	}, []string{"result"})
 	m.BindSettle = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "tether_edge_bind_settle_seconds",
