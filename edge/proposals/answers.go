@@ -8,7 +8,8 @@ import (
 
 // answers batches the engines' answers about their prefix caches
 // (fsm.CacheAnswers) for the recorder: one event per touch interval (the
-// touches' flush hands the batch over), or at once when a batch is full.
+// touches' flush hands the batch over; at least every answersInterval), or
+// at once when a batch is full.
 // Nothing waits for them; a log that cannot keep up loses the oldest
 // (the recorder's bounded queue).
 type answers struct {

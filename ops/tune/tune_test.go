@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -169,5 +170,26 @@ func TestParseSetAndDefaults(t *testing.T) {
 	}
 	if n := len(DefaultCandidates(base)); n != 12 {
 		t.Fatalf("%d default candidates", n)
+	}
+}
+
+// Mean times to first token within half a step of the base configuration's
+// tie with it, and the hit rate decides; a larger difference decides alone.
+func TestRankTiesTTFTNoiseWithTheBase(t *testing.T) {
+	scores := []Score{
+		{Name: BaseName, TTFTMeanMs: 37.76, HitRate: 0.805},
+		{Name: "weights.cache=0", TTFTMeanMs: 37.72, HitRate: 0.791},
+		{Name: "faster", TTFTMeanMs: 30, HitRate: 0.5},
+	}
+	rank(scores)
+	var names []string
+	for _, s := range scores {
+		names = append(names, s.Name)
+	}
+	if want := []string{"faster", BaseName, "weights.cache=0"}; !slices.Equal(names, want) {
+		t.Fatalf("ranked %v, want %v", names, want)
+	}
+	if scores[0].Rank != 1 || scores[2].Rank != 3 {
+		t.Fatalf("ranks %+v", scores)
 	}
 }
