@@ -56,6 +56,8 @@ type Metrics struct {
 	ModelRequests  *prometheus.CounterVec
 	LoRAPlacements *prometheus.CounterVec
 	LoRALoads      *prometheus.CounterVec
+	// Flow control's series (edge/flow).
+	Flow FlowMetrics
 }
 
 // Source is what the series read of the edge when scraped.
@@ -131,6 +133,7 @@ func New(reg prometheus.Registerer, src Source) (*Metrics, error) {
 	}, []string{"fleet"})
 	m.Routed = newRoutedMetrics()
 	m.addCatalogueMetrics()
+	m.Flow = newFlowMetrics()
 	m.precreateSeries()
 	if reg == nil {
 		return m, nil
@@ -139,6 +142,9 @@ func New(reg prometheus.Registerer, src Source) (*Metrics, error) {
 		return nil, err
 	}
 	if err := m.registerCatalogue(reg); err != nil {
+		return nil, err
+	}
+	if err := m.registerFlow(reg); err != nil {
 		return nil, err
 	}
 	return m, nil
