@@ -186,12 +186,13 @@ func (q *queue) pickLocal(others map[flowKey]peerFlow, now time.Time) *flowQ {
 }
 
 // estimate is how long the next request of flow k would wait for the
-// requests ahead of it to be dispatched, from the fleet's measured rates:
-// a queued flow that is being served drains at its own dispatch rate (the
-// share the fair order gives it); any other gets an even share of the
-// model's rate with the flows queued in its band, behind every request of
-// a higher band. ok is false while nothing has been dispatched to measure
-// by.
+// requests ahead of it to be dispatched, from the fleet's measured rates.
+// A queued flow that is being served drains at its own dispatch rate (the
+// share the fair order gives it, its measured rate). Any other request
+// waits for its place in the fair order at the model's rate: behind every
+// request of a higher band, its own flow's queue, and the requests of the
+// other flows of its band that are less served than it will be once its
+// turn comes. ok is false while nothing has been dispatched to measure by.
 func (q *queue) estimate(k flowKey, others map[flowKey]peerFlow, now time.Time) (time.Duration, bool) {
 	queued := others[k].queued
 	rate := others[k].rate
@@ -206,18 +207,22 @@ func (q *queue) estimate(k flowKey, others map[flowKey]peerFlow, now time.Time) 
 	if total <= 0 {
 		return 0, false
 	}
-	ahead, flows := 0, 1
+	cost := max(q.avgCost, 1)
+	turn := q.fleetServed(k, others, now) + float64(queued+1)*cost // k's service once its request is dispatched
+	ahead := queued + 1
 	for b := Interactive; b <= k.band; b++ {
 		q.eachBacklogged(b, others, func(o flowKey, _, fleet int) {
 			switch {
 			case b < k.band:
 				ahead += fleet
 			case o != k:
-				flows++
+				if before := math.Ceil((turn - q.fleetServed(o, others, now)) / cost); before > 0 {
+					ahead += min(fleet, int(min(before, float64(fleet))))
+				}
 			}
 		})
 	}
-	return seconds(float64(ahead+(queued+1)*flows) / total), true
+	return seconds(float64(ahead) / total), true
 }
 
 // totalRate is the model's dispatches per second over the fleet.

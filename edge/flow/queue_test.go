@@ -163,9 +163,9 @@ func TestPendingReleasesSettle(t *testing.T) {
 }
 
 // The wait estimate: a queued flow drains at its own measured rate; a new
-// one gets an even share of the model's rate with the queued flows of its
-// band, behind every request of a higher band; nothing is estimated
-// before anything was dispatched.
+// one waits for its place in the fair order at the model's rate (behind
+// every request of a higher band and those of less served flows); nothing
+// is estimated before anything was dispatched.
 func TestEstimateFromDrainRate(t *testing.T) {
 	q := newQueue()
 	if _, ok := q.estimate(flowKey{tenant: "a"}, nil, t0); ok {
@@ -183,9 +183,9 @@ func TestEstimateFromDrainRate(t *testing.T) {
 	if d, ok := q.estimate(a, others, t0); !ok || math.Abs(d.Seconds()-3) > 1e-6 {
 		t.Fatalf("queued flow: %v %v, want 3s", d, ok)
 	}
-	// A new interactive tenant: its request shares the model's 2/s with a
-	// (two flows): 1 s. A new batch tenant waits behind the 5 interactive
-	// requests too: (5+1)/2 = 3 s.
+	// A new interactive tenant, as served as a (not at all): one request
+	// of a, then its own, at the model's 2/s: 1 s. A new batch tenant
+	// waits behind the 5 interactive requests too: (5+1)/2 = 3 s.
 	if d, _ := q.estimate(flowKey{band: Interactive, tenant: "new"}, others, t0); math.Abs(d.Seconds()-1) > 1e-6 {
 		t.Fatalf("new interactive flow: %v, want 1s", d)
 	}
