@@ -199,7 +199,7 @@ func TestControllerShedsBeyondTheBounds(t *testing.T) {
 	rec := httptest.NewRecorder()
 	aerr.Write(rec, apireq.Messages)
 	var body struct {
-		Type  string `json:"type"`
+		Type  string                `json:"type"`
 		Error struct{ Type string } `json:"error"`
 	}
 	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || body.Type != "error" || body.Error.Type != "overloaded_error" {
