@@ -161,11 +161,14 @@ func (c *Controller) Tenant(h http.Header) (string, *api.Error) {
 
 // BandOf is the band of a request of priority p (x-tether-priority) whose
 // body says serviceTier (OpenAI's service_tier, raw JSON; "flex" is
-// OpenAI's slower, cheaper processing): batch for background or flex,
-// else interactive.
+// OpenAI's slower, cheaper processing): the header's band when it names
+// one (batch for background), else batch for flex, else interactive.
 func BandOf(p routing.Priority, serviceTier json.RawMessage) Band {
-	if p == routing.PriorityBackground {
+	switch p {
+	case routing.PriorityBackground:
 		return Batch
+	case routing.PriorityInteractive:
+		return Interactive
 	}
 	var tier string
 	if json.Unmarshal(serviceTier, &tier) == nil && strings.EqualFold(strings.TrimSpace(tier), "flex") {

@@ -295,7 +295,7 @@ func TestTenantAndBand(t *testing.T) {
 		tier string
 		want Band
 	}{{routing.PriorityNormal, "", Interactive}, {routing.PriorityBackground, "", Batch}, {routing.PriorityNormal, `"flex"`, Batch},
-		{routing.PriorityInteractive, `"default"`, Interactive}, {routing.PriorityNormal, `7`, Interactive}} {
+		{routing.PriorityInteractive, `"flex"`, Interactive}, {routing.PriorityNormal, `7`, Interactive}} {
 		if got := BandOf(tc.p, json.RawMessage(tc.tier)); got != tc.want {
 			t.Errorf("BandOf(%v, %s) = %v, want %v", tc.p, tc.tier, got, tc.want)
 		}
