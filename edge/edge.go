@@ -107,7 +107,7 @@ type Edge struct {
 	// fleet's hop goes (router) and how it is sent (dispatcher, client),
 	// stored responses and conversations (stored).
 	admission      *admission.Layer
-	flow           *flow.Controller // fair admission across tenants, fleet-wide (edge/flow)
+	flow           *flow.Controller     // fair admission across tenants, fleet-wide (edge/flow)
 	fresh          *readiness.Freshness // is this edge's state current (readyz, degraded placement)
 	ready          *readiness.Readiness
 	catalogue      *catalog.Catalogue
