@@ -106,7 +106,7 @@ type plan struct {
 func (q *queue) fleetServed(k flowKey, others map[flowKey]peerFlow, now time.Time) float64 {
 	s := others[k].served
 	if f := q.flows[k]; f != nil {
-		s += f.served.value(now)
+		s += f.served.value(now, window)
 	}
 	return s
 }

@@ -218,7 +218,7 @@ func (c *Controller) Admit(ctx context.Context, r Request) (time.Duration, *api.
 		c.mu.Unlock()
 		return 0, c.shed(r, label, "predicted_wait", est)
 	}
-	w := q.push(k, cost, now)
+	w := q.push(k, cost, now, now.Add(bc.MaxWait))
 	c.pub.dirty = true
 	c.mu.Unlock()
 	c.m.Queued.WithLabelValues(k.band.String(), label).Inc()
@@ -231,7 +231,7 @@ func (c *Controller) Admit(ctx context.Context, r Request) (time.Duration, *api.
 func (c *Controller) await(ctx context.Context, q *queue, w *waiter, r Request, label string) (time.Duration, *api.Error) {
 	band := w.flow.key.band
 	defer c.m.Queued.WithLabelValues(band.String(), label).Dec()
-	bound := time.NewTimer(max(c.band(band).MaxWait-c.edge.Now().Sub(w.enq), 0))
+	bound := time.NewTimer(max(w.deadline.Sub(c.edge.Now()), 0))
 	defer bound.Stop()
 	var reason string
 	select {
@@ -247,7 +247,7 @@ func (c *Controller) await(ctx context.Context, q *queue, w *waiter, r Request, 
 	c.mu.Lock()
 	if w.state == released {
 		c.mu.Unlock()
-		waited := now.Sub(w.enq)
+		waited := w.at.Sub(w.enq)
 		c.served(band, label, waited)
 		return waited, nil
 	}

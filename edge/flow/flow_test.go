@@ -225,10 +225,10 @@ func TestControllerPredictsTheWait(t *testing.T) {
 	c.mu.Lock()
 	q := c.queue("m")
 	noisy := q.flow(flowKey{tenant: "noisy"}, now.Add(-time.Hour))
-	noisy.count = decayed{v: window.Seconds(), at: now} // 1 request/s
-	noisy.served = noisy.count
+	noisy.count = decayed{v: rateWindow.Seconds(), at: now} // 1 request/s
+	noisy.served = decayed{v: window.Seconds(), at: now}
 	for i := 0; i < 4; i++ {
-		q.push(flowKey{tenant: "noisy"}, 1, now)
+		q.push(flowKey{tenant: "noisy"}, 1, now, now.Add(time.Hour))
 	}
 	c.mu.Unlock()
 	_, aerr := c.Admit(context.Background(), Request{Model: "m", Tenant: "noisy", Dialect: apireq.Chat})

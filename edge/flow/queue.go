@@ -39,39 +39,45 @@ func parseBand(s string) (Band, bool) {
 	return 0, false
 }
 
-// window is τ, the time constant of the decayed service and rates: a
-// dispatch weighs exp(-age/τ). Long enough that shares hold over many
-// requests; short enough that a tenant idle for a while starts again
-// nearly even (its advantage fades within a few τ).
+// window is τ of the service that orders the flows: a dispatch weighs
+// exp(-age/τ). Long enough that shares hold over many requests; short
+// enough that a tenant idle for a while starts again nearly even (its
+// advantage fades within a few τ).
 const window = 10 * time.Second
 
-// decayed is a sum of amounts, each weighed exp(-age/window).
+// rateWindow is τ of the dispatch rates the wait estimates (and so
+// Retry-After) divide by: shorter than window, so an estimate follows the
+// fleet's rate as it is now rather than over the last window.
+const rateWindow = 3 * time.Second
+
+// decayed is a sum of amounts, each weighed exp(-age/τ).
 type decayed struct {
 	v  float64
 	at time.Time
 }
 
-func (d decayed) value(now time.Time) float64 {
+func (d decayed) value(now time.Time, tau time.Duration) float64 {
 	if d.at.IsZero() || !now.After(d.at) {
 		return d.v
 	}
-	return d.v * math.Exp(-now.Sub(d.at).Seconds()/window.Seconds())
+	return d.v * math.Exp(-now.Sub(d.at).Seconds()/tau.Seconds())
 }
 
-func (d *decayed) add(now time.Time, x float64) {
-	d.v, d.at = d.value(now)+x, now
+func (d *decayed) add(now time.Time, x float64, tau time.Duration) {
+	d.v, d.at = d.value(now, tau)+x, now
 }
 
-// rateOf turns a decayed count measured since since into a rate per
-// second: the count over the window, corrected for a measurement younger
-// than the window (the first requests are not diluted by the time before
-// them).
+// rateOf turns a count decayed over rateWindow, measured since since, into
+// a rate per second: the count over the window, corrected for a
+// measurement younger than the window (the first requests are not
+// diluted by the time before them).
 func rateOf(count float64, since, now time.Time) float64 {
 	age := now.Sub(since).Seconds()
 	if count <= 0 || age <= 0 {
 		return 0
 	}
-	return count / (window.Seconds() * (1 - math.Exp(-age/window.Seconds())))
+	w := rateWindow.Seconds()
+	return count / (w * (1 - math.Exp(-age/w)))
 }
 
 // flowKey names a flow: one tenant's requests of one band.
@@ -82,12 +88,14 @@ type flowKey struct {
 
 // waiter is one queued request.
 type waiter struct {
-	flow  *flowQ
-	elem  *list.Element
-	cost  float64
-	enq   time.Time
-	ready chan struct{} // closed when released
-	state waiterState
+	flow     *flowQ
+	elem     *list.Element
+	cost     float64
+	enq      time.Time
+	deadline time.Time     // its band's bound: never released at or after it
+	at       time.Time     // when it was released
+	ready    chan struct{} // closed when released
+	state    waiterState
 }
 
 type waiterState uint8
@@ -103,8 +111,8 @@ const (
 type flowQ struct {
 	key    flowKey
 	items  list.List // *waiter
-	served decayed   // cost dispatched
-	count  decayed   // requests dispatched
+	served decayed   // cost dispatched (window)
+	count  decayed   // requests dispatched (rateWindow)
 	since  time.Time // first seen (rates)
 	picked uint64    // the pick sequence of its last dispatch (round-robin tie-break)
 }
@@ -112,7 +120,7 @@ type flowQ struct {
 func (f *flowQ) queued() int { return f.items.Len() }
 
 // rate is this edge's dispatches per second of f.
-func (f *flowQ) rate(now time.Time) float64 { return rateOf(f.count.value(now), f.since, now) }
+func (f *flowQ) rate(now time.Time) float64 { return rateOf(f.count.value(now, rateWindow), f.since, now) }
 
 // queue is one model's flows on this edge: the fair queue. Its methods do
 // no I/O and read no clock (times are parameters); the controller holds its
@@ -144,10 +152,11 @@ func (q *queue) flow(k flowKey, now time.Time) *flowQ {
 	return f
 }
 
-// push queues a request of cost on flow k at now.
-func (q *queue) push(k flowKey, cost float64, now time.Time) *waiter {
+// push queues a request of cost on flow k at now, to wait until deadline
+// at most.
+func (q *queue) push(k flowKey, cost float64, now, deadline time.Time) *waiter {
 	f := q.flow(k, now)
-	w := &waiter{flow: f, cost: cost, enq: now, ready: make(chan struct{})}
+	w := &waiter{flow: f, cost: cost, enq: now, deadline: deadline, ready: make(chan struct{})}
 	w.elem = f.items.PushBack(w)
 	q.queued[k.band]++
 	return w
@@ -173,17 +182,33 @@ func (q *queue) release(f *flowQ, now time.Time) *waiter {
 	w := e.Value.(*waiter)
 	f.items.Remove(e)
 	q.queued[f.key.band]--
-	w.state = released
+	w.state, w.at = released, now
 	q.charge(f, w.cost, now)
 	close(w.ready)
 	return w
 }
 
+// expire takes the requests whose deadline passed out of their queues
+// (their own goroutines shed them): a request is never released after
+// waiting its band's bound. A flow's requests share a band, so its
+// expired ones are at its front.
+func (q *queue) expire(now time.Time) {
+	for _, f := range q.flows {
+		for e := f.items.Front(); e != nil; e = f.items.Front() {
+			w := e.Value.(*waiter)
+			if now.Before(w.deadline) {
+				break
+			}
+			q.remove(w)
+		}
+	}
+}
+
 // charge counts a dispatch of cost on f at now (a queued request's release,
 // or one admitted at once).
 func (q *queue) charge(f *flowQ, cost float64, now time.Time) {
-	f.served.add(now, cost)
-	f.count.add(now, 1)
+	f.served.add(now, cost, window)
+	f.count.add(now, 1, rateWindow)
 	q.picks++
 	f.picked = q.picks
 	if q.avgCost == 0 {
@@ -225,7 +250,7 @@ func (q *queue) total() int {
 // idle reports whether f may be forgotten: nothing queued, its service
 // decayed to nothing.
 func (f *flowQ) idle(now time.Time, avgCost float64) bool {
-	return f.queued() == 0 && f.served.value(now) < max(avgCost, 1)*1e-3
+	return f.queued() == 0 && f.served.value(now, window) < max(avgCost, 1)*1e-3
 }
 
 // gc forgets idle flows.

@@ -32,7 +32,7 @@ func drain(t *testing.T, q *queue, others map[flowKey]peerFlow, n int, now time.
 func fill(q *queue, b Band, tenant string, n int, cost float64, now time.Time) []*waiter {
 	var ws []*waiter
 	for i := 0; i < n; i++ {
-		ws = append(ws, q.push(flowKey{band: b, tenant: tenant}, cost, now))
+		ws = append(ws, q.push(flowKey{band: b, tenant: tenant}, cost, now, now.Add(time.Hour)))
 	}
 	return ws
 }
@@ -139,11 +139,11 @@ func TestServiceDecays(t *testing.T) {
 		q.charge(a, 1, t0)
 	}
 	later := t0.Add(10 * window)
-	if v := a.served.value(later); v > 100*math.Exp(-9.9) {
+	if v := a.served.value(later, window); v > 100*math.Exp(-9.9) {
 		t.Fatalf("service after ten windows %v, want about %v", v, 100*math.Exp(-10))
 	}
-	if r := a.rate(t0.Add(window)); math.Abs(r-100/window.Seconds()/(1-math.Exp(-1))*math.Exp(-1)) > 1e-9 {
-		t.Fatalf("rate one window after a burst of 100: %v", r)
+	if r := a.rate(t0.Add(rateWindow)); math.Abs(r-100/rateWindow.Seconds()/(1-math.Exp(-1))*math.Exp(-1)) > 1e-9 {
+		t.Fatalf("rate one rate window after a burst of 100: %v", r)
 	}
 }
 
@@ -179,7 +179,7 @@ func TestEstimateFromDrainRate(t *testing.T) {
 	others := map[flowKey]peerFlow{a: {queued: 2, rate: 1}}
 	f := q.flows[a]
 	f.since = t0.Add(-100 * window)
-	f.count = decayed{v: window.Seconds(), at: t0} // 1 request/s here
+	f.count = decayed{v: rateWindow.Seconds(), at: t0} // 1 request/s here
 	if d, ok := q.estimate(a, others, t0); !ok || math.Abs(d.Seconds()-3) > 1e-6 {
 		t.Fatalf("queued flow: %v %v, want 3s", d, ok)
 	}
@@ -216,5 +216,21 @@ func TestRemoveAndForget(t *testing.T) {
 	q.gc(t0.Add(20 * window))
 	if len(q.flows) != 0 {
 		t.Fatal("a flow whose service decayed to nothing is forgotten")
+	}
+}
+
+// A request is never released once its band's bound passed: it leaves
+// the queue (its own goroutine sheds it) and the next one is served.
+func TestExpiredRequestsAreNotReleased(t *testing.T) {
+	q := newQueue()
+	k := flowKey{tenant: "a"}
+	old := q.push(k, 1, t0, t0.Add(time.Second))
+	young := q.push(k, 1, t0.Add(time.Second/2), t0.Add(3*time.Second/2))
+	q.expire(t0.Add(time.Second))
+	if old.state != removed || young.state != waiting || q.total() != 1 {
+		t.Fatalf("after the first deadline: old %v, young %v, %d queued", old.state, young.state, q.total())
+	}
+	if got := drain(t, q, nil, 1, t0.Add(time.Second)); len(got) != 1 || young.state != released || young.at.Sub(young.enq) != time.Second/2 {
+		t.Fatalf("released %v; young waited %v", got, young.at.Sub(young.enq))
 	}
 }

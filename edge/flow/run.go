@@ -113,6 +113,7 @@ func (c *Controller) queuedModels() []string {
 // is another edge's, this edge holds back, for yieldGrace at most while
 // there is room. c.mu held.
 func (c *Controller) dispatch(q *queue, others map[flowKey]peerFlow, h int, now time.Time) bool {
+	q.expire(now)
 	h -= q.pending(now)
 	if h <= 0 {
 		q.yieldSince = time.Time{}
@@ -226,7 +227,7 @@ func (c *Controller) stateLocked(now time.Time) telemetry.FlowState {
 	for name, q := range c.models {
 		for k, f := range q.flows {
 			all = append(all, entry{name, telemetry.FlowEntry{Tenant: k.tenant, Band: k.band.String(), Queued: f.queued(),
-				Served: min(f.served.value(now), telemetry.MaxFlowFigure), Rate: min(f.rate(now), telemetry.MaxFlowFigure)}})
+				Served: min(f.served.value(now, window), telemetry.MaxFlowFigure), Rate: min(f.rate(now), telemetry.MaxFlowFigure)}})
 		}
 	}
 	sort.Slice(all, func(i, j int) bool {
