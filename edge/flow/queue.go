@@ -120,7 +120,9 @@ type flowQ struct {
 func (f *flowQ) queued() int { return f.items.Len() }
 
 // rate is this edge's dispatches per second of f.
-func (f *flowQ) rate(now time.Time) float64 { return rateOf(f.count.value(now, rateWindow), f.since, now) }
+func (f *flowQ) rate(now time.Time) float64 {
+	return rateOf(f.count.value(now, rateWindow), f.since, now)
+}
 
 // queue is one model's flows on this edge: the fair queue. Its methods do
 // no I/O and read no clock (times are parameters); the controller holds its
