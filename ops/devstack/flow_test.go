@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -67,7 +68,9 @@ func (l tenantLoad) run(ctx context.Context, c *http.Client, st *Stack) ([]attem
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				rng := rand.New(rand.NewPCG(uint64(len(tn.name)), uint64(i)))
+				h := fnv.New64a()
+				h.Write([]byte(tn.name))
+				rng := rand.New(rand.NewPCG(h.Sum64(), uint64(i))) // every tenant's and client's prompts its own
 				for ctx.Err() == nil {
 					a, err := l.send(ctx, c, url, tn.name, rng)
 					if err != nil {
