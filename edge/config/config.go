@@ -839,8 +839,8 @@ func (c *Config) validateGateway(bad complain) {
 	if g.Enabled && len(g.CIDRs) == 0 && g.Token == "" {
 		bad("trusted_gateway", "enabled without cidrs or a token: no request could carry the parent-session header")
 	}
-	if g.Enabled && c.ParentHeader == "" && !c.ClientSubagentHeaders {
-		bad("trusted_gateway", "enabled but neither conversation_affinity_header_for_subagents nor client_subagent_headers is set: there is no header to guard")
+	if g.Enabled && c.ParentHeader == "" && !c.ClientSubagentHeaders && !c.FlowControl.Enabled {
+		bad("trusted_gateway", "enabled but neither conversation_affinity_header_for_subagents, client_subagent_headers nor flow_control is set: there is no header to guard")
 	}
 }
 

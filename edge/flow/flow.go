@@ -139,13 +139,17 @@ func (c *Controller) Enabled() bool { return c.cfg.Enabled }
 // Tenant is the tenant of a request with headers h (the trust boundary
 // already applied): flow_control.tenant_header, else "key-" and a keyed
 // hash of its API key (Authorization: Bearer, x-api-key; the key itself is
-// never kept), else "default".
+// never kept), else "default". A malformed tenant header is a 400 while
+// flow control is on; off, it is ignored (requests are only counted).
 func (c *Controller) Tenant(h http.Header) (string, *api.Error) {
 	if v := strings.TrimSpace(h.Get(c.cfg.TenantHeader)); v != "" {
-		if err := telemetry.ValidTenant(v); err != nil {
+		err := telemetry.ValidTenant(v)
+		if err == nil {
+			return v, nil
+		}
+		if c.cfg.Enabled {
 			return "", api.BadRequest("invalid_header", strings.ToLower(c.cfg.TenantHeader), "%v", err)
 		}
-		return v, nil
 	}
 	key := strings.TrimSpace(h.Get("x-api-key"))
 	if a := h.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {

@@ -290,6 +290,11 @@ func TestTenantAndBand(t *testing.T) {
 	if _, aerr := c.Tenant(h); aerr == nil || aerr.Status != 400 || aerr.Param != "x-tether-tenant" {
 		t.Fatalf("bad header: %+v", aerr)
 	}
+	off := flowConfig()
+	off.Enabled = false
+	if got, aerr := start(t, off, "e3", &fleet{}).Tenant(h); aerr != nil || got != "key-"+a[4:] {
+		t.Fatalf("flow control off: a bad header is ignored, got %q %+v", got, aerr)
+	}
 	for _, tc := range []struct {
 		p    routing.Priority
 		tier string
