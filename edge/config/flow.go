@@ -106,7 +106,8 @@ var reservedHeaders = []string{"authorization", "x-api-key", "content-type", "co
 	"x-tether-priority", "x-trtllm-subagent-affinity-id", "x-trtllm-subagent-affinity-auth"}
 
 // validate checks the flow_control keys (admission's limit bounds the
-// queues: a queued request is in flight for the admission layer).
+// queues when they are used: a queued request is in flight for the
+// admission layer).
 func (f FlowConfig) validate(admissionMax int, bad complain) {
 	if name := strings.ToLower(f.TenantHeader); !validHeaderName(name) {
 		bad("flow_control.tenant_header", "%q is not an HTTP header name", f.TenantHeader)
@@ -134,7 +135,7 @@ func (f FlowConfig) validate(admissionMax int, bad complain) {
 			bad(b.key+".max_queued", "must be > 0, got %d", b.c.MaxQueued)
 		}
 	}
-	if f.Interactive.MaxQueued >= 1 && f.Batch.MaxQueued >= 1 && f.Interactive.MaxQueued+f.Batch.MaxQueued > admissionMax {
+	if f.Enabled && f.Interactive.MaxQueued >= 1 && f.Batch.MaxQueued >= 1 && f.Interactive.MaxQueued+f.Batch.MaxQueued > admissionMax {
 		bad("flow_control.interactive.max_queued", "with flow_control.batch.max_queued: %d queued requests exceed admission.max_inflight (%d), which counts them as in flight",
 			f.Interactive.MaxQueued+f.Batch.MaxQueued, admissionMax)
 	}

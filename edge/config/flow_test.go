@@ -34,7 +34,7 @@ func TestFlowConfigDefaultsAndErrors(t *testing.T) {
 		{"flow_control: {interactive: {max_wait: -1s}}", "flow_control.interactive.max_wait, line 5: must be in (0, 10m0s], got -1s"},
 		{"flow_control: {batch: {max_wait: 11m}}", "flow_control.batch.max_wait, line 5: must be in (0, 10m0s], got 11m0s"},
 		{"flow_control: {batch: {max_queued: -3}}", "flow_control.batch.max_queued, line 5: must be > 0, got -3"},
-		{"admission: {max_inflight: 100}\nflow_control: {interactive: {max_queued: 90}, batch: {max_queued: 20}}",
+		{"admission: {max_inflight: 100}\nflow_control: {enabled: true, interactive: {max_queued: 90}, batch: {max_queued: 20}}",
 			"flow_control.interactive.max_queued, line 6: with flow_control.batch.max_queued: 110 queued requests exceed admission.max_inflight (100)"},
 	} {
 		_, err := ParseConfig([]byte(base + c.yaml + "\n"))
