@@ -255,10 +255,23 @@ func (f *flowQ) idle(now time.Time, avgCost float64) bool {
 	return f.queued() == 0 && f.served.value(now, window) < max(avgCost, 1)*1e-3
 }
 
-// gc forgets idle flows.
+// maxFlows bounds the flows one model keeps beyond those with requests
+// queued: past it, flows with nothing queued are forgotten (their service
+// with them) until it holds.
+const maxFlows = 16384
+
+// gc forgets idle flows, and flows with nothing queued beyond maxFlows.
 func (q *queue) gc(now time.Time) {
 	for k, f := range q.flows {
 		if f.idle(now, q.avgCost) {
+			delete(q.flows, k)
+		}
+	}
+	for k, f := range q.flows {
+		if len(q.flows) <= maxFlows {
+			break
+		}
+		if f.queued() == 0 {
 			delete(q.flows, k)
 		}
 	}

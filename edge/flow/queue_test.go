@@ -2,6 +2,7 @@ package flow
 
 import (
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -232,5 +233,19 @@ func TestExpiredRequestsAreNotReleased(t *testing.T) {
 	}
 	if got := drain(t, q, nil, 1, t0.Add(time.Second)); len(got) != 1 || young.state != released || young.at.Sub(young.enq) != time.Second/2 {
 		t.Fatalf("released %v; young waited %v", got, young.at.Sub(young.enq))
+	}
+}
+
+// Memory is bounded: beyond maxFlows, flows with nothing queued are
+// forgotten however recently served; queued ones stay.
+func TestFlowsAreBounded(t *testing.T) {
+	q := newQueue()
+	for i := range maxFlows + 100 {
+		q.charge(q.flow(flowKey{tenant: strconv.Itoa(i)}, t0), 1, t0)
+	}
+	w := q.push(flowKey{tenant: "queued"}, 1, t0, t0.Add(time.Hour))
+	q.gc(t0)
+	if len(q.flows) > maxFlows || q.flows[flowKey{tenant: "queued"}] != w.flow {
+		t.Fatalf("%d flows after gc (max %d), the queued one kept: %v", len(q.flows), maxFlows, q.flows[flowKey{tenant: "queued"}] != nil)
 	}
 }
