@@ -156,6 +156,12 @@ type loadReport struct {
 func measure(all []attempt) loadReport {
 	sort.Slice(all, func(i, j int) bool { return all[i].done.Before(all[j].done) })
 	r := loadReport{served: map[string]int{}, shed: map[string]int{}, waitP99: map[string]time.Duration{}, other: map[int]int{}}
+	answered := 0
+	for _, a := range all {
+		if a.status == http.StatusOK {
+			answered++
+		}
+	}
 	ok := 0
 	var warm, end time.Time
 	for _, a := range all {
@@ -163,7 +169,7 @@ func measure(all []attempt) loadReport {
 			end = a.done
 		}
 		if a.status == http.StatusOK {
-			if ok++; ok == max(len(all)/5, 1) {
+			if ok++; ok == max(answered/5, 1) {
 				warm = a.done
 			}
 		}
