@@ -139,7 +139,11 @@ func (l tenantLoad) send(ctx context.Context, c *http.Client, url, tenant string
 
 // loadReport is what a run of the load measured.
 type loadReport struct {
-	served, shed map[string]int // after the warm-up
+	served, shed map[string]int // after the warm-up; shed: by flow control
+	// refused are the other 429s and 529s after the warm-up: the
+	// placement's shed (every instance over placement.shed's queue
+	// limit) and the edge's own (admission).
+	refused      map[string]int
 	total        int
 	noRetryAfter int
 	maxWait      time.Duration // the longest an answered request waited at an edge
@@ -155,7 +159,7 @@ type loadReport struct {
 // twice its Retry-After (the requests ahead of it were not cut short).
 func measure(all []attempt) loadReport {
 	sort.Slice(all, func(i, j int) bool { return all[i].done.Before(all[j].done) })
-	r := loadReport{served: map[string]int{}, shed: map[string]int{}, waitP99: map[string]time.Duration{}, other: map[int]int{}}
+	r := loadReport{served: map[string]int{}, shed: map[string]int{}, refused: map[string]int{}, waitP99: map[string]time.Duration{}, other: map[int]int{}}
 	answered := 0
 	for _, a := range all {
 		if a.status == http.StatusOK {
@@ -188,9 +192,12 @@ func measure(all []attempt) loadReport {
 			if a.header.Get("Retry-After") == "" || a.header.Get("Retry-After-Ms") == "" {
 				r.noRetryAfter++
 			}
-			if !a.done.Before(warm) {
+			if !a.done.Before(warm) && !a.flowShed {
+				r.refused[a.tenant]++
+			}
+			if !a.done.Before(warm) && a.flowShed {
 				r.shed[a.tenant]++
-				if !a.flowShed || a.done.Add(2*a.retryAfter).After(end) {
+				if a.done.Add(2 * a.retryAfter).After(end) {
 					continue
 				}
 				if d := drainAhead(all, a); d > 0 {
@@ -236,7 +243,7 @@ func (r loadReport) String() string {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(&b, "%s: served %d (%.1f %%), shed %d, wait p99 %s; ", n, r.served[n], 100*float64(r.served[n])/float64(max(r.total, 1)), r.shed[n], r.waitP99[n])
+		fmt.Fprintf(&b, "%s: served %d (%.1f %%), shed %d (other 429/529 %d), wait p99 %s; ", n, r.served[n], 100*float64(r.served[n])/float64(max(r.total, 1)), r.shed[n], r.refused[n], r.waitP99[n])
 	}
 	rs := slices.Clone(r.ratios)
 	slices.Sort(rs)
