@@ -71,8 +71,9 @@ const (
 	// yieldGrace is how long an edge holds back for a less served tenant
 	// queued at another edge while the fleet has headroom: past it, the
 	// other edge did not take it (gone, slow, its state stale) and this
-	// edge serves its own queue.
-	yieldGrace = 4 * coalesce
+	// edge serves its own queue. Longer than settle, during which that
+	// edge still counts its own last release against the headroom.
+	yieldGrace = 3 * settle
 	// requestCost is a request's fixed cost in tokens (fairness: tokens):
 	// what a prefill step costs beyond its prompt, so requests of a few
 	// tokens are not free.
@@ -214,13 +215,14 @@ func (c *Controller) Admit(ctx context.Context, r Request) (time.Duration, *api.
 	}
 	bc := c.band(k.band)
 	if q.queued[k.band] >= bc.MaxQueued {
-		est, _ := q.estimate(k, others, now)
+		drain := q.drain(k, others, now)
 		c.mu.Unlock()
-		return 0, c.shed(r, label, "queue_full", est)
+		return 0, c.shed(r, label, "queue_full", drain)
 	}
 	if est, ok := q.estimate(k, others, now); ok && est > bc.MaxWait {
+		drain := q.drain(k, others, now)
 		c.mu.Unlock()
-		return 0, c.shed(r, label, "predicted_wait", est)
+		return 0, c.shed(r, label, "predicted_wait", drain)
 	}
 	w := q.push(k, cost, now, now.Add(bc.MaxWait))
 	c.pub.dirty = true
@@ -257,7 +259,7 @@ func (c *Controller) await(ctx context.Context, q *queue, w *waiter, r Request, 
 	}
 	q.remove(w)
 	c.pub.dirty = true
-	est, _ := q.estimate(w.flow.key, c.peers.others(r.Model, now), now)
+	drain := q.drain(w.flow.key, c.peers.others(r.Model, now), now)
 	c.mu.Unlock()
 	switch reason {
 	case "gone":
@@ -265,7 +267,7 @@ func (c *Controller) await(ctx context.Context, q *queue, w *waiter, r Request, 
 	case "closing":
 		return 0, closing()
 	}
-	return 0, c.shed(r, label, reason, est)
+	return 0, c.shed(r, label, reason, drain)
 }
 
 // backlogged reports whether requests of band b or a higher one are
@@ -322,10 +324,10 @@ func (c *Controller) served(b Band, label string, waited time.Duration) {
 
 // shed counts r's refusal and returns it: 429 rate_limit_error, or 529
 // overloaded_error on the Messages API (Anthropic's answer when it is
-// overloaded), with Retry-After est (the queue ahead's drain time at the
-// fleet's rate; the band's bound while nothing was measured), spread by
-// ±10 % so the refused do not come back at once, within the bounds the
-// SDKs honor.
+// overloaded), with Retry-After est (when the queue ahead of it will have
+// drained: queue.drain; the band's bound while nothing was measured),
+// spread by ±10 % so the refused do not come back at once, within the
+// bounds the SDKs honor.
 func (c *Controller) shed(r Request, label, reason string, est time.Duration) *api.Error {
 	c.m.Shed.WithLabelValues(r.Band.String(), label, reason).Inc()
 	if est <= 0 {
@@ -343,7 +345,7 @@ func (c *Controller) shed(r Request, label, reason string, est time.Duration) *a
 		"predicted_wait": "the requests ahead of it would take longer than the band's max_wait to drain",
 	}[reason]
 	e := api.NewError(status, "rate_limit_error", "fleet_saturated", "",
-		"the fleet is saturated and tenant %q's %s requests wait their turn: %s (%s at the fleet's measured rate; max_wait %s); retry after %s",
+		"the fleet is saturated and tenant %q's %s requests wait their turn: %s (the queue ahead of it drains in %s at the fleet's measured rate; max_wait %s); retry after %s",
 		r.Tenant, r.Band, why, est.Round(time.Millisecond), c.band(r.Band).MaxWait, retry.Round(time.Millisecond))
 	e.RetryAfter = retry
 	return e

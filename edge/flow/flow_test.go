@@ -344,6 +344,14 @@ func TestEdgesHoldBackForALessServedTenantElsewhere(t *testing.T) {
 		return o1[flowKey{tenant: "noisy"}].queued == 2 && o2[flowKey{tenant: "small"}].queued == 2
 	})
 	for i := 0; i < 2; i++ {
+		// The stand-in fleet counts an admitted request at once, where an
+		// edge's views count it when its hop is sent: until its release
+		// settles, edge 1 counts it twice.
+		waitfor.True(t, 10*time.Second, "edge 1's last release settled", func() bool {
+			e1.mu.Lock()
+			defer e1.mu.Unlock()
+			return e1.models["m"] == nil || e1.models["m"].pending(time.Now()) == 0
+		})
 		shared.set(shared.capacity + 1)
 		select {
 		case r := <-small:
