@@ -227,20 +227,15 @@ func (q *queue) estimate(k flowKey, others map[flowKey]peerFlow, now time.Time) 
 
 // drain is when the requests now queued ahead of a new request of flow k
 // will have left the queue, dispatched or refused at their bound: the
-// estimate (at the fleet's measured rate), but no later than the
-// deadline of the last of k's requests queued here (every request ahead
-// is gone by its own deadline). 0 while nothing was measured.
-func (q *queue) drain(k flowKey, others map[flowKey]peerFlow, now time.Time) time.Duration {
+// estimate (at the fleet's measured rate), but no later than bound (the
+// band's max_wait: every request queued anywhere leaves by its own
+// deadline). 0 while nothing was measured.
+func (q *queue) drain(k flowKey, others map[flowKey]peerFlow, now time.Time, bound time.Duration) time.Duration {
 	est, ok := q.estimate(k, others, now)
 	if !ok {
 		return 0
 	}
-	if f := q.flows[k]; f != nil {
-		if e := f.items.Back(); e != nil {
-			est = min(est, max(e.Value.(*waiter).deadline.Sub(now), 0))
-		}
-	}
-	return est
+	return min(est, bound)
 }
 
 // totalRate is the model's dispatches per second over the fleet.

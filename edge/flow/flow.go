@@ -215,12 +215,12 @@ func (c *Controller) Admit(ctx context.Context, r Request) (time.Duration, *api.
 	}
 	bc := c.band(k.band)
 	if q.queued[k.band] >= bc.MaxQueued {
-		drain := q.drain(k, others, now)
+		drain := q.drain(k, others, now, bc.MaxWait)
 		c.mu.Unlock()
 		return 0, c.shed(r, label, "queue_full", drain)
 	}
 	if est, ok := q.estimate(k, others, now); ok && est > bc.MaxWait {
-		drain := q.drain(k, others, now)
+		drain := q.drain(k, others, now, bc.MaxWait)
 		c.mu.Unlock()
 		return 0, c.shed(r, label, "predicted_wait", drain)
 	}
@@ -259,7 +259,7 @@ func (c *Controller) await(ctx context.Context, q *queue, w *waiter, r Request, 
 	}
 	q.remove(w)
 	c.pub.dirty = true
-	drain := q.drain(w.flow.key, c.peers.others(r.Model, now), now)
+	drain := q.drain(w.flow.key, c.peers.others(r.Model, now), now, c.band(band).MaxWait)
 	c.mu.Unlock()
 	switch reason {
 	case "gone":
@@ -339,14 +339,15 @@ func (c *Controller) shed(r Request, label, reason string, est time.Duration) *a
 	if r.Dialect == apireq.Messages {
 		status = 529
 	}
+	bound := c.band(r.Band).MaxWait
 	why := map[string]string{
 		"queue_full":     "the band's queue on this edge is full",
-		"wait_bound":     "it waited the band's max_wait",
-		"predicted_wait": "the requests ahead of it would take longer than the band's max_wait to drain",
+		"wait_bound":     "it waited the band's max_wait (" + bound.String() + ")",
+		"predicted_wait": "at the fleet's measured rate it would wait longer than the band's max_wait (" + bound.String() + ")",
 	}[reason]
 	e := api.NewError(status, "rate_limit_error", "fleet_saturated", "",
-		"the fleet is saturated and tenant %q's %s requests wait their turn: %s (the queue ahead of it drains in %s at the fleet's measured rate; max_wait %s); retry after %s",
-		r.Tenant, r.Band, why, est.Round(time.Millisecond), c.band(r.Band).MaxWait, retry.Round(time.Millisecond))
+		"the fleet is saturated and tenant %q's %s requests wait their turn: %s; the requests queued ahead of it will have left in about %s; retry after %s",
+		r.Tenant, r.Band, why, est.Round(time.Millisecond), retry.Round(time.Millisecond))
 	e.RetryAfter = retry
 	return e
 }

@@ -149,7 +149,7 @@ type loadReport struct {
 	maxWait      time.Duration // the longest an answered request waited at an edge
 	waitP99      map[string]time.Duration
 	// ratios are each shed's Retry-After over the measured time until the
-	// requests of its tenant queued ahead of it were dispatched.
+	// requests of its tenant queued ahead of it had left the queue.
 	ratios []float64
 	other  map[int]int // statuses other than 200, 429, 529
 }
@@ -216,17 +216,23 @@ func measure(all []attempt) loadReport {
 }
 
 // drainAhead is how long after shed its tenant's requests then queued
-// (sent before it, answered after it, dispatched after it) took to be
-// dispatched: the drain time its Retry-After estimated. 0: none was
-// queued.
+// (sent before it, not yet dispatched nor answered) took to leave the
+// queue: dispatched (sent + x-tether-queue-wait-ms) or refused at their
+// bound. That is what its Retry-After estimated. 0: none was queued.
 func drainAhead(all []attempt, shed attempt) time.Duration {
 	var last time.Time
 	for _, a := range all {
-		if a.tenant != shed.tenant || a.status != http.StatusOK || !a.sent.Before(shed.done) || !a.done.After(shed.done) {
+		if a.tenant != shed.tenant || !a.sent.Before(shed.done) {
 			continue
 		}
-		if d := a.sent.Add(a.waited); d.After(shed.done) && d.After(last) {
-			last = d
+		left := a.done // refused
+		if a.status == http.StatusOK {
+			left = a.sent.Add(a.waited)
+		} else if !a.flowShed {
+			continue
+		}
+		if left.After(shed.done) && left.After(last) {
+			last = left
 		}
 	}
 	if last.IsZero() {
