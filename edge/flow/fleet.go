@@ -16,7 +16,8 @@ const peerFresh = 4 * heartbeat
 // peerFlow is one flow's figures at another edge.
 type peerFlow struct {
 	queued       int
-	served, rate float64 // served decayed to the state's arrival
+	served, rate float64   // served decayed to the state's arrival
+	last         time.Time // when the last of its queued requests reaches its bound
 }
 
 // peer is another edge's last state.
@@ -48,6 +49,9 @@ func (ps peers) hear(s telemetry.FlowState, now time.Time) bool {
 			pf.queued += f.Queued
 			pf.served += f.Served
 			pf.rate += f.Rate
+			if f.Queued > 0 {
+				pf.last = later(pf.last, now.Add(time.Duration(f.LastMilli)*time.Millisecond))
+			}
 			fs[k] = pf
 		}
 		p.models[m.Model] = fs
@@ -84,6 +88,7 @@ func (ps peers) others(model string, now time.Time) map[flowKey]peerFlow {
 			o.queued += f.queued
 			o.served += f.served * decay
 			o.rate += f.rate
+			o.last = later(o.last, f.last)
 			out[k] = o
 		}
 	}
@@ -227,15 +232,33 @@ func (q *queue) estimate(k flowKey, others map[flowKey]peerFlow, now time.Time) 
 
 // drain is when the requests now queued ahead of a new request of flow k
 // will have left the queue, dispatched or refused at their bound: the
-// estimate (at the fleet's measured rate), but no later than bound (the
-// band's max_wait: every request queued anywhere leaves by its own
-// deadline). 0 while nothing was measured.
-func (q *queue) drain(k flowKey, others map[flowKey]peerFlow, now time.Time, bound time.Duration) time.Duration {
+// estimate (at the fleet's measured rate), but no later than when the
+// last of k's requests queued anywhere reaches its bound (each leaves by
+// its own deadline; past it, none of them is ahead). 0 while nothing was
+// measured.
+func (q *queue) drain(k flowKey, others map[flowKey]peerFlow, now time.Time) time.Duration {
 	est, ok := q.estimate(k, others, now)
 	if !ok {
 		return 0
 	}
-	return min(est, bound)
+	last := others[k].last
+	if f := q.flows[k]; f != nil {
+		if e := f.items.Back(); e != nil {
+			last = later(last, e.Value.(*waiter).deadline)
+		}
+	}
+	if !last.IsZero() {
+		est = min(est, max(last.Sub(now), 0))
+	}
+	return est
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // totalRate is the model's dispatches per second over the fleet.

@@ -215,12 +215,12 @@ func (c *Controller) Admit(ctx context.Context, r Request) (time.Duration, *api.
 	}
 	bc := c.band(k.band)
 	if q.queued[k.band] >= bc.MaxQueued {
-		drain := q.drain(k, others, now, bc.MaxWait)
+		drain := q.drain(k, others, now)
 		c.mu.Unlock()
 		return 0, c.shed(r, label, "queue_full", drain)
 	}
 	if est, ok := q.estimate(k, others, now); ok && est > bc.MaxWait {
-		drain := q.drain(k, others, now, bc.MaxWait)
+		drain := q.drain(k, others, now)
 		c.mu.Unlock()
 		return 0, c.shed(r, label, "predicted_wait", drain)
 	}
@@ -259,7 +259,7 @@ func (c *Controller) await(ctx context.Context, q *queue, w *waiter, r Request, 
 	}
 	q.remove(w)
 	c.pub.dirty = true
-	drain := q.drain(w.flow.key, c.peers.others(r.Model, now), now, c.band(band).MaxWait)
+	drain := q.drain(w.flow.key, c.peers.others(r.Model, now), now)
 	c.mu.Unlock()
 	switch reason {
 	case "gone":

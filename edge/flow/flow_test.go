@@ -228,15 +228,15 @@ func TestControllerPredictsTheWait(t *testing.T) {
 	noisy.count = decayed{v: rateWindow.Seconds(), at: now} // 1 request/s
 	noisy.served = decayed{v: window.Seconds(), at: now}
 	for i := 0; i < 4; i++ {
-		q.push(flowKey{tenant: "noisy"}, 1, now, now.Add(time.Hour))
+		q.push(flowKey{tenant: "noisy"}, 1, now, now.Add(cfg.Interactive.MaxWait))
 	}
 	c.mu.Unlock()
 	_, aerr := c.Admit(context.Background(), Request{Model: "m", Tenant: "noisy", Dialect: apireq.Chat})
 	if aerr == nil || aerr.Status != http.StatusTooManyRequests {
 		t.Fatalf("noisy's fifth request at 1/s, max_wait 1.5s: %+v", aerr)
 	}
-	// Its estimate is 5 s (4 queued ahead, itself, at 1/s), but everything
-	// queued now leaves by max_wait: Retry-After 1.5 s.
+	// Its estimate is 5 s (4 queued ahead, itself, at 1/s), but the last
+	// of those queued leaves at its bound, 1.5 s from now: Retry-After 1.5 s.
 	if aerr.RetryAfter < 1350*time.Millisecond || aerr.RetryAfter > 1650*time.Millisecond || !strings.Contains(aerr.Message, "would wait longer than the band's max_wait (1.5s); the requests queued ahead of it will have left in about 1.5s") {
 		t.Fatalf("Retry-After %v (%s), want 1.5s ± 10%%", aerr.RetryAfter, aerr.Message)
 	}
@@ -343,7 +343,8 @@ func TestEdgesHoldBackForALessServedTenantElsewhere(t *testing.T) {
 		e2.mu.Lock()
 		o2 := e2.peers.others("m", time.Now())
 		e2.mu.Unlock()
-		return o1[flowKey{tenant: "noisy"}].queued == 2 && o2[flowKey{tenant: "small"}].queued == 2
+		return o1[flowKey{tenant: "noisy"}].queued == 2 && o2[flowKey{tenant: "small"}].queued == 2 &&
+			o1[flowKey{tenant: "noisy"}].last.After(time.Now()) // when its last queued request reaches its bound
 	})
 	for i := 0; i < 2; i++ {
 		// The stand-in fleet counts an admitted request at once, where an

@@ -249,3 +249,25 @@ func TestFlowsAreBounded(t *testing.T) {
 		t.Fatalf("%d flows after gc (max %d), the queued one kept: %v", len(q.flows), maxFlows, q.flows[flowKey{tenant: "queued"}] != nil)
 	}
 }
+
+// The queue ahead has left, at the latest, when the last request of the
+// flow queued anywhere reaches its bound: the drain time is the estimate
+// capped there, here or at another edge.
+func TestDrainEndsWithTheLastQueued(t *testing.T) {
+	q := newQueue()
+	a := flowKey{tenant: "a"}
+	q.push(a, 1, t0, t0.Add(2*time.Second))
+	f := q.flows[a]
+	f.since = t0.Add(-time.Hour)
+	f.count = decayed{v: rateWindow.Seconds() / 10, at: t0} // 0.1 request/s: an estimate of 20 s
+	if d := q.drain(a, nil, t0); d != 2*time.Second {
+		t.Fatalf("drain %v, want 2s (the last queued here leaves by then)", d)
+	}
+	others := map[flowKey]peerFlow{a: {queued: 1, last: t0.Add(3 * time.Second)}}
+	if d := q.drain(a, others, t0); d != 3*time.Second {
+		t.Fatalf("drain %v, want 3s (the last queued at another edge leaves by then)", d)
+	}
+	if d, _ := q.estimate(a, others, t0); d != 30*time.Second {
+		t.Fatalf("estimate %v, want 30s (3 at 0.1/s)", d)
+	}
+}

@@ -226,8 +226,12 @@ func (c *Controller) stateLocked(now time.Time) telemetry.FlowState {
 	var all []entry
 	for name, q := range c.models {
 		for k, f := range q.flows {
-			all = append(all, entry{name, telemetry.FlowEntry{Tenant: k.tenant, Band: k.band.String(), Queued: f.queued(),
-				Served: min(f.served.value(now, window), telemetry.MaxFlowFigure), Rate: min(f.rate(now), telemetry.MaxFlowFigure)}})
+			e := telemetry.FlowEntry{Tenant: k.tenant, Band: k.band.String(), Queued: f.queued(),
+				Served: min(f.served.value(now, window), telemetry.MaxFlowFigure), Rate: min(f.rate(now), telemetry.MaxFlowFigure)}
+			if b := f.items.Back(); b != nil {
+				e.LastMilli = min(max(b.Value.(*waiter).deadline.Sub(now).Milliseconds(), 0), telemetry.MaxFlowLastMs)
+			}
+			all = append(all, entry{name, e})
 		}
 	}
 	sort.Slice(all, func(i, j int) bool {

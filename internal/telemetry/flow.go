@@ -39,6 +39,10 @@ type FlowEntry struct {
 	Served float64 `json:"served"`
 	// Rate is the requests dispatched per second over that window.
 	Rate float64 `json:"rate"`
+	// LastMilli is the milliseconds, at sending, until the last of its
+	// queued requests reaches its bound: by then every request now queued
+	// has left (0: none queued).
+	LastMilli int64 `json:"last_ms,omitempty"`
 }
 
 // Flow state bounds.
@@ -47,6 +51,7 @@ const (
 	MaxTenantLen   = 128
 	MaxFlowQueued  = 1 << 24
 	MaxFlowFigure  = 1e15
+	MaxFlowLastMs  = 3_600_000
 	FlowBandInter  = "interactive"
 	FlowBandBatch  = "batch"
 )
@@ -132,6 +137,9 @@ func (f *FlowEntry) validate() error {
 	}
 	if f.Queued < 0 || f.Queued > MaxFlowQueued {
 		return fmt.Errorf("queued %d (want 0..%d)", f.Queued, MaxFlowQueued)
+	}
+	if f.LastMilli < 0 || f.LastMilli > MaxFlowLastMs {
+		return fmt.Errorf("last_ms %d (want 0..%d)", f.LastMilli, MaxFlowLastMs)
 	}
 	for _, v := range []struct {
 		name string

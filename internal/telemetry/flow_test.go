@@ -9,7 +9,7 @@ import (
 
 func TestFlowStateRoundTripAndRejects(t *testing.T) {
 	s := FlowState{Edge: "edge-1", Seq: 9, Models: []FlowModel{{Model: "m", Flows: []FlowEntry{
-		{Tenant: "acme", Band: FlowBandInter, Queued: 3, Served: 4096.5, Rate: 1.25},
+		{Tenant: "acme", Band: FlowBandInter, Queued: 3, Served: 4096.5, Rate: 1.25, LastMilli: 1500},
 		{Tenant: "key-0123456789abcdef", Band: FlowBandBatch, Served: 12},
 	}}}}
 	data, err := EncodeFlowState(s)
@@ -40,6 +40,7 @@ func TestFlowStateRoundTripAndRejects(t *testing.T) {
 		{"negative queued", FlowSubject("edge-1"), flow(`{"tenant":"a","band":"batch","queued":-1}`), ErrOutOfRange},
 		{"negative served", FlowSubject("edge-1"), flow(`{"tenant":"a","band":"batch","served":-1}`), ErrOutOfRange},
 		{"huge rate", FlowSubject("edge-1"), flow(`{"tenant":"a","band":"batch","rate":1e300}`), ErrOutOfRange},
+		{"negative last_ms", FlowSubject("edge-1"), flow(`{"tenant":"a","band":"batch","last_ms":-1}`), ErrOutOfRange},
 		{"too many flows", FlowSubject("edge-1"), flow(many + `{"tenant":"t","band":"batch"}`), ErrOutOfRange},
 		{"no model", FlowSubject("edge-1"), `{"v":1,"edge":"edge-1","models":[{"model":"","flows":[]}]}`, ErrOutOfRange},
 		{"malformed", FlowSubject("edge-1"), `{"v":1,"edge":7}`, ErrMalformed},
