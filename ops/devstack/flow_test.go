@@ -255,7 +255,13 @@ func (r loadReport) String() string {
 	rs := slices.Clone(r.ratios)
 	slices.Sort(rs)
 	if len(rs) > 0 {
-		fmt.Fprintf(&b, "Retry-After/drain over %d sheds: min %.2f, median %.2f, max %.2f; ", len(rs), rs[0], rs[len(rs)/2], rs[len(rs)-1])
+		within := 0
+		for _, x := range rs {
+			if x >= 0.5 && x <= 2 {
+				within++
+			}
+		}
+		fmt.Fprintf(&b, "Retry-After/drain over %d sheds: min %.2f, median %.2f, max %.2f, %d within 2×; ", len(rs), rs[0], rs[len(rs)/2], rs[len(rs)-1], within)
 	}
 	fmt.Fprintf(&b, "longest wait %s, without Retry-After %d, other statuses %v", r.maxWait, r.noRetryAfter, r.other)
 	return b.String()
