@@ -141,17 +141,25 @@ func (e *Edge) openNode(ctx context.Context) error {
 
 // startAdmission prepares what decides whether the edge takes a request:
 // its readiness (edge/readiness), which requests read from the first one on
-// (edge/route unheardAtStartup), and the shedder (edge/admission).
+// (edge/route unheardAtStartup), the shedder (edge/admission) and flow
+// control (edge/flow: the other edges' states, its dispatch loop).
 func (e *Edge) startAdmission() error {
 	e.ready = readiness.New(readinessEdge{e}, e.fresh, e.readinessConfig(), e.now())
 	run, err := e.admission.Start(e.registry)
 	if err != nil {
 		return err
 	}
-	e.wg.Add(1)
+	if err := e.flow.Start(); err != nil {
+		return err
+	}
+	e.wg.Add(2)
 	go func() {
 		defer e.wg.Done()
 		run(e.ctx.Done())
+	}()
+	go func() {
+		defer e.wg.Done()
+		e.flow.Run(e.ctx.Done())
 	}()
 	return nil
 }
@@ -372,6 +380,7 @@ func (e *Edge) settleLocked(ctx context.Context) error {
 	}
 	e.settled = true
 	var err error
+	e.flow.Close() // requests waiting for the fleet go to another edge now
 	if e.http.srv != nil {
 		if err = e.http.srv.Shutdown(ctx); err != nil {
 			err = fmt.Errorf("edge: http shutdown: %w", err)
@@ -438,6 +447,7 @@ func (e *Edge) Kill() {
 func (e *Edge) stopLocked(abrupt bool) error {
 	e.stopped = true
 	var errs []error
+	e.flow.Close()
 	if e.http.srv == nil && e.http.ln != nil {
 		e.http.ln.Close() // Start failed before serving
 	}

@@ -62,6 +62,8 @@ type Metrics struct {
 	AdmissionCPUShare  prometheus.Gauge
 	AdmissionRunDelay  prometheus.Gauge
 	AdmissionSchedOver *prometheus.CounterVec
+	// Flow control's series (edge/flow).
+	Flow FlowMetrics
 }
 
 // Source is what the series read of the edge when scraped.
@@ -138,6 +140,7 @@ func New(reg prometheus.Registerer, src Source) (*Metrics, error) {
 	m.Routed = newRoutedMetrics()
 	m.addCatalogueMetrics()
 	m.addAdmissionMetrics()
+	m.Flow = newFlowMetrics()
 	m.precreateSeries()
 	if reg == nil {
 		return m, nil
@@ -152,6 +155,9 @@ func New(reg prometheus.Registerer, src Source) (*Metrics, error) {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("edge: metrics: %w", err)
 		}
+	}
+	if err := m.registerFlow(reg); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
