@@ -138,20 +138,8 @@ func TestChaosNoFaultBesideNeighbours(t *testing.T) {
 	raft0, terms0 := v.raftEvents(), v.terms()
 	stop := startNeighbours(t, nb)
 	ld := startSessions(v, fmt.Sprintf("nb-%d", time.Now().UnixNano()%1e6), clients, 3)
-	var timeline []string
 	start := time.Now()
-	tick := time.NewTicker(2 * time.Second)
-	run := time.NewTimer(time.Duration(seconds) * time.Second)
-sampling:
-	for {
-		select {
-		case <-run.C: // the load's schedule
-			break sampling
-		case <-tick.C:
-			timeline = append(timeline, fmt.Sprintf("t=%.0fs %s", time.Since(start).Seconds(), v.admissionState()))
-		}
-	}
-	tick.Stop()
+	timeline := v.admissionTimeline(seconds, start)
 	samples := ld.finish()
 	stop()
 	raft, elections := v.raftEvents().sub(raft0), 0

@@ -109,19 +109,7 @@ func TestChaosStarvation(t *testing.T) {
 		}()
 	}
 	// A timeline of each edge's admission state, every 2 s (figures).
-	var timeline []string
-	tick := time.NewTicker(2 * time.Second)
-	run := time.NewTimer(time.Duration(seconds) * time.Second)
-sampling:
-	for {
-		select {
-		case <-run.C: // the load's schedule
-			break sampling
-		case <-tick.C:
-			timeline = append(timeline, fmt.Sprintf("t=%.0fs %s", time.Since(start).Seconds(), v.admissionState()))
-		}
-	}
-	tick.Stop()
+	timeline := v.admissionTimeline(seconds, start)
 	close(stop)
 	wg.Wait()
 	elapsed := time.Since(start)
