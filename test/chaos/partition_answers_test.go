@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// TestChaosPartitionedEdgesAnswer holds what issue 37's partitions ask of
+// TestChaosPartitionedEdgesAnswer holds what a partition asks of
 // the edges beyond 0 wrong: a partitioned minority edge refuses what it may
 // not serve with Retry-After (or serves it), an edge cut from NATS serves,
 // and a worker cut from the edges costs no request. Every request sent to
