@@ -49,8 +49,18 @@ func startPlainWorker(tb testing.TB, id string, fleet telemetry.Fleet, role hint
 // through the edge, alternating one for one on the same machine. Reported:
 // the medians and p99s of both paths and the median added latency
 // (p50-added-us; target <= 300).
-func BenchmarkEdgeOverhead(b *testing.B) {
-	ctxW, genW, te := startBenchDisagg(b)
+func BenchmarkEdgeOverhead(b *testing.B) { benchEdgeOverhead(b, nil) }
+
+// BenchmarkEdgeOverheadFlowControl is BenchmarkEdgeOverhead with flow
+// control on and the fleet not saturated: what a request's turn costs when
+// it need not wait (its tenant and band, the fleet's headroom from the
+// views, the controller's lock).
+func BenchmarkEdgeOverheadFlowControl(b *testing.B) {
+	benchEdgeOverhead(b, func(c *Config) { c.FlowControl.Enabled = true })
+}
+
+func benchEdgeOverhead(b *testing.B, mutate func(c *Config)) {
+	ctxW, genW, te := startBenchDisagg(b, mutate)
 	post := benchPoster(b)
 	body := chatBody(b, longText("bench-system", 150), []string{"what next"}, map[string]any{"max_tokens": 4})
 	var top map[string]json.RawMessage
@@ -167,7 +177,7 @@ func BenchmarkRoutingDecision(b *testing.B) {
 // fleet-view read).
 func BenchmarkChainedFollowUp(b *testing.B) {
 	b.Run("tether-workers", func(b *testing.B) {
-		_, _, te := startBenchDisagg(b)
+		_, _, te := startBenchDisagg(b, nil)
 		benchFollowUp(b, te)
 	})
 	// One hop either way: what the edge itself adds shows alone.
@@ -261,7 +271,7 @@ func benchPoster(b *testing.B) func(url string, payload []byte, h http.Header) [
 
 // startBenchDisagg is one edge in front of a plain context and a plain
 // generation worker.
-func startBenchDisagg(b *testing.B) (ctxW, genW *worker.Server, te *testEdge) {
+func startBenchDisagg(b *testing.B, mutate func(c *Config)) (ctxW, genW *worker.Server, te *testEdge) {
 	ctxW = startPlainWorker(b, "ctx-0", telemetry.FleetContext, hintauth.RoleContext)
 	genW = startPlainWorker(b, "gen-0", telemetry.FleetGeneration, hintauth.RoleGeneration)
 	ec := startEdges(b, 1, "", func(_ int, c *Config) {
@@ -270,6 +280,9 @@ func startBenchDisagg(b *testing.B) (ctxW, genW *worker.Server, te *testEdge) {
 		c.GenerationServers.URLs = []StaticInstance{{Name: "gen-0", URL: genW.URL()}}
 		c.DebugRouteHeader = false
 		c.TouchInterval = time.Second
+		if mutate != nil {
+			mutate(c)
+		}
 	})
 	ec.waitInstances(2)
 	return ctxW, genW, ec.edge(0)

@@ -97,9 +97,11 @@ func TestClaudeCodeSubAgentsAreChildren(t *testing.T) {
 			return ok && b.Instance == gen && b.ConversationID == conv
 		})
 	}
-	if _, ok := binding(t, c, ec.edge(0), fsm.FleetGeneration, agentB); !ok {
-		t.Fatalf("agent B has no generation binding of its own")
-	}
+	// Agent B's Bind went through edge 2: edge 1 applies it in time.
+	waitFor(t, "agent B's own generation binding on edge 1", 10*time.Second, func() bool {
+		_, ok := binding(t, c, ec.edge(0), fsm.FleetGeneration, agentB)
+		return ok
+	})
 	for _, conv := range []string{agentA, agentB} {
 		if _, ok := binding(t, c, ec.edge(0), fsm.FleetContext, conv); ok {
 			t.Fatalf("sub-agent %s got a context binding of its own", conv)

@@ -139,3 +139,65 @@ func mustJSON(v any) []byte {
 	b, _ := json.Marshal(v)
 	return b
 }
+
+// While the worker holding a stored response and a conversation cannot be
+// reached, every request naming either is answered 503 with Retry-After in
+// OpenAI's shape, naming the id the client sent: never the worker's URL
+// or its own id for the object (a continuation and a turn of the
+// conversation were 502 naming the worker's URL, the Conversations paths
+// named the worker's conversation id).
+func TestUnreachableHolderAnswersNameTheClientsID(t *testing.T) {
+	s := startStatic(t, 1, 1, nil)
+	base := s.te.url()
+	r := do(t, s.c, "POST", base+"/v1/responses", mustJSON(map[string]any{"model": testModel, "input": "x", "max_output_tokens": 4}), nil)
+	var first struct{ ID string }
+	if r.status != 200 || json.Unmarshal(r.body, &first) != nil {
+		t.Fatalf("a stored response: %d %s", r.status, r.body)
+	}
+	r = do(t, s.c, "POST", base+"/v1/conversations", []byte(`{}`), nil)
+	var conv struct{ ID string }
+	if r.status != 200 || json.Unmarshal(r.body, &conv) != nil {
+		t.Fatalf("a conversation: %d %s", r.status, r.body)
+	}
+	respRef, _ := respid.Decode(first.ID)
+	convRef, _ := respid.DecodeConversation(conv.ID)
+	holder := s.worker(respRef.Instance)
+	if holder == nil || convRef.Instance != holder.id {
+		t.Fatalf("holders %s and %s: want the one generation worker", respRef.Instance, convRef.Instance)
+	}
+	holder.proxy.Close()
+	for _, c := range []struct {
+		name, method, path string
+		body               any
+		id, inner          string
+	}{
+		{"a continuation", "POST", "/v1/responses", map[string]any{"model": testModel, "input": "y", "previous_response_id": first.ID}, first.ID, respRef.Upstream},
+		{"a streamed continuation", "POST", "/v1/responses", map[string]any{"model": testModel, "input": "y", "previous_response_id": first.ID, "stream": true}, first.ID, respRef.Upstream},
+		{"GET the response", "GET", "/v1/responses/" + first.ID, nil, first.ID, respRef.Upstream},
+		{"a turn of the conversation", "POST", "/v1/responses", map[string]any{"model": testModel, "input": "y", "conversation": conv.ID}, conv.ID, convRef.Upstream},
+		{"GET the conversation", "GET", "/v1/conversations/" + conv.ID, nil, conv.ID, convRef.Upstream},
+		{"GET its items", "GET", "/v1/conversations/" + conv.ID + "/items", nil, conv.ID, convRef.Upstream},
+	} {
+		var b []byte
+		if c.body != nil {
+			b = mustJSON(c.body)
+		}
+		r := do(t, s.c, c.method, base+c.path, b, nil)
+		var e struct {
+			Error *struct {
+				Message, Type string
+				Code          *string
+			} `json:"error"`
+		}
+		switch {
+		case r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "":
+			t.Errorf("%s: %d (Retry-After %q) %s, want 503 with Retry-After", c.name, r.status, r.header.Get("Retry-After"), r.body)
+		case json.Unmarshal(r.body, &e) != nil || e.Error == nil || e.Error.Type != "server_error":
+			t.Errorf("%s: not OpenAI's error shape: %s", c.name, r.body)
+		case !strings.Contains(e.Error.Message, c.id):
+			t.Errorf("%s: the message does not name %s: %s", c.name, c.id, e.Error.Message)
+		case strings.Contains(string(r.body), c.inner) || strings.Contains(string(r.body), strings.TrimPrefix(holder.proxy.URL, "http://")):
+			t.Errorf("%s: the answer names the worker's own id %s or its address %s: %s", c.name, c.inner, holder.proxy.URL, r.body)
+		}
+	}
+}

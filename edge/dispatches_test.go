@@ -1,6 +1,10 @@
 package edge
 
 import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
 	"testing"
 	"time"
 
@@ -26,7 +30,8 @@ func TestDispatchesAreToldAndHeard(t *testing.T) {
 	defer nc.Close()
 	told := make(chan telemetry.Dispatch, 16)
 	if _, err := nc.Subscribe(telemetry.DispatchSubjectAll, func(m *nats.Msg) {
-		if d, err := telemetry.DecodeDispatch(m.Subject, m.Data); err == nil && d.Edge != "edge-elsewhere" {
+		// (Answers travel on the subject too: edge/fleetview grade.go.)
+		if d, err := telemetry.DecodeDispatch(m.Subject, m.Data); err == nil && d.Edge != "edge-elsewhere" && d.Answer == nil {
 			told <- d
 		}
 	}); err != nil {
@@ -81,4 +86,58 @@ func TestDispatchesAreToldAndHeard(t *testing.T) {
 		return counter(t, te.registry, "tether_edge_dispatch_messages_total", map[string]string{"result": "heard"}) == 1 &&
 			counter(t, te.registry, "tether_edge_dispatch_messages_total", map[string]string{"result": "invalid"}) == 1
 	})
+}
+
+// An edge whose NATS peer is cut off (the socket open, nothing passing)
+// serves on: a request's dispatch and placement messages are queued for
+// the edge's publisher, never sent on the request's goroutine, where they
+// waited on the connection's lock while nats.go's flusher wrote to the
+// stalled socket (up to its write timeout, a minute by default).
+func TestRequestsDoNotWaitOnAStalledNATSConnection(t *testing.T) {
+	ns := natstest.Start(t, nil)
+	proxy := natstest.NewStallProxy(t, ns.Addr().String())
+	startDisaggFleet(t, ns.ClientURL(), workerOpts{})
+	ec := startEdges(t, 1, "nats://"+proxy.Addr(), nil)
+	ec.waitInstances(4)
+	te, c := ec.edge(0), httpClient(t)
+	(&agent{session: "stall-before", system: longText("stall", 20)}).send(t, c, te, "hello", nil)
+
+	proxy.Stall()
+	// Fill the socket's buffers from the edge's own connection: its writer
+	// then blocks with the connection's lock held.
+	conn := te.e.nats.conn
+	go func() {
+		big := bytes.Repeat([]byte("x"), 512<<10)
+		for range 128 {
+			if conn.Publish("stall.fill", big) != nil {
+				return
+			}
+		}
+	}()
+	waitFor(t, "the stalled connection's lock held by a blocked write", 20*time.Second, func() bool {
+		done := make(chan struct{})
+		go func() { conn.IsConnected(); close(done) }()
+		select {
+		case <-done:
+			return false
+		case <-time.After(200 * time.Millisecond):
+			return true
+		}
+	})
+	client := &http.Client{Transport: c.Transport, Timeout: 15 * time.Second}
+	for i, session := range []string{"stall-before", "stall-new-1", "stall-new-2"} {
+		body := chatBody(t, longText("stall", 20), []string{"hello", fmt.Sprintf("turn %d", i)}, nil)
+		req, _ := http.NewRequest(http.MethodPost, te.url()+"/v1/chat/completions", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("x-session-id", session)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s with the NATS connection stalled: %v", session, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s with the NATS connection stalled: %d %s", session, resp.StatusCode, b)
+		}
+	}
 }

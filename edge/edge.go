@@ -55,7 +55,9 @@ import (
 	"github.com/tether-project/tether/edge/edgetls"
 	"github.com/tether-project/tether/edge/engineevents"
 	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/edge/flow"
 	"github.com/tether-project/tether/edge/leader"
+	"github.com/tether-project/tether/edge/natspub"
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/edge/proposals"
 	"github.com/tether-project/tether/edge/readiness"
@@ -106,6 +108,7 @@ type Edge struct {
 	// fleet's hop goes (router) and how it is sent (dispatcher, client),
 	// stored responses and conversations (stored).
 	admission      *admission.Layer
+	flow           *flow.Controller     // fair admission across tenants, fleet-wide (edge/flow)
 	fresh          *readiness.Freshness // is this edge's state current (readyz, degraded placement)
 	ready          *readiness.Readiness
 	catalogue      *catalog.Catalogue
@@ -155,15 +158,18 @@ type Edge struct {
 	mu      sync.Mutex
 	started bool
 	stopped bool
+	// settled: Settle ran (no more requests; the log flushed).
+	settled bool
 	// noHandoff: Close skips the Raft leadership transfer.
 	noHandoff atomic.Bool
 }
 
-// natsLink is the edge's NATS: the embedded server when configured, and
-// the connection.
+// natsLink is the edge's NATS: the embedded server when configured, the
+// connection, and the publisher of the edge's own messages on it.
 type natsLink struct {
 	srv  *natsserver.Server
 	conn *nats.Conn
+	pub  *natspub.Publisher
 }
 
 // spanTracing is the edge's tracer and, when the edge made its provider,
@@ -254,14 +260,16 @@ func (e *Edge) newObservability() error {
 }
 
 // newLogSide prepares the edge's side of the affinity log: its proposals
-// (edge/proposals), its freshness (edge/readiness) and the admission layer
-// that refuses requests while its state is stalled (edge/admission).
+// (edge/proposals), its freshness (edge/readiness), the admission layer
+// that refuses requests while its state is stalled (edge/admission), and
+// flow control (edge/flow).
 func (e *Edge) newLogSide() error {
 	p := proposals.New(e.ctx, proposalsEdge{e}, proposals.Config{NodeID: e.nodeID, ProposeTimeout: e.cfg.Cluster.ProposeTimeout,
 		TouchInterval: e.cfg.TouchInterval, Metrics: e.metrics, Logger: e.log, Now: e.now})
 	e.proposer, e.placements, e.recorder, e.touches = p.Proposer, p.Placements, p.Recorder, p.Touches
 	e.fresh = readiness.NewFreshness(readinessEdge{e}, e.cfg.Cluster, e.log)
 	e.admission = admission.New(admissionEdge{e}, e.cfg.Admission, e.metrics)
+	e.flow = flow.New(e.cfg.FlowControl, e.nodeID, e.authKey, flowEdge{e}, &e.metrics.Flow, e.log)
 	return nil
 }
 

@@ -119,9 +119,10 @@ func (e *Edge) TLSMode() string {
 }
 
 // BackgroundPending is how many background events (overflows, links, rank
-// observations, evidence), used keys and links of the touch batch, and own
-// placements' Binds this edge has not yet seen through the log: queued or
-// being proposed. Tests wait for 0 before they take a quiet log's index.
+// observations, evidence), used keys and links of the touch batch, engines'
+// answers not yet batched, and own placements' Binds this edge has not yet
+// seen through the log: queued or being proposed. Tests wait for 0 before
+// they take a quiet log's index.
 func (e *Edge) BackgroundPending() int {
-	return e.recorder.Pending() + e.touches.Pending() + e.placements.InFlight()
+	return e.recorder.Pending() + e.recorder.PendingAnswers() + e.touches.Pending() + e.placements.InFlight()
 }

@@ -579,9 +579,15 @@ func binding(t testing.TB, c *http.Client, te *testEdge, fleet fsm.Fleet, key st
 // namespace) has been answered, or te knows the log cannot commit.
 func awaitOwnBind(t testing.TB, te *testEdge, fleet fsm.Fleet, key string) {
 	t.Helper()
-	waitFor(t, "the Bind proposal of "+key+" answered, or the log down", 20*time.Second, func() bool {
+	waitFor(t, "the Bind proposal of "+key+" answered and applied here, or the log down", 20*time.Second, func() bool {
 		p, ok := te.e.placements.Pending(fleet, key)
-		return !ok || p.Settled || te.e.proposer.Down()
+		if !ok || te.e.proposer.Down() {
+			return true
+		}
+		// The answer comes from the leader; this replica may apply the
+		// entry later.
+		st := te.e.Node().State()
+		return p.Settled && (!p.Result.Found || st.Index() >= st.EpochIndex(p.Result.Binding.Epoch))
 	})
 }
 

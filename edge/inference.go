@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-project/tether/edge/api"
+	"github.com/tether-project/tether/edge/flow"
 	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/edge/tokenize"
 	"github.com/tether-project/tether/fsm"
@@ -27,8 +28,8 @@ import (
 // body read and parsed (edge/api), its model found (edge/catalog), the
 // stored response or conversation it names resolved (edge/stored), its
 // identity resolved against the replicated state, its prompt keyed per
-// fleet (edge/tokenize), then dispatched (edge/dispatch, each hop routed by
-// edge/route).
+// fleet (edge/tokenize), its turn taken (edge/flow), then dispatched
+// (edge/dispatch, each hop routed by edge/route).
 
 // handleInference serves the create endpoints of every dialect: POST
 // /v1/chat/completions, /v1/completions, /v1/messages, /v1/responses.
@@ -68,7 +69,7 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 	rq.Model.EngineAdapter(rq.Adapter, rq.Top)
 	span.SetAttributes(attribute.String("tether.model", m.Name), attribute.String("tether.lora_adapter", adapter))
 	defer func() { e.metrics.ModelRequests.WithLabelValues(m.Name, adapter, strconv.Itoa(status)).Inc() }()
-	if aerr := rq.Model.Serves(d); aerr != nil {
+	if aerr := rq.Model.ServesRequest(rq.Parsed); aerr != nil {
 		return api.Fail(w, span, aerr)
 	}
 	if tokens, aerr = placeInlineSystem(rq, tokens); aerr != nil {
@@ -102,6 +103,11 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 		rq.Prompts[fsm.FleetGeneration] = rq.Prompts[fsm.FleetContext]
 		rq.PromptTokens = len(tokens)
 	}
+	if !rq.Parsed.CountTokens {
+		if aerr := e.admitFlow(ctx, w, rq, r.Header, span); aerr != nil {
+			return api.Fail(w, span, aerr)
+		}
+	}
 	if conv := rq.ID.ConversationID; conv != "" && !rq.Model.Cfg.ContextServers.Engine.AggregatedOnly() {
 		// The workers read the same conversation id the hint signs
 		// (vLLM and SGLang read none: their body goes as the client sent it).
@@ -111,6 +117,36 @@ func (e *Edge) serveInference(ctx context.Context, w http.ResponseWriter, r *htt
 	span.SetAttributes(attribute.String("tether.conversation_id", rq.ID.ConversationID), attribute.Bool("tether.subagent", rq.ID.SubAgent()),
 		attribute.Int("tether.prompt_tokens", rq.PromptTokens), attribute.String("tether.api", d.String()))
 	return e.dispatcher.Dispatch(ctx, w, rq, span)
+}
+
+// HeaderQueueWait answers a request flow control admitted (edge/flow,
+// flow_control.enabled): the milliseconds it waited at the edge for the
+// fleet to have room, 0 when it had room at once.
+const HeaderQueueWait = "x-tether-queue-wait-ms"
+
+// admitFlow passes rq through flow control (edge/flow): its tenant (h)
+// and band (x-tether-priority, service_tier), then its turn. A batch
+// request is placed as background work (routing weighs its cache affinity
+// more than its wait).
+func (e *Edge) admitFlow(ctx context.Context, w http.ResponseWriter, rq *route.Request, h http.Header, span trace.Span) *api.Error {
+	tenant, aerr := e.flow.Tenant(h)
+	if aerr != nil {
+		return aerr
+	}
+	band := flow.BandOf(rq.Priority, rq.Top["service_tier"])
+	if band == flow.Batch {
+		rq.Priority = routing.PriorityBackground
+	}
+	waited, aerr := e.flow.Admit(ctx, flow.Request{Model: rq.Model.Name, Tenant: tenant, Band: band, Tokens: rq.PromptTokens, Dialect: rq.Dialect})
+	span.SetAttributes(attribute.String("tether.tenant", tenant), attribute.String("tether.band", band.String()),
+		attribute.Int64("tether.queue_wait_ms", waited.Milliseconds()))
+	if aerr != nil {
+		return aerr
+	}
+	if e.flow.Enabled() {
+		w.Header().Set(HeaderQueueWait, strconv.FormatInt(waited.Milliseconds(), 10))
+	}
+	return nil
 }
 
 // placeInlineSystem places a Messages request rq's inline system messages as
@@ -158,8 +194,9 @@ func fromParsed(p *apireq.Request) *route.Request {
 // the internal hint headers are always removed (only the edge signs
 // hints); the headers that make a request a sub-agent — the parent-session
 // header and, when client_subagent_headers is on, the agent CLIs' own
-// (routing.ClientParentHeaders) — are removed unless the request comes
-// from a trusted gateway (when trusted_gateway is enabled).
+// (routing.ClientParentHeaders) — and the tenant header
+// (flow_control.tenant_header) are removed unless the request comes from a
+// trusted gateway (when trusted_gateway is enabled).
 func (e *Edge) stripHeaders(r *http.Request) {
 	h := r.Header
 	for _, name := range []string{hintauth.HeaderAffinityID, hintauth.HeaderAffinityAuth} {
@@ -172,7 +209,8 @@ func (e *Edge) stripHeaders(r *http.Request) {
 	if !g.Enabled {
 		return
 	}
-	guarded := make([]string, 0, 1+len(routing.ClientParentHeaders))
+	guarded := make([]string, 0, 2+len(routing.ClientParentHeaders))
+	guarded = append(guarded, e.cfg.FlowControl.TenantHeader) // a tenant is the gateway's to say
 	if e.cfg.ParentHeader != "" {
 		guarded = append(guarded, e.cfg.ParentHeader)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/tether-project/tether/edge/engineevents"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/natsembed"
+	"github.com/tether-project/tether/edge/natspub"
 	"github.com/tether-project/tether/edge/readiness"
 	"github.com/tether-project/tether/fsm"
 )
@@ -118,7 +119,7 @@ func (e *Edge) listen(ctx context.Context) error {
 	for _, w := range e.tls.Warnings(&e.cfg) {
 		e.log.Warn(w)
 	}
-	e.http.ln = api.Listener{Listener: e.tls.Listener(ln)}
+	e.http.ln = api.Listener{Listener: ln, TLS: e.tls.HTTP}
 	return nil
 }
 
@@ -140,17 +141,25 @@ func (e *Edge) openNode(ctx context.Context) error {
 
 // startAdmission prepares what decides whether the edge takes a request:
 // its readiness (edge/readiness), which requests read from the first one on
-// (edge/route unheardAtStartup), and the shedder (edge/admission).
+// (edge/route unheardAtStartup), the shedder (edge/admission) and flow
+// control (edge/flow: the other edges' states, its dispatch loop).
 func (e *Edge) startAdmission() error {
 	e.ready = readiness.New(readinessEdge{e}, e.fresh, e.readinessConfig(), e.now())
 	run, err := e.admission.Start(e.registry)
 	if err != nil {
 		return err
 	}
-	e.wg.Add(1)
+	if err := e.flow.Start(); err != nil {
+		return err
+	}
+	e.wg.Add(2)
 	go func() {
 		defer e.wg.Done()
 		run(e.ctx.Done())
+	}()
+	go func() {
+		defer e.wg.Done()
+		e.flow.Run(e.ctx.Done())
 	}()
 	return nil
 }
@@ -271,6 +280,12 @@ func (e *Edge) startNATS() error {
 		nats.MaxReconnects(-1),
 		nats.RetryOnFailedConnect(true),
 		nats.ReconnectWait(250 * time.Millisecond),
+		// A write the server does not take within a second (its peer cut
+		// off, the socket open) ends the connection and reconnects,
+		// instead of holding the connection's lock for nats.go's default
+		// minute (the fleet view then probes the workers over HTTP).
+		nats.FlusherTimeout(natsFlusherTimeout),
+		nats.ReconnectOnFlusherError(),
 		nats.NoCallbacksAfterClientClose(),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
@@ -306,8 +321,13 @@ func (e *Edge) startNATS() error {
 		return fmt.Errorf("edge: nats connect %s: %w", joined, err)
 	}
 	e.nats.conn = nc
+	e.nats.pub = natspub.New(nc, natspub.QueueSize)
+	e.nats.pub.Start()
 	return nil
 }
+
+// natsFlusherTimeout bounds one write to the NATS server.
+const natsFlusherTimeout = time.Second
 
 func (e *Edge) natsURL() string {
 	if e.nats.srv != nil {
@@ -319,34 +339,62 @@ func (e *Edge) natsURL() string {
 	return ""
 }
 
-// Close shuts the edge down gracefully: stop accepting requests and let
-// in-flight ones finish (until ctx is done), flush the pending touches and
-// background events and await the answers to its Bind proposals, hand leadership over and close the node, NATS and
-// the fleet view. Idempotent.
+// Close shuts the edge down gracefully: Settle (stop accepting requests,
+// let in-flight ones finish, flush what they left for the log and await
+// the answers to its Bind proposals), then hand leadership over and close
+// the node, NATS and the fleet view. Idempotent.
 func (e *Edge) Close(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.stopped {
 		return nil
 	}
-	var errs []error
+	err := e.settleLocked(ctx)
+	return errors.Join(err, e.stopLocked(false))
+}
+
+// settleBound bounds how long Settle waits for the log after the requests
+// have finished: the pending touches, background events and the answers
+// to the edge's own Bind proposals.
+const settleBound = 10 * time.Second
+
+// Settle stops the edge accepting requests, lets in-flight ones finish
+// (until ctx is done), then flushes the pending touches and background
+// events and awaits the answers to its Bind proposals (within
+// settleBound), so that a stop keeps the placements of the requests it
+// served. The node keeps running: a deployment stopping every edge settles
+// them all before it closes any, as a Bind needs its leader. Idempotent;
+// Close settles an edge not settled yet.
+func (e *Edge) Settle(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stopped {
+		return nil
+	}
+	return e.settleLocked(ctx)
+}
+
+func (e *Edge) settleLocked(ctx context.Context) error {
+	if e.settled {
+		return nil
+	}
+	e.settled = true
+	var err error
+	e.flow.Close() // requests waiting for the fleet go to another edge now
 	if e.http.srv != nil {
-		if err := e.http.srv.Shutdown(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("edge: http shutdown: %w", err))
+		if err = e.http.srv.Shutdown(ctx); err != nil {
+			err = fmt.Errorf("edge: http shutdown: %w", err)
 			e.http.srv.Close()
 		}
 	}
 	if e.node != nil {
-		fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		fctx, cancel := context.WithTimeout(ctx, settleBound)
 		e.touches.Flush(fctx)
 		e.recorder.Flush(fctx)
 		e.awaitPlacements(fctx)
 		cancel()
 	}
-	if err := e.stopLocked(false); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return err
 }
 
 // awaitPlacements waits, until ctx is done, for the log's answer to the
@@ -399,6 +447,7 @@ func (e *Edge) Kill() {
 func (e *Edge) stopLocked(abrupt bool) error {
 	e.stopped = true
 	var errs []error
+	e.flow.Close()
 	if e.http.srv == nil && e.http.ln != nil {
 		e.http.ln.Close() // Start failed before serving
 	}
@@ -428,6 +477,7 @@ func (e *Edge) stopLocked(abrupt bool) error {
 	} else if e.deps.ClusterListener != nil {
 		e.deps.ClusterListener.Close()
 	}
+	e.nats.pub.Close()
 	if e.nats.conn != nil {
 		e.nats.conn.Close()
 	}

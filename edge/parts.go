@@ -13,7 +13,9 @@ import (
 	"github.com/tether-project/tether/edge/api"
 	"github.com/tether-project/tether/edge/catalog"
 	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/edge/flow"
 	"github.com/tether-project/tether/edge/leader"
+	"github.com/tether-project/tether/edge/natspub"
 	"github.com/tether-project/tether/edge/readiness"
 	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
@@ -119,6 +121,8 @@ func (p proposalsEdge) Node() *cluster.Node { return p.e.node }
 
 func (p proposalsEdge) NATS() *nats.Conn { return p.e.nats.conn }
 
+func (p proposalsEdge) Publisher() *natspub.Publisher { return p.e.nats.pub }
+
 // readinessEdge is the edge as its readiness reads it (readiness.Edge).
 type readinessEdge struct{ e *Edge }
 
@@ -149,9 +153,33 @@ type admissionEdge struct{ e *Edge }
 
 func (a admissionEdge) Stalled(now time.Time) string { return a.e.ready.Stalled(now) }
 
+func (a admissionEdge) Isolated(now time.Time) string { return a.e.ready.Isolated(now) }
+
 func (a admissionEdge) RetryHint() time.Duration { return a.e.router.RetryHint() }
 
 func (a admissionEdge) Now() time.Time { return a.e.now() }
+
+// flowEdge is the edge as its flow control reads it (flow.Edge).
+type flowEdge struct{ e *Edge }
+
+// Headroom is the least of model's fleets' (flow.Headroom) over its routing
+// views built afresh; Unlimited for a model this edge does not serve.
+func (f flowEdge) Headroom(model string, now time.Time) int {
+	m, _, ok := f.e.catalogue.Lookup(model)
+	if !ok {
+		return flow.Unlimited
+	}
+	vs := f.e.router.FreshViews(m, now)
+	h := flow.Unlimited
+	for _, fl := range m.Cfg.ServedFleets() {
+		h = min(h, flow.Headroom(vs.Fleet(fl), f.e.cfg.FlowControl.QueuePerRank))
+	}
+	return h
+}
+
+func (f flowEdge) NATS() *nats.Conn { return f.e.nats.conn }
+
+func (f flowEdge) Now() time.Time { return f.e.now() }
 
 // routeEdge is the edge as its router reads it (route.Edge).
 type routeEdge struct{ e *Edge }
@@ -214,3 +242,5 @@ type dispatchEdge struct{ e *Edge }
 func (d dispatchEdge) Fleet() *fleetview.View { return d.e.fleet }
 
 func (d dispatchEdge) NATS() *nats.Conn { return d.e.nats.conn }
+
+func (d dispatchEdge) Publisher() *natspub.Publisher { return d.e.nats.pub }

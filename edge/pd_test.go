@@ -44,6 +44,8 @@ type pdOptions struct {
 	prefill func(name string) oaiserve.PDOptions
 	decode  func(name string) oaiserve.PDOptions
 	gate    func(name string) func(int) // decode stream gates
+	// responsesStore: vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1.
+	responsesStore bool
 }
 
 func startPD(t *testing.T, kind EngineKind, o pdOptions) *pdSetup {
@@ -57,7 +59,8 @@ func startPD(t *testing.T, kind EngineKind, o pdOptions) *pdSetup {
 			ev, bs = &oaiserve.KVEventsOptions{Replay: true}, testBlockSize
 		}
 		if kind == EngineVLLM {
-			srv = vllm.Start(vllm.Options{Model: testModel, DataParallelSize: o.dp, PromptTokensDetails: true, BlockSize: bs, KVEvents: ev, PD: &pd, StreamGate: gate})
+			srv = vllm.Start(vllm.Options{Model: testModel, DataParallelSize: o.dp, PromptTokensDetails: true, BlockSize: bs, KVEvents: ev, PD: &pd, StreamGate: gate,
+				ResponsesStore: o.responsesStore})
 		} else {
 			srv = sglang.Start(sglang.Options{Model: testModel, DPSize: o.dp, CacheReport: true, FastHealth: true, PageSize: bs, KVEvents: ev, PD: &pd, StreamGate: gate})
 		}
@@ -698,26 +701,5 @@ func TestPDPrefillPlacementFollowsTheKVEvents(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// A prefill/decode split relays chat and completions; the Messages and
-// Responses APIs are answered 501 in their own error shapes, naming the
-// split, and reach no server.
-func TestPDAgentAPIsNotSplit(t *testing.T) {
-	s := startPD(t, EngineVLLM, pdOptions{dp: 1})
-	for _, c := range []struct{ path, body string }{
-		{"/v1/messages", `{"model":"test-model","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`},
-		{"/v1/responses", `{"model":"test-model","input":"hi"}`},
-	} {
-		r := do(t, s.c, http.MethodPost, s.ec.edge(0).url()+c.path, []byte(c.body), map[string]string{"Content-Type": "application/json"})
-		if r.status != http.StatusNotImplemented || !strings.Contains(string(r.body), "prefill/decode split") {
-			t.Fatalf("%s through a split: %d %s", c.path, r.status, r.body)
-		}
-	}
-	for name, srv := range s.prefill {
-		if n := len(srv.Served()); n != 0 {
-			t.Fatalf("prefill server %s served %d requests", name, n)
-		}
 	}
 }

@@ -72,8 +72,15 @@ func TestRankObservedOnlyAtFeatureLevel2(t *testing.T) {
 			t.Fatalf("edge-%d emitted RankObserved at cluster level 1", i+1)
 		}
 	}
-	if b, ok := binding(t, c, ec.edge(0), fsm.FleetContext, a.session); !ok || b.Rank != nil {
-		t.Fatalf("binding at level 1: %+v (found %v), want no rank", b, ok)
+	// The Bind is proposed beside the first request: wait for it.
+	var b admin.BindingInfo
+	waitFor(t, "the conversation's binding committed", 10*time.Second, func() bool {
+		var ok bool
+		b, ok = binding(t, c, ec.edge(0), fsm.FleetContext, a.session)
+		return ok
+	})
+	if b.Rank != nil {
+		t.Fatalf("binding at level 1: %+v, want no rank", b)
 	}
 
 	// Upgrade edge-3: restarted at this build's level.

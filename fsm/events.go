@@ -68,6 +68,9 @@ const (
 	// TypeEvidence is informational like Annotation (audit only, no effect
 	// on state): a build that does not know it skips it.
 	TypeEvidence EventType = FlagIgnoreUnknown | 12
+	// TypeCacheAnswers is informational (audit only, no effect on state):
+	// engines' answers about their prefix caches beside the index's claims.
+	TypeCacheAnswers EventType = FlagIgnoreUnknown | 14
 )
 
 // Optional reports whether the ignore-if-unknown bit is set.

@@ -27,6 +27,8 @@ var kinds = [...]*kind{
 	// Evidence is optional and has no effect on state, so no level gates it:
 	// a node that does not know it skips it and its state is the same.
 	register("Evidence", FeatureLevelBase, rules[Evidence]{encodeEvidence, decodeEvidence, (*txn).evidence, evidenceKeys, describeEvidence}),
+	// CacheAnswers likewise (answers.go).
+	register("CacheAnswers", FeatureLevelBase, rules[CacheAnswers]{encodeCacheAnswers, decodeCacheAnswers, (*txn).cacheAnswers, nil, describeCacheAnswers}),
 }
 
 // kind is one row of the table, with the per-type functions behind the

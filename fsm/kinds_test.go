@@ -25,6 +25,7 @@ func TestEveryKindIsComplete(t *testing.T) {
 		RankObserved{Fleet: FleetContext, Key: "k", Epoch: 3, Rank: 1},
 		InstanceDrain{Instance: "i", Drain: true, Source: "operator"},
 		Evidence{Fleet: FleetContext, Key: "k", RequestID: "r", Rule: "kv_aware", Candidates: []EvidenceCandidate{{Instance: "i", CachedBlocks: 2, Flags: EvidenceChosen}}},
+		CacheAnswers{Edge: "e", Answers: []CacheAnswer{{Fleet: FleetContext, Instance: "i", Source: KVSourceShadow, BlockSize: 16, PromptTokens: 40, PredictedTokens: 32, Prefix: []uint32{1, 2}}}},
 	}
 	if len(samples) != len(kinds) {
 		t.Fatalf("%d samples for %d kinds: add a sample for the new event type", len(samples), len(kinds))

@@ -158,7 +158,8 @@ func (p Priority) String() string {
 var ErrUnknownPriority = errors.New("unknown priority")
 
 // ParsePriority parses a priority value: "" (absent) is PriorityNormal;
-// "interactive" and "background" (any case, trimmed) are accepted; anything
+// "interactive" and "background" (any case, trimmed) are accepted, and
+// "batch" is background (the edge's flow control calls its band so); anything
 // else is an error wrapping ErrUnknownPriority, which the edge answers with
 // 400. Rejecting rather than defaulting is deliberate: the header is opt-in,
 // so only a client that meant to set it sends it, and a typo that silently
@@ -169,10 +170,10 @@ func ParsePriority(s string) (Priority, error) {
 		return PriorityNormal, nil
 	case "interactive":
 		return PriorityInteractive, nil
-	case "background":
+	case "background", "batch":
 		return PriorityBackground, nil
 	}
-	return PriorityNormal, fmt.Errorf("%w %q (allowed: interactive, background)", ErrUnknownPriority, s)
+	return PriorityNormal, fmt.Errorf("%w %q (allowed: interactive, batch, background)", ErrUnknownPriority, s)
 }
 
 // PriorityFromHeader parses the PriorityHeader of h (first non-blank value),

@@ -55,7 +55,7 @@ func TestParseScope(t *testing.T) {
 }
 
 func TestParsePriority(t *testing.T) {
-	for in, want := range map[string]Priority{"": PriorityNormal, " Interactive": PriorityInteractive, "background": PriorityBackground} {
+	for in, want := range map[string]Priority{"": PriorityNormal, " Interactive": PriorityInteractive, "background": PriorityBackground, "BATCH": PriorityBackground} {
 		if got, err := ParsePriority(in); err != nil || got != want {
 			t.Errorf("ParsePriority(%q) = %v, %v", in, got, err)
 		}
@@ -66,7 +66,7 @@ func TestParsePriority(t *testing.T) {
 	}
 	h := http.Header{}
 	h.Set("x-tether-priority", "high")
-	if _, err := PriorityFromHeader(h); err == nil || !strings.Contains(err.Error(), PriorityHeader) || !strings.Contains(err.Error(), "interactive, background") {
+	if _, err := PriorityFromHeader(h); err == nil || !strings.Contains(err.Error(), PriorityHeader) || !strings.Contains(err.Error(), "interactive, batch, background") {
 		t.Fatalf("header error must name the header and the allowed values: %v", err)
 	}
 	h.Set("x-tether-priority", "background")

@@ -34,10 +34,36 @@ func (d *Decider) Decide(ctx context.Context, router *Router, req Request, prev 
 		return nil, fail
 	}
 	if d.Index != nil {
+		router.predicted(h, &req, d.Index)
 		d.Index.Predict(h.Instance, req.Blocks, req.Now)
 	}
 	d.workSet(router).Note(req.workKey(), h.Instance, len(req.Blocks), req.Now)
 	return h, nil
+}
+
+// predicted sets what the index holds of req's prompt on h's instance (any
+// rank, or a live prediction): the longest run of leading blocks it holds,
+// found by bisection (a paged prefix cache holds a chain's head whenever it
+// holds a later block), whatever the decision was (a sticky turn does not
+// score the index).
+func (r *Router) predicted(h *Hop, req *Request, ix PrefixMatcher) {
+	if !r.cfg.Type.usesCache() || len(req.Blocks) == 0 || h.Instance == "" {
+		return
+	}
+	lo, hi := 0, len(req.Blocks)
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		if held, _ := ix.Holds(h.Instance, -1, req.Blocks[mid-1], req.Now); held {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	tokens := lo * r.cfg.BlockSize
+	if req.PromptTokens > 0 {
+		tokens = min(tokens, req.PromptTokens)
+	}
+	h.Predicted, h.HasPrediction = tokens, true
 }
 
 func routeFailure(f fsm.Fleet, key string, rt route, err error) *Failure {

@@ -190,7 +190,13 @@ type Hop struct {
 	URL      string
 	Rank     int // believed rank (-1 unknown); the worker's answer wins
 	Cached   int // prompt tokens believed cached on the instance
-	Outcome  string
+	// Predicted is what the KV index held of the prompt on Instance when
+	// the decision was made, before this request's own prediction (prompt
+	// tokens): the claim the engine's answer grades. HasPrediction is
+	// false when the fleet's router does not read the index.
+	Predicted     int
+	HasPrediction bool
+	Outcome       string
 	// Degraded says why, when Outcome is OutcomeDegraded.
 	Degraded string
 	Policy   string

@@ -106,7 +106,7 @@ func TestCancelEndedBackgroundResponse(t *testing.T) {
 	cfg.Engine.TimeScale = 1 // a long answer takes long
 	s := workertest.Start(t, New, cfg)
 	c := testClient(t)
-	long := post(t, c, s.URL()+"/v1/responses", `{"model":"test-model","input":"a very long answer","background":true,"max_output_tokens":4000}`, nil).json(t)["id"].(string)
+	long := post(t, c, s.URL()+"/v1/responses", `{"model":"test-model","input":"a very long answer of 4000 words","background":true,"max_output_tokens":4000}`, nil).json(t)["id"].(string)
 	for i := range 2 {
 		r := post(t, c, s.URL()+"/v1/responses/"+long+"/cancel", "", nil)
 		if r.status != 200 || r.json(t)["status"] != "cancelled" || r.json(t)["id"] != long {

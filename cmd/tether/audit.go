@@ -19,7 +19,7 @@ import (
 )
 
 func init() {
-	register("audit", "offline audit of a COPY of an edge's data dir: replay, explain KEY, verify against a live edge, export", runAudit)
+	register("audit", "offline audit of a COPY of an edge's data dir: replay, explain KEY, verify against a live edge, export, accuracy, tune", runAudit)
 }
 
 const auditUsage = `usage: tether audit <subcommand> --data-dir DIR [flags]
@@ -35,6 +35,11 @@ subcommands:
            --edge URL [--admin-token T | $TETHER_ADMIN_TOKEN] [--spot-check N] [--cacert CA.pem [--cert C --key K]]
   export   one JSON object per event for external tools
            --format ndjson [--from N] [--to N] [--out FILE]
+  accuracy the KV index's claims graded against the engines' cached tokens, per instance and per source
+           [--since RFC3339] [--until RFC3339] [--json]
+  tune     the log's requests replayed in the simulator under other weights and thresholds, ranked
+           [--set key=v1,v2 ...] [--config edge.yaml] [--fleet context|generation] [--since/--until]
+           [--capacity-blocks N] [--ranks N] [--time-scale X] [--output-tokens N] [--max-requests N] [--json]
 
 Audit reads a COPY of the data directory: a running edge holds its files locked
 (cp -r the directory, or take 'tether operator snapshot save' for the state alone).
@@ -54,10 +59,12 @@ type auditRun func(ctx context.Context, d *audit.DataDir, out io.Writer, asJSON 
 // auditCommands registers each audit subcommand: the function adds the
 // subcommand's own flags to fs and returns the step that runs it.
 var auditCommands = map[string]func(fs *flag.FlagSet) auditRun{
-	"replay":  auditReplay,
-	"explain": auditExplain,
-	"verify":  auditVerify,
-	"export":  auditExport,
+	"replay":   auditReplay,
+	"explain":  auditExplain,
+	"verify":   auditVerify,
+	"export":   auditExport,
+	"accuracy": auditAccuracy,
+	"tune":     auditTune,
 }
 
 func runAudit(ctx context.Context, args []string) error {

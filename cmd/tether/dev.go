@@ -65,7 +65,7 @@ type devFlags struct {
 	edges, ctxWorkers, genWorkers, ranks, port, natsPort, maxModelLen, maxLoRAs     *int
 	dataDir, adminToken, scope, model, models, loraAdapters, logLevel, engineEvents *string
 	timeScale                                                                       *float64
-	debugRoute, plaintext                                                           *bool
+	debugRoute, plaintext, flowControl                                              *bool
 	readyTimeout                                                                    *time.Duration
 }
 
@@ -91,6 +91,8 @@ func newDevFlags(fs *flag.FlagSet) *devFlags {
 		readyTimeout: fs.Duration("ready-timeout", 60*time.Second, "give up if the stack is not ready within this long"),
 		logLevel:     fs.String("log-level", "warn", "log level on standard error: debug, info, warn or error"),
 		plaintext:    fs.Bool("plaintext", false, "run without TLS (default: mutual TLS everywhere with an ephemeral CA in the data dir)"),
+		flowControl: fs.Bool("flow-control", false, "fair, fleet-wide admission (flow_control.enabled): requests the fleet cannot start wait at the edges and leave fairly across tenants (x-tether-tenant, else the API key); "+
+			"beyond a band's max_wait they get 429 (529 on /v1/messages) with Retry-After"),
 		engineEvents: fs.String("engine-events", "", "vllm: run the workers as proxies in front of simulated engines publishing vLLM-format ZeroMQ KV events (the real-engine path); empty: the simulated engine in each worker"),
 	}
 }
@@ -132,6 +134,9 @@ func (f *devFlags) options() (devstack.Options, error) {
 		Scope: sc, TimeScale: *f.timeScale, HideRouteHeader: !*f.debugRoute, Version: version, MutualTLS: !*f.plaintext,
 		EngineEvents: *f.engineEvents, ExtraModels: extraModels, Adapters: adapters, MaxLoRAs: *f.maxLoRAs,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+	}
+	if *f.flowControl {
+		opts.EdgeConfig = func(_ int, c *edge.Config) { c.FlowControl.Enabled = true }
 	}
 	// Zero counts would silently mean "default" to devstack; on the
 	// command line they are mistakes (--generation-workers 0 asks for the

@@ -9,6 +9,7 @@ import (
 	"github.com/tether-project/tether/ops/audit"
 	"github.com/tether-project/tether/ops/bench"
 	"github.com/tether-project/tether/ops/operator"
+	"github.com/tether-project/tether/ops/tune"
 )
 
 var snakeCase = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
@@ -65,6 +66,7 @@ func TestJSONOutputIsSnakeCase(t *testing.T) {
 		operator.InstanceList{}, operator.DrainResult{},
 		operator.SnapshotReport{}, audit.Explanation{}, audit.Summary{}, audit.OutcomeMismatch{},
 		bench.Report{}, bench.E2EComparison{}, bench.AgentsReport{},
+		audit.AccuracyReport{}, tune.Report{},
 	} {
 		typ := reflect.TypeOf(v)
 		checkJSONNames(t, typ, typ.Name(), map[reflect.Type]bool{})

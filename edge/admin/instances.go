@@ -6,7 +6,7 @@ import (
 
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/fsm"
-	"github.com/tether-project/tether/internal/telemetry"
+	"github.com/tether-project/tether/routing/breaker"
 	"github.com/tether-project/tether/routing/kvindex"
 )
 
@@ -40,8 +40,17 @@ type InstanceInfo struct {
 	ActivePromptTokens int64      `json:"active_prompt_tokens"`
 	HitRate            float64    `json:"hit_rate"`
 	Breaker            string     `json:"breaker"`
-	Bindings           int        `json:"bindings"`
-	KVStale            bool       `json:"kv_stale"`
+	// Degraded: the instance's cache circuit breaker is open, so placement
+	// does not credit its cache; BreakerReason says why it opened while it
+	// is open or half-open (hit_rate: its hit rate fell; index_disagrees:
+	// the KV index claimed blocks the engine did not have).
+	Degraded      bool   `json:"degraded"`
+	BreakerReason string `json:"breaker_reason,omitempty"`
+	// IndexAccuracy grades the KV index's claims for the instance against
+	// the engines' answers (every edge's) over the breaker's window.
+	IndexAccuracy IndexAccuracy `json:"index_accuracy"`
+	Bindings      int           `json:"bindings"`
+	KVStale       bool          `json:"kv_stale"`
 	// TelemetryStale: the edge's NATS link is (or just was) down; the
 	// load figures are from before and health comes from probes.
 	TelemetryStale bool `json:"telemetry_stale"`
@@ -93,6 +102,26 @@ type InstanceKV struct {
 	LastSeq uint64 `json:"last_seq"`
 }
 
+// IndexAccuracy is an instance's graded answers: for each request placed
+// by the KV index, what the index claimed the instance held of the prompt
+// against the engine's cached tokens.
+type IndexAccuracy struct {
+	// Source is where the index learns the instance's cache (as KV.Source).
+	Source string `json:"source"`
+	// WindowSeconds is the breaker's window the figures cover.
+	WindowSeconds float64 `json:"window_seconds"`
+	Answers       int     `json:"answers"`
+	// WithinOneBlock: share of the answers whose claim was within one
+	// block of the engine's figure; MeanAbsErrorBlocks their mean error.
+	WithinOneBlock     float64 `json:"within_one_block"`
+	MeanAbsErrorBlocks float64 `json:"mean_abs_error_blocks"`
+	// Claims: the breaker's last claims (answers the index claimed at
+	// least one block for) in the window, ConfirmedClaims of them held by
+	// the engine.
+	Claims          int `json:"claims"`
+	ConfirmedClaims int `json:"confirmed_claims"`
+}
+
 // RankKV is one rank's stored blocks in the KV index.
 type RankKV struct {
 	Rank   int   `json:"rank"`
@@ -101,17 +130,7 @@ type RankKV struct {
 
 // kvInfo describes what the index knows of an instance, and from where.
 func kvInfo(kv kvindex.InstanceKV, known bool, in fleetview.Instance) InstanceKV {
-	out := InstanceKV{Source: KVSourcePredictionsOnly, Ranks: []RankKV{}}
-	switch {
-	case in.EngineEvents:
-		out.Source = KVSourceEngineEvents
-	case known && kv.Approximate:
-		out.Source = KVSourceShadow
-	case in.Telemetry && in.KVSource == telemetry.KVSourceEngineEvents:
-		out.Source = KVSourceEngineEvents
-	case in.Telemetry && in.KVSource == "":
-		out.Source = KVSourceTetherWorker
-	}
+	out := InstanceKV{Source: fleetview.KVSourceOf(in, kv, known).String(), Ranks: []RankKV{}}
 	if !known {
 		return out
 	}
@@ -156,6 +175,10 @@ func (a *API) instances(w http.ResponseWriter, r *http.Request) int {
 		}
 		kv, known := a.edge.Fleet().Index().Instance(in.ID)
 		info.KV = kvInfo(kv, known, in)
+		info.Degraded, info.BreakerReason = in.Breaker == breaker.Open, in.BreakerReason.String()
+		acc := in.Accuracy
+		info.IndexAccuracy = IndexAccuracy{Source: info.KV.Source, WindowSeconds: a.edge.Fleet().BreakerWindow().Seconds(), Answers: acc.Graded,
+			WithinOneBlock: acc.WithinShare(), MeanAbsErrorBlocks: acc.MeanAbsErrorBlocks, Claims: acc.Claims, ConfirmedClaims: acc.Confirmed}
 		if !in.LastSeen.IsZero() {
 			age := now.Sub(in.LastSeen).Seconds()
 			info.TelemetryAgeSecond = &age
@@ -172,7 +195,8 @@ func (a *API) instances(w http.ResponseWriter, r *http.Request) int {
 			out = append(out, InstanceInfo{ID: rec.ID, Fleet: rec.Fleet.String(), URL: rec.URL, LogStatus: rec.Status.String(),
 				Draining: rec.Status == fsm.InstanceDraining || rec.Drained, Drained: rec.Drained, DrainedSince: drainedSince(rec),
 				Version: rec.Version, FeatureLevel: int(rec.FeatureLevel), Ranks: int(rec.Ranks), Breaker: "closed",
-				Bindings: st.BindingCount(rec.Fleet, rec.ID), KV: kvInfo(kvindex.InstanceKV{}, false, fleetview.Instance{})})
+				Bindings: st.BindingCount(rec.Fleet, rec.ID), KV: kvInfo(kvindex.InstanceKV{}, false, fleetview.Instance{}),
+				IndexAccuracy: IndexAccuracy{Source: fsm.KVSourcePredictionsOnly.String()}})
 		}
 	}
 	writeJSON(w, http.StatusOK, struct {

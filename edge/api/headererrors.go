@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"log"
 	"net"
@@ -14,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/tether-project/tether/edge/config"
+	"github.com/tether-project/tether/internal/apireq"
 )
 
 // Requests net/http cannot parse — a control character (NUL, a bare CR)
@@ -23,7 +23,10 @@ import (
 // ("HTTP/1.1 400 Bad Request", Content-Type text/plain) straight to the
 // connection and closes it. apiErrorConn sits between the server and the
 // connection and rewrites exactly those answers into the API's JSON error
-// shape, with the same status. It recognises them by their fixed form:
+// shape of the request's path (Anthropic's on the Messages paths, OpenAI's
+// elsewhere: the path is read from the request line the connection
+// delivered, requestLines), with the same status. It recognises them by
+// their fixed form:
 // the status line followed directly by Content-Type text/plain and
 // Connection: close, in one write; a response a handler writes always
 // carries a Date and its headers sorted (Connection before Content-Type),
@@ -40,36 +43,78 @@ import (
 const serverErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
 // Listener wraps every accepted connection of the API's listener in an
-// apiErrorConn.
-type Listener struct{ net.Listener }
+// apiErrorConn; with TLS set it serves TLS on the accepted connections
+// (as tls.NewListener does), keeping what a client sent first so a
+// plain-HTTP request to the TLS port is answered in its path's shape.
+type Listener struct {
+	net.Listener
+	TLS *tls.Config
+}
 
 func (l Listener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	ac := &apiErrorConn{Conn: c}
+	var first *firstBytes
+	if l.TLS != nil {
+		first = &firstBytes{Conn: c}
+		c = tls.Server(first, l.TLS)
+	}
+	ac := &apiErrorConn{Conn: c, first: first}
 	if tc, ok := c.(*tls.Conn); ok {
 		ac.tls = tc
 	}
 	return ac, nil
 }
 
+// firstBytes keeps the first lineTailBytes a connection delivers (under
+// TLS: the start of the client's first record, or of a plain-HTTP
+// request).
+type firstBytes struct {
+	net.Conn
+	mu   sync.Mutex
+	head []byte
+}
+
+func (f *firstBytes) Read(b []byte) (int, error) {
+	n, err := f.Conn.Read(b)
+	f.mu.Lock()
+	if room := lineTailBytes - len(f.head); room > 0 {
+		f.head = append(f.head, b[:min(n, room)]...)
+	}
+	f.mu.Unlock()
+	return n, err
+}
+
+func (f *firstBytes) bytes() []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]byte(nil), f.head...)
+}
+
 type apiErrorConn struct {
 	net.Conn
-	tls *tls.Conn // the TLS connection, when the listener serves TLS
+	tls   *tls.Conn   // the TLS connection, when the listener serves TLS
+	first *firstBytes // under it, what the client sent first (Listener.TLS set)
 
 	mu        sync.Mutex
 	plainHTTP net.Conn // set when a plain-HTTP request reached the TLS port: answer on it
+	lines     requestLines
 }
 
 func (c *apiErrorConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lines.feed(b[:n])
 	var rh tls.RecordHeaderError
 	if err != nil && c.tls != nil && errors.As(err, &rh) && rh.Conn != nil && looksLikeHTTP(rh.RecordHeader) {
-		c.mu.Lock()
 		c.plainHTTP = rh.Conn
-		c.mu.Unlock()
+		c.lines = requestLines{}
+		if c.first != nil {
+			c.lines.feed(c.first.bytes())
+		}
 	}
 	return n, err
 }
@@ -91,11 +136,12 @@ func (c *apiErrorConn) Write(b []byte) (int, error) {
 	}
 	c.mu.Lock()
 	raw := c.plainHTTP
+	d := c.lines.dialect()
 	c.mu.Unlock()
-	out, resp := c.Conn, serverErrorJSON(status, text)
+	out, resp := c.Conn, serverErrorJSON(status, text, d)
 	if raw != nil {
 		// The client speaks plain HTTP: answer it in plain HTTP.
-		out, resp = raw, apiErrorResponse(http.StatusBadRequest, "https_required", "the client sent an HTTP request to an HTTPS server: this port serves HTTPS only")
+		out, resp = raw, apiErrorResponse(http.StatusBadRequest, "https_required", "the client sent an HTTP request to an HTTPS server: this port serves HTTPS only", d)
 	}
 	if _, err := out.Write(resp); err != nil {
 		return 0, err
@@ -136,8 +182,8 @@ func parseServerError(b []byte) (int, string, bool) {
 }
 
 // serverErrorJSON is the whole HTTP response for a request the server
-// could not parse, in the API's error shape.
-func serverErrorJSON(status int, text string) []byte {
+// could not parse, in dialect d's error shape.
+func serverErrorJSON(status int, text string, d apireq.Dialect) []byte {
 	code, msg := "malformed_request", ""
 	switch status {
 	case http.StatusRequestHeaderFieldsTooLarge:
@@ -152,16 +198,19 @@ func serverErrorJSON(status int, text string) []byte {
 	if _, detail, ok := strings.Cut(text, ": "); ok && detail != "" {
 		msg += " (" + detail + ")"
 	}
-	return apiErrorResponse(status, code, msg)
+	return apiErrorResponse(status, code, msg, d)
 }
 
 // apiErrorResponse is a whole HTTP response carrying an
-// invalid_request_error; the connection closes after it.
-func apiErrorResponse(status int, code, msg string) []byte {
-	body, _ := json.Marshal(struct {
-		Error Error `json:"error"`
-	}{Error{Message: msg, Type: "invalid_request_error", Code: code}})
-	body = append(body, '\n')
+// invalid_request_error in dialect d's shape (Messages: Anthropic's
+// {"type":"error","error":{"type","message"}}, whatever the status: every
+// such refusal is the request's fault; others: OpenAI's object with its
+// code); the connection closes after it.
+func apiErrorResponse(status int, code, msg string, d apireq.Dialect) []byte {
+	// The type is fixed: 400 is already invalid_request_error in either
+	// shape, and a 431, 501 or 505 answers a malformed request too.
+	e := Error{Status: http.StatusBadRequest, Message: msg, Type: "invalid_request_error", Code: code}
+	body := append(e.JSON(d), '\n')
 	var b bytes.Buffer
 	b.WriteString("HTTP/1.1 " + strconv.Itoa(status) + " " + http.StatusText(status) + "\r\n")
 	b.WriteString("Content-Type: application/json\r\n")

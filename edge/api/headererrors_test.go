@@ -95,11 +95,7 @@ func startServer(t *testing.T, tlsCfg *tls.Config) (addr string, chat func() int
 	}
 	cfg := config.DefaultConfig()
 	srv := NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) }), &cfg, nil)
-	var inner net.Listener = ln
-	if tlsCfg != nil {
-		inner = tls.NewListener(ln, tlsCfg)
-	}
-	go func() { _ = srv.Serve(Listener{Listener: inner}) }()
+	go func() { _ = srv.Serve(Listener{Listener: ln, TLS: tlsCfg}) }()
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String(), func() int {
 		resp, err := http.Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json", strings.NewReader(`{}`))
@@ -135,12 +131,15 @@ func TestHeaderLevelErrorsOverTLS(t *testing.T) {
 		}
 		w.WriteHeader(204)
 	}), ConnContext: ConnContext, MaxHeaderBytes: 1 << 20, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(Listener{Listener: tls.NewListener(ln, srvTLS)}) }()
+	go func() { _ = srv.Serve(Listener{Listener: ln, TLS: srvTLS}) }()
 	defer srv.Close()
 	clientTLS := &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
 	dialTLS := func() (net.Conn, error) { return tls.Dial("tcp", ln.Addr().String(), clientTLS) }
 
 	checkAPIError(t, rawExchange(t, dialTLS, "POST /v1/chat/completions HTTP/1.1\r\nHost: edge\r\nX-Junk: a\x00b\r\nContent-Length: 0\r\n\r\n"), 400, "malformed_request")
+	anthropicError(t, rawExchange(t, dialTLS, "POST /v1/messages HTTP/1.1\r\nHost: edge\r\nX-Junk: a\x00b\r\nContent-Length: 0\r\n\r\n"), 400)
+	anthropicError(t, rawExchange(t, func() (net.Conn, error) { return net.Dial("tcp", ln.Addr().String()) },
+		"POST /v1/messages HTTP/1.1\r\nHost: edge\r\nContent-Length: 0\r\n\r\n"), 400)
 	msg := checkAPIError(t, rawExchange(t, func() (net.Conn, error) { return net.Dial("tcp", ln.Addr().String()) },
 		"POST /v1/chat/completions HTTP/1.1\r\nHost: edge\r\nContent-Length: 0\r\n\r\n"), 400, "https_required")
 	if !strings.Contains(msg, "HTTPS") {
@@ -155,5 +154,130 @@ func TestHeaderLevelErrorsOverTLS(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 204 {
 		t.Errorf("a handler behind apiErrorConn saw no r.TLS (status %d)", resp.StatusCode)
+	}
+}
+
+// anthropicError asserts body is Anthropic's error shape
+// ({"type":"error","error":{"type","message"}}) with type invalid_request_error.
+func anthropicError(t *testing.T, resp *http.Response, status int) {
+	t.Helper()
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != status {
+		t.Fatalf("status %d, want %d: %s", resp.StatusCode, status, b)
+	}
+	var e struct {
+		Type  string `json:"type"`
+		Error *struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(b, &e); err != nil || e.Type != "error" || e.Error == nil || e.Error.Type != "invalid_request_error" || e.Error.Message == "" {
+		t.Fatalf("not Anthropic's error shape (%v): %s", err, b)
+	}
+}
+
+// A header-level refusal takes the shape of the refused request's path:
+// Anthropic's on the Messages paths (with a query, in absolute form, after
+// another API's request on the same connection), OpenAI's elsewhere (also
+// after a Messages request on the same connection); a plain-HTTP request to
+// the TLS port as well.
+func TestHeaderLevelErrorsInThePathsShape(t *testing.T) {
+	addr, _ := startServer(t, nil)
+	dial := func() (net.Conn, error) { return net.Dial("tcp", addr) }
+	bad := "Host: edge\r\nX-Junk: a\x00b\r\nContent-Length: 0\r\n\r\n"
+	good := func(path string) string {
+		return "POST " + path + " HTTP/1.1\r\nHost: edge\r\nContent-Length: 2\r\n\r\n{}"
+	}
+	for _, c := range []struct {
+		name, req string
+		messages  bool
+		status    int
+	}{
+		{"messages", "POST /v1/messages HTTP/1.1\r\n" + bad, true, 400},
+		{"messages with a query", "POST /v1/messages?beta=true HTTP/1.1\r\n" + bad, true, 400},
+		{"count_tokens", "POST /v1/messages/count_tokens HTTP/1.1\r\n" + bad, true, 400},
+		{"absolute form", "POST http://edge/v1/messages HTTP/1.1\r\n" + bad, true, 400},
+		{"messages, an unknown transfer coding", "POST /v1/messages HTTP/1.1\r\nHost: edge\r\nTransfer-Encoding: gzip\r\n\r\n", true, 501},
+		{"messages after chat on the connection", good("/v1/chat/completions") + "POST /v1/messages HTTP/1.1\r\n" + bad, true, 400},
+		{"responses", "POST /v1/responses HTTP/1.1\r\n" + bad, false, 400},
+		{"chat after messages on the connection", good("/v1/messages") + "POST /v1/chat/completions HTTP/1.1\r\n" + bad, false, 400},
+		{"a path below messages' that is none of its", "POST /v1/messagesx HTTP/1.1\r\n" + bad, false, 400},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c0, err := dial()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c0.Close()
+			_ = c0.SetDeadline(time.Now().Add(10 * time.Second))
+			go func() { _, _ = io.WriteString(c0, c.req) }()
+			br := bufio.NewReader(c0)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Count(c.req, "POST ") == 2 { // the good request's answer first
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Fatalf("the well-formed request: %d", resp.StatusCode)
+				}
+				if resp, err = http.ReadResponse(br, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if c.messages {
+				anthropicError(t, resp, c.status)
+			} else {
+				checkAPIError(t, resp, c.status, "malformed_request")
+			}
+		})
+	}
+}
+
+// requestLines finds the last request line's path however the bytes are
+// cut into reads, and never takes a body's line or a header for one.
+func TestRequestLinesAcrossReads(t *testing.T) {
+	stream := "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 5009\r\n\r\n" + strings.Repeat("z", 5000) +
+		"{\"a\":1}POST /v1/messages?beta=true HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n" +
+		"{\"a\":\"GET /v1/chat/completions\"}\nPUT /x\n" + strings.Repeat("z", 5000) + "\n"
+	for _, size := range []int{1, 2, 3, 7, 64, 4096, len(stream)} {
+		var s requestLines
+		for i := 0; i < len(stream); i += size {
+			s.feed([]byte(stream[i:min(i+size, len(stream))]))
+		}
+		if s.path != "/v1/messages" || s.dialect().String() != "messages" {
+			t.Errorf("reads of %d bytes: path %q, dialect %s", size, s.path, s.dialect())
+		}
+	}
+	for line, want := range map[string]string{
+		"GET /v1/responses/resp_1 HTTP/1.1":                            "/v1/responses/resp_1",
+		"POST https://edge:8000/v1/messages/count_tokens?x=1 HTTP/1.1": "/v1/messages/count_tokens",
+		`{"model":"m"}POST /v1/messages HTTP/1.1`:                      "/v1/messages",
+		"POST /v1/messages HTTP/9.1":                                   "/v1/messages",
+		"POST /v1/messages/" + strings.Repeat("a", 400) + " HTTP/1.1":  "",
+		"post /v1/messages HTTP/1.1":                                   "-",
+		"POST /v1/messages":                                            "-",
+		"POST /v1/messages SPDY/3":                                     "-",
+		"X-Junk: /v1/messages HTTP/1.1":                                "-",
+		"HTTP/1.1 200 OK":                                              "-",
+	} {
+		if want == "" { // a request line whose target is longer than the kept tail
+			var s requestLines
+			s.path = "/v1/messages"
+			s.feed([]byte(line + "\r\n"))
+			if s.path != "" {
+				t.Errorf("%.60q: path %q, want none", line, s.path)
+			}
+			continue
+		}
+		if want == "-" {
+			want = ""
+		}
+		got, ok := parseRequestLine([]byte(line), false)
+		if got != want || ok != (want != "") {
+			t.Errorf("%.60q: %q %v, want %q", line, got, ok, want)
+		}
 	}
 }

@@ -11,20 +11,24 @@ import (
 )
 
 // Serves answers 501 for a dialect the fleets of model m do not serve
-// (nil: served): trtllm-serve's disaggregated server serves only
+// (nil: served). trtllm-serve's disaggregated server serves only
 // /v1/completions and /v1/chat/completions
 // (tensorrt_llm/serve/openai_disagg_server.py register_routes), and the
-// edge does not translate one API into another.
+// edge does not translate one API into another. A vLLM split serves every
+// API: Messages and Responses carry kv_transfer_params as chat does
+// (edge/disagg agentapis.go). An SGLang split serves neither Messages nor
+// Responses: their request models carry no bootstrap fields
+// (python/sglang/srt/entrypoints/anthropic/protocol.py,
+// openai/protocol.py ResponsesRequest), and a split server refuses a
+// request without a bootstrap room.
 func (m *Model) Serves(d apireq.Dialect) *api.Error {
 	if d != apireq.Messages && d != apireq.Responses {
 		return nil
 	}
-	if kind := m.Cfg.PDEngine(); kind != "" {
-		// The split's handoff fields (kv_transfer_params, bootstrap_*) are
-		// those of the completions APIs the engines' own proxies relay.
+	if m.Cfg.PDEngine() == config.EngineSGLang {
 		return api.NewError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
-			"the fleets of model %q are a %s prefill/decode split, which tether relays for /v1/completions and /v1/chat/completions only; the %s API (%s) is not split: send chat completions, or serve it from an aggregated fleet (docs/engines.md)",
-			httpjson.Clip(m.Name, 200), kind, d, d.Path())
+			"the fleets of model %q are an SGLang prefill/decode split, and SGLang's %s API (%s) carries no bootstrap fields (bootstrap_host, bootstrap_port, bootstrap_room), so its servers cannot hand a request off through it: send chat completions, or serve it from an aggregated fleet or a vLLM split (docs/engines.md)",
+			httpjson.Clip(m.Name, 200), d, d.Path())
 	}
 	if !m.TRTLLM() {
 		return nil
@@ -34,9 +38,19 @@ func (m *Model) Serves(d apireq.Dialect) *api.Error {
 		httpjson.Clip(m.Name, 200), d, d.Path())
 }
 
+// ServesRequest is Serves for a parsed request: a Messages count_tokens
+// request generates nothing, and every server of a split counts tokens
+// (vLLM's and SGLang's /v1/messages/count_tokens need no handoff).
+func (m *Model) ServesRequest(p *apireq.Request) *api.Error {
+	if p.CountTokens && m.Cfg.PDEngine() != "" {
+		return nil
+	}
+	return m.Serves(p.Dialect)
+}
+
 // ByIDServed answers 501 to a request by response id when no model's
-// fleets serve the Responses API (trtllm-serve, prefill/decode splits): no
-// such id can have been minted. Otherwise (nil) the id names the instance
+// fleets serve the Responses API (trtllm-serve, SGLang splits): no such id
+// can have been minted. Otherwise (nil) the id names the instance
 // that holds it.
 func (e *Catalogue) ByIDServed() *api.Error {
 	for _, m := range e.models {
@@ -61,7 +75,7 @@ func (m *Model) ServesConversations() *api.Error {
 	if aerr := m.Serves(apireq.Responses); aerr != nil {
 		return aerr
 	}
-	if m.Cfg.EngineAggregated() {
+	if m.Cfg.EngineAggregated() || m.Cfg.PDEngine() != "" {
 		return api.NewError(http.StatusNotImplemented, "invalid_request_error", "unsupported_endpoint", "",
 			"the fleets of model %q are %s engines, which serve no Conversations API: run tether workers in front of them (engine.type: proxy) to hold conversations (docs/engines.md)",
 			httpjson.Clip(m.Name, 200), m.Cfg.ContextServers.Engine.Kind())

@@ -14,6 +14,8 @@ func TestAdmissionConfigErrorsNameTheKey(t *testing.T) {
 		{"admission: {max_inflight: -1}", "admission.max_inflight"},
 		{"admission: {max_inflight: 4, min_inflight: 5}", "admission.min_inflight"},
 		{"admission: {retry_after: -1s}", "admission.retry_after"},
+		{"admission: {min_cpu_share: 1.5}", "admission.min_cpu_share"},
+		{"admission: {min_cpu_share: .nan}", "admission.min_cpu_share"},
 	} {
 		if _, err := ParseConfig([]byte(base + c.yaml + "\n")); err == nil || !strings.Contains(err.Error(), c.key) {
 			t.Errorf("%s: error %v, want one naming %s", c.yaml, err, c.key)
@@ -25,7 +27,7 @@ func TestAdmissionConfigErrorsNameTheKey(t *testing.T) {
 	}
 	want := DefaultAdmissionConfig()
 	want.MaxSchedulingLatency = cfg.Cluster.Raft.LeaderLeaseTimeout / SchedulingLatencyLeaseShare
-	if cfg.Admission != want || want.MaxSchedulingLatency != 200*time.Millisecond {
+	if cfg.Admission != want || want.MaxSchedulingLatency != 200*time.Millisecond || want.MinCPUShare != 0.5 {
 		t.Errorf("defaults %+v, want %+v (a fifth of the shipped 1 s lease)", cfg.Admission, want)
 	}
 	// The bound follows a lease the file sets; a bound the file sets stays.

@@ -151,6 +151,8 @@ type Config struct {
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
 	// Admission: load shedding on the edge's own saturation (edge/admission).
 	Admission AdmissionConfig `yaml:"admission"`
+	// FlowControl: fair, fleet-wide admission across tenants (edge/flow).
+	FlowControl FlowConfig `yaml:"flow_control"`
 	// StoredResponseRetention is how long a Responses API id the edge
 	// minted routes to its response (0: as long as the engine keeps it);
 	// an older id is answered 404 without asking the engine.
@@ -443,6 +445,7 @@ func DefaultConfig() Config {
 		MaxBodyBytes:         DefaultMaxBodyBytes,
 		MaxInflightBodyBytes: DefaultMaxInflightBodyBytes,
 		Admission:            DefaultAdmissionConfig(),
+		FlowControl:          DefaultFlowConfig(),
 		UpstreamTimeout:      DefaultUpstreamTimeout,
 		MetricsAccess:        MetricsPublic,
 
@@ -609,6 +612,7 @@ func (c *Config) Validate() error {
 	n.validateFleets(p)
 	n.validateLimits(bad)
 	n.Admission.validate(bad)
+	n.FlowControl.validate(n.Admission.MaxInflight, bad)
 	n.validateGateway(bad)
 	n.validateTelemetry(bad)
 	n.validateCluster(p)
@@ -635,6 +639,7 @@ func (c *Config) Normalize() {
 		c.Cluster.BindAddr = DefaultClusterBindAddr // (unused when Deps bring a listener)
 	}
 	c.Admission.withDefaults(c.Cluster.Raft.LeaderLeaseTimeout)
+	c.FlowControl.withDefaults()
 	for _, s := range []*ServersConfig{&c.ContextServers, &c.GenerationServers} {
 		s.withDefaults()
 	}
@@ -834,8 +839,8 @@ func (c *Config) validateGateway(bad complain) {
 	if g.Enabled && len(g.CIDRs) == 0 && g.Token == "" {
 		bad("trusted_gateway", "enabled without cidrs or a token: no request could carry the parent-session header")
 	}
-	if g.Enabled && c.ParentHeader == "" && !c.ClientSubagentHeaders {
-		bad("trusted_gateway", "enabled but neither conversation_affinity_header_for_subagents nor client_subagent_headers is set: there is no header to guard")
+	if g.Enabled && c.ParentHeader == "" && !c.ClientSubagentHeaders && !c.FlowControl.Enabled {
+		bad("trusted_gateway", "enabled but neither conversation_affinity_header_for_subagents, client_subagent_headers nor flow_control is set: there is no header to guard")
 	}
 }
 

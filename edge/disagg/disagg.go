@@ -49,8 +49,7 @@ type Fields struct {
 // Dialect is what the split needs to know of one API (a request path):
 // how to ask a prefill server for the prompt's prefill alone, and how to
 // read a non-streamed answer. Chat and completions share openAIDialect;
-// another API (the Responses or Messages API, where an engine serves it
-// disaggregated) adds its own to dialects.
+// the Messages and Responses APIs have theirs (agentapis.go).
 type Dialect interface {
 	// PrefillFields are the fields set on, and removed from, the
 	// client's body top for a request that produces one token, not
@@ -58,11 +57,19 @@ type Dialect interface {
 	PrefillFields(top map[string]json.RawMessage) Fields
 	// ReadAnswer reads a non-streamed answer.
 	ReadAnswer(b []byte) (*Answer, error)
+	// Agent reports an API the engine converts to chat itself (Messages,
+	// Responses): a prefill's answer in it is never the client's (the
+	// edge renders no stream of it), and a pending prefill answer without
+	// a handoff is a release whose API predates the handoff, not a
+	// misconfigured server.
+	Agent() bool
 }
 
 var dialects = map[string]Dialect{
 	"/v1/chat/completions": openAIDialect{},
 	"/v1/completions":      openAIDialect{},
+	"/v1/messages":         messagesDialect{},
+	"/v1/responses":        responsesDialect{},
 }
 
 // DialectOf is the dialect of request path (false: the split has none).
@@ -94,6 +101,8 @@ func (openAIDialect) PrefillFields(top map[string]json.RawMessage) Fields {
 	}
 	return Fields{Set: set, Del: []string{"stream_options", "min_tokens", "min_completion_tokens"}}
 }
+
+func (openAIDialect) Agent() bool { return false }
 
 func (openAIDialect) ReadAnswer(b []byte) (*Answer, error) {
 	a := &Answer{}

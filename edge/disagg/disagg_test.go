@@ -214,8 +214,11 @@ func TestVLLMHandoff(t *testing.T) {
 		{"/v1/chat/completions", 1, `{}`, apireq.Chat, false},
 		{"/v1/chat/completions", 0, `{"n":2}`, apireq.Chat, false},
 		{"/v1/completions", 0, `{"prompt":["a","b"]}`, apireq.Completions, false},
-		{"/v1/messages", 0, `{}`, apireq.Messages, false},
-		{"/v1/responses", 0, `{}`, apireq.Responses, false},
+		{"/v1/messages", 0, `{}`, apireq.Messages, true},
+		{"/v1/responses", 0, `{}`, apireq.Responses, true},
+		{"/v1/messages", 1, `{}`, apireq.Messages, false},
+		{"/v1/responses", 1, `{}`, apireq.Responses, false},
+		{"/v1/messages/count_tokens", 0, `{}`, apireq.Messages, false},
 	} {
 		var top map[string]json.RawMessage
 		_ = json.Unmarshal([]byte(tc.top), &top)
@@ -288,6 +291,18 @@ func TestStreamEvent(t *testing.T) {
 		{`{"error":{"message":"KV transfer failed"}}`, eventError},
 		{`{"object":"error","message":"x"}`, eventError},
 		{`{"error":null,"choices":[{"delta":{"content":""}}]}`, eventOther},
+		{`{"type":"message_start","message":{"usage":{"input_tokens":3}}}`, eventOther},
+		{`{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`, eventOther},
+		{`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"w0"}}`, eventOutput},
+		{`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}`, eventOutput},
+		{`{"type":"error","error":{"type":"internal_error","message":"x"}}`, eventError},
+		{`{"type":"response.created","sequence_number":0,"response":{"usage":null}}`, eventOther},
+		{`{"type":"response.output_item.added","sequence_number":2,"item":{"type":"message"}}`, eventOther},
+		{`{"type":"response.output_text.delta","sequence_number":4,"delta":"w0"}`, eventOutput},
+		{`{"type":"response.function_call_arguments.delta","sequence_number":4,"delta":"{"}`, eventOutput},
+		{`{"type":"response.completed","sequence_number":9,"response":{}}`, eventOutput},
+		{`{"type":"error","sequence_number":1,"code":"InternalServerError","message":"x"}`, eventError},
+		{`{"type":"response.failed","sequence_number":2,"response":{}}`, eventError},
 		{`not json`, eventOther},
 	} {
 		if got := streamEvent([]byte(tc.data)); got != tc.want {
@@ -363,6 +378,86 @@ func TestSGLangBootstrapAlive(t *testing.T) {
 		// The prefill server's own port is not the bootstrap port.
 		if got := SGLangBootstrapAlive(context.Background(), "http://127.0.0.1:30000", tc.port); got != tc.want {
 			t.Errorf("%s: alive %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// The agent APIs' prefill requests: one token in the API's own field, not
+// streamed; a Responses prefill neither stored nor in the background.
+func TestAgentPrefillFields(t *testing.T) {
+	for _, tc := range []struct {
+		d    Dialect
+		want map[string]string
+	}{
+		{messagesDialect{}, map[string]string{"max_tokens": "1", "stream": "false", "kv_transfer_params": string(nixlPrefillParams)}},
+		{responsesDialect{}, map[string]string{"max_output_tokens": "1", "stream": "false", "store": "false", "background": "false",
+			"kv_transfer_params": string(nixlPrefillParams)}},
+	} {
+		f := VLLMPrefillFields(tc.d, map[string]json.RawMessage{"stream": json.RawMessage("true")})
+		got := map[string]string{}
+		for k, v := range f.Set {
+			got[k] = string(v)
+		}
+		if !maps.Equal(got, tc.want) || len(f.Del) != 0 {
+			t.Errorf("%T: sets %v, removes %v", tc.d, got, f.Del)
+		}
+	}
+}
+
+// A Messages or Responses prefill answer names its handoff as chat's does
+// (at the top level); a pending one without it is a release whose API
+// predates the field, whose decode computes the request whole; a stopped
+// one is never relayed (the decode answers in the API).
+func TestReadVLLMPrefillAgentAPIs(t *testing.T) {
+	const params = `{"do_remote_prefill":true,"remote_block_ids":[[1]],"remote_engine_id":"e","remote_request_id":"r","remote_host":"h","remote_port":5600}`
+	for _, tc := range []struct {
+		name, body string
+		d          Dialect
+		err        string
+		handoff    bool
+		finished   bool
+		text       string
+		usage      Usage
+	}{
+		{name: "message handoff", d: messagesDialect{}, handoff: true, text: "w0",
+			body: `{"id":"chatcmpl-1","type":"message","role":"assistant","content":[{"type":"text","text":"w0"}],"stop_reason":"max_tokens","usage":{"input_tokens":40,"output_tokens":1},"kv_transfer_params":` + params + `}`},
+		{name: "message with cache fields", d: messagesDialect{}, handoff: true,
+			body:  `{"type":"message","content":[],"stop_reason":"max_tokens","usage":{"input_tokens":8,"cache_read_input_tokens":32,"output_tokens":1},"kv_transfer_params":` + params + `}`,
+			usage: Usage{OK: true, Prompt: 40, Cached: 32, HasCached: true}},
+		{name: "message without the field", d: messagesDialect{}, text: "w0",
+			body: `{"type":"message","content":[{"type":"text","text":"w0"}],"stop_reason":"max_tokens","usage":{"input_tokens":40,"output_tokens":1}}`},
+		{name: "message stopped", d: messagesDialect{}, finished: true,
+			body: `{"type":"message","content":[],"stop_reason":"end_turn"}`},
+		{name: "not a message", d: messagesDialect{}, body: `{"type":"error","error":{"type":"x","message":"y"}}`, err: "want a message"},
+		{name: "response handoff", d: responsesDialect{}, handoff: true, text: "w0",
+			body:  `{"id":"resp_1","object":"response","status":"incomplete","output":[{"type":"message","content":[{"type":"output_text","text":"w0"}]}],"usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":16}},"kv_transfer_params":` + params + `}`,
+			usage: Usage{OK: true, Prompt: 40, Cached: 16, HasCached: true}},
+		{name: "response without the field", d: responsesDialect{},
+			body: `{"object":"response","status":"incomplete","output":[],"kv_transfer_params":null}`},
+		{name: "response completed", d: responsesDialect{}, finished: true, body: `{"object":"response","status":"completed","output":[]}`},
+		{name: "not a response", d: responsesDialect{}, body: `{"error":{"message":"x"}}`, err: "want a response"},
+		{name: "response not JSON", d: responsesDialect{}, body: `<html>`, err: "not a JSON object"},
+	} {
+		pre, err := ReadVLLMPrefill(answer(tc.body), 1<<20, tc.d)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: %v, want %q", tc.name, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if (pre.Params != nil) != tc.handoff || pre.Finished != tc.finished || pre.Answer.Text != tc.text || pre.Answer.Usage != tc.usage {
+			t.Errorf("%s: params %s finished %v text %q usage %+v", tc.name, pre.Params, pre.Finished, pre.Answer.Text, pre.Answer.Usage)
+		}
+		if pre.Relayed(map[string]json.RawMessage{}) {
+			t.Errorf("%s: an agent API's prefill answer relayed", tc.name)
+		}
+		f := pre.DecodeFields()
+		if tc.handoff != (string(f.Set["kv_transfer_params"]) == params) || tc.handoff == slices.Contains(f.Del, "kv_transfer_params") {
+			t.Errorf("%s: decode fields %v", tc.name, f)
 		}
 	}
 }

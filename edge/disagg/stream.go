@@ -22,7 +22,8 @@ var ErrStreamFailed = errors.New("the decode stream failed before its first toke
 
 // PeekStream reads a decode's SSE stream up to its first generated event.
 // An error event (both engines stream a failed request as 200 with
-// {"error": ...}, vLLM after the role chunk) or the stream's end before
+// {"error": ...}, vLLM after the role chunk; an agent API's error events,
+// agentEvents) or the stream's end before
 // any token means the decode failed before the client saw anything, so the
 // handoff can still be retried; what was read is put back in front of the
 // body for the relay.
@@ -64,11 +65,26 @@ const (
 	eventError
 )
 
+// agentEvents classify the agent APIs' stream events by type: an error
+// (Messages' error event, vllm/entrypoints/anthropic/serving.py
+// message_stream_converter; the Responses API's error and
+// response.failed), or output (a content delta, the message's end; an
+// output item's delta, the response's end). Other types (message_start,
+// content_block_start, response.created, response.in_progress, ...) carry
+// none.
+var agentEvents = map[string]int{
+	"error": eventError, "response.failed": eventError,
+	"content_block_delta": eventOutput, "message_delta": eventOutput, "message_stop": eventOutput,
+	"response.output_text.delta": eventOutput, "response.function_call_arguments.delta": eventOutput,
+	"response.reasoning_text.delta": eventOutput, "response.completed": eventOutput, "response.incomplete": eventOutput,
+}
+
 // streamEvent classifies one SSE data payload: an error, an event carrying
 // output (content, text, tool calls, a finish reason or the usage), or
 // another (a role chunk).
 func streamEvent(data []byte) int {
 	var ev struct {
+		Type    string          `json:"type"`
 		Error   json.RawMessage `json:"error"`
 		Object  string          `json:"object"`
 		Usage   json.RawMessage `json:"usage"`
@@ -86,6 +102,9 @@ func streamEvent(data []byte) int {
 	}
 	if !apireq.IsNull(ev.Error) || ev.Object == "error" {
 		return eventError
+	}
+	if k, ok := agentEvents[ev.Type]; ok {
+		return k
 	}
 	if !apireq.IsNull(ev.Usage) {
 		return eventOutput

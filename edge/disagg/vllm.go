@@ -81,12 +81,16 @@ func VLLMPrefillFields(d Dialect, top map[string]json.RawMessage) Fields {
 // VLLMPrefill is a prefill hop's verified answer.
 type VLLMPrefill struct {
 	Answer *Answer
-	// Params is the answer's kv_transfer_params, for the decode.
+	// Params is the answer's kv_transfer_params, for the decode (nil: the
+	// server handed nothing off, and the decode computes the request
+	// whole).
 	Params json.RawMessage
 	// Finished: the prefill's one token ended the request and the server
 	// handed nothing off (vLLM releases that keep blocks for length-capped
-	// requests only): the answer is the client's unless MustDecode.
+	// requests only): the answer is the client's unless Relayed says not.
 	Finished bool
+	// agent: the answer is in an agent API (Dialect.Agent).
+	agent bool
 	// Rank is the prefill's data-parallel rank (-1: none), set by the
 	// caller.
 	Rank int
@@ -96,13 +100,23 @@ type VLLMPrefill struct {
 
 // DecodeFields are the decode request's fields: the client's body with
 // the prefill's kv_transfer_params as the server wrote them; for a
-// prefill that handed nothing off (Finished), the client's body alone (the
-// decode server computes the prompt).
+// prefill that handed nothing off, the client's body alone (the decode
+// server computes the prompt).
 func (p *VLLMPrefill) DecodeFields() Fields {
-	if p.Finished {
+	if p.Params == nil {
 		return Fields{Set: map[string]json.RawMessage{}, Del: VLLMOwnedFields}
 	}
 	return Fields{Set: map[string]json.RawMessage{"kv_transfer_params": p.Params}}
+}
+
+// Relayed reports whether the prefill's own answer is the client's: the
+// model stopped on its one token with nothing handed off, the client asked
+// for no more (MustDecode), and the API is chat or completions (an agent
+// API's answer comes from the decode server, which computes the request
+// whole: the edge renders none of the engine's Messages or Responses
+// streams).
+func (p *VLLMPrefill) Relayed(top map[string]json.RawMessage) bool {
+	return p.Finished && !p.agent && !MustDecode(top)
 }
 
 // MustDecode reports whether a request whose prefill finished without a
@@ -137,20 +151,25 @@ func ReadVLLMPrefill(resp *http.Response, limit int64, d Dialect) (*VLLMPrefill,
 	if a.Choices != 1 {
 		return nil, fmt.Errorf("%d choices, want 1", a.Choices)
 	}
-	pre := &VLLMPrefill{Answer: a, Params: a.Raw["kv_transfer_params"]}
+	pre := &VLLMPrefill{Answer: a, Params: a.Raw["kv_transfer_params"], agent: d.Agent()}
 	delete(a.Raw, "kv_transfer_params")
 	var params struct {
 		DoRemotePrefill bool `json:"do_remote_prefill"`
 	}
-	handoff := !apireq.IsNull(pre.Params) && json.Unmarshal(pre.Params, &params) == nil && params.DoRemotePrefill
-	switch {
-	case handoff:
+	if !apireq.IsNull(pre.Params) && json.Unmarshal(pre.Params, &params) == nil && params.DoRemotePrefill {
 		return pre, nil
+	}
+	pre.Params = nil
+	switch {
 	case !FinishPending(a.Finish):
 		// The model stopped on its first token and the server kept
 		// nothing (request_finished of releases that hand off
 		// FINISHED_LENGTH_CAPPED only).
 		pre.Finished = true
+		return pre, nil
+	case pre.agent:
+		// A release whose Messages or Responses API predates
+		// kv_transfer_params: the decode server computes the request.
 		return pre, nil
 	}
 	return nil, errors.New("no kv_transfer_params with do_remote_prefill: is the server started with --kv-transfer-config (kv_connector NixlConnector, kv_role kv_producer or kv_both)?")

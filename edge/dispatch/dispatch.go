@@ -159,8 +159,15 @@ func (e *Dispatcher) exchange(ctx context.Context, rq *route.Request, h **route.
 		}
 		span.SetStatus(codes.Error, "hop failed")
 		span.End()
-		if attempt >= e.cfg.MaxRetries || rq.Pinned() != nil {
-			// (No other instance holds a stored response or a conversation.)
+		if rq.Pinned() != nil {
+			// No other instance holds a stored response or a conversation:
+			// unreached, the client is told so naming its id.
+			if err != nil {
+				failure = &hopFailure{err: rq.Refs.Unreachable(err)}
+			}
+			return nil, nil, failure
+		}
+		if attempt >= e.cfg.MaxRetries {
 			return nil, nil, failure
 		}
 		next, aerr := e.router.Reroute(ctx, rq, cur)
@@ -213,8 +220,9 @@ func (e *Dispatcher) relay(w http.ResponseWriter, rq *route.Request, resp *http.
 			// anything about the cache (vLLM without
 			// --enable-prompt-tokens-details does not: its breaker must
 			// not read that as misses).
-			if u = e.engineUsage(genHop.Instance, u); u.HasCached {
+			if u = e.engineUsage(genHop.Instance, rq.Dialect, u); u.HasCached {
 				e.edge.Fleet().RecordUsage(genHop.Instance, int64(u.Prompt), int64(u.Cached), e.now())
+				e.grade(rq, genHop, u.Prompt, u.Cached)
 				if rq.Pinned() == nil {
 					e.shadowCorrect(rq, genHop, u.Cached)
 				}

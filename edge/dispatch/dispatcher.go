@@ -31,6 +31,7 @@ import (
 	"github.com/tether-project/tether/edge/disagg"
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/edge/kvshadow"
+	"github.com/tether-project/tether/edge/natspub"
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/edge/stored"
@@ -49,6 +50,10 @@ type Router interface {
 	// RecordRank records the rank of the binding h followed (replace: a
 	// worker's report; else the edge's choice for an engine).
 	RecordRank(h *route.Hop, rank uint32, replace bool)
+	// RecordAnswer grades h's KV index claim against the engine's answer
+	// (this edge's breaker and figures, the log) and returns the answer
+	// for the other edges (ok false: nothing graded).
+	RecordAnswer(rq *route.Request, h *route.Hop, promptTokens, cachedTokens int) (fleetview.Answer, bool)
 }
 
 // Edge is what the dispatcher uses of the edge (from its Start on).
@@ -57,6 +62,9 @@ type Edge interface {
 	Fleet() *fleetview.View
 	// NATS is the edge's connection (nil: dispatches are not shared).
 	NATS() *nats.Conn
+	// Publisher sends the edge's own NATS messages off the request path
+	// (nil without NATS).
+	Publisher() *natspub.Publisher
 }
 
 // Config is what the dispatcher takes from the edge.
@@ -102,9 +110,12 @@ type Dispatcher struct {
 	// theirs it counts (dispatches.go).
 	dispatches dispatchShare
 	shadow     *kvshadow.Shadows // static engines' shadow KV caches (shadow.go)
-	// cacheReporters: engine instances seen reporting cached tokens
-	// (engines.go engineUsage).
+	// cacheReporters: engine instances seen reporting cached tokens, by
+	// dialect (engines.go engineUsage).
 	cacheReporters sync.Map
+	// noHandoff: prefill instances whose agent API answered without a
+	// handoff, warned about once (pd_vllm.go).
+	noHandoff sync.Map
 }
 
 // disaggIDs mints the ids of disaggregated requests: a random base and a

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tether-project/tether/edge/fleetview"
+	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/telemetry"
 )
@@ -66,19 +67,27 @@ func (e *Dispatcher) noteDispatch(f fsm.Fleet, instance string, promptTokens int
 	}
 }
 
-// announceDispatch publishes d (no wait; nothing when NATS is not
-// connected: the others then count only their own).
+// announceDispatch queues d for the other edges (the edge's publisher
+// sends it off the request path; dropped when its queue is full or NATS is
+// not connected: the others then count only their own).
 func (e *Dispatcher) announceDispatch(d telemetry.Dispatch) {
-	conn := e.edge.NATS()
-	if conn == nil || !conn.IsConnected() {
+	pub := e.edge.Publisher()
+	if pub == nil {
 		return
 	}
 	data, err := telemetry.EncodeDispatch(d)
 	if err != nil {
 		return // an id NATS subjects cannot carry
 	}
-	if conn.Publish(telemetry.DispatchSubject(e.nodeID), data) == nil {
+	pub.Publish(telemetry.DispatchSubject(e.nodeID), data, e.dispatchTold)
+}
+
+// dispatchTold counts a dispatch message's fate.
+func (e *Dispatcher) dispatchTold(sent bool) {
+	if sent {
 		e.metrics.DispatchMsgs.WithLabelValues("sent").Inc()
+	} else {
+		e.metrics.DispatchMsgs.WithLabelValues("dropped").Inc()
 	}
 }
 
@@ -105,7 +114,38 @@ func (e *Dispatcher) onDispatch(m *nats.Msg) {
 		return
 	}
 	e.metrics.DispatchMsgs.WithLabelValues("heard").Inc()
+	if d.Answer != nil {
+		e.hearAnswer(d)
+		return
+	}
 	e.dispatches.hear(d, e.edge.Fleet().NoteHeardDispatch)
+}
+
+// grade grades h's KV index claim against the engine's answer about the
+// prompt's cache (edge/route RecordAnswer) and tells the other edges, on
+// the dispatch subject (internal/telemetry Dispatch.Answer): every edge's
+// breakers see every edge's answers, so a disagreeing index is degraded on
+// all edges at once, whichever served its instance.
+func (e *Dispatcher) grade(rq *route.Request, h *route.Hop, promptTokens, cachedTokens int) {
+	a, ok := e.router.RecordAnswer(rq, h, promptTokens, cachedTokens)
+	if !ok {
+		return
+	}
+	clip := func(v int64) int { return int(min(max(v, 0), telemetry.MaxDispatchPromptTokens)) }
+	e.announceDispatch(telemetry.Dispatch{Edge: e.nodeID, Done: true, Fleet: fleetview.TelemetryFleet(a.Fleet), Instance: a.Instance,
+		PromptTokens: clip(a.PromptTokens), Answer: &telemetry.DispatchAnswer{Source: a.Source.String(), BlockSize: int(a.BlockSize),
+			PredictedTokens: clip(a.PredictedTokens), CachedTokens: clip(a.CachedTokens)}})
+}
+
+// hearAnswer grades another edge's answer as this edge's own.
+func (e *Dispatcher) hearAnswer(d telemetry.Dispatch) {
+	src, err := fsm.ParseKVSource(d.Answer.Source)
+	if err != nil {
+		src = fsm.KVSourceUnknown
+	}
+	e.edge.Fleet().RecordAnswer(fleetview.Answer{Fleet: fleetview.FleetOf(d.Fleet), Instance: d.Instance, Source: src,
+		BlockSize: int64(d.Answer.BlockSize), PromptTokens: int64(d.PromptTokens), PredictedTokens: int64(d.Answer.PredictedTokens),
+		CachedTokens: int64(d.Answer.CachedTokens)}, false, e.now())
 }
 
 // hear counts another edge's dispatch through note, or releases its count

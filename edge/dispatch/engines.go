@@ -14,6 +14,7 @@ import (
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/internal/apireq"
 )
 
 // engineRank is the data-parallel rank of key on instance among size
@@ -59,7 +60,7 @@ func (e *Dispatcher) dispatchEngine(ctx context.Context, w http.ResponseWriter, 
 
 // engineExchange sends rq to the engine instance of h and relays the answer.
 func (e *Dispatcher) engineExchange(ctx context.Context, w http.ResponseWriter, rq *route.Request, h *route.Hop, span trace.Span) int {
-	size := rq.Model.Cfg.DataParallelSize(fsm.FleetContext)
+	size := rq.Model.Cfg.DataParallelSize(h.Fleet)
 	rank := -1
 	resp, done, hf := e.exchange(ctx, rq, &h, "aggregated", func(cur *route.Hop) ([]byte, http.Header) {
 		hdr := make(http.Header, 4+len(rq.PassHeaders))
@@ -98,19 +99,28 @@ func (e *Dispatcher) engineExchange(ctx context.Context, w http.ResponseWriter, 
 // (serving_chat.py: `if self.enable_prompt_tokens_details and
 // num_cached_tokens`) and SGLang (usage_processor.py _details_if_cached)
 // leave prompt_tokens_details null when nothing was cached, and also when
-// reporting is off. Once an instance has reported cached tokens, reporting
-// is on there, so a later null means none were: the shadow cache and the
-// circuit breaker learn of the miss.
-func (e *Dispatcher) engineUsage(instance string, u disagg.Usage) disagg.Usage {
+// reporting is off. Once an instance has reported cached tokens in a
+// dialect's answers, reporting is on there, so a later null in that
+// dialect means none were: the shadow cache and the circuit breaker learn
+// of the miss. Dialects are told apart: an engine may report cached tokens
+// in one (chat completions) and never in another (its Messages answers).
+func (e *Dispatcher) engineUsage(instance string, dialect apireq.Dialect, u disagg.Usage) disagg.Usage {
 	if !u.OK {
 		return u
 	}
+	k := reporterKey{instance, dialect}
 	if u.HasCached {
-		e.cacheReporters.Store(instance, true)
+		e.cacheReporters.Store(k, true)
 		return u
 	}
-	if _, ok := e.cacheReporters.Load(instance); ok {
+	if _, ok := e.cacheReporters.Load(k); ok {
 		u.Cached, u.HasCached = 0, true
 	}
 	return u
+}
+
+// reporterKey is an instance's answers in one dialect.
+type reporterKey struct {
+	instance string
+	dialect  apireq.Dialect
 }

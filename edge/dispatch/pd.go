@@ -30,9 +30,19 @@ import (
 // pd_vllm.go) or SGLang's bootstrap rendezvous (driven in pd_sglang.go).
 
 // dispatchPD serves a request through the engines' prefill/decode split.
+// A Messages count_tokens request generates nothing: any prefill server
+// counts it, unbound (both engines serve /v1/messages/count_tokens on
+// every server).
 func (e *Dispatcher) dispatchPD(ctx context.Context, w http.ResponseWriter, rq *route.Request, span trace.Span) int {
 	kind := rq.Model.Cfg.PDEngine()
 	span.SetAttributes(attribute.String("tether.engine", string(kind)))
+	if rq.Parsed.CountTokens {
+		h, aerr := e.router.Route(ctx, rq, fsm.FleetContext, nil)
+		if aerr != nil {
+			return api.Fail(w, span, aerr)
+		}
+		return e.engineExchange(ctx, w, rq, h, span)
+	}
 	if kind == config.EngineSGLang {
 		return e.dispatchSGLangPD(ctx, w, rq, span)
 	}
@@ -129,7 +139,7 @@ func (e *Dispatcher) pdRetry(ctx context.Context, rq *route.Request, h **route.H
 // the edge chose joins the binding in the log. It returns the cached
 // tokens to report to the client (-1: the prefill reported none).
 func (e *Dispatcher) prefilled(rq *route.Request, h *route.Hop, rank int, u disagg.Usage) int {
-	u = e.engineUsage(h.Instance, u)
+	u = e.engineUsage(h.Instance, rq.Dialect, u)
 	e.shadowRoute(rq, h, rank)
 	if rank >= 0 {
 		e.router.RecordRank(h, uint32(rank), false)
@@ -138,6 +148,7 @@ func (e *Dispatcher) prefilled(rq *route.Request, h *route.Hop, rank int, u disa
 		return -1
 	}
 	e.edge.Fleet().RecordUsage(h.Instance, int64(u.Prompt), int64(u.Cached), e.now())
+	e.grade(rq, h, u.Prompt, u.Cached)
 	e.shadowCorrect(rq, h, u.Cached)
 	return u.Cached
 }

@@ -20,7 +20,10 @@ import (
 // driven as vLLM's own proxy drives it
 // (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py, and the
 // nixlv2 connector of llm-d's routing sidecar); the handoff itself (the
-// prefill's fields, its answer, the decode's fields) is edge/disagg's.
+// prefill's fields, its answer, the decode's fields) is edge/disagg's. The
+// Messages and Responses APIs go to both servers in their own API, as
+// SGLang's gateway sends them (disagg agentapis.go); their answer always
+// comes from the decode server.
 //
 // Retries: a prefill that fails (no answer, 5xx, an answer without the
 // handoff) is sent again, fresh, to another prefill server; a decode
@@ -40,7 +43,11 @@ func (e *Dispatcher) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, 
 		for _, f := range disagg.VLLMOwnedFields {
 			delete(rq.Top, f)
 		}
-		return e.dispatchEngine(ctx, w, rq, span)
+		h, aerr := e.router.Route(ctx, rq, fsm.FleetContext, nil)
+		if aerr != nil {
+			return api.Fail(w, span, aerr)
+		}
+		return e.engineExchange(ctx, w, rq, h, span)
 	}
 	ctxHop, aerr := e.router.Route(ctx, rq, fsm.FleetContext, nil)
 	if aerr != nil {
@@ -54,8 +61,16 @@ func (e *Dispatcher) dispatchVLLMPD(ctx context.Context, w http.ResponseWriter, 
 			return hf.write(w, span)
 		}
 		cached := e.prefilled(rq, ctxHop, pre.Rank, pre.Answer.Usage)
-		if pre.Finished && !disagg.MustDecode(rq.Top) {
+		if pre.Relayed(rq.Top) {
 			return e.vllmAnswerFromPrefill(w, rq, ctxHop, pre, cached)
+		}
+		if pre.Params == nil && !pre.Finished {
+			// (An agent API of a release that carries no handoff on it.)
+			span.AddEvent("tether.no_handoff", trace.WithAttributes(observe.AttrInstance.String(ctxHop.Instance)))
+			if _, warned := e.noHandoff.LoadOrStore(ctxHop.Instance+" "+rq.Path, true); !warned {
+				e.log.Warn("the prefill server handed nothing off: the decode server computes such requests whole (a vLLM release whose API predates kv_transfer_params?)",
+					"instance", ctxHop.Instance, "path", rq.Path)
+			}
 		}
 		if genHop == nil {
 			rq.Now = e.now()
@@ -113,7 +128,7 @@ func (e *Dispatcher) vllmPrefillHop(ctx context.Context, rq *route.Request, d di
 
 // vllmAnswerFromPrefill answers with the prefill's own result: the model
 // stopped on the one token the prefill generated, and the server handed
-// nothing off (disagg.VLLMPrefill.Finished).
+// nothing off (disagg.VLLMPrefill.Relayed).
 func (e *Dispatcher) vllmAnswerFromPrefill(w http.ResponseWriter, rq *route.Request, h *route.Hop, pre *disagg.VLLMPrefill, cached int) int {
 	cres := &contextResult{raw: pre.Answer.Raw, text: pre.Answer.Text, finish: pre.Answer.Finish}
 	if pre.Rank >= 0 {

@@ -93,6 +93,7 @@ func (e *Dispatcher) dispatchDisagg(ctx context.Context, w http.ResponseWriter, 
 	e.shadowRoute(rq, ctxHop, -1)
 	if cres.hasCached {
 		e.shadowCorrect(rq, ctxHop, cres.cachedTokens)
+		e.grade(rq, ctxHop, cres.promptTokens, cres.cachedTokens)
 	}
 	e.observeRank(rq, ctxHop, hintauth.RoleContext, cres.rank)
 	if !cres.trt.NeedsGeneration(rq.MaxTokens) && (rq.Dialect == apireq.Chat || rq.Dialect == apireq.Completions) {

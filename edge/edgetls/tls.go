@@ -13,7 +13,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 
@@ -117,14 +116,6 @@ func (t *TLS) Warnings(cfg *config.Config) []string {
 		w = append(w, "embedded NATS without TLS or nats.worker_users: any client that reaches nats.listen (with nats.user's password, if set) can publish telemetry for any instance")
 	}
 	return w
-}
-
-// Listener wraps the HTTP listener in TLS when configured.
-func (t *TLS) Listener(ln net.Listener) net.Listener {
-	if t.HTTP == nil {
-		return ln
-	}
-	return tls.NewListener(ln, t.HTTP)
 }
 
 // Scheme is the HTTP listener's URL scheme.

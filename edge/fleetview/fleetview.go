@@ -185,6 +185,10 @@ type Instance struct {
 	PendingRequests int64
 	PendingTokens   int64
 	Breaker         breaker.State
+	// BreakerReason is why the breaker is open or half-open (grade.go);
+	// Accuracy the instance's graded answers over its window.
+	BreakerReason breaker.Reason
+	Accuracy      breaker.Accuracy
 	// LoRA: its adapters as routing sees them (lora.go; nil: unknown).
 	LoRA *routing.LoRAView
 }
@@ -606,6 +610,43 @@ func (f *View) noteLink(up bool) {
 	}
 }
 
+// deafIntervals: an instance not heard for this many of its report
+// intervals is one this edge does not hear now (Deaf).
+const deafIntervals = 3
+
+// Deaf reports whether this edge hears none of the workers it has heard
+// before: no load report from any within deafIntervals of its report
+// interval, no probe of any succeeding within the probe window (its last
+// one failed or is older), none heard at all since they were forgotten —
+// and how long ago it heard the last one. Its NATS link, its network or
+// every worker is gone; which of them, the edge cannot tell. An edge that
+// never heard a worker is not deaf (it has nothing to compare with).
+func (f *View) Deaf(now time.Time) (silence time.Duration, deaf bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	heard := f.lastHeard
+	for _, in := range f.byID {
+		if in.hasReport {
+			if in.interval > 0 && now.Sub(in.lastReport) <= deafIntervals*in.interval ||
+				in.interval <= 0 && now.Sub(in.lastReport) <= f.staleAfter(in.interval) {
+				return 0, false
+			}
+		}
+		if !in.lastProbeOK.IsZero() {
+			if in.probeOK && now.Sub(in.lastProbeOK) <= f.staleAfter(f.cfg.ProbeInterval)+f.probeTimeout(in) {
+				return 0, false
+			}
+			if in.lastProbeOK.After(heard) {
+				heard = in.lastProbeOK
+			}
+		}
+	}
+	if heard.IsZero() {
+		return 0, false
+	}
+	return now.Sub(heard), true
+}
+
 // TelemetryLinkDown reports whether the edge's NATS connection is down now.
 func (f *View) TelemetryLinkDown() bool {
 	f.mu.RLock()
@@ -627,8 +668,9 @@ func (f *View) snapshotLocked(in *instance, now time.Time) Instance {
 		LastSeen: f.lastSeenLocked(in), Healthy: f.healthyLocked(in, now),
 		TelemetryStale:  in.hasReport && f.blindLocked(in, now) && now.Sub(in.lastReport) > f.staleAfter(in.interval),
 		PendingRequests: in.pendingReq.Load() + in.inflightReq.Load(), PendingTokens: in.pendingTok.Load() + in.inflightTok.Load(),
-		Breaker: f.breakers.State(in.id, now), LoRA: f.loraViewLocked(in, now),
+		LoRA: f.loraViewLocked(in, now), Accuracy: f.breakers.Accuracy(in.id, now),
 	}
+	out.Breaker, out.BreakerReason = f.breakers.Status(in.id, now)
 	if in.hasReport {
 		r := &in.report
 		out.Role, out.Model, out.Version = r.Role, r.Model, r.Version

@@ -25,8 +25,8 @@ import (
 	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/test/metricstest"
 	"github.com/tether-project/tether/routing/breaker"
+	"github.com/tether-project/tether/test/metricstest"
 	"github.com/tether-project/tether/test/natstest"
 	"github.com/tether-project/tether/test/waitfor"
 	"github.com/tether-project/tether/worker"
@@ -564,4 +564,47 @@ func startRealWorker(t *testing.T, id, natsURL string, mutate func(*worker.Confi
 	}
 	t.Cleanup(func() { _ = w.Close(context.Background()) })
 	return w
+}
+
+// The edge is deaf once it has heard none of its workers for three of
+// their report intervals (its own silence, or theirs: it cannot tell), not
+// before, and not when it never heard one; any report, or a fresh
+// successful probe, ends it.
+func TestDeafWhenNoWorkerIsHeard(t *testing.T) {
+	f, _, nc, clk := clockedFleet(t)
+	if _, deaf := f.Deaf(clk.now()); deaf {
+		t.Fatal("deaf before any worker was heard")
+	}
+	publishLoad(t, nc, report("w1", telemetry.FleetContext, 1, 1, 0))
+	publishLoad(t, nc, report("w2", telemetry.FleetGeneration, 1, 1, 0))
+	waitFor(t, "registration", 5*time.Second, func() bool {
+		_, ok1 := f.Instance("w1", clk.now())
+		_, ok2 := f.Instance("w2", clk.now())
+		return ok1 && ok2
+	})
+	clk.advance(250 * time.Millisecond) // under 3 × the 100 ms interval
+	if _, deaf := f.Deaf(clk.now()); deaf {
+		t.Fatal("deaf within three report intervals")
+	}
+	clk.advance(100 * time.Millisecond)
+	silence, deaf := f.Deaf(clk.now())
+	if !deaf || silence != 350*time.Millisecond {
+		t.Fatalf("after 350 ms without a report: deaf %v, silence %s", deaf, silence)
+	}
+	// A fresh successful probe is hearing a worker; a failed one is not.
+	f.mu.Lock()
+	in := f.byID["w1"]
+	in.lastProbeOK, in.probedAt, in.probeOK = clk.now(), clk.now(), true
+	f.mu.Unlock()
+	if _, deaf := f.Deaf(clk.now()); deaf {
+		t.Fatal("deaf right after a successful probe")
+	}
+	f.mu.Lock()
+	in.probedAt, in.probeOK = clk.now(), false
+	f.mu.Unlock()
+	if _, deaf := f.Deaf(clk.now()); !deaf {
+		t.Fatal("not deaf with the last probe failed and no report")
+	}
+	publishLoad(t, nc, report("w2", telemetry.FleetGeneration, 1, 2, 0))
+	waitFor(t, "w2 heard again", 5*time.Second, func() bool { _, deaf := f.Deaf(clk.now()); return !deaf })
 }

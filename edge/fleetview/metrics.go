@@ -19,6 +19,32 @@ type metrics struct {
 	linkUp    prometheus.Gauge
 	// addressRefused counts failed address verifications (address.go).
 	addressRefused prometheus.Counter
+	// The answers this edge graded (grade.go).
+	answers   *prometheus.CounterVec
+	errBlocks *prometheus.CounterVec
+	claims    *prometheus.CounterVec
+}
+
+// countAnswer counts one of this edge's graded answers.
+func (m *metrics) countAnswer(a Answer, cached int64) {
+	fleet, src := a.Fleet.String(), a.Source.String()
+	diff := a.PredictedTokens - cached
+	if diff < 0 {
+		diff = -diff
+	}
+	result := "off"
+	if diff <= a.BlockSize {
+		result = "within_block"
+	}
+	m.answers.WithLabelValues(fleet, a.Instance, src, result).Inc()
+	m.errBlocks.WithLabelValues(fleet, a.Instance, src).Add(float64(diff) / float64(a.BlockSize))
+	if a.PredictedTokens >= a.BlockSize {
+		result = "refuted"
+		if cached >= a.PredictedTokens-a.BlockSize {
+			result = "confirmed"
+		}
+		m.claims.WithLabelValues(fleet, a.Instance, src, result).Inc()
+	}
 }
 
 func newMetrics(reg prometheus.Registerer, f *View) (*metrics, error) {
@@ -56,11 +82,24 @@ func newMetrics(reg prometheus.Registerer, f *View) (*metrics, error) {
 		Name: "tether_edge_worker_address_refused_total",
 		Help: "Worker addresses from load reports that failed verification: the server there did not prove the instance's identity (spiffe://tether/worker/<instance>) or could not be reached; reports giving the instance that address are refused.",
 	})
+	m.answers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_index_answers_total",
+		Help: "Engine answers this edge graded against its KV index's claim for the instance, by where the index learns the instance's cache (source: engine_events, tether_worker, shadow, predictions_only) and result (within_block: the claim was within one block of the engine's cached tokens; off).",
+	}, []string{"fleet", "instance", "source", "result"})
+	m.errBlocks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_index_error_blocks_total",
+		Help: "Sum of |index claim − engine's cached tokens| in blocks over the answers this edge graded (divided by tether_edge_index_answers_total: the mean absolute error).",
+	}, []string{"fleet", "instance", "source"})
+	m.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_index_claims_total",
+		Help: "Graded answers for which the KV index claimed at least one cached block, by result (confirmed: the engine held the claim less at most one block; refuted). Refuted claims open the instance's cache circuit breaker (reason index_disagrees).",
+	}, []string{"fleet", "instance", "source", "result"})
 	m.linkUp.Set(1)
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.received, m.dropped, m.kvBatches, m.dumps, m.probes, m.scrapes, m.linkUp, m.addressRefused, &instanceCollector{f: f}} {
+	for _, c := range []prometheus.Collector{m.received, m.dropped, m.kvBatches, m.dumps, m.probes, m.scrapes, m.linkUp, m.addressRefused,
+		m.answers, m.errBlocks, m.claims, &instanceCollector{f: f}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("fleetview: register metrics: %w", err)
 		}
@@ -79,13 +118,21 @@ var (
 		"Queued requests on the instance as seen by the edge (last report plus dispatched since).", []string{"fleet", "instance"}, nil)
 	descBreaker = prometheus.NewDesc("tether_edge_instance_breaker_open",
 		"1 while the instance's cache circuit breaker is open.", []string{"fleet", "instance"}, nil)
+	descDegraded = prometheus.NewDesc("tether_edge_instance_cache_degraded",
+		"1 while the instance's cache circuit breaker is open or half-open, labelled with why it opened (hit_rate: the engine's hit rate fell; index_disagrees: the KV index claimed blocks the engine did not have).", []string{"fleet", "instance", "reason"}, nil)
+	descWindowErr = prometheus.NewDesc("tether_edge_index_window_error_blocks",
+		"Mean absolute error, in blocks, of the KV index's claims for the instance over the breaker's window (every edge's answers).", []string{"fleet", "instance", "source"}, nil)
+	descWindowWithin = prometheus.NewDesc("tether_edge_index_window_within_block",
+		"Share (0..1) of the instance's graded answers over the breaker's window whose claim was within one block of the engine's cached tokens.", []string{"fleet", "instance", "source"}, nil)
+	descWindowGraded = prometheus.NewDesc("tether_edge_index_window_answers",
+		"Graded answers of the instance over the breaker's window (every edge's).", []string{"fleet", "instance", "source"}, nil)
 )
 
 // instanceCollector reports per-instance figures computed at scrape time.
 type instanceCollector struct{ f *View }
 
 func (c *instanceCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descAge, descHealthy, descHitRate, descQueue, descBreaker} {
+	for _, d := range []*prometheus.Desc{descAge, descHealthy, descHitRate, descQueue, descBreaker, descDegraded, descWindowErr, descWindowWithin, descWindowGraded} {
 		ch <- d
 	}
 }
@@ -109,5 +156,14 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descHitRate, prometheus.GaugeValue, in.HitRate(), fleet, in.ID)
 		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(in.QueuedRequests)+float64(in.PendingRequests), fleet, in.ID)
 		ch <- prometheus.MustNewConstMetric(descBreaker, prometheus.GaugeValue, b2f(in.Breaker == breaker.Open), fleet, in.ID)
+		if in.BreakerReason != breaker.ReasonNone {
+			ch <- prometheus.MustNewConstMetric(descDegraded, prometheus.GaugeValue, 1, fleet, in.ID, in.BreakerReason.String())
+		}
+		if a := in.Accuracy; a.Graded > 0 {
+			src := c.f.Source(in.ID, now).String()
+			ch <- prometheus.MustNewConstMetric(descWindowErr, prometheus.GaugeValue, a.MeanAbsErrorBlocks, fleet, in.ID, src)
+			ch <- prometheus.MustNewConstMetric(descWindowWithin, prometheus.GaugeValue, a.WithinShare(), fleet, in.ID, src)
+			ch <- prometheus.MustNewConstMetric(descWindowGraded, prometheus.GaugeValue, float64(a.Graded), fleet, in.ID, src)
+		}
 	}
 }

@@ -25,10 +25,10 @@ import (
 // worker for a KV dump and read the replies; and, for the trtllm-serve
 // instances whose /kv_cache_events the leader edge drains, publish their KV
 // batches and answer dump requests for them (edge/engineevents); publish and
-// read the edges' placements.
+// read the edges' placements, dispatches and flow control state.
 func EdgePermissions() *natsserver.Permissions {
 	return &natsserver.Permissions{
-		Publish:   &natsserver.SubjectPermission{Allow: []string{telemetry.KVDumpSubject("*"), telemetry.KVSubject("*"), telemetry.PlacementSubjectAll, telemetry.DispatchSubjectAll}},
+		Publish:   &natsserver.SubjectPermission{Allow: []string{telemetry.KVDumpSubject("*"), telemetry.KVSubject("*"), telemetry.PlacementSubjectAll, telemetry.DispatchSubjectAll, telemetry.FlowSubjectAll}},
 		Subscribe: &natsserver.SubjectPermission{Allow: []string{"tether.v1.>", "_INBOX.>"}},
 		Response:  &natsserver.ResponsePermission{MaxMsgs: maxDumpReplyParts, Expires: time.Minute},
 	}

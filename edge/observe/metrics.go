@@ -56,6 +56,14 @@ type Metrics struct {
 	ModelRequests  *prometheus.CounterVec
 	LoRAPlacements *prometheus.CounterVec
 	LoRALoads      *prometheus.CounterVec
+	// Admission's own-load signals (edge/admission): the edge's CPU use
+	// against the CPUs it may use, and its threads' run-queue wait per
+	// CPU-second it used.
+	AdmissionCPUShare  prometheus.Gauge
+	AdmissionRunDelay  prometheus.Gauge
+	AdmissionSchedOver *prometheus.CounterVec
+	// Flow control's series (edge/flow).
+	Flow FlowMetrics
 }
 
 // Source is what the series read of the edge when scraped.
@@ -131,6 +139,8 @@ func New(reg prometheus.Registerer, src Source) (*Metrics, error) {
 	}, []string{"fleet"})
 	m.Routed = newRoutedMetrics()
 	m.addCatalogueMetrics()
+	m.addAdmissionMetrics()
+	m.Flow = newFlowMetrics()
 	m.precreateSeries()
 	if reg == nil {
 		return m, nil
@@ -141,7 +151,36 @@ func New(reg prometheus.Registerer, src Source) (*Metrics, error) {
 	if err := m.registerCatalogue(reg); err != nil {
 		return nil, err
 	}
+	for _, c := range []prometheus.Collector{m.AdmissionCPUShare, m.AdmissionRunDelay, m.AdmissionSchedOver} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("edge: metrics: %w", err)
+		}
+	}
+	if err := m.registerFlow(reg); err != nil {
+		return nil, err
+	}
 	return m, nil
+}
+
+// addAdmissionMetrics creates the series of the admission layer's
+// own-load test (edge/admission; its limit and in-flight gauges are its
+// own).
+func (m *Metrics) addAdmissionMetrics() {
+	m.AdmissionCPUShare = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tether_edge_admission_cpu_share",
+		Help: "CPU time the edge used over the last half second, as a share of the CPUs it may use (GOMAXPROCS, or its cgroup's CPU quota if lower); admission.min_cpu_share is the bound.",
+	})
+	m.AdmissionRunDelay = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tether_edge_admission_run_delay_per_cpu_second",
+		Help: "Seconds the edge's threads waited on the kernel's run queues per CPU-second they ran, over the last half second (high: other processes hold the CPUs; Linux only).",
+	})
+	m.AdmissionSchedOver = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_edge_admission_slow_scheduling_windows_total",
+		Help: "Admission windows whose scheduling latency p99 exceeded admission.max_scheduling_latency, by verdict: own_load (the limit was cut) or busy_host (the edge's own CPU use under admission.min_cpu_share: not shed).",
+	}, []string{"verdict"})
+	for _, v := range []string{"own_load", "busy_host"} {
+		m.AdmissionSchedOver.WithLabelValues(v)
+	}
 }
 
 // addCatalogueMetrics creates the per-model and LoRA series.
@@ -250,11 +289,11 @@ func (m *Metrics) addPlacementMetrics() {
 	}, []string{"fleet", "result"})
 	m.PlacementMsgs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_edge_placement_messages_total",
-		Help: "New placements told to the other edges over NATS (sent), told by them (heard), or refused as malformed (invalid).",
+		Help: "New placements told to the other edges over NATS (sent; dropped when the edge's publish queue was full or NATS not connected), told by them (heard), or refused as malformed (invalid).",
 	}, []string{"result"})
 	m.DispatchMsgs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_edge_dispatch_messages_total",
-		Help: "Requests sent to workers told to the other edges over NATS (sent), told by them (heard), or refused as malformed (invalid).",
+		Help: "Requests sent to workers told to the other edges over NATS (sent; dropped when the edge's publish queue was full or NATS not connected), told by them (heard), or refused as malformed (invalid).",
 	}, []string{"result"})
 	m.BindSettle = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "tether_edge_bind_settle_seconds",

@@ -335,9 +335,12 @@ func (p *Placements) Listen() error {
 }
 
 // announce tells the other edges where this edge placed a new key, the
-// moment it dispatches it (a publish: no wait).
+// moment it dispatches it: queued on the edge's publisher, sent off the
+// request path (dropped when its queue is full or NATS is not connected:
+// the log alone tells then).
 func (p *Placements) announce(b fsm.Bind) {
-	if p.e.edge.NATS() == nil || !p.e.edge.NATS().IsConnected() {
+	pub := p.e.edge.Publisher()
+	if pub == nil {
 		return
 	}
 	data, err := telemetry.EncodePlacement(telemetry.Placement{Edge: p.e.cfg.NodeID, Fleet: fleetview.TelemetryFleet(b.Fleet), Key: b.Key,
@@ -345,8 +348,15 @@ func (p *Placements) announce(b fsm.Bind) {
 	if err != nil {
 		return // an id NATS subjects cannot carry: the log alone tells
 	}
-	if err := p.e.edge.NATS().Publish(telemetry.PlacementSubject(p.e.cfg.NodeID), data); err == nil {
+	pub.Publish(telemetry.PlacementSubject(p.e.cfg.NodeID), data, p.told)
+}
+
+// told counts a placement message's fate.
+func (p *Placements) told(sent bool) {
+	if sent {
 		p.e.metrics.PlacementMsgs.WithLabelValues("sent").Inc()
+	} else {
+		p.e.metrics.PlacementMsgs.WithLabelValues("dropped").Inc()
 	}
 }
 

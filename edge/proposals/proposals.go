@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tether-project/tether/cluster"
+	"github.com/tether-project/tether/edge/natspub"
 	"github.com/tether-project/tether/edge/observe"
 )
 
@@ -31,6 +32,9 @@ type Edge interface {
 	// NATS is the edge's NATS connection (nil without NATS: nothing is
 	// told to, or heard from, the other edges).
 	NATS() *nats.Conn
+	// Publisher sends the edge's own NATS messages off the request path
+	// (nil without NATS).
+	Publisher() *natspub.Publisher
 }
 
 // Config is what the proposals take from the edge's configuration.

@@ -28,6 +28,7 @@ type Recorder struct {
 	links    map[string]bool         // Queued links, by child
 	ranks    map[fsm.FleetKey]uint32 // Queued rank observations, by key
 	inflight int                     // events of the batch flush is proposing
+	answers  answers                 // engines' answers for the next CacheAnswers (answers.go)
 }
 
 type recorded struct {

@@ -91,24 +91,39 @@ func (t *Touches) putBack(ev fsm.Touch) {
 // maxTouchKeys bounds one Touch event; larger batches are split.
 const maxTouchKeys = 8192
 
-// Run flushes the used keys every touch_interval until ctx is done.
+// answersInterval is the longest the engines' answers wait for the log
+// when touch_interval is longer.
+const answersInterval = time.Second
+
+// Run flushes the used keys every touch_interval until ctx is done, and
+// hands the recorder the engines' answers at least every answersInterval.
 func (t *Touches) Run(ctx context.Context) {
-	tick := time.NewTicker(t.e.cfg.TouchInterval)
+	every := min(t.e.cfg.TouchInterval, answersInterval)
+	tick := time.NewTicker(every)
 	defer tick.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
+		if time.Since(last) < t.e.cfg.TouchInterval-every/2 {
+			t.e.recorder.flushAnswers()
+			continue
+		}
+		last = time.Now()
 		fctx, cancel := context.WithTimeout(ctx, max(t.e.cfg.TouchInterval, time.Second))
 		t.Flush(fctx)
 		cancel()
 	}
 }
 
-// Flush proposes the used keys as one Touch (split when huge).
+// Flush proposes the used keys as one Touch (split when huge). It also
+// hands the recorder the engines' answers gathered since the last flush
+// (one CacheAnswers event: answers.go).
 func (t *Touches) Flush(ctx context.Context) {
+	t.e.recorder.flushAnswers()
 	ev := t.take()
 	if len(ev.Keys) == 0 && len(ev.Links) == 0 {
 		return

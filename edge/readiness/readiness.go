@@ -6,7 +6,8 @@
 // healthy instance per served fleet, caught up, not stalled, and at startup
 // every instance the log records up heard or the grace over) and says when
 // the state is stalled (halted, raft.db failing, or a leader's index not
-// applied within maxStateLag), which the admission layer refuses requests
+// applied within maxStateLag) and when the edge is isolated (no leader
+// known and no worker heard), which the admission layer refuses requests
 // for. It reads the edge through Edge and proposes nothing.
 package readiness
 
@@ -141,6 +142,27 @@ func (r *Readiness) Stalled(now time.Time) string {
 	return ""
 }
 
+// Isolated reports why this edge is cut off ("" when it is not): it knows
+// no cluster leader (it cannot reach a quorum of its peers, or an election
+// is under way) and hears none of its workers (Fleet().Deaf: no load
+// report, no successful probe lately). Either alone is a fault the edge
+// serves through: an election its peers hold (the log never makes a soft
+// request fail), a NATS outage (the workers are probed over HTTP). Both
+// at once is an edge partitioned from everything but its clients, as far
+// as it can tell: a request it routed would wait on a worker it cannot
+// reach, so the admission layer refuses them (503 edge_isolated with
+// Retry-After) until it hears a worker or a leader again.
+func (r *Readiness) Isolated(now time.Time) string {
+	if leader, _ := r.edge.Node().Leader(); leader != "" {
+		return ""
+	}
+	silence, deaf := r.edge.Fleet().Deaf(now)
+	if !deaf {
+		return ""
+	}
+	return fmt.Sprintf("isolated: no cluster leader known and no worker heard for %s", silence.Round(10*time.Millisecond))
+}
+
 // Config is what the edge's configuration says of its readiness.
 type Config struct {
 	// StartupGrace is telemetry.startup_grace.
@@ -174,6 +196,9 @@ func (r *Readiness) Check(now time.Time) []string {
 		reasons = append(reasons, why)
 	}
 	if why := r.Stalled(now); why != "" {
+		reasons = append(reasons, why)
+	}
+	if why := r.Isolated(now); why != "" {
 		reasons = append(reasons, why)
 	}
 	instances := r.edge.Fleet().Instances(now)

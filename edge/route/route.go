@@ -104,6 +104,17 @@ func (e *Router) views(m *catalog.Model, now time.Time, exclude []string) *routi
 	return views
 }
 
+// FreshViews are model m's routing views at now built afresh, never from
+// the cache: the load of each instance counts every request sent to it
+// until this moment (flow control's headroom: edge/flow).
+func (e *Router) FreshViews(m *catalog.Model, now time.Time) *routing.Views {
+	return e.views(m, now, noExclusion)
+}
+
+// noExclusion excludes nothing, and is not empty: views built with it
+// bypass the cache.
+var noExclusion = []string{""}
+
 // Hop is where one fleet's part of a request goes: the decision's
 // (routing/routing.Hop) and what the request path adds to it.
 type Hop struct {

@@ -111,7 +111,11 @@ func (e *Service) conversationHop(ctx context.Context, w http.ResponseWriter, me
 	observe.TraceContext.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := e.cfg.Client.Do(req)
 	if err != nil {
-		ae := api.NewError(http.StatusServiceUnavailable, "server_error", "upstream_unavailable", "", "the instance holding the conversation is unreachable: %v", err)
+		if ref != nil {
+			return api.Fail(w, span, ref.Unreachable(Conversation, err))
+		}
+		ae := api.NewError(http.StatusServiceUnavailable, "server_error", "upstream_unavailable", "",
+			"the instance chosen for the new conversation is unreachable (%s); retry shortly", HopFailure(err))
 		ae.RetryAfter = time.Second
 		return api.Fail(w, span, ae)
 	}

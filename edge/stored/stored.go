@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -141,6 +142,46 @@ func (k Kind) NotFound(client, reason string, args ...any) *api.Error {
 		return api.NewError(http.StatusNotFound, "invalid_request_error", "", "", "Conversation with id '%s' not found. %s", id, why)
 	}
 	return api.NewError(http.StatusNotFound, "invalid_request_error", "response_not_found", "response_id", "Response with id '%s' not found. %s", id, why)
+}
+
+// Unreachable is the answer to a request naming ref (as kind) when the
+// instance holding it cannot be reached (err: the hop's failure): 503
+// with Retry-After, naming the id the client sent, never the instance's
+// URL or its own id for the object. The instance may be restarting (then
+// the id will be answered not found) or cut off for a moment; no other
+// instance holds the object, so nothing is retried elsewhere.
+func (ref *Ref) Unreachable(kind Kind, err error) *api.Error {
+	param := map[Kind]string{Previous: "previous_response_id"}[kind]
+	ae := api.NewError(http.StatusServiceUnavailable, "server_error", "upstream_unavailable", param,
+		"The %s instance %s holding %s '%s' is unreachable (%s); retry shortly: while it is down no other instance can serve it.",
+		fsm.Fleet(ref.ID.Fleet), ref.ID.Instance, kind.noun(), httpjson.Clip(ref.Client, 200), HopFailure(err))
+	ae.RetryAfter = time.Second
+	return ae
+}
+
+// Unreachable is Ref.Unreachable for the object a Responses request
+// continues (its previous response, else its conversation).
+func (p Prepared) Unreachable(err error) *api.Error {
+	if p.Prev != nil {
+		return p.Prev.Unreachable(Previous, err)
+	}
+	return p.Conv.Unreachable(Conversation, err)
+}
+
+// HopFailure is why a request to an instance failed, without the request's
+// URL (which names the instance's address and its own ids): the failed
+// operation and the system's reason ("dial: connect: connection refused",
+// "context deadline exceeded").
+func HopFailure(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Op + ": " + op.Err.Error()
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.Err != nil {
+		return ue.Err.Error()
+	}
+	return err.Error()
 }
 
 // noun is what the id names, in messages.
@@ -390,10 +431,7 @@ func (e *Service) serveByID(ctx context.Context, w http.ResponseWriter, r *http.
 	resp, err := e.cfg.Client.Do(req)
 	if err != nil {
 		e.cfg.Metrics.UpstreamErrors.WithLabelValues(fsm.Fleet(ref.ID.Fleet).String(), "connect").Inc()
-		ae := api.NewError(http.StatusServiceUnavailable, "server_error", "upstream_unavailable", "",
-			"the %s instance %s holding response %q is unreachable: %v", fsm.Fleet(ref.ID.Fleet), ref.ID.Instance, httpjson.Clip(id, 200), err)
-		ae.RetryAfter = time.Second
-		return api.Fail(w, span, ae)
+		return api.Fail(w, span, ref.Unreachable(Response, err))
 	}
 	defer resp.Body.Close()
 	if e.cfg.DebugRouteHeader {

@@ -10,14 +10,33 @@ import "encoding/json"
 // dispatched since the report, not only its own. ID, unique per edge,
 // pairs the two messages. Edges publish on their own subject
 // (DispatchSubject of their node id); workers may not publish there.
+//
+// A third message carries an engine's answer about its prefix cache
+// (Answer set, PromptTokens the answer's prompt): ID 0 (no dispatch has
+// it) and Done, so an edge that predates the field takes it for the end
+// of a dispatch it never heard and ignores it.
 type Dispatch struct {
-	V            int    `json:"v"`
-	Edge         string `json:"edge"`
-	ID           uint64 `json:"id"`
-	Fleet        Fleet  `json:"fleet"`
-	Instance     string `json:"instance"`
-	PromptTokens int    `json:"prompt_tokens"`
-	Done         bool   `json:"done,omitempty"`
+	V            int             `json:"v"`
+	Edge         string          `json:"edge"`
+	ID           uint64          `json:"id"`
+	Fleet        Fleet           `json:"fleet"`
+	Instance     string          `json:"instance"`
+	PromptTokens int             `json:"prompt_tokens"`
+	Done         bool            `json:"done,omitempty"`
+	Answer       *DispatchAnswer `json:"answer,omitempty"`
+}
+
+// DispatchAnswer is what the engine's answer said of the prompt's cached
+// tokens beside what the sending edge's KV index had claimed the instance
+// held (edge/fleetview grade.go): every edge grades the index with every
+// edge's answers.
+type DispatchAnswer struct {
+	// Source is where the sender's index learns the instance's cache
+	// (engine_events, tether_worker, shadow, predictions_only).
+	Source          string `json:"source"`
+	BlockSize       int    `json:"block_size"`
+	PredictedTokens int    `json:"predicted_tokens"`
+	CachedTokens    int    `json:"cached_tokens"`
 }
 
 // MaxDispatchPromptTokens bounds a dispatch's prompt tokens (far above any
@@ -70,6 +89,20 @@ func (d *Dispatch) validate(subject string) error {
 	}
 	if d.PromptTokens < 0 || d.PromptTokens > MaxDispatchPromptTokens {
 		return decodeErr(ErrOutOfRange, subject, "prompt_tokens", "%d (want 0..%d)", d.PromptTokens, MaxDispatchPromptTokens)
+	}
+	if a := d.Answer; a != nil {
+		switch {
+		case d.ID != 0 || !d.Done:
+			return decodeErr(ErrOutOfRange, subject, "answer", "an answer travels with id 0 and done (got id %d, done %v)", d.ID, d.Done)
+		case a.BlockSize < 1 || a.BlockSize > MaxBlockSize:
+			return decodeErr(ErrOutOfRange, subject, "answer.block_size", "%d (want 1..%d)", a.BlockSize, MaxBlockSize)
+		case a.PredictedTokens < 0 || a.PredictedTokens > MaxDispatchPromptTokens:
+			return decodeErr(ErrOutOfRange, subject, "answer.predicted_tokens", "%d (want 0..%d)", a.PredictedTokens, MaxDispatchPromptTokens)
+		case a.CachedTokens < 0 || a.CachedTokens > MaxDispatchPromptTokens:
+			return decodeErr(ErrOutOfRange, subject, "answer.cached_tokens", "%d (want 0..%d)", a.CachedTokens, MaxDispatchPromptTokens)
+		case len(a.Source) > 32:
+			return decodeErr(ErrOutOfRange, subject, "answer.source", "%d bytes (want at most 32)", len(a.Source))
+		}
 	}
 	return nil
 }

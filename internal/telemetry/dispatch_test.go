@@ -39,3 +39,27 @@ func TestDispatchRoundTripAndRejects(t *testing.T) {
 		}
 	}
 }
+
+func TestDispatchAnswer(t *testing.T) {
+	d := Dispatch{Edge: "edge-1", Fleet: FleetContext, Instance: "ctx-0", PromptTokens: 900, Done: true,
+		Answer: &DispatchAnswer{Source: "shadow", BlockSize: 16, PredictedTokens: 896, CachedTokens: 0}}
+	data, err := EncodeDispatch(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeDispatch(DispatchSubject("edge-1"), data)
+	d.V = Version
+	if err != nil || !reflect.DeepEqual(got, d) {
+		t.Fatalf("round trip = %+v, %v; want %+v", got, err, d)
+	}
+	for name, data := range map[string]string{
+		"an answer with a dispatch id": `{"v":1,"edge":"edge-1","id":3,"done":true,"fleet":"context","instance":"ctx-0","answer":{"block_size":16}}`,
+		"an answer not done":           `{"v":1,"edge":"edge-1","fleet":"context","instance":"ctx-0","answer":{"block_size":16}}`,
+		"block size 0":                 `{"v":1,"edge":"edge-1","done":true,"fleet":"context","instance":"ctx-0","answer":{"block_size":0}}`,
+		"negative cached":              `{"v":1,"edge":"edge-1","done":true,"fleet":"context","instance":"ctx-0","answer":{"block_size":16,"cached_tokens":-1}}`,
+	} {
+		if _, err := DecodeDispatch(DispatchSubject("edge-1"), []byte(data)); !errors.Is(err, ErrOutOfRange) {
+			t.Errorf("%s: %v, want out of range", name, err)
+		}
+	}
+}

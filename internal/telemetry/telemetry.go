@@ -70,6 +70,7 @@ const (
 	kindKVDump           = "kvdump"
 	kindPlacement        = "placement"
 	kindDispatch         = "dispatch"
+	kindFlow             = "flow"
 	subjectTokenWildcard = "*"
 )
 
@@ -199,6 +200,9 @@ const (
 	// SubjectDispatch: the requests an edge sends to workers (Instance is
 	// the edge's node id), counted by the other edges (dispatch.go).
 	SubjectDispatch SubjectKind = kindDispatch
+	// SubjectFlow: an edge's flow control state (Instance is the edge's
+	// node id), read by the other edges (flow.go).
+	SubjectFlow SubjectKind = kindFlow
 )
 
 // Subject is a parsed telemetry subject.
@@ -225,7 +229,7 @@ func ParseSubject(subject string) (Subject, error) {
 		if !s.Fleet.Valid() {
 			return Subject{}, decodeErr(ErrBadSubject, subject, "", "fleet %q (want context or generation)", toks[1])
 		}
-	case SubjectKV, SubjectEvict, SubjectKVDump, SubjectPlacement, SubjectDispatch:
+	case SubjectKV, SubjectEvict, SubjectKVDump, SubjectPlacement, SubjectDispatch, SubjectFlow:
 		if len(toks) != 2 {
 			return Subject{}, decodeErr(ErrBadSubject, subject, "", "want tether.v1.%s.<instance>", toks[0])
 		}

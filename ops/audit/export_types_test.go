@@ -27,6 +27,8 @@ var exportSamples = []fsm.Event{
 	fsm.RankObserved{Fleet: fsm.FleetContext, Key: "k", Epoch: 7, Rank: 3},
 	fsm.Annotation{Source: "operator", Text: "note"},
 	fsm.Evidence{Fleet: fsm.FleetContext, Key: "k", RequestID: "r", Rule: "kv_aware", Candidates: []fsm.EvidenceCandidate{{Instance: "ctx-1", CachedBlocks: 4, Flags: fsm.EvidenceChosen}}},
+	fsm.CacheAnswers{Edge: "edge-1", Answers: []fsm.CacheAnswer{{Fleet: fsm.FleetContext, Instance: "ctx-1", ConversationID: "k", Source: fsm.KVSourceTetherWorker,
+		AtUnixMilli: 1, BlockSize: 64, PromptTokens: 300, PredictedTokens: 256, CachedTokens: 256, Blocks: 4, Prefix: []uint32{1, 2, 3, 4}}}},
 }
 
 // Every event type of the fsm's table exports with its fields decoded, not

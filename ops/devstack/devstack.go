@@ -966,6 +966,18 @@ func (s *Stack) close(ctx context.Context) error {
 			e.SkipLeadershipHandoff()
 		}
 	}
+	// Each settles first (its requests finished, their placements
+	// answered by the log), while every node still runs to commit them.
+	for _, m := range s.edges {
+		if e := m.Edge(); e != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				addErr(e.Settle(ctx))
+			}()
+		}
+	}
+	wg.Wait()
 	for _, m := range s.edges {
 		wg.Add(1)
 		go func() {

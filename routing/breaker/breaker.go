@@ -21,6 +21,13 @@ import (
 // move for it). It recovers when the rate rises above CloseAbove,
 // or, after Cooldown, goes half-open: affinity flows again and a fresh
 // window decides.
+//
+// The same breaker opens when the edge's KV index disagrees with the
+// engine (grade.go): of the index's last IndexClaims claims on the instance
+// (answers for which it said at least one block was cached) within Window,
+// at least IndexMinClaims, fewer than IndexOpenBelow were confirmed by the
+// engine's cached tokens. It closes again when more than IndexCloseAbove
+// are. IndexClaims 0 turns that rule off.
 type Config struct {
 	Window          time.Duration `yaml:"window"`
 	Buckets         int           `yaml:"buckets"` // window resolution
@@ -29,11 +36,17 @@ type Config struct {
 	MinLookups      int           `yaml:"min_lookups"`
 	MinLookupTokens int64         `yaml:"min_lookup_tokens"`
 	Cooldown        time.Duration `yaml:"cooldown"`
+	IndexClaims     int           `yaml:"index_claims"`
+	IndexMinClaims  int           `yaml:"index_min_claims"`
+	IndexOpenBelow  float64       `yaml:"index_open_below"`
+	IndexCloseAbove float64       `yaml:"index_close_above"`
 }
 
 // DefaultConfig: open below 40% over 60 s, close above 60%, at least
 // 20 lookups and 50,000 tokens looked up (a handful of agentic prompts), a
-// 60 s cooldown before a half-open retry.
+// 60 s cooldown before a half-open retry; the index rule over its last 20
+// claims (at least 10): open when fewer than half were confirmed, close
+// when more than 80% were.
 func DefaultConfig() Config {
 	return Config{
 		Window:          60 * time.Second,
@@ -43,6 +56,10 @@ func DefaultConfig() Config {
 		MinLookups:      20,
 		MinLookupTokens: 50_000,
 		Cooldown:        60 * time.Second,
+		IndexClaims:     20,
+		IndexMinClaims:  10,
+		IndexOpenBelow:  0.5,
+		IndexCloseAbove: 0.8,
 	}
 }
 
@@ -79,6 +96,7 @@ func (c Config) Validate() error {
 	if c.Cooldown <= 0 {
 		bad("cooldown", "must be > 0, got %s", c.Cooldown)
 	}
+	errs = append(errs, c.validateIndex()...)
 	return errors.Join(errs...)
 }
 
@@ -114,6 +132,7 @@ type bucket struct {
 	valid         bool
 	lookups, hits int64
 	records       int
+	grades        gradeSums // graded answers (grade.go)
 }
 
 // Breaker is one instance's cache circuit breaker: a deterministic
@@ -127,6 +146,10 @@ type Breaker struct {
 	hasData  bool
 	state    State
 	openedAt int64
+	// reason is why the breaker last opened (ReasonHitRate,
+	// ReasonIndexDisagrees); only that condition closes it.
+	reason Reason
+	claims claimRing // the index's last claims (grade.go)
 }
 
 // New returns a closed breaker.
@@ -134,11 +157,17 @@ func New(cfg Config) (*Breaker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	return closedBreaker(cfg), nil
+}
+
+// closedBreaker is a closed breaker over a valid cfg.
+func closedBreaker(cfg Config) *Breaker {
 	return &Breaker{
-		cfg:   cfg,
-		width: int64(cfg.Window / time.Duration(cfg.Buckets)),
-		ring:  make([]bucket, cfg.Buckets),
-	}, nil
+		cfg:    cfg,
+		width:  int64(cfg.Window / time.Duration(cfg.Buckets)),
+		ring:   make([]bucket, cfg.Buckets),
+		claims: claimRing{buf: make([]claim, cfg.IndexClaims)},
+	}
 }
 
 // Record adds one sample: lookupTokens prompt tokens were looked up in the
@@ -152,20 +181,7 @@ func (b *Breaker) Record(lookupTokens, hitTokens int64, now time.Time) (State, e
 		return b.State(now), fmt.Errorf("circuit breaker: %d hit tokens of %d looked up: %w", hitTokens, lookupTokens, ErrBadSample)
 	}
 	n := now.UnixNano()
-	if b.state == Open && n >= b.openedAt+int64(b.cfg.Cooldown) {
-		// Half-open: measure afresh, without the degraded period's data.
-		b.state = HalfOpen
-		clear(b.ring)
-		b.hasData = false
-	}
-	idx := floorDiv(n, b.width)
-	if b.hasData && idx < b.newest {
-		idx = b.newest
-	}
-	bk := &b.ring[mod(idx, int64(len(b.ring)))]
-	if !bk.valid || bk.id != idx {
-		*bk = bucket{id: idx, valid: true}
-	}
+	bk, idx := b.slot(n)
 	bk.lookups += lookupTokens
 	bk.hits += hitTokens
 	if lookupTokens > 0 {
@@ -176,6 +192,29 @@ func (b *Breaker) Record(lookupTokens, hitTokens int64, now time.Time) (State, e
 	return b.state, nil
 }
 
+// slot returns the time slot a sample at n counts in (the newest one for a
+// late sample), first going half-open when an open breaker's cooldown has
+// passed.
+func (b *Breaker) slot(n int64) (*bucket, int64) {
+	if b.state == Open && n >= b.openedAt+int64(b.cfg.Cooldown) {
+		// Half-open: measure afresh, without the degraded period's data.
+		b.state = HalfOpen
+		clear(b.ring)
+		b.hasData = false
+		b.claims.reset()
+	}
+	idx := floorDiv(n, b.width)
+	if b.hasData && idx < b.newest {
+		idx = b.newest
+	}
+	bk := &b.ring[mod(idx, int64(len(b.ring)))]
+	if !bk.valid || bk.id != idx {
+		*bk = bucket{id: idx, valid: true}
+	}
+	return bk, idx
+}
+
+// evaluate applies the hit-rate rule to the window ending in slot idx.
 func (b *Breaker) evaluate(idx, now int64) {
 	lookups, hits, records := b.sum(idx)
 	if records < b.cfg.MinLookups || lookups < b.cfg.MinLookupTokens || lookups == 0 {
@@ -184,8 +223,8 @@ func (b *Breaker) evaluate(idx, now int64) {
 	rate := float64(hits) / float64(lookups)
 	switch {
 	case rate < b.cfg.OpenBelow && b.state != Open:
-		b.state, b.openedAt = Open, now
-	case rate > b.cfg.CloseAbove && b.state != Closed:
+		b.state, b.openedAt, b.reason = Open, now, ReasonHitRate
+	case rate > b.cfg.CloseAbove && b.state != Closed && b.reason == ReasonHitRate:
 		b.state = Closed
 	}
 }
@@ -261,20 +300,22 @@ func NewSet(cfg Config) (*Set, error) {
 func (c *Set) Record(instance string, lookupTokens, hitTokens int64, now time.Time) (State, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	b, ok := c.m[instance]
-	if !ok {
-		b = &Breaker{
-			cfg:   c.cfg,
-			width: int64(c.cfg.Window / time.Duration(c.cfg.Buckets)),
-			ring:  make([]bucket, c.cfg.Buckets),
-		}
-		c.m[instance] = b
-	}
-	st, err := b.Record(lookupTokens, hitTokens, now)
+	st, err := c.get(instance).Record(lookupTokens, hitTokens, now)
 	if err != nil {
 		return st, fmt.Errorf("instance %s: %w", instance, err)
 	}
 	return st, nil
+}
+
+// get returns instance's breaker, a new closed one if it has none (under
+// c.mu).
+func (c *Set) get(instance string) *Breaker {
+	b, ok := c.m[instance]
+	if !ok {
+		b = closedBreaker(c.cfg)
+		c.m[instance] = b
+	}
+	return b
 }
 
 // State returns instance's breaker state at now (closed when unknown).

@@ -149,7 +149,7 @@ func TestResponsesAPIThroughTetherDev(t *testing.T) {
 	}
 
 	// Cancel a running background response through another edge.
-	r = do(t, "POST", e[0].URL()+"/v1/responses", map[string]any{"model": model, "input": "a very long answer", "background": true, "max_output_tokens": 2000}, nil)
+	r = do(t, "POST", e[0].URL()+"/v1/responses", map[string]any{"model": model, "input": "a very long answer of 2000 words", "background": true, "max_output_tokens": 2000}, nil)
 	var long respObj
 	decode(t, r.body, &long)
 	r = do(t, "POST", e[1].URL()+"/v1/responses/"+long.ID+"/cancel", nil, nil)

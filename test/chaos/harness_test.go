@@ -346,21 +346,7 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 	v.nkeys = workerNKeys(t, []string{"ctx-1", "ctx-2", "gen-1", "gen-2"})
 	v.natsOpts = natsOptions(t, v.dir, fmt.Sprintf("127.0.0.1:%d", v.natsPort), v.nkeys)
 	v.startNATS()
-	t.Cleanup(func() {
-		for _, e := range v.edges {
-			_ = e.stop(syscall.SIGTERM, 20*time.Second)
-		}
-		for _, w := range v.workers {
-			_ = w.stop(syscall.SIGTERM, 10*time.Second)
-		}
-		v.stopNATS()
-		tr.CloseIdleConnections()
-		if t.Failed() {
-			for _, e := range v.edges {
-				t.Logf("---- %s log tail:\n%s", e.id, e.tail(30))
-			}
-		}
-	})
+	v.stopAtEnd(tr)
 	if m := yamlGet(readDeployYAML(t, "config/edge-1.yaml"), "model"); m != "" {
 		model = m
 	}
@@ -578,3 +564,40 @@ func (v *env) auditVerify(e *edgeProc) {
 var waitFor = waitfor.True
 
 var errNoEdge = errors.New("no edge answered")
+
+// stopAtEnd stops the env's processes when the test ends (edges first,
+// then workers, then NATS) and, for a failed test, logs each edge's tail.
+func (v *env) stopAtEnd(tr *http.Transport) {
+	v.t.Cleanup(func() {
+		for _, e := range v.edges {
+			_ = e.stop(syscall.SIGTERM, 20*time.Second)
+		}
+		for _, w := range v.workers {
+			_ = w.stop(syscall.SIGTERM, 10*time.Second)
+		}
+		v.stopNATS()
+		tr.CloseIdleConnections()
+		if v.t.Failed() {
+			for _, e := range v.edges {
+				v.t.Logf("---- %s log tail:\n%s", e.id, e.tail(30))
+			}
+		}
+	})
+}
+
+// admissionTimeline samples each edge's admission state every 2 s for
+// the given number of seconds (the load's schedule), stamped from start.
+func (v *env) admissionTimeline(seconds int, start time.Time) []string {
+	var timeline []string
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	run := time.NewTimer(time.Duration(seconds) * time.Second)
+	for {
+		select {
+		case <-run.C: // the load's schedule
+			return timeline
+		case <-tick.C:
+			timeline = append(timeline, fmt.Sprintf("t=%.0fs %s", time.Since(start).Seconds(), v.admissionState()))
+		}
+	}
+}

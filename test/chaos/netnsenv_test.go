@@ -91,21 +91,7 @@ func newNetnsEnv(t *testing.T, lab *netlab, o envOptions) *env {
 	}
 	// Registered before the processes start, so it runs after their stops
 	// (cleanups run last-in first-out) and before the lab's teardown.
-	t.Cleanup(func() {
-		for _, e := range v.edges {
-			_ = e.stop(syscall.SIGTERM, 20*time.Second)
-		}
-		for _, w := range v.workers {
-			_ = w.stop(syscall.SIGTERM, 10*time.Second)
-		}
-		v.stopNATS()
-		tr.CloseIdleConnections()
-		if t.Failed() {
-			for _, e := range v.edges {
-				t.Logf("---- %s log tail:\n%s", e.id, e.tail(30))
-			}
-		}
-	})
+	v.stopAtEnd(tr)
 	v.startNATS()
 	if m := yamlGet(readDeployYAML(t, "config/edge-1.yaml"), "model"); m != "" {
 		model = m

@@ -102,8 +102,10 @@ func (v *env) worker(id string) *workerProc {
 // TestChaosAgentSurfaces puts the agents' new surfaces under faults, on
 // the deployment as deploy/ ships it (workers at real engine time): the
 // worker holding a stored response, or a conversation, killed and then
-// restarted (every request naming it gets an answer naming the id, and a
-// new chain starts cleanly); an edge killed in the middle of a Messages
+// restarted (while it is down every request naming it gets the API's
+// error naming the client's id, 503 with Retry-After, through every edge;
+// once it restarted, not found naming the id; a new chain starts
+// cleanly); an edge killed in the middle of a Messages
 // and of a Responses stream (the client's stream never ends cleanly); a
 // burst of twenty Claude Code Task sub-agents through three edges while
 // the leader is killed (every sub-agent answered with a complete stream,
@@ -145,9 +147,10 @@ type byIDRequest struct {
 // holderFaults kills the worker holding id, checks every request of reqs
 // through every edge while it is down and once it restarted, and returns
 // the answers seen while it was down (status → count). While it is down
-// every request gets an answer within 10 s, in OpenAI's error shape;
-// with namesID, one that names id (and a 503 or 429 carries Retry-After).
-func holderFaults(t *testing.T, v *env, holder, id string, reqs []byIDRequest, namesID bool) map[string]int {
+// every request gets an answer within 10 s, in OpenAI's error shape,
+// naming id: a 503 with Retry-After (the holder may come back; no other
+// instance holds the object).
+func holderFaults(t *testing.T, v *env, holder, id string, reqs []byIDRequest) map[string]int {
 	t.Helper()
 	w := v.worker(holder)
 	_ = w.stop(syscall.SIGKILL, time.Second)
@@ -155,12 +158,8 @@ func holderFaults(t *testing.T, v *env, holder, id string, reqs []byIDRequest, n
 	for _, e := range v.edges {
 		for _, r := range reqs {
 			a := v.call(10*time.Second, r.method, e.url()+r.path, r.body, nil)
-			named := a.openAIErrorNaming(0, id) == ""
-			down[fmt.Sprintf("%s: %d naming the id %v", r.name, a.status, named)]++
-			why := a.openAIErrorNaming(0, "")
-			if namesID {
-				why = a.openAIErrorNaming(0, id)
-			}
+			why := a.openAIErrorNaming(http.StatusServiceUnavailable, id)
+			down[fmt.Sprintf("%s: %d naming the id %v", r.name, a.status, why == "")]++
 			if why != "" {
 				t.Errorf("%s via %s while %s is down: %s", r.name, e.id, holder, why)
 			}
@@ -186,9 +185,7 @@ func holderFaults(t *testing.T, v *env, holder, id string, reqs []byIDRequest, n
 
 // storedResponseWorkerKilled: the generation worker holding a stored
 // response is killed, then restarted.
-func storedResponseWorkerKilled(t *testing.T, v *env) { storedResponseHolderKilled(t, v, false) }
-
-func storedResponseHolderKilled(t *testing.T, v *env, namesID bool) {
+func storedResponseWorkerKilled(t *testing.T, v *env) {
 	base := v.edges[0].url()
 	a := v.call(30*time.Second, "POST", base+"/v1/responses", map[string]any{"model": model, "input": "remember the number 42", "max_output_tokens": 4}, nil)
 	var o struct {
@@ -206,7 +203,7 @@ func storedResponseHolderKilled(t *testing.T, v *env, namesID bool) {
 		{name: "GET /v1/responses/{id}", method: "GET", path: "/v1/responses/" + o.ID, restarted: 404},
 		{name: "previous_response_id", method: "POST", path: "/v1/responses", body: next, restarted: 400},
 		{name: "GET input_items", method: "GET", path: "/v1/responses/" + o.ID + "/input_items", restarted: 404},
-	}, namesID)
+	})
 	fresh := newChain(t, v)
 	t.Logf("FIGURES surfaces stored-response holder=%s answers_while_down=%v new_chain=%s", id.Instance, down, fresh)
 }
@@ -231,9 +228,7 @@ func newChain(t *testing.T, v *env) string {
 
 // conversationWorkerKilled: the worker holding a conversation is killed,
 // then restarted.
-func conversationWorkerKilled(t *testing.T, v *env) { conversationHolderKilled(t, v, false) }
-
-func conversationHolderKilled(t *testing.T, v *env, namesID bool) {
+func conversationWorkerKilled(t *testing.T, v *env) {
 	base := v.edges[0].url()
 	a := v.call(30*time.Second, "POST", base+"/v1/conversations", map[string]any{"model": model, "metadata": map[string]string{"topic": "chaos"}}, nil)
 	var c struct {
@@ -254,7 +249,7 @@ func conversationHolderKilled(t *testing.T, v *env, namesID bool) {
 		{name: "GET /v1/conversations/{id}", method: "GET", path: "/v1/conversations/" + c.ID, restarted: 404},
 		{name: "GET items", method: "GET", path: "/v1/conversations/" + c.ID + "/items", restarted: 404},
 		{name: "a Responses turn naming it", method: "POST", path: "/v1/responses", body: turn, restarted: 404},
-	}, namesID)
+	})
 	// A new conversation starts cleanly.
 	a = v.call(30*time.Second, "POST", v.edges[2].url()+"/v1/conversations", map[string]any{"model": model}, nil)
 	if a.status != 200 || json.Unmarshal(a.body, &c) != nil || c.ID == "" {

@@ -7,11 +7,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"time"
-
-	"github.com/tether-project/tether/internal/prefix"
 )
 
 // The agents' APIs as the engines serve them:
@@ -33,7 +32,8 @@ import (
 //     sequence_number from 0. No DELETE, no input_items.
 //
 // The prompt is the request's texts, each engine's own rendering: only
-// what is cached and where matters to tests.
+// what is cached and where matters to tests. On a split server both APIs
+// take part in the handoff as the engine lets them (pd_agentapi.go).
 
 func (s *Server) agentRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/messages", s.messages)
@@ -81,38 +81,21 @@ func texts(raw json.RawMessage) []string {
 	return out
 }
 
-func (s *Server) readAgentBody(w http.ResponseWriter, r *http.Request, v any) bool {
+// readAgentBody decodes the body into v and returns its top-level fields.
+func (s *Server) readAgentBody(w http.ResponseWriter, r *http.Request, v any) (map[string]json.RawMessage, bool) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, 32<<20))
+	var top map[string]json.RawMessage
+	if err == nil {
+		err = json.Unmarshal(body, &top)
+	}
 	if err == nil {
 		err = json.Unmarshal(body, v)
 	}
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, s.errorBody(http.StatusBadRequest, "BadRequestError", "invalid JSON: "+fmt.Sprint(err)))
-		return false
+		return nil, false
 	}
-	return true
-}
-
-// run serves one prompt on a rank: the cached tokens, and the words of the
-// answer.
-func (s *Server) run(w http.ResponseWriter, r *http.Request, prompt, last string, maxTokens int, stream bool) (rank, promptTokens, cached int, words []string, ok bool) {
-	rank, header, ok := s.rankFor(w, r)
-	if !ok {
-		return 0, 0, 0, nil, false
-	}
-	maxTokens = min(max(maxTokens, 1), 4096)
-	tokens := prefix.Tokenize(prompt)
-	s.mu.Lock()
-	cached = s.cacheLocked(rank, "", tokens)
-	s.prompted[rank] += int64(len(tokens))
-	s.served = append(s.served, Served{Path: r.URL.Path, Rank: rank, Header: header, LastUser: last,
-		PromptTokens: len(tokens), CachedTokens: cached, Stream: stream})
-	s.mu.Unlock()
-	words = make([]string, maxTokens)
-	for i := range words {
-		words[i] = fmt.Sprintf("w%d", i)
-	}
-	return rank, len(tokens), cached, words, true
+	return top, true
 }
 
 func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
@@ -123,7 +106,8 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 		MaxTokens *int            `json:"max_tokens"`
 		Stream    bool            `json:"stream"`
 	}
-	if !s.readAgentBody(w, r, &req) {
+	top, ok := s.readAgentBody(w, r, &req)
+	if !ok {
 		return
 	}
 	if req.MaxTokens == nil || len(req.Messages) == 0 {
@@ -140,16 +124,23 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 			last = t
 		}
 	}
-	_, prompt, _, words, ok := s.run(w, r, b.String(), last, *req.MaxTokens, req.Stream)
+	t, ok := s.runAgent(w, r, top, agentMessages, b.String(), last, *req.MaxTokens, req.Stream)
 	if !ok {
 		return
 	}
+	defer t.done()
+	words, prompt := t.words, t.prompt
 	id := "chatcmpl-" + randHex()
 	usage := map[string]int{"input_tokens": prompt, "output_tokens": len(words)}
 	text := strings.Join(words, " ")
 	if !req.Stream {
-		writeJSON(w, http.StatusOK, map[string]any{"id": id, "type": "message", "role": "assistant", "model": s.opts.Model,
-			"content": []any{map[string]any{"type": "text", "text": text}}, "stop_reason": "max_tokens", "stop_sequence": nil, "usage": usage})
+		answer := map[string]any{"id": id, "type": "message", "role": "assistant", "model": s.opts.Model,
+			"content": []any{map[string]any{"type": "text", "text": text}}, "stop_reason": stopReason(t.finish), "stop_sequence": nil, "usage": usage}
+		t.h.answerFields(answer) // kv_transfer_params (dumped with exclude_none: only when set)
+		if answer["kv_transfer_params"] == nil {
+			delete(answer, "kv_transfer_params")
+		}
+		writeJSON(w, http.StatusOK, answer)
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
@@ -170,7 +161,7 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 		ev("content_block_delta", map[string]any{"index": 0, "delta": map[string]any{"type": "text_delta", "text": word}})
 	}
 	ev("content_block_stop", map[string]any{"index": 0})
-	ev("message_delta", map[string]any{"delta": map[string]any{"stop_reason": "max_tokens"}, "usage": usage})
+	ev("message_delta", map[string]any{"delta": map[string]any{"stop_reason": stopReason(t.finish)}, "usage": usage})
 	ev("message_stop", map[string]any{})
 	_ = bw.Flush()
 }
@@ -180,7 +171,7 @@ func (s *Server) countTokens(w http.ResponseWriter, r *http.Request) {
 		System   json.RawMessage `json:"system"`
 		Messages []anthropicMsg  `json:"messages"`
 	}
-	if !s.readAgentBody(w, r, &req) {
+	if _, ok := s.readAgentBody(w, r, &req); !ok {
 		return
 	}
 	n := len(strings.Fields(strings.Join(texts(req.System), "")))
@@ -206,7 +197,8 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 		Background   bool            `json:"background"`
 		Previous     string          `json:"previous_response_id"`
 	}
-	if !s.readAgentBody(w, r, &req) {
+	top, ok := s.readAgentBody(w, r, &req)
+	if !ok {
 		return
 	}
 	store := req.Store == nil || *req.Store
@@ -231,18 +223,19 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 	}
 	input := inputTexts(req.Input)
 	conv := append(append([]string{req.Instructions}, history...), input...)
-	maxTokens := 16
+	maxTokens, last := 16, ""
 	if req.MaxOutput != nil {
 		maxTokens = *req.MaxOutput
 	}
-	last := ""
 	if len(input) > 0 {
 		last = input[len(input)-1]
 	}
-	_, prompt, cached, words, ok := s.run(w, r, strings.Join(conv, " "), last, maxTokens, req.Stream)
+	t, ok := s.runAgent(w, r, top, agentResponses, strings.Join(conv, " "), last, maxTokens, req.Stream)
 	if !ok {
 		return
 	}
+	defer t.done()
+	prompt, cached, words := t.prompt, t.cached, t.words
 	id, msgID, text := "resp_"+randHex(), "msg_"+randHex(), strings.Join(words, " ")
 	obj := func(status string, output []any, usage any) map[string]any {
 		var prev any
@@ -256,14 +249,16 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 		"content": []any{map[string]any{"type": "output_text", "text": text, "annotations": []any{}}}}
 	usage := map[string]any{"input_tokens": prompt, "input_tokens_details": map[string]int{"cached_tokens": cached},
 		"output_tokens": len(words), "output_tokens_details": map[string]int{"reasoning_tokens": 0}, "total_tokens": prompt + len(words)}
-	final := obj("incomplete", []any{item}, usage)
+	final := obj(responseStatus(t.finish), []any{item}, usage)
 	if store {
 		s.mu.Lock()
 		s.stored[id] = &storedResp{object: final, history: append(conv[1:len(conv):len(conv)], text)}
 		s.mu.Unlock()
 	}
 	if !req.Stream {
-		writeJSON(w, http.StatusOK, final)
+		answer := maps.Clone(final) // (the stored object has no handoff)
+		t.h.answerFields(answer)    // kv_transfer_params
+		writeJSON(w, http.StatusOK, answer)
 		return
 	}
 	streamResponse(w, obj("in_progress", []any{}, nil), final, item, words)

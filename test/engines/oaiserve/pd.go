@@ -75,6 +75,11 @@ type PDOptions struct {
 	// out: MinTokensLogitsProcessor). On a prefill server the stopped
 	// request is handed off as any other (LegacyNIXL: nothing is).
 	FirstTokenEOS bool
+	// AgentAPIsIgnoreKVTransfer is a vLLM release whose Messages and
+	// Responses APIs predate kv_transfer_params (pd_agentapi.go): both
+	// drop the field, so a request on either is computed whole and
+	// answers no handoff.
+	AgentAPIsIgnoreKVTransfer bool
 	// BeforeHandoff, when set, runs on a decode server when a request
 	// arrives, before it reads the prompt's KV (tests: stop the prefill
 	// server between the two hops).
@@ -233,9 +238,12 @@ func (s *Server) handoff(w http.ResponseWriter, r *http.Request, top map[string]
 
 // pdRequest is the request a split server handles.
 type pdRequest struct {
-	r      *http.Request
-	req    request
-	chat   bool
+	r    *http.Request
+	req  request
+	chat bool
+	// agent is the agent API the request came in on ("" chat or
+	// completions; pd_agentapi.go).
+	agent  string
 	tokens []uint32
 	last   string
 }

@@ -259,3 +259,72 @@ func TestSGLangDecodeWithDeadPrefill(t *testing.T) {
 		t.Fatalf("%d %s", st, b)
 	}
 }
+
+// vLLM's Messages and Responses APIs carry the NixlConnector handoff as
+// chat does: a prefill answers its one token with kv_transfer_params, a
+// decode given them reads the blocks (computing only the last prompt
+// token) and answers in the API's shape. A release predating the field on
+// these APIs drops it: the prefill hands nothing off and the decode
+// computes the prompt. An SGLang split server refuses both APIs (no
+// bootstrap room reaches its scheduler).
+func TestAgentAPIsOnSplitServers(t *testing.T) {
+	apis := []struct {
+		path, max string
+		body      func(msg string) map[string]any
+	}{
+		{"/v1/messages", "max_tokens", func(msg string) map[string]any {
+			return map[string]any{"model": "m", "max_tokens": 5, "system": "sys " + strings.Repeat("x ", 40), "messages": []any{map[string]any{"role": "user", "content": msg}}}
+		}},
+		{"/v1/responses", "max_output_tokens", func(msg string) map[string]any {
+			return map[string]any{"model": "m", "max_output_tokens": 5, "instructions": "sys " + strings.Repeat("x ", 40), "input": msg, "store": false}
+		}},
+	}
+	for _, legacy := range []bool{false, true} {
+		p := Start(Options{Engine: VLLM, Model: "m", ReportCachedTokens: true, PD: &PDOptions{Role: PDPrefill, AgentAPIsIgnoreKVTransfer: legacy}})
+		defer p.Close()
+		d := Start(Options{Engine: VLLM, Model: "m", ReportCachedTokens: true, PD: &PDOptions{Role: PDDecode, AgentAPIsIgnoreKVTransfer: legacy}})
+		defer d.Close()
+		for _, a := range apis {
+			msg := fmt.Sprintf("%s legacy=%v", a.path, legacy)
+			st, b := postJSON(t, p.URL()+a.path, with(a.body(msg), "kv_transfer_params", prefillParams, a.max, 1, "stream", false), map[string]string{"X-Request-Id": hexID()})
+			var ans map[string]any
+			if st != 200 || json.Unmarshal(b, &ans) != nil {
+				t.Fatalf("%s prefill: %d %s", msg, st, b)
+			}
+			kv, handed := ans["kv_transfer_params"].(map[string]any)
+			if handed == legacy {
+				t.Fatalf("%s prefill: kv_transfer_params %v", msg, ans["kv_transfer_params"])
+			}
+			decode := a.body(msg)
+			if handed {
+				decode["kv_transfer_params"] = kv
+			}
+			st, b = postJSON(t, d.URL()+a.path, decode, nil)
+			ans = nil
+			if st != 200 || json.Unmarshal(b, &ans) != nil || ans["kv_transfer_params"] != nil {
+				t.Fatalf("%s decode: %d %s", msg, st, b)
+			}
+			sv := d.Served()[len(d.Served())-1]
+			want := HandoffDecode
+			if legacy {
+				want = ""
+			}
+			if sv.Handoff != want || sv.KVMismatch || (handed && sv.Computed != 1) || (!handed && sv.Computed != sv.PromptTokens) {
+				t.Fatalf("%s decode served %+v", msg, sv)
+			}
+		}
+	}
+	for _, role := range []PDRole{PDPrefill, PDDecode} {
+		s := Start(Options{Engine: SGLang, Model: "m", PD: &PDOptions{Role: role}})
+		defer s.Close()
+		for _, a := range apis {
+			body := with(a.body("sglang"), "bootstrap_host", "127.0.0.1", "bootstrap_port", 8998, "bootstrap_room", 7)
+			if st, b := postJSON(t, s.URL()+a.path, body, nil); st/100 != 4 && st/100 != 5 {
+				t.Fatalf("SGLang %s server took %s: %d %s", role, a.path, st, b)
+			}
+		}
+		if st, b := postJSON(t, s.URL()+"/v1/messages/count_tokens", map[string]any{"model": "m", "messages": []any{map[string]any{"role": "user", "content": "hi"}}}, nil); st != 200 {
+			t.Fatalf("SGLang %s count_tokens: %d %s", role, st, b)
+		}
+	}
+}

@@ -140,8 +140,11 @@ func (s *Server) vllmHandoff(w http.ResponseWriter, rq pdRequest, top map[string
 			base = hexID()
 		}
 		h := &handoff{kind: HandoffPrefill, reqID: "cmpl-" + base + "-0"}
-		if rq.chat {
-			h.reqID = "chatcmpl-" + base
+		switch {
+		case rq.agent == agentResponses:
+			h.reqID = "resp_" + base // ResponsesRequest.request_id
+		case rq.chat || rq.agent == agentMessages:
+			h.reqID = "chatcmpl-" + base // Messages run as chat
 		}
 		if eos {
 			h.finish = "stop"
@@ -271,6 +274,10 @@ func (s *Server) vllmDecode(w http.ResponseWriter, rq pdRequest, rank int, param
 		return &handoff{kind: HandoffDecodeRecomputed}, true
 	}
 	s.recordFailed(rq, rank, HandoffDecodeFailed)
+	if rq.agent != "" {
+		s.agentGenerationError(w, rq)
+		return nil, false
+	}
 	s.vllmGenerationError(w, rq.req, rq.chat)
 	return nil, false
 }

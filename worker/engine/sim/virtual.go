@@ -73,9 +73,13 @@ type VirtualRank struct {
 	prefillFreeAt time.Duration // when the rank's prefill resource is next free
 	lastArrival   time.Duration
 	pending       runHeap // admitted, not released: ordered by DoneAt, then admission
-	seq           uint64
-	window        hitWindow
-	lora          loraSlots // LoRA adapter slots (lora.go)
+	// live are the admitted requests not done at the last call's time:
+	// what Stats counts. pending cannot: an admission releases what is
+	// done by its own start, which a queued request's is far after now.
+	live   runHeap
+	seq    uint64
+	window hitWindow
+	lora   loraSlots // LoRA adapter slots (lora.go)
 }
 
 // NewVirtualRank returns an idle rank (cfg's Ranks and TimeScale are ignored).
@@ -108,6 +112,7 @@ func (r *VirtualRank) Admit(now time.Duration, req VirtualRequest) (VirtualResul
 		return VirtualResult{}, fmt.Errorf("rank %d: %d blocks, capacity %d: %w", r.rank, len(req.Hashes), r.cache.Capacity(), ErrPromptTooLarge)
 	}
 	r.lastArrival = now
+	r.liveThrough(now)
 	start := now
 	usesPrefill := req.Phase != engine.PhaseGenerationOnly
 	if usesPrefill {
@@ -136,10 +141,12 @@ func (r *VirtualRank) Admit(now time.Duration, req VirtualRequest) (VirtualResul
 	r.window.record(start, int64(req.PromptTokens), int64(res.CachedTokens))
 	r.seq++
 	res.id = r.seq
-	heap.Push(&r.pending, &admitted{
+	a := &admitted{
 		id: r.seq, doneAt: res.DoneAt, startAt: start, firstTokenAt: res.FirstTokenAt,
 		promptTokens: req.PromptTokens, hashes: req.Hashes, usesPrefill: usesPrefill, adapter: req.Adapter,
-	})
+	}
+	heap.Push(&r.pending, a)
+	heap.Push(&r.live, a)
 	r.lora.hold(req.Adapter)
 	return res, nil
 }
@@ -203,7 +210,17 @@ func validateVirtual(req VirtualRequest) error {
 }
 
 // Advance releases the blocks of every request done by now.
-func (r *VirtualRank) Advance(now time.Duration) { r.releaseThrough(now) }
+func (r *VirtualRank) Advance(now time.Duration) {
+	r.releaseThrough(now)
+	r.liveThrough(now)
+}
+
+// liveThrough forgets the requests done by now.
+func (r *VirtualRank) liveThrough(now time.Duration) {
+	for len(r.live) > 0 && r.live[0].doneAt <= now {
+		heap.Pop(&r.live)
+	}
+}
 
 func (r *VirtualRank) releaseThrough(t time.Duration) {
 	for len(r.pending) > 0 && r.pending[0].doneAt <= t {
@@ -221,6 +238,12 @@ func (r *VirtualRank) release(a *admitted) {
 // cancel drops an admitted request at now: its blocks are released at once
 // and, if it holds the last prefill slot, the slot is returned.
 func (r *VirtualRank) cancel(id uint64, now time.Duration) {
+	for i, p := range r.live {
+		if p.id == id {
+			heap.Remove(&r.live, i)
+			break
+		}
+	}
 	for i, p := range r.pending {
 		if p.id != id {
 			continue
@@ -238,13 +261,14 @@ func (r *VirtualRank) cancel(id uint64, now time.Duration) {
 // Requests whose start is after now are queued; the others are active.
 func (r *VirtualRank) Stats(now time.Duration) engine.RankStats {
 	r.releaseThrough(now)
+	r.liveThrough(now)
 	s := engine.RankStats{
 		Rank:          r.rank,
 		KVBlocksUsed:  r.cache.Used(),
 		KVBlocksTotal: r.cache.Capacity(),
 		Evictions:     r.cache.Evictions(),
 	}
-	for _, p := range r.pending {
+	for _, p := range r.live {
 		s.ActivePromptTokens += p.promptTokens
 		if p.startAt > now {
 			s.QueuedRequests++
