@@ -28,8 +28,8 @@ func startEngines(t *testing.T, kind EngineKind, edges, instances, dp int) *engi
 }
 
 // startEnginesWith starts vLLM stand-ins with base's options (SGLang ones
-// as startEngines).
-func startEnginesWith(t *testing.T, kind EngineKind, edges, instances, dp int, base vllm.Options) *engineSetup {
+// as startEngines), the edges configured further by mutate.
+func startEnginesWith(t *testing.T, kind EngineKind, edges, instances, dp int, base vllm.Options, mutate ...func(*Config)) *engineSetup {
 	t.Helper()
 	s := &engineSetup{servers: map[string]*oaiserve.Server{}, c: httpClient(t)}
 	var urls []StaticInstance
@@ -51,6 +51,9 @@ func startEnginesWith(t *testing.T, kind EngineKind, edges, instances, dp int, b
 		c.Telemetry.ProbeInterval = 100 * time.Millisecond
 		c.ContextServers = ServersConfig{URLs: urls, Engine: kind, DataParallelSize: dp}
 		c.GenerationServers = ServersConfig{}
+		for _, m := range mutate {
+			m(c)
+		}
 	})
 	s.ec.waitInstances(instances)
 	// Ranks are recorded once the cluster runs at feature level 2 (every
@@ -276,11 +279,13 @@ func TestEngineStreamingCompletionsAndUnkeyed(t *testing.T) {
 	}
 }
 
-// A bound conversation whose server reports a queue at the overflow
-// threshold overflows to the other server (recorded in the log), as with a
-// worker's load report.
+// With the overflow thresholds configured (relief off), a bound
+// conversation whose server reports a queue at the threshold overflows to
+// the other server (recorded in the log), as with a worker's load report.
 func TestEngineBoundConversationOverflowsOnLongQueue(t *testing.T) {
-	s := startEngines(t, EngineSGLang, 3, 2, 2)
+	s := startEnginesWith(t, EngineSGLang, 3, 2, 2, vllm.Options{}, func(c *Config) {
+		c.Placement.Overflow.QueuedRequests, c.Placement.Overflow.ReliefFactor = 8, 0
+	})
 	s.chat(t, 0, "ovf-conv", "", "ovf turn 1")
 	home, _ := s.whereServed(t, "ovf turn 1")
 	for r := range 2 {

@@ -18,7 +18,7 @@ func TestCacheLostNeverTrustsAShadowsNo(t *testing.T) {
 	for _, approx := range []bool{false, true} {
 		ix := kvindex.New(kvindex.Config{})
 		out, err := ix.Apply(kvindex.Batch{Instance: "ctx-a", Boot: 1, Seq: 1, Approximate: approx,
-			Events: []kvindex.RankEvent{{Rank: 0, Stored: prompt[:30]}}})
+			Events: []kvindex.RankEvent{{Rank: 0, Stored: blocks(9, 30)}}}) // none of the prompt
 		if err != nil || out != kvindex.Applied {
 			t.Fatalf("store: %v %v", out, err)
 		}

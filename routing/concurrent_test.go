@@ -16,7 +16,7 @@ import (
 // edge-side feeders (KV batches, predictions, breaker samples, overload
 // observations) write, as the edge does; run with -race.
 func TestConcurrentDecisions(t *testing.T) {
-	r := mustRouter(t, nil)
+	r := mustRouter(t, thresholds)
 	ix := kvindex.New(kvindex.Config{})
 	tracker := overload.NewTracker()
 	breakers, err := breaker.NewSet(breaker.DefaultConfig())

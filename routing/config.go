@@ -11,6 +11,7 @@ import (
 	"github.com/tether-project/tether/internal/prefix"
 	"github.com/tether-project/tether/routing/breaker"
 	"github.com/tether-project/tether/routing/kvindex"
+	"github.com/tether-project/tether/routing/workset"
 )
 
 // RouterType is a fleet's router (config key router.type). The zero value
@@ -189,12 +190,20 @@ func PriorityFromHeader(h map[string][]string) (Priority, error) {
 // Weights turn cache credit and load into one score, in token-equivalents of
 // prefill work (higher is better):
 //
-//	score = Cache·cf·(cachedTokens + OffloadedBlock·offloadedTokens) − qf·(Queue·queuedPrefillTokens + QueuedRequest·queuedRequests) − Decode·activePromptTokens
+//	score = Cache·cf·(cachedTokens + OffloadedBlock·offloadedTokens) − qf·(Queue·backlog + QueuedRequest·queuedRequests) − Decode·activePromptTokens − Evict·evictedTokens [− LiveBinding·liveBindings]
 //
 // where cf = BackgroundCacheFactor for background requests (else 1), qf =
 // InteractiveQueueFactor for interactive requests (else 1), cachedTokens
 // the prompt's leading tokens in GPU memory and offloadedTokens the ones
-// after those that only an offloaded tier (CPU memory, disk) holds.
+// after those that only an offloaded tier (CPU memory, disk) holds. backlog
+// is the prefill work queued ahead on the instance (Router's backlog:
+// what the edges dispatched since its last report, plus its reported
+// queued requests' prompts discounted by its hit rate); evictedTokens the
+// prompt tokens it would have to store beyond what its KV cache has left
+// after the working set of the other conversations routed there lately
+// (routing/workset): the cache those conversations lose to it. The
+// liveBindings term (the instance's live bindings in the log) counts for a
+// new key's placement only.
 type Weights struct {
 	Cache                  float64 `yaml:"cache"`
 	Queue                  float64 `yaml:"queue"`
@@ -215,7 +224,25 @@ type Weights struct {
 	// PCIe (or from disk) instead of recomputing them: cheaper than
 	// prefill, dearer than a GPU hit.
 	OffloadedBlock float64 `yaml:"offloaded_block"`
+	// Evict is what a prompt token the instance must store beyond its
+	// free KV budget costs: another conversation's cached token it
+	// evicts, which that conversation computes again on its next turn
+	// (1: one evicted token costs one token of prefill; 0 ignores the
+	// working sets).
+	Evict float64 `yaml:"evict"`
+	// LiveBinding is what each live binding on an instance costs a new
+	// key placed there: a conversation that keeps sending turns, whose
+	// prefills and cache the new one shares. Large against the queue terms
+	// by default, so new conversations spread by how many an instance
+	// already holds (what no queue shows yet when they arrive together)
+	// unless cache or queue differ by more (0: fewest bindings breaks ties
+	// only).
+	LiveBinding float64 `yaml:"live_binding"`
 }
+
+// DefaultLiveBinding is weights.live_binding: about a conversation turn's
+// prompt (30,000 tokens).
+const DefaultLiveBinding = 30_000
 
 // DefaultOffloadedBlock credits an offloaded token at half a GPU-cached
 // one: loading a block from host memory costs a fraction of its prefill
@@ -226,20 +253,31 @@ const DefaultOffloadedBlock = 0.5
 // OverflowConfig says when a bound key leaves its instance. Zero thresholds
 // are disabled.
 type OverflowConfig struct {
-	// QueuedRequests: the bound instance is saturated at or above this
-	// many queued requests.
+	// QueuedRequests: an instance is saturated at or above this many
+	// queued requests (0, the default: never by count). A saturated
+	// instance is placed on after those that are not; a key bound to it
+	// leaves only when waiting there costs more than moving (ReliefFactor).
 	QueuedRequests int `yaml:"queued_requests"`
 	// ActivePromptTokens: ... or at or above this many active prompt
-	// tokens.
+	// tokens (0, the default: never by tokens).
 	ActivePromptTokens int64 `yaml:"active_prompt_tokens"`
+	// ReliefFactor: a healthy bound instance keeps its key unless staying
+	// costs more than this many times moving, each in prefill tokens: the
+	// prefill queued ahead there (backlog) plus the prompt's part its
+	// cache lacks, against the same for the best other instance plus the
+	// cache the prompt would evict there (Router.relieve). A move makes
+	// the fleet compute the conversation again and reports are 100 ms old,
+	// hence a factor well above 1. 0 disables; else at least 1.
+	ReliefFactor float64 `yaml:"relief_factor"`
 	// RebindAfter: an overflow becomes a rebind once the bound instance
 	// has been continuously unable to take its keys this long (0: never
 	// rebind; the key returns when the instance recovers).
 	RebindAfter time.Duration `yaml:"rebind_after"`
 	// CacheLostBelow: a bound key whose instance no longer holds the
-	// prompt's block at this fraction of its blocks (by the KV index, and
-	// only while the index has a trusted baseline for the instance: see
-	// Router.cacheLost) is placed again among
+	// block at this fraction of the blocks of the conversation's previous
+	// prompt there, as this edge saw it (its first block when this edge
+	// did not; by the KV index, and only while the index has a trusted
+	// baseline for the instance: see Router.cacheLost) is placed again among
 	// all instances, the bound one included; when another scores strictly
 	// better the binding moves there (an Overflow with Rebind, reason
 	// cache_lost). 0 disables; the check runs only for routers that use
@@ -260,6 +298,29 @@ type OverflowConfig struct {
 	// trace benchmark's tuning half it raised the sub-agent hit rate but
 	// lowered the hit rate; BENCHMARKS.md).
 	SubAgentCacheLost bool `yaml:"subagent_cache_lost"`
+	// SubAgentTreeBudget: a sub-agent that would follow its parent's
+	// binding goes its own way when its agent tree does not fit the
+	// parent's instance: the prompts of the parent and its sub-agents
+	// routed there lately (the working set) plus this one above the
+	// instance's KV capacity. It is then placed under its own
+	// conversation id (placement credits the prefix it shares with a
+	// sibling where that sibling is; policy subagent_own) and follows that
+	// binding from then on (decide.go: treeFits). Off by default: on the
+	// trace benchmark's tuning half it changed the hit rate by nothing and
+	// the sub-agent hit rate by −0.7 points at 4 × 3,000 blocks
+	// (BENCHMARKS.md).
+	SubAgentTreeBudget bool `yaml:"subagent_tree_budget"`
+	// SubAgentFirstWithParent: a sub-agent follows its parent's binding on
+	// its first request only (where its siblings' shared prefix is); once
+	// its parent link is committed it is placed under its own conversation
+	// id (its own context's cache, the queue and the working sets weighed;
+	// policy subagent_own) and follows that binding (decide.go:
+	// ownAfterFirst). Off (the default, docs/subagent-routing.md's
+	// contract): sub-agents follow the parent on every request. On the
+	// trace benchmark's tuning half at 4 × 3,000 blocks it raised the
+	// sub-agent hit rate from 0.687 to 0.742 at an unchanged hit rate
+	// (BENCHMARKS.md).
+	SubAgentFirstWithParent bool `yaml:"subagent_first_with_parent"`
 	// Weigh (experimental, not a configuration key; the trace benchmark's
 	// tether_weigh): a healthy bound instance, saturated or not, is
 	// weighed against the others per request — each candidate's score is
@@ -291,25 +352,37 @@ type Config struct {
 	BlockSize int        `yaml:"block_size"` // tokens per KV block
 	// PredictTTL is how long a placed prompt counts as cached on its
 	// instance before the worker's stored event (kvindex.Config).
-	PredictTTL time.Duration  `yaml:"predict_ttl"`
-	Weights    Weights        `yaml:"weights"`
-	Overflow   OverflowConfig `yaml:"overflow"`
-	Shed       ShedConfig     `yaml:"shed"`
-	Breaker    breaker.Config `yaml:"circuit_breaker"`
+	PredictTTL time.Duration `yaml:"predict_ttl"`
+	// WorkingSetWindow is how long a conversation counts in the working
+	// set of the instance it was last sent to (routing/workset): what the
+	// edge routed within it is what the instances' caches must hold (0:
+	// workset.DefaultWindow; not a configuration key).
+	WorkingSetWindow time.Duration  `yaml:"-"`
+	Weights          Weights        `yaml:"weights"`
+	Overflow         OverflowConfig `yaml:"overflow"`
+	Shed             ShedConfig     `yaml:"shed"`
+	Breaker          breaker.Config `yaml:"circuit_breaker"`
 }
+
+// DefaultReliefFactor is overflow.relief_factor.
+const DefaultReliefFactor = 5
 
 // DefaultConfig returns the defaults. The weights make one cached token worth
 // one queued prefill token (both are prefill work saved or waited for); a
 // decoding prompt token slows prefill a tenth as much; a queued request costs
 // 256 tokens on top of its tokens (scheduling and the signal when a worker
 // does not report token figures). Interactive requests count queueing twice,
-// background requests count cache twice. 5,500 prefill tokens/s is a
-// 70B-class model on one GPU.
+// background requests count cache twice. A prompt token that evicts another
+// conversation's working set costs the prefill it will redo; a live binding
+// costs a new conversation about a turn's prompt. A bound key moves for its
+// queue only when waiting costs five times moving. 5,500 prefill tokens/s
+// is a 70B-class model on one GPU.
 func DefaultConfig() Config {
 	return Config{
-		Type:       RouterConversation,
-		BlockSize:  prefix.DefaultBlockSize,
-		PredictTTL: kvindex.DefaultPredictTTL,
+		Type:             RouterConversation,
+		BlockSize:        prefix.DefaultBlockSize,
+		PredictTTL:       kvindex.DefaultPredictTTL,
+		WorkingSetWindow: workset.DefaultWindow,
 		Weights: Weights{
 			Cache:                  1,
 			Queue:                  1,
@@ -320,13 +393,14 @@ func DefaultConfig() Config {
 			LoRALoad:               DefaultLoRALoad,
 			LoRAFull:               DefaultLoRAFull,
 			OffloadedBlock:         DefaultOffloadedBlock,
+			Evict:                  1,
+			LiveBinding:            DefaultLiveBinding,
 		},
 		Overflow: OverflowConfig{
-			QueuedRequests:     8,
-			ActivePromptTokens: 2_000_000,
-			RebindAfter:        30 * time.Second,
-			CacheLostBelow:     0.5,
-			CacheLostMinIdle:   5 * time.Second,
+			ReliefFactor:     DefaultReliefFactor,
+			RebindAfter:      30 * time.Second,
+			CacheLostBelow:   0.5,
+			CacheLostMinIdle: 5 * time.Second,
 		},
 		Shed: ShedConfig{
 			MaxQueuedRequests:      64,
@@ -354,59 +428,79 @@ func (c Config) Validate() error {
 	if c.PredictTTL < 0 {
 		bad("predict_ttl", "must be >= 0, got %s", c.PredictTTL)
 	}
-	weight := func(key string, v, min float64) {
-		if math.IsNaN(v) || math.IsInf(v, 0) || v < min {
-			bad("weights."+key, "must be a finite number >= %g, got %g", min, v)
-		}
+	if c.WorkingSetWindow < 0 {
+		bad("working_set_window", "must be >= 0 (0: %s), got %s", workset.DefaultWindow, c.WorkingSetWindow)
 	}
-	weight("cache", c.Weights.Cache, 0)
-	weight("queue", c.Weights.Queue, 0)
-	weight("decode", c.Weights.Decode, 0)
-	weight("queued_request", c.Weights.QueuedRequest, 0)
-	weight("interactive_queue_factor", c.Weights.InteractiveQueueFactor, 1)
-	weight("background_cache_factor", c.Weights.BackgroundCacheFactor, 1)
-	weight("lora_load", c.Weights.LoRALoad, 0)
-	weight("lora_full", c.Weights.LoRAFull, 0)
-	if v := c.Weights.OffloadedBlock; math.IsNaN(v) || v < 0 || v > 1 {
-		bad("weights.offloaded_block", "must be a fraction 0..1 (0 ignores offloaded tiers), got %g", v)
-	}
-	if c.Overflow.QueuedRequests < 0 {
-		bad("overflow.queued_requests", "must be >= 0 (0 disables), got %d", c.Overflow.QueuedRequests)
-	}
-	if c.Overflow.ActivePromptTokens < 0 {
-		bad("overflow.active_prompt_tokens", "must be >= 0 (0 disables), got %d", c.Overflow.ActivePromptTokens)
-	}
-	if c.Overflow.RebindAfter < 0 {
-		bad("overflow.rebind_after", "must be >= 0 (0 disables), got %s", c.Overflow.RebindAfter)
-	}
-	if v := c.Overflow.CacheLostBelow; math.IsNaN(v) || v < 0 || v > 1 {
-		bad("overflow.cache_lost_below", "must be a fraction 0..1 (0 disables), got %g", v)
-	}
-	if c.Overflow.CacheLostMinIdle < 0 {
-		bad("overflow.cache_lost_min_idle", "must be >= 0 (0: check at once), got %s", c.Overflow.CacheLostMinIdle)
-	}
-	if c.Shed.MaxQueuedRequests < 0 {
-		bad("shed.max_queued_requests", "must be >= 0 (0 disables), got %d", c.Shed.MaxQueuedRequests)
-	}
-	if c.Shed.MaxQueuedPrefillTokens < 0 {
-		bad("shed.max_queued_prefill_tokens", "must be >= 0 (0 disables), got %d", c.Shed.MaxQueuedPrefillTokens)
-	}
+	c.Weights.validate(bad)
+	c.Overflow.validate(bad)
+	c.Shed.validate(bad)
 	if c.Overflow.QueuedRequests > 0 && c.Shed.MaxQueuedRequests > 0 && c.Overflow.QueuedRequests >= c.Shed.MaxQueuedRequests {
 		bad("overflow.queued_requests", "%d must be below shed.max_queued_requests (%d), or overflow never happens before shedding",
 			c.Overflow.QueuedRequests, c.Shed.MaxQueuedRequests)
-	}
-	if tps := c.Shed.PrefillTokensPerSecond; math.IsNaN(tps) || math.IsInf(tps, 0) || tps <= 0 {
-		bad("shed.prefill_tokens_per_second", "must be a finite number > 0, got %g", tps)
-	}
-	// Retry-After carries whole seconds.
-	if d := c.Shed.RetryAfterMin; d < time.Second || d%time.Second != 0 {
-		bad("shed.retry_after_min", "must be a whole number of seconds >= 1s, got %s", d)
-	}
-	if d := c.Shed.RetryAfterMax; d < c.Shed.RetryAfterMin || d%time.Second != 0 {
-		bad("shed.retry_after_max", "must be a whole number of seconds >= shed.retry_after_min (%s), got %s", c.Shed.RetryAfterMin, d)
 	}
 	if err := c.Breaker.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("router.%w", err))
 	}
 	return errors.Join(errs...)
+}
+
+func (w Weights) validate(bad func(key, format string, args ...any)) {
+	weight := func(key string, v, min float64) {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < min {
+			bad("weights."+key, "must be a finite number >= %g, got %g", min, v)
+		}
+	}
+	weight("cache", w.Cache, 0)
+	weight("queue", w.Queue, 0)
+	weight("decode", w.Decode, 0)
+	weight("queued_request", w.QueuedRequest, 0)
+	weight("interactive_queue_factor", w.InteractiveQueueFactor, 1)
+	weight("background_cache_factor", w.BackgroundCacheFactor, 1)
+	weight("lora_load", w.LoRALoad, 0)
+	weight("lora_full", w.LoRAFull, 0)
+	weight("evict", w.Evict, 0)
+	weight("live_binding", w.LiveBinding, 0)
+	if v := w.OffloadedBlock; math.IsNaN(v) || v < 0 || v > 1 {
+		bad("weights.offloaded_block", "must be a fraction 0..1 (0 ignores offloaded tiers), got %g", v)
+	}
+}
+
+func (o OverflowConfig) validate(bad func(key, format string, args ...any)) {
+	if o.QueuedRequests < 0 {
+		bad("overflow.queued_requests", "must be >= 0 (0 disables), got %d", o.QueuedRequests)
+	}
+	if o.ActivePromptTokens < 0 {
+		bad("overflow.active_prompt_tokens", "must be >= 0 (0 disables), got %d", o.ActivePromptTokens)
+	}
+	if v := o.ReliefFactor; math.IsNaN(v) || math.IsInf(v, 0) || (v != 0 && v < 1) {
+		bad("overflow.relief_factor", "must be 0 (disabled) or a finite number >= 1, got %g", v)
+	}
+	if o.RebindAfter < 0 {
+		bad("overflow.rebind_after", "must be >= 0 (0 disables), got %s", o.RebindAfter)
+	}
+	if v := o.CacheLostBelow; math.IsNaN(v) || v < 0 || v > 1 {
+		bad("overflow.cache_lost_below", "must be a fraction 0..1 (0 disables), got %g", v)
+	}
+	if o.CacheLostMinIdle < 0 {
+		bad("overflow.cache_lost_min_idle", "must be >= 0 (0: check at once), got %s", o.CacheLostMinIdle)
+	}
+}
+
+func (sc ShedConfig) validate(bad func(key, format string, args ...any)) {
+	if sc.MaxQueuedRequests < 0 {
+		bad("shed.max_queued_requests", "must be >= 0 (0 disables), got %d", sc.MaxQueuedRequests)
+	}
+	if sc.MaxQueuedPrefillTokens < 0 {
+		bad("shed.max_queued_prefill_tokens", "must be >= 0 (0 disables), got %d", sc.MaxQueuedPrefillTokens)
+	}
+	if tps := sc.PrefillTokensPerSecond; math.IsNaN(tps) || math.IsInf(tps, 0) || tps <= 0 {
+		bad("shed.prefill_tokens_per_second", "must be a finite number > 0, got %g", tps)
+	}
+	// Retry-After carries whole seconds.
+	if d := sc.RetryAfterMin; d < time.Second || d%time.Second != 0 {
+		bad("shed.retry_after_min", "must be a whole number of seconds >= 1s, got %s", d)
+	}
+	if d := sc.RetryAfterMax; d < sc.RetryAfterMin || d%time.Second != 0 {
+		bad("shed.retry_after_max", "must be a whole number of seconds >= shed.retry_after_min (%s), got %s", sc.RetryAfterMin, d)
+	}
 }

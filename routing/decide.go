@@ -37,6 +37,7 @@ func (d *Decider) Decide(ctx context.Context, router *Router, req Request, prev 
 		router.predicted(h, &req, d.Index)
 		d.Index.Predict(h.Instance, req.Blocks, req.Now)
 	}
+	d.workSet(router).Note(req.workKey(), h.Instance, len(req.Blocks), req.Now)
 	return h, nil
 }
 
@@ -87,8 +88,8 @@ func (d *Decider) RecordIdentity(id Identity) {
 	}
 }
 
-func (d *Decider) inputs(views *Views, st *fsm.State) Inputs {
-	in := Inputs{Views: views, Bindings: st, Overload: d.Overload}
+func (d *Decider) inputs(views *Views, st *fsm.State, router *Router) Inputs {
+	in := Inputs{Views: views, Bindings: st, Overload: d.Overload, Work: d.workSet(router)}
 	if d.Index != nil {
 		in.Prefix = d.Index
 	}
@@ -117,6 +118,9 @@ type decision struct {
 	placedLast bool
 	// woken: silent instances count as healthy (wake).
 	woken bool
+	// treeOwn: a sub-agent placed under its own id because its agent
+	// tree does not fit its parent's instance (treeFits).
+	treeOwn bool
 }
 
 // maxMoves bounds how many times one decision follows a binding other
@@ -127,7 +131,7 @@ func (d *Decider) start(ctx context.Context, router *Router, req Request, h *Hop
 	views := d.Fleet.Views(req.Now, h.Excluded)
 	st := d.Log.State()
 	h.StateIndex = st.Index()
-	return &decision{d: d, ctx: ctx, router: router, req: req, h: h, in: d.inputs(views, st), st: st}
+	return &decision{d: d, ctx: ctx, router: router, req: req, h: h, in: d.inputs(views, st, router), st: st}
 }
 
 // decide is a first decision (prev nil), or one after the unbound hop prev
@@ -165,6 +169,11 @@ func (x *decision) keyed() (*Hop, *Failure) {
 			x.asOwn()
 			return x.unbound()
 		}
+		if x.ownAfterFirst() || !x.treeFits() {
+			x.asOwn()
+			x.treeOwn = true
+			return x.unbound()
+		}
 	}
 	if b, ok := x.st.Lookup(x.h.Fleet, x.h.Key); ok {
 		return x.bound(b)
@@ -176,6 +185,60 @@ func (x *decision) keyed() (*Hop, *Failure) {
 // parent's key.
 func (x *decision) subAgent() bool {
 	return x.req.ConversationID != "" && x.req.ConversationID != x.req.Key
+}
+
+// ownAfterFirst reports whether a sub-agent routed by its parent's key
+// is past its first request (overflow.subagent_first_with_parent: its
+// parent link is committed in this edge's replica), on the context fleet
+// (the generation fleet's binding keeps the tree's decode state). Its first request went
+// with its parent, where its siblings' shared prefix is; from its second it
+// is placed under its own id — credited its own context where that first
+// request left it, charged the prefill queued and the cache its prompt
+// would evict from each instance's working set — and is sticky there. Long
+// siblings on their parent's instance evict each other's contexts and the
+// parent's; placed each on its own, only the ones that fit stay together.
+func (x *decision) ownAfterFirst() bool {
+	if !x.router.cfg.Overflow.SubAgentFirstWithParent || x.h.Fleet != fsm.FleetContext {
+		return false
+	}
+	link, ok := x.st.Link(x.req.ConversationID)
+	return ok && link.Root == x.req.Key
+}
+
+// treeFits reports whether a sub-agent following its parent's binding fits
+// its parent's instance (overflow.subagent_tree_budget): the prompts of the
+// agent tree's members last routed there within the working-set window
+// (the parent and its other sub-agents, as this edge routed them) plus
+// this one, at most the instance's KV capacity. A tree whose siblings' long
+// contexts outgrow one instance evicts itself there — each sibling's turn
+// evicts another's context, and the parent's — so a sub-agent that does not
+// fit goes its own way: placed under its own id (credited the prefix it
+// shares with a sibling where that sibling is, its queue and the cache it
+// would evict there weighed), and sticky from then on. It fits when the
+// parent is not bound (it is placed by the parent's key) or the instance
+// reports no capacity.
+func (x *decision) treeFits() bool {
+	if !x.router.cfg.Overflow.SubAgentTreeBudget || x.in.Work == nil || x.h.Fleet != fsm.FleetContext {
+		return true
+	}
+	b, ok := x.st.Lookup(x.h.Fleet, x.h.Key)
+	if !ok {
+		return true
+	}
+	v, ok := x.in.Views.Lookup(b.Instance)
+	if !ok || v.KVTotalBlocks <= 0 {
+		return true
+	}
+	tree := int64(len(x.req.Blocks))
+	for _, k := range append(x.st.Children(x.h.Key), x.h.Key) {
+		if k == x.req.ConversationID {
+			continue
+		}
+		if inst, blocks, ok := x.in.Work.Key(workKey(x.req.Fleet, k, ""), x.req.Now); ok && inst == b.Instance {
+			tree += int64(blocks)
+		}
+	}
+	return tree <= v.KVTotalBlocks
 }
 
 // asOwn routes the rest of the decision by the sub-agent's own
@@ -290,6 +353,9 @@ func (x *decision) place() (*Hop, *Failure) {
 	if rt.Action != actionBind {
 		x.set(rt, OutcomeUnbound)
 		return x.h, nil
+	}
+	if x.treeOwn {
+		rt.Decision.Policy = PolicySubAgentOwn
 	}
 	return x.placeOn(rt)
 }

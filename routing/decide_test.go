@@ -664,6 +664,7 @@ func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
 		cfg.BlockSize = 4
 		cfg.Overflow.CacheLostMinIdle = 0
 		cfg.Overflow.SubAgentCacheLost = on
+		cfg.Overflow.SubAgentFirstWithParent = false
 		router, err := NewRouter(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -694,6 +695,102 @@ func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
 			again, fail := r.d.Decide(context.Background(), r.router, child, nil)
 			if fail != nil || again.Instance != "b" || !again.OwnKey || again.Outcome != OutcomeSticky {
 				t.Fatalf("after the escape: %+v %v, want sticky on its own binding on b", again, fail)
+			}
+		}
+	}
+}
+
+// With overflow.subagent_tree_budget, a sub-agent whose agent tree (its
+// parent and siblings as this edge routed them there, plus its prompt) does
+// not fit its parent's instance's KV cache is placed under its own id and
+// follows that binding from then on; one that fits follows the parent.
+func TestSubAgentGoesItsOwnWayWhenItsTreeDoesNotFit(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		cfg := DefaultConfig()
+		cfg.Overflow.SubAgentTreeBudget = on
+		cfg.Overflow.SubAgentFirstWithParent = false
+		router, err := NewRouter(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := newRig(t)
+		r.router = router
+		for i := range r.fleet.views {
+			r.fleet.views[i].KVTotalBlocks = 100
+		}
+		r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "root", ConversationID: "root", Instance: "a"})
+		r.log.commit(t, fsm.Link{Child: "sib", Parent: "root", Root: "root", Depth: 1})
+		// This edge sent the parent's last prompt (50 blocks) and a
+		// sibling's (40) to a.
+		r.d.workSet(r.router).Note(workKey(fsm.FleetContext, "root", ""), "a", 50, tDecide.Add(-time.Second))
+		r.d.workSet(r.router).Note(workKey(fsm.FleetContext, "sib", ""), "a", 40, tDecide.Add(-time.Second))
+		child := Request{Fleet: fsm.FleetContext, Key: "root", ConversationID: "child", RequestID: "child#1", Edge: "e1",
+			Now: tDecide, PromptTokens: 5 * 64, Blocks: blocks(3, 5)}
+		fits, fail := r.d.Decide(context.Background(), r.router, child, nil)
+		if fail != nil || fits.Instance != "a" || fits.OwnKey {
+			t.Fatalf("on=%v: 95 of 100 blocks: %+v %v, want the parent's a", on, fits, fail)
+		}
+		child.ConversationID, child.RequestID, child.Blocks = "big", "big#1", blocks(4, 20)
+		got, fail := r.d.Decide(context.Background(), r.router, child, nil)
+		switch {
+		case fail != nil:
+			t.Fatal(fail)
+		case on && (got.Instance == "a" || !got.OwnKey || got.Key != "big" || got.Policy != PolicySubAgentOwn):
+			t.Fatalf("budget on, 110 of 100 blocks: %+v, want big placed off a under its own id", got)
+		case !on && (got.Instance != "a" || got.OwnKey):
+			t.Fatalf("budget off: %+v, want the parent's a", got)
+		}
+		if on {
+			child.RequestID = "big#2"
+			again, fail := r.d.Decide(context.Background(), r.router, child, nil)
+			if fail != nil || again.Instance != got.Instance || !again.OwnKey || again.Outcome != OutcomeSticky {
+				t.Fatalf("after going its own way: %+v %v, want sticky on its own binding on %s", again, fail, got.Instance)
+			}
+		}
+	}
+}
+
+// With overflow.subagent_first_with_parent (the default), a sub-agent's
+// first request follows its parent's binding; once its parent link is
+// committed, its requests are placed under its own id — where its own
+// context is cached — and stick to that binding. Off, every request
+// follows the parent.
+func TestSubAgentFollowsItsParentOnItsFirstRequestOnly(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		cfg := DefaultConfig()
+		cfg.Overflow.SubAgentFirstWithParent = on
+		router, err := NewRouter(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := newRig(t)
+		r.router = router
+		r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "root", ConversationID: "root", Instance: "a"})
+		child := Request{Fleet: fsm.FleetContext, Key: "root", ConversationID: "child", RequestID: "child#1", Edge: "e1",
+			Now: tDecide, PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}}
+		first, fail := r.d.Decide(context.Background(), r.router, child, nil)
+		if fail != nil || first.Instance != "a" || first.OwnKey {
+			t.Fatalf("on=%v: first request %+v %v, want the parent's a", on, first, fail)
+		}
+		r.log.commit(t, fsm.Link{Child: "child", Parent: "root", Root: "root", Depth: 1})
+		// Its context is cached on b now (say the parent's instance
+		// evicted it); the parent stays on a.
+		r.d.Index = heldIndex{held: map[string]bool{"b": true}}
+		child.RequestID, child.Now = "child#2", tDecide.Add(time.Minute)
+		got, fail := r.d.Decide(context.Background(), r.router, child, nil)
+		switch {
+		case fail != nil:
+			t.Fatal(fail)
+		case on && (got.Instance != "b" || !got.OwnKey || got.Key != "child" || got.Policy != PolicySubAgentOwn || got.Outcome != OutcomeNewBind):
+			t.Fatalf("on: second request %+v, want a new binding of child on b", got)
+		case !on && (got.Instance != "a" || got.OwnKey):
+			t.Fatalf("off: second request %+v, want the parent's a", got)
+		}
+		if on {
+			child.RequestID, child.Now = "child#3", tDecide.Add(2*time.Minute)
+			again, fail := r.d.Decide(context.Background(), r.router, child, nil)
+			if fail != nil || again.Instance != "b" || !again.OwnKey || again.Outcome != OutcomeSticky {
+				t.Fatalf("on: third request %+v %v, want sticky on its own binding on b", again, fail)
 			}
 		}
 	}

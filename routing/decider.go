@@ -3,10 +3,12 @@ package routing
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/overload"
+	"github.com/tether-project/tether/routing/workset"
 )
 
 // Outcomes (the edge's metric label and span attribute).
@@ -166,6 +168,18 @@ type Decider struct {
 	// not known by the propose timeout is then served where it proposed,
 	// counted degraded. Hard affinity always waits.
 	CommitFirst bool
+
+	// work is what this edge routed lately (routing/workset), the working
+	// set of each instance: created on the first decision, with the
+	// router's working_set_window.
+	workOnce sync.Once
+	work     *workset.Set
+}
+
+// workSet returns the decider's working sets.
+func (d *Decider) workSet(router *Router) *workset.Set {
+	d.workOnce.Do(func() { d.work = workset.New(workset.Config{Window: router.cfg.WorkingSetWindow}) })
+	return d.work
 }
 
 // Hop is where one fleet's part of a request goes.

@@ -27,6 +27,36 @@ func (r *Router) saturated(v *InstanceView) bool {
 		(o.ActivePromptTokens > 0 && v.ActivePromptTokens >= o.ActivePromptTokens)
 }
 
+// backlog estimates the prefill work queued ahead on v, in prompt tokens:
+// the prompts the edges dispatched there since its last report, plus its
+// queued requests times the prompt tokens it holds per admitted request
+// (its active prompt tokens over its queued and active requests), less the
+// share its cache serves (its window hit rate). A worker that reports no
+// token figures (an engine scraped for request counts) is taken to queue
+// requests of unknown tokens each (Router.unknownRequest).
+func backlog(v *InstanceView, unknown float64) float64 {
+	miss := 1.0
+	if h := v.HitRate; h > 0 && h <= 1 {
+		miss = 1 - h
+	}
+	q := max(v.QueuedRequests, 0)
+	per := 0.0
+	switch n := q + max(v.ActiveRequests, 0); {
+	case v.ActivePromptTokens > 0 && n > 0:
+		per = float64(v.ActivePromptTokens) / float64(n)
+	case v.QueuedPrefillTokens <= 0:
+		per = max(unknown, 0)
+	}
+	return float64(max(v.QueuedPrefillTokens, 0)) + miss*per*float64(q)
+}
+
+// unknownRequest is what a queued request whose size its worker does not
+// report counts in the backlog: a conversation's turn, as a live binding
+// counts (weights.live_binding), or this prompt when it is longer.
+func (r *Router) unknownRequest(req *Request) float64 {
+	return max(float64(req.PromptTokens), r.cfg.Weights.LiveBinding)
+}
+
 func (r *Router) overHard(v *InstanceView) bool {
 	s := r.cfg.Shed
 	return (s.MaxQueuedRequests > 0 && v.QueuedRequests >= s.MaxQueuedRequests) ||
@@ -67,6 +97,7 @@ func (r *Router) place(req Request, in Inputs) (route, error) {
 	if minTier == tierOver {
 		return r.shed(&req, cands, nil), nil
 	}
+	req.placing = true
 	rt := r.choose(&req, &in, filterTier(cands, minTier))
 	rt.Action = actionServe
 	if req.Key != "" && r.cfg.Type.Binds() {
@@ -130,14 +161,36 @@ func filterTier(cands []candidate, t tier) []candidate {
 	return out
 }
 
-func (r *Router) loadCost(v *InstanceView, p Priority) float64 {
+func (r *Router) loadCost(v *InstanceView, req *Request) float64 {
 	w := &r.cfg.Weights
 	qf := 1.0
-	if p == PriorityInteractive {
+	if req.Priority == PriorityInteractive {
 		qf = w.InteractiveQueueFactor
 	}
-	return qf*(w.Queue*float64(v.QueuedPrefillTokens)+w.QueuedRequest*float64(v.QueuedRequests)) +
+	return qf*(w.Queue*backlog(v, r.unknownRequest(req))+w.QueuedRequest*float64(v.QueuedRequests)) +
 		w.Decode*float64(v.ActivePromptTokens)
+}
+
+// evicted is the prompt tokens placing req on c's instance stores beyond
+// the KV budget the working set of the other conversations routed there
+// lately leaves it: of the prompt blocks the instance does not hold, those
+// that do not fit beside that working set. Each evicts a block another
+// conversation will compute again. A prompt larger than the instance's
+// cache is not stored and evicts nothing.
+func (r *Router) evicted(req *Request, in *Inputs, c *candidate) float64 {
+	n := int64(len(req.Blocks))
+	if in.Work == nil || c.v.KVTotalBlocks <= 0 || n == 0 || n > c.v.KVTotalBlocks {
+		return 0
+	}
+	l := in.Work.Load(c.v.ID, req.Now)
+	if inst, blocks, ok := in.Work.Key(req.workKey(), req.Now); ok && inst == c.v.ID {
+		l.Blocks -= int64(blocks)
+	}
+	over := min(n-int64(c.blocks), max(l.Blocks, 0)+n-c.v.KVTotalBlocks)
+	if over <= 0 {
+		return 0
+	}
+	return float64(over * int64(r.cfg.BlockSize))
 }
 
 // ranker orders candidates: score, then (binding routers, keyed requests)
@@ -191,7 +244,7 @@ func (r *Router) choose(req *Request, in *Inputs, cands []candidate) route {
 	if r.cfg.Type.usesCache() && in.Prefix != nil && len(req.Blocks) > 0 {
 		creditCache(req, in, cands)
 	}
-	dec.Policy = r.score(req, cands)
+	dec.Policy = r.score(req, in, cands)
 	rk := ranker{in: in, fleet: req.Fleet, keyHash: hash64.Mix64(req.Spread)}
 	if req.Key != "" {
 		rk.keyHash = rendezvous.KeyHash(req.Key)
@@ -242,7 +295,7 @@ func creditCache(req *Request, in *Inputs, cands []candidate) {
 
 // score sets each candidate's cached tokens and score (Weights) and
 // returns the decision's policy: kv_aware when some cache was credited.
-func (r *Router) score(req *Request, cands []candidate) string {
+func (r *Router) score(req *Request, in *Inputs, cands []candidate) string {
 	w := &r.cfg.Weights
 	cacheWeight := w.Cache
 	if req.Priority == PriorityBackground {
@@ -262,9 +315,36 @@ func (r *Router) score(req *Request, cands []candidate) string {
 			credit = cacheWeight * tokens
 			policy = PolicyKVAware
 		}
-		c.score = credit - r.loadCost(c.v, req.Priority) - r.adapterCost(c.v, req.Adapter)
+		c.score = credit - r.loadCost(c.v, req) - r.adapterCost(c.v, req.Adapter)
+		if w.Evict > 0 {
+			c.score -= w.Evict * r.evicted(req, in, c)
+		}
 	}
+	r.spread(req, in, cands)
 	return policy
+}
+
+// spread charges each candidate weights.live_binding per live binding it
+// holds, for a new key whose prompt no candidate holds more of than
+// another (a new conversation, or one whose cache is gone everywhere):
+// nothing in the cache tells the instances apart, and the conversations
+// already bound to each are the load it will have, which its queue does
+// not show yet when many start together. A key whose prefix some instance
+// holds more of (a sub-agent beside its siblings) is placed by cache and
+// load, bindings breaking ties.
+func (r *Router) spread(req *Request, in *Inputs, cands []candidate) {
+	w := r.cfg.Weights.LiveBinding
+	if !req.placing || w <= 0 || req.Key == "" || !r.cfg.Type.Binds() || in.Bindings == nil || len(cands) == 0 {
+		return
+	}
+	for i := range cands {
+		if cands[i].cached != cands[0].cached {
+			return
+		}
+	}
+	for i := range cands {
+		cands[i].score -= w * float64(in.Bindings.BindingCount(req.Fleet, cands[i].v.ID))
+	}
 }
 
 // top returns the best fsm.MaxCandidates of cands, best first, and how many

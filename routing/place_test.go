@@ -113,8 +113,10 @@ func TestPlaceIdleFleetSpreadsNewKeys(t *testing.T) {
 	}
 }
 
-func TestPlaceLeastLoadedBeatsBindings(t *testing.T) {
-	r := mustRouter(t, nil)
+// Without weights.live_binding, load decides and bindings break ties: a
+// new key goes to the idle instance however many keys it holds.
+func TestPlaceLeastLoadedBeatsBindingsWithoutSpread(t *testing.T) {
+	r := mustRouter(t, func(c *Config) { c.Weights.LiveBinding = 0 })
 	vs := idle("ctx-a", "ctx-b")
 	vs[0].QueuedRequests, vs[0].QueuedPrefillTokens = 1, 100 // a: few bindings but busy
 	in := Inputs{Views: mustViews(t, vs), Bindings: bindingCounts{"ctx-a": 0, "ctx-b": 100}}
@@ -122,6 +124,41 @@ func TestPlaceLeastLoadedBeatsBindings(t *testing.T) {
 		if rt := place(t, r, Request{Key: fmt.Sprintf("k%d", i)}, in); rt.Instance != "ctx-b" {
 			t.Fatalf("k%d: %s, want the idle ctx-b despite its 100 bindings", i, rt.Instance)
 		}
+	}
+}
+
+// With weights.live_binding (the default), a new key whose prompt no
+// instance holds more of goes where fewer conversations live unless the
+// other's queue outweighs them: many conversations starting within one
+// load report no longer all land on the instance that looked idle.
+func TestPlacementSpreadsNewKeysByLiveBindings(t *testing.T) {
+	r := mustRouter(t, nil)
+	w := r.Config().Weights.LiveBinding
+	vs := idle("ctx-a", "ctx-b")
+	vs[0].QueuedRequests, vs[0].QueuedPrefillTokens = 1, 100
+	in := Inputs{Views: mustViews(t, vs), Bindings: bindingCounts{"ctx-a": 0, "ctx-b": 3}}
+	if rt := place(t, r, Request{Key: "k"}, in); rt.Instance != "ctx-a" {
+		t.Fatalf("a 100 tokens busier, b 3 conversations more: %s, want ctx-a", rt.Instance)
+	}
+	vs[0].QueuedPrefillTokens = int64(4 * w) // a's queue outweighs 3 bindings
+	in.Views = mustViews(t, vs)
+	if rt := place(t, r, Request{Key: "k"}, in); rt.Instance != "ctx-b" {
+		t.Fatalf("a's queue worth 4 bindings: %s, want ctx-b", rt.Instance)
+	}
+	// A prompt one instance holds more of is placed by cache and load:
+	// b holds it, and its bindings do not count.
+	ix := kvindex.New(kvindex.Config{})
+	prompt := blocks(1, 10)
+	stored(t, ix, "ctx-b", 1, 0, prompt)
+	vs[0].QueuedPrefillTokens = 100
+	in = Inputs{Views: mustViews(t, vs), Bindings: bindingCounts{"ctx-a": 0, "ctx-b": 3}, Prefix: ix}
+	if rt := place(t, r, Request{Key: "k", Blocks: prompt, PromptTokens: 640}, in); rt.Instance != "ctx-b" {
+		t.Fatalf("b holds the prompt: %s, want ctx-b", rt.Instance)
+	}
+	// Unkeyed requests are not spread.
+	in.Prefix = nil
+	if rt := place(t, r, Request{Spread: 7}, in); rt.Instance != "ctx-b" {
+		t.Fatalf("unkeyed: %s, want the idle ctx-b", rt.Instance)
 	}
 }
 
@@ -253,7 +290,7 @@ func stored(t testing.TB, ix *kvindex.Index, inst string, seq uint64, rank int, 
 }
 
 func TestPlaceKVAwarePrefersCachedPrefix(t *testing.T) {
-	r := mustRouter(t, nil)
+	r := mustRouter(t, thresholds)
 	ix := kvindex.New(kvindex.Config{})
 	prompt := blocks(1, 100) // 6,400 tokens
 	stored(t, ix, "ctx-b", 1, 3, prompt[:80])

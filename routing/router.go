@@ -9,6 +9,7 @@ import (
 	"github.com/tether-project/tether/routing/kvindex"
 	"github.com/tether-project/tether/routing/overload"
 	"github.com/tether-project/tether/routing/rendezvous"
+	"github.com/tether-project/tether/routing/workset"
 )
 
 // action says what the decision does with a request.
@@ -83,6 +84,9 @@ type Inputs struct {
 	Bindings BindingCounter
 	Prefix   PrefixMatcher
 	Overload overload.History
+	// Work is what this edge routed lately: the working set of each
+	// instance (nil: unknown, no eviction cost).
+	Work *workset.Set
 }
 
 // Request is one request as routing sees it.
@@ -109,6 +113,25 @@ type Request struct {
 	// bound, set by the cache-lost check only, replaces the bound
 	// instance's cache credit (its best rank's) with its binding's rank's.
 	bound *boundCredit
+	// placing: a new key's placement (the live-binding cost applies).
+	placing bool
+}
+
+// workKey names the request's conversation in the working sets: its own
+// id (a sub-agent's, not its root's), else its routing key, per fleet; ""
+// for an unkeyed request.
+func (req *Request) workKey() string {
+	return workKey(req.Fleet, req.ConversationID, req.Key)
+}
+
+func workKey(f fsm.Fleet, conversation, key string) string {
+	if conversation == "" {
+		conversation = key
+	}
+	if conversation == "" {
+		return ""
+	}
+	return f.String() + "/" + conversation
 }
 
 // boundCredit is the cache a bound key can use on its instance: the

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/routing/kvindex"
 )
 
 // Condition is why a bound key cannot stay on the instance of view v (nil:
@@ -29,15 +30,17 @@ func (r *Router) Condition(v *InstanceView) fsm.OverflowReason {
 }
 
 // stayOrMove routes a request whose key is bound to b.Instance: sticky while
-// that instance is healthy and below the overflow thresholds (an open cache
-// circuit breaker does not move it). Otherwise the request overflows to the
-// best other instance (placed as by place, excluding the bound one); for
-// saturation only an instance below the thresholds qualifies, else the
-// request stays. The overflow rebinds once in.Overload says the strain has
+// that instance is healthy (an open cache circuit breaker does not move
+// it), unless it lost the conversation's cache (cacheLost) or waiting
+// there costs more than moving (relieve). An unhealthy bound instance's
+// request overflows to the best other instance (placed as by place,
+// excluding the bound one), rebinding once in.Overload says the strain has
 // lasted rebind_after. When neither the bound instance nor any other can
-// take the request (all over their hard limits), it is shed. A healthy bound
-// instance that lost the prompt's cache may give the key up (cacheLost). A
-// key on an instance an operator drained moves with a rebind (vacate).
+// take the request (all over their hard limits), it is shed. A key on an
+// instance an operator drained moves with a rebind (vacate). With
+// overflow.relief_factor 0, a saturated bound instance's request overflows
+// as an unhealthy one's does, but only to an instance below the overflow
+// thresholds (else it stays).
 //
 // The sticky path allocates nothing.
 func (r *Router) stayOrMove(req Request, b fsm.Binding, in Inputs) (route, error) {
@@ -54,19 +57,137 @@ func (r *Router) stayOrMove(req Request, b fsm.Binding, in Inputs) (route, error
 			return rt, nil
 		}
 	}
-	if reason == 0 {
-		if rt, ok := r.cacheLost(&req, &b, &in); ok {
-			return rt, nil
-		}
-		return route{Action: actionSticky, Instance: b.Instance, URL: v.URL, Rank: -1}, nil
+	if reason == fsm.OverflowUnhealthy || (reason != 0 && r.cfg.Overflow.ReliefFactor == 0) {
+		return r.leave(&req, b.Instance, v, reason, &in)
 	}
-	return r.leave(&req, b.Instance, v, reason, &in)
+	if r.overHard(v) && (r.noneBelowHard(&req, &in, b.Instance) || !r.weighs(&req, &in)) {
+		// Every instance over its hard limit: shed. Over its own, with
+		// no cache to weigh: overflow to one below it.
+		return r.leave(&req, b.Instance, v, reason, &in)
+	}
+	if rt, ok := r.cacheLost(&req, &b, &in); ok {
+		return rt, nil
+	}
+	if rt, ok := r.relieve(&req, &b, v, &in); ok {
+		return rt, nil
+	}
+	return route{Action: actionSticky, Instance: b.Instance, URL: v.URL, Rank: -1, Reason: reason}, nil
+}
+
+// noneBelowHard reports whether every healthy instance of the fleet other
+// than bound is over its hard limits (or there is none).
+func (r *Router) noneBelowHard(req *Request, in *Inputs, bound string) bool {
+	for _, v := range in.Views.Fleet(req.Fleet) {
+		if v.Healthy && !v.Draining && v.ID != bound && !r.overHard(&v) {
+			return false
+		}
+	}
+	return true
+}
+
+// relieve moves a key off its healthy bound instance v when the wait there
+// costs more than overflow.relief_factor times moving, both in prefill
+// tokens: the wait is the prefill queued ahead on v (backlog); moving costs
+// the prefill of the prompt's part the best other instance below its hard
+// limits (by placement score) lacks, the prefill queued there, and the
+// cached tokens of other conversations the prompt evicts there
+// (Router.evicted). A conversation queued behind less than that stays,
+// however many requests queue ahead of it; one stuck behind more work than
+// rebuilding its cache elsewhere moves with its binding (a rebind, reason
+// saturated), and its next turns find their cache where it went. The
+// factor covers what a move costs beyond this request: the fleet computes
+// the conversation again, and the reports the comparison reads are up to a
+// telemetry interval old (every edge may move keys to the same idle-looking
+// instance). ok is false when the key stays.
+func (r *Router) relieve(req *Request, b *fsm.Binding, v *InstanceView, in *Inputs) (route, bool) {
+	if !r.weighs(req, in) {
+		return route{}, false
+	}
+	rho := r.cfg.Overflow.ReliefFactor
+	wait := backlog(v, r.unknownRequest(req))
+	if wait <= 0 {
+		return route{}, false
+	}
+	// No move costs less than the least backlog elsewhere plus the
+	// prompt's part the best other holder lacks: most requests stop here,
+	// before scoring anything.
+	p := float64(max(req.PromptTokens, len(req.Blocks)*r.cfg.BlockSize))
+	least, ok := r.leastBacklog(req, in, b.Instance)
+	if !ok || wait <= rho*(least+p-min(float64(r.heldElsewhere(req, b, in)*r.cfg.BlockSize), p)) {
+		return route{}, false
+	}
+	buf := getCandidates()
+	defer putCandidates(buf)
+	cands, minTier := r.eligible(req, in, b.Instance, (*buf)[:0])
+	*buf = cands
+	if len(cands) == 0 || minTier == tierOver {
+		return route{}, false
+	}
+	rt := r.choose(req, in, filterTier(cands, minTier))
+	var move float64
+	for i := range cands {
+		if c := &cands[i]; c.v.ID == rt.Instance {
+			move = backlog(c.v, r.unknownRequest(req)) + p - float64(c.cached) + r.cfg.Weights.Evict*r.evicted(req, in, c)
+		}
+	}
+	if wait <= rho*move {
+		return route{}, false
+	}
+	rt.Action, rt.From, rt.Reason, rt.Rebind = actionOverflow, b.Instance, fsm.OverflowSaturated, true
+	return rt, true
+}
+
+// weighs reports whether the relief rule can weigh req's bound instance:
+// it is on, the router uses the cache and has a KV index, the prompt's
+// blocks are known, the fleet is the context fleet (a generation worker's
+// prompt blocks arrive by transfer each turn, and its binding keeps the
+// conversation's decode state), and the request is its key's own
+// conversation's (a sub-agent routed by its parent's key follows the
+// parent).
+func (r *Router) weighs(req *Request, in *Inputs) bool {
+	return r.cfg.Overflow.ReliefFactor > 0 && in.Prefix != nil && len(req.Blocks) > 0 && r.cfg.Type.usesCache() &&
+		req.Fleet == fsm.FleetContext && (req.ConversationID == "" || req.ConversationID == req.Key)
+}
+
+// heldElsewhere is the most leading prompt blocks the KV index says an
+// instance other than the key's bound one holds.
+func (r *Router) heldElsewhere(req *Request, b *fsm.Binding, in *Inputs) int {
+	mp := matchPool.Get().(*[]kvindex.Match)
+	matches := in.Prefix.Match(req.Blocks, req.Now, (*mp)[:0])
+	other := 0
+	for _, m := range matches {
+		if m.Instance != b.Instance {
+			other = max(other, m.Blocks)
+		}
+	}
+	*mp = matches[:0]
+	matchPool.Put(mp)
+	return other
+}
+
+// leastBacklog is the least backlog among the fleet's healthy instances
+// other than bound below their hard limits; ok is false when there is none.
+func (r *Router) leastBacklog(req *Request, in *Inputs, bound string) (float64, bool) {
+	least, ok := 0.0, false
+	views := in.Views.Fleet(req.Fleet)
+	for i := range views {
+		v := &views[i]
+		if !v.Healthy || v.Draining || v.ID == bound || r.overHard(v) {
+			continue
+		}
+		if bl := backlog(v, r.unknownRequest(req)); !ok || bl < least {
+			least, ok = bl, true
+		}
+	}
+	return least, ok
 }
 
 // cacheLost is the cache-lost rebind (overflow.cache_lost_below): when the
 // KV index, with a trusted baseline for the bound instance, says it does not
-// hold the prompt's block at that fraction (block ⌈f·n⌉ of n), the key is
-// placed again among the
+// hold the block at that fraction of the conversation's previous prompt
+// there (block ⌈f·n⌉ of its n blocks, as this edge's working set recorded
+// them; the prompt's first block when this edge did not route that prompt),
+// the key is placed again among the
 // instances below the overflow thresholds, the bound one included, and
 // moves only to one that scores strictly better (a tie stays, so an idle
 // cold fleet does not shuffle keys). A binding whose cache was evicted buys
@@ -97,7 +218,10 @@ func (r *Router) cacheLost(req *Request, b *fsm.Binding, in *Inputs) (route, boo
 	// and paged prefix caches evict a chain from its tail, so an instance
 	// that still holds the block at the boundary almost always holds the
 	// run before it, and one that does not holds less than the fraction.
-	boundary := max(1, min(len(req.Blocks), int(math.Ceil(below*float64(len(req.Blocks))))))
+	// The fraction is of what the instance stored for the conversation,
+	// not of this prompt: a turn that more than doubles the conversation
+	// (a long tool result) leaves its cache intact.
+	boundary := max(1, min(len(req.Blocks), int(math.Ceil(below*float64(r.storedBlocks(req, in, bound))))))
 	// The cache the key can use is on its rank: an ADP worker sends a
 	// bound conversation to the rank it reported (RankObserved), and
 	// another rank's copy of the prefix gives it no hit.
@@ -142,6 +266,18 @@ func (r *Router) cacheLost(req *Request, b *fsm.Binding, in *Inputs) (route, boo
 	}
 	rt.Action, rt.From, rt.Reason, rt.Rebind = actionOverflow, bound, fsm.OverflowCacheLost, true
 	return rt, true
+}
+
+// storedBlocks is the prompt blocks of the conversation's previous request
+// on instance, as this edge's working set recorded it (at most this
+// prompt's); 1 when this edge did not route it there.
+func (r *Router) storedBlocks(req *Request, in *Inputs, instance string) int {
+	if in.Work != nil {
+		if inst, blocks, ok := in.Work.Key(req.workKey(), req.Now); ok && inst == instance && blocks > 0 {
+			return min(blocks, len(req.Blocks))
+		}
+	}
+	return 1
 }
 
 // weigh is the per-request comparison (OverflowConfig.Weigh): the bound

@@ -9,6 +9,7 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing/kvindex"
 	"github.com/tether-project/tether/routing/overload"
+	"github.com/tether-project/tether/routing/workset"
 )
 
 func binding(key, inst string) fsm.Binding {
@@ -33,8 +34,15 @@ func routeBound(t testing.TB, r *Router, req Request, b fsm.Binding, in Inputs) 
 	return rt
 }
 
+// thresholds configures the overflow thresholds without the relief rule:
+// a bound key leaves its instance at 8 queued requests or 2M active prompt
+// tokens (overflow.relief_factor 0).
+func thresholds(c *Config) {
+	c.Overflow.QueuedRequests, c.Overflow.ActivePromptTokens, c.Overflow.ReliefFactor = 8, 2_000_000, 0
+}
+
 func TestStayOrMoveConditions(t *testing.T) {
-	r := mustRouter(t, nil) // overflow at 8 queued or 2M active prompt tokens
+	r := mustRouter(t, thresholds)
 	cases := []struct {
 		name       string
 		bound      func(v *InstanceView)
@@ -88,7 +96,7 @@ func TestStayOrMoveConditions(t *testing.T) {
 }
 
 func TestStayOrMoveOverflowUsesKVScore(t *testing.T) {
-	r := mustRouter(t, nil)
+	r := mustRouter(t, thresholds)
 	ix := kvindex.New(kvindex.Config{})
 	prompt := blocks(3, 40)
 	stored(t, ix, "ctx-c", 1, 1, prompt)
@@ -101,7 +109,7 @@ func TestStayOrMoveOverflowUsesKVScore(t *testing.T) {
 }
 
 func TestStayOrMoveStaysWhenNoBetterInstance(t *testing.T) {
-	r := mustRouter(t, nil)
+	r := mustRouter(t, thresholds)
 	vs := idle("ctx-a", "ctx-b")
 	vs[0].QueuedRequests = 10 // bound: saturated, below the hard limit
 	vs[1].QueuedRequests = 9  // the only alternative is saturated too
@@ -122,7 +130,7 @@ func TestStayOrMoveStaysWhenNoBetterInstance(t *testing.T) {
 }
 
 func TestStayOrMoveShedsWhenEverythingIsOverHardLimit(t *testing.T) {
-	r := mustRouter(t, nil)
+	r := mustRouter(t, nil) // the relief rule cannot weigh without prompt blocks
 	vs := idle("ctx-a", "ctx-b")
 	vs[0].QueuedRequests, vs[0].QueuedPrefillTokens = 66, 66*11000 // 3 over → 6s
 	vs[1].QueuedRequests, vs[1].QueuedPrefillTokens = 64, 64*55000 // 1 over → 10s
@@ -149,7 +157,7 @@ func TestStayOrMoveShedsWhenEverythingIsOverHardLimit(t *testing.T) {
 }
 
 func TestStayOrMoveRebindsAfterPersistentOverload(t *testing.T) {
-	r := mustRouter(t, func(c *Config) { c.Overflow.RebindAfter = 30 * time.Second })
+	r := mustRouter(t, func(c *Config) { thresholds(c); c.Overflow.RebindAfter = 30 * time.Second })
 	tracker := overload.NewTracker()
 	vs := idle("ctx-a", "ctx-b")
 	vs[0].QueuedRequests = 12
@@ -185,7 +193,7 @@ func TestStayOrMoveRebindsAfterPersistentOverload(t *testing.T) {
 		t.Fatal("rebind right after a recovery")
 	}
 	// rebind_after 0 never rebinds.
-	never := mustRouter(t, func(c *Config) { c.Overflow.RebindAfter = 0 })
+	never := mustRouter(t, func(c *Config) { thresholds(c); c.Overflow.RebindAfter = 0 })
 	if rt := routeBound(t, never, Request{Now: t0.Add(100 * time.Hour)}, binding("k", "ctx-a"), in); rt.Rebind {
 		t.Fatal("rebind with rebind_after 0")
 	}
@@ -202,12 +210,28 @@ func TestStayOrMoveCacheLost(t *testing.T) {
 		wantTo   string // "" = sticky on ctx-a
 		wantRank int
 	}{
+		// This edge sent the conversation's previous prompt (60 blocks)
+		// to ctx-a: the boundary is block 30 of those.
+		{"the prompt grew past twice what a stored", 0.5, func(ix *kvindex.Index, _ []InstanceView) {
+			stored(t, ix, "ctx-a", 1, 0, prompt[:60])
+			stored(t, ix, "ctx-b", 1, 0, prompt[:20])
+		}, "", -1},
+		{"a lost half of what it stored", 0.5, func(ix *kvindex.Index, _ []InstanceView) {
+			stored(t, ix, "ctx-a", 1, 0, prompt[:25])
+			stored(t, ix, "ctx-b", 1, 2, prompt[:50])
+		}, "ctx-b", 2},
 		{"cache intact", 0.5, func(ix *kvindex.Index, _ []InstanceView) {
 			stored(t, ix, "ctx-a", 1, 0, prompt)
 			stored(t, ix, "ctx-b", 1, 0, prompt[:80])
 		}, "", -1},
-		{"cache mostly lost, b holds more", 0.5, func(ix *kvindex.Index, _ []InstanceView) {
+		// This edge did not route the previous prompt: a lost the cache
+		// only when it lost the prompt's first block.
+		{"a holds the head, this edge does not know what it stored", 0.5, func(ix *kvindex.Index, _ []InstanceView) {
 			stored(t, ix, "ctx-a", 1, 0, prompt[:30])
+			stored(t, ix, "ctx-b", 1, 5, prompt[:80])
+		}, "", -1},
+		{"cache lost, b holds the prefix", 0.5, func(ix *kvindex.Index, _ []InstanceView) {
+			stored(t, ix, "ctx-a", 1, 0, other)
 			stored(t, ix, "ctx-b", 1, 5, prompt[:80])
 		}, "ctx-b", 5},
 		{"what is left still beats the cold rest", 0.5, func(ix *kvindex.Index, _ []InstanceView) {
@@ -228,11 +252,11 @@ func TestStayOrMoveCacheLost(t *testing.T) {
 			stored(t, ix, "ctx-a", 1, 0, other)
 			stored(t, ix, "ctx-b", 1, 0, prompt[:80])
 		}, "", -1},
-		{"the better holder is saturated", 0.5, func(ix *kvindex.Index, vs []InstanceView) {
+		{"the better holder is over its hard limit", 0.5, func(ix *kvindex.Index, vs []InstanceView) {
 			stored(t, ix, "ctx-a", 1, 0, other)
 			stored(t, ix, "ctx-b", 1, 0, prompt[:80])
-			vs[1].QueuedRequests = 8
-			vs[2].QueuedRequests = 8
+			vs[1].QueuedRequests = 64
+			vs[2].QueuedRequests = 64
 		}, "", -1},
 		{"a sub-agent's request under its parent's key", 0.5, func(ix *kvindex.Index, _ []InstanceView) {
 			stored(t, ix, "ctx-a", 1, 0, other)
@@ -255,8 +279,12 @@ func TestStayOrMoveCacheLost(t *testing.T) {
 		if subAgent {
 			conv = "child-of-conv-1"
 		}
+		work := workset.New(workset.Config{})
+		if strings.HasPrefix(c.name, "the prompt grew") || strings.HasPrefix(c.name, "a lost half") {
+			work.Note(workKey(fsm.FleetContext, "conv-1", ""), "ctx-a", 60, t0.Add(-time.Minute))
+		}
 		rt := routeBound(t, r, Request{RequestID: "req-3", Edge: "edge-1", ConversationID: conv, Blocks: prompt, PromptTokens: 6400},
-			binding("conv-1", "ctx-a"), Inputs{Views: mustViews(t, vs), Prefix: ix})
+			binding("conv-1", "ctx-a"), Inputs{Views: mustViews(t, vs), Prefix: ix, Work: work})
 		if c.wantTo == "" {
 			if rt.Action != actionSticky || rt.Instance != "ctx-a" || rt.Reason != 0 {
 				t.Errorf("%s: %v to %s (%v), want sticky on ctx-a", c.name, rt.Action, rt.Instance, rt.Reason)
@@ -287,7 +315,7 @@ func TestCacheLostWaitsForMinIdle(t *testing.T) {
 		move bool
 	}{{0, false}, {minIdle - time.Millisecond, false}, {minIdle, true}, {time.Hour, true}} {
 		ix := kvindex.New(kvindex.Config{})
-		stored(t, ix, "ctx-a", 1, 0, prompt[:30])
+		stored(t, ix, "ctx-a", 1, 0, blocks(9, 30)) // none of the prompt
 		stored(t, ix, "ctx-b", 1, 0, prompt[:80])
 		b := binding("conv-1", "ctx-a")
 		b.LastUsed = t0.Add(-c.idle).UnixNano()

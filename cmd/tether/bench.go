@@ -81,6 +81,7 @@ type simFlags struct {
 	cacheLostIdle *time.Duration
 	engineMetrics *string
 	subagentOwn   *bool
+	shedQueued    *int
 	kvEvents      *string
 	edgeRestarts  *int
 }
@@ -124,7 +125,7 @@ func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks
 		adpPlacement: fs.String("adp-placement", "round_robin",
 			"workers' kv_cache_routing_new_conv_placement: round_robin, least_tokens or least_queued"),
 		ovfQueued: fs.Int("overflow-queued-requests", routing.DefaultConfig().Overflow.QueuedRequests,
-			"sim: routing overflow.queued_requests of the tether policies (0 disables overflow)"),
+			"sim: routing overflow.queued_requests of the tether policies (a saturation threshold; 0: none)"),
 		rebindAfter: fs.Duration("rebind-after", routing.DefaultConfig().Overflow.RebindAfter,
 			"sim: routing overflow.rebind_after of the tether policies (0: never rebind)"),
 		cacheLost: fs.Float64("cache-lost-below", routing.DefaultConfig().Overflow.CacheLostBelow,
@@ -135,6 +136,8 @@ func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks
 			"e2e with --edge-urls: comma-separated /metrics URLs of the deployment's vLLM engines; the report adds the prompt tokens they computed, found cached and received by KV transfer (vllm:prompt_tokens_by_source_total)"),
 		subagentOwn: fs.Bool("subagent-cache-lost", routing.DefaultConfig().Overflow.SubAgentCacheLost,
 			"sim: routing overflow.subagent_cache_lost of the tether policies (a sub-agent whose context its parent's instance lost is placed on its own)"),
+		shedQueued: fs.Int("shed-max-queued-requests", routing.DefaultConfig().Shed.MaxQueuedRequests,
+			"sim: routing shed.max_queued_requests of the routing policies (a bound instance at or above it sheds when every other is too; 0: never)"),
 		kvEvents: fs.String("kv-events", "exact",
 			"sim: what the edges hear of the workers' caches, for every policy alike: exact, lag=DUR (each batch DUR late) or none (no engine events)"),
 		edgeRestarts: fs.Int("edge-restarts", 0,
@@ -177,6 +180,7 @@ func (f *simFlags) replayOptions() (bench.ReplayOptions, error) {
 	cfg.Routing.Overflow.QueuedRequests, cfg.Routing.Overflow.RebindAfter = *f.ovfQueued, *f.rebindAfter
 	cfg.Routing.Overflow.CacheLostBelow, cfg.Routing.Overflow.CacheLostMinIdle = *f.cacheLost, *f.cacheLostIdle
 	cfg.Routing.Overflow.SubAgentCacheLost = *f.subagentOwn
+	cfg.Routing.Shed.MaxQueuedRequests = *f.shedQueued
 	if err := cfg.Routing.Validate(); err != nil {
 		return ro, fmt.Errorf("%w: %v", errUsage, err)
 	}

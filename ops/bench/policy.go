@@ -65,13 +65,36 @@ const (
 	// weighing of the bound instance against the others
 	// (OverflowConfig.Weigh) instead of the thresholds.
 	PolicyTetherWeigh Policy = "tether_weigh"
+	// PolicyTetherNoRelief: tether without the relief rule (routing's
+	// overflow.relief_factor 0): a bound key leaves a healthy instance
+	// only when it lost the conversation's cache.
+	PolicyTetherNoRelief Policy = "tether_no_relief"
+	// PolicyTetherTreeBudget: tether with the agent tree's KV budget
+	// (routing's overflow.subagent_tree_budget, off by default): a
+	// sub-agent whose tree does not fit its parent's instance is placed
+	// under its own id.
+	PolicyTetherTreeBudget Policy = "tether_tree_budget"
+	// PolicyTetherNoWorkingSet: tether without the working sets' eviction
+	// cost (weights.evict 0): placement does not weigh the cache a prompt
+	// evicts.
+	PolicyTetherNoWorkingSet Policy = "tether_no_working_set"
+	// PolicyTetherNoSpread: tether without the live-binding cost of a new
+	// key's placement (weights.live_binding 0).
+	PolicyTetherNoSpread Policy = "tether_no_spread"
+	// PolicyTetherFirstWithParent: tether with sub-agents following their
+	// parent's binding on their first request only, then bound under
+	// their own ids (routing's overflow.subagent_first_with_parent, off by
+	// default) — tether_parent_first's effect decided by the router
+	// instead of the gateway.
+	PolicyTetherFirstWithParent Policy = "tether_first_with_parent"
 )
 
 // TetherVariants are the ablations.
-var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind, PolicyTetherWeigh}
+var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind, PolicyTetherWeigh,
+	PolicyTetherNoRelief, PolicyTetherTreeBudget, PolicyTetherNoWorkingSet, PolicyTetherNoSpread, PolicyTetherFirstWithParent}
 
 func (p Policy) isTether() bool {
-	return p == PolicyTether || p == PolicyTetherLocal || p == PolicyTetherNoParent || p == PolicyTetherNoOverflow || p == PolicyTetherParentFirst || p == PolicyTetherNoCacheRebind || p == PolicyTetherWeigh
+	return p == PolicyTether || p == PolicyTetherLocal || slices.Contains(TetherVariants, p)
 }
 
 // AllPolicies lists every policy in report order.

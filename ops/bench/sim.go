@@ -354,6 +354,18 @@ type simInstance struct {
 	repActiveTok         int64
 	repLoRA              *routing.LoRAView // its adapters (lora.go)
 	maxLoRAs             int               // adapter slots per rank (Engine.MaxLoRAs)
+	// lookups are the prompt and cached tokens of the requests admitted
+	// within the engine's stats window (oldest first); repLookup and
+	// repHit their sums as of the last report (the window hit rate a
+	// worker reports).
+	lookups           []lookupRec
+	repLookup, repHit int64
+}
+
+// lookupRec is one admission's prompt and cached tokens.
+type lookupRec struct {
+	at             time.Duration
+	prompt, cached int64
 }
 
 type pendingBatch struct {
@@ -545,6 +557,11 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 func routerConfig(cfg SimConfig, blockSize int) routing.Config {
 	rc := cfg.Routing
 	rc.BlockSize = blockSize
+	if !cfg.Policy.isTether() {
+		// The baselines place by cache and load only: no working sets,
+		// no live-binding spread.
+		rc.Weights.Evict, rc.Weights.LiveBinding = 0, 0
+	}
 	switch cfg.Policy {
 	case PolicyRoundRobin:
 		rc.Type = routing.RouterRoundRobin
@@ -558,16 +575,31 @@ func routerConfig(cfg SimConfig, blockSize int) routing.Config {
 		rc.Overflow = routing.OverflowConfig{}
 	default:
 		rc.Type = routing.RouterConversation
-		switch cfg.Policy {
-		case PolicyTetherNoOverflow:
-			rc.Overflow = routing.OverflowConfig{}
-		case PolicyTetherNoCacheRebind:
-			rc.Overflow.CacheLostBelow = 0
-		case PolicyTetherWeigh:
-			rc.Overflow.Weigh = true
-		}
+		tetherVariant(cfg.Policy, &rc)
 	}
 	return rc
+}
+
+// tetherVariant sets what an ablation of tether turns off.
+func tetherVariant(p Policy, rc *routing.Config) {
+	switch p {
+	case PolicyTetherNoOverflow:
+		rc.Overflow = routing.OverflowConfig{}
+	case PolicyTetherNoCacheRebind:
+		rc.Overflow.CacheLostBelow = 0
+	case PolicyTetherWeigh:
+		rc.Overflow.Weigh = true
+	case PolicyTetherNoRelief:
+		rc.Overflow.ReliefFactor = 0
+	case PolicyTetherTreeBudget:
+		rc.Overflow.SubAgentTreeBudget = true
+	case PolicyTetherNoWorkingSet:
+		rc.Weights.Evict = 0
+	case PolicyTetherNoSpread:
+		rc.Weights.LiveBinding = 0
+	case PolicyTetherFirstWithParent:
+		rc.Overflow.SubAgentFirstWithParent = true
+	}
 }
 
 // newInstances builds the simulated workers: each a rank scheduler over
@@ -862,6 +894,7 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 	}
 	uncached := req.PromptTokens - res.CachedTokens
 	s.res.InstancePrefillTokens[instIdx] += int64(uncached)
+	in.lookups = append(in.lookups, lookupRec{at: s.now, prompt: int64(req.PromptTokens), cached: int64(res.CachedTokens)})
 	s.res.Records = append(s.res.Records, RequestRecord{
 		Agent: ar.agent.ID, Root: ar.agent.Root().ID, SubAgent: ar.agent.SubAgent(), Call: call, Edge: edge, Instance: instIdx, InstanceID: in.id, Rank: d.Rank,
 		Arrival: firstArrival, Admitted: s.now, TTFT: res.FirstTokenAt - firstArrival, Prefill: res.Prefill,
@@ -940,7 +973,7 @@ func (s *simulator) views(e *simEdge) (*routing.Views, error) {
 	vs := make([]routing.InstanceView, len(s.instances))
 	for i, in := range s.instances {
 		if !in.reported || in.reportAt != reportAt {
-			in.report(reportAt)
+			in.report(reportAt, s.cfg.Engine.StatsWindow)
 		}
 		// The report taken at reportAt covers requests admitted before
 		// it; this edge's dispatches since (including at reportAt) are
@@ -954,7 +987,11 @@ func (s *simulator) views(e *simEdge) (*routing.Views, error) {
 		e.pending[i] = pend
 		v := routing.InstanceView{ID: in.id, Fleet: fsm.FleetContext, URL: "sim://" + in.id, Healthy: true,
 			Ranks: len(in.ranks), VerifiesHints: true, Version: "sim",
-			QueuedRequests: in.repQueued, ActiveRequests: in.repActive, ActivePromptTokens: in.repActiveTok}
+			QueuedRequests: in.repQueued, ActiveRequests: in.repActive, ActivePromptTokens: in.repActiveTok,
+			KVTotalBlocks: int64(in.rankCap * len(in.ranks))}
+		if in.repLookup > 0 {
+			v.HitRate = float64(in.repHit) / float64(in.repLookup)
+		}
 		for _, d := range pend {
 			if d.visible <= s.now {
 				v.QueuedRequests++
@@ -975,10 +1012,11 @@ func (s *simulator) views(e *simEdge) (*routing.Views, error) {
 // before at and not done by then; queued ones have not started their
 // prefill. (Requests admitted at exactly at are the edges' pending ones, so
 // a burst within one instant is counted once.)
-func (in *simInstance) report(at time.Duration) {
+func (in *simInstance) report(at, window time.Duration) {
 	in.reported, in.reportAt = true, at
 	in.repQueued, in.repActive, in.repActiveTok = 0, 0, 0
 	in.reportLoRA(at)
+	in.reportHits(at, window)
 	count := func(fl *inflight) {
 		if fl.arrival >= at || fl.done <= at {
 			return
@@ -995,5 +1033,27 @@ func (in *simInstance) report(at time.Duration) {
 	}
 	for _, fl := range in.recent {
 		count(fl)
+	}
+}
+
+// reportHits sums the prompt and cached tokens of the requests admitted
+// within the stats window before at (sim.DefaultStatsWindow when window is
+// 0), as the worker's rolling window reports them, and forgets older ones.
+func (in *simInstance) reportHits(at, window time.Duration) {
+	if window <= 0 {
+		window = sim.DefaultStatsWindow
+	}
+	k := 0
+	for k < len(in.lookups) && in.lookups[k].at < at-window {
+		k++
+	}
+	in.lookups = in.lookups[k:]
+	in.repLookup, in.repHit = 0, 0
+	for _, l := range in.lookups {
+		if l.at >= at {
+			break
+		}
+		in.repLookup += l.prompt
+		in.repHit += l.cached
 	}
 }
