@@ -179,6 +179,9 @@ var settings = map[string]func(c *routing.Config, v float64){
 	"weights.queued_request":           func(c *routing.Config, v float64) { c.Weights.QueuedRequest = v },
 	"weights.interactive_queue_factor": func(c *routing.Config, v float64) { c.Weights.InteractiveQueueFactor = v },
 	"weights.background_cache_factor":  func(c *routing.Config, v float64) { c.Weights.BackgroundCacheFactor = v },
+	"weights.evict":                    func(c *routing.Config, v float64) { c.Weights.Evict = v },
+	"weights.live_binding":             func(c *routing.Config, v float64) { c.Weights.LiveBinding = v },
+	"overflow.relief_factor":           func(c *routing.Config, v float64) { c.Overflow.ReliefFactor = v },
 	"overflow.queued_requests":         func(c *routing.Config, v float64) { c.Overflow.QueuedRequests = int(v) },
 	"overflow.active_prompt_tokens":    func(c *routing.Config, v float64) { c.Overflow.ActivePromptTokens = int64(v) },
 	"overflow.cache_lost_below":        func(c *routing.Config, v float64) { c.Overflow.CacheLostBelow = v },
@@ -223,16 +226,25 @@ func ParseSet(base routing.Config, spec string) ([]Candidate, error) {
 // DefaultCandidates vary the settings that trade cache affinity against
 // load, one at a time around base: the cache weight off, halved, doubled
 // and quadrupled; the queue weight halved and doubled; the per-request
-// queue cost off and quadrupled; the overflow threshold halved and
-// doubled; the cache-lost rebind off and at three quarters.
+// queue cost off and quadrupled; the cache-lost rebind off and at three
+// quarters; the relief rule off, halved and doubled (on at its default when
+// the base has it off); the request-count threshold halved and doubled when
+// the base sets one.
 func DefaultCandidates(base routing.Config) []Candidate {
 	w, o := base.Weights, base.Overflow
 	specs := []string{
 		fmt.Sprintf("weights.cache=0,%g,%g,%g", w.Cache/2, w.Cache*2, w.Cache*4),
 		fmt.Sprintf("weights.queue=%g,%g", w.Queue/2, w.Queue*2),
 		fmt.Sprintf("weights.queued_request=0,%g", w.QueuedRequest*4),
-		fmt.Sprintf("overflow.queued_requests=%d,%d", max(o.QueuedRequests/2, 1), o.QueuedRequests*2),
 		"overflow.cache_lost_below=0,0.75",
+	}
+	if o.ReliefFactor > 0 {
+		specs = append(specs, fmt.Sprintf("overflow.relief_factor=0,%g,%g", o.ReliefFactor/2, o.ReliefFactor*2))
+	} else {
+		specs = append(specs, fmt.Sprintf("overflow.relief_factor=%g", float64(routing.DefaultReliefFactor)))
+	}
+	if o.QueuedRequests > 0 {
+		specs = append(specs, fmt.Sprintf("overflow.queued_requests=%d,%d", max(o.QueuedRequests/2, 1), o.QueuedRequests*2))
 	}
 	var out []Candidate
 	for _, s := range specs {

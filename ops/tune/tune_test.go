@@ -168,8 +168,17 @@ func TestParseSetAndDefaults(t *testing.T) {
 			t.Errorf("%q parsed", bad)
 		}
 	}
-	if n := len(DefaultCandidates(base)); n != 12 {
+	if n := len(DefaultCandidates(base)); n != 13 {
 		t.Fatalf("%d default candidates", n)
+	}
+	off := base
+	off.Overflow.ReliefFactor, off.Overflow.QueuedRequests = 0, 8
+	names := map[string]bool{}
+	for _, c := range DefaultCandidates(off) {
+		names[c.Name] = true
+	}
+	if !names["overflow.relief_factor=5"] || !names["overflow.queued_requests=4"] || !names["overflow.queued_requests=16"] {
+		t.Fatalf("candidates around a base with relief off and a threshold of 8: %v", names)
 	}
 }
 
