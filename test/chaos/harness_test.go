@@ -274,13 +274,14 @@ type envOptions struct {
 
 // nemesisOverrides are TestChaos's departures from deploy's edge configs:
 // workers are declared down after 2 s of silence (deploy: 15 s) so that
-// the kill-worker nemesis fits a test; saturation overflow and shedding are
-// off so that a detour from a binding is a recorded overflow of an
-// unhealthy instance or a violation, nothing else.
+// the kill-worker nemesis fits a test; saturation overflow, relief and
+// shedding are off so that a detour from a binding is a recorded overflow
+// of an unhealthy instance or a violation, nothing else.
 var nemesisOverrides = map[string]any{
 	"telemetry.down_after":                     "2s",
 	"placement.overflow.queued_requests":       1048576,
 	"placement.overflow.active_prompt_tokens":  1099511627776,
+	"placement.overflow.relief_factor":         0,
 	"placement.shed.max_queued_requests":       2097152,
 	"placement.shed.max_queued_prefill_tokens": 2199023255552,
 	"context_servers.num_instances":            2,

@@ -30,9 +30,9 @@ func TestLeaderKillDuringConversations(t *testing.T) {
 	// The conversations run back to back on an instant engine, far above
 	// an agent's pace. An edge counts each dispatch as queued on the worker
 	// until the worker's next load report, so bursts of more than 8 turns
-	// per report interval would overflow bound keys by design (saturation);
-	// this test is about the leader's death, so the queue-based overflow
-	// and shedding thresholds are off.
+	// per report interval could move bound keys by design (relief, or
+	// saturation with thresholds set); this test is about the leader's
+	// death, so relief, the queue-based overflow and shedding are off.
 	// Over mutual TLS, as tether dev runs: the leader's death also drops
 	// TLS connections (Raft, forwarding, hops) that must be re-established.
 	// No worker fails here: a worker whose 100 ms load reports stall for a
@@ -41,6 +41,7 @@ func TestLeaderKillDuringConversations(t *testing.T) {
 	// no_healthy_instance before the kill), so staleness takes 5 s.
 	st, err := devstack.Start(ctx, devstack.Options{MutualTLS: true, EdgeConfig: func(_ int, c *edge.Config) {
 		c.Placement.Overflow.QueuedRequests = 0
+		c.Placement.Overflow.ReliefFactor = 0
 		c.Placement.Shed.MaxQueuedRequests = 0
 		c.Telemetry.MinStaleAfter = 5 * time.Second
 	}})

@@ -83,9 +83,10 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 	defer cancel()
 	st, err := devstack.Start(ctx, devstack.Options{Edges: 3, ContextWorkers: 2, GenerationWorkers: 2, Ranks: 2, Logger: logger(),
 		EdgeConfig: func(_ int, c *edge.Config) {
-			// Saturation overflow is a legitimate per-request detour from
-			// a binding; turn it off so that a bound key served anywhere
+			// Saturation overflow and relief are legitimate detours from
+			// a binding; turn them off so that a bound key served anywhere
 			// else is a violation, not a policy decision.
+			c.Placement.Overflow.ReliefFactor = 0
 			c.Placement.Overflow.QueuedRequests = 1 << 20
 			c.Placement.Overflow.ActivePromptTokens = 1 << 40
 			c.Placement.Shed.MaxQueuedRequests = 1 << 21
