@@ -692,10 +692,7 @@ func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
 		}
 		if on {
 			child.RequestID = "child#3"
-			again, fail := r.d.Decide(context.Background(), r.router, child, nil)
-			if fail != nil || again.Instance != "b" || !again.OwnKey || again.Outcome != OutcomeSticky {
-				t.Fatalf("after the escape: %+v %v, want sticky on its own binding on b", again, fail)
-			}
+			r.stickyOnOwnBinding(t, child, "b")
 		}
 	}
 }
@@ -742,15 +739,12 @@ func TestSubAgentGoesItsOwnWayWhenItsTreeDoesNotFit(t *testing.T) {
 		}
 		if on {
 			child.RequestID = "big#2"
-			again, fail := r.d.Decide(context.Background(), r.router, child, nil)
-			if fail != nil || again.Instance != got.Instance || !again.OwnKey || again.Outcome != OutcomeSticky {
-				t.Fatalf("after going its own way: %+v %v, want sticky on its own binding on %s", again, fail, got.Instance)
-			}
+			r.stickyOnOwnBinding(t, child, got.Instance)
 		}
 	}
 }
 
-// With overflow.subagent_first_with_parent (the default), a sub-agent's
+// With overflow.subagent_first_with_parent (off by default), a sub-agent's
 // first request follows its parent's binding; once its parent link is
 // committed, its requests are placed under its own id — where its own
 // context is cached — and stick to that binding. Off, every request
@@ -788,10 +782,17 @@ func TestSubAgentFollowsItsParentOnItsFirstRequestOnly(t *testing.T) {
 		}
 		if on {
 			child.RequestID, child.Now = "child#3", tDecide.Add(2*time.Minute)
-			again, fail := r.d.Decide(context.Background(), r.router, child, nil)
-			if fail != nil || again.Instance != "b" || !again.OwnKey || again.Outcome != OutcomeSticky {
-				t.Fatalf("on: third request %+v %v, want sticky on its own binding on b", again, fail)
-			}
+			r.stickyOnOwnBinding(t, child, "b")
 		}
+	}
+}
+
+// stickyOnOwnBinding decides req and fails unless it is sticky on its own
+// key's binding on instance.
+func (r *rig) stickyOnOwnBinding(t *testing.T, req Request, instance string) {
+	t.Helper()
+	got, fail := r.d.Decide(context.Background(), r.router, req, nil)
+	if fail != nil || got.Instance != instance || !got.OwnKey || got.Outcome != OutcomeSticky {
+		t.Fatalf("%s: %+v %v, want sticky on its own binding on %s", req.RequestID, got, fail, instance)
 	}
 }
