@@ -665,12 +665,7 @@ func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
 		cfg.Overflow.CacheLostMinIdle = 0
 		cfg.Overflow.SubAgentCacheLost = on
 		cfg.Overflow.SubAgentFirstWithParent = false
-		router, err := NewRouter(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := newRig(t)
-		r.router = router
+		r := newRigWith(t, cfg)
 		r.d.Index = heldIndex{held: map[string]bool{"b": true}}
 		r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "root", ConversationID: "root", Instance: "a"})
 		child := Request{Fleet: fsm.FleetContext, Key: "root", ConversationID: "child", RequestID: "child#1", Edge: "e1",
@@ -706,12 +701,7 @@ func TestSubAgentGoesItsOwnWayWhenItsTreeDoesNotFit(t *testing.T) {
 		cfg := DefaultConfig()
 		cfg.Overflow.SubAgentTreeBudget = on
 		cfg.Overflow.SubAgentFirstWithParent = false
-		router, err := NewRouter(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := newRig(t)
-		r.router = router
+		r := newRigWith(t, cfg)
 		for i := range r.fleet.views {
 			r.fleet.views[i].KVTotalBlocks = 100
 		}
@@ -753,12 +743,7 @@ func TestSubAgentFollowsItsParentOnItsFirstRequestOnly(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		cfg := DefaultConfig()
 		cfg.Overflow.SubAgentFirstWithParent = on
-		router, err := NewRouter(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := newRig(t)
-		r.router = router
+		r := newRigWith(t, cfg)
 		r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "root", ConversationID: "root", Instance: "a"})
 		child := Request{Fleet: fsm.FleetContext, Key: "root", ConversationID: "child", RequestID: "child#1", Edge: "e1",
 			Now: tDecide, PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}}
@@ -785,6 +770,18 @@ func TestSubAgentFollowsItsParentOnItsFirstRequestOnly(t *testing.T) {
 			r.stickyOnOwnBinding(t, child, "b")
 		}
 	}
+}
+
+// newRigWith is newRig with a router of cfg.
+func newRigWith(t *testing.T, cfg Config) *rig {
+	t.Helper()
+	router, err := NewRouter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t)
+	r.router = router
+	return r
 }
 
 // stickyOnOwnBinding decides req and fails unless it is sticky on its own
