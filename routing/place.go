@@ -326,19 +326,22 @@ func (r *Router) score(req *Request, in *Inputs, cands []candidate) string {
 
 // spread charges each candidate weights.live_binding per live binding it
 // holds, for a new key whose prompt no candidate holds more of than
-// another (a new conversation, or one whose cache is gone everywhere):
-// nothing in the cache tells the instances apart, and the conversations
-// already bound to each are the load it will have, which its queue does
-// not show yet when many start together. A key whose prefix some instance
-// holds more of (a sub-agent beside its siblings) is placed by cache and
-// load, bindings breaking ties.
+// another (a new conversation, or one whose cache is gone everywhere) and
+// whose LoRA adapter, if any, costs the same everywhere: nothing in the
+// cache or the adapter slots tells the instances apart, and the
+// conversations already bound to each are the load it will have, which its
+// queue does not show yet when many start together. A key whose prefix
+// some instance holds more of (a sub-agent beside its siblings), or whose
+// adapter some instance holds and another would load, is placed by cache,
+// adapter cost and load, bindings breaking ties.
 func (r *Router) spread(req *Request, in *Inputs, cands []candidate) {
 	w := r.cfg.Weights.LiveBinding
 	if !req.placing || w <= 0 || req.Key == "" || !r.cfg.Type.Binds() || in.Bindings == nil || len(cands) == 0 {
 		return
 	}
+	adapter0 := r.adapterCost(cands[0].v, req.Adapter)
 	for i := range cands {
-		if cands[i].cached != cands[0].cached {
+		if cands[i].cached != cands[0].cached || r.adapterCost(cands[i].v, req.Adapter) != adapter0 {
 			return
 		}
 	}

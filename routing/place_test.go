@@ -155,6 +155,16 @@ func TestPlacementSpreadsNewKeysByLiveBindings(t *testing.T) {
 	if rt := place(t, r, Request{Key: "k", Blocks: prompt, PromptTokens: 640}, in); rt.Instance != "ctx-b" {
 		t.Fatalf("b holds the prompt: %s, want ctx-b", rt.Instance)
 	}
+	// A LoRA adapter one instance holds and the other would load is
+	// placed by the adapter's cost: b holds it, and its bindings do not
+	// count.
+	vs[1].LoRA = &LoRAView{MaxLoRAs: 2, Loaded: []string{"agent-a"}}
+	vs[0].LoRA = &LoRAView{MaxLoRAs: 2}
+	in = Inputs{Views: mustViews(t, vs), Bindings: bindingCounts{"ctx-a": 0, "ctx-b": 3}}
+	if rt := place(t, r, Request{Key: "k", Adapter: "agent-a"}, in); rt.Instance != "ctx-b" {
+		t.Fatalf("b holds the adapter: %s, want ctx-b", rt.Instance)
+	}
+	vs[0].LoRA, vs[1].LoRA = nil, nil
 	// Unkeyed requests are not spread.
 	in.Prefix = nil
 	if rt := place(t, r, Request{Spread: 7}, in); rt.Instance != "ctx-b" {
