@@ -110,7 +110,7 @@ func (c *Controller) queuedModels() []string {
 // is the headroom in proportion to this edge's share of the fleet's
 // queued requests that are next in order, so edges holding the same
 // tenant's queue do not all fill the same room. When every next request
-// is another edge's, this edge holds back, for yieldGrace at most while
+// is another edge's, this edge holds back, for c.yieldGrace at most while
 // there is room. c.mu held.
 func (c *Controller) dispatch(q *queue, others map[flowKey]peerFlow, h int, now time.Time) bool {
 	q.expire(now)
@@ -147,7 +147,7 @@ func (c *Controller) dispatch(q *queue, others map[flowKey]peerFlow, h int, now 
 		q.yieldSince = now
 		return false
 	}
-	if now.Sub(q.yieldSince) < yieldGrace {
+	if now.Sub(q.yieldSince) < c.yieldGrace {
 		return false
 	}
 	for ; released < h; released++ {
