@@ -113,7 +113,10 @@ func (r *Router) relieve(req *Request, b *fsm.Binding, v *InstanceView, in *Inpu
 	// before scoring anything.
 	p := float64(max(req.PromptTokens, len(req.Blocks)*r.cfg.BlockSize))
 	least, ok := r.leastBacklog(req, in, b.Instance)
-	if !ok || wait <= rho*(least+p-min(float64(r.heldElsewhere(req, b, in)*r.cfg.BlockSize), p)) {
+	if !ok || wait <= rho*least {
+		return route{}, false // no move costs less than the least backlog: no KV match needed
+	}
+	if wait <= rho*(least+p-min(float64(r.heldElsewhere(req, b, in)*r.cfg.BlockSize), p)) {
 		return route{}, false
 	}
 	buf := getCandidates()
