@@ -11,6 +11,7 @@
 package workset
 
 import (
+	"container/list"
 	"sync"
 	"time"
 )
@@ -42,17 +43,17 @@ type Set struct {
 	max    int
 
 	mu   sync.Mutex
-	keys map[string]*entry
-	// head is the least recently noted entry, tail the most recent.
-	head, tail *entry
-	inst       map[string]*Load
+	keys map[string]*list.Element // of *entry
+	// order holds the entries from the least recently noted (front) to
+	// the most recent (back).
+	order list.List
+	inst  map[string]*Load
 }
 
 type entry struct {
 	key, instance string
 	blocks        int
 	at            int64
-	prev, next    *entry
 }
 
 // New returns an empty Set.
@@ -63,7 +64,7 @@ func New(cfg Config) *Set {
 	if cfg.MaxKeys <= 0 {
 		cfg.MaxKeys = DefaultMaxKeys
 	}
-	return &Set{window: int64(cfg.Window), max: cfg.MaxKeys, keys: map[string]*entry{}, inst: map[string]*Load{}}
+	return &Set{window: int64(cfg.Window), max: cfg.MaxKeys, keys: map[string]*list.Element{}, inst: map[string]*Load{}}
 }
 
 // Note records that key's request, a prompt of blocks KV blocks, went to
@@ -77,20 +78,20 @@ func (s *Set) Note(key, instance string, blocks int, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.expire(t)
-	e := s.keys[key]
-	if e == nil {
-		if len(s.keys) >= s.max && s.head != nil {
-			s.drop(s.head)
+	el := s.keys[key]
+	if el == nil {
+		if len(s.keys) >= s.max && s.order.Len() > 0 {
+			s.drop(s.order.Front())
 		}
-		e = &entry{key: key}
-		s.keys[key] = e
+		el = s.order.PushBack(&entry{key: key})
+		s.keys[key] = el
 	} else {
-		s.unlink(e)
-		s.sub(e)
+		s.sub(el.Value.(*entry))
+		s.order.MoveToBack(el)
 	}
+	e := el.Value.(*entry)
 	e.instance, e.blocks, e.at = instance, max(blocks, 0), max(t, e.at)
 	s.add(e)
-	s.push(e)
 }
 
 // Load returns instance's working set at now.
@@ -110,10 +111,11 @@ func (s *Set) Key(key string, now time.Time) (instance string, blocks int, ok bo
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.expire(now.UnixNano())
-	e := s.keys[key]
-	if e == nil {
+	el := s.keys[key]
+	if el == nil {
 		return "", 0, false
 	}
+	e := el.Value.(*entry)
 	return e.instance, e.blocks, true
 }
 
@@ -128,13 +130,13 @@ func (s *Set) Len() int {
 // kept in the order they were noted; one noted with an earlier time than
 // the one before it (concurrent requests) waits for that one.
 func (s *Set) expire(t int64) {
-	for s.head != nil && s.head.at < t-s.window {
-		s.drop(s.head)
+	for el := s.order.Front(); el != nil && el.Value.(*entry).at < t-s.window; el = s.order.Front() {
+		s.drop(el)
 	}
 }
 
-func (s *Set) drop(e *entry) {
-	s.unlink(e)
+func (s *Set) drop(el *list.Element) {
+	e := s.order.Remove(el).(*entry)
 	s.sub(e)
 	delete(s.keys, e.key)
 }
@@ -159,28 +161,4 @@ func (s *Set) sub(e *entry) {
 	if l.Keys <= 0 {
 		delete(s.inst, e.instance)
 	}
-}
-
-func (s *Set) push(e *entry) {
-	e.prev, e.next = s.tail, nil
-	if s.tail != nil {
-		s.tail.next = e
-	} else {
-		s.head = e
-	}
-	s.tail = e
-}
-
-func (s *Set) unlink(e *entry) {
-	if e.prev != nil {
-		e.prev.next = e.next
-	} else if s.head == e {
-		s.head = e.next
-	}
-	if e.next != nil {
-		e.next.prev = e.prev
-	} else if s.tail == e {
-		s.tail = e.prev
-	}
-	e.prev, e.next = nil, nil
 }
