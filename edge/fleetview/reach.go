@@ -1,0 +1,248 @@
+package fleetview
+
+import (
+	"context"
+	"net/http/httptrace"
+	"sync/atomic"
+	"time"
+)
+
+// Reachability from this edge. A worker the edge cannot open a connection
+// to (a network partition between them) while its telemetry still arrives
+// over NATS reports itself healthy, and each hop placed there waits out a
+// connect before it is retried elsewhere. A failed connect is the evidence:
+// a hop or probe that sought a connection to the instance, made none and
+// failed (refused, no route, the connect timed out; not a 5xx, not a TLS
+// handshake with the wrong server, not a client that went away) marks the
+// instance unreachable from this edge. Marked, it is unhealthy in the
+// routing views (never Silent, so never woken) and probed in the
+// background; a connection made to it, by a probe or a hop, clears the
+// mark. The mark holds for a backoff, ReachBackoff after the first
+// failure, doubled by each further one up to ReachMaxBackoff, and for as
+// long as a probe of it is in flight: while the probes go on failing it
+// never lapses, and when no probe can tell (none could be started), a
+// request tries the instance again once the backoff has passed.
+//
+// Only an attempt begun after the last failure recorded says something
+// new: the hops that were in flight when the connection failed end with
+// the same failure, or, on a connection kept alive from before, with an
+// answer that says nothing of new connections.
+
+// Reachability's defaults (Config.ReachBackoff, Config.ReachMaxBackoff).
+const (
+	DefaultReachBackoff    = time.Second
+	DefaultReachMaxBackoff = 30 * time.Second
+)
+
+// reachState is what this edge's connections taught it about one
+// instance (under View.mu). The zero value is reachable.
+type reachState struct {
+	since    time.Time     // the first failure of this run; zero: reachable
+	until    time.Time     // the mark holds until then (and while probed)
+	last     time.Time     // the last failure recorded
+	backoff  time.Duration // the current backoff
+	failures int           // failed connects recorded in this run
+	lastErr  string
+}
+
+// reachPolicy is the backoff: its first length and its cap.
+type reachPolicy struct{ first, max time.Duration }
+
+// fail records a failed connect by an attempt begun at began and ended at
+// now. It reports whether the failure was recorded, and whether it marked
+// a reachable instance.
+func (r *reachState) fail(p reachPolicy, began, now time.Time, err string) (recorded, marked bool) {
+	switch {
+	case r.since.IsZero():
+		*r = reachState{since: now, until: now.Add(p.first), last: now, backoff: p.first, failures: 1, lastErr: err}
+		return true, true
+	case began.Before(r.last):
+		return false, false // in flight at the last failure: nothing new
+	}
+	r.backoff = min(2*r.backoff, p.max)
+	r.until, r.last, r.lastErr = now.Add(r.backoff), now, err
+	r.failures++
+	return true, false
+}
+
+// reach records a connection made by an attempt begun at began. It
+// reports whether that cleared a mark.
+func (r *reachState) reach(began time.Time) bool {
+	if r.since.IsZero() || began.Before(r.last) {
+		return false
+	}
+	*r = reachState{}
+	return true
+}
+
+// held reports whether the mark holds at now; probing: a probe of the
+// instance is in flight (its answer decides).
+func (r *reachState) held(now time.Time, probing bool) bool {
+	return !r.since.IsZero() && (now.Before(r.until) || probing)
+}
+
+// reachOutcome is what one attempt says of the instance's reachability.
+type reachOutcome int
+
+const (
+	reachUnknown reachOutcome = iota // nothing (cancelled, no connection sought)
+	reachMade                        // a connection was made (or an answer came)
+	reachFailed                      // a connection was sought and none made
+)
+
+// connTrace follows whether a request sought a connection and made one
+// (net/http's client trace: the transport asks for a connection, the
+// dialer's connect succeeds, a connection is handed to the request).
+type connTrace struct {
+	sought    atomic.Bool
+	connected atomic.Bool
+}
+
+func withConnTrace(ctx context.Context) (context.Context, *connTrace) {
+	ct := &connTrace{}
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GetConn: func(string) {
+			// A new connection is sought (again, on the transport's retry).
+			ct.sought.Store(true)
+			ct.connected.Store(false)
+		},
+		ConnectDone: func(_, _ string, err error) {
+			if err == nil {
+				ct.connected.Store(true)
+			}
+		},
+		GotConn: func(httptrace.GotConnInfo) { ct.connected.Store(true) },
+	}), ct
+}
+
+// outcome classifies the request's end: err nil (an answer came) or a
+// connection made is reachMade; an error after a connection was sought
+// and none made is reachFailed.
+func (ct *connTrace) outcome(err error) reachOutcome {
+	switch {
+	case err == nil || ct.connected.Load():
+		return reachMade
+	case ct.sought.Load():
+		return reachFailed
+	}
+	return reachUnknown
+}
+
+// Attempt is one hop's attempt to reach an instance, begun with
+// View.BeginHop and ended with End.
+type Attempt struct {
+	f     *View
+	in    *instance // nil: an instance the view does not know
+	began time.Time
+	trace *connTrace
+}
+
+// BeginHop starts a hop's attempt on instance id: the returned context
+// (send the hop with it) tells End whether a connection was made.
+func (f *View) BeginHop(ctx context.Context, id string) (context.Context, *Attempt) {
+	f.mu.RLock()
+	in := f.byID[id]
+	f.mu.RUnlock()
+	a := &Attempt{f: f, in: in, began: f.cfg.Now()}
+	if in == nil {
+		return ctx, a
+	}
+	ctx, a.trace = withConnTrace(ctx)
+	return ctx, a
+}
+
+// End records what the hop taught: err is the hop's error (nil: an answer
+// came, whatever its status); reqCtx is the request's own context, and
+// when it is done (the client went away) nothing is learnt.
+func (a *Attempt) End(reqCtx context.Context, err error) {
+	if a == nil || a.in == nil || reqCtx.Err() != nil {
+		return
+	}
+	switch a.trace.outcome(err) {
+	case reachMade:
+		if a.in.marked.Load() {
+			a.f.noteReached(a.in, a.began, "hop")
+		}
+	case reachFailed:
+		a.f.noteConnectFailed(a.in, a.began, err)
+	}
+}
+
+// noteConnectFailed records a failed connect to in by an attempt begun at
+// began: the mark, its log line and a probe of the instance.
+func (f *View) noteConnectFailed(in *instance, began time.Time, err error) {
+	now := f.cfg.Now()
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	f.mu.Lock()
+	if f.byID[in.id] != in {
+		f.mu.Unlock()
+		return // forgotten meanwhile
+	}
+	recorded, marked := in.reach.fail(f.reachPolicy(), began, now, msg)
+	in.marked.Store(true)
+	backoff, failures := in.reach.backoff, in.reach.failures
+	f.mu.Unlock()
+	if !recorded {
+		return
+	}
+	f.bump()
+	if marked {
+		f.log.Warn("instance unreachable from this edge: a connect to it failed; no new requests go there until a probe or hop connects",
+			"instance", in.id, "fleet", in.fleet, "url", in.url, "err", msg, "backoff", backoff)
+		f.kickProbes()
+		return
+	}
+	f.log.Debug("instance still unreachable from this edge", "instance", in.id, "failures", failures, "backoff", backoff, "err", msg)
+}
+
+// noteReached records a connection made to in by an attempt begun at
+// began (by: "hop" or "probe").
+func (f *View) noteReached(in *instance, began time.Time, by string) {
+	now := f.cfg.Now()
+	f.mu.Lock()
+	since, failures := in.reach.since, in.reach.failures
+	cleared := in.reach.reach(began)
+	if cleared {
+		in.marked.Store(false)
+	}
+	f.mu.Unlock()
+	if cleared {
+		f.bump()
+		f.log.Info("instance reachable again from this edge", "instance", in.id, "fleet", in.fleet, "by", by,
+			"unreachable_for", now.Sub(since), "failed_connects", failures)
+	}
+}
+
+// moveLocked gives a discovered instance the URL its report names (under
+// f.mu): a new address clears a mark, which was the old address's.
+func (f *View) moveLocked(in *instance, url string) {
+	if in.url != url && in.marked.Load() {
+		f.log.Info("instance moved to a new address: its failed connects were the old one's", "instance", in.id, "from", in.url, "to", url)
+		in.reach = reachState{}
+		in.marked.Store(false)
+	}
+	in.url = url
+}
+
+// reachPolicy is the configured backoff.
+func (f *View) reachPolicy() reachPolicy {
+	return reachPolicy{first: f.cfg.ReachBackoff, max: f.cfg.ReachMaxBackoff}
+}
+
+// unreachableLocked reports whether in is marked unreachable at now (under
+// f.mu).
+func (f *View) unreachableLocked(in *instance, now time.Time) bool {
+	return in.reach.held(now, in.probing)
+}
+
+// kickProbes asks the probe loop for a round now (a newly marked instance
+// is probed at once, not at the next tick).
+func (f *View) kickProbes() {
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+}
