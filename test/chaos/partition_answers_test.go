@@ -28,6 +28,9 @@ func TestChaosPartitionedEdgesAnswer(t *testing.T) {
 				if res.failed != 0 {
 					t.Errorf("%d requests failed on every edge they tried while %s", res.failed, sc.name)
 				}
+				if w := res.cutWorker; w != nil {
+					heldUnreachable(t, w)
+				}
 				return
 			}
 			from := res.cutAt
@@ -54,5 +57,17 @@ func TestChaosPartitionedEdgesAnswer(t *testing.T) {
 				t.Errorf("%d requests to the cut edge were neither served nor refused with Retry-After", bad)
 			}
 		})
+	}
+}
+
+// heldUnreachable: every edge whose connect to the cut worker failed
+// still held it unreachable just before the heal (its probes kept failing:
+// the mark never lapsed, so no later request paid a connect there).
+func heldUnreachable(t *testing.T, w *workerCutFigures) {
+	t.Helper()
+	for id, n := range w.connects {
+		if n > 0 && w.unreachable[id] != 1 {
+			t.Errorf("%s failed %v connects to the cut worker but did not hold it unreachable before the heal (gauge %v)", id, n, w.unreachable[id])
+		}
 	}
 }

@@ -32,6 +32,10 @@ type partitionScenario struct {
 	// evicts: the fault may evict bindings (a worker the edges cannot
 	// reach).
 	evicts bool
+	// workerCut: a context worker cut from the edges; each edge's failed
+	// connects to it and its mark (tether_edge_instance_unreachable) are
+	// read before the heal.
+	workerCut bool
 }
 
 var partitionScenarios = []partitionScenario{
@@ -67,9 +71,10 @@ var partitionScenarios = []partitionScenario{
 		},
 	},
 	{
-		name:   "worker-cut-from-edges",
-		evicts: true,
-		expect: "a context worker cut from the edges but not from NATS (its telemetry still arrives): hops to it fail, the edges send its keys elsewhere through committed overflows or placements; healed, it serves again",
+		name:      "worker-cut-from-edges",
+		evicts:    true,
+		workerCut: true,
+		expect:    "a context worker cut from the edges but not from NATS (its telemetry still arrives): hops to it fail, each edge marks it unreachable at its first failed connect and from then on sends its keys elsewhere through committed overflows or placements, with no hop waiting out a connect there; healed, a probe clears the mark and it serves again",
 		cut: func(v *env) (string, []string, *edgeProc) {
 			return v.workers[0].id, []string{segWork}, nil
 		},
@@ -119,6 +124,51 @@ type partitionResult struct {
 	unreadyAt      time.Time // the partitioned edge first reported itself not ready (minority)
 	probe          *prober   // requests straight to the partitioned edge (nil: not an edge)
 	readyAfterHeal time.Duration
+	cutWorker      *workerCutFigures // workerCut scenarios
+}
+
+// workerCutFigures are, per edge, the hops whose connect failed while the
+// worker was cut and whether the edge held the worker unreachable just
+// before the heal.
+type workerCutFigures struct {
+	connects    map[string]float64
+	unreachable map[string]float64
+}
+
+func (w *workerCutFigures) String() string {
+	ids := make([]string, 0, len(w.connects))
+	for id := range w.connects {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	parts := make([]string, 0, len(ids))
+	for _, id := range ids {
+		parts = append(parts, fmt.Sprintf("%s: failed_connects=%v unreachable=%v", id, w.connects[id], w.unreachable[id]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// contextConnectFailures is each edge's count of context hops whose
+// connect failed.
+func (v *env) contextConnectFailures() map[string]float64 {
+	out := map[string]float64{}
+	for _, e := range v.edges {
+		out[e.id] = v.metric(e, "tether_edge_upstream_errors_total", `fleet="context"`, `kind="connect"`)
+	}
+	return out
+}
+
+// workerCutFigures reads, before the heal, what each edge made of the cut
+// worker since before (contextConnectFailures at the cut).
+func (v *env) workerCutFigures(worker string, before map[string]float64) *workerCutFigures {
+	w := &workerCutFigures{connects: map[string]float64{}, unreachable: map[string]float64{}}
+	for id, n := range v.contextConnectFailures() {
+		w.connects[id] = n - before[id]
+	}
+	for _, e := range v.edges {
+		w.unreachable[e.id] = v.metric(e, "tether_edge_instance_unreachable", fmt.Sprintf("instance=%q", worker))
+	}
+	return w
 }
 
 // runPartition runs one scenario under load, judges it and returns what
@@ -138,6 +188,10 @@ func runPartition(t *testing.T, v *env, lab *netlab, sc partitionScenario, hold 
 		pr = startProber(v, cutEdge, roots)
 	}
 	termBefore := v.term()
+	var connectsBefore map[string]float64
+	if sc.workerCut {
+		connectsBefore = v.contextConnectFailures()
+	}
 	lab.partition(member, segs...)
 	cutAt := time.Now()
 	var unreadyAfter time.Duration
@@ -164,6 +218,9 @@ func runPartition(t *testing.T, v *env, lab *netlab, sc partitionScenario, hold 
 	}
 	h := time.NewTimer(hold)
 	<-h.C // the partition (schedule)
+	if sc.workerCut {
+		res.cutWorker = v.workerCutFigures(member, connectsBefore)
+	}
 	lab.heal(member)
 	healAt := time.Now()
 	res.healAt = healAt
@@ -198,6 +255,9 @@ func runPartition(t *testing.T, v *env, lab *netlab, sc partitionScenario, hold 
 		termBefore, v.term(), unreadyAfter.Round(time.Millisecond), recovered.Round(time.Millisecond), index, hash[:12], failureReasons(samples), ld.refusals)
 	if pr != nil {
 		t.Logf("FIGURES partition scenario=%s answers of the partitioned edge while cut: %s", sc.name, probe)
+	}
+	if res.cutWorker != nil {
+		t.Logf("FIGURES partition scenario=%s the edges and the cut worker before the heal: %s", sc.name, res.cutWorker)
 	}
 	if vd.Wrong != 0 {
 		t.Errorf("%d wrong answers", vd.Wrong)
