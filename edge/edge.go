@@ -320,8 +320,12 @@ func (e *Edge) newHops() error {
 	transport := e.deps.Transport
 	if transport == nil {
 		transport = &http.Transport{
-			Proxy:               nil,
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			Proxy: nil,
+			// A connect that fails marks the instance unreachable from
+			// this edge, also after the request that started it gave up,
+			// and one to a marked instance is bounded by
+			// fleetview.MarkedConnectTimeout (edge/fleetview reach.go).
+			DialContext:         fleetview.WatchDials((&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext),
 			MaxIdleConns:        1024,
 			MaxIdleConnsPerHost: 256,
 			IdleConnTimeout:     90 * time.Second,

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/edge/admin"
+	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/internal/respid"
 	"github.com/tether-project/tether/internal/telemetry"
@@ -24,9 +26,10 @@ import (
 // out, as across a partition), while the worker itself, and its
 // telemetry over NATS, go on.
 type cutNet struct {
-	tr   *http.Transport
-	mu   sync.Mutex
-	mode map[string]string // address → "refuse" | "blackhole"
+	tr     *http.Transport
+	mu     sync.Mutex
+	mode   map[string]string // address → "refuse" | "blackhole"
+	onDial map[string]func() // address → called as a black-holed connect begins
 }
 
 // cutConnectTimeout stands for the hops' connect timeout (5 s) across a
@@ -34,16 +37,19 @@ type cutNet struct {
 const cutConnectTimeout = 300 * time.Millisecond
 
 func newCutNet() *cutNet {
-	n := &cutNet{mode: map[string]string{}}
+	n := &cutNet{mode: map[string]string{}, onDial: map[string]func(){}}
 	d := &net.Dialer{Timeout: 5 * time.Second}
-	n.tr = &http.Transport{MaxIdleConnsPerHost: 64, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+	n.tr = &http.Transport{MaxIdleConnsPerHost: 64, DialContext: fleetview.WatchDials(func(ctx context.Context, network, addr string) (net.Conn, error) {
 		n.mu.Lock()
-		m := n.mode[addr]
+		m, hook := n.mode[addr], n.onDial[addr]
 		n.mu.Unlock()
 		switch m {
 		case "refuse":
 			return nil, &net.OpError{Op: "dial", Net: network, Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
 		case "blackhole":
+			if hook != nil {
+				hook()
+			}
 			t := time.NewTimer(cutConnectTimeout)
 			defer t.Stop()
 			select {
@@ -54,15 +60,17 @@ func newCutNet() *cutNet {
 			}
 		}
 		return d.DialContext(ctx, network, addr)
-	}}
+	})}
 	return n
 }
 
 // cut switches w's connects ("": healed) and ends the kept-alive
-// connections, as a partition or a closed port does.
-func (n *cutNet) cut(w *testWorker, mode string) {
+// connections, as a partition or a closed port does; hook, when set, is
+// called as each black-holed connect to w begins.
+func (n *cutNet) cut(w *testWorker, mode string, hook func()) {
 	n.mu.Lock()
 	n.mode[w.proxy.Listener.Addr().String()] = mode
+	n.onDial[w.proxy.Listener.Addr().String()] = hook
 	n.mu.Unlock()
 	n.tr.CloseIdleConnections()
 }
@@ -101,7 +109,7 @@ func TestUnreachableInstanceGetsNoRequests(t *testing.T) {
 			other = w
 		}
 	}
-	cn.cut(victim, "refuse")
+	cn.cut(victim, "refuse", nil)
 	cutAt := time.Now()
 	if r := bound.send(t, c, te, "two", nil); r.ctxInst != other.id || connects("context") != 1 {
 		t.Fatalf("the bound key's turn after the cut: on %s, %v failed connects; want %s after one", r.ctxInst, connects("context"), other.id)
@@ -122,7 +130,7 @@ func TestUnreachableInstanceGetsNoRequests(t *testing.T) {
 		return in.Telemetry && in.LastSeen.After(cutAt) && in.Unreachable
 	})
 
-	cn.cut(victim, "")
+	cn.cut(victim, "", nil)
 	waitFor(t, "a probe clearing the mark after the heal", 10*time.Second, func() bool {
 		in, _ := te.e.Fleet().Instance(victim.id, time.Now())
 		return !in.Unreachable && in.Healthy
@@ -131,6 +139,7 @@ func TestUnreachableInstanceGetsNoRequests(t *testing.T) {
 	if r := bound.send(t, c, te, "healed", nil); r.ctxInst != victim.id {
 		t.Fatalf("after the heal the bound key's turn is on %s, want %s", r.ctxInst, victim.id)
 	}
+	givenUpStillMarks(t, te, c, cn, bound, victim, connects)
 
 	pinnedStillTried(t, te, c, cn, gens, connects)
 }
@@ -156,7 +165,7 @@ func pinnedStillTried(t *testing.T, te *testEdge, c *http.Client, cn *cutNet, ge
 	if holder == nil {
 		t.Fatalf("the response is held by %q, not a generation worker", ref.Instance)
 	}
-	cn.cut(holder, "blackhole")
+	cn.cut(holder, "blackhole", nil)
 	before := connects("generation")
 	continuation := mustJSON(map[string]any{"model": testModel, "input": "more", "previous_response_id": stored.ID, "max_output_tokens": 4})
 	for i := range 2 {
@@ -178,7 +187,7 @@ func pinnedStillTried(t *testing.T, te *testEdge, c *http.Client, cn *cutNet, ge
 		t.Fatalf("%v failed generation connects since the cut, want the continuations' 2", n-before)
 	}
 	unreachableOnEdge(t, te, c, holder.id, 1)
-	cn.cut(holder, "")
+	cn.cut(holder, "", nil)
 	waitFor(t, "the holder reachable again", 10*time.Second, func() bool {
 		in, _ := te.e.Fleet().Instance(holder.id, time.Now())
 		return !in.Unreachable
@@ -212,4 +221,33 @@ func unreachableOnEdge(t *testing.T, te *testEdge, c *http.Client, id string, wa
 		return
 	}
 	t.Fatalf("no admin view of %s", id)
+}
+
+// givenUpStillMarks: the victim black-holed, the client of the first
+// request sent there gives up while the edge connects (as clients whose
+// timeout is shorter than the connect's do); the edge learns nothing from
+// the cancelled hop, but the connect goes on, fails and marks the
+// instance, and the key's next turn goes elsewhere without a connect.
+func givenUpStillMarks(t *testing.T, te *testEdge, c *http.Client, cn *cutNet, bound *agent, victim *testWorker, connects func(string) float64) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cn.cut(victim, "blackhole", cancel)
+	before := connects("context")
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, te.url()+"/v1/chat/completions",
+		bytes.NewReader(chatBody(t, bound.system, append(append([]string(nil), bound.turns...), "given up"), nil)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("x-session-id", bound.session)
+	if resp, err := c.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the request whose client gave up was answered %d", resp.StatusCode)
+	}
+	waitFor(t, "the connect the given-up request started marking the instance", 10*time.Second, func() bool {
+		in, _ := te.e.Fleet().Instance(victim.id, time.Now())
+		return in.Unreachable
+	})
+	if r := bound.send(t, c, te, "after giving up", nil); r.ctxInst == victim.id || connects("context") != before {
+		t.Fatalf("the next turn on %s after %v failed connects; want elsewhere, without one", r.ctxInst, connects("context")-before)
+	}
+	cn.cut(victim, "", nil)
 }

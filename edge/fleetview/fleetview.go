@@ -1379,11 +1379,17 @@ func (f *View) probeRound() {
 // whose /metrics the edge reads, scrapes it after a successful probe.
 func (f *View) probeOne(tg probeTarget) {
 	began := f.cfg.Now()
-	ok, reach, err := f.probe(tg.worker, tg.url, tg.path, tg.model, tg.timeout)
+	f.mu.RLock()
+	in, found := f.byID[tg.id]
+	f.mu.RUnlock()
+	if !found {
+		in = &instance{id: tg.id} // forgotten meanwhile: nothing to record
+	}
+	ok, reach, err := f.probe(in, began, tg)
 	f.metrics.probes.WithLabelValues(map[bool]string{true: "ok", false: "failed"}[ok]).Inc()
 	at := f.cfg.Now()
 	f.mu.Lock()
-	in, found := f.byID[tg.id]
+	in, found = f.byID[tg.id]
 	if found {
 		in.probedAt, in.probeOK, in.probing = at, ok, false
 		if ok {
@@ -1410,13 +1416,14 @@ func (f *View) probeOne(tg probeTarget) {
 // worker's server must prove its identity (worker: ExpectWorker). reach
 // is what the first GET says of the instance's reachability (err: its
 // error); a probe the view's own shutdown cut short says nothing.
-func (f *View) probe(worker, base, path, model string, timeout time.Duration) (ok bool, reach reachOutcome, err error) {
-	ctx, cancel := context.WithTimeout(f.ctx, timeout)
+func (f *View) probe(in *instance, began time.Time, tg probeTarget) (ok bool, reach reachOutcome, err error) {
+	ctx, cancel := context.WithTimeout(f.ctx, tg.timeout)
 	defer cancel()
-	if worker != "" {
-		ctx = ExpectWorker(ctx, worker)
+	if tg.worker != "" {
+		ctx = ExpectWorker(ctx, tg.worker)
 	}
-	tctx, ct := withConnTrace(ctx)
+	tctx, ct := f.watch(ctx, in, began)
+	base, path, model := tg.url, tg.path, tg.model
 	ok, err = f.probeGet(tctx, base+path, nil)
 	if reach = ct.outcome(err); f.ctx.Err() != nil {
 		reach = reachUnknown

@@ -2,6 +2,8 @@ package fleetview
 
 import (
 	"context"
+	"errors"
+	"net"
 	"net/http/httptrace"
 	"sync/atomic"
 	"time"
@@ -23,10 +25,20 @@ import (
 // never lapses, and when no probe can tell (none could be started), a
 // request tries the instance again once the backoff has passed.
 //
+// Two places see a failed connect. The hop's (or probe's) own end
+// (Attempt.End), when it sought a connection, made none and failed while
+// its client still waited; and the dial itself (WatchDials on the
+// transport), which net/http goes on with after the request that started
+// it gave up: across a partition the connect can take longer than the
+// clients wait (a 2 s client timeout against a 3 s failed ARP or a 5 s
+// connect timeout), and a client that gives up first must not hide the
+// failure, or every request pays the connect until its client gives up.
+//
 // Only an attempt begun after the last failure recorded says something
 // new: the hops that were in flight when the connection failed end with
-// the same failure, or, on a connection kept alive from before, with an
-// answer that says nothing of new connections.
+// the same failure (each seen twice, by its end and by its dial), or, on
+// a connection kept alive from before, with an answer that says nothing
+// of new connections.
 
 // Reachability's defaults (Config.ReachBackoff, Config.ReachMaxBackoff).
 const (
@@ -34,15 +46,30 @@ const (
 	DefaultReachMaxBackoff = 30 * time.Second
 )
 
+// MarkedConnectTimeout bounds a connect to an instance marked unreachable
+// (WatchDials), the transport's own timeout still bounding the others. No
+// soft-affinity request is sent to a marked instance while its mark
+// holds; what still connects there is its probes, requests pinned to it
+// (a stored response or conversation it holds: nowhere else to go) and,
+// once the backoff lapsed with no probe to tell, the request that tries
+// it again. For those a connect that has not completed in a second
+// (Linux's first SYN retransmission) is not waited for: a pinned request
+// is answered 503 with Retry-After within a client's usual timeout rather
+// than after the full connect timeout, when its client may be gone.
+const MarkedConnectTimeout = time.Second
+
 // reachState is what this edge's connections taught it about one
 // instance (under View.mu). The zero value is reachable.
 type reachState struct {
 	since    time.Time     // the first failure of this run; zero: reachable
 	until    time.Time     // the mark holds until then (and while probed)
-	last     time.Time     // the last failure recorded
 	backoff  time.Duration // the current backoff
 	failures int           // failed connects recorded in this run
 	lastErr  string
+	// after: attempts begun before it say nothing new (the last failure
+	// recorded, or the start of the attempt whose connection cleared the
+	// last mark: a dial into the partition that fails after the heal).
+	after time.Time
 }
 
 // reachPolicy is the backoff: its first length and its cap.
@@ -53,14 +80,14 @@ type reachPolicy struct{ first, max time.Duration }
 // a reachable instance.
 func (r *reachState) fail(p reachPolicy, began, now time.Time, err string) (recorded, marked bool) {
 	switch {
+	case began.Before(r.after):
+		return false, false // in flight at the last failure or heal: nothing new
 	case r.since.IsZero():
-		*r = reachState{since: now, until: now.Add(p.first), last: now, backoff: p.first, failures: 1, lastErr: err}
+		*r = reachState{since: now, until: now.Add(p.first), after: now, backoff: p.first, failures: 1, lastErr: err}
 		return true, true
-	case began.Before(r.last):
-		return false, false // in flight at the last failure: nothing new
 	}
 	r.backoff = min(2*r.backoff, p.max)
-	r.until, r.last, r.lastErr = now.Add(r.backoff), now, err
+	r.until, r.after, r.lastErr = now.Add(r.backoff), now, err
 	r.failures++
 	return true, false
 }
@@ -68,10 +95,10 @@ func (r *reachState) fail(p reachPolicy, began, now time.Time, err string) (reco
 // reach records a connection made by an attempt begun at began. It
 // reports whether that cleared a mark.
 func (r *reachState) reach(began time.Time) bool {
-	if r.since.IsZero() || began.Before(r.last) {
+	if r.since.IsZero() || began.Before(r.after) {
 		return false
 	}
-	*r = reachState{}
+	*r = reachState{after: began}
 	return true
 }
 
@@ -138,7 +165,8 @@ type Attempt struct {
 }
 
 // BeginHop starts a hop's attempt on instance id: the returned context
-// (send the hop with it) tells End whether a connection was made.
+// (send the hop with it) tells End whether a connection was made, and the
+// transport's dial (WatchDials) whom a failed connect concerns.
 func (f *View) BeginHop(ctx context.Context, id string) (context.Context, *Attempt) {
 	f.mu.RLock()
 	in := f.byID[id]
@@ -147,8 +175,59 @@ func (f *View) BeginHop(ctx context.Context, id string) (context.Context, *Attem
 	if in == nil {
 		return ctx, a
 	}
-	ctx, a.trace = withConnTrace(ctx)
+	ctx, a.trace = f.watch(ctx, in, a.began)
 	return ctx, a
+}
+
+// watch is ctx carrying the connection trace of an attempt on in begun at
+// began, and the attempt for the transport's dial.
+func (f *View) watch(ctx context.Context, in *instance, began time.Time) (context.Context, *connTrace) {
+	ctx = context.WithValue(ctx, dialKey{}, &dialWatch{f: f, in: in, began: began})
+	return withConnTrace(ctx)
+}
+
+// dialKey is the context key of the attempt a dial is made for.
+type dialKey struct{}
+
+// dialWatch is the attempt a dial is made for (its request's context
+// values outlive the request: net/http dials on after it gave up).
+type dialWatch struct {
+	f     *View
+	in    *instance
+	began time.Time
+}
+
+// Dialer is a transport's dial function (net/http.Transport.DialContext).
+type Dialer = func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// WatchDials wraps the dial of the transport hops and probes go through:
+// a connect made for an attempt (BeginHop, a probe) that fails marks its
+// instance unreachable from this edge, whether or not the request that
+// started it still waits (net/http finishes a dial after its request
+// gave up, for the next request); one that succeeds is a connection made.
+// A dial cancelled by the transport (no request wants it any more) says
+// nothing. A connect to a marked instance is bounded by
+// MarkedConnectTimeout.
+func WatchDials(dial Dialer) Dialer {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		w, ok := ctx.Value(dialKey{}).(*dialWatch)
+		if ok && w.in.marked.Load() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, MarkedConnectTimeout)
+			defer cancel()
+		}
+		c, err := dial(ctx, network, addr)
+		switch {
+		case !ok:
+		case err == nil:
+			if w.in.marked.Load() {
+				w.f.noteReached(w.in, w.began, "connect")
+			}
+		case !errors.Is(err, context.Canceled):
+			w.f.noteConnectFailed(w.in, w.began, err)
+		}
+		return c, err
+	}
 }
 
 // End records what the hop taught: err is the hop's error (nil: an answer
@@ -182,7 +261,7 @@ func (f *View) noteConnectFailed(in *instance, began time.Time, err error) {
 		return // forgotten meanwhile
 	}
 	recorded, marked := in.reach.fail(f.reachPolicy(), began, now, msg)
-	in.marked.Store(true)
+	in.marked.Store(!in.reach.since.IsZero())
 	backoff, failures := in.reach.backoff, in.reach.failures
 	f.mu.Unlock()
 	if !recorded {
@@ -199,7 +278,7 @@ func (f *View) noteConnectFailed(in *instance, began time.Time, err error) {
 }
 
 // noteReached records a connection made to in by an attempt begun at
-// began (by: "hop" or "probe").
+// began (by: "hop", "probe" or "connect", the dial of either).
 func (f *View) noteReached(in *instance, began time.Time, by string) {
 	now := f.cfg.Now()
 	f.mu.Lock()
@@ -221,7 +300,7 @@ func (f *View) noteReached(in *instance, began time.Time, by string) {
 func (f *View) moveLocked(in *instance, url string) {
 	if in.url != url && in.marked.Load() {
 		f.log.Info("instance moved to a new address: its failed connects were the old one's", "instance", in.id, "from", in.url, "to", url)
-		in.reach = reachState{}
+		in.reach = reachState{after: f.cfg.Now()} // dials to the old address say nothing
 		in.marked.Store(false)
 	}
 	in.url = url

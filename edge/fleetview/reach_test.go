@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -61,30 +62,51 @@ func TestReachBackoff(t *testing.T) {
 	if !r.since.Equal(t0) {
 		t.Fatalf("since %s, want the first failure's %s", r.since, t0)
 	}
-	if !r.reach(r.last) || r.held(r.last, true) || r != (reachState{}) {
+	healed := r.after.Add(time.Millisecond)
+	if !r.reach(healed) || r.held(healed, true) || r != (reachState{after: healed}) {
 		t.Fatalf("a connection made after the last failure left %+v", r)
+	}
+	// A dial into the partition that fails after the heal was seen.
+	if rec, _ := r.fail(p, healed.Add(-time.Millisecond), healed.Add(time.Second), "timeout"); rec || !r.since.IsZero() {
+		t.Fatalf("an attempt begun before the connection that cleared the mark marked it again: %+v", r)
 	}
 }
 
 // switchNet is a transport whose connects to one address can be refused,
 // or black-holed (the connect times out), while everything else goes
-// through.
+// through. Each connect takes a millisecond of the test's clock (tick).
+// watched: the dial is WatchDials's, as the edge's is.
 type switchNet struct {
-	mode atomic.Value // "", "refuse", "blackhole"
-	addr string
-	tr   *http.Transport
+	mode   atomic.Value // "", "refuse", "blackhole"
+	addr   string
+	tr     *http.Transport
+	onDial atomic.Pointer[func()] // called as a connect to addr begins
+	// bounded, unbounded: connects to addr with a deadline of at most
+	// MarkedConnectTimeout, and the others.
+	bounded, unbounded atomic.Int32
 }
 
-func newSwitchNet(addr string) *switchNet {
+func newSwitchNet(addr string, tick func(), watched bool) *switchNet {
 	n := &switchNet{addr: addr}
 	n.mode.Store("")
 	d := &net.Dialer{}
-	n.tr = &http.Transport{DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+	dial := func(ctx context.Context, network, a string) (net.Conn, error) {
+		tick()
+		if a == n.addr {
+			if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= MarkedConnectTimeout {
+				n.bounded.Add(1)
+			} else {
+				n.unbounded.Add(1)
+			}
+		}
 		switch m := n.mode.Load().(string); {
 		case a != n.addr || m == "":
 			return d.DialContext(ctx, network, a)
 		case m == "refuse":
 			return nil, &net.OpError{Op: "dial", Net: network, Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+		}
+		if f := n.onDial.Load(); f != nil {
+			(*f)()
 		}
 		t := time.NewTimer(50 * time.Millisecond) // the connect's timeout
 		defer t.Stop()
@@ -94,7 +116,11 @@ func newSwitchNet(addr string) *switchNet {
 		case <-t.C:
 			return nil, &net.OpError{Op: "dial", Net: network, Err: os.ErrDeadlineExceeded}
 		}
-	}}
+	}
+	if watched {
+		dial = WatchDials(dial)
+	}
+	n.tr = &http.Transport{DialContext: dial}
 	return n
 }
 
@@ -120,40 +146,54 @@ func hop(t *testing.T, f *View, c *http.Client, id, url string) error {
 	return err
 }
 
+// unreachableFleet is a view on a fake clock that hears w1 at url and
+// sends hops and probes through a switchNet to url's address (probes only
+// when kicked).
+func unreachableFleet(t *testing.T, url string, watched bool) (*View, *prometheus.Registry, *nats.Conn, *clock, *switchNet, telemetry.LoadReport) {
+	t.Helper()
+	clk := &clock{}
+	clk.advance(time.Hour)
+	sn := newSwitchNet(strings.TrimPrefix(url, "http://"), func() { clk.advance(time.Millisecond) }, watched)
+	f, reg, nc := clockedFleetWith(t, clk, Config{ProbeClient: &http.Client{Transport: sn.tr}, ProbeInterval: time.Hour,
+		ReachBackoff: time.Second, ReachMaxBackoff: 8 * time.Second})
+	r := report("w1", telemetry.FleetContext, 1, 1, 0)
+	r.URL = url
+	publishLoad(t, nc, r)
+	waitFor(t, "registration", 5*time.Second, func() bool { in, _ := f.Instance("w1", clk.now()); return in.Healthy })
+	return f, reg, nc, clk, sn, r
+}
+
 // A worker whose telemetry arrives but that this edge cannot connect to:
 // a refused connect marks it unreachable (unhealthy, not silent, the
-// gauge at 1) and it is probed at once; its reports do not clear the
-// mark; the mark lapses after its backoff with no probe in flight, and the
-// next failure doubles it; a hop that connects clears it, a failed one
-// marks it again, and a probe that connects clears that; a black-holed
-// connect marks it as a refused one does; a report naming a new address
-// clears it. A 5xx answer is a connection made.
+// gauge at 1), counted once though both its dial and its hop's end see
+// it, and it is probed at once; its reports do not clear the mark; the
+// mark lapses after its backoff with no probe in flight, and the next
+// failure doubles it; a hop that connects clears it (a 5xx is an answer),
+// a failed one marks it again, and a probe that connects clears that; a
+// black-holed connect marks it as a refused one does; a report naming a
+// new address clears it.
 func TestFailedConnectMarksUnreachable(t *testing.T) {
 	var status atomic.Int32
 	status.Store(http.StatusOK)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(status.Load())) }))
 	t.Cleanup(srv.Close)
-	sn := newSwitchNet(srv.Listener.Addr().String())
+	f, reg, nc, clk, sn, r := unreachableFleet(t, srv.URL, true)
 	c := &http.Client{Transport: sn.tr}
-	f, reg, nc, clk := clockedFleetWith(t, Config{ProbeClient: c, ProbeInterval: time.Hour, ReachBackoff: time.Second, ReachMaxBackoff: 8 * time.Second})
-	r := report("w1", telemetry.FleetContext, 1, 1, 0)
-	r.URL = srv.URL
-	publishLoad(t, nc, r)
-	waitFor(t, "registration", 5*time.Second, func() bool { in, _ := f.Instance("w1", clk.now()); return in.Healthy })
 
 	sn.set("refuse")
-	if err := hop(t, f, c, "w1", srv.URL); err == nil {
-		t.Fatal("a refused hop succeeded")
+	if err := hop(t, f, c, "w1", srv.URL); err == nil || sn.unbounded.Load() != 1 {
+		t.Fatalf("a refused hop: err %v, %d connects with the transport's own timeout, want 1 (not marked yet)", err, sn.unbounded.Load())
 	}
 	// The probe sent at once fails too: a second failure, 2 s.
 	waitFor(t, "the probe of the marked instance", 5*time.Second, func() bool {
 		in, _ := f.Instance("w1", clk.now())
 		return in.ConnectFailures == 2 && !probing(f, "w1")
 	})
+	until := clk.now().Add(2 * time.Second)
 	refresh(t, nc, f, clk, &r) // its telemetry goes on
 	in, _ := f.Instance("w1", clk.now())
 	v := viewOf(t, f, "w1", clk.now())
-	if !in.Unreachable || in.Healthy || !in.Telemetry || !in.UnreachableUntil.Equal(clk.now().Add(2*time.Second)) ||
+	if !in.Unreachable || in.Healthy || !in.Telemetry || !in.UnreachableUntil.Equal(until) ||
 		v.Healthy || !v.Unreachable || v.Silent || in.LastConnectError == "" {
 		t.Fatalf("after a refused connect and a failed probe, reports arriving: %+v, view %+v", in, v)
 	}
@@ -167,9 +207,13 @@ func TestFailedConnectMarksUnreachable(t *testing.T) {
 	if v := viewOf(t, f, "w1", clk.now()); !v.Healthy || v.Unreachable {
 		t.Fatalf("after the backoff: %+v", v)
 	}
+	bounded := sn.bounded.Load()
 	_ = hop(t, f, c, "w1", srv.URL)
 	if in, _ := f.Instance("w1", clk.now()); !in.Unreachable || in.ConnectFailures != 3 || !in.UnreachableUntil.Equal(clk.now().Add(4*time.Second)) {
 		t.Fatalf("a third failure: %+v, want 4 s", in)
+	}
+	if n := sn.bounded.Load() - bounded; n != 1 {
+		t.Fatalf("%d connects bounded by MarkedConnectTimeout for the hop to the marked instance, want 1", n)
 	}
 
 	// Healed: a hop answered (a 5xx is an answer) clears the mark.
@@ -184,10 +228,16 @@ func TestFailedConnectMarksUnreachable(t *testing.T) {
 	if g := metric(t, reg, "tether_edge_instance_unreachable", map[string]string{"instance": "w1"}); g != 0 {
 		t.Fatalf("tether_edge_instance_unreachable %v after the heal", g)
 	}
+	reachAgainByProbeAndMove(t, f, nc, clk, sn, c, r)
+}
 
-	// Black-holed: the connect times out; healed, the probe clears it.
+// reachAgainByProbeAndMove: black-holed, the instance is marked; healed,
+// a probe clears the mark; marked again, a report naming a new address
+// clears it.
+func reachAgainByProbeAndMove(t *testing.T, f *View, nc *nats.Conn, clk *clock, sn *switchNet, c *http.Client, r telemetry.LoadReport) {
+	t.Helper()
 	sn.set("blackhole")
-	_ = hop(t, f, c, "w1", srv.URL)
+	_ = hop(t, f, c, "w1", r.URL)
 	waitFor(t, "the black-holed instance marked and probed", 5*time.Second, func() bool {
 		in, _ := f.Instance("w1", clk.now())
 		return in.Unreachable && in.ConnectFailures == 2 && !probing(f, "w1")
@@ -198,13 +248,13 @@ func TestFailedConnectMarksUnreachable(t *testing.T) {
 		in, _ := f.Instance("w1", clk.now())
 		return !in.Unreachable && in.ConnectFailures == 0
 	})
-
-	// Marked again, then the worker reports a new address.
 	sn.set("refuse")
-	_ = hop(t, f, c, "w1", srv.URL)
+	_ = hop(t, f, c, "w1", r.URL)
 	waitFor(t, "marked again", 5*time.Second, func() bool { in, _ := f.Instance("w1", clk.now()); return in.Unreachable })
+	moved := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(moved.Close)
 	r.Seq++
-	r.URL = "http://127.0.0.1:1"
+	r.URL = moved.URL
 	publishLoad(t, nc, r)
 	waitFor(t, "the new address clears the mark", 5*time.Second, func() bool {
 		in, _ := f.Instance("w1", clk.now())
@@ -212,41 +262,47 @@ func TestFailedConnectMarksUnreachable(t *testing.T) {
 	})
 }
 
-// A cancelled request, or a hop to an unknown instance, teaches nothing.
-func TestCancelledHopTeachesNothing(t *testing.T) {
-	sn := newSwitchNet("127.0.0.1:9")
-	sn.set("blackhole")
-	c := &http.Client{Transport: sn.tr}
-	f, _, nc, clk := clockedFleetWith(t, Config{ProbeClient: c, ProbeInterval: time.Hour})
-	r := report("w1", telemetry.FleetContext, 1, 1, 0)
-	r.URL = "http://127.0.0.1:9"
-	publishLoad(t, nc, r)
-	waitFor(t, "registration", 5*time.Second, func() bool { in, _ := f.Instance("w1", clk.now()); return in.Healthy })
-	ctx, cancel := context.WithCancel(context.Background())
-	hctx, a := f.BeginHop(ctx, "w1")
-	req, _ := http.NewRequestWithContext(hctx, http.MethodPost, r.URL, nil)
-	cancel()
-	_, err := c.Do(req)
-	a.End(ctx, err)
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("err %v", err)
+// A hop whose client went away teaches nothing by its end; the connect it
+// started, which net/http finishes for the next request, does: when that
+// fails the instance is marked, through the transport's watched dial.
+// Without the watch (a transport that is not the edge's), nothing is
+// learnt.
+func TestFailedConnectAfterTheClientGaveUp(t *testing.T) {
+	for _, watched := range []bool{false, true} {
+		t.Run(map[bool]string{false: "unwatched", true: "watched"}[watched], func(t *testing.T) {
+			f, _, _, clk, sn, r := unreachableFleet(t, "http://127.0.0.1:9", watched)
+			sn.set("blackhole")
+			ctx, cancel := context.WithCancel(context.Background())
+			hctx, a := f.BeginHop(ctx, "w1")
+			req, _ := http.NewRequestWithContext(hctx, http.MethodPost, r.URL, nil)
+			giveUp := func() { cancel() } // the client gives up during the connect
+			sn.onDial.Store(&giveUp)
+			_, err := (&http.Client{Transport: sn.tr}).Do(req)
+			a.End(ctx, err)
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("err %v", err)
+			}
+			if !watched {
+				if in, _ := f.Instance("w1", clk.now()); in.Unreachable || in.ConnectFailures != 0 {
+					t.Fatalf("a cancelled hop marked the instance: %+v", in)
+				}
+				return
+			}
+			waitFor(t, "the connect's failure marking the instance", 5*time.Second, func() bool {
+				in, _ := f.Instance("w1", clk.now())
+				return in.Unreachable
+			})
+		})
 	}
-	if in, _ := f.Instance("w1", clk.now()); in.Unreachable || in.ConnectFailures != 0 {
-		t.Fatalf("a cancelled hop marked the instance: %+v", in)
-	}
-	_, a = f.BeginHop(context.Background(), "nobody")
-	a.End(context.Background(), errors.New("refused"))
 }
 
-// clockedFleetWith is clockedFleet with more settings.
-func clockedFleetWith(t *testing.T, cfg Config) (*View, *prometheus.Registry, *nats.Conn, *clock) {
+// clockedFleetWith is clockedFleet on clk with more settings.
+func clockedFleetWith(t *testing.T, clk *clock, cfg Config) (*View, *prometheus.Registry, *nats.Conn) {
 	t.Helper()
 	ns := natstest.Start(t, nil)
-	clk := &clock{}
-	clk.advance(time.Hour)
 	cfg.Conn, cfg.StaleIntervals, cfg.MinStaleAfter, cfg.Now = connect(t, ns.ClientURL()), 3, 200*time.Millisecond, clk.now
 	f, reg := newFleet(t, cfg)
-	return f, reg, connect(t, ns.ClientURL()), clk
+	return f, reg, connect(t, ns.ClientURL())
 }
 
 // probing reports whether a probe of id is in flight.
