@@ -65,14 +65,20 @@ func newCutNet() *cutNet {
 }
 
 // cut switches w's connects ("": healed) and ends the kept-alive
-// connections, as a partition or a closed port does; hook, when set, is
-// called as each black-holed connect to w begins.
+// connections, as a closed port does; hook, when set, is called as each
+// black-holed connect to w begins.
 func (n *cutNet) cut(w *testWorker, mode string, hook func()) {
+	n.cutKeepingConns(w, mode, hook)
+	n.tr.CloseIdleConnections()
+}
+
+// cutKeepingConns is cut leaving the connections kept alive open, as a
+// partition does (what is sent on them is never answered).
+func (n *cutNet) cutKeepingConns(w *testWorker, mode string, hook func()) {
 	n.mu.Lock()
 	n.mode[w.proxy.Listener.Addr().String()] = mode
 	n.onDial[w.proxy.Listener.Addr().String()] = hook
 	n.mu.Unlock()
-	n.tr.CloseIdleConnections()
 }
 
 // An instance the edge cannot connect to while its telemetry keeps
@@ -140,6 +146,7 @@ func TestUnreachableInstanceGetsNoRequests(t *testing.T) {
 		t.Fatalf("after the heal the bound key's turn is on %s, want %s", r.ctxInst, victim.id)
 	}
 	givenUpStillMarks(t, te, c, cn, bound, victim, connects)
+	stalledKeptAliveMarks(t, te, c, cn, bound, victim, connects)
 
 	pinnedStillTried(t, te, c, cn, gens, connects)
 }
@@ -234,14 +241,7 @@ func givenUpStillMarks(t *testing.T, te *testEdge, c *http.Client, cn *cutNet, b
 	defer cancel()
 	cn.cut(victim, "blackhole", cancel)
 	before := connects("context")
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, te.url()+"/v1/chat/completions",
-		bytes.NewReader(chatBody(t, bound.system, append(append([]string(nil), bound.turns...), "given up"), nil)))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("x-session-id", bound.session)
-	if resp, err := c.Do(req); err == nil {
-		resp.Body.Close()
-		t.Fatalf("the request whose client gave up was answered %d", resp.StatusCode)
-	}
+	giveUp(t, ctx, c, te, bound, "given up")
 	waitFor(t, "the connect the given-up request started marking the instance", 10*time.Second, func() bool {
 		in, _ := te.e.Fleet().Instance(victim.id, time.Now())
 		return in.Unreachable
@@ -250,4 +250,60 @@ func givenUpStillMarks(t *testing.T, te *testEdge, c *http.Client, cn *cutNet, b
 		t.Fatalf("the next turn on %s after %v failed connects; want elsewhere, without one", r.ctxInst, connects("context")-before)
 	}
 	cn.cut(victim, "", nil)
+	waitFor(t, "the victim reachable again", 10*time.Second, func() bool {
+		in, _ := te.e.Fleet().Instance(victim.id, time.Now())
+		return !in.Unreachable && in.Healthy
+	})
+}
+
+// giveUp sends a's next turn (user) with ctx, whose cancellation is the
+// client giving up: it must not be answered.
+func giveUp(t *testing.T, ctx context.Context, c *http.Client, te *testEdge, a *agent, user string) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, te.url()+"/v1/chat/completions",
+		bytes.NewReader(chatBody(t, a.system, append(append([]string(nil), a.turns...), user), nil)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("x-session-id", a.session)
+	if resp, err := c.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the request whose client gave up was answered %d", resp.StatusCode)
+	}
+}
+
+// stalledKeptAliveMarks: the victim cut as a partition cuts, its
+// connections kept alive left open and never answered. The key's turn
+// goes out on one, stalls, and its client gives up: the edge probes the
+// suspect victim at once on a new connection, whose connect fails and
+// marks it; the next turn goes elsewhere without a connect.
+func stalledKeptAliveMarks(t *testing.T, te *testEdge, c *http.Client, cn *cutNet, bound *agent, victim *testWorker, connects func(string) float64) {
+	t.Helper()
+	if r := bound.send(t, c, te, "kept alive", nil); r.ctxInst != victim.id {
+		t.Fatalf("the bound key's turn before the cut on %s, want %s", r.ctxInst, victim.id)
+	}
+	hold := make(chan struct{})
+	victim.gate.Store(&hold)
+	defer func() {
+		victim.gate.Store(nil)
+		close(hold)
+		cn.cut(victim, "", nil)
+	}()
+	cn.cutKeepingConns(victim, "blackhole", nil)
+	seen := len(victim.requests())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go func() {
+		defer cancel() // the client gives up once the hop waits at the victim
+		for len(victim.requests()) <= seen && ctx.Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	before := connects("context")
+	giveUp(t, ctx, c, te, bound, "stalled")
+	waitFor(t, "the suspect victim's probe marking it", 10*time.Second, func() bool {
+		in, _ := te.e.Fleet().Instance(victim.id, time.Now())
+		return in.Unreachable
+	})
+	if r := bound.send(t, c, te, "after the stall", nil); r.ctxInst == victim.id || connects("context") != before {
+		t.Fatalf("the next turn on %s after %v failed connects; want elsewhere, without one", r.ctxInst, connects("context")-before)
+	}
 }

@@ -127,6 +127,11 @@ type Config struct {
 	// ProbeClient sends probes and scrapes (default: a plain client;
 	// each request carries its own deadline).
 	ProbeClient *http.Client
+	// ReachClient sends the probes that test an instance's reachability
+	// (marked unreachable, or suspect: reach.go), each on a new
+	// connection: across a partition a connection kept alive from before
+	// stalls and tells nothing (default ProbeClient).
+	ReachClient *http.Client
 	// VerifyAddress, when set, is asked before a discovered instance's
 	// reports from an address it has not proven are applied: it dials url
 	// (ctx carries ExpectWorker(workerID)) and returns nil when the server
@@ -226,6 +231,7 @@ type instance struct {
 	probeModel   string
 	probeTimeout time.Duration
 	probing      bool   // a probe is in flight (under View.mu)
+	suspect      bool   // a hop's client gave up on it unanswered: probe it (reach.go; under View.mu)
 	served       string // Static.Served
 	// Engine KV events read by this edge (ApplyEngineKV): engineMu orders
 	// the batches, engineSeq numbers them within the fleet's engineBoot.
@@ -307,6 +313,8 @@ type View struct {
 	breakers *breaker.Set
 	nc       *nats.Conn
 	client   *http.Client
+	// reachClient sends reachability probes (Config.ReachClient).
+	reachClient *http.Client
 
 	mu      sync.RWMutex
 	byID    map[string]*instance
@@ -362,6 +370,9 @@ func New(cfg Config) (*View, error) {
 	}
 	if f.client == nil {
 		f.client = &http.Client{}
+	}
+	if f.reachClient = cfg.ReachClient; f.reachClient == nil {
+		f.reachClient = f.client
 	}
 	f.probeSlots = make(chan struct{}, maxParallelProbes)
 	f.kick = make(chan struct{}, 1)
@@ -1335,6 +1346,10 @@ const maxParallelProbes = 16
 type probeTarget struct {
 	id, worker, url, path, model, metrics string
 	timeout                               time.Duration
+	// reach: the probe tests the instance's reachability (marked
+	// unreachable, or suspect): sent by Config.ReachClient, on a new
+	// connection.
+	reach bool
 }
 
 func (f *View) probeRound() {
@@ -1343,11 +1358,13 @@ func (f *View) probeRound() {
 	f.mu.Lock()
 	for _, in := range f.byID {
 		fresh := in.hasReport && now.Sub(in.lastReport) <= f.staleAfter(in.interval)
-		wanted := !fresh && (in.static || f.blindLocked(in, now)) || in.marked.Load()
+		reach := in.marked.Load() || in.suspect
+		wanted := !fresh && (in.static || f.blindLocked(in, now)) || reach
 		if in.url == "" || in.probing || !wanted {
 			continue
 		}
-		tg := probeTarget{id: in.id, worker: in.workerID, url: in.url, path: discoveredProbePath, timeout: f.probeTimeout(in)}
+		in.suspect = false
+		tg := probeTarget{id: in.id, worker: in.workerID, url: in.url, path: discoveredProbePath, timeout: f.probeTimeout(in), reach: reach}
 		if in.static {
 			tg.worker = ""
 			tg.path, tg.model, tg.metrics = in.healthPath, in.probeModel, in.metricsFormat
@@ -1378,19 +1395,18 @@ func (f *View) probeRound() {
 // probeOne probes one instance, records the result and, for an engine
 // whose /metrics the edge reads, scrapes it after a successful probe.
 func (f *View) probeOne(tg probeTarget) {
-	began := f.cfg.Now()
 	f.mu.RLock()
 	in, found := f.byID[tg.id]
 	f.mu.RUnlock()
 	if !found {
 		in = &instance{id: tg.id} // forgotten meanwhile: nothing to record
 	}
-	ok, reach, err := f.probe(in, began, tg)
+	target := &target{f: f, in: in, url: tg.url, began: f.cfg.Now()}
+	ok, reach, err := f.probe(target, tg)
 	f.metrics.probes.WithLabelValues(map[bool]string{true: "ok", false: "failed"}[ok]).Inc()
 	at := f.cfg.Now()
 	f.mu.Lock()
-	in, found = f.byID[tg.id]
-	if found {
+	if found = f.byID[tg.id] == in; found {
 		in.probedAt, in.probeOK, in.probing = at, ok, false
 		if ok {
 			in.lastProbeOK = at
@@ -1401,9 +1417,9 @@ func (f *View) probeOne(tg probeTarget) {
 	switch {
 	case !found:
 	case reach == reachFailed:
-		f.noteConnectFailed(in, began, err)
+		target.failed(err)
 	case reach == reachMade && in.marked.Load():
-		f.noteReached(in, began, "probe")
+		target.reached("probe")
 	}
 	if ok && tg.metrics != "" {
 		f.scrape(tg.id, tg.url, tg.metrics)
@@ -1416,15 +1432,19 @@ func (f *View) probeOne(tg probeTarget) {
 // worker's server must prove its identity (worker: ExpectWorker). reach
 // is what the first GET says of the instance's reachability (err: its
 // error); a probe the view's own shutdown cut short says nothing.
-func (f *View) probe(in *instance, began time.Time, tg probeTarget) (ok bool, reach reachOutcome, err error) {
+func (f *View) probe(at *target, tg probeTarget) (ok bool, reach reachOutcome, err error) {
 	ctx, cancel := context.WithTimeout(f.ctx, tg.timeout)
 	defer cancel()
 	if tg.worker != "" {
 		ctx = ExpectWorker(ctx, tg.worker)
 	}
-	tctx, ct := f.watch(ctx, in, began)
+	tctx, ct := at.watch(ctx)
 	base, path, model := tg.url, tg.path, tg.model
-	ok, err = f.probeGet(tctx, base+path, nil)
+	client := f.client
+	if tg.reach {
+		client = f.reachClient
+	}
+	ok, err = f.probeGet(tctx, client, base+path, nil)
 	if reach = ct.outcome(err); f.ctx.Err() != nil {
 		reach = reachUnknown
 	}
@@ -1436,7 +1456,7 @@ func (f *View) probe(in *instance, began time.Time, tg probeTarget) (ok bool, re
 			ID string `json:"id"`
 		} `json:"data"`
 	}
-	if ok, _ = f.probeGet(ctx, base+"/v1/models", &list); !ok {
+	if ok, _ = f.probeGet(ctx, client, base+"/v1/models", &list); !ok {
 		return false, reach, nil
 	}
 	for _, m := range list.Data {
@@ -1453,12 +1473,12 @@ const maxModelsBody = 1 << 20
 // probeGet reports whether GET url answers 200, decoding the body into
 // out when out is not nil (a body that does not decode is a failure);
 // err is the request's error when no answer came.
-func (f *View) probeGet(ctx context.Context, url string, out any) (bool, error) {
+func (f *View) probeGet(ctx context.Context, client *http.Client, url string, out any) (bool, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return false, err // sent nowhere: no connection sought
 	}
-	resp, err := f.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return false, err
 	}

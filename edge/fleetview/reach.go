@@ -155,12 +155,20 @@ func (ct *connTrace) outcome(err error) reachOutcome {
 	return reachUnknown
 }
 
+// target is what an attempt (a hop or a probe) is made to: the instance,
+// the URL it had when the attempt began (a result for an address the
+// instance has since left says nothing of it), and when it began.
+type target struct {
+	f     *View
+	in    *instance
+	url   string
+	began time.Time
+}
+
 // Attempt is one hop's attempt to reach an instance, begun with
 // View.BeginHop and ended with End.
 type Attempt struct {
-	f     *View
-	in    *instance // nil: an instance the view does not know
-	began time.Time
+	at    *target // nil: an instance the view does not know
 	trace *connTrace
 }
 
@@ -170,32 +178,30 @@ type Attempt struct {
 func (f *View) BeginHop(ctx context.Context, id string) (context.Context, *Attempt) {
 	f.mu.RLock()
 	in := f.byID[id]
+	var url string
+	if in != nil {
+		url = in.url
+	}
 	f.mu.RUnlock()
-	a := &Attempt{f: f, in: in, began: f.cfg.Now()}
+	a := &Attempt{}
 	if in == nil {
 		return ctx, a
 	}
-	ctx, a.trace = f.watch(ctx, in, a.began)
+	a.at = &target{f: f, in: in, url: url, began: f.cfg.Now()}
+	ctx, a.trace = a.at.watch(ctx)
 	return ctx, a
 }
 
-// watch is ctx carrying the connection trace of an attempt on in begun at
-// began, and the attempt for the transport's dial.
-func (f *View) watch(ctx context.Context, in *instance, began time.Time) (context.Context, *connTrace) {
-	ctx = context.WithValue(ctx, dialKey{}, &dialWatch{f: f, in: in, began: began})
-	return withConnTrace(ctx)
+// watch is ctx carrying the connection trace of an attempt on at, and at
+// for the transport's dial.
+func (at *target) watch(ctx context.Context) (context.Context, *connTrace) {
+	return withConnTrace(context.WithValue(ctx, dialKey{}, at))
 }
 
-// dialKey is the context key of the attempt a dial is made for.
+// dialKey is the context key of the target a dial is made for (its
+// request's context values outlive the request: net/http dials on after
+// it gave up).
 type dialKey struct{}
-
-// dialWatch is the attempt a dial is made for (its request's context
-// values outlive the request: net/http dials on after it gave up).
-type dialWatch struct {
-	f     *View
-	in    *instance
-	began time.Time
-}
 
 // Dialer is a transport's dial function (net/http.Transport.DialContext).
 type Dialer = func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -210,8 +216,8 @@ type Dialer = func(ctx context.Context, network, addr string) (net.Conn, error)
 // MarkedConnectTimeout.
 func WatchDials(dial Dialer) Dialer {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		w, ok := ctx.Value(dialKey{}).(*dialWatch)
-		if ok && w.in.marked.Load() {
+		at, ok := ctx.Value(dialKey{}).(*target)
+		if ok && at.in.marked.Load() {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, MarkedConnectTimeout)
 			defer cancel()
@@ -220,47 +226,57 @@ func WatchDials(dial Dialer) Dialer {
 		switch {
 		case !ok:
 		case err == nil:
-			if w.in.marked.Load() {
-				w.f.noteReached(w.in, w.began, "connect")
+			if at.in.marked.Load() {
+				at.reached("connect")
 			}
 		case !errors.Is(err, context.Canceled):
-			w.f.noteConnectFailed(w.in, w.began, err)
+			at.failed(err)
 		}
 		return c, err
 	}
 }
 
 // End records what the hop taught: err is the hop's error (nil: an answer
-// came, whatever its status); reqCtx is the request's own context, and
-// when it is done (the client went away) nothing is learnt.
+// came, whatever its status); reqCtx is the request's own context. When
+// it is done (the client went away) the hop is no evidence; but one that
+// waited on a connection and got no answer makes the instance suspect: it
+// is probed at once, on a new connection (a connection kept alive across
+// a partition stalls, and the clients give up first, each time).
 func (a *Attempt) End(reqCtx context.Context, err error) {
-	if a == nil || a.in == nil || reqCtx.Err() != nil {
+	if a == nil || a.at == nil {
+		return
+	}
+	if reqCtx.Err() != nil {
+		if err != nil && a.trace.connected.Load() {
+			a.at.f.suspect(a.at.in)
+		}
 		return
 	}
 	switch a.trace.outcome(err) {
 	case reachMade:
-		if a.in.marked.Load() {
-			a.f.noteReached(a.in, a.began, "hop")
+		if a.at.in.marked.Load() {
+			a.at.reached("hop")
 		}
 	case reachFailed:
-		a.f.noteConnectFailed(a.in, a.began, err)
+		a.at.failed(err)
 	}
 }
 
-// noteConnectFailed records a failed connect to in by an attempt begun at
-// began: the mark, its log line and a probe of the instance.
-func (f *View) noteConnectFailed(in *instance, began time.Time, err error) {
+// failed records a failed connect of the attempt: the mark, its log line
+// and a probe of the instance.
+func (at *target) failed(err error) {
+	f, in := at.f, at.in
 	now := f.cfg.Now()
 	msg := ""
 	if err != nil {
 		msg = err.Error()
 	}
 	f.mu.Lock()
-	if f.byID[in.id] != in {
+	if f.byID[in.id] != in || in.url != at.url {
 		f.mu.Unlock()
-		return // forgotten meanwhile
+		return // forgotten or moved meanwhile
 	}
-	recorded, marked := in.reach.fail(f.reachPolicy(), began, now, msg)
+	recorded, marked := in.reach.fail(f.reachPolicy(), at.began, now, msg)
 	in.marked.Store(!in.reach.since.IsZero())
 	backoff, failures := in.reach.backoff, in.reach.failures
 	f.mu.Unlock()
@@ -270,20 +286,21 @@ func (f *View) noteConnectFailed(in *instance, began time.Time, err error) {
 	f.bump()
 	if marked {
 		f.log.Warn("instance unreachable from this edge: a connect to it failed; no new requests go there until a probe or hop connects",
-			"instance", in.id, "fleet", in.fleet, "url", in.url, "err", msg, "backoff", backoff)
+			"instance", in.id, "fleet", in.fleet, "url", at.url, "err", msg, "backoff", backoff)
 		f.kickProbes()
 		return
 	}
 	f.log.Debug("instance still unreachable from this edge", "instance", in.id, "failures", failures, "backoff", backoff, "err", msg)
 }
 
-// noteReached records a connection made to in by an attempt begun at
-// began (by: "hop", "probe" or "connect", the dial of either).
-func (f *View) noteReached(in *instance, began time.Time, by string) {
+// reached records a connection made by the attempt (by: "hop", "probe"
+// or "connect", the dial of either).
+func (at *target) reached(by string) {
+	f, in := at.f, at.in
 	now := f.cfg.Now()
 	f.mu.Lock()
 	since, failures := in.reach.since, in.reach.failures
-	cleared := in.reach.reach(began)
+	cleared := in.url == at.url && in.reach.reach(at.began)
 	if cleared {
 		in.marked.Store(false)
 	}
@@ -300,7 +317,7 @@ func (f *View) noteReached(in *instance, began time.Time, by string) {
 func (f *View) moveLocked(in *instance, url string) {
 	if in.url != url && in.marked.Load() {
 		f.log.Info("instance moved to a new address: its failed connects were the old one's", "instance", in.id, "from", in.url, "to", url)
-		in.reach = reachState{after: f.cfg.Now()} // dials to the old address say nothing
+		in.reach = reachState{}
 		in.marked.Store(false)
 	}
 	in.url = url
@@ -315,6 +332,15 @@ func (f *View) reachPolicy() reachPolicy {
 // f.mu).
 func (f *View) unreachableLocked(in *instance, now time.Time) bool {
 	return in.reach.held(now, in.probing)
+}
+
+// suspect has in probed for its reachability at once (one probe in flight
+// at a time).
+func (f *View) suspect(in *instance) {
+	f.mu.Lock()
+	in.suspect = true
+	f.mu.Unlock()
+	f.kickProbes()
 }
 
 // kickProbes asks the probe loop for a round now (a newly marked instance

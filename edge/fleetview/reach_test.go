@@ -125,7 +125,7 @@ func newSwitchNet(addr string, tick func(), watched bool) *switchNet {
 }
 
 // set switches the address's connects and drops the kept-alive
-// connections (a partition ends them).
+// connections (a closed port ends them).
 func (n *switchNet) set(mode string) {
 	n.mode.Store(mode)
 	n.tr.CloseIdleConnections()
@@ -154,8 +154,10 @@ func unreachableFleet(t *testing.T, url string, watched bool) (*View, *prometheu
 	clk := &clock{}
 	clk.advance(time.Hour)
 	sn := newSwitchNet(strings.TrimPrefix(url, "http://"), func() { clk.advance(time.Millisecond) }, watched)
-	f, reg, nc := clockedFleetWith(t, clk, Config{ProbeClient: &http.Client{Transport: sn.tr}, ProbeInterval: time.Hour,
-		ReachBackoff: time.Second, ReachMaxBackoff: 8 * time.Second})
+	fresh := sn.tr.Clone()
+	fresh.DisableKeepAlives = true
+	f, reg, nc := clockedFleetWith(t, clk, Config{ProbeClient: &http.Client{Transport: sn.tr}, ReachClient: &http.Client{Transport: fresh},
+		ProbeInterval: time.Hour, ReachBackoff: time.Second, ReachMaxBackoff: 8 * time.Second})
 	r := report("w1", telemetry.FleetContext, 1, 1, 0)
 	r.URL = url
 	publishLoad(t, nc, r)
@@ -319,4 +321,53 @@ func refresh(t *testing.T, nc *nats.Conn, f *View, clk *clock, r *telemetry.Load
 	r.Seq++
 	publishLoad(t, nc, *r)
 	waitFor(t, "the report", 5*time.Second, func() bool { in, _ := f.Instance(r.Instance, clk.now()); return in.LastSeen.Equal(clk.now()) })
+}
+
+// A hop on a connection kept alive from before the partition stalls, and
+// its client gives up: no evidence by itself, but the instance is suspect
+// and probed at once on a new connection, whose failed connect marks it.
+// A suspect instance that answers its probe stays reachable.
+func TestStalledHopMakesTheInstanceSuspect(t *testing.T) {
+	stalled := make(chan struct{}, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/stall" {
+			stalled <- struct{}{}
+			<-r.Context().Done()
+			return
+		}
+	}))
+	t.Cleanup(srv.Close)
+	f, reg, _, clk, sn, _ := unreachableFleet(t, srv.URL, true)
+	c := &http.Client{Transport: sn.tr}
+	stall := func() {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		hctx, a := f.BeginHop(ctx, "w1")
+		req, _ := http.NewRequestWithContext(hctx, http.MethodPost, srv.URL+"/v1/stall", nil)
+		go func() {
+			<-stalled
+			cancel() // the client gives up
+		}()
+		_, err := c.Do(req)
+		a.End(ctx, err)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("the stalled hop: %v", err)
+		}
+	}
+	for _, cut := range []bool{false, true} {
+		if err := hop(t, f, c, "w1", srv.URL); err != nil { // a connection kept alive
+			t.Fatal(err)
+		}
+		probes := metric(t, reg, "tether_edge_probes_total", nil)
+		if cut {
+			sn.mode.Store("refuse") // new connects fail; the kept-alive one stays open
+		}
+		stall()
+		waitFor(t, "the suspect instance probed", 5*time.Second, func() bool {
+			return metric(t, reg, "tether_edge_probes_total", nil) > probes && !probing(f, "w1")
+		})
+		if in, _ := f.Instance("w1", clk.now()); in.Unreachable != cut || !cut && !in.Healthy {
+			t.Fatalf("cut %v: after the stalled hop's probe %+v", cut, in)
+		}
+	}
 }

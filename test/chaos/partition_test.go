@@ -128,11 +128,32 @@ type partitionResult struct {
 }
 
 // workerCutFigures are, per edge, the hops whose connect failed while the
-// worker was cut and whether the edge held the worker unreachable just
+// worker was cut (tether_edge_upstream_errors_total{kind="connect"}: a
+// hop whose client gave up first is not counted), when the edge was first
+// seen holding the worker unreachable, and whether it still did just
 // before the heal.
 type workerCutFigures struct {
 	connects    map[string]float64
 	unreachable map[string]float64
+	markedAfter map[string]time.Duration // first seen marked, after the cut (absent: never)
+}
+
+// watchMarks holds the partition until hold has passed since cutAt,
+// reading every edge's mark of worker every 100 ms, and returns when each
+// edge was first seen holding it unreachable.
+func (v *env) watchMarks(worker string, cutAt time.Time, hold time.Duration) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for time.Since(cutAt) < hold {
+		<-tick.C // sampling the marks (schedule)
+		for _, e := range v.edges {
+			if _, seen := out[e.id]; !seen && v.metric(e, "tether_edge_instance_unreachable", fmt.Sprintf("instance=%q", worker)) == 1 {
+				out[e.id] = time.Since(cutAt)
+			}
+		}
+	}
+	return out
 }
 
 func (w *workerCutFigures) String() string {
@@ -143,7 +164,11 @@ func (w *workerCutFigures) String() string {
 	sort.Strings(ids)
 	parts := make([]string, 0, len(ids))
 	for _, id := range ids {
-		parts = append(parts, fmt.Sprintf("%s: failed_connects=%v unreachable=%v", id, w.connects[id], w.unreachable[id]))
+		marked := "never"
+		if d, ok := w.markedAfter[id]; ok {
+			marked = d.Round(100 * time.Millisecond).String()
+		}
+		parts = append(parts, fmt.Sprintf("%s: hop_connect_errors=%v marked_after=%s unreachable_at_heal=%v", id, w.connects[id], marked, w.unreachable[id]))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -216,10 +241,16 @@ func runPartition(t *testing.T, v *env, lab *netlab, sc partitionScenario, hold 
 			})
 		}
 	}
-	h := time.NewTimer(hold)
-	<-h.C // the partition (schedule)
+	var markedAfter map[string]time.Duration
+	if sc.workerCut {
+		markedAfter = v.watchMarks(member, cutAt, hold)
+	} else {
+		h := time.NewTimer(hold)
+		<-h.C // the partition (schedule)
+	}
 	if sc.workerCut {
 		res.cutWorker = v.workerCutFigures(member, connectsBefore)
+		res.cutWorker.markedAfter = markedAfter
 	}
 	lab.heal(member)
 	healAt := time.Now()
