@@ -256,6 +256,17 @@ func runPartition(t *testing.T, v *env, lab *netlab, sc partitionScenario, hold 
 	healAt := time.Now()
 	res.healAt = healAt
 	var recovered time.Duration
+	if sc.workerCut {
+		waitFor(t, 60*time.Second, "every edge holding "+member+" reachable again after the heal", func() bool {
+			for _, e := range v.edges {
+				if v.metric(e, "tether_edge_instance_unreachable", fmt.Sprintf("instance=%q", member)) != 0 {
+					return false
+				}
+			}
+			return true
+		})
+		recovered = time.Since(healAt)
+	}
 	if cutEdge != nil {
 		waitFor(t, 120*time.Second, member+" ready again after the heal", func() bool { return v.ready(cutEdge) })
 		recovered = time.Since(healAt)
@@ -281,6 +292,8 @@ func runPartition(t *testing.T, v *env, lab *netlab, sc partitionScenario, hold 
 			ok++
 		}
 	}
+	// ready_after_heal: the cut edge ready again (a minority), or every
+	// edge holding the cut worker reachable again (a worker cut).
 	t.Logf("FIGURES partition scenario=%s member=%s segments=%v hold=%s requests=%d sent=%d succeeded=%d retried=%d failed=%d %s lost_bindings=%d served_unbound=%d evicted=%d%v term=%d→%d unready_after=%s ready_after_heal=%s state_index=%d hash=%s… failures=%v refusals=%v",
 		sc.name, member, segs, hold, len(samples), ld.sent.Load(), ok, ld.retried.Load(), ld.failed.Load(), vd.Verdict, vd.lost, vd.servedUnbound, vd.evicted, vd.evictedBy,
 		termBefore, v.term(), unreadyAfter.Round(time.Millisecond), recovered.Round(time.Millisecond), index, hash[:12], failureReasons(samples), ld.refusals)
