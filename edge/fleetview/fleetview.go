@@ -177,7 +177,8 @@ type Instance struct {
 	// Healthy: a fresh report (or, for a static instance without
 	// telemetry, a recent successful probe). During a telemetry outage
 	// (the edge's NATS link down): the last probe's result, or before any
-	// probe the health the instance had when the link went down.
+	// probe the health the instance had when the link went down. False
+	// while the instance is unreachable from this edge (Unreachable).
 	Healthy bool
 	// TelemetryStale: the edge's NATS link is (or just was) down and this
 	// instance's load figures are from before; health comes from probes.

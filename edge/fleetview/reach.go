@@ -34,6 +34,13 @@ import (
 // connect timeout), and a client that gives up first must not hide the
 // failure, or every request pays the connect until its client gives up.
 //
+// A hop on a connection kept alive from before a partition sees no
+// failure at all: what it sends is never answered, and its client gives
+// up. That is no evidence (a long generation answers late too), but it
+// makes the instance suspect: it is probed at once, on a new connection
+// (Config.ReachClient; so are the probes of a marked instance), and a
+// failed connect there marks it.
+//
 // Only an attempt begun after the last failure recorded says something
 // new: the hops that were in flight when the connection failed end with
 // the same failure (each seen twice, by its end and by its dial), or, on
