@@ -184,8 +184,8 @@ type Instance struct {
 	// instance's load figures are from before; health comes from probes.
 	TelemetryStale bool
 	// Unreachable: a connect from this edge to the instance failed and no
-	// connection has been made since, within the backoff (reach.go);
-	// Healthy is false while it holds. UnreachableSince is the first
+	// connection has been made since, within the backoff or while a probe
+	// of it is in flight (reach.go); Healthy is false while it holds. UnreachableSince is the first
 	// failure of the run (kept after the backoff lapsed, until a
 	// connection is made), ConnectFailures the failed connects recorded
 	// in it, LastConnectError the last one's error.
@@ -287,8 +287,8 @@ type instance struct {
 	probeOK     bool      // its result
 
 	// Reachability from this edge (reach.go): reach under View.mu;
-	// marked is set while reach is not the zero state (read without the
-	// lock on every hop's end).
+	// marked is set while a run of failed connects lasts (reach.since
+	// set; read without the lock on every hop's end and dial).
 	reach  reachState
 	marked atomic.Bool
 
@@ -769,9 +769,9 @@ func (f *View) Instance(id string, now time.Time) (Instance, bool) {
 
 // Views returns the routing views of every known instance at now: health
 // from heartbeat age (or probes) and this edge's connects to it (an
-// instance unreachable from this edge is unhealthy, reach.go), draining and load from the last report
-// plus what this edge dispatched since, hit rate, and CacheDegraded from the
-// instance's circuit breaker. The caller merges the log's instance records
+// instance unreachable from this edge is unhealthy, reach.go), draining
+// and load from the last report plus what this edge dispatched since, hit
+// rate, and CacheDegraded from the instance's circuit breaker. The caller merges the log's instance records
 // (routing.NewViews).
 func (f *View) Views(now time.Time, dst []routing.InstanceView) []routing.InstanceView {
 	f.mu.RLock()
