@@ -116,6 +116,7 @@ type Edge struct {
 	router         *route.Router
 	dispatcher     *dispatch.Dispatcher
 	client         *http.Client // the hops' (behind the TLS hop guard)
+	reachClient    *http.Client // the fleet view's reachability probes, each on a new connection
 	stored         *stored.Service
 	bodies         *bodybudget.Budget // the request-body bytes held at once
 	reqSeq         atomic.Uint64      // request ids ("<node id>-<n>")
@@ -320,8 +321,12 @@ func (e *Edge) newHops() error {
 	transport := e.deps.Transport
 	if transport == nil {
 		transport = &http.Transport{
-			Proxy:               nil,
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			Proxy: nil,
+			// A connect that fails marks the instance unreachable from
+			// this edge, also after the request that started it gave up,
+			// and one to a marked instance is bounded by
+			// fleetview.MarkedConnectTimeout (edge/fleetview reach.go).
+			DialContext:         fleetview.WatchDials((&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext),
 			MaxIdleConns:        1024,
 			MaxIdleConnsPerHost: 256,
 			IdleConnTimeout:     90 * time.Second,
@@ -330,6 +335,12 @@ func (e *Edge) newHops() error {
 		}
 	}
 	e.client = &http.Client{Transport: e.tls.GuardHops(transport, e.log, e.registry)}
+	e.reachClient = e.client
+	if t, ok := transport.(*http.Transport); ok {
+		fresh := t.Clone()
+		fresh.DisableKeepAlives = true
+		e.reachClient = &http.Client{Transport: e.tls.GuardHops(fresh, e.log, e.registry)}
+	}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	// Request ids ("<node id>-<n>", recorded in the log's decisions) start

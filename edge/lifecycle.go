@@ -237,6 +237,7 @@ func (e *Edge) startFleetView(ctx context.Context) error {
 		DumpTimeout: t.DumpTimeout, ForgetAfter: 10 * t.DownAfter,
 		OnEvictions: e.duties.QueueEvictions, Registerer: e.registry, Logger: e.log, Now: e.now,
 		ProbeClient:   &http.Client{Transport: e.client.Transport},
+		ReachClient:   e.reachClient,
 		VerifyAddress: edgetls.AddressVerifier(e.cfg.TLS, e.client),
 	}); err != nil {
 		return fmt.Errorf("edge: %w", err)

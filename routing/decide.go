@@ -683,14 +683,15 @@ func (d *Decider) propose(ctx context.Context, ev fsm.Event) (fsm.Result, error)
 // edge's view of it (stale telemetry on a starved host, often) is a guess
 // and a refusal is certain, and if it is really gone the hop fails and the
 // retry detours once the log can record it. Only an instance that already
-// failed this request is refused with a retry hint rather than detoured
-// unrecorded.
+// failed this request, or that this edge cannot connect to (Unreachable:
+// the hop would wait out a connect only to fail), is refused with a retry
+// hint rather than detoured unrecorded.
 func (x *decision) unrecorded(b fsm.Binding, err error) (*Hop, *Failure) {
 	v, ok := x.in.Views.Lookup(b.Instance)
 	if ok && v.Healthy {
 		return x.stay(b, v.URL), nil
 	}
-	if !slices.Contains(x.h.Excluded, b.Instance) {
+	if !slices.Contains(x.h.Excluded, b.Instance) && !(ok && v.Unreachable) {
 		url := ""
 		if ok {
 			url = v.URL

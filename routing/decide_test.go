@@ -572,6 +572,29 @@ func TestOverflowTheLogCannotCommit(t *testing.T) {
 	}
 }
 
+// A bound instance this edge cannot connect to (Unreachable), when the
+// log cannot commit the detour: refused at once with a retry hint, not
+// tried unrecorded (the hop would only wait out a connect to fail); the
+// log up, the key detours through a committed overflow as from any
+// unhealthy instance, and a silent view of it is never woken.
+func TestUnreachableBoundInstanceIsNotTriedUnrecorded(t *testing.T) {
+	r := newRig(t)
+	r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
+	r.log.down = true
+	r.fleet.views[0].Healthy, r.fleet.views[0].Unreachable = false, true
+	if h, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil); fail == nil || fail.Kind != FailDetourUnrecorded || fail.Instance != "a" {
+		t.Fatalf("unreachable bound instance, log down: hop %+v, failure %+v; want FailDetourUnrecorded naming a", h, fail)
+	}
+	r.log.down, r.log.pending = false, nil
+	h, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
+	if fail != nil || h.Instance == "a" || h.Outcome != OutcomeOverflow {
+		t.Fatalf("log up: hop %+v, failure %v; want a committed overflow off a", h, fail)
+	}
+	if ov := lastOverflow(t, r.log); ov.From != "a" || ov.Reason != fsm.OverflowUnhealthy {
+		t.Fatalf("committed %+v", ov)
+	}
+}
+
 // Another edge rebinds the key while this one records its detour: the
 // request follows the log's new binding.
 func TestOverflowFollowsABindingMovedMeanwhile(t *testing.T) {

@@ -25,6 +25,12 @@ type InstanceView struct {
 	// itself shares keeps them healthy: edge/fleetview), a soft-affinity
 	// request is placed among them rather than refused (decide.go: wake).
 	Silent bool
+	// Unreachable: this edge's last connect to it failed and none has
+	// succeeded since (edge/fleetview reach.go); Healthy and Silent are
+	// false. Not woken, and a detour the log cannot record is refused at
+	// once rather than sent there (decide.go: unrecorded): the hop would
+	// only wait out a connect to fail.
+	Unreachable bool
 	// Draining: takes no new keys (the worker reported it is shutting
 	// down, or an operator drained it).
 	Draining bool

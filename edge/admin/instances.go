@@ -54,6 +54,17 @@ type InstanceInfo struct {
 	// TelemetryStale: the edge's NATS link is (or just was) down; the
 	// load figures are from before and health comes from probes.
 	TelemetryStale bool `json:"telemetry_stale"`
+	// Unreachable: a connect from this edge to the instance failed and
+	// none has succeeded since (within its backoff, or while a probe of it
+	// is in flight): healthy is false and no new request goes there from
+	// this edge. UnreachableSince is the first failed connect of the run
+	// (kept, with ConnectFailures and LastConnectError, until a connection
+	// is made), UnreachableUntil when the backoff ends.
+	Unreachable      bool       `json:"unreachable"`
+	UnreachableSince *time.Time `json:"unreachable_since,omitempty"`
+	UnreachableUntil *time.Time `json:"unreachable_until,omitempty"`
+	ConnectFailures  int        `json:"connect_failures,omitempty"`
+	LastConnectError string     `json:"last_connect_error,omitempty"`
 	// KV is what this edge's KV index holds for the instance.
 	KV InstanceKV `json:"kv"`
 	// LoRA is what this edge knows of the instance's LoRA adapters (the
@@ -145,6 +156,15 @@ func kvInfo(kv kvindex.InstanceKV, known bool, in fleetview.Instance) InstanceKV
 	return out
 }
 
+// reachability fills what the edge's connects taught it of in.
+func (info *InstanceInfo) reachability(in fleetview.Instance) {
+	info.Unreachable, info.ConnectFailures, info.LastConnectError = in.Unreachable, in.ConnectFailures, in.LastConnectError
+	if !in.UnreachableSince.IsZero() {
+		since, until := in.UnreachableSince, in.UnreachableUntil
+		info.UnreachableSince, info.UnreachableUntil = &since, &until
+	}
+}
+
 // kvStale reports whether the edge lacks an instance's KV state: the index
 // has no trusted baseline for it and the instance may hold blocks. A
 // healthy instance whose report says its cache is empty (an idle worker
@@ -183,6 +203,7 @@ func (a *API) instances(w http.ResponseWriter, r *http.Request) int {
 			age := now.Sub(in.LastSeen).Seconds()
 			info.TelemetryAgeSecond = &age
 		}
+		info.reachability(in)
 		if rec, ok := st.Instance(in.ID); ok {
 			info.LogStatus = rec.Status.String()
 			info.Draining = info.Draining || rec.Status == fsm.InstanceDraining || rec.Drained

@@ -113,6 +113,18 @@ func (e *Dispatcher) post(ctx context.Context, url string, body []byte, hdr http
 	return e.client.Do(req)
 }
 
+// send sends one attempt of hop h (hctx: the hop's span) and tells the
+// fleet view whether it reached the instance: a connect that failed marks
+// the instance unreachable from this edge, so the next requests are
+// placed elsewhere instead of each waiting out a connect (edge/fleetview
+// reach.go); ctx is the request's (cancelled, nothing is learnt).
+func (e *Dispatcher) send(ctx, hctx context.Context, h *route.Hop, path string, body []byte, hdr http.Header) (*http.Response, error) {
+	actx, attempt := e.edge.Fleet().BeginHop(hctx, h.Instance)
+	resp, err := e.post(actx, h.URL+path, body, hdr)
+	attempt.End(ctx, err)
+	return resp, err
+}
+
 // exchange sends a hop built by build (called per attempt with the hop to
 // use), retrying connection errors and 5xx answers on another instance up
 // to max_retries times. It returns the worker's 200 response (body open);
@@ -127,7 +139,7 @@ func (e *Dispatcher) exchange(ctx context.Context, rq *route.Request, h **route.
 		// The hop's span is the worker span's parent.
 		observe.TraceContext.Inject(hctx, propagation.HeaderCarrier(hdr))
 		done := e.noteDispatch(cur.Fleet, cur.Instance, rq.PromptTokens)
-		resp, err := e.post(e.edge.Fleet().ExpectIdentity(hctx, cur.Instance), cur.URL+rq.Path, body, hdr)
+		resp, err := e.send(ctx, e.edge.Fleet().ExpectIdentity(hctx, cur.Instance), cur, rq.Path, body, hdr)
 		if err != nil || resp.StatusCode != http.StatusOK {
 			done()
 		}

@@ -73,7 +73,7 @@ func (e *Dispatcher) pdSend(ctx context.Context, rq *route.Request, h *route.Hop
 	defer span.End()
 	observe.TraceContext.Inject(hctx, propagation.HeaderCarrier(hdr))
 	done := e.noteDispatch(h.Fleet, h.Instance, rq.PromptTokens)
-	resp, err := e.post(hctx, h.URL+rq.Path, body, hdr)
+	resp, err := e.send(ctx, hctx, h, rq.Path, body, hdr)
 	if err != nil {
 		done()
 		if ctx.Err() != nil {

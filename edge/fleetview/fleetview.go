@@ -117,9 +117,21 @@ type Config struct {
 	// that has not reported since is still judged by probes for this long
 	// (workers reconnect with their own backoff; default 10s).
 	ReconnectGrace time.Duration
+	// ReachBackoff, ReachMaxBackoff: an instance a connect failed to is
+	// unreachable from this edge for ReachBackoff (default 1s), doubled by
+	// each further failed connect up to ReachMaxBackoff (default 30s), and
+	// while a probe of it is in flight; a connection made clears it
+	// (reach.go).
+	ReachBackoff    time.Duration
+	ReachMaxBackoff time.Duration
 	// ProbeClient sends probes and scrapes (default: a plain client;
 	// each request carries its own deadline).
 	ProbeClient *http.Client
+	// ReachClient sends the probes that test an instance's reachability
+	// (marked unreachable, or suspect: reach.go), each on a new
+	// connection: across a partition a connection kept alive from before
+	// stalls and tells nothing (default ProbeClient).
+	ReachClient *http.Client
 	// VerifyAddress, when set, is asked before a discovered instance's
 	// reports from an address it has not proven are applied: it dials url
 	// (ctx carries ExpectWorker(workerID)) and returns nil when the server
@@ -165,11 +177,23 @@ type Instance struct {
 	// Healthy: a fresh report (or, for a static instance without
 	// telemetry, a recent successful probe). During a telemetry outage
 	// (the edge's NATS link down): the last probe's result, or before any
-	// probe the health the instance had when the link went down.
+	// probe the health the instance had when the link went down. False
+	// while the instance is unreachable from this edge (Unreachable).
 	Healthy bool
 	// TelemetryStale: the edge's NATS link is (or just was) down and this
 	// instance's load figures are from before; health comes from probes.
 	TelemetryStale bool
+	// Unreachable: a connect from this edge to the instance failed and no
+	// connection has been made since, within the backoff or while a probe
+	// of it is in flight (reach.go); Healthy is false while it holds. UnreachableSince is the first
+	// failure of the run (kept after the backoff lapsed, until a
+	// connection is made), ConnectFailures the failed connects recorded
+	// in it, LastConnectError the last one's error.
+	Unreachable      bool
+	UnreachableSince time.Time
+	UnreachableUntil time.Time
+	ConnectFailures  int
+	LastConnectError string
 
 	QueuedRequests     int
 	ActiveRequests     int
@@ -208,6 +232,7 @@ type instance struct {
 	probeModel   string
 	probeTimeout time.Duration
 	probing      bool   // a probe is in flight (under View.mu)
+	suspect      bool   // a hop's client gave up on it unanswered: probe it (reach.go; under View.mu)
 	served       string // Static.Served
 	// Engine KV events read by this edge (ApplyEngineKV): engineMu orders
 	// the batches, engineSeq numbers them within the fleet's engineBoot.
@@ -261,6 +286,12 @@ type instance struct {
 	probedAt    time.Time // last completed probe, successful or not
 	probeOK     bool      // its result
 
+	// Reachability from this edge (reach.go): reach under View.mu;
+	// marked is set while a run of failed connects lasts (reach.since
+	// set; read without the lock on every hop's end and dial).
+	reach  reachState
+	marked atomic.Bool
+
 	// KV sequence tracking (under View.mu).
 	kvBoot       uint64
 	kvApplied    uint64
@@ -283,6 +314,8 @@ type View struct {
 	breakers *breaker.Set
 	nc       *nats.Conn
 	client   *http.Client
+	// reachClient sends reachability probes (Config.ReachClient).
+	reachClient *http.Client
 
 	mu      sync.RWMutex
 	byID    map[string]*instance
@@ -311,9 +344,11 @@ type View struct {
 	engineBoot uint64
 	// probeSlots bounds the probes in flight across rounds.
 	probeSlots chan struct{}
-	closeMu    sync.Mutex
-	started    bool
-	closed     bool
+	// kick asks the probe loop for a round now (reach.go).
+	kick    chan struct{}
+	closeMu sync.Mutex
+	started bool
+	closed  bool
 }
 
 // New builds a View; Start subscribes and starts the probes.
@@ -337,7 +372,11 @@ func New(cfg Config) (*View, error) {
 	if f.client == nil {
 		f.client = &http.Client{}
 	}
+	if f.reachClient = cfg.ReachClient; f.reachClient == nil {
+		f.reachClient = f.client
+	}
 	f.probeSlots = make(chan struct{}, maxParallelProbes)
+	f.kick = make(chan struct{}, 1)
 	f.engineBoot = rand.Uint64() | 1
 	for _, s := range cfg.Static {
 		if err := f.addStatic(s); err != nil {
@@ -371,6 +410,13 @@ func (cfg *Config) withDefaults() {
 	if cfg.ReconnectGrace <= 0 {
 		cfg.ReconnectGrace = 10 * time.Second
 	}
+	if cfg.ReachBackoff <= 0 {
+		cfg.ReachBackoff = DefaultReachBackoff
+	}
+	if cfg.ReachMaxBackoff <= 0 {
+		cfg.ReachMaxBackoff = DefaultReachMaxBackoff
+	}
+	cfg.ReachMaxBackoff = max(cfg.ReachMaxBackoff, cfg.ReachBackoff)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -662,13 +708,16 @@ func (f *View) lastSeenLocked(in *instance) time.Time {
 }
 
 func (f *View) snapshotLocked(in *instance, now time.Time) Instance {
+	unreachable := f.unreachableLocked(in, now)
 	out := Instance{
 		ID: in.id, Fleet: in.fleet, URL: in.url, Static: in.static, Served: in.served,
 		Telemetry: in.hasReport, VerifiesHints: true,
-		LastSeen: f.lastSeenLocked(in), Healthy: f.healthyLocked(in, now),
+		LastSeen: f.lastSeenLocked(in), Healthy: f.healthyLocked(in, now) && !unreachable,
 		TelemetryStale:  in.hasReport && f.blindLocked(in, now) && now.Sub(in.lastReport) > f.staleAfter(in.interval),
 		PendingRequests: in.pendingReq.Load() + in.inflightReq.Load(), PendingTokens: in.pendingTok.Load() + in.inflightTok.Load(),
 		LoRA: f.loraViewLocked(in, now), Accuracy: f.breakers.Accuracy(in.id, now),
+		Unreachable: unreachable, UnreachableSince: in.reach.since, UnreachableUntil: in.reach.until,
+		ConnectFailures: in.reach.failures, LastConnectError: in.reach.lastErr,
 	}
 	out.Breaker, out.BreakerReason = f.breakers.Status(in.id, now)
 	if in.hasReport {
@@ -719,20 +768,23 @@ func (f *View) Instance(id string, now time.Time) (Instance, bool) {
 }
 
 // Views returns the routing views of every known instance at now: health
-// from heartbeat age (or probes), draining and load from the last report
-// plus what this edge dispatched since, hit rate, and CacheDegraded from the
-// instance's circuit breaker. The caller merges the log's instance records
+// from heartbeat age (or probes) and this edge's connects to it (an
+// instance unreachable from this edge is unhealthy, reach.go), draining
+// and load from the last report plus what this edge dispatched since, hit
+// rate, and CacheDegraded from the instance's circuit breaker. The caller merges the log's instance records
 // (routing.NewViews).
 func (f *View) Views(now time.Time, dst []routing.InstanceView) []routing.InstanceView {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	for _, in := range f.byID {
-		healthy := f.healthyLocked(in, now)
+		unreachable := f.unreachableLocked(in, now)
+		healthy := f.healthyLocked(in, now) && !unreachable
 		v := routing.InstanceView{
 			ID: in.id, Fleet: in.fleet, URL: in.url,
-			Healthy: healthy,
-			// Late telemetry, no failed probe since the last report.
-			Silent:              !healthy && in.hasReport && (!in.probedAt.After(in.lastReport) || in.probeOK),
+			Healthy: healthy, Unreachable: unreachable,
+			// Late telemetry, no failed probe since the last report, no
+			// failed connect.
+			Silent:              !healthy && !unreachable && in.hasReport && (!in.probedAt.After(in.lastReport) || in.probeOK),
 			QueuedRequests:      in.queued + int(in.pendingReq.Load()+in.inflightReq.Load()),
 			ActiveRequests:      in.active,
 			QueuedPrefillTokens: in.pendingTok.Load() + in.inflightTok.Load(),
@@ -949,7 +1001,7 @@ func (f *View) onLoad(m *nats.Msg) {
 	r.Ranks = make([]telemetry.RankLoad, len(ranks)) // keep the count, not the figures
 	in.report = r
 	if !in.static {
-		in.url = r.URL
+		f.moveLocked(in, r.URL)
 		in.fleet = FleetOf(r.Fleet)
 	}
 	in.reportGen.Add(1)
@@ -1265,7 +1317,9 @@ func (f *View) fetchDump(ctx context.Context, subject string) (dump, error) {
 
 // probeLoop probes, every ProbeInterval, the instances telemetry says
 // nothing about: static instances without fresh telemetry, and, during a
-// telemetry outage, every instance not reporting. Probes run concurrently
+// telemetry outage, every instance not reporting; and every instance
+// marked unreachable from this edge (reach.go), at once when it is
+// marked, whatever its telemetry says. Probes run concurrently
 // (at most maxParallelProbes in flight) and a round does not wait for the
 // previous round's slow ones: an instance with a probe in flight is not
 // probed again, so one slow health endpoint delays no other instance.
@@ -1283,6 +1337,7 @@ func (f *View) probeLoop() {
 		case <-f.ctx.Done():
 			return
 		case <-t.C:
+		case <-f.kick:
 		}
 	}
 }
@@ -1292,6 +1347,10 @@ const maxParallelProbes = 16
 type probeTarget struct {
 	id, worker, url, path, model, metrics string
 	timeout                               time.Duration
+	// reach: the probe tests the instance's reachability (marked
+	// unreachable, or suspect): sent by Config.ReachClient, on a new
+	// connection.
+	reach bool
 }
 
 func (f *View) probeRound() {
@@ -1300,10 +1359,13 @@ func (f *View) probeRound() {
 	f.mu.Lock()
 	for _, in := range f.byID {
 		fresh := in.hasReport && now.Sub(in.lastReport) <= f.staleAfter(in.interval)
-		if in.url == "" || fresh || in.probing || !(in.static || f.blindLocked(in, now)) {
+		reach := in.marked.Load() || in.suspect
+		wanted := !fresh && (in.static || f.blindLocked(in, now)) || reach
+		if in.url == "" || in.probing || !wanted {
 			continue
 		}
-		tg := probeTarget{id: in.id, worker: in.workerID, url: in.url, path: discoveredProbePath, timeout: f.probeTimeout(in)}
+		in.suspect = false
+		tg := probeTarget{id: in.id, worker: in.workerID, url: in.url, path: discoveredProbePath, timeout: f.probeTimeout(in), reach: reach}
 		if in.static {
 			tg.worker = ""
 			tg.path, tg.model, tg.metrics = in.healthPath, in.probeModel, in.metricsFormat
@@ -1334,11 +1396,18 @@ func (f *View) probeRound() {
 // probeOne probes one instance, records the result and, for an engine
 // whose /metrics the edge reads, scrapes it after a successful probe.
 func (f *View) probeOne(tg probeTarget) {
-	ok := f.probe(tg.worker, tg.url, tg.path, tg.model, tg.timeout)
+	f.mu.RLock()
+	in, found := f.byID[tg.id]
+	f.mu.RUnlock()
+	if !found {
+		in = &instance{id: tg.id} // forgotten meanwhile: nothing to record
+	}
+	target := &target{f: f, in: in, url: tg.url, began: f.cfg.Now()}
+	ok, reach, err := f.probe(target, tg)
 	f.metrics.probes.WithLabelValues(map[bool]string{true: "ok", false: "failed"}[ok]).Inc()
 	at := f.cfg.Now()
 	f.mu.Lock()
-	if in, found := f.byID[tg.id]; found {
+	if found = f.byID[tg.id] == in; found {
 		in.probedAt, in.probeOK, in.probing = at, ok, false
 		if ok {
 			in.lastProbeOK = at
@@ -1346,6 +1415,13 @@ func (f *View) probeOne(tg probeTarget) {
 	}
 	f.mu.Unlock()
 	f.bump()
+	switch {
+	case !found:
+	case reach == reachFailed:
+		target.failed(err)
+	case reach == reachMade && in.marked.Load():
+		target.reached("probe")
+	}
 	if ok && tg.metrics != "" {
 		f.scrape(tg.id, tg.url, tg.metrics)
 	}
@@ -1354,57 +1430,67 @@ func (f *View) probeOne(tg probeTarget) {
 // probe asks a worker whether it can serve within timeout: GET base+path
 // answers 200 (the engines' /health answers 503 while starting, draining
 // or dead), and, when model is set, GET /v1/models lists it. A discovered
-// worker's server must prove its identity (worker: ExpectWorker).
-func (f *View) probe(worker, base, path, model string, timeout time.Duration) bool {
-	ctx, cancel := context.WithTimeout(f.ctx, timeout)
+// worker's server must prove its identity (worker: ExpectWorker). reach
+// is what the first GET says of the instance's reachability (err: its
+// error); a probe the view's own shutdown cut short says nothing.
+func (f *View) probe(at *target, tg probeTarget) (ok bool, reach reachOutcome, err error) {
+	ctx, cancel := context.WithTimeout(f.ctx, tg.timeout)
 	defer cancel()
-	if worker != "" {
-		ctx = ExpectWorker(ctx, worker)
+	if tg.worker != "" {
+		ctx = ExpectWorker(ctx, tg.worker)
 	}
-	if !f.probeGet(ctx, base+path, nil) {
-		return false
+	tctx, ct := at.watch(ctx)
+	base, path, model := tg.url, tg.path, tg.model
+	client := f.client
+	if tg.reach {
+		client = f.reachClient
 	}
-	if model == "" {
-		return true
+	ok, err = f.probeGet(tctx, client, base+path, nil)
+	if reach = ct.outcome(err); f.ctx.Err() != nil {
+		reach = reachUnknown
+	}
+	if !ok || model == "" {
+		return ok, reach, err
 	}
 	var list struct {
 		Data []struct {
 			ID string `json:"id"`
 		} `json:"data"`
 	}
-	if !f.probeGet(ctx, base+"/v1/models", &list) {
-		return false
+	if ok, _ = f.probeGet(ctx, client, base+"/v1/models", &list); !ok {
+		return false, reach, nil
 	}
 	for _, m := range list.Data {
 		if m.ID == model {
-			return true
+			return true, reach, nil
 		}
 	}
-	return false
+	return false, reach, nil
 }
 
 // maxModelsBody bounds a /v1/models answer read by a probe.
 const maxModelsBody = 1 << 20
 
 // probeGet reports whether GET url answers 200, decoding the body into
-// out when out is not nil (a body that does not decode is a failure).
-func (f *View) probeGet(ctx context.Context, url string, out any) bool {
+// out when out is not nil (a body that does not decode is a failure);
+// err is the request's error when no answer came.
+func (f *View) probeGet(ctx context.Context, client *http.Client, url string, out any) (bool, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return false
+		return false, err // sent nowhere: no connection sought
 	}
-	resp, err := f.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
-		return false
+		return false, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return false
+		return false, nil
 	}
 	if out == nil {
-		return true
+		return true, nil
 	}
-	return json.NewDecoder(io.LimitReader(resp.Body, maxModelsBody)).Decode(out) == nil
+	return json.NewDecoder(io.LimitReader(resp.Body, maxModelsBody)).Decode(out) == nil, nil
 }
 
 // housekeeping expires predictions, retries failed dumps and forgets

@@ -111,7 +111,9 @@ var (
 	descAge = prometheus.NewDesc("tether_edge_telemetry_age_seconds",
 		"Seconds since the instance's last load report (or successful probe); -1 before any.", []string{"fleet", "instance"}, nil)
 	descHealthy = prometheus.NewDesc("tether_edge_instance_healthy",
-		"1 when the edge considers the instance healthy (fresh telemetry or probe).", []string{"fleet", "instance"}, nil)
+		"1 when the edge considers the instance healthy (fresh telemetry or probe, and not unreachable from this edge).", []string{"fleet", "instance"}, nil)
+	descUnreachable = prometheus.NewDesc("tether_edge_instance_unreachable",
+		"1 while a connect from this edge to the instance failed and none has succeeded since (within its backoff, or while a probe of it is in flight): no new requests go there from this edge, whatever its telemetry says.", []string{"fleet", "instance"}, nil)
 	descHitRate = prometheus.NewDesc("tether_edge_instance_cache_hit_rate",
 		"The instance's rolling-window prefix-cache hit rate (0..1) from its last report.", []string{"fleet", "instance"}, nil)
 	descQueue = prometheus.NewDesc("tether_edge_instance_queued_requests",
@@ -132,7 +134,7 @@ var (
 type instanceCollector struct{ f *View }
 
 func (c *instanceCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descAge, descHealthy, descHitRate, descQueue, descBreaker, descDegraded, descWindowErr, descWindowWithin, descWindowGraded} {
+	for _, d := range []*prometheus.Desc{descAge, descHealthy, descUnreachable, descHitRate, descQueue, descBreaker, descDegraded, descWindowErr, descWindowWithin, descWindowGraded} {
 		ch <- d
 	}
 }
@@ -153,6 +155,7 @@ func (c *instanceCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descAge, prometheus.GaugeValue, age, fleet, in.ID)
 		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, b2f(in.Healthy), fleet, in.ID)
+		ch <- prometheus.MustNewConstMetric(descUnreachable, prometheus.GaugeValue, b2f(in.Unreachable), fleet, in.ID)
 		ch <- prometheus.MustNewConstMetric(descHitRate, prometheus.GaugeValue, in.HitRate(), fleet, in.ID)
 		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(in.QueuedRequests)+float64(in.PendingRequests), fleet, in.ID)
 		ch <- prometheus.MustNewConstMetric(descBreaker, prometheus.GaugeValue, b2f(in.Breaker == breaker.Open), fleet, in.ID)

@@ -12,7 +12,8 @@ import (
 // and a worker cut from the edges costs no request. Every request sent to
 // the cut edge (after it reported itself not ready, for a minority) must be
 // answered within probeTimeout by a 200 or a 503/429 carrying Retry-After;
-// with a worker cut, no request may fail on every edge it tried.
+// with a worker cut, no request may fail on every edge it tried, and
+// every edge must hold the worker unreachable until the heal.
 func TestChaosPartitionedEdgesAnswer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process chaos: not in -short")
@@ -27,6 +28,9 @@ func TestChaosPartitionedEdgesAnswer(t *testing.T) {
 			if res.probe == nil {
 				if res.failed != 0 {
 					t.Errorf("%d requests failed on every edge they tried while %s", res.failed, sc.name)
+				}
+				if w := res.cutWorker; w != nil {
+					heldUnreachable(t, w)
 				}
 				return
 			}
@@ -54,5 +58,18 @@ func TestChaosPartitionedEdgesAnswer(t *testing.T) {
 				t.Errorf("%d requests to the cut edge were neither served nor refused with Retry-After", bad)
 			}
 		})
+	}
+}
+
+// heldUnreachable: every edge held the cut worker unreachable just before
+// the heal (the load's keys on it reach every edge, each edge's first
+// hops there fail or stall, and its probes keep failing while the cut
+// lasts, so the mark never lapses).
+func heldUnreachable(t *testing.T, w *workerCutFigures) {
+	t.Helper()
+	for id := range w.connects {
+		if w.unreachable[id] != 1 {
+			t.Errorf("%s did not hold the cut worker unreachable before the heal (tether_edge_instance_unreachable %v)", id, w.unreachable[id])
+		}
 	}
 }

@@ -32,6 +32,10 @@ type partitionScenario struct {
 	// evicts: the fault may evict bindings (a worker the edges cannot
 	// reach).
 	evicts bool
+	// workerCut: a context worker cut from the edges; each edge's failed
+	// connects to it and its mark (tether_edge_instance_unreachable) are
+	// read before the heal.
+	workerCut bool
 }
 
 var partitionScenarios = []partitionScenario{
@@ -67,9 +71,10 @@ var partitionScenarios = []partitionScenario{
 		},
 	},
 	{
-		name:   "worker-cut-from-edges",
-		evicts: true,
-		expect: "a context worker cut from the edges but not from NATS (its telemetry still arrives): hops to it fail, the edges send its keys elsewhere through committed overflows or placements; healed, it serves again",
+		name:      "worker-cut-from-edges",
+		evicts:    true,
+		workerCut: true,
+		expect:    "a context worker cut from the edges but not from NATS (its telemetry still arrives): hops to it fail, each edge marks it unreachable at its first failed connect and from then on sends its keys elsewhere through committed overflows or placements, with no hop waiting out a connect there; healed, a probe clears the mark and it serves again",
 		cut: func(v *env) (string, []string, *edgeProc) {
 			return v.workers[0].id, []string{segWork}, nil
 		},
@@ -119,6 +124,76 @@ type partitionResult struct {
 	unreadyAt      time.Time // the partitioned edge first reported itself not ready (minority)
 	probe          *prober   // requests straight to the partitioned edge (nil: not an edge)
 	readyAfterHeal time.Duration
+	cutWorker      *workerCutFigures // workerCut scenarios
+}
+
+// workerCutFigures are, per edge, the hops whose connect failed while the
+// worker was cut (tether_edge_upstream_errors_total{kind="connect"}: a
+// hop whose client gave up first is not counted), when the edge was first
+// seen holding the worker unreachable, and whether it still did just
+// before the heal.
+type workerCutFigures struct {
+	connects    map[string]float64
+	unreachable map[string]float64
+	markedAfter map[string]time.Duration // first seen marked, after the cut (absent: never)
+}
+
+// watchMarks holds the partition until hold has passed since cutAt,
+// reading every edge's mark of worker every 100 ms, and returns when each
+// edge was first seen holding it unreachable.
+func (v *env) watchMarks(worker string, cutAt time.Time, hold time.Duration) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for time.Since(cutAt) < hold {
+		<-tick.C // sampling the marks (schedule)
+		for _, e := range v.edges {
+			if _, seen := out[e.id]; !seen && v.metric(e, "tether_edge_instance_unreachable", fmt.Sprintf("instance=%q", worker)) == 1 {
+				out[e.id] = time.Since(cutAt)
+			}
+		}
+	}
+	return out
+}
+
+func (w *workerCutFigures) String() string {
+	ids := make([]string, 0, len(w.connects))
+	for id := range w.connects {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	parts := make([]string, 0, len(ids))
+	for _, id := range ids {
+		marked := "never"
+		if d, ok := w.markedAfter[id]; ok {
+			marked = d.Round(100 * time.Millisecond).String()
+		}
+		parts = append(parts, fmt.Sprintf("%s: hop_connect_errors=%v marked_after=%s unreachable_at_heal=%v", id, w.connects[id], marked, w.unreachable[id]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// contextConnectFailures is each edge's count of context hops whose
+// connect failed.
+func (v *env) contextConnectFailures() map[string]float64 {
+	out := map[string]float64{}
+	for _, e := range v.edges {
+		out[e.id] = v.metric(e, "tether_edge_upstream_errors_total", `fleet="context"`, `kind="connect"`)
+	}
+	return out
+}
+
+// workerCutFigures reads, before the heal, what each edge made of the cut
+// worker since before (contextConnectFailures at the cut).
+func (v *env) workerCutFigures(worker string, before map[string]float64) *workerCutFigures {
+	w := &workerCutFigures{connects: map[string]float64{}, unreachable: map[string]float64{}}
+	for id, n := range v.contextConnectFailures() {
+		w.connects[id] = n - before[id]
+	}
+	for _, e := range v.edges {
+		w.unreachable[e.id] = v.metric(e, "tether_edge_instance_unreachable", fmt.Sprintf("instance=%q", worker))
+	}
+	return w
 }
 
 // runPartition runs one scenario under load, judges it and returns what
@@ -138,6 +213,10 @@ func runPartition(t *testing.T, v *env, lab *netlab, sc partitionScenario, hold 
 		pr = startProber(v, cutEdge, roots)
 	}
 	termBefore := v.term()
+	var connectsBefore map[string]float64
+	if sc.workerCut {
+		connectsBefore = v.contextConnectFailures()
+	}
 	lab.partition(member, segs...)
 	cutAt := time.Now()
 	var unreadyAfter time.Duration
@@ -162,12 +241,32 @@ func runPartition(t *testing.T, v *env, lab *netlab, sc partitionScenario, hold 
 			})
 		}
 	}
-	h := time.NewTimer(hold)
-	<-h.C // the partition (schedule)
+	var markedAfter map[string]time.Duration
+	if sc.workerCut {
+		markedAfter = v.watchMarks(member, cutAt, hold)
+	} else {
+		h := time.NewTimer(hold)
+		<-h.C // the partition (schedule)
+	}
+	if sc.workerCut {
+		res.cutWorker = v.workerCutFigures(member, connectsBefore)
+		res.cutWorker.markedAfter = markedAfter
+	}
 	lab.heal(member)
 	healAt := time.Now()
 	res.healAt = healAt
 	var recovered time.Duration
+	if sc.workerCut {
+		waitFor(t, 60*time.Second, "every edge holding "+member+" reachable again after the heal", func() bool {
+			for _, e := range v.edges {
+				if v.metric(e, "tether_edge_instance_unreachable", fmt.Sprintf("instance=%q", member)) != 0 {
+					return false
+				}
+			}
+			return true
+		})
+		recovered = time.Since(healAt)
+	}
 	if cutEdge != nil {
 		waitFor(t, 120*time.Second, member+" ready again after the heal", func() bool { return v.ready(cutEdge) })
 		recovered = time.Since(healAt)
@@ -193,11 +292,16 @@ func runPartition(t *testing.T, v *env, lab *netlab, sc partitionScenario, hold 
 			ok++
 		}
 	}
+	// ready_after_heal: the cut edge ready again (a minority), or every
+	// edge holding the cut worker reachable again (a worker cut).
 	t.Logf("FIGURES partition scenario=%s member=%s segments=%v hold=%s requests=%d sent=%d succeeded=%d retried=%d failed=%d %s lost_bindings=%d served_unbound=%d evicted=%d%v term=%d→%d unready_after=%s ready_after_heal=%s state_index=%d hash=%s… failures=%v refusals=%v",
 		sc.name, member, segs, hold, len(samples), ld.sent.Load(), ok, ld.retried.Load(), ld.failed.Load(), vd.Verdict, vd.lost, vd.servedUnbound, vd.evicted, vd.evictedBy,
 		termBefore, v.term(), unreadyAfter.Round(time.Millisecond), recovered.Round(time.Millisecond), index, hash[:12], failureReasons(samples), ld.refusals)
 	if pr != nil {
 		t.Logf("FIGURES partition scenario=%s answers of the partitioned edge while cut: %s", sc.name, probe)
+	}
+	if res.cutWorker != nil {
+		t.Logf("FIGURES partition scenario=%s the edges and the cut worker before the heal: %s", sc.name, res.cutWorker)
 	}
 	if vd.Wrong != 0 {
 		t.Errorf("%d wrong answers", vd.Wrong)
