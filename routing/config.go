@@ -336,10 +336,28 @@ type OverflowConfig struct {
 // disabled. A candidate at or above a limit is "over its hard limit"; when
 // every candidate is, the request is shed.
 type ShedConfig struct {
-	MaxQueuedRequests      int   `yaml:"max_queued_requests"`
+	// MaxBacklogSeconds: an instance is over its hard limit when the
+	// prefill work queued ahead on it (its backlog, as placement and
+	// relief estimate it: the prompts dispatched since its last report
+	// plus its reported queue's uncached share) would take at least this
+	// many seconds at PrefillTokensPerSecond. The limit is in work, not
+	// requests: a queue of cached turns waits milliseconds however long it
+	// is, and one prompt larger than the cache waits minutes. A queued
+	// request whose size its worker does not report (an engine scraped for
+	// request counts only) counts nothing toward it: a fleet of such
+	// engines sheds by MaxQueuedRequests. Default DefaultMaxBacklogSeconds;
+	// 0 disables.
+	MaxBacklogSeconds float64 `yaml:"max_backlog_seconds"`
+	// MaxQueuedRequests: ... or at or above this many queued requests
+	// (0, the default: never by count).
+	MaxQueuedRequests int `yaml:"max_queued_requests"`
+	// MaxQueuedPrefillTokens: ... or at or above this many prompt tokens
+	// the edges dispatched there since its last report (0, the default:
+	// never).
 	MaxQueuedPrefillTokens int64 `yaml:"max_queued_prefill_tokens"`
-	// PrefillTokensPerSecond converts queued work into the Retry-After
-	// estimate.
+	// PrefillTokensPerSecond is an instance's prefill speed: it converts
+	// the backlog into seconds (MaxBacklogSeconds) and the work above a
+	// limit into the Retry-After estimate. Set it to the engines' speed.
 	PrefillTokensPerSecond float64       `yaml:"prefill_tokens_per_second"`
 	RetryAfterMin          time.Duration `yaml:"retry_after_min"`
 	RetryAfterMax          time.Duration `yaml:"retry_after_max"`
@@ -366,6 +384,20 @@ type Config struct {
 
 // DefaultReliefFactor is overflow.relief_factor.
 const DefaultReliefFactor = 5
+
+// DefaultMaxBacklogSeconds is shed.max_backlog_seconds: half a minute of
+// prefill queued ahead on every instance. A request placed behind it waits
+// that long before its own prefill starts, its first token comes later
+// still, and the proxies in front of most deployments close a connection
+// that sends nothing for 60 s (nginx's proxy_read_timeout, an AWS load
+// balancer's idle timeout): beyond half a minute a 429 that tells the
+// client when the fleet will have room (Retry-After, at most
+// retry_after_max, 30 s) serves an agent better than the queue. It is also
+// a wait no agent's user takes for one model call, and well above what a
+// busy but healthy fleet queues: in Dynamo's session workload, ~128
+// requests in flight per worker, most of them cached turns, are a backlog
+// of under a second (BENCHMARKS.md).
+const DefaultMaxBacklogSeconds = 30
 
 // DefaultConfig returns the defaults. The weights make one cached token worth
 // one queued prefill token (both are prefill work saved or waited for); a
@@ -403,7 +435,7 @@ func DefaultConfig() Config {
 			CacheLostMinIdle: 5 * time.Second,
 		},
 		Shed: ShedConfig{
-			MaxQueuedRequests:      64,
+			MaxBacklogSeconds:      DefaultMaxBacklogSeconds,
 			PrefillTokensPerSecond: 5500,
 			RetryAfterMin:          time.Second,
 			RetryAfterMax:          30 * time.Second,
@@ -487,6 +519,9 @@ func (o OverflowConfig) validate(bad func(key, format string, args ...any)) {
 }
 
 func (sc ShedConfig) validate(bad func(key, format string, args ...any)) {
+	if v := sc.MaxBacklogSeconds; math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		bad("shed.max_backlog_seconds", "must be a finite number of seconds >= 0 (0 disables), got %g", v)
+	}
 	if sc.MaxQueuedRequests < 0 {
 		bad("shed.max_queued_requests", "must be >= 0 (0 disables), got %d", sc.MaxQueuedRequests)
 	}
