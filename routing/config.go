@@ -385,19 +385,24 @@ type Config struct {
 // DefaultReliefFactor is overflow.relief_factor.
 const DefaultReliefFactor = 5
 
-// DefaultMaxBacklogSeconds is shed.max_backlog_seconds: half a minute of
-// prefill queued ahead on every instance. A request placed behind it waits
-// that long before its own prefill starts, its first token comes later
-// still, and the proxies in front of most deployments close a connection
-// that sends nothing for 60 s (nginx's proxy_read_timeout, an AWS load
-// balancer's idle timeout): beyond half a minute a 429 that tells the
-// client when the fleet will have room (Retry-After, at most
-// retry_after_max, 30 s) serves an agent better than the queue. It is also
-// a wait no agent's user takes for one model call, and well above what a
-// busy but healthy fleet queues: in Dynamo's session workload, ~128
-// requests in flight per worker, most of them cached turns, are a backlog
-// of under a second (BENCHMARKS.md).
-const DefaultMaxBacklogSeconds = 30
+// DefaultMaxBacklogSeconds is shed.max_backlog_seconds: four minutes of
+// prefill queued ahead on every instance. The hard limit turns away what a
+// client will not wait out; it is not a latency target. Agents wait long
+// for a model call and take a 429 badly: the OpenAI and Anthropic SDKs
+// time a request out after 10 minutes but retry a 429 twice, so a request
+// shed three times fails, and one that is retried has lost its place in
+// the queue to the requests that came meanwhile. Four minutes of wait
+// leaves most of those 10 minutes to the request's own prefill and answer.
+// Measured (BENCHMARKS.md, the trace replay's overloaded fleet, 4 × 3,000
+// blocks, TTFT p50 85 s): at 30 s the limit shed 36,470 times for 3,776
+// requests and doubled the TTFT p99 (277 → 533 s), at 60 s 458 s, at
+// 120 s the sub-agents' hit rate fell 3 points; from 240 s no figure is
+// worse. A busy but healthy fleet is far below it: Dynamo's session
+// workload, ~128 requests in flight per worker, queues under 2 s. Behind a
+// proxy that closes a connection silent for 60 s (nginx's
+// proxy_read_timeout, an AWS load balancer's idle timeout) a request that
+// waits longer fails there: set the limit below that.
+const DefaultMaxBacklogSeconds = 240
 
 // DefaultConfig returns the defaults. The weights make one cached token worth
 // one queued prefill token (both are prefill work saved or waited for); a
