@@ -396,8 +396,8 @@ const DefaultReliefFactor = 5
 // Measured (BENCHMARKS.md, the trace replay's overloaded fleet, 4 × 3,000
 // blocks, TTFT p50 85 s): at 30 s the limit shed 36,470 times for 3,776
 // requests and doubled the TTFT p99 (277 → 533 s), at 60 s 458 s, at
-// 120 s the sub-agents' hit rate fell 3 points; from 240 s no figure is
-// worse. A busy but healthy fleet is far below it: Dynamo's session
+// 120 s the sub-agents' hit rate fell 3 points; from 240 s no paired
+// figure differs from the former limit of 64 queued requests. A busy but healthy fleet is far below it: Dynamo's session
 // workload, ~128 requests in flight per worker, queues under 2 s. Behind a
 // proxy that closes a connection silent for 60 s (nginx's
 // proxy_read_timeout, an AWS load balancer's idle timeout) a request that

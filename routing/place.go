@@ -431,10 +431,10 @@ func (r *Router) shed(req *Request, cands []candidate, bound *InstanceView) rout
 }
 
 // drainSeconds estimates how long v needs to get below its hard limits:
-// the prefill work above the highest limit it is over, at
-// shed.prefill_tokens_per_second (the backlog above max_backlog_seconds'
-// worth, the excess requests at their average queued tokens, or the excess
-// queued tokens).
+// the most prefill work one of the limits it is over needs drained (the
+// backlog above max_backlog_seconds' worth, the excess requests at their
+// average queued tokens, the excess queued tokens), at
+// shed.prefill_tokens_per_second.
 func (r *Router) drainSeconds(v *InstanceView) float64 {
 	s := &r.cfg.Shed
 	need := 0.0 // prefill tokens to drain
