@@ -336,10 +336,28 @@ type OverflowConfig struct {
 // disabled. A candidate at or above a limit is "over its hard limit"; when
 // every candidate is, the request is shed.
 type ShedConfig struct {
-	MaxQueuedRequests      int   `yaml:"max_queued_requests"`
+	// MaxBacklogSeconds: an instance is over its hard limit when the
+	// prefill work queued ahead on it (its backlog, as placement and
+	// relief estimate it: the prompts dispatched since its last report
+	// plus its reported queue's uncached share) would take at least this
+	// many seconds at PrefillTokensPerSecond. The limit is in work, not
+	// requests: a queue of cached turns waits milliseconds however long it
+	// is, and one prompt larger than the cache waits minutes. A queued
+	// request whose size its worker does not report (an engine scraped for
+	// request counts only) counts nothing toward it: a fleet of such
+	// engines sheds by MaxQueuedRequests. Default DefaultMaxBacklogSeconds;
+	// 0 disables.
+	MaxBacklogSeconds float64 `yaml:"max_backlog_seconds"`
+	// MaxQueuedRequests: ... or at or above this many queued requests
+	// (0, the default: never by count).
+	MaxQueuedRequests int `yaml:"max_queued_requests"`
+	// MaxQueuedPrefillTokens: ... or at or above this many prompt tokens
+	// the edges dispatched there since its last report (0, the default:
+	// never).
 	MaxQueuedPrefillTokens int64 `yaml:"max_queued_prefill_tokens"`
-	// PrefillTokensPerSecond converts queued work into the Retry-After
-	// estimate.
+	// PrefillTokensPerSecond is an instance's prefill speed: it converts
+	// the backlog into seconds (MaxBacklogSeconds) and the work above a
+	// limit into the Retry-After estimate. Set it to the engines' speed.
 	PrefillTokensPerSecond float64       `yaml:"prefill_tokens_per_second"`
 	RetryAfterMin          time.Duration `yaml:"retry_after_min"`
 	RetryAfterMax          time.Duration `yaml:"retry_after_max"`
@@ -366,6 +384,25 @@ type Config struct {
 
 // DefaultReliefFactor is overflow.relief_factor.
 const DefaultReliefFactor = 5
+
+// DefaultMaxBacklogSeconds is shed.max_backlog_seconds: four minutes of
+// prefill queued ahead on every instance. The hard limit turns away what a
+// client will not wait out; it is not a latency target. Agents wait long
+// for a model call and take a 429 badly: the OpenAI and Anthropic SDKs
+// time a request out after 10 minutes but retry a 429 twice, so a request
+// shed three times fails, and one that is retried has lost its place in
+// the queue to the requests that came meanwhile. Four minutes of wait
+// leaves most of those 10 minutes to the request's own prefill and answer.
+// Measured (BENCHMARKS.md, the trace replay's overloaded fleet, 4 × 3,000
+// blocks, TTFT p50 85 s): at 30 s the limit shed 36,470 times for 3,776
+// requests and doubled the TTFT p99 (277 → 533 s), at 60 s 458 s, at
+// 120 s the sub-agents' hit rate fell 3 points; from 240 s no paired
+// figure differs from the former limit of 64 queued requests. A busy but healthy fleet is far below it: Dynamo's session
+// workload, ~128 requests in flight per worker, queues under 2 s. Behind a
+// proxy that closes a connection silent for 60 s (nginx's
+// proxy_read_timeout, an AWS load balancer's idle timeout) a request that
+// waits longer fails there: set the limit below that.
+const DefaultMaxBacklogSeconds = 240
 
 // DefaultConfig returns the defaults. The weights make one cached token worth
 // one queued prefill token (both are prefill work saved or waited for); a
@@ -403,7 +440,7 @@ func DefaultConfig() Config {
 			CacheLostMinIdle: 5 * time.Second,
 		},
 		Shed: ShedConfig{
-			MaxQueuedRequests:      64,
+			MaxBacklogSeconds:      DefaultMaxBacklogSeconds,
 			PrefillTokensPerSecond: 5500,
 			RetryAfterMin:          time.Second,
 			RetryAfterMax:          30 * time.Second,
@@ -487,6 +524,9 @@ func (o OverflowConfig) validate(bad func(key, format string, args ...any)) {
 }
 
 func (sc ShedConfig) validate(bad func(key, format string, args ...any)) {
+	if v := sc.MaxBacklogSeconds; math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		bad("shed.max_backlog_seconds", "must be a finite number of seconds >= 0 (0 disables), got %g", v)
+	}
 	if sc.MaxQueuedRequests < 0 {
 		bad("shed.max_queued_requests", "must be >= 0 (0 disables), got %d", sc.MaxQueuedRequests)
 	}

@@ -92,10 +92,14 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.Weights.InteractiveQueueFactor = 0.5 }, "router.weights.interactive_queue_factor"},
 		{func(c *Config) { c.Weights.BackgroundCacheFactor = 0 }, "router.weights.background_cache_factor"},
 		{func(c *Config) { c.Overflow.QueuedRequests = -1 }, "router.overflow.queued_requests"},
-		{func(c *Config) { c.Overflow.QueuedRequests = 64 }, "router.overflow.queued_requests"},
+		{func(c *Config) { c.Overflow.QueuedRequests, c.Shed.MaxQueuedRequests = 64, 64 }, "router.overflow.queued_requests"},
 		{func(c *Config) { c.Overflow.ActivePromptTokens = -1 }, "router.overflow.active_prompt_tokens"},
 		{func(c *Config) { c.Overflow.RebindAfter = -1 }, "router.overflow.rebind_after"},
 		{func(c *Config) { c.Shed.MaxQueuedPrefillTokens = -5 }, "router.shed.max_queued_prefill_tokens"},
+		{func(c *Config) { c.Shed.MaxQueuedRequests = -1 }, "router.shed.max_queued_requests"},
+		{func(c *Config) { c.Shed.MaxBacklogSeconds = -1 }, "router.shed.max_backlog_seconds"},
+		{func(c *Config) { c.Shed.MaxBacklogSeconds = math.NaN() }, "router.shed.max_backlog_seconds"},
+		{func(c *Config) { c.Shed.MaxBacklogSeconds = math.Inf(1) }, "router.shed.max_backlog_seconds"},
 		{func(c *Config) { c.Shed.PrefillTokensPerSecond = 0 }, "router.shed.prefill_tokens_per_second"},
 		{func(c *Config) { c.Shed.RetryAfterMin = 1500 * time.Millisecond }, "router.shed.retry_after_min"},
 		{func(c *Config) { c.Shed.RetryAfterMax = 0 }, "router.shed.retry_after_max"},
@@ -115,7 +119,7 @@ func TestConfigValidate(t *testing.T) {
 	// Disabling limits (0) is valid.
 	cfg := DefaultConfig()
 	cfg.Overflow = OverflowConfig{}
-	cfg.Shed.MaxQueuedRequests = 0
+	cfg.Shed.MaxQueuedRequests, cfg.Shed.MaxBacklogSeconds = 0, 0
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("disabled thresholds: %v", err)
 	}

@@ -462,7 +462,7 @@ func TestRebindOfAnEvictedKeyIsPlacedAnew(t *testing.T) {
 	r := newRig(t)
 	r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
 	b, _ := r.log.State().Lookup(fsm.FleetContext, "conv")
-	r.fleet.views[0].QueuedRequests = 100
+	overLimit(&r.fleet.views[0])
 	ov := overload.NewTracker()
 	ov.Observe("a", true, tDecide.Add(-time.Hour))
 	ov.Observe("a", true, tDecide)
@@ -498,7 +498,7 @@ func lastOverflow(t *testing.T, l *machineLog) fsm.Overflow {
 func TestOverflowIsCommittedBeforeItIsServed(t *testing.T) {
 	r := newRig(t)
 	r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "conv", ConversationID: "conv", Instance: "a"})
-	r.fleet.views[0].QueuedRequests = 100
+	overLimit(&r.fleet.views[0])
 	h, fail := r.d.Decide(context.Background(), r.router, req("conv"), nil)
 	if fail != nil {
 		t.Fatal(fail)
@@ -563,7 +563,8 @@ func TestOverflowTheLogCannotCommit(t *testing.T) {
 				t.Fatalf("retry after a failed hop: hop %+v, failure %+v; want FailDetourUnrecorded naming a", h, fail)
 			}
 			r.log.pending = nil
-			r.fleet.views[0].Healthy, r.fleet.views[0].QueuedRequests = true, 100
+			r.fleet.views[0].Healthy = true
+			overLimit(&r.fleet.views[0])
 			h, fail = r.d.Decide(context.Background(), r.router, req("conv"), nil)
 			if fail != nil || h.Instance != "a" || h.Outcome != OutcomeSticky || len(r.rec.queued) != 0 {
 				t.Fatalf("saturated bound instance: hop %+v, failure %v, queued %v; want sticky on a", h, fail, r.rec.queued)

@@ -57,10 +57,26 @@ func (r *Router) unknownRequest(req *Request) float64 {
 	return max(float64(req.PromptTokens), r.cfg.Weights.LiveBinding)
 }
 
+// overHard reports whether v is at or above one of its hard limits
+// (ShedConfig): the seconds of prefill queued ahead on it, its queued
+// requests, the prompt tokens dispatched to it since its last report. The
+// same for every request, so every decision and the overload tracker
+// (Condition) agree on it.
 func (r *Router) overHard(v *InstanceView) bool {
-	s := r.cfg.Shed
-	return (s.MaxQueuedRequests > 0 && v.QueuedRequests >= s.MaxQueuedRequests) ||
+	s := &r.cfg.Shed
+	return (s.MaxBacklogSeconds > 0 && r.backlogSeconds(v) >= s.MaxBacklogSeconds) ||
+		(s.MaxQueuedRequests > 0 && v.QueuedRequests >= s.MaxQueuedRequests) ||
 		(s.MaxQueuedPrefillTokens > 0 && v.QueuedPrefillTokens >= s.MaxQueuedPrefillTokens)
+}
+
+// backlogSeconds is v's backlog in seconds of prefill at
+// shed.prefill_tokens_per_second, counting the work its figures show: a
+// queued request whose size its worker does not report (an engine scraped
+// for request counts only) counts nothing here, where placement and relief
+// take it for a turn. Refusing a request is dearer than queueing it on a
+// guess; such a fleet sheds by shed.max_queued_requests.
+func (r *Router) backlogSeconds(v *InstanceView) float64 {
+	return backlog(v, 0) / r.cfg.Shed.PrefillTokensPerSecond
 }
 
 func (r *Router) tierOf(v *InstanceView) tier {
@@ -414,10 +430,20 @@ func (r *Router) shed(req *Request, cands []candidate, bound *InstanceView) rout
 	return route{Action: actionShed, Rank: -1, RetryAfter: d, Decision: fsm.Decision{Edge: req.Edge, Policy: PolicyShed, RequestID: req.RequestID}}
 }
 
-// drainSeconds estimates how long v needs to get below its hard limits.
+// drainSeconds estimates how long v needs to get below its hard limits:
+// the most prefill work one of the limits it is over needs drained (the
+// backlog above max_backlog_seconds' worth, the excess requests at their
+// average queued tokens, the excess queued tokens), at
+// shed.prefill_tokens_per_second.
 func (r *Router) drainSeconds(v *InstanceView) float64 {
-	s := r.cfg.Shed
+	s := &r.cfg.Shed
 	need := 0.0 // prefill tokens to drain
+	if s.MaxBacklogSeconds > 0 {
+		limit := s.MaxBacklogSeconds * s.PrefillTokensPerSecond
+		if bl := backlog(v, 0); bl >= limit {
+			need = bl - limit
+		}
+	}
 	if s.MaxQueuedRequests > 0 && v.QueuedRequests >= s.MaxQueuedRequests {
 		perRequest := r.cfg.Weights.QueuedRequest
 		if v.QueuedRequests > 0 && v.QueuedPrefillTokens > 0 {

@@ -3,6 +3,7 @@ package routing
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"testing"
@@ -463,8 +464,10 @@ func TestPlacePriorityChangesChoice(t *testing.T) {
 	}
 }
 
+// The request-count limit, an option (shed.max_queued_requests).
 func TestPlaceShedsWhenAllOverHardLimit(t *testing.T) {
-	r := mustRouter(t, nil) // hard limit 64 queued, 5,500 tokens/s, Retry-After 1s..30s
+	// Hard limit 64 queued, 5,500 tokens/s, Retry-After 1s..30s.
+	r := mustRouter(t, func(c *Config) { c.Shed.MaxQueuedRequests, c.Shed.MaxBacklogSeconds = 64, 0 })
 	cases := []struct {
 		name    string
 		queued  [2]int
@@ -490,5 +493,95 @@ func TestPlaceShedsWhenAllOverHardLimit(t *testing.T) {
 		if c.wantAct == actionShed && (rt.RetryAfter != c.want || rt.Instance != "") {
 			t.Errorf("%s: Retry-After %v, want %v", c.name, rt.RetryAfter, c.want)
 		}
+	}
+}
+
+// overLimit puts v over the default hard limit: twice
+// shed.max_backlog_seconds of prefill dispatched to it since its report.
+func overLimit(v *InstanceView) {
+	s := DefaultConfig().Shed
+	v.QueuedPrefillTokens = int64(2 * s.MaxBacklogSeconds * s.PrefillTokensPerSecond)
+}
+
+// The default hard limit is seconds of prefill queued ahead, not requests:
+// 128 cached turns queued on each instance (Dynamo's session workload keeps
+// about that many in flight per worker) wait a few seconds at the engines'
+// speed, and the request is placed; the count limit this replaced shed it.
+func TestLongQueueOfCachedTurnsIsNotOverTheHardLimit(t *testing.T) {
+	r := mustRouter(t, func(c *Config) { c.Shed.PrefillTokensPerSecond = 50_000 })
+	vs := idle("ctx-a", "ctx-b")
+	for i := range vs {
+		// 128 queued and 16 running turns of 20,000 tokens, 90 % cached:
+		// 256,000 tokens to compute, 5.1 s at 50,000 tokens/s.
+		vs[i].QueuedRequests, vs[i].ActiveRequests = 128, 16
+		vs[i].ActivePromptTokens, vs[i].HitRate = 144*20_000, 0.9
+	}
+	if got := r.backlogSeconds(&vs[0]); math.Abs(got-5.12) > 1e-9 {
+		t.Fatalf("backlog %v s, want 5.12", got)
+	}
+	if c := r.Condition(&vs[0]); c != 0 {
+		t.Fatalf("condition %v, want none", c)
+	}
+	if rt := place(t, r, Request{Key: "k", PromptTokens: 21_000}, Inputs{Views: mustViews(t, vs)}); rt.Action != actionBind {
+		t.Fatalf("128 cached turns queued everywhere: %v, want a placement", rt.Action)
+	}
+}
+
+// An instance whose backlog is at least shed.max_backlog_seconds of prefill
+// is over its hard limit, however few requests it queues; when every one
+// is, the request is shed and Retry-After is the least time one needs to
+// drain below the limit.
+func TestPlaceShedsOnSecondsOfBacklog(t *testing.T) {
+	const tps = 5500
+	r := mustRouter(t, func(c *Config) { c.Shed.MaxBacklogSeconds, c.Shed.PrefillTokensPerSecond = 10, tps })
+	cases := []struct {
+		name    string
+		seconds [2]float64 // each instance's backlog, in seconds of prefill
+		want    time.Duration
+		wantAct action
+	}{
+		{"one below the limit takes it", [2]float64{20, 9.9}, 0, actionBind},
+		{"twice the limit: the drain is the limit", [2]float64{20, 20}, 10 * time.Second, actionShed},
+		{"the least drain of the candidates", [2]float64{25, 15}, 5 * time.Second, actionShed},
+		{"at the limit: the minimum", [2]float64{10, 10}, time.Second, actionShed},
+		{"bounded above", [2]float64{100, 200}, 30 * time.Second, actionShed},
+	}
+	for _, c := range cases {
+		vs := idle("ctx-a", "ctx-b")
+		for i := range vs {
+			// Two prompts dispatched since the last report.
+			vs[i].QueuedRequests, vs[i].QueuedPrefillTokens = 2, int64(c.seconds[i]*tps)
+		}
+		rt := place(t, r, Request{Key: "k"}, Inputs{Views: mustViews(t, vs)})
+		if rt.Action != c.wantAct {
+			t.Errorf("%s: action %v, want %v", c.name, rt.Action, c.wantAct)
+			continue
+		}
+		if c.wantAct == actionShed && (rt.RetryAfter != c.want || rt.Instance != "") {
+			t.Errorf("%s: Retry-After %v, want %v", c.name, rt.RetryAfter, c.want)
+		}
+	}
+	// The reported queue counts its uncached share: 100 queued of 200
+	// requests holding 2.2 M tokens, half cached, are 550,000 tokens to
+	// compute, 100 s; a bound instance over the limit counts as
+	// saturated for the overload tracker.
+	v := idle("ctx-a")[0]
+	v.QueuedRequests, v.ActiveRequests, v.ActivePromptTokens, v.HitRate = 100, 100, 2_200_000, 0.5
+	if got := r.backlogSeconds(&v); math.Abs(got-100) > 1e-9 || !r.overHard(&v) || r.Condition(&v) != fsm.OverflowSaturated {
+		t.Fatalf("reported queue: %v s, over %v, condition %v; want 100 s, over, saturated", got, r.overHard(&v), r.Condition(&v))
+	}
+}
+
+// A queued request whose size its worker does not report counts nothing
+// toward the backlog limit (placement takes it for a turn): such a fleet
+// sheds by shed.max_queued_requests.
+func TestBacklogLimitCountsOnlyKnownWork(t *testing.T) {
+	v := idle("ctx-a")[0]
+	v.QueuedRequests = 1000
+	if r := mustRouter(t, nil); r.overHard(&v) {
+		t.Fatal("1,000 queued requests of unknown size: over the backlog limit")
+	}
+	if r := mustRouter(t, func(c *Config) { c.Shed.MaxQueuedRequests = 64 }); !r.overHard(&v) {
+		t.Fatal("1,000 queued requests: not over max_queued_requests 64")
 	}
 }

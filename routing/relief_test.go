@@ -88,9 +88,13 @@ func TestReliefMovesWhenWaitingCostsMoreThanMoving(t *testing.T) {
 // with the relief rule off, the key overflows to an instance below it.
 func TestReliefKeepsACachedKeyOnABusyInstance(t *testing.T) {
 	for _, rho := range []float64{DefaultReliefFactor, 0} {
-		r := mustRouter(t, func(c *Config) { c.Overflow.ReliefFactor = rho })
+		// A hard limit of 2 s: 11,000 tokens at 5,500 tokens/s.
+		r := mustRouter(t, func(c *Config) { c.Overflow.ReliefFactor, c.Shed.MaxBacklogSeconds = rho, 2 })
 		prompt, ix, vs := reliefRig(t, 99)
-		vs[0].QueuedRequests = r.Config().Shed.MaxQueuedRequests + 10 // over the hard limit
+		// 10 queued of 11 requests holding 480,000 tokens, 5 % uncached:
+		// a backlog of 21,818 tokens, over the hard limit and less than
+		// relief_factor times the 6,400-token prompt b lacks.
+		vs[0].QueuedRequests = 10
 		vs[0].ActiveRequests, vs[0].ActivePromptTokens, vs[0].HitRate = 1, 75*6400, 0.95
 		rt := routeBound(t, r, Request{ConversationID: "conv-1", Blocks: prompt, PromptTokens: 6400},
 			binding("conv-1", "ctx-a"), Inputs{Views: mustViews(t, vs), Prefix: ix})

@@ -131,9 +131,10 @@ func TestStayOrMoveStaysWhenNoBetterInstance(t *testing.T) {
 
 func TestStayOrMoveShedsWhenEverythingIsOverHardLimit(t *testing.T) {
 	r := mustRouter(t, nil) // the relief rule cannot weigh without prompt blocks
+	limit := r.Config().Shed.MaxBacklogSeconds
 	vs := idle("ctx-a", "ctx-b")
-	vs[0].QueuedRequests, vs[0].QueuedPrefillTokens = 66, 66*11000 // 3 over → 6s
-	vs[1].QueuedRequests, vs[1].QueuedPrefillTokens = 64, 64*55000 // 1 over → 10s
+	vs[0].QueuedRequests, vs[0].QueuedPrefillTokens = 3, int64((limit+6)*5500)  // 6 s above → 6s
+	vs[1].QueuedRequests, vs[1].QueuedPrefillTokens = 2, int64((limit+10)*5500) // 10 s above → 10s
 	rt := routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)})
 	if rt.Action != actionShed || rt.RetryAfter != 6*time.Second {
 		t.Fatalf("all over the hard limit: %+v, want shed with Retry-After 6s", rt)
@@ -145,7 +146,7 @@ func TestStayOrMoveShedsWhenEverythingIsOverHardLimit(t *testing.T) {
 	}
 	// Unhealthy bound and every other instance over the limit: shed.
 	vs[0].Healthy = false
-	vs[1].QueuedRequests = 100
+	overLimit(&vs[1])
 	if rt := routeBound(t, r, Request{}, binding("k", "ctx-a"), Inputs{Views: mustViews(t, vs)}); rt.Action != actionShed {
 		t.Fatalf("unhealthy bound, rest over limit: %+v", rt)
 	}
@@ -408,7 +409,7 @@ func TestCacheLostJudgesTheBindingsRank(t *testing.T) {
 // stays (a drained instance still serves). A worker's own draining report
 // (Draining without Drained) keeps its keys until it goes down.
 func TestStayOrMoveDrained(t *testing.T) {
-	r := mustRouter(t, nil) // overflow at 8 queued, shed at 64
+	r := mustRouter(t, nil) // no overflow thresholds, shed at max_backlog_seconds
 	drained := func(v *InstanceView) { v.Draining, v.Drained = true, true }
 	cases := []struct {
 		name       string
@@ -448,13 +449,14 @@ func TestStayOrMoveDrained(t *testing.T) {
 		{"every other over its hard limit: stays", func() []InstanceView {
 			vs := idle("ctx-a", "ctx-b")
 			drained(&vs[0])
-			vs[1].QueuedRequests = 64
+			overLimit(&vs[1])
 			return vs
 		}, Request{}, actionSticky, "ctx-a"},
 		{"everything over its hard limit: shed", func() []InstanceView {
 			vs := idle("ctx-a", "ctx-b")
 			drained(&vs[0])
-			vs[0].QueuedRequests, vs[1].QueuedRequests = 64, 64
+			overLimit(&vs[0])
+			overLimit(&vs[1])
 			return vs
 		}, Request{}, actionShed, ""},
 		{"the worker's own draining keeps its keys", func() []InstanceView {

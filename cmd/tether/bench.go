@@ -82,6 +82,8 @@ type simFlags struct {
 	engineMetrics *string
 	subagentOwn   *bool
 	shedQueued    *int
+	shedBacklog   *float64
+	shedTPS       *float64
 	kvEvents      *string
 	edgeRestarts  *int
 }
@@ -137,7 +139,11 @@ func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks
 		subagentOwn: fs.Bool("subagent-cache-lost", routing.DefaultConfig().Overflow.SubAgentCacheLost,
 			"sim: routing overflow.subagent_cache_lost of the tether policies (a sub-agent whose context its parent's instance lost is placed on its own)"),
 		shedQueued: fs.Int("shed-max-queued-requests", routing.DefaultConfig().Shed.MaxQueuedRequests,
-			"sim: routing shed.max_queued_requests of the routing policies (a bound instance at or above it sheds when every other is too; 0: never)"),
+			"sim: routing shed.max_queued_requests of the routing policies (a hard limit in queued requests; 0: none)"),
+		shedBacklog: fs.Float64("shed-max-backlog-seconds", routing.DefaultConfig().Shed.MaxBacklogSeconds,
+			"sim: routing shed.max_backlog_seconds of the routing policies (a hard limit in seconds of prefill queued ahead; an instance at or above it sheds when every other is too; 0: none)"),
+		shedTPS: fs.Float64("shed-prefill-tokens-per-sec", 0,
+			"sim: routing shed.prefill_tokens_per_second of the routing policies (0: routing's default; bench sessions: the engines' --prefill-tokens-per-sec when given)"),
 		kvEvents: fs.String("kv-events", "exact",
 			"sim: what the edges hear of the workers' caches, for every policy alike: exact, lag=DUR (each batch DUR late) or none (no engine events)"),
 		edgeRestarts: fs.Int("edge-restarts", 0,
@@ -180,7 +186,10 @@ func (f *simFlags) replayOptions() (bench.ReplayOptions, error) {
 	cfg.Routing.Overflow.QueuedRequests, cfg.Routing.Overflow.RebindAfter = *f.ovfQueued, *f.rebindAfter
 	cfg.Routing.Overflow.CacheLostBelow, cfg.Routing.Overflow.CacheLostMinIdle = *f.cacheLost, *f.cacheLostIdle
 	cfg.Routing.Overflow.SubAgentCacheLost = *f.subagentOwn
-	cfg.Routing.Shed.MaxQueuedRequests = *f.shedQueued
+	cfg.Routing.Shed.MaxQueuedRequests, cfg.Routing.Shed.MaxBacklogSeconds = *f.shedQueued, *f.shedBacklog
+	if *f.shedTPS != 0 {
+		cfg.Routing.Shed.PrefillTokensPerSecond = *f.shedTPS
+	}
 	if err := cfg.Routing.Validate(); err != nil {
 		return ro, fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -319,7 +328,8 @@ func runBenchSessions(ctx context.Context, args []string) error {
 	in := fs.Int("input-tokens", d.InputTokens, "new tokens each turn (the conversation so far is resent)")
 	out := fs.Int("output-tokens", d.OutputTokens, "tokens answered each turn")
 	sys := fs.Int("shared-prefix-tokens", 0, "a system prompt common to every session")
-	prefill := fs.Float64("prefill-tokens-per-sec", 0, "the simulated engines' prefill speed (0: the simulator's default, 5,500 tokens/s)")
+	prefill := fs.Float64("prefill-tokens-per-sec", 0,
+		"the simulated engines' prefill speed, and the routing policies' shed.prefill_tokens_per_second unless --shed-prefill-tokens-per-sec is given, as an operator sets it (0: the simulator's default, 5,500 tokens/s)")
 	sf := addSimFlags(fs, "3", 6000, 1, false)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -336,6 +346,9 @@ func runBenchSessions(ctx context.Context, args []string) error {
 	}
 	if *prefill > 0 {
 		ro.Base.Engine.PrefillTokensPerSec = *prefill
+		if *sf.shedTPS == 0 {
+			ro.Base.Routing.Shed.PrefillTokensPerSecond = *prefill
+		}
 	}
 	w, err := bench.SessionWorkload(bench.SessionOptions{Sessions: *sessions, Turns: *turns, Concurrency: *conc,
 		InputTokens: *in, OutputTokens: *out, BlockSize: d.BlockSize, SharedPrefixTokens: *sys})

@@ -53,7 +53,7 @@ placement:
   block_size: 32
   weights: {cache: 1.5, queue: 1, decode: 0.1, queued_request: 200, interactive_queue_factor: 2, background_cache_factor: 2}
   overflow: {queued_requests: 4, active_prompt_tokens: 100000, rebind_after: 10s}
-  shed: {max_queued_requests: 32, prefill_tokens_per_second: 6000, retry_after_min: 1s, retry_after_max: 20s}
+  shed: {max_backlog_seconds: 45, max_queued_requests: 32, prefill_tokens_per_second: 6000, retry_after_min: 1s, retry_after_max: 20s}
   circuit_breaker: {window: 30s, buckets: 6, open_below: 0.3, close_above: 0.5, min_lookups: 10, min_lookup_tokens: 1000, cooldown: 30s}
 telemetry: {stale_intervals: 4, down_after: 20s, startup_grace: 30s}
 leader: {interval: 2s, sweep_batch: 100}
@@ -100,7 +100,7 @@ func TestParseFullConfig(t *testing.T) {
 		t.Fatalf("parsed %+v", cfg)
 	}
 	rc := cfg.RoutingConfig(fsm.FleetGeneration)
-	if rc.Type != routing.RouterConversation || rc.Weights.Cache != 1.5 || rc.Shed.MaxQueuedRequests != 32 {
+	if rc.Type != routing.RouterConversation || rc.Weights.Cache != 1.5 || rc.Shed.MaxQueuedRequests != 32 || rc.Shed.MaxBacklogSeconds != 45 {
 		t.Fatalf("routing config %+v", rc)
 	}
 	if !cfg.TrustedGateway.Trusted("10.1.2.3:5555", "") || cfg.TrustedGateway.Trusted("192.168.0.1:1", "") ||
@@ -132,6 +132,11 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 	if cfg.ContextServers.HealthPath != DefaultHealthPath || cfg.GenerationServers.HealthPath != DefaultHealthPath ||
 		cfg.ContextServers.HealthCheckModel || cfg.HintSignatureFormat != hintauth.FormatTRTLLM || cfg.Placement.Weights.OffloadedBlock != routing.DefaultOffloadedBlock {
 		t.Fatalf("probe and hint defaults %+v %+v", cfg.ContextServers, cfg.GenerationServers)
+	}
+	// The hard limit is seconds of prefill queued ahead; the request
+	// count is an option, off.
+	if s := cfg.RoutingConfig(fsm.FleetContext).Shed; s.MaxBacklogSeconds != routing.DefaultMaxBacklogSeconds || s.MaxQueuedRequests != 0 {
+		t.Fatalf("shed defaults %+v", s)
 	}
 }
 
@@ -210,6 +215,8 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 		{"offloaded block weight above 1", base + "placement:\n  weights: {offloaded_block: 1.5}\n", []string{"placement.weights.offloaded_block, line 8: must be a fraction 0..1"}},
 		{"negative offloaded block weight", base + "placement: {weights: {offloaded_block: -1}}\n", []string{"placement.weights.offloaded_block, line 7"}},
 		{"placement overflow above shed", base + "placement: {overflow: {queued_requests: 80}, shed: {max_queued_requests: 10}}\n", []string{"placement.overflow.queued_requests"}},
+		{"negative backlog limit", base + "placement: {shed: {max_backlog_seconds: -1}}\n", []string{"placement.shed.max_backlog_seconds, line 7: must be a finite number of seconds >= 0"}},
+		{"negative queued limit", base + "placement: {shed: {max_queued_requests: -1}}\n", []string{"placement.shed.max_queued_requests, line 7"}},
 		{"bootstrap without peers", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, bootstrap: true}", 1), []string{"cluster.peers"}},
 		{"unknown suffrage", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, suffrage: observer}", 1), []string{"cluster.suffrage", "observer"}},
 		{"non-voter bootstrap", strings.Replace(base, "data_dir: /tmp/x}", "data_dir: /tmp/x, suffrage: nonvoter, bootstrap: true, peers: [{id: e1, addr: \"a:1\"}]}", 1),

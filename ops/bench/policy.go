@@ -87,11 +87,16 @@ const (
 	// default) — tether_parent_first's effect decided by the router
 	// instead of the gateway.
 	PolicyTetherFirstWithParent Policy = "tether_first_with_parent"
+	// PolicyTetherQueuedLimit: tether with the hard limit counted in
+	// queued requests (shed.max_queued_requests 64, max_backlog_seconds
+	// 0), the default before the limit was counted in seconds of prefill.
+	PolicyTetherQueuedLimit Policy = "tether_queued_limit"
 )
 
 // TetherVariants are the ablations.
 var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind, PolicyTetherWeigh,
-	PolicyTetherNoRelief, PolicyTetherTreeBudget, PolicyTetherNoWorkingSet, PolicyTetherNoSpread, PolicyTetherFirstWithParent}
+	PolicyTetherNoRelief, PolicyTetherTreeBudget, PolicyTetherNoWorkingSet, PolicyTetherNoSpread, PolicyTetherFirstWithParent,
+	PolicyTetherQueuedLimit}
 
 func (p Policy) isTether() bool {
 	return p == PolicyTether || p == PolicyTetherLocal || slices.Contains(TetherVariants, p)

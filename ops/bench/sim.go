@@ -599,6 +599,8 @@ func tetherVariant(p Policy, rc *routing.Config) {
 		rc.Weights.LiveBinding = 0
 	case PolicyTetherFirstWithParent:
 		rc.Overflow.SubAgentFirstWithParent = true
+	case PolicyTetherQueuedLimit:
+		rc.Shed.MaxQueuedRequests, rc.Shed.MaxBacklogSeconds = 64, 0
 	}
 }
 

@@ -142,8 +142,8 @@ func (l tenantLoad) send(ctx context.Context, c *http.Client, url, tenant string
 type loadReport struct {
 	served, shed map[string]int // after the warm-up; shed: by flow control
 	// refused are the other 429s and 529s after the warm-up: the
-	// placement's shed (every instance over placement.shed's queue
-	// limit) and the edge's own (admission).
+	// placement's shed (every instance over a placement.shed limit)
+	// and the edge's own (admission).
 	refused      map[string]int
 	total        int
 	noRetryAfter int

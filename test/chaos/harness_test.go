@@ -284,6 +284,7 @@ var nemesisOverrides = map[string]any{
 	"placement.overflow.relief_factor":         0,
 	"placement.shed.max_queued_requests":       2097152,
 	"placement.shed.max_queued_prefill_tokens": 2199023255552,
+	"placement.shed.max_backlog_seconds":       0,
 	"context_servers.num_instances":            2,
 	"generation_servers.num_instances":         2,
 }

@@ -42,7 +42,7 @@ func TestLeaderKillDuringConversations(t *testing.T) {
 	st, err := devstack.Start(ctx, devstack.Options{MutualTLS: true, EdgeConfig: func(_ int, c *edge.Config) {
 		c.Placement.Overflow.QueuedRequests = 0
 		c.Placement.Overflow.ReliefFactor = 0
-		c.Placement.Shed.MaxQueuedRequests = 0
+		c.Placement.Shed.MaxQueuedRequests, c.Placement.Shed.MaxBacklogSeconds = 0, 0
 		c.Telemetry.MinStaleAfter = 5 * time.Second
 	}})
 	if err != nil {

@@ -180,7 +180,7 @@ func (f *fleet) edgeConfig(i int, m clustertest.Member, version string) edge.Con
 	// Turns run back to back on an instant engine, far above an agent's
 	// pace: queue-based overflow and shedding would fire by design.
 	cfg.Placement.Overflow.QueuedRequests = 0
-	cfg.Placement.Shed.MaxQueuedRequests = 0
+	cfg.Placement.Shed.MaxQueuedRequests, cfg.Placement.Shed.MaxBacklogSeconds = 0, 0
 	cfg.Telemetry.MinStaleAfter = 2 * time.Second
 	cfg.Telemetry.DownAfter = 10 * time.Second
 	cfg.Leader.Interval = 50 * time.Millisecond

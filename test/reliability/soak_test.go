@@ -91,6 +91,7 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 			c.Placement.Overflow.ActivePromptTokens = 1 << 40
 			c.Placement.Shed.MaxQueuedRequests = 1 << 21
 			c.Placement.Shed.MaxQueuedPrefillTokens = 1 << 41
+			c.Placement.Shed.MaxBacklogSeconds = 0
 		}})
 	if err != nil {
 		t.Fatal(err)
