@@ -674,6 +674,14 @@ func (x heldIndex) Match(blocks []uint64, _ time.Time, dst []kvindex.Match) []kv
 func (x heldIndex) Holds(instance string, _ int, _ uint64, _ time.Time) (bool, bool) {
 	return x.held[instance], true
 }
+func (x heldIndex) HeldByOther(instance string, _ uint64, _ time.Time) bool {
+	for inst := range x.held {
+		if inst != instance {
+			return true
+		}
+	}
+	return false
+}
 func (heldIndex) Predict(string, []uint64, time.Time) {}
 
 // With overflow.subagent_cache_lost, a sub-agent (routed by its parent's

@@ -186,3 +186,38 @@ func TestCacheLostJudgesWhatTheInstanceStored(t *testing.T) {
 		t.Fatalf("a lost most of what it stored: %v to %s (%v), want a cache_lost move to ctx-b", rt.Action, rt.Instance, rt.Reason)
 	}
 }
+
+// The one-block lookup before relief's KV match decides as the match
+// would: for every threshold, an instance other than the bound one holds
+// more than x tokens of the prompt exactly when heldEnoughElsewhere says
+// so (holders at every depth, on ranks and as predictions).
+func TestHeldEnoughElsewhereAgreesWithTheMatch(t *testing.T) {
+	r := mustRouter(t, nil)
+	bs := r.Config().BlockSize
+	prompt := make([]uint64, 12)
+	for i := range prompt {
+		prompt[i] = uint64(9000 + i)
+	}
+	ix := kvindex.New(kvindex.Config{})
+	for i, depth := range []int{12, 3, 7, 0, 10} {
+		id := []string{"bound", "o1", "o2", "o3", "o4"}[i]
+		if id == "o4" {
+			ix.Predict(id, prompt[:depth], t0)
+			continue
+		}
+		if _, err := ix.Apply(kvindex.Batch{Instance: id, Boot: 1, Seq: 1, Events: []kvindex.RankEvent{{Rank: i % 3, Stored: prompt[:depth]}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := &fsm.Binding{Fleet: fsm.FleetContext, Key: "k", Instance: "bound"}
+	for _, now := range []time.Time{t0, t0.Add(time.Hour)} { // the prediction live, then expired
+		req := &Request{Fleet: fsm.FleetContext, Key: "k", Blocks: prompt, Now: now}
+		in := &Inputs{Prefix: ix}
+		held := r.heldElsewhere(req, b, in)
+		for x := -float64(bs); x <= float64((len(prompt)+1)*bs); x += float64(bs) / 4 {
+			if got, want := r.heldEnoughElsewhere(req, b, in, x), float64(held*bs) > x; got != want {
+				t.Errorf("now %v, x %v: heldEnoughElsewhere %v, the match (%d blocks elsewhere) says %v", now.Sub(t0), x, got, held, want)
+			}
+		}
+	}
+}

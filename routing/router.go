@@ -69,12 +69,14 @@ type BindingCounter interface {
 }
 
 // PrefixMatcher reports how many leading blocks of a prompt each instance
-// holds (Match), and whether one instance holds one block on one rank (any
-// rank: -1), with whether that answer rests on a trusted baseline (Holds);
+// holds (Match), whether one instance holds one block on one rank (any
+// rank: -1), with whether that answer rests on a trusted baseline (Holds),
+// and whether any instance but one holds a block (HeldByOther);
 // *kvindex.Index implements it.
 type PrefixMatcher interface {
 	Match(blocks []uint64, now time.Time, dst []kvindex.Match) []kvindex.Match
 	Holds(instance string, rank int, block uint64, now time.Time) (held, synced bool)
+	HeldByOther(instance string, block uint64, now time.Time) bool
 }
 
 // Inputs are the state a decision reads. Views is required; the rest may be

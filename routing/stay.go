@@ -116,7 +116,7 @@ func (r *Router) relieve(req *Request, b *fsm.Binding, v *InstanceView, in *Inpu
 	if !ok || wait <= rho*least {
 		return route{}, false // no move costs less than the least backlog: no KV match needed
 	}
-	if wait <= rho*(least+p-min(float64(r.heldElsewhere(req, b, in)*r.cfg.BlockSize), p)) {
+	if !r.heldEnoughElsewhere(req, b, in, least+p-wait/rho) {
 		return route{}, false
 	}
 	buf := getCandidates()
@@ -150,6 +150,26 @@ func (r *Router) relieve(req *Request, b *fsm.Binding, v *InstanceView, in *Inpu
 func (r *Router) weighs(req *Request, in *Inputs) bool {
 	return r.cfg.Overflow.ReliefFactor > 0 && in.Prefix != nil && len(req.Blocks) > 0 && r.cfg.Type.usesCache() &&
 		req.Fleet == fsm.FleetContext && (req.ConversationID == "" || req.ConversationID == req.Key)
+}
+
+// heldEnoughElsewhere reports whether an instance other than the key's
+// bound one holds more than x tokens of the prompt's leading blocks (the
+// move beats staying only then: wait > rho × (least + p − held)). Before
+// the KV index's walk of the whole prompt, one lookup of the block that
+// would take an instance past x: nobody else holding it, nobody holds
+// that much, which is what most bound conversations find.
+func (r *Router) heldEnoughElsewhere(req *Request, b *fsm.Binding, in *Inputs, x float64) bool {
+	bs := float64(r.cfg.BlockSize)
+	if x < 0 {
+		return true
+	}
+	if x >= float64(len(req.Blocks))*bs {
+		return false
+	}
+	if need := int(x/bs) + 1; !in.Prefix.HeldByOther(b.Instance, req.Blocks[need-1], req.Now) {
+		return false
+	}
+	return float64(r.heldElsewhere(req, b, in)*r.cfg.BlockSize) > x
 }
 
 // heldElsewhere is the most leading prompt blocks the KV index says an

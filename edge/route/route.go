@@ -374,6 +374,10 @@ func (x edgeIndex) Holds(instance string, rank int, block uint64, now time.Time)
 	return x.e.edge.Fleet().Index().Holds(instance, rank, block, now)
 }
 
+func (x edgeIndex) HeldByOther(instance string, block uint64, now time.Time) bool {
+	return x.e.edge.Fleet().Index().HeldByOther(instance, block, now)
+}
+
 func (x edgeIndex) Predict(instance string, blocks []uint64, now time.Time) {
 	x.e.edge.Fleet().Index().Predict(instance, blocks, now)
 }

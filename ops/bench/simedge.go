@@ -42,6 +42,10 @@ func (x simIndex) Holds(instance string, rank int, block uint64, now time.Time) 
 	return x.e.index.Holds(instance, rank, block, now)
 }
 
+func (x simIndex) HeldByOther(instance string, block uint64, now time.Time) bool {
+	return x.e.index.HeldByOther(instance, block, now)
+}
+
 func (x simIndex) Predict(instance string, blocks []uint64, now time.Time) {
 	x.e.index.Predict(instance, blocks, now)
 	if !x.s.cfg.Share.Predictions {

@@ -613,6 +613,37 @@ func (ix *Index) Holds(instanceID string, rank int, block uint64, now time.Time)
 	return false, synced
 }
 
+// HeldByOther reports whether an instance other than instanceID holds
+// block: on any rank or tier, or as a prediction live at now. One map
+// lookup and a walk of the block's holders: routing asks it on the sticky
+// path before a Match, since no instance holds a prompt's first n blocks
+// contiguously without holding its n-th.
+func (ix *Index) HeldByOther(instanceID string, block uint64, now time.Time) bool {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	id, ok := ix.blocks[block]
+	if !ok {
+		return false
+	}
+	set := ix.sets.get(id)
+	for w, word := range set.bits {
+		for word != 0 {
+			b := bits.TrailingZeros64(word)
+			word &= word - 1
+			if o := ix.owners[w*64+b]; o.inst != nil && o.inst.id != instanceID {
+				return true
+			}
+		}
+	}
+	nowN := now.UnixNano()
+	for _, p := range set.preds {
+		if o := ix.owners[p.slot]; p.expires > nowN && o.inst != nil && o.inst.id != instanceID {
+			return true
+		}
+	}
+	return false
+}
+
 func betterRank(a, b int) bool {
 	if (a < 0) != (b < 0) {
 		return a >= 0

@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sort"
 	"testing"
@@ -489,5 +490,50 @@ func TestHoldsOnOneRank(t *testing.T) {
 	ix.Predict("a", []uint64{21}, t0)
 	if held, _ := ix.Holds("a", 0, 21, t0); !held {
 		t.Error("a live prediction is not held on rank 0")
+	}
+}
+
+// HeldByOther answers for every instance but one: stored on any rank or
+// tier, or a live prediction.
+func TestHeldByOther(t *testing.T) {
+	ix := New(Config{})
+	prompt := chain(300, 8)
+	if ix.HeldByOther("a", prompt[0], t0) {
+		t.Fatal("an unknown block is held")
+	}
+	mustApply(t, ix, Batch{Instance: "a", Boot: 1, Seq: 1, Events: []RankEvent{{Rank: 2, Stored: prompt}}}, Applied)
+	if ix.HeldByOther("a", prompt[5], t0) {
+		t.Fatal("a block only a holds is held by another")
+	}
+	if !ix.HeldByOther("b", prompt[5], t0) {
+		t.Fatal("a's block is not held by an instance other than b")
+	}
+	// Enough other holders that c's slot is past the bitset's first word.
+	for i := range 70 {
+		mustApply(t, ix, Batch{Instance: fmt.Sprintf("f%d", i), Boot: 1, Seq: 1, Events: []RankEvent{{Rank: 0, Stored: chain(uint64(1000+10*i), 2)}}}, Applied)
+	}
+	mustApply(t, ix, Batch{Instance: "c", Boot: 1, Seq: 1, Events: []RankEvent{{Rank: 7, Stored: prompt[:3]}}}, Applied)
+	if !ix.HeldByOther("a", prompt[2], t0) || ix.HeldByOther("a", prompt[3], t0) {
+		t.Fatal("c's rank 7 holds blocks 0-2 only")
+	}
+	ix.Predict("d", prompt[:6], t0)
+	if !ix.HeldByOther("a", prompt[5], t0) {
+		t.Fatal("d's live prediction does not count")
+	}
+	if ix.HeldByOther("a", prompt[5], t0.Add(time.Hour)) {
+		t.Fatal("d's expired prediction still counts")
+	}
+	// Whatever HeldByOther says no to, Match finds no other instance
+	// holding that deep.
+	for depth := range prompt {
+		other := 0
+		for _, m := range ix.Match(prompt, t0, nil) {
+			if m.Instance != "a" {
+				other = max(other, m.Blocks, m.Offloaded)
+			}
+		}
+		if other > depth && !ix.HeldByOther("a", prompt[depth], t0) {
+			t.Fatalf("depth %d: another instance holds %d blocks, HeldByOther says no", depth, other)
+		}
 	}
 }
