@@ -64,7 +64,7 @@ func (r *Router) unknownRequest(req *Request) float64 {
 // (Condition) agree on it.
 func (r *Router) overHard(v *InstanceView) bool {
 	s := &r.cfg.Shed
-	return (s.MaxBacklogSeconds > 0 && r.backlogSeconds(v) >= s.MaxBacklogSeconds) ||
+	return (s.MaxBacklogSeconds > 0 && backlog(v, 0) >= r.backlogLimit()) ||
 		(s.MaxQueuedRequests > 0 && v.QueuedRequests >= s.MaxQueuedRequests) ||
 		(s.MaxQueuedPrefillTokens > 0 && v.QueuedPrefillTokens >= s.MaxQueuedPrefillTokens)
 }
@@ -77,6 +77,12 @@ func (r *Router) overHard(v *InstanceView) bool {
 // guess; such a fleet sheds by shed.max_queued_requests.
 func (r *Router) backlogSeconds(v *InstanceView) float64 {
 	return backlog(v, 0) / r.cfg.Shed.PrefillTokensPerSecond
+}
+
+// backlogLimit is shed.max_backlog_seconds in prefill tokens: the backlog
+// (as backlogSeconds counts it) at which an instance is over the limit.
+func (r *Router) backlogLimit() float64 {
+	return r.cfg.Shed.MaxBacklogSeconds * r.cfg.Shed.PrefillTokensPerSecond
 }
 
 func (r *Router) tierOf(v *InstanceView) tier {
@@ -439,8 +445,7 @@ func (r *Router) drainSeconds(v *InstanceView) float64 {
 	s := &r.cfg.Shed
 	need := 0.0 // prefill tokens to drain
 	if s.MaxBacklogSeconds > 0 {
-		limit := s.MaxBacklogSeconds * s.PrefillTokensPerSecond
-		if bl := backlog(v, 0); bl >= limit {
+		if bl, limit := backlog(v, 0), r.backlogLimit(); bl >= limit {
 			need = bl - limit
 		}
 	}

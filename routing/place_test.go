@@ -485,14 +485,21 @@ func TestPlaceShedsWhenAllOverHardLimit(t *testing.T) {
 		for i := range vs {
 			vs[i].QueuedRequests, vs[i].QueuedPrefillTokens = c.queued[i], c.tokens[i]
 		}
-		rt := place(t, r, Request{Key: "k"}, Inputs{Views: mustViews(t, vs)})
-		if rt.Action != c.wantAct {
-			t.Errorf("%s: action %v, want %v", c.name, rt.Action, c.wantAct)
-			continue
-		}
-		if c.wantAct == actionShed && (rt.RetryAfter != c.want || rt.Instance != "") {
-			t.Errorf("%s: Retry-After %v, want %v", c.name, rt.RetryAfter, c.want)
-		}
+		checkPlaceOrShed(t, r, c.name, vs, c.wantAct, c.want)
+	}
+}
+
+// checkPlaceOrShed places a new key on vs and checks the action, and for a
+// shed its Retry-After.
+func checkPlaceOrShed(t *testing.T, r *Router, name string, vs []InstanceView, wantAct action, retryAfter time.Duration) {
+	t.Helper()
+	rt := place(t, r, Request{Key: "k"}, Inputs{Views: mustViews(t, vs)})
+	if rt.Action != wantAct {
+		t.Errorf("%s: action %v, want %v", name, rt.Action, wantAct)
+		return
+	}
+	if wantAct == actionShed && (rt.RetryAfter != retryAfter || rt.Instance != "") {
+		t.Errorf("%s: Retry-After %v, want %v", name, rt.RetryAfter, retryAfter)
 	}
 }
 
@@ -552,14 +559,7 @@ func TestPlaceShedsOnSecondsOfBacklog(t *testing.T) {
 			// Two prompts dispatched since the last report.
 			vs[i].QueuedRequests, vs[i].QueuedPrefillTokens = 2, int64(c.seconds[i]*tps)
 		}
-		rt := place(t, r, Request{Key: "k"}, Inputs{Views: mustViews(t, vs)})
-		if rt.Action != c.wantAct {
-			t.Errorf("%s: action %v, want %v", c.name, rt.Action, c.wantAct)
-			continue
-		}
-		if c.wantAct == actionShed && (rt.RetryAfter != c.want || rt.Instance != "") {
-			t.Errorf("%s: Retry-After %v, want %v", c.name, rt.RetryAfter, c.want)
-		}
+		checkPlaceOrShed(t, r, c.name, vs, c.wantAct, c.want)
 	}
 	// The reported queue counts its uncached share: 100 queued of 200
 	// requests holding 2.2 M tokens, half cached, are 550,000 tokens to

@@ -285,7 +285,7 @@ func (at *target) failed(err error) {
 	}
 	recorded, marked := in.reach.fail(f.reachPolicy(), at.began, now, msg)
 	in.marked.Store(!in.reach.since.IsZero())
-	backoff, failures := in.reach.backoff, in.reach.failures
+	backoff, failures, fleet := in.reach.backoff, in.reach.failures, in.fleet
 	f.mu.Unlock()
 	if !recorded {
 		return
@@ -293,7 +293,7 @@ func (at *target) failed(err error) {
 	f.bump()
 	if marked {
 		f.log.Warn("instance unreachable from this edge: a connect to it failed; no new requests go there until a probe or hop connects",
-			"instance", in.id, "fleet", in.fleet, "url", at.url, "err", msg, "backoff", backoff)
+			"instance", in.id, "fleet", fleet, "url", at.url, "err", msg, "backoff", backoff)
 		f.kickProbes()
 		return
 	}
@@ -306,7 +306,7 @@ func (at *target) reached(by string) {
 	f, in := at.f, at.in
 	now := f.cfg.Now()
 	f.mu.Lock()
-	since, failures := in.reach.since, in.reach.failures
+	since, failures, fleet := in.reach.since, in.reach.failures, in.fleet
 	cleared := in.url == at.url && in.reach.reach(at.began)
 	if cleared {
 		in.marked.Store(false)
@@ -314,7 +314,7 @@ func (at *target) reached(by string) {
 	f.mu.Unlock()
 	if cleared {
 		f.bump()
-		f.log.Info("instance reachable again from this edge", "instance", in.id, "fleet", in.fleet, "by", by,
+		f.log.Info("instance reachable again from this edge", "instance", in.id, "fleet", fleet, "by", by,
 			"unreachable_for", now.Sub(since), "failed_connects", failures)
 	}
 }

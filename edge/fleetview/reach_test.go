@@ -371,3 +371,26 @@ func TestStalledHopMakesTheInstanceSuspect(t *testing.T) {
 		}
 	}
 }
+
+// Marks set and cleared while the instance's reports arrive: the view's
+// records of it are read under its lock (run with -race).
+func TestReachWhileReportsArrive(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(srv.Close)
+	f, _, nc, clk, sn, r := unreachableFleet(t, srv.URL, true)
+	c := &http.Client{Transport: sn.tr}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 200; i++ {
+			r.Seq++
+			publishLoad(t, nc, r)
+		}
+	}()
+	for i := 0; i < 40; i++ {
+		sn.set(map[bool]string{true: "refuse", false: ""}[i%2 == 0])
+		clk.advance(time.Minute) // past any backoff
+		_ = hop(t, f, c, "w1", srv.URL)
+	}
+	<-done
+}
