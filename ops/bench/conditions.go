@@ -131,6 +131,9 @@ func (s *simulator) restartEdge(i int) error {
 	}
 	if e.index != nil {
 		e.index = kvindex.New(kvindex.Config{PredictTTL: e.predictTTL})
+		if e.shadow != nil {
+			e.shadow = newShadow(e.index) // a new process: its shadows start empty
+		}
 		if err := s.resync(e); err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-project/tether/edge/kvshadow"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/routing"
@@ -119,10 +120,11 @@ type SimConfig struct {
 // and prefill tokens), both told over NATS as shipped (edge/proposals/placements.go,
 // edge/dispatch/dispatches.go) and so only among the edges of one affinity log
 // (Policy.usesSharedLog; independent routers do not share them); and, as
-// ablations, the KV predictions made after placing, the overload trackers
-// and the cache circuit breakers.
+// ablations, the KV predictions made after placing, the overload trackers,
+// the cache circuit breakers and, without KV events, the routes that feed
+// each edge's shadow caches (shadow.go).
 type Share struct {
-	Placements, Dispatches, Predictions, Overload, Breakers bool
+	Placements, Dispatches, Predictions, Overload, Breakers, Shadows bool
 }
 
 // ShippedShare is what edges share as shipped: their new placements and
@@ -130,14 +132,14 @@ type Share struct {
 var ShippedShare = Share{Placements: true, Dispatches: true}
 
 // ParseShare parses --share: a comma-separated subset of placements,
-// dispatches, predictions, overload, breakers, or all / none.
+// dispatches, predictions, overload, breakers, shadows, or all / none.
 func ParseShare(s string) (Share, error) {
 	var sh Share
 	for _, f := range strings.Split(s, ",") {
 		switch strings.TrimSpace(f) {
 		case "", "none":
 		case "all":
-			sh = Share{true, true, true, true, true}
+			sh = Share{true, true, true, true, true, true}
 		case "placements":
 			sh.Placements = true
 		case "dispatches":
@@ -148,8 +150,10 @@ func ParseShare(s string) (Share, error) {
 			sh.Overload = true
 		case "breakers":
 			sh.Breakers = true
+		case "shadows":
+			sh.Shadows = true
 		default:
-			return Share{}, fmt.Errorf("bench: --share: unknown piece %q (allowed: placements, dispatches, predictions, overload, breakers, all, none)", f)
+			return Share{}, fmt.Errorf("bench: --share: unknown piece %q (allowed: placements, dispatches, predictions, overload, breakers, shadows, all, none)", f)
 		}
 	}
 	return sh, nil
@@ -160,7 +164,7 @@ func (sh Share) String() string {
 	for _, x := range []struct {
 		on   bool
 		name string
-	}{{sh.Placements, "placements"}, {sh.Dispatches, "dispatches"}, {sh.Predictions, "predictions"}, {sh.Overload, "overload"}, {sh.Breakers, "breakers"}} {
+	}{{sh.Placements, "placements"}, {sh.Dispatches, "dispatches"}, {sh.Predictions, "predictions"}, {sh.Overload, "overload"}, {sh.Breakers, "breakers"}, {sh.Shadows, "shadows"}} {
 		if x.on {
 			out = append(out, x.name)
 		}
@@ -397,6 +401,11 @@ type inflight struct {
 	cached        int
 	prefill       time.Duration
 	breakerLookup bool
+	// shadow is where the deciding edge's shadow (shadowOf) modelled the
+	// prompt's blocks, for the response's correction (shadow.go).
+	shadow   *kvshadow.Placement
+	shadowOf *kvshadow.Shadows
+	blocks   []uint64
 }
 
 type simEdge struct {
@@ -404,6 +413,7 @@ type simEdge struct {
 	id         string
 	pending    [][]dispatch // per instance, since its last report
 	index      *kvindex.Index
+	shadow     *kvshadow.Shadows // without KV events (shadow.go)
 	predictTTL time.Duration
 	heard      map[string]uint64 // the last KV batch heard per instance
 	local      *virtualLog       // session_local: this edge's own binding table
@@ -445,10 +455,12 @@ const (
 	evDone     // the worker's part ends: ticket, load, blocks, usage
 	evComplete // the response's last token: the agent moves on
 	evTouchFlush
-	evAdmit   // a request whose placement waited for a commit reaches its worker
-	evKVFlush // a worker publishes its ready KV batches
-	evKVHear  // lagged KV batches reach the edges (KVEvents lag)
-	evRestart // an edge restarts
+	evAdmit      // a request whose placement waited for a commit reaches its worker
+	evKVFlush    // a worker publishes its ready KV batches
+	evKVHear     // lagged KV batches reach the edges (KVEvents lag)
+	evRestart    // an edge restarts
+	evShadowHear // another edge's route reaches an edge's shadow
+	evStrainHear // another edge's overload transition reaches an edge
 )
 
 type event struct {
@@ -467,6 +479,11 @@ type event struct {
 	affinity string
 	// evKVHear: the batches heard.
 	batches []kvindex.Batch
+	// evShadowHear: the route's rank and blocks (inst: its instance).
+	rank   int
+	blocks []uint64
+	// evStrainHear: the transition (inst: its instance).
+	overloaded bool
 }
 
 type eventQueue []*event
@@ -636,7 +653,6 @@ func (s *simulator) newInstances() (err error) {
 // newEdges builds the simulated edges, each with what a real edge has.
 func (s *simulator) newEdges(rc routing.Config) (err error) {
 	cfg := s.cfg
-	sharedOverload := overload.NewTracker()
 	var sharedBreakers *breaker.Set
 	for e := 0; e < cfg.Edges; e++ {
 		// Edges have been running: their round-robin counters stand at
@@ -651,6 +667,9 @@ func (s *simulator) newEdges(rc routing.Config) (err error) {
 				ed.predictTTL = dynamoApproxTTL
 			}
 			ed.index = kvindex.New(kvindex.Config{PredictTTL: ed.predictTTL})
+			if s.usesShadow() {
+				ed.shadow = newShadow(ed.index)
+			}
 		}
 		if cfg.Policy.local() {
 			ed.local = newVirtualLog(1, CommitLatency{}, 0) // the edge's own table: no commit wait
@@ -665,9 +684,6 @@ func (s *simulator) newEdges(rc routing.Config) (err error) {
 				}
 				ed.breakers = sharedBreakers
 			}
-		}
-		if cfg.Share.Overload {
-			ed.overload = sharedOverload
 		}
 		ed.dec = s.decider(ed)
 		s.edges = append(s.edges, ed)
@@ -751,6 +767,10 @@ func (s *simulator) run(ctx context.Context) error {
 			err = s.hearKV(ev.batches)
 		case evRestart:
 			err = s.restartEdge(ev.edge)
+		case evShadowHear:
+			s.hearShadow(ev.edge, ev.inst, ev.rank, ev.blocks)
+		case evStrainHear:
+			s.hearStrain(ev.edge, ev.inst, ev.overloaded)
 		}
 		if err != nil {
 			return err
@@ -920,6 +940,9 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 		start: res.StartAt, firstToken: res.FirstTokenAt, done: res.DoneAt,
 		uncached: uncached, prompt: req.PromptTokens, cached: res.CachedTokens, prefill: res.Prefill,
 	}
+	if p := s.shadowRoute(edge, instIdx, d.Rank, req.Blocks); p != nil {
+		fl.shadow, fl.shadowOf, fl.blocks = p, s.edges[edge].shadow, req.Blocks
+	}
 	in.inflight = append(in.inflight, fl)
 	s.push(&event{at: res.DoneAt, kind: evDone, fl: fl})
 	complete := res.DoneAt
@@ -948,6 +971,7 @@ func (s *simulator) finish(fl *inflight) {
 	if b := s.edges[fl.edge].breakers; b != nil {
 		_, _ = b.Record(in.id, int64(fl.prompt), int64(fl.cached), epoch.Add(s.now))
 	}
+	s.shadowCorrect(fl)
 }
 
 // complete is the response's end: the agent's next step may start.
@@ -1004,7 +1028,7 @@ func (s *simulator) views(e *simEdge) (*routing.Views, error) {
 			v.CacheDegraded = e.breakers.Open(in.id, now)
 		}
 		v.LoRA = s.loraView(e, i, in)
-		e.overload.Observe(in.id, s.router.Condition(&v) != 0, now)
+		s.observeStrain(e, i, s.router.Condition(&v) != 0)
 		vs[i] = v
 	}
 	return routing.NewViews(vs)

@@ -29,17 +29,21 @@ func NewTracker() *Tracker {
 }
 
 // Observe records whether instance is overloaded at now. The first
-// overloaded observation starts the clock; a healthy one resets it.
-func (t *Tracker) Observe(instance string, overloaded bool, now time.Time) {
+// overloaded observation starts the clock; a healthy one resets it. It
+// reports whether the observation did either (a transition: what other
+// edges need to hear to keep the same history).
+func (t *Tracker) Observe(instance string, overloaded bool, now time.Time) (changed bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	_, ok := t.since[instance]
 	if !overloaded {
 		delete(t.since, instance)
-		return
+		return ok
 	}
-	if _, ok := t.since[instance]; !ok {
+	if !ok {
 		t.since[instance] = now
 	}
+	return !ok
 }
 
 // OverloadedSince returns when the current overload of instance started.
