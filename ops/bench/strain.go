@@ -14,7 +14,7 @@ func (s *simulator) observeStrain(e *simEdge, i int, overloaded bool) {
 	if !e.overload.Observe(s.instances[i].id, overloaded, epoch.Add(s.now)) {
 		return
 	}
-	if !s.cfg.Share.Overload || !s.cfg.Policy.usesSharedLog() {
+	if !s.cfg.Share.Overload || !s.cfg.Policy.usesSharedLog() || s.cfg.Policy == PolicyTetherOwnOverload {
 		return
 	}
 	for _, o := range s.edges {
