@@ -37,9 +37,6 @@ type Edge interface {
 	Now() time.Time
 	// DegradedPending counts degraded placements not yet recorded in the log.
 	DegradedPending() int
-	// OverloadedSince is since when the edge has counted instance unable
-	// to take its bound keys (edge/route strain.go; ok false: it has not).
-	OverloadedSince(instance string) (since time.Time, ok bool)
 }
 
 // Options configure the API.

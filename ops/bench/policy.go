@@ -91,16 +91,12 @@ const (
 	// queued requests (shed.max_queued_requests 64, max_backlog_seconds
 	// 0), the default before the limit was counted in seconds of prefill.
 	PolicyTetherQueuedLimit Policy = "tether_queued_limit"
-	// PolicyTetherOwnOverload: tether with each edge's overload history
-	// its own (the edges do not tell each other its transitions; the
-	// shipped edges do: edge/route/strain.go).
-	PolicyTetherOwnOverload Policy = "tether_own_overload"
 )
 
 // TetherVariants are the ablations.
 var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind, PolicyTetherWeigh,
 	PolicyTetherNoRelief, PolicyTetherTreeBudget, PolicyTetherNoWorkingSet, PolicyTetherNoSpread, PolicyTetherFirstWithParent,
-	PolicyTetherQueuedLimit, PolicyTetherOwnOverload}
+	PolicyTetherQueuedLimit}
 
 func (p Policy) isTether() bool {
 	return p == PolicyTether || p == PolicyTetherLocal || slices.Contains(TetherVariants, p)

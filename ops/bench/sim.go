@@ -115,22 +115,21 @@ type SimConfig struct {
 }
 
 // Share names the pieces of edge-local state the edges share: the new
-// placements an edge dispatches beside their Binds, the requests
+// placements an edge dispatches beside their Binds and the requests
 // dispatched since each instance's last load report (its queued requests
-// and prefill tokens) and the transitions of each edge's overload history
-// (strain.go), all told over NATS as shipped (edge/proposals/placements.go,
-// edge/dispatch/dispatches.go, edge/route/strain.go) and so only among the
-// edges of one affinity log (Policy.usesSharedLog; independent routers do
-// not share them); and, as ablations, the KV predictions made after
-// placing, the cache circuit breakers and, without KV events, the routes
-// that feed each edge's shadow caches (shadow.go).
+// and prefill tokens), both told over NATS as shipped (edge/proposals/placements.go,
+// edge/dispatch/dispatches.go) and so only among the edges of one affinity log
+// (Policy.usesSharedLog; independent routers do not share them); and, as
+// ablations, the KV predictions made after placing, the transitions of the
+// edges' overload histories (strain.go), the cache circuit breakers and, without KV events, the routes that feed
+// each edge's shadow caches (shadow.go).
 type Share struct {
 	Placements, Dispatches, Predictions, Overload, Breakers, Shadows bool
 }
 
-// ShippedShare is what edges share as shipped: their new placements, their
-// dispatches and their overload histories' transitions.
-var ShippedShare = Share{Placements: true, Dispatches: true, Overload: true}
+// ShippedShare is what edges share as shipped: their new placements and
+// their dispatches.
+var ShippedShare = Share{Placements: true, Dispatches: true}
 
 // ParseShare parses --share: a comma-separated subset of placements,
 // dispatches, predictions, overload, breakers, shadows, or all / none.
