@@ -201,6 +201,9 @@ func (r *Router) leastBacklog(req *Request, in *Inputs, bound string) (float64, 
 		if bl := backlog(v, r.unknownRequest(req)); !ok || bl < least {
 			least, ok = bl, true
 		}
+		if least == 0 {
+			break // no backlog is below none: the rest cannot lower it
+		}
 	}
 	return least, ok
 }
