@@ -9,8 +9,9 @@ import (
 // one's prefix cache from the prompts it routes there (edge/kvshadow) and
 // corrects the model by each response's cached tokens (edge/dispatch
 // shadow.go). With --kv-events none the simulated tether edges do the
-// same; with Share.Shadows each edge also hears the others' routes
-// ShareLatency later, as the edges tell each other beside their dispatches.
+// same. With Share.Shadows (an ablation: the shipped edges keep their
+// shadows their own) each edge also hears the others' routes ShareLatency
+// later.
 
 // shadowFirstBoot numbers the shadows' boots above the simulated workers'
 // own (1), as the edge keeps its shadows' boots apart from the engines'.

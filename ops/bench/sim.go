@@ -121,8 +121,9 @@ type SimConfig struct {
 // edge/dispatch/dispatches.go) and so only among the edges of one affinity log
 // (Policy.usesSharedLog; independent routers do not share them); and, as
 // ablations, the KV predictions made after placing, the transitions of the
-// edges' overload histories (strain.go), the cache circuit breakers and, without KV events, the routes that feed
-// each edge's shadow caches (shadow.go).
+// edges' overload histories (strain.go), the cache circuit breakers and,
+// without KV events, the routes that feed each edge's shadow caches
+// (shadow.go).
 type Share struct {
 	Placements, Dispatches, Predictions, Overload, Breakers, Shadows bool
 }
