@@ -498,9 +498,9 @@ func TestRollingUpgradeEdgesThenWorkers(t *testing.T) {
 		// every key bound to it before is bound to it still, same epoch; no
 		// key is gone), sub-agents reach their parent's instance on either
 		// kind of worker, and on an upgraded context worker also its rank
-		// (verified hint). Keys bound elsewhere may move by the routing
-		// rules (relief moves one off an instance its replacement left
-		// with a queue).
+		// (verified hint). Keys bound elsewhere may move by routing's
+		// rules meanwhile (relief, the cache-lost rebind): the load the
+		// replaced worker did not take went to the others.
 		if now := contextBindings(f, "load-parent-"); !keptBindings(bindingsBefore, now, w.id) {
 			t.Fatalf("after replacing %s its context bindings changed:\nbefore %v\nnow    %v", w.id, bindingsBefore, now)
 		}
