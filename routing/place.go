@@ -64,7 +64,7 @@ func (r *Router) unknownRequest(req *Request) float64 {
 // (Condition) agree on it.
 func (r *Router) overHard(v *InstanceView) bool {
 	s := &r.cfg.Shed
-	return (s.MaxBacklogSeconds > 0 && backlog(v, 0) >= r.backlogLimit()) ||
+	return (s.MaxBacklogSeconds > 0 && r.backlogSeconds(v) >= s.MaxBacklogSeconds) ||
 		(s.MaxQueuedRequests > 0 && v.QueuedRequests >= s.MaxQueuedRequests) ||
 		(s.MaxQueuedPrefillTokens > 0 && v.QueuedPrefillTokens >= s.MaxQueuedPrefillTokens)
 }
