@@ -375,11 +375,19 @@ type Config struct {
 	// set of the instance it was last sent to (routing/workset): what the
 	// edge routed within it is what the instances' caches must hold (0:
 	// workset.DefaultWindow; not a configuration key).
-	WorkingSetWindow time.Duration  `yaml:"-"`
-	Weights          Weights        `yaml:"weights"`
-	Overflow         OverflowConfig `yaml:"overflow"`
-	Shed             ShedConfig     `yaml:"shed"`
-	Breaker          breaker.Config `yaml:"circuit_breaker"`
+	WorkingSetWindow time.Duration `yaml:"-"`
+	// ReportedPrefill makes the backlog (the prefill queued ahead on an
+	// instance: placement's load, relief's wait, the hard limit) the
+	// prefill the instance's worker reports it has still to compute —
+	// running prefills included — where the worker reports it
+	// (InstanceView.PrefillReported), instead of the estimate from its
+	// request counts. Off by default: it cuts the TTFT tail behind long
+	// prefills and costs hit rate in a fleet over capacity (BENCHMARKS.md).
+	ReportedPrefill bool           `yaml:"reported_prefill"`
+	Weights         Weights        `yaml:"weights"`
+	Overflow        OverflowConfig `yaml:"overflow"`
+	Shed            ShedConfig     `yaml:"shed"`
+	Breaker         breaker.Config `yaml:"circuit_breaker"`
 }
 
 // DefaultReliefFactor is overflow.relief_factor.

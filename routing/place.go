@@ -27,14 +27,22 @@ func (r *Router) saturated(v *InstanceView) bool {
 		(o.ActivePromptTokens > 0 && v.ActivePromptTokens >= o.ActivePromptTokens)
 }
 
-// backlog estimates the prefill work queued ahead on v, in prompt tokens:
-// the prompts the edges dispatched there since its last report, plus its
-// queued requests times the prompt tokens it holds per admitted request
-// (its active prompt tokens over its queued and active requests), less the
-// share its cache serves (its window hit rate). A worker that reports no
-// token figures (an engine scraped for request counts) is taken to queue
-// requests of unknown tokens each (Router.unknownRequest).
-func backlog(v *InstanceView, unknown float64) float64 {
+// backlog is the prefill work queued ahead on v, in prompt tokens: the
+// prompts the edges dispatched there since its last report, plus an
+// estimate of what it has queued — its queued requests times the prompt
+// tokens it holds per admitted request (its active prompt tokens over its
+// queued and active requests), less the share its cache serves (its
+// window hit rate). The estimate misses a running prefill, however long.
+// With placement.reported_prefill, an instance that reports the prefill
+// it has still to compute (PrefillReported: its queued prompts' uncached
+// part and what its running prefills have left) counts that instead. A
+// worker that reports no token figures (an engine scraped for request
+// counts) is taken to queue requests of unknown tokens each
+// (Router.unknownRequest).
+func (r *Router) backlog(v *InstanceView, unknown float64) float64 {
+	if r.cfg.ReportedPrefill && v.PrefillReported {
+		return float64(max(v.QueuedPrefillTokens, 0) + max(v.PrefillTokens, 0))
+	}
 	miss := 1.0
 	if h := v.HitRate; h > 0 && h <= 1 {
 		miss = 1 - h
@@ -76,7 +84,7 @@ func (r *Router) overHard(v *InstanceView) bool {
 // take it for a turn. Refusing a request is dearer than queueing it on a
 // guess; such a fleet sheds by shed.max_queued_requests.
 func (r *Router) backlogSeconds(v *InstanceView) float64 {
-	return backlog(v, 0) / r.cfg.Shed.PrefillTokensPerSecond
+	return r.backlog(v, 0) / r.cfg.Shed.PrefillTokensPerSecond
 }
 
 // backlogLimit is shed.max_backlog_seconds in prefill tokens: the backlog
@@ -189,7 +197,7 @@ func (r *Router) loadCost(v *InstanceView, req *Request) float64 {
 	if req.Priority == PriorityInteractive {
 		qf = w.InteractiveQueueFactor
 	}
-	return qf*(w.Queue*backlog(v, r.unknownRequest(req))+w.QueuedRequest*float64(v.QueuedRequests)) +
+	return qf*(w.Queue*r.backlog(v, r.unknownRequest(req))+w.QueuedRequest*float64(v.QueuedRequests)) +
 		w.Decode*float64(v.ActivePromptTokens)
 }
 
@@ -445,7 +453,7 @@ func (r *Router) drainSeconds(v *InstanceView) float64 {
 	s := &r.cfg.Shed
 	need := 0.0 // prefill tokens to drain
 	if s.MaxBacklogSeconds > 0 {
-		if bl, limit := backlog(v, 0), r.backlogLimit(); bl >= limit {
+		if bl, limit := r.backlog(v, 0), r.backlogLimit(); bl >= limit {
 			need = bl - limit
 		}
 	}

@@ -20,10 +20,10 @@ func TestPlacementWeighsTheReportedQueue(t *testing.T) {
 	vs := idle("ctx-a", "ctx-b")
 	vs[0].QueuedRequests, vs[0].ActiveRequests, vs[0].ActivePromptTokens, vs[0].HitRate = 2, 2, 100_000, 0.9
 	vs[1].QueuedRequests, vs[1].ActiveRequests, vs[1].ActivePromptTokens = 2, 1, 60_000
-	if got := backlog(&vs[0], 0); math.Abs(got-5_000) > 1e-6 {
+	if got := r.backlog(&vs[0], 0); math.Abs(got-5_000) > 1e-6 {
 		t.Fatalf("a's backlog %v, want 2 of 4 requests' 100,000 tokens, 10%% uncached: 5,000", got)
 	}
-	if got := backlog(&vs[1], 0); math.Abs(got-40_000) > 1e-6 {
+	if got := r.backlog(&vs[1], 0); math.Abs(got-40_000) > 1e-6 {
 		t.Fatalf("b's backlog %v, want 2 of 3 requests' 60,000 tokens: 40,000", got)
 	}
 	if rt := place(t, r, Request{Key: "k"}, Inputs{Views: mustViews(t, vs)}); rt.Instance != "ctx-a" {
@@ -36,10 +36,10 @@ func TestPlacementWeighsTheReportedQueue(t *testing.T) {
 	bare.QueuedRequests = 3
 	def := mustRouter(t, nil)
 	want := 3 * def.Config().Weights.LiveBinding
-	if got := backlog(&bare, def.unknownRequest(&Request{PromptTokens: 1000})); got != want {
+	if got := def.backlog(&bare, def.unknownRequest(&Request{PromptTokens: 1000})); got != want {
 		t.Fatalf("counts only: backlog %v, want 3 × %v", got, def.Config().Weights.LiveBinding)
 	}
-	if got := backlog(&bare, def.unknownRequest(&Request{PromptTokens: 90_000})); got != 270_000 {
+	if got := def.backlog(&bare, def.unknownRequest(&Request{PromptTokens: 90_000})); got != 270_000 {
 		t.Fatalf("counts only, a 90,000-token prompt: backlog %v, want 270,000", got)
 	}
 }
@@ -80,6 +80,44 @@ func TestReliefMovesWhenWaitingCostsMoreThanMoving(t *testing.T) {
 		if moved != c.move || (!moved && rt.Action != actionSticky) {
 			t.Errorf("%s: %v to %s rebind=%v reason %v, want moved=%v", c.name, rt.Action, rt.Instance, rt.Rebind, rt.Reason, c.move)
 		}
+	}
+}
+
+// A prefill already running shows in no request count: an instance
+// prefilling one prompt of 400,000 tokens reports 1 active request and an
+// empty queue, and a cached turn sent there waits for all of it. With
+// placement.reported_prefill and a worker that reports the prefill it has
+// still to compute, the backlog is that wait and the turn moves; without
+// either (the default, or an older worker), the estimate from request
+// counts sees nothing ahead and the turn stays.
+func TestReliefSeesARunningPrefillWhenReported(t *testing.T) {
+	for _, c := range []struct {
+		option, reported, move bool
+	}{{true, true, true}, {true, false, false}, {false, true, false}} {
+		r := mustRouter(t, func(cfg *Config) { cfg.ReportedPrefill = c.option })
+		prompt, ix, vs := reliefRig(t, 99)
+		vs[0].ActiveRequests, vs[0].ActivePromptTokens, vs[0].HitRate = 1, 400_000, 0.9
+		vs[0].PrefillTokens, vs[0].PrefillReported = 390_000, c.reported
+		want := 0.0
+		if c.move {
+			want = 390_000
+		}
+		if got := r.backlog(&vs[0], 0); got != want {
+			t.Errorf("%+v: backlog %v, want %v", c, got, want)
+		}
+		rt := routeBound(t, r, Request{ConversationID: "conv-1", Blocks: prompt, PromptTokens: 6400},
+			binding("conv-1", "ctx-a"), Inputs{Views: mustViews(t, vs), Prefix: ix})
+		moved := rt.Action == actionOverflow && rt.Instance == "ctx-b" && rt.Rebind
+		if moved != c.move {
+			t.Errorf("%+v: %v to %s, want moved=%v", c, rt.Action, rt.Instance, c.move)
+		}
+	}
+	// The edges' dispatches since the report come on top.
+	r := mustRouter(t, func(cfg *Config) { cfg.ReportedPrefill = true })
+	v := idle("ctx-a")[0]
+	v.QueuedPrefillTokens, v.PrefillTokens, v.PrefillReported, v.QueuedRequests, v.ActivePromptTokens = 5_000, 7_000, true, 3, 90_000
+	if got := r.backlog(&v, 0); got != 12_000 {
+		t.Fatalf("backlog %v, want 5,000 dispatched + 7,000 reported", got)
 	}
 }
 

@@ -104,7 +104,7 @@ func (r *Router) relieve(req *Request, b *fsm.Binding, v *InstanceView, in *Inpu
 		return route{}, false
 	}
 	rho := r.cfg.Overflow.ReliefFactor
-	wait := backlog(v, r.unknownRequest(req))
+	wait := r.backlog(v, r.unknownRequest(req))
 	if wait <= 0 {
 		return route{}, false
 	}
@@ -130,7 +130,7 @@ func (r *Router) relieve(req *Request, b *fsm.Binding, v *InstanceView, in *Inpu
 	var move float64
 	for i := range cands {
 		if c := &cands[i]; c.v.ID == rt.Instance {
-			move = backlog(c.v, r.unknownRequest(req)) + p - float64(c.cached) + r.cfg.Weights.Evict*r.evicted(req, in, c)
+			move = r.backlog(c.v, r.unknownRequest(req)) + p - float64(c.cached) + r.cfg.Weights.Evict*r.evicted(req, in, c)
 		}
 	}
 	if wait <= rho*move {
@@ -198,7 +198,7 @@ func (r *Router) leastBacklog(req *Request, in *Inputs, bound string) (float64, 
 		if !v.Healthy || v.Draining || v.ID == bound || r.overHard(v) {
 			continue
 		}
-		if bl := backlog(v, r.unknownRequest(req)); !ok || bl < least {
+		if bl := r.backlog(v, r.unknownRequest(req)); !ok || bl < least {
 			least, ok = bl, true
 		}
 		if least == 0 {

@@ -49,8 +49,15 @@ type InstanceView struct {
 	QueuedPrefillTokens int64
 	// ActivePromptTokens: prompt tokens of requests being decoded.
 	ActivePromptTokens int64
-	KVUsedBlocks       int64
-	KVTotalBlocks      int64
+	// PrefillTokens: the prefill the instance reported it has still to
+	// compute for the requests it admitted — the uncached part of its
+	// queued prompts and the rest of its running prefills — when
+	// PrefillReported (a worker of telemetry feature level 2). The
+	// backlog reads it in place of its estimate from request counts.
+	PrefillTokens   int64
+	PrefillReported bool
+	KVUsedBlocks    int64
+	KVTotalBlocks   int64
 	// HitRate: the worker's rolling-window prefix-cache hit rate (0..1),
 	// informational; the edge's breaker decides CacheDegraded.
 	HitRate float64

@@ -172,6 +172,7 @@ func (s *Server) rankLoads() []telemetry.RankLoad {
 				rl.ActiveRequests = int64(st.ActiveRequests)
 				rl.QueuedRequests += int64(st.QueuedRequests)
 			}
+			rl.PrefillTokens = int64(st.PrefillTokens)
 			rl.KVBlocksUsed = int64(st.KVBlocksUsed)
 			rl.KVBlocksTotal = int64(st.KVBlocksTotal)
 			rl.WindowLookupTokens = st.WindowLookupTokens

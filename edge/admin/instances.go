@@ -38,8 +38,12 @@ type InstanceInfo struct {
 	QueuedRequests     int        `json:"queued_requests"`
 	ActiveRequests     int        `json:"active_requests"`
 	ActivePromptTokens int64      `json:"active_prompt_tokens"`
-	HitRate            float64    `json:"hit_rate"`
-	Breaker            string     `json:"breaker"`
+	// PrefillTokens: the prefill the instance reported still to compute
+	// (queued prompts' uncached part and running prefills' rest; absent
+	// when its worker does not report it).
+	PrefillTokens *int64  `json:"prefill_tokens,omitempty"`
+	HitRate       float64 `json:"hit_rate"`
+	Breaker       string  `json:"breaker"`
 	// Degraded: the instance's cache circuit breaker is open, so placement
 	// does not credit its cache; BreakerReason says why it opened while it
 	// is open or half-open (hit_rate: its hit rate fell; index_disagrees:
@@ -186,6 +190,9 @@ func (a *API) instances(w http.ResponseWriter, r *http.Request) int {
 			Ranks: in.Ranks, QueuedRequests: in.QueuedRequests + int(in.PendingRequests), ActiveRequests: in.ActiveRequests,
 			ActivePromptTokens: in.ActivePromptTokens, HitRate: in.HitRate(), Breaker: in.Breaker.String(),
 			Bindings: st.BindingCount(in.Fleet, in.ID), KVStale: kvStale(a.edge.Fleet().Index().Stale(in.ID), in),
+		}
+		if in.PrefillReported {
+			info.PrefillTokens = &in.PrefillTokens
 		}
 		if info.Model = in.Served; info.Model == "" {
 			info.Model = in.Model

@@ -343,6 +343,9 @@ type PlacementConfig struct {
 	Overflow   routing.OverflowConfig `yaml:"overflow"`
 	Shed       routing.ShedConfig     `yaml:"shed"`
 	Breaker    breaker.Config         `yaml:"circuit_breaker"`
+	// ReportedPrefill makes the backlog the prefill the workers report
+	// still to compute (routing.Config.ReportedPrefill).
+	ReportedPrefill bool `yaml:"reported_prefill"`
 	// CommitFirst makes a new conversation's first request wait for its
 	// Bind to commit before it is dispatched. Off (the default), the edge
 	// dispatches at once and proposes the Bind beside it: the first
@@ -559,7 +562,7 @@ func (c *Config) RoutingConfig(f fsm.Fleet) routing.Config {
 	p := c.Placement
 	rc := routing.Config{
 		BlockSize: p.BlockSize, PredictTTL: p.PredictTTL, Weights: p.Weights,
-		Overflow: p.Overflow, Shed: p.Shed, Breaker: p.Breaker,
+		Overflow: p.Overflow, Shed: p.Shed, Breaker: p.Breaker, ReportedPrefill: p.ReportedPrefill,
 	}
 	rc.Type = c.Servers(f).Router.Type
 	if bs := c.Servers(f).BlockSize; bs > 0 {

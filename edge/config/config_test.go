@@ -51,6 +51,7 @@ admin_token: admin-secret-0123456789
 max_body_bytes: 1048576
 placement:
   block_size: 32
+  reported_prefill: true
   weights: {cache: 1.5, queue: 1, decode: 0.1, queued_request: 200, interactive_queue_factor: 2, background_cache_factor: 2}
   overflow: {queued_requests: 4, active_prompt_tokens: 100000, rebind_after: 10s}
   shed: {max_backlog_seconds: 45, max_queued_requests: 32, prefill_tokens_per_second: 6000, retry_after_min: 1s, retry_after_max: 20s}
@@ -100,7 +101,7 @@ func TestParseFullConfig(t *testing.T) {
 		t.Fatalf("parsed %+v", cfg)
 	}
 	rc := cfg.RoutingConfig(fsm.FleetGeneration)
-	if rc.Type != routing.RouterConversation || rc.Weights.Cache != 1.5 || rc.Shed.MaxQueuedRequests != 32 || rc.Shed.MaxBacklogSeconds != 45 {
+	if rc.Type != routing.RouterConversation || rc.Weights.Cache != 1.5 || rc.Shed.MaxQueuedRequests != 32 || rc.Shed.MaxBacklogSeconds != 45 || !rc.ReportedPrefill {
 		t.Fatalf("routing config %+v", rc)
 	}
 	if !cfg.TrustedGateway.Trusted("10.1.2.3:5555", "") || cfg.TrustedGateway.Trusted("192.168.0.1:1", "") ||
@@ -137,6 +138,10 @@ cluster: {node_id: e1, data_dir: /tmp/x, auth_key: cluster-key-0123456789}
 	// count is an option, off.
 	if s := cfg.RoutingConfig(fsm.FleetContext).Shed; s.MaxBacklogSeconds != routing.DefaultMaxBacklogSeconds || s.MaxQueuedRequests != 0 {
 		t.Fatalf("shed defaults %+v", s)
+	}
+	// The backlog is estimated from request counts unless asked otherwise.
+	if cfg.RoutingConfig(fsm.FleetContext).ReportedPrefill {
+		t.Fatal("reported_prefill on by default")
 	}
 }
 

@@ -198,8 +198,12 @@ type Instance struct {
 	QueuedRequests     int
 	ActiveRequests     int
 	ActivePromptTokens int64
-	KVUsedBlocks       int64
-	KVTotalBlocks      int64
+	// PrefillTokens: the prefill its ranks reported still to compute, when
+	// PrefillReported (routing.InstanceView's).
+	PrefillTokens   int64
+	PrefillReported bool
+	KVUsedBlocks    int64
+	KVTotalBlocks   int64
 	// RankKVTokens: one rank's KV capacity in tokens as the engine's
 	// /metrics reports it (static engines; 0: unknown).
 	RankKVTokens       int64
@@ -251,6 +255,11 @@ type instance struct {
 	queued     int
 	active     int
 	activeTok  int64
+	// prefill: the prefill its ranks reported still to compute, when
+	// hasPrefill (a worker of telemetry feature level 2 whose figures are
+	// the ones in use: not replaced by a scrape).
+	prefill    int64
+	hasPrefill bool
 	kvUsed     int64
 	kvTotal    int64
 	rankKVTok  int64 // scraped: one rank's KV capacity in tokens
@@ -727,6 +736,7 @@ func (f *View) snapshotLocked(in *instance, now time.Time) Instance {
 		out.Ranks, out.BlockSize, out.Draining = len(r.Ranks), r.BlockSize, r.Draining
 		out.KVSource = r.KVSource
 		out.QueuedRequests, out.ActiveRequests, out.ActivePromptTokens = in.queued, in.active, in.activeTok
+		out.PrefillTokens, out.PrefillReported = in.prefill, in.hasPrefill && !in.scraped
 		out.KVUsedBlocks, out.KVTotalBlocks = in.kvUsed, in.kvTotal
 		out.WindowLookupTokens, out.WindowHitTokens = in.lookup, in.hit
 	}
@@ -807,6 +817,7 @@ func (f *View) Views(now time.Time, dst []routing.InstanceView) []routing.Instan
 			if in.lookup > 0 {
 				v.HitRate = float64(in.hit) / float64(in.lookup)
 			}
+			v.PrefillTokens, v.PrefillReported = in.prefill, in.hasPrefill && !in.scraped
 		}
 		if in.metricsFormat != "" {
 			v.Ranks = in.ranks
@@ -987,10 +998,12 @@ func (f *View) onLoad(m *nats.Msg) {
 	f.lastHeard = now
 	in.interval = time.Duration(r.IntervalMilli) * time.Millisecond
 	in.queued, in.active, in.activeTok, in.kvUsed, in.kvTotal, in.lookup, in.hit = 0, 0, 0, 0, 0, 0, 0
+	in.prefill, in.hasPrefill = 0, r.FeatureLevel >= telemetry.FeatureLevelPrefill
 	for _, rl := range r.Ranks {
 		in.queued += int(rl.QueuedRequests)
 		in.active += int(rl.ActiveRequests)
 		in.activeTok += rl.ActivePromptTokens
+		in.prefill += rl.PrefillTokens
 		in.kvUsed += rl.KVBlocksUsed
 		in.kvTotal += rl.KVBlocksTotal
 		in.lookup += rl.WindowLookupTokens

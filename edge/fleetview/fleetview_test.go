@@ -259,6 +259,29 @@ func TestFreshViewRebuildsFromRealWorker(t *testing.T) {
 // Health comes from heartbeat age: stale after stale_intervals intervals
 // (and at least min_stale_after); a draining report marks the instance
 // draining; dispatches count as queued until the next report.
+// The prefill a worker reports still to compute reaches routing summed
+// over its ranks, from telemetry feature level 2; an older worker's zero
+// means "not reported", so routing estimates the backlog itself.
+func TestPrefillReportedFromFeatureLevel2(t *testing.T) {
+	f, _, nc, clk := clockedFleet(t)
+	old := report("w1", telemetry.FleetContext, 1, 1, 0)
+	cur := report("w2", telemetry.FleetContext, 1, 1, 0)
+	cur.FeatureLevel = telemetry.FeatureLevelPrefill
+	cur.Ranks[0].PrefillTokens, cur.Ranks[1].PrefillTokens = 300_000, 20_000
+	publishLoad(t, nc, old)
+	publishLoad(t, nc, cur)
+	waitFor(t, "both registrations", 5*time.Second, func() bool { return len(f.Views(clk.now(), nil)) == 2 })
+	if v := viewOf(t, f, "w1", clk.now()); v.PrefillReported || v.PrefillTokens != 0 {
+		t.Fatalf("feature level 1: %+v, want no prefill reported", v)
+	}
+	if v := viewOf(t, f, "w2", clk.now()); !v.PrefillReported || v.PrefillTokens != 320_000 {
+		t.Fatalf("feature level 2: %+v, want 320,000 prefill tokens reported", v)
+	}
+	if in, _ := f.Instance("w2", clk.now()); !in.PrefillReported || in.PrefillTokens != 320_000 {
+		t.Fatalf("instance snapshot: %+v", in)
+	}
+}
+
 func TestHealthFromHeartbeatAge(t *testing.T) {
 	f, reg, nc, clk := clockedFleet(t)
 	publishLoad(t, nc, report("w1", telemetry.FleetGeneration, 1, 1, 0))

@@ -46,8 +46,17 @@ type RankLoad struct {
 	ActivePromptTokens int64 `json:"active_prompt_tokens"`
 	ActiveRequests     int64 `json:"active_requests"`
 	QueuedRequests     int64 `json:"queued_requests"`
-	KVBlocksUsed       int64 `json:"kv_blocks_used"`
-	KVBlocksTotal      int64 `json:"kv_blocks_total"`
+	// PrefillTokens is the prefill the rank has still to compute for the
+	// requests it admitted, in prompt tokens: the part of queued prompts
+	// its cache does not hold and what running prefills have left. A
+	// request behind it waits that long for its own prefill to start, also
+	// behind a prefill already running, which the request counts do not
+	// show. Reported from FeatureLevel 2 (an edge takes 0 from an older
+	// worker for "not reported"); a worker that cannot see its engine's
+	// progress estimates it (worker/proxy).
+	PrefillTokens int64 `json:"prefill_tokens,omitempty"`
+	KVBlocksUsed  int64 `json:"kv_blocks_used"`
+	KVBlocksTotal int64 `json:"kv_blocks_total"`
 	// Rolling-window cache effectiveness: prompt tokens looked up and hit.
 	WindowLookupTokens int64 `json:"window_lookup_tokens"`
 	WindowHitTokens    int64 `json:"window_hit_tokens"`
@@ -174,6 +183,7 @@ func (rk *RankLoad) validate(subject string, i int) error {
 		{"active_prompt_tokens", rk.ActivePromptTokens, MaxTokens},
 		{"active_requests", rk.ActiveRequests, MaxRequestsPerRank},
 		{"queued_requests", rk.QueuedRequests, MaxRequestsPerRank},
+		{"prefill_tokens", rk.PrefillTokens, MaxTokens},
 		{"kv_blocks_used", rk.KVBlocksUsed, MaxBlocks},
 		{"kv_blocks_total", rk.KVBlocksTotal, MaxBlocks},
 		{"window_lookup_tokens", rk.WindowLookupTokens, MaxCounter},

@@ -44,7 +44,12 @@ const Version = 1
 
 // FeatureLevel is the worker feature level this build advertises in its load
 // reports. 1: v1 telemetry, KV dump, sub-agent hint verification available.
-const FeatureLevel = 1
+// 2: ranks report prefill_tokens (RankLoad.PrefillTokens).
+const FeatureLevel = 2
+
+// FeatureLevelPrefill is the first feature level whose load reports carry
+// RankLoad.PrefillTokens.
+const FeatureLevelPrefill = 2
 
 // Sanity bounds enforced by the decoders (and encoders).
 const (

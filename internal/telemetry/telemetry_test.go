@@ -114,6 +114,7 @@ func TestDecodeLoadRejects(t *testing.T) {
 		{"wrong type", subj, mutateLoad(t, func(m map[string]any) { rank0(m)["active_requests"] = "two" }), ErrMalformed, ""},
 		{"fractional count", subj, mutateLoad(t, func(m map[string]any) { rank0(m)["queued_requests"] = 1.5 }), ErrMalformed, ""},
 		{"negative load", subj, mutateLoad(t, func(m map[string]any) { rank0(m)["active_prompt_tokens"] = -1 }), ErrOutOfRange, "ranks[0].active_prompt_tokens"},
+		{"negative prefill", subj, mutateLoad(t, func(m map[string]any) { rank0(m)["prefill_tokens"] = -5 }), ErrOutOfRange, "ranks[0].prefill_tokens"},
 		{"absurd queue", subj, mutateLoad(t, func(m map[string]any) { rank0(m)["queued_requests"] = 1 << 30 }), ErrOutOfRange, "ranks[0].queued_requests"},
 		{"used beyond total", subj, mutateLoad(t, func(m map[string]any) { rank0(m)["kv_blocks_used"] = 101 }), ErrOutOfRange, "ranks[0].kv_blocks_used"},
 		{"hits beyond lookups", subj, mutateLoad(t, func(m map[string]any) { rank0(m)["window_hit_tokens"] = 1001 }), ErrOutOfRange, "ranks[0].window_hit_tokens"},

@@ -91,12 +91,17 @@ const (
 	// queued requests (shed.max_queued_requests 64, max_backlog_seconds
 	// 0), the default before the limit was counted in seconds of prefill.
 	PolicyTetherQueuedLimit Policy = "tether_queued_limit"
+	// PolicyTetherReportedPrefill: tether whose backlog is the prefill the
+	// workers report still to compute, running prefills included
+	// (placement.reported_prefill), instead of the estimate from their
+	// request counts.
+	PolicyTetherReportedPrefill Policy = "tether_reported_prefill"
 )
 
 // TetherVariants are the ablations.
 var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind, PolicyTetherWeigh,
 	PolicyTetherNoRelief, PolicyTetherTreeBudget, PolicyTetherNoWorkingSet, PolicyTetherNoSpread, PolicyTetherFirstWithParent,
-	PolicyTetherQueuedLimit}
+	PolicyTetherQueuedLimit, PolicyTetherReportedPrefill}
 
 func (p Policy) isTether() bool {
 	return p == PolicyTether || p == PolicyTetherLocal || slices.Contains(TetherVariants, p)

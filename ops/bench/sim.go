@@ -356,6 +356,7 @@ type simInstance struct {
 	reportAt             time.Duration
 	reported             bool
 	repQueued, repActive int
+	repPrefill           int64
 	repActiveTok         int64
 	repLoRA              *routing.LoRAView // its adapters (lora.go)
 	maxLoRAs             int               // adapter slots per rank (Engine.MaxLoRAs)
@@ -619,6 +620,8 @@ func tetherVariant(p Policy, rc *routing.Config) {
 		rc.Overflow.SubAgentFirstWithParent = true
 	case PolicyTetherQueuedLimit:
 		rc.Shed.MaxQueuedRequests, rc.Shed.MaxBacklogSeconds = 64, 0
+	case PolicyTetherReportedPrefill:
+		rc.ReportedPrefill = true
 	}
 }
 
@@ -1015,7 +1018,7 @@ func (s *simulator) views(e *simEdge) (*routing.Views, error) {
 		v := routing.InstanceView{ID: in.id, Fleet: fsm.FleetContext, URL: "sim://" + in.id, Healthy: true,
 			Ranks: len(in.ranks), VerifiesHints: true, Version: "sim",
 			QueuedRequests: in.repQueued, ActiveRequests: in.repActive, ActivePromptTokens: in.repActiveTok,
-			KVTotalBlocks: int64(in.rankCap * len(in.ranks))}
+			PrefillTokens: in.repPrefill, PrefillReported: true, KVTotalBlocks: int64(in.rankCap * len(in.ranks))}
 		if in.repLookup > 0 {
 			v.HitRate = float64(in.repHit) / float64(in.repLookup)
 		}
@@ -1041,7 +1044,7 @@ func (s *simulator) views(e *simEdge) (*routing.Views, error) {
 // a burst within one instant is counted once.)
 func (in *simInstance) report(at, window time.Duration) {
 	in.reported, in.reportAt = true, at
-	in.repQueued, in.repActive, in.repActiveTok = 0, 0, 0
+	in.repQueued, in.repActive, in.repActiveTok, in.repPrefill = 0, 0, 0, 0
 	in.reportLoRA(at)
 	in.reportHits(at, window)
 	count := func(fl *inflight) {
@@ -1054,6 +1057,7 @@ func (in *simInstance) report(at, window time.Duration) {
 			in.repActive++
 		}
 		in.repActiveTok += int64(fl.prompt)
+		in.repPrefill += int64(sim.PrefillLeft(fl.uncached, fl.start, fl.firstToken, at))
 	}
 	for _, fl := range in.inflight {
 		count(fl)

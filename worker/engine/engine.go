@@ -156,8 +156,13 @@ type RankStats struct {
 	ActivePromptTokens int // prompt tokens of requests admitted and not finished
 	ActiveRequests     int
 	QueuedRequests     int
-	KVBlocksUsed       int
-	KVBlocksTotal      int
+	// PrefillTokens is the prefill still to compute for the admitted
+	// requests, in prompt tokens: queued prompts less what the cache holds
+	// of them, and the rest of a running prefill (telemetry's
+	// RankLoad.PrefillTokens).
+	PrefillTokens int
+	KVBlocksUsed  int
+	KVBlocksTotal int
 	// Cache effectiveness over a rolling window: prompt tokens looked up
 	// and prompt tokens hit.
 	WindowLookupTokens int64

@@ -119,10 +119,13 @@ type Engine struct {
 }
 
 type rankState struct {
-	upstream  string
-	metrics   string
-	active    atomic.Int64
-	tokens    atomic.Int64
+	upstream string
+	metrics  string
+	active   atomic.Int64
+	tokens   atomic.Int64
+	// prefill is the prompt tokens of requests awaiting their first token
+	// (queued in the engine or in prefill).
+	prefill   atomic.Int64
 	window    *hitWindow
 	upstreamM atomic.Pointer[upstreamMetrics]
 }
@@ -262,6 +265,7 @@ func (e *Engine) Stats() []engine.RankStats {
 			Rank:               i,
 			ActivePromptTokens: int(rs.tokens.Load()),
 			ActiveRequests:     int(rs.active.Load()),
+			PrefillTokens:      prefillEstimate(rs.prefill.Load(), lookup, hit),
 			WindowLookupTokens: lookup,
 			WindowHitTokens:    hit,
 		}
@@ -307,6 +311,8 @@ func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.C
 		rs.active.Add(-1)
 		rs.tokens.Add(-int64(len(req.Prompt)))
 	}()
+	emit, firstToken := rs.awaitFirstToken(len(req.Prompt), emit)
+	defer firstToken()
 
 	target := rs.upstream + req.Path
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
@@ -348,6 +354,34 @@ func (e *Engine) Run(ctx context.Context, req engine.Request, emit func(engine.C
 		comp.ContextState, _ = json.Marshal(contextState{V: 1, PromptTokens: comp.PromptTokens, First: comp.Text})
 	}
 	return comp, nil
+}
+
+// awaitFirstToken counts a request's prompt as prefill ahead on the rank
+// until its first chunk reaches emit, or until release (the request's
+// end, whichever comes first). The engine does not say how far a prefill
+// got, so the whole prompt counts until its first token.
+func (rs *rankState) awaitFirstToken(promptTokens int, emit func(engine.Chunk) error) (_ func(engine.Chunk) error, release func()) {
+	n := int64(promptTokens)
+	rs.prefill.Add(n)
+	var once sync.Once
+	release = func() { once.Do(func() { rs.prefill.Add(-n) }) }
+	return func(c engine.Chunk) error {
+		release()
+		if emit == nil {
+			return nil
+		}
+		return emit(c)
+	}, release
+}
+
+// prefillEstimate is the prefill ahead of prompts awaiting their first
+// token: their tokens less the share the rank's window says its cache
+// serves.
+func prefillEstimate(awaiting, lookup, hit int64) int {
+	if lookup > 0 && hit > 0 {
+		return int(float64(awaiting) * (1 - min(float64(hit)/float64(lookup), 1)))
+	}
+	return int(awaiting)
 }
 
 // Upstream is rank's upstream base URL ("" for a rank the proxy does not

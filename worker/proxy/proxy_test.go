@@ -212,7 +212,9 @@ func TestProxyAccountingAndClose(t *testing.T) {
 	go func() { c, err := e.Run(context.Background(), req, nil); done <- result{c, err} }()
 	<-up.entered
 	st := e.Stats()[0]
-	if st.ActiveRequests != 1 || st.ActivePromptTokens != len(req.Prompt) {
+	// No token yet (the role chunk carries none): the whole prompt is
+	// prefill ahead.
+	if st.ActiveRequests != 1 || st.ActivePromptTokens != len(req.Prompt) || st.PrefillTokens != len(req.Prompt) {
 		t.Fatalf("stats while running %+v (prompt %d tokens)", st, len(req.Prompt))
 	}
 	close(up.release)
@@ -220,7 +222,7 @@ func TestProxyAccountingAndClose(t *testing.T) {
 	if r.err != nil || r.c.CachedTokens != 8 || r.c.PromptTokens != 9 || r.c.Text != "done" || r.c.FinishReason != "stop" {
 		t.Fatalf("completion %+v %v", r.c, r.err)
 	}
-	if st := e.Stats()[0]; st.ActiveRequests != 0 || st.ActivePromptTokens != 0 || st.WindowHitTokens != 8 {
+	if st := e.Stats()[0]; st.ActiveRequests != 0 || st.ActivePromptTokens != 0 || st.PrefillTokens != 0 || st.WindowHitTokens != 8 {
 		t.Fatalf("stats after %+v", st)
 	}
 	// Upstream body: streamed with usage, max_tokens set by the worker.

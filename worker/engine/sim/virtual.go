@@ -145,6 +145,9 @@ func (r *VirtualRank) Admit(now time.Duration, req VirtualRequest) (VirtualResul
 		id: r.seq, doneAt: res.DoneAt, startAt: start, firstTokenAt: res.FirstTokenAt,
 		promptTokens: req.PromptTokens, hashes: req.Hashes, usesPrefill: usesPrefill, adapter: req.Adapter,
 	}
+	if usesPrefill {
+		a.uncached = req.PromptTokens - res.CachedTokens
+	}
 	heap.Push(&r.pending, a)
 	heap.Push(&r.live, a)
 	r.lora.hold(req.Adapter)
@@ -270,6 +273,7 @@ func (r *VirtualRank) Stats(now time.Duration) engine.RankStats {
 	}
 	for _, p := range r.live {
 		s.ActivePromptTokens += p.promptTokens
+		s.PrefillTokens += p.prefillLeft(now)
 		if p.startAt > now {
 			s.QueuedRequests++
 		} else {
@@ -295,9 +299,29 @@ type admitted struct {
 	id                            uint64
 	startAt, firstTokenAt, doneAt time.Duration
 	promptTokens                  int
+	uncached                      int // prompt tokens its prefill computes (0 without a prefill)
 	hashes                        []uint64
 	usesPrefill                   bool
 	adapter                       string
+}
+
+// prefillLeft is the part of the request's prefill not computed by now.
+func (a *admitted) prefillLeft(now time.Duration) int {
+	return PrefillLeft(a.uncached, a.startAt, a.firstTokenAt, now)
+}
+
+// PrefillLeft is the part of a prefill of uncached tokens, running from
+// start to firstToken at a constant rate, not computed by now: all of it
+// before it starts, the rest while it runs, none after. The rank's
+// PrefillTokens sums it over the admitted requests.
+func PrefillLeft(uncached int, start, firstToken, now time.Duration) int {
+	switch {
+	case uncached <= 0 || now >= firstToken:
+		return 0
+	case now <= start:
+		return uncached
+	}
+	return int(float64(uncached) * float64(firstToken-now) / float64(firstToken-start))
 }
 
 type runHeap []*admitted
