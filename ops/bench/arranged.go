@@ -80,6 +80,8 @@ type ArrangedRow struct {
 	P95      Stat   `json:"ttft_p95_ms"`
 	P99      Stat   `json:"ttft_p99_ms"`
 	Makespan Stat   `json:"makespan_s"`
+	// Reuse: the medians of each Reuse class's share and hit rate.
+	Reuse *ReuseStats `json:"reuse,omitempty"`
 	// Paired against tether at the same edge count: tether − this, per
 	// arrangement (hit rates), and this ÷ tether (TTFT p95).
 	VsHit    *Stat `json:"tether_minus_hit,omitempty"`
@@ -244,6 +246,7 @@ func buildArranged(opts ArrangedOptions, jobs []arrangedJob, sums []Summary) *Ar
 		row.P50 = MedianInterval(col(ss, func(s Summary) float64 { return s.TTFTP50Ms }))
 		row.P99 = MedianInterval(col(ss, func(s Summary) float64 { return s.TTFTP99Ms }))
 		row.Makespan = MedianInterval(col(ss, func(s Summary) float64 { return s.MakespanMs / 1000 }))
+		row.Reuse = reuseStats(ss)
 		rep.Rows = append(rep.Rows, row)
 	}
 	pairs(rep, by[key{idealName, 1}])
@@ -409,6 +412,7 @@ func (rep *ArrangedReport) WriteMarkdown(w io.Writer) error {
 			r.VsHit.Median, r.VsHit.Lo, r.VsHit.Hi, Verdict(r.VsHit), r.VsSubHit.Median, r.VsSubHit.Lo, r.VsSubHit.Hi, Verdict(r.VsSubHit),
 			r.VsP95.Median, r.VsP95.Lo, r.VsP95.Hi)
 	}
+	writeReuse(&b, rep.Rows)
 	b.WriteString("\n")
 	for _, e := range sortedKeys(rep.IdealRatio) {
 		fmt.Fprintf(&b, "tether ÷ one ideal edge, %d edges: %s. ", e, rep.IdealRatio[e].fmt(3))

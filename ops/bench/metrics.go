@@ -46,6 +46,9 @@ type Summary struct {
 	// tokens (the hot spot; CoV is relative to the mean).
 	MaxInstancePrefillTokens int64   `json:"max_instance_prefill_tokens"`
 	WallMs                   float64 `json:"wall_ms"`
+	// Reuse: the prompt tokens by what their cache held between a
+	// conversation's turns (sim runs).
+	Reuse *Reuse `json:"reuse,omitempty"`
 
 	hitLo, hitHi float64 // range over seeds (reports)
 }
@@ -93,6 +96,7 @@ func Summarize(r *RunResult) Summary {
 	for _, t := range r.InstancePrefillTokens {
 		s.MaxInstancePrefillTokens = max(s.MaxInstancePrefillTokens, t)
 	}
+	s.Reuse = ReuseOf(r.Records, r.RankCapacityTokens)
 	return s
 }
 

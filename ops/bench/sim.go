@@ -312,6 +312,9 @@ type RunResult struct {
 	VirtualEnd   time.Duration
 	Makespan     time.Duration // the last response's end
 	Wall         time.Duration
+	// RankCapacityTokens is one rank's KV cache in tokens (sim; 0:
+	// unknown), the capacity Reuse judges working sets by.
+	RankCapacityTokens int
 }
 
 // Simulate replays w under cfg in virtual time.
@@ -543,8 +546,9 @@ func newSimulator(ctx context.Context, w *Workload, cfg SimConfig) (_ *simulator
 		emptyLog: fsm.NewMachine(),
 		lbRand:   rand.New(rand.NewPCG(cfg.Seed, 0x6c62)),
 		pickRand: rand.New(rand.NewPCG(cfg.Seed, 0x7069)),
-		res:      &RunResult{Policy: cfg.Policy, Edges: cfg.Edges, InstancePrefillTokens: make([]int64, cfg.Instances)},
-		ctx:      ctx,
+		res: &RunResult{Policy: cfg.Policy, Edges: cfg.Edges, InstancePrefillTokens: make([]int64, cfg.Instances),
+			RankCapacityTokens: cfg.CapacityBlocks / cfg.Ranks * w.BlockSize},
+		ctx: ctx,
 	}
 	w.WalkRequests(func(*Agent, *Request) { s.total++ })
 	s.res.Records = make([]RequestRecord, 0, s.total)
