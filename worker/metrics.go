@@ -191,6 +191,7 @@ func clampRank(r *telemetry.RankLoad) {
 	clamp(&r.ActivePromptTokens, telemetry.MaxTokens)
 	clamp(&r.ActiveRequests, telemetry.MaxRequestsPerRank)
 	clamp(&r.QueuedRequests, telemetry.MaxRequestsPerRank)
+	clamp(&r.PrefillTokens, telemetry.MaxTokens)
 	clamp(&r.KVBlocksTotal, telemetry.MaxBlocks)
 	clamp(&r.KVBlocksUsed, r.KVBlocksTotal)
 	clamp(&r.WindowLookupTokens, telemetry.MaxCounter)

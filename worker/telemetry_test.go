@@ -424,3 +424,20 @@ func TestQueueJumpTriggersImmediateLoadReport(t *testing.T) {
 		return r.Ranks[0].ActiveRequests+r.Ranks[0].QueuedRequests+r.Ranks[1].ActiveRequests+r.Ranks[1].QueuedRequests >= queueJump
 	})
 }
+
+// An engine's figures out of telemetry's bounds are clamped, so a
+// misbehaving engine cannot make every load report undecodable.
+func TestClampRankKeepsReportsDecodable(t *testing.T) {
+	for _, bad := range []int64{-1, telemetry.MaxTokens + 1} {
+		rl := telemetry.RankLoad{ActivePromptTokens: bad, PrefillTokens: bad, QueuedRequests: -3, KVBlocksTotal: 10, KVBlocksUsed: 11}
+		clampRank(&rl)
+		r := telemetry.LoadReport{Instance: "ctx-1", Fleet: telemetry.FleetContext, URL: "http://ctx-1:8000", Model: "m", Version: "v",
+			FeatureLevel: telemetry.FeatureLevel, BootID: 1, Seq: 1, IntervalMilli: 100, BlockSize: 4, Ranks: []telemetry.RankLoad{rl}}
+		if _, err := telemetry.EncodeLoad(r); err != nil {
+			t.Fatalf("clamped %+v: %v", rl, err)
+		}
+		if rl.PrefillTokens < 0 || rl.PrefillTokens > telemetry.MaxTokens || rl.KVBlocksUsed != 10 {
+			t.Fatalf("clamped %+v", rl)
+		}
+	}
+}
