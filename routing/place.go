@@ -35,12 +35,27 @@ func (r *Router) saturated(v *InstanceView) bool {
 // window hit rate). The estimate misses a running prefill, however long.
 // With placement.reported_prefill, an instance that reports the prefill
 // it has still to compute (PrefillReported: its queued prompts' uncached
-// part and what its running prefills have left) counts that instead. A
-// worker that reports no token figures (an engine scraped for request
-// counts) is taken to queue requests of unknown tokens each
-// (Router.unknownRequest).
+// part and what its running prefills have left) counts that instead —
+// except in a new key's placement (backlogFor). A worker that reports no
+// token figures (an engine scraped for request counts) is taken to queue
+// requests of unknown tokens each (Router.unknownRequest).
 func (r *Router) backlog(v *InstanceView, unknown float64) float64 {
-	if r.cfg.ReportedPrefill && v.PrefillReported {
+	return backlogOf(v, unknown, r.cfg.ReportedPrefill)
+}
+
+// backlogFor is the backlog req weighs v by: a new key's placement, which
+// places a conversation for its lifetime, reads the estimate (the load
+// the instance carries as its request counts show it) even with
+// placement.reported_prefill — a prefill running at that instant is over
+// in seconds, and placing conversations away from it packed them worse
+// (BENCHMARKS.md) — while a bound turn's stay-or-move and an unkeyed
+// request, which are about this request's wait, read what is reported.
+func (r *Router) backlogFor(v *InstanceView, req *Request) float64 {
+	return backlogOf(v, r.unknownRequest(req), r.cfg.ReportedPrefill && !(req.placing && req.Key != ""))
+}
+
+func backlogOf(v *InstanceView, unknown float64, reported bool) float64 {
+	if reported && v.PrefillReported {
 		return float64(max(v.QueuedPrefillTokens, 0) + max(v.PrefillTokens, 0))
 	}
 	miss := 1.0
@@ -197,7 +212,7 @@ func (r *Router) loadCost(v *InstanceView, req *Request) float64 {
 	if req.Priority == PriorityInteractive {
 		qf = w.InteractiveQueueFactor
 	}
-	return qf*(w.Queue*r.backlog(v, r.unknownRequest(req))+w.QueuedRequest*float64(v.QueuedRequests)) +
+	return qf*(w.Queue*r.backlogFor(v, req)+w.QueuedRequest*float64(v.QueuedRequests)) +
 		w.Decode*float64(v.ActivePromptTokens)
 }
 

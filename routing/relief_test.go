@@ -121,6 +121,30 @@ func TestReliefSeesARunningPrefillWhenReported(t *testing.T) {
 	}
 }
 
+// With placement.reported_prefill, an unkeyed request avoids the instance
+// whose prefill has 390,000 tokens left, while a new conversation is placed
+// by the estimate as without it: it goes where it goes whichever instance
+// runs the prefill.
+func TestReportedPrefillPlacesNewKeysByTheEstimate(t *testing.T) {
+	r := mustRouter(t, func(cfg *Config) { cfg.ReportedPrefill, cfg.Weights.LiveBinding = true, 0 })
+	var keyed []string
+	for _, busy := range []int{0, 1} {
+		vs := idle("ctx-a", "ctx-b")
+		for i := range vs {
+			vs[i].ActiveRequests, vs[i].ActivePromptTokens, vs[i].PrefillReported = 1, 400_000, true
+		}
+		vs[busy].PrefillTokens = 390_000
+		in := Inputs{Views: mustViews(t, vs)}
+		if rt := place(t, r, Request{Spread: 7}, in); rt.Instance == vs[busy].ID {
+			t.Errorf("unkeyed request placed on %s, the instance with 390,000 tokens of prefill left", rt.Instance)
+		}
+		keyed = append(keyed, place(t, r, Request{Key: "conv-new"}, in).Instance)
+	}
+	if keyed[0] != keyed[1] {
+		t.Errorf("the new key went to %s with the prefill on ctx-a and to %s with it on ctx-b; want the same instance (the estimate)", keyed[0], keyed[1])
+	}
+}
+
 // Over its hard limit, a bound instance whose cache saves more than its
 // queue costs keeps its key (it sheds only when every instance is over);
 // with the relief rule off, the key overflows to an instance below it.
