@@ -377,12 +377,14 @@ type Config struct {
 	// workset.DefaultWindow; not a configuration key).
 	WorkingSetWindow time.Duration `yaml:"-"`
 	// ReportedPrefill makes the backlog (the prefill queued ahead on an
-	// instance: placement's load, relief's wait, the hard limit) the
+	// instance: relief's wait and move cost, the hard limit, an unkeyed
+	// request's placement; a new key's placement keeps the estimate) the
 	// prefill the instance's worker reports it has still to compute —
 	// running prefills included — where the worker reports it
 	// (InstanceView.PrefillReported), instead of the estimate from its
 	// request counts. Off by default: it cuts the TTFT tail behind long
-	// prefills and costs hit rate in a fleet over capacity (BENCHMARKS.md).
+	// prefills and costs hit rate in a fleet over capacity, and tail
+	// latency in Dynamo's session workload (BENCHMARKS.md).
 	ReportedPrefill bool           `yaml:"reported_prefill"`
 	Weights         Weights        `yaml:"weights"`
 	Overflow        OverflowConfig `yaml:"overflow"`
