@@ -736,7 +736,7 @@ func (f *View) snapshotLocked(in *instance, now time.Time) Instance {
 		out.Ranks, out.BlockSize, out.Draining = len(r.Ranks), r.BlockSize, r.Draining
 		out.KVSource = r.KVSource
 		out.QueuedRequests, out.ActiveRequests, out.ActivePromptTokens = in.queued, in.active, in.activeTok
-		out.PrefillTokens, out.PrefillReported = in.prefill, in.hasPrefill && !in.scraped
+		out.PrefillTokens, out.PrefillReported = in.reportedPrefill()
 		out.KVUsedBlocks, out.KVTotalBlocks = in.kvUsed, in.kvTotal
 		out.WindowLookupTokens, out.WindowHitTokens = in.lookup, in.hit
 	}
@@ -752,6 +752,13 @@ func (f *View) snapshotLocked(in *instance, now time.Time) Instance {
 		}
 	}
 	return out
+}
+
+// reportedPrefill is the prefill in's worker reported still to compute,
+// and whether it reports one that is in use (a scrape's figures replace the
+// report's).
+func (in *instance) reportedPrefill() (int64, bool) {
+	return in.prefill, in.hasPrefill && !in.scraped
 }
 
 // Instances lists every known instance, sorted by id.
@@ -817,7 +824,7 @@ func (f *View) Views(now time.Time, dst []routing.InstanceView) []routing.Instan
 			if in.lookup > 0 {
 				v.HitRate = float64(in.hit) / float64(in.lookup)
 			}
-			v.PrefillTokens, v.PrefillReported = in.prefill, in.hasPrefill && !in.scraped
+			v.PrefillTokens, v.PrefillReported = in.reportedPrefill()
 		}
 		if in.metricsFormat != "" {
 			v.Ranks = in.ranks

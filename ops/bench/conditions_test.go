@@ -223,22 +223,3 @@ func TestSessionWorkloadIsAClosedLoop(t *testing.T) {
 		t.Fatal("zero sessions must be refused")
 	}
 }
-
-// The simulated workers report the prefill still ahead as a tether worker
-// does (worker/engine/sim PrefillLeft): a queued request's uncached tokens
-// whole, a running prefill's rest, nothing once its first token is out;
-// requests the report does not cover yet (admitted at or after it) are the
-// edges' own pending dispatches.
-func TestSimReportCountsThePrefillLeft(t *testing.T) {
-	s := time.Second
-	in := &simInstance{inflight: []*inflight{
-		{arrival: 0, start: 0, firstToken: 10 * s, done: 20 * s, uncached: 100_000, prompt: 100_000},       // running: 40 % left at 6 s
-		{arrival: 1 * s, start: 10 * s, firstToken: 11 * s, done: 30 * s, uncached: 2_000, prompt: 50_000}, // queued: all of its uncached part
-		{arrival: 0, start: 0, firstToken: 2 * s, done: 40 * s, uncached: 9_000, prompt: 9_000},            // decoding: none
-		{arrival: 6 * s, start: 11 * s, firstToken: 12 * s, done: 40 * s, uncached: 7_000, prompt: 7_000},  // not in this report
-	}}
-	in.report(6*s, 0)
-	if in.repPrefill != 42_000 || in.repQueued != 1 || in.repActive != 2 {
-		t.Fatalf("report at 6 s: prefill %d, queued %d, active %d; want 40,000 + 2,000, 1 queued, 2 active", in.repPrefill, in.repQueued, in.repActive)
-	}
-}

@@ -37,6 +37,11 @@ type ReuseClass struct {
 	cached  int64
 }
 
+// classes lists u's classes in report order.
+func (u *Reuse) classes() [5]*ReuseClass {
+	return [5]*ReuseClass{&u.Fits, &u.Over, &u.FarOver, &u.Moved, &u.First}
+}
+
 func (c *ReuseClass) add(rec *RequestRecord) {
 	c.prompt += int64(rec.Prompt)
 	c.cached += int64(rec.Cached)
@@ -103,10 +108,10 @@ func ReuseOf(recs []RequestRecord, rankCapacityTokens int) *Reuse {
 		}
 	}
 	var total int64
-	for _, c := range []*ReuseClass{&out.Fits, &out.Over, &out.FarOver, &out.Moved, &out.First} {
+	for _, c := range out.classes() {
 		total += c.prompt
 	}
-	for _, c := range []*ReuseClass{&out.Fits, &out.Over, &out.FarOver, &out.Moved, &out.First} {
+	for _, c := range out.classes() {
 		c.Share, c.HitRate = ratio(c.prompt, total), ratio(c.cached, c.prompt)
 	}
 	return &out
@@ -131,24 +136,17 @@ type ReuseStat struct {
 // reuseStats summarizes the runs' Reuse; nil when a run has none.
 func reuseStats(ss []Summary) *ReuseStats {
 	var out ReuseStats
-	for _, c := range []struct {
-		dst *ReuseStat
-		get func(*Reuse) ReuseClass
-	}{
-		{&out.Fits, func(r *Reuse) ReuseClass { return r.Fits }},
-		{&out.Over, func(r *Reuse) ReuseClass { return r.Over }},
-		{&out.FarOver, func(r *Reuse) ReuseClass { return r.FarOver }},
-		{&out.Moved, func(r *Reuse) ReuseClass { return r.Moved }},
-		{&out.First, func(r *Reuse) ReuseClass { return r.First }},
-	} {
+	dst := [5]*ReuseStat{&out.Fits, &out.Over, &out.FarOver, &out.Moved, &out.First}
+	for k := range dst {
 		shares, hits := make([]float64, len(ss)), make([]float64, len(ss))
 		for i, s := range ss {
 			if s.Reuse == nil {
 				return nil
 			}
-			shares[i], hits[i] = c.get(s.Reuse).Share, c.get(s.Reuse).HitRate
+			c := s.Reuse.classes()[k]
+			shares[i], hits[i] = c.Share, c.HitRate
 		}
-		c.dst.Share, c.dst.HitRate = MedianInterval(shares), MedianInterval(hits)
+		dst[k].Share, dst[k].HitRate = MedianInterval(shares), MedianInterval(hits)
 	}
 	return &out
 }
