@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/natstest"
 )
@@ -69,8 +71,17 @@ func TestDispatchesAreToldAndHeard(t *testing.T) {
 	if n := counter(t, te.registry, "tether_edge_dispatch_messages_total", map[string]string{"result": "heard"}); n != 0 {
 		t.Fatalf("heard %v dispatches: its own were counted", n)
 	}
+	// Each hop carries its entry in the edge's working sets, for the
+	// others: the conversation and the prompt's blocks.
+	if !strings.HasSuffix(ctx.Work, "dispatch-conv") || !strings.HasPrefix(ctx.Work, "context/") || ctx.Blocks <= 0 ||
+		!strings.HasPrefix(gen.Work, "generation/") || gen.Blocks != ctx.Blocks {
+		t.Fatalf("working-set entries told: context %q %d blocks, generation %q %d; want dispatch-conv's on each fleet", ctx.Work, ctx.Blocks, gen.Work, gen.Blocks)
+	}
+	m := te.e.catalogue.First()
+	before := m.Decider.WorkingSet(m.Routers[fsm.FleetContext], r.ctxInst, time.Now())
 
-	data, err := telemetry.EncodeDispatch(telemetry.Dispatch{Edge: "edge-elsewhere", Fleet: telemetry.FleetContext, Instance: r.ctxInst, PromptTokens: 64})
+	data, err := telemetry.EncodeDispatch(telemetry.Dispatch{Edge: "edge-elsewhere", Fleet: telemetry.FleetContext, Instance: r.ctxInst, PromptTokens: 64,
+		Work: "context/elsewhere-conv", Blocks: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +96,11 @@ func TestDispatchesAreToldAndHeard(t *testing.T) {
 	waitFor(t, "the other edge's dispatch heard and the malformed one refused", 10*time.Second, func() bool {
 		return counter(t, te.registry, "tether_edge_dispatch_messages_total", map[string]string{"result": "heard"}) == 1 &&
 			counter(t, te.registry, "tether_edge_dispatch_messages_total", map[string]string{"result": "invalid"}) == 1
+	})
+	// Its route counts in this edge's working set of the instance.
+	waitFor(t, "the heard route in the working set", 10*time.Second, func() bool {
+		got := m.Decider.WorkingSet(m.Routers[fsm.FleetContext], r.ctxInst, time.Now())
+		return got.Keys == before.Keys+1 && got.Blocks == before.Blocks+7
 	})
 }
 

@@ -37,6 +37,9 @@ func (d *Decider) Decide(ctx context.Context, router *Router, req Request, prev 
 		router.predicted(h, &req, d.Index)
 		d.Index.Predict(h.Instance, req.Blocks, req.Now)
 	}
+	if k := req.workKey(); k != "" && len(req.Blocks) > 0 {
+		h.Work = Work{Key: k, Blocks: len(req.Blocks)}
+	}
 	d.workSet(router).Note(req.workKey(), h.Instance, len(req.Blocks), req.Now)
 	return h, nil
 }

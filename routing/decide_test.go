@@ -825,3 +825,52 @@ func (r *rig) stickyOnOwnBinding(t *testing.T, req Request, instance string) {
 		t.Fatalf("%s: %+v %v, want sticky on its own binding on %s", req.RequestID, got, fail, instance)
 	}
 }
+
+// Two edges over one log: the conversations one edge routed count in the
+// other's working sets once it hears them (the route's Hop.Work, through
+// Decider.HearRoute), so the other does not place a new conversation where
+// it would evict them, as one edge would not.
+func TestHeardRoutesCountInTheWorkingSets(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Type = RouterConversation
+	cfg.Weights.LiveBinding = 0 // placement by load and eviction only
+	router, err := NewRouter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t)
+	r.router = router
+	for i := range r.fleet.views {
+		r.fleet.views[i].KVTotalBlocks = 100
+		if r.fleet.views[i].ID != "a" {
+			r.fleet.views[i].QueuedPrefillTokens = 500 // a is the least loaded
+		}
+	}
+	edge2 := func() *Decider {
+		return &Decider{Log: r.log, Recorder: &queueRecorder{}, Placements: &ownPlacements{log: r.log}, Fleet: r.fleet, Overload: overload.NewTracker()}
+	}
+	busy := req("busy")
+	busy.Blocks, busy.PromptTokens = blocks(7, 90), 90*cfg.BlockSize
+	h, fail := r.d.Decide(context.Background(), router, busy, nil)
+	if fail != nil {
+		t.Fatal(fail)
+	}
+	if h.Instance != "a" || h.Work != (Work{Key: "context/busy", Blocks: 90}) {
+		t.Fatalf("busy: on %s, work %+v; want a, {context/busy 90}", h.Instance, h.Work)
+	}
+	fresh := func(key string) Request {
+		q := req(key)
+		q.Edge = "e2"
+		q.Blocks, q.PromptTokens = blocks(8, 50), 50*cfg.BlockSize
+		return q
+	}
+	if h2, fail := edge2().Decide(context.Background(), router, fresh("fresh-1"), nil); fail != nil || h2.Instance != "a" {
+		t.Fatalf("an edge that did not hear busy's route: %+v %v, want a (the least loaded)", h2, fail)
+	}
+	heard := edge2()
+	heard.HearRoute(router, Work{}, "a", tDecide) // nothing to note: ignored
+	heard.HearRoute(router, h.Work, h.Instance, tDecide)
+	if h2, fail := heard.Decide(context.Background(), router, fresh("fresh-2"), nil); fail != nil || h2.Instance == "a" {
+		t.Fatalf("an edge that heard busy's 90 blocks on a's 100: %+v %v, want b or c", h2, fail)
+	}
+}

@@ -182,6 +182,32 @@ func (d *Decider) workSet(router *Router) *workset.Set {
 	return d.work
 }
 
+// HearRoute notes another edge's route in this edge's working sets: the
+// Work it told (Hop.Work) reached instance at now. Every edge then weighs
+// what every edge sent to an instance lately, not only its own routes, and
+// edges decide as one edge would. A note without key, instance or blocks
+// is ignored.
+func (d *Decider) HearRoute(router *Router, w Work, instance string, now time.Time) {
+	if w.Key == "" || w.Blocks <= 0 {
+		return
+	}
+	d.workSet(router).Note(w.Key, instance, w.Blocks, now)
+}
+
+// WorkingSet is instance's working set as this edge knows it at now: the
+// conversations it and the edges it heard sent there within the window.
+func (d *Decider) WorkingSet(router *Router, instance string, now time.Time) workset.Load {
+	return d.workSet(router).Load(instance, now)
+}
+
+// Work is a route's entry in the edges' working sets: the conversation
+// (fleet and conversation id, or the routing key) and its prompt's length
+// in KV blocks.
+type Work struct {
+	Key    string
+	Blocks int
+}
+
 // Hop is where one fleet's part of a request goes.
 type Hop struct {
 	Fleet    fsm.Fleet
@@ -196,7 +222,11 @@ type Hop struct {
 	// false when the fleet's router does not read the index.
 	Predicted     int
 	HasPrediction bool
-	Outcome       string
+	// Work is what the decision noted in this edge's working sets, for
+	// the other edges (Decider.HearRoute); empty for a request of no
+	// conversation or known blocks.
+	Work    Work
+	Outcome string
 	// Degraded says why, when Outcome is OutcomeDegraded.
 	Degraded string
 	Policy   string

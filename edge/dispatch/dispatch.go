@@ -138,7 +138,7 @@ func (e *Dispatcher) exchange(ctx context.Context, rq *route.Request, h **route.
 		body, hdr := build(cur)
 		// The hop's span is the worker span's parent.
 		observe.TraceContext.Inject(hctx, propagation.HeaderCarrier(hdr))
-		done := e.noteDispatch(cur.Fleet, cur.Instance, rq.PromptTokens)
+		done := e.noteDispatch(cur, rq.PromptTokens)
 		resp, err := e.send(ctx, e.edge.Fleet().ExpectIdentity(hctx, cur.Instance), cur, rq.Path, body, hdr)
 		if err != nil || resp.StatusCode != http.StatusOK {
 			done()

@@ -11,6 +11,7 @@ import (
 	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/telemetry"
+	"github.com/tether-project/tether/routing"
 )
 
 // Dispatches shared over NATS. A worker's load report counts the requests
@@ -49,14 +50,18 @@ type heardDispatch struct {
 // maxHeardDispatches bounds the other edges' dispatches remembered.
 const maxHeardDispatches = 65536
 
-// noteDispatch counts a request this edge sends to instance on its fleet
-// view and tells the other edges; done (idempotent) ends both when the hop
-// ends.
-func (e *Dispatcher) noteDispatch(f fsm.Fleet, instance string, promptTokens int) (done func()) {
-	release := e.edge.Fleet().NoteDispatch(instance, promptTokens)
-	d := telemetry.Dispatch{Edge: e.nodeID, ID: e.dispatches.seq.Add(1), Fleet: fleetview.TelemetryFleet(f), Instance: instance,
+// noteDispatch counts a request this edge sends to h's instance on its
+// fleet view and tells the other edges, with the route's entry in its
+// working sets (h.Work); done (idempotent) ends both when the hop ends.
+func (e *Dispatcher) noteDispatch(h *route.Hop, promptTokens int) (done func()) {
+	release := e.edge.Fleet().NoteDispatch(h.Instance, promptTokens)
+	d := telemetry.Dispatch{Edge: e.nodeID, ID: e.dispatches.seq.Add(1), Fleet: fleetview.TelemetryFleet(h.Fleet), Instance: h.Instance,
 		PromptTokens: min(max(promptTokens, 0), telemetry.MaxDispatchPromptTokens)}
+	if w := h.Work; len(w.Key) <= telemetry.MaxDispatchWorkBytes {
+		d.Work, d.Blocks = w.Key, min(max(w.Blocks, 0), telemetry.MaxDispatchPromptTokens)
+	}
 	e.announceDispatch(d)
+	d.Work, d.Blocks = "", 0 // the end says nothing of the working sets
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -119,6 +124,25 @@ func (e *Dispatcher) onDispatch(m *nats.Msg) {
 		return
 	}
 	e.dispatches.hear(d, e.edge.Fleet().NoteHeardDispatch)
+	e.hearWork(d)
+}
+
+// hearWork notes another edge's route in the working sets of the model
+// its instance serves (routing Decider.HearRoute).
+func (e *Dispatcher) hearWork(d telemetry.Dispatch) {
+	if d.Done || d.Work == "" || d.Blocks <= 0 {
+		return
+	}
+	now := e.now()
+	m := e.catalogue.ModelOfInstance(d.Instance, now)
+	if m == nil || m.Decider == nil {
+		return
+	}
+	f := fleetview.FleetOf(d.Fleet)
+	if !f.Valid() || m.Routers[f] == nil {
+		return
+	}
+	m.Decider.HearRoute(m.Routers[f], routing.Work{Key: d.Work, Blocks: d.Blocks}, d.Instance, now)
 }
 
 // grade grades h's KV index claim against the engine's answer about the

@@ -72,7 +72,7 @@ func (e *Dispatcher) pdSend(ctx context.Context, rq *route.Request, h *route.Hop
 		trace.WithAttributes(observe.AttrInstance.String(h.Instance), observe.AttrFleet.String(h.Fleet.String())))
 	defer span.End()
 	observe.TraceContext.Inject(hctx, propagation.HeaderCarrier(hdr))
-	done := e.noteDispatch(h.Fleet, h.Instance, rq.PromptTokens)
+	done := e.noteDispatch(h, rq.PromptTokens)
 	resp, err := e.send(ctx, hctx, h, rq.Path, body, hdr)
 	if err != nil {
 		done()

@@ -11,6 +11,12 @@ import "encoding/json"
 // pairs the two messages. Edges publish on their own subject
 // (DispatchSubject of their node id); workers may not publish there.
 //
+// Work and Blocks, when set, are the route's entry in the sending edge's
+// working sets (the conversation and its prompt's length in KV blocks):
+// every edge notes the others' routes in its own (routing's
+// Decider.HearRoute), so all weigh what all sent an instance lately.
+// Edges that predate the fields ignore them.
+//
 // A third message carries an engine's answer about its prefix cache
 // (Answer set, PromptTokens the answer's prompt): ID 0 (no dispatch has
 // it) and Done, so an edge that predates the field takes it for the end
@@ -23,6 +29,8 @@ type Dispatch struct {
 	Instance     string          `json:"instance"`
 	PromptTokens int             `json:"prompt_tokens"`
 	Done         bool            `json:"done,omitempty"`
+	Work         string          `json:"work,omitempty"`
+	Blocks       int             `json:"blocks,omitempty"`
 	Answer       *DispatchAnswer `json:"answer,omitempty"`
 }
 
@@ -42,6 +50,10 @@ type DispatchAnswer struct {
 // MaxDispatchPromptTokens bounds a dispatch's prompt tokens (far above any
 // model's context).
 const MaxDispatchPromptTokens = 1 << 30
+
+// MaxDispatchWorkBytes bounds a dispatch's Work; an edge leaves a longer
+// conversation's out (the others then do not hear that route).
+const MaxDispatchWorkBytes = 1024
 
 // DispatchSubject is where edge publishes its dispatches.
 func DispatchSubject(edge string) string { return subjectPrefix + kindDispatch + "." + edge }
@@ -89,6 +101,12 @@ func (d *Dispatch) validate(subject string) error {
 	}
 	if d.PromptTokens < 0 || d.PromptTokens > MaxDispatchPromptTokens {
 		return decodeErr(ErrOutOfRange, subject, "prompt_tokens", "%d (want 0..%d)", d.PromptTokens, MaxDispatchPromptTokens)
+	}
+	if len(d.Work) > MaxDispatchWorkBytes {
+		return decodeErr(ErrOutOfRange, subject, "work", "%d bytes (want at most %d)", len(d.Work), MaxDispatchWorkBytes)
+	}
+	if d.Blocks < 0 || d.Blocks > MaxDispatchPromptTokens {
+		return decodeErr(ErrOutOfRange, subject, "blocks", "%d (want 0..%d)", d.Blocks, MaxDispatchPromptTokens)
 	}
 	if a := d.Answer; a != nil {
 		switch {

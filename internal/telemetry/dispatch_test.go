@@ -3,11 +3,13 @@ package telemetry
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 )
 
 func TestDispatchRoundTripAndRejects(t *testing.T) {
-	d := Dispatch{Edge: "edge-1", ID: 7, Fleet: FleetGeneration, Instance: "gen-0", PromptTokens: 2048, Done: true}
+	d := Dispatch{Edge: "edge-1", ID: 7, Fleet: FleetGeneration, Instance: "gen-0", PromptTokens: 2048, Done: true,
+		Work: "generation/conv-1", Blocks: 64}
 	data, err := EncodeDispatch(d)
 	if err != nil {
 		t.Fatal(err)
@@ -30,6 +32,8 @@ func TestDispatchRoundTripAndRejects(t *testing.T) {
 		{"instance", DispatchSubject("edge-1"), `{"v":1,"edge":"edge-1","fleet":"context","instance":"a b"}`, ErrOutOfRange},
 		{"negative tokens", DispatchSubject("edge-1"), `{"v":1,"edge":"edge-1","fleet":"context","instance":"ctx-0","prompt_tokens":-1}`, ErrOutOfRange},
 		{"too many tokens", DispatchSubject("edge-1"), `{"v":1,"edge":"edge-1","fleet":"context","instance":"ctx-0","prompt_tokens":1073741825}`, ErrOutOfRange},
+		{"negative blocks", DispatchSubject("edge-1"), `{"v":1,"edge":"edge-1","fleet":"context","instance":"ctx-0","blocks":-1}`, ErrOutOfRange},
+		{"work too long", DispatchSubject("edge-1"), `{"v":1,"edge":"edge-1","fleet":"context","instance":"ctx-0","work":"` + strings.Repeat("k", MaxDispatchWorkBytes+1) + `"}`, ErrOutOfRange},
 		{"malformed", DispatchSubject("edge-1"), `{"v":1,"edge":7}`, ErrMalformed},
 		{"a placement's subject", PlacementSubject("edge-1"), string(data), ErrBadSubject},
 	}

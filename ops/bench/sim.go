@@ -126,25 +126,31 @@ type SimConfig struct {
 // (shadow.go).
 type Share struct {
 	Placements, Dispatches, Predictions, Overload, Breakers, Shadows bool
+	// WorkingSets: each route's entry in the deciding edge's working sets,
+	// told with its dispatch as shipped (worksets.go).
+	WorkingSets bool
 }
 
-// ShippedShare is what edges share as shipped: their new placements and
-// their dispatches.
-var ShippedShare = Share{Placements: true, Dispatches: true}
+// ShippedShare is what edges share as shipped: their new placements, their
+// dispatches and, with each dispatch, the route's working-set entry.
+var ShippedShare = Share{Placements: true, Dispatches: true, WorkingSets: true}
 
 // ParseShare parses --share: a comma-separated subset of placements,
-// dispatches, predictions, overload, breakers, shadows, or all / none.
+// dispatches, worksets, predictions, overload, breakers, shadows, or all /
+// none.
 func ParseShare(s string) (Share, error) {
 	var sh Share
 	for _, f := range strings.Split(s, ",") {
 		switch strings.TrimSpace(f) {
 		case "", "none":
 		case "all":
-			sh = Share{true, true, true, true, true, true}
+			sh = Share{true, true, true, true, true, true, true}
 		case "placements":
 			sh.Placements = true
 		case "dispatches":
 			sh.Dispatches = true
+		case "worksets":
+			sh.WorkingSets = true
 		case "predictions":
 			sh.Predictions = true
 		case "overload":
@@ -154,7 +160,7 @@ func ParseShare(s string) (Share, error) {
 		case "shadows":
 			sh.Shadows = true
 		default:
-			return Share{}, fmt.Errorf("bench: --share: unknown piece %q (allowed: placements, dispatches, predictions, overload, breakers, shadows, all, none)", f)
+			return Share{}, fmt.Errorf("bench: --share: unknown piece %q (allowed: placements, dispatches, worksets, predictions, overload, breakers, shadows, all, none)", f)
 		}
 	}
 	return sh, nil
@@ -165,7 +171,7 @@ func (sh Share) String() string {
 	for _, x := range []struct {
 		on   bool
 		name string
-	}{{sh.Placements, "placements"}, {sh.Dispatches, "dispatches"}, {sh.Predictions, "predictions"}, {sh.Overload, "overload"}, {sh.Breakers, "breakers"}, {sh.Shadows, "shadows"}} {
+	}{{sh.Placements, "placements"}, {sh.Dispatches, "dispatches"}, {sh.WorkingSets, "worksets"}, {sh.Predictions, "predictions"}, {sh.Overload, "overload"}, {sh.Breakers, "breakers"}, {sh.Shadows, "shadows"}} {
 		if x.on {
 			out = append(out, x.name)
 		}
@@ -466,6 +472,7 @@ const (
 	evRestart    // an edge restarts
 	evShadowHear // another edge's route reaches an edge's shadow
 	evStrainHear // another edge's overload transition reaches an edge
+	evWorkHear   // another edge's route reaches an edge's working sets
 )
 
 type event struct {
@@ -489,6 +496,8 @@ type event struct {
 	blocks []uint64
 	// evStrainHear: the transition (inst: its instance).
 	overloaded bool
+	// evWorkHear: the route's working-set entry (inst: its instance).
+	work routing.Work
 }
 
 type eventQueue []*event
@@ -779,6 +788,8 @@ func (s *simulator) run(ctx context.Context) error {
 			s.hearShadow(ev.edge, ev.inst, ev.rank, ev.blocks)
 		case evStrainHear:
 			s.hearStrain(ev.edge, ev.inst, ev.overloaded)
+		case evWorkHear:
+			s.hearWork(ev.edge, ev.inst, ev.work)
 		}
 		if err != nil {
 			return err

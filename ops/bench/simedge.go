@@ -301,6 +301,7 @@ func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst 
 	if !ok {
 		return 0, "", 0, fmt.Errorf("routed to unknown instance %q", hop.Instance)
 	}
+	s.tellWork(e, idx, hop.Work)
 	e.noteAdapter(idx, req.Adapter, s.now) // as the edge's fleet view does (lora.go)
 	if id.SubAgent() && hop.Bound {
 		affinity = rreq.Key // the signed hint's affinity id: the root key
