@@ -211,8 +211,9 @@ func (r *Router) leastBacklog(req *Request, in *Inputs, bound string) (float64, 
 // cacheLost is the cache-lost rebind (overflow.cache_lost_below): when the
 // KV index, with a trusted baseline for the bound instance, says it does not
 // hold the block at that fraction of the conversation's previous prompt
-// there (block ⌈f·n⌉ of its n blocks, as this edge's working set recorded
-// them; the prompt's first block when this edge did not route that prompt),
+// there (block ⌈f·n⌉ of its n blocks, as this edge's working sets recorded
+// them, its own routes and those heard; the prompt's first block when no
+// route there is recorded),
 // the key is placed again among the
 // instances below the overflow thresholds, the bound one included, and
 // moves only to one that scores strictly better (a tie stays, so an idle
@@ -295,8 +296,8 @@ func (r *Router) cacheLost(req *Request, b *fsm.Binding, in *Inputs) (route, boo
 }
 
 // storedBlocks is the prompt blocks of the conversation's previous request
-// on instance, as this edge's working set recorded it (at most this
-// prompt's); 1 when this edge did not route it there.
+// on instance, as this edge's working sets recorded it (its routes and
+// those heard; at most this prompt's); 1 when none is recorded there.
 func (r *Router) storedBlocks(req *Request, in *Inputs, instance string) int {
 	if in.Work != nil {
 		if inst, blocks, ok := in.Work.Key(req.workKey(), req.Now); ok && inst == instance && blocks > 0 {

@@ -1,6 +1,7 @@
-// Package workset remembers what an edge routed lately: for each
-// conversation it sent a request of within a window, the instance it went
-// to and the prompt's length in KV blocks. Summed per instance, that is the
+// Package workset remembers what the edges routed lately: for each
+// conversation an edge sent a request of within a window (its own, and
+// those the other edges told it), the instance it went to and the prompt's
+// length in KV blocks. Summed per instance, that is the
 // working set the instance's prefix cache must hold for those
 // conversations to keep hitting — what its queue and hit rate do not show
 // yet, and what a new prompt placed there competes with.
