@@ -64,6 +64,23 @@ func TestAdminAPI(t *testing.T) {
 	}
 	// A sticky turn is touched through the log: last_used advances.
 	a.send(t, s.c, s.te, "two", nil)
+	// Each instance's working set, as placement weighs it: the one
+	// conversation sent there within the window (checked at once: the
+	// window is two minutes).
+	var ws struct {
+		Instances []admin.InstanceInfo `json:"instances"`
+	}
+	if err := json.Unmarshal(adminGet(t, s.c, s.te, "/admin/v1/instances").body, &ws); err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range ws.Instances {
+		if in.WorkingSet.Conversations != 1 || in.WorkingSet.Blocks <= 0 {
+			t.Fatalf("%s (%s): working set %+v, want admin-conv's", in.ID, in.Fleet, in.WorkingSet)
+		}
+	}
+	if len(ws.Instances) != 2 {
+		t.Fatalf("instances %+v, want the context and the generation instance", ws.Instances)
+	}
 	waitFor(t, "last_used to advance", 30*time.Second, func() bool {
 		nb, _ := binding(t, s.c, s.te, fsm.FleetContext, "admin-conv")
 		return nb.LastUsed.After(b.LastUsed)

@@ -20,6 +20,7 @@ import (
 	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
+	"github.com/tether-project/tether/routing/workset"
 )
 
 // The edge as each of its parts sees it: every part is a package with a
@@ -99,6 +100,14 @@ func (a adminEdge) Fleet() *fleetview.View { return a.e.fleet }
 func (a adminEdge) Now() time.Time { return a.e.now() }
 
 func (a adminEdge) DegradedPending() int { return a.e.placements.InFlight() }
+
+func (a adminEdge) WorkingSet(f fsm.Fleet, instance string, now time.Time) workset.Load {
+	m := a.e.catalogue.ModelOfInstance(instance, now)
+	if m == nil || m.Decider == nil || !f.Valid() || m.Routers[f] == nil {
+		return workset.Load{}
+	}
+	return m.Decider.WorkingSet(m.Routers[f], instance, now)
+}
 
 // observeSource is the edge as its scrape-time series read it
 // (observe.Source).

@@ -10,6 +10,13 @@ import (
 	"github.com/tether-project/tether/routing/kvindex"
 )
 
+// InstanceWorkingSet is an instance's working set as this edge knows it
+// (routing/workset: its own routes and those the other edges told it).
+type InstanceWorkingSet struct {
+	Conversations int   `json:"conversations"`
+	Blocks        int64 `json:"blocks"`
+}
+
 // InstanceInfo is one element of GET /admin/v1/instances.
 type InstanceInfo struct {
 	ID    string `json:"id"`
@@ -54,7 +61,11 @@ type InstanceInfo struct {
 	// the engines' answers (every edge's) over the breaker's window.
 	IndexAccuracy IndexAccuracy `json:"index_accuracy"`
 	Bindings      int           `json:"bindings"`
-	KVStale       bool          `json:"kv_stale"`
+	// WorkingSet is what placement's eviction charge weighs the instance's
+	// cache holding: the conversations the edges sent it within the
+	// working-set window and their prompts' KV blocks.
+	WorkingSet InstanceWorkingSet `json:"working_set"`
+	KVStale    bool               `json:"kv_stale"`
 	// TelemetryStale: the edge's NATS link is (or just was) down; the
 	// load figures are from before and health comes from probes.
 	TelemetryStale bool `json:"telemetry_stale"`
@@ -194,6 +205,8 @@ func (a *API) instances(w http.ResponseWriter, r *http.Request) int {
 		if in.PrefillReported {
 			info.PrefillTokens = &in.PrefillTokens
 		}
+		ws := a.edge.WorkingSet(in.Fleet, in.ID, now)
+		info.WorkingSet = InstanceWorkingSet{Conversations: ws.Keys, Blocks: ws.Blocks}
 		if info.Model = in.Served; info.Model == "" {
 			info.Model = in.Model
 		}
