@@ -2,6 +2,7 @@ package edge
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/telemetry"
 	"github.com/tether-project/tether/test/natstest"
@@ -155,5 +157,40 @@ func TestRequestsDoNotWaitOnAStalledNATSConnection(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("%s with the NATS connection stalled: %d %s", session, resp.StatusCode, b)
 		}
+	}
+}
+
+// Three edges: a conversation one edge routes is in every edge's working
+// set of the instances it went to (told with its dispatches), as the
+// others' admin API shows and their placement weighs.
+func TestEdgesShareTheirWorkingSets(t *testing.T) {
+	ns := natstest.Start(t, nil)
+	startDisaggFleet(t, ns.ClientURL(), workerOpts{})
+	ec := startEdges(t, 3, ns.ClientURL(), nil)
+	ec.waitInstances(4)
+	c := httpClient(t)
+	r := (&agent{session: "shared-ws", system: longText("shared-ws", 20)}).send(t, c, ec.edge(0), "hello", nil)
+	for i := range 3 {
+		te := ec.edge(i)
+		waitFor(t, "shared-ws in the working sets of "+te.cfg.Cluster.NodeID, 10*time.Second, func() bool {
+			var inst struct {
+				Instances []admin.InstanceInfo `json:"instances"`
+			}
+			if err := json.Unmarshal(adminGet(t, c, te, "/admin/v1/instances").body, &inst); err != nil {
+				t.Fatal(err)
+			}
+			held := 0
+			for _, in := range inst.Instances {
+				switch {
+				case in.ID == r.ctxInst || in.ID == r.gen:
+					if in.WorkingSet.Conversations == 1 && in.WorkingSet.Blocks > 0 {
+						held++
+					}
+				case in.WorkingSet.Conversations != 0:
+					t.Fatalf("%s: %s holds a working set %+v; shared-ws went to %s and %s", te.cfg.Cluster.NodeID, in.ID, in.WorkingSet, r.ctxInst, r.gen)
+				}
+			}
+			return held == 2
+		})
 	}
 }
