@@ -96,12 +96,16 @@ const (
 	// (placement.reported_prefill), instead of the estimate from their
 	// request counts.
 	PolicyTetherReportedPrefill Policy = "tether_reported_prefill"
+	// PolicyTetherOwnWorkingSets: tether whose edges weigh only their own
+	// routes in the working sets (no Share.WorkingSets), as before the
+	// edges told each other theirs.
+	PolicyTetherOwnWorkingSets Policy = "tether_own_worksets"
 )
 
 // TetherVariants are the ablations.
 var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind, PolicyTetherWeigh,
 	PolicyTetherNoRelief, PolicyTetherTreeBudget, PolicyTetherNoWorkingSet, PolicyTetherNoSpread, PolicyTetherFirstWithParent,
-	PolicyTetherQueuedLimit, PolicyTetherReportedPrefill}
+	PolicyTetherQueuedLimit, PolicyTetherReportedPrefill, PolicyTetherOwnWorkingSets}
 
 func (p Policy) isTether() bool {
 	return p == PolicyTether || p == PolicyTetherLocal || slices.Contains(TetherVariants, p)

@@ -13,7 +13,7 @@ import "github.com/tether-project/tether/routing"
 // tellWork queues the working-set entry w of edge e's route to instIdx for
 // the other edges.
 func (s *simulator) tellWork(e *simEdge, instIdx int, w routing.Work) {
-	if !s.cfg.Share.WorkingSets || !s.cfg.Policy.usesSharedLog() || w.Key == "" {
+	if !s.cfg.Share.WorkingSets || !s.cfg.Policy.usesSharedLog() || s.cfg.Policy == PolicyTetherOwnWorkingSets || w.Key == "" {
 		return
 	}
 	for _, o := range s.edges {

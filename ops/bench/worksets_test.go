@@ -22,6 +22,7 @@ func TestWorkingSetsAreShared(t *testing.T) {
 		{"shipped", PolicyTether, true, true},
 		{"not shared", PolicyTether, false, false},
 		{"independent edges", PolicyTetherLocal, true, false},
+		{"the ablation", PolicyTetherOwnWorkingSets, true, false},
 	} {
 		cfg := testConfig()
 		cfg.Policy, cfg.Edges = c.policy, 3
