@@ -20,7 +20,6 @@ import (
 	"github.com/tether-project/tether/edge/route"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/apireq"
-	"github.com/tether-project/tether/routing/workset"
 )
 
 // The edge as each of its parts sees it: every part is a package with a
@@ -101,12 +100,13 @@ func (a adminEdge) Now() time.Time { return a.e.now() }
 
 func (a adminEdge) DegradedPending() int { return a.e.placements.InFlight() }
 
-func (a adminEdge) WorkingSet(f fsm.Fleet, instance string, now time.Time) workset.Load {
+func (a adminEdge) WorkingSet(f fsm.Fleet, instance string, now time.Time) (int, int64) {
 	m := a.e.catalogue.ModelOfInstance(instance, now)
 	if m == nil || m.Decider == nil || !f.Valid() || m.Routers[f] == nil {
-		return workset.Load{}
+		return 0, 0
 	}
-	return m.Decider.WorkingSet(m.Routers[f], instance, now)
+	l := m.Decider.WorkingSet(m.Routers[f], instance, now)
+	return l.Keys, l.Blocks
 }
 
 // observeSource is the edge as its scrape-time series read it

@@ -18,7 +18,6 @@ import (
 	"github.com/tether-project/tether/edge/fleetview"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/httpjson"
-	"github.com/tether-project/tether/routing/workset"
 )
 
 // Prefix is the admin API's path prefix (on the edge's port).
@@ -40,9 +39,10 @@ type Edge interface {
 	// DegradedPending counts degraded placements not yet recorded in the log.
 	DegradedPending() int
 	// WorkingSet is the instance's working set as this edge's placement
-	// weighs it: the conversations the edges sent it lately (routing's
-	// Decider.WorkingSet; zero for an instance of no model of this edge).
-	WorkingSet(f fsm.Fleet, instance string, now time.Time) workset.Load
+	// weighs it: the conversations the edges sent it lately and their
+	// prompts' KV blocks (routing's Decider.WorkingSet; zero for an
+	// instance of no model of this edge).
+	WorkingSet(f fsm.Fleet, instance string, now time.Time) (conversations int, blocks int64)
 }
 
 // Options configure the API.

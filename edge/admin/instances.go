@@ -205,8 +205,7 @@ func (a *API) instances(w http.ResponseWriter, r *http.Request) int {
 		if in.PrefillReported {
 			info.PrefillTokens = &in.PrefillTokens
 		}
-		ws := a.edge.WorkingSet(in.Fleet, in.ID, now)
-		info.WorkingSet = InstanceWorkingSet{Conversations: ws.Keys, Blocks: ws.Blocks}
+		info.WorkingSet.Conversations, info.WorkingSet.Blocks = a.edge.WorkingSet(in.Fleet, in.ID, now)
 		if info.Model = in.Served; info.Model == "" {
 			info.Model = in.Model
 		}
