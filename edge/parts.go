@@ -101,11 +101,11 @@ func (a adminEdge) Now() time.Time { return a.e.now() }
 func (a adminEdge) DegradedPending() int { return a.e.placements.InFlight() }
 
 func (a adminEdge) WorkingSet(f fsm.Fleet, instance string, now time.Time) (int, int64) {
-	m := a.e.catalogue.ModelOfInstance(instance, now)
-	if m == nil || m.Decider == nil || !f.Valid() || m.Routers[f] == nil {
+	d, r, ok := a.e.catalogue.DecisionOf(f, instance, now)
+	if !ok {
 		return 0, 0
 	}
-	l := m.Decider.WorkingSet(m.Routers[f], instance, now)
+	l := d.WorkingSet(r, instance, now)
 	return l.Keys, l.Blocks
 }
 

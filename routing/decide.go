@@ -37,10 +37,11 @@ func (d *Decider) Decide(ctx context.Context, router *Router, req Request, prev 
 		router.predicted(h, &req, d.Index)
 		d.Index.Predict(h.Instance, req.Blocks, req.Now)
 	}
-	if k := req.workKey(); k != "" && len(req.Blocks) > 0 {
+	k := req.workKey()
+	if k != "" && len(req.Blocks) > 0 {
 		h.Work = Work{Key: k, Blocks: len(req.Blocks)}
 	}
-	d.workSet(router).Note(req.workKey(), h.Instance, len(req.Blocks), req.Now)
+	d.workSet(router).Note(k, h.Instance, len(req.Blocks), req.Now)
 	return h, nil
 }
 

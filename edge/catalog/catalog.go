@@ -278,6 +278,19 @@ func (e *Catalogue) ModelOfInstance(id string, now time.Time) *Model {
 	return e.InstanceModel(&v)
 }
 
+// DecisionOf is the decision of the model instance serves and that
+// model's router of fleet f: where the edge's working sets for the
+// instance live (routing Decider.HearRoute, Decider.WorkingSet). ok is
+// false for an instance of no model of this edge or a fleet it does not
+// route.
+func (e *Catalogue) DecisionOf(f fsm.Fleet, instance string, now time.Time) (d *routing.Decider, r *routing.Router, ok bool) {
+	m := e.ModelOfInstance(instance, now)
+	if m == nil || m.Decider == nil || !f.Valid() || m.Routers[f] == nil {
+		return nil, nil, false
+	}
+	return m.Decider, m.Routers[f], true
+}
+
 // Names are the model names, the first first (nil with one
 // model: the admin API then shows keys as they always were).
 func (e *Catalogue) Names() []string {

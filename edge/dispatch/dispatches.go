@@ -134,15 +134,9 @@ func (e *Dispatcher) hearWork(d telemetry.Dispatch) {
 		return
 	}
 	now := e.now()
-	m := e.catalogue.ModelOfInstance(d.Instance, now)
-	if m == nil || m.Decider == nil {
-		return
+	if dec, r, ok := e.catalogue.DecisionOf(fleetview.FleetOf(d.Fleet), d.Instance, now); ok {
+		dec.HearRoute(r, routing.Work{Key: d.Work, Blocks: d.Blocks}, d.Instance, now)
 	}
-	f := fleetview.FleetOf(d.Fleet)
-	if !f.Valid() || m.Routers[f] == nil {
-		return
-	}
-	m.Decider.HearRoute(m.Routers[f], routing.Work{Key: d.Work, Blocks: d.Blocks}, d.Instance, now)
 }
 
 // grade grades h's KV index claim against the engine's answer about the
