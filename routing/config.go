@@ -298,17 +298,19 @@ type OverflowConfig struct {
 	// trace benchmark's tuning half it raised the sub-agent hit rate but
 	// lowered the hit rate; BENCHMARKS.md).
 	SubAgentCacheLost bool `yaml:"subagent_cache_lost"`
-	// SubAgentTreeBudget: a sub-agent that would follow its parent's
-	// binding goes its own way when its agent tree does not fit the
-	// parent's instance: the prompts of the parent and its sub-agents
-	// routed there lately (the working set) plus this one above the
-	// instance's KV capacity. It is then placed under its own
-	// conversation id (placement credits the prefix it shares with a
-	// sibling where that sibling is; policy subagent_own) and follows that
-	// binding from then on (decide.go: treeFits). Off by default: on the
-	// trace benchmark's tuning half it changed the hit rate by nothing and
-	// the sub-agent hit rate by −0.7 points at 4 × 3,000 blocks
-	// (BENCHMARKS.md).
+	// SubAgentTreeBudget: a sub-agent past its first request that would
+	// follow its parent's binding goes its own way when it does not fit
+	// the parent's instance — the working set routed there lately (the
+	// parent's, its siblings' and every other conversation's prompts)
+	// plus its prompt above the instance's KV capacity — and another
+	// instance would hold it with room, or less full than the parent's
+	// is. It is then placed under its own conversation id (policy
+	// subagent_own) and follows that binding from then on (decide.go:
+	// treeFits). The contract's affinity is best effort: siblings whose
+	// long contexts outgrow one cache evict each other there. On by
+	// default (the trace benchmark: sub-agent hit rate up at both loads,
+	// hit rate unchanged; BENCHMARKS.md). Off: every request follows
+	// the parent.
 	SubAgentTreeBudget bool `yaml:"subagent_tree_budget"`
 	// SubAgentFirstWithParent: a sub-agent follows its parent's binding on
 	// its first request only (where its siblings' shared prefix is); once
@@ -444,10 +446,11 @@ func DefaultConfig() Config {
 			LiveBinding:            DefaultLiveBinding,
 		},
 		Overflow: OverflowConfig{
-			ReliefFactor:     DefaultReliefFactor,
-			RebindAfter:      30 * time.Second,
-			CacheLostBelow:   0.5,
-			CacheLostMinIdle: 5 * time.Second,
+			ReliefFactor:       DefaultReliefFactor,
+			RebindAfter:        30 * time.Second,
+			CacheLostBelow:     0.5,
+			CacheLostMinIdle:   5 * time.Second,
+			SubAgentTreeBudget: true,
 		},
 		Shed: ShedConfig{
 			MaxBacklogSeconds:      DefaultMaxBacklogSeconds,

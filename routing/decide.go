@@ -210,19 +210,27 @@ func (x *decision) ownAfterFirst() bool {
 }
 
 // treeFits reports whether a sub-agent following its parent's binding fits
-// its parent's instance (overflow.subagent_tree_budget): the prompts of the
-// agent tree's members last routed there within the working-set window
-// (the parent and its other sub-agents, as this edge routed them) plus
-// this one, at most the instance's KV capacity. A tree whose siblings' long
-// contexts outgrow one instance evicts itself there — each sibling's turn
-// evicts another's context, and the parent's — so a sub-agent that does not
-// fit goes its own way: placed under its own id (credited the prefix it
-// shares with a sibling where that sibling is, its queue and the cache it
-// would evict there weighed), and sticky from then on. It fits when the
-// parent is not bound (it is placed by the parent's key) or the instance
-// reports no capacity.
+// its parent's instance (overflow.subagent_tree_budget). Its first request
+// always does: it goes where its parent's prompt, the prefix it shares, is
+// cached. From its second (its parent link committed) its context is its
+// own, grown turn by turn, and the prefix it shares is a small part of it:
+// it fits while the working set routed to the parent's instance within the
+// window — the parent's and its siblings' last prompts and every other
+// conversation's, as every edge routed them — plus this prompt (its own
+// previous one no longer counted) is at most the instance's KV capacity.
+// Past that each turn there evicts another's context. A sub-agent that
+// does not fit goes its own way only when another instance would hold it
+// better (moreRoom); on a fleet where every cache is as full a move would
+// only recompute its context elsewhere. It is then placed under its own id
+// (credited its context where it is cached, the queue and the cache it
+// would evict weighed, the parent's instance among the candidates), and is
+// sticky from then on. It fits when the parent is not bound (it is placed
+// by the parent's key) or the instance reports no capacity.
 func (x *decision) treeFits() bool {
 	if !x.router.cfg.Overflow.SubAgentTreeBudget || x.in.Work == nil || x.h.Fleet != fsm.FleetContext {
+		return true
+	}
+	if link, ok := x.st.Link(x.req.ConversationID); !ok || link.Root != x.req.Key {
 		return true
 	}
 	b, ok := x.st.Lookup(x.h.Fleet, x.h.Key)
@@ -233,16 +241,31 @@ func (x *decision) treeFits() bool {
 	if !ok || v.KVTotalBlocks <= 0 {
 		return true
 	}
-	tree := int64(len(x.req.Blocks))
-	for _, k := range append(x.st.Children(x.h.Key), x.h.Key) {
-		if k == x.req.ConversationID {
-			continue
-		}
-		if inst, blocks, ok := x.in.Work.Key(workKey(x.req.Fleet, k, ""), x.req.Now); ok && inst == b.Instance {
-			tree += int64(blocks)
+	n := int64(len(x.req.Blocks))
+	l := x.in.Work.Load(b.Instance, x.req.Now)
+	if inst, blocks, ok := x.in.Work.Key(x.req.workKey(), x.req.Now); ok && inst == b.Instance {
+		l.Blocks -= int64(blocks)
+	}
+	return l.Blocks+n <= v.KVTotalBlocks || !x.router.moreRoom(&x.req, &x.in, b.Instance, l.Blocks, n)
+}
+
+// moreRoom reports whether an instance eligible for req other than
+// instance, whose working set is held blocks without req, would hold req's
+// n prompt blocks better: beside its own working set within its KV
+// capacity, or with no more than instance held without them (a move never
+// leaves the other instance fuller than this one was, so sub-agents do not
+// move back and forth between full caches).
+func (r *Router) moreRoom(req *Request, in *Inputs, instance string, held, n int64) bool {
+	buf := getCandidates()
+	defer putCandidates(buf)
+	cands, _ := r.eligible(req, in, instance, (*buf)[:0])
+	*buf = cands
+	for _, c := range cands {
+		if c.v.KVTotalBlocks > 0 && in.Work.Load(c.v.ID, req.Now).Blocks+n <= max(c.v.KVTotalBlocks, held) {
+			return true
 		}
 	}
-	return tree <= v.KVTotalBlocks
+	return false
 }
 
 // asOwn routes the rest of the decision by the sub-agent's own

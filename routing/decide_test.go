@@ -724,10 +724,14 @@ func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
 	}
 }
 
-// With overflow.subagent_tree_budget, a sub-agent whose agent tree (its
-// parent and siblings as this edge routed them there, plus its prompt) does
-// not fit its parent's instance's KV cache is placed under its own id and
-// follows that binding from then on; one that fits follows the parent.
+// With overflow.subagent_tree_budget, a sub-agent past its first request
+// whose prompt does not fit beside the working set routed to its parent's
+// instance (its parent's and siblings' prompts and every other
+// conversation's, as the edges routed them) is placed under its own id,
+// when another instance has room for it, and follows that binding from
+// then on; one that fits, a first request, or one with no room elsewhere
+// follows the parent — unless the parent's instance is fuller than another
+// would be with it. Off, every request follows the parent.
 func TestSubAgentGoesItsOwnWayWhenItsTreeDoesNotFit(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		cfg := DefaultConfig()
@@ -738,30 +742,75 @@ func TestSubAgentGoesItsOwnWayWhenItsTreeDoesNotFit(t *testing.T) {
 			r.fleet.views[i].KVTotalBlocks = 100
 		}
 		r.log.commit(t, fsm.Bind{Fleet: fsm.FleetContext, Key: "root", ConversationID: "root", Instance: "a"})
-		r.log.commit(t, fsm.Link{Child: "sib", Parent: "root", Root: "root", Depth: 1})
-		// This edge sent the parent's last prompt (50 blocks) and a
-		// sibling's (40) to a.
+		// The parent's last prompt (50 blocks) and a sibling's (40) went
+		// to a.
 		r.d.workSet(r.router).Note(workKey(fsm.FleetContext, "root", ""), "a", 50, tDecide.Add(-time.Second))
 		r.d.workSet(r.router).Note(workKey(fsm.FleetContext, "sib", ""), "a", 40, tDecide.Add(-time.Second))
-		child := Request{Fleet: fsm.FleetContext, Key: "root", ConversationID: "child", RequestID: "child#1", Edge: "e1",
-			Now: tDecide, PromptTokens: 5 * 64, Blocks: blocks(3, 5)}
-		fits, fail := r.d.Decide(context.Background(), r.router, child, nil)
-		if fail != nil || fits.Instance != "a" || fits.OwnKey {
-			t.Fatalf("on=%v: 95 of 100 blocks: %+v %v, want the parent's a", on, fits, fail)
+		decide := func(conv string, n int, blocks []uint64) *Hop {
+			t.Helper()
+			req := Request{Fleet: fsm.FleetContext, Key: "root", ConversationID: conv, RequestID: fmt.Sprintf("%s#%d", conv, n), Edge: "e1",
+				Now: tDecide, PromptTokens: len(blocks) * 64, Blocks: blocks}
+			got, fail := r.d.Decide(context.Background(), r.router, req, nil)
+			if fail != nil {
+				t.Fatalf("on=%v %s: %v", on, req.RequestID, fail)
+			}
+			return got
 		}
-		child.ConversationID, child.RequestID, child.Blocks = "big", "big#1", blocks(4, 20)
-		got, fail := r.d.Decide(context.Background(), r.router, child, nil)
+		onParents := func(h *Hop, what string) {
+			t.Helper()
+			if h.Instance != "a" || h.OwnKey {
+				t.Fatalf("on=%v, %s: %+v, want the parent's a", on, what, h)
+			}
+		}
+		// Past its first request, small fits beside the 90 blocks of its
+		// tree (its own previous prompt not counted twice).
+		onParents(decide("small", 1, blocks(3, 5)), "a first request, 95 of 100 blocks")
+		r.log.commit(t, fsm.Link{Child: "small", Parent: "root", Root: "root", Depth: 1})
+		onParents(decide("small", 2, blocks(3, 5)), "95 of 100 blocks")
+		// A first request follows the parent even where it does not fit
+		// (115 of 100): it goes where the prefix it shares is. Its second
+		// does not fit either and goes its own way.
+		onParents(decide("big", 1, blocks(4, 20)), "a first request, 115 of 100 blocks")
+		r.log.commit(t, fsm.Link{Child: "big", Parent: "root", Root: "root", Depth: 1})
+		got := decide("big", 2, blocks(4, 20))
 		switch {
-		case fail != nil:
-			t.Fatal(fail)
 		case on && (got.Instance == "a" || !got.OwnKey || got.Key != "big" || got.Policy != PolicySubAgentOwn):
-			t.Fatalf("budget on, 110 of 100 blocks: %+v, want big placed off a under its own id", got)
-		case !on && (got.Instance != "a" || got.OwnKey):
-			t.Fatalf("budget off: %+v, want the parent's a", got)
+			t.Fatalf("budget on, 115 of 100 blocks: %+v, want big placed off a under its own id", got)
+		case !on:
+			onParents(got, "budget off, 115 of 100 blocks")
 		}
 		if on {
-			child.RequestID = "big#2"
-			r.stickyOnOwnBinding(t, child, got.Instance)
+			r.stickyOnOwnBinding(t, Request{Fleet: fsm.FleetContext, Key: "root", ConversationID: "big", RequestID: "big#3", Edge: "e1",
+				Now: tDecide, PromptTokens: 20 * 64, Blocks: blocks(4, 20)}, got.Instance)
+		}
+		// Another edge sent an unrelated conversation's prompt (10
+		// blocks) to a: small (95 of 100 beside its tree) no longer fits
+		// beside everything a holds.
+		r.d.HearRoute(r.router, Work{Key: workKey(fsm.FleetContext, "stranger", ""), Blocks: 10}, "a", tDecide.Add(-time.Second))
+		got = decide("small", 3, blocks(3, 5))
+		switch {
+		case on && (got.Instance == "a" || !got.OwnKey):
+			t.Fatalf("budget on, 105 of 100 blocks with another conversation's: %+v, want small placed off a", got)
+		case !on:
+			onParents(got, "budget off, 105 of 100 blocks")
+		}
+		// Every other instance's cache is full too: a move would only
+		// recompute the context elsewhere, so the sub-agent stays.
+		for _, id := range []string{"b", "c"} {
+			r.d.HearRoute(r.router, Work{Key: workKey(fsm.FleetContext, "crowd-"+id, ""), Blocks: 100}, id, tDecide.Add(-time.Second))
+		}
+		r.log.commit(t, fsm.Link{Child: "late", Parent: "root", Root: "root", Depth: 1})
+		onParents(decide("late", 2, blocks(6, 20)), "no room on any other instance")
+		// a is much fuller than the others (300 blocks): one of them with
+		// the sub-agent would be less full than a is without it, so the
+		// sub-agent is placed under its own id (where, placement weighs).
+		r.d.HearRoute(r.router, Work{Key: workKey(fsm.FleetContext, "pile", ""), Blocks: 200}, "a", tDecide.Add(-time.Second))
+		got = decide("late", 3, blocks(6, 20))
+		switch {
+		case on && (!got.OwnKey || got.Policy != PolicySubAgentOwn):
+			t.Fatalf("budget on, a fuller than every other instance: %+v, want late placed under its own id", got)
+		case !on:
+			onParents(got, "budget off, a fuller than every other instance")
 		}
 	}
 }

@@ -69,11 +69,11 @@ const (
 	// overflow.relief_factor 0): a bound key leaves a healthy instance
 	// only when it lost the conversation's cache.
 	PolicyTetherNoRelief Policy = "tether_no_relief"
-	// PolicyTetherTreeBudget: tether with the agent tree's KV budget
-	// (routing's overflow.subagent_tree_budget, off by default): a
-	// sub-agent whose tree does not fit its parent's instance is placed
-	// under its own id.
-	PolicyTetherTreeBudget Policy = "tether_tree_budget"
+	// PolicyTetherNoTreeBudget: tether without the agent tree's KV budget
+	// (routing's overflow.subagent_tree_budget off): every request of a
+	// sub-agent follows its parent's binding, however full the parent's
+	// instance.
+	PolicyTetherNoTreeBudget Policy = "tether_no_tree_budget"
 	// PolicyTetherNoWorkingSet: tether without the working sets' eviction
 	// cost (weights.evict 0): placement does not weigh the cache a prompt
 	// evicts.
@@ -104,7 +104,7 @@ const (
 
 // TetherVariants are the ablations.
 var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind, PolicyTetherWeigh,
-	PolicyTetherNoRelief, PolicyTetherTreeBudget, PolicyTetherNoWorkingSet, PolicyTetherNoSpread, PolicyTetherFirstWithParent,
+	PolicyTetherNoRelief, PolicyTetherNoTreeBudget, PolicyTetherNoWorkingSet, PolicyTetherNoSpread, PolicyTetherFirstWithParent,
 	PolicyTetherQueuedLimit, PolicyTetherReportedPrefill, PolicyTetherOwnWorkingSets}
 
 func (p Policy) isTether() bool {

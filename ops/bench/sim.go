@@ -623,8 +623,8 @@ func tetherVariant(p Policy, rc *routing.Config) {
 		rc.Overflow.Weigh = true
 	case PolicyTetherNoRelief:
 		rc.Overflow.ReliefFactor = 0
-	case PolicyTetherTreeBudget:
-		rc.Overflow.SubAgentTreeBudget = true
+	case PolicyTetherNoTreeBudget:
+		rc.Overflow.SubAgentTreeBudget = false
 	case PolicyTetherNoWorkingSet:
 		rc.Weights.Evict = 0
 	case PolicyTetherNoSpread:
