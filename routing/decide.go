@@ -219,13 +219,13 @@ func (x *decision) ownAfterFirst() bool {
 // conversation's, as every edge routed them — plus this prompt (its own
 // previous one no longer counted) is at most the instance's KV capacity.
 // Past that each turn there evicts another's context. A sub-agent that
-// does not fit goes its own way only when another instance would hold it
-// better (moreRoom); on a fleet where every cache is as full a move would
-// only recompute its context elsewhere. It is then placed under its own id
-// (credited its context where it is cached, the queue and the cache it
-// would evict weighed, the parent's instance among the candidates), and is
-// sticky from then on. It fits when the parent is not bound (it is placed
-// by the parent's key) or the instance reports no capacity.
+// does not fit goes its own way only when another instance has room for
+// it (roomFor): a move into a full cache would evict the contexts there
+// instead. It is then placed under its own id (credited its context where
+// it is cached, the queue and the cache it would evict weighed, the
+// parent's instance among the candidates), and is sticky from then on. It
+// fits when the parent is not bound (it is placed by the parent's key) or
+// the instance reports no capacity.
 func (x *decision) treeFits() bool {
 	if !x.router.cfg.Overflow.SubAgentTreeBudget || x.in.Work == nil || x.h.Fleet != fsm.FleetContext {
 		return true
@@ -246,22 +246,19 @@ func (x *decision) treeFits() bool {
 	if inst, blocks, ok := x.in.Work.Key(x.req.workKey(), x.req.Now); ok && inst == b.Instance {
 		l.Blocks -= int64(blocks)
 	}
-	return l.Blocks+n <= v.KVTotalBlocks || !x.router.moreRoom(&x.req, &x.in, b.Instance, l.Blocks, n)
+	return l.Blocks+n <= v.KVTotalBlocks || !x.router.roomFor(&x.req, &x.in, b.Instance, n)
 }
 
-// moreRoom reports whether an instance eligible for req other than
-// instance, whose working set is held blocks without req, would hold req's
-// n prompt blocks better: beside its own working set within its KV
-// capacity, or with no more than instance held without them (a move never
-// leaves the other instance fuller than this one was, so sub-agents do not
-// move back and forth between full caches).
-func (r *Router) moreRoom(req *Request, in *Inputs, instance string, held, n int64) bool {
+// roomFor reports whether an instance eligible for req other than instance
+// has room for n prompt blocks beside the working set routed to it within
+// the window.
+func (r *Router) roomFor(req *Request, in *Inputs, instance string, n int64) bool {
 	buf := getCandidates()
 	defer putCandidates(buf)
 	cands, _ := r.eligible(req, in, instance, (*buf)[:0])
 	*buf = cands
 	for _, c := range cands {
-		if c.v.KVTotalBlocks > 0 && in.Work.Load(c.v.ID, req.Now).Blocks+n <= max(c.v.KVTotalBlocks, held) {
+		if c.v.KVTotalBlocks > 0 && in.Work.Load(c.v.ID, req.Now).Blocks+n <= c.v.KVTotalBlocks {
 			return true
 		}
 	}
