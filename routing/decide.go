@@ -212,8 +212,9 @@ func (x *decision) ownAfterFirst() bool {
 // treeFits reports whether a sub-agent following its parent's binding fits
 // its parent's instance (overflow.subagent_tree_budget). Its first request
 // always does: it goes where its parent's prompt, the prefix it shares, is
-// cached. From its second (its parent link committed) its context is its
-// own, grown turn by turn, and the prefix it shares is a small part of it:
+// cached. From its second (the working sets hold its previous prompt: any
+// edge routed it within the window, whatever the log has committed) its
+// context is its own, grown turn by turn, and the prefix it shares is a small part of it:
 // it fits while the working set routed to the parent's instance within the
 // window — the parent's and its siblings' last prompts and every other
 // conversation's, as every edge routed them — plus this prompt (its own
@@ -230,7 +231,8 @@ func (x *decision) treeFits() bool {
 	if !x.router.cfg.Overflow.SubAgentTreeBudget || x.in.Work == nil || x.h.Fleet != fsm.FleetContext {
 		return true
 	}
-	if link, ok := x.st.Link(x.req.ConversationID); !ok || link.Root != x.req.Key {
+	own, ownBlocks, seen := x.in.Work.Key(x.req.workKey(), x.req.Now)
+	if !seen {
 		return true
 	}
 	b, ok := x.st.Lookup(x.h.Fleet, x.h.Key)
@@ -243,8 +245,8 @@ func (x *decision) treeFits() bool {
 	}
 	n := int64(len(x.req.Blocks))
 	l := x.in.Work.Load(b.Instance, x.req.Now)
-	if inst, blocks, ok := x.in.Work.Key(x.req.workKey(), x.req.Now); ok && inst == b.Instance {
-		l.Blocks -= int64(blocks)
+	if own == b.Instance {
+		l.Blocks -= int64(ownBlocks)
 	}
 	return l.Blocks+n <= v.KVTotalBlocks || !x.router.roomFor(&x.req, &x.in, b.Instance, n)
 }
