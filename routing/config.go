@@ -303,9 +303,9 @@ type OverflowConfig struct {
 	// the parent's instance — the working set routed there lately (the
 	// parent's, its siblings' and every other conversation's prompts)
 	// plus its prompt above the instance's KV capacity — and another
-	// instance has room for it beside its own working set. It is then placed under its own conversation id (policy
-	// subagent_own) and follows that binding from then on (decide.go:
-	// treeFits). The contract's affinity is best effort: siblings whose
+	// instance has room for it beside its own working set. It is then
+	// placed under its own conversation id (policy subagent_own) and
+	// follows that binding from then on (decide.go: treeFits). The contract's affinity is best effort: siblings whose
 	// long contexts outgrow one cache evict each other there. On by
 	// default (the trace benchmark: sub-agent hit rate up at both loads,
 	// hit rate unchanged; BENCHMARKS.md). Off: every request follows

@@ -214,11 +214,12 @@ func (x *decision) ownAfterFirst() bool {
 // always does: it goes where its parent's prompt, the prefix it shares, is
 // cached. From its second (the working sets hold its previous prompt: any
 // edge routed it within the window, whatever the log has committed) its
-// context is its own, grown turn by turn, and the prefix it shares is a small part of it:
-// it fits while the working set routed to the parent's instance within the
-// window — the parent's and its siblings' last prompts and every other
-// conversation's, as every edge routed them — plus this prompt (its own
-// previous one no longer counted) is at most the instance's KV capacity.
+// context is its own, grown turn by turn, and the prefix it shares is a
+// small part of it: it fits while the working set routed to the parent's
+// instance within the window — the parent's and its siblings' last prompts
+// and every other conversation's, as every edge routed them — plus this
+// prompt (its own previous one no longer counted) is at most the
+// instance's KV capacity.
 // Past that each turn there evicts another's context. A sub-agent that
 // does not fit goes its own way only when another instance has room for
 // it (roomFor): a move into a full cache would evict the contexts there
