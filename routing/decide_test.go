@@ -725,7 +725,7 @@ func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
 }
 
 // With overflow.subagent_tree_budget, a sub-agent past its first request
-// whose prompt does not fit beside the working set routed to its parent's
+// (the working sets hold its previous prompt) whose prompt does not fit beside the working set routed to its parent's
 // instance (its parent's and siblings' prompts and every other
 // conversation's, as the edges routed them) is placed under its own id,
 // when another instance has room for it, and follows that binding from
@@ -794,10 +794,12 @@ func TestSubAgentGoesItsOwnWayWhenItsTreeDoesNotFit(t *testing.T) {
 			onParents(got, "budget off, 105 of 100 blocks")
 		}
 		// Every other instance's cache is full too: a move would evict
-		// the contexts there instead, so the sub-agent stays.
+		// the contexts there instead, so a sub-agent past its first
+		// request that does not fit stays.
 		for _, id := range []string{"b", "c"} {
 			r.d.HearRoute(r.router, Work{Key: workKey(fsm.FleetContext, "crowd-"+id, ""), Blocks: 100}, id, tDecide.Add(-time.Second))
 		}
+		onParents(decide("late", 1, blocks(6, 20)), "a first request, no room on any other instance")
 		r.log.commit(t, fsm.Link{Child: "late", Parent: "root", Root: "root", Depth: 1})
 		onParents(decide("late", 2, blocks(6, 20)), "no room on any other instance")
 	}
