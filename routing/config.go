@@ -305,8 +305,9 @@ type OverflowConfig struct {
 	// plus its prompt above the instance's KV capacity — and another
 	// instance has room for it beside its own working set. It is then
 	// placed under its own conversation id (policy subagent_own) and
-	// follows that binding from then on (decide.go: treeFits). The contract's affinity is best effort: siblings whose
-	// long contexts outgrow one cache evict each other there. On by
+	// follows that binding from then on (decide.go: treeFits). The
+	// contract's affinity is best effort: siblings whose long contexts
+	// outgrow one cache evict each other there. On by
 	// default (the trace benchmark: sub-agent hit rate up at both loads,
 	// hit rate unchanged; BENCHMARKS.md). Off: every request follows
 	// the parent.

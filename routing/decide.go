@@ -219,8 +219,8 @@ func (x *decision) ownAfterFirst() bool {
 // instance within the window — the parent's and its siblings' last prompts
 // and every other conversation's, as every edge routed them — plus this
 // prompt (its own previous one no longer counted) is at most the
-// instance's KV capacity.
-// Past that each turn there evicts another's context. A sub-agent that
+// instance's KV capacity. Past that each turn there evicts another's
+// context. A sub-agent that
 // does not fit goes its own way only when another instance has room for
 // it (roomFor): a move into a full cache would evict the contexts there
 // instead. It is then placed under its own id (credited its context where
@@ -232,8 +232,7 @@ func (x *decision) treeFits() bool {
 	if !x.router.cfg.Overflow.SubAgentTreeBudget || x.in.Work == nil || x.h.Fleet != fsm.FleetContext {
 		return true
 	}
-	own, ownBlocks, seen := x.in.Work.Key(x.req.workKey(), x.req.Now)
-	if !seen {
+	if _, _, seen := x.in.Work.Key(x.req.workKey(), x.req.Now); !seen {
 		return true
 	}
 	b, ok := x.st.Lookup(x.h.Fleet, x.h.Key)
@@ -245,11 +244,7 @@ func (x *decision) treeFits() bool {
 		return true
 	}
 	n := int64(len(x.req.Blocks))
-	l := x.in.Work.Load(b.Instance, x.req.Now)
-	if own == b.Instance {
-		l.Blocks -= int64(ownBlocks)
-	}
-	return l.Blocks+n <= v.KVTotalBlocks || !x.router.roomFor(&x.req, &x.in, b.Instance, n)
+	return x.in.workBeside(&x.req, b.Instance)+n <= v.KVTotalBlocks || !x.router.roomFor(&x.req, &x.in, b.Instance, n)
 }
 
 // roomFor reports whether an instance eligible for req other than instance
@@ -261,7 +256,7 @@ func (r *Router) roomFor(req *Request, in *Inputs, instance string, n int64) boo
 	cands, _ := r.eligible(req, in, instance, (*buf)[:0])
 	*buf = cands
 	for _, c := range cands {
-		if c.v.KVTotalBlocks > 0 && in.Work.Load(c.v.ID, req.Now).Blocks+n <= c.v.KVTotalBlocks {
+		if c.v.KVTotalBlocks > 0 && in.workBeside(req, c.v.ID)+n <= c.v.KVTotalBlocks {
 			return true
 		}
 	}

@@ -227,15 +227,22 @@ func (r *Router) evicted(req *Request, in *Inputs, c *candidate) float64 {
 	if in.Work == nil || c.v.KVTotalBlocks <= 0 || n == 0 || n > c.v.KVTotalBlocks {
 		return 0
 	}
-	l := in.Work.Load(c.v.ID, req.Now)
-	if inst, blocks, ok := in.Work.Key(req.workKey(), req.Now); ok && inst == c.v.ID {
-		l.Blocks -= int64(blocks)
-	}
-	over := min(n-int64(c.blocks), max(l.Blocks, 0)+n-c.v.KVTotalBlocks)
+	over := min(n-int64(c.blocks), max(in.workBeside(req, c.v.ID), 0)+n-c.v.KVTotalBlocks)
 	if over <= 0 {
 		return 0
 	}
 	return float64(over * int64(r.cfg.BlockSize))
+}
+
+// workBeside is the working set routed to instance within the window,
+// in blocks, without req's own conversation's last prompt (the one req
+// follows, which its prompt replaces there).
+func (in *Inputs) workBeside(req *Request, instance string) int64 {
+	l := in.Work.Load(instance, req.Now)
+	if inst, blocks, ok := in.Work.Key(req.workKey(), req.Now); ok && inst == instance {
+		l.Blocks -= int64(blocks)
+	}
+	return l.Blocks
 }
 
 // ranker orders candidates: score, then (binding routers, keyed requests)
