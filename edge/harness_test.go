@@ -124,6 +124,8 @@ type workerOpts struct {
 	maxSessions int
 	// capacityBlocks is the KV capacity per rank (0: 4096).
 	capacityBlocks int
+	// ranks is the number of ADP ranks (0: 2).
+	ranks int
 	// only404 makes the proxy answer 404 to these paths, as an engine
 	// that does not serve them (trtllm-serve has no /readyz).
 	only404 []string
@@ -201,6 +203,9 @@ func startWorker(t testing.TB, id string, o workerOpts) *testWorker {
 	cfg.ADP.EnableAttentionDP = true
 	cfg.ADP.AttentionDP.ConversationAffinity = true
 	cfg.Ranks = 2
+	if o.ranks > 0 {
+		cfg.Ranks = o.ranks
+	}
 	cfg.Engine.TimeScale = 0
 	cfg.Engine.BlockSize = testBlockSize
 	cfg.Engine.CapacityBlocks = 4096

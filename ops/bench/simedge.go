@@ -303,8 +303,10 @@ func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst 
 	}
 	s.tellWork(e, idx, hop.Work)
 	e.noteAdapter(idx, req.Adapter, s.now) // as the edge's fleet view does (lora.go)
-	if id.SubAgent() && hop.Bound {
-		affinity = rreq.Key // the signed hint's affinity id: the root key
+	if id.SubAgent() && hop.Bound && !hop.OwnKey {
+		// The signed hint's affinity id: the root key, on a hop that
+		// follows the parent's binding (edge/dispatch: sendHint).
+		affinity = rreq.Key
 	}
 	return idx, affinity, 0, nil
 }
