@@ -1,10 +1,13 @@
 package edge
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
+	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/routing"
@@ -122,4 +125,70 @@ func TestSubAgentLeavesAFullInstanceThroughTheEdges(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A sub-agent placed under its own id on its parent's instance
+// (placement.overflow.subagent_first_with_parent: its context is cached
+// there) keeps the signed hint: its context is on its parent's rank, where
+// the hint keeps it. Only a sub-agent moved to another instance goes
+// without it.
+func TestSubAgentOnItsParentsInstanceUnderItsOwnIDKeepsTheHint(t *testing.T) {
+	ns := natstest.Start(t, nil)
+	fleet := startDisaggFleet(t, ns.ClientURL(), workerOpts{})
+	ec := startEdges(t, 2, ns.ClientURL(), func(_ int, c *Config) {
+		c.Placement.Overflow.SubAgentFirstWithParent = true
+	})
+	ec.waitInstances(4)
+	c := httpClient(t)
+
+	parent, child, _ := seedAgents()
+	p1 := parent.send(t, c, ec.edge(0), "plan the work", nil)
+	c1 := child.send(t, c, ec.edge(0), longText("read", 150), nil)
+	if c1.ctxInst != p1.ctxInst {
+		t.Fatalf("the first request went to %s, want the parent's %s", c1.ctxInst, p1.ctxInst)
+	}
+	// Edge 2 has the parent's binding and the child's link, and its KV
+	// index holds both prompts on the parent's instance.
+	awaitPlacementsApplied(t, ec, 0)
+	want := int64(p1.prompt/testBlockSize + c1.prompt/testBlockSize)
+	waitFor(t, "edge-2 to apply child-a's parent link and index both prompts", 20*time.Second, func() bool {
+		_, ok := ec.edge(1).e.Node().State().Link("child-a")
+		return ok && indexedBlocks(t, c, ec.edge(1), p1.ctxInst) >= want
+	})
+	c2 := child.send(t, c, ec.edge(1), "continue", nil)
+	rt, err := ParseRoute(c2.resp.header.Get(HeaderRoute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c2.ctxInst != p1.ctxInst || !rt.ContextOwnKey {
+		t.Fatalf("second request: %s (own key %v), want its own binding on the parent's %s, where its context is cached", c2.ctxInst, rt.ContextOwnKey, p1.ctxInst)
+	}
+	var last seenRequest
+	for _, s := range fleet.byID(p1.ctxInst).requests() {
+		if s.conversationID() == "child-a" {
+			last = s
+		}
+	}
+	if last.header.Get(hintauth.HeaderAffinityID) != "parent-1" || last.header.Get(hintauth.HeaderAffinityAuth) == "" {
+		t.Fatalf("child-a's second request to its parent's instance: hint %q / %q, want parent-1 signed",
+			last.header.Get(hintauth.HeaderAffinityID), last.header.Get(hintauth.HeaderAffinityAuth))
+	}
+}
+
+// indexedBlocks is the KV blocks te's index holds on instance (its admin
+// API).
+func indexedBlocks(t testing.TB, c *http.Client, te *testEdge, instance string) int64 {
+	t.Helper()
+	var out struct {
+		Instances []admin.InstanceInfo `json:"instances"`
+	}
+	if err := json.Unmarshal(adminGet(t, c, te, "/admin/v1/instances").body, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range out.Instances {
+		if in.ID == instance {
+			return in.KV.Blocks
+		}
+	}
+	return 0
 }

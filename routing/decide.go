@@ -264,8 +264,11 @@ func (r *Router) roomFor(req *Request, in *Inputs, instance string, n int64) boo
 }
 
 // asOwn routes the rest of the decision by the sub-agent's own
-// conversation id.
+// conversation id, noting where its parent's root is bound.
 func (x *decision) asOwn() {
+	if b, ok := x.st.Lookup(x.h.Fleet, x.h.Key); ok {
+		x.h.RootInstance = b.Instance
+	}
 	x.req.Key = x.req.ConversationID
 	x.h.Key, x.h.OwnKey = x.req.Key, true
 }
@@ -296,7 +299,7 @@ func (x *decision) escape(b fsm.Binding) (route, bool) {
 		return route{}, false
 	}
 	x.req = own
-	x.h.Key, x.h.OwnKey = own.Key, true
+	x.h.Key, x.h.OwnKey, x.h.RootInstance = own.Key, true, b.Instance
 	rt.Action, rt.From, rt.Rebind, rt.Reason = actionBind, "", false, 0
 	rt.Decision.Policy = PolicySubAgentOwn
 	return rt, true

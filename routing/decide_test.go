@@ -712,8 +712,8 @@ func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
 		switch {
 		case fail != nil:
 			t.Fatal(fail)
-		case on && (got.Instance != "b" || !got.OwnKey || got.Key != "child" || got.Policy != PolicySubAgentOwn):
-			t.Fatalf("escape on: %+v, want the child placed on b under its own id", got)
+		case on && (got.Instance != "b" || !got.OwnKey || got.Key != "child" || got.Policy != PolicySubAgentOwn || got.RootInstance != "a"):
+			t.Fatalf("escape on: %+v, want the child placed on b under its own id, its root on a", got)
 		case !on && (got.Instance != "a" || got.OwnKey):
 			t.Fatalf("escape off: %+v, want the parent's a", got)
 		}
@@ -773,8 +773,8 @@ func TestSubAgentGoesItsOwnWayWhenItsTreeDoesNotFit(t *testing.T) {
 		r.log.commit(t, fsm.Link{Child: "big", Parent: "root", Root: "root", Depth: 1})
 		got := decide("big", 2, blocks(4, 20))
 		switch {
-		case on && (got.Instance == "a" || !got.OwnKey || got.Key != "big" || got.Policy != PolicySubAgentOwn):
-			t.Fatalf("budget on, 115 of 100 blocks: %+v, want big placed off a under its own id", got)
+		case on && (got.Instance == "a" || !got.OwnKey || got.Key != "big" || got.Policy != PolicySubAgentOwn || got.RootInstance != "a"):
+			t.Fatalf("budget on, 115 of 100 blocks: %+v, want big placed off a under its own id, its root on a", got)
 		case !on:
 			onParents(got, "budget off, 115 of 100 blocks")
 		}
@@ -831,8 +831,8 @@ func TestSubAgentFollowsItsParentOnItsFirstRequestOnly(t *testing.T) {
 		switch {
 		case fail != nil:
 			t.Fatal(fail)
-		case on && (got.Instance != "b" || !got.OwnKey || got.Key != "child" || got.Policy != PolicySubAgentOwn || got.Outcome != OutcomeNewBind):
-			t.Fatalf("on: second request %+v, want a new binding of child on b", got)
+		case on && (got.Instance != "b" || !got.OwnKey || got.Key != "child" || got.Policy != PolicySubAgentOwn || got.Outcome != OutcomeNewBind || got.RootInstance != "a"):
+			t.Fatalf("on: second request %+v, want a new binding of child on b, its root on a", got)
 		case !on && (got.Instance != "a" || got.OwnKey):
 			t.Fatalf("off: second request %+v, want the parent's a", got)
 		}
@@ -860,8 +860,8 @@ func newRigWith(t *testing.T, cfg Config) *rig {
 func (r *rig) stickyOnOwnBinding(t *testing.T, req Request, instance string) {
 	t.Helper()
 	got, fail := r.d.Decide(context.Background(), r.router, req, nil)
-	if fail != nil || got.Instance != instance || !got.OwnKey || got.Outcome != OutcomeSticky {
-		t.Fatalf("%s: %+v %v, want sticky on its own binding on %s", req.RequestID, got, fail, instance)
+	if fail != nil || got.Instance != instance || !got.OwnKey || got.Outcome != OutcomeSticky || got.RootInstance == "" {
+		t.Fatalf("%s: %+v %v, want sticky on its own binding on %s, its root's instance told", req.RequestID, got, fail, instance)
 	}
 }
 

@@ -245,6 +245,11 @@ type Hop struct {
 	// (Key), not its parent's root: its context left the parent's
 	// instance (Decider.escape).
 	OwnKey bool
+	// RootInstance, with OwnKey: the instance its parent's root is bound
+	// to ("" when unbound). On that instance its context is on its
+	// parent's rank, where the signed hint keeps it; on another, its own
+	// conversation id places it.
+	RootInstance string
 	// TelemetryLate: no candidate was healthy, and the silent ones (late
 	// telemetry, no evidence of failure) were counted healthy for this
 	// decision (wake). It says nothing of the log: the decision followed

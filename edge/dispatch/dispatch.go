@@ -85,15 +85,16 @@ func (e *Dispatcher) observeRank(rq *route.Request, h *route.Hop, role hintauth.
 }
 
 // sendHint decides whether a hop carries the sub-agent hint: only for a
-// sub-agent (the affinity id is its parent's root, never its own id) on a
-// hop that follows its parent's binding (one routed by its own id, as a
-// sub-agent its parent's instance had no room for, is placed by its own
-// conversation id there too, on a rank of its own), on the chat endpoint
-// (rank affinity), with a key to sign with, to the generation fleet only
-// with scope both, and never to a worker whose telemetry says it cannot
-// verify hints (a legacy worker; instance affinity still applies).
+// sub-agent (the affinity id is its parent's root, never its own id) on
+// its parent's instance (a hop routed by its own id to another instance
+// is placed there by its own conversation id, on a rank of its own: the
+// hint would bind its parent's root there and put moved siblings on one
+// rank), on the chat endpoint (rank affinity), with a key to sign with, to
+// the generation fleet only with scope both, and never to a worker whose
+// telemetry says it cannot verify hints (a legacy worker; instance
+// affinity still applies).
 func (e *Dispatcher) sendHint(rq *route.Request, h *route.Hop, role hintauth.Role) bool {
-	if !rq.Hint || e.authKey == nil || !rq.ID.SubAgent() || role == "" || h.OwnKey {
+	if !rq.Hint || e.authKey == nil || !rq.ID.SubAgent() || role == "" || (h.OwnKey && h.Instance != h.RootInstance) {
 		return false
 	}
 	if role == hintauth.RoleGeneration && e.cfg.Scope != routing.ScopeBoth {

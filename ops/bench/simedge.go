@@ -303,9 +303,9 @@ func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst 
 	}
 	s.tellWork(e, idx, hop.Work)
 	e.noteAdapter(idx, req.Adapter, s.now) // as the edge's fleet view does (lora.go)
-	if id.SubAgent() && hop.Bound && !hop.OwnKey {
-		// The signed hint's affinity id: the root key, on a hop that
-		// follows the parent's binding (edge/dispatch: sendHint).
+	if id.SubAgent() && hop.Bound && (!hop.OwnKey || hop.Instance == hop.RootInstance) {
+		// The signed hint's affinity id: the root key, on the parent's
+		// instance (edge/dispatch: sendHint).
 		affinity = rreq.Key
 	}
 	return idx, affinity, 0, nil
