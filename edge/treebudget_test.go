@@ -1,13 +1,10 @@
 package edge
 
 import (
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
-	"github.com/tether-project/tether/edge/admin"
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/internal/hintauth"
 	"github.com/tether-project/tether/routing"
@@ -153,7 +150,8 @@ func TestSubAgentOnItsParentsInstanceUnderItsOwnIDKeepsTheHint(t *testing.T) {
 	want := int64(p1.prompt/testBlockSize + c1.prompt/testBlockSize)
 	waitFor(t, "edge-2 to apply child-a's parent link and index both prompts", 20*time.Second, func() bool {
 		_, ok := ec.edge(1).e.Node().State().Link("child-a")
-		return ok && indexedBlocks(t, c, ec.edge(1), p1.ctxInst) >= want
+		in, _ := instanceInfo(t, c, ec.edge(1), p1.ctxInst)
+		return ok && in.KV.Blocks >= want
 	})
 	c2 := child.send(t, c, ec.edge(1), "continue", nil)
 	rt, err := ParseRoute(c2.resp.header.Get(HeaderRoute))
@@ -173,22 +171,4 @@ func TestSubAgentOnItsParentsInstanceUnderItsOwnIDKeepsTheHint(t *testing.T) {
 		t.Fatalf("child-a's second request to its parent's instance: hint %q / %q, want parent-1 signed",
 			last.header.Get(hintauth.HeaderAffinityID), last.header.Get(hintauth.HeaderAffinityAuth))
 	}
-}
-
-// indexedBlocks is the KV blocks te's index holds on instance (its admin
-// API).
-func indexedBlocks(t testing.TB, c *http.Client, te *testEdge, instance string) int64 {
-	t.Helper()
-	var out struct {
-		Instances []admin.InstanceInfo `json:"instances"`
-	}
-	if err := json.Unmarshal(adminGet(t, c, te, "/admin/v1/instances").body, &out); err != nil {
-		t.Fatal(err)
-	}
-	for _, in := range out.Instances {
-		if in.ID == instance {
-			return in.KV.Blocks
-		}
-	}
-	return 0
 }
