@@ -144,14 +144,22 @@ func TestSubAgentOnItsParentsInstanceUnderItsOwnIDKeepsTheHint(t *testing.T) {
 	if c1.ctxInst != p1.ctxInst {
 		t.Fatalf("the first request went to %s, want the parent's %s", c1.ctxInst, p1.ctxInst)
 	}
-	// Edge 2 has the parent's binding and the child's link, and its KV
-	// index holds both prompts on the parent's instance.
+	// Edge 2 has the parent's binding and the child's link, its KV index
+	// holds both prompts on the parent's instance, and it counts nothing
+	// queued or in flight there (edge 1's dispatch heard ended): the
+	// placement weighs the cache, not a backlog that is already gone.
 	awaitPlacementsApplied(t, ec, 0)
 	want := int64(p1.prompt/testBlockSize + c1.prompt/testBlockSize)
-	waitFor(t, "edge-2 to apply child-a's parent link and index both prompts", 20*time.Second, func() bool {
+	waitFor(t, "edge-2 to apply child-a's parent link, index both prompts and see the parent's instance idle", 20*time.Second, func() bool {
 		_, ok := ec.edge(1).e.Node().State().Link("child-a")
 		in, _ := instanceInfo(t, c, ec.edge(1), p1.ctxInst)
-		return ok && in.KV.Blocks >= want
+		idle := false
+		for _, v := range ec.edge(1).e.Fleet().Instances(time.Now()) {
+			if v.ID == p1.ctxInst {
+				idle = v.PendingRequests == 0 && v.QueuedRequests == 0 && v.ActiveRequests == 0
+			}
+		}
+		return ok && idle && in.KV.Blocks >= want
 	})
 	c2 := child.send(t, c, ec.edge(1), "continue", nil)
 	rt, err := ParseRoute(c2.resp.header.Get(HeaderRoute))
