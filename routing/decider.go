@@ -242,8 +242,8 @@ type Hop struct {
 	// not yet known committed (Binding has epoch 0).
 	Speculative bool
 	// OwnKey: a sub-agent's request routed by its own conversation id
-	// (Key), not its parent's root: its context left the parent's
-	// instance (Decider.escape).
+	// (Key), not its parent's root: the tree's KV budget, first request
+	// with the parent or the escape placed it on a binding of its own.
 	OwnKey bool
 	// RootInstance, with OwnKey: the instance its parent's root is bound
 	// to ("" when unbound). On that instance its context is on its
