@@ -220,14 +220,13 @@ func (x *decision) ownAfterFirst() bool {
 // and every other conversation's, as every edge routed them — plus this
 // prompt (its own previous one no longer counted) is at most the
 // instance's KV capacity. Past that each turn there evicts another's
-// context. A sub-agent that
-// does not fit goes its own way only when another instance has room for
-// it (roomFor): a move into a full cache would evict the contexts there
-// instead. It is then placed under its own id (credited its context where
-// it is cached, the queue and the cache it would evict weighed, the
-// parent's instance among the candidates), and is sticky from then on. It
-// fits when the parent is not bound (it is placed by the parent's key) or
-// the instance reports no capacity.
+// context. A sub-agent that does not fit goes its own way only when
+// another instance has room for it (roomFor): a move into a full cache
+// would evict the contexts there instead. It is then placed under its own
+// id (credited its context where it is cached, the queue and the cache it
+// would evict weighed, the parent's instance among the candidates), and is
+// sticky from then on. It fits when the parent is not bound (it is placed
+// by the parent's key) or the instance reports no capacity.
 func (x *decision) treeFits() bool {
 	if !x.router.cfg.Overflow.SubAgentTreeBudget || x.in.Work == nil || x.h.Fleet != fsm.FleetContext {
 		return true

@@ -725,9 +725,10 @@ func TestSubAgentEscapesOnlyWhenItsContextIsGone(t *testing.T) {
 }
 
 // With overflow.subagent_tree_budget, a sub-agent past its first request
-// (the working sets hold its previous prompt) whose prompt does not fit beside the working set routed to its parent's
-// instance (its parent's and siblings' prompts and every other
-// conversation's, as the edges routed them) is placed under its own id,
+// (the working sets hold its previous prompt) whose prompt does not fit
+// beside the working set routed to its parent's instance (its parent's
+// and siblings' prompts and every other conversation's, as the edges
+// routed them) is placed under its own id,
 // when another instance has room for it, and follows that binding from
 // then on; one that fits, a first request, or one with no room elsewhere
 // follows the parent. Off, every request follows the parent.

@@ -258,6 +258,12 @@ type Hop struct {
 	TelemetryLate bool
 }
 
+// OnRootInstance reports whether h goes to the instance its key's root is
+// bound to: a hop by the root's key, or a sub-agent's own-id hop back to
+// its parent's instance. The signed hint, which puts a sub-agent on its
+// parent's rank, applies only there.
+func (h *Hop) OnRootInstance() bool { return !h.OwnKey || h.Instance == h.RootInstance }
+
 // FailureKind classifies a request the decision could not place.
 type FailureKind uint8
 

@@ -94,7 +94,7 @@ func (e *Dispatcher) observeRank(rq *route.Request, h *route.Hop, role hintauth.
 // telemetry says it cannot verify hints (a legacy worker; instance
 // affinity still applies).
 func (e *Dispatcher) sendHint(rq *route.Request, h *route.Hop, role hintauth.Role) bool {
-	if !rq.Hint || e.authKey == nil || !rq.ID.SubAgent() || role == "" || (h.OwnKey && h.Instance != h.RootInstance) {
+	if !rq.Hint || e.authKey == nil || !rq.ID.SubAgent() || role == "" || !h.OnRootInstance() {
 		return false
 	}
 	if role == hintauth.RoleGeneration && e.cfg.Scope != routing.ScopeBoth {

@@ -303,10 +303,8 @@ func (s *simulator) route(edge int, ar *agentRun, req *Request, call int) (inst 
 	}
 	s.tellWork(e, idx, hop.Work)
 	e.noteAdapter(idx, req.Adapter, s.now) // as the edge's fleet view does (lora.go)
-	if id.SubAgent() && hop.Bound && (!hop.OwnKey || hop.Instance == hop.RootInstance) {
-		// The signed hint's affinity id: the root key, on the parent's
-		// instance (edge/dispatch: sendHint).
-		affinity = rreq.Key
+	if id.SubAgent() && hop.Bound && hop.OnRootInstance() {
+		affinity = rreq.Key // the signed hint's affinity id: the root key (edge/dispatch: sendHint)
 	}
 	return idx, affinity, 0, nil
 }
