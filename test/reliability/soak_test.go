@@ -24,6 +24,7 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/test/routecheck"
+	"github.com/tether-project/tether/worker"
 )
 
 // soakConfig sizes the soak. Short (make test): a few hundred requests
@@ -36,17 +37,25 @@ type soakConfig struct {
 	concurrency   int
 	faultEvery    time.Duration
 	faultHold     time.Duration
+	minFaults     int32 // the load goes on until this many edges were killed and restarted
 }
 
 func soakSize() soakConfig {
-	c := soakConfig{conversations: 40, subagents: 2, turns: 2, concurrency: 16, faultEvery: 700 * time.Millisecond, faultHold: 400 * time.Millisecond}
+	c := soakConfig{conversations: 40, subagents: 2, turns: 2, concurrency: 16, faultEvery: 700 * time.Millisecond, faultHold: 400 * time.Millisecond, minFaults: 2}
 	if longMode() {
-		c = soakConfig{conversations: 2000, subagents: 2, turns: 3, concurrency: 128, faultEvery: 3 * time.Second, faultHold: 1500 * time.Millisecond}
+		c = soakConfig{conversations: 2000, subagents: 2, turns: 3, concurrency: 128, faultEvery: 3 * time.Second, faultHold: 1500 * time.Millisecond, minFaults: 2}
 	}
 	if v, err := strconv.Atoi(os.Getenv("SOAK_CONVERSATIONS")); err == nil && v > 0 {
 		c.conversations = v
 	}
 	return c
+}
+
+// convWork is one conversation of the soak: the root of its tree, its own
+// id, and its parent's ("" for a root).
+type convWork struct {
+	root, conv string
+	parent     string
 }
 
 // sample is one client request as the soak saw it.
@@ -68,7 +77,9 @@ type sample struct {
 // simulated workers) while edges are killed and restarted, then checks:
 // every request was answered (after client retries on another edge), no
 // bound key was ever served by another instance than its binding, all
-// edges' state hashes agree, and an archive replays to the live hash.
+// edges' state hashes agree, and an archive replays to the live hash. One
+// agent tree outgrows its parent's context instance before the faults
+// (soakTree): its moved sub-agent's own binding must hold through them.
 func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 	cfg := soakSize()
 	seed := baseSeed(t)
@@ -82,6 +93,14 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	st, err := devstack.Start(ctx, devstack.Options{Edges: 3, ContextWorkers: 2, GenerationWorkers: 2, Ranks: 2, Logger: logger(),
+		// Context instances with a smaller KV cache than the simulated
+		// engine's default (a smaller GPU), so that the agent tree the
+		// soak grows outgrows one (soakTree).
+		WorkerConfig: func(id string, c *worker.Config) {
+			if strings.HasPrefix(id, "ctx-") {
+				c.Engine.CapacityBlocks = treeRankBlocks
+			}
+		},
 		EdgeConfig: func(_ int, c *edge.Config) {
 			// Saturation overflow and relief are legitimate detours from
 			// a binding; turn them off so that a bound key served anywhere
@@ -113,10 +132,6 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 
 	// The work: every (conversation or sub-agent, turn) is one request;
 	// turns of one conversation are sequential, conversations concurrent.
-	type convWork struct {
-		root, conv string
-		parent     string
-	}
 	var convs []convWork
 	for i := range cfg.conversations {
 		root := fmt.Sprintf("soak-%d-%d", seed, i)
@@ -134,17 +149,17 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 		mu                sync.Mutex
 		samples           []sample
 		firstErr          atomic.Value
-		afterPassFlag     atomic.Bool
+		faultsDone        atomic.Int32 // edges killed and restarted
 		restartsMu        sync.Mutex
 		restarts          = map[string][]time.Time{}
 	)
-	doTurn := func(w convWork, turn int, crng *rand.Rand) {
+	// doTurn sends one turn of w with content, first to edges[first].
+	doTurn := func(w convWork, turn, first int, content string) sample {
 		body, _ := json.Marshal(map[string]any{
 			"model": st.Model(), "max_tokens": 2,
-			"messages": []map[string]string{{"role": "user", "content": fmt.Sprintf("%s turn %d: %s", w.conv, turn, strings.Repeat("context ", 20))}},
+			"messages": []map[string]string{{"role": "user", "content": content}},
 		})
 		s := sample{key: w.root, conv: w.conv, start: time.Now(), phase: int(phase.Load())}
-		first := crng.Intn(len(edges))
 		// Eight attempts; past them, the client keeps going only while
 		// the edges answer "retry shortly" (503 with Retry-After: the log
 		// is electing or catching up), for at most refusalPatience from
@@ -209,26 +224,43 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 		mu.Lock()
 		samples = append(samples, s)
 		mu.Unlock()
+		return s
+	}
+	shortTurn := func(w convWork, turn int, crng *rand.Rand) {
+		doTurn(w, turn, crng.Intn(len(edges)), fmt.Sprintf("%s turn %d: %s", w.conv, turn, strings.Repeat("context ", 20)))
 	}
 
-	work := make(chan convWork)
+	// A job is turns [from, to) of one conversation, in order.
+	type job struct {
+		w        convWork
+		from, to int
+	}
+	work := make(chan job)
 	var wg sync.WaitGroup
 	for c := range cfg.concurrency {
 		crng := rand.New(rand.NewSource(seed*7 + int64(c)))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for w := range work {
-				if afterPassFlag.Load() {
-					doTurn(w, cfg.turns, crng)
-					continue
-				}
-				for turn := range cfg.turns {
-					doTurn(w, turn, crng)
+			for j := range work {
+				for turn := j.from; turn < j.to; turn++ {
+					shortTurn(j.w, turn, crng)
 				}
 			}
 		}()
 	}
+
+	// The agent tree that outgrows its parent's instance, grown before the
+	// faults; its members keep talking until the load ends.
+	tree := newSoakTree(seed)
+	tree.grow(t, ctx, st, doTurn)
+	var treeMoved []sample
+	treeDone := make(chan struct{})
+	go func() {
+		defer close(treeDone)
+		trng := rand.New(rand.NewSource(seed*11 + 1))
+		treeMoved = tree.talk(doTurn, func() int { return trng.Intn(len(edges)) }, func() bool { return phase.Load() >= 2 })
+	}()
 
 	// A restarted edge catches up within readyBound: under the race
 	// detector on a busy host the long form's catch-up (a log of
@@ -285,11 +317,22 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 				firstErr.CompareAndSwap(nil, "restarted "+victim.ID+" not ready: "+err.Error())
 				return
 			}
+			faultsDone.Add(1)
 		}
 	}()
 	start := time.Now()
 	for _, w := range convs {
-		work <- w
+		work <- job{w, 0, cfg.turns}
+	}
+	// The load lasts through minFaults faults: on an idle machine the
+	// short form's requests are all sent before the first fault is due.
+	// Every conversation takes one more turn per round until then.
+	next := cfg.turns
+	for faultsDone.Load() < cfg.minFaults && ctx.Err() == nil && firstErr.Load() == nil {
+		for _, w := range convs {
+			work <- job{w, next, next + 1}
+		}
+		next++
 	}
 	phase.Store(2) // stops the nemesis after its current fault
 	<-nemesisDone
@@ -305,12 +348,22 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	// One more turn for every conversation, with every edge up.
-	afterPassFlag.Store(true)
 	for _, w := range convs {
-		work <- w
+		work <- job{w, next, next + 1}
 	}
 	close(work)
 	wg.Wait()
+	<-treeDone
+	treeLag := tree.checkMoved(t, "through the faults", treeMoved, false)
+	// With every edge up, one more turn of the moved sub-agent through
+	// each edge.
+	var last []sample
+	for i := range edges {
+		last = append(last, doTurn(tree.moves, 1000+i, i, shortTreeText(tree.moves.conv, 1000+i)))
+	}
+	tree.checkMoved(t, "after the faults", last, true)
+	t.Logf("FIGURES soak tree: %s's own binding on %s (index %d); %d turns through the faults, %d of them by its parent's key on a replica behind that index",
+		tree.moves.conv, tree.away, tree.ownIndex, len(treeMoved), treeLag)
 	elapsed := time.Since(start)
 	if v := firstErr.Load(); v != nil {
 		t.Errorf("unexpected client error: %v", v)
