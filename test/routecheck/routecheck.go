@@ -369,12 +369,7 @@ func Diverged(a Answer, evs []Event, k Kind, bind uint64) Divergence {
 		return Converged
 	}
 	tl := timeline(evs)
-	var before uint64
-	for _, ev := range evs {
-		if ev.Time.Before(a.Start) {
-			before = ev.Index
-		}
-	}
+	before := appendedBefore(evs, a.Start)
 	if inst := at(tl, before); before > 0 && inst != "" && inst != a.Instance {
 		return ApplyLag
 	}
@@ -384,6 +379,18 @@ func Diverged(a Answer, evs []Event, k Kind, bind uint64) Divergence {
 		}
 	}
 	return Converged
+}
+
+// appendedBefore is the index of the last of evs appended before t (0:
+// none).
+func appendedBefore(evs []Event, t time.Time) uint64 {
+	var before uint64
+	for _, ev := range evs {
+		if ev.Time.Before(t) {
+			before = ev.Index
+		}
+	}
+	return before
 }
 
 // judgeByTime judges an answer that carries no route evidence.
@@ -499,7 +506,39 @@ type Verdict struct {
 func (v *Verdict) Judge(a Answer, evs []Event, excused bool) (Kind, string) {
 	k, why, bind := judge(a, evs)
 	v.Add(k, why, excused)
-	switch Diverged(a, evs, k, bind) {
+	v.diverged(a, Diverged(a, evs, k, bind))
+	return k, why
+}
+
+// JudgeSubAgent judges a, a sub-agent's context hop routed by its parent's
+// key a.Key, against that key's history (Judge) and the placing events of
+// the sub-agent's own key ownKey (own). An edge routes a sub-agent by its
+// own id once the state its decision read binds that id (the sub-agent
+// left its parent's instance), so a hop by the parent's key at a state
+// where the own binding is in force is wrong, wherever it went. A right
+// hop whose own binding was appended before the request began, but is not
+// in the state the decision read, diverged by apply lag.
+func (v *Verdict) JudgeSubAgent(a Answer, ownKey string, root, own []Event, excused bool) (Kind, string) {
+	otl := timeline(own)
+	if inst := at(otl, a.State); inst != "" {
+		why := fmt.Sprintf("sub-agent %q served on %s by %s (request %s) by its parent's key %q at state %d, where its own binding on %s was in force",
+			ownKey, a.Instance, a.Edge, a.RequestID, a.Key, a.State, inst)
+		v.Add(Wrong, why, false)
+		return Wrong, why
+	}
+	k, why, bind := judge(a, root)
+	v.Add(k, why, excused)
+	d := Diverged(a, root, k, bind)
+	if before := appendedBefore(own, a.Start); d == Converged && (k == OnBinding || k == NewPlacement) && at(otl, before) != "" {
+		d = ApplyLag
+	}
+	v.diverged(a, d)
+	return k, why
+}
+
+// diverged counts a right answer's divergence and its prefill.
+func (v *Verdict) diverged(a Answer, d Divergence) {
+	switch d {
 	case LostRace:
 		v.LostRace++
 		v.LostRacePrefill += int64(a.PromptTokens)
@@ -507,7 +546,6 @@ func (v *Verdict) Judge(a Answer, evs []Event, excused bool) (Kind, string) {
 		v.ApplyLag++
 		v.ApplyLagPrefill += int64(a.PromptTokens)
 	}
-	return k, why
 }
 
 // Merge adds o's counts to v (its reports while v holds fewer than 8).

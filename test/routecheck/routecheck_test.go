@@ -169,3 +169,50 @@ func TestHistoryKeepsThePlacingEvents(t *testing.T) {
 		t.Fatalf("on the rebinding Overflow's placement: %s (%s)", k, why)
 	}
 }
+
+// A sub-agent that left its parent's instance has a binding of its own, and
+// every edge whose state holds it routes the sub-agent by its own id: a
+// hop by the parent's key at such a state is wrong, even on the parent's
+// binding. Before the own binding is in that state, the parent's binding
+// rules; a hop decided after the own binding was appended, on a state
+// without it, diverged by apply lag.
+func TestSubAgentHopByItsParentsKeyAfterItsOwnBinding(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	timed := func(ev Event, ms int) Event { ev.Time = at(ms); return ev }
+	root := []Event{timed(bind(5, "ctx-1", "edge-1-1", "applied"), 50)}
+	own := []Event{timed(bind(20, "ctx-2", "edge-3-4", "applied"), 200)}
+	hop := func(request string, state uint64, startMs int) Answer {
+		return Answer{Fleet: "context", Key: "parent", Instance: "ctx-1", Edge: EdgeOfRequest(request), RequestID: request,
+			State: state, Start: at(startMs), End: at(startMs + 5), PromptTokens: 30}
+	}
+	cases := []struct {
+		name string
+		a    Answer
+		kind Kind
+		lag  int
+	}{
+		{"before the sub-agent left", hop("edge-1-2", 12, 150), OnBinding, 0},
+		{"on a state without its own binding, appended before the request began", hop("edge-2-2", 18, 250), OnBinding, 1},
+		{"on a state holding its own binding", hop("edge-1-3", 20, 260), Wrong, 0},
+	}
+	for _, c := range cases {
+		var v Verdict
+		k, why := v.JudgeSubAgent(c.a, "parent-sub", root, own, false)
+		if k != c.kind || v.ApplyLag != c.lag || v.Judged != 1 {
+			t.Errorf("%s: %s (%s), verdict %s; want %s with %d apply lag", c.name, k, why, v, c.kind, c.lag)
+		}
+		if k == Wrong && !strings.Contains(why, `sub-agent "parent-sub"`) {
+			t.Errorf("%s: the report %q does not name the sub-agent", c.name, why)
+		}
+	}
+	// Once its own binding is evicted, the parent's key rules again.
+	gone := append(append([]Event(nil), own...), Event{Index: 30, Type: "Evict", Status: "applied", Time: at(300),
+		Evicted: &struct {
+			Instance string `json:"instance"`
+		}{Instance: "ctx-2"}})
+	var v Verdict
+	if k, why := v.JudgeSubAgent(hop("edge-1-4", 31, 400), "parent-sub", root, gone, false); k != OnBinding || v.ApplyLag != 0 {
+		t.Errorf("after its own binding was evicted: %s (%s), verdict %s; want on_binding", k, why, v)
+	}
+}
