@@ -27,9 +27,10 @@ import (
 	"github.com/tether-project/tether/worker"
 )
 
-// soakConfig sizes the soak. Short (make test): a few hundred requests
-// across 3 in-process edges with two edge kills. Long (make soak): thousands
-// of conversations with sub-agents and a fault every few seconds.
+// soakConfig sizes the soak. Short (make test): 40 conversations with
+// sub-agents across 3 in-process edges, their turns going on until at least
+// two edges were killed and restarted. Long (make soak): thousands of
+// conversations and a fault every few seconds.
 type soakConfig struct {
 	conversations int
 	subagents     int // per conversation
