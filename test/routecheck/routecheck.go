@@ -36,6 +36,11 @@
 // at A did not hold it yet). Verdict counts both apart, with the prompt
 // tokens those answers prefilled away from the key's cache.
 //
+// A sub-agent's context hop routed by its parent's key is also judged
+// against its own key (JudgeSubAgent): wrong if the state at A binds the
+// sub-agent's own id (an edge routes it by that id then), apply lag if that
+// binding was appended before the request began but is not at A.
+//
 // An edge older than the route evidence (no request id, no state index:
 // the comparison runs against an earlier build) is judged by time with
 // zero margin instead: A is the last entry appended before the request
