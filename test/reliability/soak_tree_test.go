@@ -35,8 +35,10 @@ const (
 // fill about 0.8 of the instance's cache, so the second sub-agent's long
 // turn goes to the other instance under its own id. grow builds it before
 // the faults; the soak then keeps every member talking through the edge
-// kills, and that own binding must hold through them: every later turn of
-// the moved sub-agent is routed by its own id (routecheck judges where).
+// kills, and that own binding must hold through them: a later turn of the
+// moved sub-agent is routed by its own id wherever the serving edge's state
+// holds that binding (routecheck's JudgeSubAgent, with every other hop),
+// and on every edge once all have caught up after the faults (checkMoved).
 type soakTree struct {
 	parent, fits, moves convWork
 	home                string // the parent's context instance
