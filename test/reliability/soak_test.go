@@ -368,8 +368,8 @@ func TestSoakConversationsAcrossEdgesWithFaults(t *testing.T) {
 			byParent++
 		}
 	}
-	t.Logf("FIGURES soak tree: %s's own binding on %s (index %d); %d turns through the faults, %d of them by its parent's key (judged with the others below)",
-		tree.moves.conv, tree.away, tree.ownIndex, len(treeMoved), byParent)
+	t.Logf("FIGURES soak tree: %s's own binding on %s; %d turns through the faults, %d of them by its parent's key (judged with the others below)",
+		tree.moves.conv, tree.away, len(treeMoved), byParent)
 	elapsed := time.Since(start)
 	if v := firstErr.Load(); v != nil {
 		t.Errorf("unexpected client error: %v", v)

@@ -3,7 +3,6 @@ package reliability
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/ops/devstack"
 	"github.com/tether-project/tether/routing"
-	"github.com/tether-project/tether/test/routecheck"
 )
 
 // The soak's context instances: two ranks of treeRankBlocks KV blocks of
@@ -43,7 +41,6 @@ type soakTree struct {
 	parent, fits, moves convWork
 	home                string // the parent's context instance
 	away                string // where the moved sub-agent's own binding put it
-	ownIndex            uint64 // the log index of that binding
 }
 
 type sendTurn func(w convWork, turn, first int, content string) sample
@@ -127,20 +124,6 @@ func (tr *soakTree) grow(t *testing.T, ctx context.Context, st *devstack.Stack, 
 	if b.Instance != tr.away || b.Policy != routing.PolicySubAgentOwn {
 		t.Fatalf("tree: %s's own binding is on %s by %q; want %s by %q", tr.moves.conv, b.Instance, b.Policy, tr.away, routing.PolicySubAgentOwn)
 	}
-	var hist routecheck.History
-	waitFor(t, 30*time.Second, "the moved sub-agent's archived history", func() bool {
-		hist = routecheck.History{}
-		l := st.Leader()
-		return l != nil && l.AdminGet(ctx, "bindings/context/"+url.PathEscape(tr.moves.conv)+"/history", &hist) == nil && !hist.ArchiveBehind
-	})
-	for _, ev := range hist.Events {
-		if ev.Type == "Bind" && tr.ownIndex == 0 {
-			tr.ownIndex = ev.Index
-		}
-	}
-	if tr.ownIndex == 0 {
-		t.Fatalf("tree: no Bind in %s's history %+v", tr.moves.conv, hist.Events)
-	}
 }
 
 // talk sends short turns of the tree's three members, each to a random
@@ -167,8 +150,8 @@ func (tr *soakTree) checkMoved(t *testing.T, moved []sample) {
 	t.Helper()
 	for _, s := range moved {
 		if s.ok && !s.route.ContextOwn {
-			t.Errorf("tree, after the faults: %s served by %s on %s by its parent's key at state %d; its own binding (index %d) is on %s",
-				s.conv, s.edge, s.route.Context, s.route.ContextState, tr.ownIndex, tr.away)
+			t.Errorf("tree, after the faults: %s served by %s on %s by its parent's key at state %d; its own binding is on %s",
+				s.conv, s.edge, s.route.Context, s.route.ContextState, tr.away)
 		}
 	}
 }
@@ -186,7 +169,6 @@ func waitEdgeBinding(t *testing.T, ctx context.Context, e *devstack.EdgeNode, ke
 // working set (its own routes and those the other edges told it).
 func waitWorkingSet(t *testing.T, ctx context.Context, e *devstack.EdgeNode, instance string, blocks int64) {
 	t.Helper()
-	var got int64
 	waitFor(t, 30*time.Second, fmt.Sprintf("%s's working set of %s to reach %d blocks", e.ID, instance, blocks), func() bool {
 		var out struct {
 			Instances []admin.InstanceInfo `json:"instances"`
@@ -196,9 +178,9 @@ func waitWorkingSet(t *testing.T, ctx context.Context, e *devstack.EdgeNode, ins
 		}
 		for _, in := range out.Instances {
 			if in.ID == instance {
-				got = in.WorkingSet.Blocks
+				return in.WorkingSet.Blocks >= blocks
 			}
 		}
-		return got >= blocks
+		return false
 	})
 }
