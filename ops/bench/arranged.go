@@ -274,6 +274,9 @@ func pairs(rep *ArrangedReport, ideal []Summary) {
 	minus := func(x, y float64) float64 { return x - y }
 	for i := range rep.Rows {
 		r := &rep.Rows[i]
+		if r.Name == string(PolicyTether) && len(ideal) == len(r.hits) {
+			rep.IdealRatio[r.Edges] = *diff(r.hits, col2(ideal), func(x, y float64) float64 { return x / math.Max(y, 1e-9) })
+		}
 		t := find(string(PolicyTether), r.Edges)
 		if t == nil || r.Name == string(PolicyTether) || r.Name == idealName {
 			continue
@@ -283,9 +286,6 @@ func pairs(rep *ArrangedReport, ideal []Summary) {
 		if r.Name == sequencerName {
 			rep.LogGap[r.Edges] = *diff(t.hits, r.hits, func(x, y float64) float64 { return 100 * (x - y) })
 			rep.SubLogGap[r.Edges] = *diff(t.subs, r.subs, func(x, y float64) float64 { return 100 * (x - y) })
-		}
-		if len(ideal) == len(t.hits) {
-			rep.IdealRatio[r.Edges] = *diff(t.hits, col2(ideal), func(x, y float64) float64 { return x / math.Max(y, 1e-9) })
 		}
 	}
 }

@@ -21,6 +21,22 @@ func TestMedianIntervalIsTheSignTestsOrderStatistics(t *testing.T) {
 	}
 }
 
+// The ratio to the one ideal edge is tether's own figure: it is reported
+// when tether runs alone, not only beside another policy.
+func TestIdealRatioWithTetherAlone(t *testing.T) {
+	var jobs []arrangedJob
+	var sums []Summary
+	for a, hits := range [][2]float64{{0.50, 0.45}, {0.40, 0.40}, {0.30, 0.33}} {
+		jobs = append(jobs, arrangedJob{arr: a, name: idealName, edges: 1}, arrangedJob{arr: a, name: string(PolicyTether), edges: 3})
+		sums = append(sums, Summary{HitRate: hits[0]}, Summary{HitRate: hits[1]})
+	}
+	rep := buildArranged(ArrangedOptions{Arrangements: []uint64{1, 2, 3}}, jobs, sums)
+	r, ok := rep.IdealRatio[3]
+	if !ok || r.N != 3 || r.Lo != 0.9 || r.Median != 1 || r.Hi != 1.1 {
+		t.Fatalf("ratio at 3 edges: %+v (reported %v), want median 1.0 over [0.9, 1.1]", r, ok)
+	}
+}
+
 func TestArrangementsDrawStartsAndJitterFromTheSeed(t *testing.T) {
 	starts := func(seed uint64, burst bool) (map[string]time.Duration, *Workload) {
 		w := smallTraces(t)
