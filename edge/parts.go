@@ -109,6 +109,10 @@ func (a adminEdge) WorkingSet(f fsm.Fleet, instance string, now time.Time) (int,
 	return l.Keys, l.Blocks
 }
 
+func (a adminEdge) OverloadedSince(instance string) (time.Time, bool) {
+	return a.e.router.OverloadedSince(instance)
+}
+
 // observeSource is the edge as its scrape-time series read it
 // (observe.Source).
 type observeSource struct{ e *Edge }
@@ -198,6 +202,14 @@ func (r routeEdge) Node() *cluster.Node { return r.e.node }
 func (r routeEdge) Fleet() *fleetview.View { return r.e.fleet }
 
 func (r routeEdge) InStartupGate(now time.Time) bool { return r.e.ready.InStartupGate(now) }
+
+// TellStrain goes out on the dispatcher's subject (it exists before the
+// first request is routed).
+func (r routeEdge) TellStrain(f fsm.Fleet, instance string, overloaded bool) {
+	if d := r.e.dispatcher; d != nil {
+		d.TellStrain(f, instance, overloaded)
+	}
+}
 
 // catalogueEdge is the edge as its catalogue reads it (catalog.Edge).
 type catalogueEdge struct{ e *Edge }

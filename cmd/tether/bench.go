@@ -120,7 +120,7 @@ func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks
 		api:       fs.String("api", "chat", "e2e: the API the requests are sent in: chat, messages (as Claude Code: its session header, the Messages shape) or responses (as Codex: prompt_cache_key)"),
 		noBreaker: fs.Bool("no-breaker", false, "sim: disable the tether policy's cache circuit breaker"),
 		share: fs.String("share", "",
-			"sim: edge-local state the edges share, ~1 ms after an edge learns it: placements, dispatches and worksets (shipped), predictions, overload, breakers and, without KV events, the shadow caches' routes (ablations), all or none (default: placements,dispatches,worksets)"),
+			"sim: edge-local state the edges share, ~1 ms after an edge learns it: placements, dispatches, worksets and overload transitions (shipped), predictions, breakers and, without KV events, the shadow caches' routes (ablations), all or none (default: placements,dispatches,worksets,overload)"),
 		commitFirst: fs.Bool("commit-first", false,
 			"sim: a new conversation's first request waits for its Bind to commit (the edge's placement.commit_first) instead of being dispatched beside it"),
 		genWorkers: fs.Int("generation-workers", 2, "e2e local deployment: generation workers"),

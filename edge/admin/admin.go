@@ -43,6 +43,9 @@ type Edge interface {
 	// prompts' KV blocks (routing's Decider.WorkingSet; zero for an
 	// instance of no model of this edge).
 	WorkingSet(f fsm.Fleet, instance string, now time.Time) (conversations int, blocks int64)
+	// OverloadedSince is since when the edge has counted instance unable
+	// to take its bound keys (edge/route strain.go; ok false: it has not).
+	OverloadedSince(instance string) (since time.Time, ok bool)
 }
 
 // Options configure the API.

@@ -80,6 +80,10 @@ type InstanceInfo struct {
 	UnreachableUntil *time.Time `json:"unreachable_until,omitempty"`
 	ConnectFailures  int        `json:"connect_failures,omitempty"`
 	LastConnectError string     `json:"last_connect_error,omitempty"`
+	// OverloadedSince: since when this edge (with what the other edges
+	// told it) has counted the instance unable to take its bound keys;
+	// overflow.rebind_after counts from here.
+	OverloadedSince *time.Time `json:"overloaded_since,omitempty"`
 	// KV is what this edge's KV index holds for the instance.
 	KV InstanceKV `json:"kv"`
 	// LoRA is what this edge knows of the instance's LoRA adapters (the
@@ -223,6 +227,9 @@ func (a *API) instances(w http.ResponseWriter, r *http.Request) int {
 			info.TelemetryAgeSecond = &age
 		}
 		info.reachability(in)
+		if since, ok := a.edge.OverloadedSince(in.ID); ok {
+			info.OverloadedSince = &since
+		}
 		if rec, ok := st.Instance(in.ID); ok {
 			info.LogStatus = rec.Status.String()
 			info.Draining = info.Draining || rec.Status == fsm.InstanceDraining || rec.Drained

@@ -54,6 +54,9 @@ type Router interface {
 	// (this edge's breaker and figures, the log) and returns the answer
 	// for the other edges (ok false: nothing graded).
 	RecordAnswer(rq *route.Request, h *route.Hop, promptTokens, cachedTokens int) (fleetview.Answer, bool)
+	// HearStrain applies another edge's transition of an instance's
+	// overload history.
+	HearStrain(instance string, overloaded bool)
 }
 
 // Edge is what the dispatcher uses of the edge (from its Start on).

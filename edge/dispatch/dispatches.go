@@ -119,8 +119,12 @@ func (e *Dispatcher) onDispatch(m *nats.Msg) {
 		return
 	}
 	e.metrics.DispatchMsgs.WithLabelValues("heard").Inc()
-	if d.Answer != nil {
+	switch {
+	case d.Answer != nil:
 		e.hearAnswer(d)
+		return
+	case d.Strain != nil:
+		e.router.HearStrain(d.Instance, d.Strain.Overloaded)
 		return
 	}
 	e.dispatches.hear(d, e.edge.Fleet().NoteHeardDispatch)
@@ -153,6 +157,13 @@ func (e *Dispatcher) grade(rq *route.Request, h *route.Hop, promptTokens, cached
 	e.announceDispatch(telemetry.Dispatch{Edge: e.nodeID, Done: true, Fleet: fleetview.TelemetryFleet(a.Fleet), Instance: a.Instance,
 		PromptTokens: clip(a.PromptTokens), Answer: &telemetry.DispatchAnswer{Source: a.Source.String(), BlockSize: int(a.BlockSize),
 			PredictedTokens: clip(a.PredictedTokens), CachedTokens: clip(a.CachedTokens)}})
+}
+
+// TellStrain tells the other edges a transition of this edge's overload
+// history of instance (edge/route strain.go), on the dispatch subject.
+func (e *Dispatcher) TellStrain(f fsm.Fleet, instance string, overloaded bool) {
+	e.announceDispatch(telemetry.Dispatch{Edge: e.nodeID, Done: true, Fleet: fleetview.TelemetryFleet(f), Instance: instance,
+		Strain: &telemetry.DispatchStrain{Overloaded: overloaded}})
 }
 
 // hearAnswer grades another edge's answer as this edge's own.

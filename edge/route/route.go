@@ -88,7 +88,7 @@ func (e *Router) views(m *catalog.Model, now time.Time, exclude []string) *routi
 			}
 		}
 		if len(exclude) == 0 {
-			e.overload.Observe(v.ID, m.Routers[v.Fleet].Condition(v) != 0, now)
+			e.observeStrain(v, m.Routers[v.Fleet].Condition(v) != 0, now)
 		}
 	}
 	views, err := routing.NewViews(vs)

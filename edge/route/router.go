@@ -25,6 +25,7 @@ import (
 	"github.com/tether-project/tether/edge/observe"
 	"github.com/tether-project/tether/edge/proposals"
 	"github.com/tether-project/tether/edge/readiness"
+	"github.com/tether-project/tether/fsm"
 	"github.com/tether-project/tether/routing"
 	"github.com/tether-project/tether/routing/overload"
 )
@@ -58,6 +59,10 @@ type Edge interface {
 	// InStartupGate reports whether the edge may not have heard every
 	// instance the log records up yet (edge/readiness).
 	InStartupGate(now time.Time) bool
+	// TellStrain tells the other edges a transition of this edge's
+	// overload history: instance of fleet f became unable to take its
+	// bound keys (overloaded) or able again (strain.go).
+	TellStrain(f fsm.Fleet, instance string, overloaded bool)
 }
 
 // Config is what the router takes from the edge.

@@ -21,6 +21,9 @@ import "encoding/json"
 // (Answer set, PromptTokens the answer's prompt): ID 0 (no dispatch has
 // it) and Done, so an edge that predates the field takes it for the end
 // of a dispatch it never heard and ignores it.
+//
+// A fourth carries a transition of the sending edge's overload history of
+// the instance (Strain set), with ID 0 and Done for the same reason.
 type Dispatch struct {
 	V            int             `json:"v"`
 	Edge         string          `json:"edge"`
@@ -32,6 +35,17 @@ type Dispatch struct {
 	Work         string          `json:"work,omitempty"`
 	Blocks       int             `json:"blocks,omitempty"`
 	Answer       *DispatchAnswer `json:"answer,omitempty"`
+	Strain       *DispatchStrain `json:"strain,omitempty"`
+}
+
+// DispatchStrain is a transition of the sending edge's overload history
+// (routing/overload): the instance became unable to take its bound keys
+// (Overloaded) or able again. Each edge observes only when it routes, so
+// with several edges each sees a fraction of the fleet's moments; every
+// edge applies the others' transitions as its own observations, and all
+// count a strain from when the first of them saw it until one sees it end.
+type DispatchStrain struct {
+	Overloaded bool `json:"overloaded"`
 }
 
 // DispatchAnswer is what the engine's answer said of the prompt's cached
@@ -107,6 +121,9 @@ func (d *Dispatch) validate(subject string) error {
 	}
 	if d.Blocks < 0 || d.Blocks > MaxDispatchPromptTokens {
 		return decodeErr(ErrOutOfRange, subject, "blocks", "%d (want 0..%d)", d.Blocks, MaxDispatchPromptTokens)
+	}
+	if d.Strain != nil && (d.ID != 0 || !d.Done || d.Answer != nil) {
+		return decodeErr(ErrOutOfRange, subject, "strain", "a strain travels alone with id 0 and done (got id %d, done %v, answer %v)", d.ID, d.Done, d.Answer != nil)
 	}
 	if a := d.Answer; a != nil {
 		switch {

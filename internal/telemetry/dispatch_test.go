@@ -67,3 +67,27 @@ func TestDispatchAnswer(t *testing.T) {
 		}
 	}
 }
+
+func TestDispatchStrain(t *testing.T) {
+	for _, over := range []bool{true, false} {
+		d := Dispatch{Edge: "edge-1", Fleet: FleetContext, Instance: "ctx-0", Done: true, Strain: &DispatchStrain{Overloaded: over}}
+		data, err := EncodeDispatch(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := DecodeDispatch(DispatchSubject("edge-1"), data)
+		d.V = Version
+		if err != nil || !reflect.DeepEqual(got, d) {
+			t.Fatalf("round trip = %+v, %v; want %+v", got, err, d)
+		}
+	}
+	for name, data := range map[string]string{
+		"a strain with a dispatch id": `{"v":1,"edge":"edge-1","id":3,"done":true,"fleet":"context","instance":"ctx-0","strain":{"overloaded":true}}`,
+		"a strain not done":           `{"v":1,"edge":"edge-1","fleet":"context","instance":"ctx-0","strain":{"overloaded":true}}`,
+		"a strain with an answer":     `{"v":1,"edge":"edge-1","done":true,"fleet":"context","instance":"ctx-0","strain":{},"answer":{"block_size":16}}`,
+	} {
+		if _, err := DecodeDispatch(DispatchSubject("edge-1"), []byte(data)); !errors.Is(err, ErrOutOfRange) {
+			t.Errorf("%s: DecodeDispatch = %v, want ErrOutOfRange", name, err)
+		}
+	}
+}

@@ -100,12 +100,16 @@ const (
 	// routes in the working sets (no Share.WorkingSets), as before the
 	// edges told each other theirs.
 	PolicyTetherOwnWorkingSets Policy = "tether_own_worksets"
+	// PolicyTetherOwnOverload: tether with each edge's overload history
+	// its own (the edges do not tell each other its transitions; the
+	// shipped edges do: edge/route/strain.go).
+	PolicyTetherOwnOverload Policy = "tether_own_overload"
 )
 
 // TetherVariants are the ablations.
 var TetherVariants = []Policy{PolicyTetherNoParent, PolicyTetherNoOverflow, PolicyTetherParentFirst, PolicyTetherNoCacheRebind, PolicyTetherWeigh,
 	PolicyTetherNoRelief, PolicyTetherNoTreeBudget, PolicyTetherNoWorkingSet, PolicyTetherNoSpread, PolicyTetherFirstWithParent,
-	PolicyTetherQueuedLimit, PolicyTetherReportedPrefill, PolicyTetherOwnWorkingSets}
+	PolicyTetherQueuedLimit, PolicyTetherReportedPrefill, PolicyTetherOwnWorkingSets, PolicyTetherOwnOverload}
 
 func (p Policy) isTether() bool {
 	return p == PolicyTether || p == PolicyTetherLocal || slices.Contains(TetherVariants, p)

@@ -115,15 +115,15 @@ type SimConfig struct {
 }
 
 // Share names the pieces of edge-local state the edges share: the new
-// placements an edge dispatches beside their Binds and the requests
+// placements an edge dispatches beside their Binds, the requests
 // dispatched since each instance's last load report (its queued requests
-// and prefill tokens), both told over NATS as shipped (edge/proposals/placements.go,
-// edge/dispatch/dispatches.go) and so only among the edges of one affinity log
-// (Policy.usesSharedLog; independent routers do not share them); and, as
-// ablations, the KV predictions made after placing, the transitions of the
-// edges' overload histories (strain.go), the cache circuit breakers and,
-// without KV events, the routes that feed each edge's shadow caches
-// (shadow.go).
+// and prefill tokens) and the transitions of each edge's overload history
+// (strain.go), all told over NATS as shipped (edge/proposals/placements.go,
+// edge/dispatch/dispatches.go, edge/route/strain.go) and so only among the
+// edges of one affinity log (Policy.usesSharedLog; independent routers do
+// not share them); and, as ablations, the KV predictions made after
+// placing, the cache circuit breakers and, without KV events, the routes
+// that feed each edge's shadow caches (shadow.go).
 type Share struct {
 	Placements, Dispatches, Predictions, Overload, Breakers, Shadows bool
 	// WorkingSets: each route's entry in the deciding edge's working sets,
@@ -132,8 +132,9 @@ type Share struct {
 }
 
 // ShippedShare is what edges share as shipped: their new placements, their
-// dispatches and, with each dispatch, the route's working-set entry.
-var ShippedShare = Share{Placements: true, Dispatches: true, WorkingSets: true}
+// dispatches with each route's working-set entry, and their overload
+// histories' transitions.
+var ShippedShare = Share{Placements: true, Dispatches: true, WorkingSets: true, Overload: true}
 
 // ParseShare parses --share: a comma-separated subset of placements,
 // dispatches, worksets, predictions, overload, breakers, shadows, or all /
