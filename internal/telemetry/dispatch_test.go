@@ -47,6 +47,29 @@ func TestDispatchRoundTripAndRejects(t *testing.T) {
 func TestDispatchAnswer(t *testing.T) {
 	d := Dispatch{Edge: "edge-1", Fleet: FleetContext, Instance: "ctx-0", PromptTokens: 900, Done: true,
 		Answer: &DispatchAnswer{Source: "shadow", BlockSize: 16, PredictedTokens: 896, CachedTokens: 0}}
+	roundTripDispatch(t, d)
+	wantOutOfRange(t, map[string]string{
+		"an answer with a dispatch id": `{"v":1,"edge":"edge-1","id":3,"done":true,"fleet":"context","instance":"ctx-0","answer":{"block_size":16}}`,
+		"an answer not done":           `{"v":1,"edge":"edge-1","fleet":"context","instance":"ctx-0","answer":{"block_size":16}}`,
+		"block size 0":                 `{"v":1,"edge":"edge-1","done":true,"fleet":"context","instance":"ctx-0","answer":{"block_size":0}}`,
+		"negative cached":              `{"v":1,"edge":"edge-1","done":true,"fleet":"context","instance":"ctx-0","answer":{"block_size":16,"cached_tokens":-1}}`,
+	})
+}
+
+func TestDispatchStrain(t *testing.T) {
+	for _, over := range []bool{true, false} {
+		roundTripDispatch(t, Dispatch{Edge: "edge-1", Fleet: FleetContext, Instance: "ctx-0", Done: true, Strain: &DispatchStrain{Overloaded: over}})
+	}
+	wantOutOfRange(t, map[string]string{
+		"a strain with a dispatch id": `{"v":1,"edge":"edge-1","id":3,"done":true,"fleet":"context","instance":"ctx-0","strain":{"overloaded":true}}`,
+		"a strain not done":           `{"v":1,"edge":"edge-1","fleet":"context","instance":"ctx-0","strain":{"overloaded":true}}`,
+		"a strain with an answer":     `{"v":1,"edge":"edge-1","done":true,"fleet":"context","instance":"ctx-0","strain":{},"answer":{"block_size":16}}`,
+	})
+}
+
+// roundTripDispatch encodes d and decodes it back unchanged.
+func roundTripDispatch(t *testing.T, d Dispatch) {
+	t.Helper()
 	data, err := EncodeDispatch(d)
 	if err != nil {
 		t.Fatal(err)
@@ -56,36 +79,12 @@ func TestDispatchAnswer(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(got, d) {
 		t.Fatalf("round trip = %+v, %v; want %+v", got, err, d)
 	}
-	for name, data := range map[string]string{
-		"an answer with a dispatch id": `{"v":1,"edge":"edge-1","id":3,"done":true,"fleet":"context","instance":"ctx-0","answer":{"block_size":16}}`,
-		"an answer not done":           `{"v":1,"edge":"edge-1","fleet":"context","instance":"ctx-0","answer":{"block_size":16}}`,
-		"block size 0":                 `{"v":1,"edge":"edge-1","done":true,"fleet":"context","instance":"ctx-0","answer":{"block_size":0}}`,
-		"negative cached":              `{"v":1,"edge":"edge-1","done":true,"fleet":"context","instance":"ctx-0","answer":{"block_size":16,"cached_tokens":-1}}`,
-	} {
-		if _, err := DecodeDispatch(DispatchSubject("edge-1"), []byte(data)); !errors.Is(err, ErrOutOfRange) {
-			t.Errorf("%s: %v, want out of range", name, err)
-		}
-	}
 }
 
-func TestDispatchStrain(t *testing.T) {
-	for _, over := range []bool{true, false} {
-		d := Dispatch{Edge: "edge-1", Fleet: FleetContext, Instance: "ctx-0", Done: true, Strain: &DispatchStrain{Overloaded: over}}
-		data, err := EncodeDispatch(d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := DecodeDispatch(DispatchSubject("edge-1"), data)
-		d.V = Version
-		if err != nil || !reflect.DeepEqual(got, d) {
-			t.Fatalf("round trip = %+v, %v; want %+v", got, err, d)
-		}
-	}
-	for name, data := range map[string]string{
-		"a strain with a dispatch id": `{"v":1,"edge":"edge-1","id":3,"done":true,"fleet":"context","instance":"ctx-0","strain":{"overloaded":true}}`,
-		"a strain not done":           `{"v":1,"edge":"edge-1","fleet":"context","instance":"ctx-0","strain":{"overloaded":true}}`,
-		"a strain with an answer":     `{"v":1,"edge":"edge-1","done":true,"fleet":"context","instance":"ctx-0","strain":{},"answer":{"block_size":16}}`,
-	} {
+// wantOutOfRange decodes each message and wants ErrOutOfRange.
+func wantOutOfRange(t *testing.T, cases map[string]string) {
+	t.Helper()
+	for name, data := range cases {
 		if _, err := DecodeDispatch(DispatchSubject("edge-1"), []byte(data)); !errors.Is(err, ErrOutOfRange) {
 			t.Errorf("%s: DecodeDispatch = %v, want ErrOutOfRange", name, err)
 		}
