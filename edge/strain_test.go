@@ -68,6 +68,18 @@ func TestOverloadHistoryIsToldAndHeard(t *testing.T) {
 		}
 	}
 
+	// A strain one edge alone sees (here it alone cannot reach the
+	// instance) is ended by an edge whose own view finds the instance
+	// well, as one edge routing both edges' requests would: the seer's
+	// clock starts again from its next sight, so an edge's local fault
+	// does not count toward rebind_after on the fleet's behalf.
+	other := &agent{session: "strain-other", system: longText("other", 24)}
+	waitFor(t, "the hearer's sight of a well instance told to the seer", 30*time.Second, func() bool {
+		other.send(t, c, hearer, "again", nil) // builds edge 2's views
+		s, ok := seer.e.router.OverloadedSince(victim)
+		return !ok || s.After(since)
+	})
+
 	for _, w := range ctxs {
 		if w.id == victim {
 			cn.cut(w, "", nil)
