@@ -86,6 +86,7 @@ type simFlags struct {
 	shedTPS       *float64
 	kvEvents      *string
 	edgeRestarts  *int
+	refuseLarge   *bool
 }
 
 // addSimFlags registers the shared flags; external adds those that point
@@ -148,6 +149,8 @@ func (sf *simFlags) add(fs *flag.FlagSet, defEdges string, defCapacity, defRanks
 			"sim: what the edges hear of the workers' caches, for every policy alike: exact, lag=DUR (each batch DUR late) or none (no engine events)"),
 		edgeRestarts: fs.Int("edge-restarts", 0,
 			"sim: restart edges N times, spread over the replay; a restarted edge keeps only what its policy persists"),
+		refuseLarge: fs.Bool("refuse-oversized", false,
+			"sim: the engines refuse a prompt larger than a rank's KV cache at once (context_length_exceeded, as vLLM and e2e mode do) instead of computing it in full without the cache"),
 	}
 }
 
@@ -199,7 +202,7 @@ func (f *simFlags) replayOptions() (bench.ReplayOptions, error) {
 	if *f.edgeRestarts < 0 || *f.edgeRestarts > 1000 {
 		return ro, fmt.Errorf("%w: --edge-restarts must be 0..1000, got %d", errUsage, *f.edgeRestarts)
 	}
-	cfg.EdgeRestarts = *f.edgeRestarts
+	cfg.EdgeRestarts, cfg.RefuseOversized = *f.edgeRestarts, *f.refuseLarge
 	if *f.parallel < 0 {
 		return ro, fmt.Errorf("%w: --parallel must be >= 0, got %d", errUsage, *f.parallel)
 	}

@@ -110,6 +110,16 @@ type SimConfig struct {
 	// workload's span (edge k mod Edges at the k-th): the restarted edge
 	// keeps only what its policy persists (restart.go).
 	EdgeRestarts int
+	// RefuseOversized makes the engines refuse a prompt needing more KV
+	// blocks than a rank holds, as the engines do: vLLM will not start
+	// unless one request of max_model_len fits its KV cache and refuses a
+	// longer prompt (400, context_length_exceeded), and so does the
+	// worker's simulated engine in e2e mode (sim.ErrPromptTooLarge). The
+	// refusal is at once; the rank computes nothing. It is recorded as e2e
+	// mode records it: a full miss whose time to first token is its
+	// prefill modelled alone. The default (false) computes such a prompt
+	// in full without the cache, holding the rank's prefill meanwhile.
+	RefuseOversized bool
 	// Progress, when set, is called as requests complete.
 	Progress func(done, total int)
 }
@@ -309,6 +319,9 @@ type RunResult struct {
 	Rebinds               int
 	RankOverflows         int // worker ADP overflows (a bound rank saturated)
 	Shed                  int // 429s (the client retried after Retry-After)
+	// Refused counts prompts the engines refused as larger than a rank's
+	// KV cache (SimConfig.RefuseOversized).
+	Refused int
 	// LostBinds counts Bind proposals that lost to another edge's Bind
 	// naming another instance (the race a speculative placement can lose).
 	LostBinds    int
@@ -899,6 +912,10 @@ func (s *simulator) dispatch(ar *agentRun, step, call int, firstArrival time.Dur
 // edge's index.
 func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, affinity string, firstArrival time.Duration) error {
 	in := s.instances[instIdx]
+	if s.cfg.RefuseOversized && len(req.Blocks) > in.rankCap {
+		s.refuse(ar, req, call, edge, firstArrival)
+		return nil
+	}
 	preq := adp.Request{ConversationID: ar.agent.ID, AffinityID: affinity, PromptTokens: req.PromptTokens}
 	if s.cfg.ADPPlacement == adp.KVAware {
 		// The worker asks its engine which rank holds the prompt's prefix
@@ -976,6 +993,30 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 	}
 	s.push(&event{at: complete, kind: evComplete, fl: fl})
 	return nil
+}
+
+// refuse answers a prompt no rank can hold as the engine does
+// (SimConfig.RefuseOversized): at once, before any rank or cache sees it,
+// so the agent goes on. Its record is e2e mode's for the same refusal: no
+// instance, a full miss, the prefill modelled alone as its time to first
+// token.
+func (s *simulator) refuse(ar *agentRun, req *Request, call, edge int, firstArrival time.Duration) {
+	ec := s.cfg.Engine
+	rate, overhead := ec.PrefillTokensPerSec, ec.PrefillOverhead
+	if rate <= 0 {
+		rate = sim.DefaultPrefillTokensPerSec
+	}
+	if overhead <= 0 {
+		overhead = sim.DefaultPrefillOverhead
+	}
+	prefill := overhead + time.Duration(float64(req.PromptTokens)/rate*float64(time.Second))
+	s.res.Refused++
+	s.res.Records = append(s.res.Records, RequestRecord{
+		Agent: ar.agent.ID, Root: ar.agent.Root().ID, SubAgent: ar.agent.SubAgent(), Call: call, Edge: edge, Instance: -1, Rank: -1,
+		Arrival: firstArrival, Admitted: s.now, TTFT: s.now - firstArrival + prefill, Prefill: prefill,
+		Prompt: req.PromptTokens, Oversized: true, Adapter: req.Adapter,
+	})
+	s.push(&event{at: s.now, kind: evComplete, fl: &inflight{arrival: s.now, agent: ar, record: len(s.res.Records) - 1, instance: -1, edge: edge}})
 }
 
 func (s *simulator) finish(fl *inflight) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tether-project/tether/fsm"
+	"github.com/tether-project/tether/worker/engine/sim"
 )
 
 // smallTraces writes three small traces (one with two parallel sub-agents
@@ -515,5 +516,63 @@ func TestSimReportCountsThePrefillLeft(t *testing.T) {
 	in.report(6*s, 0)
 	if in.repPrefill != 42_000 || in.repQueued != 1 || in.repActive != 2 {
 		t.Fatalf("report at 6 s: prefill %d, queued %d, active %d; want 40,000 + 2,000, 1 queued, 2 active", in.repPrefill, in.repQueued, in.repActive)
+	}
+}
+
+// An engine refuses a prompt larger than a rank's KV cache at once
+// (RefuseOversized, as vLLM and e2e mode do): the record is a full miss on
+// no instance, its time to first token the prefill modelled alone, and a
+// turn sent to the same instance right after does not wait behind it —
+// where computing it in full (the default) holds the rank's prefill.
+func TestRefuseOversizedHoldsNoRank(t *testing.T) {
+	dir := t.TempDir()
+	seq := func(n, base int) []int {
+		out := make([]int, n)
+		for i := range out {
+			out[i] = base + i
+		}
+		return out
+	}
+	writeTrace(t, dir, "big.json", false, traceDoc("big", req(0, 300*64, 10, seq(300, 1)...)))
+	writeTrace(t, dir, "small.json", false, traceDoc("small", req(0.5, 10*64, 10, seq(10, 5000)...)))
+	w, err := LoadTraces(dir, TraceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultSimConfig()
+	cfg.Instances, cfg.Ranks, cfg.CapacityBlocks, cfg.Edges, cfg.Log, cfg.Policy = 1, 1, 100, 1, LogSequencer, PolicyTether
+	ttfts := func(refuse bool) (big, small RequestRecord, res *RunResult) {
+		t.Helper()
+		c := cfg
+		c.RefuseOversized = refuse
+		res, err := Simulate(context.Background(), w, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range res.Records {
+			if r.Root == "big" {
+				big = r
+			} else {
+				small = r
+			}
+		}
+		return big, small, res
+	}
+	big, small, res := ttfts(false)
+	if !big.Oversized || big.Instance != 0 || small.TTFT < big.TTFT-time.Second {
+		t.Fatalf("computed in full: big %+v, small %+v; want the small turn to wait behind the big prefill", big, small)
+	}
+	bigComputed := res.InstancePrefillTokens[0]
+	big, small, res = ttfts(true)
+	tokens := float64(300 * 64)
+	prefill := sim.DefaultPrefillOverhead + time.Duration(tokens/sim.DefaultPrefillTokensPerSec*float64(time.Second))
+	if !big.Oversized || big.Instance != -1 || big.Cached != 0 || big.TTFT != prefill || res.Refused != 1 {
+		t.Fatalf("refused: %+v (refused %d); want a full miss on no instance, TTFT %v", big, res.Refused, prefill)
+	}
+	if small.TTFT >= big.TTFT/2 {
+		t.Fatalf("refused: the small turn's TTFT %v; it should not wait behind the refused prompt (%v)", small.TTFT, big.TTFT)
+	}
+	if got := res.InstancePrefillTokens[0]; got != int64(10*64) || bigComputed <= got {
+		t.Fatalf("refused: the instance computed %d tokens (computing the big one: %d); want only the small turn's %d", got, bigComputed, 10*64)
 	}
 }
