@@ -960,18 +960,7 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 		Prompt: req.PromptTokens, Cached: res.CachedTokens, Oversized: oversized,
 		Adapter: req.Adapter, AdapterLoaded: res.LoadedAdapter,
 	})
-	for _, e := range s.edges {
-		d := dispatch{at: s.now, visible: s.now, tokens: req.PromptTokens}
-		if e.num != edge {
-			// Edges of one affinity log tell each other their dispatches;
-			// independent routers (the other policies) do not.
-			if !s.cfg.Share.Dispatches || !s.cfg.Policy.usesSharedLog() {
-				continue
-			}
-			d.visible += s.cfg.ShareLatency
-		}
-		e.pending[instIdx] = append(e.pending[instIdx], d)
-	}
+	s.noteDispatch(edge, instIdx, req.PromptTokens)
 	fl := &inflight{
 		arrival: s.now, agent: ar, record: len(s.res.Records) - 1, instance: instIdx, edge: edge, ticket: d.Ticket,
 		start: res.StartAt, firstToken: res.FirstTokenAt, done: res.DoneAt,
@@ -993,6 +982,24 @@ func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, a
 	}
 	s.push(&event{at: complete, kind: evComplete, fl: fl})
 	return nil
+}
+
+// noteDispatch counts a request of tokens prompt tokens, dispatched by edge
+// to instIdx, in the edges' pending dispatches until the instance's next
+// report: the deciding edge's at once, the others' ShareLatency later
+// when the policy's edges tell each other (edges of one affinity log;
+// independent routers do not).
+func (s *simulator) noteDispatch(edge, instIdx, tokens int) {
+	for _, e := range s.edges {
+		d := dispatch{at: s.now, visible: s.now, tokens: tokens}
+		if e.num != edge {
+			if !s.cfg.Share.Dispatches || !s.cfg.Policy.usesSharedLog() {
+				continue
+			}
+			d.visible += s.cfg.ShareLatency
+		}
+		e.pending[instIdx] = append(e.pending[instIdx], d)
+	}
 }
 
 // refuse answers a prompt no rank can hold as the engine does
