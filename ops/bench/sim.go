@@ -913,7 +913,7 @@ func (s *simulator) dispatch(ar *agentRun, step, call int, firstArrival time.Dur
 func (s *simulator) admit(ar *agentRun, req *Request, call, edge, instIdx int, affinity string, firstArrival time.Duration) error {
 	in := s.instances[instIdx]
 	if s.cfg.RefuseOversized && len(req.Blocks) > in.rankCap {
-		s.refuse(ar, req, call, edge, firstArrival)
+		s.refuse(ar, req, call, edge, in, firstArrival)
 		return nil
 	}
 	preq := adp.Request{ConversationID: ar.agent.ID, AffinityID: affinity, PromptTokens: req.PromptTokens}
@@ -1007,16 +1007,8 @@ func (s *simulator) noteDispatch(edge, instIdx, tokens int) {
 // so the agent goes on. Its record is e2e mode's for the same refusal: no
 // instance, a full miss, the prefill modelled alone as its time to first
 // token.
-func (s *simulator) refuse(ar *agentRun, req *Request, call, edge int, firstArrival time.Duration) {
-	ec := s.cfg.Engine
-	rate, overhead := ec.PrefillTokensPerSec, ec.PrefillOverhead
-	if rate <= 0 {
-		rate = sim.DefaultPrefillTokensPerSec
-	}
-	if overhead <= 0 {
-		overhead = sim.DefaultPrefillOverhead
-	}
-	prefill := overhead + time.Duration(float64(req.PromptTokens)/rate*float64(time.Second))
+func (s *simulator) refuse(ar *agentRun, req *Request, call, edge int, in *simInstance, firstArrival time.Duration) {
+	prefill := in.ranks[0].PrefillTime(req.PromptTokens)
 	s.res.Refused++
 	s.res.Records = append(s.res.Records, RequestRecord{
 		Agent: ar.agent.ID, Root: ar.agent.Root().ID, SubAgent: ar.agent.SubAgent(), Call: call, Edge: edge, Instance: -1, Rank: -1,

@@ -96,6 +96,13 @@ func NewVirtualRank(rank int, cfg Config) (*VirtualRank, error) {
 	}, nil
 }
 
+// PrefillTime is the compute time this rank spends prefilling uncached
+// prompt tokens, without any wait (its fixed overhead plus the tokens at
+// its prefill rate).
+func (r *VirtualRank) PrefillTime(uncached int) time.Duration {
+	return r.cfg.prefillTime(uncached)
+}
+
 // Admit schedules req arriving at now. Arrivals must not go back in time.
 // Context and aggregated requests wait for the rank's prefill resource in
 // FIFO order; every request waits for KV space while earlier requests hold
